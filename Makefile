@@ -1,0 +1,45 @@
+# cascade — the two quickstart commands: `make demo` and `make test`.
+# Both create .venv with the machine's python3 and install from setup.py.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CONFIG ?= configs/tiny.py
+WORKDIR ?= runs/tiny
+
+.PHONY: demo test test-all sysdeps bench clean
+
+$(VENV)/.stamp-base: setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.stamp-test: setup.py $(VENV)/.stamp-base
+	$(PY) -m pip install -q -e '.[test,interop]'
+	touch $@
+
+# bubblewrap isolates the code verifier's sandbox; installed where we are root.
+sysdeps:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing bubblewrap (code sandbox)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
+	  || echo "WARNING: could not install bubblewrap; the code sandbox falls back to rlimited subprocesses"; \
+	else \
+	  echo "WARNING: bubblewrap (bwrap) is missing and we are not root: install it with"; \
+	  echo "         'sudo apt-get install bubblewrap'; until then code runs in rlimited subprocesses"; \
+	fi
+
+demo: $(VENV)/.stamp-base sysdeps
+	$(PY) -m cascade.main --config=$(CONFIG) --workdir=$(WORKDIR)
+
+test: $(VENV)/.stamp-test sysdeps
+	$(PY) -m pytest -q
+
+# Everything, the slow tests too.
+test-all: $(VENV)/.stamp-test sysdeps
+	$(PY) -m pytest -q -m ""
+
+clean:
+	rm -rf $(VENV) build *.egg-info

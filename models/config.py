@@ -1,0 +1,151 @@
+"""Model configuration: one frozen dataclass for the Llama-3 / Qwen2 / Qwen3 families.
+
+The three families differ only in switches here: Qwen2 adds biases to the
+q/k/v projections, Qwen3 adds an RMSNorm on each query and key head, and
+embeddings are tied or not per checkpoint. Presets carry the real shapes of
+the paper's base models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+FAMILIES = ('llama', 'qwen2', 'qwen3')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape and numerics of a decoder-only transformer.
+
+  Attributes:
+    family: 'llama', 'qwen2' or 'qwen3' (used for HF export's architecture).
+    vocab_size: number of token ids.
+    embed_dim: residual width D.
+    num_layers: number of transformer blocks.
+    num_heads: query heads N.
+    num_kv_heads: key/value heads K (N % K == 0; K < N is grouped-query).
+    head_dim: per-head width H.
+    mlp_dim: hidden width F of the SwiGLU MLP.
+    rope_theta: RoPE base frequency.
+    norm_eps: epsilon of every RMSNorm.
+    qkv_bias: biases on the q/k/v projections (Qwen2).
+    qk_norm: RMSNorm over head_dim on queries and keys (Qwen3).
+    tie_embeddings: the output projection is the transposed embedding.
+    max_seq_len: longest position the model is meant for (HF export only).
+    param_dtype: dtype the parameters are stored in ('float32', 'bfloat16').
+    dtype: compute dtype of matmuls; norms, softmax and logits stay float32.
+    remat: rematerialise every block in the backward pass.
+  """
+
+  family: str = 'qwen3'
+  vocab_size: int = 256
+  embed_dim: int = 64
+  num_layers: int = 2
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 16
+  mlp_dim: int = 128
+  rope_theta: float = 10_000.0
+  norm_eps: float = 1e-6
+  qkv_bias: bool = False
+  qk_norm: bool = True
+  tie_embeddings: bool = True
+  max_seq_len: int = 4096
+  param_dtype: str = 'float32'
+  dtype: str = 'float32'
+  remat: bool = False
+
+  def __post_init__(self):
+    if self.family not in FAMILIES:
+      raise ValueError(f'ModelConfig.family={self.family!r}: expected one of {FAMILIES}')
+    for name in ('vocab_size', 'embed_dim', 'num_layers', 'num_heads',
+                 'num_kv_heads', 'head_dim', 'mlp_dim'):
+      if getattr(self, name) <= 0:
+        raise ValueError(f'ModelConfig.{name}={getattr(self, name)} must be > 0')
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f'ModelConfig.num_heads={self.num_heads} is not a multiple of '
+          f'num_kv_heads={self.num_kv_heads}')
+    if self.head_dim % 2:
+      raise ValueError(f'ModelConfig.head_dim={self.head_dim} must be even (RoPE)')
+    for name in ('param_dtype', 'dtype'):
+      if getattr(self, name) not in ('float32', 'bfloat16', 'float16'):
+        raise ValueError(f'ModelConfig.{name}={getattr(self, name)!r} is not a float dtype name')
+
+  @property
+  def jnp_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def jnp_param_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+  def replace(self, **kwargs) -> 'ModelConfig':
+    return dataclasses.replace(self, **kwargs)
+
+  def num_params(self) -> int:
+    """Number of parameters, counted from the shapes."""
+    d, n, k, h, f = (self.embed_dim, self.num_heads, self.num_kv_heads,
+                     self.head_dim, self.mlp_dim)
+    attn = d * n * h * 2 + d * k * h * 2
+    if self.qkv_bias:
+      attn += n * h + 2 * k * h
+    if self.qk_norm:
+      attn += 2 * h
+    block = attn + 3 * d * f + 2 * d
+    emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+    return self.num_layers * block + emb + d
+
+  # Presets. Real shapes from the models' published config.json files.
+
+  @classmethod
+  def tiny(cls, **kw) -> 'ModelConfig':
+    """A few-thousand-parameter Qwen3-like model for unit tests."""
+    return cls(**{**dict(family='qwen3', vocab_size=256, embed_dim=64, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128,
+                         rope_theta=10_000.0, qk_norm=True, tie_embeddings=True,
+                         max_seq_len=1024), **kw})
+
+  @classmethod
+  def qwen3_0_6b(cls, **kw) -> 'ModelConfig':
+    return cls(**{**dict(family='qwen3', vocab_size=151_936, embed_dim=1024,
+                         num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
+                         mlp_dim=3072, rope_theta=1_000_000.0, norm_eps=1e-6,
+                         qk_norm=True, tie_embeddings=True, max_seq_len=40_960,
+                         param_dtype='bfloat16', dtype='bfloat16'), **kw})
+
+  @classmethod
+  def qwen3_8b(cls, **kw) -> 'ModelConfig':
+    return cls(**{**dict(family='qwen3', vocab_size=151_936, embed_dim=4096,
+                         num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
+                         mlp_dim=12_288, rope_theta=1_000_000.0, norm_eps=1e-6,
+                         qk_norm=True, tie_embeddings=False, max_seq_len=40_960,
+                         param_dtype='bfloat16', dtype='bfloat16'), **kw})
+
+  @classmethod
+  def qwen3_14b(cls, **kw) -> 'ModelConfig':
+    return cls(**{**dict(family='qwen3', vocab_size=151_936, embed_dim=5120,
+                         num_layers=40, num_heads=40, num_kv_heads=8, head_dim=128,
+                         mlp_dim=17_408, rope_theta=1_000_000.0, norm_eps=1e-6,
+                         qk_norm=True, tie_embeddings=False, max_seq_len=40_960,
+                         param_dtype='bfloat16', dtype='bfloat16'), **kw})
+
+  @classmethod
+  def llama3_8b(cls, **kw) -> 'ModelConfig':
+    return cls(**{**dict(family='llama', vocab_size=128_256, embed_dim=4096,
+                         num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
+                         mlp_dim=14_336, rope_theta=500_000.0, norm_eps=1e-5,
+                         qk_norm=False, qkv_bias=False, tie_embeddings=False,
+                         max_seq_len=8192, param_dtype='bfloat16',
+                         dtype='bfloat16'), **kw})
+
+  @classmethod
+  def preset(cls, name: str, **kw) -> 'ModelConfig':
+    """Looks a preset up by name ('tiny', 'qwen3_8b', ...)."""
+    presets = {'tiny': cls.tiny, 'qwen3_0_6b': cls.qwen3_0_6b, 'qwen3_8b': cls.qwen3_8b,
+               'qwen3_14b': cls.qwen3_14b, 'llama3_8b': cls.llama3_8b}
+    if name not in presets:
+      raise ValueError(f'unknown model preset {name!r}; known: {sorted(presets)}')
+    return presets[name](**kw)

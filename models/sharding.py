@@ -1,0 +1,189 @@
+"""Logical-axis sharding: parameters and activations name their axes, rules map names to a mesh.
+
+Every parameter carries `logical_axes` metadata (e.g. ('embed', 'mlp')) and
+the main activations are constrained with `constrain(x, ('batch', 'length',
+'embed'))`. Only the rules, which come from the config, say which mesh axis
+('data', 'fsdp', 'tensor') a logical name is split over. A mesh axis that does
+not divide an array dimension is dropped for that array (replicated), so small
+models run on large meshes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterable, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+# logical name -> mesh axis, tuple of mesh axes, or None (replicated).
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ('batch', ('data', 'fsdp')),
+    ('length', None),
+    ('embed', 'fsdp'),
+    ('vocab', 'tensor'),
+    ('mlp', 'tensor'),
+    ('heads', 'tensor'),
+    ('kv_heads', 'tensor'),
+    ('head_dim', None),
+    ('norm', None),
+    ('cache_length', None),
+)
+
+_state = threading.local()
+
+
+def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
+  """Builds a ('data', 'fsdp', 'tensor') mesh; one -1 entry takes the remaining devices.
+
+  Args:
+    shape: sizes of (data, fsdp, tensor).
+    devices: devices to use (default: all of `jax.devices()`).
+
+  Returns:
+    A Mesh with Auto axis types (GSPMD propagation, the classic behaviour).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = list(shape)
+  if len(shape) != 3:
+    raise ValueError(f'mesh shape {shape} must have 3 entries (data, fsdp, tensor)')
+  if shape.count(-1) > 1:
+    raise ValueError(f'mesh shape {shape}: at most one -1')
+  if -1 in shape:
+    known = int(np.prod([s for s in shape if s != -1]))
+    if len(devices) % known:
+      raise ValueError(f'mesh shape {shape} does not divide {len(devices)} devices')
+    shape[shape.index(-1)] = len(devices) // known
+  if int(np.prod(shape)) != len(devices):
+    raise ValueError(f'mesh shape {tuple(shape)} needs {int(np.prod(shape))} devices, '
+                     f'have {len(devices)}')
+  arr = np.asarray(devices, dtype=object).reshape(shape)
+  return Mesh(arr, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+def get_rules():
+  return getattr(_state, 'rules', DEFAULT_RULES)
+
+
+@contextlib.contextmanager
+def use_mesh(mesh: Mesh | None, rules: Iterable | None = None):
+  """Sets the mesh (jax.set_mesh) and the logical rules for tracing in this thread."""
+  old = get_rules()
+  _state.rules = tuple((k, tuple(v) if isinstance(v, list) else v)
+                       for k, v in (rules if rules is not None else DEFAULT_RULES))
+  try:
+    if mesh is None:
+      yield
+    else:
+      with jax.set_mesh(mesh):
+        yield
+  finally:
+    _state.rules = old
+
+
+def _mesh_axis_sizes(mesh) -> dict[str, int]:
+  return dict(zip(mesh.axis_names, mesh.axis_sizes if hasattr(mesh, 'axis_sizes')
+                  else mesh.devices.shape))
+
+
+def logical_to_spec(names: Sequence[str | None], shape: Sequence[int] | None = None,
+                    mesh=None, rules=None) -> P:
+  """Maps logical axis names to a PartitionSpec.
+
+  Args:
+    names: one logical name (or None) per array dimension.
+    shape: the array shape; with `mesh`, mesh axes that do not divide a
+      dimension are dropped for it.
+    mesh: a Mesh or AbstractMesh (for divisibility).
+    rules: logical rules (default: the active ones).
+
+  Returns:
+    The PartitionSpec; each mesh axis is used at most once.
+  """
+  table = dict(get_rules() if rules is None else rules)
+  sizes = _mesh_axis_sizes(mesh) if mesh is not None else None
+  used: set[str] = set()
+  out = []
+  for i, name in enumerate(names):
+    axes = table.get(name) if name is not None else None
+    if axes is None:
+      out.append(None)
+      continue
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    keep = []
+    for a in axes:
+      if a in used:
+        continue
+      if sizes is not None:
+        if a not in sizes:
+          continue
+        prod = int(np.prod([sizes[x] for x in keep + [a]]))
+        if shape is not None and shape[i] % prod:
+          continue
+      keep.append(a)
+    used.update(keep)
+    out.append(None if not keep else keep[0] if len(keep) == 1 else tuple(keep))
+  return P(*out)
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  """with_sharding_constraint by logical names; a no-op when no mesh is set."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty or mesh.size == 1:
+    return x
+  return jax.lax.with_sharding_constraint(x, logical_to_spec(names, x.shape, mesh))
+
+
+def _is_var(x) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def state_specs(state, mesh=None, rules=None):
+  """PartitionSpecs for an nnx.State (or abstract state), from `logical_axes` metadata."""
+  def spec(v):
+    names = v.get_metadata().get('logical_axes')
+    shape = v.value.shape
+    if names is None:
+      names = (None,) * len(shape)
+    return v.replace(logical_to_spec(names, shape, mesh, rules))
+  return jax.tree.map(spec, state, is_leaf=_is_var)
+
+
+def state_shardings(state, mesh: Mesh, rules=None):
+  """NamedShardings (same tree as `state`) for the parameters in `state`."""
+  specs = state_specs(state, mesh, rules)
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def create_sharded(make_model, mesh: Mesh | None, rules=None):
+  """Creates an NNX module with its parameters born sharded on `mesh`.
+
+  Args:
+    make_model: zero-argument callable returning the module.
+    mesh: target mesh, or None for a plain (single-device) module.
+    rules: logical rules (default: DEFAULT_RULES / the active ones).
+
+  Returns:
+    The module; no full unsharded copy is ever materialised.
+  """
+  if mesh is None:
+    return make_model()
+  abstract = nnx.eval_shape(make_model)
+  graphdef, abs_state = nnx.split(abstract)
+  shardings = state_shardings(abs_state, mesh, rules)
+
+  init = jax.jit(lambda: nnx.state(make_model()), out_shardings=shardings)
+  with use_mesh(mesh, rules):
+    state = init()
+  return nnx.merge(graphdef, state)
+
+
+def shard_state(state, mesh: Mesh, rules=None):
+  """device_puts every leaf of an nnx.State to its logical sharding on `mesh`."""
+  return jax.device_put(state, state_shardings(state, mesh, rules))

@@ -1,0 +1,270 @@
+"""Decoder-only transformer for the Llama-3 / Qwen2 / Qwen3 families, in Flax NNX.
+
+Shape letters: B batch, T query length, S key length (cache slots), D embed,
+N query heads, K kv heads, G = N // K, H head_dim, F mlp, V vocab.
+
+Calling convention (the contract the rest of cascade relies on):
+
+  logits = model(tokens)                                   # [B, T, V] float32
+  logits = model(tokens, positions, segment_ids)           # packed rows
+  logits, cache = model(tokens, positions, segment_ids, cache=cache)
+
+`segment_ids` (int32 [B, T]) separate packed sequences: a token attends only
+to earlier tokens of its own segment; id 0 marks padding, which nothing
+attends to. With a cache, the new keys/values are written at slots
+[cache.index, cache.index + T) and the queries attend to every earlier slot of
+their own segment, so prefill followed by one-token decode steps equals the
+full forward pass. The model holds no training logic and does no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import config as config_lib
+from models import sharding
+
+_NEG_INF = -1e30
+
+
+class Cache(NamedTuple):
+  """Preallocated KV cache; a pytree.
+
+  Attributes:
+    k: per layer, keys [B, S, K, H] (RoPE already applied).
+    v: per layer, values [B, S, K, H].
+    segment_ids: [B, S] int32 segment of each slot; 0 = empty or padding.
+    index: [] int32, the next slot to write.
+  """
+  k: tuple
+  v: tuple
+  segment_ids: jax.Array
+  index: jax.Array
+
+
+def init_cache(cfg: config_lib.ModelConfig, batch: int, length: int,
+               dtype=None) -> Cache:
+  """An empty cache of `length` slots for `batch` rows (dtype: the compute dtype)."""
+  dtype = cfg.jnp_dtype if dtype is None else dtype
+  shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+  zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype),
+                                     ('batch', 'cache_length', 'kv_heads', 'head_dim'))
+  return Cache(k=tuple(zeros() for _ in range(cfg.num_layers)),
+               v=tuple(zeros() for _ in range(cfg.num_layers)),
+               segment_ids=jnp.zeros((batch, length), jnp.int32),
+               index=jnp.zeros((), jnp.int32))
+
+
+def _param(rngs: nnx.Rngs, shape, axes, dtype, std=0.02) -> nnx.Param:
+  init = jax.nn.initializers.normal(std)
+  return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+  """y = x / rms(x) * scale, computed in float32."""
+
+  def __init__(self, dim: int, eps: float, param_dtype, axes=('norm',)):
+    self.eps = eps
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=axes)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale.value.astype(jnp.float32)).astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Rotary embedding, HF 'rotate_half' layout. x: [B, T, N, H]; positions: [B, T]."""
+  h = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  ang = positions.astype(jnp.float32)[..., None] * inv_freq          # [B, T, H/2]
+  sin, cos = jnp.sin(ang)[:, :, None, :], jnp.cos(ang)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention with optional q/k/v bias (Qwen2) and q/k norm (Qwen3)."""
+
+  def __init__(self, cfg: config_lib.ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, n, k, h = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    pd = cfg.jnp_param_dtype
+    self.q_proj = _param(rngs, (d, n, h), ('embed', 'heads', 'head_dim'), pd)
+    self.k_proj = _param(rngs, (d, k, h), ('embed', 'kv_heads', 'head_dim'), pd)
+    self.v_proj = _param(rngs, (d, k, h), ('embed', 'kv_heads', 'head_dim'), pd)
+    self.o_proj = _param(rngs, (n, h, d), ('heads', 'head_dim', 'embed'), pd)
+    if cfg.qkv_bias:
+      self.q_bias = nnx.Param(jnp.zeros((n, h), pd), logical_axes=('heads', 'head_dim'))
+      self.k_bias = nnx.Param(jnp.zeros((k, h), pd), logical_axes=('kv_heads', 'head_dim'))
+      self.v_bias = nnx.Param(jnp.zeros((k, h), pd), logical_axes=('kv_heads', 'head_dim'))
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(h, cfg.norm_eps, pd, axes=('head_dim',))
+      self.k_norm = RMSNorm(h, cfg.norm_eps, pd, axes=('head_dim',))
+
+  def __call__(self, x, positions, mask, kv_cache=None):
+    """x: [B, T, D]; mask: [B, T, S] bool; kv_cache: (k, v, index) or None.
+
+    Returns:
+      (out [B, T, D], (k, v) written cache arrays or None).
+    """
+    cfg = self.cfg
+    dt = cfg.jnp_dtype
+    b, t, _ = x.shape
+    q = jnp.einsum('BTD,DNH->BTNH', x, self.q_proj.value.astype(dt))
+    k = jnp.einsum('BTD,DKH->BTKH', x, self.k_proj.value.astype(dt))
+    v = jnp.einsum('BTD,DKH->BTKH', x, self.v_proj.value.astype(dt))
+    if cfg.qkv_bias:
+      q = q + self.q_bias.value.astype(dt)
+      k = k + self.k_bias.value.astype(dt)
+      v = v + self.v_bias.value.astype(dt)
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = apply_rope(q, positions, cfg.rope_theta)
+    k = apply_rope(k, positions, cfg.rope_theta)
+    q = sharding.constrain(q, ('batch', 'length', 'heads', 'head_dim'))
+    k = sharding.constrain(k, ('batch', 'length', 'kv_heads', 'head_dim'))
+    v = sharding.constrain(v, ('batch', 'length', 'kv_heads', 'head_dim'))
+
+    new_kv = None
+    if kv_cache is not None:
+      ck, cv, index = kv_cache
+      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
+      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
+      new_kv = (k, v)
+
+    g = cfg.num_heads // cfg.num_kv_heads
+    q = q.reshape(b, t, cfg.num_kv_heads, g, cfg.head_dim) * (cfg.head_dim ** -0.5)
+    logits = jnp.einsum('BTKGH,BSKH->BKGTS', q, k.astype(dt)).astype(jnp.float32)
+    logits = jnp.where(mask[:, None, None], logits, _NEG_INF)
+    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+    out = jnp.einsum('BKGTS,BSKH->BTKGH', probs, v.astype(dt))
+    out = out.reshape(b, t, cfg.num_heads, cfg.head_dim)
+    out = jnp.einsum('BTNH,NHD->BTD', out, self.o_proj.value.astype(dt))
+    return sharding.constrain(out, ('batch', 'length', 'embed')), new_kv
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: config_lib.ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, f, pd = cfg.embed_dim, cfg.mlp_dim, cfg.jnp_param_dtype
+    self.gate_proj = _param(rngs, (d, f), ('embed', 'mlp'), pd)
+    self.up_proj = _param(rngs, (d, f), ('embed', 'mlp'), pd)
+    self.down_proj = _param(rngs, (f, d), ('mlp', 'embed'), pd)
+
+  def __call__(self, x):
+    dt = self.cfg.jnp_dtype
+    gate = jnp.einsum('BTD,DF->BTF', x, self.gate_proj.value.astype(dt))
+    up = jnp.einsum('BTD,DF->BTF', x, self.up_proj.value.astype(dt))
+    h = sharding.constrain(jax.nn.silu(gate) * up, ('batch', 'length', 'mlp'))
+    return jnp.einsum('BTF,FD->BTD', h, self.down_proj.value.astype(dt))
+
+
+class Block(nnx.Module):
+  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, cfg: config_lib.ModelConfig, rngs: nnx.Rngs):
+    pd = cfg.jnp_param_dtype
+    self.input_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
+    self.attn = Attention(cfg, rngs)
+    self.post_attn_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
+    self.mlp = MLP(cfg, rngs)
+
+  def __call__(self, x, positions, mask, kv_cache=None):
+    h, new_kv = self.attn(self.input_norm(x), positions, mask, kv_cache)
+    x = x + h
+    x = x + self.mlp(self.post_attn_norm(x))
+    return sharding.constrain(x, ('batch', 'length', 'embed')), new_kv
+
+
+def _remat_block(block, x, positions, mask):
+  return block(x, positions, mask)[0]
+
+
+_remat_block_fn = nnx.remat(_remat_block)
+
+
+class Transformer(nnx.Module):
+  """The policy: embeddings, `num_layers` blocks, final norm, output projection."""
+
+  def __init__(self, cfg: config_lib.ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    pd = cfg.jnp_param_dtype
+    self.embed = _param(rngs, (cfg.vocab_size, cfg.embed_dim), ('vocab', 'embed'), pd)
+    self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
+    if not cfg.tie_embeddings:
+      self.lm_head = _param(rngs, (cfg.embed_dim, cfg.vocab_size), ('embed', 'vocab'), pd)
+
+  def hidden(self, tokens, positions=None, segment_ids=None, cache=None):
+    """Final-normed hidden states [B, T, D] (and the updated cache when given one)."""
+    cfg = self.cfg
+    b, t = tokens.shape
+    if segment_ids is None:
+      segment_ids = jnp.ones((b, t), jnp.int32)
+    segment_ids = segment_ids.astype(jnp.int32)
+    if positions is None:
+      start = 0 if cache is None else cache.index
+      positions = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
+
+    if cache is None:
+      k_seg = segment_ids
+      causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
+    else:
+      k_seg = jax.lax.dynamic_update_slice(cache.segment_ids, segment_ids, (0, cache.index))
+      s = k_seg.shape[1]
+      causal = (cache.index + jnp.arange(t))[:, None] >= jnp.arange(s)[None, :]
+    mask = (causal[None] & (segment_ids[:, :, None] == k_seg[:, None, :])
+            & (k_seg[:, None, :] != 0))
+
+    x = jnp.take(self.embed.value, tokens, axis=0).astype(cfg.jnp_dtype)
+    x = sharding.constrain(x, ('batch', 'length', 'embed'))
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      if cache is None:
+        if cfg.remat:
+          x = _remat_block_fn(layer, x, positions, mask)
+        else:
+          x, _ = layer(x, positions, mask)
+      else:
+        x, (k, v) = layer(x, positions, mask, (cache.k[i], cache.v[i], cache.index))
+        new_k.append(k)
+        new_v.append(v)
+    x = self.final_norm(x)
+    if cache is None:
+      return x, None
+    return x, Cache(k=tuple(new_k), v=tuple(new_v), segment_ids=k_seg,
+                    index=cache.index + t)
+
+  def logits_from_hidden(self, x):
+    """Output projection in float32: [B, T, D] -> [B, T, V]."""
+    dt = self.cfg.jnp_dtype
+    if self.cfg.tie_embeddings:
+      logits = jnp.einsum('BTD,VD->BTV', x, self.embed.value.astype(dt))
+    else:
+      logits = jnp.einsum('BTD,DV->BTV', x, self.lm_head.value.astype(dt))
+    return sharding.constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
+
+  def __call__(self, tokens, positions=None, segment_ids=None, cache=None):
+    """Logits [B, T, V] float32; with a cache, (logits, updated cache).
+
+    Args:
+      tokens: int32 [B, T].
+      positions: int32 [B, T] RoPE positions (default: 0.., or from cache.index).
+      segment_ids: int32 [B, T]; 0 = padding (default: all ones).
+      cache: a `Cache` to read and extend, or None.
+    """
+    x, new_cache = self.hidden(tokens, positions, segment_ids, cache)
+    logits = self.logits_from_hidden(x)
+    return logits if cache is None else (logits, new_cache)
+
+
+def create(cfg: config_lib.ModelConfig, seed: int = 0, mesh=None, rules=None) -> Transformer:
+  """A freshly initialised Transformer, born sharded on `mesh` when one is given."""
+  return sharding.create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), mesh, rules)

