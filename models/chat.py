@@ -1,0 +1,118 @@
+"""Qwen3-style ChatML template with the thinking / instruct switch, and thinking-block splitting.
+
+Host-only (no jax import), so verifiers can use it.
+
+Thinking control follows Nemotron-Cascade / Qwen3: " /think" or " /no_think"
+is appended to the last user turn. In instruct mode the generation prompt
+pre-fills an empty thinking block (`<think>\\n\\n</think>\\n\\n`), as Qwen3's
+template does, so the model writes only the answer. In multi-turn
+conversations, earlier assistant turns keep only their final answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+IM_START = '<|im_start|>'
+IM_END = '<|im_end|>'
+THINK_OPEN = '<think>'
+THINK_CLOSE = '</think>'
+ENDOFTEXT = '<|endoftext|>'
+SPECIAL_TOKENS = (IM_START, IM_END, THINK_OPEN, THINK_CLOSE, ENDOFTEXT)
+EMPTY_THINK = f'{THINK_OPEN}\n\n{THINK_CLOSE}\n\n'
+ROLES = ('system', 'user', 'assistant')
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """A completion split into its thinking part and its final answer.
+
+  Attributes:
+    thinking: the text inside the thinking block ('' when there was none).
+    answer: the text after the thinking block (the whole text without one);
+      '' when the thinking never closed.
+    finished_thinking: False iff a thinking block was opened and never closed.
+    had_thinking: a thinking block was present.
+  """
+  thinking: str
+  answer: str
+  finished_thinking: bool
+  had_thinking: bool
+
+
+def split_thinking(completion: str) -> Split:
+  """Splits a completion at its thinking block.
+
+  A `</think>` without an opening tag (the opening tag was in the prompt)
+  also closes a thinking block.
+
+  Args:
+    completion: the generated text (may end with `<|im_end|>`).
+
+  Returns:
+    A `Split`.
+  """
+  text = completion
+  for stop in (IM_END, ENDOFTEXT):
+    if text.endswith(stop):
+      text = text[: -len(stop)]
+  close = text.find(THINK_CLOSE)
+  open_ = text.find(THINK_OPEN)
+  if close >= 0 and (open_ < 0 or open_ < close):
+    start = open_ + len(THINK_OPEN) if open_ >= 0 else 0
+    return Split(thinking=text[start:close].strip(), answer=text[close + len(THINK_CLOSE):].strip(),
+                 finished_thinking=True, had_thinking=True)
+  if open_ >= 0:
+    return Split(thinking=text[open_ + len(THINK_OPEN):].strip(), answer='',
+                 finished_thinking=False, had_thinking=True)
+  return Split(thinking='', answer=text.strip(), finished_thinking=True, had_thinking=False)
+
+
+def render(messages: Sequence[Mapping[str, str]], *, thinking: bool | None = None,
+           add_generation_prompt: bool = True) -> str:
+  """Renders a conversation in ChatML.
+
+  Args:
+    messages: dicts with 'role' in ('system', 'user', 'assistant') and 'content'.
+    thinking: True appends ' /think' to the last user turn, False appends
+      ' /no_think' and pre-fills an empty thinking block; None adds neither.
+    add_generation_prompt: end with the opening of an assistant turn.
+
+  Returns:
+    The prompt text.
+
+  Raises:
+    ValueError: a message with an unknown role or without content.
+  """
+  last_user = max((i for i, m in enumerate(messages) if m.get('role') == 'user'), default=-1)
+  parts = []
+  for i, m in enumerate(messages):
+    role, content = m.get('role'), m.get('content')
+    if role not in ROLES:
+      raise ValueError(f'message {i}: role {role!r} is not one of {ROLES}')
+    if not isinstance(content, str):
+      raise ValueError(f'message {i}: content must be a string, got {type(content).__name__}')
+    if role == 'assistant':
+      content = split_thinking(content).answer or content
+    if i == last_user and thinking is not None:
+      content = content + (' /think' if thinking else ' /no_think')
+    parts.append(f'{IM_START}{role}\n{content}{IM_END}\n')
+  if add_generation_prompt:
+    parts.append(f'{IM_START}assistant\n')
+    if thinking is False:
+      parts.append(EMPTY_THINK)
+  return ''.join(parts)
+
+
+def render_response(answer: str, thinking: str | None = None) -> str:
+  """The assistant text a model should produce (gold SFT targets), ending with <|im_end|>.
+
+  Args:
+    answer: the final answer.
+    thinking: the reasoning for thinking mode; None for instruct mode (whose
+      empty thinking block is already in the prompt).
+  """
+  if thinking is None:
+    return f'{answer}{IM_END}'
+  return f'{THINK_OPEN}\n{thinking}\n{THINK_CLOSE}\n\n{answer}{IM_END}'
