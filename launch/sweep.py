@@ -1,0 +1,119 @@
+"""Runs a config's `get_hyper(h)` sweep locally, one workdir per point, and summarises.
+
+    python -m launch.sweep --config=configs/tiny.py --workdir_root=runs/sweep --parallel=2
+
+Each point runs `python -m cascade.main --config=<file[:arg]> --workdir=<root>/<i>_<name>
+--config.<key>=<value> ...` in its own process (so each has its own JAX
+runtime); rerunning the sweep resumes every point where it stopped (the
+cascade's own resume). At the end `<root>/summary.md` and `summary.json` hold
+every point's final stage × domain scores.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Sequence
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from launch import hyper
+
+_CONFIG = flags.DEFINE_string('config', None, 'Config file, optionally with :arg.')
+_ROOT = flags.DEFINE_string('workdir_root', None, 'Directory holding one workdir per point.')
+_PARALLEL = flags.DEFINE_integer('parallel', 1, 'Points run at the same time.')
+_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print the commands, run nothing.')
+
+
+def load_points(config_spec: str) -> list[dict[str, Any]]:
+  """Imports the config file and expands its get_hyper(h) into sweep points."""
+  path = config_spec.split(':', 1)[0]
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'--config: no such file {path!r}')
+  spec = importlib.util.spec_from_file_location('_sweep_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, 'get_hyper'):
+    raise ValueError(f'{path} defines no get_hyper(h): nothing to sweep')
+  points = module.get_hyper(hyper)
+  if not isinstance(points, list) or not all(isinstance(p, dict) for p in points):
+    raise ValueError(f'{path}: get_hyper(h) must return a list of dicts (use h.sweep/h.product)')
+  return points
+
+
+def point_command(config_spec: str, workdir: str, point: dict[str, Any],
+                  extra: Sequence[str] = ()) -> list[str]:
+  return ([sys.executable, '-m', 'cascade.main', f'--config={config_spec}',
+           f'--workdir={workdir}'] + [hyper.format_override(k, v) for k, v in point.items()]
+          + list(extra))
+
+
+def run_point(cmd: list[str], workdir: str) -> int:
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, 'sweep.log'), 'ab') as log:
+    return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def summarise(root: str, names: Sequence[str], points: Sequence[dict[str, Any]],
+              codes: Sequence[int]) -> dict[str, Any]:
+  """Collects each point's final results row into summary.json / summary.md."""
+  rows, domains = [], []
+  for name, point, code in zip(names, points, codes):
+    path = os.path.join(root, name, 'results.json')
+    final = None
+    if os.path.exists(path):
+      with open(path) as f:
+        res = json.load(f)
+      if res.get('scores'):
+        final = dict(zip(res['domains'], res['scores'][-1]))
+        domains += [d for d in res['domains'] if d not in domains]
+    rows.append({'name': name, 'point': point, 'returncode': code, 'final': final})
+  summary = {'domains': domains, 'points': rows}
+  with open(os.path.join(root, 'summary.json'), 'w') as f:
+    json.dump(summary, f, indent=1, default=str)
+  lines = ['| point | ' + ' | '.join(domains) + ' | mean | status |',
+           '|' + '---|' * (len(domains) + 3)]
+  for r in rows:
+    vals = [r['final'].get(d) if r['final'] else None for d in domains]
+    got = [v for v in vals if v is not None]
+    mean = f'{sum(got) / len(got):.1f}' if got else '-'
+    cells = [f'{v:.1f}' if v is not None else '-' for v in vals]
+    status = 'ok' if r['returncode'] == 0 else f'exit {r["returncode"]}'
+    lines.append(f'| {r["name"]} | ' + ' | '.join(cells) + f' | {mean} | {status} |')
+  with open(os.path.join(root, 'summary.md'), 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  return summary
+
+
+def main(argv):
+  if not _CONFIG.value or not _ROOT.value:
+    raise app.UsageError('--config and --workdir_root are required')
+  points = load_points(_CONFIG.value)
+  names = [f'{i:03d}_{hyper.point_name(p)}' for i, p in enumerate(points)]
+  cmds = [point_command(_CONFIG.value, os.path.join(_ROOT.value, n), p, argv[1:])
+          for n, p in zip(names, points)]
+  if _DRY_RUN.value:
+    for c in cmds:
+      print(' '.join(c))
+    return
+  os.makedirs(_ROOT.value, exist_ok=True)
+  with concurrent.futures.ThreadPoolExecutor(max(1, _PARALLEL.value)) as pool:
+    futures = [pool.submit(run_point, c, os.path.join(_ROOT.value, n)) for c, n in zip(cmds, names)]
+    codes = [f.result() for f in futures]
+  summary = summarise(_ROOT.value, names, points, codes)
+  with open(os.path.join(_ROOT.value, 'summary.md')) as f:
+    print(f.read())
+  failed = [r['name'] for r in summary['points'] if r['returncode'] != 0]
+  if failed:
+    logging.error('%d point(s) failed: %s (see their sweep.log)', len(failed), failed)
+    sys.exit(1)
+
+
+if __name__ == '__main__':
+  app.run(main)
