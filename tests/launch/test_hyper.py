@@ -50,3 +50,10 @@ def test_load_points_and_summary(tmp_path):
   bad.write_text('def get_config(arg=None):\n  return None\n')
   with pytest.raises(ValueError, match='no get_hyper'):
     sweep.load_points(str(bad))
+
+
+def test_xm_launch_imports_where_xmanager_is_installed():
+  pytest.importorskip('xmanager')
+  from launch import xm_launch
+  args = xm_launch.job_args('configs/tiny.py', 'w/000', {'seed': 1})
+  assert args == ['--config=configs/tiny.py', '--workdir=w/000', '--config.seed=1']

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Creates a Cloud TPU VM / pod slice, installs cascade on every host, and runs a config on all hosts.
+#
+#   launch/tpu_vm.sh create  NAME ZONE ACCELERATOR [VERSION]   # e.g. my-v5p us-east5-a v5p-128 v2-alpha-tpuv5
+#   launch/tpu_vm.sh install NAME ZONE                         # copies this checkout, pip installs it
+#   launch/tpu_vm.sh run     NAME ZONE CONFIG WORKDIR [overrides...]
+#   launch/tpu_vm.sh delete  NAME ZONE
+#
+# Every host runs the same command; JAX auto-detects the pod (CASCADE_DISTRIBUTED=auto makes
+# cascade call jax.distributed.initialize()), process 0 writes logs and exports, and Orbax writes
+# checkpoints collectively, so WORKDIR must be shared by all hosts (a gs:// bucket).
+# Needs the gcloud CLI, authenticated, with a project set. Documented here; not run by the tests.
+set -euo pipefail
+
+cmd=${1:?usage: tpu_vm.sh create|install|run|delete NAME ZONE ...}
+name=${2:?TPU name}
+zone=${3:?zone}
+ssh_all() { gcloud compute tpus tpu-vm ssh "$name" --zone="$zone" --worker=all --command="$1"; }
+
+case "$cmd" in
+  create)
+    accel=${4:?accelerator type, e.g. v5p-128}
+    version=${5:-v2-alpha-tpuv5}
+    gcloud compute tpus tpu-vm create "$name" --zone="$zone" \
+      --accelerator-type="$accel" --version="$version"
+    ;;
+  install)
+    tar czf /tmp/cascade-src.tgz --exclude=.venv --exclude=runs --exclude=.git .
+    gcloud compute tpus tpu-vm scp /tmp/cascade-src.tgz "$name":~/ --zone="$zone" --worker=all
+    ssh_all 'mkdir -p ~/cascade && tar xzf ~/cascade-src.tgz -C ~/cascade && cd ~/cascade &&
+             python3 -m venv .venv && .venv/bin/pip install -q -U pip &&
+             .venv/bin/pip install -q -e . "jax[tpu]" && sudo apt-get install -y -qq bubblewrap'
+    ;;
+  run)
+    config=${4:?config file, e.g. configs/nemotron_cascade_14b.py}
+    workdir=${5:?workdir, e.g. gs://bucket/runs/cascade14b}
+    shift 5
+    ssh_all "cd ~/cascade && CASCADE_DISTRIBUTED=auto nohup .venv/bin/python -m cascade.main \
+             --config=$config --workdir=$workdir $* > run.log 2>&1 &"
+    echo "started on all hosts; follow with: gcloud compute tpus tpu-vm ssh $name --zone=$zone --worker=0 --command='tail -f ~/cascade/run.log'"
+    ;;
+  delete)
+    gcloud compute tpus tpu-vm delete "$name" --zone="$zone" --quiet
+    ;;
+  *)
+    echo "unknown command $cmd (create|install|run|delete)" >&2; exit 2
+    ;;
+esac
