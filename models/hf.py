@@ -1,0 +1,421 @@
+"""Hugging Face interop: load and save Llama / Qwen2 / Qwen3 safetensors checkpoints.
+
+  model = hf.load_model('/ckpt/Qwen3-8B', mesh=mesh)   # an nnx Transformer
+  logits = model(tokens)                               # int32 [B, T] -> [B, T, V]
+  hf.save_model(model, '/out')                         # loadable by transformers
+
+A checkpoint directory holds `config.json` and either `model.safetensors` or
+`model-0000x-of-0000y.safetensors` shards listed in
+`model.safetensors.index.json`. Tensors are read one at a time with
+`safetensors.safe_open`, re-laid out on the host and placed straight into
+their final sharding (`jax.make_array_from_callback`), so the host never holds
+more than one tensor and no full unsharded copy of the model exists.
+
+Layouts (ours <- HF, torch Linear weights are [out, in]):
+  embed [V, D] <- embed_tokens [V, D];   lm_head [D, V] <- lm_head [V, D]
+  q/k/v_proj [D, N|K, H] <- [N|K * H, D]; o_proj [N, H, D] <- [D, N * H]
+  q/k/v_bias [N|K, H] <- [N|K * H];        gate/up [D, F] <- [F, D]; down [F, D] <- [D, F]
+  norm scales [D] or [H] unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import safetensors
+import safetensors.numpy
+from flax import nnx
+
+from models import config as config_lib
+from models import sharding
+from models import transformer
+
+ARCHITECTURES = {'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2',
+                 'Qwen3ForCausalLM': 'qwen3'}
+_FAMILY_TO_ARCH = {v: k for k, v in ARCHITECTURES.items()}
+# transformers' class defaults for fields a config.json may leave out.
+_DEFAULT_MAX_POSITIONS = {'llama': 2048, 'qwen2': 32768, 'qwen3': 32768}
+_DTYPES = ('float32', 'bfloat16', 'float16')
+SINGLE_FILE = 'model.safetensors'
+INDEX_FILE = 'model.safetensors.index.json'
+_SHARD_RE = re.compile(r'^model-\d{5}-of-\d{5}\.safetensors$')
+# Non-parameter buffers some older exports carry; they hold nothing we need.
+_IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
+
+
+def _require(hf: Mapping[str, Any], key: str):
+  if hf.get(key) is None:
+    raise ValueError(f'HF config: required field {key!r} is missing')
+  return hf[key]
+
+
+def _rope_theta(hf: Mapping[str, Any]) -> float:
+  """RoPE theta from `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling` (4.x)."""
+  params = hf.get('rope_parameters')
+  if params is None:
+    params = dict(hf.get('rope_scaling') or {})
+    params.setdefault('rope_theta', hf.get('rope_theta', 10_000.0))
+  if not isinstance(params, Mapping):
+    raise ValueError(f'HF config: rope_parameters={params!r} is not a dict')
+  rope_type = params.get('rope_type', params.get('type', 'default'))
+  if rope_type != 'default':
+    raise ValueError(
+        f'HF config: rope scaling type {rope_type!r} is not supported (only plain RoPE, '
+        f"rope_type='default'); parameters: {dict(params)}")
+  if params.get('rope_theta') is None:
+    raise ValueError(f'HF config: rope_parameters {dict(params)} has no rope_theta')
+  return float(params['rope_theta'])
+
+
+def _dtype_name(hf: Mapping[str, Any]) -> str:
+  name = hf.get('dtype') or hf.get('torch_dtype') or 'float32'
+  name = str(name).removeprefix('torch.')
+  if name not in _DTYPES:
+    raise ValueError(f'HF config: dtype {name!r} is not one of {_DTYPES}')
+  return name
+
+
+def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
+  """Builds a ModelConfig from an HF `config.json` dict.
+
+  Args:
+    hf: the parsed config.json of a LlamaForCausalLM, Qwen2ForCausalLM or
+      Qwen3ForCausalLM checkpoint.
+
+  Returns:
+    The ModelConfig; param and compute dtype are the checkpoint's dtype.
+
+  Raises:
+    ValueError: an unsupported architecture or feature (rope scaling, sliding
+      window, o_proj / MLP biases, an activation other than silu) or a
+      missing required field.
+  """
+  archs = hf.get('architectures') or []
+  if len(archs) != 1 or archs[0] not in ARCHITECTURES:
+    raise ValueError(f'HF config: architectures={archs!r} is not supported; '
+                     f'expected one of {sorted(ARCHITECTURES)}')
+  family = ARCHITECTURES[archs[0]]
+  if hf.get('hidden_act', 'silu') != 'silu':
+    raise ValueError(f"HF config: hidden_act={hf['hidden_act']!r}; only 'silu' is supported")
+  # Llama's and Qwen3's attention_bias also puts a bias on o_proj, which we lack.
+  if family != 'qwen2' and hf.get('attention_bias'):
+    raise ValueError(f'HF config: attention_bias=true ({archs[0]}) puts a bias on o_proj, '
+                     'which is not supported')
+  if hf.get('mlp_bias'):
+    raise ValueError('HF config: mlp_bias=true is not supported')
+  if hf.get('use_sliding_window') or any(
+      t != 'full_attention' for t in hf.get('layer_types') or ()):
+    raise ValueError('HF config: sliding-window attention (use_sliding_window / layer_types) '
+                     'is not supported')
+  d = int(_require(hf, 'hidden_size'))
+  n = int(_require(hf, 'num_attention_heads'))
+  head_dim = hf.get('head_dim')
+  if head_dim is None:
+    head_dim = 128 if family == 'qwen3' else d // n  # transformers' defaults.
+  dtype = _dtype_name(hf)
+  return config_lib.ModelConfig(
+      family=family,
+      vocab_size=int(_require(hf, 'vocab_size')),
+      embed_dim=d,
+      num_layers=int(_require(hf, 'num_hidden_layers')),
+      num_heads=n,
+      num_kv_heads=int(hf.get('num_key_value_heads') or n),
+      head_dim=int(head_dim),
+      mlp_dim=int(_require(hf, 'intermediate_size')),
+      rope_theta=_rope_theta(hf),
+      norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
+      qkv_bias=family == 'qwen2',
+      qk_norm=family == 'qwen3',
+      tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
+      max_seq_len=int(hf.get('max_position_embeddings') or _DEFAULT_MAX_POSITIONS[family]),
+      param_dtype=dtype,
+      dtype=dtype)
+
+
+def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
+  """The HF `config.json` dict of a ModelConfig (readable by transformers 4.x and 5.x).
+
+  Raises:
+    ValueError: the config's switches do not match what its family's HF class
+      computes (e.g. a 'llama' with q/k norm).
+  """
+  want = {'llama': (False, False), 'qwen2': (True, False), 'qwen3': (False, True)}
+  if (cfg.qkv_bias, cfg.qk_norm) != want[cfg.family]:
+    raise ValueError(
+        f'ModelConfig(family={cfg.family!r}, qkv_bias={cfg.qkv_bias}, qk_norm={cfg.qk_norm}) '
+        f'has no HF equivalent; {_FAMILY_TO_ARCH[cfg.family]} needs qkv_bias='
+        f'{want[cfg.family][0]}, qk_norm={want[cfg.family][1]}')
+  out = {
+      'architectures': [_FAMILY_TO_ARCH[cfg.family]],
+      'model_type': cfg.family,
+      'vocab_size': cfg.vocab_size,
+      'hidden_size': cfg.embed_dim,
+      'intermediate_size': cfg.mlp_dim,
+      'num_hidden_layers': cfg.num_layers,
+      'num_attention_heads': cfg.num_heads,
+      'num_key_value_heads': cfg.num_kv_heads,
+      'head_dim': cfg.head_dim,
+      'hidden_act': 'silu',
+      'max_position_embeddings': cfg.max_seq_len,
+      'rms_norm_eps': cfg.norm_eps,
+      # transformers 5 reads rope_parameters, 4.x reads rope_theta.
+      'rope_parameters': {'rope_type': 'default', 'rope_theta': cfg.rope_theta},
+      'rope_theta': cfg.rope_theta,
+      'tie_word_embeddings': cfg.tie_embeddings,
+      'dtype': cfg.param_dtype,
+      'torch_dtype': cfg.param_dtype,
+  }
+  if cfg.family in ('llama', 'qwen3'):
+    out['attention_bias'] = False
+  if cfg.family == 'llama':
+    out['mlp_bias'] = False
+  if cfg.family in ('qwen2', 'qwen3'):
+    out['use_sliding_window'] = False
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+  """One parameter: its nnx path, HF name and shape, and the two re-layouts."""
+  path: tuple
+  hf_name: str
+  hf_shape: tuple[int, ...]
+  to_ours: Callable[[np.ndarray], np.ndarray]
+  to_hf: Callable[[np.ndarray], np.ndarray]
+
+
+def _same(x):
+  return x
+
+
+def _tensors(cfg: config_lib.ModelConfig) -> list[_Tensor]:
+  """Every parameter of `cfg`'s Transformer, in HF's order."""
+  d, n, k, h, f, v = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                      cfg.mlp_dim, cfg.vocab_size)
+
+  def proj(heads):  # [heads * H, D] <-> [D, heads, H]
+    return (lambda x: x.reshape(heads, h, d).transpose(2, 0, 1),
+            lambda x: x.transpose(1, 2, 0).reshape(heads * h, d))
+
+  def bias(heads):  # [heads * H] <-> [heads, H]
+    return (lambda x: x.reshape(heads, h), lambda x: x.reshape(heads * h))
+
+  out_proj = (lambda x: x.reshape(d, n, h).transpose(1, 2, 0),   # [D, N*H] <-> [N, H, D]
+              lambda x: x.transpose(2, 0, 1).reshape(d, n * h))
+  linear = (lambda x: x.T, lambda x: x.T)
+  same = (_same, _same)
+
+  out = [_Tensor(('embed',), 'model.embed_tokens.weight', (v, d), *same)]
+  for i in range(cfg.num_layers):
+    p, a = f'model.layers.{i}.', ('layers', i, 'attn')
+    out.append(_Tensor(('layers', i, 'input_norm', 'scale'), p + 'input_layernorm.weight',
+                       (d,), *same))
+    for name, heads in (('q', n), ('k', k), ('v', k)):
+      out.append(_Tensor(a + (f'{name}_proj',), p + f'self_attn.{name}_proj.weight',
+                         (heads * h, d), *proj(heads)))
+      if cfg.qkv_bias:
+        out.append(_Tensor(a + (f'{name}_bias',), p + f'self_attn.{name}_proj.bias',
+                           (heads * h,), *bias(heads)))
+    out.append(_Tensor(a + ('o_proj',), p + 'self_attn.o_proj.weight', (d, n * h), *out_proj))
+    if cfg.qk_norm:
+      for name in ('q', 'k'):
+        out.append(_Tensor(a + (f'{name}_norm', 'scale'), p + f'self_attn.{name}_norm.weight',
+                           (h,), *same))
+    m = ('layers', i, 'mlp')
+    out.append(_Tensor(m + ('gate_proj',), p + 'mlp.gate_proj.weight', (f, d), *linear))
+    out.append(_Tensor(m + ('up_proj',), p + 'mlp.up_proj.weight', (f, d), *linear))
+    out.append(_Tensor(m + ('down_proj',), p + 'mlp.down_proj.weight', (d, f), *linear))
+    out.append(_Tensor(('layers', i, 'post_attn_norm', 'scale'),
+                       p + 'post_attention_layernorm.weight', (d,), *same))
+  out.append(_Tensor(('final_norm', 'scale'), 'model.norm.weight', (d,), *same))
+  if not cfg.tie_embeddings:
+    out.append(_Tensor(('lm_head',), 'lm_head.weight', (v, d), *linear))
+  return out
+
+
+def _weight_files(ckpt: pathlib.Path) -> dict[str, pathlib.Path]:
+  """Maps every tensor name in the checkpoint to the safetensors file holding it."""
+  index = ckpt / INDEX_FILE
+  if index.exists():
+    weight_map = json.loads(index.read_text()).get('weight_map')
+    if not isinstance(weight_map, dict):
+      raise ValueError(f'{index}: no "weight_map" dict')
+    files = {name: ckpt / fname for name, fname in weight_map.items()}
+    for fname in sorted(set(files.values())):
+      if not fname.exists():
+        raise FileNotFoundError(f'{index} lists shard {fname.name}, which does not exist in {ckpt}')
+    return files
+  single = ckpt / SINGLE_FILE
+  if not single.exists():
+    raise FileNotFoundError(f'{ckpt}: neither {SINGLE_FILE} nor {INDEX_FILE} found')
+  with safetensors.safe_open(str(single), framework='numpy') as fh:
+    return {name: single for name in fh.keys()}
+
+
+def _check_names(wanted: list[_Tensor], files: Mapping[str, pathlib.Path],
+                 cfg: config_lib.ModelConfig, ckpt: pathlib.Path):
+  names = {t.hf_name for t in wanted}
+  missing = [t.hf_name for t in wanted if t.hf_name not in files]
+  if missing:
+    raise ValueError(f'{ckpt}: {len(missing)} tensor(s) the config needs are missing, '
+                     f'e.g. {missing[:5]}')
+  extra = sorted(x for x in files if x not in names and not x.endswith(_IGNORED_SUFFIXES)
+                 and not (cfg.tie_embeddings and x == 'lm_head.weight'))
+  if extra:
+    raise ValueError(f'{ckpt}: {len(extra)} unexpected tensor(s) the config does not use, '
+                     f'e.g. {extra[:5]}')
+
+
+def _read(fh, name: str, fname: pathlib.Path) -> np.ndarray:
+  if name not in fh.keys():
+    raise ValueError(f'{fname}: tensor {name!r} listed in the index is not in the file')
+  return fh.get_tensor(name)
+
+
+def _check_tied_head(files: Mapping[str, pathlib.Path]):
+  """A tied checkpoint may still carry lm_head.weight; it must equal the embedding."""
+  def get(name):
+    with safetensors.safe_open(str(files[name]), framework='numpy') as fh:
+      return _read(fh, name, files[name])
+  if not np.array_equal(get('lm_head.weight'), get('model.embed_tokens.weight')):
+    raise ValueError('tie_word_embeddings=true, but lm_head.weight differs from '
+                     'model.embed_tokens.weight')
+
+
+def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None,
+               dtype: Any = None, rules=None) -> transformer.Transformer:
+  """Loads an HF Llama / Qwen2 / Qwen3 checkpoint directory as an NNX Transformer.
+
+  Args:
+    path: directory with config.json and model.safetensors (or sharded
+      model-0000x-of-0000y.safetensors files plus model.safetensors.index.json).
+    mesh: place every parameter sharded on this ('data', 'fsdp', 'tensor') mesh
+      as it is read; None puts them on the default device.
+    dtype: parameter and compute dtype (e.g. 'float32', jnp.bfloat16);
+      default: the checkpoint's dtype.
+    rules: logical-axis rules for the shardings (default: sharding.DEFAULT_RULES).
+
+  Returns:
+    The model; `model(tokens)` maps int32 [B, T] to float32 logits [B, T, V].
+
+  Raises:
+    FileNotFoundError: config.json, the weights or a listed shard file is missing.
+    ValueError: an unsupported architecture or config feature, a missing or
+      unexpected tensor, or a tensor whose shape does not match the config.
+  """
+  ckpt = pathlib.Path(path)
+  cfg_file = ckpt / 'config.json'
+  if not cfg_file.exists():
+    raise FileNotFoundError(f'{ckpt}: no config.json')
+  cfg = config_from_hf(json.loads(cfg_file.read_text()))
+  if dtype is not None:
+    name = jnp.dtype(dtype).name
+    cfg = cfg.replace(param_dtype=name, dtype=name)
+  files = _weight_files(ckpt)
+  wanted = _tensors(cfg)
+  _check_names(wanted, files, cfg, ckpt)
+  if cfg.tie_embeddings and 'lm_head.weight' in files:
+    _check_tied_head(files)
+
+  abstract = nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, abs_state = nnx.split(abstract)
+  abs_vars = dict(nnx.to_flat_state(abs_state))
+  shards = (dict(nnx.to_flat_state(sharding.state_shardings(abs_state, mesh, rules)))
+            if mesh is not None else None)
+  if set(abs_vars) != {t.path for t in wanted}:  # Guards _tensors against model drift.
+    raise AssertionError(f'parameter paths drifted: {set(abs_vars) ^ {t.path for t in wanted}}')
+
+  by_file: dict[pathlib.Path, list[_Tensor]] = {}
+  for t in wanted:
+    by_file.setdefault(files[t.hf_name], []).append(t)
+  loaded = {}
+  for fname, tensors in by_file.items():
+    with safetensors.safe_open(str(fname), framework='numpy') as fh:
+      for t in tensors:
+        host = _read(fh, t.hf_name, fname)
+        if tuple(host.shape) != t.hf_shape:
+          raise ValueError(f'{fname.name}: tensor {t.hf_name!r} has shape {tuple(host.shape)}, '
+                           f'but the config needs {t.hf_shape}')
+        var = abs_vars[t.path]
+        host = t.to_ours(host).astype(var.get_value().dtype, copy=False)
+        if shards is None:
+          value = jax.device_put(np.ascontiguousarray(host))
+        else:
+          value = jax.make_array_from_callback(
+              host.shape, shards[t.path].get_value(), lambda idx, x=host: x[idx])
+        loaded[t.path] = var.replace(value)
+        del host  # At most one tensor is ever held on the host.
+  return nnx.merge(graphdef, nnx.from_flat_state(loaded))
+
+
+def _stale_weight_files(out: pathlib.Path) -> list[pathlib.Path]:
+  return [p for p in out.iterdir()
+          if p.name in (SINGLE_FILE, INDEX_FILE) or _SHARD_RE.match(p.name)]
+
+
+def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
+               max_shard_size: int = 5_000_000_000) -> None:
+  """Writes `model` as an HF checkpoint that `transformers` can load.
+
+  Writes config.json and model.safetensors with HF tensor names and layouts in
+  the parameters' own dtype; when the weights exceed `max_shard_size` bytes
+  they go into model-0000x-of-0000y.safetensors files with an index. Weight
+  files of an earlier save in `out_dir` are replaced. Tensors are fetched to
+  the host one shard file at a time.
+
+  Args:
+    model: a Transformer whose parameters are all addressable by this process.
+    out_dir: the directory to write (created if needed).
+    max_shard_size: the largest weight file in bytes (a single larger tensor
+      gets a file of its own).
+
+  Raises:
+    ValueError: the config has no HF equivalent, or a parameter is not fully
+      addressable (multi-host arrays: gather them first).
+  """
+  cfg = model.cfg
+  hf_config = config_to_hf(cfg)
+  params = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  tensors = _tensors(cfg)
+
+  groups: list[list[_Tensor]] = [[]]
+  size = 0
+  for t in tensors:
+    value = params[t.path].get_value()
+    if not value.is_fully_addressable:
+      raise ValueError(f'save_model: parameter {"/".join(map(str, t.path))} is not fully '
+                       'addressable by this process; gather it first')
+    nbytes = value.size * value.dtype.itemsize
+    if groups[-1] and size + nbytes > max_shard_size:
+      groups.append([])
+      size = 0
+    groups[-1].append(t)
+    size += nbytes
+
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  for stale in _stale_weight_files(out):
+    stale.unlink()
+  weight_map, total = {}, 0
+  for i, group in enumerate(groups):
+    fname = (SINGLE_FILE if len(groups) == 1
+             else f'model-{i + 1:05d}-of-{len(groups):05d}.safetensors')
+    host = {t.hf_name: np.ascontiguousarray(t.to_hf(np.asarray(params[t.path].get_value())))
+            for t in group}
+    total += sum(x.nbytes for x in host.values())
+    weight_map.update({name: fname for name in host})
+    # transformers expects the 'format' metadata of torch-written files.
+    safetensors.numpy.save_file(host, str(out / fname), metadata={'format': 'pt'})
+    del host
+  if len(groups) > 1:
+    (out / INDEX_FILE).write_text(json.dumps(
+        {'metadata': {'total_size': total}, 'weight_map': weight_map}, indent=2))
+  (out / 'config.json').write_text(json.dumps(hf_config, indent=2))
