@@ -1,0 +1,358 @@
+"""Datasets: readers (JSONL, Parquet, TFDS), format adapters, and grain pipelines with resumable state.
+
+Canonical records (what every stage reads; adapters map other formats here):
+
+  prompt      {"id", "domain", "messages": [{"role", "content"}, ...], "metadata": {...}}
+              (RL and evaluation; `metadata` holds the domain verifier's fields)
+  sft         {"id", "domain", "messages", "response", "thinking" (optional)}
+  preference  {"id", "domain", "messages", "chosen", "rejected"}
+
+Adapters (the `format` of a dataset in the config):
+
+  prompt, sft, preference  the canonical records above.
+  gsm8k          {"question", "answer": "... #### 42"} (or TFDS's "short_answer")
+                 -> math metadata {"answer": "42"}.
+  humaneval      {"task_id", "prompt", "test", "entry_point", "canonical_solution"}
+                 -> code metadata {"prompt", "test", "entry_point"}.
+  ifeval         {"key", "prompt", "instruction_id_list", "kwargs"}
+                 -> instruction-following metadata {"instruction_id_list", "kwargs"}.
+  nemotron_math  NeMo-Gym style math rows as in NVIDIA's released RL sets
+                 (e.g. Nemotron-RL-Math-v2: "question", "expected_answer",
+                 "responses_create_params": {"input": [messages]}); also accepts
+                 "problem"/"prompt" and "answer"/"ground_truth". The exact
+                 field names of the Cascade-1 RL-Math release are not verified.
+  nemotron_if    rows with "instruction_id_list", "kwargs" and "prompt" or
+                 "responses_create_params.input" (Nemotron RL IF blends).
+
+A malformed record is a `DataError` naming the file and line (JSONL), row
+(Parquet) or index (TFDS). Batches come from a grain pipeline
+(`MapDataset` source -> seeded shuffle -> repeat -> batch) whose iterator
+state is a small dict saved in every checkpoint, so a resumed stage draws
+exactly the prompts an uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import grain
+
+_ROLES = ('system', 'user', 'assistant')
+BOXED_INSTRUCTION = 'Please reason step by step, and put your final answer within \\boxed{}.'
+
+
+class DataError(ValueError):
+  """A malformed dataset or record; the message names the file and line."""
+
+
+class _RecordError(ValueError):
+  """Raised by adapters; the reader adds where the record is."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+  record_type: str                      # 'prompt', 'sft' or 'preference'
+  adapt: Callable[[dict], dict]         # raw row -> canonical record (no domain needed)
+
+
+def _str(raw: Mapping, key: str, *, allow_empty: bool = False) -> str:
+  if key not in raw:
+    raise _RecordError(f'missing field {key!r}')
+  v = raw[key]
+  if not isinstance(v, str):
+    raise _RecordError(f'field {key!r} must be a string, got {type(v).__name__}')
+  if not allow_empty and not v.strip():
+    raise _RecordError(f'field {key!r} is empty')
+  return v
+
+
+def _first(raw: Mapping, keys: Sequence[str], what: str):
+  for k in keys:
+    if k in raw and raw[k] is not None:
+      return k, raw[k]
+  raise _RecordError(f'missing field: {what} (one of {", ".join(keys)})')
+
+
+def _messages(raw: Mapping, key: str = 'messages') -> list[dict]:
+  msgs = raw.get(key)
+  if msgs is None:
+    raise _RecordError(f'missing field {key!r}')
+  if not isinstance(msgs, (list, tuple)) or not msgs:
+    raise _RecordError(f'field {key!r} must be a non-empty list of {{"role", "content"}}')
+  out = []
+  for i, m in enumerate(msgs):
+    if not isinstance(m, Mapping):
+      raise _RecordError(f'{key}[{i}] must be an object, got {type(m).__name__}')
+    role, content = m.get('role'), m.get('content')
+    if role not in _ROLES:
+      raise _RecordError(f'{key}[{i}].role={role!r}: expected one of {_ROLES}')
+    if not isinstance(content, str):
+      raise _RecordError(f'{key}[{i}].content must be a string')
+    out.append({'role': role, 'content': content})
+  if out[-1]['role'] != 'user':
+    raise _RecordError(f'{key}: the last message must be the user turn to answer')
+  return out
+
+
+def _id(raw: Mapping, keys=('id',)) -> str:
+  for k in keys:
+    if k in raw and raw[k] is not None:
+      v = raw[k]
+      if isinstance(v, (str, int)) and not isinstance(v, bool):
+        return str(v)
+      raise _RecordError(f'field {k!r} must be a string or int')
+  return ''
+
+
+def _base(raw: Mapping) -> dict:
+  out = {'id': _id(raw), 'messages': _messages(raw)}
+  if 'domain' in raw:
+    out['domain'] = _str(raw, 'domain')
+  return out
+
+
+def _adapt_prompt(raw):
+  rec = _base(raw)
+  md = raw.get('metadata', {})
+  if not isinstance(md, Mapping):
+    raise _RecordError(f'field \'metadata\' must be an object, got {type(md).__name__}')
+  rec['metadata'] = dict(md)
+  return rec
+
+
+def _adapt_sft(raw):
+  rec = _base(raw)
+  rec['response'] = _str(raw, 'response')
+  if raw.get('thinking') is not None:
+    rec['thinking'] = _str(raw, 'thinking', allow_empty=True)
+  return rec
+
+
+def _adapt_preference(raw):
+  rec = _base(raw)
+  rec['chosen'] = _str(raw, 'chosen')
+  rec['rejected'] = _str(raw, 'rejected')
+  return rec
+
+
+def _user(text: str) -> list[dict]:
+  return [{'role': 'user', 'content': text}]
+
+
+def _adapt_gsm8k(raw):
+  question = _str(raw, 'question')
+  if isinstance(raw.get('answer'), str) and '####' in raw['answer']:
+    answer = raw['answer'].rsplit('####', 1)[1].strip()
+  elif isinstance(raw.get('short_answer'), str):
+    answer = raw['short_answer'].strip()
+  else:
+    raise _RecordError("field 'answer' has no '#### <final answer>' (and no 'short_answer')")
+  if not answer:
+    raise _RecordError('the final answer is empty')
+  answer = answer.replace(',', '')  # GSM8K writes thousands with commas ('1,000').
+  return {'id': _id(raw), 'messages': _user(f'{question}\n{BOXED_INSTRUCTION}'),
+          'metadata': {'answer': answer}}
+
+
+def _adapt_humaneval(raw):
+  prompt = _str(raw, 'prompt')
+  md = {'prompt': prompt, 'test': _str(raw, 'test'), 'entry_point': _str(raw, 'entry_point')}
+  text = ('Complete the following Python function. Answer with the whole function in '
+          f'a ```python code block.\n\n```python\n{prompt}```')
+  return {'id': _id(raw, ('task_id', 'id')), 'messages': _user(text), 'metadata': md}
+
+
+def _if_metadata(raw) -> dict:
+  ids = raw.get('instruction_id_list')
+  if not isinstance(ids, (list, tuple)) or not all(isinstance(i, str) for i in ids) or not ids:
+    raise _RecordError("field 'instruction_id_list' must be a non-empty list of strings")
+  kwargs = raw.get('kwargs')
+  if not isinstance(kwargs, (list, tuple)) or len(kwargs) != len(ids):
+    raise _RecordError(f"field 'kwargs' must be a list with one entry per instruction "
+                       f'({len(ids)})')
+  clean = []
+  for i, kw in enumerate(kwargs):
+    if kw is None:
+      kw = {}
+    if not isinstance(kw, Mapping):
+      raise _RecordError(f'kwargs[{i}] must be an object or null')
+    # IFEval pads each kwargs dict with nulls for the other instructions' arguments.
+    clean.append({k: v for k, v in kw.items() if v is not None})
+  return {'instruction_id_list': list(ids), 'kwargs': clean}
+
+
+def _adapt_ifeval(raw):
+  return {'id': _id(raw, ('key', 'id')), 'messages': _user(_str(raw, 'prompt')),
+          'metadata': _if_metadata(raw)}
+
+
+def _gym_messages(raw) -> list[dict] | None:
+  params = raw.get('responses_create_params')
+  if isinstance(params, Mapping) and params.get('input') is not None:
+    return _messages(params, 'input')
+  return None
+
+
+def _adapt_nemotron_math(raw):
+  msgs = _gym_messages(raw)
+  if msgs is None:
+    key, _ = _first(raw, ('messages', 'question', 'problem', 'prompt'), 'the problem')
+    msgs = _messages(raw) if key == 'messages' else _user(f'{_str(raw, key)}\n{BOXED_INSTRUCTION}')
+  key, answer = _first(raw, ('expected_answer', 'answer', 'ground_truth'), 'the answer')
+  if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+    answer = str(answer)
+  if not isinstance(answer, str) or not answer.strip():
+    raise _RecordError(f'field {key!r} must be a non-empty string or number')
+  return {'id': _id(raw, ('id', 'uuid')), 'messages': msgs, 'metadata': {'answer': answer}}
+
+
+def _adapt_nemotron_if(raw):
+  msgs = _gym_messages(raw) or _user(_str(raw, 'prompt'))
+  return {'id': _id(raw, ('id', 'key', 'uuid')), 'messages': msgs, 'metadata': _if_metadata(raw)}
+
+
+FORMATS: dict[str, Format] = {
+    'prompt': Format('prompt', _adapt_prompt),
+    'sft': Format('sft', _adapt_sft),
+    'preference': Format('preference', _adapt_preference),
+    'gsm8k': Format('prompt', _adapt_gsm8k),
+    'humaneval': Format('prompt', _adapt_humaneval),
+    'ifeval': Format('prompt', _adapt_ifeval),
+    'nemotron_math': Format('prompt', _adapt_nemotron_math),
+    'nemotron_if': Format('prompt', _adapt_nemotron_if),
+}
+
+
+def _decode(x):
+  """TFDS yields bytes for text and numpy arrays for sequences; make them JSON-like."""
+  if isinstance(x, bytes):
+    return x.decode('utf-8')
+  if isinstance(x, Mapping):
+    return {k: _decode(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_decode(v) for v in x]
+  if hasattr(x, 'tolist'):
+    return _decode(x.tolist())
+  return x
+
+
+def read_rows(spec) -> Iterator[tuple[str, Any]]:
+  """Yields (where, raw row) from a dataset spec's source; `where` names file and line.
+
+  Args:
+    spec: a `cascade.config.Dataset`.
+
+  Raises:
+    DataError: a missing file, an unknown extension, or a line that is not JSON.
+  """
+  if spec.tfds_name:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    import tensorflow_datasets.text  # noqa: F401  pylint: disable=unused-import,g-import-not-at-top
+    try:
+      source = tfds.data_source(spec.tfds_name, split=spec.split,
+                                data_dir=spec.data_dir or None)
+    except Exception as e:  # pylint: disable=broad-except
+      raise DataError(f'tfds:{spec.tfds_name}/{spec.split}: cannot open the prepared dataset '
+                      f'({type(e).__name__}: {e}); prepare it with `tfds build` first') from e
+    for i in range(len(source)):
+      yield f'tfds:{spec.tfds_name}/{spec.split} record {i}', _decode(source[i])
+    return
+  path = spec.path
+  if not os.path.exists(path):
+    raise DataError(f'{path}: no such file (dataset {spec.name!r})')
+  if path.endswith('.jsonl') or path.endswith('.json'):
+    with open(path, encoding='utf-8') as f:
+      for n, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise DataError(f'{path}:{n}: not valid JSON ({e.msg} at column {e.colno})') from None
+        yield f'{path}:{n}', row
+  elif path.endswith('.parquet'):
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    table = pq.read_table(path)
+    for n, row in enumerate(table.to_pylist(), 1):
+      yield f'{path} row {n}', row
+  else:
+    raise DataError(f'{path}: unknown file type (expected .jsonl, .json lines or .parquet)')
+
+
+def load(spec, domains: Sequence[str] | None = None,
+         check_metadata: Callable[[str, dict], str | None] | None = None) -> list[dict]:
+  """Reads and validates a whole dataset into canonical records.
+
+  Args:
+    spec: a `cascade.config.Dataset`.
+    domains: known domain names; a record's domain must be one of them.
+    check_metadata: (domain, metadata) -> None or a reason it is malformed
+      (from the domain's verifier), applied to prompt records.
+
+  Returns:
+    The records, in file order, each with 'id' (default '<dataset>:<n>') and
+    'domain' (default: the dataset's domain).
+
+  Raises:
+    DataError: the first malformed record, naming file and line.
+  """
+  fmt = FORMATS[spec.format]
+  out = []
+  for where, raw in read_rows(spec):
+    if not isinstance(raw, Mapping):
+      raise DataError(f'{where}: a record must be a JSON object, got {type(raw).__name__}')
+    try:
+      rec = fmt.adapt(raw)
+    except _RecordError as e:
+      raise DataError(f'{where}: {e} (format {spec.format!r})') from None
+    rec['id'] = rec.get('id') or f'{spec.name}:{len(out)}'
+    rec['domain'] = rec.get('domain') or spec.domain
+    if not rec['domain']:
+      raise DataError(f"{where}: the record has no 'domain' and dataset {spec.name!r} "
+                      'names none')
+    if domains is not None and rec['domain'] not in domains:
+      raise DataError(f'{where}: domain {rec["domain"]!r} is not a configured domain '
+                      f'({", ".join(sorted(domains))})')
+    if fmt.record_type == 'prompt' and check_metadata is not None:
+      problem = check_metadata(rec['domain'], rec['metadata'])
+      if problem:
+        raise DataError(f'{where}: metadata rejected by the {rec["domain"]!r} verifier: {problem}')
+    out.append(rec)
+    if spec.limit and len(out) >= spec.limit:
+      break
+  if not out:
+    raise DataError(f'dataset {spec.name!r} ({spec.path or spec.tfds_name}) holds no records')
+  return out
+
+
+class Loader:
+  """Seeded, shuffled, endlessly repeated batches of records with a resumable state.
+
+  The pipeline is grain's `MapDataset.source(records).seed(seed).shuffle()
+  .repeat().batch(n)`: each epoch is a fresh permutation, and the iterator's
+  state (`get_state()`, a small JSON-able dict) restores the exact position.
+  """
+
+  def __init__(self, records: Sequence[dict], seed: int, batch_size: int,
+               shuffle: bool = True):
+    if not records:
+      raise DataError('Loader: no records')
+    ds = grain.MapDataset.source(list(records))
+    if shuffle:
+      ds = ds.seed(seed).shuffle()
+    self._ds = ds.repeat(None).batch(batch_size, batch_fn=list)
+    self._iter = iter(self._ds.to_iter_dataset())
+
+  def next(self) -> list[dict]:
+    """The next batch (a list of `batch_size` records)."""
+    return next(self._iter)
+
+  def get_state(self) -> dict:
+    return dict(self._iter.get_state())
+
+  def set_state(self, state: Mapping) -> None:
+    self._iter.set_state(dict(state))
+

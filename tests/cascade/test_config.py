@@ -1,0 +1,182 @@
+"""Config validation: a valid cascade resolves; each bad field is one clear error naming stage and field."""
+
+import copy
+
+import ml_collections
+import pytest
+
+from cascade import config as config_lib
+
+VERIFIERS = ('math', 'instruction_following', 'code', 'reward_model')
+FORMATS = {'prompt': 'prompt', 'sft': 'sft', 'preference': 'preference', 'gsm8k': 'prompt'}
+
+
+def make_config():
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = dict(preset='tiny', overrides=dict(max_seq_len=256))
+  c.tokenizer = dict(path='/tmp/tok.model')
+  c.mesh = dict(shape=(-1, 1, 1))
+  c.sampler = dict()
+  c.ckpt = dict(every_n_steps=2, keep=2)
+  c.eval = dict(num_samples=2, temperature=1.0, top_p=1.0, greedy=False, max_new_tokens=16,
+                max_prompt_len=32, num_prompts=8, batch_size=8)
+  c.datasets = dict(
+      sft_mix=dict(path='/d/sft.jsonl', format='sft'),
+      prefs=dict(path='/d/prefs.jsonl', format='preference', domain='chat'),
+      add_train=dict(path='/d/add.jsonl', format='prompt', domain='add'),
+      add_eval=dict(path='/d/add_eval.jsonl', format='prompt', domain='add'),
+      mul_train=dict(path='/d/mul.jsonl', format='prompt', domain='mul'),
+      mul_eval=dict(path='/d/mul_eval.jsonl', format='prompt', domain='mul'),
+      chat_train=dict(path='/d/chat.jsonl', format='prompt', domain='chat'),
+      chat_eval=dict(path='/d/chat_eval.jsonl', format='prompt', domain='chat'))
+  c.domains = dict(
+      add=dict(verifier='math', train='add_train', eval='add_eval'),
+      mul=dict(verifier='math', verifier_options=dict(unfinished_reward=0.0),
+               train='mul_train', eval='mul_eval'),
+      chat=dict(verifier='reward_model', train='chat_train', eval='chat_eval',
+                reward_model_stage='rm'))
+  rl = lambda: dict(kind='grpo', steps=6, optimizer=dict(lr=1e-4), prompts_per_step=4,
+                    group_size=4, max_prompt_len=32, max_response_len=16)
+  c.stages = [
+      dict(name='sft', kind='sft', domains=['add', 'mul'], datasets=['sft_mix'], steps=4,
+           batch_size=4, max_len=64, optimizer=dict(lr=1e-3, warmup_steps=1,
+                                                    schedule='cosine')),
+      dict(name='rm', kind='reward_model', domains=['chat'], datasets=['prefs'], steps=3,
+           batch_size=4, max_len=64, optimizer=dict(lr=1e-4), init_from='sft'),
+      dict(name='rlhf', **rl(), domains=['chat']),
+      dict(name='add_rl', **rl(), domains=['add'],
+           phases=[dict(until_step=3, max_response_len=8, filter_overlong=True),
+                   dict(until_step=6, max_response_len=16, temperature=0.8)]),
+      dict(name='blend', **rl(), domains=['add', 'mul'], init_from='sft'),
+      dict(name='mopd', kind='mopd', domains=['add', 'mul'], steps=2, optimizer=dict(lr=1e-5),
+           prompts_per_step=4, group_size=2, max_prompt_len=32, max_response_len=16),
+      dict(name='final', kind='eval'),
+  ]
+  c.allow_config_change = False
+  return c
+
+
+def validate(c):
+  return config_lib.validate(c, known_verifiers=VERIFIERS, known_formats=FORMATS)
+
+
+def test_valid_config_resolves_defaults_and_phases():
+  plan = validate(make_config())
+  assert [s.name for s in plan.stages] == ['sft', 'rm', 'rlhf', 'add_rl', 'blend', 'mopd', 'final']
+  add_rl = plan.stage('add_rl')
+  assert add_rl.datasets == ('add_train',)          # defaults to the domain's train set
+  assert add_rl.phase_at(0).max_response_len == 8 and add_rl.phase_at(0).filter_overlong
+  assert add_rl.phase_at(3).temperature == 0.8 and not add_rl.phase_at(3).filter_overlong
+  assert add_rl.phase_at(100).max_response_len == 16
+  assert add_rl.max_response_len == 16 and add_rl.reset_optimizer
+  assert plan.stage('blend').datasets == ('add_train', 'mul_train')
+  assert plan.stage('mopd').teachers == 'best'
+  assert plan.stage('rm').evaluate is False
+  assert plan.stage('sft').optimizer.schedule == 'cosine'
+  assert plan.domains['mul'].verifier_options == {'unfinished_reward': 0.0}
+  assert not plan.initial_eval                      # the cascade starts with SFT
+
+
+def _mutate(fn):
+  c = make_config()
+  stages = copy.deepcopy(list(c.stages))
+  fn(c, stages)
+  c.stages = stages
+  return c
+
+
+CASES = [
+    ('unknown kind', lambda c, s: s[2].update(kind='ppo'), "stages[2] 'rlhf': kind='ppo': unknown kind"),
+    ('missing field', lambda c, s: s[3].pop('steps'), "stages[3] 'add_rl': steps: missing field"),
+    ('unknown field', lambda c, s: s[3].update(lrr=1), "stages[3] 'add_rl': lrr: unknown field"),
+    ('missing name', lambda c, s: s[3].pop('name'), 'stages[3]: name: missing field'),
+    ('duplicate name', lambda c, s: s[3].update(name='rlhf'), "stages[3] 'rlhf': name: duplicate"),
+    ('G < 2', lambda c, s: s[3].update(group_size=1), "stages[3] 'add_rl': group_size=1: grpo needs G >= 2"),
+    ('lr <= 0', lambda c, s: s[3]['optimizer'].update(lr=0.0), "stages[3] 'add_rl': optimizer.lr=0.0: must be > 0"),
+    ('unknown optimizer field', lambda c, s: s[0]['optimizer'].update(beta=1),
+     "stages[0] 'sft': optimizer.beta: unknown field"),
+    ('unknown domain', lambda c, s: s[3].update(domains=['physics']),
+     "stages[3] 'add_rl': domains=['physics']: unknown domain 'physics'"),
+    ('unknown dataset', lambda c, s: s[0].update(datasets=['nope']),
+     "stages[0] 'sft': datasets=['nope']: unknown dataset 'nope'"),
+    ('wrong record type', lambda c, s: s[0].update(datasets=['add_train']),
+     "stages[0] 'sft': datasets=['add_train']: dataset 'add_train' holds prompt records"),
+    ('unknown verifier', lambda c, s: c.domains.add.update(dict(verifier='magic')),
+     "config.domains.add.verifier='magic': unknown verifier"),
+    ('unknown domain dataset', lambda c, s: c.domains.add.update(dict(train='x')),
+     "config.domains.add.train='x': unknown dataset"),
+    ('unknown format', lambda c, s: c.datasets.prefs.update(dict(format='csv')),
+     "config.datasets.prefs.format='csv': unknown format"),
+    ('max length over model', lambda c, s: s[4].update(max_response_len=300),
+     "stages[4] 'blend': max_response_len=300: max_prompt_len + max_response_len = 332 exceeds"),
+    ('phase longer than stage', lambda c, s: s[3]['phases'][1].update(max_response_len=250),
+     "stages[3] 'add_rl': phases[1].max_response_len=250: exceeds the stage's max_response_len=16"),
+    ('phases not increasing', lambda c, s: s[3]['phases'][1].update(until_step=3),
+     "stages[3] 'add_rl': phases[1].until_step=3: phases must end at strictly increasing steps"),
+    ('phase unknown field', lambda c, s: s[3]['phases'][0].update(top_p=0.5),
+     "stages[3] 'add_rl': phases[0].top_p: unknown field"),
+    ('init_from later stage', lambda c, s: s[3].update(init_from='mopd'),
+     "stages[3] 'add_rl': init_from='mopd': names a later stage"),
+    ('init_from unknown stage', lambda c, s: s[3].update(init_from='nothing'),
+     "stages[3] 'add_rl': init_from='nothing': names an unknown stage"),
+    ('init_from reward model', lambda c, s: s[3].update(init_from='rm'),
+     "stages[3] 'add_rl': init_from='rm': is a reward_model stage"),
+    ('temperature', lambda c, s: s[3].update(temperature=0), "stages[3] 'add_rl': temperature=0: must be > 0"),
+    ('top_p', lambda c, s: s[3].update(top_p=1.5), "stages[3] 'add_rl': top_p=1.5: must be in (0, 1]"),
+    ('thinking fraction', lambda c, s: s[3].update(thinking_fraction=2),
+     "stages[3] 'add_rl': thinking_fraction=2"),
+    ('advantage', lambda c, s: s[3].update(advantage='ppo'), "stages[3] 'add_rl': advantage='ppo': unknown advantage"),
+    ('microbatches', lambda c, s: s[3].update(microbatches=3), "stages[3] 'add_rl': microbatches=3: must divide"),
+    ('teacher unknown', lambda c, s: s[5].update(teachers={'add': 'sft', 'mul': 'zzz'}),
+     "stages[5] 'mopd': teachers="),
+    ('teacher missing domain', lambda c, s: s[5].update(teachers={'add': 'sft'}),
+     "no teacher for domain 'mul'"),
+    ('rm stage later', lambda c, s: s.insert(1, s.pop(2)),
+     "stages[1] 'rlhf': domains: domain 'chat' is scored by reward model stage 'rm', which comes later"),
+    ('rm stage unknown', lambda c, s: c.domains.chat.update(dict(reward_model_stage='sft')),
+     "config.domains.chat.reward_model_stage='sft': names no reward_model stage"),
+    ('no eval set', lambda c, s: c.domains.add.update(dict(eval='')), 'config.domains.add.eval: missing'),
+    ('eval samples', lambda c, s: c.eval.update(dict(num_samples=0)), 'config.eval.num_samples=0'),
+    ('no model', lambda c, s: c.model.update(dict(preset='')), "config.model: needs 'preset'"),
+    ('bad preset', lambda c, s: c.model.update(dict(preset='gpt9')), "unknown model preset 'gpt9'"),
+    ('steps', lambda c, s: s[0].update(steps=0), "stages[0] 'sft': steps=0: must be an int >= 1"),
+    ('empty', lambda c, s: s.clear(), 'config.stages: the stage list is empty'),
+]
+
+
+@pytest.mark.parametrize('name,mutate,message', CASES, ids=[c[0] for c in CASES])
+def test_validation_error_names_stage_and_field(name, mutate, message):
+  del name
+  with pytest.raises(config_lib.ConfigError) as e:
+    validate(_mutate(mutate))
+  assert message in str(e.value), str(e.value)
+
+
+def test_explicit_teachers_and_paths():
+  def mutate(c, s):
+    s[5]['teachers'] = {'add': 'add_rl', 'mul': '/ckpts/mul_teacher'}
+    s[3]['init_from'] = '/some/hf/dir'
+  plan = validate(_mutate(mutate))
+  assert plan.stage('mopd').teachers == {'add': 'add_rl', 'mul': '/ckpts/mul_teacher'}
+  assert plan.stage('add_rl').init_from == '/some/hf/dir'
+
+
+def test_initial_eval_when_cascade_starts_with_rl():
+  def mutate(c, s):
+    del s[:2]
+    s[2].pop('init_from')
+    s[0]['domains'] = ['add']
+    c.domains.chat.reward_model_stage = ''
+    c.domains.chat.verifier = 'math'
+  assert validate(_mutate(mutate)).initial_eval
+
+
+def test_config_hash_ignores_harmless_fields():
+  a = make_config()
+  b = make_config()
+  b.allow_config_change = True
+  b.ckpt.keep = 5
+  assert config_lib.config_for_hash(a) == config_lib.config_for_hash(b)
+  b.stages[0]['steps'] = 5
+  assert config_lib.config_for_hash(a) != config_lib.config_for_hash(b)

@@ -1,0 +1,171 @@
+"""Dataset readers, format adapters, malformed-record errors and the resumable grain loader."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cascade import config as config_lib
+from cascade import data
+
+
+def spec(path='', fmt='prompt', domain='math', name='ds', **kw):
+  return config_lib.Dataset(name=name, format=fmt, record_type=data.FORMATS[fmt].record_type,
+                            path=str(path), domain=domain, **kw)
+
+
+def write_jsonl(path, rows):
+  with open(path, 'w') as f:
+    for r in rows:
+      f.write((r if isinstance(r, str) else json.dumps(r)) + '\n')
+  return path
+
+
+def user(text):
+  return [{'role': 'user', 'content': text}]
+
+
+def test_canonical_records_and_defaults(tmp_path):
+  p = write_jsonl(tmp_path / 'a.jsonl', [
+      {'id': 'q1', 'messages': user('1+1?'), 'metadata': {'answer': '2'}},
+      {'messages': user('2+2?'), 'metadata': {'answer': '4'}, 'domain': 'other'},
+  ])
+  recs = data.load(spec(p), domains=['math', 'other'])
+  assert recs[0] == {'id': 'q1', 'domain': 'math', 'messages': user('1+1?'),
+                     'metadata': {'answer': '2'}}
+  assert recs[1]['id'] == 'ds:1' and recs[1]['domain'] == 'other'
+
+  sft = write_jsonl(tmp_path / 's.jsonl', [{'messages': user('hi'), 'response': 'hello',
+                                            'thinking': 'greet'}])
+  assert data.load(spec(sft, 'sft'))[0]['thinking'] == 'greet'
+  pref = write_jsonl(tmp_path / 'p.jsonl', [{'messages': user('hi'), 'chosen': 'a',
+                                             'rejected': 'b'}])
+  assert data.load(spec(pref, 'preference'))[0]['chosen'] == 'a'
+
+
+def test_parquet_reader(tmp_path):
+  rows = [{'question': 'Tom has 3 apples and buys 4. How many?',
+           'answer': 'He has 3+4=7.\n#### 7'},
+          {'question': 'What is 1,000 + 1?', 'answer': '... #### 1,001'}]
+  pq.write_table(pa.Table.from_pylist(rows), tmp_path / 'g.parquet')
+  recs = data.load(spec(tmp_path / 'g.parquet', 'gsm8k'))
+  assert recs[0]['metadata'] == {'answer': '7'}
+  assert recs[1]['metadata'] == {'answer': '1001'}
+  assert recs[0]['messages'][0]['content'].startswith('Tom has 3 apples')
+  assert '\\boxed{}' in recs[0]['messages'][0]['content']
+
+
+def test_common_format_adapters(tmp_path):
+  he = write_jsonl(tmp_path / 'he.jsonl', [{
+      'task_id': 'HumanEval/0', 'prompt': 'def f(x):\n  """Doubles x."""\n',
+      'test': 'def check(c):\n  assert c(2) == 4\n', 'entry_point': 'f',
+      'canonical_solution': '  return 2 * x\n'}])
+  rec = data.load(spec(he, 'humaneval', domain='code'))[0]
+  assert rec['id'] == 'HumanEval/0'
+  assert rec['metadata'] == {'prompt': 'def f(x):\n  """Doubles x."""\n',
+                             'test': 'def check(c):\n  assert c(2) == 4\n', 'entry_point': 'f'}
+  assert 'def f(x)' in rec['messages'][0]['content']
+
+  ife = write_jsonl(tmp_path / 'if.jsonl', [{
+      'key': 1000, 'prompt': 'Write a poem in all caps.',
+      'instruction_id_list': ['change_case:english_capital', 'length_constraints:number_words'],
+      'kwargs': [{}, {'relation': 'at least', 'num_words': 30, 'keyword': None}]}])
+  rec = data.load(spec(ife, 'ifeval', domain='if'))[0]
+  assert rec['id'] == '1000'
+  assert rec['metadata']['kwargs'] == [{}, {'relation': 'at least', 'num_words': 30}]
+
+  nm = write_jsonl(tmp_path / 'nm.jsonl', [
+      {'uuid': 'u1', 'question': 'Find x.', 'expected_answer': '\\frac{1}{2}',
+       'responses_create_params': {'input': [{'role': 'user', 'content': 'Find x. Box it.'}]}},
+      {'problem': 'Find y.', 'answer': 3}])
+  recs = data.load(spec(nm, 'nemotron_math'))
+  assert recs[0]['id'] == 'u1' and recs[0]['messages'] == user('Find x. Box it.')
+  assert recs[0]['metadata'] == {'answer': '\\frac{1}{2}'}
+  assert recs[1]['metadata'] == {'answer': '3'}
+  assert recs[1]['messages'][0]['content'].startswith('Find y.')
+
+  nif = write_jsonl(tmp_path / 'nif.jsonl', [{
+      'id': 7, 'instruction_id_list': ['keywords:existence'], 'kwargs': [None],
+      'responses_create_params': {'input': [{'role': 'system', 'content': 'Be brief.'},
+                                            {'role': 'user', 'content': 'Say hi.'}]}}])
+  rec = data.load(spec(nif, 'nemotron_if', domain='if'))[0]
+  assert rec['messages'][0]['role'] == 'system' and rec['metadata']['kwargs'] == [{}]
+
+
+def test_tfds_data_source_with_mock_data():
+  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow_datasets.text  # noqa: F401  (registers gsm8k)
+  ds = config_lib.Dataset(name='gsm', format='gsm8k', record_type='prompt', tfds_name='gsm8k',
+                          split='train', domain='math')
+  with tfds.testing.mock_data(num_examples=5):
+    recs = data.load(ds)
+  assert len(recs) == 5
+  assert all(r['metadata']['answer'] and r['domain'] == 'math' for r in recs)
+
+
+@pytest.mark.parametrize('line,fmt,message', [
+    ('{"messages": [', 'prompt', ':2: not valid JSON'),
+    ('[1, 2]', 'prompt', ':2: a record must be a JSON object'),
+    ('{"metadata": {}}', 'prompt', ":2: missing field 'messages'"),
+    ('{"messages": "hi", "metadata": {}}', 'prompt', ":2: field 'messages' must be a non-empty list"),
+    ('{"messages": [{"role": "bot", "content": "x"}], "metadata": {}}', 'prompt',
+     ":2: messages[0].role='bot'"),
+    ('{"messages": [{"role": "user", "content": "x"}], "metadata": [1]}', 'prompt',
+     ":2: field 'metadata' must be an object"),
+    ('{"messages": [{"role": "user", "content": "x"}]}', 'sft', ":2: missing field 'response'"),
+    ('{"messages": [{"role": "user", "content": "x"}], "response": 3}', 'sft',
+     ":2: field 'response' must be a string, got int"),
+    ('{"question": "q", "answer": "no final answer"}', 'gsm8k', ":2: field 'answer' has no '####"),
+    ('{"key": 1, "prompt": "p", "instruction_id_list": ["a", "b"], "kwargs": [{}]}', 'ifeval',
+     ":2: field 'kwargs' must be a list with one entry per instruction"),
+    ('{"messages": [{"role": "user", "content": "x"}], "metadata": {}, "domain": "poetry"}',
+     'prompt', ":2: domain 'poetry' is not a configured domain"),
+])
+def test_malformed_record_names_file_and_line(tmp_path, line, fmt, message):
+  good = {'prompt': {'messages': user('ok'), 'metadata': {'answer': '1'}},
+          'sft': {'messages': user('ok'), 'response': 'fine'},
+          'gsm8k': {'question': 'q', 'answer': '#### 1'},
+          'ifeval': {'key': 0, 'prompt': 'p', 'instruction_id_list': ['a'], 'kwargs': [{}]}}[fmt]
+  p = write_jsonl(tmp_path / 'bad.jsonl', [good, line])
+  with pytest.raises(data.DataError) as e:
+    data.load(spec(p, fmt), domains=['math'])
+  assert str(p) + message in str(e.value), str(e.value)
+
+
+def test_metadata_rejected_by_verifier_names_record(tmp_path):
+  p = write_jsonl(tmp_path / 'm.jsonl', [
+      {'messages': user('a'), 'metadata': {'answer': '1'}},
+      {'messages': user('b'), 'metadata': {'solution': '1'}}])
+  check = lambda domain, md: None if 'answer' in md else "missing 'answer'"
+  with pytest.raises(data.DataError, match=r"m\.jsonl:2: metadata rejected by the 'math' "
+                                           r"verifier: missing 'answer'"):
+    data.load(spec(p), check_metadata=check)
+
+
+def test_missing_file_and_limit(tmp_path):
+  with pytest.raises(data.DataError, match='no such file'):
+    data.load(spec(tmp_path / 'nope.jsonl'))
+  p = write_jsonl(tmp_path / 'a.jsonl', [{'messages': user(str(i)), 'metadata': {}}
+                                          for i in range(10)])
+  assert len(data.load(spec(p, limit=3))) == 3
+
+
+def test_loader_is_seeded_reshuffles_epochs_and_resumes():
+  recs = [{'id': str(i)} for i in range(10)]
+  ids = lambda batch: [r['id'] for r in batch]
+  a = data.Loader(recs, seed=1, batch_size=4)
+  first = [ids(a.next()) for _ in range(5)]                    # 20 draws = 2 epochs
+  b = data.Loader(recs, seed=1, batch_size=4)
+  assert [ids(b.next()) for _ in range(5)] == first            # seeded
+  flat = sum(first, [])
+  assert sorted(flat[:10]) == sorted(str(i) for i in range(10))  # an epoch is a permutation
+  assert flat[:10] != flat[10:20]                              # a fresh one each epoch
+  assert ids(data.Loader(recs, seed=2, batch_size=4).next()) != first[0]
+
+  c = data.Loader(recs, seed=1, batch_size=4)
+  c.next(), c.next()
+  state = json.loads(json.dumps(c.get_state()))                # JSON-able
+  d = data.Loader(recs, seed=1, batch_size=4)
+  d.set_state(state)
+  assert [ids(d.next()) for _ in range(3)] == first[2:]
