@@ -1,0 +1,165 @@
+"""Tokenizers: SentencePiece training and round trips, the HF tokenizer.json backend, chat specials."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import tokenizers
+
+from models import chat
+from models import tokenizer
+
+ROUND_TRIP = [
+    '',
+    'Hello, world!',
+    ' leading space and  double  spaces   and trailing ',
+    'line one\nline two\n\n\nafter blank lines\n',
+    'def f(x):\n    if x:\n        return x  # indented\n\treturn -1\n',
+    'unicode: héllo naïve 東京 🙂 Ω≈ç√ — “quotes”',
+    'never seen: ʃʒ ŋ ǂ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢',
+    '12 + 345 = 357, 2.5e-3, -17',
+    '<|im_start|>user\nwhat is 2+2? /think<|im_end|>\n<|im_start|>assistant\n<think>\n4\n</think>',
+]
+
+
+def _corpus(n=600, seed=0):
+  rng = random.Random(seed)
+  words = ['the', 'model', 'adds', 'numbers', 'return', 'value', 'print', 'answer', 'is', 'and']
+  out = []
+  for _ in range(n):
+    a, b = rng.randint(0, 999), rng.randint(0, 999)
+    sentence = ' '.join(rng.choice(words) for _ in range(rng.randint(3, 9)))
+    out.append(f'{sentence}.\n{a} + {b} = {a + b}\n')
+    out.append(f'def f{a}(x):\n    return x * {b}\n\n')
+    out.append(chat.render([{'role': 'user', 'content': sentence}], thinking=bool(a % 2))
+               + chat.render_response(str(a), thinking=sentence if a % 2 else None))
+  return out
+
+
+@pytest.fixture(scope='module')
+def toks(tmp_path_factory):
+  """backend name -> Tokenizer: trained SentencePiece (bpe, unigram) and an HF BPE."""
+  d = tmp_path_factory.mktemp('tok')
+  corpus = _corpus()
+  out = {f'sp_{kind}': tokenizer.train_sentencepiece(corpus, d / f'sp_{kind}', 400,
+                                                     model_type=kind)
+         for kind in ('bpe', 'unigram')}
+  hf = tokenizers.Tokenizer(tokenizers.models.BPE())
+  hf.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  hf.decoder = tokenizers.decoders.ByteLevel()
+  hf.train_from_iterator(corpus, tokenizers.trainers.BpeTrainer(
+      vocab_size=400, special_tokens=list(chat.SPECIAL_TOKENS),
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+  (d / 'hf').mkdir()
+  hf.save(str(d / 'hf' / 'tokenizer.json'))
+  out['hf_bpe'] = tokenizer.load(d / 'hf' / 'tokenizer.json')
+  return out
+
+
+BACKENDS = ('sp_bpe', 'sp_unigram', 'hf_bpe')
+
+
+def test_module_does_not_import_jax():
+  code = 'import sys; import models.tokenizer; assert "jax" not in sys.modules, "jax imported"'
+  subprocess.run([sys.executable, '-c', code], check=True)
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('text', ROUND_TRIP)
+def test_round_trip(toks, backend, text):
+  tok = toks[backend]
+  ids = tok.encode(text)
+  assert all(isinstance(i, int) and 0 <= i < tok.vocab_size for i in ids)
+  assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_special_tokens_are_single_ids(toks, backend):
+  tok = toks[backend]
+  for special in chat.SPECIAL_TOKENS:
+    i = tok.token_to_id(special)
+    assert tok.encode(special) == [i]
+    assert i in tok.special_ids
+    assert i in tok.encode(f'a{special}b') and tok.encode(f'a{special}b').count(i) == 1
+  assert tok.eos_id == tok.token_to_id(chat.IM_END)
+  assert tok.pad_id is not None
+  with pytest.raises(KeyError, match='not-a-token'):
+    tok.token_to_id('<not-a-token>')
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_chat_render_encodes_specials_as_single_ids(toks, backend):
+  tok = toks[backend]
+  messages = [{'role': 'system', 'content': 'Be brief.'},
+              {'role': 'user', 'content': 'Add 12 and 30.\nShow work.'}]
+  prompt = chat.render(messages, thinking=False)
+  ids = tok.encode(prompt)
+  assert ids.count(tok.token_to_id(chat.IM_START)) == 3
+  assert ids.count(tok.token_to_id(chat.IM_END)) == 2
+  assert ids.count(tok.token_to_id(chat.THINK_OPEN)) == 1
+  assert ids.count(tok.token_to_id(chat.THINK_CLOSE)) == 1
+  assert tok.decode(ids) == prompt
+  plain = tok.decode(ids, skip_special=True)
+  assert plain == ''.join(prompt.split(chat.IM_START)).replace(chat.IM_END, '').replace(
+      chat.THINK_OPEN, '').replace(chat.THINK_CLOSE, '')
+
+
+def test_sentencepiece_ids_and_digits(toks):
+  tok = toks['sp_bpe']
+  assert tok.vocab_size == 400
+  assert (tok.bos_id, tok.pad_id) == (1, 3)
+  assert tok.eos_id == tok.token_to_id(chat.IM_END) != 2
+  assert {0, 1, 2, 3} <= tok.special_ids
+  digits = tok.encode('9081726354')
+  assert len(digits) == 10 and tok.decode(digits) == '9081726354'
+  assert tok.decode([1, *tok.encode('hi'), 2, 3]) == 'hi'  # Control pieces decode to ''.
+
+
+def test_sentencepiece_newline_via_byte_fallback(tmp_path):
+  tok = tokenizer.train_sentencepiece(
+      [f'word{i % 7} number {i}' for i in range(300)], tmp_path / 'flat', 300)
+  text = 'word1\n  word2\n\tend\n'
+  assert tok.decode(tok.encode(text)) == text
+
+
+def test_load_picks_backend(toks, tmp_path):
+  sp_file = toks['sp_bpe'].path
+  hf_file = toks['hf_bpe'].path
+  assert isinstance(tokenizer.load(sp_file), tokenizer.SentencePieceTokenizer)
+  assert isinstance(tokenizer.load(sp_file.parent / 'sp_unigram.model'),
+                    tokenizer.SentencePieceTokenizer)
+  assert isinstance(tokenizer.load(hf_file.parent), tokenizer.HFTokenizer)
+  sp_dir = tmp_path / 'spdir'
+  sp_dir.mkdir()
+  (sp_dir / 'tokenizer.model').write_bytes(sp_file.read_bytes())
+  loaded = tokenizer.load(sp_dir)
+  assert loaded.encode('12 + 3') == toks['sp_bpe'].encode('12 + 3')
+  (tmp_path / 'empty').mkdir()
+  with pytest.raises(FileNotFoundError, match='no tokenizer.json'):
+    tokenizer.load(tmp_path / 'empty')
+  (tmp_path / 'vocab.txt').write_text('x')
+  with pytest.raises(ValueError, match='vocab.txt'):
+    tokenizer.load(tmp_path / 'vocab.txt')
+
+
+def test_hf_ids_from_tokenizer_config(toks, tmp_path):
+  (tmp_path / 'tokenizer.json').write_bytes(toks['hf_bpe'].path.read_bytes())
+  config = {'bos_token': None, 'eos_token': {'content': chat.ENDOFTEXT},
+            'pad_token': chat.ENDOFTEXT}
+  (tmp_path / 'tokenizer_config.json').write_text(json.dumps(config))
+  tok = tokenizer.load(tmp_path)
+  assert tok.bos_id is None
+  assert tok.eos_id == tok.token_to_id(chat.IM_END)  # ChatML generations end there.
+  assert tok.pad_id == tok.token_to_id(chat.ENDOFTEXT)
+  (tmp_path / 'tokenizer_config.json').write_text(json.dumps({'pad_token': '<pad>'}))
+  with pytest.raises(ValueError, match="pad_token='<pad>'"):
+    tokenizer.load(tmp_path)
+
+
+def test_train_errors(tmp_path):
+  with pytest.raises(ValueError, match='model_type'):
+    tokenizer.train_sentencepiece(['a'], tmp_path / 'x', 400, model_type='word')
+  with pytest.raises(ValueError, match='vocab_size=200'):
+    tokenizer.train_sentencepiece(['a'], tmp_path / 'x', 200)
