@@ -1,0 +1,241 @@
+"""Checkpoints and the workdir's bookkeeping: Orbax per stage, progress.json, the config guard.
+
+Workdir layout:
+
+  config.json                 the config this workdir runs (and its hash)
+  progress.json               completed stages and the evaluation rows so far
+  stages/<idx>_<name>/ckpt/   Orbax CheckpointManager: <step>/{state, meta}
+  stages/<idx>_<name>/hf/     the stage's final policy as HF safetensors
+  results.{json,md,png}       the stage x domain matrix (cascade.evaluation)
+
+A checkpoint holds `state` (a pytree: params, optimizer state, step; saved
+with `StandardSave`, restored sharded onto the abstract target) and `meta`
+(JSON: step, stage index and name, data-iterator state, RNG key data).
+Orbax finalises a step directory atomically (it writes to a temporary
+directory and renames), so a run killed while saving leaves the previous
+step intact; a step that is damaged afterwards (truncated or deleted files)
+fails to restore, is moved aside to `stages/<...>/corrupt/` with a warning,
+and the previous step is used instead.
+
+Every JSON/text file here is written to a temporary file and renamed, so a
+reader never sees half a file. Only process 0 writes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from typing import Any, Mapping
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+
+from cascade import config as config_lib
+
+
+def is_writer() -> bool:
+  """Process 0 writes logs, JSON and exports; Orbax saves are collective."""
+  return jax.process_index() == 0
+
+
+def atomic_write_text(path: str, text: str) -> None:
+  """Writes `text` to `path` via a temporary file and a rename (never half a file)."""
+  if not is_writer():
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f'{path}.tmp.{os.getpid()}'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def atomic_write_json(path: str, obj: Any) -> None:
+  atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + '\n')
+
+
+def read_json(path: str, default: Any = None) -> Any:
+  if not os.path.exists(path):
+    return default
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def config_hash(config) -> str:
+  """sha256 of the config minus the fields a resumed run may change (see config.HARMLESS_*)."""
+  canon = json.dumps(config_lib.config_for_hash(config), sort_keys=True, default=str)
+  return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def guard_config(workdir: str, config, allow_change: bool = False) -> str:
+  """Refuses to run a workdir that holds a different config; records this one.
+
+  Args:
+    workdir: the run's directory.
+    config: the ConfigDict about to run.
+    allow_change: accept a different config (the old one is kept beside it as
+      config.<old hash>.json).
+
+  Returns:
+    The config hash.
+
+  Raises:
+    ValueError: the workdir ran a different config and `allow_change` is False.
+  """
+  path = os.path.join(workdir, 'config.json')
+  new = config_hash(config)
+  old = read_json(path)
+  if old is not None and old.get('hash') != new:
+    if not allow_change:
+      raise ValueError(
+          f'{workdir} holds a run of a different config (hash {old.get("hash")} vs {new}); '
+          'use a new --workdir, or pass --config.allow_config_change=True to continue this '
+          'run with the new config')
+    logging.warning('workdir %s: config changed (%s -> %s); continuing as asked',
+                    workdir, old.get('hash'), new)
+    if is_writer():
+      shutil.copyfile(path, os.path.join(workdir, f'config.{old.get("hash")}.json'))
+  if old is None or old.get('hash') != new:
+    cfg = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+    atomic_write_json(path, {'hash': new, 'config': json.loads(json.dumps(cfg, default=str))})
+  return new
+
+
+class Progress:
+  """progress.json: which stages are complete, and the evaluation rows so far.
+
+  Attributes:
+    done: stage name -> {'index', 'kind', 'final_step', 'hf'} for completed stages.
+    rows: evaluation rows in order, each {'stage', 'index', 'domains', 'scores':
+      {domain: score}, 'details': {...}}; index -1 is the starting policy.
+  """
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, 'progress.json')
+    data = read_json(self.path, {}) or {}
+    self.done: dict[str, dict] = data.get('done', {})
+    self.rows: list[dict] = data.get('rows', [])
+
+  def row(self, stage_name: str) -> dict | None:
+    return next((r for r in self.rows if r['stage'] == stage_name), None)
+
+  def add_row(self, row: Mapping) -> None:
+    if self.row(row['stage']) is not None:
+      raise ValueError(f'progress: stage {row["stage"]!r} already has an evaluation row')
+    self.rows.append(dict(row))
+    self.save()
+
+  def mark_done(self, stage_name: str, info: Mapping) -> None:
+    self.done[stage_name] = dict(info)
+    self.save()
+
+  def save(self) -> None:
+    atomic_write_json(self.path, {'done': self.done, 'rows': self.rows})
+
+
+class StageCheckpoints:
+  """An Orbax CheckpointManager for one stage, with fallback past damaged steps.
+
+  Steps are saved when the caller asks (every N steps and at the stage's end);
+  the newest `keep` are kept, and since nothing is saved after the stage's
+  end, its final checkpoint is always among them.
+  """
+
+  def __init__(self, directory: str, keep: int = 2, async_save: bool = True):
+    self.directory = os.path.abspath(directory)
+    self._keep = keep
+    self._async = async_save
+    self._mngr = self._open()
+
+  def _open(self):
+    opts = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True,
+                                        enable_async_checkpointing=self._async,
+                                        cleanup_tmp_directories=True)
+    return ocp.CheckpointManager(self.directory, options=opts, item_names=('state', 'meta'))
+
+  def steps(self) -> list[int]:
+    return sorted(self._mngr.all_steps())
+
+  def save(self, step: int, state, meta: Mapping) -> None:
+    """Saves `state` (pytree) and `meta` (JSON) as `step` (asynchronously when enabled)."""
+    self._mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                  meta=ocp.args.JsonSave(dict(meta))),
+                    force=True)
+
+  def wait(self) -> None:
+    self._mngr.wait_until_finished()
+
+  def restore(self, abstract_state, step: int | None = None):
+    """Restores `step` (default: the newest restorable one), falling back past damage.
+
+    Args:
+      abstract_state: a pytree of `jax.ShapeDtypeStruct` (with shardings) of
+        the same structure as the saved state.
+      step: a specific step (no fallback), or None.
+
+    Returns:
+      (step, state, meta), or None when no step is restorable.
+    """
+    self.wait()
+    if step is not None:
+      return step, *self._restore(step, abstract_state)
+    for s in reversed(self.steps()):
+      try:
+        return s, *self._restore(s, abstract_state)
+      except Exception as e:  # pylint: disable=broad-except
+        self._quarantine(s, e)
+    return None
+
+  def read_meta(self, step: int) -> dict:
+    """Only the JSON part of a step (cheap: no arrays are read)."""
+    out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(out.meta)
+
+  def _restore(self, step, abstract_state):
+    out = self._mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    meta = dict(out.meta)
+    if meta.get('step') != step:
+      raise ValueError(f'meta says step {meta.get("step")}, directory says {step}')
+    return out.state, meta
+
+  def _quarantine(self, step: int, err: Exception) -> None:
+    """Moves a damaged step out of Orbax's sight so the run can redo it."""
+    logging.warning('checkpoint %s/%d cannot be restored (%s: %s); falling back to the '
+                    'previous step', self.directory, step, type(err).__name__, err)
+    print(f'WARNING: checkpoint {self.directory}/{step} is damaged '
+          f'({type(err).__name__}); falling back to the previous checkpoint', flush=True)
+    if is_writer():
+      dest = os.path.join(os.path.dirname(self.directory), 'corrupt',
+                          f'{step}.{int(time.time())}')
+      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      shutil.move(os.path.join(self.directory, str(step)), dest)
+    self._mngr.close()
+    self._mngr = self._open()
+
+  def close(self) -> None:
+    self._mngr.wait_until_finished()
+    self._mngr.close()
+
+
+def abstract_like(state):
+  """The restore target for a state pytree: shapes, dtypes and shardings of its leaves."""
+  return jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+
+
+def rng_to_json(key) -> list[int]:
+  """A typed or raw PRNG key as a JSON list of its uint32 key data."""
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  return [int(x) for x in jax.device_get(key).reshape(-1)]
+
+
+def rng_from_json(data) -> jax.Array:
+  """Inverse of `rng_to_json` for the default (threefry) implementation: a typed key."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  return jax.random.wrap_key_data(np.asarray(data, np.uint32))

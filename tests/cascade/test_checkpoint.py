@@ -1,0 +1,96 @@
+"""Orbax stage checkpoints: save/restore, fallback past a damaged step, the config guard, progress."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from cascade import checkpoint
+from models import config as model_config
+from models import transformer
+
+
+def make_state(seed):
+  model = transformer.create(model_config.ModelConfig.tiny(num_layers=1), seed)
+  params = nnx.state(model, nnx.Param)
+  opt = optax.adamw(1e-3).init(params)
+  return {'params': params, 'opt_state': opt, 'step': jnp.int32(seed)}
+
+
+def assert_same(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_save_restore_and_fallback_past_damaged_step(tmp_path):
+  ckpt = checkpoint.StageCheckpoints(str(tmp_path / 'ckpt'), keep=3)
+  states = {s: make_state(s) for s in (2, 4)}
+  key = jax.random.fold_in(jax.random.key(7), 3)
+  for s, st in states.items():
+    ckpt.save(s, st, {'step': s, 'stage_index': 1, 'data': {'next_index': s * 4},
+                      'rng': checkpoint.rng_to_json(key)})
+  ckpt.wait()
+  assert ckpt.steps() == [2, 4]
+  abstract = checkpoint.abstract_like(make_state(0))
+  step, state, meta = ckpt.restore(abstract)
+  assert step == 4 and meta['data'] == {'next_index': 16}
+  assert_same(state, states[4])
+  assert jnp.array_equal(jax.random.key_data(checkpoint.rng_from_json(meta['rng'])),
+                         jax.random.key_data(key))
+  assert ckpt.read_meta(2)['step'] == 2
+
+  # Damage the newest step: truncate every array file in it.
+  for root, _, files in os.walk(tmp_path / 'ckpt' / '4' / 'state'):
+    for f in files:
+      with open(os.path.join(root, f), 'r+b') as fh:
+        fh.truncate(3)
+  ckpt2 = checkpoint.StageCheckpoints(str(tmp_path / 'ckpt'), keep=3)
+  step, state, meta = ckpt2.restore(abstract)
+  assert step == 2 and meta['data'] == {'next_index': 8}
+  assert_same(state, states[2])
+  assert ckpt2.steps() == [2]
+  assert os.listdir(tmp_path / 'corrupt')                 # moved aside, not deleted
+  ckpt2.save(4, states[4], {'step': 4})                   # the redone step saves again
+  ckpt2.wait()
+  assert ckpt2.steps() == [2, 4]
+
+  # A deleted state directory is damage too; with nothing left, restore is None.
+  import shutil
+  for s in (2, 4):
+    shutil.rmtree(tmp_path / 'ckpt' / str(s) / 'state')
+  assert checkpoint.StageCheckpoints(str(tmp_path / 'ckpt')).restore(abstract) is None
+  ckpt.close()
+  ckpt2.close()
+
+
+def test_config_guard(tmp_path):
+  c = ml_collections.ConfigDict({'seed': 0, 'stages': [{'name': 'a', 'steps': 2}],
+                                 'ckpt': {'keep': 2}, 'allow_config_change': False})
+  h = checkpoint.guard_config(str(tmp_path), c)
+  assert checkpoint.guard_config(str(tmp_path), c) == h          # same config: fine
+  c.ckpt.keep = 9                                                  # harmless field
+  assert checkpoint.guard_config(str(tmp_path), c) == h
+  c.stages[0]['steps'] = 3
+  with pytest.raises(ValueError, match='different config.*allow_config_change=True'):
+    checkpoint.guard_config(str(tmp_path), c)
+  h2 = checkpoint.guard_config(str(tmp_path), c, allow_change=True)
+  assert h2 != h and os.path.exists(tmp_path / f'config.{h}.json')
+  assert checkpoint.read_json(str(tmp_path / 'config.json'))['hash'] == h2
+
+
+def test_progress_round_trip_and_atomic_writes(tmp_path):
+  p = checkpoint.Progress(str(tmp_path))
+  p.add_row({'stage': 'sft', 'index': 0, 'domains': ['a'], 'scores': {'a': 12.5}})
+  p.mark_done('sft', {'index': 0, 'kind': 'sft', 'final_step': 4})
+  with pytest.raises(ValueError, match='already has an evaluation row'):
+    p.add_row({'stage': 'sft', 'index': 0, 'domains': [], 'scores': {}})
+  q = checkpoint.Progress(str(tmp_path))
+  assert q.done == {'sft': {'index': 0, 'kind': 'sft', 'final_step': 4}}
+  assert q.row('sft')['scores'] == {'a': 12.5}
+  assert [f for f in os.listdir(tmp_path) if '.tmp' in f] == []
