@@ -22,7 +22,7 @@ setuptools.setup(
         'numpy>=1.26',
         'sentencepiece>=0.2',
         'tokenizers>=0.20',
-        'safetensors>=0.4',
+        'safetensors>=0.4.5',  # bfloat16 through the numpy backend.
         'grain>=0.2.12',
         'tensorflow-datasets>=4.9.7',
         'pyarrow>=15',
