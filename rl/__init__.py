@@ -1,0 +1,1 @@
+"""RL building blocks: the rollout sampler, losses, advantages, trajectory batches."""

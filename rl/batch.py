@@ -1,0 +1,241 @@
+"""Training batches: the token layout every loss reads, and per-token log-probs over it.
+
+A `TrainBatch` holds full rows (prompt ++ completion for RL, packed examples
+for SFT) with everything aligned to *target* columns: column t of `targets`,
+`loss_mask`, `old_logprobs`, `ref_logprobs` and `teacher_logprobs` describes
+the token at column t + 1, which the logits at column t predict. So
+
+  logits = model(batch.tokens, batch.positions, batch.segment_ids)   # [B, L, V]
+  logprobs = token_logprobs(logits, batch.targets)                    # [B, L]
+
+lines up with every other per-token field, and `loss_mask` is 1 exactly on the
+completion (or assistant) tokens being learned.
+
+RL rows come from the sampler's `SampleOutput` through `from_samples`: the
+left-padded prompt [B, P] and the completion [B, N] are concatenated into
+[B, P + N]; since the prompt is left-padded the real tokens are contiguous.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models import sharding
+
+
+class TrainBatch(NamedTuple):
+  """Rows of tokens with target-aligned per-token fields; a pytree.
+
+  Attributes:
+    tokens: [B, L] int32 input tokens.
+    positions: [B, L] int32 RoPE positions (restart at 0 in every segment).
+    segment_ids: [B, L] int32; 0 = padding, packed examples count 1, 2, ...
+    targets: [B, L] int32, the token each column predicts (tokens shifted
+      left by one inside a segment; 0 where there is none).
+    loss_mask: [B, L] float32, 1 where targets[t] is a token to learn.
+    old_logprobs: [B, L] float32 sampler log-probs of targets (RL only).
+    advantages: [B] float32 one advantage per row (GRPO only).
+    truncated: [B] bool, the completion hit the length limit (RL only).
+    teacher_index: [B] int32 teacher / domain of each row (MOPD only).
+    ref_logprobs: [B, L] float32 reference-policy log-probs of targets
+      (GRPO with a KL term only).
+    teacher_logprobs: [B, L] float32 teacher log-probs of targets (MOPD only).
+  """
+  tokens: jax.Array
+  positions: jax.Array
+  segment_ids: jax.Array
+  targets: jax.Array
+  loss_mask: jax.Array
+  old_logprobs: Optional[jax.Array] = None
+  advantages: Optional[jax.Array] = None
+  truncated: Optional[jax.Array] = None
+  teacher_index: Optional[jax.Array] = None
+  ref_logprobs: Optional[jax.Array] = None
+  teacher_logprobs: Optional[jax.Array] = None
+
+  @property
+  def num_rows(self) -> int:
+    return self.tokens.shape[0]
+
+
+def positions_from_segments(segment_ids) -> np.ndarray:
+  """Positions that restart at 0 at every segment change; 0 on padding.
+
+  Args:
+    segment_ids: [B, L] int, 0 = padding.
+
+  Returns:
+    [B, L] int32.
+  """
+  seg = np.asarray(segment_ids)
+  idx = np.broadcast_to(np.arange(seg.shape[1]), seg.shape)
+  change = np.concatenate([np.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], 1)
+  start = np.maximum.accumulate(np.where(change, idx, 0), axis=1)
+  pos = idx - start
+  return np.where(seg != 0, pos, 0).astype(np.int32)
+
+
+def from_samples(samples, advantages, *, valid=None, teacher_index=None) -> TrainBatch:
+  """Turns a sampler `SampleOutput` and per-row advantages into a `TrainBatch`.
+
+  Row layout: tokens = prompt [P] ++ completion [N]. The logits at the last
+  prompt column predict completion token 0, so the completion's mask, tokens
+  and log-probs move one column left in target alignment.
+
+  Args:
+    samples: a `rl.sampler.SampleOutput` (or any object with its fields):
+      prompt_tokens/prompt_mask [B, P] left-padded, tokens/mask/logprobs [B, N],
+      truncated [B].
+    advantages: [B] float, one per row (zeros for losses that need none).
+    valid: optional [B] bool; rows that are False get an all-zero loss mask
+      (used to pad a batch to a fixed size).
+    teacher_index: optional [B] int, each row's teacher / domain (MOPD).
+
+  Returns:
+    A TrainBatch of numpy arrays, L = P + N.
+  """
+  prompt = np.asarray(samples.prompt_tokens, np.int32)
+  prompt_mask = np.asarray(samples.prompt_mask, np.int32)
+  comp = np.asarray(samples.tokens, np.int32)
+  comp_mask = np.asarray(samples.mask, np.int32)
+  logprobs = np.asarray(samples.logprobs, np.float32)
+  b, p = prompt.shape
+  n = comp.shape[1]
+  if p < 1:
+    raise ValueError('from_samples: prompt_tokens has 0 columns; every row needs a prompt token')
+  if comp.shape[0] != b or comp_mask.shape != comp.shape or logprobs.shape != comp.shape:
+    raise ValueError(f'from_samples: shapes disagree: prompt_tokens {prompt.shape}, tokens '
+                     f'{comp.shape}, mask {comp_mask.shape}, logprobs {logprobs.shape}')
+  advantages = np.asarray(advantages, np.float32).reshape(-1)
+  if advantages.shape != (b,):
+    raise ValueError(f'from_samples: advantages has shape {advantages.shape}, expected ({b},)')
+
+  tokens = np.concatenate([prompt, comp], 1)
+  seg = np.concatenate([prompt_mask, comp_mask], 1)
+  positions = np.maximum(np.cumsum(seg, 1) - 1, 0) * seg
+  targets = np.concatenate([tokens[:, 1:], np.zeros((b, 1), np.int32)], 1)
+  # Target column t holds completion token t - (P - 1).
+  shift = lambda x, fill: np.concatenate(
+      [np.full((b, p - 1), fill, x.dtype), x, np.full((b, 1), fill, x.dtype)], 1)
+  loss_mask = shift(comp_mask.astype(np.float32), 0.0)
+  if valid is not None:
+    loss_mask = loss_mask * np.asarray(valid, np.float32).reshape(b, 1)
+  targets = np.where(shift(comp_mask, 0) > 0, targets, 0)
+  truncated = np.asarray(getattr(samples, 'truncated', np.zeros(b, bool)), bool)
+  return TrainBatch(
+      tokens=tokens, positions=positions.astype(np.int32), segment_ids=seg.astype(np.int32),
+      targets=targets.astype(np.int32), loss_mask=loss_mask,
+      old_logprobs=shift(logprobs, 0.0), advantages=advantages, truncated=truncated,
+      teacher_index=None if teacher_index is None else np.asarray(teacher_index, np.int32))
+
+
+def _is_sample_output(x) -> bool:
+  return hasattr(x, 'prompt_tokens') and hasattr(x, 'sampling_logprobs')
+
+
+def _concat_samples(chunks):
+  """Concatenates SampleOutputs by rows, left-padding prompts and right-padding completions."""
+  p = max(c.prompt_tokens.shape[1] for c in chunks)
+  n = max(c.tokens.shape[1] for c in chunks)
+  left = lambda x, w: np.pad(np.asarray(x), ((0, 0), (w - x.shape[1], 0)))
+  right = lambda x, w: np.pad(np.asarray(x), ((0, 0), (0, w - x.shape[1])))
+  fields = {}
+  for name in chunks[0]._fields:
+    if name in ('prompt_tokens', 'prompt_mask'):
+      fields[name] = np.concatenate([left(getattr(c, name), p) for c in chunks])
+    elif name in ('tokens', 'mask', 'logprobs', 'sampling_logprobs'):
+      fields[name] = np.concatenate([right(getattr(c, name), n) for c in chunks])
+    else:
+      fields[name] = np.concatenate([np.asarray(getattr(c, name)) for c in chunks])
+  return type(chunks[0])(**fields)
+
+
+def concat_rows(chunks: Sequence[Any]):
+  """Concatenates pytrees of row-major arrays along rows.
+
+  SampleOutputs inside the pytrees may differ in prompt or completion width
+  (different sampler buckets): prompts are left-padded and completions
+  right-padded to the widest (pad id 0, mask 0). Other leaves must agree in
+  every dimension but the first.
+
+  Args:
+    chunks: a non-empty list of pytrees with the same structure.
+
+  Returns:
+    One pytree of numpy arrays.
+  """
+  if not chunks:
+    raise ValueError('concat_rows: no chunks')
+  return jax.tree.map(lambda *xs: (_concat_samples(xs) if _is_sample_output(xs[0])
+                                   else np.concatenate([np.asarray(x) for x in xs])),
+                      *chunks, is_leaf=_is_sample_output)
+
+
+def take_rows(tree, rows):
+  """Selects rows (numpy index array) of every leaf of a row-major pytree."""
+  rows = np.asarray(rows)
+  return jax.tree.map(lambda x: (type(x)(*(np.asarray(f)[rows] for f in x))
+                                 if _is_sample_output(x) else np.asarray(x)[rows]),
+                      tree, is_leaf=_is_sample_output)
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """log softmax(logits)[targets], in float32.
+
+  Args:
+    logits: [B, L, V].
+    targets: [B, L] int.
+
+  Returns:
+    [B, L] float32.
+  """
+  logits = logits.astype(jnp.float32)
+  picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), -1)[..., 0]
+  return picked - jax.nn.logsumexp(logits, -1)
+
+
+def token_entropy(logits: jax.Array) -> jax.Array:
+  """Entropy of softmax(logits) per position: [B, L, V] -> [B, L] float32."""
+  logits = logits.astype(jnp.float32)
+  logp = jax.nn.log_softmax(logits, -1)
+  return -jnp.sum(jnp.exp(logp) * logp, -1)
+
+
+def policy_logits(model, batch: TrainBatch) -> jax.Array:
+  """The model's logits [B, L, V] over a batch's rows."""
+  return model(batch.tokens, batch.positions, batch.segment_ids)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _logprobs_jit(graphdef, params, tokens, positions, segment_ids, targets):
+  model = nnx.merge(graphdef, params)
+  return token_logprobs(model(tokens, positions, segment_ids), targets)
+
+
+def compute_logprobs(graphdef, params, batch: TrainBatch, mesh=None, rules=None) -> jax.Array:
+  """Per-target log-probs [B, L] of another policy (reference or teacher) over `batch`.
+
+  A jitted forward pass, no gradient; used to fill `ref_logprobs` (KL) and
+  `teacher_logprobs` (MOPD) before the train step. Only the architecture in
+  `graphdef` must match the params; it need not be the student's.
+
+  Args:
+    graphdef: nnx GraphDef of the scoring model.
+    params: its nnx.State.
+    batch: the rows (tokens, positions, segment_ids, targets are read).
+    mesh: optional mesh to trace under (params are used as they are placed).
+    rules: logical rules for the mesh.
+
+  Returns:
+    [B, L] float32 (device array).
+  """
+  with sharding.use_mesh(mesh, rules):
+    return _logprobs_jit(graphdef, params, jnp.asarray(batch.tokens),
+                         jnp.asarray(batch.positions), jnp.asarray(batch.segment_ids),
+                         jnp.asarray(batch.targets))

@@ -1,0 +1,333 @@
+"""GRPO: group advantages, dynamic filtering, and the clipped policy-gradient loss.
+
+The Cascade RL default is strictly on-policy GRPO: one update per rollout
+batch, no KL, token-level loss, advantages normalised within each prompt's
+group of G samples. Every piece is a pure function chosen by name from a
+`GrpoConfig`:
+
+* advantages: `ADVANTAGES[kind](rewards [P, G]) -> [P, G]` with kinds 'grpo'
+  ((r - mean) / (std + eps)), 'dr_grpo' (r - mean, no std division) and
+  'rloo' (leave-one-out baseline).
+* dynamic filtering: `filter_groups` drops groups whose rewards are all
+  equal (zero advantage, no signal); `fill_groups` samples more prompts until
+  the batch is full or a cap of rounds is hit.
+* `grpo_loss(logprobs, batch, cfg)`: PPO-clipped surrogate with separate low
+  and high clip (clip-higher), KL to a reference (k1 / k3), entropy bonus,
+  overlong masking, and token-level or sequence-mean-token-mean aggregation.
+
+The importance ratio exp(logprobs - old_logprobs) is always computed from the
+sampler's log-probs, never assumed to be 1: on-policy its value is 1 up to
+numerics (its mean/max are logged), and its gradient equals the plain
+REINFORCE gradient, so one formula covers on-policy and multi-minibatch use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rl import batch as batch_lib
+
+
+# ---------------------------------------------------------------- advantages
+
+def _grpo(r: np.ndarray, eps: float) -> np.ndarray:
+  # Unbiased (ddof=1) std, as verl and TRL compute it.
+  return (r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + eps)
+
+
+def _dr_grpo(r: np.ndarray, eps: float) -> np.ndarray:
+  del eps
+  return r - r.mean(1, keepdims=True)
+
+
+def _rloo(r: np.ndarray, eps: float) -> np.ndarray:
+  del eps
+  g = r.shape[1]
+  return r - (r.sum(1, keepdims=True) - r) / (g - 1)
+
+
+ADVANTAGES: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
+    'grpo': _grpo,
+    'dr_grpo': _dr_grpo,
+    'rloo': _rloo,
+}
+
+
+def _groups(rewards, group_size: int) -> np.ndarray:
+  r = np.asarray(rewards, np.float64).reshape(-1)
+  if group_size < 1 or r.size % group_size:
+    raise ValueError(f'{r.size} rewards do not split into groups of group_size={group_size}')
+  return r.reshape(-1, group_size)
+
+
+def advantages(rewards, group_size: int, kind: str = 'grpo', eps: float = 1e-6) -> np.ndarray:
+  """Per-sample advantages from per-sample rewards, normalised within each group.
+
+  Args:
+    rewards: [B] rewards, prompt-major (row i * G + g is sample g of prompt i).
+    group_size: G, samples per prompt (>= 2).
+    kind: a key of ADVANTAGES: 'grpo', 'dr_grpo' or 'rloo'.
+    eps: added to the std in 'grpo' (a group with equal rewards gets 0).
+
+  Returns:
+    [B] float32 advantages.
+  """
+  if kind not in ADVANTAGES:
+    raise ValueError(f'unknown advantage kind {kind!r}; known: {sorted(ADVANTAGES)}')
+  if group_size < 2:
+    raise ValueError(f'group_size={group_size}: group advantages need G >= 2')
+  r = _groups(rewards, group_size)
+  return ADVANTAGES[kind](r, eps).reshape(-1).astype(np.float32)
+
+
+# ---------------------------------------------------------------- filtering
+
+def filter_groups(rewards, group_size: int) -> np.ndarray:
+  """Which groups carry signal: False for a group whose G rewards are all equal.
+
+  Args:
+    rewards: [B] prompt-major rewards.
+    group_size: G.
+
+  Returns:
+    [B // G] bool keep mask.
+  """
+  r = _groups(rewards, group_size)
+  return np.any(r != r[:, :1], axis=1)
+
+
+class Filled(NamedTuple):
+  """A batch of groups collected by `fill_groups`.
+
+  Attributes:
+    rows: the draws' row pytree restricted to the chosen groups, [K * G] rows.
+    rewards: [K * G] rewards of those rows.
+    valid: [K * G] bool, False for all-equal groups used only as padding when
+      the round cap was hit before the batch filled (give them no loss).
+    prompts_drawn: prompts sampled in all rounds together.
+    rounds: sampling rounds used.
+    groups_kept: groups with signal in the batch (<= K).
+  """
+  rows: Any
+  rewards: np.ndarray
+  valid: np.ndarray
+  prompts_drawn: int
+  rounds: int
+  groups_kept: int
+
+
+def fill_groups(draw: Callable[[int], tuple[Any, np.ndarray]], num_groups: int,
+                group_size: int, *, max_rounds: int = 4,
+                draw_size: Optional[int] = None) -> Filled:
+  """Dynamic filtering with refill: keeps sampling prompts until `num_groups` groups have signal.
+
+  Each round calls `draw(n)`, which samples and scores n new prompts and
+  returns (rows, rewards): rows is any pytree whose leaves (or
+  `SampleOutput`s, which may differ in width between rounds) have n * G
+  prompt-major rows, rewards is [n * G]. Groups with all-equal rewards are
+  dropped. After `max_rounds` rounds a batch still short is padded with
+  dropped groups marked invalid, so the train step keeps a fixed shape.
+
+  Args:
+    draw: host callback sampling and scoring n prompts.
+    num_groups: groups (prompts) wanted in the batch.
+    group_size: G.
+    max_rounds: cap on sampling rounds (>= 1).
+    draw_size: prompts per round (default: num_groups).
+
+  Returns:
+    A `Filled` with exactly num_groups * G rows.
+  """
+  if max_rounds < 1:
+    raise ValueError(f'fill_groups: max_rounds={max_rounds} must be >= 1')
+  n = num_groups if draw_size is None else draw_size
+  if n < 1 or num_groups < 1:
+    raise ValueError(f'fill_groups: num_groups={num_groups} and draw_size={n} must be >= 1')
+  kept, spare = [], []        # (rows chunk, rewards chunk, groups in chunk)
+  have, drawn, rounds = 0, 0, 0
+  while have < num_groups and rounds < max_rounds:
+    rows, rewards = draw(n)
+    rewards = np.asarray(rewards, np.float32).reshape(-1)
+    if rewards.size != n * group_size:
+      raise ValueError(f'fill_groups: draw({n}) returned {rewards.size} rewards, '
+                       f'expected {n * group_size}')
+    rounds += 1
+    drawn += n
+    keep = filter_groups(rewards, group_size)
+    take = np.flatnonzero(keep)[:num_groups - have]
+    drop = np.flatnonzero(~keep)
+    for groups, out in ((take, kept), (drop, spare)):
+      if groups.size:
+        idx = (groups[:, None] * group_size + np.arange(group_size)).reshape(-1)
+        out.append((batch_lib.take_rows(rows, idx), rewards[idx], groups.size))
+    have += take.size
+  chunks = list(kept)
+  short = num_groups - have
+  if short:
+    pad = spare or kept
+    # Reuse padding groups cyclically if even the dropped ones are too few.
+    pad_rows = batch_lib.concat_rows([c[0] for c in pad])
+    pad_rewards = np.concatenate([c[1] for c in pad])
+    avail = sum(c[2] for c in pad)
+    groups = np.arange(short) % avail
+    idx = (groups[:, None] * group_size + np.arange(group_size)).reshape(-1)
+    chunks.append((batch_lib.take_rows(pad_rows, idx), pad_rewards[idx], short))
+  valid = np.concatenate([np.full(c[2] * group_size, i < len(kept)) for i, c in enumerate(chunks)])
+  return Filled(rows=batch_lib.concat_rows([c[0] for c in chunks]),
+                rewards=np.concatenate([c[1] for c in chunks]), valid=valid,
+                prompts_drawn=drawn, rounds=rounds, groups_kept=have)
+
+
+# ---------------------------------------------------------------- loss
+
+AGGREGATIONS = ('token', 'seq_mean_token_mean')
+KL_ESTIMATORS = ('k1', 'k3')
+
+
+@dataclasses.dataclass(frozen=True)
+class GrpoConfig:
+  """GRPO loss settings (defaults: the Cascade RL recipe).
+
+  Attributes:
+    advantage: key of ADVANTAGES used by the stage loop ('grpo').
+    adv_eps: eps added to the group std.
+    aggregation: 'token' (1 / sum|o_i| * sum_i sum_t) or 'seq_mean_token_mean'.
+    clip_eps_low: ratio clipped below at 1 - clip_eps_low.
+    clip_eps_high: ratio clipped above at 1 + clip_eps_high (clip-higher: > low).
+    kl_coef: weight of the KL to the reference policy; 0 = no reference at all.
+    kl_estimator: 'k1' (log pi - log ref) or 'k3' (exp(ref - pi) - (ref - pi) - 1).
+    entropy_coef: weight of the entropy bonus (full-distribution entropy).
+    mask_truncated: give truncated (overlong) completions no loss.
+  """
+  advantage: str = 'grpo'
+  adv_eps: float = 1e-6
+  aggregation: str = 'token'
+  clip_eps_low: float = 0.2
+  clip_eps_high: float = 0.2
+  kl_coef: float = 0.0
+  kl_estimator: str = 'k3'
+  entropy_coef: float = 0.0
+  mask_truncated: bool = False
+
+  def __post_init__(self):
+    if self.advantage not in ADVANTAGES:
+      raise ValueError(f'GrpoConfig.advantage={self.advantage!r}: expected one of {sorted(ADVANTAGES)}')
+    if self.aggregation not in AGGREGATIONS:
+      raise ValueError(f'GrpoConfig.aggregation={self.aggregation!r}: expected one of {AGGREGATIONS}')
+    if self.kl_estimator not in KL_ESTIMATORS:
+      raise ValueError(f'GrpoConfig.kl_estimator={self.kl_estimator!r}: expected one of {KL_ESTIMATORS}')
+    for name in ('clip_eps_low', 'clip_eps_high', 'kl_coef', 'entropy_coef', 'adv_eps'):
+      if getattr(self, name) < 0:
+        raise ValueError(f'GrpoConfig.{name}={getattr(self, name)} must be >= 0')
+    if self.clip_eps_low >= 1:
+      raise ValueError(f'GrpoConfig.clip_eps_low={self.clip_eps_low} must be < 1')
+
+
+def loss_mask(batch: batch_lib.TrainBatch, cfg: GrpoConfig) -> jax.Array:
+  """[B, L] float32 tokens that carry loss (overlong rows removed when asked)."""
+  mask = jnp.asarray(batch.loss_mask, jnp.float32)
+  if cfg.mask_truncated:
+    if batch.truncated is None:
+      raise ValueError('GrpoConfig.mask_truncated needs batch.truncated')
+    mask = mask * (1.0 - jnp.asarray(batch.truncated, jnp.float32))[:, None]
+  return mask
+
+
+def normalizers(batch: batch_lib.TrainBatch, cfg) -> dict[str, jax.Array]:
+  """Whole-batch denominators, so microbatches sum to the full-batch loss.
+
+  Returns:
+    {'tokens': loss tokens in the batch, 'seqs': rows with >= 1 loss token},
+    each at least 1.
+  """
+  mask = loss_mask(batch, cfg)
+  return {'tokens': jnp.maximum(mask.sum(), 1.0),
+          'seqs': jnp.maximum((mask.sum(1) > 0).sum().astype(jnp.float32), 1.0)}
+
+
+def aggregate(x: jax.Array, mask: jax.Array, norm: dict, aggregation: str) -> jax.Array:
+  """Token-level `sum(x * mask) / tokens` or sequence-mean-token-mean of x [B, L]."""
+  if aggregation == 'token':
+    return jnp.sum(x * mask) / norm['tokens']
+  per_seq = jnp.sum(x * mask, 1) / jnp.maximum(mask.sum(1), 1.0)
+  return jnp.sum(per_seq) / norm['seqs']
+
+
+def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str) -> jax.Array:
+  """Per-token estimate of KL(pi || ref) from sampled tokens: 'k1' or 'k3'."""
+  if estimator == 'k1':
+    return logprobs - ref_logprobs
+  d = ref_logprobs - logprobs
+  return jnp.exp(d) - d - 1.0
+
+
+def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
+              norm: Optional[dict] = None, entropy: Optional[jax.Array] = None):
+  """The GRPO / PPO-clip loss over a batch.
+
+  per-token: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
+             + kl_coef * KL_est(pi, ref) - entropy_coef * H,
+  with r = exp(logprobs - old_logprobs), aggregated by `cfg.aggregation`.
+
+  Args:
+    logprobs: [B, L] trainer log-probs of batch.targets (differentiable).
+    batch: a TrainBatch with loss_mask, old_logprobs, advantages (and
+      truncated, ref_logprobs when the config asks).
+    cfg: GrpoConfig.
+    norm: whole-batch denominators (default: `normalizers(batch, cfg)`).
+    entropy: [B, L] full-distribution entropy; required iff entropy_coef > 0.
+
+  Returns:
+    (loss scalar, metrics dict). Metrics are sums over this batch divided by
+    the whole-batch `norm` (so microbatch values add up), except keys ending
+    in '_max'.
+  """
+  if norm is None:
+    norm = normalizers(batch, cfg)
+  mask = loss_mask(batch, cfg)
+  on = mask > 0
+  log_ratio = jnp.where(on, logprobs - batch.old_logprobs, 0.0)
+  ratio = jnp.exp(log_ratio)
+  adv = jnp.asarray(batch.advantages, jnp.float32)[:, None]
+  lo, hi = 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high
+  pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, lo, hi) * adv)
+  per_token = pg
+  tok_mean = lambda x: jnp.sum(x * mask) / norm['tokens']
+  metrics = {}
+  if cfg.kl_coef > 0:
+    if batch.ref_logprobs is None:
+      raise ValueError(f'GrpoConfig.kl_coef={cfg.kl_coef} needs batch.ref_logprobs '
+                       '(fill it with rl.batch.compute_logprobs on the reference params)')
+    kl = kl_penalty(logprobs, batch.ref_logprobs, cfg.kl_estimator)
+    per_token = per_token + cfg.kl_coef * kl
+    metrics['kl'] = tok_mean(kl)
+  if cfg.entropy_coef > 0:
+    if entropy is None:
+      raise ValueError(f'GrpoConfig.entropy_coef={cfg.entropy_coef} needs the entropy argument')
+    per_token = per_token - cfg.entropy_coef * entropy
+    metrics['entropy_full'] = tok_mean(entropy)
+  loss = aggregate(per_token, mask, norm, cfg.aggregation)
+  clipped = ((adv > 0) & (ratio > hi)) | ((adv < 0) & (ratio < lo))
+  metrics.update(
+      pg_loss=aggregate(pg, mask, norm, cfg.aggregation),
+      ratio_mean=tok_mean(ratio),
+      ratio_max=jnp.max(jnp.where(on, ratio, 0.0)),
+      clip_frac=tok_mean(clipped.astype(jnp.float32)),
+      entropy=tok_mean(-logprobs),
+      logprob_gap=tok_mean(jnp.abs(log_ratio)),
+      tokens=mask.sum(),
+  )
+  return loss, metrics
+
+
+def loss_fn(model, batch: batch_lib.TrainBatch, cfg: GrpoConfig, norm: dict):
+  """GRPO loss of an NNX policy on a batch: one forward pass, then `grpo_loss`."""
+  logits = batch_lib.policy_logits(model, batch)
+  logprobs = batch_lib.token_logprobs(logits, batch.targets)
+  entropy = batch_lib.token_entropy(logits) if cfg.entropy_coef > 0 else None
+  return grpo_loss(logprobs, batch, cfg, norm, entropy)

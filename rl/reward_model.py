@@ -1,0 +1,197 @@
+"""Bradley-Terry reward model: a scalar head on the transformer's last real token.
+
+`RewardModel` wraps a `Transformer` backbone (fresh, or an existing policy to
+start from) and a linear head [D] -> 1 read at each row's last non-padding
+token. Training minimises -log sigmoid(r_chosen - r_rejected) over preference
+pairs; `score` is the jitted batched scorer and `make_text_scorer` the
+host-side function the RLHF verifier receives (texts in, rewards out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models import config as config_lib
+from models import transformer
+
+
+class RewardModel(nnx.Module):
+  """Transformer backbone + linear scalar head on the last real token."""
+
+  def __init__(self, cfg: config_lib.ModelConfig, rngs: nnx.Rngs,
+               backbone: Optional[transformer.Transformer] = None):
+    self.cfg = cfg
+    self.backbone = transformer.Transformer(cfg, rngs=rngs) if backbone is None else backbone
+    self.head = nnx.Param(
+        jax.nn.initializers.normal(cfg.embed_dim ** -0.5)(rngs.params(), (cfg.embed_dim,),
+                                                          jnp.float32),
+        logical_axes=('embed',))
+
+  def __call__(self, tokens, positions=None, segment_ids=None) -> jax.Array:
+    """Rewards [B] float32.
+
+    Args:
+      tokens: [B, T] int32, left- or right-padded.
+      positions: [B, T] int32 (default: counted over the real tokens).
+      segment_ids: [B, T] int32, 0 = padding (default: all real).
+    """
+    b, t = tokens.shape
+    if segment_ids is None:
+      segment_ids = jnp.ones((b, t), jnp.int32)
+    real = segment_ids != 0
+    if positions is None:
+      positions = jnp.maximum(jnp.cumsum(real, 1) - 1, 0).astype(jnp.int32)
+    hidden, _ = self.backbone.hidden(tokens, positions, segment_ids)
+    last = jnp.max(jnp.where(real, jnp.arange(t), 0), axis=1)          # [B]
+    h = jnp.take_along_axis(hidden, last[:, None, None], 1)[:, 0]       # [B, D]
+    return jnp.einsum('BD,D->B', h.astype(jnp.float32), self.head.value)
+
+
+def create(cfg: config_lib.ModelConfig, seed: int = 0,
+           backbone: Optional[transformer.Transformer] = None) -> RewardModel:
+  """A RewardModel with a fresh head (and a fresh backbone unless one is given)."""
+  return RewardModel(cfg, nnx.Rngs(seed), backbone)
+
+
+class PairBatch(NamedTuple):
+  """Preference pairs; row i of chosen is preferred to row i of rejected.
+
+  Attributes:
+    chosen_tokens: [B, T] int32.
+    chosen_segment_ids: [B, T] int32, 0 = padding.
+    rejected_tokens: [B, T] int32.
+    rejected_segment_ids: [B, T] int32.
+  """
+  chosen_tokens: jax.Array
+  chosen_segment_ids: jax.Array
+  rejected_tokens: jax.Array
+  rejected_segment_ids: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelConfig:
+  """The Bradley-Terry loss has no settings."""
+
+
+def normalizers(batch: PairBatch, cfg) -> dict[str, jax.Array]:
+  """{'pairs': number of pairs in the whole batch}."""
+  del cfg
+  return {'pairs': jnp.asarray(batch.chosen_tokens.shape[0], jnp.float32)}
+
+
+def bradley_terry_loss(chosen: jax.Array, rejected: jax.Array, norm: Optional[dict] = None):
+  """-mean log sigmoid(r_c - r_r), pairwise accuracy and the mean margin.
+
+  Args:
+    chosen: [B] rewards of the preferred responses.
+    rejected: [B] rewards of the others.
+    norm: whole-batch {'pairs'} (default: B).
+
+  Returns:
+    (loss, metrics {'accuracy', 'margin', 'reward_mean'}); metrics add up
+    over microbatches.
+  """
+  pairs = chosen.shape[0] if norm is None else norm['pairs']
+  margin = chosen - rejected
+  loss = -jnp.sum(jax.nn.log_sigmoid(margin)) / pairs
+  return loss, {'accuracy': jnp.sum((margin > 0).astype(jnp.float32)) / pairs,
+                'margin': jnp.sum(margin) / pairs,
+                'reward_mean': jnp.sum(chosen + rejected) / (2 * pairs)}
+
+
+def loss_fn(model: RewardModel, batch: PairBatch, cfg, norm: dict):
+  """Bradley-Terry loss of a RewardModel on a PairBatch (both sides in one forward pass)."""
+  del cfg
+  tokens = jnp.concatenate([batch.chosen_tokens, batch.rejected_tokens], 0)
+  seg = jnp.concatenate([batch.chosen_segment_ids, batch.rejected_segment_ids], 0)
+  r = model(tokens, segment_ids=seg)
+  b = batch.chosen_tokens.shape[0]
+  return bradley_terry_loss(r[:b], r[b:], norm)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def score(graphdef, params, tokens, segment_ids) -> jax.Array:
+  """Jitted batched scoring: rewards [B] of rows tokens/segment_ids [B, T]."""
+  return nnx.merge(graphdef, params)(tokens, segment_ids=segment_ids)
+
+
+def encode(tokenizer, prompt: str, completion: str, max_len: int) -> list[int]:
+  """Token ids of prompt + completion + EOS, keeping the last max_len (the end is scored).
+
+  Prompts are already chat-rendered, so the two texts are concatenated as
+  they are; training pairs and verifier scoring must both use this.
+  """
+  ids = list(tokenizer.encode(prompt + completion)) + [tokenizer.eos_id]
+  return ids[-max_len:]
+
+
+def _length_bucket(n: int, max_len: int) -> int:
+  return min(max_len, max(16, 1 << (n - 1).bit_length()))
+
+
+def pad_rows(rows: Sequence[Sequence[int]], length: int, pad_id: int):
+  """Right-pads token lists to [len(rows), length]; returns (tokens, segment_ids) int32."""
+  tokens = np.full((len(rows), length), pad_id, np.int32)
+  seg = np.zeros((len(rows), length), np.int32)
+  for i, r in enumerate(rows):
+    if len(r) > length:
+      raise ValueError(f'pad_rows: row {i} has {len(r)} tokens > length {length}')
+    tokens[i, :len(r)] = r
+    seg[i, :len(r)] = 1
+  return tokens, seg
+
+
+def make_pair_batch(tokenizer, prompts: Sequence[str], chosen: Sequence[str],
+                    rejected: Sequence[str], max_len: int) -> PairBatch:
+  """Encodes preference pairs (see `encode`) into a PairBatch padded to one length bucket."""
+  if not len(prompts) == len(chosen) == len(rejected):
+    raise ValueError(f'make_pair_batch: {len(prompts)} prompts, {len(chosen)} chosen, '
+                     f'{len(rejected)} rejected')
+  c = [encode(tokenizer, p, x, max_len) for p, x in zip(prompts, chosen)]
+  r = [encode(tokenizer, p, x, max_len) for p, x in zip(prompts, rejected)]
+  length = _length_bucket(max(map(len, c + r)), max_len)
+  ct, cs = pad_rows(c, length, tokenizer.pad_id)
+  rt, rs = pad_rows(r, length, tokenizer.pad_id)
+  return PairBatch(ct, cs, rt, rs)
+
+
+def make_text_scorer(model: RewardModel, tokenizer, max_len: int,
+                     batch_size: int) -> Callable[[Sequence[str], Sequence[str]], np.ndarray]:
+  """A host function scoring (prompt, completion) texts with the reward model.
+
+  The params are snapshotted now. Texts are encoded with `encode`, batched
+  in fixed-size batches (the last padded with copies) and padded to a
+  power-of-two length bucket, so few shapes compile.
+
+  Args:
+    model: a RewardModel.
+    tokenizer: has encode(text) -> list[int], pad_id and eos_id.
+    max_len: most tokens scored per text (the beginning is cut first).
+    batch_size: rows per jitted call.
+
+  Returns:
+    scorer(prompts, completions) -> float32 [n] rewards.
+  """
+  graphdef, params = nnx.split(model)
+
+  def scorer(prompts: Sequence[str], completions: Sequence[str]) -> np.ndarray:
+    if len(prompts) != len(completions):
+      raise ValueError(f'reward scorer: {len(prompts)} prompts but {len(completions)} completions')
+    rows = [encode(tokenizer, p, c, max_len) for p, c in zip(prompts, completions)]
+    out = np.zeros(len(rows), np.float32)
+    for start in range(0, len(rows), batch_size):
+      chunk = rows[start:start + batch_size]
+      full = chunk + [chunk[0]] * (batch_size - len(chunk))
+      tokens, seg = pad_rows(full, _length_bucket(max(map(len, full)), max_len),
+                             tokenizer.pad_id)
+      out[start:start + len(chunk)] = np.asarray(score(graphdef, params, tokens, seg))[:len(chunk)]
+    return out
+
+  return scorer

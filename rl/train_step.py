@@ -1,0 +1,361 @@
+"""The jitted train step: one function per loss kind, donated state, explicit shardings.
+
+  optimizer = train_step.make_optimizer(train_step.OptimizerConfig(learning_rate=2e-6))
+  graphdef, params = nnx.split(model)
+  state = train_step.init_state(params, optimizer, seed=0, mesh=mesh)
+  step = train_step.make_train_step(graphdef, 'grpo', grpo.GrpoConfig(), optimizer,
+                                    state=state, mesh=mesh, microbatches=4)
+  state, metrics = step(state, batch)       # or run_step(step, state, batch) for tokens/s
+
+Losses come from the `LOSSES` registry by name; each is a pure function
+`loss(model, batch, cfg, norm) -> (loss, metrics)` whose denominators `norm`
+are computed once over the whole batch, so the microbatches of a
+`lax.scan` gradient accumulation add up to exactly the full-batch loss and
+gradient. Loss metrics add up across microbatches, except '_max' keys,
+which take the maximum.
+
+A step whose loss or gradient norm is not finite leaves params, optimizer
+state and step unchanged and adds one to `skipped` (a metric). Compute runs
+in the model config's `dtype`; `init_state(master_dtype='float32')` keeps
+float32 master weights for a bfloat16 model. Rematerialisation is the model
+config's `remat`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from models import sharding
+from rl import distill
+from rl import grpo
+from rl import reward_model
+from rl import sft
+
+
+class TrainState(NamedTuple):
+  """Everything a step changes; a pytree (checkpointed by the stage loop).
+
+  Attributes:
+    params: nnx.State of the model's parameters (the master copy).
+    opt_state: optax state, sharded like the params.
+    step: [] int32 updates applied.
+    rng: [2] uint32 key the stage loop derives per-step keys from (fold_in).
+    skipped: [] int32 steps skipped for a non-finite loss or gradient.
+  """
+  params: Any
+  opt_state: Any
+  step: jax.Array
+  rng: jax.Array
+  skipped: jax.Array
+
+
+class LossSpec(NamedTuple):
+  """A registered loss: its config class, loss function and whole-batch denominators."""
+  config: type
+  loss: Callable
+  normalizers: Callable
+
+
+LOSSES: dict[str, LossSpec] = {
+    'grpo': LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers),
+    'sft': LossSpec(sft.SftConfig, sft.loss_fn, sft.normalizers),
+    'reward_model': LossSpec(reward_model.RewardModelConfig, reward_model.loss_fn,
+                             reward_model.normalizers),
+    'mopd': LossSpec(distill.MopdConfig, distill.loss_fn, distill.normalizers),
+}
+
+
+def _as_config(cls: type, cfg, what: str):
+  """A frozen config dataclass from an instance, a dict, a ConfigDict or None."""
+  if cfg is None:
+    return cls()
+  if isinstance(cfg, cls):
+    return cfg
+  fields = cfg.to_dict() if hasattr(cfg, 'to_dict') else dict(cfg)
+  known = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise ValueError(f'{what}: unknown field(s) {unknown}; known: {sorted(known)}')
+  return cls(**fields)
+
+
+def loss_config(loss_name: str, cfg=None):
+  """The typed config of a registered loss from a dict / ConfigDict / instance / None."""
+  if loss_name not in LOSSES:
+    raise ValueError(f'unknown loss {loss_name!r}; known: {sorted(LOSSES)}')
+  return _as_config(LOSSES[loss_name].config, cfg, f'{loss_name} loss config')
+
+
+# ---------------------------------------------------------------- optimizer
+
+SCHEDULES = ('constant', 'cosine')
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """AdamW with global-norm clipping and warm-up then constant or cosine.
+
+  Attributes:
+    learning_rate: peak learning rate.
+    warmup_steps: linear warm-up from lr / warmup_steps to lr over this many steps.
+    schedule: 'constant' or 'cosine' after warm-up.
+    decay_steps: cosine only: steps from the end of warm-up to the floor.
+    min_lr_ratio: cosine floor as a fraction of learning_rate.
+    b1: Adam beta1.
+    b2: Adam beta2.
+    eps: Adam epsilon.
+    weight_decay: decoupled weight decay on matrices (ndim >= 2) only.
+    max_grad_norm: clip the global gradient norm to this; 0 = no clipping.
+  """
+  learning_rate: float = 1e-6
+  warmup_steps: int = 0
+  schedule: str = 'constant'
+  decay_steps: int = 0
+  min_lr_ratio: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-8
+  weight_decay: float = 0.0
+  max_grad_norm: float = 1.0
+
+  def __post_init__(self):
+    if not self.learning_rate > 0:
+      raise ValueError(f'OptimizerConfig.learning_rate={self.learning_rate} must be > 0')
+    if self.schedule not in SCHEDULES:
+      raise ValueError(f'OptimizerConfig.schedule={self.schedule!r}: expected one of {SCHEDULES}')
+    if self.schedule == 'cosine' and self.decay_steps < 1:
+      raise ValueError('OptimizerConfig.decay_steps must be >= 1 for the cosine schedule')
+    for name in ('warmup_steps', 'min_lr_ratio', 'weight_decay', 'max_grad_norm'):
+      if getattr(self, name) < 0:
+        raise ValueError(f'OptimizerConfig.{name}={getattr(self, name)} must be >= 0')
+
+
+def make_schedule(cfg) -> optax.Schedule:
+  """Learning rate as a function of the update count."""
+  cfg = _as_config(OptimizerConfig, cfg, 'optimizer config')
+
+  def schedule(count):
+    count = jnp.asarray(count, jnp.float32)
+    lr = jnp.asarray(cfg.learning_rate, jnp.float32)
+    if cfg.warmup_steps:
+      lr = lr * jnp.minimum(1.0, (count + 1.0) / cfg.warmup_steps)
+    if cfg.schedule == 'cosine':
+      t = jnp.clip((count - cfg.warmup_steps) / cfg.decay_steps, 0.0, 1.0)
+      lr = lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + jnp.cos(math.pi * t)))
+    return lr
+
+  return schedule
+
+
+def make_optimizer(cfg) -> optax.GradientTransformation:
+  """The optax chain: global-norm clipping, then AdamW on `make_schedule(cfg)`."""
+  cfg = _as_config(OptimizerConfig, cfg, 'optimizer config')
+  decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
+  adamw = optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                      weight_decay=cfg.weight_decay, mask=decay_mask)
+  if cfg.max_grad_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
+  return adamw
+
+
+# ---------------------------------------------------------------- state
+
+def state_shardings(state: TrainState, optimizer: optax.GradientTransformation,
+                    mesh, rules=None) -> TrainState:
+  """NamedShardings for a TrainState (concrete or abstract) on `mesh`.
+
+  Params follow their logical axes; every params-shaped part of the optax
+  state (Adam moments, ...) is sharded like its parameter; the rest
+  (counters, step, rng) is replicated.
+  """
+  replicated = NamedSharding(mesh, P())
+  params = sharding.state_shardings(state.params, mesh, rules)
+  opt = optax.tree_map_params(optimizer, lambda _, s: s, state.opt_state, params,
+                              transform_non_params=lambda _: replicated)
+  return TrainState(params=params, opt_state=opt, step=replicated, rng=replicated,
+                    skipped=replicated)
+
+
+def init_state(params, optimizer: optax.GradientTransformation, *, seed: int = 0,
+               master_dtype: Optional[str] = None, mesh=None, rules=None) -> TrainState:
+  """A fresh TrainState (optimizer state born sharded like the params on `mesh`).
+
+  Args:
+    params: nnx.State of the model (from nnx.split).
+    optimizer: the optax transformation.
+    seed: seeds `rng`.
+    master_dtype: e.g. 'float32' to keep master weights in float32 for a
+      model whose params are bfloat16 (compute stays in the config's dtype).
+    mesh: shard params and optimizer state over this mesh.
+    rules: logical rules for the mesh.
+
+  Returns:
+    TrainState with step = skipped = 0. Its params may share buffers with
+    `params`, and the train step donates the state: keep using
+    `state.params`, or pass `jax.tree.map(jnp.copy, params)` to keep the
+    originals alive.
+  """
+  if master_dtype is not None:
+    dt = jnp.dtype(master_dtype)
+    params = jax.tree.map(lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                          params)
+  scalars = dict(step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(seed),
+                 skipped=jnp.zeros((), jnp.int32))
+  if mesh is None:
+    return TrainState(params=params, opt_state=optimizer.init(params), **scalars)
+  abstract = jax.eval_shape(lambda p: TrainState(p, optimizer.init(p), **scalars), params)
+  shard = state_shardings(abstract, optimizer, mesh, rules)
+  params = jax.device_put(params, shard.params)
+  opt_state = jax.jit(optimizer.init, out_shardings=shard.opt_state)(params)
+  scalars = {k: jax.device_put(v, getattr(shard, k)) for k, v in scalars.items()}
+  return TrainState(params=params, opt_state=opt_state, **scalars)
+
+
+# ---------------------------------------------------------------- the step
+
+def _reduce(name: str, acc, x):
+  return jnp.maximum(acc, x) if name.endswith('_max') else acc + x
+
+
+def _split_microbatches(batch, m: int):
+  """[B, ...] -> [m, B / m, ...], microbatch j = rows j, m + j, 2m + j, ...
+
+  Strided rows keep every microbatch spread evenly over the batch shards.
+  """
+  def split(x):
+    if x.shape[0] % m:
+      raise ValueError(f'batch of {x.shape[0]} rows does not split into {m} microbatches')
+    return jnp.swapaxes(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 0, 1)
+  return jax.tree.map(split, batch)
+
+
+def make_train_step(graphdef, loss_name: str, loss_cfg, optimizer: optax.GradientTransformation,
+                    *, mesh=None, rules=None, state: Optional[TrainState] = None,
+                    microbatches: int = 1, lr_schedule: Optional[optax.Schedule] = None,
+                    donate: bool = True):
+  """Builds the jitted `train_step(state, batch) -> (state, metrics)`.
+
+  Args:
+    graphdef: nnx GraphDef of the model (Transformer, or RewardModel for
+      'reward_model').
+    loss_name: key of LOSSES: 'grpo', 'sft', 'reward_model' or 'mopd'.
+    loss_cfg: that loss's config (instance, dict, ConfigDict or None).
+    optimizer: the optax transformation the state was initialised with.
+    mesh: run sharded on this mesh: params/optimizer state by logical axes,
+      every batch leaf split over 'batch' on its first dimension.
+    rules: logical rules (default: the ones active now).
+    state: a TrainState (or its eval_shape) giving the state's structure;
+      required with a mesh.
+    microbatches: accumulate gradients over this many microbatches (rows
+      must divide; with a mesh, rows / microbatches should divide the batch
+      shards for an even spread).
+    lr_schedule: reported as the 'lr' metric when given.
+    donate: donate the input state's buffers.
+
+  Returns:
+    A jax.jit-ed function (it has `.lower` for ahead-of-time compilation).
+  """
+  spec = LOSSES.get(loss_name)
+  if spec is None:
+    raise ValueError(f'unknown loss {loss_name!r}; known: {sorted(LOSSES)}')
+  cfg = loss_config(loss_name, loss_cfg)
+  if microbatches < 1:
+    raise ValueError(f'make_train_step: microbatches={microbatches} must be >= 1')
+  rules = sharding.get_rules() if rules is None else rules
+
+  def compute(params, batch, norm):
+    return spec.loss(nnx.merge(graphdef, params), batch, cfg, norm)
+
+  grad_fn = jax.value_and_grad(compute, has_aux=True)
+
+  def accumulate(params, batch, norm):
+    if microbatches == 1:
+      return grad_fn(params, batch, norm)
+    mbs = _split_microbatches(batch, microbatches)
+    first = jax.tree.map(lambda x: x[0], mbs)
+    (_, m_shape), _ = jax.eval_shape(grad_fn, params, first, norm)
+    zeros_m = {k: jnp.full(v.shape, -jnp.inf if k.endswith('_max') else 0.0, v.dtype)
+               for k, v in m_shape.items()}
+    zeros_g = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+
+    def body(carry, mb):
+      g_acc, l_acc, m_acc = carry
+      mb = jax.tree.map(lambda x: sharding.constrain(x, ('batch',) + (None,) * (x.ndim - 1)), mb)
+      (l, m), g = grad_fn(params, mb, norm)
+      g_acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_acc, g)
+      m_acc = {k: _reduce(k, m_acc[k], m[k]) for k in m_acc}
+      return (g_acc, l_acc + l, m_acc), None
+
+    (g, loss, metrics), _ = jax.lax.scan(body, (zeros_g, jnp.zeros((), jnp.float32), zeros_m), mbs)
+    g = jax.tree.map(lambda x, p: x.astype(p.dtype), g, params)
+    return (loss, metrics), g
+
+  def step(state: TrainState, batch):
+    with contextlib.ExitStack() as stack:
+      if mesh is not None:
+        # Trace under the mesh (set_mesh is not allowed inside jit) and the rules.
+        stack.enter_context(sharding.use_mesh(None, rules))
+        stack.enter_context(jax.sharding.use_abstract_mesh(mesh.abstract_mesh))
+      norm = spec.normalizers(batch, cfg)
+      (loss, metrics), grads = accumulate(state.params, batch, norm)
+      grad_norm = optax.global_norm(grads)
+      ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+      updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
+      keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+      new_state = TrainState(params=keep(params, state.params),
+                             opt_state=keep(opt_state, state.opt_state),
+                             step=state.step + ok.astype(jnp.int32), rng=state.rng,
+                             skipped=state.skipped + (~ok).astype(jnp.int32))
+      metrics = dict(metrics, loss=loss, grad_norm=grad_norm, skipped=new_state.skipped)
+      if lr_schedule is not None:
+        metrics['lr'] = lr_schedule(state.step)
+    return new_state, metrics
+
+  donate_argnums = (0,) if donate else ()
+  if mesh is None:
+    return jax.jit(step, donate_argnums=donate_argnums)
+  if state is None:
+    raise ValueError('make_train_step: with a mesh, pass state= (a TrainState or its '
+                     'eval_shape) so its shardings can be fixed')
+  state_sh = state_shardings(state, optimizer, mesh, rules)
+  batch_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
+  return jax.jit(step, in_shardings=(state_sh, batch_sh),
+                 out_shardings=(state_sh, NamedSharding(mesh, P())),
+                 donate_argnums=donate_argnums)
+
+
+def _batch_tokens(batch) -> int:
+  """Real (non-padding) tokens a batch feeds the model: every *segment_ids field counted."""
+  return int(sum(np.count_nonzero(np.asarray(getattr(batch, f)))
+                 for f in batch._fields if f.endswith('segment_ids')))
+
+
+def run_step(train_step, state: TrainState, batch) -> tuple[TrainState, dict]:
+  """Calls a train step, waits for it, and returns host metrics with timing.
+
+  Adds 'step_s' (wall time) and 'tokens_per_s' (real tokens through the
+  model per second) to the step's metrics.
+
+  Returns:
+    (new state, {name: float}).
+  """
+  tokens = _batch_tokens(batch)
+  start = time.perf_counter()
+  state, metrics = train_step(state, batch)
+  metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+  dt = time.perf_counter() - start
+  metrics['step_s'] = dt
+  metrics['tokens_per_s'] = tokens / dt
+  return state, metrics
