@@ -1,4 +1,4 @@
-"""Tokenizers: SentencePiece training and round trips, the HF tokenizer.json backend, chat specials."""
+"""Tokenizers: SentencePiece training and round trips, the HF tokenizer.json backend, specials."""
 
 import json
 import random
