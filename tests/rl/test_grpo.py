@@ -1,0 +1,227 @@
+"""GRPO: advantages, dynamic filtering with refill, and the loss against a float64 numpy reference."""
+
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rl import batch as batch_lib
+from rl import grpo
+from rl import sampler
+
+
+# ---------------------------------------------------------------- advantages
+
+def _ref_advantages(rewards, g, kind, eps=1e-6):
+  out = []
+  for i in range(0, len(rewards), g):
+    grp = [float(x) for x in rewards[i:i + g]]
+    mean = statistics.fmean(grp)
+    for j, r in enumerate(grp):
+      if kind == 'grpo':
+        out.append((r - mean) / (statistics.stdev(grp) + eps))
+      elif kind == 'dr_grpo':
+        out.append(r - mean)
+      else:
+        out.append(r - statistics.fmean(grp[:j] + grp[j + 1:]))
+  return np.array(out)
+
+
+@pytest.mark.parametrize('kind', ['grpo', 'dr_grpo', 'rloo'])
+def test_advantages_match_reference(kind):
+  rewards = np.random.default_rng(0).normal(size=24)
+  rewards[8:12] = 0.5                                      # one all-equal group
+  got = grpo.advantages(rewards, 4, kind)
+  np.testing.assert_allclose(got, _ref_advantages(rewards, 4, kind), rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(got[8:12], 0.0)
+  assert got.dtype == np.float32 and got.shape == (24,)
+
+
+def test_advantages_bad_input():
+  with pytest.raises(ValueError, match='group_size'):
+    grpo.advantages(np.zeros(10), 4)
+  with pytest.raises(ValueError, match='unknown advantage kind'):
+    grpo.advantages(np.zeros(8), 4, 'ppo')
+  with pytest.raises(ValueError, match='G >= 2'):
+    grpo.advantages(np.zeros(8), 1)
+
+
+def test_filter_groups():
+  r = np.array([1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0.5, 0.5, 0.5, 0.25])
+  np.testing.assert_array_equal(grpo.filter_groups(r, 4), [True, False, False, True])
+
+
+# ---------------------------------------------------------------- fill_groups
+
+def _fake_samples(rows, p, n, start):
+  ids = np.arange(start, start + rows)
+  return sampler.SampleOutput(
+      prompt_tokens=np.tile(ids[:, None], (1, p)).astype(np.int32),
+      prompt_mask=np.ones((rows, p), np.int32),
+      tokens=np.tile(ids[:, None], (1, n)).astype(np.int32),
+      mask=np.ones((rows, n), np.int32),
+      logprobs=np.zeros((rows, n), np.float32), sampling_logprobs=np.zeros((rows, n), np.float32),
+      lengths=np.full(rows, n, np.int32), truncated=np.zeros(rows, bool))
+
+
+def test_fill_groups_refills_until_full():
+  g = 2
+  # Round 1: groups 0, 2 have signal; round 2: groups 0, 1, 3 do (only 1 more is needed).
+  round_rewards = [np.array([0, 1, 1, 1, 1, 0, 0, 0.]), np.array([1, 0, 0, 1, 1, 1, 0, 1.])]
+  calls = []
+
+  def draw(n):
+    k = len(calls)
+    calls.append(n)
+    # Widths differ between rounds (different sampler buckets).
+    return (_fake_samples(n * g, 3 + k, 5 - k, 100 * k), np.arange(n * g) + 100 * k), round_rewards[k]
+
+  out = grpo.fill_groups(draw, num_groups=3, group_size=g, max_rounds=5, draw_size=4)
+  assert calls == [4, 4] and out.prompts_drawn == 8 and out.rounds == 2 and out.groups_kept == 3
+  samples, row_ids = out.rows
+  np.testing.assert_array_equal(row_ids, [0, 1, 4, 5, 100, 101])
+  np.testing.assert_array_equal(out.rewards, [0, 1, 1, 0, 1, 0])
+  assert out.valid.all()
+  assert samples.prompt_tokens.shape == (6, 4) and samples.tokens.shape == (6, 5)
+  # Round-1 prompts (3 wide) are left-padded; round-2 completions (4 wide) right-padded.
+  np.testing.assert_array_equal(samples.prompt_mask[0], [0, 1, 1, 1])
+  np.testing.assert_array_equal(samples.mask[4], [1, 1, 1, 1, 0])
+  np.testing.assert_array_equal(samples.tokens[4, :4], 100)
+
+
+def test_fill_groups_pads_with_invalid_groups_at_the_cap():
+  g = 4
+
+  def draw(n):
+    r = np.zeros(n * g)
+    r[:g] = [1, 0, 0, 0]                # only the first group of each round has signal
+    return np.arange(n * g), r
+
+  out = grpo.fill_groups(draw, num_groups=4, group_size=g, max_rounds=2, draw_size=2)
+  assert out.rounds == 2 and out.prompts_drawn == 4 and out.groups_kept == 2
+  assert out.rows.shape == (16,)
+  np.testing.assert_array_equal(out.valid, [True] * 8 + [False] * 8)
+  np.testing.assert_array_equal(out.rows[:8], [0, 1, 2, 3, 0, 1, 2, 3])
+  assert np.all(out.rewards[8:] == 0)
+
+
+# ---------------------------------------------------------------- loss
+
+def _random_batch(seed=0, b=6, l=9):
+  rng = np.random.default_rng(seed)
+  mask = (rng.random((b, l)) < 0.7).astype(np.float32)
+  mask[2] = 0.0                                          # a padding row
+  old = -rng.random((b, l)).astype(np.float32) * 3
+  new = old + rng.normal(scale=0.4, size=(b, l)).astype(np.float32)   # ratios beyond the clip
+  ref = old + rng.normal(scale=0.3, size=(b, l)).astype(np.float32)
+  batch = batch_lib.TrainBatch(
+      tokens=np.zeros((b, l), np.int32), positions=np.zeros((b, l), np.int32),
+      segment_ids=np.ones((b, l), np.int32), targets=np.zeros((b, l), np.int32),
+      loss_mask=mask, old_logprobs=old * mask, advantages=rng.normal(size=b).astype(np.float32),
+      truncated=np.array([False, True, False, False, True, False]), ref_logprobs=ref)
+  entropy = rng.random((b, l)).astype(np.float32) * 2
+  return batch, new, entropy
+
+
+def _ref_loss(new, batch, cfg, entropy):
+  """Float64 numpy GRPO loss with explicit per-row, per-token loops."""
+  new = new.astype(np.float64)
+  mask = batch.loss_mask.astype(np.float64).copy()
+  if cfg.mask_truncated:
+    mask[batch.truncated] = 0
+  per_row_sum, per_row_len = [], []
+  ratios, clipped, kls = [], [], []
+  for i in range(new.shape[0]):
+    a = float(batch.advantages[i])
+    s = 0.0
+    for t in range(new.shape[1]):
+      if not mask[i, t]:
+        continue
+      r = np.exp(new[i, t] - float(batch.old_logprobs[i, t]))
+      rc = min(max(r, 1 - cfg.clip_eps_low), 1 + cfg.clip_eps_high)
+      x = -min(r * a, rc * a)
+      ratios.append(r)
+      clipped.append((a > 0 and r > 1 + cfg.clip_eps_high) or (a < 0 and r < 1 - cfg.clip_eps_low))
+      d = float(batch.ref_logprobs[i, t]) - new[i, t]
+      kl = -d if cfg.kl_estimator == 'k1' else np.exp(d) - d - 1
+      kls.append(kl)
+      x += cfg.kl_coef * kl - cfg.entropy_coef * float(entropy[i, t])
+      s += x
+    per_row_sum.append(s)
+    per_row_len.append(mask[i].sum())
+  if cfg.aggregation == 'token':
+    loss = sum(per_row_sum) / sum(per_row_len)
+  else:
+    seqs = [s / n for s, n in zip(per_row_sum, per_row_len) if n > 0]
+    loss = sum(seqs) / len(seqs)
+  return loss, dict(ratio_mean=np.mean(ratios), ratio_max=np.max(ratios),
+                    clip_frac=np.mean(clipped), kl=np.mean(kls), tokens=mask.sum())
+
+
+CONFIGS = [
+    grpo.GrpoConfig(),
+    grpo.GrpoConfig(aggregation='seq_mean_token_mean'),
+    grpo.GrpoConfig(clip_eps_low=0.2, clip_eps_high=0.28),
+    grpo.GrpoConfig(kl_coef=0.1, kl_estimator='k1'),
+    grpo.GrpoConfig(kl_coef=0.05, kl_estimator='k3', aggregation='seq_mean_token_mean'),
+    grpo.GrpoConfig(entropy_coef=0.01),
+    grpo.GrpoConfig(mask_truncated=True, clip_eps_high=0.3),
+    grpo.GrpoConfig(mask_truncated=True, aggregation='seq_mean_token_mean', kl_coef=0.2,
+                    entropy_coef=0.02),
+]
+
+
+@pytest.mark.parametrize('cfg', CONFIGS, ids=lambda c: repr(c)[len('GrpoConfig('):-1][:60])
+def test_grpo_loss_matches_float64_reference(cfg):
+  batch, new, entropy = _random_batch()
+  loss, metrics = grpo.grpo_loss(jnp.asarray(new), batch, cfg, entropy=jnp.asarray(entropy))
+  ref, ref_m = _ref_loss(new, batch, cfg, entropy)
+  np.testing.assert_allclose(float(loss), ref, rtol=1e-5, atol=1e-6)
+  for k in ('ratio_mean', 'ratio_max', 'clip_frac', 'tokens'):
+    np.testing.assert_allclose(float(metrics[k]), ref_m[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  if cfg.kl_coef:
+    np.testing.assert_allclose(float(metrics['kl']), ref_m['kl'], rtol=1e-5, atol=1e-6)
+  else:
+    assert 'kl' not in metrics
+  assert 0 < ref_m['clip_frac'] < 1         # the test really exercises clipping
+
+
+def test_on_policy_ratio_is_one_and_gradient_is_reinforce():
+  batch, _, _ = _random_batch(seed=3)
+  new = jnp.asarray(batch.old_logprobs)
+  cfg = grpo.GrpoConfig()
+  loss, metrics = grpo.grpo_loss(new, batch, cfg)
+  assert float(metrics['ratio_mean']) == 1.0 and float(metrics['ratio_max']) == 1.0
+  assert float(metrics['logprob_gap']) == 0.0 and float(metrics['clip_frac']) == 0.0
+  grad = jax.grad(lambda lp: grpo.grpo_loss(lp, batch, cfg)[0])(new)
+  # d/dlogp of -1/sum|o| sum A_i logp_it.
+  expect = -batch.advantages[:, None] * batch.loss_mask / batch.loss_mask.sum()
+  np.testing.assert_allclose(grad, expect, rtol=1e-6, atol=1e-8)
+  value = -np.sum(batch.advantages[:, None] * batch.loss_mask) / batch.loss_mask.sum()
+  np.testing.assert_allclose(float(loss), value, rtol=1e-6)
+
+
+@pytest.mark.parametrize('aggregation', grpo.AGGREGATIONS)
+def test_microbatches_add_up_with_whole_batch_normalizers(aggregation):
+  batch, new, entropy = _random_batch(seed=5)
+  cfg = grpo.GrpoConfig(aggregation=aggregation, kl_coef=0.1)
+  full, _ = grpo.grpo_loss(jnp.asarray(new), batch, cfg)
+  norm = grpo.normalizers(batch, cfg)
+  halves = [jax.tree.map(lambda x: x[s], batch) for s in (slice(0, 3), slice(3, 6))]
+  parts = [grpo.grpo_loss(jnp.asarray(new[s]), h, cfg, norm)[0]
+           for s, h in zip((slice(0, 3), slice(3, 6)), halves)]
+  np.testing.assert_allclose(float(parts[0] + parts[1]), float(full), rtol=1e-6)
+
+
+def test_missing_inputs_are_clear_errors():
+  batch, new, _ = _random_batch()
+  with pytest.raises(ValueError, match='ref_logprobs'):
+    grpo.grpo_loss(jnp.asarray(new), batch._replace(ref_logprobs=None), grpo.GrpoConfig(kl_coef=0.1))
+  with pytest.raises(ValueError, match='entropy'):
+    grpo.grpo_loss(jnp.asarray(new), batch, grpo.GrpoConfig(entropy_coef=0.1))
+  with pytest.raises(ValueError, match='aggregation'):
+    grpo.GrpoConfig(aggregation='sum')
+  with pytest.raises(ValueError, match='kl_estimator'):
+    grpo.GrpoConfig(kl_estimator='k2')
