@@ -30,7 +30,7 @@ POLICY_KINDS = ('sft', 'grpo', 'mopd', 'eval')
 # Record types a dataset format yields, and which stage kinds read which.
 RECORD_TYPES = {'sft': 'sft', 'reward_model': 'preference', 'grpo': 'prompt',
                 'mopd': 'prompt', 'eval': 'prompt'}
-SCHEDULES = ('constant', 'cosine', 'linear')
+SCHEDULES = ('constant', 'cosine')
 ADVANTAGES = ('grpo', 'dr_grpo', 'rloo')
 LOSS_AGGS = ('token', 'seq_mean_token_mean')
 KL_ESTIMATORS = ('k1', 'k3')
@@ -44,11 +44,12 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
-  """AdamW with warm-up, a schedule and global-norm clipping (fields as in the config)."""
+  """AdamW with linear warm-up, then constant or cosine (to min_lr_ratio * lr at the stage's
+  end), and global-norm clipping (clip_norm 0 = none); weight decay on matrices only."""
   lr: float
   schedule: str = 'constant'
   warmup_steps: int = 0
-  end_lr_factor: float = 0.0
+  min_lr_ratio: float = 0.0
   clip_norm: float = 1.0
   weight_decay: float = 0.0
   b1: float = 0.9
@@ -82,6 +83,7 @@ class Stage:
   # sft / reward_model
   batch_size: int = 0
   max_len: int = 0
+  thinking_switch: bool = True
   # grpo / mopd
   prompts_per_step: int = 0
   group_size: int = 0
@@ -133,12 +135,18 @@ class Dataset:
 
 @dataclasses.dataclass(frozen=True)
 class Domain:
-  """A domain: its verifier (+ options), train and held-out datasets, optional RM stage."""
+  """A domain: its verifiers (training and held-out), datasets, and optional RM stage.
+
+  `eval_verifier` (default: `verifier`) scores the held-out set, so a domain
+  trained on a learned reward can be measured by a ground-truth rule.
+  """
   name: str
   verifier: str
   verifier_options: Mapping[str, Any]
   train: str
   eval: str
+  eval_verifier: str = ''
+  eval_verifier_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   reward_model_stage: str = ''
 
 
@@ -163,7 +171,8 @@ _RL = dict(prompts_per_step=_REQUIRED, group_size=_REQUIRED, temperature=1.0, to
            thinking_fraction=None, dynamic_filter=True, refill_cap=4, filter_overlong=False,
            loss_agg='token')
 _FIELDS = {
-    'sft': {**_COMMON, **_TRAIN, 'batch_size': _REQUIRED, 'max_len': _REQUIRED},
+    'sft': {**_COMMON, **_TRAIN, 'batch_size': _REQUIRED, 'max_len': _REQUIRED,
+            'thinking_switch': True},
     'reward_model': {**_COMMON, **_TRAIN, 'batch_size': _REQUIRED, 'max_len': _REQUIRED,
                      'evaluate': False},
     'grpo': {**_COMMON, **_TRAIN, **_RL, 'advantage': 'grpo', 'kl_coef': 0.0,
@@ -175,7 +184,8 @@ _OPT_FIELDS = {f.name: (f.default if f.default is not dataclasses.MISSING else _
                for f in dataclasses.fields(Optimizer)}
 _PHASE_FIELDS = ('until_step', 'max_response_len', 'temperature', 'filter_overlong')
 _DATASET_FIELDS = ('path', 'tfds', 'split', 'data_dir', 'format', 'domain', 'limit')
-_DOMAIN_FIELDS = ('verifier', 'verifier_options', 'train', 'eval', 'reward_model_stage')
+_DOMAIN_FIELDS = ('verifier', 'verifier_options', 'train', 'eval', 'eval_verifier',
+                  'eval_verifier_options', 'reward_model_stage')
 
 
 def _as_dict(x) -> dict:
@@ -297,9 +307,11 @@ def _check_top(config):
       raise ConfigError(f'config.eval.{key}={ev[key]!r}: must be {what}')
   if not ev.get('greedy', False) and ev['temperature'] <= 0:
     raise ConfigError('config.eval.temperature must be > 0 unless config.eval.greedy')
-  tf = ev.get('thinking_fraction')
-  if tf is not None and not (_is_num(tf) and 0 <= tf <= 1):
-    raise ConfigError(f'config.eval.thinking_fraction={tf!r}: must be None or in [0, 1]')
+  if ev.get('thinking') not in (None, True, False):
+    raise ConfigError(f'config.eval.thinking={ev.get("thinking")!r}: must be None (no /think '
+                      'switch), True (/think) or False (/no_think)')
+  if not isinstance(ev.get('greedy', False), bool):
+    raise ConfigError(f'config.eval.greedy={ev.get("greedy")!r}: must be a bool')
 
 
 def _check_datasets(raw: dict, known_formats) -> dict[str, Dataset]:
@@ -342,9 +354,11 @@ def _check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
       if k not in _DOMAIN_FIELDS:
         raise ConfigError(f'{where}.{k}: unknown field (known: {", ".join(_DOMAIN_FIELDS)})')
     ver = spec.get('verifier')
-    if ver not in verifier_names:
-      raise ConfigError(f'{where}.verifier={ver!r}: unknown verifier (known: '
-                        f'{", ".join(sorted(verifier_names))})')
+    eval_ver = spec.get('eval_verifier') or ver
+    for field, vname in (('verifier', ver), ('eval_verifier', eval_ver)):
+      if vname not in verifier_names:
+        raise ConfigError(f'{where}.{field}={vname!r}: unknown verifier (known: '
+                          f'{", ".join(sorted(verifier_names))})')
     for split in ('train', 'eval'):
       ds = spec.get(split, '')
       if split == 'eval' and not ds:
@@ -355,9 +369,12 @@ def _check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
       if ds and datasets[ds].record_type != 'prompt':
         raise ConfigError(f'{where}.{split}={ds!r}: format {datasets[ds].format!r} holds '
                           f'{datasets[ds].record_type} records, a domain needs prompts')
-    opts = spec.get('verifier_options') or {}
-    out[name] = Domain(name=name, verifier=ver, verifier_options=dict(_as_dict(opts)),
-                       train=spec.get('train', ''), eval=spec['eval'],
+    opts = dict(_as_dict(spec.get('verifier_options') or {}))
+    eval_opts = spec.get('eval_verifier_options')
+    eval_opts = opts if eval_opts is None and eval_ver == ver else dict(_as_dict(eval_opts or {}))
+    out[name] = Domain(name=name, verifier=ver, verifier_options=opts,
+                       train=spec.get('train', ''), eval=spec['eval'], eval_verifier=eval_ver,
+                       eval_verifier_options=eval_opts,
                        reward_model_stage=spec.get('reward_model_stage', '') or '')
   return out
 
@@ -447,9 +464,13 @@ def _check_stage(i: int, raw: dict, earlier: list[Stage], all_names, domains,
   if kind in ('sft', 'reward_model'):
     need('batch_size', lambda x: _is_int(x) and x >= 1, 'must be an int >= 1')
     need('max_len', lambda x: _is_int(x) and x >= 2, 'must be an int >= 2')
-    if v['batch_size'] % v['microbatches']:
+    if kind == 'reward_model' and v['batch_size'] % v['microbatches']:
       fail('microbatches', f'must divide batch_size={v["batch_size"]}')
-    return Stage(**common, batch_size=v['batch_size'], max_len=v['max_len'])
+    switch = v.get('thinking_switch', True)
+    if not isinstance(switch, bool):
+      fail('thinking_switch', 'must be a bool')
+    return Stage(**common, batch_size=v['batch_size'], max_len=v['max_len'],
+                 thinking_switch=switch)
 
   need('prompts_per_step', lambda x: _is_int(x) and x >= 1, 'must be an int >= 1')
   need('group_size', lambda x: _is_int(x) and x >= 1, 'must be an int >= 1')
@@ -528,7 +549,7 @@ def _check_optimizer(where: str, raw) -> Optimizer:
       ('lr', lambda x: _is_num(x) and x > 0, 'must be > 0'),
       ('schedule', lambda x: x in SCHEDULES, f'unknown schedule (known: {SCHEDULES})'),
       ('warmup_steps', lambda x: _is_int(x) and x >= 0, 'must be an int >= 0'),
-      ('end_lr_factor', lambda x: _is_num(x) and 0 <= x <= 1, 'must be in [0, 1]'),
+      ('min_lr_ratio', lambda x: _is_num(x) and 0 <= x <= 1, 'must be in [0, 1]'),
       ('clip_norm', lambda x: _is_num(x) and x >= 0, 'must be >= 0 (0 = no clipping)'),
       ('weight_decay', lambda x: _is_num(x) and x >= 0, 'must be >= 0'),
       ('b1', lambda x: _is_num(x) and 0 <= x < 1, 'must be in [0, 1)'),

@@ -1,0 +1,154 @@
+"""The stage x domain matrix: held-out evaluation of every domain, and results.{json,md,png}.
+
+After every policy stage (and, when the cascade starts with RL, for the
+starting policy as row 0) each domain's held-out prompts are sampled
+`num_samples` times with the config's evaluation settings and scored by the
+domain's evaluation verifier. A domain's score is pass@1 averaged over the k
+samples, in percent: 100 * mean over prompts and samples of the reward
+clipped to [0, 1] (so a -1 "unparsable" reward counts as a failure).
+
+results.json is exactly
+
+  {"domains": [...], "stages": [...], "stage_domains": [[...], ...], "scores": [[...], ...]}
+
+with `stages[i]` the row's stage name ('init' for the starting policy),
+`stage_domains[i]` the domains that stage trains on, and `scores[i][j]` the
+score of domain j after stage i; results.md is the same table with deltas
+against the previous row; results.png draws one line per domain across the
+stages (the picture of the Nemotron-Cascade paper's Figure 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from cascade import checkpoint
+from cascade import rollout
+from rl import sampler as sampler_lib
+
+
+def sampling_params(ev: Mapping) -> sampler_lib.SamplingParams:
+  """The evaluation's SamplingParams from config.eval."""
+  return sampler_lib.SamplingParams(temperature=float(ev['temperature']),
+                                    top_p=float(ev['top_p']), top_k=int(ev.get('top_k', 0)),
+                                    greedy=bool(ev.get('greedy', False)),
+                                    max_new_tokens=int(ev['max_new_tokens']))
+
+
+def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]],
+             verifier_of: Callable[[str], object], sample_cls, ev: Mapping,
+             rng) -> dict[str, dict]:
+  """Scores a policy on every domain's held-out prompts.
+
+  Args:
+    sampler: an `rl.sampler.Sampler` for the policy's architecture.
+    params: the policy's params.
+    tokenizer: the tokenizer.
+    eval_sets: domain -> held-out prompt records (already cut to num_prompts).
+    verifier_of: domain -> its evaluation verifier.
+    sample_cls: `verifiers.Sample`.
+    ev: config.eval (num_samples, temperature, top_p, greedy, max_new_tokens,
+      batch_size, thinking).
+    rng: PRNG key; batch b of domain j uses fold_in(fold_in(rng, j), b).
+
+  Returns:
+    domain -> {'score' in [0, 100], 'prompts', 'samples', 'mean_reward',
+    'mean_len', 'truncated'}.
+  """
+  sp = sampling_params(ev)
+  k = 1 if sp.greedy else int(ev['num_samples'])      # greedy samples would all agree
+  bs = int(ev['batch_size'])
+  out = {}
+  for j, domain in enumerate(sorted(eval_sets)):
+    recs = list(eval_sets[domain])
+    rewards, lens, trunc = [], [], []
+    for b, start in enumerate(range(0, len(recs), bs)):
+      chunk = recs[start:start + bs]
+      key = jax.random.fold_in(jax.random.fold_in(rng, j), b)
+      ro = rollout.generate(sampler, params, tokenizer, chunk, [ev.get('thinking')] * len(chunk),
+                            key, sp, k)
+      r, _ = rollout.score(ro, verifier_of, sample_cls)
+      rewards.append(r)
+      lens.append(ro.samples.lengths)
+      trunc.append(ro.samples.truncated)
+    r = np.concatenate(rewards)
+    out[domain] = {'score': float(100.0 * np.mean(np.clip(r, 0.0, 1.0))),
+                   'prompts': len(recs), 'samples': int(r.size),
+                   'mean_reward': float(np.mean(r)),
+                   'mean_len': float(np.mean(np.concatenate(lens))),
+                   'truncated': float(np.mean(np.concatenate(trunc)))}
+  return out
+
+
+def results(rows: Sequence[Mapping], domains: Sequence[str]) -> dict:
+  """results.json's object from progress rows ({'stage', 'domains', 'scores': {d: s}})."""
+  return {'domains': list(domains),
+          'stages': [r['stage'] for r in rows],
+          'stage_domains': [list(r['domains']) for r in rows],
+          'scores': [[round(float(r['scores'][d]), 4) if d in r['scores'] else None
+                      for d in domains] for r in rows]}
+
+
+def markdown(res: Mapping) -> str:
+  """The matrix as a Markdown table; each cell after the first row carries its delta."""
+  domains = res['domains']
+  lines = ['| stage | trains on | ' + ' | '.join(domains) + ' |',
+           '|---|---|' + '---:|' * len(domains)]
+  prev = None
+  for name, trains, row in zip(res['stages'], res['stage_domains'], res['scores']):
+    cells = []
+    for j, v in enumerate(row):
+      if v is None:
+        cells.append('-')
+      elif prev is None or prev[j] is None:
+        cells.append(f'{v:.1f}')
+      else:
+        cells.append(f'{v:.1f} ({v - prev[j]:+.1f})')
+    lines.append(f'| {name} | {", ".join(trains) or "-"} | ' + ' | '.join(cells) + ' |')
+    prev = row
+  return '\n'.join(lines) + '\n'
+
+
+def plot(res: Mapping, path: str) -> None:
+  """One line per domain across the stages; markers on the stages that train that domain."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  stages, domains, scores = res['stages'], res['domains'], res['scores']
+  fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(stages) + 2), 4.2))
+  x = np.arange(len(stages))
+  for j, d in enumerate(domains):
+    y = np.array([np.nan if row[j] is None else row[j] for row in scores], float)
+    (line,) = ax.plot(x, y, marker='o', ms=4, lw=1.8, label=d)
+    trained = [i for i, ds in enumerate(res['stage_domains']) if d in ds]
+    ax.plot(x[trained], y[trained], ls='none', marker='*', ms=12, color=line.get_color())
+  ax.set_xticks(x, stages, rotation=30, ha='right')
+  ax.set_ylabel('held-out score (%)')
+  ax.set_xlabel('after stage (a star marks the stage that trains the domain)')
+  ax.set_title('Every domain after every stage')
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8, loc='best')
+  fig.tight_layout()
+  tmp = f'{path}.tmp.{os.getpid()}.png'
+  fig.savefig(tmp, dpi=120)
+  plt.close(fig)
+  os.replace(tmp, path)
+
+
+def write(workdir: str, rows: Sequence[Mapping], domains: Sequence[str]) -> dict:
+  """Writes results.json, results.md and results.png (atomically; process 0 only)."""
+  res = results(rows, domains)
+  if not checkpoint.is_writer():
+    return res
+  checkpoint.atomic_write_text(os.path.join(workdir, 'results.json'),
+                               json.dumps(res, indent=1) + '\n')
+  checkpoint.atomic_write_text(os.path.join(workdir, 'results.md'), markdown(res))
+  if rows:
+    plot(res, os.path.join(workdir, 'results.png'))
+  return res

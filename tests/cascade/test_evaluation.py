@@ -1,0 +1,137 @@
+"""The evaluation matrix: scoring (pass@1 over k samples), results.json/md/png, metrics files."""
+
+import json
+import os
+import types
+
+import jax
+import numpy as np
+
+from cascade import evaluation
+from cascade import metrics
+from rl import sampler as sampler_lib
+
+
+class CharTokenizer:
+  """One id per character (ids = ord), enough for rendering and decoding in a test."""
+
+  def encode(self, text):
+    return [ord(c) % 256 for c in text]
+
+  def decode(self, ids, skip_special=False):
+    del skip_special
+    return ''.join(chr(i) for i in ids)
+
+
+class FakeSampler:
+  """Answers each prompt's k samples with 'right' or 'wrong' by a fixed per-row pattern."""
+
+  def __init__(self, pattern):
+    self.pattern = pattern
+    self.calls = []
+
+  def generate(self, params, prompts, rng, sp, num_samples=1):
+    del params, rng
+    self.calls.append((len(prompts), num_samples, sp))
+    rows = []
+    for i in range(len(prompts) * num_samples):
+      rows.append('right' if self.pattern(len(self.calls), i) else 'wrong')
+    n = sp.max_new_tokens
+    toks = np.zeros((len(rows), n), np.int32)
+    lens = np.array([len(r) for r in rows], np.int32)
+    for i, r in enumerate(rows):
+      toks[i, :len(r)] = [ord(c) for c in r]
+    z = np.zeros((len(rows), n), np.float32)
+    return sampler_lib.SampleOutput(prompt_tokens=np.ones((len(rows), 1), np.int32),
+                                    prompt_mask=np.ones((len(rows), 1), np.int32),
+                                    tokens=toks, mask=(toks > 0).astype(np.int32), logprobs=z,
+                                    sampling_logprobs=z, lengths=lens,
+                                    truncated=lens >= n)
+
+
+class ExactVerifier:
+  def __init__(self):
+    self.seen = []
+
+  def score(self, samples):
+    self.seen += samples
+    return [types.SimpleNamespace(reward=1.0 if s.completion == s.metadata['answer'] else -1.0,
+                                  info={}) for s in samples]
+
+
+Sample = lambda **kw: types.SimpleNamespace(**kw)
+
+
+def test_evaluate_is_pass_at_1_over_k_samples_per_domain():
+  recs = lambda d, n: [{'id': f'{d}{i}', 'domain': d, 'metadata': {'answer': 'right'},
+                        'messages': [{'role': 'user', 'content': f'q{i}'}]} for i in range(n)]
+  sets = {'a': recs('a', 5), 'b': recs('b', 3)}
+  pattern = lambda call, row: row % 4 == 0          # 1 of every 4 rows is right
+  fake = FakeSampler(pattern)
+  ver = ExactVerifier()
+  ev = dict(num_samples=4, temperature=1.0, top_p=1.0, greedy=False, max_new_tokens=8,
+            batch_size=2, thinking=False)
+  out = evaluation.evaluate(fake, None, CharTokenizer(), sets, lambda d: ver, Sample, ev,
+                            jax.random.key(0))
+  # Rows per call: prompts_in_call * 4; row r right iff r % 4 == 0 -> one right per prompt.
+  assert out['a']['score'] == 25.0 and out['a']['samples'] == 20 and out['a']['prompts'] == 5
+  assert out['b']['score'] == 25.0
+  # The reward -1 counts as a failure (clipped to 0), the raw mean is kept beside it.
+  np.testing.assert_allclose(out['a']['mean_reward'], 0.25 * 1 + 0.75 * -1)
+  assert [c[:2] for c in fake.calls] == [(2, 4), (2, 4), (1, 4), (2, 4), (1, 4)]
+  assert all(s.prompt.endswith('<|im_start|>assistant\n') for s in ver.seen)
+  assert '/no_think' not in ver.seen[0].prompt           # verifiers see the mode-free prompt
+
+  ev_greedy = dict(ev, greedy=True)
+  fake2 = FakeSampler(lambda call, row: True)
+  out = evaluation.evaluate(fake2, None, CharTokenizer(), sets, lambda d: ver, Sample,
+                            ev_greedy, jax.random.key(0))
+  assert out['a']['score'] == 100.0 and out['a']['samples'] == 5   # greedy: k = 1
+
+
+ROWS = [
+    {'stage': 'init', 'index': -1, 'domains': [], 'scores': {'math': 10.0, 'code': 20.0}},
+    {'stage': 'math_rl', 'index': 0, 'domains': ['math'], 'scores': {'math': 35.5, 'code': 19.0}},
+    {'stage': 'code_rl', 'index': 1, 'domains': ['code'], 'scores': {'math': 36.0, 'code': 41.25}},
+]
+
+
+def test_results_json_md_png(tmp_path):
+  res = evaluation.write(str(tmp_path), ROWS, ['math', 'code'])
+  on_disk = json.loads((tmp_path / 'results.json').read_text())
+  assert on_disk == res
+  assert set(on_disk) == {'domains', 'stages', 'stage_domains', 'scores'}
+  assert on_disk['stages'] == ['init', 'math_rl', 'code_rl']
+  assert on_disk['stage_domains'] == [[], ['math'], ['code']]
+  assert on_disk['scores'] == [[10.0, 20.0], [35.5, 19.0], [36.0, 41.25]]
+  md = (tmp_path / 'results.md').read_text().splitlines()
+  assert md[0] == '| stage | trains on | math | code |'
+  assert md[2] == '| init | - | 10.0 | 20.0 |'
+  assert md[3] == '| math_rl | math | 35.5 (+25.5) | 19.0 (-1.0) |'
+  assert md[4] == '| code_rl | code | 36.0 (+0.5) | 41.2 (+22.2) |'
+  png = (tmp_path / 'results.png').read_bytes()
+  assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 5000
+  assert not [f for f in os.listdir(tmp_path) if '.tmp' in f]
+
+
+def test_metrics_writer_bar_and_summary(tmp_path):
+  stage = types.SimpleNamespace(name='math_rl', index=2, kind='grpo', steps=3)
+  w = metrics.Writer(str(tmp_path), enabled=True)
+  bar = metrics.StageBar(stage, start_step=0, enabled=True)
+  for step, r in enumerate((0.25, 0.5, 0.75)):
+    m = {'reward_mean': r, 'response_len': 10 + step, 'step_s': 0.5, 'bad': float('nan'),
+         'note': 'text'}
+    w.write(stage, step, m)
+    bar.update(m)
+  w.write_scores('math_rl', 2, {'math': 50.0})
+  bar.close()
+  w.close()
+  lines = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert lines[0]['stage'] == 'math_rl' and lines[0]['step'] == 0 and lines[2]['reward_mean'] == 0.75
+  assert 'bad' not in lines[0] and 'note' not in lines[0]       # only finite numbers
+  assert lines[3]['scores'] == {'math': 50.0}
+  assert any(f.startswith('events.out.tfevents') for f in os.listdir(tmp_path / 'tb'))
+  line = metrics.summary_line(stage, 3, 6.0, bar.first, bar.last, {'math': 50.0, 'code': 9.0},
+                              {'math': 40.0, 'code': 10.0})
+  assert line == ('stage 2 math_rl (grpo): 3 steps in 6s (2.00 s/step); reward_mean 0.25 -> 0.75; '
+                  'response_len 10 -> 12; math 50.0 (+10.0), code 9.0 (-1.0)')
