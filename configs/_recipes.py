@@ -1,0 +1,238 @@
+"""Building blocks of the paper-recipe configs (Nemotron-Cascade 1 and 2).
+
+The paper configs (`nemotron_cascade_14b.py`, `nemotron_cascade_8b.py`,
+`nemotron_cascade2.py`) differ in their stage lists and numbers; what they
+share lives here: the staged-data layout, the domains and their verifiers,
+the TPU v5p target, and one constructor per stage kind, so every stage dict
+has the same fields in the same order.
+
+Data is staged by the user under one root (`data_root=` in the config
+argument, default `data/nemotron`); README ("At scale") says where each file
+comes from and which `cascade.data` format reads it. Nothing here downloads.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+# Target hardware: a TPU v5p pod slice. `launch.plan` compiles every stage for
+# this topology (libtpu present) or for simulated CPU devices of the same count.
+V5P_128 = dict(
+    name='TPU v5p-128 (64 chips)',
+    platform='tpu',
+    topology='v5p:4x4x4',   # libtpu topology name: 4x4x4 chips = 64.
+    device_memory_gib=95.0,  # HBM per v5p chip.
+)
+
+# Mesh (data, fsdp, tensor) over the 64 chips. Qwen3-8B/14B have 8 KV heads,
+# so tensor parallelism beyond 8 would replicate the K/V projections; fsdp
+# shards the embedding dimension of every matrix and the batch.
+V5P_128_MESH = (1, 8, 8)
+
+# Where each dataset file lives under the data root, and the cascade.data
+# format that reads it. The released HF dataset each comes from is in README.
+DATASETS = {
+    'sft_stage1': ('sft/stage1.jsonl', 'sft', ''),
+    'sft_stage2': ('sft/stage2.jsonl', 'sft', ''),
+    'sft_swe': ('sft/swe.jsonl', 'sft', 'swe'),
+    'rm_pairs': ('rm/preferences.jsonl', 'preference', 'chat'),
+    'rlhf_train': ('rl/rlhf.jsonl', 'prompt', 'chat'),
+    'chat_eval': ('eval/chat.jsonl', 'prompt', 'chat'),
+    'if_train': ('rl/instruction_following.jsonl', 'nemotron_if', 'instruction_following'),
+    'if_eval': ('eval/ifeval.jsonl', 'ifeval', 'instruction_following'),
+    'math_train': ('rl/math.jsonl', 'nemotron_math', 'math'),
+    'math_eval': ('eval/aime25.jsonl', 'nemotron_math', 'math'),
+    'code_train': ('rl/code.jsonl', 'prompt', 'code'),
+    'code_eval': ('eval/humaneval.jsonl', 'humaneval', 'code'),
+    'swe_train': ('rl/swe.jsonl', 'prompt', 'swe'),
+    'swe_eval': ('eval/swe.jsonl', 'prompt', 'swe'),
+    # Cascade 2 only.
+    'mcqa_train': ('rl/mcqa.jsonl', 'prompt', 'mcqa'),
+    'mcqa_eval': ('eval/mcqa.jsonl', 'prompt', 'mcqa'),
+    'structured_train': ('rl/structured.jsonl', 'prompt', 'structured'),
+    'structured_eval': ('eval/structured.jsonl', 'prompt', 'structured'),
+    'long_context_train': ('rl/long_context.jsonl', 'prompt', 'long_context'),
+    'long_context_eval': ('eval/long_context.jsonl', 'prompt', 'long_context'),
+    # Mixed domains: every record names its own 'domain'.
+    'mopd_train': ('rl/mopd.jsonl', 'prompt', ''),
+}
+
+# Domain -> (training verifier, options, train set, held-out set).
+DOMAINS = {
+    # RLHF: the Bradley-Terry reward model trained by the 'rm' stage scores the
+    # text after the thinking block. The held-out score is that same RM on
+    # held-out prompts (the paper's ArenaHard uses an LLM judge, not here).
+    'chat': ('reward_model', {}, 'rlhf_train', 'chat_eval'),
+    'instruction_following': ('instruction_following', {}, 'if_train', 'if_eval'),
+    'math': ('math', {}, 'math_train', 'math_eval'),
+    'code': ('code', {}, 'code_train', 'code_eval'),
+    'swe': ('swe', {}, 'swe_train', 'swe_eval'),
+    # Cascade 2: multiple-choice STEM answers are checked as a boxed letter by
+    # the math verifier; structured output by the JSON-schema verifier;
+    # long-context QA by exact answers (the math verifier's equivalence).
+    'mcqa': ('math', {}, 'mcqa_train', 'mcqa_eval'),
+    'structured': ('structured', {}, 'structured_train', 'structured_eval'),
+    'long_context': ('math', {}, 'long_context_train', 'long_context_eval'),
+}
+
+
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+  """Parses 'key=value,key=value' (the `configs/x.py:arg` part) over defaults.
+
+  Values are converted to the type of the default (int, float, bool, str).
+  """
+  out = dict(defaults)
+  for item in filter(None, (arg or '').split(',')):
+    key, sep, value = item.partition('=')
+    if not sep or key not in defaults:
+      raise ValueError(f'config argument {item!r}: expected key=value with key in '
+                       f'{sorted(defaults)}')
+    kind = type(defaults[key])
+    out[key] = (value.lower() in ('1', 'true', 'yes')) if kind is bool else kind(value)
+  return ml_collections.ConfigDict(out)
+
+
+def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer: str,
+                domains: list[str], datasets: list[str], seed: int = 0,
+                eval_max_new_tokens: int, eval_max_prompt_len: int,
+                eval_temperature: float = 0.6, eval_top_p: float = 0.95,
+                eval_num_samples: int = 4) -> ml_collections.ConfigDict:
+  """Everything but the stage list.
+
+  Args:
+    preset: the `models.config.ModelConfig` preset of the base model's shapes.
+    model_overrides: ModelConfig fields to change (e.g. max_seq_len).
+    data_root: directory holding the staged files of `DATASETS`.
+    tokenizer: the HF tokenizer directory (tokenizer.json) of the base model.
+    domains: domain names (keys of `DOMAINS`) this cascade trains or evaluates.
+    datasets: dataset names (keys of `DATASETS`) beyond the domains' own.
+    seed: the run's seed.
+    eval_max_new_tokens: generation budget of the held-out evaluation.
+    eval_max_prompt_len: longest held-out prompt.
+    eval_temperature: held-out sampling temperature.
+    eval_top_p: held-out nucleus mass.
+    eval_num_samples: samples per held-out prompt (pass@1 averaged over them).
+
+  Returns:
+    A ConfigDict with seed, model, tokenizer, mesh, hardware, sampler, ckpt,
+    eval, datasets, domains and an empty stage list.
+  """
+  c = ml_collections.ConfigDict()
+  c.seed = seed
+  c.model = dict(preset=preset, overrides=dict(model_overrides))
+  c.tokenizer = dict(path=tokenizer)
+  # (data, fsdp, tensor); rules: models.sharding.DEFAULT_RULES.
+  c.mesh = dict(shape=V5P_128_MESH)
+  c.hardware = dict(V5P_128)
+  c.sampler = dict()
+  c.ckpt = dict(every_n_steps=25, keep=2)  # RL steps take minutes at this scale.
+  # The papers evaluate at temperature 0.6, top-p 0.95 (64K tokens for Cascade 1).
+  c.eval = dict(num_samples=eval_num_samples, temperature=eval_temperature, top_p=eval_top_p,
+                greedy=False, max_new_tokens=eval_max_new_tokens,
+                max_prompt_len=eval_max_prompt_len,
+                num_prompts=0,   # 0 = the whole held-out set.
+                batch_size=256, thinking=True)
+  names = list(datasets)
+  for d in domains:
+    _, _, train, held_out = DOMAINS[d]
+    names += [train, held_out]
+  c.datasets = {n: dict(path=os.path.join(data_root, DATASETS[n][0]), format=DATASETS[n][1],
+                        **({'domain': DATASETS[n][2]} if DATASETS[n][2] else {}))
+                for n in dict.fromkeys(names)}
+  c.domains = {}
+  for d in domains:
+    verifier, options, train, held_out = DOMAINS[d]
+    c.domains[d] = dict(verifier=verifier, verifier_options=dict(options), train=train,
+                        eval=held_out)
+  if 'chat' in c.domains:
+    c.domains.chat.reward_model_stage = 'rm'
+  c.stages = []
+  c.allow_config_change = False
+  return c
+
+
+def adamw(lr: float, **kw) -> dict:
+  """The optimizer of an RL stage: constant lr, no weight decay, clipping at 1 (verl's default)."""
+  return dict(lr=lr, **kw)
+
+
+def sft(name: str, *, datasets: list[str], domains: list[str], steps: int, batch_size: int,
+        max_len: int, optimizer: dict, microbatches: int, init_from: str = '') -> dict:
+  """An SFT stage over packed rows of `max_len` tokens."""
+  return dict(name=name, kind='sft', domains=domains, datasets=datasets, steps=steps,
+              batch_size=batch_size, max_len=max_len, optimizer=optimizer,
+              microbatches=microbatches, init_from=init_from)
+
+
+def reward_model(name: str, *, init_from: str, steps: int, batch_size: int, max_len: int,
+                 lr: float, microbatches: int) -> dict:
+  """The Bradley-Terry reward-model stage for the chat domain."""
+  return dict(name=name, kind='reward_model', domains=['chat'], datasets=['rm_pairs'],
+              init_from=init_from, steps=steps, batch_size=batch_size, max_len=max_len,
+              optimizer=adamw(lr), microbatches=microbatches)
+
+
+def grpo(name: str, *, domains: list[str], steps: int, lr: float, prompts: int, group: int,
+         temperature: float, top_p: float, max_prompt_len: int, max_response_len: int,
+         thinking_fraction: float | None, microbatches: int, phases: list[dict] | None = None,
+         filter_overlong: bool = False, kl_coef: float = 0.0, warmup_steps: int = 0,
+         init_from: str = '') -> dict:
+  """A strictly on-policy GRPO stage: one update per batch, token-level loss, dynamic filtering.
+
+  `microbatches` splits the prompts x group rows of one update into gradient
+  accumulation steps (the update is still one optimizer step).
+  """
+  st = dict(name=name, kind='grpo', domains=domains, steps=steps,
+            optimizer=adamw(lr, warmup_steps=warmup_steps), prompts_per_step=prompts,
+            group_size=group, temperature=temperature, top_p=top_p,
+            max_prompt_len=max_prompt_len, max_response_len=max_response_len,
+            thinking_fraction=thinking_fraction, dynamic_filter=True,
+            filter_overlong=filter_overlong, loss_agg='token', advantage='grpo',
+            kl_coef=kl_coef, microbatches=microbatches, init_from=init_from)
+  if phases:
+    st['phases'] = phases
+  return st
+
+
+def mopd(name: str, *, domains: list[str], teachers: dict, steps: int, lr: float, prompts: int,
+         group: int, temperature: float, max_prompt_len: int, max_response_len: int,
+         warmup_steps: int, microbatches: int, init_from: str = '') -> dict:
+  """A multi-domain on-policy distillation stage (per-domain teachers from earlier stages)."""
+  return dict(name=name, kind='mopd', domains=domains, datasets=['mopd_train'],
+              teachers=teachers, steps=steps, optimizer=adamw(lr, warmup_steps=warmup_steps),
+              prompts_per_step=prompts, group_size=group, temperature=temperature,
+              max_prompt_len=max_prompt_len, max_response_len=max_response_len,
+              microbatches=microbatches, init_from=init_from)
+
+
+CASCADE1_DOMAINS = ['chat', 'instruction_following', 'math', 'code', 'swe']
+
+
+def cascade1(*, preset: str, model_overrides: dict, data_root: str, tokenizer: str,
+             sft_stages: list[dict], rm: dict, rlhf: dict, if_rl: dict, math: dict, code: dict,
+             swe: dict, eval_max_new_tokens: int, eval_max_prompt_len: int
+             ) -> ml_collections.ConfigDict:
+  """Cascade 1: SFT stages -> reward model -> RLHF -> IF-RL -> Math RL -> Code RL -> SWE RL.
+
+  Each stage argument holds that stage's numbers (the keyword arguments of
+  `sft`, `reward_model` or `grpo` other than name and domains); the order
+  and the domains are the paper's.
+  """
+  c = base_config(preset=preset, model_overrides=model_overrides, data_root=data_root,
+                  tokenizer=tokenizer, domains=CASCADE1_DOMAINS,
+                  datasets=['sft_stage1', 'sft_stage2', 'sft_swe', 'rm_pairs'],
+                  eval_max_new_tokens=eval_max_new_tokens,
+                  eval_max_prompt_len=eval_max_prompt_len)
+  stages = [sft(**s, domains=list(CASCADE1_DOMAINS)) for s in sft_stages]
+  last_sft = stages[-1]['name']
+  stages.append(reward_model('rm', init_from=last_sft, **rm))
+  # RLHF starts from the SFT policy (not the RM); later stages from the previous policy.
+  stages.append(grpo('rlhf', domains=['chat'], init_from=last_sft, **rlhf))
+  stages.append(grpo('if_rl', domains=['instruction_following'], **if_rl))
+  stages.append(grpo('math_rl', domains=['math'], **math))
+  stages.append(grpo('code_rl', domains=['code'], **code))
+  stages.append(grpo('swe_rl', domains=['swe'], **swe))
+  c.stages = stages
+  return c

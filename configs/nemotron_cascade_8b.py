@@ -1,0 +1,77 @@
+r"""Nemotron-Cascade 8B: Cascade RL on Qwen3-8B, the recipe of arXiv 2512.13607.
+
+Wang et al., "Nemotron-Cascade: Scaling Cascaded Reinforcement Learning for
+General-Purpose Reasoning Models", arXiv 2512.13607 (2025). The numbers are
+those collected in PAPER_NOTES.md; a comment marks each one that is uncertain
+there or not published at all (then it is our choice). The 8B math recipe in
+PAPER_NOTES rests on a single secondary source ("unverified").
+
+    python -m launch.plan --config=configs/nemotron_cascade_8b.py
+    python -m cascade.main --config=configs/nemotron_cascade_8b.py:data_root=gs://b/nemotron \
+        --workdir=gs://b/runs/cascade8b
+
+Stages: SFT 16K -> SFT 32K -> reward model -> RLHF -> IF-RL -> Math RL
+(24K -> 32K -> 40K) -> Code RL (56K) -> SWE RL; GRPO strictly on-policy, no
+KL, token-level loss, dynamic filtering.
+
+Config argument (`:key=value,...`): data_root, base (the Qwen3-8B-Base HF
+directory), tokenizer.
+
+Not reproducible here: the same as for configs/nemotron_cascade_14b.py (data
+to be staged by the user, code-RL prompts and RM pairs not released, a 72B
+reward model and a 72B SWE judge in the paper, benchmark harnesses, YaRN).
+Code and SWE RL use the 14B's published numbers: PAPER_NOTES has none for 8B.
+"""
+
+from configs import _recipes
+
+_RL_MICRO = 128   # 1024 rows of an update over 8 batch shards: one row per device at a time.
+
+
+def get_config(arg=None):
+  """The 8B Cascade-1 config (see the module docstring)."""
+  a = _recipes.parse_arg(arg, data_root='data/nemotron', base='checkpoints/Qwen3-8B-Base',
+                         tokenizer='checkpoints/Qwen3-8B-Base')
+  # SFT: "two stages, 16K then 32K tokens"; optimizer borrowed from Cascade 2's
+  # published SFT; steps and batch are our choice.
+  sft_opt = dict(lr=5e-5, schedule='cosine', min_lr_ratio=0.1, warmup_steps=200, b2=0.98,
+                 weight_decay=0.1)
+  sft_stages = [
+      dict(name='sft_16k', datasets=['sft_stage1'], init_from=a.base, steps=4000,  # steps: ours
+           batch_size=64, max_len=16_384, optimizer=sft_opt, microbatches=8),
+      dict(name='sft_32k', datasets=['sft_stage2', 'sft_swe'], steps=2000,  # steps: ours
+           batch_size=64, max_len=32_768, optimizer=sft_opt, microbatches=8),
+  ]
+  rm = dict(steps=320, batch_size=256, max_len=8192, lr=2e-6, microbatches=32)  # max_len: ours
+  rl = dict(prompts=128, group=8, top_p=0.95, microbatches=_RL_MICRO)
+  rlhf = dict(rl, steps=800,                 # "~800" for 8B
+              lr=2e-6, temperature=0.6,
+              max_prompt_len=4096,           # ours
+              max_response_len=12_288, thinking_fraction=0.5)
+  if_rl = dict(rl, lr=2e-6, temperature=0.6,
+               steps=850,                    # 550 (IFEval taxonomy) + 300 (IFBench-train)
+               max_prompt_len=2048, max_response_len=8192,  # ours
+               thinking_fraction=0.0)
+  # Math, 8B (unverified): 128 x 8, temperatures 1.0 / 1.0 / 0.8, top-p 0.95, lr 2e-6,
+  # 24K -> 32K -> 40K over steps 0-190, 190-430, 430-500, overlong filter in phase 1 only.
+  math = dict(rl, steps=500, lr=2e-6, temperature=1.0, max_prompt_len=2048,
+              max_response_len=40_960, thinking_fraction=1.0,
+              phases=[
+                  dict(until_step=190, max_response_len=24_576, temperature=1.0,
+                       filter_overlong=True),
+                  dict(until_step=430, max_response_len=32_768, temperature=1.0,
+                       filter_overlong=False),
+                  dict(until_step=500, max_response_len=40_960, temperature=0.8,
+                       filter_overlong=False),
+              ])
+  code = dict(rl, steps=64, lr=4e-6, temperature=1.0,   # the 14B's numbers
+              max_prompt_len=4096, max_response_len=57_344, thinking_fraction=1.0)
+  swe = dict(rl, group=16, microbatches=2 * _RL_MICRO, steps=120, lr=2.5e-6,  # the 14B's
+             temperature=1.0,                # assumed
+             max_prompt_len=16_384, max_response_len=16_384,  # ours
+             thinking_fraction=1.0)
+  return _recipes.cascade1(
+      preset='qwen3_8b', model_overrides=dict(max_seq_len=65_536, remat=True),
+      data_root=a.data_root, tokenizer=a.tokenizer, sft_stages=sft_stages, rm=rm, rlhf=rlhf,
+      if_rl=if_rl, math=math, code=code, swe=swe,
+      eval_max_new_tokens=61_440, eval_max_prompt_len=4096)
