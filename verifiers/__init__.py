@@ -1,0 +1,91 @@
+"""Host-side reward functions, one per domain, chosen by name.
+
+    v = verifiers.get('math', workers=2, timeout_s=10)
+    results = v.score([verifiers.Sample(prompt, completion, {'answer': '1/2'})])
+    results[0].reward, results[0].info
+
+Domain modules are imported on first use, so importing this package is cheap
+(no jax, no sympy) and safe in worker processes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping
+
+from verifiers.base import Result
+from verifiers.base import Sample
+from verifiers.base import Verifier
+
+# name -> 'module:Class' for the built-in domains (imported lazily).
+_BUILTIN = {
+    'math': 'verifiers.math:MathVerifier',
+    'instruction_following': 'verifiers.instruction_following:InstructionFollowingVerifier',
+    'code': 'verifiers.code:CodeVerifier',
+    'swe': 'verifiers.swe:SweVerifier',
+    'structured': 'verifiers.structured:StructuredVerifier',
+    'reward_model': 'verifiers.reward_model:RewardModelVerifier',
+}
+_registry: dict[str, type[Verifier] | str] = dict(_BUILTIN)
+
+__all__ = ['Result', 'Sample', 'Verifier', 'get', 'names', 'register', 'validate']
+
+
+def register(name: str, cls: type[Verifier]) -> None:
+  """Adds a Verifier subclass under `name`.
+
+  Raises:
+    ValueError: the name is taken or `cls` is not a Verifier subclass.
+  """
+  if name in _registry:
+    raise ValueError(f'verifier {name!r} is already registered')
+  if not (isinstance(cls, type) and issubclass(cls, Verifier)):
+    raise ValueError(f'verifier {name!r}: {cls!r} is not a Verifier subclass')
+  _registry[name] = cls
+
+
+def names() -> list[str]:
+  """Registered verifier names."""
+  return sorted(_registry)
+
+
+def _factory(name: str) -> type[Verifier]:
+  if name not in _registry:
+    raise ValueError(f'unknown verifier {name!r}; known: {", ".join(names())}')
+  entry = _registry[name]
+  if isinstance(entry, str):
+    module, attr = entry.split(':')
+    entry = getattr(importlib.import_module(module), attr)
+    _registry[name] = entry
+  return entry
+
+
+def get(name: str, **options: Any) -> Verifier:
+  """Builds the verifier registered under `name`.
+
+  Args:
+    name: e.g. 'math', 'instruction_following', 'code', 'swe', 'structured',
+      'reward_model'.
+    **options: the verifier's keyword options (see its class); common ones are
+      thinking_unfinished_reward, workers and timeout_s.
+
+  Returns:
+    A Verifier; use it as a context manager or call close() when done.
+  """
+  return _factory(name)(**options)
+
+
+def validate(name: str, metadata: Mapping[str, Any], where: str, **options: Any) -> None:
+  """Checks one dataset record's metadata for verifier `name`, without building it.
+
+  Args:
+    name: the verifier name.
+    metadata: the record's metadata dict.
+    where: names the record in the error, e.g. 'data/math.jsonl:17'.
+    **options: the verifier options that change what is valid (swe's
+      `execution`); others are ignored.
+
+  Raises:
+    ValueError: malformed metadata, with `where` and the field in the message.
+  """
+  _factory(name).validate_metadata_for(metadata, where, **options)

