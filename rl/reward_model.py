@@ -51,7 +51,7 @@ class RewardModel(nnx.Module):
     hidden, _ = self.backbone.hidden(tokens, positions, segment_ids)
     last = jnp.max(jnp.where(real, jnp.arange(t), 0), axis=1)          # [B]
     h = jnp.take_along_axis(hidden, last[:, None, None], 1)[:, 0]       # [B, D]
-    return jnp.einsum('BD,D->B', h.astype(jnp.float32), self.head.value)
+    return jnp.einsum('BD,D->B', h.astype(jnp.float32), self.head[...])
 
 
 def create(cfg: config_lib.ModelConfig, seed: int = 0,

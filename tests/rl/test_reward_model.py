@@ -34,7 +34,7 @@ def test_score_reads_last_real_token_under_any_padding():
   np.testing.assert_allclose(left, plain, atol=1e-5)
   # It is the head applied to the last hidden state.
   hidden, _ = model.backbone.hidden(jnp.asarray(toks))
-  np.testing.assert_allclose(plain, hidden[:, -1] @ model.head.value, atol=1e-5)
+  np.testing.assert_allclose(plain, hidden[:, -1] @ model.head[...], atol=1e-5)
   # A different earlier token changes the score (the last token sees the row).
   other = rm.score(graphdef, params, np.array([[9, 6, 7, 8]], np.int32), np.ones_like(toks))
   assert abs(float(other[0] - plain[0])) > 1e-6
