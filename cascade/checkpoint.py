@@ -72,6 +72,10 @@ def config_hash(config) -> str:
   return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
+class WorkdirError(ValueError):
+  """The workdir belongs to a run of a different config."""
+
+
 def guard_config(workdir: str, config, allow_change: bool = False) -> str:
   """Refuses to run a workdir that holds a different config; records this one.
 
@@ -85,14 +89,14 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
     The config hash.
 
   Raises:
-    ValueError: the workdir ran a different config and `allow_change` is False.
+    WorkdirError: the workdir ran a different config and `allow_change` is False.
   """
   path = os.path.join(workdir, 'config.json')
   new = config_hash(config)
   old = read_json(path)
   if old is not None and old.get('hash') != new:
     if not allow_change:
-      raise ValueError(
+      raise WorkdirError(
           f'{workdir} holds a run of a different config (hash {old.get("hash")} vs {new}); '
           'use a new --workdir, or pass --config.allow_config_change=True to continue this '
           'run with the new config')

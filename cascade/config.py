@@ -424,8 +424,8 @@ def _check_stage(i: int, raw: dict, earlier: list[Stage], all_names, domains,
       fail('init_from', f'names {what}; it must name an earlier stage (or be a path '
                         'with a / to a checkpoint or HF directory)')
     src = next(s for s in earlier if s.name == init)
-    if kind != 'reward_model' and src.kind == 'reward_model':
-      fail('init_from', 'is a reward_model stage; a policy stage cannot start from it')
+    if src.kind == 'reward_model':
+      fail('init_from', 'is a reward_model stage; stages (reward models too) start from a policy')
   if kind == 'eval':
     return Stage(index=i, name=name, kind=kind, init_from=init, evaluate=v['evaluate'])
 
@@ -642,7 +642,7 @@ def config_for_hash(config) -> dict:
 
 
 # Fields that do not change what a run computes, so a resumed run may differ in them.
-HARMLESS_TOP = ('allow_config_change', 'metrics')
+HARMLESS_TOP = ('allow_config_change', 'hardware')
 HARMLESS_NESTED = {'ckpt': ('keep',)}
 
 

@@ -283,14 +283,15 @@ def read_rows(spec) -> Iterator[tuple[str, Any]]:
 
 
 def load(spec, domains: Sequence[str] | None = None,
-         check_metadata: Callable[[str, dict], str | None] | None = None) -> list[dict]:
+         check_metadata: Callable[[str, dict, str], None] | None = None) -> list[dict]:
   """Reads and validates a whole dataset into canonical records.
 
   Args:
     spec: a `cascade.config.Dataset`.
     domains: known domain names; a record's domain must be one of them.
-    check_metadata: (domain, metadata) -> None or a reason it is malformed
-      (from the domain's verifier), applied to prompt records.
+    check_metadata: (domain, metadata, where) raising ValueError (naming
+      `where` and the field) when the domain's verifier rejects the metadata;
+      applied to prompt records.
 
   Returns:
     The records, in file order, each with 'id' (default '<dataset>:<n>') and
@@ -317,9 +318,11 @@ def load(spec, domains: Sequence[str] | None = None,
       raise DataError(f'{where}: domain {rec["domain"]!r} is not a configured domain '
                       f'({", ".join(sorted(domains))})')
     if fmt.record_type == 'prompt' and check_metadata is not None:
-      problem = check_metadata(rec['domain'], rec['metadata'])
-      if problem:
-        raise DataError(f'{where}: metadata rejected by the {rec["domain"]!r} verifier: {problem}')
+      try:
+        check_metadata(rec['domain'], rec['metadata'], where)
+      except ValueError as e:
+        msg = str(e) if str(e).startswith(where) else f'{where}: {e}'
+        raise DataError(f'{msg} (rejected by the {rec["domain"]!r} verifier)') from None
     out.append(rec)
     if spec.limit and len(out) >= spec.limit:
       break

@@ -86,7 +86,9 @@ def generate(sampler, params, tokenizer, records: Sequence[dict], modes: Sequenc
   """
   ids = [tokenizer.encode(prompt_text(r, m)) for r, m in zip(records, modes)]
   out = sampler.generate(params, ids, rng, sp, num_samples=group_size)
-  completions = [tokenizer.decode(out.tokens[i, :int(out.lengths[i])].tolist())
+  # Ids past the tokenizer's vocabulary (a model's padded embedding rows) decode to nothing.
+  completions = [tokenizer.decode([t for t in out.tokens[i, :int(out.lengths[i])].tolist()
+                                   if t < tokenizer.vocab_size])
                  for i in range(out.tokens.shape[0])]
   rep = lambda xs: [x for x in xs for _ in range(group_size)]
   return Rollouts(records=rep(records), modes=rep(modes), completions=completions, samples=out)

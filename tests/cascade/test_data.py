@@ -137,9 +137,11 @@ def test_metadata_rejected_by_verifier_names_record(tmp_path):
   p = write_jsonl(tmp_path / 'm.jsonl', [
       {'messages': user('a'), 'metadata': {'answer': '1'}},
       {'messages': user('b'), 'metadata': {'solution': '1'}}])
-  check = lambda domain, md: None if 'answer' in md else "missing 'answer'"
-  with pytest.raises(data.DataError, match=r"m\.jsonl:2: metadata rejected by the 'math' "
-                                           r"verifier: missing 'answer'"):
+  def check(domain, md, where):
+    if 'answer' not in md:
+      raise ValueError(f"{where}: metadata['answer'] is missing")
+  with pytest.raises(data.DataError, match=r"m\.jsonl:2: metadata\['answer'\] is missing "
+                                           r"\(rejected by the 'math' verifier\)"):
     data.load(spec(p), check_metadata=check)
 
 

@@ -1,0 +1,47 @@
+"""Command line: run (or resume) a cascade.
+
+  python -m cascade.main --config=configs/tiny.py --workdir=runs/tiny
+  python -m cascade.main --config=configs/tiny.py:seed=1 --workdir=runs/tiny_s1 \
+      --config.stages[2].steps=10 --config.eval.num_prompts=64
+
+`--config` is a Python file whose `get_config(arg)` returns the ConfigDict
+(`configs/x.py:arg` passes `arg`); `--config.a.b=v` overrides any field,
+list entries by index. Rerunning the same command in the same `--workdir`
+resumes at the exact stage and step; a workdir that ran a different config
+refuses to start unless `--config.allow_config_change=True`.
+
+Multi-host: `jax.distributed.initialize()` runs first when the environment
+asks for it (see cascade/distributed.py).
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Config file (configs/x.py or configs/x.py:arg).', lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; an existing one is resumed.')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  from cascade import distributed  # pylint: disable=g-import-not-at-top
+  distributed.initialize()         # before any other JAX work (gloo on CPU)
+  from cascade import checkpoint  # pylint: disable=g-import-not-at-top
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  from cascade import data  # pylint: disable=g-import-not-at-top
+  from cascade import run as run_lib  # pylint: disable=g-import-not-at-top
+  try:
+    run_lib.run(_CONFIG.value, _WORKDIR.value)
+  except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError) as e:
+    # Expected user errors: one clear line, no traceback.
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+if __name__ == '__main__':
+  app.run(main)
