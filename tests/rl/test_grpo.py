@@ -225,3 +225,50 @@ def test_missing_inputs_are_clear_errors():
     grpo.GrpoConfig(aggregation='sum')
   with pytest.raises(ValueError, match='kl_estimator'):
     grpo.GrpoConfig(kl_estimator='k2')
+
+
+# ---------------------------------------------------------------- learning
+
+def test_grpo_learns_to_emit_a_target_token():
+  """Reward 1 iff the completion contains token 7: from ~2% to >= 90% with the real sampler."""
+  from flax import nnx
+  from models import config as config_lib
+  from models import transformer
+  from rl import train_step as ts
+
+  cfg = config_lib.ModelConfig.tiny()
+  graphdef, params = nnx.split(transformer.create(cfg, seed=0))
+  opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=3e-3))
+  state = ts.init_state(params, opt)
+  step = ts.make_train_step(graphdef, 'grpo', grpo.GrpoConfig(), opt)
+  samp = sampler.Sampler(graphdef, cfg, eos_ids=(1,), pad_id=0)
+  sp = sampler.SamplingParams(temperature=1.0, max_new_tokens=8)
+  rng = np.random.default_rng(0)
+  keys = iter(jax.random.split(jax.random.key(0), 1000))
+  g = 8
+
+  def reward(out):
+    return ((out.tokens == 7) & (out.mask > 0)).any(1).astype(np.float32)
+
+  history = []
+
+  def draw(n):
+    out = samp.generate(state.params, [list(rng.integers(10, 200, 4)) for _ in range(n)],
+                        next(keys), sp, num_samples=g)
+    history.append(reward(out).mean())
+    return out, reward(out)
+
+  for i in range(150):
+    filled = grpo.fill_groups(draw, num_groups=16, group_size=g, max_rounds=2)
+    batch = batch_lib.from_samples(filled.rows, grpo.advantages(filled.rewards, g),
+                                   valid=filled.valid)
+    state, metrics = step(state, batch)
+    assert abs(float(metrics['ratio_mean']) - 1) < 1e-4      # strictly on-policy
+    if np.mean(history[-3:]) >= 0.97:
+      break
+  held_out = samp.generate(state.params, [list(rng.integers(10, 200, 4)) for _ in range(64)],
+                           next(keys), sp, num_samples=2)
+  print(f'GRPO: reward {history[0]:.3f} -> {reward(held_out).mean():.3f} held-out after {i + 1} steps')
+  assert history[0] < 0.2
+  assert reward(held_out).mean() >= 0.9
+  assert int(state.skipped) == 0 and int(state.step) == i + 1
