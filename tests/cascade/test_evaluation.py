@@ -15,6 +15,8 @@ from rl import sampler as sampler_lib
 class CharTokenizer:
   """One id per character (ids = ord), enough for rendering and decoding in a test."""
 
+  vocab_size = 256
+
   def encode(self, text):
     return [ord(c) % 256 for c in text]
 
