@@ -1,0 +1,197 @@
+"""Builds the tiny world: every domain's datasets and a SentencePiece tokenizer, from a seed.
+
+  from cascade import tiny_world
+  paths = tiny_world.build('runs/tiny/world', seed=0)
+  paths['math']['rl_train']      # -> 'runs/tiny/world/math/rl_train.jsonl'
+  paths['tokenizer']             # -> 'runs/tiny/world/tokenizer.model'
+
+Files written under `out_dir` (JSONL in cascade.data's canonical formats):
+
+  <domain>/sft_train.jsonl     SFT records (response + thinking), train split
+  <domain>/rl_train.jsonl      prompt records with verifier metadata, train split,
+                               problems distinct from the SFT ones
+  <domain>/heldout.jsonl       prompt records, held-out split (evaluation)
+  <domain>/sft_heldout.jsonl   the same held-out problems with gold answers
+                               (held-out SFT loss; never train on it)
+  chat/preference_train.jsonl, chat/preference_heldout.jsonl
+                               graded (chosen, rejected) pairs for the reward model
+  tokenizer.model / .vocab     SentencePiece trained on the train-split text
+  manifest.json                seed, sizes, record counts, paths
+
+Domains and their verifiers: chat ('tiny_chat_quality' for the true score;
+the learned reward model for RLHF), instruction_following, math, code, swe.
+The output is a pure function of (seed, sizes, vocab_size): same arguments,
+byte-identical files. Held-out/train membership does not depend on the seed
+(see common.split_of).
+
+Notes for the next step (configs/tiny.py, `make demo`; issue 7's second half):
+  * Render prompts with models.chat.render(messages, thinking=...) and SFT
+    targets with chat.render_response(response, thinking or None).
+  * The math answer restates the working in both modes; evaluate math in
+    instruct mode first (its answer has the working), thinking mode costs
+    ~10 more tokens per sample.
+  * IF-RL in the paper is instruct-only; chat/RLHF mixes both modes.
+  * cascade/tiny_world/probe.py measures token lengths per domain; see its
+    docstring for the numbers and what SFT alone reaches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any, Iterable
+
+from cascade.tiny_world import arithmetic
+from cascade.tiny_world import chat
+from cascade.tiny_world import code_tasks
+from cascade.tiny_world import common
+from cascade.tiny_world import instruction
+from cascade.tiny_world import swe_tasks
+from models import chat as chat_lib
+from models import tokenizer as tokenizer_lib
+
+GENERATORS = {m.DOMAIN: m for m in (chat, instruction, arithmetic, code_tasks, swe_tasks)}
+DOMAINS = tuple(GENERATORS)
+FILES = ('sft_train', 'rl_train', 'heldout', 'sft_heldout')
+
+
+def _rng(seed: int, *parts: str) -> random.Random:
+  # String seeds hash with SHA-512 in CPython: stable across runs and PYTHONHASHSEED.
+  return random.Random('/'.join(['tiny_world', str(seed), *parts]))
+
+
+def _write(path: str, records: Iterable[dict[str, Any]]) -> int:
+  n = 0
+  with open(path, 'w', encoding='utf-8') as f:
+    for rec in records:
+      f.write(json.dumps(rec, ensure_ascii=False) + '\n')
+      n += 1
+  return n
+
+
+def generate(domain: str, seed: int, sft: int, rl: int, heldout: int
+             ) -> dict[str, list[dict[str, Any]]]:
+  """One domain's records (no files).
+
+  Args:
+    domain: one of DOMAINS.
+    seed: the world's seed.
+    sft: SFT records (train split).
+    rl: RL prompt records (train split, problems distinct from the SFT ones).
+    heldout: held-out problems (as prompt and as SFT records).
+
+  Returns:
+    {'sft_train', 'rl_train', 'heldout', 'sft_heldout'} -> records.
+  """
+  if domain not in GENERATORS:
+    raise ValueError(f'unknown tiny-world domain {domain!r}; known: {DOMAINS}')
+  gen = GENERATORS[domain]
+  draw = lambda split, n: common.draw_unique(
+      domain, split, n, gen.HELDOUT_PERCENT, gen.draw_key, gen.realize,
+      _rng(seed, domain, split), split_key=getattr(gen, 'split_key', None))
+  train, held = draw(common.TRAIN, sft + rl), draw(common.HELDOUT, heldout)
+  rid = lambda split, i: f'{domain}/{split}/{i:05d}'
+  return {
+      'sft_train': [common.sft_record(domain, rid('sft', i), p) for i, p in enumerate(train[:sft])],
+      'rl_train': [common.prompt_record(domain, rid('rl', i), p)
+                   for i, p in enumerate(train[sft:])],
+      'heldout': [common.prompt_record(domain, rid('heldout', i), p) for i, p in enumerate(held)],
+      'sft_heldout': [common.sft_record(domain, rid('heldout', i), p)
+                      for i, p in enumerate(held)],
+  }
+
+
+def preferences(seed: int, split: str, n: int) -> list[dict[str, Any]]:
+  """`n` chat preference records whose topics fall in `split`."""
+  rng, out = _rng(seed, 'preference', split), []
+  while len(out) < n:
+    key = chat.draw_key(rng)
+    if common.split_of(chat.DOMAIN, chat.split_key(key), chat.HELDOUT_PERCENT) != split:
+      continue
+    p, chosen, rejected = chat.preference_pair(key, rng)
+    out.append({'id': f'chat/preference_{split}/{len(out):05d}', 'domain': chat.DOMAIN,
+                'messages': [{'role': 'user', 'content': p.prompt}],
+                'chosen': chosen, 'rejected': rejected})
+  return out
+
+
+def corpus(records: Iterable[dict[str, Any]]) -> list[str]:
+  """Tokenizer training text: each record rendered as the model will see it.
+
+  SFT records give both modes (instruct and thinking) with their ChatML
+  wrapping, prompt records the prompt in both modes, preference records the
+  prompt with each answer.
+  """
+  texts = []
+  for rec in records:
+    msgs = rec['messages']
+    if 'response' in rec:
+      texts.append(chat_lib.render(msgs, thinking=False) + chat_lib.render_response(rec['response']))
+      texts.append(chat_lib.render(msgs, thinking=True)
+                   + chat_lib.render_response(rec['response'], rec['thinking']))
+    elif 'chosen' in rec:
+      for answer in (rec['chosen'], rec['rejected']):
+        texts.append(chat_lib.render(msgs, thinking=False) + chat_lib.render_response(answer))
+    else:
+      texts.append(chat_lib.render(msgs, thinking=False))
+      texts.append(chat_lib.render(msgs, thinking=True))
+  return texts
+
+
+def build(out_dir: str, seed: int = 0, *, sft: int = 2000, rl: int = 2000, heldout: int = 1000,
+          preference: int = 4000, preference_heldout: int = 500, vocab_size: int = 1024,
+          domains: Iterable[str] = DOMAINS) -> dict[str, Any]:
+  """Writes the tiny world's datasets and tokenizer under `out_dir`.
+
+  Args:
+    out_dir: output directory (created; existing files of the same names are
+      overwritten).
+    seed: the world's seed (problem draws and wording; not the split).
+    sft: SFT records per domain.
+    rl: RL prompt records per domain (distinct problems from the SFT ones).
+    heldout: held-out problems per domain.
+    preference: chat preference pairs for reward-model training.
+    preference_heldout: chat preference pairs on held-out topics.
+    vocab_size: SentencePiece vocabulary size (> 265: 4 control, 256 byte and
+      5 chat special pieces are always there).
+    domains: which domains to build (the tokenizer sees only these).
+
+  Returns:
+    {'tokenizer': path, 'manifest': path, <domain>: {<file name>: path}}; chat
+    also has 'preference_train' and 'preference_heldout'.
+  """
+  domains = tuple(domains)
+  for name, n in (('sft', sft), ('rl', rl), ('heldout', heldout), ('preference', preference),
+                  ('preference_heldout', preference_heldout)):
+    if n < 0:
+      raise ValueError(f'{name}={n}: sizes must be >= 0')
+  os.makedirs(out_dir, exist_ok=True)
+  paths: dict[str, Any] = {}
+  counts: dict[str, dict[str, int]] = {}
+  train_records = []
+  for domain in domains:
+    records = generate(domain, seed, sft, rl, heldout)
+    if domain == chat.DOMAIN:
+      records['preference_train'] = preferences(seed, common.TRAIN, preference)
+      records['preference_heldout'] = preferences(seed, common.HELDOUT, preference_heldout)
+    os.makedirs(os.path.join(out_dir, domain), exist_ok=True)
+    paths[domain], counts[domain] = {}, {}
+    for name, recs in records.items():
+      path = os.path.join(out_dir, domain, f'{name}.jsonl')
+      counts[domain][name] = _write(path, recs)
+      paths[domain][name] = path
+    train_records += records['sft_train'] + records['rl_train'] + records.get(
+        'preference_train', [])
+  prefix = os.path.join(out_dir, 'tokenizer')
+  tokenizer_lib.train_sentencepiece(corpus(train_records), prefix, vocab_size)
+  paths['tokenizer'] = f'{prefix}.model'
+  paths['manifest'] = os.path.join(out_dir, 'manifest.json')
+  manifest = {'seed': seed, 'vocab_size': vocab_size, 'counts': counts,
+              'sizes': {'sft': sft, 'rl': rl, 'heldout': heldout, 'preference': preference,
+                        'preference_heldout': preference_heldout},
+              'paths': {d: {k: os.path.relpath(v, out_dir) for k, v in paths[d].items()}
+                        for d in domains}}
+  with open(paths['manifest'], 'w', encoding='utf-8') as f:
+    json.dump(manifest, f, indent=1)
+  return paths
