@@ -1,0 +1,532 @@
+"""Ahead-of-time plan: compile every stage's programs for the config's mesh, without weights.
+
+    python -m launch.plan --config=configs/nemotron_cascade_14b.py
+    python -m launch.plan --config=configs/tiny.py --stages=sft,math_rl --backend=cpu
+
+For every training stage it lowers and compiles, for the config's mesh and
+with abstract shapes only (`nnx.eval_shape` for the model,
+`jax.ShapeDtypeStruct`s with shardings for the state and the batch):
+
+* the jitted train step (`rl.train_step.make_train_step`) for the stage's
+  largest batch: SFT rows of `max_len`, reward-model pairs, RL rows of
+  `max_prompt_len` + the longest phase's `max_response_len`;
+* for RL stages, the jitted sampler (`rl.sampler.sample`) with the shapes
+  the stage loop feeds it: prompts x G rows in one call, the prompt and
+  new-token buckets of `config.sampler` (default: rl.sampler's);
+
+plus the held-out evaluation's sampler once. It prints per-device memory
+(arguments, outputs, temporaries, total = arguments + outputs + temporaries
+- donated aliases, from `compiled.memory_analysis()`) and XLA's FLOP count
+(`cost_analysis()`: a train step's whole batch, counted on its
+single-microbatch twin because XLA counts a loop body once; a sampler's
+prefill and one decode step), and exits with status 1 naming every stage
+that does not fit the per-device memory in `config.hardware`.
+
+Target devices: with `libtpu` importable (`pip install "jax[tpu]"`, not a
+dependency of cascade) the real TPU compiler runs against
+`config.hardware.topology` (e.g. 'v5p:4x4x4') on this CPU host, and an
+over-HBM program fails at compile time. Without it, simulated CPU devices of
+the same count stand in: argument sizes are exact, temporaries are XLA:CPU's
+(its fusion and layouts differ from the TPU's), and the limit is checked
+here. The output says which.
+
+Not compiled: the reward model's scoring pass in RLHF, the reference /
+teacher forward passes (KL, MOPD), and the per-phase variants shorter than a
+stage's longest phase (they need less memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from cascade import config as config_lib
+from cascade import stages as stages_lib
+from models import config as model_config
+from models import sharding
+from models import transformer
+from rl import batch as batch_lib
+from rl import distill
+from rl import grpo
+from rl import reward_model
+from rl import sampler as sampler_lib
+from rl import train_step as train_lib
+
+GIB = 2 ** 30
+
+
+def _as_dict(x) -> dict:
+  return x.to_dict() if hasattr(x, 'to_dict') else dict(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """Where the programs are compiled for.
+
+  Attributes:
+    devices: the devices the mesh is built from (TPU topology devices or CPU).
+    kind: 'tpu' (libtpu's compiler, real HBM limit) or 'cpu' (simulated).
+    description: one line for the output.
+    device_memory_bytes: the per-device limit checked against (0 = none).
+  """
+  devices: tuple
+  kind: str
+  description: str
+  device_memory_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramReport:
+  """One compiled program's per-device memory (bytes) and its FLOPs over all devices.
+
+  `error` is set (and the sizes are 0) when compilation itself failed, e.g.
+  the TPU compiler's RESOURCE_EXHAUSTED for a program over HBM.
+  """
+  name: str
+  shapes: str
+  argument_bytes: int = 0
+  output_bytes: int = 0
+  temp_bytes: int = 0
+  alias_bytes: int = 0
+  flops: float = 0.0          # the whole program over all devices (XLA's HLO count)
+  compile_s: float = 0.0
+  error: str = ''
+
+  @property
+  def total_bytes(self) -> int:
+    return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+  def fits(self, limit_bytes: int) -> bool:
+    return not self.error and (not limit_bytes or self.total_bytes <= limit_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageReport:
+  """The programs of one stage (or of the evaluation) and whether they all fit."""
+  index: int
+  name: str
+  kind: str
+  programs: tuple[ProgramReport, ...]
+  limit_bytes: int
+  num_devices: int
+
+  @property
+  def fits(self) -> bool:
+    return all(p.fits(self.limit_bytes) for p in self.programs)
+
+
+# ---------------------------------------------------------------- target devices
+
+def num_devices(config) -> int:
+  """Devices the config's mesh needs (product of config.mesh.shape; no -1 allowed here)."""
+  shape = tuple(config.mesh.shape)
+  if len(shape) != 3 or any(int(s) < 1 for s in shape):
+    raise ValueError(f'config.mesh.shape={shape}: the plan needs three explicit sizes '
+                     '(data, fsdp, tensor), no -1')
+  return int(np.prod(shape))
+
+
+def have_libtpu() -> bool:
+  return importlib.util.find_spec('libtpu') is not None
+
+
+def target(config, backend: str = 'auto', device_memory_gib: float | None = None) -> Target:
+  """The devices to compile for, per `backend` ('auto', 'tpu' or 'cpu').
+
+  For 'cpu' the JAX CPU backend must have exactly the mesh's device count
+  (`use_simulated_cpu_devices` before any JAX work, or XLA_FLAGS).
+  """
+  n = num_devices(config)
+  hw = _as_dict(config.hardware) if 'hardware' in config else {}
+  gib = device_memory_gib if device_memory_gib is not None else hw.get('device_memory_gib', 0)
+  limit = int(float(gib or 0) * GIB)
+  if backend == 'auto':
+    backend = 'tpu' if have_libtpu() and hw.get('platform') == 'tpu' else 'cpu'
+  if backend == 'tpu':
+    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+    topo = hw.get('topology')
+    if not topo:
+      raise ValueError('config.hardware.topology: needed for --backend=tpu (e.g. v5p:4x4x4)')
+    devices = tuple(topologies.get_topology_desc(platform='tpu', topology_name=topo).devices)
+    if len(devices) != n:
+      raise ValueError(f'config.hardware.topology={topo!r} has {len(devices)} chips; '
+                       f'config.mesh.shape needs {n}')
+    desc = (f'{hw.get("name", topo)}: topology {topo} from libtpu, compiled by the TPU '
+            f'compiler ({devices[0].device_kind}); over-HBM programs fail to compile')
+    return Target(devices, 'tpu', desc, limit)
+  if backend != 'cpu':
+    raise ValueError(f'--backend={backend!r}: expected auto, tpu or cpu')
+  devices = tuple(jax.devices('cpu'))
+  if len(devices) != n:
+    raise ValueError(f'{len(devices)} CPU devices, the mesh needs {n}: call '
+                     'launch.plan.use_simulated_cpu_devices(n) before any JAX work')
+  why = '' if hw.get('platform') != 'tpu' else ' (libtpu not installed: pip install "jax[tpu]")'
+  desc = (f'{n} simulated CPU devices standing in for {hw.get("name", "the target")}{why}; '
+          'XLA:CPU memory estimates, limit checked here')
+  return Target(devices, 'cpu', desc, limit)
+
+
+def use_simulated_cpu_devices(n: int) -> None:
+  """Makes the CPU backend expose n devices; must run before JAX initialises a backend."""
+  jax.config.update('jax_platforms', 'cpu')
+  jax.config.update('jax_num_cpu_devices', n)
+
+
+# ---------------------------------------------------------------- abstract inputs
+
+def _sds(shape, dtype, sharding_=None) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding_)
+
+
+def _with_shardings(abstract, shardings):
+  return jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), abstract, shardings)
+
+
+def abstract_model(model_cfg: model_config.ModelConfig, kind: str):
+  """(graphdef, abstract params) of the policy or the reward model; nothing allocated."""
+  if kind == 'reward_model':
+    make = lambda: reward_model.create(model_cfg, 0)
+  else:
+    make = lambda: transformer.Transformer(model_cfg, rngs=nnx.Rngs(0))
+  return nnx.split(nnx.eval_shape(make))
+
+
+def abstract_state(params, optimizer, mesh, rules):
+  """The TrainState the stage loop builds (`init_state`), as sharded ShapeDtypeStructs."""
+  abstract = jax.eval_shape(lambda p: train_lib.init_state(p, optimizer), params)
+  return _with_shardings(abstract, train_lib.state_shardings(abstract, optimizer, mesh, rules))
+
+
+def _batch_shards(mesh, rules) -> int:
+  spec = sharding.logical_to_spec(('batch',), None, mesh, rules)[0]
+  axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
+  return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def _rows_bucket(n: int, multiple: int) -> int:
+  """SFT rows as `cascade.stages.run_sft` pads them: a power of two, a multiple of `multiple`."""
+  b = 1 << max(0, (n - 1).bit_length())
+  return -(-b // multiple) * multiple
+
+
+def train_batch(stage: config_lib.Stage, mesh, rules):
+  """The stage's largest train batch as ShapeDtypeStructs split over the 'batch' rule.
+
+  Returns:
+    (batch pytree, description).
+  """
+  rows_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
+  mat = lambda b, l, dt: _sds((b, l), dt, rows_sh)
+  vec = lambda b, dt: _sds((b,), dt, rows_sh)
+  if stage.kind == 'reward_model':
+    b, t = stage.batch_size, stage.max_len
+    return (reward_model.PairBatch(mat(b, t, jnp.int32), mat(b, t, jnp.int32),
+                                   mat(b, t, jnp.int32), mat(b, t, jnp.int32)),
+            f'{b} pairs x {t} tokens')
+  if stage.kind == 'sft':
+    b = _rows_bucket(stage.batch_size, stage.microbatches * _batch_shards(mesh, rules))
+    length = stage.max_len
+    extra = {}
+    what = f'{b} packed rows x {length} tokens'
+  else:
+    b = stage.prompts_per_step * stage.group_size
+    length = stage.max_prompt_len + max(p.max_response_len for p in stage.phases)
+    extra = dict(old_logprobs=mat(b, length, jnp.float32), advantages=vec(b, jnp.float32),
+                 truncated=vec(b, jnp.bool_))
+    if stage.kind == 'grpo' and stage.kl_coef > 0:
+      extra['ref_logprobs'] = mat(b, length, jnp.float32)
+    if stage.kind == 'mopd':
+      extra.update(teacher_index=vec(b, jnp.int32), teacher_logprobs=mat(b, length, jnp.float32))
+    what = (f'{stage.prompts_per_step} prompts x {stage.group_size} = {b} rows x {length} '
+            'tokens (longest phase)')
+  batch = batch_lib.TrainBatch(tokens=mat(b, length, jnp.int32),
+                               positions=mat(b, length, jnp.int32),
+                               segment_ids=mat(b, length, jnp.int32),
+                               targets=mat(b, length, jnp.int32),
+                               loss_mask=mat(b, length, jnp.float32), **extra)
+  return batch, f'{what}, {stage.microbatches} microbatch(es)'
+
+
+def loss_setup(stage: config_lib.Stage) -> tuple[str, Any]:
+  """(loss name, loss config) as cascade.stages builds them."""
+  if stage.kind == 'grpo':
+    return 'grpo', grpo.GrpoConfig(advantage=stage.advantage, aggregation=stage.loss_agg,
+                                   kl_coef=stage.kl_coef, kl_estimator=stage.kl_estimator)
+  if stage.kind == 'mopd':
+    return 'mopd', distill.MopdConfig()
+  return stage.kind, None
+
+
+# ---------------------------------------------------------------- compiling
+
+def _flops(lowered) -> float:
+  cost = lowered.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # older JAX: one dict per computation
+    cost = cost[0] if cost else {}
+  return float((cost or {}).get('flops', 0.0))
+
+
+def compile_program(name: str, shapes: str, lower: Callable[[], Any],
+                    lower_for_flops: Callable[[], Any] | None = None) -> ProgramReport:
+  """Lowers and compiles one program and reads its memory and FLOP counts.
+
+  Args:
+    name: the program's name in the output.
+    shapes: what it was compiled for, in words.
+    lower: () -> a `jax.stages.Lowered`.
+    lower_for_flops: () -> the Lowered to count FLOPs on (default: `lower`'s).
+      XLA counts a loop body once, so a train step with microbatches counts
+      FLOPs on its single-microbatch twin (lowered only, never compiled).
+
+  Returns:
+    The report; a compile error (e.g. RESOURCE_EXHAUSTED from the TPU
+    compiler) becomes its `error` rather than an exception.
+  """
+  start = time.perf_counter()
+  try:
+    lowered = lower()
+    compiled = lowered.compile()
+  except Exception as e:  # pylint: disable=broad-except
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return ProgramReport(name, shapes, compile_s=time.perf_counter() - start,
+                         error=f'{type(e).__name__}: {first[:300]}')
+  elapsed = time.perf_counter() - start
+  mem = compiled.memory_analysis()
+  get = lambda attr: int(getattr(mem, attr, 0) or 0) if mem is not None else 0
+  flops = _flops(lower_for_flops() if lower_for_flops else lowered)
+  return ProgramReport(name, shapes, argument_bytes=get('argument_size_in_bytes'),
+                       output_bytes=get('output_size_in_bytes'),
+                       temp_bytes=get('temp_size_in_bytes'),
+                       alias_bytes=get('alias_size_in_bytes'), flops=flops, compile_s=elapsed)
+
+
+def _bucket(buckets: Sequence[int], n: int, what: str) -> int:
+  fit = [b for b in sorted(buckets) if b >= n]
+  if not fit:
+    raise ValueError(f'{what}={n} exceeds the largest sampler bucket {max(buckets)} '
+                     '(config.sampler)')
+  return fit[0]
+
+
+def sampler_program(graphdef, params, mesh, rules, sampler_cfg: dict, *, rows: int,
+                    prompt_len: int, max_new_tokens: int, top_p: float, top_k: int,
+                    name: str) -> ProgramReport:
+  """Compiles `rl.sampler.sample` for one call of `Sampler.generate` with these sizes."""
+  prompt_buckets = sampler_cfg.get('prompt_buckets', sampler_lib.DEFAULT_PROMPT_BUCKETS)
+  new_buckets = sampler_cfg.get('new_token_buckets', sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS)
+  batch_buckets = sampler_cfg.get('batch_buckets')
+  p = _bucket(prompt_buckets, prompt_len, 'prompt length')
+  nb = _bucket(new_buckets, max_new_tokens, 'max_new_tokens')
+  b = (1 << max(rows - 1, 0).bit_length()) if batch_buckets is None else _bucket(
+      batch_buckets, rows, 'rows')
+  shards = _batch_shards(mesh, rules)
+  b = -(-b // shards) * shards
+  spec = sharding.logical_to_spec(('batch', None), (b, p), mesh, rules)
+  rows_sh = NamedSharding(mesh, spec)
+  rep = NamedSharding(mesh, P())
+  args = (graphdef, params, _sds((b, p), jnp.int32, rows_sh), _sds((b, p), jnp.int32, rows_sh),
+          _sds((2,), jnp.uint32, rep), _sds((), jnp.float32, rep), _sds((), jnp.float32, rep),
+          _sds((), jnp.int32, rep), _sds((), jnp.int32, rep))
+  kw = dict(max_new_bucket=nb, eos_ids=(0,), pad_id=0, greedy=False,
+            filtered=top_p < 1 or top_k > 0)
+
+  def lower():
+    with sharding.use_mesh(mesh, rules):
+      return sampler_lib.sample.lower(*args, **kw)
+  shapes = f'{b} rows, prompt bucket {p}, new-token bucket {nb} (KV cache {p + nb} slots)'
+  return compile_program(name, shapes, lower)
+
+
+def plan_stage(stage: config_lib.Stage, model_cfg, mesh, rules, sampler_cfg: dict,
+               limit_bytes: int, with_sampler: bool = True) -> StageReport:
+  """Compiles a training stage's train step (and, for RL, its sampler) for `mesh`."""
+  kind = 'reward_model' if stage.kind == 'reward_model' else 'policy'
+  graphdef, params = abstract_model(model_cfg, kind)
+  params = _with_shardings(params, sharding.state_shardings(params, mesh, rules))
+  opt_cfg = stages_lib.optimizer_config(stage)
+  optimizer = train_lib.make_optimizer(opt_cfg)
+  state = abstract_state(params, optimizer, mesh, rules)
+  loss_name, loss_cfg = loss_setup(stage)
+  make = lambda m: train_lib.make_train_step(
+      graphdef, loss_name, loss_cfg, optimizer, mesh=mesh, rules=rules, state=state,
+      microbatches=m, lr_schedule=train_lib.make_schedule(opt_cfg))
+  step = make(stage.microbatches)
+  batch, what = train_batch(stage, mesh, rules)
+  whole = (lambda: make(1).lower(state, batch)) if stage.microbatches > 1 else None
+  programs = [compile_program('train step', what, lambda: step.lower(state, batch), whole)]
+  if with_sampler and stage.kind in config_lib.RL_KINDS:
+    programs.append(sampler_program(
+        graphdef, state.params, mesh, rules, sampler_cfg,
+        rows=stage.prompts_per_step * stage.group_size, prompt_len=stage.max_prompt_len,
+        max_new_tokens=max(p.max_response_len for p in stage.phases), top_p=stage.top_p,
+        top_k=stage.top_k, name='sampler'))
+  return StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
+                     mesh.size)
+
+
+def plan_eval(config, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int) -> StageReport:
+  """Compiles the held-out evaluation's sampler (one call: batch_size prompts x num_samples)."""
+  ev = _as_dict(config.eval)
+  graphdef, params = abstract_model(model_cfg, 'policy')
+  params = _with_shardings(params, sharding.state_shardings(params, mesh, rules))
+  k = 1 if ev.get('greedy') else int(ev['num_samples'])
+  prog = sampler_program(graphdef, params, mesh, rules, sampler_cfg,
+                         rows=int(ev['batch_size']) * k, prompt_len=int(ev['max_prompt_len']),
+                         max_new_tokens=int(ev['max_new_tokens']),
+                         top_p=float(ev['top_p']), top_k=int(ev.get('top_k', 0)),
+                         name='eval sampler')
+  return StageReport(-1, 'evaluation', 'eval', (prog,), limit_bytes, mesh.size)
+
+
+def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: bool = True,
+             with_eval: bool = True, plan=None,
+             report: Callable[[StageReport], None] | None = None) -> list[StageReport]:
+  """Compiles every selected stage for the config's mesh on `tgt`'s devices.
+
+  Args:
+    config: the cascade config (validated here unless `plan` is given).
+    tgt: from `target`.
+    stages: stage names to plan (default: every training stage).
+    with_sampler: compile RL stages' samplers too.
+    with_eval: compile the evaluation's sampler too.
+    plan: an already validated `cascade.config.Plan`.
+    report: called with each StageReport as soon as it is ready.
+
+  Returns:
+    One StageReport per planned stage (and 'evaluation' last).
+  """
+  plan = plan or config_lib.validate(config)
+  model = _as_dict(config.model)
+  model_cfg = model_config.ModelConfig.preset(model['preset'], **dict(model.get('overrides') or {}))
+  mesh = sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.devices)
+  mesh_cfg = _as_dict(config.mesh)
+  rules = (tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in mesh_cfg['rules'])
+           if mesh_cfg.get('rules') else sharding.DEFAULT_RULES)
+  sampler_cfg = _as_dict(config.sampler) if 'sampler' in config else {}
+  unknown = [s for s in stages if s not in [st.name for st in plan.stages]]
+  if unknown:
+    raise ValueError(f'--stages: unknown stage(s) {unknown}; the config has '
+                     f'{[st.name for st in plan.stages]}')
+  out = []
+  for st in plan.stages:
+    if st.kind == 'eval' or (stages and st.name not in stages):
+      continue
+    out.append(plan_stage(st, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
+                          with_sampler))
+    if report:
+      report(out[-1])
+  if with_eval:
+    out.append(plan_eval(config, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes))
+    if report:
+      report(out[-1])
+  return out
+
+
+# ---------------------------------------------------------------- output
+
+def _size(n: int) -> str:
+  """Bytes in the largest binary unit that keeps the number >= 1."""
+  for unit, scale in (('GiB', GIB), ('MiB', 2 ** 20), ('KiB', 2 ** 10)):
+    if abs(n) >= scale:
+      return f'{n / scale:.2f} {unit}'
+  return f'{n} B'
+
+
+def format_stage(r: StageReport) -> str:
+  """A stage's block of the printed plan."""
+  head = f'[{r.index}] {r.name} ({r.kind})' if r.index >= 0 else f'{r.name}'
+  lines = [head]
+  for p in r.programs:
+    lines.append(f'  {p.name}: {p.shapes}')
+    if p.error:
+      lines.append(f'    DOES NOT COMPILE: {p.error}')
+      continue
+    status = 'fits' if p.fits(r.limit_bytes) else 'DOES NOT FIT'
+    if r.limit_bytes:
+      status += f' ({p.total_bytes / r.limit_bytes:.0%} of {r.limit_bytes / GIB:.0f} GiB)'
+    lines.append(f'    per device: arguments {_size(p.argument_bytes)}, outputs '
+                 f'{_size(p.output_bytes)}, temporaries {_size(p.temp_bytes)}, aliased '
+                 f'{_size(p.alias_bytes)}; total {_size(p.total_bytes)}: {status}')
+    per = 'per step' if p.name == 'train step' else 'for the prefill and one decode step'
+    lines.append(f'    FLOPs {per}: {p.flops:.3e} in all, {p.flops / r.num_devices:.3e} per '
+                 f'device; compiled in {p.compile_s:.1f} s')
+  return '\n'.join(lines)
+
+
+def failures(reports: Sequence[StageReport]) -> list[str]:
+  """One message per stage that does not fit, naming the stage and the program."""
+  out = []
+  for r in reports:
+    for p in r.programs:
+      if p.fits(r.limit_bytes):
+        continue
+      what = p.error or (f'needs {p.total_bytes / GIB:.2f} GiB per device > '
+                         f'{r.limit_bytes / GIB:.2f} GiB')
+      out.append(f'stage {r.name!r} (index {r.index}): {p.name} does not fit: {what}')
+  return out
+
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Cascade config file.',
+                                          lock_config=True)
+_BACKEND = flags.DEFINE_enum('backend', 'auto', ['auto', 'tpu', 'cpu'],
+                             'tpu: libtpu topology; cpu: simulated CPU devices; auto: tpu when '
+                             'libtpu is installed and the config targets a TPU.')
+_STAGES = flags.DEFINE_list('stages', [], 'Stage names to plan (default: all).')
+_MEMORY = flags.DEFINE_float('device_memory_gib', None,
+                             'Per-device memory limit (default: config.hardware).')
+_SAMPLER = flags.DEFINE_bool('sampler', True, "Compile RL stages' samplers.")
+_EVAL = flags.DEFINE_bool('eval', True, "Compile the evaluation's sampler.")
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  if config is None:
+    raise app.UsageError('--config is required')
+  backend = _BACKEND.value
+  hw = _as_dict(config.hardware) if 'hardware' in config else {}
+  if backend == 'auto':
+    backend = 'tpu' if have_libtpu() and hw.get('platform') == 'tpu' else 'cpu'
+  # Backends start lazily: these settings take effect as long as nothing has
+  # touched a device yet (the config file only imports modules).
+  if backend == 'tpu':
+    jax.config.update('jax_platforms', 'cpu')
+  else:
+    use_simulated_cpu_devices(num_devices(config))
+  tgt = target(config, backend, _MEMORY.value)
+  plan = config_lib.validate(config)
+  model = _as_dict(config.model)
+  model_cfg = model_config.ModelConfig.preset(model['preset'], **dict(model.get('overrides') or {}))
+  print(f'target: {tgt.description}')
+  print(f'mesh (data, fsdp, tensor) = {tuple(config.mesh.shape)}; model {model["preset"]}: '
+        f'{model_cfg.num_params() / 1e9:.2f}B parameters in {model_cfg.param_dtype}, compute '
+        f'{model_cfg.dtype}, remat={model_cfg.remat}')
+  print('memory is per device; total = arguments + outputs + temporaries - aliased '
+        "(donated) buffers. FLOPs are XLA's HLO count: a train step's over the whole batch; a "
+        "sampler's for its prefill and one decode step (XLA counts a loop body once)\n",
+        flush=True)
+  reports = run_plan(config, tgt, stages=_STAGES.value, with_sampler=_SAMPLER.value,
+                     with_eval=_EVAL.value, plan=plan,
+                     report=lambda r: print(format_stage(r), flush=True))
+  bad = failures(reports)
+  if bad:
+    print('\nPLAN FAILED:\n  ' + '\n  '.join(bad), file=sys.stderr, flush=True)
+    sys.exit(1)
+  print(f'\nevery planned stage fits ({len(reports)} stages incl. the evaluation).')
+
+
+if __name__ == '__main__':
+  app.run(main)

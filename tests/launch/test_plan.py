@@ -1,0 +1,175 @@
+"""launch.plan on 8 simulated devices: sane per-device numbers, a clear failure naming the stage;
+and the paper-recipe configs validate with their published numbers."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from cascade import config as config_lib
+from cascade import stages as stages_lib
+from launch import plan
+from models import config as model_config
+from models import sharding
+from rl import train_step as train_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TINY_CONFIG = '''
+"""A tiny cascade for launch.plan's test: SFT, a reward model, GRPO with two phases."""
+import ml_collections
+
+
+def get_config(arg=None):
+  del arg
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = dict(preset='tiny', overrides=dict(max_seq_len=256))
+  c.tokenizer = dict(path='/nonexistent/tok.model')
+  c.mesh = dict(shape=(2, 2, 2))
+  c.hardware = dict(name='8 test devices', platform='cpu', device_memory_gib=1.0)
+  c.sampler = dict()
+  c.ckpt = dict(every_n_steps=0, keep=1)
+  c.eval = dict(num_samples=2, temperature=1.0, top_p=1.0, greedy=False, max_new_tokens=16,
+                max_prompt_len=32, num_prompts=8, batch_size=8)
+  c.datasets = dict(sft=dict(path='/d/sft.jsonl', format='sft'),
+                    prefs=dict(path='/d/prefs.jsonl', format='preference', domain='add'),
+                    add=dict(path='/d/add.jsonl', format='prompt', domain='add'))
+  c.domains = dict(add=dict(verifier='math', train='add', eval='add'))
+  c.stages = [
+      dict(name='sft', kind='sft', domains=['add'], datasets=['sft'], steps=2, batch_size=8,
+           max_len=64, optimizer=dict(lr=1e-3), microbatches=2),
+      dict(name='rm', kind='reward_model', domains=['add'], datasets=['prefs'], steps=2,
+           batch_size=8, max_len=64, optimizer=dict(lr=1e-4)),
+      dict(name='add_rl', kind='grpo', domains=['add'], steps=4, optimizer=dict(lr=1e-4),
+           prompts_per_step=4, group_size=4, max_prompt_len=32, max_response_len=32,
+           microbatches=2, phases=[dict(until_step=2, max_response_len=16),
+                                   dict(until_step=4, max_response_len=32)]),
+  ]
+  c.allow_config_change = False
+  return c
+'''
+
+
+@pytest.fixture(scope='module')
+def tiny_path(tmp_path_factory):
+  path = tmp_path_factory.mktemp('plan') / 'tiny_plan_config.py'
+  path.write_text(TINY_CONFIG)
+  return str(path)
+
+
+def _load(path):
+  spec = importlib.util.spec_from_file_location('tiny_plan_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def _per_device_bytes(tree) -> int:
+  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def test_plan_numbers_are_sane(tiny_path):
+  config = _load(tiny_path)
+  tgt = plan.target(config, 'cpu')
+  assert tgt.kind == 'cpu' and len(tgt.devices) == 8 and 'simulated' in tgt.description
+  [rep] = plan.run_plan(config, tgt, stages=['add_rl'], with_eval=False)
+  train, samp = rep.programs
+  assert (train.name, samp.name) == ('train step', 'sampler')
+  assert rep.fits and not train.error and not samp.error
+
+  # Expected per-device arguments: the sharded TrainState plus the sharded batch.
+  stage = config_lib.validate(config).stage('add_rl')
+  mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
+  rules = sharding.DEFAULT_RULES
+  model_cfg = model_config.ModelConfig.preset('tiny', max_seq_len=256)
+  _, params = plan.abstract_model(model_cfg, 'policy')
+  params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        params, sharding.state_shardings(params, mesh, rules))
+  optimizer = train_lib.make_optimizer(stages_lib.optimizer_config(stage))
+  state = plan.abstract_state(params, optimizer, mesh, rules)
+  batch, what = plan.train_batch(stage, mesh, rules)
+  assert '16 rows x 64 tokens' in what            # 4 x 4 rows, 32 + the longest phase's 32
+  state_bytes = _per_device_bytes(state)
+  whole_state = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state))
+  assert state_bytes < whole_state / 2            # really sharded, not replicated
+  assert train.argument_bytes == pytest.approx(state_bytes + _per_device_bytes(batch), rel=0.01)
+  assert train.alias_bytes == pytest.approx(state_bytes, rel=0.01)   # the state is donated
+  assert train.total_bytes >= train.argument_bytes and train.temp_bytes > 0
+  # FLOPs of the whole step: ~6 x parameters x tokens, plus attention and softmaxes.
+  dense = 6 * model_cfg.num_params() * 16 * 64
+  assert dense < train.flops < 2 * dense
+  # The sampler's arguments: the params (sharded) and the [16, 32] prompt arrays.
+  assert samp.argument_bytes == pytest.approx(
+      _per_device_bytes(state.params) + 2 * 16 * 32 * 4 / 4 + 8 + 4 * 4, rel=0.02)
+  assert 'KV cache 64 slots' in samp.shapes
+
+  # An impossible limit fails, naming the stage and the program.
+  small = plan.StageReport(rep.index, rep.name, rep.kind, rep.programs, 1024, rep.num_devices)
+  [msg, msg2] = plan.failures([small])
+  assert msg.startswith("stage 'add_rl' (index 2): train step does not fit: needs")
+  assert 'sampler does not fit' in msg2
+  assert 'DOES NOT FIT' in plan.format_stage(small)
+
+
+def test_cli_exits_nonzero_naming_the_stage(tiny_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('XLA_FLAGS', None)                      # the CLI sets its own device count
+  proc = subprocess.run(
+      [sys.executable, '-m', 'launch.plan', f'--config={tiny_path}', '--stages=rm',
+       '--nosampler', '--noeval', '--device_memory_gib=0.000001'],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1, proc.stdout + proc.stderr
+  assert '8 simulated CPU devices' in proc.stdout
+  assert '[1] rm (reward_model)' in proc.stdout and 'DOES NOT FIT' in proc.stdout
+  assert "stage 'rm' (index 1): train step does not fit" in proc.stderr
+
+
+PAPER = ['nemotron_cascade_14b', 'nemotron_cascade_8b', 'nemotron_cascade2']
+
+
+@pytest.mark.parametrize('name', PAPER)
+def test_paper_configs_validate(name):
+  module = importlib.import_module(f'configs.{name}')
+  config = module.get_config()
+  p = config_lib.validate(config)
+  assert plan.num_devices(config) == 64 and config.hardware.topology == 'v5p:4x4x4'
+  for st in p.stages:
+    if st.kind in config_lib.RL_KINDS:
+      assert st.kl_coef == 0.0 or (name == 'nemotron_cascade2' and 'rlhf' in st.name)
+      assert st.loss_agg == 'token' and st.optimizer.lr <= 4e-6
+      # One row per device per microbatch: rows / microbatches = the 8 batch shards.
+      assert st.prompts_per_step * st.group_size // st.microbatches == 8
+  assert module.__doc__ and 'arXiv' in module.__doc__ and 'Not reproducible' in module.__doc__
+
+
+def test_cascade1_published_numbers():
+  p14 = config_lib.validate(importlib.import_module('configs.nemotron_cascade_14b').get_config())
+  assert [s.name for s in p14.stages] == ['sft_16k', 'sft_32k', 'rm', 'rlhf', 'if_rl', 'math_rl',
+                                          'code_rl', 'swe_rl']
+  rlhf, if_rl, math, code, swe = (p14.stage(n) for n in ('rlhf', 'if_rl', 'math_rl', 'code_rl',
+                                                          'swe_rl'))
+  assert (rlhf.prompts_per_step, rlhf.group_size, rlhf.temperature, rlhf.top_p,
+          rlhf.optimizer.lr, rlhf.steps) == (128, 8, 0.6, 0.95, 2e-6, 900)
+  assert if_rl.thinking_fraction == 0.0 and if_rl.steps == 800 + 120
+  assert [(ph.until_step, ph.max_response_len, ph.temperature, ph.filter_overlong)
+          for ph in math.phases] == [(120, 28_672, 1.2, True), (220, 40_960, 1.1, False)]
+  assert (code.max_response_len, code.optimizer.lr, code.steps) == (57_344, 4e-6, 64)
+  assert (swe.group_size, swe.optimizer.lr, swe.steps) == (16, 2.5e-6, 120)
+  p8 = config_lib.validate(importlib.import_module('configs.nemotron_cascade_8b').get_config())
+  assert [(ph.until_step, ph.max_response_len, ph.temperature, ph.filter_overlong)
+          for ph in p8.stage('math_rl').phases] == [(190, 24_576, 1.0, True),
+                                                    (430, 32_768, 1.0, False),
+                                                    (500, 40_960, 0.8, False)]
+  c2 = config_lib.validate(importlib.import_module('configs.nemotron_cascade2').get_config())
+  assert [s.name for s in c2.stages if s.kind != 'reward_model'] == [
+      'sft', 'if_rl', 'multi_domain_rl', 'rlhf_teacher', 'mopd', 'rlhf', 'long_context_rl',
+      'code_rl', 'swe_rl']
+  mopd = c2.stage('mopd')
+  assert (mopd.group_size, mopd.steps, mopd.optimizer.lr, mopd.teachers['math']) == (
+      4, 52, 2e-6, 'sft')
