@@ -1,0 +1,336 @@
+"""The 25 IFEval instruction checks, with the semantics of Google's reference.
+
+Each instruction id (e.g. 'length_constraints:number_words') maps to a check
+`fn(response, kwargs) -> bool` and the keyword arguments it takes. The checks
+follow google-research `instruction_following_eval` (instructions.py and
+evaluation_lib.py), including its quirks: keywords are regular expressions,
+undetectable language counts as followed, `nth_paragraph_first_word` indexes
+the raw paragraph list. Where the reference would pick a random value for a
+missing argument, this module refuses the record instead. Sentences and words
+are counted by `verifiers.text` (the reference needs nltk data).
+
+`follows(ids, kwargs, response, prompt, loose)` checks a response against
+its instruction list, in strict mode (the response as is, non-empty) or loose
+mode (also with its first and/or last line removed and/or asterisks removed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+from verifiers import text
+
+RELATIONS = ('less than', 'at least')
+CONSTRAINED_RESPONSES = ('My answer is yes.', 'My answer is no.', 'My answer is maybe.')
+
+
+def _compare(count: int, relation: str, threshold: int) -> bool:
+  return count < threshold if relation == 'less than' else count >= threshold
+
+
+def _pattern(keyword: str) -> str:
+  """The reference treats keywords as regexes; an invalid one is taken literally."""
+  try:
+    re.compile(keyword)
+    return keyword
+  except re.error:
+    return re.escape(keyword)
+
+
+def _language(value: str) -> str | None:
+  import langdetect  # pylint: disable=g-import-not-at-top
+  langdetect.DetectorFactory.seed = 0  # langdetect is random otherwise.
+  try:
+    return langdetect.detect(value)
+  except langdetect.LangDetectException:
+    return None  # The reference counts this as followed.
+
+
+def _existence(v, kw):
+  return all(re.search(_pattern(k), v, flags=re.IGNORECASE) for k in kw['keywords'])
+
+
+def _frequency(v, kw):
+  n = len(re.findall(_pattern(kw['keyword'].strip()), v, flags=re.IGNORECASE))
+  return _compare(n, kw['relation'], kw['frequency'])
+
+
+def _forbidden(v, kw):
+  return not any(re.search(r'\b' + _pattern(w) + r'\b', v, flags=re.IGNORECASE)
+                 for w in kw['forbidden_words'])
+
+
+def _letter_frequency(v, kw):
+  return _compare(v.lower().count(kw['letter'].strip().lower()), kw['let_relation'],
+                  kw['let_frequency'])
+
+
+def _response_language(v, kw):
+  lang = _language(v)
+  return lang is None or lang == kw['language']
+
+
+def _number_sentences(v, kw):
+  return _compare(text.count_sentences(v), kw['relation'], kw['num_sentences'])
+
+
+def _number_paragraphs(v, kw):
+  paragraphs = re.split(r'\s?\*\*\*\s?', v)
+  n = len(paragraphs)
+  for k, p in enumerate(paragraphs):
+    if not p.strip():
+      if k in (0, len(paragraphs) - 1):
+        n -= 1
+      else:
+        return False
+  return n == kw['num_paragraphs']
+
+
+def _number_words(v, kw):
+  return _compare(text.count_words(v), kw['relation'], kw['num_words'])
+
+
+def _nth_paragraph_first_word(v, kw):
+  paragraphs = re.split(r'\n\n', v)
+  n = sum(1 for p in paragraphs if p.strip())
+  nth = kw['nth_paragraph']
+  if nth > n:
+    return False
+  paragraph = paragraphs[nth - 1].strip()
+  if not paragraph:
+    return False
+  word = paragraph.split()[0].strip().lstrip("'").lstrip('"')
+  first = ''
+  for c in word:
+    if c in '.,?!\'"':
+      break
+    first += c.lower()
+  return n == kw['num_paragraphs'] and first == kw['first_word'].lower()
+
+
+def _placeholders(v, kw):
+  return len(re.findall(r'\[.*?\]', v)) >= kw['num_placeholders']
+
+
+def _postscript(v, kw):
+  marker = kw['postscript_marker'].strip()
+  if marker == 'P.P.S':
+    pattern = r'\s*p\.\s?p\.\s?s.*$'
+  elif marker == 'P.S.':
+    pattern = r'\s*p\.\s?s\..*$'
+  else:
+    pattern = r'\s*' + _pattern(marker.lower()) + r'.*$'
+  return bool(re.findall(pattern, v.lower(), flags=re.MULTILINE))
+
+
+def _bullets(v, kw):
+  n = len(re.findall(r'^\s*\*[^\*].*$', v, flags=re.MULTILINE))
+  n += len(re.findall(r'^\s*-.*$', v, flags=re.MULTILINE))
+  return n == kw['num_bullets']
+
+
+def _constrained(v, kw):
+  return any(option in v.strip() for option in CONSTRAINED_RESPONSES)
+
+
+def _highlights(v, kw):
+  n = sum(1 for h in re.findall(r'\*[^\n\*]*\*', v) if h.strip('*').strip())
+  n += sum(1 for h in re.findall(r'\*\*[^\n\*]*\*\*', v) if h[2:-2].strip())
+  return n >= kw['num_highlights']
+
+
+def _sections(v, kw):
+  splitter = _pattern(kw['section_spliter'].strip())
+  return len(re.split(r'\s?' + splitter + r'\s?\d+\s?', v)) - 1 >= kw['num_sections']
+
+
+def _json(v, kw):
+  v = v.strip()
+  for prefix in ('```json', '```Json', '```JSON', '```'):
+    if v.startswith(prefix):
+      v = v[len(prefix):]
+      break
+  if v.endswith('```'):
+    v = v[:-3]
+  try:
+    json.loads(v.strip())
+  except ValueError:
+    return False
+  return True
+
+
+def _title(v, kw):
+  return any(t.lstrip('<').rstrip('>').strip() for t in re.findall(r'<<[^\n]+>>', v))
+
+
+def _two_responses(v, kw):
+  parts = v.split('******')
+  valid = []
+  for k, part in enumerate(parts):
+    if not part.strip():
+      if k not in (0, len(parts) - 1):
+        return False
+    else:
+      valid.append(part)
+  return len(valid) == 2 and valid[0].strip() != valid[1].strip()
+
+
+def _repeat_prompt(v, kw):
+  return v.strip().lower().startswith(kw['prompt_to_repeat'].strip().lower())
+
+
+def _end_checker(v, kw):
+  return v.strip().strip('"').lower().endswith(kw['end_phrase'].strip().lower())
+
+
+def _capital_words(v, kw):
+  n = sum(1 for w in text.word_tokenize(v) if w.isupper())
+  return _compare(n, kw['capital_relation'], kw['capital_frequency'])
+
+
+def _english_capital(v, kw):
+  if not v.isupper():
+    return False
+  lang = _language(v)
+  return lang is None or lang == 'en'
+
+
+def _english_lowercase(v, kw):
+  if not v.islower():
+    return False
+  lang = _language(v)
+  return lang is None or lang == 'en'
+
+
+def _no_comma(v, kw):
+  return ',' not in v
+
+
+def _quotation(v, kw):
+  v = v.strip()
+  return len(v) > 1 and v[0] == '"' and v[-1] == '"'
+
+
+_INT, _STR, _STRS, _REL = 'int', 'str', 'list of str', 'relation'
+
+# id -> (check, {kwarg: kind}).
+INSTRUCTIONS: dict[str, tuple[Callable[[str, dict], bool], dict[str, str]]] = {
+    'keywords:existence': (_existence, {'keywords': _STRS}),
+    'keywords:frequency': (_frequency, {'keyword': _STR, 'frequency': _INT, 'relation': _REL}),
+    'keywords:forbidden_words': (_forbidden, {'forbidden_words': _STRS}),
+    'keywords:letter_frequency': (_letter_frequency, {'letter': _STR, 'let_frequency': _INT,
+                                                      'let_relation': _REL}),
+    'language:response_language': (_response_language, {'language': _STR}),
+    'length_constraints:number_sentences': (_number_sentences, {'num_sentences': _INT,
+                                                                'relation': _REL}),
+    'length_constraints:number_paragraphs': (_number_paragraphs, {'num_paragraphs': _INT}),
+    'length_constraints:number_words': (_number_words, {'num_words': _INT, 'relation': _REL}),
+    'length_constraints:nth_paragraph_first_word': (
+        _nth_paragraph_first_word, {'num_paragraphs': _INT, 'nth_paragraph': _INT,
+                                    'first_word': _STR}),
+    'detectable_content:number_placeholders': (_placeholders, {'num_placeholders': _INT}),
+    'detectable_content:postscript': (_postscript, {'postscript_marker': _STR}),
+    'detectable_format:number_bullet_lists': (_bullets, {'num_bullets': _INT}),
+    'detectable_format:constrained_response': (_constrained, {}),
+    'detectable_format:number_highlighted_sections': (_highlights, {'num_highlights': _INT}),
+    'detectable_format:multiple_sections': (_sections, {'section_spliter': _STR,
+                                                        'num_sections': _INT}),
+    'detectable_format:json_format': (_json, {}),
+    'detectable_format:title': (_title, {}),
+    'combination:two_responses': (_two_responses, {}),
+    'combination:repeat_prompt': (_repeat_prompt, {'prompt_to_repeat': _STR}),
+    'startend:end_checker': (_end_checker, {'end_phrase': _STR}),
+    'change_case:capital_word_frequency': (_capital_words, {'capital_frequency': _INT,
+                                                            'capital_relation': _REL}),
+    'change_case:english_capital': (_english_capital, {}),
+    'change_case:english_lowercase': (_english_lowercase, {}),
+    'punctuation:no_comma': (_no_comma, {}),
+    'startend:quotation': (_quotation, {}),
+}
+
+
+def _check_kind(name: str, value: Any, kind: str) -> None:
+  if kind == _INT and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+    raise ValueError(f'{name} must be a non-negative int, got {value!r}')
+  if kind == _STR and (not isinstance(value, str) or not value.strip()):
+    raise ValueError(f'{name} must be a non-empty string, got {value!r}')
+  if kind == _STRS and (not isinstance(value, list) or not value
+                        or not all(isinstance(s, str) and s.strip() for s in value)):
+    raise ValueError(f'{name} must be a non-empty list of non-empty strings, got {value!r}')
+  if kind == _REL and value not in RELATIONS:
+    raise ValueError(f'{name} must be one of {RELATIONS}, got {value!r}')
+
+
+def clean_kwargs(instruction_id: str, kwargs: Mapping[str, Any] | None) -> dict:
+  """Validates one instruction's kwargs and keeps the ones it takes.
+
+  Datasets exported through Arrow (e.g. Hugging Face's IFEval) carry every
+  kwarg name on every instruction, with None for the unused ones; those are
+  dropped.
+
+  Args:
+    instruction_id: e.g. 'keywords:frequency'.
+    kwargs: its keyword arguments (None means none).
+
+  Returns:
+    The kwargs the check uses.
+
+  Raises:
+    ValueError: unknown id, a missing or mistyped kwarg, or an unexpected one.
+  """
+  if instruction_id not in INSTRUCTIONS:
+    raise ValueError(f'unknown instruction id {instruction_id!r}')
+  kwargs = {} if kwargs is None else kwargs
+  if not isinstance(kwargs, Mapping):
+    raise ValueError(f'{instruction_id}: kwargs must be a dict, got {type(kwargs).__name__}')
+  spec = INSTRUCTIONS[instruction_id][1]
+  extra = sorted(k for k, v in kwargs.items() if v is not None and k not in spec)
+  if extra:
+    raise ValueError(f'{instruction_id}: unexpected kwargs {extra} (takes {sorted(spec)})')
+  out = {}
+  for name, kind in spec.items():
+    if kwargs.get(name) is None:
+      raise ValueError(f'{instruction_id}: kwarg {name!r} is missing')
+    _check_kind(f'{instruction_id}: kwarg {name!r}', kwargs[name], kind)
+    out[name] = kwargs[name]
+  if instruction_id == 'keywords:letter_frequency' and len(out['letter'].strip()) != 1:
+    raise ValueError(f'{instruction_id}: letter must be one character, got {out["letter"]!r}')
+  if instruction_id == 'length_constraints:nth_paragraph_first_word' and not (
+      1 <= out['nth_paragraph'] <= out['num_paragraphs']):
+    raise ValueError(f'{instruction_id}: need 1 <= nth_paragraph <= num_paragraphs, got '
+                     f'{out["nth_paragraph"]} and {out["num_paragraphs"]}')
+  return out
+
+
+def loose_variants(response: str) -> list[str]:
+  """The reference's loose-mode variants: first/last line removed, asterisks removed."""
+  lines = response.split('\n')
+  first = '\n'.join(lines[1:]).strip()
+  last = '\n'.join(lines[:-1]).strip()
+  both = '\n'.join(lines[1:-1]).strip()
+  variants = [response, response.replace('*', ''), first, last, both]
+  return variants + [first.replace('*', ''), last.replace('*', ''), both.replace('*', '')]
+
+
+def follows(instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, Any] | None],
+            response: str, loose: bool = False) -> list[bool]:
+  """Checks a response against each instruction.
+
+  Args:
+    instruction_ids: IFEval ids.
+    kwargs_list: their kwargs (same length).
+    response: the answer text.
+    loose: IFEval's loose mode.
+
+  Returns:
+    One bool per instruction.
+  """
+  candidates = loose_variants(response) if loose else [response]
+  out = []
+  for instruction_id, kwargs in zip(instruction_ids, kwargs_list):
+    check, _ = INSTRUCTIONS[instruction_id]
+    kw = clean_kwargs(instruction_id, kwargs)
+    out.append(any(r.strip() and check(r, kw) for r in candidates))
+  return out

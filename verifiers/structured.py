@@ -1,0 +1,90 @@
+"""Structured-output verifier: the answer's JSON, validated against a JSON Schema.
+
+The JSON is the first fenced code block that parses as JSON, else the first
+JSON object or array in the text that parses (scanning from each '{' or
+'['). Validation uses `jsonschema` with the validator class the schema's
+`$schema` names (Draft 2020-12 by default). Reward 1 if valid, else 0.
+
+Metadata: {'schema': dict}.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any, Mapping
+
+from verifiers import base
+
+_FENCE = re.compile(r'```[^\n]*\n(.*?)```', re.DOTALL)
+# Candidate start positions tried before giving up (bounds pathological text).
+_MAX_STARTS = 200
+
+
+def extract_json(text: str) -> tuple[bool, Any, str]:
+  """Finds the JSON value in an answer.
+
+  Args:
+    text: the answer.
+
+  Returns:
+    (found, value, where: 'fenced block', 'inline' or 'none').
+  """
+  for m in _FENCE.finditer(text):
+    try:
+      return True, json.loads(m.group(1)), 'fenced block'
+    except ValueError:
+      continue
+  decoder = json.JSONDecoder()
+  starts = [m.start() for m in re.finditer(r'[{\[]', text)][:_MAX_STARTS]
+  for start in starts:
+    try:
+      value, _ = decoder.raw_decode(text, start)
+      return True, value, 'inline'
+    except ValueError:
+      continue
+  return False, None, 'none'
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str):
+  import jsonschema  # pylint: disable=g-import-not-at-top
+  schema = json.loads(schema_json)
+  return jsonschema.validators.validator_for(schema)(schema)
+
+
+def work(payload: dict) -> dict:
+  """Worker side: extract and validate one answer."""
+  found, value, where = extract_json(payload['answer'])
+  if not found:
+    return {'reward': 0.0, 'info': {'reason': 'no JSON value in the answer'}}
+  error = next(iter(_validator(payload['schema']).iter_errors(value)), None)
+  if error is not None:
+    path = '/'.join(str(p) for p in error.absolute_path) or '(root)'
+    return {'reward': 0.0, 'info': {'reason': f'schema violation at {path}: {error.message[:300]}',
+                                    'json_from': where}}
+  return {'reward': 1.0, 'info': {'reason': 'valid', 'json_from': where}}
+
+
+class StructuredVerifier(base.Verifier):
+  """Reward 1 iff the answer contains JSON valid under metadata['schema']."""
+
+  name = 'structured'
+  worker_fn = 'verifiers.structured:work'
+
+  @classmethod
+  def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
+    import jsonschema  # pylint: disable=g-import-not-at-top
+    schema = base.require(metadata, 'schema', (dict, bool), 'a JSON Schema')
+    try:
+      jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+      raise ValueError(f'metadata["schema"] is not a valid JSON Schema: {e.message}') from None
+    try:
+      json.dumps(schema)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f'metadata["schema"] is not JSON-serialisable: {e}') from None
+
+  def _prepare(self, sample: base.Sample, answer: str) -> dict:
+    return {'answer': answer, 'schema': json.dumps(sample.metadata['schema'], sort_keys=True)}

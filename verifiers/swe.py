@@ -1,0 +1,145 @@
+"""SWE verifier (agentless): a predicted unified diff against the gold patch.
+
+Lexical mode (the paper's execution-free reward): -1 if the answer holds no
+parsable diff, 0 if the diff changes nothing, 1 if its changes equal the
+gold patch's after normalisation (per file: the '-'/'+' lines without
+context, line numbers or trailing whitespace), else the difflib similarity
+ratio of the two normalised change texts, kept inside (0, 1).
+Metadata: {'gold_patch': str}.
+
+Execution mode (`execution=True`): the patch is applied to a copy of a small
+repository given in the record and the record's test program runs in the
+sandbox (`sandbox_server`'s 'check' mode: it passes iff it runs to its end;
+`sys.exit` counts as failure). Reward 1 if it passes, 0 if it fails, the
+patch changes nothing or does not apply, -1 if unparsable.
+Metadata: {'repo': {path: text}, 'test': str, 'gold_patch': str (optional)}.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from typing import Any, Mapping, Sequence
+
+from verifiers import base
+from verifiers import pool as pool_lib
+from verifiers import sandbox
+from verifiers import unidiff
+
+# Similarity is kept in [_EPS, 1 - _EPS] so it never reads as 'no change'
+# or 'exact match'.
+_EPS = 1e-3
+
+
+@functools.lru_cache(maxsize=1024)
+def _gold(gold_patch: str):
+  return unidiff.parse(unidiff.extract(gold_patch))
+
+
+def lexical_reward(answer: str, gold_patch: str) -> tuple[float, dict]:
+  """The paper's reward for one answer (see the module docstring).
+
+  Args:
+    answer: the text after the thinking block.
+    gold_patch: the reference diff.
+
+  Returns:
+    (reward, info).
+  """
+  try:
+    pred = unidiff.parse(unidiff.extract(answer))
+  except ValueError as e:
+    return -1.0, {'reason': f'unparsable diff: {e}'}
+  if unidiff.is_noop(pred):
+    return 0.0, {'reason': 'the patch changes nothing'}
+  gold = _gold(gold_patch)
+  if unidiff.changes(pred) == unidiff.changes(gold):
+    return 1.0, {'reason': 'exact match with the gold patch'}
+  ratio = difflib.SequenceMatcher(None, unidiff.render_changes(pred),
+                                  unidiff.render_changes(gold)).ratio()
+  return min(max(ratio, _EPS), 1 - _EPS), {'reason': 'lexical similarity to the gold patch',
+                                            'similarity': ratio}
+
+
+def work(payload: dict) -> dict:
+  """Worker side of lexical mode."""
+  reward, info = lexical_reward(payload['answer'], payload['gold_patch'])
+  return {'reward': reward, 'info': info}
+
+
+class SweVerifier(base.Verifier):
+  """See the module docstring."""
+
+  name = 'swe'
+  worker_fn = 'verifiers.swe:work'
+
+  def __init__(self, *, execution: bool = False, strict_isolation: bool = False,
+               bwrap: str | None = 'bwrap', memory_mb: int = 1024, nproc: int = 16,
+               fsize_mb: int = 64, **common: Any):
+    """Options.
+
+    Args:
+      execution: run the record's test on the patched repo instead of
+        comparing with the gold patch.
+      strict_isolation, bwrap, memory_mb, nproc, fsize_mb: the sandbox's, as
+        in `verifiers.code` (execution mode only).
+      **common: thinking_unfinished_reward, workers, timeout_s.
+    """
+    super().__init__(**common)
+    self.execution = bool(execution)
+    self.sandbox = None
+    if self.execution:
+      self.sandbox = sandbox.Sandbox(self.workers, strict_isolation=strict_isolation, bwrap=bwrap,
+                                     memory_mb=memory_mb, nproc=nproc, fsize_mb=fsize_mb)
+
+  def _options(self) -> dict:
+    return {'execution': self.execution}
+
+  @classmethod
+  def _check_metadata(cls, metadata: Mapping[str, Any], execution: bool = False,
+                      **options: Any) -> None:
+    super()._check_metadata(metadata)
+    if execution:
+      repo = base.require(metadata, 'repo', dict, 'path -> file text of the repository')
+      if not repo or not all(isinstance(k, str) and isinstance(v, str) for k, v in repo.items()):
+        raise ValueError('metadata["repo"] must be a non-empty dict of path -> text')
+      base.require(metadata, 'test', str, 'Python test program run on the patched repo')
+    if execution and 'gold_patch' not in metadata:
+      return
+    gold = base.require(metadata, 'gold_patch', str, 'the reference unified diff')
+    try:
+      _gold(gold)
+    except ValueError as e:
+      raise ValueError(f'metadata["gold_patch"] is not a parsable diff: {e}') from None
+
+  def _prepare(self, sample: base.Sample, answer: str) -> dict | base.Result:
+    md = sample.metadata
+    if not self.execution:
+      return {'answer': answer, 'gold_patch': md['gold_patch']}
+    try:
+      pred = unidiff.parse(unidiff.extract(answer))
+    except ValueError as e:
+      return base.Result(-1.0, {'reason': f'unparsable diff: {e}'})
+    if unidiff.is_noop(pred):
+      return base.Result(0.0, {'reason': 'the patch changes nothing'})
+    try:
+      files = unidiff.apply(pred, md['repo'])
+    except ValueError as e:
+      return base.Result(0.0, {'reason': f'patch does not apply: {e}'})
+    return {'mode': 'check', 'program': md['test'], 'files': files}
+
+  def _run(self, payloads: Sequence[dict]) -> list[pool_lib.Outcome]:
+    if not self.execution:
+      return super()._run(payloads)
+    out = []
+    for ans in self.sandbox.run(payloads, [self.timeout_s] * len(payloads)):
+      reason = 'tests passed' if ans['passed'] else f'{ans["status"]}: {str(ans["detail"])[-500:]}'
+      out.append(pool_lib.Outcome(True, {'reward': float(ans['passed']), 'info': {
+          'reason': reason, 'status': ans['status'], 'isolation': self.sandbox.isolation}}))
+    return out
+
+  def close(self) -> None:
+    """Stops workers and sandbox servers."""
+    super().close()
+    if self.sandbox is not None:
+      self.sandbox.close()
