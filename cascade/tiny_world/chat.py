@@ -9,7 +9,8 @@ worth a quarter:
 Gold answers meet all four. Preference pairs compare graded variants (gold
 answers broken on one or more criteria: topic swapped, cut off, stuttering or
 repeated, too short or too long), so a Bradley-Terry reward model can learn
-the rule from comparisons alone. `QualityVerifier` scores the rule itself:
+the rule from comparisons alone. `QualityVerifier` (registered in `verifiers` as
+'tiny_chat_quality' on import of this module) scores the rule itself:
 evaluating RLHF with it instead of the learned reward model is what makes
 reward hacking visible (the RM's score rising while this one falls).
 
@@ -23,12 +24,14 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
-from typing import Any, Sequence
+from typing import Any, Mapping
 
 from cascade.tiny_world import common
-from models import chat as chat_lib
+import verifiers
+from verifiers import base as verifiers_base
 
 DOMAIN = 'chat'
+VERIFIER_NAME = 'tiny_chat_quality'  # Registered in `verifiers` when this module is imported.
 HELDOUT_PERCENT = 20
 MIN_WORDS, MAX_WORDS = 5, 16
 CRITERIA = ('on_topic', 'complete', 'not_repetitive', 'sensible_length')
@@ -173,15 +176,14 @@ def variants(answer: str, topic: str, rng: random.Random) -> list[tuple[str, flo
     rng: random state.
 
   Returns:
-    (text, true quality score) pairs, the gold answer first.
+    (text, true quality score) pairs, the gold answer first; none is empty.
   """
   out = [(answer, quality(answer, topic).score)]
   for how in CORRUPTIONS:
     text = _break(answer, topic, how, rng)
-    out.append((text, quality(text, topic).score))
     second = rng.choice([c for c in CORRUPTIONS if c != how])
     text2 = _break(text, topic, second, rng)
-    out.append((text2, quality(text2, topic).score))
+    out += [(t, quality(t, topic).score) for t in (text, text2) if t.strip()]
   return out
 
 
@@ -213,43 +215,29 @@ def preference_pair(key: tuple[str, int], rng: random.Random
   return p, a[0], b[0]
 
 
-@dataclasses.dataclass(frozen=True)
-class Result:
-  """A verifier result: reward in [0, 1] and why."""
-  reward: float
-  info: dict[str, Any]
+class QualityVerifier(verifiers.Verifier):
+  """The hidden quality rule as a verifier (registered as VERIFIER_NAME).
 
-
-class QualityVerifier:
-  """The hidden quality rule as a verifier: `score(samples) -> [Result]`.
-
-  Samples need `.completion` and `.metadata` (with 'topic'), as
-  `verifiers.Sample` has. Only the text after the thinking block is scored; a
-  thinking block that never closed scores `unfinished_reward`.
+  Metadata: {"topic": str}. Only the text after the thinking block is scored
+  (a thinking block that never closed gets `thinking_unfinished_reward`);
+  reward = `quality(answer, topic).score` in [0, 1], with each criterion in
+  the info. Scoring is a few regexes, so it runs on the host, not in workers.
   """
 
-  def __init__(self, unfinished_reward: float = 0.0):
-    self.unfinished_reward = unfinished_reward
+  name = VERIFIER_NAME
 
-  def score(self, samples: Sequence[Any]) -> list[Result]:
-    """Scores a batch.
+  @classmethod
+  def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
+    topic = verifiers_base.require(metadata, 'topic', str, 'the prompt\'s topic word')
+    if not topic.strip():
+      raise ValueError("metadata['topic'] is empty")
 
-    Args:
-      samples: objects with `.completion` (str) and `.metadata` (dict).
+  def _prepare(self, sample: verifiers.Sample, answer: str) -> verifiers.Result:
+    q = quality(answer, sample.metadata['topic'])
+    missed = [c for c, ok in q.criteria.items() if not ok]
+    reason = 'meets every criterion' if not missed else 'misses ' + ', '.join(missed)
+    return verifiers.Result(q.score, {'reason': reason, 'criteria': q.criteria})
 
-    Returns:
-      One `Result` per sample; malformed metadata gives reward 0 and a reason.
-    """
-    results = []
-    for s in samples:
-      topic = (s.metadata or {}).get('topic')
-      if not isinstance(topic, str) or not topic:
-        results.append(Result(0.0, {'reason': "metadata has no 'topic' string"}))
-        continue
-      split = chat_lib.split_thinking(s.completion)
-      if not split.finished_thinking:
-        results.append(Result(self.unfinished_reward, {'reason': 'thinking never closed'}))
-        continue
-      q = quality(split.answer, topic)
-      results.append(Result(q.score, {'criteria': q.criteria}))
-    return results
+
+if VERIFIER_NAME not in verifiers.names():
+  verifiers.register(VERIFIER_NAME, QualityVerifier)

@@ -122,7 +122,7 @@ def draw_unique(domain: str, split: str, n: int, heldout_percent: int,
                 draw_key: Callable[[random.Random], Hashable],
                 realize: Callable[[Hashable, random.Random], Problem | None],
                 rng: random.Random, split_key: Callable[[Hashable], Hashable] | None = None,
-                max_tries_per_item: int = 200) -> list[Problem]:
+                max_misses: int = 20_000) -> list[Problem]:
   """Draws `n` problems with distinct keys that fall in `split`.
 
   Keys are cheap to draw; only keys on the right side of the split are
@@ -140,7 +140,8 @@ def draw_unique(domain: str, split: str, n: int, heldout_percent: int,
     rng: the generator's random state.
     split_key: the part of a key that decides its split (default: the whole
       key); problems are distinct by their whole key.
-    max_tries_per_item: gives up after n * this many draws.
+    max_misses: gives up after this many draws in a row without a new
+      problem of the split (the space is exhausted, or nearly).
 
   Returns:
     `n` problems in draw order.
@@ -150,10 +151,9 @@ def draw_unique(domain: str, split: str, n: int, heldout_percent: int,
   """
   if split not in SPLITS:
     raise ValueError(f'split={split!r}: expected one of {SPLITS}')
-  seen, out = set(), []
-  for _ in range(max(n, 1) * max_tries_per_item):
-    if len(out) == n:
-      break
+  seen, out, misses = set(), [], 0
+  while len(out) < n and misses < max_misses:
+    misses += 1
     key = draw_key(rng)
     if key in seen:
       continue
@@ -163,6 +163,7 @@ def draw_unique(domain: str, split: str, n: int, heldout_percent: int,
     p = realize(key, rng)
     if p is not None:
       out.append(p)
+      misses = 0
   if len(out) < n:
     raise ValueError(f'{domain}/{split}: asked for {n} distinct problems, found only '
                      f'{len(out)}; the {split} problem space is too small for that size')

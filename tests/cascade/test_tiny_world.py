@@ -1,0 +1,232 @@
+"""Tests of the tiny world: determinism, disjoint splits, record schema, gold answers
+scored by the real verifiers (and corrupted ones scored lower), the tokenizer."""
+
+import filecmp
+import json
+import os
+import random
+import re
+
+import pytest
+
+from cascade import data
+from cascade import config as config_lib
+from cascade import tiny_world
+from cascade.tiny_world import chat
+from cascade.tiny_world import common
+from cascade.tiny_world import instruction
+from cascade.tiny_world import world
+from models import chat as chat_lib
+from models import tokenizer as tokenizer_lib
+import verifiers
+
+SIZES = dict(sft=60, rl=60, heldout=40, preference=80, preference_heldout=20)
+VERIFIER = {'chat': chat.VERIFIER_NAME, 'instruction_following': 'instruction_following',
+            'math': 'math', 'code': 'code', 'swe': 'swe'}
+
+
+def _read(path):
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope='module')
+def built(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp('world'))
+  return out, tiny_world.build(out, seed=3, **SIZES)
+
+
+def test_build_is_deterministic_for_a_seed(built, tmp_path):
+  out, paths = built
+  again = tiny_world.build(str(tmp_path / 'again'), seed=3, **SIZES)
+  for domain in world.DOMAINS:
+    for name, path in paths[domain].items():
+      assert filecmp.cmp(path, again[domain][name], shallow=False), (domain, name)
+  # The .model file records its own path; the pieces and scores must match.
+  vocab = lambda model: model[:-len('.model')] + '.vocab'
+  assert filecmp.cmp(vocab(paths['tokenizer']), vocab(again['tokenizer']), shallow=False)
+  other = world.generate('math', seed=4, sft=60, rl=60, heldout=40)
+  assert other['sft_train'] != _read(paths['math']['sft_train'])
+
+
+def test_record_counts_and_schema(built):
+  out, paths = built
+  manifest = json.load(open(paths['manifest'], encoding='utf-8'))
+  assert manifest['seed'] == 3
+  fmt = {'sft_train': 'sft', 'sft_heldout': 'sft', 'rl_train': 'prompt', 'heldout': 'prompt',
+         'preference_train': 'preference', 'preference_heldout': 'preference'}
+  want = {'sft_train': 60, 'rl_train': 60, 'heldout': 40, 'sft_heldout': 40,
+          'preference_train': 80, 'preference_heldout': 20}
+  for domain in world.DOMAINS:
+    for name, path in paths[domain].items():
+      records = _read(path)
+      assert len(records) == want[name] == manifest['counts'][domain][name]
+      assert len({r['id'] for r in records}) == len(records)
+      spec = config_lib.Dataset(name=f'{domain}/{name}', format=fmt[name],
+                                record_type=fmt[name], path=path)
+      loaded = data.load(spec, domains=world.DOMAINS)  # cascade's own reader accepts them.
+      assert [r['domain'] for r in loaded] == [domain] * len(records)
+      for r in records:
+        assert r['messages'][0]['role'] == 'user' and r['messages'][0]['content'].strip()
+        if fmt[name] == 'prompt':
+          verifiers.validate(VERIFIER[domain], r['metadata'], f'{path}:{r["id"]}')
+        elif fmt[name] == 'sft':
+          assert r['response'].strip() and r['thinking'].strip()
+  # Held-out prompt records and their SFT twins are the same problems, in order.
+  for domain in world.DOMAINS:
+    prompts, golds = _read(paths[domain]['heldout']), _read(paths[domain]['sft_heldout'])
+    assert [p['messages'] for p in prompts] == [g['messages'] for g in golds]
+
+
+def test_splits_are_disjoint_and_seed_independent():
+  for domain, gen in world.GENERATORS.items():
+    key_of = getattr(gen, 'split_key', lambda k: k)
+    draw = lambda split, seed: common.draw_unique(
+        domain, split, 150, gen.HELDOUT_PERCENT, gen.draw_key, gen.realize,
+        random.Random(seed), split_key=getattr(gen, 'split_key', None))
+    train, held = draw(common.TRAIN, 0), draw(common.HELDOUT, 0)
+    assert not {key_of(p.key) for p in train} & {key_of(p.key) for p in held}, domain
+    assert not {p.prompt for p in train} & {p.prompt for p in held}, domain
+    assert len({p.key for p in train}) == 150
+    # Another seed draws other problems, but never across the line.
+    held_other = draw(common.HELDOUT, 1)
+    assert all(common.split_of(domain, key_of(p.key), gen.HELDOUT_PERCENT) == common.HELDOUT
+               for p in held_other)
+  with pytest.raises(ValueError, match=r'chat/heldout: asked for 5000 distinct'):
+    world.generate('chat', seed=0, sft=0, rl=0, heldout=5000)  # ~1.4K held-out prompts.
+
+
+def test_chat_topics_of_heldout_are_unseen_in_training(built):
+  out, paths = built
+  topic = lambda r: r['metadata']['topic']
+  train = {topic(r) for r in _read(paths['chat']['rl_train'])}
+  held = {topic(r) for r in _read(paths['chat']['heldout'])}
+  sft = _read(paths['chat']['sft_train'])
+  sft_topics = {t for r in sft for t in common.ALL_TOPICS
+                if re.search(rf'\b{t}\b', r['messages'][0]['content'])}
+  assert held and not held & (train | sft_topics)
+
+
+def test_quality_rule():
+  q = chat.quality('The fox moves quickly and rests in safe places.', 'fox')
+  assert q.score == 1.0 and all(q.criteria.values())
+  assert chat.quality('The wolf moves quickly and rests in safe places.', 'fox').criteria == {
+      'on_topic': False, 'complete': True, 'not_repetitive': True, 'sensible_length': True}
+  assert not chat.quality('The fox moves quickly and rests', 'fox').criteria['complete']
+  assert not chat.quality('The fox fox moves quickly and rests.', 'fox').criteria[
+      'not_repetitive']
+  assert not chat.quality('The fox is nice. The fox is nice.', 'fox').criteria['not_repetitive']
+  assert chat.quality('The fox.', 'fox').score == 0.75
+  # `pea` is not mentioned by `peach`.
+  assert not chat.quality('I like the peach a lot today.', 'pea').criteria['on_topic']
+
+
+def test_preference_pairs_follow_the_hidden_rule(built):
+  out, paths = built
+  for r in _read(paths['chat']['preference_train']):
+    topic = next(t for t in common.ALL_TOPICS
+                 if re.search(rf'\b{t}\b', r['messages'][0]['content']))
+    assert chat.quality(r['chosen'], topic).score > chat.quality(r['rejected'], topic).score
+
+
+def _completion(gold, thinking_mode):
+  return chat_lib.render_response(gold['response'], gold['thinking'] if thinking_mode else None)
+
+
+_IF_BREAK = {
+    'change_case:english_lowercase': lambda t, kw: t.upper(),
+    'change_case:english_capital': lambda t, kw: t.lower(),
+    'length_constraints:number_words': lambda t, kw: (
+        ' '.join([t] * 4) if kw['relation'] == 'less than' else 'Short.'),
+    'keywords:existence': lambda t, kw: re.sub(kw['keywords'][0], 'x', t, flags=re.I),
+    'keywords:forbidden_words': lambda t, kw: f'{kw["forbidden_words"][0]} {t}',
+    'startend:end_checker': lambda t, kw: t + ' Okay',
+    'punctuation:no_comma': lambda t, kw: t.replace(' ', ', ', 1),
+    'detectable_format:title': lambda t, kw: re.sub(r'<<[^\n]*>>', '', t),
+    'startend:quotation': lambda t, kw: t.strip('"'),
+    'detectable_content:postscript': lambda t, kw: re.sub(r'P\.S\..*', '', t, flags=re.I),
+}
+
+
+def _corrupt(domain, gold, metadata, rng):
+  """A worse answer for one gold answer (breaks what the domain's verifier checks)."""
+  text = gold['response']
+  if domain == 'chat':
+    return chat._break(text, metadata['topic'], 'off_topic', rng)
+  if domain == 'instruction_following':
+    first = metadata['instruction_id_list'][0]
+    return _IF_BREAK[first](text, metadata['kwargs'][0])
+  if domain == 'math':
+    return re.sub(r'\\boxed\{(\d+)\}', lambda m: f'\\boxed{{{int(m[1]) + 1}}}', text)
+  if domain == 'code':
+    return re.sub(r'return (.*)', r'return (\1) if 0 else None', text)
+  if domain == 'swe':
+    return re.sub(r'\n\+(.*)$', r'\n+\1  # fix?', text)
+  raise AssertionError(domain)
+
+
+@pytest.mark.parametrize('domain', world.DOMAINS)
+def test_gold_scores_max_and_corrupted_lower(built, domain):
+  out, paths = built
+  prompts, golds = _read(paths[domain]['heldout']), _read(paths[domain]['sft_heldout'])
+  prompts, golds = prompts[:24], golds[:24]
+  rng = random.Random(0)
+  samples = []
+  for p, g in zip(prompts, golds):
+    prompt = chat_lib.render(p['messages'], thinking=False)
+    samples += [verifiers.Sample(prompt, _completion(g, False), p['metadata']),
+                verifiers.Sample(prompt, _completion(g, True), p['metadata']),
+                verifiers.Sample(prompt, chat_lib.render_response(
+                    _corrupt(domain, g, p['metadata'], rng)), p['metadata'])]
+  with verifiers.get(VERIFIER[domain]) as v:
+    results = v.score(samples)
+  for i in range(0, len(samples), 3):
+    gold_i, gold_t, bad = results[i:i + 3]
+    assert gold_i.reward == 1.0, (samples[i].completion, gold_i.info)
+    assert gold_t.reward == 1.0, (samples[i + 1].completion, gold_t.info)
+    assert bad.reward < 1.0, (samples[i + 2].completion, bad.info)
+
+
+def test_instruction_check_matches_gold_and_breaks():
+  rng = random.Random(5)
+  for _ in range(300):
+    p = None
+    while p is None:
+      p = instruction.realize(instruction.draw_key(rng), rng)
+    kinds = [k for k, _ in p.key[1]]
+    for kind, kw in zip(kinds, p.metadata['kwargs']):
+      assert instruction.check(p.answer, kind, kw), (p.prompt, p.answer)
+    first = p.metadata['instruction_id_list'][0]
+    broken = _IF_BREAK[first](p.answer, p.metadata['kwargs'][0])
+    assert not instruction.check(broken, kinds[0], p.metadata['kwargs'][0]), (p.prompt, broken)
+
+
+def test_tokenizer_round_trips_the_world(built):
+  out, paths = built
+  tok = tokenizer_lib.load(paths['tokenizer'])
+  assert tok.vocab_size <= 1024
+  for special in chat_lib.SPECIAL_TOKENS:
+    assert len(tok.encode(special)) == 1, special
+  texts = []
+  for domain in world.DOMAINS:
+    for name in ('sft_train', 'sft_heldout'):
+      recs = _read(paths[domain][name])
+      texts += world.corpus(recs)
+  for text in texts:
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert ids.count(tok.token_to_id(chat_lib.IM_START)) == text.count(chat_lib.IM_START)
+  # Digits are one token each (arithmetic is learnable digit by digit).
+  assert len(tok.encode('12345')) == 5
+
+
+def test_build_is_fast_at_default_sizes(tmp_path):
+  import time  # pylint: disable=g-import-not-at-top
+  start = time.perf_counter()
+  paths = tiny_world.build(str(tmp_path / 'full'), seed=0)
+  elapsed = time.perf_counter() - start
+  assert elapsed < 30, elapsed  # ~6 s on an idle core; the CPU is shared.
+  counts = json.load(open(paths['manifest'], encoding='utf-8'))['counts']
+  assert counts['math'] == {'sft_train': 2000, 'rl_train': 2000, 'heldout': 1000,
+                            'sft_heldout': 1000}
+  assert os.path.getsize(paths['tokenizer']) > 0
