@@ -1,0 +1,244 @@
+"""Sampler: on-policy log-probs, top-k/top-p/temperature, stop tokens, groups, buckets, sharding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import config as config_lib
+from models import sharding
+from models import transformer
+from rl import sampler
+
+CFG = config_lib.ModelConfig.tiny()          # GQA: 4 heads over 2 kv heads
+PROMPTS = [[5, 6, 7, 8, 9], [11], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30], [40, 41]]
+EOS = (3, 17)
+
+
+def _policy(mesh=None):
+  """A tiny policy with weights scaled up so its distributions are peaked (real stops, few ties)."""
+  graphdef, params = nnx.split(transformer.create(CFG, seed=0, mesh=mesh))
+  return graphdef, jax.tree.map(lambda x: x * 4, params)
+
+
+@pytest.fixture(scope='module')
+def policy():
+  return _policy()
+
+
+@pytest.fixture(scope='module')
+def samp(policy):
+  return sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, prompt_buckets=(16, 32),
+                         new_token_buckets=(16, 32), batch_buckets=(8, 16, 256))
+
+
+def _forward_logprobs(graphdef, params, out):
+  """Training-style pass over prompt ++ completion: float64 log-softmax of every completion step."""
+  tokens = np.concatenate([out.prompt_tokens, out.tokens], 1)
+  seg = np.concatenate([out.prompt_mask, out.mask], 1)
+  pos = np.maximum(np.cumsum(seg, 1) - 1, 0)
+  logits = nnx.merge(graphdef, params)(jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(seg))
+  p = out.prompt_tokens.shape[1]
+  x = np.asarray(logits, np.float64)[:, p - 1:-1]                          # [B, N, V]
+  return x, _log_softmax(x)
+
+
+def _reference_filter(x, temperature, top_p, top_k):
+  """float64 numpy, by sorting: temperature, then top-k, then top-p; -inf outside."""
+  x = x / temperature
+  if top_k:
+    kth = np.sort(x, -1)[..., ::-1][..., top_k - 1:top_k]
+    x = np.where(x >= kth, x, -np.inf)
+  desc = np.sort(x, -1)[..., ::-1]
+  probs = np.exp(desc - desc[..., :1])
+  probs /= probs.sum(-1, keepdims=True)
+  before = np.cumsum(probs, -1) - probs
+  count = np.sum(before < top_p, -1, keepdims=True)
+  threshold = np.take_along_axis(desc, count - 1, -1)
+  return np.where(x >= threshold, x, -np.inf)
+
+
+def _log_softmax(x):
+  m = np.max(x, -1, keepdims=True)
+  return x - m - np.log(np.sum(np.exp(x - m), -1, keepdims=True))
+
+
+_FILTER = jax.jit(sampler._filter_logits)    # top_p / top_k traced: one compile
+
+
+@pytest.mark.parametrize('top_p,top_k', [(1.0, 5), (0.7, 0), (0.9, 40), (1e-6, 0), (1.0, 1)])
+def test_filter_matches_sorted_reference(top_p, top_k):
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(6, 256)).astype(np.float32) * 3
+  x[0, :10] = x[0, 10]                    # ties straddling the cut
+  x[1, 7] = -np.inf                       # an already-excluded token
+  got = _FILTER(jnp.asarray(x), jnp.float32(top_p), jnp.int32(top_k))
+  ref = _reference_filter(x.astype(np.float64), 1.0, top_p, top_k)
+  np.testing.assert_array_equal(np.isfinite(got), np.isfinite(ref))
+  np.testing.assert_array_equal(np.asarray(got)[np.isfinite(ref)], x[np.isfinite(ref)])
+
+
+@pytest.mark.parametrize('sp', [
+    sampler.SamplingParams(max_new_tokens=12, greedy=True),
+    sampler.SamplingParams(max_new_tokens=12, temperature=0.7, top_p=0.9, top_k=30)],
+    ids=['greedy', 'temp_top_p_top_k'])
+def test_logprobs_equal_training_forward(policy, samp, sp):
+  out = samp.generate(policy[1], PROMPTS, jax.random.key(1), sp, num_samples=2)
+  assert out.prompt_tokens.shape == (8, 11) and out.tokens.shape == (8, 12)
+  np.testing.assert_array_equal(out.prompt_mask.sum(1), np.repeat([len(q) for q in PROMPTS], 2))
+  for i, q in enumerate(PROMPTS):                      # left-padded, prompt-major
+    np.testing.assert_array_equal(out.prompt_tokens[2 * i, 11 - len(q):], q)
+  logits, logp = _forward_logprobs(*policy, out)
+  ref = np.take_along_axis(logp, out.tokens[..., None], -1)[..., 0] * out.mask
+  np.testing.assert_allclose(out.logprobs, ref, atol=1e-4, rtol=0)
+  if sp.greedy:
+    np.testing.assert_array_equal(out.sampling_logprobs, 0)
+    np.testing.assert_array_equal(np.where(out.mask > 0, out.tokens, 0),
+                                  np.where(out.mask > 0, logits.argmax(-1), 0))
+  else:
+    sampled = _log_softmax(_reference_filter(logits, sp.temperature, sp.top_p, sp.top_k))
+    ref = np.take_along_axis(sampled, out.tokens[..., None], -1)[..., 0]
+    ref = np.where(out.mask > 0, ref, 0)
+    assert np.all(np.isfinite(ref)), 'a sampled token lies outside the top-k/top-p support'
+    np.testing.assert_allclose(out.sampling_logprobs, ref, atol=1e-4, rtol=0)
+  assert np.all(out.logprobs <= 0) and out.mask.sum() > 0
+
+
+def test_stop_on_any_eos_masks_lengths_truncated(policy):
+  free = sampler.Sampler(policy[0], CFG, eos_ids=(), prompt_buckets=(16,),
+                         new_token_buckets=(16,), batch_buckets=(8,))
+  sp = sampler.SamplingParams(max_new_tokens=10, greedy=True)
+  ref = free.generate(policy[1], PROMPTS, jax.random.key(0), sp)
+  assert ref.mask.all() and ref.truncated.all() and (ref.lengths == 10).all()
+  # Two stop ids that row 0 and row 1 emit at different steps; rows that emit neither run out.
+  eos = (int(ref.tokens[0, 3]), int(ref.tokens[1, 5]))
+  stop = sampler.Sampler(policy[0], CFG, eos_ids=eos, pad_id=0, prompt_buckets=(16,),
+                         new_token_buckets=(16,), batch_buckets=(8,))
+  out = stop.generate(policy[1], PROMPTS, jax.random.key(0), sp)
+  for r in range(len(PROMPTS)):
+    hits = np.flatnonzero(np.isin(ref.tokens[r], eos))
+    n = hits[0] + 1 if hits.size else 10
+    assert out.lengths[r] == n and out.truncated[r] == (hits.size == 0)
+    np.testing.assert_array_equal(out.tokens[r, :n], ref.tokens[r, :n])
+    np.testing.assert_array_equal(out.tokens[r, n:], 0)
+    np.testing.assert_array_equal(out.mask[r], np.arange(10) < n)
+    np.testing.assert_allclose(out.logprobs[r, :n], ref.logprobs[r, :n], atol=1e-6)
+    np.testing.assert_array_equal(out.logprobs[r, n:], 0)
+  assert out.lengths[0] <= 4 and out.lengths[1] <= 6 and not out.truncated[:2].any()
+
+
+def test_top_k_1_tiny_top_p_tiny_temperature_equal_greedy(policy, samp):
+  greedy = samp.generate(policy[1], PROMPTS, jax.random.key(0),
+                         sampler.SamplingParams(max_new_tokens=12, greedy=True), num_samples=2)
+  n = samp.compile_count
+  for kw in (dict(top_k=1), dict(top_p=1e-6), dict(top_p=1e-6, top_k=3), dict(temperature=1e-4),
+             dict(temperature=1e-4, top_p=0.8)):
+    out = samp.generate(policy[1], PROMPTS, jax.random.key(7),
+                        sampler.SamplingParams(max_new_tokens=12, **kw), num_samples=2)
+    np.testing.assert_array_equal(out.tokens, greedy.tokens, err_msg=str(kw))
+    np.testing.assert_allclose(out.logprobs, greedy.logprobs, atol=1e-6)
+    if 'temperature' not in kw:       # a one-token support: the sampling log-prob is log 1
+      np.testing.assert_allclose(out.sampling_logprobs, 0, atol=1e-6)
+  # Temperature, top-p and top-k are traced: only the filtered/unfiltered switch compiles.
+  assert samp.compile_count <= n + 2
+
+
+def test_sampling_distribution_and_support(policy, samp):
+  g = 256
+  prompt = [[12, 13, 14]]
+  full = samp.generate(policy[1], prompt, jax.random.key(3),
+                       sampler.SamplingParams(max_new_tokens=1, temperature=1.5), num_samples=g)
+  first = full.tokens[:, 0]
+  # Every row saw the same first-step distribution; its frequencies match it.
+  _, logp = _forward_logprobs(*policy, full)
+  p = np.exp(_log_softmax(logp[0, 0] / 1.5))
+  np.testing.assert_allclose(np.exp(full.sampling_logprobs[:, 0]), p[first], atol=1e-5)
+  freq = np.bincount(first, minlength=CFG.vocab_size) / g
+  big = p > 0.03
+  assert big.sum() >= 3
+  np.testing.assert_array_less(np.abs(freq - p)[big], 4.5 * np.sqrt(p * (1 - p) / g)[big])
+  assert len(set(first.tolist())) > 5               # G samples of one prompt really differ
+  order = np.argsort(-logp[0, 0])
+  top3 = samp.generate(policy[1], prompt, jax.random.key(3),
+                       sampler.SamplingParams(max_new_tokens=1, temperature=1.5, top_k=3),
+                       num_samples=g)
+  assert set(top3.tokens[:, 0].tolist()) == set(order[:3].tolist())
+  nucleus = samp.generate(policy[1], prompt, jax.random.key(3),
+                          sampler.SamplingParams(max_new_tokens=1, top_p=0.5), num_samples=g)
+  mass_before = np.cumsum(np.exp(logp[0, 0][order])) - np.exp(logp[0, 0][order])
+  allowed = set(order[mass_before < 0.5].tolist())
+  assert set(nucleus.tokens[:, 0].tolist()) <= allowed and len(allowed) >= 2
+
+
+def test_seeds_groups_and_padding_independence(policy, samp):
+  sp = sampler.SamplingParams(max_new_tokens=12, temperature=1.0)
+  a = samp.generate(policy[1], PROMPTS, jax.random.key(5), sp, num_samples=2)
+  b = samp.generate(policy[1], PROMPTS, jax.random.key(5), sp, num_samples=2)
+  c = samp.generate(policy[1], PROMPTS, jax.random.key(6), sp, num_samples=2)
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(x, y)
+  assert not np.array_equal(a.tokens, c.tokens)
+  assert not np.array_equal(a.tokens[0::2], a.tokens[1::2])     # G samples are independent
+  # More prompts -> a larger batch bucket (8 -> 16 rows); the first rows are unchanged.
+  more = samp.generate(policy[1], PROMPTS + [[50, 51], [60]], jax.random.key(5), sp, num_samples=2)
+  np.testing.assert_array_equal(more.tokens[:8], a.tokens)
+  np.testing.assert_allclose(more.logprobs[:8], a.logprobs, atol=1e-5)
+
+
+def test_compile_count_bounded_by_buckets(policy):
+  s = sampler.Sampler(policy[0], CFG, eos_ids=EOS, prompt_buckets=(8, 16),
+                      new_token_buckets=(8, 16), batch_buckets=(4,))
+  rng = np.random.default_rng(0)
+  sp = lambda n, t: sampler.SamplingParams(max_new_tokens=n, temperature=t)
+  for length in range(1, 9):              # varied prompt lengths, one bucket
+    prompts = [list(rng.integers(4, 200, length)) for _ in range(2)]
+    out = s.generate(policy[1], prompts, jax.random.key(length), sp(3 + length % 5, 0.5 + length / 8))
+    assert out.tokens.shape == (2, 3 + length % 5) and out.prompt_tokens.shape == (2, length)
+  assert s.compile_count == 1
+  s.generate(policy[1], [[5] * 12], jax.random.key(0), sp(8, 1.0))      # prompt bucket 16
+  s.generate(policy[1], [[5] * 12], jax.random.key(0), sp(12, 1.0))     # new-token bucket 16
+  s.generate(policy[1], [[5] * 10], jax.random.key(0), sp(9, 0.3))      # seen already
+  assert s.compile_count == 3
+  with pytest.raises(ValueError, match='prompt length=17 exceeds the largest bucket 16'):
+    s.generate(policy[1], [[5] * 17], jax.random.key(0), sp(4, 1.0))
+  with pytest.raises(ValueError, match='batch'):
+    s.generate(policy[1], [[5]] * 5, jax.random.key(0), sp(4, 1.0))
+
+
+def test_bad_input_errors(policy, samp):
+  with pytest.raises(ValueError, match='temperature'):
+    sampler.SamplingParams(max_new_tokens=4, temperature=0.0)
+  with pytest.raises(ValueError, match='top_p'):
+    sampler.SamplingParams(max_new_tokens=4, top_p=0.0)
+  with pytest.raises(ValueError, match='top_k'):
+    sampler.SamplingParams(max_new_tokens=4, top_k=-1)
+  with pytest.raises(ValueError, match='max_new_tokens'):
+    sampler.SamplingParams(max_new_tokens=0)
+  sp = sampler.SamplingParams(max_new_tokens=4)
+  with pytest.raises(ValueError, match=r'prompts\[1\] is empty'):
+    samp.generate(policy[1], [[1], []], jax.random.key(0), sp)
+  with pytest.raises(ValueError, match=r'prompts\[0\] has token ids outside'):
+    samp.generate(policy[1], [[CFG.vocab_size]], jax.random.key(0), sp)
+  with pytest.raises(ValueError, match='eos_ids'):
+    sampler.Sampler(policy[0], CFG, eos_ids=(CFG.vocab_size,))
+
+
+@pytest.mark.parametrize('greedy', [True, False], ids=['greedy', 'sampled'])
+def test_sharded_equals_unsharded(policy, samp, greedy):
+  assert jax.device_count() >= 8
+  mesh = sharding.make_mesh((2, 2, 2))
+  graphdef, params = _policy(mesh)
+  assert params['layers'][0]['attn']['q_proj'].value.sharding.spec == \
+      jax.sharding.PartitionSpec('fsdp', 'tensor', None)
+  sharded = sampler.Sampler(graphdef, CFG, eos_ids=EOS, pad_id=0, mesh=mesh,
+                            prompt_buckets=(16, 32), new_token_buckets=(16, 32),
+                            batch_buckets=(8, 16, 256))
+  sp = sampler.SamplingParams(max_new_tokens=12, greedy=greedy, temperature=0.9)
+  out = sharded.generate(params, PROMPTS, jax.random.key(2), sp, num_samples=2)
+  ref = samp.generate(policy[1], PROMPTS, jax.random.key(2), sp, num_samples=2)
+  for name in ('prompt_tokens', 'prompt_mask', 'tokens', 'mask', 'lengths', 'truncated'):
+    np.testing.assert_array_equal(getattr(out, name), getattr(ref, name), err_msg=name)
+  # Sharded reductions add in another order: equal up to float32 rounding.
+  np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
+  np.testing.assert_allclose(out.sampling_logprobs, ref.sampling_logprobs, atol=1e-4)
