@@ -206,10 +206,12 @@ class Verifier:
       try:
         answer, early = self._split(sample)
         if early is None:
-          self._check_metadata(sample.metadata, **self._options())
+          try:
+            self._check_metadata(sample.metadata, **self._options())
+          except ValueError as e:
+            early = Result(0.0, {'reason': f'bad metadata: {e}'})
+        if early is None:
           early = self._prepare(sample, answer)
-      except ValueError as e:
-        early = Result(0.0, {'reason': f'bad metadata: {e}'})
       except Exception as e:  # pylint: disable=broad-except
         early = Result(0.0, {'reason': f'error: {type(e).__name__}: {e}'})
       if isinstance(early, Result):

@@ -67,6 +67,11 @@ def humaneval_program(prompt: str, completion: str, test: str, entry_point: str)
   return f'{body}\n\n{test}\n\ncheck({entry_point})\n'
 
 
+def _is_humaneval(metadata: Mapping[str, Any]) -> bool:
+  # A record with tests on stdin/stdout may also carry a 'prompt' (the statement).
+  return 'inputs' not in metadata and 'outputs' not in metadata
+
+
 class CodeVerifier(base.Verifier):
   """Runs candidates in `sandbox.Sandbox`; options are the sandbox's limits."""
 
@@ -97,16 +102,13 @@ class CodeVerifier(base.Verifier):
   @classmethod
   def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
     super()._check_metadata(metadata)
-    if 'entry_point' in metadata or 'test' in metadata:
+    if _is_humaneval(metadata):
       base.require(metadata, 'prompt', str, 'HumanEval record')
       base.require(metadata, 'test', str, 'HumanEval record')
       entry = base.require(metadata, 'entry_point', str, 'HumanEval record')
       if not _IDENTIFIER.match(entry):
         raise ValueError(f'metadata["entry_point"] must be a Python identifier, got {entry!r}')
       return
-    if 'inputs' not in metadata and 'outputs' not in metadata:
-      raise ValueError('metadata needs HumanEval fields (prompt, test, entry_point) or '
-                       'stdin/stdout fields (inputs, outputs)')
     inputs = base.require(metadata, 'inputs', list, 'stdin of each test')
     outputs = base.require(metadata, 'outputs', list, 'expected stdout of each test')
     if not inputs or len(inputs) != len(outputs):
@@ -125,7 +127,7 @@ class CodeVerifier(base.Verifier):
     md = sample.metadata
     if not answer.strip():
       return base.Result(0.0, {'reason': 'empty answer'})
-    if 'entry_point' in md:
+    if _is_humaneval(md):
       code = extract_code(answer, md['entry_point'])
       program = humaneval_program(md['prompt'], code, md['test'], md['entry_point'])
       return {'mode': 'check', 'program': program}

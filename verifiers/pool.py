@@ -207,7 +207,11 @@ class ProcessPool:
           why = 'worker exited'
         if messages is None:
           if w.state == 'busy':
-            results[w.job] = Outcome(False, error=f'{why} (exit status {w.proc.poll()})')
+            try:  # Its stdout is closed, so it is exiting: wait for the status.
+              status = w.proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+              status = None
+            results[w.job] = Outcome(False, error=f'{why} (exit status {status})')
           self._retire(i, why)
           continue
         for msg in messages:

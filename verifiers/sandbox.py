@@ -181,6 +181,8 @@ class Sandbox:
     self._pool = pool_lib.ProcessPool(self._spawn, workers, name=f'sandbox[{self.isolation}]')
 
   def _spawn(self, _: int) -> subprocess.Popen:
+    # -P: the server's own directory must not shadow the standard library
+    # (verifiers/ holds a math.py).
     server_args = []
     if self._as_root:
       uid = _sandbox_uid(next(_slots))
@@ -188,13 +190,13 @@ class Sandbox:
       server_args += ['--drop-uid', str(uid)]
     if self._bwrap:
       argv = bwrap_argv(self._bwrap, as_root=self._as_root, tmpfs_mb=self._tmpfs_mb)
-      argv += [sys.executable, '-s', '-B', '/sandbox_server.py', '--root', '/tmp']
+      argv += [sys.executable, '-s', '-B', '-P', '/sandbox_server.py', '--root', '/tmp']
       if not self._as_root:
         argv += ['--kill-all']
     else:
       root = tempfile.mkdtemp(prefix='cascade-sandbox-')
       self._tmpdirs.append(root)
-      argv = [sys.executable, '-s', '-B', SERVER_PATH, '--root', root]
+      argv = [sys.executable, '-s', '-B', '-P', SERVER_PATH, '--root', root]
     return subprocess.Popen(argv + server_args, env=_ENV, cwd='/', **pool_lib.popen_kwargs())
 
   @property

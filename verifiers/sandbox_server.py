@@ -331,7 +331,9 @@ class Server:
     """
     if self.drop_uid is not None:
       if not os.listdir(self.case_dir) and not self._sandbox_uid_running():
-        return _reap() if reap else None
+        if reap:
+          _reap(block=True)
+        return
       # A helper with the candidates' uid: kill(-1) reaches exactly them.
       helper = os.fork()
       if helper == 0:
@@ -360,7 +362,9 @@ class Server:
           pass
       _empty_dir(self.case_dir)
     if reap:
-      _reap()
+      # Everything but an escaped session (fallback, same uid) was killed, so
+      # waiting for all children ends promptly and leaves no zombie behind.
+      _reap(block=self.drop_uid is not None or self.kill_all)
 
 
   def _sandbox_uid_running(self):
@@ -443,14 +447,22 @@ def _make_writable_and_retry(func, path, _):
   func(path)
 
 
-def _reap():
+def _reap(block=False):
+  """Collects exited children (we are a subreaper, so orphans are ours too).
+
+  Args:
+    block: wait (up to 2 s) until no child is left, not just for exited ones.
+  """
+  deadline = time.monotonic() + 2.0
   while True:
     try:
       pid, _ = os.waitpid(-1, os.WNOHANG)
     except ChildProcessError:
       return
     if pid == 0:
-      return
+      if not block or time.monotonic() > deadline:
+        return
+      time.sleep(0.0005)
 
 
 def _tail(path, limit=2000):

