@@ -37,8 +37,8 @@ import os
 import resource
 import secrets
 import select
-import shutil
 import signal
+import stat
 import struct
 import sys
 import time
@@ -330,7 +330,11 @@ class Server:
       reap: also collect exited children (not before the caller's waitpid).
     """
     if self.drop_uid is not None:
-      if not os.listdir(self.case_dir) and not self._sandbox_uid_running():
+      try:
+        dirty = bool(os.listdir(self.case_dir))
+      except OSError:  # The candidate chmod-ed its (own) work dir.
+        dirty = True
+      if not dirty and not self._sandbox_uid_running():
         if reap:
           _reap(block=True)
         return
@@ -345,6 +349,7 @@ class Server:
             os.kill(-1, signal.SIGKILL)
           except ProcessLookupError:  # Nothing left to kill.
             pass
+          os.chmod(self.case_dir, 0o755)
           _empty_dir(self.case_dir)
         finally:
           _exit(0)
@@ -429,22 +434,36 @@ def _safe_join(root, rel):
   return os.path.join(root, norm)
 
 
-def _empty_dir(path):
-  for name in os.listdir(path):
-    full = os.path.join(path, name)
-    if os.path.isdir(full) and not os.path.islink(full):
-      shutil.rmtree(full, onerror=_make_writable_and_retry)
-    else:
-      os.unlink(full)
+def _empty_dir(root):
+  """Removes everything under root, iteratively (no recursion limit).
 
-
-def _make_writable_and_retry(func, path, _):
-  # A candidate may chmod its own dirs to 000; we own them, so undo that.
-  parent = os.path.dirname(path)
-  os.chmod(parent, 0o700)
-  if os.path.isdir(path) and not os.path.islink(path):
-    os.chmod(path, 0o700)
-  func(path)
+  The tree belongs to the candidate's uid, which we run as here; a candidate
+  may have made its directories unreadable, so each is made accessible
+  before it is listed.
+  """
+  stack, dirs = [root], []
+  while stack:
+    d = stack.pop()
+    try:
+      names = os.listdir(d)
+    except OSError:
+      continue
+    for name in names:
+      full = os.path.join(d, name)
+      try:
+        if stat.S_ISDIR(os.lstat(full).st_mode):
+          os.chmod(full, 0o755)
+          stack.append(full)
+          dirs.append(full)
+        else:
+          os.unlink(full)
+      except OSError:
+        pass
+  for d in reversed(dirs):  # Children were found after their parents.
+    try:
+      os.rmdir(d)
+    except OSError:
+      pass
 
 
 def _reap(block=False):

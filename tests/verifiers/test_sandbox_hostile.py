@@ -31,6 +31,10 @@ def _hostile(tag, host_dir, port):
       ('infinite loop', 'def add(a, b):\n    while True:\n        pass\n', HE, 0.0),
       ('fork bomb', 'import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n'
                     '        pass\n', HE, 0.0),
+      ('fork limit holds', 'import os, time\nn = 0\ntry:\n    for _ in range(200):\n'
+                           '        if os.fork() == 0:\n            time.sleep(60)\n'
+                           '            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n'
+                           'assert 0 < n < 16, n\n' + RIGHT, HE, 1.0),
       ('memory bomb', 'blocks = []\nwhile True:\n    blocks.append(bytearray(1 << 26))\n', HE, 0.0),
       ('memory bomb, one allocation', 'x = bytearray(1 << 40)\n' + RIGHT, HE, 0.0),
       ('huge output (stdio)', 'import sys\nwhile True:\n    sys.stdout.write("x" * 65536)\n',
