@@ -1,0 +1,190 @@
+"""Train step: schedule, sharded == unsharded, microbatched == full batch, skips, master weights."""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from models import config as config_lib
+from models import sharding
+from models import transformer
+from rl import batch as batch_lib
+from rl import grpo
+from rl import sampler
+from rl import train_step as ts
+
+CFG = config_lib.ModelConfig.tiny()
+
+
+def _grpo_batch(graphdef, params, b=8, p=5, n=7, seed=0, ref=False):
+  """Hand-built rollouts (padded prompts, early stops) whose old log-probs are the policy's."""
+  rng = np.random.default_rng(seed)
+  pm = np.sort((rng.random((b, p)) < 0.8).astype(np.int32), 1)
+  pm[:, -1] = 1
+  lengths = rng.integers(1, n + 1, b)
+  mask = (np.arange(n)[None] < lengths[:, None]).astype(np.int32)
+  out = sampler.SampleOutput(
+      prompt_tokens=rng.integers(2, 256, (b, p)).astype(np.int32) * pm, prompt_mask=pm,
+      tokens=rng.integers(2, 256, (b, n)).astype(np.int32) * mask, mask=mask,
+      logprobs=np.zeros((b, n), np.float32), sampling_logprobs=np.zeros((b, n), np.float32),
+      lengths=lengths.astype(np.int32), truncated=lengths == n)
+  batch = batch_lib.from_samples(out, rng.normal(size=b))
+  lp = np.asarray(batch_lib.compute_logprobs(graphdef, params, batch)) * batch.loss_mask
+  batch = batch._replace(old_logprobs=lp)
+  if ref:
+    batch = batch._replace(ref_logprobs=lp + rng.normal(scale=0.1, size=lp.shape).astype(np.float32))
+  return batch
+
+
+def _copy(tree):
+  return jax.tree.map(jnp.copy, tree)
+
+
+OPT_CFG = ts.OptimizerConfig(learning_rate=1e-3, eps=1e-6, weight_decay=0.1, warmup_steps=2)
+GRPO_CFG = grpo.GrpoConfig(kl_coef=0.05)
+
+
+@functools.cache
+def _setup():
+  """One model, optimizer and compiled unsharded GRPO step shared by several tests."""
+  graphdef, params = nnx.split(transformer.create(CFG, seed=0))
+  opt = ts.make_optimizer(OPT_CFG)
+  step = ts.make_train_step(graphdef, 'grpo', GRPO_CFG, opt, lr_schedule=ts.make_schedule(OPT_CFG))
+  return graphdef, params, opt, step
+
+
+def _max_diff(a, b):
+  return max(float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def test_schedule_warmup_then_constant_or_cosine():
+  const = ts.make_schedule(ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=4))
+  np.testing.assert_allclose([float(const(i)) for i in range(6)],
+                             [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3], rtol=1e-6)
+  cos = ts.make_schedule(dict(learning_rate=1.0, warmup_steps=2, schedule='cosine',
+                              decay_steps=10, min_lr_ratio=0.1))
+  for i in (2, 5, 12, 20):
+    t = min((i - 2) / 10, 1.0)
+    np.testing.assert_allclose(float(cos(i)), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)),
+                               rtol=1e-6)
+
+
+def test_configs_by_name_and_clear_errors():
+  cfg = ts.loss_config('grpo', ml_collections.ConfigDict({'clip_eps_high': 0.28}))
+  assert cfg == grpo.GrpoConfig(clip_eps_high=0.28)
+  with pytest.raises(ValueError, match=r"unknown field\(s\) \['clip'\]"):
+    ts.loss_config('grpo', {'clip': 0.2})
+  with pytest.raises(ValueError, match="unknown loss 'ppo'"):
+    ts.make_train_step(None, 'ppo', None, optax.sgd(1.0))
+  with pytest.raises(ValueError, match='learning_rate'):
+    ts.make_optimizer({'learning_rate': 0.0})
+  with pytest.raises(ValueError, match='decay_steps'):
+    ts.OptimizerConfig(learning_rate=1.0, schedule='cosine')
+
+
+def _adam_mu(state):
+  """Adam's first moment after one step: (1 - b1) * (clipped) gradient."""
+  return optax.tree_utils.tree_get(state.opt_state, 'mu')
+
+
+def test_microbatched_and_remat_gradients_equal_full_batch():
+  graphdef, params, opt, step = _setup()
+  remat_graphdef, _ = nnx.split(transformer.create(CFG.replace(remat=True), seed=0))
+  batch = _grpo_batch(graphdef, params, ref=True)
+  full, m1 = step(ts.init_state(_copy(params), opt), batch)
+  micro, m4 = ts.make_train_step(graphdef, 'grpo', GRPO_CFG, opt, microbatches=4)(
+      ts.init_state(_copy(params), opt), batch)
+  remat, _ = ts.make_train_step(remat_graphdef, 'grpo', GRPO_CFG, opt)(
+      ts.init_state(_copy(params), opt), batch)
+  assert jax.tree.structure(full.opt_state) == jax.tree.structure(micro.opt_state)
+  mu = _adam_mu(full)
+  assert max(float(jnp.abs(x).max()) for x in mu) > 1e-4
+  # Gradients (Adam's mu) agree to float32 rounding; so do the metrics.
+  assert _max_diff(mu, _adam_mu(micro)) < 1e-8
+  assert _max_diff(mu, _adam_mu(remat)) < 1e-8
+  for k in ('loss', 'grad_norm', 'ratio_max', 'tokens', 'kl', 'entropy', 'clip_frac'):
+    np.testing.assert_allclose(float(m4[k]), float(m1[k]), rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+def test_sharded_step_equals_unsharded_after_three_steps():
+  graphdef, params, opt, step = _setup()
+  batches = [_grpo_batch(graphdef, params, seed=s, ref=True) for s in range(3)]
+  state = ts.init_state(_copy(params), opt)
+  for b in batches:
+    state, _ = step(state, b)
+
+  mesh = sharding.make_mesh((2, 2, 2))
+  sstate = ts.init_state(_copy(params), opt, mesh=mesh)
+  sstep = ts.make_train_step(graphdef, 'grpo', GRPO_CFG, opt, mesh=mesh, state=sstate,
+                             microbatches=2, lr_schedule=ts.make_schedule(OPT_CFG))
+  expect = ts.state_shardings(sstate, opt, mesh)
+  for b in batches:
+    sstate, metrics = sstep(sstate, b)
+  assert int(sstate.step) == 3 and float(metrics['lr']) == pytest.approx(1e-3)
+  assert _max_diff(state.params, sstate.params) <= 1e-5
+  assert _max_diff(state.opt_state, sstate.opt_state) <= 1e-5
+  # Params and Adam moments stay laid out by their logical axes.
+  got = jax.tree.map(lambda x: x.sharding, sstate)
+  assert jax.tree.leaves(got) == jax.tree.leaves(expect)
+  assert sstate.params['embed'][...].sharding.spec == P('tensor', 'fsdp')
+
+
+def test_non_finite_step_is_skipped_and_counted():
+  graphdef, params, opt, step = _setup()
+  state = ts.init_state(_copy(params), opt)
+  good = _grpo_batch(graphdef, params, ref=True)
+  bad = good._replace(advantages=good.advantages.copy())
+  bad.advantages[3] = np.nan
+  before = _copy(state)
+  state, metrics = step(state, bad)
+  assert not np.isfinite(float(metrics['loss']))
+  assert int(state.skipped) == 1 and int(metrics['skipped']) == 1 and int(state.step) == 0
+  assert _max_diff(state.params, before.params) == 0
+  assert _max_diff(state.opt_state, before.opt_state) == 0
+  state, metrics = step(state, good)
+  assert int(state.step) == 1 and int(state.skipped) == 1 and np.isfinite(float(metrics['loss']))
+  assert _max_diff(state.params, before.params) > 0
+
+
+def test_metrics_of_a_grpo_step():
+  graphdef, params, opt, step = _setup()
+  batch = _grpo_batch(graphdef, params, ref=True)
+  _, m = ts.run_step(step, ts.init_state(_copy(params), opt), batch)
+  for k in ('loss', 'grad_norm', 'lr', 'ratio_mean', 'ratio_max', 'clip_frac', 'kl', 'entropy',
+            'logprob_gap', 'skipped', 'tokens', 'tokens_per_s', 'step_s'):
+    assert k in m and np.isfinite(m[k]), k
+  assert m['lr'] == pytest.approx(5e-4)            # first of two warm-up steps
+  assert m['ratio_mean'] == pytest.approx(1.0, abs=1e-5) and m['logprob_gap'] < 1e-5
+  assert m['tokens'] == batch.loss_mask.sum()
+  lp = batch.old_logprobs[batch.loss_mask > 0]
+  assert m['entropy'] == pytest.approx(-lp.mean(), rel=1e-4)
+  assert m['kl'] > 0
+
+
+def test_fp32_master_weights_keep_updates_a_bf16_copy_would_lose():
+  graphdef32, params32, opt32, step32 = _setup()
+  cfg = CFG.replace(param_dtype='bfloat16', dtype='bfloat16')
+  graphdef, params = nnx.split(transformer.create(cfg, seed=0))
+  batch = _grpo_batch(graphdef32, params32, ref=True)
+  # Adam's first step moves every weight by ~lr = 1e-5, mostly below bf16's spacing.
+  opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-5))
+  state, m = ts.make_train_step(graphdef, 'grpo', GRPO_CFG, opt)(
+      ts.init_state(_copy(params), opt, master_dtype='float32'), batch)
+  w0 = params['layers'][0]['mlp']['up_proj'][...]
+  w = state.params['layers'][0]['mlp']['up_proj'][...]
+  assert w0.dtype == jnp.bfloat16 and w.dtype == jnp.float32
+  frac = lambda x: float(jnp.mean(x))
+  assert frac(w != w0.astype(jnp.float32)) > 0.9                  # the master moved
+  assert frac(w.astype(jnp.bfloat16) != w0) < 0.3                 # a bf16 copy mostly would not
+  # bf16 compute gives the fp32 model's loss (same weights) to bf16 accuracy.
+  _, m32 = step32(ts.init_state(jax.tree.map(lambda x: x.astype(jnp.float32), params), opt32),
+                  batch)
+  np.testing.assert_allclose(float(m['loss']), float(m32['loss']), rtol=0.05, atol=0.02)
