@@ -22,11 +22,10 @@ from typing import Any, Mapping
 from verifiers import base
 
 _BOX = re.compile(r'\\(?:boxed|fbox)\b\s*')
-_ANSWER_FORMS = (
-    re.compile(r'final answer\s*(?:is)?\s*[:：]?\s*(.+)', re.IGNORECASE),
-    re.compile(r'the answer is\s*[:：]?\s*(.+)', re.IGNORECASE),
-    re.compile(r'^\W*answer\W*?\s*[:：]\s*(.+)', re.IGNORECASE | re.MULTILINE),
-)
+# Phrases after which the rest of the line is the answer.
+_ANSWER_PHRASE = re.compile(
+    r'final answer\s*(?:is)?\s*[:：]?|the answer is\s*[:：]?|^\W*answer\W*?\s*[:：]',
+    re.IGNORECASE | re.MULTILINE)
 _MAX_ANSWER_CHARS = 1000
 
 
@@ -79,13 +78,8 @@ def extract_answer(text: str) -> tuple[str | None, str]:
       token = re.match(r'[^\s$]+', text[end:])
       if token:
         return token.group(0), 'boxed'
-  best = None
-  for form in _ANSWER_FORMS:
-    for m in form.finditer(text):
-      if best is None or m.start() > best.start():
-        best = m
-  if best is not None:
-    answer = _unwrap(best.group(1))
+  for m in reversed(list(_ANSWER_PHRASE.finditer(text))):
+    answer = _unwrap(text[m.end():].split('\n', 1)[0])
     if answer:
       return answer[:_MAX_ANSWER_CHARS], 'answer phrase'
   return None, 'none'

@@ -2,7 +2,7 @@
 
 The JSON is the first fenced code block that parses as JSON, else the first
 JSON object or array in the text that parses (scanning from each '{' or
-'['). Validation uses `jsonschema` with the validator class the schema's
+'['), else the whole answer if it is a JSON scalar. Validation uses `jsonschema` with the validator class the schema's
 `$schema` names (Draft 2020-12 by default). Reward 1 if valid, else 0.
 
 Metadata: {'schema': dict}.
@@ -29,7 +29,7 @@ def extract_json(text: str) -> tuple[bool, Any, str]:
     text: the answer.
 
   Returns:
-    (found, value, where: 'fenced block', 'inline' or 'none').
+    (found, value, where: 'fenced block', 'inline', 'whole answer' or 'none').
   """
   for m in _FENCE.finditer(text):
     try:
@@ -44,7 +44,10 @@ def extract_json(text: str) -> tuple[bool, Any, str]:
       return True, value, 'inline'
     except ValueError:
       continue
-  return False, None, 'none'
+  try:  # A bare scalar answer ('true', '3', '"x"').
+    return True, json.loads(text), 'whole answer'
+  except ValueError:
+    return False, None, 'none'
 
 
 @functools.lru_cache(maxsize=256)

@@ -108,17 +108,18 @@ def _split_chunk(chunk: str, last_in_sentence: bool) -> list[str]:
   while chunk and chunk[0] in _LEADING:
     head.append(chunk[0])
     chunk = chunk[1:]
-  while chunk and (chunk[-1] in _TRAILING or (chunk[-1] == '.' and chunk.endswith('...'))):
+  while chunk:
     if chunk.endswith('...'):
-      tail.insert(0, '...')
-      chunk = chunk[:-3]
+      piece = '...'
+    elif chunk[-1] in _TRAILING:
+      piece = chunk[-1]
+    elif (last_in_sentence and chunk.endswith('.') and len(chunk) > 1
+          and not re.fullmatch(r'(?:\w\.)+', chunk)):  # Keep 'U.S.' whole.
+      piece = '.'
     else:
-      tail.insert(0, chunk[-1])
-      chunk = chunk[:-1]
-  if last_in_sentence and chunk.endswith('.') and len(chunk) > 1 and not re.fullmatch(
-      r'(?:\w\.)+', chunk):
-    tail.insert(0, '.')
-    chunk = chunk[:-1]
+      break
+    tail.insert(0, piece)
+    chunk = chunk[:-len(piece)]
   # Commas, semicolons and colons inside a chunk split it unless between digits.
   middle = [p for p in re.split(r'((?<!\d)[,;:]|[,;:](?!\d))', chunk) if p]
   words = []

@@ -1,0 +1,122 @@
+"""The 25 IFEval checks: one response that follows and one that does not, per instruction."""
+
+import pytest
+
+from verifiers import ifeval
+
+LT, AL = 'less than', 'at least'
+EN = ('The quick brown fox jumps over the lazy dog near the river bank while the children '
+      'watch from the old wooden bridge and laugh together.')
+
+# id: (kwargs, follows, does not follow)
+CASES = {
+    'keywords:existence': ({'keywords': ['fox', 'Bridge']}, 'A fox on a bridge.', 'A fox alone.'),
+    'keywords:frequency': ({'keyword': 'cat', 'frequency': 2, 'relation': AL},
+                           'Cat and cat.', 'One cat.'),
+    'keywords:forbidden_words': ({'forbidden_words': ['red', 'blue']}, 'Reddish is fine.',
+                                 'The sky is BLUE.'),
+    'keywords:letter_frequency': ({'letter': 'z', 'let_frequency': 3, 'let_relation': LT},
+                                  'Zoo bus.', 'Zoo buzz.'),
+    'language:response_language': ({'language': 'de'},
+                                    'Das ist ein ganz normaler deutscher Satz über das Wetter.',
+                                    EN),
+    'length_constraints:number_sentences': ({'num_sentences': 3, 'relation': LT},
+                                            'One. Two.', 'One. Two. Three.'),
+    'length_constraints:number_paragraphs': ({'num_paragraphs': 2}, 'First.\n***\nSecond.',
+                                             'First.\n***\n\n***\nSecond.'),
+    'length_constraints:number_words': ({'num_words': 5, 'relation': AL},
+                                        'one two three four five', 'one two three four'),
+    'length_constraints:nth_paragraph_first_word': (
+        {'num_paragraphs': 2, 'nth_paragraph': 2, 'first_word': 'Then'},
+        'Intro here.\n\n"Then," we left.', 'Intro here.\n\nAfter that we left.'),
+    'detectable_content:number_placeholders': ({'num_placeholders': 2}, 'Hi [name], at [address].',
+                                               'Hi [name].'),
+    'detectable_content:postscript': ({'postscript_marker': 'P.S.'}, 'Bye.\n\nP.S. See you.',
+                                      'Bye. PS see you.'),
+    'detectable_format:number_bullet_lists': ({'num_bullets': 2}, 'List:\n* one\n- two',
+                                              'List:\n* one\n* two\n* three'),
+    'detectable_format:constrained_response': ({}, 'My answer is maybe.', 'Maybe.'),
+    'detectable_format:number_highlighted_sections': ({'num_highlights': 2},
+                                                      '*one* and **two**', '*one* and ** **'),
+    'detectable_format:multiple_sections': ({'section_spliter': 'Section', 'num_sections': 2},
+                                            'Section 1\nA\nSection 2\nB', 'Section 1\nA'),
+    'detectable_format:json_format': ({}, '```json\n{"a": 1}\n```', '{"a": 1} trailing'),
+    'detectable_format:title': ({}, '<<My Poem>>\nRoses.', '<< >>\nRoses.'),
+    'combination:two_responses': ({}, 'First answer.\n******\nSecond answer.',
+                                  'Same.\n******\nSame.'),
+    'combination:repeat_prompt': ({'prompt_to_repeat': 'Write a poem.'},
+                                  'write a poem. Here it is.', 'Here it is: Write a poem.'),
+    'startend:end_checker': ({'end_phrase': 'Any other questions?'},
+                             'Done. Any other questions?"', 'Any other questions? Done.'),
+    'change_case:capital_word_frequency': ({'capital_frequency': 2, 'capital_relation': AL},
+                                           'This is VERY IMPORTANT.', 'This is VERY important.'),
+    'change_case:english_capital': ({}, EN.upper(), EN),
+    'change_case:english_lowercase': ({}, EN.lower(), EN),
+    'punctuation:no_comma': ({}, 'No commas here.', 'One, two.'),
+    'startend:quotation': ({}, '"Quoted."', '"Half quoted.'),
+}
+
+
+def test_all_25_instructions_are_covered():
+  assert len(ifeval.INSTRUCTIONS) == 25
+  assert set(CASES) == set(ifeval.INSTRUCTIONS)
+
+
+@pytest.mark.parametrize('instruction_id', sorted(CASES))
+def test_follows_and_does_not_follow(instruction_id):
+  kwargs, good, bad = CASES[instruction_id]
+  assert ifeval.follows([instruction_id], [kwargs], good) == [True]
+  assert ifeval.follows([instruction_id], [kwargs], bad) == [False]
+
+
+def test_reference_quirks():
+  # Keywords are regular expressions in the reference; an invalid one is literal.
+  assert ifeval.follows(['keywords:existence'], [{'keywords': ['colou?r']}], 'Color.') == [True]
+  assert ifeval.follows(['keywords:existence'], [{'keywords': ['C++']}], 'I like C++.') == [True]
+  # Undetectable language counts as followed; an empty response never does.
+  assert ifeval.follows(['language:response_language'], [{'language': 'fr'}], '12345') == [True]
+  assert ifeval.follows(['punctuation:no_comma'], [{}], '   ') == [False]
+  # The nth paragraph is indexed in the raw split, empty paragraphs included.
+  kw = {'num_paragraphs': 2, 'nth_paragraph': 2, 'first_word': 'b'}
+  assert ifeval.follows(['length_constraints:nth_paragraph_first_word'], [kw],
+                        'a\n\n\n\nb') == [False]
+  # A markdown divider at the very start or end is not an empty paragraph.
+  assert ifeval.follows(['length_constraints:number_paragraphs'], [{'num_paragraphs': 2}],
+                        '***\nA\n***\nB\n***') == [True]
+  # Postscript markers other than the two built-in ones are matched literally-ish.
+  assert ifeval.follows(['detectable_content:postscript'], [{'postscript_marker': 'Note:'}],
+                        'Hi.\nNOTE: later.') == [True]
+
+
+def test_loose_mode_removes_first_or_last_line_and_asterisks():
+  kw = [{'end_phrase': 'Bye.'}]
+  response = 'Sure! Here it is.\nHello. Bye.\n(Let me know if you need more.)'
+  assert ifeval.follows(['startend:end_checker'], kw, response) == [False]
+  assert ifeval.follows(['startend:end_checker'], kw, response, loose=True) == [True]
+  quote = '**"All of it."**'
+  assert ifeval.follows(['startend:quotation'], [{}], quote) == [False]
+  assert ifeval.follows(['startend:quotation'], [{}], quote, loose=True) == [True]
+  variants = ifeval.loose_variants('a\n*b*\nc')
+  assert len(variants) == 8 and 'b' in variants and '*b*' in variants
+
+
+def test_kwargs_validation():
+  # Arrow-style records carry every kwarg name, None where unused.
+  assert ifeval.clean_kwargs('punctuation:no_comma', {'num_words': None, 'keyword': None}) == {}
+  assert ifeval.clean_kwargs('punctuation:no_comma', None) == {}
+  with pytest.raises(ValueError, match='unknown instruction id'):
+    ifeval.clean_kwargs('multi-turn:constrained_start', {})
+  with pytest.raises(ValueError, match=r"unexpected kwargs \['num_words'\]"):
+    ifeval.clean_kwargs('punctuation:no_comma', {'num_words': 3})
+  with pytest.raises(ValueError, match="kwarg 'relation' is missing"):
+    ifeval.clean_kwargs('length_constraints:number_words', {'num_words': 3})
+  with pytest.raises(ValueError, match='must be one of'):
+    ifeval.clean_kwargs('length_constraints:number_words', {'num_words': 3, 'relation': 'at most'})
+  with pytest.raises(ValueError, match='non-negative int'):
+    ifeval.clean_kwargs('length_constraints:number_words', {'num_words': True, 'relation': LT})
+  with pytest.raises(ValueError, match='one character'):
+    ifeval.clean_kwargs('keywords:letter_frequency', {'letter': 'ab', 'let_frequency': 1,
+                                                      'let_relation': LT})
+  with pytest.raises(ValueError, match='nth_paragraph <= num_paragraphs'):
+    ifeval.clean_kwargs('length_constraints:nth_paragraph_first_word',
+                        {'num_paragraphs': 2, 'nth_paragraph': 3, 'first_word': 'x'})

@@ -1,0 +1,76 @@
+"""Math verifier: answer extraction and math-verify equivalence in time-limited workers."""
+
+import time
+
+import pytest
+
+import verifiers
+from verifiers import math as math_verifier
+
+S = verifiers.Sample
+
+
+@pytest.mark.parametrize('text, answer, how', [
+    (r'So $\boxed{\frac{1}{2}}$.', r'\frac{1}{2}', 'boxed'),
+    (r'\boxed{1} then, correcting myself, \boxed{2}', '2', 'boxed'),
+    (r'nested \boxed{\{1, \{2\}\}} ok', r'\{1, \{2\}\}', 'boxed'),
+    (r'\fbox{x+1}', 'x+1', 'boxed'),
+    (r'\boxed 5 apples', '5', 'boxed'),
+    ('Thus, the answer is $42$.', '42', 'answer phrase'),
+    ('The final answer is: **7**', '7', 'answer phrase'),
+    ('**Answer:** 3/4', '3/4', 'answer phrase'),
+    ('Answer: x = 2\nsome trailing remark', 'x = 2', 'answer phrase'),
+    ('I think the answer is 3. No wait, the answer is \\(4\\).', '4', 'answer phrase'),
+    (r'unbalanced \boxed{1 + {2}', None, 'none'),
+    ('no answer at all', None, 'none'),
+])
+def test_extract_answer(text, answer, how):
+  assert math_verifier.extract_answer(text) == (answer, how)
+
+
+@pytest.fixture(scope='module')
+def verifier():
+  with verifiers.get('math', workers=2, timeout_s=10) as v:
+    yield v
+
+
+CASES = [
+    # (completion, gold, reward)
+    (r'<think>1/2 = 0.5</think>The probability is $\boxed{\frac{1}{2}}$.', '0.5', 1.0),
+    (r'$\boxed{0.5}$', r'\frac{1}{2}', 1.0),
+    (r'$\boxed{\frac{2}{4}}$', r'\dfrac12', 1.0),
+    (r'\boxed{50\%}', '0.5', 1.0),
+    (r'\boxed{\{3, 1, 2\}}', r'\{1,2,3\}', 1.0),
+    (r'\boxed{(1, 2]}', '(1,2]', 1.0),
+    (r'\boxed{[1, 2]}', '(1,2]', 0.0),
+    (r'\boxed{(x+1)^2}', 'x^2+2x+1', 1.0),
+    (r'\boxed{x = 3}', '3', 1.0),
+    (r'\boxed{\sqrt{8}}', r'2\sqrt{2}', 1.0),
+    (r'\boxed{2.0001}', '2', 0.0),
+    ('The answer is 12.', 12, 1.0),
+    ('The answer is 13.', 12, 0.0),
+    (r'\boxed{3.14}', 3.14, 1.0),
+    ('no final answer', '1', 0.0),
+    (r'<think>\boxed{1} but I never stop', '1', 0.0),
+]
+
+
+def test_equivalence_batch(verifier):
+  results = verifier.score([S('q', c, {'answer': g}) for c, g, _ in CASES])
+  assert [r.reward for r in results] == [r for _, _, r in CASES], [r.info for r in results]
+  assert results[0].info['found_by'] == 'boxed' and results[0].info['gold'] == '1/2'
+  assert 'no final answer' in results[-2].info['reason']
+  assert results[-1].info['thinking'] == 'unfinished'
+
+
+def test_a_stuck_sample_times_out_without_blocking_the_batch():
+  # sympy does not settle a tower of powers for minutes; the worker is killed at the limit.
+  slow = S('q', r'\boxed{10^{10^{10^{10}}} - 10^{10^{10^{10}}} + 1}', {'answer': '1'})
+  with verifiers.get('math', workers=1, timeout_s=1.0) as v:
+    v.score([S('q', r'\boxed{1}', {'answer': '1'})])  # Start-up is not timed.
+    start = time.monotonic()
+    results = v.score([slow, S('q', r'\boxed{2}', {'answer': '2'})])
+    elapsed = time.monotonic() - start
+  assert results[0].reward == 0.0 and 'timeout after 1s' in results[0].info['reason']
+  assert results[1].reward == 1.0
+  assert elapsed < 30  # The 1 s limit plus a worker restart, not sympy's hours.

@@ -1,0 +1,41 @@
+"""Structured-output verifier: JSON extraction and JSON Schema validation."""
+
+import pytest
+
+import verifiers
+from verifiers import structured
+
+S = verifiers.Sample
+SCHEMA = {'type': 'object', 'properties': {'name': {'type': 'string'},
+                                           'age': {'type': 'integer', 'minimum': 0}},
+          'required': ['name', 'age'], 'additionalProperties': False}
+
+
+@pytest.mark.parametrize('text, found, value, where', [
+    ('```json\n{"a": 1}\n```', True, {'a': 1}, 'fenced block'),
+    ('```\nnot json\n```\n```json\n[1, 2]\n```', True, [1, 2], 'fenced block'),
+    ('Result: {"a": "}"} and more {"b": 2}', True, {'a': '}'}, 'inline'),
+    ('{broken {"ok": true}', True, {'ok': True}, 'inline'),
+    (' 42 ', True, 42, 'whole answer'),
+    ('no json', False, None, 'none'),
+])
+def test_extract_json(text, found, value, where):
+  assert structured.extract_json(text) == (found, value, where)
+
+
+def test_schema_validation_through_workers():
+  samples = [
+      S('p', 'Here you go:\n```json\n{"name": "Ada", "age": 36}\n```', {'schema': SCHEMA}),
+      S('p', '<think>{"name": 1}</think>{"name": "Ada", "age": -1}', {'schema': SCHEMA}),
+      S('p', '{"name": "Ada", "age": 3, "extra": true}', {'schema': SCHEMA}),
+      S('p', 'I cannot answer.', {'schema': SCHEMA}),
+      S('p', '[{"x": 1}]', {'schema': {'$schema': 'http://json-schema.org/draft-07/schema#',
+                                       'type': 'array', 'items': {'type': 'object'}}}),
+      S('p', 'true', {'schema': True}),
+  ]
+  with verifiers.get('structured', workers=1) as v:
+    r = v.score(samples)
+  assert [x.reward for x in r] == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+  assert r[1].info['reason'].startswith('schema violation at age')
+  assert 'Additional properties' in r[2].info['reason']
+  assert r[3].info['reason'] == 'no JSON value in the answer'
