@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from typing import Callable, Mapping, Sequence
 
 import jax
@@ -54,7 +55,8 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
     sample_cls: `verifiers.Sample`.
     ev: config.eval (num_samples, temperature, top_p, greedy, max_new_tokens,
       batch_size, thinking).
-    rng: PRNG key; batch b of domain j uses fold_in(fold_in(rng, j), b).
+    rng: PRNG key; batch b of domain d uses fold_in(fold_in(rng, crc32(d)), b),
+      so a domain's samples do not depend on which other domains are scored.
 
   Returns:
     domain -> {'score' in [0, 100], 'prompts', 'samples', 'mean_reward',
@@ -64,12 +66,13 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
   k = 1 if sp.greedy else int(ev['num_samples'])      # greedy samples would all agree
   bs = int(ev['batch_size'])
   out = {}
-  for j, domain in enumerate(sorted(eval_sets)):
+  for domain in sorted(eval_sets):
+    domain_key = jax.random.fold_in(rng, zlib.crc32(domain.encode()) & 0x7FFFFFFF)
     recs = list(eval_sets[domain])
     rewards, lens, trunc = [], [], []
     for b, start in enumerate(range(0, len(recs), bs)):
       chunk = recs[start:start + bs]
-      key = jax.random.fold_in(jax.random.fold_in(rng, j), b)
+      key = jax.random.fold_in(domain_key, b)
       ro = rollout.generate(sampler, params, tokenizer, chunk, [ev.get('thinking')] * len(chunk),
                             key, sp, k)
       r, _ = rollout.score(ro, verifier_of, sample_cls)

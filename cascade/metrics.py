@@ -34,6 +34,24 @@ def _finite(metrics: Mapping) -> dict[str, float]:
   return out
 
 
+def _import_tensorboardx():
+  """Imports tensorboardX without letting it import torch (3 s) where torch is installed.
+
+  tensorboardX imports torch only to accept torch tensors; we log floats. A
+  torch imported already (by anyone) is left alone, and one blocked here
+  can still be imported later.
+  """
+  if 'torch' in sys.modules:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+    return tensorboardX
+  sys.modules['torch'] = None  # makes `import torch` raise ImportError
+  try:
+    import tensorboardX  # pylint: disable=g-import-not-at-top
+  finally:
+    del sys.modules['torch']
+  return tensorboardX
+
+
 class Writer:
   """Writes per-step metrics to TensorBoard and metrics.jsonl (process 0 only)."""
 
@@ -42,9 +60,9 @@ class Writer:
     self._tb = None
     self._jsonl = None
     if self.enabled:
-      import tensorboardX  # pylint: disable=g-import-not-at-top
+      tensorboardx = _import_tensorboardx()
       os.makedirs(workdir, exist_ok=True)
-      self._tb = tensorboardX.SummaryWriter(logdir=os.path.join(workdir, 'tb'),
+      self._tb = tensorboardx.SummaryWriter(logdir=os.path.join(workdir, 'tb'),
                                             flush_secs=30)
       self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
 

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from cascade import checkpoint
 from cascade import config as config_lib
@@ -338,8 +339,8 @@ class Context:
   def evaluate_row(self, name: str, index: int, trains_on, params) -> dict:
     """Evaluates a policy on every domain and appends its row to progress.json."""
     ev = _as_dict(self.config.eval)
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self.seed), 1_000_003),
-                             index + 1)
+    # One key for every row: rows differ by their policy only, not by sampling noise.
+    key = jax.random.fold_in(jax.random.PRNGKey(self.seed), 1_000_003)
     ready = {d: recs for d, recs in self.eval_sets.items() if self._can_score(d)}
     out = evaluation.evaluate(self.sampler, params, self.tokenizer, ready,
                               lambda d: self.verifier_of(d, for_eval=True), self.sample_cls,
@@ -383,7 +384,15 @@ def _model_config(model) -> model_config.ModelConfig:
 def export_hf(ctx: Context, stage, params) -> str:
   """Writes the stage's policy to stages/<idx>_<name>/hf (via a temporary dir and a rename)."""
   out = os.path.join(config_lib.stage_dir(ctx.workdir, stage), 'hf')
-  if os.path.exists(out) or not checkpoint.is_writer():
+  if os.path.exists(out):
+    return out
+  if not all(getattr(x, 'is_fully_addressable', True) for x in jax.tree.leaves(params)):
+    # Multi-host: the gather is a collective, so every process joins it; the
+    # writer then holds the whole policy in host memory (CPU-backed arrays).
+    host = jax.local_devices(backend='cpu')[0]
+    params = jax.tree.map(lambda x: jax.device_put(x, host),
+                          multihost_utils.process_allgather(params, tiled=True))
+  if not checkpoint.is_writer():
     return out
   for stale in glob.glob(out + '.tmp.*'):
     shutil.rmtree(stale, ignore_errors=True)     # a previous run killed mid-export

@@ -28,6 +28,7 @@ from cascade import data as data_lib
 from cascade import metrics as metrics_lib
 from cascade import rollout
 from models import chat
+from models import sharding
 from rl import batch as batch_lib
 from rl import distill
 from rl import grpo
@@ -86,6 +87,8 @@ def train(ctx, stage: config_lib.Stage, model_kind: str, maker_fn) -> train_lib.
   step_fn = train_lib.make_train_step(graphdef, maker.loss_name, maker.loss_cfg, optimizer,
                                       mesh=ctx.mesh, rules=ctx.rules, state=state,
                                       microbatches=stage.microbatches, lr_schedule=schedule)
+  if ctx.mesh is not None and jax.process_count() > 1:
+    step_fn = _with_global_batch(step_fn, ctx.mesh, ctx.rules)
   every = int(ctx.config.ckpt.every_n_steps)
   bar = metrics_lib.StageBar(stage, step)
   start, first_step = time.time(), step
@@ -105,9 +108,25 @@ def train(ctx, stage: config_lib.Stage, model_kind: str, maker_fn) -> train_lib.
                                'rng': checkpoint.rng_to_json(state.rng)})
   ckpts.wait()
   bar.close()
-  ctx.stage_log[stage.name] = dict(steps_run=step - first_step, seconds=time.time() - start,
-                                   first=bar.first, last=bar.last)
+  ctx.stage_log.setdefault(stage.name, {}).update(
+      steps_run=step - first_step, seconds=time.time() - start, first=bar.first, last=bar.last)
   return state
+
+
+def _with_global_batch(step_fn, mesh, rules):
+  """Wraps a train step so its host batch becomes global arrays split over 'batch'.
+
+  In a multi-process run every process builds the same host batch (same data
+  order, same seeds), but jit refuses host numpy inputs with a sharding that
+  spans other processes' devices; each process contributes its own rows.
+  """
+  rows = jax.sharding.NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
+
+  def to_global(x):
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, rows, lambda index: x[index])
+
+  return lambda state, batch: step_fn(state, jax.tree.map(to_global, batch))
 
 
 # ---------------------------------------------------------------- SFT

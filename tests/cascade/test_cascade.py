@@ -1,0 +1,229 @@
+"""End to end: a 3-stage cascade (SFT -> GRPO -> GRPO) on two toy domains, killed and resumed.
+
+The command line runs in subprocesses sharing a persistent compilation cache,
+so only the first run pays for compiling. The run killed with SIGKILL in the
+middle of its first RL stage and rerun must end with the same stage x domain
+matrix, and the same final weights, as the run that was never interrupted.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from models import chat
+from models import tokenizer as tokenizer_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CONFIG = '''
+import ml_collections
+
+def get_config(arg=None):
+  root = {root!r}
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = dict(preset='tiny', overrides=dict(vocab_size=384, embed_dim=32, num_layers=1,
+                 num_heads=2, num_kv_heads=1, head_dim=16, mlp_dim=64, max_seq_len=128))
+  c.tokenizer = dict(path=root + '/tok.model')
+  c.mesh = dict(shape=None)
+  c.sampler = dict(prompt_buckets=(32,), new_token_buckets=(16,))
+  c.ckpt = dict(every_n_steps=2, keep=2)
+  c.eval = dict(num_samples=2, temperature=1.0, top_p=1.0, greedy=False, max_new_tokens=10,
+                max_prompt_len=32, num_prompts=8, batch_size=8, thinking=False)
+  c.datasets = dict(sft=dict(path=root + '/sft.jsonl', format='sft'))
+  c.domains = dict()
+  for d in ('copy', 'next'):
+    c.datasets[d + '_train'] = dict(path=root + '/' + d + '_train.jsonl', format='prompt', domain=d)
+    c.datasets[d + '_eval'] = dict(path=root + '/' + d + '_eval.jsonl', format='prompt', domain=d)
+    c.domains[d] = dict(verifier='math', verifier_options=dict(workers=1),
+                        train=d + '_train', eval=d + '_eval')
+  rl = lambda name, doms: dict(
+      name=name, kind='grpo', domains=doms, steps=6, optimizer=dict(lr=3e-4),
+      prompts_per_step=4, group_size=4, max_prompt_len=32, max_response_len=10,
+      thinking_fraction=0.5, refill_cap=1,
+      phases=[dict(until_step=3, max_response_len=10, filter_overlong=True),
+              dict(until_step=6, temperature=0.9)])
+  c.stages = [dict(name='sft', kind='sft', domains=['copy', 'next'], datasets=['sft'], steps=24,
+                   batch_size=16, max_len=48, optimizer=dict(lr=1e-2, warmup_steps=2)),
+              rl('copy_rl', ['copy']), rl('next_rl', ['next'])]
+  if arg == 'full':
+    # The other kinds: a reward model, a blended two-domain GRPO stage with a KL term that
+    # keeps the SFT optimizer state, MOPD from the per-domain best rows, an eval stage.
+    c.datasets.prefs = dict(path=root + '/prefs.jsonl', format='preference', domain='copy')
+    blend = rl('blend', ['copy', 'next'])
+    del blend['phases']
+    blend.update(steps=3, kl_coef=0.05, reset_optimizer=False)
+    c.stages[1:] = [
+        dict(name='rm', kind='reward_model', domains=['copy'], datasets=['prefs'], steps=3,
+             batch_size=8, max_len=48, optimizer=dict(lr=1e-3), init_from='sft'),
+        blend,
+        dict(name='distill', kind='mopd', domains=['copy', 'next'], steps=2,
+             optimizer=dict(lr=1e-4), prompts_per_step=4, group_size=4, max_prompt_len=32,
+             max_response_len=10),
+        dict(name='sft_again', kind='eval', init_from='set by --config.stages[4].init_from'),
+    ]
+  c.allow_config_change = False
+  return c
+'''
+
+
+def _prompt(domain, a):
+  return [{'role': 'user', 'content': f'Copy {a}.' if domain == 'copy' else f'After {a}?'}]
+
+
+def _answer(domain, a):
+  return str(a if domain == 'copy' else a + 1)
+
+
+@pytest.fixture(scope='module')
+def world(tmp_path_factory):
+  root = tmp_path_factory.mktemp('world')
+  rng = random.Random(0)
+  texts = []
+  for d in ('copy', 'next'):
+    for split, n in (('train', 64), ('eval', 8)):
+      with open(root / f'{d}_{split}.jsonl', 'w') as f:
+        for i in range(n):
+          a = rng.randint(0, 9)
+          f.write(json.dumps({'id': f'{d}-{split}-{i}', 'messages': _prompt(d, a),
+                              'metadata': {'answer': _answer(d, a)}}) + '\n')
+  prefs = []
+  with open(root / 'sft.jsonl', 'w') as f:
+    for i in range(256):
+      d, a = rng.choice(('copy', 'next')), rng.randint(0, 9)
+      rec = {'domain': d, 'messages': _prompt(d, a), 'response': f'\\boxed{{{_answer(d, a)}}}'}
+      if i % 2:
+        rec['thinking'] = f'{a}'
+      f.write(json.dumps(rec) + '\n')
+      if d == 'copy':
+        prefs.append({'messages': rec['messages'], 'chosen': rec['response'],
+                      'rejected': f'\\boxed{{{(a + 3) % 10}}}'})
+      for mode in (True, False, None):
+        texts.append(chat.render(rec['messages'], thinking=mode)
+                     + chat.render_response(rec['response'], rec.get('thinking')))
+  with open(root / 'prefs.jsonl', 'w') as f:
+    f.writelines(json.dumps(p) + '\n' for p in prefs)
+  tokenizer_lib.train_sentencepiece(texts, str(root / 'tok'), vocab_size=320)
+  (root / 'cfg.py').write_text(CONFIG.format(root=str(root)))
+  return root
+
+
+def _env(cache):
+  env = dict(os.environ)
+  env.pop('XLA_FLAGS', None)                      # one CPU device, no mesh
+  env.update(JAX_PLATFORMS='cpu', PYTHONPATH=REPO, JAX_COMPILATION_CACHE_DIR=str(cache),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='-1')
+  return env
+
+
+def _cmd(world, workdir, *extra, arg=''):
+  return [sys.executable, '-m', 'cascade.main', f'--config={world / "cfg.py"}{arg}',
+          f'--workdir={workdir}', *extra]
+
+
+@pytest.fixture(scope='module')
+def cache(tmp_path_factory):
+  return tmp_path_factory.mktemp('jax_cache')
+
+
+def _run(world, workdir, cache, *extra, check=True, arg=''):
+  p = subprocess.run(_cmd(world, workdir, *extra, arg=arg), env=_env(cache), cwd=REPO,
+                     capture_output=True, text=True, timeout=600)
+  if check and p.returncode:
+    raise AssertionError(f'exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}')
+  return p
+
+
+def _final_weights(workdir):
+  return (workdir / 'stages' / '02_next_rl' / 'hf' / 'model.safetensors').read_bytes()
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(world, cache, tmp_path_factory):
+  a = tmp_path_factory.mktemp('a')
+  return a, _run(world, a, cache)
+
+
+def test_cascade_killed_and_resumed_matches_uninterrupted(world, cache, uninterrupted, tmp_path):
+  a, out = uninterrupted
+  res_a = json.loads((a / 'results.json').read_text())
+  assert res_a['stages'] == ['sft', 'copy_rl', 'next_rl']
+  assert res_a['domains'] == ['copy', 'next']
+  assert res_a['stage_domains'] == [['copy', 'next'], ['copy'], ['next']]
+  assert all(0 <= v <= 100 for row in res_a['scores'] for v in row)
+  assert any(v > 0 for row in res_a['scores'] for v in row), res_a   # not a trivial matrix
+  assert '| next_rl | next |' in (a / 'results.md').read_text()
+  assert (a / 'results.png').stat().st_size > 0
+  assert 'stage 1 copy_rl (grpo): 6 steps' in out.stdout
+  for st in ('00_sft', '01_copy_rl', '02_next_rl'):
+    assert (a / 'stages' / st / 'hf' / 'config.json').exists()
+    assert '6' in os.listdir(a / 'stages' / st / 'ckpt') or st == '00_sft'
+  metrics = [json.loads(l) for l in (a / 'metrics.jsonl').read_text().splitlines()]
+  rl = [m for m in metrics if m.get('stage') == 'copy_rl']
+  assert [m['step'] for m in rl] == [1, 2, 3, 4, 5, 6]
+  assert [m['max_response_len'] for m in rl] == [10] * 6
+  assert [m['temperature'] for m in rl] == [1.0, 1.0, 1.0, 0.9, 0.9, 0.9]
+  assert any(f.startswith('events.out.tfevents') for f in os.listdir(a / 'tb'))
+
+  # Run b: SIGKILL once its first RL stage has a checkpoint, then rerun the same command.
+  b = tmp_path / 'b'
+  proc = subprocess.Popen(_cmd(world, b), env=_env(cache), cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  ckpt_dir = b / 'stages' / '01_copy_rl' / 'ckpt'
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    if ckpt_dir.exists() and any(n.isdigit() for n in os.listdir(ckpt_dir)):
+      break
+    time.sleep(0.01)
+  assert proc.poll() is None, 'the run ended before it could be killed'
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  done = json.loads((b / 'progress.json').read_text())['done']
+  assert 'sft' in done and 'next_rl' not in done             # killed mid-cascade
+  out = _run(world, b, cache)
+  assert 'resuming at step' in out.stdout or 'copy_rl' in done
+  assert json.loads((b / 'results.json').read_text()) == res_a
+  assert _final_weights(b) == _final_weights(a)
+
+  # The same workdir with a different config refuses to start (no traceback, exit 2) ...
+  bad = _run(world, b, cache, '--config.stages[1].steps=7', check=False)
+  assert bad.returncode == 2 and 'different config' in bad.stderr, bad.stderr[-2000:]
+  assert 'Traceback' not in bad.stderr
+
+
+def test_reward_model_blended_grpo_mopd_and_eval_stages(world, cache, uninterrupted, tmp_path):
+  a, _ = uninterrupted
+  res_a = json.loads((a / 'results.json').read_text())
+  c = tmp_path / 'c'
+  out = _run(world, c, cache, f'--config.stages[4].init_from={a / "stages" / "00_sft" / "hf"}',
+             arg=':full')
+  res = json.loads((c / 'results.json').read_text())
+  # The reward model trains no policy, so it adds no row.
+  assert res['stages'] == ['sft', 'blend', 'distill', 'sft_again']
+  assert res['stage_domains'] == [['copy', 'next'], ['copy', 'next'], ['copy', 'next'], []]
+  assert res['scores'][0] == res_a['scores'][0]          # the same SFT stage, the same row
+  # The eval stage re-reads the SFT policy from its HF export: the same scores again.
+  assert res['scores'][3] == res_a['scores'][0]
+  progress = json.loads((c / 'progress.json').read_text())
+  assert progress['done']['rm']['final_step'] == 3
+  teachers = progress['done']['distill']['teachers']
+  for j, d in enumerate(res['domains']):                 # each domain's best earlier row
+    best = max(range(2), key=lambda i: (res['scores'][i][j], -i))
+    want = ['stage', res['stages'][best]]
+    assert teachers[d] == want, (d, teachers, res)
+  assert 'teacher for copy' in out.stdout
+  metrics = [json.loads(l) for l in (c / 'metrics.jsonl').read_text().splitlines()]
+  rm = [m for m in metrics if m.get('stage') == 'rm']
+  assert len(rm) == 3 and all('accuracy' in m for m in rm)
+  blend = [m for m in metrics if m.get('stage') == 'blend']
+  assert any('reward_mean/copy' in m and 'reward_mean/next' in m for m in blend)  # mixed
+  assert len(blend) == 3 and all('kl' in m for m in blend)
+  assert not (c / 'stages' / '01_rm' / 'hf').exists()          # no policy to export
+  assert (c / 'stages' / '03_distill' / 'hf' / 'model.safetensors').exists()
