@@ -16,6 +16,7 @@ mode (also with its first and/or last line removed and/or asterisks removed).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any, Callable, Mapping, Sequence
@@ -39,7 +40,9 @@ def _pattern(keyword: str) -> str:
     return re.escape(keyword)
 
 
+@functools.lru_cache(maxsize=256)
 def _language(value: str) -> str | None:
+  """langdetect's answer (seeded, so cacheable), None when it cannot tell."""
   import langdetect  # pylint: disable=g-import-not-at-top
   langdetect.DetectorFactory.seed = 0  # langdetect is random otherwise.
   try:

@@ -70,6 +70,18 @@ def work(payload: dict) -> dict:
   return {'reward': 1.0, 'info': {'reason': 'valid', 'json_from': where}}
 
 
+@functools.lru_cache(maxsize=1024)
+def _schema_error(schema_json: str) -> str:
+  """'' for a valid schema, else why not (cached: a stage reuses few schemas)."""
+  import jsonschema  # pylint: disable=g-import-not-at-top
+  schema = json.loads(schema_json)
+  try:
+    jsonschema.validators.validator_for(schema).check_schema(schema)
+  except jsonschema.SchemaError as e:
+    return e.message
+  return ''
+
+
 class StructuredVerifier(base.Verifier):
   """Reward 1 iff the answer contains JSON valid under metadata['schema']."""
 
@@ -78,16 +90,14 @@ class StructuredVerifier(base.Verifier):
 
   @classmethod
   def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
-    import jsonschema  # pylint: disable=g-import-not-at-top
     schema = base.require(metadata, 'schema', (dict, bool), 'a JSON Schema')
     try:
-      jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as e:
-      raise ValueError(f'metadata["schema"] is not a valid JSON Schema: {e.message}') from None
-    try:
-      json.dumps(schema)
+      text = json.dumps(schema, sort_keys=True)
     except (TypeError, ValueError) as e:
       raise ValueError(f'metadata["schema"] is not JSON-serialisable: {e}') from None
+    error = _schema_error(text)
+    if error:
+      raise ValueError(f'metadata["schema"] is not a valid JSON Schema: {error}')
 
   def _prepare(self, sample: base.Sample, answer: str) -> dict:
     return {'answer': answer, 'schema': json.dumps(sample.metadata['schema'], sort_keys=True)}

@@ -69,3 +69,26 @@ def test_scorer_errors_surface():
   v = verifiers.get('reward_model', scorer=lambda p, a: np.array([np.nan, 1.0]))
   r = v.score([S('p', 'a'), S('p', 'b')])
   assert [x.reward for x in r] == [0.0, 1.0] and 'non-finite' in r[0].info['reason']
+
+
+class _ByteTokenizer:
+  """Bytes shifted past the special ids: pad 0, eos 1."""
+  pad_id = 0
+  eos_id = 1
+
+  def encode(self, text):
+    return [b % 250 + 3 for b in text.encode()]
+
+
+def test_with_the_flax_reward_model():
+  from models import config as config_lib  # pylint: disable=g-import-not-at-top
+  from rl import reward_model as rm  # pylint: disable=g-import-not-at-top
+  scorer = rm.make_text_scorer(rm.create(config_lib.ModelConfig.tiny(), seed=1), _ByteTokenizer(),
+                               max_len=64, batch_size=8)
+  samples = [S('Say hi.', '<think>greet</think>Hello!'), S('Say hi.', 'Hi there.'),
+             S('Say hi.', '<think>unfinished'), S('Say bye.', 'Bye.'), S('Say bye.', 'Ciao.')]
+  results = verifiers.get('reward_model', scorer=scorer).score(samples)
+  expected = scorer([s.prompt for s in samples],
+                    ['Hello!', 'Hi there.', '<think>unfinished', 'Bye.', 'Ciao.'])
+  np.testing.assert_allclose([r.reward for r in results], expected, rtol=1e-6)
+  assert len(set(np.round(expected, 6))) == 5  # The model tells them apart.

