@@ -12,6 +12,7 @@ timeout or a crash scores 0 with the reason). Subclasses supply
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import subprocess
@@ -93,8 +94,14 @@ def raw_answer(completion: str) -> str:
   return _LEADING_BLANK_LINES.sub('', text).rstrip()
 
 
-def worker_popen(spec: str) -> subprocess.Popen:
-  """Starts a `verifiers.worker` process serving the function `spec` ('module:fn')."""
+def worker_popen(spec: str, index: int = 0) -> subprocess.Popen:
+  """Starts a `verifiers.worker` process serving the function `spec` ('module:fn').
+
+  Args:
+    spec: 'module:function'.
+    index: the worker's slot in its pool (unused; the pool passes it).
+  """
+  del index
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get('PYTHONPATH')) if p)
   return subprocess.Popen([sys.executable, '-P', '-m', 'verifiers.worker', spec], env=env,
@@ -186,8 +193,10 @@ class Verifier:
 
   def _run(self, payloads: list[dict]) -> list[pool_lib.Outcome]:
     if self._pool is None:
-      self._pool = pool_lib.ProcessPool(lambda _: worker_popen(self.worker_fn), self.workers,
-                                        name=f'verifier[{self.name}]')
+      # A partial, not a closure over self: the pool must not keep the
+      # verifier alive, so that dropping the verifier stops its workers.
+      self._pool = pool_lib.ProcessPool(functools.partial(worker_popen, self.worker_fn),
+                                        self.workers, name=f'verifier[{self.name}]')
     return self._pool.run(payloads, [self.timeout_s] * len(payloads))
 
   def score(self, samples: Sequence[Sample]) -> list[Result]:

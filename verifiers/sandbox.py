@@ -145,6 +145,37 @@ def _remove_dirs(dirs: list) -> None:
   dirs.clear()
 
 
+class _Spawner:
+  """Starts one sandbox server (kept apart from Sandbox so the pool holds no cycle)."""
+
+  def __init__(self, bwrap: str | None, tmpfs_mb: int):
+    self.bwrap = bwrap
+    self.tmpfs_mb = tmpfs_mb
+    self.as_root = os.geteuid() == 0
+    self.uids: list[int] = []
+    self.tmpdirs: list[str] = []
+
+  def __call__(self, index: int) -> subprocess.Popen:
+    del index
+    # -P: the server's own directory must not shadow the standard library
+    # (verifiers/ holds a math.py).
+    server_args = []
+    if self.as_root:
+      uid = _sandbox_uid(next(_slots))
+      self.uids.append(uid)
+      server_args += ['--drop-uid', str(uid)]
+    if self.bwrap:
+      argv = bwrap_argv(self.bwrap, as_root=self.as_root, tmpfs_mb=self.tmpfs_mb)
+      argv += [sys.executable, '-s', '-B', '-P', '/sandbox_server.py', '--root', '/tmp']
+      if not self.as_root:
+        argv += ['--kill-all']
+    else:
+      root = tempfile.mkdtemp(prefix='cascade-sandbox-')
+      self.tmpdirs.append(root)
+      argv = [sys.executable, '-s', '-B', '-P', SERVER_PATH, '--root', root]
+    return subprocess.Popen(argv + server_args, env=_ENV, cwd='/', **pool_lib.popen_kwargs())
+
+
 class Sandbox:
   """A pool of sandboxed fork servers; runs requests of `sandbox_server`."""
 
@@ -171,33 +202,15 @@ class Sandbox:
       warnings.warn(_FALLBACK_WARNING.format(why=why), RuntimeWarning, stacklevel=2)
       logging.warning(_FALLBACK_WARNING.format(why=why))
     self.isolation = 'rlimit' if why else 'bwrap'
-    self._bwrap = shutil.which(bwrap) if not why else None
-    self._as_root = os.geteuid() == 0
     self._limits = dict(memory_mb=int(memory_mb), nproc=int(nproc), fsize_mb=int(fsize_mb))
-    self._tmpfs_mb = int(tmpfs_mb)
-    self.uids: list[int] = []   # sandbox uids handed out so far (root hosts)
-    self._tmpdirs: list[str] = []
-    self._finalizer = weakref.finalize(self, _remove_dirs, self._tmpdirs)
-    self._pool = pool_lib.ProcessPool(self._spawn, workers, name=f'sandbox[{self.isolation}]')
+    self._spawner = _Spawner(None if why else shutil.which(bwrap), int(tmpfs_mb))
+    self._finalizer = weakref.finalize(self, _remove_dirs, self._spawner.tmpdirs)
+    self._pool = pool_lib.ProcessPool(self._spawner, workers, name=f'sandbox[{self.isolation}]')
 
-  def _spawn(self, _: int) -> subprocess.Popen:
-    # -P: the server's own directory must not shadow the standard library
-    # (verifiers/ holds a math.py).
-    server_args = []
-    if self._as_root:
-      uid = _sandbox_uid(next(_slots))
-      self.uids.append(uid)
-      server_args += ['--drop-uid', str(uid)]
-    if self._bwrap:
-      argv = bwrap_argv(self._bwrap, as_root=self._as_root, tmpfs_mb=self._tmpfs_mb)
-      argv += [sys.executable, '-s', '-B', '-P', '/sandbox_server.py', '--root', '/tmp']
-      if not self._as_root:
-        argv += ['--kill-all']
-    else:
-      root = tempfile.mkdtemp(prefix='cascade-sandbox-')
-      self._tmpdirs.append(root)
-      argv = [sys.executable, '-s', '-B', '-P', SERVER_PATH, '--root', root]
-    return subprocess.Popen(argv + server_args, env=_ENV, cwd='/', **pool_lib.popen_kwargs())
+  @property
+  def uids(self) -> list[int]:
+    """Sandbox uids handed out so far (root hosts; empty otherwise)."""
+    return list(self._spawner.uids)
 
   @property
   def server_pids(self) -> list[int]:
@@ -232,7 +245,7 @@ class Sandbox:
   def close(self) -> None:
     """Stops the servers and removes fallback temp dirs."""
     self._pool.close()
-    _remove_dirs(self._tmpdirs)
+    _remove_dirs(self._spawner.tmpdirs)
 
   def __enter__(self) -> Sandbox:
     return self

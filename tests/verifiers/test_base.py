@@ -1,6 +1,6 @@
 """The common verifier interface: registry, metadata validation, thinking, errors, lifecycle."""
 
-import json
+import gc
 import sys
 
 import psutil
@@ -119,6 +119,23 @@ def test_workers_are_reused_and_closed():
   assert not any(psutil.pid_exists(p) for p in pids)
   assert v.score(samples[:1])[0].reward == 1  # Restarts lazily after close.
   v.close()
+
+
+def test_dropping_a_verifier_stops_its_processes_without_gc():
+  gc.disable()  # No reference cycle may keep workers alive until a collection.
+  try:
+    v = verifiers.get('structured', workers=1)
+    v.score([S('p', '{}', {'schema': {'type': 'object'}})])
+    pids = v._pool.pids  # pylint: disable=protected-access
+    c = verifiers.get('code', workers=1)
+    c.score([S('p', 'x = 1', {'inputs': ['\n'], 'outputs': ['']})])
+    pids += c.sandbox.server_pids
+    assert len(pids) == 2
+    del v, c
+    assert not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+  finally:
+    gc.enable()
 
 
 def test_raw_answer_keeps_indentation():
