@@ -1,0 +1,244 @@
+"""End-to-end GRPO step (rollout + trivial reward + update), optionally against TRL's GRPOTrainer.
+
+  .venv/bin/python -m benchmarks.grpo_step
+  .venv/bin/python -m benchmarks.grpo_step --compare_trl     # needs setup.py's [bench] extra
+
+Defaults: the tiny Qwen3-like shape (2 layers, embed 192, 6 x 32 heads, 6 kv
+heads, MLP 768, vocab 256), 4 prompts x 8 samples x 64 new tokens, 16-token
+prompts. One step = sample 32 completions, score them on the host (reward:
+the fraction of completion tokens equal to --target_token), group
+advantages, one jitted AdamW update (token-level loss, no KL, lr --lr).
+Every completion is exactly --new_tokens long on both sides (we sample with
+no stop token; TRL with min_new_tokens = max_new_tokens).
+
+--compare_trl writes the same random weights with models.hf.save_model, loads
+them into TRL's GRPOTrainer (beta 0 so no reference model, no vLLM, torch CPU
+on 2 threads, float32, gradient checkpointing off, loss_type 'dapo' = our
+token-level aggregation, scale_rewards 'group' = our (r - mean) / std, one
+generation per update) with a 256-token word-level tokenizer, the same
+prompts, G and reward, and interleaves one of our steps after every TRL step
+so that load from other processes hits both alike. Medians after a warm-up
+step are compared.
+
+Printed: a table, then one JSON line with s_per_step, sample_s, score_s,
+update_s, compile_s (and trl_s_per_step, trl_sample_s, speedup_vs_trl).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models import config as config_lib
+from models import transformer
+from rl import batch as batch_lib
+from rl import grpo
+from rl import sampler as sampler_lib
+from rl import train_step as train_lib
+
+_LAYERS = flags.DEFINE_integer('layers', 2, 'Transformer blocks.')
+_EMBED = flags.DEFINE_integer('embed', 192, 'Residual width.')
+_HEADS = flags.DEFINE_integer('heads', 6, 'Query heads.')
+_HEAD_DIM = flags.DEFINE_integer('head_dim', 32, 'Per-head width.')
+_KV_HEADS = flags.DEFINE_integer('kv_heads', 6, 'Key/value heads.')
+_MLP = flags.DEFINE_integer('mlp', 768, 'MLP hidden width.')
+_VOCAB = flags.DEFINE_integer('vocab', 256, 'Vocabulary size.')
+_PROMPTS = flags.DEFINE_integer('prompts', 4, 'Prompts per step.')
+_G = flags.DEFINE_integer('group_size', 8, 'Samples per prompt.')
+_PROMPT_LEN = flags.DEFINE_integer('prompt_len', 16, 'Tokens per prompt.')
+_NEW_TOKENS = flags.DEFINE_integer('new_tokens', 64, 'Tokens generated per completion.')
+_LR = flags.DEFINE_float('lr', 1e-5, 'AdamW learning rate (both sides).')
+_TARGET = flags.DEFINE_integer('target_token', 7, 'Reward = fraction of completion tokens equal to it.')
+_STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per side (after one warm-up step).')
+_COMPARE_TRL = flags.DEFINE_bool('compare_trl', False,
+                                 "Also time TRL's GRPOTrainer (torch CPU, 2 threads).")
+_SEED = flags.DEFINE_integer('seed', 0, 'Weights and prompts seed.')
+
+
+def _model_config() -> config_lib.ModelConfig:
+  return config_lib.ModelConfig.tiny(
+      num_layers=_LAYERS.value, embed_dim=_EMBED.value, num_heads=_HEADS.value,
+      head_dim=_HEAD_DIM.value, num_kv_heads=_KV_HEADS.value, mlp_dim=_MLP.value,
+      vocab_size=_VOCAB.value)
+
+
+def reward(tokens: np.ndarray, mask: np.ndarray, target: int) -> np.ndarray:
+  """Fraction of each row's completion tokens equal to `target`: [B, N] -> [B]."""
+  return ((tokens == target) & (mask > 0)).sum(1) / np.maximum(mask.sum(1), 1)
+
+
+class _Ours:
+  """One cascade GRPO step: rl.sampler -> host reward -> advantages -> rl.train_step."""
+
+  def __init__(self, cfg, model, prompts):
+    self.graphdef, params = nnx.split(model)
+    self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=(), pad_id=0)
+    self.sp = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=_NEW_TOKENS.value)
+    opt_cfg = train_lib.OptimizerConfig(learning_rate=_LR.value, max_grad_norm=1.0)
+    opt = train_lib.make_optimizer(opt_cfg)
+    self.state = train_lib.init_state(jax.tree.map(jnp.copy, params), opt, seed=_SEED.value)
+    self.step = train_lib.make_train_step(self.graphdef, 'grpo', grpo.GrpoConfig(), opt)
+    self.prompts = prompts
+    self.calls = 0
+
+  def __call__(self) -> dict:
+    t0 = time.perf_counter()
+    key = jax.random.fold_in(jax.random.key(_SEED.value), self.calls)
+    out = self.sampler.generate(self.state.params, self.prompts, key, self.sp,
+                                num_samples=_G.value)
+    t1 = time.perf_counter()
+    rewards = reward(out.tokens, out.mask, _TARGET.value)
+    t2 = time.perf_counter()
+    batch = batch_lib.from_samples(out, grpo.advantages(rewards, _G.value))
+    self.state, metrics = self.step(self.state, batch)
+    loss = float(metrics['loss'])                   # waits for the update
+    t3 = time.perf_counter()
+    self.calls += 1
+    assert np.all(out.lengths == _NEW_TOKENS.value) and np.isfinite(loss)
+    return dict(step=t3 - t0, sample=t1 - t0, score=t2 - t1, update=t3 - t2,
+                reward=float(rewards.mean()))
+
+
+class _TRL:
+  """TRL's GRPOTrainer on the same weights, prompts, G, reward and optimizer settings."""
+
+  def __init__(self, model, prompts, workdir, between_steps):
+    import datasets                                 # only with --compare_trl
+    import tokenizers
+    import torch
+    import transformers
+    import trl
+    from models import hf
+    torch.set_num_threads(2)
+    torch.manual_seed(_SEED.value)
+    hf.save_model(model, f'{workdir}/model')
+    # Word-level: token id i is the word 't{i}'; ids 0..2 are pad / eos / unk.
+    vocab = {f't{i}': i for i in range(3, _VOCAB.value)}
+    vocab.update({'<pad>': 0, '<eos>': 1, '<unk>': 2})
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token='<unk>'))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    self.tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token='<pad>', eos_token='<eos>', unk_token='<unk>')
+    text = [' '.join(f't{i}' for i in p) for p in prompts]
+    assert [self.tokenizer(t, add_special_tokens=False)['input_ids'] for t in text] == prompts
+    self.model = transformers.AutoModelForCausalLM.from_pretrained(
+        f'{workdir}/model', dtype=torch.float32)
+    with torch.no_grad():
+      theirs = self.model(torch.tensor(prompts)).logits.numpy()
+    ours = np.asarray(model(jnp.asarray(prompts, jnp.int32)))
+    self.logits_max_abs_diff = float(np.max(np.abs(theirs - ours)))
+    if self.logits_max_abs_diff > 1e-3:
+      raise RuntimeError(f'TRL model logits differ from ours by {self.logits_max_abs_diff}')
+
+    steps = _STEPS.value + 1
+    n = _PROMPTS.value
+    # Each step draws the same n prompts (no shuffling), each G times.
+    data = datasets.Dataset.from_dict({'prompt': text * steps})
+    args = trl.GRPOConfig(
+        output_dir=f'{workdir}/trl', use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=False, beta=0.0, loss_type='dapo', scale_rewards='group',
+        num_generations=_G.value, per_device_train_batch_size=n * _G.value,
+        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
+        max_completion_length=_NEW_TOKENS.value, temperature=1.0, top_p=1.0, top_k=0,
+        generation_kwargs={'min_new_tokens': _NEW_TOKENS.value},
+        learning_rate=_LR.value, lr_scheduler_type='constant', warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999,
+        adam_epsilon=1e-8, max_steps=steps, logging_steps=10 ** 6, save_strategy='no',
+        report_to='none', shuffle_dataset=False, dataloader_num_workers=0,
+        seed=_SEED.value, use_vllm=False, disable_tqdm=True)
+
+    def reward_fn(prompts, completions, completion_ids, **kw):
+      del prompts, kw
+      return [sum(x == _TARGET.value for x in ids) / max(len(ids), 1) for ids in completion_ids]
+
+    self.times, self.sample_times = [], []
+    outer = self
+
+    class _Clock(transformers.TrainerCallback):
+      def on_step_begin(self, *a, **kw):
+        outer._t = time.perf_counter()
+        outer._gen = 0.0
+
+      def on_step_end(self, *a, **kw):
+        outer.times.append(time.perf_counter() - outer._t)
+        outer.sample_times.append(outer._gen)
+        between_steps()                             # one of our steps, interleaved
+
+    self.trainer = trl.GRPOTrainer(model=self.model, reward_funcs=reward_fn, args=args,
+                                   train_dataset=data, processing_class=self.tokenizer,
+                                   callbacks=[_Clock()])
+    generate = self.model.generate
+
+    def timed_generate(*a, **kw):
+      t = time.perf_counter()
+      out = generate(*a, **kw)
+      outer._gen += time.perf_counter() - t
+      return out
+
+    self.model.generate = timed_generate
+
+  def run(self):
+    self.trainer.train()
+
+
+def main(argv):
+  del argv
+  cfg = _model_config()
+  model = transformer.create(cfg, seed=_SEED.value)
+  rng = np.random.default_rng(_SEED.value)
+  # Prompt ids avoid 0..2 (pad / eos / unk of the TRL tokenizer).
+  prompts = rng.integers(3, cfg.vocab_size, (_PROMPTS.value, _PROMPT_LEN.value)).tolist()
+  print(f'model: {cfg.num_layers} layers, embed {cfg.embed_dim}, {cfg.num_heads}x{cfg.head_dim} '
+        f'heads ({cfg.num_kv_heads} kv), mlp {cfg.mlp_dim}, vocab {cfg.vocab_size}, '
+        f'{cfg.num_params() / 1e6:.2f}M params | {_PROMPTS.value} prompts x {_G.value} samples '
+        f'x {_NEW_TOKENS.value} new tokens, prompt {_PROMPT_LEN.value} | jax {jax.__version__} '
+        f'on {jax.devices()[0].platform}')
+
+  ours = _Ours(cfg, model, prompts)
+  first = ours()                                    # compiles the sampler and the step
+  runs = []
+  trl_runner = None
+  if _COMPARE_TRL.value:
+    trl_runner = _TRL(model, prompts, tempfile.mkdtemp(prefix='grpo_bench_trl_'),
+                      lambda: runs.append(ours()))
+    trl_runner.run()                                # warm-up step + _STEPS steps, ours in between
+    runs = runs[1:]                                 # the one after TRL's warm-up step
+  else:
+    runs = [ours() for _ in range(_STEPS.value)]
+
+  med = lambda key, rs: statistics.median(r[key] for r in rs)
+  s_step = med('step', runs)
+  result = dict(s_per_step=s_step, sample_s=med('sample', runs), score_s=med('score', runs),
+                update_s=med('update', runs), compile_s=max(first['step'] - s_step, 0.0),
+                prompts=_PROMPTS.value, group_size=_G.value, new_tokens=_NEW_TOKENS.value,
+                steps=len(runs), reward=runs[-1]['reward'])
+  print(f'\n{"":<26} {"s/step":>8} {"sample s":>9} {"score s":>8} {"update s":>9}')
+  print(f'{"cascade (jax)":<26} {s_step:8.3f} {result["sample_s"]:9.3f} '
+        f'{result["score_s"]:8.4f} {result["update_s"]:9.3f}')
+  if trl_runner is not None:
+    trl_times = trl_runner.times[1:]
+    trl_gen = trl_runner.sample_times[1:]
+    result.update(trl_s_per_step=statistics.median(trl_times),
+                  trl_sample_s=statistics.median(trl_gen),
+                  speedup_vs_trl=statistics.median(trl_times) / s_step,
+                  logits_max_abs_diff=trl_runner.logits_max_abs_diff)
+    print(f'{"trl GRPOTrainer (torch)":<26} {result["trl_s_per_step"]:8.3f} '
+          f'{result["trl_sample_s"]:9.3f} {"":>8} '
+          f'{result["trl_s_per_step"] - result["trl_sample_s"]:9.3f}  (update = step - generate)')
+    print(f'speedup vs TRL: {result["speedup_vs_trl"]:.2f}x (medians of {len(trl_times)} steps); '
+          f'prompt logits max |diff| {trl_runner.logits_max_abs_diff:.2e}')
+  print(f'first step (compile + run): {first["step"]:.2f} s')
+  print(json.dumps(result))
+
+
+if __name__ == '__main__':
+  app.run(main)
