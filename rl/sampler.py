@@ -225,6 +225,31 @@ class _Loop(NamedTuple):
   sampling_logprobs: jax.Array  # [B, Nb] float32
 
 
+# Decode phases: at most _MAX_PHASES, none shorter than _MIN_PHASE_TOKENS
+# (below that the attention over unfilled slots costs less than recompiling
+# the loop body once more).
+_MAX_PHASES = 4
+_MIN_PHASE_TOKENS = 128
+
+
+def _phase_ends(nb: int) -> tuple[int, ...]:
+  """New-token extents of the decode phases, e.g. 1024 -> (128, 256, 512, 1024)."""
+  ends = [nb]
+  while len(ends) < _MAX_PHASES and ends[0] // 2 >= _MIN_PHASE_TOKENS:
+    ends.insert(0, ends[0] // 2)
+  return tuple(ends)
+
+
+def _grow(cache: transformer.Cache, length: int) -> transformer.Cache:
+  """The same cache with empty slots appended up to `length`."""
+  extra = length - cache.segment_ids.shape[1]
+  grow = lambda x: sharding.constrain(
+      jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0))),
+      ('batch', 'kv_heads', 'cache_length', 'head_dim'))
+  return cache._replace(k=tuple(grow(x) for x in cache.k), v=tuple(grow(x) for x in cache.v),
+                        segment_ids=jnp.pad(cache.segment_ids, ((0, 0), (0, extra))))
+
+
 def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_p,
             top_k, max_new_tokens, *, max_new_bucket: int, eos_ids: tuple[int, ...],
             pad_id: int, greedy: bool, filtered: bool) -> SampleOutput:
@@ -252,7 +277,8 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   # Prefill the whole (left-padded) prompt in one call.
   prompt_len = jnp.sum(prompt_mask, axis=1)                               # [B]
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
-  cache = transformer.init_cache(cfg, b, p + nb)
+  ends = _phase_ends(nb)
+  cache = transformer.init_cache(cfg, b, p + ends[0])
   logits, cache = model(prompt_tokens, positions, prompt_mask, cache=cache)
   tok, lp, slp = pick(logits[:, -1], step_keys(0))
   buf = lambda fill, dt: sharding.constrain(jnp.full((b, nb), fill, dt), batch_only)
@@ -261,9 +287,6 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
                 logprobs=buf(0, jnp.float32).at[:, 0].set(lp),
                 sampling_logprobs=buf(0, jnp.float32).at[:, 0].set(slp))
   ones = jnp.ones((b, 1), jnp.int32)
-
-  def cond(s: _Loop):
-    return (s.step < max_new) & ~jnp.all(s.done)
 
   def body(s: _Loop):
     # The token sampled at step - 1 sits at position prompt_len + step - 1.
@@ -278,7 +301,14 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
                  logprobs=col(s.logprobs, jnp.where(live, lp, 0.)),
                  sampling_logprobs=col(s.sampling_logprobs, jnp.where(live, slp, 0.)))
 
-  state = jax.lax.while_loop(cond, body, state)
+  # Decode in phases whose cache extent doubles, so attention reads about the
+  # filled part of the cache rather than all p + nb slots on every step.
+  for i, end in enumerate(ends):
+    if i:
+      state = state._replace(cache=_grow(state.cache, p + end))
+    limit = jnp.minimum(max_new, end)
+    state = jax.lax.while_loop(lambda s, limit=limit: (s.step < limit) & ~jnp.all(s.done),
+                               body, state)
 
   # A column is generated iff it precedes max_new and the row had not stopped
   # before it: i.e. up to and including the stop token.

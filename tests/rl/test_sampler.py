@@ -128,6 +128,20 @@ def test_stop_on_any_eos_masks_lengths_truncated(policy):
   assert out.lengths[0] <= 4 and out.lengths[1] <= 6 and not out.truncated[:2].any()
 
 
+def test_long_generation_across_decode_phases(policy):
+  # A 256-token bucket decodes in two phases (cache extents 128 and 256 new tokens).
+  assert sampler._phase_ends(256) == (128, 256)
+  assert sampler._phase_ends(1024) == (128, 256, 512, 1024) and sampler._phase_ends(64) == (64,)
+  s = sampler.Sampler(policy[0], CFG, eos_ids=(), prompt_buckets=(16,),
+                      new_token_buckets=(256,), batch_buckets=(4,))
+  out = s.generate(policy[1], PROMPTS[:2], jax.random.key(4),
+                   sampler.SamplingParams(max_new_tokens=150), num_samples=2)
+  assert out.mask.all() and out.truncated.all() and out.tokens.shape == (4, 150)
+  _, logp = _forward_logprobs(*policy, out)
+  ref = np.take_along_axis(logp, out.tokens[..., None], -1)[..., 0]
+  np.testing.assert_allclose(out.logprobs, ref, atol=1e-4, rtol=0)
+
+
 def test_top_k_1_tiny_top_p_tiny_temperature_equal_greedy(policy, samp):
   greedy = samp.generate(policy[1], PROMPTS, jax.random.key(0),
                          sampler.SamplingParams(max_new_tokens=12, greedy=True), num_samples=2)

@@ -1,0 +1,1 @@
+"""Throughput and memory benchmarks (run by hand, never as timed tests)."""

@@ -1,0 +1,292 @@
+"""Rollout throughput of rl.sampler, optionally against `transformers` generate on identical weights.
+
+  .venv/bin/python -m benchmarks.sampler --compare_hf --mode=greedy
+  .venv/bin/python -m benchmarks.sampler --compare_hf --mode=sample
+  .venv/bin/python -m benchmarks.sampler --compare_hf --layers=4 --embed=512 \
+      --heads=8 --head_dim=64 --kv_heads=8 --mlp=2048 --vocab=4096 --scaling=
+
+Defaults are the tiny Qwen3-like shape (2 layers, embed 192, 6 x 32 heads,
+MLP 768, vocab 256), batch 32, 16-token prompts, 64 new tokens. Both sides
+generate exactly --new_tokens tokens per row: our sampler runs with no stop
+token, `generate` with `min_new_tokens = max_new_tokens`. With --compare_hf the
+two run alternately in this process (torch on 2 threads) so that load from
+other processes hits both alike; the ratio of medians is reported.
+
+Printed: a table per measurement, how the time per token grows with the
+number of new tokens (--scaling), the physical floor of the generation (its
+FLOPs over a measured float32 matmul rate, its bytes over a measured memory
+bandwidth), and last one JSON line with tokens_per_s, ms_per_token,
+compile_s, peak_rss_mb (and hf_tokens_per_s, speedup_vs_hf).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import resource
+import statistics
+import sys
+import tempfile
+import time
+
+if __package__ in (None, ''):
+  # Run as a file (python benchmarks/sampler.py): make the repository importable.
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from absl import app  # noqa: E402  (the imports below need the path above)
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models import config as config_lib
+from models import transformer
+from rl import sampler as sampler_lib
+
+_LAYERS = flags.DEFINE_integer('layers', 2, 'Transformer blocks.')
+_EMBED = flags.DEFINE_integer('embed', 192, 'Residual width.')
+_HEADS = flags.DEFINE_integer('heads', 6, 'Query heads.')
+_HEAD_DIM = flags.DEFINE_integer('head_dim', 32, 'Per-head width.')
+_KV_HEADS = flags.DEFINE_integer('kv_heads', 6, 'Key/value heads.')
+_MLP = flags.DEFINE_integer('mlp', 768, 'MLP hidden width.')
+_VOCAB = flags.DEFINE_integer('vocab', 256, 'Vocabulary size.')
+_BATCH = flags.DEFINE_integer('batch', 32, 'Rows generated at once.')
+_PROMPT_LEN = flags.DEFINE_integer('prompt_len', 16, 'Tokens per prompt.')
+_NEW_TOKENS = flags.DEFINE_integer('new_tokens', 64, 'Tokens generated per row.')
+_MODE = flags.DEFINE_enum('mode', 'greedy', ['greedy', 'sample'], 'Decoding mode.')
+_TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sample mode: temperature.')
+_TOP_P = flags.DEFINE_float('top_p', 1.0, 'Sample mode: nucleus mass (1 = off).')
+_TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample mode: top-k (0 = off).')
+_REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed runs per side.')
+_SCALING = flags.DEFINE_list('scaling', ['64', '256', '1024'],
+                             'New-token counts for the per-token growth table (empty: skip).')
+_COMPARE_HF = flags.DEFINE_bool('compare_hf', False,
+                                'Also time transformers generate (torch CPU, 2 threads).')
+_SEED = flags.DEFINE_integer('seed', 0, 'Weights and prompts seed.')
+
+
+def _model_config() -> config_lib.ModelConfig:
+  return config_lib.ModelConfig(
+      family='qwen3', vocab_size=_VOCAB.value, embed_dim=_EMBED.value,
+      num_layers=_LAYERS.value, num_heads=_HEADS.value, num_kv_heads=_KV_HEADS.value,
+      head_dim=_HEAD_DIM.value, mlp_dim=_MLP.value, qk_norm=True, tie_embeddings=True,
+      max_seq_len=max(4096, _PROMPT_LEN.value + _NEW_TOKENS.value))
+
+
+def _sampling_params(new_tokens: int) -> sampler_lib.SamplingParams:
+  if _MODE.value == 'greedy':
+    return sampler_lib.SamplingParams(max_new_tokens=new_tokens, greedy=True)
+  return sampler_lib.SamplingParams(max_new_tokens=new_tokens, temperature=_TEMPERATURE.value,
+                                    top_p=_TOP_P.value, top_k=_TOP_K.value)
+
+
+def _peak_rss_mb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
+
+
+def _best_seconds(fn, repeats: int) -> float:
+  fn()
+  best = float('inf')
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    best = min(best, time.perf_counter() - t)
+  return best
+
+
+def measure_machine() -> tuple[float, float]:
+  """(float32 matmul FLOP/s, memory bandwidth bytes/s), best of a few runs."""
+  n = 1024
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  matmul = jax.jit(lambda x: x @ x)
+  flops = 2 * n ** 3 / _best_seconds(lambda: matmul(a), 5)
+  x = jnp.ones((64 * 2 ** 20,), jnp.float32)                 # 256 MiB, far beyond caches
+  read = jax.jit(jnp.sum)
+  bandwidth = x.nbytes / _best_seconds(lambda: read(x), 5)
+  return flops, bandwidth
+
+
+def generation_floor(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: int,
+                     flops_rate: float, bandwidth: float) -> dict:
+  """Lower bound on the generation time on this machine, from first principles.
+
+  Counts the matmul FLOPs of the prefill and of every decode step (attention
+  over the filled part of the cache only) and the bytes each step must read
+  (all weights once, the filled KV cache), float32. A step cannot be faster
+  than the larger of flops / rate and bytes / bandwidth.
+  """
+  d, n, k, h, f, v, l = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.mlp_dim, cfg.vocab_size, cfg.num_layers)
+  per_token_weights = l * (d * n * h * 2 + d * k * h * 2 + 3 * d * f) + d * v
+  param_bytes = 4 * cfg.num_params()
+  kv_bytes_per_slot = 4 * l * 2 * k * h
+  total_flops = total_bytes = floor = 0.0
+  # Prefill: all prompt tokens at once, causal attention.
+  fl = batch * (2 * per_token_weights * prompt + l * 4 * n * h * prompt * (prompt + 1) / 2)
+  by = param_bytes + batch * prompt * kv_bytes_per_slot
+  total_flops, total_bytes, floor = fl, by, max(fl / flops_rate, by / bandwidth)
+  for t in range(1, new):          # the first token comes from the prefill's last logits
+    slots = prompt + t
+    fl = batch * (2 * per_token_weights + l * 4 * n * h * slots)
+    by = param_bytes + batch * slots * kv_bytes_per_slot
+    total_flops += fl
+    total_bytes += by
+    floor += max(fl / flops_rate, by / bandwidth)
+  return dict(flops=total_flops, bytes=total_bytes, flops_s=total_flops / flops_rate,
+              bytes_s=total_bytes / bandwidth, floor_s=floor)
+
+
+class _Ours:
+  """Our sampler on fixed prompts; each call uses a fresh key."""
+
+  def __init__(self, cfg, model, prompts, new_tokens):
+    self.graphdef, self.params = nnx.split(model)
+    self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=())
+    self.prompts = prompts
+    self.sp = _sampling_params(new_tokens)
+    self.calls = 0
+
+  def __call__(self):
+    self.calls += 1
+    out = self.sampler.generate(self.params, self.prompts, jax.random.key(self.calls), self.sp)
+    assert out.mask.all(), 'our sampler stopped early'
+    return out
+
+
+class _HF:
+  """transformers generate on the same weights (written through models.hf.save_model)."""
+
+  def __init__(self, model, prompts, new_tokens, workdir):
+    try:                                            # only with --compare_hf
+      import torch
+      import transformers
+    except ImportError as e:
+      raise SystemExit(f'--compare_hf needs torch and transformers ({e}); install them with '
+                       "pip install -e '.[interop]'") from e
+    from models import hf
+    torch.set_num_threads(2)
+    hf.save_model(model, workdir)
+    self.torch = torch
+    self.model = transformers.AutoModelForCausalLM.from_pretrained(
+        workdir, dtype=torch.float32).eval()
+    self.ids = torch.tensor(np.asarray(prompts), dtype=torch.long)
+    self.new_tokens = new_tokens
+    # Identical weights: same prompt logits up to float32 rounding.
+    with torch.no_grad():
+      theirs = self.model(self.ids).logits.numpy()
+    ours = np.asarray(model(jnp.asarray(prompts, jnp.int32)))
+    self.logits_max_abs_diff = float(np.max(np.abs(theirs - ours)))
+    if self.logits_max_abs_diff > 1e-3:
+      raise RuntimeError(f'HF logits differ from ours by {self.logits_max_abs_diff}: '
+                         'the weights did not round-trip')
+
+  def __call__(self):
+    kw = dict(do_sample=False)
+    if _MODE.value == 'sample':
+      kw = dict(do_sample=True, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
+                top_k=_TOP_K.value)
+    with self.torch.no_grad():
+      out = self.model.generate(
+          self.ids, attention_mask=self.torch.ones_like(self.ids),
+          max_new_tokens=self.new_tokens, min_new_tokens=self.new_tokens,
+          eos_token_id=self.model.config.vocab_size - 1, pad_token_id=0, **kw)
+    assert out.shape[1] == self.ids.shape[1] + self.new_tokens, out.shape
+    return out
+
+
+def _time(fn) -> float:
+  t = time.perf_counter()
+  fn()
+  return time.perf_counter() - t
+
+
+def _row(name, seconds, batch, new):
+  med = statistics.median(seconds)
+  return (f'{name:<24} {med * 1e3:10.1f} {min(seconds) * 1e3:10.1f} '
+          f'{batch * new / med:12.0f} {med / new * 1e3:10.3f}')
+
+
+def main(argv):
+  del argv
+  cfg = _model_config()
+  batch, plen, new = _BATCH.value, _PROMPT_LEN.value, _NEW_TOKENS.value
+  model = transformer.create(cfg, seed=_SEED.value)
+  rng = np.random.default_rng(_SEED.value)
+  prompts = rng.integers(0, cfg.vocab_size, (batch, plen)).tolist()
+  print(f'model: {cfg.num_layers} layers, embed {cfg.embed_dim}, {cfg.num_heads}x{cfg.head_dim} '
+        f'heads ({cfg.num_kv_heads} kv), mlp {cfg.mlp_dim}, vocab {cfg.vocab_size}, '
+        f'{cfg.num_params() / 1e6:.2f}M params | batch {batch}, prompt {plen}, new {new}, '
+        f'mode {_MODE.value} | jax {jax.__version__} on {jax.devices()[0].platform}')
+
+  ours = _Ours(cfg, model, prompts, new)
+  first_s = _time(ours)
+  compile_count = ours.sampler.compile_count
+  peak_rss = _peak_rss_mb()                         # before torch is imported
+  hf = None
+  if _COMPARE_HF.value:
+    hf = _HF(model, prompts, new, tempfile.mkdtemp(prefix='sampler_bench_hf_'))
+    hf()                                            # warm-up
+  ours_s, hf_s = [], []
+  for _ in range(_REPEATS.value):                   # alternate, so load drift hits both
+    ours_s.append(_time(ours))
+    if hf is not None:
+      hf_s.append(_time(hf))
+  compile_s = max(first_s - statistics.median(ours_s), 0.0)
+
+  header = f'{"":<24} {"median ms":>10} {"best ms":>10} {"tokens/s":>12} {"ms/step":>10}'
+  print('\n' + header)
+  print(_row('cascade rl.sampler', ours_s, batch, new))
+  if hf is not None:
+    print(_row('transformers generate', hf_s, batch, new))
+    speedup = statistics.median(hf_s) / statistics.median(ours_s)
+    print(f'speedup vs HF: {speedup:.2f}x (medians), {min(hf_s) / min(ours_s):.2f}x (best); '
+          f'prompt logits max |diff| {hf.logits_max_abs_diff:.2e}')
+  print(f'first call (compile + run): {first_s:.2f} s, compile ~{compile_s:.2f} s, '
+        f'{compile_count} compilation(s)')
+
+  flops_rate, bandwidth = measure_machine()
+  fl = generation_floor(cfg, batch, plen, new, flops_rate, bandwidth)
+  med = statistics.median(ours_s)
+  print(f'\nmachine: float32 matmul {flops_rate / 1e9:.1f} GFLOP/s, memory read '
+        f'{bandwidth / 1e9:.1f} GB/s')
+  print(f'floor: {fl["flops"] / 1e9:.2f} GFLOP -> {fl["flops_s"] * 1e3:.1f} ms; '
+        f'{fl["bytes"] / 1e9:.2f} GB -> {fl["bytes_s"] * 1e3:.1f} ms; per-step max -> '
+        f'{fl["floor_s"] * 1e3:.1f} ms; measured {med * 1e3:.1f} ms = '
+        f'{med / fl["floor_s"]:.1f}x the floor')
+
+  scaling = []
+  counts = [int(x) for x in _SCALING.value if x]
+  if counts:
+    print(f'\ntime per token vs new tokens ({_MODE.value}, batch {batch}, prompt {plen}):')
+    print(f'{"new tokens":>10} {"median ms":>10} {"ms/step":>10} {"tokens/s":>10} '
+          f'{"floor ms/step":>14} {"x floor":>8}')
+    for n in counts:
+      run = _Ours(cfg, model, prompts, n)
+      run()
+      secs = [_time(run) for _ in range(max(2, _REPEATS.value // 2))]
+      m = statistics.median(secs)
+      f = generation_floor(cfg, batch, plen, n, flops_rate, bandwidth)
+      scaling.append(dict(new_tokens=n, ms_per_step=m / n * 1e3, tokens_per_s=batch * n / m,
+                          floor_ms_per_step=f['floor_s'] / n * 1e3))
+      print(f'{n:>10} {m * 1e3:>10.1f} {m / n * 1e3:>10.3f} {batch * n / m:>10.0f} '
+            f'{f["floor_s"] / n * 1e3:>14.3f} {m / f["floor_s"]:>8.1f}')
+
+  result = dict(
+      mode=_MODE.value, batch=batch, prompt_len=plen, new_tokens=new,
+      layers=cfg.num_layers, embed=cfg.embed_dim, heads=cfg.num_heads,
+      head_dim=cfg.head_dim, kv_heads=cfg.num_kv_heads, mlp=cfg.mlp_dim, vocab=cfg.vocab_size,
+      tokens_per_s=batch * new / med, ms_per_token=med / (batch * new) * 1e3,
+      ms_per_step=med / new * 1e3, compile_s=compile_s, first_call_s=first_s,
+      peak_rss_mb=peak_rss, peak_rss_total_mb=_peak_rss_mb(), matmul_gflops=flops_rate / 1e9, mem_gbps=bandwidth / 1e9,
+      floor_s=fl['floor_s'], x_floor=med / fl['floor_s'], scaling=scaling)
+  if hf is not None:
+    hf_med = statistics.median(hf_s)
+    result.update(hf_tokens_per_s=batch * new / hf_med, speedup_vs_hf=hf_med / med,
+                  speedup_vs_hf_best=min(hf_s) / min(ours_s),
+                  hf_logits_max_abs_diff=hf.logits_max_abs_diff)
+  print(json.dumps(result))
+
+
+if __name__ == '__main__':
+  app.run(main)
