@@ -442,7 +442,8 @@ class Sampler:
     Args:
       params: the policy's state (`nnx.split(model)[1]`), on the mesh if any.
       prompts: token-id lists, each non-empty.
-      rng: a PRNG key; use a fresh one per call (same key -> same samples).
+      rng: a PRNG key or an int seed; use a fresh one per call (same key ->
+        same samples).
       sp: SamplingParams.
       num_samples: G, completions per prompt.
 
@@ -462,6 +463,8 @@ class Sampler:
         raise ValueError(f'prompts[{i}] is empty')
       if q.min() < 0 or q.max() >= self.cfg.vocab_size:
         raise ValueError(f'prompts[{i}] has token ids outside [0, {self.cfg.vocab_size})')
+    if isinstance(rng, (int, np.integer)):
+      rng = jax.random.key(rng)
     n = len(prompts) * num_samples
     p_max = max(q.size for q in prompts)
     p = _bucket(self.prompt_buckets, p_max, 'prompt length')

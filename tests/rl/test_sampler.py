@@ -190,8 +190,10 @@ def test_seeds_groups_and_padding_independence(policy, samp):
   a = samp.generate(policy[1], PROMPTS, jax.random.key(5), sp, num_samples=2)
   b = samp.generate(policy[1], PROMPTS, jax.random.key(5), sp, num_samples=2)
   c = samp.generate(policy[1], PROMPTS, jax.random.key(6), sp, num_samples=2)
-  for x, y in zip(a, b):
+  d = samp.generate(policy[1], PROMPTS, 5, sp, num_samples=2)          # an int seed
+  for x, y, z in zip(a, b, d):
     np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(x, z)
   assert not np.array_equal(a.tokens, c.tokens)
   assert not np.array_equal(a.tokens[0::2], a.tokens[1::2])     # G samples are independent
   # More prompts -> a larger batch bucket (8 -> 16 rows); the first rows are unchanged.
