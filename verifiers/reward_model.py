@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 import unicodedata
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
