@@ -34,6 +34,12 @@ SCHEDULES = ('constant', 'cosine')
 ADVANTAGES = ('grpo', 'dr_grpo', 'rloo')
 LOSS_AGGS = ('token', 'seq_mean_token_mean')
 KL_ESTIMATORS = ('k1', 'k3')
+# Verifiers that take a reward model, and the option its scorer is passed in
+# (a domain's `reward_model_stage` supplies it). The training verifier gets it
+# whenever it takes one; the evaluation verifier only when it cannot score
+# without one (RM_SCORER_REQUIRED), so e.g. IF held-out stays plain IFEval.
+RM_SCORER_OPTION = {'reward_model': 'scorer', 'instruction_following': 'rm_scorer'}
+RM_SCORER_REQUIRED = ('reward_model',)
 _NAME_RE = re.compile(r'^[A-Za-z0-9_.-]+$')
 _REQUIRED = object()
 
@@ -369,13 +375,20 @@ def _check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
       if ds and datasets[ds].record_type != 'prompt':
         raise ConfigError(f'{where}.{split}={ds!r}: format {datasets[ds].format!r} holds '
                           f'{datasets[ds].record_type} records, a domain needs prompts')
+    rm_stage = spec.get('reward_model_stage', '') or ''
+    if rm_stage and ver not in RM_SCORER_OPTION and eval_ver not in RM_SCORER_OPTION:
+      raise ConfigError(f'{where}.reward_model_stage={rm_stage!r}: neither verifier {ver!r} nor '
+                        f'eval_verifier {eval_ver!r} takes a reward model (those that do: '
+                        f'{", ".join(sorted(RM_SCORER_OPTION))})')
+    if not rm_stage and 'reward_model' in (ver, eval_ver):
+      raise ConfigError(f"{where}.reward_model_stage: missing field (the 'reward_model' "
+                        'verifier scores with the reward model a reward_model stage trains)')
     opts = dict(_as_dict(spec.get('verifier_options') or {}))
     eval_opts = spec.get('eval_verifier_options')
     eval_opts = opts if eval_opts is None and eval_ver == ver else dict(_as_dict(eval_opts or {}))
     out[name] = Domain(name=name, verifier=ver, verifier_options=opts,
                        train=spec.get('train', ''), eval=spec['eval'], eval_verifier=eval_ver,
-                       eval_verifier_options=eval_opts,
-                       reward_model_stage=spec.get('reward_model_stage', '') or '')
+                       eval_verifier_options=eval_opts, reward_model_stage=rm_stage)
   return out
 
 

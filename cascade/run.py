@@ -52,8 +52,6 @@ from rl import sampler as sampler_lib
 from rl import train_step as train_lib
 
 INIT_ROW = 'init'
-# The verifier option through which a reward-model domain receives its scorer.
-SCORER_OPTION = 'scorer'
 
 
 class Context:
@@ -264,6 +262,24 @@ class Context:
                        (d.eval_verifier, d.eval_verifier_options)):
       self._verifiers_mod.validate(name, metadata, where, **opts)
 
+  def check_verifier_options(self) -> None:
+    """Builds every verifier once (a stand-in for a reward model) so bad options fail now."""
+    stand_in = lambda prompts, answers: np.zeros(len(prompts), np.float32)
+    for d in self.plan.domains.values():
+      for field, name, opts in (('verifier_options', d.verifier, d.verifier_options),
+                                ('eval_verifier_options', d.eval_verifier,
+                                 d.eval_verifier_options)):
+        opts = dict(opts)
+        if name in config_lib.RM_SCORER_REQUIRED or (
+            d.reward_model_stage and name in config_lib.RM_SCORER_OPTION):
+          opts[config_lib.RM_SCORER_OPTION[name]] = stand_in
+        try:
+          v = self._verifiers_mod.get(name, **opts)
+        except (TypeError, ValueError) as e:
+          raise config_lib.ConfigError(f'config.domains.{d.name}.{field}: verifier {name!r} '
+                                       f'rejects {sorted(opts)}: {e}') from None
+        v.close()
+
   def load_data(self) -> None:
     """Loads and checks every dataset the config names (errors name file and line)."""
     for name, spec in sorted(self.plan.datasets.items()):
@@ -319,10 +335,12 @@ class Context:
     d = self.plan.domains[domain]
     name = d.eval_verifier if for_eval else d.verifier
     opts = dict(d.eval_verifier_options if for_eval else d.verifier_options)
-    key = (name, repr(sorted(opts.items())), d.reward_model_stage if name == 'reward_model' else '')
+    takes_rm = bool(d.reward_model_stage) and name in config_lib.RM_SCORER_OPTION and (
+        not for_eval or name in config_lib.RM_SCORER_REQUIRED)
+    key = (name, repr(sorted(opts.items())), d.reward_model_stage if takes_rm else '')
     if key not in self._verifiers:
-      if name == 'reward_model':
-        opts[SCORER_OPTION] = self._rm_scorer(d)
+      if takes_rm:
+        opts[config_lib.RM_SCORER_OPTION[name]] = self._rm_scorer(d)
       self._verifiers[key] = self._verifiers_mod.get(name, **opts)
     return self._verifiers[key]
 
@@ -353,7 +371,8 @@ class Context:
 
   def _can_score(self, domain: str) -> bool:
     d = self.plan.domains[domain]
-    if d.eval_verifier != 'reward_model' or d.reward_model_stage in self.progress.done:
+    if (d.eval_verifier not in config_lib.RM_SCORER_REQUIRED
+        or d.reward_model_stage in self.progress.done):
       return True
     print(f'WARNING: domain {domain!r} is evaluated by reward model stage '
           f'{d.reward_model_stage!r}, not trained yet: no score in this row', flush=True)
@@ -424,6 +443,7 @@ def run(config, workdir: str) -> dict:
   ctx = Context(config, plan, workdir)
   domains = sorted(plan.domains)
   try:
+    ctx.check_verifier_options()
     ctx.load_data()
     if plan.initial_eval and ctx.progress.row(INIT_ROW) is None:
       row = ctx.evaluate_row(INIT_ROW, -1, [], ctx.params_of(('initial',)))

@@ -56,6 +56,10 @@ def get_config(arg=None):
     # The other kinds: a reward model, a blended two-domain GRPO stage with a KL term that
     # keeps the SFT optimizer state, MOPD from the per-domain best rows, an eval stage.
     c.datasets.prefs = dict(path=root + '/prefs.jsonl', format='preference', domain='copy')
+    # 'copy' is trained on the reward model's score and measured by the math verifier.
+    c.domains.copy = dict(verifier='reward_model', eval_verifier='math',
+                          eval_verifier_options=dict(workers=1), reward_model_stage='rm',
+                          train='copy_train', eval='copy_eval')
     blend = rl('blend', ['copy', 'next'])
     del blend['phases']
     blend.update(steps=3, kl_coef=0.05, reset_optimizer=False)
@@ -224,6 +228,8 @@ def test_reward_model_blended_grpo_mopd_and_eval_stages(world, cache, uninterrup
   assert len(rm) == 3 and all('accuracy' in m for m in rm)
   blend = [m for m in metrics if m.get('stage') == 'blend']
   assert any('reward_mean/copy' in m and 'reward_mean/next' in m for m in blend)  # mixed
+  # 'copy' rows got the reward model's real-valued scores, 'next' rows 0/1 from math.
+  assert any(m['reward_mean/copy'] not in (0.0, 1.0) for m in blend if 'reward_mean/copy' in m)
   assert len(blend) == 3 and all('kl' in m for m in blend)
   assert not (c / 'stages' / '01_rm' / 'hf').exists()          # no policy to export
   assert (c / 'stages' / '03_distill' / 'hf' / 'model.safetensors').exists()
