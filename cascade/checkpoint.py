@@ -34,7 +34,6 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from cascade import config as config_lib
 
 
 def is_writer() -> bool:
@@ -66,10 +65,30 @@ def read_json(path: str, default: Any = None) -> Any:
     return json.load(f)
 
 
+# Fields that do not change what a run computes, so a resumed run may differ in them.
+HARMLESS_TOP = ('allow_config_change', 'hardware')
+HARMLESS_NESTED = {'ckpt': ('keep',)}
+
+
+def config_for_hash(config) -> dict:
+  """The config as a dict without the harmless fields above."""
+  d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+  d = {k: v for k, v in d.items() if k not in HARMLESS_TOP}
+  for section, keys in HARMLESS_NESTED.items():
+    if isinstance(d.get(section), dict):
+      d[section] = {k: v for k, v in d[section].items() if k not in keys}
+  return d
+
+
 def config_hash(config) -> str:
-  """sha256 of the config minus the fields a resumed run may change (see config.HARMLESS_*)."""
-  canon = json.dumps(config_lib.config_for_hash(config), sort_keys=True, default=str)
+  """sha256 (16 hex digits) of the config minus the harmless fields."""
+  canon = json.dumps(config_for_hash(config), sort_keys=True, default=str)
   return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def stage_dir(workdir: str, stage) -> str:
+  """`workdir/stages/<idx>_<name>`: a stage's checkpoints and its HF export."""
+  return os.path.join(workdir, 'stages', f'{stage.index:02d}_{stage.name}')
 
 
 class WorkdirError(ValueError):

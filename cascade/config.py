@@ -3,7 +3,7 @@
 A config is an `ml_collections.ConfigDict` (see README, "Config format"):
 
   config.seed, config.model, config.tokenizer, config.mesh, config.sampler,
-  config.ckpt, config.eval, config.metrics, config.datasets, config.domains,
+  config.ckpt, config.eval, config.datasets, config.domains,
   config.stages (a list of plain stage dicts), config.allow_config_change.
 
 `validate(config)` checks the whole thing and returns a `Plan`: frozen
@@ -18,12 +18,10 @@ a domain's name.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Any, Mapping
 
 KINDS = ('sft', 'reward_model', 'grpo', 'mopd', 'eval')
-TRAIN_KINDS = ('sft', 'reward_model', 'grpo', 'mopd')
 RL_KINDS = ('grpo', 'mopd')
 # Kinds whose product is the policy (and so a row of the evaluation matrix).
 POLICY_KINDS = ('sft', 'grpo', 'mopd', 'eval')
@@ -642,23 +640,3 @@ def _check_rm_reference(d: Domain, stages: list[Stage]):
     if d.name in s.domains and s.kind in RL_KINDS and s.index < rm.index:
       raise ConfigError(f'stages[{s.index}] {s.name!r}: domains: domain {d.name!r} is scored by '
                         f'reward model stage {rm.name!r}, which comes later')
-
-
-def config_for_hash(config) -> dict:
-  """The config as a dict without fields that may change on resume (logging, overrides)."""
-  d = _as_dict(config)
-  d = {k: v for k, v in d.items() if k not in HARMLESS_TOP}
-  for section, keys in HARMLESS_NESTED.items():
-    if section in d and isinstance(d[section], dict):
-      d[section] = {k: v for k, v in d[section].items() if k not in keys}
-  return d
-
-
-# Fields that do not change what a run computes, so a resumed run may differ in them.
-HARMLESS_TOP = ('allow_config_change', 'hardware')
-HARMLESS_NESTED = {'ckpt': ('keep',)}
-
-
-def stage_dir(workdir: str, st: Stage) -> str:
-  """`workdir/stages/<idx>_<name>`: a stage's checkpoints and its HF export."""
-  return os.path.join(workdir, 'stages', f'{st.index:02d}_{st.name}')

@@ -125,7 +125,7 @@ class Context:
   def checkpoints(self, stage) -> checkpoint.StageCheckpoints:
     if stage.name not in self._ckpts:
       self._ckpts[stage.name] = checkpoint.StageCheckpoints(
-          os.path.join(config_lib.stage_dir(self.workdir, stage), 'ckpt'),
+          os.path.join(checkpoint.stage_dir(self.workdir, stage), 'ckpt'),
           keep=int(self.config.ckpt.keep))
     return self._ckpts[stage.name]
 
@@ -402,7 +402,7 @@ def _model_config(model) -> model_config.ModelConfig:
 
 def export_hf(ctx: Context, stage, params) -> str:
   """Writes the stage's policy to stages/<idx>_<name>/hf (via a temporary dir and a rename)."""
-  out = os.path.join(config_lib.stage_dir(ctx.workdir, stage), 'hf')
+  out = os.path.join(checkpoint.stage_dir(ctx.workdir, stage), 'hf')
   if os.path.exists(out):
     return out
   if not all(getattr(x, 'is_fully_addressable', True) for x in jax.tree.leaves(params)):

@@ -5,6 +5,7 @@ import copy
 import ml_collections
 import pytest
 
+from cascade import checkpoint
 from cascade import config as config_lib
 
 VERIFIERS = ('math', 'instruction_following', 'code', 'reward_model')
@@ -181,6 +182,6 @@ def test_config_hash_ignores_harmless_fields():
   b = make_config()
   b.allow_config_change = True
   b.ckpt.keep = 5
-  assert config_lib.config_for_hash(a) == config_lib.config_for_hash(b)
+  assert checkpoint.config_hash(a) == checkpoint.config_hash(b)
   b.stages[0]['steps'] = 5
-  assert config_lib.config_for_hash(a) != config_lib.config_for_hash(b)
+  assert checkpoint.config_hash(a) != checkpoint.config_hash(b)
