@@ -88,6 +88,11 @@ def from_samples(samples, advantages, *, valid=None, teacher_index=None) -> Trai
   prompt column predict completion token 0, so the completion's mask, tokens
   and log-probs move one column left in target alignment.
 
+  `old_logprobs` are the sampler's `logprobs` (the unmodified policy, as the
+  trainer computes them), not `sampling_logprobs`: the importance ratio then
+  measures only sampler/trainer mismatch and is 1 on-policy at any
+  temperature or top-p.
+
   Args:
     samples: a `rl.sampler.SampleOutput` (or any object with its fields):
       prompt_tokens/prompt_mask [B, P] left-padded, tokens/mask/logprobs [B, N],
