@@ -81,11 +81,15 @@ class Target:
     kind: 'tpu' (libtpu's compiler, real HBM limit) or 'cpu' (simulated).
     description: one line for the output.
     device_memory_bytes: the per-device limit checked against (0 = none).
+    count_devices: CPU devices of the same count to count FLOPs on (the TPU
+      topology client returns no cost analysis for lowered programs); empty
+      when `devices` themselves count.
   """
   devices: tuple
   kind: str
   description: str
   device_memory_bytes: int
+  count_devices: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +170,11 @@ def target(config, backend: str = 'auto', device_memory_gib: float | None = None
                        f'config.mesh.shape needs {n}')
     desc = (f'{hw.get("name", topo)}: topology {topo} from libtpu, compiled by the TPU '
             f'compiler ({devices[0].device_kind}); over-HBM programs fail to compile')
-    return Target(devices, 'tpu', desc, limit)
+    cpus = tuple(jax.devices('cpu'))
+    if len(cpus) != n:
+      raise ValueError(f'{len(cpus)} CPU devices: counting FLOPs needs {n}; call '
+                       'launch.plan.use_simulated_cpu_devices(n) before any JAX work')
+    return Target(devices, 'tpu', desc, limit, cpus)
   if backend != 'cpu':
     raise ValueError(f'--backend={backend!r}: expected auto, tpu or cpu')
   devices = tuple(jax.devices('cpu'))
@@ -321,10 +329,15 @@ def _bucket(buckets: Sequence[int], n: int, what: str) -> int:
   return fit[0]
 
 
-def sampler_program(graphdef, params, mesh, rules, sampler_cfg: dict, *, rows: int,
-                    prompt_len: int, max_new_tokens: int, top_p: float, top_k: int,
-                    name: str) -> ProgramReport:
-  """Compiles `rl.sampler.sample` for one call of `Sampler.generate` with these sizes."""
+def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, prompt_len: int,
+                     max_new_tokens: int, top_p: float, top_k: int):
+  """`rl.sampler.sample` for one `Sampler.generate` call of these sizes, on `mesh`.
+
+  Returns:
+    (() -> Lowered, description of the shapes).
+  """
+  graphdef, params = abstract_model(model_cfg, 'policy')
+  params = _with_shardings(params, sharding.state_shardings(params, mesh, rules))
   prompt_buckets = sampler_cfg.get('prompt_buckets', sampler_lib.DEFAULT_PROMPT_BUCKETS)
   new_buckets = sampler_cfg.get('new_token_buckets', sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS)
   batch_buckets = sampler_cfg.get('batch_buckets')
@@ -346,13 +359,16 @@ def sampler_program(graphdef, params, mesh, rules, sampler_cfg: dict, *, rows: i
   def lower():
     with sharding.use_mesh(mesh, rules):
       return sampler_lib.sample.lower(*args, **kw)
-  shapes = f'{b} rows, prompt bucket {p}, new-token bucket {nb} (KV cache {p + nb} slots)'
-  return compile_program(name, shapes, lower)
+  return lower, f'{b} rows, prompt bucket {p}, new-token bucket {nb} (KV cache {p + nb} slots)'
 
 
-def plan_stage(stage: config_lib.Stage, model_cfg, mesh, rules, sampler_cfg: dict,
-               limit_bytes: int, with_sampler: bool = True) -> StageReport:
-  """Compiles a training stage's train step (and, for RL, its sampler) for `mesh`."""
+def train_lowering(stage: config_lib.Stage, model_cfg, mesh, rules,
+                   microbatches: int | None = None):
+  """The stage's train step for its largest batch, on `mesh`.
+
+  Returns:
+    (() -> Lowered, description of the batch).
+  """
   kind = 'reward_model' if stage.kind == 'reward_model' else 'policy'
   graphdef, params = abstract_model(model_cfg, kind)
   params = _with_shardings(params, sharding.state_shardings(params, mesh, rules))
@@ -360,34 +376,63 @@ def plan_stage(stage: config_lib.Stage, model_cfg, mesh, rules, sampler_cfg: dic
   optimizer = train_lib.make_optimizer(opt_cfg)
   state = abstract_state(params, optimizer, mesh, rules)
   loss_name, loss_cfg = loss_setup(stage)
-  make = lambda m: train_lib.make_train_step(
+  step = train_lib.make_train_step(
       graphdef, loss_name, loss_cfg, optimizer, mesh=mesh, rules=rules, state=state,
-      microbatches=m, lr_schedule=train_lib.make_schedule(opt_cfg))
-  step = make(stage.microbatches)
+      microbatches=microbatches or stage.microbatches,
+      lr_schedule=train_lib.make_schedule(opt_cfg))
   batch, what = train_batch(stage, mesh, rules)
-  whole = (lambda: make(1).lower(state, batch)) if stage.microbatches > 1 else None
-  programs = [compile_program('train step', what, lambda: step.lower(state, batch), whole)]
+  return (lambda: step.lower(state, batch)), what
+
+
+def plan_stage(stage: config_lib.Stage, model_cfg, mesh, rules, sampler_cfg: dict,
+               limit_bytes: int, with_sampler: bool = True, count_mesh=None) -> StageReport:
+  """Compiles a training stage's train step (and, for RL, its sampler) for `mesh`.
+
+  Args:
+    stage: the resolved stage.
+    model_cfg: the policy's ModelConfig.
+    mesh: the target mesh.
+    rules: logical sharding rules.
+    sampler_cfg: config.sampler (bucket sizes).
+    limit_bytes: per-device memory limit (0 = none).
+    with_sampler: compile an RL stage's sampler too.
+    count_mesh: a mesh of the same shape whose backend counts FLOPs on lowered
+      programs (the TPU topology's does not; CPU devices do); default `mesh`.
+
+  Returns:
+    The StageReport.
+  """
+  count_mesh = mesh if count_mesh is None else count_mesh
+  lower, what = train_lowering(stage, model_cfg, mesh, rules)
+  # XLA counts a loop body once: count the whole batch on a single-microbatch twin.
+  twin = (train_lowering(stage, model_cfg, count_mesh, rules, microbatches=1)[0]
+          if stage.microbatches > 1 or count_mesh is not mesh else None)
+  programs = [compile_program('train step', what, lower, twin)]
   if with_sampler and stage.kind in config_lib.RL_KINDS:
-    programs.append(sampler_program(
-        graphdef, state.params, mesh, rules, sampler_cfg,
-        rows=stage.prompts_per_step * stage.group_size, prompt_len=stage.max_prompt_len,
-        max_new_tokens=max(p.max_response_len for p in stage.phases), top_p=stage.top_p,
-        top_k=stage.top_k, name='sampler'))
+    sizes = dict(rows=stage.prompts_per_step * stage.group_size,
+                 prompt_len=stage.max_prompt_len,
+                 max_new_tokens=max(p.max_response_len for p in stage.phases),
+                 top_p=stage.top_p, top_k=stage.top_k)
+    lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes)
+    twin = (sampler_lowering(model_cfg, count_mesh, rules, sampler_cfg, **sizes)[0]
+            if count_mesh is not mesh else None)
+    programs.append(compile_program('sampler', what, lower, twin))
   return StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
                      mesh.size)
 
 
-def plan_eval(config, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int) -> StageReport:
+def plan_eval(config, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
+              count_mesh=None) -> StageReport:
   """Compiles the held-out evaluation's sampler (one call: batch_size prompts x num_samples)."""
   ev = _as_dict(config.eval)
-  graphdef, params = abstract_model(model_cfg, 'policy')
-  params = _with_shardings(params, sharding.state_shardings(params, mesh, rules))
   k = 1 if ev.get('greedy') else int(ev['num_samples'])
-  prog = sampler_program(graphdef, params, mesh, rules, sampler_cfg,
-                         rows=int(ev['batch_size']) * k, prompt_len=int(ev['max_prompt_len']),
-                         max_new_tokens=int(ev['max_new_tokens']),
-                         top_p=float(ev['top_p']), top_k=int(ev.get('top_k', 0)),
-                         name='eval sampler')
+  sizes = dict(rows=int(ev['batch_size']) * k, prompt_len=int(ev['max_prompt_len']),
+               max_new_tokens=int(ev['max_new_tokens']), top_p=float(ev['top_p']),
+               top_k=int(ev.get('top_k', 0)))
+  lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes)
+  twin = (sampler_lowering(model_cfg, count_mesh, rules, sampler_cfg, **sizes)[0]
+          if count_mesh is not None and count_mesh is not mesh else None)
+  prog = compile_program('eval sampler', what, lower, twin)
   return StageReport(-1, 'evaluation', 'eval', (prog,), limit_bytes, mesh.size)
 
 
@@ -412,6 +457,8 @@ def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: b
   model = _as_dict(config.model)
   model_cfg = model_config.ModelConfig.preset(model['preset'], **dict(model.get('overrides') or {}))
   mesh = sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.devices)
+  count_mesh = (sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.count_devices)
+                if tgt.count_devices else mesh)
   mesh_cfg = _as_dict(config.mesh)
   rules = (tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in mesh_cfg['rules'])
            if mesh_cfg.get('rules') else sharding.DEFAULT_RULES)
@@ -425,11 +472,12 @@ def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: b
     if st.kind == 'eval' or (stages and st.name not in stages):
       continue
     out.append(plan_stage(st, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
-                          with_sampler))
+                          with_sampler, count_mesh))
     if report:
       report(out[-1])
   if with_eval:
-    out.append(plan_eval(config, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes))
+    out.append(plan_eval(config, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
+                         count_mesh))
     if report:
       report(out[-1])
   return out
@@ -500,12 +548,10 @@ def main(argv):
   hw = _as_dict(config.hardware) if 'hardware' in config else {}
   if backend == 'auto':
     backend = 'tpu' if have_libtpu() and hw.get('platform') == 'tpu' else 'cpu'
-  # Backends start lazily: these settings take effect as long as nothing has
-  # touched a device yet (the config file only imports modules).
-  if backend == 'tpu':
-    jax.config.update('jax_platforms', 'cpu')
-  else:
-    use_simulated_cpu_devices(num_devices(config))
+  # Backends start lazily: this takes effect as long as nothing has touched a
+  # device yet (the config file only imports modules). The TPU path needs the
+  # CPU devices too: FLOPs are counted on CPU lowerings of the same mesh.
+  use_simulated_cpu_devices(num_devices(config))
   tgt = target(config, backend, _MEMORY.value)
   plan = config_lib.validate(config)
   model = _as_dict(config.model)
