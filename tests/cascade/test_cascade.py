@@ -233,3 +233,22 @@ def test_reward_model_blended_grpo_mopd_and_eval_stages(world, cache, uninterrup
   assert len(blend) == 3 and all('kl' in m for m in blend)
   assert not (c / 'stages' / '01_rm' / 'hf').exists()          # no policy to export
   assert (c / 'stages' / '03_distill' / 'hf' / 'model.safetensors').exists()
+
+
+@pytest.mark.slow
+def test_full_cascade_on_a_2x2x2_mesh(world, tmp_path):
+  """Every stage kind sharded over 8 simulated devices (data, fsdp, tensor) = (2, 2, 2)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.device_count() < 8:
+    pytest.skip('needs 8 (simulated) devices')
+  import cascade  # pylint: disable=g-import-not-at-top
+  ns = {}
+  exec(CONFIG.format(root=str(world)), ns)  # pylint: disable=exec-used
+  c = ns['get_config']('full')
+  c.mesh.shape = (2, 2, 2)
+  c.stages[0]['steps'] = 4
+  c.stages[4]['init_from'] = 'sft'
+  res = cascade.run(c, str(tmp_path / 'mesh'))
+  assert res['stages'] == ['sft', 'blend', 'distill', 'sft_again']
+  assert res['scores'][3] == res['scores'][0]      # the eval stage re-reads the SFT policy
+  assert (tmp_path / 'mesh' / 'stages' / '03_distill' / 'hf' / 'model.safetensors').exists()
