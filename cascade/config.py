@@ -309,6 +309,9 @@ def _check_top(config):
       raise ConfigError(f'config.eval.{key}: missing field')
     if not check(ev[key]):
       raise ConfigError(f'config.eval.{key}={ev[key]!r}: must be {what}')
+  top_k = ev.get('top_k', 0)
+  if not _is_int(top_k) or top_k < 0:
+    raise ConfigError(f'config.eval.top_k={top_k!r}: must be an int >= 0 (0 = off)')
   if not ev.get('greedy', False) and ev['temperature'] <= 0:
     raise ConfigError('config.eval.temperature must be > 0 unless config.eval.greedy')
   if ev.get('thinking') not in (None, True, False):
@@ -510,9 +513,11 @@ def _check_stage(i: int, raw: dict, earlier: list[Stage], all_names, domains,
             dynamic_filter=v['dynamic_filter'], refill_cap=v['refill_cap'],
             filter_overlong=v['filter_overlong'], loss_agg=v['loss_agg'])
   if kind == 'grpo':
-    need('advantage', lambda x: x in ADVANTAGES, f'unknown advantage estimator (known: {ADVANTAGES})')
+    need('advantage', lambda x: x in ADVANTAGES,
+         f'unknown advantage estimator (known: {ADVANTAGES})')
     need('kl_coef', lambda x: _is_num(x) and x >= 0, 'must be >= 0')
-    need('kl_estimator', lambda x: x in KL_ESTIMATORS, f'unknown KL estimator (known: {KL_ESTIMATORS})')
+    need('kl_estimator', lambda x: x in KL_ESTIMATORS,
+         f'unknown KL estimator (known: {KL_ESTIMATORS})')
     return Stage(**common, **rl, advantage=v['advantage'], kl_coef=float(v['kl_coef']),
                  kl_estimator=v['kl_estimator'])
   teachers = v['teachers']

@@ -1,4 +1,4 @@
-"""Datasets: readers (JSONL, Parquet, TFDS), format adapters, and grain pipelines with resumable state.
+"""Datasets: JSONL / Parquet / TFDS readers, format adapters, resumable grain pipelines.
 
 Canonical records (what every stage reads; adapters map other formats here):
 

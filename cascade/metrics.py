@@ -1,4 +1,4 @@
-"""Observability: TensorBoard events, a JSONL metrics log, a progress bar per stage, stage summaries.
+"""Observability: TensorBoard events, a JSONL metrics log, per-stage progress bars and summaries.
 
   workdir/tb/            tensorboardX event files; tags '<stage name>/<metric>'
   workdir/metrics.jsonl  one JSON object per step: {"stage", "stage_index",

@@ -247,12 +247,12 @@ class Context:
         d: list(src) for d, (src, _) in chosen.items()}
     return params, table
 
-  def check_rl_rows(self, stage) -> None:
-    rows = stage.prompts_per_step * stage.group_size
+  def check_rows(self, stage, rows: int, what: str) -> None:
+    """A stage's fixed batch rows must split over its microbatches and the mesh's batch shards."""
     if rows % (stage.microbatches * self.batch_shards):
-      raise ValueError(f'stages[{stage.index}] {stage.name!r}: prompts_per_step * group_size = '
-                       f'{rows} rows do not split over {stage.microbatches} microbatches x '
-                       f'{self.batch_shards} batch shards of the mesh')
+      raise config_lib.ConfigError(
+          f'stages[{stage.index}] {stage.name!r}: {what} = {rows} rows do not split over '
+          f'{stage.microbatches} microbatches x {self.batch_shards} batch shards of the mesh')
 
   # ------------------------------------------------------------ data and verifiers
 

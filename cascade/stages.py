@@ -175,6 +175,7 @@ def run_sft(ctx, stage):
 
 def run_reward_model(ctx, stage):
   records = ctx.stage_records(stage)
+  ctx.check_rows(stage, stage.batch_size, 'batch_size')
 
   def maker(state):
     del state
@@ -272,7 +273,7 @@ def _rl_valid(stage, step, rows, valid):
 
 def run_grpo(ctx, stage):
   records = ctx.stage_records(stage)
-  ctx.check_rl_rows(stage)
+  ctx.check_rows(stage, stage.prompts_per_step * stage.group_size, 'prompts_per_step * group_size')
   ref_params = ctx.start_params(stage) if stage.kl_coef > 0 else None
   loss_cfg = grpo.GrpoConfig(advantage=stage.advantage, aggregation=stage.loss_agg,
                              kl_coef=stage.kl_coef, kl_estimator=stage.kl_estimator)
@@ -298,7 +299,7 @@ def run_grpo(ctx, stage):
 
 def run_mopd(ctx, stage):
   records = ctx.stage_records(stage)
-  ctx.check_rl_rows(stage)
+  ctx.check_rows(stage, stage.prompts_per_step * stage.group_size, 'prompts_per_step * group_size')
   teachers, teacher_of_domain = ctx.teachers(stage)
 
   def maker(state):
