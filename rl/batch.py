@@ -111,7 +111,6 @@ def from_samples(samples, advantages, *, valid=None, teacher_index=None) -> Trai
   comp_mask = np.asarray(samples.mask, np.int32)
   logprobs = np.asarray(samples.logprobs, np.float32)
   b, p = prompt.shape
-  n = comp.shape[1]
   if p < 1:
     raise ValueError('from_samples: prompt_tokens has 0 columns; every row needs a prompt token')
   if comp.shape[0] != b or comp_mask.shape != comp.shape or logprobs.shape != comp.shape:
