@@ -65,7 +65,10 @@ class Context:
     self.seed = int(config.seed)
     mesh_cfg = config.mesh.to_dict() if hasattr(config.mesh, 'to_dict') else dict(config.mesh)
     shape = mesh_cfg.get('shape')
-    self.mesh = None if shape is None else sharding.make_mesh(tuple(shape))
+    try:
+      self.mesh = None if shape is None else sharding.make_mesh(tuple(shape))
+    except ValueError as e:
+      raise config_lib.ConfigError(f'config.mesh.shape={shape!r}: {e}') from None
     rules = mesh_cfg.get('rules')
     self.rules = tuple((k, v) for k, v in rules) if rules else sharding.DEFAULT_RULES
     self.batch_shards = 1
@@ -247,12 +250,19 @@ class Context:
         d: list(src) for d, (src, _) in chosen.items()}
     return params, table
 
-  def check_rows(self, stage, rows: int, what: str) -> None:
-    """A stage's fixed batch rows must split over its microbatches and the mesh's batch shards."""
-    if rows % (stage.microbatches * self.batch_shards):
-      raise config_lib.ConfigError(
-          f'stages[{stage.index}] {stage.name!r}: {what} = {rows} rows do not split over '
-          f'{stage.microbatches} microbatches x {self.batch_shards} batch shards of the mesh')
+  def check_rows(self) -> None:
+    """Fixed-size batches must split over their microbatches and the mesh's batch shards."""
+    for st in self.plan.stages:
+      if st.kind in config_lib.RL_KINDS:
+        rows, what = st.prompts_per_step * st.group_size, 'prompts_per_step * group_size'
+      elif st.kind == 'reward_model':
+        rows, what = st.batch_size, 'batch_size'
+      else:
+        continue                                 # SFT pads its packed rows to fit
+      if rows % (st.microbatches * self.batch_shards):
+        raise config_lib.ConfigError(
+            f'stages[{st.index}] {st.name!r}: {what} = {rows} rows do not split over '
+            f'{st.microbatches} microbatches x {self.batch_shards} batch shards of the mesh')
 
   # ------------------------------------------------------------ data and verifiers
 
@@ -443,6 +453,7 @@ def run(config, workdir: str) -> dict:
   ctx = Context(config, plan, workdir)
   domains = sorted(plan.domains)
   try:
+    ctx.check_rows()
     ctx.check_verifier_options()
     ctx.load_data()
     if plan.initial_eval and ctx.progress.row(INIT_ROW) is None:

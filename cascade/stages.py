@@ -175,7 +175,6 @@ def run_sft(ctx, stage):
 
 def run_reward_model(ctx, stage):
   records = ctx.stage_records(stage)
-  ctx.check_rows(stage, stage.batch_size, 'batch_size')
 
   def maker(state):
     del state
@@ -273,7 +272,6 @@ def _rl_valid(stage, step, rows, valid):
 
 def run_grpo(ctx, stage):
   records = ctx.stage_records(stage)
-  ctx.check_rows(stage, stage.prompts_per_step * stage.group_size, 'prompts_per_step * group_size')
   ref_params = ctx.start_params(stage) if stage.kl_coef > 0 else None
   loss_cfg = grpo.GrpoConfig(advantage=stage.advantage, aggregation=stage.loss_agg,
                              kl_coef=stage.kl_coef, kl_estimator=stage.kl_estimator)
@@ -299,7 +297,6 @@ def run_grpo(ctx, stage):
 
 def run_mopd(ctx, stage):
   records = ctx.stage_records(stage)
-  ctx.check_rows(stage, stage.prompts_per_step * stage.group_size, 'prompts_per_step * group_size')
   teachers, teacher_of_domain = ctx.teachers(stage)
 
   def maker(state):

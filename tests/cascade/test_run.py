@@ -1,0 +1,53 @@
+"""Checks `cascade.run` makes before the first step, and the package's light import."""
+
+import subprocess
+import sys
+import types
+
+import ml_collections
+import pytest
+
+from cascade import config as config_lib
+from cascade import run as run_lib
+
+
+def _plan(prompts, group, rm_batch, microbatches=1):
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = dict(preset='tiny')
+  c.tokenizer = dict(path='/tok.model')
+  c.mesh = dict(shape=None)
+  c.sampler = dict()
+  c.ckpt = dict(every_n_steps=0, keep=1)
+  c.eval = dict(num_samples=1, temperature=1.0, top_p=1.0, max_new_tokens=8, max_prompt_len=8,
+                num_prompts=0, batch_size=8)
+  c.datasets = dict(p=dict(path='/p.jsonl', format='prompt', domain='a'),
+                    pref=dict(path='/q.jsonl', format='preference', domain='a'))
+  c.domains = dict(a=dict(verifier='math', train='p', eval='p'))
+  c.stages = [dict(name='rm', kind='reward_model', domains=['a'], datasets=['pref'], steps=1,
+                   batch_size=rm_batch, max_len=16, optimizer=dict(lr=1.0)),
+              dict(name='rl', kind='grpo', domains=['a'], steps=1, optimizer=dict(lr=1.0),
+                   prompts_per_step=prompts, group_size=group, max_prompt_len=8,
+                   max_response_len=8, microbatches=microbatches)]
+  return config_lib.validate(c, known_verifiers=['math'], known_formats={
+      'prompt': 'prompt', 'preference': 'preference'})
+
+
+def test_batch_rows_must_split_over_microbatches_and_batch_shards():
+  check = lambda plan, shards: run_lib.Context.check_rows(
+      types.SimpleNamespace(plan=plan, batch_shards=shards))
+  check(_plan(prompts=2, group=4, rm_batch=8, microbatches=2), 4)
+  with pytest.raises(config_lib.ConfigError, match=r"stages\[0\] 'rm': batch_size = 4 rows do "
+                                                   r'not split over 1 microbatches x 8 batch'):
+    check(_plan(prompts=2, group=4, rm_batch=4), 8)
+  with pytest.raises(config_lib.ConfigError, match=r"stages\[1\] 'rl': prompts_per_step \* "
+                                                   r'group_size = 8 rows do not split over 2'):
+    check(_plan(prompts=2, group=4, rm_batch=8, microbatches=2), 8)
+
+
+def test_cascade_run_is_callable_and_the_import_is_light():
+  code = ('import sys, cascade\n'
+          'assert "jax" not in sys.modules\n'
+          'from cascade import run\n'
+          'assert callable(cascade.run) and cascade.run is run and callable(run.run)\n')
+  subprocess.run([sys.executable, '-c', code], check=True)
