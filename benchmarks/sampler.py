@@ -1,4 +1,4 @@
-"""Rollout throughput of rl.sampler, optionally against `transformers` generate on identical weights.
+"""Rollout throughput of rl.sampler, optionally against `transformers` generate (same weights).
 
   .venv/bin/python -m benchmarks.sampler --compare_hf --mode=greedy
   .venv/bin/python -m benchmarks.sampler --compare_hf --mode=sample
@@ -95,12 +95,19 @@ def _best_seconds(fn, repeats: int) -> float:
   return best
 
 
-def measure_machine() -> tuple[float, float]:
-  """(float32 matmul FLOP/s, memory bandwidth bytes/s), best of a few runs."""
-  n = 1024
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  matmul = jax.jit(lambda x: x @ x)
-  flops = 2 * n ** 3 / _best_seconds(lambda: matmul(a), 5)
+def measure_machine(matmul_shapes) -> tuple[float, float]:
+  """(float32 matmul FLOP/s, memory read bytes/s) of this machine, best of a few runs.
+
+  The matmul rate is the best over a 1024^3 product and `matmul_shapes` (the
+  model's own [M, K] x [K, N] products): skinny decode matmuls ran faster than
+  the square one here, and the floor should use the best rate seen.
+  """
+  flops = 0.0
+  for m, k, n in ((1024, 1024, 1024),) + tuple(matmul_shapes):
+    a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
+    w = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
+    matmul = jax.jit(lambda x, y: x @ y)
+    flops = max(flops, 2 * m * k * n / _best_seconds(lambda: matmul(a, w), 10))
   x = jnp.ones((64 * 2 ** 20,), jnp.float32)                 # 256 MiB, far beyond caches
   read = jax.jit(jnp.sum)
   bandwidth = x.nbytes / _best_seconds(lambda: read(x), 5)
@@ -118,17 +125,17 @@ def generation_floor(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: 
   """
   d, n, k, h, f, v, l = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                          cfg.mlp_dim, cfg.vocab_size, cfg.num_layers)
-  per_token_weights = l * (d * n * h * 2 + d * k * h * 2 + 3 * d * f) + d * v
+  block_weights = l * (d * n * h * 2 + d * k * h * 2 + 3 * d * f)
   param_bytes = 4 * cfg.num_params()
   kv_bytes_per_slot = 4 * l * 2 * k * h
-  total_flops = total_bytes = floor = 0.0
-  # Prefill: all prompt tokens at once, causal attention.
-  fl = batch * (2 * per_token_weights * prompt + l * 4 * n * h * prompt * (prompt + 1) / 2)
+  # Prefill: every prompt token through the blocks (causal attention), logits
+  # at the last position only.
+  fl = batch * (2 * block_weights * prompt + 2 * d * v + l * 4 * n * h * prompt * (prompt + 1) / 2)
   by = param_bytes + batch * prompt * kv_bytes_per_slot
   total_flops, total_bytes, floor = fl, by, max(fl / flops_rate, by / bandwidth)
-  for t in range(1, new):          # the first token comes from the prefill's last logits
+  for t in range(1, new):          # the first token comes from the prefill's logits
     slots = prompt + t
-    fl = batch * (2 * per_token_weights + l * 4 * n * h * slots)
+    fl = batch * (2 * (block_weights + d * v) + l * 4 * n * h * slots)
     by = param_bytes + batch * slots * kv_bytes_per_slot
     total_flops += fl
     total_bytes += by
@@ -245,7 +252,9 @@ def main(argv):
   print(f'first call (compile + run): {first_s:.2f} s, compile ~{compile_s:.2f} s, '
         f'{compile_count} compilation(s)')
 
-  flops_rate, bandwidth = measure_machine()
+  flops_rate, bandwidth = measure_machine(
+      [(batch, cfg.embed_dim, cfg.mlp_dim), (batch, cfg.mlp_dim, cfg.embed_dim),
+       (batch, cfg.embed_dim, cfg.vocab_size)])
   fl = generation_floor(cfg, batch, plen, new, flops_rate, bandwidth)
   med = statistics.median(ours_s)
   print(f'\nmachine: float32 matmul {flops_rate / 1e9:.1f} GFLOP/s, memory read '
@@ -278,7 +287,8 @@ def main(argv):
       head_dim=cfg.head_dim, kv_heads=cfg.num_kv_heads, mlp=cfg.mlp_dim, vocab=cfg.vocab_size,
       tokens_per_s=batch * new / med, ms_per_token=med / (batch * new) * 1e3,
       ms_per_step=med / new * 1e3, compile_s=compile_s, first_call_s=first_s,
-      peak_rss_mb=peak_rss, peak_rss_total_mb=_peak_rss_mb(), matmul_gflops=flops_rate / 1e9, mem_gbps=bandwidth / 1e9,
+      peak_rss_mb=peak_rss, peak_rss_total_mb=_peak_rss_mb(),
+      matmul_gflops=flops_rate / 1e9, mem_gbps=bandwidth / 1e9,
       floor_s=fl['floor_s'], x_floor=med / fl['floor_s'], scaling=scaling)
   if hf is not None:
     hf_med = statistics.median(hf_s)

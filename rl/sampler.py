@@ -253,7 +253,7 @@ def _grow(cache: transformer.Cache, length: int) -> transformer.Cache:
 def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_p,
             top_k, max_new_tokens, *, max_new_bucket: int, eos_ids: tuple[int, ...],
             pad_id: int, greedy: bool, filtered: bool) -> SampleOutput:
-  """Prefill + while-loop decode; see the module docstring. Shapes: B rows, P prompt, Nb = max_new_bucket."""
+  """Prefill + while-loop decode (see `sample`). B rows, P prompt, Nb = max_new_bucket."""
   model = nnx.merge(graphdef, params)
   cfg = model.cfg
   b, p = prompt_tokens.shape
@@ -279,8 +279,9 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
   ends = _phase_ends(nb)
   cache = transformer.init_cache(cfg, b, p + ends[0])
-  logits, cache = model(prompt_tokens, positions, prompt_mask, cache=cache)
-  tok, lp, slp = pick(logits[:, -1], step_keys(0))
+  hidden, cache = model.hidden(prompt_tokens, positions, prompt_mask, cache=cache)
+  # Only the last position's logits: [B, P, V] would be huge at real vocab sizes.
+  tok, lp, slp = pick(model.logits_from_hidden(hidden[:, -1:])[:, 0], step_keys(0))
   buf = lambda fill, dt: sharding.constrain(jnp.full((b, nb), fill, dt), batch_only)
   state = _Loop(step=jnp.ones((), jnp.int32), cache=cache, last=tok, done=is_stop(tok),
                 tokens=buf(pad_id, jnp.int32).at[:, 0].set(tok),
@@ -409,7 +410,8 @@ class Sampler:
     self.rules = rules
     self.prompt_buckets = tuple(sorted(int(x) for x in prompt_buckets))
     self.new_token_buckets = tuple(sorted(int(x) for x in new_token_buckets))
-    self.batch_buckets = None if batch_buckets is None else tuple(sorted(int(x) for x in batch_buckets))
+    self.batch_buckets = (None if batch_buckets is None
+                          else tuple(sorted(int(x) for x in batch_buckets)))
     self.compile_count = 0
 
     @functools.wraps(_sample)

@@ -209,7 +209,8 @@ def test_compile_count_bounded_by_buckets(policy):
   sp = lambda n, t: sampler.SamplingParams(max_new_tokens=n, temperature=t)
   for length in range(1, 9):              # varied prompt lengths, one bucket
     prompts = [list(rng.integers(4, 200, length)) for _ in range(2)]
-    out = s.generate(policy[1], prompts, jax.random.key(length), sp(3 + length % 5, 0.5 + length / 8))
+    out = s.generate(policy[1], prompts, jax.random.key(length),
+                     sp(3 + length % 5, 0.5 + length / 8))
     assert out.tokens.shape == (2, 3 + length % 5) and out.prompt_tokens.shape == (2, length)
   assert s.compile_count == 1
   s.generate(policy[1], [[5] * 12], jax.random.key(0), sp(8, 1.0))      # prompt bucket 16
