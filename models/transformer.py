@@ -228,7 +228,11 @@ class Transformer(nnx.Module):
     mask = (causal[None] & (segment_ids[:, :, None] == k_seg[:, None, :])
             & (k_seg[:, None, :] != 0))
 
-    x = jnp.take(self.embed.value, tokens, axis=0).astype(cfg.jnp_dtype)
+    # Gather the fsdp shards of the table first (the FSDP pattern): a lookup into a
+    # table split along 'embed' cannot produce batch-split activations without
+    # a full rematerialisation.
+    table = sharding.constrain(self.embed.value, ('vocab', None))
+    x = jnp.take(table, tokens, axis=0).astype(cfg.jnp_dtype)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
