@@ -347,7 +347,10 @@ class Loader:
     if shuffle:
       ds = ds.seed(seed).shuffle()
     self._ds = ds.repeat(None).batch(batch_size, batch_fn=list)
-    self._iter = iter(self._ds.to_iter_dataset())
+    # Records are already in memory: no reader threads or prefetch (grain's defaults start
+    # 16 threads and read 500 batches ahead, again after every set_state).
+    self._iter = iter(self._ds.to_iter_dataset(
+        grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
 
   def next(self) -> list[dict]:
     """The next batch (a list of `batch_size` records)."""
