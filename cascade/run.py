@@ -79,10 +79,10 @@ class Context:
     self.tokenizer = tokenizer_lib.load(config.tokenizer.path)
     self.model_cfg = _model_config(config.model)
     if self.tokenizer.vocab_size > self.model_cfg.vocab_size:
-      raise ValueError(f'config.tokenizer: {self.tokenizer.vocab_size} tokens do not fit the '
-                       f"model's vocab_size={self.model_cfg.vocab_size}")
+      raise config_lib.ConfigError(f'config.tokenizer: {self.tokenizer.vocab_size} tokens do not '
+                                   f"fit the model's vocab_size={self.model_cfg.vocab_size}")
     if self.tokenizer.eos_id is None:
-      raise ValueError('config.tokenizer: the tokenizer has no end-of-sequence token')
+      raise config_lib.ConfigError('config.tokenizer: the tokenizer has no end-of-sequence token')
     self._abstract = {}
     self.sampler = sampler_lib.Sampler(self.graphdef('policy'), self.model_cfg,
                                        eos_ids=[self.tokenizer.eos_id],
@@ -444,7 +444,7 @@ def run(config, workdir: str) -> dict:
   Raises:
     cascade.config.ConfigError: the config is invalid (before anything runs).
     cascade.data.DataError: a malformed record (before the first step).
-    ValueError: the workdir holds a different config (unless allowed).
+    cascade.checkpoint.WorkdirError: the workdir holds a different config (unless allowed).
   """
   plan = config_lib.validate(config)
   os.makedirs(workdir, exist_ok=True)
