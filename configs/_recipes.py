@@ -126,7 +126,7 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
   # (data, fsdp, tensor); rules: models.sharding.DEFAULT_RULES.
   c.mesh = dict(shape=V5P_128_MESH)
   c.hardware = dict(V5P_128)
-  c.sampler = dict()
+  c.sampler = dict()         # Sampler arguments; see exact_sampler_buckets.
   c.ckpt = dict(every_n_steps=25, keep=2)  # RL steps take minutes at this scale.
   # The papers evaluate at temperature 0.6, top-p 0.95 (64K tokens for Cascade 1).
   c.eval = dict(num_samples=eval_num_samples, temperature=eval_temperature, top_p=eval_top_p,
@@ -151,6 +151,21 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
   c.stages = []
   c.allow_config_change = False
   return c
+
+
+def exact_sampler_buckets(c: ml_collections.ConfigDict) -> None:
+  """Sets the sampler's new-token buckets to the lengths the stages and the evaluation use.
+
+  rl.sampler's default buckets are powers of two, so a 40K phase would get
+  a 64K KV cache; the exact lengths (a handful) cost one compilation each
+  and no padding.
+  """
+  lengths = {int(c.eval.max_new_tokens)}
+  for st in c.stages:
+    lengths.update(int(p['max_response_len']) for p in st.get('phases') or [])
+    if 'max_response_len' in st:
+      lengths.add(int(st['max_response_len']))
+  c.sampler.new_token_buckets = tuple(sorted(lengths))
 
 
 def adamw(lr: float, **kw) -> dict:
@@ -235,4 +250,5 @@ def cascade1(*, preset: str, model_overrides: dict, data_root: str, tokenizer: s
   stages.append(grpo('code_rl', domains=['code'], **code))
   stages.append(grpo('swe_rl', domains=['swe'], **swe))
   c.stages = stages
+  exact_sampler_buckets(c)
   return c

@@ -91,4 +91,5 @@ def get_config(arg=None):
       r.grpo('swe_rl', domains=['swe'], steps=45,          # "~40-50"
              max_prompt_len=16_384, max_response_len=16_384, **rl),  # lengths: ours
   ]
+  r.exact_sampler_buckets(c)
   return c
