@@ -6,13 +6,17 @@
 The answer restates the working in both modes (SFT records carry one
 response); in thinking mode the trace holds the same steps first.
 
-Two shapes: a start count followed by two steps (+k, -k, doubling, tripling),
-or a product start ("4 bags of 6 pears") followed by one step. Intermediate
-counts never go negative. The working is written without spaces and with "×"
-for products, so the math answer format shares little surface with the code
-domain's "x * 3" (FACTS: domains whose outputs share vocabulary interfere).
-The split key is the numeric skeleton (shape, numbers, operations), about
-35K skeletons, so held-out problems are new computations, not new wordings.
+Two shapes: a start count (2-30) followed by two steps (+k or -k with k in
+1-9, or doubling), or a product start ("4 bags of 5 pears", factors 2-5)
+followed by one step. Intermediate counts never go negative. The numbers are
+small on purpose: with factors up to 9, steps up to 20 and tripling, a
+0.9M-parameter model had 8 % held-out after 400 SFT steps and 2-3 % at
+temperature 1, so GRPO groups were all wrong (no signal; probe.py). The
+working is written without spaces and with "×" for products, so the math
+answer format shares little surface with the code domain's "x * 3" (FACTS:
+domains whose outputs share vocabulary interfere). The split key is the
+numeric skeleton (shape, numbers, operations), about 11K skeletons, 15 %
+held out, so held-out problems are new computations, not new wordings.
 Checked by the `math` verifier with metadata {"answer": "<integer>"}.
 """
 
@@ -23,21 +27,21 @@ import random
 from cascade.tiny_world import common
 
 DOMAIN = 'math'
-HELDOUT_PERCENT = 10
+HELDOUT_PERCENT = 15
 
 _ADD = ('gets {k} more', 'finds {k} more', 'buys {k} more')
 _SUB = ('gives away {k}', 'loses {k}', 'sells {k}')
-_MUL = {2: 'doubles them', 3: 'triples them'}
+_DOUBLE = 'doubles them'
 
 
 def _step(value: int, rng: random.Random) -> tuple[str, int]:
-  """Draws one operation applicable to `value` (never going below zero)."""
+  """Draws one operation applicable to `value`: +k, -k (k < value) with k in 1..9, or x2."""
   kind = rng.choice(('+', '+', '-', '-', '*'))
   if kind == '*':
-    return '*', rng.choice((2, 3))
+    return '*', 2
   if kind == '-' and value >= 2:
-    return '-', rng.randint(1, min(20, value - 1))
-  return '+', rng.randint(1, 20)
+    return '-', rng.randint(1, min(9, value - 1))
+  return '+', rng.randint(1, 9)
 
 
 def _apply(value: int, op: tuple[str, int]) -> tuple[int, str]:
@@ -50,17 +54,17 @@ def _apply(value: int, op: tuple[str, int]) -> tuple[int, str]:
 def _words(op: tuple[str, int], rng: random.Random) -> str:
   kind, k = op
   if kind == '*':
-    return _MUL[k]
+    return _DOUBLE
   return rng.choice(_ADD if kind == '+' else _SUB).format(k=k)
 
 
 def draw_key(rng: random.Random) -> tuple:
   """A numeric skeleton: ('chain', a, op1, op2) or ('bags', a, b, op); op = (kind, k)."""
   if rng.random() < 0.8:
-    a = rng.randint(2, 20)
+    a = rng.randint(2, 30)
     op1 = _step(a, rng)
     return 'chain', a, op1, _step(_apply(a, op1)[0], rng)
-  a, b = rng.randint(2, 9), rng.randint(2, 9)
+  a, b = rng.randint(2, 5), rng.randint(2, 5)
   return 'bags', a, b, _step(a * b, rng)
 
 

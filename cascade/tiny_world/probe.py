@@ -53,10 +53,14 @@ _SFT_LR = flags.DEFINE_float('sft_lr', 1e-3, 'SFT learning rate.')
 _SFT_EXAMPLES = flags.DEFINE_integer('sft_examples', 48, 'Examples per SFT step.')
 _GRPO_STEPS = flags.DEFINE_integer('grpo_steps', 60, 'GRPO steps per domain (0 = none).')
 _GRPO_LR = flags.DEFINE_float('grpo_lr', 1e-4, 'GRPO learning rate.')
+_TEMPERATURE = flags.DEFINE_float('temperature', 0.7, 'GRPO sampling temperature.')
 _PROMPTS = flags.DEFINE_integer('prompts', 16, 'GRPO prompts per step.')
 _GROUP = flags.DEFINE_integer('group', 8, 'GRPO samples per prompt.')
 _EVAL_N = flags.DEFINE_integer('eval_n', 256, 'Held-out prompts evaluated per domain.')
 _DOMAINS = flags.DEFINE_list('domains', list(tiny_world.DOMAINS), 'Domains to probe.')
+_SHOW = flags.DEFINE_integer('show', 0, 'Log this many held-out completions per evaluation.')
+_SFT_PARAMS = flags.DEFINE_string('sft_params', '', 'An .npz of SFT weights: load it and skip '
+                                  'SFT if it exists, else write it after SFT.')
 _LENGTHS_ONLY = flags.DEFINE_bool('lengths_only', False, 'Print token lengths and stop.')
 _WIDTH = flags.DEFINE_integer('width', 128, 'Model width (embed_dim).')
 _LAYERS = flags.DEFINE_integer('layers', 4, 'Transformer blocks.')
@@ -121,8 +125,11 @@ def decode(tok, out: sampler_lib.SampleOutput) -> list[str]:
   return [tok.decode(row[:n].tolist()) for row, n in zip(out.tokens, out.lengths)]
 
 
-def evaluate(samp, params, tok, domain: str, records, verifier, key) -> float:
-  """Greedy instruct-mode held-out score of one domain, mean reward x 100."""
+def evaluate(samp, params, tok, domain: str, records, verifier, key, log=None) -> float:
+  """Greedy instruct-mode held-out score of one domain, mean reward x 100.
+
+  With `log`, also logs the first --show completions with their rewards.
+  """
   prompts = [chat_lib.render(r['messages'], thinking=False) for r in records]
   rewards = []
   for i in range(0, len(records), 128):
@@ -133,6 +140,10 @@ def evaluate(samp, params, tok, domain: str, records, verifier, key) -> float:
     res = verifier.score([verifiers.Sample(p, c, r['metadata'])
                           for p, c, r in zip(prompts[i:i + 128], texts, chunk)])
     rewards += [x.reward for x in res]
+    if log is not None and i == 0:
+      for r, c, x in list(zip(chunk, texts, res))[:_SHOW.value]:
+        log(f'    [{domain} {x.reward:+.2f}] {r["messages"][0]["content"]!r} -> {c!r} '
+            f'({x.info.get("reason", "")})')
   return 100.0 * float(np.mean(rewards))
 
 
@@ -141,7 +152,7 @@ def grpo_domain(graphdef, params, samp, tok, domain, train, held, verifier, key,
   opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=_GRPO_LR.value))
   state = ts.init_state(jax.tree.map(jnp.copy, params), opt)
   step = ts.make_train_step(graphdef, 'grpo', grpo.GrpoConfig(), opt)
-  sp = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW[domain])
+  sp = sampler_lib.SamplingParams(temperature=_TEMPERATURE.value, max_new_tokens=MAX_NEW[domain])
   rng = random.Random(_SEED.value)
   g = _GROUP.value
   scores, history = [], []
@@ -214,17 +225,34 @@ def main(argv: Sequence[str]) -> None:
   rng = random.Random(_SEED.value)
   t0 = time.time()
   results: dict[str, Any] = {'sft': {}, 'grpo': {}}
-  for i in range(1, marks[-1] + 1):
-    state, metrics = step(state, sft_batch(tok, sft_records, rng))
-    if i % 50 == 0:
-      log(f'sft step {i}: nll {float(metrics["nll"]):.3f} ({time.time() - t0:.0f} s)')
-    if i in marks:
-      row = {}
-      for d in domains:
-        key, sub = jax.random.split(key)
-        row[d] = evaluate(samp, state.params, tok, d, held[d], vs[d], sub)
-      results['sft'][i] = row
-      log(f'after SFT step {i}: ' + ', '.join(f'{d} {s:.1f}' for d, s in row.items()))
+  saved = _SFT_PARAMS.value
+  if saved and os.path.exists(saved):
+    leaves, treedef = jax.tree.flatten(state.params)
+    with np.load(saved) as z:
+      state = state._replace(params=jax.tree.unflatten(
+          treedef, [jnp.asarray(z[f'p{i}']) for i in range(len(leaves))]))
+    log(f'SFT weights loaded from {saved}')
+    marks = [marks[-1]]
+  else:
+    for i in range(1, marks[-1] + 1):
+      state, metrics = step(state, sft_batch(tok, sft_records, rng))
+      if i % 50 == 0:
+        log(f'sft step {i}: nll {float(metrics["nll"]):.3f} ({time.time() - t0:.0f} s)')
+      if i in marks[:-1]:
+        row = {}
+        for d in domains:
+          key, sub = jax.random.split(key)
+          row[d] = evaluate(samp, state.params, tok, d, held[d], vs[d], sub)
+        results['sft'][i] = row
+        log(f'after SFT step {i}: ' + ', '.join(f'{d} {s:.1f}' for d, s in row.items()))
+    if saved:
+      np.savez(saved, **{f'p{i}': np.asarray(x) for i, x in enumerate(jax.tree.leaves(state.params))})
+  row = {}
+  for d in domains:
+    key, sub = jax.random.split(key)
+    row[d] = evaluate(samp, state.params, tok, d, held[d], vs[d], sub, log)
+  results['sft'][marks[-1]] = row
+  log(f'after SFT step {marks[-1]}: ' + ', '.join(f'{d} {s:.1f}' for d, s in row.items()))
   base = results['sft'][marks[-1]]
   if _GRPO_STEPS.value:
     for d in domains:
