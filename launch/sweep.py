@@ -25,10 +25,15 @@ from absl import logging
 
 from launch import hyper
 
-_CONFIG = flags.DEFINE_string('config', None, 'Config file, optionally with :arg.')
-_ROOT = flags.DEFINE_string('workdir_root', None, 'Directory holding one workdir per point.')
-_PARALLEL = flags.DEFINE_integer('parallel', 1, 'Points run at the same time.')
-_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print the commands, run nothing.')
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """Defines the CLI flags (only when run as a program, so importing stays side-effect free)."""
+  flags.DEFINE_string('config', None, 'Config file, optionally with :arg.')
+  flags.DEFINE_string('workdir_root', None, 'Directory holding one workdir per point.')
+  flags.DEFINE_integer('parallel', 1, 'Points run at the same time.')
+  flags.DEFINE_bool('dry_run', False, 'Print the commands, run nothing.')
 
 
 def load_points(config_spec: str) -> list[dict[str, Any]]:
@@ -92,22 +97,23 @@ def summarise(root: str, names: Sequence[str], points: Sequence[dict[str, Any]],
 
 
 def main(argv):
-  if not _CONFIG.value or not _ROOT.value:
+  config, root = FLAGS.config, FLAGS.workdir_root
+  if not config or not root:
     raise app.UsageError('--config and --workdir_root are required')
-  points = load_points(_CONFIG.value)
+  points = load_points(config)
   names = [f'{i:03d}_{hyper.point_name(p)}' for i, p in enumerate(points)]
-  cmds = [point_command(_CONFIG.value, os.path.join(_ROOT.value, n), p, argv[1:])
+  cmds = [point_command(config, os.path.join(root, n), p, argv[1:])
           for n, p in zip(names, points)]
-  if _DRY_RUN.value:
+  if FLAGS.dry_run:
     for c in cmds:
       print(' '.join(c))
     return
-  os.makedirs(_ROOT.value, exist_ok=True)
-  with concurrent.futures.ThreadPoolExecutor(max(1, _PARALLEL.value)) as pool:
-    futures = [pool.submit(run_point, c, os.path.join(_ROOT.value, n)) for c, n in zip(cmds, names)]
+  os.makedirs(root, exist_ok=True)
+  with concurrent.futures.ThreadPoolExecutor(max(1, FLAGS.parallel)) as pool:
+    futures = [pool.submit(run_point, c, os.path.join(root, n)) for c, n in zip(cmds, names)]
     codes = [f.result() for f in futures]
-  summary = summarise(_ROOT.value, names, points, codes)
-  with open(os.path.join(_ROOT.value, 'summary.md')) as f:
+  summary = summarise(root, names, points, codes)
+  with open(os.path.join(root, 'summary.md')) as f:
     print(f.read())
   failed = [r['name'] for r in summary['points'] if r['returncode'] != 0]
   if failed:
@@ -116,4 +122,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)

@@ -22,14 +22,19 @@ from xmanager import xm_local
 from launch import hyper
 from launch import sweep
 
-_CONFIG = flags.DEFINE_string('config', None, 'Config file, optionally with :arg.')
-_ROOT = flags.DEFINE_string('workdir_root', None, 'Root of the per-point workdirs.')
-_EXECUTOR = flags.DEFINE_enum('executor', 'local', ['local', 'vertex'], 'Where jobs run.')
-_ACCEL = flags.DEFINE_string('accelerator', None,
-                             'xm.ResourceType name, e.g. tpu_v5p, tpu_v4, a100, h100.')
-_ACCEL_COUNT = flags.DEFINE_integer('accelerator_count', 1, 'Chips per job.')
-_IMAGE = flags.DEFINE_string('base_image', 'python:3.11', 'Container base image (vertex).')
-_TITLE = flags.DEFINE_string('title', None, 'Experiment title (default: the config name).')
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """Defines the CLI flags (only when run as a program, so importing stays side-effect free)."""
+  flags.DEFINE_string('config', None, 'Config file, optionally with :arg.')
+  flags.DEFINE_string('workdir_root', None, 'Root of the per-point workdirs.')
+  flags.DEFINE_enum('executor', 'local', ['local', 'vertex'], 'Where jobs run.')
+  flags.DEFINE_string('accelerator', None,
+                      'xm.ResourceType name, e.g. tpu_v5p, tpu_v4, a100, h100.')
+  flags.DEFINE_integer('accelerator_count', 1, 'Chips per job.')
+  flags.DEFINE_string('base_image', 'python:3.11', 'Container base image (vertex).')
+  flags.DEFINE_string('title', None, 'Experiment title (default: the config name).')
 
 
 def job_args(config_spec: str, workdir: str, point: dict) -> list[str]:
@@ -38,35 +43,37 @@ def job_args(config_spec: str, workdir: str, point: dict) -> list[str]:
 
 
 def _executor():
-  if _EXECUTOR.value == 'local':
+  if FLAGS.executor == 'local':
     return xm_local.Local(), xm_local.Local.Spec()
   requirements = {}
-  if _ACCEL.value:
-    requirements[_ACCEL.value] = _ACCEL_COUNT.value
+  if FLAGS.accelerator:
+    requirements[FLAGS.accelerator] = FLAGS.accelerator_count
   return (xm_local.Vertex(requirements=xm.JobRequirements(**requirements)),
           xm_local.Vertex.Spec())
 
 
 def main(_):
-  if not _CONFIG.value or not _ROOT.value:
+  config, root = FLAGS.config, FLAGS.workdir_root
+  if not config or not root:
     raise app.UsageError('--config and --workdir_root are required')
   try:
-    points = sweep.load_points(_CONFIG.value)
+    points = sweep.load_points(config)
   except ValueError:
     points = [{}]
   executor, spec = _executor()
-  title = _TITLE.value or os.path.basename(_CONFIG.value.split(':')[0])
+  title = FLAGS.title or os.path.basename(config.split(':')[0])
   with xm_local.create_experiment(experiment_title=title) as experiment:
     [executable] = experiment.package([
-        xm.python_container(executor_spec=spec, path='.', base_image=_IMAGE.value,
+        xm.python_container(executor_spec=spec, path='.', base_image=FLAGS.base_image,
                             entrypoint=xm.ModuleName('cascade.main'),
                             use_deep_module=True),
     ])
     for i, point in enumerate(points):
-      workdir = os.path.join(_ROOT.value, f'{i:03d}_{hyper.point_name(point)}')
+      workdir = os.path.join(root, f'{i:03d}_{hyper.point_name(point)}')
       experiment.add(xm.Job(executable=executable, executor=executor,
-                            args=job_args(_CONFIG.value, workdir, point)))
+                            args=job_args(config, workdir, point)))
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)
