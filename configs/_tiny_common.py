@@ -1,0 +1,177 @@
+"""Shared pieces of the tiny-world configs (configs/tiny.py, tiny_blended.py, tiny_mopd.py).
+
+The tiny world (cascade/tiny_world) is built deterministically from the seed
+into a cache directory, `runs/tiny_world/seed<seed>`, and reused while its
+stamp (sizes, SFT mode mix and a hash of the generator sources) matches; a
+changed generator rebuilds it. Next to the world's own files it writes
+`sft_mixed.jsonl`: every domain's SFT records, shuffled, with the thinking
+trace dropped from a fixed fraction of them, so SFT teaches both the `/think`
+and the `/no_think` mode (the world's records all carry a trace, and the SFT
+stage puts a record with a trace in thinking mode).
+
+Config arguments (`configs/tiny.py:smoke,seed=1`): `smoke` (a few steps per
+stage and few held-out prompts, for the smoke test), `seed=N` (world and
+model seed, default 0), `root=DIR` (the world cache, default
+`<repo>/runs/tiny_world`).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import random
+from typing import Any
+
+import ml_collections
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOMAINS = ('chat', 'instruction_following', 'math', 'code', 'swe')
+# World sizes per domain: SFT records, RL prompts, held-out problems, chat preference pairs.
+SIZES = dict(sft=2000, rl=2000, heldout=1000, preference=4000, preference_heldout=500)
+VOCAB = 1024
+# Fraction of SFT records trained in thinking mode; the rest in instruct mode,
+# the mode every RL stage and the evaluation use.
+SFT_THINKING_FRACTION = 0.5
+# Longest completion each domain needs in instruct mode (its gold responses are
+# at most chat 25, IF 56, math 25, code 22, swe 35 tokens, plus the stop token).
+RESPONSE_LEN = dict(chat=32, instruction_following=48, math=32, code=32, swe=40)
+MAX_PROMPT_LEN = 96     # the longest rendered prompt (swe) is ~82 tokens
+EVAL_PROMPTS = 300
+
+
+def parse_arg(arg: str | None) -> dict[str, Any]:
+  """`'smoke,seed=1,root=/x'` -> {'smoke': True, 'seed': 1, 'root': '/x'} (defaults filled)."""
+  out: dict[str, Any] = {'smoke': False, 'seed': 0, 'root': os.path.join(REPO, 'runs',
+                                                                         'tiny_world')}
+  for part in filter(None, (p.strip() for p in (arg or '').split(','))):
+    key, eq, value = part.partition('=')
+    if key == 'smoke' and not eq:
+      out['smoke'] = True
+    elif key == 'seed' and eq:
+      try:
+        out['seed'] = int(value)
+      except ValueError:
+        raise ValueError(f'config argument seed={value!r}: not an integer') from None
+    elif key == 'root' and eq and value:
+      out['root'] = value
+    else:
+      raise ValueError(f'config argument {part!r}: expected smoke, seed=N or root=DIR')
+  return out
+
+
+def _source_hash() -> str:
+  """Hash of the world generators' sources: a changed generator means a new world."""
+  from cascade import tiny_world  # pylint: disable=g-import-not-at-top
+  h = hashlib.sha256()
+  for path in sorted(glob.glob(os.path.join(os.path.dirname(tiny_world.__file__), '*.py'))):
+    if os.path.basename(path) != 'probe.py':
+      with open(path, 'rb') as f:
+        h.update(f.read())
+  return h.hexdigest()[:16]
+
+
+def world(seed: int, root: str) -> str:
+  """Builds (or reuses) the tiny world of `seed` under `root`; returns its directory.
+
+  Importing cascade.tiny_world also registers the chat domain's
+  'tiny_chat_quality' verifier, which the configs name.
+  """
+  from cascade import tiny_world  # pylint: disable=g-import-not-at-top
+  out = os.path.join(root, f'seed{seed}')
+  stamp = {'seed': seed, 'sizes': SIZES, 'vocab_size': VOCAB,
+           'sft_thinking_fraction': SFT_THINKING_FRACTION, 'source': _source_hash()}
+  stamp_path = os.path.join(out, 'stamp.json')
+  if os.path.exists(stamp_path):
+    with open(stamp_path, encoding='utf-8') as f:
+      if json.load(f) == stamp:
+        return out
+  paths = tiny_world.build(out, seed=seed, vocab_size=VOCAB, **SIZES)
+  records = []
+  for d in DOMAINS:
+    with open(paths[d]['sft_train'], encoding='utf-8') as f:
+      records += [json.loads(line) for line in f]
+  rng = random.Random(f'tiny_sft_modes/{seed}')
+  rng.shuffle(records)
+  with open(os.path.join(out, 'sft_mixed.jsonl'), 'w', encoding='utf-8') as f:
+    for rec in records:
+      if rng.random() >= SFT_THINKING_FRACTION:
+        rec = {k: v for k, v in rec.items() if k != 'thinking'}
+      f.write(json.dumps(rec, ensure_ascii=False) + '\n')
+  with open(stamp_path, 'w', encoding='utf-8') as f:   # last: a crash above rebuilds
+    json.dump(stamp, f, indent=1)
+  return out
+
+
+def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, Any]]:
+  """Everything but the stage list: world, model, sampler, eval, datasets, domains.
+
+  Args:
+    arg: the config argument (see parse_arg).
+
+  Returns:
+    (config without `stages`, parsed argument).
+  """
+  a = parse_arg(arg)
+  root = world(a['seed'], a['root'])
+  c = ml_collections.ConfigDict()
+  c.seed = a['seed']
+  # ~1M parameters: 4 blocks of width 128 (Qwen3-like, tied embeddings).
+  c.model = dict(preset='tiny', overrides=dict(
+      vocab_size=VOCAB, embed_dim=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
+      mlp_dim=384, max_seq_len=256))
+  c.tokenizer = dict(path=os.path.join(root, 'tokenizer.model'))
+  c.mesh = dict(shape=None)
+  c.sampler = dict(prompt_buckets=(48, MAX_PROMPT_LEN), new_token_buckets=(32, 48))
+  c.ckpt = dict(every_n_steps=1000, keep=1)
+  c.eval = dict(num_samples=1, temperature=1.0, top_p=1.0, greedy=True, max_new_tokens=48,
+                max_prompt_len=MAX_PROMPT_LEN, num_prompts=16 if a['smoke'] else EVAL_PROMPTS,
+                batch_size=256, thinking=False)
+  c.datasets = dict(sft=dict(path=os.path.join(root, 'sft_mixed.jsonl'), format='sft'),
+                    chat_prefs=dict(path=os.path.join(root, 'chat', 'preference_train.jsonl'),
+                                    format='preference', domain='chat'))
+  c.domains = dict()
+  for d in DOMAINS:
+    c.datasets[d + '_train'] = dict(path=os.path.join(root, d, 'rl_train.jsonl'),
+                                    format='prompt', domain=d)
+    c.datasets[d + '_eval'] = dict(path=os.path.join(root, d, 'heldout.jsonl'),
+                                   format='prompt', domain=d)
+    c.domains[d] = dict(verifier=d, train=d + '_train', eval=d + '_eval')
+  # RLHF trains on the learned reward model's score; the held-out score is the
+  # world's hidden quality rule, so reward hacking shows in the table.
+  c.domains.chat = dict(verifier='reward_model', reward_model_stage='rm',
+                        eval_verifier='tiny_chat_quality', train='chat_train', eval='chat_eval')
+  c.allow_config_change = False
+  return c, a
+
+
+def steps(a: dict[str, Any], full: int) -> int:
+  """A stage's step count: `full`, or 2 in smoke mode."""
+  return 2 if a['smoke'] else full
+
+
+def sft_stage(a: dict[str, Any]) -> dict[str, Any]:
+  """SFT on every domain's records, both modes."""
+  n = steps(a, 400)
+  return dict(name='sft', kind='sft', domains=list(DOMAINS), datasets=['sft'], steps=n,
+              batch_size=48, max_len=256,
+              optimizer=dict(lr=1e-3, warmup_steps=min(20, n - 1), schedule='cosine',
+                             min_lr_ratio=0.1))
+
+
+def rm_stage(a: dict[str, Any]) -> dict[str, Any]:
+  """The chat reward model, initialised from the SFT policy, on the preference pairs."""
+  return dict(name='rm', kind='reward_model', domains=['chat'], datasets=['chat_prefs'],
+              steps=steps(a, 150), batch_size=32, max_len=MAX_PROMPT_LEN,
+              optimizer=dict(lr=1e-3), init_from='sft')
+
+
+def rl_stage(a: dict[str, Any], name: str, domains: list[str], n: int, lr: float,
+             **kw) -> dict[str, Any]:
+  """A GRPO stage in instruct mode (16 prompts x 8 samples per step)."""
+  return dict(dict(name=name, kind='grpo', domains=list(domains), steps=steps(a, n),
+                   optimizer=dict(lr=lr), prompts_per_step=4 if a['smoke'] else 16,
+                   group_size=8, temperature=0.7, max_prompt_len=MAX_PROMPT_LEN,
+                   max_response_len=max(RESPONSE_LEN[d] for d in domains),
+                   thinking_fraction=0.0, refill_cap=2), **kw)
