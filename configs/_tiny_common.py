@@ -37,7 +37,12 @@ SFT_THINKING_FRACTION = 0.5
 # Longest completion each domain needs in instruct mode (its gold responses are
 # at most chat 25, IF 56, math 25, code 22, swe 35 tokens, plus the stop token).
 RESPONSE_LEN = dict(chat=32, instruction_following=48, math=32, code=32, swe=40)
-MAX_PROMPT_LEN = 96     # the longest rendered prompt (swe) is ~82 tokens
+# Longest rendered instruct-mode prompt per domain (tokens: chat 30, IF 46,
+# math 43, code 43, swe 82), rounded up to a sampler bucket. An RL stage's
+# train rows are max_prompt_len + max_response_len wide, so tight lengths are
+# most of the RL step's cost.
+PROMPT_LEN = dict(chat=32, instruction_following=48, math=48, code=48, swe=96)
+MAX_PROMPT_LEN = max(PROMPT_LEN.values())
 EVAL_PROMPTS = 300
 
 
@@ -123,7 +128,8 @@ def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, A
       mlp_dim=384, max_seq_len=256))
   c.tokenizer = dict(path=os.path.join(root, 'tokenizer.model'))
   c.mesh = dict(shape=None)
-  c.sampler = dict(prompt_buckets=(48, MAX_PROMPT_LEN), new_token_buckets=(32, 48))
+  c.sampler = dict(prompt_buckets=sorted(set(PROMPT_LEN.values())),
+                   new_token_buckets=sorted(set(RESPONSE_LEN.values()) | {48}))
   c.ckpt = dict(every_n_steps=1000, keep=1)
   c.eval = dict(num_samples=1, temperature=1.0, top_p=1.0, greedy=True, max_new_tokens=48,
                 max_prompt_len=MAX_PROMPT_LEN, num_prompts=16 if a['smoke'] else EVAL_PROMPTS,
@@ -153,7 +159,7 @@ def steps(a: dict[str, Any], full: int) -> int:
 
 def sft_stage(a: dict[str, Any]) -> dict[str, Any]:
   """SFT on every domain's records, both modes."""
-  n = steps(a, 400)
+  n = steps(a, 300)
   return dict(name='sft', kind='sft', domains=list(DOMAINS), datasets=['sft'], steps=n,
               batch_size=48, max_len=256,
               optimizer=dict(lr=1e-3, warmup_steps=min(20, n - 1), schedule='cosine',
@@ -163,15 +169,16 @@ def sft_stage(a: dict[str, Any]) -> dict[str, Any]:
 def rm_stage(a: dict[str, Any]) -> dict[str, Any]:
   """The chat reward model, initialised from the SFT policy, on the preference pairs."""
   return dict(name='rm', kind='reward_model', domains=['chat'], datasets=['chat_prefs'],
-              steps=steps(a, 150), batch_size=32, max_len=MAX_PROMPT_LEN,
+              steps=steps(a, 60), batch_size=32, max_len=64,
               optimizer=dict(lr=1e-3), init_from='sft')
 
 
 def rl_stage(a: dict[str, Any], name: str, domains: list[str], n: int, lr: float,
              **kw) -> dict[str, Any]:
-  """A GRPO stage in instruct mode (16 prompts x 8 samples per step)."""
+  """A GRPO stage in instruct mode (8 prompts x 8 samples per step)."""
   return dict(dict(name=name, kind='grpo', domains=list(domains), steps=steps(a, n),
-                   optimizer=dict(lr=lr), prompts_per_step=4 if a['smoke'] else 16,
-                   group_size=8, temperature=0.7, max_prompt_len=MAX_PROMPT_LEN,
+                   optimizer=dict(lr=lr), prompts_per_step=4 if a['smoke'] else 8,
+                   group_size=8, temperature=0.7,
+                   max_prompt_len=max(PROMPT_LEN[d] for d in domains),
                    max_response_len=max(RESPONSE_LEN[d] for d in domains),
                    thinking_fraction=0.0, refill_cap=2), **kw)
