@@ -385,7 +385,8 @@ def train_lowering(stage: config_lib.Stage, model_cfg, mesh, rules,
 
 
 def plan_stage(stage: config_lib.Stage, model_cfg, mesh, rules, sampler_cfg: dict,
-               limit_bytes: int, with_sampler: bool = True, count_mesh=None) -> StageReport:
+               limit_bytes: int, with_sampler: bool = True, count_mesh=None,
+               with_train: bool = True) -> StageReport:
   """Compiles a training stage's train step (and, for RL, its sampler) for `mesh`.
 
   Args:
@@ -398,16 +399,19 @@ def plan_stage(stage: config_lib.Stage, model_cfg, mesh, rules, sampler_cfg: dic
     with_sampler: compile an RL stage's sampler too.
     count_mesh: a mesh of the same shape whose backend counts FLOPs on lowered
       programs (the TPU topology's does not; CPU devices do); default `mesh`.
+    with_train: compile the train step.
 
   Returns:
     The StageReport.
   """
   count_mesh = mesh if count_mesh is None else count_mesh
-  lower, what = train_lowering(stage, model_cfg, mesh, rules)
-  # XLA counts a loop body once: count the whole batch on a single-microbatch twin.
-  twin = (train_lowering(stage, model_cfg, count_mesh, rules, microbatches=1)[0]
-          if stage.microbatches > 1 or count_mesh is not mesh else None)
-  programs = [compile_program('train step', what, lower, twin)]
+  programs = []
+  if with_train:
+    lower, what = train_lowering(stage, model_cfg, mesh, rules)
+    # XLA counts a loop body once: count the whole batch on a single-microbatch twin.
+    twin = (train_lowering(stage, model_cfg, count_mesh, rules, microbatches=1)[0]
+            if stage.microbatches > 1 or count_mesh is not mesh else None)
+    programs.append(compile_program('train step', what, lower, twin))
   if with_sampler and stage.kind in config_lib.RL_KINDS:
     sizes = dict(rows=stage.prompts_per_step * stage.group_size,
                  prompt_len=stage.max_prompt_len,
@@ -437,7 +441,7 @@ def plan_eval(config, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: in
 
 
 def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: bool = True,
-             with_eval: bool = True, plan=None,
+             with_eval: bool = True, with_train: bool = True, plan=None,
              report: Callable[[StageReport], None] | None = None) -> list[StageReport]:
   """Compiles every selected stage for the config's mesh on `tgt`'s devices.
 
@@ -447,6 +451,7 @@ def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: b
     stages: stage names to plan (default: every training stage).
     with_sampler: compile RL stages' samplers too.
     with_eval: compile the evaluation's sampler too.
+    with_train: compile the train steps.
     plan: an already validated `cascade.config.Plan`.
     report: called with each StageReport as soon as it is ready.
 
@@ -471,10 +476,13 @@ def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: b
   for st in plan.stages:
     if st.kind == 'eval' or (stages and st.name not in stages):
       continue
-    out.append(plan_stage(st, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
-                          with_sampler, count_mesh))
+    rep = plan_stage(st, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
+                     with_sampler, count_mesh, with_train)
+    if not rep.programs:         # e.g. an SFT stage with --notrain
+      continue
+    out.append(rep)
     if report:
-      report(out[-1])
+      report(rep)
   if with_eval:
     out.append(plan_eval(config, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
                          count_mesh))
@@ -535,6 +543,7 @@ _BACKEND = flags.DEFINE_enum('backend', 'auto', ['auto', 'tpu', 'cpu'],
 _STAGES = flags.DEFINE_list('stages', [], 'Stage names to plan (default: all).')
 _MEMORY = flags.DEFINE_float('device_memory_gib', None,
                              'Per-device memory limit (default: config.hardware).')
+_TRAIN = flags.DEFINE_bool('train', True, "Compile the stages' train steps.")
 _SAMPLER = flags.DEFINE_bool('sampler', True, "Compile RL stages' samplers.")
 _EVAL = flags.DEFINE_bool('eval', True, "Compile the evaluation's sampler.")
 
@@ -565,7 +574,7 @@ def main(argv):
         "sampler's for its prefill and one decode step (XLA counts a loop body once)\n",
         flush=True)
   reports = run_plan(config, tgt, stages=_STAGES.value, with_sampler=_SAMPLER.value,
-                     with_eval=_EVAL.value, plan=plan,
+                     with_eval=_EVAL.value, with_train=_TRAIN.value, plan=plan,
                      report=lambda r: print(format_stage(r), flush=True))
   bad = failures(reports)
   if bad:

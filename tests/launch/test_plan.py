@@ -109,6 +109,9 @@ def test_plan_numbers_are_sane(tiny_path):
       _per_device_bytes(state.params) + 2 * 16 * 32 * 4 / 4 + 8 + 4 * 4, rel=0.02)
   assert 'KV cache 64 slots' in samp.shapes
 
+  # --notrain: an SFT stage has nothing left to compile.
+  assert plan.run_plan(config, tgt, stages=['sft'], with_train=False, with_eval=False) == []
+
   # An impossible limit fails, naming the stage and the program.
   small = plan.StageReport(rep.index, rep.name, rep.kind, rep.programs, 1024, rep.num_devices)
   [msg, msg2] = plan.failures([small])
