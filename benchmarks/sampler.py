@@ -9,8 +9,8 @@ Defaults are the tiny Qwen3-like shape (2 layers, embed 192, 6 x 32 heads,
 MLP 768, vocab 256), batch 32, 16-token prompts, 64 new tokens. Both sides
 generate exactly --new_tokens tokens per row: our sampler runs with no stop
 token, `generate` with `min_new_tokens = max_new_tokens`. With --compare_hf the
-two run alternately in this process (torch on 2 threads) so that load from
-other processes hits both alike; the ratio of medians is reported.
+two run alternately in this process (torch on --hf_threads=2 threads) so that
+load from other processes hits both alike; the ratio of medians is reported.
 
 Printed: a table per measurement, how the time per token grows with the
 number of new tokens (--scaling), the physical floor of the generation (its
@@ -63,6 +63,9 @@ _SCALING = flags.DEFINE_list('scaling', ['64', '256', '1024'],
                              'New-token counts for the per-token growth table (empty: skip).')
 _COMPARE_HF = flags.DEFINE_bool('compare_hf', False,
                                 'Also time transformers generate (torch CPU, 2 threads).')
+_HF_THREADS = flags.DEFINE_integer(
+    'hf_threads', 2, 'torch threads for --compare_hf (2 = the spec; 1 is steadier when other '
+    'processes load the CPU, since a 2-thread op waits for a descheduled thread).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Weights and prompts seed.')
 
 
@@ -172,7 +175,7 @@ class _HF:
       raise SystemExit(f'--compare_hf needs torch and transformers ({e}); install them with '
                        "pip install -e '.[interop]'") from e
     from models import hf
-    torch.set_num_threads(2)
+    torch.set_num_threads(_HF_THREADS.value)
     hf.save_model(model, workdir)
     self.torch = torch
     self.model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -245,7 +248,7 @@ def main(argv):
   print('\n' + header)
   print(_row('cascade rl.sampler', ours_s, batch, new))
   if hf is not None:
-    print(_row('transformers generate', hf_s, batch, new))
+    print(_row(f'transformers ({_HF_THREADS.value} thr)', hf_s, batch, new))
     speedup = statistics.median(hf_s) / statistics.median(ours_s)
     print(f'speedup vs HF: {speedup:.2f}x (medians), {min(hf_s) / min(ours_s):.2f}x (best); '
           f'prompt logits max |diff| {hf.logits_max_abs_diff:.2e}')
@@ -294,7 +297,7 @@ def main(argv):
     hf_med = statistics.median(hf_s)
     result.update(hf_tokens_per_s=batch * new / hf_med, speedup_vs_hf=hf_med / med,
                   speedup_vs_hf_best=min(hf_s) / min(ours_s),
-                  hf_logits_max_abs_diff=hf.logits_max_abs_diff)
+                  hf_logits_max_abs_diff=hf.logits_max_abs_diff, hf_threads=_HF_THREADS.value)
   print(json.dumps(result))
 
 
