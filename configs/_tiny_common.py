@@ -122,17 +122,19 @@ def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, A
   root = world(a['seed'], a['root'])
   c = ml_collections.ConfigDict()
   c.seed = a['seed']
-  # ~1M parameters: 4 blocks of width 128 (Qwen3-like, tied embeddings).
+  # ~1M parameters: 4 blocks of width 128 (Qwen3-like, tied embeddings). The
+  # smoke run has one block: XLA unrolls the blocks, so compiling (most of a
+  # 2-step stage) scales with their number.
   c.model = dict(preset='tiny', overrides=dict(
-      vocab_size=VOCAB, embed_dim=128, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
-      mlp_dim=384, max_seq_len=256))
+      vocab_size=VOCAB, embed_dim=128, num_layers=1 if a['smoke'] else 4, num_heads=4,
+      num_kv_heads=2, head_dim=32, mlp_dim=384, max_seq_len=256))
   c.tokenizer = dict(path=os.path.join(root, 'tokenizer.model'))
   c.mesh = dict(shape=None)
   c.sampler = dict(prompt_buckets=sorted(set(PROMPT_LEN.values())),
                    new_token_buckets=sorted(set(RESPONSE_LEN.values()) | {48}))
   c.ckpt = dict(every_n_steps=1000, keep=1)
   c.eval = dict(num_samples=1, temperature=1.0, top_p=1.0, greedy=True, max_new_tokens=48,
-                max_prompt_len=MAX_PROMPT_LEN, num_prompts=16 if a['smoke'] else EVAL_PROMPTS,
+                max_prompt_len=MAX_PROMPT_LEN, num_prompts=8 if a['smoke'] else EVAL_PROMPTS,
                 batch_size=256, thinking=False)
   c.datasets = dict(sft=dict(path=os.path.join(root, 'sft_mixed.jsonl'), format='sft'),
                     chat_prefs=dict(path=os.path.join(root, 'chat', 'preference_train.jsonl'),
