@@ -225,17 +225,16 @@ class _Loop(NamedTuple):
   sampling_logprobs: jax.Array  # [B, Nb] float32
 
 
-# Decode phases: at most _MAX_PHASES, none shorter than _MIN_PHASE_TOKENS
-# (below that the attention over unfilled slots costs less than recompiling
-# the loop body once more).
-_MAX_PHASES = 4
+# Decode phases: none shorter than _MIN_PHASE_TOKENS (below that attention
+# over unfilled slots costs less than compiling the loop body once more).
+DEFAULT_DECODE_PHASES = 4
 _MIN_PHASE_TOKENS = 128
 
 
-def _phase_ends(nb: int) -> tuple[int, ...]:
+def _phase_ends(nb: int, phases: int = DEFAULT_DECODE_PHASES) -> tuple[int, ...]:
   """New-token extents of the decode phases, e.g. 1024 -> (128, 256, 512, 1024)."""
   ends = [nb]
-  while len(ends) < _MAX_PHASES and ends[0] // 2 >= _MIN_PHASE_TOKENS:
+  while len(ends) < phases and ends[0] // 2 >= _MIN_PHASE_TOKENS:
     ends.insert(0, ends[0] // 2)
   return tuple(ends)
 
@@ -252,7 +251,8 @@ def _grow(cache: transformer.Cache, length: int) -> transformer.Cache:
 
 def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_p,
             top_k, max_new_tokens, *, max_new_bucket: int, eos_ids: tuple[int, ...],
-            pad_id: int, greedy: bool, filtered: bool) -> SampleOutput:
+            pad_id: int, greedy: bool, filtered: bool,
+            decode_phases: int = DEFAULT_DECODE_PHASES) -> SampleOutput:
   """Prefill + while-loop decode (see `sample`). B rows, P prompt, Nb = max_new_bucket."""
   model = nnx.merge(graphdef, params)
   cfg = model.cfg
@@ -277,7 +277,7 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   # Prefill the whole (left-padded) prompt in one call.
   prompt_len = jnp.sum(prompt_mask, axis=1)                               # [B]
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
-  ends = _phase_ends(nb)
+  ends = _phase_ends(nb, decode_phases)
   cache = transformer.init_cache(cfg, b, p + ends[0])
   hidden, cache = model.hidden(prompt_tokens, positions, prompt_mask, cache=cache)
   # Only the last position's logits: [B, P, V] would be huge at real vocab sizes.
@@ -326,7 +326,7 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
       truncated=first_stop >= nb)
 
 
-_STATIC = ('max_new_bucket', 'eos_ids', 'pad_id', 'greedy', 'filtered')
+_STATIC = ('max_new_bucket', 'eos_ids', 'pad_id', 'greedy', 'filtered', 'decode_phases')
 
 sample = jax.jit(_sample, static_argnums=0, static_argnames=_STATIC)
 sample.__doc__ = """The pure jitted sampler.
@@ -344,6 +344,8 @@ Args:
   pad_id: static id written after the stop token.
   greedy: static; argmax decoding.
   filtered: static; top-p/top-k filtering compiled in.
+  decode_phases: static; the most decode loops, each with a cache twice as
+    long as the one before (see Sampler).
 
 Returns:
   A SampleOutput with N = max_new_bucket columns.
@@ -376,7 +378,8 @@ class Sampler:
                pad_id: int = 0, mesh=None, rules=None,
                prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
                new_token_buckets: Sequence[int] = DEFAULT_NEW_TOKEN_BUCKETS,
-               batch_buckets: Sequence[int] | None = None):
+               batch_buckets: Sequence[int] | None = None,
+               decode_phases: int = DEFAULT_DECODE_PHASES):
     """Builds the sampler.
 
     Args:
@@ -392,6 +395,12 @@ class Sampler:
       new_token_buckets: allowed cache extents for the new tokens.
       batch_buckets: allowed padded batch sizes; None = powers of two. Either
         way a bucket is rounded up to a multiple of the batch shards.
+      decode_phases: decode in up to this many loops whose cache extent
+        doubles (phases of >= 128 new tokens), so attention reads about the
+        filled part of the cache: ~1/3 fewer cache reads for long generations,
+        for a 1.5x peak of the cache at the last switch (the old and the grown
+        copy live together) and one more compiled loop body per phase.
+        1 = one cache of the full bucket throughout.
     """
     self.graphdef = graphdef
     self.cfg = model_cfg
@@ -412,6 +421,9 @@ class Sampler:
     self.new_token_buckets = tuple(sorted(int(x) for x in new_token_buckets))
     self.batch_buckets = (None if batch_buckets is None
                           else tuple(sorted(int(x) for x in batch_buckets)))
+    if int(decode_phases) < 1:
+      raise ValueError(f'Sampler decode_phases={decode_phases} must be >= 1')
+    self.decode_phases = int(decode_phases)
     self.compile_count = 0
 
     @functools.wraps(_sample)
@@ -482,7 +494,7 @@ class Sampler:
     mask[n:, -1] = 1        # padding rows get a one-token prompt so no row is empty
 
     kw = dict(max_new_bucket=nb, eos_ids=self.eos_ids, pad_id=self.pad_id,
-              greedy=sp.greedy, filtered=sp.filtered)
+              greedy=sp.greedy, filtered=sp.filtered, decode_phases=self.decode_phases)
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
                np.int32(sp.top_k), np.int32(sp.max_new_tokens))
     with sharding.use_mesh(self.mesh, self.rules):

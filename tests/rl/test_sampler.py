@@ -132,14 +132,18 @@ def test_long_generation_across_decode_phases(policy):
   # A 256-token bucket decodes in two phases (cache extents 128 and 256 new tokens).
   assert sampler._phase_ends(256) == (128, 256)
   assert sampler._phase_ends(1024) == (128, 256, 512, 1024) and sampler._phase_ends(64) == (64,)
-  s = sampler.Sampler(policy[0], CFG, eos_ids=(), prompt_buckets=(16,),
-                      new_token_buckets=(256,), batch_buckets=(4,))
-  out = s.generate(policy[1], PROMPTS[:2], jax.random.key(4),
-                   sampler.SamplingParams(max_new_tokens=150), num_samples=2)
+  assert sampler._phase_ends(1024, 1) == (1024,)
+  sp = sampler.SamplingParams(max_new_tokens=150)
+  make = lambda phases: sampler.Sampler(policy[0], CFG, eos_ids=(), prompt_buckets=(16,),
+                                        new_token_buckets=(256,), batch_buckets=(4,),
+                                        decode_phases=phases)
+  out = make(2).generate(policy[1], PROMPTS[:2], jax.random.key(4), sp, num_samples=2)
   assert out.mask.all() and out.truncated.all() and out.tokens.shape == (4, 150)
   _, logp = _forward_logprobs(*policy, out)
   ref = np.take_along_axis(logp, out.tokens[..., None], -1)[..., 0]
   np.testing.assert_allclose(out.logprobs, ref, atol=1e-4, rtol=0)
+  one = make(1).generate(policy[1], PROMPTS[:2], jax.random.key(4), sp, num_samples=2)
+  np.testing.assert_array_equal(one.tokens, out.tokens)
 
 
 def test_top_k_1_tiny_top_p_tiny_temperature_equal_greedy(policy, samp):
@@ -239,6 +243,8 @@ def test_bad_input_errors(policy, samp):
     samp.generate(policy[1], [[CFG.vocab_size]], jax.random.key(0), sp)
   with pytest.raises(ValueError, match='eos_ids'):
     sampler.Sampler(policy[0], CFG, eos_ids=(CFG.vocab_size,))
+  with pytest.raises(ValueError, match='decode_phases'):
+    sampler.Sampler(policy[0], CFG, eos_ids=EOS, decode_phases=0)
 
 
 @pytest.mark.parametrize('greedy', [True, False], ids=['greedy', 'sampled'])
