@@ -32,7 +32,7 @@ sysdeps:
 	fi
 
 demo: $(VENV)/.stamp-base sysdeps
-	$(PY) -m cascade.main --config=$(CONFIG) --workdir=$(WORKDIR)
+	$(PY) -m cascade.main --config=$(CONFIG) --workdir=$(WORKDIR) --verbosity=-1
 
 test: $(VENV)/.stamp-test sysdeps
 	$(PY) -m pytest -q
