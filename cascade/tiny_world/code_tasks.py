@@ -12,7 +12,7 @@ define the function). Metadata is HumanEval's record: {"prompt": signature +
 docstring, "test": "def check(candidate): assert ...", "entry_point": name},
 with expected outputs computed here by running the gold body. Families cover
 integer arithmetic and comparisons, list and string operations; their
-parameters (constants up to 999, letters) give ~10K distinct functions. The
+parameters (constants up to 999, letters) give ~17K distinct functions. The
 split key is (family, parameters): function and argument names are surface
 only, so a held-out problem is a computation no training problem asks for.
 """

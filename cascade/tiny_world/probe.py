@@ -13,8 +13,35 @@ quality rule itself (the cascade's RLHF stage uses a learned reward model
 instead); the probe asks only whether the task leaves room and signal.
 Scores are mean reward x 100 (SWE rewards lie in [-1, 1]).
 
-What it found (seed 0, see the report of issue 7; rerun to refresh): see
-RESULTS at the bottom of this docstring, filled in by hand from a run.
+Findings (world seed 0, 0.92M-parameter model: width 128, 4 layers; SFT
+lr 1e-3 cosine, 48 examples a step; GRPO lr 1e-4, 16 prompts x 8, one
+update per batch; 256 held-out prompts per domain, greedy; 2 shared cores
+under load 3-20, so ~2-3.5 s per SFT step and 5-10 s per GRPO step):
+
+  held-out after SFT     chat  IF    math  code  swe
+  step 200               71.8  33.6   3.9   6.6  23.2
+  step 400               76.9  60.9   5.5  66.4  77.4
+
+  GRPO from step 400 (temperature 0.7), held-out after 20 / 40 / 60 steps:
+  chat 77.5 / 74.3 / 77.6; math 5.1 / 5.5 / 2.7 (2-4 of 16 groups had any
+  signal).
+  An earlier run (temperature 1.0, harder math) gave: chat 69.6 -> 77.0 /
+  75.8 / 75.0; IF 64.8 -> 67.2 / 67.6 / 67.6; code 41.0 -> 37.5 / 39.1 /
+  42.2 (sampled reward 0.07 -> 0.13 while greedy stayed put: temperature 1
+  is far from the greedy policy of an under-trained model); SWE 46.8 ->
+  73.2 / 77.4 / 76.0; math 7.8 -> 4.3 (no signal).
+  Math-only SFT (all 48 examples a step math) reached 6.6 after 150 steps.
+
+What fails after SFT is mostly copying from the prompt: the chat topic
+("Tell me about the needle." -> "The vine can teach us a lot about life."),
+the IF topic, the code function's name ("def get" -> "def make", which the
+code verifier rightly fails), the SWE letter; and arithmetic facts in math
+("10-4=12"). SWE's similarity reward gives dense signal (+30 in 40 steps);
+the 0/1 rewards move slowly at this size. Levers for configs/tiny.py, in
+the order this probe suggests: a larger model (copying is what small
+transformers learn late), more SFT on math (or a larger math share of the
+SFT mix), GRPO temperature 0.6-0.8, and a GRPO learning rate above 1e-4
+for a sub-million-parameter model.
 """
 
 from __future__ import annotations
@@ -246,7 +273,8 @@ def main(argv: Sequence[str]) -> None:
         results['sft'][i] = row
         log(f'after SFT step {i}: ' + ', '.join(f'{d} {s:.1f}' for d, s in row.items()))
     if saved:
-      np.savez(saved, **{f'p{i}': np.asarray(x) for i, x in enumerate(jax.tree.leaves(state.params))})
+      leaves = jax.tree.leaves(state.params)
+      np.savez(saved, **{f'p{i}': np.asarray(x) for i, x in enumerate(leaves)})
   row = {}
   for d in domains:
     key, sub = jax.random.split(key)

@@ -18,10 +18,12 @@ failing test's input is chosen so the buggy and the fixed function differ on
 it. The prompt opens with an issue line saying in words what the buggy line
 should compute (as SWE tasks start from an issue): from the failing test
 alone, the fix of an arithmetic bug needs arithmetic a few-million-parameter
-model cannot do, so the task would be guessing. Diffs have no context lines (`difflib`'s n=0), the shortest patch a
-`patch`-style tool applies, so the answer stays a few dozen tokens. Metadata:
-{"gold_patch": diff} for the agentless `swe` verifier (1 for the exact
-patch, a similarity score otherwise). The split key is (function, bug).
+model cannot do, so the task would be guessing. Diffs have no context lines
+(`difflib`'s n=0), the shortest patch a `patch`-style tool applies, so the
+answer stays ~33 tokens. Metadata: {"gold_patch": diff} for the agentless
+`swe` verifier (1 when the changed lines equal the gold patch's, a
+similarity score in (0, 1) otherwise, 0 for no change, -1 unparsable). The
+split key is (function, bug).
 """
 
 from __future__ import annotations
