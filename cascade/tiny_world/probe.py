@@ -94,7 +94,7 @@ _LAYERS = flags.DEFINE_integer('layers', 4, 'Transformer blocks.')
 
 VERIFIER = {'chat': tw_chat.VERIFIER_NAME, 'instruction_following': 'instruction_following',
             'math': 'math', 'code': 'code', 'swe': 'swe'}
-MAX_NEW = {'chat': 32, 'instruction_following': 48, 'math': 32, 'code': 32, 'swe': 48}
+MAX_NEW = {'chat': 32, 'instruction_following': 64, 'math': 32, 'code': 32, 'swe': 48}
 ROW_LEN, ROWS = 256, 16
 
 

@@ -33,8 +33,9 @@ Notes for the next step (configs/tiny.py, `make demo`; issue 7's second half):
     modes share `response`, so the math answer restates its working.
   * Tokens (vocab 1024; mean/max of the whole rendered instruct-mode
     conversation): chat 39/54, IF 53/95, math 62/70, code 54/62, SWE 101/116;
-    thinking mode adds 8-18. max_new_tokens 32 (chat, math, code) and 48
-    (IF, SWE) cover every gold answer.
+    thinking mode adds 8-18. Instruct answers (with <|im_end|>) fit in
+    max_new_tokens 32 for chat, math and code, 48 for SWE, 64 for IF (its
+    longest are upper-case answers, tokenized letter by letter).
   * IF-RL in the paper is instruct-only; chat/RLHF mixes both modes.
   * probe.py's docstring has what SFT and per-domain GRPO reached on a
     0.92M-parameter model, what fails, and which knobs to turn: math is the
