@@ -580,7 +580,7 @@ def main(argv):
   if bad:
     print('\nPLAN FAILED:\n  ' + '\n  '.join(bad), file=sys.stderr, flush=True)
     sys.exit(1)
-  print(f'\nevery planned stage fits ({len(reports)} stages incl. the evaluation).')
+  print(f'\nevery planned program fits ({len(reports)} stage(s) planned).')
 
 
 if __name__ == '__main__':
