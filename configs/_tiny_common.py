@@ -177,9 +177,9 @@ def rm_stage(a: dict[str, Any]) -> dict[str, Any]:
 
 def rl_stage(a: dict[str, Any], name: str, domains: list[str], n: int, lr: float,
              **kw) -> dict[str, Any]:
-  """A GRPO stage in instruct mode (8 prompts x 8 samples per step)."""
+  """A GRPO stage in instruct mode (16 prompts x 8 samples per step)."""
   return dict(dict(name=name, kind='grpo', domains=list(domains), steps=steps(a, n),
-                   optimizer=dict(lr=lr), prompts_per_step=4 if a['smoke'] else 8,
+                   optimizer=dict(lr=lr), prompts_per_step=4 if a['smoke'] else 16,
                    group_size=8, temperature=0.7,
                    max_prompt_len=max(PROMPT_LEN[d] for d in domains),
                    max_response_len=max(RESPONSE_LEN[d] for d in domains),

@@ -25,8 +25,8 @@ def get_config(arg=None):
   c.stages = [
       common.sft_stage(a),
       common.rm_stage(a),
-      rl('rlhf', 'chat', 30, 1e-4),
-      rl('if_rl', 'instruction_following', 30, 1e-4),
+      rl('rlhf', 'chat', 30, 5e-5),
+      rl('if_rl', 'instruction_following', 30, 5e-5),
       rl('math_rl', 'math', 30, 5e-5),
       rl('code_rl', 'code', 30, 5e-5),
       rl('swe_rl', 'swe', 30, 5e-5),

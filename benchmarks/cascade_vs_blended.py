@@ -1,0 +1,90 @@
+"""Cascade RL vs one blended RL stage on the tiny world, over seeds.
+
+  .venv/bin/python -m benchmarks.cascade_vs_blended                       # seeds 0,1,2
+  .venv/bin/python -m benchmarks.cascade_vs_blended --seeds=0,1 --workdir_root=/tmp/cvb
+
+Runs configs/tiny.py (SFT -> RM -> RLHF -> IF -> math -> code -> SWE) and
+configs/tiny_blended.py (the same SFT and RM, then one GRPO stage over all
+five domains with the same number of rollouts) once per seed, one after the
+other (each is a `python -m cascade.main` subprocess; a finished workdir is
+resumed, i.e. read back, not rerun). Prints, per domain, the final row's
+held-out score as mean ± sample standard deviation over the seeds for both,
+side by side, the SFT row for reference, and one JSON line with everything.
+Each run takes as long as `make demo` (minutes on 2 cores), so this is a
+benchmark, not a test. `--config_arg=smoke` checks the plumbing in a few
+minutes (the numbers then mean nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+from absl import app
+from absl import flags
+
+_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'World and model seeds.')
+_WORKDIR_ROOT = flags.DEFINE_string('workdir_root', 'runs/cascade_vs_blended',
+                                    'Each run goes to <root>/<config>_s<seed>.')
+_CONFIG_ARG = flags.DEFINE_string('config_arg', '', "Extra config argument, e.g. 'smoke'.")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = ('tiny', 'tiny_blended')
+
+
+def run_one(config: str, seed: int) -> tuple[dict, float]:
+  """Runs (or resumes) one config at one seed; returns (results.json, wall seconds)."""
+  arg = ','.join(filter(None, [_CONFIG_ARG.value, f'seed={seed}']))
+  workdir = os.path.join(_WORKDIR_ROOT.value, f'{config}_s{seed}')
+  cmd = [sys.executable, '-m', 'cascade.main', f'--config={REPO}/configs/{config}.py:{arg}',
+         f'--workdir={workdir}', '--verbosity=-1']
+  print(f'running {config} seed {seed} -> {workdir}', flush=True)
+  t0 = time.time()
+  p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+  if p.returncode:
+    raise RuntimeError(f'{" ".join(cmd)} exited {p.returncode}:\n{p.stderr[-4000:]}')
+  with open(os.path.join(workdir, 'results.json'), encoding='utf-8') as f:
+    return json.load(f), time.time() - t0
+
+
+def mean_spread(xs: Sequence[float]) -> tuple[float, float]:
+  """(mean, sample standard deviation; 0 for one value)."""
+  return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  seeds = [int(s) for s in _SEEDS.value]
+  final = {c: {} for c in CONFIGS}      # config -> domain -> [score per seed]
+  sft = {}                              # domain -> [score per seed] (both configs share SFT)
+  walls = {c: [] for c in CONFIGS}
+  domains = None
+  for seed in seeds:
+    for config in CONFIGS:
+      res, wall = run_one(config, seed)
+      walls[config].append(wall)
+      domains = res['domains']
+      for j, d in enumerate(domains):
+        final[config].setdefault(d, []).append(res['scores'][-1][j])
+        if config == CONFIGS[0]:
+          sft.setdefault(d, []).append(res['scores'][res['stages'].index('sft')][j])
+  fmt = lambda xs: '{:5.1f} ± {:4.1f}'.format(*mean_spread(xs))
+  print(f'\nheld-out score after the last stage, mean ± std over seeds {seeds}')
+  print(f'{"domain":22s} {"after SFT":>13s} {"cascade":>13s} {"blended":>13s}')
+  for d in domains:
+    print(f'{d:22s} {fmt(sft[d]):>13s} {fmt(final["tiny"][d]):>13s} '
+          f'{fmt(final["tiny_blended"][d]):>13s}')
+  avg = {c: [statistics.fmean(final[c][d][i] for d in domains) for i in range(len(seeds))]
+         for c in CONFIGS}
+  print(f'{"mean of domains":22s} {"":>13s} {fmt(avg["tiny"]):>13s} '
+        f'{fmt(avg["tiny_blended"]):>13s}')
+  print(json.dumps({'seeds': seeds, 'sft': sft, 'final': final, 'wall_s': walls}))
+
+
+if __name__ == '__main__':
+  app.run(main)
