@@ -133,17 +133,14 @@ def test_long_generation_across_decode_phases(policy):
   assert sampler._phase_ends(256) == (128, 256)
   assert sampler._phase_ends(1024) == (128, 256, 512, 1024) and sampler._phase_ends(64) == (64,)
   assert sampler._phase_ends(1024, 1) == (1024,)
-  sp = sampler.SamplingParams(max_new_tokens=150)
-  make = lambda phases: sampler.Sampler(policy[0], CFG, eos_ids=(), prompt_buckets=(16,),
-                                        new_token_buckets=(256,), batch_buckets=(4,),
-                                        decode_phases=phases)
-  out = make(2).generate(policy[1], PROMPTS[:2], jax.random.key(4), sp, num_samples=2)
-  assert out.mask.all() and out.truncated.all() and out.tokens.shape == (4, 150)
+  s = sampler.Sampler(policy[0], CFG, eos_ids=(), prompt_buckets=(16,),
+                      new_token_buckets=(256,), batch_buckets=(4,), decode_phases=2)
+  out = s.generate(policy[1], PROMPTS[:2], jax.random.key(4),
+                   sampler.SamplingParams(max_new_tokens=140), num_samples=2)
+  assert out.mask.all() and out.truncated.all() and out.tokens.shape == (4, 140)
   _, logp = _forward_logprobs(*policy, out)
   ref = np.take_along_axis(logp, out.tokens[..., None], -1)[..., 0]
   np.testing.assert_allclose(out.logprobs, ref, atol=1e-4, rtol=0)
-  one = make(1).generate(policy[1], PROMPTS[:2], jax.random.key(4), sp, num_samples=2)
-  np.testing.assert_array_equal(one.tokens, out.tokens)
 
 
 def test_top_k_1_tiny_top_p_tiny_temperature_equal_greedy(policy, samp):
