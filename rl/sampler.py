@@ -4,10 +4,12 @@ Two levels:
 
 * `sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature,
   top_p, top_k, max_new_tokens, *, max_new_bucket, eos_ids, pad_id, greedy,
-  filtered)` is the pure jitted function. Params are an argument (never
-  closed over); temperature / top-p / top-k / max_new_tokens are traced
-  scalars, so a temperature or length curriculum inside one bucket does not
-  recompile; only shapes and the greedy / filtered switches are static.
+  filtered, decode_phases)` is the pure jitted function. Params are an
+  argument (never closed over); temperature / top-p / top-k / max_new_tokens
+  are traced scalars, so a temperature or length curriculum inside one bucket
+  does not recompile; only shapes and the greedy / filtered switches are
+  static. The decode runs in up to `decode_phases` while loops whose cache
+  doubles in length, so attention reads about the filled part of the cache.
 * `Sampler.generate(params, prompts, rng, sp, num_samples)` is the host
   level: it left-pads the prompts into a bucketed [B, P] batch (each prompt
   repeated `num_samples` times, prompt-major), calls the jitted function, and
