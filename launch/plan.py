@@ -12,7 +12,8 @@ with abstract shapes only (`nnx.eval_shape` for the model,
   `max_prompt_len` + the longest phase's `max_response_len`;
 * for RL stages, the jitted sampler (`rl.sampler.sample`) with the shapes
   the stage loop feeds it: prompts x G rows in one call, the prompt and
-  new-token buckets of `config.sampler` (default: rl.sampler's);
+  new-token buckets and decode phases of `config.sampler` (default:
+  rl.sampler's);
 
 plus the held-out evaluation's sampler once. It prints per-device memory
 (arguments, outputs, temporaries, total = arguments + outputs + temporaries
@@ -353,13 +354,15 @@ def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, pr
   args = (graphdef, params, _sds((b, p), jnp.int32, rows_sh), _sds((b, p), jnp.int32, rows_sh),
           _sds((2,), jnp.uint32, rep), _sds((), jnp.float32, rep), _sds((), jnp.float32, rep),
           _sds((), jnp.int32, rep), _sds((), jnp.int32, rep))
+  phases = int(sampler_cfg.get('decode_phases', sampler_lib.DEFAULT_DECODE_PHASES))
   kw = dict(max_new_bucket=nb, eos_ids=(0,), pad_id=0, greedy=False,
-            filtered=top_p < 1 or top_k > 0)
+            filtered=top_p < 1 or top_k > 0, decode_phases=phases)
 
   def lower():
     with sharding.use_mesh(mesh, rules):
       return sampler_lib.sample.lower(*args, **kw)
-  return lower, f'{b} rows, prompt bucket {p}, new-token bucket {nb} (KV cache {p + nb} slots)'
+  return lower, (f'{b} rows, prompt bucket {p}, new-token bucket {nb} (KV cache up to {p + nb} '
+                 f'slots, {phases} decode phase(s))')
 
 
 def train_lowering(stage: config_lib.Stage, model_cfg, mesh, rules,
