@@ -20,7 +20,7 @@ plus the held-out evaluation's sampler once. It prints per-device memory
 - donated aliases, from `compiled.memory_analysis()`) and XLA's FLOP count
 (`cost_analysis()`: a train step's whole batch, counted on its
 single-microbatch twin because XLA counts a loop body once; a sampler's
-prefill and one decode step), and exits with status 1 naming every stage
+prefill and one step per decode loop), and exits with status 1 naming every stage
 that does not fit the per-device memory in `config.hardware`.
 
 Target devices: with `libtpu` importable (`pip install "jax[tpu]"`, not a
@@ -519,7 +519,8 @@ def format_stage(r: StageReport) -> str:
     lines.append(f'    per device: arguments {_size(p.argument_bytes)}, outputs '
                  f'{_size(p.output_bytes)}, temporaries {_size(p.temp_bytes)}, aliased '
                  f'{_size(p.alias_bytes)}; total {_size(p.total_bytes)}: {status}')
-    per = 'per step' if p.name == 'train step' else 'for the prefill and one decode step'
+    per = ('per step' if p.name == 'train step'
+           else 'for the prefill and one decode step per decode phase')
     lines.append(f'    FLOPs {per}: {p.flops:.3e} in all, {p.flops / r.num_devices:.3e} per '
                  f'device; compiled in {p.compile_s:.1f} s')
   return '\n'.join(lines)
@@ -574,7 +575,8 @@ def main(argv):
         f'{model_cfg.dtype}, remat={model_cfg.remat}')
   print('memory is per device; total = arguments + outputs + temporaries - aliased '
         "(donated) buffers. FLOPs are XLA's HLO count: a train step's over the whole batch; a "
-        "sampler's for its prefill and one decode step (XLA counts a loop body once)\n",
+        "sampler's for its prefill and one step per decode loop (XLA counts a loop body "
+        "once)\n",
         flush=True)
   reports = run_plan(config, tgt, stages=_STAGES.value, with_sampler=_SAMPLER.value,
                      with_eval=_EVAL.value, with_train=_TRAIN.value, plan=plan,
