@@ -183,4 +183,4 @@ def rl_stage(a: dict[str, Any], name: str, domains: list[str], n: int, lr: float
                    group_size=8, temperature=0.7,
                    max_prompt_len=max(PROMPT_LEN[d] for d in domains),
                    max_response_len=max(RESPONSE_LEN[d] for d in domains),
-                   thinking_fraction=0.0, refill_cap=2), **kw)
+                   thinking_fraction=0.0, refill_cap=2, filter_overlong=False), **kw)
