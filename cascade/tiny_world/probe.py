@@ -23,8 +23,9 @@ under load 3-20, so ~2-3.5 s per SFT step and 5-10 s per GRPO step):
   step 400               76.9  60.9   5.5  66.4  77.4
 
   GRPO from step 400 (temperature 0.7), held-out after 20 / 40 / 60 steps:
-  chat 77.5 / 74.3 / 77.6; IF 64.8 / 59.0 / 65.2; math 5.1 / 5.5 / 2.7
-  (2-4 of 16 groups had any signal).
+  chat 77.5 / 74.3 / 77.6; IF 64.8 / 59.0 / 65.2; code 70.3 / 83.2 / 82.8
+  (+16 points, sampled reward 0.42 -> 0.55); math 5.1 / 5.5 / 2.7 (2-4 of
+  16 groups had any signal).
   An earlier run (temperature 1.0, harder math) gave: chat 69.6 -> 77.0 /
   75.8 / 75.0; IF 64.8 -> 67.2 / 67.6 / 67.6; code 41.0 -> 37.5 / 39.1 /
   42.2 (sampled reward 0.07 -> 0.13 while greedy stayed put: temperature 1
@@ -39,9 +40,10 @@ What fails after SFT is mostly copying from the prompt: the chat topic
 ("Tell me about the needle." -> "The vine can teach us a lot about life."),
 the IF topic, the code function's name ("def get" -> "def make", which the
 code verifier rightly fails), the SWE letter; and arithmetic facts in math
-("10-4=12"). SWE's similarity reward gives dense signal (+30 in 40 steps);
-the 0/1 and quarter-step rewards moved by 0-8 points in 60 steps, which is
-short of issue 7's +10 target. Levers for configs/tiny.py, in the order
+("10-4=12"). Code (+16 at temperature 0.7, flat at 1.0) and
+SWE (+30 in 40 steps; its similarity reward is dense) clear issue 7's +10
+target; chat and IF moved 0-8 points in 60 steps, and math needs more SFT
+before GRPO has signal. Levers for configs/tiny.py, in the order
 this probe suggests: a larger model (copying is what small transformers
 learn late), ~300 steps' worth of math in SFT (a larger math share of the
 mix), GRPO temperature 0.6-0.8, more prompts per GRPO step than 16, and a
