@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/tiny.py
 WORKDIR ?= runs/tiny
 
-.PHONY: demo test test-all sysdeps bench clean
+.PHONY: demo test test-all sysdeps clean
 
 $(VENV)/.stamp-base: setup.py
 	$(PYTHON) -m venv $(VENV)
