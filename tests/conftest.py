@@ -6,5 +6,89 @@ os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update('jax_default_matmul_precision', 'highest')
+
+
+_COPY_CONFIG = '''
+"""A toy cascade written by a test: SFT then GRPO on copying a digit."""
+import ml_collections
+
+def get_config(arg=None):
+  root = {root!r}
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.model = dict(preset='tiny', overrides=dict(vocab_size=320, embed_dim=32, num_layers=1,
+                 num_heads=2, num_kv_heads=2, head_dim=16, mlp_dim=64, max_seq_len=128))
+  c.tokenizer = dict(path=root + '/tok.model')
+  c.mesh = dict(shape={mesh_shape!r})
+  c.sampler = dict(prompt_buckets=(64,), new_token_buckets=(8,))
+  c.ckpt = dict(every_n_steps=1, keep={keep})
+  c.eval = dict(num_samples=2, temperature=1.0, top_p=1.0, greedy=False, max_new_tokens=6,
+                max_prompt_len=64, num_prompts=8, batch_size=8, thinking=False)
+  c.datasets = dict(sft=dict(path=root + '/sft.jsonl', format='sft'),
+                    copy_train=dict(path=root + '/copy_train.jsonl', format='prompt', domain='copy'),
+                    copy_eval=dict(path=root + '/copy_eval.jsonl', format='prompt', domain='copy'))
+  c.domains = dict(copy=dict(verifier='math', verifier_options=dict(workers=1),
+                             train='copy_train', eval='copy_eval'))
+  c.stages = [
+      dict(name='sft', kind='sft', domains=['copy'], datasets=['sft'], steps={sft_steps},
+           batch_size=8, max_len=64, optimizer=dict(lr=1e-2)),
+      dict(name='copy_rl', kind='grpo', domains=['copy'], steps={rl_steps},
+           optimizer=dict(lr=1e-3), prompts_per_step={prompts_per_step}, group_size=4,
+           max_prompt_len=64, max_response_len=6, thinking_fraction=0.0, dynamic_filter=False)]
+  c.allow_config_change = False
+  return c
+'''
+
+
+def write_copy_cascade(root, *, train: int, eval_: int, sft: int, mesh_shape=None,
+                       keep: int = 1, sft_steps: int = 20, rl_steps: int = 20,
+                       prompts_per_step: int = 2, config_name: str = 'cfg.py'):
+  """Writes a toy 'copy a digit' world (data, tokenizer) and its SFT -> GRPO config.
+
+  Args:
+    root: a pathlib.Path directory.
+    train, eval_, sft: numbers of RL train prompts, held-out prompts and SFT records.
+    mesh_shape, keep, sft_steps, rl_steps, prompts_per_step: config fields.
+    config_name: file name of the config written under `root`.
+
+  Returns:
+    The config file's path.
+  """
+  import json
+  import random
+
+  from models import chat
+  from models import tokenizer as tokenizer_lib
+
+  rng = random.Random(0)
+  msgs = lambda a: [{'role': 'user', 'content': f'Copy {a}.'}]
+  for split, n in (('train', train), ('eval', eval_)):
+    with open(root / f'copy_{split}.jsonl', 'w') as f:
+      for i in range(n):
+        a = rng.randint(0, 9)
+        f.write(json.dumps({'id': f'{split}-{i}', 'messages': msgs(a),
+                            'metadata': {'answer': str(a)}}) + '\n')
+  texts = []
+  with open(root / 'sft.jsonl', 'w') as f:
+    for _ in range(sft):
+      a = rng.randint(0, 9)
+      rec = {'domain': 'copy', 'messages': msgs(a), 'response': f'\\boxed{{{a}}}'}
+      f.write(json.dumps(rec) + '\n')
+      for mode in (False, None):
+        texts.append(chat.render(rec['messages'], thinking=mode)
+                     + chat.render_response(rec['response'], None))
+  tokenizer_lib.train_sentencepiece(texts, str(root / 'tok'), vocab_size=300)
+  path = root / config_name
+  path.write_text(_COPY_CONFIG.format(
+      root=str(root), mesh_shape=mesh_shape, keep=keep, sft_steps=sft_steps,
+      rl_steps=rl_steps, prompts_per_step=prompts_per_step))
+  return path
+
+
+@pytest.fixture(scope='session')
+def copy_cascade():
+  """The `write_copy_cascade` helper, for tests in any folder."""
+  return write_copy_cascade

@@ -9,73 +9,17 @@ matrix, the plot and a sample.
 
 import json
 import os
-import random
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from models import chat
-from models import tokenizer as tokenizer_lib
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, 'notebooks', 'quickstart.ipynb')
 
-CONFIG = '''
-"""A toy cascade for the notebook test: SFT then GRPO on copying a digit."""
-import ml_collections
-
-def get_config(arg=None):
-  root = {root!r}
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.model = dict(preset='tiny', overrides=dict(vocab_size=320, embed_dim=32, num_layers=1,
-                 num_heads=2, num_kv_heads=2, head_dim=16, mlp_dim=64, max_seq_len=128))
-  c.tokenizer = dict(path=root + '/tok.model')
-  c.mesh = dict(shape=None)
-  c.sampler = dict(prompt_buckets=(64,), new_token_buckets=(8,))
-  c.ckpt = dict(every_n_steps=1, keep=1)
-  c.eval = dict(num_samples=2, temperature=1.0, top_p=1.0, greedy=False, max_new_tokens=6,
-                max_prompt_len=64, num_prompts=8, batch_size=8, thinking=False)
-  c.datasets = dict(sft=dict(path=root + '/sft.jsonl', format='sft'),
-                    copy_train=dict(path=root + '/copy_train.jsonl', format='prompt', domain='copy'),
-                    copy_eval=dict(path=root + '/copy_eval.jsonl', format='prompt', domain='copy'))
-  c.domains = dict(copy=dict(verifier='math', verifier_options=dict(workers=1),
-                             train='copy_train', eval='copy_eval'))
-  c.stages = [
-      dict(name='sft', kind='sft', domains=['copy'], datasets=['sft'], steps=20, batch_size=8,
-           max_len=64, optimizer=dict(lr=1e-2)),
-      dict(name='copy_rl', kind='grpo', domains=['copy'], steps=20, optimizer=dict(lr=1e-3),
-           prompts_per_step=2, group_size=4, max_prompt_len=64, max_response_len=6,
-           thinking_fraction=0.0, dynamic_filter=False)]
-  c.allow_config_change = False
-  return c
-'''
-
-
 @pytest.fixture()
-def toy_config(tmp_path):
-  rng = random.Random(0)
-  msgs = lambda a: [{'role': 'user', 'content': f'Copy {a}.'}]
-  for split, n in (('train', 16), ('eval', 4)):
-    with open(tmp_path / f'copy_{split}.jsonl', 'w') as f:
-      for i in range(n):
-        a = rng.randint(0, 9)
-        f.write(json.dumps({'id': f'{split}-{i}', 'messages': msgs(a),
-                            'metadata': {'answer': str(a)}}) + '\n')
-  texts = []
-  with open(tmp_path / 'sft.jsonl', 'w') as f:
-    for _ in range(32):
-      a = rng.randint(0, 9)
-      rec = {'domain': 'copy', 'messages': msgs(a), 'response': f'\\boxed{{{a}}}'}
-      f.write(json.dumps(rec) + '\n')
-      for mode in (False, None):
-        texts.append(chat.render(rec['messages'], thinking=mode)
-                     + chat.render_response(rec['response'], None))
-  tokenizer_lib.train_sentencepiece(texts, str(tmp_path / 'tok'), vocab_size=300)
-  path = tmp_path / 'toy_config.py'
-  path.write_text(CONFIG.format(root=str(tmp_path)))
-  return path
+def toy_config(tmp_path, copy_cascade):
+  return copy_cascade(tmp_path, train=16, eval_=4, sft=32, config_name='toy_config.py')
 
 
 def _execute(monkeypatch, config: str, workdir) -> str:

@@ -11,77 +11,20 @@ took 165 s wall (about 60 s of CPU), over the default suite's budget.
 
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
 
 import pytest
 
-from models import chat
-from models import tokenizer as tokenizer_lib
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(REPO, 'tests', 'launch', 'multihost_worker.py')
 
-CONFIG = '''
-import ml_collections
-
-def get_config(arg=None):
-  root = {root!r}
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.model = dict(preset='tiny', overrides=dict(vocab_size=320, embed_dim=32, num_layers=1,
-                 num_heads=2, num_kv_heads=2, head_dim=16, mlp_dim=64, max_seq_len=128))
-  c.tokenizer = dict(path=root + '/tok.model')
-  c.mesh = dict(shape=(2, 2, 2))
-  c.sampler = dict(prompt_buckets=(64,), new_token_buckets=(8,))
-  c.ckpt = dict(every_n_steps=1, keep=2)
-  c.eval = dict(num_samples=2, temperature=1.0, top_p=1.0, greedy=False, max_new_tokens=6,
-                max_prompt_len=64, num_prompts=8, batch_size=8, thinking=False)
-  c.datasets = dict(sft=dict(path=root + '/sft.jsonl', format='sft'),
-                    copy_train=dict(path=root + '/copy_train.jsonl', format='prompt',
-                                    domain='copy'),
-                    copy_eval=dict(path=root + '/copy_eval.jsonl', format='prompt',
-                                   domain='copy'))
-  c.domains = dict(copy=dict(verifier='math', verifier_options=dict(workers=1),
-                             train='copy_train', eval='copy_eval'))
-  c.stages = [
-      dict(name='sft', kind='sft', domains=['copy'], datasets=['sft'], steps=6, batch_size=8,
-           max_len=64, optimizer=dict(lr=1e-2)),
-      dict(name='copy_rl', kind='grpo', domains=['copy'], steps=2, optimizer=dict(lr=1e-3),
-           prompts_per_step=4, group_size=4, max_prompt_len=64, max_response_len=6,
-           thinking_fraction=0.0, dynamic_filter=False)]
-  c.allow_config_change = False
-  return c
-'''
-
-
-def _messages(a):
-  return [{'role': 'user', 'content': f'Copy {a}.'}]
-
-
 @pytest.fixture(scope='module')
-def world(tmp_path_factory):
+def world(tmp_path_factory, copy_cascade):
   root = tmp_path_factory.mktemp('multihost')
-  rng = random.Random(0)
-  texts = []
-  for split, n in (('train', 32), ('eval', 8)):
-    with open(root / f'copy_{split}.jsonl', 'w') as f:
-      for i in range(n):
-        a = rng.randint(0, 9)
-        f.write(json.dumps({'id': f'{split}-{i}', 'messages': _messages(a),
-                            'metadata': {'answer': str(a)}}) + '\n')
-  with open(root / 'sft.jsonl', 'w') as f:
-    for i in range(64):
-      a = rng.randint(0, 9)
-      rec = {'domain': 'copy', 'messages': _messages(a), 'response': f'\\boxed{{{a}}}'}
-      f.write(json.dumps(rec) + '\n')
-      for mode in (False, None):
-        texts.append(chat.render(rec['messages'], thinking=mode)
-                     + chat.render_response(rec['response'], None))
-  tokenizer_lib.train_sentencepiece(texts, str(root / 'tok'), vocab_size=300)
-  (root / 'cfg.py').write_text(CONFIG.format(root=str(root)))
+  copy_cascade(root, train=32, eval_=8, sft=64, mesh_shape=(2, 2, 2), keep=2, sft_steps=6,
+               rl_steps=2, prompts_per_step=4)
   return root
 
 
