@@ -225,6 +225,27 @@ def mopd(name: str, *, domains: list[str], teachers: dict, steps: int, lr: float
 CASCADE1_DOMAINS = ['chat', 'instruction_following', 'math', 'code', 'swe']
 
 
+# Rows of one RL update are split into microbatches so that one row per device
+# is in flight: 128 x 8 = 1024 rows over 8 batch shards (fsdp) = 128 per shard.
+CASCADE1_RL_MICROBATCHES = 128
+
+
+def cascade1_sft_stages(base: str) -> list[dict]:
+  """Cascade 1's two SFT stages (16K, then 32K tokens) from the base checkpoint `base`.
+
+  PAPER_NOTES describes SFT only as "two stages, 16K then 32K tokens"; the
+  optimizer is Cascade 2's published SFT optimizer, steps and batch are ours.
+  """
+  opt = dict(lr=5e-5, schedule='cosine', min_lr_ratio=0.1, warmup_steps=200, b2=0.98,
+             weight_decay=0.1)
+  return [
+      dict(name='sft_16k', datasets=['sft_stage1'], init_from=base, steps=4000,  # steps: ours
+           batch_size=64, max_len=16_384, optimizer=opt, microbatches=8),
+      dict(name='sft_32k', datasets=['sft_stage2', 'sft_swe'], steps=2000,  # steps: ours
+           batch_size=64, max_len=32_768, optimizer=opt, microbatches=8),
+  ]
+
+
 def cascade1(*, preset: str, model_overrides: dict, data_root: str, tokenizer: str,
              sft_stages: list[dict], rm: dict, rlhf: dict, if_rl: dict, math: dict, code: dict,
              swe: dict, eval_max_new_tokens: int, eval_max_prompt_len: int

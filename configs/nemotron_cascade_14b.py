@@ -43,25 +43,14 @@ Not reproducible here, by construction:
 
 from configs import _recipes
 
-# Rows of one RL update are split into microbatches so that one row per device
-# is in flight: 128 x 8 = 1024 rows over 8 batch shards (fsdp) = 128 per shard.
-_RL_MICRO = 128
+_RL_MICRO = _recipes.CASCADE1_RL_MICROBATCHES
 
 
 def get_config(arg=None):
   """The 14B Cascade-1 config (see the module docstring)."""
   a = _recipes.parse_arg(arg, data_root='data/nemotron', base='checkpoints/Qwen3-14B-Base',
                          tokenizer='checkpoints/Qwen3-14B-Base')
-  # SFT is not described in PAPER_NOTES beyond "two stages, 16K then 32K tokens";
-  # the optimizer is Cascade 2's published SFT optimizer, steps and batch are our choice.
-  sft_opt = dict(lr=5e-5, schedule='cosine', min_lr_ratio=0.1, warmup_steps=200, b2=0.98,
-                 weight_decay=0.1)
-  sft_stages = [
-      dict(name='sft_16k', datasets=['sft_stage1'], init_from=a.base, steps=4000,  # steps: ours
-           batch_size=64, max_len=16_384, optimizer=sft_opt, microbatches=8),
-      dict(name='sft_32k', datasets=['sft_stage2', 'sft_swe'], steps=2000,  # steps: ours
-           batch_size=64, max_len=32_768, optimizer=sft_opt, microbatches=8),
-  ]
+  sft_stages = _recipes.cascade1_sft_stages(a.base)
   # Paper RM: batch 256, lr 2e-6, one epoch over 82K pairs = 320 steps; max_len is ours.
   rm = dict(steps=320, batch_size=256, max_len=8192, lr=2e-6, microbatches=32)
   rl = dict(prompts=128, group=8, top_p=0.95, microbatches=_RL_MICRO)

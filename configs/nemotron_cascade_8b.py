@@ -25,23 +25,14 @@ Code and SWE RL use the 14B's published numbers: PAPER_NOTES has none for 8B.
 
 from configs import _recipes
 
-_RL_MICRO = 128   # 1024 rows of an update over 8 batch shards: one row per device at a time.
+_RL_MICRO = _recipes.CASCADE1_RL_MICROBATCHES
 
 
 def get_config(arg=None):
   """The 8B Cascade-1 config (see the module docstring)."""
   a = _recipes.parse_arg(arg, data_root='data/nemotron', base='checkpoints/Qwen3-8B-Base',
                          tokenizer='checkpoints/Qwen3-8B-Base')
-  # SFT: "two stages, 16K then 32K tokens"; optimizer borrowed from Cascade 2's
-  # published SFT; steps and batch are our choice.
-  sft_opt = dict(lr=5e-5, schedule='cosine', min_lr_ratio=0.1, warmup_steps=200, b2=0.98,
-                 weight_decay=0.1)
-  sft_stages = [
-      dict(name='sft_16k', datasets=['sft_stage1'], init_from=a.base, steps=4000,  # steps: ours
-           batch_size=64, max_len=16_384, optimizer=sft_opt, microbatches=8),
-      dict(name='sft_32k', datasets=['sft_stage2', 'sft_swe'], steps=2000,  # steps: ours
-           batch_size=64, max_len=32_768, optimizer=sft_opt, microbatches=8),
-  ]
+  sft_stages = _recipes.cascade1_sft_stages(a.base)
   rm = dict(steps=320, batch_size=256, max_len=8192, lr=2e-6, microbatches=32)  # max_len: ours
   rl = dict(prompts=128, group=8, top_p=0.95, microbatches=_RL_MICRO)
   rlhf = dict(rl, steps=800,                 # "~800" for 8B
