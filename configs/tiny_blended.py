@@ -6,7 +6,8 @@ The RL stage draws its prompts from all five domains at once (each sample
 scored by its own domain's verifier; chat by the reward model) and runs as
 many steps, of the same prompts x G, as the cascade's RL stages together, so
 both spend the same number of rollouts; its learning rate is the cascade's
-step-weighted mean. This is the baseline Cascade RL claims to beat;
+step-weighted mean, and truncated rollouts carry no loss if any cascade
+stage says so (code RL does). This is the baseline Cascade RL claims to beat;
 benchmarks/cascade_vs_blended.py compares the two over seeds.
 
 Arguments: as configs/tiny.py (`smoke`, `seed=N`, `root=DIR`).
@@ -23,6 +24,7 @@ def get_config(arg=None):
   n = sum(s['steps'] for s in rl)
   lr = sum(s['steps'] * s['optimizer']['lr'] for s in rl) / n
   head = [s for s in stages if s['kind'] != 'grpo']
-  c.stages = head + [common.rl_stage(common.parse_arg(arg), 'blended_rl', list(common.DOMAINS),
-                                     n, lr)]
+  c.stages = head + [common.rl_stage(
+      common.parse_arg(arg), 'blended_rl', list(common.DOMAINS), n, lr,
+      filter_overlong=any(s['filter_overlong'] for s in rl))]
   return c

@@ -167,6 +167,20 @@ def _break(answer: str, topic: str, how: str, rng: random.Random) -> str:
 CORRUPTIONS = ('off_topic', 'incomplete', 'repetitive', 'too_short', 'too_long')
 
 
+def flaw(p: common.Problem, rng: random.Random) -> str:
+  """An imperfect teacher's answer to `p`: the gold answer broken on two criteria.
+
+  Returns '' when ten draws of two corruptions all still meet three criteria.
+  """
+  topic = p.metadata['topic']
+  for _ in range(10):
+    first, second = rng.sample(CORRUPTIONS, 2)
+    text = _break(_break(p.answer, topic, first, rng), topic, second, rng).strip()
+    if text and quality(text, topic).score <= 0.5:
+      return text
+  return ''
+
+
 def variants(answer: str, topic: str, rng: random.Random) -> list[tuple[str, float]]:
   """Graded variants of a gold answer: the gold one, single and double corruptions.
 

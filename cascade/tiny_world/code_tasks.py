@@ -1,14 +1,14 @@
 """Code domain: one-line Python functions from a docstring, HumanEval-style records.
 
-  prompt:  Write this function:
+  prompt:  Complete this function:
            def calc(x):
                \"\"\"Return x times 3 plus 4.\"\"\"
-  answer:  def calc(x):
-               return x * 3 + 4
+  answer:      return x * 3 + 4
 
-The answer restates the whole function, so it defines `entry_point` and the
-`code` verifier runs it alone (HumanEval's convention for completions that
-define the function). Metadata is HumanEval's record: {"prompt": signature +
+The answer is HumanEval's completion: the body, which the `code` verifier
+appends to the signature and docstring (metadata "prompt"). (Restating the
+whole function made a ~1M-parameter model fail mostly on copying the
+function's name.) Metadata is HumanEval's record: {"prompt": signature +
 docstring, "test": "def check(candidate): assert ...", "entry_point": name},
 with expected outputs computed here by running the gold body. Families cover
 integer arithmetic and comparisons, list and string operations; their
@@ -115,9 +115,15 @@ FAMILIES: dict[str, _Family] = {
 }
 
 
-def function_text(name: str, arg: str, body: str) -> str:
-  """A one-line function definition (the gold answer's shape)."""
-  return f'def {name}({arg}):\n    return {body}'
+def completion_text(body: str) -> str:
+  """The one-line body completing a function (the gold answer's shape)."""
+  return f'    return {body}'
+
+
+def flaw(p: common.Problem, rng: random.Random) -> str:
+  """An imperfect teacher's answer to `p`: the body printed instead of returned."""
+  del rng
+  return '    print(' + p.answer[len('    return '):] + ')'
 
 
 def compile_body(arg: str, body: str) -> Callable[[Any], Any]:
@@ -164,6 +170,6 @@ def realize(key: tuple, rng: random.Random) -> common.Problem:
   header = f'def {name}({arg}):\n    """{doc}"""\n'
   metadata = {'prompt': header, 'test': make_test(arg, body, rng, lambda r: inputs(r, values)),
               'entry_point': name}
-  return common.Problem(key=key, prompt=f'Write this function:\n{header.rstrip()}',
-                        answer=function_text(name, arg, body),
+  return common.Problem(key=key, prompt=f'Complete this function:\n{header.rstrip()}',
+                        answer=completion_text(body),
                         thinking=f'{doc[:-1]}: {body}.', metadata=metadata)

@@ -209,6 +209,23 @@ def draw_key(rng: random.Random) -> tuple:
   return topic, tuple((k, _freeze(_draw_kwargs(k, rng))) for k in kinds)
 
 
+def flaw(p: common.Problem, rng: random.Random) -> str:
+  """An imperfect teacher's answer to `p`: written for all its constraints but one.
+
+  Returns '' when no such answer fails the dropped constraint (some answers
+  meet a constraint by chance).
+  """
+  topic, frozen = p.key
+  cons = [(k, _thaw(items)) for k, items in frozen]
+  kept = list(cons)
+  kept.pop(rng.randrange(len(kept)))
+  for _ in range(10):
+    answer = _compose(topic, kept, rng)
+    if answer and not all(check(answer, k, a) for k, a in cons):
+      return answer
+  return ''
+
+
 def realize(key: tuple, rng: random.Random) -> common.Problem | None:
   """The problem of a key, or None when no frame gives a gold answer that passes."""
   topic, frozen = key

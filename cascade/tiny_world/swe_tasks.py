@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import difflib
 import random
+import re
 from typing import Any, Callable
 
 from cascade.tiny_world import code_tasks
@@ -139,6 +140,16 @@ def draw_key(rng: random.Random) -> tuple:
   buggy = list(lines)
   buggy[where] = (lines[where][0], _mutate(lines[where], rng))
   return arg, _freeze(lines), where, _freeze(buggy)
+
+
+def flaw(p: common.Problem, rng: random.Random) -> str:
+  """An imperfect teacher's patch for `p`: the buggy line rewritten unchanged (a no-op patch).
+
+  The agentless reward scores a patch that changes nothing 0.
+  """
+  del rng
+  removed = re.search(r'^-(?!--).*$', p.answer, re.M).group(0)
+  return re.sub(r'^\+(?!\+\+).*$', '+' + removed[1:], p.answer, count=1, flags=re.M)
 
 
 def realize(key: tuple, rng: random.Random) -> common.Problem | None:

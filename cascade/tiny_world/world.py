@@ -47,7 +47,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from cascade.tiny_world import arithmetic
 from cascade.tiny_world import chat
@@ -77,7 +77,7 @@ def _write(path: str, records: Iterable[dict[str, Any]]) -> int:
   return n
 
 
-def generate(domain: str, seed: int, sft: int, rl: int, heldout: int
+def generate(domain: str, seed: int, sft: int, rl: int, heldout: int, flaw_rate: float = 0.0
              ) -> dict[str, list[dict[str, Any]]]:
   """One domain's records (no files).
 
@@ -87,6 +87,10 @@ def generate(domain: str, seed: int, sft: int, rl: int, heldout: int
     sft: SFT records (train split).
     rl: RL prompt records (train split, problems distinct from the SFT ones).
     heldout: held-out problems (as prompt and as SFT records).
+    flaw_rate: fraction of SFT records whose response is the domain's flawed
+      demonstration (`<generator>.flaw`: an imperfect teacher's systematic
+      mistake, which the domain's verifier scores below the gold answer) and
+      that carry `"flawed": true`. Held-out and RL records are never flawed.
 
   Returns:
     {'sft_train', 'rl_train', 'heldout', 'sft_heldout'} -> records.
@@ -98,9 +102,20 @@ def generate(domain: str, seed: int, sft: int, rl: int, heldout: int
       domain, split, n, gen.HELDOUT_PERCENT, gen.draw_key, gen.realize,
       _rng(seed, domain, split), split_key=getattr(gen, 'split_key', None))
   train, held = draw(common.TRAIN, sft + rl), draw(common.HELDOUT, heldout)
+  if not 0.0 <= flaw_rate <= 1.0:
+    raise ValueError(f'{domain}: flaw_rate={flaw_rate!r} must be in [0, 1]')
   rid = lambda split, i: f'{domain}/{split}/{i:05d}'
+  flaw_rng = _rng(seed, domain, 'flaw')
+  sft_records = []
+  for i, p in enumerate(train[:sft]):
+    rec = common.sft_record(domain, rid('sft', i), p)
+    if flaw_rng.random() < flaw_rate:
+      flawed = gen.flaw(p, flaw_rng)
+      if flawed:
+        rec.update(response=flawed, flawed=True)
+    sft_records.append(rec)
   return {
-      'sft_train': [common.sft_record(domain, rid('sft', i), p) for i, p in enumerate(train[:sft])],
+      'sft_train': sft_records,
       'rl_train': [common.prompt_record(domain, rid('rl', i), p)
                    for i, p in enumerate(train[sft:])],
       'heldout': [common.prompt_record(domain, rid('heldout', i), p) for i, p in enumerate(held)],
@@ -147,16 +162,17 @@ def corpus(records: Iterable[dict[str, Any]]) -> list[str]:
   return texts
 
 
-def build(out_dir: str, seed: int = 0, *, sft: int = 2000, rl: int = 2000, heldout: int = 1000,
-          preference: int = 4000, preference_heldout: int = 500, vocab_size: int = 1024,
-          domains: Iterable[str] = DOMAINS) -> dict[str, Any]:
+def build(out_dir: str, seed: int = 0, *, sft: int | Mapping[str, int] = 2000, rl: int = 2000,
+          heldout: int = 1000, preference: int = 4000, preference_heldout: int = 500,
+          vocab_size: int = 1024, domains: Iterable[str] = DOMAINS,
+          flaw_rate: float | Mapping[str, float] = 0.0) -> dict[str, Any]:
   """Writes the tiny world's datasets and tokenizer under `out_dir`.
 
   Args:
     out_dir: output directory (created; existing files of the same names are
       overwritten).
     seed: the world's seed (problem draws and wording; not the split).
-    sft: SFT records per domain.
+    sft: SFT records per domain (one number, or domain -> number).
     rl: RL prompt records per domain (distinct problems from the SFT ones).
     heldout: held-out problems per domain.
     preference: chat preference pairs for reward-model training.
@@ -164,14 +180,21 @@ def build(out_dir: str, seed: int = 0, *, sft: int = 2000, rl: int = 2000, heldo
     vocab_size: SentencePiece vocabulary size (> 265: 4 control, 256 byte and
       5 chat special pieces are always there).
     domains: which domains to build (the tokenizer sees only these).
+    flaw_rate: fraction of flawed SFT demonstrations (see `generate`), one
+      number or domain -> number (missing domains: 0).
 
   Returns:
     {'tokenizer': path, 'manifest': path, <domain>: {<file name>: path}}; chat
     also has 'preference_train' and 'preference_heldout'.
   """
   domains = tuple(domains)
-  for name, n in (('sft', sft), ('rl', rl), ('heldout', heldout), ('preference', preference),
-                  ('preference_heldout', preference_heldout)):
+  per_domain = lambda x, default: ({d: x.get(d, default) for d in domains}
+                                   if isinstance(x, Mapping) else dict.fromkeys(domains, x))
+  sft, flaw_rate = per_domain(sft, 0), per_domain(flaw_rate, 0.0)
+  sizes = [(f'sft[{d}]', n) for d, n in sft.items()] + [
+      ('rl', rl), ('heldout', heldout), ('preference', preference),
+      ('preference_heldout', preference_heldout)]
+  for name, n in sizes:
     if n < 0:
       raise ValueError(f'{name}={n}: sizes must be >= 0')
   os.makedirs(out_dir, exist_ok=True)
@@ -179,7 +202,7 @@ def build(out_dir: str, seed: int = 0, *, sft: int = 2000, rl: int = 2000, heldo
   counts: dict[str, dict[str, int]] = {}
   train_records = []
   for domain in domains:
-    records = generate(domain, seed, sft, rl, heldout)
+    records = generate(domain, seed, sft[domain], rl, heldout, flaw_rate[domain])
     if domain == chat.DOMAIN:
       records['preference_train'] = preferences(seed, common.TRAIN, preference)
       records['preference_heldout'] = preferences(seed, common.HELDOUT, preference_heldout)
@@ -196,7 +219,7 @@ def build(out_dir: str, seed: int = 0, *, sft: int = 2000, rl: int = 2000, heldo
   paths['tokenizer'] = f'{prefix}.model'
   paths['manifest'] = os.path.join(out_dir, 'manifest.json')
   manifest = {'seed': seed, 'vocab_size': vocab_size, 'counts': counts,
-              'sizes': {'sft': sft, 'rl': rl, 'heldout': heldout, 'preference': preference,
+              'flaw_rate': flaw_rate, 'sizes': {'sft': sft, 'rl': rl, 'heldout': heldout, 'preference': preference,
                         'preference_heldout': preference_heldout},
               'paths': {d: {k: os.path.relpath(v, out_dir) for k, v in paths[d].items()}
                         for d in domains}}

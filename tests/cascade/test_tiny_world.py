@@ -221,9 +221,46 @@ def test_tokenizer_round_trips_the_world(built):
 
 
 def test_default_sizes_fit_every_problem_space(tmp_path):
-  paths = tiny_world.build(str(tmp_path / 'full'), seed=0)  # ~6 s on an idle core.
-  counts = json.load(open(paths['manifest'], encoding='utf-8'))['counts']
+  from configs import _tiny_common  # pylint: disable=g-import-not-at-top
+  sizes = _tiny_common.SIZES
+  paths = tiny_world.build(str(tmp_path / 'full'), seed=0, flaw_rate=_tiny_common.FLAW_RATE,
+                           **sizes)  # ~6 s on an idle core.
+  manifest = json.load(open(paths['manifest'], encoding='utf-8'))
+  counts = manifest['counts']
   for domain in world.DOMAINS:
-    assert counts[domain]['sft_train'] == 2000 and counts[domain]['heldout'] == 1000
-  assert counts['chat']['preference_train'] == 4000
+    assert counts[domain]['sft_train'] == sizes['sft'][domain]
+    assert counts[domain]['heldout'] == sizes['heldout']
+    assert counts[domain]['rl_train'] == sizes['rl']
+    flawed = sum(bool(r.get('flawed')) for r in _read(paths[domain]['sft_train']))
+    assert abs(flawed / sizes['sft'][domain] - _tiny_common.FLAW_RATE[domain]) < 0.05, domain
+  assert counts['chat']['preference_train'] == sizes['preference']
   assert os.path.getsize(paths['tokenizer']) > 0
+
+
+@pytest.mark.parametrize('domain', world.DOMAINS)
+def test_flawed_demonstrations_score_below_gold(domain):
+  """Each domain's flawed SFT answers are what its verifier scores lower; only SFT gets them."""
+  clean = world.generate(domain, seed=2, sft=80, rl=20, heldout=20)
+  flawed = world.generate(domain, seed=2, sft=80, rl=20, heldout=20, flaw_rate=0.5)
+  for name in ('rl_train', 'heldout', 'sft_heldout'):
+    assert flawed[name] == clean[name], name
+  marked = [i for i, r in enumerate(flawed['sft_train']) if r.get('flawed')]
+  assert 20 <= len(marked) <= 60, len(marked)                     # ~ half of 80
+  for i, (a, b) in enumerate(zip(clean['sft_train'], flawed['sft_train'])):
+    assert a['messages'] == b['messages'] and a['thinking'] == b['thinking']
+    assert (a['response'] != b['response']) == (i in marked)
+  # Score the flawed answers against the problems' metadata (RL records of the
+  # same generator, rebuilt from the same draws).
+  gen = world.GENERATORS[domain]
+  problems = common.draw_unique(domain, common.TRAIN, 100, gen.HELDOUT_PERCENT, gen.draw_key,
+                                gen.realize, world._rng(2, domain, common.TRAIN),
+                                split_key=getattr(gen, 'split_key', None))[:80]
+  rng = random.Random(0)
+  samples = [verifiers.Sample('', chat_lib.render_response(gen.flaw(problems[i], rng)),
+                              problems[i].metadata) for i in marked]
+  with verifiers.get(VERIFIER[domain]) as v:
+    rewards = [r.reward for r in v.score(samples)]
+  # Chat's flaws break two of the four criteria; the others fail outright.
+  assert max(rewards) <= (0.5 if domain == 'chat' else 0.0), rewards
+  with pytest.raises(ValueError, match='flaw_rate'):
+    world.generate(domain, seed=2, sft=1, rl=1, heldout=1, flaw_rate=1.5)
