@@ -28,12 +28,20 @@ import ml_collections
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOMAINS = ('chat', 'instruction_following', 'math', 'code', 'swe')
-# World sizes per domain: SFT records, RL prompts, held-out problems, chat preference pairs.
-SIZES = dict(sft=2000, rl=2000, heldout=1000, preference=4000, preference_heldout=500)
+# World sizes: SFT records per domain (math, the hardest to learn, gets more),
+# RL prompts, held-out problems, chat preference pairs.
+SIZES = dict(sft=dict(chat=1500, instruction_following=2000, math=6000, code=2000, swe=1500),
+             rl=2000, heldout=600, preference=4000, preference_heldout=500)
+# Fraction of each domain's SFT demonstrations that come from an imperfect
+# teacher (tiny_world's `flaw`: chat answers broken on two criteria, an IF
+# answer that ignores one constraint, math boxing the first step's value,
+# code that prints instead of returning, a no-op SWE patch). SFT imitates
+# them; each domain's RL stage has to unlearn them with its verifier's reward.
+FLAW_RATE = dict(chat=0.65, instruction_following=0.5, math=0.5, code=0.5, swe=0.6)
 VOCAB = 1024
 # Fraction of SFT records trained in thinking mode; the rest in instruct mode,
 # the mode every RL stage and the evaluation use.
-SFT_THINKING_FRACTION = 0.5
+SFT_THINKING_FRACTION = 0.25
 # Longest completion each domain needs in instruct mode (its gold responses are
 # at most chat 25, IF 56, math 25, code 22, swe 35 tokens, plus the stop token).
 RESPONSE_LEN = dict(chat=32, instruction_following=48, math=32, code=32, swe=40)
@@ -43,7 +51,7 @@ RESPONSE_LEN = dict(chat=32, instruction_following=48, math=32, code=32, swe=40)
 # most of the RL step's cost.
 PROMPT_LEN = dict(chat=32, instruction_following=48, math=48, code=48, swe=96)
 MAX_PROMPT_LEN = max(PROMPT_LEN.values())
-EVAL_PROMPTS = 300
+EVAL_PROMPTS = 200
 
 
 def parse_arg(arg: str | None) -> dict[str, Any]:
@@ -85,14 +93,14 @@ def world(seed: int, root: str) -> str:
   """
   from cascade import tiny_world  # pylint: disable=g-import-not-at-top
   out = os.path.join(root, f'seed{seed}')
-  stamp = {'seed': seed, 'sizes': SIZES, 'vocab_size': VOCAB,
+  stamp = {'seed': seed, 'sizes': SIZES, 'vocab_size': VOCAB, 'flaw_rate': FLAW_RATE,
            'sft_thinking_fraction': SFT_THINKING_FRACTION, 'source': _source_hash()}
   stamp_path = os.path.join(out, 'stamp.json')
   if os.path.exists(stamp_path):
     with open(stamp_path, encoding='utf-8') as f:
       if json.load(f) == stamp:
         return out
-  paths = tiny_world.build(out, seed=seed, vocab_size=VOCAB, **SIZES)
+  paths = tiny_world.build(out, seed=seed, vocab_size=VOCAB, flaw_rate=FLAW_RATE, **SIZES)
   records = []
   for d in DOMAINS:
     with open(paths[d]['sft_train'], encoding='utf-8') as f:
@@ -133,7 +141,9 @@ def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, A
   c.sampler = dict(prompt_buckets=sorted(set(PROMPT_LEN.values())),
                    new_token_buckets=sorted(set(RESPONSE_LEN.values()) | {48}))
   c.ckpt = dict(every_n_steps=1000, keep=1)
-  c.eval = dict(num_samples=1, temperature=1.0, top_p=1.0, greedy=True, max_new_tokens=48,
+  # Sampled like the paper's evaluation (temperature 0.6, top-p 0.95), two
+  # samples per prompt; every row uses the same key, so rows differ by policy.
+  c.eval = dict(num_samples=2, temperature=0.6, top_p=0.95, greedy=False, max_new_tokens=48,
                 max_prompt_len=MAX_PROMPT_LEN, num_prompts=8 if a['smoke'] else EVAL_PROMPTS,
                 batch_size=256, thinking=False)
   c.datasets = dict(sft=dict(path=os.path.join(root, 'sft_mixed.jsonl'), format='sft'),
@@ -161,9 +171,9 @@ def steps(a: dict[str, Any], full: int) -> int:
 
 def sft_stage(a: dict[str, Any]) -> dict[str, Any]:
   """SFT on every domain's records, both modes."""
-  n = steps(a, 300)
+  n = steps(a, 600)
   return dict(name='sft', kind='sft', domains=list(DOMAINS), datasets=['sft'], steps=n,
-              batch_size=48, max_len=256,
+              batch_size=24, max_len=256,
               optimizer=dict(lr=1e-3, warmup_steps=min(20, n - 1), schedule='cosine',
                              min_lr_ratio=0.1))
 
@@ -171,7 +181,7 @@ def sft_stage(a: dict[str, Any]) -> dict[str, Any]:
 def rm_stage(a: dict[str, Any]) -> dict[str, Any]:
   """The chat reward model, initialised from the SFT policy, on the preference pairs."""
   return dict(name='rm', kind='reward_model', domains=['chat'], datasets=['chat_prefs'],
-              steps=steps(a, 60), batch_size=32, max_len=64,
+              steps=steps(a, 100), batch_size=32, max_len=64,
               optimizer=dict(lr=1e-3), init_from='sft')
 
 
@@ -180,7 +190,7 @@ def rl_stage(a: dict[str, Any], name: str, domains: list[str], n: int, lr: float
   """A GRPO stage in instruct mode (16 prompts x 8 samples per step)."""
   return dict(dict(name=name, kind='grpo', domains=list(domains), steps=steps(a, n),
                    optimizer=dict(lr=lr), prompts_per_step=4 if a['smoke'] else 16,
-                   group_size=8, temperature=0.7,
+                   group_size=8, temperature=0.8,
                    max_prompt_len=max(PROMPT_LEN[d] for d in domains),
                    max_response_len=max(RESPONSE_LEN[d] for d in domains),
                    thinking_fraction=0.0, refill_cap=2, filter_overlong=False), **kw)

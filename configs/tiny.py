@@ -40,12 +40,10 @@ def get_config(arg=None):
   c.stages = [
       common.sft_stage(a),
       common.rm_stage(a),
-      rl('rlhf', 'chat', 30, 5e-5),
-      rl('if_rl', 'instruction_following', 30, 5e-5),
-      rl('math_rl', 'math', 30, 5e-5),
-      # Truncated code rollouts carry no loss: without this, code RL raised the
-      # entropy and took chat from 74.9 to 32.4; with it chat stays (74.9).
-      rl('code_rl', 'code', 30, 5e-5, filter_overlong=True),
-      rl('swe_rl', 'swe', 30, 5e-5),
+      rl('rlhf', 'chat', 25, 5e-5),
+      rl('if_rl', 'instruction_following', 20, 5e-5),
+      rl('math_rl', 'math', 15, 5e-5),
+      rl('code_rl', 'code', 20, 4e-5, filter_overlong=True),
+      rl('swe_rl', 'swe', 15, 3e-5, filter_overlong=True),
   ]
   return c

@@ -3,10 +3,10 @@
   python -m cascade.main --config=configs/tiny_blended.py --workdir=runs/tiny_blended
 
 The RL stage draws its prompts from all five domains at once (each sample
-scored by its own domain's verifier; chat by the reward model) and runs as
-many steps, of the same prompts x G, as the cascade's RL stages together, so
-both spend the same number of rollouts; its learning rate is the cascade's
-step-weighted mean, and truncated rollouts carry no loss if any cascade
+scored by its own domain's verifier; chat by the reward model) with the
+default prompts x G per step, for as many steps as spend the cascade's RL
+rollouts (all its stages together); its learning rate is the cascade's
+rollout-weighted mean, and truncated rollouts carry no loss if any cascade
 stage says so (code RL does). This is the baseline Cascade RL claims to beat;
 benchmarks/cascade_vs_blended.py compares the two over seeds.
 
@@ -21,10 +21,13 @@ def get_config(arg=None):
   c = tiny.get_config(arg)
   stages = list(c.stages)
   rl = [s for s in stages if s['kind'] == 'grpo']
-  n = sum(s['steps'] for s in rl)
-  lr = sum(s['steps'] * s['optimizer']['lr'] for s in rl) / n
+  rollouts = [s['steps'] * s['prompts_per_step'] * s['group_size'] for s in rl]
+  lr = sum(n * s['optimizer']['lr'] for n, s in zip(rollouts, rl)) / sum(rollouts)
+  a = common.parse_arg(arg)
+  probe = common.rl_stage(a, 'blended_rl', list(common.DOMAINS), 1, lr)
+  per_step = probe['prompts_per_step'] * probe['group_size']
+  n = max(1, round(sum(rollouts) / per_step)) if not a['smoke'] else probe['steps']
   head = [s for s in stages if s['kind'] != 'grpo']
-  c.stages = head + [common.rl_stage(
-      common.parse_arg(arg), 'blended_rl', list(common.DOMAINS), n, lr,
-      filter_overlong=any(s['filter_overlong'] for s in rl))]
+  c.stages = head + [common.rl_stage(a, 'blended_rl', list(common.DOMAINS), n, lr,
+                                     filter_overlong=any(s['filter_overlong'] for s in rl))]
   return c

@@ -168,17 +168,16 @@ CORRUPTIONS = ('off_topic', 'incomplete', 'repetitive', 'too_short', 'too_long')
 
 
 def flaw(p: common.Problem, rng: random.Random) -> str:
-  """An imperfect teacher's answer to `p`: the gold answer broken on two criteria.
+  """An imperfect teacher's answer to `p`: it rambles on and stops mid-sentence.
 
-  Returns '' when ten draws of two corruptions all still meet three criteria.
+  The gold answer made too long, then cut off (no final period): two of the
+  four criteria broken, always the same way, so the SFT policy learns one
+  habit (at the end of its sentence, carry on) rather than a spread of
+  rarer ones. Returns '' if the result still meets three criteria.
   """
   topic = p.metadata['topic']
-  for _ in range(10):
-    first, second = rng.sample(CORRUPTIONS, 2)
-    text = _break(_break(p.answer, topic, first, rng), topic, second, rng).strip()
-    if text and quality(text, topic).score <= 0.5:
-      return text
-  return ''
+  text = _break(_break(p.answer, topic, 'too_long', rng), topic, 'incomplete', rng).strip()
+  return text if quality(text, topic).score <= 0.5 else ''
 
 
 def variants(answer: str, topic: str, rng: random.Random) -> list[tuple[str, float]]:

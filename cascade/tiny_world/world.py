@@ -24,22 +24,29 @@ The output is a pure function of (seed, sizes, vocab_size): same arguments,
 byte-identical files. Held-out/train membership does not depend on the seed
 (see common.split_of).
 
-Notes for the next step (configs/tiny.py, `make demo`; issue 7's second half):
-  * `import cascade.tiny_world` (e.g. at the top of configs/tiny.py) registers
-    the verifier 'tiny_chat_quality' (chat's eval_verifier) before the config
-    is validated; verifiers/ has no lazy entry for it.
+Flawed demonstrations (`flaw_rate`): a fraction of each domain's SFT
+records can come from an "imperfect teacher" whose answers carry the
+domain's systematic mistake (`<generator>.flaw`): chat answers broken on two
+of the four quality criteria, IF answers written for all constraints but
+one, math answers that box the first step's value, code that prints instead
+of returning, no-op SWE patches. SFT imitates both teachers, so the SFT
+policy makes these mistakes at about that rate; the domain's verifier scores
+them low (tests/cascade/test_tiny_world.py), and each RL stage's job is to
+unlearn its domain's mistake. configs/_tiny_common.py sets the rates.
+
+Using it:
+  * `import cascade.tiny_world` registers the verifier 'tiny_chat_quality'
+    (chat's eval_verifier) before a config naming it is validated.
   * Render prompts with models.chat.render(messages, thinking=...) and SFT
     targets with chat.render_response(response, thinking or None); both
     modes share `response`, so the math answer restates its working.
-  * Tokens (vocab 1024; mean/max of the whole rendered instruct-mode
-    conversation): chat 39/54, IF 53/95, math 62/70, code 54/62, SWE 101/116;
-    thinking mode adds 8-18. Instruct answers (with <|im_end|>) fit in
-    max_new_tokens 32 for chat, math and code, 48 for SWE, 64 for IF (its
-    longest are upper-case answers, tokenized letter by letter).
-  * IF-RL in the paper is instruct-only; chat/RLHF mixes both modes.
-  * probe.py's docstring has what SFT and per-domain GRPO reached on a
-    0.92M-parameter model, what fails, and which knobs to turn: math is the
-    domain that needs the most SFT; SWE learns fastest under GRPO.
+  * Tokens (vocab 1024, seed 0; mean/max): instruct-mode prompts chat 25/29,
+    IF 32/44, math 36/39, code 38/44, SWE 67/84; gold answers with the stop
+    token chat 14/28, IF 21/57 (upper-case answers are tokenized letter by
+    letter), math 20/24, code 11/18, SWE 34/39; thinking mode adds 8-18.
+  * probe.py's docstring has what SFT and per-domain GRPO reached on an
+    earlier version of this world (no flaws, harder math, whole-function code
+    answers).
 """
 
 from __future__ import annotations

@@ -34,11 +34,12 @@ def test_blended_spends_the_cascades_rollouts(root):
   rl = [s for s in cascade.stages if s['kind'] == 'grpo']
   (one,) = [s for s in blended.stages if s['kind'] == 'grpo']
   rollouts = lambda s: s['steps'] * s['prompts_per_step'] * s['group_size']
-  assert rollouts(one) == sum(rollouts(s) for s in rl)
+  per_step = one['prompts_per_step'] * one['group_size']
+  assert abs(rollouts(one) - sum(rollouts(s) for s in rl)) <= per_step / 2
   assert sorted(one['domains']) == sorted(d for s in rl for d in s['domains'])
   # Same SFT and reward model; same sampling settings.
   head = lambda c: [dict(s) for s in c.stages if s['kind'] != 'grpo']
   assert head(blended) == head(cascade)
-  for key in ('temperature', 'group_size', 'prompts_per_step', 'thinking_fraction'):
+  for key in ('temperature', 'group_size', 'thinking_fraction'):
     assert {s[key] for s in rl} == {one[key]}, key
   assert one['filter_overlong'] == any(s['filter_overlong'] for s in rl)
