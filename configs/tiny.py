@@ -42,7 +42,7 @@ def get_config(arg=None):
       common.rm_stage(a),
       rl('rlhf', 'chat', 25, 5e-5),
       rl('if_rl', 'instruction_following', 20, 5e-5),
-      rl('math_rl', 'math', 15, 5e-5),
+      rl('math_rl', 'math', 10, 4e-5),
       rl('code_rl', 'code', 20, 4e-5, filter_overlong=True),
       rl('swe_rl', 'swe', 15, 3e-5, filter_overlong=True),
   ]
