@@ -8,9 +8,11 @@ configs/tiny_blended.py (the same SFT and RM, then one GRPO stage over all
 five domains with the same number of rollouts) once per seed, `--parallel`
 runs at a time (each is a `python -m cascade.main` subprocess; a finished
 workdir is resumed, i.e. read back, not rerun; each seed's world is built
-once, here, before any run starts, so concurrent runs only read it). On two
-cores two runs at a time finish sooner than one after the other: one XLA:CPU
-process keeps about 1.3 cores busy on the tiny model. Prints, per domain, the final row's
+once, here, before any run starts, so concurrent runs only read it). Keep
+`--parallel` at 1 on a 2-core machine: three runs at a time each went ~4x
+slower than one alone (XLA's thread pools oversubscribe the cores), and two
+single-threaded processes gave only ~1.1x the throughput of one; on a larger
+machine, one run per two cores. Prints, per domain, the final row's
 held-out score as mean ± sample standard deviation over the seeds for both,
 side by side, the SFT row for reference, and one JSON line with everything.
 Each run takes as long as `make demo` (minutes on 2 cores), so this is a
@@ -36,7 +38,7 @@ _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'World and model seeds.')
 _WORKDIR_ROOT = flags.DEFINE_string('workdir_root', 'runs/cascade_vs_blended',
                                     'Each run goes to <root>/<config>_s<seed>.')
 _CONFIG_ARG = flags.DEFINE_string('config_arg', '', "Extra config argument, e.g. 'smoke'.")
-_PARALLEL = flags.DEFINE_integer('parallel', 2, 'Runs at a time.')
+_PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at a time (one per two cores).')
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ('tiny', 'tiny_blended')

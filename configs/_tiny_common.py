@@ -2,12 +2,21 @@
 
 The tiny world (cascade/tiny_world) is built deterministically from the seed
 into a cache directory, `runs/tiny_world/seed<seed>`, and reused while its
-stamp (sizes, SFT mode mix and a hash of the generator sources) matches; a
-changed generator rebuilds it. Next to the world's own files it writes
+stamp (sizes, flaw rates, SFT mode mix and a hash of the generator
+sources) matches; a changed generator rebuilds it. Next to the world's own files it writes
 `sft_mixed.jsonl`: every domain's SFT records, shuffled, with the thinking
 trace dropped from a fixed fraction of them, so SFT teaches both the `/think`
 and the `/no_think` mode (the world's records all carry a trace, and the SFT
 stage puts a record with a trace in thinking mode).
+
+Why each RL stage has something to learn: part of every domain's SFT data
+comes from an "imperfect teacher" (FLAW_RATE; cascade/tiny_world/world.py)
+with one systematic mistake per domain that the domain's verifier scores
+low. SFT imitates it, so the SFT policy makes that mistake about as often,
+and the domain's RL stage has to unlearn it from the reward alone (chat:
+from the learned reward model). The rest of each domain's failures are
+capability (copying an unseen topic or name, arithmetic), which a 1M-
+parameter model improves only slowly under RL.
 
 Config arguments (`configs/tiny.py:smoke,seed=1`): `smoke` (a few steps per
 stage and few held-out prompts, for the smoke test), `seed=N` (world and
