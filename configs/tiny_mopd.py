@@ -6,7 +6,10 @@ SFT -> IF-RL -> multi-domain RL (math + code) -> reward model -> RLHF ->
 MOPD (all domains; each domain's teacher is the earlier stage with its best
 held-out score, so a domain that a later stage degraded is pulled back) ->
 SWE RL. The stages reuse configs/tiny.py's settings (model, world, lengths,
-prompts x G); the scale-sized recipe is configs/nemotron_cascade2.py.
+prompts x G, the per-domain learning rates); the scale-sized recipe is
+configs/nemotron_cascade2.py. Checked end to end only in smoke mode
+(`configs/tiny_mopd.py:smoke`, ~100 s); the full run's table has not been
+measured.
 
 Arguments: as configs/tiny.py (`smoke`, `seed=N`, `root=DIR`).
 """
@@ -19,14 +22,14 @@ def get_config(arg=None):
   rl = lambda name, doms, n, lr, **kw: common.rl_stage(a, name, doms, n, lr, **kw)
   c.stages = [
       common.sft_stage(a),
-      rl('if_rl', ['instruction_following'], 30, 1e-4),
-      rl('multi_rl', ['math', 'code'], 40, 5e-5),
+      rl('if_rl', ['instruction_following'], 20, 5e-5),
+      rl('multi_rl', ['math', 'code'], 30, 4e-5, filter_overlong=True),
       common.rm_stage(a),
-      rl('rlhf', ['chat'], 30, 5e-5),
+      rl('rlhf', ['chat'], 25, 5e-5),
       # MOPD: reverse-KL token advantages against the teachers; no reward, no
       # group filtering (G only sets the samples per prompt).
       rl('mopd', list(common.DOMAINS), 20, 5e-5, kind='mopd', group_size=4,
          dynamic_filter=False, refill_cap=0),
-      rl('swe_rl', ['swe'], 30, 5e-5),
+      rl('swe_rl', ['swe'], 15, 3e-5, filter_overlong=True),
   ]
   return c
