@@ -59,6 +59,31 @@ def run_one(config: str, seed: int) -> tuple[dict, float]:
     return json.load(f), time.time() - t0
 
 
+def stage_checks(res: dict) -> tuple[float, float, str]:
+  """Issue 7's per-stage targets on one cascade's results.json.
+
+  Args:
+    res: results.json's object (rows: SFT then one per later policy stage).
+
+  Returns:
+    (smallest gain of a stage on a domain it trains, largest drop of a domain
+    it does not train relative to the row before, where that drop happened as
+    'stage: domain').
+  """
+  domains, rows = res['domains'], res['scores']
+  gains, drops = [], [(0.0, '')]
+  for i in range(1, len(rows)):
+    trained = set(res['stage_domains'][i])
+    for j, d in enumerate(domains):
+      delta = rows[i][j] - rows[i - 1][j]
+      if d in trained:
+        gains.append(delta)
+      elif delta < 0:
+        drops.append((-delta, f'{res["stages"][i]}: {d}'))
+  worst = max(drops)
+  return (min(gains) if gains else float('nan')), worst[0], worst[1]
+
+
 def mean_spread(xs: Sequence[float]) -> tuple[float, float]:
   """(mean, sample standard deviation; 0 for one value)."""
   return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
@@ -98,7 +123,17 @@ def main(argv: Sequence[str]) -> None:
          for c in CONFIGS}
   print(f'{"mean of domains":22s} {"":>13s} {fmt(avg["tiny"]):>13s} '
         f'{fmt(avg["tiny_blended"]):>13s}')
-  print(json.dumps({'seeds': seeds, 'sft': sft, 'final': final, 'wall_s': walls}))
+  checks = {}
+  print('\ncascade per seed: smallest own-domain gain of an RL stage (target >= 10), '
+        'largest drop of another domain (target <= 3)')
+  for (config, seed), (res, _) in zip(jobs, done):
+    if config == CONFIGS[0]:
+      gain, drop, where = stage_checks(res)
+      checks[seed] = {'min_gain': gain, 'max_drop': drop, 'where': where}
+      print(f'  seed {seed}: min gain {gain:+.1f}, max drop {drop:.1f}'
+            + (f' ({where})' if where else ''))
+  print(json.dumps({'seeds': seeds, 'sft': sft, 'final': final, 'wall_s': walls,
+                    'stage_checks': checks}))
 
 
 if __name__ == '__main__':
