@@ -44,9 +44,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ('tiny', 'tiny_blended')
 
 
+def config_arg(seed: int) -> str:
+  """The config argument of a run: --config_arg plus the seed."""
+  return ','.join(filter(None, [_CONFIG_ARG.value, f'seed={seed}']))
+
+
 def run_one(config: str, seed: int) -> tuple[dict, float]:
   """Runs (or resumes) one config at one seed; returns (results.json, wall seconds)."""
-  arg = ','.join(filter(None, [_CONFIG_ARG.value, f'seed={seed}']))
+  arg = config_arg(seed)
   workdir = os.path.join(_WORKDIR_ROOT.value, f'{config}_s{seed}')
   cmd = [sys.executable, '-m', 'cascade.main', f'--config={REPO}/configs/{config}.py:{arg}',
          f'--workdir={workdir}', '--verbosity=-1']
@@ -97,7 +102,7 @@ def main(argv: Sequence[str]) -> None:
   sys.path.insert(0, REPO)
   from configs import _tiny_common  # pylint: disable=g-import-not-at-top
   for seed in seeds:
-    arg = _tiny_common.parse_arg(','.join(filter(None, [_CONFIG_ARG.value, f'seed={seed}'])))
+    arg = _tiny_common.parse_arg(config_arg(seed))
     _tiny_common.world(seed, arg['root'])
   final = {c: {} for c in CONFIGS}      # config -> domain -> [score per seed]
   sft = {}                              # domain -> [score per seed] (both configs share SFT)

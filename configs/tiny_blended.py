@@ -24,10 +24,10 @@ def get_config(arg=None):
   rollouts = [s['steps'] * s['prompts_per_step'] * s['group_size'] for s in rl]
   lr = sum(n * s['optimizer']['lr'] for n, s in zip(rollouts, rl)) / sum(rollouts)
   a = common.parse_arg(arg)
-  probe = common.rl_stage(a, 'blended_rl', list(common.DOMAINS), 1, lr)
-  per_step = probe['prompts_per_step'] * probe['group_size']
-  n = max(1, round(sum(rollouts) / per_step)) if not a['smoke'] else probe['steps']
-  head = [s for s in stages if s['kind'] != 'grpo']
-  c.stages = head + [common.rl_stage(a, 'blended_rl', list(common.DOMAINS), n, lr,
-                                     filter_overlong=any(s['filter_overlong'] for s in rl))]
+  blended = common.rl_stage(a, 'blended_rl', list(common.DOMAINS), 1, lr,
+                            filter_overlong=any(s['filter_overlong'] for s in rl))
+  if not a['smoke']:
+    blended['steps'] = max(1, round(sum(rollouts) / (blended['prompts_per_step']
+                                                     * blended['group_size'])))
+  c.stages = [s for s in stages if s['kind'] != 'grpo'] + [blended]
   return c
