@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -142,20 +141,25 @@ class OptimizerConfig:
 
 
 def make_schedule(cfg) -> optax.Schedule:
-  """Learning rate as a function of the update count."""
+  """Learning rate as a function of the update count, built from optax schedules.
+
+  lr(c) = learning_rate * min(1, (c + 1) / warmup_steps) during warm-up (the
+  first update already gets lr / warmup_steps, the last warm-up update the
+  full lr), then constant, or a cosine from learning_rate at c = warmup_steps
+  down to min_lr_ratio * learning_rate at c = warmup_steps + decay_steps.
+  Without warm-up the constant schedule is exactly `learning_rate`.
+  """
   cfg = _as_config(OptimizerConfig, cfg, 'optimizer config')
-
-  def schedule(count):
-    count = jnp.asarray(count, jnp.float32)
-    lr = jnp.asarray(cfg.learning_rate, jnp.float32)
-    if cfg.warmup_steps:
-      lr = lr * jnp.minimum(1.0, (count + 1.0) / cfg.warmup_steps)
-    if cfg.schedule == 'cosine':
-      t = jnp.clip((count - cfg.warmup_steps) / cfg.decay_steps, 0.0, 1.0)
-      lr = lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + jnp.cos(math.pi * t)))
-    return lr
-
-  return schedule
+  lr = cfg.learning_rate
+  if cfg.schedule == 'cosine':
+    after = optax.cosine_decay_schedule(lr, cfg.decay_steps, alpha=cfg.min_lr_ratio)
+  else:
+    after = optax.constant_schedule(lr)
+  if cfg.warmup_steps <= 1:        # min(1, (c + 1) / 1) = 1: no warm-up at all
+    return after
+  # Linear from lr / W at c = 0 to lr at c = W - 1 is lr * (c + 1) / W.
+  warmup = optax.linear_schedule(lr / cfg.warmup_steps, lr, cfg.warmup_steps - 1)
+  return optax.join_schedules([warmup, after], [cfg.warmup_steps])
 
 
 def make_optimizer(cfg) -> optax.GradientTransformation:
@@ -310,6 +314,10 @@ def make_train_step(graphdef, loss_name: str, loss_cfg, optimizer: optax.Gradien
       norm = spec.normalizers(batch, cfg)
       (loss, metrics), grads = accumulate(state.params, batch, norm)
       grad_norm = optax.global_norm(grads)
+      # Not optax.apply_if_finite: it checks only the gradient (not the loss),
+      # applies the non-finite update after max_consecutive_errors, and wraps
+      # the optimizer state in a new structure (old checkpoints would not
+      # restore); `step` and `skipped` would still need this flag.
       ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
       updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
       params = optax.apply_updates(state.params, updates)

@@ -18,6 +18,7 @@ from models import transformer
 from rl import batch as batch_lib
 from rl import grpo
 from rl import sampler
+from rl import sft
 from rl import train_step as ts
 
 CFG = config_lib.ModelConfig.tiny()
@@ -65,16 +66,41 @@ def _max_diff(a, b):
              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-def test_schedule_warmup_then_constant_or_cosine():
-  const = ts.make_schedule(ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=4))
-  np.testing.assert_allclose([float(const(i)) for i in range(6)],
-                             [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3], rtol=1e-6)
-  cos = ts.make_schedule(dict(learning_rate=1.0, warmup_steps=2, schedule='cosine',
-                              decay_steps=10, min_lr_ratio=0.1))
-  for i in (2, 5, 12, 20):
-    t = min((i - 2) / 10, 1.0)
-    np.testing.assert_allclose(float(cos(i)), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)),
-                               rtol=1e-6)
+def _schedule_formula(cfg: ts.OptimizerConfig, count: int) -> float:
+  """The schedule's definition in float64: linear warm-up from lr / W, then constant or cosine."""
+  lr = cfg.learning_rate
+  if cfg.warmup_steps:
+    lr *= min(1.0, (count + 1) / cfg.warmup_steps)
+  if cfg.schedule == 'cosine':
+    t = min(max((count - cfg.warmup_steps) / cfg.decay_steps, 0.0), 1.0)
+    lr *= cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+  return lr
+
+
+@pytest.mark.parametrize('cfg', [
+    ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=4),
+    ts.OptimizerConfig(learning_rate=2e-6, warmup_steps=30),
+    ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=1),
+    ts.OptimizerConfig(learning_rate=1.0, warmup_steps=2, schedule='cosine', decay_steps=10,
+                       min_lr_ratio=0.1),
+    ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=20, schedule='cosine', decay_steps=580,
+                       min_lr_ratio=0.1),
+    ts.OptimizerConfig(learning_rate=5e-5, schedule='cosine', decay_steps=7),
+])
+def test_schedule_matches_its_formula_at_every_step(cfg):
+  schedule = ts.make_schedule(cfg)
+  counts = np.arange(cfg.warmup_steps + cfg.decay_steps + 5)
+  got = np.asarray(jax.jit(jax.vmap(schedule))(jnp.asarray(counts, jnp.int32)))
+  want = np.array([_schedule_formula(cfg, int(c)) for c in counts])
+  # float32 rounding of values of size <= learning_rate.
+  np.testing.assert_allclose(got, want, rtol=0, atol=2e-7 * cfg.learning_rate)
+
+
+def test_constant_schedule_without_warmup_is_exactly_the_learning_rate():
+  for lr in (1e-3, 2e-6, 3.7e-5):
+    schedule = ts.make_schedule(ts.OptimizerConfig(learning_rate=lr))
+    assert all(schedule(jnp.int32(c)) == lr for c in (0, 1, 1000))
+    assert float(jax.jit(schedule)(jnp.int32(5))) == float(np.float32(lr))
 
 
 def test_configs_by_name_and_clear_errors():
@@ -188,3 +214,46 @@ def test_fp32_master_weights_keep_updates_a_bf16_copy_would_lose():
   _, m32 = step32(ts.init_state(jax.tree.map(lambda x: x.astype(jnp.float32), params), opt32),
                   batch)
   np.testing.assert_allclose(float(m['loss']), float(m32['loss']), rtol=0.05, atol=0.02)
+
+
+def _sft_batch(seed=0, rows=4, length=16):
+  """Random SFT rows: a 3-token prompt (not learned), then learned tokens."""
+  rng = np.random.default_rng(seed)
+  ex = [(list(rng.integers(2, 256, length)), [0, 0, 0] + [1] * (length - 3)) for _ in range(rows)]
+  return sft.pack(ex, row_len=length)
+
+
+def test_applied_update_is_lr_times_the_clipped_adamw_direction():
+  """Four steps against AdamW written out in numpy: clipping, schedule, bias correction, decay mask."""
+  cfg = ts.OptimizerConfig(learning_rate=1e-2, warmup_steps=2, schedule='cosine', decay_steps=2,
+                           min_lr_ratio=0.25, b1=0.8, b2=0.9, eps=1e-4, weight_decay=0.3,
+                           max_grad_norm=0.05)
+  graphdef, params = nnx.split(transformer.create(CFG, seed=0))
+  opt = ts.make_optimizer(cfg)
+  step = ts.make_train_step(graphdef, 'sft', None, opt, lr_schedule=ts.make_schedule(cfg),
+                            donate=False)
+  grad = jax.jit(jax.grad(lambda p, b: sft.loss_fn(nnx.merge(graphdef, p), b, sft.SftConfig(),
+                                                   sft.normalizers(b, None))[0]))
+  state = ts.init_state(params, opt)
+  leaves = lambda tree: [np.asarray(x, np.float64) for x in jax.tree.leaves(tree)]
+  m = [np.zeros_like(p) for p in leaves(params)]
+  v = [np.zeros_like(p) for p in leaves(params)]
+  lrs = [1e-2 / 2, 1e-2, 1e-2, 1e-2 * (0.25 + 0.75 * 0.5)]    # warm-up, then cosine
+  for k, lr in enumerate(lrs, start=1):
+    batch = _sft_batch(seed=k)
+    p0, g = leaves(state.params), leaves(grad(state.params, batch))
+    norm = math.sqrt(sum(float(np.sum(x ** 2)) for x in g))
+    assert norm > 4 * cfg.max_grad_norm                   # clipping is active
+    g = [x * cfg.max_grad_norm / norm for x in g]
+    m = [cfg.b1 * a + (1 - cfg.b1) * x for a, x in zip(m, g)]
+    v = [cfg.b2 * a + (1 - cfg.b2) * x ** 2 for a, x in zip(v, g)]
+    direction = [(a / (1 - cfg.b1 ** k)) / (np.sqrt(b / (1 - cfg.b2 ** k)) + cfg.eps)
+                 + (cfg.weight_decay * p if p.ndim >= 2 else 0.0)
+                 for a, b, p in zip(m, v, p0)]
+    state, metrics = step(state, batch)
+    assert float(metrics['lr']) == pytest.approx(lr, rel=1e-6)
+    applied = [p1 - p for p1, p in zip(leaves(state.params), p0)]
+    for got, d in zip(applied, direction):
+      np.testing.assert_allclose(got, -lr * d, rtol=0, atol=1e-4 * lr, err_msg=f'step {k}')
+    np.testing.assert_allclose(np.concatenate([x.ravel() for x in leaves(_adam_mu(state))]),
+                               np.concatenate([x.ravel() for x in m]), rtol=1e-4, atol=1e-9)
