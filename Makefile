@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/tiny.py
 WORKDIR ?= runs/tiny
 
-.PHONY: demo test test-all sysdeps clean
+.PHONY: demo world test test-all sysdeps clean
 
 $(VENV)/.stamp-base: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,12 @@ sysdeps:
 
 demo: $(VENV)/.stamp-base sysdeps
 	$(PY) -m cascade.main --config=$(CONFIG) --workdir=$(WORKDIR) --verbosity=-1
+
+# The tiny configs' data (their `prepare` step): the tiny world of SEED under
+# runs/tiny_world, built on first use and reused while its stamp matches.
+SEED ?= 0
+world: $(VENV)/.stamp-base
+	$(PY) -m cascade.tiny_world.build --seed=$(SEED) --root=runs/tiny_world
 
 test: $(VENV)/.stamp-test sysdeps
 	$(PY) -m pytest -q

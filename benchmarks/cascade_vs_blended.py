@@ -8,7 +8,8 @@ configs/tiny_blended.py (the same SFT and RM, then one GRPO stage over all
 five domains with the same number of rollouts) once per seed, `--parallel`
 runs at a time (each is a `python -m cascade.main` subprocess; a finished
 workdir is resumed, i.e. read back, not rerun; each seed's world is built
-once, here, before any run starts, so concurrent runs only read it). Keep
+once, here, by the configs' `prepare` step before any run starts, so
+concurrent runs only read it). Keep
 `--parallel` at 1 on a 2-core machine: three runs at a time each went ~4x
 slower than one alone (XLA's thread pools oversubscribe the cores), and two
 single-threaded processes gave only ~1.1x the throughput of one; on a larger
@@ -22,6 +23,7 @@ minutes (the numbers then mean nothing).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import statistics
@@ -47,6 +49,21 @@ CONFIGS = ('tiny', 'tiny_blended')
 def config_arg(seed: int) -> str:
   """The config argument of a run: --config_arg plus the seed."""
   return ','.join(filter(None, [_CONFIG_ARG.value, f'seed={seed}']))
+
+
+def prepare(config: str, seed: int) -> str:
+  """Runs the `prepare` step of one config at one seed (builds or reuses its world).
+
+  Args:
+    config: a name in CONFIGS.
+    seed: the seed.
+
+  Returns:
+    What the step returned (the world's directory).
+  """
+  c = importlib.import_module(f'configs.{config}').get_config(config_arg(seed))
+  module, _, fn = c.prepare.fn.partition(':')
+  return getattr(importlib.import_module(module), fn)(**c.prepare.kwargs)
 
 
 def run_one(config: str, seed: int) -> tuple[dict, float]:
@@ -100,10 +117,9 @@ def main(argv: Sequence[str]) -> None:
   if _PARALLEL.value < 1:
     raise app.UsageError(f'--parallel={_PARALLEL.value}: must be >= 1')
   sys.path.insert(0, REPO)
-  from configs import _tiny_common  # pylint: disable=g-import-not-at-top
   for seed in seeds:
-    arg = _tiny_common.parse_arg(config_arg(seed))
-    _tiny_common.world(seed, arg['root'])
+    for config in CONFIGS:      # both name the same world: the second call reuses it
+      print(f'world of seed {seed}: {prepare(config, seed)}', flush=True)
   final = {c: {} for c in CONFIGS}      # config -> domain -> [score per seed]
   sft = {}                              # domain -> [score per seed] (both configs share SFT)
   walls = {c: [] for c in CONFIGS}

@@ -1,22 +1,13 @@
 """Shared pieces of the tiny-world configs (configs/tiny.py, tiny_blended.py, tiny_mopd.py).
 
-The tiny world (cascade/tiny_world) is built deterministically from the seed
-into a cache directory, `runs/tiny_world/seed<seed>`, and reused while its
-stamp (sizes, flaw rates, SFT mode mix and a hash of the generator
-sources) matches; a changed generator rebuilds it. Next to the world's own files it writes
-`sft_mixed.jsonl`: every domain's SFT records, shuffled, with the thinking
-trace dropped from a fixed fraction of them, so SFT teaches both the `/think`
-and the `/no_think` mode (the world's records all carry a trace, and the SFT
-stage puts a record with a trace in thinking mode).
-
-Why each RL stage has something to learn: part of every domain's SFT data
-comes from an "imperfect teacher" (FLAW_RATE; cascade/tiny_world/world.py)
-with one systematic mistake per domain that the domain's verifier scores
-low. SFT imitates it, so the SFT policy makes that mistake about as often,
-and the domain's RL stage has to unlearn it from the reward alone (chat:
-from the learned reward model). The rest of each domain's failures are
-capability (copying an unseen topic or name, arithmetic), which a 1M-
-parameter model improves only slowly under RL.
+The configs are data: `get_config` computes every path from the seed and the
+world cache `root` and reads or writes nothing. The world itself (datasets,
+tokenizer, the mixed-mode `sft_mixed.jsonl`) is the config's `prepare` step,
+`cascade.tiny_world.build:build(seed, root)`, which writes it to
+`<root>/seed<seed>` (or reuses it while its stamp matches) before the run
+loads data; `make world` or `python -m cascade.tiny_world.build` runs it
+alone. cascade/tiny_world/build.py has the world's sizes and its "imperfect
+teacher" flaw rates (why each RL stage has something to learn).
 
 Config arguments (`configs/tiny.py:smoke,seed=1`): `smoke` (a few steps per
 stage and few held-out prompts, for the smoke test), `seed=N` (world and
@@ -26,31 +17,16 @@ model seed, default 0), `root=DIR` (the world cache, default
 
 from __future__ import annotations
 
-import glob
-import hashlib
-import json
 import os
-import random
 from typing import Any
 
 import ml_collections
 
+from cascade.tiny_world import build as world_build
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOMAINS = ('chat', 'instruction_following', 'math', 'code', 'swe')
-# World sizes: SFT records per domain (math, the hardest to learn, gets more),
-# RL prompts, held-out problems, chat preference pairs.
-SIZES = dict(sft=dict(chat=1500, instruction_following=2000, math=6000, code=2000, swe=1500),
-             rl=2000, heldout=600, preference=4000, preference_heldout=500)
-# Fraction of each domain's SFT demonstrations that come from an imperfect
-# teacher (tiny_world's `flaw`: chat answers broken on two criteria, an IF
-# answer that ignores one constraint, math boxing the first step's value,
-# code that prints instead of returning, a no-op SWE patch). SFT imitates
-# them; each domain's RL stage has to unlearn them with its verifier's reward.
-FLAW_RATE = dict(chat=0.65, instruction_following=0.5, math=0.5, code=0.5, swe=0.6)
-VOCAB = 1024
-# Fraction of SFT records trained in thinking mode; the rest in instruct mode,
-# the mode every RL stage and the evaluation use.
-SFT_THINKING_FRACTION = 0.25
+DOMAINS = world_build.DOMAINS
+VOCAB = world_build.VOCAB
 # Longest completion each domain needs in instruct mode (its gold responses are
 # at most chat 25, IF 56, math 25, code 22, swe 35 tokens, plus the stop token).
 RESPONSE_LEN = dict(chat=32, instruction_following=48, math=32, code=32, swe=40)
@@ -61,6 +37,7 @@ RESPONSE_LEN = dict(chat=32, instruction_following=48, math=32, code=32, swe=40)
 PROMPT_LEN = dict(chat=32, instruction_following=48, math=48, code=48, swe=96)
 MAX_PROMPT_LEN = max(PROMPT_LEN.values())
 EVAL_PROMPTS = 200
+PREPARE_FN = 'cascade.tiny_world.build:build'
 
 
 def parse_arg(arg: str | None) -> dict[str, Any]:
@@ -83,51 +60,8 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
   return out
 
 
-def _source_hash() -> str:
-  """Hash of the world generators' sources: a changed generator means a new world."""
-  from cascade import tiny_world  # pylint: disable=g-import-not-at-top
-  h = hashlib.sha256()
-  for path in sorted(glob.glob(os.path.join(os.path.dirname(tiny_world.__file__), '*.py'))):
-    if os.path.basename(path) != 'probe.py':
-      with open(path, 'rb') as f:
-        h.update(f.read())
-  return h.hexdigest()[:16]
-
-
-def world(seed: int, root: str) -> str:
-  """Builds (or reuses) the tiny world of `seed` under `root`; returns its directory.
-
-  Importing cascade.tiny_world also registers the chat domain's
-  'tiny_chat_quality' verifier, which the configs name.
-  """
-  from cascade import tiny_world  # pylint: disable=g-import-not-at-top
-  out = os.path.join(root, f'seed{seed}')
-  stamp = {'seed': seed, 'sizes': SIZES, 'vocab_size': VOCAB, 'flaw_rate': FLAW_RATE,
-           'sft_thinking_fraction': SFT_THINKING_FRACTION, 'source': _source_hash()}
-  stamp_path = os.path.join(out, 'stamp.json')
-  if os.path.exists(stamp_path):
-    with open(stamp_path, encoding='utf-8') as f:
-      if json.load(f) == stamp:
-        return out
-  paths = tiny_world.build(out, seed=seed, vocab_size=VOCAB, flaw_rate=FLAW_RATE, **SIZES)
-  records = []
-  for d in DOMAINS:
-    with open(paths[d]['sft_train'], encoding='utf-8') as f:
-      records += [json.loads(line) for line in f]
-  rng = random.Random(f'tiny_sft_modes/{seed}')
-  rng.shuffle(records)
-  with open(os.path.join(out, 'sft_mixed.jsonl'), 'w', encoding='utf-8') as f:
-    for rec in records:
-      if rng.random() >= SFT_THINKING_FRACTION:
-        rec = {k: v for k, v in rec.items() if k != 'thinking'}
-      f.write(json.dumps(rec, ensure_ascii=False) + '\n')
-  with open(stamp_path, 'w', encoding='utf-8') as f:   # last: a crash above rebuilds
-    json.dump(stamp, f, indent=1)
-  return out
-
-
 def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, Any]]:
-  """Everything but the stage list: world, model, sampler, eval, datasets, domains.
+  """Everything but the stage list: prepare, model, sampler, eval, datasets, domains.
 
   Args:
     arg: the config argument (see parse_arg).
@@ -136,9 +70,11 @@ def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, A
     (config without `stages`, parsed argument).
   """
   a = parse_arg(arg)
-  root = world(a['seed'], a['root'])
+  root = world_build.directory(a['seed'], a['root'])
   c = ml_collections.ConfigDict()
   c.seed = a['seed']
+  # Run before any data is loaded: builds (or reuses) the world the paths below name.
+  c.prepare = dict(fn=PREPARE_FN, kwargs=dict(seed=a['seed'], root=a['root']))
   # ~1M parameters: 4 blocks of width 128 (Qwen3-like, tied embeddings). The
   # smoke run has one block: XLA unrolls the blocks, so compiling (most of a
   # 2-step stage) scales with their number.

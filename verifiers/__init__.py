@@ -25,6 +25,7 @@ _BUILTIN = {
     'swe': 'verifiers.swe:SweVerifier',
     'structured': 'verifiers.structured:StructuredVerifier',
     'reward_model': 'verifiers.reward_model:RewardModelVerifier',
+    'tiny_chat_quality': 'cascade.tiny_world.chat:QualityVerifier',
 }
 _registry: dict[str, type[Verifier] | str] = dict(_BUILTIN)
 

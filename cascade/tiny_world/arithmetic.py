@@ -14,7 +14,7 @@ on purpose: a ~1M-parameter model must learn the facts from a few thousand
 SFT records in a few minutes; with starts up to 25 and steps up to 9 it
 wrote "10-4=5" and "24+1=26" after the demo's SFT (~6 % held-out), and with
 factors up to 9, steps up to 20 and tripling it had 2-3 % at temperature 1,
-so GRPO groups were all wrong (no signal; probe.py). The working is written
+so GRPO groups were all wrong (no signal). The working is written
 without spaces and with "×" for products, so the math answer format shares
 little surface with the code domain's "x * 3" (FACTS: domains whose outputs
 share vocabulary interfere). A problem's key is its numeric skeleton (shape,

@@ -9,8 +9,8 @@ worth a quarter:
 Gold answers meet all four. Preference pairs compare graded variants (gold
 answers broken on one or more criteria: topic swapped, cut off, stuttering or
 repeated, too short or too long), so a Bradley-Terry reward model can learn
-the rule from comparisons alone. `QualityVerifier` (registered in `verifiers` as
-'tiny_chat_quality' on import of this module) scores the rule itself:
+the rule from comparisons alone. `QualityVerifier` (the verifier registry's
+'tiny_chat_quality', imported by name on first use) scores the rule itself:
 evaluating RLHF with it instead of the learned reward model is what makes
 reward hacking visible (the RM's score rising while this one falls).
 
@@ -31,7 +31,7 @@ import verifiers
 from verifiers import base as verifiers_base
 
 DOMAIN = 'chat'
-VERIFIER_NAME = 'tiny_chat_quality'  # Registered in `verifiers` when this module is imported.
+VERIFIER_NAME = 'tiny_chat_quality'  # verifiers._BUILTIN maps it to QualityVerifier.
 HELDOUT_PERCENT = 20
 MIN_WORDS, MAX_WORDS = 5, 16
 CRITERIA = ('on_topic', 'complete', 'not_repetitive', 'sensible_length')
@@ -250,7 +250,3 @@ class QualityVerifier(verifiers.Verifier):
     missed = [c for c, ok in q.criteria.items() if not ok]
     reason = 'meets every criterion' if not missed else 'misses ' + ', '.join(missed)
     return verifiers.Result(q.score, {'reason': reason, 'criteria': q.criteria})
-
-
-if VERIFIER_NAME not in verifiers.names():
-  verifiers.register(VERIFIER_NAME, QualityVerifier)

@@ -1,7 +1,7 @@
-"""Builds the tiny world: every domain's datasets and a SentencePiece tokenizer, from a seed.
+"""Writes a tiny world: every domain's datasets and a SentencePiece tokenizer, from a seed.
 
-  from cascade import tiny_world
-  paths = tiny_world.build('runs/tiny/world', seed=0)
+  from cascade.tiny_world import world
+  paths = world.write('runs/tiny/world', seed=0)
   paths['math']['rl_train']      # -> 'runs/tiny/world/math/rl_train.jsonl'
   paths['tokenizer']             # -> 'runs/tiny/world/tokenizer.model'
 
@@ -32,11 +32,12 @@ one, math answers that box the first step's value, code that prints instead
 of returning, no-op SWE patches. SFT imitates both teachers, so the SFT
 policy makes these mistakes at about that rate; the domain's verifier scores
 them low (tests/cascade/test_tiny_world.py), and each RL stage's job is to
-unlearn its domain's mistake. configs/_tiny_common.py sets the rates.
+unlearn its domain's mistake. build.py sets the demo world's rates and
+sizes and caches the world per seed.
 
 Using it:
-  * `import cascade.tiny_world` registers the verifier 'tiny_chat_quality'
-    (chat's eval_verifier) before a config naming it is validated.
+  * The verifier 'tiny_chat_quality' (chat's eval_verifier) is a lazy entry of
+    the `verifiers` registry (chat.QualityVerifier); nothing to import first.
   * Render prompts with models.chat.render(messages, thinking=...) and SFT
     targets with chat.render_response(response, thinking or None); both
     modes share `response`, so the math answer restates its working.
@@ -44,7 +45,7 @@ Using it:
     IF 32/44, math 36/39, code 38/44, SWE 67/84; gold answers with the stop
     token chat 14/28, IF 21/57 (upper-case answers are tokenized letter by
     letter), math 20/24, code 11/18, SWE 34/39; thinking mode adds 8-18.
-  * probe.py's docstring has what SFT and per-domain GRPO reached on an
+  * build.py's docstring has what SFT and per-domain GRPO reached on an
     earlier version of this world (no flaws, harder math, whole-function code
     answers).
 """
@@ -169,7 +170,7 @@ def corpus(records: Iterable[dict[str, Any]]) -> list[str]:
   return texts
 
 
-def build(out_dir: str, seed: int = 0, *, sft: int | Mapping[str, int] = 2000, rl: int = 2000,
+def write(out_dir: str, seed: int = 0, *, sft: int | Mapping[str, int] = 2000, rl: int = 2000,
           heldout: int = 1000, preference: int = 4000, preference_heldout: int = 500,
           vocab_size: int = 1024, domains: Iterable[str] = DOMAINS,
           flaw_rate: float | Mapping[str, float] = 0.0) -> dict[str, Any]:
@@ -186,7 +187,7 @@ def build(out_dir: str, seed: int = 0, *, sft: int | Mapping[str, int] = 2000, r
     preference_heldout: chat preference pairs on held-out topics.
     vocab_size: SentencePiece vocabulary size (> 265: 4 control, 256 byte and
       5 chat special pieces are always there).
-    domains: which domains to build (the tokenizer sees only these).
+    domains: which domains to write (the tokenizer sees only these).
     flaw_rate: fraction of flawed SFT demonstrations (see `generate`), one
       number or domain -> number (missing domains: 0).
 

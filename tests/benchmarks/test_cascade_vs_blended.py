@@ -1,8 +1,14 @@
-"""The per-stage target check of benchmarks/cascade_vs_blended.py on hand-made results."""
+"""benchmarks/cascade_vs_blended.py: the per-stage target check on hand-made results, and the
+world pre-build through the configs' `prepare` step."""
 
 import math
 
+from absl import flags
+from absl.testing import flagsaver
+
 from benchmarks import cascade_vs_blended
+from cascade.tiny_world import build as world_build
+from cascade.tiny_world import world
 
 
 def _res(scores):
@@ -22,3 +28,19 @@ def test_no_drop_and_no_rl_rows():
   assert (gain, drop, where) == (2, 0.0, '')
   only_sft = {'domains': ['a'], 'stages': ['sft'], 'stage_domains': [['a']], 'scores': [[5]]}
   assert math.isnan(cascade_vs_blended.stage_checks(only_sft)[0])
+
+
+def test_prepare_builds_each_configs_world_once(tmp_path, monkeypatch):
+  monkeypatch.setattr(world_build, 'SIZES', dict(
+      sft=dict.fromkeys(world_build.DOMAINS, 10), rl=5, heldout=4, preference=10,
+      preference_heldout=2))
+  writes = []
+  real_write = world.write
+  monkeypatch.setattr(world, 'write', lambda *a, **k: writes.append(a) or real_write(*a, **k))
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(config_arg=f'smoke,root={tmp_path}'):
+    dirs = {c: cascade_vs_blended.prepare(c, 5) for c in cascade_vs_blended.CONFIGS}
+  assert set(dirs.values()) == {str(tmp_path / 'seed5')}
+  assert len(writes) == 1                            # the second config reused the world
+  assert (tmp_path / 'seed5' / 'sft_mixed.jsonl').stat().st_size > 0

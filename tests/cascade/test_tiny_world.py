@@ -1,17 +1,21 @@
 """Tests of the tiny world: determinism, disjoint splits, record schema, gold answers
-scored by the real verifiers (and corrupted ones scored lower), the tokenizer."""
+scored by the real verifiers (and corrupted ones scored lower), the tokenizer, and the
+demo's cached world (build.py: pinned content, stamp reuse, the command line)."""
 
 import filecmp
+import hashlib
 import json
 import os
 import random
 import re
+import subprocess
+import sys
 
 import pytest
 
 from cascade import data
 from cascade import config as config_lib
-from cascade import tiny_world
+from cascade.tiny_world import build as world_build
 from cascade.tiny_world import chat
 from cascade.tiny_world import common
 from cascade.tiny_world import instruction
@@ -33,12 +37,12 @@ def _read(path):
 @pytest.fixture(scope='module')
 def built(tmp_path_factory):
   out = str(tmp_path_factory.mktemp('world'))
-  return out, tiny_world.build(out, seed=3, **SIZES)
+  return out, world.write(out, seed=3, **SIZES)
 
 
 def test_build_is_deterministic_for_a_seed(built, tmp_path):
   out, paths = built
-  again = tiny_world.build(str(tmp_path / 'again'), seed=3, **SIZES)
+  again = world.write(str(tmp_path / 'again'), seed=3, **SIZES)
   for domain in world.DOMAINS:
     for name, path in paths[domain].items():
       assert filecmp.cmp(path, again[domain][name], shallow=False), (domain, name)
@@ -220,21 +224,97 @@ def test_tokenizer_round_trips_the_world(built):
   assert len(tok.encode('12345')) == 5
 
 
-def test_default_sizes_fit_every_problem_space(tmp_path):
-  from configs import _tiny_common  # pylint: disable=g-import-not-at-top
-  sizes = _tiny_common.SIZES
-  paths = tiny_world.build(str(tmp_path / 'full'), seed=0, flaw_rate=_tiny_common.FLAW_RATE,
-                           **sizes)  # ~6 s on an idle core.
-  manifest = json.load(open(paths['manifest'], encoding='utf-8'))
-  counts = manifest['counts']
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# sha256 of seed 0's demo world as the configs' `prepare` step writes it. The
+# README's and configs/tiny.py's tables were measured on exactly these files:
+# a change here (a generator, a size, a flaw rate) means re-measuring them.
+DEMO_WORLD_SHA256 = {
+    'sft_mixed.jsonl': '8d824b6b01b9f19fa498a158ad7911793a6f31ccd3de057b603134098ec940f3',
+    'tokenizer.vocab': '59cacf6b1b46018e5f86c502b9dee939c9340f8261a689e08759e7d18c25eb59',
+    'manifest.json': '03df0e263e7de51e039d8dd4404f0082243d27456c244d6d838b89dc3482cd42',
+    'math/rl_train.jsonl': 'caef2c4441a8e6cc84380c0eac0166eada0a501c640061440d1c6bd8bb223cc7',
+    'chat/preference_train.jsonl':
+        'cb08f0d1a6871740b4b23bc57dd09f4272ba76ca8d6f1612302db8b02b5bfe92',
+    'swe/heldout.jsonl': 'da54ebc4229a424c91eed1b60e9601651f6e6f00dadee1f7b78bc922d243a930',
+}
+
+
+def _sha256(path):
+  with open(path, 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def test_demo_world_from_the_command_line_is_pinned_and_fits_its_sizes(tmp_path):
+  """`python -m cascade.tiny_world.build` writes seed 0's world: pinned bytes, sizes, flaws."""
+  root = tmp_path / 'worlds'
+  p = subprocess.run([sys.executable, '-m', 'cascade.tiny_world.build', '--seed=0',
+                      f'--root={root}'], cwd=REPO, capture_output=True, text=True,
+                     timeout=300)  # ~6 s on an idle core.
+  assert p.returncode == 0, p.stderr[-3000:]
+  out = root / 'seed0'
+  assert p.stdout.strip() == str(out) == world_build.directory(0, str(root))
+  got = {name: _sha256(out / name) for name in DEMO_WORLD_SHA256}
+  assert got == DEMO_WORLD_SHA256
+  sizes = world_build.SIZES
+  counts = json.loads((out / 'manifest.json').read_text())['counts']
   for domain in world.DOMAINS:
     assert counts[domain]['sft_train'] == sizes['sft'][domain]
     assert counts[domain]['heldout'] == sizes['heldout']
     assert counts[domain]['rl_train'] == sizes['rl']
-    flawed = sum(bool(r.get('flawed')) for r in _read(paths[domain]['sft_train']))
-    assert abs(flawed / sizes['sft'][domain] - _tiny_common.FLAW_RATE[domain]) < 0.05, domain
+    flawed = sum(bool(r.get('flawed')) for r in _read(out / domain / 'sft_train.jsonl'))
+    assert abs(flawed / sizes['sft'][domain] - world_build.FLAW_RATE[domain]) < 0.05, domain
   assert counts['chat']['preference_train'] == sizes['preference']
-  assert os.path.getsize(paths['tokenizer']) > 0
+  mixed = _read(out / 'sft_mixed.jsonl')
+  assert len(mixed) == sum(sizes['sft'].values())
+  thinking = sum('thinking' in r for r in mixed) / len(mixed)
+  assert abs(thinking - world_build.SFT_THINKING_FRACTION) < 0.01, thinking
+  assert json.loads((out / 'stamp.json').read_text()) == world_build.stamp(0)
+  assert world_build.DOMAINS == world.DOMAINS
+
+
+def test_build_reuses_a_current_world_and_rebuilds_a_stale_one(tmp_path, monkeypatch):
+  small = dict(sft=dict.fromkeys(world_build.DOMAINS, 30), rl=20, heldout=10, preference=40,
+               preference_heldout=10)
+  monkeypatch.setattr(world_build, 'SIZES', small)
+  writes = []
+  real_write = world.write
+  monkeypatch.setattr(world, 'write', lambda *a, **k: writes.append(a) or real_write(*a, **k))
+  root = str(tmp_path)
+  out = world_build.build(7, root)
+  assert out == os.path.join(root, 'seed7') and len(writes) == 1
+  stamp_path = os.path.join(out, 'stamp.json')
+  with open(stamp_path, encoding='utf-8') as f:
+    assert json.load(f) == world_build.stamp(7)
+  assert len(_read(os.path.join(out, 'sft_mixed.jsonl'))) == 5 * 30
+  mixed = _sha256(os.path.join(out, 'sft_mixed.jsonl'))
+  assert world_build.build(7, root) == out and len(writes) == 1          # current: reused
+  stale = dict(world_build.stamp(7), source='0' * 16)   # as after a generator change
+  with open(stamp_path, 'w', encoding='utf-8') as f:
+    json.dump(stale, f)
+  assert world_build.build(7, root) == out and len(writes) == 2          # stale: rebuilt
+  assert _sha256(os.path.join(out, 'sft_mixed.jsonl')) == mixed          # to the same bytes
+  os.remove(stamp_path)                                 # as after a crash mid-build
+  world_build.build(7, root)
+  assert len(writes) == 3 and os.path.exists(stamp_path)
+  monkeypatch.setattr(world_build, 'FLAW_RATE', dict(world_build.FLAW_RATE, math=0.0))
+  world_build.build(7, root)                            # a changed flaw rate is a new world
+  assert len(writes) == 4
+
+
+def test_chat_quality_verifier_is_a_lazy_registry_entry():
+  """'tiny_chat_quality' needs no import of cascade.tiny_world: the registry names the class."""
+  code = ('import sys, verifiers\n'
+          'assert "tiny_chat_quality" in verifiers.names()\n'
+          'assert "cascade.tiny_world.chat" not in sys.modules\n'
+          'v = verifiers.get("tiny_chat_quality")\n'
+          'from cascade.tiny_world import chat\n'
+          'assert type(v) is chat.QualityVerifier, type(v)\n'
+          'r = v.score([verifiers.Sample("", "The fox is quick and clever.", {"topic": "fox"})])\n'
+          'print(r[0].reward)\n')
+  p = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True,
+                     timeout=120)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert float(p.stdout.strip()) == 1.0
 
 
 @pytest.mark.parametrize('domain', world.DOMAINS)

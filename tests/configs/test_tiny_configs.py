@@ -1,10 +1,16 @@
-"""The tiny-world configs validate, and the blended baseline is the cascade's like-for-like."""
+"""The tiny-world configs: pure data that validates, a `prepare` step that writes every file
+they name, and the blended baseline as the cascade's like-for-like."""
 
+import builtins
 import importlib
+import os
 
 import pytest
 
 from cascade import config as config_lib
+from cascade import data as data_lib
+from cascade.tiny_world import build as world_build
+from models import tokenizer as tokenizer_lib
 
 CONFIGS = ('tiny', 'tiny_blended', 'tiny_mopd')
 
@@ -18,6 +24,12 @@ def _get(name, arg):
   return importlib.import_module(f'configs.{name}').get_config(arg)
 
 
+def _prepare(c):
+  """Runs the config's `prepare` step as the run does: 'module:function'(**kwargs)."""
+  module, _, fn = c.prepare.fn.partition(':')
+  return getattr(importlib.import_module(module), fn)(**c.prepare.kwargs)
+
+
 @pytest.mark.parametrize('name', CONFIGS)
 @pytest.mark.parametrize('smoke', [False, True])
 def test_tiny_configs_validate(name, smoke, root):
@@ -26,6 +38,59 @@ def test_tiny_configs_validate(name, smoke, root):
   assert [s.name for s in plan.stages][0] == 'sft'
   steps = [s.steps for s in plan.stages]
   assert (max(steps) <= 2) == smoke, steps
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_get_config_is_pure_and_names_its_prepare_step(name, tmp_path, monkeypatch):
+  root = str(tmp_path / 'not_built')
+
+  def no_io(*args, **kwargs):
+    raise AssertionError(f'get_config did file I/O: {args}')
+
+  get_config = importlib.import_module(f'configs.{name}').get_config   # imported, then no I/O
+  for mod, attr in ((builtins, 'open'), (os, 'makedirs'), (os, 'mkdir'), (os, 'listdir'),
+                    (os, 'stat'), (os, 'remove')):
+    monkeypatch.setattr(mod, attr, no_io)
+  c = get_config(f'seed=3,root={root}')
+  monkeypatch.undo()
+  assert not os.path.exists(root)
+  assert c.prepare.to_dict() == {'fn': 'cascade.tiny_world.build:build',
+                                 'kwargs': {'seed': 3, 'root': root}}
+  world = os.path.join(root, 'seed3')
+  assert c.tokenizer.path == os.path.join(world, 'tokenizer.model')
+  for spec in c.datasets.values():
+    assert spec['path'].startswith(world + os.sep), spec
+  assert c.seed == 3
+
+
+def test_prepare_writes_every_file_the_config_names(tmp_path, monkeypatch):
+  # The layout does not depend on the sizes; small ones keep the build quick.
+  monkeypatch.setattr(world_build, 'SIZES', dict(
+      sft=dict.fromkeys(world_build.DOMAINS, 20), rl=10, heldout=8, preference=20,
+      preference_heldout=5))
+  c = _get('tiny_mopd', f'smoke,seed=2,root={tmp_path}')   # names every file tiny.py does
+  assert _prepare(c) == str(tmp_path / 'seed2')
+  plan = config_lib.validate(c)
+  domains = sorted(plan.domains)
+  for name, spec in plan.datasets.items():
+    assert os.path.exists(spec.path), name
+    assert data_lib.load(spec, domains), name
+  tok = tokenizer_lib.load(c.tokenizer.path)
+  assert tok.vocab_size == c.model.overrides.vocab_size == world_build.VOCAB
+
+
+def test_demo_stage_list_is_the_measured_one(root):
+  """configs/tiny.py's stages as its docstring's table was measured (name, kind, steps, lr)."""
+  c = _get('tiny', f'root={root}')
+  got = [(s['name'], s['kind'], s['steps'], s['optimizer']['lr']) for s in c.stages]
+  assert got == [('sft', 'sft', 600, 1e-3), ('rm', 'reward_model', 100, 1e-3),
+                 ('rlhf', 'grpo', 25, 5e-5), ('if_rl', 'grpo', 20, 5e-5),
+                 ('math_rl', 'grpo', 10, 4e-5), ('code_rl', 'grpo', 20, 4e-5),
+                 ('swe_rl', 'grpo', 15, 3e-5)]
+  rl = [s for s in c.stages if s['kind'] == 'grpo']
+  assert {(s['prompts_per_step'], s['group_size'], s['temperature']) for s in rl} == {
+      (16, 8, 0.8)}
+  assert [s['filter_overlong'] for s in rl] == [False, False, False, True, True]
 
 
 def test_blended_spends_the_cascades_rollouts(root):
@@ -37,9 +102,10 @@ def test_blended_spends_the_cascades_rollouts(root):
   per_step = one['prompts_per_step'] * one['group_size']
   assert abs(rollouts(one) - sum(rollouts(s) for s in rl)) <= per_step / 2
   assert sorted(one['domains']) == sorted(d for s in rl for d in s['domains'])
-  # Same SFT and reward model; same sampling settings.
+  # Same SFT and reward model; same sampling settings; same world.
   head = lambda c: [dict(s) for s in c.stages if s['kind'] != 'grpo']
   assert head(blended) == head(cascade)
+  assert blended.prepare == cascade.prepare
   for key in ('temperature', 'group_size', 'thinking_fraction'):
     assert {s[key] for s in rl} == {one[key]}, key
   assert one['filter_overlong'] == any(s['filter_overlong'] for s in rl)
