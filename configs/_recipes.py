@@ -4,7 +4,11 @@ The paper configs (`nemotron_cascade_14b.py`, `nemotron_cascade_8b.py`,
 `nemotron_cascade2.py`) differ in their stage lists and numbers; what they
 share lives here: the staged-data layout, the domains and their verifiers,
 the TPU v5p target, and one constructor per stage kind, so every stage dict
-has the same fields in the same order.
+has the same fields in the same order. The constructors take the stage
+fields under their own names (`prompts_per_step`, `group_size`,
+`optimizer=dict(lr=...)`, ...) and only add the fields a kind fixes (`kind`,
+GRPO's token-level loss and dynamic filtering). The papers' numbers and
+where they come from: configs/PAPERS.md.
 
 Data is staged by the user under one root (`data_root=` in the config
 argument, default `data/nemotron`); README ("At scale") says where each file
@@ -168,11 +172,6 @@ def exact_sampler_buckets(c: ml_collections.ConfigDict) -> None:
   c.sampler.new_token_buckets = tuple(sorted(lengths))
 
 
-def adamw(lr: float, **kw) -> dict:
-  """The optimizer of an RL stage: constant lr, no weight decay, clipping at 1 (verl's default)."""
-  return dict(lr=lr, **kw)
-
-
 def sft(name: str, *, datasets: list[str], domains: list[str], steps: int, batch_size: int,
         max_len: int, optimizer: dict, microbatches: int, init_from: str = '') -> dict:
   """An SFT stage over packed rows of `max_len` tokens."""
@@ -182,26 +181,27 @@ def sft(name: str, *, datasets: list[str], domains: list[str], steps: int, batch
 
 
 def reward_model(name: str, *, init_from: str, steps: int, batch_size: int, max_len: int,
-                 lr: float, microbatches: int) -> dict:
-  """The Bradley-Terry reward-model stage for the chat domain."""
+                 optimizer: dict, microbatches: int) -> dict:
+  """The Bradley-Terry reward-model stage for the chat domain, on the 'rm_pairs' set."""
   return dict(name=name, kind='reward_model', domains=['chat'], datasets=['rm_pairs'],
               init_from=init_from, steps=steps, batch_size=batch_size, max_len=max_len,
-              optimizer=adamw(lr), microbatches=microbatches)
+              optimizer=optimizer, microbatches=microbatches)
 
 
-def grpo(name: str, *, domains: list[str], steps: int, lr: float, prompts: int, group: int,
-         temperature: float, top_p: float, max_prompt_len: int, max_response_len: int,
-         thinking_fraction: float | None, microbatches: int, phases: list[dict] | None = None,
-         filter_overlong: bool = False, kl_coef: float = 0.0, warmup_steps: int = 0,
+def grpo(name: str, *, domains: list[str], steps: int, optimizer: dict, prompts_per_step: int,
+         group_size: int, temperature: float, top_p: float, max_prompt_len: int,
+         max_response_len: int, thinking_fraction: float | None, microbatches: int,
+         phases: list[dict] | None = None, filter_overlong: bool = False, kl_coef: float = 0.0,
          init_from: str = '') -> dict:
   """A strictly on-policy GRPO stage: one update per batch, token-level loss, dynamic filtering.
 
-  `microbatches` splits the prompts x group rows of one update into gradient
+  The arguments are the stage's fields. `microbatches` splits the
+  prompts_per_step x group_size rows of one update into gradient
   accumulation steps (the update is still one optimizer step).
   """
   st = dict(name=name, kind='grpo', domains=domains, steps=steps,
-            optimizer=adamw(lr, warmup_steps=warmup_steps), prompts_per_step=prompts,
-            group_size=group, temperature=temperature, top_p=top_p,
+            optimizer=optimizer, prompts_per_step=prompts_per_step,
+            group_size=group_size, temperature=temperature, top_p=top_p,
             max_prompt_len=max_prompt_len, max_response_len=max_response_len,
             thinking_fraction=thinking_fraction, dynamic_filter=True,
             filter_overlong=filter_overlong, loss_agg='token', advantage='grpo',
@@ -211,13 +211,16 @@ def grpo(name: str, *, domains: list[str], steps: int, lr: float, prompts: int, 
   return st
 
 
-def mopd(name: str, *, domains: list[str], teachers: dict, steps: int, lr: float, prompts: int,
-         group: int, temperature: float, max_prompt_len: int, max_response_len: int,
-         warmup_steps: int, microbatches: int, init_from: str = '') -> dict:
-  """A multi-domain on-policy distillation stage (per-domain teachers from earlier stages)."""
+def mopd(name: str, *, domains: list[str], teachers: dict, steps: int, optimizer: dict,
+         prompts_per_step: int, group_size: int, temperature: float, max_prompt_len: int,
+         max_response_len: int, microbatches: int, init_from: str = '') -> dict:
+  """A multi-domain on-policy distillation stage (per-domain teachers from earlier stages).
+
+  The arguments are the stage's fields; its prompts come from 'mopd_train'.
+  """
   return dict(name=name, kind='mopd', domains=domains, datasets=['mopd_train'],
-              teachers=teachers, steps=steps, optimizer=adamw(lr, warmup_steps=warmup_steps),
-              prompts_per_step=prompts, group_size=group, temperature=temperature,
+              teachers=teachers, steps=steps, optimizer=optimizer,
+              prompts_per_step=prompts_per_step, group_size=group_size, temperature=temperature,
               max_prompt_len=max_prompt_len, max_response_len=max_response_len,
               microbatches=microbatches, init_from=init_from)
 
@@ -233,8 +236,9 @@ CASCADE1_RL_MICROBATCHES = 128
 def cascade1_sft_stages(base: str) -> list[dict]:
   """Cascade 1's two SFT stages (16K, then 32K tokens) from the base checkpoint `base`.
 
-  PAPER_NOTES describes SFT only as "two stages, 16K then 32K tokens"; the
-  optimizer is Cascade 2's published SFT optimizer, steps and batch are ours.
+  Cascade 1 gives SFT only as "two stages, 16K then 32K tokens"
+  (configs/PAPERS.md); the optimizer is Cascade 2's published SFT optimizer,
+  steps and batch are ours.
   """
   opt = dict(lr=5e-5, schedule='cosine', min_lr_ratio=0.1, warmup_steps=200, b2=0.98,
              weight_decay=0.1)
@@ -252,7 +256,7 @@ def cascade1(*, preset: str, model_overrides: dict, data_root: str, tokenizer: s
              ) -> ml_collections.ConfigDict:
   """Cascade 1: SFT stages -> reward model -> RLHF -> IF-RL -> Math RL -> Code RL -> SWE RL.
 
-  Each stage argument holds that stage's numbers (the keyword arguments of
+  Each stage argument holds that stage's fields (the keyword arguments of
   `sft`, `reward_model` or `grpo` other than name and domains); the order
   and the domains are the paper's.
   """

@@ -3,8 +3,9 @@ r"""Nemotron-Cascade 2's stage order and settings, on a dense Qwen3-14B (arXiv 2
 "Nemotron-Cascade 2", arXiv 2603.19220 (2026). The paper trains a 30B-A3B
 mixture-of-experts model; MoE layers are out of scope for cascade, so this
 config runs the same recipe on dense Qwen3-14B, between the MoE's 3B active
-and 30B total parameters. Numbers are PAPER_NOTES.md's; most step counts
-there are approximate ("~"), and each is marked.
+and 30B total parameters. Numbers are the paper's as configs/PAPERS.md
+restates them; most step counts there are approximate ("~"), and each is
+marked.
 
     python -m launch.plan --config=configs/nemotron_cascade2.py
     python -m cascade.main --config=configs/nemotron_cascade2.py:data_root=gs://b/nemotron2 \
@@ -49,8 +50,9 @@ def get_config(arg=None):
       datasets=['sft_stage1', 'rm_pairs', 'mopd_train'],
       eval_max_new_tokens=49_152, eval_max_prompt_len=4096, eval_temperature=1.0,
       eval_top_p=1.0)
-  rl = dict(prompts=128, group=16, lr=3e-6, temperature=1.0, top_p=1.0, microbatches=_MICRO,
-            thinking_fraction=1.0)
+  # RL optimizer: AdamW at a constant 3e-6, no warm-up (the optimizer's other defaults).
+  rl = dict(prompts_per_step=128, group_size=16, optimizer=dict(lr=3e-6, warmup_steps=0),
+            temperature=1.0, top_p=1.0, microbatches=_MICRO, thinking_fraction=1.0)
   long_rl = dict(max_prompt_len=4096, max_response_len=49_152)   # "max ~49K"; prompt: ours
   r = _recipes
   c.stages = [
@@ -66,9 +68,10 @@ def get_config(arg=None):
       r.grpo('multi_domain_rl', domains=['mcqa', 'structured'], steps=70,   # "~70"
              **long_rl, **rl),
       r.reward_model('rm', init_from='sft', steps=320, batch_size=256, max_len=8192,
-                     lr=2e-6, microbatches=32),   # the Cascade-1 RM recipe (no C2 numbers)
-      # The chat teacher of MOPD: "a short side RLHF run" (its length is not in
-      # PAPER_NOTES; 30 steps is ours), from the multi-domain policy.
+                     optimizer=dict(lr=2e-6),
+                     microbatches=32),   # the Cascade-1 RM recipe (no C2 numbers)
+      # The chat teacher of MOPD: "a short side RLHF run" (its length is not
+      # published; 30 steps is ours), from the multi-domain policy.
       r.grpo('rlhf_teacher', domains=['chat'], steps=30, init_from='multi_domain_rl',
              kl_coef=0.03, max_prompt_len=4096, max_response_len=16_384, **rl),
       # MOPD: 128 x 4, temperature 1.0, 52 steps, lr 2e-6 (text), 30 warm-up steps;
@@ -78,9 +81,9 @@ def get_config(arg=None):
              teachers={'math': 'sft', 'instruction_following': 'multi_domain_rl',
                        'chat': 'rlhf_teacher', 'mcqa': 'multi_domain_rl',
                        'structured': 'multi_domain_rl'},
-             init_from='multi_domain_rl', steps=52, lr=2e-6, warmup_steps=30, prompts=128,
-             group=4, temperature=1.0, max_prompt_len=4096, max_response_len=61_440,
-             microbatches=64),
+             init_from='multi_domain_rl', steps=52, optimizer=dict(lr=2e-6, warmup_steps=30),
+             prompts_per_step=128, group_size=4, temperature=1.0, max_prompt_len=4096,
+             max_response_len=61_440, microbatches=64),
       r.grpo('rlhf', domains=['chat'], steps=30,          # "~25-30"
              kl_coef=0.03, max_prompt_len=4096, max_response_len=16_384, **rl),
       r.grpo('long_context_rl', domains=['long_context'], steps=30,   # "~30"

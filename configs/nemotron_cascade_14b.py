@@ -2,8 +2,8 @@ r"""Nemotron-Cascade 14B: Cascade RL on Qwen3-14B, the recipe of arXiv 2512.1360
 
 Wang et al., "Nemotron-Cascade: Scaling Cascaded Reinforcement Learning for
 General-Purpose Reasoning Models", arXiv 2512.13607 (2025). The numbers are
-those collected in PAPER_NOTES.md; a comment marks each one that is uncertain
-there or not published at all (then it is our choice).
+the paper's as configs/PAPERS.md restates them; a comment marks each one that
+is uncertain there or not published at all (then it is our choice).
 
     # check that every stage compiles and fits a v5p chip (no TPU needed):
     python -m launch.plan --config=configs/nemotron_cascade_14b.py
@@ -21,7 +21,7 @@ Config argument (`:key=value,...`): data_root (the staged files), base (the
 Qwen3-14B-Base HF directory), tokenizer (its tokenizer.json directory).
 
 Not reproducible here, by construction:
-* Data: the released sets (PAPER_NOTES.md, "Released artefacts") must be
+* Data: the released sets (configs/PAPERS.md, "Released data") must be
   downloaded and converted by the user (README); the code-RL prompts and the
   reward model's 82K preference pairs (HelpSteer2/3 + generated) are not
   among the releases, so equivalents must be substituted.
@@ -36,7 +36,7 @@ Not reproducible here, by construction:
   harnesses; the held-out sets here are whatever the user stages.
 * Long context: Qwen3's RoPE without YaRN scaling; the model's max_seq_len is
   raised to 64K so the 56K code stage validates (whether the paper used
-  YaRN for 56K rollouts is not in PAPER_NOTES).
+  YaRN for 56K rollouts is not in configs/PAPERS.md).
 * Memory: the dense attention of models/transformer.py materialises
   [T, T] scores per head; `launch.plan` says per stage whether that fits.
 """
@@ -52,20 +52,22 @@ def get_config(arg=None):
                          tokenizer='checkpoints/Qwen3-14B-Base')
   sft_stages = _recipes.cascade1_sft_stages(a.base)
   # Paper RM: batch 256, lr 2e-6, one epoch over 82K pairs = 320 steps; max_len is ours.
-  rm = dict(steps=320, batch_size=256, max_len=8192, lr=2e-6, microbatches=32)
-  rl = dict(prompts=128, group=8, top_p=0.95, microbatches=_RL_MICRO)
-  rlhf = dict(rl, steps=900, lr=2e-6, temperature=0.6,
+  rm = dict(steps=320, batch_size=256, max_len=8192, optimizer=dict(lr=2e-6), microbatches=32)
+  rl = dict(prompts_per_step=128, group_size=8, top_p=0.95, microbatches=_RL_MICRO)
+  # RL optimizers: AdamW at a constant lr, no warm-up (no weight decay, clipping at 1:
+  # the optimizer's defaults).
+  rlhf = dict(rl, steps=900, optimizer=dict(lr=2e-6, warmup_steps=0), temperature=0.6,
               # 128 x 8 in the main text; the appendix says 256 prompts (uncertain).
               max_prompt_len=4096,        # ours (not published)
               max_response_len=12_288,    # 12K, no overlong filter
               thinking_fraction=0.5)      # half thinking, half non-thinking batches
-  if_rl = dict(rl, lr=2e-6, temperature=0.6,
+  if_rl = dict(rl, optimizer=dict(lr=2e-6, warmup_steps=0), temperature=0.6,
                # Two sub-stages in the paper (IFEval taxonomy 800, then IFBench-train 120);
                # one stage of 800 + 120 on the released IF-RL set here.
                steps=920,
                max_prompt_len=2048, max_response_len=8192,  # ours (not published)
                thinking_fraction=0.0)      # IF-RL is non-thinking only
-  math = dict(rl, steps=220, lr=2.5e-6, temperature=1.2,
+  math = dict(rl, steps=220, optimizer=dict(lr=2.5e-6, warmup_steps=0), temperature=1.2,
               # 14B: 128 x 8 and top-p 0.95 are the 8B's (unverified) numbers.
               max_prompt_len=2048, max_response_len=40_960, thinking_fraction=1.0,
               phases=[
@@ -77,12 +79,13 @@ def get_config(arg=None):
                   dict(until_step=220, max_response_len=40_960, temperature=1.1,
                        filter_overlong=False),
               ])
-  code = dict(rl, steps=64, lr=4e-6, temperature=1.0,
-              # 128 x 8 and top-p 0.95 assumed (not in PAPER_NOTES for code).
+  code = dict(rl, steps=64, optimizer=dict(lr=4e-6, warmup_steps=0), temperature=1.0,
+              # 128 x 8 and top-p 0.95 assumed (not published for code).
               max_prompt_len=4096, max_response_len=57_344,  # 56K
               thinking_fraction=1.0)
-  swe = dict(rl, group=16, microbatches=2 * _RL_MICRO, steps=120, lr=2.5e-6,
-             temperature=1.0,              # assumed (not in PAPER_NOTES)
+  swe = dict(rl, group_size=16, microbatches=2 * _RL_MICRO, steps=120,
+             optimizer=dict(lr=2.5e-6, warmup_steps=0),
+             temperature=1.0,              # assumed (not published)
              # 128 prompts assumed; agentless prompts carry the localised files:
              max_prompt_len=16_384, max_response_len=16_384,  # ours (not published)
              thinking_fraction=1.0)

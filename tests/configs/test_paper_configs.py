@@ -1,0 +1,88 @@
+"""The paper-recipe configs: the papers' numbers land in the stage fields they name, every
+config validates, and what they cite is in the repository."""
+
+import importlib
+import os
+import re
+
+import pytest
+
+from cascade import config as config_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = ('nemotron_cascade_14b', 'nemotron_cascade_8b', 'nemotron_cascade2')
+# GRPO fields every paper stage fixes: strictly on-policy, token-level loss, dynamic filtering.
+GRPO = dict(kind='grpo', advantage='grpo', loss_agg='token', dynamic_filter=True, init_from='')
+
+
+def _stage(config, name):
+  c = importlib.import_module(f'configs.{config}').get_config()
+  (st,) = [s for s in c.stages if s['name'] == name]
+  return dict(st)
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_paper_configs_validate(name):
+  c = importlib.import_module(f'configs.{name}').get_config('data_root=gs://b/d,base=/b')
+  plan = config_lib.validate(c)
+  assert plan.stages[0].kind == 'sft'
+  assert c.datasets['math_train']['path'] == 'gs://b/d/rl/math.jsonl'
+
+
+def test_cascade1_14b_math_stage_is_the_papers():
+  """Math RL, 14B: lr 2.5e-6, 28K at temperature 1.2 until step 120, then 40K at 1.1."""
+  assert _stage('nemotron_cascade_14b', 'math_rl') == dict(
+      GRPO, name='math_rl', domains=['math'], steps=220,
+      optimizer=dict(lr=2.5e-6, warmup_steps=0), prompts_per_step=128, group_size=8,
+      temperature=1.2, top_p=0.95, max_prompt_len=2048, max_response_len=40_960,
+      thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=128,
+      phases=[dict(until_step=120, max_response_len=28_672, temperature=1.2,
+                   filter_overlong=True),
+              dict(until_step=220, max_response_len=40_960, temperature=1.1,
+                   filter_overlong=False)])
+
+
+def test_cascade1_reward_model_and_8b_swe_stage():
+  assert _stage('nemotron_cascade_14b', 'rm') == dict(
+      name='rm', kind='reward_model', domains=['chat'], datasets=['rm_pairs'],
+      init_from='sft_32k', steps=320, batch_size=256, max_len=8192,
+      optimizer=dict(lr=2e-6), microbatches=32)
+  assert _stage('nemotron_cascade_8b', 'swe_rl') == dict(
+      GRPO, name='swe_rl', domains=['swe'], steps=120,
+      optimizer=dict(lr=2.5e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
+      temperature=1.0, top_p=0.95, max_prompt_len=16_384, max_response_len=16_384,
+      thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=256)
+
+
+def test_cascade2_if_rl_and_mopd_stages():
+  assert _stage('nemotron_cascade2', 'if_rl') == dict(
+      GRPO, name='if_rl', domains=['instruction_following'], steps=180,
+      optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
+      temperature=1.0, top_p=1.0, max_prompt_len=2048, max_response_len=16_384,
+      thinking_fraction=0.0, filter_overlong=False, kl_coef=0.0, microbatches=256)
+  assert _stage('nemotron_cascade2', 'mopd') == dict(
+      name='mopd', kind='mopd', domains=['math', 'instruction_following', 'chat', 'mcqa',
+                                         'structured'],
+      datasets=['mopd_train'],
+      teachers={'math': 'sft', 'instruction_following': 'multi_domain_rl',
+                'chat': 'rlhf_teacher', 'mcqa': 'multi_domain_rl',
+                'structured': 'multi_domain_rl'},
+      init_from='multi_domain_rl', steps=52, optimizer=dict(lr=2e-6, warmup_steps=30),
+      prompts_per_step=128, group_size=4, temperature=1.0, max_prompt_len=4096,
+      max_response_len=61_440, microbatches=64)
+  assert _stage('nemotron_cascade2', 'rlhf')['kl_coef'] == 0.03
+
+
+def test_configs_cite_files_that_exist():
+  """Every `*.md` a config names is in the repository, and PAPERS.md names both papers."""
+  with open(os.path.join(REPO, 'configs', 'PAPERS.md'), encoding='utf-8') as f:
+    papers = f.read()
+  assert 'arXiv 2512.13607' in papers and 'arXiv 2603.19220' in papers
+  for name in os.listdir(os.path.join(REPO, 'configs')):
+    if not name.endswith('.py'):
+      continue
+    with open(os.path.join(REPO, 'configs', name), encoding='utf-8') as f:
+      text = f.read()
+    for cited in set(re.findall(r'[\w/.-]+\.md\b', text)):
+      path = cited if '/' in cited else os.path.join('configs', cited)
+      assert os.path.exists(os.path.join(REPO, path)), (name, cited)
