@@ -1,16 +1,14 @@
 """cascade: Cascade RL in JAX — a list of domain-wise RL stages, checkpoints, and the matrix.
 
   import cascade
-  results = cascade.run(config, workdir)     # see cascade/run.py
+  results = cascade.run(config, workdir)     # = cascade.train.run; see cascade/train.py
 
 Importing the package is light: `cascade.run` (and everything under it, jax
 included) is imported on first use.
 """
 
 
-def __getattr__(name):
-  if name == 'run':
-    import importlib  # pylint: disable=g-import-not-at-top
-    # The submodule is callable: cascade.run(config, workdir) == cascade.run.run(...).
-    return importlib.import_module('cascade.run')
-  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+def run(config, workdir: str) -> dict:
+  """Runs (or resumes) the cascade `config` describes in `workdir` (see `cascade.train.run`)."""
+  from cascade import train  # pylint: disable=g-import-not-at-top
+  return train.run(config, workdir)

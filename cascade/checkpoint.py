@@ -10,7 +10,8 @@ Workdir layout:
 
 A checkpoint holds `state` (a pytree: params, optimizer state, step; saved
 with `StandardSave`, restored sharded onto the abstract target) and `meta`
-(JSON: step, stage index and name, data-iterator state, RNG key data).
+(JSON: step, stage index and name, data-iterator state; the PRNG key is
+part of the state).
 Orbax finalises a step directory atomically (it writes to a temporary
 directory and renames), so a run killed while saving leaves the previous
 step intact; a step that is damaged afterwards (truncated or deleted files)
@@ -33,7 +34,6 @@ from typing import Any, Mapping
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
-
 
 
 def is_writer() -> bool:
@@ -93,6 +93,10 @@ def stage_dir(workdir: str, stage) -> str:
 
 class WorkdirError(ValueError):
   """The workdir belongs to a run of a different config."""
+
+
+class CheckpointError(RuntimeError):
+  """A checkpoint the run needs cannot be restored and nothing can stand in for it."""
 
 
 def guard_config(workdir: str, config, allow_change: bool = False) -> str:
@@ -214,11 +218,6 @@ class StageCheckpoints:
         self._quarantine(s, e)
     return None
 
-  def read_meta(self, step: int) -> dict:
-    """Only the JSON part of a step (cheap: no arrays are read)."""
-    out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-    return dict(out.meta)
-
   def _restore(self, step, abstract_state):
     out = self._mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
@@ -244,21 +243,3 @@ class StageCheckpoints:
   def close(self) -> None:
     self._mngr.wait_until_finished()
     self._mngr.close()
-
-
-def abstract_like(state):
-  """The restore target for a state pytree: shapes, dtypes and shardings of its leaves."""
-  return jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-
-
-def rng_to_json(key) -> list[int]:
-  """A typed or raw PRNG key as a JSON list of its uint32 key data."""
-  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-    key = jax.random.key_data(key)
-  return [int(x) for x in jax.device_get(key).reshape(-1)]
-
-
-def rng_from_json(data) -> jax.Array:
-  """Inverse of `rng_to_json` for the default (threefry) implementation: a typed key."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  return jax.random.wrap_key_data(np.asarray(data, np.uint32))

@@ -84,8 +84,3 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 def _cpu_only() -> bool:
   platforms = os.environ.get('JAX_PLATFORMS', '') or str(jax.config.jax_platforms or '')
   return platforms.strip().lower() == 'cpu'
-
-
-def is_main_process() -> bool:
-  """True on the process that writes logs, tables and exports (process 0)."""
-  return jax.process_index() == 0

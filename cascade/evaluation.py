@@ -33,16 +33,14 @@ from cascade import rollout
 from rl import sampler as sampler_lib
 
 
-def sampling_params(ev: Mapping) -> sampler_lib.SamplingParams:
-  """The evaluation's SamplingParams from config.eval."""
-  return sampler_lib.SamplingParams(temperature=float(ev['temperature']),
-                                    top_p=float(ev['top_p']), top_k=int(ev.get('top_k', 0)),
-                                    greedy=bool(ev.get('greedy', False)),
-                                    max_new_tokens=int(ev['max_new_tokens']))
+def sampling_params(ev) -> sampler_lib.SamplingParams:
+  """The evaluation's SamplingParams from the plan's `config.Eval`."""
+  return sampler_lib.SamplingParams(temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k,
+                                    greedy=ev.greedy, max_new_tokens=ev.max_new_tokens)
 
 
 def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]],
-             verifier_of: Callable[[str], object], sample_cls, ev: Mapping,
+             verifier_of: Callable[[str], object], sample_cls, ev,
              rng) -> dict[str, dict]:
   """Scores a policy on every domain's held-out prompts.
 
@@ -53,8 +51,8 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
     eval_sets: domain -> held-out prompt records (already cut to num_prompts).
     verifier_of: domain -> its evaluation verifier.
     sample_cls: `verifiers.Sample`.
-    ev: config.eval (num_samples, temperature, top_p, greedy, max_new_tokens,
-      batch_size, thinking).
+    ev: the plan's `cascade.config.Eval` (num_samples, temperature, top_p,
+      top_k, greedy, max_new_tokens, batch_size, thinking).
     rng: PRNG key; batch b of domain d uses fold_in(fold_in(rng, crc32(d)), b),
       so a domain's samples do not depend on which other domains are scored.
 
@@ -63,8 +61,8 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
     'mean_len', 'truncated'}.
   """
   sp = sampling_params(ev)
-  k = 1 if sp.greedy else int(ev['num_samples'])      # greedy samples would all agree
-  bs = int(ev['batch_size'])
+  k = 1 if sp.greedy else ev.num_samples      # greedy samples would all agree
+  bs = ev.batch_size
   out = {}
   for domain in sorted(eval_sets):
     domain_key = jax.random.fold_in(rng, zlib.crc32(domain.encode()) & 0x7FFFFFFF)
@@ -73,7 +71,7 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
     for b, start in enumerate(range(0, len(recs), bs)):
       chunk = recs[start:start + bs]
       key = jax.random.fold_in(domain_key, b)
-      ro = rollout.generate(sampler, params, tokenizer, chunk, [ev.get('thinking')] * len(chunk),
+      ro = rollout.generate(sampler, params, tokenizer, chunk, [ev.thinking] * len(chunk),
                             key, sp, k)
       r, _ = rollout.score(ro, verifier_of, sample_cls)
       rewards.append(r)

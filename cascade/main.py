@@ -34,10 +34,11 @@ def main(argv):
   from cascade import checkpoint  # pylint: disable=g-import-not-at-top
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import data  # pylint: disable=g-import-not-at-top
-  from cascade import run as run_lib  # pylint: disable=g-import-not-at-top
+  from cascade import train  # pylint: disable=g-import-not-at-top
   try:
-    run_lib.run(_CONFIG.value, _WORKDIR.value)
-  except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError) as e:
+    train.run(_CONFIG.value, _WORKDIR.value)
+  except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError,
+          checkpoint.CheckpointError) as e:
     # Expected user errors: one clear line, no traceback.
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)

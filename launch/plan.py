@@ -49,20 +49,13 @@ from absl import flags
 from ml_collections import config_flags
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from cascade import config as config_lib
-from cascade import stages as stages_lib
-from models import config as model_config
+from cascade import kinds
+from cascade import policies
+from cascade.kinds import loop
 from models import sharding
-from models import transformer
-from rl import batch as batch_lib
-from rl import distill
-from rl import grpo
-from rl import reward_model
 from rl import sampler as sampler_lib
 from rl import train_step as train_lib
 
@@ -196,87 +189,15 @@ def use_simulated_cpu_devices(n: int) -> None:
 
 # ---------------------------------------------------------------- abstract inputs
 
-def _sds(shape, dtype, sharding_=None) -> jax.ShapeDtypeStruct:
-  return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding_)
-
-
 def _with_shardings(abstract, shardings):
-  return jax.tree.map(lambda a, s: _sds(a.shape, a.dtype, s), abstract, shardings)
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract, shardings)
 
 
-def abstract_model(model_cfg: model_config.ModelConfig, kind: str):
-  """(graphdef, abstract params) of the policy or the reward model; nothing allocated."""
-  if kind == 'reward_model':
-    make = lambda: reward_model.create(model_cfg, 0)
-  else:
-    make = lambda: transformer.Transformer(model_cfg, rngs=nnx.Rngs(0))
-  return nnx.split(nnx.eval_shape(make))
-
-
-def abstract_state(params, optimizer, mesh, rules):
-  """The TrainState the stage loop builds (`init_state`), as sharded ShapeDtypeStructs."""
-  abstract = jax.eval_shape(lambda p: train_lib.init_state(p, optimizer), params)
-  return _with_shardings(abstract, train_lib.state_shardings(abstract, optimizer, mesh, rules))
-
-
-def _batch_shards(mesh, rules) -> int:
-  spec = sharding.logical_to_spec(('batch',), None, mesh, rules)[0]
-  axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
-  return int(np.prod([mesh.shape[a] for a in axes]))
-
-
-def _rows_bucket(n: int, multiple: int) -> int:
-  """SFT rows as `cascade.stages.run_sft` pads them: a power of two, a multiple of `multiple`."""
-  b = 1 << max(0, (n - 1).bit_length())
-  return -(-b // multiple) * multiple
-
-
-def train_batch(stage: config_lib.Stage, mesh, rules):
-  """The stage's largest train batch as ShapeDtypeStructs split over the 'batch' rule.
-
-  Returns:
-    (batch pytree, description).
-  """
-  rows_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
-  mat = lambda b, l, dt: _sds((b, l), dt, rows_sh)
-  vec = lambda b, dt: _sds((b,), dt, rows_sh)
-  if stage.kind == 'reward_model':
-    b, t = stage.batch_size, stage.max_len
-    return (reward_model.PairBatch(mat(b, t, jnp.int32), mat(b, t, jnp.int32),
-                                   mat(b, t, jnp.int32), mat(b, t, jnp.int32)),
-            f'{b} pairs x {t} tokens')
-  if stage.kind == 'sft':
-    b = _rows_bucket(stage.batch_size, stage.microbatches * _batch_shards(mesh, rules))
-    length = stage.max_len
-    extra = {}
-    what = f'{b} packed rows x {length} tokens'
-  else:
-    b = stage.prompts_per_step * stage.group_size
-    length = stage.max_prompt_len + max(p.max_response_len for p in stage.phases)
-    extra = dict(old_logprobs=mat(b, length, jnp.float32), advantages=vec(b, jnp.float32),
-                 truncated=vec(b, jnp.bool_))
-    if stage.kind == 'grpo' and stage.kl_coef > 0:
-      extra['ref_logprobs'] = mat(b, length, jnp.float32)
-    if stage.kind == 'mopd':
-      extra.update(teacher_index=vec(b, jnp.int32), teacher_logprobs=mat(b, length, jnp.float32))
-    what = (f'{stage.prompts_per_step} prompts x {stage.group_size} = {b} rows x {length} '
-            'tokens (longest phase)')
-  batch = batch_lib.TrainBatch(tokens=mat(b, length, jnp.int32),
-                               positions=mat(b, length, jnp.int32),
-                               segment_ids=mat(b, length, jnp.int32),
-                               targets=mat(b, length, jnp.int32),
-                               loss_mask=mat(b, length, jnp.float32), **extra)
-  return batch, f'{what}, {stage.microbatches} microbatch(es)'
-
-
-def loss_setup(stage: config_lib.Stage) -> tuple[str, Any]:
-  """(loss name, loss config) as cascade.stages builds them."""
-  if stage.kind == 'grpo':
-    return 'grpo', grpo.GrpoConfig(advantage=stage.advantage, aggregation=stage.loss_agg,
-                                   kl_coef=stage.kl_coef, kl_estimator=stage.kl_estimator)
-  if stage.kind == 'mopd':
-    return 'mopd', distill.MopdConfig()
-  return stage.kind, None
+def abstract_params(model_cfg, model_kind: str, mesh, rules):
+  """(graphdef, params as sharded ShapeDtypeStructs) of the policy or the reward model."""
+  graphdef, params = policies.abstract_model(model_cfg, model_kind)
+  return graphdef, _with_shardings(params, sharding.state_shardings(params, mesh, rules))
 
 
 # ---------------------------------------------------------------- compiling
@@ -322,72 +243,39 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
                        alias_bytes=get('alias_size_in_bytes'), flops=flops, compile_s=elapsed)
 
 
-def _bucket(buckets: Sequence[int], n: int, what: str) -> int:
-  fit = [b for b in sorted(buckets) if b >= n]
-  if not fit:
-    raise ValueError(f'{what}={n} exceeds the largest sampler bucket {max(buckets)} '
-                     '(config.sampler)')
-  return fit[0]
-
-
 def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, prompt_len: int,
                      max_new_tokens: int, top_p: float, top_k: int):
-  """`rl.sampler.sample` for one `Sampler.generate` call of these sizes, on `mesh`.
+  """The sampler for one `Sampler.generate` call of these sizes, on `mesh`.
 
   Returns:
     (() -> Lowered, description of the shapes).
   """
-  graphdef, params = abstract_model(model_cfg, 'policy')
-  params = _with_shardings(params, sharding.state_shardings(params, mesh, rules))
-  prompt_buckets = sampler_cfg.get('prompt_buckets', sampler_lib.DEFAULT_PROMPT_BUCKETS)
-  new_buckets = sampler_cfg.get('new_token_buckets', sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS)
-  batch_buckets = sampler_cfg.get('batch_buckets')
-  p = _bucket(prompt_buckets, prompt_len, 'prompt length')
-  nb = _bucket(new_buckets, max_new_tokens, 'max_new_tokens')
-  b = (1 << max(rows - 1, 0).bit_length()) if batch_buckets is None else _bucket(
-      batch_buckets, rows, 'rows')
-  shards = _batch_shards(mesh, rules)
-  b = -(-b // shards) * shards
-  spec = sharding.logical_to_spec(('batch', None), (b, p), mesh, rules)
-  rows_sh = NamedSharding(mesh, spec)
-  rep = NamedSharding(mesh, P())
-  args = (graphdef, params, _sds((b, p), jnp.int32, rows_sh), _sds((b, p), jnp.int32, rows_sh),
-          _sds((2,), jnp.uint32, rep), _sds((), jnp.float32, rep), _sds((), jnp.float32, rep),
-          _sds((), jnp.int32, rep), _sds((), jnp.int32, rep))
-  phases = int(sampler_cfg.get('decode_phases', sampler_lib.DEFAULT_DECODE_PHASES))
-  kw = dict(max_new_bucket=nb, eos_ids=(0,), pad_id=0, greedy=False,
-            filtered=top_p < 1 or top_k > 0, decode_phases=phases)
-
-  def lower():
-    with sharding.use_mesh(mesh, rules):
-      return sampler_lib.sample.lower(*args, **kw)
-  return lower, (f'{b} rows, prompt bucket {p}, new-token bucket {nb} (KV cache up to {p + nb} '
-                 f'slots, {phases} decode phase(s))')
+  graphdef, params = abstract_params(model_cfg, 'policy', mesh, rules)
+  sampler = sampler_lib.Sampler(graphdef, model_cfg, eos_ids=(0,), pad_id=0, mesh=mesh,
+                                rules=rules, **sampler_cfg)
+  sp = sampler_lib.SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k,
+                                  max_new_tokens=max_new_tokens)
+  _, _, what = sampler.abstract_args(params, rows, prompt_len, sp)
+  return (lambda: sampler.lower(params, rows, prompt_len, sp)), what
 
 
-def train_lowering(stage: config_lib.Stage, model_cfg, mesh, rules,
-                   microbatches: int | None = None):
-  """The stage's train step for its largest batch, on `mesh`.
+def train_lowering(stage, model_cfg, mesh, rules, microbatches: int | None = None):
+  """The stage's train step (as its runner builds it) for its largest batch, on `mesh`.
 
   Returns:
     (() -> Lowered, description of the batch).
   """
-  kind = 'reward_model' if stage.kind == 'reward_model' else 'policy'
-  graphdef, params = abstract_model(model_cfg, kind)
-  params = _with_shardings(params, sharding.state_shardings(params, mesh, rules))
-  opt_cfg = stages_lib.optimizer_config(stage)
-  optimizer = train_lib.make_optimizer(opt_cfg)
-  state = abstract_state(params, optimizer, mesh, rules)
-  loss_name, loss_cfg = loss_setup(stage)
-  step = train_lib.make_train_step(
-      graphdef, loss_name, loss_cfg, optimizer, mesh=mesh, rules=rules, state=state,
-      microbatches=microbatches or stage.microbatches,
-      lr_schedule=train_lib.make_schedule(opt_cfg))
-  batch, what = train_batch(stage, mesh, rules)
+  kind = kinds.get(stage.kind)
+  graphdef, params = abstract_params(model_cfg, stage.MODEL, mesh, rules)
+  optimizer = train_lib.make_optimizer(kinds.base.optimizer_config(stage))
+  state = policies.abstract_state(params, optimizer, mesh, rules)
+  step = loop.build_train_step(kind, stage, graphdef, state, mesh, rules,
+                               microbatches=microbatches)
+  batch, what = kind.abstract_batch(stage, mesh, rules)
   return (lambda: step.lower(state, batch)), what
 
 
-def plan_stage(stage: config_lib.Stage, model_cfg, mesh, rules, sampler_cfg: dict,
+def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                limit_bytes: int, with_sampler: bool = True, count_mesh=None,
                with_train: bool = True) -> StageReport:
   """Compiles a training stage's train step (and, for RL, its sampler) for `mesh`.
@@ -409,17 +297,15 @@ def plan_stage(stage: config_lib.Stage, model_cfg, mesh, rules, sampler_cfg: dic
   """
   count_mesh = mesh if count_mesh is None else count_mesh
   programs = []
-  if with_train:
+  kind = kinds.get(stage.kind)
+  if with_train and kind.abstract_batch is not None:
     lower, what = train_lowering(stage, model_cfg, mesh, rules)
     # XLA counts a loop body once: count the whole batch on a single-microbatch twin.
     twin = (train_lowering(stage, model_cfg, count_mesh, rules, microbatches=1)[0]
             if stage.microbatches > 1 or count_mesh is not mesh else None)
     programs.append(compile_program('train step', what, lower, twin))
-  if with_sampler and stage.kind in config_lib.RL_KINDS:
-    sizes = dict(rows=stage.prompts_per_step * stage.group_size,
-                 prompt_len=stage.max_prompt_len,
-                 max_new_tokens=max(p.max_response_len for p in stage.phases),
-                 top_p=stage.top_p, top_k=stage.top_k)
+  if with_sampler and kind.sampler_sizes is not None:
+    sizes = kind.sampler_sizes(stage)
     lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes)
     twin = (sampler_lowering(model_cfg, count_mesh, rules, sampler_cfg, **sizes)[0]
             if count_mesh is not mesh else None)
@@ -428,14 +314,13 @@ def plan_stage(stage: config_lib.Stage, model_cfg, mesh, rules, sampler_cfg: dic
                      mesh.size)
 
 
-def plan_eval(config, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
+def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
               count_mesh=None) -> StageReport:
   """Compiles the held-out evaluation's sampler (one call: batch_size prompts x num_samples)."""
-  ev = _as_dict(config.eval)
-  k = 1 if ev.get('greedy') else int(ev['num_samples'])
-  sizes = dict(rows=int(ev['batch_size']) * k, prompt_len=int(ev['max_prompt_len']),
-               max_new_tokens=int(ev['max_new_tokens']), top_p=float(ev['top_p']),
-               top_k=int(ev.get('top_k', 0)))
+  ev = plan.eval
+  k = 1 if ev.greedy else ev.num_samples
+  sizes = dict(rows=ev.batch_size * k, prompt_len=ev.max_prompt_len,
+               max_new_tokens=ev.max_new_tokens, top_p=ev.top_p, top_k=ev.top_k)
   lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes)
   twin = (sampler_lowering(model_cfg, count_mesh, rules, sampler_cfg, **sizes)[0]
           if count_mesh is not None and count_mesh is not mesh else None)
@@ -462,22 +347,17 @@ def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: b
     One StageReport per planned stage (and 'evaluation' last).
   """
   plan = plan or config_lib.validate(config)
-  model = _as_dict(config.model)
-  model_cfg = model_config.ModelConfig.preset(model['preset'], **dict(model.get('overrides') or {}))
+  model_cfg, rules, sampler_cfg = plan.model, plan.rules, dict(plan.sampler)
   mesh = sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.devices)
   count_mesh = (sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.count_devices)
                 if tgt.count_devices else mesh)
-  mesh_cfg = _as_dict(config.mesh)
-  rules = (tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in mesh_cfg['rules'])
-           if mesh_cfg.get('rules') else sharding.DEFAULT_RULES)
-  sampler_cfg = _as_dict(config.sampler) if 'sampler' in config else {}
   unknown = [s for s in stages if s not in [st.name for st in plan.stages]]
   if unknown:
     raise ValueError(f'--stages: unknown stage(s) {unknown}; the config has '
                      f'{[st.name for st in plan.stages]}')
   out = []
   for st in plan.stages:
-    if st.kind == 'eval' or (stages and st.name not in stages):
+    if stages and st.name not in stages:
       continue
     rep = plan_stage(st, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
                      with_sampler, count_mesh, with_train)
@@ -487,7 +367,7 @@ def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: b
     if report:
       report(rep)
   if with_eval:
-    out.append(plan_eval(config, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
+    out.append(plan_eval(plan, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
                          count_mesh))
     if report:
       report(out[-1])
@@ -568,7 +448,7 @@ def main(argv):
   tgt = target(config, backend, _MEMORY.value)
   plan = config_lib.validate(config)
   model = _as_dict(config.model)
-  model_cfg = model_config.ModelConfig.preset(model['preset'], **dict(model.get('overrides') or {}))
+  model_cfg = plan.model
   print(f'target: {tgt.description}')
   print(f'mesh (data, fsdp, tensor) = {tuple(config.mesh.shape)}; model {model["preset"]}: '
         f'{model_cfg.num_params() / 1e9:.2f}B parameters in {model_cfg.param_dtype}, compute '

@@ -131,6 +131,16 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int] | None = N
   return P(*out)
 
 
+def batch_shards(mesh: Mesh | None, rules=None) -> int:
+  """How many ways the 'batch' rule splits rows on `mesh` (1 without a mesh)."""
+  if mesh is None:
+    return 1
+  spec = logical_to_spec(('batch',), None, mesh, rules)[0]
+  axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
+  sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+  return int(np.prod([sizes[a] for a in axes]))
+
+
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
   """with_sharding_constraint by logical names; a no-op when no mesh is set."""
   mesh = jax.sharding.get_abstract_mesh()

@@ -435,21 +435,50 @@ class Sampler:
 
     self._jit = jax.jit(counted, static_argnums=0, static_argnames=_STATIC)
 
-  def _batch_shards(self) -> int:
-    if self.mesh is None:
-      return 1
-    spec = sharding.logical_to_spec(('batch',), None, self.mesh, self.rules)[0]
-    axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
-    sizes = dict(zip(self.mesh.axis_names, self.mesh.devices.shape))
-    return int(np.prod([sizes[a] for a in axes]))
-
   def _batch_bucket(self, n: int) -> int:
     if self.batch_buckets is None:
       b = 1 << max(n - 1, 0).bit_length()
     else:
       b = _bucket(self.batch_buckets, n, 'batch (prompts x num_samples)')
-    shards = self._batch_shards()
+    shards = sharding.batch_shards(self.mesh, self.rules)
     return -(-b // shards) * shards
+
+  def abstract_args(self, params, rows: int, prompt_len: int, sp: SamplingParams):
+    """The arguments `generate` passes the jitted sampler for a call of these sizes, abstract.
+
+    Args:
+      params: the policy's params as ShapeDtypeStructs (with shardings on a mesh).
+      rows: prompts x num_samples of the call.
+      prompt_len: its longest prompt.
+      sp: its SamplingParams.
+
+    Returns:
+      (positional args, keyword args, description) for `sample.lower(*args, **kwargs)`.
+    """
+    p = _bucket(self.prompt_buckets, prompt_len, 'prompt length')
+    nb = _bucket(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
+    b = self._batch_bucket(rows)
+    rows_sh = rep = None
+    if self.mesh is not None:
+      spec = sharding.logical_to_spec(('batch', None), (b, p), self.mesh, self.rules)
+      rows_sh = jax.sharding.NamedSharding(self.mesh, spec)
+      rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+    sds = lambda shape, dt, sh: jax.ShapeDtypeStruct(shape, jnp.dtype(dt), sharding=sh)
+    args = (self.graphdef, params, sds((b, p), jnp.int32, rows_sh),
+            sds((b, p), jnp.int32, rows_sh), sds((2,), jnp.uint32, rep),
+            sds((), jnp.float32, rep), sds((), jnp.float32, rep), sds((), jnp.int32, rep),
+            sds((), jnp.int32, rep))
+    kw = dict(max_new_bucket=nb, eos_ids=self.eos_ids, pad_id=self.pad_id,
+              greedy=sp.greedy, filtered=sp.filtered, decode_phases=self.decode_phases)
+    what = (f'{b} rows, prompt bucket {p}, new-token bucket {nb} (KV cache up to {p + nb} '
+            f'slots, {self.decode_phases} decode phase(s))')
+    return args, kw, what
+
+  def lower(self, params, rows: int, prompt_len: int, sp: SamplingParams):
+    """Lowers the sampler for a call of these sizes (ahead of time; `params` abstract)."""
+    args, kw, _ = self.abstract_args(params, rows, prompt_len, sp)
+    with sharding.use_mesh(self.mesh, self.rules):
+      return sample.lower(*args, **kw)
 
   def generate(self, params, prompts: Sequence[Sequence[int]], rng, sp: SamplingParams,
                num_samples: int = 1) -> SampleOutput:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -37,6 +38,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import sharding
 from rl import distill
+from rl import dpo
 from rl import grpo
 from rl import reward_model
 from rl import sft
@@ -72,6 +74,7 @@ LOSSES: dict[str, LossSpec] = {
     'reward_model': LossSpec(reward_model.RewardModelConfig, reward_model.loss_fn,
                              reward_model.normalizers),
     'mopd': LossSpec(distill.MopdConfig, distill.loss_fn, distill.normalizers),
+    'dpo': LossSpec(dpo.DpoConfig, dpo.loss_fn, dpo.normalizers),
 }
 
 
@@ -141,24 +144,49 @@ class OptimizerConfig:
 
 
 def make_schedule(cfg) -> optax.Schedule:
-  """Learning rate as a function of the update count, built from optax schedules.
+  """Learning rate as a function of the update count (an `optax.Schedule`).
 
   lr(c) = learning_rate * min(1, (c + 1) / warmup_steps) during warm-up (the
   first update already gets lr / warmup_steps, the last warm-up update the
   full lr), then constant, or a cosine from learning_rate at c = warmup_steps
   down to min_lr_ratio * learning_rate at c = warmup_steps + decay_steps.
-  Without warm-up the constant schedule is exactly `learning_rate`.
+
+  Why not `optax.linear_schedule` / `cosine_decay_schedule` joined: they are
+  the same functions but associate the float32 arithmetic differently, so 127
+  of the tiny demo's 600 SFT learning rates differ by one ulp, which changes
+  every later result of a deterministic run; this formula keeps runs
+  bit-identical to the ones already recorded (tests check it against the
+  optax composition to float32 rounding).
   """
+  cfg = _as_config(OptimizerConfig, cfg, 'optimizer config')
+
+  def schedule(count):
+    count = jnp.asarray(count, jnp.float32)
+    lr = jnp.asarray(cfg.learning_rate, jnp.float32)
+    if cfg.warmup_steps:
+      lr = lr * jnp.minimum(1.0, (count + 1.0) / cfg.warmup_steps)
+    if cfg.schedule == 'cosine':
+      t = jnp.clip((count - cfg.warmup_steps) / cfg.decay_steps, 0.0, 1.0)
+      lr = lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + jnp.cos(math.pi * t)))
+    return lr
+
+  return schedule
+
+
+def optax_schedule(cfg) -> optax.Schedule:
+  """`make_schedule` composed from optax's schedules (equal to float32 rounding)."""
   cfg = _as_config(OptimizerConfig, cfg, 'optimizer config')
   lr = cfg.learning_rate
   if cfg.schedule == 'cosine':
     after = optax.cosine_decay_schedule(lr, cfg.decay_steps, alpha=cfg.min_lr_ratio)
   else:
     after = optax.constant_schedule(lr)
-  if cfg.warmup_steps <= 1:        # min(1, (c + 1) / 1) = 1: no warm-up at all
+  if cfg.warmup_steps == 0:
     return after
-  # Linear from lr / W at c = 0 to lr at c = W - 1 is lr * (c + 1) / W.
-  warmup = optax.linear_schedule(lr / cfg.warmup_steps, lr, cfg.warmup_steps - 1)
+  # Linear from lr / W at c = 0 to lr at c = W - 1 is lr * (c + 1) / W (W = 1: lr from the
+  # start); the decay starts at c = W either way.
+  warmup = (optax.constant_schedule(lr) if cfg.warmup_steps == 1 else
+            optax.linear_schedule(lr / cfg.warmup_steps, lr, cfg.warmup_steps - 1))
   return optax.join_schedules([warmup, after], [cfg.warmup_steps])
 
 
@@ -253,7 +281,7 @@ def make_train_step(graphdef, loss_name: str, loss_cfg, optimizer: optax.Gradien
   Args:
     graphdef: nnx GraphDef of the model (Transformer, or RewardModel for
       'reward_model').
-    loss_name: key of LOSSES: 'grpo', 'sft', 'reward_model' or 'mopd'.
+    loss_name: key of LOSSES: 'grpo', 'sft', 'reward_model', 'mopd' or 'dpo'.
     loss_cfg: that loss's config (instance, dict, ConfigDict or None).
     optimizer: the optax transformation the state was initialised with.
     mesh: run sharded on this mesh: params/optimizer state by logical axes,

@@ -31,19 +31,15 @@ def assert_same(a, b):
 def test_save_restore_and_fallback_past_damaged_step(tmp_path):
   ckpt = checkpoint.StageCheckpoints(str(tmp_path / 'ckpt'), keep=3)
   states = {s: make_state(s) for s in (2, 4)}
-  key = jax.random.fold_in(jax.random.key(7), 3)
   for s, st in states.items():
-    ckpt.save(s, st, {'step': s, 'stage_index': 1, 'data': {'next_index': s * 4},
-                      'rng': checkpoint.rng_to_json(key)})
+    ckpt.save(s, st, {'step': s, 'stage_index': 1, 'data': {'next_index': s * 4}})
   ckpt.wait()
   assert ckpt.steps() == [2, 4]
-  abstract = checkpoint.abstract_like(make_state(0))
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          make_state(0))
   step, state, meta = ckpt.restore(abstract)
   assert step == 4 and meta['data'] == {'next_index': 16}
   assert_same(state, states[4])
-  assert jnp.array_equal(jax.random.key_data(checkpoint.rng_from_json(meta['rng'])),
-                         jax.random.key_data(key))
-  assert ckpt.read_meta(2)['step'] == 2
 
   # Damage the newest step: truncate every array file in it.
   for root, _, files in os.walk(tmp_path / 'ckpt' / '4' / 'state'):

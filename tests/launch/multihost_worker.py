@@ -3,7 +3,7 @@
   python tests/launch/multihost_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID CONFIG WORKDIR OUT
 
 Each process has 4 simulated CPU devices (8 global, collectives over gloo),
-runs `cascade.run.run(config, workdir)` on the shared workdir, then restores
+runs `cascade.train.run(config, workdir)` on the shared workdir, then restores
 the last stage's final Orbax checkpoint (a collective restore) and writes
 {process, devices, results, checksum} to OUT/<process id>.json, where
 checksum is the float64 sum of |param| over every parameter (computed on
@@ -43,17 +43,19 @@ def main(coordinator, num_processes, process_id, config_path, workdir, out_dir):
   from cascade import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize(coordinator, int(num_processes), int(process_id))
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  from cascade import run as run_lib  # pylint: disable=g-import-not-at-top
+  from cascade import policies  # pylint: disable=g-import-not-at-top
+  from cascade import train  # pylint: disable=g-import-not-at-top
+  from models import sharding  # pylint: disable=g-import-not-at-top
   config = _load_config(config_path)
-  results = run_lib.run(config, workdir)
+  results = train.run(config, workdir)
   plan = config_lib.validate(config)
-  ctx = run_lib.Context(config, plan, workdir)
+  pol = policies.Policies(plan, workdir, sharding.make_mesh(plan.mesh_shape), plan.rules)
   try:
-    state = ctx.final_state(plan.stages[-1])
+    state = pol.final_state(plan.stages[-1])
     checksum = _checksum(state.params)
     step = int(np.asarray(state.step.addressable_shards[0].data))
   finally:
-    ctx.close()
+    pol.close()
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, f'{jax.process_index()}.json'), 'w') as f:
     json.dump({'process': jax.process_index(), 'processes': jax.process_count(),

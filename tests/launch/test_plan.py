@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from cascade import config as config_lib
-from cascade import stages as stages_lib
+from cascade import kinds
+from cascade import policies
 from launch import plan
 from models import config as model_config
 from models import sharding
@@ -88,12 +89,10 @@ def test_plan_numbers_are_sane(tiny_path):
   mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
   rules = sharding.DEFAULT_RULES
   model_cfg = model_config.ModelConfig.preset('tiny', max_seq_len=256)
-  _, params = plan.abstract_model(model_cfg, 'policy')
-  params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        params, sharding.state_shardings(params, mesh, rules))
-  optimizer = train_lib.make_optimizer(stages_lib.optimizer_config(stage))
-  state = plan.abstract_state(params, optimizer, mesh, rules)
-  batch, what = plan.train_batch(stage, mesh, rules)
+  _, params = plan.abstract_params(model_cfg, 'policy', mesh, rules)
+  optimizer = train_lib.make_optimizer(kinds.base.optimizer_config(stage))
+  state = policies.abstract_state(params, optimizer, mesh, rules)
+  batch, what = kinds.get(stage.kind).abstract_batch(stage, mesh, rules)
   assert '16 rows x 64 tokens' in what            # 4 x 4 rows, 32 + the longest phase's 32
   state_bytes = _per_device_bytes(state)
   whole_state = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state))
@@ -143,7 +142,7 @@ def test_paper_configs_validate(name):
   p = config_lib.validate(config)
   assert plan.num_devices(config) == 64 and config.hardware.topology == 'v5p:4x4x4'
   for st in p.stages:
-    if st.kind in config_lib.RL_KINDS:
+    if st.SAMPLES:
       assert st.kl_coef == 0.0 or (name == 'nemotron_cascade2' and 'rlhf' in st.name)
       assert st.loss_agg == 'token' and st.optimizer.lr <= 4e-6
       # One row per device per microbatch: rows / microbatches = the 8 batch shards.

@@ -87,8 +87,9 @@ def _schedule_formula(cfg: ts.OptimizerConfig, count: int) -> float:
                        min_lr_ratio=0.1),
     ts.OptimizerConfig(learning_rate=5e-5, schedule='cosine', decay_steps=7),
 ])
-def test_schedule_matches_its_formula_at_every_step(cfg):
-  schedule = ts.make_schedule(cfg)
+@pytest.mark.parametrize('make', [ts.make_schedule, ts.optax_schedule])
+def test_schedule_matches_its_formula_at_every_step(cfg, make):
+  schedule = make(cfg)
   counts = np.arange(cfg.warmup_steps + cfg.decay_steps + 5)
   got = np.asarray(jax.jit(jax.vmap(schedule))(jnp.asarray(counts, jnp.int32)))
   want = np.array([_schedule_formula(cfg, int(c)) for c in counts])

@@ -1,0 +1,272 @@
+"""What every stage kind shares: typed stage configs that check themselves, and the Kind record.
+
+A stage kind is one module under `cascade/kinds/` that defines
+
+* `Config`: a frozen, keyword-only dataclass (a subclass of `StageConfig`)
+  whose fields are exactly what a stage dict of that kind may hold; each
+  field's metadata carries its check and message, so `from_mapping` builds it
+  from a raw dict with one-line errors that name the stage and the field
+  (`stages[2] 'math_rl': group_size=1: grpo needs G >= 2`), rejecting unknown
+  fields and naming missing ones. Class-level facts (`MODEL`, `RECORDS`,
+  `LEAVES`, ...) say what the kind trains and reads, so nothing outside the
+  kind's module branches on its name;
+* `KIND = Kind(...)`: its runner `run(env, stage) -> StageResult`, its loss
+  `(name, config)`, and its abstract train batch for a mesh (what
+  `launch.plan` compiles).
+
+`cascade.kinds.KINDS` is the one registry of kinds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple
+
+import numpy as np
+
+from cascade import schema
+# The field vocabulary, re-exported for the kind modules.
+from cascade.schema import BOOL, HIDE, ConfigError, field, from_mapping  # pylint: disable=unused-import
+from cascade.schema import int_at_least, is_int, is_num, num_in, one_of  # pylint: disable=unused-import
+_NAME_RE = re.compile(r'^[A-Za-z0-9_.-]+$')
+# The matrix row of the starting policy (evaluated first when the cascade starts with RL).
+INIT_ROW = 'init'
+
+
+# ---------------------------------------------------------------- optimizer and phases
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Optimizer:
+  """AdamW with linear warm-up, then constant or cosine (to min_lr_ratio * lr at the stage's
+  end), and global-norm clipping (clip_norm 0 = none); weight decay on matrices only."""
+  lr: float = field(check=num_in(0, lo_open=True, what='must be > 0'), convert=float)
+  schedule: str = field('constant', check=None)
+  warmup_steps: int = field(0, check=int_at_least(0))
+  min_lr_ratio: float = field(0.0, check=num_in(0, 1), convert=float)
+  clip_norm: float = field(1.0, check=num_in(0, what='must be >= 0 (0 = no clipping)'),
+                           convert=float)
+  weight_decay: float = field(0.0, check=num_in(0, what='must be >= 0'), convert=float)
+  b1: float = field(0.9, check=num_in(0, 1, hi_open=True), convert=float)
+  b2: float = field(0.999, check=num_in(0, 1, hi_open=True), convert=float)
+  eps: float = field(1e-8, check=num_in(0, lo_open=True, what='must be > 0'), convert=float)
+
+  def check(self, fail):
+    from rl import train_step as train_lib  # pylint: disable=g-import-not-at-top
+    if self.schedule not in train_lib.SCHEDULES:
+      fail('schedule', f'unknown schedule (known: {", ".join(train_lib.SCHEDULES)})')
+
+
+def parse_optimizer(raw, where: str) -> Optimizer:
+  if not isinstance(schema.plain(raw), Mapping):
+    raise ConfigError(f'{where}: optimizer: must be a dict with at least lr')
+  return from_mapping(Optimizer, raw, where, prefix='optimizer.')
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """A curriculum phase of an RL stage: applies to steps [previous until_step, until_step)."""
+  until_step: int
+  max_response_len: int
+  temperature: float
+  filter_overlong: bool
+
+
+# ---------------------------------------------------------------- stage configs
+
+def _name_ok(v) -> bool:
+  return isinstance(v, str) and bool(_NAME_RE.match(v))
+
+
+def _names(v) -> bool:
+  return isinstance(v, (list, tuple)) and bool(v) and all(isinstance(x, str) for x in v)
+
+
+def looks_like_path(ref: str) -> bool:
+  """An `init_from` / teacher reference that is a path rather than a stage name."""
+  return '/' in ref or ref.startswith('.') or ref.startswith('~') or '://' in ref
+
+
+class Refs(NamedTuple):
+  """What a stage's references are checked against while the stage list is resolved."""
+  earlier: tuple           # the resolved StageConfigs before this one
+  all_names: tuple         # every stage name in the list
+  domains: Mapping         # name -> config.Domain
+  datasets: Mapping        # name -> config.Dataset
+
+  def stage(self, name: str):
+    return next((s for s in self.earlier if s.name == name), None)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StageConfig:
+  """Fields every stage has. Subclasses add theirs; class attributes describe the kind.
+
+  Class attributes:
+    MODEL: the model the stage trains ('policy', 'reward_model') or None.
+    RECORDS: the record type its datasets hold ('sft', 'preference', 'prompt') or None.
+    LEAVES: the policy the stage leaves behind: 'own' (it trains one), 'start'
+      (its starting policy: eval), 'previous' (the one before it: a reward model).
+    ROW: the stage's policy gets a row of the evaluation matrix (when `evaluate`).
+    SAMPLES: the stage samples from the policy (an RL stage: the cascade's
+      starting policy is evaluated first when one of these comes first).
+    BY_DOMAIN: keep only records of the stage's domains (prompt datasets mix domains).
+  """
+  MODEL: ClassVar[str | None] = None
+  RECORDS: ClassVar[str | None] = None
+  LEAVES: ClassVar[str] = 'start'
+  ROW: ClassVar[bool] = True
+  SAMPLES: ClassVar[bool] = False
+  BY_DOMAIN: ClassVar[bool] = False
+
+  index: int = field(user=False)
+  kind: str = field(user=False)
+  name: str = field(user=False)
+  init_from: str = field('', check=((lambda v: isinstance(v, str)),
+                                    'must be a string (an earlier stage name or a path)'))
+  evaluate: bool = field(True, check=BOOL)
+  domains: tuple = field((), user=False)
+  datasets: tuple = field((), user=False)
+
+  @property
+  def trains_policy(self) -> bool:
+    return self.LEAVES == 'own'
+
+  @property
+  def where(self) -> str:
+    return f'stages[{self.index}] {self.name!r}'
+
+  def resolve(self, refs: Refs, fail) -> 'StageConfig':
+    """Checks references to other stages, domains and datasets; may fill defaults."""
+    init = self.init_from
+    if init and not looks_like_path(init):
+      if init == self.name:
+        fail('init_from', 'a stage cannot start from itself')
+      src = refs.stage(init)
+      if src is None:
+        what = 'a later stage' if init in refs.all_names else 'an unknown stage'
+        fail('init_from', f'names {what}; it must name an earlier stage (or be a path '
+                          'with a / to a checkpoint or HF directory)')
+      if src.MODEL == 'reward_model':
+        fail('init_from', f'is a {src.kind} stage; stages (reward models too) start from a '
+                          'policy')
+    return self
+
+  def check_lengths(self, max_seq: int | None, fail) -> None:
+    """Checks the stage's sequence lengths against the model's."""
+
+  def rows_per_step(self) -> tuple[int, str] | None:
+    """(rows, what) of a fixed-size train batch that must split over the mesh, or None."""
+    return None
+
+  def record_filter(self, tokenizer) -> tuple[Callable[[dict], bool], str] | None:
+    """(keep(record), why others are dropped) for the stage's records, or None."""
+    del tokenizer
+    return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainStageConfig(StageConfig):
+  """A stage that trains a model: its data, steps and optimizer."""
+  LEAVES: ClassVar[str] = 'own'
+  MODEL: ClassVar[str | None] = 'policy'
+
+  domains: tuple = field(check=(_names, 'must be a non-empty list of domain names'),
+                         convert=tuple)
+  datasets: tuple | None = field(None, check=(_names, 'must be a non-empty list of dataset names'),
+                                 convert=tuple)
+  steps: int = field(check=int_at_least(1))
+  optimizer: Optimizer = field()
+  microbatches: int = field(1, check=int_at_least(1))
+  reset_optimizer: bool = field(True, check=BOOL)
+
+  def resolve(self, refs: Refs, fail) -> 'TrainStageConfig':
+    super().resolve(refs, fail)
+    for d in self.domains:
+      if d not in refs.domains:
+        fail('domains', f'unknown domain {d!r} (known: {", ".join(sorted(refs.domains))})')
+    dsets = self.datasets
+    if dsets is None:
+      dsets = self.default_datasets(refs, fail)
+    for ds in dsets:
+      if ds not in refs.datasets:
+        fail('datasets', f'unknown dataset {ds!r} (known: {", ".join(sorted(refs.datasets))})',
+             list(dsets))
+      if refs.datasets[ds].record_type != self.RECORDS:
+        fail('datasets', f'dataset {ds!r} holds {refs.datasets[ds].record_type} records; a '
+                         f'{self.kind} stage reads {self.RECORDS} records', list(dsets))
+    return dataclasses.replace(self, datasets=tuple(dsets))
+
+  def default_datasets(self, refs: Refs, fail) -> tuple:
+    del refs
+    fail('datasets', f'missing field (a {self.kind} stage names its datasets)')
+
+  @property
+  def decay_steps(self) -> int:
+    """Optimizer updates the learning-rate schedule spans."""
+    return self.steps
+
+
+def optimizer_config(stage: TrainStageConfig):
+  """The stage's optimizer in rl.train_step's terms (cosine decays over the stage's updates)."""
+  from rl import train_step as train_lib  # pylint: disable=g-import-not-at-top
+  o = stage.optimizer
+  return train_lib.OptimizerConfig(
+      learning_rate=o.lr, warmup_steps=o.warmup_steps, schedule=o.schedule,
+      decay_steps=max(1, stage.decay_steps - o.warmup_steps), min_lr_ratio=o.min_lr_ratio,
+      b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, max_grad_norm=o.clip_norm)
+
+
+def stage_seed(seed: int, stage_index: int) -> int:
+  """A 31-bit seed for stage i's data order and its TrainState's PRNG key."""
+  return int(np.random.SeedSequence([seed, stage_index + 1]).generate_state(1)[0] >> 1)
+
+
+# ---------------------------------------------------------------- the kind record
+
+class StageResult(NamedTuple):
+  """What a runner hands back to the loop.
+
+  Attributes:
+    params: the policy the stage leaves (None: the loop looks it up by source).
+    final_step: the stage's last step (None for stages that do not train).
+    steps_run: steps this process ran (fewer than the stage's after a resume).
+    seconds: wall time of those steps.
+    first: metrics of the first step run; last: of the last.
+    info: extra facts for progress.json (e.g. MOPD's teachers).
+  """
+  params: Any = None
+  final_step: int | None = None
+  steps_run: int = 0
+  seconds: float = 0.0
+  first: Mapping = {}
+  last: Mapping = {}
+  info: Mapping = {}
+
+
+class Kind(NamedTuple):
+  """A stage kind: its config class, runner, loss and abstract train batch.
+
+  Attributes:
+    name: the `kind` string of a stage dict.
+    config: the StageConfig subclass.
+    run: (env, stage) -> StageResult.
+    loss: (stage) -> (loss name in rl.train_step.LOSSES, loss config); None
+      for kinds that do not train.
+    abstract_batch: (stage, mesh, rules) -> (train batch of ShapeDtypeStructs
+      for the stage's largest step, description); None for kinds that do not train.
+    sampler_sizes: (stage) -> dict(rows, prompt_len, max_new_tokens, top_p,
+      top_k) of the stage's largest sampler call; None if it does not sample.
+  """
+  name: str
+  config: type
+  run: Callable
+  loss: Callable | None = None
+  abstract_batch: Callable | None = None
+  sampler_sizes: Callable | None = None
+
+
+def rows_bucket(n: int, multiple: int) -> int:
+  """Rows padded to a power of two and a multiple of `multiple` (few compiled shapes)."""
+  b = 1 << max(0, (n - 1).bit_length())
+  return -(-b // multiple) * multiple

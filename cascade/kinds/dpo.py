@@ -1,0 +1,107 @@
+"""Kind 'dpo': offline Direct Preference Optimisation on preference pairs, reference frozen.
+
+  dict(name='chat_dpo', kind='dpo', domains=['chat'], datasets=['chat_prefs'], steps=50,
+       batch_size=32, max_len=64, beta=0.1, optimizer=dict(lr=1e-5))
+
+Each step takes `batch_size` (chosen, rejected) pairs of the stage's
+preference records, renders each prompt the way the policy is prompted
+(`thinking`: False = instruct mode, the cascade's default; True = /think;
+None = no switch), computes the frozen reference's summed response log-probs
+(the policy the stage starts from, kept unchanged), and takes one update on
+`rl.dpo`'s loss with `beta` and optional label smoothing (cDPO) or the IPO
+variant. The stage trains the policy and gets a row of the matrix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from cascade import data as data_lib
+from cascade import rollout
+from cascade.kinds import base
+from cascade.kinds import loop
+from models import sharding
+from rl import dpo as dpo_lib
+
+
+def _thinking_ok(v) -> bool:
+  return v is None or isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config(base.TrainStageConfig):
+  RECORDS: ClassVar[str] = 'preference'
+
+  batch_size: int = base.field(check=base.int_at_least(1))
+  max_len: int = base.field(check=base.int_at_least(2))
+  beta: float = base.field(0.1, check=base.num_in(0, lo_open=True, what='must be > 0'),
+                           convert=float)
+  label_smoothing: float = base.field(0.0, check=base.num_in(0, 0.5, hi_open=True),
+                                      convert=float)
+  loss_type: str = base.field('sigmoid', check=base.one_of(dpo_lib.LOSS_TYPES, 'DPO loss'))
+  thinking: bool | None = base.field(False, check=(
+      _thinking_ok, 'must be None (no /think switch), True (/think) or False (/no_think)'))
+
+  def check(self, fail):
+    if self.batch_size % self.microbatches:
+      fail('microbatches', f'must divide batch_size={self.batch_size}')
+
+  def check_lengths(self, max_seq, fail):
+    if max_seq is not None and self.max_len > max_seq:
+      fail('max_len', f"exceeds the model's max_seq_len={max_seq}")
+
+  def rows_per_step(self):
+    return self.batch_size, 'batch_size'
+
+
+def loss(stage: Config):
+  return 'dpo', dpo_lib.DpoConfig(beta=stage.beta, label_smoothing=stage.label_smoothing,
+                                  loss_type=stage.loss_type)
+
+
+def abstract_batch(stage: Config, mesh, rules):
+  rows_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
+  b, t = stage.batch_size, stage.max_len
+  mat = lambda dt: jax.ShapeDtypeStruct((b, t), jnp.dtype(dt), sharding=rows_sh)
+  vec = jax.ShapeDtypeStruct((b,), jnp.float32, sharding=rows_sh)
+  fields = {}
+  for side in dpo_lib.SIDES:
+    for f, dt in (('tokens', jnp.int32), ('positions', jnp.int32), ('segment_ids', jnp.int32),
+                  ('targets', jnp.int32), ('loss_mask', jnp.float32)):
+      fields[f'{side}_{f}'] = mat(dt)
+  return (dpo_lib.DpoBatch(**fields, ref_chosen_logps=vec, ref_rejected_logps=vec),
+          f'{b} pairs x 2 sides x {t} tokens, {stage.microbatches} microbatch(es)')
+
+
+def run(env, stage: Config) -> base.StageResult:
+  records = env.data.stage_records(stage)
+  # The reference is the policy the stage starts from, frozen for the whole stage.
+  ref_params = env.policies.start_params(stage)
+  graphdef = env.policies.graphdef('policy')
+
+  def maker(state):
+    del state
+    loader = data_lib.Loader(records, base.stage_seed(env.plan.seed, stage.index),
+                             stage.batch_size)
+
+    def make(step, rng, state):
+      del step, rng, state
+      recs = loader.next()
+      batch = dpo_lib.make_batch(env.tokenizer,
+                                 [rollout.prompt_text(r, stage.thinking) for r in recs],
+                                 [r['chosen'] for r in recs], [r['rejected'] for r in recs],
+                                 stage.max_len)
+      ref_c, ref_r = dpo_lib.reference_logps(graphdef, ref_params, batch, mesh=env.mesh,
+                                             rules=env.rules)
+      return [batch._replace(ref_chosen_logps=ref_c, ref_rejected_logps=ref_r)], {}
+    return loop.BatchMaker(loader, make)
+
+  return loop.train(env, KIND, stage, maker)
+
+
+KIND = base.Kind('dpo', Config, run, loss=loss, abstract_batch=abstract_batch)

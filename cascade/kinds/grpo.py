@@ -1,0 +1,91 @@
+"""Kind 'grpo': group-relative policy optimisation on verifier rewards (the cascade's RL stage).
+
+  dict(name='math_rl', kind='grpo', domains=['math'], steps=10, optimizer=dict(lr=4e-5),
+       prompts_per_step=16, group_size=8, temperature=0.8, max_prompt_len=48,
+       max_response_len=32, phases=[dict(until_step=5, max_response_len=24,
+       filter_overlong=True)])
+
+The Cascade RL default is strictly on-policy GRPO: one update per rollout
+batch, token-level loss, no KL term, advantages normalised within each
+prompt's group of G samples. Everything `rl.grpo.grpo_loss` offers is a
+field here: the advantage estimator, the loss aggregation, the clip range
+(`clip_eps_low`, `clip_eps_high` for clip-higher; they act only when a
+rollout batch is reused, `updates_per_batch` > 1), a KL penalty to the
+stage's starting policy (`kl_coef`, `kl_estimator`) and an entropy bonus
+(`entropy_coef`). Rollouts, curriculum and filtering: `cascade.kinds.rl`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from cascade.kinds import base
+from cascade.kinds import loop
+from cascade.kinds import rl
+from rl import batch as batch_lib
+from rl import grpo as grpo_lib
+from cascade import data as data_lib
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config(rl.RLStageConfig):
+  advantage: str = base.field('grpo', check=base.one_of(grpo_lib.ADVANTAGES,
+                                                        'advantage estimator'))
+  kl_coef: float = base.field(0.0, check=base.num_in(0, what='must be >= 0'), convert=float)
+  kl_estimator: str = base.field('k3', check=base.one_of(grpo_lib.KL_ESTIMATORS, 'KL estimator'))
+  clip_eps_low: float = base.field(0.2, check=base.num_in(0, 1, hi_open=True), convert=float)
+  clip_eps_high: float = base.field(0.2, check=base.num_in(0, what='must be >= 0'),
+                                    convert=float)
+  entropy_coef: float = base.field(0.0, check=base.num_in(0, what='must be >= 0'),
+                                   convert=float)
+
+  def check(self, fail):
+    if self.group_size < 2:
+      fail('group_size', 'grpo needs G >= 2 (a group of one has no baseline)')
+    super().check(fail)
+
+
+def loss(stage: Config):
+  return 'grpo', grpo_lib.GrpoConfig(
+      advantage=stage.advantage, aggregation=stage.loss_agg, kl_coef=stage.kl_coef,
+      kl_estimator=stage.kl_estimator, clip_eps_low=stage.clip_eps_low,
+      clip_eps_high=stage.clip_eps_high, entropy_coef=stage.entropy_coef)
+
+
+def abstract_batch(stage: Config, mesh, rules):
+  extra = {'ref_logprobs': ('token', jnp.float32)} if stage.kl_coef > 0 else {}
+  return rl.abstract_batch(stage, mesh, rules, **extra)
+
+
+def run(env, stage: Config) -> base.StageResult:
+  records = env.data.stage_records(stage)
+  # The KL reference is the policy the stage starts from, frozen.
+  ref_params = env.policies.start_params(stage) if stage.kl_coef > 0 else None
+  graphdef = env.policies.graphdef('policy')
+
+  def maker(state):
+    del state
+    loader = data_lib.Loader(records, base.stage_seed(env.plan.seed, stage.index),
+                             stage.prompts_per_step)
+
+    def make(step, rng, state):
+      draws = rl.Draws(env, stage, loader, step, rng, state.params)
+      rows, rewards, valid, fill = draws.collect()
+      adv = grpo_lib.advantages(rewards, stage.group_size, stage.advantage)
+      valid = rl.loss_valid(stage, step, rows, valid)
+      batch = batch_lib.from_samples(rows['samples'], adv, valid=valid)
+      if ref_params is not None:
+        batch = batch._replace(ref_logprobs=np.asarray(batch_lib.compute_logprobs(
+            graphdef, ref_params, batch, env.mesh, env.rules)))
+      host = {**draws.metrics(), **fill, 'rows_with_loss': float(np.mean(valid))}
+      return rl.split_updates(stage, step, env.plan.seed, batch), host
+    return loop.BatchMaker(loader, make)
+
+  return loop.train(env, KIND, stage, maker)
+
+
+KIND = base.Kind('grpo', Config, run, loss=loss, abstract_batch=abstract_batch,
+                 sampler_sizes=rl.sampler_sizes)

@@ -1,0 +1,134 @@
+"""The training loop every training kind runs: resume, batches, jitted updates, checkpoints.
+
+`train(env, stage, make_batches)` restores the stage's newest good checkpoint
+(or builds a fresh state from the stage's starting policy), then for each
+step asks the kind's `BatchMaker` for the step's batches (one per optimizer
+update: one for on-policy RL, SFT and reward models; `updates_per_batch`
+mini-batches of one rollout batch for PPO-style reuse), runs the jitted train
+step on each, logs, and checkpoints every `ckpt.every_n_steps` steps and at
+the end.
+
+Randomness: step s of stage i uses `fold_in(state.rng, s)` where `state.rng`
+is `PRNGKey(stage_seed(seed, i))`, saved in every checkpoint with the state;
+its data comes from a grain iterator whose position is in every checkpoint's
+metadata. A resumed stage therefore repeats exactly what an uninterrupted one
+does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from cascade import data as data_lib
+from cascade import metrics as metrics_lib
+from cascade.kinds import base
+from models import sharding
+from rl import train_step as train_lib
+
+
+class BatchMaker(NamedTuple):
+  """A kind's per-step batch builder.
+
+  Attributes:
+    loader: the stage's data iterator (its state is checkpointed).
+    make: (step, rng, state) -> (list of train batches, one per update; host metrics).
+  """
+  loader: data_lib.Loader
+  make: Callable[[int, jax.Array, train_lib.TrainState], tuple[Sequence[Any], dict]]
+
+
+def build_train_step(kind: base.Kind, stage, graphdef, state, mesh, rules,
+                     microbatches: int | None = None):
+  """The jitted train step of a stage (what the runner runs and `launch.plan` compiles)."""
+  opt_cfg = base.optimizer_config(stage)
+  optimizer = train_lib.make_optimizer(opt_cfg)
+  loss_name, loss_cfg = kind.loss(stage)
+  return train_lib.make_train_step(
+      graphdef, loss_name, loss_cfg, optimizer, mesh=mesh, rules=rules, state=state,
+      microbatches=microbatches or stage.microbatches,
+      lr_schedule=train_lib.make_schedule(opt_cfg))
+
+
+def _merge(ms: Sequence[dict]) -> dict:
+  """One step's metrics from its updates: the mean of each, the last `skipped`."""
+  if len(ms) == 1:
+    return ms[0]
+  out = {k: float(np.mean([m[k] for m in ms])) for k in ms[0]}
+  out['skipped'] = ms[-1]['skipped']
+  out['updates'] = float(len(ms))
+  return out
+
+
+def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) -> base.StageResult:
+  """Runs (or resumes) a training stage to its last step.
+
+  Args:
+    env: the run's `cascade.train.Env`.
+    kind: the stage's Kind.
+    stage: the stage's config.
+    maker_fn: (state) -> BatchMaker, called once the state exists.
+
+  Returns:
+    The StageResult (its params are the final TrainState's).
+  """
+  pol = env.policies
+  optimizer = train_lib.make_optimizer(base.optimizer_config(stage))
+  ckpts = pol.checkpoints(stage)
+  restored = ckpts.restore(pol.abstract_state(stage.MODEL, optimizer))
+  if restored is not None:
+    step, state, meta = restored
+    print(f'[{stage.index}] {stage.name}: resuming at step {step}/{stage.steps}', flush=True)
+  else:
+    step, meta = 0, None
+    state = pol.initial_state(stage, optimizer, base.stage_seed(env.plan.seed, stage.index))
+  maker = maker_fn(state)
+  if meta is not None:
+    maker.loader.set_state(meta['data'])
+  step_fn = build_train_step(kind, stage, pol.graphdef(stage.MODEL), state, env.mesh, env.rules)
+  if env.mesh is not None and jax.process_count() > 1:
+    step_fn = _with_global_batch(step_fn, env.mesh, env.rules)
+  every = env.plan.ckpt.every_n_steps
+  bar = metrics_lib.StageBar(stage, step)
+  start, first_step = time.time(), step
+  while step < stage.steps:
+    t0 = time.perf_counter()
+    rng = jax.random.fold_in(state.rng, step)
+    batches, host = maker.make(step, rng, state)
+    ms = []
+    for batch in batches:
+      state, m = train_lib.run_step(step_fn, state, batch)
+      m['update_s'] = m.pop('step_s')
+      ms.append(m)
+    m = _merge(ms)
+    m.update(host, step_s=time.perf_counter() - t0)
+    step += 1
+    env.writer.write(stage, step, m)
+    bar.update(m)
+    if step == stage.steps or (every and step % every == 0):
+      ckpts.save(step, state, {'step': step, 'stage_index': stage.index, 'stage': stage.name,
+                               'data': maker.loader.get_state()})
+  ckpts.wait()
+  bar.close()
+  return base.StageResult(params=state.params, final_step=stage.steps,
+                          steps_run=step - first_step, seconds=time.time() - start,
+                          first=bar.first, last=bar.last)
+
+
+def _with_global_batch(step_fn, mesh, rules):
+  """Wraps a train step so its host batch becomes global arrays split over 'batch'.
+
+  In a multi-process run every process builds the same host batch (same data
+  order, same seeds), but jit refuses host numpy inputs with a sharding that
+  spans other processes' devices; each process contributes its own rows.
+  """
+  rows = jax.sharding.NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
+
+  def to_global(x):
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, rows, lambda index: x[index])
+
+  return lambda state, batch: step_fn(state, jax.tree.map(to_global, batch))

@@ -1,0 +1,138 @@
+"""Kind 'mopd': multi-domain on-policy distillation from per-domain teachers (Cascade 2).
+
+  dict(name='mopd', kind='mopd', domains=['math', 'code'], teachers='best', steps=50,
+       optimizer=dict(lr=2e-6), prompts_per_step=128, group_size=4, ...)
+
+The student samples its own completions; each row is routed to its domain's
+teacher, and the per-token advantage is log pi_teacher(y_t) - log
+pi_student(y_t) with a truncated importance weight (`rl.distill`).
+`teachers='best'` picks, per domain, the earlier policy with the best
+held-out score in the matrix so far (ties: the earliest); a mapping names a
+stage or a checkpoint path per domain. The choice is printed and recorded in
+progress.json. Rollout, curriculum and filtering fields: `cascade.kinds.rl`
+(dynamic filtering is off by default: every prompt carries signal here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+import numpy as np
+
+from cascade import data as data_lib
+from cascade.kinds import base
+from cascade.kinds import loop
+from cascade.kinds import rl
+from rl import batch as batch_lib
+from rl import distill
+
+INIT_ROW = base.INIT_ROW
+
+
+def _teachers_ok(v) -> bool:
+  return v == 'best' or isinstance(v, Mapping) or hasattr(v, 'to_dict')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config(rl.RLStageConfig):
+  dynamic_filter: bool = base.field(False, check=base.BOOL)
+  teachers: Any = base.field('best', check=(
+      _teachers_ok, "must be 'best' or a mapping domain -> stage name or path"))
+
+  def resolve(self, refs, fail):
+    out = super().resolve(refs, fail)
+    teachers = self.teachers
+    if teachers == 'best':
+      if not any(s.ROW and s.evaluate for s in refs.earlier):
+        fail('teachers', "'best' needs an earlier evaluated policy stage to choose from")
+      return out
+    teachers = dict(teachers)
+    for d in self.domains:
+      if d not in teachers:
+        fail('teachers', f'no teacher for domain {d!r}')
+    for d, ref in teachers.items():
+      if d not in self.domains:
+        fail('teachers', f"domain {d!r} is not one of this stage's domains {list(self.domains)}")
+      if not isinstance(ref, str) or not ref:
+        fail('teachers', f'teacher of {d!r} must be a stage name or a path')
+      if not base.looks_like_path(ref):
+        src = refs.stage(ref)
+        if src is None:
+          fail('teachers', f'teacher {ref!r} of {d!r} names no earlier stage')
+        if not src.trains_policy:
+          fail('teachers', f'teacher {ref!r} of {d!r} is a {src.kind} stage, not a trained policy')
+    return dataclasses.replace(out, teachers=teachers)
+
+
+def loss(stage: Config):
+  del stage
+  return 'mopd', distill.MopdConfig()
+
+
+def abstract_batch(stage: Config, mesh, rules):
+  return rl.abstract_batch(stage, mesh, rules, teacher_index=('row', jnp.int32),
+                           teacher_logprobs=('token', jnp.float32))
+
+
+def choose_teachers(env, stage: Config) -> dict[str, tuple[tuple, str]]:
+  """domain -> (policy source, why) for each of the stage's domains."""
+  pol, plan = env.policies, env.plan
+  chosen = {}
+  for d in stage.domains:
+    ref = stage.teachers if stage.teachers == 'best' else stage.teachers[d]
+    if ref == 'best':
+      rows = [r for r in env.progress.rows
+              if r['stage'] == INIT_ROW or plan.stage(r['stage']).index < stage.index]
+      rows = [r for r in rows if r['scores'].get(d) is not None]
+      if not rows:
+        raise ValueError(f'stage {stage.name!r}: no evaluated earlier policy to pick the '
+                         f'{d!r} teacher from')
+      best = max(rows, key=lambda r: r['scores'][d])    # max keeps the earliest of ties
+      src = (('initial',) if best['stage'] == INIT_ROW
+             else pol.source_after(plan.stage(best['stage']).index))
+      why = f'best {d} score {best["scores"][d]:.1f} after {best["stage"]}'
+    elif base.looks_like_path(ref):
+      src, why = ('hf', ref), 'explicit path'
+    else:
+      src, why = pol.source_after(plan.stage(ref).index), f'explicit stage {ref}'
+    chosen[d] = (src, why)
+  return chosen
+
+
+def run(env, stage: Config) -> base.StageResult:
+  records = env.data.stage_records(stage)
+  chosen = choose_teachers(env, stage)
+  sources = sorted({src for src, _ in chosen.values()})
+  teachers = [env.policies.params_of(s, keep=False) for s in sources]
+  teacher_of_domain = np.full(len(env.domain_index), -1, np.int32)
+  for d, (src, why) in chosen.items():
+    teacher_of_domain[env.domain_index[d]] = sources.index(src)
+    print(f'[{stage.index}] {stage.name}: teacher for {d}: {src} ({why})', flush=True)
+  graphdef = env.policies.graphdef('policy')
+
+  def maker(state):
+    del state
+    loader = data_lib.Loader(records, base.stage_seed(env.plan.seed, stage.index),
+                             stage.prompts_per_step)
+
+    def make(step, rng, state):
+      draws = rl.Draws(env, stage, loader, step, rng, state.params)
+      rows, _, valid, fill = draws.collect()
+      valid = rl.loss_valid(stage, step, rows, valid)
+      idx = teacher_of_domain[rows['domain']]
+      batch = batch_lib.from_samples(rows['samples'], np.zeros(idx.shape, np.float32),
+                                     valid=valid, teacher_index=idx)
+      lp = distill.teacher_logprobs(graphdef, teachers, idx, batch, mesh=env.mesh,
+                                    rules=env.rules)
+      batch = batch._replace(teacher_logprobs=lp)
+      return rl.split_updates(stage, step, env.plan.seed, batch), {**draws.metrics(), **fill}
+    return loop.BatchMaker(loader, make)
+
+  result = loop.train(env, KIND, stage, maker)
+  return result._replace(info={'teachers': {d: list(src) for d, (src, _) in chosen.items()}})
+
+
+KIND = base.Kind('mopd', Config, run, loss=loss, abstract_batch=abstract_batch,
+                 sampler_sizes=rl.sampler_sizes)

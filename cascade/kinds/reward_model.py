@@ -1,0 +1,87 @@
+"""Kind 'reward_model': a Bradley-Terry reward model on preference pairs, started from a policy.
+
+  dict(name='rm', kind='reward_model', domains=['chat'], datasets=['chat_prefs'], steps=100,
+       batch_size=32, max_len=64, optimizer=dict(lr=1e-3), init_from='sft')
+
+The model is the starting policy's backbone with a scalar head; each step
+scores `batch_size` (chosen, rejected) pairs, each rendered as the prompt the
+verifiers see plus the response, and minimises -log sigmoid(r_chosen -
+r_rejected). The stage leaves the policy as it was; a domain whose verifier
+is 'reward_model' (or that adds the RM score, like IF in thinking mode) names
+this stage in `reward_model_stage`. Not a row of the matrix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+
+from cascade import data as data_lib
+from cascade import rollout
+from cascade.kinds import base
+from cascade.kinds import loop
+from models import sharding
+from rl import reward_model as rm_lib
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config(base.TrainStageConfig):
+  MODEL: ClassVar[str] = 'reward_model'
+  RECORDS: ClassVar[str] = 'preference'
+  LEAVES: ClassVar[str] = 'previous'
+  ROW: ClassVar[bool] = False
+
+  evaluate: bool = base.field(False, check=base.BOOL)
+  batch_size: int = base.field(check=base.int_at_least(1))
+  max_len: int = base.field(check=base.int_at_least(2))
+
+  def check(self, fail):
+    if self.batch_size % self.microbatches:
+      fail('microbatches', f'must divide batch_size={self.batch_size}')
+
+  def check_lengths(self, max_seq, fail):
+    if max_seq is not None and self.max_len > max_seq:
+      fail('max_len', f"exceeds the model's max_seq_len={max_seq}")
+
+  def rows_per_step(self):
+    return self.batch_size, 'batch_size'
+
+
+def loss(stage: Config):
+  del stage
+  return 'reward_model', None
+
+
+def abstract_batch(stage: Config, mesh, rules):
+  rows_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
+  b, t = stage.batch_size, stage.max_len
+  mat = lambda: jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=rows_sh)
+  return (rm_lib.PairBatch(mat(), mat(), mat(), mat()),
+          f'{b} pairs x {t} tokens, {stage.microbatches} microbatch(es)')
+
+
+def run(env, stage: Config) -> base.StageResult:
+  records = env.data.stage_records(stage)
+
+  def maker(state):
+    del state
+    loader = data_lib.Loader(records, base.stage_seed(env.plan.seed, stage.index),
+                             stage.batch_size)
+
+    def make(step, rng, state):
+      del step, rng, state
+      recs = loader.next()
+      batch = rm_lib.make_pair_batch(
+          env.tokenizer, [rollout.verifier_prompt(r) for r in recs],
+          [r['chosen'] for r in recs], [r['rejected'] for r in recs], stage.max_len)
+      return [batch], {}
+    return loop.BatchMaker(loader, make)
+
+  return loop.train(env, KIND, stage, maker)._replace(params=None)
+
+
+KIND = base.Kind('reward_model', Config, run, loss=loss, abstract_batch=abstract_batch)

@@ -1,0 +1,272 @@
+"""What the RL kinds (grpo, mopd) share: their config, the curriculum, rollout draws, batches.
+
+An RL step draws `prompts_per_step` prompts from the stage's loader, samples
+`group_size` completions of each with the stage's current phase (length cap,
+temperature), scores every row with its own domain's verifier (a batch may
+mix domains), and, with dynamic filtering, refills past groups whose G
+rewards are all equal (at most `refill_cap` extra rounds). Rows of a
+truncated completion carry no loss in a phase that filters overlong rollouts.
+
+`updates_per_batch` > 1 splits the step's rollout batch into that many
+mini-batches (a fixed permutation per step) and takes one optimizer update on
+each, PPO-style; the importance ratio against the sampler's log-probs is what
+the clipping then acts on. The default, 1, is strictly on-policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+
+from cascade import rollout
+from cascade.kinds import base
+from models import sharding
+from rl import batch as batch_lib
+from rl import grpo
+from rl import sampler as sampler_lib
+
+
+def _phases_ok(v) -> bool:
+  return isinstance(v, (list, tuple)) and all(hasattr(p, 'keys') or isinstance(p, dict)
+                                              for p in v)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RLStageConfig(base.TrainStageConfig):
+  """An RL stage: rollouts of prompts x G samples per step, scored by domain verifiers."""
+  RECORDS: ClassVar[str] = 'prompt'
+  SAMPLES: ClassVar[bool] = True
+  BY_DOMAIN: ClassVar[bool] = True
+
+  prompts_per_step: int = base.field(check=base.int_at_least(1))
+  group_size: int = base.field(check=base.int_at_least(1))
+  temperature: float = base.field(1.0, check=base.num_in(0, lo_open=True, what='must be > 0'),
+                                  convert=float)
+  top_p: float = base.field(1.0, check=base.num_in(0, 1, lo_open=True), convert=float)
+  top_k: int = base.field(0, check=(lambda v: base.is_int(v) and v >= 0,
+                                    'must be an int >= 0 (0 = off)'))
+  max_prompt_len: int = base.field(check=base.int_at_least(1))
+  max_response_len: int = base.field(check=base.int_at_least(1))
+  phases: tuple = base.field(None, check=(_phases_ok, 'must be a list of dicts'))
+  thinking_fraction: float | None = base.field(
+      None, check=(lambda v: base.is_num(v) and 0 <= v <= 1,
+                   'must be None (no /think switch) or a fraction in [0, 1]'), convert=float)
+  dynamic_filter: bool = base.field(True, check=base.BOOL)
+  refill_cap: int = base.field(4, check=base.int_at_least(0))
+  filter_overlong: bool = base.field(False, check=base.BOOL)
+  loss_agg: str = base.field('token', check=base.one_of(grpo.AGGREGATIONS, 'loss aggregation'))
+  updates_per_batch: int = base.field(1, check=base.int_at_least(1))
+
+  def check(self, fail):
+    rows = self.prompts_per_step * self.group_size
+    if rows % self.updates_per_batch:
+      fail('updates_per_batch', f'must divide prompts_per_step * group_size = {rows}')
+    if (rows // self.updates_per_batch) % self.microbatches:
+      fail('microbatches', 'must divide prompts_per_step * group_size'
+           + (' / updates_per_batch' if self.updates_per_batch > 1 else ''))
+    object.__setattr__(self, 'phases', self._resolve_phases(fail))
+
+  def _resolve_phases(self, fail) -> tuple:
+    """The curriculum; without phases, one phase covering the stage."""
+    base_ph = dict(max_response_len=self.max_response_len, temperature=self.temperature,
+                   filter_overlong=self.filter_overlong)
+    if not self.phases:
+      return (base.Phase(until_step=self.steps, **base_ph),)
+    out, prev = [], 0
+    for j, p in enumerate(self.phases):
+      p = dict(p)
+      for k in p:
+        if k not in ('until_step',) + tuple(base_ph):
+          fail(f'phases[{j}].{k}', f'unknown field (known: until_step, {", ".join(base_ph)})',
+               base.HIDE)
+      if 'until_step' not in p:
+        fail(f'phases[{j}].until_step', 'missing field', base.HIDE)
+      until = p['until_step']
+      if not base.is_int(until) or until <= prev:
+        fail(f'phases[{j}].until_step', 'phases must end at strictly increasing steps '
+                                        f'(previous {prev})', until)
+      ph = {**base_ph, **{k: p[k] for k in p if k != 'until_step'}}
+      if not base.is_int(ph['max_response_len']) or ph['max_response_len'] < 1:
+        fail(f'phases[{j}].max_response_len', 'must be an int >= 1', ph['max_response_len'])
+      if ph['max_response_len'] > self.max_response_len:
+        fail(f'phases[{j}].max_response_len', 'exceeds the stage\'s '
+             f'max_response_len={self.max_response_len}', ph['max_response_len'])
+      if not base.is_num(ph['temperature']) or ph['temperature'] <= 0:
+        fail(f'phases[{j}].temperature', 'must be > 0', ph['temperature'])
+      if not isinstance(ph['filter_overlong'], bool):
+        fail(f'phases[{j}].filter_overlong', 'must be a bool', ph['filter_overlong'])
+      out.append(base.Phase(until_step=until, max_response_len=ph['max_response_len'],
+                            temperature=float(ph['temperature']),
+                            filter_overlong=ph['filter_overlong']))
+      prev = until
+    return tuple(out)
+
+  def default_datasets(self, refs, fail) -> tuple:
+    missing = [d for d in self.domains if not refs.domains[d].train]
+    if missing:
+      fail('datasets', f'not given, and domain {missing[0]!r} has no train dataset')
+    return tuple(refs.domains[d].train for d in self.domains)
+
+  def phase_at(self, step: int) -> base.Phase:
+    """The curriculum phase in force at `step` (the last phase past its end)."""
+    for p in self.phases:
+      if step < p.until_step:
+        return p
+    return self.phases[-1]
+
+  @property
+  def longest_response(self) -> int:
+    return max(p.max_response_len for p in self.phases)
+
+  @property
+  def decay_steps(self) -> int:
+    return self.steps * self.updates_per_batch
+
+  def check_lengths(self, max_seq, fail):
+    total = self.max_prompt_len + self.max_response_len
+    if max_seq is not None and total > max_seq:
+      fail('max_response_len', f'max_prompt_len + max_response_len = {total} exceeds the '
+                               f"model's max_seq_len={max_seq}")
+
+  def rows_per_step(self):
+    return self.prompts_per_step * self.group_size, 'prompts_per_step * group_size'
+
+  def record_filter(self, tokenizer):
+    modes = rollout.stage_modes(self.thinking_fraction)
+    return ((lambda r: rollout.longest_prompt_len(r, tokenizer, modes) <= self.max_prompt_len),
+            f'prompts longer than max_prompt_len={self.max_prompt_len}')
+
+
+def sampler_sizes(stage: RLStageConfig) -> dict:
+  """The stage's largest sampler call (all prompts x G rows, the longest phase)."""
+  return dict(rows=stage.prompts_per_step * stage.group_size, prompt_len=stage.max_prompt_len,
+              max_new_tokens=stage.longest_response, top_p=stage.top_p, top_k=stage.top_k)
+
+
+def abstract_batch(stage: RLStageConfig, mesh, rules, **extra_rows):
+  """The RL train batch of one update as ShapeDtypeStructs split over 'batch'.
+
+  Args:
+    stage: the stage.
+    mesh, rules: the target mesh and its logical rules.
+    **extra_rows: name -> 'row' ([B]) or 'token' ([B, L]) extra float32/int32 fields.
+
+  Returns:
+    (TrainBatch, description).
+  """
+  rows_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
+  b = stage.prompts_per_step * stage.group_size // stage.updates_per_batch
+  length = stage.max_prompt_len + stage.longest_response
+  mat = lambda dt: jax.ShapeDtypeStruct((b, length), jnp.dtype(dt), sharding=rows_sh)
+  vec = lambda dt: jax.ShapeDtypeStruct((b,), jnp.dtype(dt), sharding=rows_sh)
+  fields = dict(tokens=mat(jnp.int32), positions=mat(jnp.int32), segment_ids=mat(jnp.int32),
+                targets=mat(jnp.int32), loss_mask=mat(jnp.float32),
+                old_logprobs=mat(jnp.float32), advantages=vec(jnp.float32),
+                truncated=vec(jnp.bool_))
+  for name, (shape, dt) in extra_rows.items():
+    fields[name] = mat(dt) if shape == 'token' else vec(dt)
+  upd = f', {stage.updates_per_batch} updates per rollout batch' if stage.updates_per_batch > 1 else ''
+  what = (f'{stage.prompts_per_step} prompts x {stage.group_size} = '
+          f'{stage.prompts_per_step * stage.group_size} rows x {length} tokens (longest phase)'
+          f'{upd}, {stage.microbatches} microbatch(es)')
+  return batch_lib.TrainBatch(**fields), what
+
+
+def _pad_prompts(samples: sampler_lib.SampleOutput, width: int) -> sampler_lib.SampleOutput:
+  """Left-pads the prompt columns to `width`, so the train batch has one shape per phase."""
+  p = samples.prompt_tokens.shape[1]
+  if p > width:
+    raise ValueError(f'prompt of {p} tokens exceeds max_prompt_len={width}')
+  pad = lambda x: np.pad(np.asarray(x), ((0, 0), (width - p, 0)))
+  return samples._replace(prompt_tokens=pad(samples.prompt_tokens),
+                          prompt_mask=pad(samples.prompt_mask))
+
+
+class Draws:
+  """Sampling rounds of one RL step: each draws prompts, samples G each and scores them."""
+
+  def __init__(self, env, stage: RLStageConfig, loader, step: int, rng, params):
+    self.env, self.stage, self.loader = env, stage, loader
+    self.rng, self.params = rng, params
+    phase = stage.phase_at(step)
+    self.sp = sampler_lib.SamplingParams(temperature=phase.temperature, top_p=stage.top_p,
+                                         top_k=stage.top_k,
+                                         max_new_tokens=phase.max_response_len)
+    self.modes_rng = np.random.default_rng([env.plan.seed, stage.index, step])
+    self.rewards, self.lengths, self.truncated, self.domains = [], [], [], []
+    self.sandbox_errors = 0
+    self.sample_s = self.score_s = 0.0
+
+  def __call__(self, n: int):
+    st = self.stage
+    recs = self.loader.next()
+    assert len(recs) == n, (len(recs), n)
+    modes = rollout.draw_modes(n, st.thinking_fraction, self.modes_rng)
+    t0 = time.perf_counter()
+    key = jax.random.fold_in(self.rng, len(self.rewards))
+    ro = rollout.generate(self.env.sampler, self.params, self.env.tokenizer, recs, modes, key,
+                          self.sp, st.group_size)
+    t1 = time.perf_counter()
+    rewards, infos = rollout.score(ro, self.env.verifiers.train_verifier, self.env.sample_cls)
+    self.sample_s += t1 - t0
+    self.score_s += time.perf_counter() - t1
+    self.sandbox_errors += sum(1 for i in infos if i.get('sandbox_error'))
+    self.rewards.append(rewards)
+    self.lengths.append(ro.samples.lengths)
+    self.truncated.append(ro.samples.truncated)
+    self.domains += [r['domain'] for r in ro.records]
+    index = self.env.domain_index
+    domain_idx = np.array([index[r['domain']] for r in ro.records], np.int32)
+    return {'samples': _pad_prompts(ro.samples, st.max_prompt_len), 'domain': domain_idx}, rewards
+
+  def collect(self):
+    """Draws one batch of groups (refilling past all-equal groups when the stage filters).
+
+    Returns:
+      (rows, rewards, valid, fill metrics).
+    """
+    st = self.stage
+    if st.dynamic_filter:
+      f = grpo.fill_groups(self, st.prompts_per_step, st.group_size,
+                           max_rounds=1 + st.refill_cap)
+      return f.rows, f.rewards, f.valid, {'prompts_drawn': f.prompts_drawn, 'rounds': f.rounds,
+                                          'groups_kept': f.groups_kept}
+    rows, rewards = self(st.prompts_per_step)
+    return rows, rewards, np.ones(rewards.shape, bool), {}
+
+  def metrics(self) -> dict:
+    r = np.concatenate(self.rewards)
+    out = {'reward_mean': float(np.mean(r)), 'reward_std': float(np.std(r)),
+           'response_len': float(np.mean(np.concatenate(self.lengths))),
+           'truncated_frac': float(np.mean(np.concatenate(self.truncated))),
+           'sample_s': self.sample_s, 'score_s': self.score_s,
+           'temperature': self.sp.temperature, 'max_response_len': self.sp.max_new_tokens,
+           'sandbox_errors': float(self.sandbox_errors)}
+    doms = np.array(self.domains)
+    if len(set(self.domains)) > 1:
+      for d in sorted(set(self.domains)):
+        out[f'reward_mean/{d}'] = float(np.mean(r[doms == d]))
+    return out
+
+
+def loss_valid(stage: RLStageConfig, step: int, rows, valid) -> np.ndarray:
+  """Rows that carry loss: the filled groups, minus truncated rows in an overlong-filter phase."""
+  if stage.phase_at(step).filter_overlong:
+    valid = valid & ~np.asarray(rows['samples'].truncated, bool)
+  return valid
+
+
+def split_updates(stage: RLStageConfig, step: int, seed: int, batch) -> list:
+  """The step's rollout batch as `updates_per_batch` mini-batches (one: the batch itself)."""
+  k = stage.updates_per_batch
+  if k == 1:
+    return [batch]
+  b = batch.tokens.shape[0]
+  perm = np.random.default_rng([seed, stage.index, step, 7]).permutation(b)
+  return [batch_lib.take_rows(batch, np.sort(perm[i::k])) for i in range(k)]

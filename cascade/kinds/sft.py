@@ -1,0 +1,105 @@
+"""Kind 'sft': supervised fine-tuning on packed (prompt, response) records; the prompt is context.
+
+A stage dict:
+
+  dict(name='sft', kind='sft', domains=[...], datasets=['sft'], steps=600, batch_size=24,
+       max_len=256, optimizer=dict(lr=1e-3, schedule='cosine', warmup_steps=20))
+
+Each step takes `batch_size` records, renders each in the mode its record
+asks for (a record with a thinking trace in thinking mode, else instruct mode;
+`thinking_switch=False`: no mode switch at all), packs them into rows of
+`max_len` tokens (segment ids keep them apart) and takes one update on the
+response tokens' cross-entropy. Rows are padded to a power of two (and a
+multiple of microbatches x batch shards) so few shapes compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+
+from cascade import data as data_lib
+from cascade import rollout
+from cascade.kinds import base
+from cascade.kinds import loop
+from models import chat
+from models import sharding
+from rl import batch as batch_lib
+from rl import sft as sft_lib
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config(base.TrainStageConfig):
+  RECORDS: ClassVar[str] = 'sft'
+
+  batch_size: int = base.field(check=base.int_at_least(1))
+  max_len: int = base.field(check=base.int_at_least(2))
+  thinking_switch: bool = base.field(True, check=base.BOOL)
+
+  def check_lengths(self, max_seq, fail):
+    if max_seq is not None and self.max_len > max_seq:
+      fail('max_len', f"exceeds the model's max_seq_len={max_seq}")
+
+  def record_filter(self, tokenizer):
+    return ((lambda r: any(example(r, tokenizer, self.thinking_switch, self.max_len)[1])),
+            f'examples whose prompt fills max_len={self.max_len}')
+
+
+def example(rec: dict, tokenizer, thinking_switch: bool, max_len: int):
+  """(tokens, loss mask) of an SFT record: the prompt is context, the response is learned."""
+  thinking = rec.get('thinking')
+  mode = (thinking is not None) if thinking_switch else None
+  prompt = tokenizer.encode(rollout.prompt_text(rec, mode))
+  # In instruct mode the empty thinking block is already in the prompt.
+  response = tokenizer.encode(chat.render_response(rec['response'],
+                                                   thinking if mode is not False else None))
+  toks = (prompt + response)[:max_len]
+  mask = ([0] * len(prompt) + [1] * len(response))[:max_len]
+  return toks, mask
+
+
+def loss(stage: Config):
+  del stage
+  return 'sft', None
+
+
+def abstract_batch(stage: Config, mesh, rules):
+  rows_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
+  b = base.rows_bucket(stage.batch_size, stage.microbatches * sharding.batch_shards(mesh, rules))
+  mat = lambda dt: jax.ShapeDtypeStruct((b, stage.max_len), jnp.dtype(dt), sharding=rows_sh)
+  batch = batch_lib.TrainBatch(tokens=mat(jnp.int32), positions=mat(jnp.int32),
+                               segment_ids=mat(jnp.int32), targets=mat(jnp.int32),
+                               loss_mask=mat(jnp.float32))
+  return batch, (f'{b} packed rows x {stage.max_len} tokens, {stage.microbatches} '
+                 'microbatch(es)')
+
+
+def run(env, stage: Config) -> base.StageResult:
+  records = env.data.stage_records(stage)
+  pad_id = env.tokenizer.pad_id
+
+  def maker(state):
+    del state
+    loader = data_lib.Loader(records, base.stage_seed(env.plan.seed, stage.index),
+                             stage.batch_size)
+
+    def make(step, rng, state):
+      del step, rng, state
+      ex = [example(r, env.tokenizer, stage.thinking_switch, stage.max_len)
+            for r in loader.next()]
+      packed = sft_lib.pack(ex, stage.max_len, pad_id=pad_id)
+      rows = base.rows_bucket(packed.tokens.shape[0], stage.microbatches * env.batch_shards)
+      batch = sft_lib.pack(ex, stage.max_len, num_rows=rows, pad_id=pad_id)
+      return [batch], {'examples': len(ex), 'rows': rows,
+                       'learned_tokens': float(np.sum(batch.loss_mask))}
+    return loop.BatchMaker(loader, make)
+
+  return loop.train(env, KIND, stage, maker)
+
+
+KIND = base.Kind('sft', Config, run, loss=loss, abstract_batch=abstract_batch)

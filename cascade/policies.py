@@ -1,0 +1,236 @@
+"""Policies and where they come from: the initial model, stage checkpoints, HF directories.
+
+Policies flow by reference. A stage starts from `init_from` (an earlier
+stage's policy, or an HF directory) or else from the policy the previous
+stage left: a stage that trains a policy leaves its own, an eval stage its
+starting one, a reward model the one before it. A source is a tuple:
+('initial',), ('stage', name) or ('hf', path). One policy's params are kept
+in memory (the one the last stage produced or loaded), so consecutive stages
+do not reload; others are restored from the stage's final checkpoint.
+
+`abstract_state` is the restore target of a stage's TrainState (shapes,
+dtypes and shardings, nothing allocated); `launch.plan` compiles against the
+same function.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from cascade import checkpoint
+from cascade import config as config_lib
+from cascade.kinds import base
+from models import hf
+from models import sharding
+from models import transformer
+from rl import reward_model
+from rl import train_step as train_lib
+
+
+def abstract_model(model_cfg, model_kind: str):
+  """(graphdef, abstract params) of the policy ('policy') or reward model ('reward_model')."""
+  if model_kind == 'reward_model':
+    make = lambda: reward_model.create(model_cfg, 0)
+  else:
+    make = lambda: transformer.Transformer(model_cfg, rngs=nnx.Rngs(0))
+  return nnx.split(nnx.eval_shape(make))
+
+
+def abstract_state(params, optimizer, mesh, rules):
+  """The TrainState `init_state` builds from `params`, as ShapeDtypeStructs with shardings."""
+  abstract = jax.eval_shape(lambda p: train_lib.init_state(p, optimizer), params)
+  if mesh is not None:
+    shard = train_lib.state_shardings(abstract, optimizer, mesh, rules)
+  else:
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shard = jax.tree.map(lambda _: one, abstract)
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                      abstract, shard)
+
+
+class Policies:
+  """Model structures, stage checkpoints and policy sources of one run.
+
+  Args:
+    plan: the validated plan.
+    workdir: the run's directory.
+    mesh, rules: where params live (mesh None: one device).
+  """
+
+  def __init__(self, plan: config_lib.Plan, workdir: str, mesh, rules):
+    self.plan, self.workdir, self.mesh, self.rules = plan, workdir, mesh, rules
+    self._abstract: dict[str, tuple] = {}
+    self._ckpts: dict[str, checkpoint.StageCheckpoints] = {}
+    self._params: tuple | None = None     # (source, params): the one policy kept in memory
+
+  # ------------------------------------------------------------ structures and checkpoints
+
+  def _model(self, model_kind: str):
+    if model_kind not in self._abstract:
+      self._abstract[model_kind] = abstract_model(self.plan.model, model_kind)
+    return self._abstract[model_kind]
+
+  def graphdef(self, model_kind: str):
+    """The nnx GraphDef of the policy ('policy') or of the reward model ('reward_model')."""
+    return self._model(model_kind)[0]
+
+  def abstract_state(self, model_kind: str, optimizer):
+    return abstract_state(self._model(model_kind)[1], optimizer, self.mesh, self.rules)
+
+  def checkpoints(self, stage) -> checkpoint.StageCheckpoints:
+    if stage.name not in self._ckpts:
+      self._ckpts[stage.name] = checkpoint.StageCheckpoints(
+          os.path.join(checkpoint.stage_dir(self.workdir, stage), 'ckpt'),
+          keep=self.plan.ckpt.keep)
+    return self._ckpts[stage.name]
+
+  def final_state(self, stage) -> train_lib.TrainState:
+    """A completed training stage's final TrainState, restored from its checkpoint.
+
+    A damaged final checkpoint falls back to the stage's HF export (the same
+    weights; the optimizer state is then fresh, which only matters to a
+    later `reset_optimizer=False`), with a warning.
+    """
+    opt = train_lib.make_optimizer(base.optimizer_config(stage))
+    target = self.abstract_state(stage.MODEL, opt)
+    ckpts = self.checkpoints(stage)
+    try:
+      _, state, _ = ckpts.restore(target, step=stage.steps)
+      return state
+    except Exception as e:  # pylint: disable=broad-except
+      export = os.path.join(checkpoint.stage_dir(self.workdir, stage), 'hf')
+      if stage.MODEL != 'policy' or not os.path.isdir(export):
+        raise checkpoint.CheckpointError(
+            f'{ckpts.directory}/{stage.steps}: the final checkpoint of stage {stage.name!r} '
+            f'cannot be restored ({type(e).__name__}) and there is no HF export to fall back '
+            'to; rerun the stage in a new workdir') from None
+      print(f'WARNING: {ckpts.directory}/{stage.steps}: the final checkpoint of stage '
+            f'{stage.name!r} cannot be restored ({type(e).__name__}); using its HF export '
+            f'{export} (weights only)', flush=True)
+      params = self._load_hf(export)
+      return train_lib.init_state(params, opt, mesh=self.mesh, rules=self.rules)
+
+  def close(self) -> None:
+    for c in self._ckpts.values():
+      c.close()
+
+  # ------------------------------------------------------------ sources
+
+  def source_before(self, index: int) -> tuple:
+    """The policy the stage at `index` receives when it names no init_from."""
+    return ('initial',) if index == 0 else self.source_after(index - 1)
+
+  def source_after(self, index: int) -> tuple:
+    """The policy the stage at `index` leaves behind."""
+    st = self.plan.stages[index]
+    if st.LEAVES == 'own':
+      return ('stage', st.name)
+    if st.LEAVES == 'start':
+      return self.start_source(st)
+    return self.source_before(index)
+
+  def start_source(self, stage) -> tuple:
+    if not stage.init_from:
+      return self.source_before(stage.index)
+    if base.looks_like_path(stage.init_from):
+      return ('hf', stage.init_from)
+    return self.source_after(self.plan.stage(stage.init_from).index)
+
+  def _load_hf(self, path: str):
+    model = hf.load_model(path, mesh=self.mesh, rules=self.rules)
+    params = nnx.split(model)[1]
+    want = jax.tree.map(lambda a: (a.shape, a.dtype), self._model('policy')[1])
+    got = jax.tree.map(lambda a: (a.shape, a.dtype), params)
+    if want != got:
+      raise ValueError(f'{path}: the HF checkpoint is not the configured architecture '
+                       f'({model.cfg} vs {self.plan.model})')
+    return params
+
+  def params_of(self, source: tuple, keep: bool = True):
+    """The policy params of a source ('initial' / ('stage', name) / ('hf', path))."""
+    if self._params is not None and self._params[0] == source:
+      return self._params[1]
+    if source[0] == 'initial':
+      if self.plan.hf_path:
+        params = nnx.split(hf.load_model(self.plan.hf_path, mesh=self.mesh, rules=self.rules))[1]
+      else:
+        params = nnx.split(transformer.create(self.plan.model, self.plan.seed, self.mesh,
+                                              self.rules))[1]
+    elif source[0] == 'stage':
+      params = self.final_state(self.plan.stage(source[1])).params
+    else:
+      params = self._load_hf(source[1])
+    if keep:
+      self._params = (source, params)
+    return params
+
+  def remember(self, source: tuple, params) -> None:
+    self._params = (source, params)
+
+  def start_params(self, stage):
+    return self.params_of(self.start_source(stage))
+
+  def initial_state(self, stage, optimizer, seed: int) -> train_lib.TrainState:
+    """A fresh TrainState for a stage: its starting policy (or a reward model on it)."""
+    params = self.start_params(stage)
+    if stage.MODEL == 'reward_model':
+      backbone = nnx.merge(self.graphdef('policy'), jax.tree.map(jnp.copy, params))
+      params = nnx.split(reward_model.create(self.plan.model, seed, backbone=backbone))[1]
+      if self.mesh is not None:
+        params = sharding.shard_state(params, self.mesh, self.rules)
+    else:
+      params = jax.tree.map(jnp.copy, params)   # the train step donates; keep the source intact
+    state = train_lib.init_state(params, optimizer, seed=seed, mesh=self.mesh, rules=self.rules)
+    if not stage.reset_optimizer:
+      state = self._carry_optimizer(stage, state)
+    return state
+
+  def _carry_optimizer(self, stage, state):
+    src = self.start_source(stage)
+    if src[0] != 'stage':
+      logging.warning('stage %s: reset_optimizer=False but it starts from %s, which has no '
+                      'optimizer state; starting a fresh one', stage.name, src)
+      return state
+    prev = self.final_state(self.plan.stage(src[1]))
+    if jax.tree.structure(prev.opt_state) != jax.tree.structure(state.opt_state):
+      raise ValueError(f'stage {stage.name!r}: reset_optimizer=False, but the optimizer state of '
+                       f'stage {src[1]!r} does not fit this stage\'s optimizer (different '
+                       'clipping?)')
+    return state._replace(opt_state=prev.opt_state)
+
+  def reward_scorer(self, rm_stage, tokenizer):
+    """A text scorer from a finished reward_model stage's final checkpoint."""
+    state = self.final_state(rm_stage)
+    model = nnx.merge(self.graphdef('reward_model'), state.params)
+    return reward_model.make_text_scorer(model, tokenizer, max_len=rm_stage.max_len,
+                                         batch_size=rm_stage.batch_size)
+
+  # ------------------------------------------------------------ export
+
+  def export_hf(self, stage, params) -> str:
+    """Writes the stage's policy to stages/<idx>_<name>/hf (via a temporary dir and a rename)."""
+    out = os.path.join(checkpoint.stage_dir(self.workdir, stage), 'hf')
+    if os.path.exists(out):
+      return out
+    if not all(getattr(x, 'is_fully_addressable', True) for x in jax.tree.leaves(params)):
+      # Multi-host: the gather is a collective, so every process joins it; the
+      # writer then holds the whole policy in host memory (CPU-backed arrays).
+      host = jax.local_devices(backend='cpu')[0]
+      params = jax.tree.map(lambda x: jax.device_put(x, host),
+                            multihost_utils.process_allgather(params, tiled=True))
+    if not checkpoint.is_writer():
+      return out
+    for stale in glob.glob(out + '.tmp.*'):
+      shutil.rmtree(stale, ignore_errors=True)     # a previous run killed mid-export
+    tmp = f'{out}.tmp.{os.getpid()}'
+    hf.save_model(nnx.merge(self.graphdef('policy'), params), tmp)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,212 @@
+"""`run(config, workdir)`: the cascade — every stage in order, checkpoints, resume, the matrix.
+
+  from cascade import train
+  results = train.run(config, '/tmp/runs/tiny')      # or cascade.run(config, workdir)
+
+1. Validate the whole config into a `Plan` (`cascade.config.validate`) and
+   refuse a workdir that holds a different config.
+2. Run the config's `prepare` step if it names one (e.g. build the tiny
+   world), then build the mesh, tokenizer, sampler, verifiers, and load and
+   check every dataset (a malformed record stops the run here, before any step).
+3. Evaluate the starting policy when the cascade starts with RL (row 'init').
+4. For each stage not yet complete in progress.json: run it through its
+   kind (`cascade.kinds.KINDS[stage.kind].run(env, stage)`, resuming from its
+   newest good checkpoint), export its policy as HF safetensors, evaluate every
+   domain (a row of the matrix), mark it complete; rewrite results.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+from jax.experimental import multihost_utils
+
+from cascade import checkpoint
+from cascade import config as config_lib
+from cascade import evaluation
+from cascade import kinds
+from cascade import metrics
+from cascade import policies as policies_lib
+from cascade import stage_data
+from cascade import verifier_set
+from models import sharding
+from models import tokenizer as tokenizer_lib
+from rl import sampler as sampler_lib
+
+INIT_ROW = kinds.base.INIT_ROW
+
+
+@dataclasses.dataclass(frozen=True)
+class Env:
+  """What a stage runner may use; built once per run.
+
+  Attributes:
+    plan: the validated plan.
+    workdir: the run's directory.
+    mesh, rules: the device mesh (None: one device) and logical sharding rules.
+    batch_shards: how many ways the mesh splits rows (fixed batches must divide).
+    tokenizer: the run's tokenizer.
+    sampler: the policy sampler (`rl.sampler.Sampler`).
+    policies: model structures, checkpoints and policy sources.
+    data: the records.
+    verifiers: the domains' verifiers.
+    sample_cls: `verifiers.Sample`.
+    domain_index: domain name -> index (sorted names), e.g. MOPD's teacher table.
+    writer: the metrics writer.
+    progress: progress.json (done stages, matrix rows).
+  """
+  plan: config_lib.Plan
+  workdir: str
+  mesh: Any
+  rules: tuple
+  batch_shards: int
+  tokenizer: Any
+  sampler: sampler_lib.Sampler
+  policies: policies_lib.Policies
+  data: stage_data.StageData
+  verifiers: verifier_set.VerifierSet
+  sample_cls: type
+  domain_index: dict
+  writer: metrics.Writer
+  progress: checkpoint.Progress
+
+
+def _mesh(plan: config_lib.Plan):
+  if plan.mesh_shape is None:
+    return None
+  try:
+    return sharding.make_mesh(plan.mesh_shape)
+  except ValueError as e:
+    raise config_lib.ConfigError(f'config.mesh.shape={list(plan.mesh_shape)!r}: {e}') from None
+
+
+def make_env(plan: config_lib.Plan, workdir: str) -> Env:
+  """Builds the run's environment (no data loaded yet: `env.data.load()`)."""
+  mesh = _mesh(plan)
+  shards = sharding.batch_shards(mesh, plan.rules)
+  for st in plan.stages:
+    rows = st.rows_per_step()
+    if rows is not None and rows[0] % (st.microbatches * shards):
+      raise config_lib.ConfigError(
+          f'{st.where}: {rows[1]} = {rows[0]} rows do not split over {st.microbatches} '
+          f'microbatches x {shards} batch shards of the mesh')
+  tokenizer = tokenizer_lib.load(plan.tokenizer_path)
+  if tokenizer.vocab_size > plan.model.vocab_size:
+    raise config_lib.ConfigError(f'config.tokenizer: {tokenizer.vocab_size} tokens do not '
+                                 f"fit the model's vocab_size={plan.model.vocab_size}")
+  if tokenizer.eos_id is None:
+    raise config_lib.ConfigError('config.tokenizer: the tokenizer has no end-of-sequence token')
+  policies = policies_lib.Policies(plan, workdir, mesh, plan.rules)
+  sampler = sampler_lib.Sampler(policies.graphdef('policy'), plan.model,
+                                eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id, mesh=mesh,
+                                rules=plan.rules, **plan.sampler)
+  progress = checkpoint.Progress(workdir)
+  verifiers = verifier_set.VerifierSet(
+      plan, rm_scorer=lambda st: policies.reward_scorer(st, tokenizer),
+      rm_ready=lambda name: name in progress.done)
+  return Env(plan=plan, workdir=workdir, mesh=mesh, rules=plan.rules, batch_shards=shards,
+             tokenizer=tokenizer, sampler=sampler, policies=policies,
+             data=stage_data.StageData(plan, tokenizer, verifiers.check_metadata),
+             verifiers=verifiers, sample_cls=verifiers.sample_cls,
+             domain_index={d: i for i, d in enumerate(sorted(plan.domains))},
+             writer=metrics.Writer(workdir), progress=progress)
+
+
+def evaluate_row(env: Env, name: str, index: int, trains_on, params) -> dict:
+  """Evaluates a policy on every domain and appends its row to progress.json."""
+  ev = env.plan.eval
+  # One key for every row: rows differ by their policy only, not by sampling noise.
+  key = jax.random.fold_in(jax.random.PRNGKey(env.plan.seed), 1_000_003)
+  ready = {d: recs for d, recs in env.data.eval_sets.items() if env.verifiers.can_evaluate(d)}
+  out = evaluation.evaluate(env.sampler, params, env.tokenizer, ready,
+                            env.verifiers.eval_verifier, env.sample_cls, ev, key)
+  row = {'stage': name, 'index': index, 'domains': list(trains_on),
+         'scores': {d: out[d]['score'] for d in sorted(out)}, 'details': out}
+  env.progress.add_row(row)
+  env.writer.write_scores(name, index, row['scores'])
+  return row
+
+
+def _prepare(plan: config_lib.Plan) -> None:
+  """Runs the config's data-making step on the writer process; the others wait for it."""
+  if plan.prepare is None:
+    return
+  if checkpoint.is_writer():
+    plan.prepare.call()
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('cascade.prepare')
+
+
+def run(config, workdir: str) -> dict:
+  """Runs (or resumes) the cascade a config describes in `workdir`.
+
+  Args:
+    config: the ConfigDict (see README, "Config format").
+    workdir: the run's directory; rerunning with the same config resumes.
+
+  Returns:
+    The results.json object (domains, stages, stage_domains, scores).
+
+  Raises:
+    cascade.config.ConfigError: the config is invalid (before anything runs).
+    cascade.data.DataError: a malformed record (before the first step).
+    cascade.checkpoint.WorkdirError: the workdir holds a different config (unless allowed).
+  """
+  plan = config_lib.validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  checkpoint.guard_config(workdir, config,
+                          allow_change=bool(config.get('allow_config_change', False)))
+  _prepare(plan)
+  env = make_env(plan, workdir)
+  domains = sorted(plan.domains)
+  try:
+    env.verifiers.check_options()
+    env.data.load()
+    if plan.initial_eval and env.progress.row(INIT_ROW) is None:
+      row = evaluate_row(env, INIT_ROW, -1, [], env.policies.params_of(('initial',)))
+      evaluation.write(workdir, env.progress.rows, domains)
+      print('initial policy: ' + ', '.join(f'{d} {v:.1f}' for d, v in row['scores'].items()),
+            flush=True)
+    for stage in plan.stages:
+      if stage.name not in env.progress.done:
+        _run_stage(env, stage, domains)
+  finally:
+    env.verifiers.close()
+    env.policies.close()
+    env.writer.close()
+  res = evaluation.write(workdir, env.progress.rows, domains)
+  if checkpoint.is_writer():
+    print(evaluation.markdown(res), flush=True)
+    print(f'results: {os.path.join(workdir, "results.md")}, '
+          f'{os.path.join(workdir, "results.png")}', flush=True)
+  return res
+
+
+def _run_stage(env: Env, stage, domains) -> None:
+  result = kinds.get(stage.kind).run(env, stage)
+  info = {'index': stage.index, 'kind': stage.kind, **dict(result.info)}
+  params = result.params
+  if stage.trains_policy:
+    env.policies.remember(('stage', stage.name), params)
+    info['hf'] = env.policies.export_hf(stage, params)
+  if result.final_step is not None:
+    info['final_step'] = result.final_step
+  isolation = env.verifiers.isolation()
+  if isolation:
+    info['isolation'] = isolation
+  row = env.progress.row(stage.name)
+  if stage.ROW and stage.evaluate and row is None:
+    if params is None:
+      params = env.policies.params_of(env.policies.source_after(stage.index))
+    row = evaluate_row(env, stage.name, stage.index,
+                       stage.domains if stage.trains_policy else [], params)
+  env.progress.mark_done(stage.name, info)
+  evaluation.write(env.workdir, env.progress.rows, domains)
+  rows = env.progress.rows
+  prev = rows[rows.index(row) - 1]['scores'] if row is not None and rows.index(row) else None
+  if checkpoint.is_writer():
+    print(metrics.summary_line(stage, result.steps_run, result.seconds, result.first,
+                               result.last, row['scores'] if row else None, prev), flush=True)

@@ -1,0 +1,110 @@
+"""The run's verifiers: each domain's training and evaluation verifier, built once and cached.
+
+A domain scored by a learned reward model ('reward_model', or the IF
+verifier adding the RM score in thinking mode) gets a scorer built from the
+final checkpoint of the domain's `reward_model_stage`; the training verifier
+gets it whenever it takes one, the evaluation verifier only when it cannot
+score without one (so IF held-out stays plain IFEval).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from cascade import config as config_lib
+
+# Verifiers that take a reward model, and the option its scorer is passed in.
+RM_SCORER_OPTION = {'reward_model': 'scorer', 'instruction_following': 'rm_scorer'}
+# Verifiers that cannot score at all without one.
+RM_SCORER_REQUIRED = ('reward_model',)
+
+
+class VerifierSet:
+  """domain -> verifier, for training and for evaluation.
+
+  Args:
+    plan: the validated plan.
+    rm_scorer: (reward_model stage config) -> text scorer (prompts,
+      completions) -> [n] rewards; called once per RM stage, when first needed.
+    rm_ready: (stage name) -> whether that reward model stage has finished.
+  """
+
+  def __init__(self, plan: config_lib.Plan, rm_scorer: Callable[[Any], Callable],
+               rm_ready: Callable[[str], bool]):
+    import verifiers  # pylint: disable=g-import-not-at-top
+    self._mod = verifiers
+    self.sample_cls = verifiers.Sample
+    self.plan = plan
+    self._rm_scorer, self._rm_ready = rm_scorer, rm_ready
+    self._cache: dict[tuple, Any] = {}
+
+  def check_options(self) -> None:
+    """Builds every verifier once (a stand-in for a reward model) so bad options fail now."""
+    stand_in = lambda prompts, answers: np.zeros(len(prompts), np.float32)
+    for d in self.plan.domains.values():
+      for field, name, opts in (('verifier_options', d.verifier, d.verifier_options),
+                                ('eval_verifier_options', d.eval_verifier,
+                                 d.eval_verifier_options)):
+        opts = dict(opts)
+        if name in RM_SCORER_REQUIRED or (d.reward_model_stage and name in RM_SCORER_OPTION):
+          opts[RM_SCORER_OPTION[name]] = stand_in
+        try:
+          v = self._mod.get(name, **opts)
+        except (TypeError, ValueError) as e:
+          raise config_lib.ConfigError(f'config.domains.{d.name}.{field}: verifier {name!r} '
+                                       f'rejects {sorted(opts)}: {e}') from None
+        v.close()
+
+  def check_metadata(self, domain: str, metadata: dict, where: str) -> None:
+    """Checks one record's metadata for both of its domain's verifiers (errors name `where`)."""
+    d = self.plan.domains[domain]
+    for name, opts in ((d.verifier, d.verifier_options),
+                       (d.eval_verifier, d.eval_verifier_options)):
+      self._mod.validate(name, metadata, where, **opts)
+
+  def train_verifier(self, domain: str):
+    return self._get(domain, for_eval=False)
+
+  def eval_verifier(self, domain: str):
+    return self._get(domain, for_eval=True)
+
+  def _get(self, domain: str, for_eval: bool):
+    d = self.plan.domains[domain]
+    name = d.eval_verifier if for_eval else d.verifier
+    opts = dict(d.eval_verifier_options if for_eval else d.verifier_options)
+    takes_rm = bool(d.reward_model_stage) and name in RM_SCORER_OPTION and (
+        not for_eval or name in RM_SCORER_REQUIRED)
+    key = (name, repr(sorted(opts.items())), d.reward_model_stage if takes_rm else '')
+    if key not in self._cache:
+      if takes_rm:
+        if not self._rm_ready(d.reward_model_stage):
+          raise ValueError(f'domain {domain!r} is scored by reward model stage '
+                           f'{d.reward_model_stage!r}, which has not run yet')
+        opts[RM_SCORER_OPTION[name]] = self._rm_scorer(self.plan.stage(d.reward_model_stage))
+      self._cache[key] = self._mod.get(name, **opts)
+    return self._cache[key]
+
+  def can_evaluate(self, domain: str) -> bool:
+    """Whether the domain's evaluation verifier can score now (its reward model exists)."""
+    d = self.plan.domains[domain]
+    if d.eval_verifier not in RM_SCORER_REQUIRED or self._rm_ready(d.reward_model_stage):
+      return True
+    print(f'WARNING: domain {domain!r} is evaluated by reward model stage '
+          f'{d.reward_model_stage!r}, not trained yet: no score in this row', flush=True)
+    return False
+
+  def isolation(self) -> dict[str, str]:
+    """verifier name -> the isolation its code runs under, for the verifiers built so far."""
+    out = {}
+    for (name, _, _), v in sorted(self._cache.items(), key=lambda kv: kv[0][:2]):
+      iso = getattr(v, 'isolation', None)
+      if iso is not None:
+        out[name] = str(iso)
+    return out
+
+  def close(self) -> None:
+    for v in self._cache.values():
+      if hasattr(v, 'close'):
+        v.close()

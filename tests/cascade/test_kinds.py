@@ -1,0 +1,143 @@
+"""Stage kinds: the registry's contract, typed configs, and the newest kinds run in a cascade."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import random
+import re
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from cascade import config as config_lib
+from cascade import kinds
+from cascade import train
+from cascade.kinds import base
+from cascade.kinds import loop
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_every_kind_declares_its_config_runner_and_training_pieces():
+  assert set(kinds.KINDS) == {'sft', 'reward_model', 'grpo', 'mopd', 'eval', 'dpo'}
+  for name, kind in kinds.KINDS.items():
+    assert kind.name == name and issubclass(kind.config, base.StageConfig)
+    trains = kind.config.MODEL is not None
+    # A kind that trains a model says how (loss, batch); one that does not, says nothing.
+    assert (kind.loss is not None) == trains == (kind.abstract_batch is not None), name
+    assert (kind.sampler_sizes is not None) == kind.config.SAMPLES, name
+
+
+def test_no_kind_branches_outside_the_kind_modules():
+  pattern = re.compile(r"""kind\s*(==|!=|in)\s*[(\['"]""")
+  offenders = []
+  for path in REPO.rglob('*.py'):
+    rel = path.relative_to(REPO).as_posix()
+    if rel.startswith(('.venv/', 'cascade/kinds/', 'tests/')) or '/.' in rel:
+      continue
+    for i, line in enumerate(path.read_text(encoding='utf-8').splitlines(), 1):
+      if pattern.search(line):
+        offenders.append(f'{rel}:{i}: {line.strip()}')
+  assert not offenders, offenders
+
+
+def _stage(raw, earlier=(), domains=('a',)):
+  doms = {d: config_lib.Domain(d, 'math', {}, f'{d}_train', f'{d}_train') for d in domains}
+  ds = {f'{d}_train': config_lib.Dataset(f'{d}_train', 'prompt', 'prompt') for d in domains}
+  ds['prefs'] = config_lib.Dataset('prefs', 'preference', 'preference')
+  refs = base.Refs(tuple(earlier), tuple(s.name for s in earlier) + (raw['name'],), doms, ds)
+  return kinds.parse(len(earlier), raw, refs)
+
+
+GRPO = dict(name='rl', kind='grpo', domains=['a'], steps=4, optimizer=dict(lr=1e-3),
+            prompts_per_step=4, group_size=4, max_prompt_len=8, max_response_len=8)
+
+
+@pytest.mark.parametrize('field,value,message', [
+    ('temperature', float('inf'), 'temperature=inf: must be > 0'),
+    ('kl_coef', float('inf'), 'kl_coef=inf: must be >= 0'),
+    ('top_p', float('nan'), 'top_p=nan'),
+    ('clip_eps_high', -0.1, 'clip_eps_high=-0.1'),
+    ('updates_per_batch', 3, 'updates_per_batch=3: must divide prompts_per_step * group_size = 16'),
+    ('entropy_coef', 'x', "entropy_coef='x'"),
+])
+def test_non_finite_and_out_of_range_numbers_are_one_line_errors(field, value, message):
+  with pytest.raises(config_lib.ConfigError, match=re.escape(f"stages[0] 'rl': {message}")):
+    _stage({**GRPO, field: value})
+
+
+def test_optimizer_rejects_infinite_learning_rate():
+  with pytest.raises(config_lib.ConfigError, match=r"stages\[0\] 'rl': optimizer.lr=inf"):
+    _stage({**GRPO, 'optimizer': dict(lr=float('inf'))})
+
+
+def test_grpo_fields_reach_the_loss_config_and_updates_split_the_batch():
+  st = _stage({**GRPO, 'clip_eps_high': 0.28, 'entropy_coef': 0.01, 'updates_per_batch': 2,
+               'microbatches': 2})
+  name, cfg = kinds.get('grpo').loss(st)
+  assert name == 'grpo' and cfg.clip_eps_high == 0.28 and cfg.entropy_coef == 0.01
+  # The learning-rate schedule spans every update, not every rollout batch.
+  assert base.optimizer_config(st).decay_steps == 8
+  mesh = jax.make_mesh((1, 1, 1), ('data', 'fsdp', 'tensor'),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=jax.devices()[:1])
+  batch, what = kinds.get('grpo').abstract_batch(st, mesh, None)
+  assert batch.tokens.shape == (8, 16) and '2 updates per rollout batch' in what
+
+
+def test_dpo_config_checks_its_fields():
+  raw = dict(name='d', kind='dpo', domains=['a'], datasets=['prefs'], steps=2, batch_size=4,
+             max_len=32, optimizer=dict(lr=1e-3))
+  assert _stage(raw).beta == 0.1
+  with pytest.raises(config_lib.ConfigError, match=r"stages\[0\] 'd': beta=0.0: must be > 0"):
+    _stage({**raw, 'beta': 0.0})
+  with pytest.raises(config_lib.ConfigError, match="dataset 'a_train' holds prompt records; a dpo"):
+    _stage({**raw, 'datasets': ['a_train']})
+
+
+def test_merge_of_several_updates_averages_and_keeps_the_last_skip_count():
+  m = loop._merge([{'loss': 1.0, 'skipped': 0.0}, {'loss': 3.0, 'skipped': 1.0}])  # pylint: disable=protected-access
+  assert m == {'loss': 2.0, 'skipped': 1.0, 'updates': 2.0}
+
+
+def _load_config(path):
+  spec = importlib.util.spec_from_file_location('cfg', path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config()
+
+
+def test_dpo_and_ppo_style_grpo_run_inside_a_cascade(tmp_path, copy_cascade):
+  """SFT -> DPO (prefers the right copy) -> GRPO with 2 updates per rollout batch."""
+  path = copy_cascade(tmp_path, train=64, eval_=32, sft=64, sft_steps=10, rl_steps=2)
+  rng = random.Random(1)
+  with open(tmp_path / 'prefs.jsonl', 'w') as f:
+    for i in range(128):
+      a = rng.randint(0, 9)
+      wrong = (a + rng.randint(1, 9)) % 10
+      f.write(json.dumps({'id': f'p{i}', 'domain': 'copy',
+                          'messages': [{'role': 'user', 'content': f'Copy {a}.'}],
+                          'chosen': f'\\boxed{{{a}}}', 'rejected': f'\\boxed{{{wrong}}}'}) + '\n')
+  c = _load_config(path)
+  c.datasets.prefs = dict(path=str(tmp_path / 'prefs.jsonl'), format='preference', domain='copy')
+  rl = dict(c.stages[1])
+  rl.update(updates_per_batch=2, clip_eps_high=0.28, prompts_per_step=4)
+  c.stages = [c.stages[0],
+              dict(name='dpo', kind='dpo', domains=['copy'], datasets=['prefs'], steps=30,
+                   batch_size=16, max_len=64, beta=0.5, optimizer=dict(lr=3e-3)),
+              rl]
+  res = train.run(c, str(tmp_path / 'run'))
+  assert res['stages'] == ['sft', 'dpo', 'copy_rl']
+  rows = [json.loads(line) for line in open(tmp_path / 'run' / 'metrics.jsonl')]
+  dpo = [r for r in rows if r.get('stage') == 'dpo']
+  first, last = dpo[0], dpo[-1]
+  # The policy learns to prefer the right copy over the wrong one, relative to the reference.
+  assert first['margin'] == pytest.approx(0.0, abs=1e-4)     # step 1: policy == reference
+  assert last['margin'] > 1.0 and last['accuracy'] > 0.8, last
+  rl_rows = [r for r in rows if r.get('stage') == 'copy_rl']
+  assert all(r['updates'] == 2.0 for r in rl_rows)
+  progress = json.load(open(tmp_path / 'run' / 'progress.json'))
+  assert progress['done']['dpo']['final_step'] == 30
+  assert res['scores'][1][0] >= res['scores'][0][0]   # DPO on the right answers does not hurt
