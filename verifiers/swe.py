@@ -9,8 +9,12 @@ Metadata: {'gold_patch': str}.
 
 Execution mode (`execution=True`): the patch is applied to a copy of a small
 repository given in the record and the record's test program runs in the
-sandbox (`sandbox_server`'s 'check' mode: it passes iff it runs to its end;
-`sys.exit` counts as failure). Reward 1 if it passes, 0 if it fails, the
+sandbox (`sandbox_server`'s 'check' mode: the test runs in a judge process
+and imports the repository's top-level modules from the candidate's process
+through `verifiers.bridge`, so only plain data crosses and comparison
+objects or forged exits cannot pass it; `sys.exit` counts as failure; the
+test may use the repository's functions, plain-data values and objects, but
+candidate objects compare equal only to themselves). Reward 1 if it passes, 0 if it fails, the
 patch changes nothing or does not apply, -1 if unparsable.
 Metadata: {'repo': {path: text}, 'test': str, 'gold_patch': str (optional)}.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import posixpath
 from typing import Any, Mapping, Sequence
 
 from verifiers import base
@@ -61,6 +66,18 @@ def lexical_reward(answer: str, gold_patch: str) -> tuple[float, dict]:
                                             'similarity': ratio}
 
 
+def _top_level_modules(files: Mapping[str, str]) -> list[str]:
+  """Names the repository's files can be imported by: 'calc' for calc.py, 'pkg' for pkg/..."""
+  names = set()
+  for path in files:
+    parts = posixpath.normpath(path).split('/')
+    if len(parts) > 1:
+      names.add(parts[0])
+    elif parts[0].endswith('.py'):
+      names.add(parts[0][:-3])
+  return sorted(n for n in names if n.isidentifier())
+
+
 def work(payload: dict) -> dict:
   """Worker side of lexical mode."""
   reward, info = lexical_reward(payload['answer'], payload['gold_patch'])
@@ -73,24 +90,32 @@ class SweVerifier(base.Verifier):
   name = 'swe'
   worker_fn = 'verifiers.swe:work'
 
-  def __init__(self, *, execution: bool = False, strict_isolation: bool = False,
-               bwrap: str | None = 'bwrap', memory_mb: int = 1024, nproc: int = 16,
-               fsize_mb: int = 64, **common: Any):
+  def __init__(self, *, execution: bool = False, isolation: str = 'bwrap', bwrap: str = 'bwrap',
+               memory_mb: int = 1024, nproc: int = 16, fsize_mb: int = 64, tmpfs_mb: int = 256,
+               max_answer_chars: int = 1 << 20, **common: Any):
     """Options.
 
     Args:
       execution: run the record's test on the patched repo instead of
         comparing with the gold patch.
-      strict_isolation, bwrap, memory_mb, nproc, fsize_mb: the sandbox's, as
-        in `verifiers.code` (execution mode only).
+      isolation, bwrap, memory_mb, nproc, fsize_mb, tmpfs_mb: the sandbox's,
+        as in `verifiers.code` (execution mode only).
+      max_answer_chars: longer answers score -1 without being parsed.
       **common: thinking_unfinished_reward, workers, timeout_s.
     """
     super().__init__(**common)
     self.execution = bool(execution)
+    self.max_answer_chars = int(max_answer_chars)
     self.sandbox = None
     if self.execution:
-      self.sandbox = sandbox.Sandbox(self.workers, strict_isolation=strict_isolation, bwrap=bwrap,
-                                     memory_mb=memory_mb, nproc=nproc, fsize_mb=fsize_mb)
+      self.sandbox = sandbox.Sandbox(self.workers, isolation=isolation, bwrap=bwrap,
+                                     memory_mb=memory_mb, nproc=nproc, fsize_mb=fsize_mb,
+                                     tmpfs_mb=tmpfs_mb)
+
+  @property
+  def isolation(self) -> str:
+    """'bwrap' or 'none' in execution mode; 'n/a' in lexical mode (no code runs)."""
+    return self.sandbox.isolation if self.sandbox is not None else 'n/a'
 
   def _options(self) -> dict:
     return {'execution': self.execution}
@@ -114,6 +139,8 @@ class SweVerifier(base.Verifier):
 
   def _prepare(self, sample: base.Sample, answer: str) -> dict | base.Result:
     md = sample.metadata
+    if len(answer) > self.max_answer_chars:
+      return base.Result(-1.0, {'reason': f'answer longer than {self.max_answer_chars} characters'})
     if not self.execution:
       return {'answer': answer, 'gold_patch': md['gold_patch']}
     try:
@@ -126,7 +153,8 @@ class SweVerifier(base.Verifier):
       files = unidiff.apply(pred, md['repo'])
     except ValueError as e:
       return base.Result(0.0, {'reason': f'patch does not apply: {e}'})
-    return {'mode': 'check', 'program': md['test'], 'files': files}
+    return {'mode': 'check', 'program': '', 'test': md['test'], 'files': files,
+            'importable': _top_level_modules(files)}
 
   def _run(self, payloads: Sequence[dict]) -> list[pool_lib.Outcome]:
     if not self.execution:
@@ -134,8 +162,8 @@ class SweVerifier(base.Verifier):
     out = []
     for ans in self.sandbox.run(payloads, [self.timeout_s] * len(payloads)):
       reason = 'tests passed' if ans['passed'] else f'{ans["status"]}: {str(ans["detail"])[-500:]}'
-      out.append(pool_lib.Outcome(True, {'reward': float(ans['passed']), 'info': {
-          'reason': reason, 'status': ans['status'], 'isolation': self.sandbox.isolation}}))
+      out.append(pool_lib.Outcome(True, {'reward': float(ans['passed']), 'info': dict(
+          sandbox.result_info(ans, self.sandbox.isolation), reason=reason)}))
     return out
 
   def close(self) -> None:

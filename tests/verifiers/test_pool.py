@@ -14,7 +14,7 @@ from verifiers import pool as pool_lib
 
 WORKER = r'''
 import os, sys, time
-from verifiers import sandbox_server as s
+from verifiers import framing as s
 s.write_frame(1, {'ready': True})
 while True:
   req = s.read_frame(0)

@@ -3,7 +3,6 @@
 import pytest
 
 import verifiers
-from verifiers import sandbox
 from verifiers import swe
 from verifiers import unidiff
 
@@ -82,7 +81,7 @@ def test_lexical_verifier_through_workers():
   assert [x.reward for x in r] == [1.0, -1.0, 0.0]
 
 
-@pytest.mark.skipif(sandbox.probe_bwrap('bwrap') != '', reason='needs bubblewrap')
+@pytest.mark.usefixtures('bwrap_sandbox')
 def test_execution_mode():
   md = {'repo': REPO, 'test': TEST, 'gold_patch': GOLD}
   exits = GOLD.replace('+    return a + b', '+    return a + b\n+import sys; sys.exit(0)')
