@@ -239,6 +239,43 @@ def _decode(x):
   return x
 
 
+def _json_line(path: str, n: int, raw: bytes) -> Iterator[tuple[str, Any]]:
+  """The row of one JSONL line (none for a blank line); every defect is a DataError at path:n."""
+  try:
+    line = raw.decode('utf-8')
+  except UnicodeDecodeError as e:
+    raise DataError(f'{path}:{n}: not UTF-8 (byte {raw[e.start:e.start + 1]!r} at byte '
+                    f'{e.start + 1} of the line)') from None
+  if not line.strip():
+    return
+  try:
+    row = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise DataError(f'{path}:{n}: not valid JSON ({e.msg} at column {e.colno})') from None
+  except RecursionError:
+    raise DataError(f'{path}:{n}: JSON nested too deeply') from None
+  _check_strings(row, f'{path}:{n}')
+  yield f'{path}:{n}', row
+
+
+def _check_strings(row: Any, where: str) -> None:
+  """Rejects strings that cannot be UTF-8 (lone surrogates from \\ud800-style escapes)."""
+  stack = [row]
+  while stack:
+    x = stack.pop()
+    if isinstance(x, str):
+      try:
+        x.encode('utf-8')
+      except UnicodeEncodeError as e:
+        raise DataError(f'{where}: a string holds a lone surrogate '
+                        f'({x[e.start]!r} at character {e.start + 1}), which is not text') from None
+    elif isinstance(x, dict):
+      stack.extend(x.keys())
+      stack.extend(x.values())
+    elif isinstance(x, list):
+      stack.extend(x)
+
+
 def read_rows(spec) -> Iterator[tuple[str, Any]]:
   """Yields (where, raw row) from a dataset spec's source; `where` names file and line.
 
@@ -246,7 +283,8 @@ def read_rows(spec) -> Iterator[tuple[str, Any]]:
     spec: a `cascade.config.Dataset`.
 
   Raises:
-    DataError: a missing file, an unknown extension, or a line that is not JSON.
+    DataError: a missing file, an unknown extension, or a line that is not
+      UTF-8, not JSON, nested too deeply or holding a lone surrogate.
   """
   if spec.tfds_name:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
@@ -264,15 +302,9 @@ def read_rows(spec) -> Iterator[tuple[str, Any]]:
   if not os.path.exists(path):
     raise DataError(f'{path}: no such file (dataset {spec.name!r})')
   if path.endswith('.jsonl') or path.endswith('.json'):
-    with open(path, encoding='utf-8') as f:
-      for n, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise DataError(f'{path}:{n}: not valid JSON ({e.msg} at column {e.colno})') from None
-        yield f'{path}:{n}', row
+    with open(path, 'rb') as f:
+      for n, raw in enumerate(f, 1):
+        yield from _json_line(path, n, raw)
   elif path.endswith('.parquet'):
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
     table = pq.read_table(path)

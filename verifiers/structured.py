@@ -2,7 +2,8 @@
 
 The JSON is the first fenced code block that parses as JSON, else the first
 JSON object or array in the text that parses (scanning from each '{' or
-'['), else the whole answer if it is a JSON scalar. Validation uses `jsonschema` with the validator class the schema's
+'['), else the whole answer if it is a JSON scalar. NaN, Infinity and
+-Infinity are not JSON (RFC 8259) and never parse. Validation uses `jsonschema` with the validator class the schema's
 `$schema` names (Draft 2020-12 by default). Reward 1 if valid, else 0.
 
 Metadata: {'schema': dict}.
@@ -22,6 +23,24 @@ _FENCE = re.compile(r'```[^\n]*\n(.*?)```', re.DOTALL)
 _MAX_STARTS = 200
 
 
+def _reject_constant(name: str):
+  raise ValueError(f'{name} is not a JSON number')
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _loads(text: str) -> Any:
+  """Strict json.loads: no NaN/Infinity; nesting too deep for the decoder is a ValueError."""
+  try:
+    value, end = _DECODER.raw_decode(text, len(text) - len(text.lstrip()))
+  except RecursionError:
+    raise ValueError('JSON nested too deeply') from None
+  if text[end:].strip():
+    raise ValueError('extra data after the JSON value')
+  return value
+
+
 def extract_json(text: str) -> tuple[bool, Any, str]:
   """Finds the JSON value in an answer.
 
@@ -33,19 +52,18 @@ def extract_json(text: str) -> tuple[bool, Any, str]:
   """
   for m in _FENCE.finditer(text):
     try:
-      return True, json.loads(m.group(1)), 'fenced block'
+      return True, _loads(m.group(1)), 'fenced block'
     except ValueError:
       continue
-  decoder = json.JSONDecoder()
   starts = [m.start() for m in re.finditer(r'[{\[]', text)][:_MAX_STARTS]
   for start in starts:
     try:
-      value, _ = decoder.raw_decode(text, start)
+      value, _ = _DECODER.raw_decode(text, start)
       return True, value, 'inline'
-    except ValueError:
+    except (ValueError, RecursionError):
       continue
   try:  # A bare scalar answer ('true', '3', '"x"').
-    return True, json.loads(text), 'whole answer'
+    return True, _loads(text), 'whole answer'
   except ValueError:
     return False, None, 'none'
 

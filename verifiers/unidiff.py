@@ -5,6 +5,10 @@ opening with a valid `@@ -a,b +c,d @@` header and holding only ' ', '+',
 '-' or '\\' lines) and lenient about the line counts in hunk headers, which
 models often get wrong: hunks are recounted as `git apply --recount` does.
 Text before the first file header and after the last hunk is ignored.
+
+Everything here runs on model output in the trainer process, so it is
+bounded: fences are found in linear time, parsing is one pass over the
+lines, and `apply` gives up (ValueError) past a fixed amount of work.
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ from __future__ import annotations
 import dataclasses
 import re
 
-_HUNK = re.compile(r'^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@')
-_FENCE = re.compile(r'```[ \t]*([\w.+-]*)[^\n]*\n(.*?)(?:```|\Z)', re.DOTALL)
+from verifiers import fences
+
+_HUNK = re.compile(r'^@@ -(\d{1,9})(?:,(\d{1,9}))? \+(\d{1,9})(?:,(\d{1,9}))? @@')
 DEV_NULL = '/dev/null'
+# Line comparisons and copies `apply` may spend on one patch.
+MAX_APPLY_WORK = 20_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,11 +52,11 @@ def _path(header: str) -> str:
 
 def extract(answer: str) -> str:
   """The diff text of an answer: a diff/patch fence, a fence that holds a diff, or the answer."""
-  fences = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(answer)]
-  for lang, body in fences:
+  blocks = [(lang.lower(), body) for lang, body in fences.find(answer)]
+  for lang, body in blocks:
     if lang in ('diff', 'patch'):
       return body
-  for _, body in fences:
+  for _, body in blocks:
     if re.search(r'^--- ', body, re.MULTILINE) and re.search(r'^@@ ', body, re.MULTILINE):
       return body
   return answer
@@ -145,14 +152,24 @@ def render_changes(patch: list[FilePatch]) -> str:
                    for path, lines in changes(patch))
 
 
-def _find(lines: list[str], old: list[str], hint: int) -> int:
-  """Index where `old` occurs in `lines`, nearest to `hint`; -1 if nowhere."""
+def _find(lines: list[str], old: list[str], hint: int, budget: list[int]) -> int:
+  """Index where `old` occurs in `lines`, nearest to `hint`; -1 if nowhere.
+
+  Positions are tried outwards from the hint; each try is charged to
+  `budget` (ValueError when it runs out).
+  """
   if not old:
     return min(max(hint, 0), len(lines))
-  candidates = range(len(lines) - len(old) + 1)
-  for pos in sorted(candidates, key=lambda p: abs(p - hint)):
-    if lines[pos:pos + len(old)] == old:
-      return pos
+  last = len(lines) - len(old)
+  hint = min(max(hint, 0), max(last, 0))
+  for d in range(0, max(hint, last - hint) + 1):
+    for pos in ((hint - d, hint + d) if d else (hint,)):
+      if 0 <= pos <= last:
+        budget[0] -= len(old)
+        if budget[0] < 0:
+          raise ValueError('patch too costly to apply')
+        if lines[pos] == old[0] and lines[pos:pos + len(old)] == old:
+          return pos
   return -1
 
 
@@ -167,9 +184,11 @@ def apply(patch: list[FilePatch], files: dict[str, str]) -> dict[str, str]:
     The patched path -> content (a new dict).
 
   Raises:
-    ValueError: a file is missing or a hunk's context is not found.
+    ValueError: a file is missing, a hunk's context is not found, or the
+      patch needs more than MAX_APPLY_WORK line operations.
   """
   out = dict(files)
+  budget = [MAX_APPLY_WORK]
   for fp in patch:
     if fp.old_path == DEV_NULL:
       lines = ['']
@@ -181,9 +200,12 @@ def apply(patch: list[FilePatch], files: dict[str, str]) -> dict[str, str]:
     for h in fp.hunks:
       old = [t for tag, t in h.lines if tag in ' -']
       new = [t for tag, t in h.lines if tag in ' +']
-      pos = _find(lines, old, h.old_start - 1 + offset)
+      pos = _find(lines, old, h.old_start - 1 + offset, budget)
       if pos < 0:
         raise ValueError(f'hunk at line {h.old_start} of {fp.old_path!r} does not apply')
+      budget[0] -= len(lines) + len(new)
+      if budget[0] < 0:
+        raise ValueError('patch too costly to apply')
       lines[pos:pos + len(old)] = new
       offset += len(new) - len(old)
     if fp.old_path != DEV_NULL and fp.old_path != fp.new_path:

@@ -171,3 +171,21 @@ def test_loader_is_seeded_reshuffles_epochs_and_resumes():
   d = data.Loader(recs, seed=1, batch_size=4)
   d.set_state(state)
   assert [ids(d.next()) for _ in range(3)] == first[2:]
+
+
+@pytest.mark.parametrize('raw, message', [
+    (b'{"messages": [{"role": "user", "content": "caf\xe9"}], "metadata": {}}', ':2: not UTF-8'),
+    (b'[' * 100_000 + b']' * 100_000, ':2: '),
+    (b'{"messages": [{"role": "user", "content": "x\\ud800"}], "metadata": {}}',
+     ':2: a string holds a lone surrogate'),
+    (b'{"messages": [{"role": "user", "content": "x"}], "metadata": {"\\udfff": 1}}',
+     ':2: a string holds a lone surrogate'),
+])
+def test_undecodable_lines_name_file_and_line(tmp_path, raw, message):
+  """Bytes that are not UTF-8, nesting past the decoder's depth and lone surrogates."""
+  p = tmp_path / 'bad.jsonl'
+  good = json.dumps({'messages': user('ok'), 'metadata': {'answer': '1'}}).encode()
+  p.write_bytes(good + b'\n' + raw + b'\n')
+  with pytest.raises(data.DataError) as e:
+    data.load(spec(p, 'prompt'), domains=['math'])
+  assert str(p) + message in str(e.value), str(e.value)

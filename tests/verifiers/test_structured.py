@@ -39,3 +39,18 @@ def test_schema_validation_through_workers():
   assert r[1].info['reason'].startswith('schema violation at age')
   assert 'Additional properties' in r[2].info['reason']
   assert r[3].info['reason'] == 'no JSON value in the answer'
+
+
+@pytest.mark.parametrize('text', ['NaN', '{"a": NaN}', '```json\n{"a": Infinity}\n```',
+                                  '[-Infinity]', '[' * 100_000 + ']' * 100_000])
+def test_nan_infinity_and_overdeep_json_are_not_json(text):
+  assert structured.extract_json(text) == (False, None, 'none')
+
+
+def test_nan_scores_zero_against_a_number_schema():
+  with verifiers.get('structured', workers=1) as v:
+    r = v.score([S('p', '{"x": NaN}', {'schema': {'type': 'object',
+                                                  'properties': {'x': {'type': 'number'}}}}),
+                 S('p', '{"x": 1.5}', {'schema': {'type': 'object',
+                                                  'properties': {'x': {'type': 'number'}}}})])
+  assert [x.reward for x in r] == [0.0, 1.0]
