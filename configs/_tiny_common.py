@@ -70,7 +70,7 @@ def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, A
     (config without `stages`, parsed argument).
   """
   a = parse_arg(arg)
-  root = world_build.directory(a['seed'], a['root'])
+  world_dir = world_build.directory(a['seed'], a['root'])
   c = ml_collections.ConfigDict()
   c.seed = a['seed']
   # Run before any data is loaded: builds (or reuses) the world the paths below name.
@@ -81,7 +81,7 @@ def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, A
   c.model = dict(preset='tiny', overrides=dict(
       vocab_size=VOCAB, embed_dim=128, num_layers=1 if a['smoke'] else 4, num_heads=4,
       num_kv_heads=2, head_dim=32, mlp_dim=384, max_seq_len=256))
-  c.tokenizer = dict(path=os.path.join(root, 'tokenizer.model'))
+  c.tokenizer = dict(path=os.path.join(world_dir, 'tokenizer.model'))
   c.mesh = dict(shape=None)
   c.sampler = dict(prompt_buckets=sorted(set(PROMPT_LEN.values())),
                    new_token_buckets=sorted(set(RESPONSE_LEN.values()) | {48}))
@@ -91,14 +91,14 @@ def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, A
   c.eval = dict(num_samples=2, temperature=0.6, top_p=0.95, greedy=False, max_new_tokens=48,
                 max_prompt_len=MAX_PROMPT_LEN, num_prompts=8 if a['smoke'] else EVAL_PROMPTS,
                 batch_size=256, thinking=False)
-  c.datasets = dict(sft=dict(path=os.path.join(root, 'sft_mixed.jsonl'), format='sft'),
-                    chat_prefs=dict(path=os.path.join(root, 'chat', 'preference_train.jsonl'),
+  c.datasets = dict(sft=dict(path=os.path.join(world_dir, 'sft_mixed.jsonl'), format='sft'),
+                    chat_prefs=dict(path=os.path.join(world_dir, 'chat', 'preference_train.jsonl'),
                                     format='preference', domain='chat'))
   c.domains = dict()
   for d in DOMAINS:
-    c.datasets[d + '_train'] = dict(path=os.path.join(root, d, 'rl_train.jsonl'),
+    c.datasets[d + '_train'] = dict(path=os.path.join(world_dir, d, 'rl_train.jsonl'),
                                     format='prompt', domain=d)
-    c.datasets[d + '_eval'] = dict(path=os.path.join(root, d, 'heldout.jsonl'),
+    c.datasets[d + '_eval'] = dict(path=os.path.join(world_dir, d, 'heldout.jsonl'),
                                    format='prompt', domain=d)
     c.domains[d] = dict(verifier=d, train=d + '_train', eval=d + '_eval')
   # RLHF trains on the learned reward model's score; the held-out score is the
