@@ -81,6 +81,9 @@ def _schedule_formula(cfg: ts.OptimizerConfig, count: int) -> float:
     ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=4),
     ts.OptimizerConfig(learning_rate=2e-6, warmup_steps=30),
     ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=1),
+    # One warm-up step: full lr from the start, yet the decay starts only at c = 1.
+    ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=1, schedule='cosine', decay_steps=5,
+                       min_lr_ratio=0.2),
     ts.OptimizerConfig(learning_rate=1.0, warmup_steps=2, schedule='cosine', decay_steps=10,
                        min_lr_ratio=0.1),
     ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=20, schedule='cosine', decay_steps=580,
