@@ -2,7 +2,15 @@
 
 import os
 
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+
+def with_device_count(flags: str, count: int = 8) -> str:
+  """`flags` (the user's XLA_FLAGS) plus a simulated CPU device count, unless it sets one."""
+  if '--xla_force_host_platform_device_count' in flags:
+    return flags
+  return f'{flags} --xla_force_host_platform_device_count={count}'.strip()
+
+
+os.environ['XLA_FLAGS'] = with_device_count(os.environ.get('XLA_FLAGS', ''))
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 import jax  # noqa: E402
