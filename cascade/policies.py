@@ -35,13 +35,16 @@ from rl import reward_model
 from rl import train_step as train_lib
 
 
+# The models a stage can train (a kind's `MODEL`): ModelConfig -> a freshly built module.
+MODELS = {
+    'policy': lambda cfg: transformer.Transformer(cfg, rngs=nnx.Rngs(0)),
+    'reward_model': lambda cfg: reward_model.create(cfg, 0),
+}
+
+
 def abstract_model(model_cfg, model_kind: str):
-  """(graphdef, abstract params) of the policy ('policy') or reward model ('reward_model')."""
-  if model_kind == 'reward_model':
-    make = lambda: reward_model.create(model_cfg, 0)
-  else:
-    make = lambda: transformer.Transformer(model_cfg, rngs=nnx.Rngs(0))
-  return nnx.split(nnx.eval_shape(make))
+  """(graphdef, abstract params) of a model in MODELS; nothing allocated."""
+  return nnx.split(nnx.eval_shape(lambda: MODELS[model_kind](model_cfg)))
 
 
 def abstract_state(params, optimizer, mesh, rules):

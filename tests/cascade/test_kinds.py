@@ -32,7 +32,9 @@ def test_every_kind_declares_its_config_runner_and_training_pieces():
 
 
 def test_no_kind_branches_outside_the_kind_modules():
-  pattern = re.compile(r"""kind\s*(==|!=|in)\s*[(\['"]""")
+  names = '|'.join(kinds.KINDS)
+  pattern = re.compile(rf"""\bkind\s*(==|!=)\s*['"]({names})['"]|\bkind\s+(not\s+)?in\s+"""
+                       rf"""[(\[{{][^)\]}}]*['"]({names})['"]|RL_KINDS|POLICY_KINDS""")
   offenders = []
   for path in REPO.rglob('*.py'):
     rel = path.relative_to(REPO).as_posix()
