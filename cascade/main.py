@@ -26,6 +26,28 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; an existing one 
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
+def parse_flags(argv):
+  """absl's flag parsing, with a config override that names no field as one line (exit 2)."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(2)
+  except IndexError as e:
+    culprit = [a for a in argv[1:] if a.startswith('--config.') and '[' in a.partition('=')[0]]
+    print(f'error: a --config override indexes past the end of a list ({e}): '
+          f'{" ".join(culprit)}', file=sys.stderr, flush=True)
+    sys.exit(2)
+  except (KeyError, AttributeError, TypeError, ValueError) as e:
+    key = str(e).strip('"\'')
+    culprit = next((a for a in argv[1:] if a.startswith('--config.')
+                    and key and key in a.partition('=')[0]), None)
+    where = f' ({culprit})' if culprit else ''
+    print(f'error: a --config override names no field of the config: {key!r}{where}',
+          file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
@@ -45,4 +67,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -61,3 +61,25 @@ def test_cascade_run_is_callable_and_the_import_is_light():
           'from cascade import train\n'
           'assert callable(train.run)\n')
   subprocess.run([sys.executable, '-c', code], check=True)
+
+
+@pytest.mark.parametrize('override,message', [
+    ('--config.bogus=1', "error: a --config override names no field of the config: 'bogus' "
+                         '(--config.bogus=1)'),
+    ('--config.stages[4].bogus=1', "names no field of the config: 'bogus' "
+                                   '(--config.stages[4].bogus=1)'),
+    ('--config.stages[42].steps=1', 'indexes past the end of a list'),
+    ('--config.stages[2].optimizer.lr=inf', "error: stages[2] 'rlhf': optimizer.lr=inf: must be > 0"),
+    ('--config.stages[3].temperature=inf', "error: stages[3] 'if_rl': temperature=inf: must be > 0"),
+])
+def test_command_line_mistakes_are_one_line(tmp_path, override, message):
+  import os  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  proc = subprocess.run(
+      [sys.executable, '-m', 'cascade.main', '--config=configs/tiny.py:smoke',
+       f'--workdir={tmp_path / "w"}', override], cwd=repo, capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and message in lines[0], proc.stderr
+  assert not (tmp_path / 'w').exists() or not os.listdir(tmp_path / 'w')   # nothing written
