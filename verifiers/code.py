@@ -27,6 +27,7 @@ is linear in the answer's length (`verifiers.fences`), and answers over
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Mapping, Sequence
 
@@ -85,8 +86,20 @@ def judge_program(prompt: str, test: str, entry_point: str) -> str:
   The entry point's name is rebound to the candidate's function (tests call
   it by name too); the prompt's other definitions stay the record's own.
   """
+  if not _compiles(prompt):  # A prompt that ends mid-definition: its imports only.
+    prompt = '\n'.join(m.group(0) for m in _IMPORT_LINE.finditer(prompt))
   return (f'{prompt}\n\nfrom solution import {entry_point}\n\n{test}\n\n'
           f'check({entry_point})\n')
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiles(source: str) -> bool:
+  """Whether a (trusted, dataset) prompt is a complete Python module (cached: prompts repeat)."""
+  try:
+    compile(source, 'prompt.py', 'exec', dont_inherit=True)
+  except (SyntaxError, ValueError):
+    return False
+  return True
 
 
 def _is_humaneval(metadata: Mapping[str, Any]) -> bool:

@@ -352,11 +352,44 @@ class Server:
   # -- cleanup ---------------------------------------------------------------
 
   def _finish(self, pids, timed_out):
-    """Kills everything a run left, reaps `pids` (their wait statuses; None if unknown)."""
+    """Kills everything a run left, reaps `pids`: their wait statuses (None: we killed it)."""
     del timed_out  # Whatever still runs is killed alike.
-    statuses = [_wait_status(pid) for pid in pids]
+    statuses = {}
+    for pid in pids:
+      try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+      except ChildProcessError:
+        done, status = pid, None
+      if done:
+        statuses[pid] = status
+    if len(statuses) < len(pids):
+      # The server may not signal the sandbox uid itself (no CAP_KILL): kill
+      # through the same path as the cleanup, then collect.
+      self._kill_run(pids)
+      for pid in pids:
+        if pid not in statuses:
+          _, status = os.waitpid(pid, 0)
+          killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+          statuses[pid] = None if killed else status
     self._cleanup(pids)
-    return statuses
+    return [statuses[pid] for pid in pids]
+
+  def _kill_run(self, pids):
+    """Kills every process of the sandbox identity (or, without one, the runs' sessions)."""
+    if self.drop_uid is not None:
+      self._as_sandbox_uid(lambda: None)
+      return
+    if self.kill_all:
+      _kill_minus_one()
+    for pid in pids:
+      try:
+        os.killpg(pid, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
 
   def _cleanup(self, pids):
     """Kills every process of the sandbox identity and empties the work dir."""
@@ -421,22 +454,6 @@ def _wait_exit(pid, timeout_s):
     os.close(pidfd)
 
 
-def _wait_status(pid):
-  """Reaps `pid`, killing it first if it still runs; its status, None if we killed it."""
-  try:
-    done, status = os.waitpid(pid, os.WNOHANG)
-  except ChildProcessError:
-    return None
-  if done:
-    return status
-  try:
-    os.kill(pid, signal.SIGKILL)
-  except (ProcessLookupError, PermissionError):
-    pass
-  _, status = os.waitpid(pid, 0)
-  return None if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL else status
-
-
 def _failure(status, stderr_tail):
   """(status, detail) of a child that did not exit 0, else None."""
   if status is None:
@@ -478,8 +495,8 @@ def _write_traceback(e, skip_frames=1):
       tb = tb.tb_next if tb is not None else None
     lines = traceback.format_exception(type(e), e, tb)
     _write(2, ''.join(lines)[-4000:].encode('utf-8', 'replace'))
-  except BaseException:  # pylint: disable=broad-except
-    _write(2, b'exception while formatting a traceback\n')
+  except BaseException:  # pylint: disable=broad-except  # Unformattable, or stderr full.
+    pass
 
 
 def _run_script(program, workdir):

@@ -243,3 +243,20 @@ def test_unprivileged_bubblewrap_contains_fork_bombs_and_daemons(bwrap_sandbox):
   left = [p.pid for p in psutil.process_iter(['uids', 'status'])
           if p.info['uids'].real == uid and p.info['status'] != psutil.STATUS_ZOMBIE]
   assert not left
+
+
+def test_a_failed_sandbox_is_flagged_in_the_result_and_replaced(bwrap_sandbox):
+  """A server that dies mid-sample gives info['sandbox_error'] (what the stage loop counts)."""
+  import threading  # pylint: disable=g-import-not-at-top
+
+  import verifiers  # pylint: disable=g-import-not-at-top
+  md = {'prompt': 'def f():\n', 'test': 'def check(c):\n    assert c() == 1\n',
+        'entry_point': 'f'}
+  with verifiers.get('code', workers=1, timeout_s=20) as v:
+    assert v.score([verifiers.Sample('p', '    return 1\n', md)])[0].reward == 1.0
+    pids = v.sandbox.server_pids
+    threading.Timer(1.0, lambda: [os.kill(p, 9) for p in pids]).start()
+    slow = 'import time\ntime.sleep(10)\ndef f():\n    return 1\n'
+    res = v.score([verifiers.Sample('p', slow, md), verifiers.Sample('p', '    return 1\n', md)])
+  assert res[0].reward == 0.0 and res[0].info['sandbox_error'] is True, res[0].info
+  assert res[1].reward == 1.0 and res[1].info['sandbox_error'] is False
