@@ -19,16 +19,17 @@ $(VENV)/.stamp-test: setup.py $(VENV)/.stamp-base
 	$(PY) -m pip install -q -e '.[test,interop]'
 	touch $@
 
-# bubblewrap isolates the code verifier's sandbox; installed where we are root.
+# bubblewrap isolates the code/SWE verifiers' sandbox, which refuses to start
+# without it (or with a verifier option isolation='none'); installed where we are root.
 sysdeps:
 	@if command -v bwrap >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "installing bubblewrap (code sandbox)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
-	  || echo "WARNING: could not install bubblewrap; the code sandbox falls back to rlimited subprocesses"; \
+	  || echo "WARNING: could not install bubblewrap; code/SWE verifiers will refuse to start (install it, or set their option isolation='none' for trusted code only)"; \
 	else \
-	  echo "WARNING: bubblewrap (bwrap) is missing and we are not root: install it with"; \
-	  echo "         'sudo apt-get install bubblewrap'; until then code runs in rlimited subprocesses"; \
+	  echo "WARNING: bubblewrap (bwrap) is missing: install it with 'sudo apt-get install bubblewrap';"; \
+	  echo "         until then code/SWE verifiers refuse to start (option isolation='none' opts out, trusted code only)"; \
 	fi
 
 demo: $(VENV)/.stamp-base sysdeps
