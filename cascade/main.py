@@ -64,6 +64,14 @@ def main(argv):
     # Expected user errors: one clear line, no traceback.
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)
+  except OSError as e:
+    # A full disk, a read-only or unusable workdir: what was written stays valid (every
+    # file is written to a temporary name and renamed; checkpoints are finalised atomically).
+    where = f'{e.filename}: ' if e.filename else ''
+    print(f'error: {where}{e.strerror or e} (errno {e.errno}); nothing already written was '
+          'changed: free the space or fix the path and rerun the same command to resume',
+          file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 if __name__ == '__main__':

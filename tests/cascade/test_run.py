@@ -83,3 +83,16 @@ def test_command_line_mistakes_are_one_line(tmp_path, override, message):
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and message in lines[0], proc.stderr
   assert not (tmp_path / 'w').exists() or not os.listdir(tmp_path / 'w')   # nothing written
+
+
+def test_an_unusable_workdir_is_one_line(tmp_path):
+  import os  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  (tmp_path / 'file').write_text('not a directory')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'cascade.main', '--config=configs/tiny.py:smoke',
+       f'--workdir={tmp_path / "file" / "run"}'], cwd=repo, capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and str(tmp_path / 'file') in lines[0] and 'Not a directory' in lines[0]
