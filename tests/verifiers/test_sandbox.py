@@ -260,3 +260,24 @@ def test_a_failed_sandbox_is_flagged_in_the_result_and_replaced(bwrap_sandbox):
     res = v.score([verifiers.Sample('p', slow, md), verifiers.Sample('p', '    return 1\n', md)])
   assert res[0].reward == 0.0 and res[0].info['sandbox_error'] is True, res[0].info
   assert res[1].reward == 1.0 and res[1].info['sandbox_error'] is False
+
+
+def test_interpreter_under_tmp_works_in_the_sandbox(bwrap_sandbox, tmp_path):
+  """A venv under /tmp (a fresh clone there) stays visible: the private /tmp is mounted first."""
+  import sys  # pylint: disable=g-import-not-at-top
+  venv = tmp_path / 'venv'
+  subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True,
+                 timeout=120)
+  assert str(venv).startswith('/tmp/')
+  script = textwrap.dedent('''
+      from verifiers import sandbox
+      print(repr(sandbox.probe_bwrap('bwrap')))
+      with sandbox.Sandbox(1) as sb:
+        r = sb.run([{'mode': 'check', 'program': 'import sys\\nP = sys.prefix\\n',
+                     'test': 'from solution import P\\nassert P.startswith("/tmp/"), P\\n'}], [20.0])
+        print(r[0]['passed'], r[0]['detail'][-300:])
+  ''')
+  env = dict(os.environ, PYTHONPATH=base.PACKAGE_PARENT)
+  out = subprocess.run([str(venv / 'bin' / 'python'), '-c', script], env=env, capture_output=True,
+                       text=True, timeout=120, cwd='/')
+  assert out.stdout.splitlines()[:2] == ["''", 'True '], (out.stdout, out.stderr[-2000:])
