@@ -7,10 +7,12 @@ domain's evaluation verifier. A domain's score is pass@1 averaged over the k
 samples, in percent: 100 * mean over prompts and samples of the reward
 clipped to [0, 1] (so a -1 "unparsable" reward counts as a failure).
 
-results.json is exactly
+results.json is
 
   {"domains": [...], "stages": [...], "stage_domains": [[...], ...], "scores": [[...], ...]}
 
+plus "isolation" ({verifier: 'bwrap' | 'none'}) once a verifier that runs code
+has been used;
 with `stages[i]` the row's stage name ('init' for the starting policy),
 `stage_domains[i]` the domains that stage trains on, and `scores[i][j]` the
 score of domain j after stage i; results.md is the same table with deltas
@@ -142,9 +144,17 @@ def plot(res: Mapping, path: str) -> None:
   os.replace(tmp, path)
 
 
-def write(workdir: str, rows: Sequence[Mapping], domains: Sequence[str]) -> dict:
-  """Writes results.json, results.md and results.png (atomically; process 0 only)."""
+def write(workdir: str, rows: Sequence[Mapping], domains: Sequence[str],
+          isolation: Mapping[str, str] | None = None) -> dict:
+  """Writes results.json, results.md and results.png (atomically; process 0 only).
+
+  `isolation` (verifier name -> the isolation its code ran under) is added to
+  results.json as "isolation" when given, so a table says whether its code
+  rewards came from sandboxed runs.
+  """
   res = results(rows, domains)
+  if isolation:
+    res['isolation'] = dict(sorted(isolation.items()))
   if not checkpoint.is_writer():
     return res
   checkpoint.atomic_write_text(os.path.join(workdir, 'results.json'),

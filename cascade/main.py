@@ -57,10 +57,11 @@ def main(argv):
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import data  # pylint: disable=g-import-not-at-top
   from cascade import train  # pylint: disable=g-import-not-at-top
+  from cascade.kinds import base as kinds_base  # pylint: disable=g-import-not-at-top
   try:
     train.run(_CONFIG.value, _WORKDIR.value)
   except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError,
-          checkpoint.CheckpointError) as e:
+          checkpoint.CheckpointError, kinds_base.StageError) as e:
     # Expected user errors: one clear line, no traceback.
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)

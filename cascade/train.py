@@ -177,12 +177,21 @@ def run(config, workdir: str) -> dict:
     env.verifiers.close()
     env.policies.close()
     env.writer.close()
-  res = evaluation.write(workdir, env.progress.rows, domains)
+  res = evaluation.write(workdir, env.progress.rows, domains, _isolation(env.progress))
   if checkpoint.is_writer():
     print(evaluation.markdown(res), flush=True)
     print(f'results: {os.path.join(workdir, "results.md")}, '
           f'{os.path.join(workdir, "results.png")}', flush=True)
   return res
+
+
+def _isolation(progress: checkpoint.Progress) -> dict[str, str]:
+  """verifier -> isolation over the finished stages (a change within a run shows as 'a, b')."""
+  out: dict[str, set] = {}
+  for info in progress.done.values():
+    for name, iso in (info.get('isolation') or {}).items():
+      out.setdefault(name, set()).add(iso)
+  return {k: ', '.join(sorted(v)) for k, v in out.items()}
 
 
 def _run_stage(env: Env, stage, domains) -> None:
@@ -197,6 +206,8 @@ def _run_stage(env: Env, stage, domains) -> None:
   isolation = env.verifiers.isolation()
   if isolation:
     info['isolation'] = isolation
+    print(f'[{stage.index}] {stage.name}: code ran under isolation ' +
+          ', '.join(f'{k}={v}' for k, v in isolation.items()), flush=True)
   row = env.progress.row(stage.name)
   if stage.ROW and stage.evaluate and row is None:
     if params is None:
@@ -204,7 +215,7 @@ def _run_stage(env: Env, stage, domains) -> None:
     row = evaluate_row(env, stage.name, stage.index,
                        stage.domains if stage.trains_policy else [], params)
   env.progress.mark_done(stage.name, info)
-  evaluation.write(env.workdir, env.progress.rows, domains)
+  evaluation.write(env.workdir, env.progress.rows, domains, _isolation(env.progress))
   rows = env.progress.rows
   prev = rows[rows.index(row) - 1]['scores'] if row is not None and rows.index(row) else None
   if checkpoint.is_writer():

@@ -100,7 +100,7 @@ class VerifierSet:
     out = {}
     for (name, _, _), v in sorted(self._cache.items(), key=lambda kv: kv[0][:2]):
       iso = getattr(v, 'isolation', None)
-      if iso is not None:
+      if iso not in (None, 'n/a'):
         out[name] = str(iso)
     return out
 

@@ -224,6 +224,10 @@ def stage_seed(seed: int, stage_index: int) -> int:
 
 # ---------------------------------------------------------------- the kind record
 
+class StageError(RuntimeError):
+  """A stage cannot go on (e.g. its verifiers' sandbox fails); one line naming the stage."""
+
+
 class StageResult(NamedTuple):
   """What a runner hands back to the loop.
 

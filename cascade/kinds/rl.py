@@ -188,6 +188,10 @@ def _pad_prompts(samples: sampler_lib.SampleOutput, width: int) -> sampler_lib.S
                           prompt_mask=pad(samples.prompt_mask))
 
 
+# Samples of one step that may fail in the sandbox itself before the stage stops.
+MAX_SANDBOX_ERROR_FRACTION = 0.1
+
+
 class Draws:
   """Sampling rounds of one RL step: each draws prompts, samples G each and scores them."""
 
@@ -200,7 +204,8 @@ class Draws:
                                          max_new_tokens=phase.max_response_len)
     self.modes_rng = np.random.default_rng([env.plan.seed, stage.index, step])
     self.rewards, self.lengths, self.truncated, self.domains = [], [], [], []
-    self.sandbox_errors = 0
+    self.sandbox_errors = self.scored = 0
+    self.step = step
     self.sample_s = self.score_s = 0.0
 
   def __call__(self, n: int):
@@ -217,6 +222,12 @@ class Draws:
     self.sample_s += t1 - t0
     self.score_s += time.perf_counter() - t1
     self.sandbox_errors += sum(1 for i in infos if i.get('sandbox_error'))
+    self.scored += len(infos)
+    if self.sandbox_errors > MAX_SANDBOX_ERROR_FRACTION * self.scored:
+      raise base.StageError(
+          f'{st.where}: step {self.step}: {self.sandbox_errors} of {self.scored} samples failed '
+          'in the sandbox itself (sandbox_error), not in their code; stopping rather than '
+          'training on their zero rewards (check the sandbox: bubblewrap, cgroups, disk)')
     self.rewards.append(rewards)
     self.lengths.append(ro.samples.lengths)
     self.truncated.append(ro.samples.truncated)

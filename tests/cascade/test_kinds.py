@@ -143,3 +143,40 @@ def test_dpo_and_ppo_style_grpo_run_inside_a_cascade(tmp_path, copy_cascade):
   progress = json.load(open(tmp_path / 'run' / 'progress.json'))
   assert progress['done']['dpo']['final_step'] == 30
   assert res['scores'][1][0] >= res['scores'][0][0]   # DPO on the right answers does not hurt
+
+
+def _fake_rollouts(recs, g, p=3, n=4):
+  from cascade import rollout  # pylint: disable=g-import-not-at-top
+  from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
+  rows = len(recs) * g
+  z = lambda *s: np.zeros(s, np.int32)
+  samples = sampler_lib.SampleOutput(
+      prompt_tokens=z(rows, p) + 1, prompt_mask=z(rows, p) + 1, tokens=z(rows, n) + 2,
+      mask=z(rows, n) + 1, logprobs=np.zeros((rows, n), np.float32),
+      sampling_logprobs=np.zeros((rows, n), np.float32), lengths=z(rows) + n,
+      truncated=np.zeros(rows, bool))
+  return rollout.Rollouts(records=[r for r in recs for _ in range(g)], modes=[None] * rows,
+                          completions=['x'] * rows, samples=samples)
+
+
+@pytest.mark.parametrize('bad,stops', [(1, False), (16, True)])
+def test_rl_step_stops_when_the_sandbox_itself_fails(monkeypatch, bad, stops):
+  import types  # pylint: disable=g-import-not-at-top
+  from cascade.kinds import rl  # pylint: disable=g-import-not-at-top
+  st = _stage({**GRPO, 'dynamic_filter': False})
+  recs = [{'domain': 'a', 'messages': [], 'metadata': {}} for _ in range(4)]
+  loader = types.SimpleNamespace(next=lambda: recs)
+  monkeypatch.setattr(rl.rollout, 'generate', lambda *a, **k: _fake_rollouts(recs, 4))
+  infos = [{'sandbox_error': i < bad} for i in range(16)]
+  monkeypatch.setattr(rl.rollout, 'score',
+                      lambda ro, v, s: (np.arange(16, dtype=np.float32), infos))
+  env = types.SimpleNamespace(plan=types.SimpleNamespace(seed=0), sampler=None, tokenizer=None,
+                              verifiers=types.SimpleNamespace(train_verifier=None),
+                              sample_cls=None, domain_index={'a': 0})
+  draws = rl.Draws(env, st, loader, 0, jax.random.PRNGKey(0), None)
+  if stops:
+    with pytest.raises(base.StageError, match=r"stages\[0\] 'rl': step 0: 16 of 16 samples"):
+      draws.collect()
+  else:
+    draws.collect()
+    assert draws.metrics()['sandbox_errors'] == 1.0
