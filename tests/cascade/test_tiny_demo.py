@@ -11,8 +11,6 @@ import os
 import subprocess
 import sys
 
-from cascade.tiny_world import build as world_build
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOMAINS = ['chat', 'code', 'instruction_following', 'math', 'swe']
 STAGES = ['sft', 'rlhf', 'if_rl', 'math_rl', 'code_rl', 'swe_rl']
@@ -23,9 +21,6 @@ def test_tiny_cascade_smoke(tmp_path):
   env.pop('XLA_FLAGS', None)                        # one CPU device, as `make demo` runs
   env.update(JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
   workdir = tmp_path / 'run'
-  # The config's `prepare` step, run here too so the test does not depend on
-  # the run doing it (a no-op for the run then: the stamp matches).
-  world_build.build(seed=0, root=str(tmp_path / 'world'))
   cmd = [sys.executable, '-m', 'cascade.main',
          f'--config={REPO}/configs/tiny.py:smoke,root={tmp_path / "world"}',
          f'--workdir={workdir}']
@@ -47,6 +42,7 @@ def test_tiny_cascade_smoke(tmp_path):
   # The run ends by printing the table and where the results are.
   assert '| swe_rl | swe |' in p.stdout
   assert f'{workdir / "results.png"}' in p.stdout
-  # The world was built where the config argument said, with its mixed-mode SFT file.
+  # The run's `prepare` step built the world where the config argument said,
+  # with its mixed-mode SFT file.
   assert (tmp_path / 'world' / 'seed0' / 'sft_mixed.jsonl').stat().st_size > 0
   assert (workdir / 'stages' / '06_swe_rl' / 'hf' / 'model.safetensors').exists()

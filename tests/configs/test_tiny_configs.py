@@ -24,12 +24,6 @@ def _get(name, arg):
   return importlib.import_module(f'configs.{name}').get_config(arg)
 
 
-def _prepare(c):
-  """Runs the config's `prepare` step as the run does: 'module:function'(**kwargs)."""
-  module, _, fn = c.prepare.fn.partition(':')
-  return getattr(importlib.import_module(module), fn)(**c.prepare.kwargs)
-
-
 @pytest.mark.parametrize('name', CONFIGS)
 @pytest.mark.parametrize('smoke', [False, True])
 def test_tiny_configs_validate(name, smoke, root):
@@ -69,8 +63,9 @@ def test_prepare_writes_every_file_the_config_names(tmp_path, monkeypatch):
       sft=dict.fromkeys(world_build.DOMAINS, 20), rl=10, heldout=8, preference=20,
       preference_heldout=5))
   c = _get('tiny_mopd', f'smoke,seed=2,root={tmp_path}')   # names every file tiny.py does
-  assert _prepare(c) == str(tmp_path / 'seed2')
   plan = config_lib.validate(c)
+  assert not os.path.exists(tmp_path / 'seed2')
+  plan.prepare.call()                                       # as the run calls it
   domains = sorted(plan.domains)
   for name, spec in plan.datasets.items():
     assert os.path.exists(spec.path), name
