@@ -17,6 +17,8 @@ does.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -111,11 +113,20 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
     if step == stage.steps or (every and step % every == 0):
       ckpts.save(step, state, {'step': step, 'stage_index': stage.index, 'stage': stage.name,
                                'data': maker.loader.get_state()})
+      _test_kill_point(ckpts, f'{stage.name}:{step}')
   ckpts.wait()
   bar.close()
   return base.StageResult(params=state.params, final_step=stage.steps,
                           steps_run=step - first_step, seconds=time.time() - start,
                           first=bar.first, last=bar.last)
+
+
+def _test_kill_point(ckpts, here: str) -> None:
+  """Tests only: `CASCADE_TEST_KILL_AT=<stage>:<step>` SIGKILLs the process once that step's
+  checkpoint is on disk, so a kill/resume test stops a run at a chosen point, not by a race."""
+  if os.environ.get('CASCADE_TEST_KILL_AT') == here:
+    ckpts.wait()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _with_global_batch(step_fn, mesh, rules):

@@ -1,0 +1,157 @@
+"""The shared training loop (`cascade.kinds.loop.train`): a stopped stage resumes exactly.
+
+A stub batch maker drives the real loop (real Policies, Orbax checkpoints, SFT train step on
+a tiny model): each step's batch is built from the records the stage's loader hands out, and
+the maker logs (step, rng, record ids). A run stopped after a checkpoint and resumed by a
+fresh loop must log the same steps with the same data and keys, and end with bit-identical
+params, as a run that was never stopped. `CASCADE_TEST_KILL_AT` (the loop's test kill point)
+fires right after the named step's checkpoint is on disk.
+"""
+
+import os
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from cascade import checkpoint
+from cascade import data as data_lib
+from cascade import kinds
+from cascade import policies as policies_lib
+from cascade.kinds import base
+from cascade.kinds import loop
+from rl import sft as sft_lib
+
+
+class _Stop(Exception):
+  pass
+
+
+def _env(plan, workdir):
+  writer = types.SimpleNamespace(write=lambda stage, step, m: None)
+  return types.SimpleNamespace(plan=plan, workdir=str(workdir), mesh=None, rules=plan.rules,
+                               writer=writer,
+                               policies=policies_lib.Policies(plan, str(workdir), None, plan.rules))
+
+
+RECORDS = [{'id': k} for k in range(10)]
+
+
+def _run(plan, workdir, log, stop_at=None):
+  """Runs the plan's SFT stage with a stub maker; `stop_at`: raise before building that step."""
+  env = _env(plan, workdir)
+  stage = plan.stages[0]
+
+  def maker_fn(state):
+    del state
+    loader = data_lib.Loader(RECORDS, base.stage_seed(plan.seed, stage.index), stage.batch_size)
+
+    def make(step, rng, state):
+      if step == stop_at:
+        raise _Stop(step)
+      ids = [r['id'] for r in loader.next()]
+      log.append((step, tuple(np.asarray(jax.random.key_data(rng)).ravel().tolist()), ids,
+                  int(state.step)))
+      ex = [([2 + (7 * k + j) % 250 for j in range(8)], [0, 0] + [1] * 6) for k in ids]
+      return [sft_lib.pack(ex, stage.max_len, num_rows=4)], {'examples': len(ex)}
+    return loop.BatchMaker(loader, make)
+
+  try:
+    return loop.train(env, kinds.get('sft'), stage, maker_fn)
+  finally:
+    env.policies.close()
+
+
+def _plan(fakes):
+  return fakes.toy_config([fakes.SFT_STAGE], every=2)
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _one_compiled_step():
+  """Every run here builds the same train step: compile it once (the loop still asks for it)."""
+  built = {}
+  build = loop.build_train_step
+
+  def cached(kind, stage, *args, **kw):
+    if stage.name not in built:
+      built[stage.name] = build(kind, stage, *args, **kw)
+    return built[stage.name]
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(loop, 'build_train_step', cached)
+    yield
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory, fakes):
+  plan = _plan(fakes)
+  log = []
+  res = _run(plan, tmp_path_factory.mktemp('a'), log)
+  return plan, log, res
+
+
+def _same_params(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_uninterrupted_stage_draws_fresh_batches_with_per_step_keys(uninterrupted):
+  plan, log, res = uninterrupted
+  stage = plan.stages[0]
+  assert [s for s, *_ in log] == list(range(stage.steps)) and res.steps_run == stage.steps
+  assert [opt_step for *_, opt_step in log] == list(range(stage.steps))
+  # The loader walks a seeded permutation of the records, epoch after epoch.
+  want = data_lib.Loader(RECORDS, base.stage_seed(plan.seed, stage.index), stage.batch_size)
+  assert [ids for _, _, ids, _ in log] == [[r['id'] for r in want.next()]
+                                          for _ in range(stage.steps)]
+  # Step s's key is fold_in(PRNGKey(stage seed), s).
+  key = jax.random.PRNGKey(base.stage_seed(plan.seed, stage.index))
+  for s, k, _, _ in log:
+    assert k == tuple(np.asarray(jax.random.fold_in(key, s)).ravel().tolist()), s
+
+
+@pytest.mark.parametrize('stop_at', [3])
+def test_a_stage_stopped_mid_way_resumes_with_its_data_position_and_rng(
+    uninterrupted, tmp_path, capsys, stop_at):
+  plan, log_a, res_a = uninterrupted
+  log_b = []
+  with pytest.raises(_Stop):
+    _run(plan, tmp_path, log_b, stop_at=stop_at)
+  assert log_b == log_a[:stop_at]
+  resumed = []
+  res_b = _run(plan, tmp_path, resumed)
+  start = stop_at - stop_at % 2          # the newest checkpoint (every 2 steps)
+  assert f'[0] sft: resuming at step {start}/6' in capsys.readouterr().out
+  assert res_b.steps_run == 6 - start
+  # The same steps, record ids, keys and optimizer steps as the run never stopped.
+  assert resumed == log_a[start:]
+  _same_params(res_b.params, res_a.params)
+
+
+def test_kill_point_fires_after_that_steps_checkpoint_and_the_run_resumes(
+    uninterrupted, tmp_path, capsys, monkeypatch):
+  plan, log_a, res_a = uninterrupted
+  killed = []
+
+  def kill(pid, sig):
+    ckpt_dir = os.path.join(checkpoint.stage_dir(str(tmp_path), plan.stages[0]), 'ckpt')
+    on_disk = checkpoint.StageCheckpoints(ckpt_dir, async_save=False)
+    killed.append((pid, sig, on_disk.steps()))
+    on_disk.close()
+    raise _Stop('killed')
+
+  monkeypatch.setenv('CASCADE_TEST_KILL_AT', 'sft:4')
+  monkeypatch.setattr(loop.os, 'kill', kill)
+  log_b = []
+  with pytest.raises(_Stop):
+    _run(plan, tmp_path, log_b)
+  import signal  # pylint: disable=g-import-not-at-top
+  assert killed == [(os.getpid(), signal.SIGKILL, [2, 4])]   # step 4 is complete on disk
+  assert [s for s, *_ in log_b] == [0, 1, 2, 3]
+  monkeypatch.delenv('CASCADE_TEST_KILL_AT')
+  resumed = []
+  res_b = _run(plan, tmp_path, resumed)
+  assert '[0] sft: resuming at step 4/6' in capsys.readouterr().out
+  assert resumed == log_a[4:]
+  _same_params(res_b.params, res_a.params)
