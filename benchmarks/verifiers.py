@@ -181,7 +181,8 @@ def _time_code_with(check):
       futures = [pool.submit(check, p, p['canonical_solution'], 3.0) for p in problems]
       return [f.result()['passed'] for f in futures]
 
-  with verifiers.get('code', workers=_WORKERS.value, timeout_s=10.0, strict_isolation=True) as v:
+  # Fails closed (one line) without a working bubblewrap.
+  with verifiers.get('code', workers=_WORKERS.value, timeout_s=10.0) as v:
     start = time.perf_counter()
     v.score(samples)
     cold = time.perf_counter() - start

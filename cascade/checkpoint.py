@@ -66,7 +66,7 @@ def read_json(path: str, default: Any = None) -> Any:
 
 
 # Fields that do not change what a run computes, so a resumed run may differ in them.
-HARMLESS_TOP = ('allow_config_change', 'hardware')
+HARMLESS_TOP = ('allow_config_change', 'hardware', 'prepare')
 HARMLESS_NESTED = {'ckpt': ('keep',)}
 
 

@@ -71,7 +71,7 @@ DOMAINS = {
     'chat': ('reward_model', {}, 'rlhf_train', 'chat_eval'),
     'instruction_following': ('instruction_following', {}, 'if_train', 'if_eval'),
     'math': ('math', {}, 'math_train', 'math_eval'),
-    'code': ('code', {}, 'code_train', 'code_eval'),
+    'code': ('code', {'isolation': 'bwrap'}, 'code_train', 'code_eval'),
     'swe': ('swe', {}, 'swe_train', 'swe_eval'),
     # Cascade 2: multiple-choice STEM answers are checked as a boxed letter by
     # the math verifier; structured output by the JSON-schema verifier;

@@ -101,6 +101,9 @@ def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, A
     c.datasets[d + '_eval'] = dict(path=os.path.join(world_dir, d, 'heldout.jsonl'),
                                    format='prompt', domain=d)
     c.domains[d] = dict(verifier=d, train=d + '_train', eval=d + '_eval')
+  # Code runs in the bubblewrap sandbox; without it the verifiers refuse to start
+  # (`--config.domains.code.verifier_options.isolation=none` opts out, recorded in results.json).
+  c.domains.code.verifier_options = dict(isolation='bwrap')
   # RLHF trains on the learned reward model's score; the held-out score is the
   # world's hidden quality rule, so reward hacking shows in the table.
   c.domains.chat = dict(verifier='reward_model', reward_model_stage='rm',

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl import batch as batch_lib
+from rl import buckets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,11 +100,6 @@ def loss_fn(model, batch: batch_lib.TrainBatch, cfg: MopdConfig, norm: dict):
   return mopd_loss(batch_lib.token_logprobs(logits, batch.targets), batch, cfg, norm)
 
 
-def _bucket(n: int, cap: int) -> int:
-  """Rows rounded up to a power of two (at most cap), so few shapes compile."""
-  return min(cap, 1 << max(0, (n - 1).bit_length()))
-
-
 def teacher_logprobs(graphdef, teachers: Sequence, teacher_index, batch: batch_lib.TrainBatch,
                      *, mesh=None, rules=None) -> np.ndarray:
   """Each row's log-probs of its targets under its own teacher.
@@ -134,7 +130,7 @@ def teacher_logprobs(graphdef, teachers: Sequence, teacher_index, batch: batch_l
   out = np.zeros(host['tokens'].shape, np.float32)
   for k in np.unique(idx):
     rows = np.flatnonzero(idx == k)
-    padded = np.concatenate([rows, np.full(_bucket(rows.size, b) - rows.size, rows[0])])
+    padded = np.concatenate([rows, np.full(buckets.pow2(rows.size, hi=b) - rows.size, rows[0])])
     sub = batch_lib.TrainBatch(**{f: host[f][padded] for f in fields}, loss_mask=None)
     lp = batch_lib.compute_logprobs(graphdef, teachers[k], sub, mesh, rules)
     out[rows] = np.asarray(lp)[:rows.size]

@@ -20,6 +20,7 @@ from flax import nnx
 
 from models import config as config_lib
 from models import transformer
+from rl import buckets
 
 
 class RewardModel(nnx.Module):
@@ -132,8 +133,9 @@ def encode(tokenizer, prompt: str, completion: str, max_len: int) -> list[int]:
   return ids[-max_len:]
 
 
-def _length_bucket(n: int, max_len: int) -> int:
-  return min(max_len, max(16, 1 << (n - 1).bit_length()))
+def _pow2_len(n: int, max_len: int) -> int:
+  """A row length bucket: a power of two >= 16, at most max_len."""
+  return buckets.pow2(n, lo=16, hi=max_len)
 
 
 def pad_rows(rows: Sequence[Sequence[int]], length: int, pad_id: int):
@@ -156,7 +158,7 @@ def make_pair_batch(tokenizer, prompts: Sequence[str], chosen: Sequence[str],
                      f'{len(rejected)} rejected')
   c = [encode(tokenizer, p, x, max_len) for p, x in zip(prompts, chosen)]
   r = [encode(tokenizer, p, x, max_len) for p, x in zip(prompts, rejected)]
-  length = _length_bucket(max(map(len, c + r)), max_len)
+  length = _pow2_len(max(map(len, c + r)), max_len)
   ct, cs = pad_rows(c, length, tokenizer.pad_id)
   rt, rs = pad_rows(r, length, tokenizer.pad_id)
   return PairBatch(ct, cs, rt, rs)
@@ -189,7 +191,7 @@ def make_text_scorer(model: RewardModel, tokenizer, max_len: int,
     for start in range(0, len(rows), batch_size):
       chunk = rows[start:start + batch_size]
       full = chunk + [chunk[0]] * (batch_size - len(chunk))
-      tokens, seg = pad_rows(full, _length_bucket(max(map(len, full)), max_len),
+      tokens, seg = pad_rows(full, _pow2_len(max(map(len, full)), max_len),
                              tokenizer.pad_id)
       out[start:start + len(chunk)] = np.asarray(score(graphdef, params, tokens, seg))[:len(chunk)]
     return out

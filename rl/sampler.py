@@ -42,6 +42,7 @@ from jax.experimental import multihost_utils
 from models import config as config_lib
 from models import sharding
 from models import transformer
+from rl import buckets
 
 DEFAULT_PROMPT_BUCKETS = tuple(2 ** i for i in range(5, 17))       # 32 ... 65536
 DEFAULT_NEW_TOKEN_BUCKETS = tuple(2 ** i for i in range(4, 17))    # 16 ... 65536
@@ -354,14 +355,6 @@ Returns:
 """
 
 
-def _bucket(buckets: Sequence[int], n: int, what: str) -> int:
-  for b in sorted(buckets):
-    if b >= n:
-      return b
-  raise ValueError(f'{what}={n} exceeds the largest bucket {max(buckets)}; '
-                   'add a larger bucket to the Sampler')
-
-
 def _to_host(x) -> np.ndarray:
   if getattr(x, 'is_fully_addressable', True):
     return np.asarray(x)
@@ -436,11 +429,10 @@ class Sampler:
     self._jit = jax.jit(counted, static_argnums=0, static_argnames=_STATIC)
 
   def _batch_bucket(self, n: int) -> int:
-    if self.batch_buckets is None:
-      b = 1 << max(n - 1, 0).bit_length()
-    else:
-      b = _bucket(self.batch_buckets, n, 'batch (prompts x num_samples)')
     shards = sharding.batch_shards(self.mesh, self.rules)
+    if self.batch_buckets is None:
+      return buckets.pow2(n, multiple=shards)
+    b = buckets.smallest_fit(self.batch_buckets, n, 'batch (prompts x num_samples)')
     return -(-b // shards) * shards
 
   def abstract_args(self, params, rows: int, prompt_len: int, sp: SamplingParams):
@@ -455,8 +447,8 @@ class Sampler:
     Returns:
       (positional args, keyword args, description) for `sample.lower(*args, **kwargs)`.
     """
-    p = _bucket(self.prompt_buckets, prompt_len, 'prompt length')
-    nb = _bucket(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
+    p = buckets.smallest_fit(self.prompt_buckets, prompt_len, 'prompt length')
+    nb = buckets.smallest_fit(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
     b = self._batch_bucket(rows)
     rows_sh = rep = None
     if self.mesh is not None:
@@ -512,8 +504,8 @@ class Sampler:
       rng = jax.random.key(rng)
     n = len(prompts) * num_samples
     p_max = max(q.size for q in prompts)
-    p = _bucket(self.prompt_buckets, p_max, 'prompt length')
-    nb = _bucket(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
+    p = buckets.smallest_fit(self.prompt_buckets, p_max, 'prompt length')
+    nb = buckets.smallest_fit(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
     b = self._batch_bucket(n)
 
     tokens = np.full((b, p), self.pad_id, np.int32)
