@@ -222,7 +222,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     refs = kinds.base.Refs(tuple(stages), all_names, domains, datasets)
     stages.append(kinds.parse(i, s, refs))
   for st in stages:
-    st.check_lengths(model.max_seq_len, _failer(st))
+    st.check_lengths(model.max_seq_len, schema.failer(st.where, st))
   for d in domains.values():
     if d.reward_model_stage:
       _check_rm_reference(d, stages)
@@ -237,16 +237,6 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
               mesh_shape=mesh_shape, rules=rules, sampler=sampler, eval=ev, ckpt=ckpt,
               stages=tuple(stages), domains=domains, datasets=datasets,
               initial_eval=bool(initial), prepare=_prepare(_get(config, 'prepare')))
-
-
-def _failer(stage):
-  """A stage's `fail(field, message)`: one ConfigError line naming the stage, field and value."""
-  def fail(field, msg, value=dataclasses.MISSING):
-    if value is schema.HIDE:
-      raise ConfigError(f'{stage.where}: {field}: {msg}')
-    value = getattr(stage, field, None) if value is dataclasses.MISSING else value
-    raise ConfigError(f'{stage.where}: {field}={value!r}: {msg}')
-  return fail
 
 
 def _model(m: dict):

@@ -82,6 +82,21 @@ def field(default: Any = dataclasses.MISSING, *, check: tuple[Callable, str] | N
   return dataclasses.field(default=default, metadata=meta)
 
 
+def failer(where: str, obj: Any = None, *, sep: str = ': ', prefix: str = ''):
+  """`fail(field, message, value=<obj.field>)`: raises one ConfigError line naming where and field.
+
+  Pass `HIDE` as the value for a message that names no value (unknown or missing fields).
+  """
+  def fail(name: str, msg: str, value: Any = dataclasses.MISSING):
+    if value is HIDE:
+      raise ConfigError(f'{where}{sep}{prefix}{name}: {msg}')
+    value = getattr(obj, name, None) if value is dataclasses.MISSING else value
+    if isinstance(value, tuple):
+      value = list(value)
+    raise ConfigError(f'{where}{sep}{prefix}{name}={value!r}: {msg}')
+  return fail
+
+
 def plain(x):
   return x.to_dict() if hasattr(x, 'to_dict') else x
 
@@ -131,13 +146,7 @@ def from_mapping(cls, raw: Mapping, where: str, *, fixed: Mapping | None = None,
     values[name] = convert(v) if convert is not None and v is not None else v
   obj = cls(**values)
 
-  def fail(name: str, msg: str, value: Any = dataclasses.MISSING):
-    if value is HIDE:
-      raise ConfigError(f'{where}{sep}{prefix}{name}: {msg}')
-    value = getattr(obj, name, None) if value is dataclasses.MISSING else value
-    raise ConfigError(f'{where}{sep}{prefix}{name}={value!r}: {msg}')
-
   check_fn = getattr(obj, 'check', None)
   if check_fn is not None:
-    check_fn(fail)
+    check_fn(failer(where, obj, sep=sep, prefix=prefix))
   return obj

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl import batch as batch_lib
+from rl import buckets
 
 LOSS_TYPES = ('sigmoid', 'ipo')
 SIDES = ('chosen', 'rejected')
@@ -130,10 +131,6 @@ def encode(tokenizer, prompt: str, response: str) -> tuple[list[int], list[int]]
   return prompt_ids, response_ids
 
 
-def _length_bucket(n: int, max_len: int) -> int:
-  return min(max_len, max(16, 1 << (n - 1).bit_length()))
-
-
 def _rows(pairs: Sequence[tuple[list[int], list[int]]], length: int, num_rows: int,
           pad_id: int) -> dict[str, np.ndarray]:
   """Right-padded [num_rows, length] row fields of (prompt, response) pairs; extra rows empty."""
@@ -197,7 +194,7 @@ def make_batch(tokenizer, prompts: Sequence[str], chosen: Sequence[str],
     sides['chosen'].append((p, c[:max_len - keep]))
     sides['rejected'].append((p, r[:max_len - keep]))
   longest = max((len(p) + len(r) for rows in sides.values() for p, r in rows), default=1)
-  length = _length_bucket(longest, max_len)
+  length = buckets.pow2(longest, lo=16, hi=max_len)
   fields = {}
   for name, pairs in sides.items():
     for f, x in _rows(pairs, length, b, tokenizer.pad_id).items():

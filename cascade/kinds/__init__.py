@@ -10,6 +10,7 @@ and never branch on its name.
 
 from __future__ import annotations
 
+from cascade import schema
 from cascade.kinds import base
 from cascade.kinds import dpo
 from cascade.kinds import eval as eval_kind
@@ -50,13 +51,4 @@ def parse(index: int, raw: dict, refs: base.Refs) -> base.StageConfig:
     body['optimizer'] = base.parse_optimizer(body['optimizer'], where)
   stage = base.from_mapping(cls, body, where, fixed=dict(index=index, kind=kind, name=name),
                             unknown=f'unknown field for a {kind} stage')
-
-  def fail(field, msg, value=base.dataclasses.MISSING):
-    if value is base.HIDE:
-      raise base.ConfigError(f'{where}: {field}: {msg}')
-    value = getattr(stage, field, None) if value is base.dataclasses.MISSING else value
-    if isinstance(value, tuple):
-      value = list(value)
-    raise base.ConfigError(f'{where}: {field}={value!r}: {msg}')
-
-  return stage.resolve(refs, fail)
+  return stage.resolve(refs, schema.failer(where, stage))
