@@ -47,9 +47,21 @@ def abstract_model(model_cfg, model_kind: str):
   return nnx.split(nnx.eval_shape(lambda: MODELS[model_kind](model_cfg)))
 
 
-def abstract_state(params, optimizer, mesh, rules):
-  """The TrainState `init_state` builds from `params`, as ShapeDtypeStructs with shardings."""
-  abstract = jax.eval_shape(lambda p: train_lib.init_state(p, optimizer), params)
+def master_dtype(model_cfg) -> str | None:
+  """The dtype of a stage's master weights and Adam moments: float32 whenever the params are lower.
+
+  At the paper's RL learning rates (2e-6 .. 4e-6) an Adam update is ~1e-6, far
+  below half a bfloat16 ulp of typical weights (~6e-5 at magnitude 0.02): in
+  bfloat16 most updates would round to nothing and RL would silently not learn.
+  """
+  dt = jnp.dtype(model_cfg.param_dtype)
+  return 'float32' if jnp.issubdtype(dt, jnp.floating) and dt.itemsize < 4 else None
+
+
+def abstract_state(params, optimizer, mesh, rules, master: str | None = None):
+  """The TrainState `init_state` builds from `params` (float `master` weights), abstract."""
+  abstract = jax.eval_shape(lambda p: train_lib.init_state(p, optimizer, master_dtype=master),
+                            params)
   if mesh is not None:
     shard = train_lib.state_shardings(abstract, optimizer, mesh, rules)
   else:
@@ -86,7 +98,15 @@ class Policies:
     return self._model(model_kind)[0]
 
   def abstract_state(self, model_kind: str, optimizer):
-    return abstract_state(self._model(model_kind)[1], optimizer, self.mesh, self.rules)
+    return abstract_state(self._model(model_kind)[1], optimizer, self.mesh, self.rules,
+                          master_dtype(self.plan.model))
+
+  def compute_copy(self, params):
+    """Params in the model's own dtype (master weights may be float32): for exports and for
+    frozen copies (references, teachers), which the forward pass casts to that dtype anyway."""
+    dt = self.plan.model.jnp_param_dtype
+    return jax.tree.map(lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                        params)
 
   def checkpoints(self, stage) -> checkpoint.StageCheckpoints:
     if stage.name not in self._ckpts:
@@ -119,7 +139,8 @@ class Policies:
             f'{stage.name!r} cannot be restored ({type(e).__name__}); using its HF export '
             f'{export} (weights only)', flush=True)
       params = self._load_hf(export)
-      return train_lib.init_state(params, opt, mesh=self.mesh, rules=self.rules)
+      return train_lib.init_state(params, opt, master_dtype=master_dtype(self.plan.model),
+                                  mesh=self.mesh, rules=self.rules)
 
   def close(self) -> None:
     for c in self._ckpts.values():
@@ -191,7 +212,9 @@ class Policies:
         params = sharding.shard_state(params, self.mesh, self.rules)
     else:
       params = jax.tree.map(jnp.copy, params)   # the train step donates; keep the source intact
-    state = train_lib.init_state(params, optimizer, seed=seed, mesh=self.mesh, rules=self.rules)
+    state = train_lib.init_state(params, optimizer, seed=seed,
+                                 master_dtype=master_dtype(self.plan.model), mesh=self.mesh,
+                                 rules=self.rules)
     if not stage.reset_optimizer:
       state = self._carry_optimizer(stage, state)
     return state
@@ -223,6 +246,7 @@ class Policies:
     out = os.path.join(checkpoint.stage_dir(self.workdir, stage), 'hf')
     if os.path.exists(out):
       return out
+    params = self.compute_copy(params)
     if not all(getattr(x, 'is_fully_addressable', True) for x in jax.tree.leaves(params)):
       # Multi-host: the gather is a collective, so every process joins it; the
       # writer then holds the whole policy in host memory (CPU-backed arrays).

@@ -268,7 +268,8 @@ def train_lowering(stage, model_cfg, mesh, rules, microbatches: int | None = Non
   kind = kinds.get(stage.kind)
   graphdef, params = abstract_params(model_cfg, stage.MODEL, mesh, rules)
   optimizer = train_lib.make_optimizer(kinds.base.optimizer_config(stage))
-  state = policies.abstract_state(params, optimizer, mesh, rules)
+  state = policies.abstract_state(params, optimizer, mesh, rules,
+                                  policies.master_dtype(model_cfg))
   step = loop.build_train_step(kind, stage, graphdef, state, mesh, rules,
                                microbatches=microbatches)
   batch, what = kind.abstract_batch(stage, mesh, rules)

@@ -81,7 +81,7 @@ def abstract_batch(stage: Config, mesh, rules):
 def run(env, stage: Config) -> base.StageResult:
   records = env.data.stage_records(stage)
   # The reference is the policy the stage starts from, frozen for the whole stage.
-  ref_params = env.policies.start_params(stage)
+  ref_params = env.policies.compute_copy(env.policies.start_params(stage))
   graphdef = env.policies.graphdef('policy')
 
   def maker(state):

@@ -63,7 +63,8 @@ def abstract_batch(stage: Config, mesh, rules):
 def run(env, stage: Config) -> base.StageResult:
   records = env.data.stage_records(stage)
   # The KL reference is the policy the stage starts from, frozen.
-  ref_params = env.policies.start_params(stage) if stage.kl_coef > 0 else None
+  ref_params = (env.policies.compute_copy(env.policies.start_params(stage))
+                if stage.kl_coef > 0 else None)
   graphdef = env.policies.graphdef('policy')
 
   def maker(state):

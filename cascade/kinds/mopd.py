@@ -105,7 +105,8 @@ def run(env, stage: Config) -> base.StageResult:
   records = env.data.stage_records(stage)
   chosen = choose_teachers(env, stage)
   sources = sorted({src for src, _ in chosen.values()})
-  teachers = [env.policies.params_of(s, keep=False) for s in sources]
+  teachers = [env.policies.compute_copy(env.policies.params_of(s, keep=False))
+              for s in sources]
   teacher_of_domain = np.full(len(env.domain_index), -1, np.int32)
   for d, (src, why) in chosen.items():
     teacher_of_domain[env.domain_index[d]] = sources.index(src)
