@@ -43,5 +43,7 @@ setuptools.setup(
         # Peer baselines for benchmarks/grpo_step.py --compare_trl.
         'bench': ['torch==2.13.0', 'transformers>=4.51', 'trl>=0.20'],
         'xm': ['xmanager'],
+        # `make mutation`: mutation testing of the stage wiring and the RL math.
+        'mutation': ['cosmic-ray>=8.3'],
     },
 )

@@ -1,9 +1,15 @@
 """End to end: a 3-stage cascade (SFT -> GRPO -> GRPO) on two toy domains, killed and resumed.
 
 The command line runs in subprocesses sharing a persistent compilation cache,
-so only the first run pays for compiling. The run killed with SIGKILL in the
-middle of its first RL stage and rerun must end with the same stage x domain
-matrix, and the same final weights, as the run that was never interrupted.
+so only the first run pays for compiling. A run killed with SIGKILL at a chosen
+point (the loop's `CASCADE_TEST_KILL_AT=<stage>:<step>` hook, right after that
+step's checkpoint: mid-SFT, mid-RL past a curriculum phase, at a stage's last
+step) and rerun must resume there and end with the same stage x domain matrix,
+and the same final weights, as the run that was never interrupted.
+
+All `slow` (minutes): the fast suite covers the same wiring in-process
+(test_kinds_loop.py: resume of data position, RNG and params, the kill hook;
+test_golden_matrix.py: a tiny SFT -> GRPO -> MOPD -> eval cascade's pinned matrix).
 """
 
 import json
@@ -12,7 +18,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -155,6 +160,31 @@ def uninterrupted(world, cache, tmp_path_factory):
   return a, _run(world, a, cache)
 
 
+def _killed_and_resumed(world, cache, workdir, stage, index, step, res_a):
+  """Kills a run right after `stage`'s checkpoint `step`, reruns it; checks it resumed there."""
+  env = dict(_env(cache), CASCADE_TEST_KILL_AT=f'{stage}:{step}')
+  p = subprocess.run(_cmd(world, workdir), env=env, cwd=REPO, capture_output=True, text=True,
+                     timeout=600)
+  assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
+  progress = json.loads((workdir / 'progress.json').read_text())
+  assert stage not in progress['done']                           # killed mid-cascade
+  out = _run(world, workdir, cache)
+  assert f'[{index}] {stage}: resuming at step {step}/' in out.stdout, out.stdout[-3000:]
+  assert json.loads((workdir / 'results.json').read_text()) == res_a
+  return workdir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('stage,index,step', [('sft', 0, 12), ('next_rl', 2, 6)])
+def test_cascade_killed_at_other_points_resumes_there(world, cache, uninterrupted, tmp_path,
+                                                      stage, index, step):
+  a, _ = uninterrupted
+  res_a = json.loads((a / 'results.json').read_text())
+  b = _killed_and_resumed(world, cache, tmp_path / 'b', stage, index, step, res_a)
+  assert _final_weights(b) == _final_weights(a)
+
+
+@pytest.mark.slow
 def test_cascade_killed_and_resumed_matches_uninterrupted(world, cache, uninterrupted, tmp_path):
   a, out = uninterrupted
   res_a = json.loads((a / 'results.json').read_text())
@@ -176,24 +206,9 @@ def test_cascade_killed_and_resumed_matches_uninterrupted(world, cache, uninterr
   assert [m['temperature'] for m in rl] == [1.0, 1.0, 1.0, 0.9, 0.9, 0.9]
   assert any(f.startswith('events.out.tfevents') for f in os.listdir(a / 'tb'))
 
-  # Run b: SIGKILL once its first RL stage has a checkpoint, then rerun the same command.
-  b = tmp_path / 'b'
-  proc = subprocess.Popen(_cmd(world, b), env=_env(cache), cwd=REPO,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  ckpt_dir = b / 'stages' / '01_copy_rl' / 'ckpt'
-  deadline = time.time() + 300
-  while time.time() < deadline and proc.poll() is None:
-    if ckpt_dir.exists() and any(n.isdigit() for n in os.listdir(ckpt_dir)):
-      break
-    time.sleep(0.01)
-  assert proc.poll() is None, 'the run ended before it could be killed'
-  proc.send_signal(signal.SIGKILL)
-  proc.wait()
-  done = json.loads((b / 'progress.json').read_text())['done']
-  assert 'sft' in done and 'next_rl' not in done             # killed mid-cascade
-  out = _run(world, b, cache)
-  assert 'resuming at step' in out.stdout or 'copy_rl' in done
-  assert json.loads((b / 'results.json').read_text()) == res_a
+  # The same command, killed (SIGKILL, by the loop's CASCADE_TEST_KILL_AT hook right after the
+  # named step's checkpoint) and rerun, ends with the same matrix and weights.
+  b = _killed_and_resumed(world, cache, tmp_path / 'b', 'copy_rl', 1, 4, res_a)
   assert _final_weights(b) == _final_weights(a)
 
   # The same workdir with a different config refuses to start (no traceback, exit 2) ...
@@ -202,6 +217,7 @@ def test_cascade_killed_and_resumed_matches_uninterrupted(world, cache, uninterr
   assert 'Traceback' not in bad.stderr
 
 
+@pytest.mark.slow
 def test_reward_model_blended_grpo_mopd_and_eval_stages(world, cache, uninterrupted, tmp_path):
   a, _ = uninterrupted
   res_a = json.loads((a / 'results.json').read_text())

@@ -1,0 +1,72 @@
+"""A deterministic tiny cascade's stage x domain matrix equals the checked-in one.
+
+The toy 'copy a digit' world (conftest.write_copy_cascade) runs in-process through every
+policy-training kind the copy world can feed: SFT -> GRPO (KL to its starting policy,
+optimizer state carried over from SFT, overlong filter in its first phase) -> MOPD (teachers
+chosen from the matrix) -> an eval stage re-reading the SFT policy. The matrix and each RL
+step's mean reward are pinned in tests/cascade/golden/copy_cascade.json: a change in data
+order, pairing of records and rewards, filtering, the optimizer or the evaluation moves them.
+
+When a change is deliberate, regenerate the file and review its diff:
+
+  CASCADE_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/cascade/test_golden_matrix.py
+
+(It is exact on one machine and JAX version; another CPU or XLA release may need the same.)
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+
+import pytest
+
+from cascade import train
+
+GOLDEN = pathlib.Path(__file__).parent / 'golden' / 'copy_cascade.json'
+
+
+def _config(path):
+  spec = importlib.util.spec_from_file_location('copy_cfg', path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config()
+  # '\\boxed{7}<|im_end|>' is 10 tokens of the toy tokenizer: room for it, so scores move.
+  c.sampler.new_token_buckets = (16,)
+  c.eval.max_new_tokens = 12
+  c.eval.num_prompts = 32    # sampled: 64 answers per row, so a row is not all-or-nothing
+  rl = dict(c.stages[1])
+  rl.update(steps=4, kl_coef=0.05, reset_optimizer=False, max_response_len=12,
+            phases=[dict(until_step=2, max_response_len=10, filter_overlong=True),
+                    dict(until_step=4, temperature=0.8)])
+  mopd = dict(name='distill', kind='mopd', domains=['copy'], steps=2, optimizer=dict(lr=1e-4),
+              prompts_per_step=2, group_size=4, max_prompt_len=64, max_response_len=12,
+              thinking_fraction=0.0)
+  c.stages = [c.stages[0], rl, mopd, dict(name='sft_again', kind='eval', init_from='sft')]
+  return c
+
+
+def test_tiny_cascade_matrix_equals_the_checked_in_one(tmp_path, copy_cascade):
+  path = copy_cascade(tmp_path, train=64, eval_=32, sft=64, sft_steps=30, rl_steps=4)
+  res = train.run(_config(path), str(tmp_path / 'run'))
+  metrics = [json.loads(l) for l in open(tmp_path / 'run' / 'metrics.jsonl')]
+  got = {'results': res,
+         'reward_mean': {st: [m['reward_mean'] for m in metrics if m.get('stage') == st]
+                         for st in ('copy_rl', 'distill')},
+         'rows_with_loss': [m['rows_with_loss'] for m in metrics if m.get('stage') == 'copy_rl'],
+         'teachers': json.load(open(tmp_path / 'run' / 'progress.json'))['done']['distill'][
+             'teachers']}
+  # What holds whatever the numbers: the shape, and the eval stage re-reads the SFT policy.
+  assert res['stages'] == ['sft', 'copy_rl', 'distill', 'sft_again']
+  assert res['scores'][3] == res['scores'][0]
+  assert any(v > 0 for row in res['scores'] for v in row)          # not a trivial matrix
+  assert [len(v) for v in got['reward_mean'].values()] == [4, 2]
+  if os.environ.get('CASCADE_REGEN_GOLDEN'):
+    GOLDEN.write_text(json.dumps(got, indent=1) + '\n')
+    pytest.skip(f'regenerated {GOLDEN}')
+  want = json.loads(GOLDEN.read_text())
+  assert got['results'] == want['results']
+  assert got['teachers'] == want['teachers']
+  assert got['rows_with_loss'] == want['rows_with_loss']
+  for st, rs in want['reward_mean'].items():
+    assert got['reward_mean'][st] == pytest.approx(rs, rel=1e-6, abs=1e-7), st
