@@ -211,15 +211,68 @@ def token_entropy(logits: jax.Array) -> jax.Array:
   return -jnp.sum(jnp.exp(logp) * logp, -1)
 
 
-def policy_logits(model, batch: TrainBatch) -> jax.Array:
-  """The model's logits [B, L, V] over a batch's rows."""
-  return model(batch.tokens, batch.positions, batch.segment_ids)
+# Sequence positions whose [rows, chunk, V] logits exist at once in a training or scoring
+# pass. Longer rows are scanned in chunks of this many positions under remat, so no pass
+# holds [rows, L, V] logits (V = 151,936 for Qwen3: ~76 KB per token in float32), in the
+# forward or the backward; rows up to this long take the one-shot path.
+LOGITS_CHUNK = 1024
+
+
+def token_stats(model, tokens, positions, segment_ids, targets, *, entropy: bool = False,
+                argmax: bool = False, chunk: int = LOGITS_CHUNK) -> dict[str, jax.Array]:
+  """Per-position log-prob of the target (and entropy, argmax) without full-length logits.
+
+  Args:
+    model: an NNX policy with `hidden(tokens, positions, segment_ids)` and
+      `logits_from_hidden(h)` (models.transformer.Transformer).
+    tokens, positions, segment_ids, targets: [B, L] int.
+    entropy: also return the full-distribution entropy per position.
+    argmax: also return the most likely token per position.
+    chunk: positions per output-projection chunk (rows up to this long in one go).
+
+  Returns:
+    {'logprobs': [B, L] float32, 'entropy': [B, L] float32, 'argmax': [B, L] int32}
+    (the last two when asked for).
+  """
+  h, _ = model.hidden(tokens, positions, segment_ids)            # [B, L, D]
+  return stats_from_hidden(model, h, targets, entropy=entropy, argmax=argmax, chunk=chunk)
+
+
+def stats_from_hidden(model, h, targets, *, entropy: bool = False, argmax: bool = False,
+                      chunk: int = LOGITS_CHUNK) -> dict[str, jax.Array]:
+  """`token_stats` from final hidden states h [B, L, D] (the output projection chunked)."""
+
+  def stats(hc, tc):
+    logits = model.logits_from_hidden(hc)                       # [B, C, V] float32
+    out = {'logprobs': token_logprobs(logits, tc)}
+    if entropy:
+      out['entropy'] = token_entropy(logits)
+    if argmax:
+      out['argmax'] = jnp.argmax(logits, -1).astype(jnp.int32)
+    return out
+
+  b, l, d = h.shape
+  if l <= chunk:
+    return stats(h, targets)
+  n = -(-l // chunk)
+  pad = n * chunk - l
+  hs = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, d).swapaxes(0, 1)
+  ts = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+  body = jax.checkpoint(stats)          # the backward recomputes one chunk's logits at a time
+  _, out = jax.lax.scan(lambda carry, x: (carry, body(*x)), None, (hs, ts))
+  return {k: v.swapaxes(0, 1).reshape(b, n * chunk)[:, :l] for k, v in out.items()}
+
+
+def policy_stats(model, batch, **kw) -> dict[str, jax.Array]:
+  """`token_stats` over a batch's rows (tokens, positions, segment_ids, targets)."""
+  return token_stats(model, batch.tokens, batch.positions, batch.segment_ids, batch.targets,
+                     **kw)
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _logprobs_jit(graphdef, params, tokens, positions, segment_ids, targets):
   model = nnx.merge(graphdef, params)
-  return token_logprobs(model(tokens, positions, segment_ids), targets)
+  return token_stats(model, tokens, positions, segment_ids, targets)['logprobs']
 
 
 def compute_logprobs(graphdef, params, batch: TrainBatch, mesh=None, rules=None) -> jax.Array:

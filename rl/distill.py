@@ -96,8 +96,7 @@ def mopd_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: MopdConfig,
 
 def loss_fn(model, batch: batch_lib.TrainBatch, cfg: MopdConfig, norm: dict):
   """MOPD loss of an NNX student on a batch."""
-  logits = batch_lib.policy_logits(model, batch)
-  return mopd_loss(batch_lib.token_logprobs(logits, batch.targets), batch, cfg, norm)
+  return mopd_loss(batch_lib.policy_stats(model, batch)['logprobs'], batch, cfg, norm)
 
 
 def teacher_logprobs(graphdef, teachers: Sequence, teacher_index, batch: batch_lib.TrainBatch,

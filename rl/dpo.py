@@ -222,8 +222,7 @@ def sequence_logps(model, batch: DpoBatch) -> tuple[jax.Array, jax.Array]:
   """
   both = jax.tree.map(lambda c, r: jnp.concatenate([jnp.asarray(c), jnp.asarray(r)], 0),
                       side(batch, 'chosen'), side(batch, 'rejected'))
-  logits = batch_lib.policy_logits(model, both)
-  logps = _masked_sum(batch_lib.token_logprobs(logits, both.targets), both.loss_mask)
+  logps = _masked_sum(batch_lib.policy_stats(model, both)['logprobs'], both.loss_mask)
   b = batch.chosen_tokens.shape[0]
   return logps[:b], logps[b:]
 

@@ -327,7 +327,5 @@ def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
 
 def loss_fn(model, batch: batch_lib.TrainBatch, cfg: GrpoConfig, norm: dict):
   """GRPO loss of an NNX policy on a batch: one forward pass, then `grpo_loss`."""
-  logits = batch_lib.policy_logits(model, batch)
-  logprobs = batch_lib.token_logprobs(logits, batch.targets)
-  entropy = batch_lib.token_entropy(logits) if cfg.entropy_coef > 0 else None
-  return grpo_loss(logprobs, batch, cfg, norm, entropy)
+  stats = batch_lib.policy_stats(model, batch, entropy=cfg.entropy_coef > 0)
+  return grpo_loss(stats['logprobs'], batch, cfg, norm, stats.get('entropy'))

@@ -107,10 +107,9 @@ def sft_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: SftConfig,
 
 def loss_fn(model, batch: batch_lib.TrainBatch, cfg: SftConfig, norm: dict):
   """SFT loss of an NNX policy on a batch, plus next-token accuracy."""
-  logits = batch_lib.policy_logits(model, batch)
-  logprobs = batch_lib.token_logprobs(logits, batch.targets)
-  loss, metrics = sft_loss(logprobs, batch, cfg, norm)
+  stats = batch_lib.policy_stats(model, batch, argmax=True)
+  loss, metrics = sft_loss(stats['logprobs'], batch, cfg, norm)
   mask = jnp.asarray(batch.loss_mask, jnp.float32)
-  correct = (jnp.argmax(logits, -1) == batch.targets).astype(jnp.float32)
+  correct = (stats['argmax'] == batch.targets).astype(jnp.float32)
   metrics['accuracy'] = jnp.sum(correct * mask) / norm['tokens']
   return loss, metrics
