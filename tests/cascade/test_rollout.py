@@ -35,9 +35,10 @@ SP = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=8)
 def test_each_row_is_its_own_records_completion_and_reward(fakes):
   recs = _mixed(fakes)
   g = 3
-  # Sample g of each prompt is right unless g == 1; a padded-vocabulary id ends each row.
+  # Sample g of each prompt is right unless g == 1; an id past the tokenizer's vocabulary (the
+  # first one: a padded embedding row) ends each row.
   sampler = fakes.OwnAnswerSampler(answer=lambda n: str(n if n < 30 else n + 1),
-                                   right=lambda n, g: g != 1, junk_id=300)
+                                   right=lambda n, g: g != 1, junk_id=256)
   modes = [i % 2 == 0 for i in range(len(recs))]
   ro = rollout.generate(sampler, 'params', fakes.CharTokenizer(), recs, modes,
                         jax.random.key(0), SP, g)
@@ -68,7 +69,7 @@ def test_each_row_is_its_own_records_completion_and_reward(fakes):
       next(r for r in recs if r['domain'] == 'a'))
 
 
-def test_score_refuses_a_verifier_that_drops_rows(fakes):
+def test_score_refuses_a_verifier_that_drops_or_adds_rows(fakes):
   recs = _mixed(fakes, n=2)
   ro = rollout.generate(fakes.OwnAnswerSampler(), None, fakes.CharTokenizer(), recs,
                         [None] * len(recs), jax.random.key(0), SP, 2)
@@ -79,6 +80,13 @@ def test_score_refuses_a_verifier_that_drops_rows(fakes):
 
   with pytest.raises(RuntimeError, match='returned 3 results for 4 samples'):
     rollout.score(ro, lambda d: Short(), fakes.Sample)
+
+  class Long:
+    def score(self, samples):
+      return [type('R', (), {'reward': 1.0, 'info': {}})()] * (len(samples) + 1)
+
+  with pytest.raises(RuntimeError, match='returned 5 results for 4 samples'):
+    rollout.score(ro, lambda d: Long(), fakes.Sample)
 
 
 def test_stage_and_drawn_modes():
