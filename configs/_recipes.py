@@ -28,7 +28,20 @@ V5P_128 = dict(
     platform='tpu',
     topology='v5p:4x4x4',   # libtpu topology name: 4x4x4 chips = 64.
     device_memory_gib=95.0,  # HBM per v5p chip.
+    peak_tflops=459.0,       # bf16 matmul peak per chip (launch.plan's time lower bound).
+    hbm_gbps=2765.0,         # HBM bandwidth per chip, GB/s.
 )
+
+# YaRN over Qwen3's RoPE, for rollouts and evaluation longer than Qwen3's native
+# context. The Nemotron-Cascade model cards evaluate (64K-token budgets) with
+# YaRN factor 2.0 from Qwen3's 32,768-token pre-training context (its config's
+# 40,960 = 32K + 8K of generation room): 32,768 x 2.0 = 65,536 positions, which
+# covers the longest length every paper config uses (a 4K prompt + a 60K
+# response or evaluation budget). configs/PAPERS.md does not say whether the
+# papers trained with it; static YaRN is a model setting here, so it applies to
+# every stage (transformers applies it at every length too).
+QWEN3_YARN = dict(rope_type='yarn', factor=2.0, original_max_position_embeddings=32_768)
+QWEN3_YARN_MAX_SEQ_LEN = 65_536   # = 32,768 x 2.0, the positions QWEN3_YARN covers.
 
 # Mesh (data, fsdp, tensor) over the 64 chips. Qwen3-8B/14B have 8 KV heads,
 # so tensor parallelism beyond 8 would replicate the K/V projections; fsdp

@@ -31,9 +31,15 @@ the same count stand in: argument sizes are exact, temporaries are XLA:CPU's
 (its fusion and layouts differ from the TPU's), and the limit is checked
 here. The output says which.
 
-Not compiled: the reward model's scoring pass in RLHF, the reference /
-teacher forward passes (KL, MOPD), and the per-phase variants shorter than a
-stage's longest phase (they need less memory).
+plus the frozen passes a step runs (the kind's `frozen_forwards`: a KL or DPO
+reference, MOPD teachers) and the reward model's scoring pass for stages whose
+domains are scored by one. Each program's fit is checked with what stays
+resident beside it (the optimizer state beside the sampler, frozen references,
+teachers and reward models beside everything): the co-resident peak. With
+`hardware.peak_tflops` and `hardware.hbm_gbps` it prints a lower bound per
+step (compute at peak; one read of the weights per new token while sampling)
+and per stage in chip-hours. Not compiled: the per-phase variants shorter than
+a stage's longest phase (they need less memory).
 """
 
 from __future__ import annotations
@@ -113,17 +119,35 @@ class ProgramReport:
 
 @dataclasses.dataclass(frozen=True)
 class StageReport:
-  """The programs of one stage (or of the evaluation) and whether they all fit."""
+  """The programs of one stage (or of the evaluation) and whether they all fit.
+
+  `resident` maps a program name to the per-device bytes that stay in memory
+  beside it while it runs without being its arguments (the optimizer state
+  beside the sampler, frozen references / teachers / reward models beside
+  everything): a program's co-resident peak is its total plus that.
+  `seconds` is a lower bound on one step's time from the programs' FLOPs and
+  weight reads against the chip's peak (0 when the hardware names none), and
+  `steps` the stage's step count.
+  """
   index: int
   name: str
   kind: str
   programs: tuple[ProgramReport, ...]
   limit_bytes: int
   num_devices: int
+  resident: tuple[tuple[str, int], ...] = ()
+  seconds: float = 0.0
+  steps: int = 0
+
+  def peak(self, p: ProgramReport) -> int:
+    return p.total_bytes + dict(self.resident).get(p.name, 0)
+
+  def fits_program(self, p: ProgramReport) -> bool:
+    return not p.error and (not self.limit_bytes or self.peak(p) <= self.limit_bytes)
 
   @property
   def fits(self) -> bool:
-    return all(p.fits(self.limit_bytes) for p in self.programs)
+    return all(self.fits_program(p) for p in self.programs)
 
 
 # ---------------------------------------------------------------- target devices
@@ -278,7 +302,7 @@ def train_lowering(stage, model_cfg, mesh, rules, microbatches: int | None = Non
 
 def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                limit_bytes: int, with_sampler: bool = True, count_mesh=None,
-               with_train: bool = True) -> StageReport:
+               with_train: bool = True, rm_stages=(), hardware=None) -> StageReport:
   """Compiles a training stage's train step (and, for RL, its sampler) for `mesh`.
 
   Args:
@@ -292,6 +316,8 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
     count_mesh: a mesh of the same shape whose backend counts FLOPs on lowered
       programs (the TPU topology's does not; CPU devices do); default `mesh`.
     with_train: compile the train step.
+    rm_stages: reward_model stages whose models score this stage's rollouts.
+    hardware: config.hardware (peak_tflops, hbm_gbps for the time bound).
 
   Returns:
     The StageReport.
@@ -311,8 +337,124 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
     twin = (sampler_lowering(model_cfg, count_mesh, rules, sampler_cfg, **sizes)[0]
             if count_mesh is not mesh else None)
     programs.append(compile_program('sampler', what, lower, twin))
+  frozen = kind.frozen_forwards(stage) if kind.frozen_forwards is not None else []
+  for ff in frozen:
+    lower, what = forward_lowering(model_cfg, 'policy', mesh, rules, ff.rows, ff.length)
+    twin = (forward_lowering(model_cfg, 'policy', count_mesh, rules, ff.rows, ff.length)[0]
+            if count_mesh is not mesh else None)
+    programs.append(compile_program(ff.name, what + f'; {ff.copies} resident cop'
+                                    + ('y' if ff.copies == 1 else 'ies'), lower, twin))
+  rm = [s for s in (rm_stages or ())]
+  for rm_stage in rm:
+    lower, what = forward_lowering(model_cfg, 'reward_model', mesh, rules, rm_stage.batch_size,
+                                   rm_stage.max_len)
+    twin = (forward_lowering(model_cfg, 'reward_model', count_mesh, rules, rm_stage.batch_size,
+                             rm_stage.max_len)[0] if count_mesh is not mesh else None)
+    programs.append(compile_program(f'reward model scoring ({rm_stage.name})', what, lower,
+                                    twin))
+  resident = _resident(stage, model_cfg, mesh, rules, programs, frozen, rm)
+  seconds = _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hardware or {})
   return StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
-                     mesh.size)
+                     mesh.size, resident=resident, seconds=seconds,
+                     steps=getattr(stage, 'steps', 0))
+
+
+def _tree_bytes(tree) -> int:
+  """Per-device bytes of a pytree of sharded ShapeDtypeStructs."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+    total += int(np.prod(shape)) * x.dtype.itemsize
+  return total
+
+
+def _params_bytes(model_cfg, model_kind, mesh, rules, dtype=None) -> int:
+  _, params = abstract_params(model_cfg, model_kind, mesh, rules)
+  if dtype is not None:
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype, sharding=a.sharding),
+                          params)
+  return _tree_bytes(params)
+
+
+def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages):
+  """Per program: what stays in device memory beside it without being its argument."""
+  if stage.MODEL is None:
+    return ()
+  optimizer = train_lib.make_optimizer(kinds.base.optimizer_config(stage))
+  _, params = abstract_params(model_cfg, stage.MODEL, mesh, rules)
+  state = _tree_bytes(policies.abstract_state(params, optimizer, mesh, rules,
+                                              policies.master_dtype(model_cfg)))
+  master = policies.master_dtype(model_cfg)
+  policy_params = _params_bytes(model_cfg, 'policy', mesh, rules, master and np.float32)
+  frozen_bytes = sum(ff.copies for ff in frozen) * _params_bytes(model_cfg, 'policy', mesh, rules)
+  rm_bytes = len(rm_stages) * _params_bytes(model_cfg, 'reward_model', mesh, rules)
+  out = []
+  for p in programs:
+    if p.name == 'train step':
+      extra = frozen_bytes + rm_bytes
+    elif p.name == 'sampler':                     # the state minus the params it is given
+      extra = state - policy_params + frozen_bytes + rm_bytes
+    elif p.name.startswith('reward model scoring'):
+      extra = state + frozen_bytes + rm_bytes - rm_bytes // max(1, len(rm_stages))
+    else:                                         # a frozen forward: its params are arguments
+      extra = state + rm_bytes + frozen_bytes - frozen_bytes // max(
+          1, sum(ff.copies for ff in frozen))
+    out.append((p.name, extra))
+  return tuple(out)
+
+
+def _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hw) -> float:
+  """A lower bound on one step: compute at the chip's peak, each decode step reading the weights.
+
+  Uses `hardware.peak_tflops` (per chip, the compute dtype) and
+  `hardware.hbm_gbps`; the train step and frozen forwards are bound by their
+  FLOPs, the sampler by one read of the (per-device) weights per new token
+  (KV-cache reads and the prefill only add to it). 0 when the hardware gives
+  no peak.
+  """
+  peak = float(hw.get('peak_tflops', 0)) * 1e12
+  bw = float(hw.get('hbm_gbps', 0)) * 1e9
+  if not peak or not bw:
+    return 0.0
+  n = mesh.size
+  t = 0.0
+  for p in programs:
+    if p.error:
+      continue
+    if p.name == 'sampler':
+      new = kind.sampler_sizes(stage)['max_new_tokens']
+      t += new * _params_bytes(model_cfg, 'policy', mesh, rules) / bw
+    else:
+      t += p.flops / (n * peak)
+  return t
+
+
+def forward_lowering(model_cfg, model_kind: str, mesh, rules, rows: int, length: int):
+  """A frozen model's scoring pass (policy log-probs, or reward-model scores), on `mesh`.
+
+  Returns:
+    (() -> Lowered, description of the shapes).
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from rl import batch as batch_lib  # pylint: disable=g-import-not-at-top
+  from rl import reward_model  # pylint: disable=g-import-not-at-top
+  graphdef, params = abstract_params(model_cfg, model_kind, mesh, rules)
+  params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, model_cfg.jnp_param_dtype
+                                                       if jnp.issubdtype(a.dtype, jnp.floating)
+                                                       else a.dtype, sharding=a.sharding), params)
+  rows = -(-rows // sharding.batch_shards(mesh, rules)) * sharding.batch_shards(mesh, rules)
+  row_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch', None), (rows, length), mesh,
+                                                        rules))
+  mat = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=row_sh)
+
+  def lower():
+    with sharding.use_mesh(mesh, rules):
+      if model_kind == 'reward_model':
+        return reward_model.score.lower(graphdef, params, mat, mat)
+      return batch_lib._logprobs_jit.lower(graphdef, params, mat, mat, mat, mat)  # pylint: disable=protected-access
+  return lower, f'{rows} rows x {length} tokens'
+
 
 
 def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
@@ -327,6 +469,19 @@ def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
           if count_mesh is not None and count_mesh is not mesh else None)
   prog = compile_program('eval sampler', what, lower, twin)
   return StageReport(-1, 'evaluation', 'eval', (prog,), limit_bytes, mesh.size)
+
+
+def _rm_stages(plan, stage) -> list:
+  """The reward_model stages whose models score a sampling stage's rollouts."""
+  from cascade import verifier_set  # pylint: disable=g-import-not-at-top
+  if not stage.SAMPLES:
+    return []
+  names = []
+  for d in stage.domains:
+    dom = plan.domains[d]
+    if dom.reward_model_stage and dom.verifier in verifier_set.RM_SCORER_OPTION:
+      names.append(dom.reward_model_stage)
+  return [plan.stage(n) for n in dict.fromkeys(names)]
 
 
 def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: bool = True,
@@ -361,7 +516,8 @@ def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: b
     if stages and st.name not in stages:
       continue
     rep = plan_stage(st, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
-                     with_sampler, count_mesh, with_train)
+                     with_sampler, count_mesh, with_train, rm_stages=_rm_stages(plan, st),
+                     hardware=_as_dict(config.hardware) if 'hardware' in config else {})
     if not rep.programs:         # e.g. an SFT stage with --notrain
       continue
     out.append(rep)
@@ -394,16 +550,25 @@ def format_stage(r: StageReport) -> str:
     if p.error:
       lines.append(f'    DOES NOT COMPILE: {p.error}')
       continue
-    status = 'fits' if p.fits(r.limit_bytes) else 'DOES NOT FIT'
+    peak = r.peak(p)
+    status = 'fits' if r.fits_program(p) else 'DOES NOT FIT'
     if r.limit_bytes:
-      status += f' ({p.total_bytes / r.limit_bytes:.0%} of {r.limit_bytes / GIB:.0f} GiB)'
+      status += f' ({peak / r.limit_bytes:.0%} of {r.limit_bytes / GIB:.0f} GiB)'
     lines.append(f'    per device: arguments {_size(p.argument_bytes)}, outputs '
                  f'{_size(p.output_bytes)}, temporaries {_size(p.temp_bytes)}, aliased '
-                 f'{_size(p.alias_bytes)}; total {_size(p.total_bytes)}: {status}')
-    per = ('per step' if p.name == 'train step'
-           else 'for the prefill and one decode step per decode phase')
+                 f'{_size(p.alias_bytes)}; total {_size(p.total_bytes)}'
+                 + (f' + resident beside it {_size(peak - p.total_bytes)} = '
+                    f'{_size(peak)}' if peak != p.total_bytes else '') + f': {status}')
+    per = ('per step' if p.name == 'train step' else
+           'for the prefill and one decode step per decode phase' if 'sampler' in p.name
+           else 'per call')
     lines.append(f'    FLOPs {per}: {p.flops:.3e} in all, {p.flops / r.num_devices:.3e} per '
                  f'device; compiled in {p.compile_s:.1f} s')
+  if r.seconds:
+    hours = r.seconds * r.steps / 3600
+    lines.append(f'  lower bound: {r.seconds:.3g} s per step (compute at peak, one weight read '
+                 f'per new token); {r.steps} steps = {hours:.3g} h = '
+                 f'{hours * r.num_devices:.3g} chip-hours')
   return '\n'.join(lines)
 
 
@@ -412,10 +577,10 @@ def failures(reports: Sequence[StageReport]) -> list[str]:
   out = []
   for r in reports:
     for p in r.programs:
-      if p.fits(r.limit_bytes):
+      if r.fits_program(p):
         continue
-      what = p.error or (f'needs {p.total_bytes / GIB:.2f} GiB per device > '
-                         f'{r.limit_bytes / GIB:.2f} GiB')
+      what = p.error or (f'needs {r.peak(p) / GIB:.2f} GiB per device (with what stays '
+                         f'resident beside it) > {r.limit_bytes / GIB:.2f} GiB')
       out.append(f'stage {r.name!r} (index {r.index}): {p.name} does not fit: {what}')
   return out
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 import numpy as np
 
 from cascade import schema
+from rl import buckets
 # The field vocabulary, re-exported for the kind modules.
 from cascade.schema import BOOL, HIDE, ConfigError, field, from_mapping  # pylint: disable=unused-import
 from cascade.schema import int_at_least, is_int, is_num, num_in, one_of  # pylint: disable=unused-import
@@ -261,6 +262,8 @@ class Kind(NamedTuple):
       for the stage's largest step, description); None for kinds that do not train.
     sampler_sizes: (stage) -> dict(rows, prompt_len, max_new_tokens, top_p,
       top_k) of the stage's largest sampler call; None if it does not sample.
+    frozen_forwards: (stage) -> list of FrozenForward: the scoring passes of
+      frozen policies (KL reference, DPO reference, MOPD teachers) a step runs.
   """
   name: str
   config: type
@@ -268,9 +271,23 @@ class Kind(NamedTuple):
   loss: Callable | None = None
   abstract_batch: Callable | None = None
   sampler_sizes: Callable | None = None
+  frozen_forwards: Callable | None = None
+
+
+class FrozenForward(NamedTuple):
+  """A frozen policy's log-prob pass a step runs (what launch.plan compiles and keeps resident).
+
+  Attributes:
+    name: e.g. 'reference forward'.
+    rows, length: the pass's batch (one jitted call).
+    copies: how many such frozen parameter sets stay resident beside the state.
+  """
+  name: str
+  rows: int
+  length: int
+  copies: int = 1
 
 
 def rows_bucket(n: int, multiple: int) -> int:
   """Rows padded to a power of two and a multiple of `multiple` (few compiled shapes)."""
-  b = 1 << max(0, (n - 1).bit_length())
-  return -(-b // multiple) * multiple
+  return buckets.pow2(n, multiple=multiple)

@@ -104,4 +104,9 @@ def run(env, stage: Config) -> base.StageResult:
   return loop.train(env, KIND, stage, maker)
 
 
-KIND = base.Kind('dpo', Config, run, loss=loss, abstract_batch=abstract_batch)
+def frozen_forwards(stage: Config) -> list:
+  return [base.FrozenForward('reference forward', stage.batch_size, stage.max_len)]
+
+
+KIND = base.Kind('dpo', Config, run, loss=loss, abstract_batch=abstract_batch,
+                 frozen_forwards=frozen_forwards)

@@ -88,5 +88,13 @@ def run(env, stage: Config) -> base.StageResult:
   return loop.train(env, KIND, stage, maker)
 
 
+def frozen_forwards(stage: Config) -> list:
+  if stage.kl_coef <= 0:
+    return []
+  rows = stage.prompts_per_step * stage.group_size
+  return [base.FrozenForward('reference forward', rows,
+                             stage.max_prompt_len + stage.longest_response)]
+
+
 KIND = base.Kind('grpo', Config, run, loss=loss, abstract_batch=abstract_batch,
-                 sampler_sizes=rl.sampler_sizes)
+                 sampler_sizes=rl.sampler_sizes, frozen_forwards=frozen_forwards)

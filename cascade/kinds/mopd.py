@@ -135,5 +135,14 @@ def run(env, stage: Config) -> base.StageResult:
   return result._replace(info={'teachers': {d: list(src) for d, (src, _) in chosen.items()}})
 
 
+def frozen_forwards(stage: Config) -> list:
+  # One teacher per distinct source; 'best' may pick a different stage for every domain.
+  copies = (len(stage.domains) if stage.teachers == 'best'
+            else len(set(stage.teachers.values())))
+  rows = stage.prompts_per_step * stage.group_size
+  return [base.FrozenForward('teacher forward', rows,
+                             stage.max_prompt_len + stage.longest_response, copies)]
+
+
 KIND = base.Kind('mopd', Config, run, loss=loss, abstract_batch=abstract_batch,
-                 sampler_sizes=rl.sampler_sizes)
+                 sampler_sizes=rl.sampler_sizes, frozen_forwards=frozen_forwards)

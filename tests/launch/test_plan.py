@@ -178,3 +178,28 @@ def test_cascade1_published_numbers():
   mopd = c2.stage('mopd')
   assert (mopd.group_size, mopd.steps, mopd.optimizer.lr, mopd.teachers['math']) == (
       4, 52, 2e-6, 'sft')
+
+
+def test_frozen_passes_and_the_co_resident_peak(tiny_path):
+  """A KL stage compiles its reference pass, and every program's fit counts what stays
+  resident beside it (the optimizer state beside the sampler, the frozen reference)."""
+  config = _load(tiny_path)
+  config.stages = [*config.stages[:2], dict(config.stages[2], kl_coef=0.01)]
+  config.hardware.peak_tflops = 1.0
+  config.hardware.hbm_gbps = 10.0
+  tgt = plan.target(config, 'cpu')
+  [rep] = plan.run_plan(config, tgt, stages=['add_rl'], with_eval=False)
+  train, samp, ref = rep.programs
+  assert ref.name == 'reference forward' and '16 rows x 64 tokens' in ref.shapes
+  resident = dict(rep.resident)
+  params = _per_device_bytes(plan.abstract_params(
+      config_lib.validate(config).model, 'policy', sharding.make_mesh((2, 2, 2),
+                                                                       devices=tgt.devices),
+      sharding.DEFAULT_RULES)[1])
+  assert resident['train step'] == params               # the frozen reference
+  assert resident['sampler'] == pytest.approx(3 * params, rel=0.01)   # 2 Adam moments + ref
+  assert rep.peak(samp) == samp.total_bytes + resident['sampler']
+  assert rep.seconds > 0 and 'chip-hours' in plan.format_stage(rep)
+  small = plan.StageReport(rep.index, rep.name, rep.kind, rep.programs,
+                           samp.total_bytes + 1, rep.num_devices, rep.resident)
+  assert any('sampler does not fit' in m and 'resident' in m for m in plan.failures([small]))
