@@ -1,0 +1,336 @@
+"""Causal, segment-masked, grouped-query attention behind one switch.
+
+Shape letters as in models/transformer.py: B batch, T query length, S key
+length, N query heads, K kv heads, G = N // K, H head_dim.
+
+  out = attend(q, k, v, mask, impl='auto')   # q [B,T,N,H]; k, v [B,K,S,H]
+
+What a query may see is described by a `MaskInfo`, never by a [B, T, S] array:
+query i of row b sees key slot j iff
+
+  q_offset + i >= j  and  q_seg[b, i] == kv_seg[b, j]  and  kv_seg[b, j] != 0
+
+(`q_offset` None means self-attention: the keys are the queries' own tokens).
+Segment id 0 is padding, which nothing attends to. A query whose row sees
+nothing (a padding query) gets an output that depends on the backend; nothing
+downstream of a real token reads it.
+
+Implementations (`ModelConfig.attention`):
+  'dense'      the [B, K, G, T, S] float32 logits of the reference math; the
+               cached decode step (T = 1) always uses it.
+  'blockwise'  pure XLA: `lax.scan` over key blocks with an online softmax
+               and a custom VJP that rescans the blocks, so neither pass holds
+               more than [T, block_kv] scores per head. Reproduces 'dense'
+               (padding queries included) up to float rounding. Runs anywhere,
+               including the simulated-device planning path.
+  'splash'     TPU splash attention (Pallas), vmapped over rows, inside a
+               `shard_map` over the mesh's batch and head axes; interpreted
+               off TPU (slow: tests only).
+  'gpu_flash'  the Pallas GPU (Triton) flash kernel `mha` with segment ids,
+               kv heads repeated to N (it has no grouped-query form);
+               interpreted off GPU. cuDNN's `dot_product_attention` is not
+               used: it expresses padding only as right-padded lengths.
+  'auto'       tpu -> 'splash', gpu -> 'gpu_flash', otherwise 'dense' below
+               `DENSE_MAX_LEN` keys and 'blockwise' from there on (short CPU
+               programs keep today's exact numerics).
+
+The two kernels need self-attention (no cache): a prefill into a cache with
+T > 1 uses 'blockwise' instead of them (its query offset is a traced value).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from models import config as config_lib
+from models import sharding
+
+IMPLS = config_lib.ATTENTION_IMPLS
+_KERNELS = ('splash', 'gpu_flash')
+
+# 'auto' off TPU/GPU: below this many keys the dense [T, S] logits are small
+# and keep the numerics every tiny config had before the switch existed.
+DENSE_MAX_LEN = 1024
+
+# Logit of a masked (query, key) pair. Finite, as in the reference math: a
+# query that sees nothing averages every key instead of producing NaN.
+_NEG_INF = -1e30
+
+# The GPU kernel's own tile sizes (Triton shared memory), not the config's.
+_GPU_BLOCK = 128
+
+
+class MaskInfo(NamedTuple):
+  """Which keys each query sees; a pytree.
+
+  Attributes:
+    q_segment_ids: [B, T] int32; 0 = padding.
+    kv_segment_ids: [B, S] int32; 0 = padding or an empty cache slot.
+    q_offset: [] int32 key slot of query 0 (the cache index), or None for
+      self-attention (S == T, keys are the queries' own tokens).
+  """
+  q_segment_ids: jax.Array
+  kv_segment_ids: jax.Array
+  q_offset: jax.Array | None = None
+
+
+def resolve(impl: str, q_len: int, kv_len: int, *, self_attention: bool,
+            platform: str | None = None) -> str:
+  """The implementation `attend` runs for these static shapes.
+
+  Args:
+    impl: one of IMPLS.
+    q_len, kv_len: T and S.
+    self_attention: no cache (the keys are the queries' own tokens).
+    platform: 'cpu', 'gpu' or 'tpu' (default: jax.default_backend()).
+
+  Returns:
+    'dense', 'blockwise', 'splash' or 'gpu_flash'.
+  """
+  if impl not in IMPLS:
+    raise ValueError(f'attention implementation {impl!r}: expected one of {IMPLS}')
+  if impl == 'auto':
+    platform = jax.default_backend() if platform is None else platform
+    impl = {'tpu': 'splash', 'gpu': 'gpu_flash'}.get(
+        platform, 'dense' if kv_len < DENSE_MAX_LEN else 'blockwise')
+  if q_len == 1:
+    return 'dense'
+  if impl in _KERNELS and not self_attention:
+    return 'blockwise'
+  return impl
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo, *,
+           impl: str = 'auto', block_q: int = 512, block_kv: int = 512) -> jax.Array:
+  """Softmax attention of q over k/v under `mask`, in q's dtype.
+
+  Args:
+    q: [B, T, N, H] queries (RoPE applied, not yet scaled).
+    k: [B, K, S, H] keys, N % K == 0.
+    v: [B, K, S, H] values.
+    mask: a MaskInfo.
+    impl: one of IMPLS (see `resolve`).
+    block_q: query tile of 'splash'.
+    block_kv: key tile of 'splash' and 'blockwise'.
+
+  Returns:
+    [B, T, N, H]; logits and softmax are float32, matmuls in q's dtype.
+  """
+  b, t, n, h = q.shape
+  kh, s = k.shape[1], k.shape[2]
+  self_attention = mask.q_offset is None
+  if self_attention and s != t:
+    raise ValueError(f'self-attention needs as many keys as queries: T={t}, S={s}')
+  impl = resolve(impl, t, s, self_attention=self_attention)
+  q = q.reshape(b, t, kh, n // kh, h) * (h ** -0.5)                    # [B, T, K, G, H]
+  offset = 0 if self_attention else mask.q_offset
+  if impl == 'dense':
+    out = _dense(q, k, v, mask.q_segment_ids, mask.kv_segment_ids, offset)
+  elif impl == 'blockwise':
+    out = _blockwise(q, k, v, mask.q_segment_ids, mask.kv_segment_ids,
+                     jnp.asarray(offset, jnp.int32), min(block_kv, s))
+  elif impl == 'splash':
+    out = _sharded_kernel(functools.partial(_splash, block_q=block_q, block_kv=block_kv),
+                          q, k, v, mask.q_segment_ids)
+  else:
+    out = _sharded_kernel(_gpu_flash, q, k, v, mask.q_segment_ids)
+  return out.reshape(b, t, n, h)
+
+
+def _dense_mask(q_seg, kv_seg, offset):
+  """[B, T, S] bool: the rule of the module docstring."""
+  t, s = q_seg.shape[1], kv_seg.shape[1]
+  causal = (offset + jnp.arange(t))[:, None] >= jnp.arange(s)[None, :]
+  return (causal[None] & (q_seg[:, :, None] == kv_seg[:, None, :])
+          & (kv_seg[:, None, :] != 0))
+
+
+def _dense(q, k, v, q_seg, kv_seg, offset):
+  """The reference: q [B, T, K, G, H] (scaled) -> [B, T, K, G, H]."""
+  dt = q.dtype
+  mask = _dense_mask(q_seg, kv_seg, offset)
+  logits = jnp.einsum('BTKGH,BKSH->BKGTS', q, k.astype(dt)).astype(jnp.float32)
+  logits = jnp.where(mask[:, None, None], logits, _NEG_INF)
+  probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+  return jnp.einsum('BKGTS,BKSH->BTKGH', probs, v.astype(dt))
+
+
+# ---------------------------------------------------------------- blockwise
+
+
+def _key_blocks(k, v, kv_seg, block):
+  """Keys cut into blocks along S (padded with slots that are never seen).
+
+  Returns:
+    (k [nb, B, K, block, H], v likewise, kv_seg [nb, B, block], real
+    [nb, block] bool: the slot exists, start [nb] int32 first slot).
+  """
+  b, kh, s, h = k.shape
+  nb = -(-s // block)
+  pad = nb * block - s
+  if pad:
+    k = jnp.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0)))
+    v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0)))
+    kv_seg = jnp.pad(kv_seg, ((0, 0), (0, pad)))
+  blocks = lambda x: jnp.moveaxis(x.reshape(b, kh, nb, block, h), 2, 0)
+  seg = jnp.moveaxis(kv_seg.reshape(b, nb, block), 1, 0)
+  real = (np.arange(nb * block) < s).reshape(nb, block)
+  start = np.arange(nb, dtype=np.int32) * block
+  return blocks(k), blocks(v), seg, jnp.asarray(real), jnp.asarray(start)
+
+
+def _block_logits(q, kb, q_seg, seg_b, real_b, start, offset):
+  """Masked float32 logits [B, K, G, T, block] of one key block, and its mask."""
+  t, block = q.shape[1], kb.shape[2]
+  s = jnp.einsum('BTKGH,BKSH->BKGTS', q, kb.astype(q.dtype)).astype(jnp.float32)
+  causal = (offset + jnp.arange(t))[:, None] >= (start + jnp.arange(block))[None, :]
+  seen = (causal[None] & (q_seg[:, :, None] == seg_b[:, None, :])
+          & (seg_b[:, None, :] != 0))[:, None, None]                 # [B, 1, 1, T, block]
+  s = jnp.where(seen, s, _NEG_INF)
+  # Slots past S do not exist: unlike masked ones they never enter an average.
+  return jnp.where(real_b, s, -jnp.inf), seen
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _blockwise(q, k, v, q_seg, kv_seg, offset, block):
+  """Online-softmax attention over key blocks; q [B, T, K, G, H] -> same shape."""
+  return _blockwise_fwd(q, k, v, q_seg, kv_seg, offset, block)[0]
+
+
+def _blockwise_fwd(q, k, v, q_seg, kv_seg, offset, block):
+  b, t, kh, g, h = q.shape
+  kbs, vbs, segs, real, start = _key_blocks(k, v, kv_seg, block)
+
+  def body(carry, xs):
+    m, l, acc = carry
+    kb, vb, seg_b, real_b, start_b = xs
+    s, _ = _block_logits(q, kb, q_seg, seg_b, real_b, start_b, offset)
+    m_new = jnp.maximum(m, s.max(-1))
+    corr = jnp.exp(m - m_new)
+    p = jnp.exp(s - m_new[..., None])
+    l = l * corr + p.sum(-1)
+    pv = jnp.einsum('BKGTS,BKSH->BKGTH', p.astype(q.dtype), vb.astype(q.dtype),
+                    preferred_element_type=jnp.float32)
+    return (m_new, l, acc * corr[..., None] + pv), None
+
+  init = (jnp.full((b, kh, g, t), -jnp.inf, jnp.float32),
+          jnp.zeros((b, kh, g, t), jnp.float32),
+          jnp.zeros((b, kh, g, t, h), jnp.float32))
+  # Under a layer scan's partial evaluation, JAX would hoist the mask half of
+  # this loop (it reads only segment ids) out of the layers and stack it per
+  # block: a [T, S] buffer again. A checkpointed body saves nothing, so the mask
+  # stays inside the loop.
+  body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+  (m, l, acc), _ = jax.lax.scan(body, init, (kbs, vbs, segs, real, start))
+  out = (acc / l[..., None]).astype(q.dtype)                          # [B, K, G, T, H]
+  lse = m + jnp.log(l)
+  out = jnp.moveaxis(out, 3, 1)                                       # [B, T, K, G, H]
+  return out, (q, k, v, q_seg, kv_seg, offset, out, lse)
+
+
+def _blockwise_bwd(block, res, d_out):
+  q, k, v, q_seg, kv_seg, offset, out, lse = res
+  dt = q.dtype
+  kbs, vbs, segs, real, start = _key_blocks(k, v, kv_seg, block)
+  do = jnp.moveaxis(d_out, 1, 3)                                      # [B, K, G, T, H]
+  delta = jnp.einsum('BTKGH,BTKGH->BKGT', d_out.astype(jnp.float32),
+                     out.astype(jnp.float32))
+
+  def body(dq, xs):
+    kb, vb, seg_b, real_b, start_b = xs
+    s, seen = _block_logits(q, kb, q_seg, seg_b, real_b, start_b, offset)
+    p = jnp.exp(s - lse[..., None])                                   # [B, K, G, T, block]
+    dv = jnp.einsum('BKGTS,BKGTH->BKSH', p.astype(dt), do.astype(dt),
+                    preferred_element_type=jnp.float32)
+    dp = jnp.einsum('BKGTH,BKSH->BKGTS', do.astype(dt), vb.astype(dt),
+                    preferred_element_type=jnp.float32)
+    ds = jnp.where(seen, p * (dp - delta[..., None]), 0.).astype(dt)
+    dq = dq + jnp.einsum('BKGTS,BKSH->BTKGH', ds, kb.astype(dt),
+                         preferred_element_type=jnp.float32)
+    dk = jnp.einsum('BKGTS,BTKGH->BKSH', ds, q, preferred_element_type=jnp.float32)
+    return dq, (dk, dv)
+
+  dq, (dks, dvs) = jax.lax.scan(body, jnp.zeros(q.shape, jnp.float32),
+                                (kbs, vbs, segs, real, start))
+  s = k.shape[2]
+  unblock = lambda x: jnp.moveaxis(x, 0, 2).reshape(*k.shape[:2], -1, k.shape[3])[:, :, :s]
+  return (dq.astype(q.dtype), unblock(dks).astype(k.dtype), unblock(dvs).astype(v.dtype),
+          None, None, None)
+
+
+_blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
+
+
+# ------------------------------------------------------------------ kernels
+
+
+def _pad_to(x, axis, multiple):
+  """x zero-padded along `axis` to a multiple of `multiple` (segment 0: padding)."""
+  pad = -x.shape[axis] % multiple
+  if not pad:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, pad)
+  return jnp.pad(x, widths)
+
+
+def _splash(q, k, v, seg, *, block_q, block_kv):
+  """TPU splash attention; q [B, T, K, G, H] scaled, k/v [B, K, T, H], seg [B, T]."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+      splash_attention_kernel as splash, splash_attention_mask as splash_mask)
+  b, t, kh, g, h = q.shape
+  # Tiles of 128 lanes; a short sequence is padded to one tile, not to block_*.
+  tile = 128
+  bq, bkv = min(block_q, -(-t // tile) * tile), min(block_kv, -(-t // tile) * tile)
+  tp = -(-t // max(bq, bkv)) * max(bq, bkv)
+  qn = _pad_to(q.reshape(b, t, kh * g, h), 1, tp).transpose(0, 2, 1, 3)    # [B, N, Tp, H]
+  k, v, seg = _pad_to(k, 2, tp), _pad_to(v, 2, tp), _pad_to(seg, 1, tp)
+  sizes = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv,
+                            block_q_dkv=bq, block_kv_dkv=bkv, block_kv_dkv_compute=bkv,
+                            block_q_dq=bq, block_kv_dq=bkv)
+  mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((tp, tp))] * (kh * g))
+  kernel = splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                  mask_value=_NEG_INF,
+                                  interpret=jax.default_backend() != 'tpu')
+  out = jax.vmap(lambda q1, k1, v1, s1: kernel(q1, k1, v1, splash.SegmentIds(s1, s1)))(
+      qn, k, v, seg)
+  return out.transpose(0, 2, 1, 3)[:, :t].reshape(b, t, kh, g, h)
+
+
+def _gpu_flash(q, k, v, seg):
+  """Pallas GPU flash attention; q [B, T, K, G, H] scaled, k/v [B, K, T, H], seg [B, T]."""
+  from jax.experimental.pallas.ops.gpu import attention as gpu_attention
+  b, t, kh, g, h = q.shape
+  tp = -(-t // _GPU_BLOCK) * _GPU_BLOCK
+  heads = lambda x: jnp.repeat(x.transpose(0, 2, 1, 3), g, axis=2)    # [B, T, N, H]
+  out = gpu_attention.mha(
+      _pad_to(q.reshape(b, t, kh * g, h), 1, tp), _pad_to(heads(k), 1, tp),
+      _pad_to(heads(v), 1, tp), _pad_to(seg, 1, tp), sm_scale=1.0, causal=True,
+      block_sizes=gpu_attention.BlockSizes(block_q=_GPU_BLOCK, block_k=_GPU_BLOCK,
+                                          block_q_dkv=32, block_kv_dkv=32,
+                                          block_q_dq=32, block_kv_dq=32),
+      interpret=jax.default_backend() != 'gpu')
+  return out[:, :t].reshape(b, t, kh, g, h)
+
+
+def _sharded_kernel(kernel, q, k, v, seg):
+  """Runs a Pallas kernel per shard: rows over the batch axes, heads over the head axes.
+
+  A Pallas call cannot be partitioned by XLA, so under a mesh it runs inside
+  a `shard_map`. Heads are split as the rules split kv heads (query heads
+  follow their kv head); the sequence is never split.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty or mesh.size == 1:
+    return kernel(q, k, v, seg)
+  # kv heads decide the head split; each kv head's G query heads go with it.
+  batch, heads = sharding.logical_to_spec(('batch', 'kv_heads'), k.shape[:2], mesh)
+  q_spec, k_spec = P(batch, None, heads, None, None), P(batch, heads, None, None)
+  return jax.shard_map(kernel, mesh=mesh, in_specs=(q_spec, k_spec, k_spec, P(batch, None)),
+                       out_specs=q_spec, check_vma=False)(q, k, v, seg)
