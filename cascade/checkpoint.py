@@ -228,8 +228,6 @@ class StageCheckpoints:
 
   def _quarantine(self, step: int, err: Exception) -> None:
     """Moves a damaged step out of Orbax's sight so the run can redo it."""
-    logging.warning('checkpoint %s/%d cannot be restored (%s: %s); falling back to the '
-                    'previous step', self.directory, step, type(err).__name__, err)
     print(f'WARNING: checkpoint {self.directory}/{step} is damaged '
           f'({type(err).__name__}); falling back to the previous checkpoint', flush=True)
     if is_writer():
