@@ -9,7 +9,9 @@ rlimits, the `seccomp` filter, oom_score_adj 1000) before any candidate code
 runs; after every run all processes of that identity are killed and the work
 dir is emptied with fd-relative removal; a run that leaves the work dir or
 the tmpfs unclean answers with 'restart': true so the host replaces this
-server.
+server. It is longer than the house's ~400 lines on purpose: bubblewrap runs
+it as one script beside three standard-library helpers, so the identity
+switch, the limits, the run loop and the cleanup it must hold stay in it.
 
 Request (JSON):
   mode: 'check' -- two processes: the *candidate* executes `program` as
