@@ -25,8 +25,9 @@ Not reproducible here:
 * RLHF's generative reward model: replaced by a Bradley-Terry RM stage
   trained on the SFT policy (one RM serves the side run and the main RLHF).
 * Sequence lengths: SFT packs 256K-token rows and code RL reaches 118K; with
-  Qwen3's RoPE (no YaRN) and dense attention these are capped at 64K here
-  (marked at each stage); `launch.plan` reports what fits.
+  Qwen3's RoPE under YaRN x2.0 (65,536 positions, the Cascade-1 model cards'
+  setting) and dense attention these are capped at 64K here (marked at each
+  stage); `launch.plan` reports what fits.
 * Data: the released `nvidia/Nemotron-Cascade-2-SFT-Data` and `-RL-data`
   (IF-RL 45,879; multi-domain 18,147; MOPD 6,171; SWE-RL 3,612) must be
   staged and converted by the user (README, "At scale").
@@ -45,7 +46,10 @@ def get_config(arg=None):
   a = _recipes.parse_arg(arg, data_root='data/nemotron2', base='checkpoints/Qwen3-14B-Base',
                          tokenizer='checkpoints/Qwen3-14B-Base')
   c = _recipes.base_config(
-      preset='qwen3_14b', model_overrides=dict(max_seq_len=65_536, remat=True),
+      preset='qwen3_14b',
+      # YaRN factor 2.0 from 32,768 positions = 65,536 (see _recipes.QWEN3_YARN).
+      model_overrides=dict(max_seq_len=_recipes.QWEN3_YARN_MAX_SEQ_LEN, remat=True,
+                           rope_scaling=_recipes.QWEN3_YARN),
       data_root=a.data_root, tokenizer=a.tokenizer, domains=_DOMAINS,
       datasets=['sft_stage1', 'rm_pairs', 'mopd_train'],
       eval_max_new_tokens=49_152, eval_max_prompt_len=4096, eval_temperature=1.0,

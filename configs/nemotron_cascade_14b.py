@@ -34,9 +34,10 @@ Not reproducible here, by construction:
   judge; here it is the lexical similarity of `verifiers.swe`.
 * Benchmarks: LiveCodeBench, AIME25, ArenaHard, SWE-Verified need their own
   harnesses; the held-out sets here are whatever the user stages.
-* Long context: Qwen3's RoPE without YaRN scaling; the model's max_seq_len is
-  raised to 64K so the 56K code stage validates (whether the paper used
-  YaRN for 56K rollouts is not in configs/PAPERS.md).
+* Long context: Qwen3's RoPE with static YaRN, factor 2.0 from 32,768
+  positions (65,536; the setting of the Nemotron-Cascade model cards for
+  64K evaluation) for the whole cascade; whether the paper's training used
+  YaRN for its 56K rollouts is not in configs/PAPERS.md.
 * Memory: the dense attention of models/transformer.py materialises
   [T, T] scores per head; `launch.plan` says per stage whether that fits.
 """
@@ -90,7 +91,10 @@ def get_config(arg=None):
              max_prompt_len=16_384, max_response_len=16_384,  # ours (not published)
              thinking_fraction=1.0)
   return _recipes.cascade1(
-      preset='qwen3_14b', model_overrides=dict(max_seq_len=65_536, remat=True),
+      preset='qwen3_14b',
+      # YaRN factor 2.0 from 32,768 positions = 65,536 (see _recipes.QWEN3_YARN).
+      model_overrides=dict(max_seq_len=_recipes.QWEN3_YARN_MAX_SEQ_LEN, remat=True,
+                           rope_scaling=_recipes.QWEN3_YARN),
       data_root=a.data_root, tokenizer=a.tokenizer, sft_stages=sft_stages, rm=rm, rlhf=rlhf,
       if_rl=if_rl, math=math, code=code, swe=swe,
       # The paper evaluates with 64K-token budgets at temperature 0.6, top-p 0.95.

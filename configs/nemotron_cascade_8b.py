@@ -19,7 +19,8 @@ directory), tokenizer.
 
 Not reproducible here: the same as for configs/nemotron_cascade_14b.py (data
 to be staged by the user, code-RL prompts and RM pairs not released, a 72B
-reward model and a 72B SWE judge in the paper, benchmark harnesses, YaRN).
+reward model and a 72B SWE judge in the paper, benchmark harnesses, whether
+training used YaRN: x2.0 for the whole cascade here, as in the 14B).
 Code and SWE RL use the 14B's published numbers: none are published for 8B.
 """
 
@@ -67,7 +68,10 @@ def get_config(arg=None):
              max_prompt_len=16_384, max_response_len=16_384,  # ours
              thinking_fraction=1.0)
   return _recipes.cascade1(
-      preset='qwen3_8b', model_overrides=dict(max_seq_len=65_536, remat=True),
+      preset='qwen3_8b',
+      # YaRN factor 2.0 from 32,768 positions = 65,536 (see _recipes.QWEN3_YARN).
+      model_overrides=dict(max_seq_len=_recipes.QWEN3_YARN_MAX_SEQ_LEN, remat=True,
+                           rope_scaling=_recipes.QWEN3_YARN),
       data_root=a.data_root, tokenizer=a.tokenizer, sft_stages=sft_stages, rm=rm, rlhf=rlhf,
       if_rl=if_rl, math=math, code=code, swe=swe,
       eval_max_new_tokens=61_440, eval_max_prompt_len=4096)

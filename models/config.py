@@ -12,6 +12,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from models import rope
+
 FAMILIES = ('llama', 'qwen2', 'qwen3')
 
 
@@ -29,6 +31,10 @@ class ModelConfig:
     head_dim: per-head width H.
     mlp_dim: hidden width F of the SwiGLU MLP.
     rope_theta: RoPE base frequency.
+    rope_scaling: None (plain RoPE) or a `rope.RopeScaling` ('linear', 'yarn',
+      'llama3'); an HF-style mapping such as {'rope_type': 'yarn', 'factor': 2.0,
+      'original_max_position_embeddings': 32768} (e.g. a config override) is
+      parsed into one.
     norm_eps: epsilon of every RMSNorm.
     qkv_bias: biases on the q/k/v projections (Qwen2).
     qk_norm: RMSNorm over head_dim on queries and keys (Qwen3).
@@ -48,6 +54,7 @@ class ModelConfig:
   head_dim: int = 16
   mlp_dim: int = 128
   rope_theta: float = 10_000.0
+  rope_scaling: rope.RopeScaling | None = None
   norm_eps: float = 1e-6
   qkv_bias: bool = False
   qk_norm: bool = True
@@ -70,6 +77,10 @@ class ModelConfig:
           f'num_kv_heads={self.num_kv_heads}')
     if self.head_dim % 2:
       raise ValueError(f'ModelConfig.head_dim={self.head_dim} must be even (RoPE)')
+    try:  # Frozen: normalise a mapping into the hashable dataclass in place.
+      object.__setattr__(self, 'rope_scaling', rope.parse(self.rope_scaling))
+    except ValueError as e:
+      raise ValueError(f'ModelConfig.rope_scaling: {e}') from None
     for name in ('param_dtype', 'dtype'):
       if getattr(self, name) not in ('float32', 'bfloat16', 'float16'):
         raise ValueError(f'ModelConfig.{name}={getattr(self, name)!r} is not a float dtype name')

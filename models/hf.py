@@ -35,6 +35,7 @@ import safetensors.numpy
 from flax import nnx
 
 from models import config as config_lib
+from models import rope as rope_lib
 from models import sharding
 from models import transformer
 
@@ -57,22 +58,32 @@ def _require(hf: Mapping[str, Any], key: str):
   return hf[key]
 
 
-def _rope_theta(hf: Mapping[str, Any]) -> float:
-  """RoPE theta from `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling` (4.x)."""
-  params = hf.get('rope_parameters')
-  if params is None:
-    params = dict(hf.get('rope_scaling') or {})
-    params.setdefault('rope_theta', hf.get('rope_theta', 10_000.0))
+def _rope(hf: Mapping[str, Any], max_positions: int
+          ) -> tuple[float, rope_lib.RopeScaling | None]:
+  """RoPE theta and scaling from `rope_parameters` (transformers 5) or `rope_theta`/`rope_scaling` (4.x).
+
+  As transformers 5 does: a non-empty `rope_scaling` wins over `rope_parameters`,
+  theta defaults to the top-level `rope_theta` (else 10000), and yarn / llama3
+  without `original_max_position_embeddings` take `max_position_embeddings`.
+  """
+  params = hf.get('rope_scaling') or hf.get('rope_parameters') or {}
   if not isinstance(params, Mapping):
-    raise ValueError(f'HF config: rope_parameters={params!r} is not a dict')
-  rope_type = params.get('rope_type', params.get('type', 'default'))
-  if rope_type != 'default':
-    raise ValueError(
-        f'HF config: rope scaling type {rope_type!r} is not supported (only plain RoPE, '
-        f"rope_type='default'); parameters: {dict(params)}")
-  if params.get('rope_theta') is None:
-    raise ValueError(f'HF config: rope_parameters {dict(params)} has no rope_theta')
-  return float(params['rope_theta'])
+    raise ValueError(f'HF config: rope parameters {params!r} are not a dict')
+  params = dict(params)
+  theta = params.pop('rope_theta', None)
+  theta = hf.get('rope_theta', 10_000.0) if theta is None else theta
+  if theta is None:
+    raise ValueError(f'HF config: rope parameters {params} have no rope_theta')
+  if params.pop('partial_rotary_factor', 1.0) != 1.0:
+    raise ValueError('HF config: partial_rotary_factor != 1 (partial RoPE) is not supported')
+  kind = params.get('rope_type', params.get('type', 'default'))
+  if kind in ('yarn', 'llama3'):
+    params.setdefault('original_max_position_embeddings', max_positions)
+  try:
+    scaling = rope_lib.RopeScaling.from_dict({'rope_type': kind, **params})
+  except ValueError as e:
+    raise ValueError(f'HF config: {e}') from None
+  return float(theta), scaling
 
 
 def _dtype_name(hf: Mapping[str, Any]) -> str:
@@ -94,9 +105,9 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
     The ModelConfig; param and compute dtype are the checkpoint's dtype.
 
   Raises:
-    ValueError: an unsupported architecture or feature (rope scaling, sliding
-      window, o_proj / MLP biases, an activation other than silu) or a
-      missing required field.
+    ValueError: an unsupported architecture or feature (a RoPE scaling other
+      than linear / yarn / llama3, sliding window, o_proj / MLP biases, an
+      activation other than silu) or a missing required field.
   """
   archs = hf.get('architectures') or []
   if len(archs) != 1 or archs[0] not in ARCHITECTURES:
@@ -121,6 +132,8 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
   if head_dim is None:
     head_dim = 128 if family == 'qwen3' else d // n  # transformers' defaults.
   dtype = _dtype_name(hf)
+  max_positions = int(hf.get('max_position_embeddings') or _DEFAULT_MAX_POSITIONS[family])
+  rope_theta, rope_scaling = _rope(hf, max_positions)
   return config_lib.ModelConfig(
       family=family,
       vocab_size=int(_require(hf, 'vocab_size')),
@@ -130,12 +143,13 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
       num_kv_heads=int(hf.get('num_key_value_heads') or n),
       head_dim=int(head_dim),
       mlp_dim=int(_require(hf, 'intermediate_size')),
-      rope_theta=_rope_theta(hf),
+      rope_theta=rope_theta,
+      rope_scaling=rope_scaling,
       norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
       qkv_bias=family == 'qwen2',
       qk_norm=family == 'qwen3',
       tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
-      max_seq_len=int(hf.get('max_position_embeddings') or _DEFAULT_MAX_POSITIONS[family]),
+      max_seq_len=max_positions,
       param_dtype=dtype,
       dtype=dtype)
 
@@ -153,6 +167,8 @@ def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
         f'ModelConfig(family={cfg.family!r}, qkv_bias={cfg.qkv_bias}, qk_norm={cfg.qk_norm}) '
         f'has no HF equivalent; {_FAMILY_TO_ARCH[cfg.family]} needs qkv_bias='
         f'{want[cfg.family][0]}, qk_norm={want[cfg.family][1]}')
+  rope_scaling = (cfg.rope_scaling.to_dict() if cfg.rope_scaling is not None
+                  else {'rope_type': 'default'})
   out = {
       'architectures': [_FAMILY_TO_ARCH[cfg.family]],
       'model_type': cfg.family,
@@ -166,13 +182,15 @@ def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
       'hidden_act': 'silu',
       'max_position_embeddings': cfg.max_seq_len,
       'rms_norm_eps': cfg.norm_eps,
-      # transformers 5 reads rope_parameters, 4.x reads rope_theta.
-      'rope_parameters': {'rope_type': 'default', 'rope_theta': cfg.rope_theta},
+      # transformers 5 reads rope_parameters, 4.x reads rope_theta and rope_scaling.
+      'rope_parameters': {**rope_scaling, 'rope_theta': cfg.rope_theta},
       'rope_theta': cfg.rope_theta,
       'tie_word_embeddings': cfg.tie_embeddings,
       'dtype': cfg.param_dtype,
       'torch_dtype': cfg.param_dtype,
   }
+  if cfg.rope_scaling is not None:
+    out['rope_scaling'] = rope_scaling
   if cfg.family in ('llama', 'qwen3'):
     out['attention_bias'] = False
   if cfg.family == 'llama':

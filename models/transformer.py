@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import config as config_lib
+from models import rope
 from models import sharding
 
 _NEG_INF = -1e30
@@ -81,12 +82,18 @@ class RMSNorm(nnx.Module):
     return (y * self.scale.value.astype(jnp.float32)).astype(x.dtype)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """Rotary embedding, HF 'rotate_half' layout. x: [B, T, N, H]; positions: [B, T]."""
-  h = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float,
+               scaling: rope.RopeScaling | None = None) -> jax.Array:
+  """Rotary embedding, HF 'rotate_half' layout. x: [B, T, N, H]; positions: [B, T].
+
+  `scaling` (linear / YaRN / Llama-3, see models/rope.py) changes the
+  frequencies; YaRN also scales cos and sin by its attention factor, as HF does.
+  """
+  inv_freq, attention_factor = rope.inv_freq(x.shape[-1], theta, scaling)
   ang = positions.astype(jnp.float32)[..., None] * inv_freq          # [B, T, H/2]
   sin, cos = jnp.sin(ang)[:, :, None, :], jnp.cos(ang)[:, :, None, :]
+  if attention_factor != 1.0:
+    sin, cos = sin * attention_factor, cos * attention_factor
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
 
@@ -128,8 +135,8 @@ class Attention(nnx.Module):
       v = v + self.v_bias.value.astype(dt)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    q = apply_rope(q, positions, cfg.rope_theta)
-    k = apply_rope(k, positions, cfg.rope_theta)
+    q = apply_rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
+    k = apply_rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
     q = sharding.constrain(q, ('batch', 'length', 'heads', 'head_dim'))
     k = sharding.constrain(k, ('batch', 'length', 'kv_heads', 'head_dim'))
     v = sharding.constrain(v, ('batch', 'length', 'kv_heads', 'head_dim'))

@@ -192,8 +192,11 @@ def _base_cfg(**kw):
 
 @pytest.mark.parametrize('change, match', [
     (dict(architectures=['MistralForCausalLM']), 'MistralForCausalLM'),
-    (dict(rope_parameters={'rope_type': 'llama3', 'rope_theta': 5e5, 'factor': 8.0}), 'llama3'),
-    (dict(rope_parameters=None, rope_scaling={'type': 'yarn', 'factor': 4.0}), 'yarn'),
+    (dict(rope_parameters={'rope_type': 'dynamic', 'rope_theta': 5e5, 'factor': 8.0}),
+     "'dynamic' is not supported"),
+    (dict(rope_parameters=None, rope_scaling={'type': 'longrope', 'factor': 4.0}), 'longrope'),
+    (dict(rope_parameters={'rope_type': 'llama3', 'rope_theta': 5e5, 'factor': 8.0}),
+     "'llama3' needs 'low_freq_factor'"),
     (dict(attention_bias=True), 'o_proj'),
     (dict(use_sliding_window=True), 'sliding'),
     (dict(hidden_act='gelu'), 'gelu'),
