@@ -15,6 +15,8 @@ import jax.numpy as jnp
 from models import rope
 
 FAMILIES = ('llama', 'qwen2', 'qwen3')
+# Implementations of models/attention.attend.
+ATTENTION_IMPLS = ('auto', 'dense', 'blockwise', 'splash', 'gpu_flash')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,12 @@ class ModelConfig:
     param_dtype: dtype the parameters are stored in ('float32', 'bfloat16').
     dtype: compute dtype of matmuls; norms, softmax and logits stay float32.
     remat: rematerialise every block in the backward pass.
+    attention: attention implementation of every pass without a cache and of
+      a prefill into one (models/attention.py): 'auto' (TPU splash, GPU flash,
+      else dense below attention.DENSE_MAX_LEN keys and blockwise from there),
+      'dense', 'blockwise', 'splash' or 'gpu_flash'. Decode steps are dense.
+    attention_block_q: query tile of 'splash' (a multiple of 128).
+    attention_block_kv: key tile of 'splash' and 'blockwise' (a multiple of 128).
   """
 
   family: str = 'qwen3'
@@ -63,6 +71,9 @@ class ModelConfig:
   param_dtype: str = 'float32'
   dtype: str = 'float32'
   remat: bool = False
+  attention: str = 'auto'
+  attention_block_q: int = 512
+  attention_block_kv: int = 512
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -81,6 +92,13 @@ class ModelConfig:
       object.__setattr__(self, 'rope_scaling', rope.parse(self.rope_scaling))
     except ValueError as e:
       raise ValueError(f'ModelConfig.rope_scaling: {e}') from None
+    if self.attention not in ATTENTION_IMPLS:
+      raise ValueError(f'ModelConfig.attention={self.attention!r}: expected one of '
+                       f'{ATTENTION_IMPLS}')
+    for name in ('attention_block_q', 'attention_block_kv'):
+      if getattr(self, name) <= 0 or getattr(self, name) % 128:
+        raise ValueError(f'ModelConfig.{name}={getattr(self, name)} must be a positive '
+                         'multiple of 128')
     for name in ('param_dtype', 'dtype'):
       if getattr(self, name) not in ('float32', 'bfloat16', 'float16'):
         raise ValueError(f'ModelConfig.{name}={getattr(self, name)!r} is not a float dtype name')

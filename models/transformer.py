@@ -25,11 +25,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models import attention
 from models import config as config_lib
 from models import rope
 from models import sharding
-
-_NEG_INF = -1e30
 
 
 class Cache(NamedTuple):
@@ -118,14 +117,13 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(h, cfg.norm_eps, pd, axes=('head_dim',))
 
   def __call__(self, x, positions, mask, kv_cache=None):
-    """x: [B, T, D]; mask: [B, T, S] bool; kv_cache: (k, v, index) or None.
+    """x: [B, T, D]; mask: an attention.MaskInfo; kv_cache: (k, v, index) or None.
 
     Returns:
       (out [B, T, D], (k, v) written cache arrays or None).
     """
     cfg = self.cfg
     dt = cfg.jnp_dtype
-    b, t, _ = x.shape
     q = jnp.einsum('BTD,DNH->BTNH', x, self.q_proj.value.astype(dt))
     k = jnp.einsum('BTD,DKH->BTKH', x, self.k_proj.value.astype(dt))
     v = jnp.einsum('BTD,DKH->BTKH', x, self.v_proj.value.astype(dt))
@@ -149,13 +147,8 @@ class Attention(nnx.Module):
       v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
       new_kv = (k, v)
 
-    g = cfg.num_heads // cfg.num_kv_heads
-    q = q.reshape(b, t, cfg.num_kv_heads, g, cfg.head_dim) * (cfg.head_dim ** -0.5)
-    logits = jnp.einsum('BTKGH,BKSH->BKGTS', q, k.astype(dt)).astype(jnp.float32)
-    logits = jnp.where(mask[:, None, None], logits, _NEG_INF)
-    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-    out = jnp.einsum('BKGTS,BKSH->BTKGH', probs, v.astype(dt))
-    out = out.reshape(b, t, cfg.num_heads, cfg.head_dim)
+    out = attention.attend(q, k, v, mask, impl=cfg.attention, block_q=cfg.attention_block_q,
+                           block_kv=cfg.attention_block_kv)          # [B, T, N, H]
     out = jnp.einsum('BTNH,NHD->BTD', out, self.o_proj.value.astype(dt))
     return sharding.constrain(out, ('batch', 'length', 'embed')), new_kv
 
@@ -225,15 +218,12 @@ class Transformer(nnx.Module):
       start = 0 if cache is None else cache.index
       positions = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
 
+    # Who sees whom, as segment ids (attention.py never needs a [T, S] mask).
     if cache is None:
-      k_seg = segment_ids
-      causal = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
+      mask = attention.MaskInfo(segment_ids, segment_ids)
     else:
       k_seg = jax.lax.dynamic_update_slice(cache.segment_ids, segment_ids, (0, cache.index))
-      s = k_seg.shape[1]
-      causal = (cache.index + jnp.arange(t))[:, None] >= jnp.arange(s)[None, :]
-    mask = (causal[None] & (segment_ids[:, :, None] == k_seg[:, None, :])
-            & (k_seg[:, None, :] != 0))
+      mask = attention.MaskInfo(segment_ids, k_seg, cache.index)
 
     # Gather the fsdp shards of the table first (the FSDP pattern): a lookup into a
     # table split along 'embed' cannot produce batch-split activations without
