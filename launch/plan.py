@@ -508,6 +508,9 @@ def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: b
   """
   plan = plan or config_lib.validate(config)
   model_cfg, rules, sampler_cfg = plan.model, plan.rules, dict(plan.sampler)
+  if tgt.kind == 'tpu' and model_cfg.attention == 'auto':
+    # 'auto' resolves by the backend JAX runs on (this CPU host); the TPU programs use splash.
+    model_cfg = model_cfg.replace(attention='splash')
   mesh = sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.devices)
   count_mesh = (sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.count_devices)
                 if tgt.count_devices else mesh)
