@@ -26,12 +26,16 @@ clone, world build included (SFT 160 s, reward model
 compiling, checkpoints and HF exports), and
 
   stage    chat          code          IF            math          swe
-  sft      36.6          39.2          35.2          33.5          38.1
-  rlhf     74.5 (+37.9)  41.5 (+2.2)   34.2 (-1.0)   33.8 (+0.2)   38.7 (+0.7)
-  if_rl    74.1 (-0.4)   42.5 (+1.0)   55.5 (+21.2)  38.8 (+5.0)   38.7 (-0.1)
-  math_rl  74.0 (-0.1)   42.0 (-0.5)   54.8 (-0.8)   76.2 (+37.5)  39.6 (+1.0)
-  code_rl  74.6 (+0.6)   70.5 (+28.5)  55.0 (+0.2)   76.5 (+0.2)   38.6 (-1.0)
-  swe_rl   74.5 (-0.1)   70.5 (+0.0)   56.8 (+1.8)   77.0 (+0.5)   62.6 (+24.0)
+  sft      37.1          38.5          35.8          32.5          38.7
+  rlhf     74.6 (+37.6)  41.2 (+2.8)   39.0 (+3.2)   34.5 (+2.0)   39.1 (+0.4)
+  if_rl    70.9 (-3.7)   41.8 (+0.5)   59.8 (+20.8)  37.0 (+2.5)   38.8 (-0.2)
+  math_rl  70.9 (-0.1)   43.0 (+1.2)   59.0 (-0.8)   72.8 (+35.8)  38.3 (-0.5)
+  code_rl  70.2 (-0.6)   70.8 (+27.8)  58.5 (-0.5)   74.2 (+1.5)   39.8 (+1.5)
+  swe_rl   70.6 (+0.4)   70.8 (+0.0)   59.5 (+1.0)   72.8 (-1.5)   65.7 (+25.9)
+
+(on this project's 2-core machines; XLA:CPU's kernels depend on the CPU, so
+another machine type prints a nearby table — an earlier one ended at 74.5 /
+70.5 / 56.8 / 77.0 / 62.6)
 
 Other seeds: README (benchmarks/cascade_vs_blended.py).
 """
