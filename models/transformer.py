@@ -88,7 +88,15 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float,
   `scaling` (linear / YaRN / Llama-3, see models/rope.py) changes the
   frequencies; YaRN also scales cos and sin by its attention factor, as HF does.
   """
-  inv_freq, attention_factor = rope.inv_freq(x.shape[-1], theta, scaling)
+  h = x.shape[-1]
+  if scaling is None:
+    # Plain RoPE computes its frequencies in the graph, as it always has: XLA's float32 pow
+    # and numpy's differ by an ulp for some exponents, and a deterministic run's numbers
+    # (the tiny demo's table) must not move.
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    attention_factor = 1.0
+  else:
+    inv_freq, attention_factor = rope.inv_freq(h, theta, scaling)
   ang = positions.astype(jnp.float32)[..., None] * inv_freq          # [B, T, H/2]
   sin, cos = jnp.sin(ang)[:, :, None, :], jnp.cos(ang)[:, :, None, :]
   if attention_factor != 1.0:
