@@ -93,7 +93,9 @@ def test_a_draw_pairs_each_rows_prompt_completion_domain_and_reward(fakes, tmp_p
   r = np.concatenate(draws.rewards)
   assert (r == -1).any() and (r > 0).any()
   doms = np.array(draws.domains)
-  assert m['reward_mean/b'] == pytest.approx(float(np.mean(r[doms == 'b'])))
+  for d in ('a', 'b'):
+    assert m[f'reward_mean/{d}'] == pytest.approx(float(np.mean(r[doms == d])))
+  assert m['reward_mean/a'] != m['reward_mean/b']
 
 
 # ------------------------------------------------------------------ overlong filter
@@ -129,12 +131,13 @@ def test_overlong_filter_takes_truncated_rows_out_of_the_loss(fakes, tmp_path, m
 def test_loss_valid_only_in_a_filtering_phase(fakes):
   plan = fakes.toy_config([fakes.rl_stage(
       'rl', ['a'], phases=[dict(until_step=1, filter_overlong=True), dict(until_step=3),
-                           dict(until_step=4, filter_overlong=True)])])
+                           dict(until_step=4, filter_overlong=True), dict(until_step=5)])])
   st = plan.stages[0]
   rows = {'samples': types.SimpleNamespace(truncated=np.array([True, False, True, False]))}
   valid = np.array([True, True, False, False])
   want_filtered = [False, True, False, False]
-  for step, filtered in ((0, True), (1, False), (2, False), (3, True), (9, True)):
+  # Past the last phase, the last phase holds (not the first).
+  for step, filtered in ((0, True), (1, False), (2, False), (3, True), (4, False), (9, False)):
     got = rl.loss_valid(st, step, rows, valid)
     assert got.tolist() == (want_filtered if filtered else valid.tolist()), step
 
