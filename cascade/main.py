@@ -14,6 +14,8 @@ Multi-host: `jax.distributed.initialize()` runs first when the environment
 asks for it (see cascade/distributed.py).
 """
 
+import logging
+import os
 import sys
 
 from absl import app
@@ -48,9 +50,32 @@ def parse_flags(argv):
     sys.exit(2)
 
 
+_STORAGE_MARKERS = ('RESOURCE_EXHAUSTED', 'No space left', 'Read-only file system',
+                    'Failed writing', 'Error writing')
+
+
+def storage_error(e: BaseException) -> bool:
+  """Whether an exception is the storage failing (full, read-only, unwritable), from Python's
+  file calls (OSError) or from tensorstore under Orbax (a ValueError naming the write)."""
+  return isinstance(e, OSError) or (isinstance(e, (ValueError, RuntimeError)) and any(
+      m in str(e) for m in _STORAGE_MARKERS))
+
+
+class _QuietStorageErrors(logging.Filter):
+  """Background savers (Orbax threads) log a storage error with its traceback before the run
+  stops with one line about it; keep their message, drop the traceback."""
+
+  def filter(self, record):
+    if record.exc_info and record.exc_info[1] is not None and storage_error(record.exc_info[1]):
+      record.exc_info, record.exc_text = None, None
+    return True
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  for handler in logging.getLogger().handlers:
+    handler.addFilter(_QuietStorageErrors())
   from cascade import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize()         # before any other JAX work (gloo on CPU)
   from cascade import checkpoint  # pylint: disable=g-import-not-at-top
@@ -65,14 +90,20 @@ def main(argv):
     # Expected user errors: one clear line, no traceback.
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)
-  except OSError as e:
+  except Exception as e:  # pylint: disable=broad-except
+    if not storage_error(e):
+      raise
     # A full disk, a read-only or unusable workdir: what was written stays valid (every
     # file is written to a temporary name and renamed; checkpoints are finalised atomically).
-    where = f'{e.filename}: ' if e.filename else ''
-    print(f'error: {where}{e.strerror or e} (errno {e.errno}); nothing already written was '
-          'changed: free the space or fix the path and rerun the same command to resume',
-          file=sys.stderr, flush=True)
-    sys.exit(2)
+    if isinstance(e, OSError):
+      where, why = e.filename or _WORKDIR.value, f'{e.strerror or e} (errno {e.errno})'
+    else:
+      where, why = _WORKDIR.value, str(e).strip().splitlines()[0][:200]
+    print(f'error: {where}: {why}; nothing already written was changed: free the space or '
+          'fix the path and rerun the same command to resume', file=sys.stderr, flush=True)
+    # Leave at once: background savers and writers would only repeat the same error
+    # (in tracebacks) on their way out; every file already finalised stays valid.
+    os._exit(2)  # pylint: disable=protected-access
 
 
 if __name__ == '__main__':
