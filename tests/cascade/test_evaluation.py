@@ -7,6 +7,7 @@ import types
 import jax
 import numpy as np
 
+from cascade import config as config_lib
 from cascade import evaluation
 from cascade import metrics
 from rl import sampler as sampler_lib
@@ -71,8 +72,9 @@ def test_evaluate_is_pass_at_1_over_k_samples_per_domain():
   pattern = lambda call, row: row % 4 == 0          # 1 of every 4 rows is right
   fake = FakeSampler(pattern)
   ver = ExactVerifier()
-  ev = dict(num_samples=4, temperature=1.0, top_p=1.0, greedy=False, max_new_tokens=8,
-            batch_size=2, thinking=False)
+  ev = config_lib.Eval(num_samples=4, temperature=1.0, top_p=1.0, greedy=False,
+                       max_new_tokens=8, max_prompt_len=32, num_prompts=0, batch_size=2,
+                       thinking=False)
   out = evaluation.evaluate(fake, None, CharTokenizer(), sets, lambda d: ver, Sample, ev,
                             jax.random.key(0))
   # Rows per call: prompts_in_call * 4; row r right iff r % 4 == 0 -> one right per prompt.
