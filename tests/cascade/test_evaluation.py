@@ -1,5 +1,6 @@
 """The evaluation matrix: scoring (pass@1 over k samples), results.json/md/png, metrics files."""
 
+import dataclasses
 import json
 import os
 import types
@@ -86,7 +87,7 @@ def test_evaluate_is_pass_at_1_over_k_samples_per_domain():
   assert all(s.prompt.endswith('<|im_start|>assistant\n') for s in ver.seen)
   assert '/no_think' not in ver.seen[0].prompt           # verifiers see the mode-free prompt
 
-  ev_greedy = dict(ev, greedy=True)
+  ev_greedy = dataclasses.replace(ev, greedy=True)
   fake2 = FakeSampler(lambda call, row: True)
   out = evaluation.evaluate(fake2, None, CharTokenizer(), sets, lambda d: ver, Sample,
                             ev_greedy, jax.random.key(0))
