@@ -23,6 +23,7 @@ def _damage(step_dir):
         fh.truncate(0)
 
 
+@pytest.mark.slow
 def test_damaged_final_checkpoint_falls_back_to_the_stage_export(tmp_path, copy_cascade, capsys):
   path = copy_cascade(tmp_path, train=16, eval_=8, sft=32, sft_steps=3, rl_steps=2)
   c = _load(path)
@@ -42,6 +43,7 @@ def test_damaged_final_checkpoint_falls_back_to_the_stage_export(tmp_path, copy_
   assert str(sft_dir / 'hf') in out
 
 
+@pytest.mark.slow
 def test_damaged_final_checkpoint_without_an_export_is_one_clear_error(tmp_path, copy_cascade):
   path = copy_cascade(tmp_path, train=16, eval_=8, sft=32, sft_steps=3, rl_steps=2)
   c = _load(path)
