@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from models import rope
 
 FAMILIES = ('llama', 'qwen2', 'qwen3')
+REMAT_POLICIES = ('none', 'full', 'save_attention_out', 'offload')
 # Implementations of models/attention.attend.
 ATTENTION_IMPLS = ('auto', 'dense', 'blockwise', 'splash', 'gpu_flash')
 
@@ -44,7 +45,14 @@ class ModelConfig:
     max_seq_len: longest position the model is meant for (HF export only).
     param_dtype: dtype the parameters are stored in ('float32', 'bfloat16').
     dtype: compute dtype of matmuls; norms, softmax and logits stay float32.
-    remat: rematerialise every block in the backward pass.
+    remat: the blocks' rematerialisation policy in the backward pass: 'none',
+      'full' (save only each block's input), 'save_attention_out' (also keep
+      the attention sublayer's output) or 'offload' (block inputs to pinned
+      host memory; 'full' where the backend has none). True and False, as
+      older configs wrote it, mean 'full' and 'none'.
+    scan_layers: run the blocks as one `lax.scan` body over parameters stacked
+      on a leading 'layers' axis (compile time independent of depth); False
+      unrolls the same body in a Python loop (same parameters, same numbers).
     attention: attention implementation of every pass without a cache and of
       a prefill into one (models/attention.py): 'auto' (TPU splash, GPU flash,
       else dense below attention.DENSE_MAX_LEN keys and blockwise from there),
@@ -70,7 +78,8 @@ class ModelConfig:
   max_seq_len: int = 4096
   param_dtype: str = 'float32'
   dtype: str = 'float32'
-  remat: bool = False
+  remat: str = 'none'
+  scan_layers: bool = True
   attention: str = 'auto'
   attention_block_q: int = 512
   attention_block_kv: int = 512
@@ -88,6 +97,11 @@ class ModelConfig:
           f'num_kv_heads={self.num_kv_heads}')
     if self.head_dim % 2:
       raise ValueError(f'ModelConfig.head_dim={self.head_dim} must be even (RoPE)')
+    if isinstance(self.remat, bool):  # Frozen: normalise the older bool in place.
+      object.__setattr__(self, 'remat', 'full' if self.remat else 'none')
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f'ModelConfig.remat={self.remat!r}: expected one of {REMAT_POLICIES} '
+                       '(or a bool)')
     try:  # Frozen: normalise a mapping into the hashable dataclass in place.
       object.__setattr__(self, 'rope_scaling', rope.parse(self.rope_scaling))
     except ValueError as e:

@@ -16,6 +16,8 @@ Layouts (ours <- HF, torch Linear weights are [out, in]):
   q/k/v_proj [D, N|K, H] <- [N|K * H, D]; o_proj [N, H, D] <- [D, N * H]
   q/k/v_bias [N|K, H] <- [N|K * H];        gate/up [D, F] <- [F, D]; down [F, D] <- [D, F]
   norm scales [D] or [H] unchanged.
+The blocks' parameters are stacked on a leading 'layers' axis [L, ...]: HF's
+`model.layers.{i}.*` tensors are read into, and written from, layer i of them.
 """
 
 from __future__ import annotations
@@ -202,12 +204,17 @@ def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class _Tensor:
-  """One parameter: its nnx path, HF name and shape, and the two re-layouts."""
+  """One HF tensor: its nnx path, HF name and shape, and the two re-layouts.
+
+  A block's tensor is one layer of a stacked [L, ...] parameter: `layer` is
+  its index on the leading axis (None for the parameters outside the blocks).
+  """
   path: tuple
   hf_name: str
   hf_shape: tuple[int, ...]
   to_ours: Callable[[np.ndarray], np.ndarray]
   to_hf: Callable[[np.ndarray], np.ndarray]
+  layer: int | None = None
 
 
 def _same(x):
@@ -233,26 +240,26 @@ def _tensors(cfg: config_lib.ModelConfig) -> list[_Tensor]:
 
   out = [_Tensor(('embed',), 'model.embed_tokens.weight', (v, d), *same)]
   for i in range(cfg.num_layers):
-    p, a = f'model.layers.{i}.', ('layers', i, 'attn')
-    out.append(_Tensor(('layers', i, 'input_norm', 'scale'), p + 'input_layernorm.weight',
-                       (d,), *same))
+    p, a, m = f'model.layers.{i}.', ('layers', 'attn'), ('layers', 'mlp')
+    layer = lambda path, name, shape, fns, i=i: _Tensor(path, name, shape, *fns, layer=i)
+    out.append(layer(('layers', 'input_norm', 'scale'), p + 'input_layernorm.weight',
+                     (d,), same))
     for name, heads in (('q', n), ('k', k), ('v', k)):
-      out.append(_Tensor(a + (f'{name}_proj',), p + f'self_attn.{name}_proj.weight',
-                         (heads * h, d), *proj(heads)))
+      out.append(layer(a + (f'{name}_proj',), p + f'self_attn.{name}_proj.weight',
+                       (heads * h, d), proj(heads)))
       if cfg.qkv_bias:
-        out.append(_Tensor(a + (f'{name}_bias',), p + f'self_attn.{name}_proj.bias',
-                           (heads * h,), *bias(heads)))
-    out.append(_Tensor(a + ('o_proj',), p + 'self_attn.o_proj.weight', (d, n * h), *out_proj))
+        out.append(layer(a + (f'{name}_bias',), p + f'self_attn.{name}_proj.bias',
+                         (heads * h,), bias(heads)))
+    out.append(layer(a + ('o_proj',), p + 'self_attn.o_proj.weight', (d, n * h), out_proj))
     if cfg.qk_norm:
       for name in ('q', 'k'):
-        out.append(_Tensor(a + (f'{name}_norm', 'scale'), p + f'self_attn.{name}_norm.weight',
-                           (h,), *same))
-    m = ('layers', i, 'mlp')
-    out.append(_Tensor(m + ('gate_proj',), p + 'mlp.gate_proj.weight', (f, d), *linear))
-    out.append(_Tensor(m + ('up_proj',), p + 'mlp.up_proj.weight', (f, d), *linear))
-    out.append(_Tensor(m + ('down_proj',), p + 'mlp.down_proj.weight', (d, f), *linear))
-    out.append(_Tensor(('layers', i, 'post_attn_norm', 'scale'),
-                       p + 'post_attention_layernorm.weight', (d,), *same))
+        out.append(layer(a + (f'{name}_norm', 'scale'), p + f'self_attn.{name}_norm.weight',
+                         (h,), same))
+    out.append(layer(m + ('gate_proj',), p + 'mlp.gate_proj.weight', (f, d), linear))
+    out.append(layer(m + ('up_proj',), p + 'mlp.up_proj.weight', (f, d), linear))
+    out.append(layer(m + ('down_proj',), p + 'mlp.down_proj.weight', (d, f), linear))
+    out.append(layer(('layers', 'post_attn_norm', 'scale'),
+                     p + 'post_attention_layernorm.weight', (d,), same))
   out.append(_Tensor(('final_norm', 'scale'), 'model.norm.weight', (d,), *same))
   if not cfg.tie_embeddings:
     out.append(_Tensor(('lm_head',), 'lm_head.weight', (v, d), *linear))
@@ -354,7 +361,7 @@ def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None
   by_file: dict[pathlib.Path, list[_Tensor]] = {}
   for t in wanted:
     by_file.setdefault(files[t.hf_name], []).append(t)
-  loaded = {}
+  loaded, stacks = {}, {}
   for fname, tensors in by_file.items():
     with safetensors.safe_open(str(fname), framework='numpy') as fh:
       for t in tensors:
@@ -364,14 +371,49 @@ def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None
                            f'but the config needs {t.hf_shape}')
         var = abs_vars[t.path]
         host = t.to_ours(host).astype(var.get_value().dtype, copy=False)
-        if shards is None:
-          value = jax.device_put(np.ascontiguousarray(host))
+        sh = None if shards is None else shards[t.path].get_value()
+        if t.layer is None:
+          loaded[t.path] = var.replace(_place(host, sh))
         else:
-          value = jax.make_array_from_callback(
-              host.shape, shards[t.path].get_value(), lambda idx, x=host: x[idx])
-        loaded[t.path] = var.replace(value)
+          if t.path not in stacks:
+            stacks[t.path] = _LayerStack(var.get_value(), sh)
+          stacks[t.path].set(t.layer, host)
         del host  # At most one tensor is ever held on the host.
+  loaded.update({path: abs_vars[path].replace(s.value) for path, s in stacks.items()})
   return nnx.merge(graphdef, nnx.from_flat_state(loaded))
+
+
+def _place(host: np.ndarray, sharding_: jax.sharding.NamedSharding | None) -> jax.Array:
+  """A host array on the default device, or split over `sharding_`'s mesh."""
+  if sharding_ is None:
+    return jax.device_put(np.ascontiguousarray(host))
+  return jax.make_array_from_callback(host.shape, sharding_, lambda idx: host[idx])
+
+
+class _LayerStack:
+  """A stacked [L, ...] parameter on device, filled one layer at a time in place.
+
+  The device holds the stack plus one layer and the host one layer, never L.
+  """
+
+  def __init__(self, abstract: jax.ShapeDtypeStruct,
+               sharding_: jax.sharding.NamedSharding | None):
+    zeros = lambda: jnp.zeros(abstract.shape, abstract.dtype)
+    put = lambda stack, x, i: jax.lax.dynamic_update_index_in_dim(stack, x, i, 0)
+    if sharding_ is None:
+      self._layer_sharding = None
+      self.value = jax.jit(zeros)()
+      self._put = jax.jit(put, donate_argnums=0)
+    else:  # A layer is split as the stack is, less the (unsplit) 'layers' axis.
+      spec = tuple(sharding_.spec) + (None,) * (len(abstract.shape) - len(sharding_.spec))
+      self._layer_sharding = jax.sharding.NamedSharding(sharding_.mesh,
+                                                        jax.sharding.PartitionSpec(*spec[1:]))
+      self.value = jax.jit(zeros, out_shardings=sharding_)()
+      self._put = jax.jit(put, donate_argnums=0, out_shardings=sharding_)
+
+  def set(self, i: int, host: np.ndarray):
+    self.value = self._put(self.value, _place(host, self._layer_sharding),
+                           jnp.asarray(i, jnp.int32))
 
 
 def _stale_weight_files(out: pathlib.Path) -> list[pathlib.Path]:
@@ -411,7 +453,7 @@ def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
     if not value.is_fully_addressable:
       raise ValueError(f'save_model: parameter {"/".join(map(str, t.path))} is not fully '
                        'addressable by this process; gather it first')
-    nbytes = value.size * value.dtype.itemsize
+    nbytes = value.size * value.dtype.itemsize // (1 if t.layer is None else value.shape[0])
     if groups[-1] and size + nbytes > max_shard_size:
       groups.append([])
       size = 0
@@ -426,7 +468,8 @@ def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
   for i, group in enumerate(groups):
     fname = (SINGLE_FILE if len(groups) == 1
              else f'model-{i + 1:05d}-of-{len(groups):05d}.safetensors')
-    host = {t.hf_name: np.ascontiguousarray(t.to_hf(np.asarray(params[t.path].get_value())))
+    host = {t.hf_name: np.ascontiguousarray(t.to_hf(np.asarray(
+        params[t.path].get_value() if t.layer is None else params[t.path].get_value()[t.layer])))
             for t in group}
     total += sum(x.nbytes for x in host.values())
     weight_map.update({name: fname for name in host})

@@ -33,6 +33,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ('head_dim', None),
     ('norm', None),
     ('cache_length', None),
+    ('layers', None),   # the stacked blocks' leading axis (scanned over)
 )
 
 _state = threading.local()

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import ad_checkpoint
 
 from models import attention
 from models import config as config_lib
@@ -35,30 +36,33 @@ class Cache(NamedTuple):
   """Preallocated KV cache; a pytree.
 
   Attributes:
-    k: per layer, keys [B, K, S, H] (RoPE already applied).
-    v: per layer, values [B, K, S, H].
+    k: keys of every layer [L, B, K, S, H] (RoPE already applied).
+    v: values of every layer [L, B, K, S, H].
     segment_ids: [B, S] int32 segment of each slot; 0 = empty or padding.
     index: [] int32, the next slot to write.
 
-  Slots are the third axis so both attention einsums have (B, K) as leading
+  One stacked array per side, so the layer scan carries it and writes only
+  the new tokens' slots of each layer in place (no per-step restacking).
+  Slots are the fourth axis so both attention einsums have (B, K) as leading
   batch dims: with [B, S, K, H], XLA:CPU transposed every layer's whole cache
   on every decode step (3x slower decoding at 1K slots in a probe).
   """
-  k: tuple
-  v: tuple
+  k: jax.Array
+  v: jax.Array
   segment_ids: jax.Array
   index: jax.Array
+
+
+CACHE_AXES = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
 
 
 def init_cache(cfg: config_lib.ModelConfig, batch: int, length: int,
                dtype=None) -> Cache:
   """An empty cache of `length` slots for `batch` rows (dtype: the compute dtype)."""
   dtype = cfg.jnp_dtype if dtype is None else dtype
-  shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
-  zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype),
-                                     ('batch', 'kv_heads', 'cache_length', 'head_dim'))
-  return Cache(k=tuple(zeros() for _ in range(cfg.num_layers)),
-               v=tuple(zeros() for _ in range(cfg.num_layers)),
+  shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
+  zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype), CACHE_AXES)
+  return Cache(k=zeros(), v=zeros(),
                segment_ids=jnp.zeros((batch, length), jnp.int32),
                index=jnp.zeros((), jnp.int32))
 
@@ -191,16 +195,56 @@ class Block(nnx.Module):
 
   def __call__(self, x, positions, mask, kv_cache=None):
     h, new_kv = self.attn(self.input_norm(x), positions, mask, kv_cache)
-    x = x + h
+    # The name the 'save_attention_out' remat policy keeps.
+    x = x + ad_checkpoint.checkpoint_name(h, 'attention_out')
     x = x + self.mlp(self.post_attn_norm(x))
     return sharding.constrain(x, ('batch', 'length', 'embed')), new_kv
 
 
-def _remat_block(block, x, positions, mask):
-  return block(x, positions, mask)[0]
+def _stack_blocks(blocks: list[Block]) -> Block:
+  """One Block holding `blocks`' parameters stacked on a leading 'layers' axis [L, ...].
+
+  Built from Blocks made one after another, so layer i has exactly the values
+  (and the RNG draws) it had as the i-th of a list of Blocks.
+  """
+  def stack(*vs):
+    axes = ('layers',) + tuple(vs[0].get_metadata()['logical_axes'])
+    return vs[0].replace(jnp.stack([v.get_value() for v in vs]), logical_axes=axes)
+  states = [nnx.state(b) for b in blocks]
+  stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return nnx.merge(nnx.graphdef(blocks[0]), stacked)
 
 
-_remat_block_fn = nnx.remat(_remat_block)
+def _host_offload_supported() -> bool:
+  """Whether the default backend has a pinned host memory space (TPU, GPU and CPU do)."""
+  try:
+    return 'pinned_host' in {m.kind for m in jax.devices()[0].addressable_memories()}
+  except (AttributeError, NotImplementedError):
+    return False
+
+
+def _remat(body, cfg: config_lib.ModelConfig):
+  """`body` (one block) under the checkpoint policy `cfg.remat` names.
+
+  'full' saves nothing but the block's input (the carry); 'save_attention_out'
+  also keeps the attention sublayer's output [B, T, D], so the backward pass
+  recomputes only what the attention's own gradient needs; 'offload' moves the
+  block inputs to pinned host memory between the passes, and behaves as
+  'full' on a backend without one.
+  """
+  names = jax.checkpoint_policies
+  if cfg.remat == 'none':
+    return body
+  if cfg.remat == 'save_attention_out':
+    policy = names.save_only_these_names('attention_out')
+  elif cfg.remat == 'offload' and _host_offload_supported():
+    policy = names.save_and_offload_only_these_names(
+        names_which_can_be_saved=(), names_which_can_be_offloaded=('block_input',),
+        offload_src='device', offload_dst='pinned_host')
+  else:
+    policy = names.nothing_saveable
+  # Inside a scan the body cannot be CSE'd with its recomputation anyway.
+  return jax.checkpoint(body, policy=policy, prevent_cse=not cfg.scan_layers)
 
 
 class Transformer(nnx.Module):
@@ -210,7 +254,7 @@ class Transformer(nnx.Module):
     self.cfg = cfg
     pd = cfg.jnp_param_dtype
     self.embed = _param(rngs, (cfg.vocab_size, cfg.embed_dim), ('vocab', 'embed'), pd)
-    self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+    self.layers = _stack_blocks([Block(cfg, rngs) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
     if not cfg.tie_embeddings:
       self.lm_head = _param(rngs, (cfg.embed_dim, cfg.vocab_size), ('embed', 'vocab'), pd)
@@ -239,22 +283,47 @@ class Transformer(nnx.Module):
     table = sharding.constrain(self.embed.value, ('vocab', None))
     x = jnp.take(table, tokens, axis=0).astype(cfg.jnp_dtype)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
-    new_k, new_v = [], []
-    for i, layer in enumerate(self.layers):
-      if cache is None:
-        if cfg.remat:
-          x = _remat_block_fn(layer, x, positions, mask)
-        else:
-          x, _ = layer(x, positions, mask)
-      else:
-        x, (k, v) = layer(x, positions, mask, (cache.k[i], cache.v[i], cache.index))
-        new_k.append(k)
-        new_v.append(v)
+    x, kv = self._run_blocks(x, positions, mask, cache)
     x = self.final_norm(x)
     if cache is None:
       return x, None
-    return x, Cache(k=tuple(new_k), v=tuple(new_v), segment_ids=k_seg,
-                    index=cache.index + t)
+    return x, Cache(k=kv[0], v=kv[1], segment_ids=k_seg, index=cache.index + t)
+
+  def _run_blocks(self, x, positions, mask, cache):
+    """x [B, T, D] through the L blocks: one scanned body, or a Python loop (cfg.scan_layers).
+
+    Returns:
+      (x [B, T, D], None) without a cache; with one, (x, (k, v)): the stacked
+      [L, B, K, S, H] caches with this call's T slots written in every layer.
+    """
+    cfg = self.cfg
+    graphdef, params = nnx.split(self.layers)
+    if cache is None:
+      def body(x, layer_params):
+        x = ad_checkpoint.checkpoint_name(x, 'block_input')
+        return nnx.merge(graphdef, layer_params)(x, positions, mask)[0], None
+      body, carry, xs = _remat(body, cfg), x, params
+    else:
+      t = x.shape[1]
+
+      def body(carry, layer_xs):
+        x, k_all, v_all = carry
+        layer_params, i = layer_xs
+        layer_kv = [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in (k_all, v_all)]
+        x, (k, v) = nnx.merge(graphdef, layer_params)(x, positions, mask,
+                                                      (*layer_kv, cache.index))
+        # Only this call's T slots of layer i go back, in place.
+        put = lambda stacked, new: jax.lax.dynamic_update_slice(
+            stacked, jax.lax.dynamic_slice_in_dim(new, cache.index, t, axis=2)[None],
+            (i, 0, 0, cache.index, 0))
+        return (x, put(k_all, k), put(v_all, v)), None
+      carry, xs = (x, cache.k, cache.v), (params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
+    if cfg.scan_layers:
+      carry, _ = jax.lax.scan(body, carry, xs)
+    else:
+      for i in range(cfg.num_layers):
+        carry, _ = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
+    return (carry, None) if cache is None else (carry[0], carry[1:])
 
   def logits_from_hidden(self, x):
     """Output projection in float32: [B, T, D] -> [B, T, V]."""

@@ -249,10 +249,9 @@ def _phase_ends(nb: int, phases: int = DEFAULT_DECODE_PHASES) -> tuple[int, ...]
 def _grow(cache: transformer.Cache, length: int) -> transformer.Cache:
   """The same cache with empty slots appended up to `length`."""
   extra = length - cache.segment_ids.shape[1]
-  grow = lambda x: sharding.constrain(
-      jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0))),
-      ('batch', 'kv_heads', 'cache_length', 'head_dim'))
-  return cache._replace(k=tuple(grow(x) for x in cache.k), v=tuple(grow(x) for x in cache.v),
+  grow = lambda x: sharding.constrain(  # [L, B, K, S, H]: slots are axis 3.
+      jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, extra), (0, 0))), transformer.CACHE_AXES)
+  return cache._replace(k=grow(cache.k), v=grow(cache.v),
                         segment_ids=jnp.pad(cache.segment_ids, ((0, 0), (0, extra))))
 
 

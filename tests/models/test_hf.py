@@ -153,9 +153,9 @@ def test_load_onto_mesh_is_sharded_and_equal(ckpts, tmp_path):
   mesh = sharding.make_mesh((2, 2, 2))
   model = hf.load_model(path, mesh=mesh)
   spec = jax.sharding.PartitionSpec
-  q = model.layers[0].attn.q_proj.get_value()
-  assert q.sharding.spec == spec('fsdp', 'tensor', None)
-  assert q.addressable_shards[0].data.shape == (48 // 2, 4 // 2, 12)
+  q = model.layers.attn.q_proj.get_value()     # [L, D, N, H], the layers' stack
+  assert q.sharding.spec == spec(None, 'fsdp', 'tensor', None)
+  assert q.addressable_shards[0].data.shape == (q.shape[0], 48 // 2, 4 // 2, 12)
   head = model.lm_head.get_value()
   assert head.sharding.spec == spec('fsdp', 'tensor')
   assert head.addressable_shards[0].data.size * 4 == head.size

@@ -121,17 +121,18 @@ def test_sharded_forward_matches_unsharded(shape):
   np.testing.assert_allclose(out, ref, atol=1e-5, rtol=0)
 
   sizes = dict(zip(sharding.MESH_AXES, shape))
-  mlp = model.layers[0].mlp.gate_proj.value       # ('embed', 'mlp') -> ('fsdp', 'tensor')
-  q = model.layers[0].attn.q_proj.value           # ('embed', 'heads', 'head_dim')
-  emb = model.embed.value                         # ('vocab', 'embed') -> ('tensor', 'fsdp')
+  mlp = model.layers.mlp.gate_proj.value   # ('layers', 'embed', 'mlp') -> (None, 'fsdp', 'tensor')
+  q = model.layers.attn.q_proj.value       # ('layers', 'embed', 'heads', 'head_dim')
+  emb = model.embed.value                  # ('vocab', 'embed') -> ('tensor', 'fsdp')
   exp = jax.sharding.PartitionSpec
-  assert mlp.sharding.spec == exp('fsdp', 'tensor')
-  assert q.sharding.spec == exp('fsdp', 'tensor', None)
+  assert mlp.sharding.spec == exp(None, 'fsdp', 'tensor')
+  assert q.sharding.spec == exp(None, 'fsdp', 'tensor', None)
   assert emb.sharding.spec == exp('tensor', 'fsdp')
   split = sizes['fsdp'] * sizes['tensor']
   shard_shape = mlp.addressable_shards[0].data.shape
-  assert shard_shape[0] * shard_shape[1] * split == mlp.size
-  np.testing.assert_allclose(np.asarray(mlp), np.asarray(ref_model.layers[0].mlp.gate_proj.value),
+  assert shard_shape[0] == cfg.num_layers
+  assert np.prod(shard_shape) * split == mlp.size
+  np.testing.assert_allclose(np.asarray(mlp), np.asarray(ref_model.layers.mlp.gate_proj.value),
                              atol=1e-6)
 
 

@@ -140,7 +140,9 @@ def test_long_generation_across_decode_phases(policy):
   assert out.mask.all() and out.truncated.all() and out.tokens.shape == (4, 140)
   _, logp = _forward_logprobs(*policy, out)
   ref = np.take_along_axis(logp, out.tokens[..., None], -1)[..., 0]
-  np.testing.assert_allclose(out.logprobs, ref, atol=1e-4, rtol=0)
+  # 1.01e-4 at worst here, as against the jitted unrolled forward before the blocks were
+  # scanned (the sampler's own numbers did not change; the eager op-by-op forward was 8.5e-5).
+  np.testing.assert_allclose(out.logprobs, ref, atol=2e-4, rtol=0)
 
 
 def test_top_k_1_tiny_top_p_tiny_temperature_equal_greedy(policy, samp):
@@ -249,8 +251,8 @@ def test_sharded_equals_unsharded(policy, samp, greedy):
   assert jax.device_count() >= 8
   mesh = sharding.make_mesh((2, 2, 2))
   graphdef, params = _policy(mesh)
-  assert params['layers'][0]['attn']['q_proj'].value.sharding.spec == \
-      jax.sharding.PartitionSpec('fsdp', 'tensor', None)
+  assert params['layers']['attn']['q_proj'].value.sharding.spec == \
+      jax.sharding.PartitionSpec(None, 'fsdp', 'tensor', None)    # [L, D, N, H]
   sharded = sampler.Sampler(graphdef, CFG, eos_ids=EOS, pad_id=0, mesh=mesh,
                             prompt_buckets=(16, 32), new_token_buckets=(16, 32),
                             batch_buckets=(8, 16, 256))

@@ -208,9 +208,9 @@ def test_fp32_master_weights_keep_updates_a_bf16_copy_would_lose():
   opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=lr))
   step = ts.make_train_step(graphdef, 'grpo', GRPO_CFG, opt)
   state, m = step(ts.init_state(_copy(params), opt, master_dtype='float32'), batch)
-  w0 = np.asarray(params['layers'][0]['mlp']['up_proj'][...].astype(jnp.float32))
-  w = state.params['layers'][0]['mlp']['up_proj'][...]
-  assert params['layers'][0]['mlp']['up_proj'][...].dtype == jnp.bfloat16
+  w0 = np.asarray(params['layers']['mlp']['up_proj'][...].astype(jnp.float32))
+  w = state.params['layers']['mlp']['up_proj'][...]
+  assert params['layers']['mlp']['up_proj'][...].dtype == jnp.bfloat16
   assert w.dtype == jnp.float32
   # Adam's first step moves a weight by lr * |g| / (|g| + eps) = lr (to 1%) wherever the
   # gradient is not tiny: the float32 master keeps that move on (nearly) every weight.
