@@ -131,7 +131,8 @@ def test_compile_time_and_program_size_do_not_grow_with_depth():
   t2, dots2 = compile_step(2, True)
   t16, dots16 = compile_step(16, True)
   _, dots_unrolled = compile_step(4, False)
-  # One loop body, whatever the depth (the unrolled program has one copy per layer).
+  # One loop body, whatever the depth (the unrolled program has one copy per layer), which is
+  # what keeps compile time flat (measured here: 2 layers 3.8 s, 16 layers 3.6 s, 16 unrolled
+  # 16.8 s; times are reported, not asserted: timing belongs in benchmarks/).
   assert dots16 == dots2 < dots_unrolled
-  # Measured here: 2 layers 3.8 s, 16 layers 3.6 s (16 unrolled: 16.8 s). Loose: shared CPUs.
-  assert t16 < 2.5 * t2 + 1.0, (t2, t16)
+  print(f'compile: 2 layers {t2:.1f} s, 16 layers {t16:.1f} s')
