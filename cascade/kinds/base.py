@@ -208,6 +208,26 @@ class TrainStageConfig(StageConfig):
     return self.steps
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PairStageConfig(TrainStageConfig):
+  """A stage that trains on `batch_size` preference pairs of at most `max_len` tokens each."""
+  RECORDS: ClassVar[str] = 'preference'
+
+  batch_size: int = field(check=int_at_least(1))
+  max_len: int = field(check=int_at_least(2))
+
+  def check(self, fail):
+    if self.batch_size % self.microbatches:
+      fail('microbatches', f'must divide batch_size={self.batch_size}')
+
+  def check_lengths(self, max_seq, fail):
+    if max_seq is not None and self.max_len > max_seq:
+      fail('max_len', f"exceeds the model's max_seq_len={max_seq}")
+
+  def rows_per_step(self):
+    return self.batch_size, 'batch_size'
+
+
 def optimizer_config(stage: TrainStageConfig):
   """The stage's optimizer in rl.train_step's terms (cosine decays over the stage's updates)."""
   from rl import train_step as train_lib  # pylint: disable=g-import-not-at-top

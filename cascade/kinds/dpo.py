@@ -15,8 +15,6 @@ variant. The stage trains the policy and gets a row of the matrix.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
-
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
@@ -34,11 +32,7 @@ def _thinking_ok(v) -> bool:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config(base.TrainStageConfig):
-  RECORDS: ClassVar[str] = 'preference'
-
-  batch_size: int = base.field(check=base.int_at_least(1))
-  max_len: int = base.field(check=base.int_at_least(2))
+class Config(base.PairStageConfig):
   beta: float = base.field(0.1, check=base.num_in(0, lo_open=True, what='must be > 0'),
                            convert=float)
   label_smoothing: float = base.field(0.0, check=base.num_in(0, 0.5, hi_open=True),
@@ -46,17 +40,6 @@ class Config(base.TrainStageConfig):
   loss_type: str = base.field('sigmoid', check=base.one_of(dpo_lib.LOSS_TYPES, 'DPO loss'))
   thinking: bool | None = base.field(False, check=(
       _thinking_ok, 'must be None (no /think switch), True (/think) or False (/no_think)'))
-
-  def check(self, fail):
-    if self.batch_size % self.microbatches:
-      fail('microbatches', f'must divide batch_size={self.batch_size}')
-
-  def check_lengths(self, max_seq, fail):
-    if max_seq is not None and self.max_len > max_seq:
-      fail('max_len', f"exceeds the model's max_seq_len={max_seq}")
-
-  def rows_per_step(self):
-    return self.batch_size, 'batch_size'
 
 
 def loss(stage: Config):

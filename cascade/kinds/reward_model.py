@@ -29,26 +29,12 @@ from rl import reward_model as rm_lib
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config(base.TrainStageConfig):
+class Config(base.PairStageConfig):
   MODEL: ClassVar[str] = 'reward_model'
-  RECORDS: ClassVar[str] = 'preference'
   LEAVES: ClassVar[str] = 'previous'
   ROW: ClassVar[bool] = False
 
   evaluate: bool = base.field(False, check=base.BOOL)
-  batch_size: int = base.field(check=base.int_at_least(1))
-  max_len: int = base.field(check=base.int_at_least(2))
-
-  def check(self, fail):
-    if self.batch_size % self.microbatches:
-      fail('microbatches', f'must divide batch_size={self.batch_size}')
-
-  def check_lengths(self, max_seq, fail):
-    if max_seq is not None and self.max_len > max_seq:
-      fail('max_len', f"exceeds the model's max_seq_len={max_seq}")
-
-  def rows_per_step(self):
-    return self.batch_size, 'batch_size'
 
 
 def loss(stage: Config):
