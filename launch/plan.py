@@ -22,9 +22,9 @@ with abstract shapes only (`nnx.eval_shape` for the model,
 plus the held-out evaluation's sampler once. It prints per-device memory
 (arguments, outputs, temporaries, total = arguments + outputs + temporaries
 - donated aliases, from `compiled.memory_analysis()`) and XLA's FLOP count
-(`cost_analysis()`: a train step's whole batch, counted on its
-single-microbatch twin because XLA counts a loop body once; a sampler's
-prefill and one step per decode loop), and exits with status 1 naming every stage
+(`cost_analysis()`; XLA counts a loop body once, so FLOPs are counted on a
+twin lowered with the layers unrolled and the batch in one microbatch; a
+sampler's prefill and one step per decode loop), and exits with status 1 naming every stage
 that does not fit the per-device memory in `config.hardware`.
 
 Target devices: with `libtpu` importable (`pip install "jax[tpu]"`, not a
@@ -329,33 +329,32 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
   count_mesh = mesh if count_mesh is None else count_mesh
   programs = []
   kind = kinds.get(stage.kind)
+  # XLA counts a loop body once: FLOPs are counted on a twin lowered (never
+  # compiled) with the layers unrolled and the batch in one microbatch.
+  unrolled = dataclasses.replace(model_cfg, scan_layers=False)
+
+  def add(name: str, lowering: Callable[..., Any], *args, suffix: str = '', twin_kwargs=None):
+    """lowering(model_cfg, mesh, *args) -> (() -> Lowered, shapes)."""
+    lower, what = lowering(model_cfg, mesh, *args)
+    twin = lowering(unrolled, count_mesh, *args, **(twin_kwargs or {}))[0]
+    programs.append(compile_program(name, what + suffix, lower, twin))
+
   if with_train and kind.abstract_batch is not None:
-    lower, what = train_lowering(stage, model_cfg, mesh, rules)
-    # XLA counts a loop body once: count the whole batch on a single-microbatch twin.
-    twin = (train_lowering(stage, model_cfg, count_mesh, rules, microbatches=1)[0]
-            if stage.microbatches > 1 or count_mesh is not mesh else None)
-    programs.append(compile_program('train step', what, lower, twin))
+    add('train step', lambda cfg, m, **k: train_lowering(stage, cfg, m, rules, **k),
+        twin_kwargs={'microbatches': 1})
   if with_sampler and kind.sampler_sizes is not None:
     sizes = kind.sampler_sizes(stage)
-    lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes)
-    twin = (sampler_lowering(model_cfg, count_mesh, rules, sampler_cfg, **sizes)[0]
-            if count_mesh is not mesh else None)
-    programs.append(compile_program('sampler', what, lower, twin))
+    add('sampler', lambda cfg, m: sampler_lowering(cfg, m, rules, sampler_cfg, **sizes))
   frozen = kind.frozen_forwards(stage) if kind.frozen_forwards is not None else []
   for ff in frozen:
-    lower, what = forward_lowering(model_cfg, 'policy', mesh, rules, ff.rows, ff.length)
-    twin = (forward_lowering(model_cfg, 'policy', count_mesh, rules, ff.rows, ff.length)[0]
-            if count_mesh is not mesh else None)
-    programs.append(compile_program(ff.name, what + f'; {ff.copies} resident cop'
-                                    + ('y' if ff.copies == 1 else 'ies'), lower, twin))
-  rm = [s for s in (rm_stages or ())]
+    add(ff.name, lambda cfg, m, ff=ff: forward_lowering(cfg, 'policy', m, rules, ff.rows,
+                                                          ff.length),
+        suffix=f'; {ff.copies} resident cop' + ('y' if ff.copies == 1 else 'ies'))
+  rm = list(rm_stages or ())
   for rm_stage in rm:
-    lower, what = forward_lowering(model_cfg, 'reward_model', mesh, rules, rm_stage.batch_size,
-                                   rm_stage.max_len)
-    twin = (forward_lowering(model_cfg, 'reward_model', count_mesh, rules, rm_stage.batch_size,
-                             rm_stage.max_len)[0] if count_mesh is not mesh else None)
-    programs.append(compile_program(f'reward model scoring ({rm_stage.name})', what, lower,
-                                    twin))
+    add(f'reward model scoring ({rm_stage.name})',
+        lambda cfg, m, s=rm_stage: forward_lowering(cfg, 'reward_model', m, rules, s.batch_size,
+                                                    s.max_len))
   resident = _resident(stage, model_cfg, mesh, rules, programs, frozen, rm)
   seconds = _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hardware or {})
   return StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
@@ -469,8 +468,10 @@ def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
   sizes = dict(rows=ev.batch_size * k, prompt_len=ev.max_prompt_len,
                max_new_tokens=ev.max_new_tokens, top_p=ev.top_p, top_k=ev.top_k)
   lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes)
-  twin = (sampler_lowering(model_cfg, count_mesh, rules, sampler_cfg, **sizes)[0]
-          if count_mesh is not None and count_mesh is not mesh else None)
+  # Counted on a twin with the layers unrolled (XLA counts a scan body once).
+  twin = sampler_lowering(dataclasses.replace(model_cfg, scan_layers=False),
+                          mesh if count_mesh is None else count_mesh, rules, sampler_cfg,
+                          **sizes)[0]
   prog = compile_program('eval sampler', what, lower, twin)
   return StageReport(-1, 'evaluation', 'eval', (prog,), limit_bytes, mesh.size)
 
