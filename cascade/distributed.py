@@ -11,6 +11,9 @@
 
 On CPU the cross-process collectives use gloo, which must be chosen before
 the backend starts, so call `initialize` before any other JAX work.
+
+`allgather_bytes` hands every process every process's host-side payload
+(the rollout scorers' shares of the rewards, `cascade.rollout.score`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from __future__ import annotations
 import os
 
 import jax
+import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 _initialized = False
 
@@ -84,3 +89,26 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 def _cpu_only() -> bool:
   platforms = os.environ.get('JAX_PLATFORMS', '') or str(jax.config.jax_platforms or '')
   return platforms.strip().lower() == 'cpu'
+
+
+def allgather_bytes(data: bytes) -> list[bytes]:
+  """Every process's `data`, in process order (a collective: every process must call it).
+
+  Payloads may differ in length: the lengths are gathered first, then the
+  payloads padded to one width (rounded up to a power of two, so repeated
+  calls reuse a few compiled gathers).
+
+  Args:
+    data: this process's payload.
+
+  Returns:
+    One bytes object per process; [data] in a single process.
+  """
+  if jax.process_count() == 1:
+    return [data]
+  lengths = multihost_utils.process_allgather(np.array([len(data)], np.int32)).reshape(-1)
+  width = 1 << max(4, int(lengths.max() - 1).bit_length())
+  buf = np.zeros(width, np.uint8)
+  buf[:len(data)] = np.frombuffer(data, np.uint8)
+  gathered = multihost_utils.process_allgather(buf)
+  return [gathered[i, :n].tobytes() for i, n in enumerate(lengths.tolist())]

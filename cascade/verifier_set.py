@@ -4,7 +4,10 @@ A domain scored by a learned reward model ('reward_model', or the IF
 verifier adding the RM score in thinking mode) gets a scorer built from the
 final checkpoint of the domain's `reward_model_stage`; the training verifier
 gets it whenever it takes one, the evaluation verifier only when it cannot
-score without one (so IF held-out stays plain IFEval).
+score without one (so IF held-out stays plain IFEval). A verifier holding a
+reward model is marked `rollout.COLLECTIVE`: its scorer runs on the run's
+mesh, so with several hosts every host scores those rows and process 0's
+rewards are kept (`cascade.rollout.score`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from cascade import config as config_lib
+from cascade import rollout
 
 # Verifiers that take a reward model, and the option its scorer is passed in.
 RM_SCORER_OPTION = {'reward_model': 'scorer', 'instruction_following': 'rm_scorer'}
@@ -83,7 +87,11 @@ class VerifierSet:
           raise ValueError(f'domain {domain!r} is scored by reward model stage '
                            f'{d.reward_model_stage!r}, which has not run yet')
         opts[RM_SCORER_OPTION[name]] = self._rm_scorer(self.plan.stage(d.reward_model_stage))
-      self._cache[key] = self._mod.get(name, **opts)
+      v = self._mod.get(name, **opts)
+      if takes_rm:
+        # Its reward model runs on the run's mesh, a collective: every host scores its rows.
+        setattr(v, rollout.COLLECTIVE, True)
+      self._cache[key] = v
     return self._cache[key]
 
   def can_evaluate(self, domain: str) -> bool:

@@ -3,8 +3,10 @@
 An RL step draws `prompts_per_step` prompts from the stage's loader, samples
 `group_size` completions of each with the stage's current phase (length cap,
 temperature), scores every row with its own domain's verifier (a batch may
-mix domains), and, with dynamic filtering, refills past groups whose G
-rewards are all equal (at most `refill_cap` extra rounds). Rows of a
+mix domains; with several hosts each row is scored once, on one host, and
+the rewards exchanged: `rollout.score`), and, with dynamic filtering, refills
+past groups whose G rewards are all equal (at most `refill_cap` extra
+rounds), the same rounds on every host. Rows of a
 truncated completion carry no loss in a phase that filters overlong rollouts.
 
 `updates_per_batch` > 1 splits the step's rollout batch into that many
