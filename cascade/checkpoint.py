@@ -18,22 +18,25 @@ step intact; a step that is damaged afterwards (truncated or deleted files)
 fails to restore, is moved aside to `stages/<...>/corrupt/` with a warning,
 and the previous step is used instead.
 
-Every JSON/text file here is written to a temporary file and renamed, so a
-reader never sees half a file. Only process 0 writes them.
+Every path goes through `cascade.paths`, so the workdir may be local or
+`gs://...`. Every JSON/text file here is written whole (a local temporary file
+renamed, or one object upload), so a reader never sees half a file; Orbax
+marks a finished step on an object store with a commit file instead of a
+rename. Only process 0 writes the JSON files.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+
+from cascade import paths
 
 
 def is_writer() -> bool:
@@ -42,27 +45,20 @@ def is_writer() -> bool:
 
 
 def atomic_write_text(path: str, text: str) -> None:
-  """Writes `text` to `path` via a temporary file and a rename (never half a file)."""
-  if not is_writer():
-    return
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f'{path}.tmp.{os.getpid()}'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  """Writes `text` to `path` whole (`paths.write_text`), on process 0 only."""
+  if is_writer():
+    paths.write_text(path, text)
 
 
 def atomic_write_json(path: str, obj: Any) -> None:
-  atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + '\n')
+  """Writes `obj` as JSON to `path` whole, on process 0 only."""
+  if is_writer():
+    paths.write_json(path, obj)
 
 
 def read_json(path: str, default: Any = None) -> Any:
-  if not os.path.exists(path):
-    return default
-  with open(path, encoding='utf-8') as f:
-    return json.load(f)
+  """The JSON in `path`, or `default` when there is none."""
+  return paths.read_json(path, default)
 
 
 # Fields that do not change what a run computes, so a resumed run may differ in them.
@@ -88,7 +84,7 @@ def config_hash(config) -> str:
 
 def stage_dir(workdir: str, stage) -> str:
   """`workdir/stages/<idx>_<name>`: a stage's checkpoints and its HF export."""
-  return os.path.join(workdir, 'stages', f'{stage.index:02d}_{stage.name}')
+  return paths.join(workdir, 'stages', f'{stage.index:02d}_{stage.name}')
 
 
 class WorkdirError(ValueError):
@@ -114,7 +110,7 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
   Raises:
     WorkdirError: the workdir ran a different config and `allow_change` is False.
   """
-  path = os.path.join(workdir, 'config.json')
+  path = paths.join(workdir, 'config.json')
   new = config_hash(config)
   old = read_json(path)
   if old is not None and old.get('hash') != new:
@@ -126,7 +122,7 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
     logging.warning('workdir %s: config changed (%s -> %s); continuing as asked',
                     workdir, old.get('hash'), new)
     if is_writer():
-      shutil.copyfile(path, os.path.join(workdir, f'config.{old.get("hash")}.json'))
+      paths.copy_file(path, paths.join(workdir, f'config.{old.get("hash")}.json'))
   if old is None or old.get('hash') != new:
     cfg = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
     atomic_write_json(path, {'hash': new, 'config': json.loads(json.dumps(cfg, default=str))})
@@ -143,7 +139,7 @@ class Progress:
   """
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, 'progress.json')
+    self.path = paths.join(workdir, 'progress.json')
     data = read_json(self.path, {}) or {}
     self.done: dict[str, dict] = data.get('done', {})
     self.rows: list[dict] = data.get('rows', [])
@@ -170,26 +166,33 @@ class StageCheckpoints:
 
   Steps are saved when the caller asks (every N steps and at the stage's end);
   the newest `keep` are kept, and since nothing is saved after the stage's
-  end, its final checkpoint is always among them.
+  end, its final checkpoint is always among them. `before_save` (e.g. the
+  metrics writer's flush) runs before each save, so what a resume will not
+  redo has been logged for good.
   """
 
-  def __init__(self, directory: str, keep: int = 2, async_save: bool = True):
-    self.directory = os.path.abspath(directory)
+  def __init__(self, directory: str, keep: int = 2, async_save: bool = True,
+               before_save: Callable[[], None] | None = None):
+    self.directory = str(paths.absolute(directory))   # local: absolute; gs://: as given
     self._keep = keep
     self._async = async_save
+    self._before_save = before_save
     self._mngr = self._open()
 
   def _open(self):
     opts = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True,
                                         enable_async_checkpointing=self._async,
                                         cleanup_tmp_directories=True)
-    return ocp.CheckpointManager(self.directory, options=opts, item_names=('state', 'meta'))
+    return ocp.CheckpointManager(paths.path(self.directory), options=opts,
+                                 item_names=('state', 'meta'))
 
   def steps(self) -> list[int]:
     return sorted(self._mngr.all_steps())
 
   def save(self, step: int, state, meta: Mapping) -> None:
     """Saves `state` (pytree) and `meta` (JSON) as `step` (asynchronously when enabled)."""
+    if self._before_save is not None:
+      self._before_save()
     self._mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                   meta=ocp.args.JsonSave(dict(meta))),
                     force=True)
@@ -231,10 +234,8 @@ class StageCheckpoints:
     print(f'WARNING: checkpoint {self.directory}/{step} is damaged '
           f'({type(err).__name__}); falling back to the previous checkpoint', flush=True)
     if is_writer():
-      dest = os.path.join(os.path.dirname(self.directory), 'corrupt',
-                          f'{step}.{int(time.time())}')
-      os.makedirs(os.path.dirname(dest), exist_ok=True)
-      shutil.move(os.path.join(self.directory, str(step)), dest)
+      dest = paths.join(paths.parent(self.directory), 'corrupt', f'{step}.{int(time.time())}')
+      paths.move_tree(paths.join(self.directory, str(step)), dest)
     self._mngr.close()
     self._mngr = self._open()
 

@@ -24,6 +24,7 @@ Adapters (the `format` of a dataset in the config):
   nemotron_if    rows with "instruction_id_list", "kwargs" and "prompt" or
                  "responses_create_params.input" (Nemotron RL IF blends).
 
+Files are read through `cascade.paths`, so a dataset path may be `gs://...`.
 A malformed record is a `DataError` naming the file and line (JSONL), row
 (Parquet) or index (TFDS). Batches come from a grain pipeline
 (`MapDataset` source -> seeded shuffle -> repeat -> batch) whose iterator
@@ -35,10 +36,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import grain
+
+from cascade import paths
 
 _ROLES = ('system', 'user', 'assistant')
 BOXED_INSTRUCTION = 'Please reason step by step, and put your final answer within \\boxed{}.'
@@ -299,15 +301,20 @@ def read_rows(spec) -> Iterator[tuple[str, Any]]:
       yield f'tfds:{spec.tfds_name}/{spec.split} record {i}', _decode(source[i])
     return
   path = spec.path
-  if not os.path.exists(path):
+  try:
+    found = paths.exists(path)
+  except paths.PathError as e:
+    raise DataError(f'{e} (dataset {spec.name!r})') from None
+  if not found:
     raise DataError(f'{path}: no such file (dataset {spec.name!r})')
   if path.endswith('.jsonl') or path.endswith('.json'):
-    with open(path, 'rb') as f:
+    with paths.open_read(path) as f:
       for n, raw in enumerate(f, 1):
         yield from _json_line(path, n, raw)
   elif path.endswith('.parquet'):
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-    table = pq.read_table(path)
+    with paths.open_read(path) as f:
+      table = pq.read_table(f)
     for n, row in enumerate(table.to_pylist(), 1):
       yield f'{path} row {n}', row
   else:

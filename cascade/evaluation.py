@@ -22,8 +22,8 @@ stages (the picture of the Nemotron-Cascade paper's Figure 1).
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import zlib
 from typing import Callable, Mapping, Sequence
 
@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from cascade import checkpoint
+from cascade import paths
 from cascade import rollout
 from rl import sampler as sampler_lib
 
@@ -138,10 +139,10 @@ def plot(res: Mapping, path: str) -> None:
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8, loc='best')
   fig.tight_layout()
-  tmp = f'{path}.tmp.{os.getpid()}.png'
-  fig.savefig(tmp, dpi=120)
+  buf = io.BytesIO()
+  fig.savefig(buf, format='png', dpi=120)
   plt.close(fig)
-  os.replace(tmp, path)
+  paths.write_bytes(path, buf.getvalue())
 
 
 def write(workdir: str, rows: Sequence[Mapping], domains: Sequence[str],
@@ -157,9 +158,9 @@ def write(workdir: str, rows: Sequence[Mapping], domains: Sequence[str],
     res['isolation'] = dict(sorted(isolation.items()))
   if not checkpoint.is_writer():
     return res
-  checkpoint.atomic_write_text(os.path.join(workdir, 'results.json'),
+  checkpoint.atomic_write_text(paths.join(workdir, 'results.json'),
                                json.dumps(res, indent=1) + '\n')
-  checkpoint.atomic_write_text(os.path.join(workdir, 'results.md'), markdown(res))
+  checkpoint.atomic_write_text(paths.join(workdir, 'results.md'), markdown(res))
   if rows:
-    plot(res, os.path.join(workdir, 'results.png'))
+    plot(res, paths.join(workdir, 'results.png'))
   return res

@@ -4,6 +4,7 @@
   python -m cascade.main --config=configs/tiny.py:seed=1 --workdir=runs/tiny_s1 \
       --config.stages[2].steps=10 --config.eval.num_prompts=64
 
+`--workdir` (and any path in the config) may be `gs://bucket/...` (cascade/paths.py).
 `--config` is a Python file whose `get_config(arg)` returns the ConfigDict
 (`configs/x.py:arg` passes `arg`); `--config.a.b=v` overrides any field,
 list entries by index. Rerunning the same command in the same `--workdir`
@@ -81,12 +82,13 @@ def main(argv):
   from cascade import checkpoint  # pylint: disable=g-import-not-at-top
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import data  # pylint: disable=g-import-not-at-top
+  from cascade import paths  # pylint: disable=g-import-not-at-top
   from cascade import train  # pylint: disable=g-import-not-at-top
   from cascade.kinds import base as kinds_base  # pylint: disable=g-import-not-at-top
   try:
     train.run(_CONFIG.value, _WORKDIR.value)
   except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError,
-          checkpoint.CheckpointError, kinds_base.StageError) as e:
+          checkpoint.CheckpointError, kinds_base.StageError, paths.PathError) as e:
     # Expected user errors: one clear line, no traceback.
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)

@@ -6,20 +6,26 @@
                          appends the steps it redoes again (later lines win)
 
 Only process 0 writes (`jax.process_index() == 0`); the others get no-op
-writers, so callers never branch on the process.
+writers, so callers never branch on the process. The workdir may be `gs://`:
+both files then go through `cascade.paths` (an object store cannot append, so
+each is uploaded whole when flushed: every 30 s, at `flush()` — the stage loop
+calls it before each checkpoint, so what a resume redoes was logged — and at
+`close()`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
 import sys
 import time
 from typing import Mapping
 
 import jax
 import tqdm
+
+from cascade import paths
 
 
 def _finite(metrics: Mapping) -> dict[str, float]:
@@ -43,13 +49,45 @@ def _import_tensorboardx():
   """
   if 'torch' in sys.modules:
     import tensorboardX  # pylint: disable=g-import-not-at-top
-    return tensorboardX
-  sys.modules['torch'] = None  # makes `import torch` raise ImportError
-  try:
-    import tensorboardX  # pylint: disable=g-import-not-at-top
-  finally:
-    del sys.modules['torch']
+  else:
+    sys.modules['torch'] = None  # makes `import torch` raise ImportError
+    try:
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+    finally:
+      del sys.modules['torch']
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  for scheme in paths.REMOTE_SCHEMES:
+    record_writer.register_writer_factory(scheme, _EventFiles())
   return tensorboardX
+
+
+class _EventFile:
+  """A TensorBoard event file on an object store through `cascade.paths` (tensorboardX's own
+  gs:// writer would be a second storage client): each flush uploads the whole file."""
+
+  def __init__(self, path: str):
+    self.path, self._buf, self._closed = path, io.BytesIO(), False
+
+  def write(self, data: bytes) -> None:
+    self._buf.write(data)
+
+  def flush(self) -> None:
+    paths.write_bytes(self.path, self._buf.getvalue())
+
+  def close(self) -> None:
+    if not self._closed:
+      self.flush()
+      self._closed = True
+
+
+class _EventFiles:
+  """tensorboardX's writer factory for the schemes of `paths.REMOTE_SCHEMES`."""
+
+  def open(self, path: str) -> _EventFile:
+    return _EventFile(path)
+
+  def directory_check(self, path: str) -> None:
+    del path  # object stores have no directories to create
 
 
 class Writer:
@@ -61,10 +99,9 @@ class Writer:
     self._jsonl = None
     if self.enabled:
       tensorboardx = _import_tensorboardx()
-      os.makedirs(workdir, exist_ok=True)
-      self._tb = tensorboardx.SummaryWriter(logdir=os.path.join(workdir, 'tb'),
-                                            flush_secs=30)
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+      paths.makedirs(workdir)
+      self._tb = tensorboardx.SummaryWriter(logdir=paths.join(workdir, 'tb'), flush_secs=30)
+      self._jsonl = paths.AppendFile(paths.join(workdir, 'metrics.jsonl'))
 
   def write(self, stage, step: int, metrics: Mapping) -> None:
     """Logs one step of `stage` (a cascade.config.Stage, or anything with .name/.index/.kind)."""
@@ -76,7 +113,6 @@ class Writer:
     rec = {'stage': stage.name, 'stage_index': stage.index, 'kind': stage.kind, 'step': step,
            'time': round(time.time(), 3), **vals}
     self._jsonl.write(json.dumps(rec) + '\n')
-    self._jsonl.flush()
 
   def write_scores(self, row_name: str, row_index: int, scores: Mapping[str, float]) -> None:
     """Logs an evaluation row: tags 'eval/<domain>' at x = row index (+1 for the initial row)."""
@@ -86,7 +122,13 @@ class Writer:
       self._tb.add_scalar(f'eval/{d}', float(v), row_index + 1)
     self._jsonl.write(json.dumps({'eval': row_name, 'row': row_index, 'time': round(time.time(), 3),
                                   'scores': dict(scores)}) + '\n')
-    self._jsonl.flush()
+    self.flush()
+
+  def flush(self) -> None:
+    """Makes everything logged so far durable (TensorBoard and metrics.jsonl)."""
+    if self.enabled:
+      self._tb.flush()
+      self._jsonl.flush(force=True)
 
   def close(self) -> None:
     if self._tb is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,7 @@ from jax.experimental import multihost_utils
 
 from cascade import checkpoint
 from cascade import config as config_lib
+from cascade import paths
 from cascade.kinds import base
 from models import hf
 from models import sharding
@@ -78,10 +80,13 @@ class Policies:
     plan: the validated plan.
     workdir: the run's directory.
     mesh, rules: where params live (mesh None: one device).
+    before_save: runs before every checkpoint save (the run's metrics flush).
   """
 
-  def __init__(self, plan: config_lib.Plan, workdir: str, mesh, rules):
+  def __init__(self, plan: config_lib.Plan, workdir: str, mesh, rules,
+               before_save: Callable[[], None] | None = None):
     self.plan, self.workdir, self.mesh, self.rules = plan, workdir, mesh, rules
+    self._before_save = before_save
     self._abstract: dict[str, tuple] = {}
     self._ckpts: dict[str, checkpoint.StageCheckpoints] = {}
     self._params: tuple | None = None     # (source, params): the one policy kept in memory
@@ -111,8 +116,8 @@ class Policies:
   def checkpoints(self, stage) -> checkpoint.StageCheckpoints:
     if stage.name not in self._ckpts:
       self._ckpts[stage.name] = checkpoint.StageCheckpoints(
-          os.path.join(checkpoint.stage_dir(self.workdir, stage), 'ckpt'),
-          keep=self.plan.ckpt.keep)
+          paths.join(checkpoint.stage_dir(self.workdir, stage), 'ckpt'),
+          keep=self.plan.ckpt.keep, before_save=self._before_save)
     return self._ckpts[stage.name]
 
   def final_state(self, stage) -> train_lib.TrainState:
@@ -129,8 +134,8 @@ class Policies:
       _, state, _ = ckpts.restore(target, step=stage.steps)
       return state
     except Exception as e:  # pylint: disable=broad-except
-      export = os.path.join(checkpoint.stage_dir(self.workdir, stage), 'hf')
-      if stage.MODEL != 'policy' or not os.path.isdir(export):
+      export = paths.join(checkpoint.stage_dir(self.workdir, stage), 'hf')
+      if stage.MODEL != 'policy' or not exported(export):
         raise checkpoint.CheckpointError(
             f'{ckpts.directory}/{stage.steps}: the final checkpoint of stage {stage.name!r} '
             f'cannot be restored ({type(e).__name__}) and there is no HF export to fall back '
@@ -242,9 +247,14 @@ class Policies:
   # ------------------------------------------------------------ export
 
   def export_hf(self, stage, params) -> str:
-    """Writes the stage's policy to stages/<idx>_<name>/hf (via a temporary dir and a rename)."""
-    out = os.path.join(checkpoint.stage_dir(self.workdir, stage), 'hf')
-    if os.path.exists(out):
+    """Writes the stage's policy to stages/<idx>_<name>/hf, never leaving a partial export.
+
+    Local: written to a temporary directory renamed into place. gs://: uploaded
+    file by file, config.json last, so `exported` is true only of a whole one
+    (a killed upload is redone).
+    """
+    out = paths.join(checkpoint.stage_dir(self.workdir, stage), 'hf')
+    if exported(out):
       return out
     params = self.compute_copy(params)
     if not all(getattr(x, 'is_fully_addressable', True) for x in jax.tree.leaves(params)):
@@ -255,9 +265,18 @@ class Policies:
                             multihost_utils.process_allgather(params, tiled=True))
     if not checkpoint.is_writer():
       return out
+    model = nnx.merge(self.graphdef('policy'), params)
+    if paths.is_remote(out):
+      hf.save_model(model, out)       # config.json is uploaded last
+      return out
     for stale in glob.glob(out + '.tmp.*'):
       shutil.rmtree(stale, ignore_errors=True)     # a previous run killed mid-export
     tmp = f'{out}.tmp.{os.getpid()}'
-    hf.save_model(nnx.merge(self.graphdef('policy'), params), tmp)
+    hf.save_model(model, tmp)
     os.replace(tmp, out)
     return out
+
+
+def exported(hf_dir: str) -> bool:
+  """Whether a whole HF export is at `hf_dir` (its config.json is written last)."""
+  return paths.exists(paths.join(hf_dir, 'config.json'))

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import jax
@@ -29,6 +28,7 @@ from cascade import config as config_lib
 from cascade import evaluation
 from cascade import kinds
 from cascade import metrics
+from cascade import paths
 from cascade import policies as policies_lib
 from cascade import stage_data
 from cascade import verifier_set
@@ -99,7 +99,8 @@ def make_env(plan: config_lib.Plan, workdir: str) -> Env:
                                  f"fit the model's vocab_size={plan.model.vocab_size}")
   if tokenizer.eos_id is None:
     raise config_lib.ConfigError('config.tokenizer: the tokenizer has no end-of-sequence token')
-  policies = policies_lib.Policies(plan, workdir, mesh, plan.rules)
+  writer = metrics.Writer(workdir)
+  policies = policies_lib.Policies(plan, workdir, mesh, plan.rules, before_save=writer.flush)
   sampler = sampler_lib.Sampler(policies.graphdef('policy'), plan.model,
                                 eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id, mesh=mesh,
                                 rules=plan.rules, **plan.sampler)
@@ -112,7 +113,7 @@ def make_env(plan: config_lib.Plan, workdir: str) -> Env:
              data=stage_data.StageData(plan, tokenizer, verifiers.check_metadata),
              verifiers=verifiers, sample_cls=verifiers.sample_cls,
              domain_index={d: i for i, d in enumerate(sorted(plan.domains))},
-             writer=metrics.Writer(workdir), progress=progress)
+             writer=writer, progress=progress)
 
 
 def evaluate_row(env: Env, name: str, index: int, trains_on, params) -> dict:
@@ -145,7 +146,8 @@ def run(config, workdir: str) -> dict:
 
   Args:
     config: the ConfigDict (see README, "Config format").
-    workdir: the run's directory; rerunning with the same config resumes.
+    workdir: the run's directory, local or `gs://...` (`cascade.paths`); rerunning with the
+      same config resumes.
 
   Returns:
     The results.json object (domains, stages, stage_domains, scores).
@@ -156,7 +158,7 @@ def run(config, workdir: str) -> dict:
     cascade.checkpoint.WorkdirError: the workdir holds a different config (unless allowed).
   """
   plan = config_lib.validate(config)
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   checkpoint.guard_config(workdir, config,
                           allow_change=bool(config.get('allow_config_change', False)))
   _prepare(plan)
@@ -180,8 +182,8 @@ def run(config, workdir: str) -> dict:
   res = evaluation.write(workdir, env.progress.rows, domains, _isolation(env.progress))
   if checkpoint.is_writer():
     print(evaluation.markdown(res), flush=True)
-    print(f'results: {os.path.join(workdir, "results.md")}, '
-          f'{os.path.join(workdir, "results.png")}', flush=True)
+    print(f'results: {paths.join(workdir, "results.md")}, '
+          f'{paths.join(workdir, "results.png")}', flush=True)
   return res
 
 

@@ -6,7 +6,10 @@
 
 A checkpoint directory holds `config.json` and either `model.safetensors` or
 `model-0000x-of-0000y.safetensors` shards listed in
-`model.safetensors.index.json`. Tensors are read one at a time with
+`model.safetensors.index.json`. The directory may be local or `gs://...`
+(`cascade.paths`): a remote weight file is copied to a local temporary file
+while it is read, and a save to a remote directory is written locally, then
+uploaded with config.json last. Tensors are read one at a time with
 `safetensors.safe_open`, re-laid out on the host and placed straight into
 their final sharding (`jax.make_array_from_callback`), so the host never holds
 more than one tensor and no full unsharded copy of the model exists.
@@ -22,10 +25,10 @@ The blocks' parameters are stacked on a leading 'layers' axis [L, ...]: HF's
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-import pathlib
 import re
 from typing import Any, Callable, Mapping
 
@@ -34,8 +37,10 @@ import jax.numpy as jnp
 import numpy as np
 import safetensors
 import safetensors.numpy
+from etils import epath
 from flax import nnx
 
+from cascade import paths
 from models import config as config_lib
 from models import rope as rope_lib
 from models import sharding
@@ -266,27 +271,34 @@ def _tensors(cfg: config_lib.ModelConfig) -> list[_Tensor]:
   return out
 
 
-def _weight_files(ckpt: pathlib.Path) -> dict[str, pathlib.Path]:
+def _weight_files(ckpt: epath.Path) -> dict[str, epath.Path]:
   """Maps every tensor name in the checkpoint to the safetensors file holding it."""
   index = ckpt / INDEX_FILE
-  if index.exists():
-    weight_map = json.loads(index.read_text()).get('weight_map')
+  if paths.exists(index):
+    weight_map = json.loads(paths.read_text(index)).get('weight_map')
     if not isinstance(weight_map, dict):
       raise ValueError(f'{index}: no "weight_map" dict')
     files = {name: ckpt / fname for name, fname in weight_map.items()}
     for fname in sorted(set(files.values())):
-      if not fname.exists():
+      if not paths.exists(fname):
         raise FileNotFoundError(f'{index} lists shard {fname.name}, which does not exist in {ckpt}')
     return files
   single = ckpt / SINGLE_FILE
-  if not single.exists():
+  if not paths.exists(single):
     raise FileNotFoundError(f'{ckpt}: neither {SINGLE_FILE} nor {INDEX_FILE} found')
-  with safetensors.safe_open(str(single), framework='numpy') as fh:
+  with _open(single) as fh:
     return {name: single for name in fh.keys()}
 
 
-def _check_names(wanted: list[_Tensor], files: Mapping[str, pathlib.Path],
-                 cfg: config_lib.ModelConfig, ckpt: pathlib.Path):
+@contextlib.contextmanager
+def _open(fname: epath.Path):
+  """`safetensors.safe_open` of a local or remote file (remote: a local temporary copy)."""
+  with paths.local_file(fname) as local, safetensors.safe_open(local, framework='numpy') as fh:
+    yield fh
+
+
+def _check_names(wanted: list[_Tensor], files: Mapping[str, epath.Path],
+                 cfg: config_lib.ModelConfig, ckpt: epath.Path):
   names = {t.hf_name for t in wanted}
   missing = [t.hf_name for t in wanted if t.hf_name not in files]
   if missing:
@@ -299,16 +311,16 @@ def _check_names(wanted: list[_Tensor], files: Mapping[str, pathlib.Path],
                      f'e.g. {extra[:5]}')
 
 
-def _read(fh, name: str, fname: pathlib.Path) -> np.ndarray:
+def _read(fh, name: str, fname: epath.Path) -> np.ndarray:
   if name not in fh.keys():
     raise ValueError(f'{fname}: tensor {name!r} listed in the index is not in the file')
   return fh.get_tensor(name)
 
 
-def _check_tied_head(files: Mapping[str, pathlib.Path]):
+def _check_tied_head(files: Mapping[str, epath.Path]):
   """A tied checkpoint may still carry lm_head.weight; it must equal the embedding."""
   def get(name):
-    with safetensors.safe_open(str(files[name]), framework='numpy') as fh:
+    with _open(files[name]) as fh:
       return _read(fh, name, files[name])
   if not np.array_equal(get('lm_head.weight'), get('model.embed_tokens.weight')):
     raise ValueError('tie_word_embeddings=true, but lm_head.weight differs from '
@@ -320,8 +332,8 @@ def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None
   """Loads an HF Llama / Qwen2 / Qwen3 checkpoint directory as an NNX Transformer.
 
   Args:
-    path: directory with config.json and model.safetensors (or sharded
-      model-0000x-of-0000y.safetensors files plus model.safetensors.index.json).
+    path: directory (local or gs://) with config.json and model.safetensors (or
+      sharded model-0000x-of-0000y.safetensors files plus model.safetensors.index.json).
     mesh: place every parameter sharded on this ('data', 'fsdp', 'tensor') mesh
       as it is read; None puts them on the default device.
     dtype: parameter and compute dtype (e.g. 'float32', jnp.bfloat16);
@@ -336,11 +348,11 @@ def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None
     ValueError: an unsupported architecture or config feature, a missing or
       unexpected tensor, or a tensor whose shape does not match the config.
   """
-  ckpt = pathlib.Path(path)
+  ckpt = paths.path(path)
   cfg_file = ckpt / 'config.json'
-  if not cfg_file.exists():
+  if not paths.exists(cfg_file):
     raise FileNotFoundError(f'{ckpt}: no config.json')
-  cfg = config_from_hf(json.loads(cfg_file.read_text()))
+  cfg = config_from_hf(json.loads(paths.read_text(cfg_file)))
   if dtype is not None:
     name = jnp.dtype(dtype).name
     cfg = cfg.replace(param_dtype=name, dtype=name)
@@ -358,12 +370,12 @@ def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None
   if set(abs_vars) != {t.path for t in wanted}:  # Guards _tensors against model drift.
     raise AssertionError(f'parameter paths drifted: {set(abs_vars) ^ {t.path for t in wanted}}')
 
-  by_file: dict[pathlib.Path, list[_Tensor]] = {}
+  by_file: dict[epath.Path, list[_Tensor]] = {}
   for t in wanted:
     by_file.setdefault(files[t.hf_name], []).append(t)
   loaded, stacks = {}, {}
   for fname, tensors in by_file.items():
-    with safetensors.safe_open(str(fname), framework='numpy') as fh:
+    with _open(fname) as fh:
       for t in tensors:
         host = _read(fh, t.hf_name, fname)
         if tuple(host.shape) != t.hf_shape:
@@ -416,9 +428,9 @@ class _LayerStack:
                            jnp.asarray(i, jnp.int32))
 
 
-def _stale_weight_files(out: pathlib.Path) -> list[pathlib.Path]:
-  return [p for p in out.iterdir()
-          if p.name in (SINGLE_FILE, INDEX_FILE) or _SHARD_RE.match(p.name)]
+def _stale_weight_files(out: str) -> list[str]:
+  return [paths.join(out, n) for n in paths.listdir(out)
+          if n in (SINGLE_FILE, INDEX_FILE) or _SHARD_RE.match(n)]
 
 
 def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
@@ -433,7 +445,8 @@ def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
 
   Args:
     model: a Transformer whose parameters are all addressable by this process.
-    out_dir: the directory to write (created if needed).
+    out_dir: the directory to write (created if needed), local or gs:// (written locally,
+      then uploaded with config.json last, so a whole export is one with a config.json).
     max_shard_size: the largest weight file in bytes (a single larger tensor
       gets a file of its own).
 
@@ -460,10 +473,11 @@ def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
     groups[-1].append(t)
     size += nbytes
 
-  out = pathlib.Path(out_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  for stale in _stale_weight_files(out):
-    stale.unlink()
+  out = os.fspath(out_dir)
+  paths.makedirs(out)
+  # config.json marks a whole export: it goes first and comes back last.
+  for stale in [paths.join(out, 'config.json')] + _stale_weight_files(out):
+    paths.remove(stale)
   weight_map, total = {}, 0
   for i, group in enumerate(groups):
     fname = (SINGLE_FILE if len(groups) == 1
@@ -474,9 +488,10 @@ def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
     total += sum(x.nbytes for x in host.values())
     weight_map.update({name: fname for name in host})
     # transformers expects the 'format' metadata of torch-written files.
-    safetensors.numpy.save_file(host, str(out / fname), metadata={'format': 'pt'})
+    with paths.local_target(paths.join(out, fname)) as local:
+      safetensors.numpy.save_file(host, local, metadata={'format': 'pt'})
     del host
   if len(groups) > 1:
-    (out / INDEX_FILE).write_text(json.dumps(
+    paths.write_text(paths.join(out, INDEX_FILE), json.dumps(
         {'metadata': {'total_size': total}, 'weight_map': weight_map}, indent=2))
-  (out / 'config.json').write_text(json.dumps(hf_config, indent=2))
+  paths.write_text(paths.join(out, 'config.json'), json.dumps(hf_config, indent=2))

@@ -7,7 +7,8 @@ Host-only (no jax import), so data loaders and verifiers can use it.
   ids = tok.encode(chat.render(messages))           # special tokens are single ids
   text = tok.decode(ids, skip_special=True)
 
-`encode` never adds BOS/EOS: callers add `bos_id` where their format wants
+`load` reads local or `gs://` paths (`cascade.paths`; both backends load
+from bytes). `encode` never adds BOS/EOS: callers add `bos_id` where their format wants
 it. `eos_id` is the id that ends a generation: `<|im_end|>` when the
 vocabulary has it (ChatML), else the tokenizer's own end-of-sequence token.
 
@@ -28,6 +29,7 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 import tokenizers
 
+from cascade import paths
 from models import chat
 
 # Names of end-of-sequence / beginning / padding tokens in common vocabularies,
@@ -96,8 +98,8 @@ class SentencePieceTokenizer(Tokenizer):
   """A SentencePiece model. Control pieces (bos/eos/pad) decode to ''."""
 
   def __init__(self, path: str | os.PathLike):
-    self.path = pathlib.Path(path)
-    self._sp = spm.SentencePieceProcessor(model_file=str(self.path))
+    self.path = paths.path(path)
+    self._sp = spm.SentencePieceProcessor(model_proto=paths.read_bytes(self.path))
     self.vocab_size = self._sp.get_piece_size()
     sp_id = lambda i: i if i >= 0 else None
     self._set_ids(sp_id(self._sp.bos_id()), sp_id(self._sp.eos_id()), sp_id(self._sp.pad_id()))
@@ -136,13 +138,13 @@ class HFTokenizer(Tokenizer):
   """
 
   def __init__(self, path: str | os.PathLike):
-    self.path = pathlib.Path(path)
-    self._tok = tokenizers.Tokenizer.from_file(str(self.path))
+    self.path = paths.path(path)
+    self._tok = tokenizers.Tokenizer.from_str(paths.read_text(self.path))
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     self.special_ids = frozenset(
         i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
     config_file = self.path.parent / 'tokenizer_config.json'
-    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    config = paths.read_json(config_file, {})
 
     def pick(key, names):
       name = _config_token(config, key)
@@ -172,7 +174,7 @@ def load(path: str | os.PathLike) -> Tokenizer:
 
   Args:
     path: a SentencePiece `.model` file, an HF `tokenizer.json`, or a
-      directory holding `tokenizer.json` (preferred), `tokenizer.model`, or a
+      directory (local or gs://) holding `tokenizer.json` (preferred), `tokenizer.model`, or a
       single `*.model` file.
 
   Returns:
@@ -182,19 +184,20 @@ def load(path: str | os.PathLike) -> Tokenizer:
     FileNotFoundError: nothing loadable at `path`.
     ValueError: a file of an unknown kind.
   """
-  p = pathlib.Path(path)
-  if p.is_dir():
-    models = sorted(p.glob('*.model'))
-    if (p / 'tokenizer.json').exists():
+  p = paths.path(path)
+  if paths.isdir(p):
+    names = paths.listdir(p)
+    models = [n for n in names if n.endswith('.model')]
+    if 'tokenizer.json' in names:
       p = p / 'tokenizer.json'
-    elif (p / 'tokenizer.model').exists():
+    elif 'tokenizer.model' in names:
       p = p / 'tokenizer.model'
     elif len(models) == 1:
-      p = models[0]
+      p = p / models[0]
     else:
       raise FileNotFoundError(f'{p}: no tokenizer.json, tokenizer.model or single *.model file '
-                              f'(found {[m.name for m in models]})')
-  if not p.exists():
+                              f'(found {models})')
+  if not paths.exists(p):
     raise FileNotFoundError(f'tokenizer file {p} does not exist')
   if p.suffix == '.model':
     return SentencePieceTokenizer(p)
@@ -217,7 +220,7 @@ def train_sentencepiece(texts: Iterable[str], model_prefix: str | os.PathLike, v
 
   Args:
     texts: the training corpus, one document per item (newlines allowed).
-    model_prefix: output path prefix.
+    model_prefix: output path prefix (local: SentencePiece writes local files).
     vocab_size: number of pieces, including 4 control pieces, the
       user-defined symbols and 256 byte pieces (so > 260 + symbols).
     model_type: 'bpe' or 'unigram'.

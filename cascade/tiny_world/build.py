@@ -13,6 +13,9 @@ thinking trace dropped from a fixed share of them, so SFT teaches both the
 `/think` and the `/no_think` mode (the world's records all carry a trace,
 and the SFT stage puts a record with a trace in thinking mode).
 
+`root` may be `gs://...` (`cascade.paths`): the world is then built in a
+local temporary directory and uploaded, `stamp.json` last.
+
 `build` is idempotent: it rebuilds only when `stamp.json` differs from what
 this code would write (seed, sizes, vocabulary, flaw rates, SFT mode mix and
 a hash of every generator source in this package), and writes the stamp
@@ -54,6 +57,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 from typing import Sequence
 
 # Order of the domains in the world and in the configs.
@@ -117,19 +121,28 @@ def build(seed: int, root: str) -> str:
     The world's directory, holding world.py's files (see world.write),
     `sft_mixed.jsonl` and `stamp.json`.
   """
-  # The generators load the tokenizer libraries; only a build needs them.
-  from cascade.tiny_world import world  # pylint: disable=g-import-not-at-top
+  from cascade import paths  # pylint: disable=g-import-not-at-top
   out = directory(seed, root)
   want = stamp(seed)
-  stamp_path = os.path.join(out, STAMP)
-  if os.path.exists(stamp_path):
-    with open(stamp_path, encoding='utf-8') as f:
-      if json.load(f) == want:
-        return out
-  paths = world.write(out, seed=seed, vocab_size=VOCAB, flaw_rate=FLAW_RATE, **SIZES)
+  if paths.read_json(paths.join(out, STAMP)) == want:
+    return out
+  if not paths.is_remote(out):
+    _build_into(out, seed, want)
+    return out
+  with tempfile.TemporaryDirectory(prefix='tiny_world-') as local:
+    _build_into(local, seed, want)
+    paths.copy_tree(local, out, last=(STAMP,))
+  return out
+
+
+def _build_into(out: str, seed: int, want: dict) -> None:
+  """Writes the world of `seed` into the local directory `out`, its stamp `want` last."""
+  # The generators load the tokenizer libraries; only a build needs them.
+  from cascade.tiny_world import world  # pylint: disable=g-import-not-at-top
+  files = world.write(out, seed=seed, vocab_size=VOCAB, flaw_rate=FLAW_RATE, **SIZES)
   records = []
   for d in DOMAINS:
-    with open(paths[d]['sft_train'], encoding='utf-8') as f:
+    with open(files[d]['sft_train'], encoding='utf-8') as f:
       records += [json.loads(line) for line in f]
   rng = random.Random(f'tiny_sft_modes/{seed}')
   rng.shuffle(records)
@@ -138,9 +151,8 @@ def build(seed: int, root: str) -> str:
       if rng.random() >= SFT_THINKING_FRACTION:
         rec = {k: v for k, v in rec.items() if k != 'thinking'}
       f.write(json.dumps(rec, ensure_ascii=False) + '\n')
-  with open(stamp_path, 'w', encoding='utf-8') as f:   # last: a crash above rebuilds
+  with open(os.path.join(out, STAMP), 'w', encoding='utf-8') as f:   # last: a crash rebuilds
     json.dump(want, f, indent=1)
-  return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -177,8 +177,9 @@ def write(out_dir: str, seed: int = 0, *, sft: int | Mapping[str, int] = 2000, r
   """Writes the tiny world's datasets and tokenizer under `out_dir`.
 
   Args:
-    out_dir: output directory (created; existing files of the same names are
-      overwritten).
+    out_dir: a local output directory (created; existing files of the same names
+      are overwritten; SentencePiece trains into local files: build.py uploads a
+      world meant for gs://).
     seed: the world's seed (problem draws and wording; not the split).
     sft: SFT records per domain (one number, or domain -> number).
     rl: RL prompt records per domain (distinct problems from the SFT ones).
