@@ -16,6 +16,7 @@ setuptools.setup(
         'flax>=0.12',
         'optax>=0.2.6',
         'orbax-checkpoint>=0.12',
+        'etils[epath]>=1.7',  # cascade/paths.py: one path layer, local and gs://
         'chex>=0.1.90',
         'ml-collections>=1.0',
         'absl-py>=2.1',
@@ -36,8 +37,12 @@ setuptools.setup(
         'psutil>=5.9',
     ],
     extras_require={
+        # gs:// workdirs, datasets and checkpoints (epath's gs:// backend).
+        'gcs': ['gcsfs>=2024.2'],
+        # tests/cascade/test_gcs.py runs against a local Cloud Storage emulator.
         'test': ['pytest>=8', 'pytest-timeout>=2.3', 'nbclient>=0.10',
-                 'nbformat>=5.10', 'ipykernel>=6.29'],
+                 'nbformat>=5.10', 'ipykernel>=6.29', 'gcsfs>=2024.2',
+                 'gcp-storage-emulator>=2022.6'],
         # Parity tests only: the CPU wheel of torch that pip finds on this disk.
         'interop': ['torch==2.13.0', 'transformers>=4.51'],
         # Peer baselines for benchmarks/grpo_step.py --compare_trl.

@@ -213,7 +213,12 @@ def _upload(p, src) -> None:
     except BaseException:
       f.discard()
       raise
-    f.close()
+    try:
+      f.close()
+    except FileNotFoundError:   # what the client says of a bucket that is not there
+      bucket = os.fspath(p).split('://', 1)[1].split('/', 1)[0]
+      raise PathError(f'{os.fspath(p)}: cannot write it: no bucket {bucket!r} '
+                      '(or no access to it)') from None
 
 
 def copy_tree(src, dst, last: tuple[str, ...] = ()) -> None:
@@ -221,12 +226,17 @@ def copy_tree(src, dst, last: tuple[str, ...] = ()) -> None:
 
   A reader that takes `dst/<last>` as the sign of a complete copy never sees a partial one.
   """
-  files = []
-  with _remote_errors(src, 'list it'):
-    for root, _, names in path(src).walk():
-      files += [os.path.relpath(os.fspath(root / n), os.fspath(path(src))) for n in names]
-  for rel in sorted(files, key=lambda r: (r in last, r)):
+  for rel in sorted(_files_under(src), key=lambda r: (r in last, r)):
     copy_file(join(src, rel), join(dst, rel))
+
+
+def _files_under(d, prefix: str = '') -> Iterator[str]:
+  """Paths relative to `d` of the files under directory `d`."""
+  for name in listdir(d):
+    if isdir(join(d, name)):
+      yield from _files_under(join(d, name), os.path.join(prefix, name))
+    else:
+      yield os.path.join(prefix, name)
 
 
 def remove(p) -> None:
