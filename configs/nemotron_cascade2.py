@@ -100,3 +100,20 @@ def get_config(arg=None):
   ]
   r.exact_sampler_buckets(c)
   return c
+
+
+def get_hyper(h):
+  """Seeds x RL learning rates (x0.5, x1, x2 in every GRPO stage) x group size (8, 16).
+
+  12 points, each a full cascade: `python -m launch.sweep` runs them one host
+  at a time; `launch/xm_launch.py` submits one multi-host job per point. The
+  paper's G = 16 and half of it; the microbatch count halves with G, so a
+  microbatch keeps its rows (and `launch.plan`'s memory numbers).
+  """
+  c = get_config()
+  return h.product([
+      h.sweep('seed', [0, 1]),
+      h.stages(c, 'optimizer.lr', lambda st: [st['optimizer']['lr'] * f for f in (0.5, 1, 2)]),
+      h.zipit([h.stages(c, 'group_size', lambda st: [st['group_size'] // d for d in (2, 1)]),
+               h.stages(c, 'microbatches', lambda st: [st['microbatches'] // d for d in (2, 1)])]),
+  ])

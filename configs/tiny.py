@@ -38,6 +38,18 @@ another machine type prints a nearby table — an earlier one ended at 74.5 /
 70.5 / 56.8 / 77.0 / 62.6)
 
 Other seeds: README (benchmarks/cascade_vs_blended.py).
+
+Sweep (`get_hyper`): 2 run seeds x the RL stages' learning rates (x0.5, x1,
+x2, every RL stage at once) x group size (4, 8) = 12 points, each a full
+cascade on the same world (the run seed moves the model's initialisation,
+the data order and the sampling, not the world):
+
+  python -m launch.sweep --config=configs/tiny.py --workdir_root=runs/sweep --parallel=2
+
+about 12 x 8 min of 2 CPU cores; `--points=0,11` runs two of them, and
+`configs/tiny.py:smoke` the same points in smoke mode (~2.5 min each).
+Writes runs/sweep/summary.md, summary.json and summary.png (the final
+matrix row of every point).
 """
 
 from configs import _tiny_common as common
@@ -56,3 +68,13 @@ def get_config(arg=None):
       rl('swe_rl', 'swe', 15, 3e-5, filter_overlong=True),
   ]
   return c
+
+
+def get_hyper(h):
+  """Seeds x RL learning rates (scaled together) x group size; see the module docstring."""
+  c = get_config()
+  return h.product([
+      h.sweep('seed', [0, 1]),
+      h.stages(c, 'optimizer.lr', lambda st: [st['optimizer']['lr'] * f for f in (0.5, 1, 2)]),
+      h.stages(c, 'group_size', [4, 8]),
+  ])

@@ -10,13 +10,15 @@ A config file may define
       ])
 
 where keys are config paths as `--config.<key>=value` accepts them (list
-items by `[i]`). Each sweep point is a dict {key: value}.
+items by `[i]`). Each sweep point is a dict {key: value}. `stages` sweeps
+one field of every stage of some kinds at once (the RL stages' learning rates
+scaled together, their group size), from the config's own stage list.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 Point = dict[str, Any]
 
@@ -64,15 +66,39 @@ def fixed(key: str, value: Any) -> list[Point]:
   return [{key: value}]
 
 
+def stages(config, field: str, values: Sequence[Any] | Callable[[dict], Sequence[Any]],
+           kinds: Sequence[str] = ('grpo',)) -> list[Point]:
+  """One point per value, each setting `field` in every stage of `kinds` (zipped).
+
+  Args:
+    config: the config (its `stages` list names the stages and their indices).
+    field: a path inside a stage dict, e.g. 'group_size' or 'optimizer.lr'.
+    values: the values (the same in every stage), or stage dict -> its values
+      (e.g. `lambda st: [st['optimizer']['lr'] * f for f in (0.5, 1, 2)]`),
+      the same number for every stage.
+    kinds: the stage kinds swept.
+
+  Returns:
+    Points {'stages[i].<field>': value, ...} over the matching stages.
+  """
+  found = [(i, dict(st)) for i, st in enumerate(config.stages) if st['kind'] in kinds]
+  if not found:
+    raise ValueError(f'stages(): the config has no stage of kind {list(kinds)}')
+  return zipit([sweep(f'stages[{i}].{field}', values(st) if callable(values) else values)
+                for i, st in found])
+
+
 def point_name(point: Point) -> str:
-  """A short, filesystem-safe name for a sweep point."""
+  """A short, filesystem-safe name for a sweep point (keys with one leaf name share a part)."""
   if not point:
     return 'default'
-  parts = []
+  by_leaf: dict[str, list[str]] = {}
   for k, v in point.items():
     leaf = k.split('.')[-1].replace('[', '').replace(']', '')
-    parts.append(f'{leaf}={v}')
-  name = ','.join(parts)
+    vals = by_leaf.setdefault(leaf, [])
+    if str(v) not in vals:
+      vals.append(str(v))
+  name = ",".join(f"{leaf}={'_'.join(vals)}" for leaf, vals in by_leaf.items())
   safe = ''.join(c if c.isalnum() or c in '=.,-_' else '_' for c in name)
   return safe[:120]
 

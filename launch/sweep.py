@@ -1,12 +1,16 @@
 """Runs a config's `get_hyper(h)` sweep locally, one workdir per point, and summarises.
 
     python -m launch.sweep --config=configs/tiny.py --workdir_root=runs/sweep --parallel=2
+    python -m launch.sweep --config=configs/tiny.py:smoke --workdir_root=/tmp/sw --points=0,11
 
 Each point runs `python -m cascade.main --config=<file[:arg]> --workdir=<root>/<i>_<name>
 --config.<key>=<value> ...` in its own process (so each has its own JAX
-runtime); rerunning the sweep resumes every point where it stopped (the
-cascade's own resume). At the end `<root>/summary.md` and `summary.json` hold
-every point's final stage × domain scores.
+runtime) after the config's `prepare` step has run once (the points share
+its output, e.g. the tiny world); rerunning the sweep resumes every point
+where it stopped (the cascade's own resume). `--points` runs some of the
+points, by index. At the end `<root>/summary.md` and `summary.json` hold
+every point's final row of the stage x domain matrix (and the mean over the
+domains), and `summary.png` draws those rows: one row of cells per point.
 """
 
 from __future__ import annotations
@@ -33,17 +37,25 @@ def define_flags():
   flags.DEFINE_string('config', None, 'Config file, optionally with :arg.')
   flags.DEFINE_string('workdir_root', None, 'Directory holding one workdir per point.')
   flags.DEFINE_integer('parallel', 1, 'Points run at the same time.')
+  flags.DEFINE_list('points', None, 'Indices of the points to run (default: all).')
   flags.DEFINE_bool('dry_run', False, 'Print the commands, run nothing.')
 
 
-def load_points(config_spec: str) -> list[dict[str, Any]]:
-  """Imports the config file and expands its get_hyper(h) into sweep points."""
+def load_module(config_spec: str):
+  """The config file of `file[:arg]`, imported."""
   path = config_spec.split(':', 1)[0]
   if not os.path.isfile(path):
     raise FileNotFoundError(f'--config: no such file {path!r}')
   spec = importlib.util.spec_from_file_location('_sweep_config', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  return module
+
+
+def load_points(config_spec: str) -> list[dict[str, Any]]:
+  """Imports the config file and expands its get_hyper(h) into sweep points."""
+  path = config_spec.split(':', 1)[0]
+  module = load_module(config_spec)
   if not hasattr(module, 'get_hyper'):
     raise ValueError(f'{path} defines no get_hyper(h): nothing to sweep')
   points = module.get_hyper(hyper)
@@ -65,9 +77,33 @@ def run_point(cmd: list[str], workdir: str) -> int:
     return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
 
 
+def select(points: list[dict[str, Any]], which: Sequence[str] | None) -> list[int]:
+  """The indices `--points` names (all when None)."""
+  if not which:
+    return list(range(len(points)))
+  try:
+    idx = [int(w) for w in which]
+  except ValueError:
+    raise ValueError(f'--points: expected indices, got {list(which)}') from None
+  bad = [i for i in idx if not 0 <= i < len(points)]
+  if bad:
+    raise ValueError(f'--points: {bad} out of range (the sweep has {len(points)} points)')
+  return sorted(set(idx))
+
+
+def prepare(config_spec: str) -> None:
+  """Runs the config's `prepare` step once, so parallel points do not build its output at once."""
+  path, _, arg = config_spec.partition(':')
+  config = load_module(config_spec).get_config(arg or None)
+  if 'prepare' in config and config.prepare:
+    from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+    config_lib.Prepare(fn=config.prepare.fn, kwargs=dict(config.prepare.kwargs)).call()
+    logging.info('%s: prepare step %s done', path, config.prepare.fn)
+
+
 def summarise(root: str, names: Sequence[str], points: Sequence[dict[str, Any]],
               codes: Sequence[int]) -> dict[str, Any]:
-  """Collects each point's final results row into summary.json / summary.md."""
+  """Collects each point's final results row into summary.json / summary.md / summary.png."""
   rows, domains = [], []
   for name, point, code in zip(names, points, codes):
     path = os.path.join(root, name, 'results.json')
@@ -93,15 +129,54 @@ def summarise(root: str, names: Sequence[str], points: Sequence[dict[str, Any]],
     lines.append(f'| {r["name"]} | ' + ' | '.join(cells) + f' | {mean} | {status} |')
   with open(os.path.join(root, 'summary.md'), 'w') as f:
     f.write('\n'.join(lines) + '\n')
+  plot(summary, os.path.join(root, 'summary.png'))
   return summary
+
+
+def plot(summary: dict[str, Any], path: str) -> None:
+  """The final matrix row of every point as a heat map: points down, domains (and mean) across."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  domains, rows = summary['domains'], summary['points']
+  cols = list(domains) + ['mean']
+  vals = np.full((len(rows), len(cols)), np.nan)
+  for i, r in enumerate(rows):
+    got = [r['final'].get(d) for d in domains] if r['final'] else []
+    for j, v in enumerate(got):
+      vals[i, j] = np.nan if v is None else v
+    if any(v is not None for v in got):
+      vals[i, -1] = np.mean([v for v in got if v is not None])
+  fig, ax = plt.subplots(figsize=(1.3 * len(cols) + 3.5, 0.45 * len(rows) + 1.8))
+  im = ax.imshow(vals, cmap='viridis', vmin=0, vmax=100, aspect='auto')
+  for i in range(len(rows)):
+    for j in range(len(cols)):
+      text = '-' if np.isnan(vals[i, j]) else f'{vals[i, j]:.1f}'
+      ax.text(j, i, text, ha='center', va='center', fontsize=8,
+              color='white' if np.isnan(vals[i, j]) or vals[i, j] < 60 else 'black')
+  ax.set_xticks(range(len(cols)), cols, rotation=30, ha='right')
+  ax.set_yticks(range(len(rows)), [r['name'] + ('' if r['returncode'] == 0 else
+                                                f' (exit {r["returncode"]})') for r in rows],
+                fontsize=8)
+  ax.set_title('Held-out score after the last stage, per sweep point')
+  fig.colorbar(im, ax=ax, label='score (%)')
+  fig.tight_layout()
+  tmp = f'{path}.tmp.{os.getpid()}.png'
+  fig.savefig(tmp, dpi=110)
+  plt.close(fig)
+  os.replace(tmp, path)
 
 
 def main(argv):
   config, root = FLAGS.config, FLAGS.workdir_root
   if not config or not root:
     raise app.UsageError('--config and --workdir_root are required')
-  points = load_points(config)
-  names = [f'{i:03d}_{hyper.point_name(p)}' for i, p in enumerate(points)]
+  all_points = load_points(config)
+  chosen = select(all_points, FLAGS.points)
+  points = [all_points[i] for i in chosen]
+  names = [f'{i:03d}_{hyper.point_name(all_points[i])}' for i in chosen]
   cmds = [point_command(config, os.path.join(root, n), p, argv[1:])
           for n, p in zip(names, points)]
   if FLAGS.dry_run:
@@ -109,12 +184,14 @@ def main(argv):
       print(' '.join(c))
     return
   os.makedirs(root, exist_ok=True)
+  prepare(config)
   with concurrent.futures.ThreadPoolExecutor(max(1, FLAGS.parallel)) as pool:
     futures = [pool.submit(run_point, c, os.path.join(root, n)) for c, n in zip(cmds, names)]
     codes = [f.result() for f in futures]
   summary = summarise(root, names, points, codes)
   with open(os.path.join(root, 'summary.md')) as f:
     print(f.read())
+  print(f'summary: {os.path.join(root, "summary.md")}, summary.json, summary.png', flush=True)
   failed = [r['name'] for r in summary['points'] if r['returncode'] != 0]
   if failed:
     logging.error('%d point(s) failed: %s (see their sweep.log)', len(failed), failed)

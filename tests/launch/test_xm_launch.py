@@ -1,6 +1,8 @@
-"""launch/xm_launch.py without XManager installed: its module runs against a recording stand-in
-for the `xmanager` package (one job per sweep point, each with its own workdir and overrides);
-the real package, where installed, is checked in test_hyper.py."""
+"""launch/xm_launch.py without XManager installed: the job specs are plain data (one job per sweep
+point, its own workdir and overrides, the machine from config.hardware: a multi-host TPU slice
+runs one process per host with CASCADE_DISTRIBUTED=auto), and `main` runs against a recording
+stand-in for the `xmanager` package; the real package, where installed, is checked in
+test_hyper.py."""
 
 import importlib
 import sys
@@ -20,6 +22,7 @@ def _fake_xmanager(rec):
   xm.python_container = lambda **kw: ('container', kw)
   xm.Job = lambda **kw: kw
   xm.JobRequirements = lambda **kw: ('requirements', kw)
+  xm.Topology = lambda name: ('topology', name)
   xm_local = types.ModuleType('xmanager.xm_local')
 
   class Local:
@@ -68,8 +71,52 @@ def xm_launch(monkeypatch):
 
 def _flags(**kw):
   return types.SimpleNamespace(**{**dict(config=None, workdir_root=None, executor='local',
-                                         accelerator=None, accelerator_count=1,
-                                         base_image='python:3.11', title=None), **kw})
+                                         accelerator=None, base_image='python:3.11',
+                                         title=None), **kw})
+
+
+def test_importing_needs_no_xmanager(monkeypatch):
+  monkeypatch.setitem(sys.modules, 'xmanager', None)      # `import xmanager` would now fail
+  monkeypatch.delitem(sys.modules, 'launch.xm_launch', raising=False)
+  mod = importlib.import_module('launch.xm_launch')
+  sys.modules.pop('launch.xm_launch', None)
+  assert mod.machine(None).hosts == 1
+
+
+def test_the_machine_comes_from_config_hardware():
+  from launch import xm_launch  # pylint: disable=g-import-not-at-top
+  from configs import nemotron_cascade_14b  # pylint: disable=g-import-not-at-top
+  hw = dict(nemotron_cascade_14b.get_config().hardware)
+  assert xm_launch.machine(hw) == xm_launch.Machine(accelerator='tpu_v5p', topology='4x4x4',
+                                                    chips=64, hosts=16)
+  assert xm_launch.machine({'platform': 'tpu', 'topology': 'v4:2x2x1'}).hosts == 1
+  assert xm_launch.machine({'platform': 'tpu', 'topology': 'v5e:2x4'}).hosts == 1
+  assert xm_launch.machine({'platform': 'tpu', 'topology': 'v5e:4x4'}).hosts == 4
+  assert xm_launch.machine({'platform': 'tpu', 'topology': 'v5p:2x2x2'},
+                           accelerator='tpu_v5').accelerator == 'tpu_v5'
+  assert xm_launch.machine(None) == xm_launch.Machine()
+  with pytest.raises(ValueError, match='v5p:4x4x4'):
+    xm_launch.machine({'platform': 'tpu', 'topology': '4x4x4'})
+
+
+def test_a_paper_sweep_is_one_multi_host_job_per_point():
+  from launch import sweep  # pylint: disable=g-import-not-at-top
+  from launch import xm_launch  # pylint: disable=g-import-not-at-top
+  from configs import nemotron_cascade_14b  # pylint: disable=g-import-not-at-top
+  cfg = 'configs/nemotron_cascade_14b.py:data_root=gs://b/d'
+  points = sweep.load_points(cfg)
+  jobs = xm_launch.job_specs(cfg, 'gs://b/runs', points,
+                             nemotron_cascade_14b.get_config().hardware)
+  assert len(jobs) == len(points) == 12
+  assert len({j.name for j in jobs}) == 12
+  for job, point in zip(jobs, points):
+    assert job.machine.hosts == 16 and job.machine.topology == '4x4x4'
+    assert job.env == {'CASCADE_DISTRIBUTED': 'auto'}      # every host joins the one run
+    assert job.args[:2] == (f'--config={cfg}', f'--workdir=gs://b/runs/{job.name}')
+    assert list(job.args[2:]) == [f'--config.{k}={v}' for k, v in point.items()]
+  # A config without hardware: one CPU process, no distributed start-up.
+  [tiny] = xm_launch.job_specs('configs/tiny.py', 'runs', [{}])
+  assert tiny.machine.hosts == 1 and tiny.env == {} and tiny.name == '000_default'
 
 
 def test_job_args_are_cascade_main_arguments(xm_launch):
@@ -82,11 +129,13 @@ def test_job_args_are_cascade_main_arguments(xm_launch):
 def test_one_job_per_sweep_point(xm_launch, monkeypatch, tmp_path):
   mod, rec = xm_launch
   cfg = tmp_path / 'c.py'
-  cfg.write_text('def get_config(arg=None):\n  return None\n'
+  cfg.write_text('import ml_collections\n'
+                 'def get_config(arg=None):\n'
+                 '  return ml_collections.ConfigDict(dict(hardware=dict(platform="tpu", '
+                 'topology="v5p:2x2x4")))\n'
                  'def get_hyper(h):\n  return h.product([h.sweep("seed", [0, 1])])\n')
   monkeypatch.setattr(mod, 'FLAGS', _flags(config=f'{cfg}:x', workdir_root='gs://b/runs',
-                                           executor='vertex', accelerator='tpu_v5p',
-                                           accelerator_count=64))
+                                           executor='vertex'))
   mod.main([])
   assert rec.titles == ['c.py']
   [(kind, container)] = rec.packaged
@@ -95,7 +144,9 @@ def test_one_job_per_sweep_point(xm_launch, monkeypatch, tmp_path):
   assert [j['args'] for j in rec.jobs] == [
       [f'--config={cfg}:x', '--workdir=gs://b/runs/000_seed=0', '--config.seed=0'],
       [f'--config={cfg}:x', '--workdir=gs://b/runs/001_seed=1', '--config.seed=1']]
-  assert rec.jobs[0]['executor'].requirements == ('requirements', {'tpu_v5p': 64})
+  assert rec.jobs[0]['executor'].requirements == ('requirements',
+                                                   {'tpu_v5p': ('topology', '2x2x4')})
+  assert rec.jobs[0]['env_vars'] == {'CASCADE_DISTRIBUTED': 'auto'}     # 4 hosts of 4 chips
 
 
 def test_a_config_without_a_sweep_is_one_local_job(xm_launch, monkeypatch, tmp_path):
@@ -106,6 +157,7 @@ def test_a_config_without_a_sweep_is_one_local_job(xm_launch, monkeypatch, tmp_p
   mod.main([])
   assert rec.titles == ['t'] and len(rec.jobs) == 1
   assert rec.jobs[0]['args'] == [f'--config={cfg}', '--workdir=runs/000_default']
+  assert rec.jobs[0]['env_vars'] == {}
   assert rec.packaged[0][1]['executor_spec'] == 'local-spec'
 
 
