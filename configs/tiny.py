@@ -48,8 +48,8 @@ the data order and the sampling, not the world):
 
 about 12 x 8 min of 2 CPU cores; `--points=0,11` runs two of them, and
 `configs/tiny.py:smoke` the same points in smoke mode (~2.5 min each).
-Writes runs/sweep/summary.md, summary.json and summary.png (the final
-matrix row of every point).
+Writes a summary table, its JSON and a plot of every point's final matrix
+row under the workdir root (launch/sweep.py).
 """
 
 from configs import _tiny_common as common
