@@ -285,13 +285,14 @@ def _mesh(m: dict):
 
 def _sampler(s: dict) -> dict:
   from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
-  known = ('prompt_buckets', 'new_token_buckets', 'batch_buckets', 'decode_phases')
+  known = ('prompt_buckets', 'new_token_buckets', 'batch_buckets', 'decode_phases',
+           'cache_tokens_per_device')
   for k, v in s.items():
     if k not in known:
       raise ConfigError(f'config.sampler.{k}: unknown field (known: {", ".join(known)})')
-    if k == 'decode_phases':
-      if not (schema.is_int(v) and v >= 1):
-        raise ConfigError(f'config.sampler.decode_phases={v!r}: must be an int >= 1')
+    if k in ('decode_phases', 'cache_tokens_per_device'):
+      if not (schema.is_int(v) and v >= 1) and not (k == 'cache_tokens_per_device' and v is None):
+        raise ConfigError(f'config.sampler.{k}={v!r}: must be an int >= 1')
     elif v is not None and (not isinstance(v, (list, tuple)) or not v
                             or not all(schema.is_int(x) and x >= 1 for x in v)):
       raise ConfigError(f'config.sampler.{k}={v!r}: must be a non-empty list of ints >= 1')

@@ -129,7 +129,11 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(h, cfg.norm_eps, pd, axes=('head_dim',))
 
   def __call__(self, x, positions, mask, kv_cache=None):
-    """x: [B, T, D]; mask: an attention.MaskInfo; kv_cache: (k, v, index) or None.
+    """x: [B, T, D]; mask: an attention.MaskInfo; kv_cache: (k, v, layer, index) or None.
+
+    With a cache (k, v: every layer's [L, B, K, S, H]) the new keys/values are
+    written in place at layer `layer`, slots [index, index + T), and the
+    queries attend to that layer's slots.
 
     Returns:
       (out [B, T, D], (k, v) written cache arrays or None).
@@ -154,10 +158,15 @@ class Attention(nnx.Module):
     new_kv = None
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)            # [B, K, T, H]
     if kv_cache is not None:
-      ck, cv, index = kv_cache
-      k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, index, 0))
-      v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
-      new_kv = (k, v)
+      ck, cv, layer, index = kv_cache
+      start = (layer, 0, 0, index, 0)
+      ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), start)
+      cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), start)
+      new_kv = (ck, cv)
+      # The stacks are updated in place and only this layer is read: no
+      # per-layer copy that is written and then put back.
+      k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)
+      v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)
 
     out = attention.attend(q, k, v, mask, impl=cfg.attention, block_q=cfg.attention_block_q,
                            block_kv=cfg.attention_block_kv)          # [B, T, N, H]
@@ -304,19 +313,13 @@ class Transformer(nnx.Module):
         return nnx.merge(graphdef, layer_params)(x, positions, mask)[0], None
       body, carry, xs = _remat(body, cfg), x, params
     else:
-      t = x.shape[1]
-
       def body(carry, layer_xs):
         x, k_all, v_all = carry
         layer_params, i = layer_xs
-        layer_kv = [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in (k_all, v_all)]
-        x, (k, v) = nnx.merge(graphdef, layer_params)(x, positions, mask,
-                                                      (*layer_kv, cache.index))
-        # Only this call's T slots of layer i go back, in place.
-        put = lambda stacked, new: jax.lax.dynamic_update_slice(
-            stacked, jax.lax.dynamic_slice_in_dim(new, cache.index, t, axis=2)[None],
-            (i, 0, 0, cache.index, 0))
-        return (x, put(k_all, k), put(v_all, v)), None
+        # Layer i writes its T new slots into the stacks in place and reads its slice.
+        x, (k_all, v_all) = nnx.merge(graphdef, layer_params)(
+            x, positions, mask, (k_all, v_all, i, cache.index))
+        return (x, k_all, v_all), None
       carry, xs = (x, cache.k, cache.v), (params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
     if cfg.scan_layers:
       carry, _ = jax.lax.scan(body, carry, xs)

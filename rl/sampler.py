@@ -7,23 +7,28 @@ half would restate the other's contract.)
 Two levels:
 
 * `sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature,
-  top_p, top_k, max_new_tokens, *, max_new_bucket, eos_ids, pad_id, greedy,
-  filtered, decode_phases)` is the pure jitted function. Params are an
-  argument (never closed over); temperature / top-p / top-k / max_new_tokens
-  are traced scalars, so a temperature or length curriculum inside one bucket
-  does not recompile; only shapes and the greedy / filtered switches are
-  static. The decode runs in up to `decode_phases` while loops whose cache
-  doubles in length, so attention reads about the filled part of the cache.
+  top_p, top_k, max_new_tokens, row_offset, *, max_new_bucket, eos_ids,
+  pad_id, greedy, filtered, decode_phases)` is the pure jitted function.
+  Params are an argument (never closed over); temperature / top-p / top-k /
+  max_new_tokens / row_offset are traced scalars, so a temperature or length
+  curriculum inside one bucket does not recompile; only shapes and the
+  greedy / filtered switches are static. The decode runs in up to
+  `decode_phases` while loops whose cache doubles in length, so attention
+  reads about the filled part of the cache.
 * `Sampler.generate(params, prompts, rng, sp, num_samples)` is the host
   level: it left-pads the prompts into a bucketed [B, P] batch (each prompt
   repeated `num_samples` times, prompt-major), calls the jitted function, and
   trims the result back to the real rows and `sp.max_new_tokens` columns.
+  With `cache_tokens_per_device` it samples the rows in chunks whose KV cache
+  fits that budget, one chunk after another (one compiled program for all).
 
 Prompts are LEFT-padded so every row's last prompt token sits in the same
 cache slot; padding has segment id 0 and nothing attends to it; positions are
 `cumsum(prompt_mask) - 1`. Row r (= prompt i * G + sample g) draws its noise
 from `fold_in(fold_in(rng, r), step)`, so its samples do not depend on how
-many padding rows the batch has nor on how the batch is sharded.
+many padding rows the batch has, on how the batch is sharded, nor on how the
+rows are split into chunks (a chunk passes its first row's index as
+`row_offset`).
 
 Log-probabilities: `logprobs` are those of the sampled tokens under the
 unmodified policy (temperature 1, no top-p/top-k): exactly what a training
@@ -256,7 +261,8 @@ def _grow(cache: transformer.Cache, length: int) -> transformer.Cache:
 
 
 def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_p,
-            top_k, max_new_tokens, *, max_new_bucket: int, eos_ids: tuple[int, ...],
+            top_k, max_new_tokens, row_offset=0, *, max_new_bucket: int,
+            eos_ids: tuple[int, ...],
             pad_id: int, greedy: bool, filtered: bool,
             decode_phases: int = DEFAULT_DECODE_PHASES) -> SampleOutput:
   """Prefill + while-loop decode (see `sample`). B rows, P prompt, Nb = max_new_bucket."""
@@ -273,7 +279,8 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   max_new = jnp.minimum(jnp.asarray(max_new_tokens, jnp.int32), nb)
   eos = jnp.asarray(eos_ids, jnp.int32)
 
-  row_keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, jnp.arange(b, dtype=jnp.int32))
+  rows = jnp.asarray(row_offset, jnp.int32) + jnp.arange(b, dtype=jnp.int32)
+  row_keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, rows)
   step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)
   pick = functools.partial(_pick, temperature=temperature, top_p=top_p, top_k=top_k,
                            greedy=greedy, filtered=filtered)
@@ -310,6 +317,8 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
 
   # Decode in phases whose cache extent doubles, so attention reads about the
   # filled part of the cache rather than all p + nb slots on every step.
+  # (A cache allocated once at full length and attended over a growing prefix
+  # measured a higher peak on XLA:CPU: the loops then carry two full copies.)
   for i, end in enumerate(ends):
     if i:
       state = state._replace(cache=_grow(state.cache, p + end))
@@ -342,9 +351,11 @@ Args:
   params: the policy's state (the other half of `nnx.split`).
   prompt_tokens: [B, P] int32, left-padded.
   prompt_mask: [B, P] int32, 1 = real token; every row needs at least one.
-  rng: a PRNG key; row r uses fold_in(fold_in(rng, r), step).
+  rng: a PRNG key; row r uses fold_in(fold_in(rng, row_offset + r), step).
   temperature, top_p, top_k: traced scalars (see SamplingParams).
   max_new_tokens: traced int scalar <= max_new_bucket.
+  row_offset: traced int scalar, the index of row 0 in the whole call (a
+    chunk's first row; 0 for an unchunked call).
   max_new_bucket: static Nb, the cache extent and output width.
   eos_ids: static tuple of stop-token ids (empty: never stop).
   pad_id: static id written after the stop token.
@@ -377,7 +388,8 @@ class Sampler:
                prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
                new_token_buckets: Sequence[int] = DEFAULT_NEW_TOKEN_BUCKETS,
                batch_buckets: Sequence[int] | None = None,
-               decode_phases: int = DEFAULT_DECODE_PHASES):
+               decode_phases: int = DEFAULT_DECODE_PHASES,
+               cache_tokens_per_device: int | None = None):
     """Builds the sampler.
 
     Args:
@@ -396,9 +408,15 @@ class Sampler:
       decode_phases: decode in up to this many loops whose cache extent
         doubles (phases of >= 128 new tokens), so attention reads about the
         filled part of the cache: ~1/3 fewer cache reads for long generations,
-        for a 1.5x peak of the cache at the last switch (the old and the grown
-        copy live together) and one more compiled loop body per phase.
-        1 = one cache of the full bucket throughout.
+        for one more compiled loop body per phase. The grown cache is a copy
+        (the old one lives until it is made): 1.55x the final cache at the
+        last switch on XLA:CPU, less than the 2x that loops over a cache
+        allocated once at full length hold there. 1 = one cache throughout.
+      cache_tokens_per_device: the most KV-cache slots (rows x (prompt bucket
+        + new-token bucket)) one device may hold at once; a call needing more
+        is sampled in chunks of rows, one after another, each row's tokens
+        identical to an unchunked call's. None = one call. A chunk's row
+        count is a batch bucket (at least one row per batch shard).
     """
     self.graphdef = graphdef
     self.cfg = model_cfg
@@ -422,6 +440,10 @@ class Sampler:
     if int(decode_phases) < 1:
       raise ValueError(f'Sampler decode_phases={decode_phases} must be >= 1')
     self.decode_phases = int(decode_phases)
+    if cache_tokens_per_device is not None and int(cache_tokens_per_device) < 1:
+      raise ValueError(f'Sampler cache_tokens_per_device={cache_tokens_per_device} must be >= 1')
+    self.cache_tokens_per_device = (None if cache_tokens_per_device is None
+                                    else int(cache_tokens_per_device))
     self.compile_count = 0
 
     @functools.wraps(_sample)
@@ -438,6 +460,26 @@ class Sampler:
     b = buckets.smallest_fit(self.batch_buckets, n, 'batch (prompts x num_samples)')
     return -(-b // shards) * shards
 
+  def chunk_rows(self, rows: int, slots_per_row: int) -> int:
+    """Rows per sampler call (the padded batch) for `rows` rows of `slots_per_row` cache slots.
+
+    The whole call's batch bucket, or with `cache_tokens_per_device` the
+    largest batch bucket whose cache fits the budget (at least one row per
+    batch shard), whichever is smaller.
+    """
+    whole = self._batch_bucket(rows)
+    if self.cache_tokens_per_device is None:
+      return whole
+    shards = sharding.batch_shards(self.mesh, self.rules)
+    per_device = max(1, self.cache_tokens_per_device // slots_per_row)
+    if self.batch_buckets is None:
+      fit = shards * (1 << (per_device.bit_length() - 1))   # a power of two per shard
+    else:
+      legal = [-(-x // shards) * shards for x in self.batch_buckets]
+      fitting = [x for x in legal if x // shards <= per_device]
+      fit = max(fitting) if fitting else min(legal)
+    return min(whole, fit)
+
   def abstract_args(self, params, rows: int, prompt_len: int, sp: SamplingParams):
     """The arguments `generate` passes the jitted sampler for a call of these sizes, abstract.
 
@@ -452,7 +494,7 @@ class Sampler:
     """
     p = buckets.smallest_fit(self.prompt_buckets, prompt_len, 'prompt length')
     nb = buckets.smallest_fit(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
-    b = self._batch_bucket(rows)
+    b = self.chunk_rows(rows, p + nb)
     rows_sh = rep = None
     if self.mesh is not None:
       spec = sharding.logical_to_spec(('batch', None), (b, p), self.mesh, self.rules)
@@ -462,10 +504,12 @@ class Sampler:
     args = (self.graphdef, params, sds((b, p), jnp.int32, rows_sh),
             sds((b, p), jnp.int32, rows_sh), sds((2,), jnp.uint32, rep),
             sds((), jnp.float32, rep), sds((), jnp.float32, rep), sds((), jnp.int32, rep),
-            sds((), jnp.int32, rep))
+            sds((), jnp.int32, rep), sds((), jnp.int32, rep))
     kw = dict(max_new_bucket=nb, eos_ids=self.eos_ids, pad_id=self.pad_id,
               greedy=sp.greedy, filtered=sp.filtered, decode_phases=self.decode_phases)
-    what = (f'{b} rows, prompt bucket {p}, new-token bucket {nb} (KV cache up to {p + nb} '
+    chunks = -(-rows // b)
+    what = (f'{b} rows' + (f' per chunk, {chunks} chunks' if chunks > 1 else '')
+            + f', prompt bucket {p}, new-token bucket {nb} (KV cache of {p + nb} '
             f'slots, {self.decode_phases} decode phase(s))')
     return args, kw, what
 
@@ -509,7 +553,9 @@ class Sampler:
     p_max = max(q.size for q in prompts)
     p = buckets.smallest_fit(self.prompt_buckets, p_max, 'prompt length')
     nb = buckets.smallest_fit(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
-    b = self._batch_bucket(n)
+    c = self.chunk_rows(n, p + nb)
+    chunks = -(-n // c)
+    b = chunks * c                        # the whole call's rows, padded to whole chunks
 
     tokens = np.full((b, p), self.pad_id, np.int32)
     mask = np.zeros((b, p), np.int32)
@@ -523,13 +569,21 @@ class Sampler:
               greedy=sp.greedy, filtered=sp.filtered, decode_phases=self.decode_phases)
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
                np.int32(sp.top_k), np.int32(sp.max_new_tokens))
+    row_sh = None
+    if self.mesh is not None:
+      spec = sharding.logical_to_spec(('batch', None), (c, p), self.mesh, self.rules)
+      row_sh = jax.sharding.NamedSharding(self.mesh, spec)
+    parts = []
     with sharding.use_mesh(self.mesh, self.rules):
-      if self.mesh is not None:
-        spec = sharding.logical_to_spec(('batch', None), (b, p), self.mesh, self.rules)
-        rows = jax.sharding.NamedSharding(self.mesh, spec)
-        tokens, mask = jax.device_put(tokens, rows), jax.device_put(mask, rows)
-      out = self._jit(self.graphdef, params, tokens, mask, rng, *scalars, **kw)
-    out = jax.tree.map(_to_host, out)
+      for start in range(0, b, c):
+        chunk_tokens, chunk_mask = tokens[start:start + c], mask[start:start + c]
+        if row_sh is not None:
+          chunk_tokens = jax.device_put(chunk_tokens, row_sh)
+          chunk_mask = jax.device_put(chunk_mask, row_sh)
+        out = self._jit(self.graphdef, params, chunk_tokens, chunk_mask, rng, *scalars,
+                        np.int32(start), **kw)
+        parts.append(jax.tree.map(_to_host, out))  # the chunk's cache is freed before the next
+    out = jax.tree.map(lambda *xs: np.concatenate(xs), *parts) if chunks > 1 else parts[0]
     m = sp.max_new_tokens
     return SampleOutput(
         prompt_tokens=out.prompt_tokens[:n, p - p_max:],

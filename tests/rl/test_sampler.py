@@ -264,3 +264,83 @@ def test_sharded_equals_unsharded(policy, samp, greedy):
   # Sharded reductions add in another order: equal up to float32 rounding.
   np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
   np.testing.assert_allclose(out.sampling_logprobs, ref.sampling_logprobs, atol=1e-4)
+
+
+@pytest.mark.parametrize('greedy', [True, False], ids=['greedy', 'sampled'])
+def test_chunked_rows_equal_one_call(policy, samp, greedy):
+  sp = sampler.SamplingParams(max_new_tokens=12, greedy=greedy, temperature=0.9)
+  whole = samp.generate(policy[1], PROMPTS, jax.random.key(7), sp, num_samples=3)   # 12 rows
+  # 16 prompt + 16 new-token slots per row: a budget of 100 slots holds 3 rows,
+  # and the largest batch bucket of <= 3 rows is 2: six chunks of 2 rows.
+  chunked = sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, prompt_buckets=(16, 32),
+                            new_token_buckets=(16, 32), batch_buckets=(2, 4, 16),
+                            cache_tokens_per_device=100)
+  assert chunked.chunk_rows(12, 32) == 2 and samp.chunk_rows(12, 32) == 16
+  out = chunked.generate(policy[1], PROMPTS, jax.random.key(7), sp, num_samples=3)
+  assert chunked.compile_count == 1          # six chunks, one program
+  for name in ('prompt_tokens', 'prompt_mask', 'tokens', 'mask', 'lengths', 'truncated'):
+    np.testing.assert_array_equal(getattr(out, name), getattr(whole, name), err_msg=name)
+  # Tokens are identical; log-probs to float32 rounding (a 2-row and a 16-row
+  # matmul add in another order on XLA:CPU: 3.6e-6 relative at worst here).
+  np.testing.assert_allclose(out.logprobs, whole.logprobs, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out.sampling_logprobs, whole.sampling_logprobs, rtol=1e-5,
+                             atol=1e-6)
+  # Rows keep their own noise: the same rows in another chunking, the same samples.
+  other = sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, prompt_buckets=(16, 32),
+                          new_token_buckets=(16, 32), batch_buckets=(2, 4, 16),
+                          cache_tokens_per_device=4 * 32)
+  assert other.chunk_rows(12, 32) == 4
+  np.testing.assert_array_equal(
+      other.generate(policy[1], PROMPTS, jax.random.key(7), sp, num_samples=3).tokens,
+      out.tokens)
+
+
+def test_chunk_rows_from_the_cache_budget(policy):
+  mk = lambda budget, bb=None, mesh=None: sampler.Sampler(
+      policy[0], CFG, eos_ids=EOS, batch_buckets=bb, mesh=mesh,
+      cache_tokens_per_device=budget)
+  assert mk(None).chunk_rows(100, 64) == 128                     # one call: the whole bucket
+  assert mk(64 * 5).chunk_rows(100, 64) == 4                      # 5 rows fit: a power of two
+  assert mk(64 * 5).chunk_rows(3, 64) == 4                        # never more than the call
+  assert mk(10).chunk_rows(100, 64) == 1                          # at least one row
+  assert mk(64 * 5, bb=(3, 6, 12)).chunk_rows(10, 64) == 3
+  assert mk(64, bb=(3, 6, 12)).chunk_rows(10, 64) == 3            # none fits: the smallest
+  mesh = sharding.make_mesh((2, 2, 2))
+  shards = sharding.batch_shards(mesh, sharding.DEFAULT_RULES)
+  assert shards == 4 and mk(64 * 3, mesh=mesh).chunk_rows(100, 64) == 2 * shards
+  with pytest.raises(ValueError, match='cache_tokens_per_device'):
+    mk(0)
+
+
+def test_sharded_chunked_equals_unsharded(policy, samp):
+  mesh = sharding.make_mesh((2, 2, 2))
+  graphdef, params = _policy(mesh)
+  chunked = sampler.Sampler(graphdef, CFG, eos_ids=EOS, pad_id=0, mesh=mesh,
+                            prompt_buckets=(16, 32), new_token_buckets=(16, 32),
+                            batch_buckets=(4, 8, 16), cache_tokens_per_device=32)
+  assert chunked.chunk_rows(8, 32) == 4
+  sp = sampler.SamplingParams(max_new_tokens=12, temperature=0.9)
+  out = chunked.generate(params, PROMPTS, jax.random.key(3), sp, num_samples=2)
+  ref = samp.generate(policy[1], PROMPTS, jax.random.key(3), sp, num_samples=2)
+  for name in ('tokens', 'mask', 'lengths', 'truncated'):
+    np.testing.assert_array_equal(getattr(out, name), getattr(ref, name), err_msg=name)
+  np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
+
+
+def test_decode_step_writes_the_cache_in_place():
+  # A decode step writes its slot into the stacked [L, B, K, S, H] cache in place
+  # and reads one layer: its temporaries stay below 1.2 layers of cache (a
+  # per-layer copy written and then put back into the stack measured 1.5).
+  cfg = config_lib.ModelConfig.tiny(max_seq_len=4096, num_layers=8)
+  graphdef, params = nnx.split(transformer.create(cfg, seed=0))
+  cache = transformer.init_cache(cfg, 16, 2048)
+
+  def step(params, cache, tok):
+    model = nnx.merge(graphdef, params)
+    return model(tok, jnp.full((16, 1), 5, jnp.int32), jnp.ones((16, 1), jnp.int32),
+                 cache=cache)
+
+  compiled = jax.jit(step, donate_argnums=1).lower(
+      params, cache, jnp.zeros((16, 1), jnp.int32)).compile()
+  layer_bytes = (cache.k.nbytes + cache.v.nbytes) // cfg.num_layers
+  assert compiled.memory_analysis().temp_size_in_bytes < 1.2 * layer_bytes
