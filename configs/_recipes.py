@@ -170,13 +170,31 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
   return c
 
 
+# Device memory per chip the sampler's KV cache may take; a stage's rollout
+# rows are sampled in chunks that fit it (rl.sampler.Sampler's
+# cache_tokens_per_device), beside the optimizer state and frozen models.
+SAMPLER_CACHE_GIB = 24.0
+
+
+def cache_slots_per_device(c: ml_collections.ConfigDict, gib: float) -> int:
+  """KV-cache slots (rows x tokens) per device that `gib` GiB hold for c's model and mesh."""
+  from models import config as model_config  # pylint: disable=g-import-not-at-top
+  m = model_config.ModelConfig.preset(c.model['preset'], **dict(c.model['overrides']))
+  tensor = int(c.mesh['shape'][2])
+  kv_heads = -(-m.num_kv_heads // tensor)         # K/V heads split over 'tensor'
+  per_slot = m.num_layers * 2 * kv_heads * m.head_dim * m.jnp_dtype.itemsize
+  return int(gib * 2 ** 30) // per_slot
+
+
 def exact_sampler_buckets(c: ml_collections.ConfigDict) -> None:
   """Sets the sampler's new-token buckets to the lengths the stages and the evaluation use.
 
   rl.sampler's default buckets are powers of two, so a 40K phase would get
   a 64K KV cache; the exact lengths (a handful) cost one compilation each
-  and no padding.
+  and no padding. Also bounds the sampler's KV cache to SAMPLER_CACHE_GIB per
+  chip (rows beyond it are sampled in chunks, one after another).
   """
+  c.sampler.cache_tokens_per_device = cache_slots_per_device(c, SAMPLER_CACHE_GIB)
   lengths = {int(c.eval.max_new_tokens)}
   for st in c.stages:
     lengths.update(int(p['max_response_len']) for p in st.get('phases') or [])
