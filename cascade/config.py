@@ -286,10 +286,18 @@ def _mesh(m: dict):
 def _sampler(s: dict) -> dict:
   from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
   known = ('prompt_buckets', 'new_token_buckets', 'batch_buckets', 'decode_phases',
-           'cache_tokens_per_device')
+           'cache_tokens_per_device', 'rollout_rules')
   for k, v in s.items():
     if k not in known:
       raise ConfigError(f'config.sampler.{k}: unknown field (known: {", ".join(known)})')
+    if k == 'rollout_rules':
+      pairs = list(v.items()) if isinstance(v, Mapping) else v
+      if v is not None and (not isinstance(pairs, (list, tuple)) or not all(
+          isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[0], str)
+          for r in pairs)):
+        raise ConfigError(f'config.sampler.rollout_rules={v!r}: must be (logical axis, mesh '
+                          'axes) pairs, e.g. (("embed", None),)')
+      continue
     if k in ('decode_phases', 'cache_tokens_per_device'):
       if not (schema.is_int(v) and v >= 1) and not (k == 'cache_tokens_per_device' and v is None):
         raise ConfigError(f'config.sampler.{k}={v!r}: must be an int >= 1')
@@ -297,7 +305,10 @@ def _sampler(s: dict) -> dict:
                             or not all(schema.is_int(x) and x >= 1 for x in v)):
       raise ConfigError(f'config.sampler.{k}={v!r}: must be a non-empty list of ints >= 1')
   del sampler_lib
-  return {k: (tuple(v) if isinstance(v, list) else v) for k, v in s.items()}
+  out = {k: (tuple(v) if isinstance(v, list) else v) for k, v in s.items()}
+  if isinstance(out.get('rollout_rules'), Mapping):
+    out['rollout_rules'] = tuple(out['rollout_rules'].items())
+  return out
 
 
 def _prepare(p) -> Prepare | None:

@@ -192,9 +192,13 @@ def exact_sampler_buckets(c: ml_collections.ConfigDict) -> None:
   rl.sampler's default buckets are powers of two, so a 40K phase would get
   a 64K KV cache; the exact lengths (a handful) cost one compilation each
   and no padding. Also bounds the sampler's KV cache to SAMPLER_CACHE_GIB per
-  chip (rows beyond it are sampled in chunks, one after another).
+  chip (rows beyond it are sampled in chunks, one after another) and samples
+  in the rollout layout.
   """
   c.sampler.cache_tokens_per_device = cache_slots_per_device(c, SAMPLER_CACHE_GIB)
+  # Sample with the weights replicated over 'fsdp' (split over 'tensor' only):
+  # a decode step then reads local weights instead of gathering fsdp shards.
+  c.sampler.rollout_rules = (('embed', None),)
   lengths = {int(c.eval.max_new_tokens)}
   for st in c.stages:
     lengths.update(int(p['max_response_len']) for p in st.get('phases') or [])

@@ -355,7 +355,8 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
     add(f'reward model scoring ({rm_stage.name})',
         lambda cfg, m, s=rm_stage: forward_lowering(cfg, 'reward_model', m, rules, s.batch_size,
                                                     s.max_len))
-  resident = _resident(stage, model_cfg, mesh, rules, programs, frozen, rm)
+  resident = _resident(stage, model_cfg, mesh, rules, programs, frozen, rm,
+                       rollout_layout=bool(sampler_cfg.get('rollout_rules')))
   seconds = _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hardware or {})
   return StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
                      mesh.size, resident=resident, seconds=seconds,
@@ -379,7 +380,8 @@ def _params_bytes(model_cfg, model_kind, mesh, rules, dtype=None) -> int:
   return _tree_bytes(params)
 
 
-def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages):
+def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
+              rollout_layout: bool = False):
   """Per program: what stays in device memory beside it without being its argument."""
   if stage.MODEL is None:
     return ()
@@ -395,8 +397,8 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages):
   for p in programs:
     if p.name == 'train step':
       extra = frozen_bytes + rm_bytes
-    elif p.name == 'sampler':                     # the state minus the params it is given
-      extra = state - policy_params + frozen_bytes + rm_bytes
+    elif p.name == 'sampler':   # the state, minus the params it is given unless it resharded them
+      extra = (state if rollout_layout else state - policy_params) + frozen_bytes + rm_bytes
     elif p.name.startswith('reward model scoring'):
       extra = state + frozen_bytes + rm_bytes - rm_bytes // max(1, len(rm_stages))
     else:                                         # a frozen forward: its params are arguments

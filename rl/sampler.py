@@ -389,7 +389,8 @@ class Sampler:
                new_token_buckets: Sequence[int] = DEFAULT_NEW_TOKEN_BUCKETS,
                batch_buckets: Sequence[int] | None = None,
                decode_phases: int = DEFAULT_DECODE_PHASES,
-               cache_tokens_per_device: int | None = None):
+               cache_tokens_per_device: int | None = None,
+               rollout_rules: Sequence[tuple[str, object]] | None = None):
     """Builds the sampler.
 
     Args:
@@ -417,6 +418,11 @@ class Sampler:
         is sampled in chunks of rows, one after another, each row's tokens
         identical to an unchunked call's. None = one call. A chunk's row
         count is a batch bucket (at least one row per batch shard).
+      rollout_rules: logical rules that override `rules` while sampling, e.g.
+        (('embed', None),): weights replicated over 'fsdp' and split over
+        'tensor' only, so no decode step gathers fsdp shards. `generate` puts
+        the params in that layout once per call (a second copy of the
+        weights while it runs); None = sample in the training layout.
     """
     self.graphdef = graphdef
     self.cfg = model_cfg
@@ -432,7 +438,17 @@ class Sampler:
       if not bk or any(int(x) < 1 for x in bk):
         raise ValueError(f'Sampler {name}={bk!r} must be a non-empty list of ints >= 1')
     self.mesh = mesh
-    self.rules = rules
+    self.rollout_rules = tuple((str(k), tuple(v) if isinstance(v, list) else v)
+                               for k, v in (rollout_rules or ()))
+    if self.rollout_rules:
+      merged = dict(sharding.DEFAULT_RULES if rules is None else rules)
+      unknown = [k for k, _ in self.rollout_rules if k not in merged]
+      if unknown:
+        raise ValueError(f'Sampler rollout_rules name unknown logical axes {unknown} '
+                         f'(known: {sorted(merged)})')
+      merged.update(self.rollout_rules)
+      rules = tuple(merged.items())
+    self.rules = rules       # the rules the sampler traces and lays its weights out with
     self.prompt_buckets = tuple(sorted(int(x) for x in prompt_buckets))
     self.new_token_buckets = tuple(sorted(int(x) for x in new_token_buckets))
     self.batch_buckets = (None if batch_buckets is None
@@ -459,6 +475,19 @@ class Sampler:
       return buckets.pow2(n, multiple=shards)
     b = buckets.smallest_fit(self.batch_buckets, n, 'batch (prompts x num_samples)')
     return -(-b // shards) * shards
+
+  def rollout_params(self, params):
+    """`params` in the sampler's layout: a resharded copy with `rollout_rules`, else as given.
+
+    Works on concrete params and on abstract ones (ShapeDtypeStructs with shardings).
+    """
+    if not self.rollout_rules or self.mesh is None:
+      return params
+    shardings = sharding.state_shardings(params, self.mesh, self.rules)
+    if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
+      return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                          params, shardings)
+    return jax.device_put(params, shardings)
 
   def chunk_rows(self, rows: int, slots_per_row: int) -> int:
     """Rows per sampler call (the padded batch) for `rows` rows of `slots_per_row` cache slots.
@@ -501,7 +530,7 @@ class Sampler:
       rows_sh = jax.sharding.NamedSharding(self.mesh, spec)
       rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
     sds = lambda shape, dt, sh: jax.ShapeDtypeStruct(shape, jnp.dtype(dt), sharding=sh)
-    args = (self.graphdef, params, sds((b, p), jnp.int32, rows_sh),
+    args = (self.graphdef, self.rollout_params(params), sds((b, p), jnp.int32, rows_sh),
             sds((b, p), jnp.int32, rows_sh), sds((2,), jnp.uint32, rep),
             sds((), jnp.float32, rep), sds((), jnp.float32, rep), sds((), jnp.int32, rep),
             sds((), jnp.int32, rep), sds((), jnp.int32, rep))
@@ -569,6 +598,7 @@ class Sampler:
               greedy=sp.greedy, filtered=sp.filtered, decode_phases=self.decode_phases)
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
                np.int32(sp.top_k), np.int32(sp.max_new_tokens))
+    params = self.rollout_params(params)
     row_sh = None
     if self.mesh is not None:
       spec = sharding.logical_to_spec(('batch', None), (c, p), self.mesh, self.rules)

@@ -147,6 +147,12 @@ CASES = [
     ('bad preset', lambda c, s: c.model.update(dict(preset='gpt9')), "unknown model preset 'gpt9'"),
     ('steps', lambda c, s: s[0].update(steps=0), "stages[0] 'sft': steps=0: must be an int >= 1"),
     ('empty', lambda c, s: s.clear(), 'config.stages: the stage list is empty'),
+    ('sampler field', lambda c, s: c.sampler.update(dict(chunk=4)),
+     'config.sampler.chunk: unknown field'),
+    ('cache budget', lambda c, s: c.sampler.update(dict(cache_tokens_per_device=0)),
+     'config.sampler.cache_tokens_per_device=0: must be an int >= 1'),
+    ('rollout rules', lambda c, s: c.sampler.update(dict(rollout_rules=['embed'])),
+     "config.sampler.rollout_rules=['embed']: must be (logical axis, mesh axes) pairs"),
 ]
 
 

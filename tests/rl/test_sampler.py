@@ -344,3 +344,30 @@ def test_decode_step_writes_the_cache_in_place():
       params, cache, jnp.zeros((16, 1), jnp.int32)).compile()
   layer_bytes = (cache.k.nbytes + cache.v.nbytes) // cfg.num_layers
   assert compiled.memory_analysis().temp_size_in_bytes < 1.2 * layer_bytes
+
+
+def test_rollout_layout_replicates_fsdp_and_samples_the_same(policy, samp):
+  mesh = sharding.make_mesh((2, 2, 2))
+  graphdef, params = _policy(mesh)
+  s = sampler.Sampler(graphdef, CFG, eos_ids=EOS, pad_id=0, mesh=mesh,
+                      prompt_buckets=(16, 32), new_token_buckets=(16, 32),
+                      batch_buckets=(8, 16), rollout_rules=(('embed', None),))
+  moved = s.rollout_params(params)
+  q = moved['layers']['attn']['q_proj'].value
+  assert q.sharding.spec == jax.sharding.PartitionSpec(None, None, 'tensor', None)
+  np.testing.assert_array_equal(np.asarray(q), np.asarray(params['layers']['attn']['q_proj'].value))
+  # The training layout is untouched (generate works on a copy).
+  assert params['layers']['attn']['q_proj'].value.sharding.spec == \
+      jax.sharding.PartitionSpec(None, 'fsdp', 'tensor', None)
+  sp = sampler.SamplingParams(max_new_tokens=12, temperature=0.9)
+  out = s.generate(params, PROMPTS, jax.random.key(8), sp, num_samples=2)
+  ref = samp.generate(policy[1], PROMPTS, jax.random.key(8), sp, num_samples=2)
+  for name in ('tokens', 'mask', 'lengths', 'truncated'):
+    np.testing.assert_array_equal(getattr(out, name), getattr(ref, name), err_msg=name)
+  np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
+  # Abstract params (launch.plan) get the same layout.
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+                          params)
+  assert s.rollout_params(abstract)['layers']['attn']['q_proj'].value.sharding.spec == q.sharding.spec
+  with pytest.raises(ValueError, match="unknown logical axes \\['embedding'\\]"):
+    sampler.Sampler(graphdef, CFG, eos_ids=EOS, mesh=mesh, rollout_rules=(('embedding', None),))
