@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks import floor
 from models import config as config_lib
 from models import transformer
 from rl import sampler as sampler_lib
@@ -86,35 +87,6 @@ def _sampling_params(new_tokens: int) -> sampler_lib.SamplingParams:
 
 def _peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
-
-
-def _best_seconds(fn, repeats: int) -> float:
-  fn()
-  best = float('inf')
-  for _ in range(repeats):
-    t = time.perf_counter()
-    jax.block_until_ready(fn())
-    best = min(best, time.perf_counter() - t)
-  return best
-
-
-def measure_machine(matmul_shapes) -> tuple[float, float]:
-  """(float32 matmul FLOP/s, memory read bytes/s) of this machine, best of a few runs.
-
-  The matmul rate is the best over a 1024^3 product and `matmul_shapes` (the
-  model's own [M, K] x [K, N] products): skinny decode matmuls ran faster than
-  the square one here, and the floor should use the best rate seen.
-  """
-  flops = 0.0
-  for m, k, n in ((1024, 1024, 1024),) + tuple(matmul_shapes):
-    a = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
-    w = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
-    matmul = jax.jit(lambda x, y: x @ y)
-    flops = max(flops, 2 * m * k * n / _best_seconds(lambda: matmul(a, w), 10))
-  x = jnp.ones((64 * 2 ** 20,), jnp.float32)                 # 256 MiB, far beyond caches
-  read = jax.jit(jnp.sum)
-  bandwidth = x.nbytes / _best_seconds(lambda: read(x), 5)
-  return flops, bandwidth
 
 
 def generation_floor(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: int,
@@ -255,7 +227,7 @@ def main(argv):
   print(f'first call (compile + run): {first_s:.2f} s, compile ~{compile_s:.2f} s, '
         f'{compile_count} compilation(s)')
 
-  flops_rate, bandwidth = measure_machine(
+  flops_rate, bandwidth = floor.measure_machine(
       [(batch, cfg.embed_dim, cfg.mlp_dim), (batch, cfg.mlp_dim, cfg.embed_dim),
        (batch, cfg.embed_dim, cfg.vocab_size)])
   fl = generation_floor(cfg, batch, plen, new, flops_rate, bandwidth)
