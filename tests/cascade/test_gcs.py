@@ -6,6 +6,12 @@ tokenizer) through STORAGE_EMULATOR_HOST, and Orbax's tensorstore through
 TENSORSTORE_GCS_HTTP_URL with GOOGLE_AUTH_TOKEN_FOR_TESTING (its test token
 provider). Nothing leaves the loopback interface.
 
+The emulator runs with one fix (EMULATOR below): its object downloads lack the
+`x-goog-generation` header real Cloud Storage sends, from which tensorstore
+takes the generation of its conditional OCDBT manifest writes ("Malformed
+StorageGeneration" without it). It does not enforce `ifGenerationMatch`, so
+those conditions are sent but not checked here (one writer per object anyway).
+
 Fast: the path layer's operations, a checkpoint save/restore, progress and
 metrics round trips, an HF export and tokenizer read back, bad paths as one
 line. Slow: the smoke cascade with --workdir=gs://... and its world on gs://,
@@ -34,6 +40,34 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BUCKET = 'bucket'
 
 
+# gcp_storage_emulator with the x-goog-generation headers on downloads (see the docstring).
+EMULATOR = """
+import sys
+from gcp_storage_emulator import server
+from gcp_storage_emulator.__main__ import main
+from gcp_storage_emulator.exceptions import NotFound
+from gcp_storage_emulator.handlers import objects
+
+plain = objects.download
+
+def download(request, response, storage, *args, **kwargs):
+  try:
+    obj = storage.get_file_obj(request.params['bucket_name'], request.params['object_id'])
+    response['x-goog-generation'] = str(obj['generation'])
+    response['x-goog-metageneration'] = str(obj['metageneration'])
+  except NotFound:
+    pass
+  return plain(request, response, storage, *args, **kwargs)
+
+objects.download = download            # objects.get calls it for ?alt=media
+for _, methods in server.HANDLERS:     # the routes hold the function itself
+  for verb, fn in list(methods.items()):
+    if fn is plain:
+      methods[verb] = download
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
@@ -56,7 +90,7 @@ def gcs(tmp_path_factory):
   port = _free_port()
   log = open(tmp_path_factory.mktemp('emulator') / 'log.txt', 'w')
   proc = subprocess.Popen(
-      [sys.executable, '-m', 'gcp_storage_emulator', 'start', '--host', '127.0.0.1',
+      [sys.executable, '-c', EMULATOR, 'start', '--host', '127.0.0.1',
        '--port', str(port), '--default-bucket', BUCKET, '--in-memory', '-q'],
       stdout=log, stderr=subprocess.STDOUT)
   deadline = time.time() + 30
