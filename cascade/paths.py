@@ -37,11 +37,17 @@ import tempfile
 import time
 from typing import Any, Iterator
 
+import fsspec
 from etils import epath
 
 # Schemes handled by epath's fsspec backend; anything else with '://' is refused.
 REMOTE_SCHEMES = ('gs',)
 _INSTALL_HINT = {'gs': "gs:// paths need gcsfs: pip install -e '.[gcs]'"}
+
+
+# Objects appear from other writers (the other hosts, tensorstore under Orbax): gcsfs must ask the
+# store, not answer from a listing it cached earlier.
+fsspec.config.conf.setdefault('gcs', {}).setdefault('use_listings_cache', False)
 
 
 class PathError(ValueError):

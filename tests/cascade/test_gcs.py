@@ -159,6 +159,17 @@ def test_path_layer_on_the_emulator(gcs, tmp_path):
   assert paths.read_text(log) == '1\n2\n3\n'
 
 
+def test_listings_see_objects_other_clients_wrote(gcs):
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  d = gcs.root + '/shared'
+  paths.write_text(paths.join(d, 'a'), 'a')
+  assert paths.listdir(d) == ['a']
+  # Another writer (here tensorstore, as under Orbax; or another host) adds an object.
+  kv = ts.KvStore.open({'driver': 'gcs', 'bucket': BUCKET, 'path': 'shared/'}).result()
+  kv.write('b', b'b').result()
+  assert paths.listdir(d) == ['a', 'b'] and paths.exists(paths.join(d, 'b'))
+
+
 def test_bad_remote_paths_are_one_line_naming_the_path(gcs):
   with pytest.raises(paths.PathError) as e:
     paths.write_text('gs://no-such-bucket/run/x.json', '{}')
