@@ -7,6 +7,7 @@ back to another row, changes a number these tests pin.
 """
 
 import random
+import threading
 
 import jax
 import numpy as np
@@ -134,3 +135,113 @@ def test_evaluation_scores_each_prompt_against_its_own_answer(fakes):
   want_a = np.mean([r['metadata']['value'] if int(r['metadata']['answer']) % 2 == 0 else -1.0
                     for r in sets['a']])
   assert out['a']['mean_reward'] == pytest.approx(want_a)
+
+
+@pytest.mark.parametrize('junk_id', [256, 300])
+def test_ids_past_the_vocabulary_decode_to_nothing(fakes, junk_id):
+  """Padded embedding rows (any id >= vocab_size, not just the first) are not text."""
+  recs = [fakes.record('a', 0, 12)]
+  ro = rollout.generate(fakes.OwnAnswerSampler(junk_id=junk_id), None, fakes.CharTokenizer(),
+                        recs, [None], jax.random.key(0), SP, 2)
+  assert ro.completions == ['12', '12']
+
+
+class _Uniform:
+  """A stand-in for np.random.Generator whose uniforms are given."""
+
+  def __init__(self, u):
+    self.u = np.asarray(u, np.float64)
+
+  def random(self, n):
+    assert n == len(self.u)
+    return self.u
+
+
+def test_a_prompt_thinks_exactly_when_its_uniform_is_below_the_fraction():
+  # u in [0, 1): P(u < f) = f, so a uniform equal to the fraction does not think, and a
+  # fraction of 0 never thinks, not even on a draw of exactly 0.0.
+  u = [0.0, 0.25, 0.2499, 0.7, 0.9999]
+  assert rollout.draw_modes(5, 0.25, _Uniform(u)) == [True, False, True, False, False]
+  assert rollout.draw_modes(5, 0.0, _Uniform(u)) == [False] * 5
+  assert rollout.draw_modes(5, 1.0, _Uniform(u)) == [True] * 5
+
+
+def _two_threads(ros, verifiers_of, sample_cls):
+  """rollout.score on two simulated hosts (threads) sharing an in-memory exchange."""
+  payloads, out = [None, None], {}
+  barrier = threading.Barrier(2, timeout=20)
+
+  def host(h):
+    def exchange(data):
+      payloads[h] = data
+      barrier.wait()
+      got = list(payloads)
+      barrier.wait()
+      return got
+    try:
+      out[h] = rollout.score(ros[h], verifiers_of[h].__getitem__, sample_cls,
+                             hosts=rollout.Hosts(h, 2, exchange))
+    except Exception as e:  # pylint: disable=broad-except
+      out[h] = e
+
+  threads = [threading.Thread(target=host, args=(h,)) for h in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(60)
+  assert not any(t.is_alive() for t in threads), 'a host is still waiting: a hang'
+  return out
+
+
+def test_a_batch_of_several_hundred_rows_is_scored_row_by_row(fakes):
+  """A realistic batch (more rows than CPython caches small ints for) on one and on two hosts."""
+  recs = _mixed(fakes, n=10)                      # 20 prompts x G = 30: 600 rows
+  sampler = fakes.OwnAnswerSampler(answer=lambda n: str(n if n < 30 else n + 1),
+                                   right=lambda n, g: (n + g) % 4 != 0)
+  ro = rollout.generate(sampler, None, fakes.CharTokenizer(), recs, [None] * len(recs),
+                        jax.random.key(0), SP, 30)
+  want = np.array([r['metadata']['value'] if (int(r['metadata']['answer']) - (r['domain'] == 'b')
+                                              + j) % 4 else -1.0
+                   for r in recs for j in range(30)], np.float32)
+  rewards, infos = rollout.score(ro, _verifiers(fakes)[1], fakes.Sample)
+  np.testing.assert_array_equal(rewards, want)
+  out = _two_threads([ro, ro], [_verifiers(fakes)[0], _verifiers(fakes)[0]], fakes.Sample)
+  for h in (0, 1):
+    assert not isinstance(out[h], Exception), out[h]
+    np.testing.assert_array_equal(out[h][0], want)
+    assert out[h][1] == infos
+
+
+def test_one_process_scores_alone_and_exchanges_nothing(fakes):
+  recs = _mixed(fakes, n=2)
+  ro = rollout.generate(fakes.OwnAnswerSampler(), None, fakes.CharTokenizer(), recs,
+                        [None] * len(recs), jax.random.key(0), SP, 2)
+  alone = rollout.Hosts(0, 1, lambda data: pytest.fail('a single process called a collective'))
+  rewards, _ = rollout.score(ro, _verifiers(fakes)[1], fakes.Sample, hosts=alone)
+  assert rewards.shape == (8,) and (rewards != 0).all()
+
+
+def test_equal_prompts_drawn_twice_are_two_groups(fakes):
+  """A dataset may hold the same prompt twice: each draw is its own group of G rows, so the
+  shares stay G-row groups (a host never scores half of one) and split evenly."""
+  recs = [fakes.record('a', 0, 5), fakes.record('a', 0, 5), fakes.record('a', 1, 6)]
+  assert recs[0] == recs[1] and recs[0] is not recs[1]
+  ro = rollout.generate(fakes.OwnAnswerSampler(), None, fakes.CharTokenizer(), recs,
+                        [None] * 3, jax.random.key(0), SP, 2)
+  assert rollout.groups(ro) == [range(0, 2), range(2, 4), range(4, 6)]
+  assert rollout.owners(ro, 3).tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_hosts_that_disagree_on_which_verifier_is_collective_stop(fakes):
+  """Only host 1 holds domain a's verifier as a collective (a reward model on the mesh): the
+  hosts split the rows differently, and every host refuses to mix their rewards."""
+  recs = _mixed(fakes, n=3)
+  ro = rollout.generate(fakes.OwnAnswerSampler(answer=lambda n: str(n if n < 30 else n + 1)),
+                        None, fakes.CharTokenizer(), recs, [None] * len(recs),
+                        jax.random.key(0), SP, 2)
+  vs0, vs1 = _verifiers(fakes)[0], _verifiers(fakes)[0]
+  setattr(vs1['a'], rollout.COLLECTIVE, True)
+  out = _two_threads([ro, ro], [vs0, vs1], fakes.Sample)
+  for h in (0, 1):
+    assert isinstance(out[h], RuntimeError), out[h]
+    assert 'scored other rollouts' in str(out[h])

@@ -1,0 +1,236 @@
+"""An RL stage's config as a user writes it: defaults, bounds, the update/microbatch split, the
+curriculum phases, and the sizes the stage derives from them (sampler call, train batch, records
+kept, the learning-rate horizon).
+
+Each case sits on a boundary (the smallest or largest value a field accepts, next to the first it
+refuses), so a check that drifts by one, or a phase that ignores its own field, fails here.
+Nothing is compiled: every test takes milliseconds.
+"""
+
+import dataclasses
+import re
+
+import jax
+import ml_collections
+import pytest
+
+from cascade import config as config_lib
+from cascade import kinds
+from cascade import rollout
+from cascade import stage_data
+from cascade.kinds import base
+from cascade.kinds import rl
+
+GRPO = dict(name='rl', kind='grpo', domains=['a'], steps=6, optimizer=dict(lr=1e-3),
+            prompts_per_step=3, group_size=2, max_prompt_len=10, max_response_len=16)
+
+
+def _stage(raw, train=('a_train',)):
+  """The stage dict parsed as `cascade.config` parses it (domain 'a', datasets `train`)."""
+  doms = {'a': config_lib.Domain('a', 'math', {}, train[0] if train else '', 'a_train')}
+  ds = {n: config_lib.Dataset(n, 'prompt', 'prompt') for n in ('a_train', 'b_train')}
+  refs = base.Refs((), (raw['name'],), doms, ds)
+  return kinds.parse(0, raw, refs)
+
+
+def _error(raw, message, **kw):
+  with pytest.raises(config_lib.ConfigError, match=re.escape(f"stages[0] 'rl': {message}")):
+    _stage({**raw, **kw})
+
+
+# ------------------------------------------------------------------ fields and defaults
+
+def test_documented_defaults():
+  """Unset, a stage samples at temperature 1 without top-p/top-k, filters dynamically with 4
+  refill rounds, keeps truncated rows, aggregates per token and is strictly on-policy."""
+  st = _stage(GRPO)
+  assert (st.temperature, st.top_p, st.top_k) == (1.0, 1.0, 0)
+  assert st.thinking_fraction is None
+  assert (st.dynamic_filter, st.refill_cap, st.filter_overlong) == (True, 4, False)
+  assert (st.loss_agg, st.updates_per_batch) == ('token', 1)
+  # Stage configs are frozen values (hashable, never edited in place).
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    st.group_size = 4
+  assert hash(st) == hash(_stage(GRPO))
+
+
+@pytest.mark.parametrize('field,ok,bad,message', [
+    ('prompts_per_step', 1, 0, 'must be an int >= 1'),
+    ('max_prompt_len', 1, 0, 'must be an int >= 1'),
+    ('max_response_len', 1, 0, 'must be an int >= 1'),
+    ('temperature', 0.01, 0.0, 'must be > 0'),
+    ('top_p', 1.0, 1.01, 'must be in (0, 1]'),
+    ('top_p', 0.01, 0.0, 'must be in (0, 1]'),
+    ('top_k', 0, -1, 'must be an int >= 0 (0 = off)'),
+    ('thinking_fraction', 0.0, -0.01, 'must be None'),
+    ('thinking_fraction', 1.0, 1.01, 'must be None'),
+    ('thinking_fraction', 0.5, True, 'must be None'),       # a bool is not a fraction
+    ('refill_cap', 0, -1, 'must be an int >= 0'),
+    ('dynamic_filter', False, 0, 'must be a bool'),
+    ('filter_overlong', True, 1, 'must be a bool'),
+    ('loss_agg', 'seq_mean_token_mean', 'tokens', 'unknown loss aggregation'),
+    ('phases', [], 'x', 'must be a list of dicts'),
+])
+def test_each_field_accepts_its_boundary_and_refuses_the_next_value(field, ok, bad, message):
+  assert getattr(_stage({**GRPO, field: ok}), field) == (ok if field != 'phases' else
+                                                         _stage(GRPO).phases)
+  _error(GRPO, f'{field}={bad!r}: {message}', **{field: bad})
+
+
+def test_group_size_one_is_a_valid_rl_group_but_not_a_grpo_baseline():
+  mopd = _stage(dict(GRPO, kind='mopd', group_size=1, teachers={'a': '/teacher'}))
+  assert mopd.group_size == 1 and mopd.rows_per_step() == (3, 'prompts_per_step * group_size')
+  _error(dict(GRPO, kind='mopd', teachers={'a': '/t'}), 'group_size=0: must be an int >= 1',
+         group_size=0)
+
+
+# ------------------------------------------------------------------ updates and microbatches
+
+@pytest.mark.parametrize('prompts,g,updates,micro', [
+    (3, 2, 1, 6), (3, 2, 3, 1), (3, 2, 6, 1), (3, 2, 2, 3), (4, 4, 2, 1), (4, 4, 2, 2),
+    (4, 4, 2, 4), (4, 4, 2, 8), (4, 4, 1, 16)])
+def test_updates_and_microbatches_that_divide_the_rows_are_accepted(prompts, g, updates, micro):
+  st = _stage(dict(GRPO, prompts_per_step=prompts, group_size=g, updates_per_batch=updates,
+                   microbatches=micro))
+  assert st.rows_per_step() == (prompts * g, 'prompts_per_step * group_size')
+  # The learning-rate schedule spans every optimizer update, not every rollout batch.
+  assert st.decay_steps == st.steps * updates
+
+
+@pytest.mark.parametrize('prompts,g,updates,micro,message', [
+    (3, 2, 4, 1, 'updates_per_batch=4: must divide prompts_per_step * group_size = 6'),
+    (3, 2, 5, 1, 'updates_per_batch=5: must divide prompts_per_step * group_size = 6'),
+    (3, 2, 1, 4, 'microbatches=4: must divide prompts_per_step * group_size'),
+    (4, 4, 2, 16, 'microbatches=16: must divide prompts_per_step * group_size / updates_per_batch'),
+    (4, 4, 2, 3, 'microbatches=3: must divide prompts_per_step * group_size / updates_per_batch'),
+    (4, 4, 1, 3, 'microbatches=3: must divide prompts_per_step * group_size'),
+])
+def test_updates_or_microbatches_that_split_a_row_are_refused(prompts, g, updates, micro,
+                                                              message):
+  raw = dict(GRPO, prompts_per_step=prompts, group_size=g, updates_per_batch=updates,
+             microbatches=micro)
+  with pytest.raises(config_lib.ConfigError) as e:
+    _stage(raw)
+  assert str(e.value) == f"stages[0] 'rl': {message}"
+
+
+# ------------------------------------------------------------------ curriculum phases
+
+def test_without_phases_one_phase_covers_the_stage_with_its_own_settings():
+  st = _stage(dict(GRPO, temperature=0.7, filter_overlong=True))
+  assert st.phases == (base.Phase(until_step=6, max_response_len=16, temperature=0.7,
+                                  filter_overlong=True),)
+  assert [st.phase_at(s) for s in (0, 5, 6, 100)] == [st.phases[0]] * 4
+
+
+def test_each_phase_overrides_only_its_own_fields_and_holds_until_its_step():
+  st = _stage(dict(GRPO, temperature=0.9, phases=[
+      dict(until_step=1, max_response_len=4),
+      dict(until_step=3, temperature=0.5, filter_overlong=True),
+      ml_collections.ConfigDict(dict(until_step=5, max_response_len=16, temperature=1.5))]))
+  P = base.Phase  # pylint: disable=invalid-name
+  assert st.phases == (P(until_step=1, max_response_len=4, temperature=0.9, filter_overlong=False),
+                       P(until_step=3, max_response_len=16, temperature=0.5, filter_overlong=True),
+                       P(until_step=5, max_response_len=16, temperature=1.5,
+                         filter_overlong=False))
+  # A phase holds for steps [previous until_step, until_step); past the last, the last holds.
+  want = [0, 1, 1, 2, 2, 2, 2]
+  assert [st.phases.index(st.phase_at(s)) for s in range(7)] == want
+  assert st.longest_response == 16
+  assert _stage(dict(GRPO, phases=[dict(until_step=2, max_response_len=5),
+                                   dict(until_step=6, max_response_len=9)])).longest_response == 9
+
+
+@pytest.mark.parametrize('phases,message', [
+    ([dict(until_step=0)], 'phases[0].until_step=0: phases must end at strictly increasing '
+                           'steps (previous 0)'),
+    ([dict(until_step=2), dict(until_step=2)], 'phases[1].until_step=2: phases must end at '
+                                               'strictly increasing steps (previous 2)'),
+    ([dict(until_step=2.5)], 'phases[0].until_step=2.5: phases must end'),
+    ([dict(max_response_len=4)], 'phases[0].until_step: missing field'),
+    ([dict(until_step=2, top_p=0.5)], 'phases[0].top_p: unknown field (known: until_step, '
+                                      'max_response_len, temperature, filter_overlong)'),
+    ([dict(until_step=2, max_response_len=0)], 'phases[0].max_response_len=0: must be an int'),
+    ([dict(until_step=2, max_response_len=4.0)], 'phases[0].max_response_len=4.0: must be an'),
+    ([dict(until_step=2, max_response_len=17)], "phases[0].max_response_len=17: exceeds the "
+                                                "stage's max_response_len=16"),
+    ([dict(until_step=2, temperature=0.0)], 'phases[0].temperature=0.0: must be > 0'),
+    ([dict(until_step=2, temperature='hot')], "phases[0].temperature='hot': must be > 0"),
+    ([dict(until_step=2, filter_overlong=1)], 'phases[0].filter_overlong=1: must be a bool'),
+])
+def test_a_malformed_phase_is_a_one_line_error(phases, message):
+  with pytest.raises(config_lib.ConfigError) as e:
+    _stage(dict(GRPO, phases=phases))
+  assert str(e.value).startswith(f"stages[0] 'rl': {message}"), str(e.value)
+
+
+def test_phases_at_the_boundaries_are_accepted():
+  st = _stage(dict(GRPO, phases=[dict(until_step=1, max_response_len=1, temperature=1e-3),
+                                 dict(until_step=2, max_response_len=16)]))
+  assert [(p.until_step, p.max_response_len) for p in st.phases] == [(1, 1), (2, 16)]
+
+
+# ------------------------------------------------------------------ what the stage derives
+
+def test_datasets_default_to_each_domains_train_set():
+  assert _stage(GRPO).datasets == ('a_train',)
+  assert _stage(dict(GRPO, datasets=['b_train'])).datasets == ('b_train',)
+  with pytest.raises(config_lib.ConfigError,
+                     match=re.escape("datasets=None: not given, and domain 'a' has no train")):
+    _stage(GRPO, train=())
+
+
+def test_prompt_plus_response_must_fit_the_model(fakes):
+  # The toy model holds 128 tokens; the toy stages' prompts are up to 100.
+  assert fakes.toy_config([fakes.rl_stage('rl', ['a'], max_response_len=28)]).stages[0]
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      "max_response_len=29: max_prompt_len + max_response_len = 129 exceeds the model's "
+      'max_seq_len=128')):
+    fakes.toy_config([fakes.rl_stage('rl', ['a'], max_response_len=29)])
+  st = fakes.toy_config([fakes.rl_stage('rl', ['a'])]).stages[0]
+  st.check_lengths(None, lambda *a: pytest.fail(f'no model length, no check: {a}'))
+  # A cascade that starts with an RL stage evaluates its starting policy first.
+  assert fakes.toy_config([fakes.rl_stage('rl', ['a'])]).initial_eval
+  assert not fakes.toy_config([fakes.SFT_STAGE, fakes.rl_stage('rl', ['a'])]).initial_eval
+
+
+def test_sampler_call_and_train_batch_sizes_follow_the_longest_phase():
+  st = _stage(dict(GRPO, prompts_per_step=4, top_p=0.9, top_k=7, updates_per_batch=2,
+                   microbatches=2, phases=[dict(until_step=2, max_response_len=6),
+                                           dict(until_step=6, max_response_len=12)]))
+  assert rl.sampler_sizes(st) == dict(rows=8, prompt_len=10, max_new_tokens=12, top_p=0.9,
+                                      top_k=7)
+  mesh = jax.make_mesh((1, 1, 1), ('data', 'fsdp', 'tensor'),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=jax.devices()[:1])
+  batch, what = rl.abstract_batch(st, mesh, None, teacher_index=('row', 'int32'),
+                                  ref_logprobs=('token', 'float32'))
+  # One update's rows (8 / 2) x (prompt + longest response) tokens.
+  for name in ('tokens', 'positions', 'segment_ids', 'targets'):
+    assert getattr(batch, name).shape == (4, 22) and getattr(batch, name).dtype == 'int32'
+  assert batch.loss_mask.shape == batch.old_logprobs.shape == (4, 22)
+  assert batch.advantages.shape == batch.truncated.shape == (4,)
+  assert batch.teacher_index.shape == (4,) and batch.ref_logprobs.shape == (4, 22)
+  assert what == ('4 prompts x 2 = 8 rows x 22 tokens (longest phase), 2 updates per rollout '
+                  'batch, 2 microbatch(es)')
+  one, what1 = rl.abstract_batch(_stage(GRPO), mesh, None)
+  assert one.tokens.shape == (6, 26) and what1 == ('3 prompts x 2 = 6 rows x 26 tokens (longest '
+                                                   'phase), 1 microbatch(es)')
+
+
+@pytest.mark.parametrize('fraction', [None, 0.5])
+def test_a_stage_keeps_its_domains_prompts_that_fit_in_every_mode(fakes, monkeypatch, fraction):
+  """The stage reads only its own domains' records from a dataset that mixes domains, and drops
+  a prompt longer than max_prompt_len in the longest mode it may be drawn in."""
+  tok = fakes.CharTokenizer()
+  recs = [fakes.record(d, i, n) for i, (d, n) in enumerate(
+      [('a', 1), ('b', 2), ('a', 333), ('b', 4), ('a', 55555)])]
+  modes = rollout.stage_modes(fraction)
+  longest = lambda r: rollout.longest_prompt_len(r, tok, modes)
+  cap = longest(recs[2])          # the 3-digit prompt fits exactly; the 5-digit one does not
+  plan = fakes.toy_config([fakes.rl_stage('rl', ['a'], max_prompt_len=cap,
+                                          thinking_fraction=fraction)])
+  monkeypatch.setattr(stage_data.data_lib, 'load', lambda spec, **kw: recs)
+  sd = stage_data.StageData(plan, tok, lambda *a: None)
+  sd.load()
+  kept = sd.stage_records(plan.stages[0])
+  assert [r['id'] for r in kept] == ['a0', 'a2']
