@@ -8,9 +8,9 @@
 Only process 0 writes (`jax.process_index() == 0`); the others get no-op
 writers, so callers never branch on the process. The workdir may be `gs://`:
 both files then go through `cascade.paths` (an object store cannot append, so
-each is uploaded whole when flushed: every 30 s, at `flush()` — the stage loop
-calls it before each checkpoint, so what a resume redoes was logged — and at
-`close()`).
+each is uploaded whole when flushed: every 30 s, at `flush()` — cascade.train
+has every checkpoint save call it first, so every step a resume will not redo
+is logged — and at `close()`).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
   with paths.local_file('gs://bucket/ckpt/model.safetensors') as f: ...   # for mmap readers
 
 Built on `etils.epath` (what Orbax uses), whose `gs://` backend is gcsfs
-(`pip install -e '.[gcs]'`). Every function takes a `str` or path-like and
-the workdir, data, tokenizer and checkpoint paths stay strings elsewhere.
+(`pip install -e '.[gcs]'`). Every function takes a `str` or any path-like;
+the rest of the code passes paths around as plain strings.
 
 Writes never leave half a file where a reader looks: a local file is written
 to a temporary name, fsynced and renamed over the target; a `gs://` object is

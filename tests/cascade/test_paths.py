@@ -4,6 +4,8 @@ The same operations against a Cloud Storage emulator: tests/cascade/test_gcs.py.
 """
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -75,3 +77,14 @@ def test_append_file_appends_across_opens(tmp_path):
   f.write('2\n')
   f.close()
   assert p.read_text() == '1\n2\n'
+
+
+def test_gs_without_gcsfs_says_what_to_install():
+  code = ("import sys; sys.modules['gcsfs'] = None\n"
+          "from cascade import paths\n"
+          "try:\n  paths.write_text('gs://b/x', 'a')\n"
+          "except paths.PathError as e:\n  print(e)\n")
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=repo,
+                       env=dict(os.environ, PYTHONPATH=repo), timeout=120).stdout
+  assert out.strip() == "gs://b/x: cannot write it: gs:// paths need gcsfs: pip install -e '.[gcs]'"
