@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 from typing import Any, Mapping
 
+from cascade import paths
 from cascade import schema
 from cascade.schema import ConfigError
 
@@ -250,11 +250,10 @@ def _model(m: dict):
   if m.get('preset') and m.get('hf_path'):
     raise ConfigError("config.model: give 'preset' or 'hf_path', not both")
   if m.get('hf_path'):
-    path = os.path.join(m['hf_path'], 'config.json')
+    path = paths.join(m['hf_path'], 'config.json')
     try:
-      with open(path, encoding='utf-8') as f:
-        return hf.config_from_hf(json.load(f)), m['hf_path']
-    except (OSError, ValueError, KeyError) as e:
+      return hf.config_from_hf(json.loads(paths.read_text(path))), m['hf_path']
+    except (OSError, ValueError, KeyError) as e:   # paths.PathError is a ValueError
       raise ConfigError(f'config.model.hf_path: {path}: {type(e).__name__}: {e}') from None
   try:
     return model_config.ModelConfig.preset(m['preset'], **dict(m.get('overrides') or {})), ''

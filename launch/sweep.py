@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -27,6 +28,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from cascade import paths
 from launch import hyper
 
 FLAGS = flags.FLAGS
@@ -72,8 +74,13 @@ def point_command(config_spec: str, workdir: str, point: dict[str, Any],
 
 
 def run_point(cmd: list[str], workdir: str) -> int:
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, 'sweep.log'), 'ab') as log:
+  """Runs one point; its output goes to `workdir`/sweep.log (on gs://: uploaded when it ends)."""
+  paths.makedirs(workdir)
+  log_path = paths.join(workdir, 'sweep.log')
+  if paths.is_remote(log_path):
+    with paths.local_target(log_path) as local, open(local, 'ab') as log:
+      return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+  with open(log_path, 'ab') as log:
     return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
 
 
@@ -106,18 +113,15 @@ def summarise(root: str, names: Sequence[str], points: Sequence[dict[str, Any]],
   """Collects each point's final results row into summary.json / summary.md / summary.png."""
   rows, domains = [], []
   for name, point, code in zip(names, points, codes):
-    path = os.path.join(root, name, 'results.json')
+    res = paths.read_json(paths.join(root, name, 'results.json'), default=None)
     final = None
-    if os.path.exists(path):
-      with open(path) as f:
-        res = json.load(f)
+    if res:
       if res.get('scores'):
         final = dict(zip(res['domains'], res['scores'][-1]))
         domains += [d for d in res['domains'] if d not in domains]
     rows.append({'name': name, 'point': point, 'returncode': code, 'final': final})
   summary = {'domains': domains, 'points': rows}
-  with open(os.path.join(root, 'summary.json'), 'w') as f:
-    json.dump(summary, f, indent=1, default=str)
+  paths.write_text(paths.join(root, 'summary.json'), json.dumps(summary, indent=1, default=str))
   lines = ['| point | ' + ' | '.join(domains) + ' | mean | status |',
            '|' + '---|' * (len(domains) + 3)]
   for r in rows:
@@ -127,9 +131,8 @@ def summarise(root: str, names: Sequence[str], points: Sequence[dict[str, Any]],
     cells = [f'{v:.1f}' if v is not None else '-' for v in vals]
     status = 'ok' if r['returncode'] == 0 else f'exit {r["returncode"]}'
     lines.append(f'| {r["name"]} | ' + ' | '.join(cells) + f' | {mean} | {status} |')
-  with open(os.path.join(root, 'summary.md'), 'w') as f:
-    f.write('\n'.join(lines) + '\n')
-  plot(summary, os.path.join(root, 'summary.png'))
+  paths.write_text(paths.join(root, 'summary.md'), '\n'.join(lines) + '\n')
+  plot(summary, paths.join(root, 'summary.png'))
   return summary
 
 
@@ -163,10 +166,10 @@ def plot(summary: dict[str, Any], path: str) -> None:
   ax.set_title('Held-out score after the last stage, per sweep point')
   fig.colorbar(im, ax=ax, label='score (%)')
   fig.tight_layout()
-  tmp = f'{path}.tmp.{os.getpid()}.png'
-  fig.savefig(tmp, dpi=110)
+  buf = io.BytesIO()
+  fig.savefig(buf, format='png', dpi=110)
   plt.close(fig)
-  os.replace(tmp, path)
+  paths.write_bytes(path, buf.getvalue())      # whole (temp + rename locally, one upload remote)
 
 
 def main(argv):
@@ -177,21 +180,20 @@ def main(argv):
   chosen = select(all_points, FLAGS.points)
   points = [all_points[i] for i in chosen]
   names = [f'{i:03d}_{hyper.point_name(all_points[i])}' for i in chosen]
-  cmds = [point_command(config, os.path.join(root, n), p, argv[1:])
+  cmds = [point_command(config, paths.join(root, n), p, argv[1:])
           for n, p in zip(names, points)]
   if FLAGS.dry_run:
     for c in cmds:
       print(' '.join(c))
     return
-  os.makedirs(root, exist_ok=True)
+  paths.makedirs(root)
   prepare(config)
   with concurrent.futures.ThreadPoolExecutor(max(1, FLAGS.parallel)) as pool:
-    futures = [pool.submit(run_point, c, os.path.join(root, n)) for c, n in zip(cmds, names)]
+    futures = [pool.submit(run_point, c, paths.join(root, n)) for c, n in zip(cmds, names)]
     codes = [f.result() for f in futures]
   summary = summarise(root, names, points, codes)
-  with open(os.path.join(root, 'summary.md')) as f:
-    print(f.read())
-  print(f'summary: {os.path.join(root, "summary.md")}, summary.json, summary.png', flush=True)
+  print(paths.read_text(paths.join(root, 'summary.md')))
+  print(f'summary: {paths.join(root, "summary.md")}, summary.json, summary.png', flush=True)
   failed = [r['name'] for r in summary['points'] if r['returncode'] != 0]
   if failed:
     logging.error('%d point(s) failed: %s (see their sweep.log)', len(failed), failed)

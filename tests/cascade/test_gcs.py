@@ -229,6 +229,19 @@ def test_checkpoint_progress_metrics_and_results_round_trip(gcs):
   assert paths.read_bytes(paths.join(workdir, 'results.png'))[:4] == b'\x89PNG'
 
 
+def test_sweep_root_on_gcs(gcs):
+  from launch import sweep  # pylint: disable=g-import-not-at-top
+  root = 'gs://bucket/sweep'
+  code = sweep.run_point([sys.executable, '-c', 'print("point ran")'], f'{root}/000_a')
+  assert code == 0 and paths.read_text(f'{root}/000_a/sweep.log') == 'point ran\n'
+  paths.write_json(f'{root}/000_a/results.json', {'domains': ['math'], 'scores': [[10.0], [40.0]]})
+  summary = sweep.summarise(root, ['000_a', '001_b'], [{'seed': 0}, {'seed': 1}], [0, 2])
+  assert [p['final'] for p in summary['points']] == [{'math': 40.0}, None]
+  assert paths.read_text(f'{root}/summary.md').splitlines()[2] == '| 000_a | 40.0 | 40.0 | ok |'
+  assert paths.read_bytes(f'{root}/summary.png')[:4] == b'\x89PNG'
+  assert paths.read_json(f'{root}/summary.json')['points'][1]['returncode'] == 2
+
+
 def test_hf_export_and_tokenizer_read_from_gcs(gcs, tmp_path):
   from flax import nnx  # pylint: disable=g-import-not-at-top
 
