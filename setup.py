@@ -39,6 +39,11 @@ setuptools.setup(
     extras_require={
         # gs:// workdirs, datasets and checkpoints (epath's gs:// backend).
         'gcs': ['gcsfs>=2024.2'],
+        # NVIDIA GPUs (CUDA 12 wheels of the installed jax); check with
+        # `python -m cascade.device_check`.
+        'cuda': ['jax[cuda12]>=0.10'],
+        # Cloud TPU VMs (libtpu); launch/tpu_vm.sh installs it with gcs.
+        'tpu': ['jax[tpu]>=0.10', 'gcsfs>=2024.2'],
         # tests/cascade/test_gcs.py runs against a local Cloud Storage emulator.
         'test': ['pytest>=8', 'pytest-timeout>=2.3', 'nbclient>=0.10',
                  'nbformat>=5.10', 'ipykernel>=6.29', 'gcsfs>=2024.2',

@@ -9,7 +9,8 @@
 # Every host runs the same command; JAX auto-detects the pod (CASCADE_DISTRIBUTED=auto makes
 # cascade call jax.distributed.initialize()), process 0 writes logs and exports, and Orbax writes
 # checkpoints collectively, so WORKDIR must be shared by all hosts (a gs:// bucket).
-# Needs the gcloud CLI, authenticated, with a project set. Documented here; not run by the tests.
+# Needs the gcloud CLI, authenticated, with a project set. tests/launch/test_tpu_vm.py runs every
+# command against a stand-in gcloud that records what it was asked.
 set -euo pipefail
 
 cmd=${1:?usage: tpu_vm.sh create|install|run|delete NAME ZONE ...}
@@ -29,7 +30,7 @@ case "$cmd" in
     gcloud compute tpus tpu-vm scp /tmp/cascade-src.tgz "$name":~/ --zone="$zone" --worker=all
     ssh_all 'mkdir -p ~/cascade && tar xzf ~/cascade-src.tgz -C ~/cascade && cd ~/cascade &&
              python3 -m venv .venv && .venv/bin/pip install -q -U pip &&
-             .venv/bin/pip install -q -e . "jax[tpu]" && sudo apt-get install -y -qq bubblewrap'
+             .venv/bin/pip install -q -e ".[tpu]" && sudo apt-get install -y -qq bubblewrap'
     ;;
   run)
     config=${4:?config file, e.g. configs/nemotron_cascade_14b.py}
