@@ -70,6 +70,8 @@ def test_documented_defaults():
     ('filter_overlong', True, 1, 'must be a bool'),
     ('loss_agg', 'seq_mean_token_mean', 'tokens', 'unknown loss aggregation'),
     ('phases', [], 'x', 'must be a list of dicts'),
+    ('phases', (), {}, 'must be a list of dicts'),
+    ('updates_per_batch', 1, 0, 'must be an int >= 1'),
 ])
 def test_each_field_accepts_its_boundary_and_refuses_the_next_value(field, ok, bad, message):
   assert getattr(_stage({**GRPO, field: ok}), field) == (ok if field != 'phases' else
@@ -146,6 +148,8 @@ def test_each_phase_overrides_only_its_own_fields_and_holds_until_its_step():
                            'steps (previous 0)'),
     ([dict(until_step=2), dict(until_step=2)], 'phases[1].until_step=2: phases must end at '
                                                'strictly increasing steps (previous 2)'),
+    ([dict(until_step=3), dict(until_step=2)], 'phases[1].until_step=2: phases must end at '
+                                               'strictly increasing steps (previous 3)'),
     ([dict(until_step=2.5)], 'phases[0].until_step=2.5: phases must end'),
     ([dict(max_response_len=4)], 'phases[0].until_step: missing field'),
     ([dict(until_step=2, top_p=0.5)], 'phases[0].top_p: unknown field (known: until_step, '

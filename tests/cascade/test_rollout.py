@@ -230,18 +230,24 @@ def test_equal_prompts_drawn_twice_are_two_groups(fakes):
                         [None] * 3, jax.random.key(0), SP, 2)
   assert rollout.groups(ro) == [range(0, 2), range(2, 4), range(4, 6)]
   assert rollout.owners(ro, 3).tolist() == [0, 0, 1, 1, 2, 2]
+  # One sample per prompt (G = 1, as MOPD may draw): every row is its own group.
+  ro1 = rollout.generate(fakes.OwnAnswerSampler(), None, fakes.CharTokenizer(), recs,
+                         [None] * 3, jax.random.key(0), SP, 1)
+  assert rollout.groups(ro1) == [range(0, 1), range(1, 2), range(2, 3)]
+  assert rollout.owners(ro1, 3).tolist() == [0, 1, 2]
 
 
-def test_hosts_that_disagree_on_which_verifier_is_collective_stop(fakes):
-  """Only host 1 holds domain a's verifier as a collective (a reward model on the mesh): the
+@pytest.mark.parametrize('odd_host', [0, 1])
+def test_hosts_that_disagree_on_which_verifier_is_collective_stop(fakes, odd_host):
+  """Only one host holds domain a's verifier as a collective (a reward model on the mesh): the
   hosts split the rows differently, and every host refuses to mix their rewards."""
   recs = _mixed(fakes, n=3)
   ro = rollout.generate(fakes.OwnAnswerSampler(answer=lambda n: str(n if n < 30 else n + 1)),
                         None, fakes.CharTokenizer(), recs, [None] * len(recs),
                         jax.random.key(0), SP, 2)
-  vs0, vs1 = _verifiers(fakes)[0], _verifiers(fakes)[0]
-  setattr(vs1['a'], rollout.COLLECTIVE, True)
-  out = _two_threads([ro, ro], [vs0, vs1], fakes.Sample)
+  vs = [_verifiers(fakes)[0], _verifiers(fakes)[0]]
+  setattr(vs[odd_host]['a'], rollout.COLLECTIVE, True)
+  out = _two_threads([ro, ro], vs, fakes.Sample)
   for h in (0, 1):
     assert isinstance(out[h], RuntimeError), out[h]
     assert 'scored other rollouts' in str(out[h])
