@@ -43,6 +43,17 @@ V5P_128 = dict(
 QWEN3_YARN = dict(rope_type='yarn', factor=2.0, original_max_position_embeddings=32_768)
 QWEN3_YARN_MAX_SEQ_LEN = 65_536   # = 32,768 x 2.0, the positions QWEN3_YARN covers.
 
+# The planning alternative: one node of 8 NVIDIA H200 (141 GB HBM3e each),
+# NVLink within the node; fsdp over the 8 GPUs.
+H200_8 = dict(
+    name='8 x NVIDIA H200 (one node)',
+    platform='gpu',
+    device_memory_gib=131.0,  # 141 GB per GPU.
+    peak_tflops=989.0,        # dense bf16 tensor-core peak per GPU.
+    hbm_gbps=4800.0,          # HBM bandwidth per GPU, GB/s.
+)
+H200_8_MESH = (1, 8, 1)
+
 # Mesh (data, fsdp, tensor) over the 64 chips. Qwen3-8B/14B have 8 KV heads,
 # so tensor parallelism beyond 8 would replicate the K/V projections; fsdp
 # shards the embedding dimension of every matrix and the batch.
@@ -184,6 +195,26 @@ def cache_slots_per_device(c: ml_collections.ConfigDict, gib: float) -> int:
   kv_heads = -(-m.num_kv_heads // tensor)         # K/V heads split over 'tensor'
   per_slot = m.num_layers * 2 * kv_heads * m.head_dim * m.jnp_dtype.itemsize
   return int(gib * 2 ** 30) // per_slot
+
+
+HARDWARE = {'v5p_128': (V5P_128, None), 'h200x8': (H200_8, H200_8_MESH)}
+
+
+def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  """c retargeted at the hardware `name` (a HARDWARE key): its mesh and the sampler's cache budget.
+
+  'v5p_128' (the papers' scale, the default) leaves c as it is; 'h200x8' plans
+  the same recipe for one 8-GPU node (`launch.plan` then compiles on 8
+  simulated CPU devices and says so).
+  """
+  if name not in HARDWARE:
+    raise ValueError(f'config argument hardware={name!r}: expected one of {sorted(HARDWARE)}')
+  hw, mesh = HARDWARE[name]
+  if mesh is not None:
+    c.hardware = dict(hw)
+    c.mesh = dict(shape=mesh)
+    c.sampler.cache_tokens_per_device = cache_slots_per_device(c, SAMPLER_CACHE_GIB)
+  return c
 
 
 def exact_sampler_buckets(c: ml_collections.ConfigDict) -> None:

@@ -17,7 +17,8 @@ multi-domain policy) -> RLHF -> long-context RL -> code RL -> SWE RL. RL is GRPO
 level, KL 0 except RLHF (0.03), lr 3e-6, 128 prompts x 16 rollouts,
 temperature 1.0, all-equal groups filtered.
 
-Config argument (`:key=value,...`): data_root, base, tokenizer.
+Config argument (`:key=value,...`): data_root, base, tokenizer, hardware
+('v5p_128' or 'h200x8', see configs/nemotron_cascade_14b.py).
 
 Not reproducible here:
 * MoE (the paper's model) and its expert-parallel mesh.
@@ -44,7 +45,7 @@ _MICRO = 256
 def get_config(arg=None):
   """The Cascade-2 recipe on dense Qwen3-14B (see the module docstring)."""
   a = _recipes.parse_arg(arg, data_root='data/nemotron2', base='checkpoints/Qwen3-14B-Base',
-                         tokenizer='checkpoints/Qwen3-14B-Base')
+                         tokenizer='checkpoints/Qwen3-14B-Base', hardware='v5p_128')
   c = _recipes.base_config(
       preset='qwen3_14b',
       # YaRN factor 2.0 from 32,768 positions = 65,536 (see _recipes.QWEN3_YARN).
@@ -99,7 +100,7 @@ def get_config(arg=None):
              max_prompt_len=16_384, max_response_len=16_384, **rl),  # lengths: ours
   ]
   r.exact_sampler_buckets(c)
-  return c
+  return r.on_hardware(c, a.hardware)
 
 
 def get_hyper(h):

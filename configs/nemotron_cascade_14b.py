@@ -18,7 +18,9 @@ add up to 2224 here against 2232 published in total (IF-RL's sub-stage split
 is approximate).
 
 Config argument (`:key=value,...`): data_root (the staged files), base (the
-Qwen3-14B-Base HF directory), tokenizer (its tokenizer.json directory).
+Qwen3-14B-Base HF directory), tokenizer (its tokenizer.json directory),
+hardware ('v5p_128', the default, or 'h200x8': the mesh and sampler budget of
+one 8-GPU node, for `launch.plan`).
 
 Not reproducible here, by construction:
 * Data: the released sets (configs/PAPERS.md, "Released data") must be
@@ -50,7 +52,8 @@ _RL_MICRO = _recipes.CASCADE1_RL_MICROBATCHES
 def get_config(arg=None):
   """The 14B Cascade-1 config (see the module docstring)."""
   a = _recipes.parse_arg(arg, data_root='data/nemotron', base='checkpoints/Qwen3-14B-Base',
-                         tokenizer='checkpoints/Qwen3-14B-Base')
+                         tokenizer='checkpoints/Qwen3-14B-Base',
+                         hardware='v5p_128')
   sft_stages = _recipes.cascade1_sft_stages(a.base)
   # Paper RM: batch 256, lr 2e-6, one epoch over 82K pairs = 320 steps; max_len is ours.
   rm = dict(steps=320, batch_size=256, max_len=8192, optimizer=dict(lr=2e-6), microbatches=32)
@@ -90,7 +93,7 @@ def get_config(arg=None):
              # 128 prompts assumed; agentless prompts carry the localised files:
              max_prompt_len=16_384, max_response_len=16_384,  # ours (not published)
              thinking_fraction=1.0)
-  return _recipes.cascade1(
+  c = _recipes.cascade1(
       preset='qwen3_14b',
       # YaRN factor 2.0 from 32,768 positions = 65,536 (see _recipes.QWEN3_YARN).
       model_overrides=dict(max_seq_len=_recipes.QWEN3_YARN_MAX_SEQ_LEN, remat=True,
@@ -99,6 +102,7 @@ def get_config(arg=None):
       if_rl=if_rl, math=math, code=code, swe=swe,
       # The paper evaluates with 64K-token budgets at temperature 0.6, top-p 0.95.
       eval_max_new_tokens=61_440, eval_max_prompt_len=4096)
+  return _recipes.on_hardware(c, a.hardware)
 
 
 def get_hyper(h):

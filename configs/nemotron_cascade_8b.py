@@ -15,7 +15,8 @@ Stages: SFT 16K -> SFT 32K -> reward model -> RLHF -> IF-RL -> Math RL
 KL, token-level loss, dynamic filtering.
 
 Config argument (`:key=value,...`): data_root, base (the Qwen3-8B-Base HF
-directory), tokenizer.
+directory), tokenizer, hardware ('v5p_128' or 'h200x8', see
+configs/nemotron_cascade_14b.py).
 
 Not reproducible here: the same as for configs/nemotron_cascade_14b.py (data
 to be staged by the user, code-RL prompts and RM pairs not released, a 72B
@@ -32,7 +33,8 @@ _RL_MICRO = _recipes.CASCADE1_RL_MICROBATCHES
 def get_config(arg=None):
   """The 8B Cascade-1 config (see the module docstring)."""
   a = _recipes.parse_arg(arg, data_root='data/nemotron', base='checkpoints/Qwen3-8B-Base',
-                         tokenizer='checkpoints/Qwen3-8B-Base')
+                         tokenizer='checkpoints/Qwen3-8B-Base',
+                         hardware='v5p_128')
   sft_stages = _recipes.cascade1_sft_stages(a.base)
   rm = dict(steps=320, batch_size=256, max_len=8192, optimizer=dict(lr=2e-6),  # max_len: ours
             microbatches=32)
@@ -67,7 +69,7 @@ def get_config(arg=None):
              temperature=1.0,                # assumed
              max_prompt_len=16_384, max_response_len=16_384,  # ours
              thinking_fraction=1.0)
-  return _recipes.cascade1(
+  c = _recipes.cascade1(
       preset='qwen3_8b',
       # YaRN factor 2.0 from 32,768 positions = 65,536 (see _recipes.QWEN3_YARN).
       model_overrides=dict(max_seq_len=_recipes.QWEN3_YARN_MAX_SEQ_LEN, remat=True,
@@ -75,6 +77,7 @@ def get_config(arg=None):
       data_root=a.data_root, tokenizer=a.tokenizer, sft_stages=sft_stages, rm=rm, rlhf=rlhf,
       if_rl=if_rl, math=math, code=code, swe=swe,
       eval_max_new_tokens=61_440, eval_max_prompt_len=4096)
+  return _recipes.on_hardware(c, a.hardware)
 
 
 def get_hyper(h):

@@ -86,3 +86,19 @@ def test_configs_cite_files_that_exist():
     for cited in set(re.findall(r'[\w/.-]+\.md\b', text)):
       path = cited if '/' in cited else os.path.join('configs', cited)
       assert os.path.exists(os.path.join(REPO, path)), (name, cited)
+
+
+@pytest.mark.parametrize('name', ['nemotron_cascade_14b', 'nemotron_cascade_8b',
+                                  'nemotron_cascade2'])
+def test_hardware_argument_retargets_mesh_and_sampler_budget(name):
+  module = importlib.import_module(f'configs.{name}')
+  pod, node = module.get_config(), module.get_config('hardware=h200x8')
+  assert tuple(pod.mesh.shape) == (1, 8, 8) and pod.hardware.platform == 'tpu'
+  assert tuple(node.mesh.shape) == (1, 8, 1) and node.hardware.platform == 'gpu'
+  # One GPU holds all 8 K/V heads (no tensor split): 8x the bytes per cached
+  # token, so an equal cache budget holds 8x fewer slots.
+  assert pod.sampler.cache_tokens_per_device // 8 == node.sampler.cache_tokens_per_device
+  assert [s['name'] for s in node.stages] == [s['name'] for s in pod.stages]
+  config_lib.validate(node)
+  with pytest.raises(ValueError, match="hardware='a100': expected one of"):
+    module.get_config('hardware=a100')
