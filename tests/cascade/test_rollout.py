@@ -251,3 +251,19 @@ def test_hosts_that_disagree_on_which_verifier_is_collective_stop(fakes, odd_hos
   for h in (0, 1):
     assert isinstance(out[h], RuntimeError), out[h]
     assert 'scored other rollouts' in str(out[h])
+
+
+def test_a_host_with_no_rows_of_one_domain_still_scores_the_others(fakes):
+  """Domain a's prompts all fall in host 0's share, b's in host 1's: each host skips the domain
+  it has nothing of and scores the rest, and both end with every row's own reward."""
+  recs = [fakes.record('a', i, 10 + i) for i in range(3)] + [fakes.record('b', i, 30 + i)
+                                                           for i in range(3)]
+  ro = rollout.generate(fakes.OwnAnswerSampler(answer=lambda n: str(n if n < 30 else n + 1),
+                                               right=lambda n, g: g == 0),
+                        None, fakes.CharTokenizer(), recs, [None] * 6, jax.random.key(0), SP, 2)
+  assert rollout.owners(ro, 2).tolist() == [0] * 6 + [1] * 6
+  want = [r['metadata']['value'] if g == 0 else -1.0 for r in recs for g in range(2)]
+  out = _two_threads([ro, ro], [_verifiers(fakes)[0], _verifiers(fakes)[0]], fakes.Sample)
+  for h in (0, 1):
+    assert not isinstance(out[h], Exception), out[h]
+    assert out[h][0].tolist() == want
