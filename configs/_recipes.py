@@ -343,3 +343,19 @@ def cascade1(*, preset: str, model_overrides: dict, data_root: str, tokenizer: s
   c.stages = stages
   exact_sampler_buckets(c)
   return c
+
+
+def cascade1_hyper(h, c: ml_collections.ConfigDict) -> list[dict]:
+  """Seeds x RL learning rates (x0.5, x1, x2 in every GRPO stage) x group size (x1, x2) of c.
+
+  12 points, each a full cascade: `python -m launch.sweep` runs them one host
+  at a time; `launch/xm_launch.py` submits one multi-host job per point. The
+  group size doubles with the microbatch count, so a microbatch keeps its
+  rows (and `launch.plan`'s memory numbers).
+  """
+  return h.product([
+      h.sweep('seed', [0, 1]),
+      h.stages(c, 'optimizer.lr', lambda st: [st['optimizer']['lr'] * f for f in (0.5, 1, 2)]),
+      h.zipit([h.stages(c, 'group_size', lambda st: [st['group_size'] * f for f in (1, 2)]),
+               h.stages(c, 'microbatches', lambda st: [st['microbatches'] * f for f in (1, 2)])]),
+  ])

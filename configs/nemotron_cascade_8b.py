@@ -81,17 +81,5 @@ def get_config(arg=None):
 
 
 def get_hyper(h):
-  """Seeds x RL learning rates (x0.5, x1, x2 in every GRPO stage) x group size (x1, x2).
-
-  12 points, each a full cascade: `python -m launch.sweep` runs them one host
-  at a time; `launch/xm_launch.py` submits one multi-host job per point. The
-  group size doubles with the microbatch count, so a microbatch keeps its
-  rows (and `launch.plan`'s memory numbers).
-  """
-  c = get_config()
-  return h.product([
-      h.sweep('seed', [0, 1]),
-      h.stages(c, 'optimizer.lr', lambda st: [st['optimizer']['lr'] * f for f in (0.5, 1, 2)]),
-      h.zipit([h.stages(c, 'group_size', lambda st: [st['group_size'] * f for f in (1, 2)]),
-               h.stages(c, 'microbatches', lambda st: [st['microbatches'] * f for f in (1, 2)])]),
-  ])
+  """The Cascade-1 sweep (see _recipes.cascade1_hyper): 12 points."""
+  return _recipes.cascade1_hyper(h, get_config())
