@@ -56,11 +56,12 @@ test-all: $(VENV)/.stamp-test sysdeps
 MUTATE ?= cascade/rollout.py cascade/kinds/rl.py cascade/kinds/loop.py cascade/kinds/grpo.py \
           cascade/kinds/mopd.py cascade/kinds/sft.py cascade/kinds/base.py cascade/checkpoint.py \
           rl/grpo.py rl/batch.py rl/distill.py rl/sft.py rl/train_step.py verifiers/math.py
-MUTATION_TESTS ?= tests/cascade/test_rollout.py tests/cascade/test_kinds_rl.py \
+MUTATION_TESTS ?= --timeout=120 tests/cascade/test_rollout.py tests/cascade/test_kinds_rl.py \
+          tests/cascade/test_kinds_rl_config.py tests/cascade/test_kinds_rl_draws.py \
           tests/cascade/test_kinds_loop.py tests/cascade/test_kinds_sft.py \
           tests/cascade/test_policies.py tests/cascade/test_kinds.py tests/cascade/test_checkpoint.py \
           tests/rl tests/verifiers/test_math.py
-MUTATION_DIR ?= /tmp/cascade-mutation
+MUTATION_DIR ?= /tmp/cascade-mutation-$(shell id -un)
 CR := $(abspath $(VENV))/bin
 $(VENV)/.stamp-mutation: setup.py $(VENV)/.stamp-test
 	$(PY) -m pip install -q -e '.[test,mutation]'
