@@ -19,6 +19,7 @@ def test_check_runs_on_a_mesh_and_reports():
   assert out['attention']['train'] in ('dense', 'blockwise', 'splash', 'gpu_flash')
 
 
+@pytest.mark.slow      # a second compile of the sampler (~25 s)
 def test_a_failed_check_is_one_line(monkeypatch):
   monkeypatch.setitem(device_check._TOLERANCE, 'float32', -1.0)   # nothing can pass
   with pytest.raises(device_check.CheckError, match='sampler log-probs differ from a training '

@@ -11,11 +11,16 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOMAINS = ['chat', 'code', 'instruction_following', 'math', 'swe']
 STAGES = ['sft', 'rlhf', 'if_rl', 'math_rl', 'code_rl', 'swe_rl']
 
 
+# Slow (2-3 minutes): the in-process golden-matrix cascade covers the stage
+# loop in the default run; this one covers the command line end to end.
+@pytest.mark.slow
 def test_tiny_cascade_smoke(tmp_path):
   env = dict(os.environ)
   env.pop('XLA_FLAGS', None)                        # one CPU device, as `make demo` runs

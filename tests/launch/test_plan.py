@@ -106,7 +106,7 @@ def test_plan_numbers_are_sane(tiny_path):
   # The sampler's arguments: the params (sharded) and the [16, 32] prompt arrays.
   assert samp.argument_bytes == pytest.approx(
       _per_device_bytes(state.params) + 2 * 16 * 32 * 4 / 4 + 8 + 4 * 4, rel=0.02)
-  assert 'KV cache up to 64 slots' in samp.shapes
+  assert 'KV cache of 64 slots' in samp.shapes
 
   # --notrain: an SFT stage has nothing left to compile.
   assert plan.run_plan(config, tgt, stages=['sft'], with_train=False, with_eval=False) == []
