@@ -86,6 +86,8 @@ def test_scan_equals_unrolled_loop(family):
   np.testing.assert_allclose(scan_out, model(TOKENS), atol=1e-5, rtol=0)
 
 
+# Slow: test_transformer checks remat gradients by default; this adds the named policies.
+@pytest.mark.slow
 def test_remat_policies_give_the_same_gradients():
   cfg = config_lib.ModelConfig.tiny(num_layers=3)
   model = _model(cfg)

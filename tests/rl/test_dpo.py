@@ -219,6 +219,8 @@ def _max_diff(a, b):
              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+# Slow: microbatching is one code path for every loss (test_train_step checks it by default).
+@pytest.mark.slow
 def test_microbatched_step_equals_full_batch_step():
   graphdef, policy, batch, full, m1 = _full_batch_step()
   mu = _adam_mu(full)

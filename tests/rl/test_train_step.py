@@ -199,6 +199,8 @@ def test_metrics_of_a_grpo_step():
   assert m['kl'] > 0
 
 
+# Slow: tests/cascade/test_policies_precision.py checks fp32 masters at the paper lr by default.
+@pytest.mark.slow
 def test_fp32_master_weights_keep_updates_a_bf16_copy_would_lose():
   graphdef32, params32, _, _ = _setup()
   cfg = CFG.replace(param_dtype='bfloat16', dtype='bfloat16')
