@@ -3,6 +3,7 @@ each prompt with its own record's answer, a verifier that pays each row its own 
 and a small validated plan (two toy domains, every training kind) with a tiny model."""
 
 import re
+import threading
 import types
 
 import ml_collections
@@ -145,9 +146,42 @@ SFT_STAGE = dict(name='sft', kind='sft', domains=['a', 'b'], datasets=['sft'], s
                  batch_size=4, max_len=16, optimizer=dict(lr=1e-2))
 
 
+def score_on_hosts(ros, verifiers_of_host, sample_cls):
+  """rollout.score on `len(verifiers_of_host)` simulated hosts (threads) sharing an in-memory
+  exchange; host -> (rewards, infos), or the exception it raised. A host still waiting after
+  60 s fails the test (a hang)."""
+  from cascade import rollout  # pylint: disable=g-import-not-at-top
+  count = len(verifiers_of_host)
+  ros = ros if isinstance(ros, list) else [ros] * count
+  payloads, out = [None] * count, {}
+  barrier = threading.Barrier(count, timeout=20)
+
+  def host(h):
+    def exchange(data):
+      payloads[h] = data
+      barrier.wait()
+      got = list(payloads)
+      barrier.wait()
+      return got
+    try:
+      out[h] = rollout.score(ros[h], verifiers_of_host[h].__getitem__, sample_cls,
+                             hosts=rollout.Hosts(h, count, exchange))
+    except Exception as e:  # pylint: disable=broad-except
+      out[h] = e
+
+  threads = [threading.Thread(target=host, args=(h,)) for h in range(count)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(60)
+  assert not any(t.is_alive() for t in threads), 'a host is still waiting: a hang'
+  return out
+
+
 @pytest.fixture(scope='session')
 def fakes():
   """The stand-ins above, for the tests in this folder."""
   return types.SimpleNamespace(CharTokenizer=CharTokenizer, OwnAnswerSampler=OwnAnswerSampler,
                                ValueVerifier=ValueVerifier, Sample=Sample, record=record,
-                               toy_config=toy_config, rl_stage=rl_stage, SFT_STAGE=SFT_STAGE)
+                               toy_config=toy_config, rl_stage=rl_stage, SFT_STAGE=SFT_STAGE,
+                               score_on_hosts=score_on_hosts)

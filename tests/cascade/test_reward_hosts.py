@@ -15,7 +15,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import types
 
 import jax
@@ -36,45 +35,6 @@ def _rollouts(fakes, g=3, n=5, right=lambda n, g: g != 1):
   sampler = fakes.OwnAnswerSampler(answer=lambda k: str(k if k < 30 else k + 1), right=right)
   return rollout.generate(sampler, None, fakes.CharTokenizer(), recs, [None] * len(recs),
                           jax.random.key(0), SP, g)
-
-
-class _Exchange:
-  """The in-memory collective of `count` threads: each hands in its payload, gets all of them."""
-
-  def __init__(self, count):
-    self.payloads = [None] * count
-    self.barrier = threading.Barrier(count, timeout=20)
-
-  def hosts(self, index):
-    def exchange(data):
-      self.payloads[index] = data
-      self.barrier.wait()
-      out = list(self.payloads)
-      self.barrier.wait()
-      return out
-    return rollout.Hosts(index, len(self.payloads), exchange)
-
-
-def _score_on_hosts(ros, verifiers_of_host, sample_cls):
-  """Runs rollout.score on every simulated host at once; host -> (rewards, infos) or exception."""
-  count = len(verifiers_of_host)
-  ros = ros if isinstance(ros, list) else [ros] * count
-  ex, out = _Exchange(count), {}
-
-  def host(h):
-    try:
-      out[h] = rollout.score(ros[h], verifiers_of_host[h].__getitem__, sample_cls,
-                             hosts=ex.hosts(h))
-    except Exception as e:  # pylint: disable=broad-except
-      out[h] = e
-
-  threads = [threading.Thread(target=host, args=(h,)) for h in range(count)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join(60)
-  assert not any(t.is_alive() for t in threads), 'a host is still waiting: a hang'
-  return out
 
 
 class _Wrong:
@@ -119,7 +79,7 @@ def test_every_host_gets_each_rows_reward_from_the_host_that_scored_it(fakes, co
   # Host 0 and the last host pay the record's value; the hosts between disagree (_Wrong).
   vs = [{d: (fakes.ValueVerifier(d) if h in (0, count - 1) else _Wrong(d)) for d in 'ab'}
         for h in range(count)]
-  out = _score_on_hosts(ro, vs, fakes.Sample)
+  out = fakes.score_on_hosts(ro, vs, fakes.Sample)
   owner = rollout.owners(ro, count)
   value = np.array([r['metadata']['value'] for r in ro.records], np.float32)
   expect = np.where(np.isin(owner, [0, count - 1]), want, 100.0 + value)
@@ -144,7 +104,7 @@ def test_a_collective_verifier_is_run_by_every_host_and_host_0s_rewards_are_kept
                                                      'b': _Wrong('b')}]
   for h in range(2):
     setattr(vs[h]['b'], rollout.COLLECTIVE, True)
-  out = _score_on_hosts(ro, vs, fakes.Sample)
+  out = fakes.score_on_hosts(ro, vs, fakes.Sample)
   want, _ = rollout.score(ro, {d: fakes.ValueVerifier(d) for d in 'ab'}.__getitem__,
                           fakes.Sample)
   np.testing.assert_array_equal(out[0][0], want)
@@ -158,7 +118,7 @@ def test_a_host_whose_scoring_fails_makes_every_host_raise_the_same_error(fakes)
   ro = _rollouts(fakes)
   vs = [{d: fakes.ValueVerifier(d) for d in 'ab'} for _ in range(2)] + [
       {d: _Failing() for d in 'ab'}]
-  out = _score_on_hosts(ro, vs, fakes.Sample)
+  out = fakes.score_on_hosts(ro, vs, fakes.Sample)
   msgs = {str(e) for e in out.values()}
   assert all(isinstance(e, RuntimeError) for e in out.values()) and len(msgs) == 1
   assert 'scoring failed on process 2 of 3' in msgs.pop()
@@ -167,7 +127,7 @@ def test_a_host_whose_scoring_fails_makes_every_host_raise_the_same_error(fakes)
 
 def test_hosts_that_sampled_different_completions_are_an_error(fakes):
   ros = [_rollouts(fakes), _rollouts(fakes, right=lambda n, g: g != 2)]
-  out = _score_on_hosts(ros, [{d: fakes.ValueVerifier(d) for d in 'ab'} for _ in range(2)],
+  out = fakes.score_on_hosts(ros, [{d: fakes.ValueVerifier(d) for d in 'ab'} for _ in range(2)],
                         fakes.Sample)
   assert all(isinstance(e, RuntimeError) and 'different completions' in str(e)
              for e in out.values())
@@ -182,7 +142,7 @@ def test_infos_cross_hosts_as_plain_json(fakes):
                                     info={'ok': np.bool_(True), 'n': np.int64(3),
                                           'v': np.arange(2), 'tags': {'x'}}) for _ in samples]
 
-  out = _score_on_hosts(ro, [{'a': Numpy(), 'b': Numpy()}] * 2, fakes.Sample)
+  out = fakes.score_on_hosts(ro, [{'a': Numpy(), 'b': Numpy()}] * 2, fakes.Sample)
   for rewards, infos in out.values():
     np.testing.assert_array_equal(rewards, np.full(len(ro.records), 0.5, np.float32))
     assert infos[0] == {'ok': True, 'n': 3, 'v': [0, 1], 'tags': ['x']}

@@ -7,7 +7,6 @@ back to another row, changes a number these tests pin.
 """
 
 import random
-import threading
 
 import jax
 import numpy as np
@@ -166,33 +165,6 @@ def test_a_prompt_thinks_exactly_when_its_uniform_is_below_the_fraction():
   assert rollout.draw_modes(5, 1.0, _Uniform(u)) == [True] * 5
 
 
-def _two_threads(ros, verifiers_of, sample_cls):
-  """rollout.score on two simulated hosts (threads) sharing an in-memory exchange."""
-  payloads, out = [None, None], {}
-  barrier = threading.Barrier(2, timeout=20)
-
-  def host(h):
-    def exchange(data):
-      payloads[h] = data
-      barrier.wait()
-      got = list(payloads)
-      barrier.wait()
-      return got
-    try:
-      out[h] = rollout.score(ros[h], verifiers_of[h].__getitem__, sample_cls,
-                             hosts=rollout.Hosts(h, 2, exchange))
-    except Exception as e:  # pylint: disable=broad-except
-      out[h] = e
-
-  threads = [threading.Thread(target=host, args=(h,)) for h in range(2)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join(60)
-  assert not any(t.is_alive() for t in threads), 'a host is still waiting: a hang'
-  return out
-
-
 def test_a_batch_of_several_hundred_rows_is_scored_row_by_row(fakes):
   """A realistic batch (more rows than CPython caches small ints for) on one and on two hosts."""
   recs = _mixed(fakes, n=10)                      # 20 prompts x G = 30: 600 rows
@@ -205,7 +177,7 @@ def test_a_batch_of_several_hundred_rows_is_scored_row_by_row(fakes):
                    for r in recs for j in range(30)], np.float32)
   rewards, infos = rollout.score(ro, _verifiers(fakes)[1], fakes.Sample)
   np.testing.assert_array_equal(rewards, want)
-  out = _two_threads([ro, ro], [_verifiers(fakes)[0], _verifiers(fakes)[0]], fakes.Sample)
+  out = fakes.score_on_hosts([ro, ro], [_verifiers(fakes)[0], _verifiers(fakes)[0]], fakes.Sample)
   for h in (0, 1):
     assert not isinstance(out[h], Exception), out[h]
     np.testing.assert_array_equal(out[h][0], want)
@@ -247,7 +219,7 @@ def test_hosts_that_disagree_on_which_verifier_is_collective_stop(fakes, odd_hos
                         jax.random.key(0), SP, 2)
   vs = [_verifiers(fakes)[0], _verifiers(fakes)[0]]
   setattr(vs[odd_host]['a'], rollout.COLLECTIVE, True)
-  out = _two_threads([ro, ro], vs, fakes.Sample)
+  out = fakes.score_on_hosts([ro, ro], vs, fakes.Sample)
   for h in (0, 1):
     assert isinstance(out[h], RuntimeError), out[h]
     assert 'scored other rollouts' in str(out[h])
@@ -263,7 +235,7 @@ def test_a_host_with_no_rows_of_one_domain_still_scores_the_others(fakes):
                         None, fakes.CharTokenizer(), recs, [None] * 6, jax.random.key(0), SP, 2)
   assert rollout.owners(ro, 2).tolist() == [0] * 6 + [1] * 6
   want = [r['metadata']['value'] if g == 0 else -1.0 for r in recs for g in range(2)]
-  out = _two_threads([ro, ro], [_verifiers(fakes)[0], _verifiers(fakes)[0]], fakes.Sample)
+  out = fakes.score_on_hosts([ro, ro], [_verifiers(fakes)[0], _verifiers(fakes)[0]], fakes.Sample)
   for h in (0, 1):
     assert not isinstance(out[h], Exception), out[h]
     assert out[h][0].tolist() == want
