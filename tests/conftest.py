@@ -1,4 +1,5 @@
-"""Test setup: 8 simulated CPU devices for the sharding tests, float32 matmuls."""
+"""Test setup: 8 simulated CPU devices for the sharding tests, float32 matmuls; shared fixtures
+(the toy copy cascade, the bubblewrap sandbox, a local Cloud Storage emulator)."""
 
 import os
 
@@ -116,3 +117,102 @@ def bwrap_sandbox():
   why = sandbox.probe_bwrap('bwrap')
   if why:
     pytest.fail(f'bubblewrap is installed but the sandbox cannot use it: {why}')
+
+
+# A local Cloud Storage emulator (gcp-storage-emulator) for the gs:// tests: tests/cascade/test_gcs.py
+# and tests/test_tpu_notebook.py.
+#
+# The emulator runs with one fix (GCS_EMULATOR below): its object downloads lack the
+# `x-goog-generation` header real Cloud Storage sends, from which tensorstore takes the generation
+# of its conditional OCDBT manifest writes ("Malformed StorageGeneration" without it). It does not
+# enforce `ifGenerationMatch`, so those conditions are sent but not checked (one writer per object
+# anyway).
+GCS_BUCKET = 'bucket'
+
+GCS_EMULATOR = """
+import sys
+from gcp_storage_emulator import server
+from gcp_storage_emulator.__main__ import main
+from gcp_storage_emulator.exceptions import NotFound
+from gcp_storage_emulator.handlers import objects
+
+plain = objects.download
+
+def download(request, response, storage, *args, **kwargs):
+  try:
+    obj = storage.get_file_obj(request.params['bucket_name'], request.params['object_id'])
+    response['x-goog-generation'] = str(obj['generation'])
+    response['x-goog-metageneration'] = str(obj['metageneration'])
+  except NotFound:
+    pass
+  return plain(request, response, storage, *args, **kwargs)
+
+objects.download = download            # objects.get calls it for ?alt=media
+for _, methods in server.HANDLERS:     # the routes hold the function itself
+  for verb, fn in list(methods.items()):
+    if fn is plain:
+      methods[verb] = download
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def free_port() -> int:
+  import socket
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def emulator_env(url: str) -> dict[str, str]:
+  """The variables that point gcsfs and tensorstore at an emulator at `url`."""
+  return {'STORAGE_EMULATOR_HOST': url,            # gcsfs (and google-cloud-storage)
+          'FSSPEC_GCS_TOKEN': 'anon',              # no credential lookup (no metadata server)
+          'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT': 'false',   # no gRPC bucket-type probe
+          'TENSORSTORE_GCS_HTTP_URL': url,         # Orbax's tensorstore
+          'GOOGLE_AUTH_TOKEN_FOR_TESTING': 'emulator',    # tensorstore's fixed test token
+          'TENSORSTORE_GCS_REQUEST_CONCURRENCY': '4'}     # the emulator serves one at a time
+
+
+@pytest.fixture(scope='module')
+def gcs(tmp_path_factory):
+  """An emulator with bucket 'bucket', and this process's clients pointed at it (os.environ, so
+  subprocesses and notebook kernels started meanwhile inherit it). Skips without gcsfs or the
+  emulator (the `test` extra)."""
+  import socket
+  import subprocess
+  import sys
+  import time
+  import types
+
+  pytest.importorskip('gcsfs', reason="gs:// needs gcsfs: pip install -e '.[gcs]'")
+  pytest.importorskip('gcp_storage_emulator', reason="the emulator: pip install -e '.[test]'")
+  port = free_port()
+  log = open(tmp_path_factory.mktemp('emulator') / 'log.txt', 'w')
+  proc = subprocess.Popen(
+      [sys.executable, '-c', GCS_EMULATOR, 'start', '--host', '127.0.0.1',
+       '--port', str(port), '--default-bucket', GCS_BUCKET, '--in-memory', '-q'],
+      stdout=log, stderr=subprocess.STDOUT)
+  deadline = time.time() + 30
+  while True:
+    try:
+      socket.create_connection(('127.0.0.1', port), 0.2).close()
+      break
+    except OSError:
+      if time.time() > deadline or proc.poll() is not None:
+        proc.kill()
+        pytest.fail(f'the storage emulator did not start (see {log.name})')
+      time.sleep(0.1)
+  env = emulator_env(f'http://127.0.0.1:{port}')
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  try:
+    yield types.SimpleNamespace(env=env, root=f'gs://{GCS_BUCKET}')
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+    proc.kill()
+    proc.wait()
+    log.close()

@@ -1,4 +1,4 @@
-"""gs:// end to end against a local Cloud Storage emulator (gcp-storage-emulator) this file starts.
+"""gs:// end to end against a local Cloud Storage emulator (gcp-storage-emulator).
 
 Every client the run uses is pointed at the emulator: gcsfs (epath's gs://
 backend: the path layer, metrics, TensorBoard, exports, datasets, the
@@ -6,11 +6,12 @@ tokenizer) through STORAGE_EMULATOR_HOST, and Orbax's tensorstore through
 TENSORSTORE_GCS_HTTP_URL with GOOGLE_AUTH_TOKEN_FOR_TESTING (its test token
 provider). Nothing leaves the loopback interface.
 
-The emulator runs with one fix (EMULATOR below): its object downloads lack the
-`x-goog-generation` header real Cloud Storage sends, from which tensorstore
-takes the generation of its conditional OCDBT manifest writes ("Malformed
-StorageGeneration" without it). It does not enforce `ifGenerationMatch`, so
-those conditions are sent but not checked here (one writer per object anyway).
+The emulator is the `gcs` fixture of tests/conftest.py, with one fix: its
+object downloads lack the `x-goog-generation` header real Cloud Storage sends,
+from which tensorstore takes the generation of its conditional OCDBT manifest
+writes ("Malformed StorageGeneration" without it). It does not enforce
+`ifGenerationMatch`, so those conditions are sent but not checked here (one
+writer per object anyway).
 
 Fast: the path layer's operations, a checkpoint save/restore, progress and
 metrics round trips, an HF export and tokenizer read back, bad paths as one
@@ -22,10 +23,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import types
 
 import numpy as np
@@ -37,86 +36,7 @@ pytest.importorskip('gcp_storage_emulator', reason="the emulator: pip install -e
 from cascade import paths  # noqa: E402  pylint: disable=g-import-not-at-top
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUCKET = 'bucket'
-
-
-# gcp_storage_emulator with the x-goog-generation headers on downloads (see the docstring).
-EMULATOR = """
-import sys
-from gcp_storage_emulator import server
-from gcp_storage_emulator.__main__ import main
-from gcp_storage_emulator.exceptions import NotFound
-from gcp_storage_emulator.handlers import objects
-
-plain = objects.download
-
-def download(request, response, storage, *args, **kwargs):
-  try:
-    obj = storage.get_file_obj(request.params['bucket_name'], request.params['object_id'])
-    response['x-goog-generation'] = str(obj['generation'])
-    response['x-goog-metageneration'] = str(obj['metageneration'])
-  except NotFound:
-    pass
-  return plain(request, response, storage, *args, **kwargs)
-
-objects.download = download            # objects.get calls it for ?alt=media
-for _, methods in server.HANDLERS:     # the routes hold the function itself
-  for verb, fn in list(methods.items()):
-    if fn is plain:
-      methods[verb] = download
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-def emulator_env(url: str) -> dict[str, str]:
-  """The variables that point gcsfs and tensorstore at an emulator at `url`."""
-  return {'STORAGE_EMULATOR_HOST': url,            # gcsfs (and google-cloud-storage)
-          'FSSPEC_GCS_TOKEN': 'anon',              # no credential lookup (no metadata server)
-          'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT': 'false',   # no gRPC bucket-type probe
-          'TENSORSTORE_GCS_HTTP_URL': url,         # Orbax's tensorstore
-          'GOOGLE_AUTH_TOKEN_FOR_TESTING': 'emulator',    # tensorstore's fixed test token
-          'TENSORSTORE_GCS_REQUEST_CONCURRENCY': '4'}     # the emulator serves one at a time
-
-
-@pytest.fixture(scope='module')
-def gcs(tmp_path_factory):
-  """An emulator with bucket 'bucket', and this process's clients pointed at it."""
-  port = _free_port()
-  log = open(tmp_path_factory.mktemp('emulator') / 'log.txt', 'w')
-  proc = subprocess.Popen(
-      [sys.executable, '-c', EMULATOR, 'start', '--host', '127.0.0.1',
-       '--port', str(port), '--default-bucket', BUCKET, '--in-memory', '-q'],
-      stdout=log, stderr=subprocess.STDOUT)
-  deadline = time.time() + 30
-  while True:
-    try:
-      socket.create_connection(('127.0.0.1', port), 0.2).close()
-      break
-    except OSError:
-      if time.time() > deadline or proc.poll() is not None:
-        proc.kill()
-        pytest.fail(f'the storage emulator did not start (see {log.name})')
-      time.sleep(0.1)
-  env = emulator_env(f'http://127.0.0.1:{port}')
-  saved = {k: os.environ.get(k) for k in env}
-  os.environ.update(env)
-  try:
-    yield types.SimpleNamespace(env=env, root=f'gs://{BUCKET}')
-  finally:
-    for k, v in saved.items():
-      if v is None:
-        os.environ.pop(k, None)
-      else:
-        os.environ[k] = v
-    proc.kill()
-    proc.wait()
-    log.close()
+BUCKET = 'bucket'                  # the gcs fixture's bucket (tests/conftest.py)
 
 
 def test_path_layer_on_the_emulator(gcs, tmp_path):
