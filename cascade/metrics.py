@@ -4,10 +4,14 @@
   workdir/metrics.jsonl  one JSON object per step: {"stage", "stage_index",
                          "kind", "step", "time", ...metrics}; a resumed run
                          appends the steps it redoes again (later lines win)
+  workdir/samples.jsonl  a few generated samples of every RL step, one JSON
+                         object each (`Writer.write_samples`; created at the
+                         first one, so `config.eval.log_samples=0` leaves no
+                         file); also TensorBoard text, tag '<stage name>/samples'
 
 Only process 0 writes (`jax.process_index() == 0`); the others get no-op
 writers, so callers never branch on the process. The workdir may be `gs://`:
-both files then go through `cascade.paths` (an object store cannot append, so
+every file then goes through `cascade.paths` (an object store cannot append, so
 each is uploaded whole when flushed: every 30 s, at `flush()` — cascade.train
 has every checkpoint save call it first, so every step a resume will not redo
 is logged — and at `close()`).
@@ -23,6 +27,7 @@ import time
 from typing import Mapping
 
 import jax
+import numpy as np
 import tqdm
 
 from cascade import paths
@@ -90,13 +95,120 @@ class _EventFiles:
     del path  # object stores have no directories to create
 
 
+# Generated text is untrusted model output. Each string of a logged sample keeps at most
+# SAMPLE_TEXT_CHARS of its characters (its head and its tail, half each, with a marker naming how
+# many were cut between them: a completion's final answer is at its end); a verifier info keeps
+# SAMPLE_INFO_KEYS keys, each value cut to SAMPLE_INFO_CHARS characters.
+SAMPLE_TEXT_CHARS = 2000
+SAMPLE_INFO_CHARS = 200
+SAMPLE_INFO_KEYS = 16
+_SAMPLE_KEY_CHARS = 100
+
+
+def _safe_repr(x) -> str:
+  try:
+    return repr(x)
+  except Exception:  # pylint: disable=broad-except
+    return f'<unprintable {type(x).__name__}>'
+
+
+def clean_text(text, limit: int = SAMPLE_TEXT_CHARS) -> str:
+  """`text` as a string every encoder takes (UTF-8, JSON, protobuf), cut to `limit` characters.
+
+  Lone surrogates become U+FFFD (a surrogate pair written as two code points is
+  joined into its character). A longer text keeps its first `limit // 2` and
+  last `limit - limit // 2` characters around '…[N characters cut]…'.
+
+  Args:
+    text: anything; a non-string is logged as its repr.
+    limit: how many of its characters to keep at most.
+
+  Returns:
+    The cleaned text.
+  """
+  if not isinstance(text, str):
+    text = _safe_repr(text)
+  text = text.encode('utf-16', 'surrogatepass').decode('utf-16', 'replace')
+  if len(text) > limit:
+    head = limit // 2
+    tail = text[len(text) - (limit - head):] if limit - head else ''
+    text = f'{text[:head]} …[{len(text) - limit} characters cut]… {tail}'
+  return text
+
+
+def _clean_value(v, limit: int):
+  """A JSON value that strict encoders take: finite numbers, bools, None, or cleaned text."""
+  if v is None or isinstance(v, (bool, np.bool_)):
+    return None if v is None else bool(v)
+  if isinstance(v, (int, np.integer)):
+    return int(v)
+  if isinstance(v, (float, np.floating)):
+    f = float(v)
+    return f if math.isfinite(f) else str(f)
+  if isinstance(v, str):
+    return clean_text(v, limit)
+  if isinstance(v, np.ndarray):
+    v = v.tolist()
+  text = None
+  if isinstance(v, (list, tuple, dict)):       # as JSON text; anything odd inside as its repr
+    try:
+      text = json.dumps(v, default=_safe_repr)
+    except (TypeError, ValueError, RecursionError):
+      pass
+  return clean_text(_safe_repr(v) if text is None else text, limit)
+
+
+def clean_info(info) -> dict:
+  """A verifier's info kept short: SAMPLE_INFO_KEYS keys, each value cut to SAMPLE_INFO_CHARS."""
+  if info is None:
+    return {}
+  if not isinstance(info, Mapping):
+    return {'info': _clean_value(info, SAMPLE_INFO_CHARS)}
+  items = list(info.items())
+  out = {clean_text(k, _SAMPLE_KEY_CHARS): _clean_value(v, SAMPLE_INFO_CHARS)
+         for k, v in items[:SAMPLE_INFO_KEYS]}
+  if len(items) > SAMPLE_INFO_KEYS:
+    out['…'] = f'{len(items) - SAMPLE_INFO_KEYS} more keys'
+  return out
+
+
+def clean_sample(sample: Mapping) -> dict:
+  """A logged sample, every value JSON-safe: `clean_info` for 'info', `clean_text` for text."""
+  return {clean_text(k, _SAMPLE_KEY_CHARS): (clean_info(v) if k == 'info'
+                                             else _clean_value(v, SAMPLE_TEXT_CHARS))
+          for k, v in sample.items()}
+
+
+_TEXT_FIELDS = ('prompt', 'completion')
+_CONTEXT_FIELDS = ('stage', 'stage_index', 'kind', 'step')
+
+
+def samples_markdown(recs: list[dict]) -> str:
+  """TensorBoard text of cleaned samples: a bold title each, then an indented code block
+  (indented line by line, so no text can close it or render as markdown/HTML)."""
+  parts = []
+  for i, r in enumerate(recs):
+    head = ' '.join(f'{k}={json.dumps(v)}' for k, v in r.items()
+                    if k not in _TEXT_FIELDS + _CONTEXT_FIELDS + ('info',))
+    lines = [head]
+    for k in _TEXT_FIELDS:
+      if k in r:
+        lines += [f'--- {k}:', *str(r[k]).splitlines()]
+    lines.append(f'--- info: {json.dumps(r.get("info", {}))}')
+    parts += [f'**sample {i + 1} of {len(recs)}**', '\n'.join('    ' + l for l in lines)]
+  return '\n\n'.join(parts)
+
+
 class Writer:
-  """Writes per-step metrics to TensorBoard and metrics.jsonl (process 0 only)."""
+  """Writes per-step metrics to TensorBoard and metrics.jsonl, samples to samples.jsonl (process
+  0 only)."""
 
   def __init__(self, workdir: str, enabled: bool | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self._tb = None
     self._jsonl = None
+    self._samples = None
+    self._samples_path = paths.join(workdir, 'samples.jsonl')
     if self.enabled:
       tensorboardx = _import_tensorboardx()
       paths.makedirs(workdir)
@@ -114,6 +226,25 @@ class Writer:
            'time': round(time.time(), 3), **vals}
     self._jsonl.write(json.dumps(rec) + '\n')
 
+  def write_samples(self, stage, step: int, samples: list[Mapping]) -> None:
+    """Logs generated samples of one step of `stage` to samples.jsonl and TensorBoard text.
+
+    Args:
+      stage: as for `write`.
+      step: the step, numbered as in metrics.jsonl.
+      samples: one mapping each (field -> value; 'prompt', 'completion' and
+        'info' are shown apart in TensorBoard); every value is cleaned first
+        (`clean_sample`), so no model output can make the encoding fail.
+    """
+    if not self.enabled or not samples:
+      return
+    ctx = {'stage': stage.name, 'stage_index': stage.index, 'kind': stage.kind, 'step': step}
+    recs = [{**ctx, **clean_sample(s)} for s in samples]
+    if self._samples is None:
+      self._samples = paths.AppendFile(self._samples_path)
+    self._samples.write(''.join(json.dumps(r, allow_nan=False) + '\n' for r in recs))
+    self._tb.add_text(f'{stage.name}/samples', samples_markdown(recs), step)
+
   def write_scores(self, row_name: str, row_index: int, scores: Mapping[str, float]) -> None:
     """Logs an evaluation row: tags 'eval/<domain>' at x = row index (+1 for the initial row)."""
     if not self.enabled:
@@ -125,16 +256,20 @@ class Writer:
     self.flush()
 
   def flush(self) -> None:
-    """Makes everything logged so far durable (TensorBoard and metrics.jsonl)."""
+    """Makes everything logged so far durable (TensorBoard, metrics.jsonl, samples.jsonl)."""
     if self.enabled:
       self._tb.flush()
       self._jsonl.flush(force=True)
+      if self._samples is not None:
+        self._samples.flush(force=True)
 
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
       self._jsonl.close()
-      self._tb = self._jsonl = None
+      if self._samples is not None:
+        self._samples.close()
+      self._tb = self._jsonl = self._samples = None
 
 
 # Short names shown on the progress bar, in order, when a step reports them.

@@ -9,6 +9,17 @@ past groups whose G rewards are all equal (at most `refill_cap` extra
 rounds), the same rounds on every host. Rows of a
 truncated completion carry no loss in a phase that filters overlong rollouts.
 
+Every step logs `config.eval.log_samples` of its train rows (0: none) to
+samples.jsonl and TensorBoard text (`metrics.Writer.write_samples`): the first
+completion of each of the batch's first prompts (past its last prompt, their
+second completions, and so on), a choice that draws no randomness and changes
+nothing the step trains on. Each carries the stage, the step (numbered as in
+metrics.jsonl), the row, its domain, the record's id (None when it has none),
+the thinking mode, the prompt as the model saw it (the chat template rendered
+in that mode), the decoded completion, its reward, length in tokens and
+truncation, whether its group was kept or is padding (`group_kept`), and the
+verifier's info; long text is cut (`metrics.SAMPLE_TEXT_CHARS`).
+
 `updates_per_batch` > 1 splits the step's rollout batch into that many
 mini-batches (a fixed permutation per step) and takes one optimizer update on
 each, PPO-style; the importance ratio against the sampler's log-probs is what
@@ -207,6 +218,8 @@ class Draws:
     self.modes_rng = np.random.default_rng([env.plan.seed, stage.index, step])
     self.rewards, self.lengths, self.truncated, self.domains = [], [], [], []
     self.sandbox_errors = self.scored = 0
+    # Every row drawn this step, in draw order: (record, mode, completion, verifier info).
+    self.drawn: list[tuple] = []
     self.step = step
     self.sample_s = self.score_s = 0.0
 
@@ -234,24 +247,70 @@ class Draws:
     self.lengths.append(ro.samples.lengths)
     self.truncated.append(ro.samples.truncated)
     self.domains += [r['domain'] for r in ro.records]
+    self.drawn += list(zip(ro.records, ro.modes, ro.completions, infos))
     index = self.env.domain_index
     domain_idx = np.array([index[r['domain']] for r in ro.records], np.int32)
     return {'samples': _pad_prompts(ro.samples, st.max_prompt_len), 'domain': domain_idx}, rewards
 
+  def _indexed(self, n: int):
+    """A round as `__call__`, each row also carrying its index in `self.drawn` ('drawn_row')."""
+    start = len(self.drawn)
+    rows, rewards = self(n)
+    return dict(rows, drawn_row=np.arange(start, len(self.drawn))), rewards
+
   def collect(self):
     """Draws one batch of groups (refilling past all-equal groups when the stage filters).
+
+    Logs a few of its rows (`log_samples`) before returning.
 
     Returns:
       (rows, rewards, valid, fill metrics).
     """
     st = self.stage
     if st.dynamic_filter:
-      f = grpo.fill_groups(self, st.prompts_per_step, st.group_size,
+      f = grpo.fill_groups(self._indexed, st.prompts_per_step, st.group_size,
                            max_rounds=1 + st.refill_cap)
-      return f.rows, f.rewards, f.valid, {'prompts_drawn': f.prompts_drawn, 'rounds': f.rounds,
-                                          'groups_kept': f.groups_kept}
-    rows, rewards = self(st.prompts_per_step)
-    return rows, rewards, np.ones(rewards.shape, bool), {}
+      rows, rewards, valid = dict(f.rows), f.rewards, f.valid
+      fill = {'prompts_drawn': f.prompts_drawn, 'rounds': f.rounds, 'groups_kept': f.groups_kept}
+    else:
+      rows, rewards = self._indexed(st.prompts_per_step)
+      valid, fill = np.ones(rewards.shape, bool), {}
+    drawn_row = rows.pop('drawn_row')
+    self.log_samples(rows, rewards, valid, drawn_row)
+    return rows, rewards, valid, fill
+
+  def log_samples(self, rows, rewards, valid, drawn_row) -> None:
+    """Writes `config.eval.log_samples` of the step's train rows through the run's metrics writer
+    (none: an env without one, or a process other than the writer)."""
+    count = self.env.plan.eval.log_samples
+    writer = getattr(self.env, 'writer', None)
+    if not count or writer is None or not writer.enabled:
+      return
+    writer.write_samples(self.stage, self.step + 1,
+                         self.samples(rows, rewards, valid, drawn_row, count))
+
+  def samples(self, rows, rewards, valid, drawn_row, count: int) -> list[dict]:
+    """The logged rows of a collected batch: `sample_rows(rows, G, count)`, one dict each.
+
+    Args:
+      rows, rewards, valid: as `collect` returns them.
+      drawn_row: [rows] each row's index in `self.drawn`.
+      count: how many.
+
+    Returns:
+      One dict per row: row, domain, id, thinking, reward, length, truncated,
+      group_kept, prompt, completion, info (raw: the writer cleans and cuts them).
+    """
+    out = []
+    s = rows['samples']
+    for i in sample_rows(len(rewards), self.stage.group_size, count):
+      rec, mode, completion, info = self.drawn[int(drawn_row[i])]
+      out.append({'row': int(i), 'domain': rec['domain'], 'id': rec.get('id') or None,
+                  'thinking': mode, 'reward': float(rewards[i]), 'length': int(s.lengths[i]),
+                  'truncated': bool(s.truncated[i]), 'group_kept': bool(valid[i]),
+                  'prompt': rollout.prompt_text(rec, mode), 'completion': completion,
+                  'info': info})
+    return out
 
   def metrics(self) -> dict:
     r = np.concatenate(self.rewards)
@@ -266,6 +325,13 @@ class Draws:
       for d in sorted(set(self.domains)):
         out[f'reward_mean/{d}'] = float(np.mean(r[doms == d]))
     return out
+
+
+def sample_rows(rows: int, group_size: int, count: int) -> list[int]:
+  """Which of a batch's prompt-major rows are logged: rows 0, G, 2G, ... (the first completion of
+  each prompt), then 1, G + 1, ... (the second ones) and so on, `count` of them at most."""
+  prompts = rows // group_size
+  return [(k % prompts) * group_size + k // prompts for k in range(min(count, rows))]
 
 
 def loss_valid(stage: RLStageConfig, step: int, rows, valid) -> np.ndarray:
