@@ -63,7 +63,7 @@ def read_json(path: str, default: Any = None) -> Any:
 
 # Fields that do not change what a run computes, so a resumed run may differ in them.
 HARMLESS_TOP = ('allow_config_change', 'hardware', 'prepare')
-HARMLESS_NESTED = {'ckpt': ('keep',)}
+HARMLESS_NESTED = {'ckpt': ('keep',), 'eval': ('log_samples', 'eval_every')}
 
 
 def config_for_hash(config) -> dict:

@@ -46,6 +46,7 @@ class Dataset:
   data_dir: str = ''
   domain: str = ''
   limit: int = 0
+  skip: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,9 @@ class Domain:
 
   `eval_verifier` (default: `verifier`) scores the held-out set, so a domain
   trained on a learned reward can be measured by a ground-truth rule.
+  `validation` (optional) names a prompt dataset disjoint from `eval`: the
+  selection set that in-stage validation and MOPD's `teachers='best'` read,
+  so that nothing is chosen on the held-out numbers the matrix reports.
   """
   name: str
   verifier: str
@@ -63,15 +67,37 @@ class Domain:
   eval_verifier: str = ''
   eval_verifier_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   reward_model_stage: str = ''
+  validation: str = ''
 
 
 def _thinking_ok(v) -> bool:
-  return v is None or isinstance(v, bool)
+  return v is None or isinstance(v, bool) or v == 'both'
+
+
+# config.eval fields a domain may set for itself (config.eval.domains.<name>.<field>).
+EVAL_DOMAIN_FIELDS = ('num_samples', 'max_new_tokens', 'max_prompt_len', 'num_prompts',
+                      'temperature', 'top_p', 'top_k', 'greedy', 'thinking')
+
+
+def _domains_ok(v) -> bool:
+  v = schema.plain(v)
+  return v is None or (isinstance(v, Mapping) and all(
+      isinstance(k, str) and isinstance(schema.plain(o), Mapping) for k, o in v.items()))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Eval:
-  """config.eval: how every row of the matrix samples the held-out prompts."""
+  """config.eval: how every row of the matrix samples the held-out (and validation) prompts.
+
+  `thinking`: None (no /think switch), True, False, or 'both' (each domain is
+  scored in both modes; its score is their mean, each mode's is kept beside it).
+  `domains`: per-domain overrides of the sampling fields (EVAL_DOMAIN_FIELDS),
+  e.g. a longer `max_new_tokens` for math; `Plan.eval_settings` holds the result.
+  `validation_prompts`: prompts of each domain's validation set scored (0 = all);
+  `eval_every`: inside every stage that trains the policy, its validation sets
+  are scored every N steps (0 = at stage ends only), logged as `val/<domain>`.
+  `log_samples`: samples of every RL step logged to samples.jsonl and TensorBoard (0 = off).
+  """
   num_samples: int = schema.field(check=schema.int_at_least(1))
   max_new_tokens: int = schema.field(check=schema.int_at_least(1))
   max_prompt_len: int = schema.field(check=schema.int_at_least(1))
@@ -84,10 +110,21 @@ class Eval:
   top_k: int = schema.field(0, check=(lambda v: schema.is_int(v) and v >= 0,
                                       'must be an int >= 0 (0 = off)'))
   greedy: bool = schema.field(False, check=schema.BOOL)
-  thinking: bool | None = schema.field(None, check=(
-      _thinking_ok, 'must be None (no /think switch), True (/think) or False (/no_think)'))
+  thinking: Any = schema.field(None, check=(
+      _thinking_ok, "must be None (no /think switch), True (/think), False (/no_think) or "
+                    "'both'"))
   initial: Any = schema.field('auto', check=((lambda v: v in ('auto', True, False)),
                                              "expected 'auto', True or False"))
+  log_samples: int = schema.field(2, check=schema.int_at_least(0))
+  validation_prompts: int = schema.field(0, check=schema.int_at_least(0))
+  eval_every: int = schema.field(0, check=schema.int_at_least(0))
+  domains: Any = schema.field(None, check=(
+      _domains_ok, 'must be a mapping domain -> {field: value}'))
+
+  @property
+  def modes(self) -> tuple:
+    """The thinking modes a domain is scored in."""
+    return (True, False) if self.thinking == 'both' else (self.thinking,)
 
   def check(self, fail):
     if not self.greedy and self.temperature <= 0:
@@ -126,6 +163,8 @@ class Plan:
     rules: logical sharding rules.
     sampler: keyword options of `rl.sampler.Sampler` (buckets, decode phases).
     eval: the evaluation settings.
+    eval_settings: domain -> its evaluation settings (config.eval with the
+      domain's overrides from config.eval.domains).
     ckpt: checkpointing.
     stages: each stage's typed config (`cascade.kinds`).
     domains, datasets: by name.
@@ -146,14 +185,19 @@ class Plan:
   datasets: Mapping[str, Dataset]
   initial_eval: bool
   prepare: Prepare | None = None
+  eval_settings: Mapping[str, Eval] = dataclasses.field(default_factory=dict)
+
+  def eval_of(self, domain: str) -> Eval:
+    """The evaluation settings of `domain`."""
+    return self.eval_settings.get(domain, self.eval)
 
   def stage(self, name: str):
     return next(s for s in self.stages if s.name == name)
 
 
-_DATASET_FIELDS = ('path', 'tfds', 'split', 'data_dir', 'format', 'domain', 'limit')
+_DATASET_FIELDS = ('path', 'tfds', 'split', 'data_dir', 'format', 'domain', 'limit', 'skip')
 _DOMAIN_FIELDS = ('verifier', 'verifier_options', 'train', 'eval', 'eval_verifier',
-                  'eval_verifier_options', 'reward_model_stage')
+                  'eval_verifier_options', 'reward_model_stage', 'validation')
 
 
 def _as_dict(x) -> dict:
@@ -207,7 +251,8 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     raise ConfigError('config.tokenizer.path: missing (a SentencePiece model or HF tokenizer dir)')
   mesh_shape, rules = _mesh(_as_dict(config.mesh))
   ckpt = schema.from_mapping(Ckpt, _as_dict(config.ckpt), 'config.ckpt', sep='.')
-  ev = schema.from_mapping(Eval, _as_dict(config.eval), 'config.eval', sep='.')
+  raw_eval = _as_dict(config.eval)
+  ev = schema.from_mapping(Eval, raw_eval, 'config.eval', sep='.')
   sampler = _sampler(_as_dict(config.sampler))
   datasets = _check_datasets(_as_dict(_get(config, 'datasets', {}) or {}), known_formats)
   domains = _check_domains(_as_dict(_get(config, 'domains', {}) or {}), datasets,
@@ -226,6 +271,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   for d in domains.values():
     if d.reward_model_stage:
       _check_rm_reference(d, stages)
+  eval_settings = _eval_settings(raw_eval, ev, domains)
   initial = ev.initial
   if initial == 'auto':
     first = next((s for s in stages if s.ROW), None)
@@ -236,7 +282,30 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   return Plan(seed=int(seed), model=model, hf_path=hf_path, tokenizer_path=str(tok['path']),
               mesh_shape=mesh_shape, rules=rules, sampler=sampler, eval=ev, ckpt=ckpt,
               stages=tuple(stages), domains=domains, datasets=datasets,
-              initial_eval=bool(initial), prepare=_prepare(_get(config, 'prepare')))
+              initial_eval=bool(initial), prepare=_prepare(_get(config, 'prepare')),
+              eval_settings=eval_settings)
+
+
+def _eval_settings(raw: dict, ev: Eval, domains) -> dict[str, Eval]:
+  """domain -> config.eval with the domain's overrides (checked like config.eval itself)."""
+  overrides = dict(schema.plain(ev.domains) or {})
+  for d, o in overrides.items():
+    where = f'config.eval.domains.{d}'
+    if d not in domains:
+      raise ConfigError(f'{where}: unknown domain (known: {", ".join(sorted(domains))})')
+    for k in schema.plain(o):
+      if k not in EVAL_DOMAIN_FIELDS:
+        raise ConfigError(f'{where}.{k}: not a per-domain field (those are: '
+                          f'{", ".join(EVAL_DOMAIN_FIELDS)})')
+  base = {k: v for k, v in raw.items() if k != 'domains'}
+  out = {}
+  for d in sorted(domains):
+    if d in overrides:
+      merged = {**base, **dict(schema.plain(overrides[d]))}
+      out[d] = schema.from_mapping(Eval, merged, f'config.eval.domains.{d}', sep='.')
+    else:
+      out[d] = dataclasses.replace(ev, domains=None)
+  return out
 
 
 def _model(m: dict):
@@ -340,13 +409,14 @@ def _check_datasets(raw: dict, known_formats) -> dict[str, Dataset]:
     path, tfds_name = spec.get('path', ''), spec.get('tfds', '')
     if bool(path) == bool(tfds_name):
       raise ConfigError(f"{where}: give exactly one of 'path' (JSONL/Parquet) or 'tfds'")
-    limit = spec.get('limit', 0)
-    if not schema.is_int(limit) or limit < 0:
-      raise ConfigError(f'{where}.limit={limit!r}: must be an int >= 0')
+    limit, skip = spec.get('limit', 0), spec.get('skip', 0)
+    for k, v in (('limit', limit), ('skip', skip)):
+      if not schema.is_int(v) or v < 0:
+        raise ConfigError(f'{where}.{k}={v!r}: must be an int >= 0')
     out[name] = Dataset(name=name, format=fmt, record_type=known_formats[fmt], path=path,
                         tfds_name=tfds_name, split=spec.get('split', 'train'),
                         data_dir=spec.get('data_dir', ''), domain=spec.get('domain', ''),
-                        limit=limit)
+                        limit=limit, skip=skip)
   return out
 
 
@@ -370,7 +440,7 @@ def _check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
       if vname not in verifier_names:
         raise ConfigError(f'{where}.{field}={vname!r}: unknown verifier (known: '
                           f'{", ".join(sorted(verifier_names))})')
-    for split in ('train', 'eval'):
+    for split in ('train', 'eval', 'validation'):
       ds = spec.get(split, '')
       if split == 'eval' and not ds:
         raise ConfigError(f'{where}.eval: missing field (every domain needs a held-out set)')
@@ -393,7 +463,11 @@ def _check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
     eval_opts = opts if eval_opts is None and eval_ver == ver else dict(_as_dict(eval_opts or {}))
     out[name] = Domain(name=name, verifier=ver, verifier_options=opts,
                        train=spec.get('train', ''), eval=spec['eval'], eval_verifier=eval_ver,
-                       eval_verifier_options=eval_opts, reward_model_stage=rm_stage)
+                       eval_verifier_options=eval_opts, reward_model_stage=rm_stage,
+                       validation=spec.get('validation', '') or '')
+    if out[name].validation and out[name].validation == out[name].eval:
+      raise ConfigError(f'{where}.validation={out[name].validation!r}: is the held-out set '
+                        '(eval); selecting on it would be selecting on the reported numbers')
   return out
 
 

@@ -333,15 +333,19 @@ def load(spec, domains: Sequence[str] | None = None,
       applied to prompt records.
 
   Returns:
-    The records, in file order, each with 'id' (default '<dataset>:<n>') and
-    'domain' (default: the dataset's domain).
+    The records, in file order (the first `spec.skip` rows left out, at most
+    `spec.limit` kept), each with 'id' (default '<dataset>:<n>', n counting
+    kept records) and 'domain' (default: the dataset's domain).
 
   Raises:
     DataError: the first malformed record, naming file and line.
   """
   fmt = FORMATS[spec.format]
   out = []
-  for where, raw in read_rows(spec):
+  skip = getattr(spec, 'skip', 0)
+  for n, (where, raw) in enumerate(read_rows(spec)):
+    if n < skip:
+      continue
     if not isinstance(raw, Mapping):
       raise DataError(f'{where}: a record must be a JSON object, got {type(raw).__name__}')
     try:

@@ -12,7 +12,8 @@ results.json is
   {"domains": [...], "stages": [...], "stage_domains": [[...], ...], "scores": [[...], ...]}
 
 plus "isolation" ({verifier: 'bwrap' | 'none'}) once a verifier that runs code
-has been used;
+has been used, "validation" and "best" when domains have validation sets
+(`results`), and "scores_by_mode" when config.eval.thinking is 'both';
 with `stages[i]` the row's stage name ('init' for the starting policy),
 `stage_domains[i]` the domains that stage trains on, and `scores[i][j]` the
 score of domain j after stage i; results.md is the same table with deltas
@@ -42,64 +43,152 @@ def sampling_params(ev) -> sampler_lib.SamplingParams:
                                     greedy=ev.greedy, max_new_tokens=ev.max_new_tokens)
 
 
+MODE_NAMES = {True: 'think', False: 'no_think', None: 'default'}
+
+
+def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mode, key) -> dict:
+  """Scores one domain's records in one thinking mode (batches of ev.batch_size prompts)."""
+  sp = sampling_params(ev)
+  k = 1 if sp.greedy else ev.num_samples      # greedy samples would all agree
+  bs = ev.batch_size
+  rewards, lens, trunc = [], [], []
+  for b, start in enumerate(range(0, len(recs), bs)):
+    chunk = recs[start:start + bs]
+    ro = rollout.generate(sampler, params, tokenizer, chunk, [mode] * len(chunk),
+                          jax.random.fold_in(key, b), sp, k)
+    r, _ = rollout.score(ro, verifier_of, sample_cls)
+    rewards.append(r)
+    lens.append(ro.samples.lengths)
+    trunc.append(ro.samples.truncated)
+  r = np.concatenate(rewards)
+  return {'score': float(100.0 * np.mean(np.clip(r, 0.0, 1.0))),
+          'prompts': len(recs), 'samples': int(r.size),
+          'mean_reward': float(np.mean(r)),
+          'mean_len': float(np.mean(np.concatenate(lens))),
+          'truncated': float(np.mean(np.concatenate(trunc)))}
+
+
 def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]],
              verifier_of: Callable[[str], object], sample_cls, ev,
              rng) -> dict[str, dict]:
-  """Scores a policy on every domain's held-out prompts.
+  """Scores a policy on every domain's prompts (held-out or validation).
 
   Args:
     sampler: an `rl.sampler.Sampler` for the policy's architecture.
     params: the policy's params.
     tokenizer: the tokenizer.
-    eval_sets: domain -> held-out prompt records (already cut to num_prompts).
+    eval_sets: domain -> prompt records (already cut to num_prompts).
     verifier_of: domain -> its evaluation verifier.
     sample_cls: `verifiers.Sample`.
-    ev: the plan's `cascade.config.Eval` (num_samples, temperature, top_p,
-      top_k, greedy, max_new_tokens, batch_size, thinking).
+    ev: a `cascade.config.Eval` for every domain, or a mapping domain -> Eval
+      (the plan's `eval_settings`: num_samples, temperature, top_p, top_k,
+      greedy, max_new_tokens, batch_size, thinking).
     rng: PRNG key; batch b of domain d uses fold_in(fold_in(rng, crc32(d)), b),
-      so a domain's samples do not depend on which other domains are scored.
+      so a domain's samples do not depend on which other domains are scored;
+      with thinking='both' mode i's batches fold in i first.
 
   Returns:
     domain -> {'score' in [0, 100], 'prompts', 'samples', 'mean_reward',
-    'mean_len', 'truncated'}.
+    'mean_len', 'truncated'}; with thinking='both' these are the means over
+    the two modes, and 'modes' holds {'think': {...}, 'no_think': {...}}.
   """
-  sp = sampling_params(ev)
-  k = 1 if sp.greedy else ev.num_samples      # greedy samples would all agree
-  bs = ev.batch_size
   out = {}
   for domain in sorted(eval_sets):
+    dev = ev[domain] if isinstance(ev, Mapping) else ev
     domain_key = jax.random.fold_in(rng, zlib.crc32(domain.encode()) & 0x7FFFFFFF)
     recs = list(eval_sets[domain])
-    rewards, lens, trunc = [], [], []
-    for b, start in enumerate(range(0, len(recs), bs)):
-      chunk = recs[start:start + bs]
-      key = jax.random.fold_in(domain_key, b)
-      ro = rollout.generate(sampler, params, tokenizer, chunk, [ev.thinking] * len(chunk),
-                            key, sp, k)
-      r, _ = rollout.score(ro, verifier_of, sample_cls)
-      rewards.append(r)
-      lens.append(ro.samples.lengths)
-      trunc.append(ro.samples.truncated)
-    r = np.concatenate(rewards)
-    out[domain] = {'score': float(100.0 * np.mean(np.clip(r, 0.0, 1.0))),
-                   'prompts': len(recs), 'samples': int(r.size),
-                   'mean_reward': float(np.mean(r)),
-                   'mean_len': float(np.mean(np.concatenate(lens))),
-                   'truncated': float(np.mean(np.concatenate(trunc)))}
+    modes = dev.modes
+    if len(modes) == 1:
+      out[domain] = _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev,
+                              modes[0], domain_key)
+      continue
+    per = {MODE_NAMES[m]: _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls,
+                                    dev, m, jax.random.fold_in(domain_key, i))
+           for i, m in enumerate(modes)}
+    out[domain] = {k: (per[MODE_NAMES[modes[0]]][k] if k in ('prompts',) else
+                       sum(p[k] for p in per.values()) if k == 'samples' else
+                       float(np.mean([p[k] for p in per.values()])))
+                   for k in per[MODE_NAMES[modes[0]]]}
+    out[domain]['modes'] = per
   return out
 
 
+# Keys of the held-out and the validation evaluations (fold_in of PRNGKey(seed)): one key for
+# every row, so rows differ by their policy only, not by sampling noise.
+HELD_OUT_FOLD = 1_000_003
+VALIDATION_FOLD = 1_000_033
+
+
+def score_sets(env, params, sets: Mapping[str, Sequence[dict]], fold: int) -> dict[str, dict]:
+  """`evaluate` of a run's policy on `sets` (domains whose eval verifier is ready), per domain."""
+  ready = {d: recs for d, recs in sets.items() if env.verifiers.can_evaluate(d)}
+  if not ready:
+    return {}
+  key = jax.random.fold_in(jax.random.PRNGKey(env.plan.seed), fold)
+  return evaluate(env.sampler, params, env.tokenizer, ready, env.verifiers.eval_verifier,
+                  env.sample_cls, {d: env.plan.eval_of(d) for d in ready}, key)
+
+
+def validation_scores(env, params) -> dict[str, float]:
+  """domain -> validation score of `params` (empty when no domain has a validation set)."""
+  out = score_sets(env, params, env.data.validation_sets, VALIDATION_FOLD)
+  return {d: out[d]['score'] for d in sorted(out)}
+
+
+def _matrix(rows, domains, key):
+  return [[round(float(r[key][d]), 4) if d in (r.get(key) or {}) else None for d in domains]
+          for r in rows]
+
+
+def best_on_validation(rows: Sequence[Mapping], domain: str, before: int | None = None):
+  """The row with the best validation score of `domain` (ties: the earliest), or None.
+
+  `before`: only rows of stages with a smaller index (the initial row's index is -1).
+  """
+  rows = [r for r in rows if (r.get('validation') or {}).get(domain) is not None
+          and (before is None or r.get('index', -1) < before)]
+  return max(rows, key=lambda r: r['validation'][domain]) if rows else None
+
+
 def results(rows: Sequence[Mapping], domains: Sequence[str]) -> dict:
-  """results.json's object from progress rows ({'stage', 'domains', 'scores': {d: s}})."""
-  return {'domains': list(domains),
-          'stages': [r['stage'] for r in rows],
-          'stage_domains': [list(r['domains']) for r in rows],
-          'scores': [[round(float(r['scores'][d]), 4) if d in r['scores'] else None
-                      for d in domains] for r in rows]}
+  """results.json's object from progress rows ({'stage', 'domains', 'scores': {d: s}}).
+
+  Rows that carry 'validation' scores add a "validation" matrix (same layout)
+  and "best": per domain the policy with the best validation score (ties: the
+  earliest): its stage, validation and held-out scores, and its HF export
+  ('hf', when the row names one: a checkpoint to start from); rows whose
+  details hold per-mode scores (thinking='both') add "scores_by_mode".
+  """
+  out = {'domains': list(domains),
+         'stages': [r['stage'] for r in rows],
+         'stage_domains': [list(r['domains']) for r in rows],
+         'scores': _matrix(rows, domains, 'scores')}
+  if any(r.get('validation') for r in rows):
+    out['validation'] = _matrix(rows, domains, 'validation')
+    out['best'] = {}
+    for d in domains:
+      best = best_on_validation(rows, d)
+      if best is not None:
+        out['best'][d] = {'stage': best['stage'],
+                          'validation': round(float(best['validation'][d]), 4),
+                          'held_out': round(float(best['scores'][d]), 4)
+                                      if d in best['scores'] else None,
+                          'hf': best.get('hf') or None}
+  modes = sorted({m for r in rows for det in (r.get('details') or {}).values()
+                  for m in (det.get('modes') or {})})
+  if modes:
+    out['scores_by_mode'] = {
+        m: [[round(float(r['details'][d]['modes'][m]['score']), 4)
+             if m in ((r.get('details') or {}).get(d) or {}).get('modes', {}) else None
+             for d in domains] for r in rows] for m in modes}
+  return out
 
 
-def markdown(res: Mapping) -> str:
-  """The matrix as a Markdown table; each cell after the first row carries its delta."""
+def markdown(res: Mapping, extra: bool = True) -> str:
+  """The matrix as a Markdown table; each cell after the first row carries its delta.
+
+  With `extra`, the validation matrix and the per-mode matrices follow when present.
+  """
   domains = res['domains']
   lines = ['| stage | trains on | ' + ' | '.join(domains) + ' |',
            '|---|---|' + '---:|' * len(domains)]
@@ -115,7 +204,15 @@ def markdown(res: Mapping) -> str:
         cells.append(f'{v:.1f} ({v - prev[j]:+.1f})')
     lines.append(f'| {name} | {", ".join(trains) or "-"} | ' + ' | '.join(cells) + ' |')
     prev = row
-  return '\n'.join(lines) + '\n'
+  text = '\n'.join(lines) + '\n'
+  if not extra:
+    return text
+  if 'validation' in res:
+    text += ('\nValidation (the selection set):\n\n'
+             + markdown({**res, 'scores': res['validation']}, extra=False))
+  for mode, matrix in sorted((res.get('scores_by_mode') or {}).items()):
+    text += f'\nHeld-out, {mode} mode:\n\n' + markdown({**res, 'scores': matrix}, extra=False)
+  return text
 
 
 def plot(res: Mapping, path: str) -> None:

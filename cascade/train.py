@@ -116,16 +116,17 @@ def make_env(plan: config_lib.Plan, workdir: str) -> Env:
              writer=writer, progress=progress)
 
 
-def evaluate_row(env: Env, name: str, index: int, trains_on, params) -> dict:
-  """Evaluates a policy on every domain and appends its row to progress.json."""
-  ev = env.plan.eval
-  # One key for every row: rows differ by their policy only, not by sampling noise.
-  key = jax.random.fold_in(jax.random.PRNGKey(env.plan.seed), 1_000_003)
-  ready = {d: recs for d, recs in env.data.eval_sets.items() if env.verifiers.can_evaluate(d)}
-  out = evaluation.evaluate(env.sampler, params, env.tokenizer, ready,
-                            env.verifiers.eval_verifier, env.sample_cls, ev, key)
+def evaluate_row(env: Env, name: str, index: int, trains_on, params, hf: str = '') -> dict:
+  """Evaluates a policy on every domain (held-out and validation sets); appends its row to
+  progress.json. `hf`: where the policy is exported (named by results.json's "best")."""
+  out = evaluation.score_sets(env, params, env.data.eval_sets, evaluation.HELD_OUT_FOLD)
   row = {'stage': name, 'index': index, 'domains': list(trains_on),
          'scores': {d: out[d]['score'] for d in sorted(out)}, 'details': out}
+  validation = evaluation.validation_scores(env, params)
+  if validation:
+    row['validation'] = validation
+  if hf:
+    row['hf'] = hf
   env.progress.add_row(row)
   env.writer.write_scores(name, index, row['scores'])
   return row
@@ -168,7 +169,8 @@ def run(config, workdir: str) -> dict:
     env.verifiers.check_options()
     env.data.load()
     if plan.initial_eval and env.progress.row(INIT_ROW) is None:
-      row = evaluate_row(env, INIT_ROW, -1, [], env.policies.params_of(('initial',)))
+      row = evaluate_row(env, INIT_ROW, -1, [], env.policies.params_of(('initial',)),
+                         hf=plan.hf_path)
       evaluation.write(workdir, env.progress.rows, domains)
       print('initial policy: ' + ', '.join(f'{d} {v:.1f}' for d, v in row['scores'].items()),
             flush=True)
@@ -215,7 +217,8 @@ def _run_stage(env: Env, stage, domains) -> None:
     if params is None:
       params = env.policies.params_of(env.policies.source_after(stage.index))
     row = evaluate_row(env, stage.name, stage.index,
-                       stage.domains if stage.trains_policy else [], params)
+                       stage.domains if stage.trains_policy else [], params,
+                       hf=info.get('hf', ''))
   env.progress.mark_done(stage.name, info)
   evaluation.write(env.workdir, env.progress.rows, domains, _isolation(env.progress))
   rows = env.progress.rows

@@ -37,6 +37,10 @@ RESPONSE_LEN = dict(chat=32, instruction_following=48, math=32, code=32, swe=40)
 PROMPT_LEN = dict(chat=32, instruction_following=48, math=48, code=48, swe=96)
 MAX_PROMPT_LEN = max(PROMPT_LEN.values())
 EVAL_PROMPTS = 200
+# Validation sets (base_config(validation=True)): the last third of each heldout.jsonl (rows
+# 400.. of the world's 600; the matrix reads the first EVAL_PROMPTS), VALIDATION_PROMPTS of
+# them scored.
+VALIDATION_PROMPTS = 100
 PREPARE_FN = 'cascade.tiny_world.build:build'
 
 
@@ -60,11 +64,15 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
   return out
 
 
-def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, Any]]:
+def base_config(arg: str | None,
+                validation: bool = False) -> tuple[ml_collections.ConfigDict, dict[str, Any]]:
   """Everything but the stage list: prepare, model, sampler, eval, datasets, domains.
 
   Args:
     arg: the config argument (see parse_arg).
+    validation: give every domain a validation set: held-out problems
+      of the last third of the world's heldout.jsonl, disjoint from the
+      EVAL_PROMPTS the matrix reports (MOPD's teachers='best' chooses on it).
 
   Returns:
     (config without `stages`, parsed argument).
@@ -90,7 +98,7 @@ def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, A
   # samples per prompt; every row uses the same key, so rows differ by policy.
   c.eval = dict(num_samples=2, temperature=0.6, top_p=0.95, greedy=False, max_new_tokens=48,
                 max_prompt_len=MAX_PROMPT_LEN, num_prompts=8 if a['smoke'] else EVAL_PROMPTS,
-                batch_size=256, thinking=False)
+                batch_size=256, thinking=False, eval_every=0)
   c.datasets = dict(sft=dict(path=os.path.join(world_dir, 'sft_mixed.jsonl'), format='sft'),
                     chat_prefs=dict(path=os.path.join(world_dir, 'chat', 'preference_train.jsonl'),
                                     format='preference', domain='chat'))
@@ -101,13 +109,21 @@ def base_config(arg: str | None) -> tuple[ml_collections.ConfigDict, dict[str, A
     c.datasets[d + '_eval'] = dict(path=os.path.join(world_dir, d, 'heldout.jsonl'),
                                    format='prompt', domain=d)
     c.domains[d] = dict(verifier=d, train=d + '_train', eval=d + '_eval')
+    if validation:
+      c.datasets[d + '_val'] = dict(path=os.path.join(world_dir, d, 'heldout.jsonl'),
+                                    format='prompt', domain=d,
+                                    skip=world_build.SIZES['heldout'] * 2 // 3)
+      c.domains[d].validation = d + '_val'
   # Code runs in the bubblewrap sandbox; without it the verifiers refuse to start
   # (`--config.domains.code.verifier_options.isolation=none` opts out, recorded in results.json).
   c.domains.code.verifier_options = dict(isolation='bwrap')
   # RLHF trains on the learned reward model's score; the held-out score is the
   # world's hidden quality rule, so reward hacking shows in the table.
   c.domains.chat = dict(verifier='reward_model', reward_model_stage='rm',
-                        eval_verifier='tiny_chat_quality', train='chat_train', eval='chat_eval')
+                        eval_verifier='tiny_chat_quality', train='chat_train', eval='chat_eval',
+                        **(dict(validation='chat_val') if validation else {}))
+  if validation:
+    c.eval.validation_prompts = 8 if a['smoke'] else VALIDATION_PROMPTS
   c.allow_config_change = False
   return c, a
 

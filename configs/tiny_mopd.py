@@ -4,8 +4,11 @@
 
 SFT -> IF-RL -> multi-domain RL (math + code) -> reward model -> RLHF ->
 MOPD (all domains; each domain's teacher is the earlier stage with its best
-held-out score, so a domain that a later stage degraded is pulled back) ->
-SWE RL. The stages reuse configs/tiny.py's settings (model, world, lengths,
+validation score, so a domain that a later stage degraded is pulled back) ->
+SWE RL. Every domain has a validation set (held-out problems 400-499 of the
+world, disjoint from the 200 the matrix reports), scored at every stage end
+and every `eval.eval_every` steps inside a stage (off here; e.g.
+`--config.eval.eval_every=5`). The stages reuse configs/tiny.py's settings (model, world, lengths,
 prompts x G, the per-domain learning rates); the scale-sized recipe is
 configs/nemotron_cascade2.py. Checked end to end only in smoke mode
 (`configs/tiny_mopd.py:smoke`, ~100 s); the full run's table has not been
@@ -18,7 +21,7 @@ from configs import _tiny_common as common
 
 
 def get_config(arg=None):
-  c, a = common.base_config(arg)
+  c, a = common.base_config(arg, validation=True)
   rl = lambda name, doms, n, lr, **kw: common.rl_stage(a, name, doms, n, lr, **kw)
   c.stages = [
       common.sft_stage(a),

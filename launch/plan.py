@@ -464,11 +464,13 @@ def forward_lowering(model_cfg, model_kind: str, mesh, rules, rows: int, length:
 
 def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
               count_mesh=None) -> StageReport:
-  """Compiles the held-out evaluation's sampler (one call: batch_size prompts x num_samples)."""
-  ev = plan.eval
-  k = 1 if ev.greedy else ev.num_samples
-  sizes = dict(rows=ev.batch_size * k, prompt_len=ev.max_prompt_len,
-               max_new_tokens=ev.max_new_tokens, top_p=ev.top_p, top_k=ev.top_k)
+  """Compiles the evaluation's largest sampler call (batch_size prompts x num_samples, the
+  longest prompt and response any domain's settings allow)."""
+  evs = list((plan.eval_settings or {}).values()) or [plan.eval]
+  sizes = dict(rows=max(e.batch_size * (1 if e.greedy else e.num_samples) for e in evs),
+               prompt_len=max(e.max_prompt_len for e in evs),
+               max_new_tokens=max(e.max_new_tokens for e in evs),
+               top_p=min(e.top_p for e in evs), top_k=max(e.top_k for e in evs))
   lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes)
   # Counted on a twin with the layers unrolled (XLA counts a scan body once).
   twin = sampler_lowering(dataclasses.replace(model_cfg, scan_layers=False),

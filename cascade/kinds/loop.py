@@ -5,8 +5,9 @@
 step asks the kind's `BatchMaker` for the step's batches (one per optimizer
 update: one for on-policy RL, SFT and reward models; `updates_per_batch`
 mini-batches of one rollout batch for PPO-style reuse), runs the jitted train
-step on each, logs, and checkpoints every `ckpt.every_n_steps` steps and at
-the end.
+step on each, logs, scores the validation sets every `eval.eval_every` steps
+(a policy-training stage whose domains have validation sets; logged as
+`val/<domain>`), and checkpoints every `ckpt.every_n_steps` steps and at the end.
 
 Randomness: step s of stage i uses `fold_in(state.rng, s)` where `state.rng`
 is `PRNGKey(stage_seed(seed, i))`, saved in every checkpoint with the state;
@@ -26,6 +27,7 @@ import jax
 import numpy as np
 
 from cascade import data as data_lib
+from cascade import evaluation
 from cascade import metrics as metrics_lib
 from cascade.kinds import base
 from models import sharding
@@ -94,6 +96,10 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
   if env.mesh is not None and jax.process_count() > 1:
     step_fn = _with_global_batch(step_fn, env.mesh, env.rules)
   every = env.plan.ckpt.every_n_steps
+  # In-stage validation (config.eval.eval_every) of a policy; the stage's end is its matrix row.
+  val_every = env.plan.eval.eval_every
+  if val_every and (stage.MODEL != 'policy' or not env.data.validation_sets):
+    val_every = 0
   bar = metrics_lib.StageBar(stage, step)
   start, first_step = time.time(), step
   while step < stage.steps:
@@ -108,6 +114,10 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
     m = _merge(ms)
     m.update(host, step_s=time.perf_counter() - t0)
     step += 1
+    if val_every and step % val_every == 0 and step < stage.steps:
+      t1 = time.perf_counter()
+      m.update({f'val/{d}': v for d, v in evaluation.validation_scores(env, state.params).items()})
+      m['validation_s'] = time.perf_counter() - t1
     env.writer.write(stage, step, m)
     bar.update(m)
     if step == stage.steps or (every and step % every == 0):

@@ -7,7 +7,9 @@ The student samples its own completions; each row is routed to its domain's
 teacher, and the per-token advantage is log pi_teacher(y_t) - log
 pi_student(y_t) with a truncated importance weight (`rl.distill`).
 `teachers='best'` picks, per domain, the earlier policy with the best
-held-out score in the matrix so far (ties: the earliest); a mapping names a
+validation score so far (ties: the earliest), so it needs each domain's
+`validation` set (disjoint from the held-out set the matrix reports: choosing
+on the reported numbers would be selecting on the test); a mapping names a
 stage or a checkpoint path per domain. The choice is printed and recorded in
 progress.json. Rollout, curriculum and filtering fields: `cascade.kinds.rl`
 (dynamic filtering is off by default: every prompt carries signal here).
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cascade import data as data_lib
+from cascade import evaluation
 from cascade.kinds import base
 from cascade.kinds import loop
 from cascade.kinds import rl
@@ -47,6 +50,11 @@ class Config(rl.RLStageConfig):
     if teachers == 'best':
       if not any(s.ROW and s.evaluate for s in refs.earlier):
         fail('teachers', "'best' needs an earlier evaluated policy stage to choose from")
+      missing = [d for d in self.domains if not refs.domains[d].validation]
+      if missing:
+        fail('teachers', f"'best' chooses on validation scores, and domain {missing[0]!r} has "
+                         f'no validation set (config.domains.{missing[0]}.validation: a '
+                         'prompt dataset disjoint from its eval set)')
       return out
     teachers = dict(teachers)
     for d in self.domains:
@@ -83,16 +91,13 @@ def choose_teachers(env, stage: Config) -> dict[str, tuple[tuple, str]]:
   for d in stage.domains:
     ref = stage.teachers if stage.teachers == 'best' else stage.teachers[d]
     if ref == 'best':
-      rows = [r for r in env.progress.rows
-              if r['stage'] == INIT_ROW or plan.stage(r['stage']).index < stage.index]
-      rows = [r for r in rows if r['scores'].get(d) is not None]
-      if not rows:
-        raise ValueError(f'stage {stage.name!r}: no evaluated earlier policy to pick the '
-                         f'{d!r} teacher from')
-      best = max(rows, key=lambda r: r['scores'][d])    # max keeps the earliest of ties
+      best = evaluation.best_on_validation(env.progress.rows, d, before=stage.index)
+      if best is None:
+        raise base.StageError(f'{stage.where}: no earlier policy has a validation score of '
+                              f'{d!r} to pick its teacher from')
       src = (('initial',) if best['stage'] == INIT_ROW
              else pol.source_after(plan.stage(best['stage']).index))
-      why = f'best {d} score {best["scores"][d]:.1f} after {best["stage"]}'
+      why = f'best {d} validation score {best["validation"][d]:.1f} after {best["stage"]}'
     elif base.looks_like_path(ref):
       src, why = ('hf', ref), 'explicit path'
     else:

@@ -282,9 +282,11 @@ class Draws:
   def log_samples(self, rows, rewards, valid, drawn_row) -> None:
     """Writes `config.eval.log_samples` of the step's train rows through the run's metrics writer
     (none: an env without one, or a process other than the writer)."""
-    count = self.env.plan.eval.log_samples
     writer = getattr(self.env, 'writer', None)
-    if not count or writer is None or not writer.enabled:
+    if writer is None or not writer.enabled:
+      return
+    count = self.env.plan.eval.log_samples
+    if not count:
       return
     writer.write_samples(self.stage, self.step + 1,
                          self.samples(rows, rewards, valid, drawn_row, count))

@@ -113,8 +113,11 @@ def record(domain, i, num):
                        'value': 1.0 + i + (0.5 if domain == 'b' else 0.0)}}
 
 
-def toy_config(stages, every=2):
-  """A validated plan over domains 'a' (copy) and 'b' (next number); nothing is loaded."""
+def toy_config(stages, every=2, validation=False):
+  """A validated plan over domains 'a' (copy) and 'b' (next number); nothing is loaded.
+
+  `validation`: the domains name validation sets ('a_val', 'b_val').
+  """
   c = ml_collections.ConfigDict()
   c.seed = 3
   c.model = dict(preset='tiny', overrides=dict(vocab_size=320, embed_dim=32, num_layers=1,
@@ -128,9 +131,13 @@ def toy_config(stages, every=2):
                 num_prompts=0, batch_size=8)
   c.datasets = dict(sft=dict(path='/s.jsonl', format='sft'),
                     a_train=dict(path='/a.jsonl', format='prompt', domain='a'),
-                    b_train=dict(path='/b.jsonl', format='prompt', domain='b'))
+                    b_train=dict(path='/b.jsonl', format='prompt', domain='b'),
+                    a_val=dict(path='/a_val.jsonl', format='prompt', domain='a'),
+                    b_val=dict(path='/b_val.jsonl', format='prompt', domain='b'))
   c.domains = dict(a=dict(verifier='math', train='a_train', eval='a_train'),
                    b=dict(verifier='math', train='b_train', eval='b_train'))
+  if validation:
+    c.domains.a.validation, c.domains.b.validation = 'a_val', 'b_val'
   c.stages = stages
   return config_lib.validate(c, known_verifiers=['math'], known_formats={
       'sft': 'sft', 'prompt': 'prompt', 'preference': 'preference'})

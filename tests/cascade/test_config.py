@@ -29,12 +29,14 @@ def make_config():
       add_eval=dict(path='/d/add_eval.jsonl', format='prompt', domain='add'),
       mul_train=dict(path='/d/mul.jsonl', format='prompt', domain='mul'),
       mul_eval=dict(path='/d/mul_eval.jsonl', format='prompt', domain='mul'),
+      add_val=dict(path='/d/add_eval.jsonl', format='prompt', domain='add', skip=100),
+      mul_val=dict(path='/d/mul_val.jsonl', format='prompt', domain='mul'),
       chat_train=dict(path='/d/chat.jsonl', format='prompt', domain='chat'),
       chat_eval=dict(path='/d/chat_eval.jsonl', format='prompt', domain='chat'))
   c.domains = dict(
-      add=dict(verifier='math', train='add_train', eval='add_eval'),
+      add=dict(verifier='math', train='add_train', eval='add_eval', validation='add_val'),
       mul=dict(verifier='math', verifier_options=dict(unfinished_reward=0.0),
-               train='mul_train', eval='mul_eval'),
+               train='mul_train', eval='mul_eval', validation='mul_val'),
       chat=dict(verifier='reward_model', train='chat_train', eval='chat_eval',
                 reward_model_stage='rm'))
   rl = lambda: dict(kind='grpo', steps=6, optimizer=dict(lr=1e-4), prompts_per_step=4,

@@ -3,7 +3,7 @@
 The toy 'copy a digit' world (conftest.write_copy_cascade) runs in-process through every
 policy-training kind the copy world can feed: SFT -> GRPO (KL to its starting policy,
 optimizer state carried over from SFT, overlong filter in its first phase) -> MOPD (teachers
-chosen from the matrix) -> an eval stage re-reading the SFT policy. The matrix and each RL
+chosen on a validation set of two-digit copies) -> an eval stage re-reading the SFT policy. The matrix and each RL
 step's mean reward are pinned in tests/cascade/golden/copy_cascade.json: a change in data
 order, pairing of records and rewards, filtering, the optimizer or the evaluation moves them.
 
@@ -50,6 +50,12 @@ def machine() -> str:
 
 
 def _config(path):
+  # A validation set MOPD's teachers='best' chooses on: two-digit copies, disjoint from the
+  # held-out one-digit prompts the matrix reports.
+  with open(path.parent / 'copy_val.jsonl', 'w') as f:
+    for a in range(10, 26):
+      f.write(json.dumps({'id': f'val-{a}', 'messages': [{'role': 'user', 'content': f'Copy {a}.'}],
+                          'metadata': {'answer': str(a)}}) + '\n')
   spec = importlib.util.spec_from_file_location('copy_cfg', path)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
@@ -58,6 +64,9 @@ def _config(path):
   c.sampler.new_token_buckets = (16,)
   c.eval.max_new_tokens = 12
   c.eval.num_prompts = 32    # sampled: 64 answers per row, so a row is not all-or-nothing
+  c.datasets.copy_val = dict(path=str(path.parent / 'copy_val.jsonl'), format='prompt',
+                             domain='copy')
+  c.domains.copy.validation = 'copy_val'
   rl = dict(c.stages[1])
   rl.update(steps=4, kl_coef=0.05, reset_optimizer=False, max_response_len=12,
             phases=[dict(until_step=2, max_response_len=10, filter_overlong=True),
@@ -72,6 +81,8 @@ def _config(path):
 def test_tiny_cascade_matrix_equals_the_checked_in_one(tmp_path, copy_cascade):
   path = copy_cascade(tmp_path, train=64, eval_=32, sft=64, sft_steps=30, rl_steps=4)
   res = train.run(_config(path), str(tmp_path / 'run'))
+  # The best policies' HF exports are named by their path in this test's directory.
+  res = json.loads(json.dumps(res).replace(str(tmp_path), '<tmp>'))
   metrics = [json.loads(l) for l in open(tmp_path / 'run' / 'metrics.jsonl')]
   got = {'results': res,
          'reward_mean': {st: [m['reward_mean'] for m in metrics if m.get('stage') == st]

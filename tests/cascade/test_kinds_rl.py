@@ -177,10 +177,14 @@ MOPD_STAGES = lambda fakes, teachers: [
     dict(name='mopd', kind='mopd', domains=['a', 'b'], teachers=teachers, steps=2,
          optimizer=dict(lr=1e-4), prompts_per_step=4, group_size=2, max_prompt_len=100,
          max_response_len=8)]
-# a: sft and b_rl tie at 50 (the earliest wins), b: a_rl is best.
-ROWS = [{'stage': 'sft', 'scores': {'a': 50.0, 'b': 10.0}},
-        {'stage': 'a_rl', 'scores': {'a': 20.0, 'b': 40.0}},
-        {'stage': 'b_rl', 'scores': {'a': 50.0, 'b': 30.0}}]
+# On validation, a: sft and b_rl tie at 50 (the earliest wins), b: a_rl is best. The held-out
+# scores would choose otherwise (a: b_rl, b: b_rl): 'best' must not select on them.
+ROWS = [{'stage': 'sft', 'index': 0, 'scores': {'a': 10.0, 'b': 10.0},
+         'validation': {'a': 50.0, 'b': 10.0}},
+        {'stage': 'a_rl', 'index': 1, 'scores': {'a': 20.0, 'b': 20.0},
+         'validation': {'a': 20.0, 'b': 40.0}},
+        {'stage': 'b_rl', 'index': 2, 'scores': {'a': 90.0, 'b': 90.0},
+         'validation': {'a': 50.0, 'b': 30.0}}]
 
 
 @pytest.mark.parametrize('teachers,want', [
@@ -189,7 +193,7 @@ ROWS = [{'stage': 'sft', 'scores': {'a': 50.0, 'b': 10.0}},
 ])
 def test_mopd_routes_each_row_to_its_domains_teacher(fakes, tmp_path, monkeypatch, teachers,
                                                      want):
-  plan = fakes.toy_config(MOPD_STAGES(fakes, teachers))
+  plan = fakes.toy_config(MOPD_STAGES(fakes, teachers), validation=True)
   st = plan.stages[3]
   env = _env(fakes, plan, tmp_path, _records(fakes, ('a', 'b')), progress_rows=ROWS)
   params = {name: _params(plan, 20 + i) for i, name in enumerate(('sft', 'a_rl', 'b_rl'))}
@@ -215,9 +219,13 @@ def test_mopd_routes_each_row_to_its_domains_teacher(fakes, tmp_path, monkeypatc
 
 
 def test_mopd_best_teacher_needs_an_evaluated_earlier_policy(fakes, tmp_path):
-  plan = fakes.toy_config(MOPD_STAGES(fakes, 'best'))
-  env = _env(fakes, plan, tmp_path, [], progress_rows=[{'stage': 'sft', 'scores': {'a': 1.0}}])
-  with pytest.raises(ValueError, match="no evaluated earlier policy to pick the 'b' teacher"):
+  plan = fakes.toy_config(MOPD_STAGES(fakes, 'best'), validation=True)
+  rows = [{'stage': 'sft', 'index': 0, 'scores': {'a': 1.0, 'b': 1.0},
+           'validation': {'a': 1.0}},
+          # A later stage's row is no teacher candidate.
+          {'stage': 'mopd', 'index': 3, 'scores': {'b': 9.0}, 'validation': {'b': 9.0}}]
+  env = _env(fakes, plan, tmp_path, [], progress_rows=rows)
+  with pytest.raises(base.StageError, match="no earlier policy has a validation score of 'b'"):
     mopd.choose_teachers(env, plan.stages[3])
 
 
