@@ -245,14 +245,21 @@ class Writer:
     self._samples.write(''.join(json.dumps(r, allow_nan=False) + '\n' for r in recs))
     self._tb.add_text(f'{stage.name}/samples', samples_markdown(recs), step)
 
-  def write_scores(self, row_name: str, row_index: int, scores: Mapping[str, float]) -> None:
-    """Logs an evaluation row: tags 'eval/<domain>' at x = row index (+1 for the initial row)."""
+  def write_scores(self, row_name: str, row_index: int, scores: Mapping[str, float],
+                   validation: Mapping[str, float] | None = None) -> None:
+    """Logs an evaluation row: tags 'eval/<domain>' (and 'validation/<domain>' for the row's
+    validation scores) at x = row index (+1 for the initial row)."""
     if not self.enabled:
       return
     for d, v in scores.items():
       self._tb.add_scalar(f'eval/{d}', float(v), row_index + 1)
-    self._jsonl.write(json.dumps({'eval': row_name, 'row': row_index, 'time': round(time.time(), 3),
-                                  'scores': dict(scores)}) + '\n')
+    for d, v in (validation or {}).items():
+      self._tb.add_scalar(f'validation/{d}', float(v), row_index + 1)
+    rec = {'eval': row_name, 'row': row_index, 'time': round(time.time(), 3),
+           'scores': dict(scores)}
+    if validation:
+      rec['validation'] = dict(validation)
+    self._jsonl.write(json.dumps(rec) + '\n')
     self.flush()
 
   def flush(self) -> None:

@@ -128,7 +128,7 @@ def evaluate_row(env: Env, name: str, index: int, trains_on, params, hf: str = '
   if hf:
     row['hf'] = hf
   env.progress.add_row(row)
-  env.writer.write_scores(name, index, row['scores'])
+  env.writer.write_scores(name, index, row['scores'], row.get('validation'))
   return row
 
 

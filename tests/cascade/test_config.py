@@ -193,3 +193,42 @@ def test_config_hash_ignores_harmless_fields():
   assert checkpoint.config_hash(a) == checkpoint.config_hash(b)
   b.stages[0]['steps'] = 5
   assert checkpoint.config_hash(a) != checkpoint.config_hash(b)
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda c: c.eval.update(domains={'nope': {}}),
+     'config.eval.domains.nope: unknown domain'),
+    (lambda c: c.eval.update(domains={'add': {'batch_size': 3}}),
+     'config.eval.domains.add.batch_size: not a per-domain field'),
+    (lambda c: c.eval.update(domains={'add': {'temperature': float('inf')}}),
+     'config.eval.domains.add.temperature=inf: must be a number >= 0'),
+    (lambda c: c.eval.update(thinking='sometimes'), "config.eval.thinking='sometimes'"),
+    (lambda c: c.eval.update(eval_every=-1), 'config.eval.eval_every=-1: must be an int >= 0'),
+    (lambda c: c.domains.add.update(validation='add_eval'),
+     "config.domains.add.validation='add_eval': is the held-out set"),
+    (lambda c: c.domains.add.update(validation='nope'),
+     "config.domains.add.validation='nope': unknown dataset"),
+    (lambda c: c.datasets.add_val.update(skip=-2), 'config.datasets.add_val.skip=-2'),
+    (lambda c: c.domains.mul.update(validation=''),
+     "stages[5] 'mopd': teachers='best': 'best' chooses on validation scores, and domain 'mul' "
+     'has no validation set'),
+])
+def test_evaluation_settings_and_validation_sets_are_checked(edit, message):
+  c = make_config()
+  edit(c)
+  with pytest.raises(config_lib.ConfigError) as e:
+    validate(c)
+  assert str(e.value).startswith(message), str(e.value)
+
+
+def test_per_domain_evaluation_settings_and_both_modes():
+  c = make_config()
+  c.eval.update(thinking='both', eval_every=3, validation_prompts=5,
+                domains={'add': {'max_new_tokens': 32, 'thinking': False, 'num_samples': 1}})
+  plan = validate(c)
+  add, mul = plan.eval_of('add'), plan.eval_of('mul')
+  assert (add.max_new_tokens, add.modes, add.num_samples) == (32, (False,), 1)
+  assert (mul.max_new_tokens, mul.modes, mul.num_samples) == (16, (True, False), 2)
+  assert add.eval_every == mul.eval_every == 3 and add.validation_prompts == 5
+  assert plan.domains['add'].validation == 'add_val' and plan.datasets['add_val'].skip == 100
+  assert plan.domains['chat'].validation == ''

@@ -151,6 +151,12 @@ def test_missing_file_and_limit(tmp_path):
   p = write_jsonl(tmp_path / 'a.jsonl', [{'messages': user(str(i)), 'metadata': {}}
                                           for i in range(10)])
   assert len(data.load(spec(p, limit=3))) == 3
+  # skip leaves out the first rows, then limit counts kept records.
+  got = data.load(spec(p, skip=4, limit=3, name='val'))
+  assert [r['messages'][0]['content'] for r in got] == ['4', '5', '6']
+  assert [r['id'] for r in got] == ['val:0', 'val:1', 'val:2']
+  with pytest.raises(data.DataError, match='holds no records'):
+    data.load(spec(p, skip=10))
 
 
 def test_loader_is_seeded_reshuffles_epochs_and_resumes():

@@ -129,14 +129,77 @@ def test_metrics_writer_bar_and_summary(tmp_path):
     w.write(stage, step, m)
     bar.update(m)
   w.write_scores('math_rl', 2, {'math': 50.0})
+  w.write_scores('code_rl', 3, {'math': 49.0}, validation={'math': 12.5})
   bar.close()
   w.close()
   lines = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
   assert lines[0]['stage'] == 'math_rl' and lines[0]['step'] == 0 and lines[2]['reward_mean'] == 0.75
   assert 'bad' not in lines[0] and 'note' not in lines[0]       # only finite numbers
-  assert lines[3]['scores'] == {'math': 50.0}
+  assert lines[3]['scores'] == {'math': 50.0} and 'validation' not in lines[3]
+  assert lines[4]['validation'] == {'math': 12.5} and lines[4]['eval'] == 'code_rl'
   assert any(f.startswith('events.out.tfevents') for f in os.listdir(tmp_path / 'tb'))
   line = metrics.summary_line(stage, 3, 6.0, bar.first, bar.last, {'math': 50.0, 'code': 9.0},
                               {'math': 40.0, 'code': 10.0})
   assert line == ('stage 2 math_rl (grpo): 3 steps in 6s (2.00 s/step); reward_mean 0.25 -> 0.75; '
                   'response_len 10 -> 12; math 50.0 (+10.0), code 9.0 (-1.0)')
+
+
+def _eval(**kw):
+  base = dict(num_samples=2, temperature=1.0, top_p=1.0, greedy=False, max_new_tokens=8,
+              max_prompt_len=32, num_prompts=0, batch_size=4, thinking=False)
+  return config_lib.Eval(**{**base, **kw})
+
+
+def test_each_domain_samples_with_its_own_settings_and_both_modes():
+  recs = lambda d, n: [{'id': f'{d}{i}', 'domain': d, 'metadata': {'answer': 'right'},
+                        'messages': [{'role': 'user', 'content': f'{d} q{i}'}]} for i in range(n)]
+  sets = {'a': recs('a', 3), 'b': recs('b', 2)}
+  prompts = []
+
+  class Recording(FakeSampler):
+    def generate(self, params, prompts_, rng, sp, num_samples=1):
+      prompts.extend(''.join(chr(t) for t in p) for p in prompts_)
+      return super().generate(params, prompts_, rng, sp, num_samples)
+
+  # Every row right in /think mode, every other row right in /no_think mode.
+  fake = Recording(lambda call, row: ' /think<' in prompts[-1] or row % 2 == 0)
+  ver = ExactVerifier()
+  settings = {'a': _eval(max_new_tokens=8, num_samples=2, thinking='both'),
+              'b': _eval(max_new_tokens=5, num_samples=3, thinking=False)}
+  out = evaluation.evaluate(fake, None, CharTokenizer(), sets, lambda d: ver, Sample, settings,
+                            jax.random.key(0))
+  # a: two calls (think, then no_think), each 3 prompts x 2 samples at 8 new tokens; b: one.
+  assert [(c[0], c[1], c[2].max_new_tokens) for c in fake.calls] == [(3, 2, 8), (3, 2, 8),
+                                                                     (2, 3, 5)]
+  assert all(' /think<' in p for p in prompts[:3]) and all('/no_think' in p for p in prompts[3:])
+  assert out['a']['modes']['think']['score'] == 100.0
+  assert out['a']['modes']['no_think']['score'] == 50.0
+  assert out['a']['score'] == 75.0 and out['a']['samples'] == 12 and out['a']['prompts'] == 3
+  assert 'modes' not in out['b'] and out['b']['samples'] == 6
+  assert out['b']['score'] == 50.0
+
+
+VROWS = [dict(r, validation=v, hf=f'/x/{r["stage"]}',
+              details={d: {'modes': {'think': {'score': s + 1}, 'no_think': {'score': s - 1}}}
+                       for d, s in r['scores'].items()})
+         for r, v in zip(ROWS, [{'math': 30.0, 'code': 5.0}, {'math': 30.0, 'code': 7.0},
+                                {'math': 10.0, 'code': 6.0}])]
+
+
+def test_results_carry_validation_best_policies_and_modes(tmp_path):
+  res = evaluation.write(str(tmp_path), VROWS, ['math', 'code'])
+  assert res['scores'] == [[10.0, 20.0], [35.5, 19.0], [36.0, 41.25]]
+  assert res['validation'] == [[30.0, 5.0], [30.0, 7.0], [10.0, 6.0]]
+  # Chosen on validation (ties: the earliest), whatever the held-out scores say.
+  assert res['best'] == {'math': {'stage': 'init', 'validation': 30.0, 'held_out': 10.0,
+                                  'hf': '/x/init'},
+                         'code': {'stage': 'math_rl', 'validation': 7.0, 'held_out': 19.0,
+                                  'hf': '/x/math_rl'}}
+  assert res['scores_by_mode']['think'] == [[11.0, 21.0], [36.5, 20.0], [37.0, 42.25]]
+  assert res['scores_by_mode']['no_think'][0] == [9.0, 19.0]
+  md = (tmp_path / 'results.md').read_text()
+  assert 'Validation (the selection set):' in md and '| code_rl | code | 10.0 (-20.0) | 6.0 (-1.0) |' in md
+  assert 'Held-out, think mode:' in md and 'Held-out, no_think mode:' in md
+  assert evaluation.best_on_validation(VROWS, 'code', before=0)['stage'] == 'init'
+  assert evaluation.best_on_validation(VROWS, 'code', before=-1) is None
+  assert evaluation.best_on_validation(ROWS, 'code') is None       # no validation scores
