@@ -41,8 +41,11 @@ SEED ?= 0
 world: $(VENV)/.stamp-base
 	$(PY) -m cascade.tiny_world.build --seed=$(SEED) --root=runs/tiny_world
 
+# The default suite on TEST_WORKERS pytest-xdist workers (a test file stays on one worker, so
+# its module fixtures and compiled programs are shared); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.stamp-test sysdeps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Everything, the slow tests too.
 test-all: $(VENV)/.stamp-test sysdeps

@@ -47,7 +47,7 @@ setuptools.setup(
         # tests/cascade/test_gcs.py runs against a local Cloud Storage emulator.
         'test': ['pytest>=8', 'pytest-timeout>=2.3', 'nbclient>=0.10',
                  'nbformat>=5.10', 'ipykernel>=6.29', 'gcsfs>=2024.2',
-                 'gcp-storage-emulator>=2022.6'],
+                 'gcp-storage-emulator>=2022.6', 'pytest-xdist>=3.5'],
         # Parity tests only: the CPU wheel of torch that pip finds on this disk.
         'interop': ['torch==2.13.0', 'transformers>=4.51'],
         # Peer baselines for benchmarks/grpo_step.py --compare_trl.

@@ -123,7 +123,7 @@ def test_evaluation_scores_each_prompt_against_its_own_answer(fakes):
                                    right=lambda n, g: n % 2 == 0)
   vs, verifier_of = _verifiers(fakes)
   ev = dict(num_samples=3, temperature=1.0, top_p=1.0, top_k=0, greedy=False, max_new_tokens=8,
-            batch_size=3, thinking=False)
+            batch_size=3, thinking=False, modes=(False,))
   ev = type('Eval', (), ev)
   out = evaluation.evaluate(sampler, None, fakes.CharTokenizer(), sets, verifier_of,
                             fakes.Sample, ev, jax.random.key(0))
