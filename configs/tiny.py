@@ -20,22 +20,22 @@ model RLHF trained on).
 
 Arguments: see configs/_tiny_common.py (`smoke`, `seed=N`, `root=DIR`).
 
-Measured (seed 0, 2 idle CPU cores): 8 min 17 s for `make demo` in a fresh
-clone, world build included (SFT 160 s, reward model
-35 s, RL stages 25-60 s each, ~15 s per evaluation row, the rest
-compiling, checkpoints and HF exports), and
+Measured (seed 0): 8 min 17 s for `make demo` in a fresh clone on 2 idle
+cores in an earlier session (SFT 160 s, reward model 35 s, RL stages 25-60 s
+each, ~15 s per evaluation row, the rest compiling, checkpoints and HF
+exports); 14 min 50 s on a slower host, venv creation included. It prints
 
   stage    chat          code          IF            math          swe
-  sft      37.1          38.5          35.8          32.5          38.7
-  rlhf     74.6 (+37.6)  41.2 (+2.8)   39.0 (+3.2)   34.5 (+2.0)   39.1 (+0.4)
-  if_rl    70.9 (-3.7)   41.8 (+0.5)   59.8 (+20.8)  37.0 (+2.5)   38.8 (-0.2)
-  math_rl  70.9 (-0.1)   43.0 (+1.2)   59.0 (-0.8)   72.8 (+35.8)  38.3 (-0.5)
-  code_rl  70.2 (-0.6)   70.8 (+27.8)  58.5 (-0.5)   74.2 (+1.5)   39.8 (+1.5)
-  swe_rl   70.6 (+0.4)   70.8 (+0.0)   59.5 (+1.0)   72.8 (-1.5)   65.7 (+25.9)
+  sft      36.9          40.0          35.0          33.0          37.6
+  rlhf     74.6 (+37.7)  41.5 (+1.5)   31.0 (-4.0)   33.5 (+0.5)   39.2 (+1.6)
+  if_rl    74.1 (-0.6)   42.2 (+0.8)   56.0 (+25.0)  36.0 (+2.5)   38.5 (-0.7)
+  math_rl  74.2 (+0.2)   41.8 (-0.5)   55.8 (-0.2)   76.0 (+40.0)  39.0 (+0.5)
+  code_rl  73.6 (-0.6)   71.5 (+29.8)  54.0 (-1.8)   77.0 (+1.0)   39.1 (+0.1)
+  swe_rl   73.8 (+0.2)   71.2 (-0.2)   54.2 (+0.2)   76.8 (-0.2)   65.5 (+26.5)
 
-(on this project's 2-core machines; XLA:CPU's kernels depend on the CPU, so
-another machine type prints a nearby table — an earlier one ended at 74.5 /
-70.5 / 56.8 / 77.0 / 62.6)
+(XLA:CPU's kernels depend on the CPU, and float reorderings move sampled
+tokens, so another machine or version prints a nearby table; README lists
+the earlier ones.)
 
 Other seeds: README (benchmarks/cascade_vs_blended.py).
 
