@@ -105,11 +105,10 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
     per = {MODE_NAMES[m]: _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls,
                                     dev, m, jax.random.fold_in(domain_key, i))
            for i, m in enumerate(modes)}
-    out[domain] = {k: (per[MODE_NAMES[modes[0]]][k] if k in ('prompts',) else
-                       sum(p[k] for p in per.values()) if k == 'samples' else
-                       float(np.mean([p[k] for p in per.values()])))
-                   for k in per[MODE_NAMES[modes[0]]]}
-    out[domain]['modes'] = per
+    means = {k: float(np.mean([p[k] for p in per.values()]))
+             for k in ('score', 'mean_reward', 'mean_len', 'truncated')}
+    out[domain] = {**means, 'prompts': len(recs),
+                   'samples': sum(p['samples'] for p in per.values()), 'modes': per}
   return out
 
 
