@@ -349,7 +349,8 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
   for ff in frozen:
     add(ff.name, lambda cfg, m, ff=ff: forward_lowering(cfg, 'policy', m, rules, ff.rows,
                                                           ff.length),
-        suffix=f'; {ff.copies} resident cop' + ('y' if ff.copies == 1 else 'ies'))
+        suffix=(f' per call, {ff.calls} calls' if ff.calls > 1 else '')
+        + f'; {ff.copies} resident cop' + ('y' if ff.copies == 1 else 'ies'))
   rm = list(rm_stages or ())
   for rm_stage in rm:
     add(f'reward model scoring ({rm_stage.name})',
@@ -357,7 +358,8 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                                                     s.max_len))
   resident = _resident(stage, model_cfg, mesh, rules, programs, frozen, rm,
                        rollout_layout=bool(sampler_cfg.get('rollout_rules')))
-  seconds = _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hardware or {})
+  seconds = _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hardware or {},
+                          calls={ff.name: ff.calls for ff in frozen})
   return StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
                      mesh.size, resident=resident, seconds=seconds,
                      steps=getattr(stage, 'steps', 0))
@@ -408,15 +410,17 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
   return tuple(out)
 
 
-def _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hw) -> float:
+def _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hw,
+                  calls: dict | None = None) -> float:
   """A lower bound on one step: compute at the chip's peak, each decode step reading the weights.
 
   Uses `hardware.peak_tflops` (per chip, the compute dtype) and
   `hardware.hbm_gbps`; the train step and frozen forwards are bound by their
   FLOPs, the sampler by one read of the (per-device) weights per new token
   (KV-cache reads and the prefill only add to it). 0 when the hardware gives
-  no peak.
+  no peak. `calls`: program name -> calls per step (a frozen pass in chunks).
   """
+  calls = calls or {}
   peak = float(hw.get('peak_tflops', 0)) * 1e12
   bw = float(hw.get('hbm_gbps', 0)) * 1e9
   if not peak or not bw:
@@ -430,7 +434,7 @@ def _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hw) -> float:
       new = kind.sampler_sizes(stage)['max_new_tokens']
       t += new * _params_bytes(model_cfg, 'policy', mesh, rules) / bw
     else:
-      t += p.flops / (n * peak)
+      t += calls.get(p.name, 1) * p.flops / (n * peak)
   return t
 
 

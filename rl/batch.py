@@ -275,7 +275,8 @@ def _logprobs_jit(graphdef, params, tokens, positions, segment_ids, targets):
   return token_stats(model, tokens, positions, segment_ids, targets)['logprobs']
 
 
-def compute_logprobs(graphdef, params, batch: TrainBatch, mesh=None, rules=None) -> jax.Array:
+def compute_logprobs(graphdef, params, batch: TrainBatch, mesh=None, rules=None, *,
+                     rows_per_call: int | None = None) -> jax.Array | np.ndarray:
   """Per-target log-probs [B, L] of another policy (reference or teacher) over `batch`.
 
   A jitted forward pass, no gradient; used to fill `ref_logprobs` (KL) and
@@ -288,11 +289,27 @@ def compute_logprobs(graphdef, params, batch: TrainBatch, mesh=None, rules=None)
     batch: the rows (tokens, positions, segment_ids, targets are read).
     mesh: optional mesh to trace under (params are used as they are placed).
     rules: logical rules for the mesh.
+    rows_per_call: rows per forward pass (default: all B in one). With fewer,
+      the rows go through in calls of exactly that many (the last one padded
+      by repeating a row), so memory is bounded by rows_per_call rows and one
+      shape compiles; a stage passes its train step's microbatch rows.
 
   Returns:
-    [B, L] float32 (device array).
+    [B, L] float32: a device array from one call, a numpy array from several.
   """
-  with sharding.use_mesh(mesh, rules):
-    return _logprobs_jit(graphdef, params, jnp.asarray(batch.tokens),
-                         jnp.asarray(batch.positions), jnp.asarray(batch.segment_ids),
-                         jnp.asarray(batch.targets))
+  fields = (batch.tokens, batch.positions, batch.segment_ids, batch.targets)
+  b = batch.tokens.shape[0]
+  if rows_per_call is not None and rows_per_call < 1:
+    raise ValueError(f'compute_logprobs: rows_per_call={rows_per_call} must be >= 1')
+  if rows_per_call is None or rows_per_call >= b:
+    with sharding.use_mesh(mesh, rules):
+      return _logprobs_jit(graphdef, params, *(jnp.asarray(f) for f in fields))
+  host = [np.asarray(f) for f in fields]
+  out = np.zeros(host[-1].shape, np.float32)
+  for start in range(0, b, rows_per_call):
+    idx = np.arange(start, min(start + rows_per_call, b))
+    padded = np.concatenate([idx, np.full(rows_per_call - idx.size, idx[0])])
+    with sharding.use_mesh(mesh, rules):
+      lp = _logprobs_jit(graphdef, params, *(jnp.asarray(f[padded]) for f in host))
+    out[idx] = np.asarray(lp)[:idx.size]
+  return out

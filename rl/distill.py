@@ -100,7 +100,7 @@ def loss_fn(model, batch: batch_lib.TrainBatch, cfg: MopdConfig, norm: dict):
 
 
 def teacher_logprobs(graphdef, teachers: Sequence, teacher_index, batch: batch_lib.TrainBatch,
-                     *, mesh=None, rules=None) -> np.ndarray:
+                     *, mesh=None, rules=None, rows_per_call: int | None = None) -> np.ndarray:
   """Each row's log-probs of its targets under its own teacher.
 
   Rows are grouped by teacher and each teacher runs one forward pass over
@@ -113,6 +113,7 @@ def teacher_logprobs(graphdef, teachers: Sequence, teacher_index, batch: batch_l
     batch: the student's TrainBatch (tokens, positions, segment_ids, targets).
     mesh: optional mesh to run under.
     rules: logical rules for the mesh.
+    rows_per_call: rows per forward pass of a teacher (`batch.compute_logprobs`).
 
   Returns:
     [B, L] float32 numpy, 0 where loss_mask is 0.
@@ -131,6 +132,7 @@ def teacher_logprobs(graphdef, teachers: Sequence, teacher_index, batch: batch_l
     rows = np.flatnonzero(idx == k)
     padded = np.concatenate([rows, np.full(buckets.pow2(rows.size, hi=b) - rows.size, rows[0])])
     sub = batch_lib.TrainBatch(**{f: host[f][padded] for f in fields}, loss_mask=None)
-    lp = batch_lib.compute_logprobs(graphdef, teachers[k], sub, mesh, rules)
+    lp = batch_lib.compute_logprobs(graphdef, teachers[k], sub, mesh, rules,
+                                    rows_per_call=rows_per_call)
     out[rows] = np.asarray(lp)[:rows.size]
   return out * np.asarray(batch.loss_mask, np.float32)

@@ -299,13 +299,21 @@ class FrozenForward(NamedTuple):
 
   Attributes:
     name: e.g. 'reference forward'.
-    rows, length: the pass's batch (one jitted call).
+    rows, length: the batch of one jitted call.
     copies: how many such frozen parameter sets stay resident beside the state.
+    calls: calls per step (rows go through in chunks of `rows`).
   """
   name: str
   rows: int
   length: int
   copies: int = 1
+  calls: int = 1
+
+
+def frozen_rows_per_call(rows: int, microbatches: int) -> int:
+  """Rows per call of a frozen pass over a step's `rows`: the train step's microbatch, so the
+  pass never holds more activations at once than an update does."""
+  return max(1, rows // microbatches)
 
 
 def rows_bucket(n: int, multiple: int) -> int:

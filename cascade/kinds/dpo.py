@@ -79,8 +79,9 @@ def run(env, stage: Config) -> base.StageResult:
                                  [rollout.prompt_text(r, stage.thinking) for r in recs],
                                  [r['chosen'] for r in recs], [r['rejected'] for r in recs],
                                  stage.max_len)
-      ref_c, ref_r = dpo_lib.reference_logps(graphdef, ref_params, batch, mesh=env.mesh,
-                                             rules=env.rules)
+      ref_c, ref_r = dpo_lib.reference_logps(
+          graphdef, ref_params, batch, mesh=env.mesh, rules=env.rules,
+          rows_per_call=base.frozen_rows_per_call(stage.batch_size, stage.microbatches))
       return [batch._replace(ref_chosen_logps=ref_c, ref_rejected_logps=ref_r)], {}
     return loop.BatchMaker(loader, make)
 
@@ -88,7 +89,9 @@ def run(env, stage: Config) -> base.StageResult:
 
 
 def frozen_forwards(stage: Config) -> list:
-  return [base.FrozenForward('reference forward', stage.batch_size, stage.max_len)]
+  return [base.FrozenForward('reference forward',
+                             base.frozen_rows_per_call(stage.batch_size, stage.microbatches),
+                             stage.max_len, calls=2 * stage.microbatches)]
 
 
 KIND = base.Kind('dpo', Config, run, loss=loss, abstract_batch=abstract_batch,

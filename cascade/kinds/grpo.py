@@ -66,6 +66,8 @@ def run(env, stage: Config) -> base.StageResult:
   ref_params = (env.policies.compute_copy(env.policies.start_params(stage))
                 if stage.kl_coef > 0 else None)
   graphdef = env.policies.graphdef('policy')
+  per_call = base.frozen_rows_per_call(stage.prompts_per_step * stage.group_size,
+                                       stage.microbatches)
 
   def maker(state):
     del state
@@ -80,7 +82,7 @@ def run(env, stage: Config) -> base.StageResult:
       batch = batch_lib.from_samples(rows['samples'], adv, valid=valid)
       if ref_params is not None:
         batch = batch._replace(ref_logprobs=np.asarray(batch_lib.compute_logprobs(
-            graphdef, ref_params, batch, env.mesh, env.rules)))
+            graphdef, ref_params, batch, env.mesh, env.rules, rows_per_call=per_call)))
       host = {**draws.metrics(), **fill, 'rows_with_loss': float(np.mean(valid))}
       return rl.split_updates(stage, step, env.plan.seed, batch), host
     return loop.BatchMaker(loader, make)
@@ -92,8 +94,10 @@ def frozen_forwards(stage: Config) -> list:
   if stage.kl_coef <= 0:
     return []
   rows = stage.prompts_per_step * stage.group_size
-  return [base.FrozenForward('reference forward', rows,
-                             stage.max_prompt_len + stage.longest_response)]
+  return [base.FrozenForward('reference forward',
+                             base.frozen_rows_per_call(rows, stage.microbatches),
+                             stage.max_prompt_len + stage.longest_response,
+                             calls=stage.microbatches)]
 
 
 KIND = base.Kind('grpo', Config, run, loss=loss, abstract_batch=abstract_batch,

@@ -117,6 +117,8 @@ def run(env, stage: Config) -> base.StageResult:
     teacher_of_domain[env.domain_index[d]] = sources.index(src)
     print(f'[{stage.index}] {stage.name}: teacher for {d}: {src} ({why})', flush=True)
   graphdef = env.policies.graphdef('policy')
+  per_call = base.frozen_rows_per_call(stage.prompts_per_step * stage.group_size,
+                                       stage.microbatches)
 
   def maker(state):
     del state
@@ -131,7 +133,7 @@ def run(env, stage: Config) -> base.StageResult:
       batch = batch_lib.from_samples(rows['samples'], np.zeros(idx.shape, np.float32),
                                      valid=valid, teacher_index=idx)
       lp = distill.teacher_logprobs(graphdef, teachers, idx, batch, mesh=env.mesh,
-                                    rules=env.rules)
+                                    rules=env.rules, rows_per_call=per_call)
       batch = batch._replace(teacher_logprobs=lp)
       return rl.split_updates(stage, step, env.plan.seed, batch), {**draws.metrics(), **fill}
     return loop.BatchMaker(loader, make)
@@ -145,8 +147,9 @@ def frozen_forwards(stage: Config) -> list:
   copies = (len(stage.domains) if stage.teachers == 'best'
             else len(set(stage.teachers.values())))
   rows = stage.prompts_per_step * stage.group_size
-  return [base.FrozenForward('teacher forward', rows,
-                             stage.max_prompt_len + stage.longest_response, copies)]
+  return [base.FrozenForward('teacher forward', base.frozen_rows_per_call(rows, stage.microbatches),
+                             stage.max_prompt_len + stage.longest_response, copies,
+                             calls=stage.microbatches)]
 
 
 KIND = base.Kind('mopd', Config, run, loss=loss, abstract_batch=abstract_batch,

@@ -238,3 +238,18 @@ def test_a_stage_keeps_its_domains_prompts_that_fit_in_every_mode(fakes, monkeyp
   sd.load()
   kept = sd.stage_records(plan.stages[0])
   assert [r['id'] for r in kept] == ['a0', 'a2']
+
+
+def test_frozen_passes_run_in_the_train_steps_microbatches():
+  """The KL reference and MOPD teacher passes go through a step's rows one microbatch per call
+  (what launch.plan compiles), not all rows at once."""
+  grpo = _stage(dict(GRPO, kl_coef=0.1, microbatches=4, prompts_per_step=8, group_size=4))
+  [ref] = kinds.get('grpo').frozen_forwards(grpo)
+  assert (ref.name, ref.rows, ref.calls, ref.copies) == ('reference forward', 8, 4, 1)
+  assert ref.length == grpo.max_prompt_len + grpo.longest_response
+  assert kinds.get('grpo').frozen_forwards(_stage(dict(GRPO, kl_coef=0.0))) == []
+  mopd = _stage(dict(GRPO, kind='mopd', teachers={'a': '/t'}, microbatches=2,
+                     prompts_per_step=8, group_size=4))
+  [teacher] = kinds.get('mopd').frozen_forwards(mopd)
+  assert (teacher.rows, teacher.calls, teacher.copies) == (16, 2, 1)
+  assert base.frozen_rows_per_call(7, 8) == 1

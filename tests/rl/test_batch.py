@@ -2,6 +2,7 @@
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 from models import config as config_lib
@@ -59,3 +60,33 @@ def test_trainer_logprobs_equal_sampler_logprobs():
     k = len(prompts[r // 2])
     np.testing.assert_allclose(row[k - 1:k - 1 + out.lengths[r]], out.logprobs[r, :out.lengths[r]],
                                atol=1e-4)
+
+
+def test_frozen_logprobs_in_calls_of_a_few_rows_equal_one_call():
+  """compute_logprobs(rows_per_call=k) runs ceil(B/k) calls of exactly k rows (the last padded
+  by repeating a row) and returns what one call over all B rows does."""
+  cfg = config_lib.ModelConfig.preset('tiny', vocab_size=64, embed_dim=32, num_layers=1,
+                                      num_heads=2, num_kv_heads=1, head_dim=16, mlp_dim=64,
+                                      max_seq_len=32)
+  graphdef, params = nnx.split(transformer.create(cfg, seed=2))
+  rng = np.random.default_rng(0)
+  b, l = 7, 12
+  tokens = rng.integers(1, 64, (b, l)).astype(np.int32)
+  batch = batch_lib.TrainBatch(tokens=tokens, positions=np.tile(np.arange(l), (b, 1)),
+                               segment_ids=np.ones((b, l), np.int32),
+                               targets=np.roll(tokens, -1, axis=1),
+                               loss_mask=np.ones((b, l), np.float32), advantages=None)
+  calls = []
+  jit = batch_lib._logprobs_jit                                  # pylint: disable=protected-access
+  batch_lib._logprobs_jit = lambda *a: calls.append(a[2].shape) or jit(*a)
+  try:
+    whole = np.asarray(batch_lib.compute_logprobs(graphdef, params, batch))
+    calls.clear()
+    parts = batch_lib.compute_logprobs(graphdef, params, batch, rows_per_call=3)
+  finally:
+    batch_lib._logprobs_jit = jit
+  assert calls == [(3, l)] * 3
+  np.testing.assert_allclose(parts, whole, rtol=1e-5, atol=1e-5)
+  assert np.abs(whole).max() > 0.1
+  with pytest.raises(ValueError, match='rows_per_call=0'):
+    batch_lib.compute_logprobs(graphdef, params, batch, rows_per_call=0)
