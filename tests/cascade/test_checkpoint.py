@@ -90,3 +90,42 @@ def test_progress_round_trip_and_atomic_writes(tmp_path):
   assert q.done == {'sft': {'index': 0, 'kind': 'sft', 'final_step': 4}}
   assert q.row('sft')['scores'] == {'a': 12.5}
   assert [f for f in os.listdir(tmp_path) if '.tmp' in f] == []
+
+
+def test_config_json_records_the_config_its_hash_names(tmp_path):
+  """config.json is written for a new or changed config only (a harmless change keeps the
+  recorded one), whichever way the hashes compare; a ConfigDict and its plain dict hash alike."""
+  base = {'seed': 0, 'stages': [{'name': 'a', 'steps': 2}], 'ckpt': {'keep': 2}}
+  c = ml_collections.ConfigDict(base)
+  assert checkpoint.config_hash(c) == checkpoint.config_hash(base)
+  h = checkpoint.guard_config(str(tmp_path), c)
+  c.ckpt.keep = 9
+  assert checkpoint.guard_config(str(tmp_path), c) == h
+  assert checkpoint.read_json(str(tmp_path / 'config.json'))['config']['ckpt']['keep'] == 2
+  seen = set()
+  for steps in range(3, 40):                    # changes whose hash sorts below and above
+    c.stages[0]['steps'] = steps
+    old = checkpoint.read_json(str(tmp_path / 'config.json'))['hash']
+    new = checkpoint.guard_config(str(tmp_path), c, allow_change=True)
+    rec = checkpoint.read_json(str(tmp_path / 'config.json'))
+    assert rec['hash'] == new and rec['config']['stages'][0]['steps'] == steps
+    seen.add(new < old)
+  assert seen == {True, False}
+
+
+def test_progress_rows_by_name_and_writes_on_process_0_only(tmp_path, monkeypatch):
+  p = checkpoint.Progress(str(tmp_path))
+  for name in ('sft', 'math_rl', 'code_rl'):
+    p.add_row({'stage': name, 'index': 0, 'domains': [], 'scores': {}})
+  assert [p.row(n)['stage'] for n in ('code_rl', 'math_rl', 'sft')] == ['code_rl', 'math_rl',
+                                                                        'sft']
+  assert p.row('swe_rl') is None
+  checkpoint.atomic_write_text(str(tmp_path / 'a.txt'), 'x')
+  checkpoint.atomic_write_json(str(tmp_path / 'a.json'), {'x': 1})
+  assert (tmp_path / 'a.txt').read_text() == 'x' and checkpoint.read_json(
+      str(tmp_path / 'a.json')) == {'x': 1}
+  monkeypatch.setattr(checkpoint.jax, 'process_index', lambda: 1)
+  assert not checkpoint.is_writer()
+  checkpoint.atomic_write_text(str(tmp_path / 'b.txt'), 'x')
+  checkpoint.atomic_write_json(str(tmp_path / 'b.json'), {'x': 1})
+  assert not (tmp_path / 'b.txt').exists() and not (tmp_path / 'b.json').exists()
