@@ -98,6 +98,8 @@ def test_config_json_records_the_config_its_hash_names(tmp_path):
   base = {'seed': 0, 'stages': [{'name': 'a', 'steps': 2}], 'ckpt': {'keep': 2}}
   c = ml_collections.ConfigDict(base)
   assert checkpoint.config_hash(c) == checkpoint.config_hash(base)
+  assert checkpoint.config_hash(dict(reversed(list(base.items())))) == checkpoint.config_hash(base)
+  assert len(checkpoint.config_hash(base)) == 16
   h = checkpoint.guard_config(str(tmp_path), c)
   c.ckpt.keep = 9
   assert checkpoint.guard_config(str(tmp_path), c) == h
@@ -106,6 +108,8 @@ def test_config_json_records_the_config_its_hash_names(tmp_path):
   for steps in range(3, 40):                    # changes whose hash sorts below and above
     c.stages[0]['steps'] = steps
     old = checkpoint.read_json(str(tmp_path / 'config.json'))['hash']
+    with pytest.raises(checkpoint.WorkdirError, match='different config'):
+      checkpoint.guard_config(str(tmp_path), c)
     new = checkpoint.guard_config(str(tmp_path), c, allow_change=True)
     rec = checkpoint.read_json(str(tmp_path / 'config.json'))
     assert rec['hash'] == new and rec['config']['stages'][0]['steps'] == steps
