@@ -159,12 +159,6 @@ class Plan:
     return next(s for s in self.stages if s.name == name)
 
 
-def _as_dict(x) -> dict:
-  if hasattr(x, 'to_dict'):
-    return x.to_dict()
-  return dict(x)
-
-
 def _get(cfg, key, default=None):
   try:
     return cfg[key] if key in cfg else default
@@ -204,22 +198,22 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   seed = _get(config, 'seed')
   if not schema.is_int(seed):
     raise ConfigError(f'config.seed={seed!r}: must be an int')
-  model, hf_path = _model(_as_dict(config.model))
-  tok = _as_dict(config.tokenizer)
+  model, hf_path = _model(config_data.as_dict(config.model))
+  tok = config_data.as_dict(config.tokenizer)
   if not tok.get('path'):
     raise ConfigError('config.tokenizer.path: missing (a SentencePiece model or HF tokenizer dir)')
-  mesh_shape, rules = _mesh(_as_dict(config.mesh))
-  ckpt = schema.from_mapping(Ckpt, _as_dict(config.ckpt), 'config.ckpt', sep='.')
-  raw_eval = _as_dict(config.eval)
+  mesh_shape, rules = _mesh(config_data.as_dict(config.mesh))
+  ckpt = schema.from_mapping(Ckpt, config_data.as_dict(config.ckpt), 'config.ckpt', sep='.')
+  raw_eval = config_data.as_dict(config.eval)
   ev = schema.from_mapping(Eval, raw_eval, 'config.eval', sep='.')
-  sampler = _sampler(_as_dict(config.sampler))
-  datasets = config_data.check_datasets(_as_dict(_get(config, 'datasets', {}) or {}), known_formats)
-  domains = config_data.check_domains(_as_dict(_get(config, 'domains', {}) or {}), datasets,
-                           set(known_verifiers))
+  sampler = _sampler(config_data.as_dict(config.sampler))
+  section = lambda key: config_data.as_dict(_get(config, key, {}) or {})
+  datasets = config_data.check_datasets(section('datasets'), known_formats)
+  domains = config_data.check_domains(section('domains'), datasets, set(known_verifiers))
   raw = list(_get(config, 'stages', []) or [])
   if not raw:
     raise ConfigError('config.stages: the stage list is empty')
-  raw = [_as_dict(s) for s in raw]
+  raw = [config_data.as_dict(s) for s in raw]
   all_names = tuple(s.get('name') for s in raw)
   stages = []
   for i, s in enumerate(raw):
@@ -341,11 +335,11 @@ def _sampler(s: dict) -> dict:
 def _prepare(p) -> Prepare | None:
   if p is None:
     return None
-  p = _as_dict(p)
+  p = config_data.as_dict(p)
   for k in p:
     if k not in ('fn', 'kwargs'):
       raise ConfigError(f'config.prepare.{k}: unknown field (known: fn, kwargs)')
   fn = p.get('fn')
   if not isinstance(fn, str) or fn.count(':') != 1 or not all(fn.split(':')):
     raise ConfigError(f"config.prepare.fn={fn!r}: must be 'package.module:function'")
-  return Prepare(fn=fn, kwargs=dict(_as_dict(p.get('kwargs') or {})))
+  return Prepare(fn=fn, kwargs=dict(config_data.as_dict(p.get('kwargs') or {})))

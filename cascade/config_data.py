@@ -16,10 +16,23 @@ from cascade.schema import ConfigError
 _NAME_RE = re.compile(r'^[A-Za-z0-9_.-]+$')
 
 
-def _as_dict(x) -> dict:
+def as_dict(x) -> dict:
+  """A ConfigDict (or mapping) as a plain dict."""
   if hasattr(x, 'to_dict'):
     return x.to_dict()
   return dict(x)
+
+
+def _entry(section: str, name: str, spec, fields: tuple) -> tuple[str, dict]:
+  """(where, spec as a dict) of `config.<section>.<name>`, its name and field names checked."""
+  where = f'config.{section}.{name}'
+  if not _NAME_RE.match(name):
+    raise ConfigError(f'{where}: a {section[:-1]} name may hold only letters, digits, _ . -')
+  spec = as_dict(spec)
+  for k in spec:
+    if k not in fields:
+      raise ConfigError(f'{where}.{k}: unknown field (known: {", ".join(fields)})')
+  return where, spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +80,7 @@ _DOMAIN_FIELDS = ('verifier', 'verifier_options', 'train', 'eval', 'eval_verifie
 def check_datasets(raw: dict, known_formats) -> dict[str, Dataset]:
   out = {}
   for name, spec in raw.items():
-    where = f'config.datasets.{name}'
-    if not _NAME_RE.match(name):
-      raise ConfigError(f'{where}: a dataset name may hold only letters, digits, _ . -')
-    spec = _as_dict(spec)
-    for k in spec:
-      if k not in _DATASET_FIELDS:
-        raise ConfigError(f'{where}.{k}: unknown field (known: {", ".join(_DATASET_FIELDS)})')
+    where, spec = _entry('datasets', name, spec, _DATASET_FIELDS)
     fmt = spec.get('format')
     if fmt not in known_formats:
       raise ConfigError(f'{where}.format={fmt!r}: unknown format (known: '
@@ -99,13 +106,7 @@ def check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
     raise ConfigError('config.domains: no domains')
   out = {}
   for name, spec in raw.items():
-    where = f'config.domains.{name}'
-    if not _NAME_RE.match(name):
-      raise ConfigError(f'{where}: a domain name may hold only letters, digits, _ . -')
-    spec = _as_dict(spec)
-    for k in spec:
-      if k not in _DOMAIN_FIELDS:
-        raise ConfigError(f'{where}.{k}: unknown field (known: {", ".join(_DOMAIN_FIELDS)})')
+    where, spec = _entry('domains', name, spec, _DOMAIN_FIELDS)
     ver = spec.get('verifier')
     eval_ver = spec.get('eval_verifier') or ver
     for field, vname in (('verifier', ver), ('eval_verifier', eval_ver)):
@@ -130,9 +131,9 @@ def check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
     if not rm_stage and 'reward_model' in (ver, eval_ver):
       raise ConfigError(f"{where}.reward_model_stage: missing field (the 'reward_model' "
                         'verifier scores with the reward model a reward_model stage trains)')
-    opts = dict(_as_dict(spec.get('verifier_options') or {}))
+    opts = dict(as_dict(spec.get('verifier_options') or {}))
     eval_opts = spec.get('eval_verifier_options')
-    eval_opts = opts if eval_opts is None and eval_ver == ver else dict(_as_dict(eval_opts or {}))
+    eval_opts = opts if eval_opts is None and eval_ver == ver else dict(as_dict(eval_opts or {}))
     out[name] = Domain(name=name, verifier=ver, verifier_options=opts,
                        train=spec.get('train', ''), eval=spec['eval'], eval_verifier=eval_ver,
                        eval_verifier_options=eval_opts, reward_model_stage=rm_stage,

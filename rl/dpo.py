@@ -253,15 +253,10 @@ def reference_logps(graphdef, params, batch: DpoBatch, mesh=None, rules=None, *,
     raise ValueError(f'dpo.reference_logps: rows_per_call={rows_per_call} must be >= 1')
   out = []
   for name in SIDES:
-    rows = jax.tree.map(np.asarray, side(batch, name))
-    logps = np.zeros(b, np.float32)
-    for start in range(0, b, k):
-      idx = np.arange(start, min(start + k, b))
-      padded = np.concatenate([idx, np.full(k - idx.size, idx[0])])
-      chunk = batch_lib.take_rows(rows, padded)
-      lp = batch_lib.compute_logprobs(graphdef, params, chunk, mesh, rules)
-      logps[idx] = np.asarray(_masked_sum(lp, jnp.asarray(chunk.loss_mask)))[:idx.size]
-    out.append(logps)
+    rows = side(batch, name)
+    lp = batch_lib.compute_logprobs(graphdef, params, rows, mesh, rules, rows_per_call=k)
+    out.append(np.asarray(_masked_sum(jnp.asarray(lp), jnp.asarray(rows.loss_mask)),
+                          np.float32))
   return out[0], out[1]
 
 
