@@ -9,7 +9,7 @@ setuptools.setup(
     python_requires='>=3.11',
     packages=setuptools.find_packages(
         include=['cascade', 'cascade.*', 'models', 'models.*', 'rl', 'rl.*',
-                 'verifiers', 'verifiers.*', 'configs', 'launch', 'launch.*']),
+                 'verifiers', 'verifiers.*', 'envs', 'envs.*', 'configs', 'launch', 'launch.*']),
     include_package_data=True,
     install_requires=[
         'jax>=0.10',

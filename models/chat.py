@@ -12,7 +12,8 @@ conversations, earlier assistant turns keep only their final answers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+import json
+from typing import Any, Mapping, Sequence
 
 IM_START = '<|im_start|>'
 IM_END = '<|im_end|>'
@@ -22,6 +23,14 @@ ENDOFTEXT = '<|endoftext|>'
 SPECIAL_TOKENS = (IM_START, IM_END, THINK_OPEN, THINK_CLOSE, ENDOFTEXT)
 EMPTY_THINK = f'{THINK_OPEN}\n\n{THINK_CLOSE}\n\n'
 ROLES = ('system', 'user', 'assistant')
+TOOL_CALL_OPEN = '<tool_call>'
+TOOL_CALL_CLOSE = '</tool_call>'
+TOOL_RESPONSE_OPEN = '<tool_response>'
+TOOL_RESPONSE_CLOSE = '</tool_response>'
+# Bounds on parsing one assistant turn (model text is untrusted): calls read, and
+# characters of one call's JSON. Past them the turn gets an error, not a slow parse.
+MAX_TOOL_CALLS = 16
+MAX_TOOL_CALL_CHARS = 20_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,3 +125,107 @@ def render_response(answer: str, thinking: str | None = None) -> str:
   if thinking is None:
     return f'{answer}{IM_END}'
   return f'{THINK_OPEN}\n{thinking}\n{THINK_CLOSE}\n\n{answer}{IM_END}'
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+  """One parsed call: the tool's name and its arguments (a JSON object)."""
+  name: str
+  arguments: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+  """An assistant turn parsed for tool calls.
+
+  Attributes:
+    content: the answer text with the tool-call blocks removed (stripped).
+    calls: the well-formed calls, in order.
+    errors: one line per malformed block ('tool call 2: ...'); a turn with
+      errors and no calls is still a tool turn (the environment answers with
+      the errors), not a final answer.
+    finished_thinking: False iff a thinking block was opened and never closed.
+  """
+  content: str
+  calls: tuple[ToolCall, ...]
+  errors: tuple[str, ...]
+  finished_thinking: bool = True
+
+  @property
+  def is_tool_turn(self) -> bool:
+    """The turn asked for tools (well-formed or not): the episode goes on."""
+    return bool(self.calls or self.errors)
+
+
+def _parse_call(body: str) -> ToolCall:
+  """One `<tool_call>` body -> ToolCall; ValueError says what is wrong."""
+  if len(body) > MAX_TOOL_CALL_CHARS:
+    raise ValueError(f'longer than {MAX_TOOL_CALL_CHARS} characters')
+  try:
+    value = json.loads(body, parse_constant=lambda c: (_ for _ in ()).throw(
+        ValueError(f'{c} is not JSON')))
+  except RecursionError:
+    raise ValueError('JSON nested too deeply') from None
+  except ValueError as e:
+    raise ValueError(f'not valid JSON ({e})') from None
+  if not isinstance(value, dict):
+    raise ValueError(f'expected a JSON object, got {type(value).__name__}')
+  name = value.get('name')
+  if not isinstance(name, str) or not name:
+    raise ValueError('"name" must be a non-empty string')
+  args: Any = value.get('arguments', {})
+  if isinstance(args, str):  # Some models write the arguments as a JSON string.
+    try:
+      args = json.loads(args)
+    except (ValueError, RecursionError):
+      raise ValueError('"arguments" is a string that is not a JSON object') from None
+  if not isinstance(args, dict):
+    raise ValueError(f'"arguments" must be a JSON object, got {type(args).__name__}')
+  extra = sorted(set(value) - {'name', 'arguments'})
+  if extra:
+    raise ValueError(f'unexpected keys {extra}')
+  return ToolCall(name=name, arguments=args)
+
+
+def parse_tool_calls(completion: str) -> Turn:
+  """Parses an assistant turn's `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks.
+
+  Only the text after the thinking block is searched (calls inside the
+  reasoning are not calls). Never raises on model text: malformed blocks
+  (bad JSON, a missing name, an unclosed tag, too many calls) become
+  `errors`. Runs in time linear in the text.
+
+  Args:
+    completion: the sampled assistant turn (may end with `<|im_end|>`).
+
+  Returns:
+    A `Turn`.
+  """
+  split = split_thinking(completion)
+  text = split.answer
+  calls, errors, content = [], [], []
+  pos = 0
+  index = 0
+  while True:
+    start = text.find(TOOL_CALL_OPEN, pos)
+    if start < 0:
+      content.append(text[pos:])
+      break
+    content.append(text[pos:start])
+    index += 1
+    body_start = start + len(TOOL_CALL_OPEN)
+    end = text.find(TOOL_CALL_CLOSE, body_start)
+    if end < 0:
+      errors.append(f'tool call {index}: {TOOL_CALL_OPEN} is never closed by {TOOL_CALL_CLOSE}')
+      break
+    pos = end + len(TOOL_CALL_CLOSE)
+    if index > MAX_TOOL_CALLS:
+      errors.append(f'tool call {index}: more than {MAX_TOOL_CALLS} calls in one turn')
+      content.append(text[pos:])
+      break
+    try:
+      calls.append(_parse_call(text[body_start:end].strip()))
+    except ValueError as e:
+      errors.append(f'tool call {index}: {e}')
+  return Turn(content=''.join(content).strip(), calls=tuple(calls), errors=tuple(errors),
+              finished_thinking=split.finished_thinking)
