@@ -1,12 +1,35 @@
-"""Qwen3-style ChatML template with the thinking / instruct switch, and thinking-block splitting.
+"""Qwen3-style ChatML: the thinking / instruct switch, tools, and tool-call parsing.
 
-Host-only (no jax import), so verifiers can use it.
+Host-only (no jax import), so verifiers and environments can use it.
 
 Thinking control follows Nemotron-Cascade / Qwen3: " /think" or " /no_think"
 is appended to the last user turn. In instruct mode the generation prompt
 pre-fills an empty thinking block (`<think>\\n\\n</think>\\n\\n`), as Qwen3's
 template does, so the model writes only the answer. In multi-turn
 conversations, earlier assistant turns keep only their final answers.
+
+Tools follow Qwen3's template. `render(messages, tools=schemas)` puts the
+schemas (OpenAI function format, `{"type": "function", "function": {"name",
+"description", "parameters"}}`) in the system turn, after the system
+message's content: a `# Tools` section lists them one JSON object per line
+between `<tools>` and `</tools>` and shows the call format. The assistant calls
+tools after its thinking, one block per call:
+
+    <tool_call>
+    {"name": "search", "arguments": {"query": "tides"}}
+    </tool_call>
+
+`render_tool_call` writes such a block (demonstrations; assistant messages
+may also carry structured `tool_calls`), `parse_tool_calls` reads a sampled
+turn's blocks. Tool results are messages with role 'tool'; consecutive ones
+form one user turn of `<tool_response>\\n...\\n</tool_response>` blocks, which
+never takes the thinking switch. In an agentic episode the prompt grows by
+`render_observation` after each sampled turn, so the policy is always
+conditioned on exactly the tokens it sampled.
+
+`SPECIAL_TOKENS` are the chat tokens a tokenizer keeps as single special ids;
+`TOOL_TOKENS` are the tool markers, which a tokenizer may also keep as single
+(not special: decoding keeps them) pieces.
 """
 
 from __future__ import annotations
@@ -22,16 +45,16 @@ THINK_CLOSE = '</think>'
 ENDOFTEXT = '<|endoftext|>'
 SPECIAL_TOKENS = (IM_START, IM_END, THINK_OPEN, THINK_CLOSE, ENDOFTEXT)
 EMPTY_THINK = f'{THINK_OPEN}\n\n{THINK_CLOSE}\n\n'
-ROLES = ('system', 'user', 'assistant')
+ROLES = ('system', 'user', 'assistant', 'tool')
 TOOL_CALL_OPEN = '<tool_call>'
 TOOL_CALL_CLOSE = '</tool_call>'
 TOOL_RESPONSE_OPEN = '<tool_response>'
 TOOL_RESPONSE_CLOSE = '</tool_response>'
+TOOL_TOKENS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE)
 # Bounds on parsing one assistant turn (model text is untrusted): calls read, and
 # characters of one call's JSON. Past them the turn gets an error, not a slow parse.
 MAX_TOOL_CALLS = 16
 MAX_TOOL_CALL_CHARS = 20_000
-
 
 @dataclasses.dataclass(frozen=True)
 class Split:
@@ -78,40 +101,235 @@ def split_thinking(completion: str) -> Split:
   return Split(thinking='', answer=text.strip(), finished_thinking=True, had_thinking=False)
 
 
-def render(messages: Sequence[Mapping[str, str]], *, thinking: bool | None = None,
-           add_generation_prompt: bool = True) -> str:
+def _dumps(value: Any) -> str:
+  """`value` as one line of JSON (non-ASCII kept) in which no chat marker appears verbatim.
+
+  A marker's '<' can only sit inside a JSON string, where `\\u003c` means the
+  same character: the text still parses to `value`, but a `</tool_call>`,
+  `</think>` or `<|im_end|>` inside an argument can no longer end the block,
+  the thinking or the turn (nor become a special token).
+  """
+  try:
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+  except (TypeError, ValueError, RecursionError) as e:
+    raise ValueError(f'not JSON-serialisable ({e})') from None
+  for marker in SPECIAL_TOKENS + TOOL_TOKENS:
+    text = text.replace(marker, '\\u003c' + marker[1:])
+  return text
+
+
+def render_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
+  """One tool call as the assistant writes it (demonstrations, structured `tool_calls`).
+
+  `parse_tool_calls` reads the block back as (name, arguments), provided its
+  JSON stays within MAX_TOOL_CALL_CHARS.
+
+  Args:
+    name: the tool's name.
+    arguments: the call's arguments, a JSON object (string keys).
+
+  Returns:
+    `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
+
+  Raises:
+    ValueError: an empty or non-string name, or arguments that are not a
+      JSON-serialisable dict.
+  """
+  if not isinstance(name, str) or not name:
+    raise ValueError(f'name must be a non-empty string, got {name!r}')
+  if not isinstance(arguments, Mapping):
+    raise ValueError(f'arguments must be a dict, got {type(arguments).__name__}')
+  try:
+    body = _dumps({'name': name, 'arguments': dict(arguments)})
+  except ValueError as e:
+    raise ValueError(f'arguments: {e}') from None
+  return f'{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}'
+
+
+def _is_list(value: Any) -> bool:
+  return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _tools_section(tools: Sequence[Mapping[str, Any]]) -> str:
+  """The `# Tools` part of the system turn ('' without tools): the schemas and the call format."""
+  if not _is_list(tools):
+    raise ValueError(f'tools must be a list of function schemas, got {type(tools).__name__}')
+  if not tools:
+    return ''
+  lines, seen = [], {}
+  for k, tool in enumerate(tools):
+    fn = tool.get('function') if isinstance(tool, Mapping) else None
+    name = fn.get('name') if isinstance(fn, Mapping) else None
+    if not isinstance(name, str) or not name:
+      raise ValueError(f'tools[{k}]: function.name must be a non-empty string (expected '
+                       '{"type": "function", "function": {"name", "description", "parameters"}})')
+    if tool.get('type', 'function') != 'function':
+      raise ValueError(f'tools[{k}]: type must be "function", got {tool["type"]!r}')
+    if not isinstance(fn.get('parameters', {}), Mapping):
+      raise ValueError(f'tools[{k}]: function.parameters must be a JSON schema object')
+    if name in seen:
+      raise ValueError(f'tools[{k}]: function.name {name!r} repeats tools[{seen[name]}]')
+    seen[name] = k
+    try:
+      lines.append(_dumps(tool))
+    except ValueError as e:
+      raise ValueError(f'tools[{k}]: {e}') from None
+  schemas = '\n'.join(lines)
+  return ('# Tools\n\n'
+          'You can call one or more of the functions below to help with the request.\n\n'
+          'Their signatures follow, one JSON object per line, inside <tools></tools> tags:\n'
+          f'<tools>\n{schemas}\n</tools>\n\n'
+          'To call a function, write a JSON object with its name and arguments inside '
+          '<tool_call></tool_call> tags:\n'
+          f'{TOOL_CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n'
+          f'{TOOL_CALL_CLOSE}')
+
+
+def _check_message(i: int, m: Any) -> tuple[str, str]:
+  """(role, content) of message `i`; ValueError names the index and the field."""
+  if not isinstance(m, Mapping):
+    raise ValueError(f'message {i}: expected a dict, got {type(m).__name__}')
+  role, content = m.get('role'), m.get('content')
+  if role not in ROLES:
+    raise ValueError(f'message {i}: role {role!r} is not one of {ROLES}')
+  if not isinstance(content, str):
+    raise ValueError(f'message {i}: content must be a string, got {type(content).__name__}')
+  if role == 'tool' and m.get('name') is not None and not isinstance(m['name'], str):
+    raise ValueError(f'message {i}: name must be a string, got {type(m["name"]).__name__}')
+  if role != 'assistant' and m.get('tool_calls') is not None:
+    raise ValueError(f'message {i}: tool_calls: only assistant messages make tool calls '
+                     f'(role {role!r})')
+  return role, content
+
+
+def _assistant_content(i: int, m: Mapping[str, Any]) -> str:
+  """An earlier assistant turn as rendered: its final answer, then its tool-call blocks."""
+  content, calls = m['content'], m.get('tool_calls')
+  if calls is not None and not _is_list(calls):
+    raise ValueError(f'message {i}: tool_calls must be a list, got {type(calls).__name__}')
+  if not calls:
+    return split_thinking(content).answer or content
+  blocks = []
+  for k, call in enumerate(calls):
+    if isinstance(call, ToolCall):
+      call = {'name': call.name, 'arguments': call.arguments}
+    if not isinstance(call, Mapping):
+      raise ValueError(f'message {i}: tool_calls[{k}] must be a dict with "name" and '
+                       f'"arguments", got {type(call).__name__}')
+    try:
+      blocks.append(render_tool_call(call.get('name'), call.get('arguments', {})))
+    except ValueError as e:
+      raise ValueError(f'message {i}: tool_calls[{k}]: {e}') from None
+  split = split_thinking(content)
+  answer = split.answer if split.finished_thinking else content
+  if TOOL_CALL_OPEN in answer:  # A sampled turn: its own blocks are the calls.
+    return answer
+  return '\n'.join([answer, *blocks] if answer else blocks)
+
+
+def _tool_turn(contents: Sequence[str]) -> str:
+  """Consecutive tool results as one user turn of `<tool_response>` blocks."""
+  blocks = ''.join(f'\n{TOOL_RESPONSE_OPEN}\n{c}\n{TOOL_RESPONSE_CLOSE}' for c in contents)
+  return f'{IM_START}user{blocks}{IM_END}\n'
+
+
+def _generation_prompt(thinking: bool | None) -> str:
+  return f'{IM_START}assistant\n' + (EMPTY_THINK if thinking is False else '')
+
+
+def render(messages: Sequence[Mapping[str, Any]], *, thinking: bool | None = None,
+           add_generation_prompt: bool = True,
+           tools: Sequence[Mapping[str, Any]] | None = None) -> str:
   """Renders a conversation in ChatML.
 
   Args:
-    messages: dicts with 'role' in ('system', 'user', 'assistant') and 'content'.
+    messages: dicts with 'role' in ROLES and a string 'content'. An assistant
+      message may carry 'tool_calls', a list of {'name', 'arguments'} (or
+      `ToolCall`s), rendered as `<tool_call>` blocks after its content; one
+      whose answer already holds `<tool_call>` blocks (a sampled turn) is
+      rendered as it is. A 'tool' message is one tool result (an optional
+      'name' is not rendered); consecutive ones form one user turn.
     thinking: True appends ' /think' to the last user turn, False appends
       ' /no_think' and pre-fills an empty thinking block; None adds neither.
+      Tool-response turns (from 'tool' messages) are not user turns here.
     add_generation_prompt: end with the opening of an assistant turn.
+    tools: tool schemas in the OpenAI / Qwen3 function format; the system
+      turn lists them (a system turn is added when the conversation does not
+      open with one). None or empty: no tools section.
 
   Returns:
     The prompt text.
 
   Raises:
-    ValueError: a message with an unknown role or without content.
+    ValueError: a message with an unknown role, without string content or
+      with malformed tool_calls, or a malformed tool schema; the message names
+      the index and the field.
   """
-  last_user = max((i for i, m in enumerate(messages) if m.get('role') == 'user'), default=-1)
-  parts = []
-  for i, m in enumerate(messages):
-    role, content = m.get('role'), m.get('content')
-    if role not in ROLES:
-      raise ValueError(f'message {i}: role {role!r} is not one of {ROLES}')
-    if not isinstance(content, str):
-      raise ValueError(f'message {i}: content must be a string, got {type(content).__name__}')
+  checked = [_check_message(i, m) for i, m in enumerate(messages)]
+  last_user = max((i for i, (role, _) in enumerate(checked) if role == 'user'), default=-1)
+  parts, results = [], []
+  section = '' if tools is None else _tools_section(tools)
+  if section and (not checked or checked[0][0] != 'system'):
+    parts.append(f'{IM_START}system\n{section}{IM_END}\n')
+  for i, (role, content) in enumerate(checked):
+    if role == 'tool':
+      results.append(content)
+      continue
+    if results:
+      parts.append(_tool_turn(results))
+      results = []
     if role == 'assistant':
-      content = split_thinking(content).answer or content
+      content = _assistant_content(i, messages[i])
+    if i == 0 and role == 'system' and section:
+      content = f'{content}\n\n{section}' if content else section
     if i == last_user and thinking is not None:
       content = content + (' /think' if thinking else ' /no_think')
     parts.append(f'{IM_START}{role}\n{content}{IM_END}\n')
+  if results:
+    parts.append(_tool_turn(results))
   if add_generation_prompt:
-    parts.append(f'{IM_START}assistant\n')
-    if thinking is False:
-      parts.append(EMPTY_THINK)
+    parts.append(_generation_prompt(thinking))
   return ''.join(parts)
+
+
+def render_observation(tool_messages: Sequence[Mapping[str, Any]], *,
+                       thinking: bool | None = None) -> str:
+  """The text that follows a sampled assistant turn in an agentic episode.
+
+  An episode's prompt is built incrementally, `render(opening, thinking=m,
+  tools=t) + turn_1 + render_observation(obs_1, thinking=m) + turn_2 + ...`,
+  where each turn is the sampled text ending with `<|im_end|>`; it is the
+  exact token stream the policy sampled. It equals the full re-render
+  `render(opening + [{'role': 'assistant', 'content': turn_1}, *obs_1, ...],
+  thinking=m, tools=t)` byte for byte (opening, tool-response turns,
+  generation prompts) except inside each earlier assistant turn: after its
+  `<|im_start|>assistant\\n` the incremental text keeps the pre-filled empty
+  thinking block (m False) and the sampled text verbatim, with its thinking
+  block and the whitespace around the answer, where the re-render has only
+  the final answer `split_thinking(turn).answer` (tool-call blocks included).
+  The thinking switch sits on the opening's last user message in both.
+
+  Args:
+    tool_messages: the results of the turn's calls, role 'tool', in order.
+    thinking: as in `render`: False pre-fills an empty thinking block.
+
+  Returns:
+    '\\n' (closing the sampled turn's line), the tool-response user turn and
+    the next generation prompt.
+
+  Raises:
+    ValueError: no messages, or a message that is not a well-formed tool
+      message (names the index and the field).
+  """
+  if not tool_messages:
+    raise ValueError('render_observation: no tool messages')
+  contents = []
+  for i, m in enumerate(tool_messages):
+    role, content = _check_message(i, m)
+    if role != 'tool':
+      raise ValueError(f"message {i}: role {role!r}: observations are 'tool' messages")
+    contents.append(content)
+  return '\n' + _tool_turn(contents) + _generation_prompt(thinking)
 
 
 def render_response(answer: str, thinking: str | None = None) -> str:

@@ -224,7 +224,9 @@ def train_sentencepiece(texts: Iterable[str], model_prefix: str | os.PathLike, v
     vocab_size: number of pieces, including 4 control pieces, the
       user-defined symbols and 256 byte pieces (so > 260 + symbols).
     model_type: 'bpe' or 'unigram'.
-    user_defined_symbols: strings that are always single tokens.
+    user_defined_symbols: strings that are always single tokens; e.g.
+      `chat.SPECIAL_TOKENS + chat.TOOL_TOKENS` also keeps the tool markers
+      whole (they are not special ids: decoding keeps them).
     max_sentence_length: longest document in bytes; longer ones are skipped.
 
   Returns:

@@ -117,6 +117,31 @@ def test_sentencepiece_ids_and_digits(toks):
   assert tok.decode([1, *tok.encode('hi'), 2, 3]) == 'hi'  # Control pieces decode to ''.
 
 
+def test_sentencepiece_tool_tokens(tmp_path):
+  args = {'a': 12, 'b': 30}
+  call = chat.render_tool_call('add', args)
+  convo = [{'role': 'user', 'content': 'Add 12 and 30.'},
+           {'role': 'assistant', 'content': 'Adding.',
+            'tool_calls': [{'name': 'add', 'arguments': args}]},
+           {'role': 'tool', 'content': '42'}]
+  corpus = _corpus(200) + [chat.render(convo, thinking=True) + 'The sum is 42.<|im_end|>'] * 20
+  tok = tokenizer.train_sentencepiece(
+      corpus, tmp_path / 'tools', 400,
+      user_defined_symbols=chat.SPECIAL_TOKENS + chat.TOOL_TOKENS)
+  for marker in chat.TOOL_TOKENS:
+    i = tok.token_to_id(marker)
+    assert tok.encode(marker) == [i] and i not in tok.special_ids
+  for special in chat.SPECIAL_TOKENS:
+    assert tok.token_to_id(special) in tok.special_ids
+  prompt = chat.render(convo, thinking=False, tools=[{'type': 'function',
+                                                      'function': {'name': 'add'}}])
+  assert tok.decode(tok.encode(prompt)) == prompt
+  # A sampled turn decoded without the special ids still parses.
+  ids = tok.encode(f'<think>\nsum it\n</think>\n\nAdding.\n{call}<|im_end|>')
+  turn = chat.parse_tool_calls(tok.decode(ids, skip_special=True))
+  assert [(c.name, c.arguments) for c in turn.calls] == [('add', args)]
+
+
 def test_sentencepiece_newline_via_byte_fallback(tmp_path):
   tok = tokenizer.train_sentencepiece(
       [f'word{i % 7} number {i}' for i in range(300)], tmp_path / 'flat', 300)
