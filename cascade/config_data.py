@@ -59,6 +59,12 @@ class Domain:
   `validation` (optional) names a prompt dataset disjoint from `eval`: the
   selection set that in-stage validation and MOPD's `teachers='best'` read,
   so that nothing is chosen on the held-out numbers the matrix reports.
+
+  An agentic domain names an environment (`env`, see `envs`) instead of a
+  verifier: its rollouts are multi-turn episodes in that environment
+  (`cascade.episodes`), which scores them, in training and evaluation alike;
+  `max_turns` bounds an episode's assistant turns and `render_tools` lists the
+  tools' schemas in the opening system turn.
   """
   name: str
   verifier: str
@@ -69,11 +75,23 @@ class Domain:
   eval_verifier_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   reward_model_stage: str = ''
   validation: str = ''
+  env: str = ''
+  env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  max_turns: int = 8
+  render_tools: bool = True
+
+  @property
+  def agentic(self) -> bool:
+    """Rollouts of this domain are episodes in an environment."""
+    return bool(self.env)
 
 
 _DATASET_FIELDS = ('path', 'tfds', 'split', 'data_dir', 'format', 'domain', 'limit', 'skip')
 _DOMAIN_FIELDS = ('verifier', 'verifier_options', 'train', 'eval', 'eval_verifier',
-                  'eval_verifier_options', 'reward_model_stage', 'validation')
+                  'eval_verifier_options', 'reward_model_stage', 'validation', 'env',
+                  'env_options', 'max_turns', 'render_tools')
+_VERIFIER_FIELDS = ('verifier', 'verifier_options', 'eval_verifier', 'eval_verifier_options',
+                    'reward_model_stage')
 
 
 
@@ -99,6 +117,27 @@ def check_datasets(raw: dict, known_formats) -> dict[str, Dataset]:
   return out
 
 
+def _check_env(where: str, spec: dict) -> dict:
+  """The agentic fields of a domain that names an environment (its verifier fields are refused)."""
+  import envs  # pylint: disable=g-import-not-at-top
+  name = spec['env']
+  if name not in envs.names():
+    raise ConfigError(f'{where}.env={name!r}: unknown environment (known: '
+                      f'{", ".join(envs.names())})')
+  given = [k for k in _VERIFIER_FIELDS if spec.get(k)]
+  if given:
+    raise ConfigError(f'{where}.{given[0]}: a domain with an env is scored by its environment; '
+                      'give the scoring options in env_options')
+  turns = spec.get('max_turns', 8)
+  if not schema.is_int(turns) or turns < 1:
+    raise ConfigError(f'{where}.max_turns={turns!r}: must be an int >= 1')
+  tools = spec.get('render_tools', True)
+  if not isinstance(tools, bool):
+    raise ConfigError(f'{where}.render_tools={tools!r}: must be a bool')
+  return dict(env=name, env_options=dict(as_dict(spec.get('env_options') or {})),
+              max_turns=int(turns), render_tools=tools)
+
+
 def check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
   from cascade import verifier_set  # pylint: disable=g-import-not-at-top
   rm_option = verifier_set.RM_SCORER_OPTION
@@ -107,10 +146,19 @@ def check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
   out = {}
   for name, spec in raw.items():
     where, spec = _entry('domains', name, spec, _DOMAIN_FIELDS)
+    agent = {}
+    if spec.get('env'):
+      agent = _check_env(where, spec)
+    else:
+      for k in ('env_options', 'max_turns', 'render_tools'):
+        if k in spec:
+          raise ConfigError(f'{where}.{k}: only a domain with an env takes it')
     ver = spec.get('verifier')
+    if agent:
+      ver = ''
     eval_ver = spec.get('eval_verifier') or ver
     for field, vname in (('verifier', ver), ('eval_verifier', eval_ver)):
-      if vname not in verifier_names:
+      if not agent and vname not in verifier_names:
         raise ConfigError(f'{where}.{field}={vname!r}: unknown verifier (known: '
                           f'{", ".join(sorted(verifier_names))})')
     for split in ('train', 'eval', 'validation'):
@@ -137,7 +185,7 @@ def check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
     out[name] = Domain(name=name, verifier=ver, verifier_options=opts,
                        train=spec.get('train', ''), eval=spec['eval'], eval_verifier=eval_ver,
                        eval_verifier_options=eval_opts, reward_model_stage=rm_stage,
-                       validation=spec.get('validation', '') or '')
+                       validation=spec.get('validation', '') or '', **agent)
     if out[name].validation and out[name].validation == out[name].eval:
       raise ConfigError(f'{where}.validation={out[name].validation!r}: is the held-out set '
                         '(eval); selecting on it would be selecting on the reported numbers')

@@ -4,7 +4,10 @@ Canonical records (what every stage reads; adapters map other formats here):
 
   prompt      {"id", "domain", "messages": [{"role", "content"}, ...], "metadata": {...}}
               (RL and evaluation; `metadata` holds the domain verifier's fields)
-  sft         {"id", "domain", "messages", "response", "thinking" (optional)}
+  sft         {"id", "domain", "messages", "response", "thinking" (optional)}, or a
+              multi-turn tool-calling demonstration {"id", "domain", "messages",
+              "turns": [{"role": "assistant" | "tool", "content"}, ...],
+              "tools" (optional schemas)} whose assistant turns are all learned
   preference  {"id", "domain", "messages", "chosen", "rejected"}
 
 Adapters (the `format` of a dataset in the config):
@@ -125,8 +128,41 @@ def _adapt_prompt(raw):
   return rec
 
 
+def _turns(raw: Mapping) -> list[dict]:
+  """A multi-turn demonstration's turns: assistant turns and tool results, ending with the answer."""
+  turns = raw['turns']
+  if not isinstance(turns, (list, tuple)) or not turns:
+    raise _RecordError("field 'turns' must be a non-empty list of {\"role\", \"content\"}")
+  out = []
+  for i, t in enumerate(turns):
+    if not isinstance(t, Mapping):
+      raise _RecordError(f'turns[{i}] must be an object, got {type(t).__name__}')
+    role, content = t.get('role'), t.get('content')
+    if role not in ('assistant', 'tool'):
+      raise _RecordError(f"turns[{i}].role={role!r}: expected 'assistant' or 'tool'")
+    if not isinstance(content, str):
+      raise _RecordError(f'turns[{i}].content must be a string')
+    if role == 'tool' and i == 0:
+      raise _RecordError('turns[0]: a tool result must follow an assistant turn')
+    out.append({'role': role, 'content': content})
+  if out[-1]['role'] != 'assistant':
+    raise _RecordError('turns: the last turn must be the assistant\'s final answer')
+  return out
+
+
 def _adapt_sft(raw):
   rec = _base(raw)
+  if 'turns' in raw:
+    # A multi-turn (tool-calling) demonstration; every assistant turn is learned.
+    if 'response' in raw:
+      raise _RecordError("give either 'response' or 'turns', not both")
+    rec['turns'] = _turns(raw)
+    tools = raw.get('tools')
+    if tools is not None:
+      if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
+        raise _RecordError("field 'tools' must be a list of tool schemas (objects)")
+      rec['tools'] = [dict(t) for t in tools]
+    return rec
   rec['response'] = _str(raw, 'response')
   if raw.get('thinking') is not None:
     rec['thinking'] = _str(raw, 'thinking', allow_empty=True)

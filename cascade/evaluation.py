@@ -5,7 +5,10 @@ starting policy as row 0) each domain's held-out prompts are sampled
 `num_samples` times with the config's evaluation settings and scored by the
 domain's evaluation verifier. A domain's score is pass@1 averaged over the k
 samples, in percent: 100 * mean over prompts and samples of the reward
-clipped to [0, 1] (so a -1 "unparsable" reward counts as a failure).
+clipped to [0, 1] (so a -1 "unparsable" reward counts as a failure). An
+agentic domain's samples are whole episodes in its environment
+(`cascade.episodes`), `max_new_tokens` bounding each episode's tokens after
+the opening prompt.
 
 results.json is
 
@@ -32,6 +35,7 @@ import jax
 import numpy as np
 
 from cascade import checkpoint
+from cascade import episodes
 from cascade import paths
 from cascade import rollout
 from rl import sampler as sampler_lib
@@ -52,11 +56,19 @@ def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mod
   k = 1 if sp.greedy else ev.num_samples      # greedy samples would all agree
   bs = ev.batch_size
   rewards, lens, trunc = [], [], []
+  agent = verifier_of(recs[0]['domain']) if recs else None
   for b, start in enumerate(range(0, len(recs), bs)):
     chunk = recs[start:start + bs]
-    ro = rollout.generate(sampler, params, tokenizer, chunk, [mode] * len(chunk),
-                          jax.random.fold_in(key, b), sp, k)
-    r, _ = rollout.score(ro, verifier_of, sample_cls)
+    if isinstance(agent, episodes.Agent):
+      # An agentic domain: whole episodes, `max_new_tokens` bounding each one's tokens.
+      ro = episodes.generate(sampler, params, tokenizer, agent.env, chunk, [mode] * len(chunk),
+                             jax.random.fold_in(key, b), sp, k, max_turns=agent.max_turns,
+                             max_tokens=sp.max_new_tokens, render_tools=agent.render_tools)
+      r = ro.rewards
+    else:
+      ro = rollout.generate(sampler, params, tokenizer, chunk, [mode] * len(chunk),
+                            jax.random.fold_in(key, b), sp, k)
+      r, _ = rollout.score(ro, verifier_of, sample_cls)
     rewards.append(r)
     lens.append(ro.samples.lengths)
     trunc.append(ro.samples.truncated)

@@ -8,6 +8,11 @@ score without one (so IF held-out stays plain IFEval). A verifier holding a
 reward model is marked `rollout.COLLECTIVE`: its scorer runs on the run's
 mesh, so with several hosts every host scores those rows and process 0's
 rewards are kept (`cascade.rollout.score`).
+
+An agentic domain (one that names an `env`) is scored by its environment: its
+"verifier", for training and evaluation alike, is an `episodes.Agent`: one
+`envs.Environment` built from the domain's `env_options`, with the domain's
+episode limits, which `cascade.episodes` drives.
 """
 
 from __future__ import annotations
@@ -48,6 +53,14 @@ class VerifierSet:
     """Builds every verifier once (a stand-in for a reward model) so bad options fail now."""
     stand_in = lambda prompts, answers: np.zeros(len(prompts), np.float32)
     for d in self.plan.domains.values():
+      if d.agentic:
+        try:
+          import envs  # pylint: disable=g-import-not-at-top
+          envs.get(d.env, **d.env_options).close()
+        except (TypeError, ValueError) as e:
+          raise config_lib.ConfigError(f'config.domains.{d.name}.env_options: environment '
+                                       f'{d.env!r} rejects {sorted(d.env_options)}: {e}') from None
+        continue
       for field, name, opts in (('verifier_options', d.verifier, d.verifier_options),
                                 ('eval_verifier_options', d.eval_verifier,
                                  d.eval_verifier_options)):
@@ -64,6 +77,10 @@ class VerifierSet:
   def check_metadata(self, domain: str, metadata: dict, where: str) -> None:
     """Checks one record's metadata for both of its domain's verifiers (errors name `where`)."""
     d = self.plan.domains[domain]
+    if d.agentic:
+      import envs  # pylint: disable=g-import-not-at-top
+      envs.cls(d.env).validate_metadata(metadata, where)
+      return
     for name, opts in ((d.verifier, d.verifier_options),
                        (d.eval_verifier, d.eval_verifier_options)):
       self._mod.validate(name, metadata, where, **opts)
@@ -76,6 +93,14 @@ class VerifierSet:
 
   def _get(self, domain: str, for_eval: bool):
     d = self.plan.domains[domain]
+    if d.agentic:
+      key = ('env:' + d.env, repr(sorted(d.env_options.items())), (d.max_turns, d.render_tools))
+      if key not in self._cache:
+        import envs  # pylint: disable=g-import-not-at-top
+        from cascade import episodes  # pylint: disable=g-import-not-at-top
+        self._cache[key] = episodes.Agent(envs.get(d.env, **d.env_options), d.max_turns,
+                                          d.render_tools)
+      return self._cache[key]
     name = d.eval_verifier if for_eval else d.verifier
     opts = dict(d.eval_verifier_options if for_eval else d.verifier_options)
     takes_rm = bool(d.reward_model_stage) and name in RM_SCORER_OPTION and (
@@ -97,7 +122,7 @@ class VerifierSet:
   def can_evaluate(self, domain: str) -> bool:
     """Whether the domain's evaluation verifier can score now (its reward model exists)."""
     d = self.plan.domains[domain]
-    if d.eval_verifier not in RM_SCORER_REQUIRED or self._rm_ready(d.reward_model_stage):
+    if d.agentic or d.eval_verifier not in RM_SCORER_REQUIRED or self._rm_ready(d.reward_model_stage):
       return True
     print(f'WARNING: domain {domain!r} is evaluated by reward model stage '
           f'{d.reward_model_stage!r}, not trained yet: no score in this row', flush=True)

@@ -96,7 +96,8 @@ def from_samples(samples, advantages, *, valid=None, teacher_index=None) -> Trai
   Args:
     samples: a `rl.sampler.SampleOutput` (or any object with its fields):
       prompt_tokens/prompt_mask [B, P] left-padded, tokens/mask/logprobs [B, N],
-      truncated [B].
+      truncated [B]; optionally policy_mask [B, N] (agentic episodes): only
+      those tokens are learned, the rest of `mask` is context.
     advantages: [B] float, one per row (zeros for losses that need none).
     valid: optional [B] bool; rows that are False get an all-zero loss mask
       (used to pad a batch to a fixed size).
@@ -127,7 +128,14 @@ def from_samples(samples, advantages, *, valid=None, teacher_index=None) -> Trai
   # Target column t holds completion token t - (P - 1).
   shift = lambda x, fill: np.concatenate(
       [np.full((b, p - 1), fill, x.dtype), x, np.full((b, 1), fill, x.dtype)], 1)
-  loss_mask = shift(comp_mask.astype(np.float32), 0.0)
+  # Multi-turn episodes (`cascade.episodes`) learn only the tokens the policy sampled; their
+  # observation tokens are present (mask 1, attended to) but carry no loss.
+  policy = getattr(samples, 'policy_mask', None)
+  learned = comp_mask if policy is None else np.asarray(policy, np.int32) * comp_mask
+  if learned.shape != comp.shape:
+    raise ValueError(f'from_samples: policy_mask has shape {learned.shape}, '
+                     f'expected {comp.shape}')
+  loss_mask = shift(learned.astype(np.float32), 0.0)
   if valid is not None:
     loss_mask = loss_mask * np.asarray(valid, np.float32).reshape(b, 1)
   targets = np.where(shift(comp_mask, 0) > 0, targets, 0)
@@ -153,7 +161,7 @@ def _concat_samples(chunks):
   for name in chunks[0]._fields:
     if name in ('prompt_tokens', 'prompt_mask'):
       fields[name] = np.concatenate([left(getattr(c, name), p) for c in chunks])
-    elif name in ('tokens', 'mask', 'logprobs', 'sampling_logprobs'):
+    elif name in ('tokens', 'mask', 'logprobs', 'sampling_logprobs', 'policy_mask'):
       fields[name] = np.concatenate([right(getattr(c, name), n) for c in chunks])
     else:
       fields[name] = np.concatenate([np.asarray(getattr(c, name)) for c in chunks])

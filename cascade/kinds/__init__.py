@@ -11,6 +11,7 @@ and never branch on its name.
 from __future__ import annotations
 
 from cascade import schema
+from cascade.kinds import agentic
 from cascade.kinds import base
 from cascade.kinds import dpo
 from cascade.kinds import eval as eval_kind
@@ -20,7 +21,8 @@ from cascade.kinds import reward_model
 from cascade.kinds import sft
 
 KINDS: dict[str, base.Kind] = {k.name: k for k in (
-    sft.KIND, reward_model.KIND, grpo.KIND, mopd.KIND, eval_kind.KIND, dpo.KIND)}
+    sft.KIND, reward_model.KIND, grpo.KIND, mopd.KIND, eval_kind.KIND, dpo.KIND,
+    agentic.KIND)}
 
 
 def get(name: str) -> base.Kind:

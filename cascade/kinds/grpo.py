@@ -61,6 +61,11 @@ def abstract_batch(stage: Config, mesh, rules):
 
 
 def run(env, stage: Config) -> base.StageResult:
+  return train(env, stage, KIND, rl.Draws)
+
+
+def train(env, stage: Config, kind: base.Kind, draws_cls) -> base.StageResult:
+  """The GRPO stage loop with rollouts drawn by `draws_cls` (`rl.Draws` or a subclass)."""
   records = env.data.stage_records(stage)
   # The KL reference is the policy the stage starts from, frozen.
   ref_params = (env.policies.compute_copy(env.policies.start_params(stage))
@@ -75,7 +80,7 @@ def run(env, stage: Config) -> base.StageResult:
                              stage.prompts_per_step)
 
     def make(step, rng, state):
-      draws = rl.Draws(env, stage, loader, step, rng, state.params)
+      draws = draws_cls(env, stage, loader, step, rng, state.params)
       rows, rewards, valid, fill = draws.collect()
       adv = grpo_lib.advantages(rewards, stage.group_size, stage.advantage)
       valid = rl.loss_valid(stage, step, rows, valid)
@@ -87,7 +92,7 @@ def run(env, stage: Config) -> base.StageResult:
       return rl.split_updates(stage, step, env.plan.seed, batch), host
     return loop.BatchMaker(loader, make)
 
-  return loop.train(env, KIND, stage, maker)
+  return loop.train(env, kind, stage, maker)
 
 
 def frozen_forwards(stage: Config) -> list:

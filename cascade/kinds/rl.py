@@ -120,6 +120,18 @@ class RLStageConfig(base.TrainStageConfig):
       prev = until
     return tuple(out)
 
+  # Whether the kind runs multi-turn episodes (kind 'agentic'); the others refuse agentic domains.
+  AGENTIC: ClassVar[bool] = False
+
+  def resolve(self, refs, fail):
+    out = super().resolve(refs, fail)
+    if not self.AGENTIC:
+      for d in self.domains:
+        if refs.domains[d].agentic:
+          fail('domains', f'domain {d!r} is agentic (it names env {refs.domains[d].env!r}); '
+                          "its rollouts are episodes: train it with kind 'agentic'")
+    return out
+
   def default_datasets(self, refs, fail) -> tuple:
     missing = [d for d in self.domains if not refs.domains[d].train]
     if missing:
@@ -228,14 +240,8 @@ class Draws:
     recs = self.loader.next()
     assert len(recs) == n, (len(recs), n)
     modes = rollout.draw_modes(n, st.thinking_fraction, self.modes_rng)
-    t0 = time.perf_counter()
     key = jax.random.fold_in(self.rng, len(self.rewards))
-    ro = rollout.generate(self.env.sampler, self.params, self.env.tokenizer, recs, modes, key,
-                          self.sp, st.group_size)
-    t1 = time.perf_counter()
-    rewards, infos = rollout.score(ro, self.env.verifiers.train_verifier, self.env.sample_cls)
-    self.sample_s += t1 - t0
-    self.score_s += time.perf_counter() - t1
+    ro, rewards, infos = self._rollouts(recs, modes, key)
     self.sandbox_errors += sum(1 for i in infos if i.get('sandbox_error'))
     self.scored += len(infos)
     if self.sandbox_errors > MAX_SANDBOX_ERROR_FRACTION * self.scored:
@@ -251,6 +257,21 @@ class Draws:
     index = self.env.domain_index
     domain_idx = np.array([index[r['domain']] for r in ro.records], np.int32)
     return {'samples': _pad_prompts(ro.samples, st.max_prompt_len), 'domain': domain_idx}, rewards
+
+  def _rollouts(self, recs, modes, key):
+    """Samples G completions of each record and scores them: (rollouts, rewards, infos).
+
+    Subclasses (agentic episodes) replace this; the rollouts need `records`,
+    `modes`, `completions` and `samples` (a SampleOutput-like batch).
+    """
+    t0 = time.perf_counter()
+    ro = rollout.generate(self.env.sampler, self.params, self.env.tokenizer, recs, modes, key,
+                          self.sp, self.stage.group_size)
+    t1 = time.perf_counter()
+    rewards, infos = rollout.score(ro, self.env.verifiers.train_verifier, self.env.sample_cls)
+    self.sample_s += t1 - t0
+    self.score_s += time.perf_counter() - t1
+    return ro, rewards, infos
 
   def _indexed(self, n: int):
     """A round as `__call__`, each row also carrying its index in `self.drawn` ('drawn_row')."""

@@ -24,6 +24,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from cascade import data as data_lib
+from cascade import episodes
 from cascade import rollout
 from cascade.kinds import base
 from cascade.kinds import loop
@@ -51,9 +52,17 @@ class Config(base.TrainStageConfig):
 
 
 def example(rec: dict, tokenizer, thinking_switch: bool, max_len: int):
-  """(tokens, loss mask) of an SFT record: the prompt is context, the response is learned."""
+  """(tokens, loss mask) of an SFT record: the prompt is context, the response is learned.
+
+  A multi-turn demonstration (`turns`) is tokenized as an agentic episode is
+  (`episodes.demonstration`): every assistant turn learned, tool results context.
+  """
   thinking = rec.get('thinking')
   mode = (thinking is not None) if thinking_switch else None
+  if 'turns' in rec:
+    toks, mask = episodes.demonstration(rec, tokenizer, False if thinking_switch else None,
+                                        tools=rec.get('tools'))
+    return toks[:max_len], mask[:max_len]
   prompt = tokenizer.encode(rollout.prompt_text(rec, mode))
   # In instruct mode the empty thinking block is already in the prompt.
   response = tokenizer.encode(chat.render_response(rec['response'],

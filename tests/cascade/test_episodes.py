@@ -1,0 +1,269 @@
+"""Agentic episodes: turns, observations, limits, pairing, loss masks and on-policy log-probs."""
+
+import random
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from cascade import episodes
+from envs import base as env_base
+from models import chat
+from models import config as config_lib
+from models import transformer
+from rl import batch as batch_lib
+from rl import sampler as sampler_lib
+
+
+class CharTok:
+  """One id per character; id 1 ends a message (`<|im_end|>` decodes to it)."""
+  vocab_size = 256
+  pad_id = 0
+  eos_id = 1
+
+  def encode(self, text):
+    out = []
+    for k, part in enumerate(text.split(chat.IM_END)):
+      out += ([1] if k else []) + [ord(c) % 256 for c in part]
+    return out
+
+  def decode(self, ids, skip_special=False):
+    del skip_special
+    return ''.join(chat.IM_END if i == 1 else chr(i) for i in ids)
+
+
+class AddEnv(env_base.Environment):
+  """'Add A and B': one `add` tool; the answer must be the tool's result. Rewards are distinct per
+  record (metadata value), so a reward written to another row shows."""
+  name = 'add_test'
+
+  def tools(self, record):
+    return [env_base.function_schema('add', 'a + b', {'a': {'type': 'integer'},
+                                                      'b': {'type': 'integer'}}, ['a', 'b'])]
+
+  def _execute(self, calls):
+    return [str(c.call.arguments['a'] + c.call.arguments['b']) for c in calls]
+
+  def _score(self, eps, answers):
+    return [(e.record['metadata']['value'] if a == str(e.record['metadata']['answer']) else 0.0,
+             {'reason': 'ok' if a is not None else 'cut', 'id': e.record['id']})
+            for e, a in zip(eps, answers)]
+
+
+_NUMS = re.compile(r'Add (\d+) and (\d+)')
+_RESULT = re.compile(r'<tool_response>\n(-?\d+)\n</tool_response>')
+
+
+class ScriptedSampler:
+  """Acts from each prompt's own text: calls `add` first (`calls` times), then answers with the last
+  tool result; `wrong(row)` answers 0 instead; rows with `ramble(row)` never stop."""
+
+  pad_id = 0
+
+  def __init__(self, calls=lambda a, b: 1, wrong=lambda a, b: False, ramble=lambda a, b: False):
+    self.calls_fn, self.wrong, self.ramble = calls, wrong, ramble
+    self.calls = []
+
+  def generate(self, params, prompts, rng, sp, num_samples=1):
+    del params, rng
+    assert num_samples == 1
+    self.calls.append(dict(rows=len(prompts), max_new=sp.max_new_tokens))
+    tok = CharTok()
+    texts, trunc = [], []
+    for ids in prompts:
+      text = tok.decode(ids)
+      a, b = map(int, _NUMS.findall(text)[-1])
+      made = text.count('<tool_response>')
+      if self.ramble(a, b):
+        texts.append('z' * sp.max_new_tokens)
+        trunc.append(True)
+        continue
+      if made < self.calls_fn(a, b):
+        t = chat.render_tool_call('add', {'a': a, 'b': b})
+      else:
+        seen = _RESULT.findall(text)
+        t = '0' if self.wrong(a, b) else seen[-1] if seen else str(a + b)
+      texts.append(t + chat.IM_END)
+      trunc.append(False)
+    n = sp.max_new_tokens
+    toks = np.zeros((len(texts), n), np.int32)
+    lens = np.zeros(len(texts), np.int32)
+    lps = np.zeros((len(texts), n), np.float32)
+    for r, t in enumerate(texts):
+      ids = tok.encode(t)[:n]
+      toks[r, :len(ids)] = ids
+      lens[r] = len(ids)
+      lps[r, :len(ids)] = -0.5 - np.arange(len(ids)) / 100.0   # distinct, checkable
+    mask = (np.arange(n)[None] < lens[:, None]).astype(np.int32)
+    return sampler_lib.SampleOutput(prompt_tokens=None, prompt_mask=None, tokens=toks, mask=mask,
+                                    logprobs=lps, sampling_logprobs=lps, lengths=lens,
+                                    truncated=np.array(trunc))
+
+
+def _records(n=6, seed=0):
+  recs = [{'id': f'r{i}', 'domain': 'add', 'messages': [
+      {'role': 'user', 'content': f'Add {10 + i} and {3 * i}'}],
+      'metadata': {'answer': 10 + 4 * i, 'value': 1.0 + i / 10}} for i in range(n)]
+  random.Random(seed).shuffle(recs)
+  return recs
+
+
+SP = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=96)
+
+
+def _run(sampler, recs, g=2, **kw):
+  kw = {'max_turns': 4, 'max_tokens': 400, **kw}
+  return episodes.generate(sampler, None, CharTok(), AddEnv(), recs, [False] * len(recs),
+                           jax.random.key(0), SP, g, hosts=None, **kw)
+
+
+def test_rows_stay_paired_and_turns_share_sampler_calls():
+  recs = _records()
+  # Records call the tool 0, 1 or 2 times: episodes at different turns share one sampler call.
+  calls = lambda a, b: (a - 10) % 3
+  s = ScriptedSampler(calls=calls)
+  eps = _run(s, recs)
+  g = 2
+  want_turns = [calls(10 + int(r['id'][1:]), 0) + 1 for r in recs for _ in range(g)]
+  assert [i['turns'] for i in eps.infos] == want_turns
+  assert [c['rows'] for c in s.calls] == [
+      sum(t > k for t in want_turns) for k in range(max(want_turns))]
+  for row, rec in enumerate(r for r in recs for _ in range(g)):
+    assert eps.records[row] is rec and eps.infos[row]['id'] == rec['id']
+    assert eps.rewards[row] == pytest.approx(rec['metadata']['value'])
+    assert eps.completions[row].endswith(f'{rec["metadata"]["answer"]}{chat.IM_END}')
+  assert not eps.samples.truncated.any()
+
+
+def test_policy_mask_covers_exactly_the_sampled_tokens():
+  recs = _records(3)
+  eps = _run(ScriptedSampler(calls=lambda a, b: 2), recs, g=1)
+  tok = CharTok()
+  s = eps.samples
+  for row, rec in enumerate(recs):
+    n = int(s.lengths[row])
+    stream = tok.decode(s.tokens[row, :n].tolist())
+    policy = ''.join(tok.decode([t]) if m else '\0'
+                     for t, m in zip(s.tokens[row, :n].tolist(), s.policy_mask[row, :n]))
+    # Observations (tool responses and the next generation prompt) are exactly the env's text,
+    # rendered by chat.render_observation, and are not policy tokens.
+    obs = chat.render_observation([{'role': 'tool', 'name': 'add',
+                                    'content': str(rec['metadata']['answer'])}], thinking=False)
+    assert stream.count(obs) == 2 and '\0' * len(tok.encode(obs)) in policy
+    assert policy.replace('\0', '') == stream.replace(obs, '')
+    # The sampler's log-probs sit on policy tokens only.
+    assert np.all(s.logprobs[row][s.policy_mask[row] == 0] == 0)
+    assert np.all(s.logprobs[row][s.policy_mask[row] == 1] < 0)
+    # The opening prompt lists the tools.
+    opening = tok.decode(s.prompt_tokens[row][s.prompt_mask[row] > 0].tolist())
+    assert opening == episodes.opening_text(AddEnv(), rec, False)
+    assert '"name": "add"' in opening
+  batch = batch_lib.from_samples(s, np.ones(len(recs)))
+  # The loss mask is the policy mask, moved to target alignment; observations are attended to.
+  p = s.prompt_tokens.shape[1]
+  np.testing.assert_array_equal(batch.loss_mask[:, p - 1:p - 1 + s.tokens.shape[1]],
+                                s.policy_mask)
+  np.testing.assert_array_equal(batch.segment_ids[:, p:], s.mask)
+
+
+def test_limits_cut_episodes_and_the_env_scores_them():
+  recs = _records(4)
+  # Two calls needed but max_turns=2: cut after the second turn, no observation appended.
+  eps = _run(ScriptedSampler(calls=lambda a, b: 2), recs, g=1, max_turns=2)
+  assert eps.samples.truncated.all() and all(i['cut'] == 'turn limit' for i in eps.infos)
+  assert (eps.rewards == 0).all() and all(i['turns'] == 2 for i in eps.infos)
+  assert all(c.endswith(chat.IM_END) for c in eps.completions)
+  # A turn that never stops is cut at the turn cap.
+  eps = _run(ScriptedSampler(ramble=lambda a, b: a % 2 == 0), recs, g=1)
+  rambled = [int(r['messages'][0]['content'].split()[1]) % 2 == 0 for r in recs]
+  np.testing.assert_array_equal(eps.samples.truncated, rambled)
+  assert [i.get('cut') for i in eps.infos] == [
+      'turn longer than max_new_tokens' if r else None for r in rambled]
+  # The token budget: nothing past it, and the episode is cut.
+  eps = _run(ScriptedSampler(calls=lambda a, b: 3), recs, g=1, max_tokens=60)
+  assert (eps.samples.lengths <= 60).all() and eps.samples.truncated.all()
+  assert {i['cut'] for i in eps.infos} == {'token budget'}
+
+
+def test_wrong_answers_score_zero_per_row():
+  recs = _records(6)
+  eps = _run(ScriptedSampler(wrong=lambda a, b: a % 2 == 1), recs)
+  for row, rec in enumerate(r for r in recs for _ in range(2)):
+    a = int(rec['messages'][0]['content'].split()[1])
+    want = 0.0 if a % 2 == 1 else rec['metadata']['value']
+    assert eps.rewards[row] == pytest.approx(want)
+  m = episodes.metrics(eps)
+  assert m['turns'] == 2 and m['tool_calls'] == 1 and m['tool_errors'] == 0
+  assert m['success'] == pytest.approx(np.mean(eps.rewards >= 1.0))
+
+
+def test_demonstrations_tokenize_like_episodes():
+  rec = _records(1)[0]
+  eps = _run(ScriptedSampler(calls=lambda a, b: 1), [rec], g=1)
+  a, b = map(int, _NUMS.findall(rec['messages'][0]['content'])[0])
+  demo = dict(rec, turns=[
+      {'role': 'assistant', 'content': chat.render_tool_call('add', {'a': a, 'b': b})},
+      {'role': 'tool', 'content': str(a + b)},
+      {'role': 'assistant', 'content': str(a + b)}])
+  toks, mask = episodes.demonstration(demo, CharTok(), False, tools=AddEnv().tools(rec))
+  s = eps.samples
+  n = int(s.lengths[0])
+  want = s.prompt_tokens[0][s.prompt_mask[0] > 0].tolist() + s.tokens[0, :n].tolist()
+  assert toks == want
+  assert mask == [0] * int(s.prompt_mask[0].sum()) + s.policy_mask[0, :n].tolist()
+
+
+class EveryTurnTool(env_base.Environment):
+  """Any turn is answered with a tool result until turn 3, which ends the episode."""
+  name = 'every_turn_test'
+
+  def tools(self, record):
+    return []
+
+  def step(self, eps, actions):
+    out = []
+    for e, a in zip(eps, actions):
+      e.turns += 1
+      if e.turns >= 3:
+        e.done = True
+        out.append(env_base.Step(done=True, reward=float(len(a) % 3), info={'reason': 'end'}))
+      else:
+        out.append(env_base.Step(messages=(env_base.tool_message('t', f'r{e.turns} ' * e.turns),)))
+    return out
+
+  def _score(self, eps, answers):
+    return [(0.0, {'reason': 'cut'}) for _ in eps]
+
+
+def test_multi_turn_logprobs_equal_a_training_forward_over_the_episode():
+  cfg = config_lib.ModelConfig.tiny()
+  graphdef, params = nnx.split(transformer.create(cfg, seed=0))
+  params = jax.tree.map(lambda x: x * 4, params)    # peaked: rows stop at different turns' ends
+  kw = dict(pad_id=0, prompt_buckets=(64, 128, 256), new_token_buckets=(16,), batch_buckets=(8,))
+  recs = [{'id': f'p{i}', 'domain': 'x', 'messages': [{'role': 'user', 'content': 'q' * (i + 1)}],
+           'metadata': {}} for i in range(3)]
+  sp = sampler_lib.SamplingParams(temperature=0.9, max_new_tokens=12)
+  key = jax.random.key(3)
+  # Stop ids that the first turn's rows emit at different steps (the same call, never stopping).
+  tok, env = CharTok(), EveryTurnTool()
+  openings = [tok.encode(episodes.opening_text(env, r, None)) for r in recs for _ in range(2)]
+  probe = sampler_lib.Sampler(graphdef, cfg, eos_ids=(), **kw).generate(
+      params, openings, jax.random.fold_in(key, 0), sp)
+  stops = (int(probe.tokens[0, 2]), int(probe.tokens[3, 6]))
+  samp = sampler_lib.Sampler(graphdef, cfg, eos_ids=stops, **kw)
+  eps = episodes.generate(samp, params, tok, env, recs, [None] * 3, key, sp, 2, max_turns=3,
+                          max_tokens=120)
+  s = eps.samples
+  # Some episodes ran several turns (observations inside), some stopped early.
+  assert (s.policy_mask.sum(1) < s.lengths).any()
+  batch = batch_lib.from_samples(s, np.ones(6))
+  model = nnx.merge(graphdef, params)
+  logits = model(jnp.asarray(batch.tokens), jnp.asarray(batch.positions),
+                 jnp.asarray(batch.segment_ids))
+  ref = np.asarray(batch_lib.token_logprobs(logits, jnp.asarray(batch.targets)))
+  m = batch.loss_mask > 0
+  assert m.sum() > 20
+  np.testing.assert_allclose(batch.old_logprobs[m], ref[m], atol=1e-4, rtol=0)
