@@ -24,6 +24,9 @@ _BUILTIN = {
     'code': 'verifiers.code:CodeVerifier',
     'swe': 'verifiers.swe:SweVerifier',
     'structured': 'verifiers.structured:StructuredVerifier',
+    'mcqa': 'verifiers.mcqa:McqaVerifier',
+    'tool_call': 'verifiers.tool_call:ToolCallVerifier',
+    'long_context_qa': 'verifiers.long_context_qa:LongContextQaVerifier',
     'reward_model': 'verifiers.reward_model:RewardModelVerifier',
     'tiny_chat_quality': 'cascade.tiny_world.chat:QualityVerifier',
 }
@@ -66,7 +69,7 @@ def get(name: str, **options: Any) -> Verifier:
 
   Args:
     name: e.g. 'math', 'instruction_following', 'code', 'swe', 'structured',
-      'reward_model'.
+      'mcqa', 'tool_call', 'long_context_qa', 'reward_model'.
     **options: the verifier's keyword options (see its class); common ones are
       thinking_unfinished_reward, workers and timeout_s.
 

@@ -1,0 +1,98 @@
+"""Long-context QA verifier: SQuAD normalisation, token F1, exact match and containment, by hand."""
+
+import time
+
+import pytest
+
+import verifiers
+from verifiers import long_context_qa as lcqa
+
+S = verifiers.Sample
+
+
+@pytest.mark.parametrize('text, normalised', [
+    ('The Eiffel Tower!', 'eiffel tower'),
+    ('  an   apple,  a pear  ', 'apple pear'),
+    ("Newton's “laws” — three", 'newtons laws three'),
+    ('state-of-the-art', 'stateoftheart'),
+    ('Theatre and another', 'theatre and another'),
+    ('', ''),
+])
+def test_normalize_is_squads(text, normalised):
+  assert lcqa.normalize(text) == normalised
+
+
+@pytest.mark.parametrize('answer, references, metric, value', [
+    # 'in paris france' vs 'paris': P = 1/3, R = 1, F1 = 2 * (1/3) / (4/3) = 0.5.
+    ('In Paris, France.', ['Paris'], 'f1', 0.5),
+    # 'paris france' vs 'paris ile de france': 2 shared, P = 2/2, R = 2/4 -> 2 * 0.5 / 1.5 = 2/3.
+    ('Paris France', ['Paris, Ile de France'], 'f1', 2 / 3),
+    # 'tower is in paris' vs 'eiffel tower paris': 2 shared, P = 2/4, R = 2/3 -> 4/7.
+    ('The tower is in Paris.', ['Eiffel Tower, Paris'], 'f1', 4 / 7),
+    # Max over references: 'eiffel tower' vs ['tower of london' (1 shared: P=1/2,R=1/3 -> 0.4),
+    # 'eiffel tower' (1.0)].
+    ('The Eiffel Tower', ['the Tower of London', 'Eiffel tower'], 'f1', 1.0),
+    ('the Eiffel Tower', ['the Tower of London'], 'f1', 0.4),
+    # Tokens count as multisets: 'b b c' vs 'b c c' share one b and one c, P = R = 2/3.
+    ('b b c', ['b c c'], 'f1', 2 / 3),
+    ('nothing shared', ['Paris'], 'f1', 0.0),
+    ('The Paris.', ['paris'], 'exact', 1.0),
+    ('In Paris', ['paris', 'Paris, France'], 'exact', 0.0),
+    ('It is in Paris, France.', ['Paris France'], 'contains', 1.0),
+    ('It is in Parisian France.', ['Paris'], 'contains', 0.0),
+    ('The key is 4221.', ['421', '4221'], 'contains', 1.0),
+])
+def test_metrics_by_hand(answer, references, metric, value):
+  assert lcqa.score(answer, references, metric)[0] == pytest.approx(value)
+
+
+def test_verifier_scores_after_thinking_and_reports():
+  with verifiers.get('long_context_qa') as v:
+    r = v.score([
+        S('q', '<think>It is in Paris, I read.</think>\n\nIn Paris, France.', {'answers': ['Paris']}),
+        S('q', '<think>Paris</think>London', {'answer': 'Paris'}),
+        S('q', 'In Paris, France.', {'answer': 'Paris', 'metric': 'contains'}),
+        S('q', '<think>Paris', {'answer': 'Paris'}),
+        S('q', 'The.', {'answer': 'Paris'}),
+    ])
+  assert [x.reward for x in r] == [0.5, 0.0, 1.0, 0.0, 0.0]
+  assert r[0].info == {'metric': 'f1', 'reference': 0, 'reason': 'f1 0.500 against reference 0'}
+  assert r[2].info['metric'] == 'contains'
+  assert r[4].info['reason'] == 'empty answer'
+
+
+def test_metric_option_and_answer_cap():
+  with verifiers.get('long_context_qa', metric='exact', max_answer_chars=20) as v:
+    r = v.score([S('q', 'the Eiffel Tower', {'answers': ['Eiffel Tower']}),
+                 S('q', 'Eiffel Tower and then a very long tail', {'answers': ['Eiffel Tower']}),
+                 S('q', 'x' * 30 + ' Eiffel Tower', {'answers': ['Eiffel Tower'],
+                                                      'metric': 'contains'})])
+  assert [x.reward for x in r] == [1.0, 0.0, 0.0]
+  assert r[1].info['cut'] == 'scored the first 20 characters'
+  with pytest.raises(ValueError, match='metric must be one of'):
+    verifiers.get('long_context_qa', metric='rouge')
+
+
+def test_megabyte_answer_is_cut_and_fast():
+  text = 'Paris ' + 'the, ' * 200_000
+  with verifiers.get('long_context_qa') as v:
+    start = time.perf_counter()
+    (r,) = v.score([S('q', text, {'answer': 'Paris'})])
+  assert time.perf_counter() - start < 0.5
+  assert r.info['cut'] == 'scored the first 1000 characters' and r.reward == 1.0
+
+
+@pytest.mark.parametrize('metadata, message', [
+    ({}, r"metadata\['answer'\] is missing"),
+    ({'answer': ['Paris']}, r"metadata\['answer'\] must be str"),
+    ({'answers': 'Paris'}, r"metadata\['answers'\] must be list"),
+    ({'answers': []}, r'metadata\["answers"\] is empty'),
+    ({'answers': ['Paris', 3]}, r'metadata\["answers"\]\[1\] must be str'),
+    ({'answers': ['Paris', 'The...']}, r'metadata\["answers"\]\[1\] \'The...\' is empty after'),
+    ({'answer': 'x', 'answers': ['x']}, r'give metadata\["answers"\] .* not both'),
+    ({'answer': 'Paris', 'metric': 'bleu'}, r'metadata\["metric"\] must be one of'),
+])
+def test_validate_names_the_field(metadata, message):
+  with pytest.raises(ValueError, match=r'^eval/long_context.jsonl:4: ' + message):
+    verifiers.validate('long_context_qa', metadata, 'eval/long_context.jsonl:4')
+  verifiers.validate('long_context_qa', {'answers': ['a b'], 'metric': 'exact'}, 'x')

@@ -1,0 +1,284 @@
+r"""Multiple-choice verifier: the option letter the answer commits to, against the gold letter.
+
+The answer is read in the forms models write. Explicit statements first:
+`\boxed{B}` (also `\boxed{\text{B}}`, `\boxed{(B)}`, `\boxed{B. text}`),
+an answer phrase followed by the letter ("Answer: B", "**Answer:** B", "The
+answer is (B).", "the correct answer is B: text", "The best option is C")
+and "B is correct" / "Option B is the correct answer". The last of them that
+names anything decides. Without one, the final non-empty line decides: a
+line that is only a letter (`B`, `(B)`, `**B**`, `B.`, `Option B`), a line
+that starts with one (`B) text`, `B. text`), or marks in it (`(B)`,
+`**B**`, `Option B`). With `options`, a statement (or final line) that is
+exactly one option's text, after normalisation, names that option.
+
+Fails closed: a statement naming several different letters ("either A or C",
+"A, but it could also be C"), a negated one ("the answer is not B"), a
+letter whose text is another option's, or no answer at all scores 0 with the
+reason. A capital "A" or "I" followed by a word ("A car travels...", "I
+think") is prose, not a letter, and so is a lower-case letter followed by a
+word. Only the last `_MAX_SCAN_CHARS` characters are scanned and every
+pattern is linear, so hostile text costs bounded time. Scored on the host
+(string work only, no worker process).
+
+Metadata: {'answer': 'B', 'options': ['text of A', 'text of B', ...]} with
+`options` optional (index 0 is 'A').
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import unicodedata
+from typing import Any, Mapping
+
+from verifiers import base
+
+# Characters at the end of the answer that are scanned (the final statement is
+# at the end); earlier text is ignored.
+_MAX_SCAN_CHARS = 20_000
+# Characters of one statement (a boxed group, the rest of a line) that are read.
+_MAX_STATEMENT_CHARS = 400
+# Statements tried, from the last one back, before giving up.
+_MAX_STATEMENTS = 32
+_LETTERS = string.ascii_uppercase
+
+_BOX = re.compile(r'\\(?:boxed|fbox)\s*\{')
+_VERB = r'(?:is|would\s+be|should\s+be|must\s+be|will\s+be)(?![\w\'’])'
+# Phrases after which the statement's letter comes.
+_PHRASE = re.compile(
+    r'(?i:\b(?:final\s+|correct\s+|right\s+|best\s+)?answer\b\s*(?:choice\b\s*|option\b\s*)?'
+    rf'(?:\*\*|__)?\s*(?:{_VERB}|[:：=])'
+    rf'|\b(?:correct|right|best)\s+(?:option|choice)\b\s*(?:\*\*|__)?\s*(?:{_VERB}|[:：]))')
+# A letter followed by "is (the) correct (answer)": "B is correct", "Option (C) is the right one".
+_LETTER_FIRST = re.compile(
+    r'(?<![\w\\])(?:(?i:option|choice)\s+)?[(\[]?([A-Z])[)\]]?(?:\*\*)?\s+is\s+(?:the\s+)?'
+    r'(?i:correct|right)\b')
+_LATEX_WRAP = re.compile(r'\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|bf)\s*\{')
+_LATEX_DELIM = re.compile(r'\\[()\[\]]|\$')
+_NEGATED = re.compile(r'[\s*_:："\'`]*(?i:not|never)\b')
+_JUNK = r'[\s*_:："\'`{(\[]*'
+# The letter a statement starts with (after formatting and filler words).
+_LEAD = re.compile(
+    rf'{_JUNK}(?:(?i:either|option|choice|letter|therefore|thus|clearly|indeed)\b{_JUNK})*'
+    r'([A-Za-z])(?![A-Za-z0-9])')
+# Further letters of a list: "A or C", "A, C", "A and C", "A/C".
+_MORE = re.compile(
+    r'[\s*_)\]}"\'`.]*(?:,|/|&|\+|(?i:\bor\b|\band\b))'
+    rf'{_JUNK}(?:(?i:option|choice|letter)\b{_JUNK})?([A-Za-z])(?![A-Za-z0-9])')
+# Hedges later in the statement: "A, but it could also be C", "B or possibly D".
+_HEDGE = re.compile(
+    r'(?i:\b(?:or|also|maybe|perhaps|possibly)\b)\s+(?:(?i:be|option|choice)\s+)*'
+    r'[(\[]?([A-Z])(?![A-Za-z0-9])')
+# What follows a letter that makes it a word or a variable, not an answer.
+_WORD_AFTER = re.compile(r'[ \t]+([A-Za-z][A-Za-z\'’-]*)')
+_VARIABLE_AFTER = re.compile(r'\s*[=<>^_]')
+# Words that may follow an answer letter ("A because ...").
+_CONNECTORS = frozenset(
+    'because since as and or but so which given due hence therefore thus with from for'.split())
+# Marks anywhere in a line: "(B)", "**B**", "[B]", "Option B".
+_MARKS = re.compile(
+    r'(?<![\w\\])\(([A-Z])\)|(?<![\w\\])\[([A-Z])\]|\*\*\s*[(\[]?([A-Z])[)\]]?\s*[.:]?\s*\*\*'
+    r'|(?i:\b(?:option|choice))\s+[(\[]?([A-Z])(?![A-Za-z0-9])')
+# A final line that is only a letter: "B", "(B)", "**B**", "B.", "Option B".
+_ONLY_LETTER = re.compile(r'[\W_]*(?:(?i:option|choice)\s*)?[(\[]?([A-Za-z])[)\]]?[\W_]*')
+# A final line starting with a letter and a delimiter: "B) 42 m/s", "B. Paris", "(B) Paris".
+_LINE_START = re.compile(
+    r'[\s*_#>]*(?:(?i:option|choice)\s*)?[(\[]?([A-Za-z])(?:[)\]]\s*[.:：]?|\s*[.:：](?![A-Za-z]))'
+    r'[\s*_]*(.*)')
+_SEPARATOR = re.compile(r'[\s*_)\]}.:：\-–—]+')
+
+
+def _braced(text: str, start: int) -> str | None:
+  """The content of the brace group opening at text[start], or None if unbalanced within bounds."""
+  depth = 0
+  end = min(len(text), start + _MAX_STATEMENT_CHARS)
+  i = start
+  while i < end:
+    c = text[i]
+    if c == '\\':
+      i += 2
+      continue
+    if c == '{':
+      depth += 1
+    elif c == '}':
+      depth -= 1
+      if depth == 0:
+        return text[start + 1:i]
+    i += 1
+  return None
+
+
+def normalize_option(text: str) -> str:
+  """An option's text for exact comparison: case, markup and surrounding punctuation dropped."""
+  t = unicodedata.normalize('NFKC', _LATEX_DELIM.sub(' ', _LATEX_WRAP.sub('', text)))
+  t = ' '.join(t.replace('*', ' ').replace('`', ' ').replace('}', ' ').lower().split())
+  return t.strip(' .,;:!?"\'')
+
+
+def _option_named(text: str, options: list[str] | None) -> int | None:
+  """The index of the one option whose normalised text equals `text`, else None."""
+  if not options:
+    return None
+  t = normalize_option(text)
+  hits = [i for i, o in enumerate(options) if t and normalize_option(o) == t]
+  return hits[0] if len(hits) == 1 else None
+
+
+def _is_word(text: str, pos: int, letter: str) -> bool:
+  """Whether the letter ending at text[pos] is prose ('A car', 'I think') or a variable ('x =')."""
+  if _VARIABLE_AFTER.match(text, pos):
+    return True
+  m = _WORD_AFTER.match(text, pos)
+  if m is None or m.group(1).lower() in _CONNECTORS:
+    return False
+  # An upper-case letter other than the English words "A" and "I" is a letter
+  # even before a word ("B because", "C has the largest mass").
+  return letter.islower() or letter in 'AI'
+
+
+def _read(content: str, options: list[str] | None, *, lead: bool = True
+          ) -> tuple[list[str], str]:
+  """The letters one statement names, and why it names none or several.
+
+  Args:
+    content: the statement's text after its phrase (or a boxed group, or a line).
+    options: the option texts, if given.
+    lead: read a letter at the start (statements); False for a bare final line.
+
+  Returns:
+    (letters in order, note): no letters with note '' means the statement
+    names nothing; 'negated' or 'text of option X' mean it is unclear.
+  """
+  text = _LATEX_DELIM.sub(' ', _LATEX_WRAP.sub('', content[:_MAX_STATEMENT_CHARS]))
+  if lead:
+    if _NEGATED.match(text):
+      return [], 'negated'
+    m = _LEAD.match(text)
+    if m and not _is_word(text, m.end(), m.group(1)):
+      letters, pos = [m.group(1).upper()], m.end()
+      while (more := _MORE.match(text, pos)) and not _is_word(text, more.end(), more.group(1)):
+        letters.append(more.group(1).upper())
+        pos = more.end()
+      for h in _HEDGE.finditer(text, pos):
+        if not _is_word(text, h.end(), h.group(1)):
+          letters.append(h.group(1))
+      sep = _SEPARATOR.match(text, pos)
+      named = _option_named(text[sep.end() if sep else pos:], options)
+      if len(set(letters)) == 1 and named is not None and _LETTERS[named] != letters[0]:
+        return [], f'letter {letters[0]} but the text of option {_LETTERS[named]}'
+      return letters, ''
+  marks = [next(g for g in m.groups() if g) for m in _MARKS.finditer(text)]
+  if marks:
+    return marks, ''
+  named = _option_named(text, options)
+  return ([_LETTERS[named]], 'option text') if named is not None else ([], '')
+
+
+def _statements(text: str) -> list[tuple[int, str, str]]:
+  """(position, kind, content) of every explicit answer statement, in order."""
+  found = []
+  for m in _BOX.finditer(text):
+    found.append((m.start(), 'boxed', m.end() - 1))
+  for m in _PHRASE.finditer(text):
+    found.append((m.start(), 'answer phrase', m.end()))
+  for m in _LETTER_FIRST.finditer(text):
+    found.append((m.start(), 'letter is correct', m.start(1)))
+  found.sort()
+  out = []
+  for pos, kind, at in found[-_MAX_STATEMENTS:]:
+    if kind == 'boxed':
+      inner = _braced(text, at)
+      if inner is None:
+        continue
+      content = inner
+    elif kind == 'letter is correct':
+      content = text[at]
+    else:
+      line_end = text.find('\n', at, at + _MAX_STATEMENT_CHARS)
+      content = text[at:line_end if line_end >= 0 else at + _MAX_STATEMENT_CHARS]
+      if not content.strip(' \t*_:：'):   # "Answer:" then the letter on the next line.
+        rest = text[at:at + _MAX_STATEMENT_CHARS].lstrip(' \t*_:：\r\n')
+        content = rest.split('\n', 1)[0]
+    out.append((pos, kind, content))
+  return out
+
+
+def extract_choice(text: str, options: list[str] | None = None) -> tuple[str | None, str, str]:
+  """Finds the option letter an answer commits to.
+
+  Args:
+    text: the answer (the text after the thinking block).
+    options: the option texts (index 0 is 'A'), or None.
+
+  Returns:
+    (letter or None, how it was found, why not when None): `how` is 'boxed',
+    'answer phrase', 'letter is correct', 'final line' or 'none'; the letter
+    is upper case and None when nothing, or several letters, are named.
+  """
+  text = text[-_MAX_SCAN_CHARS:]
+  lines = [line for line in text[-_MAX_STATEMENT_CHARS:].split('\n') if line.strip()]
+  if not lines:
+    return None, 'none', 'empty answer'
+  last = lines[-1]
+  m = _ONLY_LETTER.fullmatch(last)
+  if m:   # A final line that is only a letter is the last statement.
+    return m.group(1).upper(), 'final line', ''
+  for _, kind, content in reversed(_statements(text)):
+    letters, note = _read(content, options)
+    if note and not letters:
+      return None, kind, f'the final statement is unclear ({note})'
+    if letters:
+      return _one(letters, kind)
+  m = _LINE_START.match(last)
+  if m:
+    named = _option_named(m.group(2), options)
+    if named is not None and _LETTERS[named] != m.group(1).upper():
+      return None, 'final line', (f'the final line names {m.group(1).upper()} with the text of '
+                                  f'option {_LETTERS[named]}')
+    return m.group(1).upper(), 'final line', ''
+  letters, _ = _read(last, options, lead=False)
+  if letters:
+    return _one(letters, 'final line')
+  return None, 'none', 'no answer letter found'
+
+
+def _one(letters: list[str], how: str) -> tuple[str | None, str, str]:
+  distinct = sorted(set(letters))
+  if len(distinct) > 1:
+    return None, how, f'the final statement names several letters ({", ".join(distinct)})'
+  return distinct[0], how, ''
+
+
+class McqaVerifier(base.Verifier):
+  """Reward 1 iff the answer's chosen letter is metadata['answer'] (see the module docstring)."""
+
+  name = 'mcqa'
+
+  @classmethod
+  def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
+    answer = base.require(metadata, 'answer', str, 'the gold option letter')
+    if len(answer) != 1 or answer not in _LETTERS:
+      raise ValueError(f'metadata["answer"] must be one letter A-Z, got {answer!r:.50}')
+    if 'options' not in metadata or metadata['options'] is None:
+      return
+    opts = base.require(metadata, 'options', list, 'the option texts, index 0 = A')
+    if not 2 <= len(opts) <= len(_LETTERS):
+      raise ValueError(f'metadata["options"] must have 2 to 26 entries, got {len(opts)}')
+    for i, o in enumerate(opts):
+      if not isinstance(o, str):
+        raise ValueError(f'metadata["options"][{i}] must be str, got {type(o).__name__}')
+    if _LETTERS.index(answer) >= len(opts):
+      raise ValueError(f'metadata["answer"] {answer!r} has no option: metadata["options"] has '
+                       f'{len(opts)} entries')
+
+  def _prepare(self, sample: base.Sample, answer: str) -> base.Result:
+    gold = sample.metadata['answer']
+    options = sample.metadata.get('options') or None
+    letter, how, why = extract_choice(answer, options)
+    info = {'gold': gold, 'extracted': letter, 'found_by': how}
+    if len(answer) > _MAX_SCAN_CHARS:
+      info['scanned'] = f'the last {_MAX_SCAN_CHARS} characters'
+    if letter is None:
+      return base.Result(0.0, dict(info, reason=why))
+    ok = letter == gold
+    return base.Result(float(ok), dict(info, reason='correct' if ok else 'wrong letter'))
