@@ -83,6 +83,8 @@ DATASETS = {
     'structured_eval': ('eval/structured.jsonl', 'prompt', 'structured'),
     'long_context_train': ('rl/long_context.jsonl', 'prompt', 'long_context'),
     'long_context_eval': ('eval/long_context.jsonl', 'prompt', 'long_context'),
+    'tool_calling_train': ('rl/tool_calling.jsonl', 'prompt', 'tool_calling'),
+    'tool_calling_eval': ('eval/tool_calling.jsonl', 'prompt', 'tool_calling'),
     # Mixed domains: every record names its own 'domain'.
     'mopd_train': ('rl/mopd.jsonl', 'prompt', ''),
 }
@@ -97,12 +99,14 @@ DOMAINS = {
     'math': ('math', {}, 'math_train', 'math_eval'),
     'code': ('code', {'isolation': 'bwrap'}, 'code_train', 'code_eval'),
     'swe': ('swe', {}, 'swe_train', 'swe_eval'),
-    # Cascade 2: multiple-choice STEM answers are checked as a boxed letter by
-    # the math verifier; structured output by the JSON-schema verifier;
-    # long-context QA by exact answers (the math verifier's equivalence).
-    'mcqa': ('math', {}, 'mcqa_train', 'mcqa_eval'),
+    # Cascade 2: multiple-choice STEM answers by the option letter the answer
+    # commits to; tool calling by the turn's calls against the gold calls
+    # (JSON-schema checked); structured output by the JSON-schema verifier;
+    # long-context QA by token F1 against the reference answers (SQuAD-style).
+    'mcqa': ('mcqa', {}, 'mcqa_train', 'mcqa_eval'),
+    'tool_calling': ('tool_call', {}, 'tool_calling_train', 'tool_calling_eval'),
     'structured': ('structured', {}, 'structured_train', 'structured_eval'),
-    'long_context': ('math', {}, 'long_context_train', 'long_context_eval'),
+    'long_context': ('long_context_qa', {}, 'long_context_train', 'long_context_eval'),
 }
 
 

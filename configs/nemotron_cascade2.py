@@ -11,7 +11,7 @@ marked.
     python -m cascade.main --config=configs/nemotron_cascade2.py:data_root=gs://b/nemotron2 \
         --workdir=gs://b/runs/cascade2
 
-Order: SFT -> IF-RL -> multi-domain RL (MCQA, structured output) -> reward
+Order: SFT -> IF-RL -> multi-domain RL (MCQA, tool calling, structured output) -> reward
 model -> a short side RLHF run (MOPD's chat teacher) -> MOPD (from the
 multi-domain policy) -> RLHF -> long-context RL -> code RL -> SWE RL. RL is GRPO strictly on-policy, token
 level, KL 0 except RLHF (0.03), lr 3e-6, 128 prompts x 16 rollouts,
@@ -22,7 +22,9 @@ Config argument (`:key=value,...`): data_root, base, tokenizer, hardware
 
 Not reproducible here:
 * MoE (the paper's model) and its expert-parallel mesh.
-* Tool calling, one of the multi-domain RL tasks: no tool-call verifier here.
+* Tool calling is scored on one assistant turn (its `<tool_call>` blocks
+  against the record's gold calls, `verifiers.tool_call`), not on multi-turn
+  episodes with executed tools.
 * RLHF's generative reward model: replaced by a Bradley-Terry RM stage
   trained on the SFT policy (one RM serves the side run and the main RLHF).
 * Sequence lengths: SFT packs 256K-token rows and code RL reaches 118K; with
@@ -36,8 +38,8 @@ Not reproducible here:
 
 from configs import _recipes
 
-_DOMAINS = ['chat', 'instruction_following', 'math', 'mcqa', 'structured', 'long_context',
-            'code', 'swe']
+_DOMAINS = ['chat', 'instruction_following', 'math', 'mcqa', 'tool_calling', 'structured',
+            'long_context', 'code', 'swe']
 # 128 x 16 = 2048 rows per update over 8 batch shards: one row per device at a time.
 _MICRO = 256
 
@@ -70,7 +72,8 @@ def get_config(arg=None):
       r.grpo('if_rl', domains=['instruction_following'], steps=180,   # "~180"
              max_prompt_len=2048, max_response_len=16_384,             # ours
              **{**rl, 'thinking_fraction': 0.0}),
-      r.grpo('multi_domain_rl', domains=['mcqa', 'structured'], steps=70,   # "~70"
+      r.grpo('multi_domain_rl', domains=['mcqa', 'tool_calling', 'structured'],
+             steps=70,   # "~70"
              **long_rl, **rl),
       r.reward_model('rm', init_from='sft', steps=320, batch_size=256, max_len=8192,
                      optimizer=dict(lr=2e-6),
@@ -82,6 +85,8 @@ def get_config(arg=None):
       # MOPD: 128 x 4, temperature 1.0, 52 steps, lr 2e-6 (text), 30 warm-up steps;
       # max 98K in the paper, 60K here (the model's 64K positions). Teachers: math = the
       # SFT checkpoint; chat = the side RLHF run; the rest = after IF-RL + multi-domain RL.
+      # No tool calling: the paper's MOPD prompts are math, IF, workplace, STEM and
+      # structured output.
       r.mopd('mopd', domains=['math', 'instruction_following', 'chat', 'mcqa', 'structured'],
              teachers={'math': 'sft', 'instruction_following': 'multi_domain_rl',
                        'chat': 'rlhf_teacher', 'mcqa': 'multi_domain_rl',

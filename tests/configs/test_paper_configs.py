@@ -73,6 +73,23 @@ def test_cascade2_if_rl_and_mopd_stages():
   assert _stage('nemotron_cascade2', 'rlhf')['kl_coef'] == 0.03
 
 
+def test_cascade2_multi_domain_rl_and_its_verifiers():
+  """Multi-domain RL trains MCQA, tool calling and structured output, each by its own verifier."""
+  assert _stage('nemotron_cascade2', 'multi_domain_rl') == dict(
+      GRPO, name='multi_domain_rl', domains=['mcqa', 'tool_calling', 'structured'], steps=70,
+      optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
+      temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=49_152,
+      thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=256)
+  c = importlib.import_module('configs.nemotron_cascade2').get_config('data_root=/d')
+  assert {d: c.domains[d]['verifier'] for d in ('mcqa', 'tool_calling', 'structured',
+                                                'long_context')} == {
+      'mcqa': 'mcqa', 'tool_calling': 'tool_call', 'structured': 'structured',
+      'long_context': 'long_context_qa'}
+  assert c.datasets['tool_calling_train'].to_dict() == dict(
+      path='/d/rl/tool_calling.jsonl', format='prompt', domain='tool_calling')
+  assert c.datasets['tool_calling_eval']['path'] == '/d/eval/tool_calling.jsonl'
+
+
 def test_configs_cite_files_that_exist():
   """Every `*.md` a config names is in the repository, and PAPERS.md names both papers."""
   with open(os.path.join(REPO, 'configs', 'PAPERS.md'), encoding='utf-8') as f:
