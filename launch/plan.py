@@ -469,10 +469,15 @@ def forward_lowering(model_cfg, model_kind: str, mesh, rules, rows: int, length:
 def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
               count_mesh=None) -> StageReport:
   """Compiles the evaluation's largest sampler call (batch_size prompts x num_samples, the
-  longest prompt and response any domain's settings allow)."""
-  evs = list((plan.eval_settings or {}).values()) or [plan.eval]
+  longest prompt and response any domain's settings allow; an agentic domain's last turn has
+  the opening prompt and the whole episode budget as its prompt)."""
+  settings = dict(plan.eval_settings or {})
+  evs = list(settings.values()) or [plan.eval]
+  agentic = lambda d: d in plan.domains and plan.domains[d].agentic
+  longest = [e.max_prompt_len + (e.max_new_tokens if agentic(d) else 0)
+             for d, e in settings.items()] or [plan.eval.max_prompt_len]
   sizes = dict(rows=max(e.batch_size * (1 if e.greedy else e.num_samples) for e in evs),
-               prompt_len=max(e.max_prompt_len for e in evs),
+               prompt_len=max(longest),
                max_new_tokens=max(e.max_new_tokens for e in evs),
                top_p=min(e.top_p for e in evs), top_k=max(e.top_k for e in evs))
   lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes)

@@ -267,3 +267,127 @@ def test_multi_turn_logprobs_equal_a_training_forward_over_the_episode():
   m = batch.loss_mask > 0
   assert m.sum() > 20
   np.testing.assert_allclose(batch.old_logprobs[m], ref[m], atol=1e-4, rtol=0)
+
+
+# ------------------------------------------------------------------ the 'agentic' kind
+
+
+@pytest.fixture()
+def add_env_registered():
+  import envs  # pylint: disable=g-import-not-at-top
+  if 'add_test' not in envs.names():
+    envs.register('add_test', AddEnv)
+  yield
+
+
+AGENT = dict(env='add_test', train='a_train', eval='a_train', max_turns=3)
+
+
+def _agentic_stage(**kw):
+  return dict(dict(name='tools', kind='agentic', domains=['a', 'b'], steps=2,
+                   optimizer=dict(lr=1e-3), prompts_per_step=4, group_size=2,
+                   max_prompt_len=300, max_response_len=120, max_turn_tokens=96,
+                   dynamic_filter=False), **kw)
+
+
+def _agentic_records(n=4):
+  recs = []
+  for d in ('a', 'b'):
+    for r in _records(n, seed=1 if d == 'b' else 0):
+      recs.append(dict(r, id=f'{d}{r["id"]}', domain=d))
+  random.Random(2).shuffle(recs)
+  return recs
+
+
+def test_agentic_step_pairs_episodes_rewards_and_loss_masks(fakes, tmp_path, monkeypatch,
+                                                           add_env_registered):
+  import types  # pylint: disable=g-import-not-at-top
+  from cascade import data as data_lib  # pylint: disable=g-import-not-at-top
+  from cascade import policies as policies_lib  # pylint: disable=g-import-not-at-top
+  from cascade.kinds import agentic  # pylint: disable=g-import-not-at-top
+  from cascade.kinds import base  # pylint: disable=g-import-not-at-top
+  from cascade.kinds import loop  # pylint: disable=g-import-not-at-top
+  plan = fakes.toy_config([_agentic_stage(max_prompt_len=100, max_response_len=400)],
+                          max_seq_len=512, domains=dict(
+                              a=AGENT, b=dict(AGENT, train='b_train', eval='b_train',
+                                              max_turns=2)))
+  st = plan.stages[0]
+  assert st.kind == 'agentic' and st.turn_tokens == 96
+  recs = _agentic_records()
+  # 'a' tasks need two tool calls; 'b' allows two turns, so its two-call tasks are cut.
+  agents = {d: episodes.Agent(AddEnv(), plan.domains[d].max_turns, False) for d in ('a', 'b')}
+  sampler = ScriptedSampler(calls=lambda a, b: 1 + (a % 2),
+                            wrong=lambda a, b: a == 13)
+  env = types.SimpleNamespace(
+      plan=plan, workdir=str(tmp_path), mesh=None, rules=plan.rules, sampler=sampler,
+      tokenizer=CharTok(), verifiers=types.SimpleNamespace(train_verifier=agents.__getitem__),
+      domain_index={'a': 0, 'b': 1}, data=types.SimpleNamespace(stage_records=lambda s: recs),
+      policies=policies_lib.Policies(plan, str(tmp_path), None, plan.rules),
+      progress=types.SimpleNamespace(rows=[]))
+  got = []
+  monkeypatch.setattr(loop, 'train', lambda env, kind, s, maker_fn: got.append(
+      (kind, maker_fn(None))) or base.StageResult())
+  agentic.run(env, st)
+  kind, maker = got[0]
+  assert kind is agentic.KIND
+  [batch], host = maker.make(0, jax.random.key(0), types.SimpleNamespace(params=None))
+  loader = data_lib.Loader(recs, base.stage_seed(plan.seed, st.index), st.prompts_per_step)
+  drawn = loader.next()
+  g = st.group_size
+  assert batch.tokens.shape == (st.prompts_per_step * g, st.max_prompt_len + st.max_response_len)
+  tok = CharTok()
+  wants = []
+  for row in range(len(drawn) * g):
+    rec = drawn[row // g]
+    a = int(rec['messages'][0]['content'].split()[1])
+    text = tok.decode(batch.tokens[row][batch.segment_ids[row] > 0].tolist())
+    assert f"user\nAdd {a} and " in text         # the row is its own record's episode
+    cut = rec['domain'] == 'b' and a % 2 == 1
+    right = not cut and a != 13
+    want = rec['metadata']['value'] if right else 0.0
+    assert batch.advantages is not None
+    learned = ''.join(tok.decode([t]) for t, m in zip(batch.targets[row], batch.loss_mask[row])
+                      if m)
+    assert '<tool_response>' not in learned and learned.count('<tool_call>') >= 1
+    if right:
+      assert learned.endswith(f'{rec["metadata"]["answer"]}{chat.IM_END}')
+    wants.append(want)
+  # Each row's reward is its own record's (values are distinct per record).
+  assert host['reward_mean'] == pytest.approx(np.mean(wants))
+  assert len(set(wants)) > 2
+  for k in ('episode/turns', 'episode/tool_calls', 'episode/success', 'episode/cut_frac'):
+    assert k in host
+  assert 0 < host['episode/cut_frac'] < 1
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda c: c.update(stages=[dict(_agentic_stage(), domains=['a', 'plain'])]),
+     "domain 'plain' names no env"),
+    (lambda c: c.update(stages=[dict(_agentic_stage(), kind='grpo', domains=['a'])]),
+     "train it with kind 'agentic'"),
+])
+def test_agentic_domains_and_kinds_are_matched(fakes, add_env_registered, edit, message):
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  raw = dict(stages=[_agentic_stage()])
+  edit(raw)
+  if raw['stages'][0]['kind'] == 'grpo':
+    for k in ('max_turn_tokens',):
+      raw['stages'][0].pop(k)
+  with pytest.raises(config_lib.ConfigError, match=message):
+    fakes.toy_config(raw['stages'], max_seq_len=512, domains=dict(
+        a=AGENT, b=dict(AGENT, train='b_train', eval='b_train'),
+        plain=dict(verifier='math', train='a_train', eval='a_train')))
+
+
+@pytest.mark.parametrize('fields,message', [
+    (dict(AGENT, env='nope'), "env='nope': unknown environment"),
+    (dict(AGENT, verifier='math'), 'a domain with an env is scored by its environment'),
+    (dict(AGENT, max_turns=0), 'max_turns=0: must be an int >= 1'),
+    (dict(AGENT, render_tools='yes'), 'render_tools'),
+    (dict(verifier='math', train='a_train', eval='a_train', max_turns=3),
+     'only a domain with an env takes it'),
+])
+def test_agentic_domain_fields_are_checked(fakes, add_env_registered, fields, message):
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(config_lib.ConfigError, match=message):
+    fakes.toy_config([fakes.rl_stage('rl', ['b'])], domains=dict(a=fields))
