@@ -306,8 +306,9 @@ class Sandbox:
     """Runs requests (see `sandbox_server`) in parallel.
 
     Args:
-      requests: dicts with mode, program and optionally test, importable,
-        cases, files and float_tolerance; limits are filled in here.
+      requests: dicts with mode ('check', 'stdio' or 'run'), program and
+        optionally test, importable, cases, files, float_tolerance and
+        output_bytes; limits are filled in here.
       budgets: wall-clock seconds per request (all its runs together).
 
     Returns:

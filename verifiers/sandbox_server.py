@@ -28,6 +28,11 @@ Request (JSON):
       exits normally (or with status 0) and its stdout, compared here in the
       server, matches `expected` token by token (floats within
       `float_tolerance` when it is > 0).
+    'run' -- run `program` once with an empty stdin, as one 'stdio' case is
+      run (same fork, identity, limits and cleanup), and answer with the
+      last `output_bytes` bytes of its stdout and stderr; pass iff it
+      exits normally (or with status 0). For tools that show a program's
+      output (`envs.tool_use`).
   program: candidate Python source.
   test: judge Python source ('check' only).
   importable: top-level module names of the work dir the judge may import
@@ -37,8 +42,11 @@ Request (JSON):
   wall_s: wall-clock budget for the whole request.
   cpu_s, memory_mb, nproc, fsize_mb: rlimits of each process of a run.
   float_tolerance: see above.
+  output_bytes: bytes of stdout and of stderr a 'run' answers with (the
+      tails; default and cap MAX_OUTPUT_BYTES).
 Response: {'passed': bool, 'status': str, 'detail': str, 'case': int,
-  'cases_run': int, 'restart': bool}.
+  'cases_run': int, 'restart': bool}; 'run' adds 'stdout' and 'stderr' (the
+  tails) and 'stdout_bytes' (the whole stdout's size).
 """
 
 import argparse
@@ -77,6 +85,8 @@ _PRELOAD = ('array', 'bisect', 'cmath', 'collections', 'copy', 'dataclasses', 'd
             'decimal', 'fractions', 'functools', 'hashlib', 'heapq', 'itertools', 'json', 'math',
             'operator', 'queue', 'random', 're', 'statistics', 'string', 'textwrap', 'typing',
             'unittest')
+# Largest stdout/stderr tail a 'run' answers with: what a tool shows, not a bulk channel.
+MAX_OUTPUT_BYTES = 1 << 16
 _SIGNAL_STATUS = {signal.SIGXCPU: ('cpu_limit', 'CPU time limit'),
                   signal.SIGXFSZ: ('output_limit', 'file size limit (output too large)'),
                   signal.SIGSEGV: ('crashed', 'segmentation fault (stack overflow?)')}
@@ -176,9 +186,11 @@ class Server:
 
   def _handle(self, req):
     mode = req['mode']
-    if mode not in ('check', 'stdio'):
+    if mode not in ('check', 'stdio', 'run'):
       raise ValueError(f'unknown mode {mode!r}')
     deadline = time.monotonic() + float(req['wall_s'])
+    if mode == 'run':
+      return self._run_once(req, float(req['wall_s']))
     if mode == 'check':
       status, detail = self._run_check(req, float(req['wall_s']))
       if status != 'passed':
@@ -215,8 +227,13 @@ class Server:
       _exit(120)
     return pid
 
-  def _run_stdio(self, req, case, wall_s):
-    stdin_fd = self._stdin_file(case.get('stdin', ''))
+  def _run_script_once(self, req, stdin, wall_s):
+    """Runs `program` once as a script with `stdin`; (status, detail) of a failure, else None.
+
+    Its stdout and stderr stay in the io dir (files 'stdout' and 'stderr')
+    until the request ends.
+    """
+    stdin_fd = self._stdin_file(stdin)
     out_fd = os.open(os.path.join(self.io_dir, 'stdout'), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
                      0o600)
     err_fd = self._stderr_file('stderr')
@@ -226,10 +243,24 @@ class Server:
       os.close(fd)
     timed_out = not _wait_exit(pid, wall_s)
     status = self._finish([pid], timed_out)[0]
-    stderr_tail = _tail(os.path.join(self.io_dir, 'stderr'))
     if timed_out:
       return 'timeout', f'killed after {wall_s:.2f}s wall clock'
-    failure = _failure(status, stderr_tail)
+    return _failure(status, _tail(os.path.join(self.io_dir, 'stderr')))
+
+  def _run_once(self, req, wall_s):
+    """'run' mode: the program once, answered with its status and output tails."""
+    limit = max(0, min(int(req.get('output_bytes', MAX_OUTPUT_BYTES)), MAX_OUTPUT_BYTES))
+    failure = self._run_script_once(req, '', wall_s)
+    status, detail = failure or ('passed', '')
+    stdout_path = os.path.join(self.io_dir, 'stdout')
+    return {'passed': failure is None, 'status': status, 'detail': detail,
+            'case': -1 if failure is None else 0, 'cases_run': 1,
+            'stdout': _tail(stdout_path, limit, strip=False),
+            'stderr': _tail(os.path.join(self.io_dir, 'stderr'), limit, strip=False),
+            'stdout_bytes': os.path.getsize(stdout_path)}
+
+  def _run_stdio(self, req, case, wall_s):
+    failure = self._run_script_once(req, case.get('stdin', ''), wall_s)
     if failure:
       return failure
     with open(os.path.join(self.io_dir, 'stdout'), 'rb') as f:
@@ -668,15 +699,17 @@ def _reap(block=False):
       time.sleep(0.0005)
 
 
-def _tail(path, limit=2000):
+def _tail(path, limit=2000, strip=True):
+  """The last `limit` bytes of a file, decoded ('' when it cannot be read)."""
   try:
     with open(path, 'rb') as f:
       f.seek(0, os.SEEK_END)
       size = f.tell()
       f.seek(max(0, size - limit))
-      return f.read().decode('utf-8', errors='replace').strip()
+      text = f.read().decode('utf-8', errors='replace')
   except OSError:
     return ''
+  return text.strip() if strip else text
 
 
 def _count_own_processes():

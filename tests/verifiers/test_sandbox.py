@@ -281,3 +281,28 @@ def test_interpreter_under_tmp_works_in_the_sandbox(bwrap_sandbox, tmp_path):
   out = subprocess.run([str(venv / 'bin' / 'python'), '-c', script], env=env, capture_output=True,
                        text=True, timeout=120, cwd='/')
   assert out.stdout.splitlines()[:2] == ["''", 'True '], (out.stdout, out.stderr[-2000:])
+
+
+def test_run_mode_answers_with_output_tails_and_status(bwrap_sandbox):
+  """'run': stdout/stderr tails and the status of one run, under the same limits and cleanup."""
+  with sandbox.Sandbox(1) as sb:
+    loud = 'import sys\nfor i in range(10000):\n    print(i)\nprint("to stderr", file=sys.stderr)\n'
+    res = sb.run([{'mode': 'run', 'program': 'print("hello")\nprint(6 * 7)\n'},
+                  {'mode': 'run', 'program': loud, 'output_bytes': 20},
+                  {'mode': 'run', 'program': 'print("partial")\nraise KeyError("boom")\n'},
+                  {'mode': 'run', 'program': 'while True:\n    pass\n'},
+                  {'mode': 'run', 'program': 'open("left.txt", "w").write("x")\nprint(1)\n'},
+                  {'mode': 'run', 'program': 'import os\nprint(sorted(os.listdir(".")))\n'
+                                             'print(os.path.exists("/etc/passwd"))\n'}],
+                 [5.0, 5.0, 5.0, 1.0, 5.0, 5.0])
+  ok, loud_r, err, loop, write, look = res
+  assert ok['passed'] and ok['status'] == 'passed' and ok['stdout'] == 'hello\n42\n', ok
+  assert ok['stdout_bytes'] == len('hello\n42\n') and ok['stderr'] == ''
+  assert loud_r['passed'] and loud_r['stdout'] == '9996\n9997\n9998\n9999\n', loud_r['stdout']
+  assert loud_r['stdout_bytes'] == sum(len(f'{i}\n') for i in range(10000))
+  assert loud_r['stderr'] == 'to stderr\n'
+  assert not err['passed'] and err['status'] == 'runtime_error' and err['stdout'] == 'partial\n'
+  assert "KeyError: 'boom'" in err['stderr'] and "KeyError: 'boom'" in err['detail']
+  assert not loop['passed'] and loop['status'] == 'timeout', loop
+  assert write['passed'] and look['stdout'] == '[]\nFalse\n', look
+  assert not any(r['restart'] for r in res)
