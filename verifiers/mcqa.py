@@ -42,16 +42,18 @@ _MAX_STATEMENT_CHARS = 400
 _MAX_STATEMENTS = 32
 _LETTERS = string.ascii_uppercase
 
-_BOX = re.compile(r'\\(?:boxed|fbox)\s*\{')
-_VERB = r'(?:is|would\s+be|should\s+be|must\s+be|will\s+be)(?![\w\'’])'
+# These run over the whole scanned text: whitespace is matched possessively
+# (`\s*+`), so a long run of it after "answer" costs linear time, not quadratic.
+_BOX = re.compile(r'\\(?:boxed|fbox)\s*+\{')
+_VERB = r'(?:is|would\s++be|should\s++be|must\s++be|will\s++be)(?![\w\'’])'
 # Phrases after which the statement's letter comes.
 _PHRASE = re.compile(
-    r'(?i:\b(?:final\s+|correct\s+|right\s+|best\s+)?answer\b\s*(?:choice\b\s*|option\b\s*)?'
-    rf'(?:\*\*|__)?\s*(?:{_VERB}|[:：=])'
-    rf'|\b(?:correct|right|best)\s+(?:option|choice)\b\s*(?:\*\*|__)?\s*(?:{_VERB}|[:：]))')
+    r'(?i:\b(?:final\s++|correct\s++|right\s++|best\s++)?answer\b\s*+'
+    rf'(?:choice\b\s*+|option\b\s*+)?(?:\*\*|__)?\s*+(?:{_VERB}|[:：=])'
+    rf'|\b(?:correct|right|best)\s++(?:option|choice)\b\s*+(?:\*\*|__)?\s*+(?:{_VERB}|[:：]))')
 # A letter followed by "is (the) correct (answer)": "B is correct", "Option (C) is the right one".
 _LETTER_FIRST = re.compile(
-    r'(?<![\w\\])(?:(?i:option|choice)\s+)?[(\[]?([A-Z])[)\]]?(?:\*\*)?\s+is\s+(?:the\s+)?'
+    r'(?<![\w\\])(?:(?i:option|choice)\s++)?[(\[]?([A-Z])[)\]]?(?:\*\*)?\s++is\s++(?:the\s++)?'
     r'(?i:correct|right)\b')
 _LATEX_WRAP = re.compile(r'\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|bf)\s*\{')
 _LATEX_DELIM = re.compile(r'\\[()\[\]]|\$')
@@ -216,7 +218,7 @@ def extract_choice(text: str, options: list[str] | None = None) -> tuple[str | N
     is upper case and None when nothing, or several letters, are named.
   """
   text = text[-_MAX_SCAN_CHARS:]
-  lines = [line for line in text[-_MAX_STATEMENT_CHARS:].split('\n') if line.strip()]
+  lines = [line for line in text.rstrip()[-_MAX_STATEMENT_CHARS:].split('\n') if line.strip()]
   if not lines:
     return None, 'none', 'empty answer'
   last = lines[-1]

@@ -165,6 +165,10 @@ def compare_calls(gold: Sequence[Mapping[str, Any]], pred: Sequence[chat.ToolCal
     pred: the parsed calls.
     functions: tool name -> its parameters schema (empty without tools).
     ordered: compare in order; else as a multiset.
+
+  Returns:
+    None when every gold call has its own equal predicted call, else the first
+    difference ('gold call 2 (get_weather): arguments.city: expected ...').
   """
   if len(pred) != len(gold):
     want = ', '.join(g['name'] for g in gold)

@@ -133,6 +133,8 @@ def test_validate_names_the_field(metadata, message):
     'Answer: ' + 'A, or ' * 170_000, 'A ' * 500_000, ' *_:"`{([' * 100_000,
     'answer is ' + 'either option ' * 70_000, '(A) **B** option C [D] ' * 45_000,
     'x' * 1_000_000 + '\n**A**',
+    # Long whitespace runs inside an answer phrase (quadratic with plain `\s*`).
+    'x' * 980_000 + 'answer' + ' ' * 10_000 + '**' + ' ' * 9_000 + 'so.',
 ])
 def test_hostile_megabyte_answers_score_fast(verifier, text):
   start = time.perf_counter()
