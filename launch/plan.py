@@ -272,7 +272,7 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
 
 
 def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, prompt_len: int,
-                     max_new_tokens: int, top_p: float, top_k: int):
+                     max_new_tokens: int, top_p: float, top_k: int, num_samples: int = 1):
   """The sampler for one `Sampler.generate` call of these sizes, on `mesh`.
 
   Returns:
@@ -283,8 +283,8 @@ def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, pr
                                 rules=rules, **sampler_cfg)
   sp = sampler_lib.SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k,
                                   max_new_tokens=max_new_tokens)
-  _, _, what = sampler.abstract_args(params, rows, prompt_len, sp)
-  return (lambda: sampler.lower(params, rows, prompt_len, sp)), what
+  _, _, what = sampler.abstract_args(params, rows, prompt_len, sp, num_samples)
+  return (lambda: sampler.lower(params, rows, prompt_len, sp, num_samples)), what
 
 
 def train_lowering(stage, model_cfg, mesh, rules, microbatches: int | None = None):
@@ -479,7 +479,8 @@ def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
   sizes = dict(rows=max(e.batch_size * (1 if e.greedy else e.num_samples) for e in evs),
                prompt_len=max(longest),
                max_new_tokens=max(e.max_new_tokens for e in evs),
-               top_p=min(e.top_p for e in evs), top_k=max(e.top_k for e in evs))
+               top_p=min(e.top_p for e in evs), top_k=max(e.top_k for e in evs),
+               num_samples=min(1 if e.greedy else e.num_samples for e in evs))
   lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes)
   # Counted on a twin with the layers unrolled (XLA counts a scan body once).
   twin = sampler_lowering(dataclasses.replace(model_cfg, scan_layers=False),

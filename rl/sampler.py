@@ -264,11 +264,12 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
             top_k, max_new_tokens, row_offset=0, *, max_new_bucket: int,
             eos_ids: tuple[int, ...],
             pad_id: int, greedy: bool, filtered: bool,
-            decode_phases: int = DEFAULT_DECODE_PHASES) -> SampleOutput:
+            decode_phases: int = DEFAULT_DECODE_PHASES, group: int = 1) -> SampleOutput:
   """Prefill + while-loop decode (see `sample`). B rows, P prompt, Nb = max_new_bucket."""
   model = nnx.merge(graphdef, params)
   cfg = model.cfg
-  b, p = prompt_tokens.shape
+  u, p = prompt_tokens.shape
+  b = u * group
   nb = max_new_bucket
   batch_only = ('batch', None)
   prompt_tokens = sharding.constrain(prompt_tokens.astype(jnp.int32), batch_only)
@@ -287,14 +288,24 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   is_stop = lambda tok: (jnp.any(tok[..., None] == eos, axis=-1) if eos_ids
                          else jnp.zeros(tok.shape, bool))
 
-  # Prefill the whole (left-padded) prompt in one call.
-  prompt_len = jnp.sum(prompt_mask, axis=1)                               # [B]
+  # Prefill the whole (left-padded) prompt in one call: each distinct prompt once, its cache
+  # and last logits then copied to the `group` rows that sample it.
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
   ends = _phase_ends(nb, decode_phases)
-  cache = transformer.init_cache(cfg, b, p + ends[0])
+  cache = transformer.init_cache(cfg, u, p + ends[0])
   hidden, cache = model.hidden(prompt_tokens, positions, prompt_mask, cache=cache)
   # Only the last position's logits: [B, P, V] would be huge at real vocab sizes.
-  tok, lp, slp = pick(model.logits_from_hidden(hidden[:, -1:])[:, 0], step_keys(0))
+  last = model.logits_from_hidden(hidden[:, -1:])[:, 0]
+  if group > 1:
+    rep = lambda x, axis: jnp.repeat(x, group, axis=axis)
+    cache = cache._replace(k=sharding.constrain(rep(cache.k, 1), transformer.CACHE_AXES),
+                           v=sharding.constrain(rep(cache.v, 1), transformer.CACHE_AXES),
+                           segment_ids=sharding.constrain(rep(cache.segment_ids, 0), batch_only))
+    last = rep(last, 0)
+    prompt_tokens = sharding.constrain(rep(prompt_tokens, 0), batch_only)
+    prompt_mask = sharding.constrain(rep(prompt_mask, 0), batch_only)
+  prompt_len = jnp.sum(prompt_mask, axis=1)                               # [B]
+  tok, lp, slp = pick(last, step_keys(0))
   buf = lambda fill, dt: sharding.constrain(jnp.full((b, nb), fill, dt), batch_only)
   state = _Loop(step=jnp.ones((), jnp.int32), cache=cache, last=tok, done=is_stop(tok),
                 tokens=buf(pad_id, jnp.int32).at[:, 0].set(tok),
@@ -341,7 +352,8 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
       truncated=first_stop >= nb)
 
 
-_STATIC = ('max_new_bucket', 'eos_ids', 'pad_id', 'greedy', 'filtered', 'decode_phases')
+_STATIC = ('max_new_bucket', 'eos_ids', 'pad_id', 'greedy', 'filtered', 'decode_phases',
+           'group')
 
 sample = jax.jit(_sample, static_argnums=0, static_argnames=_STATIC)
 sample.__doc__ = """The pure jitted sampler.
@@ -349,8 +361,8 @@ sample.__doc__ = """The pure jitted sampler.
 Args:
   graphdef: static nnx GraphDef of the policy (from `nnx.split(model)`).
   params: the policy's state (the other half of `nnx.split`).
-  prompt_tokens: [B, P] int32, left-padded.
-  prompt_mask: [B, P] int32, 1 = real token; every row needs at least one.
+  prompt_tokens: [B / group, P] int32, left-padded: each prompt once.
+  prompt_mask: [B / group, P] int32, 1 = real token; every row needs at least one.
   rng: a PRNG key; row r uses fold_in(fold_in(rng, row_offset + r), step).
   temperature, top_p, top_k: traced scalars (see SamplingParams).
   max_new_tokens: traced int scalar <= max_new_bucket.
@@ -363,6 +375,9 @@ Args:
   filtered: static; top-p/top-k filtering compiled in.
   decode_phases: static; the most decode loops, each with a cache twice as
     long as the one before (see Sampler).
+  group: static; rows per prompt: prompt i is prefilled once and sampled by
+    rows i * group ... (i + 1) * group - 1 (the returned prompt fields have
+    B rows).
 
 Returns:
   A SampleOutput with N = max_new_bucket columns.
@@ -509,7 +524,16 @@ class Sampler:
       fit = max(fitting) if fitting else min(legal)
     return min(whole, fit)
 
-  def abstract_args(self, params, rows: int, prompt_len: int, sp: SamplingParams):
+  def prefill_group(self, chunk: int, num_samples: int) -> int:
+    """Rows that share one prefill in a chunk of `chunk` rows: G when whole groups fill the
+    chunk and their prompts split evenly over the batch shards, else 1."""
+    if num_samples <= 1 or chunk % num_samples:
+      return 1
+    shards = sharding.batch_shards(self.mesh, self.rules)
+    return num_samples if (chunk // num_samples) % shards == 0 else 1
+
+  def abstract_args(self, params, rows: int, prompt_len: int, sp: SamplingParams,
+                    num_samples: int = 1):
     """The arguments `generate` passes the jitted sampler for a call of these sizes, abstract.
 
     Args:
@@ -517,6 +541,7 @@ class Sampler:
       rows: prompts x num_samples of the call.
       prompt_len: its longest prompt.
       sp: its SamplingParams.
+      num_samples: G (rows of one prompt share its prefill, see `prefill_group`).
 
     Returns:
       (positional args, keyword args, description) for `sample.lower(*args, **kwargs)`.
@@ -524,27 +549,31 @@ class Sampler:
     p = buckets.smallest_fit(self.prompt_buckets, prompt_len, 'prompt length')
     nb = buckets.smallest_fit(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
     b = self.chunk_rows(rows, p + nb)
+    group = self.prefill_group(b, num_samples)
+    u = b // group
     rows_sh = rep = None
     if self.mesh is not None:
-      spec = sharding.logical_to_spec(('batch', None), (b, p), self.mesh, self.rules)
+      spec = sharding.logical_to_spec(('batch', None), (u, p), self.mesh, self.rules)
       rows_sh = jax.sharding.NamedSharding(self.mesh, spec)
       rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
     sds = lambda shape, dt, sh: jax.ShapeDtypeStruct(shape, jnp.dtype(dt), sharding=sh)
-    args = (self.graphdef, self.rollout_params(params), sds((b, p), jnp.int32, rows_sh),
-            sds((b, p), jnp.int32, rows_sh), sds((2,), jnp.uint32, rep),
+    args = (self.graphdef, self.rollout_params(params), sds((u, p), jnp.int32, rows_sh),
+            sds((u, p), jnp.int32, rows_sh), sds((2,), jnp.uint32, rep),
             sds((), jnp.float32, rep), sds((), jnp.float32, rep), sds((), jnp.int32, rep),
             sds((), jnp.int32, rep), sds((), jnp.int32, rep))
     kw = dict(max_new_bucket=nb, eos_ids=self.eos_ids, pad_id=self.pad_id,
-              greedy=sp.greedy, filtered=sp.filtered, decode_phases=self.decode_phases)
+              greedy=sp.greedy, filtered=sp.filtered, decode_phases=self.decode_phases,
+              group=group)
     chunks = -(-rows // b)
     what = (f'{b} rows' + (f' per chunk, {chunks} chunks' if chunks > 1 else '')
+            + (f', {u} prompts prefilled once each' if group > 1 else '')
             + f', prompt bucket {p}, new-token bucket {nb} (KV cache of {p + nb} '
             f'slots, {self.decode_phases} decode phase(s))')
     return args, kw, what
 
-  def lower(self, params, rows: int, prompt_len: int, sp: SamplingParams):
+  def lower(self, params, rows: int, prompt_len: int, sp: SamplingParams, num_samples: int = 1):
     """Lowers the sampler for a call of these sizes (ahead of time; `params` abstract)."""
-    args, kw, _ = self.abstract_args(params, rows, prompt_len, sp)
+    args, kw, _ = self.abstract_args(params, rows, prompt_len, sp, num_samples)
     with sharding.use_mesh(self.mesh, self.rules):
       return sample.lower(*args, **kw)
 
@@ -594,19 +623,23 @@ class Sampler:
       mask[rows, p - q.size:] = 1
     mask[n:, -1] = 1        # padding rows get a one-token prompt so no row is empty
 
+    group = self.prefill_group(c, num_samples)
     kw = dict(max_new_bucket=nb, eos_ids=self.eos_ids, pad_id=self.pad_id,
-              greedy=sp.greedy, filtered=sp.filtered, decode_phases=self.decode_phases)
+              greedy=sp.greedy, filtered=sp.filtered, decode_phases=self.decode_phases,
+              group=group)
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
                np.int32(sp.top_k), np.int32(sp.max_new_tokens))
     params = self.rollout_params(params)
     row_sh = None
     if self.mesh is not None:
-      spec = sharding.logical_to_spec(('batch', None), (c, p), self.mesh, self.rules)
+      spec = sharding.logical_to_spec(('batch', None), (c // group, p), self.mesh, self.rules)
       row_sh = jax.sharding.NamedSharding(self.mesh, spec)
     parts = []
     with sharding.use_mesh(self.mesh, self.rules):
       for start in range(0, b, c):
-        chunk_tokens, chunk_mask = tokens[start:start + c], mask[start:start + c]
+        # Rows of one prompt are consecutive and a chunk holds whole groups: one row per prompt.
+        chunk_tokens = tokens[start:start + c:group]
+        chunk_mask = mask[start:start + c:group]
         if row_sh is not None:
           chunk_tokens = jax.device_put(chunk_tokens, row_sh)
           chunk_mask = jax.device_put(chunk_mask, row_sh)

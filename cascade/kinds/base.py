@@ -281,7 +281,8 @@ class Kind(NamedTuple):
     abstract_batch: (stage, mesh, rules) -> (train batch of ShapeDtypeStructs
       for the stage's largest step, description); None for kinds that do not train.
     sampler_sizes: (stage) -> dict(rows, prompt_len, max_new_tokens, top_p,
-      top_k) of the stage's largest sampler call; None if it does not sample.
+      top_k, num_samples) of the stage's largest sampler call; None if it does
+      not sample.
     frozen_forwards: (stage) -> list of FrozenForward: the scoring passes of
       frozen policies (KL reference, DPO reference, MOPD teachers) a step runs.
   """

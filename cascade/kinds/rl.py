@@ -171,7 +171,8 @@ class RLStageConfig(base.TrainStageConfig):
 def sampler_sizes(stage: RLStageConfig) -> dict:
   """The stage's largest sampler call (all prompts x G rows, the longest phase)."""
   return dict(rows=stage.prompts_per_step * stage.group_size, prompt_len=stage.max_prompt_len,
-              max_new_tokens=stage.longest_response, top_p=stage.top_p, top_k=stage.top_k)
+              max_new_tokens=stage.longest_response, top_p=stage.top_p, top_k=stage.top_k,
+              num_samples=stage.group_size)
 
 
 def abstract_batch(stage: RLStageConfig, mesh, rules, **extra_rows):
