@@ -85,6 +85,9 @@ DATASETS = {
     'long_context_eval': ('eval/long_context.jsonl', 'prompt', 'long_context'),
     'tool_calling_train': ('rl/tool_calling.jsonl', 'prompt', 'tool_calling'),
     'tool_calling_eval': ('eval/tool_calling.jsonl', 'prompt', 'tool_calling'),
+    # Cascade 2's agentic SWE: repositories, hidden tests (envs.swe_agent metadata).
+    'swe_agent_train': ('rl/swe_agent.jsonl', 'prompt', 'swe_agent'),
+    'swe_agent_eval': ('eval/swe_agent.jsonl', 'prompt', 'swe_agent'),
     # Mixed domains: every record names its own 'domain'.
     'mopd_train': ('rl/mopd.jsonl', 'prompt', ''),
 }
@@ -107,6 +110,13 @@ DOMAINS = {
     'tool_calling': ('tool_call', {}, 'tool_calling_train', 'tool_calling_eval'),
     'structured': ('structured', {}, 'structured_train', 'structured_eval'),
     'long_context': ('long_context_qa', {}, 'long_context_train', 'long_context_eval'),
+}
+
+
+# Agentic domains -> (environment, options, train set, held-out set, max_turns): episodes in
+# the environment (kind 'agentic'), scored by it. Turn limit: ours (not published).
+AGENT_DOMAINS = {
+    'swe_agent': ('swe_agent', {'isolation': 'bwrap'}, 'swe_agent_train', 'swe_agent_eval', 50),
 }
 
 
@@ -168,13 +178,18 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
                 batch_size=256, thinking=True)
   names = list(datasets)
   for d in domains:
-    _, _, train, held_out = DOMAINS[d]
+    train, held_out = DOMAINS[d][2:4] if d in DOMAINS else AGENT_DOMAINS[d][2:4]
     names += [train, held_out]
   c.datasets = {n: dict(path=os.path.join(data_root, DATASETS[n][0]), format=DATASETS[n][1],
                         **({'domain': DATASETS[n][2]} if DATASETS[n][2] else {}))
                 for n in dict.fromkeys(names)}
   c.domains = {}
   for d in domains:
+    if d in AGENT_DOMAINS:
+      env, options, train, held_out, turns = AGENT_DOMAINS[d]
+      c.domains[d] = dict(env=env, env_options=dict(options), train=train, eval=held_out,
+                          max_turns=turns)
+      continue
     verifier, options, train, held_out = DOMAINS[d]
     c.domains[d] = dict(verifier=verifier, verifier_options=dict(options), train=train,
                         eval=held_out)
@@ -235,11 +250,18 @@ def exact_sampler_buckets(c: ml_collections.ConfigDict) -> None:
   # a decode step then reads local weights instead of gathering fsdp shards.
   c.sampler.rollout_rules = (('embed', None),)
   lengths = {int(c.eval.max_new_tokens)}
+  from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
+  prompts = set(sampler_lib.DEFAULT_PROMPT_BUCKETS)
   for st in c.stages:
     lengths.update(int(p['max_response_len']) for p in st.get('phases') or [])
     if 'max_response_len' in st:
       lengths.add(int(st['max_response_len']))
+    if st.get('max_turn_tokens'):             # an agentic stage's turns
+      lengths.add(int(st['max_turn_tokens']))
+      # Its last turn's prompt is the opening plus the whole episode budget.
+      prompts.add(int(st['max_prompt_len']) + int(st['max_response_len']))
   c.sampler.new_token_buckets = tuple(sorted(lengths))
+  c.sampler.prompt_buckets = tuple(sorted(prompts))
 
 
 def sft(name: str, *, datasets: list[str], domains: list[str], steps: int, batch_size: int,
@@ -279,6 +301,16 @@ def grpo(name: str, *, domains: list[str], steps: int, optimizer: dict, prompts_
   if phases:
     st['phases'] = phases
   return st
+
+
+def agentic(name: str, *, max_turn_tokens: int, **grpo_fields) -> dict:
+  """A GRPO stage over multi-turn episodes in its domains' environments (kind 'agentic').
+
+  `max_response_len` is an episode's token budget after the opening prompt
+  (turns and tool results), `max_turn_tokens` one assistant turn's; the rest
+  as `grpo`.
+  """
+  return dict(grpo(name, **grpo_fields), kind='agentic', max_turn_tokens=max_turn_tokens)
 
 
 def mopd(name: str, *, domains: list[str], teachers: dict, steps: int, optimizer: dict,

@@ -13,8 +13,8 @@ marked.
 
 Order: SFT -> IF-RL -> multi-domain RL (MCQA, tool calling, structured output) -> reward
 model -> a short side RLHF run (MOPD's chat teacher) -> MOPD (from the
-multi-domain policy) -> RLHF -> long-context RL -> code RL -> SWE RL. RL is GRPO strictly on-policy, token
-level, KL 0 except RLHF (0.03), lr 3e-6, 128 prompts x 16 rollouts,
+multi-domain policy) -> RLHF -> long-context RL -> code RL -> agentic SWE RL. RL is GRPO
+strictly on-policy, token level, KL 0 except RLHF (0.03), lr 3e-6, 128 prompts x 16 rollouts,
 temperature 1.0, all-equal groups filtered.
 
 Config argument (`:key=value,...`): data_root, base, tokenizer, hardware
@@ -22,6 +22,9 @@ Config argument (`:key=value,...`): data_root, base, tokenizer, hardware
 
 Not reproducible here:
 * MoE (the paper's model) and its expert-parallel mesh.
+* SWE RL is agentic (kind 'agentic', `envs.swe_agent`), but a record's repository is a
+  set of files its tests run on with the sandbox's Python: the paper's OpenHands
+  scaffold and per-task container images (installed dependencies) are not here.
 * Tool calling is scored on one assistant turn (its `<tool_call>` blocks
   against the record's gold calls, `verifiers.tool_call`), not on multi-turn
   episodes with executed tools.
@@ -39,7 +42,7 @@ Not reproducible here:
 from configs import _recipes
 
 _DOMAINS = ['chat', 'instruction_following', 'math', 'mcqa', 'tool_calling', 'structured',
-            'long_context', 'code', 'swe']
+            'long_context', 'code', 'swe_agent']
 # 128 x 16 = 2048 rows per update over 8 batch shards: one row per device at a time.
 _MICRO = 256
 
@@ -101,8 +104,11 @@ def get_config(arg=None):
       # "~22" steps on 3.5K hardest problems at 118K tokens; 60K here.
       r.grpo('code_rl', domains=['code'], steps=22, max_prompt_len=4096,
              max_response_len=61_440, **rl),
-      r.grpo('swe_rl', domains=['swe'], steps=45,          # "~40-50"
-             max_prompt_len=16_384, max_response_len=16_384, **rl),  # lengths: ours
+      # Agentic SWE: G = 16 episodes per task in the swe_agent environment (list, read,
+      # search, edit, patch, run tests), rewarded by the hidden tests. "~40-50" steps; the
+      # episode budget (32K tokens after a 4K opening, turns of at most 8K) is ours.
+      r.agentic('swe_rl', domains=['swe_agent'], steps=45, max_prompt_len=4096,
+                max_response_len=32_768, max_turn_tokens=8192, **rl),
   ]
   r.exact_sampler_buckets(c)
   return r.on_hardware(c, a.hardware)

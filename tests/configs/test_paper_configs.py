@@ -90,6 +90,26 @@ def test_cascade2_multi_domain_rl_and_its_verifiers():
   assert c.datasets['tool_calling_eval']['path'] == '/d/eval/tool_calling.jsonl'
 
 
+def test_cascade2_swe_rl_is_agentic():
+  """SWE RL runs G episodes per task in the swe_agent environment, its turns and last-turn
+  prompt in the sampler's buckets."""
+  assert _stage('nemotron_cascade2', 'swe_rl') == dict(
+      GRPO, name='swe_rl', kind='agentic', domains=['swe_agent'], steps=45,
+      optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
+      temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=32_768,
+      max_turn_tokens=8192, thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0,
+      microbatches=256)
+  c = importlib.import_module('configs.nemotron_cascade2').get_config('data_root=/d')
+  assert c.domains['swe_agent'].to_dict() == dict(
+      env='swe_agent', env_options=dict(isolation='bwrap'), train='swe_agent_train',
+      eval='swe_agent_eval', max_turns=50)
+  assert 'swe' not in c.domains
+  assert 8192 in c.sampler.new_token_buckets and 4096 + 32_768 in c.sampler.prompt_buckets
+  plan = config_lib.validate(c)
+  st = plan.stage('swe_rl')
+  assert st.turn_tokens == 8192 and dict(st.agents[0][2]) == dict(isolation='bwrap')
+
+
 def test_configs_cite_files_that_exist():
   """Every `*.md` a config names is in the repository, and PAPERS.md names both papers."""
   with open(os.path.join(REPO, 'configs', 'PAPERS.md'), encoding='utf-8') as f:
