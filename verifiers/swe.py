@@ -153,8 +153,10 @@ class SweVerifier(base.Verifier):
       files = unidiff.apply(pred, md['repo'])
     except ValueError as e:
       return base.Result(0.0, {'reason': f'patch does not apply: {e}'})
+    # The test may import the repository's own modules only: a module the patch adds under a
+    # name the test imports from elsewhere (e.g. a stdlib name) must not replace that import.
     return {'mode': 'check', 'program': '', 'test': md['test'], 'files': files,
-            'importable': _top_level_modules(files)}
+            'importable': _top_level_modules(md['repo'])}
 
   def _run(self, payloads: Sequence[dict]) -> list[pool_lib.Outcome]:
     if not self.execution:

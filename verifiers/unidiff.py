@@ -200,7 +200,8 @@ def apply(patch: list[FilePatch], files: dict[str, str]) -> dict[str, str]:
     for h in fp.hunks:
       old = [t for tag, t in h.lines if tag in ' -']
       new = [t for tag, t in h.lines if tag in ' +']
-      pos = _find(lines, old, h.old_start - 1 + offset, budget)
+      # A hunk that only inserts ("-3,0") names the line it goes after; others their first line.
+      pos = _find(lines, old, h.old_start - (1 if old else 0) + offset, budget)
       if pos < 0:
         raise ValueError(f'hunk at line {h.old_start} of {fp.old_path!r} does not apply')
       budget[0] -= len(lines) + len(new)

@@ -42,6 +42,34 @@ def test_parse_and_apply():
     unidiff.apply(unidiff.parse(GOLD.replace('calc.py', 'other.py')), REPO)
 
 
+def test_pure_insertions_land_after_the_line_their_header_names():
+  """A context-free hunk that only inserts ('@@ -3,0 +4 @@', what `diff -U0` writes) goes after
+  line 3, as patch(1) puts it; '-0,0' inserts at the top."""
+  import difflib  # pylint: disable=g-import-not-at-top
+  rng = __import__('random').Random(0)
+  for _ in range(200):
+    old = [f'line{i}' for i in range(rng.randrange(0, 8))]
+    new = list(old)
+    for _ in range(rng.randrange(1, 4)):
+      new.insert(rng.randrange(0, len(new) + 1), f'new{rng.randrange(100)}')
+    diff = ''.join(difflib.unified_diff([x + '\n' for x in old], [x + '\n' for x in new],
+                                        'a/f.py', 'b/f.py', n=0))
+    got = unidiff.apply(unidiff.parse(diff), {'f.py': ''.join(x + '\n' for x in old)})
+    assert got['f.py'] == ''.join(x + '\n' for x in new), diff
+
+
+def test_execution_tests_import_only_the_repositorys_own_modules():
+  """A patch that adds a module named like one the test imports from elsewhere cannot replace it:
+  this test passes only if `colorsys` is the candidate's."""
+  test = 'import colorsys\nassert colorsys.rgb_to_hsv(0, 0, 0) == "HIJACKED"\n'
+  hijack = GOLD + ('--- /dev/null\n+++ b/colorsys.py\n@@ -0,0 +1 @@\n'
+                   '+def rgb_to_hsv(*a): return "HIJACKED"\n')
+  with verifiers.get('swe', execution=True, workers=1, timeout_s=5) as v:
+    r = v.score([S('p', hijack, {'repo': REPO, 'test': test}),
+                 S('p', hijack, {'repo': REPO, 'test': TEST})])
+  assert [x.reward for x in r] == [0.0, 1.0], [x.info for x in r]
+
+
 @pytest.mark.parametrize('text, match', [
     ('just prose', 'no "--- a/file"'),
     ('--- a/x\n+++ b/x\n', 'without hunks'),
