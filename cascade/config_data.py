@@ -63,8 +63,9 @@ class Domain:
   An agentic domain names an environment (`env`, see `envs`) instead of a
   verifier: its rollouts are multi-turn episodes in that environment
   (`cascade.episodes`), which scores them, in training and evaluation alike;
-  `max_turns` bounds an episode's assistant turns and `render_tools` lists the
-  tools' schemas in the opening system turn.
+  `max_turns` bounds an episode's assistant turns, `max_turn_tokens` one turn's
+  tokens in evaluation (0: the episode's whole budget, `eval.max_new_tokens`),
+  and `render_tools` lists the tools' schemas in the opening system turn.
   """
   name: str
   verifier: str
@@ -78,6 +79,7 @@ class Domain:
   env: str = ''
   env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   max_turns: int = 8
+  max_turn_tokens: int = 0
   render_tools: bool = True
 
   @property
@@ -89,7 +91,7 @@ class Domain:
 _DATASET_FIELDS = ('path', 'tfds', 'split', 'data_dir', 'format', 'domain', 'limit', 'skip')
 _DOMAIN_FIELDS = ('verifier', 'verifier_options', 'train', 'eval', 'eval_verifier',
                   'eval_verifier_options', 'reward_model_stage', 'validation', 'env',
-                  'env_options', 'max_turns', 'render_tools')
+                  'env_options', 'max_turns', 'max_turn_tokens', 'render_tools')
 _VERIFIER_FIELDS = ('verifier', 'verifier_options', 'eval_verifier', 'eval_verifier_options',
                     'reward_model_stage')
 
@@ -131,11 +133,15 @@ def _check_env(where: str, spec: dict) -> dict:
   turns = spec.get('max_turns', 8)
   if not schema.is_int(turns) or turns < 1:
     raise ConfigError(f'{where}.max_turns={turns!r}: must be an int >= 1')
+  turn_tokens = spec.get('max_turn_tokens', 0)
+  if not schema.is_int(turn_tokens) or turn_tokens < 0:
+    raise ConfigError(f'{where}.max_turn_tokens={turn_tokens!r}: must be an int >= 0 '
+                      "(0 = the episode's whole budget)")
   tools = spec.get('render_tools', True)
   if not isinstance(tools, bool):
     raise ConfigError(f'{where}.render_tools={tools!r}: must be a bool')
   return dict(env=name, env_options=dict(as_dict(spec.get('env_options') or {})),
-              max_turns=int(turns), render_tools=tools)
+              max_turns=int(turns), max_turn_tokens=int(turn_tokens), render_tools=tools)
 
 
 def check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
@@ -150,7 +156,7 @@ def check_domains(raw: dict, datasets, verifier_names) -> dict[str, Domain]:
     if spec.get('env'):
       agent = _check_env(where, spec)
     else:
-      for k in ('env_options', 'max_turns', 'render_tools'):
+      for k in ('env_options', 'max_turns', 'max_turn_tokens', 'render_tools'):
         if k in spec:
           raise ConfigError(f'{where}.{k}: only a domain with an env takes it')
     ver = spec.get('verifier')

@@ -49,10 +49,12 @@ class Agent(NamedTuple):
     env: the `envs.Environment`.
     max_turns: assistant turns per episode.
     render_tools: list the tools' schemas in the opening system turn.
+    max_turn_tokens: one turn's tokens in evaluation (0: the whole budget).
   """
   env: Any
   max_turns: int
   render_tools: bool = True
+  max_turn_tokens: int = 0
 
   @property
   def isolation(self) -> str:

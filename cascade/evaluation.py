@@ -26,6 +26,7 @@ stages (the picture of the Nemotron-Cascade paper's Figure 1).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import zlib
@@ -61,9 +62,12 @@ def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mod
     chunk = recs[start:start + bs]
     if isinstance(agent, episodes.Agent):
       # An agentic domain: whole episodes, `max_new_tokens` bounding each one's tokens.
+      turn = min(agent.max_turn_tokens or sp.max_new_tokens, sp.max_new_tokens)
       ro = episodes.generate(sampler, params, tokenizer, agent.env, chunk, [mode] * len(chunk),
-                             jax.random.fold_in(key, b), sp, k, max_turns=agent.max_turns,
-                             max_tokens=sp.max_new_tokens, render_tools=agent.render_tools)
+                             jax.random.fold_in(key, b),
+                             dataclasses.replace(sp, max_new_tokens=turn), k,
+                             max_turns=agent.max_turns, max_tokens=sp.max_new_tokens,
+                             render_tools=agent.render_tools)
       r = ro.rewards
     else:
       ro = rollout.generate(sampler, params, tokenizer, chunk, [mode] * len(chunk),

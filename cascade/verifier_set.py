@@ -94,12 +94,13 @@ class VerifierSet:
   def _get(self, domain: str, for_eval: bool):
     d = self.plan.domains[domain]
     if d.agentic:
-      key = ('env:' + d.env, repr(sorted(d.env_options.items())), (d.max_turns, d.render_tools))
+      key = ('env:' + d.env, repr(sorted(d.env_options.items())),
+             (d.max_turns, d.max_turn_tokens, d.render_tools))
       if key not in self._cache:
         import envs  # pylint: disable=g-import-not-at-top
         from cascade import episodes  # pylint: disable=g-import-not-at-top
         self._cache[key] = episodes.Agent(envs.get(d.env, **d.env_options), d.max_turns,
-                                          d.render_tools)
+                                          d.render_tools, d.max_turn_tokens)
       return self._cache[key]
     name = d.eval_verifier if for_eval else d.verifier
     opts = dict(d.eval_verifier_options if for_eval else d.verifier_options)

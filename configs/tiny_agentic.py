@@ -16,8 +16,8 @@ stage (kind 'agentic': GRPO over G = 8 episodes per task, strictly
 on-policy, instruct mode) then trains on its domain's environment reward.
 Tool calls run in the environments (the SWE tests in the bubblewrap
 sandbox); the tool schemas are not rendered into the prompt (the tiny
-prompts name the tools; `render_tools=True`, the default, lists them as
-Qwen3 does).
+prompts do not name the tools: the demonstrations teach which tool a task
+needs; `render_tools=True`, the default, lists them as Qwen3 does).
 
 Arguments: see configs/_tiny_common.py (`smoke`, `seed=N`, `root=DIR`).
 """
@@ -32,7 +32,7 @@ from cascade.tiny_world import agentic as world
 PREPARE_FN = 'cascade.tiny_world.agentic:build'
 # Tokens of the opening prompt, and of a whole episode after it (turns and tool results).
 PROMPT_LEN = 64
-EPISODE_LEN = dict(tool_use=128, swe_agent=256)
+EPISODE_LEN = dict(tool_use=160, swe_agent=224)
 TURN_LEN = 96
 MAX_TURNS = dict(tool_use=4, swe_agent=6)
 EVAL_PROMPTS = 200
@@ -64,7 +64,7 @@ def get_config(arg=None):
     c.datasets[d + '_eval'] = dict(path=os.path.join(world_dir, d, 'heldout.jsonl'),
                                    format='prompt', domain=d)
     c.domains[d] = dict(env=d, train=d + '_train', eval=d + '_eval', max_turns=MAX_TURNS[d],
-                        render_tools=False)
+                        max_turn_tokens=TURN_LEN, render_tools=False)
   c.domains.swe_agent.env_options = dict(isolation='bwrap')
   c.allow_config_change = False
   n = common.steps(a, 400)

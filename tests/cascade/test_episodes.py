@@ -384,6 +384,7 @@ def test_agentic_domains_and_kinds_are_matched(fakes, add_env_registered, edit, 
     (dict(AGENT, verifier='math'), 'a domain with an env is scored by its environment'),
     (dict(AGENT, max_turns=0), 'max_turns=0: must be an int >= 1'),
     (dict(AGENT, render_tools='yes'), 'render_tools'),
+    (dict(AGENT, max_turn_tokens=-1), 'max_turn_tokens=-1: must be an int >= 0'),
     (dict(verifier='math', train='a_train', eval='a_train', max_turns=3),
      'only a domain with an env takes it'),
 ])
@@ -391,3 +392,21 @@ def test_agentic_domain_fields_are_checked(fakes, add_env_registered, fields, me
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   with pytest.raises(config_lib.ConfigError, match=message):
     fakes.toy_config([fakes.rl_stage('rl', ['b'])], domains=dict(a=fields))
+
+
+def test_evaluation_scores_an_agentic_domain_by_whole_episodes():
+  import types  # pylint: disable=g-import-not-at-top
+  from cascade import evaluation  # pylint: disable=g-import-not-at-top
+  recs = [dict(r, domain='a') for r in _records(6)]
+  ev = types.SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, greedy=False,
+                             max_new_tokens=300, num_samples=2, batch_size=4, modes=(False,))
+  sampler = ScriptedSampler(calls=lambda a, b: 1, wrong=lambda a, b: a % 3 == 0)
+  agent = episodes.Agent(AddEnv(), max_turns=3, render_tools=True, max_turn_tokens=96)
+  out = evaluation.evaluate(sampler, None, CharTok(), {'a': recs}, lambda d: agent, None, ev,
+                            jax.random.key(0))
+  wrong = [int(r['messages'][0]['content'].split()[1]) % 3 == 0 for r in recs]
+  want = np.mean([0.0 if w else min(r['metadata']['value'], 1.0) for r, w in zip(recs, wrong)])
+  assert out['a']['score'] == pytest.approx(100 * want)
+  assert out['a']['samples'] == 12 and out['a']['truncated'] == 0
+  # Every turn is capped by the domain's max_turn_tokens, the episode by max_new_tokens.
+  assert {c['max_new'] for c in sampler.calls} == {96}
