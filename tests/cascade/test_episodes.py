@@ -410,3 +410,27 @@ def test_evaluation_scores_an_agentic_domain_by_whole_episodes():
   assert out['a']['samples'] == 12 and out['a']['truncated'] == 0
   # Every turn is capped by the domain's max_turn_tokens, the episode by max_new_tokens.
   assert {c['max_new'] for c in sampler.calls} == {96}
+
+
+def test_readmes_environment_example_runs_an_episode():
+  """README's ten-line `Dice` environment registers and scores episodes as it says."""
+  import os  # pylint: disable=g-import-not-at-top
+  import envs  # pylint: disable=g-import-not-at-top
+  readme = open(os.path.join(os.path.dirname(__file__), '..', '..', 'README.md'),
+                encoding='utf-8').read()
+  [code] = [b for b in readme.split('```python\n')[1:] if 'class Dice' in b]
+  code = code.split('```')[0]
+  if 'dice' in envs.names():
+    code = code.replace("envs.register('dice', Dice)", '')
+  scope = {}
+  exec(compile(code, 'README.md', 'exec'), scope)  # pylint: disable=exec-used
+  env = envs.get('dice')
+  rec = {'messages': [{'role': 'user', 'content': 'roll'}], 'metadata': {'answer': 4}}
+  [ep] = env.reset([rec])
+  [s] = env.step([ep], [chat.render_tool_call('roll', {'seed': 9}) + chat.IM_END])
+  assert not s.done and s.messages[0]['content'] == '4'
+  [s] = env.step([ep], ['4' + chat.IM_END])
+  assert s.done and s.reward == 1.0 and ep.turns == 2 and ep.tool_calls == 1
+  [ep] = env.reset([rec])
+  [s] = env.step([ep], [chat.render_tool_call('roll', {'seed': 'x'})])
+  assert ep.tool_errors == 1 and s.messages[0]['content'].startswith('error: roll: seed')
