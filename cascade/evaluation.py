@@ -258,16 +258,20 @@ def plot(res: Mapping, path: str) -> None:
 
 
 def write(workdir: str, rows: Sequence[Mapping], domains: Sequence[str],
-          isolation: Mapping[str, str] | None = None) -> dict:
+          isolation: Mapping[str, str] | None = None,
+          accounting: Mapping[str, Mapping] | None = None) -> dict:
   """Writes results.json, results.md and results.png (atomically; process 0 only).
 
   `isolation` (verifier name -> the isolation its code ran under) is added to
   results.json as "isolation" when given, so a table says whether its code
-  rewards came from sandboxed runs.
+  rewards came from sandboxed runs; `accounting` (stage -> where its step time
+  went, `kinds.loop.accounting`) as "accounting".
   """
   res = results(rows, domains)
   if isolation:
     res['isolation'] = dict(sorted(isolation.items()))
+  if accounting:
+    res['accounting'] = {k: dict(v) for k, v in accounting.items() if v}
   if not checkpoint.is_writer():
     return res
   checkpoint.atomic_write_text(paths.join(workdir, 'results.json'),

@@ -181,12 +181,19 @@ def run(config, workdir: str) -> dict:
     env.verifiers.close()
     env.policies.close()
     env.writer.close()
-  res = evaluation.write(workdir, env.progress.rows, domains, _isolation(env.progress))
+  res = evaluation.write(workdir, env.progress.rows, domains, _isolation(env.progress),
+                         _accounting(env.progress))
   if checkpoint.is_writer():
     print(evaluation.markdown(res), flush=True)
     print(f'results: {paths.join(workdir, "results.md")}, '
           f'{paths.join(workdir, "results.png")}', flush=True)
   return res
+
+
+def _accounting(progress: checkpoint.Progress) -> dict[str, dict]:
+  """stage -> where its step time went (`kinds.loop.accounting`), for the stages that train."""
+  return {name: info['accounting'] for name, info in progress.done.items()
+          if info.get('accounting')}
 
 
 def _isolation(progress: checkpoint.Progress) -> dict[str, str]:
@@ -220,7 +227,8 @@ def _run_stage(env: Env, stage, domains) -> None:
                        stage.domains if stage.trains_policy else [], params,
                        hf=info.get('hf', ''))
   env.progress.mark_done(stage.name, info)
-  evaluation.write(env.workdir, env.progress.rows, domains, _isolation(env.progress))
+  evaluation.write(env.workdir, env.progress.rows, domains, _isolation(env.progress),
+                   _accounting(env.progress))
   rows = env.progress.rows
   prev = rows[rows.index(row) - 1]['scores'] if row is not None and rows.index(row) else None
   if checkpoint.is_writer():

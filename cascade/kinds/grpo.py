@@ -88,7 +88,8 @@ def train(env, stage: Config, kind: base.Kind, draws_cls) -> base.StageResult:
       if ref_params is not None:
         batch = batch._replace(ref_logprobs=np.asarray(batch_lib.compute_logprobs(
             graphdef, ref_params, batch, env.mesh, env.rules, rows_per_call=per_call)))
-      host = {**draws.metrics(), **fill, 'rows_with_loss': float(np.mean(valid))}
+      host = {**draws.metrics(), **fill, 'rows_with_loss': float(np.mean(valid)),
+              **rl.update_accounting(batch)}
       return rl.split_updates(stage, step, env.plan.seed, batch), host
     return loop.BatchMaker(loader, make)
 

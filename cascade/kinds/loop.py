@@ -57,6 +57,27 @@ def build_train_step(kind: base.Kind, stage, graphdef, state, mesh, rules,
       lr_schedule=train_lib.make_schedule(opt_cfg))
 
 
+# Per-step metrics summed into a stage's accounting (progress.json, results.json "accounting").
+ACCOUNTED = ('step_s', 'sample_s', 'score_s', 'update_s', 'sample_idle_s', 'validation_s',
+             'decode_slots', 'generated_tokens', 'update_tokens')
+
+
+def accounting(totals: dict, steps: int) -> dict:
+  """A stage's accounting from its summed step metrics: seconds per part of a step, the part of
+  step time the verifiers took, and the waste of decode slots and of update padding."""
+  if not steps:
+    return {}
+  out = {'steps': steps, **{k: round(v, 3) for k, v in totals.items()}}
+  if totals.get('step_s'):
+    known = sum(totals.get(k, 0.0) for k in ('sample_s', 'score_s', 'update_s', 'validation_s'))
+    out['other_s'] = round(max(0.0, totals['step_s'] - known), 3)
+    if 'score_s' in totals:
+      out['verifier_share'] = round(totals['score_s'] / totals['step_s'], 4)
+  if totals.get('decode_slots'):
+    out['decode_waste'] = round(1 - totals['generated_tokens'] / totals['decode_slots'], 4)
+  return out
+
+
 def _merge(ms: Sequence[dict]) -> dict:
   """One step's metrics from its updates: the mean of each, the last `skipped`."""
   if len(ms) == 1:
@@ -102,6 +123,7 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
     val_every = 0
   bar = metrics_lib.StageBar(stage, step)
   start, first_step = time.time(), step
+  totals: dict[str, float] = {}
   while step < stage.steps:
     t0 = time.perf_counter()
     rng = jax.random.fold_in(state.rng, step)
@@ -120,15 +142,20 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
       m['validation_s'] = time.perf_counter() - t1
     env.writer.write(stage, step, m)
     bar.update(m)
+    for k in ACCOUNTED:
+      if k in m:
+        totals[k] = totals.get(k, 0.0) + float(m[k])
     if step == stage.steps or (every and step % every == 0):
       ckpts.save(step, state, {'step': step, 'stage_index': stage.index, 'stage': stage.name,
                                'data': maker.loader.get_state()})
       _test_kill_point(ckpts, f'{stage.name}:{step}')
   ckpts.wait()
   bar.close()
+  # Accounting covers the steps this process ran (after a resume, the resumed part).
   return base.StageResult(params=state.params, final_step=stage.steps,
                           steps_run=step - first_step, seconds=time.time() - start,
-                          first=bar.first, last=bar.last)
+                          first=bar.first, last=bar.last,
+                          info={'accounting': accounting(totals, step - first_step)})
 
 
 def _test_kill_point(ckpts, here: str) -> None:

@@ -135,11 +135,13 @@ def run(env, stage: Config) -> base.StageResult:
       lp = distill.teacher_logprobs(graphdef, teachers, idx, batch, mesh=env.mesh,
                                     rules=env.rules, rows_per_call=per_call)
       batch = batch._replace(teacher_logprobs=lp)
-      return rl.split_updates(stage, step, env.plan.seed, batch), {**draws.metrics(), **fill}
+      return rl.split_updates(stage, step, env.plan.seed, batch), {
+          **draws.metrics(), **fill, **rl.update_accounting(batch)}
     return loop.BatchMaker(loader, make)
 
   result = loop.train(env, KIND, stage, maker)
-  return result._replace(info={'teachers': {d: list(src) for d, (src, _) in chosen.items()}})
+  return result._replace(info={**result.info,
+                               'teachers': {d: list(src) for d, (src, _) in chosen.items()}})
 
 
 def frozen_forwards(stage: Config) -> list:

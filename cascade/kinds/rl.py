@@ -235,6 +235,7 @@ class Draws:
     self.drawn: list[tuple] = []
     self.step = step
     self.sample_s = self.score_s = 0.0
+    self._slots0 = self._counters()
 
   def __call__(self, n: int):
     st = self.stage
@@ -336,6 +337,22 @@ class Draws:
                   'info': info})
     return out
 
+  def _counters(self) -> tuple[int, int]:
+    s = self.env.sampler
+    return int(getattr(s, 'decode_slots', 0)), int(getattr(s, 'generated_tokens', 0))
+
+  def accounting(self) -> dict:
+    """The step's sampling cost: decode slots paid for vs tokens generated (a finished row's
+    slot idles until its chunk's longest row ends), and the scoring time."""
+    slots, made = (a - b for a, b in zip(self._counters(), self._slots0))
+    if not slots:
+      return {}
+    waste = 1.0 - made / slots
+    return {'decode_slots': float(slots), 'generated_tokens': float(made),
+            'decode_waste': waste,
+            # Sampling time spent on idle slots (an estimate: time in proportion to slots).
+            'sample_idle_s': self.sample_s * waste}
+
   def metrics(self) -> dict:
     r = np.concatenate(self.rewards)
     out = {'reward_mean': float(np.mean(r)), 'reward_std': float(np.std(r)),
@@ -343,12 +360,18 @@ class Draws:
            'truncated_frac': float(np.mean(np.concatenate(self.truncated))),
            'sample_s': self.sample_s, 'score_s': self.score_s,
            'temperature': self.sp.temperature, 'max_response_len': self.sp.max_new_tokens,
-           'sandbox_errors': float(self.sandbox_errors)}
+           'sandbox_errors': float(self.sandbox_errors), **self.accounting()}
     doms = np.array(self.domains)
     if len(set(self.domains)) > 1:
       for d in sorted(set(self.domains)):
         out[f'reward_mean/{d}'] = float(np.mean(r[doms == d]))
     return out
+
+
+def update_accounting(batch) -> dict:
+  """The update's padding: token slots of the train batch (rows x width) that hold no token."""
+  seg = np.asarray(batch.segment_ids)
+  return {'update_tokens': float(np.sum(seg > 0)), 'update_waste': 1.0 - float(np.mean(seg > 0))}
 
 
 def sample_rows(rows: int, group_size: int, count: int) -> list[int]:

@@ -170,8 +170,13 @@ def _killed_and_resumed(world, cache, workdir, stage, index, step, res_a):
   assert stage not in progress['done']                           # killed mid-cascade
   out = _run(world, workdir, cache)
   assert f'[{index}] {stage}: resuming at step {step}/' in out.stdout, out.stdout[-3000:]
-  assert json.loads((workdir / 'results.json').read_text()) == res_a
+  assert _matrix(json.loads((workdir / 'results.json').read_text())) == _matrix(res_a)
   return workdir
+
+
+def _matrix(res):
+  """results.json without "accounting" (where the step time went: timings differ by run)."""
+  return {k: v for k, v in res.items() if k != 'accounting'}
 
 
 @pytest.mark.slow

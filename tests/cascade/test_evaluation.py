@@ -111,6 +111,11 @@ def test_results_json_md_png(tmp_path):
   assert on_disk['scores'] == [[10.0, 20.0], [35.5, 19.0], [36.0, 41.25]]
   md = (tmp_path / 'results.md').read_text().splitlines()
   assert md[0] == '| stage | trains on | math | code |'
+  # A stage's accounting goes in as given; stages without one are left out.
+  acc = {'math_rl': {'steps': 3, 'step_s': 9.0, 'decode_waste': 0.5}, 'code_rl': {}}
+  res = evaluation.write(str(tmp_path), ROWS, ['math', 'code'], accounting=acc)
+  assert json.loads((tmp_path / 'results.json').read_text())['accounting'] == {
+      'math_rl': acc['math_rl']}
   assert md[2] == '| init | - | 10.0 | 20.0 |'
   assert md[3] == '| math_rl | math | 35.5 (+25.5) | 19.0 (-1.0) |'
   assert md[4] == '| code_rl | code | 36.0 (+0.5) | 41.2 (+22.2) |'

@@ -223,7 +223,9 @@ def test_smoke_cascade_on_gcs_killed_and_resumed_matches_local(gcs, tmp_path):
   env = _cli_env(gcs, cache)
   local = tmp_path / 'local'
   _smoke(local, tmp_path / 'world', env)
-  want = json.loads((local / 'results.json').read_text())
+  # "accounting" (where step time went) is timing: the matrix and the rest must match.
+  matrix = lambda res: {k: v for k, v in res.items() if k != 'accounting'}
+  want = matrix(json.loads((local / 'results.json').read_text()))
 
   workdir, world = gcs.root + '/run', gcs.root + '/world'
   killed = _smoke(workdir, world, dict(env, CASCADE_TEST_KILL_AT='math_rl:1'), check=False)
@@ -237,7 +239,7 @@ def test_smoke_cascade_on_gcs_killed_and_resumed_matches_local(gcs, tmp_path):
 
   resumed = _smoke(workdir, world, env)
   assert '[4] math_rl: resuming at step 1/' in resumed.stdout, resumed.stdout[-3000:]
-  assert json.loads(paths.read_text(paths.join(workdir, 'results.json'))) == want
+  assert matrix(json.loads(paths.read_text(paths.join(workdir, 'results.json')))) == want
   lines = [json.loads(l) for l in paths.read_text(paths.join(workdir, 'metrics.jsonl'))
            .splitlines()]
   assert {(m['stage'], m['step']) for m in lines if 'stage' in m} == {

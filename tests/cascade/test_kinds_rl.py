@@ -251,3 +251,42 @@ def test_split_updates_partitions_the_rollout_batch(fakes):
   assert any((p.advantages != q.advantages).any() for p, q in zip(parts, other))
   one = fakes.toy_config([fakes.rl_stage('rl', ['a'])]).stages[0]
   assert rl.split_updates(one, 1, 0, batch) == [batch]
+
+
+# ------------------------------------------------------------------ accounting
+
+def test_a_steps_accounting_measures_decode_and_update_padding(fakes, tmp_path, monkeypatch):
+  plan = fakes.toy_config([fakes.rl_stage('rl', ['a'])])
+  st = plan.stages[0]
+  inner = fakes.OwnAnswerSampler(ramble=lambda n, g: g == 1)   # sample 1 fills the cap
+
+  class Counting:
+    pad_id = 0
+    decode_slots = generated_tokens = 0
+
+    def generate(self, *args, **kw):
+      out = inner.generate(*args, **kw)
+      self.decode_slots += out.tokens.shape[0] * int(out.lengths.max())
+      self.generated_tokens += int(out.lengths.sum())
+      return out
+
+  env = _env(fakes, plan, tmp_path, _records(fakes), Counting())
+  maker = _maker(monkeypatch, grpo, env, st)
+  [batch], host = maker.make(0, jax.random.key(0), types.SimpleNamespace(params=None))
+  lens = batch.loss_mask.sum(1)        # completion tokens per row (every row carries loss here)
+  cap = st.max_response_len
+  assert host['decode_slots'] == len(lens) * cap and host['generated_tokens'] == lens.sum()
+  assert host['decode_waste'] == pytest.approx(1 - lens.sum() / (len(lens) * cap))
+  assert host['sample_idle_s'] == pytest.approx(host['sample_s'] * host['decode_waste'])
+  real = (batch.segment_ids > 0).sum()
+  assert host['update_tokens'] == real
+  assert host['update_waste'] == pytest.approx(1 - real / batch.segment_ids.size)
+
+
+def test_stage_accounting_sums_steps_and_splits_their_time():
+  totals = {'step_s': 10.0, 'sample_s': 6.0, 'score_s': 2.0, 'update_s': 1.5,
+            'decode_slots': 400.0, 'generated_tokens': 100.0}
+  acc = loop.accounting(totals, 4)
+  assert acc['steps'] == 4 and acc['other_s'] == pytest.approx(0.5)
+  assert acc['verifier_share'] == pytest.approx(0.2) and acc['decode_waste'] == pytest.approx(0.75)
+  assert loop.accounting({}, 0) == {}

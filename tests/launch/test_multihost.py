@@ -59,11 +59,13 @@ def test_two_processes_run_a_sharded_cascade_and_agree(world, tmp_path):
 
   r0, r1 = (json.loads((out / f'{i}.json').read_text()) for i in range(2))
   assert (r0['processes'], r0['devices'], r0['local_devices']) == (2, 8, 4)
-  assert r0['results'] == r1['results']
+  # Each process times its own steps: "accounting" differs, everything else is shared.
+  matrix = lambda res: {k: v for k, v in res.items() if k != 'accounting'}
+  assert matrix(r0['results']) == matrix(r1['results'])
   assert r0['results']['stages'] == ['sft', 'copy_rl']
   assert r0['step'] == r1['step'] == 2
   assert r0['checksum'] == r1['checksum'] and r0['checksum'] > 0
-  assert json.loads((workdir / 'results.json').read_text()) == r0['results']
+  assert json.loads((workdir / 'results.json').read_text()) == r0['results']   # process 0's
   # Only process 0 logs: one line per step of each stage, not two.
   metrics = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
   assert [m['step'] for m in metrics if m.get('stage') == 'copy_rl'] == [1, 2]

@@ -375,3 +375,21 @@ def test_sharded_chunked_rollout_layout_equals_unsharded(policy, samp):
   assert s.rollout_params(abstract)['layers']['attn']['q_proj'].value.sharding.spec == q.sharding.spec
   with pytest.raises(ValueError, match="unknown logical axes \\['embedding'\\]"):
     sampler.Sampler(graphdef, CFG, eos_ids=EOS, mesh=mesh, rollout_rules=(('embedding', None),))
+
+
+def test_accounting_counts_paid_decode_slots_and_generated_tokens(policy):
+  s = sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, prompt_buckets=(16,),
+                      new_token_buckets=(16,), batch_buckets=(4, 16),
+                      cache_tokens_per_device=4 * 32)
+  sp = sampler.SamplingParams(max_new_tokens=12, temperature=1.0)
+  prompts = PROMPTS + [[1, 2, 3]]                  # 5 prompts x 2 = 10 rows in chunks of 4
+  out = s.generate(policy[1], prompts, jax.random.key(4), sp, num_samples=2)
+  assert s.generated_tokens == int(out.lengths.sum())
+  # Each chunk of 4 rows pays for its longest row; the last one holds 2 real + 2 padding rows.
+  lens = out.lengths
+  full = 4 * int(lens[0:4].max()) + 4 * int(lens[4:8].max())
+  assert full + 4 * int(lens[8:10].max()) <= s.decode_slots <= full + 4 * 12
+  assert s.decode_slots > s.generated_tokens
+  before = (s.decode_slots, s.generated_tokens)
+  s.generate(policy[1], PROMPTS[:2], jax.random.key(4), sp, num_samples=2)
+  assert s.decode_slots > before[0] and s.generated_tokens > before[1]   # cumulative
