@@ -103,10 +103,11 @@ def test_plan_numbers_are_sane(tiny_path):
   # FLOPs of the whole step: ~6 x parameters x tokens, plus attention and softmaxes.
   dense = 6 * model_cfg.num_params() * 16 * 64
   assert dense < train.flops < 2 * dense
-  # The sampler's arguments: the params (sharded) and the [16, 32] prompt arrays.
+  # The sampler's arguments: the params (sharded) and the [4, 32] prompt arrays (each of the 4
+  # prompts prefilled once for its G = 4 rows), split over the 4 batch shards.
   assert samp.argument_bytes == pytest.approx(
-      _per_device_bytes(state.params) + 2 * 16 * 32 * 4 / 4 + 8 + 4 * 4, rel=0.02)
-  assert 'KV cache of 64 slots' in samp.shapes
+      _per_device_bytes(state.params) + 2 * 4 * 32 * 4 / 4 + 8 + 4 * 4, rel=0.002)
+  assert 'KV cache of 64 slots' in samp.shapes and '4 prompts prefilled once each' in samp.shapes
 
   # --notrain: an SFT stage has nothing left to compile.
   assert plan.run_plan(config, tgt, stages=['sft'], with_train=False, with_eval=False) == []
@@ -205,3 +206,21 @@ def test_frozen_passes_and_the_co_resident_peak(tiny_path):
   small = plan.StageReport(rep.index, rep.name, rep.kind, rep.programs,
                            samp.total_bytes + 1, rep.num_devices, rep.resident)
   assert any('sampler does not fit' in m and 'resident' in m for m in plan.failures([small]))
+
+
+def test_an_agentic_stage_plans_its_last_turn(tiny_path):
+  """An agentic stage's sampler is planned for its largest turn: every episode live, its prompt
+  the opening plus the whole episode budget, a turn's worth of new tokens."""
+  config = _load(tiny_path)
+  config.datasets.tools = dict(path='/d/tools.jsonl', format='prompt', domain='tools')
+  config.domains.tools = dict(env='tool_use', train='tools', eval='tools', max_turns=4)
+  config.stages = [dict(name='tool_rl', kind='agentic', domains=['tools'], steps=2,
+                        optimizer=dict(lr=1e-4), prompts_per_step=4, group_size=4,
+                        max_prompt_len=32, max_response_len=96, max_turn_tokens=16,
+                        microbatches=2)]
+  tgt = plan.target(config, 'cpu')
+  [rep] = plan.run_plan(config, tgt, stages=['tool_rl'], with_eval=False, with_train=False)
+  [samp] = rep.programs
+  assert samp.name == 'sampler' and not samp.error
+  assert '16 rows' in samp.shapes and 'prompt bucket 128' in samp.shapes
+  assert 'new-token bucket 16' in samp.shapes
