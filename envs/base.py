@@ -32,13 +32,13 @@ episode's state, so no episode can reach another's.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from typing import Any, Mapping, Sequence
 
 import jsonschema
 
 from models import chat
+from verifiers import structured
 
 # Characters of one tool result shown to the model; longer results are cut.
 MAX_OBSERVATION_CHARS = 4000
@@ -285,21 +285,17 @@ def _check_call(call: chat.ToolCall, functions: Mapping[str, dict]) -> str:
   fn = functions.get(call.name)
   if fn is None:
     return f'unknown tool {call.name!r}; tools: {", ".join(sorted(functions)) or "none"}'
-  error = jsonschema.exceptions.best_match(
-      _validator(dumps(fn.get('parameters') or {'type': 'object'})).iter_errors(call.arguments))
+  # One cached validator per tool schema (checking the schema on every call cost ~2 ms).
+  schema = dumps(fn.get('parameters') or {'type': 'object'})
+  why = structured.schema_error(schema)
+  if why:
+    raise ValueError(f'tool {call.name!r}: its parameters are not a valid JSON Schema: {why}')
+  errors = structured.validator(schema).iter_errors(call.arguments)
+  error = jsonschema.exceptions.best_match(errors)
   if error is not None:
     where = '/'.join(str(p) for p in error.absolute_path) or 'arguments'
     return f'{call.name}: {where}: {error.message[:300]}'
   return ''
-
-
-@functools.lru_cache(maxsize=256)
-def _validator(schema_json: str):
-  """A checked validator per tool schema (checking the schema on every call cost ~2 ms)."""
-  schema = json.loads(schema_json)
-  cls = jsonschema.validators.validator_for(schema)
-  cls.check_schema(schema)
-  return cls(schema)
 
 
 def dumps(value: Any) -> str:

@@ -29,11 +29,13 @@ _ANSWER_PHRASE = re.compile(
 _MAX_ANSWER_CHARS = 1000
 
 
-def _braced(text: str, start: int) -> str | None:
-  """The content of the brace group opening at text[start] ('{'), or None if unbalanced."""
+def braced(text: str, start: int, limit: int | None = None) -> str | None:
+  """The content of the brace group opening at text[start] ('{'), or None if unbalanced (within
+  `limit` characters from `start` when given)."""
   depth = 0
+  end = len(text) if limit is None else min(len(text), start + limit)
   i = start
-  while i < len(text):
+  while i < end:
     c = text[i]
     if c == '\\':
       i += 2
@@ -71,7 +73,7 @@ def extract_answer(text: str) -> tuple[str | None, str]:
   for m in reversed(list(_BOX.finditer(text))):
     end = m.end()
     if end < len(text) and text[end] == '{':
-      inner = _braced(text, end)
+      inner = braced(text, end)
       if inner is not None and inner.strip():
         return inner.strip(), 'boxed'
     else:  # `\boxed 5`

@@ -32,6 +32,7 @@ import unicodedata
 from typing import Any, Mapping
 
 from verifiers import base
+from verifiers import math as math_lib
 
 # Characters at the end of the answer that are scanned (the final statement is
 # at the end); earlier text is ignored.
@@ -88,26 +89,6 @@ _LINE_START = re.compile(
     r'[\s*_#>]*(?:(?i:option|choice)\s*)?[(\[]?([A-Za-z])(?:[)\]]\s*[.:：]?|\s*[.:：](?![A-Za-z]))'
     r'[\s*_]*(.*)')
 _SEPARATOR = re.compile(r'[\s*_)\]}.:：\-–—]+')
-
-
-def _braced(text: str, start: int) -> str | None:
-  """The content of the brace group opening at text[start], or None if unbalanced within bounds."""
-  depth = 0
-  end = min(len(text), start + _MAX_STATEMENT_CHARS)
-  i = start
-  while i < end:
-    c = text[i]
-    if c == '\\':
-      i += 2
-      continue
-    if c == '{':
-      depth += 1
-    elif c == '}':
-      depth -= 1
-      if depth == 0:
-        return text[start + 1:i]
-    i += 1
-  return None
 
 
 def normalize_option(text: str) -> str:
@@ -189,7 +170,7 @@ def _statements(text: str) -> list[tuple[int, str, str]]:
   out = []
   for pos, kind, at in found[-_MAX_STATEMENTS:]:
     if kind == 'boxed':
-      inner = _braced(text, at)
+      inner = math_lib.braced(text, at, _MAX_STATEMENT_CHARS)
       if inner is None:
         continue
       content = inner

@@ -89,8 +89,9 @@ def work(payload: dict) -> dict:
 
 
 @functools.lru_cache(maxsize=1024)
-def _schema_error(schema_json: str) -> str:
-  """'' for a valid schema, else why not (cached: a stage reuses few schemas)."""
+def schema_error(schema_json: str) -> str:
+  """'' for a valid JSON Schema (given as JSON text), else why not (cached: a stage reuses few
+  schemas)."""
   import jsonschema  # pylint: disable=g-import-not-at-top
   schema = json.loads(schema_json)
   try:
@@ -98,6 +99,15 @@ def _schema_error(schema_json: str) -> str:
   except jsonschema.SchemaError as e:
     return e.message
   return ''
+
+
+@functools.lru_cache(maxsize=1024)
+def validator(schema_json: str):
+  """A validator for a JSON Schema given as JSON text (cached; the schema is assumed valid:
+  see `schema_error`)."""
+  import jsonschema  # pylint: disable=g-import-not-at-top
+  schema = json.loads(schema_json)
+  return jsonschema.validators.validator_for(schema)(schema)
 
 
 class StructuredVerifier(base.Verifier):
@@ -113,7 +123,7 @@ class StructuredVerifier(base.Verifier):
       text = json.dumps(schema, sort_keys=True)
     except (TypeError, ValueError) as e:
       raise ValueError(f'metadata["schema"] is not JSON-serialisable: {e}') from None
-    error = _schema_error(text)
+    error = schema_error(text)
     if error:
       raise ValueError(f'metadata["schema"] is not a valid JSON Schema: {error}')
 

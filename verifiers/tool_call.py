@@ -31,7 +31,6 @@ bool (optional), 'tools': [{'type': 'function', 'function': {'name',
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -39,6 +38,7 @@ from typing import Any, Mapping, Sequence
 
 from models import chat
 from verifiers import base
+from verifiers import structured
 
 ANY_OF = '$any_of'
 # Nesting depth of gold values (and of comparisons).
@@ -219,25 +219,6 @@ def functions_of(tools: Sequence[Any]) -> dict[str, dict]:
   return out
 
 
-@functools.lru_cache(maxsize=1024)
-def _schema_error(schema_json: str) -> str:
-  """'' for a valid JSON Schema, else why not (cached: a stage reuses few tools)."""
-  import jsonschema  # pylint: disable=g-import-not-at-top
-  schema = json.loads(schema_json)
-  try:
-    jsonschema.validators.validator_for(schema).check_schema(schema)
-  except jsonschema.SchemaError as e:
-    return e.message[:300]
-  return ''
-
-
-@functools.lru_cache(maxsize=1024)
-def _validator(schema_json: str):
-  import jsonschema  # pylint: disable=g-import-not-at-top
-  schema = json.loads(schema_json)
-  return jsonschema.validators.validator_for(schema)(schema)
-
-
 def _check_gold(value: Any, where: str, depth: int = 0) -> None:
   """Raises ValueError unless `value` is plain JSON with well-formed `$any_of` groups."""
   if depth > _MAX_DEPTH:
@@ -293,7 +274,7 @@ class ToolCallVerifier(base.Verifier):
       return
     functions = functions_of(base.require(metadata, 'tools', list, 'the tool schemas'))
     for name, params in functions.items():
-      error = _schema_error(json.dumps(params, sort_keys=True))
+      error = structured.schema_error(json.dumps(params, sort_keys=True))[:300]
       if error:
         raise ValueError(f'metadata["tools"]: the parameters of {name!r} are not a valid JSON '
                          f'Schema: {error}')
@@ -325,7 +306,7 @@ class ToolCallVerifier(base.Verifier):
         if call.name not in functions:
           return base.Result(0.0, dict(info, reason=f'call {k + 1}: unknown tool '
                                                     f'{call.name[:80]!r}'))
-        error = next(iter(_validator(json.dumps(functions[call.name], sort_keys=True))
+        error = next(iter(structured.validator(json.dumps(functions[call.name], sort_keys=True))
                           .iter_errors(call.arguments)), None)
         if error is not None:
           path = '/'.join(str(p) for p in error.absolute_path) or '(arguments)'

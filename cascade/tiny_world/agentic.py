@@ -26,14 +26,13 @@ import json
 import os
 import random
 import sys
-import tempfile
 from typing import Sequence
 
 DOMAINS = ('tool_use', 'swe_agent')
 SIZES = dict(sft=dict(tool_use=1500, swe_agent=1500), rl=1000, heldout=400)
 FLAW_RATE = dict(tool_use=0.5, swe_agent=0.5)
 VOCAB = 768
-STAMP = 'stamp.json'
+STAMP = 'stamp.json'       # = build.STAMP
 SFT = 'sft.jsonl'
 
 
@@ -105,18 +104,9 @@ def _build_into(out: str, seed: int, want: dict) -> None:
 
 def build(seed: int, root: str) -> str:
   """Builds (or reuses) the agentic world of `seed` under `root`; returns its directory."""
-  from cascade import paths  # pylint: disable=g-import-not-at-top
-  out = directory(seed, root)
-  want = stamp(seed)
-  if paths.read_json(paths.join(out, STAMP)) == want:
-    return out
-  if not paths.is_remote(out):
-    _build_into(out, seed, want)
-    return out
-  with tempfile.TemporaryDirectory(prefix='agentic_world-') as local:
-    _build_into(local, seed, want)
-    paths.copy_tree(local, out, last=(STAMP,))
-  return out
+  from cascade.tiny_world import build as world_build  # pylint: disable=g-import-not-at-top
+  return world_build.cached(directory(seed, root), stamp(seed),
+                            lambda d, want: _build_into(d, seed, want))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -121,16 +121,23 @@ def build(seed: int, root: str) -> str:
     The world's directory, holding world.py's files (see world.write),
     `sft_mixed.jsonl` and `stamp.json`.
   """
+  return cached(directory(seed, root), stamp(seed), lambda d, want: _build_into(d, seed, want))
+
+
+def cached(out: str, want: dict, build_into) -> str:
+  """`out`, rebuilt by `build_into(local_dir, want)` unless its STAMP already equals `want`.
+
+  `build_into` writes the stamp last, so a crash rebuilds; a gs:// `out` is
+  built in a local temporary directory and uploaded, the stamp last.
+  """
   from cascade import paths  # pylint: disable=g-import-not-at-top
-  out = directory(seed, root)
-  want = stamp(seed)
   if paths.read_json(paths.join(out, STAMP)) == want:
     return out
   if not paths.is_remote(out):
-    _build_into(out, seed, want)
+    build_into(out, want)
     return out
   with tempfile.TemporaryDirectory(prefix='tiny_world-') as local:
-    _build_into(local, seed, want)
+    build_into(local, want)
     paths.copy_tree(local, out, last=(STAMP,))
   return out
 
