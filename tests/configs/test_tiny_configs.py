@@ -104,3 +104,41 @@ def test_blended_spends_the_cascades_rollouts(root):
   for key in ('temperature', 'group_size', 'thinking_fraction'):
     assert {s[key] for s in rl} == {one[key]}, key
   assert one['filter_overlong'] == any(s['filter_overlong'] for s in rl)
+
+
+def test_tiny_agentic_config_validates_and_its_world_has_every_file(tmp_path, monkeypatch):
+  from cascade.tiny_world import agentic  # pylint: disable=g-import-not-at-top
+  from models import chat  # pylint: disable=g-import-not-at-top
+  for smoke in (False, True):
+    plan = config_lib.validate(_get('tiny_agentic', f'{"smoke," if smoke else ""}root={tmp_path}'))
+    assert [s.kind for s in plan.stages] == ['sft', 'agentic', 'agentic']
+    assert (max(s.steps for s in plan.stages) <= 2) == smoke
+    assert {d: (dom.env, dom.max_turns) for d, dom in plan.domains.items()} == {
+        'tool_use': ('tool_use', 4), 'swe_agent': ('swe_agent', 6)}
+  assert not os.path.exists(tmp_path / 'agentic_seed0')      # get_config does no I/O
+  monkeypatch.setattr(agentic, 'SIZES', dict(sft=dict(tool_use=40, swe_agent=20), rl=10,
+                                             heldout=8))
+  plan.prepare.call()
+  for name, spec in plan.datasets.items():
+    assert data_lib.load(spec, sorted(plan.domains)), name
+  tok = tokenizer_lib.load(plan.tokenizer_path)
+  assert tok.vocab_size == agentic.VOCAB
+  for marker in chat.TOOL_TOKENS:                             # tool markers are single pieces
+    assert len(tok.encode(marker)) == 1, marker
+  sft = data_lib.load(plan.datasets['sft'], sorted(plan.domains))
+  assert {r['domain'] for r in sft} == {'tool_use', 'swe_agent'}
+  assert all(r['turns'][-1]['role'] == 'assistant' for r in sft)
+
+
+@pytest.mark.slow
+def test_tiny_agentic_smoke_runs_from_the_command_line(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  p = subprocess.run([sys.executable, '-m', 'cascade.main',
+                      f'--config=configs/tiny_agentic.py:smoke,root={tmp_path / "w"}',
+                      f'--workdir={tmp_path / "run"}', '--verbosity=-1'],
+                     cwd=repo, capture_output=True, text=True, timeout=900)
+  assert p.returncode == 0, p.stderr[-4000:]
+  assert '| swe_agent_rl | swe_agent |' in p.stdout
+  assert 'stage 1 tool_rl (agentic): 2 steps' in p.stdout
