@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -101,6 +102,8 @@ class Episodes(NamedTuple):
     rewards: [rows] float32, the environment's reward.
     infos: [rows] dicts: the environment's info plus turns, tool_calls,
       tool_errors and (cut episodes) 'cut'.
+    env_s: seconds spent in the environment (tools and scoring), the rest of
+      the call's time being sampling and host work.
   """
   records: list
   modes: list
@@ -108,6 +111,7 @@ class Episodes(NamedTuple):
   samples: EpisodeSamples
   rewards: np.ndarray
   infos: list
+  env_s: float = 0.0
 
 
 def opening_text(env, record: dict, thinking: bool | None, render_tools: bool = True) -> str:
@@ -236,6 +240,7 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
   cut = np.zeros(n, bool)
   live = list(range(n))
   turn = 0
+  env_s = 0.0
 
   def end(rows_ended, results):
     for i, (_, _, reward, info, turns, calls, errors) in zip(rows_ended, results):
@@ -270,7 +275,9 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
         actions.append(_decode(tokenizer, toks[:k]))
     live = []
     if acting:
+      t0 = time.perf_counter()
       steps = _step_on_every_host(env, [episodes[i] for i in acting], actions, hosts)
+      env_s += time.perf_counter() - t0
       done = [(i, s) for i, s in zip(acting, steps) if s[1]]
       end([i for i, _ in done], [s for _, s in done])
       for i, s in zip(acting, steps):
@@ -290,15 +297,17 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
           live.append(i)
     if over:
       ended = sorted(over)
+      t0 = time.perf_counter()
       end(ended, _finish_on_every_host(env, [episodes[i] for i in ended],
                                        [over[i] for i in ended], hosts))
+      env_s += time.perf_counter() - t0
       cut[ended] = True
 
   return Episodes(records=rows, modes=row_modes,
                   completions=[_decode(tokenizer, c) for c in ctx],
                   samples=_pack(opening, ctx, policy, lps, slps, cut, max_tokens,
                                 sampler.pad_id),
-                  rewards=rewards, infos=infos)
+                  rewards=rewards, infos=infos, env_s=env_s)
 
 
 def _pack(opening, ctx, policy, lps, slps, cut, width: int, pad_id: int) -> EpisodeSamples:

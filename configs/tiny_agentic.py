@@ -73,8 +73,8 @@ def get_config(arg=None):
            batch_size=24, max_len=PROMPT_LEN + max(EPISODE_LEN.values()),
            optimizer=dict(lr=1e-3, warmup_steps=min(20, n - 1), schedule='cosine',
                           min_lr_ratio=0.1)),
-      _rl(a, 'tool_rl', 'tool_use', 15, 3e-5),
-      _rl(a, 'swe_agent_rl', 'swe_agent', 15, 3e-5),
+      _rl(a, 'tool_rl', 'tool_use', 30, 6e-5),
+      _rl(a, 'swe_agent_rl', 'swe_agent', 25, 5e-5),
   ]
   return c
 

@@ -117,12 +117,14 @@ class Draws(rl.Draws):
     samples = batch_lib.take_rows(batch_lib.concat_rows([p.samples for p in parts]), where)
     cat = lambda field: [x for p in parts for x in getattr(p, field)]
     pick = lambda xs: [xs[w] for w in where]
+    env_s = sum(p.env_s for p in parts)
     ro = episodes.Episodes(records=pick(cat('records')), modes=pick(cat('modes')),
                            completions=pick(cat('completions')), samples=samples,
                            rewards=np.concatenate([p.rewards for p in parts])[where],
-                           infos=pick(cat('infos')))
-    # Tools run inside the episodes; their time is part of sampling here.
-    self.sample_s += time.perf_counter() - t0
+                           infos=pick(cat('infos')), env_s=env_s)
+    # Time in the environments (tools and scoring) counts as scoring, the rest as sampling.
+    self.score_s += env_s
+    self.sample_s += time.perf_counter() - t0 - env_s
     return ro, ro.rewards.astype(np.float32), ro.infos
 
   def metrics(self) -> dict:

@@ -358,6 +358,7 @@ def test_agentic_step_pairs_episodes_rewards_and_loss_masks(fakes, tmp_path, mon
   for k in ('episode/turns', 'episode/tool_calls', 'episode/success', 'episode/cut_frac'):
     assert k in host
   assert 0 < host['episode/cut_frac'] < 1
+  assert host['score_s'] > 0 and host['sample_s'] > 0     # time in the env counts as scoring
 
 
 @pytest.mark.parametrize('edit,message', [
