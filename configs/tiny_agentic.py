@@ -20,6 +20,21 @@ prompts do not name the tools: the demonstrations teach which tool a task
 needs; `render_tools=True`, the default, lists them as Qwen3 does).
 
 Arguments: see configs/_tiny_common.py (`smoke`, `seed=N`, `root=DIR`).
+
+Measured (seed 0, 2 cores shared with other jobs): SFT 400 steps in 5.5 min,
+tool_rl 30 steps in 13.6 min, swe_agent_rl 25 steps in 16.7 min, about 2.5 min
+per evaluation row; held-out (2 samples x 200 tasks per domain, temperature
+0.6):
+
+  stage         swe_agent     tool_use
+  sft           51.5          22.0
+  tool_rl       52.5 (+1.0)   32.5 (+10.5)
+  swe_agent_rl  63.2 (+10.8)  34.0 (+1.5)
+
+(The two RL stages were measured from this config's SFT policy, exported by
+a full run, with the SFT stage replaced by an eval stage of that export: the
+same stage indices, seeds and data order as the full run. With 15 steps at
+3e-5 each the gains were +7.0 and +8.8.)
 """
 
 import os
