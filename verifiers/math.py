@@ -22,9 +22,12 @@ from typing import Any, Mapping
 from verifiers import base
 
 _BOX = re.compile(r'\\(?:boxed|fbox)\b\s*')
-# Phrases after which the rest of the line is the answer.
+# The answer of `\boxed 5` (no braces).
+_TOKEN = re.compile(r'[^\s$]+')
+# Phrases after which the rest of the line is the answer. (`\W*?[:：]` rather than
+# `\W*?\s*[:：]`, which matches the same but backtracks quadratically on a run of spaces.)
 _ANSWER_PHRASE = re.compile(
-    r'final answer\s*(?:is)?\s*[:：]?|the answer is\s*[:：]?|^\W*answer\W*?\s*[:：]',
+    r'final answer\s*(?:is)?\s*[:：]?|the answer is\s*[:：]?|^\W*answer\W*?[:：]',
     re.IGNORECASE | re.MULTILINE)
 _MAX_ANSWER_CHARS = 1000
 
@@ -70,18 +73,25 @@ def extract_answer(text: str) -> tuple[str | None, str]:
   Returns:
     (answer or None, how it was found: 'boxed', 'answer phrase' or 'none').
   """
+  # A group that never closes holds every later '{' that never closes either, so an earlier
+  # group is read only up to the last unclosed one: hostile text ('\\boxed{' * 10**5) costs
+  # linear time, not quadratic.
+  bound = len(text)
   for m in reversed(list(_BOX.finditer(text))):
     end = m.end()
     if end < len(text) and text[end] == '{':
-      inner = braced(text, end)
-      if inner is not None and inner.strip():
+      inner = braced(text, end, bound - end)
+      if inner is None:
+        bound = end
+      elif inner.strip():
         return inner.strip(), 'boxed'
     else:  # `\boxed 5`
-      token = re.match(r'[^\s$]+', text[end:])
+      token = _TOKEN.match(text, end)
       if token:
         return token.group(0), 'boxed'
   for m in reversed(list(_ANSWER_PHRASE.finditer(text))):
-    answer = _unwrap(text[m.end():].split('\n', 1)[0])
+    line_end = text.find('\n', m.end())
+    answer = _unwrap(text[m.end():line_end if line_end >= 0 else len(text)])
     if answer:
       return answer[:_MAX_ANSWER_CHARS], 'answer phrase'
   return None, 'none'

@@ -8,8 +8,10 @@ and "B is correct" / "Option B is the correct answer". The last of them that
 names anything decides. Without one, the final non-empty line decides: a
 line that is only a letter (`B`, `(B)`, `**B**`, `B.`, `Option B`), a line
 that starts with one (`B) text`, `B. text`), or marks in it (`(B)`,
-`**B**`, `Option B`). With `options`, a statement (or final line) that is
-exactly one option's text, after normalisation, names that option.
+`**B**`, `Option B`); of a final line longer than `_MAX_STATEMENT_CHARS`,
+the first characters are read for a leading letter and the last for marks.
+With `options`, a statement (or final line) that is exactly one option's
+text, after normalisation, names that option.
 
 Fails closed: a statement naming several different letters ("either A or C",
 "A, but it could also be C"), a negated one ("the answer is not B"), a
@@ -60,18 +62,20 @@ _LATEX_WRAP = re.compile(r'\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|bf)
 _LATEX_DELIM = re.compile(r'\\[()\[\]]|\$')
 _NEGATED = re.compile(r'[\s*_:："\'`]*(?i:not|never)\b')
 _JUNK = r'[\s*_:："\'`{(\[]*'
+# After a letter: no letter or digit of any script follows ('São Paulo' is no letter S).
+_ALONE = r'(?![^\W_])'
 # The letter a statement starts with (after formatting and filler words).
 _LEAD = re.compile(
     rf'{_JUNK}(?:(?i:either|option|choice|letter|therefore|thus|clearly|indeed)\b{_JUNK})*'
-    r'([A-Za-z])(?![A-Za-z0-9])')
+    rf'([A-Za-z]){_ALONE}')
 # Further letters of a list: "A or C", "A, C", "A and C", "A/C".
 _MORE = re.compile(
     r'[\s*_)\]}"\'`.]*(?:,|/|&|\+|(?i:\bor\b|\band\b))'
-    rf'{_JUNK}(?:(?i:option|choice|letter)\b{_JUNK})?([A-Za-z])(?![A-Za-z0-9])')
+    rf'{_JUNK}(?:(?i:option|choice|letter)\b{_JUNK})?([A-Za-z]){_ALONE}')
 # Hedges later in the statement: "A, but it could also be C", "B or possibly D".
 _HEDGE = re.compile(
     r'(?i:\b(?:or|also|maybe|perhaps|possibly)\b)\s+(?:(?i:be|option|choice)\s+)*'
-    r'[(\[]?([A-Z])(?![A-Za-z0-9])')
+    rf'[(\[]?([A-Z]){_ALONE}')
 # What follows a letter that makes it a word or a variable, not an answer.
 _WORD_AFTER = re.compile(r'[ \t]+([A-Za-z][A-Za-z\'’-]*)')
 _VARIABLE_AFTER = re.compile(r'\s*[=<>^_]')
@@ -81,7 +85,7 @@ _CONNECTORS = frozenset(
 # Marks anywhere in a line: "(B)", "**B**", "[B]", "Option B".
 _MARKS = re.compile(
     r'(?<![\w\\])\(([A-Z])\)|(?<![\w\\])\[([A-Z])\]|\*\*\s*[(\[]?([A-Z])[)\]]?\s*[.:]?\s*\*\*'
-    r'|(?i:\b(?:option|choice))\s+[(\[]?([A-Z])(?![A-Za-z0-9])')
+    rf'|(?i:\b(?:option|choice))\s+[(\[]?([A-Z]){_ALONE}')
 # A final line that is only a letter: "B", "(B)", "**B**", "B.", "Option B".
 _ONLY_LETTER = re.compile(r'[\W_]*(?:(?i:option|choice)\s*)?[(\[]?([A-Za-z])[)\]]?[\W_]*')
 # A final line starting with a letter and a delimiter: "B) 42 m/s", "B. Paris", "(B) Paris".
@@ -95,7 +99,7 @@ def normalize_option(text: str) -> str:
   """An option's text for exact comparison: case, markup and surrounding punctuation dropped."""
   t = unicodedata.normalize('NFKC', _LATEX_DELIM.sub(' ', _LATEX_WRAP.sub('', text)))
   t = ' '.join(t.replace('*', ' ').replace('`', ' ').replace('}', ' ').lower().split())
-  return t.strip(' .,;:!?"\'')
+  return t.strip(' .,;:!?"\'_')   # '_' only at the ends: '__Paris__' is markup, 'x_1' is not.
 
 
 def _option_named(text: str, options: list[str] | None) -> int | None:
@@ -198,12 +202,20 @@ def extract_choice(text: str, options: list[str] | None = None) -> tuple[str | N
     'answer phrase', 'letter is correct', 'final line' or 'none'; the letter
     is upper case and None when nothing, or several letters, are named.
   """
+  scan_starts_line = len(text) <= _MAX_SCAN_CHARS or text[-_MAX_SCAN_CHARS - 1] == '\n'
   text = text[-_MAX_SCAN_CHARS:]
-  lines = [line for line in text.rstrip()[-_MAX_STATEMENT_CHARS:].split('\n') if line.strip()]
+  tail = text.rstrip()
+  lines = [line for line in tail[-_MAX_STATEMENT_CHARS:].split('\n') if line.strip()]
   if not lines:
     return None, 'none', 'empty answer'
   last = lines[-1]
-  m = _ONLY_LETTER.fullmatch(last)
+  # `last` is the final line's end. Its start is read only where it really is: a longer line
+  # cut inside has none ("...here. Both" cut at "e. Both" is no letter E), and neither has a
+  # line that starts before the scanned text.
+  line_start = tail.rfind('\n') + 1
+  known_start = line_start > 0 or scan_starts_line
+  whole = known_start and not tail[line_start:len(tail) - len(last)].strip()
+  m = _ONLY_LETTER.fullmatch(last) if whole else None
   if m:   # A final line that is only a letter is the last statement.
     return m.group(1).upper(), 'final line', ''
   for _, kind, content in reversed(_statements(text)):
@@ -212,7 +224,10 @@ def extract_choice(text: str, options: list[str] | None = None) -> tuple[str | N
       return None, kind, f'the final statement is unclear ({note})'
     if letters:
       return _one(letters, kind)
-  m = _LINE_START.match(last)
+  if whole:
+    m = _LINE_START.match(last)
+  else:   # The line's first characters, where it starts in the scanned text.
+    m = known_start and _LINE_START.match(tail, line_start, line_start + _MAX_STATEMENT_CHARS)
   if m:
     named = _option_named(m.group(2), options)
     if named is not None and _LETTERS[named] != m.group(1).upper():

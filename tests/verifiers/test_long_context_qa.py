@@ -1,5 +1,6 @@
 """Long-context QA verifier: SQuAD normalisation, token F1, exact match and containment, by hand."""
 
+import json
 import time
 
 import pytest
@@ -15,6 +16,9 @@ S = verifiers.Sample
     ('  an   apple,  a pear  ', 'apple pear'),
     ("Newton's “laws” — three", 'newtons laws three'),
     ('state-of-the-art', 'stateoftheart'),
+    # Letters of any script stay; only punctuation goes.
+    ('Zürich, «Schweiz»', 'zürich schweiz'),
+    ('北京。', '北京'),
     ('Theatre and another', 'theatre and another'),
     ('', ''),
 ])
@@ -46,6 +50,27 @@ def test_metrics_by_hand(answer, references, metric, value):
   assert lcqa.score(answer, references, metric)[0] == pytest.approx(value)
 
 
+@pytest.mark.parametrize('answer, reference, value', [
+    ('', '', 1.0), ('', 'paris', 0.0), ('paris', '', 0.0), ('paris', 'paris', 1.0),
+])
+def test_f1_of_empty_strings(answer, reference, value):
+  assert lcqa.f1(answer, reference) == value
+
+
+def test_non_ascii_letters_count():
+  assert lcqa.score('Zärich', ['Zürich'], 'exact')[0] == 0.0
+  assert lcqa.score('Zürich', ['Zürich'], 'exact')[0] == 1.0
+
+
+def test_record_metric_as_read_from_jsonl():
+  # Strings read from a file are not the verifier's literals: compared by value, not identity.
+  records = json.loads(json.dumps([{'answer': 'Paris', 'metric': m} for m in lcqa.METRICS]))
+  with verifiers.get('long_context_qa', metric='contains') as v:
+    r = v.score([S('q', 'In Paris, France.', md) for md in records])
+  assert [x.reward for x in r] == [0.5, 0.0, 1.0]
+  assert [x.info['metric'] for x in r] == list(lcqa.METRICS)
+
+
 def test_verifier_scores_after_thinking_and_reports():
   with verifiers.get('long_context_qa') as v:
     r = v.score([
@@ -71,6 +96,16 @@ def test_metric_option_and_answer_cap():
   assert r[1].info['cut'] == 'scored the first 20 characters'
   with pytest.raises(ValueError, match='metric must be one of'):
     verifiers.get('long_context_qa', metric='rouge')
+
+
+def test_answer_cap_bounds():
+  with verifiers.get('long_context_qa', metric='exact', max_answer_chars=1) as v:
+    r = v.score([S('q', 'x y', {'answer': 'x y'}), S('q', 'y', {'answer': 'y'})])
+  assert [x.reward for x in r] == [0.0, 1.0]
+  assert r[0].info['cut'] == 'scored the first 1 characters' and 'cut' not in r[1].info
+  for bad in (0, -1):
+    with pytest.raises(ValueError, match='max_answer_chars must be >= 1'):
+      verifiers.get('long_context_qa', max_answer_chars=bad)
 
 
 def test_megabyte_answer_is_cut_and_fast():

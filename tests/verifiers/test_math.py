@@ -22,10 +22,56 @@ S = verifiers.Sample
     ('Answer: x = 2\nsome trailing remark', 'x = 2', 'answer phrase'),
     ('I think the answer is 3. No wait, the answer is \\(4\\).', '4', 'answer phrase'),
     (r'unbalanced \boxed{1 + {2}', None, 'none'),
+    # A group that never closes: an earlier one may still close before it.
+    (r'\boxed{a} then \boxed{', 'a', 'boxed'),
+    (r'\boxed{\frac{1}{2}} then \boxed{3 + {4}', r'\frac{1}{2}', 'boxed'),
+    (r'\boxed{a \boxed{b} c', 'b', 'boxed'),
+    (r'\boxed{1 + \boxed{2 + {3}', None, 'none'),
+    # An empty group is skipped, and an earlier group may hold it.
+    (r'\boxed{1} \boxed{ }', '1', 'boxed'),
+    (r'\boxed{a {\boxed{} b}}', r'a {\boxed{} b}', 'boxed'),
+    (r'\boxed 5$ then \boxed$', '5', 'boxed'),
+    ('Answer   :  12', '12', 'answer phrase'),
+    ('The answer is 7.\nthe answer is.\n**Answer:**', '7', 'answer phrase'),
     ('no answer at all', None, 'none'),
 ])
 def test_extract_answer(text, answer, how):
   assert math_verifier.extract_answer(text) == (answer, how)
+
+
+@pytest.mark.parametrize('text, start, limit, inner', [
+    (r'\boxed{1}', 6, None, '1'),
+    ('x{a{b}c}y', 1, None, 'a{b}c'),
+    ('xx{a{b}c}y', 2, None, 'a{b}c'),
+    (r'{\}}', 0, None, r'\}'),
+    (r'{B\,}', 0, None, r'B\,'),
+    ('{Zürich}', 0, None, 'Zürich'),
+    ('{' + 'a' * 5000 + '}', 0, None, 'a' * 5000),
+    ('{1 + {2}', 0, None, None),
+    ('{\\', 0, None, None),
+    ('{a\\', 0, None, None),
+    # With a limit, the group must close within `limit` characters from `start`.
+    ('{ab}', 0, 4, 'ab'),
+    ('{abc}', 0, 4, None),
+    ('xyz{ab}', 3, 4, 'ab'),
+    ('xyz{abc}', 3, 4, None),
+    ('xyz{ab\\}}', 3, 4, None),
+])
+def test_braced(text, start, limit, inner):
+  assert math_verifier.braced(text, start, limit) == inner
+
+
+@pytest.mark.parametrize('text, answer', [
+    ('\\boxed{' * 150_000, None),
+    ('\\boxed{1}' + '\\boxed{' * 150_000, '1'),
+    ('\\boxed$' * 150_000, None),
+    ('The answer is 7.\n' + 'the answer is.\n' * 70_000, '7'),
+    ('answer' + ' ' * 1_000_000 + 'x', None),
+])
+def test_hostile_megabyte_answers_extract_fast(text, answer):
+  start = time.perf_counter()
+  assert math_verifier.extract_answer(text)[0] == answer
+  assert time.perf_counter() - start < 1.0
 
 
 @pytest.fixture(scope='module')

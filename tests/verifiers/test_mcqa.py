@@ -31,9 +31,24 @@ CASES = [
     ('(A) fails the units check, so B is correct.', 'B', 1.0, 'letter is correct'),
     ('The answer is B, not A.', 'B', 1.0, 'answer phrase'),
     ('Answer: 42 m/s (B)', 'B', 1.0, 'answer phrase'),
+    ('After checking the units, A is correct.', 'A', 1.0, 'letter is correct'),
+    ('The answer is B and I am confident about it.', 'B', 1.0, 'answer phrase'),
+    ('The answer is B, though maybe I am missing something.', 'B', 1.0, 'answer phrase'),
+    ('The final answer is B, or (B) in the original labels.', 'B', 1.0, 'answer phrase'),
+    (r'\boxed{Paris}', 'B', 1.0, 'boxed'),
+    (r'$\boxed{B\,}$', 'B', 1.0, 'boxed'),
+    # A statement is the rest of its line (the next line after a bare "Answer:").
+    ('Answer: B\n\nIt could also be C, but C fails the units check.', 'B', 1.0, 'answer phrase'),
+    ('Answer:\n\nD, since it is the heaviest.\nIt could also be C, but C fails the units check.',
+     'D', 1.0, 'answer phrase'),
+    # A box cut off by the end of the answer is skipped.
+    ('Answer: B\n\\boxed{x\\', 'B', 1.0, 'answer phrase'),
+    ('I tried \\boxed{\\frac{1}{2} but it never closes.\nThe answer is C.', 'C', 1.0,
+     'answer phrase'),
     # The last statement decides.
     ('At first I thought the answer is A. On reflection, the answer is C.', 'C', 1.0, None),
     ('The answer is C.', 'B', 0.0, 'answer phrase'),
+    ('The answer is A.', 'B', 0.0, 'answer phrase'),
     (r'\boxed{A} ... no, wait: \boxed{D}', 'D', 1.0, 'boxed'),
     ('Answer: B\n\nI hope this helps!', 'B', 1.0, 'answer phrase'),
     # Final-line forms.
@@ -47,8 +62,12 @@ CASES = [
     ('Reasoning about each city.\nB) Paris', 'B', 1.0, 'final line'),
     ('(A) is wrong.\n(B) is right.\n(C) is wrong.\n\n**C**', 'C', 1.0, 'final line'),
     ('Hence (B).', 'B', 1.0, 'final line'),
+    ('Reasoning about each city.\nB) the capital of France', 'B', 1.0, 'final line'),
+    ('Both reach the ground together. ' * 15 + 'Hence (B).', 'B', 1.0, 'final line'),
     # The option's text.
     ('The answer is Paris.', 'B', 1.0, 'answer phrase'),
+    ('The answer is __Paris__.', 'B', 1.0, 'answer phrase'),
+    ('_Paris_', 'B', 1.0, 'final line'),
     ('paris', 'B', 1.0, 'final line'),
     ('The answer is Paris, the city of light.', 'B', 0.0, 'none'),
     # Unclear: several letters, hedging, negation, letter against text.
@@ -58,6 +77,9 @@ CASES = [
     (r'\boxed{A, C}', 'A', 0.0, 'boxed'),
     ('The answer is not B.', 'B', 0.0, 'answer phrase'),
     ('the correct answer is B: Berlin', 'B', 0.0, 'answer phrase'),
+    ('The correct answer is C: Paris', 'C', 0.0, 'answer phrase'),
+    ('Reasoning about each city.\nA) Paris', 'A', 0.0, 'final line'),
+    ('Reasoning about each city.\nC) Paris', 'C', 0.0, 'final line'),
     ('Both (A) and (C) look plausible.', 'A', 0.0, 'final line'),
     # Prose, not letters.
     ('A car travels 60 km in one hour, so its speed is 60 km/h.', 'A', 0.0, 'none'),
@@ -111,21 +133,98 @@ def test_option_text_needs_options_and_a_unique_match():
   assert mcqa.extract_choice('Paris', ['Paris', 'paris.', 'Rome'])[0] is None
 
 
+def test_a_letter_before_a_letter_of_any_script_is_a_word():
+  cities = ['Rio de Janeiro', 'São Paulo', 'Zürich']
+  assert mcqa.extract_choice('The answer is São Paulo.', cities) == ('B', 'answer phrase', '')
+  assert mcqa.extract_choice(r'\boxed{Zürich}', cities) == ('C', 'boxed', '')
+  assert mcqa.extract_choice('The answer is A, or perhaps Zürich.', cities)[0] == 'A'
+  assert mcqa.extract_choice('I would pick the option Zürich here.')[0] is None
+  assert mcqa.extract_choice("The answer is Gödel's theorem.")[0] is None
+
+
+# A line of 400 characters ending "... neither is faster." that starts "e. Both": the tail
+# of "...ignore air resistance here. Both ..." where a final line is cut.
+_CUT_AT_E = ('e. ' + 'Both reach the ground together, so neither is faster. ' * 8)[:399] + '.'
+
+
+def test_a_long_final_line_is_read_from_where_it_starts():
+  assert len(_CUT_AT_E) == mcqa._MAX_STATEMENT_CHARS
+  # Whole, the line starts with the letter E; cut out of a longer line it does not.
+  assert mcqa.extract_choice('Thinking.\n' + _CUT_AT_E)[0] == 'E'
+  assert mcqa.extract_choice(_CUT_AT_E)[0] == 'E'
+  assert mcqa.extract_choice('We ignore air resistance her' + _CUT_AT_E)[0] is None
+  assert mcqa.extract_choice('y' * len(_CUT_AT_E) + _CUT_AT_E)[0] is None
+  # A long line's own start is read; blanks before its end do not cut it.
+  assert mcqa.extract_choice('B. ' + _CUT_AT_E) == ('B', 'final line', '')
+  assert mcqa.extract_choice(' ' * 500 + 'B) Paris') == ('B', 'final line', '')
+  # Where the scanned text starts inside the line, its start is not read at all.
+  scan = mcqa._MAX_SCAN_CHARS
+  assert mcqa.extract_choice('x' * scan + _CUT_AT_E + ' ' * (scan - 400))[0] is None
+  assert mcqa.extract_choice('x' * scan + '\t' + _CUT_AT_E + ' ' * (scan - 400))[0] is None
+  assert mcqa.extract_choice('B) ' + 'x ' * (scan // 2))[0] is None
+  assert mcqa.extract_choice('x' * scan + '\n' + _CUT_AT_E + ' ' * (scan - 400))[0] == 'E'
+  assert mcqa.extract_choice('x' * scan + '\n' + _CUT_AT_E + ' ' * (scan - 401))[0] == 'E'
+
+
+_N = mcqa._MAX_STATEMENT_CHARS
+
+
+@pytest.mark.parametrize('answer, letter', [
+    ('Answer: B\n\nIt could also be C, but C fails the units check.', 'B'),
+    ('Answer:\n\nD, since it is the heaviest.\nIt could also be C, but C fails the units check.',
+     'D'),
+    (r'\boxed{Paris}', 'B'),
+    # A box longer than a statement is skipped.
+    ('The answer is C.\n\\boxed{B' + ' ' * (_N + 50) + '}', 'C'),
+    # A statement's last character is read; the one after it is not.
+    ('The answer is' + ' ' * (_N - 1) + 'B because it is heavier.', 'B'),
+    ('The answer is either' + ' ' * (_N - 8) + 'B', 'B'),
+    ('The answer is' + ' ' * _N + 'B because it is heavier.', None),
+])
+def test_a_statement_reads_the_same_anywhere_in_the_answer(answer, letter):
+  for n in range(520):
+    assert mcqa.extract_choice('x' * n + '\n' + answer, OPTIONS)[0] == letter, n
+
+
+def test_only_the_last_statements_and_characters_are_read():
+  filler = 'The answer is what we check next.\n'
+  assert mcqa.extract_choice('Answer: B.\n' + filler * (mcqa._MAX_STATEMENTS - 1))[0] == 'B'
+  assert mcqa.extract_choice('Answer: B.\n' + filler * mcqa._MAX_STATEMENTS)[0] is None
+  scan = mcqa._MAX_SCAN_CHARS
+  assert mcqa.extract_choice('Answer: B\n' + 'x' * (scan - 10))[0] == 'B'
+  assert mcqa.extract_choice('Answer: B\n' + 'x' * (scan - 9))[0] is None
+  # Blanks before a letter do not cut its line.
+  assert mcqa.extract_choice('B'.rjust(scan)) == ('B', 'final line', '')
+
+
+def test_scanned_is_reported_past_the_limit(verifier):
+  scan = mcqa._MAX_SCAN_CHARS
+  r = verifier.score([S('q', 'x' * (scan - 2) + '\nB', {'answer': 'B'}),
+                      S('q', 'x' * (scan - 1) + '\nB', {'answer': 'B'})])
+  assert [x.reward for x in r] == [1.0, 1.0], [x.info for x in r]
+  assert 'scanned' not in r[0].info
+  assert r[1].info['scanned'] == f'the last {scan} characters'
+
+
 @pytest.mark.parametrize('metadata, message', [
     ({}, r"metadata\['answer'\] is missing"),
     ({'answer': 2}, r"metadata\['answer'\] must be str"),
     ({'answer': 'b'}, r'metadata\["answer"\] must be one letter A-Z'),
+    ({'answer': ''}, r'metadata\["answer"\] must be one letter A-Z'),
     ({'answer': 'AB'}, r'metadata\["answer"\] must be one letter A-Z'),
     ({'answer': 'B', 'options': 'A or B'}, r"metadata\['options'\] must be list"),
     ({'answer': 'B', 'options': ['x']}, r'metadata\["options"\] must have 2 to 26 entries'),
+    ({'answer': 'B', 'options': ['x'] * 27}, r'metadata\["options"\] must have 2 to 26 entries'),
     ({'answer': 'B', 'options': ['x', 3]}, r'metadata\["options"\]\[1\] must be str'),
     ({'answer': 'D', 'options': ['x', 'y', 'z']}, r'metadata\["answer"\] \'D\' has no option'),
+    ({'answer': 'E', 'options': ['x', 'y', 'z']}, r'metadata\["answer"\] \'E\' has no option'),
 ])
 def test_validate_names_the_field(metadata, message):
   with pytest.raises(ValueError, match=r'^data/mcqa.jsonl:3: ' + message):
     verifiers.validate('mcqa', metadata, 'data/mcqa.jsonl:3')
   verifiers.validate('mcqa', {'answer': 'C', 'options': OPTIONS}, 'x')
   verifiers.validate('mcqa', {'answer': 'Z'}, 'x')
+  verifiers.validate('mcqa', {'answer': 'Z', 'options': [str(i) for i in range(26)]}, 'x')
 
 
 @pytest.mark.parametrize('text', [

@@ -17,7 +17,12 @@ SCHEMA = {'type': 'object', 'properties': {'name': {'type': 'string'},
     ('Result: {"a": "}"} and more {"b": 2}', True, {'a': '}'}, 'inline'),
     ('{broken {"ok": true}', True, {'ok': True}, 'inline'),
     (' 42 ', True, 42, 'whole answer'),
+    # More leading whitespace than value: the scalar still parses from after it.
+    ('\n \n 7', True, 7, 'whole answer'),
+    ('```\n\n\n\n1\n```', True, 1, 'fenced block'),
     ('no json', False, None, 'none'),
+    ('', False, None, 'none'),
+    (' \n\t ', False, None, 'none'),
 ])
 def test_extract_json(text, found, value, where):
   assert structured.extract_json(text) == (found, value, where)
@@ -54,3 +59,26 @@ def test_nan_scores_zero_against_a_number_schema():
                  S('p', '{"x": 1.5}', {'schema': {'type': 'object',
                                                   'properties': {'x': {'type': 'number'}}}})])
   assert [x.reward for x in r] == [0.0, 1.0]
+
+
+def test_valid_metadata_passes_the_load_time_check():
+  verifiers.validate('structured', {'schema': SCHEMA}, 'data/s.jsonl:1')
+  verifiers.validate('structured', {'schema': True}, 'data/s.jsonl:2')
+
+
+@pytest.mark.parametrize('schema, why', [
+    ({'type': 'nonsense'}, 'is not a valid JSON Schema'),
+    ({'minimum': 'zero'}, 'is not a valid JSON Schema'),
+    ({'const': {1, 2}}, 'is not JSON-serialisable'),
+    ({'enum': [object()]}, 'is not JSON-serialisable'),
+])
+def test_bad_schema_is_a_value_error_naming_the_record(schema, why):
+  with pytest.raises(ValueError, match=f'^data/s.jsonl:3: metadata\\["schema"\\] {why}'):
+    verifiers.validate('structured', {'schema': schema}, 'data/s.jsonl:3')
+
+
+def test_circular_schema_is_a_value_error_naming_the_record():
+  schema = {'type': 'object'}
+  schema['properties'] = {'self': schema}
+  with pytest.raises(ValueError, match='^data/s.jsonl:4: .*not JSON-serialisable: Circular'):
+    verifiers.validate('structured', {'schema': schema}, 'data/s.jsonl:4')
