@@ -22,7 +22,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_every_kind_declares_its_config_runner_and_training_pieces():
-  assert set(kinds.KINDS) == {'sft', 'reward_model', 'grpo', 'mopd', 'eval', 'dpo'}
+  assert set(kinds.KINDS) == {'sft', 'reward_model', 'grpo', 'mopd', 'eval', 'dpo', 'agentic'}
   for name, kind in kinds.KINDS.items():
     assert kind.name == name and issubclass(kind.config, base.StageConfig)
     trains = kind.config.MODEL is not None

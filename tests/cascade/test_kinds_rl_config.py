@@ -203,7 +203,7 @@ def test_sampler_call_and_train_batch_sizes_follow_the_longest_phase():
                    microbatches=2, phases=[dict(until_step=2, max_response_len=6),
                                            dict(until_step=6, max_response_len=12)]))
   assert rl.sampler_sizes(st) == dict(rows=8, prompt_len=10, max_new_tokens=12, top_p=0.9,
-                                      top_k=7)
+                                      top_k=7, num_samples=2)
   mesh = jax.make_mesh((1, 1, 1), ('data', 'fsdp', 'tensor'),
                        axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=jax.devices()[:1])
   batch, what = rl.abstract_batch(st, mesh, None, teacher_index=('row', 'int32'),

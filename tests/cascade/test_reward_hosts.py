@@ -192,7 +192,7 @@ def test_verifier_set_marks_the_verifiers_that_hold_a_reward_model_collective():
   from cascade import verifier_set  # pylint: disable=g-import-not-at-top
   dom = lambda verifier, rm='', eval_verifier=None: types.SimpleNamespace(
       verifier=verifier, verifier_options={}, eval_verifier=eval_verifier or verifier,
-      eval_verifier_options={}, reward_model_stage=rm)
+      eval_verifier_options={}, reward_model_stage=rm, agentic=False)
   plan = types.SimpleNamespace(
       domains={'chat': dom('reward_model', 'rm', 'math'), 'math': dom('math'),
                'if': dom('instruction_following', 'rm')},
