@@ -179,6 +179,8 @@ _N = mcqa._MAX_STATEMENT_CHARS
     # A statement's last character is read; the one after it is not.
     ('The answer is' + ' ' * (_N - 1) + 'B because it is heavier.', 'B'),
     ('The answer is either' + ' ' * (_N - 8) + 'B', 'B'),
+    # A long final line is read from its start.
+    ('B. ' + _CUT_AT_E, 'B'),
     ('The answer is' + ' ' * _N + 'B because it is heavier.', None),
 ])
 def test_a_statement_reads_the_same_anywhere_in_the_answer(answer, letter):
