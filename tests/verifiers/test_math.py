@@ -32,6 +32,11 @@ S = verifiers.Sample
     (r'\boxed{a {\boxed{} b}}', r'a {\boxed{} b}', 'boxed'),
     (r'\boxed 5$ then \boxed$', '5', 'boxed'),
     ('Answer   :  12', '12', 'answer phrase'),
+    # A box cut off at the very end of a long answer.
+    ('x' * 300 + ' The answer is 5.\n\\boxed', '5', 'answer phrase'),
+    # Delimiters around nothing are kept (and the answer is then not parsable).
+    ('The answer is 5.\nThe answer is $$.', '$$', 'answer phrase'),
+    ('The answer is $2 + 3', '$2 + 3', 'answer phrase'),
     ('The answer is 7.\nthe answer is.\n**Answer:**', '7', 'answer phrase'),
     ('no answer at all', None, 'none'),
 ])
@@ -96,6 +101,8 @@ CASES = [
     ('The answer is 12.', 12, 1.0),
     ('The answer is 13.', 12, 0.0),
     (r'\boxed{3.14}', 3.14, 1.0),
+    ('The answer is $$.', '1', 0.0),
+    (r'\boxed{1}', '$$', 0.0),
     ('no final answer', '1', 0.0),
     (r'<think>\boxed{1} but I never stop', '1', 0.0),
 ]
@@ -106,7 +113,31 @@ def test_equivalence_batch(verifier):
   assert [r.reward for r in results] == [r for _, _, r in CASES], [r.info for r in results]
   assert results[0].info['found_by'] == 'boxed' and results[0].info['gold'] == '1/2'
   assert 'no final answer' in results[-2].info['reason']
+  assert [r.info['reason'] for r in results[1:3]] == ['equivalent'] * 2
+  assert results[6].info['reason'] == 'not equivalent'
+  assert results[-4].info['reason'] == 'answer not parsable'
+  assert results[-3].info['reason'] == 'gold answer not parsable'
   assert results[-1].info['thinking'] == 'unfinished'
+
+
+@pytest.mark.parametrize('answer, latex', [
+    ('5', '$5$'), (r'\frac{1}{2}', r'$\frac{1}{2}$'), ('$5$', '$5$'), (r'\(5\) or $6$', r'\(5\) or $6$'),
+    (r'\boxed{5}', r'\boxed{5}'),
+])
+def test_gold_and_answers_are_parsed_as_latex(answer, latex):
+  assert math_verifier._as_latex(answer) == latex
+
+
+@pytest.mark.parametrize('metadata, message', [
+    ({}, r"metadata\['answer'\] is missing"),
+    ({'answer': [1]}, r"metadata\['answer'\] must be"),
+    ({'answer': ' '}, r'metadata\["answer"\] is empty'),
+])
+def test_validate_names_the_field(metadata, message):
+  with pytest.raises(ValueError, match=r'^rl/math.jsonl:2: ' + message):
+    verifiers.validate('math', metadata, 'rl/math.jsonl:2')
+  for answer in ('1/2', 3, 0.5):
+    verifiers.validate('math', {'answer': answer}, 'x')
 
 
 def test_a_stuck_sample_times_out_without_blocking_the_batch():
