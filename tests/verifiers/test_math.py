@@ -37,6 +37,10 @@ S = verifiers.Sample
     # Delimiters around nothing are kept (and the answer is then not parsable).
     ('The answer is 5.\nThe answer is $$.', '$$', 'answer phrase'),
     ('The answer is $2 + 3', '$2 + 3', 'answer phrase'),
+    ('Working it out.\n**Answer:** 3/4', '3/4', 'answer phrase'),
+    (r'The area is \boxed π', 'π', 'boxed'),
+    # Markup and delimiters nested three deep.
+    (r'The answer is \[*\[*5*\]*\].', '5', 'answer phrase'),
     ('The answer is 7.\nthe answer is.\n**Answer:**', '7', 'answer phrase'),
     ('no answer at all', None, 'none'),
 ])
