@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import posixpath
 from typing import Any, Mapping, Sequence
 
@@ -317,12 +316,7 @@ class SweAgentEnv(base.Environment):
     if isolation not in sandbox_lib.ISOLATIONS:
       raise ValueError(f'{self.name}: isolation must be one of {sandbox_lib.ISOLATIONS}, '
                        f'got {isolation!r}')
-    if workers is None:
-      workers = min(2, os.cpu_count() or 1)
-    if workers < 1:
-      raise ValueError(f'{self.name}: workers must be >= 1, got {workers}')
-    if not timeout_s > 0:
-      raise ValueError(f'{self.name}: timeout_s must be > 0, got {timeout_s}')
+    workers, timeout_s = verifiers_base.pool_options(self.name, workers, timeout_s)
     if memory_mb < 64:
       raise ValueError(f'{self.name}: memory_mb must be >= 64, got {memory_mb}')
     self.isolation = isolation

@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import ast
 import fractions
-import os
 import re
 from typing import Any, Mapping, Sequence
 
 import verifiers
 from envs import base
+from verifiers import base as verifiers_base
 from verifiers import sandbox as sandbox_lib
 
 TOOL_NAMES = ('calculator', 'lookup', 'python')
@@ -304,12 +304,8 @@ class ToolUseEnv(base.Environment):
     if isolation not in sandbox_lib.ISOLATIONS:
       raise ValueError(f'{self.name}: isolation must be one of {sandbox_lib.ISOLATIONS}, '
                        f'got {isolation!r}')
-    if workers is not None and workers < 1:
-      raise ValueError(f'{self.name}: workers must be >= 1, got {workers}')
-    if not timeout_s > 0:
-      raise ValueError(f'{self.name}: timeout_s must be > 0, got {timeout_s}')
-    self.timeout_s = float(timeout_s)
-    self._sandbox_options = dict(workers=workers or min(2, os.cpu_count() or 1),
+    workers, self.timeout_s = verifiers_base.pool_options(self.name, workers, timeout_s)
+    self._sandbox_options = dict(workers=workers,
                                  isolation=isolation, bwrap=bwrap, memory_mb=memory_mb, nproc=nproc,
                                  fsize_mb=fsize_mb, tmpfs_mb=tmpfs_mb)
     self._sandbox: sandbox_lib.Sandbox | None = None

@@ -108,6 +108,18 @@ def worker_popen(spec: str, index: int = 0) -> subprocess.Popen:
                           **pool_lib.popen_kwargs())
 
 
+def pool_options(owner: str, workers: int | None, timeout_s: float) -> tuple[int, float]:
+  """(workers, timeout_s) checked: workers default min(2, cpu count) and must be >= 1, the
+  timeout > 0; errors name `owner`."""
+  if workers is None:
+    workers = min(2, os.cpu_count() or 1)
+  if workers < 1:
+    raise ValueError(f'{owner}: workers must be >= 1, got {workers}')
+  if not timeout_s > 0:
+    raise ValueError(f'{owner}: timeout_s must be > 0, got {timeout_s}')
+  return int(workers), float(timeout_s)
+
+
 class Verifier:
   """Base class; see the module docstring.
 
@@ -130,15 +142,8 @@ class Verifier:
       workers: worker processes (default min(2, cpu count)).
       timeout_s: wall-clock limit per sample, in seconds.
     """
-    if workers is None:
-      workers = min(2, os.cpu_count() or 1)
-    if workers < 1:
-      raise ValueError(f'{self.name}: workers must be >= 1, got {workers}')
-    if not timeout_s > 0:
-      raise ValueError(f'{self.name}: timeout_s must be > 0, got {timeout_s}')
+    self.workers, self.timeout_s = pool_options(self.name, workers, timeout_s)
     self.thinking_unfinished_reward = thinking_unfinished_reward
-    self.workers = int(workers)
-    self.timeout_s = float(timeout_s)
     self._pool = None
 
   @property

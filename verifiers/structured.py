@@ -68,19 +68,12 @@ def extract_json(text: str) -> tuple[bool, Any, str]:
     return False, None, 'none'
 
 
-@functools.lru_cache(maxsize=256)
-def _validator(schema_json: str):
-  import jsonschema  # pylint: disable=g-import-not-at-top
-  schema = json.loads(schema_json)
-  return jsonschema.validators.validator_for(schema)(schema)
-
-
 def work(payload: dict) -> dict:
   """Worker side: extract and validate one answer."""
   found, value, where = extract_json(payload['answer'])
   if not found:
     return {'reward': 0.0, 'info': {'reason': 'no JSON value in the answer'}}
-  error = next(iter(_validator(payload['schema']).iter_errors(value)), None)
+  error = next(iter(validator(payload['schema']).iter_errors(value)), None)
   if error is not None:
     path = '/'.join(str(p) for p in error.absolute_path) or '(root)'
     return {'reward': 0.0, 'info': {'reason': f'schema violation at {path}: {error.message[:300]}',

@@ -163,6 +163,14 @@ def score_on_hosts(ros, verifiers_of_host, sample_cls):
   from cascade import rollout  # pylint: disable=g-import-not-at-top
   count = len(verifiers_of_host)
   ros = ros if isinstance(ros, list) else [ros] * count
+  return on_hosts(count, lambda hosts: rollout.score(
+      ros[hosts.index], verifiers_of_host[hosts.index].__getitem__, sample_cls, hosts=hosts))
+
+
+def on_hosts(count, run):
+  """run(hosts) on `count` simulated hosts (threads) sharing an in-memory exchange; host ->
+  its result, or the exception it raised. A host still waiting after 60 s fails the test."""
+  from cascade import rollout  # pylint: disable=g-import-not-at-top
   payloads, out = [None] * count, {}
   barrier = threading.Barrier(count, timeout=20)
 
@@ -174,8 +182,7 @@ def score_on_hosts(ros, verifiers_of_host, sample_cls):
       barrier.wait()
       return got
     try:
-      out[h] = rollout.score(ros[h], verifiers_of_host[h].__getitem__, sample_cls,
-                             hosts=rollout.Hosts(h, count, exchange))
+      out[h] = run(rollout.Hosts(h, count, exchange))
     except Exception as e:  # pylint: disable=broad-except
       out[h] = e
 
@@ -194,4 +201,4 @@ def fakes():
   return types.SimpleNamespace(CharTokenizer=CharTokenizer, OwnAnswerSampler=OwnAnswerSampler,
                                ValueVerifier=ValueVerifier, Sample=Sample, record=record,
                                toy_config=toy_config, rl_stage=rl_stage, SFT_STAGE=SFT_STAGE,
-                               score_on_hosts=score_on_hosts)
+                               score_on_hosts=score_on_hosts, on_hosts=on_hosts)

@@ -437,34 +437,6 @@ def test_readmes_environment_example_runs_an_episode():
   assert ep.tool_errors == 1 and s.messages[0]['content'].startswith('error: roll: seed')
 
 
-def _on_hosts(count, run):
-  """run(hosts) on `count` simulated hosts (threads) sharing an in-memory exchange."""
-  import threading  # pylint: disable=g-import-not-at-top
-  from cascade import rollout  # pylint: disable=g-import-not-at-top
-  payloads, out = [None] * count, {}
-  barrier = threading.Barrier(count, timeout=20)
-
-  def host(h):
-    def exchange(data):
-      payloads[h] = data
-      barrier.wait()
-      got = list(payloads)
-      barrier.wait()
-      return got
-    try:
-      out[h] = run(rollout.Hosts(h, count, exchange))
-    except Exception as e:  # pylint: disable=broad-except
-      out[h] = e
-
-  threads = [threading.Thread(target=host, args=(h,)) for h in range(count)]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join(60)
-  assert not any(t.is_alive() for t in threads), 'a host is still waiting: a hang'
-  return out
-
-
 class CountingEnv(AddEnv):
   """AddEnv that counts the tool calls it runs (per instance: one per simulated host)."""
 
@@ -479,13 +451,13 @@ class CountingEnv(AddEnv):
     return super()._execute(calls)
 
 
-def test_with_several_hosts_process_0_steps_the_env_and_every_host_gets_its_steps():
+def test_with_several_hosts_process_0_steps_the_env_and_every_host_gets_its_steps(fakes):
   recs = _records(4)
   envs_of = [CountingEnv(), CountingEnv()]
   run = lambda hosts: episodes.generate(
       ScriptedSampler(calls=lambda a, b: 1 + a % 2), None, CharTok(), envs_of[hosts.index], recs,
       [False] * 4, jax.random.key(0), SP, 2, max_turns=4, max_tokens=400, hosts=hosts)
-  out = _on_hosts(2, run)
+  out = fakes.on_hosts(2, run)
   assert not isinstance(out[0], Exception), out[0]
   assert envs_of[0].ran > 0 and envs_of[1].ran == 0           # tools ran once, on process 0
   for field in ('tokens', 'policy_mask', 'lengths'):
@@ -494,6 +466,6 @@ def test_with_several_hosts_process_0_steps_the_env_and_every_host_gets_its_step
   assert out[0].infos == out[1].infos and out[0].rewards.sum() > 0
   # An environment failing on process 0 stops every process with its error, none hangs.
   envs_of[:] = [CountingEnv(fail=True), CountingEnv()]
-  out = _on_hosts(2, run)
+  out = fakes.on_hosts(2, run)
   assert all(isinstance(e, RuntimeError) and 'the sandbox is gone' in str(e)
              for e in out.values()), out
