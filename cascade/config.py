@@ -307,10 +307,19 @@ def _mesh(m: dict):
 def _sampler(s: dict) -> dict:
   from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
   known = ('prompt_buckets', 'new_token_buckets', 'batch_buckets', 'decode_phases',
-           'cache_tokens_per_device', 'rollout_rules')
+           'cache_tokens_per_device', 'rollout_rules', 'engine', 'slots', 'page_size', 'pages',
+           'chunk_steps', 'prefill_prompts')
   for k, v in s.items():
     if k not in known:
       raise ConfigError(f'config.sampler.{k}: unknown field (known: {", ".join(known)})')
+    if k == 'engine':
+      if v not in sampler_lib.ENGINES:
+        raise ConfigError(f'config.sampler.engine={v!r}: expected one of {sampler_lib.ENGINES}')
+      continue
+    if k in ('slots', 'page_size', 'pages', 'chunk_steps', 'prefill_prompts'):
+      if not (schema.is_int(v) and v >= 1) and not (k in ('slots', 'pages') and v is None):
+        raise ConfigError(f'config.sampler.{k}={v!r}: must be an int >= 1')
+      continue
     if k == 'rollout_rules':
       pairs = list(v.items()) if isinstance(v, Mapping) else v
       if v is not None and (not isinstance(pairs, (list, tuple)) or not all(

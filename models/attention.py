@@ -143,6 +143,49 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo, *,
   return out.reshape(b, t, n, h)
 
 
+def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: jax.Array,
+                 page_table: jax.Array, *, pages_per_compute_block: int = 8) -> jax.Array:
+  """One decode query per slot over that slot's pages of a paged KV cache.
+
+  Slot s sees the first `lengths[s]` tokens of its sequence, token j living in
+  page `page_table[s, j // page_size]` at offset `j % page_size`. On TPU this
+  is the Pallas `paged_attention` kernel (it reads only the pages a slot
+  uses); elsewhere the pages are gathered and attended as in 'dense' (same
+  float32 logits and softmax), which reads all `page_table.shape[1]` pages of
+  every slot.
+
+  Args:
+    q: [S, N, H] queries (RoPE applied, not yet scaled).
+    k_pages: [K, P, page_size, H] one layer's key pages (P pages in the pool).
+    v_pages: [K, P, page_size, H].
+    lengths: [S] int32 tokens each slot sees (>= 1 for a live slot).
+    page_table: [S, M] int32 page of each of the slot's first M * page_size tokens.
+    pages_per_compute_block: the TPU kernel's pages per block (must divide M).
+
+  Returns:
+    [S, N, H] in q's dtype.
+  """
+  s, n, h = q.shape
+  kh, _, ps, _ = k_pages.shape
+  m = page_table.shape[1]
+  dt = q.dtype
+  q = q * (h ** -0.5)
+  if jax.default_backend() == 'tpu' and m % pages_per_compute_block == 0:
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel
+    return paged_attention_kernel.paged_attention(
+        q, k_pages.astype(dt), v_pages.astype(dt), lengths, page_table, mask_value=_NEG_INF,
+        pages_per_compute_block=pages_per_compute_block)
+  q = q.reshape(s, kh, n // kh, h)                                      # [S, K, G, H]
+  k = k_pages[:, page_table]                                            # [K, S, M, ps, H]
+  v = v_pages[:, page_table]
+  logits = jnp.einsum('SKGH,KSMPH->SKGMP', q, k.astype(dt)).astype(jnp.float32)
+  seen = jnp.arange(m * ps, dtype=jnp.int32).reshape(m, ps)[None] < lengths[:, None, None]
+  logits = jnp.where(seen[:, None, None], logits, _NEG_INF).reshape(s, kh, n // kh, m * ps)
+  probs = jax.nn.softmax(logits, axis=-1).astype(dt).reshape(s, kh, n // kh, m, ps)
+  out = jnp.einsum('SKGMP,KSMPH->SKGH', probs, v.astype(dt))
+  return out.reshape(s, n, h)
+
+
 def _dense_mask(q_seg, kv_seg, offset):
   """[B, T, S] bool: the rule of the module docstring."""
   t, s = q_seg.shape[1], kv_seg.shape[1]

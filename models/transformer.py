@@ -56,6 +56,38 @@ class Cache(NamedTuple):
 CACHE_AXES = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
 
 
+class PagedCache(NamedTuple):
+  """A KV cache of fixed-size pages shared by decode slots; a pytree.
+
+  Attributes:
+    k: keys of every layer [L, K, P, page_size, H] (RoPE applied): P pages.
+    v: values, likewise.
+    page_table: [S, M] int32, slot s's token j lives in page
+      page_table[s, j // page_size] at offset j % page_size.
+    lengths: [S] int32 tokens already in each slot's cache: a decode step
+      writes its token at position `lengths[s]`.
+    live: [S] bool; a slot that is not live writes nothing.
+
+  Pages lead the layer's kv heads, the layout of TPU's paged-attention kernel.
+  """
+  k: jax.Array
+  v: jax.Array
+  page_table: jax.Array
+  lengths: jax.Array
+  live: jax.Array
+
+
+PAGE_AXES = ('layers', 'kv_heads', None, None, 'head_dim')
+
+
+def init_pages(cfg: config_lib.ModelConfig, pages: int, page_size: int, dtype=None):
+  """Empty key and value page pools [L, K, pages, page_size, H] (dtype: the compute dtype)."""
+  dtype = cfg.jnp_dtype if dtype is None else dtype
+  shape = (cfg.num_layers, cfg.num_kv_heads, pages, page_size, cfg.head_dim)
+  zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype), PAGE_AXES)
+  return zeros(), zeros()
+
+
 def init_cache(cfg: config_lib.ModelConfig, batch: int, length: int,
                dtype=None) -> Cache:
   """An empty cache of `length` slots for `batch` rows (dtype: the compute dtype)."""
@@ -155,6 +187,8 @@ class Attention(nnx.Module):
     k = sharding.constrain(k, ('batch', 'length', 'kv_heads', 'head_dim'))
     v = sharding.constrain(v, ('batch', 'length', 'kv_heads', 'head_dim'))
 
+    if isinstance(kv_cache, _PagedStep):
+      return self._paged(q, k, v, kv_cache)
     new_kv = None
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)            # [B, K, T, H]
     if kv_cache is not None:
@@ -172,6 +206,33 @@ class Attention(nnx.Module):
                            block_kv=cfg.attention_block_kv)          # [B, T, N, H]
     out = jnp.einsum('BTNH,NHD->BTD', out, self.o_proj.value.astype(dt))
     return sharding.constrain(out, ('batch', 'length', 'embed')), new_kv
+
+
+  def _paged(self, q, k, v, step: '_PagedStep'):
+    """One decode token per slot (q [S, 1, N, H], k/v [S, 1, K, H]) through a paged cache."""
+    ck, cv, layer, cache = step
+    num_pages, ps = ck.shape[2], ck.shape[3]
+    # Slot s writes its token at position lengths[s]; a slot that is not live writes past the
+    # pool's last page, which the scatter drops.
+    page = jnp.take_along_axis(cache.page_table, (cache.lengths // ps)[:, None], axis=1)[:, 0]
+    page = jnp.where(cache.live, page, num_pages)
+    off = cache.lengths % ps
+    ck = ck.at[layer, :, page, off].set(k[:, 0].astype(ck.dtype), mode='drop')
+    cv = cv.at[layer, :, page, off].set(v[:, 0].astype(cv.dtype), mode='drop')
+    out = attention.paged_attend(
+        q[:, 0], jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False),
+        jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False), cache.lengths + 1,
+        cache.page_table)
+    out = jnp.einsum('BNH,NHD->BD', out, self.o_proj.value.astype(self.cfg.jnp_dtype))
+    return sharding.constrain(out[:, None], ('batch', 'length', 'embed')), (ck, cv)
+
+
+class _PagedStep(NamedTuple):
+  """What a block's attention needs for one paged decode step (see `Transformer.decode_paged`)."""
+  k: jax.Array
+  v: jax.Array
+  layer: jax.Array
+  cache: PagedCache
 
 
 class MLP(nnx.Module):
@@ -297,6 +358,42 @@ class Transformer(nnx.Module):
     if cache is None:
       return x, None
     return x, Cache(k=kv[0], v=kv[1], segment_ids=k_seg, index=cache.index + t)
+
+  def decode_paged(self, tokens, positions, cache: PagedCache):
+    """One decode step for every slot of a paged cache.
+
+    Args:
+      tokens: [S] int32, each slot's newest token (the one to write).
+      positions: [S] int32 its RoPE position.
+      cache: the PagedCache; slot s's token goes to position `cache.lengths[s]`.
+
+    Returns:
+      (logits [S, V] float32, cache with k/v written; page_table, lengths and
+      live unchanged: the caller advances them).
+    """
+    cfg = self.cfg
+    table = sharding.constrain(self.embed.value, ('vocab', None))
+    x = jnp.take(table, tokens[:, None], axis=0).astype(cfg.jnp_dtype)
+    x = sharding.constrain(x, ('batch', 'length', 'embed'))
+    graphdef, params = nnx.split(self.layers)
+
+    def body(carry, layer_xs):
+      x, k_all, v_all = carry
+      layer_params, i = layer_xs
+      x, (k_all, v_all) = nnx.merge(graphdef, layer_params)(
+          x, positions[:, None], None, _PagedStep(k_all, v_all, i, cache))
+      return (x, k_all, v_all), None
+
+    carry = (x, cache.k, cache.v)
+    xs = (params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
+    if cfg.scan_layers:
+      carry, _ = jax.lax.scan(body, carry, xs)
+    else:
+      for i in range(cfg.num_layers):
+        carry, _ = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
+    x, k_all, v_all = carry
+    logits = self.logits_from_hidden(self.final_norm(x))[:, 0]
+    return logits, cache._replace(k=k_all, v=v_all)
 
   def _run_blocks(self, x, positions, mask, cache):
     """x [B, T, D] through the L blocks: one scanned body, or a Python loop (cfg.scan_layers).

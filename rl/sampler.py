@@ -52,9 +52,11 @@ from models import config as config_lib
 from models import sharding
 from models import transformer
 from rl import buckets
+from rl import engine as engine_lib
 
 DEFAULT_PROMPT_BUCKETS = tuple(2 ** i for i in range(5, 17))       # 32 ... 65536
 DEFAULT_NEW_TOKEN_BUCKETS = tuple(2 ** i for i in range(4, 17))    # 16 ... 65536
+ENGINES = ('one_call', 'paged')
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -198,7 +200,7 @@ def _filter_logits(scaled, top_p, top_k):
   return jax.lax.cond(top_p < 1, apply_top_p, lambda x: x, x)
 
 
-def _pick(logits, keys, temperature, top_p, top_k, *, greedy, filtered):
+def pick(logits, keys, temperature, top_p, top_k, *, greedy, filtered):
   """Chooses one token per row.
 
   Args:
@@ -261,7 +263,7 @@ def _grow(cache: transformer.Cache, length: int) -> transformer.Cache:
 
 
 def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_p,
-            top_k, max_new_tokens, row_offset=0, *, max_new_bucket: int,
+            top_k, max_new_tokens, row_offset=0, row_limits=None, *, max_new_bucket: int,
             eos_ids: tuple[int, ...],
             pad_id: int, greedy: bool, filtered: bool,
             decode_phases: int = DEFAULT_DECODE_PHASES, group: int = 1) -> SampleOutput:
@@ -283,8 +285,8 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   rows = jnp.asarray(row_offset, jnp.int32) + jnp.arange(b, dtype=jnp.int32)
   row_keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, rows)
   step_keys = lambda step: jax.vmap(jax.random.fold_in, (0, None))(row_keys, step)
-  pick = functools.partial(_pick, temperature=temperature, top_p=top_p, top_k=top_k,
-                           greedy=greedy, filtered=filtered)
+  pick_next = functools.partial(pick, temperature=temperature, top_p=top_p, top_k=top_k,
+                                greedy=greedy, filtered=filtered)
   is_stop = lambda tok: (jnp.any(tok[..., None] == eos, axis=-1) if eos_ids
                          else jnp.zeros(tok.shape, bool))
 
@@ -305,9 +307,14 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
     prompt_tokens = sharding.constrain(rep(prompt_tokens, 0), batch_only)
     prompt_mask = sharding.constrain(rep(prompt_mask, 0), batch_only)
   prompt_len = jnp.sum(prompt_mask, axis=1)                               # [B]
-  tok, lp, slp = pick(last, step_keys(0))
+  # Each row's own limit (<= max_new); a row at its limit is done like a stopped one.
+  limits = (jnp.full((b,), max_new) if row_limits is None
+            else jnp.minimum(sharding.constrain(row_limits.astype(jnp.int32), ('batch',)),
+                             max_new))
+  tok, lp, slp = pick_next(last, step_keys(0))
   buf = lambda fill, dt: sharding.constrain(jnp.full((b, nb), fill, dt), batch_only)
-  state = _Loop(step=jnp.ones((), jnp.int32), cache=cache, last=tok, done=is_stop(tok),
+  state = _Loop(step=jnp.ones((), jnp.int32), cache=cache, last=tok,
+                done=is_stop(tok) | (limits <= 1),
                 tokens=buf(pad_id, jnp.int32).at[:, 0].set(tok),
                 logprobs=buf(0, jnp.float32).at[:, 0].set(lp),
                 sampling_logprobs=buf(0, jnp.float32).at[:, 0].set(slp))
@@ -317,11 +324,12 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
     # The token sampled at step - 1 sits at position prompt_len + step - 1.
     pos = (prompt_len + s.step - 1)[:, None]
     logits, cache = model(s.last[:, None], pos, ones, cache=s.cache)
-    tok, lp, slp = pick(logits[:, 0], step_keys(s.step))
+    tok, lp, slp = pick_next(logits[:, 0], step_keys(s.step))
     live = ~s.done
     tok = jnp.where(live, tok, pad_id)
     col = lambda a, x: jax.lax.dynamic_update_slice(a, x[:, None], (0, s.step))
-    return _Loop(step=s.step + 1, cache=cache, last=tok, done=s.done | (live & is_stop(tok)),
+    done = s.done | (live & (is_stop(tok) | (s.step + 1 >= limits)))
+    return _Loop(step=s.step + 1, cache=cache, last=tok, done=done,
                  tokens=col(s.tokens, tok),
                  logprobs=col(s.logprobs, jnp.where(live, lp, 0.)),
                  sampling_logprobs=col(s.sampling_logprobs, jnp.where(live, slp, 0.)))
@@ -342,7 +350,7 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   cols = jnp.arange(nb, dtype=jnp.int32)[None, :]
   stop_at = jnp.where(is_stop(state.tokens) & (cols < state.step), cols, nb)
   first_stop = jnp.min(stop_at, axis=1)                                   # [B]
-  end = jnp.minimum(first_stop + 1, state.step)
+  end = jnp.minimum(jnp.minimum(first_stop + 1, state.step), limits)
   mask = (cols < end[:, None]).astype(jnp.int32)
   return SampleOutput(
       prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
@@ -368,6 +376,8 @@ Args:
   max_new_tokens: traced int scalar <= max_new_bucket.
   row_offset: traced int scalar, the index of row 0 in the whole call (a
     chunk's first row; 0 for an unchunked call).
+  row_limits: optional [B] int32, each row's own most new tokens (capped by
+    max_new_tokens); None = max_new_tokens for every row.
   max_new_bucket: static Nb, the cache extent and output width.
   eos_ids: static tuple of stop-token ids (empty: never stop).
   pad_id: static id written after the stop token.
@@ -384,7 +394,7 @@ Returns:
 """
 
 
-def _to_host(x) -> np.ndarray:
+def to_host(x) -> np.ndarray:
   if getattr(x, 'is_fully_addressable', True):
     return np.asarray(x)
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
@@ -405,7 +415,9 @@ class Sampler:
                batch_buckets: Sequence[int] | None = None,
                decode_phases: int = DEFAULT_DECODE_PHASES,
                cache_tokens_per_device: int | None = None,
-               rollout_rules: Sequence[tuple[str, object]] | None = None):
+               rollout_rules: Sequence[tuple[str, object]] | None = None,
+               engine: str = 'one_call', slots: int | None = None, page_size: int = 16,
+               pages: int | None = None, chunk_steps: int = 32, prefill_prompts: int = 8):
     """Builds the sampler.
 
     Args:
@@ -438,6 +450,17 @@ class Sampler:
         'tensor' only, so no decode step gathers fsdp shards. `generate` puts
         the params in that layout once per call (a second copy of the
         weights while it runs); None = sample in the training layout.
+      engine: 'one_call' (all rows of a chunk in one decode loop, as above)
+        or 'paged': continuous batching over a paged KV cache (rl.engine),
+        the same tokens and log-probs for the same key.
+      slots: paged: rows decoded at once; None = the rows one 'one_call'
+        chunk would hold (`chunk_rows`).
+      page_size: paged: tokens per KV page.
+      pages: paged: pages in the pool; None = `cache_tokens_per_device` /
+        page_size when that is set, else room for every slot's longest row.
+      chunk_steps: paged: the most decode steps per device call (free slots
+        are refilled between calls).
+      prefill_prompts: paged: prompts prefilled per device call.
     """
     self.graphdef = graphdef
     self.cfg = model_cfg
@@ -475,6 +498,17 @@ class Sampler:
       raise ValueError(f'Sampler cache_tokens_per_device={cache_tokens_per_device} must be >= 1')
     self.cache_tokens_per_device = (None if cache_tokens_per_device is None
                                     else int(cache_tokens_per_device))
+    if engine not in ENGINES:
+      raise ValueError(f'Sampler engine={engine!r}: expected one of {ENGINES}')
+    self.engine = engine
+    if engine == 'paged' and pages is None and cache_tokens_per_device is not None:
+      pages = max(1, int(cache_tokens_per_device) // int(page_size))
+    # Validated here, so a bad option fails when the sampler is built, not at the first call.
+    self._engine_options = dict(page_size=page_size, pages=pages, chunk_steps=chunk_steps,
+                                prefill_prompts=prefill_prompts)
+    engine_lib.EngineOptions(slots=slots or 1, **self._engine_options)
+    self.slots = None if slots is None else int(slots)
+    self._engines: dict[int, engine_lib.Engine] = {}
     self.compile_count = 0
     # Accounting, cumulative over calls: decode slots paid for (a chunk's rows x the decode
     # steps it ran, padding rows included) and tokens generated by real rows.
@@ -582,7 +616,7 @@ class Sampler:
       return sample.lower(*args, **kw)
 
   def generate(self, params, prompts: Sequence[Sequence[int]], rng, sp: SamplingParams,
-               num_samples: int = 1) -> SampleOutput:
+               num_samples: int = 1, row_limits: Sequence[int] | None = None) -> SampleOutput:
     """Samples `num_samples` completions of every prompt.
 
     Args:
@@ -592,6 +626,8 @@ class Sampler:
         same samples).
       sp: SamplingParams.
       num_samples: G, completions per prompt.
+      row_limits: optional, each row's own most new tokens (len(prompts) * G
+        ints in [1, sp.max_new_tokens]); None = sp.max_new_tokens for all.
 
     Returns:
       SampleOutput of numpy arrays with len(prompts) * G rows (prompt-major),
@@ -612,10 +648,18 @@ class Sampler:
     if isinstance(rng, (int, np.integer)):
       rng = jax.random.key(rng)
     n = len(prompts) * num_samples
+    limits = np.full(n, sp.max_new_tokens, np.int64)
+    if row_limits is not None:
+      limits = np.asarray(row_limits, np.int64).reshape(-1)
+      if limits.shape != (n,) or limits.min() < 1 or limits.max() > sp.max_new_tokens:
+        raise ValueError(f'row_limits: expected {n} ints in [1, max_new_tokens='
+                         f'{sp.max_new_tokens}]')
     p_max = max(q.size for q in prompts)
     p = buckets.smallest_fit(self.prompt_buckets, p_max, 'prompt length')
     nb = buckets.smallest_fit(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
     c = self.chunk_rows(n, p + nb)
+    if self.engine == 'paged':
+      return self._generate_paged(params, prompts, rng, sp, num_samples, limits, c, p + nb)
     chunks = -(-n // c)
     b = chunks * c                        # the whole call's rows, padded to whole chunks
 
@@ -626,6 +670,8 @@ class Sampler:
       tokens[rows, p - q.size:] = q
       mask[rows, p - q.size:] = 1
     mask[n:, -1] = 1        # padding rows get a one-token prompt so no row is empty
+    row_limits = np.ones(b, np.int32)
+    row_limits[:n] = limits
 
     group = self.prefill_group(c, num_samples)
     kw = dict(max_new_bucket=nb, eos_ids=self.eos_ids, pad_id=self.pad_id,
@@ -647,9 +693,13 @@ class Sampler:
         if row_sh is not None:
           chunk_tokens = jax.device_put(chunk_tokens, row_sh)
           chunk_mask = jax.device_put(chunk_mask, row_sh)
+        chunk_limits = row_limits[start:start + c]
+        if row_sh is not None:
+          chunk_limits = jax.device_put(chunk_limits, jax.sharding.NamedSharding(
+              self.mesh, sharding.logical_to_spec(('batch',), (c,), self.mesh, self.rules)))
         out = self._jit(self.graphdef, params, chunk_tokens, chunk_mask, rng, *scalars,
-                        np.int32(start), **kw)
-        parts.append(jax.tree.map(_to_host, out))  # the chunk's cache is freed before the next
+                        np.int32(start), chunk_limits, **kw)
+        parts.append(jax.tree.map(to_host, out))  # the chunk's cache is freed before the next
         lens = parts[-1].lengths
         self.decode_slots += int(lens.shape[0]) * int(lens.max())
         self.generated_tokens += int(lens[:max(0, min(c, n - start))].sum())
@@ -661,3 +711,45 @@ class Sampler:
         tokens=out.tokens[:n, :m], mask=out.mask[:n, :m], logprobs=out.logprobs[:n, :m],
         sampling_logprobs=out.sampling_logprobs[:n, :m],
         lengths=out.lengths[:n], truncated=out.truncated[:n])
+
+  def _generate_paged(self, params, prompts, rng, sp: SamplingParams, num_samples: int,
+                      limits: np.ndarray, chunk: int, row_tokens: int) -> SampleOutput:
+    """`generate` through the paged engine (rows assembled as the one-call path returns them)."""
+    slots = self.slots or chunk
+    eng = self._engines.get(slots)
+    if eng is None:
+      eng = self._engines[slots] = engine_lib.Engine(
+          self.graphdef, self.cfg, engine_lib.EngineOptions(slots=slots, **self._engine_options),
+          eos_ids=self.eos_ids, pad_id=self.pad_id, mesh=self.mesh, rules=self.rules,
+          prompt_buckets=self.prompt_buckets)
+    before = (eng.compile_count, eng.decode_slots, eng.generated_tokens)
+    scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
+               np.int32(sp.top_k))
+    rows = eng.run(self.rollout_params(params), prompts, num_samples, limits, rng, scalars,
+                   greedy=sp.greedy, filtered=sp.filtered, row_tokens=row_tokens)
+    self.compile_count += eng.compile_count - before[0]
+    self.decode_slots += eng.decode_slots - before[1]
+    self.generated_tokens += eng.generated_tokens - before[2]
+    n, m = len(rows.tokens), sp.max_new_tokens
+    p_max = max(q.size for q in prompts)
+    prompt_tokens = np.full((n, p_max), self.pad_id, np.int32)
+    prompt_mask = np.zeros((n, p_max), np.int32)
+    tokens = np.full((n, m), self.pad_id, np.int32)
+    logprobs = np.zeros((n, m), np.float32)
+    sampling_logprobs = np.zeros((n, m), np.float32)
+    lengths = np.array([t.size for t in rows.tokens], np.int32)
+    for r in range(n):
+      q = prompts[r // num_samples]
+      prompt_tokens[r, p_max - q.size:], prompt_mask[r, p_max - q.size:] = q, 1
+      k = lengths[r]
+      tokens[r, :k], logprobs[r, :k] = rows.tokens[r], rows.logprobs[r]
+      sampling_logprobs[r, :k] = rows.sampling_logprobs[r]
+    mask = (np.arange(m)[None, :] < lengths[:, None]).astype(np.int32)
+    return SampleOutput(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens,
+                        mask=mask, logprobs=logprobs, sampling_logprobs=sampling_logprobs,
+                        lengths=lengths, truncated=~rows.stopped)
+
+  @property
+  def pages_in_use(self) -> int:
+    """Pages the paged engine still held after its last call (0 unless pages leak)."""
+    return sum(e.pages_in_use for e in self._engines.values())

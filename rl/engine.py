@@ -1,0 +1,519 @@
+"""Rollout engine v2: continuous batching over a paged KV cache.
+
+The one-call sampler (`rl.sampler.sample`) decodes every row of a call in one
+loop that runs until the longest row stops, each row holding a cache of the
+full length throughout. With long-tailed response lengths (most reasoning
+rollouts end far below the cap, a few reach it) most of those decode slots
+and cache slots are idle. This engine keeps a fixed number of decode *slots*
+busy instead:
+
+* The KV cache is a pool of fixed-size pages ([L, K, pages, page_size, H]);
+  each slot has a row of the page table and its own length, so rows of any
+  prompt length sit side by side without left padding.
+* When a slot's row stops (a stop token or its length limit), the host puts
+  the next pending row in it: the decode runs in device calls of at most
+  `chunk_steps` steps, and a call returns early once enough slots are free
+  for the rows still waiting. The loop ends when no row is pending or live.
+* The G samples of a prompt share its prefill: the prompt's first `len - 1`
+  tokens are prefilled once into pages that every sample's page table points
+  at; the page those samples go on writing (the prompt's last, partly
+  filled page) is copied for each of them. Each sample's first decode step
+  feeds the prompt's last token, so every slot runs the same step.
+* Pages are allocated as rows grow, a chunk ahead. Should the pool run out,
+  the most recently admitted row is preempted (its pages freed, the row put
+  back at the head of the queue) and later recomputed: sampling is a pure
+  function of (key, row, step), so the recomputed row is the same row.
+
+Exactly on-policy, whatever slot a row runs in and whatever runs beside it:
+row r (= prompt i * G + sample g) draws token n with the key
+`fold_in(fold_in(rng, r), n)`, as `rl.sampler.sample` does, and log-probs are
+those of the unmodified policy. Shapes are static per (slots, pages viewed,
+chunk steps) and per prefill bucket, so compiles are bounded by the buckets;
+the pages a decode call reads are the smallest power of two that covers every
+live slot to the end of the call.
+
+The host loop, its page accounting and the jitted device functions live here;
+`rl.sampler.Sampler(engine='paged')` drives it behind the usual `generate`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models import config as config_lib
+from models import sharding
+from models import transformer
+from rl import buckets
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+  """Shapes of the paged engine (all static: each distinct value compiles once).
+
+  Attributes:
+    slots: rows decoded at once.
+    page_size: tokens per KV page.
+    pages: pages in the pool; None = enough for every slot's longest row
+      (no preemption). The pool's memory is pages x page_size token slots.
+    chunk_steps: the most decode steps per device call; between calls the
+      host refills free slots.
+    prefill_prompts: prompts prefilled per device call.
+  """
+  slots: int
+  page_size: int = 16
+  pages: int | None = None
+  chunk_steps: int = 32
+  prefill_prompts: int = 8
+
+  def __post_init__(self):
+    for name in ('slots', 'page_size', 'chunk_steps', 'prefill_prompts'):
+      v = getattr(self, name)
+      if not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f'engine {name}={v!r} must be an int >= 1')
+    if self.pages is not None and (not isinstance(self.pages, (int, np.integer))
+                                   or self.pages < 1):
+      raise ValueError(f'engine pages={self.pages!r} must be an int >= 1 (or None)')
+
+
+class Rows(NamedTuple):
+  """Per-row results of one engine call, in row order (row i * G + g)."""
+  tokens: list          # np.int32 arrays, each row's generated tokens
+  logprobs: list        # np.float32, unmodified-policy log-probs
+  sampling_logprobs: list
+  stopped: np.ndarray   # [R] bool, ended on a stop token
+
+
+class _Slots(NamedTuple):
+  """Device state of the decode slots (a pytree)."""
+  k: jax.Array            # [L, K, pages, page_size, H]
+  v: jax.Array
+  lengths: jax.Array      # [S] tokens in each slot's cache
+  last: jax.Array         # [S] the token to feed next
+  n: jax.Array            # [S] tokens generated so far
+  live: jax.Array         # [S] bool
+
+
+def _prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, copy_src,
+             copy_dst):
+  """Prefills right-padded prompts into pages, then copies pages (a prompt's partial page).
+
+  Args:
+    tokens: [A, T] int32, each prompt's tokens from position 0 (T a multiple
+      of the page size), padding after them.
+    segment_ids: [A, T] int32, 1 = a real token.
+    dst_pages: [A, T / page_size] int32 page receiving each page of a row;
+      an index past the pool drops it (padding and pages a row does not use).
+    copy_src, copy_dst: [C] int32 pages copied after the prefill (dst past the
+      pool: no copy).
+
+  Returns:
+    (k_pool, v_pool).
+  """
+  model = nnx.merge(graphdef, params)
+  cfg = model.cfg
+  a, t = tokens.shape
+  ps = k_pool.shape[3]
+  if t:
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (a, t))
+    _, cache = model.hidden(tokens, positions, segment_ids,
+                            cache=transformer.init_cache(cfg, a, t, dtype=k_pool.dtype))
+    # [L, A, K, T, H] -> [L, K, A * T / ps, ps, H]: whole pages, scattered by page id.
+    as_pages = lambda x: x.transpose(0, 2, 1, 3, 4).reshape(
+        cfg.num_layers, cfg.num_kv_heads, a * (t // ps), ps, cfg.head_dim)
+    dst = dst_pages.reshape(-1)
+    k_pool = k_pool.at[:, :, dst].set(as_pages(cache.k), mode='drop')
+    v_pool = v_pool.at[:, :, dst].set(as_pages(cache.v), mode='drop')
+  src = jnp.minimum(copy_src, k_pool.shape[2] - 1)
+  k_pool = k_pool.at[:, :, copy_dst].set(k_pool[:, :, src], mode='drop')
+  v_pool = v_pool.at[:, :, copy_dst].set(v_pool[:, :, src], mode='drop')
+  return (sharding.constrain(k_pool, transformer.PAGE_AXES),
+          sharding.constrain(v_pool, transformer.PAGE_AXES))
+
+
+def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temperature,
+            top_p, top_k, refill_at, *, chunk: int, eos_ids: tuple[int, ...], pad_id: int,
+            greedy: bool, filtered: bool):
+  """Up to `chunk` decode steps of every live slot.
+
+  Stops early once every slot is idle, or once `refill_at` slots are idle
+  (the host then puts waiting rows in them).
+
+  Args:
+    state: the slots (pools, lengths, last tokens, counts, live flags).
+    page_table: [S, M] int32 pages viewed (M covers every live slot's
+      tokens to the end of the call).
+    rows: [S] int32 row index of each slot (its noise stream).
+    limits: [S] int32 the most tokens each slot's row may generate.
+    rng: the call's PRNG key.
+    temperature, top_p, top_k: traced sampling scalars.
+    refill_at: [] int32 idle slots that end the call early.
+
+  Returns:
+    (state, steps run [], tokens [S, chunk], logprobs, sampling_logprobs):
+    column i holds step i's token of each slot live at that step (pad_id / 0
+    elsewhere).
+  """
+  from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
+  model = nnx.merge(graphdef, params)
+  s = rows.shape[0]
+  eos = jnp.asarray(eos_ids, jnp.int32)
+  is_stop = lambda tok: (jnp.any(tok[:, None] == eos, axis=-1) if eos_ids
+                         else jnp.zeros(tok.shape, bool))
+  row_keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, rows)
+  pick = functools.partial(sampler_lib.pick, temperature=temperature, top_p=top_p,
+                           top_k=top_k, greedy=greedy, filtered=filtered)
+  batch_only = ('batch', None)
+  buf = lambda fill, dt: sharding.constrain(jnp.full((s, chunk), fill, dt), batch_only)
+
+  def body(carry):
+    i, st, toks, lps, slps = carry
+    cache = transformer.PagedCache(k=st.k, v=st.v, page_table=page_table,
+                                   lengths=st.lengths, live=st.live)
+    logits, cache = model.decode_paged(st.last, st.lengths, cache)
+    keys = jax.vmap(jax.random.fold_in)(row_keys, st.n)
+    tok, lp, slp = pick(logits, keys)
+    live = st.live
+    tok = jnp.where(live, tok, pad_id)
+    col = lambda a, x: jax.lax.dynamic_update_slice(a, x[:, None], (0, i))
+    n = st.n + live
+    stop = is_stop(tok) | (n >= limits)
+    st = _Slots(k=cache.k, v=cache.v, lengths=st.lengths + live,
+                last=jnp.where(live, tok, st.last), n=n, live=live & ~stop)
+    return (i + 1, st, col(toks, tok), col(lps, jnp.where(live, lp, 0.)),
+            col(slps, jnp.where(live, slp, 0.)))
+
+  def cond(carry):
+    i, st = carry[0], carry[1]
+    idle = s - jnp.sum(st.live)
+    return (i < chunk) & jnp.any(st.live) & (idle < refill_at)
+
+  init = (jnp.zeros((), jnp.int32), state, buf(pad_id, jnp.int32), buf(0, jnp.float32),
+          buf(0, jnp.float32))
+  steps, state, toks, lps, slps = jax.lax.while_loop(cond, body, init)
+  return state, steps, toks, lps, slps
+
+
+_DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered')
+
+
+class _Prompt:
+  """A prompt's prefilled pages, shared by its rows."""
+  __slots__ = ('pages', 'waiting', 'live', 'prefilled')
+
+  def __init__(self, waiting: int):
+    self.pages: list[int] = []
+    self.waiting = waiting    # rows of this prompt not yet finished
+    self.live = 0             # rows of this prompt in a slot
+    self.prefilled = False
+
+
+class Engine:
+  """The host loop of continuous batching (one per Sampler; see the module docstring).
+
+  Attributes:
+    compile_count: distinct compilations of the device functions so far.
+    decode_slots: slot-steps paid for (slots x decode steps run), cumulative.
+    generated_tokens: tokens of the rows returned, cumulative (a preempted row's
+      discarded tokens are not counted).
+    preemptions: rows evicted for lack of pages and recomputed, cumulative.
+  """
+
+  def __init__(self, graphdef, cfg: config_lib.ModelConfig, options: EngineOptions, *,
+               eos_ids: Sequence[int], pad_id: int, mesh=None, rules=None,
+               prompt_buckets: Sequence[int]):
+    self.graphdef, self.cfg, self.opt = graphdef, cfg, options
+    self.eos_ids, self.pad_id = tuple(eos_ids), int(pad_id)
+    self.mesh, self.rules = mesh, rules
+    self.prompt_buckets = tuple(prompt_buckets)
+    self.compile_count = 0
+    self.decode_slots = self.generated_tokens = self.preemptions = 0
+    self.pages_in_use = 0       # after a call: 0, or pages leaked
+    slots = options.slots
+    shards = sharding.batch_shards(mesh, rules)
+    if slots % shards:
+      raise ValueError(f'engine slots={slots} must split over the {shards} batch shards')
+
+    def counted(fn):
+      @functools.wraps(fn)
+      def wrapped(*args, **kwargs):
+        self.compile_count += 1
+        return fn(*args, **kwargs)
+      return wrapped
+
+    self._prefill = jax.jit(counted(_prefill), static_argnums=0, donate_argnums=(2, 3))
+    self._decode = jax.jit(counted(_decode), static_argnums=0, static_argnames=_DECODE_STATIC,
+                           donate_argnums=(2,))
+
+  def pool_pages(self, longest: int, row_tokens: int) -> int:
+    """Pages in the pool for a call whose longest row holds `longest` cache tokens, of a bucket
+    of `row_tokens` (which sizes the default pool: one shape per bucket)."""
+    ps = self.opt.page_size
+    if self.opt.pages is None:   # a power of two per slot
+      return self.opt.slots * buckets.pow2(-(-row_tokens // ps)) + 1
+    per_row = -(-longest // ps)
+    if self.opt.pages < per_row + 1:
+      raise ValueError(f'engine pages={self.opt.pages} cannot hold one row of {longest} '
+                       f'tokens ({per_row} pages of {ps}, plus a partial copy)')
+    return self.opt.pages
+
+  def _put(self, x, spec):
+    if self.mesh is None:
+      return jnp.asarray(x)
+    ps = sharding.logical_to_spec(spec, np.shape(x), self.mesh, self.rules)
+    return jax.device_put(x, jax.sharding.NamedSharding(self.mesh, ps))
+
+  def _host(self, x):
+    from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
+    return sampler_lib.to_host(x)
+
+  def run(self, params, prompts: Sequence[np.ndarray], num_samples: int, limits: np.ndarray,
+          rng, scalars, *, greedy: bool, filtered: bool, row_tokens: int | None = None) -> Rows:
+    """Generates every row (prompt i, sample g) = row i * G + g.
+
+    Args:
+      params: the policy's params in the sampler's layout.
+      prompts: non-empty int arrays.
+      num_samples: G.
+      limits: [len(prompts) * G] int, the most tokens each row generates (>= 1).
+      rng: PRNG key.
+      scalars: (temperature, top_p, top_k) as numpy scalars.
+      greedy, filtered: as in SamplingParams.
+      row_tokens: the bucketed cache tokens of the longest row (prompt bucket
+        + new-token bucket), which sizes the page table and the pool so calls
+        of one bucket share their programs; None = this call's longest row.
+
+    Returns:
+      Rows.
+    """
+    opt, ps, s = self.opt, self.opt.page_size, self.opt.slots
+    n_rows = len(prompts) * num_samples
+    plen = np.array([q.size for q in prompts])
+    longest = int(plen.max() - 1 + limits.max())
+    max_tokens = longest if row_tokens is None else max(longest, int(row_tokens))
+    full_view = buckets.pow2(-(-max_tokens // ps))
+    num_pages = self.pool_pages(longest, max_tokens)
+    drop = num_pages                                    # a page index the scatters drop
+    free = list(range(num_pages - 1, -1, -1))           # a stack: low pages first
+    with sharding.use_mesh(self.mesh, self.rules):
+      k_pool, v_pool = jax.jit(
+          lambda: transformer.init_pages(self.cfg, num_pages, ps))()
+    table = np.zeros((s, full_view), np.int32)
+    own: list[list[int]] = [[] for _ in range(s)]       # each slot's private pages
+    slot_row = np.full(s, -1, np.int64)
+    admitted_at = np.zeros(s, np.int64)
+    host_len = np.zeros(s, np.int64)                    # cache tokens per slot
+    host_n = np.zeros(s, np.int64)
+    host_live = np.zeros(s, bool)
+    last = np.zeros(s, np.int32)
+    prompts_state = [_Prompt(num_samples) for _ in prompts]
+    pending = collections.deque(range(n_rows))
+    out_tok = [[] for _ in range(n_rows)]
+    out_lp = [[] for _ in range(n_rows)]
+    out_slp = [[] for _ in range(n_rows)]
+    stopped = np.zeros(n_rows, bool)
+    counter = [0]
+    rows_dev = np.zeros(s, np.int32)
+    lim_dev = np.ones(s, np.int32)
+    temperature, top_p, top_k = scalars
+
+    def pages_for(tokens):
+      return -(-int(tokens) // ps)
+
+    def need(slot, steps):
+      """Pages slot `slot` needs to run `steps` more steps."""
+      r = slot_row[slot]
+      cap = plen[r // num_samples] - 1 + limits[r]
+      return pages_for(min(host_len[slot] + steps, cap))
+
+    def shared_count(r):
+      return (plen[r // num_samples] - 1) // ps
+
+    def grow(slot, steps):
+      """Allocates the slot's pages for `steps` more steps; False if the pool is short."""
+      r = slot_row[slot]
+      have = shared_count(r) + len(own[slot])
+      want = need(slot, steps)
+      if want - have > len(free):
+        return False
+      for j in range(have, want):
+        page = free.pop()
+        own[slot].append(page)
+        table[slot, j] = page
+      return True
+
+    def drop_prompt(pr):
+      free.extend(reversed(pr.pages))
+      pr.pages, pr.prefilled = [], False
+
+    def release(slot):
+      r = slot_row[slot]
+      free.extend(reversed(own[slot]))
+      own[slot] = []
+      pr = prompts_state[r // num_samples]
+      pr.waiting -= 1
+      pr.live -= 1
+      if pr.waiting == 0:
+        drop_prompt(pr)
+      slot_row[slot] = -1
+      host_live[slot] = False
+      table[slot] = 0
+
+    def preempt(slot):
+      r = int(slot_row[slot])
+      prompts_state[r // num_samples].waiting += 1      # release() takes it back off
+      release(slot)
+      # Its tokens are recomputed: paid for (decode_slots) but not generated twice.
+      self.generated_tokens -= sum(x.size for x in out_tok[r])
+      out_tok[r], out_lp[r], out_slp[r] = [], [], []
+      pending.appendleft(r)
+      self.preemptions += 1
+
+    def reclaim(pages, keep=-1):
+      """Frees prefilled prompts no slot uses (their rows wait) until `pages` pages are free."""
+      for pi, pr in enumerate(prompts_state):
+        if len(free) >= pages:
+          break
+        if pr.prefilled and pr.live == 0 and pi != keep:
+          drop_prompt(pr)
+      return len(free) >= pages
+
+    while pending or host_live.any():
+      # 1. Admit waiting rows into idle slots while the pool has room for them.
+      reserve = sum(need(x, opt.chunk_steps) - shared_count(slot_row[x]) - len(own[x])
+                    for x in np.flatnonzero(host_live))
+      to_prefill, copies, admitted = [], [], []
+      for slot in np.flatnonzero(~host_live):
+        if not pending:
+          break
+        r = pending[0]
+        pi = r // num_samples
+        pr = prompts_state[pi]
+        prompt_pages = 0 if pr.prefilled or pi in to_prefill else pages_for(plen[pi] - 1)
+        first = pages_for(min(plen[pi] - 1 + opt.chunk_steps, plen[pi] - 1 + limits[r]))
+        if not reclaim(prompt_pages + first - shared_count(r) + reserve, keep=pi):
+          break
+        pending.popleft()
+        if prompt_pages:
+          pr.pages = [free.pop() for _ in range(prompt_pages)]
+          to_prefill.append(pi)
+        pr.live += 1
+        slot_row[slot] = r
+        counter[0] += 1
+        admitted_at[slot] = counter[0]
+        host_len[slot], host_n[slot], host_live[slot] = plen[pi] - 1, 0, True
+        last[slot] = prompts[pi][-1]
+        table[slot] = 0
+        table[slot, :shared_count(r)] = pr.pages[:shared_count(r)]
+        if (plen[pi] - 1) % ps:                          # the partial page: a private copy
+          page = free.pop()
+          own[slot].append(page)
+          table[slot, shared_count(r)] = page
+          copies.append((pr.pages[-1], page))
+        reserve += first - shared_count(r) - len(own[slot])
+        rows_dev[slot], lim_dev[slot] = r, limits[r]
+        admitted.append(slot)
+      if to_prefill or copies:
+        k_pool, v_pool = self._prefill_calls(params, k_pool, v_pool, prompts, to_prefill,
+                                             prompts_state, copies, drop)
+        for pi in to_prefill:
+          prompts_state[pi].prefilled = True
+
+      # 2. Pages for the next chunk, preempting the newest rows if the pool is short.
+      for slot in sorted(np.flatnonzero(host_live), key=lambda x: admitted_at[x]):
+        while host_live[slot] and not grow(slot, opt.chunk_steps):
+          if reclaim(need(slot, opt.chunk_steps) - shared_count(slot_row[slot])
+                     - len(own[slot])):
+            continue
+          # The newest row goes (this one, if it is the newest): the oldest always advances.
+          victim = max(np.flatnonzero(host_live), key=lambda x: admitted_at[x])
+          if victim == slot and host_live.sum() == 1:
+            raise RuntimeError('engine: the page pool cannot hold one row (a bug: pool_pages '
+                               'checks this)')
+          preempt(victim)
+      if not host_live.any():
+        continue
+
+      # 3. Decode up to a chunk; return early when enough slots are free for waiting rows.
+      view = min(full_view, buckets.pow2(max(need(x, opt.chunk_steps)
+                                             for x in np.flatnonzero(host_live))))
+      refill_at = min(len(pending), max(1, s // 8)) if pending else s + 1
+      idle = int((~host_live).sum())
+      with sharding.use_mesh(self.mesh, self.rules):
+        state = _Slots(k=k_pool, v=v_pool,
+                       lengths=self._put(host_len.astype(np.int32), ('batch',)),
+                       last=self._put(last, ('batch',)),
+                       n=self._put(host_n.astype(np.int32), ('batch',)),
+                       live=self._put(host_live, ('batch',)))
+        state, steps, toks, lps, slps = self._decode(
+            self.graphdef, params, state, self._put(table[:, :view], ('batch', None)),
+            self._put(rows_dev, ('batch',)), self._put(lim_dev, ('batch',)), rng,
+            temperature, top_p, top_k, np.int32(idle + refill_at if pending else s + 1),
+            chunk=opt.chunk_steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
+            greedy=greedy, filtered=filtered)
+      k_pool, v_pool = state.k, state.v
+      steps = int(self._host(steps))
+      toks, lps, slps = self._host(toks), self._host(lps), self._host(slps)
+      new_n, new_live = self._host(state.n).astype(np.int64), self._host(state.live)
+      self.decode_slots += s * steps
+      for slot in np.flatnonzero(host_live):
+        r = slot_row[slot]
+        made = int(new_n[slot] - host_n[slot])
+        out_tok[r].append(toks[slot, :made])
+        out_lp[r].append(lps[slot, :made])
+        out_slp[r].append(slps[slot, :made])
+        host_len[slot] += made
+        host_n[slot] = new_n[slot]
+        last[slot] = toks[slot, made - 1] if made else last[slot]
+        self.generated_tokens += made
+        if not new_live[slot]:
+          stopped[r] = made > 0 and int(toks[slot, made - 1]) in self.eos_ids
+          release(slot)
+    self.pages_in_use = num_pages - len(free)
+    cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)
+    return Rows(tokens=[cat(x, np.int32) for x in out_tok],
+                logprobs=[cat(x, np.float32) for x in out_lp],
+                sampling_logprobs=[cat(x, np.float32) for x in out_slp], stopped=stopped)
+
+  def _prefill_calls(self, params, k_pool, v_pool, prompts, to_prefill, prompts_state, copies,
+                     drop):
+    """Prefills `to_prefill` (prompt indices) in calls of `prefill_prompts`, then the copies."""
+    ps, a = self.opt.page_size, self.opt.prefill_prompts
+    batches = [to_prefill[i:i + a] for i in range(0, len(to_prefill), a)] or [[]]
+    for bi, batch in enumerate(batches):
+      longest = max([prompts[pi].size - 1 for pi in batch] + [0])
+      t = 0
+      if longest:
+        t = buckets.smallest_fit(self.prompt_buckets, longest, 'prompt length')
+        t = -(-t // ps) * ps
+      tokens = np.full((a, t), self.pad_id, np.int32)
+      seg = np.zeros((a, t), np.int32)
+      dst = np.full((a, t // ps), drop, np.int32)
+      for j, pi in enumerate(batch):
+        q = prompts[pi][:-1]
+        tokens[j, :q.size], seg[j, :q.size] = q, 1
+        pages = prompts_state[pi].pages
+        dst[j, :len(pages)] = pages
+      # The copies ride on the last call (they read pages this call has just written).
+      last = bi == len(batches) - 1
+      pairs = copies if last else []
+      # One copy per admitted row at most: a fixed size, so no compile per count.
+      src = np.zeros(self.opt.slots, np.int32)
+      tgt = np.full(self.opt.slots, drop, np.int32)
+      for j, (x, y) in enumerate(pairs):
+        src[j], tgt[j] = x, y
+      if not t and not pairs:
+        continue
+      with sharding.use_mesh(self.mesh, self.rules):
+        k_pool, v_pool = self._prefill(
+            self.graphdef, params, k_pool, v_pool, self._put(tokens, ('batch', None)),
+            self._put(seg, ('batch', None)), self._put(dst, ('batch', None)),
+            jnp.asarray(src), jnp.asarray(tgt))
+    return k_pool, v_pool

@@ -1,0 +1,185 @@
+"""The paged engine (continuous batching over a paged KV cache) against the one-call sampler."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import attention
+from models import config as config_lib
+from models import sharding
+from models import transformer
+from rl import engine
+from rl import sampler
+
+CFG = config_lib.ModelConfig.tiny()          # GQA: 4 heads over 2 kv heads
+EOS = (3, 17)
+_RS = np.random.RandomState(0)
+# Mixed prompt lengths: one token (nothing to prefill), a whole page plus one
+# (len - 1 a page multiple: no partial page), and ragged ones.
+PROMPTS = [[9], list(range(20, 29)), *[list(_RS.randint(1, CFG.vocab_size, size=n))
+                                      for n in (5, 13, 31, 2, 24, 17)]]
+G = 3
+LIMITS = _RS.randint(1, 41, size=len(PROMPTS) * G)          # a per-row stop position
+SP = sampler.SamplingParams(max_new_tokens=40, temperature=0.9, top_p=0.95)
+
+
+def _policy(mesh=None):
+  """Weights scaled up so distributions are peaked (real stop tokens, few near-ties)."""
+  graphdef, params = nnx.split(transformer.create(CFG, seed=0, mesh=mesh))
+  return graphdef, jax.tree.map(lambda x: x * 4, params)
+
+
+@pytest.fixture(scope='module')
+def policy():
+  return _policy()
+
+
+def _paged(graphdef, mesh=None, **kw):
+  kw = dict(dict(page_size=8), **kw)
+  return sampler.Sampler(graphdef, CFG, eos_ids=EOS, pad_id=0, mesh=mesh, engine='paged',
+                         prompt_buckets=(16, 32), new_token_buckets=(16, 64), **kw)
+
+
+@pytest.fixture(scope='module')
+def reference(policy):
+  """The one-call sampler's rows for the module's workload (sampled and greedy)."""
+  one_call = sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, prompt_buckets=(16, 32),
+                             new_token_buckets=(16, 64))
+  greedy = sampler.SamplingParams(max_new_tokens=40, greedy=True)
+  return {sp.greedy: one_call.generate(policy[1], PROMPTS, jax.random.key(5), sp,
+                                       num_samples=G, row_limits=LIMITS)
+          for sp in (SP, greedy)}
+
+
+def _assert_same_rows(out, ref, atol=1e-4):
+  for name in ('prompt_tokens', 'prompt_mask', 'tokens', 'mask', 'lengths', 'truncated'):
+    np.testing.assert_array_equal(getattr(out, name), getattr(ref, name), err_msg=name)
+  # Another layout adds in another order: equal up to float32 rounding.
+  np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=atol, rtol=0)
+  np.testing.assert_allclose(out.sampling_logprobs, ref.sampling_logprobs, atol=atol, rtol=0)
+
+
+def test_row_limits_stop_rows_in_the_one_call_sampler(reference):
+  out = reference[False]
+  assert np.all(out.lengths <= LIMITS)
+  hit_limit = out.lengths == LIMITS
+  # A row ends at its limit (truncated unless its last token stops) or on a stop token.
+  assert np.all(out.truncated | ~hit_limit | np.isin(out.tokens[np.arange(len(LIMITS)),
+                                                                  out.lengths - 1], EOS))
+  assert np.all(hit_limit | ~out.truncated)
+  assert out.truncated.any() and (~out.truncated).any(), 'the workload needs both endings'
+
+
+@pytest.mark.parametrize('slots,pages,chunk', [
+    (8, None, 8),      # room for every slot's longest row
+    (4, 14, 5),        # a pool of barely one longest row: rows are preempted and recomputed
+    (3, 20, 16),       # fewer slots than a prompt's samples can share
+    (24, None, 64)],   # every row at once
+    ids=['roomy', 'preempting', 'few_slots', 'all_rows'])
+def test_engine_rows_equal_the_one_call_sampler(policy, reference, slots, pages, chunk):
+  eng = _paged(policy[0], slots=slots, pages=pages, chunk_steps=chunk, prefill_prompts=3)
+  out = eng.generate(policy[1], PROMPTS, jax.random.key(5), SP, num_samples=G,
+                     row_limits=LIMITS)
+  _assert_same_rows(out, reference[False])
+  assert eng.pages_in_use == 0, 'pages leaked'
+  run = eng._engines[slots]
+  if pages == 14:
+    assert run.preemptions > 0
+  assert eng.generated_tokens == out.lengths.sum()
+  assert eng.decode_slots >= eng.generated_tokens
+
+
+def test_greedy_engine_equals_one_call(policy, reference):
+  eng = _paged(policy[0], slots=6, chunk_steps=7)
+  out = eng.generate(policy[1], PROMPTS, jax.random.key(5),
+                     sampler.SamplingParams(max_new_tokens=40, greedy=True), num_samples=G,
+                     row_limits=LIMITS)
+  _assert_same_rows(out, reference[True])
+  np.testing.assert_array_equal(out.sampling_logprobs, 0)
+
+
+def test_engine_logprobs_equal_a_training_forward(policy):
+  eng = _paged(policy[0], slots=5, chunk_steps=6)
+  out = eng.generate(policy[1], PROMPTS, jax.random.key(3), SP, num_samples=2)
+  tokens = np.concatenate([out.prompt_tokens, out.tokens], 1)
+  seg = np.concatenate([out.prompt_mask, out.mask], 1)
+  pos = np.maximum(np.cumsum(seg, 1) - 1, 0)
+  logits = nnx.merge(*policy)(jnp.asarray(tokens), jnp.asarray(pos), jnp.asarray(seg))
+  p = out.prompt_tokens.shape[1]
+  x = np.asarray(logits, np.float64)[:, p - 1:-1]
+  logp = x - x.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  ref = np.take_along_axis(logp, out.tokens[..., None], -1)[..., 0] * out.mask
+  np.testing.assert_allclose(out.logprobs, ref, atol=1e-4, rtol=0)
+  assert out.mask.sum() > len(PROMPTS) * 2
+
+
+def test_a_rows_tokens_do_not_depend_on_its_neighbours(policy):
+  """Rows keep their tokens when other rows (longer, shorter, more of them) run beside them."""
+  eng = _paged(policy[0], slots=4, chunk_steps=4)
+  alone = eng.generate(policy[1], PROMPTS[:3], jax.random.key(9), SP, num_samples=G,
+                       row_limits=LIMITS[:3 * G])
+  crowd = eng.generate(policy[1], PROMPTS, jax.random.key(9), SP, num_samples=G,
+                       row_limits=LIMITS)
+  n = 3 * G
+  for name in ('tokens', 'mask', 'lengths', 'truncated'):
+    np.testing.assert_array_equal(getattr(crowd, name)[:n], getattr(alone, name), err_msg=name)
+  np.testing.assert_allclose(crowd.logprobs[:n], alone.logprobs, atol=1e-5, rtol=0)
+
+
+def test_compiles_are_bounded_by_the_shapes(policy):
+  eng = _paged(policy[0], slots=4, chunk_steps=8)
+  for seed, order in ((0, slice(None)), (1, slice(None, None, -1)), (2, slice(1, None, 2))):
+    eng.generate(policy[1], PROMPTS[order], jax.random.key(seed), SP, num_samples=G,
+                 row_limits=LIMITS.reshape(len(PROMPTS), G)[order].reshape(-1))
+  # Prefill: prompt buckets 16 and 32, or copies only; decode: page views 1, 2, 4, 8, 16
+  # (the 32 + 64 token buckets need 12 pages of 8).
+  assert 0 < eng.compile_count <= 3 + 5
+  before = eng.compile_count
+  eng.generate(policy[1], PROMPTS, jax.random.key(0), SP, num_samples=G, row_limits=LIMITS)
+  assert eng.compile_count == before, 'a repeated call recompiled'
+
+
+def test_sharded_engine_equals_unsharded(policy, reference):
+  assert jax.device_count() >= 8
+  mesh = sharding.make_mesh((2, 2, 2))
+  graphdef, params = _policy(mesh)
+  eng = _paged(graphdef, mesh=mesh, slots=8, chunk_steps=8)
+  out = eng.generate(params, PROMPTS, jax.random.key(5), SP, num_samples=G, row_limits=LIMITS)
+  _assert_same_rows(out, reference[False])
+  assert eng.pages_in_use == 0
+
+
+def test_paged_attention_equals_dense_over_the_same_tokens():
+  rng = np.random.default_rng(0)
+  s, n, kh, h, ps, m, num_pages = 3, 4, 2, 8, 4, 3, 12
+  lengths = np.array([1, 7, 12], np.int32)
+  table = rng.permutation(num_pages)[:s * m].reshape(s, m).astype(np.int32)
+  k_pages = rng.normal(size=(kh, num_pages, ps, h)).astype(np.float32)
+  v_pages = rng.normal(size=(kh, num_pages, ps, h)).astype(np.float32)
+  q = rng.normal(size=(s, n, h)).astype(np.float32)
+  got = attention.paged_attend(jnp.asarray(q), jnp.asarray(k_pages), jnp.asarray(v_pages),
+                               jnp.asarray(lengths), jnp.asarray(table))
+  for i in range(s):   # float64 reference: the slot's tokens in order, GQA by head group
+    keys = k_pages[:, table[i]].reshape(kh, m * ps, h)[:, :lengths[i]].astype(np.float64)
+    vals = v_pages[:, table[i]].reshape(kh, m * ps, h)[:, :lengths[i]].astype(np.float64)
+    for head in range(n):
+      g = head // (n // kh)
+      logit = keys[g] @ q[i, head] / np.sqrt(h)
+      p = np.exp(logit - logit.max())
+      np.testing.assert_allclose(got[i, head], (p / p.sum()) @ vals[g], atol=1e-5)
+
+
+def test_engine_options_and_pool_errors(policy):
+  with pytest.raises(ValueError, match='engine='):
+    sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='vllm')
+  with pytest.raises(ValueError, match='page_size'):
+    _paged(policy[0], slots=2, page_size=0)
+  with pytest.raises(ValueError, match='row_limits'):
+    _paged(policy[0], slots=2).generate(policy[1], PROMPTS, 0, SP, row_limits=[0] * 8)
+  with pytest.raises(ValueError, match='pages=3 cannot hold one row'):
+    _paged(policy[0], slots=2, pages=3).generate(policy[1], PROMPTS, 0, SP)
+  assert _paged(policy[0], slots=2, cache_tokens_per_device=160)._engine_options['pages'] == 20
+  assert engine.EngineOptions(slots=2).pages is None
