@@ -12,6 +12,18 @@ token, `generate` with `min_new_tokens = max_new_tokens`. With --compare_hf the
 two run alternately in this process (torch on --hf_threads=2 threads) so that
 load from other processes hits both alike; the ratio of medians is reported.
 
+--workload=longtail is the long-tailed rollout workload instead: --prompts
+prompts x --group samples, each row with its own target length drawn from a
+lognormal (median --new_tokens / 8, a few rows at --new_tokens), enforced
+identically on every side as a per-row stop position (`row_limits` for ours,
+a per-row stopping criterion for `generate`). It reports useful tokens/s
+(tokens of the rows, not padding) for the one-call sampler in chunks of
+--batch rows, the paged engine at the same KV-cache memory (--batch x (prompt
++ new tokens) token slots as pages) with --slots x --batch slots, and
+with --compare_hf `generate` in batches of --batch rows:
+
+  .venv/bin/python -m benchmarks.sampler --workload=longtail --mode=sample --compare_hf
+
 Printed: a table per measurement, how the time per token grows with the
 number of new tokens (--scaling), the physical floor of the generation (its
 FLOPs over a measured float32 matmul rate, its bytes over a measured memory
@@ -68,6 +80,14 @@ _HF_THREADS = flags.DEFINE_integer(
     'hf_threads', 2, 'torch threads for --compare_hf (2 = the spec; 1 is steadier when other '
     'processes load the CPU, since a 2-thread op waits for a descheduled thread).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Weights and prompts seed.')
+_WORKLOAD = flags.DEFINE_enum('workload', 'fixed', ['fixed', 'longtail'],
+                              'fixed: every row --new_tokens; longtail: per-row lengths.')
+_PROMPTS = flags.DEFINE_integer('prompts', 16, 'Longtail: prompts.')
+_GROUP = flags.DEFINE_integer('group', 8, 'Longtail: samples per prompt (G).')
+_PAGE_SIZE = flags.DEFINE_integer('page_size', 16, 'Longtail: KV page size of the engine.')
+_CHUNK_STEPS = flags.DEFINE_integer('chunk_steps', 32, 'Longtail: engine decode steps per call.')
+_SLOTS = flags.DEFINE_list('slots', ['1', '2', '4'],
+                           'Longtail: engine slot counts, as multiples of --batch.')
 
 
 def _model_config() -> config_lib.ModelConfig:
@@ -189,9 +209,144 @@ def _row(name, seconds, batch, new):
           f'{batch * new / med:12.0f} {med / new * 1e3:10.3f}')
 
 
+def longtail_limits(rows: int, cap: int, seed: int) -> np.ndarray:
+  """Per-row target lengths: lognormal with median cap / 8 (sigma 1), clipped to [1, cap],
+  and one row in 32 (at least one) at the cap."""
+  rng = np.random.default_rng(seed + 1)
+  lim = np.clip(np.round(rng.lognormal(np.log(cap / 8), 1.0, rows)), 1, cap).astype(np.int64)
+  lim[rng.choice(rows, max(1, rows // 32), replace=False)] = cap
+  return lim
+
+
+class _HFLimits:
+  """transformers generate in batches of --batch rows, each row stopped at its own length."""
+
+  def __init__(self, model, prompts, limits, workdir):
+    import torch
+    import transformers
+    from models import hf
+    torch.set_num_threads(_HF_THREADS.value)
+    hf.save_model(model, workdir)
+    self.torch, self.transformers = torch, transformers
+    self.model = transformers.AutoModelForCausalLM.from_pretrained(
+        workdir, dtype=torch.float32).eval()
+    self.prompts, self.limits = np.asarray(prompts), np.asarray(limits)
+
+  def __call__(self):
+    torch, batch = self.torch, _BATCH.value
+    plen = self.prompts.shape[1]
+    useful = 0
+    for start in range(0, len(self.prompts), batch):
+      ids = torch.tensor(self.prompts[start:start + batch], dtype=torch.long)
+      lim = torch.tensor(self.limits[start:start + batch])
+
+      class _Stop(self.transformers.StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+          return (input_ids.shape[1] - plen) >= lim          # [rows] bool: per-row stop
+
+      kw = dict(do_sample=_MODE.value == 'sample')
+      if _MODE.value == 'sample':
+        kw.update(temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value)
+      with torch.no_grad():
+        out = self.model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(lim.max()),
+            stopping_criteria=self.transformers.StoppingCriteriaList([_Stop()]),
+            eos_token_id=self.model.config.vocab_size - 1, pad_token_id=0, **kw)
+      useful += int(np.minimum(out.shape[1] - plen, self.limits[start:start + batch]).sum())
+    return useful
+
+
+def longtail(cfg, model):
+  """The long-tail workload (see the module docstring); prints a table and one JSON line."""
+  batch, plen, cap, g = _BATCH.value, _PROMPT_LEN.value, _NEW_TOKENS.value, _GROUP.value
+  rng = np.random.default_rng(_SEED.value)
+  prompts = rng.integers(0, cfg.vocab_size, (_PROMPTS.value, plen)).tolist()
+  rows = len(prompts) * g
+  limits = longtail_limits(rows, cap, _SEED.value)
+  useful = int(limits.sum())
+  graphdef, params = nnx.split(model)
+  sp = _sampling_params(cap)
+  pb = min(x for x in sampler_lib.DEFAULT_PROMPT_BUCKETS if x >= plen)
+  nb = min(x for x in sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS if x >= cap)
+  budget = batch * (pb + nb)                       # KV token slots: the same for every side
+  one_call = sampler_lib.Sampler(graphdef, cfg, eos_ids=(), cache_tokens_per_device=budget)
+  assert one_call.chunk_rows(rows, pb + nb) == batch
+  sides = {'one-call sampler': one_call}
+  engines = [int(x) * batch for x in _SLOTS.value]
+  for slots in engines:
+    sides[f'paged engine, {slots} slots'] = sampler_lib.Sampler(
+        graphdef, cfg, eos_ids=(), engine='paged', slots=slots, page_size=_PAGE_SIZE.value,
+        pages=budget // _PAGE_SIZE.value, chunk_steps=_CHUNK_STEPS.value)
+  calls = [0]
+
+  def run(s):
+    def call():
+      calls[0] += 1
+      out = s.generate(params, prompts, jax.random.key(calls[0]), sp, num_samples=g,
+                       row_limits=limits)
+      assert int(out.lengths.sum()) == useful, 'a row did not run to its target length'
+    return call
+
+  first = {name: _time(run(s)) for name, s in sides.items()}
+  hf = None
+  if _COMPARE_HF.value:
+    hf = _HFLimits(model, np.repeat(np.asarray(prompts), g, axis=0), limits,
+                   tempfile.mkdtemp(prefix='sampler_bench_hf_'))
+    assert hf() == useful
+  secs = {name: [] for name in sides}
+  if hf is not None:
+    secs['transformers generate'] = []
+  for _ in range(_REPEATS.value):                   # alternate, so load drift hits all alike
+    for name, s in sides.items():
+      secs[name].append(_time(run(s)))
+    if hf is not None:
+      secs['transformers generate'].append(_time(hf))
+  med = {name: statistics.median(v) for name, v in secs.items()}
+  base = med['one-call sampler']
+  print(f'\nlong-tail workload: {len(prompts)} prompts x {g} samples = {rows} rows, target '
+        f'lengths median {int(np.median(limits))}, mean {limits.mean():.0f}, max {limits.max()} '
+        f'(cap {cap}); {useful} useful tokens; KV memory {budget} token slots on every side')
+  print(f'{"":<28} {"median s":>9} {"useful tok/s":>13} {"vs one-call":>12} {"slot use":>9}')
+  result = dict(workload='longtail', rows=rows, group=g, cap=cap, useful_tokens=useful,
+                kv_token_slots=budget, page_size=_PAGE_SIZE.value,
+                chunk_steps=_CHUNK_STEPS.value, sides={})
+  for name, m in med.items():
+    s = sides.get(name)
+    use = ''
+    if s is not None and s.decode_slots:
+      use = f'{s.generated_tokens / s.decode_slots:.0%}'
+    print(f'{name:<28} {m:>9.3f} {useful / m:>13.0f} {base / m:>11.2f}x {use:>9}')
+    result['sides'][name] = dict(median_s=m, useful_tokens_per_s=useful / m,
+                                 speedup_vs_one_call=base / m,
+                                 first_call_s=first.get(name),
+                                 compile_count=None if s is None else s.compile_count)
+  best = min(med[f'paged engine, {n} slots'] for n in engines)
+  result['engine_vs_one_call'] = base / best
+  if hf is not None:
+    result['engine_vs_hf'] = med['transformers generate'] / best
+  flops_rate, bandwidth = floor.measure_machine(
+      [(batch, cfg.embed_dim, cfg.mlp_dim), (batch, cfg.mlp_dim, cfg.embed_dim),
+       (batch, cfg.embed_dim, cfg.vocab_size)])
+  # The floor of the useful work: its FLOPs (every row's own tokens, no padding, no idle
+  # slot) at the measured matmul rate; the weight reads of a batched step amortise.
+  flops = sum(generation_floor(cfg, 1, plen, int(n), flops_rate, bandwidth)['flops']
+              for n in limits)
+  fl = flops / flops_rate
+  print(f'machine: float32 matmul {flops_rate / 1e9:.1f} GFLOP/s, memory read '
+        f'{bandwidth / 1e9:.1f} GB/s; floor of the useful work {flops / 1e9:.2f} GFLOP -> '
+        f'{fl:.3f} s; best side {min(med.values()) / fl:.1f}x the floor')
+  result.update(floor_s=fl)
+  result.update(matmul_gflops=flops_rate / 1e9, mem_gbps=bandwidth / 1e9)
+  print(json.dumps(result))
+
+
 def main(argv):
   del argv
   cfg = _model_config()
+  if _WORKLOAD.value == 'longtail':
+    print(f'model: {cfg.num_layers} layers, embed {cfg.embed_dim}, {cfg.num_params() / 1e6:.2f}M '
+          f'params | jax {jax.__version__} on {jax.devices()[0].platform}')
+    return longtail(cfg, transformer.create(cfg, seed=_SEED.value))
   batch, plen, new = _BATCH.value, _PROMPT_LEN.value, _NEW_TOKENS.value
   model = transformer.create(cfg, seed=_SEED.value)
   rng = np.random.default_rng(_SEED.value)

@@ -149,18 +149,19 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
 
   Slot s sees the first `lengths[s]` tokens of its sequence, token j living in
   page `page_table[s, j // page_size]` at offset `j % page_size`. On TPU this
-  is the Pallas `paged_attention` kernel (it reads only the pages a slot
-  uses); elsewhere the pages are gathered and attended as in 'dense' (same
-  float32 logits and softmax), which reads all `page_table.shape[1]` pages of
-  every slot.
+  is the Pallas `paged_attention` kernel; elsewhere a loop over blocks of
+  `pages_per_compute_block` page-table columns with an online softmax, which
+  gathers one block of pages at a time and stops after the last block any
+  slot reaches (so its cost follows the longest live slot, not the table's
+  width, and no [S, M * page_size] copy of the keys is made).
 
   Args:
     q: [S, N, H] queries (RoPE applied, not yet scaled).
     k_pages: [K, P, page_size, H] one layer's key pages (P pages in the pool).
     v_pages: [K, P, page_size, H].
-    lengths: [S] int32 tokens each slot sees (>= 1 for a live slot).
+    lengths: [S] int32 tokens each slot sees (>= 1).
     page_table: [S, M] int32 page of each of the slot's first M * page_size tokens.
-    pages_per_compute_block: the TPU kernel's pages per block (must divide M).
+    pages_per_compute_block: page-table columns per block.
 
   Returns:
     [S, N, H] in q's dtype.
@@ -168,22 +169,41 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
   s, n, h = q.shape
   kh, _, ps, _ = k_pages.shape
   m = page_table.shape[1]
+  bp = min(pages_per_compute_block, m)
   dt = q.dtype
   q = q * (h ** -0.5)
-  if jax.default_backend() == 'tpu' and m % pages_per_compute_block == 0:
+  if jax.default_backend() == 'tpu' and m % bp == 0:
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel
     return paged_attention_kernel.paged_attention(
         q, k_pages.astype(dt), v_pages.astype(dt), lengths, page_table, mask_value=_NEG_INF,
-        pages_per_compute_block=pages_per_compute_block)
+        pages_per_compute_block=bp)
+  if jax.default_backend() == 'cpu':
+    bp = min(bp, 2)      # XLA:CPU gathers slowly: small blocks measured fastest (S=32, 272 keys)
   q = q.reshape(s, kh, n // kh, h)                                      # [S, K, G, H]
-  k = k_pages[:, page_table]                                            # [K, S, M, ps, H]
-  v = v_pages[:, page_table]
-  logits = jnp.einsum('SKGH,KSMPH->SKGMP', q, k.astype(dt)).astype(jnp.float32)
-  seen = jnp.arange(m * ps, dtype=jnp.int32).reshape(m, ps)[None] < lengths[:, None, None]
-  logits = jnp.where(seen[:, None, None], logits, _NEG_INF).reshape(s, kh, n // kh, m * ps)
-  probs = jax.nn.softmax(logits, axis=-1).astype(dt).reshape(s, kh, n // kh, m, ps)
-  out = jnp.einsum('SKGMP,KSMPH->SKGH', probs, v.astype(dt))
-  return out.reshape(s, n, h)
+  blocks = -(-m // bp)
+  table = jnp.pad(page_table, ((0, 0), (0, blocks * bp - m))).reshape(s, blocks, bp)
+  used = (jnp.max(lengths) + bp * ps - 1) // (bp * ps)                  # blocks any slot sees
+
+  def body(carry):
+    j, mx, l, acc = carry
+    pages = jax.lax.dynamic_index_in_dim(table, j, axis=1, keepdims=False)   # [S, bp]
+    kb = k_pages[:, pages].astype(dt)                                   # [K, S, bp, ps, H]
+    vb = v_pages[:, pages].astype(dt)
+    x = jnp.einsum('SKGH,KSBPH->SKGBP', q, kb).astype(jnp.float32).reshape(
+        s, kh, n // kh, bp * ps)
+    seen = (j * bp * ps + jnp.arange(bp * ps, dtype=jnp.int32))[None] < lengths[:, None]
+    x = jnp.where(seen[:, None, None], x, _NEG_INF)
+    mx_new = jnp.maximum(mx, x.max(-1))
+    p = jnp.exp(x - mx_new[..., None])
+    corr = jnp.exp(mx - mx_new)
+    pv = jnp.einsum('SKGBP,KSBPH->SKGH', p.reshape(s, kh, n // kh, bp, ps).astype(dt), vb,
+                    preferred_element_type=jnp.float32)
+    return j + 1, mx_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
+
+  init = (jnp.zeros((), jnp.int32), jnp.full((s, kh, n // kh), -jnp.inf, jnp.float32),
+          jnp.zeros((s, kh, n // kh), jnp.float32), jnp.zeros((s, kh, n // kh, h), jnp.float32))
+  _, _, l, acc = jax.lax.while_loop(lambda c: c[0] < used, body, init)
+  return (acc / l[..., None]).astype(dt).reshape(s, n, h)
 
 
 def _dense_mask(q_seg, kv_seg, offset):

@@ -24,13 +24,19 @@ busy instead:
   back at the head of the queue) and later recomputed: sampling is a pure
   function of (key, row, step), so the recomputed row is the same row.
 
+* A decode call carries only the live slots, packed into the smallest power
+  of two of rows that holds them: a slot is a page-table row and a few
+  host-side integers, so moving it costs nothing, and the last long rows of
+  a call do not pay for every slot.
+
 Exactly on-policy, whatever slot a row runs in and whatever runs beside it:
 row r (= prompt i * G + sample g) draws token n with the key
 `fold_in(fold_in(rng, r), n)`, as `rl.sampler.sample` does, and log-probs are
-those of the unmodified policy. Shapes are static per (slots, pages viewed,
-chunk steps) and per prefill bucket, so compiles are bounded by the buckets;
-the pages a decode call reads are the smallest power of two that covers every
-live slot to the end of the call.
+those of the unmodified policy; tokens equal the one-call sampler's, log-probs
+equal to float32 rounding (another layout sums in another order). Shapes are
+static per (rows of a call, chunk steps) and per prefill bucket, so compiles
+are bounded by the buckets; how many pages attention reads is a loop bound
+(`models.attention.paged_attend`), not a shape.
 
 The host loop, its page accounting and the jitted device functions live here;
 `rl.sampler.Sampler(engine='paged')` drives it behind the usual `generate`.
@@ -52,6 +58,9 @@ from models import config as config_lib
 from models import sharding
 from models import transformer
 from rl import buckets
+
+
+_BLOCK_PAGES = 8   # models.attention.paged_attend's default pages_per_compute_block
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -264,6 +273,12 @@ class Engine:
                        f'tokens ({per_row} pages of {ps}, plus a partial copy)')
     return self.opt.pages
 
+  def batch_rows(self, live: int) -> int:
+    """Rows of a decode call for `live` live slots: a power of two (at least one per batch
+    shard), at most `slots`."""
+    shards = sharding.batch_shards(self.mesh, self.rules)
+    return min(self.opt.slots, buckets.pow2(live, multiple=shards))
+
   def _put(self, x, spec):
     if self.mesh is None:
       return jnp.asarray(x)
@@ -298,7 +313,8 @@ class Engine:
     plen = np.array([q.size for q in prompts])
     longest = int(plen.max() - 1 + limits.max())
     max_tokens = longest if row_tokens is None else max(longest, int(row_tokens))
-    full_view = buckets.pow2(-(-max_tokens // ps))
+    # Page-table columns: a multiple of the attention's pages per block (the TPU kernel's rule).
+    full_view = -(-max_tokens // (ps * _BLOCK_PAGES)) * _BLOCK_PAGES
     num_pages = self.pool_pages(longest, max_tokens)
     drop = num_pages                                    # a page index the scatters drop
     free = list(range(num_pages - 1, -1, -1))           # a stack: low pages first
@@ -441,40 +457,44 @@ class Engine:
       if not host_live.any():
         continue
 
-      # 3. Decode up to a chunk; return early when enough slots are free for waiting rows.
-      view = min(full_view, buckets.pow2(max(need(x, opt.chunk_steps)
-                                             for x in np.flatnonzero(host_live))))
-      refill_at = min(len(pending), max(1, s // 8)) if pending else s + 1
-      idle = int((~host_live).sum())
+      # 3. Decode up to a chunk; return early when enough rows are done for waiting ones to
+      # start. Only the live slots go to the device, packed into the smallest power-of-two
+      # batch that holds them (a slot is just a page-table row and a few host-side ints), so a
+      # long row finishing alone does not pay for every slot.
+      act = np.flatnonzero(host_live)
+      k = self.batch_rows(act.size)
+      idx = np.concatenate([act, np.full(k - act.size, act[0])])   # padding repeats a slot
+      live_k = np.arange(k) < act.size
+      want = min(len(pending), max(1, s // 8)) if pending else k + 1
       with sharding.use_mesh(self.mesh, self.rules):
         state = _Slots(k=k_pool, v=v_pool,
-                       lengths=self._put(host_len.astype(np.int32), ('batch',)),
-                       last=self._put(last, ('batch',)),
-                       n=self._put(host_n.astype(np.int32), ('batch',)),
-                       live=self._put(host_live, ('batch',)))
+                       lengths=self._put(host_len[idx].astype(np.int32), ('batch',)),
+                       last=self._put(last[idx], ('batch',)),
+                       n=self._put(host_n[idx].astype(np.int32), ('batch',)),
+                       live=self._put(live_k, ('batch',)))
         state, steps, toks, lps, slps = self._decode(
-            self.graphdef, params, state, self._put(table[:, :view], ('batch', None)),
-            self._put(rows_dev, ('batch',)), self._put(lim_dev, ('batch',)), rng,
-            temperature, top_p, top_k, np.int32(idle + refill_at if pending else s + 1),
+            self.graphdef, params, state, self._put(table[idx], ('batch', None)),
+            self._put(rows_dev[idx], ('batch',)), self._put(lim_dev[idx], ('batch',)), rng,
+            temperature, top_p, top_k, np.int32(k - act.size + want),
             chunk=opt.chunk_steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
             greedy=greedy, filtered=filtered)
       k_pool, v_pool = state.k, state.v
       steps = int(self._host(steps))
       toks, lps, slps = self._host(toks), self._host(lps), self._host(slps)
       new_n, new_live = self._host(state.n).astype(np.int64), self._host(state.live)
-      self.decode_slots += s * steps
-      for slot in np.flatnonzero(host_live):
+      self.decode_slots += k * steps
+      for j, slot in enumerate(act):
         r = slot_row[slot]
-        made = int(new_n[slot] - host_n[slot])
-        out_tok[r].append(toks[slot, :made])
-        out_lp[r].append(lps[slot, :made])
-        out_slp[r].append(slps[slot, :made])
+        made = int(new_n[j] - host_n[slot])
+        out_tok[r].append(toks[j, :made])
+        out_lp[r].append(lps[j, :made])
+        out_slp[r].append(slps[j, :made])
         host_len[slot] += made
-        host_n[slot] = new_n[slot]
-        last[slot] = toks[slot, made - 1] if made else last[slot]
+        host_n[slot] = new_n[j]
+        last[slot] = toks[j, made - 1] if made else last[slot]
         self.generated_tokens += made
-        if not new_live[slot]:
-          stopped[r] = made > 0 and int(toks[slot, made - 1]) in self.eos_ids
+        if not new_live[j]:
+          stopped[r] = made > 0 and int(toks[j, made - 1]) in self.eos_ids
           release(slot)
     self.pages_in_use = num_pages - len(free)
     cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)
