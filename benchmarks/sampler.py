@@ -251,7 +251,7 @@ class _HFLimits:
         out = self.model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=int(lim.max()),
             stopping_criteria=self.transformers.StoppingCriteriaList([_Stop()]),
-            eos_token_id=self.model.config.vocab_size - 1, pad_token_id=0, **kw)
+            eos_token_id=None, pad_token_id=0, **kw)   # no stop token: rows end at their length
       useful += int(np.minimum(out.shape[1] - plen, self.limits[start:start + batch]).sum())
     return useful
 

@@ -181,3 +181,24 @@ def test_rl_step_stops_when_the_sandbox_itself_fails(monkeypatch, bad, stops):
   else:
     draws.collect()
     assert draws.metrics()['sandbox_errors'] == 1.0
+
+
+def test_the_paged_engine_runs_a_cascade_with_the_one_call_samplers_rollouts(tmp_path,
+                                                                              copy_cascade):
+  """config.sampler.engine='paged': the same evaluation matrix and first RL rollouts."""
+  path = copy_cascade(tmp_path, train=16, eval_=16, sft=64, sft_steps=25, rl_steps=1)
+  out = {}
+  for engine in ('one_call', 'paged'):
+    c = _load_config(path)
+    c.sampler.new_token_buckets = (16,)
+    c.eval.max_new_tokens = 12
+    c.eval.num_prompts = 16
+    if engine == 'paged':
+      c.sampler.update(engine='paged', slots=8, page_size=8, chunk_steps=4)
+    res = train.run(c, str(tmp_path / engine))
+    rows = [json.loads(line) for line in open(tmp_path / engine / 'metrics.jsonl')]
+    rl_rows = [r for r in rows if r.get('stage') == 'copy_rl']
+    out[engine] = (res['scores'], rl_rows[0]['reward_mean'], rl_rows[0]['response_len'])
+  # The same keys give the same tokens: the same scores and the same first rewards.
+  assert out['paged'] == out['one_call']
+  assert any(v > 0 for row in out['paged'][0] for v in row)
