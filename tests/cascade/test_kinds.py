@@ -194,7 +194,7 @@ def test_the_paged_engine_runs_a_cascade_with_the_one_call_samplers_rollouts(tmp
     c.eval.max_new_tokens = 12
     c.eval.num_prompts = 16
     if engine == 'paged':
-      c.sampler.update(engine='paged', slots=8, page_size=8, chunk_steps=4)
+      c.sampler.update(engine='paged', slots=8, page_size=8, pages=None, chunk_steps=4)
     res = train.run(c, str(tmp_path / engine))
     rows = [json.loads(line) for line in open(tmp_path / engine / 'metrics.jsonl')]
     rl_rows = [r for r in rows if r.get('stage') == 'copy_rl']
