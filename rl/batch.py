@@ -147,6 +147,96 @@ def from_samples(samples, advantages, *, valid=None, teacher_index=None) -> Trai
       teacher_index=None if teacher_index is None else np.asarray(teacher_index, np.int32))
 
 
+def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> TrainBatch:
+  """Packs a batch's sequences into rows of `row_tokens` tokens (several per row).
+
+  With long-tailed response lengths most of a padded RL batch (every row
+  prompt + max response wide) is padding; packed, the update's FLOPs follow
+  the real tokens. Sequences are placed longest first, each into the first
+  row with room (first-fit decreasing); each keeps its positions and gets its
+  own segment id in its row, so attention never crosses sequences. Per-row
+  fields become per-token ([R, L]): advantages, truncated; teacher_index is
+  refused (route teachers before packing: teacher_logprobs travel with their
+  tokens). Rows that carry no loss are left out: with the token-level loss
+  they add nothing to the loss, its gradient or its normaliser.
+
+  The width is `row_tokens`, or the longest sequence when that is longer
+  (rounded up to a power of two, so few widths compile); the row count is
+  rounded up to a power of two times `rows_multiple` (microbatches x batch
+  shards), the extra rows all padding.
+
+  Args:
+    batch: a TrainBatch of one sequence per row (`from_samples`), host arrays.
+    row_tokens: tokens per packed row (the update's memory constant).
+    rows_multiple: the packed row count is a multiple of this.
+
+  Returns:
+    The packed TrainBatch.
+  """
+  if row_tokens < 1 or rows_multiple < 1:
+    raise ValueError(f'pack: row_tokens={row_tokens} and rows_multiple={rows_multiple} '
+                     'must be >= 1')
+  if batch.teacher_index is not None:
+    raise ValueError('pack: batch has teacher_index (per-row teacher routing); compute '
+                     'teacher_logprobs first and drop teacher_index')
+  seg = np.asarray(batch.segment_ids)
+  if np.any(seg > 1):
+    raise ValueError('pack: the batch is already packed (segment ids above 1)')
+  loss = np.asarray(batch.loss_mask)
+  real = seg > 0
+  starts = np.argmax(real, 1)
+  lengths = real.sum(1)
+  keep = np.flatnonzero((loss.sum(1) > 0) & (lengths > 0))
+  # Each kept row's real tokens must be one contiguous span (left-padded prompt ++ completion).
+  span_ok = np.array([real[r, starts[r]:starts[r] + lengths[r]].all() for r in keep], bool)
+  if not span_ok.all():
+    raise ValueError('pack: a row\'s tokens are not one contiguous span')
+  width = int(row_tokens)
+  longest = int(lengths[keep].max()) if keep.size else 1
+  if longest > width:
+    width = 1 << (longest - 1).bit_length()
+  free: list[int] = []                    # room left in each packed row
+  place = {}
+  for r in sorted(keep, key=lambda r: (-lengths[r], r)):
+    n = int(lengths[r])
+    row = next((i for i, room in enumerate(free) if room >= n), None)
+    if row is None:
+      free.append(width)
+      row = len(free) - 1
+    place[r] = (row, width - free[row])
+    free[row] -= n
+  count = max(1, len(free))
+  count = -(-(1 << (count - 1).bit_length()) // rows_multiple) * rows_multiple
+
+  def empty(x, dtype=None):
+    x = np.asarray(x)
+    return np.zeros((count, width), dtype or x.dtype)
+
+  fields = {name: empty(getattr(batch, name)) for name in
+            ('tokens', 'positions', 'targets', 'loss_mask', 'old_logprobs', 'ref_logprobs',
+             'teacher_logprobs') if getattr(batch, name) is not None}
+  segment_ids = np.zeros((count, width), np.int32)
+  advantages = (None if batch.advantages is None
+                else np.zeros((count, width), np.float32))
+  truncated = None if batch.truncated is None else np.zeros((count, width), bool)
+  next_id = np.ones(count, np.int32)
+  for r in sorted(place):
+    row, col = place[r]
+    a, n = int(starts[r]), int(lengths[r])
+    for name, out in fields.items():
+      out[row, col:col + n] = np.asarray(getattr(batch, name))[r, a:a + n]
+    segment_ids[row, col:col + n] = next_id[row]
+    next_id[row] += 1
+    if advantages is not None:
+      advantages[row, col:col + n] = np.asarray(batch.advantages).reshape(-1)[r]
+    if truncated is not None:
+      truncated[row, col:col + n] = np.asarray(batch.truncated).reshape(-1)[r]
+  return TrainBatch(segment_ids=segment_ids, advantages=advantages, truncated=truncated,
+                    **{k: fields.get(k) for k in ('tokens', 'positions', 'targets',
+                                                  'loss_mask', 'old_logprobs',
+                                                  'ref_logprobs', 'teacher_logprobs')})
+
+
 def _is_sample_output(x) -> bool:
   return hasattr(x, 'prompt_tokens') and hasattr(x, 'sampling_logprobs')
 

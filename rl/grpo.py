@@ -234,7 +234,9 @@ def loss_mask(batch: batch_lib.TrainBatch, cfg: GrpoConfig) -> jax.Array:
   if cfg.mask_truncated:
     if batch.truncated is None:
       raise ValueError('GrpoConfig.mask_truncated needs batch.truncated')
-    mask = mask * (1.0 - jnp.asarray(batch.truncated, jnp.float32))[:, None]
+    truncated = jnp.asarray(batch.truncated, jnp.float32)
+    # [B] per row, or [B, L] per token in a packed batch (`rl.batch.pack`).
+    mask = mask * (1.0 - (truncated if truncated.ndim == 2 else truncated[:, None]))
   return mask
 
 
@@ -293,7 +295,13 @@ def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
   on = mask > 0
   log_ratio = jnp.where(on, logprobs - batch.old_logprobs, 0.0)
   ratio = jnp.exp(log_ratio)
-  adv = jnp.asarray(batch.advantages, jnp.float32)[:, None]
+  adv = jnp.asarray(batch.advantages, jnp.float32)
+  if adv.ndim == 2:            # per token: a packed batch (`rl.batch.pack`)
+    if cfg.aggregation != 'token':
+      raise ValueError(f'GrpoConfig.aggregation={cfg.aggregation!r}: a packed batch (several '
+                       "sequences per row) needs aggregation='token'")
+  else:
+    adv = adv[:, None]
   lo, hi = 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high
   pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, lo, hi) * adv)
   per_token = pg

@@ -41,10 +41,15 @@ class Config(rl.RLStageConfig):
                                     convert=float)
   entropy_coef: float = base.field(0.0, check=base.num_in(0, what='must be >= 0'),
                                    convert=float)
+  pack_tokens: int = base.field(0, check=(lambda v: base.is_int(v) and v >= 0,
+                                          'must be an int >= 0 (0 = padded rows)'))
 
   def check(self, fail):
     if self.group_size < 2:
       fail('group_size', 'grpo needs G >= 2 (a group of one has no baseline)')
+    if self.pack_tokens and self.loss_agg != 'token':
+      fail('pack_tokens', f"needs loss_agg='token' (got {self.loss_agg!r}): a packed row holds "
+           'several sequences')
     super().check(fail)
 
 
@@ -88,9 +93,16 @@ def train(env, stage: Config, kind: base.Kind, draws_cls) -> base.StageResult:
       if ref_params is not None:
         batch = batch._replace(ref_logprobs=np.asarray(batch_lib.compute_logprobs(
             graphdef, ref_params, batch, env.mesh, env.rules, rows_per_call=per_call)))
+      updates = rl.split_updates(stage, step, env.plan.seed, batch)
+      if stage.pack_tokens:
+        # The update follows the real tokens: each mini-batch's sequences packed into rows of
+        # `pack_tokens` (same loss and gradient as the padded rows).
+        updates = [batch_lib.pack(u, stage.pack_tokens,
+                                  rows_multiple=stage.microbatches * env.batch_shards)
+                   for u in updates]
       host = {**draws.metrics(), **fill, 'rows_with_loss': float(np.mean(valid)),
-              **rl.update_accounting(batch)}
-      return rl.split_updates(stage, step, env.plan.seed, batch), host
+              **rl.update_accounting(updates)}
+      return updates, host
     return loop.BatchMaker(loader, make)
 
   return loop.train(env, kind, stage, maker)

@@ -368,10 +368,14 @@ class Draws:
     return out
 
 
-def update_accounting(batch) -> dict:
-  """The update's padding: token slots of the train batch (rows x width) that hold no token."""
-  seg = np.asarray(batch.segment_ids)
-  return {'update_tokens': float(np.sum(seg > 0)), 'update_waste': 1.0 - float(np.mean(seg > 0))}
+def update_accounting(batches) -> dict:
+  """The update's padding: token slots of the train batch(es) (rows x width) that hold no
+  token. `batches`: one TrainBatch or the step's list of them."""
+  if not isinstance(batches, (list, tuple)):
+    batches = [batches]
+  real = sum(float(np.sum(np.asarray(b.segment_ids) > 0)) for b in batches)
+  slots = sum(float(np.asarray(b.segment_ids).size) for b in batches)
+  return {'update_tokens': real, 'update_waste': 1.0 - real / max(slots, 1.0)}
 
 
 def sample_rows(rows: int, group_size: int, count: int) -> list[int]:

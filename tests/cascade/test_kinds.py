@@ -183,22 +183,31 @@ def test_rl_step_stops_when_the_sandbox_itself_fails(monkeypatch, bad, stops):
     assert draws.metrics()['sandbox_errors'] == 1.0
 
 
-def test_the_paged_engine_runs_a_cascade_with_the_one_call_samplers_rollouts(tmp_path,
-                                                                              copy_cascade):
-  """config.sampler.engine='paged': the same evaluation matrix and first RL rollouts."""
+def test_the_paged_engine_and_packed_updates_run_a_cascade_as_the_defaults_do(tmp_path,
+                                                                               copy_cascade):
+  """config.sampler.engine='paged' and pack_tokens: the same rollouts, scores and loss."""
   path = copy_cascade(tmp_path, train=16, eval_=16, sft=64, sft_steps=25, rl_steps=1)
   out = {}
-  for engine in ('one_call', 'paged'):
+  for variant in ('defaults', 'paged_packed'):
     c = _load_config(path)
     c.sampler.new_token_buckets = (16,)
     c.eval.max_new_tokens = 12
     c.eval.num_prompts = 16
-    if engine == 'paged':
+    rl = dict(c.stages[1], max_response_len=12, prompts_per_step=4)
+    if variant == 'paged_packed':
       c.sampler.update(engine='paged', slots=8, page_size=8, pages=None, chunk_steps=4)
-    res = train.run(c, str(tmp_path / engine))
-    rows = [json.loads(line) for line in open(tmp_path / engine / 'metrics.jsonl')]
-    rl_rows = [r for r in rows if r.get('stage') == 'copy_rl']
-    out[engine] = (res['scores'], rl_rows[0]['reward_mean'], rl_rows[0]['response_len'])
-  # The same keys give the same tokens: the same scores and the same first rewards.
-  assert out['paged'] == out['one_call']
-  assert any(v > 0 for row in out['paged'][0] for v in row)
+      rl['pack_tokens'] = 32
+    c.stages = [c.stages[0], rl]
+    res = train.run(c, str(tmp_path / variant))
+    rows = [json.loads(line) for line in open(tmp_path / variant / 'metrics.jsonl')]
+    rl_row = [r for r in rows if r.get('stage') == 'copy_rl'][0]
+    out[variant] = res['scores'][0], rl_row
+  (sft_a, a), (sft_b, b) = out['defaults'], out['paged_packed']
+  # The same keys give the same tokens: the same SFT scores and the same first rollouts.
+  assert sft_b == sft_a and any(v > 0 for v in sft_a)
+  assert (b['reward_mean'], b['response_len']) == (a['reward_mean'], a['response_len'])
+  # The packed update's forward gives the padded one's log-probs (mean -log p over the loss
+  # tokens; the sampler's to 1e-6: ratio 1), on the same tokens, in fewer token slots.
+  assert b['entropy'] == pytest.approx(a['entropy'], rel=1e-5) and a['entropy'] > 0
+  assert b['logprob_gap'] < 1e-5 and b['tokens'] == a['tokens'] > 0
+  assert b['update_tokens'] <= a['update_tokens'] and b['update_waste'] < a['update_waste']
