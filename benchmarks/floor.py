@@ -6,6 +6,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -36,3 +37,12 @@ def measure_machine(matmul_shapes) -> tuple[float, float]:
   read = jax.jit(jnp.sum)
   bandwidth = x.nbytes / best_seconds(lambda: read(x), 5)
   return flops, bandwidth
+
+
+def longtail_limits(rows: int, cap: int, seed: int) -> np.ndarray:
+  """Per-row target lengths: lognormal with median cap / 8 (sigma 1), clipped to [1, cap],
+  and one row in 32 (at least one) at the cap."""
+  rng = np.random.default_rng(seed + 1)
+  lim = np.clip(np.round(rng.lognormal(np.log(cap / 8), 1.0, rows)), 1, cap).astype(np.int64)
+  lim[rng.choice(rows, max(1, rows // 32), replace=False)] = cap
+  return lim

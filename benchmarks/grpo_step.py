@@ -20,8 +20,19 @@ prompts, G and reward, and interleaves one of our steps after every TRL step
 so that load from other processes hits both alike. Medians after a warm-up
 step are compared.
 
+--workload=longtail: every row gets its own target length (a lognormal with
+median --new_tokens / 8, one row in 32 at --new_tokens; stop positions
+enforced as `row_limits`), and two of our steps alternate: today's padded
+step (one-call sampler in chunks of --chunk_rows rows, every row padded to
+prompt + max response for the update) and the engine step (the paged engine
+at the same KV memory with 2 x --chunk_rows slots, the update packed into
+rows of --pack_tokens tokens):
+
+  .venv/bin/python -m benchmarks.grpo_step --workload=longtail --prompts=16 --new_tokens=256
+
 Printed: a table, then one JSON line with s_per_step, sample_s, score_s,
-update_s, compile_s (and trl_s_per_step, trl_sample_s, speedup_vs_trl).
+update_s, compile_s (and trl_s_per_step, trl_sample_s, speedup_vs_trl; for
+longtail the two sides' medians and engine_speedup).
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks import floor
 from models import config as config_lib
 from models import transformer
 from rl import batch as batch_lib
@@ -62,6 +74,12 @@ _STEPS = flags.DEFINE_integer('steps', 5, 'Timed steps per side (after one warm-
 _COMPARE_TRL = flags.DEFINE_bool('compare_trl', False,
                                  "Also time TRL's GRPOTrainer (torch CPU, 2 threads).")
 _SEED = flags.DEFINE_integer('seed', 0, 'Weights and prompts seed.')
+_WORKLOAD = flags.DEFINE_enum('workload', 'fixed', ['fixed', 'longtail'],
+                              'fixed: every completion --new_tokens; longtail: per-row lengths.')
+_CHUNK_ROWS = flags.DEFINE_integer('chunk_rows', 32, 'Longtail: one-call rows per chunk.')
+_PACK_TOKENS = flags.DEFINE_integer('pack_tokens', 0,
+                                    'Longtail: tokens per packed update row (0: prompt + max '
+                                    'response, one padded row\'s width).')
 
 
 def _model_config() -> config_lib.ModelConfig:
@@ -190,6 +208,77 @@ class _TRL:
     self.trainer.train()
 
 
+class _Longtail:
+  """One GRPO step on the long-tail workload, padded (one-call sampler) or packed (engine)."""
+
+  def __init__(self, cfg, model, prompts, limits, engine: bool):
+    self.graphdef, params = nnx.split(model)
+    pb = min(x for x in sampler_lib.DEFAULT_PROMPT_BUCKETS if x >= _PROMPT_LEN.value)
+    nb = min(x for x in sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS if x >= _NEW_TOKENS.value)
+    budget = _CHUNK_ROWS.value * (pb + nb)          # KV token slots, the same on both sides
+    kw = (dict(engine='paged', slots=2 * _CHUNK_ROWS.value, pages=budget // 16) if engine
+          else dict(cache_tokens_per_device=budget))
+    self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=(), pad_id=0, **kw)
+    self.sp = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=_NEW_TOKENS.value)
+    opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=_LR.value,
+                                                             max_grad_norm=1.0))
+    self.state = train_lib.init_state(jax.tree.map(jnp.copy, params), opt, seed=_SEED.value)
+    self.step = train_lib.make_train_step(self.graphdef, 'grpo', grpo.GrpoConfig(), opt)
+    self.prompts, self.limits, self.engine = prompts, limits, engine
+    self.pack_tokens = _PACK_TOKENS.value or _PROMPT_LEN.value + _NEW_TOKENS.value
+    self.calls = 0
+
+  def __call__(self) -> dict:
+    t0 = time.perf_counter()
+    key = jax.random.fold_in(jax.random.key(_SEED.value), self.calls)
+    out = self.sampler.generate(self.state.params, self.prompts, key, self.sp,
+                                num_samples=_G.value, row_limits=self.limits)
+    t1 = time.perf_counter()
+    rewards = reward(out.tokens, out.mask, _TARGET.value)
+    batch = batch_lib.from_samples(out, grpo.advantages(rewards, _G.value))
+    if self.engine:
+      batch = batch_lib.pack(batch, self.pack_tokens)
+    t2 = time.perf_counter()
+    self.state, metrics = self.step(self.state, batch)
+    loss = float(metrics['loss'])
+    t3 = time.perf_counter()
+    self.calls += 1
+    assert np.array_equal(out.lengths, self.limits) and np.isfinite(loss)
+    return dict(step=t3 - t0, sample=t1 - t0, score=t2 - t1, update=t3 - t2,
+                slots=int(np.asarray(batch.tokens).size), loss=loss)
+
+
+def longtail(cfg, model, prompts):
+  """Padded one-call steps against engine + packed steps, alternating; prints a table + JSON."""
+  rows = len(prompts) * _G.value
+  limits = floor.longtail_limits(rows, _NEW_TOKENS.value, _SEED.value)
+  sides = {'padded (one-call sampler)': _Longtail(cfg, model, prompts, limits, False),
+           'engine + packed update': _Longtail(cfg, model, prompts, limits, True)}
+  firsts = {name: side() for name, side in sides.items()}     # compiles
+  runs = {name: [] for name in sides}
+  for _ in range(_STEPS.value):
+    for name, side in sides.items():
+      runs[name].append(side())
+  print(f'\nlong-tail: {rows} rows, target lengths median {int(np.median(limits))}, mean '
+        f'{limits.mean():.0f}, cap {_NEW_TOKENS.value}; {int(limits.sum())} generated tokens')
+  print(f'{"":<28} {"s/step":>8} {"sample s":>9} {"update s":>9} {"update slots":>13}')
+  result = dict(workload='longtail', rows=rows, cap=_NEW_TOKENS.value,
+                generated_tokens=int(limits.sum()), steps=_STEPS.value, sides={})
+  for name, rs in runs.items():
+    med = {k: statistics.median(r[k] for r in rs) for k in ('step', 'sample', 'update')}
+    print(f'{name:<28} {med["step"]:8.3f} {med["sample"]:9.3f} {med["update"]:9.3f} '
+          f'{rs[-1]["slots"]:>13}')
+    result['sides'][name] = dict(s_per_step=med['step'], sample_s=med['sample'],
+                                 update_s=med['update'], update_token_slots=rs[-1]['slots'],
+                                 first_step_s=firsts[name]['step'])
+  a, b = (result['sides'][n] for n in sides)
+  result['engine_speedup'] = a['s_per_step'] / b['s_per_step']
+  result['update_speedup'] = a['update_s'] / b['update_s']
+  print(f'engine + packed vs padded: {result["engine_speedup"]:.2f}x per step '
+        f'(update {result["update_speedup"]:.2f}x)')
+  print(json.dumps(result))
+
+
 def main(argv):
   del argv
   cfg = _model_config()
@@ -203,6 +292,8 @@ def main(argv):
         f'x {_NEW_TOKENS.value} new tokens, prompt {_PROMPT_LEN.value} | jax {jax.__version__} '
         f'on {jax.devices()[0].platform}')
 
+  if _WORKLOAD.value == 'longtail':
+    return longtail(cfg, model, prompts)
   ours = _Ours(cfg, model, prompts)
   first = ours()                                    # compiles the sampler and the step
   runs = []

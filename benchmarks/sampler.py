@@ -209,15 +209,6 @@ def _row(name, seconds, batch, new):
           f'{batch * new / med:12.0f} {med / new * 1e3:10.3f}')
 
 
-def longtail_limits(rows: int, cap: int, seed: int) -> np.ndarray:
-  """Per-row target lengths: lognormal with median cap / 8 (sigma 1), clipped to [1, cap],
-  and one row in 32 (at least one) at the cap."""
-  rng = np.random.default_rng(seed + 1)
-  lim = np.clip(np.round(rng.lognormal(np.log(cap / 8), 1.0, rows)), 1, cap).astype(np.int64)
-  lim[rng.choice(rows, max(1, rows // 32), replace=False)] = cap
-  return lim
-
-
 class _HFLimits:
   """transformers generate in batches of --batch rows, each row stopped at its own length."""
 
@@ -262,7 +253,7 @@ def longtail(cfg, model):
   rng = np.random.default_rng(_SEED.value)
   prompts = rng.integers(0, cfg.vocab_size, (_PROMPTS.value, plen)).tolist()
   rows = len(prompts) * g
-  limits = longtail_limits(rows, cap, _SEED.value)
+  limits = floor.longtail_limits(rows, cap, _SEED.value)
   useful = int(limits.sum())
   graphdef, params = nnx.split(model)
   sp = _sampling_params(cap)

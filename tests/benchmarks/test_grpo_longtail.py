@@ -1,0 +1,23 @@
+"""benchmarks.grpo_step --workload=longtail: padded against engine + packed steps."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_longtail_grpo_steps_report_both_sides():
+  out = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.grpo_step', '--workload=longtail', '--prompts=2',
+       '--group_size=4', '--new_tokens=32', '--steps=1', '--chunk_rows=4'],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
+  result = json.loads(out.strip().splitlines()[-1])
+  padded, packed = (result['sides'][k] for k in ('padded (one-call sampler)',
+                                                 'engine + packed update'))
+  assert result['rows'] == 8 and result['generated_tokens'] >= 8
+  # The padded update holds every row at prompt + cap; the packed one only what it needs.
+  assert padded['update_token_slots'] == 8 * (16 + 32)
+  assert packed['update_token_slots'] < padded['update_token_slots']
+  assert result['engine_speedup'] == padded['s_per_step'] / packed['s_per_step']
