@@ -162,7 +162,8 @@ def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> Train
 
   The width is `row_tokens`, or the longest sequence when that is longer
   (rounded up to a power of two, so few widths compile); the row count is
-  rounded up to a power of two times `rows_multiple` (microbatches x batch
+  rounded up to a power of two or three quarters of one (1, 2, 3, 4, 6, 8,
+  12, ...), then to a multiple of `rows_multiple` (microbatches x batch
   shards), the extra rows all padding.
 
   Args:
@@ -206,7 +207,10 @@ def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> Train
     place[r] = (row, width - free[row])
     free[row] -= n
   count = max(1, len(free))
-  count = -(-(1 << (count - 1).bit_length()) // rows_multiple) * rows_multiple
+  bucket = 1 << (count - 1).bit_length()            # a power of two, or 3/4 of one
+  if bucket >= 4 and 3 * bucket // 4 >= count:
+    bucket = 3 * bucket // 4
+  count = -(-bucket // rows_multiple) * rows_multiple
 
   def empty(x, dtype=None):
     x = np.asarray(x)
