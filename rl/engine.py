@@ -279,6 +279,44 @@ class Engine:
     shards = sharding.batch_shards(self.mesh, self.rules)
     return min(self.opt.slots, buckets.pow2(live, multiple=shards))
 
+  def abstract_decode(self, graphdef, params, row_tokens: int, greedy: bool, filtered: bool):
+    """The arguments of a decode call with every slot live, abstract (for `launch.plan`).
+
+    Args:
+      graphdef, params: the policy (params as ShapeDtypeStructs in the rollout layout).
+      row_tokens: the bucketed cache tokens of the longest row (sizes the table and pool).
+      greedy, filtered: as in SamplingParams.
+
+    Returns:
+      (positional args, keyword args, description) for `self._decode.lower`.
+    """
+    s, ps = self.opt.slots, self.opt.page_size
+    num_pages = self.pool_pages(row_tokens, row_tokens)
+    view = -(-row_tokens // (ps * _BLOCK_PAGES)) * _BLOCK_PAGES
+    cfg = self.cfg
+
+    def sds(shape, dt, axes):
+      sh = None
+      if self.mesh is not None:
+        sh = jax.sharding.NamedSharding(self.mesh, sharding.logical_to_spec(
+            axes, shape, self.mesh, self.rules))
+      return jax.ShapeDtypeStruct(shape, jnp.dtype(dt), sharding=sh)
+
+    pool = (cfg.num_layers, cfg.num_kv_heads, num_pages, ps, cfg.head_dim)
+    vec = lambda dt: sds((s,), dt, ('batch',))
+    scalar = lambda dt: sds((), dt, ())
+    state = _Slots(k=sds(pool, cfg.jnp_dtype, transformer.PAGE_AXES),
+                   v=sds(pool, cfg.jnp_dtype, transformer.PAGE_AXES), lengths=vec(jnp.int32),
+                   last=vec(jnp.int32), n=vec(jnp.int32), live=vec(jnp.bool_))
+    args = (graphdef, params, state, sds((s, view), jnp.int32, ('batch', None)), vec(jnp.int32),
+            vec(jnp.int32), sds((2,), jnp.uint32, (None,)), scalar(jnp.float32),
+            scalar(jnp.float32), scalar(jnp.int32), scalar(jnp.int32))
+    kw = dict(chunk=self.opt.chunk_steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
+              greedy=greedy, filtered=filtered)
+    what = (f'paged engine: {s} slots, a pool of {num_pages} pages x {ps} tokens '
+            f'({num_pages * ps} cache slots), decode calls of {self.opt.chunk_steps} steps')
+    return args, kw, what
+
   def _put(self, x, spec):
     if self.mesh is None:
       return jnp.asarray(x)

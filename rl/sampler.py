@@ -587,6 +587,9 @@ class Sampler:
     p = buckets.smallest_fit(self.prompt_buckets, prompt_len, 'prompt length')
     nb = buckets.smallest_fit(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
     b = self.chunk_rows(rows, p + nb)
+    if self.engine == 'paged':
+      return self._engine(b).abstract_decode(self.graphdef, self.rollout_params(params), p + nb,
+                                             sp.greedy, sp.filtered)
     group = self.prefill_group(b, num_samples)
     u = b // group
     rows_sh = rep = None
@@ -612,8 +615,13 @@ class Sampler:
   def lower(self, params, rows: int, prompt_len: int, sp: SamplingParams, num_samples: int = 1):
     """Lowers the sampler for a call of these sizes (ahead of time; `params` abstract)."""
     args, kw, _ = self.abstract_args(params, rows, prompt_len, sp, num_samples)
+    fn = sample
+    if self.engine == 'paged':   # the engine's decode call (its pool is an argument)
+      p = buckets.smallest_fit(self.prompt_buckets, prompt_len, 'prompt length')
+      nb = buckets.smallest_fit(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
+      fn = self._engine(self.chunk_rows(rows, p + nb))._decode
     with sharding.use_mesh(self.mesh, self.rules):
-      return sample.lower(*args, **kw)
+      return fn.lower(*args, **kw)
 
   def generate(self, params, prompts: Sequence[Sequence[int]], rng, sp: SamplingParams,
                num_samples: int = 1, row_limits: Sequence[int] | None = None) -> SampleOutput:
@@ -715,13 +723,7 @@ class Sampler:
   def _generate_paged(self, params, prompts, rng, sp: SamplingParams, num_samples: int,
                       limits: np.ndarray, chunk: int, row_tokens: int) -> SampleOutput:
     """`generate` through the paged engine (rows assembled as the one-call path returns them)."""
-    slots = self.slots or chunk
-    eng = self._engines.get(slots)
-    if eng is None:
-      eng = self._engines[slots] = engine_lib.Engine(
-          self.graphdef, self.cfg, engine_lib.EngineOptions(slots=slots, **self._engine_options),
-          eos_ids=self.eos_ids, pad_id=self.pad_id, mesh=self.mesh, rules=self.rules,
-          prompt_buckets=self.prompt_buckets)
+    eng = self._engine(chunk)
     before = (eng.compile_count, eng.decode_slots, eng.generated_tokens)
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
                np.int32(sp.top_k))
@@ -748,6 +750,17 @@ class Sampler:
     return SampleOutput(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens,
                         mask=mask, logprobs=logprobs, sampling_logprobs=sampling_logprobs,
                         lengths=lengths, truncated=~rows.stopped)
+
+  def _engine(self, chunk: int) -> engine_lib.Engine:
+    """The paged engine of `slots` slots (or `chunk`, a one-call chunk's rows, when unset)."""
+    slots = self.slots or chunk
+    eng = self._engines.get(slots)
+    if eng is None:
+      eng = self._engines[slots] = engine_lib.Engine(
+          self.graphdef, self.cfg, engine_lib.EngineOptions(slots=slots, **self._engine_options),
+          eos_ids=self.eos_ids, pad_id=self.pad_id, mesh=self.mesh, rules=self.rules,
+          prompt_buckets=self.prompt_buckets)
+    return eng
 
   @property
   def pages_in_use(self) -> int:

@@ -224,3 +224,20 @@ def test_an_agentic_stage_plans_its_last_turn(tiny_path):
   assert samp.name == 'sampler' and not samp.error
   assert '16 rows' in samp.shapes and 'prompt bucket 128' in samp.shapes
   assert 'new-token bucket 16' in samp.shapes
+
+
+def test_the_paged_engine_is_planned_with_its_page_pool(tiny_path):
+  config = _load(tiny_path)
+  config.sampler = dict(engine='paged', slots=8, page_size=8)
+  tgt = plan.target(config, 'cpu')
+  [rep] = plan.run_plan(config, tgt, stages=['add_rl'], with_eval=False, with_train=False)
+  [samp] = rep.programs
+  assert not samp.error and samp.shapes.startswith('paged engine: 8 slots, a pool of 65 pages')
+  mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
+  model_cfg = model_config.ModelConfig.preset('tiny', max_seq_len=256)
+  _, params = plan.abstract_params(model_cfg, 'policy', mesh, sharding.DEFAULT_RULES)
+  # 65 pages: 8 slots x 8 pages (32 + 32 tokens in pages of 8) + 1; K/V split over 'tensor'.
+  pool = (2 * model_cfg.num_layers * model_cfg.num_kv_heads * 65 * 8 * model_cfg.head_dim
+          * model_cfg.jnp_dtype.itemsize) / 2
+  assert samp.argument_bytes == pytest.approx(_per_device_bytes(params) + pool, rel=0.05)
+  assert samp.argument_bytes > _per_device_bytes(params) + 0.9 * pool
