@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models import config as config_lib
+
 
 def best_seconds(fn, repeats: int) -> float:
   """Best wall time of `fn` (its result waited for) over `repeats` runs after a warm-up."""
@@ -46,3 +48,45 @@ def longtail_limits(rows: int, cap: int, seed: int) -> np.ndarray:
   lim = np.clip(np.round(rng.lognormal(np.log(cap / 8), 1.0, rows)), 1, cap).astype(np.int64)
   lim[rng.choice(rows, max(1, rows // 32), replace=False)] = cap
   return lim
+
+
+def generation_floor(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: int,
+                     flops_rate: float, bandwidth: float) -> dict:
+  """Lower bound on the generation time on this machine, from first principles.
+
+  Counts the matmul FLOPs of the prefill and of every decode step (attention
+  over the filled part of the cache only) and the bytes each step must read
+  (all weights once, the filled KV cache), float32. A step cannot be faster
+  than the larger of flops / rate and bytes / bandwidth.
+  """
+  d, n, k, h, f, v, l = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.mlp_dim, cfg.vocab_size, cfg.num_layers)
+  block_weights = l * (d * n * h * 2 + d * k * h * 2 + 3 * d * f)
+  param_bytes = 4 * cfg.num_params()
+  kv_bytes_per_slot = 4 * l * 2 * k * h
+  # Prefill: every prompt token through the blocks (causal attention), logits
+  # at the last position only.
+  fl = batch * (2 * block_weights * prompt + 2 * d * v + l * 4 * n * h * prompt * (prompt + 1) / 2)
+  by = param_bytes + batch * prompt * kv_bytes_per_slot
+  total_flops, total_bytes, floor = fl, by, max(fl / flops_rate, by / bandwidth)
+  for t in range(1, new):          # the first token comes from the prefill's logits
+    slots = prompt + t
+    fl = batch * (2 * (block_weights + d * v) + l * 4 * n * h * slots)
+    by = param_bytes + batch * slots * kv_bytes_per_slot
+    total_flops += fl
+    total_bytes += by
+    floor += max(fl / flops_rate, by / bandwidth)
+  return dict(flops=total_flops, bytes=total_bytes, flops_s=total_flops / flops_rate,
+              bytes_s=total_bytes / bandwidth, floor_s=floor)
+
+
+def update_flops(cfg, rows: int, width: int, tokens: int | None = None) -> float:
+  """Matmul FLOPs of one training update (forward + backward, 3x the forward) over `rows` rows
+  of `width` positions: the blocks and the output projection per real token (`tokens`, default
+  rows x width) and causal attention within each row."""
+  d, n, k, h, f, v, l = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.mlp_dim, cfg.vocab_size, cfg.num_layers)
+  block_weights = l * (d * n * h * 2 + d * k * h * 2 + 3 * d * f)
+  tokens = rows * width if tokens is None else tokens
+  forward = 2 * (block_weights + d * v) * tokens + rows * l * 4 * n * h * width * (width + 1) / 2
+  return 3 * forward

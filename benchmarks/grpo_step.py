@@ -30,8 +30,11 @@ rows of --pack_tokens tokens):
 
   .venv/bin/python -m benchmarks.grpo_step --workload=longtail --prompts=16 --new_tokens=256
 
-Printed: a table, then one JSON line with s_per_step, sample_s, score_s,
-update_s, compile_s (and trl_s_per_step, trl_sample_s, speedup_vs_trl; for
+Printed: a table, the step's floor (sampling: FLOPs at the measured matmul
+rate, or the weight reads of the longest row's decode steps at the measured
+bandwidth; the update: its FLOPs over the real tokens) beside the measurement
+(for longtail, the engine's), then one JSON line with s_per_step, sample_s, score_s,
+update_s, compile_s, floor_s, x_floor (and trl_s_per_step, trl_sample_s, speedup_vs_trl; for
 longtail the two sides' medians and engine_speedup).
 """
 
@@ -276,6 +279,8 @@ def longtail(cfg, model, prompts):
   result['update_speedup'] = a['update_s'] / b['update_s']
   print(f'engine + packed vs padded: {result["engine_speedup"]:.2f}x per step '
         f'(update {result["update_speedup"]:.2f}x)')
+  result.update(_step_floor(cfg, rows, [_PROMPT_LEN.value] * rows, list(limits),
+                            b['s_per_step']))
   print(json.dumps(result))
 
 
@@ -328,7 +333,34 @@ def main(argv):
     print(f'speedup vs TRL: {result["speedup_vs_trl"]:.2f}x (medians of {len(trl_times)} steps); '
           f'prompt logits max |diff| {trl_runner.logits_max_abs_diff:.2e}')
   print(f'first step (compile + run): {first["step"]:.2f} s')
+  rows, width = _PROMPTS.value * _G.value, _PROMPT_LEN.value + _NEW_TOKENS.value
+  result.update(_step_floor(cfg, rows, [_PROMPT_LEN.value] * rows, [_NEW_TOKENS.value] * rows,
+                            s_step))
   print(json.dumps(result))
+
+
+def _step_floor(cfg, rows: int, prompt_lens, new_lens, measured: float) -> dict:
+  """Prints and returns the step's floor: sampling (floor.generation_floor per row, FLOPs at the
+  measured matmul rate; bytes at the measured bandwidth for the batched decode) + the update's
+  FLOPs over the real tokens."""
+  flops_rate, bandwidth = floor.measure_machine(
+      [(rows, cfg.embed_dim, cfg.mlp_dim), (rows, cfg.mlp_dim, cfg.embed_dim),
+       (rows, cfg.embed_dim, cfg.vocab_size)])
+  sample_flops = sum(floor.generation_floor(cfg, 1, p, n, flops_rate, bandwidth)['flops']
+                     for p, n in zip(prompt_lens, new_lens))
+  # A batched decode step reads the weights once for all rows: the longest row's steps.
+  weight_s = max(new_lens) * 4 * cfg.num_params() / bandwidth
+  sample_s = max(sample_flops / flops_rate, weight_s)
+  update = sum(floor.update_flops(cfg, 1, p + n) for p, n in zip(prompt_lens, new_lens))
+  update_s = update / flops_rate
+  total = sample_s + update_s
+  print(f'machine: float32 matmul {flops_rate / 1e9:.1f} GFLOP/s, memory read '
+        f'{bandwidth / 1e9:.1f} GB/s; step floor {total * 1e3:.1f} ms (sampling '
+        f'{sample_s * 1e3:.1f} ms, update {update_s * 1e3:.1f} ms over the real tokens); '
+        f'measured {measured * 1e3:.1f} ms = {measured / total:.1f}x the floor')
+  return dict(floor_s=total, floor_sample_s=sample_s, floor_update_s=update_s,
+              x_floor=measured / total, matmul_gflops=flops_rate / 1e9,
+              mem_gbps=bandwidth / 1e9)
 
 
 if __name__ == '__main__':

@@ -109,36 +109,6 @@ def _peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
 
 
-def generation_floor(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: int,
-                     flops_rate: float, bandwidth: float) -> dict:
-  """Lower bound on the generation time on this machine, from first principles.
-
-  Counts the matmul FLOPs of the prefill and of every decode step (attention
-  over the filled part of the cache only) and the bytes each step must read
-  (all weights once, the filled KV cache), float32. A step cannot be faster
-  than the larger of flops / rate and bytes / bandwidth.
-  """
-  d, n, k, h, f, v, l = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         cfg.mlp_dim, cfg.vocab_size, cfg.num_layers)
-  block_weights = l * (d * n * h * 2 + d * k * h * 2 + 3 * d * f)
-  param_bytes = 4 * cfg.num_params()
-  kv_bytes_per_slot = 4 * l * 2 * k * h
-  # Prefill: every prompt token through the blocks (causal attention), logits
-  # at the last position only.
-  fl = batch * (2 * block_weights * prompt + 2 * d * v + l * 4 * n * h * prompt * (prompt + 1) / 2)
-  by = param_bytes + batch * prompt * kv_bytes_per_slot
-  total_flops, total_bytes, floor = fl, by, max(fl / flops_rate, by / bandwidth)
-  for t in range(1, new):          # the first token comes from the prefill's logits
-    slots = prompt + t
-    fl = batch * (2 * (block_weights + d * v) + l * 4 * n * h * slots)
-    by = param_bytes + batch * slots * kv_bytes_per_slot
-    total_flops += fl
-    total_bytes += by
-    floor += max(fl / flops_rate, by / bandwidth)
-  return dict(flops=total_flops, bytes=total_bytes, flops_s=total_flops / flops_rate,
-              bytes_s=total_bytes / bandwidth, floor_s=floor)
-
-
 class _Ours:
   """Our sampler on fixed prompts; each call uses a fresh key."""
 
@@ -320,7 +290,7 @@ def longtail(cfg, model):
        (batch, cfg.embed_dim, cfg.vocab_size)])
   # The floor of the useful work: its FLOPs (every row's own tokens, no padding, no idle
   # slot) at the measured matmul rate; the weight reads of a batched step amortise.
-  flops = sum(generation_floor(cfg, 1, plen, int(n), flops_rate, bandwidth)['flops']
+  flops = sum(floor.generation_floor(cfg, 1, plen, int(n), flops_rate, bandwidth)['flops']
               for n in limits)
   fl = flops / flops_rate
   print(f'machine: float32 matmul {flops_rate / 1e9:.1f} GFLOP/s, memory read '
@@ -376,7 +346,7 @@ def main(argv):
   flops_rate, bandwidth = floor.measure_machine(
       [(batch, cfg.embed_dim, cfg.mlp_dim), (batch, cfg.mlp_dim, cfg.embed_dim),
        (batch, cfg.embed_dim, cfg.vocab_size)])
-  fl = generation_floor(cfg, batch, plen, new, flops_rate, bandwidth)
+  fl = floor.generation_floor(cfg, batch, plen, new, flops_rate, bandwidth)
   med = statistics.median(ours_s)
   print(f'\nmachine: float32 matmul {flops_rate / 1e9:.1f} GFLOP/s, memory read '
         f'{bandwidth / 1e9:.1f} GB/s')
@@ -396,7 +366,7 @@ def main(argv):
       run()
       secs = [_time(run) for _ in range(max(2, _REPEATS.value // 2))]
       m = statistics.median(secs)
-      f = generation_floor(cfg, batch, plen, n, flops_rate, bandwidth)
+      f = floor.generation_floor(cfg, batch, plen, n, flops_rate, bandwidth)
       scaling.append(dict(new_tokens=n, ms_per_step=m / n * 1e3, tokens_per_s=batch * n / m,
                           floor_ms_per_step=f['floor_s'] / n * 1e3))
       print(f'{n:>10} {m * 1e3:>10.1f} {m / n * 1e3:>10.3f} {batch * n / m:>10.0f} '
