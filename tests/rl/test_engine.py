@@ -25,17 +25,6 @@ LIMITS = _RS.randint(1, 41, size=len(PROMPTS) * G)          # a per-row stop pos
 SP = sampler.SamplingParams(max_new_tokens=40, temperature=0.9, top_p=0.95)
 
 
-def _policy(mesh=None):
-  """Weights scaled up so distributions are peaked (real stop tokens, few near-ties)."""
-  graphdef, params = nnx.split(transformer.create(CFG, seed=0, mesh=mesh))
-  return graphdef, jax.tree.map(lambda x: x * 4, params)
-
-
-@pytest.fixture(scope='module')
-def policy():
-  return _policy()
-
-
 def _paged(graphdef, mesh=None, **kw):
   kw = dict(dict(page_size=8), **kw)
   return sampler.Sampler(graphdef, CFG, eos_ids=EOS, pad_id=0, mesh=mesh, engine='paged',
@@ -142,10 +131,10 @@ def test_compiles_are_bounded_by_the_shapes(policy):
   assert eng.compile_count == before, 'a repeated call recompiled'
 
 
-def test_sharded_engine_equals_unsharded(policy, reference):
+def test_sharded_engine_equals_unsharded(make_policy, reference):
   assert jax.device_count() >= 8
   mesh = sharding.make_mesh((2, 2, 2))
-  graphdef, params = _policy(mesh)
+  graphdef, params = make_policy(mesh)
   eng = _paged(graphdef, mesh=mesh, slots=8, chunk_steps=8)
   out = eng.generate(params, PROMPTS, jax.random.key(5), SP, num_samples=G, row_limits=LIMITS)
   _assert_same_rows(out, reference[False])

@@ -16,17 +16,6 @@ PROMPTS = [[5, 6, 7, 8, 9], [11], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30], 
 EOS = (3, 17)
 
 
-def _policy(mesh=None):
-  """A tiny policy with weights scaled up so its distributions are peaked (real stops, few ties)."""
-  graphdef, params = nnx.split(transformer.create(CFG, seed=0, mesh=mesh))
-  return graphdef, jax.tree.map(lambda x: x * 4, params)
-
-
-@pytest.fixture(scope='module')
-def policy():
-  return _policy()
-
-
 @pytest.fixture(scope='module')
 def samp(policy):
   return sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, prompt_buckets=(16, 32),
@@ -262,10 +251,10 @@ def test_bad_input_errors(policy, samp):
 
 
 @pytest.mark.parametrize('greedy', [True, False], ids=['greedy', 'sampled'])
-def test_sharded_equals_unsharded(policy, samp, greedy):
+def test_sharded_equals_unsharded(policy, make_policy, samp, greedy):
   assert jax.device_count() >= 8
   mesh = sharding.make_mesh((2, 2, 2))
-  graphdef, params = _policy(mesh)
+  graphdef, params = make_policy(mesh)
   assert params['layers']['attn']['q_proj'].value.sharding.spec == \
       jax.sharding.PartitionSpec(None, 'fsdp', 'tensor', None)    # [L, D, N, H]
   sharded = sampler.Sampler(graphdef, CFG, eos_ids=EOS, pad_id=0, mesh=mesh,
@@ -346,11 +335,11 @@ def test_decode_step_writes_the_cache_in_place():
   assert compiled.memory_analysis().temp_size_in_bytes < 1.2 * layer_bytes
 
 
-def test_sharded_chunked_rollout_layout_equals_unsharded(policy, samp):
+def test_sharded_chunked_rollout_layout_equals_unsharded(policy, make_policy, samp):
   # Chunks of 4 rows (one per batch shard) in the rollout layout (weights
   # replicated over fsdp, split over tensor) sample what one unsharded call does.
   mesh = sharding.make_mesh((2, 2, 2))
-  graphdef, params = _policy(mesh)
+  graphdef, params = make_policy(mesh)
   s = sampler.Sampler(graphdef, CFG, eos_ids=EOS, pad_id=0, mesh=mesh,
                       prompt_buckets=(16, 32), new_token_buckets=(16, 32),
                       batch_buckets=(4, 8, 16), cache_tokens_per_device=32,
