@@ -508,6 +508,11 @@ class Sampler:
                                 prefill_prompts=prefill_prompts)
     engine_lib.EngineOptions(slots=slots or 1, **self._engine_options)
     self.slots = None if slots is None else int(slots)
+    if engine == 'paged' and self.slots:
+      shards = sharding.batch_shards(mesh, rules)
+      if self.slots % shards:
+        raise ValueError(f'Sampler slots={self.slots} must be a multiple of the mesh\'s '
+                         f'{shards} batch shards')
     self._engines: dict[int, engine_lib.Engine] = {}
     self.compile_count = 0
     # Accounting, cumulative over calls: decode slots paid for (a chunk's rows x the decode

@@ -172,3 +172,6 @@ def test_engine_options_and_pool_errors(policy):
     _paged(policy[0], slots=2, pages=3).generate(policy[1], PROMPTS, 0, SP)
   assert _paged(policy[0], slots=2, cache_tokens_per_device=160)._engine_options['pages'] == 20
   assert engine.EngineOptions(slots=2).pages is None
+  with pytest.raises(ValueError, match='slots=6 must be a multiple of the mesh.s 4 batch'):
+    sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='paged', slots=6,
+                    mesh=sharding.make_mesh((2, 2, 2)))
