@@ -251,15 +251,17 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
     budget = {i: max_tokens - len(ctx[i]) for i in live}
     new = min(sp.max_new_tokens, max(budget.values()))
     turn_sp = sp if new == sp.max_new_tokens else dataclasses.replace(sp, max_new_tokens=new)
+    # Each episode's turn stops at its own remaining budget (no tokens sampled past it).
+    limits = [max(1, min(new, budget[i])) for i in live]
     out = sampler.generate(params, [opening[i] + ctx[i] for i in live],
-                           jax.random.fold_in(rng, turn), turn_sp)
+                           jax.random.fold_in(rng, turn), turn_sp, row_limits=limits)
     turn += 1
     acting, actions, over = [], [], {}
     for j, i in enumerate(live):
       k = int(out.lengths[j])
       toks = out.tokens[j, :k].tolist()
-      if k > budget[i]:
-        k, why = budget[i], 'token budget'
+      if k > budget[i] or (out.truncated[j] and k >= budget[i]):
+        k, why = min(k, budget[i]), 'token budget'
       elif out.truncated[j]:
         why = 'turn longer than max_new_tokens'
       else:

@@ -371,7 +371,7 @@ class Draws:
 def update_accounting(batches) -> dict:
   """The update's padding: token slots of the train batch(es) (rows x width) that hold no
   token. `batches`: one TrainBatch or the step's list of them."""
-  if not isinstance(batches, (list, tuple)):
+  if hasattr(batches, 'segment_ids'):              # one batch (a NamedTuple, so test first)
     batches = [batches]
   real = sum(float(np.sum(np.asarray(b.segment_ids) > 0)) for b in batches)
   slots = sum(float(np.asarray(b.segment_ids).size) for b in batches)

@@ -67,10 +67,11 @@ class ScriptedSampler:
     self.calls_fn, self.wrong, self.ramble = calls, wrong, ramble
     self.calls = []
 
-  def generate(self, params, prompts, rng, sp, num_samples=1):
+  def generate(self, params, prompts, rng, sp, num_samples=1, row_limits=None):
     del params, rng
     assert num_samples == 1
-    self.calls.append(dict(rows=len(prompts), max_new=sp.max_new_tokens))
+    limits = [sp.max_new_tokens] * len(prompts) if row_limits is None else list(row_limits)
+    self.calls.append(dict(rows=len(prompts), max_new=sp.max_new_tokens, limits=limits))
     tok = CharTok()
     texts, trunc = [], []
     for ids in prompts:
@@ -93,7 +94,9 @@ class ScriptedSampler:
     lens = np.zeros(len(texts), np.int32)
     lps = np.zeros((len(texts), n), np.float32)
     for r, t in enumerate(texts):
-      ids = tok.encode(t)[:n]
+      ids = tok.encode(t)
+      trunc[r] = trunc[r] or len(ids) > limits[r]         # a row stops at its own limit
+      ids = ids[:limits[r]]
       toks[r, :len(ids)] = ids
       lens[r] = len(ids)
       lps[r, :len(ids)] = -0.5 - np.arange(len(ids)) / 100.0   # distinct, checkable
@@ -183,9 +186,20 @@ def test_limits_cut_episodes_and_the_env_scores_them():
   assert [i.get('cut') for i in eps.infos] == [
       'turn longer than max_new_tokens' if r else None for r in rambled]
   # The token budget: nothing past it, and the episode is cut.
-  eps = _run(ScriptedSampler(calls=lambda a, b: 3), recs, g=1, max_tokens=60)
+  samp = ScriptedSampler(calls=lambda a, b: 3)
+  eps = _run(samp, recs, g=1, max_tokens=60)
   assert (eps.samples.lengths <= 60).all() and eps.samples.truncated.all()
   assert {i['cut'] for i in eps.infos} == {'token budget'}
+  # Each row's turn is asked for no more than its episode's remaining budget.
+  assert samp.calls[0]['limits'] == [samp.calls[0]['max_new']] * 4
+  assert all(1 <= lim <= c['max_new'] for c in samp.calls for lim in c['limits'])
+  samp = ScriptedSampler(calls=lambda a, b: 3)
+  eps = _run(samp, recs, g=1, max_tokens=200)
+  first, second = samp.calls[:2]
+  # The second turn is asked only for what is left: 200 minus the first turn and observation.
+  assert second['limits'] == [200 - int(n) for n in eps.samples.lengths - second['max_new']]
+  assert second['max_new'] < first['max_new'] and {i['cut'] for i in eps.infos} == {
+      'token budget'}
 
 
 def test_wrong_answers_score_zero_per_row():
