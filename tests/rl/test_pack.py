@@ -61,8 +61,10 @@ def test_packed_update_equals_the_padded_one(row_tokens):
   else:
     assert packed.tokens.shape[1] == 64 and packed.tokens.shape[0] < batch.tokens.shape[0]
     assert np.max(np.asarray(packed.segment_ids)) >= 2
-  for cfg in (grpo.GrpoConfig(kl_coef=0.05, mask_truncated=True, clip_eps_high=0.28),
-              grpo.GrpoConfig()):
+  configs = [grpo.GrpoConfig(kl_coef=0.05, mask_truncated=True, clip_eps_high=0.28)]
+  if row_tokens == 64:
+    configs.append(grpo.GrpoConfig())
+  for cfg in configs:
     want_loss, want_m, want_g = _loss_and_grads(graphdef, params, batch, cfg)
     got_loss, got_m, got_g = _loss_and_grads(graphdef, params, packed, cfg)
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
