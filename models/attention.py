@@ -173,10 +173,7 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
   dt = q.dtype
   q = q * (h ** -0.5)
   if jax.default_backend() == 'tpu' and m % bp == 0:
-    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel
-    return paged_attention_kernel.paged_attention(
-        q, k_pages.astype(dt), v_pages.astype(dt), lengths, page_table, mask_value=_NEG_INF,
-        pages_per_compute_block=bp)
+    return _paged_kernel(q, k_pages.astype(dt), v_pages.astype(dt), lengths, page_table, bp)
   if jax.default_backend() == 'cpu':
     bp = min(bp, 2)      # XLA:CPU gathers slowly: small blocks measured fastest (S=32, 272 keys)
   q = q.reshape(s, kh, n // kh, h)                                      # [S, K, G, H]
@@ -204,6 +201,24 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
           jnp.zeros((s, kh, n // kh), jnp.float32), jnp.zeros((s, kh, n // kh, h), jnp.float32))
   _, _, l, acc = jax.lax.while_loop(lambda c: c[0] < used, body, init)
   return (acc / l[..., None]).astype(dt).reshape(s, n, h)
+
+
+def _paged_kernel(q, k_pages, v_pages, lengths, page_table, block_pages):
+  """TPU `paged_attention` (Pallas), per shard under a mesh: slots over the batch axes, heads
+  over the kv-head axes (a slot's pages are local: the pool is split only by heads)."""
+  from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel
+  kernel = functools.partial(paged_attention_kernel.paged_attention, mask_value=_NEG_INF,
+                             pages_per_compute_block=block_pages)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty or mesh.size == 1:
+    return kernel(q, k_pages, v_pages, lengths, page_table)
+  batch, heads = sharding.logical_to_spec(('batch', 'kv_heads'),
+                                          (q.shape[0], k_pages.shape[0]), mesh)
+  pages = P(heads, None, None, None)
+  return jax.shard_map(kernel, mesh=mesh,
+                       in_specs=(P(batch, heads, None), pages, pages, P(batch), P(batch, None)),
+                       out_specs=P(batch, heads, None), check_vma=False)(
+                           q, k_pages, v_pages, lengths, page_table)
 
 
 def _dense_mask(q_seg, kv_seg, offset):
