@@ -65,16 +65,22 @@ def test_row_limits_stop_rows_in_the_one_call_sampler(reference):
     (8, None, 8),      # room for every slot's longest row
     (4, 14, 5),        # a pool of barely one longest row: rows are preempted and recomputed
     (3, 20, 16),       # fewer slots than a prompt's samples can share
+    (3, 'least', 3),   # the smallest pool allowed: one longest row and its partial copy
     (24, None, 64)],   # every row at once
-    ids=['roomy', 'preempting', 'few_slots', 'all_rows'])
+    ids=['roomy', 'preempting', 'few_slots', 'least_pool', 'all_rows'])
 def test_engine_rows_equal_the_one_call_sampler(policy, reference, slots, pages, chunk):
+  if pages == 'least':
+    pages = -(-(max(len(q) for q in PROMPTS) - 1 + int(LIMITS.max())) // 8) + 1
+    with pytest.raises(ValueError, match='cannot hold one row'):
+      _paged(policy[0], slots=slots, pages=pages - 1).generate(
+          policy[1], PROMPTS, jax.random.key(5), SP, num_samples=G, row_limits=LIMITS)
   eng = _paged(policy[0], slots=slots, pages=pages, chunk_steps=chunk, prefill_prompts=3)
   out = eng.generate(policy[1], PROMPTS, jax.random.key(5), SP, num_samples=G,
                      row_limits=LIMITS)
   _assert_same_rows(out, reference[False])
   assert eng.pages_in_use == 0, 'pages leaked'
   run = eng._engines[slots]
-  if pages == 14:
+  if pages is not None and pages < 20:
     assert run.preemptions > 0
   assert eng.generated_tokens == out.lengths.sum()
   assert eng.decode_slots >= eng.generated_tokens
