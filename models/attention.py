@@ -181,20 +181,27 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
   table = jnp.pad(page_table, ((0, 0), (0, blocks * bp - m))).reshape(s, blocks, bp)
   used = (jnp.max(lengths) + bp * ps - 1) // (bp * ps)                  # blocks any slot sees
 
+  # Pages as rows of a 2-D [K * P, page_size * H] table: a row gather (one contiguous page of
+  # one head per index) runs about twice as fast on XLA:CPU as a gather of [page_size, H]
+  # slices, and lands in the [S, K, T, H] layout the dot products want.
+  num_pages = k_pages.shape[1]
+  rows = lambda x: x.reshape(kh * num_pages, ps * h)
+  k_rows, v_rows = rows(k_pages), rows(v_pages)
+  head_base = (jnp.arange(kh, dtype=jnp.int32) * num_pages)[None, :, None]   # [1, K, 1]
+
   def body(carry):
     j, mx, l, acc = carry
     pages = jax.lax.dynamic_index_in_dim(table, j, axis=1, keepdims=False)   # [S, bp]
-    kb = k_pages[:, pages].astype(dt)                                   # [K, S, bp, ps, H]
-    vb = v_pages[:, pages].astype(dt)
-    x = jnp.einsum('SKGH,KSBPH->SKGBP', q, kb).astype(jnp.float32).reshape(
-        s, kh, n // kh, bp * ps)
+    idx = head_base + pages[:, None, :]                                 # [S, K, bp]
+    kb = k_rows[idx].reshape(s, kh, bp * ps, h).astype(dt)              # [S, K, T, H]
+    vb = v_rows[idx].reshape(s, kh, bp * ps, h).astype(dt)
+    x = jnp.einsum('SKGH,SKTH->SKGT', q, kb).astype(jnp.float32)
     seen = (j * bp * ps + jnp.arange(bp * ps, dtype=jnp.int32))[None] < lengths[:, None]
     x = jnp.where(seen[:, None, None], x, _NEG_INF)
     mx_new = jnp.maximum(mx, x.max(-1))
     p = jnp.exp(x - mx_new[..., None])
     corr = jnp.exp(mx - mx_new)
-    pv = jnp.einsum('SKGBP,KSBPH->SKGH', p.reshape(s, kh, n // kh, bp, ps).astype(dt), vb,
-                    preferred_element_type=jnp.float32)
+    pv = jnp.einsum('SKGT,SKTH->SKGH', p.astype(dt), vb, preferred_element_type=jnp.float32)
     return j + 1, mx_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
 
   init = (jnp.zeros((), jnp.int32), jnp.full((s, kh, n // kh), -jnp.inf, jnp.float32),
