@@ -206,3 +206,21 @@ def test_blockwise_train_step_memory_is_linear_in_length():
   # The check can fail: the dense program holds [T, T] logits and grows ~4x.
   dense = {t: _train_step_memory('dense', t)[0] for t in (1024, 2048)}
   assert dense[2048] / dense[1024] > 3.5, dense
+
+
+def test_splash_causal_mask_blocks_equal_splashs_own():
+  """The block-shortcut causal mask (faster kernel builds) gives splash's CausalMask's blocks."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+  rng = np.random.default_rng(0)
+  for n in (256, 640):
+    fast, ref = attention._causal_mask_cls()((n, n)), sm.CausalMask((n, n))
+    slices = [(slice(i, i + b), slice(j, j + b)) for b in (64, 128)
+              for i in range(0, n, b) for j in range(0, n, b)]
+    for _ in range(200):
+      q0, q1 = sorted(int(x) for x in rng.integers(0, n + 1, 2))
+      k0, k1 = sorted(int(x) for x in rng.integers(0, n + 1, 2))
+      slices.append((slice(q0, q1), slice(k0, k1)))
+    slices += [(slice(None), slice(None)), (slice(None), slice(3, None))]
+    for idx in slices:
+      np.testing.assert_array_equal(fast[idx], ref[idx], err_msg=str(idx))
+    assert fast[:64, :64].sum() == 64 * 65 // 2 and fast[:64, 64:128].sum() == 0
