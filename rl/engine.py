@@ -261,6 +261,11 @@ class Engine:
     self._decode = jax.jit(counted(_decode), static_argnums=0, static_argnames=_DECODE_STATIC,
                            donate_argnums=(2,))
 
+  def table_pages(self, row_tokens: int) -> int:
+    """Page-table columns for rows of `row_tokens` tokens: a multiple of the attention's pages
+    per block (the TPU kernel's rule)."""
+    return -(-row_tokens // (self.opt.page_size * _BLOCK_PAGES)) * _BLOCK_PAGES
+
   def pool_pages(self, longest: int, row_tokens: int) -> int:
     """Pages in the pool for a call whose longest row holds `longest` cache tokens, of a bucket
     of `row_tokens` (which sizes the default pool: one shape per bucket)."""
@@ -292,7 +297,7 @@ class Engine:
     """
     s, ps = self.opt.slots, self.opt.page_size
     num_pages = self.pool_pages(row_tokens, row_tokens)
-    view = -(-row_tokens // (ps * _BLOCK_PAGES)) * _BLOCK_PAGES
+    view = self.table_pages(row_tokens)
     cfg = self.cfg
 
     def sds(shape, dt, axes):
@@ -351,8 +356,7 @@ class Engine:
     plen = np.array([q.size for q in prompts])
     longest = int(plen.max() - 1 + limits.max())
     max_tokens = longest if row_tokens is None else max(longest, int(row_tokens))
-    # Page-table columns: a multiple of the attention's pages per block (the TPU kernel's rule).
-    full_view = -(-max_tokens // (ps * _BLOCK_PAGES)) * _BLOCK_PAGES
+    full_view = self.table_pages(max_tokens)
     num_pages = self.pool_pages(longest, max_tokens)
     drop = num_pages                                    # a page index the scatters drop
     free = list(range(num_pages - 1, -1, -1))           # a stack: low pages first

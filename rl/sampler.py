@@ -567,6 +567,12 @@ class Sampler:
       fit = max(fitting) if fitting else min(legal)
     return min(whole, fit)
 
+  def call_shape(self, rows: int, prompt_len: int, max_new_tokens: int) -> tuple[int, int, int]:
+    """(prompt bucket, new-token bucket, rows per chunk) of a call of these sizes."""
+    p = buckets.smallest_fit(self.prompt_buckets, prompt_len, 'prompt length')
+    nb = buckets.smallest_fit(self.new_token_buckets, max_new_tokens, 'max_new_tokens')
+    return p, nb, self.chunk_rows(rows, p + nb)
+
   def prefill_group(self, chunk: int, num_samples: int) -> int:
     """Rows that share one prefill in a chunk of `chunk` rows: G when whole groups fill the
     chunk and their prompts split evenly over the batch shards, else 1."""
@@ -589,9 +595,7 @@ class Sampler:
     Returns:
       (positional args, keyword args, description) for `sample.lower(*args, **kwargs)`.
     """
-    p = buckets.smallest_fit(self.prompt_buckets, prompt_len, 'prompt length')
-    nb = buckets.smallest_fit(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
-    b = self.chunk_rows(rows, p + nb)
+    p, nb, b = self.call_shape(rows, prompt_len, sp.max_new_tokens)
     if self.engine == 'paged':
       return self._engine(b).abstract_decode(self.graphdef, self.rollout_params(params), p + nb,
                                              sp.greedy, sp.filtered)
@@ -622,9 +626,7 @@ class Sampler:
     args, kw, _ = self.abstract_args(params, rows, prompt_len, sp, num_samples)
     fn = sample
     if self.engine == 'paged':   # the engine's decode call (its pool is an argument)
-      p = buckets.smallest_fit(self.prompt_buckets, prompt_len, 'prompt length')
-      nb = buckets.smallest_fit(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
-      fn = self._engine(self.chunk_rows(rows, p + nb))._decode
+      fn = self._engine(self.call_shape(rows, prompt_len, sp.max_new_tokens)[2])._decode
     with sharding.use_mesh(self.mesh, self.rules):
       return fn.lower(*args, **kw)
 
@@ -668,9 +670,7 @@ class Sampler:
         raise ValueError(f'row_limits: expected {n} ints in [1, max_new_tokens='
                          f'{sp.max_new_tokens}]')
     p_max = max(q.size for q in prompts)
-    p = buckets.smallest_fit(self.prompt_buckets, p_max, 'prompt length')
-    nb = buckets.smallest_fit(self.new_token_buckets, sp.max_new_tokens, 'max_new_tokens')
-    c = self.chunk_rows(n, p + nb)
+    p, nb, c = self.call_shape(n, p_max, sp.max_new_tokens)
     if self.engine == 'paged':
       return self._generate_paged(params, prompts, rng, sp, num_samples, limits, c, p + nb)
     chunks = -(-n // c)
