@@ -56,6 +56,7 @@ from benchmarks import floor
 from models import config as config_lib
 from models import transformer
 from rl import batch as batch_lib
+from rl import buckets
 from rl import grpo
 from rl import sampler as sampler_lib
 from rl import train_step as train_lib
@@ -216,8 +217,9 @@ class _Longtail:
 
   def __init__(self, cfg, model, prompts, limits, engine: bool):
     self.graphdef, params = nnx.split(model)
-    pb = min(x for x in sampler_lib.DEFAULT_PROMPT_BUCKETS if x >= _PROMPT_LEN.value)
-    nb = min(x for x in sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS if x >= _NEW_TOKENS.value)
+    pb = buckets.smallest_fit(sampler_lib.DEFAULT_PROMPT_BUCKETS, _PROMPT_LEN.value, 'prompt')
+    nb = buckets.smallest_fit(sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS, _NEW_TOKENS.value,
+                              'new tokens')
     budget = _CHUNK_ROWS.value * (pb + nb)          # KV token slots, the same on both sides
     kw = (dict(engine='paged', slots=2 * _CHUNK_ROWS.value, pages=budget // 16) if engine
           else dict(cache_tokens_per_device=budget))

@@ -55,6 +55,7 @@ from flax import nnx
 from benchmarks import floor
 from models import config as config_lib
 from models import transformer
+from rl import buckets
 from rl import sampler as sampler_lib
 
 _LAYERS = flags.DEFINE_integer('layers', 2, 'Transformer blocks.')
@@ -227,8 +228,8 @@ def longtail(cfg, model):
   useful = int(limits.sum())
   graphdef, params = nnx.split(model)
   sp = _sampling_params(cap)
-  pb = min(x for x in sampler_lib.DEFAULT_PROMPT_BUCKETS if x >= plen)
-  nb = min(x for x in sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS if x >= cap)
+  pb = buckets.smallest_fit(sampler_lib.DEFAULT_PROMPT_BUCKETS, plen, 'prompt')
+  nb = buckets.smallest_fit(sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS, cap, 'new tokens')
   budget = batch * (pb + nb)                       # KV token slots: the same for every side
   one_call = sampler_lib.Sampler(graphdef, cfg, eos_ids=(), cache_tokens_per_device=budget)
   assert one_call.chunk_rows(rows, pb + nb) == batch
