@@ -95,6 +95,15 @@ def generate(sampler, params, tokenizer, records: Sequence[dict], modes: Sequenc
   """
   ids = [tokenizer.encode(prompt_text(r, m)) for r, m in zip(records, modes)]
   out = sampler.generate(params, ids, rng, sp, num_samples=group_size)
+  return from_samples(tokenizer, records, modes, out, group_size)
+
+
+def from_samples(tokenizer, records: Sequence[dict], modes: Sequence, out, group_size: int
+                 ) -> Rollouts:
+  """The Rollouts of sampled rows (`out`: a SampleOutput, G consecutive rows per record)."""
+  if out.tokens.shape[0] != len(records) * group_size:
+    raise ValueError(f'from_samples: {out.tokens.shape[0]} rows for {len(records)} records x '
+                     f'G={group_size}')
   # Ids past the tokenizer's vocabulary (a model's padded embedding rows) decode to nothing.
   completions = [tokenizer.decode([t for t in out.tokens[i, :int(out.lengths[i])].tolist()
                                    if t < tokenizer.vocab_size])

@@ -47,7 +47,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -98,6 +98,28 @@ class Rows(NamedTuple):
   logprobs: list        # np.float32, unmodified-policy log-probs
   sampling_logprobs: list
   stopped: np.ndarray   # [R] bool, ended on a stop token
+  complete: np.ndarray  # [R] bool, the row ran to its end (False: cancelled by a stream's stop)
+
+
+class Stream(Protocol):
+  """What feeds one streaming `Engine.run` and consumes its groups as they finish.
+
+  The engine calls `more` when no row is waiting and a slot is idle, `finished`
+  after each decode call with the prompts whose G rows all ended during it, and
+  then `stop`; once `stop` is True the rows still live or waiting are cancelled
+  (their pages freed, `Rows.complete` False).
+  """
+
+  def more(self) -> tuple[Sequence[np.ndarray], np.ndarray] | None:
+    """The next prompts and their rows' limits ([len * G] ints); no prompts: none yet (ask
+    again after the next decode call; not allowed when no row is live); None: no more."""
+
+  def finished(self, prompts: list[int], rows: Rows) -> None:
+    """`prompts` (indices in feed order) have all their rows ended; `rows` are theirs, in
+    order."""
+
+  def stop(self) -> bool:
+    """True: cancel everything still live or waiting and return."""
 
 
 class _Slots(NamedTuple):
@@ -213,15 +235,26 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
 _DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered')
 
 
+def _rows(out_tok, out_lp, out_slp, stopped, complete, rows) -> Rows:
+  """`Rows` of the given row indices from the host loop's per-row chunk lists."""
+  cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)
+  return Rows(tokens=[cat(out_tok[r], np.int32) for r in rows],
+              logprobs=[cat(out_lp[r], np.float32) for r in rows],
+              sampling_logprobs=[cat(out_slp[r], np.float32) for r in rows],
+              stopped=np.array([stopped[r] for r in rows], bool),
+              complete=np.array([complete[r] for r in rows], bool))
+
+
 class _Prompt:
   """A prompt's prefilled pages, shared by its rows."""
-  __slots__ = ('pages', 'waiting', 'live', 'prefilled')
+  __slots__ = ('pages', 'waiting', 'live', 'prefilled', 'ended')
 
   def __init__(self, waiting: int):
     self.pages: list[int] = []
     self.waiting = waiting    # rows of this prompt not yet finished
     self.live = 0             # rows of this prompt in a slot
     self.prefilled = False
+    self.ended = 0            # rows of this prompt that ran to their end
 
 
 class Engine:
@@ -231,7 +264,8 @@ class Engine:
     compile_count: distinct compilations of the device functions so far.
     decode_slots: slot-steps paid for (slots x decode steps run), cumulative.
     generated_tokens: tokens of the rows returned, cumulative (a preempted row's
-      discarded tokens are not counted).
+      discarded tokens are not counted, nor, in a stream, those of groups cancelled
+      before all their rows ended).
     preemptions: rows evicted for lack of pages and recomputed, cumulative.
   """
 
@@ -333,8 +367,15 @@ class Engine:
     return sampler_lib.to_host(x)
 
   def run(self, params, prompts: Sequence[np.ndarray], num_samples: int, limits: np.ndarray,
-          rng, scalars, *, greedy: bool, filtered: bool, row_tokens: int | None = None) -> Rows:
+          rng, scalars, *, greedy: bool, filtered: bool, row_tokens: int | None = None,
+          stream: Stream | None = None) -> Rows:
     """Generates every row (prompt i, sample g) = row i * G + g.
+
+    With a `stream`, prompts also come from `stream.more()` whenever no row
+    waits (numbered on after the ones given, which may be none), finished
+    groups go to `stream.finished` after each decode call, and the call ends
+    early once `stream.stop()`. A row's tokens are those of a call given every
+    prompt at once (its noise depends only on the key, its index and the step).
 
     Args:
       params: the policy's params in the sampler's layout.
@@ -347,14 +388,27 @@ class Engine:
       row_tokens: the bucketed cache tokens of the longest row (prompt bucket
         + new-token bucket), which sizes the page table and the pool so calls
         of one bucket share their programs; None = this call's longest row.
+        Required with a stream (it bounds every row the stream may add).
+      stream: optional, see `Stream`.
 
     Returns:
-      Rows.
+      Rows (with a stream: of every prompt fed, cancelled rows not complete).
+
+    Raises:
+      ValueError: a streamed prompt's row would not fit `row_tokens`.
     """
     opt, ps, s = self.opt, self.opt.page_size, self.opt.slots
+    prompts = list(prompts)
     n_rows = len(prompts) * num_samples
-    plen = np.array([q.size for q in prompts])
-    longest = int(plen.max() - 1 + limits.max())
+    plen = [q.size for q in prompts]
+    limits = [int(x) for x in np.asarray(limits).reshape(-1)]
+    if stream is None:
+      longest = int(max(plen) - 1 + max(limits))
+    elif row_tokens is None:
+      raise ValueError('engine: a streaming run needs row_tokens (the bound of every row)')
+    else:
+      longest = max([int(row_tokens)] + [q - 1 + x for q, x in
+                                          zip(np.repeat(plen, num_samples), limits)])
     max_tokens = longest if row_tokens is None else max(longest, int(row_tokens))
     full_view = self.table_pages(max_tokens)
     num_pages = self.pool_pages(longest, max_tokens)
@@ -376,7 +430,10 @@ class Engine:
     out_tok = [[] for _ in range(n_rows)]
     out_lp = [[] for _ in range(n_rows)]
     out_slp = [[] for _ in range(n_rows)]
-    stopped = np.zeros(n_rows, bool)
+    stopped = [False] * n_rows
+    complete = [False] * n_rows
+    feeding = stream is not None
+    ended_groups: list[int] = []      # prompts whose rows all ended in this decode call
     counter = [0]
     rows_dev = np.zeros(s, np.int32)
     lim_dev = np.ones(s, np.int32)
@@ -424,6 +481,47 @@ class Engine:
       host_live[slot] = False
       table[slot] = 0
 
+    def add_prompts(new_prompts, new_limits):
+      new_prompts = [np.asarray(q, np.int64).reshape(-1) for q in new_prompts]
+      new_limits = [int(x) for x in np.asarray(new_limits).reshape(-1)]
+      if len(new_limits) != len(new_prompts) * num_samples:
+        raise ValueError(f'engine: stream.more gave {len(new_prompts)} prompts and '
+                         f'{len(new_limits)} limits (expected {num_samples} per prompt)')
+      for j, q in enumerate(new_prompts):
+        top = max(new_limits[j * num_samples:(j + 1) * num_samples])
+        if q.size < 1 or q.size - 1 + top > max_tokens:
+          raise ValueError(f'engine: streamed prompt of {q.size} tokens with rows of up to '
+                           f'{top} new tokens does not fit row_tokens={max_tokens}')
+      first = len(out_tok)
+      prompts.extend(new_prompts)
+      plen.extend(q.size for q in new_prompts)
+      limits.extend(new_limits)
+      prompts_state.extend(_Prompt(num_samples) for _ in new_prompts)
+      added = len(new_limits)
+      pending.extend(range(first, first + added))
+      for lst in (out_tok, out_lp, out_slp):
+        lst.extend([] for _ in range(added))
+      stopped.extend([False] * added)
+      complete.extend([False] * added)
+
+    def cancel():
+      """Drops every live and waiting row (a stream stopped): their pages go back."""
+      for slot in np.flatnonzero(host_live):
+        r = int(slot_row[slot])
+        self.generated_tokens -= sum(x.size for x in out_tok[r])
+        out_tok[r], out_lp[r], out_slp[r] = [], [], []
+        free.extend(reversed(own[slot]))
+        own[slot] = []
+        slot_row[slot], host_live[slot] = -1, False
+      pending.clear()
+      for pi, pr in enumerate(prompts_state):
+        if pr.pages:
+          drop_prompt(pr)
+        if 0 < pr.ended < num_samples:   # rows that ended in a group never handed over
+          self.generated_tokens -= sum(x.size for r in range(pi * num_samples,
+                                                             (pi + 1) * num_samples)
+                                       if complete[r] for x in out_tok[r])
+
     def preempt(slot):
       r = int(slot_row[slot])
       prompts_state[r // num_samples].waiting += 1      # release() takes it back off
@@ -443,7 +541,20 @@ class Engine:
           drop_prompt(pr)
       return len(free) >= pages
 
-    while pending or host_live.any():
+    while pending or host_live.any() or feeding:
+      if feeding and not pending and not host_live.all():
+        got = stream.more()
+        if got is None:
+          feeding = False
+          if stream.stop():
+            cancel()
+        else:
+          add_prompts(*got)
+        if not pending and not host_live.any():
+          if feeding:
+            raise RuntimeError('engine: stream.more() gave no prompts while no row is live or '
+                               'waiting (it must then give prompts or None)')
+          continue
       # 1. Admit waiting rows into idle slots while the pool has room for them.
       reserve = sum(need(x, opt.chunk_steps) - shared_count(slot_row[x]) - len(own[x])
                     for x in np.flatnonzero(host_live))
@@ -507,7 +618,8 @@ class Engine:
       k = self.batch_rows(act.size)
       idx = np.concatenate([act, np.full(k - act.size, act[0])])   # padding repeats a slot
       live_k = np.arange(k) < act.size
-      want = min(len(pending), max(1, s // 8)) if pending else k + 1
+      more = len(pending) if pending else (s if feeding else 0)
+      want = min(more, max(1, s // 8)) if more else k + 1
       with sharding.use_mesh(self.mesh, self.rules):
         state = _Slots(k=k_pool, v=v_pool,
                        lengths=self._put(host_len[idx].astype(np.int32), ('batch',)),
@@ -537,12 +649,24 @@ class Engine:
         self.generated_tokens += made
         if not new_live[j]:
           stopped[r] = made > 0 and int(toks[j, made - 1]) in self.eos_ids
+          complete[r] = True
+          pr = prompts_state[r // num_samples]
+          pr.ended += 1
+          if pr.ended == num_samples:
+            ended_groups.append(r // num_samples)
           release(slot)
+      if stream is not None:
+        if ended_groups:
+          ended_groups.sort()
+          rows = [g * num_samples + i for g in ended_groups for i in range(num_samples)]
+          stream.finished(list(ended_groups), _rows(out_tok, out_lp, out_slp, stopped,
+                                                    complete, rows))
+          ended_groups.clear()
+        if stream.stop():
+          cancel()
+          feeding = False
     self.pages_in_use = num_pages - len(free)
-    cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)
-    return Rows(tokens=[cat(x, np.int32) for x in out_tok],
-                logprobs=[cat(x, np.float32) for x in out_lp],
-                sampling_logprobs=[cat(x, np.float32) for x in out_slp], stopped=stopped)
+    return _rows(out_tok, out_lp, out_slp, stopped, complete, range(len(out_tok)))
 
   def _prefill_calls(self, params, k_pool, v_pool, prompts, to_prefill, prompts_state, copies,
                      drop):

@@ -166,11 +166,20 @@ def fill_groups(draw: Callable[[int], tuple[Any, np.ndarray]], num_groups: int,
         idx = (groups[:, None] * group_size + np.arange(group_size)).reshape(-1)
         out.append((batch_lib.take_rows(rows, idx), rewards[idx], groups.size))
     have += take.size
+  return _filled(kept, spare, num_groups, group_size, prompts_drawn=drawn, rounds=rounds)
+
+
+def _filled(kept: list, spare: list, num_groups: int, group_size: int, **counts) -> Filled:
+  """The batch of `kept` chunks, padded past a shortfall with `spare` (all-equal) groups.
+
+  Chunks are (rows, rewards, groups); padding reuses the spare groups cyclically
+  (or the kept ones, with none spare) and is marked invalid.
+  """
+  have = sum(c[2] for c in kept)
   chunks = list(kept)
   short = num_groups - have
   if short:
     pad = spare or kept
-    # Reuse padding groups cyclically if even the dropped ones are too few.
     pad_rows = batch_lib.concat_rows([c[0] for c in pad])
     pad_rewards = np.concatenate([c[1] for c in pad])
     avail = sum(c[2] for c in pad)
@@ -180,7 +189,105 @@ def fill_groups(draw: Callable[[int], tuple[Any, np.ndarray]], num_groups: int,
   valid = np.concatenate([np.full(c[2] * group_size, i < len(kept)) for i, c in enumerate(chunks)])
   return Filled(rows=batch_lib.concat_rows([c[0] for c in chunks]),
                 rewards=np.concatenate([c[1] for c in chunks]), valid=valid,
-                prompts_drawn=drawn, rounds=rounds, groups_kept=have)
+                groups_kept=have, **counts)
+
+
+class StreamFill:
+  """Dynamic filtering over groups that arrive one by one (oversampling, no refill rounds).
+
+  Prompts are fed in batches of `batch_prompts`; their groups are scored as
+  they finish, in any order, and `add`ed. The batch is the first `num_groups`
+  groups with signal *in feed order*, so it does not depend on which group
+  finished first: it equals `fill_groups` given every fed prompt in one round
+  (padding included when even the last allowed batch leaves it short). It is
+  `settled` as soon as those groups are known: every earlier group has been
+  scored, so the rest can be cancelled.
+
+  Args:
+    num_groups: groups wanted (K).
+    group_size: G.
+    batch_prompts: prompts per feed.
+    max_batches: the most feeds (>= 1).
+  """
+
+  def __init__(self, num_groups: int, group_size: int, batch_prompts: int, max_batches: int):
+    if min(num_groups, group_size, batch_prompts, max_batches) < 1:
+      raise ValueError(f'StreamFill: num_groups={num_groups}, group_size={group_size}, '
+                       f'batch_prompts={batch_prompts} and max_batches={max_batches} must be '
+                       '>= 1')
+    self.num_groups, self.group_size = num_groups, group_size
+    self.batch_prompts, self.max_batches = batch_prompts, max_batches
+    self.fed = self.batches = 0
+    self._rows: dict[int, tuple] = {}      # group -> (rows pytree of G rows, rewards [G])
+    self._signal: dict[int, bool] = {}
+
+  def add(self, group: int, rows, rewards) -> None:
+    """Group `group` (its index in feed order) with its G rows and rewards."""
+    rewards = np.asarray(rewards, np.float32).reshape(-1)
+    if rewards.size != self.group_size:
+      raise ValueError(f'StreamFill.add: group {group} has {rewards.size} rewards, '
+                       f'expected {self.group_size}')
+    if not 0 <= group < self.fed or group in self._rows:
+      raise ValueError(f'StreamFill.add: group {group} was not fed or was added twice')
+    self._rows[group] = (rows, rewards)
+    self._signal[group] = bool(filter_groups(rewards, self.group_size)[0])
+
+  @property
+  def scored(self) -> int:
+    return len(self._rows)
+
+  @property
+  def kept(self) -> int:
+    """Groups with signal scored so far (any position)."""
+    return sum(self._signal.values())
+
+  def settled(self) -> bool:
+    """The batch is known: `num_groups` groups with signal and every group before them."""
+    found = 0
+    for g in range(self.fed):
+      if g not in self._signal:
+        return False
+      found += self._signal[g]
+      if found == self.num_groups:
+        return True
+    return False
+
+  def want_more(self) -> bool | None:
+    """Whether to feed another batch now (call with every finished group added).
+
+    None: no more ever (settled, or the last batch fed and fully scored would
+    not change that); True: feed; False: not yet (the groups still running
+    are expected to fill the batch at the keep rate seen so far).
+    """
+    if self.settled() or self.batches >= self.max_batches:
+      return None
+    unknown = self.fed - self.scored
+    rate = self.kept / self.scored if self.scored else 1.0
+    return self.kept + rate * unknown < self.num_groups
+
+  def feed(self) -> range:
+    """Records one more batch fed; returns its group indices."""
+    if self.batches >= self.max_batches:
+      raise ValueError(f'StreamFill.feed: max_batches={self.max_batches} already fed')
+    start = self.fed
+    self.fed += self.batch_prompts
+    self.batches += 1
+    return range(start, self.fed)
+
+  def result(self) -> Filled:
+    """The batch: `settled`, or every fed group scored (then padded if short)."""
+    if not self.settled() and self.scored < self.fed:
+      raise ValueError(f'StreamFill.result: {self.fed - self.scored} fed groups are not scored '
+                       'and the batch is not settled')
+    kept, spare, have = [], [], 0
+    for g in range(self.fed):
+      if have == self.num_groups:
+        break
+      rows, rewards = self._rows[g]
+      (kept if self._signal[g] else spare).append((rows, rewards, 1))
+      have += self._signal[g]
+    return _filled(kept, spare, self.num_groups, self.group_size, prompts_drawn=self.fed,
+                   rounds=self.batches)
 
 
 # ---------------------------------------------------------------- loss

@@ -728,26 +728,39 @@ class Sampler:
   def _generate_paged(self, params, prompts, rng, sp: SamplingParams, num_samples: int,
                       limits: np.ndarray, chunk: int, row_tokens: int) -> SampleOutput:
     """`generate` through the paged engine (rows assembled as the one-call path returns them)."""
-    eng = self._engine(chunk)
+    rows = self._run_engine(self._engine(chunk), params, prompts, num_samples, limits, rng, sp,
+                            row_tokens)
+    p_max = max(q.size for q in prompts)
+    return self._assemble(rows, [prompts[r // num_samples] for r in range(len(rows.tokens))],
+                          p_max, sp.max_new_tokens)
+
+  def _run_engine(self, eng, params, prompts, num_samples, limits, rng, sp, row_tokens,
+                  stream=None):
     before = (eng.compile_count, eng.decode_slots, eng.generated_tokens)
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
                np.int32(sp.top_k))
-    rows = eng.run(self.rollout_params(params), prompts, num_samples, limits, rng, scalars,
-                   greedy=sp.greedy, filtered=sp.filtered, row_tokens=row_tokens)
-    self.compile_count += eng.compile_count - before[0]
-    self.decode_slots += eng.decode_slots - before[1]
-    self.generated_tokens += eng.generated_tokens - before[2]
-    n, m = len(rows.tokens), sp.max_new_tokens
-    p_max = max(q.size for q in prompts)
-    prompt_tokens = np.full((n, p_max), self.pad_id, np.int32)
-    prompt_mask = np.zeros((n, p_max), np.int32)
+    try:
+      return eng.run(self.rollout_params(params), prompts, num_samples, limits, rng, scalars,
+                     greedy=sp.greedy, filtered=sp.filtered, row_tokens=row_tokens,
+                     stream=stream)
+    finally:
+      self.compile_count += eng.compile_count - before[0]
+      self.decode_slots += eng.decode_slots - before[1]
+      self.generated_tokens += eng.generated_tokens - before[2]
+
+  def _assemble(self, rows: engine_lib.Rows, row_prompts: Sequence[np.ndarray], width: int,
+                m: int) -> SampleOutput:
+    """A SampleOutput of engine rows: prompts left-padded to `width`, completions to `m`."""
+    n = len(rows.tokens)
+    prompt_tokens = np.full((n, width), self.pad_id, np.int32)
+    prompt_mask = np.zeros((n, width), np.int32)
     tokens = np.full((n, m), self.pad_id, np.int32)
     logprobs = np.zeros((n, m), np.float32)
     sampling_logprobs = np.zeros((n, m), np.float32)
     lengths = np.array([t.size for t in rows.tokens], np.int32)
     for r in range(n):
-      q = prompts[r // num_samples]
-      prompt_tokens[r, p_max - q.size:], prompt_mask[r, p_max - q.size:] = q, 1
+      q = row_prompts[r]
+      prompt_tokens[r, width - q.size:], prompt_mask[r, width - q.size:] = q, 1
       k = lengths[r]
       tokens[r, :k], logprobs[r, :k] = rows.tokens[r], rows.logprobs[r]
       sampling_logprobs[r, :k] = rows.sampling_logprobs[r]
@@ -755,6 +768,70 @@ class Sampler:
     return SampleOutput(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens,
                         mask=mask, logprobs=logprobs, sampling_logprobs=sampling_logprobs,
                         lengths=lengths, truncated=~rows.stopped)
+
+  def stream(self, params, rng, sp: SamplingParams, num_samples: int, source,
+             max_prompt_len: int, rows: int) -> int:
+    """Samples G completions of prompts that `source` feeds, handing over groups as they end.
+
+    Continuous batching (engine='paged' only): whenever no row waits,
+    `source.more()` may add prompts; after each decode call the prompts whose G
+    rows have all ended go to `source.finished`, and once `source.stop()` the
+    rows still running or waiting are cancelled. Prompt i of the feed (counted
+    over all `more` calls) and its sample g are row i * G + g of one call: its
+    tokens equal `generate`'s for the concatenated prompts and this key.
+
+    Args:
+      params: the policy's state.
+      rng: a PRNG key.
+      sp: SamplingParams.
+      num_samples: G.
+      source: has `more() -> list of token-id lists | None` (an empty list: none
+        yet, ask after the next decode call; None: no more), `finished(prompts,
+        samples)` (prompt indices in feed order, and a SampleOutput of their
+        rows with prompts left-padded to `max_prompt_len`) and `stop() -> bool`.
+      max_prompt_len: the longest prompt `source` may feed (sizes the pages).
+      rows: rows of a typical feed (sizes the slots when `slots` is unset).
+
+    Returns:
+      The number of prompts fed.
+    """
+    if self.engine != 'paged':
+      raise ValueError(f"Sampler.stream needs engine='paged' (this sampler's is {self.engine!r})")
+    if num_samples < 1:
+      raise ValueError(f'num_samples={num_samples} must be >= 1')
+    if isinstance(rng, (int, np.integer)):
+      rng = jax.random.key(rng)
+    p, nb, c = self.call_shape(rows, max_prompt_len, sp.max_new_tokens)
+    fed: list[np.ndarray] = []
+    outer = self
+
+    class Adapter:
+      def more(self):
+        got = source.more()
+        if got is None:
+          return None
+        got = [np.asarray(q, np.int64).reshape(-1) for q in got]
+        for i, q in enumerate(got):
+          if q.size == 0 or q.size > max_prompt_len:
+            raise ValueError(f'stream: prompt {len(fed) + i} has {q.size} tokens (expected 1 '
+                             f'to max_prompt_len={max_prompt_len})')
+          if q.min() < 0 or q.max() >= outer.cfg.vocab_size:
+            raise ValueError(f'stream: prompt {len(fed) + i} has token ids outside '
+                             f'[0, {outer.cfg.vocab_size})')
+        fed.extend(got)
+        return got, np.full(len(got) * num_samples, sp.max_new_tokens, np.int64)
+
+      def finished(self, groups, rows):
+        row_prompts = [fed[g] for g in groups for _ in range(num_samples)]
+        source.finished(groups, outer._assemble(rows, row_prompts, max_prompt_len,
+                                                sp.max_new_tokens))
+
+      def stop(self):
+        return bool(source.stop())
+
+    self._run_engine(self._engine(c), params, [], num_samples, np.zeros(0, np.int64), rng, sp,
+                     p + nb, stream=Adapter())
+    return len(fed)
 
   def _engine(self, chunk: int) -> engine_lib.Engine:
     """The paged engine of `slots` slots (or `chunk`, a one-call chunk's rows, when unset)."""

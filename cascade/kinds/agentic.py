@@ -47,6 +47,9 @@ class Config(grpo.Config):
   agents: tuple = base.field((), user=False)
 
   def check(self, fail):
+    if self.stream_filter:
+      fail('stream_filter', 'an agentic rollout is a multi-turn episode, not one sampler call '
+                            'that can stream its groups; filter in rounds (refill_cap)')
     if self.max_turn_tokens > self.max_response_len:
       fail('max_turn_tokens', f'exceeds max_response_len={self.max_response_len} (the '
                               "episode's whole token budget)")

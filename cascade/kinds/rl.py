@@ -28,6 +28,8 @@ the clipping then acts on. The default, 1, is strictly on-policy.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import time
 from typing import ClassVar
@@ -72,11 +74,14 @@ class RLStageConfig(base.TrainStageConfig):
                    'must be None (no /think switch) or a fraction in [0, 1]'), convert=float)
   dynamic_filter: bool = base.field(True, check=base.BOOL)
   refill_cap: int = base.field(4, check=base.int_at_least(0))
+  stream_filter: bool = base.field(False, check=base.BOOL)
   filter_overlong: bool = base.field(False, check=base.BOOL)
   loss_agg: str = base.field('token', check=base.one_of(grpo.AGGREGATIONS, 'loss aggregation'))
   updates_per_batch: int = base.field(1, check=base.int_at_least(1))
 
   def check(self, fail):
+    if self.stream_filter and not self.dynamic_filter:
+      fail('stream_filter', 'needs dynamic_filter=True (it is a way of filtering)')
     rows = self.prompts_per_step * self.group_size
     if rows % self.updates_per_batch:
       fail('updates_per_batch', f'must divide prompts_per_step * group_size = {rows}')
@@ -221,6 +226,10 @@ MAX_SANDBOX_ERROR_FRACTION = 0.1
 class Draws:
   """Sampling rounds of one RL step: each draws prompts, samples G each and scores them."""
 
+  # With `stream_filter` on one host, score on a thread while decoding goes on (False: between
+  # decode calls, as with several hosts).
+  SCORE_THREAD = True
+
   def __init__(self, env, stage: RLStageConfig, loader, step: int, rng, params):
     self.env, self.stage, self.loader = env, stage, loader
     self.rng, self.params = rng, params
@@ -244,6 +253,12 @@ class Draws:
     modes = rollout.draw_modes(n, st.thinking_fraction, self.modes_rng)
     key = jax.random.fold_in(self.rng, len(self.rewards))
     ro, rewards, infos = self._rollouts(recs, modes, key)
+    return self._record(ro, rewards, infos), rewards
+
+  def _record(self, ro, rewards, infos) -> dict:
+    """Books scored rollouts (rewards, lengths, `drawn`, the sandbox-error stop) and returns
+    their train rows: {'samples', 'domain'}."""
+    st = self.stage
     self.sandbox_errors += sum(1 for i in infos if i.get('sandbox_error'))
     self.scored += len(infos)
     if self.sandbox_errors > MAX_SANDBOX_ERROR_FRACTION * self.scored:
@@ -258,7 +273,7 @@ class Draws:
     self.drawn += list(zip(ro.records, ro.modes, ro.completions, infos))
     index = self.env.domain_index
     domain_idx = np.array([index[r['domain']] for r in ro.records], np.int32)
-    return {'samples': _pad_prompts(ro.samples, st.max_prompt_len), 'domain': domain_idx}, rewards
+    return {'samples': _pad_prompts(ro.samples, st.max_prompt_len), 'domain': domain_idx}
 
   def _rollouts(self, recs, modes, key):
     """Samples G completions of each record and scores them: (rollouts, rewards, infos).
@@ -291,16 +306,116 @@ class Draws:
     """
     st = self.stage
     if st.dynamic_filter:
-      f = grpo.fill_groups(self._indexed, st.prompts_per_step, st.group_size,
-                           max_rounds=1 + st.refill_cap)
+      if st.stream_filter:
+        f, fill = self._stream_fill()
+      else:
+        f = grpo.fill_groups(self._indexed, st.prompts_per_step, st.group_size,
+                             max_rounds=1 + st.refill_cap)
+        fill = {}
       rows, rewards, valid = dict(f.rows), f.rewards, f.valid
-      fill = {'prompts_drawn': f.prompts_drawn, 'rounds': f.rounds, 'groups_kept': f.groups_kept}
+      fill.update(prompts_drawn=f.prompts_drawn, rounds=f.rounds, groups_kept=f.groups_kept)
     else:
       rows, rewards = self._indexed(st.prompts_per_step)
       valid, fill = np.ones(rewards.shape, bool), {}
     drawn_row = rows.pop('drawn_row')
     self.log_samples(rows, rewards, valid, drawn_row)
     return rows, rewards, valid, fill
+
+  def _stream_fill(self):
+    """Dynamic filtering by oversampling (`stream_filter`): (a `grpo.Filled`, metrics).
+
+    One streaming sampler call (`Sampler.stream`, engine='paged') is fed a
+    loader batch of prompts whenever its queue runs dry and the groups still
+    running are not expected to fill the batch (at most 1 + `refill_cap`
+    batches, the cap of the rounds it replaces). Each group is scored as soon
+    as its G rows end, on a scoring thread while decoding goes on (in the
+    main thread between decode calls when several hosts exchange rewards, so
+    every host scores in the same order), and the call stops, cancelling the
+    rows still running, once the first `prompts_per_step` groups with signal
+    in feed order are known. The batch does not depend on timing: it is what
+    `grpo.fill_groups` keeps from one round of every fed prompt, and each row
+    is the row a single `generate` of them would give for this step's key.
+    """
+    st, env = self.stage, self.env
+    if getattr(env.sampler, 'engine', None) != 'paged':
+      raise base.StageError(f"{st.where}: stream_filter needs config.sampler.engine='paged' "
+                            f'(got {getattr(env.sampler, "engine", None)!r})')
+    g = st.group_size
+    fill = grpo.StreamFill(st.prompts_per_step, g, st.prompts_per_step, 1 + st.refill_cap)
+    recs, modes = [], []
+    jobs = collections.deque()     # (groups, rollouts, future), in submission order
+    hosts = rollout.processes()
+    pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='score')
+            if hosts.count == 1 and self.SCORE_THREAD else None)
+    clock = {'wait': 0.0, 'score': 0.0}
+
+    def score(ro):
+      t0 = time.perf_counter()
+      try:
+        return rollout.score(ro, env.verifiers.train_verifier, env.sample_cls, hosts)
+      finally:
+        clock['score'] += time.perf_counter() - t0
+
+    def drain(block: bool):
+      """Books finished scoring jobs in submission order (a deterministic `drawn` order)."""
+      while jobs and (block or jobs[0][2].done()):
+        groups, ro, fut = jobs.popleft()
+        t0 = time.perf_counter()
+        rewards, infos = fut.result()
+        clock['wait'] += time.perf_counter() - t0
+        start = len(self.drawn)
+        rows = self._record(ro, rewards, infos)
+        rows['drawn_row'] = np.arange(start, len(self.drawn))
+        for j, grp in enumerate(groups):
+          idx = np.arange(j * g, (j + 1) * g)
+          fill.add(grp, batch_lib.take_rows(rows, idx), rewards[idx])
+
+    draws = self
+
+    class Source:
+      def more(self):
+        drain(block=True)
+        want = fill.want_more()
+        if not want:
+          return None if want is None else []
+        fill.feed()
+        new = draws.loader.next()
+        recs.extend(new)
+        modes.extend(rollout.draw_modes(len(new), st.thinking_fraction, draws.modes_rng))
+        return [env.tokenizer.encode(rollout.prompt_text(r, m))
+                for r, m in zip(new, modes[-len(new):])]
+
+      def finished(self, groups, samples):
+        ro = rollout.from_samples(env.tokenizer, [recs[i] for i in groups],
+                                  [modes[i] for i in groups], samples, g)
+        if pool is None:
+          fut = concurrent.futures.Future()
+          fut.set_result(score(ro))
+        else:
+          fut = pool.submit(score, ro)
+        jobs.append((groups, ro, fut))
+
+      def stop(self):
+        drain(block=False)
+        return fill.settled()
+
+    key = jax.random.fold_in(self.rng, 0)
+    slots0 = env.sampler.decode_slots, env.sampler.generated_tokens
+    t0 = time.perf_counter()
+    try:
+      env.sampler.stream(self.params, key, self.sp, g, Source(), st.max_prompt_len,
+                         rows=st.prompts_per_step * g)
+      drain(block=True)
+    finally:
+      if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
+    wall = time.perf_counter() - t0
+    self.sample_s += wall - clock['wait']
+    self.score_s += clock['score']
+    scored_rows = fill.scored * g
+    return fill.result(), {
+        'rows_cancelled': float(fill.fed * g - scored_rows),
+        'score_wait_s': clock['wait']}
 
   def log_samples(self, rows, rewards, valid, drawn_row) -> None:
     """Writes `config.eval.log_samples` of the step's train rows through the run's metrics writer

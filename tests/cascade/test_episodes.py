@@ -252,6 +252,7 @@ class EveryTurnTool(env_base.Environment):
     return [(0.0, {'reason': 'cut'}) for _ in eps]
 
 
+@pytest.mark.heavy
 def test_multi_turn_logprobs_equal_a_training_forward_over_the_episode():
   cfg = config_lib.ModelConfig.tiny()
   graphdef, params = nnx.split(transformer.create(cfg, seed=0))
@@ -380,6 +381,8 @@ def test_agentic_step_pairs_episodes_rewards_and_loss_masks(fakes, tmp_path, mon
      "domain 'plain' names no env"),
     (lambda c: c.update(stages=[dict(_agentic_stage(), kind='grpo', domains=['a'])]),
      "train it with kind 'agentic'"),
+    (lambda c: c.update(stages=[_agentic_stage(dynamic_filter=True, stream_filter=True)]),
+     'stream_filter.*multi-turn episode'),
 ])
 def test_agentic_domains_and_kinds_are_matched(fakes, add_env_registered, edit, message):
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top

@@ -6,15 +6,21 @@ A stand-in sampler answers each prompt from its own text and a verifier pays eac
 value (tests/cascade/conftest.py); no model is built, so each test takes well under a second.
 """
 
+import time
 import types
 
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from cascade import data as data_lib
 from cascade.kinds import base
 from cascade.kinds import rl
+from models import config as config_lib
+from models import transformer
+from rl import grpo
+from rl import sampler as sampler_lib
 
 
 class _SandboxVerifier:
@@ -187,3 +193,109 @@ def test_per_domain_reward_means_when_the_step_mixes_domains(fakes):
   m = draws.metrics()
   assert m['reward_mean/a'] == pytest.approx(1.5) and m['reward_mean/b'] == pytest.approx(2.0)
   assert m['reward_mean'] == pytest.approx(1.75)
+
+
+# ------------------------------------------------------------------ streamed filtering
+
+class _TextVerifier:
+  """Records a0, a2, ... pay 1.0 whatever the completion (no signal); the others a value of the
+  completion's text (signal unless both samples hash alike). `delay` sleeps a record-dependent
+  time per sample, so groups finish scoring in another order than they were handed over."""
+
+  def __init__(self, delay=0.0):
+    self.delay = delay
+
+  def score(self, samples):
+    out = []
+    for s in samples:
+      i = int(s.metadata['id'][1:])
+      if self.delay:
+        time.sleep(self.delay * ((7 * i) % 5))
+      r = 1.0 if i % 2 == 0 else float(sum(map(ord, s.completion)) % 5)
+      out.append(types.SimpleNamespace(reward=r, info={'i': i}))
+    return out
+
+
+@pytest.fixture(scope='module')
+def tiny_policy():
+  cfg = config_lib.ModelConfig.tiny()
+  graphdef, params = nnx.split(transformer.create(cfg, seed=0))
+  return cfg, graphdef, params
+
+
+def _paged_sampler(tiny_policy):
+  cfg, graphdef, _ = tiny_policy
+  return sampler_lib.Sampler(graphdef, cfg, eos_ids=(1,), pad_id=0, engine='paged', slots=6,
+                             page_size=8, chunk_steps=3, prompt_buckets=(64,),
+                             new_token_buckets=(8,))
+
+
+def _stream_draws(fakes, tiny_policy, verifier, **kw):
+  kw = dict(dict(refill_cap=3), **kw)
+  stage = fakes.rl_stage('rl', ['a'], dynamic_filter=True, stream_filter=True,
+                         max_prompt_len=64, temperature=1.0, **kw)
+  draws, st = _draws(fakes, stage, _paged_sampler(tiny_policy), verifier=verifier,
+                     records=[fakes.record('a', i, 10 + i) for i in range(20)])
+  draws.params = tiny_policy[2]
+  return draws, st
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('thread', [True, False], ids=['scoring_thread', 'in_loop'])
+def test_streamed_filtering_keeps_what_one_round_of_every_fed_prompt_keeps(fakes, tiny_policy,
+                                                                           thread):
+  """The streamed batch equals sampling every fed prompt in one call with the step's key,
+  scoring it and keeping the first groups with signal (`fill_groups`, one round), whether
+  scoring runs on a thread (slow, out of order) or between decode calls."""
+  draws, st = _stream_draws(fakes, tiny_policy, _TextVerifier(delay=0.002 if thread else 0))
+  draws.SCORE_THREAD = thread
+  logged = {}
+  draws.log_samples = lambda rows, rewards, valid, drawn_row: logged.update(drawn_row=drawn_row)
+  rows, rewards, valid, fill = draws.collect()
+  fed = fill['prompts_drawn']
+  g = st.group_size
+  assert fill['groups_kept'] == st.prompts_per_step and valid.all()
+  assert fed % st.prompts_per_step == 0 and fed > st.prompts_per_step, 'half the groups are flat'
+  assert fill['rounds'] == fed // st.prompts_per_step
+  # The reference: one `generate` over every fed prompt with the stream's key.
+  recs = [fakes.record('a', i, 10 + i) for i in range(20)][:fed]
+  tok = fakes.CharTokenizer()
+  ref = _paged_sampler(tiny_policy).generate(
+      tiny_policy[2], [tok.encode(rl.rollout.prompt_text(r, None)) for r in recs],
+      jax.random.fold_in(jax.random.key(0), 0), draws.sp, num_samples=g)
+  ro = rl.rollout.from_samples(tok, recs, [None] * fed, ref, g)
+  ref_rewards, _ = rl.rollout.score(ro, lambda d: _TextVerifier(), fakes.Sample)
+  expect = grpo.fill_groups(lambda n: (rl._pad_prompts(ref, st.max_prompt_len), ref_rewards),
+                            st.prompts_per_step, g, max_rounds=1, draw_size=fed)
+  for name in ('prompt_tokens', 'tokens', 'mask', 'lengths', 'truncated'):
+    np.testing.assert_array_equal(getattr(rows['samples'], name), getattr(expect.rows, name),
+                                  err_msg=name)
+  np.testing.assert_allclose(rows['samples'].logprobs, expect.rows.logprobs, atol=1e-5)
+  np.testing.assert_array_equal(rewards, expect.rewards)
+  # Each kept row's logged record is its own (drawn in scoring order, not row order).
+  for i in range(len(rewards)):
+    rec, _, completion, info = draws.drawn[int(logged['drawn_row'][i])]
+    assert completion == tok.decode(rows['samples'].tokens[i, :rows['samples'].lengths[i]])
+    assert rewards[i] == (1.0 if info['i'] % 2 == 0 else sum(map(ord, completion)) % 5)
+  m = draws.metrics()
+  assert m['sample_s'] > 0 and m['score_s'] > 0
+  assert fill['rows_cancelled'] == fed * g - len(draws.drawn)
+  assert draws.env.sampler.pages_in_use == 0
+
+
+@pytest.mark.heavy
+def test_streamed_filtering_pads_at_the_cap_and_needs_the_paged_engine(fakes, tiny_policy):
+  class Flat:
+    def score(self, samples):
+      return [types.SimpleNamespace(reward=0.5, info={}) for _ in samples]
+
+  draws, st = _stream_draws(fakes, tiny_policy, Flat(), refill_cap=1)
+  rows, rewards, valid, fill = draws.collect()
+  assert (fill['prompts_drawn'], fill['rounds'], fill['groups_kept']) == (8, 2, 0)
+  assert fill['rows_cancelled'] == 0 and not valid.any() and rewards.shape == (8,)
+  stage = fakes.rl_stage('rl', ['a'], dynamic_filter=True, stream_filter=True)
+  draws, _ = _draws(fakes, stage, fakes.OwnAnswerSampler())
+  with pytest.raises(base.StageError, match="stream_filter needs config.sampler.engine='paged'"):
+    draws.collect()
+  with pytest.raises(ValueError, match='stream_filter.*needs dynamic_filter=True'):
+    fakes.toy_config([fakes.rl_stage('rl', ['a'], stream_filter=True)])

@@ -50,6 +50,7 @@ def _assert_same_rows(out, ref, atol=1e-4):
   np.testing.assert_allclose(out.sampling_logprobs, ref.sampling_logprobs, atol=atol, rtol=0)
 
 
+@pytest.mark.heavy
 def test_row_limits_stop_rows_in_the_one_call_sampler(reference):
   out = reference[False]
   assert np.all(out.lengths <= LIMITS)
@@ -61,6 +62,7 @@ def test_row_limits_stop_rows_in_the_one_call_sampler(reference):
   assert out.truncated.any() and (~out.truncated).any(), 'the workload needs both endings'
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize('slots,pages,chunk', [
     (8, None, 8),      # room for every slot's longest row
     (4, 14, 5),        # a pool of barely one longest row: rows are preempted and recomputed
@@ -86,6 +88,7 @@ def test_engine_rows_equal_the_one_call_sampler(policy, reference, slots, pages,
   assert eng.decode_slots >= eng.generated_tokens
 
 
+@pytest.mark.heavy
 def test_greedy_engine_equals_one_call(policy, reference):
   eng = _paged(policy[0], slots=6, chunk_steps=7)
   out = eng.generate(policy[1], PROMPTS, jax.random.key(5),
@@ -95,6 +98,7 @@ def test_greedy_engine_equals_one_call(policy, reference):
   np.testing.assert_array_equal(out.sampling_logprobs, 0)
 
 
+@pytest.mark.heavy
 def test_engine_logprobs_equal_a_training_forward(policy):
   eng = _paged(policy[0], slots=5, chunk_steps=6)
   out = eng.generate(policy[1], PROMPTS, jax.random.key(3), SP, num_samples=2)
@@ -111,6 +115,7 @@ def test_engine_logprobs_equal_a_training_forward(policy):
   assert out.mask.sum() > len(PROMPTS) * 2
 
 
+@pytest.mark.heavy
 def test_a_rows_tokens_do_not_depend_on_its_neighbours(policy):
   """Rows keep their tokens when other rows (longer, shorter, more of them) run beside them."""
   eng = _paged(policy[0], slots=4, chunk_steps=4)
@@ -124,6 +129,7 @@ def test_a_rows_tokens_do_not_depend_on_its_neighbours(policy):
   np.testing.assert_allclose(crowd.logprobs[:n], alone.logprobs, atol=1e-5, rtol=0)
 
 
+@pytest.mark.heavy
 def test_compiles_are_bounded_by_the_shapes(policy):
   eng = _paged(policy[0], slots=4, chunk_steps=8)
   for seed, order in ((0, slice(None)), (1, slice(None, None, -1)), (2, slice(1, None, 2))):
@@ -137,6 +143,7 @@ def test_compiles_are_bounded_by_the_shapes(policy):
   assert eng.compile_count == before, 'a repeated call recompiled'
 
 
+@pytest.mark.heavy
 def test_sharded_engine_equals_unsharded(make_policy, reference):
   assert jax.device_count() >= 8
   mesh = sharding.make_mesh((2, 2, 2))
@@ -181,3 +188,93 @@ def test_engine_options_and_pool_errors(policy):
   with pytest.raises(ValueError, match='slots=6 must be a multiple of the mesh.s 4 batch'):
     sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='paged', slots=6,
                     mesh=sharding.make_mesh((2, 2, 2)))
+
+
+# ------------------------------------------------------------------ streaming (Sampler.stream)
+
+class _Feed:
+  """A stream source: feeds PROMPTS in `batches` (a 'wait' entry answers "none yet" once),
+  records every finished group, and stops once `stop_after` groups (in any order) ended."""
+
+  def __init__(self, batches, stop_after=None):
+    self.batches = list(batches)
+    self.stop_after = stop_after
+    self.groups: dict[int, object] = {}
+    self.calls = []
+
+  def more(self):
+    self.calls.append('more')
+    if not self.batches:
+      return None
+    b = self.batches.pop(0)
+    return [] if b == 'wait' else [PROMPTS[i] for i in b]
+
+  def finished(self, groups, samples):
+    assert groups == sorted(groups) and not set(groups) & set(self.groups)
+    assert samples.tokens.shape[0] == len(groups) * G
+    for j, g in enumerate(groups):
+      self.groups[g] = jax.tree.map(lambda x: x[j * G:(j + 1) * G], samples)
+
+  def stop(self):
+    return self.stop_after is not None and len(self.groups) >= self.stop_after
+
+
+@pytest.fixture(scope='module')
+def unlimited(policy):
+  """The one-call sampler's rows of every prompt, no per-row limits (a stream has none)."""
+  one_call = sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, prompt_buckets=(16, 32),
+                             new_token_buckets=(16, 64))
+  return one_call.generate(policy[1], PROMPTS, jax.random.key(5), SP, num_samples=G)
+
+
+def _assert_group_equals(got, ref, g, width):
+  rows = slice(g * G, (g + 1) * G)
+  p = ref.prompt_tokens.shape[1]
+  np.testing.assert_array_equal(got.prompt_tokens[:, width - p:], ref.prompt_tokens[rows])
+  assert not got.prompt_tokens[:, :width - p].any() and not got.prompt_mask[:, :width - p].any()
+  for name in ('tokens', 'mask', 'lengths', 'truncated'):
+    np.testing.assert_array_equal(getattr(got, name), getattr(ref, name)[rows], err_msg=name)
+  np.testing.assert_allclose(got.logprobs, ref.logprobs[rows], atol=1e-4, rtol=0)
+
+
+@pytest.mark.heavy
+def test_streamed_groups_equal_one_call_over_every_fed_prompt(policy, unlimited):
+  """Prompts fed in batches as the queue runs dry (one "none yet" answer between them) give the
+  rows of one call over all of them, each group handed over once, no page left behind."""
+  eng = _paged(policy[0], slots=4, chunk_steps=5, prefill_prompts=2)
+  feed = _Feed([[0, 1, 2], 'wait', [3, 4, 5], [6, 7]])
+  fed = eng.stream(policy[1], jax.random.key(5), SP, G, feed, max_prompt_len=32, rows=12)
+  assert fed == len(PROMPTS) and sorted(feed.groups) == list(range(len(PROMPTS)))
+  for g, got in feed.groups.items():
+    _assert_group_equals(got, unlimited, g, 32)
+  assert eng.pages_in_use == 0
+  assert feed.calls.count('more') == 5          # 4 batches (one of them 'wait'), then None
+  assert eng.generated_tokens == unlimited.lengths.sum()
+
+
+@pytest.mark.heavy
+def test_a_stopped_stream_cancels_what_runs_and_keeps_what_ended(policy, unlimited):
+  eng = _paged(policy[0], slots=4, chunk_steps=4)
+  feed = _Feed([[0, 1, 2, 3, 4, 5, 6, 7]], stop_after=2)
+  eng.stream(policy[1], jax.random.key(5), SP, G, feed, max_prompt_len=32, rows=6)
+  assert 2 <= len(feed.groups) < len(PROMPTS)
+  for g, got in feed.groups.items():
+    _assert_group_equals(got, unlimited, g, 32)
+  assert eng.pages_in_use == 0, 'a cancelled row kept its pages'
+  # Cancelled rows are paid for but not counted as generated.
+  ended = sum(int(s.lengths.sum()) for s in feed.groups.values())
+  assert eng.generated_tokens == ended < eng.decode_slots
+  full = _paged(policy[0], slots=4, chunk_steps=4)
+  full.stream(policy[1], jax.random.key(5), SP, G, _Feed([list(range(8))]), 32, rows=6)
+  assert eng.decode_slots < full.decode_slots
+
+
+def test_stream_errors(policy):
+  eng = _paged(policy[0], slots=2)
+  with pytest.raises(RuntimeError, match='no prompts while no row is live'):
+    eng.stream(policy[1], 0, SP, G, _Feed(['wait']), max_prompt_len=32, rows=6)
+  with pytest.raises(ValueError, match='prompt 1 has 31 tokens .expected 1 to max_prompt_len=30'):
+    eng.stream(policy[1], 0, SP, G, _Feed([[0, 4]]), max_prompt_len=30, rows=6)
+  with pytest.raises(ValueError, match="needs engine='paged'"):
+    sampler.Sampler(policy[0], CFG, eos_ids=EOS).stream(policy[1], 0, SP, G, _Feed([[0]]), 32, 6)
+  assert eng.pages_in_use == 0

@@ -107,6 +107,93 @@ def test_fill_groups_pads_with_invalid_groups_at_the_cap():
   assert np.all(out.rewards[8:] == 0)
 
 
+@pytest.mark.parametrize('seed', range(40))
+def test_stream_fill_keeps_what_one_round_of_every_fed_prompt_keeps(seed):
+  """Groups added in any order, the stream feeding by `want_more`: the batch is `fill_groups`
+  over one round of every fed prompt, settled exactly when its groups and every earlier one are
+  known, and never feeding past the cap."""
+  rng = np.random.default_rng(seed)
+  g, k, per = int(rng.integers(2, 4)), int(rng.integers(1, 6)), int(rng.integers(1, 6))
+  cap = int(rng.integers(1, 4))
+  p_signal = rng.uniform(0, 1)
+  total = per * cap
+  signal = rng.random(total) < p_signal
+  rewards = np.where(signal[:, None], rng.integers(0, 3, (total, g)), 1.0)
+  rewards[signal, 0], rewards[signal, 1] = 0.0, 1.0        # signal for sure
+  fill = grpo.StreamFill(k, g, per, cap)
+  running: list[int] = []
+  while True:
+    want = fill.want_more()
+    if want is None or (not want and not running):
+      assert want is None or fill.scored < fill.fed, 'nothing runs yet nothing is fed'
+      break
+    if want:
+      running += list(fill.feed())
+    # Some of the running groups end, in a random order.
+    rng.shuffle(running)
+    for grp in running[:int(rng.integers(1, len(running) + 1))]:
+      fill.add(grp, np.arange(grp * g, (grp + 1) * g), rewards[grp])
+      running.remove(grp)
+      if fill.settled():
+        break
+    if fill.settled():
+      break
+  fed = fill.fed
+  assert fed <= total and fill.batches <= cap
+  expect = grpo.fill_groups(lambda n: (np.arange(n * g), rewards[:n].reshape(-1)), k, g,
+                            max_rounds=1, draw_size=fed)
+  if not fill.settled():
+    for grp in running:     # the stream ran to its end: every fed group is scored
+      fill.add(grp, np.arange(grp * g, (grp + 1) * g), rewards[grp])
+  out = fill.result()
+  np.testing.assert_array_equal(out.rows, expect.rows)
+  np.testing.assert_array_equal(out.rewards, expect.rewards)
+  np.testing.assert_array_equal(out.valid, expect.valid)
+  assert out.groups_kept == expect.groups_kept and out.prompts_drawn == fed
+  # Short only when every allowed batch was fed.
+  assert out.groups_kept == k or fill.batches == cap
+  # Settled exactly when the first k signal groups and all before them are scored.
+  first = np.flatnonzero(signal[:fed])
+  assert fill.settled() == (first.size >= k)
+
+
+def test_stream_fill_feeds_only_when_the_running_groups_are_not_expected_to_fill():
+  fill = grpo.StreamFill(4, 2, 4, 3)
+  assert fill.want_more() is True              # nothing fed
+  fill.feed()
+  assert fill.want_more() is False             # 4 running, none scored: expected to fill
+  fill.add(0, None, [0, 1])
+  fill.add(1, None, [1, 1])                    # keep rate 1/2: 1 + 2 * 1/2 < 4
+  assert fill.want_more() is True
+  fill.feed()
+  fill.add(2, None, [0, 1])
+  fill.add(3, None, [0, 1])                    # 3 kept of 4 scored; 4 running * 3/4 >= 1
+  assert fill.want_more() is False
+  fill.add(5, None, [1, 0])                    # group 4 still runs: not settled
+  assert not fill.settled() and fill.want_more() is False
+  fill.add(4, None, [1, 1])
+  assert fill.settled() and fill.want_more() is None
+  assert fill.result().groups_kept == 4
+
+
+def test_stream_fill_errors():
+  fill = grpo.StreamFill(2, 2, 2, 1)
+  with pytest.raises(ValueError, match='group 0 was not fed'):
+    fill.add(0, None, [0, 1])
+  fill.feed()
+  with pytest.raises(ValueError, match='max_batches=1 already fed'):
+    fill.feed()
+  with pytest.raises(ValueError, match='has 3 rewards, expected 2'):
+    fill.add(0, None, [0, 1, 1])
+  fill.add(0, np.arange(2), [0, 1])
+  with pytest.raises(ValueError, match='added twice'):
+    fill.add(0, np.arange(2), [0, 1])
+  with pytest.raises(ValueError, match='1 fed groups are not scored'):
+    fill.result()
+  with pytest.raises(ValueError, match='must be >= 1'):
+    grpo.StreamFill(0, 2, 2, 1)
+
+
 # ---------------------------------------------------------------- loss
 
 def _random_batch(seed=0, b=6, l=9):
@@ -229,6 +316,7 @@ def test_missing_inputs_are_clear_errors():
 
 # ---------------------------------------------------------------- learning
 
+@pytest.mark.heavy
 def test_grpo_learns_to_emit_a_target_token():
   """Reward 1 iff the completion contains token 7: from ~2% to >= 90% with the real sampler."""
   from flax import nnx
