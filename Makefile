@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 CONFIG ?= configs/tiny.py
 WORKDIR ?= runs/tiny
 
-.PHONY: demo world test test-all mutation sysdeps clean
+.PHONY: demo world test test-heavy test-all mutation sysdeps clean
 
 $(VENV)/.stamp-base: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +47,13 @@ TEST_WORKERS ?= 2
 test: $(VENV)/.stamp-test sysdeps
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# Everything, the slow tests too.
+# The heavy tier: compile-bound parity checks (sharded = unsharded, scan = loop, engine = one
+# call, packed = padded), learning tests, the pinned golden cascade, notebooks and benchmark
+# smoke runs. CI runs it after `make test`.
+test-heavy: $(VENV)/.stamp-test sysdeps
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m heavy
+
+# Everything, the heavy and slow tests too.
 test-all: $(VENV)/.stamp-test sysdeps
 	$(PY) -m pytest -q -m ""
 

@@ -14,6 +14,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.heavy
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, 'notebooks', 'quickstart.ipynb')
 

@@ -22,6 +22,8 @@ from cascade import config as config_lib
 from cascade import paths
 from cascade import train
 
+pytestmark = pytest.mark.heavy
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, 'notebooks', 'tpu_runtime.ipynb')
 

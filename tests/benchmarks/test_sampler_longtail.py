@@ -5,6 +5,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.heavy
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

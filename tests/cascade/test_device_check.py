@@ -6,6 +6,7 @@ import pytest
 from cascade import device_check
 
 
+@pytest.mark.heavy
 def test_check_runs_on_a_mesh_and_reports():
   report = device_check.devices_report()
   assert report['backend'] == jax.default_backend()

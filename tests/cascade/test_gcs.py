@@ -206,6 +206,7 @@ def _smoke(workdir, world_root, env, check=True):
   return p
 
 
+@pytest.mark.heavy
 def test_bad_workdir_bucket_is_one_line(gcs, tmp_path):
   p = _smoke('gs://no-such-bucket/run', tmp_path / 'world', _cli_env(gcs, tmp_path / 'cache'),
              check=False)

@@ -29,6 +29,8 @@ import pytest
 
 from cascade import train
 
+pytestmark = pytest.mark.heavy
+
 GOLDEN = pathlib.Path(__file__).parent / 'golden' / 'copy_cascade.json'
 
 

@@ -111,6 +111,7 @@ def _load_config(path):
   return mod.get_config()
 
 
+@pytest.mark.heavy
 def test_dpo_and_ppo_style_grpo_run_inside_a_cascade(tmp_path, copy_cascade):
   """SFT -> DPO (prefers the right copy) -> GRPO with 2 updates per rollout batch."""
   path = copy_cascade(tmp_path, train=64, eval_=32, sft=64, sft_steps=10, rl_steps=2)
@@ -183,6 +184,7 @@ def test_rl_step_stops_when_the_sandbox_itself_fails(monkeypatch, bad, stops):
     assert draws.metrics()['sandbox_errors'] == 1.0
 
 
+@pytest.mark.heavy
 def test_the_paged_engine_and_packed_updates_run_a_cascade_as_the_defaults_do(tmp_path,
                                                                                copy_cascade):
   """config.sampler.engine='paged' and pack_tokens: the same rollouts, scores and loss."""

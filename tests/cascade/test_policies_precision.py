@@ -38,6 +38,7 @@ def _batch(tokens):
                   num_rows=b)
 
 
+@pytest.mark.heavy
 def test_bf16_model_moves_at_the_paper_learning_rate_only_with_float32_master():
   cfg = model_config.ModelConfig.tiny(param_dtype='bfloat16', dtype='bfloat16')
   model = transformer.create(cfg, seed=0)

@@ -154,6 +154,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.heavy
 @pytest.mark.multiprocess
 def test_two_hosts_with_a_slow_then_failing_verifier_agree_or_fail_together(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)

@@ -75,6 +75,7 @@ def _per_device_bytes(tree) -> int:
              for x in jax.tree.leaves(tree))
 
 
+@pytest.mark.heavy
 def test_plan_numbers_are_sane(tiny_path):
   config = _load(tiny_path)
   tgt = plan.target(config, 'cpu')
@@ -120,6 +121,7 @@ def test_plan_numbers_are_sane(tiny_path):
   assert 'DOES NOT FIT' in plan.format_stage(small)
 
 
+@pytest.mark.heavy
 def test_cli_exits_nonzero_naming_the_stage(tiny_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   env.pop('XLA_FLAGS', None)                      # the CLI sets its own device count
@@ -181,6 +183,7 @@ def test_cascade1_published_numbers():
       4, 52, 2e-6, 'sft')
 
 
+@pytest.mark.heavy
 def test_frozen_passes_and_the_co_resident_peak(tiny_path):
   """A KL stage compiles its reference pass, and every program's fit counts what stays
   resident beside it (the optimizer state beside the sampler, the frozen reference)."""
@@ -208,6 +211,7 @@ def test_frozen_passes_and_the_co_resident_peak(tiny_path):
   assert any('sampler does not fit' in m and 'resident' in m for m in plan.failures([small]))
 
 
+@pytest.mark.heavy
 def test_an_agentic_stage_plans_its_last_turn(tiny_path):
   """An agentic stage's sampler is planned for its largest turn: every episode live, its prompt
   the opening plus the whole episode budget, a turn's worth of new tokens."""
@@ -226,6 +230,7 @@ def test_an_agentic_stage_plans_its_last_turn(tiny_path):
   assert 'new-token bucket 16' in samp.shapes
 
 
+@pytest.mark.heavy
 def test_the_paged_engine_is_planned_with_its_page_pool(tiny_path):
   config = _load(tiny_path)
   config.sampler = dict(engine='paged', slots=8, page_size=8)

@@ -111,6 +111,7 @@ def test_config_validates_attention():
     config_lib.ModelConfig.tiny(attention_block_kv=100)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize('impl', ['blockwise', 'splash', 'gpu_flash'])
 def test_sharded_equals_unsharded(impl):
   # Rows split 2 ways ('data'), kv heads 4 ways ('tensor'): the kernels run in a shard_map.
@@ -140,6 +141,7 @@ def _tiny(attention_impl, **kw):
   return config_lib.ModelConfig.tiny(attention=attention_impl, attention_block_kv=128, **kw)
 
 
+@pytest.mark.heavy
 def test_transformer_blockwise_equals_dense():
   t = 200
   seg = _segments(t)
@@ -165,6 +167,7 @@ def test_transformer_blockwise_equals_dense():
   assert _max_err(grads_b, grads_d) <= TOL
 
 
+@pytest.mark.heavy
 def test_transformer_blockwise_prefill_and_decode_equal_dense():
   tokens = jax.random.randint(jax.random.key(1), (2, 150), 0, 256)
   seg = jnp.ones((2, 150), jnp.int32).at[0, :30].set(0)           # left-padded prompts
@@ -196,6 +199,7 @@ def _train_step_memory(impl, t):
   return compiled.memory_analysis().temp_size_in_bytes, compiled.as_text()
 
 
+@pytest.mark.heavy
 def test_blockwise_train_step_memory_is_linear_in_length():
   mem = {}
   for t in (2048, 4096):

@@ -51,6 +51,7 @@ def test_stacked_init_equals_blocks_built_in_turn():
   assert model.layers.attn.q_proj.get_value().shape == (4, 64, 4, 16)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize('family', sorted(FAMILIES))
 def test_scan_equals_unrolled_loop(family):
   cfg = FAMILIES[family]
@@ -116,6 +117,7 @@ def test_offload_policy_keeps_the_block_inputs_on_host():
   assert 'f32<host>[2,2,12,64]' in host_values('offload')
 
 
+@pytest.mark.heavy
 def test_compile_time_and_program_size_do_not_grow_with_depth():
   def compile_step(num_layers, scan):
     cfg = config_lib.ModelConfig.tiny(num_layers=num_layers, scan_layers=scan, remat='full')

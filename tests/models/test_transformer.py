@@ -23,6 +23,7 @@ def _tokens(b=2, t=12, seed=1, vocab=256):
   return jax.random.randint(jax.random.key(seed), (b, t), 0, vocab, dtype=jnp.int32)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize('family', sorted(FAMILIES))
 def test_prefill_then_decode_equals_full_forward(family):
   cfg = FAMILIES[family]
@@ -43,6 +44,7 @@ def test_prefill_then_decode_equals_full_forward(family):
   assert int(cache.index) == tokens.shape[1]
 
 
+@pytest.mark.heavy
 def test_left_padded_prefill_matches_unpadded():
   cfg = config_lib.ModelConfig.tiny()
   model = transformer.create(cfg, seed=0)
@@ -60,6 +62,7 @@ def test_left_padded_prefill_matches_unpadded():
   np.testing.assert_allclose(nxt, ref2, atol=1e-5, rtol=0)
 
 
+@pytest.mark.heavy
 def test_packed_segments_do_not_attend_across():
   cfg = config_lib.ModelConfig.tiny()
   model = transformer.create(cfg, seed=0)
@@ -89,6 +92,7 @@ def test_param_count_and_presets():
     config_lib.ModelConfig.tiny(num_heads=4, num_kv_heads=3)
 
 
+@pytest.mark.heavy
 def test_bf16_compute_and_remat_gradients_match():
   cfg = config_lib.ModelConfig.tiny()
   tokens = _tokens()
@@ -106,6 +110,7 @@ def test_bf16_compute_and_remat_gradients_match():
   np.testing.assert_allclose(out, transformer.create(cfg)(tokens), atol=0.05)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize('shape', [(8, 1, 1), (1, 8, 1), (2, 2, 2)])
 def test_sharded_forward_matches_unsharded(shape):
   assert jax.device_count() >= 8

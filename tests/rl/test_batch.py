@@ -39,6 +39,7 @@ def test_positions_from_segments():
                                 [[0, 1, 0, 1, 2, 0], [0, 1, 2, 0, 0, 0]])
 
 
+@pytest.mark.heavy
 def test_trainer_logprobs_equal_sampler_logprobs():
   """Sampler -> from_samples -> training forward reproduces the sampler's log-probs."""
   cfg = config_lib.ModelConfig.tiny()

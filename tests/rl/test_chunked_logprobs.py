@@ -30,6 +30,7 @@ def _rows(b, l, vocab, seed=0):
   return tokens, positions.astype(np.int32), seg, targets
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize('chunk', [4, 13])
 def test_chunked_stats_and_gradients_equal_the_full_logits(chunk):
   model = _model()

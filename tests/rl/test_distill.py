@@ -86,6 +86,7 @@ def test_teacher_logprobs_route_rows_to_their_teacher():
     distill.teacher_logprobs(graphdef, [t0, t1], np.array([0, 1, 2, 0, 0]), b)
 
 
+@pytest.mark.heavy
 def test_mopd_moves_student_toward_teacher():
   # A 16-token vocabulary, so sampled-token advantages cover the distribution quickly.
   cfg = config_lib.ModelConfig.tiny(vocab_size=16)

@@ -235,6 +235,7 @@ def test_microbatched_step_equals_full_batch_step():
       np.testing.assert_allclose(float(mm[k]), float(m1[k]), rtol=1e-5, atol=1e-7, err_msg=k)
 
 
+@pytest.mark.heavy
 def test_sharded_step_equals_unsharded():
   graphdef, policy, batch, full, m1 = _full_batch_step()
   mesh = sharding.make_mesh((2, 2, 2))
@@ -265,6 +266,7 @@ def _runs(rng, n, starts):
   return prompts, chosen, rejected
 
 
+@pytest.mark.heavy
 def test_dpo_raises_held_out_preference_accuracy_and_margin():
   graphdef, params = nnx.split(transformer.create(CFG, seed=0))
   reference = jax.tree.map(jnp.copy, params)

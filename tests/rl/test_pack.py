@@ -46,6 +46,7 @@ def _loss_and_grads(graphdef, params, batch, cfg):
   return loss, metrics, grads
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize('row_tokens', [64, 16], ids=['several_per_row', 'longer_than_budget'])
 def test_packed_update_equals_the_padded_one(row_tokens):
   graphdef, params, batch = _rollouts()

@@ -66,6 +66,7 @@ def _pairs(rng, n):
   return rm.PairBatch(ct, cs, rt, rs)
 
 
+@pytest.mark.heavy
 def test_reward_model_learns_separable_preferences():
   graphdef, params = nnx.split(rm.create(CFG, seed=0))
   opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=3e-3, warmup_steps=5))
@@ -83,6 +84,7 @@ def test_reward_model_learns_separable_preferences():
   assert after >= 0.95 and before < 0.8
 
 
+@pytest.mark.heavy
 def test_text_scorer_matches_direct_scoring_and_keeps_order():
   model = rm.create(CFG, seed=3)
   graphdef, params = nnx.split(model)

@@ -150,6 +150,7 @@ def test_top_k_1_tiny_top_p_tiny_temperature_equal_greedy(policy, samp):
   assert samp.compile_count <= n + 2
 
 
+@pytest.mark.heavy
 def test_sampling_distribution_and_support(policy, samp):
   g = 256
   prompt = [[12, 13, 14]]
@@ -209,6 +210,7 @@ def test_a_prompts_samples_share_one_prefill(policy, samp, monkeypatch):
   np.testing.assert_allclose(shared.logprobs, alone.logprobs, atol=1e-4, rtol=0)
 
 
+@pytest.mark.heavy
 def test_compile_count_bounded_by_buckets(policy):
   s = sampler.Sampler(policy[0], CFG, eos_ids=EOS, prompt_buckets=(8, 16),
                       new_token_buckets=(8, 16), batch_buckets=(4,))
@@ -250,6 +252,7 @@ def test_bad_input_errors(policy, samp):
     sampler.Sampler(policy[0], CFG, eos_ids=EOS, decode_phases=0)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize('greedy', [True, False], ids=['greedy', 'sampled'])
 def test_sharded_equals_unsharded(policy, make_policy, samp, greedy):
   assert jax.device_count() >= 8
@@ -270,6 +273,7 @@ def test_sharded_equals_unsharded(policy, make_policy, samp, greedy):
   np.testing.assert_allclose(out.sampling_logprobs, ref.sampling_logprobs, atol=1e-4)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize('greedy', [True, False], ids=['greedy', 'sampled'])
 def test_chunked_rows_equal_one_call(policy, samp, greedy):
   sp = sampler.SamplingParams(max_new_tokens=12, greedy=greedy, temperature=0.9)
@@ -335,6 +339,7 @@ def test_decode_step_writes_the_cache_in_place():
   assert compiled.memory_analysis().temp_size_in_bytes < 1.2 * layer_bytes
 
 
+@pytest.mark.heavy
 def test_sharded_chunked_rollout_layout_equals_unsharded(policy, make_policy, samp):
   # Chunks of 4 rows (one per batch shard) in the rollout layout (weights
   # replicated over fsdp, split over tensor) sample what one unsharded call does.

@@ -66,6 +66,7 @@ def test_packed_loss_equals_unpacked_per_example():
   assert float(metrics['tokens']) == n_tok
 
 
+@pytest.mark.heavy
 def test_sft_reduces_held_out_loss():
   cfg = config_lib.ModelConfig.tiny()
   graphdef, params = nnx.split(transformer.create(cfg, seed=0))
