@@ -23,7 +23,9 @@ REINFORCE gradient, so one formula covers on-policy and multi-minibatch use.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import time
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -288,6 +290,104 @@ class StreamFill:
       have += self._signal[g]
     return _filled(kept, spare, self.num_groups, self.group_size, prompts_drawn=self.fed,
                    rounds=self.batches)
+
+
+class Streamed(NamedTuple):
+  """What `stream_fill` measured: seconds the sampler waited for scores (`wait_s`), seconds
+  spent scoring (`score_s`, on the thread or not), and rows cancelled unscored."""
+  wait_s: float
+  score_s: float
+  rows_cancelled: int
+
+
+def stream_fill(sampler, params, rng, sp, fill: StreamFill,
+                next_prompts: Callable[[], list], score: Callable[[list, Any], Any],
+                book: Callable[[list, Any], tuple[Any, np.ndarray]], *, max_prompt_len: int,
+                rows: int, thread: bool = True) -> Streamed:
+  """Fills `fill` from one streaming sampler call (dynamic filtering by oversampling).
+
+  Whenever the sampler's queue runs dry and `fill.want_more()`, the next batch
+  of `fill.batch_prompts` prompts (`next_prompts()`) is fed. Each group batch
+  that ends is scored (`score(groups, samples)`, on a thread while decoding
+  goes on when `thread`, else at once between decode calls) and the scores
+  are booked in the order the groups were handed over (`book(groups, scored)`
+  -> (rows pytree of len(groups) * G rows, rewards), in the calling thread),
+  so what `book` records does not depend on scoring times. The call stops,
+  cancelling what still runs, once `fill.settled()`.
+
+  Args:
+    sampler: an `rl.sampler.Sampler` with engine='paged'.
+    params, rng, sp: as `Sampler.stream`.
+    fill: a fresh StreamFill (its group size is G).
+    next_prompts: the next batch's token-id lists (or (lists, row limits), see
+      `Sampler.stream`).
+    score, book: see above.
+    max_prompt_len, rows: as `Sampler.stream`.
+    thread: score on a thread (one host); False when scoring is a collective
+      every host must run in the same order.
+
+  Returns:
+    Streamed. `fill` then holds the batch (`fill.result()`).
+  """
+  g = fill.group_size
+  jobs: list = []          # (groups, future), in hand-over order
+  pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='score')
+          if thread else None)
+  clock = {'wait': 0.0, 'score': 0.0}
+
+  def timed(groups, samples):
+    t0 = time.perf_counter()
+    try:
+      return score(groups, samples)
+    finally:
+      clock['score'] += time.perf_counter() - t0
+
+  def drain(block: bool):
+    while jobs and (block or jobs[0][1].done()):
+      groups, fut = jobs.pop(0)
+      t0 = time.perf_counter()
+      scored = fut.result()
+      clock['wait'] += time.perf_counter() - t0
+      got_rows, rewards = book(groups, scored)
+      rewards = np.asarray(rewards, np.float32).reshape(-1)
+      for j, grp in enumerate(groups):
+        idx = np.arange(j * g, (j + 1) * g)
+        fill.add(grp, batch_lib.take_rows(got_rows, idx), rewards[idx])
+
+  class Source:
+    def more(self):
+      drain(block=True)
+      want = fill.want_more()
+      if not want:
+        return None if want is None else []
+      got = next_prompts()
+      prompts = got[0] if isinstance(got, tuple) else got
+      if len(prompts) != fill.batch_prompts:
+        raise ValueError(f'stream_fill: next_prompts gave {len(prompts)} prompts, expected '
+                         f'{fill.batch_prompts}')
+      fill.feed()
+      return got
+
+    def finished(self, groups, samples):
+      if pool is None:
+        fut = concurrent.futures.Future()
+        fut.set_result(timed(groups, samples))
+      else:
+        fut = pool.submit(timed, groups, samples)
+      jobs.append((groups, fut))
+
+    def stop(self):
+      drain(block=False)
+      return fill.settled()
+
+  try:
+    sampler.stream(params, rng, sp, g, Source(), max_prompt_len, rows=rows)
+    drain(block=True)
+  finally:
+    if pool is not None:
+      pool.shutdown(wait=True, cancel_futures=True)
+  return Streamed(wait_s=clock['wait'], score_s=clock['score'],
+                  rows_cancelled=(fill.fed - fill.scored) * g)
 
 
 # ---------------------------------------------------------------- loss

@@ -785,10 +785,12 @@ class Sampler:
       rng: a PRNG key.
       sp: SamplingParams.
       num_samples: G.
-      source: has `more() -> list of token-id lists | None` (an empty list: none
-        yet, ask after the next decode call; None: no more), `finished(prompts,
-        samples)` (prompt indices in feed order, and a SampleOutput of their
-        rows with prompts left-padded to `max_prompt_len`) and `stop() -> bool`.
+      source: has `more()`, `finished(prompts, samples)` and `stop() -> bool`.
+        `more()` gives the next token-id lists (an empty list: none yet, ask
+        after the next decode call; None: no more), or (lists, row limits):
+        each row's own most new tokens, len * G ints in [1, sp.max_new_tokens].
+        `finished` gets prompt indices in feed order and a SampleOutput of their
+        rows, prompts left-padded to `max_prompt_len`.
       max_prompt_len: the longest prompt `source` may feed (sizes the pages).
       rows: rows of a typical feed (sizes the slots when `slots` is unset).
 
@@ -810,7 +812,18 @@ class Sampler:
         got = source.more()
         if got is None:
           return None
+        limits = None
+        if isinstance(got, tuple):
+          got, limits = got
         got = [np.asarray(q, np.int64).reshape(-1) for q in got]
+        n = len(got) * num_samples
+        if limits is None:
+          limits = np.full(n, sp.max_new_tokens, np.int64)
+        limits = np.asarray(limits, np.int64).reshape(-1)
+        if limits.shape != (n,) or (n and (limits.min() < 1
+                                           or limits.max() > sp.max_new_tokens)):
+          raise ValueError(f'stream: row limits: expected {n} ints in [1, max_new_tokens='
+                           f'{sp.max_new_tokens}]')
         for i, q in enumerate(got):
           if q.size == 0 or q.size > max_prompt_len:
             raise ValueError(f'stream: prompt {len(fed) + i} has {q.size} tokens (expected 1 '
@@ -819,7 +832,7 @@ class Sampler:
             raise ValueError(f'stream: prompt {len(fed) + i} has token ids outside '
                              f'[0, {outer.cfg.vocab_size})')
         fed.extend(got)
-        return got, np.full(len(got) * num_samples, sp.max_new_tokens, np.int64)
+        return got, limits
 
       def finished(self, groups, rows):
         row_prompts = [fed[g] for g in groups for _ in range(num_samples)]

@@ -28,8 +28,6 @@ the clipping then acts on. The default, 1, is strictly on-policy.
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import dataclasses
 import time
 from typing import ClassVar
@@ -343,79 +341,36 @@ class Draws:
     g = st.group_size
     fill = grpo.StreamFill(st.prompts_per_step, g, st.prompts_per_step, 1 + st.refill_cap)
     recs, modes = [], []
-    jobs = collections.deque()     # (groups, rollouts, future), in submission order
     hosts = rollout.processes()
-    pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='score')
-            if hosts.count == 1 and self.SCORE_THREAD else None)
-    clock = {'wait': 0.0, 'score': 0.0}
 
-    def score(ro):
-      t0 = time.perf_counter()
-      try:
-        return rollout.score(ro, env.verifiers.train_verifier, env.sample_cls, hosts)
-      finally:
-        clock['score'] += time.perf_counter() - t0
+    def next_prompts():
+      new = self.loader.next()
+      recs.extend(new)
+      modes.extend(rollout.draw_modes(len(new), st.thinking_fraction, self.modes_rng))
+      return [env.tokenizer.encode(rollout.prompt_text(r, m))
+              for r, m in zip(new, modes[-len(new):])]
 
-    def drain(block: bool):
-      """Books finished scoring jobs in submission order (a deterministic `drawn` order)."""
-      while jobs and (block or jobs[0][2].done()):
-        groups, ro, fut = jobs.popleft()
-        t0 = time.perf_counter()
-        rewards, infos = fut.result()
-        clock['wait'] += time.perf_counter() - t0
-        start = len(self.drawn)
-        rows = self._record(ro, rewards, infos)
-        rows['drawn_row'] = np.arange(start, len(self.drawn))
-        for j, grp in enumerate(groups):
-          idx = np.arange(j * g, (j + 1) * g)
-          fill.add(grp, batch_lib.take_rows(rows, idx), rewards[idx])
+    def score(groups, samples):
+      ro = rollout.from_samples(env.tokenizer, [recs[i] for i in groups],
+                                [modes[i] for i in groups], samples, g)
+      return ro, rollout.score(ro, env.verifiers.train_verifier, env.sample_cls, hosts)
 
-    draws = self
+    def book(groups, scored):
+      ro, (rewards, infos) = scored
+      start = len(self.drawn)
+      rows = self._record(ro, rewards, infos)
+      rows['drawn_row'] = np.arange(start, len(self.drawn))
+      return rows, rewards
 
-    class Source:
-      def more(self):
-        drain(block=True)
-        want = fill.want_more()
-        if not want:
-          return None if want is None else []
-        fill.feed()
-        new = draws.loader.next()
-        recs.extend(new)
-        modes.extend(rollout.draw_modes(len(new), st.thinking_fraction, draws.modes_rng))
-        return [env.tokenizer.encode(rollout.prompt_text(r, m))
-                for r, m in zip(new, modes[-len(new):])]
-
-      def finished(self, groups, samples):
-        ro = rollout.from_samples(env.tokenizer, [recs[i] for i in groups],
-                                  [modes[i] for i in groups], samples, g)
-        if pool is None:
-          fut = concurrent.futures.Future()
-          fut.set_result(score(ro))
-        else:
-          fut = pool.submit(score, ro)
-        jobs.append((groups, ro, fut))
-
-      def stop(self):
-        drain(block=False)
-        return fill.settled()
-
-    key = jax.random.fold_in(self.rng, 0)
-    slots0 = env.sampler.decode_slots, env.sampler.generated_tokens
     t0 = time.perf_counter()
-    try:
-      env.sampler.stream(self.params, key, self.sp, g, Source(), st.max_prompt_len,
-                         rows=st.prompts_per_step * g)
-      drain(block=True)
-    finally:
-      if pool is not None:
-        pool.shutdown(wait=True, cancel_futures=True)
-    wall = time.perf_counter() - t0
-    self.sample_s += wall - clock['wait']
-    self.score_s += clock['score']
-    scored_rows = fill.scored * g
-    return fill.result(), {
-        'rows_cancelled': float(fill.fed * g - scored_rows),
-        'score_wait_s': clock['wait']}
+    got = grpo.stream_fill(env.sampler, self.params, jax.random.fold_in(self.rng, 0), self.sp,
+                           fill, next_prompts, score, book, max_prompt_len=st.max_prompt_len,
+                           rows=st.prompts_per_step * g,
+                           thread=hosts.count == 1 and self.SCORE_THREAD)
+    self.sample_s += time.perf_counter() - t0 - got.wait_s
+    self.score_s += got.score_s
+    return fill.result(), {'rows_cancelled': float(got.rows_cancelled),
+                           'score_wait_s': got.wait_s}
 
   def log_samples(self, rows, rewards, valid, drawn_row) -> None:
     """Writes `config.eval.log_samples` of the step's train rows through the run's metrics writer

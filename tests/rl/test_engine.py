@@ -50,7 +50,6 @@ def _assert_same_rows(out, ref, atol=1e-4):
   np.testing.assert_allclose(out.sampling_logprobs, ref.sampling_logprobs, atol=atol, rtol=0)
 
 
-@pytest.mark.heavy
 def test_row_limits_stop_rows_in_the_one_call_sampler(reference):
   out = reference[False]
   assert np.all(out.lengths <= LIMITS)
@@ -62,13 +61,12 @@ def test_row_limits_stop_rows_in_the_one_call_sampler(reference):
   assert out.truncated.any() and (~out.truncated).any(), 'the workload needs both endings'
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize('slots,pages,chunk', [
-    (8, None, 8),      # room for every slot's longest row
-    (4, 14, 5),        # a pool of barely one longest row: rows are preempted and recomputed
-    (3, 20, 16),       # fewer slots than a prompt's samples can share
-    (3, 'least', 3),   # the smallest pool allowed: one longest row and its partial copy
-    (24, None, 64)],   # every row at once
+    pytest.param(8, None, 8, marks=pytest.mark.heavy),   # room for every slot's longest row
+    (4, 14, 5),     # a pool of barely one longest row: rows are preempted and recomputed
+    pytest.param(3, 20, 16, marks=pytest.mark.heavy),    # fewer slots than a prompt's samples
+    pytest.param(3, 'least', 3, marks=pytest.mark.heavy),  # the smallest pool: one longest row
+    pytest.param(24, None, 64, marks=pytest.mark.heavy)],  # every row at once
     ids=['roomy', 'preempting', 'few_slots', 'least_pool', 'all_rows'])
 def test_engine_rows_equal_the_one_call_sampler(policy, reference, slots, pages, chunk):
   if pages == 'least':
@@ -196,9 +194,10 @@ class _Feed:
   """A stream source: feeds PROMPTS in `batches` (a 'wait' entry answers "none yet" once),
   records every finished group, and stops once `stop_after` groups (in any order) ended."""
 
-  def __init__(self, batches, stop_after=None):
+  def __init__(self, batches, stop_after=None, limits=False):
     self.batches = list(batches)
     self.stop_after = stop_after
+    self.limits = limits
     self.groups: dict[int, object] = {}
     self.calls = []
 
@@ -207,7 +206,12 @@ class _Feed:
     if not self.batches:
       return None
     b = self.batches.pop(0)
-    return [] if b == 'wait' else [PROMPTS[i] for i in b]
+    if b == 'wait':
+      return []
+    prompts = [PROMPTS[i] for i in b]
+    if not self.limits:
+      return prompts
+    return prompts, LIMITS.reshape(len(PROMPTS), G)[b].reshape(-1)
 
   def finished(self, groups, samples):
     assert groups == sorted(groups) and not set(groups) & set(self.groups)
@@ -238,18 +242,21 @@ def _assert_group_equals(got, ref, g, width):
 
 
 @pytest.mark.heavy
-def test_streamed_groups_equal_one_call_over_every_fed_prompt(policy, unlimited):
+@pytest.mark.parametrize('limits', [False, True], ids=['max_new_tokens', 'row_limits'])
+def test_streamed_groups_equal_one_call_over_every_fed_prompt(policy, unlimited, reference,
+                                                              limits):
   """Prompts fed in batches as the queue runs dry (one "none yet" answer between them) give the
   rows of one call over all of them, each group handed over once, no page left behind."""
+  ref = reference[False] if limits else unlimited
   eng = _paged(policy[0], slots=4, chunk_steps=5, prefill_prompts=2)
-  feed = _Feed([[0, 1, 2], 'wait', [3, 4, 5], [6, 7]])
+  feed = _Feed([[0, 1, 2], 'wait', [3, 4, 5], [6, 7]], limits=limits)
   fed = eng.stream(policy[1], jax.random.key(5), SP, G, feed, max_prompt_len=32, rows=12)
   assert fed == len(PROMPTS) and sorted(feed.groups) == list(range(len(PROMPTS)))
   for g, got in feed.groups.items():
-    _assert_group_equals(got, unlimited, g, 32)
+    _assert_group_equals(got, ref, g, 32)
   assert eng.pages_in_use == 0
   assert feed.calls.count('more') == 5          # 4 batches (one of them 'wait'), then None
-  assert eng.generated_tokens == unlimited.lengths.sum()
+  assert eng.generated_tokens == ref.lengths.sum()
 
 
 @pytest.mark.heavy
@@ -275,6 +282,10 @@ def test_stream_errors(policy):
     eng.stream(policy[1], 0, SP, G, _Feed(['wait']), max_prompt_len=32, rows=6)
   with pytest.raises(ValueError, match='prompt 1 has 31 tokens .expected 1 to max_prompt_len=30'):
     eng.stream(policy[1], 0, SP, G, _Feed([[0, 4]]), max_prompt_len=30, rows=6)
+  bad = _Feed([[0]])
+  bad.more = lambda: ([PROMPTS[0]], [5] * (G - 1))
+  with pytest.raises(ValueError, match=r'row limits: expected 3 ints in \[1, max_new_tokens=40'):
+    eng.stream(policy[1], 0, SP, G, bad, max_prompt_len=32, rows=6)
   with pytest.raises(ValueError, match="needs engine='paged'"):
     sampler.Sampler(policy[0], CFG, eos_ids=EOS).stream(policy[1], 0, SP, G, _Feed([[0]]), 32, 6)
   assert eng.pages_in_use == 0

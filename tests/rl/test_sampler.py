@@ -273,8 +273,8 @@ def test_sharded_equals_unsharded(policy, make_policy, samp, greedy):
   np.testing.assert_allclose(out.sampling_logprobs, ref.sampling_logprobs, atol=1e-4)
 
 
-@pytest.mark.heavy
-@pytest.mark.parametrize('greedy', [True, False], ids=['greedy', 'sampled'])
+@pytest.mark.parametrize('greedy', [pytest.param(True, marks=pytest.mark.heavy), False],
+                         ids=['greedy', 'sampled'])
 def test_chunked_rows_equal_one_call(policy, samp, greedy):
   sp = sampler.SamplingParams(max_new_tokens=12, greedy=greedy, temperature=0.9)
   whole = samp.generate(policy[1], PROMPTS, jax.random.key(7), sp, num_samples=3)   # 12 rows

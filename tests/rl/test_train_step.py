@@ -145,7 +145,6 @@ def test_microbatched_and_remat_gradients_equal_full_batch():
     np.testing.assert_allclose(float(m4[k]), float(m1[k]), rtol=1e-5, atol=1e-7, err_msg=k)
 
 
-@pytest.mark.heavy
 def test_sharded_step_equals_unsharded_after_three_steps():
   graphdef, params, opt, step = _setup()
   batches = [_grpo_batch(graphdef, params, seed=s, ref=True) for s in range(3)]
