@@ -1,0 +1,59 @@
+"""tools/mutation_sample.py: a seeded sample of a cosmic-ray session's mutants stays pending."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+cosmic_ray = pytest.importorskip('cosmic_ray', reason='the mutation extra is not installed')
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _session(tmp_path):
+  tmp_path.mkdir(parents=True, exist_ok=True)
+  (tmp_path / 'mod.py').write_text('def f(a, b):\n  return a + b if a < b else a - b * 2\n')
+  (tmp_path / 'cr.toml').write_text(
+      '[cosmic-ray]\nmodule-path = "mod.py"\ntimeout = 10.0\nexcluded-modules = []\n'
+      'test-command = "true"\n[cosmic-ray.distributor]\nname = "local"\n')
+  subprocess.run([pathlib.Path(sys.executable).parent / 'cosmic-ray', 'init', 'cr.toml',
+                  's.sqlite'], cwd=tmp_path, check=True, capture_output=True)
+  return tmp_path / 's.sqlite'
+
+
+def _pending(path):
+  """(what each pending mutant changes, sorted; how many mutants in all)."""
+  from cosmic_ray.work_db import use_db  # pylint: disable=g-import-not-at-top
+  with use_db(str(path)) as db:
+    return sorted(str(w.mutations) for w in db.pending_work_items), len(db.work_items)
+
+
+def test_a_seeded_sample_stays_pending_and_the_rest_is_skipped(tmp_path):
+  path = _session(tmp_path)
+  _, total = _pending(path)
+  assert total > 10
+  runs = []
+  for seed in (0, 0, 1):
+    p = _session(tmp_path / f'run{len(runs)}')
+    out = subprocess.run([sys.executable, str(ROOT / 'tools' / 'mutation_sample.py'), str(p),
+                          '--size=5', f'--seed={seed}'], capture_output=True, text=True,
+                         check=True).stdout
+    assert f'5 of {total} mutants kept (seed {seed}), {total - 5} skipped' in out
+    pending, n = _pending(p)
+    assert len(pending) == 5 and n == total
+    runs.append(pending)
+  # The same seed keeps the same mutants in another session of the same code; another seed
+  # keeps others.
+  assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_a_sample_larger_than_the_session_keeps_everything(tmp_path):
+  path = _session(tmp_path)
+  _, total = _pending(path)
+  subprocess.run([sys.executable, str(ROOT / 'tools' / 'mutation_sample.py'), str(path),
+                  f'--size={total + 10}'], check=True, capture_output=True)
+  assert len(_pending(path)[0]) == total
+  bad = subprocess.run([sys.executable, str(ROOT / 'tools' / 'mutation_sample.py'), str(path),
+                        '--size=0'], capture_output=True, text=True)
+  assert bad.returncode != 0 and '--size=0 must be >= 1' in bad.stderr
