@@ -1,6 +1,7 @@
 """GRPO: advantages, dynamic filtering with refill, and the loss against a float64 numpy reference."""
 
 import statistics
+import time
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,29 @@ def test_advantages_bad_input():
 def test_filter_groups():
   r = np.array([1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0.5, 0.5, 0.5, 0.25])
   np.testing.assert_array_equal(grpo.filter_groups(r, 4), [True, False, False, True])
+  # A group of one sample has no spread: never kept (and not an error).
+  np.testing.assert_array_equal(grpo.filter_groups(r[:3], 1), [False] * 3)
+  with pytest.raises(ValueError):
+    grpo.filter_groups(r[:3], 2)
+
+
+def test_fill_groups_pads_with_whole_dropped_groups_of_any_size():
+  """G = 3 (not a power of two): padding repeats whole dropped groups, in order, cyclically."""
+  g = 3
+  r = np.array([5, 5, 5, 0, 1, 2, 7, 7, 7.])       # groups 0 and 2 flat, group 1 has signal
+
+  out = grpo.fill_groups(lambda n: (np.arange(n * g) + 10, r), num_groups=4, group_size=g,
+                         max_rounds=1, draw_size=3)
+  assert out.groups_kept == 1 and out.rounds == 1
+  np.testing.assert_array_equal(out.rows, [13, 14, 15, 10, 11, 12, 16, 17, 18, 10, 11, 12])
+  np.testing.assert_array_equal(out.rewards, [0, 1, 2, 5, 5, 5, 7, 7, 7, 5, 5, 5])
+  np.testing.assert_array_equal(out.valid, [True] * 3 + [False] * 9)
+
+
+def test_fill_groups_refuses_a_draw_of_the_wrong_size():
+  for rewards in (np.zeros(7), np.zeros(9)):
+    with pytest.raises(ValueError, match=f'returned {rewards.size} rewards, expected 8'):
+      grpo.fill_groups(lambda n, r=rewards: (None, r), num_groups=2, group_size=4)
 
 
 # ---------------------------------------------------------------- fill_groups
@@ -174,6 +198,91 @@ def test_stream_fill_feeds_only_when_the_running_groups_are_not_expected_to_fill
   fill.add(4, None, [1, 1])
   assert fill.settled() and fill.want_more() is None
   assert fill.result().groups_kept == 4
+
+
+class _FakeStreamingSampler:
+  """`Sampler.stream` without a model: asks for prompts whenever none waits and a slot is free,
+  and each "decode call" ends a random few of the running groups (whole groups, handed over
+  sorted, as the engine does); rows are numbered 100 * prompt + sample."""
+
+  def __init__(self, seed, slots=3, per_call=2):
+    self.rng = np.random.default_rng(seed)
+    self.slots, self.per_call = slots, per_call
+    self.handed: list[list[int]] = []
+
+  def stream(self, params, rng, sp, g, source, max_prompt_len, rows):
+    del params, rng, sp, max_prompt_len, rows
+    waiting, running, fed, feeding = [], [], 0, True
+    while waiting or running or feeding:
+      if feeding and not waiting and len(running) < self.slots:
+        got = source.more()
+        if got is None:
+          feeding = False
+          if source.stop():
+            return fed
+        else:
+          waiting += list(range(fed, fed + len(got)))
+          fed += len(got)
+        if not waiting and not running:
+          assert not feeding, 'more() gave nothing while nothing runs'
+          continue
+      while waiting and len(running) < self.slots:
+        running.append(waiting.pop(0))
+      ended = sorted(self.rng.choice(running, min(self.per_call, len(running)), replace=False))
+      running = [x for x in running if x not in ended]
+      self.handed.append([int(x) for x in ended])
+      ids = np.array([100 * x + i for x in ended for i in range(g)])
+      source.finished([int(x) for x in ended], ids)
+      if source.stop():
+        return fed
+    return fed
+
+
+@pytest.mark.parametrize('seed', range(6))
+def test_stream_fill_books_in_hand_over_order_and_equals_one_round(seed):
+  g, k, per, cap = 3, 4, 3, 4
+  flat = np.random.default_rng(seed + 100).random(per * cap) < 0.5
+  results = {}
+  for thread in (True, False):
+    fake = _FakeStreamingSampler(seed)
+    fill = grpo.StreamFill(k, g, per, cap)
+    booked = []
+    score_calls = []
+
+    def score(groups, ids):
+      time.sleep(0.002 * len(groups))
+      score_calls.append(list(groups))
+      return ids, np.where(np.repeat(flat[groups], g), 1.0, ids % 2).astype(np.float32)
+
+    def book(groups, scored):
+      booked.append(list(groups))
+      return scored
+
+    t0 = time.perf_counter()
+    got = grpo.stream_fill(fake, None, None, None, fill, lambda: [[1]] * per, score, book,
+                           max_prompt_len=4, rows=per * g, thread=thread)
+    wall = time.perf_counter() - t0
+    # Booked in the order handed over (whatever order scoring finished in), all of them.
+    assert booked == score_calls == fake.handed[:len(booked)]
+    assert got.rows_cancelled == (fill.fed - fill.scored) * g
+    assert fill.scored == sum(map(len, booked))
+    assert 0.002 * fill.scored <= got.score_s <= wall and 0 <= got.wait_s <= wall
+    out = fill.result()
+    ids = np.arange(fill.fed)[:, None] * 100 + np.arange(g)
+    rewards = np.where(np.repeat(flat[:fill.fed], g), 1.0, ids.reshape(-1) % 2)
+    expect = grpo.fill_groups(lambda n: (ids.reshape(-1), rewards), k, g, max_rounds=1,
+                              draw_size=fill.fed)
+    np.testing.assert_array_equal(out.rows, expect.rows)
+    np.testing.assert_array_equal(out.valid, expect.valid)
+    results[thread] = (out.rows.tolist(), fill.fed)
+  assert results[True] == results[False]
+
+
+def test_stream_fill_refuses_a_short_feed():
+  fill = grpo.StreamFill(2, 2, 3, 1)
+  with pytest.raises(ValueError, match='next_prompts gave 2 prompts, expected 3'):
+    grpo.stream_fill(_FakeStreamingSampler(0), None, None, None, fill, lambda: [[1], [2]],
+                     lambda g, s: s, lambda g, s: s, max_prompt_len=4, rows=6)
 
 
 def test_stream_fill_errors():
@@ -300,6 +409,41 @@ def test_microbatches_add_up_with_whole_batch_normalizers(aggregation):
   parts = [grpo.grpo_loss(jnp.asarray(new[s]), h, cfg, norm)[0]
            for s, h in zip((slice(0, 3), slice(3, 6)), halves)]
   np.testing.assert_allclose(float(parts[0] + parts[1]), float(full), rtol=1e-6)
+
+
+def test_per_token_truncation_masks_as_per_row_truncation():
+  """A packed batch marks truncation per token ([B, L]); it masks exactly as the row flag."""
+  batch, new, _ = _random_batch(seed=7)
+  cfg = grpo.GrpoConfig(mask_truncated=True)
+  per_token = batch._replace(truncated=np.repeat(batch.truncated[:, None], new.shape[1], 1))
+  np.testing.assert_array_equal(grpo.loss_mask(per_token, cfg), grpo.loss_mask(batch, cfg))
+  a, _ = grpo.grpo_loss(jnp.asarray(new), batch, cfg)
+  b, _ = grpo.grpo_loss(jnp.asarray(new), per_token, cfg)
+  assert float(a) == float(b)
+  assert not np.array_equal(grpo.loss_mask(batch, cfg), grpo.loss_mask(batch, grpo.GrpoConfig()))
+
+
+@pytest.mark.parametrize('entropy_coef', [0.0, 0.01])
+def test_loss_fn_computes_the_entropy_exactly_when_it_is_weighted(monkeypatch, entropy_coef):
+  batch, new, entropy = _random_batch(seed=8)
+  asked = []
+
+  def fake_stats(model, b, entropy=False):
+    assert model == 'model' and b is batch
+    asked.append(entropy)
+    out = {'logprobs': jnp.asarray(new)}
+    if entropy:
+      out['entropy'] = jnp.asarray(entropy_values)
+    return out
+
+  entropy_values = entropy
+  monkeypatch.setattr(batch_lib, 'policy_stats', fake_stats)
+  cfg = grpo.GrpoConfig(entropy_coef=entropy_coef)
+  loss, _ = grpo.loss_fn('model', batch, cfg, grpo.normalizers(batch, cfg))
+  assert asked == [entropy_coef > 0]
+  want, _ = grpo.grpo_loss(jnp.asarray(new), batch, cfg,
+                           entropy=jnp.asarray(entropy) if entropy_coef else None)
+  assert float(loss) == float(want)
 
 
 def test_missing_inputs_are_clear_errors():
