@@ -131,10 +131,10 @@ def from_samples(samples, advantages, *, valid=None, teacher_index=None) -> Trai
   # Multi-turn episodes (`cascade.episodes`) learn only the tokens the policy sampled; their
   # observation tokens are present (mask 1, attended to) but carry no loss.
   policy = getattr(samples, 'policy_mask', None)
-  learned = comp_mask if policy is None else np.asarray(policy, np.int32) * comp_mask
-  if learned.shape != comp.shape:
-    raise ValueError(f'from_samples: policy_mask has shape {learned.shape}, '
+  if policy is not None and np.shape(policy) != comp.shape:
+    raise ValueError(f'from_samples: policy_mask has shape {np.shape(policy)}, '
                      f'expected {comp.shape}')
+  learned = comp_mask if policy is None else np.asarray(policy, np.int32) * comp_mask
   loss_mask = shift(learned.astype(np.float32), 0.0)
   if valid is not None:
     loss_mask = loss_mask * np.asarray(valid, np.float32).reshape(b, 1)

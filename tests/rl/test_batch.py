@@ -1,6 +1,7 @@
 """TrainBatch layout from sampler output, and on-policy alignment with the real sampler."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -31,6 +32,64 @@ def test_from_samples_layout():
   np.testing.assert_array_equal(b.advantages, [0.5, -0.5])
   np.testing.assert_array_equal(b.truncated, [True, False])
   np.testing.assert_array_equal(b.teacher_index, [1, 0])
+
+
+def _two_rows(**extra):
+  fields = dict(
+      prompt_tokens=np.array([[0, 5, 6, 7], [8, 9, 10, 11]], np.int32),
+      prompt_mask=np.array([[0, 1, 1, 1], [1, 1, 1, 1]], np.int32),
+      tokens=np.array([[20, 21, 22], [30, 31, 0]], np.int32),
+      mask=np.array([[1, 1, 1], [1, 1, 0]], np.int32),
+      logprobs=np.array([[-1, -2, -3], [-4, -5, 0]], np.float32),
+      sampling_logprobs=np.zeros((2, 3), np.float32),
+      lengths=np.array([3, 2], np.int32), truncated=np.array([True, False]))
+  return sampler.SampleOutput(**{**fields, **extra})
+
+
+def test_from_samples_learns_only_the_policys_tokens_of_an_episode():
+  """Multi-turn rows: observation tokens (policy_mask 0) are context, never loss."""
+  import collections  # pylint: disable=g-import-not-at-top
+  out = _two_rows()
+  episode = collections.namedtuple('Episode', out._fields + ('policy_mask',))(
+      *out, policy_mask=np.array([[1, 0, 1], [0, 1, 1]], np.int32))
+  b = batch_lib.from_samples(episode, [0.5, -0.5])
+  # Row 1's third token is padding (mask 0): no loss even where policy_mask says 1.
+  np.testing.assert_array_equal(b.loss_mask, [[0, 0, 0, 1, 0, 1, 0], [0, 0, 0, 0, 1, 0, 0]])
+  np.testing.assert_array_equal(b.segment_ids, [[0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0]])
+  with pytest.raises(ValueError, match=r'policy_mask has shape \(2, 2\), expected \(2, 3\)'):
+    batch_lib.from_samples(episode._replace(policy_mask=np.ones((2, 2), np.int32)), [0, 0])
+
+
+@pytest.mark.parametrize('adv', [[0.5], [0.5, 0.1, 0.2], [[0.5, 0.1]] * 2])
+def test_from_samples_refuses_advantages_of_another_shape(adv):
+  with pytest.raises(ValueError, match=r'advantages has shape .*expected \(2,\)'):
+    batch_lib.from_samples(_two_rows(), adv)
+
+
+def test_token_entropy_equals_float64_reference():
+  logits = np.random.default_rng(0).normal(size=(2, 3, 7)) * 3
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  want = -(np.exp(logp) * logp).sum(-1)
+  np.testing.assert_allclose(batch_lib.token_entropy(jnp.asarray(logits, jnp.float32)), want,
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_concatenated_rounds_pad_prompts_left_and_completions_right():
+  """Round 1: 2-token prompts, 6-token completions; round 2: 4 and 3 (widths 2 -> 4 and
+  3 -> 6 are padded by different amounts)."""
+  wide = a = _two_rows()
+  short = a._replace(
+      prompt_tokens=a.prompt_tokens[:, 2:], prompt_mask=a.prompt_mask[:, 2:],
+      tokens=np.pad(a.tokens, ((0, 0), (0, 3))), mask=np.pad(a.mask, ((0, 0), (0, 3))),
+      logprobs=np.pad(a.logprobs, ((0, 0), (0, 3))),
+      sampling_logprobs=np.pad(a.sampling_logprobs, ((0, 0), (0, 3))))
+  both = batch_lib.concat_rows([short, wide])
+  assert both.prompt_tokens.shape == (4, 4) and both.tokens.shape == (4, 6)
+  np.testing.assert_array_equal(both.prompt_tokens[:2], [[0, 0, 6, 7], [0, 0, 10, 11]])
+  np.testing.assert_array_equal(both.prompt_mask[:2], [[0, 0, 1, 1], [0, 0, 1, 1]])
+  np.testing.assert_array_equal(both.tokens[2:], np.pad(a.tokens, ((0, 0), (0, 3))))
+  np.testing.assert_array_equal(both.lengths, [3, 2, 3, 2])
 
 
 def test_positions_from_segments():

@@ -86,3 +86,98 @@ def test_pack_refuses_what_it_cannot_keep():
   with pytest.raises(ValueError, match="aggregation='token'"):
     grpo.grpo_loss(jnp.zeros(packed.tokens.shape), packed,
                    grpo.GrpoConfig(aggregation='seq_mean_token_mean'))
+
+
+# ------------------------------------------------------------------ the layout, without a model
+
+def _numpy_batch(lengths, prompt_lens, width, seed, *, losses=None):
+  """A left-padded one-sequence-per-row TrainBatch with recognisable values per token."""
+  rs = np.random.RandomState(seed)
+  b = len(lengths)
+  seg = np.zeros((b, width), np.int32)
+  for i, n in enumerate(lengths):
+    seg[i, width - n:] = 1
+  tokens = rs.randint(1, 99, (b, width)).astype(np.int32) * seg
+  loss = np.zeros((b, width), np.float32)
+  for i, (n, p) in enumerate(zip(lengths, prompt_lens)):
+    if n and (losses is None or losses[i]):
+      loss[i, width - n + p - 1:width - 1] = 1
+  return batch_lib.TrainBatch(
+      tokens=tokens, positions=np.maximum(np.cumsum(seg, 1) - 1, 0) * seg,
+      segment_ids=seg, targets=np.roll(tokens, -1, 1) * seg, loss_mask=loss,
+      old_logprobs=-rs.random((b, width)).astype(np.float32) * loss,
+      advantages=rs.normal(size=b).astype(np.float32),
+      truncated=rs.random(b) < 0.5, ref_logprobs=-rs.random((b, width)).astype(np.float32))
+
+
+@pytest.mark.parametrize('seed', range(12))
+def test_pack_places_every_sequence_with_loss_once_whole_and_in_its_own_segment(seed):
+  rs = np.random.RandomState(seed)
+  b, width = int(rs.randint(1, 30)), 40
+  lengths = rs.randint(0, width + 1, b)
+  prompt_lens = np.minimum(rs.randint(1, 8, b), np.maximum(lengths, 1))
+  losses = rs.random(b) < 0.8
+  batch = _numpy_batch(lengths, prompt_lens, width, seed, losses=losses)
+  row_tokens, multiple = int(rs.choice([8, 24, 48, 64])), int(rs.choice([1, 2, 3]))
+  packed = batch_lib.pack(batch, row_tokens, rows_multiple=multiple)
+  kept = [i for i in range(b) if lengths[i] and batch.loss_mask[i].sum() > 0]
+  longest = int(max([lengths[i] for i in kept] + [1]))
+  want_width = row_tokens if longest <= row_tokens else 1 << (longest - 1).bit_length()
+  assert packed.tokens.shape[1] == want_width
+  rows = packed.tokens.shape[0]
+  assert rows % multiple == 0
+  # Every kept sequence appears exactly once, whole, as one segment of one row.
+  found = []
+  for r in range(rows):
+    ids = packed.segment_ids[r]
+    used = int((ids > 0).sum())
+    assert used <= want_width and np.all(ids[used:] == 0), 'segments are not left-aligned'
+    for s in np.unique(ids[ids > 0]):
+      cols = np.flatnonzero(ids == s)
+      assert np.array_equal(cols, np.arange(cols[0], cols[0] + cols.size)), 'a split segment'
+      src = [i for i in kept if lengths[i] == cols.size and np.array_equal(
+          batch.tokens[i, width - cols.size:], packed.tokens[r, cols])
+          and np.array_equal(batch.old_logprobs[i, width - cols.size:],
+                             packed.old_logprobs[r, cols])]
+      assert src, 'a packed segment matches no sequence'
+      i = src[0]
+      span = slice(width - cols.size, width)
+      for name in ('positions', 'targets', 'loss_mask', 'ref_logprobs'):
+        np.testing.assert_array_equal(getattr(packed, name)[r, cols],
+                                      getattr(batch, name)[i, span], err_msg=name)
+      np.testing.assert_array_equal(packed.advantages[r, cols], batch.advantages[i])
+      np.testing.assert_array_equal(packed.truncated[r, cols], batch.truncated[i])
+      found.append(i)
+    pad = ids == 0
+    assert not packed.loss_mask[r, pad].any() and not packed.advantages[r, pad].any()
+    assert not packed.tokens[r, pad].any() and not packed.truncated[r, pad].any()
+  assert sorted(found) == sorted(kept)
+  # Row count: first-fit rows, rounded up to 1, 2, 3, 4, 6, 8, 12, 16, ... then the multiple.
+  assert rows == _bucket(_first_fit_rows([lengths[i] for i in kept], want_width), multiple)
+  assert packed.loss_mask.sum() == batch.loss_mask[kept].sum()
+
+
+def _first_fit_rows(lengths, width):
+  free = []
+  for n in sorted(lengths, reverse=True):
+    for j, room in enumerate(free):
+      if room >= n:
+        free[j] -= n
+        break
+    else:
+      free.append(width - n)
+  return max(1, len(free))
+
+
+def _bucket(count, multiple):
+  sizes = sorted({1 << k for k in range(12)} | {3 << k for k in range(11)})
+  b = next(s for s in sizes if s >= count)
+  return -(-b // multiple) * multiple
+
+
+@pytest.mark.parametrize('count,want', [(1, 1), (2, 2), (3, 3), (4, 4), (5, 6), (6, 6), (7, 8),
+                                        (9, 12), (12, 12), (13, 16), (17, 24), (25, 32)])
+def test_packed_row_counts_are_powers_of_two_or_three_quarters_of_one(count, want):
+  batch = _numpy_batch([8] * count, [2] * count, 8, 0)     # one full row per sequence
+  assert batch_lib.pack(batch, 8).tokens.shape[0] == want
+  assert batch_lib.pack(batch, 8, rows_multiple=5).tokens.shape[0] == -(-want // 5) * 5
