@@ -66,6 +66,42 @@ def test_from_samples_refuses_advantages_of_another_shape(adv):
     batch_lib.from_samples(_two_rows(), adv)
 
 
+def test_from_samples_refuses_completion_fields_of_another_shape():
+  out = _two_rows()
+  for name, bad in (('mask', np.ones((2, 2), np.int32)), ('logprobs', np.zeros((2, 4))),
+                    ('tokens', np.zeros((3, 3), np.int32))):
+    with pytest.raises(ValueError, match='shapes disagree'):
+      batch_lib.from_samples(out._replace(**{name: bad}), [0.5, -0.5])
+
+
+class _Head:
+  """A stand-in policy head: logits = h @ w (for stats_from_hidden)."""
+
+  def __init__(self, w):
+    self.w = jnp.asarray(w)
+
+  def logits_from_hidden(self, h):
+    return h @ self.w
+
+
+@pytest.mark.parametrize('chunk', [16, 3], ids=['one_shot', 'chunked'])
+def test_stats_from_hidden_equal_float64_reference(chunk):
+  rng = np.random.default_rng(1)
+  b, l, d, v = 2, 7, 5, 11
+  h, w = rng.normal(size=(b, l, d)), rng.normal(size=(d, v))
+  targets = rng.integers(0, v, (b, l))
+  got = batch_lib.stats_from_hidden(_Head(w.astype(np.float32)), jnp.asarray(h, jnp.float32),
+                                    jnp.asarray(targets), entropy=True, argmax=True,
+                                    chunk=chunk)
+  logits = h @ w
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  np.testing.assert_allclose(got['logprobs'], np.take_along_axis(logp, targets[..., None],
+                                                                 -1)[..., 0], atol=1e-5)
+  np.testing.assert_allclose(got['entropy'], -(np.exp(logp) * logp).sum(-1), atol=1e-5)
+  np.testing.assert_array_equal(got['argmax'], logits.argmax(-1))
+
+
 def test_token_entropy_equals_float64_reference():
   logits = np.random.default_rng(0).normal(size=(2, 3, 7)) * 3
   logp = logits - logits.max(-1, keepdims=True)
@@ -141,12 +177,13 @@ def test_frozen_logprobs_in_calls_of_a_few_rows_equal_one_call():
   batch_lib._logprobs_jit = lambda *a: calls.append(a[2].shape) or jit(*a)
   try:
     whole = np.asarray(batch_lib.compute_logprobs(graphdef, params, batch))
-    calls.clear()
-    parts = batch_lib.compute_logprobs(graphdef, params, batch, rows_per_call=3)
+    for k in (3, 4, 1):
+      calls.clear()
+      parts = batch_lib.compute_logprobs(graphdef, params, batch, rows_per_call=k)
+      assert calls == [(k, l)] * -(-b // k), k
+      np.testing.assert_allclose(parts, whole, rtol=1e-5, atol=1e-5)
   finally:
     batch_lib._logprobs_jit = jit
-  assert calls == [(3, l)] * 3
-  np.testing.assert_allclose(parts, whole, rtol=1e-5, atol=1e-5)
   assert np.abs(whole).max() > 0.1
   with pytest.raises(ValueError, match='rows_per_call=0'):
     batch_lib.compute_logprobs(graphdef, params, batch, rows_per_call=0)

@@ -181,3 +181,15 @@ def test_packed_row_counts_are_powers_of_two_or_three_quarters_of_one(count, wan
   batch = _numpy_batch([8] * count, [2] * count, 8, 0)     # one full row per sequence
   assert batch_lib.pack(batch, 8).tokens.shape[0] == want
   assert batch_lib.pack(batch, 8, rows_multiple=5).tokens.shape[0] == -(-want // 5) * 5
+
+
+def test_pack_refuses_a_row_whose_tokens_are_not_one_span():
+  batch = _numpy_batch([7, 3], [2, 1], 10, 0)
+  seg = batch.segment_ids.copy()
+  seg[0, 8] = 0                      # row 0: tokens at 3..9 with a hole at 8
+  with pytest.raises(ValueError, match='not one contiguous span'):
+    batch_lib.pack(batch._replace(segment_ids=seg), 8)
+  with pytest.raises(ValueError, match='row_tokens=0 and rows_multiple=1 must be >= 1'):
+    batch_lib.pack(batch, 0)
+  with pytest.raises(ValueError, match='rows_multiple=0 must be >= 1'):
+    batch_lib.pack(batch, 8, rows_multiple=0)
