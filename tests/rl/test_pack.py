@@ -183,6 +183,14 @@ def test_packed_row_counts_are_powers_of_two_or_three_quarters_of_one(count, wan
   assert batch_lib.pack(batch, 8, rows_multiple=5).tokens.shape[0] == -(-want // 5) * 5
 
 
+@pytest.mark.parametrize('longest,row_tokens,width', [(16, 8, 16), (17, 8, 32), (8, 8, 8),
+                                                      (5, 8, 8)])
+def test_a_sequence_longer_than_the_budget_widens_rows_to_a_power_of_two(longest, row_tokens,
+                                                                          width):
+  batch = _numpy_batch([longest, 3], [2, 1], 20, 0)
+  assert batch_lib.pack(batch, row_tokens).tokens.shape[1] == width
+
+
 def test_pack_refuses_a_row_whose_tokens_are_not_one_span():
   batch = _numpy_batch([7, 3], [2, 1], 10, 0)
   seg = batch.segment_ids.copy()
