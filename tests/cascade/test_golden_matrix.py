@@ -9,7 +9,7 @@ order, pairing of records and rewards, filtering, the optimizer or the evaluatio
 
 When a change is deliberate, regenerate the file and review its diff:
 
-  CASCADE_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/cascade/test_golden_matrix.py
+  CASCADE_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q -m heavy tests/cascade/test_golden_matrix.py
 
 It is exact on one CPU type and JAX version (XLA:CPU picks kernels by the CPU, so float
 rounding, and then sampled tokens, differ between CPU types): the file records the machine it
