@@ -12,8 +12,8 @@ from rl import batch as batch_lib
 from rl import sampler
 
 
-def test_from_samples_layout():
-  out = sampler.SampleOutput(
+def _two_rows(**extra):
+  fields = dict(
       prompt_tokens=np.array([[0, 5, 6, 7], [8, 9, 10, 11]], np.int32),
       prompt_mask=np.array([[0, 1, 1, 1], [1, 1, 1, 1]], np.int32),
       tokens=np.array([[20, 21, 22], [30, 31, 0]], np.int32),
@@ -21,6 +21,11 @@ def test_from_samples_layout():
       logprobs=np.array([[-1, -2, -3], [-4, -5, 0]], np.float32),
       sampling_logprobs=np.zeros((2, 3), np.float32),
       lengths=np.array([3, 2], np.int32), truncated=np.array([True, False]))
+  return sampler.SampleOutput(**{**fields, **extra})
+
+
+def test_from_samples_layout():
+  out = _two_rows()
   b = batch_lib.from_samples(out, [0.5, -0.5], valid=[True, False], teacher_index=[1, 0])
   np.testing.assert_array_equal(b.tokens, [[0, 5, 6, 7, 20, 21, 22], [8, 9, 10, 11, 30, 31, 0]])
   np.testing.assert_array_equal(b.segment_ids, [[0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 0]])
@@ -32,18 +37,6 @@ def test_from_samples_layout():
   np.testing.assert_array_equal(b.advantages, [0.5, -0.5])
   np.testing.assert_array_equal(b.truncated, [True, False])
   np.testing.assert_array_equal(b.teacher_index, [1, 0])
-
-
-def _two_rows(**extra):
-  fields = dict(
-      prompt_tokens=np.array([[0, 5, 6, 7], [8, 9, 10, 11]], np.int32),
-      prompt_mask=np.array([[0, 1, 1, 1], [1, 1, 1, 1]], np.int32),
-      tokens=np.array([[20, 21, 22], [30, 31, 0]], np.int32),
-      mask=np.array([[1, 1, 1], [1, 1, 0]], np.int32),
-      logprobs=np.array([[-1, -2, -3], [-4, -5, 0]], np.float32),
-      sampling_logprobs=np.zeros((2, 3), np.float32),
-      lengths=np.array([3, 2], np.int32), truncated=np.array([True, False]))
-  return sampler.SampleOutput(**{**fields, **extra})
 
 
 def test_from_samples_learns_only_the_policys_tokens_of_an_episode():
