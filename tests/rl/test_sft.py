@@ -40,6 +40,29 @@ def test_pack_layout():
     sft.pack(ex, row_len=6, num_rows=1)
 
 
+def test_loss_accuracy_and_normaliser_against_a_hand_count(monkeypatch):
+  """loss_fn's accuracy counts learned tokens whose argmax is the target, over the whole
+  batch's learned tokens; the loss is their mean NLL (one learned token: divided by 1)."""
+  batch = sft.pack([([5, 6, 7, 8], [0, 1, 1, 1]), ([9, 3], [0, 1])], row_len=6)
+  # Learned targets: 6, 7, 8 (the first example) and 3 (the second).
+  logprobs = np.full(batch.targets.shape, -2.0, np.float32)
+  argmax = np.where(batch.targets == 7, 7, 0) + np.where(batch.targets == 3, 1, 0)
+  monkeypatch.setattr(batch_lib, 'policy_stats', lambda model, b, argmax=False: {
+      'logprobs': jnp.asarray(logprobs), 'argmax': jnp.asarray(argmax_values)})
+  argmax_values = argmax
+  norm = sft.normalizers(batch, sft.SftConfig())
+  assert float(norm['tokens']) == batch.loss_mask.sum() == 4
+  loss, metrics = sft.loss_fn(None, batch, sft.SftConfig(), norm)
+  assert float(loss) == pytest.approx(2.0)
+  # Right: the target 7 only (3 is predicted as 1, the others as 0).
+  assert float(metrics['accuracy']) == pytest.approx(1 / 4)
+  one = sft.pack([([4, 2], [0, 1])], row_len=4)
+  assert float(sft.normalizers(one, None)['tokens']) == 1.0
+  assert float(sft.sft_loss(jnp.full((1, 4), -3.0), one, sft.SftConfig())[0]) == 3.0
+  none = one._replace(loss_mask=np.zeros_like(one.loss_mask))
+  assert float(sft.normalizers(none, None)['tokens']) == 1.0
+
+
 def test_packed_loss_equals_unpacked_per_example():
   cfg = config_lib.ModelConfig.tiny()
   graphdef, params = nnx.split(transformer.create(cfg, seed=1))
