@@ -89,6 +89,7 @@ def _schedule_formula(cfg: ts.OptimizerConfig, count: int) -> float:
     ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=20, schedule='cosine', decay_steps=580,
                        min_lr_ratio=0.1),
     ts.OptimizerConfig(learning_rate=5e-5, schedule='cosine', decay_steps=7),
+    ts.OptimizerConfig(learning_rate=5e-5, schedule='cosine', decay_steps=1),   # the shortest
 ])
 @pytest.mark.parametrize('make', [ts.make_schedule, ts.optax_schedule])
 def test_schedule_matches_its_formula_at_every_step(cfg, make):
@@ -168,6 +169,16 @@ def test_sharded_step_equals_unsharded_after_three_steps():
   assert sstate.params['embed'][...].sharding.spec == P('tensor', 'fsdp')
 
 
+def test_the_step_donates_the_state_it_replaces_and_keeps_the_batch():
+  graphdef, params, opt, step = _setup()
+  state = ts.init_state(_copy(params), opt)
+  batch = jax.tree.map(jnp.asarray, _grpo_batch(graphdef, params, ref=True))
+  new, _ = step(state, batch)
+  assert all(x.is_deleted() for x in jax.tree.leaves(state.params))
+  assert not any(x.is_deleted() for x in jax.tree.leaves(batch))
+  assert not any(x.is_deleted() for x in jax.tree.leaves(new.params))
+
+
 def test_non_finite_step_is_skipped_and_counted():
   graphdef, params, opt, step = _setup()
   state = ts.init_state(_copy(params), opt)
@@ -195,6 +206,8 @@ def test_metrics_of_a_grpo_step():
   assert m['lr'] == pytest.approx(5e-4)            # first of two warm-up steps
   assert m['ratio_mean'] == pytest.approx(1.0, abs=1e-5) and m['logprob_gap'] < 1e-5
   assert m['tokens'] == batch.loss_mask.sum()
+  # Real tokens through the model (prompt and completion) per second of this step.
+  assert m['tokens_per_s'] * m['step_s'] == pytest.approx(np.count_nonzero(batch.segment_ids))
   lp = batch.old_logprobs[batch.loss_mask > 0]
   assert m['entropy'] == pytest.approx(-lp.mean(), rel=1e-4)
   assert m['kl'] > 0
