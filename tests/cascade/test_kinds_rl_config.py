@@ -72,11 +72,22 @@ def test_documented_defaults():
     ('phases', [], 'x', 'must be a list of dicts'),
     ('phases', (), {}, 'must be a list of dicts'),
     ('updates_per_batch', 1, 0, 'must be an int >= 1'),
+    ('pack_tokens', 0, -1, 'must be an int >= 0'),
+    ('stream_filter', True, 1, 'must be a bool'),
 ])
 def test_each_field_accepts_its_boundary_and_refuses_the_next_value(field, ok, bad, message):
   assert getattr(_stage({**GRPO, field: ok}), field) == (ok if field != 'phases' else
                                                          _stage(GRPO).phases)
   _error(GRPO, f'{field}={bad!r}: {message}', **{field: bad})
+
+
+def test_packing_needs_the_token_level_loss_and_streaming_needs_dynamic_filtering():
+  assert _stage({**GRPO, 'pack_tokens': 64}).pack_tokens == 64
+  _error(GRPO, "pack_tokens=64: needs loss_agg='token'", pack_tokens=64,
+         loss_agg='seq_mean_token_mean')
+  assert _stage({**GRPO, 'dynamic_filter': True, 'stream_filter': True}).stream_filter
+  _error(GRPO, 'stream_filter=True: needs dynamic_filter=True', dynamic_filter=False,
+         stream_filter=True)
 
 
 def test_group_size_one_is_a_valid_rl_group_but_not_a_grpo_baseline():
