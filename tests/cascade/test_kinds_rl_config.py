@@ -73,12 +73,25 @@ def test_documented_defaults():
     ('phases', (), {}, 'must be a list of dicts'),
     ('updates_per_batch', 1, 0, 'must be an int >= 1'),
     ('pack_tokens', 0, -1, 'must be an int >= 0'),
+    ('entropy_coef', 0.0, -0.01, 'must be >= 0'),
+    ('kl_coef', 0.0, -0.01, 'must be >= 0'),
     ('stream_filter', True, 1, 'must be a bool'),
 ])
 def test_each_field_accepts_its_boundary_and_refuses_the_next_value(field, ok, bad, message):
   assert getattr(_stage({**GRPO, field: ok}), field) == (ok if field != 'phases' else
                                                          _stage(GRPO).phases)
   _error(GRPO, f'{field}={bad!r}: {message}', **{field: bad})
+
+
+@pytest.mark.parametrize('kl_coef', [0.0, 0.1])
+def test_the_planned_grpo_batch_carries_reference_logprobs_exactly_with_a_kl_term(kl_coef):
+  from cascade.kinds import grpo as grpo_kind  # pylint: disable=g-import-not-at-top
+  mesh = jax.make_mesh((1, 1, 1), ('data', 'fsdp', 'tensor'),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=jax.devices()[:1])
+  batch, _ = grpo_kind.abstract_batch(_stage(dict(GRPO, kl_coef=kl_coef)), mesh, None)
+  assert (batch.ref_logprobs is not None) == (kl_coef > 0)
+  if kl_coef:
+    assert batch.ref_logprobs.shape == batch.tokens.shape and batch.ref_logprobs.dtype == 'float32'
 
 
 def test_packing_needs_the_token_level_loss_and_streaming_needs_dynamic_filtering():
@@ -95,6 +108,8 @@ def test_group_size_one_is_a_valid_rl_group_but_not_a_grpo_baseline():
   assert mopd.group_size == 1 and mopd.rows_per_step() == (3, 'prompts_per_step * group_size')
   _error(dict(GRPO, kind='mopd', teachers={'a': '/t'}), 'group_size=0: must be an int >= 1',
          group_size=0)
+  _error(GRPO, 'group_size=1: grpo needs G >= 2 (a group of one has no baseline)', group_size=1)
+  assert _stage(dict(GRPO, group_size=2)).group_size == 2
 
 
 # ------------------------------------------------------------------ updates and microbatches
