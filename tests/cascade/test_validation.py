@@ -50,8 +50,8 @@ def test_validation_sets_are_cut_and_must_not_share_held_out_prompts(fakes, monk
     sd.load()
 
 
-@pytest.mark.heavy
-@pytest.mark.parametrize('sets,want', [({'a': [1]}, [2, 4]), ({}, [])])
+@pytest.mark.parametrize('sets,want', [({'a': [1]}, [2, 4]),
+                                       pytest.param({}, [], marks=pytest.mark.heavy)])
 def test_stage_scores_validation_every_n_steps_on_its_live_policy(fakes, tmp_path, monkeypatch,
                                                                    sets, want):
   plan = fakes.toy_config([fakes.SFT_STAGE], every=100, validation=True)
