@@ -8,6 +8,7 @@ params, as a run that was never stopped. `CASCADE_TEST_KILL_AT` (the loop's test
 fires right after the named step's checkpoint is on disk.
 """
 
+import itertools
 import os
 import types
 
@@ -113,17 +114,27 @@ def test_uninterrupted_stage_draws_fresh_batches_with_per_step_keys(uninterrupte
 
 @pytest.mark.parametrize('stop_at', [3])
 def test_a_stage_stopped_mid_way_resumes_with_its_data_position_and_rng(
-    uninterrupted, tmp_path, capsys, stop_at):
+    uninterrupted, tmp_path, capsys, monkeypatch, stop_at):
   plan, log_a, res_a = uninterrupted
   log_b = []
   with pytest.raises(_Stop):
     _run(plan, tmp_path, log_b, stop_at=stop_at)
   assert log_b == log_a[:stop_at]
   resumed = []
+  # A clock that advances one second per reading: a step spans at least three (its own start,
+  # the update's start and end), whatever the machine's speed.
+  ticks = itertools.count(1_000_000)
+  monkeypatch.setattr(loop.time, 'perf_counter', lambda: float(next(ticks)))
   res_b = _run(plan, tmp_path, resumed)
+  monkeypatch.undo()
   start = stop_at - stop_at % 2          # the newest checkpoint (every 2 steps)
   assert f'[0] sft: resuming at step {start}/6' in capsys.readouterr().out
   assert res_b.steps_run == 6 - start
+  # The accounting covers the resumed part: its steps and their seconds.
+  acc = res_b.info['accounting']
+  assert acc['steps'] == 6 - start
+  assert acc['step_s'] >= 2 * acc['steps'] and acc['update_s'] >= acc['steps']
+  assert acc['step_s'] > acc['update_s']
   # The same steps, record ids, keys and optimizer steps as the run never stopped.
   assert resumed == log_a[start:]
   _same_params(res_b.params, res_a.params)
