@@ -161,6 +161,28 @@ def test_kl_reference_is_the_stages_starting_policy(fakes, tmp_path, monkeypatch
     assert np.abs(lp(other) - lp(start)).max() > 1e-2
 
 
+def test_reference_forwards_and_packed_rows_follow_the_microbatches_and_shards(
+    fakes, tmp_path, monkeypatch):
+  """The KL reference runs in calls of one microbatch's rows (its memory bound), and packed
+  row counts are a multiple of microbatches x batch shards (each microbatch splits evenly)."""
+  plan = fakes.toy_config([fakes.SFT_STAGE, fakes.rl_stage(
+      'rl', ['a'], kl_coef=0.1, microbatches=2, pack_tokens=64)])
+  st = plan.stages[1]                            # 4 prompts x 2 samples = 8 rows
+  env = _env(fakes, plan, tmp_path, _records(fakes))
+  env.batch_shards = 3
+  env.policies.remember(('stage', 'sft'), _params(plan, 11))
+  calls = {'ref': [], 'pack': []}
+  compute, pack = batch_lib.compute_logprobs, batch_lib.pack
+  monkeypatch.setattr(batch_lib, 'compute_logprobs', lambda *a, **kw: (
+      calls['ref'].append(kw.get('rows_per_call')) or compute(*a, **kw)))
+  monkeypatch.setattr(batch_lib, 'pack', lambda b, n, rows_multiple=1: (
+      calls['pack'].append((n, rows_multiple)) or pack(b, n, rows_multiple=rows_multiple)))
+  maker = _maker(monkeypatch, grpo, env, st)
+  [batch], _ = maker.make(0, jax.random.key(0), types.SimpleNamespace(params=_params(plan, 12)))
+  assert calls == {'ref': [4], 'pack': [(64, 6)]}
+  assert batch.tokens.shape[0] % 6 == 0
+
+
 def test_no_kl_term_no_reference(fakes, tmp_path, monkeypatch):
   plan = fakes.toy_config([fakes.rl_stage('rl', ['a'])])
   env = _env(fakes, plan, tmp_path, _records(fakes))
