@@ -98,7 +98,6 @@ class Rows(NamedTuple):
   logprobs: list        # np.float32, unmodified-policy log-probs
   sampling_logprobs: list
   stopped: np.ndarray   # [R] bool, ended on a stop token
-  complete: np.ndarray  # [R] bool, the row ran to its end (False: cancelled by a stream's stop)
 
 
 class Stream(Protocol):
@@ -107,7 +106,7 @@ class Stream(Protocol):
   The engine calls `more` when no row is waiting and a slot is idle, `finished`
   after each decode call with the prompts whose G rows all ended during it, and
   then `stop`; once `stop` is True the rows still live or waiting are cancelled
-  (their pages freed, `Rows.complete` False).
+  (their pages freed, their tokens dropped).
   """
 
   def more(self) -> tuple[Sequence[np.ndarray], np.ndarray] | None:
@@ -235,14 +234,13 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
 _DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered')
 
 
-def _rows(out_tok, out_lp, out_slp, stopped, complete, rows) -> Rows:
+def _rows(out_tok, out_lp, out_slp, stopped, rows) -> Rows:
   """`Rows` of the given row indices from the host loop's per-row chunk lists."""
   cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)
   return Rows(tokens=[cat(out_tok[r], np.int32) for r in rows],
               logprobs=[cat(out_lp[r], np.float32) for r in rows],
               sampling_logprobs=[cat(out_slp[r], np.float32) for r in rows],
-              stopped=np.array([stopped[r] for r in rows], bool),
-              complete=np.array([complete[r] for r in rows], bool))
+              stopped=np.array([stopped[r] for r in rows], bool))
 
 
 class _Prompt:
@@ -392,7 +390,7 @@ class Engine:
       stream: optional, see `Stream`.
 
     Returns:
-      Rows (with a stream: of every prompt fed, cancelled rows not complete).
+      Rows (with a stream: of every prompt fed; a row cancelled while it ran is empty).
 
     Raises:
       ValueError: a streamed prompt's row would not fit `row_tokens`.
@@ -659,14 +657,13 @@ class Engine:
         if ended_groups:
           ended_groups.sort()
           rows = [g * num_samples + i for g in ended_groups for i in range(num_samples)]
-          stream.finished(list(ended_groups), _rows(out_tok, out_lp, out_slp, stopped,
-                                                    complete, rows))
+          stream.finished(list(ended_groups), _rows(out_tok, out_lp, out_slp, stopped, rows))
           ended_groups.clear()
         if stream.stop():
           cancel()
           feeding = False
     self.pages_in_use = num_pages - len(free)
-    return _rows(out_tok, out_lp, out_slp, stopped, complete, range(len(out_tok)))
+    return _rows(out_tok, out_lp, out_slp, stopped, range(len(out_tok)))
 
   def _prefill_calls(self, params, k_pool, v_pool, prompts, to_prefill, prompts_state, copies,
                      drop):

@@ -93,6 +93,17 @@ class SamplingParams:
     return not self.greedy and (self.top_p < 1 or self.top_k > 0)
 
 
+def _row_limits(row_limits, n: int, max_new_tokens: int, what: str) -> np.ndarray:
+  """Each of n rows' most new tokens: `row_limits` checked to lie in [1, max_new_tokens], or
+  max_new_tokens for all when None."""
+  if row_limits is None:
+    return np.full(n, max_new_tokens, np.int64)
+  limits = np.asarray(row_limits, np.int64).reshape(-1)
+  if limits.shape != (n,) or (n and (limits.min() < 1 or limits.max() > max_new_tokens)):
+    raise ValueError(f'{what}: expected {n} ints in [1, max_new_tokens={max_new_tokens}]')
+  return limits
+
+
 class SampleOutput(NamedTuple):
   """A batch of rollouts; row i * G + g is sample g of prompt i.
 
@@ -658,17 +669,11 @@ class Sampler:
     for i, q in enumerate(prompts):
       if q.size == 0:
         raise ValueError(f'prompts[{i}] is empty')
-      if q.min() < 0 or q.max() >= self.cfg.vocab_size:
-        raise ValueError(f'prompts[{i}] has token ids outside [0, {self.cfg.vocab_size})')
+      self._check_ids(q, f'prompts[{i}]')
     if isinstance(rng, (int, np.integer)):
       rng = jax.random.key(rng)
     n = len(prompts) * num_samples
-    limits = np.full(n, sp.max_new_tokens, np.int64)
-    if row_limits is not None:
-      limits = np.asarray(row_limits, np.int64).reshape(-1)
-      if limits.shape != (n,) or limits.min() < 1 or limits.max() > sp.max_new_tokens:
-        raise ValueError(f'row_limits: expected {n} ints in [1, max_new_tokens='
-                         f'{sp.max_new_tokens}]')
+    limits = _row_limits(row_limits, n, sp.max_new_tokens, 'row_limits')
     p_max = max(q.size for q in prompts)
     p, nb, c = self.call_shape(n, p_max, sp.max_new_tokens)
     if self.engine == 'paged':
@@ -816,21 +821,13 @@ class Sampler:
         if isinstance(got, tuple):
           got, limits = got
         got = [np.asarray(q, np.int64).reshape(-1) for q in got]
-        n = len(got) * num_samples
-        if limits is None:
-          limits = np.full(n, sp.max_new_tokens, np.int64)
-        limits = np.asarray(limits, np.int64).reshape(-1)
-        if limits.shape != (n,) or (n and (limits.min() < 1
-                                           or limits.max() > sp.max_new_tokens)):
-          raise ValueError(f'stream: row limits: expected {n} ints in [1, max_new_tokens='
-                           f'{sp.max_new_tokens}]')
+        limits = _row_limits(limits, len(got) * num_samples, sp.max_new_tokens,
+                             'stream: row limits')
         for i, q in enumerate(got):
           if q.size == 0 or q.size > max_prompt_len:
             raise ValueError(f'stream: prompt {len(fed) + i} has {q.size} tokens (expected 1 '
                              f'to max_prompt_len={max_prompt_len})')
-          if q.min() < 0 or q.max() >= outer.cfg.vocab_size:
-            raise ValueError(f'stream: prompt {len(fed) + i} has token ids outside '
-                             f'[0, {outer.cfg.vocab_size})')
+          outer._check_ids(q, f'stream: prompt {len(fed) + i}')
         fed.extend(got)
         return got, limits
 
@@ -845,6 +842,11 @@ class Sampler:
     self._run_engine(self._engine(c), params, [], num_samples, np.zeros(0, np.int64), rng, sp,
                      p + nb, stream=Adapter())
     return len(fed)
+
+  def _check_ids(self, q: np.ndarray, name: str) -> None:
+    """Refuses a non-empty prompt with ids outside the model's vocabulary."""
+    if q.min() < 0 or q.max() >= self.cfg.vocab_size:
+      raise ValueError(f'{name} has token ids outside [0, {self.cfg.vocab_size})')
 
   def _engine(self, chunk: int) -> engine_lib.Engine:
     """The paged engine of `slots` slots (or `chunk`, a one-call chunk's rows, when unset)."""
