@@ -223,13 +223,24 @@ def cache_slots_per_device(c: ml_collections.ConfigDict, gib: float) -> int:
 HARDWARE = {'v5p_128': (V5P_128, None, SAMPLER_CACHE_GIB),
             'h200x8': (H200_8, H200_8_MESH, 16.0)}
 
+# Positions per MLP chunk on hardware whose longest train steps need it (ModelConfig.mlp_chunk):
+# on one H200 node a 64K-token row is one GPU's whole microbatch, and its
+# [65536, 17408] MLP activations alone took ~14 GiB of a Cascade-2 train step.
+MLP_CHUNK = {'h200x8': 8192}
+
+# Hardware on which MOPD keeps its teachers in host memory between their passes
+# (`teachers_on_host`): beside a 64K-token train step, three resident 14B teachers
+# (10 GiB per GPU) are what one H200 does not have left.
+TEACHERS_ON_HOST = ('h200x8',)
+
 
 def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
   """c retargeted at the hardware `name` (a HARDWARE key): its mesh and the sampler's cache budget.
 
   'v5p_128' (the papers' scale, the default) leaves c as it is; 'h200x8' plans
   the same recipe for one 8-GPU node (`launch.plan` then compiles on 8
-  simulated CPU devices and says so).
+  simulated CPU devices and says so), with the MLP run in chunks of
+  MLP_CHUNK positions and MOPD's teachers in host memory between their passes.
   """
   if name not in HARDWARE:
     raise ValueError(f'config argument hardware={name!r}: expected one of {sorted(HARDWARE)}')
@@ -238,6 +249,11 @@ def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.Confi
     c.hardware = dict(hw)
     c.mesh = dict(shape=mesh)
     c.sampler.cache_tokens_per_device = cache_slots_per_device(c, cache_gib)
+  if name in MLP_CHUNK:
+    c.model.overrides = {**dict(c.model.overrides), 'mlp_chunk': MLP_CHUNK[name]}
+  if name in TEACHERS_ON_HOST:
+    c.stages = [dict(st, teachers_on_host=True) if st['kind'] == 'mopd' else st
+                for st in c.stages]
   return c
 
 

@@ -350,7 +350,9 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
     add(ff.name, lambda cfg, m, ff=ff: forward_lowering(cfg, 'policy', m, rules, ff.rows,
                                                           ff.length),
         suffix=(f' per call, {ff.calls} calls' if ff.calls > 1 else '')
-        + f'; {ff.copies} resident cop' + ('y' if ff.copies == 1 else 'ies'))
+        + f'; {ff.copies} ' + ('cop' + ('y' if ff.copies == 1 else 'ies') + ' in host memory'
+                               if ff.on_host else
+                               'resident cop' + ('y' if ff.copies == 1 else 'ies')))
   rm = list(rm_stages or ())
   for rm_stage in rm:
     add(f'reward model scoring ({rm_stage.name})',
@@ -393,7 +395,10 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
                                               policies.master_dtype(model_cfg)))
   master = policies.master_dtype(model_cfg)
   policy_params = _params_bytes(model_cfg, 'policy', mesh, rules, master and np.float32)
-  frozen_bytes = sum(ff.copies for ff in frozen) * _params_bytes(model_cfg, 'policy', mesh, rules)
+  # Frozen copies kept in host memory are on the devices only as their own pass's arguments.
+  one_copy = _params_bytes(model_cfg, 'policy', mesh, rules)
+  frozen_bytes = sum(ff.copies for ff in frozen if not ff.on_host) * one_copy
+  on_device = {ff.name: not ff.on_host for ff in frozen}
   rm_bytes = len(rm_stages) * _params_bytes(model_cfg, 'reward_model', mesh, rules)
   out = []
   for p in programs:
@@ -404,8 +409,7 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
     elif p.name.startswith('reward model scoring'):
       extra = state + frozen_bytes + rm_bytes - rm_bytes // max(1, len(rm_stages))
     else:                                         # a frozen forward: its params are arguments
-      extra = state + rm_bytes + frozen_bytes - frozen_bytes // max(
-          1, sum(ff.copies for ff in frozen))
+      extra = state + rm_bytes + frozen_bytes - (one_copy if on_device.get(p.name) else 0)
     out.append((p.name, extra))
   return tuple(out)
 

@@ -18,11 +18,13 @@ downstream of a real token reads it.
 Implementations (`ModelConfig.attention`):
   'dense'      the [B, K, G, T, S] float32 logits of the reference math; the
                cached decode step (T = 1) always uses it.
-  'blockwise'  pure XLA: `lax.scan` over key blocks with an online softmax
-               and a custom VJP that rescans the blocks, so neither pass holds
-               more than [T, block_kv] scores per head. Reproduces 'dense'
-               (padding queries included) up to float rounding. Runs anywhere,
-               including the simulated-device planning path.
+  'blockwise'  pure XLA: a loop over query tiles, each a `lax.scan` over key
+               tiles with an online softmax, and a custom VJP that rescans
+               them, so neither pass holds more than [block_q, block_kv]
+               scores per head; tiles wholly above the causal diagonal are
+               skipped. Reproduces 'dense' on every real query up to float
+               rounding. Runs anywhere, including the simulated-device
+               planning path.
   'splash'     TPU splash attention (Pallas), vmapped over rows, inside a
                `shard_map` over the mesh's batch and head axes; interpreted
                off TPU (slow: tests only).
@@ -116,7 +118,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo, *,
     v: [B, K, S, H] values.
     mask: a MaskInfo.
     impl: one of IMPLS (see `resolve`).
-    block_q: query tile of 'splash'.
+    block_q: query tile of 'splash' and 'blockwise'.
     block_kv: key tile of 'splash' and 'blockwise'.
 
   Returns:
@@ -134,7 +136,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo, *,
     out = _dense(q, k, v, mask.q_segment_ids, mask.kv_segment_ids, offset)
   elif impl == 'blockwise':
     out = _blockwise(q, k, v, mask.q_segment_ids, mask.kv_segment_ids,
-                     jnp.asarray(offset, jnp.int32), min(block_kv, s))
+                     jnp.asarray(offset, jnp.int32), min(block_q, t), min(block_kv, s))
   elif impl == 'splash':
     out = _sharded_kernel(functools.partial(_splash, block_q=block_q, block_kv=block_kv),
                           q, k, v, mask.q_segment_ids)
@@ -270,79 +272,145 @@ def _key_blocks(k, v, kv_seg, block):
   return blocks(k), blocks(v), seg, jnp.asarray(real), jnp.asarray(start)
 
 
+def _query_blocks(x, axis, block):
+  """x cut into [nq, ...] blocks of `block` along `axis` (zero-padded at the end)."""
+  t = x.shape[axis]
+  nq = -(-t // block)
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, nq * block - t)
+  x = jnp.pad(x, pad)
+  x = x.reshape(x.shape[:axis] + (nq, block) + x.shape[axis + 1:])
+  return jnp.moveaxis(x, axis, 0)
+
+
+def _query_unblock(x, axis, t):
+  """Inverse of `_query_blocks`: [nq, ..., block at `axis`, ...] -> [..., T, ...]."""
+  x = jnp.moveaxis(x, 0, axis)
+  x = x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
+  return jax.lax.slice_in_dim(x, 0, t, axis=axis)
+
+
 def _block_logits(q, kb, q_seg, seg_b, real_b, start, offset):
-  """Masked float32 logits [B, K, G, T, block] of one key block, and its mask."""
+  """Masked float32 logits [B, K, G, Tq, block] of one (query, key) tile, and its mask.
+
+  q [B, Tq, K, G, H] holds the queries at key slots offset, offset + 1, ...
+  """
   t, block = q.shape[1], kb.shape[2]
   s = jnp.einsum('BTKGH,BKSH->BKGTS', q, kb.astype(q.dtype)).astype(jnp.float32)
   causal = (offset + jnp.arange(t))[:, None] >= (start + jnp.arange(block))[None, :]
   seen = (causal[None] & (q_seg[:, :, None] == seg_b[:, None, :])
-          & (seg_b[:, None, :] != 0))[:, None, None]                 # [B, 1, 1, T, block]
+          & (seg_b[:, None, :] != 0))[:, None, None]                 # [B, 1, 1, Tq, block]
   s = jnp.where(seen, s, _NEG_INF)
   # Slots past S do not exist: unlike masked ones they never enter an average.
   return jnp.where(real_b, s, -jnp.inf), seen
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _blockwise(q, k, v, q_seg, kv_seg, offset, block):
-  """Online-softmax attention over key blocks; q [B, T, K, G, H] -> same shape."""
-  return _blockwise_fwd(q, k, v, q_seg, kv_seg, offset, block)[0]
+def _visited(q_offset, block_q, k_start):
+  """Whether a (query tile, key tile) pair holds any causally visible pair.
+
+  A tile wholly above the diagonal (its first key after the tile's last query)
+  is skipped in both passes: about half of a long causal sequence's tiles.
+  """
+  return q_offset + block_q - 1 >= k_start
 
 
-def _blockwise_fwd(q, k, v, q_seg, kv_seg, offset, block):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _blockwise(q, k, v, q_seg, kv_seg, offset, block_q, block_kv):
+  """Online-softmax attention over (query, key) tiles; q [B, T, K, G, H] -> same shape."""
+  return _blockwise_fwd(q, k, v, q_seg, kv_seg, offset, block_q, block_kv)[0]
+
+
+def _blockwise_fwd(q, k, v, q_seg, kv_seg, offset, block_q, block_kv):
   b, t, kh, g, h = q.shape
-  kbs, vbs, segs, real, start = _key_blocks(k, v, kv_seg, block)
+  keys = _key_blocks(k, v, kv_seg, block_kv)
+  nq = -(-t // block_q)
+  q_starts = jnp.asarray(np.arange(nq, dtype=np.int32) * block_q)
 
-  def body(carry, xs):
-    m, l, acc = carry
-    kb, vb, seg_b, real_b, start_b = xs
-    s, _ = _block_logits(q, kb, q_seg, seg_b, real_b, start_b, offset)
-    m_new = jnp.maximum(m, s.max(-1))
-    corr = jnp.exp(m - m_new)
-    p = jnp.exp(s - m_new[..., None])
-    l = l * corr + p.sum(-1)
-    pv = jnp.einsum('BKGTS,BKSH->BKGTH', p.astype(q.dtype), vb.astype(q.dtype),
-                    preferred_element_type=jnp.float32)
-    return (m_new, l, acc * corr[..., None] + pv), None
+  def query_tile(xs):
+    qb, qseg_b, q_start = xs                                          # [B, bq, K, G, H]
+    q_off = offset + q_start
 
-  init = (jnp.full((b, kh, g, t), -jnp.inf, jnp.float32),
-          jnp.zeros((b, kh, g, t), jnp.float32),
-          jnp.zeros((b, kh, g, t, h), jnp.float32))
-  # Under a layer scan's partial evaluation, JAX would hoist the mask half of
-  # this loop (it reads only segment ids) out of the layers and stack it per
-  # block: a [T, S] buffer again. A checkpointed body saves nothing, so the mask
-  # stays inside the loop.
-  body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
-  (m, l, acc), _ = jax.lax.scan(body, init, (kbs, vbs, segs, real, start))
-  out = (acc / l[..., None]).astype(q.dtype)                          # [B, K, G, T, H]
-  lse = m + jnp.log(l)
-  out = jnp.moveaxis(out, 3, 1)                                       # [B, T, K, G, H]
+    def body(carry, xs):
+      kb, vb, seg_b, real_b, start_b = xs
+
+      def visit(carry):
+        m, l, acc = carry
+        s, _ = _block_logits(qb, kb, qseg_b, seg_b, real_b, start_b, q_off)
+        m_new = jnp.maximum(m, s.max(-1))
+        corr = jnp.exp(m - m_new)
+        p = jnp.exp(s - m_new[..., None])
+        pv = jnp.einsum('BKGTS,BKSH->BKGTH', p.astype(q.dtype), vb.astype(q.dtype),
+                        preferred_element_type=jnp.float32)
+        return m_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
+
+      return jax.lax.cond(_visited(q_off, block_q, start_b), visit, lambda c: c, carry), None
+
+    init = (jnp.full((b, kh, g, block_q), -jnp.inf, jnp.float32),
+            jnp.zeros((b, kh, g, block_q), jnp.float32),
+            jnp.zeros((b, kh, g, block_q, h), jnp.float32))
+    # Under a layer scan's partial evaluation, JAX would hoist the mask half of
+    # this loop (it reads only segment ids) out of the layers and stack it per
+    # tile: a [T, S] buffer again. A checkpointed body saves nothing, so the mask
+    # stays inside the loop.
+    body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    (m, l, acc), _ = jax.lax.scan(body, init, keys)
+    return (acc / l[..., None]).astype(q.dtype), m + jnp.log(l)     # [B, K, G, bq, H], [B, K, G, bq]
+
+  out, lse = jax.lax.map(query_tile, (_query_blocks(q, 1, block_q),
+                                      _query_blocks(q_seg, 1, block_q), q_starts))
+  out = jnp.moveaxis(_query_unblock(out, 3, t), 3, 1)                 # [B, T, K, G, H]
+  lse = _query_unblock(lse, 3, t)                                     # [B, K, G, T]
   return out, (q, k, v, q_seg, kv_seg, offset, out, lse)
 
 
-def _blockwise_bwd(block, res, d_out):
+def _blockwise_bwd(block_q, block_kv, res, d_out):
   q, k, v, q_seg, kv_seg, offset, out, lse = res
   dt = q.dtype
-  kbs, vbs, segs, real, start = _key_blocks(k, v, kv_seg, block)
-  do = jnp.moveaxis(d_out, 1, 3)                                      # [B, K, G, T, H]
+  t = q.shape[1]
+  kbs, vbs, segs, real, start = _key_blocks(k, v, kv_seg, block_kv)
+  nk = kbs.shape[0]
   delta = jnp.einsum('BTKGH,BTKGH->BKGT', d_out.astype(jnp.float32),
                      out.astype(jnp.float32))
+  nq = -(-t // block_q)
+  q_starts = jnp.asarray(np.arange(nq, dtype=np.int32) * block_q)
 
-  def body(dq, xs):
-    kb, vb, seg_b, real_b, start_b = xs
-    s, seen = _block_logits(q, kb, q_seg, seg_b, real_b, start_b, offset)
-    p = jnp.exp(s - lse[..., None])                                   # [B, K, G, T, block]
-    dv = jnp.einsum('BKGTS,BKGTH->BKSH', p.astype(dt), do.astype(dt),
-                    preferred_element_type=jnp.float32)
-    dp = jnp.einsum('BKGTH,BKSH->BKGTS', do.astype(dt), vb.astype(dt),
-                    preferred_element_type=jnp.float32)
-    ds = jnp.where(seen, p * (dp - delta[..., None]), 0.).astype(dt)
-    dq = dq + jnp.einsum('BKGTS,BKSH->BTKGH', ds, kb.astype(dt),
-                         preferred_element_type=jnp.float32)
-    dk = jnp.einsum('BKGTS,BTKGH->BKSH', ds, q, preferred_element_type=jnp.float32)
-    return dq, (dk, dv)
+  def query_tile(carry, xs):
+    qb, qseg_b, q_start, dob, lse_b, delta_b = xs
+    q_off = offset + q_start
+    do = jnp.moveaxis(dob, 1, 3)                                      # [B, K, G, bq, H]
 
-  dq, (dks, dvs) = jax.lax.scan(body, jnp.zeros(q.shape, jnp.float32),
-                                (kbs, vbs, segs, real, start))
+    def body(carry, xs):
+      j, kb, vb, seg_b, real_b, start_b = xs
+
+      def visit(carry):
+        dq, dks, dvs = carry
+        s, seen = _block_logits(qb, kb, qseg_b, seg_b, real_b, start_b, q_off)
+        p = jnp.exp(s - lse_b[..., None])                             # [B, K, G, bq, bk]
+        dv = jnp.einsum('BKGTS,BKGTH->BKSH', p.astype(dt), do.astype(dt),
+                        preferred_element_type=jnp.float32)
+        dp = jnp.einsum('BKGTH,BKSH->BKGTS', do.astype(dt), vb.astype(dt),
+                        preferred_element_type=jnp.float32)
+        ds = jnp.where(seen, p * (dp - delta_b[..., None]), 0.).astype(dt)
+        dq = dq + jnp.einsum('BKGTS,BKSH->BTKGH', ds, kb.astype(dt),
+                             preferred_element_type=jnp.float32)
+        dk = jnp.einsum('BKGTS,BTKGH->BKSH', ds, qb, preferred_element_type=jnp.float32)
+        return dq, dks.at[j].add(dk), dvs.at[j].add(dv)
+
+      return jax.lax.cond(_visited(q_off, block_q, start_b), visit, lambda c: c, carry), None
+
+    body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    dks, dvs = carry
+    (dq, dks, dvs), _ = jax.lax.scan(
+        body, (jnp.zeros(qb.shape, jnp.float32), dks, dvs),
+        (jnp.arange(nk), kbs, vbs, segs, real, start))
+    return (dks, dvs), dq
+
+  zeros = jnp.zeros(kbs.shape, jnp.float32)
+  (dks, dvs), dq = jax.lax.scan(query_tile, (zeros, zeros), (
+      _query_blocks(q, 1, block_q), _query_blocks(q_seg, 1, block_q), q_starts,
+      _query_blocks(d_out, 1, block_q), _query_blocks(lse, 3, block_q),
+      _query_blocks(delta, 3, block_q)))
+  dq = _query_unblock(dq, 1, t)
   s = k.shape[2]
   unblock = lambda x: jnp.moveaxis(x, 0, 2).reshape(*k.shape[:2], -1, k.shape[3])[:, :, :s]
   return (dq.astype(q.dtype), unblock(dks).astype(k.dtype), unblock(dvs).astype(v.dtype),

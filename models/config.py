@@ -57,8 +57,12 @@ class ModelConfig:
       a prefill into one (models/attention.py): 'auto' (TPU splash, GPU flash,
       else dense below attention.DENSE_MAX_LEN keys and blockwise from there),
       'dense', 'blockwise', 'splash' or 'gpu_flash'. Decode steps are dense.
-    attention_block_q: query tile of 'splash' (a multiple of 128).
+    attention_block_q: query tile of 'splash' and 'blockwise' (a multiple of 128).
     attention_block_kv: key tile of 'splash' and 'blockwise' (a multiple of 128).
+    mlp_chunk: a pass over more than this many positions runs the MLP over
+      chunks of this many positions, one after another, each recomputed in
+      the backward pass, so no [T, mlp_dim] activation is ever whole (long
+      sequences); 0 never chunks. The same numbers up to float rounding.
   """
 
   family: str = 'qwen3'
@@ -83,6 +87,7 @@ class ModelConfig:
   attention: str = 'auto'
   attention_block_q: int = 512
   attention_block_kv: int = 512
+  mlp_chunk: int = 0
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -113,6 +118,8 @@ class ModelConfig:
       if getattr(self, name) <= 0 or getattr(self, name) % 128:
         raise ValueError(f'ModelConfig.{name}={getattr(self, name)} must be a positive '
                          'multiple of 128')
+    if self.mlp_chunk < 0:
+      raise ValueError(f'ModelConfig.mlp_chunk={self.mlp_chunk} must be >= 0 (0: never chunk)')
     for name in ('param_dtype', 'dtype'):
       if getattr(self, name) not in ('float32', 'bfloat16', 'float16'):
         raise ValueError(f'ModelConfig.{name}={getattr(self, name)!r} is not a float dtype name')

@@ -247,10 +247,27 @@ class MLP(nnx.Module):
 
   def __call__(self, x):
     dt = self.cfg.jnp_dtype
-    gate = jnp.einsum('BTD,DF->BTF', x, self.gate_proj.value.astype(dt))
-    up = jnp.einsum('BTD,DF->BTF', x, self.up_proj.value.astype(dt))
-    h = sharding.constrain(jax.nn.silu(gate) * up, ('batch', 'length', 'mlp'))
-    return jnp.einsum('BTF,FD->BTD', h, self.down_proj.value.astype(dt))
+    w = (self.gate_proj.value.astype(dt), self.up_proj.value.astype(dt),
+         self.down_proj.value.astype(dt))
+    b, t, d = x.shape
+    c = self.cfg.mlp_chunk
+    if not c or t <= c:
+      return _swiglu(w, x)
+    # Position-wise, so chunks of the sequence are independent: a loop over them whose
+    # body saves nothing holds one chunk's [B, c, F] at a time in both passes.
+    n = -(-t // c)
+    xs = jnp.moveaxis(jnp.pad(x, ((0, 0), (0, n * c - t), (0, 0))).reshape(b, n, c, d), 1, 0)
+    body = jax.checkpoint(_swiglu, policy=jax.checkpoint_policies.nothing_saveable)
+    ys = jax.lax.map(lambda xc: body(w, xc), xs)
+    return jnp.moveaxis(ys, 0, 1).reshape(b, n * c, d)[:, :t]
+
+
+def _swiglu(w, x):
+  """down(silu(gate(x)) * up(x)) with w = (gate [D, F], up [D, F], down [F, D])."""
+  gate = jnp.einsum('BTD,DF->BTF', x, w[0])
+  up = jnp.einsum('BTD,DF->BTF', x, w[1])
+  h = sharding.constrain(jax.nn.silu(gate) * up, ('batch', 'length', 'mlp'))
+  return jnp.einsum('BTF,FD->BTD', h, w[2])
 
 
 class Block(nnx.Module):

@@ -132,7 +132,17 @@ def teacher_logprobs(graphdef, teachers: Sequence, teacher_index, batch: batch_l
     rows = np.flatnonzero(idx == k)
     padded = np.concatenate([rows, np.full(buckets.pow2(rows.size, hi=b) - rows.size, rows[0])])
     sub = batch_lib.TrainBatch(**{f: host[f][padded] for f in fields}, loss_mask=None)
-    lp = batch_lib.compute_logprobs(graphdef, teachers[k], sub, mesh, rules,
+    # A teacher kept in host memory comes onto the devices for its pass only.
+    lp = batch_lib.compute_logprobs(graphdef, to_memory(teachers[k], 'device'), sub, mesh, rules,
                                     rows_per_call=rows_per_call)
     out[rows] = np.asarray(lp)[:rows.size]
   return out * np.asarray(batch.loss_mask, np.float32)
+
+
+def to_memory(params, kind: str):
+  """params with every array in memory `kind` ('device' or 'pinned_host'), same sharding."""
+  def move(x):
+    if not isinstance(x, jax.Array) or x.sharding.memory_kind == kind:
+      return x
+    return jax.device_put(x, x.sharding.with_memory_kind(kind))
+  return jax.tree.map(move, params)

@@ -303,12 +303,14 @@ class FrozenForward(NamedTuple):
     rows, length: the batch of one jitted call.
     copies: how many such frozen parameter sets stay resident beside the state.
     calls: calls per step (rows go through in chunks of `rows`).
+    on_host: the copies stay in host memory; one is on the devices only during its pass.
   """
   name: str
   rows: int
   length: int
   copies: int = 1
   calls: int = 1
+  on_host: bool = False
 
 
 def frozen_rows_per_call(rows: int, microbatches: int) -> int:

@@ -11,7 +11,10 @@ validation score so far (ties: the earliest), so it needs each domain's
 `validation` set (disjoint from the held-out set the matrix reports: choosing
 on the reported numbers would be selecting on the test); a mapping names a
 stage or a checkpoint path per domain. The choice is printed and recorded in
-progress.json. Rollout, curriculum and filtering fields: `cascade.kinds.rl`
+progress.json. `teachers_on_host=True` keeps the teachers in pinned host
+memory and brings each onto the devices only for its forward pass (one
+teacher's weights on the devices at a time instead of all of them beside the
+training state; a host-to-device copy of each teacher per step). Rollout, curriculum and filtering fields: `cascade.kinds.rl`
 (dynamic filtering is off by default: every prompt carries signal here).
 """
 
@@ -43,6 +46,7 @@ class Config(rl.RLStageConfig):
   dynamic_filter: bool = base.field(False, check=base.BOOL)
   teachers: Any = base.field('best', check=(
       _teachers_ok, "must be 'best' or a mapping domain -> stage name or path"))
+  teachers_on_host: bool = base.field(False, check=base.BOOL)
 
   def resolve(self, refs, fail):
     out = super().resolve(refs, fail)
@@ -112,6 +116,8 @@ def run(env, stage: Config) -> base.StageResult:
   sources = sorted({src for src, _ in chosen.values()})
   teachers = [env.policies.compute_copy(env.policies.params_of(s, keep=False))
               for s in sources]
+  if stage.teachers_on_host:
+    teachers = [distill.to_memory(t, 'pinned_host') for t in teachers]
   teacher_of_domain = np.full(len(env.domain_index), -1, np.int32)
   for d, (src, why) in chosen.items():
     teacher_of_domain[env.domain_index[d]] = sources.index(src)
@@ -151,7 +157,7 @@ def frozen_forwards(stage: Config) -> list:
   rows = stage.prompts_per_step * stage.group_size
   return [base.FrozenForward('teacher forward', base.frozen_rows_per_call(rows, stage.microbatches),
                              stage.max_prompt_len + stage.longest_response, copies,
-                             calls=stage.microbatches)]
+                             calls=stage.microbatches, on_host=stage.teachers_on_host)]
 
 
 KIND = base.Kind('mopd', Config, run, loss=loss, abstract_batch=abstract_batch,

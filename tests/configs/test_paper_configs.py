@@ -137,6 +137,12 @@ def test_hardware_argument_retargets_mesh_and_sampler_budget(name):
   assert abs(pod.sampler.cache_tokens_per_device * 16 / (24 * 8)
              - node.sampler.cache_tokens_per_device) <= 1
   assert [s['name'] for s in node.stages] == [s['name'] for s in pod.stages]
-  config_lib.validate(node)
+  pod_plan, node_plan = config_lib.validate(pod), config_lib.validate(node)
+  # The node runs the MLP in chunks and keeps MOPD teachers in host memory; the pod neither.
+  assert (pod_plan.model.mlp_chunk, node_plan.model.mlp_chunk) == (0, 8192)
+  assert pod_plan.model.replace(mlp_chunk=8192) == node_plan.model
+  for p, n in zip(pod_plan.stages, node_plan.stages):
+    assert getattr(p, 'teachers_on_host', False) is False
+    assert getattr(n, 'teachers_on_host', False) is (n.kind == 'mopd')
   with pytest.raises(ValueError, match="hardware='a100': expected one of"):
     module.get_config('hardware=a100')

@@ -5,6 +5,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -209,6 +210,25 @@ def test_frozen_passes_and_the_co_resident_peak(tiny_path):
   small = plan.StageReport(rep.index, rep.name, rep.kind, rep.programs,
                            samp.total_bytes + 1, rep.num_devices, rep.resident)
   assert any('sampler does not fit' in m and 'resident' in m for m in plan.failures([small]))
+
+
+def test_frozen_copies_in_host_memory_are_not_resident(tiny_path):
+  # Three teachers: on the devices, all three sit beside the train step and two beside
+  # each teacher pass (the third is its argument); in host memory, none do.
+  config = _load(tiny_path)
+  p = config_lib.validate(config)
+  st = [s for s in p.stages if s.name == 'add_rl'][0]
+  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  one = _per_device_bytes(plan.abstract_params(p.model, 'policy', mesh, sharding.DEFAULT_RULES)[1])
+  programs = [types.SimpleNamespace(name=n) for n in ('train step', 'teacher forward')]
+
+  def resident(on_host):
+    ff = kinds.base.FrozenForward('teacher forward', 8, 64, copies=3, on_host=on_host)
+    return dict(plan._resident(st, p.model, mesh, sharding.DEFAULT_RULES, programs, [ff], []))
+
+  dev, host = resident(False), resident(True)
+  assert dev['train step'] == 3 * one and host['train step'] == 0
+  assert dev['teacher forward'] - host['teacher forward'] == 2 * one
 
 
 @pytest.mark.heavy

@@ -65,14 +65,17 @@ def test_backend_equals_dense(impl):
   out, grads = _outputs_and_grads(impl, q, k, v, mask, w, block_q=128, block_kv=128)
   assert _max_err(jnp.where(real, out, 0), jnp.where(real, ref, 0)) <= TOL
   assert _max_err(grads, ref_grads) <= TOL
-  if impl == 'blockwise':  # It reproduces the reference on padding queries too.
-    assert _max_err(out, ref) <= TOL
+  # Padding queries stay finite: their keys and values feed later layers, where a NaN
+  # would survive masking (0 * NaN).
+  assert bool(jnp.all(jnp.isfinite(out)))
 
 
-def test_blockwise_cached_prefill_equals_dense():
-  # 100 queries written at slot 24 of a 200-slot cache (not a multiple of the
-  # 128-key block); earlier slots hold a left-padded prompt, later ones are empty.
-  b, t, s, n, kh, h = 2, 100, 200, 4, 2, 16
+@pytest.mark.parametrize('t,s', [(100, 200), (300, 400)])
+def test_blockwise_cached_prefill_equals_dense(t, s):
+  # t queries written at slot 24 of an s-slot cache (not a multiple of the 128-slot
+  # tiles; 300 queries are three query tiles, some wholly above the diagonal);
+  # earlier slots hold a left-padded prompt, later ones are empty.
+  b, n, kh, h = 2, 4, 2, 16
   q, k, v = _qkv(b, t, s, n, kh, h, seed=2)
   offset = jnp.asarray(24, jnp.int32)
   q_seg = jnp.ones((b, t), jnp.int32).at[1, 50:].set(2)
@@ -81,9 +84,20 @@ def test_blockwise_cached_prefill_equals_dense():
   mask = attention.MaskInfo(q_seg, kv_seg, offset)
   w = jnp.asarray(np.random.default_rng(3).normal(size=q.shape), jnp.float32)
   ref, ref_grads = _outputs_and_grads('dense', q, k, v, mask, w)
-  out, grads = _outputs_and_grads('blockwise', q, k, v, mask, w, block_kv=128)
+  out, grads = _outputs_and_grads('blockwise', q, k, v, mask, w, block_q=128, block_kv=128)
   assert _max_err(out, ref) <= TOL
   assert _max_err(grads, ref_grads) <= TOL
+
+
+def test_blockwise_skips_exactly_the_tiles_above_the_diagonal():
+  # Query tile [q_offset, q_offset + 128) against key tiles starting at k_start.
+  visited = lambda q_offset, k_start: bool(attention._visited(q_offset, 128, k_start))
+  assert visited(0, 0) and visited(128, 0) and visited(128, 128)
+  assert visited(1, 128)             # its last query (slot 128) sees the tile's first key
+  assert not visited(0, 128)         # its last query is slot 127
+  assert not visited(0, 256)
+  # A cached prefill's tile starts at its traced offset.
+  assert bool(attention._visited(jnp.asarray(24), 128, 128)) and not visited(24, 256)
 
 
 def test_resolve():

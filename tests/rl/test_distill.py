@@ -84,6 +84,16 @@ def test_teacher_logprobs_route_rows_to_their_teacher():
   assert np.abs(full[0] - full[1]).max() > 0.01
   with pytest.raises(ValueError, match='2 teachers'):
     distill.teacher_logprobs(graphdef, [t0, t1], np.array([0, 1, 2, 0, 0]), b)
+  # Teachers kept in host memory give the same log-probs and stay there.
+  on_host = [distill.to_memory(t, 'pinned_host') for t in (t0, t1)]
+  kinds = lambda t: {x.sharding.memory_kind for x in jax.tree.leaves(t)}
+  assert kinds(on_host[0]) == {'pinned_host'} and kinds(t0) == {'device'}
+  np.testing.assert_array_equal(distill.teacher_logprobs(graphdef, on_host, idx, b), got)
+  assert kinds(on_host[1]) == {'pinned_host'}
+  back = distill.to_memory(on_host[1], 'device')
+  assert kinds(back) == {'device'}
+  for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(t1)):
+    np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.heavy
