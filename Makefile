@@ -70,9 +70,12 @@ MUTATION_TESTS ?= --timeout=120 tests/cascade/test_rollout.py tests/cascade/test
           tests/cascade/test_kinds_loop.py tests/cascade/test_kinds_sft.py \
           tests/cascade/test_policies.py tests/cascade/test_kinds.py tests/cascade/test_checkpoint.py \
           tests/rl tests/verifiers/test_math.py
-# MUTATION_SAMPLE=N runs a seeded random sample of N mutants per module (0: all of them).
+# MUTATION_SAMPLE=N runs a seeded random sample of N mutants per module (0: all of them);
+# MUTATION_RERUN=DIR runs only the mutants that survived the sessions saved in DIR (a
+# copy of an earlier MUTATION_DIR, which each run empties), e.g. against more tests.
 MUTATION_SAMPLE ?= 0
 MUTATION_SEED ?= 0
+MUTATION_RERUN ?=
 MUTATION_DIR ?= /tmp/cascade-mutation-$(shell id -un)
 CR := $(abspath $(VENV))/bin
 $(VENV)/.stamp-mutation: setup.py $(VENV)/.stamp-test
@@ -87,7 +90,10 @@ mutation: $(VENV)/.stamp-mutation
 	  printf '[cosmic-ray]\nmodule-path = "%s"\ntimeout = 900.0\nexcluded-modules = []\ntest-command = "env PYTHONPATH=%s %s -m pytest -x -q %s"\n[cosmic-ray.distributor]\nname = "local"\n' \
 	    "$$m" "$(MUTATION_DIR)" "$(CR)/python" "$(MUTATION_TESTS)" > $$n.toml && \
 	  $(CR)/cosmic-ray init $$n.toml $$n.sqlite && \
-	  { [ "$(MUTATION_SAMPLE)" = 0 ] || $(CR)/python tools/mutation_sample.py $$n.sqlite \
+	  { [ -z "$(MUTATION_RERUN)" ] || $(CR)/python tools/mutation_sample.py $$n.sqlite \
+	      --survivors_of=$(abspath $(MUTATION_RERUN))/$$n.sqlite; } && \
+	  { [ "$(MUTATION_SAMPLE)" = 0 ] || [ -n "$(MUTATION_RERUN)" ] || \
+	    $(CR)/python tools/mutation_sample.py $$n.sqlite \
 	      --size=$(MUTATION_SAMPLE) --seed=$(MUTATION_SEED); } && \
 	  $(CR)/cosmic-ray exec $$n.toml $$n.sqlite && \
 	  $(CR)/cr-report $$n.sqlite || exit 1; \

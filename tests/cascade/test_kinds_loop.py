@@ -166,3 +166,16 @@ def test_kill_point_fires_after_that_steps_checkpoint_and_the_run_resumes(
   assert '[0] sft: resuming at step 4/6' in capsys.readouterr().out
   assert resumed == log_a[4:]
   _same_params(res_b.params, res_a.params)
+
+
+def test_accounting_sums_splits_and_rounds_a_stages_step_metrics():
+  totals = {'step_s': 10.0, 'sample_s': 4.12345, 'score_s': 2.5, 'update_s': 1.25,
+            'validation_s': 0.5, 'decode_slots': 300.0, 'generated_tokens': 200.0}
+  acc = loop.accounting(totals, steps=4)
+  assert acc == {'steps': 4, 'step_s': 10.0, 'sample_s': 4.123, 'score_s': 2.5,
+                 'update_s': 1.25, 'validation_s': 0.5, 'decode_slots': 300.0,
+                 'generated_tokens': 200.0, 'other_s': 1.627, 'verifier_share': 0.25,
+                 'decode_waste': 0.3333}
+  # Parts that add up to more than the step (clock skew) leave no negative remainder.
+  assert loop.accounting({'step_s': 1.0, 'sample_s': 2.0}, steps=1)['other_s'] == 0.0
+  assert loop.accounting(totals, steps=0) == {}

@@ -57,3 +57,44 @@ def test_a_sample_larger_than_the_session_keeps_everything(tmp_path):
   bad = subprocess.run([sys.executable, str(ROOT / 'tools' / 'mutation_sample.py'), str(path),
                         '--size=0'], capture_output=True, text=True)
   assert bad.returncode != 0 and '--size=0 must be >= 1' in bad.stderr
+
+
+def _exec(path, test_command):
+  """Runs the session's pending mutants against `test_command` ('true': all survive)."""
+  toml = path.parent / 'cr.toml'
+  toml.write_text(toml.read_text().replace('test-command = "true"',
+                                           f'test-command = "{test_command}"'))
+  subprocess.run([pathlib.Path(sys.executable).parent / 'cosmic-ray', 'exec', 'cr.toml',
+                  path.name], cwd=path.parent, check=True, capture_output=True)
+
+
+def test_survivors_of_an_earlier_session_are_kept_even_after_code_moves(tmp_path):
+  tool = [sys.executable, str(ROOT / 'tools' / 'mutation_sample.py')]
+  first = _session(tmp_path / 'first')
+  subprocess.run(tool + [str(first), '--size=4', '--seed=3'], check=True, capture_output=True)
+  sampled, _ = _pending(first)
+  # Every mutant survives a test that always passes.
+  _exec(first, 'true')
+  # The module gains lines above the function: the same mutants are found again.
+  second = _session(tmp_path / 'second')
+  mod = second.parent / 'mod.py'
+  mod.write_text('X = 1\n\n' + mod.read_text())
+  subprocess.run([pathlib.Path(sys.executable).parent / 'cosmic-ray', 'init', 'cr.toml',
+                  'again.sqlite'], cwd=second.parent, check=True, capture_output=True)
+  again = second.parent / 'again.sqlite'
+  out = subprocess.run(tool + [str(again), f'--survivors_of={first}'], cwd=second.parent,
+                       check=True, capture_output=True, text=True).stdout
+  assert f'4 survivors of {first} kept' in out
+  strip = lambda ms: sorted(m.split('occurrence')[0] for m in ms)   # occurrences may shift
+  assert strip(_pending(again)[0]) == strip(sampled)
+  # A session whose mutants were all killed leaves nothing to run again.
+  third = _session(tmp_path / 'third')
+  subprocess.run(tool + [str(third), '--size=4', '--seed=3'], check=True, capture_output=True)
+  _exec(third, 'false')
+  fourth = _session(tmp_path / 'fourth')
+  subprocess.run(tool + [str(fourth), f'--survivors_of={third}'], cwd=fourth.parent, check=True,
+                 capture_output=True)
+  assert _pending(fourth)[0] == []
+  bad = subprocess.run(tool + [str(fourth), '--size=3', f'--survivors_of={third}'],
+                       capture_output=True, text=True)
+  assert bad.returncode != 0 and 'exactly one of' in bad.stderr
