@@ -276,6 +276,28 @@ def test_a_stopped_stream_cancels_what_runs_and_keeps_what_ended(policy, unlimit
   assert eng.decode_slots < full.decode_slots
 
 
+def test_a_stream_stopped_mid_group_counts_only_handed_over_tokens(policy):
+  # Two slots for groups of three: when the stream stops, later groups have some rows ended
+  # and others running; none of their tokens count as generated, and no page stays taken.
+  eng = _paged(policy[0], slots=2, chunk_steps=4)
+  feed = _Feed([[1, 3, 5, 7]], stop_after=1)
+  eng.stream(policy[1], jax.random.key(7), SP, G, feed, max_prompt_len=32, rows=6)
+  assert len(feed.groups) >= 1
+  assert eng.generated_tokens == sum(int(s.lengths.sum()) for s in feed.groups.values())
+  assert eng.generated_tokens < eng.decode_slots and eng.pages_in_use == 0
+
+
+def test_default_pool_and_a_one_page_pool(policy):
+  make = lambda **kw: engine.Engine(policy[0], CFG, engine.EngineOptions(**kw), eos_ids=EOS,
+                                    pad_id=0, prompt_buckets=(16, 32))
+  eng = make(slots=3, page_size=8)
+  # A power of two pages per slot (one pool shape per row bucket), plus the scratch page.
+  assert [eng.pool_pages(10, t) for t in (8, 9, 40, 64, 65)] == [4, 7, 25, 25, 49]
+  assert engine.EngineOptions(slots=1, pages=1).pages == 1     # the smallest pool is legal
+  with pytest.raises(ValueError, match='pages=1 cannot hold one row of 9 tokens'):
+    make(slots=1, pages=1, page_size=8).pool_pages(9, 16)
+
+
 def test_stream_errors(policy):
   eng = _paged(policy[0], slots=2)
   with pytest.raises(RuntimeError, match='no prompts while no row is live'):
