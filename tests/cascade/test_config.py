@@ -125,6 +125,14 @@ CASES = [
      "stages[3] 'add_rl': init_from='nothing': names an unknown stage"),
     ('init_from reward model', lambda c, s: s[3].update(init_from='rm'),
      "stages[3] 'add_rl': init_from='rm': is a reward_model stage"),
+    ('init_from itself', lambda c, s: s[3].update(init_from='add_rl'),
+     "stages[3] 'add_rl': init_from='add_rl': a stage cannot start from itself"),
+    ('negative weight decay', lambda c, s: s[3]['optimizer'].update(weight_decay=-0.5),
+     "stages[3] 'add_rl': optimizer.weight_decay=-0.5: must be >= 0"),
+    ('negative lr', lambda c, s: s[3]['optimizer'].update(lr=-0.5),
+     "stages[3] 'add_rl': optimizer.lr=-0.5: must be > 0"),
+    ('pair longer than the model', lambda c, s: s[1].update(max_len=257),
+     "stages[1] 'rm': max_len=257: exceeds the model's max_seq_len=256"),
     ('temperature', lambda c, s: s[3].update(temperature=0), "stages[3] 'add_rl': temperature=0: must be > 0"),
     ('top_p', lambda c, s: s[3].update(top_p=1.5), "stages[3] 'add_rl': top_p=1.5: must be in (0, 1]"),
     ('thinking fraction', lambda c, s: s[3].update(thinking_fraction=2),
@@ -232,3 +240,35 @@ def test_per_domain_evaluation_settings_and_both_modes():
   assert add.eval_every == mul.eval_every == 3 and add.validation_prompts == 5
   assert plan.domains['add'].validation == 'add_val' and plan.datasets['add_val'].skip == 100
   assert plan.domains['chat'].validation == ''
+
+
+def test_stage_references_need_equal_names_not_the_same_string_object():
+  # Names read from JSON or the command line are new str objects, not interned literals.
+  c = make_config()
+  stages = copy.deepcopy(list(c.stages))
+  stages[4]['init_from'] = ''.join(['s', 'f', 't'])
+  stages[1]['max_len'] = 256                      # exactly the model's length is allowed
+  stages[5]['init_from'] = 'add_rl'               # an earlier stage whose name sorts first
+  c.stages = stages
+  plan = validate(c)
+  assert (plan.stages[4].init_from, plan.stages[5].init_from) == ('sft', 'add_rl')
+
+
+def test_stage_seeds_are_31_bit_distinct_and_reproducible():
+  from cascade.kinds import base  # pylint: disable=g-import-not-at-top
+  seeds = [base.stage_seed(s, i) for s in range(8) for i in range(8)]
+  assert all(isinstance(x, int) and 0 <= x < 2 ** 31 for x in seeds)
+  assert len(set(seeds)) == len(seeds)
+  assert seeds == [base.stage_seed(s, i) for s in range(8) for i in range(8)]
+  # Over 64 seeds, 31 bits: some use the top bit (a seed kept to 31 bits by accident of
+  # the draw would not).
+  assert max(seeds) >= 2 ** 30
+
+
+def test_a_stage_with_only_warmup_still_decays_over_one_update():
+  from cascade.kinds import base  # pylint: disable=g-import-not-at-top
+  c = make_config()
+  stages = copy.deepcopy(list(c.stages))
+  stages[0]['optimizer'] = dict(lr=1e-3, warmup_steps=4, schedule='cosine')   # steps=4
+  c.stages = stages
+  assert base.optimizer_config(validate(c).stages[0]).decay_steps == 1
