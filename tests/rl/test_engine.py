@@ -294,6 +294,11 @@ def test_default_pool_and_a_one_page_pool(policy):
   # A power of two pages per slot (one pool shape per row bucket), plus the scratch page.
   assert [eng.pool_pages(10, t) for t in (8, 9, 40, 64, 65)] == [4, 7, 25, 25, 49]
   assert engine.EngineOptions(slots=1, pages=1).pages == 1     # the smallest pool is legal
+  # Page-table columns: whole blocks of the attention's pages per block, enough for the row.
+  bp = engine._BLOCK_PAGES
+  for t in (1, 8, 9, 8 * bp, 8 * bp + 1, 5 * 8 * bp - 3):
+    cols = eng.table_pages(t)
+    assert cols % bp == 0 and (cols - bp) * 8 < t <= cols * 8, (t, cols)
   with pytest.raises(ValueError, match='pages=1 cannot hold one row of 9 tokens'):
     make(slots=1, pages=1, page_size=8).pool_pages(9, 16)
 
