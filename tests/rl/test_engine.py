@@ -64,10 +64,11 @@ def test_row_limits_stop_rows_in_the_one_call_sampler(reference):
 @pytest.mark.parametrize('slots,pages,chunk', [
     pytest.param(8, None, 8, marks=pytest.mark.heavy),   # room for every slot's longest row
     (4, 14, 5),     # a pool of barely one longest row: rows are preempted and recomputed
+    (4, 14, 48),    # the same pool, one chunk per row: admission reserves it all, no preemption
     pytest.param(3, 20, 16, marks=pytest.mark.heavy),    # fewer slots than a prompt's samples
     pytest.param(3, 'least', 3, marks=pytest.mark.heavy),  # the smallest pool: one longest row
     pytest.param(24, None, 64, marks=pytest.mark.heavy)],  # every row at once
-    ids=['roomy', 'preempting', 'few_slots', 'least_pool', 'all_rows'])
+    ids=['roomy', 'preempting', 'reserved', 'few_slots', 'least_pool', 'all_rows'])
 def test_engine_rows_equal_the_one_call_sampler(policy, reference, slots, pages, chunk):
   if pages == 'least':
     pages = -(-(max(len(q) for q in PROMPTS) - 1 + int(LIMITS.max())) // 8) + 1
@@ -80,7 +81,9 @@ def test_engine_rows_equal_the_one_call_sampler(policy, reference, slots, pages,
   _assert_same_rows(out, reference[False])
   assert eng.pages_in_use == 0, 'pages leaked'
   run = eng._engines[slots]
-  if pages is not None and pages < 20:
+  if chunk >= SP.max_new_tokens:   # a row's first chunk is its whole length
+    assert run.preemptions == 0
+  elif pages is not None and pages < 20:
     assert run.preemptions > 0
   assert eng.generated_tokens == out.lengths.sum()
   assert eng.decode_slots >= eng.generated_tokens
