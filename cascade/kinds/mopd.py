@@ -123,8 +123,7 @@ def run(env, stage: Config) -> base.StageResult:
     teacher_of_domain[env.domain_index[d]] = sources.index(src)
     print(f'[{stage.index}] {stage.name}: teacher for {d}: {src} ({why})', flush=True)
   graphdef = env.policies.graphdef('policy')
-  per_call = base.frozen_rows_per_call(stage.prompts_per_step * stage.group_size,
-                                       stage.microbatches)
+  [teacher_pass] = frozen_forwards(stage)      # what launch.plan compiles, as run here
 
   def maker(state):
     del state
@@ -139,7 +138,7 @@ def run(env, stage: Config) -> base.StageResult:
       batch = batch_lib.from_samples(rows['samples'], np.zeros(idx.shape, np.float32),
                                      valid=valid, teacher_index=idx)
       lp = distill.teacher_logprobs(graphdef, teachers, idx, batch, mesh=env.mesh,
-                                    rules=env.rules, rows_per_call=per_call)
+                                    rules=env.rules, rows_per_call=teacher_pass.rows)
       batch = batch._replace(teacher_logprobs=lp)
       return rl.split_updates(stage, step, env.plan.seed, batch), {
           **draws.metrics(), **fill, **rl.update_accounting(batch)}

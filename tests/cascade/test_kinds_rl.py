@@ -210,7 +210,7 @@ ROWS = [{'stage': 'sft', 'index': 0, 'scores': {'a': 10.0, 'b': 10.0},
 
 
 @pytest.mark.parametrize('teachers,want', [
-    ('best', {'a': 'sft', 'b': 'a_rl'}),
+    (''.join(['be', 'st']), {'a': 'sft', 'b': 'a_rl'}),     # compared by value, not identity
     ({'a': 'a_rl', 'b': 'b_rl'}, {'a': 'a_rl', 'b': 'b_rl'}),
 ])
 def test_mopd_routes_each_row_to_its_domains_teacher(fakes, tmp_path, monkeypatch, teachers,

@@ -278,4 +278,11 @@ def test_frozen_passes_run_in_the_train_steps_microbatches():
                      prompts_per_step=8, group_size=4))
   [teacher] = kinds.get('mopd').frozen_forwards(mopd)
   assert (teacher.rows, teacher.calls, teacher.copies) == (16, 2, 1)
+  assert teacher.length == mopd.max_prompt_len + mopd.longest_response
+  assert not teacher.on_host
+  # 'best' may pick another stage per domain: one copy per domain ('best' compared by value:
+  # a command-line override is a new str object).
+  best = dataclasses.replace(mopd, teachers=''.join(['be', 'st']), teachers_on_host=True)
+  [teacher] = kinds.get('mopd').frozen_forwards(best)
+  assert (teacher.copies, teacher.on_host) == (1, True)
   assert base.frozen_rows_per_call(7, 8) == 1
