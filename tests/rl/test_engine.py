@@ -306,6 +306,31 @@ def test_default_pool_and_a_one_page_pool(policy):
     make(slots=1, pages=1, page_size=8).pool_pages(9, 16)
 
 
+def test_engine_checks_what_a_stream_feeds_it(policy):
+  # Driven directly (Sampler.stream checks the same before the engine sees it).
+  eng = engine.Engine(policy[0], CFG, engine.EngineOptions(slots=2, page_size=8), eos_ids=EOS,
+                      pad_id=0, prompt_buckets=(16, 64))
+
+  class Feed:
+    def __init__(self, got):
+      self.got = got
+    def more(self):
+      return self.got
+    def finished(self, prompts, rows):
+      raise AssertionError('nothing ran')
+    def stop(self):
+      return False
+
+  run = lambda got: eng.run(policy[1], [], G, np.zeros(0, np.int32), jax.random.key(0),
+                            (np.float32(1), np.float32(1), np.int32(0)), greedy=False,
+                            filtered=False, row_tokens=48, stream=Feed(got))
+  with pytest.raises(ValueError, match='gave 1 prompts and 2 limits .expected 3 per prompt'):
+    run(([np.arange(1, 5)], np.full(G - 1, 5)))
+  with pytest.raises(ValueError, match='prompt of 41 tokens with rows of up to 9 new tokens '
+                                       'does not fit row_tokens=48'):
+    run(([np.arange(1, 42)], np.array([3, 9, 1])))   # 40 cached + 9 new > 48
+
+
 def test_stream_errors(policy):
   eng = _paged(policy[0], slots=2)
   with pytest.raises(RuntimeError, match='no prompts while no row is live'):
