@@ -318,6 +318,10 @@ def test_chunk_rows_from_the_cache_budget(policy):
   assert shards == 4 and mk(64 * 3, mesh=mesh).chunk_rows(100, 64) == 2 * shards
   with pytest.raises(ValueError, match='cache_tokens_per_device'):
     mk(0)
+  # A call's rows: its batch bucket, rounded up to split over the batch shards.
+  assert [mk(None, bb=(3, 6, 12), mesh=mesh)._batch_bucket(n) for n in (1, 3, 5, 7)] == [
+      4, 4, 8, 12]
+  assert [mk(None, mesh=mesh)._batch_bucket(n) for n in (1, 5, 9)] == [4, 8, 16]
 
 
 def test_decode_step_writes_the_cache_in_place():
