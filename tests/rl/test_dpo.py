@@ -53,6 +53,8 @@ def _numpy_dpo(pc, pr, rc, rr, valid, beta, eps, loss_type):
 def test_loss_and_gradient_match_numpy(beta, eps, loss_type):
   rng = np.random.default_rng(0)
   pc, pr, rc, rr = (-rng.uniform(5, 40, 12) for _ in range(4))
+  pc[:8] = rc[:8] + 1.0         # most pairs ranked right: an accuracy far from 1/2
+  pr[:8] = rr[:8] - 1.0
   valid = np.ones(12)
   valid[[3, 7]] = 0
   cfg = dpo.DpoConfig(beta=beta, label_smoothing=eps, loss_type=loss_type)
@@ -68,6 +70,7 @@ def test_loss_and_gradient_match_numpy(beta, eps, loss_type):
   np.testing.assert_allclose(gr, wr, rtol=1e-5, atol=1e-7)
   on = valid > 0
   cr, rj = beta * (pc - rc), beta * (pr - rr)
+  assert np.mean(cr[on] > rj[on]) >= 0.6
   np.testing.assert_allclose(float(metrics['accuracy']), np.mean(cr[on] > rj[on]), rtol=1e-6)
   np.testing.assert_allclose(float(metrics['margin']), np.mean(cr[on] - rj[on]), rtol=1e-5)
   np.testing.assert_allclose(float(metrics['chosen_reward']), np.mean(cr[on]), rtol=1e-5)
