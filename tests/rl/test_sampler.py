@@ -56,12 +56,16 @@ def _log_softmax(x):
 _FILTER = jax.jit(sampler._filter_logits)    # top_p / top_k traced: one compile
 
 
-@pytest.mark.parametrize('top_p,top_k', [(1.0, 5), (0.7, 0), (0.9, 40), (1e-6, 0), (1.0, 1)])
+@pytest.mark.parametrize('top_p,top_k', [(1.0, 5), (0.7, 0), (0.9, 40), (1e-6, 0), (1.0, 1),
+                                         (0.999, 0)])
 def test_filter_matches_sorted_reference(top_p, top_k):
   rng = np.random.default_rng(0)
   x = rng.normal(size=(6, 256)).astype(np.float32) * 3
   x[0, :10] = x[0, 10]                    # ties straddling the cut
   x[1, 7] = -np.inf                       # an already-excluded token
+  # Flat rows of negative logits: a top_p near 1 keeps every token, the lowest included.
+  x[2] = -1.5
+  x[3] = -2.0 - rng.uniform(0, 0.01, 256).astype(np.float32)
   got = _FILTER(jnp.asarray(x), jnp.float32(top_p), jnp.int32(top_k))
   ref = _reference_filter(x.astype(np.float64), 1.0, top_p, top_k)
   np.testing.assert_array_equal(np.isfinite(got), np.isfinite(ref))
