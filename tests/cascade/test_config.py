@@ -131,6 +131,8 @@ CASES = [
      "stages[3] 'add_rl': optimizer.weight_decay=-0.5: must be >= 0"),
     ('negative lr', lambda c, s: s[3]['optimizer'].update(lr=-0.5),
      "stages[3] 'add_rl': optimizer.lr=-0.5: must be > 0"),
+    ('negative Adam eps', lambda c, s: s[3]['optimizer'].update(eps=-1e-8),
+     "stages[3] 'add_rl': optimizer.eps=-1e-08: must be > 0"),
     ('pair longer than the model', lambda c, s: s[1].update(max_len=257),
      "stages[1] 'rm': max_len=257: exceeds the model's max_seq_len=256"),
     ('sft longer than the model', lambda c, s: s[0].update(max_len=257),
