@@ -70,13 +70,15 @@ BOOL = ((lambda v: isinstance(v, (bool, np.bool_))), 'must be a bool')
 
 
 def field(default: Any = dataclasses.MISSING, *, check: tuple[Callable, str] | None = None,
-          convert: Callable | None = None, user: bool = True):
+          convert: Callable | None = None, user: bool = True, none_is_a_value: bool = False):
   """A config field: its default (none = required), check (predicate, message), conversion.
 
   `user=False` marks a field the validator sets (index, kind); a stage dict
-  may not hold it.
+  may not hold it. A None the user gives means "the default", unless
+  `none_is_a_value` (a field whose None is one of its choices, with another
+  default).
   """
-  meta = dict(check=check, convert=convert, user=user)
+  meta = dict(check=check, convert=convert, user=user, none_is_a_value=none_is_a_value)
   if isinstance(default, (list, dict)):
     raise TypeError('use tuples / None for config defaults')
   return dataclasses.field(default=default, metadata=meta)
@@ -133,7 +135,7 @@ def from_mapping(cls, raw: Mapping, where: str, *, fixed: Mapping | None = None,
       continue
     if not f.metadata.get('user', True):
       continue
-    if name in raw and raw[name] is not None:
+    if name in raw and (raw[name] is not None or f.metadata.get('none_is_a_value')):
       v = plain(raw[name])
     elif f.default is not dataclasses.MISSING:
       v = f.default

@@ -39,7 +39,8 @@ class Config(base.PairStageConfig):
                                       convert=float)
   loss_type: str = base.field('sigmoid', check=base.one_of(dpo_lib.LOSS_TYPES, 'DPO loss'))
   thinking: bool | None = base.field(False, check=(
-      _thinking_ok, 'must be None (no /think switch), True (/think) or False (/no_think)'))
+      _thinking_ok, 'must be None (no /think switch), True (/think) or False (/no_think)'),
+      none_is_a_value=True)
 
 
 def loss(stage: Config):

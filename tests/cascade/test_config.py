@@ -198,6 +198,14 @@ def test_initial_eval_when_cascade_starts_with_rl():
     c.domains.chat.verifier = 'math'
   assert validate(_mutate(mutate)).initial_eval
 
+  # A reward model first has no matrix row: the first row is still an RL stage's.
+  def rm_first(c, s):
+    del s[0]
+    s[0]['init_from'] = '/ckpts/base'
+    s[3].pop('init_from')
+  plan = validate(_mutate(rm_first))
+  assert plan.stages[0].kind == 'reward_model' and plan.initial_eval
+
 
 def test_config_hash_ignores_harmless_fields():
   a = make_config()

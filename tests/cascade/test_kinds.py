@@ -97,6 +97,36 @@ def test_dpo_config_checks_its_fields():
     _stage({**raw, 'beta': 0.0})
   with pytest.raises(config_lib.ConfigError, match="dataset 'a_train' holds prompt records; a dpo"):
     _stage({**raw, 'datasets': ['a_train']})
+  # Label smoothing in [0, 0.5); the mode: None (no switch), or a bool (instruct by default).
+  assert _stage({**raw, 'label_smoothing': 0.25}).label_smoothing == 0.25
+  for bad in (0.5, -0.1):
+    with pytest.raises(config_lib.ConfigError, match=f'label_smoothing={bad}'):
+      _stage({**raw, 'label_smoothing': bad})
+  assert _stage(raw).thinking is False
+  assert _stage({**raw, 'thinking': None}).thinking is None
+  assert _stage({**raw, 'thinking': True}).thinking is True
+  with pytest.raises(config_lib.ConfigError, match="thinking='yes': must be None"):
+    _stage({**raw, 'thinking': 'yes'})
+
+
+def test_dpo_declares_its_reference_pass_and_its_pair_batch():
+  raw = dict(name='d', kind='dpo', domains=['a'], datasets=['prefs'], steps=2, batch_size=8,
+             max_len=32, optimizer=dict(lr=1e-3), microbatches=4)
+  st = _stage(raw)
+  kind = kinds.get('dpo')
+  # Both sides of every microbatch go through the frozen reference: 2 calls per microbatch.
+  [ref] = kind.frozen_forwards(st)
+  assert (ref.name, ref.rows, ref.length, ref.calls, ref.copies) == (
+      'reference forward', 2, 32, 8, 1)
+  mesh = jax.make_mesh((1, 1, 1), ('data', 'fsdp', 'tensor'), devices=jax.devices()[:1])
+  batch, what = kind.abstract_batch(st, mesh, None)
+  for side in ('chosen', 'rejected'):
+    for f, dt in (('tokens', 'int32'), ('positions', 'int32'), ('segment_ids', 'int32'),
+                  ('targets', 'int32'), ('loss_mask', 'float32')):
+      x = getattr(batch, f'{side}_{f}')
+      assert (x.shape, str(x.dtype)) == ((8, 32), dt), (side, f)
+    assert getattr(batch, f'ref_{side}_logps').shape == (8,)
+  assert what == '8 pairs x 2 sides x 32 tokens, 4 microbatch(es)'
 
 
 def test_merge_of_several_updates_averages_and_keeps_the_last_skip_count():
