@@ -2,6 +2,7 @@
 
 import random
 import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -345,7 +346,9 @@ def test_agentic_step_pairs_episodes_rewards_and_loss_masks(fakes, tmp_path, mon
   agentic.run(env, st)
   kind, maker = got[0]
   assert kind is agentic.KIND
+  t0 = time.perf_counter()
   [batch], host = maker.make(0, jax.random.key(0), types.SimpleNamespace(params=None))
+  wall = time.perf_counter() - t0
   loader = data_lib.Loader(recs, base.stage_seed(plan.seed, st.index), st.prompts_per_step)
   drawn = loader.next()
   g = st.group_size
@@ -374,6 +377,7 @@ def test_agentic_step_pairs_episodes_rewards_and_loss_masks(fakes, tmp_path, mon
     assert k in host
   assert 0 < host['episode/cut_frac'] < 1
   assert host['score_s'] > 0 and host['sample_s'] > 0     # time in the env counts as scoring
+  assert host['score_s'] + host['sample_s'] <= wall        # parts of the step, not more
 
 
 @pytest.mark.parametrize('edit,message', [
@@ -395,6 +399,45 @@ def test_agentic_domains_and_kinds_are_matched(fakes, add_env_registered, edit, 
     fakes.toy_config(raw['stages'], max_seq_len=512, domains=dict(
         a=AGENT, b=dict(AGENT, train='b_train', eval='b_train'),
         plain=dict(verifier='math', train='a_train', eval='a_train')))
+
+
+@pytest.mark.parametrize('turn,message', [
+    (120, None),                                   # a turn may take the whole budget
+    (0, None),                                     # 0: the whole budget
+    (121, 'max_turn_tokens=121: exceeds max_response_len=120'),
+    (-1, 'max_turn_tokens=-1: must be an int >= 0'),
+    (1.5, 'max_turn_tokens=1.5: must be an int >= 0'),
+])
+def test_agentic_turn_cap_and_its_largest_sampler_call(fakes, add_env_registered, turn, message):
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  from cascade.kinds import agentic  # pylint: disable=g-import-not-at-top
+  domains = dict(a=AGENT, b=dict(AGENT, train='b_train', eval='b_train'))
+  make = lambda: fakes.toy_config([_agentic_stage(max_turn_tokens=turn)], max_seq_len=512,
+                                  domains=domains)
+  if message:
+    with pytest.raises(config_lib.ConfigError, match=message):
+      make()
+    return
+  st = make().stages[0]
+  assert st.turn_tokens == 120
+  # launch.plan's largest turn: every episode live, the opening plus the whole budget as prompt.
+  assert agentic.sampler_sizes(st) == dict(rows=8, prompt_len=420, max_new_tokens=120,
+                                           top_p=st.top_p, top_k=st.top_k)
+
+
+def test_agentic_records_whose_opening_fits_exactly_are_kept(fakes, add_env_registered):
+  from cascade import rollout as rollout_lib  # pylint: disable=g-import-not-at-top
+  domains = dict(a=AGENT, b=dict(AGENT, train='b_train', eval='b_train'))
+  rec = _agentic_records(1)[0]
+  tok = CharTok()
+  st0 = fakes.toy_config([_agentic_stage()], max_seq_len=512, domains=domains).stages[0]
+  [mode] = rollout_lib.stage_modes(st0.thinking_fraction)
+  n = len(tok.encode(episodes.opening_text(AddEnv(), rec, mode, True)))   # tools rendered
+  for limit, kept in ((n, True), (n - 1, False)):
+    st = fakes.toy_config([_agentic_stage(max_prompt_len=limit)], max_seq_len=2048,
+                          domains=domains).stages[0]
+    keep, why = st.record_filter(tok)
+    assert keep(rec) is kept and f'max_prompt_len={limit}' in why
 
 
 @pytest.mark.parametrize('fields,message', [
