@@ -420,6 +420,9 @@ def test_agentic_turn_cap_and_its_largest_sampler_call(fakes, add_env_registered
     return
   st = make().stages[0]
   assert st.turn_tokens == 120
+  unset = {k: v for k, v in _agentic_stage().items() if k != 'max_turn_tokens'}
+  plan = fakes.toy_config([unset], max_seq_len=512, domains=domains)
+  assert (plan.stages[0].max_turn_tokens, plan.stages[0].turn_tokens) == (0, 120)
   # launch.plan's largest turn: every episode live, the opening plus the whole budget as prompt.
   assert agentic.sampler_sizes(st) == dict(rows=8, prompt_len=420, max_new_tokens=120,
                                            top_p=st.top_p, top_k=st.top_k)
