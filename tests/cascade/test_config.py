@@ -94,6 +94,8 @@ CASES = [
     ('missing field', lambda c, s: s[3].pop('steps'), "stages[3] 'add_rl': steps: missing field"),
     ('unknown field', lambda c, s: s[3].update(lrr=1), "stages[3] 'add_rl': lrr: unknown field"),
     ('missing name', lambda c, s: s[3].pop('name'), 'stages[3]: name: missing field'),
+    ('empty name', lambda c, s: s[3].update(name=''), 'stages[3]: name: missing field'),
+    ('name not a string', lambda c, s: s[3].update(name=5), 'stages[3]: name: missing field'),
     ('duplicate name', lambda c, s: s[3].update(name='rlhf'), "stages[3] 'rlhf': name: duplicate"),
     ('G < 2', lambda c, s: s[3].update(group_size=1), "stages[3] 'add_rl': group_size=1: grpo needs G >= 2"),
     ('lr <= 0', lambda c, s: s[3]['optimizer'].update(lr=0.0), "stages[3] 'add_rl': optimizer.lr=0.0: must be > 0"),
