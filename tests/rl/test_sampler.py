@@ -66,6 +66,9 @@ def test_filter_matches_sorted_reference(top_p, top_k):
   # Flat rows of negative logits: a top_p near 1 keeps every token, the lowest included.
   x[2] = -1.5
   x[3] = -2.0 - rng.uniform(0, 0.01, 256).astype(np.float32)
+  # The top two one float step apart: top_k=1 keeps the first alone.
+  x[4, 0] = 20.0
+  x[4, 1] = np.nextafter(np.float32(20.0), np.float32(0))
   got = _FILTER(jnp.asarray(x), jnp.float32(top_p), jnp.int32(top_k))
   ref = _reference_filter(x.astype(np.float64), 1.0, top_p, top_k)
   np.testing.assert_array_equal(np.isfinite(got), np.isfinite(ref))
@@ -322,6 +325,20 @@ def test_chunk_rows_from_the_cache_budget(policy):
   assert shards == 4 and mk(64 * 3, mesh=mesh).chunk_rows(100, 64) == 2 * shards
   with pytest.raises(ValueError, match='cache_tokens_per_device'):
     mk(0)
+  # Default prompt buckets: the powers of two from 32 to 65,536.
+  default = sampler.Sampler(policy[0], CFG, eos_ids=EOS, new_token_buckets=(16,))
+  assert [default.call_shape(1, n, 16)[0] for n in (1, 32, 33, 40_000, 65_536)] == [
+      32, 32, 64, 65_536, 65_536]
+  with pytest.raises(ValueError, match='prompt length=65537 exceeds the largest bucket 65536'):
+    default.call_shape(1, 65_537, 16)
+  # launch.plan's words for a chunked call: rows per chunk and how many chunks.
+  sp = sampler.SamplingParams(max_new_tokens=16)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), policy[1])
+  samp = sampler.Sampler(policy[0], CFG, eos_ids=EOS, prompt_buckets=(16,),
+                         new_token_buckets=(16,), cache_tokens_per_device=32 * 4)
+  assert '4 rows per chunk, 3 chunks, prompt bucket 16' in samp.abstract_args(
+      abstract, 10, 12, sp)[2]
+  assert samp.abstract_args(abstract, 4, 12, sp)[2].startswith('4 rows, prompt bucket 16')
   # A call's rows: its batch bucket, rounded up to split over the batch shards.
   assert [mk(None, bb=(3, 6, 12), mesh=mesh)._batch_bucket(n) for n in (1, 3, 5, 7)] == [
       4, 4, 8, 12]
