@@ -48,6 +48,21 @@ def test_bradley_terry_loss_matches_reference():
   np.testing.assert_allclose(float(loss), np.mean(np.log1p(np.exp(-(c - r)))), rtol=1e-5)
   np.testing.assert_allclose(float(m['accuracy']), np.mean(c > r), rtol=1e-6)
   np.testing.assert_allclose(float(m['margin']), np.mean(c - r), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(float(m['reward_mean']), np.mean(np.r_[c, r]), rtol=1e-5, atol=1e-6)
+
+
+def test_pair_batch_pads_both_sides_to_one_length_bucket():
+  tok = _ByteTokenizer()
+  b = rm.make_pair_batch(tok, ['p: ', 'q: '], ['a', 'b' * 20], ['c' * 30, 'd'], max_len=64)
+  # The longest row (3 + 30 + eos = 34 tokens, a rejected one) sets the bucket for both sides.
+  assert b.chosen_tokens.shape == b.rejected_tokens.shape == (2, 64)
+  assert int(b.rejected_segment_ids[0].sum()) == 34 and int(b.chosen_segment_ids[0].sum()) == 5
+  short = rm.make_pair_batch(tok, ['p: '], ['a'], ['c'], max_len=64)
+  assert short.chosen_tokens.shape == (1, 16)
+  with pytest.raises(ValueError, match='2 prompts, 1 chosen, 2 rejected'):
+    rm.make_pair_batch(tok, ['p', 'q'], ['a'], ['c', 'd'], max_len=64)
+  with pytest.raises(ValueError, match='2 prompts, 2 chosen, 1 rejected'):
+    rm.make_pair_batch(tok, ['p', 'q'], ['a', 'b'], ['c'], max_len=64)
 
 
 def _pairs(rng, n):
@@ -85,15 +100,20 @@ def test_reward_model_learns_separable_preferences():
   assert after >= 0.95 and before < 0.8
 
 
-@pytest.mark.heavy
-def test_text_scorer_matches_direct_scoring_and_keeps_order():
+def test_text_scorer_matches_direct_scoring_and_keeps_order(monkeypatch):
   model = rm.create(CFG, seed=3)
   graphdef, params = nnx.split(model)
   tok = _ByteTokenizer()
   prompts = ['<|im_start|>user\nhi<|im_end|>\n', 'q: ', 'x', 'long ' * 20, '']
   completions = ['hello', 'a', 'bb', 'end', 'only completion']
   scorer = rm.make_text_scorer(model, tok, max_len=32, batch_size=2)
+  calls, score = [], rm.score
+  monkeypatch.setattr(rm, 'score', lambda *a: calls.append(a[2].shape) or score(*a))
   got = scorer(prompts, completions)
+  # Fixed-size calls: the last one padded with copies (few compiled shapes).
+  assert [c[0] for c in calls] == [2, 2, 2]
+  with pytest.raises(ValueError, match='2 prompts but 1 completions'):
+    scorer(['a', 'b'], ['c'])
   assert got.shape == (5,) and got.dtype == np.float32
   for i, (p, c) in enumerate(zip(prompts, completions)):
     ids = tok.encode(p + c) + [tok.eos_id]
