@@ -55,6 +55,13 @@ def test_mopd_loss_and_gradient_match_reference():
   np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5)
   np.testing.assert_allclose(float(m['is_kept_frac']), ref_kept, rtol=1e-6)
   assert 0.2 < ref_kept < 0.95                          # truncation really happens
+  on = np.asarray(batch.loss_mask) > 0
+  w = np.exp(new - np.asarray(batch.old_logprobs))
+  np.testing.assert_allclose(float(m['ratio_max']), w[on].max(), rtol=1e-5)
+  # Every ratio below 1: the maximum is still over real tokens only (masked ones are not 1).
+  low = batch._replace(old_logprobs=(new + 0.5) * batch.loss_mask)
+  _, m_low = distill.mopd_loss(jnp.asarray(new), low, cfg)
+  np.testing.assert_allclose(float(m_low['ratio_max']), np.exp(-0.5), rtol=1e-5)
   # Stop-gradient on a_t and w_t: the gradient is -w a / N on kept tokens only.
   grad = jax.grad(lambda lp: distill.mopd_loss(lp, batch, cfg)[0])(jnp.asarray(new))
   np.testing.assert_allclose(grad, ref_grad, rtol=1e-5, atol=1e-7)
