@@ -279,6 +279,9 @@ def test_frozen_passes_run_in_the_train_steps_microbatches():
   [teacher] = kinds.get('mopd').frozen_forwards(mopd)
   assert (teacher.rows, teacher.calls, teacher.copies) == (16, 2, 1)
   assert teacher.length == mopd.max_prompt_len + mopd.longest_response
+  odd = dataclasses.replace(mopd, max_prompt_len=112)        # 112 | 16 = 112: bits overlap
+  assert odd.longest_response == 16
+  assert kinds.get('mopd').frozen_forwards(odd)[0].length == 128
   assert not teacher.on_host
   # 'best' may pick another stage per domain: one copy per domain ('best' compared by value:
   # a command-line override is a new str object).
