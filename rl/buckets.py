@@ -23,7 +23,7 @@ def pow2(n: int, *, lo: int = 1, hi: int | None = None, multiple: int = 1) -> in
   Returns:
     The bucket.
   """
-  b = max(lo, 1 << max(0, (n - 1).bit_length()))
+  b = max(lo, 1 << max(0, n - 1).bit_length())
   if hi is not None:
     b = min(hi, b)
   return -(-b // multiple) * multiple
