@@ -1,6 +1,8 @@
 """tools/mutation_sample.py: a seeded sample of a cosmic-ray session's mutants stays pending."""
 
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
 
@@ -98,3 +100,27 @@ def test_survivors_of_an_earlier_session_are_kept_even_after_code_moves(tmp_path
   bad = subprocess.run(tool + [str(fourth), '--size=3', f'--survivors_of={third}'],
                        capture_output=True, text=True)
   assert bad.returncode != 0 and 'exactly one of' in bad.stderr
+
+
+@pytest.mark.heavy
+def test_make_mutation_samples_then_reruns_the_survivors(tmp_path):
+  """README's `make mutation` with MUTATION_SAMPLE, then MUTATION_RERUN over the first run's
+  sessions (on rl/buckets.py and its own fast tests)."""
+  if shutil.which('make') is None:
+    pytest.skip('needs make')
+  venv = pathlib.Path(sys.executable).parent.parent
+  base = ['make', '-C', str(ROOT), '-o', f'{venv}/.stamp-mutation', 'mutation', f'VENV={venv}',
+          'MUTATE=rl/buckets.py', 'MUTATION_TESTS=tests/rl/test_buckets.py']
+  first = subprocess.run(base + ['MUTATION_SAMPLE=3', 'MUTATION_SEED=0',
+                                 f'MUTATION_DIR={tmp_path / "a"}'],
+                         capture_output=True, text=True, timeout=600)
+  assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+  assert '3 of ' in first.stdout and 'mutants kept (seed 0)' in first.stdout
+  survived = int(re.search(r'surviving mutants: (\d+)', first.stdout).group(1))
+  (tmp_path / 'prev').mkdir()
+  shutil.copy(tmp_path / 'a' / 'rl_buckets_py.sqlite', tmp_path / 'prev')
+  again = subprocess.run(base + [f'MUTATION_RERUN={tmp_path / "prev"}',
+                                 f'MUTATION_DIR={tmp_path / "b"}'],
+                         capture_output=True, text=True, timeout=600)
+  assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+  assert re.search(rf'{survived} survivors of \S+ kept', again.stdout), again.stdout[-2000:]
