@@ -347,12 +347,12 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
     add('sampler', lambda cfg, m: sampler_lowering(cfg, m, rules, sampler_cfg, **sizes))
   frozen = kind.frozen_forwards(stage) if kind.frozen_forwards is not None else []
   for ff in frozen:
+    copies = f'cop{"y" if ff.copies == 1 else "ies"}'
     add(ff.name, lambda cfg, m, ff=ff: forward_lowering(cfg, 'policy', m, rules, ff.rows,
                                                           ff.length),
         suffix=(f' per call, {ff.calls} calls' if ff.calls > 1 else '')
-        + f'; {ff.copies} ' + ('cop' + ('y' if ff.copies == 1 else 'ies') + ' in host memory'
-                               if ff.on_host else
-                               'resident cop' + ('y' if ff.copies == 1 else 'ies')))
+        + (f'; {ff.copies} {copies} in host memory' if ff.on_host
+           else f'; {ff.copies} resident {copies}'))
   rm = list(rm_stages or ())
   for rm_stage in rm:
     add(f'reward model scoring ({rm_stage.name})',

@@ -283,6 +283,11 @@ def _query_blocks(x, axis, block):
   return jnp.moveaxis(x, axis, 0)
 
 
+def _query_starts(t, block):
+  """[nq] int32: the first query of each of `_query_blocks`' tiles."""
+  return jnp.asarray(np.arange(-(-t // block), dtype=np.int32) * block)
+
+
 def _query_unblock(x, axis, t):
   """Inverse of `_query_blocks`: [nq, ..., block at `axis`, ...] -> [..., T, ...]."""
   x = jnp.moveaxis(x, 0, axis)
@@ -323,8 +328,7 @@ def _blockwise(q, k, v, q_seg, kv_seg, offset, block_q, block_kv):
 def _blockwise_fwd(q, k, v, q_seg, kv_seg, offset, block_q, block_kv):
   b, t, kh, g, h = q.shape
   keys = _key_blocks(k, v, kv_seg, block_kv)
-  nq = -(-t // block_q)
-  q_starts = jnp.asarray(np.arange(nq, dtype=np.int32) * block_q)
+  q_starts = _query_starts(t, block_q)
 
   def query_tile(xs):
     qb, qseg_b, q_start = xs                                          # [B, bq, K, G, H]
@@ -371,8 +375,7 @@ def _blockwise_bwd(block_q, block_kv, res, d_out):
   nk = kbs.shape[0]
   delta = jnp.einsum('BTKGH,BTKGH->BKGT', d_out.astype(jnp.float32),
                      out.astype(jnp.float32))
-  nq = -(-t // block_q)
-  q_starts = jnp.asarray(np.arange(nq, dtype=np.int32) * block_q)
+  q_starts = _query_starts(t, block_q)
 
   def query_tile(carry, xs):
     qb, qseg_b, q_start, dob, lse_b, delta_b = xs

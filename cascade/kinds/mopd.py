@@ -14,8 +14,9 @@ stage or a checkpoint path per domain. The choice is printed and recorded in
 progress.json. `teachers_on_host=True` keeps the teachers in pinned host
 memory and brings each onto the devices only for its forward pass (one
 teacher's weights on the devices at a time instead of all of them beside the
-training state; a host-to-device copy of each teacher per step). Rollout, curriculum and filtering fields: `cascade.kinds.rl`
-(dynamic filtering is off by default: every prompt carries signal here).
+training state; a host-to-device copy of each teacher per step). Rollout,
+curriculum and filtering fields: `cascade.kinds.rl` (dynamic filtering is
+off by default: every prompt carries signal here).
 """
 
 from __future__ import annotations
