@@ -151,11 +151,12 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
 
   Slot s sees the first `lengths[s]` tokens of its sequence, token j living in
   page `page_table[s, j // page_size]` at offset `j % page_size`. On TPU this
-  is the Pallas `paged_attention` kernel; elsewhere a loop over blocks of
-  `pages_per_compute_block` page-table columns with an online softmax, which
-  gathers one block of pages at a time and stops after the last block any
-  slot reaches (so its cost follows the longest live slot, not the table's
-  width, and no [S, M * page_size] copy of the keys is made).
+  is the Pallas `paged_attention` kernel; elsewhere `_paged_xla`, blocks of
+  page-table columns with an online softmax in which each slot reads only the
+  blocks its own length reaches (to a power-of-two group of slots): a slot
+  near its start does not pay for the longest live slot's pages. Under a mesh
+  either runs per shard (slots over the batch axes, heads over `kv_heads`; a
+  slot's pages are local, the pool being split only by heads).
 
   Args:
     q: [S, N, H] queries (RoPE applied, not yet scaled).
@@ -168,66 +169,98 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
   Returns:
     [S, N, H] in q's dtype.
   """
-  s, n, h = q.shape
-  kh, _, ps, _ = k_pages.shape
+  h = q.shape[-1]
   m = page_table.shape[1]
   bp = min(pages_per_compute_block, m)
-  dt = q.dtype
   q = q * (h ** -0.5)
   if jax.default_backend() == 'tpu' and m % bp == 0:
-    return _paged_kernel(q, k_pages.astype(dt), v_pages.astype(dt), lengths, page_table, bp)
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel
+    dt = q.dtype
+    fn = functools.partial(paged_attention_kernel.paged_attention, mask_value=_NEG_INF,
+                           pages_per_compute_block=bp)
+    return _per_shard(fn, q, k_pages.astype(dt), v_pages.astype(dt), lengths, page_table)
   if jax.default_backend() == 'cpu':
     bp = min(bp, 2)      # XLA:CPU gathers slowly: small blocks measured fastest (S=32, 272 keys)
-  q = q.reshape(s, kh, n // kh, h)                                      # [S, K, G, H]
+  return _per_shard(functools.partial(_paged_xla, block_pages=bp), q, k_pages, v_pages,
+                    lengths, page_table)
+
+
+def _per_shard(fn, q, k_pages, v_pages, lengths, page_table):
+  """`fn(q, k_pages, v_pages, lengths, page_table)` per shard of the ambient mesh: slots over
+  the batch axes, heads over the kv-head axes; the whole arrays without a mesh."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty or mesh.size == 1:
+    return fn(q, k_pages, v_pages, lengths, page_table)
+  batch, heads = sharding.logical_to_spec(('batch', 'kv_heads'),
+                                          (q.shape[0], k_pages.shape[0]), mesh)
+  pages = P(heads, None, None, None)
+  return jax.shard_map(fn, mesh=mesh,
+                       in_specs=(P(batch, heads, None), pages, pages, P(batch), P(batch, None)),
+                       out_specs=P(batch, heads, None), check_vma=False)(
+                           q, k_pages, v_pages, lengths, page_table)
+
+
+def _paged_xla(q, k_pages, v_pages, lengths, page_table, *, block_pages: int):
+  """`paged_attend` in XLA (q already scaled): slots sorted longest first, then for each group
+  size b = S, S/2, ..., 1 a loop over the blocks of `block_pages` page-table columns that more
+  than the next group's slots reach, run over the first b slots only. Every slot sees every
+  block up to its length, in order, so its result is the one loop over all slots would give;
+  the slots past b, which stop before those blocks, are not read."""
+  s, n, h = q.shape
+  kh, num_pages, ps, _ = k_pages.shape
+  m = page_table.shape[1]
+  bp, dt = block_pages, q.dtype
+  g = n // kh
+  order = jnp.argsort(-lengths)                                          # longest first
+  q = q[order].reshape(s, kh, g, h)                                      # [S, K, G, H]
+  lengths = lengths[order]
   blocks = -(-m // bp)
-  table = jnp.pad(page_table, ((0, 0), (0, blocks * bp - m))).reshape(s, blocks, bp)
-  used = (jnp.max(lengths) + bp * ps - 1) // (bp * ps)                  # blocks any slot sees
+  table = jnp.pad(page_table[order], ((0, 0), (0, blocks * bp - m))).reshape(s, blocks, bp)
+  bs = bp * ps                                                           # tokens per block
+  reach = (lengths + bs - 1) // bs                                       # [S] non-increasing
 
   # Pages as rows of a 2-D [K * P, page_size * H] table: a row gather (one contiguous page of
   # one head per index) runs about twice as fast on XLA:CPU as a gather of [page_size, H]
   # slices, and lands in the [S, K, T, H] layout the dot products want.
-  num_pages = k_pages.shape[1]
   rows = lambda x: x.reshape(kh * num_pages, ps * h)
   k_rows, v_rows = rows(k_pages), rows(v_pages)
   head_base = (jnp.arange(kh, dtype=jnp.int32) * num_pages)[None, :, None]   # [1, K, 1]
 
-  def body(carry):
-    j, mx, l, acc = carry
-    pages = jax.lax.dynamic_index_in_dim(table, j, axis=1, keepdims=False)   # [S, bp]
-    idx = head_base + pages[:, None, :]                                 # [S, K, bp]
-    kb = k_rows[idx].reshape(s, kh, bp * ps, h).astype(dt)              # [S, K, T, H]
-    vb = v_rows[idx].reshape(s, kh, bp * ps, h).astype(dt)
-    x = jnp.einsum('SKGH,SKTH->SKGT', q, kb).astype(jnp.float32)
-    seen = (j * bp * ps + jnp.arange(bp * ps, dtype=jnp.int32))[None] < lengths[:, None]
-    x = jnp.where(seen[:, None, None], x, _NEG_INF)
-    mx_new = jnp.maximum(mx, x.max(-1))
-    p = jnp.exp(x - mx_new[..., None])
-    corr = jnp.exp(mx - mx_new)
-    pv = jnp.einsum('SKGT,SKTH->SKGH', p.astype(dt), vb, preferred_element_type=jnp.float32)
-    return j + 1, mx_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
+  def group(b, end, carry):
+    """Blocks j < end over the first b slots (every slot that reaches them)."""
+    qb, lb, tb = q[:b], lengths[:b], table[:b]
 
-  init = (jnp.zeros((), jnp.int32), jnp.full((s, kh, n // kh), -jnp.inf, jnp.float32),
-          jnp.zeros((s, kh, n // kh), jnp.float32), jnp.zeros((s, kh, n // kh, h), jnp.float32))
-  _, _, l, acc = jax.lax.while_loop(lambda c: c[0] < used, body, init)
-  return (acc / l[..., None]).astype(dt).reshape(s, n, h)
+    def body(c):
+      j, mx, l, acc = c
+      pages = jax.lax.dynamic_index_in_dim(tb, j, axis=1, keepdims=False)      # [b, bp]
+      idx = head_base + pages[:, None, :]                                     # [b, K, bp]
+      kb = k_rows[idx].reshape(b, kh, bs, h).astype(dt)                       # [b, K, T, H]
+      vb = v_rows[idx].reshape(b, kh, bs, h).astype(dt)
+      x = jnp.einsum('SKGH,SKTH->SKGT', qb, kb).astype(jnp.float32)
+      seen = (j * bs + jnp.arange(bs, dtype=jnp.int32))[None] < lb[:, None]
+      x = jnp.where(seen[:, None, None], x, _NEG_INF)
+      mx_b = mx[:b]
+      mx_new = jnp.maximum(mx_b, x.max(-1))
+      p = jnp.exp(x - mx_new[..., None])
+      corr = jnp.exp(mx_b - mx_new)
+      pv = jnp.einsum('SKGT,SKTH->SKGH', p.astype(dt), vb, preferred_element_type=jnp.float32)
+      return (j + 1, mx.at[:b].set(mx_new), l.at[:b].set(l[:b] * corr + p.sum(-1)),
+              acc.at[:b].set(acc[:b] * corr[..., None] + pv))
 
+    return jax.lax.while_loop(lambda c: c[0] < end, body, carry)
 
-def _paged_kernel(q, k_pages, v_pages, lengths, page_table, block_pages):
-  """TPU `paged_attention` (Pallas), per shard under a mesh: slots over the batch axes, heads
-  over the kv-head axes (a slot's pages are local: the pool is split only by heads)."""
-  from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel
-  kernel = functools.partial(paged_attention_kernel.paged_attention, mask_value=_NEG_INF,
-                             pages_per_compute_block=block_pages)
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh is None or mesh.empty or mesh.size == 1:
-    return kernel(q, k_pages, v_pages, lengths, page_table)
-  batch, heads = sharding.logical_to_spec(('batch', 'kv_heads'),
-                                          (q.shape[0], k_pages.shape[0]), mesh)
-  pages = P(heads, None, None, None)
-  return jax.shard_map(kernel, mesh=mesh,
-                       in_specs=(P(batch, heads, None), pages, pages, P(batch), P(batch, None)),
-                       out_specs=P(batch, heads, None), check_vma=False)(
-                           q, k_pages, v_pages, lengths, page_table)
+  sizes = [s]
+  while sizes[-1] > 1:
+    sizes.append(sizes[-1] // 2)
+  carry = (jnp.zeros((), jnp.int32), jnp.full((s, kh, g), -jnp.inf, jnp.float32),
+           jnp.zeros((s, kh, g), jnp.float32), jnp.zeros((s, kh, g, h), jnp.float32))
+  for b, nxt in zip(sizes, sizes[1:] + [0]):
+    # Group b runs while slot `nxt` (the first the next group leaves out) still reaches block
+    # j: the slots past b stopped before it (the previous group ran to slot b's reach).
+    carry = group(b, reach[nxt] if nxt else reach[0], carry)
+  _, _, l, acc = carry
+  out = (acc / l[..., None]).astype(dt).reshape(s, n, h)
+  return out[jnp.argsort(order)]
 
 
 def _dense_mask(q_seg, kv_seg, offset):

@@ -1,5 +1,7 @@
 """The paged engine (continuous batching over a paged KV cache) against the one-call sampler."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -155,16 +157,27 @@ def test_sharded_engine_equals_unsharded(make_policy, reference):
   assert eng.pages_in_use == 0
 
 
-def test_paged_attention_equals_dense_over_the_same_tokens():
-  rng = np.random.default_rng(0)
-  s, n, kh, h, ps, m, num_pages = 3, 4, 2, 8, 4, 3, 12
-  lengths = np.array([1, 7, 12], np.int32)
+def _paged_case(rng, lengths, n=4, kh=2, h=8, ps=4, m=3):
+  s = len(lengths)
+  num_pages = s * m + 1
   table = rng.permutation(num_pages)[:s * m].reshape(s, m).astype(np.int32)
   k_pages = rng.normal(size=(kh, num_pages, ps, h)).astype(np.float32)
   v_pages = rng.normal(size=(kh, num_pages, ps, h)).astype(np.float32)
   q = rng.normal(size=(s, n, h)).astype(np.float32)
+  return q, k_pages, v_pages, np.asarray(lengths, np.int32), table
+
+
+@pytest.mark.parametrize('lengths', [
+    [1, 7, 12],
+    # Skewed and shuffled, 11 slots (groups of 11, 5, 2, 1): the longest alone past block 1.
+    [3, 12, 1, 4, 2, 9, 4, 1, 5, 2, 4],
+])
+def test_paged_attention_equals_dense_over_the_same_tokens(lengths):
+  q, k_pages, v_pages, lengths, table = _paged_case(np.random.default_rng(0), lengths)
+  (s, n, h), (kh, _, ps, _), m = q.shape, k_pages.shape, table.shape[1]
   got = attention.paged_attend(jnp.asarray(q), jnp.asarray(k_pages), jnp.asarray(v_pages),
-                               jnp.asarray(lengths), jnp.asarray(table))
+                               jnp.asarray(lengths), jnp.asarray(table),
+                               pages_per_compute_block=1)
   for i in range(s):   # float64 reference: the slot's tokens in order, GQA by head group
     keys = k_pages[:, table[i]].reshape(kh, m * ps, h)[:, :lengths[i]].astype(np.float64)
     vals = v_pages[:, table[i]].reshape(kh, m * ps, h)[:, :lengths[i]].astype(np.float64)
@@ -173,6 +186,16 @@ def test_paged_attention_equals_dense_over_the_same_tokens():
       logit = keys[g] @ q[i, head] / np.sqrt(h)
       p = np.exp(logit - logit.max())
       np.testing.assert_allclose(got[i, head], (p / p.sum()) @ vals[g], atol=1e-5)
+
+
+def test_paged_attention_per_shard_equals_one_device():
+  rng = np.random.default_rng(1)
+  case = _paged_case(rng, rng.integers(1, 13, 8))
+  want = attention.paged_attend(*map(jnp.asarray, case), pages_per_compute_block=1)
+  with sharding.use_mesh(sharding.make_mesh((2, 2, 2))):   # slots over 4, heads over 2
+    got = jax.jit(functools.partial(attention.paged_attend, pages_per_compute_block=1))(
+        *map(jnp.asarray, case))
+  np.testing.assert_allclose(got, want, atol=1e-6)
 
 
 def test_engine_options_and_pool_errors(policy):
