@@ -272,8 +272,10 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
 
 
 def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, prompt_len: int,
-                     max_new_tokens: int, top_p: float, top_k: int, num_samples: int = 1):
-  """The sampler for one `Sampler.generate` call of these sizes, on `mesh`.
+                     max_new_tokens: int, top_p: float, top_k: int, num_samples: int = 1,
+                     program: str = 'decode'):
+  """The sampler for one `Sampler.generate` call of these sizes, on `mesh` (`program`: the
+  paged engine's 'decode' or 'prefill' call, see `Sampler.abstract_args`).
 
   Returns:
     (() -> Lowered, description of the shapes).
@@ -283,8 +285,14 @@ def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, pr
                                 rules=rules, **sampler_cfg)
   sp = sampler_lib.SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k,
                                   max_new_tokens=max_new_tokens)
-  _, _, what = sampler.abstract_args(params, rows, prompt_len, sp, num_samples)
-  return (lambda: sampler.lower(params, rows, prompt_len, sp, num_samples)), what
+  _, _, what = sampler.abstract_args(params, rows, prompt_len, sp, num_samples, program)
+  return (lambda: sampler.lower(params, rows, prompt_len, sp, num_samples, program)), what
+
+
+def sampler_programs(sampler_cfg: dict) -> tuple[tuple[str, str], ...]:
+  """(program, report name) of each call the configured sampler compiles."""
+  programs = sampler_lib.PROGRAMS[sampler_cfg.get('engine', 'one_call')]
+  return tuple((p, 'sampler' if p == 'decode' else f'sampler {p}') for p in programs)
 
 
 def train_lowering(stage, model_cfg, mesh, rules, microbatches: int | None = None):
@@ -344,7 +352,9 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
         twin_kwargs={'microbatches': 1})
   if with_sampler and kind.sampler_sizes is not None:
     sizes = kind.sampler_sizes(stage)
-    add('sampler', lambda cfg, m: sampler_lowering(cfg, m, rules, sampler_cfg, **sizes))
+    for program, name in sampler_programs(sampler_cfg):
+      add(name, lambda cfg, m, program=program: sampler_lowering(
+          cfg, m, rules, sampler_cfg, **sizes, program=program))
   frozen = kind.frozen_forwards(stage) if kind.frozen_forwards is not None else []
   for ff in frozen:
     copies = f'cop{"y" if ff.copies == 1 else "ies"}'
@@ -360,8 +370,13 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                                                     s.max_len))
   resident = _resident(stage, model_cfg, mesh, rules, programs, frozen, rm,
                        rollout_layout=bool(sampler_cfg.get('rollout_rules')))
+  calls = {ff.name: ff.calls for ff in frozen}
+  if with_sampler and kind.sampler_sizes is not None:   # the engine's prefill: all the prompts
+    sizes = kind.sampler_sizes(stage)
+    prompts = -(-sizes['rows'] // sizes.get('num_samples', 1))
+    calls['sampler prefill'] = -(-prompts // sampler_cfg.get('prefill_prompts', 8))
   seconds = _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hardware or {},
-                          calls={ff.name: ff.calls for ff in frozen})
+                          calls=calls)
   return StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
                      mesh.size, resident=resident, seconds=seconds,
                      steps=getattr(stage, 'steps', 0))
@@ -404,7 +419,8 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
   for p in programs:
     if p.name == 'train step':
       extra = frozen_bytes + rm_bytes
-    elif p.name == 'sampler':   # the state, minus the params it is given unless it resharded them
+    elif p.name.startswith('sampler'):   # the state, minus the params it is given unless it
+                                          # resharded them
       extra = (state if rollout_layout else state - policy_params) + frozen_bytes + rm_bytes
     elif p.name.startswith('reward model scoring'):
       extra = state + frozen_bytes + rm_bytes - rm_bytes // max(1, len(rm_stages))
@@ -485,13 +501,15 @@ def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
                max_new_tokens=max(e.max_new_tokens for e in evs),
                top_p=min(e.top_p for e in evs), top_k=max(e.top_k for e in evs),
                num_samples=min(1 if e.greedy else e.num_samples for e in evs))
-  lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes)
-  # Counted on a twin with the layers unrolled (XLA counts a scan body once).
-  twin = sampler_lowering(dataclasses.replace(model_cfg, scan_layers=False),
-                          mesh if count_mesh is None else count_mesh, rules, sampler_cfg,
-                          **sizes)[0]
-  prog = compile_program('eval sampler', what, lower, twin)
-  return StageReport(-1, 'evaluation', 'eval', (prog,), limit_bytes, mesh.size)
+  progs = []
+  for program, name in sampler_programs(sampler_cfg):
+    lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes, program=program)
+    # Counted on a twin with the layers unrolled (XLA counts a scan body once).
+    twin = sampler_lowering(dataclasses.replace(model_cfg, scan_layers=False),
+                            mesh if count_mesh is None else count_mesh, rules, sampler_cfg,
+                            **sizes, program=program)[0]
+    progs.append(compile_program(f'eval {name}', what, lower, twin))
+  return StageReport(-1, 'evaluation', 'eval', tuple(progs), limit_bytes, mesh.size)
 
 
 def _rm_stages(plan, stage) -> list:
@@ -586,8 +604,9 @@ def format_stage(r: StageReport) -> str:
                  + (f' + resident beside it {_size(peak - p.total_bytes)} = '
                     f'{_size(peak)}' if peak != p.total_bytes else '') + f': {status}')
     per = ('per step' if p.name == 'train step' else
-           'for the prefill and one decode step per decode phase' if 'sampler' in p.name
-           else 'per call')
+           'for one decode step' if p.shapes.startswith('paged engine:') else
+           'for the prefill and one decode step per decode phase'
+           if p.name in ('sampler', 'eval sampler') else 'per call')
     lines.append(f'    FLOPs {per}: {p.flops:.3e} in all, {p.flops / r.num_devices:.3e} per '
                  f'device; compiled in {p.compile_s:.1f} s')
   if r.seconds:

@@ -61,6 +61,7 @@ from rl import buckets
 
 
 _BLOCK_PAGES = 8   # models.attention.paged_attend's default pages_per_compute_block
+KEY_DTYPE = jax.eval_shape(lambda: jax.random.key(0)).dtype   # a typed PRNG key's
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -316,6 +317,22 @@ class Engine:
     shards = sharding.batch_shards(self.mesh, self.rules)
     return min(self.opt.slots, buckets.pow2(live, multiple=shards))
 
+  def _sds(self, shape, dt, axes):
+    """An abstract array, sharded by logical `axes` on the engine's mesh (if any)."""
+    sh = None
+    if self.mesh is not None:
+      sh = jax.sharding.NamedSharding(self.mesh, sharding.logical_to_spec(
+          axes, shape, self.mesh, self.rules))
+    return jax.ShapeDtypeStruct(shape, dt, sharding=sh)
+
+  def _abstract_pool(self, row_tokens: int):
+    """(pool pages, k pool, v pool) of a call whose rows hold `row_tokens` tokens, abstract."""
+    cfg, ps = self.cfg, self.opt.page_size
+    num_pages = self.pool_pages(row_tokens, row_tokens)
+    pool = (cfg.num_layers, cfg.num_kv_heads, num_pages, ps, cfg.head_dim)
+    k = self._sds(pool, cfg.jnp_dtype, transformer.PAGE_AXES)
+    return num_pages, k, self._sds(pool, cfg.jnp_dtype, transformer.PAGE_AXES)
+
   def abstract_decode(self, graphdef, params, row_tokens: int, greedy: bool, filtered: bool):
     """The arguments of a decode call with every slot live, abstract (for `launch.plan`).
 
@@ -328,31 +345,45 @@ class Engine:
       (positional args, keyword args, description) for `self._decode.lower`.
     """
     s, ps = self.opt.slots, self.opt.page_size
-    num_pages = self.pool_pages(row_tokens, row_tokens)
+    num_pages, k_pool, v_pool = self._abstract_pool(row_tokens)
     view = self.table_pages(row_tokens)
-    cfg = self.cfg
-
-    def sds(shape, dt, axes):
-      sh = None
-      if self.mesh is not None:
-        sh = jax.sharding.NamedSharding(self.mesh, sharding.logical_to_spec(
-            axes, shape, self.mesh, self.rules))
-      return jax.ShapeDtypeStruct(shape, jnp.dtype(dt), sharding=sh)
-
-    pool = (cfg.num_layers, cfg.num_kv_heads, num_pages, ps, cfg.head_dim)
-    vec = lambda dt: sds((s,), dt, ('batch',))
-    scalar = lambda dt: sds((), dt, ())
-    state = _Slots(k=sds(pool, cfg.jnp_dtype, transformer.PAGE_AXES),
-                   v=sds(pool, cfg.jnp_dtype, transformer.PAGE_AXES), lengths=vec(jnp.int32),
-                   last=vec(jnp.int32), n=vec(jnp.int32), live=vec(jnp.bool_))
-    args = (graphdef, params, state, sds((s, view), jnp.int32, ('batch', None)), vec(jnp.int32),
-            vec(jnp.int32), sds((2,), jnp.uint32, (None,)), scalar(jnp.float32),
-            scalar(jnp.float32), scalar(jnp.int32), scalar(jnp.int32))
+    vec = lambda dt: self._sds((s,), dt, ('batch',))
+    scalar = lambda dt: self._sds((), dt, ())
+    state = _Slots(k=k_pool, v=v_pool, lengths=vec(jnp.int32), last=vec(jnp.int32),
+                   n=vec(jnp.int32), live=vec(jnp.bool_))
+    args = (graphdef, params, state, self._sds((s, view), jnp.int32, ('batch', None)),
+            vec(jnp.int32), vec(jnp.int32), self._sds((), KEY_DTYPE, ()),
+            scalar(jnp.float32), scalar(jnp.float32), scalar(jnp.int32), scalar(jnp.int32))
     kw = dict(chunk=self.opt.chunk_steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
               greedy=greedy, filtered=filtered)
     what = (f'paged engine: {s} slots, a pool of {num_pages} pages x {ps} tokens '
             f'({num_pages * ps} cache slots), decode calls of {self.opt.chunk_steps} steps')
     return args, kw, what
+
+  def prefill_tokens(self, prompt_len: int) -> int:
+    """Tokens per row of the prefill call for prompts of up to `prompt_len` tokens (all but a
+    prompt's last token are prefilled: its bucket, in whole pages)."""
+    ps = self.opt.page_size
+    t = buckets.smallest_fit(self.prompt_buckets, max(1, prompt_len - 1), 'prompt length')
+    return -(-t // ps) * ps
+
+  def abstract_prefill(self, graphdef, params, row_tokens: int, prompt_len: int):
+    """The arguments of a prefill call of `prefill_prompts` prompts of the longest prompt's
+    bucket into the pool, abstract (for `launch.plan`).
+
+    Returns:
+      (positional args, keyword args, description) for `self._prefill.lower`.
+    """
+    a, ps, s = self.opt.prefill_prompts, self.opt.page_size, self.opt.slots
+    num_pages, k_pool, v_pool = self._abstract_pool(row_tokens)
+    t = self.prefill_tokens(prompt_len)
+    rows = lambda dt, width: self._sds((a, width), dt, ('batch', None))
+    pairs = lambda: self._sds((s,), jnp.int32, (None,))
+    args = (graphdef, params, k_pool, v_pool, rows(jnp.int32, t), rows(jnp.int32, t),
+            rows(jnp.int32, t // ps), pairs(), pairs())
+    what = (f'paged engine prefill: {a} prompts x {t} tokens into a pool of {num_pages} pages '
+            f'x {ps} tokens')
+    return args, {}, what
 
   def _put(self, x, spec):
     if self.mesh is None:
@@ -672,10 +703,7 @@ class Engine:
     batches = [to_prefill[i:i + a] for i in range(0, len(to_prefill), a)] or [[]]
     for bi, batch in enumerate(batches):
       longest = max([prompts[pi].size - 1 for pi in batch] + [0])
-      t = 0
-      if longest:
-        t = buckets.smallest_fit(self.prompt_buckets, longest, 'prompt length')
-        t = -(-t // ps) * ps
+      t = self.prefill_tokens(longest + 1) if longest else 0
       tokens = np.full((a, t), self.pad_id, np.int32)
       seg = np.zeros((a, t), np.int32)
       dst = np.full((a, t // ps), drop, np.int32)

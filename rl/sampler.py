@@ -57,6 +57,8 @@ from rl import engine as engine_lib
 DEFAULT_PROMPT_BUCKETS = tuple(2 ** i for i in range(5, 17))       # 32 ... 65536
 DEFAULT_NEW_TOKEN_BUCKETS = tuple(2 ** i for i in range(4, 17))    # 16 ... 65536
 ENGINES = ('one_call', 'paged')
+# The programs `Sampler.lower` compiles per engine (launch.plan plans each).
+PROGRAMS = {'one_call': ('decode',), 'paged': ('decode', 'prefill')}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -593,7 +595,7 @@ class Sampler:
     return num_samples if (chunk // num_samples) % shards == 0 else 1
 
   def abstract_args(self, params, rows: int, prompt_len: int, sp: SamplingParams,
-                    num_samples: int = 1):
+                    num_samples: int = 1, program: str = 'decode'):
     """The arguments `generate` passes the jitted sampler for a call of these sizes, abstract.
 
     Args:
@@ -602,14 +604,21 @@ class Sampler:
       prompt_len: its longest prompt.
       sp: its SamplingParams.
       num_samples: G (rows of one prompt share its prefill, see `prefill_group`).
+      program: with engine='paged', 'decode' (a decode call) or 'prefill' (a prefill
+        call); the one-call sampler has one program.
 
     Returns:
       (positional args, keyword args, description) for `sample.lower(*args, **kwargs)`.
     """
+    if program not in PROGRAMS[self.engine]:
+      raise ValueError(f'engine {self.engine!r} has no program {program!r} '
+                       f'(it has {PROGRAMS[self.engine]})')
     p, nb, b = self.call_shape(rows, prompt_len, sp.max_new_tokens)
     if self.engine == 'paged':
-      return self._engine(b).abstract_decode(self.graphdef, self.rollout_params(params), p + nb,
-                                             sp.greedy, sp.filtered)
+      eng, params = self._engine(b), self.rollout_params(params)
+      if program == 'prefill':
+        return eng.abstract_prefill(self.graphdef, params, p + nb, prompt_len)
+      return eng.abstract_decode(self.graphdef, params, p + nb, sp.greedy, sp.filtered)
     group = self.prefill_group(b, num_samples)
     u = b // group
     rows_sh = rep = None
@@ -617,9 +626,9 @@ class Sampler:
       spec = sharding.logical_to_spec(('batch', None), (u, p), self.mesh, self.rules)
       rows_sh = jax.sharding.NamedSharding(self.mesh, spec)
       rep = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-    sds = lambda shape, dt, sh: jax.ShapeDtypeStruct(shape, jnp.dtype(dt), sharding=sh)
+    sds = lambda shape, dt, sh: jax.ShapeDtypeStruct(shape, dt, sharding=sh)
     args = (self.graphdef, self.rollout_params(params), sds((u, p), jnp.int32, rows_sh),
-            sds((u, p), jnp.int32, rows_sh), sds((2,), jnp.uint32, rep),
+            sds((u, p), jnp.int32, rows_sh), sds((), engine_lib.KEY_DTYPE, rep),
             sds((), jnp.float32, rep), sds((), jnp.float32, rep), sds((), jnp.int32, rep),
             sds((), jnp.int32, rep), sds((), jnp.int32, rep))
     kw = dict(max_new_bucket=nb, eos_ids=self.eos_ids, pad_id=self.pad_id,
@@ -632,12 +641,15 @@ class Sampler:
             f'slots, {self.decode_phases} decode phase(s))')
     return args, kw, what
 
-  def lower(self, params, rows: int, prompt_len: int, sp: SamplingParams, num_samples: int = 1):
-    """Lowers the sampler for a call of these sizes (ahead of time; `params` abstract)."""
-    args, kw, _ = self.abstract_args(params, rows, prompt_len, sp, num_samples)
+  def lower(self, params, rows: int, prompt_len: int, sp: SamplingParams, num_samples: int = 1,
+            program: str = 'decode'):
+    """Lowers the sampler for a call of these sizes (ahead of time; `params` abstract).
+    `program` as in `abstract_args`."""
+    args, kw, _ = self.abstract_args(params, rows, prompt_len, sp, num_samples, program)
     fn = sample
-    if self.engine == 'paged':   # the engine's decode call (its pool is an argument)
-      fn = self._engine(self.call_shape(rows, prompt_len, sp.max_new_tokens)[2])._decode
+    if self.engine == 'paged':   # the engine's calls (its pool is an argument)
+      eng = self._engine(self.call_shape(rows, prompt_len, sp.max_new_tokens)[2])
+      fn = eng._prefill if program == 'prefill' else eng._decode
     with sharding.use_mesh(self.mesh, self.rules):
       return fn.lower(*args, **kw)
 

@@ -198,6 +198,37 @@ def test_paged_attention_per_shard_equals_one_device():
   np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+def test_planned_calls_have_the_shapes_of_the_run(policy):
+  """launch.plan lowers the engine's decode and prefill calls from abstract arguments: they are
+  the shapes and dtypes the run passes (the longest prompt's bucket, the bucketed row)."""
+  eng = _paged(policy[0], slots=4)
+  seen = {}
+  for name in ('_prefill', '_decode'):
+    real = getattr(eng._engine(4), name)
+
+    def spy(*args, real=real, name=name, **kw):
+      sig = jax.tree.map(lambda x: (np.shape(x), jnp.result_type(x)), args[1:])
+      if sig not in seen.setdefault(name, []):
+        seen[name].append(sig)
+      return real(*args, **kw)
+    setattr(eng._engine(4), name, spy)
+  eng.generate(policy[1], PROMPTS, jax.random.key(0), SP, num_samples=G, row_limits=LIMITS)
+  longest = max(map(len, PROMPTS))
+  whats = {}
+  for program, name in (('prefill', '_prefill'), ('decode', '_decode')):
+    args, _, whats[program] = eng.abstract_args(policy[1], len(PROMPTS) * G, longest, SP, G,
+                                                program)
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), args[1:]) in seen[name], program
+  # The plan's decode call is the run's largest: every slot live (smaller calls pack live slots).
+  assert max(sig[1].lengths[0][0] for sig in seen['_decode']) == 4
+  # Prefill calls of 0 (only copies), 16 and 32 tokens: the plan's is the largest.
+  assert sorted(sig[3][0][1] for sig in seen['_prefill']) == [0, 16, 32]
+  assert whats['prefill'].startswith('paged engine prefill: 8 prompts x 32 tokens')
+  with pytest.raises(ValueError, match="no program 'prefill'"):
+    sampler.Sampler(policy[0], CFG, eos_ids=EOS).abstract_args(policy[1], 4, 4, SP, 1,
+                                                               'prefill')
+
+
 def test_engine_options_and_pool_errors(policy):
   with pytest.raises(ValueError, match='engine='):
     sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='vllm')
