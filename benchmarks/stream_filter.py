@@ -131,7 +131,7 @@ def stream(sampler, params, sp, work: Workload, key):
       book=lambda groups, scored: scored, max_prompt_len=_PROMPT_LEN.value,
       rows=_PROMPTS.value * _GROUP.value)
   return fill.result(), {'rounds': fill.batches, 'rows_cancelled': got.rows_cancelled,
-                         'score_wait_s': got.wait_s}
+                         'rows_unscored': got.rows_unscored, 'score_wait_s': got.wait_s}
 
 
 def main(argv):
@@ -181,14 +181,14 @@ def main(argv):
   base = med['rounds, one-call sampler']
   print(f'\nthe batch: {groups} groups kept, {useful} useful tokens')
   print(f'{"":<26} {"median s":>9} {"vs rounds":>10} {"generated":>10} {"slots paid":>11} '
-        f'{"scored":>7} {"cancelled":>10} {"prompts fed":>12}')
+        f'{"scored":>7} {"cancelled":>10} {"unscored":>9} {"prompts fed":>12}')
   result = dict(groups=groups, group_size=g, cap=cap, flat=_FLAT.value,
                 score_ms=_SCORE_MS.value, useful_tokens=useful, kv_token_slots=budget, sides={})
   for name, m in med.items():
     st = stats[name]
     print(f'{name:<26} {m:>9.3f} {base / m:>9.2f}x {st["generated_tokens"]:>10} '
           f'{st["decode_slots"]:>11} {st["scored_rows"]:>7} {st.get("rows_cancelled", 0):>10} '
-          f'{st["prompts_fed"]:>12}')
+          f'{st.get("rows_unscored", 0):>9} {st["prompts_fed"]:>12}')
     result['sides'][name] = dict(median_s=m, speedup_vs_one_call_rounds=base / m, **st)
   result['stream_vs_engine_rounds'] = med['rounds, paged engine'] / med['stream, paged engine']
   result['stream_vs_one_call_rounds'] = base / med['stream, paged engine']

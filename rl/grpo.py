@@ -238,6 +238,12 @@ class StreamFill:
   def scored(self) -> int:
     return len(self._rows)
 
+  def may_be_kept(self, group: int) -> bool:
+    """Whether group `group` can still be in the batch: fewer than `num_groups` groups before
+    it have signal or are not scored yet (if as many are, it is needed only once one of
+    them turns out flat)."""
+    return sum(self._signal.get(h, True) for h in range(group)) < self.num_groups
+
   @property
   def kept(self) -> int:
     """Groups with signal scored so far (any position)."""
@@ -294,10 +300,12 @@ class StreamFill:
 
 class Streamed(NamedTuple):
   """What `stream_fill` measured: seconds the sampler waited for scores (`wait_s`), seconds
-  spent scoring (`score_s`, on the thread or not), and rows cancelled unscored."""
+  spent scoring (`score_s`, on the thread or not), rows cancelled while running or waiting,
+  and rows that ended but were never scored (the batch filled without their groups)."""
   wait_s: float
   score_s: float
   rows_cancelled: int
+  rows_unscored: int
 
 
 def stream_fill(sampler, params, rng, sp, fill: StreamFill,
@@ -307,13 +315,16 @@ def stream_fill(sampler, params, rng, sp, fill: StreamFill,
   """Fills `fill` from one streaming sampler call (dynamic filtering by oversampling).
 
   Whenever the sampler's queue runs dry and `fill.want_more()`, the next batch
-  of `fill.batch_prompts` prompts (`next_prompts()`) is fed. Each group batch
-  that ends is scored (`score(groups, samples)`, on a thread while decoding
-  goes on when `thread`, else at once between decode calls) and the scores
-  are booked in the order the groups were handed over (`book(groups, scored)`
-  -> (rows pytree of len(groups) * G rows, rewards), in the calling thread),
-  so what `book` records does not depend on scoring times. The call stops,
-  cancelling what still runs, once `fill.settled()`.
+  of `fill.batch_prompts` prompts (`next_prompts()`) is fed. Each group that
+  ends is scored (`score(groups, samples)`, on a thread while decoding goes on
+  when `thread`, else at once between decode calls) if it may still be in the
+  batch (`fill.may_be_kept`); a group behind enough groups that have signal or
+  are unscored is held back until one of those turns out flat, and never
+  scored if none does. Scores are booked in the order they were submitted
+  (`book(groups, scored)` -> (rows pytree of len(groups) * G rows, rewards),
+  in the calling thread), which depends only on hand-over order and earlier
+  scores, not on scoring times. The call stops, cancelling what still runs,
+  once `fill.settled()`.
 
   Args:
     sampler: an `rl.sampler.Sampler` with engine='paged'.
@@ -330,7 +341,8 @@ def stream_fill(sampler, params, rng, sp, fill: StreamFill,
     Streamed. `fill` then holds the batch (`fill.result()`).
   """
   g = fill.group_size
-  jobs: list = []          # (groups, future), in hand-over order
+  jobs: list = []          # (groups, future), in submission order
+  held: list = []          # (group, its G rows): ended, scored only once it may be kept
   pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='score')
           if thread else None)
   clock = {'wait': 0.0, 'score': 0.0}
@@ -354,9 +366,32 @@ def stream_fill(sampler, params, rng, sp, fill: StreamFill,
         idx = np.arange(j * g, (j + 1) * g)
         fill.add(grp, batch_lib.take_rows(got_rows, idx), rewards[idx])
 
+  def submit(groups, samples):
+    if pool is None:
+      fut = concurrent.futures.Future()
+      fut.set_result(timed(groups, samples))
+    else:
+      fut = pool.submit(timed, groups, samples)
+    jobs.append((groups, fut))
+
+  def release() -> bool:
+    """Submits the held groups that may now be kept (earlier ones turned out flat); whether
+    it submitted any."""
+    ready = [x for x in held if fill.may_be_kept(x[0])]
+    for x in ready:
+      held.remove(x)
+      submit([x[0]], x[1])
+    return bool(ready)
+
+  def settle():
+    """Books every submitted score, and those of held groups they make needed."""
+    drain(block=True)
+    while release():
+      drain(block=True)
+
   class Source:
     def more(self):
-      drain(block=True)
+      settle()
       want = fill.want_more()
       if not want:
         return None if want is None else []
@@ -369,25 +404,30 @@ def stream_fill(sampler, params, rng, sp, fill: StreamFill,
       return got
 
     def finished(self, groups, samples):
-      if pool is None:
-        fut = concurrent.futures.Future()
-        fut.set_result(timed(groups, samples))
-      else:
-        fut = pool.submit(timed, groups, samples)
-      jobs.append((groups, fut))
+      now = [j for j, grp in enumerate(groups) if fill.may_be_kept(grp)]
+      if len(now) == len(groups):
+        submit(list(groups), samples)
+        return
+      if now:
+        submit([groups[j] for j in now], batch_lib.take_rows(
+            samples, np.concatenate([np.arange(j * g, (j + 1) * g) for j in now])))
+      held.extend((grp, batch_lib.take_rows(samples, np.arange(j * g, (j + 1) * g)))
+                  for j, grp in enumerate(groups) if j not in now)
 
     def stop(self):
       drain(block=False)
+      release()
       return fill.settled()
 
   try:
     sampler.stream(params, rng, sp, g, Source(), max_prompt_len, rows=rows)
-    drain(block=True)
+    settle()
   finally:
     if pool is not None:
       pool.shutdown(wait=True, cancel_futures=True)
   return Streamed(wait_s=clock['wait'], score_s=clock['score'],
-                  rows_cancelled=(fill.fed - fill.scored) * g)
+                  rows_cancelled=(fill.fed - fill.scored - len(held)) * g,
+                  rows_unscored=len(held) * g)
 
 
 # ---------------------------------------------------------------- loss

@@ -370,6 +370,7 @@ class Draws:
     self.sample_s += time.perf_counter() - t0 - got.wait_s
     self.score_s += got.score_s
     return fill.result(), {'rows_cancelled': float(got.rows_cancelled),
+                           'rows_unscored': float(got.rows_unscored),
                            'score_wait_s': got.wait_s}
 
   def log_samples(self, rows, rewards, valid, drawn_row) -> None:

@@ -279,7 +279,7 @@ def test_streamed_filtering_keeps_what_one_round_of_every_fed_prompt_keeps(fakes
     assert rewards[i] == (1.0 if info['i'] % 2 == 0 else sum(map(ord, completion)) % 5)
   m = draws.metrics()
   assert m['sample_s'] > 0 and m['score_s'] > 0
-  assert fill['rows_cancelled'] == fed * g - len(draws.drawn)
+  assert fill['rows_cancelled'] + fill['rows_unscored'] == fed * g - len(draws.drawn)
   assert draws.env.sampler.pages_in_use == 0
 
 
@@ -292,7 +292,8 @@ def test_streamed_filtering_pads_at_the_cap_and_needs_the_paged_engine(fakes, ti
   draws, st = _stream_draws(fakes, tiny_policy, Flat(), refill_cap=1)
   rows, rewards, valid, fill = draws.collect()
   assert (fill['prompts_drawn'], fill['rounds'], fill['groups_kept']) == (8, 2, 0)
-  assert fill['rows_cancelled'] == 0 and not valid.any() and rewards.shape == (8,)
+  assert fill['rows_cancelled'] == fill['rows_unscored'] == 0
+  assert not valid.any() and rewards.shape == (8,)
   stage = fakes.rl_stage('rl', ['a'], dynamic_filter=True, stream_filter=True)
   draws, _ = _draws(fakes, stage, fakes.OwnAnswerSampler())
   with pytest.raises(base.StageError, match="stream_filter needs config.sampler.engine='paged'"):

@@ -262,9 +262,20 @@ def test_stream_fill_books_in_hand_over_order_and_equals_one_round(seed):
     got = grpo.stream_fill(fake, None, None, None, fill, lambda: [[1]] * per, score, book,
                            max_prompt_len=4, rows=per * g, thread=thread)
     wall = time.perf_counter() - t0
-    # Booked in the order handed over (whatever order scoring finished in), all of them.
-    assert booked == score_calls == fake.handed[:len(booked)]
-    assert got.rows_cancelled == (fill.fed - fill.scored) * g
+    # Booked in the order submitted (whatever order scoring finished in), all of them; a
+    # group is submitted when handed over, or later once it may be kept.
+    assert booked == score_calls
+    handed = [x for batch in fake.handed for x in batch]
+    flat_booked = [x for batch in booked for x in batch]
+    assert len(set(flat_booked)) == len(flat_booked) and set(flat_booked) <= set(handed)
+    held = [x for x in handed if x not in flat_booked]
+    assert got.rows_unscored == len(held) * g
+    assert got.rows_cancelled == (fill.fed - fill.scored) * g - got.rows_unscored
+    # Held back only behind k groups with signal (what made the batch), never needed.
+    kept = [x for x in range(fill.fed) if x in flat_booked and not flat[x]]
+    assert all(sum(1 for y in kept if y < x) >= k for x in held)
+    if not thread:
+      SEEDS_UNSCORED[seed] = len(held)
     assert fill.scored == sum(map(len, booked))
     assert 0.002 * fill.scored <= got.score_s <= wall and 0 <= got.wait_s <= wall
     out = fill.result()
@@ -276,6 +287,17 @@ def test_stream_fill_books_in_hand_over_order_and_equals_one_round(seed):
     np.testing.assert_array_equal(out.valid, expect.valid)
     results[thread] = (out.rows.tolist(), fill.fed)
   assert results[True] == results[False]
+
+
+SEEDS_UNSCORED = {}
+
+
+def test_stream_fill_leaves_groups_unscored_over_the_seeds():
+  """Over the seeds above, some groups ended behind a full batch and were never scored."""
+  for seed in range(6):
+    if seed not in SEEDS_UNSCORED:       # run alone (e.g. -k): run its seeds here
+      test_stream_fill_books_in_hand_over_order_and_equals_one_round(seed)
+  assert sum(SEEDS_UNSCORED.values()) > 0, SEEDS_UNSCORED
 
 
 def test_stream_fill_refuses_a_short_feed():
