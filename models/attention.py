@@ -146,12 +146,15 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo, *,
 
 
 def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: jax.Array,
-                 page_table: jax.Array, *, pages_per_compute_block: int = 8) -> jax.Array:
+                 page_table: jax.Array, *, pages_per_compute_block: int = 8,
+                 impl: str = 'auto') -> jax.Array:
   """One decode query per slot over that slot's pages of a paged KV cache.
 
   Slot s sees the first `lengths[s]` tokens of its sequence, token j living in
-  page `page_table[s, j // page_size]` at offset `j % page_size`. On TPU this
-  is the Pallas `paged_attention` kernel; elsewhere `_paged_xla`, blocks of
+  page `page_table[s, j // page_size]` at offset `j % page_size`. On TPU devices
+  (the ambient mesh's, so planning for a TPU topology from a CPU host counts)
+  with the model's attention 'splash' or 'auto' this is the Pallas
+  `paged_attention` kernel; elsewhere `_paged_xla`, blocks of
   page-table columns with an online softmax in which each slot reads only the
   blocks its own length reaches (to a power-of-two group of slots): a slot
   near its start does not pay for the longest live slot's pages. Under a mesh
@@ -165,6 +168,7 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
     lengths: [S] int32 tokens each slot sees (>= 1).
     page_table: [S, M] int32 page of each of the slot's first M * page_size tokens.
     pages_per_compute_block: page-table columns per block.
+    impl: the model's attention implementation (`ModelConfig.attention`).
 
   Returns:
     [S, N, H] in q's dtype.
@@ -173,7 +177,10 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
   m = page_table.shape[1]
   bp = min(pages_per_compute_block, m)
   q = q * (h ** -0.5)
-  if jax.default_backend() == 'tpu' and m % bp == 0:
+  platform = _mesh_platform()
+  kernel = platform == 'tpu' and resolve(impl, 2, m, self_attention=True,
+                                         platform=platform) == 'splash'
+  if kernel and m % bp == 0:
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel
     dt = q.dtype
     fn = functools.partial(paged_attention_kernel.paged_attention, mask_value=_NEG_INF,
@@ -185,16 +192,34 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
                     lengths, page_table)
 
 
+def _mesh_platform() -> str:
+  """The platform of the devices of the mesh being traced for (`jax.set_mesh`), else of the
+  default backend: a TPU topology planned from a CPU host is 'tpu'."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = getattr(mesh, 'abstract_device', None) if mesh is not None and not mesh.empty else None
+  return getattr(device, 'platform', None) or jax.default_backend()
+
+
 def _per_shard(fn, q, k_pages, v_pages, lengths, page_table):
   """`fn(q, k_pages, v_pages, lengths, page_table)` per shard of the ambient mesh: slots over
-  the batch axes, heads over the kv-head axes; the whole arrays without a mesh."""
+  the batch axes, heads over the kv-head axes, and the pool's pages over the batch axes as
+  `models.transformer.PAGE_AXES` lays them out (a slot's pages are on its own shard: the
+  table's global page ids become ids in the shard's part); the whole arrays without a mesh."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh is None or mesh.empty or mesh.size == 1:
     return fn(q, k_pages, v_pages, lengths, page_table)
   batch, heads = sharding.logical_to_spec(('batch', 'kv_heads'),
                                           (q.shape[0], k_pages.shape[0]), mesh)
-  pages = P(heads, None, None, None)
-  return jax.shard_map(fn, mesh=mesh,
+  pages = sharding.logical_to_spec(('kv_heads', 'batch', None, None), k_pages.shape, mesh)
+
+  def local(q, k_pages, v_pages, lengths, page_table):
+    if pages[1] is not None:          # this shard's part of the pool
+      part = k_pages.shape[1]
+      first = jax.lax.axis_index(pages[1]) * part
+      page_table = jnp.clip(page_table - first, 0, part - 1)   # unused columns: any local page
+    return fn(q, k_pages, v_pages, lengths, page_table)
+
+  return jax.shard_map(local, mesh=mesh,
                        in_specs=(P(batch, heads, None), pages, pages, P(batch), P(batch, None)),
                        out_specs=P(batch, heads, None), check_vma=False)(
                            q, k_pages, v_pages, lengths, page_table)

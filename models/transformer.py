@@ -77,7 +77,9 @@ class PagedCache(NamedTuple):
   live: jax.Array
 
 
-PAGE_AXES = ('layers', 'kv_heads', None, None, 'head_dim')
+# A paged KV pool: [layers, kv heads, pages, page_size, head_dim], its pages split over the
+# batch shards as the slots are (rl.engine gives a slot pages of its own shard only).
+PAGE_AXES = ('layers', 'kv_heads', 'batch', None, 'head_dim')
 
 
 def init_pages(cfg: config_lib.ModelConfig, pages: int, page_size: int, dtype=None):
@@ -222,7 +224,7 @@ class Attention(nnx.Module):
     out = attention.paged_attend(
         q[:, 0], jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False),
         jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False), cache.lengths + 1,
-        cache.page_table)
+        cache.page_table, impl=self.cfg.attention)
     out = jnp.einsum('BNH,NHD->BD', out, self.o_proj.value.astype(self.cfg.jnp_dtype))
     return sharding.constrain(out[:, None], ('batch', 'length', 'embed')), (ck, cv)
 

@@ -246,10 +246,11 @@ def _rows(out_tok, out_lp, out_slp, stopped, rows) -> Rows:
 
 class _Prompt:
   """A prompt's prefilled pages, shared by its rows."""
-  __slots__ = ('pages', 'waiting', 'live', 'prefilled', 'ended')
+  __slots__ = ('pages', 'waiting', 'live', 'prefilled', 'ended', 'shard')
 
   def __init__(self, waiting: int):
     self.pages: list[int] = []
+    self.shard = -1           # the batch shard holding its pages (its rows run there)
     self.waiting = waiting    # rows of this prompt not yet finished
     self.live = 0             # rows of this prompt in a slot
     self.prefilled = False
@@ -279,7 +280,7 @@ class Engine:
     self.decode_slots = self.generated_tokens = self.preemptions = 0
     self.pages_in_use = 0       # after a call: 0, or pages leaked
     slots = options.slots
-    shards = sharding.batch_shards(mesh, rules)
+    shards = self.shards = sharding.batch_shards(mesh, rules)
     if slots % shards:
       raise ValueError(f'engine slots={slots} must split over the {shards} batch shards')
 
@@ -301,21 +302,25 @@ class Engine:
 
   def pool_pages(self, longest: int, row_tokens: int) -> int:
     """Pages in the pool for a call whose longest row holds `longest` cache tokens, of a bucket
-    of `row_tokens` (which sizes the default pool: one shape per bucket)."""
-    ps = self.opt.page_size
-    if self.opt.pages is None:   # a power of two per slot
-      return self.opt.slots * buckets.pow2(-(-row_tokens // ps)) + 1
+    of `row_tokens` (which sizes the default pool: one shape per bucket). The pool is split
+    evenly over the batch shards (a slot's pages live on its own shard)."""
+    ps, shards = self.opt.page_size, self.shards
+    if self.opt.pages is None:   # a power of two per slot, plus a partial copy per shard
+      return (self.opt.slots // shards * buckets.pow2(-(-row_tokens // ps)) + 1) * shards
     per_row = -(-longest // ps)
-    if self.opt.pages < per_row + 1:
+    if self.opt.pages % shards:
+      raise ValueError(f'engine pages={self.opt.pages} must split evenly over the {shards} '
+                       'batch shards (a slot\'s pages live on its own shard)')
+    if self.opt.pages // shards < per_row + 1:
       raise ValueError(f'engine pages={self.opt.pages} cannot hold one row of {longest} '
-                       f'tokens ({per_row} pages of {ps}, plus a partial copy)')
+                       f'tokens ({per_row} pages of {ps}, plus a partial copy)'
+                       + (f' on each of {shards} batch shards' if shards > 1 else ''))
     return self.opt.pages
 
   def batch_rows(self, live: int) -> int:
-    """Rows of a decode call for `live` live slots: a power of two (at least one per batch
-    shard), at most `slots`."""
-    shards = sharding.batch_shards(self.mesh, self.rules)
-    return min(self.opt.slots, buckets.pow2(live, multiple=shards))
+    """Rows of a decode call whose fullest batch shard has `live` live slots: a power of two
+    per shard, times the shards, at most `slots`."""
+    return min(self.opt.slots, buckets.pow2(live) * self.shards)
 
   def _sds(self, shape, dt, axes):
     """An abstract array, sharded by logical `axes` on the engine's mesh (if any)."""
@@ -442,7 +447,14 @@ class Engine:
     full_view = self.table_pages(max_tokens)
     num_pages = self.pool_pages(longest, max_tokens)
     drop = num_pages                                    # a page index the scatters drop
-    free = list(range(num_pages - 1, -1, -1))           # a stack: low pages first
+    # The pool and the slots are split evenly over the batch shards; a slot's pages (and the
+    # shared pages of its prompt) come from its own shard's part. Each part's free pages are
+    # a stack, low pages first.
+    shards = self.shards
+    per_shard, shard_slots = num_pages // shards, s // shards
+    free = [list(range((sh + 1) * per_shard - 1, sh * per_shard - 1, -1))
+            for sh in range(shards)]
+    slot_shard = np.arange(s) // shard_slots
     with sharding.use_mesh(self.mesh, self.rules):
       k_pool, v_pool = jax.jit(
           lambda: transformer.init_pages(self.cfg, num_pages, ps))()
@@ -481,25 +493,26 @@ class Engine:
       return (plen[r // num_samples] - 1) // ps
 
     def grow(slot, steps):
-      """Allocates the slot's pages for `steps` more steps; False if the pool is short."""
+      """Allocates the slot's pages for `steps` more steps; False if its shard is short."""
       r = slot_row[slot]
       have = shared_count(r) + len(own[slot])
       want = need(slot, steps)
-      if want - have > len(free):
+      pool = free[slot_shard[slot]]
+      if want - have > len(pool):
         return False
       for j in range(have, want):
-        page = free.pop()
+        page = pool.pop()
         own[slot].append(page)
         table[slot, j] = page
       return True
 
     def drop_prompt(pr):
-      free.extend(reversed(pr.pages))
-      pr.pages, pr.prefilled = [], False
+      free[pr.shard].extend(reversed(pr.pages))
+      pr.pages, pr.prefilled, pr.shard = [], False, -1
 
     def release(slot):
       r = slot_row[slot]
-      free.extend(reversed(own[slot]))
+      free[slot_shard[slot]].extend(reversed(own[slot]))
       own[slot] = []
       pr = prompts_state[r // num_samples]
       pr.waiting -= 1
@@ -539,7 +552,7 @@ class Engine:
         r = int(slot_row[slot])
         self.generated_tokens -= sum(x.size for x in out_tok[r])
         out_tok[r], out_lp[r], out_slp[r] = [], [], []
-        free.extend(reversed(own[slot]))
+        free[slot_shard[slot]].extend(reversed(own[slot]))
         own[slot] = []
         slot_row[slot], host_live[slot] = -1, False
       pending.clear()
@@ -561,14 +574,15 @@ class Engine:
       pending.appendleft(r)
       self.preemptions += 1
 
-    def reclaim(pages, keep=-1):
-      """Frees prefilled prompts no slot uses (their rows wait) until `pages` pages are free."""
+    def reclaim(shard, pages, keep=-1):
+      """Frees prefilled prompts of `shard` no slot uses (their rows wait) until `pages` of its
+      pages are free."""
       for pi, pr in enumerate(prompts_state):
-        if len(free) >= pages:
+        if len(free[shard]) >= pages:
           break
-        if pr.prefilled and pr.live == 0 and pi != keep:
+        if pr.prefilled and pr.live == 0 and pi != keep and pr.shard == shard:
           drop_prompt(pr)
-      return len(free) >= pages
+      return len(free[shard]) >= pages
 
     while pending or host_live.any() or feeding:
       if feeding and not pending and not host_live.all():
@@ -584,23 +598,35 @@ class Engine:
             raise RuntimeError('engine: stream.more() gave no prompts while no row is live or '
                                'waiting (it must then give prompts or None)')
           continue
-      # 1. Admit waiting rows into idle slots while the pool has room for them.
-      reserve = sum(need(x, opt.chunk_steps) - shared_count(slot_row[x]) - len(own[x])
-                    for x in np.flatnonzero(host_live))
+      # 1. Admit waiting rows into idle slots while the pool has room for them. A prompt's
+      # rows run on the shard holding its pages; a prompt with none goes to the shard with the
+      # most idle slots.
+      reserve = np.zeros(shards, np.int64)
+      for x in np.flatnonzero(host_live):
+        reserve[slot_shard[x]] += (need(x, opt.chunk_steps) - shared_count(slot_row[x])
+                                   - len(own[x]))
       to_prefill, copies, admitted = [], [], []
-      for slot in np.flatnonzero(~host_live):
-        if not pending:
-          break
+      while pending:
         r = pending[0]
         pi = r // num_samples
         pr = prompts_state[pi]
-        prompt_pages = 0 if pr.prefilled or pi in to_prefill else pages_for(plen[pi] - 1)
+        idle = ~host_live
+        if pr.shard >= 0:
+          sh = pr.shard
+        else:
+          sh = int(np.argmax(np.bincount(slot_shard[idle], minlength=shards)))
+        slot = next((x for x in range(sh * shard_slots, (sh + 1) * shard_slots)
+                     if not host_live[x]), None)
+        if slot is None:
+          break
+        prompt_pages = 0 if pr.shard >= 0 else pages_for(plen[pi] - 1)
         first = pages_for(min(plen[pi] - 1 + opt.chunk_steps, plen[pi] - 1 + limits[r]))
-        if not reclaim(prompt_pages + first - shared_count(r) + reserve, keep=pi):
+        if not reclaim(sh, prompt_pages + first - shared_count(r) + reserve[sh], keep=pi):
           break
         pending.popleft()
         if prompt_pages:
-          pr.pages = [free.pop() for _ in range(prompt_pages)]
+          pr.pages = [free[sh].pop() for _ in range(prompt_pages)]
+          pr.shard = sh
           to_prefill.append(pi)
         pr.live += 1
         slot_row[slot] = r
@@ -611,11 +637,11 @@ class Engine:
         table[slot] = 0
         table[slot, :shared_count(r)] = pr.pages[:shared_count(r)]
         if (plen[pi] - 1) % ps:                          # the partial page: a private copy
-          page = free.pop()
+          page = free[sh].pop()
           own[slot].append(page)
           table[slot, shared_count(r)] = page
           copies.append((pr.pages[-1], page))
-        reserve += first - shared_count(r) - len(own[slot])
+        reserve[sh] += first - shared_count(r) - len(own[slot])
         rows_dev[slot], lim_dev[slot] = r, limits[r]
         admitted.append(slot)
       if to_prefill or copies:
@@ -624,15 +650,17 @@ class Engine:
         for pi in to_prefill:
           prompts_state[pi].prefilled = True
 
-      # 2. Pages for the next chunk, preempting the newest rows if the pool is short.
+      # 2. Pages for the next chunk, preempting the newest rows of a shard short of pages.
       for slot in sorted(np.flatnonzero(host_live), key=lambda x: admitted_at[x]):
+        sh = slot_shard[slot]
         while host_live[slot] and not grow(slot, opt.chunk_steps):
-          if reclaim(need(slot, opt.chunk_steps) - shared_count(slot_row[slot])
+          if reclaim(sh, need(slot, opt.chunk_steps) - shared_count(slot_row[slot])
                      - len(own[slot])):
             continue
           # The newest row goes (this one, if it is the newest): the oldest always advances.
-          victim = max(np.flatnonzero(host_live), key=lambda x: admitted_at[x])
-          if victim == slot and host_live.sum() == 1:
+          mine = np.flatnonzero(host_live & (slot_shard == sh))
+          victim = max(mine, key=lambda x: admitted_at[x])
+          if victim == slot and mine.size == 1:
             raise RuntimeError('engine: the page pool cannot hold one row (a bug: pool_pages '
                                'checks this)')
           preempt(victim)
@@ -642,11 +670,17 @@ class Engine:
       # 3. Decode up to a chunk; return early when enough rows are done for waiting ones to
       # start. Only the live slots go to the device, packed into the smallest power-of-two
       # batch that holds them (a slot is just a page-table row and a few host-side ints), so a
-      # long row finishing alone does not pay for every slot.
+      # long row finishing alone does not pay for every slot. Packed per shard: row j of the
+      # call is on shard j // (k / shards), as its slot's pages are.
       act = np.flatnonzero(host_live)
-      k = self.batch_rows(act.size)
-      idx = np.concatenate([act, np.full(k - act.size, act[0])])   # padding repeats a slot
-      live_k = np.arange(k) < act.size
+      per = [act[slot_shard[act] == sh] for sh in range(shards)]
+      k = self.batch_rows(max(x.size for x in per))
+      width = k // shards
+      # Padding repeats one of the shard's slots (not live in the call: it writes nothing).
+      idx = np.concatenate([np.concatenate([x, np.full(width - x.size, sh * shard_slots)])
+                            for sh, x in enumerate(per)]).astype(np.int64)
+      live_k = np.concatenate([np.arange(width) < x.size for x in per])
+      act = np.concatenate(per)                      # the live slots, in the call's row order
       more = len(pending) if pending else (s if feeding else 0)
       want = min(more, max(1, s // 8)) if more else k + 1
       with sharding.use_mesh(self.mesh, self.rules):
@@ -666,7 +700,7 @@ class Engine:
       toks, lps, slps = self._host(toks), self._host(lps), self._host(slps)
       new_n, new_live = self._host(state.n).astype(np.int64), self._host(state.live)
       self.decode_slots += k * steps
-      for j, slot in enumerate(act):
+      for j, slot in zip(np.flatnonzero(live_k), act):
         r = slot_row[slot]
         made = int(new_n[j] - host_n[slot])
         out_tok[r].append(toks[j, :made])
@@ -693,7 +727,7 @@ class Engine:
         if stream.stop():
           cancel()
           feeding = False
-    self.pages_in_use = num_pages - len(free)
+    self.pages_in_use = num_pages - sum(map(len, free))
     return _rows(out_tok, out_lp, out_slp, stopped, range(len(out_tok)))
 
   def _prefill_calls(self, params, k_pool, v_pool, prompts, to_prefill, prompts_state, copies,

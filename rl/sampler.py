@@ -469,8 +469,10 @@ class Sampler:
       slots: paged: rows decoded at once; None = the rows one 'one_call'
         chunk would hold (`chunk_rows`).
       page_size: paged: tokens per KV page.
-      pages: paged: pages in the pool; None = `cache_tokens_per_device` /
-        page_size when that is set, else room for every slot's longest row.
+      pages: paged: pages in the pool, split evenly over the mesh's batch shards
+        (a slot's pages live on its own shard); None = `cache_tokens_per_device`
+        / page_size per batch shard when that is set, else room for every
+        slot's longest row.
       chunk_steps: paged: the most decode steps per device call (free slots
         are refilled between calls).
       prefill_prompts: paged: prompts prefilled per device call.
@@ -515,7 +517,8 @@ class Sampler:
       raise ValueError(f'Sampler engine={engine!r}: expected one of {ENGINES}')
     self.engine = engine
     if engine == 'paged' and pages is None and cache_tokens_per_device is not None:
-      pages = max(1, int(cache_tokens_per_device) // int(page_size))
+      pages = (max(1, int(cache_tokens_per_device) // int(page_size))
+               * sharding.batch_shards(mesh, rules))
     # Validated here, so a bad option fails when the sampler is built, not at the first call.
     self._engine_options = dict(page_size=page_size, pages=pages, chunk_steps=chunk_steps,
                                 prefill_prompts=prefill_prompts)

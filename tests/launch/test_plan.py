@@ -258,16 +258,17 @@ def test_the_paged_engine_is_planned_with_its_page_pool(tiny_path):
   [rep] = plan.run_plan(config, tgt, stages=['add_rl'], with_eval=False, with_train=False)
   samp, prefill = rep.programs
   assert (samp.name, prefill.name) == ('sampler', 'sampler prefill')
-  assert not samp.error and samp.shapes.startswith('paged engine: 8 slots, a pool of 65 pages')
+  assert not samp.error and samp.shapes.startswith('paged engine: 8 slots, a pool of 68 pages')
   assert not prefill.error and prefill.shapes.startswith('paged engine prefill: 8 prompts x ')
   assert prefill.flops > 0 and rep.peak(prefill) == prefill.total_bytes + rep.peak(samp) - (
       samp.total_bytes)   # the same state resident beside both calls
   mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
   model_cfg = model_config.ModelConfig.preset('tiny', max_seq_len=256)
   _, params = plan.abstract_params(model_cfg, 'policy', mesh, sharding.DEFAULT_RULES)
-  # 65 pages: 8 slots x 8 pages (32 + 32 tokens in pages of 8) + 1; K/V split over 'tensor'.
-  pool = (2 * model_cfg.num_layers * model_cfg.num_kv_heads * 65 * 8 * model_cfg.head_dim
-          * model_cfg.jnp_dtype.itemsize) / 2
+  # 68 pages: per each of the 4 batch shards, 2 slots x 8 pages (32 + 32 tokens in pages of 8)
+  # + 1; K/V heads split over 'tensor' (2), pages over the batch shards (4).
+  pool = (2 * model_cfg.num_layers * model_cfg.num_kv_heads * 68 * 8 * model_cfg.head_dim
+          * model_cfg.jnp_dtype.itemsize) / 8
   assert samp.argument_bytes == pytest.approx(_per_device_bytes(params) + pool, rel=0.05)
   assert samp.argument_bytes > _per_device_bytes(params) + 0.9 * pool
   assert prefill.argument_bytes > _per_device_bytes(params) + 0.9 * pool   # the pool it fills

@@ -147,14 +147,22 @@ def test_compiles_are_bounded_by_the_shapes(policy):
 
 
 @pytest.mark.heavy
-def test_sharded_engine_equals_unsharded(make_policy, reference):
+@pytest.mark.parametrize('pages', [None, 4 * 10])
+def test_sharded_engine_equals_unsharded(make_policy, reference, pages):
+  """Slots and the page pool split over the 4 batch shards (each slot's pages, and its prompt's,
+  on its own shard); with 10 pages per shard rows are preempted within their shard."""
   assert jax.device_count() >= 8
   mesh = sharding.make_mesh((2, 2, 2))
   graphdef, params = make_policy(mesh)
-  eng = _paged(graphdef, mesh=mesh, slots=8, chunk_steps=8)
+  eng = _paged(graphdef, mesh=mesh, slots=8, chunk_steps=8, pages=pages)
   out = eng.generate(params, PROMPTS, jax.random.key(5), SP, num_samples=G, row_limits=LIMITS)
   _assert_same_rows(out, reference[False])
   assert eng.pages_in_use == 0
+  [e] = eng._engines.values()
+  assert e.shards == 4 and (e.preemptions > 0) == (pages is not None)
+  with sharding.use_mesh(mesh):
+    pool = jax.jit(lambda: transformer.init_pages(CFG, 48, 8))()[0]
+  assert pool.sharding.shard_shape(pool.shape)[2] == 12     # the pages axis split 4 ways
 
 
 def _paged_case(rng, lengths, n=4, kh=2, h=8, ps=4, m=3):
@@ -238,7 +246,16 @@ def test_engine_options_and_pool_errors(policy):
     _paged(policy[0], slots=2).generate(policy[1], PROMPTS, 0, SP, row_limits=[0] * 8)
   with pytest.raises(ValueError, match='pages=3 cannot hold one row'):
     _paged(policy[0], slots=2, pages=3).generate(policy[1], PROMPTS, 0, SP)
+  mesh = sharding.make_mesh((2, 2, 2))
+  with pytest.raises(ValueError, match='pages=50 must split evenly over the 4 batch shards'):
+    _paged(policy[0], slots=4, pages=50, mesh=mesh)._engine(4).pool_pages(8, 8)
+  with pytest.raises(ValueError, match='pages=36 cannot hold one row of 72 tokens .* on each '
+                     'of 4 batch shards'):
+    _paged(policy[0], slots=4, pages=36, mesh=mesh)._engine(4).pool_pages(72, 72)
   assert _paged(policy[0], slots=2, cache_tokens_per_device=160)._engine_options['pages'] == 20
+  # The budget is per device: the pool, split over 4 batch shards, has 4 times the pages.
+  assert _paged(policy[0], slots=4, cache_tokens_per_device=160,
+                mesh=sharding.make_mesh((2, 2, 2)))._engine_options['pages'] == 80
   assert engine.EngineOptions(slots=2).pages is None
   with pytest.raises(ValueError, match='slots=6 must be a multiple of the mesh.s 4 batch'):
     sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='paged', slots=6,
