@@ -504,7 +504,7 @@ def _splash(q, k, v, seg, *, block_q, block_kv):
   tp = -(-t // max(bq, bkv)) * max(bq, bkv)
   qn = _pad_to(q.reshape(b, t, kh * g, h), 1, tp).transpose(0, 2, 1, 3)    # [B, N, Tp, H]
   k, v, seg = _pad_to(k, 2, tp), _pad_to(v, 2, tp), _pad_to(seg, 1, tp)
-  kernel = _splash_kernel(tp, kh * g, bq, bkv, jax.default_backend() != 'tpu')
+  kernel = _splash_kernel(tp, kh * g, bq, bkv, _mesh_platform() != 'tpu')
   out = jax.vmap(lambda q1, k1, v1, s1: kernel(q1, k1, v1, splash.SegmentIds(s1, s1)))(
       qn, k, v, seg)
   return out.transpose(0, 2, 1, 3)[:, :t].reshape(b, t, kh, g, h)
@@ -560,7 +560,7 @@ def _gpu_flash(q, k, v, seg):
       block_sizes=gpu_attention.BlockSizes(block_q=_GPU_BLOCK, block_k=_GPU_BLOCK,
                                           block_q_dkv=32, block_kv_dkv=32,
                                           block_q_dq=32, block_kv_dq=32),
-      interpret=jax.default_backend() != 'gpu')
+      interpret=_mesh_platform() != 'gpu')
   return out[:, :t].reshape(b, t, kh, g, h)
 
 

@@ -242,3 +242,39 @@ def test_splash_causal_mask_blocks_equal_splashs_own():
     for idx in slices:
       np.testing.assert_array_equal(fast[idx], ref[idx], err_msg=str(idx))
     assert fast[:64, :64].sum() == 64 * 65 // 2 and fast[:64, 64:128].sum() == 0
+
+
+def _pallas_interpret_flags(fn, *args):
+  """The `interpret` parameter of every pallas_call in fn's jaxpr (sub-jaxprs included)."""
+  flags = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == 'pallas_call':
+        flags.append(bool(eqn.params['interpret']))
+      for sub in jax.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return flags
+
+
+@pytest.mark.parametrize('platform', ['tpu', 'cpu'])
+def test_kernels_compile_as_kernels_for_the_mesh_platform(platform):
+  """Planning for a TPU topology from a CPU host traces under a TPU mesh: splash and the paged
+  kernel are then real Mosaic kernels, not interpreted loops (and the paged kernel is chosen at
+  all); under a CPU mesh splash is interpreted and paged attention takes the XLA path."""
+  device = jax.sharding.AbstractDevice(device_kind=platform, num_cores=None, platform=platform)
+  mesh = jax.sharding.AbstractMesh((1, 1, 1), ('data', 'fsdp', 'tensor'),
+                                   axis_types=(jax.sharding.AxisType.Auto,) * 3,
+                                   abstract_device=device)
+  q, k, v = _qkv(1, 256, 256, 4, 2, 128)
+  seg = jnp.ones((1, 256), jnp.int32)
+  splash = lambda q, k, v: attention.attend(q, k, v, attention.MaskInfo(seg, seg),
+                                            impl='splash', block_q=128, block_kv=128)
+  pages = jnp.zeros((2, 16, 16, 128), jnp.float32)
+  paged = lambda q, kp: attention.paged_attend(q, kp, kp, jnp.full((4,), 20, jnp.int32),
+                                               jnp.zeros((4, 8), jnp.int32), impl='splash')
+  with jax.sharding.use_abstract_mesh(mesh):
+    assert _pallas_interpret_flags(splash, q, k, v) == [platform != 'tpu']
+    assert _pallas_interpret_flags(paged, q[0, :4], pages) == ([False] if platform == 'tpu'
+                                                               else [])
