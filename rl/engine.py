@@ -28,6 +28,10 @@ busy instead:
   of two of rows that holds them: a slot is a page-table row and a few
   host-side integers, so moving it costs nothing, and the last long rows of
   a call do not pay for every slot.
+* On a mesh the slots and the pool are split evenly over the batch shards: a
+  slot's pages, and its prompt's shared pages, come from its own shard's part
+  (the host keeps a free list per shard, and admits, preempts and packs per
+  shard), so each device holds only its part of the pool.
 
 Exactly on-policy, whatever slot a row runs in and whatever runs beside it:
 row r (= prompt i * G + sample g) draws token n with the key
