@@ -252,8 +252,11 @@ def _pallas_interpret_flags(fn, *args):
     for eqn in jaxpr.eqns:
       if eqn.primitive.name == 'pallas_call':
         flags.append(bool(eqn.params['interpret']))
-      for sub in jax.core.jaxprs_in_params(eqn.params):
-        walk(sub)
+      for v in eqn.params.values():
+        for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+          sub = getattr(sub, 'jaxpr', sub)           # a ClosedJaxpr's jaxpr
+          if hasattr(sub, 'eqns'):
+            walk(sub)
   walk(jax.make_jaxpr(fn)(*args).jaxpr)
   return flags
 
