@@ -350,8 +350,9 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
   if with_train and kind.abstract_batch is not None:
     add('train step', lambda cfg, m, **k: train_lowering(stage, cfg, m, rules, **k),
         twin_kwargs={'microbatches': 1})
-  if with_sampler and kind.sampler_sizes is not None:
-    sizes = kind.sampler_sizes(stage)
+  sizes = (kind.sampler_sizes(stage) if with_sampler and kind.sampler_sizes is not None
+           else None)
+  if sizes is not None:
     for program, name in sampler_programs(sampler_cfg):
       add(name, lambda cfg, m, program=program: sampler_lowering(
           cfg, m, rules, sampler_cfg, **sizes, program=program))
@@ -371,8 +372,7 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
   resident = _resident(stage, model_cfg, mesh, rules, programs, frozen, rm,
                        rollout_layout=bool(sampler_cfg.get('rollout_rules')))
   calls = {ff.name: ff.calls for ff in frozen}
-  if with_sampler and kind.sampler_sizes is not None:   # the engine's prefill: all the prompts
-    sizes = kind.sampler_sizes(stage)
+  if sizes is not None:   # the engine's prefill call runs once per `prefill_prompts` prompts
     prompts = -(-sizes['rows'] // sizes.get('num_samples', 1))
     calls['sampler prefill'] = -(-prompts // sampler_cfg.get('prefill_prompts', 8))
   seconds = _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hardware or {},

@@ -158,8 +158,8 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
   page-table columns with an online softmax in which each slot reads only the
   blocks its own length reaches (to a power-of-two group of slots): a slot
   near its start does not pay for the longest live slot's pages. Under a mesh
-  either runs per shard (slots over the batch axes, heads over `kv_heads`; a
-  slot's pages are local, the pool being split only by heads).
+  either runs per shard (`_per_shard`: slots and pool pages over the batch
+  axes, heads over `kv_heads`).
 
   Args:
     q: [S, N, H] queries (RoPE applied, not yet scaled).
@@ -177,10 +177,8 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
   m = page_table.shape[1]
   bp = min(pages_per_compute_block, m)
   q = q * (h ** -0.5)
-  platform = _mesh_platform()
-  kernel = platform == 'tpu' and resolve(impl, 2, m, self_attention=True,
-                                         platform=platform) == 'splash'
-  if kernel and m % bp == 0:
+  # The kernel where `attend` would use splash: on TPU, for 'splash' or 'auto'.
+  if _mesh_platform() == 'tpu' and impl in ('splash', 'auto') and m % bp == 0:
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel
     dt = q.dtype
     fn = functools.partial(paged_attention_kernel.paged_attention, mask_value=_NEG_INF,
