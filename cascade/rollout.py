@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -46,19 +46,35 @@ def longest_prompt_len(record: dict, tokenizer, modes: Sequence[bool | None]) ->
   return max(len(tokenizer.encode(prompt_text(record, m))) for m in modes)
 
 
-def stage_modes(thinking_fraction: float | None) -> tuple:
-  """The modes a stage draws prompts in."""
+def stage_modes(thinking_fraction: float | Mapping[str, float] | None) -> tuple:
+  """The modes a stage draws prompts in (a per-domain mapping: those of any domain)."""
   if thinking_fraction is None:
     return (None,)
-  return tuple(m for m, on in ((True, thinking_fraction > 0), (False, thinking_fraction < 1))
-               if on)
+  fractions = (tuple(thinking_fraction.values()) if isinstance(thinking_fraction, Mapping)
+               else (thinking_fraction,))
+  return tuple(m for m, on in ((True, max(fractions) > 0), (False, min(fractions) < 1)) if on)
 
 
-def draw_modes(n: int, thinking_fraction: float | None, rng: np.random.Generator) -> list:
-  """Each of n prompts' mode: thinking with probability `thinking_fraction` (None: no switch)."""
+def draw_modes(n: int, thinking_fraction: float | Mapping[str, float] | None,
+               rng: np.random.Generator, domains: Sequence[str] | None = None) -> list:
+  """Each of n prompts' mode: thinking with probability `thinking_fraction` (None: no switch).
+
+  A mapping gives each domain its own fraction; `domains` then names each prompt's domain.
+  One uniform is drawn per prompt either way, so the stream of draws does not depend on it.
+  """
   if thinking_fraction is None:
     return [None] * n
-  return [bool(u < thinking_fraction) for u in rng.random(n)]
+  u = rng.random(n)
+  if not isinstance(thinking_fraction, Mapping):
+    return [bool(x < thinking_fraction) for x in u]
+  if domains is None or len(domains) != n:
+    raise ValueError(f'draw_modes: a per-domain thinking_fraction needs the {n} prompts\' '
+                     f'domains (got {None if domains is None else len(domains)})')
+  unknown = sorted(set(domains) - set(thinking_fraction))
+  if unknown:
+    raise ValueError(f'draw_modes: no thinking_fraction for domain(s) {unknown} '
+                     f'(given: {sorted(thinking_fraction)})')
+  return [bool(x < thinking_fraction[d]) for x, d in zip(u, domains)]
 
 
 class Rollouts(NamedTuple):

@@ -11,8 +11,11 @@ teacher" flaw rates (why each RL stage has something to learn).
 
 Config arguments (`configs/tiny.py:smoke,seed=1`): `smoke` (a few steps per
 stage and few held-out prompts, for the smoke test), `seed=N` (world and
-model seed, default 0), `root=DIR` (the world cache, default
-`<repo>/runs/tiny_world`).
+model seed, default 0), `world=hetero` (the heterogeneous world of
+build.py's WORLDS: long math chains in thinking mode), `eval_every=N` (give
+every domain a validation set and score it every N steps inside each stage
+that trains the policy, as well as at every stage end: a score-vs-time
+curve), `root=DIR` (the world cache, default `<repo>/runs/tiny_world`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ RESPONSE_LEN = dict(chat=32, instruction_following=48, math=32, code=32, swe=40)
 # most of the RL step's cost.
 PROMPT_LEN = dict(chat=32, instruction_following=48, math=48, code=48, swe=96)
 MAX_PROMPT_LEN = max(PROMPT_LEN.values())
+# The heterogeneous world (`world=hetero`, build.py's WORLDS): math is trained and scored in
+# thinking mode, where its gold responses are 110 tokens on average and at most 127 (three-
+# step chains worked forwards and checked backwards), against chat 14 and IF 22 in instruct
+# mode. Its math RL stage extends the response cap as it goes (HETERO_MATH_PHASES), the
+# length curriculum the paper's math stages use; every other length is the default world's.
+HETERO_RESPONSE_LEN = dict(RESPONSE_LEN, math=144)
+HETERO_MATH_PHASES = (dict(until_step=5, max_response_len=128),)
+THINKING_DOMAINS = dict(default=(), hetero=('math',))
 EVAL_PROMPTS = 200
 # Validation sets (base_config(validation=True)): the last third of each heldout.jsonl (rows
 # 400.. of the world's 600; the matrix reads the first EVAL_PROMPTS), VALIDATION_PROMPTS of
@@ -46,8 +57,8 @@ PREPARE_FN = 'cascade.tiny_world.build:build'
 
 def parse_arg(arg: str | None) -> dict[str, Any]:
   """`'smoke,seed=1,root=/x'` -> {'smoke': True, 'seed': 1, 'root': '/x'} (defaults filled)."""
-  out: dict[str, Any] = {'smoke': False, 'seed': 0, 'root': os.path.join(REPO, 'runs',
-                                                                         'tiny_world')}
+  out: dict[str, Any] = {'smoke': False, 'seed': 0, 'world': 'default', 'eval_every': 0,
+                         'root': os.path.join(REPO, 'runs', 'tiny_world')}
   for part in filter(None, (p.strip() for p in (arg or '').split(','))):
     key, eq, value = part.partition('=')
     if key == 'smoke' and not eq:
@@ -59,8 +70,18 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
         raise ValueError(f'config argument seed={value!r}: not an integer') from None
     elif key == 'root' and eq and value:
       out['root'] = value
+    elif key == 'eval_every' and eq:
+      if not value.isdigit() or int(value) < 1:
+        raise ValueError(f'config argument eval_every={value!r}: not an integer >= 1')
+      out['eval_every'] = int(value)
+    elif key == 'world' and eq:
+      if value not in world_build.WORLDS:
+        raise ValueError(f'config argument world={value!r}: expected one of '
+                         f'{sorted(world_build.WORLDS)}')
+      out['world'] = value
     else:
-      raise ValueError(f'config argument {part!r}: expected smoke, seed=N or root=DIR')
+      raise ValueError(f'config argument {part!r}: expected smoke, seed=N, world=NAME, '
+                       'eval_every=N or root=DIR')
   return out
 
 
@@ -78,11 +99,14 @@ def base_config(arg: str | None,
     (config without `stages`, parsed argument).
   """
   a = parse_arg(arg)
-  world_dir = world_build.directory(a['seed'], a['root'])
+  validation = validation or bool(a['eval_every'])
+  world_dir = world_build.directory(a['seed'], a['root'], a['world'])
   c = ml_collections.ConfigDict()
   c.seed = a['seed']
   # Run before any data is loaded: builds (or reuses) the world the paths below name.
   c.prepare = dict(fn=PREPARE_FN, kwargs=dict(seed=a['seed'], root=a['root']))
+  if a['world'] != 'default':
+    c.prepare.kwargs.world = a['world']
   # ~1M parameters: 4 blocks of width 128 (Qwen3-like, tied embeddings). The
   # smoke run has one block: XLA unrolls the blocks, so compiling (most of a
   # 2-step stage) scales with their number.
@@ -92,13 +116,17 @@ def base_config(arg: str | None,
   c.tokenizer = dict(path=os.path.join(world_dir, 'tokenizer.model'))
   c.mesh = dict(shape=None)
   c.sampler = dict(prompt_buckets=sorted(set(PROMPT_LEN.values())),
-                   new_token_buckets=sorted(set(RESPONSE_LEN.values()) | {48}))
+                   new_token_buckets=sorted(set(response_lens(a).values()) | {48} | {
+                       p['max_response_len'] for p in phases(a, ['math'])}))
   c.ckpt = dict(every_n_steps=1000, keep=1)
   # Sampled like the paper's evaluation (temperature 0.6, top-p 0.95), two
   # samples per prompt; every row uses the same key, so rows differ by policy.
   c.eval = dict(num_samples=2, temperature=0.6, top_p=0.95, greedy=False, max_new_tokens=48,
                 max_prompt_len=MAX_PROMPT_LEN, num_prompts=8 if a['smoke'] else EVAL_PROMPTS,
                 batch_size=256, thinking=False, eval_every=0)
+  if THINKING_DOMAINS[a['world']]:      # those domains are scored in thinking mode
+    c.eval.domains = {d: dict(thinking=True, max_new_tokens=response_lens(a)[d])
+                      for d in THINKING_DOMAINS[a['world']]}
   c.datasets = dict(sft=dict(path=os.path.join(world_dir, 'sft_mixed.jsonl'), format='sft'),
                     chat_prefs=dict(path=os.path.join(world_dir, 'chat', 'preference_train.jsonl'),
                                     format='preference', domain='chat'))
@@ -124,6 +152,7 @@ def base_config(arg: str | None,
                         **(dict(validation='chat_val') if validation else {}))
   if validation:
     c.eval.validation_prompts = 8 if a['smoke'] else VALIDATION_PROMPTS
+    c.eval.eval_every = a['eval_every']
   c.allow_config_change = False
   return c, a
 
@@ -149,12 +178,34 @@ def rm_stage(a: dict[str, Any]) -> dict[str, Any]:
               optimizer=dict(lr=1e-3), init_from='sft')
 
 
+def response_lens(a: dict[str, Any]) -> dict[str, int]:
+  """Each domain's response cap in the world of the config argument."""
+  return HETERO_RESPONSE_LEN if a['world'] == 'hetero' else RESPONSE_LEN
+
+
+def phases(a: dict[str, Any], domains: list[str]) -> list[dict[str, Any]]:
+  """The length curriculum of an RL stage on `domains`: the heterogeneous world's math-only
+  stage starts at a shorter cap (in smoke mode, for its first step); other stages have none."""
+  if a['world'] != 'hetero' or list(domains) != ['math']:
+    return []
+  return [dict(p, until_step=1) if a['smoke'] else dict(p) for p in HETERO_MATH_PHASES]
+
+
 def rl_stage(a: dict[str, Any], name: str, domains: list[str], n: int, lr: float,
              **kw) -> dict[str, Any]:
-  """A GRPO stage in instruct mode (16 prompts x 8 samples per step)."""
+  """A GRPO stage (16 prompts x 8 samples per step), in instruct mode but for the world's
+  thinking domains (a stage mixing both gets a thinking fraction per domain)."""
+  modes = {d: float(d in THINKING_DOMAINS[a['world']]) for d in domains}
+  curriculum = phases(a, domains)
+  longest = max(response_lens(a)[d] for d in domains)
+  if curriculum:
+    curriculum.append(dict(until_step=steps(a, n), max_response_len=longest))
   return dict(dict(name=name, kind='grpo', domains=list(domains), steps=steps(a, n),
                    optimizer=dict(lr=lr), prompts_per_step=4 if a['smoke'] else 16,
                    group_size=8, temperature=0.8,
                    max_prompt_len=max(PROMPT_LEN[d] for d in domains),
-                   max_response_len=max(RESPONSE_LEN[d] for d in domains),
-                   thinking_fraction=0.0, refill_cap=2, filter_overlong=False), **kw)
+                   max_response_len=longest,
+                   thinking_fraction=(modes if len(set(modes.values())) > 1
+                                      else next(iter(modes.values()))),
+                   refill_cap=2, filter_overlong=False,
+                   **(dict(phases=curriculum) if curriculum else {})), **kw)

@@ -78,7 +78,7 @@ class Config(grpo.Config):
       env, tools = built[record['domain']]
       return all(len(tokenizer.encode(episodes.opening_text(env, record, m, tools)))
                  <= self.max_prompt_len
-                 for m in rollout.stage_modes(self.thinking_fraction))
+                 for m in rollout.stage_modes(self.mode_fractions))
     return keep, (f'opening prompts (with the tool schemas) longer than '
                   f'max_prompt_len={self.max_prompt_len}')
 

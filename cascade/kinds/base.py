@@ -29,7 +29,7 @@ from cascade import schema
 from rl import buckets
 # The field vocabulary, re-exported for the kind modules.
 from cascade.schema import BOOL, HIDE, ConfigError, field, from_mapping  # pylint: disable=unused-import
-from cascade.schema import int_at_least, is_int, is_num, num_in, one_of  # pylint: disable=unused-import
+from cascade.schema import int_at_least, is_int, is_num, num_in, one_of, plain  # pylint: disable=unused-import
 _NAME_RE = re.compile(r'^[A-Za-z0-9_.-]+$')
 # The matrix row of the starting policy (evaluated first when the cascade starts with RL).
 INIT_ROW = 'init'

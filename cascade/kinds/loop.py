@@ -59,12 +59,13 @@ def build_train_step(kind: base.Kind, stage, graphdef, state, mesh, rules,
 
 # Per-step metrics summed into a stage's accounting (progress.json, results.json "accounting").
 ACCOUNTED = ('step_s', 'sample_s', 'score_s', 'update_s', 'sample_idle_s', 'validation_s',
-             'decode_slots', 'generated_tokens', 'update_tokens')
+             'decode_slots', 'generated_tokens', 'update_tokens', 'update_slots')
 
 
 def accounting(totals: dict, steps: int) -> dict:
   """A stage's accounting from its summed step metrics: seconds per part of a step, the part of
-  step time the verifiers took, and the waste of decode slots and of update padding."""
+  step time the verifiers took, and the waste of decode slots (paid for, no token generated)
+  and of update token slots (rows x width holding padding)."""
   if not steps:
     return {}
   out = {'steps': steps, **{k: round(v, 3) for k, v in totals.items()}}
@@ -75,6 +76,8 @@ def accounting(totals: dict, steps: int) -> dict:
       out['verifier_share'] = round(totals['score_s'] / totals['step_s'], 4)
   if totals.get('decode_slots'):
     out['decode_waste'] = round(1 - totals['generated_tokens'] / totals['decode_slots'], 4)
+  if totals.get('update_slots'):
+    out['update_waste'] = round(1 - totals['update_tokens'] / totals['update_slots'], 4)
   return out
 
 

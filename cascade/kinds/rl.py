@@ -45,6 +45,10 @@ from rl import grpo
 from rl import sampler as sampler_lib
 
 
+def _fraction_ok(v) -> bool:
+  return base.is_num(v) and 0 <= v <= 1
+
+
 def _phases_ok(v) -> bool:
   return isinstance(v, (list, tuple)) and all(hasattr(p, 'keys') or isinstance(p, dict)
                                               for p in v)
@@ -67,9 +71,16 @@ class RLStageConfig(base.TrainStageConfig):
   max_prompt_len: int = base.field(check=base.int_at_least(1))
   max_response_len: int = base.field(check=base.int_at_least(1))
   phases: tuple = base.field(None, check=(_phases_ok, 'must be a list of dicts'))
-  thinking_fraction: float | None = base.field(
-      None, check=(lambda v: base.is_num(v) and 0 <= v <= 1,
-                   'must be None (no /think switch) or a fraction in [0, 1]'), convert=float)
+  # None (no /think switch), one fraction of prompts drawn in thinking mode, or a fraction per
+  # domain of the stage ({'math': 1.0, 'chat': 0.0}: a blended stage whose domains differ).
+  # (Kept as sorted (domain, fraction) pairs, so the config stays hashable; `mode_fractions`.)
+  thinking_fraction: float | tuple | None = base.field(
+      None, check=(lambda v: _fraction_ok(v) or (
+          isinstance(base.plain(v), dict) and all(_fraction_ok(x) for x in base.plain(v).values())),
+                   'must be None (no /think switch), a fraction in [0, 1], or a mapping '
+                   'domain -> fraction'), convert=lambda v: (
+                       tuple(sorted((str(k), float(x)) for k, x in base.plain(v).items()))
+                       if isinstance(base.plain(v), dict) else float(v)))
   dynamic_filter: bool = base.field(True, check=base.BOOL)
   refill_cap: int = base.field(4, check=base.int_at_least(0))
   stream_filter: bool = base.field(False, check=base.BOOL)
@@ -78,6 +89,12 @@ class RLStageConfig(base.TrainStageConfig):
   updates_per_batch: int = base.field(1, check=base.int_at_least(1))
 
   def check(self, fail):
+    if isinstance(self.thinking_fraction, tuple):
+      got, want = set(self.mode_fractions), set(self.domains)
+      if got != want:
+        fail('thinking_fraction', 'a per-domain mapping must name exactly the stage\'s domains '
+             f'{sorted(want)}' + (f'; missing {sorted(want - got)}' if want - got else '')
+             + (f'; not in the stage: {sorted(got - want)}' if got - want else ''), base.HIDE)
     if self.stream_filter and not self.dynamic_filter:
       fail('stream_filter', 'needs dynamic_filter=True (it is a way of filtering)')
     rows = self.prompts_per_step * self.group_size
@@ -141,6 +158,12 @@ class RLStageConfig(base.TrainStageConfig):
       fail('datasets', f'not given, and domain {missing[0]!r} has no train dataset')
     return tuple(refs.domains[d].train for d in self.domains)
 
+  @property
+  def mode_fractions(self) -> float | dict[str, float] | None:
+    """`thinking_fraction` as `rollout.draw_modes` takes it (a per-domain one as a dict)."""
+    f = self.thinking_fraction
+    return dict(f) if isinstance(f, tuple) else f
+
   def phase_at(self, step: int) -> base.Phase:
     """The curriculum phase in force at `step` (the last phase past its end)."""
     for p in self.phases:
@@ -166,7 +189,7 @@ class RLStageConfig(base.TrainStageConfig):
     return self.prompts_per_step * self.group_size, 'prompts_per_step * group_size'
 
   def record_filter(self, tokenizer):
-    modes = rollout.stage_modes(self.thinking_fraction)
+    modes = rollout.stage_modes(self.mode_fractions)
     return ((lambda r: rollout.longest_prompt_len(r, tokenizer, modes) <= self.max_prompt_len),
             f'prompts longer than max_prompt_len={self.max_prompt_len}')
 
@@ -248,7 +271,8 @@ class Draws:
     st = self.stage
     recs = self.loader.next()
     assert len(recs) == n, (len(recs), n)
-    modes = rollout.draw_modes(n, st.thinking_fraction, self.modes_rng)
+    modes = rollout.draw_modes(n, st.mode_fractions, self.modes_rng,
+                               [r['domain'] for r in recs])
     key = jax.random.fold_in(self.rng, len(self.rewards))
     ro, rewards, infos = self._rollouts(recs, modes, key)
     return self._record(ro, rewards, infos), rewards
@@ -346,7 +370,8 @@ class Draws:
     def next_prompts():
       new = self.loader.next()
       recs.extend(new)
-      modes.extend(rollout.draw_modes(len(new), st.thinking_fraction, self.modes_rng))
+      modes.extend(rollout.draw_modes(len(new), st.mode_fractions, self.modes_rng,
+                                      [r['domain'] for r in new]))
       return [env.tokenizer.encode(rollout.prompt_text(r, m))
               for r, m in zip(new, modes[-len(new):])]
 
@@ -446,7 +471,8 @@ def update_accounting(batches) -> dict:
     batches = [batches]
   real = sum(float(np.sum(np.asarray(b.segment_ids) > 0)) for b in batches)
   slots = sum(float(np.asarray(b.segment_ids).size) for b in batches)
-  return {'update_tokens': real, 'update_waste': 1.0 - real / max(slots, 1.0)}
+  return {'update_tokens': real, 'update_slots': slots,
+          'update_waste': 1.0 - real / max(slots, 1.0)}
 
 
 def sample_rows(rows: int, group_size: int, count: int) -> list[int]:

@@ -79,19 +79,41 @@ VOCAB = 1024
 SFT_THINKING_FRACTION = 0.25
 SFT_MIXED = 'sft_mixed.jsonl'
 STAMP = 'stamp.json'
+# The worlds `build` makes. 'default' is the demo's. 'hetero' is the heterogeneous world of
+# the cascade-vs-blended comparison: its math problems have three steps and a long worked
+# trace (arithmetic_long.py: about 90 tokens in thinking mode, where the RL stage and the
+# evaluation put math, against 15-25 for a chat or IF answer), and most of its math SFT
+# records are in thinking mode. Each entry: domain -> generator module replacing the default
+# one, and the SFT thinking fraction per domain.
+WORLDS = {
+    'default': dict(generators={}, sft_thinking={}),
+    'hetero': dict(generators={'math': 'arithmetic_long'}, sft_thinking={'math': 0.9}),
+}
 
 
-def directory(seed: int, root: str) -> str:
-  """Where `build(seed, root)` puts the world (no I/O).
+def directory(seed: int, root: str, world: str = 'default') -> str:
+  """Where `build(seed, root, world)` puts the world (no I/O).
 
   Args:
     seed: the world's seed.
     root: the cache directory holding one world per seed.
+    world: a name in WORLDS.
 
   Returns:
-    `<root>/seed<seed>`.
+    `<root>/seed<seed>`, or `<root>/<world>_seed<seed>` for another world than the default.
   """
-  return os.path.join(root, f'seed{seed}')
+  _check_world(world)
+  return os.path.join(root, f'seed{seed}' if world == 'default' else f'{world}_seed{seed}')
+
+
+def _check_world(world: str) -> None:
+  if world not in WORLDS:
+    raise ValueError(f'tiny world {world!r}: expected one of {sorted(WORLDS)}')
+
+
+def sft_thinking_fraction(domain: str, world: str = 'default') -> float:
+  """The share of the domain's SFT records kept in thinking mode in `world`."""
+  return WORLDS[world]['sft_thinking'].get(domain, SFT_THINKING_FRACTION)
 
 
 def _source_hash() -> str:
@@ -104,24 +126,29 @@ def _source_hash() -> str:
   return h.hexdigest()[:16]
 
 
-def stamp(seed: int) -> dict:
+def stamp(seed: int, world: str = 'default') -> dict:
   """What `stamp.json` of the seed's world holds when the world is current."""
-  return {'seed': seed, 'sizes': SIZES, 'vocab_size': VOCAB, 'flaw_rate': FLAW_RATE,
-          'sft_thinking_fraction': SFT_THINKING_FRACTION, 'source': _source_hash()}
+  _check_world(world)
+  return {'seed': seed, 'world': world, 'sizes': SIZES, 'vocab_size': VOCAB,
+          'flaw_rate': FLAW_RATE, 'sft_thinking_fraction': {
+              d: sft_thinking_fraction(d, world) for d in DOMAINS},
+          'source': _source_hash()}
 
 
-def build(seed: int, root: str) -> str:
+def build(seed: int, root: str, world: str = 'default') -> str:
   """Builds (or reuses) the tiny world of `seed` under `root`.
 
   Args:
     seed: the world's seed (problem draws, wording, the SFT mode mix).
-    root: the cache directory; the world goes to `directory(seed, root)`.
+    root: the cache directory; the world goes to `directory(seed, root, world)`.
+    world: a name in WORLDS.
 
   Returns:
     The world's directory, holding world.py's files (see world.write),
     `sft_mixed.jsonl` and `stamp.json`.
   """
-  return cached(directory(seed, root), stamp(seed), lambda d, want: _build_into(d, seed, want))
+  return cached(directory(seed, root, world), stamp(seed, world),
+                lambda d, want: _build_into(d, seed, want, world))
 
 
 def cached(out: str, want: dict, build_into) -> str:
@@ -142,11 +169,15 @@ def cached(out: str, want: dict, build_into) -> str:
   return out
 
 
-def _build_into(out: str, seed: int, want: dict) -> None:
-  """Writes the world of `seed` into the local directory `out`, its stamp `want` last."""
+def _build_into(out: str, seed: int, want: dict, name: str = 'default') -> None:
+  """Writes the world `name` of `seed` into the local directory `out`, its stamp `want` last."""
   # The generators load the tokenizer libraries; only a build needs them.
+  import importlib  # pylint: disable=g-import-not-at-top
   from cascade.tiny_world import world  # pylint: disable=g-import-not-at-top
-  files = world.write(out, seed=seed, vocab_size=VOCAB, flaw_rate=FLAW_RATE, **SIZES)
+  generators = {d: importlib.import_module(f'cascade.tiny_world.{m}')
+                for d, m in WORLDS[name]['generators'].items()}
+  files = world.write(out, seed=seed, vocab_size=VOCAB, flaw_rate=FLAW_RATE,
+                      generators=generators, **SIZES)
   records = []
   for d in DOMAINS:
     with open(files[d]['sft_train'], encoding='utf-8') as f:
@@ -155,7 +186,7 @@ def _build_into(out: str, seed: int, want: dict) -> None:
   rng.shuffle(records)
   with open(os.path.join(out, SFT_MIXED), 'w', encoding='utf-8') as f:
     for rec in records:
-      if rng.random() >= SFT_THINKING_FRACTION:
+      if rng.random() >= sft_thinking_fraction(rec['domain'], name):
         rec = {k: v for k, v in rec.items() if k != 'thinking'}
       f.write(json.dumps(rec, ensure_ascii=False) + '\n')
   with open(os.path.join(out, STAMP), 'w', encoding='utf-8') as f:   # last: a crash rebuilds
@@ -169,8 +200,10 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser.add_argument('--seed', type=int, default=0, help='the world seed (default 0)')
   parser.add_argument('--root', default='runs/tiny_world',
                       help='the world cache; the world goes to ROOT/seed<seed>')
+  parser.add_argument('--world', default='default', choices=sorted(WORLDS),
+                      help="which world (default: the demo's; hetero: long math chains)")
   args = parser.parse_args(argv)
-  print(build(args.seed, args.root))
+  print(build(args.seed, args.root, args.world))
 
 
 if __name__ == '__main__':

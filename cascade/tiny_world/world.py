@@ -85,8 +85,8 @@ def _write(path: str, records: Iterable[dict[str, Any]]) -> int:
   return n
 
 
-def generate(domain: str, seed: int, sft: int, rl: int, heldout: int, flaw_rate: float = 0.0
-             ) -> dict[str, list[dict[str, Any]]]:
+def generate(domain: str, seed: int, sft: int, rl: int, heldout: int, flaw_rate: float = 0.0,
+             generator=None) -> dict[str, list[dict[str, Any]]]:
   """One domain's records (no files).
 
   Args:
@@ -99,13 +99,15 @@ def generate(domain: str, seed: int, sft: int, rl: int, heldout: int, flaw_rate:
       demonstration (`<generator>.flaw`: an imperfect teacher's systematic
       mistake, which the domain's verifier scores below the gold answer) and
       that carry `"flawed": true`. Held-out and RL records are never flawed.
+    generator: the module generating the domain's problems (default:
+      GENERATORS[domain]; the heterogeneous world's math is arithmetic_long).
 
   Returns:
     {'sft_train', 'rl_train', 'heldout', 'sft_heldout'} -> records.
   """
   if domain not in GENERATORS:
     raise ValueError(f'unknown tiny-world domain {domain!r}; known: {DOMAINS}')
-  gen = GENERATORS[domain]
+  gen = generator or GENERATORS[domain]
   draw = lambda split, n: common.draw_unique(
       domain, split, n, gen.HELDOUT_PERCENT, gen.draw_key, gen.realize,
       _rng(seed, domain, split), split_key=getattr(gen, 'split_key', None))
@@ -173,7 +175,8 @@ def corpus(records: Iterable[dict[str, Any]]) -> list[str]:
 def write(out_dir: str, seed: int = 0, *, sft: int | Mapping[str, int] = 2000, rl: int = 2000,
           heldout: int = 1000, preference: int = 4000, preference_heldout: int = 500,
           vocab_size: int = 1024, domains: Iterable[str] = DOMAINS,
-          flaw_rate: float | Mapping[str, float] = 0.0) -> dict[str, Any]:
+          flaw_rate: float | Mapping[str, float] = 0.0,
+          generators: Mapping[str, Any] | None = None) -> dict[str, Any]:
   """Writes the tiny world's datasets and tokenizer under `out_dir`.
 
   Args:
@@ -191,6 +194,8 @@ def write(out_dir: str, seed: int = 0, *, sft: int | Mapping[str, int] = 2000, r
     domains: which domains to write (the tokenizer sees only these).
     flaw_rate: fraction of flawed SFT demonstrations (see `generate`), one
       number or domain -> number (missing domains: 0).
+    generators: domain -> generator module replacing GENERATORS' for that
+      domain (build.py's heterogeneous world: math -> arithmetic_long).
 
   Returns:
     {'tokenizer': path, 'manifest': path, <domain>: {<file name>: path}}; chat
@@ -211,7 +216,8 @@ def write(out_dir: str, seed: int = 0, *, sft: int | Mapping[str, int] = 2000, r
   counts: dict[str, dict[str, int]] = {}
   train_records = []
   for domain in domains:
-    records = generate(domain, seed, sft[domain], rl, heldout, flaw_rate[domain])
+    records = generate(domain, seed, sft[domain], rl, heldout, flaw_rate[domain],
+                       (generators or {}).get(domain))
     if domain == chat.DOMAIN:
       records['preference_train'] = preferences(seed, common.TRAIN, preference)
       records['preference_heldout'] = preferences(seed, common.HELDOUT, preference_heldout)

@@ -301,14 +301,16 @@ def test_a_steps_accounting_measures_decode_and_update_padding(fakes, tmp_path, 
   assert host['decode_waste'] == pytest.approx(1 - lens.sum() / (len(lens) * cap))
   assert host['sample_idle_s'] == pytest.approx(host['sample_s'] * host['decode_waste'])
   real = (batch.segment_ids > 0).sum()
-  assert host['update_tokens'] == real
+  assert host['update_tokens'] == real and host['update_slots'] == batch.segment_ids.size
   assert host['update_waste'] == pytest.approx(1 - real / batch.segment_ids.size)
 
 
 def test_stage_accounting_sums_steps_and_splits_their_time():
   totals = {'step_s': 10.0, 'sample_s': 6.0, 'score_s': 2.0, 'update_s': 1.5,
-            'decode_slots': 400.0, 'generated_tokens': 100.0}
+            'decode_slots': 400.0, 'generated_tokens': 100.0, 'update_tokens': 30.0,
+            'update_slots': 120.0}
   acc = loop.accounting(totals, 4)
   assert acc['steps'] == 4 and acc['other_s'] == pytest.approx(0.5)
   assert acc['verifier_share'] == pytest.approx(0.2) and acc['decode_waste'] == pytest.approx(0.75)
+  assert acc['update_waste'] == pytest.approx(0.75)
   assert loop.accounting({}, 0) == {}

@@ -54,6 +54,27 @@ def test_documented_defaults():
   assert hash(st) == hash(_stage(GRPO))
 
 
+def test_a_thinking_fraction_per_domain_names_exactly_the_stage_domains():
+  """A mapping gives each of the stage's domains its own rate; it is kept hashable, read back
+  as a dict, and a missing, extra or out-of-range domain is refused by name."""
+  doms = {d: config_lib.Domain(d, 'math', {}, f'{d}_train', f'{d}_train') for d in 'abc'}
+  ds = {f'{d}_train': config_lib.Dataset(f'{d}_train', 'prompt', 'prompt') for d in 'abc'}
+  two = lambda **kw: kinds.parse(0, dict(GRPO, domains=['a', 'b'], **kw),
+                                 base.Refs((), ('rl',), doms, ds))
+  st = two(thinking_fraction={'b': 0.0, 'a': 1.0})
+  assert st.thinking_fraction == (('a', 1.0), ('b', 0.0))
+  assert st.mode_fractions == {'a': 1.0, 'b': 0.0}
+  assert hash(st) == hash(two(thinking_fraction={'a': 1, 'b': 0}))
+  assert _stage(dict(GRPO, thinking_fraction=0.25)).mode_fractions == 0.25
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"thinking_fraction: .*domains \['a', 'b'\]; missing \['b'\]"):
+    two(thinking_fraction={'a': 1.0})
+  with pytest.raises(config_lib.ConfigError, match=r"not in the stage: \['c'\]"):
+    two(thinking_fraction={'a': 1.0, 'b': 0.0, 'c': 0.5})
+  with pytest.raises(config_lib.ConfigError, match='thinking_fraction.*must be None'):
+    two(thinking_fraction={'a': 1.5, 'b': 0.0})
+
+
 @pytest.mark.parametrize('field,ok,bad,message', [
     ('prompts_per_step', 1, 0, 'must be an int >= 1'),
     ('max_prompt_len', 1, 0, 'must be an int >= 1'),

@@ -103,6 +103,24 @@ def test_stage_and_drawn_modes():
   assert rollout.draw_modes(5, 0.0, rng) == [False] * 5
 
 
+def test_a_per_domain_fraction_draws_each_prompt_by_its_domain():
+  """A blended stage's domains think at their own rates, on the same uniforms a single fraction
+  would use (so changing one domain's fraction moves no other prompt's mode)."""
+  u = [0.1, 0.1, 0.6, 0.6, 0.95]
+  doms = ['math', 'chat', 'math', 'chat', 'math']
+  fr = {'math': 0.9, 'chat': 0.2}
+  assert rollout.draw_modes(5, fr, _Uniform(u), doms) == [True, True, True, False, False]
+  assert rollout.draw_modes(5, {'math': 1.0, 'chat': 0.0}, _Uniform(u), doms) == [
+      True, False, True, False, True]
+  assert rollout.stage_modes({'math': 1.0, 'chat': 0.0}) == (True, False)
+  assert rollout.stage_modes({'math': 1.0, 'chat': 1.0}) == (True,)
+  assert rollout.stage_modes({'math': 0.0}) == (False,)
+  with pytest.raises(ValueError, match='needs the 5 prompts\' domains'):
+    rollout.draw_modes(5, fr, _Uniform(u))
+  with pytest.raises(ValueError, match=r"no thinking_fraction for domain\(s\) \['code'\]"):
+    rollout.draw_modes(5, fr, _Uniform(u), doms[:4] + ['code'])
+
+
 def test_longest_prompt_len_is_the_longest_mode(fakes):
   rec = fakes.record('a', 0, 5)
   tok = fakes.CharTokenizer()

@@ -344,3 +344,63 @@ def test_flawed_demonstrations_score_below_gold(domain):
   assert max(rewards) <= (0.5 if domain == 'chat' else 0.0), rewards
   with pytest.raises(ValueError, match='flaw_rate'):
     world.generate(domain, seed=2, sft=1, rl=1, heldout=1, flaw_rate=1.5)
+
+
+def test_hetero_world_has_long_math_chains_scored_right_and_the_other_domains_unchanged(
+    tmp_path, monkeypatch):
+  """`build(world='hetero')`: math's three-step problems with a long trace (gold and trace
+  checked by recomputing them; the math verifier takes the gold and rejects the flaw and a
+  wrong step); most math SFT records in thinking mode; the other domains' files are the
+  default world's byte for byte; an unknown world is refused by name."""
+  from cascade.tiny_world import arithmetic_long  # pylint: disable=g-import-not-at-top
+  small = dict(sft=dict.fromkeys(world_build.DOMAINS, 200), rl=40, heldout=40,
+               preference=40, preference_heldout=10)
+  monkeypatch.setattr(world_build, 'SIZES', small)
+  root = str(tmp_path)
+  het = world_build.build(4, root, world='hetero')
+  default = world_build.build(4, root)
+  assert het == os.path.join(root, 'hetero_seed4') and default == os.path.join(root, 'seed4')
+  assert json.loads(open(os.path.join(het, 'stamp.json')).read())['world'] == 'hetero'
+  for d in world_build.DOMAINS:
+    if d != 'math':
+      for name in ('sft_train', 'rl_train', 'heldout'):
+        assert filecmp.cmp(os.path.join(het, d, f'{name}.jsonl'),
+                           os.path.join(default, d, f'{name}.jsonl'), shallow=False), (d, name)
+  golds = _read(os.path.join(het, 'math', 'sft_heldout.jsonl'))
+  prompts = _read(os.path.join(het, 'math', 'heldout.jsonl'))
+  ops = {'+': lambda a, b: a + b, '-': lambda a, b: a - b, '×': lambda a, b: a * b,
+         '÷': lambda a, b: a // b}
+  step_re = re.compile(r'(\d+)([-+×÷])(\d+)=(\d+)')
+  samples, want = [], []
+  for g, p in zip(golds, prompts):
+    forward = step_re.findall(g['response'])
+    assert len(forward) == 3 and g['response'].endswith(f'\\boxed{{{forward[-1][3]}}}')
+    for a, op, b, c in step_re.findall(g['response'] + ' ' + g['thinking']):
+      assert ops[op](int(a), int(b)) == int(c), g
+    start = re.search(r'has (\d+) ', p['messages'][0]['content']).group(1)
+    assert forward[0][0] == start and g['thinking'].endswith(f'Back to {start}, so '
+                                                             f'{forward[-1][3]}.')
+    assert p['metadata'] == {'answer': forward[-1][3]}
+    wrong = g['response'].replace(f'\\boxed{{{forward[-1][3]}}}',
+                                  f'\\boxed{{{int(forward[-1][3]) + 1}}}')
+    flawed = arithmetic_long.flaw(common.Problem(None, '', g['response'], g['thinking'], {}),
+                                  random.Random(0))
+    samples += [verifiers.Sample('', chat_lib.render_response(t, g['thinking']), p['metadata'])
+                for t in (g['response'], wrong, flawed)]
+    # The flaw boxes the first step's value: wrong unless the chain comes back to it.
+    want += [1.0, 0.0, float(forward[0][3] == forward[-1][3])]
+  with verifiers.get('math') as v:
+    rewards = [r.reward for r in v.score(samples)]
+  assert rewards == want and want.count(0.0) > 1.8 * len(golds)
+  tok = tokenizer_lib.load(os.path.join(het, 'tokenizer.model'))
+  think = sum(len(tok.encode(chat_lib.render_response(g['response'], g['thinking'])))
+              for g in golds) / len(golds)
+  chat_len = sum(len(tok.encode(chat_lib.render_response(g['response']))) for g in _read(
+      os.path.join(het, 'chat', 'sft_heldout.jsonl'))) / len(golds)
+  assert think > 5 * chat_len, (think, chat_len)          # several-fold longer
+  mixed = _read(os.path.join(het, 'sft_mixed.jsonl'))
+  share = lambda d: (sum('thinking' in r for r in mixed if r['domain'] == d)
+                     / sum(r['domain'] == d for r in mixed))
+  assert share('math') > 0.8 and share('chat') < 0.4, (share('math'), share('chat'))
+  with pytest.raises(ValueError, match="tiny world 'long': expected one of"):
+    world_build.build(4, root, world='long')
