@@ -15,7 +15,10 @@ model seed, default 0), `world=hetero` (the heterogeneous world of
 build.py's WORLDS: long math chains in thinking mode), `eval_every=N` (give
 every domain a validation set and score it every N steps inside each stage
 that trains the policy, as well as at every stage end: a score-vs-time
-curve), `root=DIR` (the world cache, default `<repo>/runs/tiny_world`).
+curve), `drop=rm+rlhf` (leave those stages out: an ablation; a stage that
+starts from a dropped one fails validation), `order=cascade2` (configs/tiny.py
+only: IF-RL before the reward model and RLHF, Cascade 2's order), `root=DIR`
+(the world cache, default `<repo>/runs/tiny_world`).
 """
 
 from __future__ import annotations
@@ -53,11 +56,14 @@ EVAL_PROMPTS = 200
 # them scored.
 VALIDATION_PROMPTS = 100
 PREPARE_FN = 'cascade.tiny_world.build:build'
+# Stage orders of configs/tiny.py: Cascade 1's (RLHF, then IF-RL) and Cascade 2's (IF-RL first).
+ORDERS = ('cascade1', 'cascade2')
 
 
 def parse_arg(arg: str | None) -> dict[str, Any]:
   """`'smoke,seed=1,root=/x'` -> {'smoke': True, 'seed': 1, 'root': '/x'} (defaults filled)."""
   out: dict[str, Any] = {'smoke': False, 'seed': 0, 'world': 'default', 'eval_every': 0,
+                         'drop': (), 'order': 'cascade1',
                          'root': os.path.join(REPO, 'runs', 'tiny_world')}
   for part in filter(None, (p.strip() for p in (arg or '').split(','))):
     key, eq, value = part.partition('=')
@@ -74,6 +80,12 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
       if not value.isdigit() or int(value) < 1:
         raise ValueError(f'config argument eval_every={value!r}: not an integer >= 1')
       out['eval_every'] = int(value)
+    elif key == 'drop' and eq and value:
+      out['drop'] = tuple(value.split('+'))
+    elif key == 'order' and eq:
+      if value not in ORDERS:
+        raise ValueError(f'config argument order={value!r}: expected one of {ORDERS}')
+      out['order'] = value
     elif key == 'world' and eq:
       if value not in world_build.WORLDS:
         raise ValueError(f'config argument world={value!r}: expected one of '
@@ -81,7 +93,7 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
       out['world'] = value
     else:
       raise ValueError(f'config argument {part!r}: expected smoke, seed=N, world=NAME, '
-                       'eval_every=N or root=DIR')
+                       'eval_every=N, drop=STAGE+STAGE, order=NAME or root=DIR')
   return out
 
 
@@ -209,3 +221,17 @@ def rl_stage(a: dict[str, Any], name: str, domains: list[str], n: int, lr: float
                                       else next(iter(modes.values()))),
                    refill_cap=2, filter_overlong=False,
                    **(dict(phases=curriculum) if curriculum else {})), **kw)
+
+
+def keep_stages(a: dict[str, Any], stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """`stages` without the ones the config argument drops (`drop=rm+rlhf`); an ablation.
+
+  Raises:
+    ValueError: `drop` names a stage the config does not have.
+  """
+  names = [s['name'] for s in stages]
+  unknown = [d for d in a['drop'] if d not in names]
+  if unknown:
+    raise ValueError(f'config argument drop={"+".join(a["drop"])}: no stage named '
+                     f'{unknown[0]!r} (stages: {", ".join(names)})')
+  return [s for s in stages if s['name'] not in a['drop']]

@@ -18,7 +18,8 @@ at temperature 0.6, top-p 0.95 (the paper's evaluation sampling), by each
 domain's real verifier (chat: the world's hidden quality rule, not the reward
 model RLHF trained on).
 
-Arguments: see configs/_tiny_common.py (`smoke`, `seed=N`, `root=DIR`).
+Arguments: see configs/_tiny_common.py (`smoke`, `seed=N`, `world=hetero`,
+`eval_every=N`, `drop=STAGE+STAGE`, `order=cascade2`, `root=DIR`).
 
 Measured (seed 0): 8 min 17 s for `make demo` in a fresh clone on 2 idle
 cores in an earlier session (SFT 160 s, reward model 35 s, RL stages 25-60 s
@@ -58,15 +59,15 @@ from configs import _tiny_common as common
 def get_config(arg=None):
   c, a = common.base_config(arg)
   rl = lambda name, domain, n, lr, **kw: common.rl_stage(a, name, [domain], n, lr, **kw)
-  c.stages = [
+  alignment = [common.rm_stage(a), rl('rlhf', 'chat', 25, 5e-5)]
+  if_rl = [rl('if_rl', 'instruction_following', 20, 5e-5)]
+  c.stages = common.keep_stages(a, [
       common.sft_stage(a),
-      common.rm_stage(a),
-      rl('rlhf', 'chat', 25, 5e-5),
-      rl('if_rl', 'instruction_following', 20, 5e-5),
+      *(alignment + if_rl if a['order'] == 'cascade1' else if_rl + alignment),
       rl('math_rl', 'math', 10, 4e-5),
       rl('code_rl', 'code', 20, 4e-5, filter_overlong=True),
       rl('swe_rl', 'swe', 15, 3e-5, filter_overlong=True),
-  ]
+  ])
   return c
 
 

@@ -10,7 +10,7 @@ rollout-weighted mean, and truncated rollouts carry no loss if any cascade
 stage says so (code RL does). This is the baseline Cascade RL claims to beat;
 benchmarks/cascade_vs_blended.py compares the two over seeds.
 
-Arguments: as configs/tiny.py (`smoke`, `seed=N`, `root=DIR`).
+Arguments: as configs/tiny.py (configs/_tiny_common.py lists them).
 """
 
 from configs import _tiny_common as common

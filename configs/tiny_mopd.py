@@ -14,7 +14,7 @@ configs/nemotron_cascade2.py. Checked end to end only in smoke mode
 (`configs/tiny_mopd.py:smoke`, ~100 s); the full run's table has not been
 measured.
 
-Arguments: as configs/tiny.py (`smoke`, `seed=N`, `root=DIR`).
+Arguments: as configs/tiny.py (configs/_tiny_common.py lists them).
 """
 
 from configs import _tiny_common as common
@@ -22,8 +22,11 @@ from configs import _tiny_common as common
 
 def get_config(arg=None):
   c, a = common.base_config(arg, validation=True)
+  if a['order'] != 'cascade1':
+    raise ValueError(f"config argument order={a['order']}: configs/tiny_mopd.py has Cascade "
+                     "2's order already")
   rl = lambda name, doms, n, lr, **kw: common.rl_stage(a, name, doms, n, lr, **kw)
-  c.stages = [
+  c.stages = common.keep_stages(a, [
       common.sft_stage(a),
       rl('if_rl', ['instruction_following'], 20, 5e-5),
       rl('multi_rl', ['math', 'code'], 30, 4e-5, filter_overlong=True),
@@ -34,5 +37,5 @@ def get_config(arg=None):
       rl('mopd', list(common.DOMAINS), 20, 5e-5, kind='mopd', group_size=4,
          dynamic_filter=False, refill_cap=0),
       rl('swe_rl', ['swe'], 15, 3e-5, filter_overlong=True),
-  ]
+  ])
   return c

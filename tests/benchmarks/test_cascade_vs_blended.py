@@ -3,6 +3,8 @@ world pre-build through the configs' `prepare` step."""
 
 import math
 
+import pytest
+
 from absl import flags
 from absl.testing import flagsaver
 
@@ -44,3 +46,79 @@ def test_prepare_builds_each_configs_world_once(tmp_path, monkeypatch):
   assert set(dirs.values()) == {str(tmp_path / 'seed5')}
   assert len(writes) == 1                            # the second config reused the world
   assert (tmp_path / 'seed5' / 'sft_mixed.jsonl').stat().st_size > 0
+
+
+def _run(stages, ends, steps, accounting=None):
+  """A results.json and metrics.jsonl of a run: `ends` the held-out means of each stage's row,
+  `steps` (stage, step_s, validation mean or None) in order."""
+  res = {'domains': ['a', 'b'], 'stages': stages, 'stage_domains': [['a', 'b']] * len(stages),
+         'scores': [[m, m] for m in ends], 'accounting': accounting or {}}
+  records, done = [], 0
+  for stage, step_s, val in steps:
+    n = sum(1 for r in records if r.get('stage') == stage) + 1
+    rec = {'stage': stage, 'step': n, 'step_s': step_s}
+    if val is not None:
+      rec.update({'val/a': val - 1, 'val/b': val + 1})
+    records.append(rec)
+    nxt = steps[steps.index((stage, step_s, val)) + 1][0] if (
+        (stage, step_s, val) != steps[-1]) else None
+    if nxt != stage:
+      records.append({'eval': stage, 'row': done, 'scores': {'a': ends[done], 'b': ends[done]}})
+      done += 1
+  return res, records
+
+
+def test_timeline_counts_steps_after_sft_and_places_scores_in_time():
+  res, records = _run(['sft', 'x', 'y'], [10, 20, 30],
+                      [('sft', 100.0, None), ('x', 2.0, None), ('x', 3.0, 15),
+                       ('y', 4.0, None), ('y', 1.0, None)],
+                      accounting={'sft': {'step_s': 100.0}, 'x': {
+                          'step_s': 5.0, 'score_s': 1.0, 'decode_slots': 10.0,
+                          'generated_tokens': 4.0, 'update_tokens': 3.0, 'update_slots': 6.0,
+                          'decode_waste': 0.6}, 'y': {'step_s': 5.0, 'score_s': 0.0,
+                                                      'decode_slots': 10.0,
+                                                      'generated_tokens': 6.0}})
+  records.insert(3, dict(records[2]))          # a resumed step logged twice counts once
+  tl = cascade_vs_blended.timeline(res, records)
+  assert tl['wall_s'] == 10.0
+  assert tl['stage_ends'] == [('x', 5.0, 20), ('y', 10.0, 30)]
+  assert tl['curve'] == [(5.0, 15)]             # validation scores only, when there are any
+  acc = tl['accounting']
+  assert acc['step_s'] == 10.0 and acc['verifier_share'] == 0.1
+  assert acc['decode_waste'] == 0.5 and acc['update_waste'] == 0.5
+  res2, rec2 = _run(['sft', 'x'], [10, 20], [('sft', 1.0, None), ('x', 2.0, None)])
+  assert cascade_vs_blended.timeline(res2, rec2)['curve'] == [(2.0, 20)]   # else stage ends
+
+
+def test_reach_fraction_equal_wall_and_paired_verdicts():
+  tl = {'stage_ends': [('x', 2.0, 40.0), ('y', 5.0, 61.0), ('z', 9.0, 70.0)]}
+  assert cascade_vs_blended.reach_fraction(tl, 60.0, 10.0) == 0.5
+  assert cascade_vs_blended.reach_fraction(tl, 40.0, 4.0) == 0.5
+  assert math.isinf(cascade_vs_blended.reach_fraction(tl, 71.0, 10.0))
+  curve = [(1.0, 3.0), (4.0, 5.0)]
+  assert cascade_vs_blended.score_at(curve, 4.0) == 5.0
+  assert cascade_vs_blended.score_at(curve, 3.9) == 3.0
+  assert math.isnan(cascade_vs_blended.score_at(curve, 0.5))
+  m, se, verdict = cascade_vs_blended.paired([70, 72, 71], [60, 61, 62])
+  assert m == 10 and se == pytest.approx(1 / math.sqrt(3)) and verdict == 'A higher'
+  assert cascade_vs_blended.paired([70, 60, 80], [69, 61, 78])[2] == 'tie'
+  assert cascade_vs_blended.paired([1, 2], [3, 4.5])[2] == 'B higher'
+  assert cascade_vs_blended.paired([5], [1])[2] == 'tie'       # one seed: no spread to go by
+
+
+def test_interference_and_side_names():
+  res = _res([[10, 20, 30], [25, 16, 31], [24, 40, 26]])
+  assert cascade_vs_blended.interference(res) == {'a_rl -> b': -4, 'a_rl -> c': 1,
+                                                  'b_rl -> a': -1, 'b_rl -> c': -5}
+  assert cascade_vs_blended.split_side('tiny:drop=rm+rlhf') == ('tiny', 'drop=rm+rlhf')
+  assert cascade_vs_blended.run_name('tiny:drop=rm+rlhf') == 'tiny_drop-rm-rlhf'
+  assert cascade_vs_blended.run_name('tiny_blended') == 'tiny_blended'
+  with pytest.raises(Exception, match='expected config or config:argument'):
+    cascade_vs_blended.split_side('../x')
+
+
+def test_plot_draws_both_sides(tmp_path):
+  tl = {'curve': [(1.0, 10.0), (3.0, 20.0)], 'stage_ends': [('x', 3.0, 21.0)]}
+  path = tmp_path / 'sub' / 'curve.png'
+  cascade_vs_blended.plot(str(path), ['A', 'B'], {'A': {0: tl}, 'B': {0: dict(tl, curve=[])}})
+  assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'

@@ -10,6 +10,7 @@ import pytest
 from cascade import config as config_lib
 from cascade import data as data_lib
 from cascade.tiny_world import build as world_build
+from configs import _tiny_common as common
 from models import tokenizer as tokenizer_lib
 
 CONFIGS = ('tiny', 'tiny_blended', 'tiny_mopd')
@@ -142,3 +143,49 @@ def test_tiny_agentic_smoke_runs_from_the_command_line(tmp_path):
   assert p.returncode == 0, p.stderr[-4000:]
   assert '| swe_agent_rl | swe_agent |' in p.stdout
   assert 'stage 1 tool_rl (agentic): 2 steps' in p.stdout
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_hetero_world_configs_think_in_math_only_and_validate(name, root):
+  """`world=hetero`: the world's own directory; math drawn and scored in thinking mode with a
+  longer cap (a math-only stage extends it in phases, the length curriculum), every other
+  domain in instruct mode; a stage mixing them gets a fraction per domain."""
+  c = _get(name, f'world=hetero,seed=1,root={root}')
+  plan = config_lib.validate(c)
+  world = world_build.directory(1, root, 'hetero')
+  assert c.prepare.kwargs.to_dict() == {'seed': 1, 'root': root, 'world': 'hetero'}
+  assert c.tokenizer.path == os.path.join(world, 'tokenizer.model')
+  assert plan.eval_of('math').modes == (True,) and plan.eval_of('chat').modes == (False,)
+  assert plan.eval_of('math').max_new_tokens == 144
+  for st in plan.stages:
+    if st.kind not in ('grpo', 'mopd'):
+      continue
+    want = {d: float(d == 'math') for d in st.domains}
+    got = st.mode_fractions
+    assert (got if isinstance(got, dict) else dict.fromkeys(st.domains, got)) == want
+    assert st.longest_response == max(common.HETERO_RESPONSE_LEN[d] for d in st.domains)
+    if list(st.domains) == ['math']:
+      assert [p.max_response_len for p in st.phases] == [128, 144]
+
+
+def test_ablation_arguments_drop_stages_and_reorder_them(root):
+  """`drop=` leaves stages out (an unknown one is refused by name), `order=cascade2` puts IF-RL
+  before the reward model and RLHF, and a config without that choice refuses it."""
+  names = lambda arg, name='tiny': [s['name'] for s in _get(name, f'{arg},root={root}').stages]
+  assert names('drop=rm+rlhf') == ['sft', 'if_rl', 'math_rl', 'code_rl', 'swe_rl']
+  assert names('order=cascade2') == ['sft', 'if_rl', 'rm', 'rlhf', 'math_rl', 'code_rl',
+                                     'swe_rl']
+  assert names('drop=mopd', 'tiny_mopd') == ['sft', 'if_rl', 'multi_rl', 'rm', 'rlhf',
+                                             'swe_rl']
+  config_lib.validate(_get('tiny', f'order=cascade2,root={root}'))
+  config_lib.validate(_get('tiny_mopd', f'drop=mopd,root={root}'))
+  with pytest.raises(ValueError, match=r"drop=rlhf\+nope: no stage named 'nope'"):
+    _get('tiny', f'drop=rlhf+nope,root={root}')
+  with pytest.raises(ValueError, match="order='cascade3': expected one of"):
+    _get('tiny', f'order=cascade3,root={root}')
+  with pytest.raises(ValueError, match='has Cascade 2.s order already'):
+    _get('tiny_mopd', f'order=cascade2,root={root}')
+  with pytest.raises(ValueError, match="eval_every='x'"):
+    _get('tiny', f'eval_every=x,root={root}')
+  c = _get('tiny', f'eval_every=5,root={root}')
+  assert c.eval.eval_every == 5 and all(d.get('validation') for d in c.domains.values())
