@@ -129,6 +129,81 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
   return new
 
 
+def _without_stages(config: dict) -> dict:
+  return {k: v for k, v in config_for_hash(config).items() if k != 'stages'}
+
+
+def fork(source: str, workdir: str, config) -> list[str] | None:
+  """Copies into a new run the stages it shares with the run in `source` (an ablation's head).
+
+  The shared head is the longest prefix of stages that are identical in both
+  configs (same fields, same positions) and complete in `source`, provided
+  every other section of the two configs is the same (model, data, domains,
+  evaluation, sampler, seed...; the harmless fields aside): then the stages
+  would compute what they computed there. Their checkpoints and exports
+  (`stages/<idx>_<name>`), their progress entries and matrix rows (and the
+  initial policy's row), and their metrics.jsonl records are copied; the run
+  then resumes after them, as from its own. Each copied stage's progress
+  entry records `forked_from`.
+
+  Args:
+    source: the workdir of a finished or partial run.
+    workdir: the new run's directory (no completed stage of its own yet).
+    config: the new run's ConfigDict.
+
+  Returns:
+    The names of the copied stages (empty: nothing shared), or None when `workdir` already
+    has progress of its own (a rerun of the forked command: it resumes, nothing is copied).
+
+  Raises:
+    WorkdirError: `source` holds no run, or its other sections differ (named).
+  """
+  theirs = read_json(paths.join(source, 'config.json'))
+  if not theirs or 'config' not in theirs:
+    raise WorkdirError(f'--fork_from={source}: no run there (no config.json)')
+  mine = json.loads(json.dumps(config.to_dict() if hasattr(config, 'to_dict') else dict(config),
+                               default=str))
+  a, b = _without_stages(mine), _without_stages(theirs['config'])
+  differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+  if differ:
+    raise WorkdirError(f'--fork_from={source}: its config differs in {", ".join(differ)}; '
+                       'only a run with the same sections but the stages can be forked')
+  own = Progress(workdir)
+  if own.done or own.rows:       # a rerun of the forked command resumes its own progress
+    return None
+  src = Progress(source)
+  shared = []
+  for i, (x, y) in enumerate(zip(mine.get('stages') or [], theirs['config'].get('stages') or [])):
+    if x != y or x.get('name') not in src.done:
+      break
+    shared.append((i, x['name']))
+  if not shared or not is_writer():
+    return [name for _, name in shared]
+  names = {name for _, name in shared}
+  for i, name in shared:
+    rel = paths.join('stages', f'{i:02d}_{name}')
+    paths.copy_tree(paths.join(source, rel), paths.join(workdir, rel))
+  # Exports named in progress (a stage's 'hf') move with their stage directory.
+  retarget = lambda v: (paths.join(workdir, 'stages', v.split('/stages/', 1)[1])
+                        if isinstance(v, str) and '/stages/' in v else v)
+  for _, name in shared:
+    own.done[name] = {**{k: retarget(v) for k, v in src.done[name].items()},
+                      'forked_from': source}
+  own.rows = [{k: retarget(v) for k, v in r.items()} for r in src.rows
+              if r['stage'] in names or r.get('index') == -1]
+  own.save()
+  metrics = paths.join(source, 'metrics.jsonl')
+  if paths.exists(metrics):
+    keep = []
+    for line in paths.read_text(metrics).splitlines():
+      rec = json.loads(line) if line.strip() else {}
+      if rec.get('stage') in names or rec.get('eval') in names or (
+          'eval' in rec and rec.get('row') == -1):
+        keep.append(line)
+    paths.write_text(paths.join(workdir, 'metrics.jsonl'), ''.join(k + '\n' for k in keep))
+  return [name for _, name in shared]
+
+
 class Progress:
   """progress.json: which stages are complete, and the evaluation rows so far.
 

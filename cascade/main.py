@@ -26,6 +26,9 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file (configs/x.py or configs/x.py:arg).', lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; an existing one is resumed.')
+_FORK_FROM = flags.DEFINE_string(
+    'fork_from', None, "Another run's workdir: the leading stages this config shares with it "
+    '(identical stages, identical other sections) are copied from there, not rerun.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -86,7 +89,7 @@ def main(argv):
   from cascade import train  # pylint: disable=g-import-not-at-top
   from cascade.kinds import base as kinds_base  # pylint: disable=g-import-not-at-top
   try:
-    train.run(_CONFIG.value, _WORKDIR.value)
+    train.run(_CONFIG.value, _WORKDIR.value, fork_from=_FORK_FROM.value)
   except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError,
           checkpoint.CheckpointError, kinds_base.StageError, paths.PathError) as e:
     # Expected user errors: one clear line, no traceback.

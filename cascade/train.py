@@ -142,13 +142,16 @@ def _prepare(plan: config_lib.Plan) -> None:
     multihost_utils.sync_global_devices('cascade.prepare')
 
 
-def run(config, workdir: str) -> dict:
+def run(config, workdir: str, fork_from: str | None = None) -> dict:
   """Runs (or resumes) the cascade a config describes in `workdir`.
 
   Args:
     config: the ConfigDict (see README, "Config format").
     workdir: the run's directory, local or `gs://...` (`cascade.paths`); rerunning with the
       same config resumes.
+    fork_from: another run's workdir whose leading stages this config shares
+      (`checkpoint.fork`: e.g. the cascade an ablation changes later stages of); those
+      stages are copied instead of rerun.
 
   Returns:
     The results.json object (domains, stages, stage_domains, scores).
@@ -162,6 +165,13 @@ def run(config, workdir: str) -> dict:
   paths.makedirs(workdir)
   checkpoint.guard_config(workdir, config,
                           allow_change=bool(config.get('allow_config_change', False)))
+  if fork_from:
+    forked = checkpoint.fork(fork_from, workdir, config)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices('cascade.fork')
+    print(f'{workdir}: resuming its own progress; --fork_from={fork_from} ignored'
+          if forked is None else f'forked from {fork_from}: '
+          + (', '.join(forked) if forked else 'no stage shared'), flush=True)
   _prepare(plan)
   env = make_env(plan, workdir)
   domains = sorted(plan.domains)

@@ -223,6 +223,37 @@ def test_cascade_killed_and_resumed_matches_uninterrupted(world, cache, uninterr
 
 
 @pytest.mark.slow
+def test_a_forked_run_copies_the_shared_stages_and_ends_as_the_uninterrupted_run(
+    world, cache, uninterrupted, tmp_path):
+  """`--fork_from`: a run killed inside its last stage lends its two finished stages to a new
+  workdir of the same config, which runs only the last stage and ends with the uninterrupted
+  run's matrix and weights; rerunning the forked command resumes; a source whose other
+  sections differ is refused in one line."""
+  a, _ = uninterrupted
+  res_a = json.loads((a / 'results.json').read_text())
+  src = tmp_path / 'src'
+  env = dict(_env(cache), CASCADE_TEST_KILL_AT='next_rl:2')
+  p = subprocess.run(_cmd(world, src), env=env, cwd=REPO, capture_output=True, text=True,
+                     timeout=600)
+  assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr[-3000:])
+  fork = tmp_path / 'fork'
+  out = _run(world, fork, cache, f'--fork_from={src}')
+  assert f'forked from {src}: sft, copy_rl' in out.stdout, out.stdout[-3000:]
+  assert 'stage 2 next_rl (grpo): 6 steps' in out.stdout
+  assert 'stage 0 sft' not in out.stdout and 'stage 1 copy_rl' not in out.stdout
+  assert _matrix(json.loads((fork / 'results.json').read_text())) == _matrix(res_a)
+  assert _final_weights(fork) == _final_weights(a)
+  progress = json.loads((fork / 'progress.json').read_text())
+  assert progress['done']['copy_rl']['forked_from'] == str(src)
+  assert progress['done']['copy_rl']['hf'].startswith(str(fork))
+  again = _run(world, fork, cache, f'--fork_from={src}')
+  assert 'resuming its own progress' in again.stdout
+  bad = _run(world, tmp_path / 'bad', cache, f'--fork_from={src}',
+             '--config.eval.num_prompts=4', check=False)
+  assert bad.returncode == 2 and 'its config differs in eval' in bad.stderr, bad.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_reward_model_blended_grpo_mopd_and_eval_stages(world, cache, uninterrupted, tmp_path):
   a, _ = uninterrupted
   res_a = json.loads((a / 'results.json').read_text())

@@ -1,5 +1,6 @@
 """Orbax stage checkpoints: save/restore, fallback past a damaged step, the config guard, progress."""
 
+import json
 import os
 
 import jax
@@ -133,3 +134,74 @@ def test_progress_rows_by_name_and_writes_on_process_0_only(tmp_path, monkeypatc
   checkpoint.atomic_write_text(str(tmp_path / 'b.txt'), 'x')
   checkpoint.atomic_write_json(str(tmp_path / 'b.json'), {'x': 1})
   assert not (tmp_path / 'b.txt').exists() and not (tmp_path / 'b.json').exists()
+
+
+def _fake_run(workdir, stages, done, config_extra=None):
+  """A workdir as a run leaves it: config.json, progress.json, stage files, metrics.jsonl."""
+  cfg = ml_collections.ConfigDict(dict(seed=0, model=dict(preset='tiny'), ckpt=dict(keep=1),
+                                       stages=stages, **(config_extra or {})))
+  checkpoint.guard_config(str(workdir), cfg)
+  p = checkpoint.Progress(str(workdir))
+  lines = []
+  for i, st in enumerate(stages):
+    if st['name'] not in done:
+      continue
+    d = workdir / 'stages' / f'{i:02d}_{st["name"]}'
+    (d / 'hf').mkdir(parents=True)
+    (d / 'hf' / 'model.safetensors').write_text(f'weights of {st["name"]}')
+    (d / 'ckpt').mkdir()
+    (d / 'ckpt' / 'state').write_text(f'state of {st["name"]}')
+    p.mark_done(st['name'], {'index': i, 'kind': 'x', 'hf': str(d / 'hf')})
+    p.add_row({'stage': st['name'], 'index': i, 'scores': {'a': float(i)},
+               'hf': str(d / 'hf')})
+    lines += [json.dumps({'stage': st['name'], 'step': 1, 'step_s': 1.0}),
+              json.dumps({'eval': st['name'], 'row': i, 'scores': {'a': float(i)}})]
+  (workdir / 'metrics.jsonl').write_text(''.join(l + '\n' for l in lines))
+  return cfg
+
+
+def test_fork_copies_the_shared_finished_head_and_nothing_else(tmp_path):
+  """The longest prefix of identical stages finished in the source is copied (files, progress
+  with exports retargeted, rows, metrics records); the first changed stage and all after it
+  are not, even when an identical one follows."""
+  stages = [dict(name='sft', steps=3), dict(name='rl', steps=2), dict(name='last', steps=1)]
+  src = tmp_path / 'src'
+  _fake_run(src, stages, done={'sft', 'rl', 'last'})
+  mine = ml_collections.ConfigDict(dict(seed=0, model=dict(preset='tiny'), ckpt=dict(keep=3),
+                                        stages=[stages[0], dict(name='rl', steps=5),
+                                                stages[2]]))
+  dst = tmp_path / 'dst'
+  checkpoint.guard_config(str(dst), mine)
+  assert checkpoint.fork(str(src), str(dst), mine) == ['sft']
+  assert (dst / 'stages' / '00_sft' / 'hf' / 'model.safetensors').read_text() == 'weights of sft'
+  assert (dst / 'stages' / '00_sft' / 'ckpt' / 'state').read_text() == 'state of sft'
+  assert not (dst / 'stages' / '01_rl').exists() and not (dst / 'stages' / '02_last').exists()
+  p = checkpoint.Progress(str(dst))
+  assert list(p.done) == ['sft'] and p.done['sft']['forked_from'] == str(src)
+  assert p.done['sft']['hf'] == str(dst / 'stages' / '00_sft' / 'hf')
+  assert [r['stage'] for r in p.rows] == ['sft'] and p.rows[0]['hf'] == p.done['sft']['hf']
+  recs = [json.loads(l) for l in (dst / 'metrics.jsonl').read_text().splitlines()]
+  assert {r.get('stage') or r.get('eval') for r in recs} == {'sft'} and len(recs) == 2
+  # A rerun of the forked command resumes its own progress: nothing is copied again.
+  (dst / 'stages' / '00_sft' / 'hf' / 'model.safetensors').write_text('mine now')
+  assert checkpoint.fork(str(src), str(dst), mine) is None
+  assert (dst / 'stages' / '00_sft' / 'hf' / 'model.safetensors').read_text() == 'mine now'
+
+
+def test_fork_copies_only_finished_stages_and_refuses_other_sections(tmp_path):
+  stages = [dict(name='sft', steps=3), dict(name='rl', steps=2)]
+  src = tmp_path / 'src'
+  _fake_run(src, stages, done={'sft'})                  # rl still running there
+  mine = ml_collections.ConfigDict(dict(seed=0, model=dict(preset='tiny'), ckpt=dict(keep=1),
+                                        stages=stages))
+  assert checkpoint.fork(str(src), str(tmp_path / 'a'), mine) == ['sft']
+  other = ml_collections.ConfigDict(dict(seed=1, model=dict(preset='small'),
+                                         ckpt=dict(keep=1), stages=stages))
+  with pytest.raises(checkpoint.WorkdirError, match='its config differs in model, seed;'):
+    checkpoint.fork(str(src), str(tmp_path / 'b'), other)
+  with pytest.raises(checkpoint.WorkdirError, match='no run there'):
+    checkpoint.fork(str(tmp_path / 'nothing'), str(tmp_path / 'c'), mine)
+  assert not (tmp_path / 'b' / 'stages').exists()
+  first_differs = ml_collections.ConfigDict(dict(mine.to_dict(), stages=[
+      dict(name='sft', steps=4), stages[1]]))
+  assert checkpoint.fork(str(src), str(tmp_path / 'd'), first_differs) == []
