@@ -18,7 +18,10 @@ built here first, by the configs' `prepare` step, so concurrent runs only
 read it). Keep `--parallel` at 1 on a 2-core machine: three runs at a time
 each went ~4x slower than one alone (XLA's thread pools oversubscribe the
 cores), and two single-threaded processes gave only ~1.1x the throughput of
-one; on a larger machine, one run per two cores.
+one; on a larger machine, one run per two cores. Side B's run forks from side
+A's of the same seed (`--fork`, on by default: the stages both configs begin
+with, SFT and the reward model, are copied, not rerun; with `--parallel` > 1
+it copies what A has finished when B starts).
 
 Prints, over the seeds (mean ± sample standard deviation):
   * per domain, the final row's held-out score of both sides, the SFT row, and
@@ -65,6 +68,9 @@ _CONFIG_ARG = flags.DEFINE_string('config_arg', '',
 _COMPARE = flags.DEFINE_list('compare', ['tiny', 'tiny_blended'],
                              'The two sides: config or config:argument (configs/<config>.py).')
 _PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at a time (one per two cores).')
+_FORK = flags.DEFINE_bool('fork', True, "Side B's run starts from side A's run of the same "
+                          'seed (`--fork_from`): the stages they share (SFT, the reward model) '
+                          'are copied, not rerun.')
 _PLOT = flags.DEFINE_string('plot', None, 'Where to draw the score-vs-wall-time plot '
                             '(default <workdir_root>/curve.png; empty: no plot).')
 
@@ -107,14 +113,20 @@ def prepare(config: str, seed: int, extra: str = '') -> str:
   return getattr(importlib.import_module(module), fn)(**c.prepare.kwargs)
 
 
-def run_one(side: str, seed: int) -> tuple[dict, list[dict], float]:
-  """Runs (or resumes) one side at one seed; returns (results.json, metrics.jsonl records,
-  wall seconds of this call)."""
+def workdir_of(side: str, seed: int) -> str:
+  return os.path.join(_WORKDIR_ROOT.value, f'{run_name(side)}_s{seed}')
+
+
+def run_one(side: str, seed: int, fork_from: str | None = None
+            ) -> tuple[dict, list[dict], float]:
+  """Runs (or resumes) one side at one seed, forked from `fork_from` when given; returns
+  (results.json, metrics.jsonl records, wall seconds of this call)."""
   config, extra = split_side(side)
   arg = config_arg(seed, extra)
-  workdir = os.path.join(_WORKDIR_ROOT.value, f'{run_name(side)}_s{seed}')
+  workdir = workdir_of(side, seed)
   cmd = [sys.executable, '-m', 'cascade.main', f'--config={REPO}/configs/{config}.py:{arg}',
-         f'--workdir={workdir}', '--verbosity=-1']
+         f'--workdir={workdir}', '--verbosity=-1'] + (
+             [f'--fork_from={fork_from}'] if fork_from else [])
   print(f'running {side} seed {seed} -> {workdir}', flush=True)
   t0 = time.time()
   p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -296,7 +308,8 @@ def main(argv: Sequence[str]) -> None:
   lines = {s: {} for s in sides}      # side -> seed -> timeline
   jobs = [(side, seed) for seed in seeds for side in sides]
   with futures.ThreadPoolExecutor(_PARALLEL.value) as pool:
-    done = list(pool.map(lambda job: run_one(*job), jobs))
+    done = list(pool.map(lambda job: run_one(*job, fork_from=(
+        workdir_of(sides[0], job[1]) if _FORK.value and job[0] == sides[1] else None)), jobs))
   domains = done[0][0]['domains']
   for (side, seed), (res, records, _) in zip(jobs, done):
     if res['domains'] != domains:
