@@ -302,7 +302,8 @@ def main(argv: Sequence[str]) -> None:
   sys.path.insert(0, REPO)
   for seed in seeds:
     for side in sides:      # sides of the same world: the second call reuses it
-      print(f'world of seed {seed}: {prepare(*split_side(side), seed)}', flush=True)
+      config, extra = split_side(side)
+      print(f'world of seed {seed}: {prepare(config, seed, extra)}', flush=True)
   final = {s: {} for s in sides}      # side -> domain -> [score per seed]
   sft = {}                            # domain -> [score per seed] (side A's SFT row)
   lines = {s: {} for s in sides}      # side -> seed -> timeline

@@ -43,8 +43,9 @@ def test_prepare_builds_each_configs_world_once(tmp_path, monkeypatch):
     flags.FLAGS.mark_as_parsed()
   with flagsaver.flagsaver(config_arg=f'smoke,root={tmp_path}'):
     dirs = {c: cascade_vs_blended.prepare(c, 5) for c in cascade_vs_blended.CONFIGS}
+    assert cascade_vs_blended.prepare('tiny', 5, 'drop=rlhf') == str(tmp_path / 'seed5')
   assert set(dirs.values()) == {str(tmp_path / 'seed5')}
-  assert len(writes) == 1                            # the second config reused the world
+  assert len(writes) == 1                            # the other configs reused the world
   assert (tmp_path / 'seed5' / 'sft_mixed.jsonl').stat().st_size > 0
 
 
