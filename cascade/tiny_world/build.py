@@ -13,6 +13,15 @@ thinking trace dropped from a fixed share of them, so SFT teaches both the
 `/think` and the `/no_think` mode (the world's records all carry a trace,
 and the SFT stage puts a record with a trace in thinking mode).
 
+`build(seed, root, world='hetero')` (`--world=hetero`; the configs'
+`world=hetero` argument) makes the heterogeneous world instead, in
+`<root>/hetero_seed<seed>`: the same chat, IF, code and SWE data, but math
+problems of three steps whose thinking-mode response (a worked chain checked
+backwards, arithmetic_long.py) is about 7x a chat answer, with 90 % of the
+math SFT records in thinking mode (WORLDS). It is the world on which
+benchmarks/cascade_vs_blended.py measures what length heterogeneity costs a
+blended RL stage.
+
 `root` may be `gs://...` (`cascade.paths`): the world is then built in a
 local temporary directory and uploaded, `stamp.json` last.
 

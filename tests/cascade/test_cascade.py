@@ -222,7 +222,7 @@ def test_cascade_killed_and_resumed_matches_uninterrupted(world, cache, uninterr
   assert 'Traceback' not in bad.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_a_forked_run_copies_the_shared_stages_and_ends_as_the_uninterrupted_run(
     world, cache, uninterrupted, tmp_path):
   """`--fork_from`: a run killed inside its last stage lends its two finished stages to a new
