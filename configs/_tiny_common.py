@@ -180,7 +180,9 @@ def sft_stage(a: dict[str, Any]) -> dict[str, Any]:
   return dict(name='sft', kind='sft', domains=list(DOMAINS), datasets=['sft'], steps=n,
               batch_size=24, max_len=256,
               optimizer=dict(lr=1e-3, warmup_steps=min(20, n - 1), schedule='cosine',
-                             min_lr_ratio=0.1))
+                             min_lr_ratio=0.1),
+              # eval_every=N draws curves through the RL stages; SFT is scored at its end only.
+              **(dict(eval_every=0) if a['eval_every'] else {}))
 
 
 def rm_stage(a: dict[str, Any]) -> dict[str, Any]:

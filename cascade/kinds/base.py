@@ -180,6 +180,9 @@ class TrainStageConfig(StageConfig):
   optimizer: Optimizer = field()
   microbatches: int = field(1, check=int_at_least(1))
   reset_optimizer: bool = field(True, check=BOOL)
+  # In-stage validation of this stage every N steps (None: config.eval.eval_every; 0: none),
+  # e.g. a score curve through the RL stages without scoring a long SFT every N steps.
+  eval_every: int | None = field(None, check=int_at_least(0))
 
   def resolve(self, refs: Refs, fail) -> 'TrainStageConfig':
     super().resolve(refs, fail)

@@ -120,8 +120,9 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
   if env.mesh is not None and jax.process_count() > 1:
     step_fn = _with_global_batch(step_fn, env.mesh, env.rules)
   every = env.plan.ckpt.every_n_steps
-  # In-stage validation (config.eval.eval_every) of a policy; the stage's end is its matrix row.
-  val_every = env.plan.eval.eval_every
+  # In-stage validation (the stage's eval_every, else config.eval.eval_every) of a policy; the
+  # stage's end is its matrix row.
+  val_every = env.plan.eval.eval_every if stage.eval_every is None else stage.eval_every
   if val_every and (stage.MODEL != 'policy' or not env.data.validation_sets):
     val_every = 0
   bar = metrics_lib.StageBar(stage, step)

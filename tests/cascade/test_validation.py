@@ -50,11 +50,15 @@ def test_validation_sets_are_cut_and_must_not_share_held_out_prompts(fakes, monk
     sd.load()
 
 
-@pytest.mark.parametrize('sets,want', [({'a': [1]}, [2, 4]),
-                                       pytest.param({}, [], marks=pytest.mark.heavy)])
+@pytest.mark.parametrize('sets,own,want', [
+    ({'a': [1]}, None, [2, 4]),
+    pytest.param({'a': [1]}, 3, [3], marks=pytest.mark.heavy),    # the stage's own cadence
+    pytest.param({'a': [1]}, 0, [], marks=pytest.mark.heavy),     # the stage opts out
+    pytest.param({}, None, [], marks=pytest.mark.heavy)])
 def test_stage_scores_validation_every_n_steps_on_its_live_policy(fakes, tmp_path, monkeypatch,
-                                                                   sets, want):
-  plan = fakes.toy_config([fakes.SFT_STAGE], every=100, validation=True)
+                                                                   sets, own, want):
+  sft = dict(fakes.SFT_STAGE, **({} if own is None else {'eval_every': own}))
+  plan = fakes.toy_config([sft], every=100, validation=True)
   plan = dataclasses.replace(plan, eval=dataclasses.replace(plan.eval, eval_every=2))
   stage = plan.stages[0]                                       # 6 steps
   logged, seen_by_maker, validated = {}, {}, []
@@ -93,6 +97,9 @@ def test_stage_scores_validation_every_n_steps_on_its_live_policy(fakes, tmp_pat
   assert [s for s in sorted(logged) if 'val/a' in logged[s]] == want
   if not want:
     assert not validated
+    return
+  if own == 3:
+    assert validated == [seen_by_maker[3]] and logged[3]['val/a'] == 10.0
     return
   assert logged[2]['val/a'] == 10.0 and logged[4]['val/a'] == 20.0 and logged[4]['val/b'] == 1.0
   assert validated == [seen_by_maker[2], seen_by_maker[4]]
