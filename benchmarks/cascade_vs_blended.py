@@ -33,7 +33,9 @@ Prints, over the seeds (mean ± sample standard deviation):
     the verifiers' share of step time (`kinds.loop.accounting`);
   * how soon A reaches B's final mean held-out score: the first of A's stage
     ends whose mean is at least B's final mean, as a fraction of B's wall time
-    (none: A never does);
+    (none: A never does), per seed and on the means over seeds (A's stage
+    ends, wall and score, averaged over seeds, against B's mean final score
+    and mean wall time);
   * at equal wall time (the shorter side's), each side's latest mean score by
     then: validation scores when the runs have them (`eval_every`), else the
     held-out stage ends;
@@ -246,6 +248,16 @@ def reach_fraction(a: dict, b_final: float, b_wall: float) -> float:
   return math.inf
 
 
+def seed_mean_ends(per_seed: Sequence[Sequence[tuple]]) -> list[tuple]:
+  """The stage ends of a side averaged over seeds: [(stage, mean wall, mean score)], or []
+  when the seeds' runs did not end the same stages."""
+  names = [tuple(n for n, _, _ in ends) for ends in per_seed]
+  if not per_seed or len(set(names)) != 1:
+    return []
+  return [(n, statistics.fmean(e[i][1] for e in per_seed),
+           statistics.fmean(e[i][2] for e in per_seed)) for i, n in enumerate(names[0])]
+
+
 def score_at(curve: Sequence[tuple], wall: float) -> float:
   """The latest score of a curve at or before `wall` (nan before its first point)."""
   got = [s for w, s in curve if w <= wall + 1e-9]
@@ -282,7 +294,9 @@ def plot(path: str, sides: Sequence[str], lines: dict) -> None:
         ax.plot([tl['stage_ends'][-1][1]], [tl['stage_ends'][-1][2]], '*', color=color, ms=11,
                 alpha=0.8)
   ax.set_xlabel('wall time after SFT (s; step times, evaluation excluded)')
-  ax.set_ylabel('mean score over domains (validation when logged; * = final held-out)')
+  ax.set_ylabel('mean score over domains')
+  ax.set_title('lines: validation scores when logged, else held-out stage ends; '
+               '★: final held-out', fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
@@ -351,6 +365,15 @@ def main(argv: Sequence[str]) -> None:
         f'seed: {", ".join(f"{r:.2f}" for r in reach)}'
         + (f' (mean {statistics.fmean(reach):.2f})' if len(finite) == len(reach) else
            f' ({len(reach) - len(finite)} seed(s) never)'))
+  mean_ends = seed_mean_ends([lines[a][x]['stage_ends'] for x in seeds])
+  b_final = statistics.fmean(mean_of(b))
+  reach_of_means = (reach_fraction({'stage_ends': mean_ends}, b_final,
+                                   statistics.fmean(walls[b])) if mean_ends else math.nan)
+  if mean_ends:
+    print(f'on the means over seeds: A\'s stage ends (wall s, mean score) '
+          + ', '.join(f'{n} ({w:.0f}, {v:.1f})' for n, w, v in mean_ends)
+          + f'; B ends at ({statistics.fmean(walls[b]):.0f}, {b_final:.1f}): A reaches it at '
+          f'{reach_of_means:.2f} of B\'s wall time')
   equal = {}
   for x in seeds:
     w = min(lines[a][x]['wall_s'], lines[b][x]['wall_s'])
@@ -387,7 +410,8 @@ def main(argv: Sequence[str]) -> None:
       None if isinstance(o, float) and not math.isfinite(o) else o)
   print(json.dumps(finite_or_none({'seeds': seeds, 'sides': sides, 'sft': sft, 'final': final,
                     'differences': diffs, 'wall_s': walls, 'accounting': acct,
-                    'reach_fraction': reach, 'equal_wall': equal, 'interference': inter,
+                    'reach_fraction': reach, 'reach_fraction_of_means': reach_of_means,
+                    'equal_wall': equal, 'interference': inter,
                     'stage_checks': checks, 'run_s': {s: [d[2] for (side, _), d in
                                                           zip(jobs, done) if side == s]
                                                       for s in sides}})))

@@ -123,3 +123,10 @@ def test_plot_draws_both_sides(tmp_path):
   path = tmp_path / 'sub' / 'curve.png'
   cascade_vs_blended.plot(str(path), ['A', 'B'], {'A': {0: tl}, 'B': {0: dict(tl, curve=[])}})
   assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_seed_mean_stage_ends_average_wall_and_score_per_stage():
+  ends = [[('x', 2.0, 40.0), ('y', 6.0, 60.0)], [('x', 4.0, 50.0), ('y', 8.0, 64.0)]]
+  assert cascade_vs_blended.seed_mean_ends(ends) == [('x', 3.0, 45.0), ('y', 7.0, 62.0)]
+  assert cascade_vs_blended.seed_mean_ends([ends[0], ends[1][:1]]) == []
+  assert cascade_vs_blended.seed_mean_ends([]) == []
