@@ -207,14 +207,13 @@ def timeline(res: dict, records: Sequence[dict]) -> dict:
       steps[key] = r
     elif 'eval' in r:
       order.append(('eval', r))
-  wall, ends, val_curve, seen = 0.0, [], [], set()
+  wall, ends, val_curve = 0.0, [], []
   mean = lambda scores: statistics.fmean(scores.values())
   for what, item in order:
     if what == 'step':
-      r = steps[item]
-      if item in seen or r['stage'] == first:
+      r = steps[item]            # `order` holds each (stage, step) once
+      if r['stage'] == first:
         continue
-      seen.add(item)
       wall += float(r.get('step_s', 0.0))
       vals = {k[4:]: v for k, v in r.items() if k.startswith('val/')}
       if vals:
