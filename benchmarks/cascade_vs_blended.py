@@ -2,7 +2,7 @@
 
   .venv/bin/python -m benchmarks.cascade_vs_blended                       # seeds 0,1,2
   .venv/bin/python -m benchmarks.cascade_vs_blended --config_arg=world=hetero,eval_every=10
-  .venv/bin/python -m benchmarks.cascade_vs_blended --compare=tiny,tiny:drop=rm+rlhf
+  .venv/bin/python -m benchmarks.cascade_vs_blended --compare=tiny,tiny:drop=rlhf
   .venv/bin/python -m benchmarks.cascade_vs_blended --seeds=0,1 --workdir_root=/tmp/cvb
 
 `--compare=A,B` names the two sides, each `config` or `config:argument` of a
@@ -94,7 +94,7 @@ def config_arg(seed: int, extra: str = '') -> str:
 
 
 def run_name(side: str) -> str:
-  """The workdir name of a side: 'tiny:drop=rm+rlhf' -> 'tiny_drop-rm-rlhf'."""
+  """The workdir name of a side: 'tiny:drop=rlhf' -> 'tiny_drop-rlhf'."""
   config, arg = split_side(side)
   return config + (('_' + re.sub(r'[^A-Za-z0-9]+', '-', arg).strip('-')) if arg else '')
 

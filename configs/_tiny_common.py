@@ -15,8 +15,9 @@ model seed, default 0), `world=hetero` (the heterogeneous world of
 build.py's WORLDS: long math chains in thinking mode), `eval_every=N` (give
 every domain a validation set and score it every N steps inside each stage
 that trains the policy, as well as at every stage end: a score-vs-time
-curve), `drop=rm+rlhf` (leave those stages out: an ablation; a stage that
-starts from a dropped one fails validation), `order=cascade2` (configs/tiny.py
+curve), `drop=rlhf` or `drop=rlhf+if_rl` (leave those stages out: an
+ablation; a stage that starts from a dropped one, or a reward that names it,
+fails validation: the reward model scores chat, so `rm` stays), `order=cascade2` (configs/tiny.py
 only: IF-RL before the reward model and RLHF, Cascade 2's order), `root=DIR`
 (the world cache, default `<repo>/runs/tiny_world`).
 """
@@ -226,7 +227,7 @@ def rl_stage(a: dict[str, Any], name: str, domains: list[str], n: int, lr: float
 
 
 def keep_stages(a: dict[str, Any], stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-  """`stages` without the ones the config argument drops (`drop=rm+rlhf`); an ablation.
+  """`stages` without the ones the config argument drops (`drop=rlhf`); an ablation.
 
   Raises:
     ValueError: `drop` names a stage the config does not have.

@@ -111,8 +111,8 @@ def test_interference_and_side_names():
   res = _res([[10, 20, 30], [25, 16, 31], [24, 40, 26]])
   assert cascade_vs_blended.interference(res) == {'a_rl -> b': -4, 'a_rl -> c': 1,
                                                   'b_rl -> a': -1, 'b_rl -> c': -5}
-  assert cascade_vs_blended.split_side('tiny:drop=rm+rlhf') == ('tiny', 'drop=rm+rlhf')
-  assert cascade_vs_blended.run_name('tiny:drop=rm+rlhf') == 'tiny_drop-rm-rlhf'
+  assert cascade_vs_blended.split_side('tiny:drop=rlhf') == ('tiny', 'drop=rlhf')
+  assert cascade_vs_blended.run_name('tiny:drop=rlhf+if_rl') == 'tiny_drop-rlhf-if-rl'
   assert cascade_vs_blended.run_name('tiny_blended') == 'tiny_blended'
   with pytest.raises(Exception, match='expected config or config:argument'):
     cascade_vs_blended.split_side('../x')

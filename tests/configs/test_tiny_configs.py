@@ -172,12 +172,16 @@ def test_ablation_arguments_drop_stages_and_reorder_them(root):
   """`drop=` leaves stages out (an unknown one is refused by name), `order=cascade2` puts IF-RL
   before the reward model and RLHF, and a config without that choice refuses it."""
   names = lambda arg, name='tiny': [s['name'] for s in _get(name, f'{arg},root={root}').stages]
-  assert names('drop=rm+rlhf') == ['sft', 'if_rl', 'math_rl', 'code_rl', 'swe_rl']
+  assert names('drop=rlhf') == ['sft', 'rm', 'if_rl', 'math_rl', 'code_rl', 'swe_rl']
   assert names('order=cascade2') == ['sft', 'if_rl', 'rm', 'rlhf', 'math_rl', 'code_rl',
                                      'swe_rl']
   assert names('drop=mopd', 'tiny_mopd') == ['sft', 'if_rl', 'multi_rl', 'rm', 'rlhf',
                                              'swe_rl']
   config_lib.validate(_get('tiny', f'order=cascade2,root={root}'))
+  config_lib.validate(_get('tiny', f'drop=rlhf,root={root}'))
+  # The reward model scores chat in every evaluation, so it cannot be dropped with RLHF.
+  with pytest.raises(ValueError, match="reward_model_stage='rm': names no reward_model stage"):
+    config_lib.validate(_get('tiny', f'drop=rm+rlhf,root={root}'))
   config_lib.validate(_get('tiny_mopd', f'drop=mopd,root={root}'))
   with pytest.raises(ValueError, match=r"drop=rlhf\+nope: no stage named 'nope'"):
     _get('tiny', f'drop=rlhf+nope,root={root}')
