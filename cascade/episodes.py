@@ -11,7 +11,10 @@ a turn without a tool call (the final answer, which the environment scores),
 
 Every turn of every live episode is sampled in ONE sampler call, whatever
 turn each episode is at: an episode's prompt for a turn is its whole stream
-so far. The stream is never re-tokenized: the tokens the policy sampled and
+so far. With the paged engine the calls share a KV session
+(`rl.engine.Session`): an episode's cache stays in its pages between turns,
+so a turn prefills only the tokens after it (the last sampled token and the
+observation), not the whole stream again; the samples are the same. The stream is never re-tokenized: the tokens the policy sampled and
 the observation tokens appended are kept as ids, so a training forward over
 the stream sees exactly what the sampler saw, and the sampler's log-prob of
 every policy token is what the trainer computes (on-policy across turns).
@@ -104,6 +107,8 @@ class Episodes(NamedTuple):
       tool_errors and (cut episodes) 'cut'.
     env_s: seconds spent in the environment (tools and scoring), the rest of
       the call's time being sampling and host work.
+    prefill: (prompt tokens prefilled, prompt tokens read from kept pages
+      instead) over the episodes' turns; (0, 0) without a KV session.
   """
   records: list
   modes: list
@@ -112,6 +117,7 @@ class Episodes(NamedTuple):
   rewards: np.ndarray
   infos: list
   env_s: float = 0.0
+  prefill: tuple[int, int] = (0, 0)
 
 
 def opening_text(env, record: dict, thinking: bool | None, render_tools: bool = True) -> str:
@@ -241,6 +247,9 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
   live = list(range(n))
   turn = 0
   env_s = 0.0
+  # The paged engine keeps each episode's pages between turns (keys: row indices).
+  session = (sampler.session(max(map(len, opening)) + max_tokens)
+             if getattr(sampler, 'engine', None) == 'paged' else None)
 
   def end(rows_ended, results):
     for i, (_, _, reward, info, turns, calls, errors) in zip(rows_ended, results):
@@ -254,7 +263,8 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
     # Each episode's turn stops at its own remaining budget (no tokens sampled past it).
     limits = [max(1, min(new, budget[i])) for i in live]
     out = sampler.generate(params, [opening[i] + ctx[i] for i in live],
-                           jax.random.fold_in(rng, turn), turn_sp, row_limits=limits)
+                           jax.random.fold_in(rng, turn), turn_sp, row_limits=limits,
+                           **(dict(session=session, keys=live) if session else {}))
     turn += 1
     acting, actions, over = [], [], {}
     for j, i in enumerate(live):
@@ -305,11 +315,15 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
       env_s += time.perf_counter() - t0
       cut[ended] = True
 
+  prefill = (0, 0)
+  if session is not None:
+    prefill = (session.prefilled_tokens, session.reused_tokens)
+    session.close()
   return Episodes(records=rows, modes=row_modes,
                   completions=[_decode(tokenizer, c) for c in ctx],
                   samples=_pack(opening, ctx, policy, lps, slps, cut, max_tokens,
                                 sampler.pad_id),
-                  rewards=rewards, infos=infos, env_s=env_s)
+                  rewards=rewards, infos=infos, env_s=env_s, prefill=prefill)
 
 
 def _pack(opening, ctx, policy, lps, slps, cut, width: int, pad_id: int) -> EpisodeSamples:
@@ -346,5 +360,7 @@ def metrics(eps: Episodes) -> dict[str, float]:
           'success': float(np.mean(eps.rewards >= 1.0)),
           'cut_frac': float(np.mean(eps.samples.truncated)),
           'policy_tokens': float(np.mean(toks)),
-          'episode_len': float(np.mean(eps.samples.lengths))}
+          'episode_len': float(np.mean(eps.samples.lengths)),
+          # The share of the turns' prompt tokens read from kept pages, not prefilled.
+          'kv_reuse': float(eps.prefill[1] / max(1, sum(eps.prefill)))}
 

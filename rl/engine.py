@@ -42,6 +42,12 @@ static per (rows of a call, chunk steps) and per prefill bucket, so compiles
 are bounded by the buckets; how many pages attention reads is a loop bound
 (`models.attention.paged_attend`), not a shape.
 
+Across calls (an agentic episode's turns) a `Session` keeps each row's pages
+under a key: the next call's prompt with that key (the episode's stream so
+far) prefills only the tokens after what the kept pages hold, gathering
+those pages as the context of a chunked prefill (`_extend`), instead of
+prefilling the whole stream again.
+
 The host loop, its page accounting and the jitted device functions live here;
 `rl.sampler.Sampler(engine='paged')` drives it behind the usual `generate`.
 """
@@ -103,6 +109,66 @@ class Rows(NamedTuple):
   logprobs: list        # np.float32, unmodified-policy log-probs
   sampling_logprobs: list
   stopped: np.ndarray   # [R] bool, ended on a stop token
+
+
+class _Entry(NamedTuple):
+  """A session's kept cache of one key: `pages` hold the keys/values of `tokens`, in order."""
+  pages: list
+  tokens: np.ndarray
+  shard: int
+
+
+class Session:
+  """KV pages kept between engine calls, per key (e.g. per agentic episode).
+
+  Given to successive `Engine.run` calls (`Sampler.generate(..., session=, keys=)`),
+  a session owns the page pool, and after each call keeps every row's cache
+  (its prompt and every sampled token but the last: what its pages hold)
+  under the row's key. A later prompt with that key prefills only the tokens
+  after the longest common prefix of the kept tokens and the prompt: an
+  episode's next turn (its stream so far, then the observation) costs the
+  turn's new tokens, not the whole stream again. Sampling is unchanged:
+  tokens equal a call without the session, log-probs to float32 rounding.
+
+  A call frees the entries of keys it does not name (episodes that ended)
+  before it starts; when the pool runs short, rows still waiting give up
+  their kept pages first (those rows then prefill in full). One row per
+  prompt (G = 1), no stream. `close()` frees everything; a call that raises
+  closes the session (the next call starts from an empty pool).
+
+  Attributes:
+    row_tokens: the bound of every row's cache tokens across the session's
+      calls (sizes the page table and the pool, so every call shares them).
+    reused_tokens: prompt tokens taken from kept pages, not prefilled (cumulative).
+    prefilled_tokens: prompt tokens prefilled (cumulative).
+    evicted: kept caches given up for lack of pages (cumulative).
+  """
+
+  def __init__(self, row_tokens: int):
+    if not isinstance(row_tokens, (int, np.integer)) or row_tokens < 1:
+      raise ValueError(f'session row_tokens={row_tokens!r} must be an int >= 1')
+    self.row_tokens = int(row_tokens)
+    self.reused_tokens = self.prefilled_tokens = self.evicted = 0
+    self.close()
+
+  def close(self) -> None:
+    """Frees the pool and every kept entry."""
+    self.pool = None                      # (k, v) between calls
+    self.shards = 0
+    self.free: list[list[int]] = []       # per batch shard, as in Engine.run
+    self.entries: dict = {}
+
+  @property
+  def pages_held(self) -> int:
+    """Pages the kept entries hold."""
+    return sum(len(e.pages) for e in self.entries.values())
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+  """Length of the longest common prefix of two int arrays."""
+  m = min(a.size, b.size)
+  differ = np.flatnonzero(a[:m] != b[:m])
+  return int(differ[0]) if differ.size else m
 
 
 class Stream(Protocol):
@@ -169,6 +235,54 @@ def _prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, c
   src = jnp.minimum(copy_src, k_pool.shape[2] - 1)
   k_pool = k_pool.at[:, :, copy_dst].set(k_pool[:, :, src], mode='drop')
   v_pool = v_pool.at[:, :, copy_dst].set(v_pool[:, :, src], mode='drop')
+  return (sharding.constrain(k_pool, transformer.PAGE_AXES),
+          sharding.constrain(v_pool, transformer.PAGE_AXES))
+
+
+def _extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_table, *,
+            context_pages: int):
+  """Continues rows whose first `starts[a]` tokens are in their pages (a chunked prefill).
+
+  Each row's first `context_pages` pages are gathered into a dense cache, the
+  new tokens attend to its first `starts[a]` tokens and to each other
+  (causally), and their keys/values are written to the pages at positions
+  starts[a], starts[a] + 1, ...
+
+  Args:
+    tokens: [A, T] int32 new tokens, padding after them.
+    segment_ids: [A, T] int32, 1 = a real token.
+    starts: [A] int32 tokens already in each row's pages (<= context_pages * page_size).
+    page_table: [A, M] int32 each row's pages (covering starts + its new tokens).
+    context_pages: pages gathered as context (static).
+
+  Returns:
+    (k_pool, v_pool).
+  """
+  model = nnx.merge(graphdef, params)
+  cfg = model.cfg
+  a, t = tokens.shape
+  num_pages, ps = k_pool.shape[2], k_pool.shape[3]
+  c = context_pages * ps
+  ctx = jnp.minimum(page_table[:, :context_pages], num_pages - 1)   # past a row's pages: masked
+
+  def gathered(pool):   # [L, K, A, W, ps, H] -> [L, A, K, W * ps + T, H]
+    x = pool[:, :, ctx].reshape(cfg.num_layers, cfg.num_kv_heads, a, c, cfg.head_dim)
+    x = jnp.pad(x.transpose(0, 2, 1, 3, 4), ((0, 0), (0, 0), (0, 0), (0, t), (0, 0)))
+    return sharding.constrain(x, transformer.CACHE_AXES)
+
+  seg = jnp.concatenate([(jnp.arange(c)[None] < starts[:, None]).astype(jnp.int32),
+                         jnp.zeros((a, t), jnp.int32)], axis=1)
+  cache = transformer.Cache(k=gathered(k_pool), v=gathered(v_pool), segment_ids=seg,
+                            index=jnp.asarray(c, jnp.int32))
+  positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+  _, cache = model.hidden(tokens, positions, segment_ids, cache=cache)
+  col = jnp.minimum(positions // ps, page_table.shape[1] - 1)
+  page = jnp.where(segment_ids > 0, jnp.take_along_axis(page_table, col, axis=1), num_pages)
+  off = positions % ps
+  # [L, A, K, T, H] -> [L, K, A, T, H], the indexed region of pool[:, :, page, off].
+  new = lambda x: x[:, :, :, c:].transpose(0, 2, 1, 3, 4)
+  k_pool = k_pool.at[:, :, page, off].set(new(cache.k), mode='drop')
+  v_pool = v_pool.at[:, :, page, off].set(new(cache.v), mode='drop')
   return (sharding.constrain(k_pool, transformer.PAGE_AXES),
           sharding.constrain(v_pool, transformer.PAGE_AXES))
 
@@ -250,10 +364,11 @@ def _rows(out_tok, out_lp, out_slp, stopped, rows) -> Rows:
 
 class _Prompt:
   """A prompt's prefilled pages, shared by its rows."""
-  __slots__ = ('pages', 'waiting', 'live', 'prefilled', 'ended', 'shard')
+  __slots__ = ('pages', 'waiting', 'live', 'prefilled', 'ended', 'shard', 'reused')
 
   def __init__(self, waiting: int):
     self.pages: list[int] = []
+    self.reused = 0           # leading tokens its pages hold from a session (not prefilled)
     self.shard = -1           # the batch shard holding its pages (its rows run there)
     self.waiting = waiting    # rows of this prompt not yet finished
     self.live = 0             # rows of this prompt in a slot
@@ -298,6 +413,8 @@ class Engine:
     self._prefill = jax.jit(counted(_prefill), static_argnums=0, donate_argnums=(2, 3))
     self._decode = jax.jit(counted(_decode), static_argnums=0, static_argnames=_DECODE_STATIC,
                            donate_argnums=(2,))
+    self._extend = jax.jit(counted(_extend), static_argnums=0,
+                           static_argnames=('context_pages',), donate_argnums=(2, 3))
 
   def table_pages(self, row_tokens: int) -> int:
     """Page-table columns for rows of `row_tokens` tokens: a multiple of the attention's pages
@@ -406,7 +523,8 @@ class Engine:
 
   def run(self, params, prompts: Sequence[np.ndarray], num_samples: int, limits: np.ndarray,
           rng, scalars, *, greedy: bool, filtered: bool, row_tokens: int | None = None,
-          stream: Stream | None = None) -> Rows:
+          stream: Stream | None = None, session: Session | None = None,
+          keys: Sequence | None = None) -> Rows:
     """Generates every row (prompt i, sample g) = row i * G + g.
 
     With a `stream`, prompts also come from `stream.more()` whenever no row
@@ -428,13 +546,42 @@ class Engine:
         of one bucket share their programs; None = this call's longest row.
         Required with a stream (it bounds every row the stream may add).
       stream: optional, see `Stream`.
+      session: optional, see `Session` (G must be 1; no stream; its row_tokens
+        replaces `row_tokens`).
+      keys: with a session, one hashable key per prompt (distinct).
 
     Returns:
       Rows (with a stream: of every prompt fed; a row cancelled while it ran is empty).
 
     Raises:
-      ValueError: a streamed prompt's row would not fit `row_tokens`.
+      ValueError: a streamed prompt's row would not fit `row_tokens`, or a
+        session's call is malformed (a row longer than its row_tokens, keys
+        missing or repeated, G > 1, a stream, another mesh).
     """
+    if session is None:
+      return self._run(params, prompts, num_samples, limits, rng, scalars, greedy=greedy,
+                       filtered=filtered, row_tokens=row_tokens, stream=stream)
+    keys = list(keys) if keys is not None else []
+    if num_samples != 1 or stream is not None:
+      raise ValueError('engine: a session runs one row per prompt (num_samples=1), no stream')
+    if len(keys) != len(prompts) or len(set(keys)) != len(keys):
+      raise ValueError(f'engine: a session call needs one distinct key per prompt (got '
+                       f'{len(keys)} keys, {len(set(keys))} distinct, for {len(prompts)} '
+                       'prompts)')
+    if session.pool is not None and session.shards != self.shards:
+      raise ValueError(f'engine: the session\'s pool is split over {session.shards} batch '
+                       f'shards, this engine\'s over {self.shards}')
+    try:
+      return self._run(params, prompts, num_samples, limits, rng, scalars, greedy=greedy,
+                       filtered=filtered, row_tokens=session.row_tokens, session=session,
+                       keys=keys)
+    except BaseException:
+      session.close()       # its pool was donated to the calls; nothing kept is trusted
+      raise
+
+  def _run(self, params, prompts, num_samples, limits, rng, scalars, *, greedy, filtered,
+           row_tokens, stream=None, session=None, keys=()) -> Rows:
+    """`run` (a session's call already checked)."""
     opt, ps, s = self.opt, self.opt.page_size, self.opt.slots
     prompts = list(prompts)
     n_rows = len(prompts) * num_samples
@@ -442,6 +589,9 @@ class Engine:
     limits = [int(x) for x in np.asarray(limits).reshape(-1)]
     if stream is None:
       longest = int(max(plen) - 1 + max(limits))
+      if session is not None and longest > session.row_tokens:
+        raise ValueError(f'engine: a row of {longest} cache tokens does not fit the session\'s '
+                         f'row_tokens={session.row_tokens}')
     elif row_tokens is None:
       raise ValueError('engine: a streaming run needs row_tokens (the bound of every row)')
     else:
@@ -449,19 +599,27 @@ class Engine:
                                           zip(np.repeat(plen, num_samples), limits)])
     max_tokens = longest if row_tokens is None else max(longest, int(row_tokens))
     full_view = self.table_pages(max_tokens)
-    num_pages = self.pool_pages(longest, max_tokens)
-    drop = num_pages                                    # a page index the scatters drop
     # The pool and the slots are split evenly over the batch shards; a slot's pages (and the
     # shared pages of its prompt) come from its own shard's part. Each part's free pages are
-    # a stack, low pages first.
+    # a stack, low pages first. A session keeps its pool (and its free lists) across calls.
     shards = self.shards
-    per_shard, shard_slots = num_pages // shards, s // shards
-    free = [list(range((sh + 1) * per_shard - 1, sh * per_shard - 1, -1))
-            for sh in range(shards)]
+    shard_slots = s // shards
     slot_shard = np.arange(s) // shard_slots
-    with sharding.use_mesh(self.mesh, self.rules):
-      k_pool, v_pool = jax.jit(
-          lambda: transformer.init_pages(self.cfg, num_pages, ps))()
+    if session is not None and session.pool is not None:
+      (k_pool, v_pool), free = session.pool, session.free
+      num_pages = k_pool.shape[2]
+      session.pool = None                               # donated to this call's programs
+    else:
+      num_pages = self.pool_pages(max_tokens if session else longest, max_tokens)
+      per_shard = num_pages // shards
+      free = [list(range((sh + 1) * per_shard - 1, sh * per_shard - 1, -1))
+              for sh in range(shards)]
+      with sharding.use_mesh(self.mesh, self.rules):
+        k_pool, v_pool = jax.jit(
+            lambda: transformer.init_pages(self.cfg, num_pages, ps))()
+      if session is not None:
+        session.free, session.shards = free, shards
+    drop = num_pages                                    # a page index the scatters drop
     table = np.zeros((s, full_view), np.int32)
     own: list[list[int]] = [[] for _ in range(s)]       # each slot's private pages
     slot_row = np.full(s, -1, np.int64)
@@ -483,6 +641,22 @@ class Engine:
     rows_dev = np.zeros(s, np.int32)
     lim_dev = np.ones(s, np.int32)
     temperature, top_p, top_k = scalars
+    if session is not None:
+      # Entries of keys this call does not name are freed; the others lend their pages to
+      # their prompt (up to where the kept tokens and the prompt part).
+      named = {key: i for i, key in enumerate(keys)}
+      for key in [key for key in session.entries if key not in named]:
+        e = session.entries.pop(key)
+        free[e.shard].extend(reversed(e.pages))
+      for key, e in list(session.entries.items()):
+        del session.entries[key]
+        pi = named[key]
+        reuse = _common_prefix(e.tokens, prompts[pi][:-1])
+        keep = -(-reuse // ps)
+        free[e.shard].extend(reversed(e.pages[keep:]))
+        if reuse:
+          pr = prompts_state[pi]
+          pr.pages, pr.shard, pr.reused = list(e.pages[:keep]), e.shard, reuse
 
     def pages_for(tokens):
       return -(-int(tokens) // ps)
@@ -512,16 +686,30 @@ class Engine:
 
     def drop_prompt(pr):
       free[pr.shard].extend(reversed(pr.pages))
-      pr.pages, pr.prefilled, pr.shard = [], False, -1
+      pr.pages, pr.prefilled, pr.shard, pr.reused = [], False, -1, 0
 
-    def release(slot):
+    def keep(slot):
+      """A session's row ended: its pages (prompt and own) become the entry of its key."""
       r = slot_row[slot]
+      pi = r // num_samples
+      pr = prompts_state[pi]
+      pages = pr.pages[:shared_count(r)] + own[slot]
+      held = pages_for(host_len[slot])
+      free[slot_shard[slot]].extend(reversed(pages[held:] + pr.pages[shared_count(r):]))
+      tokens = np.concatenate([prompts[pi]] + out_tok[r]).astype(np.int64)[:host_len[slot]]
+      session.entries[keys[pi]] = _Entry(pages[:held], tokens, int(slot_shard[slot]))
+      own[slot], pr.pages, pr.prefilled, pr.shard, pr.reused = [], [], False, -1, 0
+
+    def release(slot, ended=False):
+      r = slot_row[slot]
+      pr = prompts_state[r // num_samples]
+      if ended and session is not None:
+        keep(slot)
       free[slot_shard[slot]].extend(reversed(own[slot]))
       own[slot] = []
-      pr = prompts_state[r // num_samples]
       pr.waiting -= 1
       pr.live -= 1
-      if pr.waiting == 0:
+      if pr.waiting == 0 and pr.pages:
         drop_prompt(pr)
       slot_row[slot] = -1
       host_live[slot] = False
@@ -579,13 +767,21 @@ class Engine:
       self.preemptions += 1
 
     def reclaim(shard, pages, keep=-1):
-      """Frees prefilled prompts of `shard` no slot uses (their rows wait) until `pages` of its
-      pages are free."""
+      """Frees prefilled prompts of `shard` no slot uses (their rows wait), then a session's
+      entries kept in this call (oldest first), until `pages` of its pages are free."""
       for pi, pr in enumerate(prompts_state):
         if len(free[shard]) >= pages:
           break
-        if pr.prefilled and pr.live == 0 and pi != keep and pr.shard == shard:
-          drop_prompt(pr)
+        if pr.pages and pr.live == 0 and pi != keep and pr.shard == shard:
+          if pr.reused and session is not None:
+            session.evicted += 1
+          drop_prompt(pr)     # prefilled, or pages a session lent it
+      if session is not None:
+        for key in [key for key, e in session.entries.items() if e.shard == shard]:
+          if len(free[shard]) >= pages:
+            break
+          free[shard].extend(reversed(session.entries.pop(key).pages))
+          session.evicted += 1
       return len(free[shard]) >= pages
 
     while pending or host_live.any() or feeding:
@@ -609,7 +805,7 @@ class Engine:
       for x in np.flatnonzero(host_live):
         reserve[slot_shard[x]] += (need(x, opt.chunk_steps) - shared_count(slot_row[x])
                                    - len(own[x]))
-      to_prefill, copies, admitted = [], [], []
+      to_prefill, to_extend, copies, admitted = [], [], [], []
       while pending:
         r = pending[0]
         pi = r // num_samples
@@ -623,12 +819,16 @@ class Engine:
                      if not host_live[x]), None)
         if slot is None:
           break
-        prompt_pages = 0 if pr.shard >= 0 else pages_for(plen[pi] - 1)
+        prompt_pages = 0 if pr.prefilled else pages_for(plen[pi] - 1) - len(pr.pages)
         first = pages_for(min(plen[pi] - 1 + opt.chunk_steps, plen[pi] - 1 + limits[r]))
         if not reclaim(sh, prompt_pages + first - shared_count(r) + reserve[sh], keep=pi):
           break
         pending.popleft()
-        if prompt_pages:
+        if not pr.prefilled and pr.reused:
+          pr.pages += [free[sh].pop() for _ in range(prompt_pages)]
+          to_extend.append(pi)
+          pr.prefilled = True
+        elif prompt_pages:
           pr.pages = [free[sh].pop() for _ in range(prompt_pages)]
           pr.shard = sh
           to_prefill.append(pi)
@@ -648,7 +848,12 @@ class Engine:
         reserve[sh] += first - shared_count(r) - len(own[slot])
         rows_dev[slot], lim_dev[slot] = r, limits[r]
         admitted.append(slot)
+      if to_extend:
+        k_pool, v_pool = self._extend_calls(params, k_pool, v_pool, prompts, to_extend,
+                                            prompts_state, full_view, drop, session)
       if to_prefill or copies:
+        if session is not None:
+          session.prefilled_tokens += sum(plen[pi] - 1 for pi in to_prefill)
         k_pool, v_pool = self._prefill_calls(params, k_pool, v_pool, prompts, to_prefill,
                                              prompts_state, copies, drop)
         for pi in to_prefill:
@@ -669,6 +874,9 @@ class Engine:
                                'checks this)')
           preempt(victim)
       if not host_live.any():
+        if pending and not admitted:   # would spin: nothing runs, nothing can start
+          raise RuntimeError('engine: no waiting row fits the free pages while none runs (a bug: '
+                             'pool_pages and reclaim guarantee one)')
         continue
 
       # 3. Decode up to a chunk; return early when enough rows are done for waiting ones to
@@ -721,7 +929,7 @@ class Engine:
           pr.ended += 1
           if pr.ended == num_samples:
             ended_groups.append(r // num_samples)
-          release(slot)
+          release(slot, ended=True)
       if stream is not None:
         if ended_groups:
           ended_groups.sort()
@@ -732,7 +940,42 @@ class Engine:
           cancel()
           feeding = False
     self.pages_in_use = num_pages - sum(map(len, free))
+    if session is not None:
+      session.pool = (k_pool, v_pool)
+      self.pages_in_use -= session.pages_held
     return _rows(out_tok, out_lp, out_slp, stopped, range(len(out_tok)))
+
+  def _extend_calls(self, params, k_pool, v_pool, prompts, to_extend, prompts_state, view: int,
+                    drop: int, session: Session):
+    """Prefills the rest of `to_extend` (prompts whose leading `reused` tokens a session's pages
+    hold) in calls of `prefill_prompts`, each gathering the pages up to its longest start (a
+    power of two of pages) as context; shapes: (power-of-two new tokens, context pages)."""
+    ps, a = self.opt.page_size, self.opt.prefill_prompts
+    for i in range(0, len(to_extend), a):
+      batch = to_extend[i:i + a]
+      starts = [prompts_state[pi].reused for pi in batch]
+      new = [prompts[pi][st:-1] for pi, st in zip(batch, starts)]
+      session.reused_tokens += sum(starts)
+      session.prefilled_tokens += sum(q.size for q in new)
+      longest = max(q.size for q in new)
+      if not longest:
+        continue
+      t = buckets.pow2(longest)
+      width = min(buckets.pow2(-(-max(starts) // ps)), view)
+      tokens = np.full((a, t), self.pad_id, np.int32)
+      seg = np.zeros((a, t), np.int32)
+      start = np.zeros(a, np.int32)
+      table = np.full((a, view), drop, np.int32)
+      for j, (pi, q) in enumerate(zip(batch, new)):
+        tokens[j, :q.size], seg[j, :q.size], start[j] = q, 1, starts[j]
+        pages = prompts_state[pi].pages
+        table[j, :len(pages)] = pages
+      with sharding.use_mesh(self.mesh, self.rules):
+        k_pool, v_pool = self._extend(
+            self.graphdef, params, k_pool, v_pool, self._put(tokens, ('batch', None)),
+            self._put(seg, ('batch', None)), self._put(start, ('batch',)),
+            self._put(table, ('batch', None)), context_pages=width)
+    return k_pool, v_pool
 
   def _prefill_calls(self, params, k_pool, v_pool, prompts, to_prefill, prompts_state, copies,
                      drop):

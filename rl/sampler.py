@@ -657,7 +657,9 @@ class Sampler:
       return fn.lower(*args, **kw)
 
   def generate(self, params, prompts: Sequence[Sequence[int]], rng, sp: SamplingParams,
-               num_samples: int = 1, row_limits: Sequence[int] | None = None) -> SampleOutput:
+               num_samples: int = 1, row_limits: Sequence[int] | None = None,
+               session: engine_lib.Session | None = None,
+               keys: Sequence | None = None) -> SampleOutput:
     """Samples `num_samples` completions of every prompt.
 
     Args:
@@ -669,6 +671,11 @@ class Sampler:
       num_samples: G, completions per prompt.
       row_limits: optional, each row's own most new tokens (len(prompts) * G
         ints in [1, sp.max_new_tokens]); None = sp.max_new_tokens for all.
+      session: optional, from `self.session` (engine='paged', G = 1): each
+        row's cache is kept under its key after the call, and a later prompt
+        with that key prefills only what follows the kept tokens (an agentic
+        episode's turns); the samples are those of a call without it.
+      keys: with a session, one distinct hashable key per prompt.
 
     Returns:
       SampleOutput of numpy arrays with len(prompts) * G rows (prompt-major),
@@ -691,6 +698,13 @@ class Sampler:
     limits = _row_limits(row_limits, n, sp.max_new_tokens, 'row_limits')
     p_max = max(q.size for q in prompts)
     p, nb, c = self.call_shape(n, p_max, sp.max_new_tokens)
+    if session is not None:
+      if self.engine != 'paged':
+        raise ValueError(f"a KV session needs engine='paged' (this sampler's is "
+                         f'{self.engine!r})')
+      rows = self._run_engine(self._engine(c), params, prompts, num_samples, limits, rng, sp,
+                              session.row_tokens, session=session, keys=keys)
+      return self._assemble(rows, prompts, p_max, sp.max_new_tokens)
     if self.engine == 'paged':
       return self._generate_paged(params, prompts, rng, sp, num_samples, limits, c, p + nb)
     chunks = -(-n // c)
@@ -754,15 +768,23 @@ class Sampler:
     return self._assemble(rows, [prompts[r // num_samples] for r in range(len(rows.tokens))],
                           p_max, sp.max_new_tokens)
 
+  def session(self, max_row_tokens: int) -> engine_lib.Session:
+    """A KV session (see `generate`) for rows of at most `max_row_tokens` cache tokens (a
+    prompt and its new tokens), bucketed as prompts are."""
+    if self.engine != 'paged':
+      raise ValueError(f"a KV session needs engine='paged' (this sampler's is {self.engine!r})")
+    return engine_lib.Session(buckets.smallest_fit(self.prompt_buckets, max_row_tokens,
+                                                   'session row tokens'))
+
   def _run_engine(self, eng, params, prompts, num_samples, limits, rng, sp, row_tokens,
-                  stream=None):
+                  stream=None, session=None, keys=None):
     before = (eng.compile_count, eng.decode_slots, eng.generated_tokens)
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
                np.int32(sp.top_k))
     try:
       return eng.run(self.rollout_params(params), prompts, num_samples, limits, rng, scalars,
                      greedy=sp.greedy, filtered=sp.filtered, row_tokens=row_tokens,
-                     stream=stream)
+                     stream=stream, session=session, keys=keys)
     finally:
       self.compile_count += eng.compile_count - before[0]
       self.decode_slots += eng.decode_slots - before[1]

@@ -253,8 +253,8 @@ class EveryTurnTool(env_base.Environment):
     return [(0.0, {'reason': 'cut'}) for _ in eps]
 
 
-@pytest.mark.heavy
-def test_multi_turn_logprobs_equal_a_training_forward_over_the_episode():
+def _multi_turn(engine='one_call', **engine_kw):
+  """Episodes of a peaked tiny policy whose rows stop at different turns' ends (3 records x 2)."""
   cfg = config_lib.ModelConfig.tiny()
   graphdef, params = nnx.split(transformer.create(cfg, seed=0))
   params = jax.tree.map(lambda x: x * 4, params)    # peaked: rows stop at different turns' ends
@@ -269,9 +269,15 @@ def test_multi_turn_logprobs_equal_a_training_forward_over_the_episode():
   probe = sampler_lib.Sampler(graphdef, cfg, eos_ids=(), **kw).generate(
       params, openings, jax.random.fold_in(key, 0), sp)
   stops = (int(probe.tokens[0, 2]), int(probe.tokens[3, 6]))
-  samp = sampler_lib.Sampler(graphdef, cfg, eos_ids=stops, **kw)
+  samp = sampler_lib.Sampler(graphdef, cfg, eos_ids=stops, engine=engine, **kw, **engine_kw)
   eps = episodes.generate(samp, params, tok, env, recs, [None] * 3, key, sp, 2, max_turns=3,
                           max_tokens=120)
+  return eps, samp, graphdef, params
+
+
+@pytest.mark.heavy
+def test_multi_turn_logprobs_equal_a_training_forward_over_the_episode():
+  eps, _, graphdef, params = _multi_turn()
   s = eps.samples
   # Some episodes ran several turns (observations inside), some stopped early.
   assert (s.policy_mask.sum(1) < s.lengths).any()
@@ -283,6 +289,33 @@ def test_multi_turn_logprobs_equal_a_training_forward_over_the_episode():
   m = batch.loss_mask > 0
   assert m.sum() > 20
   np.testing.assert_allclose(batch.old_logprobs[m], ref[m], atol=1e-4, rtol=0)
+
+
+@pytest.mark.heavy
+def test_paged_episodes_keep_their_pages_between_turns_and_sample_the_same():
+  """With the paged engine an episode's cache stays in its pages between turns (a turn prefills
+  only its new tokens); the episodes equal the one-call sampler's, which re-prefills."""
+  ref, _, _, _ = _multi_turn()
+  eps, samp, _, _ = _multi_turn('paged', page_size=8, slots=4, chunk_steps=5, prefill_prompts=2)
+  for name in ('prompt_tokens', 'tokens', 'mask', 'policy_mask', 'lengths', 'truncated'):
+    np.testing.assert_array_equal(getattr(eps.samples, name), getattr(ref.samples, name),
+                                  err_msg=name)
+  np.testing.assert_allclose(eps.samples.logprobs, ref.samples.logprobs, atol=1e-4, rtol=0)
+  np.testing.assert_array_equal(eps.rewards, ref.rewards)
+  # Some episodes took an observation and a second turn, some ended on their first.
+  obs = eps.samples.lengths - eps.samples.policy_mask.sum(1)
+  assert (obs > 0).any() and (obs == 0).any()
+  # A turn's prompt is the stream so far; its last token is fed by the first decode step. So
+  # the first turn prefills the opening, and a later turn only what its stream added after the
+  # kept cache (the previous turn's last token, then the observation but its last token): the
+  # observation's length. The rest, every earlier token, is read from the kept pages.
+  prefilled, reused = eps.prefill
+  opening = eps.samples.prompt_mask.sum(1)
+  assert prefilled == (opening - 1).sum() + obs.sum()
+  assert reused >= (opening[obs > 0]).sum()
+  assert episodes.metrics(eps)['kv_reuse'] == pytest.approx(reused / (reused + prefilled))
+  assert episodes.metrics(ref)['kv_reuse'] == 0.0 and ref.prefill == (0, 0)
+  assert samp.pages_in_use == 0
 
 
 # ------------------------------------------------------------------ the 'agentic' kind

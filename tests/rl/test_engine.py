@@ -415,3 +415,133 @@ def test_stream_errors(policy):
   with pytest.raises(ValueError, match="needs engine='paged'"):
     sampler.Sampler(policy[0], CFG, eos_ids=EOS).stream(policy[1], 0, SP, G, _Feed([[0]]), 32, 6)
   assert eng.pages_in_use == 0
+
+
+# ------------------------------------------------------------------ sessions (KV kept between calls)
+
+_TURN_BUCKETS = dict(prompt_buckets=(16, 32, 64, 128), new_token_buckets=(16,))
+
+
+def _turns(policy, samp, session, turns=4, keys=8, seed=0):
+  """An agentic-like run: every key's prompt is its stream so far; after each call a stream
+  gets its sampled tokens (some one short: a turn cut by a budget) and an observation, and
+  some keys end. Returns each call's (keys, prompts, limits, SampleOutput)."""
+  rs = np.random.RandomState(seed)
+  sp = sampler.SamplingParams(max_new_tokens=12, temperature=0.9, top_p=0.95)
+  streams = {k: list(rs.randint(20, CFG.vocab_size, size=rs.randint(1, 20))) for k in range(keys)}
+  live, calls = list(streams), []
+  for turn in range(turns):
+    if not live:
+      break
+    prompts = [streams[k] for k in live]
+    limits = [int(x) for x in rs.randint(1, 13, size=len(live))]
+    kw = dict(session=session, keys=[f'episode{k}' for k in live]) if session else {}
+    out = samp.generate(policy[1], prompts, jax.random.fold_in(jax.random.key(seed), turn), sp,
+                        row_limits=limits, **kw)
+    calls.append((list(live), prompts, limits, out))
+    for j, k in enumerate(live):
+      n = int(out.lengths[j])
+      n -= int(n > 1 and (k + turn) % 3 == 0)
+      streams[k] = streams[k] + out.tokens[j, :n].tolist() + list(
+          rs.randint(20, CFG.vocab_size, size=rs.randint(1, 24)))
+    live = [k for k in live if len(streams[k]) < 100 and (k + turn) % 5 != 1]
+  return calls
+
+
+@pytest.mark.parametrize('pages', [
+    200,                                            # every key's cache stays
+    pytest.param(30, marks=pytest.mark.heavy),     # some kept caches are given up
+    pytest.param('least', marks=pytest.mark.heavy)],  # one row's pages: rows preempted too
+    ids=['roomy', 'tight', 'least'])
+def test_a_session_keeps_pages_between_calls_and_samples_the_same(policy, pages):
+  """Each call's rows equal the one-call sampler's; a roomy pool prefills only what each prompt
+  adds after its key's kept cache; smaller pools give kept pages up (rows then prefill in full)
+  or preempt rows, and nothing leaks."""
+  one_call = sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, **_TURN_BUCKETS)
+  if pages == 'least':
+    pages = -(-128 // 8) + 1
+  samp = sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, engine='paged', page_size=8,
+                         slots=4, chunk_steps=5, prefill_prompts=3, pages=pages,
+                         **_TURN_BUCKETS)
+  session = samp.session(100 + 12)
+  assert session.row_tokens == 128
+  calls = _turns(policy, samp, session)
+  want_prefill = 0
+  for turn, (live, prompts, limits, out) in enumerate(calls):
+    ref = one_call.generate(policy[1], prompts, jax.random.fold_in(jax.random.key(0), turn),
+                            sampler.SamplingParams(max_new_tokens=12, temperature=0.9,
+                                                   top_p=0.95), row_limits=limits)
+    _assert_same_rows(out, ref)
+    for j, k in enumerate(live):
+      before = next((c for c in calls[:turn][::-1] if k in c[0]), None)
+      if before is None:
+        want_prefill += len(prompts[j]) - 1
+      else:   # kept: the previous prompt and its sampled tokens but the last
+        i = before[0].index(k)
+        kept = before[1][i] + before[3].tokens[i, :before[3].lengths[i] - 1].tolist()
+        common = next((x for x, (a, b) in enumerate(zip(kept, prompts[j][:-1])) if a != b),
+                      min(len(kept), len(prompts[j]) - 1))
+        want_prefill += len(prompts[j]) - 1 - common
+  assert len(calls) == 4 and len(calls[-1][0]) < len(calls[0][0]), 'keys must end on the way'
+  total = sum(len(q) - 1 for c in calls for q in c[1])
+  assert session.prefilled_tokens + session.reused_tokens >= total
+  [eng] = samp._engines.values()
+  if pages == 200:
+    assert (session.prefilled_tokens, session.reused_tokens) == (want_prefill,
+                                                                 total - want_prefill)
+    assert eng.preemptions == 0 and session.evicted == 0
+  elif pages == 30:   # given-up caches are prefilled again
+    assert session.evicted > 0 and session.prefilled_tokens > want_prefill
+    assert session.reused_tokens > total // 3
+  else:
+    assert session.evicted > 0 and eng.preemptions > 0
+  assert samp.pages_in_use == 0, 'pages leaked'
+  # Only the last call's keys are kept, each holding the pages of its cache tokens.
+  assert set(session.entries) <= {f'episode{k}' for k in calls[-1][0]}
+  assert session.pages_held == sum(-(-e.tokens.size // 8) for e in session.entries.values())
+  session.close()
+  assert session.pages_held == 0 and session.pool is None
+
+
+@pytest.mark.heavy
+def test_session_compiles_are_bounded(policy):
+  """A session's calls share one page table and pool: decode compiles per packed row count,
+  the chunked prefills per (power-of-two new tokens, power-of-two context pages)."""
+  samp = sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, engine='paged', page_size=8,
+                         slots=4, chunk_steps=5, prefill_prompts=3, pages=200, **_TURN_BUCKETS)
+  assert len(_turns(policy, samp, samp.session(112), seed=1)) == 4
+  first = samp.compile_count
+  # decode: 1, 2, 4 rows; prefill: 16, 32 tokens or copies; extend: few (new, context) pairs.
+  assert first <= 3 + 3 + 8
+  _turns(policy, samp, samp.session(112), seed=1)
+  assert samp.compile_count == first, 'the same run recompiled'
+
+
+def test_session_errors(policy):
+  samp = sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, engine='paged', page_size=8,
+                         slots=4, **_TURN_BUCKETS)
+  session = samp.session(40)
+  sp = sampler.SamplingParams(max_new_tokens=12)
+  gen = lambda prompts, **kw: samp.generate(policy[1], prompts, 0, sp, **dict(
+      dict(session=session, keys=list(range(len(prompts)))), **kw))
+  with pytest.raises(ValueError, match="KV session needs engine='paged'"):
+    sampler.Sampler(policy[0], CFG, eos_ids=EOS, **_TURN_BUCKETS).session(40)
+  with pytest.raises(ValueError, match='one distinct key per prompt'):
+    gen([[5, 6], [7]], keys=['a', 'a'])
+  with pytest.raises(ValueError, match='one distinct key per prompt'):
+    gen([[5, 6], [7]], keys=None)
+  with pytest.raises(ValueError, match='one row per prompt'):
+    gen([[5, 6]], num_samples=2)
+  with pytest.raises(ValueError, match="does not fit the session's row_tokens=64"):
+    gen([list(range(20, 80))])
+  with pytest.raises(ValueError, match='session row tokens=200 exceeds'):
+    samp.session(200)
+  gen([[5, 6, 7], [8]])
+  assert session.pages_held > 0
+  # A call that fails inside the engine closes the session: nothing half-written is kept.
+  def broken(*a, **kw):
+    raise RuntimeError('device lost')
+  samp._engines[4]._decode = broken
+  with pytest.raises(RuntimeError, match='device lost'):
+    gen([[5, 6, 7, 9], [8]])
+  assert session.pool is None and not session.entries
