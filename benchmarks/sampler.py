@@ -24,6 +24,17 @@ with --compare_hf `generate` in batches of --batch rows:
 
   .venv/bin/python -m benchmarks.sampler --workload=longtail --mode=sample --compare_hf
 
+--workload=turns is an agentic workload: --prompts episodes, each a
+--prompt_len-token opening, then --turns turns of --new_tokens sampled
+tokens followed by an --obs_len-token observation; every turn's prompt is
+the episode's stream so far. Side by side: the paged engine with a KV session
+(each episode's cache kept between turns: a turn prefills only its new
+tokens), the same engine re-prefilling the whole stream every turn, and the
+one-call sampler (which re-prefills). All sides sample the same tokens:
+
+  .venv/bin/python -m benchmarks.sampler --workload=turns --prompt_len=256 --obs_len=128 \
+      --new_tokens=32 --turns=6 --mode=sample
+
 Printed: a table per measurement, how the time per token grows with the
 number of new tokens (--scaling), the physical floor of the generation (its
 FLOPs over a measured float32 matmul rate, its bytes over a measured memory
@@ -81,7 +92,9 @@ _HF_THREADS = flags.DEFINE_integer(
     'hf_threads', 2, 'torch threads for --compare_hf (2 = the spec; 1 is steadier when other '
     'processes load the CPU, since a 2-thread op waits for a descheduled thread).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Weights and prompts seed.')
-_WORKLOAD = flags.DEFINE_enum('workload', 'fixed', ['fixed', 'longtail'],
+_TURNS = flags.DEFINE_integer('turns', 6, 'Turns: assistant turns per episode.')
+_OBS_LEN = flags.DEFINE_integer('obs_len', 128, 'Turns: observation tokens after each turn.')
+_WORKLOAD = flags.DEFINE_enum('workload', 'fixed', ['fixed', 'longtail', 'turns'],
                               'fixed: every row --new_tokens; longtail: per-row lengths.')
 _PROMPTS = flags.DEFINE_integer('prompts', 16, 'Longtail: prompts.')
 _GROUP = flags.DEFINE_integer('group', 8, 'Longtail: samples per prompt (G).')
@@ -302,9 +315,98 @@ def longtail(cfg, model):
   print(json.dumps(result))
 
 
+def turns(cfg, model):
+  """The agentic turns workload (see the module docstring); prints a table and one JSON line."""
+  n, plen, new, obs, t = (_PROMPTS.value, _PROMPT_LEN.value, _NEW_TOKENS.value, _OBS_LEN.value,
+                          _TURNS.value)
+  rng = np.random.default_rng(_SEED.value)
+  openings = rng.integers(0, cfg.vocab_size, (n, plen)).tolist()
+  observations = rng.integers(0, cfg.vocab_size, (t, n, obs)).tolist()
+  graphdef, params = nnx.split(model)
+  sp = _sampling_params(new)
+  longest = plen + t * new + (t - 1) * obs
+  paged = lambda: sampler_lib.Sampler(graphdef, cfg, eos_ids=(), engine='paged', slots=n,
+                                      page_size=_PAGE_SIZE.value, chunk_steps=_CHUNK_STEPS.value)
+  sides = {'paged engine + KV session': (paged(), True),
+           'paged engine, re-prefill': (paged(), False),
+           'one-call sampler, re-prefill': (sampler_lib.Sampler(graphdef, cfg, eos_ids=()), False)}
+  calls = [0]
+
+  def run(s, keep):
+    """All turns of every episode; returns (each turn's tokens, tokens prefilled)."""
+    calls[0] += 1
+    streams = [list(q) for q in openings]
+    session = s.session(longest) if keep else None
+    out, prefilled = [], 0
+    for turn in range(t):
+      kw = dict(session=session, keys=list(range(n))) if keep else {}
+      got = s.generate(params, streams, jax.random.fold_in(jax.random.key(calls[0]), turn), sp,
+                       **kw)
+      assert got.mask.all(), 'a turn stopped early'
+      out.append(got.tokens)
+      prefilled += sum(len(q) - 1 for q in streams)
+      for i in range(n):
+        streams[i] += got.tokens[i].tolist() + (observations[turn][i] if turn < t - 1 else [])
+    if keep:
+      prefilled = session.prefilled_tokens
+      session.close()
+    return out, prefilled
+
+  first, prefilled = {}, {}
+  for name, (s, keep) in sides.items():
+    t0 = time.perf_counter()
+    calls[0] = 0
+    toks, prefilled[name] = run(s, keep)
+    first[name] = time.perf_counter() - t0
+    if name != 'paged engine + KV session':   # every side samples the same tokens
+      for a, b in zip(toks, ref):
+        np.testing.assert_array_equal(a, b)
+    else:
+      ref = toks
+  secs = {name: [] for name in sides}
+  for rep_i in range(_REPEATS.value):               # alternate, so load drift hits all alike
+    for name, (s, keep) in sides.items():
+      calls[0] = rep_i + 1
+      secs[name].append(_time(lambda: run(s, keep)))
+  med = {name: statistics.median(v) for name, v in secs.items()}
+  useful = n * t * new
+  base = med['paged engine, re-prefill']
+  print(f'\nturns workload: {n} episodes x {t} turns of {new} tokens, opening {plen}, '
+        f'observations {obs}; streams end at {longest} tokens; {useful} sampled tokens')
+  print(f'{"":<30} {"median s":>9} {"tokens/s":>9} {"prefilled":>10} {"vs re-prefill":>14}')
+  result = dict(workload='turns', episodes=n, turns=t, new_tokens=new, opening=plen,
+                obs_len=obs, sides={})
+  for name, m in med.items():
+    print(f'{name:<30} {m:>9.3f} {useful / m:>9.0f} {prefilled[name]:>10} {base / m:>13.2f}x')
+    result['sides'][name] = dict(median_s=m, tokens_per_s=useful / m,
+                                 prefilled_tokens=prefilled[name], first_call_s=first[name],
+                                 speedup_vs_reprefill=base / m,
+                                 compile_count=sides[name][0].compile_count)
+  result['session_vs_reprefill'] = base / med['paged engine + KV session']
+  result['session_vs_one_call'] = (med['one-call sampler, re-prefill']
+                                   / med['paged engine + KV session'])
+  flops_rate, bandwidth = floor.measure_machine(
+      [(n, cfg.embed_dim, cfg.mlp_dim), (n, cfg.mlp_dim, cfg.embed_dim),
+       (n, cfg.embed_dim, cfg.vocab_size)])
+  # The floor: each stream's non-sampled tokens prefilled once, its sampled tokens decoded
+  # once (a batch of the episodes), at the measured rates.
+  fl = floor.generation_floor(cfg, n, plen + (t - 1) * obs, t * new, flops_rate, bandwidth)
+  best = min(med.values())
+  print(f'machine: float32 matmul {flops_rate / 1e9:.1f} GFLOP/s, memory read '
+        f'{bandwidth / 1e9:.1f} GB/s; floor (each stream prefilled and decoded once) '
+        f'{fl["floor_s"]:.3f} s; best side {best / fl["floor_s"]:.1f}x the floor')
+  result.update(floor_s=fl['floor_s'], matmul_gflops=flops_rate / 1e9,
+                mem_gbps=bandwidth / 1e9)
+  print(json.dumps(result))
+
+
 def main(argv):
   del argv
   cfg = _model_config()
+  if _WORKLOAD.value == 'turns':
+    print(f'model: {cfg.num_layers} layers, embed {cfg.embed_dim}, {cfg.num_params() / 1e6:.2f}M '
+          f'params | jax {jax.__version__} on {jax.devices()[0].platform}')
+    return turns(cfg, transformer.create(cfg, seed=_SEED.value))
   if _WORKLOAD.value == 'longtail':
     print(f'model: {cfg.num_layers} layers, embed {cfg.embed_dim}, {cfg.num_params() / 1e6:.2f}M '
           f'params | jax {jax.__version__} on {jax.devices()[0].platform}')

@@ -27,3 +27,22 @@ def test_longtail_workload_reports_useful_tokens_for_every_side():
   assert result['engine_vs_one_call'] == max(
       sides[k]['speedup_vs_one_call'] for k in sides if k.startswith('paged'))
   assert 'long-tail workload' in out and result['floor_s'] > 0
+
+
+def test_turns_workload_prefills_only_new_tokens_with_a_session():
+  out = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.sampler', '--workload=turns', '--mode=sample',
+       '--prompt_len=20', '--obs_len=10', '--new_tokens=8', '--turns=3', '--prompts=2',
+       '--repeats=1', '--page_size=8', '--chunk_steps=8'],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
+  result = json.loads(out.strip().splitlines()[-1])
+  sides = result['sides']
+  # Re-prefilling: every turn's prompt but its last token, (20 - 1) + (38 - 1) + (56 - 1) per
+  # episode. With the session: the opening, then per later turn the last sampled token and the
+  # observation but its last token (the first decode step feeds that): 19 + 10 + 10.
+  assert sides['paged engine, re-prefill']['prefilled_tokens'] == 2 * (19 + 37 + 55)
+  assert sides['one-call sampler, re-prefill']['prefilled_tokens'] == 2 * (19 + 37 + 55)
+  assert sides['paged engine + KV session']['prefilled_tokens'] == 2 * (19 + 10 + 10)
+  assert result['session_vs_reprefill'] == sides['paged engine, re-prefill']['median_s'] / sides[
+      'paged engine + KV session']['median_s']
+  assert 'turns workload' in out and result['floor_s'] > 0
