@@ -545,3 +545,27 @@ def test_session_errors(policy):
   with pytest.raises(RuntimeError, match='device lost'):
     gen([[5, 6, 7, 9], [8]])
   assert session.pool is None and not session.entries
+
+
+@pytest.mark.heavy
+def test_sharded_session_equals_unsharded(make_policy, policy):
+  """A session's pool split over the 4 batch shards: each key's kept pages stay on its shard
+  and are reused there; rows equal the unsharded session's."""
+  mesh = sharding.make_mesh((2, 2, 2))
+  graphdef, params = make_policy(mesh)
+  kw = dict(eos_ids=EOS, pad_id=0, engine='paged', page_size=8, slots=8, chunk_steps=5,
+            prefill_prompts=4, pages=4 * 40, **_TURN_BUCKETS)
+  flat = sampler.Sampler(policy[0], CFG, **kw)
+  split = sampler.Sampler(graphdef, CFG, mesh=mesh, **kw)
+  s_flat, s_split = flat.session(112), split.session(112)
+  a = _turns(policy, flat, s_flat, seed=2)
+  b = _turns((graphdef, params), split, s_split, seed=2)
+  assert len(a) == len(b) == 4
+  for (_, _, _, x), (_, _, _, y) in zip(a, b):
+    _assert_same_rows(y, x)
+  assert s_split.reused_tokens == s_flat.reused_tokens > 0
+  assert s_split.prefilled_tokens == s_flat.prefilled_tokens
+  assert split.pages_in_use == 0 and s_split.shards == 4
+  per_shard = 40
+  for e in s_split.entries.values():
+    assert all(e.shard * per_shard <= p < (e.shard + 1) * per_shard for p in e.pages)
