@@ -12,13 +12,17 @@ pytestmark = pytest.mark.heavy
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def _run(*args):
+  """benchmarks.sampler's stdout and its last line's JSON."""
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.sampler', *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600, check=True).stdout
+  return out, json.loads(out.strip().splitlines()[-1])
+
+
 def test_longtail_workload_reports_useful_tokens_for_every_side():
-  out = subprocess.run(
-      [sys.executable, '-m', 'benchmarks.sampler', '--workload=longtail', '--mode=sample',
-       '--new_tokens=32', '--prompts=4', '--group=4', '--batch=8', '--repeats=1',
-       '--slots=1,2', '--page_size=8', '--chunk_steps=8'],
-      cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
-  result = json.loads(out.strip().splitlines()[-1])
+  out, result = _run('--workload=longtail', '--mode=sample', '--new_tokens=32', '--prompts=4',
+                     '--group=4', '--batch=8', '--repeats=1', '--slots=1,2', '--page_size=8',
+                     '--chunk_steps=8')
   sides = result['sides']
   assert set(sides) == {'one-call sampler', 'paged engine, 8 slots', 'paged engine, 16 slots'}
   # The benchmark asserts every side generated exactly the target lengths; the rates follow.
@@ -30,12 +34,9 @@ def test_longtail_workload_reports_useful_tokens_for_every_side():
 
 
 def test_turns_workload_prefills_only_new_tokens_with_a_session():
-  out = subprocess.run(
-      [sys.executable, '-m', 'benchmarks.sampler', '--workload=turns', '--mode=sample',
-       '--prompt_len=20', '--obs_len=10', '--new_tokens=8', '--turns=3', '--prompts=2',
-       '--repeats=1', '--page_size=8', '--chunk_steps=8'],
-      cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
-  result = json.loads(out.strip().splitlines()[-1])
+  out, result = _run('--workload=turns', '--mode=sample', '--prompt_len=20', '--obs_len=10',
+                     '--new_tokens=8', '--turns=3', '--prompts=2', '--repeats=1',
+                     '--page_size=8', '--chunk_steps=8')
   sides = result['sides']
   # Re-prefilling: every turn's prompt but its last token, (20 - 1) + (38 - 1) + (56 - 1) per
   # episode. With the session: the opening, then per later turn the last sampled token and the
