@@ -134,7 +134,8 @@ class Session:
   before it starts; when the pool runs short, rows still waiting give up
   their kept pages first (those rows then prefill in full). One row per
   prompt (G = 1), no stream. `close()` frees everything; a call that raises
-  closes the session (the next call starts from an empty pool).
+  once it has started closes the session (the next call starts from an empty
+  pool); one refused by its checks keeps it.
 
   Attributes:
     row_tokens: the bound of every row's cache tokens across the session's
@@ -571,6 +572,10 @@ class Engine:
     if session.pool is not None and session.shards != self.shards:
       raise ValueError(f'engine: the session\'s pool is split over {session.shards} batch '
                        f'shards, this engine\'s over {self.shards}')
+    longest = max(np.size(q) for q in prompts) - 1 + int(np.max(limits))
+    if longest > session.row_tokens:   # refused before the pool is touched: the session stays
+      raise ValueError(f'engine: a row of {longest} cache tokens does not fit the session\'s '
+                       f'row_tokens={session.row_tokens}')
     try:
       return self._run(params, prompts, num_samples, limits, rng, scalars, greedy=greedy,
                        filtered=filtered, row_tokens=session.row_tokens, session=session,
@@ -589,9 +594,6 @@ class Engine:
     limits = [int(x) for x in np.asarray(limits).reshape(-1)]
     if stream is None:
       longest = int(max(plen) - 1 + max(limits))
-      if session is not None and longest > session.row_tokens:
-        raise ValueError(f'engine: a row of {longest} cache tokens does not fit the session\'s '
-                         f'row_tokens={session.row_tokens}')
     elif row_tokens is None:
       raise ValueError('engine: a streaming run needs row_tokens (the bound of every row)')
     else:
