@@ -10,9 +10,10 @@ world, disjoint from the 200 the matrix reports), scored at every stage end
 and every `eval.eval_every` steps inside a stage (off here; e.g.
 `--config.eval.eval_every=5`). The stages reuse configs/tiny.py's settings (model, world, lengths,
 prompts x G, the per-domain learning rates); the scale-sized recipe is
-configs/nemotron_cascade2.py. Checked end to end only in smoke mode
-(`configs/tiny_mopd.py:smoke`, ~100 s); the full run's table has not been
-measured.
+configs/nemotron_cascade2.py. Smoke mode (`configs/tiny_mopd.py:smoke`,
+~100 s) checks the plumbing; README gives its full runs on the heterogeneous
+world (`world=hetero`) over three seeds, against the same cascade without
+MOPD (`drop=mopd`).
 
 Arguments: as configs/tiny.py (configs/_tiny_common.py lists them).
 """
