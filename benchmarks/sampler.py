@@ -352,17 +352,15 @@ def turns(cfg, model):
       session.close()
     return out, prefilled
 
-  first, prefilled = {}, {}
+  first, prefilled, ref = {}, {}, None
   for name, (s, keep) in sides.items():
     t0 = time.perf_counter()
     calls[0] = 0
     toks, prefilled[name] = run(s, keep)
     first[name] = time.perf_counter() - t0
-    if name != 'paged engine + KV session':   # every side samples the same tokens
-      for a, b in zip(toks, ref):
-        np.testing.assert_array_equal(a, b)
-    else:
-      ref = toks
+    for a, b in zip(toks, ref or toks):         # every side samples the same tokens
+      np.testing.assert_array_equal(a, b)
+    ref = ref or toks
   secs = {name: [] for name in sides}
   for rep_i in range(_REPEATS.value):               # alternate, so load drift hits all alike
     for name, (s, keep) in sides.items():

@@ -14,8 +14,9 @@ turn each episode is at: an episode's prompt for a turn is its whole stream
 so far. With the paged engine the calls share a KV session
 (`rl.engine.Session`): an episode's cache stays in its pages between turns,
 so a turn prefills only the tokens after it (the last sampled token and the
-observation), not the whole stream again; the samples are the same. The stream is never re-tokenized: the tokens the policy sampled and
-the observation tokens appended are kept as ids, so a training forward over
+observation), not the whole stream again; the samples are the same. The
+stream is never re-tokenized: the tokens the policy sampled and the
+observation tokens appended are kept as ids, so a training forward over
 the stream sees exactly what the sampler saw, and the sampler's log-prob of
 every policy token is what the trainer computes (on-policy across turns).
 

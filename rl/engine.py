@@ -643,22 +643,6 @@ class Engine:
     rows_dev = np.zeros(s, np.int32)
     lim_dev = np.ones(s, np.int32)
     temperature, top_p, top_k = scalars
-    if session is not None:
-      # Entries of keys this call does not name are freed; the others lend their pages to
-      # their prompt (up to where the kept tokens and the prompt part).
-      named = {key: i for i, key in enumerate(keys)}
-      for key in [key for key in session.entries if key not in named]:
-        e = session.entries.pop(key)
-        free[e.shard].extend(reversed(e.pages))
-      for key, e in list(session.entries.items()):
-        del session.entries[key]
-        pi = named[key]
-        reuse = _common_prefix(e.tokens, prompts[pi][:-1])
-        keep = -(-reuse // ps)
-        free[e.shard].extend(reversed(e.pages[keep:]))
-        if reuse:
-          pr = prompts_state[pi]
-          pr.pages, pr.shard, pr.reused = list(e.pages[:keep]), e.shard, reuse
 
     def pages_for(tokens):
       return -(-int(tokens) // ps)
@@ -690,7 +674,7 @@ class Engine:
       free[pr.shard].extend(reversed(pr.pages))
       pr.pages, pr.prefilled, pr.shard, pr.reused = [], False, -1, 0
 
-    def keep(slot):
+    def keep_in_session(slot):
       """A session's row ended: its pages (prompt and own) become the entry of its key."""
       r = slot_row[slot]
       pi = r // num_samples
@@ -706,7 +690,7 @@ class Engine:
       r = slot_row[slot]
       pr = prompts_state[r // num_samples]
       if ended and session is not None:
-        keep(slot)
+        keep_in_session(slot)
       free[slot_shard[slot]].extend(reversed(own[slot]))
       own[slot] = []
       pr.waiting -= 1
@@ -786,6 +770,23 @@ class Engine:
           session.evicted += 1
       return len(free[shard]) >= pages
 
+    if session is not None:
+      # Entries of keys this call does not name are freed; the others lend their pages to
+      # their prompt (up to where the kept tokens and the prompt part).
+      named = {key: i for i, key in enumerate(keys)}
+      for key in [key for key in session.entries if key not in named]:
+        e = session.entries.pop(key)
+        free[e.shard].extend(reversed(e.pages))
+      for key, e in list(session.entries.items()):
+        del session.entries[key]
+        pi = named[key]
+        reuse = _common_prefix(e.tokens, prompts[pi][:-1])
+        lent = pages_for(reuse)
+        free[e.shard].extend(reversed(e.pages[lent:]))
+        if reuse:
+          pr = prompts_state[pi]
+          pr.pages, pr.shard, pr.reused = list(e.pages[:lent]), e.shard, reuse
+
     while pending or host_live.any() or feeding:
       if feeding and not pending and not host_live.all():
         got = stream.more()
@@ -829,7 +830,6 @@ class Engine:
         if not pr.prefilled and pr.reused:
           pr.pages += [free[sh].pop() for _ in range(prompt_pages)]
           to_extend.append(pi)
-          pr.prefilled = True
         elif prompt_pages:
           pr.pages = [free[sh].pop() for _ in range(prompt_pages)]
           pr.shard = sh
@@ -858,8 +858,8 @@ class Engine:
           session.prefilled_tokens += sum(plen[pi] - 1 for pi in to_prefill)
         k_pool, v_pool = self._prefill_calls(params, k_pool, v_pool, prompts, to_prefill,
                                              prompts_state, copies, drop)
-        for pi in to_prefill:
-          prompts_state[pi].prefilled = True
+      for pi in to_prefill + to_extend:
+        prompts_state[pi].prefilled = True
 
       # 2. Pages for the next chunk, preempting the newest rows of a shard short of pages.
       for slot in sorted(np.flatnonzero(host_live), key=lambda x: admitted_at[x]):

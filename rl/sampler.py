@@ -699,12 +699,9 @@ class Sampler:
     p_max = max(q.size for q in prompts)
     p, nb, c = self.call_shape(n, p_max, sp.max_new_tokens)
     if session is not None:
-      if self.engine != 'paged':
-        raise ValueError(f"a KV session needs engine='paged' (this sampler's is "
-                         f'{self.engine!r})')
-      rows = self._run_engine(self._engine(c), params, prompts, num_samples, limits, rng, sp,
-                              session.row_tokens, session=session, keys=keys)
-      return self._assemble(rows, prompts, p_max, sp.max_new_tokens)
+      self._check_paged('a KV session')
+      return self._generate_paged(params, prompts, rng, sp, num_samples, limits, c,
+                                  session.row_tokens, session=session, keys=keys)
     if self.engine == 'paged':
       return self._generate_paged(params, prompts, rng, sp, num_samples, limits, c, p + nb)
     chunks = -(-n // c)
@@ -760,10 +757,11 @@ class Sampler:
         lengths=out.lengths[:n], truncated=out.truncated[:n])
 
   def _generate_paged(self, params, prompts, rng, sp: SamplingParams, num_samples: int,
-                      limits: np.ndarray, chunk: int, row_tokens: int) -> SampleOutput:
+                      limits: np.ndarray, chunk: int, row_tokens: int, session=None,
+                      keys=None) -> SampleOutput:
     """`generate` through the paged engine (rows assembled as the one-call path returns them)."""
     rows = self._run_engine(self._engine(chunk), params, prompts, num_samples, limits, rng, sp,
-                            row_tokens)
+                            row_tokens, session=session, keys=keys)
     p_max = max(q.size for q in prompts)
     return self._assemble(rows, [prompts[r // num_samples] for r in range(len(rows.tokens))],
                           p_max, sp.max_new_tokens)
@@ -771,10 +769,13 @@ class Sampler:
   def session(self, max_row_tokens: int) -> engine_lib.Session:
     """A KV session (see `generate`) for rows of at most `max_row_tokens` cache tokens (a
     prompt and its new tokens), bucketed as prompts are."""
-    if self.engine != 'paged':
-      raise ValueError(f"a KV session needs engine='paged' (this sampler's is {self.engine!r})")
+    self._check_paged('a KV session')
     return engine_lib.Session(buckets.smallest_fit(self.prompt_buckets, max_row_tokens,
                                                    'session row tokens'))
+
+  def _check_paged(self, what: str) -> None:
+    if self.engine != 'paged':
+      raise ValueError(f"{what} needs engine='paged' (this sampler's is {self.engine!r})")
 
   def _run_engine(self, eng, params, prompts, num_samples, limits, rng, sp, row_tokens,
                   stream=None, session=None, keys=None):
