@@ -128,7 +128,8 @@ class _Ours:
 
   def __init__(self, cfg, model, prompts, new_tokens):
     self.graphdef, self.params = nnx.split(model)
-    self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=())
+    # The prompt bucket is the prompt length, as configs set it (configs/_tiny_common.py).
+    self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=(), prompt_buckets=(len(prompts[0]),))
     self.prompts = prompts
     self.sp = _sampling_params(new_tokens)
     self.calls = 0

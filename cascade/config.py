@@ -308,10 +308,15 @@ def _sampler(s: dict) -> dict:
   from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
   known = ('prompt_buckets', 'new_token_buckets', 'batch_buckets', 'decode_phases',
            'cache_tokens_per_device', 'rollout_rules', 'engine', 'slots', 'page_size', 'pages',
-           'chunk_steps', 'prefill_prompts')
+           'chunk_steps', 'prefill_prompts', 'decode_layers')
   for k, v in s.items():
     if k not in known:
       raise ConfigError(f'config.sampler.{k}: unknown field (known: {", ".join(known)})')
+    if k == 'decode_layers':
+      if v not in sampler_lib.DECODE_LAYERS:
+        raise ConfigError(f'config.sampler.decode_layers={v!r}: expected one of '
+                          f'{sampler_lib.DECODE_LAYERS}')
+      continue
     if k == 'engine':
       if v not in sampler_lib.ENGINES:
         raise ConfigError(f'config.sampler.engine={v!r}: expected one of {sampler_lib.ENGINES}')

@@ -548,6 +548,11 @@ def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: b
   if tgt.kind == 'tpu' and model_cfg.attention == 'auto':
     # 'auto' resolves by the backend JAX runs on (this CPU host); the TPU programs use splash.
     model_cfg = model_cfg.replace(attention='splash')
+  hw = _as_dict(config.hardware) if 'hardware' in config else {}
+  if sampler_cfg.get('decode_layers', 'auto') == 'auto' and hw.get('platform') in ('tpu', 'gpu'):
+    # 'auto' resolves by the devices compiled for (these CPUs when simulated); the
+    # accelerator's sampler scans its layers.
+    sampler_cfg['decode_layers'] = 'scan'
   mesh = sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.devices)
   count_mesh = (sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.count_devices)
                 if tgt.count_devices else mesh)
@@ -561,7 +566,7 @@ def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: b
       continue
     rep = plan_stage(st, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
                      with_sampler, count_mesh, with_train, rm_stages=_rm_stages(plan, st),
-                     hardware=_as_dict(config.hardware) if 'hardware' in config else {})
+                     hardware=hw)
     if not rep.programs:         # e.g. an SFT stage with --notrain
       continue
     out.append(rep)

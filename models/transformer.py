@@ -36,8 +36,9 @@ class Cache(NamedTuple):
   """Preallocated KV cache; a pytree.
 
   Attributes:
-    k: keys of every layer [L, B, K, S, H] (RoPE already applied).
-    v: values of every layer [L, B, K, S, H].
+    k: keys of every layer [L, B, K, S, H] (RoPE already applied), or in the
+      unrolled decode's layout (`unstack_cache`) a tuple of L [B, K, S, H].
+    v: values of every layer, likewise.
     segment_ids: [B, S] int32 segment of each slot; 0 = empty or padding.
     index: [] int32, the next slot to write.
 
@@ -99,6 +100,14 @@ def init_cache(cfg: config_lib.ModelConfig, batch: int, length: int,
   return Cache(k=zeros(), v=zeros(),
                segment_ids=jnp.zeros((batch, length), jnp.int32),
                index=jnp.zeros((), jnp.int32))
+
+
+def unstack_cache(cache: Cache) -> Cache:
+  """`cache` with one [B, K, S, H] array per layer (a copy), the layout `Transformer.hidden`
+  takes with `layers`: each layer then writes and reads its own buffer, where a stacked
+  cache costs a slice of the layer's keys and values on every step on XLA:CPU."""
+  split = lambda x: tuple(sharding.constrain(x[i], CACHE_AXES[1:]) for i in range(x.shape[0]))
+  return cache._replace(k=split(cache.k), v=split(cache.v))
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, std=0.02) -> nnx.Param:
@@ -167,7 +176,8 @@ class Attention(nnx.Module):
 
     With a cache (k, v: every layer's [L, B, K, S, H]) the new keys/values are
     written in place at layer `layer`, slots [index, index + T), and the
-    queries attend to that layer's slots.
+    queries attend to that layer's slots. With layer None, k and v are this
+    layer's own [B, K, S, H] buffers.
 
     Returns:
       (out [B, T, D], (k, v) written cache arrays or None).
@@ -183,8 +193,18 @@ class Attention(nnx.Module):
       v = v + self.v_bias.value.astype(dt)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    q = apply_rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
-    k = apply_rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
+    own_buffers = (kv_cache is not None and not isinstance(kv_cache, _PagedStep)
+                   and kv_cache[2] is None)
+    if own_buffers:
+      # One rotation for q and k: rotated apart, XLA:CPU fuses k's rotation into the cache
+      # write, which then copies the layer's whole cache instead of writing T slots in place.
+      n = q.shape[2]
+      qk = apply_rope(jnp.concatenate([q, k], axis=2), positions, cfg.rope_theta,
+                      cfg.rope_scaling)
+      q, k = qk[:, :, :n], qk[:, :, n:]
+    else:
+      q = apply_rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
+      k = apply_rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
     q = sharding.constrain(q, ('batch', 'length', 'heads', 'head_dim'))
     k = sharding.constrain(k, ('batch', 'length', 'kv_heads', 'head_dim'))
     v = sharding.constrain(v, ('batch', 'length', 'kv_heads', 'head_dim'))
@@ -195,14 +215,19 @@ class Attention(nnx.Module):
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)            # [B, K, T, H]
     if kv_cache is not None:
       ck, cv, layer, index = kv_cache
-      start = (layer, 0, 0, index, 0)
-      ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), start)
-      cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), start)
-      new_kv = (ck, cv)
-      # The stacks are updated in place and only this layer is read: no
-      # per-layer copy that is written and then put back.
-      k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)
-      v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)
+      if own_buffers:
+        ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, index, 0))
+        cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
+        new_kv, k, v = (ck, cv), ck, cv
+      else:
+        start = (layer, 0, 0, index, 0)
+        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), start)
+        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), start)
+        new_kv = (ck, cv)
+        # The stacks are updated in place and only this layer is read: no
+        # per-layer copy that is written and then put back.
+        k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)
+        v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)
 
     out = attention.attend(q, k, v, mask, impl=cfg.attention, block_q=cfg.attention_block_q,
                            block_kv=cfg.attention_block_kv)          # [B, T, N, H]
@@ -348,8 +373,19 @@ class Transformer(nnx.Module):
     if not cfg.tie_embeddings:
       self.lm_head = _param(rngs, (cfg.embed_dim, cfg.vocab_size), ('embed', 'vocab'), pd)
 
-  def hidden(self, tokens, positions=None, segment_ids=None, cache=None):
-    """Final-normed hidden states [B, T, D] (and the updated cache when given one)."""
+  def layer_states(self) -> list[nnx.State]:
+    """Each block's parameters, sliced out of the stack (copies): `hidden`'s `layers`."""
+    state = nnx.state(self.layers)
+    return [jax.tree.map(lambda a, i=i: a[i], state) for i in range(self.cfg.num_layers)]
+
+  def hidden(self, tokens, positions=None, segment_ids=None, cache=None, layers=None):
+    """Final-normed hidden states [B, T, D] (and the updated cache when given one).
+
+    `layers` (with a cache in the `unstack_cache` layout): the blocks' parameters as
+    `layer_states` gives them, run as an unrolled loop; a decode loop slices them once
+    outside its body, where the stacked blocks are sliced on every step (on XLA:CPU a
+    copy of every weight per token).
+    """
     cfg = self.cfg
     b, t = tokens.shape
     if segment_ids is None:
@@ -372,7 +408,7 @@ class Transformer(nnx.Module):
     table = sharding.constrain(self.embed.value, ('vocab', None))
     x = jnp.take(table, tokens, axis=0).astype(cfg.jnp_dtype)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
-    x, kv = self._run_blocks(x, positions, mask, cache)
+    x, kv = self._run_blocks(x, positions, mask, cache, layers)
     x = self.final_norm(x)
     if cache is None:
       return x, None
@@ -414,7 +450,7 @@ class Transformer(nnx.Module):
     logits = self.logits_from_hidden(self.final_norm(x))[:, 0]
     return logits, cache._replace(k=k_all, v=v_all)
 
-  def _run_blocks(self, x, positions, mask, cache):
+  def _run_blocks(self, x, positions, mask, cache, layers=None):
     """x [B, T, D] through the L blocks: one scanned body, or a Python loop (cfg.scan_layers).
 
     Returns:
@@ -423,6 +459,14 @@ class Transformer(nnx.Module):
     """
     cfg = self.cfg
     graphdef, params = nnx.split(self.layers)
+    if layers is not None:
+      if cache is None or not isinstance(cache.k, tuple):
+        raise ValueError('layers= needs a cache in the unstack_cache layout')
+      ks, vs = list(cache.k), list(cache.v)
+      for i, layer_params in enumerate(layers):
+        x, (ks[i], vs[i]) = nnx.merge(graphdef, layer_params)(
+            x, positions, mask, (ks[i], vs[i], None, cache.index))
+      return x, (tuple(ks), tuple(vs))
     if cache is None:
       def body(x, layer_params):
         x = ad_checkpoint.checkpoint_name(x, 'block_input')
@@ -453,7 +497,7 @@ class Transformer(nnx.Module):
       logits = jnp.einsum('BTD,DV->BTV', x, self.lm_head.value.astype(dt))
     return sharding.constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
 
-  def __call__(self, tokens, positions=None, segment_ids=None, cache=None):
+  def __call__(self, tokens, positions=None, segment_ids=None, cache=None, layers=None):
     """Logits [B, T, V] float32; with a cache, (logits, updated cache).
 
     Args:
@@ -461,8 +505,9 @@ class Transformer(nnx.Module):
       positions: int32 [B, T] RoPE positions (default: 0.., or from cache.index).
       segment_ids: int32 [B, T]; 0 = padding (default: all ones).
       cache: a `Cache` to read and extend, or None.
+      layers: per-layer parameters for an unrolled pass (see `hidden`).
     """
-    x, new_cache = self.hidden(tokens, positions, segment_ids, cache)
+    x, new_cache = self.hidden(tokens, positions, segment_ids, cache, layers)
     logits = self.logits_from_hidden(x)
     return logits if cache is None else (logits, new_cache)
 

@@ -169,6 +169,8 @@ CASES = [
      'config.sampler.chunk: unknown field'),
     ('cache budget', lambda c, s: c.sampler.update(dict(cache_tokens_per_device=0)),
      'config.sampler.cache_tokens_per_device=0: must be an int >= 1'),
+    ('decode layers', lambda c, s: c.sampler.update(dict(decode_layers='unroll')),
+     "config.sampler.decode_layers='unroll': expected one of ('auto', 'scan', 'unrolled')"),
     ('rollout rules', lambda c, s: c.sampler.update(dict(rollout_rules=['embed'])),
      "config.sampler.rollout_rules=['embed']: must be (logical axis, mesh axes) pairs"),
 ]

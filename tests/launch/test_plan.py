@@ -272,3 +272,16 @@ def test_the_paged_engine_is_planned_with_its_page_pool(tiny_path):
   assert samp.argument_bytes == pytest.approx(_per_device_bytes(params) + pool, rel=0.05)
   assert samp.argument_bytes > _per_device_bytes(params) + 0.9 * pool
   assert prefill.argument_bytes > _per_device_bytes(params) + 0.9 * pool   # the pool it fills
+
+
+@pytest.mark.parametrize('platform,unrolled', [('cpu', True), ('tpu', False)])
+def test_the_sampler_is_planned_with_the_platforms_decode_layers(tiny_path, platform, unrolled):
+  # decode_layers='auto' unrolls on CPUs; a TPU config planned on these simulated CPUs plans
+  # the TPU's sampler, which scans its layers.
+  config = _load(tiny_path)
+  config.hardware.platform = platform
+  [rep] = plan.run_plan(config, plan.target(config, 'cpu'), stages=['add_rl'], with_eval=False,
+                        with_train=False)
+  [samp] = rep.programs
+  assert not samp.error and samp.shapes.endswith('decode phase(s)' + (
+      ', layers unrolled)' if unrolled else ')')), samp.shapes

@@ -46,6 +46,29 @@ def test_prefill_then_decode_equals_full_forward(family):
   assert int(cache.index) == tokens.shape[1]
 
 
+@pytest.mark.parametrize('family', [
+    pytest.param(f, marks=() if f == 'qwen3' else pytest.mark.heavy) for f in sorted(FAMILIES)])
+def test_unrolled_layers_over_per_layer_caches_equal_the_stack(family):
+  # The unrolled decode layout (each block's sliced weights, one cache buffer per layer)
+  # computes what the scanned stack does, and writes the same keys and values.
+  cfg = FAMILIES[family]
+  model = transformer.create(cfg, seed=0)
+  tokens = _tokens()
+  cache = transformer.init_cache(cfg, 2, 16)
+  _, cache = model(tokens[:, :7], cache=cache)
+  stacked, split, layers = cache, transformer.unstack_cache(cache), model.layer_states()
+  assert len(split.k) == cfg.num_layers and split.k[0].shape == cache.k.shape[1:]
+  for i in range(7, 12):
+    want, stacked = model(tokens[:, i:i + 1], cache=stacked)
+    got, split = model(tokens[:, i:i + 1], cache=split, layers=layers)
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+  np.testing.assert_allclose(jnp.stack(split.k), stacked.k, atol=1e-6, rtol=0)
+  np.testing.assert_allclose(jnp.stack(split.v), stacked.v, atol=1e-6, rtol=0)
+  assert int(split.index) == 12
+  with pytest.raises(ValueError, match='unstack_cache layout'):
+    model(tokens[:, :1], cache=stacked, layers=layers)
+
+
 @pytest.mark.heavy
 def test_left_padded_prefill_matches_unpadded():
   cfg = config_lib.ModelConfig.tiny()

@@ -141,6 +141,26 @@ def test_long_generation_across_decode_phases(policy):
   np.testing.assert_allclose(out.logprobs, ref, atol=2e-4, rtol=0)
 
 
+@pytest.mark.parametrize('greedy', [True, False], ids=['greedy', 'sample'])
+def test_unrolled_decode_equals_scanned(policy, greedy):
+  # decode_layers='unrolled' (per-layer weights and caches made before the loop) samples
+  # the tokens the scanned stack does, across a phase switch (which grows the per-layer
+  # caches) and with a shared prefill (group 2); 'auto' is 'unrolled' on these CPUs.
+  make = lambda layers: sampler.Sampler(
+      policy[0], CFG, eos_ids=EOS, prompt_buckets=(16,), new_token_buckets=(256,),
+      batch_buckets=(8,), decode_phases=2, decode_layers=layers)
+  assert make('auto').decode_layers == 'unrolled' and make('scan').decode_layers == 'scan'
+  sp = sampler.SamplingParams(max_new_tokens=150, greedy=greedy, temperature=0.8, top_k=20)
+  outs = [make(layers).generate(policy[1], PROMPTS, jax.random.key(7), sp, num_samples=2)
+          for layers in ('scan', 'unrolled')]
+  assert outs[0].lengths.max() > 128                   # the second phase ran
+  np.testing.assert_array_equal(outs[1].tokens, outs[0].tokens)
+  np.testing.assert_array_equal(outs[1].mask, outs[0].mask)
+  np.testing.assert_allclose(outs[1].logprobs, outs[0].logprobs, atol=2e-5, rtol=0)
+  np.testing.assert_allclose(outs[1].sampling_logprobs, outs[0].sampling_logprobs, atol=2e-5,
+                             rtol=0)
+
+
 def test_top_k_1_tiny_top_p_tiny_temperature_equal_greedy(policy, samp):
   greedy = samp.generate(policy[1], PROMPTS, jax.random.key(0),
                          sampler.SamplingParams(max_new_tokens=12, greedy=True), num_samples=2)
@@ -257,6 +277,8 @@ def test_bad_input_errors(policy, samp):
     sampler.Sampler(policy[0], CFG, eos_ids=(CFG.vocab_size,))
   with pytest.raises(ValueError, match='decode_phases'):
     sampler.Sampler(policy[0], CFG, eos_ids=EOS, decode_phases=0)
+  with pytest.raises(ValueError, match="decode_layers='unroll'"):
+    sampler.Sampler(policy[0], CFG, eos_ids=EOS, decode_layers='unroll')
 
 
 @pytest.mark.heavy
