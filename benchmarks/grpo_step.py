@@ -103,7 +103,10 @@ class _Ours:
 
   def __init__(self, cfg, model, prompts):
     self.graphdef, params = nnx.split(model)
-    self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=(), pad_id=0)
+    # The prompt bucket is the prompt length, as configs set it: the prefill and the update's
+    # rows carry no padding.
+    self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=(), pad_id=0,
+                                       prompt_buckets=(_PROMPT_LEN.value,))
     self.sp = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=_NEW_TOKENS.value)
     opt_cfg = train_lib.OptimizerConfig(learning_rate=_LR.value, max_grad_norm=1.0)
     opt = train_lib.make_optimizer(opt_cfg)

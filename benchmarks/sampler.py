@@ -92,6 +92,8 @@ _HF_THREADS = flags.DEFINE_integer(
     'hf_threads', 2, 'torch threads for --compare_hf (2 = the spec; 1 is steadier when other '
     'processes load the CPU, since a 2-thread op waits for a descheduled thread).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Weights and prompts seed.')
+_COMPARE_SCAN = flags.DEFINE_bool(
+    'compare_scan', False, "Fixed: also time the sampler with decode_layers='scan' (alternated).")
 _TURNS = flags.DEFINE_integer('turns', 6, 'Turns: assistant turns per episode.')
 _OBS_LEN = flags.DEFINE_integer('obs_len', 128, 'Turns: observation tokens after each turn.')
 _WORKLOAD = flags.DEFINE_enum('workload', 'fixed', ['fixed', 'longtail', 'turns'],
@@ -126,10 +128,12 @@ def _peak_rss_mb() -> float:
 class _Ours:
   """Our sampler on fixed prompts; each call uses a fresh key."""
 
-  def __init__(self, cfg, model, prompts, new_tokens):
+  def __init__(self, cfg, model, prompts, new_tokens, decode_layers='auto'):
     self.graphdef, self.params = nnx.split(model)
     # The prompt bucket is the prompt length, as configs set it (configs/_tiny_common.py).
-    self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=(), prompt_buckets=(len(prompts[0]),))
+    self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=(),
+                                       prompt_buckets=(len(prompts[0]),),
+                                       decode_layers=decode_layers)
     self.prompts = prompts
     self.sp = _sampling_params(new_tokens)
     self.calls = 0
@@ -427,16 +431,27 @@ def main(argv):
   if _COMPARE_HF.value:
     hf = _HF(model, prompts, new, tempfile.mkdtemp(prefix='sampler_bench_hf_'))
     hf()                                            # warm-up
-  ours_s, hf_s = [], []
-  for _ in range(_REPEATS.value):                   # alternate, so load drift hits both
+  scan = None
+  if _COMPARE_SCAN.value:
+    scan = _Ours(cfg, model, prompts, new, decode_layers='scan')
+    scan()                                          # compile
+  ours_s, hf_s, scan_s = [], [], []
+  for _ in range(_REPEATS.value):                   # alternate, so load drift hits all
     ours_s.append(_time(ours))
     if hf is not None:
       hf_s.append(_time(hf))
+    if scan is not None:
+      scan_s.append(_time(scan))
   compile_s = max(first_s - statistics.median(ours_s), 0.0)
 
   header = f'{"":<24} {"median ms":>10} {"best ms":>10} {"tokens/s":>12} {"ms/step":>10}'
   print('\n' + header)
-  print(_row('cascade rl.sampler', ours_s, batch, new))
+  print(_row('cascade rl.sampler', ours_s, batch, new)
+        + f'   (decode layers {ours.sampler.decode_layers})')
+  if scan is not None:
+    print(_row('  layers scanned', scan_s, batch, new))
+    print(f'unrolled vs scanned: {statistics.median(scan_s) / statistics.median(ours_s):.2f}x '
+          '(medians)')
   if hf is not None:
     print(_row(f'transformers ({_HF_THREADS.value} thr)', hf_s, batch, new))
     speedup = statistics.median(hf_s) / statistics.median(ours_s)
@@ -482,7 +497,11 @@ def main(argv):
       ms_per_step=med / new * 1e3, compile_s=compile_s, first_call_s=first_s,
       peak_rss_mb=peak_rss, peak_rss_total_mb=_peak_rss_mb(),
       matmul_gflops=flops_rate / 1e9, mem_gbps=bandwidth / 1e9,
-      floor_s=fl['floor_s'], x_floor=med / fl['floor_s'], scaling=scaling)
+      floor_s=fl['floor_s'], x_floor=med / fl['floor_s'], scaling=scaling,
+      decode_layers=ours.sampler.decode_layers)
+  if scan is not None:
+    result.update(scan_tokens_per_s=batch * new / statistics.median(scan_s),
+                  speedup_vs_scan=statistics.median(scan_s) / med)
   if hf is not None:
     hf_med = statistics.median(hf_s)
     result.update(hf_tokens_per_s=batch * new / hf_med, speedup_vs_hf=hf_med / med,

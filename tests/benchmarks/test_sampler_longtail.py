@@ -1,4 +1,5 @@
-"""benchmarks.sampler --workload=longtail: every side runs the same per-row lengths."""
+"""benchmarks.sampler: every side of the longtail and turns workloads runs the same rows; the
+fixed workload times the scanned decode beside the unrolled one."""
 
 import json
 import pathlib
@@ -47,3 +48,12 @@ def test_turns_workload_prefills_only_new_tokens_with_a_session():
   assert result['session_vs_reprefill'] == sides['paged engine, re-prefill']['median_s'] / sides[
       'paged engine + KV session']['median_s']
   assert 'turns workload' in out and result['floor_s'] > 0
+
+
+def test_fixed_workload_times_the_scanned_layers_beside_the_unrolled():
+  out, result = _run('--mode=greedy', '--new_tokens=8', '--batch=4', '--repeats=1',
+                     '--scaling=', '--compare_scan')
+  assert result['decode_layers'] == 'unrolled'                  # 'auto' on these CPUs
+  assert result['speedup_vs_scan'] == pytest.approx(
+      result['tokens_per_s'] / result['scan_tokens_per_s'])
+  assert 'layers scanned' in out and result['floor_s'] > 0
