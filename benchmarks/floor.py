@@ -90,3 +90,69 @@ def update_flops(cfg, rows: int, width: int, tokens: int | None = None) -> float
   tokens = rows * width if tokens is None else tokens
   forward = 2 * (block_weights + d * v) * tokens + rows * l * 4 * n * h * width * (width + 1) / 2
   return 3 * forward
+
+
+def xla_decode_loop(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: int, *,
+                    attention: bool = True, repeats: int = 3) -> float:
+  """Median seconds of a bare jitted generation with the model's shapes on this backend.
+
+  What the compiler itself reaches for the work the floor counts, with none of the
+  model's other parts (no norms, RoPE, sampling or bookkeeping): random float32
+  weights of the model's shapes, one pass of the prompt through every matmul, then
+  `new - 1` steps of a `while_loop`, each through every block's q, k, v, o, gate,
+  up and down matmuls and the output projection, the blocks unrolled over their own
+  weights and their own [B, K, S, H] caches (S = prompt + new); with `attention`,
+  each block writes its key and value slot and attends over its whole cache (two
+  batched einsums and a softmax), else the value goes straight to the output
+  projection. A step cannot beat its matmuls: when this loop without attention is
+  above a target, no change to the model's code reaches the target on this backend.
+  """
+  d, n, k, h, f, v, l = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.mlp_dim, cfg.vocab_size, cfg.num_layers)
+  s = prompt + new
+  rng = np.random.default_rng(0)
+  w = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
+  blocks = [dict(q=w(d, n * h), k=w(d, k * h), v=w(d, k * h), o=w(n * h, d), gate=w(d, f),
+                 up=w(d, f), down=w(f, d)) for _ in range(l)]
+  embed = w(v, d)
+
+  def block(x, p, cache, slot):
+    q, kk, vv = x @ p['q'], x @ p['k'], x @ p['v']
+    if attention:
+      kc = jax.lax.dynamic_update_slice(cache[0], kk.reshape(batch, k, 1, h), (0, 0, slot, 0))
+      vc = jax.lax.dynamic_update_slice(cache[1], vv.reshape(batch, k, 1, h), (0, 0, slot, 0))
+      logits = jnp.einsum('BKGH,BKSH->BKGS', q.reshape(batch, k, n // k, h), kc)
+      out = jnp.einsum('BKGS,BKSH->BKGH', jax.nn.softmax(logits, -1), vc)
+      cache, att = (kc, vc), out.reshape(batch, n * h)
+    else:
+      att = jnp.tile(vv, (1, n // k)) + q
+    x = x + att @ p['o']
+    return x + (jax.nn.silu(x @ p['gate']) * (x @ p['up'])) @ p['down'], cache
+
+  @jax.jit
+  def run(blocks, embed, tokens):
+    x = embed[tokens.reshape(-1)]                                      # the prefill's matmuls
+    for p in blocks:
+      x = x + (jax.nn.silu(x @ p['gate']) * (x @ p['up'])) @ p['down'] + (
+          (x @ p['q'] + jnp.tile(x @ p['k'] + x @ p['v'], (1, n // k))) @ p['o'])
+    last = x.reshape(batch, prompt, d)[:, -1] @ embed.T
+    caches = tuple((jnp.zeros((batch, k, s, h)), jnp.zeros((batch, k, s, h))) for _ in range(l))
+
+    def body(carry):
+      step, logits, caches = carry
+      x = embed[jnp.argmax(logits, -1)]
+      caches = list(caches)
+      for i, p in enumerate(blocks):
+        x, caches[i] = block(x, p, caches[i], prompt + step - 1)
+      return step + 1, x @ embed.T, tuple(caches)
+
+    return jax.lax.while_loop(lambda c: c[0] < new, body, (1, last, caches))[1]
+
+  tokens = jnp.zeros((batch, prompt), jnp.int32)
+  jax.block_until_ready(run(blocks, embed, tokens))
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(run(blocks, embed, tokens))
+    times.append(time.perf_counter() - t)
+  return float(np.median(times))

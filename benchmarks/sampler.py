@@ -38,8 +38,12 @@ one-call sampler (which re-prefills). All sides sample the same tokens:
 Printed: a table per measurement, how the time per token grows with the
 number of new tokens (--scaling), the physical floor of the generation (its
 FLOPs over a measured float32 matmul rate, its bytes over a measured memory
-bandwidth), and last one JSON line with tokens_per_s, ms_per_token,
-compile_s, peak_rss_mb (and hf_tokens_per_s, speedup_vs_hf).
+bandwidth), for the fixed workload the same work as a bare jitted loop on this
+backend (--xla_reference: the model's matmuls and attention and nothing else,
+and its matmuls alone: what the compiler reaches, below which no model code
+goes), and last one JSON line with tokens_per_s, ms_per_token, compile_s,
+peak_rss_mb, xla_loop_s, xla_matmuls_s (and hf_tokens_per_s, speedup_vs_hf;
+with --compare_scan, speedup_vs_scan: the sampler's decode_layers='scan').
 """
 
 from __future__ import annotations
@@ -92,6 +96,9 @@ _HF_THREADS = flags.DEFINE_integer(
     'hf_threads', 2, 'torch threads for --compare_hf (2 = the spec; 1 is steadier when other '
     'processes load the CPU, since a 2-thread op waits for a descheduled thread).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Weights and prompts seed.')
+_XLA_REFERENCE = flags.DEFINE_bool(
+    'xla_reference', True, 'Fixed: also time a bare jitted loop of the same matmuls and '
+    'attention on this backend (benchmarks.floor.xla_decode_loop), with and without attention.')
 _COMPARE_SCAN = flags.DEFINE_bool(
     'compare_scan', False, "Fixed: also time the sampler with decode_layers='scan' (alternated).")
 _TURNS = flags.DEFINE_integer('turns', 6, 'Turns: assistant turns per episode.')
@@ -471,6 +478,15 @@ def main(argv):
         f'{fl["bytes"] / 1e9:.2f} GB -> {fl["bytes_s"] * 1e3:.1f} ms; per-step max -> '
         f'{fl["floor_s"] * 1e3:.1f} ms; measured {med * 1e3:.1f} ms = '
         f'{med / fl["floor_s"]:.1f}x the floor')
+  xla = {}
+  if _XLA_REFERENCE.value:
+    xla = dict(xla_loop_s=floor.xla_decode_loop(cfg, batch, plen, new, repeats=_REPEATS.value),
+               xla_matmuls_s=floor.xla_decode_loop(cfg, batch, plen, new, attention=False,
+                                                   repeats=_REPEATS.value))
+    print(f'this backend\'s bare loop of the same work: {xla["xla_loop_s"] * 1e3:.1f} ms '
+          f'({xla["xla_loop_s"] / fl["floor_s"]:.1f}x the floor), its matmuls alone '
+          f'{xla["xla_matmuls_s"] * 1e3:.1f} ms ({xla["xla_matmuls_s"] / fl["floor_s"]:.1f}x); '
+          f'ours = {med / xla["xla_loop_s"]:.2f}x the bare loop')
 
   scaling = []
   counts = [int(x) for x in _SCALING.value if x]
@@ -498,7 +514,7 @@ def main(argv):
       peak_rss_mb=peak_rss, peak_rss_total_mb=_peak_rss_mb(),
       matmul_gflops=flops_rate / 1e9, mem_gbps=bandwidth / 1e9,
       floor_s=fl['floor_s'], x_floor=med / fl['floor_s'], scaling=scaling,
-      decode_layers=ours.sampler.decode_layers)
+      decode_layers=ours.sampler.decode_layers, **xla)
   if scan is not None:
     result.update(scan_tokens_per_s=batch * new / statistics.median(scan_s),
                   speedup_vs_scan=statistics.median(scan_s) / med)

@@ -1,5 +1,5 @@
 """benchmarks.sampler: every side of the longtail and turns workloads runs the same rows; the
-fixed workload times the scanned decode beside the unrolled one."""
+fixed workload times the scanned decode and a bare loop of the same work beside the sampler."""
 
 import json
 import pathlib
@@ -57,3 +57,5 @@ def test_fixed_workload_times_the_scanned_layers_beside_the_unrolled():
   assert result['speedup_vs_scan'] == pytest.approx(
       result['tokens_per_s'] / result['scan_tokens_per_s'])
   assert 'layers scanned' in out and result['floor_s'] > 0
+  assert 0 < result['xla_matmuls_s'] and 0 < result['xla_loop_s']
+  assert "this backend's bare loop of the same work" in out
