@@ -156,3 +156,41 @@ def xla_decode_loop(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: i
     jax.block_until_ready(run(blocks, embed, tokens))
     times.append(time.perf_counter() - t)
   return float(np.median(times))
+
+
+def xla_update(cfg: config_lib.ModelConfig, rows: int, width: int, *, repeats: int = 3) -> float:
+  """Median seconds of a bare jitted forward + backward of the model's matmuls on this backend.
+
+  The update's work without the model's other parts: random float32 weights of the
+  model's shapes, `rows` x `width` tokens through every block's q, k, v, o, gate, up
+  and down matmuls (the value standing in for attention, which `update_flops` counts
+  besides) and the tied output projection, a log-softmax loss, and the gradient of
+  every weight (no optimizer). When this is above a target, no change to the
+  update's code reaches the target on this backend.
+  """
+  d, n, k, h, f, v, l = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.mlp_dim, cfg.vocab_size, cfg.num_layers)
+  rng = np.random.default_rng(0)
+  w = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
+  params = dict(embed=w(v, d), blocks=[
+      dict(q=w(d, n * h), k=w(d, k * h), v=w(d, k * h), o=w(n * h, d), gate=w(d, f),
+           up=w(d, f), down=w(f, d)) for _ in range(l)])
+  tokens = jnp.asarray(rng.integers(0, v, (rows * width,)), jnp.int32)
+
+  def loss(params, tokens):
+    x = params['embed'][tokens]
+    for p in params['blocks']:
+      att = x @ p['q'] + jnp.tile(x @ p['k'] + x @ p['v'], (1, n // k))
+      x = x + att @ p['o']
+      x = x + (jax.nn.silu(x @ p['gate']) * (x @ p['up'])) @ p['down']
+    logp = jax.nn.log_softmax(x @ params['embed'].T)
+    return -jnp.mean(jnp.take_along_axis(logp, jnp.roll(tokens, -1)[:, None], 1))
+
+  grad = jax.jit(jax.grad(loss))
+  jax.block_until_ready(grad(params, tokens))
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(grad(params, tokens))
+    times.append(time.perf_counter() - t)
+  return float(np.median(times))

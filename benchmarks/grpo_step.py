@@ -34,7 +34,9 @@ Printed: a table, the step's floor (sampling: FLOPs at the measured matmul
 rate, or the weight reads of the longest row's decode steps at the measured
 bandwidth; the update: its FLOPs over the real tokens) beside the measurement
 (for longtail, the engine's), then one JSON line with s_per_step, sample_s, score_s,
-update_s, compile_s, floor_s, x_floor (and trl_s_per_step, trl_sample_s, speedup_vs_trl; for
+update_s, compile_s, floor_s, x_floor, xla_sample_s and xla_update_s (the fixed workload's
+sampling and update as bare jitted programs of the same work on this backend, see
+benchmarks/floor.py) (and trl_s_per_step, trl_sample_s, speedup_vs_trl; for
 longtail the two sides' medians and engine_speedup).
 """
 
@@ -341,6 +343,16 @@ def main(argv):
   rows, width = _PROMPTS.value * _G.value, _PROMPT_LEN.value + _NEW_TOKENS.value
   result.update(_step_floor(cfg, rows, [_PROMPT_LEN.value] * rows, [_NEW_TOKENS.value] * rows,
                             s_step))
+  # What this backend reaches for the same work with nothing else: the sampling as a bare
+  # decode loop, the update as a bare forward + backward of the same matmuls.
+  bare_sample = floor.xla_decode_loop(cfg, rows, _PROMPT_LEN.value, _NEW_TOKENS.value,
+                                      repeats=_STEPS.value)
+  bare_update = floor.xla_update(cfg, rows, width, repeats=_STEPS.value)
+  print(f'this backend\'s bare programs of the same work: sampling {bare_sample * 1e3:.1f} ms '
+        f'({bare_sample / result["floor_sample_s"]:.1f}x its floor), update '
+        f'{bare_update * 1e3:.1f} ms ({bare_update / result["floor_update_s"]:.1f}x its floor, '
+        f'without attention or the optimizer)')
+  result.update(xla_sample_s=bare_sample, xla_update_s=bare_update)
   print(json.dumps(result))
 
 
