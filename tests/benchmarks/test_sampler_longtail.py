@@ -1,5 +1,6 @@
 """benchmarks.sampler: every side of the longtail and turns workloads runs the same rows; the
-fixed workload times the scanned decode and a bare loop of the same work beside the sampler."""
+fixed workload times the scanned decode, a bare loop of the same work and transformers generate
+beside the sampler."""
 
 import json
 import pathlib
@@ -52,10 +53,12 @@ def test_turns_workload_prefills_only_new_tokens_with_a_session():
 
 def test_fixed_workload_times_the_scanned_layers_beside_the_unrolled():
   out, result = _run('--mode=greedy', '--new_tokens=8', '--batch=4', '--repeats=1',
-                     '--scaling=', '--compare_scan')
+                     '--scaling=', '--compare_scan', '--compare_hf')
   assert result['decode_layers'] == 'unrolled'                  # 'auto' on these CPUs
   assert result['speedup_vs_scan'] == pytest.approx(
       result['tokens_per_s'] / result['scan_tokens_per_s'])
   assert 'layers scanned' in out and result['floor_s'] > 0
   assert 0 < result['xla_matmuls_s'] and 0 < result['xla_loop_s']
   assert "this backend's bare loop of the same work" in out
+  # transformers generate on the same weights (the interop extra `make test` installs).
+  assert result['hf_logits_max_abs_diff'] < 1e-4 and result['speedup_vs_hf'] > 0
