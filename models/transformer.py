@@ -103,12 +103,16 @@ def init_cache(cfg: config_lib.ModelConfig, batch: int, length: int,
                index=jnp.zeros((), jnp.int32))
 
 
+def split_layers(x: jax.Array, axes: tuple) -> tuple[jax.Array, ...]:
+  """A stacked [L, ...] array (logical `axes`, 'layers' first) as L arrays (copies)."""
+  return tuple(sharding.constrain(x[i], axes[1:]) for i in range(x.shape[0]))
+
+
 def unstack_cache(cache: Cache) -> Cache:
   """`cache` with one [B, K, S, H] array per layer (a copy), the layout `Transformer.hidden`
   takes with `layers`: each layer then writes and reads its own buffer, where a stacked
   cache costs a slice of the layer's keys and values on every step on XLA:CPU."""
-  split = lambda x: tuple(sharding.constrain(x[i], CACHE_AXES[1:]) for i in range(x.shape[0]))
-  return cache._replace(k=split(cache.k), v=split(cache.v))
+  return cache._replace(k=split_layers(cache.k, CACHE_AXES), v=split_layers(cache.v, CACHE_AXES))
 
 
 def _matmul(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
@@ -206,8 +210,7 @@ class Attention(nnx.Module):
       v = v + self.v_bias.value.astype(dt)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    own_buffers = (kv_cache is not None and not isinstance(kv_cache, _PagedStep)
-                   and kv_cache[2] is None)
+    own_buffers = kv_cache is not None and kv_cache[2] is None     # no layer index
     if own_buffers:
       # One rotation for q and k: rotated apart, XLA:CPU fuses k's rotation into the cache
       # write, which then copies the layer's whole cache instead of writing T slots in place.
@@ -249,20 +252,29 @@ class Attention(nnx.Module):
 
 
   def _paged(self, q, k, v, step: '_PagedStep'):
-    """One decode token per slot (q [S, 1, N, H], k/v [S, 1, K, H]) through a paged cache."""
+    """One decode token per slot (q [S, 1, N, H], k/v [S, 1, K, H]) through a paged cache.
+
+    `step.k`/`step.v`: every layer's pool [L, K, P, page_size, H], or with `step.layer`
+    None this layer's own pool [K, P, page_size, H]."""
     ck, cv, layer, cache = step
-    num_pages, ps = ck.shape[2], ck.shape[3]
+    num_pages, ps = ck.shape[-3], ck.shape[-2]
     # Slot s writes its token at position lengths[s]; a slot that is not live writes past the
     # pool's last page, which the scatter drops.
     page = jnp.take_along_axis(cache.page_table, (cache.lengths // ps)[:, None], axis=1)[:, 0]
     page = jnp.where(cache.live, page, num_pages)
     off = cache.lengths % ps
-    ck = ck.at[layer, :, page, off].set(k[:, 0].astype(ck.dtype), mode='drop')
-    cv = cv.at[layer, :, page, off].set(v[:, 0].astype(cv.dtype), mode='drop')
-    out = attention.paged_attend(
-        q[:, 0], jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False),
-        jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False), cache.lengths + 1,
-        cache.page_table, impl=self.cfg.attention)
+    if layer is None:
+      # [K, P, page_size, H] indexed [:, page, off] is [K, S, H]: heads lead the slots.
+      ck = ck.at[:, page, off].set(k[:, 0].swapaxes(0, 1).astype(ck.dtype), mode='drop')
+      cv = cv.at[:, page, off].set(v[:, 0].swapaxes(0, 1).astype(cv.dtype), mode='drop')
+      k_pages, v_pages = ck, cv
+    else:
+      ck = ck.at[layer, :, page, off].set(k[:, 0].astype(ck.dtype), mode='drop')
+      cv = cv.at[layer, :, page, off].set(v[:, 0].astype(cv.dtype), mode='drop')
+      k_pages = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)
+      v_pages = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)
+    out = attention.paged_attend(q[:, 0], k_pages, v_pages, cache.lengths + 1,
+                                 cache.page_table, impl=self.cfg.attention)
     out = jnp.einsum('BNH,NHD->BD', out, self.o_proj.value.astype(self.cfg.jnp_dtype))
     return sharding.constrain(out[:, None], ('batch', 'length', 'embed')), (ck, cv)
 
@@ -428,13 +440,16 @@ class Transformer(nnx.Module):
       return x, None
     return x, Cache(k=kv[0], v=kv[1], segment_ids=k_seg, index=cache.index + t)
 
-  def decode_paged(self, tokens, positions, cache: PagedCache):
+  def decode_paged(self, tokens, positions, cache: PagedCache, layers=None):
     """One decode step for every slot of a paged cache.
 
     Args:
       tokens: [S] int32, each slot's newest token (the one to write).
       positions: [S] int32 its RoPE position.
       cache: the PagedCache; slot s's token goes to position `cache.lengths[s]`.
+      layers: the blocks' parameters as `layer_states` gives them, with the pools as
+        tuples of per-layer [K, P, page_size, H] (`split_layers`): the blocks run
+        unrolled (see `hidden`).
 
     Returns:
       (logits [S, V] float32, cache with k/v written; page_table, lengths and
@@ -453,14 +468,23 @@ class Transformer(nnx.Module):
           x, positions[:, None], None, _PagedStep(k_all, v_all, i, cache))
       return (x, k_all, v_all), None
 
-    carry = (x, cache.k, cache.v)
-    xs = (params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
-    if cfg.scan_layers:
-      carry, _ = jax.lax.scan(body, carry, xs)
+    if layers is not None:
+      if not isinstance(cache.k, tuple):
+        raise ValueError('layers= needs the pools split per layer (split_layers)')
+      ks, vs = list(cache.k), list(cache.v)
+      for i, layer_params in enumerate(layers):
+        x, (ks[i], vs[i]) = nnx.merge(graphdef, layer_params)(
+            x, positions[:, None], None, _PagedStep(ks[i], vs[i], None, cache))
+      k_all, v_all = tuple(ks), tuple(vs)
     else:
-      for i in range(cfg.num_layers):
-        carry, _ = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
-    x, k_all, v_all = carry
+      carry = (x, cache.k, cache.v)
+      xs = (params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
+      if cfg.scan_layers:
+        carry, _ = jax.lax.scan(body, carry, xs)
+      else:
+        for i in range(cfg.num_layers):
+          carry, _ = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
+      x, k_all, v_all = carry
     logits = self.logits_from_hidden(self.final_norm(x))[:, 0]
     return logits, cache._replace(k=k_all, v=v_all)
 

@@ -290,7 +290,7 @@ def _extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_
 
 def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temperature,
             top_p, top_k, refill_at, *, chunk: int, eos_ids: tuple[int, ...], pad_id: int,
-            greedy: bool, filtered: bool):
+            greedy: bool, filtered: bool, unroll: bool = False):
   """Up to `chunk` decode steps of every live slot.
 
   Stops early once every slot is idle, or once `refill_at` slots are idle
@@ -305,6 +305,9 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
     rng: the call's PRNG key.
     temperature, top_p, top_k: traced sampling scalars.
     refill_at: [] int32 idle slots that end the call early.
+    unroll: static; the blocks run unrolled over their weights and per-layer pools,
+      sliced and split once for the call and the pools stacked again at its end
+      (the Sampler's decode_layers='unrolled').
 
   Returns:
     (state, steps run [], tokens [S, chunk], logprobs, sampling_logprobs):
@@ -322,12 +325,17 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
                            top_k=top_k, greedy=greedy, filtered=filtered)
   batch_only = ('batch', None)
   buf = lambda fill, dt: sharding.constrain(jnp.full((s, chunk), fill, dt), batch_only)
+  layers = None
+  if unroll:
+    layers = model.layer_states()
+    state = state._replace(k=transformer.split_layers(state.k, transformer.PAGE_AXES),
+                           v=transformer.split_layers(state.v, transformer.PAGE_AXES))
 
   def body(carry):
     i, st, toks, lps, slps = carry
     cache = transformer.PagedCache(k=st.k, v=st.v, page_table=page_table,
                                    lengths=st.lengths, live=st.live)
-    logits, cache = model.decode_paged(st.last, st.lengths, cache)
+    logits, cache = model.decode_paged(st.last, st.lengths, cache, layers=layers)
     keys = jax.vmap(jax.random.fold_in)(row_keys, st.n)
     tok, lp, slp = pick(logits, keys)
     live = st.live
@@ -348,10 +356,13 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
   init = (jnp.zeros((), jnp.int32), state, buf(pad_id, jnp.int32), buf(0, jnp.float32),
           buf(0, jnp.float32))
   steps, state, toks, lps, slps = jax.lax.while_loop(cond, body, init)
+  if unroll:
+    stack = lambda xs: sharding.constrain(jnp.stack(xs), transformer.PAGE_AXES)
+    state = state._replace(k=stack(state.k), v=stack(state.v))
   return state, steps, toks, lps, slps
 
 
-_DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered')
+_DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered', 'unroll')
 
 
 def _rows(out_tok, out_lp, out_slp, stopped, rows) -> Rows:
@@ -391,8 +402,9 @@ class Engine:
 
   def __init__(self, graphdef, cfg: config_lib.ModelConfig, options: EngineOptions, *,
                eos_ids: Sequence[int], pad_id: int, mesh=None, rules=None,
-               prompt_buckets: Sequence[int]):
+               prompt_buckets: Sequence[int], unroll: bool = False):
     self.graphdef, self.cfg, self.opt = graphdef, cfg, options
+    self.unroll = bool(unroll)        # decode calls run the blocks unrolled (see _decode)
     self.eos_ids, self.pad_id = tuple(eos_ids), int(pad_id)
     self.mesh, self.rules = mesh, rules
     self.prompt_buckets = tuple(prompt_buckets)
@@ -482,7 +494,7 @@ class Engine:
             vec(jnp.int32), vec(jnp.int32), self._sds((), KEY_DTYPE, ()),
             scalar(jnp.float32), scalar(jnp.float32), scalar(jnp.int32), scalar(jnp.int32))
     kw = dict(chunk=self.opt.chunk_steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
-              greedy=greedy, filtered=filtered)
+              greedy=greedy, filtered=filtered, unroll=self.unroll)
     what = (f'paged engine: {s} slots, a pool of {num_pages} pages x {ps} tokens '
             f'({num_pages * ps} cache slots), decode calls of {self.opt.chunk_steps} steps')
     return args, kw, what
@@ -908,7 +920,7 @@ class Engine:
             self._put(rows_dev[idx], ('batch',)), self._put(lim_dev[idx], ('batch',)), rng,
             temperature, top_p, top_k, np.int32(k - act.size + want),
             chunk=opt.chunk_steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
-            greedy=greedy, filtered=filtered)
+            greedy=greedy, filtered=filtered, unroll=self.unroll)
       k_pool, v_pool = state.k, state.v
       steps = int(self._host(steps))
       toks, lps, slps = self._host(toks), self._host(lps), self._host(slps)

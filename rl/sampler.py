@@ -488,13 +488,14 @@ class Sampler:
       chunk_steps: paged: the most decode steps per device call (free slots
         are refilled between calls).
       prefill_prompts: paged: prompts prefilled per device call.
-      decode_layers: one_call: how a decode step runs the blocks. 'scan': one
+      decode_layers: how a decode step runs the blocks (both engines). 'scan': one
         loop body over the stacked weights and cache, as training runs them.
         'unrolled': before the decode loop, each block's weights are sliced out
-        of the stack and the cache is split into per-layer buffers (once per
-        call: one more copy of the block weights and of the cache while it
-        runs, and a step body num_layers times as long to compile); the step
-        then runs the blocks in a Python loop. XLA:CPU copies a layer's weights
+        of the stack and the cache (the paged engine: its page pool) is split
+        into per-layer buffers (once per call: one more copy of the block
+        weights and of the cache while it runs, and a step body num_layers
+        times as long to compile); the step then runs the blocks in a Python
+        loop. XLA:CPU copies a layer's weights
         and its cache slice out of the stacks on every scanned step (1.6x the
         time of the unrolled step on the benchmarks' larger shape). 'auto':
         'unrolled' where the mesh's devices (or, without a mesh, the default
@@ -925,7 +926,7 @@ class Sampler:
       eng = self._engines[slots] = engine_lib.Engine(
           self.graphdef, self.cfg, engine_lib.EngineOptions(slots=slots, **self._engine_options),
           eos_ids=self.eos_ids, pad_id=self.pad_id, mesh=self.mesh, rules=self.rules,
-          prompt_buckets=self.prompt_buckets)
+          prompt_buckets=self.prompt_buckets, unroll=self.decode_layers == 'unrolled')
     return eng
 
   @property

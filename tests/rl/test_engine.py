@@ -91,6 +91,28 @@ def test_engine_rows_equal_the_one_call_sampler(policy, reference, slots, pages,
   assert eng.decode_slots >= eng.generated_tokens
 
 
+@pytest.mark.parametrize('layers', ['scan', 'unrolled'])
+def test_scanned_and_unrolled_decode_sample_the_same_rows(policy, reference, layers):
+  # decode_layers='scan' (one loop body over the stacked weights and pool, as accelerators
+  # run it) and 'unrolled' (per-layer weights and pools made once per decode call, the pools
+  # stacked again after it) sample the one-call rows, with rows preempted between calls.
+  eng = _paged(policy[0], slots=4, pages=14, chunk_steps=5, prefill_prompts=3,
+               decode_layers=layers)
+  out = eng.generate(policy[1], PROMPTS, jax.random.key(5), SP, num_samples=G,
+                     row_limits=LIMITS)
+  assert eng._engines[4].unroll == (layers == 'unrolled')
+  _assert_same_rows(out, reference[False])
+  assert eng.pages_in_use == 0 and eng._engines[4].preemptions > 0
+  if layers == 'unrolled':
+    model = nnx.merge(*policy)
+    k, v = transformer.init_pages(CFG, 4, 8)
+    cache = transformer.PagedCache(k=k, v=v, page_table=jnp.zeros((1, 1), jnp.int32),
+                                   lengths=jnp.zeros(1, jnp.int32), live=jnp.ones(1, bool))
+    with pytest.raises(ValueError, match='split per layer'):
+      model.decode_paged(jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), cache,
+                         layers=model.layer_states())
+
+
 @pytest.mark.heavy
 def test_greedy_engine_equals_one_call(policy, reference):
   eng = _paged(policy[0], slots=6, chunk_steps=7)
