@@ -355,6 +355,20 @@ def _stack_blocks(blocks: list[Block]) -> Block:
   return nnx.merge(nnx.graphdef(blocks[0]), stacked)
 
 
+def _run_unrolled(graphdef, layers, x, positions, mask, cache, kv_cache):
+  """x through the blocks given one by one (`Transformer.layer_states`), each over its own
+  buffers of `cache.k` / `cache.v` (tuples); `kv_cache(k, v)` is a block's cache argument.
+
+  Returns:
+    (x, tuple of the written k buffers, tuple of the written v buffers).
+  """
+  ks, vs = list(cache.k), list(cache.v)
+  for i, layer_params in enumerate(layers):
+    x, (ks[i], vs[i]) = nnx.merge(graphdef, layer_params)(x, positions, mask,
+                                                          kv_cache(ks[i], vs[i]))
+  return x, tuple(ks), tuple(vs)
+
+
 def _host_offload_supported() -> bool:
   """Whether the default backend has a pinned host memory space (TPU, GPU and CPU do)."""
   try:
@@ -471,11 +485,8 @@ class Transformer(nnx.Module):
     if layers is not None:
       if not isinstance(cache.k, tuple):
         raise ValueError('layers= needs the pools split per layer (split_layers)')
-      ks, vs = list(cache.k), list(cache.v)
-      for i, layer_params in enumerate(layers):
-        x, (ks[i], vs[i]) = nnx.merge(graphdef, layer_params)(
-            x, positions[:, None], None, _PagedStep(ks[i], vs[i], None, cache))
-      k_all, v_all = tuple(ks), tuple(vs)
+      x, k_all, v_all = _run_unrolled(graphdef, layers, x, positions[:, None], None, cache,
+                                      lambda k, v: _PagedStep(k, v, None, cache))
     else:
       carry = (x, cache.k, cache.v)
       xs = (params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
@@ -500,11 +511,9 @@ class Transformer(nnx.Module):
     if layers is not None:
       if cache is None or not isinstance(cache.k, tuple):
         raise ValueError('layers= needs a cache in the unstack_cache layout')
-      ks, vs = list(cache.k), list(cache.v)
-      for i, layer_params in enumerate(layers):
-        x, (ks[i], vs[i]) = nnx.merge(graphdef, layer_params)(
-            x, positions, mask, (ks[i], vs[i], None, cache.index))
-      return x, (tuple(ks), tuple(vs))
+      x, ks, vs = _run_unrolled(graphdef, layers, x, positions, mask, cache,
+                                lambda k, v: (k, v, None, cache.index))
+      return x, (ks, vs)
     if cache is None:
       def body(x, layer_params):
         x = ad_checkpoint.checkpoint_name(x, 'block_input')
