@@ -92,6 +92,36 @@ def update_flops(cfg, rows: int, width: int, tokens: int | None = None) -> float
   return 3 * forward
 
 
+def _bare_weights(cfg: config_lib.ModelConfig, rng: np.random.Generator) -> dict:
+  """Random float32 weights of the model's shapes: the tied embedding and every block's q, k,
+  v, o, gate, up and down matrices (2-D, heads flattened)."""
+  d, n, k, h, f = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim)
+  w = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
+  return dict(embed=w(cfg.vocab_size, d), blocks=[
+      dict(q=w(d, n * h), k=w(d, k * h), v=w(d, k * h), o=w(n * h, d), gate=w(d, f),
+           up=w(d, f), down=w(f, d)) for _ in range(cfg.num_layers)])
+
+
+def _bare_block(x, p, groups: int, att=None):
+  """x + o(att) then + the MLP, with `att` (default: q plus v repeated over the query `groups`,
+  standing in for attention) the attention's output rows."""
+  if att is None:
+    att = x @ p['q'] + jnp.tile(x @ p['k'] + x @ p['v'], (1, groups))
+  x = x + att @ p['o']
+  return x + (jax.nn.silu(x @ p['gate']) * (x @ p['up'])) @ p['down']
+
+
+def _median_seconds(fn, repeats: int) -> float:
+  """Median wall time of `fn` (its result waited for) over `repeats` runs after a warm-up."""
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t)
+  return float(np.median(times))
+
+
 def xla_decode_loop(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: int, *,
                     attention: bool = True, repeats: int = 3) -> float:
   """Median seconds of a bare jitted generation with the model's shapes on this backend.
@@ -107,55 +137,42 @@ def xla_decode_loop(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: i
   projection. A step cannot beat its matmuls: when this loop without attention is
   above a target, no change to the model's code reaches the target on this backend.
   """
-  d, n, k, h, f, v, l = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         cfg.mlp_dim, cfg.vocab_size, cfg.num_layers)
+  n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   s = prompt + new
-  rng = np.random.default_rng(0)
-  w = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
-  blocks = [dict(q=w(d, n * h), k=w(d, k * h), v=w(d, k * h), o=w(n * h, d), gate=w(d, f),
-                 up=w(d, f), down=w(f, d)) for _ in range(l)]
-  embed = w(v, d)
 
   def block(x, p, cache, slot):
-    q, kk, vv = x @ p['q'], x @ p['k'], x @ p['v']
-    if attention:
-      kc = jax.lax.dynamic_update_slice(cache[0], kk.reshape(batch, k, 1, h), (0, 0, slot, 0))
-      vc = jax.lax.dynamic_update_slice(cache[1], vv.reshape(batch, k, 1, h), (0, 0, slot, 0))
-      logits = jnp.einsum('BKGH,BKSH->BKGS', q.reshape(batch, k, n // k, h), kc)
-      out = jnp.einsum('BKGS,BKSH->BKGH', jax.nn.softmax(logits, -1), vc)
-      cache, att = (kc, vc), out.reshape(batch, n * h)
-    else:
-      att = jnp.tile(vv, (1, n // k)) + q
-    x = x + att @ p['o']
-    return x + (jax.nn.silu(x @ p['gate']) * (x @ p['up'])) @ p['down'], cache
+    if not attention:
+      return _bare_block(x, p, n // k), cache
+    slot_of = lambda y: y.reshape(batch, k, 1, h)
+    kc = jax.lax.dynamic_update_slice(cache[0], slot_of(x @ p['k']), (0, 0, slot, 0))
+    vc = jax.lax.dynamic_update_slice(cache[1], slot_of(x @ p['v']), (0, 0, slot, 0))
+    logits = jnp.einsum('BKGH,BKSH->BKGS', (x @ p['q']).reshape(batch, k, n // k, h), kc)
+    out = jnp.einsum('BKGS,BKSH->BKGH', jax.nn.softmax(logits, -1), vc)
+    return _bare_block(x, p, n // k, out.reshape(batch, n * h)), (kc, vc)
 
   @jax.jit
-  def run(blocks, embed, tokens):
+  def run(weights, tokens):
+    embed = weights['embed']
     x = embed[tokens.reshape(-1)]                                      # the prefill's matmuls
-    for p in blocks:
-      x = x + (jax.nn.silu(x @ p['gate']) * (x @ p['up'])) @ p['down'] + (
-          (x @ p['q'] + jnp.tile(x @ p['k'] + x @ p['v'], (1, n // k))) @ p['o'])
-    last = x.reshape(batch, prompt, d)[:, -1] @ embed.T
-    caches = tuple((jnp.zeros((batch, k, s, h)), jnp.zeros((batch, k, s, h))) for _ in range(l))
+    for p in weights['blocks']:
+      x = _bare_block(x, p, n // k)
+    last = x.reshape(batch, prompt, -1)[:, -1] @ embed.T
+    caches = tuple((jnp.zeros((batch, k, s, h)), jnp.zeros((batch, k, s, h)))
+                   for _ in weights['blocks'])
 
     def body(carry):
       step, logits, caches = carry
       x = embed[jnp.argmax(logits, -1)]
       caches = list(caches)
-      for i, p in enumerate(blocks):
+      for i, p in enumerate(weights['blocks']):
         x, caches[i] = block(x, p, caches[i], prompt + step - 1)
       return step + 1, x @ embed.T, tuple(caches)
 
     return jax.lax.while_loop(lambda c: c[0] < new, body, (1, last, caches))[1]
 
+  weights = _bare_weights(cfg, np.random.default_rng(0))
   tokens = jnp.zeros((batch, prompt), jnp.int32)
-  jax.block_until_ready(run(blocks, embed, tokens))
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    jax.block_until_ready(run(blocks, embed, tokens))
-    times.append(time.perf_counter() - t)
-  return float(np.median(times))
+  return _median_seconds(lambda: run(weights, tokens), repeats)
 
 
 def xla_update(cfg: config_lib.ModelConfig, rows: int, width: int, *, repeats: int = 3) -> float:
@@ -168,29 +185,17 @@ def xla_update(cfg: config_lib.ModelConfig, rows: int, width: int, *, repeats: i
   every weight (no optimizer). When this is above a target, no change to the
   update's code reaches the target on this backend.
   """
-  d, n, k, h, f, v, l = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         cfg.mlp_dim, cfg.vocab_size, cfg.num_layers)
+  groups = cfg.num_heads // cfg.num_kv_heads
   rng = np.random.default_rng(0)
-  w = lambda *shape: jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
-  params = dict(embed=w(v, d), blocks=[
-      dict(q=w(d, n * h), k=w(d, k * h), v=w(d, k * h), o=w(n * h, d), gate=w(d, f),
-           up=w(d, f), down=w(f, d)) for _ in range(l)])
-  tokens = jnp.asarray(rng.integers(0, v, (rows * width,)), jnp.int32)
+  weights = _bare_weights(cfg, rng)
+  tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (rows * width,)), jnp.int32)
 
-  def loss(params, tokens):
-    x = params['embed'][tokens]
-    for p in params['blocks']:
-      att = x @ p['q'] + jnp.tile(x @ p['k'] + x @ p['v'], (1, n // k))
-      x = x + att @ p['o']
-      x = x + (jax.nn.silu(x @ p['gate']) * (x @ p['up'])) @ p['down']
-    logp = jax.nn.log_softmax(x @ params['embed'].T)
+  def loss(weights, tokens):
+    x = weights['embed'][tokens]
+    for p in weights['blocks']:
+      x = _bare_block(x, p, groups)
+    logp = jax.nn.log_softmax(x @ weights['embed'].T)
     return -jnp.mean(jnp.take_along_axis(logp, jnp.roll(tokens, -1)[:, None], 1))
 
   grad = jax.jit(jax.grad(loss))
-  jax.block_until_ready(grad(params, tokens))
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    jax.block_until_ready(grad(params, tokens))
-    times.append(time.perf_counter() - t)
-  return float(np.median(times))
+  return _median_seconds(lambda: grad(weights, tokens), repeats)

@@ -270,13 +270,12 @@ def _phase_ends(nb: int, phases: int = DEFAULT_DECODE_PHASES) -> tuple[int, ...]
 def _grow(cache: transformer.Cache, length: int) -> transformer.Cache:
   """The same cache with empty slots appended up to `length`."""
   extra = length - cache.segment_ids.shape[1]
-  def grow(x):
-    if isinstance(x, tuple):           # per-layer [B, K, S, H] (transformer.unstack_cache)
-      return tuple(sharding.constrain(jnp.pad(a, ((0, 0), (0, 0), (0, extra), (0, 0))),
-                                      transformer.CACHE_AXES[1:]) for a in x)
-    return sharding.constrain(  # [L, B, K, S, H]: slots are axis 3.
-        jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, extra), (0, 0))), transformer.CACHE_AXES)
-  return cache._replace(k=grow(cache.k), v=grow(cache.v),
+
+  def grow(x):    # [L, B, K, S, H] or one layer's [B, K, S, H]: slots are the axis before last
+    pad = [(0, 0)] * x.ndim
+    pad[-2] = (0, extra)
+    return sharding.constrain(jnp.pad(x, pad), transformer.CACHE_AXES[-x.ndim:])
+  return cache._replace(k=jax.tree.map(grow, cache.k), v=jax.tree.map(grow, cache.v),
                         segment_ids=jnp.pad(cache.segment_ids, ((0, 0), (0, extra))))
 
 
@@ -574,6 +573,10 @@ class Sampler:
 
     self._jit = jax.jit(counted, static_argnums=0, static_argnames=_STATIC)
 
+  @property
+  def _unroll(self) -> bool:
+    return self.decode_layers == 'unrolled'
+
   def _batch_bucket(self, n: int) -> int:
     shards = sharding.batch_shards(self.mesh, self.rules)
     if self.batch_buckets is None:
@@ -667,13 +670,13 @@ class Sampler:
             sds((), jnp.int32, rep), sds((), jnp.int32, rep))
     kw = dict(max_new_bucket=nb, eos_ids=self.eos_ids, pad_id=self.pad_id,
               greedy=sp.greedy, filtered=sp.filtered, decode_phases=self.decode_phases,
-              group=group, unroll=self.decode_layers == 'unrolled')
+              group=group, unroll=self._unroll)
     chunks = -(-rows // b)
     what = (f'{b} rows' + (f' per chunk, {chunks} chunks' if chunks > 1 else '')
             + (f', {u} prompts prefilled once each' if group > 1 else '')
             + f', prompt bucket {p}, new-token bucket {nb} (KV cache of {p + nb} '
             f'slots, {self.decode_phases} decode phase(s)'
-            + (', layers unrolled' if self.decode_layers == 'unrolled' else '') + ')')
+            + (', layers unrolled' if self._unroll else '') + ')')
     return args, kw, what
 
   def lower(self, params, rows: int, prompt_len: int, sp: SamplingParams, num_samples: int = 1,
@@ -752,7 +755,7 @@ class Sampler:
     group = self.prefill_group(c, num_samples)
     kw = dict(max_new_bucket=nb, eos_ids=self.eos_ids, pad_id=self.pad_id,
               greedy=sp.greedy, filtered=sp.filtered, decode_phases=self.decode_phases,
-              group=group, unroll=self.decode_layers == 'unrolled')
+              group=group, unroll=self._unroll)
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
                np.int32(sp.top_k), np.int32(sp.max_new_tokens))
     params = self.rollout_params(params)
@@ -926,7 +929,7 @@ class Sampler:
       eng = self._engines[slots] = engine_lib.Engine(
           self.graphdef, self.cfg, engine_lib.EngineOptions(slots=slots, **self._engine_options),
           eos_ids=self.eos_ids, pad_id=self.pad_id, mesh=self.mesh, rules=self.rules,
-          prompt_buckets=self.prompt_buckets, unroll=self.decode_layers == 'unrolled')
+          prompt_buckets=self.prompt_buckets, unroll=self._unroll)
     return eng
 
   @property
