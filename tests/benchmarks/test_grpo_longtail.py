@@ -1,4 +1,5 @@
-"""benchmarks.grpo_step --workload=longtail: padded against engine + packed steps."""
+"""benchmarks.grpo_step: the fixed step beside its floor and bare programs; --workload=longtail:
+padded against engine + packed steps."""
 
 import json
 import pathlib
@@ -25,3 +26,14 @@ def test_longtail_grpo_steps_report_both_sides():
   assert padded['update_token_slots'] == 8 * (16 + 32)
   assert packed['update_token_slots'] < padded['update_token_slots']
   assert result['engine_speedup'] == padded['s_per_step'] / packed['s_per_step']
+
+
+def test_fixed_grpo_step_reports_its_floor_and_the_bare_programs():
+  out = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.grpo_step', '--prompts=2', '--group_size=4',
+       '--new_tokens=16', '--steps=1'],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
+  result = json.loads(out.strip().splitlines()[-1])
+  assert result['floor_s'] == pytest.approx(result['floor_sample_s'] + result['floor_update_s'])
+  assert result['xla_sample_s'] > 0 and result['xla_update_s'] > 0
+  assert "this backend's bare programs of the same work" in out
