@@ -309,6 +309,8 @@ def train_lowering(stage, model_cfg, mesh, rules, microbatches: int | None = Non
   step = loop.build_train_step(kind, stage, graphdef, state, mesh, rules,
                                microbatches=microbatches)
   batch, what = kind.abstract_batch(stage, mesh, rules)
+  if not model_cfg.scans_layers:
+    what += ', layers unrolled'
   return (lambda: step.lower(state, batch)), what
 
 
@@ -549,10 +551,13 @@ def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: b
     # 'auto' resolves by the backend JAX runs on (this CPU host); the TPU programs use splash.
     model_cfg = model_cfg.replace(attention='splash')
   hw = _as_dict(config.hardware) if 'hardware' in config else {}
-  if sampler_cfg.get('decode_layers', 'auto') == 'auto' and hw.get('platform') in ('tpu', 'gpu'):
-    # 'auto' resolves by the devices compiled for (these CPUs when simulated); the
-    # accelerator's sampler scans its layers.
-    sampler_cfg['decode_layers'] = 'scan'
+  if tgt.kind == 'tpu' or hw.get('platform') in ('tpu', 'gpu'):
+    # Both 'auto's resolve by the devices compiled for (these CPUs when simulated); the
+    # accelerator's programs scan their layers.
+    if sampler_cfg.get('decode_layers', 'auto') == 'auto':
+      sampler_cfg['decode_layers'] = 'scan'
+    if model_cfg.scan_layers == 'auto':
+      model_cfg = model_cfg.replace(scan_layers=True)
   mesh = sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.devices)
   count_mesh = (sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.count_devices)
                 if tgt.count_devices else mesh)

@@ -398,7 +398,7 @@ def _remat(body, cfg: config_lib.ModelConfig):
   else:
     policy = names.nothing_saveable
   # Inside a scan the body cannot be CSE'd with its recomputation anyway.
-  return jax.checkpoint(body, policy=policy, prevent_cse=not cfg.scan_layers)
+  return jax.checkpoint(body, policy=policy, prevent_cse=not cfg.scans_layers)
 
 
 class Transformer(nnx.Module):
@@ -490,7 +490,7 @@ class Transformer(nnx.Module):
     else:
       carry = (x, cache.k, cache.v)
       xs = (params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
-      if cfg.scan_layers:
+      if cfg.scans_layers:
         carry, _ = jax.lax.scan(body, carry, xs)
       else:
         for i in range(cfg.num_layers):
@@ -500,7 +500,7 @@ class Transformer(nnx.Module):
     return logits, cache._replace(k=k_all, v=v_all)
 
   def _run_blocks(self, x, positions, mask, cache, layers=None):
-    """x [B, T, D] through the L blocks: one scanned body, or a Python loop (cfg.scan_layers).
+    """x [B, T, D] through the L blocks: one scanned body, or a Python loop (cfg.scans_layers).
 
     Returns:
       (x [B, T, D], None) without a cache; with one, (x, (k, v)): the stacked
@@ -528,7 +528,7 @@ class Transformer(nnx.Module):
             x, positions, mask, (k_all, v_all, i, cache.index))
         return (x, k_all, v_all), None
       carry, xs = (x, cache.k, cache.v), (params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
-    if cfg.scan_layers:
+    if cfg.scans_layers:
       carry, _ = jax.lax.scan(body, carry, xs)
     else:
       for i in range(cfg.num_layers):

@@ -275,13 +275,13 @@ def test_the_paged_engine_is_planned_with_its_page_pool(tiny_path):
 
 
 @pytest.mark.parametrize('platform,unrolled', [('cpu', True), ('tpu', False)])
-def test_the_sampler_is_planned_with_the_platforms_decode_layers(tiny_path, platform, unrolled):
-  # decode_layers='auto' unrolls on CPUs; a TPU config planned on these simulated CPUs plans
-  # the TPU's sampler, which scans its layers.
+def test_programs_are_planned_with_the_platforms_layer_loops(tiny_path, platform, unrolled):
+  # decode_layers='auto' and the model's scan_layers='auto' unroll on CPUs; a TPU config
+  # planned on these simulated CPUs plans the TPU's programs, which scan their layers.
   config = _load(tiny_path)
   config.hardware.platform = platform
-  [rep] = plan.run_plan(config, plan.target(config, 'cpu'), stages=['add_rl'], with_eval=False,
-                        with_train=False)
-  [samp] = rep.programs
+  [rep] = plan.run_plan(config, plan.target(config, 'cpu'), stages=['add_rl'], with_eval=False)
+  train, samp = rep.programs
   assert not samp.error and samp.shapes.endswith('decode phase(s)' + (
       ', layers unrolled)' if unrolled else ')')), samp.shapes
+  assert not train.error and train.shapes.endswith(', layers unrolled') == unrolled, train.shapes

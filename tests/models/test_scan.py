@@ -12,10 +12,11 @@ from flax import nnx
 from models import config as config_lib
 from models import transformer
 
+# scan_layers=True: 'auto' (the default) runs the loop on these CPUs.
 FAMILIES = {
-    'qwen3': config_lib.ModelConfig.tiny(num_layers=3),
+    'qwen3': config_lib.ModelConfig.tiny(num_layers=3, scan_layers=True),
     'qwen2': config_lib.ModelConfig.tiny(family='qwen2', qk_norm=False, qkv_bias=True,
-                                         tie_embeddings=False, num_layers=3),
+                                         tie_embeddings=False, num_layers=3, scan_layers=True),
 }
 TOKENS = jax.random.randint(jax.random.key(1), (2, 12), 0, 256, dtype=jnp.int32)
 
@@ -90,7 +91,7 @@ def test_scan_equals_unrolled_loop(family):
 # Slow: test_transformer checks remat gradients by default; this adds the named policies.
 @pytest.mark.slow
 def test_remat_policies_give_the_same_gradients():
-  cfg = config_lib.ModelConfig.tiny(num_layers=3)
+  cfg = config_lib.ModelConfig.tiny(num_layers=3, scan_layers=True)
   model = _model(cfg)
   ref = _grads(cfg, model)
   for cfg_b in [cfg.replace(remat=p) for p in config_lib.REMAT_POLICIES[1:]] + [
@@ -105,9 +106,25 @@ def test_remat_policies_give_the_same_gradients():
     config_lib.ModelConfig.tiny(remat='everything')
 
 
+def test_auto_loops_the_layers_on_cpu_and_scans_them_elsewhere(monkeypatch):
+  # scan_layers='auto' (the default) resolves by JAX's default backend when a pass is traced.
+  def scans(cfg):
+    graphdef, params = nnx.split(transformer.create(cfg, seed=0))
+    loss = lambda p: jnp.mean(nnx.merge(graphdef, p)(TOKENS) ** 2)
+    return ' scan[' in str(jax.make_jaxpr(jax.grad(loss))(params))
+  auto = config_lib.ModelConfig.tiny()
+  assert auto.scan_layers == 'auto' and not auto.scans_layers and not scans(auto)
+  assert scans(auto.replace(scan_layers=True)) and auto.replace(scan_layers=True).scans_layers
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'tpu')
+  assert auto.scans_layers and not auto.replace(scan_layers=False).scans_layers
+  for bad in ('scan', 1, None):
+    with pytest.raises(ValueError, match=f"ModelConfig.scan_layers={bad!r}: expected True"):
+      auto.replace(scan_layers=bad)
+
+
 def test_offload_policy_keeps_the_block_inputs_on_host():
   def host_values(remat):
-    cfg = config_lib.ModelConfig.tiny(num_layers=2, remat=remat)
+    cfg = config_lib.ModelConfig.tiny(num_layers=2, remat=remat, scan_layers=True)
     graphdef, params = nnx.split(transformer.create(cfg, seed=0))
     loss = lambda p: jnp.mean(nnx.merge(graphdef, p)(TOKENS) ** 2)
     return set(re.findall(r'f32<host>\[[0-9,]*\]', str(jax.make_jaxpr(jax.grad(loss))(params))))

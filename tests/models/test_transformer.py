@@ -51,7 +51,7 @@ def test_prefill_then_decode_equals_full_forward(family):
 def test_unrolled_layers_over_per_layer_caches_equal_the_stack(family):
   # The unrolled decode layout (each block's sliced weights, one cache buffer per layer)
   # computes what the scanned stack does, and writes the same keys and values.
-  cfg = FAMILIES[family]
+  cfg = FAMILIES[family].replace(scan_layers=True)
   model = transformer.create(cfg, seed=0)
   tokens = _tokens()
   cache = transformer.init_cache(cfg, 2, 16)

@@ -96,7 +96,10 @@ def test_scanned_and_unrolled_decode_sample_the_same_rows(policy, reference, lay
   # decode_layers='scan' (one loop body over the stacked weights and pool, as accelerators
   # run it) and 'unrolled' (per-layer weights and pools made once per decode call, the pools
   # stacked again after it) sample the one-call rows, with rows preempted between calls.
-  eng = _paged(policy[0], slots=4, pages=14, chunk_steps=5, prefill_prompts=3,
+  # The scanned side's model scans its layers (scan_layers='auto' loops them on these CPUs).
+  graphdef = (nnx.graphdef(transformer.create(CFG.replace(scan_layers=True), seed=0))
+              if layers == 'scan' else policy[0])
+  eng = _paged(graphdef, slots=4, pages=14, chunk_steps=5, prefill_prompts=3,
                decode_layers=layers)
   out = eng.generate(policy[1], PROMPTS, jax.random.key(5), SP, num_samples=G,
                      row_limits=LIMITS)

@@ -145,10 +145,12 @@ def test_long_generation_across_decode_phases(policy):
 def test_unrolled_decode_equals_scanned(policy, greedy):
   # decode_layers='unrolled' (per-layer weights and caches made before the loop) samples
   # the tokens the scanned stack does, across a phase switch (which grows the per-layer
-  # caches) and with a shared prefill (group 2); 'auto' is 'unrolled' on these CPUs.
+  # caches) and with a shared prefill (group 2); 'auto' is 'unrolled' on these CPUs. The
+  # scanned side's model scans its layers (scan_layers='auto' loops them on these CPUs).
+  scanned = nnx.graphdef(transformer.create(CFG.replace(scan_layers=True), seed=0))
   make = lambda layers: sampler.Sampler(
-      policy[0], CFG, eos_ids=EOS, prompt_buckets=(16,), new_token_buckets=(256,),
-      batch_buckets=(8,), decode_phases=2, decode_layers=layers)
+      scanned if layers == 'scan' else policy[0], CFG, eos_ids=EOS, prompt_buckets=(16,),
+      new_token_buckets=(256,), batch_buckets=(8,), decode_phases=2, decode_layers=layers)
   assert make('auto').decode_layers == 'unrolled' and make('scan').decode_layers == 'scan'
   sp = sampler.SamplingParams(max_new_tokens=150, greedy=greedy, temperature=0.8, top_k=20)
   outs = [make(layers).generate(policy[1], PROMPTS, jax.random.key(7), sp, num_samples=2)
