@@ -203,11 +203,43 @@ class _Slots(NamedTuple):
   live: jax.Array         # [S] bool
 
 
+def _pool_size(pool) -> int:
+  """Pages in a pool, stacked [L, K, P, page_size, H] or per layer (a tuple of [K, P, ...])."""
+  return (pool[0] if isinstance(pool, tuple) else pool).shape[-3]
+
+
+def _pool_get(pool, index: tuple) -> jax.Array:
+  """pool[:, :, *index] as one [L, K, ...] array, from either layout."""
+  if isinstance(pool, tuple):
+    return jnp.stack([p[(slice(None),) + index] for p in pool])
+  return pool[(slice(None), slice(None)) + index]
+
+
+def _pool_set(pool, index: tuple, values: jax.Array):
+  """pool[:, :, *index] = values [L, K, ...] (a page index past the pool is dropped), in the
+  pool's layout, each array constrained to its page layout (`transformer.PAGE_AXES`)."""
+  if isinstance(pool, tuple):
+    return tuple(sharding.constrain(
+        p.at[(slice(None),) + index].set(values[i].astype(p.dtype), mode='drop'),
+        transformer.PAGE_AXES[1:]) for i, p in enumerate(pool))
+  pool = pool.at[(slice(None), slice(None)) + index].set(values.astype(pool.dtype), mode='drop')
+  return sharding.constrain(pool, transformer.PAGE_AXES)
+
+
+def _init_pool(cfg: config_lib.ModelConfig, num_pages: int, page_size: int, per_layer: bool):
+  """Empty (k, v) pools: stacked, or per layer (the unrolled decode's layout)."""
+  k, v = transformer.init_pages(cfg, num_pages, page_size)
+  if per_layer:
+    k, v = (transformer.split_layers(x, transformer.PAGE_AXES) for x in (k, v))
+  return k, v
+
+
 def _prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, copy_src,
              copy_dst):
   """Prefills right-padded prompts into pages, then copies pages (a prompt's partial page).
 
   Args:
+    k_pool, v_pool: the pools, stacked or per layer (tuples; see `_decode`'s `unroll`).
     tokens: [A, T] int32, each prompt's tokens from position 0 (T a multiple
       of the page size), padding after them.
     segment_ids: [A, T] int32, 1 = a real token.
@@ -222,22 +254,21 @@ def _prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, c
   model = nnx.merge(graphdef, params)
   cfg = model.cfg
   a, t = tokens.shape
-  ps = k_pool.shape[3]
+  ps = (k_pool[0] if isinstance(k_pool, tuple) else k_pool).shape[-2]
   if t:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (a, t))
     _, cache = model.hidden(tokens, positions, segment_ids,
-                            cache=transformer.init_cache(cfg, a, t, dtype=k_pool.dtype))
+                            cache=transformer.init_cache(cfg, a, t, dtype=cfg.jnp_dtype))
     # [L, A, K, T, H] -> [L, K, A * T / ps, ps, H]: whole pages, scattered by page id.
     as_pages = lambda x: x.transpose(0, 2, 1, 3, 4).reshape(
         cfg.num_layers, cfg.num_kv_heads, a * (t // ps), ps, cfg.head_dim)
-    dst = dst_pages.reshape(-1)
-    k_pool = k_pool.at[:, :, dst].set(as_pages(cache.k), mode='drop')
-    v_pool = v_pool.at[:, :, dst].set(as_pages(cache.v), mode='drop')
-  src = jnp.minimum(copy_src, k_pool.shape[2] - 1)
-  k_pool = k_pool.at[:, :, copy_dst].set(k_pool[:, :, src], mode='drop')
-  v_pool = v_pool.at[:, :, copy_dst].set(v_pool[:, :, src], mode='drop')
-  return (sharding.constrain(k_pool, transformer.PAGE_AXES),
-          sharding.constrain(v_pool, transformer.PAGE_AXES))
+    dst = (dst_pages.reshape(-1),)
+    k_pool = _pool_set(k_pool, dst, as_pages(cache.k))
+    v_pool = _pool_set(v_pool, dst, as_pages(cache.v))
+  src = (jnp.minimum(copy_src, _pool_size(k_pool) - 1),)
+  k_pool = _pool_set(k_pool, (copy_dst,), _pool_get(k_pool, src))
+  v_pool = _pool_set(v_pool, (copy_dst,), _pool_get(v_pool, src))
+  return k_pool, v_pool
 
 
 def _extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_table, *,
@@ -262,12 +293,13 @@ def _extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_
   model = nnx.merge(graphdef, params)
   cfg = model.cfg
   a, t = tokens.shape
-  num_pages, ps = k_pool.shape[2], k_pool.shape[3]
+  num_pages = _pool_size(k_pool)
+  ps = (k_pool[0] if isinstance(k_pool, tuple) else k_pool).shape[-2]
   c = context_pages * ps
   ctx = jnp.minimum(page_table[:, :context_pages], num_pages - 1)   # past a row's pages: masked
 
   def gathered(pool):   # [L, K, A, W, ps, H] -> [L, A, K, W * ps + T, H]
-    x = pool[:, :, ctx].reshape(cfg.num_layers, cfg.num_kv_heads, a, c, cfg.head_dim)
+    x = _pool_get(pool, (ctx,)).reshape(cfg.num_layers, cfg.num_kv_heads, a, c, cfg.head_dim)
     x = jnp.pad(x.transpose(0, 2, 1, 3, 4), ((0, 0), (0, 0), (0, 0), (0, t), (0, 0)))
     return sharding.constrain(x, transformer.CACHE_AXES)
 
@@ -282,10 +314,7 @@ def _extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_
   off = positions % ps
   # [L, A, K, T, H] -> [L, K, A, T, H], the indexed region of pool[:, :, page, off].
   new = lambda x: x[:, :, :, c:].transpose(0, 2, 1, 3, 4)
-  k_pool = k_pool.at[:, :, page, off].set(new(cache.k), mode='drop')
-  v_pool = v_pool.at[:, :, page, off].set(new(cache.v), mode='drop')
-  return (sharding.constrain(k_pool, transformer.PAGE_AXES),
-          sharding.constrain(v_pool, transformer.PAGE_AXES))
+  return _pool_set(k_pool, (page, off), new(cache.k)), _pool_set(v_pool, (page, off), new(cache.v))
 
 
 def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temperature,
@@ -305,9 +334,9 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
     rng: the call's PRNG key.
     temperature, top_p, top_k: traced sampling scalars.
     refill_at: [] int32 idle slots that end the call early.
-    unroll: static; the blocks run unrolled over their weights and per-layer pools,
-      sliced and split once for the call and the pools stacked again at its end
-      (the Sampler's decode_layers='unrolled').
+    unroll: static; the blocks run unrolled over their weights, sliced once for the
+      call, and over the pools, which the engine then keeps per layer (tuples of
+      [K, P, page_size, H]) between its calls (the Sampler's decode_layers='unrolled').
 
   Returns:
     (state, steps run [], tokens [S, chunk], logprobs, sampling_logprobs):
@@ -325,11 +354,10 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
                            top_k=top_k, greedy=greedy, filtered=filtered)
   batch_only = ('batch', None)
   buf = lambda fill, dt: sharding.constrain(jnp.full((s, chunk), fill, dt), batch_only)
-  layers = None
-  if unroll:
-    layers = model.layer_states()
-    state = state._replace(k=transformer.split_layers(state.k, transformer.PAGE_AXES),
-                           v=transformer.split_layers(state.v, transformer.PAGE_AXES))
+  if unroll != isinstance(state.k, tuple):
+    raise ValueError(f'engine: unroll={unroll} needs the pools '
+                     + ('per layer' if unroll else 'stacked'))
+  layers = model.layer_states() if unroll else None
 
   def body(carry):
     i, st, toks, lps, slps = carry
@@ -356,9 +384,6 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
   init = (jnp.zeros((), jnp.int32), state, buf(pad_id, jnp.int32), buf(0, jnp.float32),
           buf(0, jnp.float32))
   steps, state, toks, lps, slps = jax.lax.while_loop(cond, body, init)
-  if unroll:
-    stack = lambda xs: sharding.constrain(jnp.stack(xs), transformer.PAGE_AXES)
-    state = state._replace(k=stack(state.k), v=stack(state.v))
   return state, steps, toks, lps, slps
 
 
@@ -404,7 +429,8 @@ class Engine:
                eos_ids: Sequence[int], pad_id: int, mesh=None, rules=None,
                prompt_buckets: Sequence[int], unroll: bool = False):
     self.graphdef, self.cfg, self.opt = graphdef, cfg, options
-    self.unroll = bool(unroll)        # decode calls run the blocks unrolled (see _decode)
+    # Decode calls run the blocks unrolled, and the pools are kept per layer (see _decode).
+    self.unroll = bool(unroll)
     self.eos_ids, self.pad_id = tuple(eos_ids), int(pad_id)
     self.mesh, self.rules = mesh, rules
     self.prompt_buckets = tuple(prompt_buckets)
@@ -426,6 +452,8 @@ class Engine:
     self._prefill = jax.jit(counted(_prefill), static_argnums=0, donate_argnums=(2, 3))
     self._decode = jax.jit(counted(_decode), static_argnums=0, static_argnames=_DECODE_STATIC,
                            donate_argnums=(2,))
+    # Compiled once per pool size (not counted: it runs no model).
+    self._init_pool = jax.jit(_init_pool, static_argnums=(0, 1, 2, 3))
     self._extend = jax.jit(counted(_extend), static_argnums=0,
                            static_argnames=('context_pages',), donate_argnums=(2, 3))
 
@@ -469,8 +497,12 @@ class Engine:
     cfg, ps = self.cfg, self.opt.page_size
     num_pages = self.pool_pages(row_tokens, row_tokens)
     pool = (cfg.num_layers, cfg.num_kv_heads, num_pages, ps, cfg.head_dim)
-    k = self._sds(pool, cfg.jnp_dtype, transformer.PAGE_AXES)
-    return num_pages, k, self._sds(pool, cfg.jnp_dtype, transformer.PAGE_AXES)
+    if self.unroll:
+      one = lambda: tuple(self._sds(pool[1:], cfg.jnp_dtype, transformer.PAGE_AXES[1:])
+                          for _ in range(cfg.num_layers))
+    else:
+      one = lambda: self._sds(pool, cfg.jnp_dtype, transformer.PAGE_AXES)
+    return num_pages, one(), one()
 
   def abstract_decode(self, graphdef, params, row_tokens: int, greedy: bool, filtered: bool):
     """The arguments of a decode call with every slot live, abstract (for `launch.plan`).
@@ -584,6 +616,10 @@ class Engine:
     if session.pool is not None and session.shards != self.shards:
       raise ValueError(f'engine: the session\'s pool is split over {session.shards} batch '
                        f'shards, this engine\'s over {self.shards}')
+    if session.pool is not None and isinstance(session.pool[0], tuple) != self.unroll:
+      layout = lambda per_layer: 'per layer' if per_layer else 'stacked'
+      raise ValueError(f'engine: the session\'s pool is {layout(not self.unroll)}, this '
+                       f'engine keeps it {layout(self.unroll)} (decode_layers)')
     longest = max(np.size(q) for q in prompts) - 1 + int(np.max(limits))
     if longest > session.row_tokens:   # refused before the pool is touched: the session stays
       raise ValueError(f'engine: a row of {longest} cache tokens does not fit the session\'s '
@@ -621,7 +657,7 @@ class Engine:
     slot_shard = np.arange(s) // shard_slots
     if session is not None and session.pool is not None:
       (k_pool, v_pool), free = session.pool, session.free
-      num_pages = k_pool.shape[2]
+      num_pages = _pool_size(k_pool)
       session.pool = None                               # donated to this call's programs
     else:
       num_pages = self.pool_pages(max_tokens if session else longest, max_tokens)
@@ -629,8 +665,7 @@ class Engine:
       free = [list(range((sh + 1) * per_shard - 1, sh * per_shard - 1, -1))
               for sh in range(shards)]
       with sharding.use_mesh(self.mesh, self.rules):
-        k_pool, v_pool = jax.jit(
-            lambda: transformer.init_pages(self.cfg, num_pages, ps))()
+        k_pool, v_pool = self._init_pool(self.cfg, num_pages, ps, self.unroll)
       if session is not None:
         session.free, session.shards = free, shards
     drop = num_pages                                    # a page index the scatters drop

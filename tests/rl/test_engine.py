@@ -106,6 +106,10 @@ def test_scanned_and_unrolled_decode_sample_the_same_rows(policy, reference, lay
   assert eng._engines[4].unroll == (layers == 'unrolled')
   _assert_same_rows(out, reference[False])
   assert eng.pages_in_use == 0 and eng._engines[4].preemptions > 0
+  # Another call makes its empty pool with the program the first compiled.
+  pools = eng._engines[4]._init_pool._cache_size()
+  eng.generate(policy[1], PROMPTS[:2], jax.random.key(6), SP, num_samples=G)
+  assert eng._engines[4]._init_pool._cache_size() == pools
   if layers == 'unrolled':
     model = nnx.merge(*policy)
     k, v = transformer.init_pages(CFG, 4, 8)
@@ -562,6 +566,15 @@ def test_session_errors(policy):
   gen([[5, 6, 7], [8]])
   held = session.pages_held
   assert held > 0
+  # The unrolled decode ('auto' on these CPUs) keeps the pools per layer between calls; an
+  # engine that keeps them stacked refuses them, and the session keeps what it holds.
+  assert all(isinstance(p, tuple) and len(p) == CFG.num_layers for p in session.pool)
+  scanned = sampler.Sampler(policy[0], CFG, eos_ids=EOS, pad_id=0, engine='paged', page_size=8,
+                            slots=4, decode_layers='scan', **_TURN_BUCKETS)
+  with pytest.raises(ValueError, match="session's pool is per layer, this engine keeps it "
+                                       r"stacked \(decode_layers\)"):
+    scanned.generate(policy[1], [[5, 6]], 0, sp, session=session, keys=[0])
+  assert session.pages_held == held
   # A call refused before it starts keeps what the session holds.
   with pytest.raises(ValueError, match="does not fit the session's row_tokens=64"):
     gen([list(range(20, 80))])
