@@ -137,6 +137,9 @@ class _Ours:
 
   def __init__(self, cfg, model, prompts, new_tokens, decode_layers='auto'):
     self.graphdef, self.params = nnx.split(model)
+    if decode_layers == 'scan':   # one lax.scan body, as accelerators run it (not 'auto''s loop)
+      self.graphdef = nnx.graphdef(nnx.eval_shape(lambda: transformer.Transformer(
+          cfg.replace(scan_layers=True), rngs=nnx.Rngs(0))))
     # The prompt bucket is the prompt length, as configs set it (configs/_tiny_common.py).
     self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=(),
                                        prompt_buckets=(len(prompts[0]),),
