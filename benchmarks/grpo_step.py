@@ -3,6 +3,9 @@
   .venv/bin/python -m benchmarks.grpo_step
   .venv/bin/python -m benchmarks.grpo_step --compare_trl     # needs setup.py's [bench] extra
 
+--scan_layers=true|false forces our model's layer scan (default 'auto': a loop on
+CPU, see models/config.py) to compare the two.
+
 Defaults: the tiny Qwen3-like shape (2 layers, embed 192, 6 x 32 heads, 6 kv
 heads, MLP 768, vocab 256), 4 prompts x 8 samples x 64 new tokens, 16-token
 prompts. One step = sample 32 completions, score them on the host (reward:
@@ -34,7 +37,7 @@ Printed: a table, the step's floor (sampling: FLOPs at the measured matmul
 rate, or the weight reads of the longest row's decode steps at the measured
 bandwidth; the update: its FLOPs over the real tokens) beside the measurement
 (for longtail, the engine's), then one JSON line with s_per_step, sample_s, score_s,
-update_s, compile_s, floor_s, x_floor, xla_sample_s and xla_update_s (the fixed workload's
+update_s, compile_s, layers_scanned, floor_s, x_floor, xla_sample_s and xla_update_s (the fixed workload's
 sampling and update as bare jitted programs of the same work on this backend, see
 benchmarks/floor.py) (and trl_s_per_step, trl_sample_s, speedup_vs_trl; for
 longtail the two sides' medians and engine_speedup).
@@ -88,11 +91,17 @@ _PACK_TOKENS = flags.DEFINE_integer('pack_tokens', 0,
                                     'response, one padded row\'s width).')
 
 
+_SCAN_LAYERS = flags.DEFINE_enum('scan_layers', 'auto', ['auto', 'true', 'false'],
+                                 "Our model's ModelConfig.scan_layers ('auto': a Python loop "
+                                 'over the blocks on CPU, a scan elsewhere).')
+
+
 def _model_config() -> config_lib.ModelConfig:
+  scan = {'auto': 'auto', 'true': True, 'false': False}[_SCAN_LAYERS.value]
   return config_lib.ModelConfig.tiny(
       num_layers=_LAYERS.value, embed_dim=_EMBED.value, num_heads=_HEADS.value,
       head_dim=_HEAD_DIM.value, num_kv_heads=_KV_HEADS.value, mlp_dim=_MLP.value,
-      vocab_size=_VOCAB.value)
+      vocab_size=_VOCAB.value, scan_layers=scan)
 
 
 def reward(tokens: np.ndarray, mask: np.ndarray, target: int) -> np.ndarray:
@@ -301,7 +310,8 @@ def main(argv):
   print(f'model: {cfg.num_layers} layers, embed {cfg.embed_dim}, {cfg.num_heads}x{cfg.head_dim} '
         f'heads ({cfg.num_kv_heads} kv), mlp {cfg.mlp_dim}, vocab {cfg.vocab_size}, '
         f'{cfg.num_params() / 1e6:.2f}M params | {_PROMPTS.value} prompts x {_G.value} samples '
-        f'x {_NEW_TOKENS.value} new tokens, prompt {_PROMPT_LEN.value} | jax {jax.__version__} '
+        f'x {_NEW_TOKENS.value} new tokens, prompt {_PROMPT_LEN.value}, layers '
+        f'{"scanned" if cfg.scans_layers else "looped"} | jax {jax.__version__} '
         f'on {jax.devices()[0].platform}')
 
   if _WORKLOAD.value == 'longtail':
@@ -323,7 +333,7 @@ def main(argv):
   result = dict(s_per_step=s_step, sample_s=med('sample', runs), score_s=med('score', runs),
                 update_s=med('update', runs), compile_s=max(first['step'] - s_step, 0.0),
                 prompts=_PROMPTS.value, group_size=_G.value, new_tokens=_NEW_TOKENS.value,
-                steps=len(runs), reward=runs[-1]['reward'])
+                steps=len(runs), reward=runs[-1]['reward'], layers_scanned=cfg.scans_layers)
   print(f'\n{"":<26} {"s/step":>8} {"sample s":>9} {"score s":>8} {"update s":>9}')
   print(f'{"cascade (jax)":<26} {s_step:8.3f} {result["sample_s"]:9.3f} '
         f'{result["score_s"]:8.4f} {result["update_s"]:9.3f}')

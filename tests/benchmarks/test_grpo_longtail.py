@@ -28,12 +28,16 @@ def test_longtail_grpo_steps_report_both_sides():
   assert result['engine_speedup'] == padded['s_per_step'] / packed['s_per_step']
 
 
-def test_fixed_grpo_step_reports_its_floor_and_the_bare_programs():
+@pytest.mark.parametrize('scan', ['auto', 'true'])
+def test_fixed_grpo_step_reports_its_floor_and_the_bare_programs(scan):
+  # --scan_layers: 'auto' loops the blocks on these CPUs, 'true' scans them.
   out = subprocess.run(
       [sys.executable, '-m', 'benchmarks.grpo_step', '--prompts=2', '--group_size=4',
-       '--new_tokens=16', '--steps=1'],
+       '--new_tokens=16', '--steps=1', f'--scan_layers={scan}'],
       cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
   result = json.loads(out.strip().splitlines()[-1])
+  assert result['layers_scanned'] == (scan == 'true')
+  assert ('layers scanned' if scan == 'true' else 'layers looped') in out.splitlines()[0]
   assert result['floor_s'] == pytest.approx(result['floor_sample_s'] + result['floor_update_s'])
   assert result['xla_sample_s'] > 0 and result['xla_update_s'] > 0
   assert "this backend's bare programs of the same work" in out
