@@ -37,9 +37,9 @@ Printed: a table, the step's floor (sampling: FLOPs at the measured matmul
 rate, or the weight reads of the longest row's decode steps at the measured
 bandwidth; the update: its FLOPs over the real tokens) beside the measurement
 (for longtail, the engine's), then one JSON line with s_per_step, sample_s, score_s,
-update_s, compile_s, layers_scanned, floor_s, x_floor, xla_sample_s and xla_update_s (the fixed workload's
-sampling and update as bare jitted programs of the same work on this backend, see
-benchmarks/floor.py) (and trl_s_per_step, trl_sample_s, speedup_vs_trl; for
+update_s, compile_s, layers_scanned, floor_s, x_floor, xla_sample_s and xla_update_s
+(the fixed workload's sampling and update as bare jitted programs of the same work on
+this backend, see benchmarks/floor.py) (and trl_s_per_step, trl_sample_s, speedup_vs_trl; for
 longtail the two sides' medians and engine_speedup).
 """
 
