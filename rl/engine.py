@@ -7,9 +7,10 @@ rollouts end far below the cap, a few reach it) most of those decode slots
 and cache slots are idle. This engine keeps a fixed number of decode *slots*
 busy instead:
 
-* The KV cache is a pool of fixed-size pages ([L, K, pages, page_size, H]);
-  each slot has a row of the page table and its own length, so rows of any
-  prompt length sit side by side without left padding.
+* The KV cache is a pool of fixed-size pages ([L, K, pages, page_size, H], or
+  with the unrolled decode one [K, pages, page_size, H] array per layer, kept
+  so between calls); each slot has a row of the page table and its own length,
+  so rows of any prompt length sit side by side without left padding.
 * When a slot's row stops (a stop token or its length limit), the host puts
   the next pending row in it: the decode runs in device calls of at most
   `chunk_steps` steps, and a call returns early once enough slots are free
@@ -203,9 +204,10 @@ class _Slots(NamedTuple):
   live: jax.Array         # [S] bool
 
 
-def _pool_size(pool) -> int:
-  """Pages in a pool, stacked [L, K, P, page_size, H] or per layer (a tuple of [K, P, ...])."""
-  return (pool[0] if isinstance(pool, tuple) else pool).shape[-3]
+def _pool_layer(pool) -> jax.Array:
+  """An array of a pool, stacked [L, K, P, page_size, H] or per layer (a tuple of
+  [K, P, page_size, H]): its last three axes are pages, page_size and H, as are its dtype's."""
+  return pool[0] if isinstance(pool, tuple) else pool
 
 
 def _pool_get(pool, index: tuple) -> jax.Array:
@@ -254,18 +256,19 @@ def _prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, c
   model = nnx.merge(graphdef, params)
   cfg = model.cfg
   a, t = tokens.shape
-  ps = (k_pool[0] if isinstance(k_pool, tuple) else k_pool).shape[-2]
+  num_pages, ps = _pool_layer(k_pool).shape[-3:-1]
   if t:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (a, t))
+    dtype = _pool_layer(k_pool).dtype
     _, cache = model.hidden(tokens, positions, segment_ids,
-                            cache=transformer.init_cache(cfg, a, t, dtype=cfg.jnp_dtype))
+                            cache=transformer.init_cache(cfg, a, t, dtype=dtype))
     # [L, A, K, T, H] -> [L, K, A * T / ps, ps, H]: whole pages, scattered by page id.
     as_pages = lambda x: x.transpose(0, 2, 1, 3, 4).reshape(
         cfg.num_layers, cfg.num_kv_heads, a * (t // ps), ps, cfg.head_dim)
     dst = (dst_pages.reshape(-1),)
     k_pool = _pool_set(k_pool, dst, as_pages(cache.k))
     v_pool = _pool_set(v_pool, dst, as_pages(cache.v))
-  src = (jnp.minimum(copy_src, _pool_size(k_pool) - 1),)
+  src = (jnp.minimum(copy_src, num_pages - 1),)
   k_pool = _pool_set(k_pool, (copy_dst,), _pool_get(k_pool, src))
   v_pool = _pool_set(v_pool, (copy_dst,), _pool_get(v_pool, src))
   return k_pool, v_pool
@@ -293,8 +296,7 @@ def _extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_
   model = nnx.merge(graphdef, params)
   cfg = model.cfg
   a, t = tokens.shape
-  num_pages = _pool_size(k_pool)
-  ps = (k_pool[0] if isinstance(k_pool, tuple) else k_pool).shape[-2]
+  num_pages, ps = _pool_layer(k_pool).shape[-3:-1]
   c = context_pages * ps
   ctx = jnp.minimum(page_table[:, :context_pages], num_pages - 1)   # past a row's pages: masked
 
@@ -657,7 +659,7 @@ class Engine:
     slot_shard = np.arange(s) // shard_slots
     if session is not None and session.pool is not None:
       (k_pool, v_pool), free = session.pool, session.free
-      num_pages = _pool_size(k_pool)
+      num_pages = _pool_layer(k_pool).shape[-3]
       session.pool = None                               # donated to this call's programs
     else:
       num_pages = self.pool_pages(max_tokens if session else longest, max_tokens)
