@@ -243,3 +243,39 @@ def test_paper_configs_use_yarn_over_their_longest_length(name):
   scaling = cfg.rope_scaling
   assert longest > 40_960 and scaling.type == 'yarn'
   assert scaling.original_max_position_embeddings * scaling.factor >= cfg.max_seq_len >= longest
+
+
+@pytest.mark.parametrize('scaling', [None, {'rope_type': 'yarn', 'factor': 4.0,
+                                            'original_max_position_embeddings': 1024}])
+def test_apply_rope_is_the_split_and_concatenate_rotation_bit_for_bit(scaling):
+  # The rotation is written without splitting x (XLA:CPU ran the split-and-concatenate form as
+  # a slow loop); compiled, it rounds exactly as that form does, and both match float64 numpy.
+  import jax  # pylint: disable=g-import-not-at-top
+  from models import transformer  # pylint: disable=g-import-not-at-top
+  scaling = rope.parse(scaling)
+  rs = np.random.RandomState(0)
+  x = jnp.asarray(rs.normal(size=(3, 40, 6, 32)), jnp.float32)
+  positions = jnp.asarray(rs.randint(0, 4096, size=(3, 40)), jnp.int32)
+
+  def split_form(x, positions):
+    if scaling is None:
+      inv = 1.0 / (10_000.0 ** (jnp.arange(0, 32, 2, dtype=jnp.float32) / 32))
+      factor = 1.0
+    else:
+      inv, factor = rope.inv_freq(32, 10_000.0, scaling)
+    ang = positions.astype(jnp.float32)[..., None] * inv
+    sin, cos = jnp.sin(ang)[:, :, None] * factor, jnp.cos(ang)[:, :, None] * factor
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+  got = jax.jit(lambda x, p: transformer.apply_rope(x, p, 10_000.0, scaling))(x, positions)
+  np.testing.assert_array_equal(got, jax.jit(split_form)(x, positions))
+  # float64 numpy from the same float32 angles.
+  inv, factor = ((1.0 / (10_000.0 ** (np.arange(0, 32, 2, dtype=np.float32) / 32)), 1.0)
+                 if scaling is None else rope.inv_freq(32, 10_000.0, scaling))
+  ang = (np.asarray(positions, np.float32)[..., None] * np.asarray(inv, np.float32))
+  ang = ang.astype(np.float64)
+  sin, cos = np.sin(ang)[:, :, None] * factor, np.cos(ang)[:, :, None] * factor
+  x1, x2 = np.split(np.asarray(x, np.float64), 2, axis=-1)
+  want = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)   # float32 sin and cos at ~4K rad
