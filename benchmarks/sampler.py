@@ -68,6 +68,7 @@ import numpy as np
 from flax import nnx
 
 from benchmarks import floor
+from cascade import policies
 from models import config as config_lib
 from models import transformer
 from rl import buckets
@@ -138,8 +139,7 @@ class _Ours:
   def __init__(self, cfg, model, prompts, new_tokens, decode_layers='auto'):
     self.graphdef, self.params = nnx.split(model)
     if decode_layers == 'scan':   # one lax.scan body, as accelerators run it (not 'auto''s loop)
-      self.graphdef = nnx.graphdef(nnx.eval_shape(lambda: transformer.Transformer(
-          cfg.replace(scan_layers=True), rngs=nnx.Rngs(0))))
+      self.graphdef = policies.abstract_model(cfg.replace(scan_layers=True), 'policy')[0]
     # The prompt bucket is the prompt length, as configs set it (configs/_tiny_common.py).
     self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=(),
                                        prompt_buckets=(len(prompts[0]),),

@@ -241,7 +241,7 @@ def _prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, c
   """Prefills right-padded prompts into pages, then copies pages (a prompt's partial page).
 
   Args:
-    k_pool, v_pool: the pools, stacked or per layer (tuples; see `_decode`'s `unroll`).
+    k_pool, v_pool: the pools, stacked or per layer (tuples; see `_decode`).
     tokens: [A, T] int32, each prompt's tokens from position 0 (T a multiple
       of the page size), padding after them.
     segment_ids: [A, T] int32, 1 = a real token.
@@ -321,7 +321,7 @@ def _extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_
 
 def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temperature,
             top_p, top_k, refill_at, *, chunk: int, eos_ids: tuple[int, ...], pad_id: int,
-            greedy: bool, filtered: bool, unroll: bool = False):
+            greedy: bool, filtered: bool):
   """Up to `chunk` decode steps of every live slot.
 
   Stops early once every slot is idle, or once `refill_at` slots are idle
@@ -336,9 +336,6 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
     rng: the call's PRNG key.
     temperature, top_p, top_k: traced sampling scalars.
     refill_at: [] int32 idle slots that end the call early.
-    unroll: static; the blocks run unrolled over their weights, sliced once for the
-      call, and over the pools, which the engine then keeps per layer (tuples of
-      [K, P, page_size, H]) between its calls (the Sampler's decode_layers='unrolled').
 
   Returns:
     (state, steps run [], tokens [S, chunk], logprobs, sampling_logprobs):
@@ -356,10 +353,10 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
                            top_k=top_k, greedy=greedy, filtered=filtered)
   batch_only = ('batch', None)
   buf = lambda fill, dt: sharding.constrain(jnp.full((s, chunk), fill, dt), batch_only)
-  if unroll != isinstance(state.k, tuple):
-    raise ValueError(f'engine: unroll={unroll} needs the pools '
-                     + ('per layer' if unroll else 'stacked'))
-  layers = model.layer_states() if unroll else None
+  # Pools kept per layer (tuples of [K, P, page_size, H], the Sampler's
+  # decode_layers='unrolled'): the blocks run unrolled over their weights, sliced once for
+  # the call, and over their own pools.
+  layers = model.layer_states() if isinstance(state.k, tuple) else None
 
   def body(carry):
     i, st, toks, lps, slps = carry
@@ -389,7 +386,7 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
   return state, steps, toks, lps, slps
 
 
-_DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered', 'unroll')
+_DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered')
 
 
 def _rows(out_tok, out_lp, out_slp, stopped, rows) -> Rows:
@@ -528,7 +525,7 @@ class Engine:
             vec(jnp.int32), vec(jnp.int32), self._sds((), KEY_DTYPE, ()),
             scalar(jnp.float32), scalar(jnp.float32), scalar(jnp.int32), scalar(jnp.int32))
     kw = dict(chunk=self.opt.chunk_steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
-              greedy=greedy, filtered=filtered, unroll=self.unroll)
+              greedy=greedy, filtered=filtered)
     what = (f'paged engine: {s} slots, a pool of {num_pages} pages x {ps} tokens '
             f'({num_pages * ps} cache slots), decode calls of {self.opt.chunk_steps} steps')
     return args, kw, what
@@ -957,7 +954,7 @@ class Engine:
             self._put(rows_dev[idx], ('batch',)), self._put(lim_dev[idx], ('batch',)), rng,
             temperature, top_p, top_k, np.int32(k - act.size + want),
             chunk=opt.chunk_steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
-            greedy=greedy, filtered=filtered, unroll=self.unroll)
+            greedy=greedy, filtered=filtered)
       k_pool, v_pool = state.k, state.v
       steps = int(self._host(steps))
       toks, lps, slps = self._host(toks), self._host(lps), self._host(slps)

@@ -490,11 +490,11 @@ class Sampler:
       decode_layers: how a decode step runs the blocks (both engines). 'scan': one
         loop body over the stacked weights and cache, as training runs them.
         'unrolled': before the decode loop, each block's weights are sliced out
-        of the stack and the cache (the paged engine: its page pool) is split
-        into per-layer buffers (once per call: one more copy of the block
-        weights and of the cache while it runs, and a step body num_layers
-        times as long to compile); the step then runs the blocks in a Python
-        loop. XLA:CPU copies a layer's weights
+        of the stack and the cache is split into per-layer buffers (once per
+        call: one more copy of the block weights and of the cache while it
+        runs, and a step body num_layers times as long to compile; the paged
+        engine keeps its page pools per layer between calls); the step then
+        runs the blocks in a Python loop. XLA:CPU copies a layer's weights
         and its cache slice out of the stacks on every scanned step (1.6x the
         time of the unrolled step on the benchmarks' larger shape). 'auto':
         'unrolled' where the mesh's devices (or, without a mesh, the default

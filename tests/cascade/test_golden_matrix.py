@@ -58,10 +58,10 @@ def pinned() -> dict[str, pathlib.Path]:
           for f in sorted(GOLDEN_DIR.glob('copy_cascade*.json'))}
 
 
-def golden_path(this_machine: str) -> pathlib.Path:
+def golden_path(this_machine: str, pins: dict[str, pathlib.Path]) -> pathlib.Path:
   """This machine's file: the one pinned for it, else a new name from the machine's hash."""
   name = hashlib.sha256(this_machine.encode()).hexdigest()[:8]
-  return pinned().get(this_machine, GOLDEN_DIR / f'copy_cascade-{name}.json')
+  return pins.get(this_machine, GOLDEN_DIR / f'copy_cascade-{name}.json')
 
 
 def _config(path):
@@ -115,15 +115,15 @@ def test_tiny_cascade_matrix_equals_the_checked_in_one(tmp_path, copy_cascade):
   assert res['scores'][3] == res['scores'][0]
   assert any(v > 0 for row in res['scores'] for v in row)          # not a trivial matrix
   assert [len(v) for v in got['reward_mean'].values()] == [4, 2]
-  here = machine()
+  here, pins = machine(), pinned()
   if os.environ.get('CASCADE_REGEN_GOLDEN'):
-    path = golden_path(here)
+    path = golden_path(here, pins)
     path.write_text(json.dumps({'machine': here, **got}, indent=1) + '\n')
     pytest.skip(f'regenerated {path}')
-  if here not in pinned():
-    pytest.skip(f'the pinned matrices were made on {sorted(pinned())}, this is {here}: '
+  if here not in pins:
+    pytest.skip(f'the pinned matrices were made on {sorted(pins)}, this is {here}: '
                 'regenerate it here (see the module docstring) to compare')
-  want = json.loads(golden_path(here).read_text())
+  want = json.loads(pins[here].read_text())
   assert got['results'] == want['results']
   assert got['teachers'] == want['teachers']
   assert got['rows_with_loss'] == want['rows_with_loss']
