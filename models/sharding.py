@@ -17,6 +17,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
@@ -198,3 +199,10 @@ def create_sharded(make_model, mesh: Mesh | None, rules=None):
 def shard_state(state, mesh: Mesh, rules=None):
   """device_puts every leaf of an nnx.State to its logical sharding on `mesh`."""
   return jax.device_put(state, state_shardings(state, mesh, rules))
+
+
+def to_host(x) -> np.ndarray:
+  """A device array as one host numpy array, gathered over processes when it spans several."""
+  if getattr(x, 'is_fully_addressable', True):
+    return np.asarray(x)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))

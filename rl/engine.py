@@ -69,6 +69,7 @@ from models import config as config_lib
 from models import sharding
 from models import transformer
 from rl import buckets
+from rl import sampling
 
 
 _BLOCK_PAGES = 8   # models.attention.paged_attend's default pages_per_compute_block
@@ -342,14 +343,13 @@ def _decode(graphdef, params, state: _Slots, page_table, rows, limits, rng, temp
     column i holds step i's token of each slot live at that step (pad_id / 0
     elsewhere).
   """
-  from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
   model = nnx.merge(graphdef, params)
   s = rows.shape[0]
   eos = jnp.asarray(eos_ids, jnp.int32)
   is_stop = lambda tok: (jnp.any(tok[:, None] == eos, axis=-1) if eos_ids
                          else jnp.zeros(tok.shape, bool))
   row_keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, rows)
-  pick = functools.partial(sampler_lib.pick, temperature=temperature, top_p=top_p,
+  pick = functools.partial(sampling.pick, temperature=temperature, top_p=top_p,
                            top_k=top_k, greedy=greedy, filtered=filtered)
   batch_only = ('batch', None)
   buf = lambda fill, dt: sharding.constrain(jnp.full((s, chunk), fill, dt), batch_only)
@@ -562,8 +562,7 @@ class Engine:
     return jax.device_put(x, jax.sharding.NamedSharding(self.mesh, ps))
 
   def _host(self, x):
-    from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
-    return sampler_lib.to_host(x)
+    return sharding.to_host(x)
 
   def run(self, params, prompts: Sequence[np.ndarray], num_samples: int, limits: np.ndarray,
           rng, scalars, *, greedy: bool, filtered: bool, row_tokens: int | None = None,

@@ -10,6 +10,7 @@ from models import config as config_lib
 from models import sharding
 from models import transformer
 from rl import sampler
+from rl import sampling
 
 CFG = config_lib.ModelConfig.tiny()          # GQA: 4 heads over 2 kv heads
 PROMPTS = [[5, 6, 7, 8, 9], [11], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30], [40, 41]]
@@ -53,7 +54,7 @@ def _log_softmax(x):
   return x - m - np.log(np.sum(np.exp(x - m), -1, keepdims=True))
 
 
-_FILTER = jax.jit(sampler._filter_logits)    # top_p / top_k traced: one compile
+_FILTER = jax.jit(sampling.filter_logits)    # top_p / top_k traced: one compile
 
 
 @pytest.mark.parametrize('top_p,top_k', [(1.0, 5), (0.7, 0), (0.9, 40), (1e-6, 0), (1.0, 1),
