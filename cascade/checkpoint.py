@@ -61,6 +61,46 @@ def read_json(path: str, default: Any = None) -> Any:
   return paths.read_json(path, default)
 
 
+def read_state_json(path: str, default: Any, keys: tuple[str, ...] = (), *, rebuild: bool,
+                    then: str = '') -> dict:
+  """A run-state JSON object (progress.json, config.json), checked as it is read.
+
+  Args:
+    path: the file.
+    default: what an absent file reads as.
+    keys: fields the object must have.
+    rebuild: a damaged file (not JSON, not an object, a field missing) is moved aside to
+      `<path>.damaged.<time>` with a one-line warning and reads as `default`; when False it is
+      refused instead.
+    then: what the warning says happens next.
+
+  Returns:
+    The object.
+
+  Raises:
+    WorkdirError: the file is damaged and `rebuild` is False (one line naming it).
+  """
+  if not paths.exists(path):
+    return default
+  try:
+    obj = json.loads(paths.read_text(path))
+    if not isinstance(obj, dict) or any(k not in obj for k in keys):
+      raise ValueError(f'not a JSON object with {", ".join(keys) or "fields"}')
+  except (ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
+    why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+    if not rebuild:
+      raise WorkdirError(f'{path} is damaged ({why}); restore it from a copy, or move it away '
+                         'to start this workdir afresh') from None
+    dest = f'{path}.damaged.{int(time.time())}'
+    print(f'WARNING: {path} is damaged ({why}); moved to {dest}'
+          + (f', {then}' if then else ''), flush=True)
+    if is_writer():
+      paths.copy_file(path, dest)
+      paths.remove(path)
+    return default
+  return obj
+
+
 # Fields that do not change what a run computes, so a resumed run may differ in them.
 HARMLESS_TOP = ('allow_config_change', 'hardware', 'prepare')
 HARMLESS_NESTED = {'ckpt': ('keep',), 'eval': ('log_samples', 'eval_every')}
@@ -112,7 +152,7 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
   """
   path = paths.join(workdir, 'config.json')
   new = config_hash(config)
-  old = read_json(path)
+  old = read_state_json(path, None, ('hash', 'config'), rebuild=False)
   if old is not None and old.get('hash') != new:
     if not allow_change:
       raise WorkdirError(
@@ -213,11 +253,24 @@ class Progress:
       {domain: score}, 'details': {...}}; index -1 is the starting policy.
   """
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, rebuild: bool = True,
+               before_save: Callable[[], None] | None = None):
+    """Reads `workdir`'s progress.json.
+
+    Args:
+      workdir: the run's directory.
+      rebuild: what to do with a progress.json that cannot be read: True (a run's own) moves
+        it aside to progress.json.damaged.<time> with a warning and starts empty, so every
+        stage is redone from its own checkpoints (a finished one resumes at its last step, its
+        export is reused and only its evaluation reruns); False refuses (WorkdirError).
+      before_save: runs before every write (the workdir lock's check).
+    """
     self.path = paths.join(workdir, 'progress.json')
-    data = read_json(self.path, {}) or {}
-    self.done: dict[str, dict] = data.get('done', {})
-    self.rows: list[dict] = data.get('rows', [])
+    self._before_save = before_save
+    data = read_state_json(self.path, {}, ('done', 'rows'), rebuild=rebuild,
+                           then='rebuilding it from the stages\' checkpoints')
+    self.done: dict[str, dict] = dict(data.get('done') or {})
+    self.rows: list[dict] = list(data.get('rows') or [])
 
   def row(self, stage_name: str) -> dict | None:
     return next((r for r in self.rows if r['stage'] == stage_name), None)
@@ -233,6 +286,8 @@ class Progress:
     self.save()
 
   def save(self) -> None:
+    if self._before_save is not None:
+      self._before_save()
     atomic_write_json(self.path, {'done': self.done, 'rows': self.rows})
 
 

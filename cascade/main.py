@@ -29,6 +29,10 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; an existing one 
 _FORK_FROM = flags.DEFINE_string(
     'fork_from', None, "Another run's workdir: the leading stages this config shares with it "
     '(identical stages, identical other sections) are copied from there, not rerun.')
+_FORCE_LOCK = flags.DEFINE_bool(
+    'force_lock', False, "Take the workdir's lock over even from a run that looks alive.")
+_LOCK_STALE_S = flags.DEFINE_float(
+    'lock_stale_s', 600.0, 'A workdir lock with no heartbeat for this many seconds is taken over.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -85,12 +89,14 @@ def main(argv):
   from cascade import checkpoint  # pylint: disable=g-import-not-at-top
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import data  # pylint: disable=g-import-not-at-top
+  from cascade import lock  # pylint: disable=g-import-not-at-top
   from cascade import paths  # pylint: disable=g-import-not-at-top
   from cascade import train  # pylint: disable=g-import-not-at-top
   from cascade.kinds import base as kinds_base  # pylint: disable=g-import-not-at-top
   try:
-    train.run(_CONFIG.value, _WORKDIR.value, fork_from=_FORK_FROM.value)
-  except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError,
+    train.run(_CONFIG.value, _WORKDIR.value, fork_from=_FORK_FROM.value,
+              force_lock=_FORCE_LOCK.value, lock_stale_s=_LOCK_STALE_S.value)
+  except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError, lock.WorkdirBusy,
           checkpoint.CheckpointError, kinds_base.StageError, paths.PathError) as e:
     # Expected user errors: one clear line, no traceback.
     print(f'error: {e}', file=sys.stderr, flush=True)

@@ -195,6 +195,42 @@ def write_json(p, obj: Any) -> None:
   write_text(p, json.dumps(obj, indent=1, sort_keys=False) + '\n')
 
 
+def create_new(p, data: bytes) -> bool:
+  """Writes `data` to `p` only if nothing is there: True if this call created it, False if
+  something already was.
+
+  Local: the bytes go to a temporary file that is hard-linked to `p` (link refuses an existing
+  name, so the check and the create are one step and a reader never sees half the content).
+  gs://: one upload with the precondition `ifGenerationMatch=0` (Cloud Storage refuses it when
+  the object exists); a store that ignores preconditions (the local emulator) is covered by a
+  look before the upload, which leaves the moment between the two open.
+  """
+  s = os.fspath(p)
+  if is_remote(s):
+    with _remote_errors(s, 'create it'):
+      if path(s).exists():
+        return False
+      fs, key = fsspec.core.url_to_fs(s)
+      try:
+        fs.pipe_file(key, data, mode='create')
+      except FileExistsError:
+        return False
+      return True
+  os.makedirs(os.path.dirname(os.path.abspath(s)), exist_ok=True)
+  tmp = f'{s}.new.{os.getpid()}'
+  with open(tmp, 'wb') as f:
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+  try:
+    os.link(tmp, s)
+  except FileExistsError:
+    return False
+  finally:
+    os.remove(tmp)
+  return True
+
+
 def copy_file(src, dst) -> None:
   """Copies one file (either side local or remote); the copy appears whole at `dst`."""
   if is_remote(dst):

@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 from jax.experimental import multihost_utils
@@ -27,6 +27,7 @@ from cascade import checkpoint
 from cascade import config as config_lib
 from cascade import evaluation
 from cascade import kinds
+from cascade import lock
 from cascade import metrics
 from cascade import paths
 from cascade import policies as policies_lib
@@ -83,8 +84,10 @@ def _mesh(plan: config_lib.Plan):
     raise config_lib.ConfigError(f'config.mesh.shape={list(plan.mesh_shape)!r}: {e}') from None
 
 
-def make_env(plan: config_lib.Plan, workdir: str) -> Env:
-  """Builds the run's environment (no data loaded yet: `env.data.load()`)."""
+def make_env(plan: config_lib.Plan, workdir: str,
+             before_save: Callable[[], None] | None = None) -> Env:
+  """Builds the run's environment (no data loaded yet: `env.data.load()`); `before_save` runs
+  before every checkpoint save and progress.json write (the workdir lock's check)."""
   mesh = _mesh(plan)
   shards = sharding.batch_shards(mesh, plan.rules)
   for st in plan.stages:
@@ -100,11 +103,17 @@ def make_env(plan: config_lib.Plan, workdir: str) -> Env:
   if tokenizer.eos_id is None:
     raise config_lib.ConfigError('config.tokenizer: the tokenizer has no end-of-sequence token')
   writer = metrics.Writer(workdir)
-  policies = policies_lib.Policies(plan, workdir, mesh, plan.rules, before_save=writer.flush)
+
+  def flush():
+    if before_save is not None:
+      before_save()
+    writer.flush()
+
+  policies = policies_lib.Policies(plan, workdir, mesh, plan.rules, before_save=flush)
   sampler = sampler_lib.Sampler(policies.graphdef('policy'), plan.model,
                                 eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id, mesh=mesh,
                                 rules=plan.rules, **plan.sampler)
-  progress = checkpoint.Progress(workdir)
+  progress = checkpoint.Progress(workdir, before_save=before_save)
   verifiers = verifier_set.VerifierSet(
       plan, rm_scorer=lambda st: policies.reward_scorer(st, tokenizer),
       rm_ready=lambda name: name in progress.done)
@@ -142,7 +151,8 @@ def _prepare(plan: config_lib.Plan) -> None:
     multihost_utils.sync_global_devices('cascade.prepare')
 
 
-def run(config, workdir: str, fork_from: str | None = None) -> dict:
+def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = False,
+        lock_stale_s: float = lock.DEFAULT_STALE_S) -> dict:
   """Runs (or resumes) the cascade a config describes in `workdir`.
 
   Args:
@@ -152,6 +162,8 @@ def run(config, workdir: str, fork_from: str | None = None) -> dict:
     fork_from: another run's workdir whose leading stages this config shares
       (`checkpoint.fork`: e.g. the cascade an ablation changes later stages of); those
       stages are copied instead of rerun.
+    force_lock: take the workdir's lock over even from a run that looks alive (`cascade.lock`).
+    lock_stale_s: a lock whose heartbeat is older than this many seconds is taken over.
 
   Returns:
     The results.json object (domains, stages, stage_domains, scores).
@@ -160,9 +172,20 @@ def run(config, workdir: str, fork_from: str | None = None) -> dict:
     cascade.config.ConfigError: the config is invalid (before anything runs).
     cascade.data.DataError: a malformed record (before the first step).
     cascade.checkpoint.WorkdirError: the workdir holds a different config (unless allowed).
+    cascade.lock.WorkdirBusy: another run holds the workdir (before anything is written).
   """
   plan = config_lib.validate(config)
   paths.makedirs(workdir)
+  held = lock.take(workdir, lock_stale_s, force_lock)
+  try:
+    return _run(plan, config, workdir, fork_from, held)
+  finally:
+    held.release()
+
+
+def _run(plan: config_lib.Plan, config, workdir: str, fork_from: str | None,
+         held: lock.Held) -> dict:
+  """`run` once the workdir's lock is held."""
   checkpoint.guard_config(workdir, config,
                           allow_change=bool(config.get('allow_config_change', False)))
   if fork_from:
@@ -173,7 +196,7 @@ def run(config, workdir: str, fork_from: str | None = None) -> dict:
           if forked is None else f'forked from {fork_from}: '
           + (', '.join(forked) if forked else 'no stage shared'), flush=True)
   _prepare(plan)
-  env = make_env(plan, workdir)
+  env = make_env(plan, workdir, before_save=held.check)
   domains = sorted(plan.domains)
   try:
     env.verifiers.check_options()

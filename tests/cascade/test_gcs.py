@@ -248,3 +248,23 @@ def test_smoke_cascade_on_gcs_killed_and_resumed_matches_local(gcs, tmp_path):
       for i in (1, 2)}
   assert paths.exists(paths.join(workdir, 'stages', '06_swe_rl', 'hf', 'model.safetensors'))
   assert not os.path.exists(os.path.join(REPO, 'gs:'))          # nothing went to ./gs:/...
+
+
+def test_workdir_lock_on_gcs(gcs):
+  """The workdir lock works on an object store: created only if absent, a second taker refused
+  naming the holder, a forced one takes over, release removes it."""
+  from cascade import lock  # pylint: disable=g-import-not-at-top
+  workdir = gcs.root + '/locked'
+  assert paths.create_new(paths.join(workdir, 'x'), b'1')
+  assert not paths.create_new(paths.join(workdir, 'x'), b'2')
+  assert paths.read_bytes(paths.join(workdir, 'x')) == b'1'
+  held = lock.take(workdir)
+  with pytest.raises(lock.WorkdirBusy, match=rf'{workdir} is in use by another run: host .*, '
+                                             rf'pid {os.getpid()}, since '):
+    lock.take(workdir)
+  held.release()
+  assert not paths.exists(paths.join(workdir, lock.LOCK_FILE))
+  held = lock.take(workdir)
+  lock.take(workdir, force=True).release()
+  held.release()                  # taken over: it leaves the new holder's record alone (gone now)
+  assert not paths.exists(paths.join(workdir, lock.LOCK_FILE))

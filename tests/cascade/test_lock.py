@@ -1,0 +1,110 @@
+"""One writer per workdir: the lock refuses a second run naming its holder, is taken over from a
+holder that is gone or when forced, notices a takeover, and is released however the run ends."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cascade import lock
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _plant(workdir, **fields):
+  """A lock record as another run would leave it (defaults: a live run on another host)."""
+  now = time.time()
+  rec = dict(owner='theirs', host='other-host', pid=4242, since=now - 60, heartbeat=now, **{})
+  rec.update(fields)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, lock.LOCK_FILE), 'w') as f:
+    json.dump(rec, f)
+  return rec
+
+
+def test_a_second_run_is_refused_naming_the_holder(tmp_path):
+  held = lock.take(str(tmp_path))
+  try:
+    with pytest.raises(lock.WorkdirBusy) as e:
+      lock.take(str(tmp_path))
+    msg = str(e.value)
+    assert '\n' not in msg and 'in use by another run' in msg
+    assert f'host {socket.gethostname()}, pid {os.getpid()}, since ' in msg
+    assert '--force_lock' in msg
+  finally:
+    held.release()
+  assert not (tmp_path / lock.LOCK_FILE).exists()
+  lock.take(str(tmp_path)).release()                # free again once released
+
+
+def test_a_stale_or_dead_holder_is_taken_over_and_force_overrides(tmp_path, capsys):
+  _plant(tmp_path, heartbeat=time.time() - 1000)    # another host, silent for 1000 s
+  held = lock.take(str(tmp_path), stale_s=600)
+  assert 'taking over the workdir lock of host other-host, pid 4242' in capsys.readouterr().out
+  rec = json.loads((tmp_path / lock.LOCK_FILE).read_text())
+  assert rec['pid'] == os.getpid() and rec['host'] == socket.gethostname()
+  held.release()
+
+  dead = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'],
+                        capture_output=True, text=True, check=True)
+  _plant(tmp_path, host=socket.gethostname(), pid=int(dead.stdout))   # killed (SIGKILL) here
+  lock.take(str(tmp_path)).release()
+  assert 'its process is gone' in capsys.readouterr().out
+
+  _plant(tmp_path)                                   # alive and beating: refused ...
+  with pytest.raises(lock.WorkdirBusy, match='host other-host, pid 4242'):
+    lock.take(str(tmp_path))
+  lock.take(str(tmp_path), force=True).release()     # ... unless forced
+  assert 'asked to (--force_lock)' in capsys.readouterr().out
+
+
+def test_a_takeover_is_noticed_by_the_heartbeat(tmp_path, capsys):
+  held = lock.take(str(tmp_path), stale_s=0.2)      # beats every 0.05 s
+  rec = json.loads((tmp_path / lock.LOCK_FILE).read_text())
+  time.sleep(0.2)
+  assert json.loads((tmp_path / lock.LOCK_FILE).read_text())['heartbeat'] > rec['heartbeat']
+  held.check()
+  _plant(tmp_path)                                   # another run took it over
+  deadline = time.time() + 5
+  while time.time() < deadline:
+    try:
+      held.check()
+    except lock.WorkdirBusy as e:
+      assert 'another run took this workdir over (host other-host, pid 4242' in str(e)
+      break
+    time.sleep(0.05)
+  else:
+    pytest.fail('the takeover went unnoticed')
+  held.release()
+  assert json.loads((tmp_path / lock.LOCK_FILE).read_text())['owner'] == 'theirs'   # not ours
+  assert 'belongs to another run' in capsys.readouterr().out
+
+
+def test_the_lock_is_released_when_the_run_fails(tmp_path):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from cascade import checkpoint  # pylint: disable=g-import-not-at-top
+  from cascade import train  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(REPO, 'configs'))
+  import tiny  # pylint: disable=g-import-not-at-top
+  c = tiny.get_config('smoke')
+  checkpoint.guard_config(str(tmp_path), ml_collections.ConfigDict({'seed': 99}))
+  with pytest.raises(checkpoint.WorkdirError, match='different config'):
+    train.run(c, str(tmp_path))
+  assert not (tmp_path / lock.LOCK_FILE).exists()
+
+
+def test_the_command_line_refuses_a_held_workdir_in_one_line(tmp_path):
+  rec = _plant(tmp_path / 'w')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'cascade.main', '--config=configs/tiny.py:smoke',
+       f'--workdir={tmp_path / "w"}'], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f'error: {tmp_path / "w"} is in use by another '
+                                                 'run: host other-host, pid 4242, since '), lines
+  assert os.listdir(tmp_path / 'w') == [lock.LOCK_FILE]               # nothing written
+  assert json.loads((tmp_path / 'w' / lock.LOCK_FILE).read_text()) == rec
