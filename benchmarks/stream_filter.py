@@ -14,12 +14,12 @@ signal in prompt order), each with the same KV-cache memory (--batch rows x
 (prompt + cap) token slots):
 
 * rounds, one-call sampler: sample a round of --prompts prompts, score it,
-  refill with another round while groups are missing (`grpo.fill_groups`);
+  refill with another round while groups are missing (`filtering.fill_groups`);
 * rounds, paged engine (--slots slots): the same rounds through the engine;
 * stream, paged engine: one streaming call fed a batch whenever its queue runs
   dry and the running groups are not expected to fill the batch, each group
   scored on a thread as it ends, the rest cancelled once the batch is known
-  (`grpo.stream_fill`).
+  (`filtering.stream_fill`).
 
 The sides run alternately (--repeats times, after one warm-up each); printed:
 a table of median seconds per step, the useful tokens (the kept rows'), the
@@ -50,7 +50,7 @@ from benchmarks import floor
 from models import config as config_lib
 from models import transformer
 from rl import buckets
-from rl import grpo
+from rl import filtering
 from rl import sampler as sampler_lib
 
 _LAYERS = flags.DEFINE_integer('layers', 2, 'Transformer blocks.')
@@ -111,13 +111,14 @@ def rounds(sampler, params, sp, work: Workload, key):
     ids = np.arange(k * n, (k + 1) * n)
     return out.lengths, work.score(ids, out.lengths)
 
-  f = grpo.fill_groups(draw, _PROMPTS.value, _GROUP.value, max_rounds=1 + _REFILL_CAP.value)
+  f = filtering.fill_groups(draw, _PROMPTS.value, _GROUP.value,
+                            max_rounds=1 + _REFILL_CAP.value)
   return f, {'rounds': f.rounds}
 
 
 def stream(sampler, params, sp, work: Workload, key):
   """Dynamic filtering by streaming: (kept rows' lengths, stats)."""
-  fill = grpo.StreamFill(_PROMPTS.value, _GROUP.value, _PROMPTS.value, 1 + _REFILL_CAP.value)
+  fill = filtering.StreamFill(_PROMPTS.value, _GROUP.value, _PROMPTS.value, 1 + _REFILL_CAP.value)
   fed = [0]
 
   def next_prompts():
@@ -125,7 +126,7 @@ def stream(sampler, params, sp, work: Workload, key):
     fed[0] += 1
     return work.batch(k)
 
-  got = grpo.stream_fill(
+  got = filtering.stream_fill(
       sampler, params, key, sp, fill, next_prompts,
       score=lambda groups, s: (s.lengths, work.score(groups, s.lengths)),
       book=lambda groups, scored: scored, max_prompt_len=_PROMPT_LEN.value,

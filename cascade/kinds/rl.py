@@ -41,6 +41,7 @@ from cascade import rollout
 from cascade.kinds import base
 from models import sharding
 from rl import batch as batch_lib
+from rl import filtering
 from rl import grpo
 from rl import sampler as sampler_lib
 
@@ -331,8 +332,8 @@ class Draws:
       if st.stream_filter:
         f, fill = self._stream_fill()
       else:
-        f = grpo.fill_groups(self._indexed, st.prompts_per_step, st.group_size,
-                             max_rounds=1 + st.refill_cap)
+        f = filtering.fill_groups(self._indexed, st.prompts_per_step, st.group_size,
+                                  max_rounds=1 + st.refill_cap)
         fill = {}
       rows, rewards, valid = dict(f.rows), f.rewards, f.valid
       fill.update(prompts_drawn=f.prompts_drawn, rounds=f.rounds, groups_kept=f.groups_kept)
@@ -344,7 +345,7 @@ class Draws:
     return rows, rewards, valid, fill
 
   def _stream_fill(self):
-    """Dynamic filtering by oversampling (`stream_filter`): (a `grpo.Filled`, metrics).
+    """Dynamic filtering by oversampling (`stream_filter`): (a `filtering.Filled`, metrics).
 
     One streaming sampler call (`Sampler.stream`, engine='paged') is fed a
     loader batch of prompts whenever its queue runs dry and the groups still
@@ -355,7 +356,7 @@ class Draws:
     every host scores in the same order), and the call stops, cancelling the
     rows still running, once the first `prompts_per_step` groups with signal
     in feed order are known. The batch does not depend on timing: it is what
-    `grpo.fill_groups` keeps from one round of every fed prompt, and each row
+    `filtering.fill_groups` keeps from one round of every fed prompt, and each row
     is the row a single `generate` of them would give for this step's key.
     """
     st, env = self.stage, self.env
@@ -363,7 +364,7 @@ class Draws:
       raise base.StageError(f"{st.where}: stream_filter needs config.sampler.engine='paged' "
                             f'(got {getattr(env.sampler, "engine", None)!r})')
     g = st.group_size
-    fill = grpo.StreamFill(st.prompts_per_step, g, st.prompts_per_step, 1 + st.refill_cap)
+    fill = filtering.StreamFill(st.prompts_per_step, g, st.prompts_per_step, 1 + st.refill_cap)
     recs, modes = [], []
     hosts = rollout.processes()
 
@@ -388,10 +389,10 @@ class Draws:
       return rows, rewards
 
     t0 = time.perf_counter()
-    got = grpo.stream_fill(env.sampler, self.params, jax.random.fold_in(self.rng, 0), self.sp,
-                           fill, next_prompts, score, book, max_prompt_len=st.max_prompt_len,
-                           rows=st.prompts_per_step * g,
-                           thread=hosts.count == 1 and self.SCORE_THREAD)
+    got = filtering.stream_fill(env.sampler, self.params, jax.random.fold_in(self.rng, 0),
+                                self.sp, fill, next_prompts, score, book,
+                                max_prompt_len=st.max_prompt_len, rows=st.prompts_per_step * g,
+                                thread=hosts.count == 1 and self.SCORE_THREAD)
     self.sample_s += time.perf_counter() - t0 - got.wait_s
     self.score_s += got.score_s
     return fill.result(), {'rows_cancelled': float(got.rows_cancelled),

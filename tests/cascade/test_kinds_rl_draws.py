@@ -19,7 +19,7 @@ from cascade.kinds import base
 from cascade.kinds import rl
 from models import config as config_lib
 from models import transformer
-from rl import grpo
+from rl import filtering
 from rl import sampler as sampler_lib
 
 
@@ -265,8 +265,9 @@ def test_streamed_filtering_keeps_what_one_round_of_every_fed_prompt_keeps(fakes
       jax.random.fold_in(jax.random.key(0), 0), draws.sp, num_samples=g)
   ro = rl.rollout.from_samples(tok, recs, [None] * fed, ref, g)
   ref_rewards, _ = rl.rollout.score(ro, lambda d: _TextVerifier(), fakes.Sample)
-  expect = grpo.fill_groups(lambda n: (rl._pad_prompts(ref, st.max_prompt_len), ref_rewards),
-                            st.prompts_per_step, g, max_rounds=1, draw_size=fed)
+  expect = filtering.fill_groups(
+      lambda n: (rl._pad_prompts(ref, st.max_prompt_len), ref_rewards),
+      st.prompts_per_step, g, max_rounds=1, draw_size=fed)
   for name in ('prompt_tokens', 'tokens', 'mask', 'lengths', 'truncated'):
     np.testing.assert_array_equal(getattr(rows['samples'], name), getattr(expect.rows, name),
                                   err_msg=name)
