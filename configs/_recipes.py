@@ -355,6 +355,43 @@ CASCADE1_DOMAINS = ['chat', 'instruction_following', 'math', 'code', 'swe']
 # is in flight: 128 x 8 = 1024 rows over 8 batch shards (fsdp) = 128 per shard.
 CASCADE1_RL_MICROBATCHES = 128
 
+# The reward model of both Cascade-1 recipes: the paper's batch 256, lr 2e-6 and one epoch
+# over 82K pairs (= 320 steps); max_len is ours.
+CASCADE1_RM = dict(steps=320, batch_size=256, max_len=8192, optimizer=dict(lr=2e-6),
+                   microbatches=32)
+
+
+def cascade1_rl(**fields) -> dict:
+  """A Cascade-1 GRPO stage's fields: 128 prompts x 8 rollouts at top-p 0.95, then `fields`.
+
+  RL optimizers are AdamW at a constant lr with no warm-up (no weight decay,
+  clipping at 1: the optimizer's defaults); a field given here replaces the
+  shared one (e.g. SWE's 16 rollouts).
+  """
+  return {**dict(prompts_per_step=128, group_size=8, top_p=0.95,
+                 microbatches=CASCADE1_RL_MICROBATCHES), **fields}
+
+
+def cascade1_code_rl() -> dict:
+  """Code RL as published for 14B (one stage at 56K); the 8B recipe uses it too (no 8B numbers)."""
+  return cascade1_rl(steps=64, optimizer=dict(lr=4e-6, warmup_steps=0), temperature=1.0,
+                     # 128 x 8 and top-p 0.95 assumed (not published for code).
+                     max_prompt_len=4096, max_response_len=57_344,  # 56K
+                     thinking_fraction=1.0)
+
+
+def cascade1_swe_rl() -> dict:
+  """Agentless SWE RL as published for 14B (x16 rollouts, lr 2.5e-6, 120 steps); 8B uses it too.
+
+  The group size doubles, so the microbatch count does too (a microbatch keeps its rows).
+  """
+  return cascade1_rl(group_size=16, microbatches=2 * CASCADE1_RL_MICROBATCHES, steps=120,
+                     optimizer=dict(lr=2.5e-6, warmup_steps=0),
+                     temperature=1.0,              # assumed (not published)
+                     # 128 prompts assumed; agentless prompts carry the localised files:
+                     max_prompt_len=16_384, max_response_len=16_384,  # ours (not published)
+                     thinking_fraction=1.0)
+
 
 def cascade1_sft_stages(base: str) -> list[dict]:
   """Cascade 1's two SFT stages (16K, then 32K tokens) from the base checkpoint `base`.
@@ -373,30 +410,33 @@ def cascade1_sft_stages(base: str) -> list[dict]:
   ]
 
 
-def cascade1(*, preset: str, model_overrides: dict, data_root: str, tokenizer: str,
-             sft_stages: list[dict], rm: dict, rlhf: dict, if_rl: dict, math: dict, code: dict,
-             swe: dict, eval_max_new_tokens: int, eval_max_prompt_len: int
-             ) -> ml_collections.ConfigDict:
+def cascade1(*, preset: str, data_root: str, tokenizer: str, base: str, rlhf: dict, if_rl: dict,
+             math: dict) -> ml_collections.ConfigDict:
   """Cascade 1: SFT stages -> reward model -> RLHF -> IF-RL -> Math RL -> Code RL -> SWE RL.
 
-  Each stage argument holds that stage's fields (the keyword arguments of
-  `sft`, `reward_model` or `grpo` other than name and domains); the order
-  and the domains are the paper's.
+  The SFT stages (`cascade1_sft_stages` from the base checkpoint `base`), the
+  reward model (`CASCADE1_RM`), code and SWE RL are the same for 8B and 14B;
+  `rlhf`, `if_rl` and `math` hold the fields of the stages that differ (the
+  keyword arguments of `grpo` other than name and domains). The order and the
+  domains are the paper's. The model runs with YaRN factor 2.0 from 32,768
+  positions (65,536, see QWEN3_YARN) and the paper's 64K evaluation budget
+  (temperature 0.6, top-p 0.95).
   """
-  c = base_config(preset=preset, model_overrides=model_overrides, data_root=data_root,
-                  tokenizer=tokenizer, domains=CASCADE1_DOMAINS,
+  c = base_config(preset=preset,
+                  model_overrides=dict(max_seq_len=QWEN3_YARN_MAX_SEQ_LEN, remat=True,
+                                       rope_scaling=QWEN3_YARN),
+                  data_root=data_root, tokenizer=tokenizer, domains=CASCADE1_DOMAINS,
                   datasets=['sft_stage1', 'sft_stage2', 'sft_swe', 'rm_pairs'],
-                  eval_max_new_tokens=eval_max_new_tokens,
-                  eval_max_prompt_len=eval_max_prompt_len)
-  stages = [sft(**s, domains=list(CASCADE1_DOMAINS)) for s in sft_stages]
+                  eval_max_new_tokens=61_440, eval_max_prompt_len=4096)
+  stages = [sft(**s, domains=list(CASCADE1_DOMAINS)) for s in cascade1_sft_stages(base)]
   last_sft = stages[-1]['name']
-  stages.append(reward_model('rm', init_from=last_sft, **rm))
+  stages.append(reward_model('rm', init_from=last_sft, **CASCADE1_RM))
   # RLHF starts from the SFT policy (not the RM); later stages from the previous policy.
   stages.append(grpo('rlhf', domains=['chat'], init_from=last_sft, **rlhf))
   stages.append(grpo('if_rl', domains=['instruction_following'], **if_rl))
   stages.append(grpo('math_rl', domains=['math'], **math))
-  stages.append(grpo('code_rl', domains=['code'], **code))
-  stages.append(grpo('swe_rl', domains=['swe'], **swe))
+  stages.append(grpo('code_rl', domains=['code'], **cascade1_code_rl()))
+  stages.append(grpo('swe_rl', domains=['swe'], **cascade1_swe_rl()))
   c.stages = stages
   exact_sampler_buckets(c)
   return c

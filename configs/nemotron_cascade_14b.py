@@ -46,62 +46,39 @@ Not reproducible here, by construction:
 
 from configs import _recipes
 
-_RL_MICRO = _recipes.CASCADE1_RL_MICROBATCHES
-
-
 def get_config(arg=None):
   """The 14B Cascade-1 config (see the module docstring)."""
   a = _recipes.parse_arg(arg, data_root='data/nemotron', base='checkpoints/Qwen3-14B-Base',
                          tokenizer='checkpoints/Qwen3-14B-Base',
                          hardware='v5p_128')
-  sft_stages = _recipes.cascade1_sft_stages(a.base)
-  # Paper RM: batch 256, lr 2e-6, one epoch over 82K pairs = 320 steps; max_len is ours.
-  rm = dict(steps=320, batch_size=256, max_len=8192, optimizer=dict(lr=2e-6), microbatches=32)
-  rl = dict(prompts_per_step=128, group_size=8, top_p=0.95, microbatches=_RL_MICRO)
-  # RL optimizers: AdamW at a constant lr, no warm-up (no weight decay, clipping at 1:
-  # the optimizer's defaults).
-  rlhf = dict(rl, steps=900, optimizer=dict(lr=2e-6, warmup_steps=0), temperature=0.6,
-              # 128 x 8 in the main text; the appendix says 256 prompts (uncertain).
-              max_prompt_len=4096,        # ours (not published)
-              max_response_len=12_288,    # 12K, no overlong filter
-              thinking_fraction=0.5)      # half thinking, half non-thinking batches
-  if_rl = dict(rl, optimizer=dict(lr=2e-6, warmup_steps=0), temperature=0.6,
-               # Two sub-stages in the paper (IFEval taxonomy 800, then IFBench-train 120);
-               # one stage of 800 + 120 on the released IF-RL set here.
-               steps=920,
-               max_prompt_len=2048, max_response_len=8192,  # ours (not published)
-               thinking_fraction=0.0)      # IF-RL is non-thinking only
-  math = dict(rl, steps=220, optimizer=dict(lr=2.5e-6, warmup_steps=0), temperature=1.2,
-              # 14B: 128 x 8 and top-p 0.95 are the 8B's (unverified) numbers.
-              max_prompt_len=2048, max_response_len=40_960, thinking_fraction=1.0,
-              phases=[
-                  # 0-120: 28K, temperature 1.2; overlong rollouts filtered in phase 1 only
-                  # (stated for the 8B run; assumed for 14B).
-                  dict(until_step=120, max_response_len=28_672, temperature=1.2,
-                       filter_overlong=True),
-                  # 120-220: 40K, temperature 1.1.
-                  dict(until_step=220, max_response_len=40_960, temperature=1.1,
-                       filter_overlong=False),
-              ])
-  code = dict(rl, steps=64, optimizer=dict(lr=4e-6, warmup_steps=0), temperature=1.0,
-              # 128 x 8 and top-p 0.95 assumed (not published for code).
-              max_prompt_len=4096, max_response_len=57_344,  # 56K
-              thinking_fraction=1.0)
-  swe = dict(rl, group_size=16, microbatches=2 * _RL_MICRO, steps=120,
-             optimizer=dict(lr=2.5e-6, warmup_steps=0),
-             temperature=1.0,              # assumed (not published)
-             # 128 prompts assumed; agentless prompts carry the localised files:
-             max_prompt_len=16_384, max_response_len=16_384,  # ours (not published)
-             thinking_fraction=1.0)
-  c = _recipes.cascade1(
-      preset='qwen3_14b',
-      # YaRN factor 2.0 from 32,768 positions = 65,536 (see _recipes.QWEN3_YARN).
-      model_overrides=dict(max_seq_len=_recipes.QWEN3_YARN_MAX_SEQ_LEN, remat=True,
-                           rope_scaling=_recipes.QWEN3_YARN),
-      data_root=a.data_root, tokenizer=a.tokenizer, sft_stages=sft_stages, rm=rm, rlhf=rlhf,
-      if_rl=if_rl, math=math, code=code, swe=swe,
-      # The paper evaluates with 64K-token budgets at temperature 0.6, top-p 0.95.
-      eval_max_new_tokens=61_440, eval_max_prompt_len=4096)
+  rl = _recipes.cascade1_rl
+  rlhf = rl(steps=900, optimizer=dict(lr=2e-6, warmup_steps=0), temperature=0.6,
+            # 128 x 8 in the main text; the appendix says 256 prompts (uncertain).
+            max_prompt_len=4096,        # ours (not published)
+            max_response_len=12_288,    # 12K, no overlong filter
+            thinking_fraction=0.5)      # half thinking, half non-thinking batches
+  if_rl = rl(optimizer=dict(lr=2e-6, warmup_steps=0), temperature=0.6,
+             # Two sub-stages in the paper (IFEval taxonomy 800, then IFBench-train 120);
+             # one stage of 800 + 120 on the released IF-RL set here.
+             steps=920,
+             max_prompt_len=2048, max_response_len=8192,  # ours (not published)
+             thinking_fraction=0.0)      # IF-RL is non-thinking only
+  math = rl(steps=220, optimizer=dict(lr=2.5e-6, warmup_steps=0), temperature=1.2,
+            # 14B: 128 x 8 and top-p 0.95 are the 8B's (unverified) numbers.
+            max_prompt_len=2048, max_response_len=40_960, thinking_fraction=1.0,
+            phases=[
+                # 0-120: 28K, temperature 1.2; overlong rollouts filtered in phase 1 only
+                # (stated for the 8B run; assumed for 14B).
+                dict(until_step=120, max_response_len=28_672, temperature=1.2,
+                     filter_overlong=True),
+                # 120-220: 40K, temperature 1.1.
+                dict(until_step=220, max_response_len=40_960, temperature=1.1,
+                     filter_overlong=False),
+            ])
+  # SFT, the reward model, code RL (56K, lr 4e-6, 64 steps) and SWE RL (x16, lr 2.5e-6, 120
+  # steps): _recipes.cascade1, shared with the 8B recipe.
+  c = _recipes.cascade1(preset='qwen3_14b', data_root=a.data_root, tokenizer=a.tokenizer,
+                        base=a.base, rlhf=rlhf, if_rl=if_rl, math=math)
   return _recipes.on_hardware(c, a.hardware)
 
 
