@@ -36,6 +36,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from cascade import checksums
 from cascade import paths
 
 
@@ -103,7 +104,7 @@ def read_state_json(path: str, default: Any, keys: tuple[str, ...] = (), *, rebu
 
 # Fields that do not change what a run computes, so a resumed run may differ in them.
 HARMLESS_TOP = ('allow_config_change', 'hardware', 'prepare')
-HARMLESS_NESTED = {'ckpt': ('keep',), 'eval': ('log_samples', 'eval_every')}
+HARMLESS_NESTED = {'ckpt': ('keep', 'checksums'), 'eval': ('log_samples', 'eval_every')}
 
 
 def config_for_hash(config) -> dict:
@@ -299,14 +300,21 @@ class StageCheckpoints:
   end, its final checkpoint is always among them. `before_save` (e.g. the
   metrics writer's flush) runs before each save, so what a resume will not
   redo has been logged for good.
+
+  With `checksums`, every step this object saves is sealed once Orbax has
+  finished it (`cascade.checksums`: at the next save, `wait` or `close`), and
+  every sealed step is checked before it is restored: a step whose bytes
+  changed falls back like one that fails to restore.
   """
 
   def __init__(self, directory: str, keep: int = 2, async_save: bool = True,
-               before_save: Callable[[], None] | None = None):
+               before_save: Callable[[], None] | None = None, checksums: bool = True):
     self.directory = str(paths.absolute(directory))   # local: absolute; gs://: as given
     self._keep = keep
     self._async = async_save
     self._before_save = before_save
+    self._checksums = checksums
+    self._unsealed: list[int] = []     # saved by this object, not yet sealed
     self._mngr = self._open()
 
   def _open(self):
@@ -323,12 +331,21 @@ class StageCheckpoints:
     """Saves `state` (pytree) and `meta` (JSON) as `step` (asynchronously when enabled)."""
     if self._before_save is not None:
       self._before_save()
+    self.wait()          # Orbax would wait for the previous save here anyway; then seal it
     self._mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                   meta=ocp.args.JsonSave(dict(meta))),
                     force=True)
+    if self._checksums:
+      self._unsealed.append(step)
 
   def wait(self) -> None:
+    """Waits for the save in flight, then seals the finished steps (process 0)."""
     self._mngr.wait_until_finished()
+    kept = set(self._mngr.all_steps())
+    for step in self._unsealed:
+      if step in kept and is_writer():
+        checksums.seal(paths.join(self.directory, str(step)))
+    self._unsealed = []
 
   def restore(self, abstract_state, step: int | None = None):
     """Restores `step` (default: the newest restorable one), falling back past damage.
@@ -352,6 +369,8 @@ class StageCheckpoints:
     return None
 
   def _restore(self, step, abstract_state):
+    if self._checksums:
+      checksums.check(paths.join(self.directory, str(step)))
     out = self._mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
     meta = dict(out.meta)
@@ -361,8 +380,9 @@ class StageCheckpoints:
 
   def _quarantine(self, step: int, err: Exception) -> None:
     """Moves a damaged step out of Orbax's sight so the run can redo it."""
-    print(f'WARNING: checkpoint {self.directory}/{step} is damaged '
-          f'({type(err).__name__}); falling back to the previous checkpoint', flush=True)
+    why = str(err) if isinstance(err, checksums.Mismatch) else type(err).__name__
+    print(f'WARNING: checkpoint {self.directory}/{step} is damaged ({why}); falling back to '
+          'the previous checkpoint', flush=True)
     if is_writer():
       dest = paths.join(paths.parent(self.directory), 'corrupt', f'{step}.{int(time.time())}')
       paths.move_tree(paths.join(self.directory, str(step)), dest)
@@ -370,5 +390,5 @@ class StageCheckpoints:
     self._mngr = self._open()
 
   def close(self) -> None:
-    self._mngr.wait_until_finished()
+    self.wait()
     self._mngr.close()

@@ -100,6 +100,9 @@ class Ckpt:
   """config.ckpt: checkpoint every N steps (0: only at stage ends), keep the newest `keep`."""
   every_n_steps: int = schema.field(0, check=schema.int_at_least(0))
   keep: int = schema.field(2, check=schema.int_at_least(1))
+  # Seal every checkpoint step and HF export with sha256s and check them before a resume or a
+  # reuse (`cascade.checksums`: each is read once more, about 1 s per GB).
+  checksums: bool = schema.field(True, check=schema.BOOL)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -268,15 +268,15 @@ def copy_tree(src, dst, last: tuple[str, ...] = ()) -> None:
 
   A reader that takes `dst/<last>` as the sign of a complete copy never sees a partial one.
   """
-  for rel in sorted(_files_under(src), key=lambda r: (r in last, r)):
+  for rel in sorted(files_under(src), key=lambda r: (r in last, r)):
     copy_file(join(src, rel), join(dst, rel))
 
 
-def _files_under(d, prefix: str = '') -> Iterator[str]:
+def files_under(d, prefix: str = '') -> Iterator[str]:
   """Paths relative to `d` of the files under directory `d`."""
   for name in listdir(d):
     if isdir(join(d, name)):
-      yield from _files_under(join(d, name), os.path.join(prefix, name))
+      yield from files_under(join(d, name), os.path.join(prefix, name))
     else:
       yield os.path.join(prefix, name)
 

@@ -15,9 +15,11 @@ same function.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import shutil
+import time
 from typing import Callable
 
 import jax
@@ -27,6 +29,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from cascade import checkpoint
+from cascade import checksums
 from cascade import config as config_lib
 from cascade import paths
 from cascade.kinds import base
@@ -117,7 +120,8 @@ class Policies:
     if stage.name not in self._ckpts:
       self._ckpts[stage.name] = checkpoint.StageCheckpoints(
           paths.join(checkpoint.stage_dir(self.workdir, stage), 'ckpt'),
-          keep=self.plan.ckpt.keep, before_save=self._before_save)
+          keep=self.plan.ckpt.keep, before_save=self._before_save,
+          checksums=self.plan.ckpt.checksums)
     return self._ckpts[stage.name]
 
   def final_state(self, stage) -> train_lib.TrainState:
@@ -125,7 +129,8 @@ class Policies:
 
     A damaged final checkpoint falls back to the stage's HF export (the same
     weights; the optimizer state is then fresh, which only matters to a
-    later `reset_optimizer=False`), with a warning.
+    later `reset_optimizer=False`), with a warning; an export that is
+    damaged too is one CheckpointError line.
     """
     opt = train_lib.make_optimizer(base.optimizer_config(stage))
     target = self.abstract_state(stage.MODEL, opt)
@@ -143,7 +148,17 @@ class Policies:
       print(f'WARNING: {ckpts.directory}/{stage.steps}: the final checkpoint of stage '
             f'{stage.name!r} cannot be restored ({type(e).__name__}); using its HF export '
             f'{export} (weights only)', flush=True)
-      params = self._load_hf(export)
+      try:
+        if self.plan.ckpt.checksums:
+          checksums.check(export)
+        params = self._load_hf(export)
+      except Exception as e2:  # pylint: disable=broad-except
+        why = str(e2).splitlines()[0][:200] if str(e2) else ''
+        raise checkpoint.CheckpointError(
+            f'{ckpts.directory}/{stage.steps}: the final checkpoint of stage {stage.name!r} '
+            f'cannot be restored ({type(e).__name__}) and its HF export {export} cannot be '
+            f'loaded either ({type(e2).__name__}: {why}); rerun the stage in a new '
+            'workdir') from None
       return train_lib.init_state(params, opt, master_dtype=master_dtype(self.plan.model),
                                   mesh=self.mesh, rules=self.rules)
 
@@ -254,7 +269,7 @@ class Policies:
     (a killed upload is redone).
     """
     out = paths.join(checkpoint.stage_dir(self.workdir, stage), 'hf')
-    if exported(out):
+    if exported(out) and not self.damaged_export(stage, out):
       return out
     params = self.compute_copy(params)
     if not all(getattr(x, 'is_fully_addressable', True) for x in jax.tree.leaves(params)):
@@ -268,13 +283,40 @@ class Policies:
     model = nnx.merge(self.graphdef('policy'), params)
     if paths.is_remote(out):
       hf.save_model(model, out)       # config.json is uploaded last
+      if self.plan.ckpt.checksums:
+        checksums.seal(out)           # read back from the store: what is there is what is sealed
       return out
     for stale in glob.glob(out + '.tmp.*'):
       shutil.rmtree(stale, ignore_errors=True)     # a previous run killed mid-export
     tmp = f'{out}.tmp.{os.getpid()}'
-    hf.save_model(model, tmp)
+    try:
+      hf.save_model(model, tmp)
+      if self.plan.ckpt.checksums:
+        checksums.seal(tmp)
+    except Exception as e:
+      shutil.rmtree(tmp, ignore_errors=True)   # e.g. a full disk: give the space back
+      if 'No space left' in str(e) and not isinstance(e, OSError):
+        # safetensors reports a full disk as its own error type: make it the OSError it is.
+        raise OSError(errno.ENOSPC, 'No space left on device', out) from None
+      raise
     os.replace(tmp, out)
     return out
+
+  def damaged_export(self, stage, out: str) -> bool:
+    """Whether `stage`'s export at `out` differs from its checksums; a damaged one is moved
+    aside to stages/<idx>_<name>/corrupt/hf.<time> with a warning (the caller exports again)."""
+    if not self.plan.ckpt.checksums:
+      return False
+    why = checksums.verify(out)
+    if not why:
+      return False
+    dest = paths.join(checkpoint.stage_dir(self.workdir, stage), 'corrupt',
+                      f'hf.{int(time.time())}')
+    print(f'WARNING: {out}: the HF export of stage {stage.name!r} is damaged (checksum '
+          f'mismatch: {why}); moved to {dest}, exporting it again', flush=True)
+    if checkpoint.is_writer():
+      paths.move_tree(out, dest)
+    return True
 
 
 def exported(hf_dir: str) -> bool:

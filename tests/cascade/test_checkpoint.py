@@ -205,3 +205,65 @@ def test_fork_copies_only_finished_stages_and_refuses_other_sections(tmp_path):
   first_differs = ml_collections.ConfigDict(dict(mine.to_dict(), stages=[
       dict(name='sft', steps=4), stages[1]]))
   assert checkpoint.fork(str(src), str(tmp_path / 'd'), first_differs) == []
+
+
+def _largest_file(d):
+  files = [os.path.join(r, f) for r, _, fs in os.walk(d) for f in fs]
+  return max(files, key=os.path.getsize)
+
+
+def test_flipped_bytes_or_an_edited_data_position_fall_back_with_a_warning(tmp_path, capsys):
+  """Damage that keeps the format (bytes flipped inside the parameter data, the data position
+  edited in the metadata) restores without an error; the step's checksums catch it, it is moved
+  aside with a one-line warning and the previous step is used, as for damage Orbax notices."""
+  ckpt = checkpoint.StageCheckpoints(str(tmp_path / 'ckpt'), keep=3)
+  states = {s: make_state(s) for s in (2, 4, 6)}
+  for s, st in states.items():
+    ckpt.save(s, st, {'step': s, 'stage_index': 1, 'data': {'next_index': s * 4}})
+  ckpt.close()
+  assert all(os.path.exists(tmp_path / 'ckpt' / str(s) / 'checksums.json') for s in (2, 4, 6))
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          make_state(0))
+  victim = _largest_file(tmp_path / 'ckpt' / '6' / 'state')
+  with open(victim, 'r+b') as f:                 # same size, 64 bytes in the middle flipped
+    f.seek(os.path.getsize(victim) // 2)
+    data = f.read(64)
+    f.seek(-64, 1)
+    f.write(bytes(b ^ 0xFF for b in data))
+  meta = tmp_path / 'ckpt' / '4' / 'meta' / 'metadata'
+  meta.write_text(meta.read_text().replace('"next_index": 16', '"next_index": 99'))
+  again = checkpoint.StageCheckpoints(str(tmp_path / 'ckpt'), keep=3)
+  step, state, got = again.restore(abstract)
+  assert step == 2 and got['data'] == {'next_index': 8}
+  assert_same(state, states[2])
+  out = capsys.readouterr().out.splitlines()
+  assert [l for l in out if 'WARNING' in l] == [
+      f'WARNING: checkpoint {tmp_path / "ckpt"}/6 is damaged (checksum mismatch: '
+      f'{os.path.relpath(victim, tmp_path / "ckpt" / "6")} differs from what was saved '
+      '(sha256)); falling back to the previous checkpoint',
+      f'WARNING: checkpoint {tmp_path / "ckpt"}/4 is damaged (checksum mismatch: meta/metadata '
+      'differs from what was saved (sha256)); falling back to the previous checkpoint']
+  assert sorted(os.listdir(tmp_path / 'corrupt'))[0].startswith('4.')
+  again.close()
+
+
+def test_without_checksums_flipped_bytes_restore_silently(tmp_path):
+  """Why the checksums exist: Orbax restores a parameter file with flipped bytes as different
+  weights, no error (config.ckpt.checksums=False, and every run before them)."""
+  ckpt = checkpoint.StageCheckpoints(str(tmp_path / 'ckpt'), keep=1, checksums=False)
+  ckpt.save(2, make_state(2), {'step': 2})
+  ckpt.close()
+  assert not os.path.exists(tmp_path / 'ckpt' / '2' / 'checksums.json')
+  victim = _largest_file(tmp_path / 'ckpt' / '2' / 'state')
+  with open(victim, 'r+b') as f:
+    f.seek(os.path.getsize(victim) // 2)
+    data = f.read(64)
+    f.seek(-64, 1)
+    f.write(bytes(b ^ 0xFF for b in data))
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          make_state(0))
+  step, state, _ = checkpoint.StageCheckpoints(str(tmp_path / 'ckpt'),
+                                               checksums=False).restore(abstract)
+  assert step == 2
+  with pytest.raises(AssertionError):
+    assert_same(state, make_state(2))
