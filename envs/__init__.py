@@ -8,18 +8,18 @@ cheap (no jax).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from envs.base import Environment
 from envs.base import Episode
 from envs.base import Step
+from verifiers import registry
 
 _BUILTIN = {
     'tool_use': 'envs.tool_use:ToolUseEnv',
     'swe_agent': 'envs.swe_agent:SweAgentEnv',
 }
-_registry: dict[str, type[Environment] | str] = dict(_BUILTIN)
+_registry = registry.Registry('environment', Environment, _BUILTIN)
 
 __all__ = ['Environment', 'Episode', 'Step', 'get', 'names', 'register', 'cls']
 
@@ -30,28 +30,17 @@ def register(name: str, env_cls: type[Environment]) -> None:
   Raises:
     ValueError: the name is taken or `env_cls` is not an Environment subclass.
   """
-  if name in _registry:
-    raise ValueError(f'environment {name!r} is already registered')
-  if not (isinstance(env_cls, type) and issubclass(env_cls, Environment)):
-    raise ValueError(f'environment {name!r}: {env_cls!r} is not an Environment subclass')
-  _registry[name] = env_cls
+  _registry.register(name, env_cls)
 
 
 def names() -> list[str]:
   """Registered environment names."""
-  return sorted(_registry)
+  return _registry.names()
 
 
 def cls(name: str) -> type[Environment]:
   """The class registered under `name` (imported on first use)."""
-  if name not in _registry:
-    raise ValueError(f'unknown environment {name!r}; known: {", ".join(names())}')
-  entry = _registry[name]
-  if isinstance(entry, str):
-    module, attr = entry.split(':')
-    entry = getattr(importlib.import_module(module), attr)
-    _registry[name] = entry
-  return entry
+  return _registry.cls(name)
 
 
 def get(name: str, **options: Any) -> Environment:

@@ -10,9 +10,9 @@ Domain modules are imported on first use, so importing this package is cheap
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Mapping
 
+from verifiers import registry
 from verifiers.base import Result
 from verifiers.base import Sample
 from verifiers.base import Verifier
@@ -30,7 +30,7 @@ _BUILTIN = {
     'reward_model': 'verifiers.reward_model:RewardModelVerifier',
     'tiny_chat_quality': 'cascade.tiny_world.chat:QualityVerifier',
 }
-_registry: dict[str, type[Verifier] | str] = dict(_BUILTIN)
+_registry = registry.Registry('verifier', Verifier, _BUILTIN)
 
 __all__ = ['Result', 'Sample', 'Verifier', 'get', 'names', 'register', 'validate']
 
@@ -41,27 +41,12 @@ def register(name: str, cls: type[Verifier]) -> None:
   Raises:
     ValueError: the name is taken or `cls` is not a Verifier subclass.
   """
-  if name in _registry:
-    raise ValueError(f'verifier {name!r} is already registered')
-  if not (isinstance(cls, type) and issubclass(cls, Verifier)):
-    raise ValueError(f'verifier {name!r}: {cls!r} is not a Verifier subclass')
-  _registry[name] = cls
+  _registry.register(name, cls)
 
 
 def names() -> list[str]:
   """Registered verifier names."""
-  return sorted(_registry)
-
-
-def _factory(name: str) -> type[Verifier]:
-  if name not in _registry:
-    raise ValueError(f'unknown verifier {name!r}; known: {", ".join(names())}')
-  entry = _registry[name]
-  if isinstance(entry, str):
-    module, attr = entry.split(':')
-    entry = getattr(importlib.import_module(module), attr)
-    _registry[name] = entry
-  return entry
+  return _registry.names()
 
 
 def get(name: str, **options: Any) -> Verifier:
@@ -76,7 +61,7 @@ def get(name: str, **options: Any) -> Verifier:
   Returns:
     A Verifier; use it as a context manager or call close() when done.
   """
-  return _factory(name)(**options)
+  return _registry.cls(name)(**options)
 
 
 def validate(name: str, metadata: Mapping[str, Any], where: str, **options: Any) -> None:
@@ -92,4 +77,4 @@ def validate(name: str, metadata: Mapping[str, Any], where: str, **options: Any)
   Raises:
     ValueError: malformed metadata, with `where` and the field in the message.
   """
-  _factory(name).validate_metadata_for(metadata, where, **options)
+  _registry.cls(name).validate_metadata_for(metadata, where, **options)
