@@ -16,8 +16,14 @@ the judge may get its attributes, call it, or ask for its str/repr/len/bool/
 items (each answer forced to plain data of the right type), but comparison
 operators are never delegated, so a handle equals only itself. An exception
 raised by candidate code is re-raised in the judge as the builtin exception
-of the same name (others as RuntimeError). Standard library only: this file
-runs inside the sandbox next to `sandbox_server`.
+of the same name (others as RuntimeError), except control flow: StopIteration
+and StopAsyncIteration (which end a judge's loop over `map(candidate, ...)`
+or `iter(candidate, x)` early) and every BaseException that is not an
+Exception (SystemExit, KeyboardInterrupt, GeneratorExit, ...) come as
+RuntimeError and mark the link (`Link.control_flow`), so the verdict fails
+even where the test catches the error. The judge decides this, not the
+candidate's encoder: the candidate can write any frame. Standard library
+only: this file runs inside the sandbox next to `sandbox_server`.
 """
 
 import builtins
@@ -37,6 +43,9 @@ MAX_DEPTH = 64
 MAX_NODES = 1 << 20
 MAX_ITEMS = 100_000
 _EXC_TEXT = 2000
+# Exceptions (besides every BaseException that is not an Exception) that steer
+# the judge's control flow instead of reporting an error.
+_CONTROL_FLOW = (StopIteration, StopAsyncIteration)
 
 
 class NotPlain(TypeError):
@@ -250,11 +259,17 @@ class CandidateFailed(Exception):
 
 
 class Link:
-  """The judge's connection to the candidate process."""
+  """The judge's connection to the candidate process.
+
+  Attributes:
+    control_flow: the name of the first control-flow exception the candidate
+      raised (see the module docstring), or '' if none: the verdict fails.
+  """
 
   def __init__(self, fd_in, fd_out):
     self.fd_in = fd_in
     self.fd_out = fd_out
+    self.control_flow = ''
     self._proxies = {}
 
   def request(self, req):
@@ -286,6 +301,10 @@ class Link:
       cls = getattr(builtins, ans[1], None) if ans[1] else None
       if not (isinstance(cls, type) and issubclass(cls, BaseException)):
         cls = RuntimeError
+      elif not issubclass(cls, Exception) or issubclass(cls, _CONTROL_FLOW):
+        self.control_flow = self.control_flow or cls.__name__
+        raise RuntimeError(f'the candidate raised {cls.__name__}, a control-flow exception: '
+                           f'{ans[2]}')
       try:
         exc = cls(ans[2])
       except Exception:  # pylint: disable=broad-except

@@ -3,23 +3,37 @@
 Runs as a script inside bubblewrap (or as a plain process with
 isolation='none') next to `framing`, `bridge` and `seccomp`, so it imports
 only the standard library. It pre-imports modules candidates commonly use,
-then answers framed requests on its stdin/stdout. Each run forks children
-that take the sandbox identity (the dedicated uid when the server is root,
-rlimits, the `seccomp` filter, oom_score_adj 1000) before any candidate code
-runs; after every run all processes of that identity are killed and the work
-dir is emptied with fd-relative removal; a run that leaves the work dir or
-the tmpfs unclean answers with 'restart': true so the host replaces this
-server. It is longer than the house's ~400 lines on purpose: bubblewrap runs
+then, before it reads any request, forks a *zygote*: a process that never
+holds request data. Candidate processes are forked by the zygote, never by
+the server (whose heap holds the current request's hidden test or expected
+outputs, and remnants of earlier requests): for each run the server sends
+the zygote only the run's limits and role and the child's descriptors
+(SCM_RIGHTS on a unix socket pair); the zygote forks a short-lived parent
+that forks the candidate and exits, so the candidate becomes the server's
+child (the server is a subreaper) and the zygote keeps nothing of it. The
+candidate then reads its own program and visible files from a pipe the
+server writes after the fork. So a candidate that walks its frames, scans
+`gc` or reads its own memory finds only its own program: not the answer
+key, not another sample. A fresh interpreter per run would hold as well,
+but costs 15-30 ms of start-up and imports per run against ~2 ms for the
+two forks. Each candidate takes the sandbox identity (the dedicated uid
+when the server is root, rlimits, the `seccomp` filter, oom_score_adj 1000)
+before it reads its program; after every run all processes of that
+identity are killed (never the zygote) and the work dir is emptied with
+fd-relative removal; a run that leaves anything behind (files, System V IPC
+objects, data on another writable mount, a process, a dead zygote) answers
+with 'restart': true so the host replaces this server. It is longer than the house's ~400 lines on purpose: bubblewrap runs
 it as one script beside three standard-library helpers, so the identity
 switch, the limits, the run loop and the cleanup it must hold stay in it.
 
 Request (JSON):
   mode: 'check' -- two processes: the *candidate* executes `program` as
       module 'solution' and then serves requests (see `bridge`); the
-      *judge*, forked from this server before any candidate code ran,
+      *judge*, forked from this server (it is trusted and holds the test),
       executes the trusted `test` with imports of 'solution' and of
       `importable` routed to the candidate. Pass iff the judge's `test` runs
-      to its end without an exception (SystemExit included). The verdict
+      to its end without an exception (SystemExit included) and no
+      control-flow exception came from the candidate (see `bridge`). The verdict
       travels on a pipe only the judge holds; the judge is not ptraceable
       and every value it gets from the candidate is plain data, so neither
       comparison objects nor anything in the candidate's memory can fake a
@@ -53,11 +67,14 @@ import argparse
 import builtins
 import ctypes
 import errno
+import fcntl
 import io
+import json
 import os
 import resource
 import select
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -87,6 +104,12 @@ _PRELOAD = ('array', 'bisect', 'cmath', 'collections', 'copy', 'dataclasses', 'd
             'unittest')
 # Largest stdout/stderr tail a 'run' answers with: what a tool shows, not a bulk channel.
 MAX_OUTPUT_BYTES = 1 << 16
+# The limits of a run, all the zygote is told about it.
+_LIMITS = ('cpu_s', 'memory_mb', 'nproc', 'fsize_mb')
+# Seconds the server waits for the zygote's answer before it declares the zygote broken.
+_ZYGOTE_TIMEOUT_S = 10.0
+# The server's own entries in its root directory.
+_ROOT_ENTRIES = {'.io', 'case'}
 _SIGNAL_STATUS = {signal.SIGXCPU: ('cpu_limit', 'CPU time limit'),
                   signal.SIGXFSZ: ('output_limit', 'file size limit (output too large)'),
                   signal.SIGSEGV: ('crashed', 'segmentation fault (stack overflow?)')}
@@ -135,8 +158,14 @@ class Server:
       root: a private directory the server owns (a tmpfs in bubblewrap).
       drop_uid: run children as this uid/gid (the server is root); None keeps
         the server's own uid.
-      kill_all: the server is alone in its PID namespace, so `kill(-1)` reaches
-        only candidates; without it only the runs' sessions are killed.
+      kill_all: the server is alone in its PID namespace, so every process but
+        itself, its ancestors and the zygote is a candidate's and is killed
+        after each run; without it only the runs' sessions are killed.
+
+    With either drop_uid or kill_all the server runs in bubblewrap's private
+    mount and IPC namespaces, so the health check also covers System V IPC
+    objects and the other writable mounts; in isolation 'none' those are the
+    host's, shared with other processes.
     """
     self.drop_uid = drop_uid
     self.kill_all = kill_all
@@ -150,14 +179,171 @@ class Server:
       os.chmod(root, 0o711)
       os.chmod(self.case_dir, 0o755)
       os.chown(self.case_dir, drop_uid, drop_uid)
+    self.private = drop_uid is not None or kill_all
     libc = _libc()
     libc.prctl(4, 0, 0, 0, 0)    # PR_SET_DUMPABLE 0: children cannot ptrace us.
+    self._zygote_sock, self.zygote_pid = self._start_zygote()
+    self._zygote_fd = os.pidfd_open(self.zygote_pid)
+    self._zygote_ok = True
     libc.prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER: orphans come to us.
+    self._spared = _ancestors() | {self.zygote_pid}
+    self._mounts = _writable_mounts(root) if self.private else []
     self.baseline_free = self._free_blocks()
+    self.baseline_residue = self._residue()
 
   def _free_blocks(self):
     st = os.statvfs(self.root)
     return st.f_bfree, st.f_ffree
+
+  def _residue(self):
+    """What a run could leave outside the work dir (private namespaces only; see __init__).
+
+    System V IPC objects (the seccomp filter refuses them; this is the check
+    that it did) and the free blocks and inodes of every other writable
+    mount (/dev/shm is part of /dev).
+    """
+    if not self.private:
+      return ()
+    out = []
+    for kind in ('shm', 'sem', 'msg'):
+      try:
+        with open(f'/proc/sysvipc/{kind}', encoding='ascii') as f:
+          out.append((kind, tuple(line.split()[1] for line in f.read().splitlines()[1:])))
+      except OSError:  # No System V IPC in this kernel.
+        pass
+    for mount in self._mounts:
+      st = os.statvfs(mount)
+      out.append((mount, st.f_bfree, st.f_ffree))
+    return tuple(out)
+
+  # -- the zygote ------------------------------------------------------------
+
+  def _start_zygote(self):
+    """Forks the zygote (before any request); the server's socket to it and its pid."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+      try:
+        ours.close()
+        self._zygote(theirs)
+      finally:
+        _exit(1)
+    theirs.close()
+    ours.settimeout(_ZYGOTE_TIMEOUT_S)
+    return ours, pid
+
+  def _zygote(self, sock):
+    """The zygote's loop: one candidate per 'spawn' message until the server goes; never returns.
+
+    A message holds the run's limits and role, and the candidate's
+    descriptors; the answer is {'pid': the candidate's pid} or {'error': why}.
+    """
+    _libc().prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the server.
+    keep = sock.fileno()
+    os.closerange(3, keep)  # The request protocol above all: the zygote never reads it.
+    os.closerange(keep + 1, os.sysconf('SC_OPEN_MAX'))
+    while True:
+      try:
+        msg, fds, _, _ = socket.recv_fds(sock, 1 << 12, 16)
+      except OSError:
+        _exit(0)
+      if not msg:  # The server is gone.
+        _exit(0)
+      try:
+        reply = {'pid': self._fork_candidate(json.loads(msg), fds)}
+      except Exception as e:  # pylint: disable=broad-except
+        reply = {'error': f'{type(e).__name__}: {e}'}
+      for fd in fds:
+        os.close(fd)
+      try:
+        sock.send(json.dumps(reply).encode())
+      except OSError:
+        _exit(0)
+
+  def _fork_candidate(self, spawn, fds):
+    """In the zygote: forks a parent that forks the candidate and exits; the candidate's pid.
+
+    The parent's exit hands the candidate to the nearest subreaper, the
+    server, which waits for it and collects its orphans; the zygote waits
+    only for the parent.
+    """
+    pid_r, pid_w = os.pipe()
+    parent = os.fork()
+    if parent == 0:
+      try:
+        os.close(pid_r)
+        child = os.fork()
+        if child == 0:
+          os.close(pid_w)
+          self._candidate(spawn, fds)
+        _write(pid_w, str(child).encode())
+      finally:
+        _exit(0)
+    os.close(pid_w)
+    try:
+      data = os.read(pid_r, 32)
+    finally:
+      os.close(pid_r)
+      os.waitpid(parent, 0)
+    if not data:
+      raise OSError(errno.EAGAIN, 'fork failed')
+    return int(data)
+
+  def _candidate(self, spawn, fds):
+    """In a candidate process: sandbox itself, read the payload from the last of `fds`, run it."""
+    try:
+      self._become_sandboxed(spawn, fds, judge=False)
+      payload_fd = len(fds) - 1
+      payload = framing.read_frame(payload_fd)
+      os.close(payload_fd)
+      _write_files(self.case_dir, payload.get('files') or {})
+      if spawn['role'] == 'script':
+        _run_script(payload['program'], self.case_dir)
+      else:
+        _run_candidate(payload['program'], payload['importable'], self.case_dir)
+    except BaseException:  # pylint: disable=broad-except
+      try:
+        _write(2, traceback.format_exc()[-4000:].encode('utf-8', 'replace'))
+      except BaseException:  # pylint: disable=broad-except
+        pass
+    _exit(120)
+
+  def _spawn(self, req, fds, role, payload):
+    """Has the zygote fork a candidate with `fds` as its 0, 1, 2, ...; sends it `payload`.
+
+    Args:
+      req: the request (only its limits go to the zygote).
+      fds: the candidate's descriptors, in order.
+      role: 'script' (`_run_script`) or 'candidate' (`_run_candidate`).
+      payload: {'program', 'files', 'importable'}: what the candidate may see.
+
+    Returns:
+      The candidate's pid (a child of this server).
+    """
+    spawn = dict({k: req[k] for k in _LIMITS}, role=role)
+    payload_r, payload_w = os.pipe()
+    try:
+      try:
+        socket.send_fds(self._zygote_sock, [json.dumps(spawn).encode()], [*fds, payload_r])
+        reply = json.loads(self._zygote_sock.recv(1 << 12) or b'null')
+      except (OSError, ValueError):
+        self._zygote_ok = False
+        raise
+      finally:
+        os.close(payload_r)
+      if not (isinstance(reply, dict) and type(reply.get('pid')) is int):
+        self._zygote_ok = False
+        raise RuntimeError(f'the zygote did not fork a candidate: {reply}')
+      try:
+        framing.write_frame(payload_w, payload)
+      except OSError:  # The candidate died before reading it; its status says why.
+        pass
+      return reply['pid']
+    finally:
+      os.close(payload_w)
+
+  def _zygote_alive(self):
+    return self._zygote_ok and not select.select([self._zygote_fd], [], [], 0)[0]
 
   def handle(self, req: dict) -> dict:
     """Runs one request (see the module docstring); never raises."""
@@ -171,7 +357,7 @@ class Server:
     return out
 
   def _is_clean(self):
-    """The work dir is empty, the tmpfs back at its free space, no candidate process left."""
+    """Nothing of the last run is left (see `_residue`) and the zygote is alive."""
     try:
       for name in os.listdir(self.io_dir):  # The server's own files of the last run.
         os.truncate(os.path.join(self.io_dir, name), 0)
@@ -180,9 +366,15 @@ class Server:
       blocks, inodes = self._free_blocks()
       if blocks + 8 < self.baseline_free[0] or inodes + 16 < self.baseline_free[1]:
         return False
+      if set(os.listdir(self.root)) != _ROOT_ENTRIES or self._residue() != self.baseline_residue:
+        return False
     except OSError:
       return False
-    return not (self.drop_uid is not None and self._sandbox_uid_running())
+    if not self._zygote_alive():
+      return False
+    if self.drop_uid is not None:
+      return not self._sandbox_uid_running()
+    return not (self.kill_all and self._strays())
 
   def _handle(self, req):
     mode = req['mode']
@@ -209,15 +401,17 @@ class Server:
 
   # -- runs ------------------------------------------------------------------
 
-  def _fork(self, req, fds, body, judge=False):
-    """Forks a child with the sandbox identity, `fds` as its 0, 1, 2, ...; runs body().
+  def _fork_judge(self, req, fds, body):
+    """Forks a judge with the sandbox identity, `fds` as its 0, 1, 2, ...; runs body().
 
-    A judge works in '/' (read-only), not in the candidate's work dir.
+    The judge is trusted (it holds the test) and runs only trusted code, so
+    it comes from this server, not the zygote; it works in '/' (read-only),
+    not in the candidate's work dir.
     """
     pid = os.fork()
     if pid == 0:
       try:
-        self._become_sandboxed(req, fds, judge)
+        self._become_sandboxed(req, fds, judge=True)
         body()
       except BaseException:  # pylint: disable=broad-except
         try:
@@ -237,10 +431,12 @@ class Server:
     out_fd = os.open(os.path.join(self.io_dir, 'stdout'), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
                      0o600)
     err_fd = self._stderr_file('stderr')
-    program = req['program']
-    pid = self._fork(req, (stdin_fd, out_fd, err_fd), lambda: _run_script(program, self.case_dir))
-    for fd in (stdin_fd, out_fd, err_fd):
-      os.close(fd)
+    try:
+      pid = self._spawn(req, (stdin_fd, out_fd, err_fd), 'script',
+                        {'program': req['program'], 'files': req.get('files') or {}})
+    finally:
+      for fd in (stdin_fd, out_fd, err_fd):
+        os.close(fd)
     timed_out = not _wait_exit(pid, wall_s)
     status = self._finish([pid], timed_out)[0]
     if timed_out:
@@ -275,16 +471,22 @@ class Server:
     verdict_r, verdict_w = os.pipe()
     null = os.open(os.devnull, os.O_RDWR)
     cand_err = self._stderr_file('stderr')
-    program = req['program']
-    importable = [n for n in req.get('importable') or () if isinstance(n, str)]
-    cand = self._fork(req, (null, null, cand_err, to_cand_r, to_judge_w),
-                      lambda: _run_candidate(program, importable, self.case_dir))
     judge_err = self._stderr_file('judge_stderr')
-    test = req['test']
-    judge = self._fork(req, (null, null, judge_err, to_judge_r, to_cand_w, verdict_w),
-                       lambda: _run_judge(test, ['solution'] + importable), judge=True)
-    for fd in (to_judge_r, to_judge_w, to_cand_r, to_cand_w, verdict_w, null, cand_err, judge_err):
-      os.close(fd)
+    importable = [n for n in req.get('importable') or () if isinstance(n, str)]
+    try:
+      cand = self._spawn(req, (null, null, cand_err, to_cand_r, to_judge_w), 'candidate',
+                         {'program': req['program'], 'files': req.get('files') or {},
+                          'importable': importable})
+      test = req['test']
+      judge = self._fork_judge(req, (null, null, judge_err, to_judge_r, to_cand_w, verdict_w),
+                               lambda: _run_judge(test, ['solution'] + importable))
+    except BaseException:
+      os.close(verdict_r)
+      raise
+    finally:
+      for fd in (to_judge_r, to_judge_w, to_cand_r, to_cand_w, verdict_w, null, cand_err,
+                 judge_err):
+        os.close(fd)
     try:
       timed_out = not _wait_exit(judge, wall_s)
       verdict = None
@@ -331,12 +533,19 @@ class Server:
   def _stderr_file(self, name):
     return os.open(os.path.join(self.io_dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
 
-  def _become_sandboxed(self, req, fds, judge):
-    """In a forked child: session, descriptors, limits, identity, seccomp."""
+  def _become_sandboxed(self, limits, fds, judge):
+    """In a forked child: session, descriptors, limits, identity, seccomp, work dir, environment.
+
+    Args:
+      limits: a mapping with the `_LIMITS` keys.
+      fds: the descriptors that become 0, 1, 2, ... (all others are closed).
+      judge: work in '/' (read-only) instead of the work dir.
+    """
     os.setsid()
-    for target, fd in enumerate(fds):
-      if fd != target:
-        os.dup2(fd, target)
+    # Above every target first: moving one must not overwrite another not yet moved.
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, len(fds)) for fd in fds]
+    for target, fd in enumerate(moved):
+      os.dup2(fd, target)
     os.closerange(len(fds), os.sysconf('SC_OPEN_MAX'))
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT, signal.SIGTERM):
       signal.signal(sig, signal.SIG_DFL)
@@ -345,14 +554,14 @@ class Server:
         f.write('1000')
     except OSError:
       pass
-    cpu = max(1, int(float(req['cpu_s'])))
-    mem = int(req['memory_mb']) << 20
-    fsize = int(req['fsize_mb']) << 20
+    cpu = max(1, int(float(limits['cpu_s'])))
+    mem = int(limits['memory_mb']) << 20
+    fsize = int(limits['fsize_mb']) << 20
     for lim, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (mem, mem)),
                        (resource.RLIMIT_FSIZE, (fsize, fsize)), (resource.RLIMIT_CORE, (0, 0)),
                        (resource.RLIMIT_NOFILE, (256, 256))):
       resource.setrlimit(lim, value)
-    nproc = int(req['nproc'])
+    nproc = int(limits['nproc'])
     if self.drop_uid is not None:
       resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
       os.setgroups([])
@@ -370,11 +579,6 @@ class Server:
       seccomp.install()
     workdir = '/' if judge else self.case_dir
     os.chdir(workdir)
-    for rel, text in () if judge else (req.get('files') or {}).items():
-      path = _safe_join(self.case_dir, rel)
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-      with open(path, 'w', encoding='utf-8') as f:
-        f.write(text)
     os.environ.clear()
     os.environ.update(HOME=workdir, TMPDIR=workdir, PATH='/usr/local/bin:/usr/bin:/bin',
                       LANG='C.UTF-8', PYTHONHASHSEED='0', OMP_NUM_THREADS='1',
@@ -413,7 +617,7 @@ class Server:
       self._as_sandbox_uid(lambda: None)
       return
     if self.kill_all:
-      _kill_minus_one()
+      self._kill_strays()
     for pid in pids:
       try:
         os.killpg(pid, signal.SIGKILL)
@@ -431,7 +635,7 @@ class Server:
       self._as_sandbox_uid(lambda: empty_dir(self.case_dir))
     else:
       if self.kill_all:
-        _kill_minus_one()
+        self._kill_strays()
       for pid in pids:
         try:
           os.killpg(pid, signal.SIGKILL)
@@ -440,7 +644,63 @@ class Server:
       empty_dir(self.case_dir)
     # Everything but an escaped session (isolation 'none') was killed, so
     # waiting for all children ends promptly and leaves no zombie behind.
-    _reap(block=self.drop_uid is not None or self.kill_all)
+    self._reap(block=self.drop_uid is not None or self.kill_all)
+
+  def _strays(self):
+    """Live processes of this PID namespace that are not ours: what kill_all kills."""
+    out = []
+    for name in os.listdir('/proc'):
+      if name.isdigit() and int(name) not in self._spared:
+        stat = _proc_stat(int(name))
+        if stat is not None and stat[0] not in 'ZX':
+          out.append(int(name))
+    return out
+
+  def _kill_strays(self):
+    """`kill(-1)` that spares the zygote: kills strays until none is left (or 2 s pass).
+
+    A process forked between two scans is found by the next one; the
+    health check restarts a server that still has strays.
+    """
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+      strays = self._strays()
+      if not strays:
+        return
+      for pid in strays:
+        try:
+          os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+          pass
+
+  def _reap(self, block=False):
+    """Collects exited children (we are a subreaper, so orphans are ours too).
+
+    Args:
+      block: wait (up to 2 s) until no child but the zygote is left, not
+        just for exited ones.
+    """
+    deadline = time.monotonic() + 2.0
+    while True:
+      try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+      except ChildProcessError:
+        return
+      if pid == 0:
+        if not block or time.monotonic() > deadline or not self._children():
+          return
+        time.sleep(0.0005)
+
+  def _children(self):
+    """Our children other than the zygote (dying ones included)."""
+    me = os.getpid()
+    out = []
+    for name in os.listdir('/proc'):
+      if name.isdigit() and int(name) != self.zygote_pid:
+        stat = _proc_stat(int(name))
+        if stat is not None and stat[1] == me:
+          out.append(int(name))
+    return out
 
   def _as_sandbox_uid(self, then):
     helper = os.fork()
@@ -471,6 +731,39 @@ def _kill_minus_one():
     os.kill(-1, signal.SIGKILL)
   except ProcessLookupError:  # Nothing left to kill.
     pass
+
+
+def _proc_stat(pid):
+  """(state, parent pid) of a process, or None once it is gone."""
+  try:
+    with open(f'/proc/{pid}/stat', 'rb') as f:
+      data = f.read()
+  except OSError:
+    return None
+  fields = data[data.rindex(b')') + 2:].split()  # The name in parentheses may hold anything.
+  return fields[0].decode(), int(fields[1])
+
+
+def _ancestors():
+  """This process and its ancestors' pids."""
+  out, pid = set(), os.getpid()
+  while pid > 0 and pid not in out:
+    out.add(pid)
+    stat = _proc_stat(pid)
+    pid = stat[1] if stat else 0
+  return out
+
+
+def _writable_mounts(root):
+  """Mount points of writable tmpfs mounts other than `root`'s, from /proc/self/mountinfo."""
+  out = []
+  with open('/proc/self/mountinfo', encoding='utf-8', errors='replace') as f:
+    for line in f:
+      left, _, right = line.partition(' - ')
+      fields, fstype = left.split(), right.split()[:1]
+      if fstype == ['tmpfs'] and 'rw' in fields[5].split(',') and fields[4] != root:
+        out.append(fields[4])
+  return out
 
 
 def _wait_exit(pid, timeout_s):
@@ -605,11 +898,23 @@ def _run_judge(test, remote_names):
     tb = e.__traceback__.tb_next if e.__traceback__ is not None else None  # Not this frame.
     text = ''.join(traceback.format_exception(type(e), e, tb))
     verdict.update(detail=text[-4000:])
+  if link.control_flow:  # Even where the test caught it: see `bridge`.
+    verdict = {'passed': False, 'status': 'runtime_error',
+               'detail': f'the candidate raised {link.control_flow}, a control-flow exception'}
   try:
     framing.write_frame(5, verdict)
   except OSError:
     _exit(1)
   _exit(0)
+
+
+def _write_files(root, files):
+  """Writes {relative path: text} under `root` (in the candidate, as the sandbox uid)."""
+  for rel, text in files.items():
+    path = _safe_join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'w', encoding='utf-8') as f:
+      f.write(text)
 
 
 def _safe_join(root, rel):
@@ -679,24 +984,6 @@ def empty_dir(root):
         pass
   finally:
     os.close(fd)
-
-
-def _reap(block=False):
-  """Collects exited children (we are a subreaper, so orphans are ours too).
-
-  Args:
-    block: wait (up to 2 s) until no child is left, not just for exited ones.
-  """
-  deadline = time.monotonic() + 2.0
-  while True:
-    try:
-      pid, _ = os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-      return
-    if pid == 0:
-      if not block or time.monotonic() > deadline:
-        return
-      time.sleep(0.0005)
 
 
 def _tail(path, limit=2000, strip=True):

@@ -1,4 +1,4 @@
-"""A seccomp filter for sandboxed candidates: no namespaces, mounts, tracing or kernel keyrings.
+"""A seccomp filter for sandboxed candidates: no namespaces, mounts, tracing, keyrings or IPC objects.
 
 Inside bubblewrap a candidate could otherwise create a user namespace
 (unprivileged user namespaces are on in most kernels), gain capabilities in
@@ -7,7 +7,10 @@ process bookkeeping with a new PID namespace. The filter refuses (EPERM)
 `unshare`, `setns`, every mount-API call, `chroot`, `clone` with any
 CLONE_NEW* flag, tracing (`ptrace`, `process_vm_*`), keyrings, `bpf`,
 `perf_event_open`, `userfaultfd`, io_uring and module/kexec/swap/reboot
-calls; `clone3` answers ENOSYS so the C library falls back to `clone`, whose
+calls, and System V IPC (`shmget`, `semget`, `msgget` and the calls on
+their objects) and POSIX message queues (`mq_*`): those objects belong to
+the IPC namespace, not to a process, so one made by a sample would outlive
+it (holding memory, or carrying data to the next sample); `clone3` answers ENOSYS so the C library falls back to `clone`, whose
 flags the filter can read. Other architectures and x32 calls on x86-64 are
 killed. It is installed with no_new_privs, after the process has its final
 identity. Standard library only (ctypes): runs inside the sandbox.
@@ -29,7 +32,11 @@ _SYSCALLS = {
         move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433, mount_setattr=442,
         kexec_load=246, kexec_file_load=320, init_module=175, finit_module=313,
         delete_module=176, swapon=167, swapoff=168, reboot=169, acct=163,
-        name_to_handle_at=303, open_by_handle_at=304),
+        name_to_handle_at=303, open_by_handle_at=304,
+        shmget=29, shmat=30, shmctl=31, shmdt=67, semget=64, semop=65, semctl=66,
+        semtimedop=220, msgget=68, msgsnd=69, msgrcv=70, msgctl=71, mq_open=240,
+        mq_unlink=241, mq_timedsend=242, mq_timedreceive=243, mq_notify=244,
+        mq_getsetattr=245),
     'aarch64': dict(
         clone=220, clone3=435, unshare=97, setns=268, mount=40, umount2=39, pivot_root=41,
         chroot=51, ptrace=117, process_vm_readv=270, process_vm_writev=271, keyctl=219,
@@ -38,7 +45,12 @@ _SYSCALLS = {
         move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433, mount_setattr=442,
         kexec_load=104, kexec_file_load=294, init_module=105, finit_module=273,
         delete_module=106, swapon=224, swapoff=225, reboot=142, acct=89,
-        name_to_handle_at=264, open_by_handle_at=265),
+        name_to_handle_at=264, open_by_handle_at=265,
+        # The *_time64 IPC calls (418-420) exist only for 32-bit ABIs.
+        shmget=194, shmat=196, shmctl=195, shmdt=197, semget=190, semop=193, semctl=191,
+        semtimedop=192, msgget=186, msgsnd=189, msgrcv=188, msgctl=187, mq_open=180,
+        mq_unlink=181, mq_timedsend=182, mq_timedreceive=183, mq_notify=184,
+        mq_getsetattr=185),
 }
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME.
 CLONE_NEW_ANY = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
