@@ -136,8 +136,8 @@ def run_one(side: str, seed: int, fork_from: str | None = None
     raise RuntimeError(f'{" ".join(cmd)} exited {p.returncode}:\n{p.stderr[-4000:]}')
   with open(os.path.join(workdir, 'results.json'), encoding='utf-8') as f:
     res = json.load(f)
-  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    records = [json.loads(line) for line in f if line.strip()]
+  from cascade import metrics  # pylint: disable=g-import-not-at-top
+  records = metrics.read_records(os.path.join(workdir, 'metrics.jsonl'))   # skips damaged lines
   return res, records, time.time() - t0
 
 

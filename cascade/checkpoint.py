@@ -37,6 +37,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from cascade import checksums
+from cascade import metrics as metrics_lib
 from cascade import paths
 
 
@@ -199,8 +200,12 @@ def fork(source: str, workdir: str, config) -> list[str] | None:
   Raises:
     WorkdirError: `source` holds no run, or its other sections differ (named).
   """
-  theirs = read_json(paths.join(source, 'config.json'))
-  if not theirs or 'config' not in theirs:
+  try:
+    theirs = read_state_json(paths.join(source, 'config.json'), None, ('hash', 'config'),
+                             rebuild=False)
+  except WorkdirError as e:
+    raise WorkdirError(f'--fork_from={source}: {e}; nothing was copied') from None
+  if not theirs:
     raise WorkdirError(f'--fork_from={source}: no run there (no config.json)')
   mine = json.loads(json.dumps(config.to_dict() if hasattr(config, 'to_dict') else dict(config),
                                default=str))
@@ -212,18 +217,37 @@ def fork(source: str, workdir: str, config) -> list[str] | None:
   own = Progress(workdir)
   if own.done or own.rows:       # a rerun of the forked command resumes its own progress
     return None
-  src = Progress(source)
+  try:
+    src = Progress(source, rebuild=False)
+  except WorkdirError as e:
+    raise WorkdirError(f'--fork_from={source}: {e}; nothing was copied') from None
   shared = []
   for i, (x, y) in enumerate(zip(mine.get('stages') or [], theirs['config'].get('stages') or [])):
     if x != y or x.get('name') not in src.done:
       break
     shared.append((i, x['name']))
+  rels = [paths.join('stages', f'{i:02d}_{name}') for i, name in shared]
+  for rel in rels:               # every process checks, so they all refuse together
+    _check_forkable(source, rel)
   if not shared or not is_writer():
     return [name for _, name in shared]
   names = {name for _, name in shared}
-  for i, name in shared:
-    rel = paths.join('stages', f'{i:02d}_{name}')
-    paths.copy_tree(paths.join(source, rel), paths.join(workdir, rel))
+  log = paths.join(source, 'metrics.jsonl')
+  keep = [rec for rec in (metrics_lib.read_records(log) if paths.exists(log) else [])
+          if rec.get('stage') in names or rec.get('eval') in names
+          or ('eval' in rec and rec.get('row') == -1)]
+  try:
+    for rel in rels:
+      paths.copy_tree(paths.join(source, rel), paths.join(workdir, rel))
+    paths.write_text(paths.join(workdir, 'metrics.jsonl'),
+                     ''.join(json.dumps(r) + '\n' for r in keep))
+  except BaseException:
+    # A copy that stops half way (a full disk, a kill) leaves no stage of it behind: the workdir
+    # is as it was, and the same command forks again.
+    for rel in rels:
+      paths.rmtree(paths.join(workdir, rel))
+    paths.remove(paths.join(workdir, 'metrics.jsonl'))
+    raise
   # Exports named in progress (a stage's 'hf') move with their stage directory.
   retarget = lambda v: (paths.join(workdir, 'stages', v.split('/stages/', 1)[1])
                         if isinstance(v, str) and '/stages/' in v else v)
@@ -232,17 +256,23 @@ def fork(source: str, workdir: str, config) -> list[str] | None:
                       'forked_from': source}
   own.rows = [{k: retarget(v) for k, v in r.items()} for r in src.rows
               if r['stage'] in names or r.get('index') == -1]
-  own.save()
-  metrics = paths.join(source, 'metrics.jsonl')
-  if paths.exists(metrics):
-    keep = []
-    for line in paths.read_text(metrics).splitlines():
-      rec = json.loads(line) if line.strip() else {}
-      if rec.get('stage') in names or rec.get('eval') in names or (
-          'eval' in rec and rec.get('row') == -1):
-        keep.append(line)
-    paths.write_text(paths.join(workdir, 'metrics.jsonl'), ''.join(k + '\n' for k in keep))
+  own.save()                     # last: progress.json naming the stages marks a whole fork
   return [name for _, name in shared]
+
+
+def _check_forkable(source: str, rel: str) -> None:
+  """Refuses to fork a stage whose directory is missing or whose checkpoints or export differ
+  from their checksums (one line naming the file; nothing has been copied yet)."""
+  d = paths.join(source, rel)
+  if not paths.isdir(d):
+    raise WorkdirError(f'--fork_from={source}: {d} is missing; nothing was copied')
+  ckpt = paths.join(d, 'ckpt')
+  for sub in [paths.join(ckpt, s) for s in paths.listdir(ckpt) if s.isdigit()] + [
+      paths.join(d, 'hf')]:
+    why = checksums.verify(sub)
+    if why:
+      raise WorkdirError(f'--fork_from={source}: {sub} is damaged (checksum mismatch: {why}); '
+                         'nothing was copied')
 
 
 class Progress:

@@ -279,6 +279,25 @@ class Writer:
       self._tb = self._jsonl = self._samples = None
 
 
+def read_records(path: str) -> list[dict]:
+  """The records of a JSONL log (metrics.jsonl, samples.jsonl); a damaged line (a writer killed
+  mid-line, an edit) is skipped with a one-line warning naming the file and the line."""
+  out = []
+  for i, line in enumerate(paths.read_text(path).splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      rec = json.loads(line)
+      if not isinstance(rec, dict):
+        raise ValueError('not a JSON object')
+    except ValueError as e:
+      print(f'WARNING: {path}:{i}: damaged line skipped ({str(e).splitlines()[0][:80]})',
+            flush=True)
+      continue
+    out.append(rec)
+  return out
+
+
 # Short names shown on the progress bar, in order, when a step reports them.
 _BAR_KEYS = (('reward_mean', 'reward'), ('response_len', 'len'), ('loss', 'loss'),
              ('accuracy', 'acc'), ('step_s', 's/step'))

@@ -357,7 +357,9 @@ class AppendFile:
   Local: an append-mode file, flushed after every write. Object stores cannot
   append, so on gs:// the whole text (what was there plus what was written)
   is uploaded again by `flush`: at most every `every_s` seconds unless
-  `force`d, and on `close`.
+  `force`d, and on `close`. A file that does not end with a newline (a
+  writer killed mid-line) gets one first, so the half line stays alone and
+  cannot swallow the next record.
   """
 
   def __init__(self, p, every_s: float = 30.0):
@@ -365,10 +367,17 @@ class AppendFile:
     self._remote = is_remote(self.path)
     if self._remote:
       self._buf = io.StringIO()
-      self._buf.write(read_text(self.path) if exists(self.path) else '')
+      old = read_text(self.path) if exists(self.path) else ''
+      self._buf.write(old + ('\n' if old and not old.endswith('\n') else ''))
       self._dirty, self._last = False, time.monotonic()
     else:
       os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+      self._f = open(self.path, 'a+b')
+      if self._f.tell():
+        self._f.seek(-1, os.SEEK_END)
+        if self._f.read(1) != b'\n':
+          self._f.write(b'\n')
+      self._f.close()
       self._f = open(self.path, 'a', encoding='utf-8')
 
   def write(self, text: str) -> None:

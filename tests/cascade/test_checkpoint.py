@@ -267,3 +267,104 @@ def test_without_checksums_flipped_bytes_restore_silently(tmp_path):
   assert step == 2
   with pytest.raises(AssertionError):
     assert_same(state, make_state(2))
+
+
+def test_a_half_line_in_metrics_jsonl_swallows_nothing_and_fork_survives_it(tmp_path, capsys):
+  """A run killed mid-line leaves metrics.jsonl without its last newline: the next writer starts
+  a new line (the next record is kept), readers skip the damaged line with a warning naming it,
+  and --fork_from copies the good records."""
+  from cascade import metrics  # pylint: disable=g-import-not-at-top
+  from cascade import paths  # pylint: disable=g-import-not-at-top
+  stages = [dict(name='sft', steps=3), dict(name='rl', steps=2)]
+  src = tmp_path / 'src'
+  _fake_run(src, stages, done={'sft'})
+  log = src / 'metrics.jsonl'
+  with open(log, 'a') as f:
+    f.write('{"stage": "rl", "step": 1, "lo')           # killed mid-line
+  w = paths.AppendFile(str(log))
+  w.write(json.dumps({'stage': 'rl', 'step': 1, 'loss': 2.0}) + '\n')
+  w.close()
+  recs = metrics.read_records(str(log))
+  assert recs[-1] == {'stage': 'rl', 'step': 1, 'loss': 2.0} and len(recs) == 3
+  assert capsys.readouterr().out == f'WARNING: {log}:3: damaged line skipped (Unterminated ' \
+                                    'string starting at: line 1 column 28 (char 27))\n'
+  mine = ml_collections.ConfigDict(dict(seed=0, model=dict(preset='tiny'), ckpt=dict(keep=1),
+                                        stages=stages))
+  assert checkpoint.fork(str(src), str(tmp_path / 'dst'), mine) == ['sft']
+  got = metrics.read_records(str(tmp_path / 'dst' / 'metrics.jsonl'))
+  assert [r.get('stage') or r.get('eval') for r in got] == ['sft', 'sft']
+  assert 'damaged line skipped' in capsys.readouterr().out
+
+
+def test_fork_of_a_bad_source_refuses_in_one_line_and_copies_nothing(tmp_path, monkeypatch):
+  """--fork_from checks its source before copying: a garbled progress.json or config.json, or a
+  stage whose export differs from its checksums, is one WorkdirError line naming the file, and a
+  copy that fails half way takes back what it copied."""
+  from cascade import checksums  # pylint: disable=g-import-not-at-top
+  from cascade import paths  # pylint: disable=g-import-not-at-top
+  stages = [dict(name='sft', steps=3), dict(name='rl', steps=2)]
+  mine = ml_collections.ConfigDict(dict(seed=0, model=dict(preset='tiny'), ckpt=dict(keep=1),
+                                        stages=stages))
+
+  def fresh(name):
+    src = tmp_path / name
+    _fake_run(src, stages, done={'sft', 'rl'})
+    for st in ('00_sft', '01_rl'):
+      checksums.seal(str(src / 'stages' / st / 'hf'))
+    dst = tmp_path / f'{name}_dst'
+    checkpoint.guard_config(str(dst), mine)
+    return src, dst
+
+  def refused(src, dst, match):
+    with pytest.raises(checkpoint.WorkdirError, match=match) as e:
+      checkpoint.fork(str(src), str(dst), mine)
+    assert '\n' not in str(e.value) and str(e.value).endswith('nothing was copied')
+    assert sorted(os.listdir(dst)) == ['config.json']
+
+  src, dst = fresh('garbled_progress')
+  (src / 'progress.json').write_text('{"done": {"sft"')
+  refused(src, dst, rf'--fork_from={src}: {src / "progress.json"} is damaged \(Expecting')
+  src, dst = fresh('garbled_config')
+  (src / 'config.json').write_text('')
+  refused(src, dst, rf'--fork_from={src}: {src / "config.json"} is damaged \(Expecting value')
+  src, dst = fresh('bad_export')
+  (src / 'stages' / '01_rl' / 'hf' / 'model.safetensors').write_text('weights of rX')
+  refused(src, dst, rf'{src / "stages" / "01_rl" / "hf"} is damaged \(checksum mismatch: '
+                    r'model.safetensors differs from what was saved')
+
+  src, dst = fresh('disk_fills')
+  copy, calls = paths.copy_file, []
+
+  def fails_on_the_third(a, b):
+    calls.append(a)
+    if len(calls) == 3:
+      raise OSError(28, 'No space left on device', b)
+    copy(a, b)
+  monkeypatch.setattr(paths, 'copy_file', fails_on_the_third)
+  with pytest.raises(OSError, match='No space left'):
+    checkpoint.fork(str(src), str(dst), mine)
+  assert sorted(os.listdir(dst)) == ['config.json', 'stages'] and not os.listdir(dst / 'stages')
+  monkeypatch.setattr(paths, 'copy_file', copy)
+  assert checkpoint.fork(str(src), str(dst), mine) == ['sft', 'rl']   # the same command again
+
+
+@pytest.mark.parametrize('text', ['', '{"done": {"sft": {"index": 0}}, "ro', '[1, 2]'])
+def test_a_garbled_progress_json_is_moved_aside_and_a_garbled_config_json_refused(tmp_path,
+                                                                                   capsys, text):
+  """progress.json can be rebuilt (the stages resume from their checkpoints): a damaged one is
+  moved aside with one warning line; config.json cannot: one WorkdirError line naming it."""
+  (tmp_path / 'progress.json').write_text(text)
+  p = checkpoint.Progress(str(tmp_path))
+  assert p.done == {} and p.rows == []
+  out = capsys.readouterr().out.strip().splitlines()
+  assert len(out) == 1 and out[0].startswith(f'WARNING: {tmp_path / "progress.json"} is damaged (')
+  assert out[0].endswith("rebuilding it from the stages' checkpoints")
+  assert not (tmp_path / 'progress.json').exists()
+  moved = [f for f in os.listdir(tmp_path) if f.startswith('progress.json.damaged.')]
+  assert len(moved) == 1 and (tmp_path / moved[0]).read_text() == text
+  (tmp_path / 'config.json').write_text(text)
+  c = ml_collections.ConfigDict({'seed': 0, 'stages': [{'name': 'a', 'steps': 2}]})
+  with pytest.raises(checkpoint.WorkdirError) as e:
+    checkpoint.guard_config(str(tmp_path), c, allow_change=True)
+  assert str(e.value).startswith(f'{tmp_path / "config.json"} is damaged (')
+  assert '\n' not in str(e.value) and (tmp_path / 'config.json').read_text() == text
