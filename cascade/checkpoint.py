@@ -422,3 +422,10 @@ class StageCheckpoints:
   def close(self) -> None:
     self.wait()
     self._mngr.close()
+
+  def discard_after(self, step: int) -> None:
+    """Deletes the steps after `step` (a rolled-back stage redoes them and saves them anew)."""
+    self.wait()
+    for s in self.steps():
+      if s > step:
+        self._mngr.delete(s)

@@ -5,6 +5,7 @@ A config is an `ml_collections.ConfigDict` (see README, "Config format"):
   config.seed, config.model, config.tokenizer, config.mesh, config.sampler,
   config.ckpt, config.eval, config.datasets, config.domains,
   config.stages (a list of plain stage dicts), config.allow_config_change,
+  optionally config.divergence (when a stage has diverged; defaults below),
   and optionally config.hardware (for launch.plan) and config.prepare (a
   step that makes the data the config names, run before it is read).
 
@@ -29,7 +30,7 @@ from cascade.config_data import Dataset, Domain  # pylint: disable=unused-import
 from cascade.schema import ConfigError
 
 SECTIONS = ('seed', 'model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'datasets',
-            'domains', 'stages', 'allow_config_change', 'hardware', 'prepare')
+            'domains', 'stages', 'allow_config_change', 'hardware', 'prepare', 'divergence')
 _REQUIRED_SECTIONS = ('model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'domains',
                       'datasets', 'stages')
 
@@ -105,6 +106,43 @@ class Ckpt:
   checksums: bool = schema.field(True, check=schema.BOOL)
 
 
+_FINITE = schema.num_in(what='must be a finite number')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Divergence:
+  """config.divergence: which training steps are bad, and when a stage has diverged.
+
+  A step is bad when its loss or gradient norm is not finite (the train step
+  skipped it), when its gradient is exactly zero while its loss is not (a
+  saturated model that can no longer learn: the finite garbage a far too high
+  learning rate leaves), or when its loss or its gradient norm (before
+  clipping) leaves the band set here. Every bad step is reported as it happens
+  (stderr, TensorBoard, metrics.jsonl `bad_steps`); a stage whose bad steps
+  run past `max_bad_steps` in a row has diverged: it rolls back (`rollbacks`)
+  or the run stops without exporting or evaluating its policy
+  (`cascade.divergence`).
+  """
+  # Bad steps in a row a stage tolerates (a sporadic overflow is skipped and reported); one more
+  # and the stage has diverged.
+  max_bad_steps: int = schema.field(3, check=schema.int_at_least(0))
+  # The band of a good step's loss (None: unbounded on that side), e.g. max_loss=20 for SFT.
+  min_loss: float | None = schema.field(None, check=_FINITE, convert=float)
+  max_loss: float | None = schema.field(None, check=_FINITE, convert=float)
+  # The largest gradient norm (before clipping) of a good step (None: unbounded).
+  max_grad_norm: float | None = schema.field(
+      None, check=schema.num_in(0, lo_open=True, what='must be > 0'), convert=float)
+  # Times a diverged stage goes back to its newest checkpoint from before its bad steps and
+  # goes on with its learning rate times `rollback_lr_factor` (0: a diverged stage stops the run).
+  rollbacks: int = schema.field(0, check=schema.int_at_least(0))
+  rollback_lr_factor: float = schema.field(
+      0.5, check=schema.num_in(0, 1, lo_open=True, hi_open=True), convert=float)
+
+  def check(self, fail):
+    if self.min_loss is not None and self.max_loss is not None and self.min_loss >= self.max_loss:
+      fail('min_loss', f'must be below max_loss={self.max_loss:g}')
+
+
 @dataclasses.dataclass(frozen=True)
 class Prepare:
   """config.prepare: `fn` ('package.module:function') called with `kwargs` before data loads."""
@@ -133,6 +171,7 @@ class Plan:
     eval_settings: domain -> its evaluation settings (config.eval with the
       domain's overrides from config.eval.domains).
     ckpt: checkpointing.
+    divergence: when a training stage has diverged (`cascade.divergence`).
     stages: each stage's typed config (`cascade.kinds`).
     domains, datasets: by name.
     initial_eval: evaluate the starting policy first (row 'init').
@@ -147,6 +186,7 @@ class Plan:
   sampler: Mapping[str, Any]
   eval: Eval
   ckpt: Ckpt
+  divergence: Divergence
   stages: tuple
   domains: Mapping[str, Domain]
   datasets: Mapping[str, Dataset]
@@ -207,6 +247,8 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     raise ConfigError('config.tokenizer.path: missing (a SentencePiece model or HF tokenizer dir)')
   mesh_shape, rules = _mesh(config_data.as_dict(config.mesh))
   ckpt = schema.from_mapping(Ckpt, config_data.as_dict(config.ckpt), 'config.ckpt', sep='.')
+  divergence = schema.from_mapping(Divergence, config_data.as_dict(
+      _get(config, 'divergence', {}) or {}), 'config.divergence', sep='.')
   raw_eval = config_data.as_dict(config.eval)
   ev = schema.from_mapping(Eval, raw_eval, 'config.eval', sep='.')
   sampler = _sampler(config_data.as_dict(config.sampler))
@@ -237,6 +279,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     raise ConfigError(f'config.allow_config_change={allow!r}: must be a bool')
   return Plan(seed=int(seed), model=model, hf_path=hf_path, tokenizer_path=str(tok['path']),
               mesh_shape=mesh_shape, rules=rules, sampler=sampler, eval=ev, ckpt=ckpt,
+              divergence=divergence,
               stages=tuple(stages), domains=domains, datasets=datasets,
               initial_eval=bool(initial), prepare=_prepare(_get(config, 'prepare')),
               eval_settings=eval_settings)

@@ -11,6 +11,10 @@ list entries by index. Rerunning the same command in the same `--workdir`
 resumes at the exact stage and step; a workdir that ran a different config
 refuses to start unless `--config.allow_config_change=True`.
 
+Exit status: 0 done; 2 a config, data, workdir or storage problem (one line); 3 a stage
+diverged (cascade/divergence.py); 75 stopped by SIGTERM or SIGINT at a step boundary with a
+checkpoint (cascade/preemption.py): rerun the same command to resume.
+
 Multi-host: `jax.distributed.initialize()` runs first when the environment
 asks for it (see cascade/distributed.py).
 """
@@ -89,8 +93,10 @@ def main(argv):
   from cascade import checkpoint  # pylint: disable=g-import-not-at-top
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import data  # pylint: disable=g-import-not-at-top
+  from cascade import divergence  # pylint: disable=g-import-not-at-top
   from cascade import lock  # pylint: disable=g-import-not-at-top
   from cascade import paths  # pylint: disable=g-import-not-at-top
+  from cascade import preemption  # pylint: disable=g-import-not-at-top
   from cascade import train  # pylint: disable=g-import-not-at-top
   from cascade.kinds import base as kinds_base  # pylint: disable=g-import-not-at-top
   try:
@@ -101,6 +107,12 @@ def main(argv):
     # Expected user errors: one clear line, no traceback.
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)
+  except divergence.Diverged as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(divergence.EXIT_CODE)
+  except preemption.Preempted as e:
+    print(e, file=sys.stderr, flush=True)
+    sys.exit(preemption.EXIT_CODE)
   except Exception as e:  # pylint: disable=broad-except
     if not storage_error(e):
       raise

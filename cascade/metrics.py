@@ -329,6 +329,12 @@ class StageBar:
       self._bar.set_postfix(post, refresh=False)
       self._bar.update(1)
 
+  def rewind(self, step: int) -> None:
+    """Moves the bar back to `step` (a diverged stage rolled back to an earlier checkpoint)."""
+    if self._bar is not None:
+      self._bar.n = step
+      self._bar.refresh()
+
   def close(self) -> None:
     if self._bar is not None:
       self._bar.close()

@@ -13,6 +13,10 @@
    kind (`cascade.kinds.KINDS[stage.kind].run(env, stage)`, resuming from its
    newest good checkpoint), export its policy as HF safetensors, evaluate every
    domain (a row of the matrix), mark it complete; rewrite results.{json,md,png}.
+
+A stage that diverges (`cascade.divergence`) stops the run before its export
+and evaluation; SIGTERM or SIGINT stops it at the next step boundary with a
+checkpoint, or before the next stage (`cascade.preemption`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from cascade import lock
 from cascade import metrics
 from cascade import paths
 from cascade import policies as policies_lib
+from cascade import preemption
 from cascade import stage_data
 from cascade import verifier_set
 from models import sharding
@@ -173,12 +178,16 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
     cascade.data.DataError: a malformed record (before the first step).
     cascade.checkpoint.WorkdirError: the workdir holds a different config (unless allowed).
     cascade.lock.WorkdirBusy: another run holds the workdir (before anything is written).
+    cascade.divergence.Diverged: a stage diverged (its policy is not exported or evaluated).
+    cascade.preemption.Preempted: SIGTERM or SIGINT stopped the run at a step boundary, with a
+      checkpoint (a rerun resumes there).
   """
   plan = config_lib.validate(config)
   paths.makedirs(workdir)
   held = lock.take(workdir, lock_stale_s, force_lock)
   try:
-    return _run(plan, config, workdir, fork_from, held)
+    with preemption.watch():      # SIGTERM / SIGINT: stop at the next step boundary
+      return _run(plan, config, workdir, fork_from, held)
   finally:
     held.release()
 
@@ -210,6 +219,10 @@ def _run(plan: config_lib.Plan, config, workdir: str, fork_from: str | None,
             flush=True)
     for stage in plan.stages:
       if stage.name not in env.progress.done:
+        why = preemption.stop_requested()
+        if why:
+          raise preemption.Preempted(f'{why}: stopped before stage {stage.index} {stage.name!r}; '
+                                     'rerun the same command to resume there')
         _run_stage(env, stage, domains)
   finally:
     env.verifiers.close()

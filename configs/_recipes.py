@@ -170,6 +170,9 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
   c.hardware = dict(V5P_128)
   c.sampler = dict()         # Sampler arguments; see exact_sampler_buckets.
   c.ckpt = dict(every_n_steps=25, keep=2)  # RL steps take minutes at this scale.
+  # More than 3 bad steps in a row (a non-finite or zero gradient) stop the run
+  # (cascade/divergence.py); rollbacks=N goes back to a checkpoint at a lower learning rate.
+  c.divergence = dict(max_bad_steps=3, rollbacks=0)
   # The papers evaluate at temperature 0.6, top-p 0.95 (64K tokens for Cascade 1).
   c.eval = dict(num_samples=eval_num_samples, temperature=eval_temperature, top_p=eval_top_p,
                 greedy=False, max_new_tokens=eval_max_new_tokens,

@@ -132,6 +132,9 @@ def base_config(arg: str | None,
                    new_token_buckets=sorted(set(response_lens(a).values()) | {48} | {
                        p['max_response_len'] for p in phases(a, ['math'])}))
   c.ckpt = dict(every_n_steps=1000, keep=1)
+  # More than 3 bad steps in a row (a non-finite or zero gradient) stop the run
+  # (cascade/divergence.py); rollbacks=N goes back to a checkpoint at a lower learning rate.
+  c.divergence = dict(max_bad_steps=3, rollbacks=0)
   # Sampled like the paper's evaluation (temperature 0.6, top-p 0.95), two
   # samples per prompt; every row uses the same key, so rows differ by policy.
   c.eval = dict(num_samples=2, temperature=0.6, top_p=0.95, greedy=False, max_new_tokens=48,

@@ -67,6 +67,9 @@ def get_config(arg=None):
   # A turn's prompt is the opening plus the episode so far.
   c.sampler = dict(prompt_buckets=[64, 128, 192, 256, 320], new_token_buckets=[32, 64, 96, 128])
   c.ckpt = dict(every_n_steps=1000, keep=1)
+  # More than 3 bad steps in a row (a non-finite or zero gradient) stop the run
+  # (cascade/divergence.py); rollbacks=N goes back to a checkpoint at a lower learning rate.
+  c.divergence = dict(max_bad_steps=3, rollbacks=0)
   c.eval = dict(num_samples=2, temperature=0.6, top_p=0.95, greedy=False,
                 max_new_tokens=max(EPISODE_LEN.values()), max_prompt_len=PROMPT_LEN,
                 num_prompts=8 if a['smoke'] else EVAL_PROMPTS, batch_size=128, thinking=False,

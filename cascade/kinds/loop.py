@@ -18,17 +18,23 @@ does.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
+import sys
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
+import tqdm
 
+from cascade import checkpoint
 from cascade import data as data_lib
+from cascade import divergence
 from cascade import evaluation
 from cascade import metrics as metrics_lib
+from cascade import preemption
 from cascade.kinds import base
 from models import sharding
 from rl import train_step as train_lib
@@ -94,6 +100,13 @@ def _merge(ms: Sequence[dict]) -> dict:
 def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) -> base.StageResult:
   """Runs (or resumes) a training stage to its last step.
 
+  Every step is judged by the run's divergence policy (`cascade.divergence`);
+  a periodic checkpoint waits for a good step, so the newest one before a run
+  of bad steps survives Orbax's `keep` rotation for a rollback. At every step
+  boundary the loop asks whether a signal asked the run to stop
+  (`cascade.preemption`, agreed by every host): then it checkpoints that step
+  and raises `Preempted`.
+
   Args:
     env: the run's `cascade.train.Env`.
     kind: the stage's Kind.
@@ -102,23 +115,29 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
 
   Returns:
     The StageResult (its params are the final TrainState's).
+
+  Raises:
+    cascade.divergence.Diverged: the stage diverged and has no rollback left.
+    cascade.preemption.Preempted: a signal stopped the run (the step is checkpointed).
   """
   pol = env.policies
   optimizer = train_lib.make_optimizer(base.optimizer_config(stage))
   ckpts = pol.checkpoints(stage)
-  restored = ckpts.restore(pol.abstract_state(stage.MODEL, optimizer))
+  abstract = pol.abstract_state(stage.MODEL, optimizer)
+  restored = ckpts.restore(abstract)
+  seed = base.stage_seed(env.plan.seed, stage.index)
   if restored is not None:
     step, state, meta = restored
     print(f'[{stage.index}] {stage.name}: resuming at step {step}/{stage.steps}', flush=True)
   else:
     step, meta = 0, None
-    state = pol.initial_state(stage, optimizer, base.stage_seed(env.plan.seed, stage.index))
+    state = pol.initial_state(stage, optimizer, seed)
   maker = maker_fn(state)
+  start_data = maker.loader.get_state()
   if meta is not None:
     maker.loader.set_state(meta['data'])
-  step_fn = build_train_step(kind, stage, pol.graphdef(stage.MODEL), state, env.mesh, env.rules)
-  if env.mesh is not None and jax.process_count() > 1:
-    step_fn = _with_global_batch(step_fn, env.mesh, env.rules)
+  watch = divergence.Watch(env.plan.divergence, stage, (meta or {}).get('divergence'))
+  step_fn = _step_fn(env, kind, stage, state, watch.lr_scale)
   every = env.plan.ckpt.every_n_steps
   # In-stage validation (the stage's eval_every, else config.eval.eval_every) of a policy; the
   # stage's end is its matrix row.
@@ -126,8 +145,13 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
   if val_every and (stage.MODEL != 'policy' or not env.data.validation_sets):
     val_every = 0
   bar = metrics_lib.StageBar(stage, step)
-  start, first_step = time.time(), step
+  start, ran = time.time(), 0
   totals: dict[str, float] = {}
+
+  def save(step, state):
+    ckpts.save(step, state, {'step': step, 'stage_index': stage.index, 'stage': stage.name,
+                             'data': maker.loader.get_state(), 'divergence': watch.state()})
+
   while step < stage.steps:
     t0 = time.perf_counter()
     rng = jax.random.fold_in(state.rng, step)
@@ -140,7 +164,9 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
     m = _merge(ms)
     m.update(host, step_s=time.perf_counter() - t0)
     step += 1
-    if val_every and step % val_every == 0 and step < stage.steps:
+    ran += 1
+    diverged = watch.see(step, m)
+    if val_every and step % val_every == 0 and step < stage.steps and not diverged:
       t1 = time.perf_counter()
       m.update({f'val/{d}': v for d, v in evaluation.validation_scores(env, state.params).items()})
       m['validation_s'] = time.perf_counter() - t1
@@ -149,17 +175,72 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
     for k in ACCOUNTED:
       if k in m:
         totals[k] = totals.get(k, 0.0) + float(m[k])
-    if step == stage.steps or (every and step % every == 0):
-      ckpts.save(step, state, {'step': step, 'stage_index': stage.index, 'stage': stage.name,
-                               'data': maker.loader.get_state()})
+    if diverged:
+      back = watch.rollback_step([s for s in ckpts.steps() if s < step])
+      if not watch.can_roll_back:
+        ckpts.wait()
+        bar.close()
+        raise watch.diverged(step, back)
+      step, state = _roll_back(env, stage, ckpts, abstract, optimizer, seed, maker, start_data,
+                               watch, back, step)
+      step_fn = _step_fn(env, kind, stage, state, watch.lr_scale)
+      bar.rewind(step)
+      continue
+    saved = step == stage.steps or (every and step % every == 0 and not watch.streak)
+    if saved:
+      save(step, state)
       _test_kill_point(ckpts, f'{stage.name}:{step}')
+    _test_signal_point(f'{stage.name}:{step}')
+    why = preemption.stop_requested()
+    if why:
+      if not saved:
+        save(step, state)
+      ckpts.wait()
+      bar.close()
+      raise preemption.Preempted(
+          f'{why}: stopped at stage {stage.index} {stage.name!r} step {step}/{stage.steps}, '
+          'checkpoint saved; rerun the same command to resume there')
   ckpts.wait()
   bar.close()
+  info = {'accounting': accounting(totals, ran)}
+  if watch.bad_steps:
+    info['bad_steps'] = watch.bad_steps
+  if watch.rollbacks:
+    info['rollbacks'], info['lr_scale'] = watch.rollbacks, watch.lr_scale
   # Accounting covers the steps this process ran (after a resume, the resumed part).
-  return base.StageResult(params=state.params, final_step=stage.steps,
-                          steps_run=step - first_step, seconds=time.time() - start,
-                          first=bar.first, last=bar.last,
-                          info={'accounting': accounting(totals, step - first_step)})
+  return base.StageResult(params=state.params, final_step=stage.steps, steps_run=ran,
+                          seconds=time.time() - start, first=bar.first, last=bar.last, info=info)
+
+
+def _step_fn(env, kind: base.Kind, stage, state, lr_scale: float):
+  """The stage's jitted train step, its learning rate times `lr_scale` (after rollbacks)."""
+  if lr_scale != 1.0:
+    stage = dataclasses.replace(stage, optimizer=dataclasses.replace(
+        stage.optimizer, lr=stage.optimizer.lr * lr_scale))
+  step_fn = build_train_step(kind, stage, env.policies.graphdef(stage.MODEL), state, env.mesh,
+                             env.rules)
+  if env.mesh is not None and jax.process_count() > 1:
+    step_fn = _with_global_batch(step_fn, env.mesh, env.rules)
+  return step_fn
+
+
+def _roll_back(env, stage, ckpts, abstract, optimizer, seed, maker, start_data, watch,
+               back: int, step: int):
+  """Restores step `back` (0: the stage's fresh start) for a diverged stage, its data position
+  included, and counts the rollback. Returns (step, state)."""
+  watch.rolled_back()
+  ckpts.discard_after(back)
+  if back:
+    _, state, meta = ckpts.restore(abstract, step=back)
+    maker.loader.set_state(meta['data'])
+  else:
+    state = env.policies.initial_state(stage, optimizer, seed)
+    maker.loader.set_state(start_data)
+  if checkpoint.is_writer():
+    tqdm.tqdm.write(f'[{stage.index}] {stage.name}: diverged at step {step}/{stage.steps}; '
+                    f'rolled back to step {back}, learning rate x{watch.lr_scale:g} (rollback '
+                    f'{watch.rollbacks} of {watch.policy.rollbacks})', file=sys.stderr)
+  return back, state
 
 
 def _test_kill_point(ckpts, here: str) -> None:
@@ -168,6 +249,15 @@ def _test_kill_point(ckpts, here: str) -> None:
   if os.environ.get('CASCADE_TEST_KILL_AT') == here:
     ckpts.wait()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _test_signal_point(here: str) -> None:
+  """Tests only: `CASCADE_TEST_SIGNAL_AT=<stage>:<step>:<signal>` (e.g. `sft:3:SIGTERM`) sends
+  this process that signal at the end of that step, just before the loop asks whether to stop,
+  so a preemption test (one host of two, say) picks the step it is signalled at."""
+  at = os.environ.get('CASCADE_TEST_SIGNAL_AT', '')
+  if at.rpartition(':')[0] == here:
+    os.kill(os.getpid(), signal.Signals[at.rpartition(':')[2]])
 
 
 def _with_global_batch(step_fn, mesh, rules):
