@@ -19,7 +19,10 @@ and imports the repository's modules from the candidate process; only the
 top-level modules of the original repository, so a module the policy adds
 cannot stand in for a standard-library one the test imports), one sandbox
 request per call or ended episode, all of a batch in one `Sandbox.run`.
-The sandbox starts on first use; `close()` stops it.
+`run_tests` and scoring use two sandboxes that never share a server, so the
+servers that run the policy's `run_tests` never hold a hidden test (nor do
+the candidate processes of either: see `verifiers.sandbox_server`). Each
+starts on first use; `close()` stops them.
 
 Reward of an ended episode (final answer, whatever its text, or `finish`):
   * 0 when its files equal the original repository;
@@ -323,7 +326,8 @@ class SweAgentEnv(base.Environment):
     self.workers = int(workers)
     self.timeout_s = float(timeout_s)
     self.memory_mb = int(memory_mb)
-    self._sandbox: sandbox_lib.Sandbox | None = None
+    # 'visible': run_tests (the policy's tests); 'hidden': scoring. Started on first use.
+    self._sandboxes: dict[str, sandbox_lib.Sandbox] = {}
 
   def tools(self, record: Mapping[str, Any]) -> list[dict]:
     """All tools; `run_tests` only when the record has a visible test."""
@@ -382,7 +386,7 @@ class SweAgentEnv(base.Environment):
         out[i] = _TOOL_FNS[c.call.name](ws, **c.call.arguments)
       except base.ToolError as e:
         out[i] = e
-    for (i, _), ans in zip(runs, self._run([r for _, r in runs])):
+    for (i, _), ans in zip(runs, self._run('visible', [r for _, r in runs])):
       if ans['passed']:
         out[i] = 'passed'
       else:
@@ -409,27 +413,35 @@ class SweAgentEnv(base.Environment):
         else:  # No line changed: only empty files came or went.
           reward, lexical = 0.0, {'reason': 'only empty files were created or deleted'}
         out[i] = (reward, dict(info, **lexical))
-    for (i, _, info), ans in zip(runs, self._run([r for _, r, _ in runs])):
+    for (i, _, info), ans in zip(runs, self._run('hidden', [r for _, r, _ in runs])):
       reason = ('the hidden test passed' if ans['passed'] else
                 f'the hidden test failed: {ans["status"]}: {_tail(ans["detail"], 500)}')
       out[i] = (float(ans['passed']), dict(info, **sandbox_lib.result_info(ans, self.isolation),
                                            tests=ans['status'], reason=reason))
     return out
 
-  def _run(self, requests: list[dict]) -> list[dict]:
-    """Runs sandbox requests in one batch, starting the sandbox on first use."""
+  def _run(self, tests: str, requests: list[dict]) -> list[dict]:
+    """Runs sandbox requests in one batch on the sandbox of `tests`, starting it on first use.
+
+    Args:
+      tests: 'visible' (run_tests) or 'hidden' (scoring).
+      requests: 'check' requests.
+
+    Returns:
+      The server answers.
+    """
     if not requests:
       return []
-    if self._sandbox is None:
-      self._sandbox = sandbox_lib.Sandbox(self.workers, isolation=self.isolation,
-                                          memory_mb=self.memory_mb)
-    return self._sandbox.run(requests, [self.timeout_s] * len(requests))
+    if tests not in self._sandboxes:
+      self._sandboxes[tests] = sandbox_lib.Sandbox(self.workers, isolation=self.isolation,
+                                                   memory_mb=self.memory_mb)
+    return self._sandboxes[tests].run(requests, [self.timeout_s] * len(requests))
 
   def close(self) -> None:
     """Stops the sandbox servers (a later test run starts them again)."""
-    if self._sandbox is not None:
-      self._sandbox.close()
-      self._sandbox = None
+    for sb in self._sandboxes.values():
+      sb.close()
+    self._sandboxes.clear()
 
 
 def _request(test: str, ws: Workspace) -> dict:

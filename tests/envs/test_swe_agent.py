@@ -250,7 +250,7 @@ def test_unchanged_files_score_0_without_a_sandbox(plain):
   observe(plain, [ep], [call('read_file', path='calc.py')])
   (s,) = plain.step([ep], ['done'])
   assert s.done and s.reward == 0.0 and s.info['reason'] == 'the files are unchanged'
-  assert plain._sandbox is None  # pylint: disable=protected-access  # Started lazily.
+  assert not plain._sandboxes  # pylint: disable=protected-access  # Started lazily.
 
 
 def test_fix_wrong_fix_and_gaming_the_visible_test(env):
@@ -302,7 +302,7 @@ def test_lexical_fallback_without_a_hidden_test(plain):
   assert steps[3].reward == 0.0 and steps[3].info == {
       'tests': 'not run', 'files_changed': ['e'],
       'reason': 'only empty files were created or deleted'}
-  assert plain._sandbox is None  # pylint: disable=protected-access  # No code ran.
+  assert not plain._sandboxes  # pylint: disable=protected-access  # No code ran.
   assert swe_agent.diff({'a': 'x\n'}, {'a': 'y\n', 'b': 'z\n'}) == (
       '--- a/a\n+++ b/a\n@@ -1,2 +1,2 @@\n-x\n+y\n \n'
       '--- /dev/null\n+++ b/b\n@@ -1 +1,2 @@\n+z\n \n')
@@ -349,7 +349,7 @@ def test_hostile_code_is_contained_and_scores_0(env, tmp_path):
   assert [s.reward for s in steps] == [0.0] * len(hostile), [s.info for s in steps]
   assert not outside.exists()
   assert all(s.info['sandbox_error'] is False for s in steps)
-  sandbox = env._sandbox  # pylint: disable=protected-access
+  sandbox = env._sandboxes['hidden']  # pylint: disable=protected-access
   assert not [p for p in psutil.process_iter(['uids'])
               if p.info['uids'] and p.info['uids'].real in set(sandbox.uids)]  # No process left.
   (after,) = env.reset([record()])
@@ -371,7 +371,7 @@ def test_close_stops_the_sandbox_and_a_later_run_restarts_it(bwrap_sandbox):
   env = swe_agent.SweAgentEnv(workers=1, timeout_s=5)
   (ep,) = env.reset([record()])
   assert observe(env, [ep], [call('run_tests')])[0][0].startswith('failed')
-  pids = env._sandbox.server_pids  # pylint: disable=protected-access
+  pids = env._sandboxes['visible'].server_pids  # pylint: disable=protected-access
   assert pids and all(psutil.pid_exists(p) for p in pids)
   env.close()
   assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE

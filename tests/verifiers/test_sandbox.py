@@ -70,6 +70,20 @@ def test_plain_data_rejects_everything_else(value):
     bridge.encode(value)
 
 
+@pytest.mark.parametrize('name', ['StopIteration', 'StopAsyncIteration', 'GeneratorExit',
+                                  'KeyboardInterrupt', 'SystemExit', 'BaseExceptionGroup'])
+def test_the_judge_turns_control_flow_exceptions_into_failures(name):
+  """Whatever frame the candidate writes: a RuntimeError in the judge, and the link remembers."""
+  link = bridge.Link(-1, -1)
+  with pytest.raises(ValueError):  # An ordinary exception passes as itself, unmarked.
+    link.result(['e', 'ValueError', 'ValueError: bad'])
+  assert link.control_flow == ''
+  with pytest.raises(RuntimeError, match=f'candidate raised {name}'):
+    link.result(['e', name, f'{name}: x'])
+  link.result(['v', None])
+  assert link.control_flow == name  # The verdict fails even if the test caught the error.
+
+
 def test_plain_data_nan_and_deep_values():
   assert math.isnan(bridge.decode(bridge.encode(float('nan'))))
   deep = []

@@ -1,0 +1,249 @@
+"""What a candidate can read, leave behind or raise: the answer key, other samples, IPC, control flow.
+
+Candidates that know nothing about their task but look for the answer where
+the sandbox might leave it: their own frames and callers' frames, every
+object `gc` tracks and every readable byte of their own process
+(its heap and anonymous mappings, read in place). Each secret below is a fresh random token that only the
+hidden test, the expected output or another sample's program holds, so a
+candidate that finds one passes (or shows it) and one that does not fails.
+Then System V IPC and POSIX message queues (objects of the IPC namespace,
+which outlive the process that made them) and control-flow exceptions that
+would end a judge's loop early. Runs on the bubblewrap path (see conftest).
+"""
+
+import secrets
+
+import pytest
+
+import envs
+import verifiers
+from envs import swe_agent
+from verifiers import sandbox
+
+pytestmark = pytest.mark.usefixtures('bwrap_sandbox')
+
+S = verifiers.Sample
+# Finds every secret ('SECRET-' and 16 hex digits) this process can reach, frames first; the
+# pattern is split so that the program text itself never matches.
+SNOOP = r'''
+import ctypes, gc, re, sys
+_PAT = re.compile('SECR' + 'ET-[0-9a-f]{16}')
+_BPAT = re.compile(b'SECR' + b'ET-[0-9a-f]{16}')
+
+
+def _strings(x, depth=0):
+    if isinstance(x, str):
+        yield x
+    elif isinstance(x, (bytes, bytearray)):
+        yield bytes(x).decode('latin-1')
+    elif depth < 6 and isinstance(x, dict):
+        for k, v in list(x.items()):
+            yield from _strings(k, depth + 1)
+            yield from _strings(v, depth + 1)
+    elif depth < 6 and isinstance(x, (list, tuple, set, frozenset)):
+        for v in list(x):
+            yield from _strings(v, depth + 1)
+
+
+def snoop():
+    found = []
+    def add(texts):
+        for t in texts:
+            if t not in found:
+                found.append(t)
+    f = sys._getframe()
+    while f is not None:
+        for v in list(f.f_locals.values()):
+            for s in _strings(v):
+                add(_PAT.findall(s))
+        f = f.f_back
+    for o in gc.get_objects():
+        for s in _strings(o, 5):
+            add(_PAT.findall(s))
+    with open('/proc/self/maps') as maps:  # The heap and anonymous memory, read in place.
+        regions = [line.split() for line in maps.read().splitlines()]
+    for fields in regions:
+        if 'r' not in fields[1] or (len(fields) > 5 and fields[5] not in ('[heap]', '[stack]')):
+            continue
+        lo, hi = (int(x, 16) for x in fields[0].split('-'))
+        for at in range(lo, hi, 1 << 24):
+            add(m.decode() for m in _BPAT.findall(ctypes.string_at(at, min(hi - at, 1 << 24))))
+    return found
+
+
+HITS = snoop()
+'''
+
+
+def _secret():
+  return 'SECRET-' + secrets.token_hex(8)
+
+
+def _answer_record(secret):
+  """A HumanEval-shaped task whose only answer is a list holding `secret`."""
+  return {'prompt': 'def answer():\n    """The list of secrets."""\n',
+          'test': f'def check(candidate):\n    assert {secret!r} in candidate()\n',
+          'entry_point': 'answer'}
+
+
+def test_code_candidates_cannot_read_the_answer_key_or_other_samples():
+  """check and stdio: frames, gc and /proc/self/mem hold neither this nor another sample's key."""
+  keys = [_secret() for _ in range(4)]
+  honest = S('p', f'def answer():\n    return [{keys[0]!r}]\n', _answer_record(keys[0]))
+  snoop_check = S('p', SNOOP + 'def answer():\n    return HITS\n', _answer_record(keys[1]))
+  stdio = {'inputs': ['1\n'], 'outputs': [keys[2] + '\n']}
+  snoop_stdio = S('p', SNOOP + 'print(HITS[0] if HITS else "")\n', stdio)
+  # The key of an earlier sample (the honest program above) is no help either.
+  snoop_other = S('p', SNOOP + 'def answer():\n    return HITS\n', _answer_record(keys[0]))
+  honest_stdio = S('p', f'print({keys[3]!r})\n', {'inputs': ['1\n'], 'outputs': [keys[3] + '\n']})
+  with verifiers.get('code', workers=1, timeout_s=10.0) as v:
+    results = v.score([honest, snoop_check, snoop_stdio, snoop_other, honest_stdio])
+  report = [(r.reward, r.info['reason'][-200:]) for r in results]
+  assert [r.reward for r in results] == [1.0, 0.0, 0.0, 0.0, 1.0], report
+
+
+def _calc_patch(body):
+  lines = ''.join(f'+{x}\n' for x in body.splitlines())
+  return (f'--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,{len(body.splitlines())} @@\n'
+          f'-def answer():\n-    return None\n{lines}')
+
+
+def test_swe_patch_cannot_read_the_hidden_test():
+  key = _secret()
+  md = {'repo': {'calc.py': 'def answer():\n    return None\n'},
+        'test': f'from calc import answer\nassert {key!r} in answer()\n'}
+  honest = _calc_patch(f'def answer():\n    return [{key!r}]')
+  snoop = _calc_patch(SNOOP + 'def answer():\n    return HITS')
+  with verifiers.get('swe', execution=True, workers=1, timeout_s=10) as v:
+    r = v.score([S('p', x, md) for x in (honest, snoop)])
+  assert [x.reward for x in r] == [1.0, 0.0], [x.info for x in r]
+
+
+def test_agentic_swe_neither_run_tests_nor_scoring_sees_a_hidden_test():
+  """run_tests shows the candidate's stderr, yet no hidden test (its own or another's) is in it."""
+  victim_key, own_key = _secret(), _secret()
+  repo = {'calc.py': 'def answer():\n    return None\n'}
+
+  def record(key):
+    return {'id': 'r', 'domain': 'swe_agent',
+            'metadata': {'repo': repo, 'test': f'from calc import answer\nassert {key!r} in answer()\n',
+                         'visible_test': 'from calc import answer\nassert answer() is None\n'},
+            'messages': [{'role': 'user', 'content': 'Make answer() return the secrets.'}]}
+
+  def call(name, **arguments):
+    from models import chat  # pylint: disable=g-import-not-at-top
+    return chat.render_tool_call(name, arguments)
+
+  module = SNOOP + 'print("HITS", HITS, file=sys.stderr)\ndef answer():\n    return HITS\n'
+  with envs.get('swe_agent', workers=1, timeout_s=10) as env:
+    victim, attacker = env.reset([record(victim_key), record(own_key)])
+    env.step([victim], [call('edit', path='calc.py', old='return None', new='return []')])
+    assert env.step([victim], ['done'])[0].reward == 0.0  # Its hidden test ran: the key was sent.
+    env.step([attacker], [call('edit', path='calc.py', old='def answer():\n    return None\n',
+                               new=module)])
+    (step,) = env.step([attacker], [call('run_tests')])
+    shown = step.messages[0]['content']
+    assert 'HITS' in shown, shown  # The candidate's stderr reaches the policy...
+    assert victim_key not in shown and own_key not in shown, shown  # ...but no hidden test.
+    (final,) = env.step([attacker], ['done'])
+  assert final.reward == 0.0, final.info
+
+
+def test_run_mode_cannot_see_other_episodes_programs():
+  """Tool use's python calls: a program's text never reaches a later program on the same server."""
+  key = _secret()
+  victim = {'mode': 'run', 'program': f'note = {key!r}\nprint("ok")\n' + '# padding\n' * 100}
+  snoop = {'mode': 'run', 'program': SNOOP + 'print(HITS)\n'}
+  with sandbox.Sandbox(1) as sb:
+    first = sb.run([victim, snoop], [10.0, 10.0])
+    later = sb.run([snoop], [10.0])
+  assert first[0]['stdout'] == 'ok\n'
+  for ans in (first[1], later[0]):
+    assert ans['passed'], ans
+    assert ans['stdout'] == '[]\n', ans['stdout']
+
+
+_IPC = r'''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+KEY = 0x5ca1ab1e
+made = {
+    'shm': libc.shmget(KEY, 64 << 20, 0o1666),
+    'sem': libc.semget(KEY, 4, 0o1666),
+    'msg': libc.msgget(KEY, 0o1666),
+    'mq': libc.mq_open(b'/cascade-leftover', os.O_CREAT | os.O_RDWR, 0o666, None),
+}
+'''
+# Every call refused (EPERM), so nothing is left for a later sample.
+_REFUSED = _IPC + ('assert all(v == -1 for v in made.values()), made\n'
+                   'assert ctypes.get_errno() == 1\n')
+# A leaver fills and keeps what it can; the IPC namespace holds it after the run.
+_LEAVER = _IPC + (
+    'if made["shm"] >= 0:\n'
+    '    libc.shmat.restype = ctypes.c_void_p\n'
+    '    at = libc.shmat(made["shm"], None, 0)\n'
+    '    ctypes.memset(at, 120, 64 << 20)\n'
+    '    libc.shmdt(ctypes.c_void_p(at))\n')
+# A later sample whose score depends on what earlier ones left.
+_READER = r'''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for kind in ('shm', 'sem', 'msg'):
+    with open(f'/proc/sysvipc/{kind}') as f:
+        assert len(f.read().splitlines()) == 1, kind
+assert libc.shmget(0x5ca1ab1e, 0, 0) == -1
+assert libc.mq_open(b'/cascade-leftover', os.O_RDONLY) == -1
+'''
+_ADD = {'prompt': 'def add(a, b):\n    """Adds two numbers."""\n',
+        'test': 'def check(candidate):\n    assert candidate(2, 3) == 5\n', 'entry_point': 'add'}
+_RIGHT = 'def add(a, b):\n    return a + b\n'
+
+
+def test_ipc_objects_are_refused_and_change_no_later_score():
+  samples = [S('p', _REFUSED + _RIGHT, _ADD), S('p', _LEAVER + _RIGHT, _ADD),
+             S('p', _READER + _RIGHT, _ADD), S('p', _RIGHT, _ADD)]
+  with verifiers.get('code', workers=1, timeout_s=10.0) as v:  # One worker: one IPC namespace.
+    results = v.score(samples)
+  report = [(r.reward, r.info['reason'][-300:]) for r in results]
+  assert [r.reward for r in results] == [1.0] * 4, report
+  assert not any(r.info['sandbox_error'] for r in results), report
+
+
+def _control_flow_cases():
+  """(name, completion, test): each test passes if the exception reaches it as raised."""
+  cases = []
+  for name in ('StopIteration', 'StopAsyncIteration', 'GeneratorExit', 'KeyboardInterrupt',
+               'SystemExit'):
+    cases.append((f'{name} caught by the test', f'def inc(x):\n    raise {name}\n',
+                  f'def check(candidate):\n    try:\n        candidate(1)\n'
+                  f'    except {name}:\n        return\n    assert False\n'))
+  return cases + [
+      ('StopIteration ends a map() loop', 'def inc(x):\n    raise StopIteration\n',
+       'def check(candidate):\n    for got, want in zip(map(candidate, [1, 2]), [2, 3]):\n'
+       '        assert got == want\n'),
+      ('StopIteration ends iter(candidate, sentinel)', 'def inc(x=0):\n    raise StopIteration\n',
+       'def check(candidate):\n    for got in iter(candidate, None):\n        assert False\n'),
+      ('StopIteration from a method of a returned object',
+       'class It:\n    def step(self):\n        raise StopIteration\n'
+       'def inc(x):\n    return It()\n',
+       'def check(candidate):\n    it = candidate(1)\n'
+       '    for got in iter(it.step, None):\n        assert False\n'),
+      ('StopIteration from __len__ through the proxy',
+       'class L:\n    def __len__(self):\n        raise StopIteration\n'
+       'def inc(x):\n    return L()\n',
+       'def check(candidate):\n    for n in map(len, [candidate(1)]):\n        assert n == 2\n'),
+  ]
+
+
+@pytest.fixture(scope='module')
+def code_verifier():
+  with verifiers.get('code', workers=1, timeout_s=10.0) as v:
+    yield v
+
+
+@pytest.mark.parametrize('completion,test', [c[1:] for c in _control_flow_cases()],
+                         ids=[c[0] for c in _control_flow_cases()])
+def test_control_flow_exceptions_from_the_candidate_fail(code_verifier, completion, test):
+  md = {'prompt': 'def inc(x):\n    """x + 1."""\n', 'test': test, 'entry_point': 'inc'}
+  (r,) = code_verifier.score([S('p', completion, md)])
+  assert r.reward == 0.0, r.info
