@@ -75,6 +75,7 @@ import resource
 import select
 import signal
 import socket
+import stat
 import sys
 import time
 import traceback
@@ -357,10 +358,22 @@ class Server:
     return out
 
   def _is_clean(self):
-    """Nothing of the last run is left (see `_residue`) and the zygote is alive."""
+    """Nothing of the last run is left (see `_residue`) and the zygote is alive.
+
+    Where candidates share the server's uid (kill_all) they can write to the
+    whole tmpfs: the io and work dirs must still be plain directories, and
+    the io dir's entries the server's own plain files (not a FIFO that would
+    block the next run, nor a link that would show its output elsewhere).
+    """
     try:
+      if not all(stat.S_ISDIR(os.lstat(d).st_mode) for d in (self.io_dir, self.case_dir)):
+        return False
       for name in os.listdir(self.io_dir):  # The server's own files of the last run.
-        os.truncate(os.path.join(self.io_dir, name), 0)
+        path = os.path.join(self.io_dir, name)
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+          return False
+        os.truncate(path, 0)
       if os.listdir(self.case_dir):
         return False
       blocks, inodes = self._free_blocks()
@@ -651,8 +664,8 @@ class Server:
     out = []
     for name in os.listdir('/proc'):
       if name.isdigit() and int(name) not in self._spared:
-        stat = _proc_stat(int(name))
-        if stat is not None and stat[0] not in 'ZX':
+        info = _proc_stat(int(name))
+        if info is not None and info[0] not in 'ZX':
           out.append(int(name))
     return out
 
@@ -697,8 +710,8 @@ class Server:
     out = []
     for name in os.listdir('/proc'):
       if name.isdigit() and int(name) != self.zygote_pid:
-        stat = _proc_stat(int(name))
-        if stat is not None and stat[1] == me:
+        info = _proc_stat(int(name))
+        if info is not None and info[1] == me:
           out.append(int(name))
     return out
 
@@ -749,8 +762,8 @@ def _ancestors():
   out, pid = set(), os.getpid()
   while pid > 0 and pid not in out:
     out.add(pid)
-    stat = _proc_stat(pid)
-    pid = stat[1] if stat else 0
+    info = _proc_stat(pid)
+    pid = info[1] if info else 0
   return out
 
 

@@ -221,7 +221,12 @@ def _checkout_readable_by_others():
                     reason='the checkout is not readable by other users (e.g. under a mode-700 '
                            'home), so an unprivileged uid cannot import verifiers from it')
 def test_unprivileged_bubblewrap_contains_fork_bombs_and_daemons(bwrap_sandbox):
-  """As a normal user: bwrap --unshare-all, the process limit counts in its user namespace."""
+  """As a normal user: bwrap --unshare-all, the process limit counts in its user namespace.
+
+  There the candidates share the server's uid, so they can write to every
+  directory bubblewrap made (/, /etc, /dev, /dev/shm, /tmp): what one leaves
+  there must not reach the next (the health check replaces the server).
+  """
   uid = 61_234
   script = textwrap.dedent('''
       import os
@@ -233,14 +238,21 @@ def test_unprivileged_bubblewrap_contains_fork_bombs_and_daemons(bwrap_sandbox):
                '        n += 1\\nexcept OSError:\\n    pass\\nassert 0 < n < 20, n\\n'
         daemon = 'import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n    time.sleep(60)\\n'
         userns = 'import ctypes\\nassert ctypes.CDLL(None).unshare(0x10000000) == -1\\n'
+        dirs = ('/', '/etc', '/dev', '/dev/shm', '/tmp', '/tmp/.io', '/sandbox')
+        leave = f'import os\\nfor d in {dirs!r}:\\n    try:\\n' \\
+                '        open(os.path.join(d, "left.txt"), "w").write("x")\\n' \\
+                '    except OSError:\\n        pass\\n'
+        look = f'import os\\nleft = [d for d in {dirs!r} if os.path.exists(d + "/left.txt")]\\n' \\
+               'assert not left, left\\n'
         res = sb.run([{'mode': 'check', 'program': 'assert 1 + 1 == 2', 'test': 'import solution'},
                       {'mode': 'check', 'program': bomb, 'test': 'import solution'},
                       {'mode': 'check', 'program': daemon, 'test': 'import solution'},
                       {'mode': 'check', 'program': 'import os\\nos.kill(os.getppid(), 9)',
                        'test': 'import solution'},
                       {'mode': 'check', 'program': userns, 'test': 'import solution'},
-                      {'mode': 'check', 'program': 'assert 2 + 2 == 4', 'test': 'import solution'}],
-                     [10.0] * 6)
+                      {'mode': 'check', 'program': 'assert 2 + 2 == 4', 'test': 'import solution'},
+                      {'mode': 'run', 'program': leave}, {'mode': 'run', 'program': look}],
+                     [10.0] * 8)
         print([r['status'] for r in res])
         print(res)
   ''')
@@ -251,7 +263,7 @@ def test_unprivileged_bubblewrap_contains_fork_bombs_and_daemons(bwrap_sandbox):
   assert out.returncode == 0, out.stderr[-2000:]
   statuses = eval(out.stdout.strip().splitlines()[-2])  # pylint: disable=eval-used
   # Forks fail at the limit; killing the parent fails only that run.
-  assert statuses[:3] == ['passed'] * 3 and statuses[4:] == ['passed'] * 2, out.stdout
+  assert statuses[:3] == ['passed'] * 3 and statuses[4:] == ['passed'] * 4, out.stdout
   assert statuses[3] != 'passed'
   # Exited bwrap processes may wait a moment for the host's init to reap them.
   left = [p.pid for p in psutil.process_iter(['uids', 'status'])
