@@ -1,16 +1,19 @@
 """Isolated execution of untrusted Python: bubblewrap fork servers that fail closed.
 
-Each worker is one `sandbox_server` process that lives for the whole stage
-and forks children per test run, so a run costs a fork, not an interpreter
-start. With bubblewrap (isolation='bwrap', the default) the server sits in
-new PID, network, IPC, UTS and mount namespaces and sees a read-only root
-assembled from the system directories, the Python installation and the four
-harness files only: no home, no repository, no host /tmp, and a private /etc
-holding only the dynamic loader's cache and the time zone. It writes only to
-a private size-capped tmpfs at /tmp (mounted first, so an interpreter that
-lives under the host's /tmp is bound on top of it and stays visible) and dies
-with its parent. Every child gets rlimits, a wall-clock limit and a seccomp
-filter that refuses namespaces, mounts and tracing (`verifiers.seccomp`).
+Each worker is one `sandbox_server` process that lives for the whole stage;
+candidates are forked per test run from its zygote, a process forked before
+the first request that never holds one, so a run costs two forks, not an
+interpreter start, and no candidate process ever held an answer key or
+another sample's program. With bubblewrap (isolation='bwrap', the default)
+the server sits in new PID, network, IPC, UTS and mount namespaces and sees
+a read-only root assembled from the system directories, the Python
+installation and the four harness files only: no home, no repository, no
+host /tmp, and a private /etc holding only the dynamic loader's cache and the
+time zone. It writes only to a private size-capped tmpfs at /tmp (mounted
+first, so an interpreter that lives under the host's /tmp is bound on top of
+it and stays visible) and dies with its parent. Every child gets rlimits, a
+wall-clock limit and a seccomp filter that refuses namespaces, mounts,
+tracing and System V / POSIX IPC objects (`verifiers.seccomp`).
 
 Limits that hold per sample in total (a worker runs one sample at a time):
   * with a cgroup (`verifiers.cgroups`, where the host allows one; see

@@ -2,29 +2,31 @@
 
 Runs as a script inside bubblewrap (or as a plain process with
 isolation='none') next to `framing`, `bridge` and `seccomp`, so it imports
-only the standard library. It pre-imports modules candidates commonly use,
-then, before it reads any request, forks a *zygote*: a process that never
-holds request data. Candidate processes are forked by the zygote, never by
-the server (whose heap holds the current request's hidden test or expected
-outputs, and remnants of earlier requests): for each run the server sends
-the zygote only the run's limits and role and the child's descriptors
+only the standard library. It pre-imports modules candidates commonly use
+and then, before it reads any request, forks a *zygote*: a process that
+never holds request data. Candidates are forked by the zygote, never by the
+server, whose heap holds the current request's hidden test or expected
+outputs and remnants of earlier requests. For each run the server sends the
+zygote only the run's limits and role, with the candidate's descriptors
 (SCM_RIGHTS on a unix socket pair); the zygote forks a short-lived parent
 that forks the candidate and exits, so the candidate becomes the server's
 child (the server is a subreaper) and the zygote keeps nothing of it. The
-candidate then reads its own program and visible files from a pipe the
-server writes after the fork. So a candidate that walks its frames, scans
-`gc` or reads its own memory finds only its own program: not the answer
-key, not another sample. A fresh interpreter per run would hold as well,
-but costs 15-30 ms of start-up and imports per run against ~2 ms for the
-two forks. Each candidate takes the sandbox identity (the dedicated uid
-when the server is root, rlimits, the `seccomp` filter, oom_score_adj 1000)
-before it reads its program; after every run all processes of that
-identity are killed (never the zygote) and the work dir is emptied with
-fd-relative removal; a run that leaves anything behind (files, System V IPC
-objects, data on another writable mount, a process, a dead zygote) answers
-with 'restart': true so the host replaces this server. It is longer than the house's ~400 lines on purpose: bubblewrap runs
-it as one script beside three standard-library helpers, so the identity
-switch, the limits, the run loop and the cleanup it must hold stay in it.
+candidate reads its own program and visible files from a pipe the server
+writes after the fork. So a candidate that walks its frames, scans `gc` or
+reads its own memory finds its own program only: no answer key, no other
+sample. (A fresh interpreter per run holds as well but costs 15-30 ms of
+start-up and imports per run, against ~2 ms for the two forks.)
+
+Each candidate takes the sandbox identity (the dedicated uid when the
+server is root, rlimits, the `seccomp` filter, oom_score_adj 1000) before it
+reads its program. After every run all processes of that identity are
+killed (never the zygote) and the work dir is emptied with fd-relative
+removal; a run that leaves anything behind (files, System V IPC objects,
+data on another writable mount, a process, a dead zygote) answers with
+'restart': true so the host replaces this server. The file is longer than
+the house's ~400 lines on purpose: bubblewrap runs it as one script beside
+three standard-library helpers, so the identity switch, the limits, the
+zygote, the run loop and the cleanup it must hold stay in it.
 
 Request (JSON):
   mode: 'check' -- two processes: the *candidate* executes `program` as
