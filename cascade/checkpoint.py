@@ -144,7 +144,7 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
     workdir: the run's directory.
     config: the ConfigDict about to run.
     allow_change: accept a different config (the old one is kept beside it as
-      config.<old hash>.json).
+      config.<old hash>.json) and redo what it changes (`_redo_changed`).
 
   Returns:
     The config hash.
@@ -165,10 +165,52 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
                     workdir, old.get('hash'), new)
     if is_writer():
       paths.copy_file(path, paths.join(workdir, f'config.{old.get("hash")}.json'))
+    _redo_changed(workdir, old['config'], config, old['hash'])
   if old is None or old.get('hash') != new:
     cfg = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
     atomic_write_json(path, {'hash': new, 'config': json.loads(json.dumps(cfg, default=str))})
   return new
+
+
+def _redo_changed(workdir: str, old: dict, config, old_hash: str) -> None:
+  """Forgets what a config change makes stale, so the run redoes it (allow_config_change).
+
+  A change to any section but the stages (model, data, evaluation, seed...)
+  affects every stage and the initial row; otherwise the first stage that
+  differs (a changed, inserted or removed one) and all after it are affected,
+  as each starts from the policy the one before it left. The affected stages'
+  progress entries and matrix rows are dropped and their directories
+  (checkpoints, export) moved to superseded/<old hash>.<time>/, so each is trained and
+  evaluated again from its start; the rows before keep the hash of the config
+  they were computed with (results.json "configs").
+  """
+  canon = lambda c: json.loads(json.dumps(config_for_hash(c), default=str))
+  a, b = canon(old), canon(config)
+  old_stages, new_stages = a.pop('stages', None) or [], b.pop('stages', None) or []
+  first = 0 if a != b else next(
+      (i for i, (x, y) in enumerate(zip(old_stages, new_stages)) if x != y),
+      min(len(old_stages), len(new_stages)))
+  stale = {i: s.get('name') for i, s in enumerate(old_stages) if i >= first}
+  progress = Progress(workdir)
+  gone = [n for n in stale.values() if n in progress.done or progress.row(n) is not None]
+  init_stale = first == 0 and any(r.get('index') == -1 for r in progress.rows)
+  if not gone and not init_stale:
+    return
+  where = paths.join(workdir, 'superseded', f'{old_hash}.{int(time.time())}')
+  print(f'{workdir}: the config change affects stage {first} '
+        f'{new_stages[first]["name"] if first < len(new_stages) else "(removed)"!r} and after: '
+        f'redoing {", ".join(gone + (["the initial row"] if init_stale else []))}; their old '
+        f'checkpoints and exports are in {where}', flush=True)
+  for name in gone:
+    progress.done.pop(name, None)
+  progress.rows = [r for r in progress.rows if r['stage'] not in stale.values()
+                   and not (init_stale and r.get('index') == -1)]
+  if is_writer():
+    for i, name in stale.items():
+      d = paths.join(workdir, 'stages', f'{i:02d}_{name}')
+      if paths.isdir(d):
+        paths.move_tree(d, paths.join(where, f'{i:02d}_{name}'))
+  progress.save()
 
 
 def _without_stages(config: dict) -> dict:
@@ -285,7 +327,7 @@ class Progress:
   """
 
   def __init__(self, workdir: str, rebuild: bool = True,
-               before_save: Callable[[], None] | None = None):
+               before_save: Callable[[], None] | None = None, config_hash: str = ''):
     """Reads `workdir`'s progress.json.
 
     Args:
@@ -295,9 +337,12 @@ class Progress:
         stage is redone from its own checkpoints (a finished one resumes at its last step, its
         export is reused and only its evaluation reruns); False refuses (WorkdirError).
       before_save: runs before every write (the workdir lock's check).
+      config_hash: the hash of the config this run computes with, stamped on the rows it adds
+        (row 'config'; results.json "configs").
     """
     self.path = paths.join(workdir, 'progress.json')
     self._before_save = before_save
+    self._config_hash = config_hash
     data = read_state_json(self.path, {}, ('done', 'rows'), rebuild=rebuild,
                            then='rebuilding it from the stages\' checkpoints')
     self.done: dict[str, dict] = dict(data.get('done') or {})
@@ -306,11 +351,13 @@ class Progress:
   def row(self, stage_name: str) -> dict | None:
     return next((r for r in self.rows if r['stage'] == stage_name), None)
 
-  def add_row(self, row: Mapping) -> None:
+  def add_row(self, row: Mapping) -> dict:
+    """Appends `row` (stamped with the config hash) and saves; returns the row as stored."""
     if self.row(row['stage']) is not None:
       raise ValueError(f'progress: stage {row["stage"]!r} already has an evaluation row')
-    self.rows.append(dict(row))
+    self.rows.append({**row, 'config': self._config_hash} if self._config_hash else dict(row))
     self.save()
+    return self.rows[-1]
 
   def mark_done(self, stage_name: str, info: Mapping) -> None:
     self.done[stage_name] = dict(info)

@@ -172,12 +172,16 @@ def results(rows: Sequence[Mapping], domains: Sequence[str]) -> dict:
   and "best": per domain the policy with the best validation score (ties: the
   earliest): its stage, validation and held-out scores, and its HF export
   ('hf', when the row names one: a checkpoint to start from); rows whose
-  details hold per-mode scores (thinking='both') add "scores_by_mode".
+  details hold per-mode scores (thinking='both') add "scores_by_mode"; "configs" names, row by
+  row, the hash of the config each row was computed with (config.json, or config.<hash>.json
+  for one a later allow_config_change replaced; None for a row from before hashes were kept).
   """
   out = {'domains': list(domains),
          'stages': [r['stage'] for r in rows],
          'stage_domains': [list(r['domains']) for r in rows],
          'scores': _matrix(rows, domains, 'scores')}
+  if any(r.get('config') for r in rows):
+    out['configs'] = [r.get('config') for r in rows]
   if any(r.get('validation') for r in rows):
     out['validation'] = _matrix(rows, domains, 'validation')
     out['best'] = {}

@@ -90,9 +90,10 @@ def _mesh(plan: config_lib.Plan):
 
 
 def make_env(plan: config_lib.Plan, workdir: str,
-             before_save: Callable[[], None] | None = None) -> Env:
+             before_save: Callable[[], None] | None = None, config_hash: str = '') -> Env:
   """Builds the run's environment (no data loaded yet: `env.data.load()`); `before_save` runs
-  before every checkpoint save and progress.json write (the workdir lock's check)."""
+  before every checkpoint save and progress.json write (the workdir lock's check), and the
+  matrix rows it adds carry `config_hash`."""
   mesh = _mesh(plan)
   shards = sharding.batch_shards(mesh, plan.rules)
   for st in plan.stages:
@@ -118,7 +119,7 @@ def make_env(plan: config_lib.Plan, workdir: str,
   sampler = sampler_lib.Sampler(policies.graphdef('policy'), plan.model,
                                 eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id, mesh=mesh,
                                 rules=plan.rules, **plan.sampler)
-  progress = checkpoint.Progress(workdir, before_save=before_save)
+  progress = checkpoint.Progress(workdir, before_save=before_save, config_hash=config_hash)
   verifiers = verifier_set.VerifierSet(
       plan, rm_scorer=lambda st: policies.reward_scorer(st, tokenizer),
       rm_ready=lambda name: name in progress.done)
@@ -141,7 +142,7 @@ def evaluate_row(env: Env, name: str, index: int, trains_on, params, hf: str = '
     row['validation'] = validation
   if hf:
     row['hf'] = hf
-  env.progress.add_row(row)
+  row = env.progress.add_row(row)
   env.writer.write_scores(name, index, row['scores'], row.get('validation'))
   return row
 
@@ -183,8 +184,17 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
       checkpoint (a rerun resumes there).
   """
   plan = config_lib.validate(config)
-  paths.makedirs(workdir)
-  held = lock.take(workdir, lock_stale_s, force_lock)
+  try:
+    paths.makedirs(workdir)
+    held = lock.take(workdir, lock_stale_s, force_lock)
+  except (OSError, paths.PathError):
+    # An unwritable workdir (read-only disk, a bucket this account may only read): a finished
+    # run of this config is read and printed, nothing written; anything else is the error.
+    res = _finished_results(plan, config, workdir)
+    if res is None:
+      raise
+    _print_results(workdir, res)
+    return res
   try:
     with preemption.watch():      # SIGTERM / SIGINT: stop at the next step boundary
       return _run(plan, config, workdir, fork_from, held)
@@ -195,8 +205,8 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
 def _run(plan: config_lib.Plan, config, workdir: str, fork_from: str | None,
          held: lock.Held) -> dict:
   """`run` once the workdir's lock is held."""
-  checkpoint.guard_config(workdir, config,
-                          allow_change=bool(config.get('allow_config_change', False)))
+  config_hash = checkpoint.guard_config(
+      workdir, config, allow_change=bool(config.get('allow_config_change', False)))
   if fork_from:
     forked = checkpoint.fork(fork_from, workdir, config)
     if jax.process_count() > 1:
@@ -205,7 +215,7 @@ def _run(plan: config_lib.Plan, config, workdir: str, fork_from: str | None,
           if forked is None else f'forked from {fork_from}: '
           + (', '.join(forked) if forked else 'no stage shared'), flush=True)
   _prepare(plan)
-  env = make_env(plan, workdir, before_save=held.check)
+  env = make_env(plan, workdir, before_save=held.check, config_hash=config_hash)
   domains = sorted(plan.domains)
   try:
     _check_exports(env)
@@ -230,11 +240,30 @@ def _run(plan: config_lib.Plan, config, workdir: str, fork_from: str | None,
     env.writer.close()
   res = evaluation.write(workdir, env.progress.rows, domains, _isolation(env.progress),
                          _accounting(env.progress))
+  _print_results(workdir, res)
+  return res
+
+
+def _print_results(workdir: str, res: dict) -> None:
   if checkpoint.is_writer():
     print(evaluation.markdown(res), flush=True)
     print(f'results: {paths.join(workdir, "results.md")}, '
           f'{paths.join(workdir, "results.png")}', flush=True)
-  return res
+
+
+def _finished_results(plan: config_lib.Plan, config, workdir: str) -> dict | None:
+  """results.json of a finished run of this config in `workdir`, read without writing (None when
+  the run there is not that, or its files cannot be read)."""
+  try:
+    rec = checkpoint.read_json(paths.join(workdir, 'config.json'))
+    if not rec or rec.get('hash') != checkpoint.config_hash(config):
+      return None
+    done = (checkpoint.read_json(paths.join(workdir, 'progress.json')) or {}).get('done') or {}
+    if any(st.name not in done for st in plan.stages):
+      return None
+    return checkpoint.read_json(paths.join(workdir, 'results.json'))
+  except (OSError, ValueError, AttributeError):   # PathError and JSONDecodeError are ValueErrors
+    return None
 
 
 def _check_exports(env: Env) -> None:
