@@ -2,32 +2,73 @@
 
 The JSON is the first fenced code block that parses as JSON, else the first
 JSON object or array in the text that parses (scanning from each '{' or
-'['), else the whole answer if it is a JSON scalar. NaN, Infinity and
--Infinity are not JSON (RFC 8259) and never parse. Validation uses `jsonschema` with the validator class the schema's
-`$schema` names (Draft 2020-12 by default). Reward 1 if valid, else 0.
+'['), else the whole answer if it is a JSON scalar. A candidate that is
+JSON but for a non-finite number, or that readers could take two ways, is
+refused (reward 0), not skipped for a later candidate: NaN, Infinity and
+-Infinity (not JSON, RFC 8259), a number too large for a double (`1e999`,
+which Python reads as infinity) and an object with a repeated key (Python
+keeps the last value, other readers the first). Validation uses `jsonschema` with the validator
+class the schema's `$schema` names (Draft 2020-12 by default). Reward 1 if
+valid, else 0.
+
+`format` is asserted, not only annotated: the formats in CHECKED_FORMATS are
+checked here (stdlib only, see each checker; optional jsonschema extras are
+not relied on, so what is checked does not depend on what happens to be
+installed). A schema naming a format that the JSON Schema drafts define but
+this module does not check (UNCHECKED_FORMATS, e.g. 'iri') is refused as
+malformed metadata, so such a field never pays anything that parses. Format
+names outside the drafts ('int32', 'phone-number') are annotations, as the
+specification says, and are not checked.
 
 Metadata: {'schema': dict}.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
+import ipaddress
 import json
+import math
 import re
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from verifiers import base
+from verifiers import fences
 
-_FENCE = re.compile(r'```[^\n]*\n(.*?)```', re.DOTALL)
-# Candidate start positions tried before giving up (bounds pathological text).
+# Fenced blocks and candidate start positions tried before giving up (bounds pathological
+# text).
 _MAX_STARTS = 200
 
 
+class RefusedJson(ValueError):
+  """JSON that parses but is refused: a non-finite number or a repeated object key."""
+
+
 def _reject_constant(name: str):
-  raise ValueError(f'{name} is not a JSON number')
+  raise RefusedJson(f'{name} is not a JSON number')
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+def _finite_float(text: str) -> float:
+  value = float(text)
+  if not math.isfinite(value):
+    raise RefusedJson(f'number {text[:40]} does not fit a double (it reads as {value})')
+  return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+  out = dict(pairs)
+  if len(out) != len(pairs):
+    seen = set()
+    for key, _ in pairs:
+      if key in seen:
+        raise RefusedJson(f'key {key[:80]!r} appears twice in one object')
+      seen.add(key)
+  return out
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float,
+                            object_pairs_hook=_unique_keys)
 
 
 def _loads(text: str) -> Any:
@@ -49,10 +90,16 @@ def extract_json(text: str) -> tuple[bool, Any, str]:
 
   Returns:
     (found, value, where: 'fenced block', 'inline', 'whole answer' or 'none').
+
+  Raises:
+    RefusedJson: the first candidate that parses holds a non-finite number or
+      a repeated key.
   """
-  for m in _FENCE.finditer(text):
+  for _, body in fences.find(text)[:_MAX_STARTS]:
     try:
-      return True, _loads(m.group(1)), 'fenced block'
+      return True, _loads(body), 'fenced block'
+    except RefusedJson:
+      raise
     except ValueError:
       continue
   starts = [m.start() for m in re.finditer(r'[{\[]', text)][:_MAX_STARTS]
@@ -60,17 +107,183 @@ def extract_json(text: str) -> tuple[bool, Any, str]:
     try:
       value, _ = _DECODER.raw_decode(text, start)
       return True, value, 'inline'
+    except RefusedJson:
+      raise
     except (ValueError, RecursionError):
       continue
   try:  # A bare scalar answer ('true', '3', '"x"').
     return True, _loads(text), 'whole answer'
+  except RefusedJson:
+    raise
   except ValueError:
     return False, None, 'none'
 
 
+# -- formats -----------------------------------------------------------------
+
+_DATE = re.compile(r'(\d{4})-(\d{2})-(\d{2})', re.ASCII)
+# RFC 3339 full-time: hh:mm:ss[.frac](Z|+hh:mm|-hh:mm); second 60 is a leap second.
+_TIME = re.compile(r'(?:[01]\d|2[0-3]):[0-5]\d:(?:[0-5]\d|60)(?:\.\d+)?'
+                   r'(?:[zZ]|[+-](?:[01]\d|2[0-3]):[0-5]\d)', re.ASCII)
+# RFC 3339 appendix A (ISO 8601 durations): units in order, each optional tail nested.
+_DUR_TIME = r'T(?:\d+H(?:\d+M(?:\d+S)?)?|\d+M(?:\d+S)?|\d+S)'
+_DURATION = re.compile(r'P(?:(?:\d+Y(?:\d+M(?:\d+D)?)?|\d+M(?:\d+D)?|\d+D)(?:' + _DUR_TIME
+                       + r')?|' + _DUR_TIME + r'|\d+W)', re.ASCII)
+_LABEL = re.compile(r'[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?', re.ASCII)
+# RFC 5322's dot-atom local part (quoted local parts are refused).
+_LOCAL = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*",
+                    re.ASCII)
+_UUID = re.compile(r'[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}')
+_JSON_POINTER = re.compile(r'(?:/(?:[^~/]|~[01])*)*')
+_RELATIVE_JSON_POINTER = re.compile(r'(?:0|[1-9]\d*)(?:#|(?:/(?:[^~/]|~[01])*)*)', re.ASCII)
+
+# RFC 3986's grammar (appendix A). Every run is possessive (`*+`): the character that must
+# follow a run is never one the run takes, so giving characters back could not match anything
+# and would only cost time on a long invalid string.
+_PCT = r'%[0-9A-Fa-f]{2}'
+_UNRESERVED_SUB = r"A-Za-z0-9\-._~!$&'()*+,;="
+_PCHAR = rf'(?:[{_UNRESERVED_SUB}:@]|{_PCT})'
+_AUTHORITY = (rf'(?:(?:[{_UNRESERVED_SUB}:]|{_PCT})*+@)?'
+              rf'(?:\[(?P<literal>[^\]/]*+)\]|(?:[{_UNRESERVED_SUB}]|{_PCT})*+)(?::\d*+)?')
+_TAIL = rf'(?:\?(?:{_PCHAR}|[/?])*+)?(?:#(?:{_PCHAR}|[/?])*+)?'
+_ABSOLUTE_PATHS = rf'//{_AUTHORITY}(?:/{_PCHAR}*+)*+|/(?:{_PCHAR}++(?:/{_PCHAR}*+)*+)?'
+_URI = re.compile(rf'[A-Za-z][A-Za-z0-9+.\-]*+:(?:{_ABSOLUTE_PATHS}|{_PCHAR}++(?:/{_PCHAR}*+)*+)?'
+                  + _TAIL)
+_RELATIVE_REF = re.compile(
+    rf'(?:{_ABSOLUTE_PATHS}|(?:[{_UNRESERVED_SUB}@]|{_PCT})++(?:/{_PCHAR}*+)*+)?' + _TAIL)
+_IP_FUTURE = re.compile(rf'v[0-9A-Fa-f]+\.[{_UNRESERVED_SUB}:]+')
+
+
+def _is_date(value: str) -> bool:
+  m = _DATE.fullmatch(value)
+  if not m:
+    return False
+  try:
+    datetime.date(*map(int, m.groups()))
+  except ValueError:
+    return False
+  return True
+
+
+def _is_time(value: str) -> bool:
+  return _TIME.fullmatch(value) is not None
+
+
+def _is_date_time(value: str) -> bool:
+  date, sep, time = value[:10], value[10:11], value[11:]
+  return sep in ('T', 't') and _is_date(date) and _is_time(time)
+
+
+def _is_hostname(value: str) -> bool:
+  # RFC 1123: dot-separated labels of letters, digits and inner hyphens, 253 characters at most.
+  name = value[:-1] if value.endswith('.') else value
+  return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split('.'))
+
+
+def _is_email(value: str) -> bool:
+  local, at, domain = value.rpartition('@')
+  return (bool(at) and len(local) <= 64 and len(value) <= 254 and
+          _LOCAL.fullmatch(local) is not None and _is_hostname(domain))
+
+
+def _is_ip(cls) -> Callable[[str], bool]:
+  def check(value: str) -> bool:
+    try:
+      cls(value)
+    except ValueError:
+      return False
+    return '%' not in value  # A scope id ('fe80::1%eth0') is not part of RFC 4291's text form.
+  return check
+
+
+def _literal_ok(m: re.Match) -> bool:
+  literal = m.group('literal')
+  return literal is None or _IP_FUTURE.fullmatch(literal) is not None or _is_ip(
+      ipaddress.IPv6Address)(literal)
+
+
+def _is_uri(value: str) -> bool:
+  m = _URI.fullmatch(value)
+  return m is not None and _literal_ok(m)
+
+
+def _is_uri_reference(value: str) -> bool:
+  m = _URI.fullmatch(value) or _RELATIVE_REF.fullmatch(value)
+  return m is not None and _literal_ok(m)
+
+
+def _is_regex(value: str) -> bool:
+  try:
+    re.compile(value)
+  except (re.error, RecursionError, OverflowError):
+    return False
+  return True
+
+
+# format -> check of a string instance (other types pass, as the specification says).
+CHECKED_FORMATS: dict[str, Callable[[str], bool]] = {
+    'date': _is_date,
+    'time': _is_time,
+    'date-time': _is_date_time,
+    'duration': lambda v: _DURATION.fullmatch(v) is not None,
+    'email': _is_email,
+    'hostname': _is_hostname,
+    'ipv4': _is_ip(ipaddress.IPv4Address),
+    'ipv6': _is_ip(ipaddress.IPv6Address),
+    'uri': _is_uri,
+    'uri-reference': _is_uri_reference,
+    'uuid': lambda v: _UUID.fullmatch(v) is not None,
+    'regex': _is_regex,  # Python's dialect, close to ECMA-262's for ordinary patterns.
+    'json-pointer': lambda v: _JSON_POINTER.fullmatch(v) is not None,
+    'relative-json-pointer': lambda v: _RELATIVE_JSON_POINTER.fullmatch(v) is not None,
+}
+# Formats the drafts (3 to 2020-12) define that are not checked: a schema naming one is refused.
+UNCHECKED_FORMATS = frozenset((
+    'idn-email', 'idn-hostname', 'iri', 'iri-reference', 'uri-template', 'color', 'host-name',
+    'ip-address', 'utc-millisec', 'style', 'phone'))
+# Keywords whose values are data, not subschemas: a 'format' key inside them is not a keyword.
+_DATA_KEYWORDS = frozenset(('const', 'enum', 'default', 'examples'))
+
+
+def formats_in(schema: Any) -> set[str]:
+  """The format names a schema asserts (its 'format' keywords, in any subschema).
+
+  Args:
+    schema: a JSON Schema (dict or bool).
+
+  Returns:
+    The set of format names.
+  """
+  out, stack = set(), [schema]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, dict):
+      for key, value in node.items():
+        if key == 'format' and isinstance(value, str):
+          out.add(value)
+        elif key not in _DATA_KEYWORDS:
+          stack.append(value)
+    elif isinstance(node, list):
+      stack.extend(node)
+  return out
+
+
+@functools.lru_cache(maxsize=1)
+def format_checker():
+  """A jsonschema FormatChecker holding exactly CHECKED_FORMATS."""
+  import jsonschema  # pylint: disable=g-import-not-at-top
+  checker = jsonschema.FormatChecker(formats=())
+  for name, check in CHECKED_FORMATS.items():
+    checker.checks(name)(lambda v, check=check: not isinstance(v, str) or check(v))
+  return checker
+
+
 def work(payload: dict) -> dict:
   """Worker side: extract and validate one answer."""
-  found, value, where = extract_json(payload['answer'])
+  try:
+    found, value, where = extract_json(payload['answer'])
+  except RefusedJson as e:
+    return {'reward': 0.0, 'info': {'reason': f'refused JSON: {e}'}}
   if not found:
     return {'reward': 0.0, 'info': {'reason': 'no JSON value in the answer'}}
   error = next(iter(validator(payload['schema']).iter_errors(value)), None)
@@ -83,24 +296,28 @@ def work(payload: dict) -> dict:
 
 @functools.lru_cache(maxsize=1024)
 def schema_error(schema_json: str) -> str:
-  """'' for a valid JSON Schema (given as JSON text), else why not (cached: a stage reuses few
-  schemas)."""
+  """'' for a valid JSON Schema (given as JSON text) whose formats are all checked or
+  unknown to the drafts, else why not (cached: a stage reuses few schemas)."""
   import jsonschema  # pylint: disable=g-import-not-at-top
   schema = json.loads(schema_json)
   try:
     jsonschema.validators.validator_for(schema).check_schema(schema)
   except jsonschema.SchemaError as e:
     return e.message
+  unchecked = sorted(formats_in(schema) & UNCHECKED_FORMATS)
+  if unchecked:
+    return (f'format {", ".join(unchecked)} is not checked by this verifier (checked: '
+            f'{", ".join(CHECKED_FORMATS)})')
   return ''
 
 
 @functools.lru_cache(maxsize=1024)
 def validator(schema_json: str):
-  """A validator for a JSON Schema given as JSON text (cached; the schema is assumed valid:
-  see `schema_error`)."""
+  """A validator asserting formats for a JSON Schema given as JSON text (cached; the schema is
+  assumed valid: see `schema_error`)."""
   import jsonschema  # pylint: disable=g-import-not-at-top
   schema = json.loads(schema_json)
-  return jsonschema.validators.validator_for(schema)(schema)
+  return jsonschema.validators.validator_for(schema)(schema, format_checker=format_checker())
 
 
 class StructuredVerifier(base.Verifier):

@@ -1,5 +1,8 @@
 """Structured-output verifier: JSON extraction and JSON Schema validation."""
 
+import json
+import time
+
 import pytest
 
 import verifiers
@@ -46,10 +49,126 @@ def test_schema_validation_through_workers():
   assert r[3].info['reason'] == 'no JSON value in the answer'
 
 
-@pytest.mark.parametrize('text', ['NaN', '{"a": NaN}', '```json\n{"a": Infinity}\n```',
-                                  '[-Infinity]', '[' * 100_000 + ']' * 100_000])
-def test_nan_infinity_and_overdeep_json_are_not_json(text):
-  assert structured.extract_json(text) == (False, None, 'none')
+def test_overdeep_json_is_not_json():
+  assert structured.extract_json('[' * 100_000 + ']' * 100_000) == (False, None, 'none')
+
+
+@pytest.mark.parametrize('text, why', [
+    ('NaN', 'NaN is not a JSON number'),
+    ('{"a": NaN}', 'NaN is not a JSON number'),
+    ('```json\n{"a": Infinity}\n```', 'Infinity is not a JSON number'),
+    ('[-Infinity]', '-Infinity is not a JSON number'),
+    # Python reads these as infinity; other readers fail or clip.
+    ('{"a": 1e999}', 'number 1e999 does not fit a double'),
+    ('{"a": -1.5E400}', 'number -1.5E400 does not fit a double'),
+    # Python keeps the last value, other readers the first: the validated value is ambiguous.
+    ('{"age": -1, "age": 3}', "key 'age' appears twice"),
+    ('```json\n{"a": {"b": 1, "b": 1}}\n```', "key 'b' appears twice"),
+])
+def test_non_finite_numbers_and_repeated_keys_are_refused(text, why):
+  with pytest.raises(structured.RefusedJson, match=why):
+    structured.extract_json(text)
+
+
+def test_refused_json_scores_zero_even_when_the_schema_would_pass():
+  number = {'type': 'object', 'properties': {'x': {'type': 'number'}}}
+  adult = {'type': 'object', 'properties': {'age': {'type': 'integer', 'minimum': 18}}}
+  with verifiers.get('structured', workers=1) as v:
+    r = v.score([S('p', '{"x": 1e999}', {'schema': number}),
+                 S('p', '{"age": 3, "age": 30}', {'schema': adult}),
+                 S('p', 'The answer: {"x": 1e300}', {'schema': number})])
+  assert [x.reward for x in r] == [0.0, 0.0, 1.0]
+  assert r[0].info['reason'].startswith('refused JSON: number 1e999 does not fit a double')
+  assert r[1].info['reason'] == "refused JSON: key 'age' appears twice in one object"
+
+
+@pytest.mark.parametrize('fmt, good, bad', [
+    ('email', ['ada@example.com', "o'brien+x@mail.example.org", 'a@localhost'],
+     ['not-an-email', 'a@', '@example.com', 'a b@example.com', 'a@@example.com',
+      'a@-example.com', 'a..b@example.com']),
+    ('date', ['2024-02-29', '1999-12-31'], ['2023-02-29', '2024-13-01', '24-01-01', '2024-1-01',
+                                            '２０２４-01-01']),
+    ('time', ['12:30:00Z', '23:59:60+01:00', '08:00:00.25-05:30'],
+     ['12:30:00', '24:00:00Z', '12:60:00Z', '1:00:00Z']),
+    ('date-time', ['2024-01-01T12:00:00Z', '2024-01-01t12:00:00.5+02:00'],
+     ['2024-01-01 12:00:00Z', '2024-01-01T12:00:00', '2024-02-30T00:00:00Z', 'yesterday']),
+    ('duration', ['P3Y6M4DT12H30M5S', 'PT1M', 'P2W', 'P1D'], ['P', 'PT', 'P1Y1D', '3 days', 'P1H']),
+    ('hostname', ['example.com', 'a-b.c', 'localhost'], ['-a.com', 'a..com', 'a_b.com',
+                                                         'x' * 64 + '.com']),
+    ('ipv4', ['192.168.0.1'], ['256.1.1.1', '1.2.3', '01.2.3.4']),
+    ('ipv6', ['::1', '2001:db8::8a2e:370:7334'], ['1.2.3.4', ':::', 'fe80::1%eth0']),
+    ('uri', ['https://example.com/a?b=c#d', 'mailto:ada@example.com', 'urn:isbn:0451450523',
+             'http://[::1]:8080/'], ['example.com/a', '/relative', 'http://exa mple.com',
+                                    'http://[nope]/', 'http://x/%zz', '1http://x']),
+    ('uri-reference', ['/relative/path', '../x?y#z', 'https://example.com'],
+     ['a b', '%', 'http://[::g]/']),
+    ('uuid', ['123e4567-e89b-12d3-a456-426614174000'],
+     ['123e4567e89b12d3a456426614174000', '123e4567-e89b-12d3-a456-42661417400g']),
+    ('regex', ['^a+$', '[0-9]{3}'], ['(', '[a-']),
+    ('json-pointer', ['', '/a/b~0c/~1'], ['a/b', '/a~2']),
+    ('relative-json-pointer', ['0', '1/a', '2#'], ['-1', '01', '/a']),
+])
+def test_formats_are_checked(fmt, good, bad):
+  schema = json.dumps({'type': 'string', 'format': fmt}, sort_keys=True)
+  for value in good:
+    assert structured.work({'answer': json.dumps(value), 'schema': schema})['reward'] == 1.0, value
+  for value in bad:
+    r = structured.work({'answer': json.dumps(value), 'schema': schema})
+    assert r['reward'] == 0.0 and 'is not a' in r['info']['reason'], value
+
+
+def test_format_email_violation_fails_through_workers():
+  schema = {'type': 'object', 'properties': {'email': {'type': 'string', 'format': 'email'},
+                                             'born': {'type': 'string', 'format': 'date'}}}
+  with verifiers.get('structured', workers=1) as v:
+    r = v.score([S('p', '{"email": "not an email", "born": "1815-12-10"}', {'schema': schema}),
+                 S('p', '{"email": "ada@example.com", "born": "1815-13-10"}', {'schema': schema}),
+                 S('p', '{"email": "ada@example.com", "born": "1815-12-10"}', {'schema': schema}),
+                 # Formats constrain strings only, as the specification says.
+                 S('p', '{"email": 3}', {'schema': {'properties': {'email': {'format': 'email'}}}})])
+  assert [x.reward for x in r] == [0.0, 0.0, 1.0, 1.0]
+  assert r[0].info['reason'] == "schema violation at email: 'not an email' is not a 'email'"
+
+
+def test_every_checked_format_is_the_verifiers_own():
+  # The checked set does not depend on jsonschema's optional extras being installed.
+  assert set(structured.format_checker().checkers) == set(structured.CHECKED_FORMATS)
+  assert not set(structured.CHECKED_FORMATS) & structured.UNCHECKED_FORMATS
+
+
+@pytest.mark.parametrize('schema', [
+    {'type': 'string', 'format': 'iri'},
+    {'properties': {'home': {'items': {'format': 'idn-hostname'}}}},
+    {'anyOf': [{'format': 'uri-template'}]},
+])
+def test_schema_with_an_unchecked_draft_format_is_refused(schema):
+  with pytest.raises(ValueError, match=r'^x:1: metadata\["schema"\] is not a valid JSON Schema: '
+                     r'format .* is not checked by this verifier \(checked: date, time, '):
+    verifiers.validate('structured', {'schema': schema}, 'x:1')
+
+
+def test_format_names_outside_the_drafts_and_format_as_data_are_accepted():
+  # 'int32' is an annotation (the specification ignores unknown formats); a property named
+  # 'format' and a 'format' key inside const are not the keyword.
+  verifiers.validate('structured', {'schema': {
+      'properties': {'n': {'format': 'int32'}, 'format': {'type': 'string'}},
+      'const': {'format': 'iri'}}}, 'x')
+  assert structured.formats_in({'properties': {'format': {'format': 'email'}},
+                                'enum': [{'format': 'iri'}]}) == {'email'}
+
+
+@pytest.mark.parametrize('text', [
+    '`' * 1_000_000, '```\n' * 250_000, '```' + 'x' * 1_000_000, '{"' * 500_000,
+    '[1,' * 333_000, '{' * 1_000_000, '\n' * 1_000_000,
+    '{"u": "http://' + 'a' * 1_000_000 + ' "}', '{"u": "//' + '@' * 1_000_000 + '"}',
+    '{"e": "' + 'a.' * 500_000 + '@x"}', '"' + '9' * 1_000_000 + '"',
+])
+def test_hostile_megabyte_answers_validate_fast(text):
+  schema = json.dumps({'type': 'object', 'properties': {
+      'u': {'format': 'uri'}, 'e': {'format': 'email'}}}, sort_keys=True)
+  start = time.process_time()
+  structured.work({'answer': text, 'schema': schema})
+  assert time.process_time() - start < 1.0
 
 
 def test_nan_scores_zero_against_a_number_schema():
