@@ -2,10 +2,14 @@
 
 Workdir layout:
 
-  config.json                 the config this workdir runs (and its hash)
+  lock.json                   the run writing here (cascade.lock: one writer per workdir)
+  config.json                 the config this workdir runs (and its hash); config.<hash>.json:
+                              one an allowed config change replaced
   progress.json               completed stages and the evaluation rows so far
-  stages/<idx>_<name>/ckpt/   Orbax CheckpointManager: <step>/{state, meta}
-  stages/<idx>_<name>/hf/     the stage's final policy as HF safetensors
+  stages/<idx>_<name>/ckpt/   Orbax CheckpointManager: <step>/{state, meta, checksums.json}
+  stages/<idx>_<name>/hf/     the stage's final policy as HF safetensors (+ checksums.json)
+  stages/<idx>_<name>/corrupt/  damaged steps and exports, moved aside
+  superseded/<hash>.<time>/   stage directories an allowed config change made stale
   results.{json,md,png}       the stage x domain matrix (cascade.evaluation)
 
 A checkpoint holds `state` (a pytree: params, optimizer state, step; saved
@@ -14,9 +18,12 @@ with `StandardSave`, restored sharded onto the abstract target) and `meta`
 part of the state).
 Orbax finalises a step directory atomically (it writes to a temporary
 directory and renames), so a run killed while saving leaves the previous
-step intact; a step that is damaged afterwards (truncated or deleted files)
+step intact; a step that is damaged afterwards (truncated or deleted files,
+or bytes changed in place, which its checksums catch: `cascade.checksums`)
 fails to restore, is moved aside to `stages/<...>/corrupt/` with a warning,
-and the previous step is used instead.
+and the previous step is used instead. A progress.json that cannot be read
+is moved aside and rebuilt (the stages resume from their checkpoints); a
+config.json that cannot be read is refused.
 
 Every path goes through `cascade.paths`, so the workdir may be local or
 `gs://...`. Every JSON/text file here is written whole (a local temporary file
