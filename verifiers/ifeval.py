@@ -113,24 +113,54 @@ def _nth_paragraph_first_word(v, kw):
   return n == kw['num_paragraphs'] and first == kw['first_word'].lower()
 
 
+def _count_placeholders(v: str) -> int:
+  """How many matches `re.findall(r'\[.*?\]', v)` (the reference's count) has, in linear time.
+
+  The regex tries every '[' and scans to the end of its line when no ']'
+  follows, which is quadratic on a line of brackets; its matches are the
+  first ']' after each leftmost '[' on a line, which `str.find` walks to.
+  """
+  n, pos = 0, v.find('[')
+  while pos >= 0:
+    close, newline = v.find(']', pos + 1), v.find('\n', pos + 1)
+    if close < 0:
+      return n
+    if 0 <= newline < close:  # No ']' on this line: no '[' on it matches.
+      pos = v.find('[', newline + 1)
+      continue
+    n += 1
+    pos = v.find('[', close + 1)
+  return n
+
+
 def _placeholders(v, kw):
-  return len(re.findall(r'\[.*?\]', v)) >= kw['num_placeholders']
+  return _count_placeholders(v) >= kw['num_placeholders']
 
 
 def _postscript(v, kw):
   marker = kw['postscript_marker'].strip()
+  # The reference's patterns are these wrapped in r'\s*' ... r'.*$' (MULTILINE): both ends match
+  # anything, including nothing, so a search for the core finds the same texts, without the
+  # quadratic retries of a leading \s* over a run of newlines.
   if marker == 'P.P.S':
-    pattern = r'\s*p\.\s?p\.\s?s.*$'
+    pattern = r'p\.\s?p\.\s?s'
   elif marker == 'P.S.':
-    pattern = r'\s*p\.\s?s\..*$'
+    pattern = r'p\.\s?s\.'
   else:
-    pattern = r'\s*' + _pattern(marker.lower()) + r'.*$'
-  return bool(re.findall(pattern, v.lower(), flags=re.MULTILINE))
+    pattern = _pattern(marker.lower())
+  return re.search(pattern, v.lower()) is not None
+
+
+# The reference's r'^\s*\*[^\*].*$' and r'^\s*-.*$' let the leading \s* run over newlines, so
+# every line start of a run of blank lines scans the whole run (quadratic). A match that starts
+# on a blank line ends on the bullet's own line, which the same pattern without newlines in
+# the leading run also matches, once: the counts are equal.
+_STAR_BULLET = re.compile(r'^[^\S\n]*\*[^\*].*$', re.MULTILINE)
+_DASH_BULLET = re.compile(r'^[^\S\n]*-.*$', re.MULTILINE)
 
 
 def _bullets(v, kw):
-  n = len(re.findall(r'^\s*\*[^\*].*$', v, flags=re.MULTILINE))
-  n += len(re.findall(r'^\s*-.*$', v, flags=re.MULTILINE))
+  n = len(_STAR_BULLET.findall(v)) + len(_DASH_BULLET.findall(v))
   return n == kw['num_bullets']
 
 
@@ -159,13 +189,20 @@ def _json(v, kw):
     v = v[:-3]
   try:
     json.loads(v.strip())
-  except ValueError:
+  except (ValueError, RecursionError):  # Nesting too deep for the decoder is not JSON here.
     return False
   return True
 
 
 def _title(v, kw):
-  return any(t.lstrip('<').rstrip('>').strip() for t in re.findall(r'<<[^\n]+>>', v))
+  # The reference's re.findall(r'<<[^\n]+>>', v) matches, per line, from the first '<<' to the
+  # last '>>' at least one character after it (greedy), and nothing else on that line; the
+  # regex finds that by retrying every '<<' (quadratic on a line of them), str.find directly.
+  for line in v.split('\n'):
+    start, end = line.find('<<'), line.rfind('>>')
+    if start >= 0 and end >= start + 3 and line[start:end + 2].lstrip('<').rstrip('>').strip():
+      return True
+  return False
 
 
 def _two_responses(v, kw):

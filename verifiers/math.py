@@ -25,9 +25,11 @@ _BOX = re.compile(r'\\(?:boxed|fbox)\b\s*')
 # The answer of `\boxed 5` (no braces).
 _TOKEN = re.compile(r'[^\s$]+')
 # Phrases after which the rest of the line is the answer. (`\W*?[:：]` rather than
-# `\W*?\s*[:：]`, which matches the same but backtracks quadratically on a run of spaces.)
+# `\W*?\s*[:：]`, which matches the same but backtracks quadratically on a run of spaces; the
+# line's lead-in `[^\w\n]*` rather than `\W*`, which from every line start of a run of blank
+# lines scans the whole run: quadratic, and the same 'answer' is found from its own line.)
 _ANSWER_PHRASE = re.compile(
-    r'final answer\s*(?:is)?\s*[:：]?|the answer is\s*[:：]?|^\W*answer\W*?[:：]',
+    r'final answer\s*(?:is)?\s*[:：]?|the answer is\s*[:：]?|^[^\w\n]*answer\W*?[:：]',
     re.IGNORECASE | re.MULTILINE)
 _MAX_ANSWER_CHARS = 1000
 

@@ -29,8 +29,15 @@ _ABBREVIATIONS = _TITLES | frozenset(
     'e.g i.e etc vs cf al approx dept est fig no vol ch pp ed eds inc ltd co corp jan feb mar apr '
     'jun jul aug sep sept oct nov dec mon tue wed thu fri sat sun ave blvd rd u.s u.k a.m p.m '
     'ph.d b.a m.a b.sc m.sc'.split())
-_END = re.compile(r'([.?!]+)(["\'”’)\]]*)(?=\s|\Z)')
+# Runs are possessive and start only where a run of [.?!] starts: every start inside a run
+# reaches the same end, so retrying them (and giving characters back) could only fail again,
+# and cost quadratic time on a long run of dots.
+_END = re.compile(r'(?<![.?!])([.?!]++)(["\'”’)\]]*+)(?=\s|\Z)')
 _WORD = re.compile(r'\w+')
+_NEXT_WORD = re.compile(r'\s*(["\'“‘(\[]*)(\S*)')
+_INITIAL = re.compile(r'[a-z]')
+_INITIALS = re.compile(r'(?:[a-z]\.)+[a-z]')
+_DOTTED = re.compile(r'(?:\w\.)+')
 
 
 def _word_before(text: str, end: int) -> str:
@@ -42,7 +49,7 @@ def _word_before(text: str, end: int) -> str:
 
 
 def _next_word(text: str, pos: int) -> str:
-  m = re.compile(r'\s*(["\'“‘(\[]*)(\S*)').match(text, pos)
+  m = _NEXT_WORD.match(text, pos)
   return m.group(2) if m else ''
 
 
@@ -50,20 +57,18 @@ def _is_break(text: str, m: re.Match) -> bool:
   punct = m.group(1)
   if '?' in punct or '!' in punct:
     return True
+  if len(punct) >= 2:  # An ellipsis.
+    nxt = _next_word(text, m.end())
+    return not nxt or nxt[0].isupper()
+  token = _word_before(text, m.start()).lower()
+  title = token in _TITLES
+  if not title and token not in _ABBREVIATIONS and not _INITIAL.fullmatch(token) and not (
+      _INITIALS.fullmatch(token)):
+    return True  # A plain word: the period ends the sentence whatever follows.
   nxt = _next_word(text, m.end())
   if not nxt:
     return True
-  starts_upper = nxt[0].isupper()
-  if len(punct) >= 2:  # An ellipsis.
-    return starts_upper
-  token = _word_before(text, m.start()).lower()
-  if token in _TITLES:
-    return False
-  abbreviation = (token in _ABBREVIATIONS or re.fullmatch(r'[a-z]', token) is not None
-                  or re.fullmatch(r'(?:[a-z]\.)+[a-z]', token) is not None)
-  if abbreviation:
-    return starts_upper and len(token) > 1
-  return True
+  return not title and nxt[0].isupper() and len(token) > 1
 
 
 def split_sentences(text: str) -> list[str]:
@@ -104,22 +109,29 @@ _TRAILING = '"\'”’)]}>,;:!?'
 
 
 def _split_chunk(chunk: str, last_in_sentence: bool) -> list[str]:
-  head, tail = [], []
-  while chunk and chunk[0] in _LEADING:
-    head.append(chunk[0])
-    chunk = chunk[1:]
-  while chunk:
-    if chunk.endswith('...'):
-      piece = '...'
-    elif chunk[-1] in _TRAILING:
-      piece = chunk[-1]
-    elif (last_in_sentence and chunk.endswith('.') and len(chunk) > 1
-          and not re.fullmatch(r'(?:\w\.)+', chunk)):  # Keep 'U.S.' whole.
-      piece = '.'
+  if chunk.isalnum():  # Nothing to split off (the common case).
+    return [chunk]
+  # Indices, not repeated slicing: a chunk of a million brackets costs one pass.
+  start, end = 0, len(chunk)
+  while start < end and chunk[start] in _LEADING:
+    start += 1
+  head, tail = list(chunk[:start]), []
+  while start < end:
+    if chunk.endswith('...', start, end):
+      size = 3
+    elif chunk[end - 1] in _TRAILING:
+      size = 1
+    elif (last_in_sentence and chunk[end - 1] == '.' and end - start > 1
+          and not _DOTTED.fullmatch(chunk, start, end)):  # Keep 'U.S.' whole.
+      size = 1
     else:
       break
-    tail.insert(0, piece)
-    chunk = chunk[:-len(piece)]
+    tail.append(chunk[end - size:end])
+    end -= size
+  tail.reverse()
+  chunk = chunk[start:end]
+  if not chunk or chunk.isalnum():
+    return head + ([chunk] if chunk else []) + tail
   # Commas, semicolons and colons inside a chunk split it unless between digits.
   middle = [p for p in re.split(r'((?<!\d)[,;:]|[,;:](?!\d))', chunk) if p]
   words = []

@@ -1,5 +1,9 @@
 """The 25 IFEval checks: one response that follows and one that does not, per instruction."""
 
+import random
+import re
+import time
+
 import pytest
 
 from verifiers import ifeval
@@ -120,3 +124,43 @@ def test_kwargs_validation():
   with pytest.raises(ValueError, match='nth_paragraph <= num_paragraphs'):
     ifeval.clean_kwargs('length_constraints:nth_paragraph_first_word',
                         {'num_paragraphs': 2, 'nth_paragraph': 3, 'first_word': 'x'})
+
+
+@pytest.mark.parametrize('instruction_id, kwargs, response', [
+    # Not blank (a blank response is not checked at all).
+    ('detectable_content:postscript', {'postscript_marker': 'P.S.'}, 'x' + '\n' * 1_000_000),
+    ('detectable_content:postscript', {'postscript_marker': 'P.P.S'}, 'x' + ' ' * 1_000_000),
+    ('detectable_format:number_bullet_lists', {'num_bullets': 1}, 'x' + '\n' * 1_000_000),
+    ('detectable_format:number_bullet_lists', {'num_bullets': 1}, 'x' + ' \n' * 500_000),
+    ('detectable_content:number_placeholders', {'num_placeholders': 1}, '[' * 1_000_000),
+    ('detectable_format:title', {}, '<' * 1_000_000),
+    ('detectable_format:json_format', {}, '[' * 1_000_000),
+    ('length_constraints:number_sentences', {'num_sentences': 1, 'relation': AL},
+     '.' * 1_000_000 + 'x'),
+    ('change_case:capital_word_frequency', {'capital_frequency': 1, 'capital_relation': AL},
+     '(' * 1_000_000),
+    ('change_case:capital_word_frequency', {'capital_frequency': 1, 'capital_relation': AL},
+     '...' * 333_333),
+])
+def test_hostile_megabyte_responses_check_fast(instruction_id, kwargs, response):
+  # The worker-side bound, as the host parsers': a megabyte costs under a second of CPU. The
+  # reference's regexes took minutes on these (quadratic), and json_format raised RecursionError.
+  start = time.process_time()
+  assert ifeval.follows([instruction_id], [kwargs], response) in ([True], [False])
+  assert time.process_time() - start < 1.0
+
+
+def test_linear_rewrites_count_as_the_reference_regexes():
+  rng = random.Random(0)
+  for _ in range(20_000):
+    v = ''.join(rng.choice('[]<>*-\n \t\r\x0bapsPS.') for _ in range(rng.randrange(14)))
+    assert ifeval._count_placeholders(v) == len(re.findall(r'\[.*?\]', v)), v
+    assert ifeval._title(v, {}) == any(t.lstrip('<').rstrip('>').strip()
+                                       for t in re.findall(r'<<[^\n]+>>', v)), v
+    bullets = (len(re.findall(r'^\s*\*[^\*].*$', v, flags=re.MULTILINE))
+               + len(re.findall(r'^\s*-.*$', v, flags=re.MULTILINE)))
+    assert ifeval._bullets(v, {'num_bullets': bullets}), v
+    for marker, pattern in (('P.S.', r'\s*p\.\s?s\..*$'), ('P.P.S', r'\s*p\.\s?p\.\s?s.*$'),
+                            ('ps', r'\s*ps.*$')):
+      assert ifeval._postscript(v, {'postscript_marker': marker}) == bool(
+          re.findall(pattern, v.lower(), flags=re.MULTILINE)), (v, marker)

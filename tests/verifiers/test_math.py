@@ -76,13 +76,20 @@ def test_braced(text, start, limit, inner):
     ('\\boxed$' * 150_000, None),
     ('The answer is 7.\n' + 'the answer is.\n' * 70_000, '7'),
     ('answer' + ' ' * 1_000_000 + 'x', None),
+    # Runs of blank lines: `^\\W*answer` retried the whole run from every line start.
+    ('\n' * 1_000_000, None),
+    ('-\n' * 500_000, None),
+    ('\n' * 1_000_000 + '**Answer:** 7', '7'),
 ])
 def test_hostile_megabyte_answers_extract_fast(text, answer):
   # Linear scans take ~0.1-0.5 s on a megabyte (more on a loaded host); a quadratic one takes
   # minutes, so a 5 s bound tells them apart without failing on a busy machine.
   start = time.perf_counter()
+  cpu = time.process_time()
   assert math_verifier.extract_answer(text)[0] == answer
   assert time.perf_counter() - start < 5.0
+  # The worker-side bound, as the host parsers': under a second of CPU for a megabyte.
+  assert time.process_time() - cpu < 1.0
 
 
 @pytest.fixture(scope='module')

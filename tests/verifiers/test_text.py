@@ -1,5 +1,9 @@
 """Rule-based sentence splitting and word tokenisation (IFEval's counts without nltk data)."""
 
+import random
+import re
+import time
+
 import pytest
 
 from verifiers import text
@@ -38,3 +42,25 @@ def test_word_tokenize_treebank_style():
       'is', '"', 'FAST', '"', '.']
   assert text.word_tokenize('HELLO,WORLD: A-OK.') == ['HELLO', ',', 'WORLD', ':', 'A-OK', '.']
   assert text.word_tokenize('Wait... OK') == ['Wait', '...', 'OK']
+
+
+def test_sentence_ends_are_the_plain_regexs():
+  # The possessive, run-start-only pattern finds exactly what r'([.?!]+)(["\'”’)\]]*)(?=\s|\Z)'
+  # found, without retrying every position of a run.
+  plain = re.compile(r'([.?!]+)(["\'”’)\]]*)(?=\s|\Z)')
+  rng = random.Random(0)
+  for _ in range(20_000):
+    v = ''.join(rng.choice('.?!"\')] a\n') for _ in range(rng.randrange(12)))
+    assert [m.groups() + (m.span(),) for m in text._END.finditer(v)] == [
+        m.groups() + (m.span(),) for m in plain.finditer(v)], v
+
+
+@pytest.mark.parametrize('source', ['.' * 1_000_000 + 'x', '!' * 1_000_000 + '"x',
+                                    '(' * 1_000_000, '"' * 1_000_000, '...' * 333_333])
+def test_hostile_megabyte_texts_tokenize_fast(source):
+  # Quadratic before: the sentence regex retried each dot of a run, and tokenisation peeled a
+  # run of brackets or ellipses off one character (copy) at a time.
+  start = time.process_time()
+  text.count_sentences(source)
+  text.word_tokenize(source)
+  assert time.process_time() - start < 1.0
