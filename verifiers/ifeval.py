@@ -12,6 +12,31 @@ are counted by `verifiers.text` (the reference needs nltk data).
 `follows(ids, kwargs, response, prompt, loose)` checks a response against
 its instruction list, in strict mode (the response as is, non-empty) or loose
 mode (also with its first and/or last line removed and/or asterisks removed).
+
+Before any check, the response and the instructions' strings are reduced to
+what a reader sees (`visible`), so that characters a reader cannot see or
+cannot tell apart neither inflate nor deflate a count nor pass a keyword or
+comma check; the reference counts code points, which a policy learns to
+exploit ('a\u200bb' is two words to `\w+` and one to a reader, U+3164 is a
+letter that renders blank, '，' is not ','):
+
+* NFKC, which folds compatibility forms: full-width and mathematical
+  letters, digits and punctuation ('ｆｏｘ', '𝐟𝐨𝐱', '，' and '﹐'), ligatures;
+* invisible characters deleted: every format character (Unicode category
+  Cf: zero-width space, joiners, U+2060, U+FEFF, bidirectional marks, soft
+  hyphen, tags) and the invisible marks U+034F, U+17B4/5, U+180B-F and the
+  variation selectors, so they split nothing;
+* blank letters as spaces: the Hangul fillers U+115F, U+1160, U+3164 and
+  U+FFA0 and the blank braille pattern U+2800 render as a gap, so they
+  separate words and are never words themselves;
+* look-alike commas as ',': those NFKC leaves (Arabic, ideographic, low-9
+  quotation mark, Armenian, Ethiopic, Mongolian, Vai, Lisu, Bamum, NKo and
+  the raised/turned/reversed comma punctuation);
+* for keyword checks only (existence, frequency, forbidden words, letter
+  frequency), Cyrillic and Greek letters that look like Latin ones are read
+  as those, on both the response and the keywords, so 'rеd' with a Cyrillic
+  'е' is the forbidden 'red'. Other checks keep them (a Russian answer stays
+  Russian to language detection).
 """
 
 from __future__ import annotations
@@ -19,12 +44,54 @@ from __future__ import annotations
 import functools
 import json
 import re
+import sys
+import unicodedata
 from typing import Any, Callable, Mapping, Sequence
 
 from verifiers import text
 
 RELATIONS = ('less than', 'at least')
 CONSTRAINED_RESPONSES = ('My answer is yes.', 'My answer is no.', 'My answer is maybe.')
+
+
+_INVISIBLE_MARKS = '\u034f\u17b4\u17b5' + ''.join(map(chr, range(0x180b, 0x1810))) + ''.join(
+    map(chr, [*range(0xfe00, 0xfe10), *range(0xe0100, 0xe01f0)]))
+_BLANK_LETTERS = '\u115f\u1160\u3164\uffa0\u2800'
+_COMMAS = ('\u060c\u3001\u201a\u055d\u07f8\u1363\u1802\u1808\u2e32\u2e34\u2e41\ua4fe'
+           '\ua60d\ua6f5')
+# Cyrillic and Greek letters drawn like Latin ones (Unicode's confusables for these scripts).
+_LOOKALIKES = str.maketrans(
+    'аеорсухіјѕԁԛԝһӏАВЕКМНОРСТХІЈЅԌԚԜҮαικνορυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ',
+    'aeopcyxijsdqwhlABEKMHOPCTXIJSGQWYaikvopuxABEZHIKMNOPTYX')
+
+
+@functools.lru_cache(maxsize=1)
+def _visible_table() -> dict[int, str | None]:
+  """str.translate table: invisible characters deleted, blank letters to ' ', commas to ','."""
+  table: dict[int, str | None] = {
+      c: None for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == 'Cf'}
+  table.update({ord(c): None for c in _INVISIBLE_MARKS})
+  table.update({ord(c): ' ' for c in _BLANK_LETTERS})
+  table.update({ord(c): ',' for c in _COMMAS})
+  return table
+
+
+def visible(value: str) -> str:
+  """The text a reader sees: NFKC, invisible characters deleted, blank letters as spaces and
+  look-alike commas as ',' (see the module docstring).
+
+  Args:
+    value: a response or an instruction's string.
+
+  Returns:
+    The normalised text.
+  """
+  return unicodedata.normalize('NFKC', value).translate(_visible_table())
+
+
+def _latin(value: str) -> str:
+  """Cyrillic and Greek look-alikes of Latin letters read as those (keyword checks)."""
+  return value.translate(_LOOKALIKES)
 
 
 def _compare(count: int, relation: str, threshold: int) -> bool:
@@ -52,22 +119,24 @@ def _language(value: str) -> str | None:
 
 
 def _existence(v, kw):
-  return all(re.search(_pattern(k), v, flags=re.IGNORECASE) for k in kw['keywords'])
+  v = _latin(v)
+  return all(re.search(_pattern(_latin(k)), v, flags=re.IGNORECASE) for k in kw['keywords'])
 
 
 def _frequency(v, kw):
-  n = len(re.findall(_pattern(kw['keyword'].strip()), v, flags=re.IGNORECASE))
+  n = len(re.findall(_pattern(_latin(kw['keyword'].strip())), _latin(v), flags=re.IGNORECASE))
   return _compare(n, kw['relation'], kw['frequency'])
 
 
 def _forbidden(v, kw):
-  return not any(re.search(r'\b' + _pattern(w) + r'\b', v, flags=re.IGNORECASE)
+  v = _latin(v)
+  return not any(re.search(r'\b' + _pattern(_latin(w)) + r'\b', v, flags=re.IGNORECASE)
                  for w in kw['forbidden_words'])
 
 
 def _letter_frequency(v, kw):
-  return _compare(v.lower().count(kw['letter'].strip().lower()), kw['let_relation'],
-                  kw['let_frequency'])
+  return _compare(_latin(v).lower().count(_latin(kw['letter'].strip()).lower()),
+                  kw['let_relation'], kw['let_frequency'])
 
 
 def _response_language(v, kw):
@@ -361,16 +430,18 @@ def follows(instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, A
   Args:
     instruction_ids: IFEval ids.
     kwargs_list: their kwargs (same length).
-    response: the answer text.
+    response: the answer text (checked as `visible` reads it, as are the kwargs' strings).
     loose: IFEval's loose mode.
 
   Returns:
     One bool per instruction.
   """
+  response = visible(response)
   candidates = loose_variants(response) if loose else [response]
   out = []
   for instruction_id, kwargs in zip(instruction_ids, kwargs_list):
     check, _ = INSTRUCTIONS[instruction_id]
-    kw = clean_kwargs(instruction_id, kwargs)
+    kw = {k: visible(v) if isinstance(v, str) else [visible(x) for x in v]
+          if isinstance(v, list) else v for k, v in clean_kwargs(instruction_id, kwargs).items()}
     out.append(any(r.strip() and check(r, kw) for r in candidates))
   return out

@@ -164,3 +164,40 @@ def test_linear_rewrites_count_as_the_reference_regexes():
                             ('ps', r'\s*ps.*$')):
       assert ifeval._postscript(v, {'postscript_marker': marker}) == bool(
           re.findall(pattern, v.lower(), flags=re.MULTILINE)), (v, marker)
+
+
+@pytest.mark.parametrize('instruction_id, kwargs, response, followed', [
+    # Zero-width spaces and joiners split nothing: one visible word is one word.
+    ('length_constraints:number_words', {'num_words': 5, 'relation': AL},
+     'one\u200btwo\u200cthree\u200dfour\u2060five\ufeff', False),
+    # Hangul fillers render blank: they separate words and are not words themselves.
+    ('length_constraints:number_words', {'num_words': 5, 'relation': AL},
+     'one \u3164 \u3164 \u115f \u1160 \uffa0', False),
+    ('length_constraints:number_words', {'num_words': 3, 'relation': LT},
+     'one\u3164two\u3164three', False),
+    # Nor can invisible characters deflate a count below what a reader sees.
+    ('length_constraints:number_words', {'num_words': 3, 'relation': AL},
+     'one\u3164two\u2800three', True),
+    # Look-alike commas are commas.
+    ('punctuation:no_comma', {}, 'Red\uff0c green\u060c blue\u3001 and\u201a gray\ufe50 or not',
+     False),
+    ('punctuation:no_comma', {}, 'Red and green and blue', True),
+    # An invisible character or a look-alike letter does not hide a forbidden word.
+    ('keywords:forbidden_words', {'forbidden_words': ['red']}, 'The sky is r\u200bed.', False),
+    ('keywords:forbidden_words', {'forbidden_words': ['red']}, 'The sky is r\u0435d.', False),
+    ('keywords:forbidden_words', {'forbidden_words': ['red']}, 'The sky is \uff52\uff45\uff44.',
+     False),
+    # And a keyword must be there as a reader sees it, not split by an invisible separator.
+    ('keywords:frequency', {'keyword': 'cat', 'frequency': 2, 'relation': LT},
+     'cat and c\u200bat', False),
+    ('keywords:existence', {'keywords': ['fox']}, 'A f\u043ex ran.', True),
+])
+def test_invisible_and_look_alike_characters_are_read_as_seen(instruction_id, kwargs, response,
+                                                              followed):
+  assert ifeval.follows([instruction_id], [kwargs], response) == [followed]
+
+
+def test_visible_keeps_ordinary_text_and_other_scripts():
+  for value in ('Hello, world.', 'Ünïcödé façade', 'Привет, мир', '北京'):
+    assert ifeval.visible(value) == value
+  assert ifeval.visible('a\u00adb\u200ec') == 'abc'
