@@ -112,7 +112,10 @@ def read_state_json(path: str, default: Any, keys: tuple[str, ...] = (), *, rebu
 
 # Fields that do not change what a run computes, so a resumed run may differ in them.
 HARMLESS_TOP = ('allow_config_change', 'hardware', 'prepare')
-HARMLESS_NESTED = {'ckpt': ('keep', 'checksums'), 'eval': ('log_samples', 'eval_every')}
+# The divergence thresholds only decide whether a run stops: a run that goes on computes what it
+# would have computed under any other thresholds (rollbacks, which retrain, are not harmless).
+HARMLESS_NESTED = {'ckpt': ('keep', 'checksums'), 'eval': ('log_samples', 'eval_every'),
+                   'divergence': ('max_bad_steps', 'min_loss', 'max_loss', 'max_grad_norm')}
 
 
 def config_for_hash(config) -> dict:
@@ -122,6 +125,8 @@ def config_for_hash(config) -> dict:
   for section, keys in HARMLESS_NESTED.items():
     if isinstance(d.get(section), dict):
       d[section] = {k: v for k, v in d[section].items() if k not in keys}
+      if not d[section]:  # A section of harmless fields only is as if absent.
+        del d[section]
   return d
 
 

@@ -216,7 +216,11 @@ def test_config_hash_ignores_harmless_fields():
   b = make_config()
   b.allow_config_change = True
   b.ckpt.keep = 5
+  b.divergence = dict(max_bad_steps=7, max_loss=50.0)   # thresholds only stop a run
   assert checkpoint.config_hash(a) == checkpoint.config_hash(b)
+  c = make_config()
+  c.divergence = dict(rollbacks=1)                     # a rollback retrains: not harmless
+  assert checkpoint.config_hash(a) != checkpoint.config_hash(c)
   b.stages[0]['steps'] = 5
   assert checkpoint.config_hash(a) != checkpoint.config_hash(b)
 
