@@ -64,7 +64,8 @@ test-all: $(VENV)/.stamp-test sysdeps
 #   make mutation MUTATE=cascade/rollout.py MUTATION_TESTS=tests/cascade/test_rollout.py
 MUTATE ?= cascade/rollout.py cascade/kinds/rl.py cascade/kinds/loop.py cascade/kinds/grpo.py \
           cascade/kinds/mopd.py cascade/kinds/sft.py cascade/kinds/base.py cascade/checkpoint.py \
-          rl/grpo.py rl/filtering.py rl/batch.py rl/distill.py rl/sft.py rl/train_step.py verifiers/math.py
+          rl/grpo.py rl/filtering.py rl/batch.py rl/distill.py rl/sft.py rl/train_step.py \
+          rl/page_pool.py rl/scheduler.py verifiers/math.py
 MUTATION_TESTS ?= --timeout=120 tests/cascade/test_rollout.py tests/cascade/test_kinds_rl.py \
           tests/cascade/test_kinds_rl_config.py tests/cascade/test_kinds_rl_draws.py \
           tests/cascade/test_kinds_loop.py tests/cascade/test_kinds_sft.py \

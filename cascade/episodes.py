@@ -12,7 +12,7 @@ a turn without a tool call (the final answer, which the environment scores),
 Every turn of every live episode is sampled in ONE sampler call, whatever
 turn each episode is at: an episode's prompt for a turn is its whole stream
 so far. With the paged engine the calls share a KV session
-(`rl.engine.Session`): an episode's cache stays in its pages between turns,
+(`rl.scheduler.Session`): an episode's cache stays in its pages between turns,
 so a turn prefills only the tokens after it (the last sampled token and the
 observation), not the whole stream again; the samples are the same. The
 stream is never re-tokenized: the tokens the policy sampled and the

@@ -82,7 +82,7 @@ def test_engine_rows_equal_the_one_call_sampler(policy, reference, slots, pages,
                      row_limits=LIMITS)
   _assert_same_rows(out, reference[False])
   assert eng.pages_in_use == 0, 'pages leaked'
-  run = eng._engines[slots]
+  run = eng._rollout.engines[slots]
   if chunk >= SP.max_new_tokens:   # a row's first chunk is its whole length
     assert run.preemptions == 0
   elif pages is not None and pages < 20:
@@ -103,13 +103,13 @@ def test_scanned_and_unrolled_decode_sample_the_same_rows(policy, reference, lay
                decode_layers=layers)
   out = eng.generate(policy[1], PROMPTS, jax.random.key(5), SP, num_samples=G,
                      row_limits=LIMITS)
-  assert eng._engines[4].unroll == (layers == 'unrolled')
+  assert eng._rollout.engines[4].unroll == (layers == 'unrolled')
   _assert_same_rows(out, reference[False])
-  assert eng.pages_in_use == 0 and eng._engines[4].preemptions > 0
+  assert eng.pages_in_use == 0 and eng._rollout.engines[4].preemptions > 0
   # Another call makes its empty pool with the program the first compiled.
-  pools = eng._engines[4]._init_pool._cache_size()
+  pools = eng._rollout.engines[4]._init_pool._cache_size()
   eng.generate(policy[1], PROMPTS[:2], jax.random.key(6), SP, num_samples=G)
-  assert eng._engines[4]._init_pool._cache_size() == pools
+  assert eng._rollout.engines[4]._init_pool._cache_size() == pools
   if layers == 'unrolled':
     model = nnx.merge(*policy)
     k, v = transformer.init_pages(CFG, 4, 8)
@@ -187,7 +187,7 @@ def test_sharded_engine_equals_unsharded(make_policy, reference, pages):
   out = eng.generate(params, PROMPTS, jax.random.key(5), SP, num_samples=G, row_limits=LIMITS)
   _assert_same_rows(out, reference[False])
   assert eng.pages_in_use == 0
-  [e] = eng._engines.values()
+  [e] = eng._rollout.engines.values()
   assert e.shards == 4 and (e.preemptions > 0) == (pages is not None)
   with sharding.use_mesh(mesh):
     pool = jax.jit(lambda: transformer.init_pages(CFG, 48, 8))()[0]
@@ -241,14 +241,14 @@ def test_planned_calls_have_the_shapes_of_the_run(policy):
   eng = _paged(policy[0], slots=4)
   seen = {}
   for name in ('_prefill', '_decode'):
-    real = getattr(eng._engine(4), name)
+    real = getattr(eng._rollout.engine(4), name)
 
     def spy(*args, real=real, name=name, **kw):
       sig = jax.tree.map(lambda x: (np.shape(x), jnp.result_type(x)), args[1:])
       if sig not in seen.setdefault(name, []):
         seen[name].append(sig)
       return real(*args, **kw)
-    setattr(eng._engine(4), name, spy)
+    setattr(eng._rollout.engine(4), name, spy)
   eng.generate(policy[1], PROMPTS, jax.random.key(0), SP, num_samples=G, row_limits=LIMITS)
   longest = max(map(len, PROMPTS))
   whats = {}
@@ -277,14 +277,14 @@ def test_engine_options_and_pool_errors(policy):
     _paged(policy[0], slots=2, pages=3).generate(policy[1], PROMPTS, 0, SP)
   mesh = sharding.make_mesh((2, 2, 2))
   with pytest.raises(ValueError, match='pages=50 must split evenly over the 4 batch shards'):
-    _paged(policy[0], slots=4, pages=50, mesh=mesh)._engine(4).pool_pages(8, 8)
+    _paged(policy[0], slots=4, pages=50, mesh=mesh)._rollout.engine(4).pool_pages(8, 8)
   with pytest.raises(ValueError, match='pages=36 cannot hold one row of 72 tokens .* on each '
                      'of 4 batch shards'):
-    _paged(policy[0], slots=4, pages=36, mesh=mesh)._engine(4).pool_pages(72, 72)
-  assert _paged(policy[0], slots=2, cache_tokens_per_device=160)._engine_options['pages'] == 20
+    _paged(policy[0], slots=4, pages=36, mesh=mesh)._rollout.engine(4).pool_pages(72, 72)
+  assert _paged(policy[0], slots=2, cache_tokens_per_device=160)._rollout.options['pages'] == 20
   # The budget is per device: the pool, split over 4 batch shards, has 4 times the pages.
   assert _paged(policy[0], slots=4, cache_tokens_per_device=160,
-                mesh=sharding.make_mesh((2, 2, 2)))._engine_options['pages'] == 80
+                mesh=sharding.make_mesh((2, 2, 2)))._rollout.options['pages'] == 80
   assert engine.EngineOptions(slots=2).pages is None
   with pytest.raises(ValueError, match='slots=6 must be a multiple of the mesh.s 4 batch'):
     sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='paged', slots=6,
@@ -514,7 +514,7 @@ def test_a_session_keeps_pages_between_calls_and_samples_the_same(policy, pages)
   assert len(calls) == 4 and len(calls[-1][0]) < len(calls[0][0]), 'keys must end on the way'
   total = sum(len(q) - 1 for c in calls for q in c[1])
   assert session.prefilled_tokens + session.reused_tokens >= total
-  [eng] = samp._engines.values()
+  [eng] = samp._rollout.engines.values()
   if pages == 200:
     assert (session.prefilled_tokens, session.reused_tokens) == (want_prefill,
                                                                  total - want_prefill)
@@ -582,7 +582,7 @@ def test_session_errors(policy):
   # A call that fails inside the engine closes the session: nothing half-written is kept.
   def broken(*a, **kw):
     raise RuntimeError('device lost')
-  samp._engines[4]._decode = broken
+  samp._rollout.engines[4]._decode = broken
   with pytest.raises(RuntimeError, match='device lost'):
     gen([[5, 6, 7, 9], [8]])
   assert session.pool is None and not session.entries

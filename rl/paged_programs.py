@@ -1,0 +1,228 @@
+"""The paged engine's device programs: jitted prefill, chunked prefill and decode over a page pool.
+
+The KV cache is a pool of fixed-size pages, [L, K, pages, page_size, H], or
+with the unrolled decode one [K, pages, page_size, H] array per layer (kept
+so between calls); a row's cache is the pages its page-table row names. The
+host (`rl.scheduler`) decides which pages and rows; these functions only
+read and write them:
+
+* `prefill` writes right-padded prompts into their pages from position 0 and
+  copies pages (each sample's private copy of its prompt's last, partly
+  filled page);
+* `extend` continues rows whose first tokens their pages already hold (a
+  session's kept cache), attending to those pages as context;
+* `decode` runs up to a chunk of decode steps of every live slot, each slot
+  drawing token n of row r with `fold_in(fold_in(rng, r), n)`, and stops
+  early once enough slots are idle for the rows still waiting.
+
+Pure functions of (graphdef, params, pools, host arrays); `rl.engine.Engine`
+jits them with the pools donated.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import config as config_lib
+from models import sharding
+from models import transformer
+from rl import sampling
+
+
+class Slots(NamedTuple):
+  """Device state of the decode slots (a pytree)."""
+  k: jax.Array            # [L, K, pages, page_size, H]
+  v: jax.Array
+  lengths: jax.Array      # [S] tokens in each slot's cache
+  last: jax.Array         # [S] the token to feed next
+  n: jax.Array            # [S] tokens generated so far
+  live: jax.Array         # [S] bool
+
+
+def pool_layer(pool) -> jax.Array:
+  """An array of a pool, stacked [L, K, P, page_size, H] or per layer (a tuple of
+  [K, P, page_size, H]): its last three axes are pages, page_size and H, as are its dtype's."""
+  return pool[0] if isinstance(pool, tuple) else pool
+
+
+def _pool_get(pool, index: tuple) -> jax.Array:
+  """pool[:, :, *index] as one [L, K, ...] array, from either layout."""
+  if isinstance(pool, tuple):
+    return jnp.stack([p[(slice(None),) + index] for p in pool])
+  return pool[(slice(None), slice(None)) + index]
+
+
+def _pool_set(pool, index: tuple, values: jax.Array):
+  """pool[:, :, *index] = values [L, K, ...] (a page index past the pool is dropped), in the
+  pool's layout, each array constrained to its page layout (`transformer.PAGE_AXES`)."""
+  if isinstance(pool, tuple):
+    return tuple(sharding.constrain(
+        p.at[(slice(None),) + index].set(values[i].astype(p.dtype), mode='drop'),
+        transformer.PAGE_AXES[1:]) for i, p in enumerate(pool))
+  pool = pool.at[(slice(None), slice(None)) + index].set(values.astype(pool.dtype), mode='drop')
+  return sharding.constrain(pool, transformer.PAGE_AXES)
+
+
+def init_pool(cfg: config_lib.ModelConfig, num_pages: int, page_size: int, per_layer: bool):
+  """Empty (k, v) pools: stacked, or per layer (the unrolled decode's layout)."""
+  k, v = transformer.init_pages(cfg, num_pages, page_size)
+  if per_layer:
+    k, v = (transformer.split_layers(x, transformer.PAGE_AXES) for x in (k, v))
+  return k, v
+
+
+def prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, copy_src,
+             copy_dst):
+  """Prefills right-padded prompts into pages, then copies pages (a prompt's partial page).
+
+  Args:
+    k_pool, v_pool: the pools, stacked or per layer (tuples; see `decode`).
+    tokens: [A, T] int32, each prompt's tokens from position 0 (T a multiple
+      of the page size), padding after them.
+    segment_ids: [A, T] int32, 1 = a real token.
+    dst_pages: [A, T / page_size] int32 page receiving each page of a row;
+      an index past the pool drops it (padding and pages a row does not use).
+    copy_src, copy_dst: [C] int32 pages copied after the prefill (dst past the
+      pool: no copy).
+
+  Returns:
+    (k_pool, v_pool).
+  """
+  model = nnx.merge(graphdef, params)
+  cfg = model.cfg
+  a, t = tokens.shape
+  num_pages, ps = pool_layer(k_pool).shape[-3:-1]
+  if t:
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (a, t))
+    dtype = pool_layer(k_pool).dtype
+    _, cache = model.hidden(tokens, positions, segment_ids,
+                            cache=transformer.init_cache(cfg, a, t, dtype=dtype))
+    # [L, A, K, T, H] -> [L, K, A * T / ps, ps, H]: whole pages, scattered by page id.
+    as_pages = lambda x: x.transpose(0, 2, 1, 3, 4).reshape(
+        cfg.num_layers, cfg.num_kv_heads, a * (t // ps), ps, cfg.head_dim)
+    dst = (dst_pages.reshape(-1),)
+    k_pool = _pool_set(k_pool, dst, as_pages(cache.k))
+    v_pool = _pool_set(v_pool, dst, as_pages(cache.v))
+  src = (jnp.minimum(copy_src, num_pages - 1),)
+  k_pool = _pool_set(k_pool, (copy_dst,), _pool_get(k_pool, src))
+  v_pool = _pool_set(v_pool, (copy_dst,), _pool_get(v_pool, src))
+  return k_pool, v_pool
+
+
+def extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_table, *,
+            context_pages: int):
+  """Continues rows whose first `starts[a]` tokens are in their pages (a chunked prefill).
+
+  Each row's first `context_pages` pages are gathered into a dense cache, the
+  new tokens attend to its first `starts[a]` tokens and to each other
+  (causally), and their keys/values are written to the pages at positions
+  starts[a], starts[a] + 1, ...
+
+  Args:
+    tokens: [A, T] int32 new tokens, padding after them.
+    segment_ids: [A, T] int32, 1 = a real token.
+    starts: [A] int32 tokens already in each row's pages (<= context_pages * page_size).
+    page_table: [A, M] int32 each row's pages (covering starts + its new tokens).
+    context_pages: pages gathered as context (static).
+
+  Returns:
+    (k_pool, v_pool).
+  """
+  model = nnx.merge(graphdef, params)
+  cfg = model.cfg
+  a, t = tokens.shape
+  num_pages, ps = pool_layer(k_pool).shape[-3:-1]
+  c = context_pages * ps
+  ctx = jnp.minimum(page_table[:, :context_pages], num_pages - 1)   # past a row's pages: masked
+
+  def gathered(pool):   # [L, K, A, W, ps, H] -> [L, A, K, W * ps + T, H]
+    x = _pool_get(pool, (ctx,)).reshape(cfg.num_layers, cfg.num_kv_heads, a, c, cfg.head_dim)
+    x = jnp.pad(x.transpose(0, 2, 1, 3, 4), ((0, 0), (0, 0), (0, 0), (0, t), (0, 0)))
+    return sharding.constrain(x, transformer.CACHE_AXES)
+
+  seg = jnp.concatenate([(jnp.arange(c)[None] < starts[:, None]).astype(jnp.int32),
+                         jnp.zeros((a, t), jnp.int32)], axis=1)
+  cache = transformer.Cache(k=gathered(k_pool), v=gathered(v_pool), segment_ids=seg,
+                            index=jnp.asarray(c, jnp.int32))
+  positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+  _, cache = model.hidden(tokens, positions, segment_ids, cache=cache)
+  col = jnp.minimum(positions // ps, page_table.shape[1] - 1)
+  page = jnp.where(segment_ids > 0, jnp.take_along_axis(page_table, col, axis=1), num_pages)
+  off = positions % ps
+  # [L, A, K, T, H] -> [L, K, A, T, H], the indexed region of pool[:, :, page, off].
+  new = lambda x: x[:, :, :, c:].transpose(0, 2, 1, 3, 4)
+  return _pool_set(k_pool, (page, off), new(cache.k)), _pool_set(v_pool, (page, off), new(cache.v))
+
+
+def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temperature,
+            top_p, top_k, refill_at, *, chunk: int, eos_ids: tuple[int, ...], pad_id: int,
+            greedy: bool, filtered: bool):
+  """Up to `chunk` decode steps of every live slot.
+
+  Stops early once every slot is idle, or once `refill_at` slots are idle
+  (the host then puts waiting rows in them).
+
+  Args:
+    state: the slots (pools, lengths, last tokens, counts, live flags).
+    page_table: [S, M] int32 pages viewed (M covers every live slot's
+      tokens to the end of the call).
+    rows: [S] int32 row index of each slot (its noise stream).
+    limits: [S] int32 the most tokens each slot's row may generate.
+    rng: the call's PRNG key.
+    temperature, top_p, top_k: traced sampling scalars.
+    refill_at: [] int32 idle slots that end the call early.
+
+  Returns:
+    (state, steps run [], tokens [S, chunk], logprobs, sampling_logprobs):
+    column i holds step i's token of each slot live at that step (pad_id / 0
+    elsewhere).
+  """
+  model = nnx.merge(graphdef, params)
+  s = rows.shape[0]
+  eos = jnp.asarray(eos_ids, jnp.int32)
+  is_stop = lambda tok: (jnp.any(tok[:, None] == eos, axis=-1) if eos_ids
+                         else jnp.zeros(tok.shape, bool))
+  row_keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, rows)
+  pick = functools.partial(sampling.pick, temperature=temperature, top_p=top_p,
+                           top_k=top_k, greedy=greedy, filtered=filtered)
+  batch_only = ('batch', None)
+  buf = lambda fill, dt: sharding.constrain(jnp.full((s, chunk), fill, dt), batch_only)
+  # Pools kept per layer (tuples of [K, P, page_size, H], the Sampler's
+  # decode_layers='unrolled'): the blocks run unrolled over their weights, sliced once for
+  # the call, and over their own pools.
+  layers = model.layer_states() if isinstance(state.k, tuple) else None
+
+  def body(carry):
+    i, st, toks, lps, slps = carry
+    cache = transformer.PagedCache(k=st.k, v=st.v, page_table=page_table,
+                                   lengths=st.lengths, live=st.live)
+    logits, cache = model.decode_paged(st.last, st.lengths, cache, layers=layers)
+    keys = jax.vmap(jax.random.fold_in)(row_keys, st.n)
+    tok, lp, slp = pick(logits, keys)
+    live = st.live
+    tok = jnp.where(live, tok, pad_id)
+    col = lambda a, x: jax.lax.dynamic_update_slice(a, x[:, None], (0, i))
+    n = st.n + live
+    stop = is_stop(tok) | (n >= limits)
+    st = Slots(k=cache.k, v=cache.v, lengths=st.lengths + live,
+                last=jnp.where(live, tok, st.last), n=n, live=live & ~stop)
+    return (i + 1, st, col(toks, tok), col(lps, jnp.where(live, lp, 0.)),
+            col(slps, jnp.where(live, slp, 0.)))
+
+  def cond(carry):
+    i, st = carry[0], carry[1]
+    idle = s - jnp.sum(st.live)
+    return (i < chunk) & jnp.any(st.live) & (idle < refill_at)
+
+  init = (jnp.zeros((), jnp.int32), state, buf(pad_id, jnp.int32), buf(0, jnp.float32),
+          buf(0, jnp.float32))
+  steps, state, toks, lps, slps = jax.lax.while_loop(cond, body, init)
+  return state, steps, toks, lps, slps
+
+
+DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered')
