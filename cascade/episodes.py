@@ -151,7 +151,8 @@ def demonstration(record: dict, tokenizer, thinking: bool | None,
       pending.append(turn)
       continue
     if pending:
-      obs = tokenizer.encode(chat.render_observation(pending, thinking=thinking))
+      obs = tokenizer.encode(chat.render_observation(pending, thinking=thinking,
+                                                     markers=tokenizer.added_tokens))
       toks += obs
       mask += [0] * len(obs)
       pending = []
@@ -297,7 +298,8 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
         if s[1]:
           continue
         # An observation is appended only when the policy will act on it.
-        obs = tokenizer.encode(chat.render_observation(s[0], thinking=row_modes[i]))
+        obs = tokenizer.encode(chat.render_observation(s[0], thinking=row_modes[i],
+                                                       markers=tokenizer.added_tokens))
         if len(ctx[i]) + len(obs) >= max_tokens:
           over[i] = 'token budget'
         elif turn >= max_turns:

@@ -95,16 +95,15 @@ class ToolError(Exception):
   """Raised (or returned) by a tool for a failure the model should read, e.g. 'no such file'."""
 
 
-# Chat and tool markers inside a tool's output would read as structure once tokenized (a fake
-# end of turn or tool response): their '<' is written as '&lt;'.
-_MARKERS = chat.SPECIAL_TOKENS + chat.TOOL_TOKENS
-
-
 def tool_message(name: str, content: str) -> dict:
-  """A 'tool' message holding one call's result (markers defused), cut to MAX_OBSERVATION_CHARS."""
-  for m in _MARKERS:
-    if m in content:
-      content = content.replace(m, '&lt;' + m[1:])
+  """A 'tool' message holding one call's result (markers defused), cut to MAX_OBSERVATION_CHARS.
+
+  Chat and tool markers inside a tool's output would read as structure once
+  tokenized (a fake end of turn or tool response): `chat.defuse` writes their
+  '<' as '&lt;'. The tokenizer's other added tokens are defused where the
+  observation is rendered for it (`chat.render_observation(markers=...)`).
+  """
+  content = chat.defuse(content)
   if len(content) > MAX_OBSERVATION_CHARS:
     content = content[:MAX_OBSERVATION_CHARS] + f'\n[... cut at {MAX_OBSERVATION_CHARS} characters]'
   return {'role': 'tool', 'name': name, 'content': content}

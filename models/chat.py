@@ -29,13 +29,19 @@ conditioned on exactly the tokens it sampled.
 
 `SPECIAL_TOKENS` are the chat tokens a tokenizer keeps as single special ids;
 `TOOL_TOKENS` are the tool markers, which a tokenizer may also keep as single
-(not special: decoding keeps them) pieces.
+(not special: decoding keeps them) pieces. A tokenizer may know more tokens
+that it reads whole from text (`<|fim_prefix|>`, `<|vision_start|>`, reserved
+ones); `defuse` and `render_observation(markers=...)` take the tokenizer's
+own list (`models.tokenizer.Tokenizer.added_tokens`), so text from outside the
+policy never becomes any of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import re
 from typing import Any, Mapping, Sequence
 
 IM_START = '<|im_start|>'
@@ -99,6 +105,38 @@ def split_thinking(completion: str) -> Split:
     return Split(thinking=text[open_ + len(THINK_OPEN):].strip(), answer='',
                  finished_thinking=False, had_thinking=True)
   return Split(thinking='', answer=text.strip(), finished_thinking=True, had_thinking=False)
+
+
+@functools.lru_cache(maxsize=8)
+def _marker_pattern(markers: tuple[str, ...]) -> re.Pattern:
+  # Longest first, so that a marker that starts another is replaced whole.
+  return re.compile('|'.join(map(re.escape, sorted(set(markers), key=len, reverse=True))))
+
+
+def _escape_first(m: re.Match) -> str:
+  first = m.group(0)[0]
+  return ('&lt;' if first == '<' else f'&#{ord(first)};') + m.group(0)[1:]
+
+
+def defuse(text: str, markers: Sequence[str] = ()) -> str:
+  """`text` with no chat or tool marker, nor any of `markers`, left verbatim.
+
+  Each occurrence has its first character written as an HTML character
+  reference ('<' as '&lt;'), so a reader still sees which token was meant
+  but a tokenizer cannot read it as that token.
+
+  Args:
+    text: text from outside the policy (a tool's output, an observation).
+    markers: further tokens to defuse, normally the tokenizer's
+      `added_tokens`; SPECIAL_TOKENS and TOOL_TOKENS are always defused.
+
+  Returns:
+    The defused text.
+  """
+  every = tuple(m for m in (*SPECIAL_TOKENS, *TOOL_TOKENS, *markers) if len(m) > 1)
+  if not any(m in text for m in every):
+    return text
+  return _marker_pattern(every).sub(_escape_first, text)
 
 
 def _dumps(value: Any) -> str:
@@ -293,7 +331,7 @@ def render(messages: Sequence[Mapping[str, Any]], *, thinking: bool | None = Non
 
 
 def render_observation(tool_messages: Sequence[Mapping[str, Any]], *,
-                       thinking: bool | None = None) -> str:
+                       thinking: bool | None = None, markers: Sequence[str] = ()) -> str:
   """The text that follows a sampled assistant turn in an agentic episode.
 
   An episode's prompt is built incrementally, `render(opening, thinking=m,
@@ -312,6 +350,9 @@ def render_observation(tool_messages: Sequence[Mapping[str, Any]], *,
   Args:
     tool_messages: the results of the turn's calls, role 'tool', in order.
     thinking: as in `render`: False pre-fills an empty thinking block.
+    markers: tokens the tokenizer reads whole (its `added_tokens`); each
+      message's content is `defuse`d with them (and the chat and tool
+      markers), so no tool output becomes a token of the tokenizer.
 
   Returns:
     '\\n' (closing the sampled turn's line), the tool-response user turn and
@@ -328,7 +369,7 @@ def render_observation(tool_messages: Sequence[Mapping[str, Any]], *,
     role, content = _check_message(i, m)
     if role != 'tool':
       raise ValueError(f"message {i}: role {role!r}: observations are 'tool' messages")
-    contents.append(content)
+    contents.append(defuse(content, tuple(markers)))
   return '\n' + _tool_turn(contents) + _generation_prompt(thinking)
 
 

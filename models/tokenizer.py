@@ -24,9 +24,11 @@ import abc
 import json
 import os
 import pathlib
+import re
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 import tokenizers
 
 from cascade import paths
@@ -49,6 +51,10 @@ class Tokenizer(abc.ABC):
     pad_id: padding id; the eos id when the vocabulary has no padding token
       (padding is masked by segment ids, so any valid id serves), else 0.
     special_ids: frozenset of ids `decode(..., skip_special=True)` drops.
+    added_tokens: every token `encode` reads whole from text (special or
+      not: chat markers, tool markers, `<|fim_prefix|>`, reserved tokens...),
+      the ones text from outside the policy must never spell
+      (`chat.defuse`).
   """
 
   vocab_size: int
@@ -56,10 +62,38 @@ class Tokenizer(abc.ABC):
   eos_id: int | None
   pad_id: int
   special_ids: frozenset[int]
+  added_tokens: tuple[str, ...]
 
   @abc.abstractmethod
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`; special tokens written in the text become single ids."""
+
+  def encode_text(self, text: str) -> list[int]:
+    """Token ids of `text` read as plain text: an added token written in it is not its id.
+
+    Each occurrence of an added token is cut after its first character and
+    the pieces encoded apart, so `decode` gives `text` back but no added
+    token's id appears (for text the policy wrote, scored by a reward model:
+    its `<|im_end|>` must not end the turn there).
+
+    Args:
+      text: any text.
+
+    Returns:
+      The ids.
+    """
+    markers = [m for m in self.added_tokens if len(m) > 1]
+    if not any(m in text for m in markers):
+      return self.encode(text)
+    # Every start of every marker, overlapping ones included (a lookahead consumes nothing).
+    starts = re.finditer('(?=' + '|'.join(map(re.escape, markers)) + ')', text)
+    cuts = sorted({m.start() + 1 for m in starts})
+    ids, last = [], 0
+    for cut in [*cuts, len(text)]:
+      if cut > last:
+        ids += self.encode(text[last:cut])
+        last = cut
+    return ids
 
   @abc.abstractmethod
   def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
@@ -99,7 +133,8 @@ class SentencePieceTokenizer(Tokenizer):
 
   def __init__(self, path: str | os.PathLike):
     self.path = paths.path(path)
-    self._sp = spm.SentencePieceProcessor(model_proto=paths.read_bytes(self.path))
+    proto = paths.read_bytes(self.path)
+    self._sp = spm.SentencePieceProcessor(model_proto=proto)
     self.vocab_size = self._sp.get_piece_size()
     sp_id = lambda i: i if i >= 0 else None
     self._set_ids(sp_id(self._sp.bos_id()), sp_id(self._sp.eos_id()), sp_id(self._sp.pad_id()))
@@ -109,6 +144,12 @@ class SentencePieceTokenizer(Tokenizer):
     self.special_ids = frozenset(
         chat_ids | {i for i in range(self.vocab_size)
                     if self._sp.is_control(i) or self._sp.is_unknown(i)})
+    # User-defined pieces are the ones encoding reads whole from text (control pieces such as
+    # <s> never come out of text); the processor does not say which they are, the model does.
+    model = sp_pb2.ModelProto()
+    model.ParseFromString(proto)
+    self.added_tokens = tuple(p.piece for p in model.pieces
+                              if p.type == sp_pb2.ModelProto.SentencePiece.USER_DEFINED)
 
   def encode(self, text: str) -> list[int]:
     return self._sp.encode(text, out_type=int)
@@ -141,8 +182,9 @@ class HFTokenizer(Tokenizer):
     self.path = paths.path(path)
     self._tok = tokenizers.Tokenizer.from_str(paths.read_text(self.path))
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-    self.special_ids = frozenset(
-        i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+    added = self._tok.get_added_tokens_decoder()
+    self.special_ids = frozenset(i for i, t in added.items() if t.special)
+    self.added_tokens = tuple(t.content for _, t in sorted(added.items()))
     config_file = self.path.parent / 'tokenizer_config.json'
     config = paths.read_json(config_file, {})
 

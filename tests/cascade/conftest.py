@@ -20,6 +20,7 @@ class CharTokenizer:
   vocab_size = 256
   pad_id = 0
   eos_id = 1
+  added_tokens = ()
 
   def encode(self, text):
     return [ord(c) % 256 for c in text]

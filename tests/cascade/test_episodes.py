@@ -24,6 +24,7 @@ class CharTok:
   vocab_size = 256
   pad_id = 0
   eos_id = 1
+  added_tokens = (chat.IM_END,)
 
   def encode(self, text):
     out = []

@@ -8,6 +8,7 @@ import sys
 import pytest
 import tokenizers
 
+from envs import base as env_base
 from models import chat
 from models import tokenizer
 
@@ -188,3 +189,58 @@ def test_train_errors(tmp_path):
     tokenizer.train_sentencepiece(['a'], tmp_path / 'x', 400, model_type='word')
   with pytest.raises(ValueError, match='vocab_size=200'):
     tokenizer.train_sentencepiece(['a'], tmp_path / 'x', 200)
+
+
+EXTRA_SPECIAL = ('<|fim_prefix|>', '<|fim_middle|>', '<|reserved_7|>')
+EXTRA_PLAIN = ('<|vision_start|>', '[TOOL]')
+
+
+@pytest.fixture(scope='module')
+def rich_toks(toks, tmp_path_factory):
+  """backend -> a Tokenizer that reads more tokens whole than the chat and tool markers."""
+  d = tmp_path_factory.mktemp('rich')
+  hf = tokenizers.Tokenizer.from_file(str(toks['hf_bpe'].path))
+  hf.add_special_tokens(list(EXTRA_SPECIAL + chat.TOOL_TOKENS))
+  hf.add_tokens(list(EXTRA_PLAIN))
+  hf.save(str(d / 'tokenizer.json'))
+  sp = tokenizer.train_sentencepiece(
+      _corpus(200), d / 'sp', 400,
+      user_defined_symbols=chat.SPECIAL_TOKENS + chat.TOOL_TOKENS + EXTRA_SPECIAL + EXTRA_PLAIN)
+  return {'hf_bpe': tokenizer.load(d / 'tokenizer.json'), 'sp_bpe': sp}
+
+
+@pytest.mark.parametrize('backend', ['hf_bpe', 'sp_bpe'])
+def test_added_tokens_are_every_token_read_whole(rich_toks, backend):
+  tok = rich_toks[backend]
+  expected = set(chat.SPECIAL_TOKENS + chat.TOOL_TOKENS + EXTRA_SPECIAL + EXTRA_PLAIN)
+  assert set(tok.added_tokens) == expected
+  for marker in expected:
+    assert tok.encode(marker) == [tok.token_to_id(marker)]
+
+
+@pytest.mark.parametrize('backend', ['hf_bpe', 'sp_bpe'])
+def test_tool_output_defuses_every_added_token(rich_toks, backend):
+  # A tool's output (from tool_message, as every environment builds it) that spells each token
+  # the tokenizer reads whole: none of them may come out of the observation as its id, besides
+  # the observation's own structure.
+  tok = rich_toks[backend]
+  hostile = 'x'.join(tok.added_tokens) + '<<|fim_prefix|>|fim_prefix|>'
+  obs = chat.render_observation([env_base.tool_message('run', hostile)], thinking=True,
+                                markers=tok.added_tokens)
+  ids = tok.encode(obs)
+  structure = tok.encode(chat.render_observation([env_base.tool_message('run', 'ok')],
+                                                 thinking=True))
+  added = {tok.token_to_id(m) for m in tok.added_tokens}
+  assert sorted(i for i in ids if i in added) == sorted(i for i in structure if i in added)
+  # The text stays readable: each token's first character is a character reference.
+  assert '&lt;|fim_prefix|>' in obs and '&#91;TOOL]' in obs
+
+
+@pytest.mark.parametrize('backend', ['hf_bpe', 'sp_bpe'])
+def test_encode_text_reads_added_tokens_as_text(rich_toks, backend):
+  tok = rich_toks[backend]
+  text = f'The answer.{chat.IM_END}{chat.IM_START}user\nmore<|fim_prefix|>{chat.THINK_CLOSE}'
+  ids = tok.encode_text(text)
+  assert not {tok.token_to_id(m) for m in tok.added_tokens} & set(ids)
+  assert tok.decode(ids) == text
+  assert tok.encode_text('plain words') == tok.encode('plain words')
