@@ -134,19 +134,19 @@ HELD_OUT_FOLD = 1_000_003
 VALIDATION_FOLD = 1_000_033
 
 
-def score_sets(env, params, sets: Mapping[str, Sequence[dict]], fold: int) -> dict[str, dict]:
+def score_sets(ctx, params, sets: Mapping[str, Sequence[dict]], fold: int) -> dict[str, dict]:
   """`evaluate` of a run's policy on `sets` (domains whose eval verifier is ready), per domain."""
-  ready = {d: recs for d, recs in sets.items() if env.verifiers.can_evaluate(d)}
+  ready = {d: recs for d, recs in sets.items() if ctx.verifiers.can_evaluate(d)}
   if not ready:
     return {}
-  key = jax.random.fold_in(jax.random.PRNGKey(env.plan.seed), fold)
-  return evaluate(env.sampler, params, env.tokenizer, ready, env.verifiers.eval_verifier,
-                  env.sample_cls, {d: env.plan.eval_of(d) for d in ready}, key)
+  key = jax.random.fold_in(jax.random.PRNGKey(ctx.plan.seed), fold)
+  return evaluate(ctx.sampler, params, ctx.tokenizer, ready, ctx.verifiers.eval_verifier,
+                  ctx.sample_cls, {d: ctx.plan.eval_of(d) for d in ready}, key)
 
 
-def validation_scores(env, params) -> dict[str, float]:
+def validation_scores(ctx, params) -> dict[str, float]:
   """domain -> validation score of `params` (empty when no domain has a validation set)."""
-  out = score_sets(env, params, env.data.validation_sets, VALIDATION_FOLD)
+  out = score_sets(ctx, params, ctx.data.validation_sets, VALIDATION_FOLD)
   return {d: out[d]['score'] for d in sorted(out)}
 
 

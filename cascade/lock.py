@@ -43,7 +43,7 @@ from jax.experimental import multihost_utils
 from cascade import paths
 
 LOCK_FILE = 'lock.json'
-# A heartbeat older than this (seconds) marks a holder as gone (train.run's `lock_stale_s`).
+# A heartbeat older than this (seconds) marks a holder as gone (runner.run's `lock_stale_s`).
 DEFAULT_STALE_S = 600.0
 
 

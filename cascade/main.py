@@ -97,11 +97,11 @@ def main(argv):
   from cascade import lock  # pylint: disable=g-import-not-at-top
   from cascade import paths  # pylint: disable=g-import-not-at-top
   from cascade import preemption  # pylint: disable=g-import-not-at-top
-  from cascade import train  # pylint: disable=g-import-not-at-top
+  from cascade import runner  # pylint: disable=g-import-not-at-top
   from cascade.kinds import base as kinds_base  # pylint: disable=g-import-not-at-top
   try:
-    train.run(_CONFIG.value, _WORKDIR.value, fork_from=_FORK_FROM.value,
-              force_lock=_FORCE_LOCK.value, lock_stale_s=_LOCK_STALE_S.value)
+    runner.run(_CONFIG.value, _WORKDIR.value, fork_from=_FORK_FROM.value,
+               force_lock=_FORCE_LOCK.value, lock_stale_s=_LOCK_STALE_S.value)
   except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError, lock.WorkdirBusy,
           checkpoint.CheckpointError, kinds_base.StageError, paths.PathError) as e:
     # Expected user errors: one clear line, no traceback.

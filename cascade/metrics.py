@@ -12,7 +12,7 @@
 Only process 0 writes (`jax.process_index() == 0`); the others get no-op
 writers, so callers never branch on the process. The workdir may be `gs://`:
 every file then goes through `cascade.paths` (an object store cannot append, so
-each is uploaded whole when flushed: every 30 s, at `flush()` — cascade.train
+each is uploaded whole when flushed: every 30 s, at `flush()` — cascade.runner
 has every checkpoint save call it first, so every step a resume will not redo
 is logged — and at `close()`).
 """

@@ -1,10 +1,10 @@
 """Preemption: SIGTERM and SIGINT stop a run at the next step boundary, with a checkpoint.
 
 A preempted TPU VM or a scheduler sends SIGTERM (then SIGKILL after a grace
-period); Ctrl-C sends SIGINT. While `watch()` is active (`cascade.train.run`
+period); Ctrl-C sends SIGINT. While `watch()` is active (`cascade.runner.run`
 holds it) either signal only sets a flag: the stage loop asks `stop_requested()`
 at every step boundary and, once it is set, saves that step's checkpoint, waits
-for the write and raises `Preempted`; `cascade.train.run` asks again before
+for the write and raises `Preempted`; `cascade.runner.run` asks again before
 each stage. The command line prints the exception's one line and exits with
 EXIT_CODE (75, EX_TEMPFAIL: a temporary failure, rerun to resume).
 

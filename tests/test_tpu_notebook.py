@@ -20,7 +20,7 @@ from nbclient import NotebookClient
 
 from cascade import config as config_lib
 from cascade import paths
-from cascade import train
+from cascade import runner
 
 pytestmark = pytest.mark.heavy
 
@@ -88,11 +88,11 @@ def test_mesh_puts_what_the_batch_cannot_split_on_tensor_and_agrees_with_the_run
   assert 'make every stage batch a multiple of 8 x its microbatches' in notes[1]
   assert choose_mesh(plan, jax.devices()[:4])[0] == (1, 4, 1)
   assert choose_mesh(plan, jax.devices()[:2])[0] == (1, 2, 1)
-  # The run's own check (cascade.train.make_env, before it builds anything) refuses the wider
+  # The run's own check (cascade.runner.make_context, before it builds anything) refuses the wider
   # split the notebook rejected, with the error the notebook avoids.
   config.mesh.shape = (1, 8, 1)
   with pytest.raises(config_lib.ConfigError, match='do not split over 1 microbatches x 8 batch'):
-    train.make_env(config_lib.validate(config), str(tmp_path / 'w'))
+    runner.make_context(config_lib.validate(config), str(tmp_path / 'w'))
   # Microbatches count too: 4 microbatches of the GRPO stage's 8 rows leave 2 batch shards.
   config = _load_config(toy_config)
   config.stages[1]['microbatches'] = 4

@@ -98,7 +98,7 @@ class Draws(rl.Draws):
     self.episode_metrics: list[tuple[int, dict]] = []
 
   def _rollouts(self, recs, modes, key):
-    st, env = self.stage, self.env
+    st, ctx = self.stage, self.ctx
     g = st.group_size
     budget = self.sp.max_new_tokens              # the phase's episode budget
     turn_sp = dataclasses.replace(self.sp, max_new_tokens=min(st.turn_tokens, budget))
@@ -106,8 +106,8 @@ class Draws(rl.Draws):
     t0 = time.perf_counter()
     for j, d in enumerate(sorted({r['domain'] for r in recs})):
       idx = [i for i, r in enumerate(recs) if r['domain'] == d]
-      agent = env.verifiers.train_verifier(d)
-      eps = episodes.generate(env.sampler, self.params, env.tokenizer, agent.env,
+      agent = ctx.verifiers.train_verifier(d)
+      eps = episodes.generate(ctx.sampler, self.params, ctx.tokenizer, agent.env,
                               [recs[i] for i in idx], [modes[i] for i in idx],
                               jax.random.fold_in(key, j), turn_sp, g,
                               max_turns=agent.max_turns, max_tokens=budget,
@@ -138,8 +138,8 @@ class Draws(rl.Draws):
     return out
 
 
-def run(env, stage: Config) -> base.StageResult:
-  return grpo.train(env, stage, KIND, Draws)
+def run(ctx, stage: Config) -> base.StageResult:
+  return grpo.train_stage(ctx, stage, KIND, Draws)
 
 
 KIND = base.Kind('agentic', Config, run, loss=grpo.loss, abstract_batch=grpo.abstract_batch,

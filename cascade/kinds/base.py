@@ -10,7 +10,7 @@ A stage kind is one module under `cascade/kinds/` that defines
   fields and naming missing ones. Class-level facts (`MODEL`, `RECORDS`,
   `LEAVES`, ...) say what the kind trains and reads, so nothing outside the
   kind's module branches on its name;
-* `KIND = Kind(...)`: its runner `run(env, stage) -> StageResult`, its loss
+* `KIND = Kind(...)`: its runner `run(ctx, stage) -> StageResult`, its loss
   `(name, config)`, and its abstract train batch for a mesh (what
   `launch.plan` compiles).
 
@@ -278,7 +278,7 @@ class Kind(NamedTuple):
   Attributes:
     name: the `kind` string of a stage dict.
     config: the StageConfig subclass.
-    run: (env, stage) -> StageResult.
+    run: (ctx, stage) -> StageResult.
     loss: (stage) -> (loss name in rl.train_step.LOSSES, loss config); None
       for kinds that do not train.
     abstract_batch: (stage, mesh, rules) -> (train batch of ShapeDtypeStructs

@@ -62,31 +62,31 @@ def abstract_batch(stage: Config, mesh, rules):
           f'{b} pairs x 2 sides x {t} tokens, {stage.microbatches} microbatch(es)')
 
 
-def run(env, stage: Config) -> base.StageResult:
-  records = env.data.stage_records(stage)
+def run(ctx, stage: Config) -> base.StageResult:
+  records = ctx.data.stage_records(stage)
   # The reference is the policy the stage starts from, frozen for the whole stage.
-  ref_params = env.policies.compute_copy(env.policies.start_params(stage))
-  graphdef = env.policies.graphdef('policy')
+  ref_params = ctx.policies.compute_copy(ctx.policies.start_params(stage))
+  graphdef = ctx.policies.graphdef('policy')
 
   def maker(state):
     del state
-    loader = data_lib.Loader(records, base.stage_seed(env.plan.seed, stage.index),
+    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
                              stage.batch_size)
 
     def make(step, rng, state):
       del step, rng, state
       recs = loader.next()
-      batch = dpo_lib.make_batch(env.tokenizer,
+      batch = dpo_lib.make_batch(ctx.tokenizer,
                                  [rollout.prompt_text(r, stage.thinking) for r in recs],
                                  [r['chosen'] for r in recs], [r['rejected'] for r in recs],
                                  stage.max_len)
       ref_c, ref_r = dpo_lib.reference_logps(
-          graphdef, ref_params, batch, mesh=env.mesh, rules=env.rules,
+          graphdef, ref_params, batch, mesh=ctx.mesh, rules=ctx.rules,
           rows_per_call=base.frozen_rows_per_call(stage.batch_size, stage.microbatches))
       return [batch._replace(ref_chosen_logps=ref_c, ref_rejected_logps=ref_r)], {}
     return loop.BatchMaker(loader, make)
 
-  return loop.train(env, KIND, stage, maker)
+  return loop.train_stage(ctx, KIND, stage, maker)
 
 
 def frozen_forwards(stage: Config) -> list:

@@ -15,8 +15,8 @@ class Config(base.StageConfig):
   """Only the common fields: name, init_from, evaluate."""
 
 
-def run(env, stage: Config) -> base.StageResult:
-  del env, stage
+def run(ctx, stage: Config) -> base.StageResult:
+  del ctx, stage
   return base.StageResult()
 
 

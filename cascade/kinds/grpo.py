@@ -65,47 +65,47 @@ def abstract_batch(stage: Config, mesh, rules):
   return rl.abstract_batch(stage, mesh, rules, **extra)
 
 
-def run(env, stage: Config) -> base.StageResult:
-  return train(env, stage, KIND, rl.Draws)
+def run(ctx, stage: Config) -> base.StageResult:
+  return train_stage(ctx, stage, KIND, rl.Draws)
 
 
-def train(env, stage: Config, kind: base.Kind, draws_cls) -> base.StageResult:
+def train_stage(ctx, stage: Config, kind: base.Kind, draws_cls) -> base.StageResult:
   """The GRPO stage loop with rollouts drawn by `draws_cls` (`rl.Draws` or a subclass)."""
-  records = env.data.stage_records(stage)
+  records = ctx.data.stage_records(stage)
   # The KL reference is the policy the stage starts from, frozen.
-  ref_params = (env.policies.compute_copy(env.policies.start_params(stage))
+  ref_params = (ctx.policies.compute_copy(ctx.policies.start_params(stage))
                 if stage.kl_coef > 0 else None)
-  graphdef = env.policies.graphdef('policy')
+  graphdef = ctx.policies.graphdef('policy')
   per_call = base.frozen_rows_per_call(stage.prompts_per_step * stage.group_size,
                                        stage.microbatches)
 
   def maker(state):
     del state
-    loader = data_lib.Loader(records, base.stage_seed(env.plan.seed, stage.index),
+    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
                              stage.prompts_per_step)
 
     def make(step, rng, state):
-      draws = draws_cls(env, stage, loader, step, rng, state.params)
+      draws = draws_cls(ctx, stage, loader, step, rng, state.params)
       rows, rewards, valid, fill = draws.collect()
       adv = grpo_lib.advantages(rewards, stage.group_size, stage.advantage)
       valid = rl.loss_valid(stage, step, rows, valid)
       batch = batch_lib.from_samples(rows['samples'], adv, valid=valid)
       if ref_params is not None:
         batch = batch._replace(ref_logprobs=np.asarray(batch_lib.compute_logprobs(
-            graphdef, ref_params, batch, env.mesh, env.rules, rows_per_call=per_call)))
-      updates = rl.split_updates(stage, step, env.plan.seed, batch)
+            graphdef, ref_params, batch, ctx.mesh, ctx.rules, rows_per_call=per_call)))
+      updates = rl.split_updates(stage, step, ctx.plan.seed, batch)
       if stage.pack_tokens:
         # The update follows the real tokens: each mini-batch's sequences packed into rows of
         # `pack_tokens` (same loss and gradient as the padded rows).
         updates = [batch_lib.pack(u, stage.pack_tokens,
-                                  rows_multiple=stage.microbatches * env.batch_shards)
+                                  rows_multiple=stage.microbatches * ctx.batch_shards)
                    for u in updates]
       host = {**draws.metrics(), **fill, 'rows_with_loss': float(np.mean(valid)),
               **rl.update_accounting(updates)}
       return updates, host
     return loop.BatchMaker(loader, make)
 
-  return loop.train(env, kind, stage, maker)
+  return loop.train_stage(ctx, kind, stage, maker)
 
 
 def frozen_forwards(stage: Config) -> list:

@@ -1,6 +1,6 @@
 """The training loop every training kind runs: resume, batches, jitted updates, checkpoints.
 
-`train(env, stage, make_batches)` restores the stage's newest good checkpoint
+`train_stage(ctx, kind, stage, maker_fn)` restores the stage's newest good checkpoint
 (or builds a fresh state from the stage's starting policy), then for each
 step asks the kind's `BatchMaker` for the step's batches (one per optimizer
 update: one for on-policy RL, SFT and reward models; `updates_per_batch`
@@ -97,7 +97,8 @@ def _merge(ms: Sequence[dict]) -> dict:
   return out
 
 
-def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) -> base.StageResult:
+def train_stage(ctx, kind: base.Kind, stage,
+                maker_fn: Callable[[Any], BatchMaker]) -> base.StageResult:
   """Runs (or resumes) a training stage to its last step.
 
   Every step is judged by the run's divergence policy (`cascade.divergence`);
@@ -108,7 +109,7 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
   and raises `Preempted`.
 
   Args:
-    env: the run's `cascade.train.Env`.
+    ctx: the run's `cascade.runner.RunContext`.
     kind: the stage's Kind.
     stage: the stage's config.
     maker_fn: (state) -> BatchMaker, called once the state exists.
@@ -120,12 +121,12 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
     cascade.divergence.Diverged: the stage diverged and has no rollback left.
     cascade.preemption.Preempted: a signal stopped the run (the step is checkpointed).
   """
-  pol = env.policies
+  pol = ctx.policies
   optimizer = train_lib.make_optimizer(base.optimizer_config(stage))
   ckpts = pol.checkpoints(stage)
   abstract = pol.abstract_state(stage.MODEL, optimizer)
   restored = ckpts.restore(abstract)
-  seed = base.stage_seed(env.plan.seed, stage.index)
+  seed = base.stage_seed(ctx.plan.seed, stage.index)
   if restored is not None:
     step, state, meta = restored
     print(f'[{stage.index}] {stage.name}: resuming at step {step}/{stage.steps}', flush=True)
@@ -136,13 +137,13 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
   start_data = maker.loader.get_state()
   if meta is not None:
     maker.loader.set_state(meta['data'])
-  watch = divergence.Watch(env.plan.divergence, stage, (meta or {}).get('divergence'))
-  step_fn = _step_fn(env, kind, stage, state, watch.lr_scale)
-  every = env.plan.ckpt.every_n_steps
+  watch = divergence.Watch(ctx.plan.divergence, stage, (meta or {}).get('divergence'))
+  step_fn = _step_fn(ctx, kind, stage, state, watch.lr_scale)
+  every = ctx.plan.ckpt.every_n_steps
   # In-stage validation (the stage's eval_every, else config.eval.eval_every) of a policy; the
   # stage's end is its matrix row.
-  val_every = env.plan.eval.eval_every if stage.eval_every is None else stage.eval_every
-  if val_every and (stage.MODEL != 'policy' or not env.data.validation_sets):
+  val_every = ctx.plan.eval.eval_every if stage.eval_every is None else stage.eval_every
+  if val_every and (stage.MODEL != 'policy' or not ctx.data.validation_sets):
     val_every = 0
   bar = metrics_lib.StageBar(stage, step)
   start, ran = time.time(), 0
@@ -168,9 +169,9 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
     diverged = watch.see(step, m)
     if val_every and step % val_every == 0 and step < stage.steps and not diverged:
       t1 = time.perf_counter()
-      m.update({f'val/{d}': v for d, v in evaluation.validation_scores(env, state.params).items()})
+      m.update({f'val/{d}': v for d, v in evaluation.validation_scores(ctx, state.params).items()})
       m['validation_s'] = time.perf_counter() - t1
-    env.writer.write(stage, step, m)
+    ctx.writer.write(stage, step, m)
     bar.update(m)
     for k in ACCOUNTED:
       if k in m:
@@ -181,9 +182,9 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
         ckpts.wait()
         bar.close()
         raise watch.diverged(step, back)
-      step, state = _roll_back(env, stage, ckpts, abstract, optimizer, seed, maker, start_data,
+      step, state = _roll_back(ctx, stage, ckpts, abstract, optimizer, seed, maker, start_data,
                                watch, back, step)
-      step_fn = _step_fn(env, kind, stage, state, watch.lr_scale)
+      step_fn = _step_fn(ctx, kind, stage, state, watch.lr_scale)
       bar.rewind(step)
       continue
     saved = step == stage.steps or (every and step % every == 0 and not watch.streak)
@@ -212,19 +213,19 @@ def train(env, kind: base.Kind, stage, maker_fn: Callable[[Any], BatchMaker]) ->
                           seconds=time.time() - start, first=bar.first, last=bar.last, info=info)
 
 
-def _step_fn(env, kind: base.Kind, stage, state, lr_scale: float):
+def _step_fn(ctx, kind: base.Kind, stage, state, lr_scale: float):
   """The stage's jitted train step, its learning rate times `lr_scale` (after rollbacks)."""
   if lr_scale != 1.0:
     stage = dataclasses.replace(stage, optimizer=dataclasses.replace(
         stage.optimizer, lr=stage.optimizer.lr * lr_scale))
-  step_fn = build_train_step(kind, stage, env.policies.graphdef(stage.MODEL), state, env.mesh,
-                             env.rules)
-  if env.mesh is not None and jax.process_count() > 1:
-    step_fn = _with_global_batch(step_fn, env.mesh, env.rules)
+  step_fn = build_train_step(kind, stage, ctx.policies.graphdef(stage.MODEL), state, ctx.mesh,
+                             ctx.rules)
+  if ctx.mesh is not None and jax.process_count() > 1:
+    step_fn = _with_global_batch(step_fn, ctx.mesh, ctx.rules)
   return step_fn
 
 
-def _roll_back(env, stage, ckpts, abstract, optimizer, seed, maker, start_data, watch,
+def _roll_back(ctx, stage, ckpts, abstract, optimizer, seed, maker, start_data, watch,
                back: int, step: int):
   """Restores step `back` (0: the stage's fresh start) for a diverged stage, its data position
   included, and counts the rollback. Returns (step, state)."""
@@ -234,7 +235,7 @@ def _roll_back(env, stage, ckpts, abstract, optimizer, seed, maker, start_data, 
     _, state, meta = ckpts.restore(abstract, step=back)
     maker.loader.set_state(meta['data'])
   else:
-    state = env.policies.initial_state(stage, optimizer, seed)
+    state = ctx.policies.initial_state(stage, optimizer, seed)
     maker.loader.set_state(start_data)
   if checkpoint.is_writer():
     tqdm.tqdm.write(f'[{stage.index}] {stage.name}: diverged at step {step}/{stage.steps}; '

@@ -89,14 +89,14 @@ def abstract_batch(stage: Config, mesh, rules):
                            teacher_logprobs=('token', jnp.float32))
 
 
-def choose_teachers(env, stage: Config) -> dict[str, tuple[tuple, str]]:
+def choose_teachers(ctx, stage: Config) -> dict[str, tuple[tuple, str]]:
   """domain -> (policy source, why) for each of the stage's domains."""
-  pol, plan = env.policies, env.plan
+  pol, plan = ctx.policies, ctx.plan
   chosen = {}
   for d in stage.domains:
     ref = stage.teachers if stage.teachers == 'best' else stage.teachers[d]
     if ref == 'best':
-      best = evaluation.best_on_validation(env.progress.rows, d, before=stage.index)
+      best = evaluation.best_on_validation(ctx.progress.rows, d, before=stage.index)
       if best is None:
         raise base.StageError(f'{stage.where}: no earlier policy has a validation score of '
                               f'{d!r} to pick its teacher from')
@@ -111,41 +111,41 @@ def choose_teachers(env, stage: Config) -> dict[str, tuple[tuple, str]]:
   return chosen
 
 
-def run(env, stage: Config) -> base.StageResult:
-  records = env.data.stage_records(stage)
-  chosen = choose_teachers(env, stage)
+def run(ctx, stage: Config) -> base.StageResult:
+  records = ctx.data.stage_records(stage)
+  chosen = choose_teachers(ctx, stage)
   sources = sorted({src for src, _ in chosen.values()})
-  teachers = [env.policies.compute_copy(env.policies.params_of(s, keep=False))
+  teachers = [ctx.policies.compute_copy(ctx.policies.params_of(s, keep=False))
               for s in sources]
   if stage.teachers_on_host:
     teachers = [distill.to_memory(t, 'pinned_host') for t in teachers]
-  teacher_of_domain = np.full(len(env.domain_index), -1, np.int32)
+  teacher_of_domain = np.full(len(ctx.domain_index), -1, np.int32)
   for d, (src, why) in chosen.items():
-    teacher_of_domain[env.domain_index[d]] = sources.index(src)
+    teacher_of_domain[ctx.domain_index[d]] = sources.index(src)
     print(f'[{stage.index}] {stage.name}: teacher for {d}: {src} ({why})', flush=True)
-  graphdef = env.policies.graphdef('policy')
+  graphdef = ctx.policies.graphdef('policy')
   [teacher_pass] = frozen_forwards(stage)      # what launch.plan compiles, as run here
 
   def maker(state):
     del state
-    loader = data_lib.Loader(records, base.stage_seed(env.plan.seed, stage.index),
+    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
                              stage.prompts_per_step)
 
     def make(step, rng, state):
-      draws = rl.Draws(env, stage, loader, step, rng, state.params)
+      draws = rl.Draws(ctx, stage, loader, step, rng, state.params)
       rows, _, valid, fill = draws.collect()
       valid = rl.loss_valid(stage, step, rows, valid)
       idx = teacher_of_domain[rows['domain']]
       batch = batch_lib.from_samples(rows['samples'], np.zeros(idx.shape, np.float32),
                                      valid=valid, teacher_index=idx)
-      lp = distill.teacher_logprobs(graphdef, teachers, idx, batch, mesh=env.mesh,
-                                    rules=env.rules, rows_per_call=teacher_pass.rows)
+      lp = distill.teacher_logprobs(graphdef, teachers, idx, batch, mesh=ctx.mesh,
+                                    rules=ctx.rules, rows_per_call=teacher_pass.rows)
       batch = batch._replace(teacher_logprobs=lp)
-      return rl.split_updates(stage, step, env.plan.seed, batch), {
+      return rl.split_updates(stage, step, ctx.plan.seed, batch), {
           **draws.metrics(), **fill, **rl.update_accounting(batch)}
     return loop.BatchMaker(loader, make)
 
-  result = loop.train(env, KIND, stage, maker)
+  result = loop.train_stage(ctx, KIND, stage, maker)
   return result._replace(info={**result.info,
                                'teachers': {d: list(src) for d, (src, _) in chosen.items()}})
 

@@ -50,24 +50,24 @@ def abstract_batch(stage: Config, mesh, rules):
           f'{b} pairs x {t} tokens, {stage.microbatches} microbatch(es)')
 
 
-def run(env, stage: Config) -> base.StageResult:
-  records = env.data.stage_records(stage)
+def run(ctx, stage: Config) -> base.StageResult:
+  records = ctx.data.stage_records(stage)
 
   def maker(state):
     del state
-    loader = data_lib.Loader(records, base.stage_seed(env.plan.seed, stage.index),
+    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
                              stage.batch_size)
 
     def make(step, rng, state):
       del step, rng, state
       recs = loader.next()
       batch = rm_lib.make_pair_batch(
-          env.tokenizer, [rollout.verifier_prompt(r) for r in recs],
+          ctx.tokenizer, [rollout.verifier_prompt(r) for r in recs],
           [r['chosen'] for r in recs], [r['rejected'] for r in recs], stage.max_len)
       return [batch], {}
     return loop.BatchMaker(loader, make)
 
-  return loop.train(env, KIND, stage, maker)._replace(params=None)
+  return loop.train_stage(ctx, KIND, stage, maker)._replace(params=None)
 
 
 KIND = base.Kind('reward_model', Config, run, loss=loss, abstract_batch=abstract_batch)

@@ -252,14 +252,14 @@ class Draws:
   # decode calls, as with several hosts).
   SCORE_THREAD = True
 
-  def __init__(self, env, stage: RLStageConfig, loader, step: int, rng, params):
-    self.env, self.stage, self.loader = env, stage, loader
+  def __init__(self, ctx, stage: RLStageConfig, loader, step: int, rng, params):
+    self.ctx, self.stage, self.loader = ctx, stage, loader
     self.rng, self.params = rng, params
     phase = stage.phase_at(step)
     self.sp = sampler_lib.SamplingParams(temperature=phase.temperature, top_p=stage.top_p,
                                          top_k=stage.top_k,
                                          max_new_tokens=phase.max_response_len)
-    self.modes_rng = np.random.default_rng([env.plan.seed, stage.index, step])
+    self.modes_rng = np.random.default_rng([ctx.plan.seed, stage.index, step])
     self.rewards, self.lengths, self.truncated, self.domains = [], [], [], []
     self.sandbox_errors = self.scored = 0
     # Every row drawn this step, in draw order: (record, mode, completion, verifier info).
@@ -294,7 +294,7 @@ class Draws:
     self.truncated.append(ro.samples.truncated)
     self.domains += [r['domain'] for r in ro.records]
     self.drawn += list(zip(ro.records, ro.modes, ro.completions, infos))
-    index = self.env.domain_index
+    index = self.ctx.domain_index
     domain_idx = np.array([index[r['domain']] for r in ro.records], np.int32)
     return {'samples': _pad_prompts(ro.samples, st.max_prompt_len), 'domain': domain_idx}
 
@@ -305,10 +305,10 @@ class Draws:
     `modes`, `completions` and `samples` (a SampleOutput-like batch).
     """
     t0 = time.perf_counter()
-    ro = rollout.generate(self.env.sampler, self.params, self.env.tokenizer, recs, modes, key,
+    ro = rollout.generate(self.ctx.sampler, self.params, self.ctx.tokenizer, recs, modes, key,
                           self.sp, self.stage.group_size)
     t1 = time.perf_counter()
-    rewards, infos = rollout.score(ro, self.env.verifiers.train_verifier, self.env.sample_cls)
+    rewards, infos = rollout.score(ro, self.ctx.verifiers.train_verifier, self.ctx.sample_cls)
     self.sample_s += t1 - t0
     self.score_s += time.perf_counter() - t1
     return ro, rewards, infos
@@ -359,10 +359,10 @@ class Draws:
     `filtering.fill_groups` keeps from one round of every fed prompt, and each row
     is the row a single `generate` of them would give for this step's key.
     """
-    st, env = self.stage, self.env
-    if getattr(env.sampler, 'engine', None) != 'paged':
+    st, ctx = self.stage, self.ctx
+    if getattr(ctx.sampler, 'engine', None) != 'paged':
       raise base.StageError(f"{st.where}: stream_filter needs config.sampler.engine='paged' "
-                            f'(got {getattr(env.sampler, "engine", None)!r})')
+                            f'(got {getattr(ctx.sampler, "engine", None)!r})')
     g = st.group_size
     fill = filtering.StreamFill(st.prompts_per_step, g, st.prompts_per_step, 1 + st.refill_cap)
     recs, modes = [], []
@@ -373,13 +373,13 @@ class Draws:
       recs.extend(new)
       modes.extend(rollout.draw_modes(len(new), st.mode_fractions, self.modes_rng,
                                       [r['domain'] for r in new]))
-      return [env.tokenizer.encode(rollout.prompt_text(r, m))
+      return [ctx.tokenizer.encode(rollout.prompt_text(r, m))
               for r, m in zip(new, modes[-len(new):])]
 
     def score(groups, samples):
-      ro = rollout.from_samples(env.tokenizer, [recs[i] for i in groups],
+      ro = rollout.from_samples(ctx.tokenizer, [recs[i] for i in groups],
                                 [modes[i] for i in groups], samples, g)
-      return ro, rollout.score(ro, env.verifiers.train_verifier, env.sample_cls, hosts)
+      return ro, rollout.score(ro, ctx.verifiers.train_verifier, ctx.sample_cls, hosts)
 
     def book(groups, scored):
       ro, (rewards, infos) = scored
@@ -389,7 +389,7 @@ class Draws:
       return rows, rewards
 
     t0 = time.perf_counter()
-    got = filtering.stream_fill(env.sampler, self.params, jax.random.fold_in(self.rng, 0),
+    got = filtering.stream_fill(ctx.sampler, self.params, jax.random.fold_in(self.rng, 0),
                                 self.sp, fill, next_prompts, score, book,
                                 max_prompt_len=st.max_prompt_len, rows=st.prompts_per_step * g,
                                 thread=hosts.count == 1 and self.SCORE_THREAD)
@@ -401,11 +401,11 @@ class Draws:
 
   def log_samples(self, rows, rewards, valid, drawn_row) -> None:
     """Writes `config.eval.log_samples` of the step's train rows through the run's metrics writer
-    (none: an env without one, or a process other than the writer)."""
-    writer = getattr(self.env, 'writer', None)
+    (none: a context without one, or a process other than the writer)."""
+    writer = getattr(self.ctx, 'writer', None)
     if writer is None or not writer.enabled:
       return
-    count = self.env.plan.eval.log_samples
+    count = self.ctx.plan.eval.log_samples
     if not count:
       return
     writer.write_samples(self.stage, self.step + 1,
@@ -435,7 +435,7 @@ class Draws:
     return out
 
   def _counters(self) -> tuple[int, int]:
-    s = self.env.sampler
+    s = self.ctx.sampler
     return int(getattr(s, 'decode_slots', 0)), int(getattr(s, 'generated_tokens', 0))
 
   def accounting(self) -> dict:

@@ -88,27 +88,27 @@ def abstract_batch(stage: Config, mesh, rules):
                  'microbatch(es)')
 
 
-def run(env, stage: Config) -> base.StageResult:
-  records = env.data.stage_records(stage)
-  pad_id = env.tokenizer.pad_id
+def run(ctx, stage: Config) -> base.StageResult:
+  records = ctx.data.stage_records(stage)
+  pad_id = ctx.tokenizer.pad_id
 
   def maker(state):
     del state
-    loader = data_lib.Loader(records, base.stage_seed(env.plan.seed, stage.index),
+    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
                              stage.batch_size)
 
     def make(step, rng, state):
       del step, rng, state
-      ex = [example(r, env.tokenizer, stage.thinking_switch, stage.max_len)
+      ex = [example(r, ctx.tokenizer, stage.thinking_switch, stage.max_len)
             for r in loader.next()]
       packed = sft_lib.pack(ex, stage.max_len, pad_id=pad_id)
-      rows = base.rows_bucket(packed.tokens.shape[0], stage.microbatches * env.batch_shards)
+      rows = base.rows_bucket(packed.tokens.shape[0], stage.microbatches * ctx.batch_shards)
       batch = sft_lib.pack(ex, stage.max_len, num_rows=rows, pad_id=pad_id)
       return [batch], {'examples': len(ex), 'rows': rows,
                        'learned_tokens': float(np.sum(batch.loss_mask))}
     return loop.BatchMaker(loader, make)
 
-  return loop.train(env, KIND, stage, maker)
+  return loop.train_stage(ctx, KIND, stage, maker)
 
 
 KIND = base.Kind('sft', Config, run, loss=loss, abstract_batch=abstract_batch)

@@ -64,7 +64,7 @@ def main(coordinator, process_id, out_dir):
     vs = {d: fakes.ValueVerifier(d) for d in plan.domains}
   else:
     vs = {d: FlakyVerifier() for d in plan.domains}
-  env = types.SimpleNamespace(
+  ctx = types.SimpleNamespace(
       plan=plan, sample_cls=fakes.Sample, tokenizer=fakes.CharTokenizer(),
       sampler=fakes.OwnAnswerSampler(answer=lambda n: str(n if n < 30 else n + 1),
                                      right=lambda n, g: (n + g) % 3 != 0),
@@ -73,7 +73,7 @@ def main(coordinator, process_id, out_dir):
   loader = data_lib.Loader(recs, 0, st.prompts_per_step)
   steps = []
   for step in range(3):
-    draws = rl.Draws(env, st, loader, step, jax.random.key(step), None)
+    draws = rl.Draws(ctx, st, loader, step, jax.random.key(step), None)
     _, rewards, valid, fill = draws.collect()
     m = {k: v for k, v in draws.metrics().items() if not k.endswith('_s')}
     steps.append({'rewards': rewards.tolist(), 'valid': valid.tolist(), 'fill': fill,
@@ -83,7 +83,7 @@ def main(coordinator, process_id, out_dir):
   for v in vs.values():
     v.failing = True
   try:
-    rl.Draws(env, st, loader, 3, jax.random.key(3), None).collect()
+    rl.Draws(ctx, st, loader, 3, jax.random.key(3), None).collect()
   except RuntimeError as e:
     out['error'] = str(e)
   os.makedirs(out_dir, exist_ok=True)

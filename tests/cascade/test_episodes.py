@@ -368,16 +368,16 @@ def test_agentic_step_pairs_episodes_rewards_and_loss_masks(fakes, tmp_path, mon
   agents = {d: episodes.Agent(AddEnv(), plan.domains[d].max_turns, False) for d in ('a', 'b')}
   sampler = ScriptedSampler(calls=lambda a, b: 1 + (a % 2),
                             wrong=lambda a, b: a == 13)
-  env = types.SimpleNamespace(
+  ctx = types.SimpleNamespace(
       plan=plan, workdir=str(tmp_path), mesh=None, rules=plan.rules, sampler=sampler,
       tokenizer=CharTok(), verifiers=types.SimpleNamespace(train_verifier=agents.__getitem__),
       domain_index={'a': 0, 'b': 1}, data=types.SimpleNamespace(stage_records=lambda s: recs),
       policies=policies_lib.Policies(plan, str(tmp_path), None, plan.rules),
       progress=types.SimpleNamespace(rows=[]))
   got = []
-  monkeypatch.setattr(loop, 'train', lambda env, kind, s, maker_fn: got.append(
+  monkeypatch.setattr(loop, 'train_stage', lambda ctx, kind, s, maker_fn: got.append(
       (kind, maker_fn(None))) or base.StageResult())
-  agentic.run(env, st)
+  agentic.run(ctx, st)
   kind, maker = got[0]
   assert kind is agentic.KIND
   t0 = time.perf_counter()

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from cascade import checkpoint
-from cascade import train
+from cascade import runner
 
 
 def _load(path):
@@ -30,13 +30,13 @@ def test_damaged_final_checkpoint_falls_back_to_the_stage_export(tmp_path, copy_
   rl_stage = c.stages[1]
   c.stages = [c.stages[0]]
   work = tmp_path / 'run'
-  train.run(c, str(work))
+  runner.run(c, str(work))
   sft_dir = work / 'stages' / '00_sft'
   assert (sft_dir / 'hf').is_dir()
   _damage(sft_dir / 'ckpt' / '3')
   c.stages = [c.stages[0], rl_stage]
   c.allow_config_change = True
-  res = train.run(c, str(work))                  # the RL stage starts from sft's policy
+  res = runner.run(c, str(work))                  # the RL stage starts from sft's policy
   assert res['stages'] == ['sft', 'copy_rl']
   out = capsys.readouterr().out
   assert "the final checkpoint of stage 'sft' cannot be restored" in out
@@ -50,7 +50,7 @@ def test_damaged_final_checkpoint_without_an_export_is_one_clear_error(tmp_path,
   rl_stage = c.stages[1]
   c.stages = [c.stages[0]]
   work = tmp_path / 'run'
-  train.run(c, str(work))
+  runner.run(c, str(work))
   sft_dir = work / 'stages' / '00_sft'
   _damage(sft_dir / 'ckpt' / '3')
   for root, dirs, files in os.walk(sft_dir / 'hf', topdown=False):
@@ -61,4 +61,4 @@ def test_damaged_final_checkpoint_without_an_export_is_one_clear_error(tmp_path,
   c.allow_config_change = True
   with pytest.raises(checkpoint.CheckpointError, match=r"00_sft/ckpt/3: the final checkpoint "
                                                        r"of stage 'sft' cannot be restored"):
-    train.run(c, str(work))
+    runner.run(c, str(work))

@@ -28,7 +28,7 @@ import platform
 import jax
 import pytest
 
-from cascade import train
+from cascade import runner
 
 pytestmark = pytest.mark.heavy
 
@@ -95,7 +95,7 @@ def _config(path):
 
 def test_tiny_cascade_matrix_equals_the_checked_in_one(tmp_path, copy_cascade):
   path = copy_cascade(tmp_path, train=64, eval_=32, sft=64, sft_steps=30, rl_steps=4)
-  res = train.run(_config(path), str(tmp_path / 'run'))
+  res = runner.run(_config(path), str(tmp_path / 'run'))
   # Where step time went is timing, not a result: checked for shape, then left out.
   acc = res.pop('accounting')
   assert sorted(acc) == ['copy_rl', 'distill', 'sft']

@@ -14,7 +14,7 @@ import pytest
 
 from cascade import config as config_lib
 from cascade import kinds
-from cascade import train
+from cascade import runner
 from cascade.kinds import base
 from cascade.kinds import loop
 
@@ -163,7 +163,7 @@ def test_dpo_and_ppo_style_grpo_run_inside_a_cascade(tmp_path, copy_cascade):
               dict(name='dpo', kind='dpo', domains=['copy'], datasets=['prefs'], steps=30,
                    batch_size=16, max_len=64, beta=0.5, optimizer=dict(lr=3e-3)),
               rl]
-  res = train.run(c, str(tmp_path / 'run'))
+  res = runner.run(c, str(tmp_path / 'run'))
   assert res['stages'] == ['sft', 'dpo', 'copy_rl']
   rows = [json.loads(line) for line in open(tmp_path / 'run' / 'metrics.jsonl')]
   dpo = [r for r in rows if r.get('stage') == 'dpo']
@@ -202,10 +202,10 @@ def test_rl_step_stops_when_the_sandbox_itself_fails(monkeypatch, bad, stops):
   infos = [{'sandbox_error': i < bad} for i in range(16)]
   monkeypatch.setattr(rl.rollout, 'score',
                       lambda ro, v, s: (np.arange(16, dtype=np.float32), infos))
-  env = types.SimpleNamespace(plan=types.SimpleNamespace(seed=0), sampler=None, tokenizer=None,
+  ctx = types.SimpleNamespace(plan=types.SimpleNamespace(seed=0), sampler=None, tokenizer=None,
                               verifiers=types.SimpleNamespace(train_verifier=None),
                               sample_cls=None, domain_index={'a': 0})
-  draws = rl.Draws(env, st, loader, 0, jax.random.PRNGKey(0), None)
+  draws = rl.Draws(ctx, st, loader, 0, jax.random.PRNGKey(0), None)
   if stops:
     with pytest.raises(base.StageError, match=r"stages\[0\] 'rl': step 0: 16 of 16 samples"):
       draws.collect()
@@ -230,7 +230,7 @@ def test_the_paged_engine_and_packed_updates_run_a_cascade_as_the_defaults_do(tm
       c.sampler.update(engine='paged', slots=8, page_size=8, pages=None, chunk_steps=4)
       rl['pack_tokens'] = 32
     c.stages = [c.stages[0], rl]
-    res = train.run(c, str(tmp_path / variant))
+    res = runner.run(c, str(tmp_path / variant))
     rows = [json.loads(line) for line in open(tmp_path / variant / 'metrics.jsonl')]
     rl_row = [r for r in rows if r.get('stage') == 'copy_rl'][0]
     out[variant] = res['scores'][0], rl_row

@@ -1,4 +1,4 @@
-"""The shared training loop (`cascade.kinds.loop.train`): a stopped stage resumes exactly.
+"""The shared training loop (`cascade.kinds.loop.train_stage`): a stopped stage resumes exactly.
 
 A stub batch maker drives the real loop (real Policies, Orbax checkpoints, SFT train step on
 a tiny model): each step's batch is built from the records the stage's loader hands out, and
@@ -29,7 +29,7 @@ class _Stop(Exception):
   pass
 
 
-def _env(plan, workdir):
+def _ctx(plan, workdir):
   writer = types.SimpleNamespace(write=lambda stage, step, m: None)
   return types.SimpleNamespace(plan=plan, workdir=str(workdir), mesh=None, rules=plan.rules,
                                writer=writer,
@@ -41,7 +41,7 @@ RECORDS = [{'id': k} for k in range(10)]
 
 def _run(plan, workdir, log, stop_at=None):
   """Runs the plan's SFT stage with a stub maker; `stop_at`: raise before building that step."""
-  env = _env(plan, workdir)
+  ctx = _ctx(plan, workdir)
   stage = plan.stages[0]
 
   def maker_fn(state):
@@ -59,9 +59,9 @@ def _run(plan, workdir, log, stop_at=None):
     return loop.BatchMaker(loader, make)
 
   try:
-    return loop.train(env, kinds.get('sft'), stage, maker_fn)
+    return loop.train_stage(ctx, kinds.get('sft'), stage, maker_fn)
   finally:
-    env.policies.close()
+    ctx.policies.close()
 
 
 def _plan(fakes):

@@ -2,8 +2,8 @@
 loss mask, the KL reference being the stage's starting policy, MOPD rows routed to their
 domain's teacher, and the PPO-style split of a rollout batch.
 
-`grpo.run` / `mopd.run` are driven with `loop.train` replaced by a hook that hands back the
-kind's batch maker, so a step's train batch is built exactly as in a run, from a stand-in
+`grpo.run` / `mopd.run` are driven with `loop.train_stage` replaced by a hook that hands back
+the kind's batch maker, so a step's train batch is built exactly as in a run, from a stand-in
 sampler and verifiers (tests/cascade/conftest.py) and a real `Policies`.
 """
 
@@ -32,7 +32,7 @@ def _records(fakes, domains=('a',), n=8):
   return recs
 
 
-def _env(fakes, plan, tmp_path, records, sampler=None, progress_rows=()):
+def _ctx(fakes, plan, tmp_path, records, sampler=None, progress_rows=()):
   vs = {d: fakes.ValueVerifier(d) for d in plan.domains}
   return types.SimpleNamespace(
       plan=plan, workdir=str(tmp_path), mesh=None, rules=plan.rules,
@@ -45,12 +45,13 @@ def _env(fakes, plan, tmp_path, records, sampler=None, progress_rows=()):
       progress=types.SimpleNamespace(rows=list(progress_rows)))
 
 
-def _maker(monkeypatch, kind_mod, env, stage):
+def _maker(monkeypatch, kind_mod, ctx, stage):
   """The kind's BatchMaker, built as its runner builds it (the training loop is not run)."""
   got = []
-  monkeypatch.setattr(loop, 'train', lambda env, kind, st, maker_fn: got.append(maker_fn(None))
-                      or base.StageResult())
-  kind_mod.run(env, stage)
+  monkeypatch.setattr(
+      loop, 'train_stage',
+      lambda ctx, kind, st, maker_fn: got.append(maker_fn(None)) or base.StageResult())
+  kind_mod.run(ctx, stage)
   return got[0]
 
 
@@ -68,11 +69,11 @@ def test_a_draw_pairs_each_rows_prompt_completion_domain_and_reward(fakes, tmp_p
   plan = fakes.toy_config([fakes.rl_stage('rl', ['a', 'b'], thinking_fraction=0.5)])
   st = plan.stages[0]
   recs = _records(fakes, ('a', 'b'))
-  env = _env(fakes, plan, tmp_path, recs,
+  ctx = _ctx(fakes, plan, tmp_path, recs,
              fakes.OwnAnswerSampler(answer=lambda n: str(n if n < 30 else n + 1),
                                     right=lambda n, g: (n + g) % 3 != 0))
   loader = data_lib.Loader(recs, 0, st.prompts_per_step)
-  draws = rl.Draws(env, st, loader, 0, jax.random.key(0), None)
+  draws = rl.Draws(ctx, st, loader, 0, jax.random.key(0), None)
   by_id = {}
   for _ in range(3):
     rows, rewards = draws(st.prompts_per_step)
@@ -84,7 +85,7 @@ def test_a_draw_pairs_each_rows_prompt_completion_domain_and_reward(fakes, tmp_p
       completion = ''.join(chr(t) for t in s.tokens[i, :s.lengths[i]])
       right = completion == rec['metadata']['answer']
       assert rewards[i] == (rec['metadata']['value'] if right else -1.0), (i, prompt, completion)
-      assert rows['domain'][i] == env.domain_index[rec['domain']]
+      assert rows['domain'][i] == ctx.domain_index[rec['domain']]
       by_id[rec['id']] = rec
   # Both domains and both outcomes were exercised; the metrics split by domain.
   m = draws.metrics()
@@ -108,8 +109,8 @@ def test_overlong_filter_takes_truncated_rows_out_of_the_loss(fakes, tmp_path, m
   st = plan.stages[0]
   # Sample 0 of each prompt is right; sample 1 rambles to the length cap (truncated, wrong).
   sampler = fakes.OwnAnswerSampler(right=lambda n, g: g == 0, ramble=lambda n, g: g == 1)
-  env = _env(fakes, plan, tmp_path, _records(fakes), sampler)
-  maker = _maker(monkeypatch, grpo, env, st)
+  ctx = _ctx(fakes, plan, tmp_path, _records(fakes), sampler)
+  maker = _maker(monkeypatch, grpo, ctx, st)
   state = types.SimpleNamespace(params=None)
   [batch], host = maker.make(0, jax.random.key(0), state)
   per_row = batch.loss_mask.sum(1)
@@ -120,7 +121,7 @@ def test_overlong_filter_takes_truncated_rows_out_of_the_loss(fakes, tmp_path, m
   later = 2 if how == 'phase' else None
   if later is None:
     plan2 = fakes.toy_config([fakes.rl_stage('rl', ['a'])])
-    maker = _maker(monkeypatch, grpo, _env(fakes, plan2, tmp_path, _records(fakes), sampler),
+    maker = _maker(monkeypatch, grpo, _ctx(fakes, plan2, tmp_path, _records(fakes), sampler),
                    plan2.stages[0])
     later = 0
   [batch2], host2 = maker.make(later, jax.random.key(0), state)
@@ -147,12 +148,12 @@ def test_loss_valid_only_in_a_filtering_phase(fakes):
 def test_kl_reference_is_the_stages_starting_policy(fakes, tmp_path, monkeypatch):
   plan = fakes.toy_config([fakes.SFT_STAGE, fakes.rl_stage('rl', ['a'], kl_coef=0.1)])
   st = plan.stages[1]
-  env = _env(fakes, plan, tmp_path, _records(fakes))
+  ctx = _ctx(fakes, plan, tmp_path, _records(fakes))
   start, current = _params(plan, 11), _params(plan, 12)
-  env.policies.remember(('stage', 'sft'), start)     # the policy the SFT stage left
-  maker = _maker(monkeypatch, grpo, env, st)
+  ctx.policies.remember(('stage', 'sft'), start)     # the policy the SFT stage left
+  maker = _maker(monkeypatch, grpo, ctx, st)
   [batch], _ = maker.make(0, jax.random.key(0), types.SimpleNamespace(params=current))
-  graphdef = env.policies.graphdef('policy')
+  graphdef = ctx.policies.graphdef('policy')
   lp = lambda p: np.asarray(batch_lib.compute_logprobs(graphdef, p, batch)) * batch.loss_mask
   assert batch.ref_logprobs is not None
   np.testing.assert_allclose(batch.ref_logprobs * batch.loss_mask, lp(start), atol=1e-5)
@@ -168,16 +169,16 @@ def test_reference_forwards_and_packed_rows_follow_the_microbatches_and_shards(
   plan = fakes.toy_config([fakes.SFT_STAGE, fakes.rl_stage(
       'rl', ['a'], kl_coef=0.1, microbatches=2, pack_tokens=64)])
   st = plan.stages[1]                            # 4 prompts x 2 samples = 8 rows
-  env = _env(fakes, plan, tmp_path, _records(fakes))
-  env.batch_shards = 3
-  env.policies.remember(('stage', 'sft'), _params(plan, 11))
+  ctx = _ctx(fakes, plan, tmp_path, _records(fakes))
+  ctx.batch_shards = 3
+  ctx.policies.remember(('stage', 'sft'), _params(plan, 11))
   calls = {'ref': [], 'pack': []}
   compute, pack = batch_lib.compute_logprobs, batch_lib.pack
   monkeypatch.setattr(batch_lib, 'compute_logprobs', lambda *a, **kw: (
       calls['ref'].append(kw.get('rows_per_call')) or compute(*a, **kw)))
   monkeypatch.setattr(batch_lib, 'pack', lambda b, n, rows_multiple=1: (
       calls['pack'].append((n, rows_multiple)) or pack(b, n, rows_multiple=rows_multiple)))
-  maker = _maker(monkeypatch, grpo, env, st)
+  maker = _maker(monkeypatch, grpo, ctx, st)
   [batch], _ = maker.make(0, jax.random.key(0), types.SimpleNamespace(params=_params(plan, 12)))
   assert calls == {'ref': [4], 'pack': [(64, 6)]}
   assert batch.tokens.shape[0] % 6 == 0
@@ -185,9 +186,9 @@ def test_reference_forwards_and_packed_rows_follow_the_microbatches_and_shards(
 
 def test_no_kl_term_no_reference(fakes, tmp_path, monkeypatch):
   plan = fakes.toy_config([fakes.rl_stage('rl', ['a'])])
-  env = _env(fakes, plan, tmp_path, _records(fakes))
-  env.policies.start_params = lambda st: pytest.fail('loaded a reference without a KL term')
-  maker = _maker(monkeypatch, grpo, env, plan.stages[0])
+  ctx = _ctx(fakes, plan, tmp_path, _records(fakes))
+  ctx.policies.start_params = lambda st: pytest.fail('loaded a reference without a KL term')
+  maker = _maker(monkeypatch, grpo, ctx, plan.stages[0])
   [batch], _ = maker.make(0, jax.random.key(0), types.SimpleNamespace(params=None))
   assert batch.ref_logprobs is None
 
@@ -217,13 +218,13 @@ def test_mopd_routes_each_row_to_its_domains_teacher(fakes, tmp_path, monkeypatc
                                                      want):
   plan = fakes.toy_config(MOPD_STAGES(fakes, teachers), validation=True)
   st = plan.stages[3]
-  env = _env(fakes, plan, tmp_path, _records(fakes, ('a', 'b')), progress_rows=ROWS)
+  ctx = _ctx(fakes, plan, tmp_path, _records(fakes, ('a', 'b')), progress_rows=ROWS)
   params = {name: _params(plan, 20 + i) for i, name in enumerate(('sft', 'a_rl', 'b_rl'))}
-  env.policies.final_state = lambda s: types.SimpleNamespace(params=params[s.name])
-  chosen = mopd.choose_teachers(env, st)
+  ctx.policies.final_state = lambda s: types.SimpleNamespace(params=params[s.name])
+  chosen = mopd.choose_teachers(ctx, st)
   assert {d: src for d, (src, _) in chosen.items()} == {d: ('stage', n) for d, n in want.items()}
-  maker = _maker(monkeypatch, mopd, env, st)
-  graphdef = env.policies.graphdef('policy')
+  maker = _maker(monkeypatch, mopd, ctx, st)
+  graphdef = ctx.policies.graphdef('policy')
   seen = set()
   for step in range(3):
     [batch], _ = maker.make(step, jax.random.key(step), types.SimpleNamespace(params=None))
@@ -246,9 +247,9 @@ def test_mopd_best_teacher_needs_an_evaluated_earlier_policy(fakes, tmp_path):
            'validation': {'a': 1.0}},
           # A later stage's row is no teacher candidate.
           {'stage': 'mopd', 'index': 3, 'scores': {'b': 9.0}, 'validation': {'b': 9.0}}]
-  env = _env(fakes, plan, tmp_path, [], progress_rows=rows)
+  ctx = _ctx(fakes, plan, tmp_path, [], progress_rows=rows)
   with pytest.raises(base.StageError, match="no earlier policy has a validation score of 'b'"):
-    mopd.choose_teachers(env, plan.stages[3])
+    mopd.choose_teachers(ctx, plan.stages[3])
 
 
 # ------------------------------------------------------------------ PPO-style updates
@@ -292,8 +293,8 @@ def test_a_steps_accounting_measures_decode_and_update_padding(fakes, tmp_path, 
       self.generated_tokens += int(out.lengths.sum())
       return out
 
-  env = _env(fakes, plan, tmp_path, _records(fakes), Counting())
-  maker = _maker(monkeypatch, grpo, env, st)
+  ctx = _ctx(fakes, plan, tmp_path, _records(fakes), Counting())
+  maker = _maker(monkeypatch, grpo, ctx, st)
   [batch], host = maker.make(0, jax.random.key(0), types.SimpleNamespace(params=None))
   lens = batch.loss_mask.sum(1)        # completion tokens per row (every row carries loss here)
   cap = st.max_response_len

@@ -47,12 +47,12 @@ def _draws(fakes, stage, sampler, step=0, verifier=None, records=None, domains=(
   plan = fakes.toy_config([stage])
   st = plan.stages[0]
   verifier = verifier or _SandboxVerifier()
-  env = types.SimpleNamespace(
+  ctx = types.SimpleNamespace(
       plan=plan, sampler=sampler, tokenizer=fakes.CharTokenizer(), sample_cls=fakes.Sample,
       verifiers=types.SimpleNamespace(train_verifier=lambda d: verifier),
       domain_index={d: i for i, d in enumerate(sorted(plan.domains))})
   loader = data_lib.Loader(records, 0, st.prompts_per_step, shuffle=False)
-  return rl.Draws(env, st, loader, step, jax.random.key(0), 'params'), st
+  return rl.Draws(ctx, st, loader, step, jax.random.key(0), 'params'), st
 
 
 # ------------------------------------------------------------------ sampling settings
@@ -281,7 +281,7 @@ def test_streamed_filtering_keeps_what_one_round_of_every_fed_prompt_keeps(fakes
   m = draws.metrics()
   assert m['sample_s'] > 0 and m['score_s'] > 0
   assert fill['rows_cancelled'] + fill['rows_unscored'] == fed * g - len(draws.drawn)
-  assert draws.env.sampler.pages_in_use == 0
+  assert draws.ctx.sampler.pages_in_use == 0
 
 
 @pytest.mark.heavy

@@ -80,11 +80,12 @@ def test_packed_rows_split_over_microbatches_and_batch_shards(fakes, monkeypatch
   recs = [dict(fakes.record('a', i, 10 + i), response='\\boxed{%d}' % (10 + i) + ' ok' * i)
           for i in range(12)]
   tok = fakes.CharTokenizer()
-  env = types.SimpleNamespace(plan=plan, tokenizer=tok, batch_shards=3,
+  ctx = types.SimpleNamespace(plan=plan, tokenizer=tok, batch_shards=3,
                               data=types.SimpleNamespace(stage_records=lambda s: recs))
   got = []
-  monkeypatch.setattr(loop, 'train', lambda env, kind, s, maker_fn: got.append(maker_fn(None)))
-  sft.run(env, st)
+  monkeypatch.setattr(loop, 'train_stage',
+                      lambda ctx, kind, s, maker_fn: got.append(maker_fn(None)))
+  sft.run(ctx, st)
   [batch], metrics = got[0].make(0, jax.random.key(0), None)
   ex = [sft.example(r, tok, st.thinking_switch, st.max_len) for r in recs]
   packed = sft_lib.pack(ex, st.max_len, pad_id=0).tokens.shape[0]

@@ -87,13 +87,13 @@ def test_a_takeover_is_noticed_by_the_heartbeat(tmp_path, capsys):
 def test_the_lock_is_released_when_the_run_fails(tmp_path):
   import ml_collections  # pylint: disable=g-import-not-at-top
   from cascade import checkpoint  # pylint: disable=g-import-not-at-top
-  from cascade import train  # pylint: disable=g-import-not-at-top
+  from cascade import runner  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, os.path.join(REPO, 'configs'))
   import tiny  # pylint: disable=g-import-not-at-top
   c = tiny.get_config('smoke')
   checkpoint.guard_config(str(tmp_path), ml_collections.ConfigDict({'seed': 99}))
   with pytest.raises(checkpoint.WorkdirError, match='different config'):
-    train.run(c, str(tmp_path))
+    runner.run(c, str(tmp_path))
   assert not (tmp_path / lock.LOCK_FILE).exists()
 
 

@@ -7,7 +7,7 @@ import ml_collections
 import pytest
 
 from cascade import config as config_lib
-from cascade import train
+from cascade import runner
 
 
 def _plan(prompts, group, rm_batch, microbatches=1):
@@ -34,10 +34,10 @@ def _plan(prompts, group, rm_batch, microbatches=1):
 
 def test_batch_rows_must_split_over_microbatches_and_batch_shards(monkeypatch):
   def check(plan, shards):
-    monkeypatch.setattr(train.sharding, 'batch_shards', lambda mesh, rules: shards)
+    monkeypatch.setattr(runner.sharding, 'batch_shards', lambda mesh, rules: shards)
     with pytest.raises(_Built):    # the rows check passed; stop before loading a tokenizer
-      train.make_env(plan, '/nonexistent')
-  monkeypatch.setattr(train.tokenizer_lib, 'load', _raise_built)
+      runner.make_context(plan, '/nonexistent')
+  monkeypatch.setattr(runner.tokenizer_lib, 'load', _raise_built)
   check(_plan(prompts=2, group=4, rm_batch=8, microbatches=2), 4)
   with pytest.raises(config_lib.ConfigError, match=r"stages\[0\] 'rm': batch_size = 4 rows do "
                                                    r'not split over 1 microbatches x 8 batch'):
@@ -58,8 +58,8 @@ def _raise_built(path):
 def test_cascade_run_is_callable_and_the_import_is_light():
   code = ('import sys, cascade\n'
           'assert "jax" not in sys.modules and callable(cascade.run)\n'
-          'from cascade import train\n'
-          'assert callable(train.run)\n')
+          'from cascade import runner\n'
+          'assert callable(runner.run)\n')
   subprocess.run([sys.executable, '-c', code], check=True)
 
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from cascade import checkpoint
-from cascade import train
+from cascade import runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.heavy
@@ -37,7 +37,7 @@ def finished(tmp_path_factory, copy_cascade):
   root = tmp_path_factory.mktemp('finished')
   path = copy_cascade(root, train=16, eval_=8, sft=32, sft_steps=3, rl_steps=2)
   work = root / 'run'
-  res = train.run(_load(path), str(work))
+  res = runner.run(_load(path), str(work))
   return path, work, res
 
 
@@ -62,7 +62,7 @@ def test_a_truncated_or_bit_flipped_export_of_a_finished_stage_is_noticed_and_re
   with open(_export(work, '01_copy_rl'), 'r+b') as f:
     f.seek(-100, 2)
     f.write(b'\0' * 10)
-  assert train.run(_load(path), str(work))['scores'] == res['scores']
+  assert runner.run(_load(path), str(work))['scores'] == res['scores']
   out = capsys.readouterr().out
   for s, name in (('00_sft', 'sft'), ('01_copy_rl', 'copy_rl')):
     assert f"{work / 'stages' / s / 'hf'}: the HF export of stage {name!r} is damaged " \
@@ -74,7 +74,7 @@ def test_a_truncated_or_bit_flipped_export_of_a_finished_stage_is_noticed_and_re
 def test_a_garbled_progress_json_is_rebuilt_from_the_checkpoints(copy, capsys):
   path, work, res = copy
   (work / 'progress.json').write_text('{"done": {"sft": {"ind')
-  assert train.run(_load(path), str(work))['scores'] == res['scores']
+  assert runner.run(_load(path), str(work))['scores'] == res['scores']
   assert f"{work / 'progress.json'} is damaged" in capsys.readouterr().out
   assert set(checkpoint.Progress(str(work)).done) == {'sft', 'copy_rl'}
 
@@ -101,7 +101,7 @@ def test_an_allowed_config_change_redoes_the_stages_it_affects(copy, capsys):
   assert res['configs'] == [old, old]
   c.stages[1]['steps'] = 3
   c.allow_config_change = True
-  new = train.run(c, str(work))
+  new = runner.run(c, str(work))
   out = capsys.readouterr().out
   assert "the config change affects stage 1 'copy_rl' and after: redoing copy_rl" in out
   assert 'stage 1 copy_rl (grpo): 3 steps' in out                 # trained again from step 0
@@ -125,7 +125,7 @@ def test_a_damaged_export_as_the_last_fallback_is_one_line(copy):
   c.stages = list(c.stages) + [dict(c.stages[1], name='more_rl')]
   c.allow_config_change = True
   with pytest.raises(checkpoint.CheckpointError) as e:
-    train.run(c, str(work))
+    runner.run(c, str(work))
   assert '\n' not in str(e.value)
   assert f"01_copy_rl/ckpt/2: the final checkpoint of stage 'copy_rl' cannot be restored" \
          in str(e.value) and 'its HF export' in str(e.value) and 'cannot be loaded either' \
@@ -147,7 +147,7 @@ def test_a_read_only_finished_workdir_prints_its_results(copy, capsys, monkeypat
   monkeypatch.setattr(builtins, 'open', ro_open)
   for name in ('link', 'replace', 'rename', 'remove', 'mkdir'):
     monkeypatch.setattr(os, name, refuse)
-  got = train.run(_load(path), str(work))
+  got = runner.run(_load(path), str(work))
   monkeypatch.undo()
   assert got == json.loads((work / 'results.json').read_text()) and got['scores'] == res['scores']
   out = capsys.readouterr().out

@@ -37,7 +37,7 @@ class _Writer(metrics.Writer):
     super().write_samples(stage, step, samples)
 
 
-def _env(fakes, stage, sampler, writer, log_samples, domains=('a',)):
+def _ctx(fakes, stage, sampler, writer, log_samples, domains=('a',)):
   plan = fakes.toy_config([stage])
   plan = dataclasses.replace(plan, eval=dataclasses.replace(plan.eval, log_samples=log_samples))
   verifiers = {d: fakes.ValueVerifier(d) for d in domains}
@@ -54,12 +54,12 @@ def _run_steps(fakes, tmp_path, stage, sampler, log_samples, steps=1, records=No
   records = records or [fakes.record(d, i, (10 if d == 'a' else 30) + i)
                         for d in domains for i in range(10)]
   writer = _Writer(str(tmp_path), enabled=enabled)
-  env = _env(fakes, stage, sampler, writer, log_samples, domains)
-  st = env.plan.stages[0]
+  ctx = _ctx(fakes, stage, sampler, writer, log_samples, domains)
+  st = ctx.plan.stages[0]
   loader = data_lib.Loader(records, 0, st.prompts_per_step, shuffle=False)
   out = []
   for step in range(steps):
-    draws = rl.Draws(env, st, loader, step, jax.random.fold_in(jax.random.key(0), step), 'params')
+    draws = rl.Draws(ctx, st, loader, step, jax.random.fold_in(jax.random.key(0), step), 'params')
     out.append((*draws.collect(), draws.metrics()))
   writer.close()
   return writer, out, records
@@ -234,11 +234,11 @@ def test_only_the_writer_process_logs(fakes, tmp_path):
 
 
 def test_an_env_without_a_writer_logs_nothing(fakes):
-  env = _env(fakes, fakes.rl_stage('rl', ['a']), fakes.OwnAnswerSampler(), None, 2)
-  del env.writer
-  st = env.plan.stages[0]
+  ctx = _ctx(fakes, fakes.rl_stage('rl', ['a']), fakes.OwnAnswerSampler(), None, 2)
+  del ctx.writer
+  st = ctx.plan.stages[0]
   loader = data_lib.Loader([fakes.record('a', i, 10 + i) for i in range(4)], 0, 4, shuffle=False)
-  rows, rewards, _, _ = rl.Draws(env, st, loader, 0, jax.random.key(0), 'p').collect()
+  rows, rewards, _, _ = rl.Draws(ctx, st, loader, 0, jax.random.key(0), 'p').collect()
   assert rewards.shape == (8,) and sorted(rows) == ['domain', 'samples']
 
 

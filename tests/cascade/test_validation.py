@@ -63,15 +63,15 @@ def test_stage_scores_validation_every_n_steps_on_its_live_policy(fakes, tmp_pat
   stage = plan.stages[0]                                       # 6 steps
   logged, seen_by_maker, validated = {}, {}, []
   writer = types.SimpleNamespace(write=lambda st, step, m: logged.__setitem__(step, dict(m)))
-  env = types.SimpleNamespace(plan=plan, workdir=str(tmp_path), mesh=None, rules=plan.rules,
+  ctx = types.SimpleNamespace(plan=plan, workdir=str(tmp_path), mesh=None, rules=plan.rules,
                               writer=writer, data=types.SimpleNamespace(validation_sets=sets),
                               policies=policies_lib.Policies(plan, str(tmp_path), None,
                                                              plan.rules))
   digest = lambda params: float(sum(np.abs(np.asarray(x, np.float64)).sum()
                                     for x in jax.tree.leaves(params)))
 
-  def fake_validation(env_, params):
-    assert env_ is env
+  def fake_validation(ctx_, params):
+    assert ctx_ is ctx
     validated.append(digest(params))
     return {'a': 10.0 * len(validated), 'b': 1.0}
   monkeypatch.setattr(evaluation, 'validation_scores', fake_validation)
@@ -89,9 +89,9 @@ def test_stage_scores_validation_every_n_steps_on_its_live_policy(fakes, tmp_pat
     return loop.BatchMaker(loader, make)
 
   try:
-    loop.train(env, kinds.get('sft'), stage, maker_fn)
+    loop.train_stage(ctx, kinds.get('sft'), stage, maker_fn)
   finally:
-    env.policies.close()
+    ctx.policies.close()
   # After steps 2 and 4; step 6 is the stage's end, which its matrix row scores. Without
   # validation sets, nothing is validated.
   assert [s for s in sorted(logged) if 'val/a' in logged[s]] == want

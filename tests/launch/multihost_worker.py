@@ -3,7 +3,7 @@
   python tests/launch/multihost_worker.py COORDINATOR NUM_PROCESSES PROCESS_ID CONFIG WORKDIR OUT
 
 Each process has 4 simulated CPU devices (8 global, collectives over gloo),
-runs `cascade.train.run(config, workdir)` on the shared workdir, then restores
+runs `cascade.runner.run(config, workdir)` on the shared workdir, then restores
 the last stage's final Orbax checkpoint (a collective restore) and writes
 {process, devices, results, checksum} to OUT/<process id>.json, where
 checksum is the float64 sum of |param| over every parameter (computed on
@@ -44,10 +44,10 @@ def main(coordinator, num_processes, process_id, config_path, workdir, out_dir):
   distributed.initialize(coordinator, int(num_processes), int(process_id))
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import policies  # pylint: disable=g-import-not-at-top
-  from cascade import train  # pylint: disable=g-import-not-at-top
+  from cascade import runner  # pylint: disable=g-import-not-at-top
   from models import sharding  # pylint: disable=g-import-not-at-top
   config = _load_config(config_path)
-  results = train.run(config, workdir)
+  results = runner.run(config, workdir)
   plan = config_lib.validate(config)
   pol = policies.Policies(plan, workdir, sharding.make_mesh(plan.mesh_shape), plan.rules)
   try:

@@ -1,7 +1,7 @@
 """`run(config, workdir)`: the cascade — every stage in order, checkpoints, resume, the matrix.
 
-  from cascade import train
-  results = train.run(config, '/tmp/runs/tiny')      # or cascade.run(config, workdir)
+  from cascade import runner
+  results = runner.run(config, '/tmp/runs/tiny')     # or cascade.run(config, workdir)
 
 1. Validate the whole config into a `Plan` (`cascade.config.validate`) and
    refuse a workdir that holds a different config.
@@ -10,7 +10,7 @@
    check every dataset (a malformed record stops the run here, before any step).
 3. Evaluate the starting policy when the cascade starts with RL (row 'init').
 4. For each stage not yet complete in progress.json: run it through its
-   kind (`cascade.kinds.KINDS[stage.kind].run(env, stage)`, resuming from its
+   kind (`cascade.kinds.KINDS[stage.kind].run(ctx, stage)`, resuming from its
    newest good checkpoint), export its policy as HF safetensors, evaluate every
    domain (a row of the matrix), mark it complete; rewrite results.{json,md,png}.
 
@@ -46,8 +46,9 @@ INIT_ROW = kinds.base.INIT_ROW
 
 
 @dataclasses.dataclass(frozen=True)
-class Env:
-  """What a stage runner may use; built once per run.
+class RunContext:
+  """The run context: what a stage runner may use, built once per run (`ctx`; the RL
+  environments a domain names are `envs.Environment`s, a different thing).
 
   Attributes:
     plan: the validated plan.
@@ -89,9 +90,9 @@ def _mesh(plan: config_lib.Plan):
     raise config_lib.ConfigError(f'config.mesh.shape={list(plan.mesh_shape)!r}: {e}') from None
 
 
-def make_env(plan: config_lib.Plan, workdir: str,
-             before_save: Callable[[], None] | None = None, config_hash: str = '') -> Env:
-  """Builds the run's environment (no data loaded yet: `env.data.load()`); `before_save` runs
+def make_context(plan: config_lib.Plan, workdir: str, before_save: Callable[[], None] | None = None,
+                 config_hash: str = '') -> RunContext:
+  """Builds the run context (no data loaded yet: `ctx.data.load()`); `before_save` runs
   before every checkpoint save and progress.json write (the workdir lock's check), and the
   matrix rows it adds carry `config_hash`."""
   mesh = _mesh(plan)
@@ -123,27 +124,27 @@ def make_env(plan: config_lib.Plan, workdir: str,
   verifiers = verifier_set.VerifierSet(
       plan, rm_scorer=lambda st: policies.reward_scorer(st, tokenizer),
       rm_ready=lambda name: name in progress.done)
-  return Env(plan=plan, workdir=workdir, mesh=mesh, rules=plan.rules, batch_shards=shards,
-             tokenizer=tokenizer, sampler=sampler, policies=policies,
-             data=stage_data.StageData(plan, tokenizer, verifiers.check_metadata),
-             verifiers=verifiers, sample_cls=verifiers.sample_cls,
-             domain_index={d: i for i, d in enumerate(sorted(plan.domains))},
-             writer=writer, progress=progress)
+  return RunContext(plan=plan, workdir=workdir, mesh=mesh, rules=plan.rules, batch_shards=shards,
+                    tokenizer=tokenizer, sampler=sampler, policies=policies,
+                    data=stage_data.StageData(plan, tokenizer, verifiers.check_metadata),
+                    verifiers=verifiers, sample_cls=verifiers.sample_cls,
+                    domain_index={d: i for i, d in enumerate(sorted(plan.domains))},
+                    writer=writer, progress=progress)
 
 
-def evaluate_row(env: Env, name: str, index: int, trains_on, params, hf: str = '') -> dict:
+def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: str = '') -> dict:
   """Evaluates a policy on every domain (held-out and validation sets); appends its row to
   progress.json. `hf`: where the policy is exported (named by results.json's "best")."""
-  out = evaluation.score_sets(env, params, env.data.eval_sets, evaluation.HELD_OUT_FOLD)
+  out = evaluation.score_sets(ctx, params, ctx.data.eval_sets, evaluation.HELD_OUT_FOLD)
   row = {'stage': name, 'index': index, 'domains': list(trains_on),
          'scores': {d: out[d]['score'] for d in sorted(out)}, 'details': out}
-  validation = evaluation.validation_scores(env, params)
+  validation = evaluation.validation_scores(ctx, params)
   if validation:
     row['validation'] = validation
   if hf:
     row['hf'] = hf
-  row = env.progress.add_row(row)
-  env.writer.write_scores(name, index, row['scores'], row.get('validation'))
+  row = ctx.progress.add_row(row)
+  ctx.writer.write_scores(name, index, row['scores'], row.get('validation'))
   return row
 
 
@@ -215,31 +216,31 @@ def _run(plan: config_lib.Plan, config, workdir: str, fork_from: str | None,
           if forked is None else f'forked from {fork_from}: '
           + (', '.join(forked) if forked else 'no stage shared'), flush=True)
   _prepare(plan)
-  env = make_env(plan, workdir, before_save=held.check, config_hash=config_hash)
+  ctx = make_context(plan, workdir, before_save=held.check, config_hash=config_hash)
   domains = sorted(plan.domains)
   try:
-    _check_exports(env)
-    env.verifiers.check_options()
-    env.data.load()
-    if plan.initial_eval and env.progress.row(INIT_ROW) is None:
-      row = evaluate_row(env, INIT_ROW, -1, [], env.policies.params_of(('initial',)),
+    _check_exports(ctx)
+    ctx.verifiers.check_options()
+    ctx.data.load()
+    if plan.initial_eval and ctx.progress.row(INIT_ROW) is None:
+      row = evaluate_row(ctx, INIT_ROW, -1, [], ctx.policies.params_of(('initial',)),
                          hf=plan.hf_path)
-      evaluation.write(workdir, env.progress.rows, domains)
+      evaluation.write(workdir, ctx.progress.rows, domains)
       print('initial policy: ' + ', '.join(f'{d} {v:.1f}' for d, v in row['scores'].items()),
             flush=True)
     for stage in plan.stages:
-      if stage.name not in env.progress.done:
+      if stage.name not in ctx.progress.done:
         why = preemption.stop_requested()
         if why:
           raise preemption.Preempted(f'{why}: stopped before stage {stage.index} {stage.name!r}; '
                                      'rerun the same command to resume there')
-        _run_stage(env, stage, domains)
+        _run_stage(ctx, stage, domains)
   finally:
-    env.verifiers.close()
-    env.policies.close()
-    env.writer.close()
-  res = evaluation.write(workdir, env.progress.rows, domains, _isolation(env.progress),
-                         _accounting(env.progress))
+    ctx.verifiers.close()
+    ctx.policies.close()
+    ctx.writer.close()
+  res = evaluation.write(workdir, ctx.progress.rows, domains, _isolation(ctx.progress),
+                         _accounting(ctx.progress))
   _print_results(workdir, res)
   return res
 
@@ -266,16 +267,16 @@ def _finished_results(plan: config_lib.Plan, config, workdir: str) -> dict | Non
     return None
 
 
-def _check_exports(env: Env) -> None:
+def _check_exports(ctx: RunContext) -> None:
   """Exports again, from its final checkpoint, a finished stage whose HF export is gone or no
   longer matches its checksums (`Policies.damaged_export` moves a damaged one aside)."""
-  for stage in env.plan.stages:
-    info = env.progress.done.get(stage.name)
+  for stage in ctx.plan.stages:
+    info = ctx.progress.done.get(stage.name)
     if not stage.trains_policy or not info or not info.get('hf'):
       continue
-    out = paths.join(checkpoint.stage_dir(env.workdir, stage), 'hf')
-    if not policies_lib.exported(out) or env.policies.damaged_export(stage, out):
-      env.policies.export_hf(stage, env.policies.final_state(stage).params)
+    out = paths.join(checkpoint.stage_dir(ctx.workdir, stage), 'hf')
+    if not policies_lib.exported(out) or ctx.policies.damaged_export(stage, out):
+      ctx.policies.export_hf(stage, ctx.policies.final_state(stage).params)
 
 
 def _accounting(progress: checkpoint.Progress) -> dict[str, dict]:
@@ -293,31 +294,31 @@ def _isolation(progress: checkpoint.Progress) -> dict[str, str]:
   return {k: ', '.join(sorted(v)) for k, v in out.items()}
 
 
-def _run_stage(env: Env, stage, domains) -> None:
-  result = kinds.get(stage.kind).run(env, stage)
+def _run_stage(ctx: RunContext, stage, domains) -> None:
+  result = kinds.get(stage.kind).run(ctx, stage)
   info = {'index': stage.index, 'kind': stage.kind, **dict(result.info)}
   params = result.params
   if stage.trains_policy:
-    env.policies.remember(('stage', stage.name), params)
-    info['hf'] = env.policies.export_hf(stage, params)
+    ctx.policies.remember(('stage', stage.name), params)
+    info['hf'] = ctx.policies.export_hf(stage, params)
   if result.final_step is not None:
     info['final_step'] = result.final_step
-  isolation = env.verifiers.isolation()
+  isolation = ctx.verifiers.isolation()
   if isolation:
     info['isolation'] = isolation
     print(f'[{stage.index}] {stage.name}: code ran under isolation ' +
           ', '.join(f'{k}={v}' for k, v in isolation.items()), flush=True)
-  row = env.progress.row(stage.name)
+  row = ctx.progress.row(stage.name)
   if stage.ROW and stage.evaluate and row is None:
     if params is None:
-      params = env.policies.params_of(env.policies.source_after(stage.index))
-    row = evaluate_row(env, stage.name, stage.index,
+      params = ctx.policies.params_of(ctx.policies.source_after(stage.index))
+    row = evaluate_row(ctx, stage.name, stage.index,
                        stage.domains if stage.trains_policy else [], params,
                        hf=info.get('hf', ''))
-  env.progress.mark_done(stage.name, info)
-  evaluation.write(env.workdir, env.progress.rows, domains, _isolation(env.progress),
-                   _accounting(env.progress))
-  rows = env.progress.rows
+  ctx.progress.mark_done(stage.name, info)
+  evaluation.write(ctx.workdir, ctx.progress.rows, domains, _isolation(ctx.progress),
+                   _accounting(ctx.progress))
+  rows = ctx.progress.rows
   prev = rows[rows.index(row) - 1]['scores'] if row is not None and rows.index(row) else None
   if checkpoint.is_writer():
     print(metrics.summary_line(stage, result.steps_run, result.seconds, result.first,
