@@ -124,13 +124,31 @@ def score(graphdef, params, tokens, segment_ids) -> jax.Array:
 
 
 def encode(tokenizer, prompt: str, completion: str, max_len: int) -> list[int]:
-  """Token ids of prompt + completion + EOS, keeping the last max_len (the end is scored).
+  """Token ids of prompt + completion + EOS, at most max_len, the prompt kept whole.
 
-  Prompts are already chat-rendered, so the two texts are concatenated as
-  they are; training pairs and verifier scoring must both use this.
+  The prompt is chat-rendered: its markers are the structure and become
+  their special ids. The completion is the policy's text, encoded with
+  `encode_text`: a `<|im_end|>` or `<|im_start|>user` it writes stays text
+  and cannot end the answer or open a turn in the reward model's view. When
+  the row is too long the completion's end is cut, never the prompt, so a
+  long answer cannot push what was asked out of view; only a prompt that
+  alone leaves no room keeps its last max_len - 1 tokens (and no answer).
+  Training pairs and verifier scoring must both use this.
+
+  Args:
+    tokenizer: has encode, encode_text and eos_id.
+    prompt: the chat-rendered prompt.
+    completion: the text scored after it.
+    max_len: most tokens of the row.
+
+  Returns:
+    The ids, ending with EOS (the scored position).
   """
-  ids = list(tokenizer.encode(prompt + completion)) + [tokenizer.eos_id]
-  return ids[-max_len:]
+  head = list(tokenizer.encode(prompt))
+  room = max_len - 1 - len(head)
+  if room < 0:
+    return head[len(head) - (max_len - 1):] + [tokenizer.eos_id]
+  return head + list(tokenizer.encode_text(completion))[:room] + [tokenizer.eos_id]
 
 
 def _pow2_len(n: int, max_len: int) -> int:
@@ -175,7 +193,7 @@ def make_text_scorer(model: RewardModel, tokenizer, max_len: int,
   Args:
     model: a RewardModel.
     tokenizer: has encode(text) -> list[int], pad_id and eos_id.
-    max_len: most tokens scored per text (the beginning is cut first).
+    max_len: most tokens scored per text (the answer's end is cut first, see `encode`).
     batch_size: rows per jitted call.
 
   Returns:
