@@ -1,10 +1,10 @@
 """Isolated execution of untrusted Python: bubblewrap fork servers that fail closed.
 
 Each worker is one `sandbox_server` process that lives for the whole stage;
-candidates are forked per test run from its zygote, a process forked before
-the first request that never holds one, so a run costs two forks, not an
-interpreter start, and no candidate process ever held an answer key or
-another sample's program. With bubblewrap (isolation='bwrap', the default)
+candidates come from its zygote, a process forked before the first request
+that never holds one (each candidate forked ahead, while the previous run
+runs), so a run costs forks, not an interpreter start, and no candidate
+process ever held an answer key or another sample's program. With bubblewrap (isolation='bwrap', the default)
 the server sits in new PID, network, IPC, UTS and mount namespaces and sees
 a read-only root assembled from the system directories, the Python
 installation and the four harness files only: no home, no repository, no

@@ -4,26 +4,28 @@ Runs as a script inside bubblewrap (or as a plain process with
 isolation='none') next to `framing`, `bridge` and `seccomp`, so it imports
 only the standard library. It pre-imports modules candidates commonly use
 and then, before it reads any request, forks a *zygote*: a process that
-never holds request data. Candidates are forked by the zygote, never by the
+never holds request data. Candidates come from the zygote, never from the
 server, whose heap holds the current request's hidden test or expected
-outputs and remnants of earlier requests. For each run the server sends the
-zygote only the run's limits and role, with the candidate's descriptors
-(SCM_RIGHTS on a unix socket pair); the zygote forks a short-lived parent
-that forks the candidate and exits, so the candidate becomes the server's
-child (the server is a subreaper) and the zygote keeps nothing of it. The
-candidate reads its own program and visible files from a pipe the server
-writes after the fork. So a candidate that walks its frames, scans `gc` or
+outputs and remnants of earlier requests. On the server's 'next' (all it is
+ever told) the zygote forks a *spare* through a short-lived parent that
+exits, so the spare becomes the server's child (the server is a subreaper)
+and the zygote keeps nothing of it; it hands the server the spare's pid and
+its end of the spare's channel (a unix socket pair, SCM_RIGHTS). A run sends
+the spare only its limits, its role and its descriptors; the spare
+sandboxes itself and then reads its own program and visible files from a
+pipe the server writes. So a candidate that walks its frames, scans `gc` or
 reads its own memory finds its own program only: no answer key, no other
-sample. (A fresh interpreter per run holds as well but costs 15-30 ms of
-start-up and imports per run, against ~2 ms for the two forks.)
+sample. The next spare is forked while a run runs, so a run waits on no
+fork of its own. (A fresh interpreter per run would hold as well but costs
+15-30 ms of start-up and imports per run, against ~1 ms of forks.)
 
 Each candidate takes the sandbox identity (the dedicated uid when the
 server is root, rlimits, the `seccomp` filter, oom_score_adj 1000) before it
 reads its program. After every run all processes of that identity are
-killed (never the zygote) and the work dir is emptied with fd-relative
-removal; a run that leaves anything behind (files, System V IPC objects,
-data on another writable mount, a process, a dead zygote) answers with
-'restart': true so the host replaces this server. The file is longer than
+killed (never the zygote or the spare) and the work dir is emptied with
+fd-relative removal; a run that leaves anything behind (files, System V IPC
+objects, data on another writable mount, a process, a dead zygote) answers
+with 'restart': true so the host replaces this server. The file is longer than
 the house's ~400 lines on purpose: bubblewrap runs it as one script beside
 three standard-library helpers, so the identity switch, the limits, the
 zygote, the run loop and the cleanup it must hold stay in it.
@@ -107,7 +109,7 @@ _PRELOAD = ('array', 'bisect', 'cmath', 'collections', 'copy', 'dataclasses', 'd
             'unittest')
 # Largest stdout/stderr tail a 'run' answers with: what a tool shows, not a bulk channel.
 MAX_OUTPUT_BYTES = 1 << 16
-# The limits of a run, all the zygote is told about it.
+# The limits of a run: what a spare is told before it has its program.
 _LIMITS = ('cpu_s', 'memory_mb', 'nproc', 'fsize_mb')
 # Seconds the server waits for the zygote's answer before it declares the zygote broken.
 _ZYGOTE_TIMEOUT_S = 10.0
@@ -188,6 +190,12 @@ class Server:
     self._zygote_sock, self.zygote_pid = self._start_zygote()
     self._zygote_fd = os.pidfd_open(self.zygote_pid)
     self._zygote_ok = True
+    # A spare is a candidate process forked ahead from the zygote, waiting for
+    # its run: (server's end of its channel, pid), or None; one is asked for at
+    # a time, while a run runs, so that no fork waits on the run's path.
+    self._spare = None
+    self._spare_asked = False
+    self._request_spare()
     libc.prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER: orphans come to us.
     self._spared = _ancestors() | {self.zygote_pid}
     self._mounts = _writable_mounts(root) if self.private else []
@@ -219,7 +227,7 @@ class Server:
       out.append((mount, st.f_bfree, st.f_ffree))
     return tuple(out)
 
-  # -- the zygote ------------------------------------------------------------
+  # -- the zygote and its spares ----------------------------------------------
 
   def _start_zygote(self):
     """Forks the zygote (before any request); the server's socket to it and its pid."""
@@ -236,10 +244,10 @@ class Server:
     return ours, pid
 
   def _zygote(self, sock):
-    """The zygote's loop: one candidate per 'spawn' message until the server goes; never returns.
+    """The zygote's loop: a spare per 'next' message until the server goes; never returns.
 
-    A message holds the run's limits and role, and the candidate's
-    descriptors; the answer is {'pid': the candidate's pid} or {'error': why}.
+    The answer to 'next' is the spare's pid with the server's end of the
+    spare's channel (SCM_RIGHTS), or b'error' when the fork failed.
     """
     _libc().prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the server.
     keep = sock.fileno()
@@ -247,41 +255,42 @@ class Server:
     os.closerange(keep + 1, os.sysconf('SC_OPEN_MAX'))
     while True:
       try:
-        msg, fds, _, _ = socket.recv_fds(sock, 1 << 12, 16)
-      except OSError:
-        _exit(0)
-      if not msg:  # The server is gone.
-        _exit(0)
-      try:
-        reply = {'pid': self._fork_candidate(json.loads(msg), fds)}
-      except Exception as e:  # pylint: disable=broad-except
-        reply = {'error': f'{type(e).__name__}: {e}'}
-      for fd in fds:
-        os.close(fd)
-      try:
-        sock.send(json.dumps(reply).encode())
+        if not sock.recv(16):  # The server is gone.
+          _exit(0)
+        try:
+          channel, pid = self._fork_spare(sock)
+        except OSError:
+          sock.send(b'error')
+          continue
+        socket.send_fds(sock, [str(pid).encode()], [channel.fileno()])
+        channel.close()
       except OSError:
         _exit(0)
 
-  def _fork_candidate(self, spawn, fds):
-    """In the zygote: forks a parent that forks the candidate and exits; the candidate's pid.
+  def _fork_spare(self, sock):
+    """In the zygote: forks a parent that forks a spare and exits; (server's channel end, pid).
 
-    The parent's exit hands the candidate to the nearest subreaper, the
-    server, which waits for it and collects its orphans; the zygote waits
-    only for the parent.
+    The parent's exit hands the spare to the nearest subreaper, the server,
+    which waits for it as a candidate and collects its orphans; the zygote
+    waits only for the parent, so the spare is the server's child before the
+    server learns its pid.
     """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid_r, pid_w = os.pipe()
     parent = os.fork()
     if parent == 0:
       try:
         os.close(pid_r)
+        ours.close()
         child = os.fork()
         if child == 0:
           os.close(pid_w)
-          self._candidate(spawn, fds)
+          sock.close()
+          self._spare(theirs)
         _write(pid_w, str(child).encode())
       finally:
         _exit(0)
+    theirs.close()
     os.close(pid_w)
     try:
       data = os.read(pid_r, 32)
@@ -289,12 +298,22 @@ class Server:
       os.close(pid_r)
       os.waitpid(parent, 0)
     if not data:
+      ours.close()
       raise OSError(errno.EAGAIN, 'fork failed')
-    return int(data)
+    return ours, int(data)
 
-  def _candidate(self, spawn, fds):
-    """In a candidate process: sandbox itself, read the payload from the last of `fds`, run it."""
+  def _spare(self, channel):
+    """In a spare: waits for its run (limits, role, descriptors), becomes the candidate; never returns.
+
+    The last descriptor is a pipe that brings the payload after the spare is
+    sandboxed; the end of the channel (the server let the spare go, or is
+    gone) ends the spare.
+    """
     try:
+      msg, fds, _, _ = socket.recv_fds(channel, 1 << 12, 16)
+      if not msg:
+        _exit(0)
+      spawn = json.loads(msg)
       self._become_sandboxed(spawn, fds, judge=False)
       payload_fd = len(fds) - 1
       payload = framing.read_frame(payload_fd)
@@ -311,11 +330,33 @@ class Server:
         pass
     _exit(120)
 
+  def _request_spare(self):
+    """Asks the zygote for the next spare, unless one is held or already asked for."""
+    if self._spare is None and not self._spare_asked:
+      self._zygote_sock.send(b'next')
+      self._spare_asked = True
+
+  def _receive_spare(self):
+    """Takes the spare asked for (so that its pid is known), if any; an error on none at all."""
+    if not self._spare_asked:
+      return
+    self._spare_asked = False
+    msg, fds, _, _ = socket.recv_fds(self._zygote_sock, 64, 1)
+    if len(fds) == 1 and msg.isdigit():
+      self._spare = (socket.socket(fileno=fds[0]), int(msg))
+    else:
+      for fd in fds:
+        os.close(fd)
+      self._spare = None
+
+  def _spare_pids(self):
+    return {self._spare[1]} if self._spare else set()
+
   def _spawn(self, req, fds, role, payload):
-    """Has the zygote fork a candidate with `fds` as its 0, 1, 2, ...; sends it `payload`.
+    """Makes the spare a candidate with `fds` as its 0, 1, 2, ...; sends it `payload`.
 
     Args:
-      req: the request (only its limits go to the zygote).
+      req: the request (only its limits go to the spare).
       fds: the candidate's descriptors, in order.
       role: 'script' (`_run_script`) or 'candidate' (`_run_candidate`).
       payload: {'program', 'files', 'importable'}: what the candidate may see.
@@ -323,27 +364,43 @@ class Server:
     Returns:
       The candidate's pid (a child of this server).
     """
-    spawn = dict({k: req[k] for k in _LIMITS}, role=role)
+    spawn = json.dumps(dict({k: req[k] for k in _LIMITS}, role=role)).encode()
     payload_r, payload_w = os.pipe()
     try:
-      try:
-        socket.send_fds(self._zygote_sock, [json.dumps(spawn).encode()], [*fds, payload_r])
-        reply = json.loads(self._zygote_sock.recv(1 << 12) or b'null')
-      except (OSError, ValueError):
+      pid = None
+      for _ in range(2):  # A spare that died meanwhile (killed as a stray) is replaced once.
+        try:
+          self._request_spare()
+          self._receive_spare()
+        except (OSError, ValueError):
+          self._zygote_ok = False
+          raise
+        if self._spare is None:
+          continue
+        (channel, spare_pid), self._spare = self._spare, None
+        try:
+          socket.send_fds(channel, [spawn], [*fds, payload_r])
+          pid = spare_pid
+          break
+        except OSError:
+          pass
+        finally:
+          channel.close()
+      if pid is None:
         self._zygote_ok = False
-        raise
-      finally:
-        os.close(payload_r)
-      if not (isinstance(reply, dict) and type(reply.get('pid')) is int):
-        self._zygote_ok = False
-        raise RuntimeError(f'the zygote did not fork a candidate: {reply}')
+        raise RuntimeError('the zygote gave no live spare')
+      os.close(payload_r)
+      payload_r = -1
+      self._request_spare()  # Forked while this run runs.
       try:
         framing.write_frame(payload_w, payload)
       except OSError:  # The candidate died before reading it; its status says why.
         pass
-      return reply['pid']
+      return pid
     finally:
-      os.close(payload_w)
+      for fd in (payload_r, payload_w):
+        if fd >= 0:
+          os.close(fd)
 
   def _zygote_alive(self):
     return self._zygote_ok and not select.select([self._zygote_fd], [], [], 0)[0]
@@ -489,12 +546,13 @@ class Server:
     judge_err = self._stderr_file('judge_stderr')
     importable = [n for n in req.get('importable') or () if isinstance(n, str)]
     try:
-      cand = self._spawn(req, (null, null, cand_err, to_cand_r, to_judge_w), 'candidate',
-                         {'program': req['program'], 'files': req.get('files') or {},
-                          'importable': importable})
+      # The judge first: it sets itself up while the zygote forks the candidate.
       test = req['test']
       judge = self._fork_judge(req, (null, null, judge_err, to_judge_r, to_cand_w, verdict_w),
                                lambda: _run_judge(test, ['solution'] + importable))
+      cand = self._spawn(req, (null, null, cand_err, to_cand_r, to_judge_w), 'candidate',
+                         {'program': req['program'], 'files': req.get('files') or {},
+                          'importable': importable})
     except BaseException:
       os.close(verdict_r)
       raise
@@ -628,6 +686,7 @@ class Server:
 
   def _kill_run(self, pids):
     """Kills every process of the sandbox identity (or, without one, the runs' sessions)."""
+    self._settle_spare()
     if self.drop_uid is not None:
       self._as_sandbox_uid(lambda: None)
       return
@@ -645,6 +704,7 @@ class Server:
 
   def _cleanup(self, pids):
     """Kills every process of the sandbox identity and empties the work dir."""
+    self._settle_spare()
     if self.drop_uid is not None:
       # A helper with the candidates' uid: kill(-1) reaches exactly them.
       self._as_sandbox_uid(lambda: empty_dir(self.case_dir))
@@ -657,22 +717,36 @@ class Server:
         except (ProcessLookupError, PermissionError):
           pass
       empty_dir(self.case_dir)
+      # Candidates share our uid here: one may have stopped the zygote or the spare.
+      for pid in {self.zygote_pid} | self._spare_pids():
+        try:
+          os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+          pass
     # Everything but an escaped session (isolation 'none') was killed, so
     # waiting for all children ends promptly and leaves no zombie behind.
     self._reap(block=self.drop_uid is not None or self.kill_all)
 
+  def _settle_spare(self):
+    """Receives a spare in flight, so that the killing and reaping below know its pid."""
+    try:
+      self._receive_spare()
+    except (OSError, ValueError):
+      self._zygote_ok = False
+
   def _strays(self):
     """Live processes of this PID namespace that are not ours: what kill_all kills."""
+    spared = self._spared | self._spare_pids()
     out = []
     for name in os.listdir('/proc'):
-      if name.isdigit() and int(name) not in self._spared:
+      if name.isdigit() and int(name) not in spared:
         info = _proc_stat(int(name))
         if info is not None and info[0] not in 'ZX':
           out.append(int(name))
     return out
 
   def _kill_strays(self):
-    """`kill(-1)` that spares the zygote: kills strays until none is left (or 2 s pass).
+    """`kill(-1)` that spares the zygote and the spare: kills strays until none is left (or 2 s).
 
     A process forked between two scans is found by the next one; the
     health check restarts a server that still has strays.
@@ -692,8 +766,8 @@ class Server:
     """Collects exited children (we are a subreaper, so orphans are ours too).
 
     Args:
-      block: wait (up to 2 s) until no child but the zygote is left, not
-        just for exited ones.
+      block: wait (up to 2 s) until no child but the zygote and the spare is
+        left, not just for exited ones.
     """
     deadline = time.monotonic() + 2.0
     while True:
@@ -707,11 +781,11 @@ class Server:
         time.sleep(0.0005)
 
   def _children(self):
-    """Our children other than the zygote (dying ones included)."""
-    me = os.getpid()
+    """Our children other than the zygote and the spare (dying ones included)."""
+    me, ours = os.getpid(), {self.zygote_pid} | self._spare_pids()
     out = []
     for name in os.listdir('/proc'):
-      if name.isdigit() and int(name) != self.zygote_pid:
+      if name.isdigit() and int(name) not in ours:
         info = _proc_stat(int(name))
         if info is not None and info[1] == me:
           out.append(int(name))
