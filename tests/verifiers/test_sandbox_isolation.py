@@ -17,7 +17,7 @@ import pytest
 
 import envs
 import verifiers
-from envs import swe_agent
+from models import chat
 from verifiers import sandbox
 
 pytestmark = pytest.mark.usefixtures('bwrap_sandbox')
@@ -131,7 +131,6 @@ def test_agentic_swe_neither_run_tests_nor_scoring_sees_a_hidden_test():
             'messages': [{'role': 'user', 'content': 'Make answer() return the secrets.'}]}
 
   def call(name, **arguments):
-    from models import chat  # pylint: disable=g-import-not-at-top
     return chat.render_tool_call(name, arguments)
 
   module = SNOOP + 'print("HITS", HITS, file=sys.stderr)\ndef answer():\n    return HITS\n'
