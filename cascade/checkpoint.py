@@ -46,6 +46,7 @@ from absl import logging
 from cascade import checksums
 from cascade import metrics as metrics_lib
 from cascade import paths
+from cascade import schema
 
 
 def is_writer() -> bool:
@@ -119,8 +120,9 @@ HARMLESS_NESTED = {'ckpt': ('keep', 'checksums'), 'eval': ('log_samples', 'eval_
 
 
 def config_for_hash(config) -> dict:
-  """The config as a dict without the harmless fields above."""
-  d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
+  """The config (its plain-dict form, `Plan.source`, or a ConfigDict) without the harmless
+  fields above."""
+  d = schema.as_dict(config)
   d = {k: v for k, v in d.items() if k not in HARMLESS_TOP}
   for section, keys in HARMLESS_NESTED.items():
     if isinstance(d.get(section), dict):
@@ -154,7 +156,8 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
 
   Args:
     workdir: the run's directory.
-    config: the ConfigDict about to run.
+    config: the config about to run, as a plain dict (`Plan.source`; a ConfigDict is
+      converted).
     allow_change: accept a different config (the old one is kept beside it as
       config.<old hash>.json) and redo what it changes (`_redo_changed`).
 
@@ -179,8 +182,8 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
       paths.copy_file(path, paths.join(workdir, f'config.{old.get("hash")}.json'))
     _redo_changed(workdir, old['config'], config, old['hash'])
   if old is None or old.get('hash') != new:
-    cfg = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
-    atomic_write_json(path, {'hash': new, 'config': json.loads(json.dumps(cfg, default=str))})
+    atomic_write_json(path, {'hash': new, 'config': json.loads(json.dumps(
+        schema.as_dict(config), default=str))})
   return new
 
 
@@ -245,7 +248,7 @@ def fork(source: str, workdir: str, config) -> list[str] | None:
   Args:
     source: the workdir of a finished or partial run.
     workdir: the new run's directory (no completed stage of its own yet).
-    config: the new run's ConfigDict.
+    config: the new run's config as a plain dict (`Plan.source`; a ConfigDict is converted).
 
   Returns:
     The names of the copied stages (empty: nothing shared), or None when `workdir` already
@@ -261,8 +264,7 @@ def fork(source: str, workdir: str, config) -> list[str] | None:
     raise WorkdirError(f'--fork_from={source}: {e}; nothing was copied') from None
   if not theirs:
     raise WorkdirError(f'--fork_from={source}: no run there (no config.json)')
-  mine = json.loads(json.dumps(config.to_dict() if hasattr(config, 'to_dict') else dict(config),
-                               default=str))
+  mine = json.loads(json.dumps(schema.as_dict(config), default=str))
   a, b = _without_stages(mine), _without_stages(theirs['config'])
   differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
   if differ:

@@ -1,4 +1,4 @@
-"""The cascade's top-level config sections and `validate`, done once before the first step.
+"""The cascade's config: one typed section per concern, and `validate`, done once at the door.
 
 A config is an `ml_collections.ConfigDict` (see README, "Config format"):
 
@@ -6,14 +6,19 @@ A config is an `ml_collections.ConfigDict` (see README, "Config format"):
   config.ckpt, config.eval, config.datasets, config.domains,
   config.stages (a list of plain stage dicts), config.allow_config_change,
   optionally config.divergence (when a stage has diverged; defaults below),
-  and optionally config.hardware (for launch.plan) and config.prepare (a
+  config.hardware (what `launch.plan` compiles for) and config.prepare (a
   step that makes the data the config names, run before it is read).
 
-`validate(config)` checks the whole thing and returns a `Plan`: the model
-config resolved, the sharding rules, the sampler and evaluation settings,
-and every stage as its kind's typed config (`cascade.kinds`), which is all the
-stage loop and `launch.plan` read. Every problem is a `ConfigError` naming the
-section or the stage (index and name) and the field, e.g.
+Every section is a frozen dataclass here (`Model`, `Tokenizer`, `Mesh`,
+`Sampler`, `Hardware`, `Prepare`, `Eval`, `Ckpt`, `Divergence`, `Dataset`,
+`Domain`; the stages are their kinds' typed configs, `cascade.kinds`) that
+checks its own fields (`cascade.schema`). `validate(config)` builds each
+section, checks what refers across sections (a domain's datasets, a stage's
+domains, a reward model's stage) and returns a `Plan`: the sections, the
+resolved model and sharding rules, and the config's plain-dict form (what
+config.json records and the config hash covers). Nothing after `validate`
+reads the ConfigDict. Every problem is a `ConfigError` naming the section or
+the stage (index and name) and the field, e.g.
 `stages[2] 'math_rl': group_size=1: grpo needs G >= 2`.
 """
 
@@ -21,12 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any, Mapping
 
-from cascade import config_data
 from cascade import paths
 from cascade import schema
-from cascade.config_data import Dataset, Domain  # pylint: disable=unused-import
 from cascade.schema import ConfigError
 
 SECTIONS = ('seed', 'model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'datasets',
@@ -48,6 +52,195 @@ def _domains_ok(v) -> bool:
   v = schema.plain(v)
   return v is None or (isinstance(v, Mapping) and all(
       isinstance(k, str) and isinstance(schema.plain(o), Mapping) for k, o in v.items()))
+
+
+def _get(cfg, key, default=None):
+  try:
+    return cfg[key] if key in cfg else default
+  except TypeError:
+    return default
+
+
+def _section(cls, raw, name: str, known: tuple[str, ...] | None = None):
+  """`cls` from `config.<name>` (absent: its defaults); unknown fields name the known ones."""
+  unknown = 'unknown field' if known is None else f'unknown field (known: {", ".join(known)})'
+  return schema.from_mapping(cls, schema.as_dict(raw or {}), f'config.{name}', sep='.',
+                             unknown=unknown)
+
+
+def _mapping_ok(v) -> bool:
+  return isinstance(schema.plain(v), Mapping)
+
+
+_MAPPING = (_mapping_ok, 'must be a mapping')
+_STRING = ((lambda v: isinstance(v, str)), 'must be a string')
+
+
+# ---------------------------------------------------------------- model, tokenizer, mesh
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Model:
+  """config.model: the policy's architecture, from a preset or from an HF checkpoint (one of them)."""
+  # A `models.config.ModelConfig` preset, e.g. 'tiny' or 'qwen3_14b' ('' = none: hf_path).
+  preset: str = schema.field('')
+  # ModelConfig fields that replace the preset's, e.g. {'max_seq_len': 256}.
+  overrides: Mapping[str, Any] | None = schema.field(None, check=_MAPPING, convert=dict)
+  # An HF checkpoint directory: its config.json is the architecture and its weights the
+  # starting policy ('' = none: preset, randomly initialised).
+  hf_path: str = schema.field('')
+
+  def check(self, fail):
+    del fail
+    if not self.preset and not self.hf_path:
+      raise ConfigError("config.model: needs 'preset' (e.g. 'tiny') or 'hf_path'")
+    if self.preset and self.hf_path:
+      raise ConfigError("config.model: give 'preset' or 'hf_path', not both")
+
+  def resolve(self):
+    """The `models.config.ModelConfig` this section names (an HF checkpoint's config.json is
+    read here)."""
+    from models import config as model_config  # pylint: disable=g-import-not-at-top
+    from models import hf  # pylint: disable=g-import-not-at-top
+    if self.hf_path:
+      path = paths.join(self.hf_path, 'config.json')
+      try:
+        return hf.config_from_hf(json.loads(paths.read_text(path)))
+      except (OSError, ValueError, KeyError) as e:   # paths.PathError is a ValueError
+        raise ConfigError(f'config.model.hf_path: {path}: {type(e).__name__}: {e}') from None
+    try:
+      return model_config.ModelConfig.preset(self.preset, **dict(self.overrides or {}))
+    except (ValueError, TypeError) as e:
+      raise ConfigError(f'config.model: {e}') from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Tokenizer:
+  """config.tokenizer: the run's tokenizer."""
+  # A SentencePiece model file or an HF tokenizer directory (local or gs://).
+  path: str = schema.field('')
+
+  def check(self, fail):
+    del fail
+    if not self.path:
+      raise ConfigError('config.tokenizer.path: missing (a SentencePiece model or HF '
+                        'tokenizer dir)')
+
+
+def _mesh_shape_ok(shape) -> bool:
+  return (isinstance(shape, (list, tuple)) and len(shape) == 3
+          and all(schema.is_int(s) and (s >= 1 or s == -1) for s in shape)
+          and list(shape).count(-1) <= 1)
+
+
+def _rules(rules) -> tuple:
+  """Logical sharding rules as (logical axis, mesh axes) pairs, mesh axes lists as tuples."""
+  return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in rules)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Mesh:
+  """config.mesh: the device mesh and how logical axes map onto it."""
+  # (data, fsdp, tensor) device counts, each >= 1, at most one -1 (the devices left over);
+  # None: one device, no mesh.
+  shape: tuple[int, int, int] | None = schema.field(
+      None, check=(_mesh_shape_ok, 'must be None or three sizes (data, fsdp, tensor), each >= 1, '
+                                   'at most one -1'),
+      convert=lambda shape: tuple(int(s) for s in shape))
+  # (logical axis, mesh axes) pairs; empty or None: `models.sharding.DEFAULT_RULES`.
+  rules: tuple | None = schema.field(None)
+
+  def logical_rules(self) -> tuple:
+    """The rules the run shards by."""
+    if self.rules:
+      return _rules(self.rules)
+    from models import sharding  # pylint: disable=g-import-not-at-top
+    return sharding.DEFAULT_RULES
+
+
+def _buckets_ok(v) -> bool:
+  return (isinstance(v, (list, tuple)) and bool(v)
+          and all(schema.is_int(x) and x >= 1 for x in v))
+
+
+def _pairs_ok(v) -> bool:
+  pairs = list(v.items()) if isinstance(v, Mapping) else v
+  return isinstance(pairs, (list, tuple)) and all(
+      isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[0], str) for r in pairs)
+
+
+_BUCKETS = dict(check=(_buckets_ok, 'must be a non-empty list of ints >= 1'), convert=tuple)
+_AT_LEAST_1 = dict(check=schema.int_at_least(1))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sampler:
+  """config.sampler: options of the policy's `rl.sampler.Sampler` (see its docstring).
+
+  A field left None takes the Sampler's own default; `options()` are the
+  keyword arguments the run and `launch.plan` build it with. The Sampler
+  checks what only it can (its buckets against the model, rollout_rules
+  against the logical axes) when it is built.
+  """
+  # Padded prompt lengths / cache extents for new tokens / padded batch sizes the sampler
+  # compiles for (batch: None = powers of two).
+  prompt_buckets: tuple[int, ...] | None = schema.field(None, **_BUCKETS)
+  new_token_buckets: tuple[int, ...] | None = schema.field(None, **_BUCKETS)
+  batch_buckets: tuple[int, ...] | None = schema.field(None, **_BUCKETS)
+  # Decode loops whose cache extent doubles (1 = one cache throughout).
+  decode_phases: int | None = schema.field(None, **_AT_LEAST_1)
+  # The most KV-cache slots one device holds at once (None: one call, unchunked).
+  cache_tokens_per_device: int | None = schema.field(None, **_AT_LEAST_1)
+  # (logical axis, mesh axes) pairs overriding config.mesh.rules while sampling, e.g.
+  # (('embed', None),): weights replicated over fsdp (None: the training layout).
+  rollout_rules: tuple | None = schema.field(
+      None, check=(_pairs_ok, 'must be (logical axis, mesh axes) pairs, e.g. (("embed", None),)'),
+      convert=lambda v: tuple(v.items()) if isinstance(v, Mapping) else tuple(v))
+  # 'one_call' (one decode loop per chunk of rows) or 'paged' (continuous batching).
+  engine: str | None = schema.field(None)
+  # paged: rows decoded at once, tokens per KV page, pages in the pool, decode steps per
+  # device call, prompts prefilled per device call.
+  slots: int | None = schema.field(None, **_AT_LEAST_1)
+  page_size: int | None = schema.field(None, **_AT_LEAST_1)
+  pages: int | None = schema.field(None, **_AT_LEAST_1)
+  chunk_steps: int | None = schema.field(None, **_AT_LEAST_1)
+  prefill_prompts: int | None = schema.field(None, **_AT_LEAST_1)
+  # How a decode step runs the blocks: 'scan', 'unrolled' or 'auto' (by the devices).
+  decode_layers: str | None = schema.field(None)
+
+  def check(self, fail):
+    from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
+    if self.decode_layers is not None and self.decode_layers not in sampler_lib.DECODE_LAYERS:
+      fail('decode_layers', f'expected one of {sampler_lib.DECODE_LAYERS}')
+    if self.engine is not None and self.engine not in sampler_lib.ENGINES:
+      fail('engine', f'expected one of {sampler_lib.ENGINES}')
+
+  def options(self) -> dict[str, Any]:
+    """The keyword arguments of `rl.sampler.Sampler` this section sets."""
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None}
+
+
+_NONNEG = schema.num_in(0, what='must be a finite number >= 0')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Hardware:
+  """config.hardware: the machine a config targets; read by `launch.plan` and `launch.xm_launch`,
+  never by the run itself (so it is left out of the config hash)."""
+  # A name for the printed plan, e.g. 'TPU v5p-128 (64 chips)'.
+  name: str = schema.field('', check=_STRING)
+  # 'tpu', 'gpu' or 'cpu' (None: unnamed): on 'tpu' with libtpu installed, launch.plan
+  # compiles with the TPU compiler; on 'tpu' and 'gpu' the planned programs scan their layers.
+  platform: str | None = schema.field(None, check=schema.one_of(('tpu', 'gpu', 'cpu'),
+                                                                'platform'))
+  # libtpu's topology name, e.g. 'v5p:4x4x4' (launch.plan --backend=tpu, XManager's slice).
+  topology: str = schema.field('', check=_STRING)
+  # Memory per device the plan checks every program against (0: no limit).
+  device_memory_gib: float = schema.field(0.0, check=_NONNEG, convert=float)
+  # Peak matmul TFLOP/s and HBM GB/s per device: launch.plan's step-time lower bound
+  # (0: none printed).
+  peak_tflops: float = schema.field(0.0, check=_NONNEG, convert=float)
+  hbm_gbps: float = schema.field(0.0, check=_NONNEG, convert=float)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,30 +336,257 @@ class Divergence:
       fail('min_loss', f'must be below max_loss={self.max_loss:g}')
 
 
-@dataclasses.dataclass(frozen=True)
+def _prepare_fn_ok(fn) -> bool:
+  return isinstance(fn, str) and fn.count(':') == 1 and all(fn.split(':'))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Prepare:
-  """config.prepare: `fn` ('package.module:function') called with `kwargs` before data loads."""
-  fn: str
-  kwargs: Mapping[str, Any]
+  """config.prepare: the step that makes the data the config names, run before it is read."""
+  # 'package.module:function', called with `kwargs` (e.g. the tiny world's builder).
+  fn: str | None = schema.field(None, check=(_prepare_fn_ok, "must be 'package.module:function'"))
+  # Its keyword arguments.
+  kwargs: Mapping[str, Any] | None = schema.field(None, check=_MAPPING, convert=dict)
+
+  def check(self, fail):
+    if self.fn is None:
+      fail('fn', "must be 'package.module:function'")
 
   def call(self) -> None:
     import importlib  # pylint: disable=g-import-not-at-top
     module, _, attr = self.fn.partition(':')
-    getattr(importlib.import_module(module), attr)(**dict(self.kwargs))
+    getattr(importlib.import_module(module), attr)(**dict(self.kwargs or {}))
+
+
+# ---------------------------------------------------------------- datasets and domains
+
+_NAME_RE = re.compile(r'^[A-Za-z0-9_.-]+$')
+
+
+def _entry(section: str, name: str, spec, fields: tuple) -> tuple[str, dict]:
+  """(where, spec as a dict) of `config.<section>.<name>`, its name and field names checked."""
+  where = f'config.{section}.{name}'
+  if not _NAME_RE.match(name):
+    raise ConfigError(f'{where}: a {section[:-1]} name may hold only letters, digits, _ . -')
+  spec = schema.as_dict(spec)
+  for k in spec:
+    if k not in fields:
+      raise ConfigError(f'{where}.{k}: unknown field (known: {", ".join(fields)})')
+  return where, spec
 
 
 @dataclasses.dataclass(frozen=True)
+class Dataset:
+  """config.datasets.<name>: a file (JSONL/Parquet) or a prepared TFDS dataset, and its format.
+
+  In the config: `path` or `tfds` (exactly one), `format`, and optionally
+  `split`, `data_dir`, `domain`, `limit`, `skip` (`Dataset.parse`).
+  """
+  # The dataset's name (its key in config.datasets).
+  name: str
+  # A `cascade.data.FORMATS` name, and the record type it yields ('prompt', 'sft', 'preference').
+  format: str
+  record_type: str
+  # A file or glob of shards, local or gs:// ('' = a TFDS dataset).
+  path: str = ''
+  # A TFDS dataset name (config field `tfds`), its split and data directory.
+  tfds_name: str = ''
+  split: str = 'train'
+  data_dir: str = ''
+  # The domain of records that name none.
+  domain: str = ''
+  # Keep the first `limit` records (0 = all) after skipping the first `skip`.
+  limit: int = 0
+  skip: int = 0
+
+  FIELDS = ('path', 'tfds', 'split', 'data_dir', 'format', 'domain', 'limit', 'skip')
+
+  @classmethod
+  def parse(cls, name: str, spec, known_formats: Mapping[str, str]) -> 'Dataset':
+    """`config.datasets.<name>`, checked; `known_formats`: format name -> record type."""
+    where, spec = _entry('datasets', name, spec, cls.FIELDS)
+    fmt = spec.get('format')
+    if fmt not in known_formats:
+      raise ConfigError(f'{where}.format={fmt!r}: unknown format (known: '
+                        f'{", ".join(sorted(known_formats))})')
+    path, tfds_name = spec.get('path', ''), spec.get('tfds', '')
+    if bool(path) == bool(tfds_name):
+      raise ConfigError(f"{where}: give exactly one of 'path' (JSONL/Parquet) or 'tfds'")
+    limit, skip = spec.get('limit', 0), spec.get('skip', 0)
+    for k, v in (('limit', limit), ('skip', skip)):
+      if not schema.is_int(v) or v < 0:
+        raise ConfigError(f'{where}.{k}={v!r}: must be an int >= 0')
+    return cls(name=name, format=fmt, record_type=known_formats[fmt], path=path,
+               tfds_name=tfds_name, split=spec.get('split', 'train'),
+               data_dir=spec.get('data_dir', ''), domain=spec.get('domain', ''),
+               limit=limit, skip=skip)
+
+
+def _reward_model_option(verifier: str) -> str:
+  """The option a verifier takes its reward model's scorer in ('' = none: it takes none)."""
+  import verifiers  # pylint: disable=g-import-not-at-top
+  if verifier not in verifiers.names():
+    return ''
+  return verifiers.cls(verifier).reward_model_option
+
+
+def _needs_reward_model(verifier: str) -> bool:
+  import verifiers  # pylint: disable=g-import-not-at-top
+  return verifier in verifiers.names() and verifiers.cls(verifier).needs_reward_model
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+  """config.domains.<name>: its verifiers (training and held-out), datasets, optional RM stage.
+
+  `eval_verifier` (default: `verifier`) scores the held-out set, so a domain
+  trained on a learned reward can be measured by a ground-truth rule.
+  `validation` (optional) names a prompt dataset disjoint from `eval`: the
+  selection set that in-stage validation and MOPD's `teachers='best'` read,
+  so that nothing is chosen on the held-out numbers the matrix reports.
+
+  An agentic domain names an environment (`env`, see `envs`) instead of a
+  verifier: its rollouts are multi-turn episodes in that environment
+  (`cascade.episodes`), which scores them, in training and evaluation alike.
+  """
+  # The domain's name (its key in config.domains).
+  name: str
+  # The training verifier (a `verifiers` name; '' for an agentic domain) and its options.
+  verifier: str
+  verifier_options: Mapping[str, Any]
+  # Prompt datasets: training ('' = none) and held-out.
+  train: str
+  eval: str
+  # The held-out verifier and its options (default: the training verifier's).
+  eval_verifier: str = ''
+  eval_verifier_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  # The reward_model stage whose model scores this domain, for a verifier that takes one.
+  reward_model_stage: str = ''
+  # A prompt dataset disjoint from `eval` that selections read ('' = none).
+  validation: str = ''
+  # Agentic: the environment (an `envs` name) and its options.
+  env: str = ''
+  env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  # Agentic: an episode's assistant turns; one turn's tokens in evaluation (0: the episode's
+  # whole budget, eval.max_new_tokens); list the tools' schemas in the opening system turn.
+  max_turns: int = 8
+  max_turn_tokens: int = 0
+  render_tools: bool = True
+
+  FIELDS = ('verifier', 'verifier_options', 'train', 'eval', 'eval_verifier',
+            'eval_verifier_options', 'reward_model_stage', 'validation', 'env', 'env_options',
+            'max_turns', 'max_turn_tokens', 'render_tools')
+  _VERIFIER_FIELDS = ('verifier', 'verifier_options', 'eval_verifier', 'eval_verifier_options',
+                      'reward_model_stage')
+
+  @property
+  def agentic(self) -> bool:
+    """Rollouts of this domain are episodes in an environment."""
+    return bool(self.env)
+
+  @classmethod
+  def parse(cls, name: str, spec, datasets: Mapping[str, Dataset],
+            verifier_names) -> 'Domain':
+    """`config.domains.<name>`, checked against the datasets and the known verifier names."""
+    where, spec = _entry('domains', name, spec, cls.FIELDS)
+    agent = {}
+    if spec.get('env'):
+      agent = cls._agentic(where, spec)
+    else:
+      for k in ('env_options', 'max_turns', 'max_turn_tokens', 'render_tools'):
+        if k in spec:
+          raise ConfigError(f'{where}.{k}: only a domain with an env takes it')
+    ver = '' if agent else spec.get('verifier')
+    eval_ver = spec.get('eval_verifier') or ver
+    for field, vname in (('verifier', ver), ('eval_verifier', eval_ver)):
+      if not agent and vname not in verifier_names:
+        raise ConfigError(f'{where}.{field}={vname!r}: unknown verifier (known: '
+                          f'{", ".join(sorted(verifier_names))})')
+    for split in ('train', 'eval', 'validation'):
+      ds = spec.get(split, '')
+      if split == 'eval' and not ds:
+        raise ConfigError(f'{where}.eval: missing field (every domain needs a held-out set)')
+      if ds and ds not in datasets:
+        raise ConfigError(f'{where}.{split}={ds!r}: unknown dataset (known: '
+                          f'{", ".join(sorted(datasets))})')
+      if ds and datasets[ds].record_type != 'prompt':
+        raise ConfigError(f'{where}.{split}={ds!r}: format {datasets[ds].format!r} holds '
+                          f'{datasets[ds].record_type} records, a domain needs prompts')
+    rm_stage = spec.get('reward_model_stage', '') or ''
+    if not agent:
+      if rm_stage and not (_reward_model_option(ver) or _reward_model_option(eval_ver)):
+        takers = [v for v in sorted(verifier_names) if _reward_model_option(v)]
+        raise ConfigError(f'{where}.reward_model_stage={rm_stage!r}: neither verifier {ver!r} '
+                          f'nor eval_verifier {eval_ver!r} takes a reward model (those that do: '
+                          f'{", ".join(takers)})')
+      needs = [v for v in (ver, eval_ver) if _needs_reward_model(v)]
+      if not rm_stage and needs:
+        raise ConfigError(f'{where}.reward_model_stage: missing field (the {needs[0]!r} '
+                          'verifier scores with the reward model a reward_model stage trains)')
+    opts = dict(schema.as_dict(spec.get('verifier_options') or {}))
+    eval_opts = spec.get('eval_verifier_options')
+    eval_opts = (opts if eval_opts is None and eval_ver == ver
+                 else dict(schema.as_dict(eval_opts or {})))
+    out = cls(name=name, verifier=ver, verifier_options=opts, train=spec.get('train', ''),
+              eval=spec['eval'], eval_verifier=eval_ver, eval_verifier_options=eval_opts,
+              reward_model_stage=rm_stage, validation=spec.get('validation', '') or '', **agent)
+    if out.validation and out.validation == out.eval:
+      raise ConfigError(f'{where}.validation={out.validation!r}: is the held-out set '
+                        '(eval); selecting on it would be selecting on the reported numbers')
+    return out
+
+  @classmethod
+  def _agentic(cls, where: str, spec: dict) -> dict:
+    """The agentic fields of a domain that names an environment (its verifier fields refused)."""
+    import envs  # pylint: disable=g-import-not-at-top
+    name = spec['env']
+    if name not in envs.names():
+      raise ConfigError(f'{where}.env={name!r}: unknown environment (known: '
+                        f'{", ".join(envs.names())})')
+    given = [k for k in cls._VERIFIER_FIELDS if spec.get(k)]
+    if given:
+      raise ConfigError(f'{where}.{given[0]}: a domain with an env is scored by its '
+                        'environment; give the scoring options in env_options')
+    turns = spec.get('max_turns', 8)
+    if not schema.is_int(turns) or turns < 1:
+      raise ConfigError(f'{where}.max_turns={turns!r}: must be an int >= 1')
+    turn_tokens = spec.get('max_turn_tokens', 0)
+    if not schema.is_int(turn_tokens) or turn_tokens < 0:
+      raise ConfigError(f'{where}.max_turn_tokens={turn_tokens!r}: must be an int >= 0 '
+                        "(0 = the episode's whole budget)")
+    tools = spec.get('render_tools', True)
+    if not isinstance(tools, bool):
+      raise ConfigError(f'{where}.render_tools={tools!r}: must be a bool')
+    return dict(env=name, env_options=dict(schema.as_dict(spec.get('env_options') or {})),
+                max_turns=int(turns), max_turn_tokens=int(turn_tokens), render_tools=tools)
+
+  def check_reward_model(self, stages) -> None:
+    """The domain's reward_model_stage names an earlier reward_model stage."""
+    rm = next((s for s in stages if s.name == self.reward_model_stage), None)
+    if rm is None or rm.MODEL != 'reward_model':
+      raise ConfigError(f'config.domains.{self.name}.reward_model_stage='
+                        f'{self.reward_model_stage!r}: names no reward_model stage')
+    for s in stages:
+      if self.name in s.domains and s.SAMPLES and s.index < rm.index:
+        raise ConfigError(f'stages[{s.index}] {s.name!r}: domains: domain {self.name!r} is '
+                          f'scored by reward model stage {rm.name!r}, which comes later')
+
+
+# ---------------------------------------------------------------- the plan
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Plan:
-  """The validated config: what the stage loop and launch.plan run.
+  """The validated config: what the stage loop, the workdir's bookkeeping and launch.plan read.
 
   Attributes:
     seed: the run's seed.
-    model: the policy's `models.config.ModelConfig`.
+    model: the policy's `models.config.ModelConfig` (config.model resolved).
+    model_name: config.model's preset, or its HF checkpoint (for messages).
     hf_path: the HF checkpoint the initial policy loads from ('' = random init).
     tokenizer_path: the tokenizer.
     mesh_shape: (data, fsdp, tensor) or None (one device, no mesh).
     rules: logical sharding rules.
-    sampler: keyword options of `rl.sampler.Sampler` (buckets, decode phases).
+    sampler: config.sampler (`Sampler.options()` builds the policy's sampler).
     eval: the evaluation settings.
     eval_settings: domain -> its evaluation settings (config.eval with the
       domain's overrides from config.eval.domains).
@@ -176,14 +596,19 @@ class Plan:
     domains, datasets: by name.
     initial_eval: evaluate the starting policy first (row 'init').
     prepare: the data-making step, or None.
+    hardware: the machine the config targets (launch.plan).
+    allow_config_change: a workdir of another config may go on with this one.
+    source: the config as a plain dict (`schema.as_dict`): what config.json records, what
+      the config hash covers (`checkpoint.config_hash`) and what a fork compares.
   """
   seed: int
   model: Any
+  model_name: str
   hf_path: str
   tokenizer_path: str
   mesh_shape: tuple | None
   rules: tuple
-  sampler: Mapping[str, Any]
+  sampler: Sampler
   eval: Eval
   ckpt: Ckpt
   divergence: Divergence
@@ -193,6 +618,9 @@ class Plan:
   initial_eval: bool
   prepare: Prepare | None = None
   eval_settings: Mapping[str, Eval] = dataclasses.field(default_factory=dict)
+  hardware: Hardware = Hardware()
+  allow_config_change: bool = False
+  source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def eval_of(self, domain: str) -> Eval:
     """The evaluation settings of `domain`."""
@@ -202,15 +630,12 @@ class Plan:
     return next(s for s in self.stages if s.name == name)
 
 
-def _get(cfg, key, default=None):
-  try:
-    return cfg[key] if key in cfg else default
-  except TypeError:
-    return default
-
-
 def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   """Checks the whole config and resolves it into a `Plan`.
+
+  Each section checks itself; what is checked here is what refers across
+  sections (stages to domains and datasets, domains to datasets and reward
+  model stages, lengths to the model).
 
   Args:
     config: the ConfigDict (or a mapping with the same structure).
@@ -241,24 +666,32 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   seed = _get(config, 'seed')
   if not schema.is_int(seed):
     raise ConfigError(f'config.seed={seed!r}: must be an int')
-  model, hf_path = _model(config_data.as_dict(config.model))
-  tok = config_data.as_dict(config.tokenizer)
-  if not tok.get('path'):
-    raise ConfigError('config.tokenizer.path: missing (a SentencePiece model or HF tokenizer dir)')
-  mesh_shape, rules = _mesh(config_data.as_dict(config.mesh))
-  ckpt = schema.from_mapping(Ckpt, config_data.as_dict(config.ckpt), 'config.ckpt', sep='.')
-  divergence = schema.from_mapping(Divergence, config_data.as_dict(
-      _get(config, 'divergence', {}) or {}), 'config.divergence', sep='.')
-  raw_eval = config_data.as_dict(config.eval)
-  ev = schema.from_mapping(Eval, raw_eval, 'config.eval', sep='.')
-  sampler = _sampler(config_data.as_dict(config.sampler))
-  section = lambda key: config_data.as_dict(_get(config, key, {}) or {})
-  datasets = config_data.check_datasets(section('datasets'), known_formats)
-  domains = config_data.check_domains(section('domains'), datasets, set(known_verifiers))
+  model_section = _section(Model, config.model, 'model', ('preset', 'overrides', 'hf_path'))
+  model = model_section.resolve()
+  tok = _section(Tokenizer, config.tokenizer, 'tokenizer')
+  mesh = _section(Mesh, config.mesh, 'mesh', ('shape', 'rules'))
+  ckpt = _section(Ckpt, config.ckpt, 'ckpt')
+  divergence = _section(Divergence, _get(config, 'divergence'), 'divergence')
+  raw_eval = schema.as_dict(config.eval)
+  ev = _section(Eval, raw_eval, 'eval')
+  sampler = _section(Sampler, config.sampler, 'sampler',
+                     tuple(f.name for f in dataclasses.fields(Sampler)))
+  hardware = _section(Hardware, _get(config, 'hardware'), 'hardware')
+  prepare = _get(config, 'prepare')
+  if prepare is not None:
+    prepare = _section(Prepare, prepare, 'prepare', ('fn', 'kwargs'))
+  datasets = {name: Dataset.parse(name, spec, known_formats)
+              for name, spec in schema.as_dict(_get(config, 'datasets') or {}).items()}
+  raw_domains = schema.as_dict(_get(config, 'domains') or {})
+  if not raw_domains:
+    raise ConfigError('config.domains: no domains')
+  names = set(known_verifiers)
+  domains = {name: Domain.parse(name, spec, datasets, names)
+             for name, spec in raw_domains.items()}
   raw = list(_get(config, 'stages', []) or [])
   if not raw:
     raise ConfigError('config.stages: the stage list is empty')
-  raw = [config_data.as_dict(s) for s in raw]
+  raw = [schema.as_dict(s) for s in raw]
   all_names = tuple(s.get('name') for s in raw)
   stages = []
   for i, s in enumerate(raw):
@@ -268,7 +701,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     st.check_lengths(model.max_seq_len, schema.failer(st.where, st))
   for d in domains.values():
     if d.reward_model_stage:
-      config_data.check_rm_reference(d, stages)
+      d.check_reward_model(stages)
   eval_settings = _eval_settings(raw_eval, ev, domains)
   initial = ev.initial
   if initial == 'auto':
@@ -277,12 +710,14 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   allow = _get(config, 'allow_config_change', False)
   if not isinstance(allow, bool):
     raise ConfigError(f'config.allow_config_change={allow!r}: must be a bool')
-  return Plan(seed=int(seed), model=model, hf_path=hf_path, tokenizer_path=str(tok['path']),
-              mesh_shape=mesh_shape, rules=rules, sampler=sampler, eval=ev, ckpt=ckpt,
-              divergence=divergence,
-              stages=tuple(stages), domains=domains, datasets=datasets,
-              initial_eval=bool(initial), prepare=_prepare(_get(config, 'prepare')),
-              eval_settings=eval_settings)
+  return Plan(seed=int(seed), model=model,
+              model_name=model_section.preset or model_section.hf_path,
+              hf_path=model_section.hf_path,
+              tokenizer_path=str(tok.path), mesh_shape=mesh.shape, rules=mesh.logical_rules(),
+              sampler=sampler, eval=ev, ckpt=ckpt, divergence=divergence, stages=tuple(stages),
+              domains=domains, datasets=datasets, initial_eval=bool(initial), prepare=prepare,
+              eval_settings=eval_settings, hardware=hardware, allow_config_change=allow,
+              source=schema.as_dict(config))
 
 
 def _eval_settings(raw: dict, ev: Eval, domains) -> dict[str, Eval]:
@@ -305,101 +740,3 @@ def _eval_settings(raw: dict, ev: Eval, domains) -> dict[str, Eval]:
     else:
       out[d] = dataclasses.replace(ev, domains=None)
   return out
-
-
-def _model(m: dict):
-  from models import config as model_config  # pylint: disable=g-import-not-at-top
-  from models import hf  # pylint: disable=g-import-not-at-top
-  for k in m:
-    if k not in ('preset', 'overrides', 'hf_path'):
-      raise ConfigError(f'config.model.{k}: unknown field (known: preset, overrides, hf_path)')
-  if not m.get('preset') and not m.get('hf_path'):
-    raise ConfigError("config.model: needs 'preset' (e.g. 'tiny') or 'hf_path'")
-  if m.get('preset') and m.get('hf_path'):
-    raise ConfigError("config.model: give 'preset' or 'hf_path', not both")
-  if m.get('hf_path'):
-    path = paths.join(m['hf_path'], 'config.json')
-    try:
-      return hf.config_from_hf(json.loads(paths.read_text(path))), m['hf_path']
-    except (OSError, ValueError, KeyError) as e:   # paths.PathError is a ValueError
-      raise ConfigError(f'config.model.hf_path: {path}: {type(e).__name__}: {e}') from None
-  try:
-    return model_config.ModelConfig.preset(m['preset'], **dict(m.get('overrides') or {})), ''
-  except (ValueError, TypeError) as e:
-    raise ConfigError(f'config.model: {e}') from None
-
-
-def _mesh(m: dict):
-  from models import sharding  # pylint: disable=g-import-not-at-top
-  for k in m:
-    if k not in ('shape', 'rules'):
-      raise ConfigError(f'config.mesh.{k}: unknown field (known: shape, rules)')
-  shape = m.get('shape')
-  if shape is not None:
-    if (not isinstance(shape, (list, tuple)) or len(shape) != 3
-        or not all(schema.is_int(s) and (s >= 1 or s == -1) for s in shape)
-        or list(shape).count(-1) > 1):
-      raise ConfigError(f'config.mesh.shape={shape!r}: must be None or three sizes (data, '
-                        'fsdp, tensor), each >= 1, at most one -1')
-    shape = tuple(int(s) for s in shape)
-  rules = m.get('rules')
-  if rules:
-    rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in rules)
-  else:
-    rules = sharding.DEFAULT_RULES
-  return shape, rules
-
-
-def _sampler(s: dict) -> dict:
-  from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
-  known = ('prompt_buckets', 'new_token_buckets', 'batch_buckets', 'decode_phases',
-           'cache_tokens_per_device', 'rollout_rules', 'engine', 'slots', 'page_size', 'pages',
-           'chunk_steps', 'prefill_prompts', 'decode_layers')
-  for k, v in s.items():
-    if k not in known:
-      raise ConfigError(f'config.sampler.{k}: unknown field (known: {", ".join(known)})')
-    if k == 'decode_layers':
-      if v not in sampler_lib.DECODE_LAYERS:
-        raise ConfigError(f'config.sampler.decode_layers={v!r}: expected one of '
-                          f'{sampler_lib.DECODE_LAYERS}')
-      continue
-    if k == 'engine':
-      if v not in sampler_lib.ENGINES:
-        raise ConfigError(f'config.sampler.engine={v!r}: expected one of {sampler_lib.ENGINES}')
-      continue
-    if k in ('slots', 'page_size', 'pages', 'chunk_steps', 'prefill_prompts'):
-      if not (schema.is_int(v) and v >= 1) and not (k in ('slots', 'pages') and v is None):
-        raise ConfigError(f'config.sampler.{k}={v!r}: must be an int >= 1')
-      continue
-    if k == 'rollout_rules':
-      pairs = list(v.items()) if isinstance(v, Mapping) else v
-      if v is not None and (not isinstance(pairs, (list, tuple)) or not all(
-          isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[0], str)
-          for r in pairs)):
-        raise ConfigError(f'config.sampler.rollout_rules={v!r}: must be (logical axis, mesh '
-                          'axes) pairs, e.g. (("embed", None),)')
-      continue
-    if k in ('decode_phases', 'cache_tokens_per_device'):
-      if not (schema.is_int(v) and v >= 1) and not (k == 'cache_tokens_per_device' and v is None):
-        raise ConfigError(f'config.sampler.{k}={v!r}: must be an int >= 1')
-    elif v is not None and (not isinstance(v, (list, tuple)) or not v
-                            or not all(schema.is_int(x) and x >= 1 for x in v)):
-      raise ConfigError(f'config.sampler.{k}={v!r}: must be a non-empty list of ints >= 1')
-  del sampler_lib
-  out = {k: (tuple(v) if isinstance(v, list) else v) for k, v in s.items()}
-  if isinstance(out.get('rollout_rules'), Mapping):
-    out['rollout_rules'] = tuple(out['rollout_rules'].items())
-  return out
-
-
-def _prepare(p) -> Prepare | None:
-  if p is None:
-    return None
-  p = config_data.as_dict(p)
-  for k in p:
-    if k not in ('fn', 'kwargs'):
-      raise ConfigError(f'config.prepare.{k}: unknown field (known: fn, kwargs)')
-  fn = p.get('fn')
-  if not isinstance(fn, str) or fn.count(':') != 1 or not all(fn.split(':')):
-    raise ConfigError(f"config.prepare.fn={fn!r}: must be 'package.module:function'")
-  return Prepare(fn=fn, kwargs=dict(config_data.as_dict(p.get('kwargs') or {})))

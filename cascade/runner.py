@@ -119,7 +119,7 @@ def make_context(plan: config_lib.Plan, workdir: str, before_save: Callable[[], 
   policies = policies_lib.Policies(plan, workdir, mesh, plan.rules, before_save=flush)
   sampler = sampler_lib.Sampler(policies.graphdef('policy'), plan.model,
                                 eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id, mesh=mesh,
-                                rules=plan.rules, **plan.sampler)
+                                rules=plan.rules, **plan.sampler.options())
   progress = checkpoint.Progress(workdir, before_save=before_save, config_hash=config_hash)
   verifiers = verifier_set.VerifierSet(
       plan, rm_scorer=lambda st: policies.reward_scorer(st, tokenizer),
@@ -191,25 +191,25 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
   except (OSError, paths.PathError):
     # An unwritable workdir (read-only disk, a bucket this account may only read): a finished
     # run of this config is read and printed, nothing written; anything else is the error.
-    res = _finished_results(plan, config, workdir)
+    res = _finished_results(plan, workdir)
     if res is None:
       raise
     _print_results(workdir, res)
     return res
   try:
     with preemption.watch():      # SIGTERM / SIGINT: stop at the next step boundary
-      return _run(plan, config, workdir, fork_from, held)
+      return _run(plan, workdir, fork_from, held)
   finally:
     held.release()
 
 
-def _run(plan: config_lib.Plan, config, workdir: str, fork_from: str | None,
+def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
          held: lock.Held) -> dict:
   """`run` once the workdir's lock is held."""
-  config_hash = checkpoint.guard_config(
-      workdir, config, allow_change=bool(config.get('allow_config_change', False)))
+  config_hash = checkpoint.guard_config(workdir, plan.source,
+                                        allow_change=plan.allow_config_change)
   if fork_from:
-    forked = checkpoint.fork(fork_from, workdir, config)
+    forked = checkpoint.fork(fork_from, workdir, plan.source)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices('cascade.fork')
     print(f'{workdir}: resuming its own progress; --fork_from={fork_from} ignored'
@@ -252,12 +252,12 @@ def _print_results(workdir: str, res: dict) -> None:
           f'{paths.join(workdir, "results.png")}', flush=True)
 
 
-def _finished_results(plan: config_lib.Plan, config, workdir: str) -> dict | None:
+def _finished_results(plan: config_lib.Plan, workdir: str) -> dict | None:
   """results.json of a finished run of this config in `workdir`, read without writing (None when
   the run there is not that, or its files cannot be read)."""
   try:
     rec = checkpoint.read_json(paths.join(workdir, 'config.json'))
-    if not rec or rec.get('hash') != checkpoint.config_hash(config):
+    if not rec or rec.get('hash') != checkpoint.config_hash(plan.source):
       return None
     done = (checkpoint.read_json(paths.join(workdir, 'progress.json')) or {}).get('done') or {}
     if any(st.name not in done for st in plan.stages):

@@ -9,8 +9,9 @@
 `from_mapping` rejects unknown fields, names missing ones, runs every field's
 check (numbers must be finite: `inf` and `nan` are refused) and then the
 class's own `check(fail)` for relations between fields; every problem is one
-`ConfigError` line naming where and the field. Used by the top-level config
-(`cascade.config`) and by every stage kind (`cascade.kinds`).
+`ConfigError` line naming where and the field. Used by every section of the
+config (`cascade.config`) and by every stage kind (`cascade.kinds`); `as_dict`
+is the one conversion of a ConfigDict to plain data.
 """
 
 from __future__ import annotations
@@ -99,8 +100,15 @@ def failer(where: str, obj: Any = None, *, sep: str = ': ', prefix: str = ''):
   return fail
 
 
+def as_dict(x) -> dict:
+  """A ConfigDict (or any mapping) as a plain dict: the one conversion of a config to data
+  (`ConfigDict.to_dict` converts the nested ones; a plain dict is copied at its top level)."""
+  return x.to_dict() if hasattr(x, 'to_dict') else dict(x)
+
+
 def plain(x):
-  return x.to_dict() if hasattr(x, 'to_dict') else x
+  """A config value as plain data: a ConfigDict as a dict (`as_dict`), anything else as it is."""
+  return as_dict(x) if hasattr(x, 'to_dict') else x
 
 
 def from_mapping(cls, raw: Mapping, where: str, *, fixed: Mapping | None = None,

@@ -1,10 +1,12 @@
 """The run's verifiers: each domain's training and evaluation verifier, built once and cached.
 
-A domain scored by a learned reward model ('reward_model', or the IF
-verifier adding the RM score in thinking mode) gets a scorer built from the
-final checkpoint of the domain's `reward_model_stage`; the training verifier
-gets it whenever it takes one, the evaluation verifier only when it cannot
-score without one (so IF held-out stays plain IFEval). A verifier holding a
+A domain scored by a learned reward model gets a scorer built from the final
+checkpoint of the domain's `reward_model_stage`, passed in the option its
+verifier class declares (`Verifier.reward_model_option`: 'reward_model''s
+`scorer`, the IF verifier's `rm_scorer` adding the RM score in thinking mode);
+the training verifier gets it whenever it takes one, the evaluation verifier
+only when it cannot score without one (`Verifier.needs_reward_model`; so IF
+held-out stays plain IFEval). A verifier holding a
 reward model is marked `rollout.COLLECTIVE`: its scorer runs on the run's
 mesh, so with several hosts every host scores those rows and process 0's
 rewards are kept (`cascade.rollout.score`).
@@ -23,11 +25,6 @@ import numpy as np
 
 from cascade import config as config_lib
 from cascade import rollout
-
-# Verifiers that take a reward model, and the option its scorer is passed in.
-RM_SCORER_OPTION = {'reward_model': 'scorer', 'instruction_following': 'rm_scorer'}
-# Verifiers that cannot score at all without one.
-RM_SCORER_REQUIRED = ('reward_model',)
 
 
 class VerifierSet:
@@ -65,8 +62,10 @@ class VerifierSet:
                                 ('eval_verifier_options', d.eval_verifier,
                                  d.eval_verifier_options)):
         opts = dict(opts)
-        if name in RM_SCORER_REQUIRED or (d.reward_model_stage and name in RM_SCORER_OPTION):
-          opts[RM_SCORER_OPTION[name]] = stand_in
+        cls = self._mod.cls(name)
+        option = cls.reward_model_option
+        if option and (cls.needs_reward_model or d.reward_model_stage):
+          opts[option] = stand_in
         try:
           v = self._mod.get(name, **opts)
         except (TypeError, ValueError) as e:
@@ -104,15 +103,16 @@ class VerifierSet:
       return self._cache[key]
     name = d.eval_verifier if for_eval else d.verifier
     opts = dict(d.eval_verifier_options if for_eval else d.verifier_options)
-    takes_rm = bool(d.reward_model_stage) and name in RM_SCORER_OPTION and (
-        not for_eval or name in RM_SCORER_REQUIRED)
+    option = self._mod.cls(name).reward_model_option
+    takes_rm = bool(d.reward_model_stage) and bool(option) and (
+        not for_eval or self._mod.cls(name).needs_reward_model)
     key = (name, repr(sorted(opts.items())), d.reward_model_stage if takes_rm else '')
     if key not in self._cache:
       if takes_rm:
         if not self._rm_ready(d.reward_model_stage):
           raise ValueError(f'domain {domain!r} is scored by reward model stage '
                            f'{d.reward_model_stage!r}, which has not run yet')
-        opts[RM_SCORER_OPTION[name]] = self._rm_scorer(self.plan.stage(d.reward_model_stage))
+        opts[option] = self._rm_scorer(self.plan.stage(d.reward_model_stage))
       v = self._mod.get(name, **opts)
       if takes_rm:
         # Its reward model runs on the run's mesh, a collective: every host scores its rows.
@@ -123,7 +123,8 @@ class VerifierSet:
   def can_evaluate(self, domain: str) -> bool:
     """Whether the domain's evaluation verifier can score now (its reward model exists)."""
     d = self.plan.domains[domain]
-    if d.agentic or d.eval_verifier not in RM_SCORER_REQUIRED or self._rm_ready(d.reward_model_stage):
+    if (d.agentic or not self._mod.cls(d.eval_verifier).needs_reward_model
+        or self._rm_ready(d.reward_model_stage)):
       return True
     print(f'WARNING: domain {domain!r} is evaluated by reward model stage '
           f'{d.reward_model_stage!r}, not trained yet: no score in this row', flush=True)

@@ -72,10 +72,6 @@ from rl import train_step as train_lib
 GIB = 2 ** 30
 
 
-def _as_dict(x) -> dict:
-  return x.to_dict() if hasattr(x, 'to_dict') else dict(x)
-
-
 @dataclasses.dataclass(frozen=True)
 class Target:
   """Where the programs are compiled for.
@@ -156,10 +152,10 @@ class StageReport:
 
 # ---------------------------------------------------------------- target devices
 
-def num_devices(config) -> int:
-  """Devices the config's mesh needs (product of config.mesh.shape; no -1 allowed here)."""
-  shape = tuple(config.mesh.shape)
-  if len(shape) != 3 or any(int(s) < 1 for s in shape):
+def num_devices(plan: config_lib.Plan) -> int:
+  """Devices the plan's mesh needs (product of config.mesh.shape; no -1 allowed here)."""
+  shape = plan.mesh_shape
+  if shape is None or len(shape) != 3 or any(int(s) < 1 for s in shape):
     raise ValueError(f'config.mesh.shape={shape}: the plan needs three explicit sizes '
                      '(data, fsdp, tensor), no -1')
   return int(np.prod(shape))
@@ -169,28 +165,29 @@ def have_libtpu() -> bool:
   return importlib.util.find_spec('libtpu') is not None
 
 
-def target(config, backend: str = 'auto', device_memory_gib: float | None = None) -> Target:
+def target(plan: config_lib.Plan, backend: str = 'auto',
+           device_memory_gib: float | None = None) -> Target:
   """The devices to compile for, per `backend` ('auto', 'tpu' or 'cpu').
 
   For 'cpu' the JAX CPU backend must have exactly the mesh's device count
   (`use_simulated_cpu_devices` before any JAX work, or XLA_FLAGS).
   """
-  n = num_devices(config)
-  hw = _as_dict(config.hardware) if 'hardware' in config else {}
-  gib = device_memory_gib if device_memory_gib is not None else hw.get('device_memory_gib', 0)
+  n = num_devices(plan)
+  hw = plan.hardware
+  gib = device_memory_gib if device_memory_gib is not None else hw.device_memory_gib
   limit = int(float(gib or 0) * GIB)
   if backend == 'auto':
-    backend = 'tpu' if have_libtpu() and hw.get('platform') == 'tpu' else 'cpu'
+    backend = default_backend(plan)
   if backend == 'tpu':
     from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-    topo = hw.get('topology')
+    topo = hw.topology
     if not topo:
       raise ValueError('config.hardware.topology: needed for --backend=tpu (e.g. v5p:4x4x4)')
     devices = tuple(topologies.get_topology_desc(platform='tpu', topology_name=topo).devices)
     if len(devices) != n:
       raise ValueError(f'config.hardware.topology={topo!r} has {len(devices)} chips; '
                        f'config.mesh.shape needs {n}')
-    desc = (f'{hw.get("name", topo)}: topology {topo} from libtpu, compiled by the TPU '
+    desc = (f'{hw.name or topo}: topology {topo} from libtpu, compiled by the TPU '
             f'compiler ({devices[0].device_kind}); over-HBM programs fail to compile')
     cpus = tuple(jax.devices('cpu'))
     if len(cpus) != n:
@@ -203,10 +200,15 @@ def target(config, backend: str = 'auto', device_memory_gib: float | None = None
   if len(devices) != n:
     raise ValueError(f'{len(devices)} CPU devices, the mesh needs {n}: call '
                      'launch.plan.use_simulated_cpu_devices(n) before any JAX work')
-  why = '' if hw.get('platform') != 'tpu' else ' (libtpu not installed: pip install "jax[tpu]")'
-  desc = (f'{n} simulated CPU devices standing in for {hw.get("name", "the target")}{why}; '
+  why = '' if hw.platform != 'tpu' else ' (libtpu not installed: pip install "jax[tpu]")'
+  desc = (f'{n} simulated CPU devices standing in for {hw.name or "the target"}{why}; '
           'XLA:CPU memory estimates, limit checked here')
   return Target(devices, 'cpu', desc, limit)
+
+
+def default_backend(plan: config_lib.Plan) -> str:
+  """'tpu' when libtpu is installed and the config targets a TPU, else 'cpu'."""
+  return 'tpu' if have_libtpu() and plan.hardware.platform == 'tpu' else 'cpu'
 
 
 def use_simulated_cpu_devices(n: int) -> None:
@@ -377,7 +379,8 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
   if sizes is not None:   # the engine's prefill call runs once per `prefill_prompts` prompts
     prompts = -(-sizes['rows'] // sizes.get('num_samples', 1))
     calls['sampler prefill'] = -(-prompts // sampler_cfg.get('prefill_prompts', 8))
-  seconds = _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hardware or {},
+  seconds = _step_seconds(stage, kind, model_cfg, mesh, rules, programs,
+                          hardware or config_lib.Hardware(),
                           calls=calls)
   return StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
                      mesh.size, resident=resident, seconds=seconds,
@@ -443,8 +446,8 @@ def _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hw,
   no peak. `calls`: program name -> calls per step (a frozen pass in chunks).
   """
   calls = calls or {}
-  peak = float(hw.get('peak_tflops', 0)) * 1e12
-  bw = float(hw.get('hbm_gbps', 0)) * 1e9
+  peak = hw.peak_tflops * 1e12
+  bw = hw.hbm_gbps * 1e9
   if not peak or not bw:
     return 0.0
   n = mesh.size
@@ -516,50 +519,48 @@ def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
 
 def _rm_stages(plan, stage) -> list:
   """The reward_model stages whose models score a sampling stage's rollouts."""
-  from cascade import verifier_set  # pylint: disable=g-import-not-at-top
+  import verifiers  # pylint: disable=g-import-not-at-top
   if not stage.SAMPLES:
     return []
   names = []
   for d in stage.domains:
     dom = plan.domains[d]
-    if dom.reward_model_stage and dom.verifier in verifier_set.RM_SCORER_OPTION:
+    if dom.reward_model_stage and verifiers.cls(dom.verifier).reward_model_option:
       names.append(dom.reward_model_stage)
   return [plan.stage(n) for n in dict.fromkeys(names)]
 
 
-def run_plan(config, tgt: Target, *, stages: Sequence[str] = (), with_sampler: bool = True,
-             with_eval: bool = True, with_train: bool = True, plan=None,
+def run_plan(plan: config_lib.Plan, tgt: Target, *, stages: Sequence[str] = (),
+             with_sampler: bool = True, with_eval: bool = True, with_train: bool = True,
              report: Callable[[StageReport], None] | None = None) -> list[StageReport]:
   """Compiles every selected stage for the config's mesh on `tgt`'s devices.
 
   Args:
-    config: the cascade config (validated here unless `plan` is given).
+    plan: the validated config (`cascade.config.validate`).
     tgt: from `target`.
     stages: stage names to plan (default: every training stage).
     with_sampler: compile RL stages' samplers too.
     with_eval: compile the evaluation's sampler too.
     with_train: compile the train steps.
-    plan: an already validated `cascade.config.Plan`.
     report: called with each StageReport as soon as it is ready.
 
   Returns:
     One StageReport per planned stage (and 'evaluation' last).
   """
-  plan = plan or config_lib.validate(config)
-  model_cfg, rules, sampler_cfg = plan.model, plan.rules, dict(plan.sampler)
+  model_cfg, rules, sampler_cfg = plan.model, plan.rules, plan.sampler.options()
   if tgt.kind == 'tpu' and model_cfg.attention == 'auto':
     # 'auto' resolves by the backend JAX runs on (this CPU host); the TPU programs use splash.
     model_cfg = model_cfg.replace(attention='splash')
-  hw = _as_dict(config.hardware) if 'hardware' in config else {}
-  if tgt.kind == 'tpu' or hw.get('platform') in ('tpu', 'gpu'):
+  hw = plan.hardware
+  if tgt.kind == 'tpu' or hw.platform in ('tpu', 'gpu'):
     # Both 'auto's resolve by the devices compiled for (these CPUs when simulated); the
     # accelerator's programs scan their layers.
     if sampler_cfg.get('decode_layers', 'auto') == 'auto':
       sampler_cfg['decode_layers'] = 'scan'
     if model_cfg.scan_layers == 'auto':
       model_cfg = model_cfg.replace(scan_layers=True)
-  mesh = sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.devices)
-  count_mesh = (sharding.make_mesh(tuple(config.mesh.shape), devices=tgt.count_devices)
+  mesh = sharding.make_mesh(plan.mesh_shape, devices=tgt.devices)
+  count_mesh = (sharding.make_mesh(plan.mesh_shape, devices=tgt.count_devices)
                 if tgt.count_devices else mesh)
   unknown = [s for s in stages if s not in [st.name for st in plan.stages]]
   if unknown:
@@ -658,20 +659,18 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     raise app.UsageError('--config is required')
+  plan = config_lib.validate(config)     # touches no device
   backend = _BACKEND.value
-  hw = _as_dict(config.hardware) if 'hardware' in config else {}
   if backend == 'auto':
-    backend = 'tpu' if have_libtpu() and hw.get('platform') == 'tpu' else 'cpu'
+    backend = default_backend(plan)
   # Backends start lazily: this takes effect as long as nothing has touched a
   # device yet (the config file only imports modules). The TPU path needs the
   # CPU devices too: FLOPs are counted on CPU lowerings of the same mesh.
-  use_simulated_cpu_devices(num_devices(config))
-  tgt = target(config, backend, _MEMORY.value)
-  plan = config_lib.validate(config)
-  model = _as_dict(config.model)
+  use_simulated_cpu_devices(num_devices(plan))
+  tgt = target(plan, backend, _MEMORY.value)
   model_cfg = plan.model
   print(f'target: {tgt.description}')
-  print(f'mesh (data, fsdp, tensor) = {tuple(config.mesh.shape)}; model {model["preset"]}: '
+  print(f'mesh (data, fsdp, tensor) = {plan.mesh_shape}; model {plan.model_name}: '
         f'{model_cfg.num_params() / 1e9:.2f}B parameters in {model_cfg.param_dtype}, compute '
         f'{model_cfg.dtype}, remat={model_cfg.remat}')
   print('memory is per device; total = arguments + outputs + temporaries - aliased '
@@ -679,8 +678,8 @@ def main(argv):
         "sampler's for its prefill and one step per decode loop (XLA counts a loop body "
         "once)\n",
         flush=True)
-  reports = run_plan(config, tgt, stages=_STAGES.value, with_sampler=_SAMPLER.value,
-                     with_eval=_EVAL.value, with_train=_TRAIN.value, plan=plan,
+  reports = run_plan(plan, tgt, stages=_STAGES.value, with_sampler=_SAMPLER.value,
+                     with_eval=_EVAL.value, with_train=_TRAIN.value,
                      report=lambda r: print(format_stage(r), flush=True))
   bad = failures(reports)
   if bad:

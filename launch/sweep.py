@@ -101,11 +101,11 @@ def select(points: list[dict[str, Any]], which: Sequence[str] | None) -> list[in
 def prepare(config_spec: str) -> None:
   """Runs the config's `prepare` step once, so parallel points do not build its output at once."""
   path, _, arg = config_spec.partition(':')
-  config = load_module(config_spec).get_config(arg or None)
-  if 'prepare' in config and config.prepare:
-    from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-    config_lib.Prepare(fn=config.prepare.fn, kwargs=dict(config.prepare.kwargs)).call()
-    logging.info('%s: prepare step %s done', path, config.prepare.fn)
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  plan = config_lib.validate(load_module(config_spec).get_config(arg or None))
+  if plan.prepare is not None:
+    plan.prepare.call()
+    logging.info('%s: prepare step %s done', path, plan.prepare.fn)
 
 
 def summarise(root: str, names: Sequence[str], points: Sequence[dict[str, Any]],

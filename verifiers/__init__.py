@@ -32,7 +32,7 @@ _BUILTIN = {
 }
 _registry = registry.Registry('verifier', Verifier, _BUILTIN)
 
-__all__ = ['Result', 'Sample', 'Verifier', 'get', 'names', 'register', 'validate']
+__all__ = ['Result', 'Sample', 'Verifier', 'cls', 'get', 'names', 'register', 'validate']
 
 
 def register(name: str, cls: type[Verifier]) -> None:
@@ -47,6 +47,16 @@ def register(name: str, cls: type[Verifier]) -> None:
 def names() -> list[str]:
   """Registered verifier names."""
   return _registry.names()
+
+
+def cls(name: str) -> type[Verifier]:
+  """The class registered under `name` (its class attributes say what it takes, e.g.
+  `reward_model_option`), imported on first use.
+
+  Raises:
+    ValueError: no such name.
+  """
+  return _registry.cls(name)
 
 
 def get(name: str, **options: Any) -> Verifier:

@@ -131,6 +131,12 @@ class Verifier:
 
   name = ''
   worker_fn = ''
+  # The keyword option a learned reward model's scorer is passed in (`(prompts, answers) ->
+  # [batch] scores`), for a verifier that takes one ('' = it takes none); the run builds the
+  # scorer from the domain's `reward_model_stage` (`cascade.verifier_set`).
+  reward_model_option = ''
+  # Whether the verifier cannot score at all without that reward model.
+  needs_reward_model = False
 
   def __init__(self, *, thinking_unfinished_reward: float | None = 0.0, workers: int | None = None,
                timeout_s: float = 10.0):

@@ -73,6 +73,7 @@ class InstructionFollowingVerifier(base.Verifier):
 
   name = 'instruction_following'
   worker_fn = 'verifiers.instruction_following:work'
+  reward_model_option = 'rm_scorer'   # thinking mode: the RM term (module docstring)
 
   def __init__(self, *, mode: str = 'strict', reward: str = 'all', rm_scorer: Scorer | None = None,
                group_size: int | None = None, **common: Any):

@@ -67,6 +67,8 @@ class RewardModelVerifier(base.Verifier):
   """Scores answers with `scorer`; see the module docstring."""
 
   name = 'reward_model'
+  reward_model_option = 'scorer'
+  needs_reward_model = True
 
   def __init__(self, *, scorer: Scorer, mixed_language_penalty: bool = False,
                mixed_language_min_chars: int = 3, thinking_unfinished_reward: float | None = None):

@@ -79,9 +79,9 @@ def _per_device_bytes(tree) -> int:
 @pytest.mark.heavy
 def test_plan_numbers_are_sane(tiny_path):
   config = _load(tiny_path)
-  tgt = plan.target(config, 'cpu')
+  tgt = plan.target(config_lib.validate(config), 'cpu')
   assert tgt.kind == 'cpu' and len(tgt.devices) == 8 and 'simulated' in tgt.description
-  [rep] = plan.run_plan(config, tgt, stages=['add_rl'], with_eval=False)
+  [rep] = plan.run_plan(config_lib.validate(config), tgt, stages=['add_rl'], with_eval=False)
   train, samp = rep.programs
   assert (train.name, samp.name) == ('train step', 'sampler')
   assert rep.fits and not train.error and not samp.error
@@ -112,7 +112,7 @@ def test_plan_numbers_are_sane(tiny_path):
   assert 'KV cache of 64 slots' in samp.shapes and '4 prompts prefilled once each' in samp.shapes
 
   # --notrain: an SFT stage has nothing left to compile.
-  assert plan.run_plan(config, tgt, stages=['sft'], with_train=False, with_eval=False) == []
+  assert plan.run_plan(config_lib.validate(config), tgt, stages=['sft'], with_train=False, with_eval=False) == []
 
   # An impossible limit fails, naming the stage and the program.
   small = plan.StageReport(rep.index, rep.name, rep.kind, rep.programs, 1024, rep.num_devices)
@@ -144,7 +144,7 @@ def test_paper_configs_validate(name):
   module = importlib.import_module(f'configs.{name}')
   config = module.get_config()
   p = config_lib.validate(config)
-  assert plan.num_devices(config) == 64 and config.hardware.topology == 'v5p:4x4x4'
+  assert plan.num_devices(p) == 64 and config.hardware.topology == 'v5p:4x4x4'
   for st in p.stages:
     if st.SAMPLES:
       assert getattr(st, 'kl_coef', 0.0) == 0.0 or (name == 'nemotron_cascade2' and 'rlhf' in st.name)
@@ -192,8 +192,8 @@ def test_frozen_passes_and_the_co_resident_peak(tiny_path):
   config.stages = [*config.stages[:2], dict(config.stages[2], kl_coef=0.01)]
   config.hardware.peak_tflops = 1.0
   config.hardware.hbm_gbps = 10.0
-  tgt = plan.target(config, 'cpu')
-  [rep] = plan.run_plan(config, tgt, stages=['add_rl'], with_eval=False)
+  tgt = plan.target(config_lib.validate(config), 'cpu')
+  [rep] = plan.run_plan(config_lib.validate(config), tgt, stages=['add_rl'], with_eval=False)
   train, samp, ref = rep.programs
   # The 16 rows of a step go through the reference in the train step's 2 microbatches.
   assert ref.name == 'reference forward'
@@ -242,8 +242,8 @@ def test_an_agentic_stage_plans_its_last_turn(tiny_path):
                         optimizer=dict(lr=1e-4), prompts_per_step=4, group_size=4,
                         max_prompt_len=32, max_response_len=96, max_turn_tokens=16,
                         microbatches=2)]
-  tgt = plan.target(config, 'cpu')
-  [rep] = plan.run_plan(config, tgt, stages=['tool_rl'], with_eval=False, with_train=False)
+  tgt = plan.target(config_lib.validate(config), 'cpu')
+  [rep] = plan.run_plan(config_lib.validate(config), tgt, stages=['tool_rl'], with_eval=False, with_train=False)
   [samp] = rep.programs
   assert samp.name == 'sampler' and not samp.error
   assert '16 rows' in samp.shapes and 'prompt bucket 128' in samp.shapes
@@ -254,8 +254,8 @@ def test_an_agentic_stage_plans_its_last_turn(tiny_path):
 def test_the_paged_engine_is_planned_with_its_page_pool(tiny_path):
   config = _load(tiny_path)
   config.sampler = dict(engine='paged', slots=8, page_size=8)
-  tgt = plan.target(config, 'cpu')
-  [rep] = plan.run_plan(config, tgt, stages=['add_rl'], with_eval=False, with_train=False)
+  tgt = plan.target(config_lib.validate(config), 'cpu')
+  [rep] = plan.run_plan(config_lib.validate(config), tgt, stages=['add_rl'], with_eval=False, with_train=False)
   samp, prefill = rep.programs
   assert (samp.name, prefill.name) == ('sampler', 'sampler prefill')
   assert not samp.error and samp.shapes.startswith('paged engine: 8 slots, a pool of 68 pages')
@@ -280,7 +280,7 @@ def test_programs_are_planned_with_the_platforms_layer_loops(tiny_path, platform
   # planned on these simulated CPUs plans the TPU's programs, which scan their layers.
   config = _load(tiny_path)
   config.hardware.platform = platform
-  [rep] = plan.run_plan(config, plan.target(config, 'cpu'), stages=['add_rl'], with_eval=False)
+  [rep] = plan.run_plan(config_lib.validate(config), plan.target(config_lib.validate(config), 'cpu'), stages=['add_rl'], with_eval=False)
   train, samp = rep.programs
   assert not samp.error and samp.shapes.endswith('decode phase(s)' + (
       ', layers unrolled)' if unrolled else ')')), samp.shapes
