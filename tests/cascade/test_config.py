@@ -294,3 +294,75 @@ def test_a_stage_with_only_warmup_still_decays_over_one_update():
   stages[0]['optimizer'] = dict(lr=1e-3, warmup_steps=4, schedule='cosine')   # steps=4
   c.stages = stages
   assert base.optimizer_config(validate(c).stages[0]).decay_steps == 1
+
+
+def test_make_config_hash_is_pinned():
+  # Workdirs of this config made before the typed sections still resume.
+  assert checkpoint.config_hash(make_config()) == '7b0a47bbec9591bc'
+  assert checkpoint.config_hash(validate(make_config()).source) == '7b0a47bbec9591bc'
+
+
+@pytest.mark.parametrize('hardware,message', [
+    (dict(platform='fpga'), "config.hardware.platform='fpga': unknown platform (known: tpu, gpu, "
+                            'cpu)'),
+    (dict(device_memory_gib=-1.0), 'config.hardware.device_memory_gib=-1.0: must be a finite '
+                                   'number >= 0'),
+    (dict(peak_tflops=float('inf')), 'config.hardware.peak_tflops=inf: must be a finite'),
+    (dict(topology=4), 'config.hardware.topology=4: must be a string'),
+    (dict(chips=64), 'config.hardware.chips: unknown field'),
+])
+def test_hardware_is_checked(hardware, message):
+  c = make_config()
+  c.hardware = hardware
+  with pytest.raises(config_lib.ConfigError) as e:
+    validate(c)
+  assert str(e.value).startswith(message), str(e.value)
+
+
+def test_hardware_and_sampler_are_typed_sections_of_the_plan():
+  c = make_config()
+  plan = validate(c)
+  assert plan.hardware == config_lib.Hardware() and plan.sampler.options() == {}
+  c.hardware = dict(name='node', platform='gpu', device_memory_gib=131, peak_tflops=989.0)
+  c.sampler = dict(prompt_buckets=[32, 64], engine='paged', slots=None,
+                   rollout_rules={'embed': None})
+  plan = validate(c)
+  assert (plan.hardware.platform, plan.hardware.device_memory_gib) == ('gpu', 131.0)
+  # Options left None take rl.sampler.Sampler's defaults: only the others are passed.
+  assert plan.sampler.options() == dict(prompt_buckets=(32, 64), engine='paged',
+                                        rollout_rules=(('embed', None),))
+  c.sampler = dict(engine='pagd')
+  with pytest.raises(config_lib.ConfigError, match=r"^config\.sampler\.engine='pagd': expected "
+                                                   r"one of \('one_call', 'paged'\)$"):
+    validate(c)
+
+
+def test_a_verifier_declares_its_reward_model_option(monkeypatch):
+  import verifiers  # pylint: disable=g-import-not-at-top
+  from cascade import verifier_set  # pylint: disable=g-import-not-at-top
+
+  class Judge(verifiers.Verifier):
+    name = 'judge'
+    reward_model_option = 'judge_scorer'     # all it takes: no list elsewhere names it
+
+    def __init__(self, *, judge_scorer=None, **common):
+      super().__init__(**common)
+      self.judge_scorer = judge_scorer
+
+  monkeypatch.setitem(verifiers._registry._entries, 'judge', Judge)  # pylint: disable=protected-access
+  c = make_config()
+  c.domains.chat.verifier = 'judge'
+  c.domains.chat.eval_verifier = 'math'
+  c.domains.mul.verifier_options = {}            # make_config's are not the math verifier's
+  plan = config_lib.validate(c, known_verifiers=VERIFIERS + ('judge',), known_formats=FORMATS)
+  scorer = lambda prompts, answers: None
+  vs = verifier_set.VerifierSet(plan, rm_scorer=lambda stage: scorer, rm_ready=lambda name: True)
+  vs.check_options()
+  assert vs.train_verifier('chat').judge_scorer is scorer
+  assert not hasattr(vs.eval_verifier('chat'), 'judge_scorer')
+  # A verifier that declares none takes no reward model stage.
+  c.domains.chat.verifier = 'code'
+  with pytest.raises(config_lib.ConfigError, match="neither verifier 'code' nor eval_verifier "
+                                                   r"'math' takes a reward model \(those that do: "
+                                                   'instruction_following, judge, reward_model'):
+    config_lib.validate(c, known_verifiers=VERIFIERS + ('judge',), known_formats=FORMATS)

@@ -1,0 +1,42 @@
+"""The config hash of every shipped config is pinned: a workdir made by an earlier version of the
+code resumes only if its config hashes the same (`checkpoint.guard_config`), so a change to how
+configs are read, validated or converted must leave these values as they are."""
+
+import importlib
+
+import pytest
+
+from cascade import checkpoint
+from cascade import config as config_lib
+
+_ROOT = 'root=/pinned/world'       # the tiny configs name files under their world's root
+PINNED = {
+    ('nemotron_cascade2', None): '86fdb1697102cd50',
+    ('nemotron_cascade2', 'hardware=h200x8'): 'd75e1833e7301ebe',
+    ('nemotron_cascade_14b', None): 'deb975b2dfe52be2',
+    ('nemotron_cascade_14b', 'hardware=h200x8'): '8751e034360fb42c',
+    ('nemotron_cascade_8b', None): '06ea8c323032f963',
+    ('nemotron_cascade_8b', 'hardware=h200x8'): '35506ee5bdbc734d',
+    ('tiny', f'drop=if_rl,{_ROOT}'): 'caf986061082502d',
+    ('tiny', f'order=cascade2,{_ROOT}'): '32f86bb085061af9',
+    ('tiny', _ROOT): '9f73499a0995dc7c',
+    ('tiny', f'smoke,{_ROOT}'): '7f827d2a26b3a410',
+    ('tiny', f'smoke,seed=3,eval_every=2,{_ROOT}'): '6e8f0b964c3797d3',
+    ('tiny_agentic', _ROOT): 'fe628a1796b90de3',
+    ('tiny_agentic', f'smoke,{_ROOT}'): '8a487a93b5f81e5e',
+    ('tiny_blended', _ROOT): '9da1e3840699b97f',
+    ('tiny_blended', f'smoke,{_ROOT}'): '7f585e2ac616e1da',
+    ('tiny_mopd', _ROOT): '77cc5a65713fa0f3',
+    ('tiny_mopd', f'smoke,{_ROOT}'): 'be0bedab161564d0',
+}
+
+
+@pytest.mark.parametrize('name,arg', sorted(PINNED, key=str), ids=lambda x: str(x))
+def test_shipped_config_hashes_are_pinned(name, arg):
+  config = importlib.import_module(f'configs.{name}').get_config(arg)
+  assert checkpoint.config_hash(config) == PINNED[(name, arg)]
+  # The run hashes the plan's plain-dict form of the config (it never reads the ConfigDict
+  # after validating it): the same value.
+  plan = config_lib.validate(config)
+  assert checkpoint.config_hash(plan.source) == PINNED[(name, arg)]
+  assert checkpoint.config_for_hash(plan.source) == checkpoint.config_for_hash(config)
