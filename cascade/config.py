@@ -39,21 +39,6 @@ _REQUIRED_SECTIONS = ('model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', '
                       'datasets', 'stages')
 
 
-def _thinking_ok(v) -> bool:
-  return v is None or isinstance(v, bool) or v == 'both'
-
-
-# config.eval fields a domain may set for itself (config.eval.domains.<name>.<field>).
-EVAL_DOMAIN_FIELDS = ('num_samples', 'max_new_tokens', 'max_prompt_len', 'num_prompts',
-                      'temperature', 'top_p', 'top_k', 'greedy', 'thinking')
-
-
-def _domains_ok(v) -> bool:
-  v = schema.plain(v)
-  return v is None or (isinstance(v, Mapping) and all(
-      isinstance(k, str) and isinstance(schema.plain(o), Mapping) for k, o in v.items()))
-
-
 def _get(cfg, key, default=None):
   try:
     return cfg[key] if key in cfg else default
@@ -76,11 +61,11 @@ _MAPPING = (_mapping_ok, 'must be a mapping')
 _STRING = ((lambda v: isinstance(v, str)), 'must be a string')
 
 
-# ---------------------------------------------------------------- model, tokenizer, mesh
+# ------------------------------------------ model, tokenizer, mesh, sampler, hardware
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Model:
-  """config.model: the policy's architecture, from a preset or from an HF checkpoint (one of them)."""
+  """config.model: the policy's architecture, from a preset or an HF checkpoint (one of them)."""
   # A `models.config.ModelConfig` preset, e.g. 'tiny' or 'qwen3_14b' ('' = none: hf_path).
   preset: str = schema.field('')
   # ModelConfig fields that replace the preset's, e.g. {'max_seq_len': 256}.
@@ -243,6 +228,23 @@ class Hardware:
   hbm_gbps: float = schema.field(0.0, check=_NONNEG, convert=float)
 
 
+# ---------------------------------------------------- evaluation, checkpoints, divergence
+
+def _thinking_ok(v) -> bool:
+  return v is None or isinstance(v, bool) or v == 'both'
+
+
+# config.eval fields a domain may set for itself (config.eval.domains.<name>.<field>).
+EVAL_DOMAIN_FIELDS = ('num_samples', 'max_new_tokens', 'max_prompt_len', 'num_prompts',
+                      'temperature', 'top_p', 'top_k', 'greedy', 'thinking')
+
+
+def _domains_ok(v) -> bool:
+  v = schema.plain(v)
+  return v is None or (isinstance(v, Mapping) and all(
+      isinstance(k, str) and isinstance(schema.plain(o), Mapping) for k, o in v.items()))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Eval:
   """config.eval: how every row of the matrix samples the held-out (and validation) prompts.
@@ -256,11 +258,16 @@ class Eval:
   are scored every N steps (0 = at stage ends only), logged as `val/<domain>`.
   `log_samples`: samples of every RL step logged to samples.jsonl and TensorBoard (0 = off).
   """
+  # Completions sampled per prompt (a domain's score is their mean).
   num_samples: int = schema.field(check=schema.int_at_least(1))
+  # The longest completion, and the longest prompt (longer ones are dropped), in tokens.
   max_new_tokens: int = schema.field(check=schema.int_at_least(1))
   max_prompt_len: int = schema.field(check=schema.int_at_least(1))
+  # Held-out prompts scored per domain (0 = all of them).
   num_prompts: int = schema.field(check=schema.int_at_least(0))
+  # Prompts per sampler call.
   batch_size: int = schema.field(check=schema.int_at_least(1))
+  # Sampling: temperature (> 0 unless greedy), nucleus top_p, top_k (0 = off), greedy decoding.
   temperature: float = schema.field(check=schema.num_in(0, what='must be a number >= 0'),
                                     convert=float)
   top_p: float = schema.field(check=schema.num_in(0, 1, lo_open=True, what='must be in (0, 1]'),
@@ -268,14 +275,20 @@ class Eval:
   top_k: int = schema.field(0, check=(lambda v: schema.is_int(v) and v >= 0,
                                       'must be an int >= 0 (0 = off)'))
   greedy: bool = schema.field(False, check=schema.BOOL)
+  # The /think switch: None (none), True, False, or 'both' (scored in both modes).
   thinking: Any = schema.field(None, check=(
       _thinking_ok, "must be None (no /think switch), True (/think), False (/no_think) or "
                     "'both'"))
+  # Evaluate the starting policy first (row 'init'); 'auto': when the first row is an RL stage's.
   initial: Any = schema.field('auto', check=((lambda v: v in ('auto', True, False)),
                                              "expected 'auto', True or False"))
+  # Samples of every RL step logged to samples.jsonl and TensorBoard (0 = off).
   log_samples: int = schema.field(2, check=schema.int_at_least(0))
+  # Prompts of each domain's validation set scored (0 = all).
   validation_prompts: int = schema.field(0, check=schema.int_at_least(0))
+  # Score the validation sets every N steps inside a stage that trains the policy (0 = never).
   eval_every: int = schema.field(0, check=schema.int_at_least(0))
+  # domain -> {field: value} overriding the fields above in EVAL_DOMAIN_FIELDS for that domain.
   domains: Any = schema.field(None, check=(
       _domains_ok, 'must be a mapping domain -> {field: value}'))
 
@@ -292,7 +305,9 @@ class Eval:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Ckpt:
   """config.ckpt: checkpoint every N steps (0: only at stage ends), keep the newest `keep`."""
+  # Save a checkpoint every N steps of a stage (0: only at its end).
   every_n_steps: int = schema.field(0, check=schema.int_at_least(0))
+  # Checkpoints kept per stage, newest first (the stage's final one is always among them).
   keep: int = schema.field(2, check=schema.int_at_least(1))
   # Seal every checkpoint step and HF export with sha256s and check them before a resume or a
   # reuse (`cascade.checksums`: each is read once more, about 1 s per GB).
@@ -335,6 +350,8 @@ class Divergence:
     if self.min_loss is not None and self.max_loss is not None and self.min_loss >= self.max_loss:
       fail('min_loss', f'must be below max_loss={self.max_loss:g}')
 
+
+# ---------------------------------------------------------------- the data-making step
 
 def _prepare_fn_ok(fn) -> bool:
   return isinstance(fn, str) and fn.count(':') == 1 and all(fn.split(':'))

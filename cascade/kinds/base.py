@@ -41,13 +41,20 @@ INIT_ROW = 'init'
 class Optimizer:
   """AdamW with linear warm-up, then constant or cosine (to min_lr_ratio * lr at the stage's
   end), and global-norm clipping (clip_norm 0 = none); weight decay on matrices only."""
+  # The peak learning rate.
   lr: float = field(check=num_in(0, lo_open=True, what='must be > 0'), convert=float)
+  # After the warm-up: 'constant' or 'cosine' (an `rl.train_step.SCHEDULES` name).
   schedule: str = field('constant', check=None)
+  # Updates of linear warm-up from 0 to lr.
   warmup_steps: int = field(0, check=int_at_least(0))
+  # Where cosine ends, as a fraction of lr.
   min_lr_ratio: float = field(0.0, check=num_in(0, 1), convert=float)
+  # The global gradient norm is clipped to this (0 = no clipping).
   clip_norm: float = field(1.0, check=num_in(0, what='must be >= 0 (0 = no clipping)'),
                            convert=float)
+  # AdamW's decoupled weight decay, on matrices only.
   weight_decay: float = field(0.0, check=num_in(0, what='must be >= 0'), convert=float)
+  # Adam's moment decays and epsilon.
   b1: float = field(0.9, check=num_in(0, 1, hi_open=True), convert=float)
   b2: float = field(0.999, check=num_in(0, 1, hi_open=True), convert=float)
   eps: float = field(1e-8, check=num_in(0, lo_open=True, what='must be > 0'), convert=float)
@@ -120,12 +127,17 @@ class StageConfig:
   SAMPLES: ClassVar[bool] = False
   BY_DOMAIN: ClassVar[bool] = False
 
+  # Set by the validator: the stage's position in config.stages, its kind and its name.
   index: int = field(user=False)
   kind: str = field(user=False)
   name: str = field(user=False)
+  # The policy the stage starts from: an earlier stage's name, or a checkpoint / HF directory
+  # path ('' = the policy the previous stage left).
   init_from: str = field('', check=((lambda v: isinstance(v, str)),
                                     'must be a string (an earlier stage name or a path)'))
+  # Evaluate every domain after the stage (a row of the matrix).
   evaluate: bool = field(True, check=BOOL)
+  # The domains and datasets the stage trains on (set by the kinds that train).
   domains: tuple = field((), user=False)
   datasets: tuple = field((), user=False)
 
@@ -172,13 +184,20 @@ class TrainStageConfig(StageConfig):
   LEAVES: ClassVar[str] = 'own'
   MODEL: ClassVar[str | None] = 'policy'
 
+  # The domains the stage trains on (config.domains names).
   domains: tuple = field(check=(_names, 'must be a non-empty list of domain names'),
                          convert=tuple)
+  # The datasets it reads (config.datasets names; None: the kind's default, e.g. an RL stage's
+  # domains' train sets).
   datasets: tuple | None = field(None, check=(_names, 'must be a non-empty list of dataset names'),
                                  convert=tuple)
+  # Optimizer updates in the stage.
   steps: int = field(check=int_at_least(1))
+  # The stage's optimizer (config.stages[i].optimizer, an `Optimizer`).
   optimizer: Optimizer = field()
+  # Each update's batch runs in this many sequential microbatches (gradients accumulated).
   microbatches: int = field(1, check=int_at_least(1))
+  # Start from a fresh optimizer state (False: carry on the one of the stage it starts from).
   reset_optimizer: bool = field(True, check=BOOL)
   # In-stage validation of this stage every N steps (None: config.eval.eval_every; 0: none),
   # e.g. a score curve through the RL stages without scoring a long SFT every N steps.
@@ -216,6 +235,7 @@ class PairStageConfig(TrainStageConfig):
   """A stage that trains on `batch_size` preference pairs of at most `max_len` tokens each."""
   RECORDS: ClassVar[str] = 'preference'
 
+  # Preference pairs per update, and the longest pair member in tokens.
   batch_size: int = field(check=int_at_least(1))
   max_len: int = field(check=int_at_least(2))
 

@@ -349,7 +349,8 @@ def test_a_verifier_declares_its_reward_model_option(monkeypatch):
       super().__init__(**common)
       self.judge_scorer = judge_scorer
 
-  monkeypatch.setitem(verifiers._registry._entries, 'judge', Judge)  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  monkeypatch.setitem(verifiers._registry._entries, 'judge', Judge)
   c = make_config()
   c.domains.chat.verifier = 'judge'
   c.domains.chat.eval_verifier = 'math'
