@@ -104,6 +104,19 @@ def copy_cascade():
 
 
 @pytest.fixture(scope='session')
+def faults():
+  """tests/faults.py, the fault-injection hooks a test installs in the training loop
+  (`cascade.kinds.loop.STEP_END_HOOKS`), for tests in any folder."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+      'faults', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'faults.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope='session')
 def bwrap_sandbox():
   """Requires a working bubblewrap sandbox: skips where bwrap is not installed, fails where it is
   installed but unusable (saying why), so a broken sandbox never passes as a skip."""

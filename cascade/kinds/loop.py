@@ -19,8 +19,6 @@ does.
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
 import sys
 import time
 from typing import Any, Callable, NamedTuple, Sequence
@@ -62,6 +60,12 @@ def build_train_step(kind: base.Kind, stage, graphdef, state, mesh, rules,
       microbatches=microbatches or stage.microbatches,
       lr_schedule=train_lib.make_schedule(opt_cfg))
 
+
+# Called at the end of every step, once its checkpoint (if one is due) is saved and before the
+# loop asks whether to stop: hook(stage name, step, saved, stage checkpoints). Empty in a run: it
+# is the seam where tests inject faults (tests/faults.py: a kill once a chosen step's checkpoint
+# is on disk, a signal at a chosen step).
+STEP_END_HOOKS: list[Callable[[str, int, bool, Any], None]] = []
 
 # Per-step metrics summed into a stage's accounting (progress.json, results.json "accounting").
 ACCOUNTED = ('step_s', 'sample_s', 'score_s', 'update_s', 'sample_idle_s', 'validation_s',
@@ -190,8 +194,8 @@ def train_stage(ctx, kind: base.Kind, stage,
     saved = step == stage.steps or (every and step % every == 0 and not watch.streak)
     if saved:
       save(step, state)
-      _test_kill_point(ckpts, f'{stage.name}:{step}')
-    _test_signal_point(f'{stage.name}:{step}')
+    for hook in STEP_END_HOOKS:
+      hook(stage.name, step, saved, ckpts)
     why = preemption.stop_requested()
     if why:
       if not saved:
@@ -242,23 +246,6 @@ def _roll_back(ctx, stage, ckpts, abstract, optimizer, seed, maker, start_data, 
                     f'rolled back to step {back}, learning rate x{watch.lr_scale:g} (rollback '
                     f'{watch.rollbacks} of {watch.policy.rollbacks})', file=sys.stderr)
   return back, state
-
-
-def _test_kill_point(ckpts, here: str) -> None:
-  """Tests only: `CASCADE_TEST_KILL_AT=<stage>:<step>` SIGKILLs the process once that step's
-  checkpoint is on disk, so a kill/resume test stops a run at a chosen point, not by a race."""
-  if os.environ.get('CASCADE_TEST_KILL_AT') == here:
-    ckpts.wait()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _test_signal_point(here: str) -> None:
-  """Tests only: `CASCADE_TEST_SIGNAL_AT=<stage>:<step>:<signal>` (e.g. `sft:3:SIGTERM`) sends
-  this process that signal at the end of that step, just before the loop asks whether to stop,
-  so a preemption test (one host of two, say) picks the step it is signalled at."""
-  at = os.environ.get('CASCADE_TEST_SIGNAL_AT', '')
-  if at.rpartition(':')[0] == here:
-    os.kill(os.getpid(), signal.Signals[at.rpartition(':')[2]])
 
 
 def _with_global_batch(step_fn, mesh, rules):

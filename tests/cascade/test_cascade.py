@@ -2,7 +2,7 @@
 
 The command line runs in subprocesses sharing a persistent compilation cache,
 so only the first run pays for compiling. A run killed with SIGKILL at a chosen
-point (the loop's `CASCADE_TEST_KILL_AT=<stage>:<step>` hook, right after that
+point (tests/faults.py's `--kill_at=<stage>:<step>` hook, right after that
 step's checkpoint: mid-SFT, mid-RL past a curriculum phase, at a stage's last
 step) and rerun must resume there and end with the same stage x domain matrix,
 and the same final weights, as the run that was never interrupted.
@@ -25,6 +25,7 @@ from models import chat
 from models import tokenizer as tokenizer_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAULTS = os.path.join(REPO, 'tests', 'faults.py')   # cascade.main with a test's kill hook
 
 CONFIG = '''
 import ml_collections
@@ -132,9 +133,10 @@ def _env(cache):
   return env
 
 
-def _cmd(world, workdir, *extra, arg=''):
-  return [sys.executable, '-m', 'cascade.main', f'--config={world / "cfg.py"}{arg}',
-          f'--workdir={workdir}', *extra]
+def _cmd(world, workdir, *extra, arg='', kill_at=None):
+  main = [FAULTS, f'--kill_at={kill_at}'] if kill_at else ['-m', 'cascade.main']
+  return [sys.executable, *main, f'--config={world / "cfg.py"}{arg}', f'--workdir={workdir}',
+          *extra]
 
 
 @pytest.fixture(scope='module')
@@ -162,9 +164,8 @@ def uninterrupted(world, cache, tmp_path_factory):
 
 def _killed_and_resumed(world, cache, workdir, stage, index, step, res_a):
   """Kills a run right after `stage`'s checkpoint `step`, reruns it; checks it resumed there."""
-  env = dict(_env(cache), CASCADE_TEST_KILL_AT=f'{stage}:{step}')
-  p = subprocess.run(_cmd(world, workdir), env=env, cwd=REPO, capture_output=True, text=True,
-                     timeout=600)
+  p = subprocess.run(_cmd(world, workdir, kill_at=f'{stage}:{step}'), env=_env(cache), cwd=REPO,
+                     capture_output=True, text=True, timeout=600)
   assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout[-2000:], p.stderr[-3000:])
   progress = json.loads((workdir / 'progress.json').read_text())
   assert stage not in progress['done']                           # killed mid-cascade
@@ -211,8 +212,8 @@ def test_cascade_killed_and_resumed_matches_uninterrupted(world, cache, uninterr
   assert [m['temperature'] for m in rl] == [1.0, 1.0, 1.0, 0.9, 0.9, 0.9]
   assert any(f.startswith('events.out.tfevents') for f in os.listdir(a / 'tb'))
 
-  # The same command, killed (SIGKILL, by the loop's CASCADE_TEST_KILL_AT hook right after the
-  # named step's checkpoint) and rerun, ends with the same matrix and weights.
+  # The same command, killed (SIGKILL, by tests/faults.py's kill hook right after the named
+  # step's checkpoint) and rerun, ends with the same matrix and weights.
   b = _killed_and_resumed(world, cache, tmp_path / 'b', 'copy_rl', 1, 4, res_a)
   assert _final_weights(b) == _final_weights(a)
 
@@ -232,9 +233,8 @@ def test_a_forked_run_copies_the_shared_stages_and_ends_as_the_uninterrupted_run
   a, _ = uninterrupted
   res_a = json.loads((a / 'results.json').read_text())
   src = tmp_path / 'src'
-  env = dict(_env(cache), CASCADE_TEST_KILL_AT='next_rl:2')
-  p = subprocess.run(_cmd(world, src), env=env, cwd=REPO, capture_output=True, text=True,
-                     timeout=600)
+  p = subprocess.run(_cmd(world, src, kill_at='next_rl:2'), env=_env(cache), cwd=REPO,
+                     capture_output=True, text=True, timeout=600)
   assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr[-3000:])
   fork = tmp_path / 'fork'
   out = _run(world, fork, cache, f'--fork_from={src}')

@@ -36,6 +36,7 @@ pytest.importorskip('gcp_storage_emulator', reason="the emulator: pip install -e
 from cascade import paths  # noqa: E402  pylint: disable=g-import-not-at-top
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAULTS = os.path.join(REPO, 'tests', 'faults.py')   # cascade.main with a test's kill hook
 BUCKET = 'bucket'                  # the gcs fixture's bucket (tests/conftest.py)
 
 
@@ -196,8 +197,9 @@ def _cli_env(gcs, cache):
   return env
 
 
-def _smoke(workdir, world_root, env, check=True):
-  cmd = [sys.executable, '-m', 'cascade.main',
+def _smoke(workdir, world_root, env, check=True, kill_at=None):
+  main = [FAULTS, f'--kill_at={kill_at}'] if kill_at else ['-m', 'cascade.main']
+  cmd = [sys.executable, *main,
          f'--config={REPO}/configs/tiny.py:smoke,root={world_root}', f'--workdir={workdir}',
          '--config.ckpt.every_n_steps=1', '--verbosity=-1']    # a checkpoint per step to kill at
   p = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
@@ -230,7 +232,7 @@ def test_smoke_cascade_on_gcs_killed_and_resumed_matches_local(gcs, tmp_path):
   want = matrix(json.loads((local / 'results.json').read_text()))
 
   workdir, world = gcs.root + '/run', gcs.root + '/world'
-  killed = _smoke(workdir, world, dict(env, CASCADE_TEST_KILL_AT='math_rl:1'), check=False)
+  killed = _smoke(workdir, world, env, check=False, kill_at='math_rl:1')
   assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
   # The world was built locally and uploaded (stamp last); data and tokenizer are read from it.
   assert paths.exists(paths.join(world, 'seed0', 'stamp.json'))

@@ -4,8 +4,8 @@ A stub batch maker drives the real loop (real Policies, Orbax checkpoints, SFT t
 a tiny model): each step's batch is built from the records the stage's loader hands out, and
 the maker logs (step, rng, record ids). A run stopped after a checkpoint and resumed by a
 fresh loop must log the same steps with the same data and keys, and end with bit-identical
-params, as a run that was never stopped. `CASCADE_TEST_KILL_AT` (the loop's test kill point)
-fires right after the named step's checkpoint is on disk.
+params, as a run that was never stopped. The kill hook of tests/faults.py (installed in the
+loop's `STEP_END_HOOKS`) fires right after the named step's checkpoint is on disk.
 """
 
 import itertools
@@ -141,7 +141,7 @@ def test_a_stage_stopped_mid_way_resumes_with_its_data_position_and_rng(
 
 
 def test_kill_point_fires_after_that_steps_checkpoint_and_the_run_resumes(
-    uninterrupted, tmp_path, capsys, monkeypatch):
+    uninterrupted, tmp_path, capsys, monkeypatch, faults):
   plan, log_a, res_a = uninterrupted
   killed = []
 
@@ -152,15 +152,15 @@ def test_kill_point_fires_after_that_steps_checkpoint_and_the_run_resumes(
     on_disk.close()
     raise _Stop('killed')
 
-  monkeypatch.setenv('CASCADE_TEST_KILL_AT', 'sft:4')
-  monkeypatch.setattr(loop.os, 'kill', kill)
+  monkeypatch.setattr(loop, 'STEP_END_HOOKS', [faults.kill_at('sft:4')])
+  monkeypatch.setattr(faults.os, 'kill', kill)
   log_b = []
   with pytest.raises(_Stop):
     _run(plan, tmp_path, log_b)
   import signal  # pylint: disable=g-import-not-at-top
   assert killed == [(os.getpid(), signal.SIGKILL, [2, 4])]   # step 4 is complete on disk
   assert [s for s, *_ in log_b] == [0, 1, 2, 3]
-  monkeypatch.delenv('CASCADE_TEST_KILL_AT')
+  monkeypatch.setattr(loop, 'STEP_END_HOOKS', [])
   resumed = []
   res_b = _run(plan, tmp_path, resumed)
   assert '[0] sft: resuming at step 4/6' in capsys.readouterr().out

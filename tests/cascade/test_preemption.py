@@ -18,6 +18,7 @@ import pytest
 from cascade import preemption
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAULTS = os.path.join(REPO, 'tests', 'faults.py')   # cascade.main with a test's signal hook
 
 
 def test_a_signal_becomes_a_stop_request_and_the_handlers_come_back():
@@ -46,14 +47,15 @@ def test_a_second_signal_leaves_at_once_with_the_preemption_status():
   assert 'Traceback' not in proc.stderr
 
 
-def _cmd(config, workdir, *overrides):
-  return [sys.executable, '-m', 'cascade.main', f'--config={config}', f'--workdir={workdir}',
-          '--verbosity=-1', '--config.ckpt.every_n_steps=0', *overrides]
+def _cmd(config, workdir, *overrides, signal_at=None):
+  main = [FAULTS, f'--signal_at={signal_at}'] if signal_at else ['-m', 'cascade.main']
+  return [sys.executable, *main, f'--config={config}', f'--workdir={workdir}', '--verbosity=-1',
+          '--config.ckpt.every_n_steps=0', *overrides]
 
 
-def _run(config, workdir, env=None):
-  return subprocess.run(_cmd(config, workdir), cwd=REPO, capture_output=True, text=True,
-                        timeout=600, env=dict(os.environ, **(env or {})))
+def _run(config, workdir, signal_at=None):
+  return subprocess.run(_cmd(config, workdir, signal_at=signal_at), cwd=REPO,
+                        capture_output=True, text=True, timeout=600)
 
 
 def _lines(stderr):
@@ -102,7 +104,7 @@ def _sft_steps(work):
 @pytest.mark.heavy
 def test_sigterm_mid_stage_checkpoints_that_step_and_the_rerun_resumes_there(world, tmp_path):
   work = tmp_path / 'run'
-  proc = _run(world, work, env={'CASCADE_TEST_SIGNAL_AT': 'sft:3:SIGTERM'})
+  proc = _run(world, work, signal_at='sft:3:SIGTERM')
   assert proc.returncode == preemption.EXIT_CODE == 75, proc.stderr[-3000:]
   lines = _lines(proc.stderr)
   assert lines[-1] == ("SIGTERM: stopped at stage 0 'sft' step 3/6, checkpoint saved; rerun "
@@ -135,9 +137,8 @@ def test_ctrl_c_stops_at_the_next_step_boundary_without_a_traceback(world, tmp_p
 @pytest.mark.heavy
 def test_a_second_signal_while_saving_damages_nothing(world, tmp_path):
   work = tmp_path / 'run'
-  proc = subprocess.Popen(_cmd(world, work), cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True,
-                          env=dict(os.environ, CASCADE_TEST_SIGNAL_AT='sft:3:SIGTERM'))
+  proc = subprocess.Popen(_cmd(world, work, signal_at='sft:3:SIGTERM'), cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   # The first SIGTERM (the hook's, at step 3) starts the stop's save; a second one lands on it.
   stderr = _signal_on(proc, [('stopping at the next step boundary', signal.SIGTERM)])
   proc.wait(600)

@@ -3,8 +3,8 @@ one collective checkpoint, and the rerun resumes both there and ends as an unint
 
 Two local JAX processes (4 CPU devices each, gloo) run the command line on one (2, 2, 2) mesh
 over a shared workdir, an SFT stage of 4 steps checkpointed only at its end. Process 1 alone is
-sent SIGTERM at the end of step 2 (`CASCADE_TEST_SIGNAL_AT`); the stop flag all-gathered at each
-step boundary stops process 0 there too.
+sent SIGTERM at the end of step 2 (tests/faults.py's `--signal_at` hook); the stop flag
+all-gathered at each step boundary stops process 0 there too.
 
 Marked slow: three two-process runs compiling on a shared 2-core machine take minutes.
 """
@@ -17,6 +17,7 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAULTS = os.path.join(REPO, 'tests', 'faults.py')   # cascade.main with a test's signal hook
 
 _SFT_ONLY = '''
 import importlib.util, os
@@ -50,7 +51,7 @@ def config(tmp_path_factory, copy_cascade):
 
 
 def _run_two(config, workdir, signal_at=None):
-  """Both processes of one run; `signal_at`: process -> CASCADE_TEST_SIGNAL_AT. Returns
+  """Both processes of one run; `signal_at`: process -> its `--signal_at` hook. Returns
   [(exit status, stdout, stderr)] by process."""
   coordinator = f'127.0.0.1:{_free_port()}'
   procs = []
@@ -58,13 +59,11 @@ def _run_two(config, workdir, signal_at=None):
     env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO, JAX_COORDINATOR_ADDRESS=coordinator,
                JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(i),
                XLA_FLAGS='--xla_force_host_platform_device_count=4')
-    env.pop('CASCADE_TEST_SIGNAL_AT', None)
-    if signal_at and i in signal_at:
-      env['CASCADE_TEST_SIGNAL_AT'] = signal_at[i]
+    main = ([FAULTS, f'--signal_at={signal_at[i]}'] if signal_at and i in signal_at
+            else ['-m', 'cascade.main'])
     procs.append(subprocess.Popen(
-        [sys.executable, '-m', 'cascade.main', f'--config={config}', f'--workdir={workdir}',
-         '--verbosity=-1'], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True))
+        [sys.executable, *main, f'--config={config}', f'--workdir={workdir}', '--verbosity=-1'],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
   out = []
   try:
     for p in procs:
