@@ -159,8 +159,9 @@ class Admission(NamedTuple):
 class Batch(NamedTuple):
   """One decode call: the live slots packed per shard, and the device's view of each row.
 
-  Row j of the call is on shard j // (rows / shards), as its slot's pages are;
+  Row j of the call is on shard j // (k / shards), as its slot's pages are;
   padding rows repeat one of their shard's slots, not live, so they write nothing.
+  Shapes: k = the call's rows (a power of two per shard), M = page-table columns.
   """
   slots: np.ndarray        # [live] the live slots, in the call's row order
   live: np.ndarray         # [k] bool, a real row
