@@ -3,8 +3,9 @@
   from cascade import runner
   results = runner.run(config, '/tmp/runs/tiny')     # or cascade.run(config, workdir)
 
-1. Validate the whole config into a `Plan` (`cascade.config.validate`) and
-   refuse a workdir that holds a different config.
+1. Validate the whole config into a `Plan` (`cascade.config.validate`; nothing
+   after this reads the ConfigDict) and refuse a workdir that holds a
+   different config (`checkpoint.guard_config` of `plan.source`).
 2. Run the config's `prepare` step if it names one (e.g. build the tiny
    world), then build the mesh, tokenizer, sampler, verifiers, and load and
    check every dataset (a malformed record stops the run here, before any step).
