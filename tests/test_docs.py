@@ -1,0 +1,37 @@
+"""The docs pages name the tests that show their claims: every named test exists."""
+
+import ast
+import os
+import re
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(REPO, 'docs')
+# `tests/a/test_b.py::test_c` (a parametrized id's brackets are not part of the name).
+_NODE = re.compile(r'`(tests/[\w/]+\.py)::(\w+)')
+
+
+def _pages():
+  return sorted(n for n in os.listdir(DOCS) if n.endswith('.md'))
+
+
+def _tests_in(path):
+  with open(os.path.join(REPO, path), encoding='utf-8') as f:
+    tree = ast.parse(f.read())
+  return {n.name for n in ast.walk(tree)
+          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith('test')}
+
+
+@pytest.mark.parametrize('page', _pages())
+def test_every_test_a_docs_page_names_exists(page):
+  with open(os.path.join(DOCS, page), encoding='utf-8') as f:
+    named = _NODE.findall(f.read())
+  missing = [f'{path}::{name}' for path, name in named
+             if not os.path.exists(os.path.join(REPO, path)) or name not in _tests_in(path)]
+  assert not missing, f'docs/{page} names tests that do not exist: {missing}'
+
+
+def test_the_survival_page_names_tests():
+  with open(os.path.join(DOCS, 'what_a_run_survives.md'), encoding='utf-8') as f:
+    assert len(_NODE.findall(f.read())) >= 40
