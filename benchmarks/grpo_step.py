@@ -95,6 +95,8 @@ _SCAN_LAYERS = flags.DEFINE_enum('scan_layers', 'auto', ['auto', 'true', 'false'
                                  "Our model's ModelConfig.scan_layers ('auto': a Python loop "
                                  'over the blocks on CPU, a scan elsewhere).')
 
+GRPO_LOSS = train_lib.LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)
+
 
 def _model_config() -> config_lib.ModelConfig:
   scan = {'auto': 'auto', 'true': True, 'false': False}[_SCAN_LAYERS.value]
@@ -122,7 +124,7 @@ class _Ours:
     opt_cfg = train_lib.OptimizerConfig(learning_rate=_LR.value, max_grad_norm=1.0)
     opt = train_lib.make_optimizer(opt_cfg)
     self.state = train_lib.init_state(jax.tree.map(jnp.copy, params), opt, seed=_SEED.value)
-    self.step = train_lib.make_train_step(self.graphdef, 'grpo', grpo.GrpoConfig(), opt)
+    self.step = train_lib.make_train_step(self.graphdef, GRPO_LOSS, grpo.GrpoConfig(), opt)
     self.prompts = prompts
     self.calls = 0
 
@@ -242,7 +244,7 @@ class _Longtail:
     opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=_LR.value,
                                                              max_grad_norm=1.0))
     self.state = train_lib.init_state(jax.tree.map(jnp.copy, params), opt, seed=_SEED.value)
-    self.step = train_lib.make_train_step(self.graphdef, 'grpo', grpo.GrpoConfig(), opt)
+    self.step = train_lib.make_train_step(self.graphdef, GRPO_LOSS, grpo.GrpoConfig(), opt)
     self.prompts, self.limits, self.engine = prompts, limits, engine
     self.pack_tokens = _PACK_TOKENS.value or _PROMPT_LEN.value + _NEW_TOKENS.value
     self.calls = 0

@@ -34,6 +34,7 @@ from models import attention
 from models import config as config_lib
 from models import transformer
 from rl import batch as batch_lib
+from rl import sft
 from rl import train_step as train_lib
 
 _LENGTHS = flags.DEFINE_list('lengths', ['4096', '8192', '16384', '32768', '65536'],
@@ -46,6 +47,8 @@ _LAYERS = flags.DEFINE_integer('layers', 2, 'Transformer blocks.')
 _EMBED = flags.DEFINE_integer('embed', 256, 'Residual width.')
 _HEADS = flags.DEFINE_integer('heads', 4, 'Query heads (head_dim 64, 2 K/V heads).')
 _VOCAB = flags.DEFINE_integer('vocab', 4096, 'Vocabulary.')
+
+SFT = train_lib.LossSpec(sft.SftConfig, sft.loss_fn, sft.normalizers)
 
 
 def model_config(impl: str, length: int) -> config_lib.ModelConfig:
@@ -75,7 +78,7 @@ def measure(impl: str, length: int, run: bool, flops_rate: float) -> dict:
   graphdef, params = nnx.split(transformer.create(cfg, seed=0))
   opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=1e-4))
   state = train_lib.init_state(params, opt)
-  step = train_lib.make_train_step(graphdef, 'sft', None, opt)
+  step = train_lib.make_train_step(graphdef, SFT, None, opt)
   batch = jax.tree.map(jnp.asarray, sft_batch(length))
   t0 = time.perf_counter()
   lowered = step.lower(state, batch)
@@ -84,7 +87,7 @@ def measure(impl: str, length: int, run: bool, flops_rate: float) -> dict:
   mem = compiled.memory_analysis()
   unrolled_cfg = dataclasses.replace(cfg, scan_layers=False)
   unrolled = train_lib.make_train_step(
-      nnx.split(nnx.eval_shape(lambda: transformer.create(unrolled_cfg, seed=0)))[0], 'sft',
+      nnx.split(nnx.eval_shape(lambda: transformer.create(unrolled_cfg, seed=0)))[0], SFT,
       None, opt)
   cost = unrolled.lower(state, batch).cost_analysis()   # XLA counts a scan body once
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost

@@ -130,7 +130,8 @@ def run_check(preset: str, mesh_shape, rows: int, prompt_len: int, seq: int) -> 
   opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=1e-3, max_grad_norm=1.0))
   state = train_lib.init_state(params, opt, seed=0, mesh=mesh, rules=rules)
   before = np.asarray(jax.tree.leaves(state.params)[0]).copy()
-  step = train_lib.make_train_step(graphdef, 'grpo', grpo.GrpoConfig(), opt, mesh=mesh,
+  loss = train_lib.LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)
+  step = train_lib.make_train_step(graphdef, loss, grpo.GrpoConfig(), opt, mesh=mesh,
                                    rules=rules, state=state)
   t0 = time.perf_counter()
   state, metrics = step(state, batch)

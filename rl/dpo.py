@@ -20,7 +20,8 @@ Usage (the reference log-probs are computed once per batch, before the step):
   batch = dpo.make_batch(tokenizer, prompts, chosen, rejected, max_len=512)
   ref_c, ref_r = dpo.reference_logps(graphdef, ref_params, batch)
   batch = batch._replace(ref_chosen_logps=ref_c, ref_rejected_logps=ref_r)
-  step = train_step.make_train_step(graphdef, 'dpo', dpo.DpoConfig(beta=0.1), optimizer)
+  loss = train_step.LossSpec(dpo.DpoConfig, dpo.loss_fn, dpo.normalizers)
+  step = train_step.make_train_step(graphdef, loss, dpo.DpoConfig(beta=0.1), optimizer)
 
 Both sides of a pair are rows of the same length; every field of a
 `DpoBatch` has the pair axis first, so the train step splits pairs over the

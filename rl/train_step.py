@@ -3,12 +3,14 @@
   optimizer = train_step.make_optimizer(train_step.OptimizerConfig(learning_rate=2e-6))
   graphdef, params = nnx.split(model)
   state = train_step.init_state(params, optimizer, seed=0, mesh=mesh)
-  step = train_step.make_train_step(graphdef, 'grpo', grpo.GrpoConfig(), optimizer,
+  loss = train_step.LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)
+  step = train_step.make_train_step(graphdef, loss, grpo.GrpoConfig(), optimizer,
                                     state=state, mesh=mesh, microbatches=4)
   state, metrics = step(state, batch)       # or run_step(step, state, batch) for tokens/s
 
-Losses come from the `LOSSES` registry by name; each is a pure function
-`loss(model, batch, cfg, norm) -> (loss, metrics)` whose denominators `norm`
+A loss is handed to the step as a `LossSpec` (its config class, loss function and
+normalizers; a stage kind owns its own, `cascade.kinds.<kind>.LOSS`); the loss is a pure
+function `loss(model, batch, cfg, norm) -> (loss, metrics)` whose denominators `norm`
 are computed once over the whole batch, so the microbatches of a
 `lax.scan` gradient accumulation add up to exactly the full-batch loss and
 gradient. Loss metrics add up across microbatches, except '_max' keys,
@@ -37,11 +39,6 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import sharding
-from rl import distill
-from rl import dpo
-from rl import grpo
-from rl import reward_model
-from rl import sft
 
 
 class TrainState(NamedTuple):
@@ -62,20 +59,17 @@ class TrainState(NamedTuple):
 
 
 class LossSpec(NamedTuple):
-  """A registered loss: its config class, loss function and whole-batch denominators."""
+  """A loss as the train step takes it, e.g.
+  `LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)`.
+
+  Attributes:
+    config: its frozen config dataclass.
+    loss: (model, batch, cfg, norm) -> (loss, metrics), pure.
+    normalizers: (batch, cfg) -> the whole batch's denominators (`norm`).
+  """
   config: type
   loss: Callable
   normalizers: Callable
-
-
-LOSSES: dict[str, LossSpec] = {
-    'grpo': LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers),
-    'sft': LossSpec(sft.SftConfig, sft.loss_fn, sft.normalizers),
-    'reward_model': LossSpec(reward_model.RewardModelConfig, reward_model.loss_fn,
-                             reward_model.normalizers),
-    'mopd': LossSpec(distill.MopdConfig, distill.loss_fn, distill.normalizers),
-    'dpo': LossSpec(dpo.DpoConfig, dpo.loss_fn, dpo.normalizers),
-}
 
 
 def _as_config(cls: type, cfg, what: str):
@@ -92,11 +86,9 @@ def _as_config(cls: type, cfg, what: str):
   return cls(**fields)
 
 
-def loss_config(loss_name: str, cfg=None):
-  """The typed config of a registered loss from a dict / ConfigDict / instance / None."""
-  if loss_name not in LOSSES:
-    raise ValueError(f'unknown loss {loss_name!r}; known: {sorted(LOSSES)}')
-  return _as_config(LOSSES[loss_name].config, cfg, f'{loss_name} loss config')
+def loss_config(loss: LossSpec, cfg=None):
+  """The typed config of a loss from a dict / ConfigDict / instance / None."""
+  return _as_config(loss.config, cfg, f'{loss.config.__name__} (loss config)')
 
 
 # ---------------------------------------------------------------- optimizer
@@ -272,7 +264,7 @@ def _split_microbatches(batch, m: int):
   return jax.tree.map(split, batch)
 
 
-def make_train_step(graphdef, loss_name: str, loss_cfg, optimizer: optax.GradientTransformation,
+def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.GradientTransformation,
                     *, mesh=None, rules=None, state: Optional[TrainState] = None,
                     microbatches: int = 1, lr_schedule: Optional[optax.Schedule] = None,
                     donate: bool = True):
@@ -280,9 +272,9 @@ def make_train_step(graphdef, loss_name: str, loss_cfg, optimizer: optax.Gradien
 
   Args:
     graphdef: nnx GraphDef of the model (Transformer, or RewardModel for
-      'reward_model').
-    loss_name: key of LOSSES: 'grpo', 'sft', 'reward_model', 'mopd' or 'dpo'.
-    loss_cfg: that loss's config (instance, dict, ConfigDict or None).
+      the reward-model loss).
+    loss: the loss (config class, loss function, normalizers).
+    loss_cfg: its config (instance, dict, ConfigDict or None).
     optimizer: the optax transformation the state was initialised with.
     mesh: run sharded on this mesh: params/optimizer state by logical axes,
       every batch leaf split over 'batch' on its first dimension.
@@ -298,10 +290,11 @@ def make_train_step(graphdef, loss_name: str, loss_cfg, optimizer: optax.Gradien
   Returns:
     A jax.jit-ed function (it has `.lower` for ahead-of-time compilation).
   """
-  spec = LOSSES.get(loss_name)
-  if spec is None:
-    raise ValueError(f'unknown loss {loss_name!r}; known: {sorted(LOSSES)}')
-  cfg = loss_config(loss_name, loss_cfg)
+  if not isinstance(loss, LossSpec):
+    raise TypeError(f'make_train_step: the loss is a LossSpec (config class, loss function, '
+                    f'normalizers), got {loss!r}')
+  spec = loss
+  cfg = loss_config(spec, loss_cfg)
   if microbatches < 1:
     raise ValueError(f'make_train_step: microbatches={microbatches} must be >= 1')
   rules = sharding.get_rules() if rules is None else rules

@@ -299,8 +299,8 @@ class Kind(NamedTuple):
     name: the `kind` string of a stage dict.
     config: the StageConfig subclass.
     run: (ctx, stage) -> StageResult.
-    loss: (stage) -> (loss name in rl.train_step.LOSSES, loss config); None
-      for kinds that do not train.
+    loss: (stage) -> (the kind's `rl.train_step.LossSpec`, its config for the stage);
+      None for kinds that do not train.
     abstract_batch: (stage, mesh, rules) -> (train batch of ShapeDtypeStructs
       for the stage's largest step, description); None for kinds that do not train.
     sampler_sizes: (stage) -> dict(rows, prompt_len, max_new_tokens, top_p,

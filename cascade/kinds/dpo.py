@@ -25,6 +25,7 @@ from cascade.kinds import base
 from cascade.kinds import loop
 from models import sharding
 from rl import dpo as dpo_lib
+from rl import train_step as train_lib
 
 
 def _thinking_ok(v) -> bool:
@@ -43,9 +44,12 @@ class Config(base.PairStageConfig):
       none_is_a_value=True)
 
 
+LOSS = train_lib.LossSpec(dpo_lib.DpoConfig, dpo_lib.loss_fn, dpo_lib.normalizers)
+
+
 def loss(stage: Config):
-  return 'dpo', dpo_lib.DpoConfig(beta=stage.beta, label_smoothing=stage.label_smoothing,
-                                  loss_type=stage.loss_type)
+  return LOSS, dpo_lib.DpoConfig(beta=stage.beta, label_smoothing=stage.label_smoothing,
+                                 loss_type=stage.loss_type)
 
 
 def abstract_batch(stage: Config, mesh, rules):

@@ -27,6 +27,7 @@ from cascade.kinds import loop
 from cascade.kinds import rl
 from rl import batch as batch_lib
 from rl import grpo as grpo_lib
+from rl import train_step as train_lib
 from cascade import data as data_lib
 
 
@@ -53,8 +54,12 @@ class Config(rl.RLStageConfig):
     super().check(fail)
 
 
+# The loss this kind trains with (the agentic kind's too).
+LOSS = train_lib.LossSpec(grpo_lib.GrpoConfig, grpo_lib.loss_fn, grpo_lib.normalizers)
+
+
 def loss(stage: Config):
-  return 'grpo', grpo_lib.GrpoConfig(
+  return LOSS, grpo_lib.GrpoConfig(
       advantage=stage.advantage, aggregation=stage.loss_agg, kl_coef=stage.kl_coef,
       kl_estimator=stage.kl_estimator, clip_eps_low=stage.clip_eps_low,
       clip_eps_high=stage.clip_eps_high, entropy_coef=stage.entropy_coef)

@@ -54,9 +54,9 @@ def build_train_step(kind: base.Kind, stage, graphdef, state, mesh, rules,
   """The jitted train step of a stage (what the runner runs and `launch.plan` compiles)."""
   opt_cfg = base.optimizer_config(stage)
   optimizer = train_lib.make_optimizer(opt_cfg)
-  loss_name, loss_cfg = kind.loss(stage)
+  loss, loss_cfg = kind.loss(stage)
   return train_lib.make_train_step(
-      graphdef, loss_name, loss_cfg, optimizer, mesh=mesh, rules=rules, state=state,
+      graphdef, loss, loss_cfg, optimizer, mesh=mesh, rules=rules, state=state,
       microbatches=microbatches or stage.microbatches,
       lr_schedule=train_lib.make_schedule(opt_cfg))
 

@@ -34,6 +34,7 @@ from cascade.kinds import loop
 from cascade.kinds import rl
 from rl import batch as batch_lib
 from rl import distill
+from rl import train_step as train_lib
 
 INIT_ROW = base.INIT_ROW
 
@@ -79,9 +80,12 @@ class Config(rl.RLStageConfig):
     return dataclasses.replace(out, teachers=teachers)
 
 
+LOSS = train_lib.LossSpec(distill.MopdConfig, distill.loss_fn, distill.normalizers)
+
+
 def loss(stage: Config):
   del stage
-  return 'mopd', distill.MopdConfig()
+  return LOSS, distill.MopdConfig()
 
 
 def abstract_batch(stage: Config, mesh, rules):

@@ -26,6 +26,7 @@ from cascade.kinds import base
 from cascade.kinds import loop
 from models import sharding
 from rl import reward_model as rm_lib
+from rl import train_step as train_lib
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,9 +38,12 @@ class Config(base.PairStageConfig):
   evaluate: bool = base.field(False, check=base.BOOL)
 
 
+LOSS = train_lib.LossSpec(rm_lib.RewardModelConfig, rm_lib.loss_fn, rm_lib.normalizers)
+
+
 def loss(stage: Config):
   del stage
-  return 'reward_model', None
+  return LOSS, None
 
 
 def abstract_batch(stage: Config, mesh, rules):

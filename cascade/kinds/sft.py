@@ -32,6 +32,7 @@ from models import chat
 from models import sharding
 from rl import batch as batch_lib
 from rl import sft as sft_lib
+from rl import train_step as train_lib
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,9 +73,12 @@ def example(rec: dict, tokenizer, thinking_switch: bool, max_len: int):
   return toks, mask
 
 
+LOSS = train_lib.LossSpec(sft_lib.SftConfig, sft_lib.loss_fn, sft_lib.normalizers)
+
+
 def loss(stage: Config):
   del stage
-  return 'sft', None
+  return LOSS, None
 
 
 def abstract_batch(stage: Config, mesh, rules):

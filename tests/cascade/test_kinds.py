@@ -17,6 +17,7 @@ from cascade import kinds
 from cascade import runner
 from cascade.kinds import base
 from cascade.kinds import loop
+from rl import grpo as grpo_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -79,8 +80,9 @@ def test_optimizer_rejects_infinite_learning_rate():
 def test_grpo_fields_reach_the_loss_config_and_updates_split_the_batch():
   st = _stage({**GRPO, 'clip_eps_high': 0.28, 'entropy_coef': 0.01, 'updates_per_batch': 2,
                'microbatches': 2})
-  name, cfg = kinds.get('grpo').loss(st)
-  assert name == 'grpo' and cfg.clip_eps_high == 0.28 and cfg.entropy_coef == 0.01
+  loss, cfg = kinds.get('grpo').loss(st)
+  assert loss.loss is grpo_lib.loss_fn and isinstance(cfg, loss.config)
+  assert cfg.clip_eps_high == 0.28 and cfg.entropy_coef == 0.01
   # The learning-rate schedule spans every update, not every rollout batch.
   assert base.optimizer_config(st).decay_steps == 8
   mesh = jax.make_mesh((1, 1, 1), ('data', 'fsdp', 'tensor'),

@@ -50,7 +50,8 @@ def test_bf16_model_moves_at_the_paper_learning_rate_only_with_float32_master():
   moved = {}
   for master in (None, 'float32'):
     state = train_lib.init_state(jax.tree.map(jnp.copy, params), opt, master_dtype=master)
-    step = train_lib.make_train_step(graphdef, 'sft', None, opt)
+    step = train_lib.make_train_step(
+        graphdef, train_lib.LossSpec(sft.SftConfig, sft.loss_fn, sft.normalizers), None, opt)
     losses = []
     for _ in range(5):
       state, m = step(state, batch)

@@ -113,7 +113,8 @@ def test_mopd_moves_student_toward_teacher():
   teacher['embed'][...] = params['embed'][...] * 4.0
   opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-2))
   state = ts.init_state(jax.tree.map(jnp.copy, params), opt)
-  step = ts.make_train_step(graphdef, 'mopd', None, opt)
+  loss = ts.LossSpec(distill.MopdConfig, distill.loss_fn, distill.normalizers)
+  step = ts.make_train_step(graphdef, loss, None, opt)
   samp = sampler.Sampler(graphdef, cfg, eos_ids=(), pad_id=0)
   sp = sampler.SamplingParams(temperature=1.0, max_new_tokens=8)
   prompts = [[3 + i, 4 + (5 * i) % 12] for i in range(8)]

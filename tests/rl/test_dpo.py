@@ -112,7 +112,7 @@ def test_label_smoothing_makes_a_finite_margin_optimal():
 
 
 def test_config_is_validated():
-  assert ts.loss_config('dpo', {'beta': 0.2}) == dpo.DpoConfig(beta=0.2)
+  assert ts.loss_config(DPO, {'beta': 0.2}) == dpo.DpoConfig(beta=0.2)
   for bad in (dict(beta=0.0), dict(label_smoothing=0.5), dict(label_smoothing=-0.1),
               dict(loss_type='hinge'), dict(loss_type='ipo', label_smoothing=0.1)):
     with pytest.raises(ValueError, match='DpoConfig'):
@@ -195,6 +195,7 @@ def _with_reference(graphdef, params, batch):
 
 OPT = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-3, max_grad_norm=0.0))
 DPO_CFG = dpo.DpoConfig(beta=0.2, label_smoothing=0.1)
+DPO = ts.LossSpec(dpo.DpoConfig, dpo.loss_fn, dpo.normalizers)
 
 
 @functools.cache
@@ -204,7 +205,7 @@ def _full_batch_step():
   _, reference = nnx.split(transformer.create(CFG, seed=1))
   batch = _with_reference(graphdef, reference,
                           dpo.make_batch(TOK, *_random_pairs(np.random.default_rng(0), 8), 32))
-  state, metrics = ts.make_train_step(graphdef, 'dpo', DPO_CFG, OPT)(_init(policy), batch)
+  state, metrics = ts.make_train_step(graphdef, DPO, DPO_CFG, OPT)(_init(policy), batch)
   return graphdef, policy, batch, state, metrics
 
 
@@ -230,7 +231,7 @@ def test_microbatched_step_equals_full_batch_step():
   assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(mu)) > 1e-4
   assert 0 < float(m1['accuracy']) < 1 and float(m1['pairs']) == 8
   for m in (2, 4):
-    micro, mm = ts.make_train_step(graphdef, 'dpo', DPO_CFG, OPT, microbatches=m)(
+    micro, mm = ts.make_train_step(graphdef, DPO, DPO_CFG, OPT, microbatches=m)(
         _init(policy), batch)
     assert _max_diff(mu, _adam_mu(micro)) < 1e-8, m
     for k in ('loss', 'accuracy', 'margin', 'chosen_reward', 'rejected_reward', 'chosen_logps',
@@ -243,7 +244,7 @@ def test_sharded_step_equals_unsharded():
   graphdef, policy, batch, full, m1 = _full_batch_step()
   mesh = sharding.make_mesh((2, 2, 2))
   state = _init(policy, mesh)
-  step = ts.make_train_step(graphdef, 'dpo', DPO_CFG, OPT, mesh=mesh, state=state,
+  step = ts.make_train_step(graphdef, DPO, DPO_CFG, OPT, mesh=mesh, state=state,
                             microbatches=2)
   state, metrics = step(state, batch)
   assert _max_diff(_adam_mu(full), _adam_mu(state)) < 1e-7
@@ -276,7 +277,7 @@ def test_dpo_raises_held_out_preference_accuracy_and_margin():
   cfg = dpo.DpoConfig(beta=0.1)
   opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=3e-3, warmup_steps=5))
   state = ts.init_state(params, opt)
-  step = ts.make_train_step(graphdef, 'dpo', cfg, opt)
+  step = ts.make_train_step(graphdef, DPO, cfg, opt)
   rng = np.random.default_rng(0)
   train_starts = [s for s in range(26) if s % 4]
   held_out = _with_reference(graphdef, reference,

@@ -90,7 +90,8 @@ def test_reward_model_learns_separable_preferences():
   graphdef, params = nnx.split(rm.create(CFG, seed=0))
   opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=3e-3, warmup_steps=5))
   state = ts.init_state(params, opt)
-  step = ts.make_train_step(graphdef, 'reward_model', {}, opt)
+  loss = ts.LossSpec(rm.RewardModelConfig, rm.loss_fn, rm.normalizers)
+  step = ts.make_train_step(graphdef, loss, {}, opt)
   rng = np.random.default_rng(0)
   held_out = _pairs(rng, 256)
   evaluate = jax.jit(lambda p: rm.loss_fn(nnx.merge(graphdef, p), held_out, None,

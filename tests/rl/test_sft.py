@@ -96,7 +96,8 @@ def test_sft_reduces_held_out_loss():
   opt_cfg = ts.OptimizerConfig(learning_rate=3e-3, warmup_steps=5)
   opt = ts.make_optimizer(opt_cfg)
   state = ts.init_state(params, opt)
-  step = ts.make_train_step(graphdef, 'sft', None, opt, microbatches=2)
+  loss = ts.LossSpec(sft.SftConfig, sft.loss_fn, sft.normalizers)
+  step = ts.make_train_step(graphdef, loss, None, opt, microbatches=2)
   rng = np.random.default_rng(1)
   held_out = sft.pack([_example(rng) for _ in range(32)], row_len=64, num_rows=8)
   evaluate = jax.jit(lambda p: sft.loss_fn(nnx.merge(graphdef, p), held_out, sft.SftConfig(),

@@ -50,6 +50,8 @@ def _copy(tree):
 
 OPT_CFG = ts.OptimizerConfig(learning_rate=1e-3, eps=1e-6, weight_decay=0.1, warmup_steps=2)
 GRPO_CFG = grpo.GrpoConfig(kl_coef=0.05)
+GRPO = ts.LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)
+SFT = ts.LossSpec(sft.SftConfig, sft.loss_fn, sft.normalizers)
 
 
 @functools.cache
@@ -57,7 +59,7 @@ def _setup():
   """One model, optimizer and compiled unsharded GRPO step shared by several tests."""
   graphdef, params = nnx.split(transformer.create(CFG, seed=0))
   opt = ts.make_optimizer(OPT_CFG)
-  step = ts.make_train_step(graphdef, 'grpo', GRPO_CFG, opt, lr_schedule=ts.make_schedule(OPT_CFG))
+  step = ts.make_train_step(graphdef, GRPO, GRPO_CFG, opt, lr_schedule=ts.make_schedule(OPT_CFG))
   return graphdef, params, opt, step
 
 
@@ -108,12 +110,12 @@ def test_constant_schedule_without_warmup_is_exactly_the_learning_rate():
     assert float(jax.jit(schedule)(jnp.int32(5))) == float(np.float32(lr))
 
 
-def test_configs_by_name_and_clear_errors():
-  cfg = ts.loss_config('grpo', ml_collections.ConfigDict({'clip_eps_high': 0.28}))
+def test_loss_configs_and_clear_errors():
+  cfg = ts.loss_config(GRPO, ml_collections.ConfigDict({'clip_eps_high': 0.28}))
   assert cfg == grpo.GrpoConfig(clip_eps_high=0.28)
   with pytest.raises(ValueError, match=r"unknown field\(s\) \['clip'\]"):
-    ts.loss_config('grpo', {'clip': 0.2})
-  with pytest.raises(ValueError, match="unknown loss 'ppo'"):
+    ts.loss_config(GRPO, {'clip': 0.2})
+  with pytest.raises(TypeError, match="the loss is a LossSpec .* got 'ppo'"):
     ts.make_train_step(None, 'ppo', None, optax.sgd(1.0))
   with pytest.raises(ValueError, match='learning_rate'):
     ts.make_optimizer({'learning_rate': 0.0})
@@ -132,9 +134,9 @@ def test_microbatched_and_remat_gradients_equal_full_batch():
   remat_graphdef, _ = nnx.split(transformer.create(CFG.replace(remat=True), seed=0))
   batch = _grpo_batch(graphdef, params, ref=True)
   full, m1 = step(ts.init_state(_copy(params), opt), batch)
-  micro, m4 = ts.make_train_step(graphdef, 'grpo', GRPO_CFG, opt, microbatches=4)(
+  micro, m4 = ts.make_train_step(graphdef, GRPO, GRPO_CFG, opt, microbatches=4)(
       ts.init_state(_copy(params), opt), batch)
-  remat, _ = ts.make_train_step(remat_graphdef, 'grpo', GRPO_CFG, opt)(
+  remat, _ = ts.make_train_step(remat_graphdef, GRPO, GRPO_CFG, opt)(
       ts.init_state(_copy(params), opt), batch)
   assert jax.tree.structure(full.opt_state) == jax.tree.structure(micro.opt_state)
   mu = _adam_mu(full)
@@ -155,7 +157,7 @@ def test_sharded_step_equals_unsharded_after_three_steps():
 
   mesh = sharding.make_mesh((2, 2, 2))
   sstate = ts.init_state(_copy(params), opt, mesh=mesh)
-  sstep = ts.make_train_step(graphdef, 'grpo', GRPO_CFG, opt, mesh=mesh, state=sstate,
+  sstep = ts.make_train_step(graphdef, GRPO, GRPO_CFG, opt, mesh=mesh, state=sstate,
                              microbatches=2, lr_schedule=ts.make_schedule(OPT_CFG))
   expect = ts.state_shardings(sstate, opt, mesh)
   for b in batches:
@@ -222,7 +224,7 @@ def test_fp32_master_weights_keep_updates_a_bf16_copy_would_lose():
   batch = _grpo_batch(graphdef32, params32, ref=True)
   lr = 1e-5
   opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=lr))
-  step = ts.make_train_step(graphdef, 'grpo', GRPO_CFG, opt)
+  step = ts.make_train_step(graphdef, GRPO, GRPO_CFG, opt)
   state, m = step(ts.init_state(_copy(params), opt, master_dtype='float32'), batch)
   w0 = np.asarray(params['layers']['mlp']['up_proj'][...].astype(jnp.float32))
   w = state.params['layers']['mlp']['up_proj'][...]
@@ -258,7 +260,7 @@ def test_applied_update_is_lr_times_the_clipped_adamw_direction():
                            max_grad_norm=0.05)
   graphdef, params = nnx.split(transformer.create(CFG, seed=0))
   opt = ts.make_optimizer(cfg)
-  step = ts.make_train_step(graphdef, 'sft', None, opt, lr_schedule=ts.make_schedule(cfg),
+  step = ts.make_train_step(graphdef, SFT, None, opt, lr_schedule=ts.make_schedule(cfg),
                             donate=False)
   grad = jax.jit(jax.grad(lambda p, b: sft.loss_fn(nnx.merge(graphdef, p), b, sft.SftConfig(),
                                                    sft.normalizers(b, None))[0]))
