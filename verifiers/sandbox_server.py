@@ -113,6 +113,8 @@ MAX_OUTPUT_BYTES = 1 << 16
 _LIMITS = ('cpu_s', 'memory_mb', 'nproc', 'fsize_mb')
 # Seconds the server waits for the zygote's answer before it declares the zygote broken.
 _ZYGOTE_TIMEOUT_S = 10.0
+# Spares held or being forked at any time: two hide the zygote's fork chain behind a run.
+_SPARES = 2
 # The server's own entries in its root directory.
 _ROOT_ENTRIES = {'.io', 'case'}
 _SIGNAL_STATUS = {signal.SIGXCPU: ('cpu_limit', 'CPU time limit'),
@@ -190,14 +192,17 @@ class Server:
     self._zygote_sock, self.zygote_pid = self._start_zygote()
     self._zygote_fd = os.pidfd_open(self.zygote_pid)
     self._zygote_ok = True
-    # A spare is a candidate process forked ahead from the zygote, waiting for
-    # its run: (server's end of its channel, pid), or None; one is asked for at
-    # a time, while a run runs, so that no fork waits on the run's path.
-    self._spare = None
-    self._spare_asked = False
-    self._request_spare()
+    # Spares: candidate processes forked ahead by the zygote, waiting for their
+    # runs, as (server's end of the channel, pid); _SPARES are held or asked
+    # for at any time, so that a run seldom waits on a fork.
+    self._spares = []
+    self._asked = 0
+    self._top_up()
     libc.prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER: orphans come to us.
-    self._spared = _ancestors() | {self.zygote_pid}
+    # Processes in our session are ours (zygote, spares): a candidate calls setsid()
+    # before anything else, and no process can join another's session.
+    self._sid = os.getsid(0)
+    self._ancestors = _ancestors()
     self._mounts = _writable_mounts(root) if self.private else []
     self.baseline_free = self._free_blocks()
     self.baseline_residue = self._residue()
@@ -286,7 +291,7 @@ class Server:
         if child == 0:
           os.close(pid_w)
           sock.close()
-          self._spare(theirs)
+          self._run_spare(theirs)
         _write(pid_w, str(child).encode())
       finally:
         _exit(0)
@@ -302,7 +307,7 @@ class Server:
       raise OSError(errno.EAGAIN, 'fork failed')
     return ours, int(data)
 
-  def _spare(self, channel):
+  def _run_spare(self, channel):
     """In a spare: waits for its run (limits, role, descriptors), becomes the candidate; never returns.
 
     The last descriptor is a pipe that brings the payload after the spare is
@@ -330,27 +335,21 @@ class Server:
         pass
     _exit(120)
 
-  def _request_spare(self):
-    """Asks the zygote for the next spare, unless one is held or already asked for."""
-    if self._spare is None and not self._spare_asked:
+  def _top_up(self):
+    """Asks the zygote for spares until _SPARES are held or asked for."""
+    while len(self._spares) + self._asked < _SPARES:
       self._zygote_sock.send(b'next')
-      self._spare_asked = True
+      self._asked += 1
 
   def _receive_spare(self):
-    """Takes the spare asked for (so that its pid is known), if any; an error on none at all."""
-    if not self._spare_asked:
-      return
-    self._spare_asked = False
+    """Waits for one spare asked for; an answer without one (a failed fork) adds none."""
+    self._asked -= 1
     msg, fds, _, _ = socket.recv_fds(self._zygote_sock, 64, 1)
     if len(fds) == 1 and msg.isdigit():
-      self._spare = (socket.socket(fileno=fds[0]), int(msg))
+      self._spares.append((socket.socket(fileno=fds[0]), int(msg)))
     else:
       for fd in fds:
         os.close(fd)
-      self._spare = None
-
-  def _spare_pids(self):
-    return {self._spare[1]} if self._spare else set()
 
   def _spawn(self, req, fds, role, payload):
     """Makes the spare a candidate with `fds` as its 0, 1, 2, ...; sends it `payload`.
@@ -368,16 +367,17 @@ class Server:
     payload_r, payload_w = os.pipe()
     try:
       pid = None
-      for _ in range(2):  # A spare that died meanwhile (killed as a stray) is replaced once.
+      for _ in range(_SPARES + 1):  # A spare may have died meanwhile (a candidate killed it).
         try:
-          self._request_spare()
-          self._receive_spare()
+          self._top_up()
+          if not self._spares:
+            self._receive_spare()
         except (OSError, ValueError):
           self._zygote_ok = False
           raise
-        if self._spare is None:
+        if not self._spares:
           continue
-        (channel, spare_pid), self._spare = self._spare, None
+        channel, spare_pid = self._spares.pop(0)
         try:
           socket.send_fds(channel, [spawn], [*fds, payload_r])
           pid = spare_pid
@@ -391,7 +391,7 @@ class Server:
         raise RuntimeError('the zygote gave no live spare')
       os.close(payload_r)
       payload_r = -1
-      self._request_spare()  # Forked while this run runs.
+      self._top_up()  # The next spares are forked while this run runs.
       try:
         framing.write_frame(payload_w, payload)
       except OSError:  # The candidate died before reading it; its status says why.
@@ -686,7 +686,6 @@ class Server:
 
   def _kill_run(self, pids):
     """Kills every process of the sandbox identity (or, without one, the runs' sessions)."""
-    self._settle_spare()
     if self.drop_uid is not None:
       self._as_sandbox_uid(lambda: None)
       return
@@ -704,7 +703,6 @@ class Server:
 
   def _cleanup(self, pids):
     """Kills every process of the sandbox identity and empties the work dir."""
-    self._settle_spare()
     if self.drop_uid is not None:
       # A helper with the candidates' uid: kill(-1) reaches exactly them.
       self._as_sandbox_uid(lambda: empty_dir(self.case_dir))
@@ -717,8 +715,8 @@ class Server:
         except (ProcessLookupError, PermissionError):
           pass
       empty_dir(self.case_dir)
-      # Candidates share our uid here: one may have stopped the zygote or the spare.
-      for pid in {self.zygote_pid} | self._spare_pids():
+      # Candidates share our uid here: one may have stopped the zygote or a spare.
+      for pid in {self.zygote_pid} | {pid for _, pid in self._spares} | set(self._ours()):
         try:
           os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
@@ -727,26 +725,21 @@ class Server:
     # waiting for all children ends promptly and leaves no zombie behind.
     self._reap(block=self.drop_uid is not None or self.kill_all)
 
-  def _settle_spare(self):
-    """Receives a spare in flight, so that the killing and reaping below know its pid."""
-    try:
-      self._receive_spare()
-    except (OSError, ValueError):
-      self._zygote_ok = False
-
   def _strays(self):
-    """Live processes of this PID namespace that are not ours: what kill_all kills."""
-    spared = self._spared | self._spare_pids()
-    out = []
-    for name in os.listdir('/proc'):
-      if name.isdigit() and int(name) not in spared:
-        info = _proc_stat(int(name))
-        if info is not None and info[0] not in 'ZX':
-          out.append(int(name))
-    return out
+    """Live processes of this PID namespace outside our session and ancestry: what kill_all kills."""
+    return [pid for pid, (state, _, sid) in _processes() if state not in 'ZX'
+            and sid != self._sid and pid not in self._ancestors]
+
+  def _ours(self):
+    """The live processes of our session but us under kill_all (the zygote, spares, forks)."""
+    if not self.kill_all:
+      return []
+    me = os.getpid()
+    return [pid for pid, (state, _, sid) in _processes() if state not in 'ZX'
+            and sid == self._sid and pid != me]
 
   def _kill_strays(self):
-    """`kill(-1)` that spares the zygote and the spare: kills strays until none is left (or 2 s).
+    """`kill(-1)` that spares our session: kills strays until none is left (or 2 s pass).
 
     A process forked between two scans is found by the next one; the
     health check restarts a server that still has strays.
@@ -766,8 +759,8 @@ class Server:
     """Collects exited children (we are a subreaper, so orphans are ours too).
 
     Args:
-      block: wait (up to 2 s) until no child but the zygote and the spare is
-        left, not just for exited ones.
+      block: wait (up to 2 s) until no child outside our session (the
+        zygote and spares) is left, not just for exited ones.
     """
     deadline = time.monotonic() + 2.0
     while True:
@@ -781,15 +774,9 @@ class Server:
         time.sleep(0.0005)
 
   def _children(self):
-    """Our children other than the zygote and the spare (dying ones included)."""
-    me, ours = os.getpid(), {self.zygote_pid} | self._spare_pids()
-    out = []
-    for name in os.listdir('/proc'):
-      if name.isdigit() and int(name) not in ours:
-        info = _proc_stat(int(name))
-        if info is not None and info[1] == me:
-          out.append(int(name))
-    return out
+    """Our children outside our session: candidates and their orphans (dying ones included)."""
+    me = os.getpid()
+    return [pid for pid, (_, ppid, sid) in _processes() if ppid == me and sid != self._sid]
 
   def _as_sandbox_uid(self, then):
     helper = os.fork()
@@ -823,14 +810,25 @@ def _kill_minus_one():
 
 
 def _proc_stat(pid):
-  """(state, parent pid) of a process, or None once it is gone."""
+  """(state, parent pid, session id) of a process, or None once it is gone."""
   try:
     with open(f'/proc/{pid}/stat', 'rb') as f:
       data = f.read()
   except OSError:
     return None
   fields = data[data.rindex(b')') + 2:].split()  # The name in parentheses may hold anything.
-  return fields[0].decode(), int(fields[1])
+  return fields[0].decode(), int(fields[1]), int(fields[3])
+
+
+def _processes():
+  """(pid, `_proc_stat`) of every process visible here."""
+  out = []
+  for name in os.listdir('/proc'):
+    if name.isdigit():
+      info = _proc_stat(int(name))
+      if info is not None:
+        out.append((int(name), info))
+  return out
 
 
 def _ancestors():
