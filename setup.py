@@ -16,7 +16,7 @@ setuptools.setup(
         'flax>=0.12',
         'optax>=0.2.6',
         'orbax-checkpoint>=0.12',
-        'etils[epath]>=1.7',  # cascade/paths.py: one path layer, local and gs://
+        'etils[epath]>=1.7',  # models/paths.py: one path layer, local and gs://
         'chex>=0.1.90',
         'ml-collections>=1.0',
         'absl-py>=2.1',

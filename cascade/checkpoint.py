@@ -25,7 +25,7 @@ and the previous step is used instead. A progress.json that cannot be read
 is moved aside and rebuilt (the stages resume from their checkpoints); a
 config.json that cannot be read is refused.
 
-Every path goes through `cascade.paths`, so the workdir may be local or
+Every path goes through `models.paths`, so the workdir may be local or
 `gs://...`. Every JSON/text file here is written whole (a local temporary file
 renamed, or one object upload), so a reader never sees half a file; Orbax
 marks a finished step on an object store with a commit file instead of a
@@ -45,8 +45,8 @@ from absl import logging
 
 from cascade import checksums
 from cascade import metrics as metrics_lib
-from cascade import paths
 from cascade import schema
+from models import paths
 
 
 def is_writer() -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from cascade import paths
+from models import paths
 
 MANIFEST = 'checksums.json'
 _CHUNK = 1 << 24

@@ -29,9 +29,9 @@ import json
 import re
 from typing import Any, Mapping
 
-from cascade import paths
 from cascade import schema
 from cascade.schema import ConfigError
+from models import paths
 
 SECTIONS = ('seed', 'model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'datasets',
             'domains', 'stages', 'allow_config_change', 'hardware', 'prepare', 'divergence')

@@ -27,7 +27,7 @@ Adapters (the `format` of a dataset in the config):
   nemotron_if    rows with "instruction_id_list", "kwargs" and "prompt" or
                  "responses_create_params.input" (Nemotron RL IF blends).
 
-Files are read through `cascade.paths`, so a dataset path may be `gs://...`.
+Files are read through `models.paths`, so a dataset path may be `gs://...`.
 A malformed record is a `DataError` naming the file and line (JSONL), row
 (Parquet) or index (TFDS). Batches come from a grain pipeline
 (`MapDataset` source -> seeded shuffle -> repeat -> batch) whose iterator
@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import grain
 
-from cascade import paths
+from models import paths
 
 _ROLES = ('system', 'user', 'assistant')
 BOXED_INSTRUCTION = 'Please reason step by step, and put your final answer within \\boxed{}.'

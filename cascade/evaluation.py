@@ -37,8 +37,8 @@ import numpy as np
 
 from cascade import checkpoint
 from cascade import episodes
-from cascade import paths
 from cascade import rollout
+from models import paths
 from rl import sampler as sampler_lib
 
 

@@ -40,7 +40,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from cascade import paths
+from models import paths
 
 LOCK_FILE = 'lock.json'
 # A heartbeat older than this (seconds) marks a holder as gone (runner.run's `lock_stale_s`).

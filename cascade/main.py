@@ -4,7 +4,7 @@
   python -m cascade.main --config=configs/tiny.py:seed=1 --workdir=runs/tiny_s1 \
       --config.stages[2].steps=10 --config.eval.num_prompts=64
 
-`--workdir` (and any path in the config) may be `gs://bucket/...` (cascade/paths.py).
+`--workdir` (and any path in the config) may be `gs://bucket/...` (models/paths.py).
 `--config` is a Python file whose `get_config(arg)` returns the ConfigDict
 (`configs/x.py:arg` passes `arg`); `--config.a.b=v` overrides any field,
 list entries by index. Rerunning the same command in the same `--workdir`
@@ -95,10 +95,10 @@ def main(argv):
   from cascade import data  # pylint: disable=g-import-not-at-top
   from cascade import divergence  # pylint: disable=g-import-not-at-top
   from cascade import lock  # pylint: disable=g-import-not-at-top
-  from cascade import paths  # pylint: disable=g-import-not-at-top
   from cascade import preemption  # pylint: disable=g-import-not-at-top
   from cascade import runner  # pylint: disable=g-import-not-at-top
   from cascade.kinds import base as kinds_base  # pylint: disable=g-import-not-at-top
+  from models import paths  # pylint: disable=g-import-not-at-top
   try:
     runner.run(_CONFIG.value, _WORKDIR.value, fork_from=_FORK_FROM.value,
                force_lock=_FORCE_LOCK.value, lock_stale_s=_LOCK_STALE_S.value)

@@ -11,7 +11,7 @@
 
 Only process 0 writes (`jax.process_index() == 0`); the others get no-op
 writers, so callers never branch on the process. The workdir may be `gs://`:
-every file then goes through `cascade.paths` (an object store cannot append, so
+every file then goes through `models.paths` (an object store cannot append, so
 each is uploaded whole when flushed: every 30 s, at `flush()` — cascade.runner
 has every checkpoint save call it first, so every step a resume will not redo
 is logged — and at `close()`).
@@ -30,7 +30,7 @@ import jax
 import numpy as np
 import tqdm
 
-from cascade import paths
+from models import paths
 
 
 def _finite(metrics: Mapping) -> dict[str, float]:
@@ -67,7 +67,7 @@ def _import_tensorboardx():
 
 
 class _EventFile:
-  """A TensorBoard event file on an object store through `cascade.paths` (tensorboardX's own
+  """A TensorBoard event file on an object store through `models.paths` (tensorboardX's own
   gs:// writer would be a second storage client): each flush uploads the whole file."""
 
   def __init__(self, path: str):

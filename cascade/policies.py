@@ -31,9 +31,9 @@ from jax.experimental import multihost_utils
 from cascade import checkpoint
 from cascade import checksums
 from cascade import config as config_lib
-from cascade import paths
 from cascade.kinds import base
 from models import hf
+from models import paths
 from models import sharding
 from models import transformer
 from rl import reward_model
@@ -256,7 +256,7 @@ class Policies:
     """A text scorer from a finished reward_model stage's final checkpoint."""
     state = self.final_state(rm_stage)
     model = nnx.merge(self.graphdef('reward_model'), state.params)
-    return reward_model.make_text_scorer(model, tokenizer, max_len=rm_stage.max_len,
+    return reward_model.make_text_scorer(model, tokenizer, max_len=rm_stage.score_len,
                                          batch_size=rm_stage.batch_size)
 
   # ------------------------------------------------------------ export

@@ -34,11 +34,11 @@ from cascade import evaluation
 from cascade import kinds
 from cascade import lock
 from cascade import metrics
-from cascade import paths
 from cascade import policies as policies_lib
 from cascade import preemption
 from cascade import stage_data
 from cascade import verifier_set
+from models import paths
 from models import sharding
 from models import tokenizer as tokenizer_lib
 from rl import sampler as sampler_lib
@@ -165,7 +165,7 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
 
   Args:
     config: the ConfigDict (see README, "Config format").
-    workdir: the run's directory, local or `gs://...` (`cascade.paths`); rerunning with the
+    workdir: the run's directory, local or `gs://...` (`models.paths`); rerunning with the
       same config resumes.
     fork_from: another run's workdir whose leading stages this config shares
       (`checkpoint.fork`: e.g. the cascade an ablation changes later stages of); those

@@ -28,8 +28,8 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from cascade import paths
 from launch import hyper
+from models import paths
 
 FLAGS = flags.FLAGS
 

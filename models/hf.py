@@ -11,7 +11,7 @@ cannot drift apart.)
 A checkpoint directory holds `config.json` and either `model.safetensors` or
 `model-0000x-of-0000y.safetensors` shards listed in
 `model.safetensors.index.json`. The directory may be local or `gs://...`
-(`cascade.paths`): a remote weight file is copied to a local temporary file
+(`models.paths`): a remote weight file is copied to a local temporary file
 while it is read, and a save to a remote directory is written locally, then
 uploaded with config.json last. Tensors are read one at a time with
 `safetensors.safe_open`, re-laid out on the host and placed straight into
@@ -44,8 +44,8 @@ import safetensors.numpy
 from etils import epath
 from flax import nnx
 
-from cascade import paths
 from models import config as config_lib
+from models import paths
 from models import rope as rope_lib
 from models import sharding
 from models import transformer

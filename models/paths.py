@@ -1,9 +1,13 @@
 """One path layer for every file a run reads or writes: local paths and `gs://` alike.
 
-  from cascade import paths
+  from models import paths
   paths.write_json(paths.join(workdir, 'progress.json'), {...})   # atomic, local or gs://
   rows = paths.read_text('gs://bucket/world/math/heldout.jsonl')
   with paths.local_file('gs://bucket/ckpt/model.safetensors') as f: ...   # for mmap readers
+
+It sits in the bottom layer (models/ imports nothing else of the project), so the
+model's HF import/export and tokenizers, the RL code, the verifiers, the environments
+and the stage loop all read and write through the same functions.
 
 Built on `etils.epath` (what Orbax uses), whose `gs://` backend is gcsfs
 (`pip install -e '.[gcs]'`). Every function takes a `str` or any path-like;

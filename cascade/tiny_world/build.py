@@ -22,7 +22,7 @@ math SFT records in thinking mode (WORLDS). It is the world on which
 benchmarks/cascade_vs_blended.py measures what length heterogeneity costs a
 blended RL stage.
 
-`root` may be `gs://...` (`cascade.paths`): the world is then built in a
+`root` may be `gs://...` (`models.paths`): the world is then built in a
 local temporary directory and uploaded, `stamp.json` last.
 
 `build` is idempotent: it rebuilds only when `stamp.json` differs from what
@@ -166,7 +166,7 @@ def cached(out: str, want: dict, build_into) -> str:
   `build_into` writes the stamp last, so a crash rebuilds; a gs:// `out` is
   built in a local temporary directory and uploaded, the stamp last.
   """
-  from cascade import paths  # pylint: disable=g-import-not-at-top
+  from models import paths  # pylint: disable=g-import-not-at-top
   if paths.read_json(paths.join(out, STAMP)) == want:
     return out
   if not paths.is_remote(out):

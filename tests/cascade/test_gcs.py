@@ -33,7 +33,7 @@ import pytest
 pytest.importorskip('gcsfs', reason="gs:// needs gcsfs: pip install -e '.[gcs]'")
 pytest.importorskip('gcp_storage_emulator', reason="the emulator: pip install -e '.[test]'")
 
-from cascade import paths  # noqa: E402  pylint: disable=g-import-not-at-top
+from models import paths  # noqa: E402  pylint: disable=g-import-not-at-top
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAULTS = os.path.join(REPO, 'tests', 'faults.py')   # cascade.main with a test's kill hook
