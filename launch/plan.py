@@ -1,8 +1,8 @@
 """Ahead-of-time plan: compile every stage's programs for the config's mesh, without weights.
 
-(Longer than the house's ~400 lines: the target devices, the abstract inputs,
-the compiling, the co-resident and time accounting and the command line are one
-command's steps and share its report types.)
+The target devices, the abstract inputs, the compiling, the co-resident and
+time accounting and the command line are the steps of one command and share its
+report types, so they live in one module.
 
     python -m launch.plan --config=configs/nemotron_cascade_14b.py
     python -m launch.plan --config=configs/tiny.py --stages=sft,math_rl --backend=cpu

@@ -1,8 +1,7 @@
 """Hugging Face interop: load and save Llama / Qwen2 / Qwen3 safetensors checkpoints.
 
-(Longer than the house's ~400 lines: the config translation, the tensor layouts and the
-sharded read and write of each tensor stay side by side, so that an import and its export
-cannot drift apart.)
+The config translation, the tensor layouts and the sharded read and write of each
+tensor live together here, so that an import and its export cannot drift apart.
 
   model = hf.load_model('/ckpt/Qwen3-8B', mesh=mesh)   # an nnx Transformer
   logits = model(tokens)                               # int32 [B, T] -> [B, T, V]
