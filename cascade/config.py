@@ -577,16 +577,30 @@ class Domain:
     return dict(env=name, env_options=dict(schema.as_dict(spec.get('env_options') or {})),
                 max_turns=int(turns), max_turn_tokens=int(turn_tokens), render_tools=tools)
 
-  def check_reward_model(self, stages) -> None:
-    """The domain's reward_model_stage names an earlier reward_model stage."""
+  def check_reward_model(self, stages, eval_setting: Eval) -> None:
+    """The domain's reward_model_stage names an earlier reward_model stage whose scorer sees
+    every row it scores whole: a stage's longest prompt and rollout, and (when the evaluation
+    scores with it) the held-out prompt and generation budget."""
     rm = next((s for s in stages if s.name == self.reward_model_stage), None)
     if rm is None or rm.MODEL != 'reward_model':
       raise ConfigError(f'config.domains.{self.name}.reward_model_stage='
                         f'{self.reward_model_stage!r}: names no reward_model stage')
+    window = (f'the scorer of reward model stage {rm.name!r} (score_max_len={rm.score_len}, '
+              'its max_len when 0): raise it, or shorten the rows, so that no rollout is cut')
     for s in stages:
       if self.name in s.domains and s.SAMPLES and s.index < rm.index:
         raise ConfigError(f'stages[{s.index}] {s.name!r}: domains: domain {self.name!r} is '
                           f'scored by reward model stage {rm.name!r}, which comes later')
+      if self.name in s.domains and s.SAMPLES and _reward_model_option(self.verifier):
+        rows = s.max_prompt_len + s.max_response_len
+        if rows > rm.score_len:
+          raise ConfigError(f'stages[{s.index}] {s.name!r}: max_prompt_len + max_response_len '
+                            f'= {rows} tokens of domain {self.name!r} do not fit {window}')
+    if _reward_model_option(self.eval_verifier or self.verifier):
+      rows = eval_setting.max_prompt_len + eval_setting.max_new_tokens
+      if rows > rm.score_len:
+        raise ConfigError(f'config.eval: max_prompt_len + max_new_tokens = {rows} tokens of '
+                          f'domain {self.name!r} do not fit {window}')
 
 
 # ---------------------------------------------------------------- the plan
@@ -716,10 +730,10 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     stages.append(kinds.parse(i, s, refs))
   for st in stages:
     st.check_lengths(model.max_seq_len, schema.failer(st.where, st))
+  eval_settings = _eval_settings(raw_eval, ev, domains)
   for d in domains.values():
     if d.reward_model_stage:
-      d.check_reward_model(stages)
-  eval_settings = _eval_settings(raw_eval, ev, domains)
+      d.check_reward_model(stages, eval_settings[d.name])
   initial = ev.initial
   if initial == 'auto':
     first = next((s for s in stages if s.ROW), None)

@@ -297,11 +297,15 @@ def sft(name: str, *, datasets: list[str], domains: list[str], steps: int, batch
 
 
 def reward_model(name: str, *, init_from: str, steps: int, batch_size: int, max_len: int,
-                 optimizer: dict, microbatches: int) -> dict:
-  """The Bradley-Terry reward-model stage for the chat domain, on the 'rm_pairs' set."""
+                 optimizer: dict, microbatches: int, score_max_len: int) -> dict:
+  """The Bradley-Terry reward-model stage for the chat domain, on the 'rm_pairs' set.
+
+  It trains on pairs of at most `max_len` tokens and, as the chat verifier, scores rows of
+  up to `score_max_len` (every RLHF rollout and held-out generation with its prompt, whole).
+  """
   return dict(name=name, kind='reward_model', domains=['chat'], datasets=['rm_pairs'],
               init_from=init_from, steps=steps, batch_size=batch_size, max_len=max_len,
-              optimizer=optimizer, microbatches=microbatches)
+              optimizer=optimizer, microbatches=microbatches, score_max_len=score_max_len)
 
 
 def grpo(name: str, *, domains: list[str], steps: int, optimizer: dict, prompts_per_step: int,
@@ -359,9 +363,10 @@ CASCADE1_DOMAINS = ['chat', 'instruction_following', 'math', 'code', 'swe']
 CASCADE1_RL_MICROBATCHES = 128
 
 # The reward model of both Cascade-1 recipes: the paper's batch 256, lr 2e-6 and one epoch
-# over 82K pairs (= 320 steps); max_len is ours.
+# over 82K pairs (= 320 steps); max_len (its training pairs) is ours. As the chat verifier it
+# scores whole rows up to the longest held-out one (a 4K prompt + the 60K budget = 65,536).
 CASCADE1_RM = dict(steps=320, batch_size=256, max_len=8192, optimizer=dict(lr=2e-6),
-                   microbatches=32)
+                   microbatches=32, score_max_len=QWEN3_YARN_MAX_SEQ_LEN)
 
 
 def cascade1_rl(**fields) -> dict:

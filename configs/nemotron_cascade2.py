@@ -80,7 +80,9 @@ def get_config(arg=None):
              **long_rl, **rl),
       r.reward_model('rm', init_from='sft', steps=320, batch_size=256, max_len=8192,
                      optimizer=dict(lr=2e-6),
-                     microbatches=32),   # the Cascade-1 RM recipe (no C2 numbers)
+                     microbatches=32,   # the Cascade-1 RM recipe (no C2 numbers)
+                     # Whole rows as a scorer: the longest chat rollout or held-out row.
+                     score_max_len=_recipes.QWEN3_YARN_MAX_SEQ_LEN),
       # The chat teacher of MOPD: "a short side RLHF run" (its length is not
       # published; 30 steps is ours), from the multi-domain policy.
       r.grpo('rlhf_teacher', domains=['chat'], steps=30, init_from='multi_domain_rl',

@@ -30,4 +30,8 @@ def get_config(arg=None):
     blended['steps'] = max(1, round(sum(rollouts) / (blended['prompts_per_step']
                                                      * blended['group_size'])))
   c.stages = [s for s in stages if s['kind'] != 'grpo'] + [blended]
+  # The reward model scores the blended stage's chat rollouts, which may run to its length.
+  for s in c.stages:
+    if s['kind'] == 'reward_model':
+      s['score_max_len'] = blended['max_prompt_len'] + blended['max_response_len']
   return c

@@ -39,4 +39,10 @@ def get_config(arg=None):
          dynamic_filter=False, refill_cap=0),
       rl('swe_rl', ['swe'], 15, 3e-5, filter_overlong=True),
   ])
+  # The reward model scores MOPD's chat rollouts too, which may run to its length.
+  for s in c.stages:
+    if s['kind'] == 'reward_model':
+      s['score_max_len'] = max(st['max_prompt_len'] + st['max_response_len']
+                               for st in c.stages if 'chat' in st['domains']
+                               and 'max_response_len' in st)
   return c

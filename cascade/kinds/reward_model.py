@@ -8,7 +8,9 @@ scores `batch_size` (chosen, rejected) pairs, each rendered as the prompt the
 verifiers see plus the response, and minimises -log sigmoid(r_chosen -
 r_rejected). The stage leaves the policy as it was; a domain whose verifier
 is 'reward_model' (or that adds the RM score, like IF in thinking mode) names
-this stage in `reward_model_stage`. Not a row of the matrix.
+this stage in `reward_model_stage`. Not a row of the matrix. As a scorer it
+reads rows of up to `score_max_len` tokens (default `max_len`): the prompt kept
+whole, the response's chat markers as text (`rl.reward_model.encode`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,20 @@ class Config(base.PairStageConfig):
   ROW: ClassVar[bool] = False
 
   evaluate: bool = base.field(False, check=base.BOOL)
+  # Most tokens of a row the trained model scores as a verifier (prompt + rollout, the
+  # rollout's last token standing for the EOS the row ends with); 0: max_len. Every sampling
+  # stage and evaluation it scores must fit (config validation), so no rollout is cut.
+  score_max_len: int = base.field(0, check=base.int_at_least(0))
+
+  @property
+  def score_len(self) -> int:
+    """The scorer's row cap: score_max_len, or max_len when that is 0."""
+    return self.score_max_len or self.max_len
+
+  def check_lengths(self, max_seq, fail):
+    super().check_lengths(max_seq, fail)
+    if max_seq is not None and self.score_max_len > max_seq:
+      fail('score_max_len', f"exceeds the model's max_seq_len={max_seq}")
 
 
 LOSS = train_lib.LossSpec(rm_lib.RewardModelConfig, rm_lib.loss_fn, rm_lib.normalizers)

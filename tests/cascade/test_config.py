@@ -159,6 +159,14 @@ CASES = [
      "config.domains.chat.reward_model_stage: missing field"),
     ('rm stage for a verifier without rm', lambda c, s: c.domains.add.update(dict(reward_model_stage='rm')),
      "config.domains.add.reward_model_stage='rm': neither verifier 'math'"),
+    ('rollout past the reward model', lambda c, s: s[2].update(max_response_len=40),
+     "stages[2] 'rlhf': max_prompt_len + max_response_len = 72 tokens of domain 'chat' do not fit "
+     "the scorer of reward model stage 'rm' (score_max_len=64, its max_len when 0)"),
+    ('eval past the reward model', lambda c, s: c.eval.update(max_new_tokens=40),
+     "config.eval: max_prompt_len + max_new_tokens = 72 tokens of domain 'chat' do not fit the "
+     "scorer of reward model stage 'rm'"),
+    ('score window past the model', lambda c, s: s[1].update(score_max_len=300),
+     "stages[1] 'rm': score_max_len=300: exceeds the model's max_seq_len=256"),
     ('no eval set', lambda c, s: c.domains.add.update(dict(eval='')), 'config.domains.add.eval: missing'),
     ('eval samples', lambda c, s: c.eval.update(dict(num_samples=0)), 'config.eval.num_samples=0'),
     ('no model', lambda c, s: c.model.update(dict(preset='')), "config.model: needs 'preset'"),
@@ -182,6 +190,17 @@ def test_validation_error_names_stage_and_field(name, mutate, message):
   with pytest.raises(config_lib.ConfigError) as e:
     validate(_mutate(mutate))
   assert message in str(e.value), str(e.value)
+
+
+def test_a_reward_models_score_window_covers_the_rows_it_scores():
+  # Training pairs of 64 tokens, scoring rollouts and held-out rows of up to 72 tokens whole.
+  def mutate(c, s):
+    s[1]['score_max_len'] = 72
+    s[2]['max_response_len'] = 40
+    c.eval.max_new_tokens = 40
+  plan = validate(_mutate(mutate))
+  assert plan.stage('rm').max_len == 64 and plan.stage('rm').score_len == 72
+  assert validate(make_config()).stage('rm').score_len == 64      # 0: the training max_len
 
 
 def test_explicit_teachers_and_paths():

@@ -11,12 +11,12 @@ from cascade import config as config_lib
 
 _ROOT = 'root=/pinned/world'       # the tiny configs name files under their world's root
 PINNED = {
-    ('nemotron_cascade2', None): '86fdb1697102cd50',
-    ('nemotron_cascade2', 'hardware=h200x8'): 'd75e1833e7301ebe',
-    ('nemotron_cascade_14b', None): 'deb975b2dfe52be2',
-    ('nemotron_cascade_14b', 'hardware=h200x8'): '8751e034360fb42c',
-    ('nemotron_cascade_8b', None): '06ea8c323032f963',
-    ('nemotron_cascade_8b', 'hardware=h200x8'): '35506ee5bdbc734d',
+    ('nemotron_cascade2', None): '27a157d5bc1fe9da',
+    ('nemotron_cascade2', 'hardware=h200x8'): 'a50aa5f0caa25da3',
+    ('nemotron_cascade_14b', None): 'a7e8d7028f8d8416',
+    ('nemotron_cascade_14b', 'hardware=h200x8'): '2b8e30048e485b5d',
+    ('nemotron_cascade_8b', None): '2ce98cf3d0dffb25',
+    ('nemotron_cascade_8b', 'hardware=h200x8'): 'fa936c11df87cad0',
     ('tiny', f'drop=if_rl,{_ROOT}'): 'caf986061082502d',
     ('tiny', f'order=cascade2,{_ROOT}'): '32f86bb085061af9',
     ('tiny', _ROOT): '9f73499a0995dc7c',
@@ -24,10 +24,10 @@ PINNED = {
     ('tiny', f'smoke,seed=3,eval_every=2,{_ROOT}'): '6e8f0b964c3797d3',
     ('tiny_agentic', _ROOT): 'fe628a1796b90de3',
     ('tiny_agentic', f'smoke,{_ROOT}'): '8a487a93b5f81e5e',
-    ('tiny_blended', _ROOT): '9da1e3840699b97f',
-    ('tiny_blended', f'smoke,{_ROOT}'): '7f585e2ac616e1da',
-    ('tiny_mopd', _ROOT): '77cc5a65713fa0f3',
-    ('tiny_mopd', f'smoke,{_ROOT}'): 'be0bedab161564d0',
+    ('tiny_blended', _ROOT): 'adc2036927385e5d',
+    ('tiny_blended', f'smoke,{_ROOT}'): 'c804960bc9d75ec0',
+    ('tiny_mopd', _ROOT): 'a6651c1c1771de19',
+    ('tiny_mopd', f'smoke,{_ROOT}'): '487bd3cefbf19c56',
 }
 
 

@@ -46,7 +46,7 @@ def test_cascade1_reward_model_and_8b_swe_stage():
   assert _stage('nemotron_cascade_14b', 'rm') == dict(
       name='rm', kind='reward_model', domains=['chat'], datasets=['rm_pairs'],
       init_from='sft_32k', steps=320, batch_size=256, max_len=8192,
-      optimizer=dict(lr=2e-6), microbatches=32)
+      optimizer=dict(lr=2e-6), microbatches=32, score_max_len=65_536)
   assert _stage('nemotron_cascade_8b', 'swe_rl') == dict(
       GRPO, name='swe_rl', domains=['swe'], steps=120,
       optimizer=dict(lr=2.5e-6, warmup_steps=0), prompts_per_step=128, group_size=16,

@@ -98,9 +98,13 @@ def test_blended_spends_the_cascades_rollouts(root):
   per_step = one['prompts_per_step'] * one['group_size']
   assert abs(rollouts(one) - sum(rollouts(s) for s in rl)) <= per_step / 2
   assert sorted(one['domains']) == sorted(d for s in rl for d in s['domains'])
-  # Same SFT and reward model; same sampling settings; same world.
-  head = lambda c: [dict(s) for s in c.stages if s['kind'] != 'grpo']
+  # Same SFT and reward model (whose scorer reads the blended stage's longer rows whole); same
+  # sampling settings; same world.
+  head = lambda c: [{k: v for k, v in s.items() if k != 'score_max_len'}
+                    for s in c.stages if s['kind'] != 'grpo']
   assert head(blended) == head(cascade)
+  (rm,) = [s for s in blended.stages if s['kind'] == 'reward_model']
+  assert rm['score_max_len'] == one['max_prompt_len'] + one['max_response_len']
   assert blended.prepare == cascade.prepare
   for key in ('temperature', 'group_size', 'thinking_fraction'):
     assert {s[key] for s in rl} == {one[key]}, key
