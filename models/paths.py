@@ -182,13 +182,18 @@ def write_bytes(p, data: bytes) -> None:
   if is_remote(s):
     _upload(s, io.BytesIO(data))
     return
+  os.replace(_synced_temp(s, 'tmp', data), s)
+
+
+def _synced_temp(s: str, tag: str, data: bytes) -> str:
+  """`data` written and fsynced to a temporary file beside the local path `s`; its name."""
   os.makedirs(os.path.dirname(os.path.abspath(s)), exist_ok=True)
-  tmp = f'{s}.tmp.{os.getpid()}'
+  tmp = f'{s}.{tag}.{os.getpid()}'
   with open(tmp, 'wb') as f:
     f.write(data)
     f.flush()
     os.fsync(f.fileno())
-  os.replace(tmp, s)
+  return tmp
 
 
 def write_text(p, text: str) -> None:
@@ -220,12 +225,7 @@ def create_new(p, data: bytes) -> bool:
       except FileExistsError:
         return False
       return True
-  os.makedirs(os.path.dirname(os.path.abspath(s)), exist_ok=True)
-  tmp = f'{s}.new.{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
+  tmp = _synced_temp(s, 'new', data)
   try:
     os.link(tmp, s)
   except FileExistsError:

@@ -76,6 +76,12 @@ def init_pool(cfg: config_lib.ModelConfig, num_pages: int, page_size: int, per_l
   return k, v
 
 
+def _unpack(graphdef, params, tokens, k_pool):
+  """(model, its config, tokens' [A, T], the pool's (pages, page size)) of a paged program."""
+  model = nnx.merge(graphdef, params)
+  return model, model.cfg, tokens.shape, pool_layer(k_pool).shape[-3:-1]
+
+
 def prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, copy_src,
              copy_dst):
   """Prefills right-padded prompts into pages, then copies pages (a prompt's partial page).
@@ -93,10 +99,7 @@ def prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, co
   Returns:
     (k_pool, v_pool).
   """
-  model = nnx.merge(graphdef, params)
-  cfg = model.cfg
-  a, t = tokens.shape
-  num_pages, ps = pool_layer(k_pool).shape[-3:-1]
+  model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool)
   if t:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (a, t))
     dtype = pool_layer(k_pool).dtype
@@ -133,10 +136,7 @@ def extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_t
   Returns:
     (k_pool, v_pool).
   """
-  model = nnx.merge(graphdef, params)
-  cfg = model.cfg
-  a, t = tokens.shape
-  num_pages, ps = pool_layer(k_pool).shape[-3:-1]
+  model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool)
   c = context_pages * ps
   ctx = jnp.minimum(page_table[:, :context_pages], num_pages - 1)   # past a row's pages: masked
 
