@@ -21,7 +21,7 @@ cannot stand in for a standard-library one the test imports), one sandbox
 request per call or ended episode, all of a batch in one `Sandbox.run`.
 `run_tests` and scoring use two sandboxes that never share a server, so the
 servers that run the policy's `run_tests` never hold a hidden test (nor do
-the candidate processes of either: see `verifiers.sandbox_server`). Each
+the candidate processes of either: see `verifiers.sandbox.server`). Each
 starts on first use; `close()` stops them.
 
 Reward of an ended episode (final answer, whatever its text, or `finish`):

@@ -20,7 +20,7 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from models import chat
-from verifiers import pool as pool_lib
+from verifiers.sandbox import pool as pool_lib
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,7 +95,7 @@ def raw_answer(completion: str) -> str:
 
 
 def worker_popen(spec: str, index: int = 0) -> subprocess.Popen:
-  """Starts a `verifiers.worker` process serving the function `spec` ('module:fn').
+  """Starts a `verifiers.sandbox.worker` process serving the function `spec` ('module:fn').
 
   Args:
     spec: 'module:function'.
@@ -104,7 +104,7 @@ def worker_popen(spec: str, index: int = 0) -> subprocess.Popen:
   del index
   env = dict(os.environ)
   env['PYTHONPATH'] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get('PYTHONPATH')) if p)
-  return subprocess.Popen([sys.executable, '-P', '-m', 'verifiers.worker', spec], env=env,
+  return subprocess.Popen([sys.executable, '-P', '-m', 'verifiers.sandbox.worker', spec], env=env,
                           **pool_lib.popen_kwargs())
 
 

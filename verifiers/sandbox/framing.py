@@ -1,7 +1,7 @@
 """Length-prefixed JSON framing spoken by every verifier process.
 
 A frame is a 4-byte big-endian length followed by that many bytes of UTF-8
-JSON. The pool, `verifiers.worker` and the sandbox server (which runs inside
+JSON. The pool, `worker` and the sandbox server (which runs inside
 bubblewrap next to this file) all use it, so this module imports only the
 standard library. Decoding rejects NaN/Infinity and frames over
 `MAX_FRAME_BYTES`, and a nesting deeper than the interpreter can decode is a

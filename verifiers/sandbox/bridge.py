@@ -1,6 +1,6 @@
 """The boundary between a candidate's process and the judge process that decides its verdict.
 
-A 'check' run is two processes (see `sandbox_server`): the *candidate*
+A 'check' run is two processes (see `server`): the *candidate*
 process executes the untrusted code and answers requests; the *judge*
 process, forked from the server before any candidate code ran, executes only
 trusted code (the record's test) and sees the candidate's functions and
@@ -23,7 +23,7 @@ Exception (SystemExit, KeyboardInterrupt, GeneratorExit, ...) come as
 RuntimeError and mark the link (`Link.control_flow`), so the verdict fails
 even where the test catches the error. The judge decides this, not the
 candidate's encoder: the candidate can write any frame. Standard library
-only: this file runs inside the sandbox next to `sandbox_server`.
+only: this file runs inside the sandbox next to `server`.
 """
 
 import builtins
@@ -34,7 +34,7 @@ import sys
 import types
 
 try:  # On the host, as part of the package; in the sandbox, next to this file.
-  from verifiers import framing
+  from verifiers.sandbox import framing
 except ImportError:
   import framing  # pylint: disable=g-import-not-at-top
 
