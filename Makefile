@@ -39,7 +39,7 @@ demo: $(VENV)/.stamp-base sysdeps
 # runs/tiny_world, built on first use and reused while its stamp matches.
 SEED ?= 0
 world: $(VENV)/.stamp-base
-	$(PY) -m cascade.tiny_world.build --seed=$(SEED) --root=runs/tiny_world
+	$(PY) -m tiny_world.build --seed=$(SEED) --root=runs/tiny_world
 
 # The default suite on TEST_WORKERS pytest-xdist workers (a test file stays on one worker, so
 # its module fixtures and compiled programs are shared); TEST_WORKERS=0 runs it in one process.

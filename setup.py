@@ -1,4 +1,4 @@
-"""Installs cascade: the stage loop, the policy model, the RL math and the verifiers."""
+"""Installs cascade: the stage loop, the model, the RL math, the verifiers and the tiny world."""
 
 import setuptools
 
@@ -9,7 +9,8 @@ setuptools.setup(
     python_requires='>=3.11',
     packages=setuptools.find_packages(
         include=['cascade', 'cascade.*', 'models', 'models.*', 'rl', 'rl.*',
-                 'verifiers', 'verifiers.*', 'envs', 'envs.*', 'configs', 'launch', 'launch.*']),
+                 'verifiers', 'verifiers.*', 'envs', 'envs.*', 'configs', 'launch', 'launch.*',
+                 'tiny_world', 'tiny_world.*']),
     include_package_data=True,
     install_requires=[
         'jax>=0.10',

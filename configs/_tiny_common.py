@@ -3,11 +3,11 @@
 The configs are data: `get_config` computes every path from the seed and the
 world cache `root` and reads or writes nothing. The world itself (datasets,
 tokenizer, the mixed-mode `sft_mixed.jsonl`) is the config's `prepare` step,
-`cascade.tiny_world.build:build(seed, root)`, which writes it to
-`<root>/seed<seed>` (or reuses it while its stamp matches) before the run
-loads data; `make world` or `python -m cascade.tiny_world.build` runs it
-alone. cascade/tiny_world/build.py has the world's sizes and its "imperfect
-teacher" flaw rates (why each RL stage has something to learn).
+`tiny_world.build:build(seed, root)`, which writes it to `<root>/seed<seed>`
+(or reuses it while its stamp matches) before the run loads data; `make world`
+or `python -m tiny_world.build` runs it alone. tiny_world/build.py has the
+world's sizes and its "imperfect teacher" flaw rates (why each RL stage has
+something to learn).
 
 Config arguments (`configs/tiny.py:smoke,seed=1`): `smoke` (a few steps per
 stage and few held-out prompts, for the smoke test), `seed=N` (world and
@@ -29,7 +29,9 @@ from typing import Any
 
 import ml_collections
 
-from cascade.tiny_world import build as world_build
+# Importing the world (any module of it) registers its verifier, 'tiny_chat_quality' (chat's
+# eval_verifier), so a config built here validates wherever it is loaded.
+from tiny_world import build as world_build
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOMAINS = world_build.DOMAINS
@@ -56,7 +58,7 @@ EVAL_PROMPTS = 200
 # 400.. of the world's 600; the matrix reads the first EVAL_PROMPTS), VALIDATION_PROMPTS of
 # them scored.
 VALIDATION_PROMPTS = 100
-PREPARE_FN = 'cascade.tiny_world.build:build'
+PREPARE_FN = 'tiny_world.build:build'
 # Stage orders of configs/tiny.py: Cascade 1's (RLHF, then IF-RL) and Cascade 2's (IF-RL first).
 ORDERS = ('cascade1', 'cascade2')
 

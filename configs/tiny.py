@@ -3,12 +3,12 @@
   python -m cascade.main --config=configs/tiny.py --workdir=runs/tiny     # = make demo
   python -m cascade.main --config=configs/tiny.py:smoke --workdir=/tmp/t  # 2 steps per stage
 
-On the generated tiny world (cascade/tiny_world; the config's `prepare` step,
-cascade/tiny_world/build.py, builds it into runs/tiny_world/seed<seed> on
+On the generated tiny world (the top-level tiny_world package; the config's
+`prepare` step, tiny_world/build.py, builds it into runs/tiny_world/seed<seed> on
 first use, ~10 s) with a 0.9M-parameter
 Qwen3-like model, in instruct mode. SFT sees both modes; part of each
 domain's SFT data carries the domain's systematic "imperfect teacher"
-mistake (cascade/tiny_world/build.py: FLAW_RATE), which that domain's RL stage
+mistake (tiny_world/build.py: FLAW_RATE), which that domain's RL stage
 unlearns. Every RL stage is strictly on-policy GRPO (no KL, token-level
 loss, 16 prompts x 8 samples, temperature 0.8) on its own domain; steps and
 learning rates are per stage: the math stage learns fastest and, run longer

@@ -3,7 +3,7 @@
   python -m cascade.main --config=configs/tiny_agentic.py --workdir=runs/tiny_agentic
   python -m cascade.main --config=configs/tiny_agentic.py:smoke --workdir=/tmp/ta   # 2 steps
 
-On the tiny agentic world (cascade/tiny_world/agentic.py, built by the
+On the tiny agentic world (tiny_world/agentic.py, built by the
 config's `prepare` step into <root>/agentic_seed<seed>): a tool-use domain
 whose answers only the tools know (a table lookup, a product of 3-4-digit
 numbers) and a one-file repository with a failing test to fix through
@@ -42,9 +42,9 @@ import os
 import ml_collections
 
 from configs import _tiny_common as common
-from cascade.tiny_world import agentic as world
+from tiny_world import agentic as world
 
-PREPARE_FN = 'cascade.tiny_world.agentic:build'
+PREPARE_FN = 'tiny_world.agentic:build'
 # Tokens of the opening prompt, and of a whole episode after it (turns and tool results).
 PROMPT_LEN = 64
 EPISODE_LEN = dict(tool_use=160, swe_agent=224)

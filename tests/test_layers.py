@@ -2,8 +2,10 @@
 
 From the bottom: models/ (which holds the path layer, models/paths.py) imports nothing else of
 the project; rl/ and verifiers/ import only models/; envs/ imports those three; cascade/ may
-import all of them. So a lower layer never imports `cascade`, and every module can be read
-and tested without the layers above it.
+import all of them; on top, launch/ and tiny_world/ (the demo's world, a user of the framework
+like a user's own package) may import any of those and not each other. So a lower layer never
+imports `cascade`, the framework never imports `tiny_world`, and every module can be read and
+tested without the layers above it.
 
 Imports are read with `ast` (every `import` and `from ... import`, at the top of a module or
 inside a function: a deferred import is still an arrow), each resolved to the project module it
@@ -18,7 +20,8 @@ import pathlib
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ('models', 'rl', 'verifiers', 'envs', 'cascade', 'launch', 'tiny_world')
 # Package -> its layer; a module imports only from its own package or a lower layer.
-LAYER = {'models': 0, 'rl': 1, 'verifiers': 1, 'envs': 2}
+LAYER = {'models': 0, 'rl': 1, 'verifiers': 1, 'envs': 2, 'cascade': 3, 'launch': 4,
+         'tiny_world': 4}
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -28,7 +28,6 @@ _BUILTIN = {
     'tool_call': 'verifiers.tool_call:ToolCallVerifier',
     'long_context_qa': 'verifiers.long_context_qa:LongContextQaVerifier',
     'reward_model': 'verifiers.reward_model:RewardModelVerifier',
-    'tiny_chat_quality': 'cascade.tiny_world.chat:QualityVerifier',
 }
 _registry = registry.Registry('verifier', Verifier, _BUILTIN)
 

@@ -9,8 +9,8 @@ from absl import flags
 from absl.testing import flagsaver
 
 from benchmarks import cascade_vs_blended
-from cascade.tiny_world import build as world_build
-from cascade.tiny_world import world
+from tiny_world import build as world_build
+from tiny_world import world
 
 
 def _res(scores):

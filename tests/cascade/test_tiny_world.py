@@ -15,13 +15,13 @@ import pytest
 
 from cascade import data
 from cascade import config as config_lib
-from cascade.tiny_world import build as world_build
-from cascade.tiny_world import chat
-from cascade.tiny_world import common
-from cascade.tiny_world import instruction
-from cascade.tiny_world import world
 from models import chat as chat_lib
 from models import tokenizer as tokenizer_lib
+from tiny_world import build as world_build
+from tiny_world import chat
+from tiny_world import common
+from tiny_world import instruction
+from tiny_world import world
 import verifiers
 
 SIZES = dict(sft=60, rl=60, heldout=40, preference=80, preference_heldout=20)
@@ -245,11 +245,10 @@ def _sha256(path):
 
 
 def test_demo_world_from_the_command_line_is_pinned_and_fits_its_sizes(tmp_path):
-  """`python -m cascade.tiny_world.build` writes seed 0's world: pinned bytes, sizes, flaws."""
+  """`python -m tiny_world.build` writes seed 0's world: pinned bytes, sizes, flaws."""
   root = tmp_path / 'worlds'
-  p = subprocess.run([sys.executable, '-m', 'cascade.tiny_world.build', '--seed=0',
-                      f'--root={root}'], cwd=REPO, capture_output=True, text=True,
-                     timeout=300)  # ~6 s on an idle core.
+  p = subprocess.run([sys.executable, '-m', 'tiny_world.build', '--seed=0', f'--root={root}'],
+                     cwd=REPO, capture_output=True, text=True, timeout=300)  # ~6 s, idle core.
   assert p.returncode == 0, p.stderr[-3000:]
   out = root / 'seed0'
   assert p.stdout.strip() == str(out) == world_build.directory(0, str(root))
@@ -301,13 +300,15 @@ def test_build_reuses_a_current_world_and_rebuilds_a_stale_one(tmp_path, monkeyp
   assert len(writes) == 4
 
 
-def test_chat_quality_verifier_is_a_lazy_registry_entry():
-  """'tiny_chat_quality' needs no import of cascade.tiny_world: the registry names the class."""
-  code = ('import sys, verifiers\n'
+def test_importing_the_world_registers_its_chat_quality_verifier():
+  """The framework does not know 'tiny_chat_quality'; importing tiny_world (as the tiny configs
+  do) registers chat.QualityVerifier under it through `verifiers.register`."""
+  code = ('import verifiers\n'
+          'assert "tiny_chat_quality" not in verifiers.names()\n'
+          'from configs import tiny\n'
           'assert "tiny_chat_quality" in verifiers.names()\n'
-          'assert "cascade.tiny_world.chat" not in sys.modules\n'
           'v = verifiers.get("tiny_chat_quality")\n'
-          'from cascade.tiny_world import chat\n'
+          'from tiny_world import chat\n'
           'assert type(v) is chat.QualityVerifier, type(v)\n'
           'r = v.score([verifiers.Sample("", "The fox is quick and clever.", {"topic": "fox"})])\n'
           'print(r[0].reward)\n')
@@ -352,7 +353,7 @@ def test_hetero_world_has_long_math_chains_scored_right_and_the_other_domains_un
   checked by recomputing them; the math verifier takes the gold and rejects the flaw and a
   wrong step); most math SFT records in thinking mode; the other domains' files are the
   default world's byte for byte; an unknown world is refused by name."""
-  from cascade.tiny_world import arithmetic_long  # pylint: disable=g-import-not-at-top
+  from tiny_world import arithmetic_long  # pylint: disable=g-import-not-at-top
   small = dict(sft=dict.fromkeys(world_build.DOMAINS, 200), rl=40, heldout=40,
                preference=40, preference_heldout=10)
   monkeypatch.setattr(world_build, 'SIZES', small)

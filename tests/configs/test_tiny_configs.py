@@ -9,9 +9,9 @@ import pytest
 
 from cascade import config as config_lib
 from cascade import data as data_lib
-from cascade.tiny_world import build as world_build
 from configs import _tiny_common as common
 from models import tokenizer as tokenizer_lib
+from tiny_world import build as world_build
 
 CONFIGS = ('tiny', 'tiny_blended', 'tiny_mopd')
 
@@ -49,7 +49,7 @@ def test_get_config_is_pure_and_names_its_prepare_step(name, tmp_path, monkeypat
   c = get_config(f'seed=3,root={root}')
   monkeypatch.undo()
   assert not os.path.exists(root)
-  assert c.prepare.to_dict() == {'fn': 'cascade.tiny_world.build:build',
+  assert c.prepare.to_dict() == {'fn': 'tiny_world.build:build',
                                  'kwargs': {'seed': 3, 'root': root}}
   world = os.path.join(root, 'seed3')
   assert c.tokenizer.path == os.path.join(world, 'tokenizer.model')
@@ -112,7 +112,7 @@ def test_blended_spends_the_cascades_rollouts(root):
 
 
 def test_tiny_agentic_config_validates_and_its_world_has_every_file(tmp_path, monkeypatch):
-  from cascade.tiny_world import agentic  # pylint: disable=g-import-not-at-top
+  from tiny_world import agentic  # pylint: disable=g-import-not-at-top
   from models import chat  # pylint: disable=g-import-not-at-top
   for smoke in (False, True):
     plan = config_lib.validate(_get('tiny_agentic', f'{"smoke," if smoke else ""}root={tmp_path}'))

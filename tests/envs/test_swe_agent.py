@@ -12,12 +12,12 @@ import psutil
 import pytest
 
 import envs
-from cascade.tiny_world import agentic_swe_tasks as tasks
-from cascade.tiny_world import common
-from cascade.tiny_world import swe_tasks
 from envs import base
 from envs import swe_agent
 from models import chat
+from tiny_world import agentic_swe_tasks as tasks
+from tiny_world import common
+from tiny_world import swe_tasks
 from verifiers import unidiff
 
 CALC = 'def calc(x):\n    y = x - 7\n    return y * 2\n'

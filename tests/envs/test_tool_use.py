@@ -10,11 +10,11 @@ import time
 import pytest
 
 import envs
-from cascade.tiny_world import common
-from cascade.tiny_world import tool_tasks
 from envs import base
 from envs import tool_use
 from models import chat
+from tiny_world import common
+from tiny_world import tool_tasks
 from verifiers import base as verifier_base
 
 F = fractions.Fraction

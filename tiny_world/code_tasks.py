@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable
 
-from cascade.tiny_world import common
+from tiny_world import common
 
 DOMAIN = 'code'
 HELDOUT_PERCENT = 10

@@ -1,6 +1,6 @@
 """Writes a tiny world: every domain's datasets and a SentencePiece tokenizer, from a seed.
 
-  from cascade.tiny_world import world
+  from tiny_world import world
   paths = world.write('runs/tiny/world', seed=0)
   paths['math']['rl_train']      # -> 'runs/tiny/world/math/rl_train.jsonl'
   paths['tokenizer']             # -> 'runs/tiny/world/tokenizer.model'
@@ -36,8 +36,8 @@ unlearn its domain's mistake. build.py sets the demo world's rates and
 sizes and caches the world per seed.
 
 Using it:
-  * The verifier 'tiny_chat_quality' (chat's eval_verifier) is a lazy entry of
-    the `verifiers` registry (chat.QualityVerifier); nothing to import first.
+  * The verifier 'tiny_chat_quality' (chat's eval_verifier) is chat.QualityVerifier,
+    which importing `tiny_world` (any of its modules) registers with `verifiers`.
   * Render prompts with models.chat.render(messages, thinking=...) and SFT
     targets with chat.render_response(response, thinking or None); both
     modes share `response`, so the math answer restates its working.
@@ -57,14 +57,14 @@ import os
 import random
 from typing import Any, Iterable, Mapping
 
-from cascade.tiny_world import arithmetic
-from cascade.tiny_world import chat
-from cascade.tiny_world import code_tasks
-from cascade.tiny_world import common
-from cascade.tiny_world import instruction
-from cascade.tiny_world import swe_tasks
 from models import chat as chat_lib
 from models import tokenizer as tokenizer_lib
+from tiny_world import arithmetic
+from tiny_world import chat
+from tiny_world import code_tasks
+from tiny_world import common
+from tiny_world import instruction
+from tiny_world import swe_tasks
 
 GENERATORS = {m.DOMAIN: m for m in (chat, instruction, arithmetic, code_tasks, swe_tasks)}
 DOMAINS = tuple(GENERATORS)

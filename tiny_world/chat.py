@@ -10,7 +10,7 @@ Gold answers meet all four. Preference pairs compare graded variants (gold
 answers broken on one or more criteria: topic swapped, cut off, stuttering or
 repeated, too short or too long), so a Bradley-Terry reward model can learn
 the rule from comparisons alone. `QualityVerifier` (the verifier registry's
-'tiny_chat_quality', imported by name on first use) scores the rule itself:
+'tiny_chat_quality', which importing `tiny_world` registers) scores the rule itself:
 evaluating RLHF with it instead of the learned reward model is what makes
 reward hacking visible (the RM's score rising while this one falls).
 
@@ -26,12 +26,12 @@ import random
 import re
 from typing import Any, Mapping
 
-from cascade.tiny_world import common
+from tiny_world import common
 import verifiers
 from verifiers import base as verifiers_base
 
 DOMAIN = 'chat'
-VERIFIER_NAME = 'tiny_chat_quality'  # verifiers._BUILTIN maps it to QualityVerifier.
+VERIFIER_NAME = 'tiny_chat_quality'  # tiny_world/__init__ registers QualityVerifier under it.
 HELDOUT_PERCENT = 20
 MIN_WORDS, MAX_WORDS = 5, 16
 CRITERIA = ('on_topic', 'complete', 'not_repetitive', 'sensible_length')

@@ -38,10 +38,10 @@ import dataclasses
 import random
 from typing import Any, Sequence
 
-from cascade.tiny_world import common
-from cascade.tiny_world import swe_tasks
 from envs import swe_agent
 from models import chat
+from tiny_world import common
+from tiny_world import swe_tasks
 from verifiers import unidiff
 
 DOMAIN = 'swe_agent'

@@ -42,7 +42,7 @@ def directory(seed: int, root: str) -> str:
 
 
 def stamp(seed: int) -> dict:
-  from cascade.tiny_world import build as world_build  # pylint: disable=g-import-not-at-top
+  from tiny_world import build as world_build  # pylint: disable=g-import-not-at-top
   return {'seed': seed, 'sizes': SIZES, 'flaw_rate': FLAW_RATE, 'vocab_size': VOCAB,
           'source': world_build._source_hash()}  # pylint: disable=protected-access
 
@@ -50,9 +50,9 @@ def stamp(seed: int) -> dict:
 def _tasks(domain: str):
   # pylint: disable=g-import-not-at-top
   if domain == 'tool_use':
-    from cascade.tiny_world import tool_tasks
+    from tiny_world import tool_tasks
     return tool_tasks
-  from cascade.tiny_world import agentic_swe_tasks
+  from tiny_world import agentic_swe_tasks
   return agentic_swe_tasks
 
 
@@ -104,14 +104,14 @@ def _build_into(out: str, seed: int, want: dict) -> None:
 
 def build(seed: int, root: str) -> str:
   """Builds (or reuses) the agentic world of `seed` under `root`; returns its directory."""
-  from cascade.tiny_world import build as world_build  # pylint: disable=g-import-not-at-top
+  from tiny_world import build as world_build  # pylint: disable=g-import-not-at-top
   return world_build.cached(directory(seed, root), stamp(seed),
                             lambda d, want: _build_into(d, seed, want))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  """`python -m cascade.tiny_world.agentic --seed=N --root=DIR`: builds and prints the directory."""
-  parser = argparse.ArgumentParser(prog='python -m cascade.tiny_world.agentic')
+  """`python -m tiny_world.agentic --seed=N --root=DIR`: builds and prints the directory."""
+  parser = argparse.ArgumentParser(prog='python -m tiny_world.agentic')
   parser.add_argument('--seed', type=int, default=0)
   parser.add_argument('--root', default='runs/tiny_world')
   args = parser.parse_args(argv)

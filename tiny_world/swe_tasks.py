@@ -33,8 +33,8 @@ import random
 import re
 from typing import Any, Callable
 
-from cascade.tiny_world import code_tasks
-from cascade.tiny_world import common
+from tiny_world import code_tasks
+from tiny_world import common
 
 DOMAIN = 'swe'
 HELDOUT_PERCENT = 10

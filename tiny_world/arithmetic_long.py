@@ -10,7 +10,7 @@ mode, where a response is the trace plus the answer: about 90 tokens, several
 times a chat or IF answer (about 15-25). That length gap is the point of the
 world: a blended RL batch that mixes math with the short domains waits for the
 math rows, and its train rows are as wide as the longest of them. The
-arithmetic is the default world's (cascade/tiny_world/arithmetic.py: counts
+arithmetic is the default world's (tiny_world/arithmetic.py: counts
 2-10 to start, steps +k / -k with k in 1-5 or doubling a count of at most 10,
 so values stay below about 40); a chain has three steps instead of two, and
 the trace works it forwards, then undoes it backwards (halving a double), the
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import random
 
-from cascade.tiny_world import arithmetic
-from cascade.tiny_world import common
+from tiny_world import arithmetic
+from tiny_world import common
 
 DOMAIN = 'math'
 HELDOUT_PERCENT = 15

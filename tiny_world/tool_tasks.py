@@ -39,8 +39,8 @@ import json
 import random
 from typing import Any, Hashable
 
-from cascade.tiny_world import common
 from models import chat
+from tiny_world import common
 
 DOMAIN = 'tool_use'
 HELDOUT_PERCENT = 10

@@ -23,7 +23,7 @@ import random
 import re
 from typing import Any
 
-from cascade.tiny_world import common
+from tiny_world import common
 
 DOMAIN = 'instruction_following'
 HELDOUT_PERCENT = 10

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 
-from cascade.tiny_world import common
+from tiny_world import common
 
 DOMAIN = 'math'
 HELDOUT_PERCENT = 15

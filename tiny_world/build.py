@@ -1,13 +1,13 @@
 """The tiny world the demo configs train on: built once per seed, reused while its stamp matches.
 
-  python -m cascade.tiny_world.build --seed=0 --root=runs/tiny_world   # = make world
-  from cascade.tiny_world import build as world_build
+  python -m tiny_world.build --seed=0 --root=runs/tiny_world   # = make world
+  from tiny_world import build as world_build
   world_build.build(seed=0, root='runs/tiny_world')    # -> 'runs/tiny_world/seed0'
 
 configs/tiny.py (and tiny_blended.py, tiny_mopd.py) name this function as
 their `prepare` step and point their datasets and tokenizer at the files it
 writes under `<root>/seed<seed>` (`directory`): the world of
-cascade/tiny_world/world.py at the sizes and flaw rates below, plus
+tiny_world/world.py at the sizes and flaw rates below, plus
 `sft_mixed.jsonl`, every domain's SFT records shuffled together with the
 thinking trace dropped from a fixed share of them, so SFT teaches both the
 `/think` and the `/no_think` mode (the world's records all carry a trace,
@@ -182,8 +182,8 @@ def _build_into(out: str, seed: int, want: dict, name: str = 'default') -> None:
   """Writes the world `name` of `seed` into the local directory `out`, its stamp `want` last."""
   # The generators load the tokenizer libraries; only a build needs them.
   import importlib  # pylint: disable=g-import-not-at-top
-  from cascade.tiny_world import world  # pylint: disable=g-import-not-at-top
-  generators = {d: importlib.import_module(f'cascade.tiny_world.{m}')
+  from tiny_world import world  # pylint: disable=g-import-not-at-top
+  generators = {d: importlib.import_module(f'tiny_world.{m}')
                 for d, m in WORLDS[name]['generators'].items()}
   files = world.write(out, seed=seed, vocab_size=VOCAB, flaw_rate=FLAW_RATE,
                       generators=generators, **SIZES)
@@ -203,8 +203,8 @@ def _build_into(out: str, seed: int, want: dict, name: str = 'default') -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  """`python -m cascade.tiny_world.build --seed=N --root=DIR`: builds and prints the directory."""
-  parser = argparse.ArgumentParser(prog='python -m cascade.tiny_world.build',
+  """`python -m tiny_world.build --seed=N --root=DIR`: builds and prints the directory."""
+  parser = argparse.ArgumentParser(prog='python -m tiny_world.build',
                                    description='Builds (or reuses) the tiny world of a seed.')
   parser.add_argument('--seed', type=int, default=0, help='the world seed (default 0)')
   parser.add_argument('--root', default='runs/tiny_world',
