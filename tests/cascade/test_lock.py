@@ -108,3 +108,15 @@ def test_the_command_line_refuses_a_held_workdir_in_one_line(tmp_path):
                                                  'run: host other-host, pid 4242, since '), lines
   assert os.listdir(tmp_path / 'w') == [lock.LOCK_FILE]               # nothing written
   assert json.loads((tmp_path / 'w' / lock.LOCK_FILE).read_text()) == rec
+  # --force_lock takes the lock over (with a warning) even from a live holder: here the run
+  # then stops at the workdir's config guard (its config.json is not one a run wrote), in one
+  # line, releasing the lock.
+  (tmp_path / 'w' / 'config.json').write_text(json.dumps({'seed': -1}))
+  proc = subprocess.run(
+      [sys.executable, '-m', 'cascade.main', '--config=configs/tiny.py:smoke',
+       f'--workdir={tmp_path / "w"}', '--force_lock'], cwd=REPO, capture_output=True,
+      text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  assert 'taking over the workdir lock of host other-host' in proc.stdout
+  assert len(proc.stderr.strip().splitlines()) == 1 and 'config.json' in proc.stderr
+  assert not (tmp_path / 'w' / lock.LOCK_FILE).exists()
