@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from cascade import data as data_lib
 from cascade import rollout
 from cascade.kinds import base
 from cascade.kinds import loop
@@ -67,29 +66,21 @@ def abstract_batch(stage: Config, mesh, rules):
 
 
 def run(ctx, stage: Config) -> base.StageResult:
-  records = ctx.data.stage_records(stage)
   # The reference is the policy the stage starts from, frozen for the whole stage.
   ref_params = ctx.policies.compute_copy(ctx.policies.start_params(stage))
   graphdef = ctx.policies.graphdef('policy')
 
-  def maker(state):
-    del state
-    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
-                             stage.batch_size)
+  def batches(recs):
+    batch = dpo_lib.make_batch(ctx.tokenizer,
+                               [rollout.prompt_text(r, stage.thinking) for r in recs],
+                               [r['chosen'] for r in recs], [r['rejected'] for r in recs],
+                               stage.max_len)
+    ref_c, ref_r = dpo_lib.reference_logps(
+        graphdef, ref_params, batch, mesh=ctx.mesh, rules=ctx.rules,
+        rows_per_call=base.frozen_rows_per_call(stage.batch_size, stage.microbatches))
+    return [batch._replace(ref_chosen_logps=ref_c, ref_rejected_logps=ref_r)], {}
 
-    def make(step, rng, state):
-      del step, rng, state
-      recs = loader.next()
-      batch = dpo_lib.make_batch(ctx.tokenizer,
-                                 [rollout.prompt_text(r, stage.thinking) for r in recs],
-                                 [r['chosen'] for r in recs], [r['rejected'] for r in recs],
-                                 stage.max_len)
-      ref_c, ref_r = dpo_lib.reference_logps(
-          graphdef, ref_params, batch, mesh=ctx.mesh, rules=ctx.rules,
-          rows_per_call=base.frozen_rows_per_call(stage.batch_size, stage.microbatches))
-      return [batch._replace(ref_chosen_logps=ref_c, ref_rejected_logps=ref_r)], {}
-    return loop.BatchMaker(loader, make)
-
+  maker = loop.record_batches(ctx, stage, batches)
   return loop.train_stage(ctx, KIND, stage, maker)
 
 

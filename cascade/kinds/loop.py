@@ -49,6 +49,27 @@ class BatchMaker(NamedTuple):
   make: Callable[[int, jax.Array, train_lib.TrainState], tuple[Sequence[Any], dict]]
 
 
+def record_batches(ctx, stage, batches: Callable[[list[dict]], tuple[Sequence[Any], dict]]):
+  """The batch maker of a stage that trains on `stage.batch_size` records per step, drawn in
+  the stage's seeded order: `batches(records)` -> (train batches, host metrics).
+
+  Returns:
+    maker(state) -> BatchMaker, what `train_stage` takes.
+  """
+  records = ctx.data.stage_records(stage)
+
+  def maker(state):
+    del state
+    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
+                             stage.batch_size)
+
+    def make(step, rng, state):
+      del step, rng, state
+      return batches(loader.next())
+    return BatchMaker(loader, make)
+  return maker
+
+
 def build_train_step(kind: base.Kind, stage, graphdef, state, mesh, rules,
                      microbatches: int | None = None):
   """The jitted train step of a stage (what the runner runs and `launch.plan` compiles)."""

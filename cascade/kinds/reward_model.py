@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding
 
-from cascade import data as data_lib
 from cascade import rollout
 from cascade.kinds import base
 from cascade.kinds import loop
@@ -71,22 +70,12 @@ def abstract_batch(stage: Config, mesh, rules):
 
 
 def run(ctx, stage: Config) -> base.StageResult:
-  records = ctx.data.stage_records(stage)
+  def batches(recs):
+    return [rm_lib.make_pair_batch(
+        ctx.tokenizer, [rollout.verifier_prompt(r) for r in recs],
+        [r['chosen'] for r in recs], [r['rejected'] for r in recs], stage.max_len)], {}
 
-  def maker(state):
-    del state
-    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
-                             stage.batch_size)
-
-    def make(step, rng, state):
-      del step, rng, state
-      recs = loader.next()
-      batch = rm_lib.make_pair_batch(
-          ctx.tokenizer, [rollout.verifier_prompt(r) for r in recs],
-          [r['chosen'] for r in recs], [r['rejected'] for r in recs], stage.max_len)
-      return [batch], {}
-    return loop.BatchMaker(loader, make)
-
+  maker = loop.record_batches(ctx, stage, batches)
   return loop.train_stage(ctx, KIND, stage, maker)._replace(params=None)
 
 

@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from cascade import data as data_lib
 from cascade import episodes
 from cascade import rollout
 from cascade.kinds import base
@@ -93,25 +92,17 @@ def abstract_batch(stage: Config, mesh, rules):
 
 
 def run(ctx, stage: Config) -> base.StageResult:
-  records = ctx.data.stage_records(stage)
   pad_id = ctx.tokenizer.pad_id
 
-  def maker(state):
-    del state
-    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
-                             stage.batch_size)
+  def batches(recs):
+    ex = [example(r, ctx.tokenizer, stage.thinking_switch, stage.max_len) for r in recs]
+    packed = sft_lib.pack(ex, stage.max_len, pad_id=pad_id)
+    rows = base.rows_bucket(packed.tokens.shape[0], stage.microbatches * ctx.batch_shards)
+    batch = sft_lib.pack(ex, stage.max_len, num_rows=rows, pad_id=pad_id)
+    return [batch], {'examples': len(ex), 'rows': rows,
+                     'learned_tokens': float(np.sum(batch.loss_mask))}
 
-    def make(step, rng, state):
-      del step, rng, state
-      ex = [example(r, ctx.tokenizer, stage.thinking_switch, stage.max_len)
-            for r in loader.next()]
-      packed = sft_lib.pack(ex, stage.max_len, pad_id=pad_id)
-      rows = base.rows_bucket(packed.tokens.shape[0], stage.microbatches * ctx.batch_shards)
-      batch = sft_lib.pack(ex, stage.max_len, num_rows=rows, pad_id=pad_id)
-      return [batch], {'examples': len(ex), 'rows': rows,
-                       'learned_tokens': float(np.sum(batch.loss_mask))}
-    return loop.BatchMaker(loader, make)
-
+  maker = loop.record_batches(ctx, stage, batches)
   return loop.train_stage(ctx, KIND, stage, maker)
 
 
