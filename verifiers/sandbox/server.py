@@ -690,17 +690,19 @@ class Server:
     if self.drop_uid is not None:
       self._as_sandbox_uid(lambda: None)
       return
+    self._kill_sessions(pids, (os.killpg, os.kill))
+
+  def _kill_sessions(self, pids, kills):
+    """Without a sandbox uid: the strays (alone in a PID namespace), then `pids` by each of
+    `kills` (os.killpg for their sessions, os.kill for themselves)."""
     if self.kill_all:
       self._kill_strays()
     for pid in pids:
-      try:
-        os.killpg(pid, signal.SIGKILL)
-      except (ProcessLookupError, PermissionError):
-        pass
-      try:
-        os.kill(pid, signal.SIGKILL)
-      except (ProcessLookupError, PermissionError):
-        pass
+      for kill in kills:
+        try:
+          kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+          pass
 
   def _cleanup(self, pids):
     """Kills every process of the sandbox identity and empties the work dir."""
@@ -708,13 +710,7 @@ class Server:
       # A helper with the candidates' uid: kill(-1) reaches exactly them.
       self._as_sandbox_uid(lambda: empty_dir(self.case_dir))
     else:
-      if self.kill_all:
-        self._kill_strays()
-      for pid in pids:
-        try:
-          os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-          pass
+      self._kill_sessions(pids, (os.killpg,))
       empty_dir(self.case_dir)
       # Candidates share our uid here: one may have stopped the zygote or a spare.
       for pid in {self.zygote_pid} | {pid for _, pid in self._spares} | set(self._ours()):
