@@ -116,8 +116,6 @@ _LIMITS = ('cpu_s', 'memory_mb', 'nproc', 'fsize_mb')
 _ZYGOTE_TIMEOUT_S = 10.0
 # Spares held or being forked at any time: two hide the zygote's fork chain behind a run.
 _SPARES = 2
-# The server's own entries in its root directory.
-_ROOT_ENTRIES = {'.io', 'case'}
 _SIGNAL_STATUS = {signal.SIGXCPU: ('cpu_limit', 'CPU time limit'),
                   signal.SIGXFSZ: ('output_limit', 'file size limit (output too large)'),
                   signal.SIGSEGV: ('crashed', 'segmentation fault (stack overflow?)')}
@@ -207,6 +205,10 @@ class Server:
     self._mounts = _writable_mounts(root) if self.private else []
     self.baseline_free = self._free_blocks()
     self.baseline_residue = self._residue()
+    # The root's entries at start: the server's io and work dirs, and the mount points
+    # bubblewrap made for read-only binds of paths under the root's path (a project or venv
+    # under /tmp); a run must leave no other.
+    self.baseline_entries = set(os.listdir(root))
 
   def _free_blocks(self):
     st = os.statvfs(self.root)
@@ -439,7 +441,8 @@ class Server:
       blocks, inodes = self._free_blocks()
       if blocks + 8 < self.baseline_free[0] or inodes + 16 < self.baseline_free[1]:
         return False
-      if set(os.listdir(self.root)) != _ROOT_ENTRIES or self._residue() != self.baseline_residue:
+      if (set(os.listdir(self.root)) != self.baseline_entries
+          or self._residue() != self.baseline_residue):
         return False
     except OSError:
       return False
