@@ -205,6 +205,25 @@ def test_runs_leave_no_files_or_processes_for_the_next_run(bwrap_sandbox):
     assert not any(r['restart'] for r in res)
 
 
+def test_a_checkout_under_tmp_leaves_runs_clean(bwrap_sandbox, monkeypatch):
+  # An interpreter (a venv, a clean clone) under /tmp is bound below the sandbox's /tmp, the
+  # server's root, where bubblewrap makes its mount points: they are there from the start, and
+  # a run that leaves the root as it found it is clean (no restart).
+  import tempfile  # pylint: disable=g-import-not-at-top
+  outside = tempfile.mkdtemp(prefix='cascade-venv-', dir='/tmp')
+  os.chmod(outside, 0o755)
+  dirs = sandbox._python_dirs  # pylint: disable=protected-access
+  monkeypatch.setattr(sandbox, '_python_dirs', lambda: [*dirs(), outside])
+  try:
+    with sandbox.Sandbox(1) as sb:
+      res = sb.run([{'mode': 'run', 'program': 'print(1)'},
+                    {'mode': 'check', 'program': 'x = 2', 'test': 'import solution'}], [10.0] * 2)
+  finally:
+    shutil.rmtree(outside)
+  assert [r['passed'] for r in res] == [True, True], res
+  assert not any(r['restart'] for r in res), res
+
+
 def _checkout_readable_by_others():
   path = base.PACKAGE_PARENT
   while path != '/':
