@@ -224,6 +224,8 @@ def create_new(p, data: bytes) -> bool:
         fs.pipe_file(key, data, mode='create')
       except FileExistsError:
         return False
+      except FileNotFoundError:   # what the client says of a bucket that is not there
+        raise _no_bucket(s, 'create it') from None
       return True
   tmp = _synced_temp(s, 'new', data)
   try:
@@ -262,9 +264,13 @@ def _upload(p, src) -> None:
     try:
       f.close()
     except FileNotFoundError:   # what the client says of a bucket that is not there
-      bucket = os.fspath(p).split('://', 1)[1].split('/', 1)[0]
-      raise PathError(f'{os.fspath(p)}: cannot write it: no bucket {bucket!r} '
-                      '(or no access to it)') from None
+      raise _no_bucket(p, 'write it') from None
+
+
+def _no_bucket(p, doing: str) -> PathError:
+  """The one-line error of a write to a bucket that is not there (or not ours)."""
+  bucket = os.fspath(p).split('://', 1)[1].split('/', 1)[0]
+  return PathError(f'{os.fspath(p)}: cannot {doing}: no bucket {bucket!r} (or no access to it)')
 
 
 def copy_tree(src, dst, last: tuple[str, ...] = ()) -> None:

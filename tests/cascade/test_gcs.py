@@ -214,7 +214,9 @@ def test_bad_workdir_bucket_is_one_line(gcs, tmp_path):
              check=False)
   assert p.returncode == 2, p.stderr[-3000:]
   last = p.stderr.strip().splitlines()[-1]
-  assert last.startswith('error: gs://no-such-bucket/run/config.json: cannot write it'), last
+  # The lock is the run's first write.
+  assert last.startswith("error: gs://no-such-bucket/run/lock.json: cannot create it: no bucket "
+                         "'no-such-bucket'"), last
   assert 'Traceback' not in p.stderr
 
 
