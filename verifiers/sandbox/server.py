@@ -332,10 +332,7 @@ class Server:
       else:
         _run_candidate(payload['program'], payload['importable'], self.case_dir)
     except BaseException:  # pylint: disable=broad-except
-      try:
-        _write(2, traceback.format_exc()[-4000:].encode('utf-8', 'replace'))
-      except BaseException:  # pylint: disable=broad-except
-        pass
+      _exit_with_traceback()
     _exit(120)
 
   def _top_up(self):
@@ -490,10 +487,7 @@ class Server:
         self._become_sandboxed(req, fds, judge=True)
         body()
       except BaseException:  # pylint: disable=broad-except
-        try:
-          _write(2, traceback.format_exc()[-4000:].encode('utf-8', 'replace'))
-        except BaseException:  # pylint: disable=broad-except
-          pass
+        _exit_with_traceback()
       _exit(120)
     return pid
 
@@ -851,6 +845,15 @@ def _writable_mounts(root):
       if fstype == ['tmpfs'] and 'rw' in fields[5].split(',') and fields[4] != root:
         out.append(fields[4])
   return out
+
+
+def _exit_with_traceback():
+  """In a forked child whose setup or body raised: the traceback's tail on fd 2, exit 120."""
+  try:
+    _write(2, traceback.format_exc()[-4000:].encode('utf-8', 'replace'))
+  except BaseException:  # pylint: disable=broad-except  # stderr closed or full
+    pass
+  _exit(120)
 
 
 def _wait_exit(pid, timeout_s):
