@@ -229,3 +229,24 @@ def gcs(tmp_path_factory):
     proc.kill()
     proc.wait()
     log.close()
+
+
+_DERIVED_CONFIG = '''
+import importlib.util, os
+{imports}_spec = importlib.util.spec_from_file_location('cfg', os.path.join(os.path.dirname(__file__),
+                                                                   'cfg.py'))
+_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+
+
+def get_config(arg=None):
+  c = _mod.get_config(arg)
+{edits}  return c
+'''
+
+
+@pytest.fixture(scope='session')
+def derived_config():
+  """Source of a config file that loads the `cfg.py` beside it (what `copy_cascade` writes) and
+  edits its config: make(edits, imports='') with `edits` the indented lines run on `c`."""
+  return lambda edits, imports='': _DERIVED_CONFIG.format(imports=imports, edits=edits)

@@ -90,30 +90,15 @@ def _cli(config, workdir, *overrides, env=None, timeout=600):
                         env=dict(os.environ, **(env or {})))
 
 
-_WITH_POLICY = '''
-import importlib.util, os
-import ml_collections
-_spec = importlib.util.spec_from_file_location('cfg', os.path.join(os.path.dirname(__file__),
-                                                                   'cfg.py'))
-_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
-
-
-def get_config(arg=None):
-  c = _mod.get_config(arg)
-  # A band bound the command line may set: a typed placeholder (a plain None is not overridable).
-  c.divergence = dict(max_bad_steps=3, rollbacks=0, rollback_lr_factor=0.5,
-                      max_loss=ml_collections.config_dict.placeholder(float))
-  c.ckpt.keep = 3
-  return c
-'''
-
-
 @pytest.fixture(scope='module')
-def world(tmp_path_factory, copy_cascade):
+def world(tmp_path_factory, copy_cascade, derived_config):
   root = tmp_path_factory.mktemp('divergence')
   copy_cascade(root, train=16, eval_=8, sft=32, sft_steps=6, rl_steps=2)
-  (root / 'policy.py').write_text(_WITH_POLICY)
+  # A band bound the command line may set: a typed placeholder (a plain None is not overridable).
+  (root / 'policy.py').write_text(derived_config(
+      '  c.divergence = dict(max_bad_steps=3, rollbacks=0, rollback_lr_factor=0.5,\n'
+      '                      max_loss=ml_collections.config_dict.placeholder(float))\n'
+      '  c.ckpt.keep = 3\n', imports='import ml_collections\n'))
   return root
 
 

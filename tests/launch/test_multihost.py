@@ -34,31 +34,17 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-PAGED = """
-import importlib.util, os
-_spec = importlib.util.spec_from_file_location('cfg', os.path.join(os.path.dirname(__file__),
-                                                                   'cfg.py'))
-_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
-
-
-def get_config(arg=None):
-  c = _mod.get_config(arg)
-  c.sampler.update(engine='paged', slots=8, page_size=8, chunk_steps=3)
-  return c
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize('engine', ['one_call', 'paged'])
-def test_two_processes_run_a_sharded_cascade_and_agree(world, tmp_path, engine):
+def test_two_processes_run_a_sharded_cascade_and_agree(world, tmp_path, engine, derived_config):
   """Either sampler engine: the paged one's host loop runs in lockstep on both processes."""
   workdir, out = tmp_path / 'run', tmp_path / 'out'
   config = world / 'cfg.py'
   if engine == 'paged':
     config = world / 'cfg_paged.py'
-    config.write_text(PAGED)
+    config.write_text(derived_config(
+        "  c.sampler.update(engine='paged', slots=8, page_size=8, chunk_steps=3)\n"))
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
   env.pop('XLA_FLAGS', None)
   coordinator = f'127.0.0.1:{_free_port()}'

@@ -19,21 +19,6 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAULTS = os.path.join(REPO, 'tests', 'faults.py')   # cascade.main with a test's signal hook
 
-_SFT_ONLY = '''
-import importlib.util, os
-_spec = importlib.util.spec_from_file_location('cfg', os.path.join(os.path.dirname(__file__),
-                                                                   'cfg.py'))
-_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
-
-
-def get_config(arg=None):
-  c = _mod.get_config(arg)
-  c.stages = c.stages[:1]
-  c.ckpt.every_n_steps = 0
-  return c
-'''
-
 
 def _free_port() -> int:
   with socket.socket() as s:
@@ -42,11 +27,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope='module')
-def config(tmp_path_factory, copy_cascade):
+def config(tmp_path_factory, copy_cascade, derived_config):
   root = tmp_path_factory.mktemp('multihost_preemption')
   copy_cascade(root, train=16, eval_=8, sft=32, mesh_shape=(2, 2, 2), keep=2, sft_steps=4,
                rl_steps=1)
-  (root / 'sft_only.py').write_text(_SFT_ONLY)
+  (root / 'sft_only.py').write_text(derived_config(
+      '  c.stages = c.stages[:1]\n  c.ckpt.every_n_steps = 0\n'))
   return root / 'sft_only.py'
 
 
