@@ -1,9 +1,20 @@
-"""Model configuration: one frozen dataclass for the Llama-3 / Qwen2 / Qwen3 families.
+"""Model configuration: one frozen dataclass for every family cascade builds.
 
-The three families differ only in switches here: Qwen2 adds biases to the
-q/k/v projections, Qwen3 adds an RMSNorm on each query and key head, and
-embeddings are tied or not per checkpoint. Presets carry the real shapes of
-the paper's base models.
+Dense decoders (Llama-3 / Qwen2 / Qwen3) differ only in switches here: Qwen2
+adds biases to the q/k/v projections, Qwen3 adds an RMSNorm on each query and
+key head, and embeddings are tied or not per checkpoint.
+
+Two mixture-of-experts families are built from a per-layer pattern
+(`layer_types`) of residual sublayers, each `x + mixer(norm(x))`:
+
+* 'nemotron_h' (Nemotron-H / Nemotron-3, Cascade 2's base): each layer is one
+  mixer, 'mamba' (a Mamba-2 mixer), 'attention' (grouped-query, no RoPE),
+  'mlp' (squared-ReLU MLP) or 'moe' (sigmoid-routed experts and a shared
+  expert);
+* 'qwen3_moe': each layer is Qwen3's attention followed by 'moe'
+  (softmax-routed SwiGLU experts) or, for `mlp_only` layers, 'mlp'.
+
+Presets carry the real shapes of the papers' base models.
 """
 
 from __future__ import annotations
@@ -15,10 +26,31 @@ import jax.numpy as jnp
 
 from models import rope
 
-FAMILIES = ('llama', 'qwen2', 'qwen3')
+DENSE_FAMILIES = ('llama', 'qwen2', 'qwen3')
+FAMILIES = DENSE_FAMILIES + ('qwen3_moe', 'nemotron_h')
+# What a layer of `layer_types` may be, per family.
+LAYER_TYPES = {'nemotron_h': ('mamba', 'attention', 'mlp', 'moe'), 'qwen3_moe': ('moe', 'mlp')}
+MLP_ACTIVATIONS = ('swiglu', 'relu2')
+ROUTERS = ('softmax', 'sigmoid')
 REMAT_POLICIES = ('none', 'full', 'save_attention_out', 'offload')
 # Implementations of models/attention.attend.
 ATTENTION_IMPLS = ('auto', 'dense', 'blockwise', 'splash', 'gpu_flash')
+
+
+# Nemotron-H's pattern letters (its config's `hybrid_override_pattern`).
+PATTERN_LETTERS = {'M': 'mamba', '*': 'attention', '-': 'mlp', 'E': 'moe'}
+NEMOTRON_3_NANO_PATTERN = 'MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME'
+
+
+def parse_pattern(pattern: str) -> tuple[str, ...]:
+  """A Nemotron-H pattern string ('M' mamba, '*' attention, '-' mlp, 'E' moe) as layer types."""
+  out = []
+  for i, c in enumerate(pattern):
+    if c not in PATTERN_LETTERS:
+      raise ValueError(f'layer pattern {pattern!r}: unknown letter {c!r} at {i}; expected one '
+                       f'of {sorted(PATTERN_LETTERS)} ({PATTERN_LETTERS})')
+    out.append(PATTERN_LETTERS[c])
+  return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +58,8 @@ class ModelConfig:
   """Shape and numerics of a decoder-only transformer.
 
   Attributes:
-    family: 'llama', 'qwen2' or 'qwen3' (used for HF export's architecture).
+    family: 'llama', 'qwen2', 'qwen3' (dense), 'qwen3_moe' or 'nemotron_h' (see
+      the module docstring); HF export's architecture follows it.
     vocab_size: number of token ids.
     embed_dim: residual width D.
     num_layers: number of transformer blocks.
@@ -69,6 +102,39 @@ class ModelConfig:
       chunks of this many positions, one after another, each recomputed in
       the backward pass, so no [T, mlp_dim] activation is ever whole (long
       sequences); 0 never chunks. The same numbers up to float rounding.
+    layer_types: the mixture-of-experts families' per-layer pattern (one entry per
+      layer, `num_layers` of them): 'nemotron_h' layers are 'mamba', 'attention',
+      'mlp' or 'moe'; 'qwen3_moe' layers are 'moe' or 'mlp' (the feed-forward part after
+      each layer's attention). None for the dense families.
+    mlp_activation: 'swiglu' (down(silu(gate x) * up x)) or 'relu2' (down(relu(up x)^2),
+      Nemotron-H's MLPs and experts).
+    use_rope: rotary positions in the attention layers (Nemotron-H's have none).
+    mamba_heads: Mamba-2 heads (its inner width is mamba_heads * mamba_head_dim).
+    mamba_head_dim: width of a Mamba-2 head.
+    mamba_groups: groups sharing one B and one C (heads % groups == 0).
+    mamba_state: state size N of each head.
+    mamba_conv: width of the causal depthwise convolution.
+    mamba_chunk: chunk length of the state-space scan in passes over many positions
+      (memory linear in length; the numbers do not depend on it beyond float rounding).
+    mamba_conv_bias: the convolution has a bias.
+    mamba_dt_min: lower clamp of the softplus'ed time step (the reference's time_step_limit).
+    mamba_dt_max: upper clamp of the time step (inf: none).
+    num_experts: routed experts of each 'moe' layer.
+    experts_per_token: experts each token is routed to (top-k).
+    moe_dim: hidden width of a routed expert.
+    shared_expert_dim: hidden width of the shared expert every token also passes
+      through (0: none).
+    router: 'softmax' (Qwen3-MoE: softmax over experts, then top-k) or 'sigmoid'
+      (Nemotron-H: sigmoid scores, top-k chosen on score + a learned correction bias,
+      within the `router_topk_groups` best of `router_groups` groups).
+    router_norm_topk: the chosen experts' weights are renormalised to sum to one.
+    router_groups: expert groups of the group-limited choice (1: no groups).
+    router_topk_groups: groups a token may choose experts from.
+    routed_scaling: factor on the routed experts' combined output weights.
+    router_aux_loss: weight of the load-balancing auxiliary loss added to a training
+      objective (0: off, the RL default).
+    router_z_loss: weight of the router z-loss (mean squared logsumexp of the router
+      logits; 0: off).
   """
 
   family: str = 'qwen3'
@@ -94,6 +160,29 @@ class ModelConfig:
   attention_block_q: int = 512
   attention_block_kv: int = 512
   mlp_chunk: int = 0
+  layer_types: tuple[str, ...] | None = None
+  mlp_activation: str = 'swiglu'
+  use_rope: bool = True
+  mamba_heads: int = 0
+  mamba_head_dim: int = 64
+  mamba_groups: int = 1
+  mamba_state: int = 128
+  mamba_conv: int = 4
+  mamba_chunk: int = 128
+  mamba_conv_bias: bool = True
+  mamba_dt_min: float = 0.0
+  mamba_dt_max: float = float('inf')
+  num_experts: int = 0
+  experts_per_token: int = 0
+  moe_dim: int = 0
+  shared_expert_dim: int = 0
+  router: str = 'softmax'
+  router_norm_topk: bool = True
+  router_groups: int = 1
+  router_topk_groups: int = 1
+  routed_scaling: float = 1.0
+  router_aux_loss: float = 0.0
+  router_z_loss: float = 0.0
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -132,6 +221,97 @@ class ModelConfig:
     for name in ('param_dtype', 'dtype'):
       if getattr(self, name) not in ('float32', 'bfloat16', 'float16'):
         raise ValueError(f'ModelConfig.{name}={getattr(self, name)!r} is not a float dtype name')
+    self._check_layer_pattern()
+
+  def _check_layer_pattern(self):
+    """Validates the mixture-of-experts families' fields (the dense ones take none of them)."""
+    if self.mlp_activation not in MLP_ACTIVATIONS:
+      raise ValueError(f'ModelConfig.mlp_activation={self.mlp_activation!r}: expected one of '
+                       f'{MLP_ACTIVATIONS}')
+    if self.family in DENSE_FAMILIES:
+      if self.layer_types is not None:
+        raise ValueError(f'ModelConfig.layer_types is for the families {tuple(LAYER_TYPES)}; '
+                         f'family={self.family!r} is a dense decoder (every layer attention + '
+                         'MLP)')
+      return
+    if self.layer_types is None:
+      raise ValueError(f'ModelConfig(family={self.family!r}) needs layer_types: one of '
+                       f'{LAYER_TYPES[self.family]} per layer')
+    if isinstance(self.layer_types, str):
+      raise ValueError(f'ModelConfig.layer_types={self.layer_types!r}: a tuple of layer types '
+                       '(models.config.parse_pattern reads a pattern string)')
+    object.__setattr__(self, 'layer_types', tuple(self.layer_types))
+    known = LAYER_TYPES[self.family]
+    for i, t in enumerate(self.layer_types):
+      if t not in known:
+        raise ValueError(f'ModelConfig.layer_types[{i}]={t!r}: unknown layer type for '
+                         f'family={self.family!r}; expected one of {known}')
+    if len(self.layer_types) != self.num_layers:
+      raise ValueError(f'ModelConfig.layer_types has {len(self.layer_types)} entries, '
+                       f'num_layers={self.num_layers}')
+    if 'mamba' in self.layer_types:
+      for name in ('mamba_heads', 'mamba_head_dim', 'mamba_groups', 'mamba_state',
+                   'mamba_conv', 'mamba_chunk'):
+        if getattr(self, name) <= 0:
+          raise ValueError(f'ModelConfig.{name}={getattr(self, name)} must be > 0 '
+                           '(the pattern has mamba layers)')
+      if self.mamba_heads % self.mamba_groups:
+        raise ValueError(f'ModelConfig.mamba_heads={self.mamba_heads} is not a multiple of '
+                         f'mamba_groups={self.mamba_groups}')
+      if not 0 <= self.mamba_dt_min <= self.mamba_dt_max:
+        raise ValueError(f'ModelConfig.mamba_dt_min={self.mamba_dt_min}, mamba_dt_max='
+                         f'{self.mamba_dt_max}: need 0 <= min <= max')
+    if 'moe' in self.layer_types:
+      for name in ('num_experts', 'experts_per_token', 'moe_dim'):
+        if getattr(self, name) <= 0:
+          raise ValueError(f'ModelConfig.{name}={getattr(self, name)} must be > 0 '
+                           '(the pattern has moe layers)')
+      if self.router not in ROUTERS:
+        raise ValueError(f'ModelConfig.router={self.router!r}: expected one of {ROUTERS}')
+      if self.shared_expert_dim < 0:
+        raise ValueError(f'ModelConfig.shared_expert_dim={self.shared_expert_dim} must be >= 0')
+      if self.router_groups <= 0 or self.num_experts % self.router_groups:
+        raise ValueError(f'ModelConfig.router_groups={self.router_groups} must divide '
+                         f'num_experts={self.num_experts}')
+      if not 1 <= self.router_topk_groups <= self.router_groups:
+        raise ValueError(f'ModelConfig.router_topk_groups={self.router_topk_groups} must be in '
+                         f'[1, router_groups={self.router_groups}]')
+      per_group = self.num_experts // self.router_groups
+      if self.experts_per_token > self.router_topk_groups * per_group:
+        raise ValueError(f'ModelConfig.experts_per_token={self.experts_per_token} exceeds the '
+                         f'{self.router_topk_groups * per_group} experts of the chosen groups')
+      if self.router_aux_loss < 0 or self.router_z_loss < 0:
+        raise ValueError('ModelConfig.router_aux_loss and router_z_loss must be >= 0')
+
+  @property
+  def is_dense(self) -> bool:
+    """A dense decoder (every layer attention + MLP, stacked blocks)."""
+    return self.family in DENSE_FAMILIES
+
+  @property
+  def mixers(self) -> tuple[str, ...]:
+    """The residual sublayers in order, each `x + mixer(norm(x))`: 'attention', 'mamba',
+    'mlp' or 'moe' (Qwen3-MoE's layer i is sublayers 2i and 2i + 1)."""
+    if self.family == 'nemotron_h':
+      return self.layer_types
+    if self.family == 'qwen3_moe':
+      return tuple(m for t in self.layer_types for m in ('attention', t))
+    return ('attention', 'mlp') * self.num_layers
+
+  @property
+  def attention_layers(self) -> int:
+    """Sublayers that keep a KV cache."""
+    return self.mixers.count('attention')
+
+  @property
+  def mamba_layers(self) -> int:
+    """Sublayers that carry a recurrent (conv, ssm) state."""
+    return self.mixers.count('mamba')
+
+  @property
+  def mamba_conv_dim(self) -> int:
+    """Channels of the Mamba-2 convolution: x (heads * head_dim), B and C (groups * state each)."""
+    return self.mamba_heads * self.mamba_head_dim + 2 * self.mamba_groups * self.mamba_state
 
   @property
   def jnp_dtype(self):
@@ -152,18 +332,38 @@ class ModelConfig:
   def replace(self, **kwargs) -> 'ModelConfig':
     return dataclasses.replace(self, **kwargs)
 
-  def num_params(self) -> int:
-    """Number of parameters, counted from the shapes."""
-    d, n, k, h, f = (self.embed_dim, self.num_heads, self.num_kv_heads,
-                     self.head_dim, self.mlp_dim)
-    attn = d * n * h * 2 + d * k * h * 2
-    if self.qkv_bias:
-      attn += n * h + 2 * k * h
-    if self.qk_norm:
-      attn += 2 * h
-    block = attn + 3 * d * f + 2 * d
-    emb = self.vocab_size * d * (1 if self.tie_embeddings else 2)
-    return self.num_layers * block + emb + d
+  def _sublayer_params(self, mixer: str, active: bool = False) -> int:
+    """Parameters of one residual sublayer (its norm included); `active`: those a token uses."""
+    d, n, k, h = self.embed_dim, self.num_heads, self.num_kv_heads, self.head_dim
+    mlp = lambda f: (3 if self.mlp_activation == 'swiglu' else 2) * d * f
+    if mixer == 'attention':
+      p = d * n * h * 2 + d * k * h * 2
+      if self.qkv_bias:
+        p += n * h + 2 * k * h
+      if self.qk_norm:
+        p += 2 * h
+    elif mixer == 'mlp':
+      p = mlp(self.mlp_dim)
+    elif mixer == 'moe':
+      experts = self.experts_per_token if active else self.num_experts
+      p = d * self.num_experts + experts * mlp(self.moe_dim)
+      if self.router == 'sigmoid':
+        p += self.num_experts    # the score-correction bias
+      if self.shared_expert_dim:
+        p += mlp(self.shared_expert_dim)
+    else:   # mamba
+      inner = self.mamba_heads * self.mamba_head_dim
+      conv = self.mamba_conv_dim
+      p = (d * (inner + conv + self.mamba_heads) + conv * self.mamba_conv
+           + (conv if self.mamba_conv_bias else 0) + 3 * self.mamba_heads + inner + inner * d)
+    return p + d
+
+  def num_params(self, active: bool = False) -> int:
+    """Number of parameters, counted from the shapes; `active`: those one token's forward
+    pass uses (only `experts_per_token` of each layer's routed experts)."""
+    emb = self.vocab_size * self.embed_dim * (1 if self.tie_embeddings else 2)
+    return (sum(self._sublayer_params(m, active) for m in self.mixers) + emb
+            + self.embed_dim)
 
   # Presets. Real shapes from the models' published config.json files.
 
@@ -209,10 +409,64 @@ class ModelConfig:
                          dtype='bfloat16'), **kw})
 
   @classmethod
+  def nemotron_3_nano_30b_a3b(cls, **kw) -> 'ModelConfig':
+    """Nemotron-3-Nano-30B-A3B (Cascade 2's base): 23 Mamba-2, 23 MoE (128 experts, top-6, a
+    shared expert) and 6 attention layers; 31.6B parameters, 3.6B active."""
+    return cls(**{**dict(family='nemotron_h', vocab_size=131_072, embed_dim=2688,
+                         num_layers=52, layer_types=parse_pattern(NEMOTRON_3_NANO_PATTERN),
+                         num_heads=32, num_kv_heads=2, head_dim=128, mlp_dim=1856,
+                         mlp_activation='relu2', use_rope=False, qk_norm=False,
+                         norm_eps=1e-5, tie_embeddings=False, max_seq_len=262_144,
+                         mamba_heads=64, mamba_head_dim=64, mamba_groups=8, mamba_state=128,
+                         mamba_conv=4, mamba_chunk=128, mamba_dt_min=0.001,
+                         num_experts=128, experts_per_token=6, moe_dim=1856,
+                         shared_expert_dim=3712, router='sigmoid', router_norm_topk=True,
+                         router_groups=1, router_topk_groups=1, routed_scaling=2.5,
+                         param_dtype='bfloat16', dtype='bfloat16'), **kw})
+
+  @classmethod
+  def qwen3_30b_a3b(cls, **kw) -> 'ModelConfig':
+    """Qwen3-30B-A3B: 48 layers of Qwen3 attention + 128 SwiGLU experts (top-8)."""
+    return cls(**{**dict(family='qwen3_moe', vocab_size=151_936, embed_dim=2048,
+                         num_layers=48, layer_types=('moe',) * 48, num_heads=32,
+                         num_kv_heads=4, head_dim=128, mlp_dim=6144, rope_theta=1_000_000.0,
+                         norm_eps=1e-6, qk_norm=True, tie_embeddings=False,
+                         max_seq_len=40_960, num_experts=128, experts_per_token=8,
+                         moe_dim=768, router='softmax', router_norm_topk=True,
+                         param_dtype='bfloat16', dtype='bfloat16'), **kw})
+
+  @classmethod
+  def tiny_hybrid(cls, **kw) -> 'ModelConfig':
+    """A tiny Nemotron-H-like model for tests: mamba, moe, attention and mlp layers."""
+    return cls(**{**dict(family='nemotron_h', vocab_size=256, embed_dim=64, num_layers=6,
+                         layer_types=parse_pattern('ME*EM-'), num_heads=4, num_kv_heads=2,
+                         head_dim=16, mlp_dim=96, mlp_activation='relu2', use_rope=False,
+                         qk_norm=False, norm_eps=1e-5, tie_embeddings=False,
+                         max_seq_len=1024, mamba_heads=4, mamba_head_dim=16, mamba_groups=2,
+                         mamba_state=8, mamba_conv=4, mamba_chunk=16, mamba_dt_min=0.001,
+                         num_experts=8, experts_per_token=2, moe_dim=32,
+                         shared_expert_dim=48, router='sigmoid', router_groups=2,
+                         router_topk_groups=1, routed_scaling=2.5), **kw})
+
+  @classmethod
+  def tiny_moe(cls, **kw) -> 'ModelConfig':
+    """A tiny Qwen3-MoE-like model for tests (its second layer an `mlp_only` one)."""
+    return cls(**{**dict(family='qwen3_moe', vocab_size=256, embed_dim=64, num_layers=3,
+                         layer_types=('moe', 'mlp', 'moe'), num_heads=4, num_kv_heads=2,
+                         head_dim=16, mlp_dim=96, rope_theta=10_000.0, qk_norm=True,
+                         tie_embeddings=False, max_seq_len=1024, num_experts=8,
+                         experts_per_token=2, moe_dim=32, router='softmax',
+                         router_norm_topk=True), **kw})
+
+  @classmethod
   def preset(cls, name: str, **kw) -> 'ModelConfig':
-    """Looks a preset up by name ('tiny', 'qwen3_8b', ...)."""
+    """Looks a preset up by name ('tiny', 'qwen3_8b', ...; '-' and '_' alike)."""
+    name = name.replace('-', '_')
     presets = {'tiny': cls.tiny, 'qwen3_0_6b': cls.qwen3_0_6b, 'qwen3_8b': cls.qwen3_8b,
-               'qwen3_14b': cls.qwen3_14b, 'llama3_8b': cls.llama3_8b}
+               'qwen3_14b': cls.qwen3_14b, 'llama3_8b': cls.llama3_8b,
+               'nemotron_3_nano_30b_a3b': cls.nemotron_3_nano_30b_a3b,
+               'qwen3_30b_a3b': cls.qwen3_30b_a3b, 'tiny_hybrid': cls.tiny_hybrid,
+               'tiny_moe': cls.tiny_moe}
     if name not in presets:
       raise ValueError(f'unknown model preset {name!r}; known: {sorted(presets)}')
     return presets[name](**kw)

@@ -35,6 +35,17 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ('norm', None),
     ('cache_length', None),
     ('layers', None),   # the stacked blocks' leading axis (scanned over)
+    # Mixture-of-experts layers: experts over the 'expert' mesh axis (where the mesh has
+    # one), each expert's hidden width over 'tensor'.
+    ('experts', 'expert'),
+    ('moe_mlp', 'tensor'),
+    # Mamba-2 mixers: heads over 'tensor'; the groups' B and C, each head's width and
+    # state, and the convolution's taps whole.
+    ('mamba_heads', 'tensor'),
+    ('mamba_head_dim', None),
+    ('mamba_groups', None),
+    ('mamba_state', None),
+    ('mamba_conv', None),
 )
 
 _state = threading.local()
