@@ -1,7 +1,9 @@
-"""Hugging Face interop: load and save Llama / Qwen2 / Qwen3 safetensors checkpoints.
+"""Hugging Face interop: load and save Llama / Qwen2 / Qwen3 / Qwen3-MoE / Nemotron-H checkpoints.
 
 The config translation, the tensor layouts and the sharded read and write of each
-tensor live together here, so that an import and its export cannot drift apart.
+tensor live together here (the mixture-of-experts families' config translation
+and tensor tables in models/hf_moe.py), so that an import and its export cannot
+drift apart.
 
   model = hf.load_model('/ckpt/Qwen3-8B', mesh=mesh)   # an nnx Transformer
   logits = model(tokens)                               # int32 [B, T] -> [B, T, V]
@@ -15,25 +17,30 @@ while it is read, and a save to a remote directory is written locally, then
 uploaded with config.json last. Tensors are read one at a time with
 `safetensors.safe_open`, re-laid out on the host and placed straight into
 their final sharding (`jax.make_array_from_callback`), so the host never holds
-more than one tensor and no full unsharded copy of the model exists.
+more than one tensor and no full unsharded copy of the model exists; a stacked
+parameter (the dense blocks' [L, ...], the experts' [E, ...]) is filled one
+layer or expert at a time.
 
 Layouts (ours <- HF, torch Linear weights are [out, in]):
   embed [V, D] <- embed_tokens [V, D];   lm_head [D, V] <- lm_head [V, D]
   q/k/v_proj [D, N|K, H] <- [N|K * H, D]; o_proj [N, H, D] <- [D, N * H]
   q/k/v_bias [N|K, H] <- [N|K * H];        gate/up [D, F] <- [F, D]; down [F, D] <- [D, F]
   norm scales [D] or [H] unchanged.
-The blocks' parameters are stacked on a leading 'layers' axis [L, ...]: HF's
+The dense blocks' parameters are stacked on a leading 'layers' axis [L, ...]: HF's
 `model.layers.{i}.*` tensors are read into, and written from, layer i of them.
+The mixture-of-experts families' layouts (Mamba, experts; per-expert or fused,
+Nemotron-H's `backbone.` or `model.` prefix) are in models/hf_moe.py's docstring;
+a save writes the hub's (per-expert, `backbone.`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
+import math
 import os
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Collection, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -44,16 +51,18 @@ from etils import epath
 from flax import nnx
 
 from models import config as config_lib
+from models import hf_moe
 from models import paths
 from models import rope as rope_lib
 from models import sharding
 from models import transformer
 
 ARCHITECTURES = {'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2',
-                 'Qwen3ForCausalLM': 'qwen3'}
+                 'Qwen3ForCausalLM': 'qwen3', hf_moe.QWEN3_MOE_ARCH: 'qwen3_moe',
+                 hf_moe.NEMOTRON_H_ARCH: 'nemotron_h'}
 _FAMILY_TO_ARCH = {v: k for k, v in ARCHITECTURES.items()}
 # transformers' class defaults for fields a config.json may leave out.
-_DEFAULT_MAX_POSITIONS = {'llama': 2048, 'qwen2': 32768, 'qwen3': 32768}
+_DEFAULT_MAX_POSITIONS = {'llama': 2048, 'qwen2': 32768, 'qwen3': 32768, 'qwen3_moe': 32768}
 _DTYPES = ('float32', 'bfloat16', 'float16')
 SINGLE_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'
@@ -108,8 +117,8 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
   """Builds a ModelConfig from an HF `config.json` dict.
 
   Args:
-    hf: the parsed config.json of a LlamaForCausalLM, Qwen2ForCausalLM or
-      Qwen3ForCausalLM checkpoint.
+    hf: the parsed config.json of a LlamaForCausalLM, Qwen2ForCausalLM,
+      Qwen3ForCausalLM, Qwen3MoeForCausalLM or NemotronHForCausalLM checkpoint.
 
   Returns:
     The ModelConfig; param and compute dtype are the checkpoint's dtype.
@@ -117,13 +126,16 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
   Raises:
     ValueError: an unsupported architecture or feature (a RoPE scaling other
       than linear / yarn / llama3, sliding window, o_proj / MLP biases, an
-      activation other than silu) or a missing required field.
+      activation other than silu; Nemotron-H's in hf_moe.nemotron_h_config) or a
+      missing required field.
   """
   archs = hf.get('architectures') or []
   if len(archs) != 1 or archs[0] not in ARCHITECTURES:
     raise ValueError(f'HF config: architectures={archs!r} is not supported; '
                      f'expected one of {sorted(ARCHITECTURES)}')
   family = ARCHITECTURES[archs[0]]
+  if family == 'nemotron_h':
+    return hf_moe.nemotron_h_config(hf, _dtype_name(hf))
   if hf.get('hidden_act', 'silu') != 'silu':
     raise ValueError(f"HF config: hidden_act={hf['hidden_act']!r}; only 'silu' is supported")
   # Llama's and Qwen3's attention_bias also puts a bias on o_proj, which we lack.
@@ -144,11 +156,13 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
   dtype = _dtype_name(hf)
   max_positions = int(hf.get('max_position_embeddings') or _DEFAULT_MAX_POSITIONS[family])
   rope_theta, rope_scaling = _rope(hf, max_positions)
+  num_layers = int(_require(hf, 'num_hidden_layers'))
+  experts = hf_moe.qwen3_moe_fields(hf, num_layers) if family == 'qwen3_moe' else {}
   return config_lib.ModelConfig(
       family=family,
       vocab_size=int(_require(hf, 'vocab_size')),
       embed_dim=d,
-      num_layers=int(_require(hf, 'num_hidden_layers')),
+      num_layers=num_layers,
       num_heads=n,
       num_kv_heads=int(hf.get('num_key_value_heads') or n),
       head_dim=int(head_dim),
@@ -157,11 +171,12 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
       rope_scaling=rope_scaling,
       norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
       qkv_bias=family == 'qwen2',
-      qk_norm=family == 'qwen3',
+      qk_norm=family in ('qwen3', 'qwen3_moe'),
       tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
       max_seq_len=max_positions,
       param_dtype=dtype,
-      dtype=dtype)
+      dtype=dtype,
+      **experts)
 
 
 def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
@@ -169,14 +184,22 @@ def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
 
   Raises:
     ValueError: the config's switches do not match what its family's HF class
-      computes (e.g. a 'llama' with q/k norm).
+      computes (e.g. a 'llama' with q/k norm, a 'nemotron_h' with RoPE).
   """
-  want = {'llama': (False, False), 'qwen2': (True, False), 'qwen3': (False, True)}
+  if cfg.family == 'nemotron_h':
+    return hf_moe.nemotron_h_to_hf(cfg, cfg.param_dtype)
+  want = {'llama': (False, False), 'qwen2': (True, False), 'qwen3': (False, True),
+          'qwen3_moe': (False, True)}
   if (cfg.qkv_bias, cfg.qk_norm) != want[cfg.family]:
     raise ValueError(
         f'ModelConfig(family={cfg.family!r}, qkv_bias={cfg.qkv_bias}, qk_norm={cfg.qk_norm}) '
         f'has no HF equivalent; {_FAMILY_TO_ARCH[cfg.family]} needs qkv_bias='
         f'{want[cfg.family][0]}, qk_norm={want[cfg.family][1]}')
+  if not cfg.use_rope or cfg.mlp_activation != 'swiglu':
+    raise ValueError(
+        f'ModelConfig(family={cfg.family!r}, use_rope={cfg.use_rope}, mlp_activation='
+        f'{cfg.mlp_activation!r}) has no HF equivalent; {_FAMILY_TO_ARCH[cfg.family]} needs '
+        "use_rope=True, mlp_activation='swiglu'")
   rope_scaling = (cfg.rope_scaling.to_dict() if cfg.rope_scaling is not None
                   else {'rope_type': 'default'})
   out = {
@@ -201,76 +224,37 @@ def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
   }
   if cfg.rope_scaling is not None:
     out['rope_scaling'] = rope_scaling
-  if cfg.family in ('llama', 'qwen3'):
+  if cfg.family in ('llama', 'qwen3', 'qwen3_moe'):
     out['attention_bias'] = False
   if cfg.family == 'llama':
     out['mlp_bias'] = False
-  if cfg.family in ('qwen2', 'qwen3'):
+  if cfg.family in ('qwen2', 'qwen3', 'qwen3_moe'):
     out['use_sliding_window'] = False
+  if cfg.family == 'qwen3_moe':
+    out.update(hf_moe.qwen3_moe_to_hf(cfg))
   return out
 
 
-@dataclasses.dataclass(frozen=True)
-class _Tensor:
-  """One HF tensor: its nnx path, HF name and shape, and the two re-layouts.
-
-  A block's tensor is one layer of a stacked [L, ...] parameter: `layer` is
-  its index on the leading axis (None for the parameters outside the blocks).
-  """
-  path: tuple
-  hf_name: str
-  hf_shape: tuple[int, ...]
-  to_ours: Callable[[np.ndarray], np.ndarray]
-  to_hf: Callable[[np.ndarray], np.ndarray]
-  layer: int | None = None
-
-
-def _same(x):
-  return x
-
-
-def _tensors(cfg: config_lib.ModelConfig) -> list[_Tensor]:
-  """Every parameter of `cfg`'s Transformer, in HF's order."""
-  d, n, k, h, f, v = (cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                      cfg.mlp_dim, cfg.vocab_size)
-
-  def proj(heads):  # [heads * H, D] <-> [D, heads, H]
-    return (lambda x: x.reshape(heads, h, d).transpose(2, 0, 1),
-            lambda x: x.transpose(1, 2, 0).reshape(heads * h, d))
-
-  def bias(heads):  # [heads * H] <-> [heads, H]
-    return (lambda x: x.reshape(heads, h), lambda x: x.reshape(heads * h))
-
-  out_proj = (lambda x: x.reshape(d, n, h).transpose(1, 2, 0),   # [D, N*H] <-> [N, H, D]
-              lambda x: x.transpose(2, 0, 1).reshape(d, n * h))
-  linear = (lambda x: x.T, lambda x: x.T)
-  same = (_same, _same)
-
-  out = [_Tensor(('embed',), 'model.embed_tokens.weight', (v, d), *same)]
-  for i in range(cfg.num_layers):
-    p, a, m = f'model.layers.{i}.', ('layers', 'attn'), ('layers', 'mlp')
-    layer = lambda path, name, shape, fns, i=i: _Tensor(path, name, shape, *fns, layer=i)
-    out.append(layer(('layers', 'input_norm', 'scale'), p + 'input_layernorm.weight',
-                     (d,), same))
-    for name, heads in (('q', n), ('k', k), ('v', k)):
-      out.append(layer(a + (f'{name}_proj',), p + f'self_attn.{name}_proj.weight',
-                       (heads * h, d), proj(heads)))
-      if cfg.qkv_bias:
-        out.append(layer(a + (f'{name}_bias',), p + f'self_attn.{name}_proj.bias',
-                         (heads * h,), bias(heads)))
-    out.append(layer(a + ('o_proj',), p + 'self_attn.o_proj.weight', (d, n * h), out_proj))
-    if cfg.qk_norm:
-      for name in ('q', 'k'):
-        out.append(layer(a + (f'{name}_norm', 'scale'), p + f'self_attn.{name}_norm.weight',
-                         (h,), same))
-    out.append(layer(m + ('gate_proj',), p + 'mlp.gate_proj.weight', (f, d), linear))
-    out.append(layer(m + ('up_proj',), p + 'mlp.up_proj.weight', (f, d), linear))
-    out.append(layer(m + ('down_proj',), p + 'mlp.down_proj.weight', (d, f), linear))
-    out.append(layer(('layers', 'post_attn_norm', 'scale'),
-                     p + 'post_attention_layernorm.weight', (d,), same))
-  out.append(_Tensor(('final_norm', 'scale'), 'model.norm.weight', (d,), *same))
+def _tensors(cfg: config_lib.ModelConfig,
+             names: Collection[str] | None = None) -> list[hf_moe.Tensor]:
+  """Every parameter of `cfg`'s Transformer as HF tensors, in HF's order; the
+  mixture-of-experts families' follow the layout of the checkpoint's tensor `names`
+  (None: the hub layout an export writes)."""
+  if not cfg.is_dense:
+    return hf_moe.tensors(cfg, names)
+  d, v = cfg.embed_dim, cfg.vocab_size
+  out = [hf_moe.single(('embed',), 'model.embed_tokens.weight', (v, d))]
+  for i in range(cfg.num_layers):   # layer i of the stacked [L, ...] block parameters
+    p = f'model.layers.{i}.'
+    out.append(hf_moe.single(('layers', 'input_norm', 'scale'), p + 'input_layernorm.weight',
+                             (d,), index=i))
+    out += hf_moe.attention(cfg, ('layers', 'attn'), p + 'self_attn.', index=i)
+    out += hf_moe.mlp(cfg, ('layers', 'mlp'), p + 'mlp.', cfg.mlp_dim, index=i)
+    out.append(hf_moe.single(('layers', 'post_attn_norm', 'scale'),
+                             p + 'post_attention_layernorm.weight', (d,), index=i))
+  out.append(hf_moe.single(('final_norm', 'scale'), 'model.norm.weight', (d,)))
   if not cfg.tie_embeddings:
-    out.append(_Tensor(('lm_head',), 'lm_head.weight', (v, d), *linear))
+    out.append(hf_moe.linear(('lm_head',), 'lm_head.weight', v, d))
   return out
 
 
@@ -300,18 +284,20 @@ def _open(fname: epath.Path):
     yield fh
 
 
-def _check_names(wanted: list[_Tensor], files: Mapping[str, epath.Path],
+def _check_names(wanted: list[hf_moe.Tensor], files: Mapping[str, epath.Path],
                  cfg: config_lib.ModelConfig, ckpt: epath.Path):
-  names = {t.hf_name for t in wanted}
-  missing = [t.hf_name for t in wanted if t.hf_name not in files]
+  names = {t.name for t in wanted}
+  note = hf_moe.expert_count_note(cfg, files) if cfg.num_experts else ''
+  missing = [t.name for t in wanted if t.name not in files]
   if missing:
     raise ValueError(f'{ckpt}: {len(missing)} tensor(s) the config needs are missing, '
-                     f'e.g. {missing[:5]}')
+                     f'e.g. {missing[:5]}{note}')
   extra = sorted(x for x in files if x not in names and not x.endswith(_IGNORED_SUFFIXES)
+                 and not hf_moe.ignored(cfg, x)
                  and not (cfg.tie_embeddings and x == 'lm_head.weight'))
   if extra:
     raise ValueError(f'{ckpt}: {len(extra)} unexpected tensor(s) the config does not use, '
-                     f'e.g. {extra[:5]}')
+                     f'e.g. {extra[:5]}{note}')
 
 
 def _read(fh, name: str, fname: epath.Path) -> np.ndarray:
@@ -332,13 +318,16 @@ def _check_tied_head(files: Mapping[str, epath.Path]):
 
 def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None,
                dtype: Any = None, rules=None) -> transformer.Transformer:
-  """Loads an HF Llama / Qwen2 / Qwen3 checkpoint directory as an NNX Transformer.
+  """Loads an HF Llama / Qwen2 / Qwen3 / Qwen3-MoE / Nemotron-H checkpoint as an NNX Transformer.
 
   Args:
     path: directory (local or gs://) with config.json and model.safetensors (or
-      sharded model-0000x-of-0000y.safetensors files plus model.safetensors.index.json).
+      sharded model-0000x-of-0000y.safetensors files plus model.safetensors.index.json);
+      the experts' tensors may be per-expert or fused, and Nemotron-H's prefix
+      `backbone.` or `model.` (models/hf_moe.py).
     mesh: place every parameter sharded on this ('data', 'fsdp', 'tensor') mesh
-      as it is read; None puts them on the default device.
+      (or ('data', 'fsdp', 'expert', 'tensor')) as it is read; None puts them on the
+      default device.
     dtype: parameter and compute dtype (e.g. 'float32', jnp.bfloat16);
       default: the checkpoint's dtype.
     rules: logical-axis rules for the shardings (default: sharding.DEFAULT_RULES).
@@ -349,7 +338,8 @@ def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None
   Raises:
     FileNotFoundError: config.json, the weights or a listed shard file is missing.
     ValueError: an unsupported architecture or config feature, a missing or
-      unexpected tensor, or a tensor whose shape does not match the config.
+      unexpected tensor, or a tensor whose shape does not match the config (an
+      expert count that differs from the config's is one of these).
   """
   ckpt = paths.path(path)
   cfg_file = ckpt / 'config.json'
@@ -360,7 +350,7 @@ def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None
     name = jnp.dtype(dtype).name
     cfg = cfg.replace(param_dtype=name, dtype=name)
   files = _weight_files(ckpt)
-  wanted = _tensors(cfg)
+  wanted = _tensors(cfg, files)
   _check_names(wanted, files, cfg, ckpt)
   if cfg.tie_embeddings and 'lm_head.weight' in files:
     _check_tied_head(files)
@@ -370,29 +360,31 @@ def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None
   abs_vars = dict(nnx.to_flat_state(abs_state))
   shards = (dict(nnx.to_flat_state(sharding.state_shardings(abs_state, mesh, rules)))
             if mesh is not None else None)
-  if set(abs_vars) != {t.path for t in wanted}:  # Guards _tensors against model drift.
-    raise AssertionError(f'parameter paths drifted: {set(abs_vars) ^ {t.path for t in wanted}}')
+  table_paths = {part.path for t in wanted for part in t.parts}
+  if set(abs_vars) != table_paths:  # Guards the tables against model drift.
+    raise AssertionError(f'parameter paths drifted: {set(abs_vars) ^ table_paths}')
 
-  by_file: dict[epath.Path, list[_Tensor]] = {}
+  by_file: dict[epath.Path, list[hf_moe.Tensor]] = {}
   for t in wanted:
-    by_file.setdefault(files[t.hf_name], []).append(t)
+    by_file.setdefault(files[t.name], []).append(t)
   loaded, stacks = {}, {}
   for fname, tensors in by_file.items():
     with _open(fname) as fh:
       for t in tensors:
-        host = _read(fh, t.hf_name, fname)
-        if tuple(host.shape) != t.hf_shape:
-          raise ValueError(f'{fname.name}: tensor {t.hf_name!r} has shape {tuple(host.shape)}, '
-                           f'but the config needs {t.hf_shape}')
-        var = abs_vars[t.path]
-        host = t.to_ours(host).astype(var.get_value().dtype, copy=False)
-        sh = None if shards is None else shards[t.path].get_value()
-        if t.layer is None:
-          loaded[t.path] = var.replace(_place(host, sh))
-        else:
-          if t.path not in stacks:
-            stacks[t.path] = _LayerStack(var.get_value(), sh)
-          stacks[t.path].set(t.layer, host)
+        host = _read(fh, t.name, fname)
+        if tuple(host.shape) != t.shape:
+          raise ValueError(f'{fname.name}: tensor {t.name!r} has shape {tuple(host.shape)}, '
+                           f'but the config needs {t.shape}')
+        for part in t.parts:
+          var = abs_vars[part.path]
+          value = part.from_hf(host).astype(var.get_value().dtype, copy=False)
+          sh = None if shards is None else shards[part.path].get_value()
+          if part.index is None:
+            loaded[part.path] = var.replace(_place(value, sh))
+          else:
+            if part.path not in stacks:
+              stacks[part.path] = _Stack(var.get_value(), sh)
+            stacks[part.path].set(part.index, value)
         del host  # At most one tensor is ever held on the host.
   loaded.update({path: abs_vars[path].replace(s.value) for path, s in stacks.items()})
   return nnx.merge(graphdef, nnx.from_flat_state(loaded))
@@ -405,10 +397,11 @@ def _place(host: np.ndarray, sharding_: jax.sharding.NamedSharding | None) -> ja
   return jax.make_array_from_callback(host.shape, sharding_, lambda idx: host[idx])
 
 
-class _LayerStack:
-  """A stacked [L, ...] parameter on device, filled one layer at a time in place.
+class _Stack:
+  """A stacked [L, ...] (or [E, ...]) parameter on device, filled one layer (or expert) at a
+  time in place.
 
-  The device holds the stack plus one layer and the host one layer, never L.
+  The device holds the stack plus one slice and the host one slice, never L.
   """
 
   def __init__(self, abstract: jax.ShapeDtypeStruct,
@@ -416,19 +409,25 @@ class _LayerStack:
     zeros = lambda: jnp.zeros(abstract.shape, abstract.dtype)
     put = lambda stack, x, i: jax.lax.dynamic_update_index_in_dim(stack, x, i, 0)
     if sharding_ is None:
-      self._layer_sharding = None
+      self._slice_sharding = None
       self.value = jax.jit(zeros)()
       self._put = jax.jit(put, donate_argnums=0)
-    else:  # A layer is split as the stack is, less the (unsplit) 'layers' axis.
+    else:  # A slice is split as the stack is, less its leading axis.
       spec = tuple(sharding_.spec) + (None,) * (len(abstract.shape) - len(sharding_.spec))
-      self._layer_sharding = jax.sharding.NamedSharding(sharding_.mesh,
+      self._slice_sharding = jax.sharding.NamedSharding(sharding_.mesh,
                                                         jax.sharding.PartitionSpec(*spec[1:]))
       self.value = jax.jit(zeros, out_shardings=sharding_)()
       self._put = jax.jit(put, donate_argnums=0, out_shardings=sharding_)
 
   def set(self, i: int, host: np.ndarray):
-    self.value = self._put(self.value, _place(host, self._layer_sharding),
+    self.value = self._put(self.value, _place(host, self._slice_sharding),
                            jnp.asarray(i, jnp.int32))
+
+
+def _host_value(params: Mapping[tuple, nnx.Variable], part: hf_moe.Part) -> np.ndarray:
+  """A part's parameter (or its slice) on the host."""
+  value = params[part.path].get_value()
+  return np.asarray(value if part.index is None else value[part.index])
 
 
 def _stale_weight_files(out: str) -> list[str]:
@@ -441,7 +440,8 @@ def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
   """Writes `model` as an HF checkpoint that `transformers` can load.
 
   Writes config.json and model.safetensors with HF tensor names and layouts in
-  the parameters' own dtype; when the weights exceed `max_shard_size` bytes
+  the parameters' own dtype (experts per expert, Nemotron-H under `backbone.`, as
+  the hub's checkpoints are); when the weights exceed `max_shard_size` bytes
   they go into model-0000x-of-0000y.safetensors files with an index. Weight
   files of an earlier save in `out_dir` are replaced. Tensors are fetched to
   the host one shard file at a time.
@@ -462,14 +462,14 @@ def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
   params = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   tensors = _tensors(cfg)
 
-  groups: list[list[_Tensor]] = [[]]
+  groups: list[list[hf_moe.Tensor]] = [[]]
   size = 0
   for t in tensors:
-    value = params[t.path].get_value()
-    if not value.is_fully_addressable:
-      raise ValueError(f'save_model: parameter {"/".join(map(str, t.path))} is not fully '
-                       'addressable by this process; gather it first')
-    nbytes = value.size * value.dtype.itemsize // (1 if t.layer is None else value.shape[0])
+    for part in t.parts:
+      if not params[part.path].get_value().is_fully_addressable:
+        raise ValueError(f'save_model: parameter {"/".join(map(str, part.path))} is not fully '
+                         'addressable by this process; gather it first')
+    nbytes = math.prod(t.shape) * params[t.parts[0].path].get_value().dtype.itemsize
     if groups[-1] and size + nbytes > max_shard_size:
       groups.append([])
       size = 0
@@ -485,8 +485,8 @@ def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
   for i, group in enumerate(groups):
     fname = (SINGLE_FILE if len(groups) == 1
              else f'model-{i + 1:05d}-of-{len(groups):05d}.safetensors')
-    host = {t.hf_name: np.ascontiguousarray(t.to_hf(np.asarray(
-        params[t.path].get_value() if t.layer is None else params[t.path].get_value()[t.layer])))
+    host = {t.name: np.ascontiguousarray(t.to_hf(*(_host_value(params, part)
+                                                   for part in t.parts)))
             for t in group}
     total += sum(x.nbytes for x in host.values())
     weight_map.update({name: fname for name in host})
