@@ -3,9 +3,17 @@
 Every parameter carries `logical_axes` metadata (e.g. ('embed', 'mlp')) and
 the main activations are constrained with `constrain(x, ('batch', 'length',
 'embed'))`. Only the rules, which come from the config, say which mesh axis
-('data', 'fsdp', 'tensor') a logical name is split over. A mesh axis that does
-not divide an array dimension is dropped for that array (replicated), so small
-models run on large meshes.
+('data', 'fsdp', 'tensor', and 'expert' on a mixture-of-experts mesh) a
+logical name is split over. A mesh axis that does not divide an array
+dimension, or that the mesh lacks, is dropped for that array (replicated), so
+small models run on large meshes and one set of rules serves both kinds of mesh.
+
+Meshes have three axes ('data', 'fsdp', 'tensor') or, for expert parallelism,
+four ('data', 'fsdp', 'expert', 'tensor'). On the latter the routed experts
+are split over 'expert' (rule 'experts') and every other layer's rows are
+data-parallel over it too (rule 'batch'), as in MaxText: the expert axis
+holds different tokens outside the mixture-of-experts layers, and
+`models.moe` gathers an expert group's tokens for its experts.
 """
 
 from __future__ import annotations
@@ -21,10 +29,12 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
+# A mesh with an expert-parallel axis (a 4-entry `make_mesh` shape).
+EXPERT_MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
 
 # logical name -> mesh axis, tuple of mesh axes, or None (replicated).
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
-    ('batch', ('data', 'fsdp')),
+    ('batch', ('data', 'fsdp', 'expert')),   # 'expert': only on a mesh that has one
     ('length', None),
     ('embed', 'fsdp'),
     ('vocab', 'tensor'),
@@ -52,10 +62,12 @@ _state = threading.local()
 
 
 def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
-  """Builds a ('data', 'fsdp', 'tensor') mesh; one -1 entry takes the remaining devices.
+  """Builds a ('data', 'fsdp', 'tensor') or ('data', 'fsdp', 'expert', 'tensor') mesh.
 
   Args:
-    shape: sizes of (data, fsdp, tensor).
+    shape: sizes of (data, fsdp, tensor), or of (data, fsdp, expert, tensor)
+      for a mesh with an expert-parallel axis; one -1 entry takes the
+      remaining devices.
     devices: devices to use (default: all of `jax.devices()`).
 
   Returns:
@@ -63,8 +75,10 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
   """
   devices = list(jax.devices() if devices is None else devices)
   shape = list(shape)
-  if len(shape) != 3:
-    raise ValueError(f'mesh shape {shape} must have 3 entries (data, fsdp, tensor)')
+  if len(shape) not in (3, 4):
+    raise ValueError(f'mesh shape {shape} must have 3 entries (data, fsdp, tensor) or 4 '
+                     '(data, fsdp, expert, tensor)')
+  axes = MESH_AXES if len(shape) == 3 else EXPERT_MESH_AXES
   if shape.count(-1) > 1:
     raise ValueError(f'mesh shape {shape}: at most one -1')
   if -1 in shape:
@@ -76,7 +90,7 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
     raise ValueError(f'mesh shape {tuple(shape)} needs {int(np.prod(shape))} devices, '
                      f'have {len(devices)}')
   arr = np.asarray(devices, dtype=object).reshape(shape)
-  return Mesh(arr, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  return Mesh(arr, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
 
 
 def get_rules():

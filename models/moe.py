@@ -1,0 +1,422 @@
+"""Mixture-of-experts layer: a router, dropless routed experts and an optional shared expert.
+
+Shape letters: B batch, T length, D embed, E experts, K experts per token (top-k),
+F a routed expert's width, S the shared expert's width, N = B * T tokens,
+M = N * K (token, choice) pairs.
+
+    out = model(x, token_mask, routing)     # MoEOutput(y [B, T, D], indices [B, T, K], aux, z)
+
+Routing (ModelConfig.router), in float32 whatever the compute dtype:
+
+* 'softmax' (Qwen3-MoE): p = softmax(logits) over the E experts; the K largest p
+  are chosen; the weights are the chosen p, renormalised to sum to one with
+  `router_norm_topk`.
+* 'sigmoid' (Nemotron-H, DeepSeek-V3): s = sigmoid(logits); the choice ranks
+  s + router_bias, a score-correction bias that only steers the choice; the
+  weights are the chosen s, divided by (their sum + 1e-20) with `router_norm_topk`.
+
+With `router_groups` G > 1 the choice is group-limited (for either kind): the
+experts form G contiguous groups, a group scores the sum of its two best choice
+scores (its one score if it holds one expert), and the K experts are chosen
+within the `router_topk_groups` best groups only. The weights are then
+multiplied by `routed_scaling`. A `routing` argument (routing replay) replaces
+the choice, never the weights: those stay the router's differentiable weights
+of the replayed experts, normalised and scaled as above.
+
+Routed experts are dropless (no capacity, no token ever dropped): the M
+(token, choice) pairs are sorted by expert and each expert's consecutive rows
+go through its own weights in one grouped matmul (`grouped_matmul`:
+`jax.lax.ragged_dot`, or on TPU the Pallas megablox kernel), then unsorted and
+summed over the K choices with their weights.
+
+Expert parallelism. Under a mesh of more than one device the routed experts
+run under `jax.shard_map`: each shard holds the experts of its index along the
+mesh axes the 'experts' rule names (E / ep of them; 'expert' by default) and
+the slice of every expert's F along the 'moe_mlp' ones ('tensor'). The rows
+are split over the 'batch' axes as everywhere else, 'expert' included, so the
+shards of one expert group hold different tokens: each all-gathers its
+group's tokens (and their routing), runs only its local experts over the
+pairs routed to them, and a reduce-scatter (`psum_scatter`) over 'expert'
+sums every token's K contributions back onto the shard that owns the token;
+a psum over 'tensor' adds up the F slices. This is the all-to-all's
+equivalent for a dropless layer with static shapes: an all-to-all would need
+buffers sized for the worst case (every pair to one shard, K times the
+tokens), while the gather moves each token once. The experts' 'embed' dim
+(split over 'fsdp') is gathered on entry as every FSDP weight is. A mesh
+'expert' axis that does not divide `num_experts` is a ValueError.
+
+Parameters, with the Hugging Face tensors they hold (an HF Linear weight is
+[out, in], so each 2-D projection here is its transpose; `experts.{e}.*` is
+the per-expert layout `save_pretrained` writes, the fused 3-D one is what
+transformers 5 holds in memory). Qwen3-MoE names are under a layer's `mlp.`,
+Nemotron-H names under its `mixer.`:
+
+  router [D, E] float32         ('embed', None)
+      Qwen3-MoE  mlp.gate.weight [E, D], transposed.
+      Nemotron-H mixer.gate.weight [E, D], transposed.
+  router_bias [E] float32       (None,)      sigmoid router only; not trained by gradient
+      Nemotron-H mixer.gate.e_score_correction_bias [E].
+      (a stop_gradient in the forward pass: it only steers the choice.)
+  gate [E, D, F]                ('experts', 'embed', 'moe_mlp')   swiglu only
+      Qwen3-MoE  mlp.experts.{e}.gate_proj.weight [F, D], transposed, stacked over e;
+                 fused mlp.experts.gate_up_proj [E, 2F, D]: rows [:F] (gate rows come first),
+                 gate_up_proj[:, :F].swapaxes(1, 2).
+  up [E, D, F]                  ('experts', 'embed', 'moe_mlp')
+      Qwen3-MoE  mlp.experts.{e}.up_proj.weight [F, D], transposed, stacked;
+                 fused gate_up_proj[:, F:].swapaxes(1, 2).
+      Nemotron-H mixer.experts.{e}.up_proj.weight [F, D], transposed, stacked;
+                 fused mixer.experts.up_proj [E, F, D], .swapaxes(1, 2).
+  down [E, F, D]                ('experts', 'moe_mlp', 'embed')
+      Qwen3-MoE  mlp.experts.{e}.down_proj.weight [D, F], transposed, stacked;
+                 fused mlp.experts.down_proj [E, D, F], .swapaxes(1, 2).
+      Nemotron-H mixer.experts.{e}.down_proj.weight [D, F], transposed, stacked;
+                 fused mixer.experts.down_proj [E, D, F], .swapaxes(1, 2).
+  shared_gate [D, S]            ('embed', 'mlp')   swiglu with a shared expert only
+      (neither family above has a gated shared expert.)
+  shared_up [D, S]              ('embed', 'mlp')
+      Nemotron-H mixer.shared_experts.up_proj.weight [S, D], transposed.
+  shared_down [S, D]            ('mlp', 'embed')
+      Nemotron-H mixer.shared_experts.down_proj.weight [D, S], transposed.
+
+HF's router weight follows the model's dtype in Qwen3-MoE; here it is always
+float32 (cast on import). The layer holds no training logic: `aux_loss` and
+`z_loss` come back unweighted (`router_aux_loss` and `router_z_loss` are the
+trainer's to apply).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from models import config as config_lib
+from models import sharding
+
+GROUPED_MATMUL_IMPLS = ('ragged_dot', 'gmm')
+
+
+class MoEOutput(NamedTuple):
+  """What a mixture-of-experts layer returns; a pytree.
+
+  Attributes:
+    y: [B, T, D] the layer's output (compute dtype).
+    indices: [B, T, K] int32, the experts each token went to (the router's
+      choice, or the replayed `routing`); the sampler records them for replay.
+    aux_loss: [] float32 load-balancing loss E * sum_e f_e * p_e over the real
+      tokens (Switch / Qwen style): f_e the fraction of tokens that chose
+      expert e (summed over the K choices, so sum_e f_e = K), p_e the mean
+      router probability of e (softmax; for the sigmoid router the scores
+      normalised to sum to one per token). K when perfectly balanced.
+    z_loss: [] float32 mean over the real tokens of logsumexp(logits)^2.
+  """
+  y: jax.Array
+  indices: jax.Array
+  aux_loss: jax.Array
+  z_loss: jax.Array
+
+
+def _param(rngs: nnx.Rngs, shape, axes, dtype, std=0.02) -> nnx.Param:
+  return nnx.Param(jax.nn.initializers.normal(std)(rngs.params(), shape, dtype),
+                   logical_axes=axes)
+
+
+def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
+  """[..., I] x [I, O] -> [..., O] as one matmul over the leading axes flattened into rows."""
+  return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+
+
+def _activate(cfg: config_lib.ModelConfig, up: jax.Array, gate: jax.Array | None) -> jax.Array:
+  """silu(gate) * up ('swiglu') or relu(up)^2 ('relu2')."""
+  if cfg.mlp_activation == 'swiglu':
+    return jax.nn.silu(gate) * up
+  return jnp.square(jax.nn.relu(up))
+
+
+class MoE(nnx.Module):
+  """Router + dropless routed experts (+ a shared expert when `shared_expert_dim` > 0)."""
+
+  def __init__(self, cfg: config_lib.ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, e, f, s = cfg.embed_dim, cfg.num_experts, cfg.moe_dim, cfg.shared_expert_dim
+    pd = cfg.jnp_param_dtype
+    swiglu = cfg.mlp_activation == 'swiglu'
+    self.router = _param(rngs, (d, e), ('embed', None), jnp.float32)
+    if cfg.router == 'sigmoid':
+      # Steers the choice only and is not trained by gradient (stop_gradient in the forward
+      # pass). DeepSeek-V3 moves it by a load-balancing rule outside the optimizer; cascade has
+      # no such rule, so it keeps its loaded value, unless an optimizer's weight decay (which
+      # ignores gradients) is applied to it.
+      self.router_bias = nnx.Param(jnp.zeros((e,), jnp.float32), logical_axes=(None,))
+    expert_in, expert_out = ('experts', 'embed', 'moe_mlp'), ('experts', 'moe_mlp', 'embed')
+    if swiglu:
+      self.gate = _param(rngs, (e, d, f), expert_in, pd)
+    self.up = _param(rngs, (e, d, f), expert_in, pd)
+    self.down = _param(rngs, (e, f, d), expert_out, pd)
+    if s:
+      if swiglu:
+        self.shared_gate = _param(rngs, (d, s), ('embed', 'mlp'), pd)
+      self.shared_up = _param(rngs, (d, s), ('embed', 'mlp'), pd)
+      self.shared_down = _param(rngs, (s, d), ('mlp', 'embed'), pd)
+
+  def __call__(self, x: jax.Array, token_mask: jax.Array | None = None,
+               routing: jax.Array | None = None) -> MoEOutput:
+    """Routes each token to K experts and sums their weighted outputs (+ the shared expert's).
+
+    Args:
+      x: [B, T, D] input.
+      token_mask: [B, T], 1 for a real token; padding is left out of `aux_loss` and
+        `z_loss` (its output is computed all the same). Default: every token real.
+      routing: optional [B, T, K] int expert ids to use instead of the router's choice
+        (routing replay). Out-of-range ids are a ValueError when concrete and are clipped
+        into [0, E) when traced.
+
+    Returns:
+      A MoEOutput.
+    """
+    cfg = self.cfg
+    b, t, _ = x.shape
+    if routing is not None:
+      routing = _check_routing(routing, (b, t, cfg.experts_per_token), cfg.num_experts)
+    logits = _dense(x.astype(jnp.float32), self.router.value.astype(jnp.float32))  # [B, T, E]
+    bias = (jax.lax.stop_gradient(self.router_bias.value.astype(jnp.float32))
+            if cfg.router == 'sigmoid' else None)
+    indices, weights, probs = route(cfg, logits, bias, routing)
+    aux_loss, z_loss = router_losses(logits, probs, indices, token_mask)
+
+    dt = cfg.jnp_dtype
+    x = x.astype(dt)
+    experts = ((self.gate.value.astype(dt),) if cfg.mlp_activation == 'swiglu' else ()) + (
+        self.up.value.astype(dt), self.down.value.astype(dt))
+    y = _routed(cfg, x, indices, weights, experts)
+    if cfg.shared_expert_dim:
+      gate = (_dense(x, self.shared_gate.value.astype(dt))
+              if cfg.mlp_activation == 'swiglu' else None)
+      h = _activate(cfg, _dense(x, self.shared_up.value.astype(dt)), gate)
+      h = sharding.constrain(h, ('batch', 'length', 'mlp'))
+      y = y + _dense(h, self.shared_down.value.astype(dt))
+    return MoEOutput(sharding.constrain(y, ('batch', 'length', 'embed')), indices,
+                     aux_loss, z_loss)
+
+
+def _check_routing(routing, shape: tuple[int, int, int], num_experts: int) -> jax.Array:
+  """Replayed expert ids as int32 [B, T, K]: a ValueError for a wrong shape or dtype, or for
+  ids outside [0, num_experts) when they are concrete; traced ids are clipped into range."""
+  try:
+    routing = np.asarray(routing)
+  except jax.errors.TracerArrayConversionError:
+    pass
+  else:
+    if routing.size and np.issubdtype(routing.dtype, np.integer) and (
+        routing.min() < 0 or routing.max() >= num_experts):
+      raise ValueError(f'routing replay expert ids span [{routing.min()}, {routing.max()}], '
+                       f'outside [0, num_experts={num_experts})')
+  if tuple(routing.shape) != shape:
+    raise ValueError(f'routing has shape {tuple(routing.shape)}; expected [B, T, K] = {shape}')
+  if not jnp.issubdtype(routing.dtype, jnp.integer):
+    raise ValueError(f'routing must hold integer expert ids, got dtype {routing.dtype}')
+  return jnp.clip(jnp.asarray(routing), 0, num_experts - 1).astype(jnp.int32)
+
+
+def route(cfg: config_lib.ModelConfig, logits: jax.Array, bias: jax.Array | None = None,
+          routing: jax.Array | None = None):
+  """The router's choice and weights (see the module docstring), all in float32.
+
+  Args:
+    cfg: the model config (router kind, K, groups, normalisation, scaling).
+    logits: [..., E] float32 router logits.
+    bias: [E] the sigmoid router's score-correction bias (None for softmax).
+    routing: optional [..., K] int32 expert ids replacing the choice.
+
+  Returns:
+    (indices [..., K] int32, weights [..., K] float32, probs [..., E] float32: the
+    per-token distribution over experts the load-balancing loss averages).
+  """
+  if cfg.router == 'softmax':
+    scores = jax.nn.softmax(logits, axis=-1)
+    choice, probs = scores, scores
+  else:
+    scores = jax.nn.sigmoid(logits)
+    choice = scores + bias
+    probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
+  indices = _choose(cfg, jax.lax.stop_gradient(choice)) if routing is None else routing
+  weights = jnp.take_along_axis(scores, indices, axis=-1)
+  if cfg.router_norm_topk:
+    total = jnp.sum(weights, axis=-1, keepdims=True)
+    weights = weights / (total + 1e-20 if cfg.router == 'sigmoid' else total)
+  return indices, weights * cfg.routed_scaling, probs
+
+
+def _choose(cfg: config_lib.ModelConfig, choice: jax.Array) -> jax.Array:
+  """The K experts of highest `choice` [..., E], within the best groups when group-limited."""
+  e, g = cfg.num_experts, cfg.router_groups
+  if g > 1 and cfg.router_topk_groups < g:
+    per = e // g
+    grouped = choice.reshape(*choice.shape[:-1], g, per)
+    group_score = jnp.sum(jax.lax.top_k(grouped, min(2, per))[0], axis=-1)     # [..., G]
+    best = jax.lax.top_k(group_score, cfg.router_topk_groups)[1]
+    keep = jnp.any(best[..., None] == jnp.arange(g), axis=-2)                     # [..., G]
+    choice = jnp.where(jnp.repeat(keep, per, axis=-1), choice, -jnp.inf)
+  return jax.lax.top_k(choice, cfg.experts_per_token)[1].astype(jnp.int32)
+
+
+def router_losses(logits: jax.Array, probs: jax.Array, indices: jax.Array,
+                  token_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """(aux_loss, z_loss) over the real tokens (see `MoEOutput`).
+
+  Args:
+    logits: [B, T, E] float32 router logits.
+    probs: [B, T, E] float32 per-token distribution over experts (`route`).
+    indices: [B, T, K] experts used.
+    token_mask: [B, T], 1 for a real token (default: all real).
+  """
+  e = logits.shape[-1]
+  mask = (jnp.ones(logits.shape[:-1], jnp.float32) if token_mask is None
+          else token_mask.astype(jnp.float32))
+  n = jnp.maximum(jnp.sum(mask), 1.0)
+  chosen = jnp.sum(jax.nn.one_hot(indices, e, dtype=jnp.float32), axis=-2)        # [B, T, E]
+  frac = jnp.einsum('BT,BTE->E', mask, chosen) / n
+  prob = jnp.einsum('BT,BTE->E', mask, probs) / n
+  aux = e * jnp.sum(frac * prob)
+  z = jnp.sum(mask * jnp.square(jax.nn.logsumexp(logits, axis=-1))) / n
+  return aux, z
+
+
+def _default_impl() -> str:
+  return 'gmm' if jax.default_backend() == 'tpu' else 'ragged_dot'
+
+
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
+                   impl: str | None = None) -> jax.Array:
+  """Rows of group g (consecutive, groups in order) times rhs[g]: [M, I] x [G, I, O] -> [M, O].
+
+  Rows past sum(group_sizes) belong to no group: their output is zero and no gradient
+  flows through them (the megablox kernel leaves them unwritten).
+
+  Args:
+    lhs: [M, I] rows sorted by group.
+    rhs: [G, I, O] one matrix per group.
+    group_sizes: [G] int32 rows of each group.
+    impl: 'ragged_dot' (`jax.lax.ragged_dot`) or 'gmm' (Pallas megablox; off TPU it runs
+      in interpret mode, for tests); None: 'gmm' on TPU, else 'ragged_dot'.
+  """
+  impl = _default_impl() if impl is None else impl
+  if impl not in GROUPED_MATMUL_IMPLS:
+    raise ValueError(f'grouped_matmul impl={impl!r}: expected one of {GROUPED_MATMUL_IMPLS}')
+  m = lhs.shape[0]
+  group_sizes = group_sizes.astype(jnp.int32)
+  valid = (jnp.arange(m) < jnp.sum(group_sizes))[:, None]
+  lhs = jnp.where(valid, lhs, 0)
+  if impl == 'ragged_dot':
+    out = jax.lax.ragged_dot(lhs, rhs, group_sizes)
+  else:
+    # Imported here: only this path needs Pallas's TPU kernels.
+    from jax.experimental.pallas.ops.tpu import megablox  # pylint: disable=g-import-not-at-top
+    tm = min(128, -(-m // 16) * 16)
+    pad = -m % tm
+    tiling = (tm, min(128, lhs.shape[1]), min(128, rhs.shape[2]))
+    out = megablox.gmm(jnp.pad(lhs, ((0, pad), (0, 0))), rhs, group_sizes, lhs.dtype, tiling,
+                       interpret=jax.default_backend() != 'tpu')[:m]
+  return jnp.where(valid, out, 0)
+
+
+def _local_experts(cfg: config_lib.ModelConfig, x, indices, weights, experts, first):
+  """The routed experts held here over the pairs routed to them.
+
+  Args:
+    cfg: the model config.
+    x: [N, D] tokens (compute dtype).
+    indices: [N, K] global expert ids.
+    weights: [N, K] float32 routing weights.
+    experts: ([gate,] up, down) of the local experts [E_loc, D, F], [E_loc, F, D].
+    first: global id of the first local expert (0, or traced under shard_map).
+
+  Returns:
+    [N, D]: sum over each token's choices of weight * expert(x) for the local experts
+    (zero for choices whose expert lives elsewhere).
+  """
+  n, k = indices.shape
+  e_loc = experts[-1].shape[0]
+  local = indices - first
+  mine = (local >= 0) & (local < e_loc)
+  key = jnp.where(mine, local, e_loc).reshape(-1)              # [M]: others' pairs sort last
+  order = jnp.argsort(key, stable=True)
+  sizes = jnp.bincount(key, length=e_loc + 1)[:e_loc]
+  xs = x[order // k]                                            # [M, D] sorted by expert
+  gate = grouped_matmul(xs, experts[0], sizes) if len(experts) == 3 else None
+  h = _activate(cfg, grouped_matmul(xs, experts[-2], sizes), gate)
+  out = grouped_matmul(h, experts[-1], sizes)                   # [M, D]
+  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+  out = out[inverse].reshape(n, k, -1)                          # [N, K, D] in choice order
+  weights = jnp.where(mine, weights, 0.0)
+  return jnp.einsum('NK,NKD->ND', weights, out.astype(jnp.float32)).astype(x.dtype)
+
+
+def _axes(entry) -> tuple[str, ...]:
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _check_expert_axis(num_experts: int, mesh) -> None:
+  """A ValueError when the mesh's 'expert' axis (under the 'experts' rule) does not divide E."""
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+  ep = sizes.get('expert', 1)
+  if ep > 1 and 'expert' in _axes(dict(sharding.get_rules()).get('experts')) and (
+      num_experts % ep):
+    raise ValueError(f'num_experts={num_experts} is not divisible by the mesh\'s expert axis '
+                     f'size {ep}: expert parallelism gives each shard num_experts / {ep} '
+                     'experts')
+
+
+def _shard_map(f, mesh, in_specs, out_specs):
+  if hasattr(jax, 'shard_map'):
+    return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+  from jax.experimental.shard_map import shard_map  # pylint: disable=g-import-not-at-top
+  return shard_map(f, mesh, in_specs, out_specs)
+
+
+def _routed(cfg: config_lib.ModelConfig, x, indices, weights, experts) -> jax.Array:
+  """The routed experts' output [B, T, D]: whole without a mesh, else per shard (module
+  docstring: gather the expert group's tokens, local experts, reduce-scatter back)."""
+  b, t, d = x.shape
+  k = cfg.experts_per_token
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty or mesh.size == 1:
+    y = _local_experts(cfg, x.reshape(b * t, d), indices.reshape(b * t, k),
+                       weights.reshape(b * t, k), experts, 0)
+    return y.reshape(b, t, d)
+  _check_expert_axis(cfg.num_experts, mesh)
+  spec = sharding.logical_to_spec(('experts', 'embed', 'moe_mlp'), experts[-2].shape, mesh)
+  ep, tp = _axes(spec[0]), _axes(spec[2])
+  # Rows over the batch axes, except any that also split F (their slices must see the same
+  # tokens to be summed).
+  rows = tuple(a for a in _axes(sharding.logical_to_spec(('batch',), (b,), mesh)[0])
+               if a not in tp)
+  gather = tuple(a for a in rows if a in ep)       # the expert group's tokens come together
+  spread = tuple(a for a in ep if a not in gather)  # tokens already whole across these
+  row_spec = P(rows or None, None, None)
+  w_in, w_out = P(ep or None, None, tp or None), P(ep or None, tp or None, None)
+  e_loc = experts[-1].shape[0] // int(np.prod([dict(zip(mesh.axis_names, mesh.axis_sizes))[a]
+                                               for a in ep]))
+
+  def local(x, indices, weights, *experts):
+    bl = x.shape[0]
+    x, indices, weights = (x.reshape(bl * t, d), indices.reshape(bl * t, k),
+                           weights.reshape(bl * t, k))
+    if gather:
+      x, indices, weights = (jax.lax.all_gather(a, gather, axis=0, tiled=True)
+                             for a in (x, indices, weights))
+    first = jax.lax.axis_index(ep) * e_loc if ep else 0
+    y = _local_experts(cfg, x, indices, weights, experts, first)
+    if gather:
+      y = jax.lax.psum_scatter(y, gather, scatter_dimension=0, tiled=True)
+    if tp + spread:
+      y = jax.lax.psum(y, tp + spread)
+    return y.reshape(bl, t, d)
+
+  w_specs = (w_in,) * (len(experts) - 1) + (w_out,)
+  return _shard_map(local, mesh, (row_spec, row_spec, row_spec) + w_specs, row_spec)(
+      x, indices, weights, *experts)
