@@ -1,0 +1,438 @@
+"""Mamba-2 mixer (Nemotron-H's), in Flax NNX: chunked SSD scan, segments, recurrent decode.
+
+Shape letters: B batch, T length, D embed, H = mamba_heads, P = mamba_head_dim,
+G = mamba_groups (R = H // G heads share one group's B and C; head h uses group
+h // R), N = mamba_state, K = mamba_conv, L = mamba_chunk, Q = T / L chunks.
+
+Computation (as transformers' `NemotronHMamba2Mixer` computes it):
+
+  z, x, B, C, dt_raw = in-projections of the input
+  x, B, C = silu(causal depthwise conv over the last K positions of [x, B, C] + bias)
+  dt = clip(softplus(dt_raw + dt_bias), mamba_dt_min, mamba_dt_max);  A = -exp(A_log)
+  h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T        (per head, state [P, N])
+  y_t = h_t C_t + D x_t
+  y = gated RMSNorm(y, z): y * silu(z), RMS-normalised over each of the G groups of
+      H * P / G channels in float32, times `norm` (HF's norm_before_gate=False)
+  out = y @ out_proj
+
+State and scan math run in float32, the projections in the compute dtype. A pass
+over T > 1 positions uses the chunked state-space-duality form: within each chunk
+of L positions a masked quadratic form, across chunks a `lax.scan` carrying the
+[B, H, P, N] state, so memory is linear in T. A pass over one position (decode)
+is the plain recurrence on the carried `MambaState`. Both clamp dt alike (HF's
+one-token path does not clamp; its chunked path clamps to (time_step_min, inf),
+so a converted Nemotron-H sets mamba_dt_min = time_step_min).
+
+Segments (`segment_ids` int32 [B, T], 0 = padding): a padding token is
+transparent: it changes no state (dt = 0, no x/B/C input, and it is skipped in
+the convolution's window) and its output is zero. A token sees (through the
+convolution and the state) only earlier tokens of its own segment: where a
+nonzero segment follows a different nonzero segment (padding between them or
+not), convolution window and state restart from zero; the first nonzero segment
+of a row continues the incoming state. With a state, a call returns the state
+after each row's last nonzero-segment token (a right-padded batched prefill's
+per-row state); a row with no such token keeps its incoming state.
+
+Parameters and HF's tensors (a mixer's `in_proj.weight` [2HP + 2GN + H, D],
+rows ordered [z (HP), x (HP), B (GN), C (GN), dt (H)]; torch Linear weights are
+[out, in]; a flat channel index of a head axis and its width is h * P + p, of a
+group axis and the state g * N + n; W.T is the transpose):
+
+  z_proj  [D, H, P]  = in_proj.weight[0 : HP].T.reshape(D, H, P)
+  x_proj  [D, H, P]  = in_proj.weight[HP : 2HP].T.reshape(D, H, P)
+  b_proj  [D, G, N]  = in_proj.weight[2HP : 2HP + GN].T.reshape(D, G, N)
+  c_proj  [D, G, N]  = in_proj.weight[2HP + GN : 2HP + 2GN].T.reshape(D, G, N)
+  dt_proj [D, H]     = in_proj.weight[2HP + 2GN : 2HP + 2GN + H].T
+  conv1d.weight [HP + 2GN, 1, K], channels ordered [x (HP), B (GN), C (GN)]:
+  conv_x  [K, H, P]  = conv1d.weight[0 : HP, 0, :].T.reshape(K, H, P)
+  conv_b  [K, G, N]  = conv1d.weight[HP : HP + GN, 0, :].T.reshape(K, G, N)
+  conv_c  [K, G, N]  = conv1d.weight[HP + GN : HP + 2GN, 0, :].T.reshape(K, G, N)
+  (tap k multiplies the input k - (K - 1) positions away: tap K - 1 is the current one)
+  conv_x_bias [H, P] = conv1d.bias[0 : HP].reshape(H, P)      (if mamba_conv_bias)
+  conv_b_bias [G, N] = conv1d.bias[HP : HP + GN].reshape(G, N)
+  conv_c_bias [G, N] = conv1d.bias[HP + GN : HP + 2GN].reshape(G, N)
+  dt_bias [H] = dt_bias;  A_log [H] = A_log;  D [H] = D        (the same vectors)
+  norm    [H, P]     = norm.weight.reshape(H, P)
+  out_proj [H, P, D] = out_proj.weight.T.reshape(H, P, D)      (out_proj.weight [D, HP])
+
+HF's `use_bias` (biases on in_proj / out_proj; False in Nemotron-H) has no
+counterpart here. `MambaState.conv` keeps the conv inputs time-major, [B, K - 1,
+HP + 2GN], channels in conv1d's order (HF's cache keeps them channels-first).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import config as config_lib
+from models import sharding
+
+# dt_bias initialisation (HF's time_step_min / time_step_max / time_step_floor): a time
+# step drawn log-uniformly in [DT_INIT_MIN, DT_INIT_MAX], floored, inverse-softplus'ed.
+DT_INIT_MIN = 0.001
+DT_INIT_MAX = 0.1
+DT_INIT_FLOOR = 1e-4
+
+_HEADS = ('batch', 'length', 'mamba_heads', 'mamba_head_dim')
+_GROUPS = ('batch', 'length', 'mamba_groups', 'mamba_state')
+
+
+def _matmul(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
+  """x's last `contract` axes times w's first `contract`, as one 2-D matmul over x's leading
+  axes flattened into rows ([*lead, *in] x [*in, *out] -> [*lead, *out]), the form whose
+  weight gradient XLA:CPU handles best (models/transformer.py's `_matmul`; not imported from
+  there, which models/hybrid.py imports this module into)."""
+  split = x.ndim - contract
+  k = math.prod(x.shape[split:])
+  return (x.reshape(-1, k) @ w.reshape(k, -1)).reshape(*x.shape[:split], *w.shape[contract:])
+
+
+def _param(rngs: nnx.Rngs, shape, axes, dtype, std: float = 0.02) -> nnx.Param:
+  """A normal(std) parameter with its logical axes."""
+  return nnx.Param(jax.random.normal(rngs.params(), shape, dtype) * std, logical_axes=axes)
+
+
+class MambaState(NamedTuple):
+  """A Mamba-2 mixer's recurrent state; a pytree.
+
+  Attributes:
+    conv: [B, K - 1, H * P + 2 * G * N] the last K - 1 convolution inputs (oldest
+      first), channels ordered [x, B, C], in the compute dtype.
+    ssm: [B, H, P, N] float32 state of each head.
+  """
+  conv: jax.Array
+  ssm: jax.Array
+
+
+STATE_AXES = MambaState(conv=('batch', None, None),
+                        ssm=('batch', 'mamba_heads', 'mamba_head_dim', 'mamba_state'))
+
+
+def init_state(cfg: config_lib.ModelConfig, batch: int, dtype=None) -> MambaState:
+  """A zero state for `batch` rows (conv in `dtype`, default the compute dtype; ssm float32)."""
+  dtype = cfg.jnp_dtype if dtype is None else dtype
+  conv = jnp.zeros((batch, cfg.mamba_conv - 1, cfg.mamba_conv_dim), dtype)
+  ssm = jnp.zeros((batch, cfg.mamba_heads, cfg.mamba_head_dim, cfg.mamba_state), jnp.float32)
+  return MambaState(conv=sharding.constrain(conv, STATE_AXES.conv),
+                    ssm=sharding.constrain(ssm, STATE_AXES.ssm))
+
+
+class Mamba2Mixer(nnx.Module):
+  """Nemotron-H's Mamba-2 mixer: [B, T, D] -> [B, T, D] (see the module docstring)."""
+
+  def __init__(self, cfg: config_lib.ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, h, p = cfg.embed_dim, cfg.mamba_heads, cfg.mamba_head_dim
+    g, n, k = cfg.mamba_groups, cfg.mamba_state, cfg.mamba_conv
+    pd = cfg.jnp_param_dtype
+    self.z_proj = _param(rngs, (d, h, p), ('embed', 'mamba_heads', 'mamba_head_dim'), pd)
+    self.x_proj = _param(rngs, (d, h, p), ('embed', 'mamba_heads', 'mamba_head_dim'), pd)
+    self.b_proj = _param(rngs, (d, g, n), ('embed', 'mamba_groups', 'mamba_state'), pd)
+    self.c_proj = _param(rngs, (d, g, n), ('embed', 'mamba_groups', 'mamba_state'), pd)
+    self.dt_proj = _param(rngs, (d, h), ('embed', 'mamba_heads'), pd)
+    self.conv_x = _param(rngs, (k, h, p), ('mamba_conv', 'mamba_heads', 'mamba_head_dim'), pd)
+    self.conv_b = _param(rngs, (k, g, n), ('mamba_conv', 'mamba_groups', 'mamba_state'), pd)
+    self.conv_c = _param(rngs, (k, g, n), ('mamba_conv', 'mamba_groups', 'mamba_state'), pd)
+    if cfg.mamba_conv_bias:
+      self.conv_x_bias = nnx.Param(jnp.zeros((h, p), pd),
+                                   logical_axes=('mamba_heads', 'mamba_head_dim'))
+      self.conv_b_bias = nnx.Param(jnp.zeros((g, n), pd),
+                                   logical_axes=('mamba_groups', 'mamba_state'))
+      self.conv_c_bias = nnx.Param(jnp.zeros((g, n), pd),
+                                   logical_axes=('mamba_groups', 'mamba_state'))
+    u = jax.random.uniform(rngs.params(), (h,), jnp.float32)
+    dt = jnp.exp(u * (math.log(DT_INIT_MAX) - math.log(DT_INIT_MIN)) + math.log(DT_INIT_MIN))
+    dt = jnp.maximum(dt, DT_INIT_FLOOR)
+    inv_softplus = dt + jnp.log(-jnp.expm1(-dt))
+    self.dt_bias = nnx.Param(inv_softplus.astype(pd), logical_axes=('mamba_heads',))
+    self.A_log = nnx.Param(jnp.log(jnp.arange(1, h + 1, dtype=jnp.float32)).astype(pd),
+                           logical_axes=('mamba_heads',))
+    self.D = nnx.Param(jnp.ones((h,), pd), logical_axes=('mamba_heads',))
+    self.norm = nnx.Param(jnp.ones((h, p), pd), logical_axes=('mamba_heads', 'mamba_head_dim'))
+    self.out_proj = _param(rngs, (h, p, d), ('mamba_heads', 'mamba_head_dim', 'embed'), pd)
+
+  def __call__(self, x: jax.Array, segment_ids: jax.Array,
+               state: MambaState | None = None) -> tuple[jax.Array, MambaState | None]:
+    """Mixes a sequence.
+
+    Args:
+      x: [B, T, D] input (cast to the compute dtype).
+      segment_ids: int32 [B, T]; 0 = padding (see the module docstring).
+      state: the incoming recurrent state, or None (zeros, and no state is returned).
+
+    Returns:
+      (y [B, T, D] in the compute dtype, zero at padding; the state after each row's
+      last nonzero-segment token, or None when `state` is None).
+    """
+    cfg = self.cfg
+    cd = cfg.jnp_dtype
+    x = x.astype(cd)
+    z = sharding.constrain(_matmul(x, self.z_proj.value.astype(cd)), _HEADS)
+    xs = sharding.constrain(_matmul(x, self.x_proj.value.astype(cd)), _HEADS)
+    bs = sharding.constrain(_matmul(x, self.b_proj.value.astype(cd)), _GROUPS)
+    cs = sharding.constrain(_matmul(x, self.c_proj.value.astype(cd)), _GROUPS)
+    dt_raw = _matmul(x, self.dt_proj.value.astype(cd))                  # [B, T, H]
+    dt_raw = sharding.constrain(dt_raw, ('batch', 'length', 'mamba_heads'))
+    if x.shape[1] == 1:
+      real, run = segment_ids != 0, None
+    else:
+      real, run = _runs(segment_ids)
+
+    if state is None:
+      prefix = None
+      h0 = jnp.zeros((x.shape[0], cfg.mamba_heads, cfg.mamba_head_dim, cfg.mamba_state),
+                     jnp.float32)
+    else:
+      prefix = _split_conv(cfg, state.conv.astype(cd))
+      h0 = state.ssm.astype(jnp.float32)
+    convs = self._conv_params()
+
+    dt = jax.nn.softplus(dt_raw.astype(jnp.float32) + self.dt_bias.value.astype(jnp.float32))
+    dt = jnp.where(real[..., None], jnp.clip(dt, cfg.mamba_dt_min, cfg.mamba_dt_max), 0.0)
+    a = -jnp.exp(self.A_log.value.astype(jnp.float32))
+
+    if run is None:  # One position: the recurrence itself.
+      (xs, bs, cs), conv_state = _conv_step((xs, bs, cs), convs, prefix, real[:, 0])
+      h = (jnp.exp(dt[:, 0] * a)[:, :, None, None] * h0
+           + _outer(xs[:, 0] * dt[:, 0, :, None], bs[:, 0], cfg.mamba_groups))
+      y = _contract_state(cs[:, 0], h, cfg.mamba_groups)[:, None]      # [B, 1, H, P]
+    else:
+      (xs, bs, cs), conv_state = _conv_scan((xs, bs, cs), convs, prefix, real, run,
+                                            want_state=state is not None)
+      xs = sharding.constrain(xs, _HEADS)
+      y, h = _ssd(xs, dt, a, bs, cs, run, h0, cfg.mamba_chunk)
+    y = y + self.D.value.astype(jnp.float32)[:, None] * xs
+    y = sharding.constrain(y, _HEADS)
+
+    y = _gated_norm(y, z, self.norm.value, cfg.mamba_groups, cfg.norm_eps).astype(cd)
+    y = sharding.constrain(y, _HEADS)
+    out = _matmul(y, self.out_proj.value.astype(cd), contract=2)
+    out = jnp.where(real[..., None], out, jnp.zeros((), cd))
+    out = sharding.constrain(out, ('batch', 'length', 'embed'))
+    if state is None:
+      return out, None
+    new_state = MambaState(conv=sharding.constrain(_join_conv(conv_state), STATE_AXES.conv),
+                           ssm=sharding.constrain(h, STATE_AXES.ssm))
+    return out, new_state
+
+  def _conv_params(self):
+    """((weight [K, ...] float32, bias [...] float32 or None) for x, B and C)."""
+    f32 = lambda p: p.value.astype(jnp.float32)
+    out = []
+    for w, bias in (('conv_x', 'conv_x_bias'), ('conv_b', 'conv_b_bias'),
+                    ('conv_c', 'conv_c_bias')):
+      out.append((f32(getattr(self, w)),
+                  f32(getattr(self, bias)) if self.cfg.mamba_conv_bias else None))
+    return tuple(out)
+
+
+def _split_conv(cfg: config_lib.ModelConfig, conv: jax.Array):
+  """[B, K - 1, HP + 2GN] -> (x [B, K-1, H, P], B [B, K-1, G, N], C [B, K-1, G, N])."""
+  h, p, g, n = cfg.mamba_heads, cfg.mamba_head_dim, cfg.mamba_groups, cfg.mamba_state
+  lead = conv.shape[:2]
+  return (conv[..., :h * p].reshape(*lead, h, p),
+          conv[..., h * p:h * p + g * n].reshape(*lead, g, n),
+          conv[..., h * p + g * n:].reshape(*lead, g, n))
+
+
+def _join_conv(parts) -> jax.Array:
+  """The inverse of `_split_conv`."""
+  return jnp.concatenate([u.reshape(*u.shape[:2], -1) for u in parts], axis=-1)
+
+
+def _runs(segment_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Which tokens are real, and each token's run: int32 [B, T] counting the restarts so far.
+
+  A real token restarts (bumps the run) where the last real token before it had a different
+  nonzero segment. Runs never decrease, so two tokens share a run iff no restart lies
+  between them; the first real segment has run 0, the incoming state's."""
+  real = segment_ids != 0
+  t = jnp.arange(segment_ids.shape[1])
+  last = jax.lax.cummax(jnp.where(real, t, -1), axis=1)               # last real index <= t
+  last_seg = jnp.where(last >= 0, jnp.take_along_axis(segment_ids, jnp.maximum(last, 0), 1), 0)
+  prev_seg = jnp.pad(last_seg[:, :-1], ((0, 0), (1, 0)))
+  restart = real & (prev_seg != 0) & (segment_ids != prev_seg)
+  return real, jnp.cumsum(restart, axis=1, dtype=jnp.int32)
+
+
+def _take_rows(x: jax.Array, idx: jax.Array) -> jax.Array:
+  """x [B, T, ...] with positions reordered per row: out[b, t] = x[b, idx[b, t]]."""
+  return jnp.take_along_axis(x, idx.reshape(*idx.shape, *([1] * (x.ndim - 2))), axis=1)
+
+
+@jax.custom_vjp
+def _permute(x: jax.Array, perm: jax.Array, inv: jax.Array) -> jax.Array:
+  """`_take_rows(x, perm)` for a per-row permutation `perm` with inverse `inv`.
+
+  Its gradient is the inverse gather, where autodiff of a gather would scatter-add."""
+  return _take_rows(x, perm)
+
+
+def _permute_fwd(x, perm, inv):
+  return _take_rows(x, perm), (perm, inv)
+
+
+def _permute_bwd(res, g):
+  _, inv = res
+  return _take_rows(g, inv), None, None
+
+
+_permute.defvjp(_permute_fwd, _permute_bwd)
+
+
+def _conv_scan(parts, convs, prefix, real, run, want_state: bool):
+  """The causal depthwise convolution + SiLU over T > 1 positions, segment-aware.
+
+  Real tokens are first gathered to the front of each row (stable), so a window holds the
+  last K - 1 real inputs; a tap counts only where its input shares the token's run (the
+  incoming state's rows, in front, have run 0).
+
+  Args:
+    parts: (x [B, T, H, P], B [B, T, G, N], C [B, T, G, N]) conv inputs (compute dtype).
+    convs: ((weight [K, ...], bias or None) float32) for each part.
+    prefix: the incoming conv inputs, parts of [B, K - 1, ...], or None (zeros).
+    real: bool [B, T]; run: int32 [B, T] (`_runs`).
+    want_state: also return the conv inputs ending at each row's last real token.
+
+  Returns:
+    (outputs float32 in the parts' shapes, zero at padding; conv-state parts or None).
+  """
+  b, t = real.shape
+  k = convs[0][0].shape[0]
+  perm = jnp.argsort(~real, axis=1, stable=True)                      # real tokens first
+  inv = jnp.argsort(perm, axis=1)
+  run_ext = jnp.concatenate([jnp.zeros((b, k - 1), run.dtype), _take_rows(run, perm)], axis=1)
+  n_real = jnp.sum(real, axis=1, dtype=jnp.int32)
+  # The K - 1 window slots ending at the last real token, in the padded compact order.
+  tail = n_real[:, None] + jnp.arange(k - 1)
+  tail_ok = run_ext[jnp.arange(b)[:, None], tail] == jnp.take_along_axis(
+      run_ext, n_real[:, None] + k - 2, axis=1)
+  outs, states = [], []
+  for i, (u, (w, bias)) in enumerate(zip(parts, convs)):
+    pre = (jnp.zeros((b, k - 1, *u.shape[2:]), u.dtype) if prefix is None
+           else prefix[i].astype(u.dtype))
+    ext = jnp.concatenate([pre, _permute(u, perm, inv)], axis=1)      # [B, K - 1 + T, ...]
+    feat = (1,) * (u.ndim - 2)
+    acc = jnp.zeros(u.shape, jnp.float32) if bias is None else jnp.broadcast_to(bias, u.shape)
+    for j in range(k):
+      same = (run_ext[:, j:j + t] == run_ext[:, k - 1:]).reshape(b, t, *feat)
+      acc = acc + jnp.where(same, ext[:, j:j + t].astype(jnp.float32), 0.0) * w[j]
+    out = _permute(jax.nn.silu(acc), inv, perm)
+    outs.append(jnp.where(real.reshape(b, t, *feat), out, 0.0))
+    if want_state:
+      st = _take_rows(ext, tail)
+      states.append(jnp.where(tail_ok.reshape(b, k - 1, *feat), st, jnp.zeros((), st.dtype)))
+  return tuple(outs), (tuple(states) if want_state else None)
+
+
+def _conv_step(parts, convs, prefix, real):
+  """The convolution + SiLU for one position: parts [B, 1, ...], real bool [B].
+
+  Returns (outputs float32 [B, 1, ...], zero for padding; the new conv-state parts, the
+  incoming ones for a padding row)."""
+  outs, states = [], []
+  for i, (u, (w, bias)) in enumerate(zip(parts, convs)):
+    b, k = u.shape[0], w.shape[0]
+    pre = (jnp.zeros((b, k - 1, *u.shape[2:]), u.dtype) if prefix is None
+           else prefix[i].astype(u.dtype))
+    window = jnp.concatenate([pre, u], axis=1)                        # [B, K, ...]
+    acc = jnp.sum(window.astype(jnp.float32) * w, axis=1, keepdims=True)
+    if bias is not None:
+      acc = acc + bias
+    feat = (1,) * (u.ndim - 2)
+    outs.append(jnp.where(real.reshape(b, 1, *feat), jax.nn.silu(acc), 0.0))
+    states.append(jnp.where(real.reshape(b, 1, *feat), window[:, 1:], pre))
+  return tuple(outs), tuple(states)
+
+
+def _outer(xdt: jax.Array, bvec: jax.Array, groups: int) -> jax.Array:
+  """Each head's x dt B^T: xdt [B, H, P], bvec [B, G, N] -> [B, H, P, N]."""
+  bsz, h, p = xdt.shape
+  out = jnp.einsum('bgrp,bgn->bgrpn', xdt.reshape(bsz, groups, h // groups, p), bvec)
+  return out.reshape(bsz, h, p, -1)
+
+
+def _contract_state(cvec: jax.Array, state: jax.Array, groups: int) -> jax.Array:
+  """Each head's state h C: cvec [B, G, N], state [B, H, P, N] -> [B, H, P]."""
+  bsz, h, p, n = state.shape
+  out = jnp.einsum('bgn,bgrpn->bgrp', cvec, state.reshape(bsz, groups, h // groups, p, n))
+  return out.reshape(bsz, h, p)
+
+
+def _ssd(x, dt, a, bm, cm, run, h0, chunk: int):
+  """The selective state-space recurrence over T positions, chunk by chunk (float32).
+
+  Within a chunk the outputs are a masked quadratic form; across chunks a `lax.scan`
+  carries the state. A restart (a new run) zeroes the state before its token.
+
+  Args:
+    x: [B, T, H, P] inputs (after the convolution).
+    dt: [B, T, H] time steps (0 at padding).
+    a: [H] negative decay rates A.
+    bm, cm: [B, T, G, N] the B and C inputs.
+    run: int32 [B, T] (`_runs`).
+    h0: [B, H, P, N] the incoming state (run 0's).
+    chunk: positions per chunk L.
+
+  Returns:
+    (y [B, T, H, P] without the D skip; the state after the last position [B, H, P, N]).
+  """
+  bsz, t, h, p = x.shape
+  g, n = bm.shape[2:]
+  r = h // g
+  q = -(-t // chunk)
+  pad = q * chunk - t
+  # Padded positions are transparent: dt = 0 (no decay) and no input; they continue the run.
+  padt = lambda v: jnp.pad(v, [(0, 0), (0, pad)] + [(0, 0)] * (v.ndim - 2))
+  chunks = lambda v: padt(v).reshape(bsz, q, chunk, *v.shape[2:])
+  xdt = chunks(x * dt[..., None]).reshape(bsz, q, chunk, g, r, p)     # [B, Q, L, G, R, P]
+  bm, cm = chunks(bm), chunks(cm)                                     # [B, Q, L, G, N]
+  la = jnp.moveaxis(chunks(dt * a), 2, -1)                            # [B, Q, H, L] log decays
+  run = jnp.pad(run, ((0, 0), (0, pad)), mode='edge').reshape(bsz, q, chunk)
+
+  # seg[..., i, j] = sum of la over (j, i], accumulated from the terms themselves rather
+  # than as a difference of two long cumulative sums (which would cancel digits).
+  strict = jnp.tri(chunk, k=-1, dtype=bool)                           # i > j
+  seg = jnp.cumsum(jnp.where(strict, la[..., :, None], 0.0), axis=-2)  # [B, Q, H, L, L]
+  same = (run[..., :, None] == run[..., None, :]) & jnp.tri(chunk, dtype=bool)
+  decay = jnp.where(same[:, :, None], jnp.exp(seg), 0.0)
+  decay = decay.reshape(bsz, q, g, r, chunk, chunk)
+
+  # Within chunks: y_i = sum_{j <= i, same run} (C_i . B_j) exp(seg_ij) dt_j x_j.
+  cb = jnp.einsum('bqlgn,bqsgn->bqgls', cm, bm)
+  y_diag = jnp.einsum('bqgrls,bqsgrp->bqlgrp', cb[:, :, :, None] * decay, xdt)
+
+  # Each chunk's own contribution to the state at its end (the last row of `decay`).
+  s_chunk = jnp.einsum('bqgrs,bqsgrp,bqsgn->bqgrpn', decay[..., -1, :], xdt, bm)
+  # Decay from the chunk's start to each position, zero past a restart in the chunk.
+  run_prev = jnp.pad(run[:, :-1, -1], ((0, 0), (1, 0)))               # run 0 before chunk 0
+  cont = run == run_prev[..., None]                                   # [B, Q, L]
+  decay_in = jnp.where(cont[:, :, None], jnp.exp(jnp.cumsum(la, axis=-1)), 0.0)  # [B, Q, H, L]
+
+  def step(carry, inp):
+    d, s = inp
+    return d[..., None, None] * carry + s, carry
+
+  s_chunk = jnp.moveaxis(s_chunk.reshape(bsz, q, h, p, n), 1, 0)
+  h_last, h_start = jax.lax.scan(step, h0, (jnp.moveaxis(decay_in[..., -1], 1, 0), s_chunk))
+  h_start = jnp.moveaxis(h_start, 0, 1).reshape(bsz, q, g, r, p, n)   # state at chunk starts
+  y_off = jnp.einsum('bqlgn,bqgrpn->bqlgrp', cm, h_start)
+  y_off = y_off * jnp.moveaxis(decay_in, 3, 2).reshape(bsz, q, chunk, g, r, 1)
+  y = (y_diag + y_off).reshape(bsz, q * chunk, h, p)[:, :t]
+  return y, h_last
+
+
+def _gated_norm(y, z, scale, groups: int, eps: float) -> jax.Array:
+  """y * silu(z), RMS-normalised over each of `groups` groups of heads, times scale (float32).
+
+  y, z: [B, T, H, P]; scale: [H, P]. Returns float32 [B, T, H, P]."""
+  v = y.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
+  shape = v.shape
+  vg = v.reshape(*shape[:-2], groups, -1)
+  vg = vg * jax.lax.rsqrt(jnp.mean(vg * vg, axis=-1, keepdims=True) + eps)
+  return vg.reshape(shape) * scale.astype(jnp.float32)
