@@ -112,9 +112,22 @@ class Tokenizer:
 
 
 def _mesh_shape_ok(shape) -> bool:
-  return (isinstance(shape, (list, tuple)) and len(shape) == 3
+  return (isinstance(shape, (list, tuple)) and len(shape) in (3, 4)
           and all(schema.is_int(s) and (s >= 1 or s == -1) for s in shape)
           and list(shape).count(-1) <= 1)
+
+
+def _check_expert_axis(shape, model) -> None:
+  """A mesh with an expert axis splits the experts of every 'moe' layer evenly over it."""
+  if shape is None or len(shape) != 4 or shape[2] in (1, -1):
+    return
+  if model is None or 'moe' not in (model.mixers if not model.is_dense else ()):
+    raise ConfigError(f'config.mesh.shape={tuple(shape)}: an expert axis of {shape[2]} devices, '
+                      'but the model has no mixture-of-experts layers')
+  if model.num_experts % shape[2]:
+    raise ConfigError(f'config.mesh.shape={tuple(shape)}: model num_experts='
+                      f'{model.num_experts} does not split over the expert axis of {shape[2]} '
+                      'devices')
 
 
 def _rules(rules) -> tuple:
@@ -125,11 +138,12 @@ def _rules(rules) -> tuple:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Mesh:
   """config.mesh: the device mesh and how logical axes map onto it."""
-  # (data, fsdp, tensor) device counts, each >= 1, at most one -1 (the devices left over);
-  # None: one device, no mesh.
-  shape: tuple[int, int, int] | None = schema.field(
-      None, check=(_mesh_shape_ok, 'must be None or three sizes (data, fsdp, tensor), each >= 1, '
-                                   'at most one -1'),
+  # (data, fsdp, tensor) device counts, or (data, fsdp, expert, tensor) with an expert axis
+  # (mixture-of-experts models: experts split over it); each >= 1, at most one -1 (the
+  # devices left over); None: one device, no mesh.
+  shape: tuple[int, ...] | None = schema.field(
+      None, check=(_mesh_shape_ok, 'must be None, three sizes (data, fsdp, tensor) or four '
+                                   '(data, fsdp, expert, tensor), each >= 1, at most one -1'),
       convert=lambda shape: tuple(int(s) for s in shape))
   # (logical axis, mesh axes) pairs; empty or None: `models.sharding.DEFAULT_RULES`.
   rules: tuple | None = schema.field(None)
@@ -701,6 +715,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   model = model_section.resolve()
   tok = _section(Tokenizer, config.tokenizer, 'tokenizer')
   mesh = _section(Mesh, config.mesh, 'mesh', ('shape', 'rules'))
+  _check_expert_axis(mesh.shape, model)
   ckpt = _section(Ckpt, config.ckpt, 'ckpt')
   divergence = _section(Divergence, _get(config, 'divergence'), 'divergence')
   raw_eval = schema.as_dict(config.eval)

@@ -213,9 +213,11 @@ def cache_slots_per_device(c: ml_collections.ConfigDict, gib: float) -> int:
   """KV-cache slots (rows x tokens) per device that `gib` GiB hold for c's model and mesh."""
   from models import config as model_config  # pylint: disable=g-import-not-at-top
   m = model_config.ModelConfig.preset(c.model['preset'], **dict(c.model['overrides']))
-  tensor = int(c.mesh['shape'][2])
+  tensor = int(c.mesh['shape'][-1])               # (data, fsdp[, expert], tensor)
   kv_heads = -(-m.num_kv_heads // tensor)         # K/V heads split over 'tensor'
-  per_slot = m.num_layers * 2 * kv_heads * m.head_dim * m.jnp_dtype.itemsize
+  # Only attention layers keep keys and values per token (a hybrid's Mamba layers keep a
+  # fixed state per row instead).
+  per_slot = m.attention_layers * 2 * kv_heads * m.head_dim * m.jnp_dtype.itemsize
   return int(gib * 2 ** 30) // per_slot
 
 
@@ -235,6 +237,12 @@ MLP_CHUNK = {'h200x8': 8192}
 # (`teachers_on_host`): beside a 64K-token train step, three resident 14B teachers
 # (10 GiB per GPU) are what one H200 does not have left.
 TEACHERS_ON_HOST = ('h200x8',)
+
+
+def default_rules(changes: dict) -> tuple:
+  """models.sharding.DEFAULT_RULES with the logical axes in `changes` mapped anew."""
+  from models import sharding  # pylint: disable=g-import-not-at-top
+  return tuple((k, changes.get(k, v)) for k, v in sharding.DEFAULT_RULES)
 
 
 def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:

@@ -63,10 +63,24 @@ PREPARE_FN = 'tiny_world.build:build'
 ORDERS = ('cascade1', 'cascade2')
 
 
+def _hybrid_model(smoke: bool) -> dict:
+  """A tiny Nemotron-H-like hybrid of width 128: Mamba-2, mixture-of-experts (8 experts, 2 per
+  token, a shared expert, sigmoid group-limited routing), attention and MLP layers."""
+  return dict(preset='tiny_hybrid', overrides=dict(
+      vocab_size=VOCAB, embed_dim=128, layer_types='M*E' if smoke else 'ME*EM-',
+      num_layers=3 if smoke else 6, num_heads=4, num_kv_heads=2, head_dim=32, mlp_dim=384,
+      max_seq_len=256, mamba_heads=4, mamba_head_dim=32, mamba_groups=2, mamba_state=16,
+      mamba_chunk=32, num_experts=8, experts_per_token=2, moe_dim=128, shared_expert_dim=192))
+
+
+# config argument model=NAME: the tiny policy's architecture ('dense' is the module's default).
+MODELS = {'dense': None, 'hybrid': _hybrid_model}
+
+
 def parse_arg(arg: str | None) -> dict[str, Any]:
   """`'smoke,seed=1,root=/x'` -> {'smoke': True, 'seed': 1, 'root': '/x'} (defaults filled)."""
   out: dict[str, Any] = {'smoke': False, 'seed': 0, 'world': 'default', 'eval_every': 0,
-                         'drop': (), 'order': 'cascade1',
+                         'drop': (), 'order': 'cascade1', 'model': 'dense',
                          'root': os.path.join(REPO, 'runs', 'tiny_world')}
   for part in filter(None, (p.strip() for p in (arg or '').split(','))):
     key, eq, value = part.partition('=')
@@ -89,6 +103,10 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
       if value not in ORDERS:
         raise ValueError(f'config argument order={value!r}: expected one of {ORDERS}')
       out['order'] = value
+    elif key == 'model' and eq:
+      if value not in MODELS:
+        raise ValueError(f'config argument model={value!r}: expected one of {sorted(MODELS)}')
+      out['model'] = value
     elif key == 'world' and eq:
       if value not in world_build.WORLDS:
         raise ValueError(f'config argument world={value!r}: expected one of '
@@ -96,7 +114,7 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
       out['world'] = value
     else:
       raise ValueError(f'config argument {part!r}: expected smoke, seed=N, world=NAME, '
-                       'eval_every=N, drop=STAGE+STAGE, order=NAME or root=DIR')
+                       'eval_every=N, drop=STAGE+STAGE, order=NAME, model=NAME or root=DIR')
   return out
 
 
@@ -128,6 +146,8 @@ def base_config(arg: str | None,
   c.model = dict(preset='tiny', overrides=dict(
       vocab_size=VOCAB, embed_dim=128, num_layers=1 if a['smoke'] else 4, num_heads=4,
       num_kv_heads=2, head_dim=32, mlp_dim=384, max_seq_len=256))
+  if a['model'] != 'dense':
+    c.model = MODELS[a['model']](a['smoke'])
   c.tokenizer = dict(path=os.path.join(world_dir, 'tokenizer.model'))
   c.mesh = dict(shape=None)
   c.sampler = dict(prompt_buckets=sorted(set(PROMPT_LEN.values())),

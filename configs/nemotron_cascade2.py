@@ -1,11 +1,12 @@
-r"""Nemotron-Cascade 2's stage order and settings, on a dense Qwen3-14B (arXiv 2603.19220).
+r"""Nemotron-Cascade 2's stage order and settings, on its own model (arXiv 2603.19220).
 
-"Nemotron-Cascade 2", arXiv 2603.19220 (2026). The paper trains a 30B-A3B
-mixture-of-experts model; MoE layers are out of scope for cascade, so this
-config runs the same recipe on dense Qwen3-14B, between the MoE's 3B active
-and 30B total parameters. Numbers are the paper's as configs/PAPERS.md
-restates them; most step counts there are approximate ("~"), and each is
-marked.
+"Nemotron-Cascade 2", arXiv 2603.19220 (2026). The paper post-trains
+Nemotron-3-Nano-30B-A3B: a hybrid of 23 Mamba-2 layers, 23 mixture-of-experts
+layers (128 routed experts, 6 per token, one shared expert) and 6 grouped-query
+attention layers, 31.6B parameters of which 3.6B are active per token (the
+`nemotron_3_nano_30b_a3b` preset, models/config.py). Numbers are the paper's as
+configs/PAPERS.md restates them; most step counts there are approximate ("~"),
+and each is marked.
 
     python -m launch.plan --config=configs/nemotron_cascade2.py
     python -m cascade.main --config=configs/nemotron_cascade2.py:data_root=gs://b/nemotron2 \
@@ -17,11 +18,16 @@ multi-domain policy) -> RLHF -> long-context RL -> code RL -> agentic SWE RL. RL
 strictly on-policy, token level, KL 0 except RLHF (0.03), lr 3e-6, 128 prompts x 16 rollouts,
 temperature 1.0, all-equal groups filtered.
 
+Mesh: on the v5p slice (data 1, fsdp 8, expert 8, tensor 1): each MoE layer's 128
+experts split 16 per device over the expert axis, tokens dispatched to them and
+back (models/moe.py), everything else fully sharded over fsdp x expert, rows
+split over both. On one H200 node (data 1, fsdp 1, expert 8, tensor 1), the
+weights outside the experts sharded over the expert axis too.
+
 Config argument (`:key=value,...`): data_root, base, tokenizer, hardware
 ('v5p_128' or 'h200x8', see configs/nemotron_cascade_14b.py).
 
 Not reproducible here:
-* MoE (the paper's model) and its expert-parallel mesh.
 * SWE RL is agentic (kind 'agentic', `envs.swe_agent`), but a record's repository is a
   set of files its tests run on with the sandbox's Python: the paper's OpenHands
   scaffold and per-task container images (installed dependencies) are not here.
@@ -30,10 +36,11 @@ Not reproducible here:
   episodes with executed tools.
 * RLHF's generative reward model: replaced by a Bradley-Terry RM stage
   trained on the SFT policy (one RM serves the side run and the main RLHF).
-* Sequence lengths: SFT packs 256K-token rows and code RL reaches 118K; with
-  Qwen3's RoPE under YaRN x2.0 (65,536 positions, the Cascade-1 model cards'
-  setting) and dense attention these are capped at 64K here (marked at each
-  stage); `launch.plan` reports what fits.
+* Sequence lengths: SFT packs 256K-token rows and code RL reaches 118K; the model
+  has no RoPE limit (its attention layers take no positions, 262,144 in its
+  config), but a row's activations live on one device (there is no sequence axis
+  in the mesh), so they are capped at 64K here (marked at each stage); `launch.plan`
+  reports what fits.
 * Data: the released `nvidia/Nemotron-Cascade-2-SFT-Data` and `-RL-data`
   (IF-RL 45,879; multi-domain 18,147; MOPD 6,171; SWE-RL 3,612) must be
   staged and converted by the user (README, "At scale").
@@ -47,15 +54,23 @@ _DOMAINS = ['chat', 'instruction_following', 'math', 'mcqa', 'tool_calling', 'st
 _MICRO = 256
 
 
+# The longest row a stage trains or samples here (see "Sequence lengths" above).
+_MAX_LEN = 65_536
+# (data, fsdp, expert, tensor) per hardware (see "Mesh" above), and the logical rules that
+# differ from models.sharding.DEFAULT_RULES.
+_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
+         'h200x8': ((1, 1, 8, 1), (('embed', ('fsdp', 'expert')),))}
+
+
 def get_config(arg=None):
-  """The Cascade-2 recipe on dense Qwen3-14B (see the module docstring)."""
-  a = _recipes.parse_arg(arg, data_root='data/nemotron2', base='checkpoints/Qwen3-14B-Base',
-                         tokenizer='checkpoints/Qwen3-14B-Base', hardware='v5p_128')
+  """The Cascade-2 recipe on Nemotron-3-Nano-30B-A3B (see the module docstring)."""
+  a = _recipes.parse_arg(arg, data_root='data/nemotron2',
+                         base='checkpoints/Nemotron-3-Nano-30B-A3B-Base',
+                         tokenizer='checkpoints/Nemotron-3-Nano-30B-A3B-Base',
+                         hardware='v5p_128')
   c = _recipes.base_config(
-      preset='qwen3_14b',
-      # YaRN factor 2.0 from 32,768 positions = 65,536 (see _recipes.QWEN3_YARN).
-      model_overrides=dict(max_seq_len=_recipes.QWEN3_YARN_MAX_SEQ_LEN, remat=True,
-                           rope_scaling=_recipes.QWEN3_YARN),
+      preset='nemotron_3_nano_30b_a3b',
+      model_overrides=dict(remat=True),
       data_root=a.data_root, tokenizer=a.tokenizer, domains=_DOMAINS,
       datasets=['sft_stage1', 'rm_pairs', 'mopd_train'],
       eval_max_new_tokens=49_152, eval_max_prompt_len=4096, eval_temperature=1.0,
@@ -82,13 +97,13 @@ def get_config(arg=None):
                      optimizer=dict(lr=2e-6),
                      microbatches=32,   # the Cascade-1 RM recipe (no C2 numbers)
                      # Whole rows as a scorer: the longest chat rollout or held-out row.
-                     score_max_len=_recipes.QWEN3_YARN_MAX_SEQ_LEN),
+                     score_max_len=_MAX_LEN),
       # The chat teacher of MOPD: "a short side RLHF run" (its length is not
       # published; 30 steps is ours), from the multi-domain policy.
       r.grpo('rlhf_teacher', domains=['chat'], steps=30, init_from='multi_domain_rl',
              kl_coef=0.03, max_prompt_len=4096, max_response_len=16_384, **rl),
       # MOPD: 128 x 4, temperature 1.0, 52 steps, lr 2e-6 (text), 30 warm-up steps;
-      # max 98K in the paper, 60K here (the model's 64K positions). Teachers: math = the
+      # max 98K in the paper, 60K here (a row on one device). Teachers: math = the
       # SFT checkpoint; chat = the side RLHF run; the rest = after IF-RL + multi-domain RL.
       # No tool calling: the paper's MOPD prompts are math, IF, workplace, STEM and
       # structured output.
@@ -113,7 +128,12 @@ def get_config(arg=None):
                 max_response_len=32_768, max_turn_tokens=8192, **rl),
   ]
   r.exact_sampler_buckets(c)
-  return r.on_hardware(c, a.hardware)
+  c = r.on_hardware(c, a.hardware)
+  shape, rules = _MESH[a.hardware]
+  c.mesh = dict(shape=shape, rules=(r.default_rules(dict(rules)) if rules else None))
+  # The KV budget per device again, for this mesh (its tensor axis splits no heads).
+  c.sampler.cache_tokens_per_device = r.cache_slots_per_device(c, r.HARDWARE[a.hardware][2])
+  return c
 
 
 def get_hyper(h):

@@ -104,8 +104,10 @@ class ModelConfig:
       sequences); 0 never chunks. The same numbers up to float rounding.
     layer_types: the mixture-of-experts families' per-layer pattern (one entry per
       layer, `num_layers` of them): 'nemotron_h' layers are 'mamba', 'attention',
-      'mlp' or 'moe'; 'qwen3_moe' layers are 'moe' or 'mlp' (the feed-forward part after
-      each layer's attention). None for the dense families.
+      'mlp' or 'moe' (or a string of Nemotron-H's letters, 'M' mamba, '*' attention,
+      '-' mlp, 'E' moe, as its `hybrid_override_pattern`); 'qwen3_moe' layers are
+      'moe' or 'mlp' (the feed-forward part after each layer's attention). None for the
+      dense families.
     mlp_activation: 'swiglu' (down(silu(gate x) * up x)) or 'relu2' (down(relu(up x)^2),
       Nemotron-H's MLPs and experts).
     use_rope: rotary positions in the attention layers (Nemotron-H's have none).
@@ -237,9 +239,11 @@ class ModelConfig:
     if self.layer_types is None:
       raise ValueError(f'ModelConfig(family={self.family!r}) needs layer_types: one of '
                        f'{LAYER_TYPES[self.family]} per layer')
-    if isinstance(self.layer_types, str):
-      raise ValueError(f'ModelConfig.layer_types={self.layer_types!r}: a tuple of layer types '
-                       '(models.config.parse_pattern reads a pattern string)')
+    if isinstance(self.layer_types, str):   # Nemotron-H's letters, e.g. 'M*EM-'
+      try:
+        object.__setattr__(self, 'layer_types', parse_pattern(self.layer_types))
+      except ValueError as e:
+        raise ValueError(f'ModelConfig.layer_types: {e}') from None
     object.__setattr__(self, 'layer_types', tuple(self.layer_types))
     known = LAYER_TYPES[self.family]
     for i, t in enumerate(self.layer_types):

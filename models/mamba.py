@@ -71,6 +71,7 @@ from flax import nnx
 
 from models import config as config_lib
 from models import sharding
+from models.layers import _matmul, _param
 
 # dt_bias initialisation (HF's time_step_min / time_step_max / time_step_floor): a time
 # step drawn log-uniformly in [DT_INIT_MIN, DT_INIT_MAX], floored, inverse-softplus'ed.
@@ -80,21 +81,6 @@ DT_INIT_FLOOR = 1e-4
 
 _HEADS = ('batch', 'length', 'mamba_heads', 'mamba_head_dim')
 _GROUPS = ('batch', 'length', 'mamba_groups', 'mamba_state')
-
-
-def _matmul(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
-  """x's last `contract` axes times w's first `contract`, as one 2-D matmul over x's leading
-  axes flattened into rows ([*lead, *in] x [*in, *out] -> [*lead, *out]), the form whose
-  weight gradient XLA:CPU handles best (models/transformer.py's `_matmul`; not imported from
-  there, which models/hybrid.py imports this module into)."""
-  split = x.ndim - contract
-  k = math.prod(x.shape[split:])
-  return (x.reshape(-1, k) @ w.reshape(k, -1)).reshape(*x.shape[:split], *w.shape[contract:])
-
-
-def _param(rngs: nnx.Rngs, shape, axes, dtype, std: float = 0.02) -> nnx.Param:
-  """A normal(std) parameter with its logical axes."""
-  return nnx.Param(jax.random.normal(rngs.params(), shape, dtype) * std, logical_axes=axes)
 
 
 class MambaState(NamedTuple):

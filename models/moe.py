@@ -96,6 +96,7 @@ from jax.sharding import PartitionSpec as P
 
 from models import config as config_lib
 from models import sharding
+from models.layers import _param
 
 GROUPED_MATMUL_IMPLS = ('ragged_dot', 'gmm')
 
@@ -118,11 +119,6 @@ class MoEOutput(NamedTuple):
   indices: jax.Array
   aux_loss: jax.Array
   z_loss: jax.Array
-
-
-def _param(rngs: nnx.Rngs, shape, axes, dtype, std=0.02) -> nnx.Param:
-  return nnx.Param(jax.nn.initializers.normal(std)(rngs.params(), shape, dtype),
-                   logical_axes=axes)
 
 
 def _dense(x: jax.Array, w: jax.Array) -> jax.Array:

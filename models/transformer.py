@@ -1,4 +1,5 @@
-"""Decoder-only transformer for the Llama-3 / Qwen2 / Qwen3 families, in Flax NNX.
+"""The policy model, in Flax NNX: dense Llama-3 / Qwen2 / Qwen3 decoders, and the
+mixture-of-experts families (Qwen3-MoE, Nemotron-H) through models/hybrid.py.
 
 Shape letters: B batch, T query length, S key length (cache slots), D embed,
 N query heads, K kv heads, G = N // K, H head_dim, F mlp, V vocab.
@@ -20,15 +21,17 @@ full forward pass. The model holds no training logic and does no I/O.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
 from jax import ad_checkpoint
 
 from models import attention
 from models import config as config_lib
+from models import hybrid
 from models import sharding
 from models.layers import (MLP, Attention, RMSNorm, _matmul, _PagedStep, _param,  # noqa: F401
                            apply_rope)
@@ -43,6 +46,10 @@ class Cache(NamedTuple):
     v: values of every layer, likewise.
     segment_ids: [B, S] int32 segment of each slot; 0 = empty or padding.
     index: [] int32, the next slot to write.
+    state: the mixture-of-experts families' Mamba states, a tuple of
+      `mamba.MambaState` (one per Mamba sublayer, [B, ...] each); None for the dense
+      families. Their k and v are tuples of one [B, K, S, H] buffer per attention
+      sublayer (models/hybrid.py).
 
   One stacked array per side, so the layer scan carries it and writes only
   the new tokens' slots of each layer in place (no per-step restacking).
@@ -54,6 +61,7 @@ class Cache(NamedTuple):
   v: jax.Array
   segment_ids: jax.Array
   index: jax.Array
+  state: Any = None
 
 
 CACHE_AXES = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
@@ -70,6 +78,9 @@ class PagedCache(NamedTuple):
     lengths: [S] int32 tokens already in each slot's cache: a decode step
       writes its token at position `lengths[s]`.
     live: [S] bool; a slot that is not live writes nothing.
+    state: the slots' Mamba states (a tuple of `mamba.MambaState`, [S, ...] each) for
+      the mixture-of-experts families, whose k and v are tuples of per-attention-sublayer
+      pools [K, P, page_size, H]; None for the dense families.
 
   Pages lead the layer's kv heads, the layout of TPU's paged-attention kernel.
   """
@@ -78,6 +89,7 @@ class PagedCache(NamedTuple):
   page_table: jax.Array
   lengths: jax.Array
   live: jax.Array
+  state: Any = None
 
 
 # A paged KV pool: [layers, kv heads, pages, page_size, head_dim], its pages split over the
@@ -88,15 +100,20 @@ PAGE_AXES = ('layers', 'kv_heads', 'batch', None, 'head_dim')
 def init_pages(cfg: config_lib.ModelConfig, pages: int, page_size: int, dtype=None):
   """Empty key and value page pools [L, K, pages, page_size, H] (dtype: the compute dtype)."""
   dtype = cfg.jnp_dtype if dtype is None else dtype
-  shape = (cfg.num_layers, cfg.num_kv_heads, pages, page_size, cfg.head_dim)
+  shape = (cfg.attention_layers, cfg.num_kv_heads, pages, page_size, cfg.head_dim)
   zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype), PAGE_AXES)
   return zeros(), zeros()
 
 
 def init_cache(cfg: config_lib.ModelConfig, batch: int, length: int,
                dtype=None) -> Cache:
-  """An empty cache of `length` slots for `batch` rows (dtype: the compute dtype)."""
+  """An empty cache of `length` slots for `batch` rows (dtype: the compute dtype); for the
+  mixture-of-experts families per-sublayer buffers and zero Mamba states (models/hybrid.py)."""
   dtype = cfg.jnp_dtype if dtype is None else dtype
+  if not cfg.is_dense:
+    k, v = hybrid.init_kv(cfg, batch, length, dtype)
+    return Cache(k=k, v=v, segment_ids=jnp.zeros((batch, length), jnp.int32),
+                 index=jnp.zeros((), jnp.int32), state=hybrid.init_states(cfg, batch))
   shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
   zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype), CACHE_AXES)
   return Cache(k=zeros(), v=zeros(),
@@ -112,7 +129,10 @@ def split_layers(x: jax.Array, axes: tuple) -> tuple[jax.Array, ...]:
 def unstack_cache(cache: Cache) -> Cache:
   """`cache` with one [B, K, S, H] array per layer (a copy), the layout `Transformer.hidden`
   takes with `layers`: each layer then writes and reads its own buffer, where a stacked
-  cache costs a slice of the layer's keys and values on every step on XLA:CPU."""
+  cache costs a slice of the layer's keys and values on every step on XLA:CPU. A cache
+  already per layer (the mixture-of-experts families') is returned as it is."""
+  if isinstance(cache.k, tuple):
+    return cache
   return cache._replace(k=split_layers(cache.k, CACHE_AXES), v=split_layers(cache.v, CACHE_AXES))
 
 
@@ -201,23 +221,34 @@ class Transformer(nnx.Module):
     self.cfg = cfg
     pd = cfg.jnp_param_dtype
     self.embed = _param(rngs, (cfg.vocab_size, cfg.embed_dim), ('vocab', 'embed'), pd)
-    self.layers = _stack_blocks([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+    if cfg.is_dense:
+      self.layers = _stack_blocks([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+    else:   # the mixture-of-experts families: a pattern of sublayers (models/hybrid.py)
+      self.blocks = hybrid.build(cfg, rngs)
     self.final_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
     if not cfg.tie_embeddings:
       self.lm_head = _param(rngs, (cfg.embed_dim, cfg.vocab_size), ('embed', 'vocab'), pd)
 
   def layer_states(self) -> list[nnx.State]:
-    """Each block's parameters, sliced out of the stack (copies): `hidden`'s `layers`."""
+    """Each block's parameters, sliced out of the stack (copies): `hidden`'s `layers`; None
+    for the mixture-of-experts families, whose sublayers are never stacked."""
+    if not self.cfg.is_dense:
+      return None
     state = nnx.state(self.layers)
     return [jax.tree.map(lambda a, i=i: a[i], state) for i in range(self.cfg.num_layers)]
 
-  def hidden(self, tokens, positions=None, segment_ids=None, cache=None, layers=None):
+  def hidden(self, tokens, positions=None, segment_ids=None, cache=None, layers=None,
+             routing=None):
     """Final-normed hidden states [B, T, D] (and the updated cache when given one).
 
     `layers` (with a cache in the `unstack_cache` layout): the blocks' parameters as
     `layer_states` gives them, run as an unrolled loop; a decode loop slices them once
     outside its body, where the stacked blocks are sliced on every step (on XLA:CPU a
     copy of every weight per token).
+
+    The mixture-of-experts families take `routing` ([M, B, T, k] int32 experts per 'moe'
+    sublayer: routing replay) and, within `hybrid.collecting_stats()`, sow what their 'moe'
+    sublayers report as an nnx.Intermediate 'moe_stats' (`hybrid.moe_stats` pops it).
     """
     cfg = self.cfg
     b, t = tokens.shape
@@ -241,6 +272,21 @@ class Transformer(nnx.Module):
     table = sharding.constrain(self.embed.value, ('vocab', None))
     x = jnp.take(table, tokens, axis=0).astype(cfg.jnp_dtype)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
+    if not cfg.is_dense:
+      kv = None if cache is None else (cache.k, cache.v, cache.index)
+      x, ks, vs, states, stats = hybrid.run(
+          self.blocks, cfg, x, positions, mask, segment_ids, kv=kv,
+          states=None if cache is None else cache.state, routing=routing,
+          remat=None if cfg.remat == 'none' else lambda body: _remat(body, cfg))
+      if stats is not None and hybrid.collecting():
+        self.sow(nnx.Intermediate, 'moe_stats', stats)
+      x = self.final_norm(x)
+      if cache is None:
+        return x, None
+      return x, Cache(k=ks, v=vs, segment_ids=k_seg, index=cache.index + t, state=states)
+    if routing is not None:
+      raise ValueError(f'routing= is for the mixture-of-experts families; family='
+                       f'{cfg.family!r} has no experts')
     x, kv = self._run_blocks(x, positions, mask, cache, layers)
     x = self.final_norm(x)
     if cache is None:
@@ -266,6 +312,13 @@ class Transformer(nnx.Module):
     table = sharding.constrain(self.embed.value, ('vocab', None))
     x = jnp.take(table, tokens[:, None], axis=0).astype(cfg.jnp_dtype)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
+    if not cfg.is_dense:
+      # A slot that is not live is padding to the Mamba mixers: its state stays as it is.
+      seg = cache.live.astype(jnp.int32)[:, None]
+      x, ks, vs, states, _ = hybrid.run(self.blocks, cfg, x, positions[:, None], None, seg,
+                                        states=cache.state, paged=cache)
+      logits = self.logits_from_hidden(self.final_norm(x))[:, 0]
+      return logits, cache._replace(k=ks, v=vs, state=states)
     graphdef, params = nnx.split(self.layers)
 
     def body(carry, layer_xs):
@@ -337,7 +390,8 @@ class Transformer(nnx.Module):
       logits = _matmul(x, self.lm_head.value.astype(dt))
     return sharding.constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
 
-  def __call__(self, tokens, positions=None, segment_ids=None, cache=None, layers=None):
+  def __call__(self, tokens, positions=None, segment_ids=None, cache=None, layers=None,
+               routing=None):
     """Logits [B, T, V] float32; with a cache, (logits, updated cache).
 
     Args:
@@ -346,8 +400,9 @@ class Transformer(nnx.Module):
       segment_ids: int32 [B, T]; 0 = padding (default: all ones).
       cache: a `Cache` to read and extend, or None.
       layers: per-layer parameters for an unrolled pass (see `hidden`).
+      routing: experts per 'moe' sublayer (routing replay; see `hidden`).
     """
-    x, new_cache = self.hidden(tokens, positions, segment_ids, cache, layers)
+    x, new_cache = self.hidden(tokens, positions, segment_ids, cache, layers, routing)
     logits = self.logits_from_hidden(x)
     return logits if cache is None else (logits, new_cache)
 

@@ -48,6 +48,7 @@ import numpy as np
 from flax import nnx
 
 from models import config as config_lib
+from models import hybrid
 from models import sharding
 from models import transformer
 from rl import buckets
@@ -209,9 +210,17 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   last = model.logits_from_hidden(hidden[:, -1:])[:, 0]
   if group > 1:
     rep = lambda x, axis: jnp.repeat(x, group, axis=axis)
-    cache = cache._replace(k=sharding.constrain(rep(cache.k, 1), transformer.CACHE_AXES),
-                           v=sharding.constrain(rep(cache.v, 1), transformer.CACHE_AXES),
-                           segment_ids=sharding.constrain(rep(cache.segment_ids, 0), batch_only))
+    if isinstance(cache.k, tuple):   # per-sublayer buffers and Mamba states, rows first
+      cache = cache._replace(k=hybrid.repeat_rows(cache.k, group),
+                             v=hybrid.repeat_rows(cache.v, group),
+                             state=hybrid.repeat_rows(cache.state, group),
+                             segment_ids=sharding.constrain(rep(cache.segment_ids, 0),
+                                                            batch_only))
+    else:
+      cache = cache._replace(k=sharding.constrain(rep(cache.k, 1), transformer.CACHE_AXES),
+                             v=sharding.constrain(rep(cache.v, 1), transformer.CACHE_AXES),
+                             segment_ids=sharding.constrain(rep(cache.segment_ids, 0),
+                                                            batch_only))
     last = rep(last, 0)
     prompt_tokens = sharding.constrain(rep(prompt_tokens, 0), batch_only)
     prompt_mask = sharding.constrain(rep(prompt_mask, 0), batch_only)

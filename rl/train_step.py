@@ -38,6 +38,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from models import hybrid
 from models import sharding
 
 
@@ -264,6 +265,21 @@ def _split_microbatches(batch, m: int):
   return jax.tree.map(split, batch)
 
 
+def _with_router_losses(model, loss, metrics, microbatches: int):
+  """The loss plus the mixture-of-experts routers' auxiliary losses of the forward passes the
+  loss made (weights `router_aux_loss` / `router_z_loss` of the model config; both 0 by
+  default, as RL wants), their values logged ('router_aux_loss', 'router_z_loss'), each a
+  microbatch's share so the metrics add up to the batch's mean. A model without experts
+  returns the loss and metrics as they are."""
+  stats = hybrid.moe_stats(model)
+  if stats is None:
+    return loss, metrics
+  mcfg = getattr(model, 'cfg', None) or getattr(getattr(model, 'backbone', None), 'cfg')
+  aux, z = stats.aux_loss / microbatches, stats.z_loss / microbatches
+  loss = loss + mcfg.router_aux_loss * aux + mcfg.router_z_loss * z
+  return loss, dict(metrics, router_aux_loss=aux, router_z_loss=z)
+
+
 def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.GradientTransformation,
                     *, mesh=None, rules=None, state: Optional[TrainState] = None,
                     microbatches: int = 1, lr_schedule: Optional[optax.Schedule] = None,
@@ -300,7 +316,10 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
   rules = sharding.get_rules() if rules is None else rules
 
   def compute(params, batch, norm):
-    return spec.loss(nnx.merge(graphdef, params), batch, cfg, norm)
+    model = nnx.merge(graphdef, params)
+    with hybrid.collecting_stats():
+      loss, metrics = spec.loss(model, batch, cfg, norm)
+    return _with_router_losses(model, loss, metrics, microbatches)
 
   grad_fn = jax.value_and_grad(compute, has_aux=True)
 

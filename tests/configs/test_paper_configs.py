@@ -125,16 +125,24 @@ def test_configs_cite_files_that_exist():
       assert os.path.exists(os.path.join(REPO, path)), (name, cited)
 
 
-@pytest.mark.parametrize('name', ['nemotron_cascade_14b', 'nemotron_cascade_8b',
-                                  'nemotron_cascade2'])
+# (pod mesh, node mesh, the node's cached bytes per token over the pod's). The dense recipes
+# split 8 K/V heads over the pod's tensor axis; Cascade 2's hybrid splits its experts over an
+# expert axis and no heads (its 2 K/V heads sit whole on every device of both).
+_MESHES = {'nemotron_cascade_14b': ((1, 8, 8), (1, 8, 1), 8),
+           'nemotron_cascade_8b': ((1, 8, 8), (1, 8, 1), 8),
+           'nemotron_cascade2': ((1, 8, 8, 1), (1, 1, 8, 1), 1)}
+
+
+@pytest.mark.parametrize('name', sorted(_MESHES))
 def test_hardware_argument_retargets_mesh_and_sampler_budget(name):
   module = importlib.import_module(f'configs.{name}')
   pod, node = module.get_config(), module.get_config('hardware=h200x8')
-  assert tuple(pod.mesh.shape) == (1, 8, 8) and pod.hardware.platform == 'tpu'
-  assert tuple(node.mesh.shape) == (1, 8, 1) and node.hardware.platform == 'gpu'
-  # One GPU holds all 8 K/V heads (no tensor split): 8x the bytes per cached
-  # token; and its cache budget is 16 GiB against the pod's 24 GiB.
-  assert abs(pod.sampler.cache_tokens_per_device * 16 / (24 * 8)
+  pod_mesh, node_mesh, ratio = _MESHES[name]
+  assert tuple(pod.mesh.shape) == pod_mesh and pod.hardware.platform == 'tpu'
+  assert tuple(node.mesh.shape) == node_mesh and node.hardware.platform == 'gpu'
+  # The node's cache budget is 16 GiB against the pod's 24 GiB, of `ratio` times the bytes
+  # per cached token.
+  assert abs(pod.sampler.cache_tokens_per_device * 16 / (24 * ratio)
              - node.sampler.cache_tokens_per_device) <= 1
   assert [s['name'] for s in node.stages] == [s['name'] for s in pod.stages]
   pod_plan, node_plan = config_lib.validate(pod), config_lib.validate(node)
