@@ -9,8 +9,16 @@ busy instead:
 
 * The KV cache is a pool of fixed-size pages ([L, K, pages, page_size, H], or
   with the unrolled decode one [K, pages, page_size, H] array per layer, kept
-  so between calls); each slot has a row of the page table and its own length,
-  so rows of any prompt length sit side by side without left padding.
+  so between calls; the mixture-of-experts families always keep one per
+  attention sublayer); each slot has a row of the page table and its own
+  length, so rows of any prompt length sit side by side without left padding.
+* A model with Mamba layers (Nemotron-H) also carries each row's recurrent
+  state, which no page can share: a pool of one state per slot lives beside
+  the pages for the call. Every admitted row is prefilled (its prompt's
+  pages written once, as above; a row admitted after its prompt's pages
+  were written runs the prompt again for its state only) and its slot gets
+  the state after prompt[:-1]; a decode call gathers its rows' states from
+  their slots and scatters them back.
 * When a slot's row stops (a stop token or its length limit), the host puts
   the next pending row in it: the decode runs in device calls of at most
   `chunk_steps` steps, and a call returns early once enough slots are free
@@ -41,7 +49,9 @@ are bounded by the buckets; how many pages attention reads is a loop bound
 
 Across calls (an agentic episode's turns) a `rl.scheduler.Session` keeps each
 row's pages under a key: the next call's prompt with that key prefills only
-the tokens after what the kept pages hold.
+the tokens after what the kept pages hold. With Mamba layers it also keeps the
+row's final state, and continues it only for a prompt that starts with every
+kept token (else the prompt is prefilled in full).
 
 The engine in parts: `rl.page_pool` counts free pages per shard;
 `rl.scheduler` decides, on the host, which row runs in which slot on which
@@ -64,6 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models import config as config_lib
+from models import mamba
 from models import sharding
 from models import transformer
 from rl import buckets
@@ -123,8 +134,11 @@ class Engine:
                prompt_buckets: Sequence[int], unroll: bool = False):
     self.graphdef, self.cfg, self.opt = graphdef, cfg, options
     # Decode calls run the blocks unrolled, and the pools are kept per layer (see
-    # paged_programs.decode).
-    self.unroll = bool(unroll)
+    # paged_programs.decode); the mixture-of-experts families' sublayers are never stacked,
+    # so their pools are always per attention sublayer.
+    self.unroll = bool(unroll) or not cfg.is_dense
+    # Each slot carries its row's Mamba states (paged_programs.init_states).
+    self.row_states = cfg.mamba_layers > 0
     self.eos_ids, self.pad_id = tuple(eos_ids), int(pad_id)
     self.mesh, self.rules = mesh, rules
     self.prompt_buckets = tuple(prompt_buckets)
@@ -144,13 +158,15 @@ class Engine:
       return wrapped
 
     self._prefill = jax.jit(counted(paged_programs.prefill), static_argnums=0,
-                            donate_argnums=(2, 3))
+                            donate_argnums=(2, 3, 9))
     self._decode = jax.jit(counted(paged_programs.decode), static_argnums=0,
-                           static_argnames=paged_programs.DECODE_STATIC, donate_argnums=(2,))
-    # Compiled once per pool size (not counted: it runs no model).
+                           static_argnames=paged_programs.DECODE_STATIC, donate_argnums=(2, 11))
+    # Compiled once per pool size (not counted: they run no model).
     self._init_pool = jax.jit(paged_programs.init_pool, static_argnums=(0, 1, 2, 3))
+    self._init_states = jax.jit(paged_programs.init_states, static_argnums=(0, 1))
+    self._take_state = jax.jit(paged_programs.take_state)
     self._extend = jax.jit(counted(paged_programs.extend), static_argnums=0,
-                           static_argnames=('context_pages',), donate_argnums=(2, 3))
+                           static_argnames=('context_pages',), donate_argnums=(2, 3, 8))
 
   def table_pages(self, row_tokens: int) -> int:
     """Page-table columns for rows of `row_tokens` tokens: a multiple of the attention's pages
@@ -186,13 +202,22 @@ class Engine:
     """(pool pages, k pool, v pool) of a call whose rows hold `row_tokens` tokens, abstract."""
     cfg, ps = self.cfg, self.opt.page_size
     num_pages = self.pool_pages(row_tokens, row_tokens)
-    pool = (cfg.num_layers, cfg.num_kv_heads, num_pages, ps, cfg.head_dim)
+    pool = (cfg.attention_layers, cfg.num_kv_heads, num_pages, ps, cfg.head_dim)
     if self.unroll:
       one = lambda: tuple(self._sds(pool[1:], cfg.jnp_dtype, transformer.PAGE_AXES[1:])
-                          for _ in range(cfg.num_layers))
+                          for _ in range(cfg.attention_layers))
     else:
       one = lambda: self._sds(pool, cfg.jnp_dtype, transformer.PAGE_AXES)
     return num_pages, one(), one()
+
+  def _abstract_states(self):
+    """The slots' state pool, abstract (None without Mamba layers)."""
+    if not self.row_states:
+      return None
+    shapes = jax.eval_shape(lambda: paged_programs.init_states(self.cfg, self.opt.slots))
+    return tuple(mamba.MambaState(*(self._sds(x.shape, x.dtype, axes)
+                                    for x, axes in zip(st, mamba.STATE_AXES)))
+                 for st in shapes)
 
   def abstract_decode(self, graphdef, params, row_tokens: int, greedy: bool, filtered: bool):
     """The arguments of a decode call with every slot live, abstract (for `launch.plan`).
@@ -212,9 +237,11 @@ class Engine:
     scalar = lambda dt: self._sds((), dt, ())
     state = paged_programs.Slots(k=k_pool, v=v_pool, lengths=vec(jnp.int32),
                                  last=vec(jnp.int32), n=vec(jnp.int32), live=vec(jnp.bool_))
+    states = self._abstract_states()
     args = (graphdef, params, state, self._sds((s, view), jnp.int32, ('batch', None)),
             vec(jnp.int32), vec(jnp.int32), self._sds((), KEY_DTYPE, ()),
-            scalar(jnp.float32), scalar(jnp.float32), scalar(jnp.int32), scalar(jnp.int32))
+            scalar(jnp.float32), scalar(jnp.float32), scalar(jnp.int32), scalar(jnp.int32),
+            states, None if states is None else vec(jnp.int32))
     kw = dict(chunk=self.opt.chunk_steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
               greedy=greedy, filtered=filtered)
     what = (f'paged engine: {s} slots, a pool of {num_pages} pages x {ps} tokens '
@@ -240,8 +267,10 @@ class Engine:
     t = self.prefill_tokens(prompt_len)
     rows = lambda dt, width: self._sds((a, width), dt, ('batch', None))
     pairs = lambda: self._sds((s,), jnp.int32, (None,))
+    states = self._abstract_states()
     args = (graphdef, params, k_pool, v_pool, rows(jnp.int32, t), rows(jnp.int32, t),
-            rows(jnp.int32, t // ps), pairs(), pairs())
+            rows(jnp.int32, t // ps), pairs(), pairs(), states,
+            *((None, None) if states is None else (pairs(), pairs())))
     what = (f'paged engine prefill: {a} prompts x {t} tokens into a pool of {num_pages} pages '
             f'x {ps} tokens')
     return args, {}, what
@@ -360,25 +389,30 @@ class Engine:
     max_tokens = longest if row_tokens is None else max(longest, int(row_tokens))
     view = self.table_pages(max_tokens)
     k_pool, v_pool, pages = self._pools(longest, max_tokens, session)
+    states = None
+    if self.row_states:   # the slots' states live for this call only
+      with sharding.use_mesh(self.mesh, self.rules):
+        states = self._init_states(self.cfg, self.opt.slots)
     sched = scheduler.Scheduler(
         prompts, num_samples, limits, slots=self.opt.slots, page_size=self.opt.page_size,
         chunk_steps=self.opt.chunk_steps, pages=pages, table_pages=view, max_tokens=max_tokens,
-        eos_ids=self.eos_ids, stream=stream, session=session, keys=keys)
+        eos_ids=self.eos_ids, stream=stream, session=session, keys=keys,
+        row_states=self.row_states)
     try:
       while sched.busy:
         if not sched.feed():
           continue
         admitted = sched.admit()
-        k_pool, v_pool = self._write_prompts(params, k_pool, v_pool, admitted, view,
-                                             pages.num_pages)
+        k_pool, v_pool, states = self._write_prompts(params, k_pool, v_pool, states, admitted,
+                                                     view, pages.num_pages)
         sched.allocate()
         if not sched.live.any():
           if sched.pending and not admitted.slots:   # would spin: nothing runs or can start
             raise RuntimeError('engine: no waiting row fits the free pages while none runs (a '
                                'bug: pool_pages and reclaim guarantee one)')
           continue
-        k_pool, v_pool = self._decode_batch(params, k_pool, v_pool, sched, rng, scalars,
-                                            greedy=greedy, filtered=filtered)
+        k_pool, v_pool, states = self._decode_batch(params, k_pool, v_pool, states, sched, rng,
+                                                    scalars, greedy=greedy, filtered=filtered)
         sched.hand_over()
     finally:
       self.generated_tokens += sched.generated_tokens
@@ -389,63 +423,87 @@ class Engine:
       self.pages_in_use -= session.pages_held
     return sched.rows()
 
-  def _decode_batch(self, params, k_pool, v_pool, sched: scheduler.Scheduler, rng, scalars, *,
-                    greedy: bool, filtered: bool):
+  def _decode_batch(self, params, k_pool, v_pool, states, sched: scheduler.Scheduler, rng,
+                    scalars, *, greedy: bool, filtered: bool):
     """One decode call of the scheduler's packed live rows; it takes their new tokens.
 
     Returns:
-      (k_pool, v_pool).
+      (k_pool, v_pool, the slots' states).
     """
     batch = sched.batch()
     k = batch.live.size
     temperature, top_p, top_k = scalars
     vec = lambda x: self._put(x, ('batch',))
+    state_slots = None
+    if states is not None:   # each row's slot; a padding row's past the pool (never written)
+      state_slots = np.full(k, self.opt.slots, np.int32)
+      state_slots[np.flatnonzero(batch.live)] = batch.slots
+      state_slots = vec(state_slots)
     with sharding.use_mesh(self.mesh, self.rules):
       state = paged_programs.Slots(k=k_pool, v=v_pool, lengths=vec(batch.lengths),
                                    last=vec(batch.last), n=vec(batch.n), live=vec(batch.live))
-      state, steps, toks, lps, slps = self._decode(
+      state, steps, toks, lps, slps, states = self._decode(
           self.graphdef, params, state, self._put(batch.page_table, ('batch', None)),
           vec(batch.rows), vec(batch.limits), rng, temperature, top_p, top_k, batch.refill_at,
-          chunk=self.opt.chunk_steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
-          greedy=greedy, filtered=filtered)
+          states, state_slots, chunk=self.opt.chunk_steps, eos_ids=self.eos_ids,
+          pad_id=self.pad_id, greedy=greedy, filtered=filtered)
     steps = int(self._host(steps))
     toks, lps, slps = self._host(toks), self._host(lps), self._host(slps)
     new_n, new_live = self._host(state.n).astype(np.int64), self._host(state.live)
     self.decode_slots += k * steps
-    sched.advance(batch, toks, lps, slps, new_n, new_live)
-    return state.k, state.v
+    slot_state = None
+    if states is not None and sched.session is not None:   # an ended row's key keeps it
+      slot_state = lambda slot: self._take_state(states, jnp.int32(slot))
+    sched.advance(batch, toks, lps, slps, new_n, new_live, slot_state=slot_state)
+    return state.k, state.v, states
 
-  def _write_prompts(self, params, k_pool, v_pool, admitted: scheduler.Admission, view: int,
-                     drop: int):
+  def _write_prompts(self, params, k_pool, v_pool, states, admitted: scheduler.Admission,
+                     view: int, drop: int):
     """Writes the admitted prompts' pages: the session-continued ones, then the prefilled ones
-    and the partial-page copies.
+    and the partial-page copies; and the admitted rows' states (`states` not None).
 
     Args:
       view: page-table columns of the call.
       drop: a page index past the pool (the device's scatters drop it).
 
     Returns:
-      (k_pool, v_pool).
+      (k_pool, v_pool, states).
     """
+    n = len(admitted.prefill)
     if admitted.extend:
-      k_pool, v_pool = self._extend_calls(params, k_pool, v_pool, admitted.extend, view, drop)
+      k_pool, v_pool, states = self._extend_calls(
+          params, k_pool, v_pool, states, admitted.extend, view, drop,
+          [(e - n, slot) for e, slot in admitted.row_states if e >= n], admitted.resume)
     if admitted.prefill or admitted.copies:
-      k_pool, v_pool = self._prefill_calls(params, k_pool, v_pool, admitted.prefill,
-                                           admitted.copies, drop)
-    return k_pool, v_pool
+      k_pool, v_pool, states = self._prefill_calls(
+          params, k_pool, v_pool, states, admitted.prefill, admitted.copies, drop,
+          [(e, slot) for e, slot in admitted.row_states if e < n])
+    return k_pool, v_pool, states
 
-  def _extend_calls(self, params, k_pool, v_pool, extend: list, view: int, drop: int):
+  def _state_pairs(self, pairs: list, first: int, count: int):
+    """(source entries, destination slots) [slots] int32 of a call of entries [first,
+    first + count): (entry, slot) `pairs` in it, then none (a slot past the pool)."""
+    src = np.zeros(self.opt.slots, np.int32)
+    dst = np.full(self.opt.slots, self.opt.slots, np.int32)
+    mine = [(e - first, slot) for e, slot in pairs if first <= e < first + count]
+    for j, (e, slot) in enumerate(mine):
+      src[j], dst[j] = e, slot
+    return jnp.asarray(src), jnp.asarray(dst), bool(mine)
+
+  def _extend_calls(self, params, k_pool, v_pool, states, extend: list, view: int, drop: int,
+                    state_pairs: list, resume: tuple):
     """Prefills the rest of prompts whose leading tokens a session's pages hold (`extend`:
     (new tokens, start, pages)) in calls of `prefill_prompts`, each gathering the pages up to
     its longest start (a power of two of pages) as context; shapes: (power-of-two new tokens,
-    context pages)."""
+    context pages). With states, each entry continues its kept state (`resume`) and its row's
+    slot (`state_pairs`: (entry, slot)) gets the state after it."""
     ps, a = self.opt.page_size, self.opt.prefill_prompts
     for i in range(0, len(extend), a):
       batch = extend[i:i + a]
       longest = max(q.size for q, _, _ in batch)
-      if not longest:
+      if not longest and states is None:
         continue
-      t = buckets.pow2(longest)
+      t = buckets.pow2(longest) if longest else 0
       width = min(buckets.pow2(-(-max(start for _, start, _ in batch) // ps)), view)
       tokens = np.full((a, t), self.pad_id, np.int32)
       seg = np.zeros((a, t), np.int32)
@@ -454,16 +512,30 @@ class Engine:
       for j, (q, start, pages) in enumerate(batch):
         tokens[j, :q.size], seg[j, :q.size], starts[j] = q, 1, start
         table[j, :len(pages)] = pages
+      incoming = src = dst = None
+      if states is not None:
+        src, dst, _ = self._state_pairs(state_pairs, i, len(batch))
+        incoming = self._stack_states(resume[i:i + a], a)
       with sharding.use_mesh(self.mesh, self.rules):
-        k_pool, v_pool = self._extend(
+        k_pool, v_pool, states = self._extend(
             self.graphdef, params, k_pool, v_pool, self._put(tokens, ('batch', None)),
             self._put(seg, ('batch', None)), self._put(starts, ('batch',)),
-            self._put(table, ('batch', None)), context_pages=width)
-    return k_pool, v_pool
+            self._put(table, ('batch', None)), states, incoming, src, dst,
+            context_pages=width)
+    return k_pool, v_pool, states
 
-  def _prefill_calls(self, params, k_pool, v_pool, prefill: list, copies: list, drop: int):
+  @staticmethod
+  def _stack_states(kept: Sequence, rows: int):
+    """Kept states ([1, ...] each, `paged_programs.take_state`; at least one) as one
+    [rows, ...] tuple, zeros after them."""
+    pad = lambda x: jnp.zeros((rows - len(kept),) + x.shape[1:], x.dtype)
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs + (pad(xs[0]),)), *kept)
+
+  def _prefill_calls(self, params, k_pool, v_pool, states, prefill: list, copies: list,
+                     drop: int, state_pairs: list):
     """Prefills prompts (`prefill`: (tokens, pages)) in calls of `prefill_prompts`, then the
-    page copies ((source, destination) pairs)."""
+    page copies ((source, destination) pairs); with states, each (entry, slot) of
+    `state_pairs` puts the state after prompt `entry` in that slot."""
     ps, a = self.opt.page_size, self.opt.prefill_prompts
     batches = [prefill[i:i + a] for i in range(0, len(prefill), a)] or [[]]
     for bi, batch in enumerate(batches):
@@ -482,11 +554,15 @@ class Engine:
       tgt = np.full(self.opt.slots, drop, np.int32)
       for j, (x, y) in enumerate(pairs):
         src[j], tgt[j] = x, y
-      if not t and not pairs:
+      state_src = state_dst = None
+      put_states = False
+      if states is not None:
+        state_src, state_dst, put_states = self._state_pairs(state_pairs, bi * a, len(batch))
+      if not t and not pairs and not put_states:
         continue
       with sharding.use_mesh(self.mesh, self.rules):
-        k_pool, v_pool = self._prefill(
+        k_pool, v_pool, states = self._prefill(
             self.graphdef, params, k_pool, v_pool, self._put(tokens, ('batch', None)),
             self._put(seg, ('batch', None)), self._put(dst, ('batch', None)),
-            jnp.asarray(src), jnp.asarray(tgt))
-    return k_pool, v_pool
+            jnp.asarray(src), jnp.asarray(tgt), states, state_src, state_dst)
+    return k_pool, v_pool, states

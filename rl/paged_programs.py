@@ -2,18 +2,25 @@
 
 The KV cache is a pool of fixed-size pages, [L, K, pages, page_size, H], or
 with the unrolled decode one [K, pages, page_size, H] array per layer (kept
-so between calls); a row's cache is the pages its page-table row names. The
-host (`rl.scheduler`) decides which pages and rows; these functions only
+so between calls; the mixture-of-experts families' layout, one per attention
+sublayer); a row's cache is the pages its page-table row names. A model with
+Mamba layers also keeps a state pool, one recurrent state per decode slot
+(a tuple of `mamba.MambaState`, [slots, ...] each). The host
+(`rl.scheduler`) decides which pages, rows and slots; these functions only
 read and write them:
 
 * `prefill` writes right-padded prompts into their pages from position 0 and
   copies pages (each sample's private copy of its prompt's last, partly
-  filled page);
+  filled page), and puts each prompt's final recurrent state in the slots of
+  its rows;
 * `extend` continues rows whose first tokens their pages already hold (a
-  session's kept cache), attending to those pages as context;
+  session's kept cache), attending to those pages as context, and from their
+  kept recurrent state;
 * `decode` runs up to a chunk of decode steps of every live slot, each slot
   drawing token n of row r with `fold_in(fold_in(rng, r), n)`, and stops
-  early once enough slots are idle for the rows still waiting.
+  early once enough slots are idle for the rows still waiting; its rows'
+  recurrent states are gathered from their slots and scattered back (the
+  padding rows of a packed call write nothing).
 
 Pure functions of (graphdef, params, pools, host arrays); `rl.engine.Engine`
 jits them with the pools donated.
@@ -22,13 +29,15 @@ jits them with the pools donated.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from models import config as config_lib
+from models import hybrid
+from models import mamba
 from models import sharding
 from models import transformer
 from rl import sampling
@@ -42,6 +51,7 @@ class Slots(NamedTuple):
   last: jax.Array         # [S] the token to feed next
   n: jax.Array            # [S] tokens generated so far
   live: jax.Array         # [S] bool
+  state: Any = None       # the rows' Mamba states (tuple of MambaState [S, ...]), or None
 
 
 def pool_layer(pool) -> jax.Array:
@@ -69,11 +79,50 @@ def _pool_set(pool, index: tuple, values: jax.Array):
 
 
 def init_pool(cfg: config_lib.ModelConfig, num_pages: int, page_size: int, per_layer: bool):
-  """Empty (k, v) pools: stacked, or per layer (the unrolled decode's layout)."""
+  """Empty (k, v) pools: stacked, or per layer (the unrolled decode's layout); one array per
+  attention sublayer for the mixture-of-experts families."""
   k, v = transformer.init_pages(cfg, num_pages, page_size)
   if per_layer:
     k, v = (transformer.split_layers(x, transformer.PAGE_AXES) for x in (k, v))
   return k, v
+
+
+def _constrain_states(states):
+  """Each MambaState of a tuple constrained to its layout (rows on 'batch')."""
+  return tuple(mamba.MambaState(*(sharding.constrain(x, ax) for x, ax in
+                                  zip(st, mamba.STATE_AXES))) for st in states)
+
+
+def init_states(cfg: config_lib.ModelConfig, slots: int):
+  """The slots' state pool: zero Mamba states, a tuple of MambaState [slots, ...]."""
+  return _constrain_states(hybrid.init_states(cfg, slots))
+
+
+def take_state(states, slot):
+  """Slot `slot`'s ([] int32) states, [1, ...] each (a copy, kept by a session)."""
+  return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1), states)
+
+
+def _gather_rows(states, index):
+  """states[index] for every array (an index past the pool gives zeros)."""
+  return _constrain_states(jax.tree.map(
+      lambda x: x.at[index].get(mode='fill', fill_value=0), states))
+
+
+def _scatter_rows(states, index, rows):
+  """states[index[j]] = rows[j] for every array (an index past the pool is dropped)."""
+  return _constrain_states(jax.tree.map(
+      lambda x, y: x.at[index].set(y.astype(x.dtype), mode='drop'), states, rows))
+
+
+def _to_pages(cache_kv, cfg, a: int, t: int, ps: int):
+  """A prefill cache's keys (or values) as whole pages: stacked [L, A, K, T, H] ->
+  [L, K, A * T / ps, ps, H], or per layer [A, K, T, H] -> [K, A * T / ps, ps, H] each."""
+  if isinstance(cache_kv, tuple):
+    return tuple(x.transpose(1, 0, 2, 3).reshape(cfg.num_kv_heads, a * (t // ps), ps,
+                                                 cfg.head_dim) for x in cache_kv)
+  return cache_kv.transpose(0, 2, 1, 3, 4).reshape(
+      cfg.num_layers, cfg.num_kv_heads, a * (t // ps), ps, cfg.head_dim)
 
 
 def _unpack(graphdef, params, tokens, k_pool):
@@ -83,60 +132,90 @@ def _unpack(graphdef, params, tokens, k_pool):
 
 
 def prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, copy_src,
-             copy_dst):
-  """Prefills right-padded prompts into pages, then copies pages (a prompt's partial page).
+             copy_dst, states=None, state_src=None, state_dst=None):
+  """Prefills right-padded prompts into pages, then copies pages (a prompt's partial page);
+  with Mamba layers, puts each prompt's final state in its rows' slots.
 
   Args:
     k_pool, v_pool: the pools, stacked or per layer (tuples; see `decode`).
     tokens: [A, T] int32, each prompt's tokens from position 0 (T a multiple
-      of the page size), padding after them.
+      of the page size, or 0: copies only), padding after them.
     segment_ids: [A, T] int32, 1 = a real token.
     dst_pages: [A, T / page_size] int32 page receiving each page of a row;
       an index past the pool drops it (padding and pages a row does not use).
     copy_src, copy_dst: [C] int32 pages copied after the prefill (dst past the
       pool: no copy).
+    states: the slots' state pool (`init_states`), or None (no Mamba layers).
+    state_src, state_dst: [C] int32: slot state_dst[j] gets the state after prompt
+      state_src[j]'s tokens (a zero state for a prompt without tokens); a slot past the
+      pool: none.
 
   Returns:
-    (k_pool, v_pool).
+    (k_pool, v_pool, states).
   """
   model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool)
+  final = None
   if t:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (a, t))
     dtype = pool_layer(k_pool).dtype
     _, cache = model.hidden(tokens, positions, segment_ids,
                             cache=transformer.init_cache(cfg, a, t, dtype=dtype))
-    # [L, A, K, T, H] -> [L, K, A * T / ps, ps, H]: whole pages, scattered by page id.
-    as_pages = lambda x: x.transpose(0, 2, 1, 3, 4).reshape(
-        cfg.num_layers, cfg.num_kv_heads, a * (t // ps), ps, cfg.head_dim)
+    # Whole pages, scattered by page id.
     dst = (dst_pages.reshape(-1),)
-    k_pool = _pool_set(k_pool, dst, as_pages(cache.k))
-    v_pool = _pool_set(v_pool, dst, as_pages(cache.v))
+    k_pool = _pool_set(k_pool, dst, _to_pages(cache.k, cfg, a, t, ps))
+    v_pool = _pool_set(v_pool, dst, _to_pages(cache.v, cfg, a, t, ps))
+    final = cache.state      # after each row's last real token
   src = (jnp.minimum(copy_src, num_pages - 1),)
   k_pool = _pool_set(k_pool, (copy_dst,), _pool_get(k_pool, src))
   v_pool = _pool_set(v_pool, (copy_dst,), _pool_get(v_pool, src))
-  return k_pool, v_pool
+  if states is not None:
+    if final is None:
+      final = hybrid.init_states(cfg, a)
+    states = _scatter_rows(states, state_dst, _gather_rows(final, state_src))
+  return k_pool, v_pool, states
 
 
-def extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_table, *,
+def extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_table,
+            states=None, incoming=None, state_src=None, state_dst=None, *,
             context_pages: int):
   """Continues rows whose first `starts[a]` tokens are in their pages (a chunked prefill).
 
   Each row's first `context_pages` pages are gathered into a dense cache, the
   new tokens attend to its first `starts[a]` tokens and to each other
   (causally), and their keys/values are written to the pages at positions
-  starts[a], starts[a] + 1, ...
+  starts[a], starts[a] + 1, ... With Mamba layers the new tokens continue
+  each row's `incoming` state, and the state after them goes to its slots.
 
   Args:
-    tokens: [A, T] int32 new tokens, padding after them.
+    tokens: [A, T] int32 new tokens, padding after them (T = 0: states only).
     segment_ids: [A, T] int32, 1 = a real token.
     starts: [A] int32 tokens already in each row's pages (<= context_pages * page_size).
     page_table: [A, M] int32 each row's pages (covering starts + its new tokens).
+    states: the slots' state pool (`init_states`), or None (no Mamba layers).
+    incoming: with states, each row's state after its first `starts[a]` tokens (a tuple of
+      MambaState [A, ...]).
+    state_src, state_dst: [C] int32: slot state_dst[j] gets row state_src[j]'s final state
+      (a slot past the pool: none).
     context_pages: pages gathered as context (static).
 
   Returns:
-    (k_pool, v_pool).
+    (k_pool, v_pool, states).
   """
   model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool)
+  final = incoming
+  if t:
+    k_pool, v_pool, final = _extend_pages(model, cfg, k_pool, v_pool, tokens, segment_ids,
+                                          starts, page_table, incoming, context_pages, ps,
+                                          num_pages)
+  if states is not None:
+    states = _scatter_rows(states, state_dst, _gather_rows(final, state_src))
+  return k_pool, v_pool, states
+
+
+def _extend_pages(model, cfg, k_pool, v_pool, tokens, segment_ids, starts, page_table,
+                  incoming, context_pages, ps, num_pages):
+  """`extend`'s model pass and page writes; returns (k_pool, v_pool, final states)."""
+  a, t = tokens.shape
   c = context_pages * ps
   ctx = jnp.minimum(page_table[:, :context_pages], num_pages - 1)   # past a row's pages: masked
 
@@ -145,30 +224,45 @@ def extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_t
     x = jnp.pad(x.transpose(0, 2, 1, 3, 4), ((0, 0), (0, 0), (0, 0), (0, t), (0, 0)))
     return sharding.constrain(x, transformer.CACHE_AXES)
 
+  def gathered_layer(pool):   # [K, A, W, ps, H] -> [A, K, W * ps + T, H]
+    x = pool[:, ctx].reshape(cfg.num_kv_heads, a, c, cfg.head_dim)
+    x = jnp.pad(x.transpose(1, 0, 2, 3), ((0, 0), (0, 0), (0, t), (0, 0)))
+    return sharding.constrain(x, transformer.CACHE_AXES[1:])
+
   seg = jnp.concatenate([(jnp.arange(c)[None] < starts[:, None]).astype(jnp.int32),
                          jnp.zeros((a, t), jnp.int32)], axis=1)
-  cache = transformer.Cache(k=gathered(k_pool), v=gathered(v_pool), segment_ids=seg,
-                            index=jnp.asarray(c, jnp.int32))
+  if cfg.is_dense:
+    k, v = gathered(k_pool), gathered(v_pool)
+  else:   # one buffer per attention sublayer (models/hybrid.py)
+    k, v = tuple(map(gathered_layer, k_pool)), tuple(map(gathered_layer, v_pool))
+  cache = transformer.Cache(k=k, v=v, segment_ids=seg, index=jnp.asarray(c, jnp.int32),
+                            state=incoming)
   positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
   _, cache = model.hidden(tokens, positions, segment_ids, cache=cache)
   col = jnp.minimum(positions // ps, page_table.shape[1] - 1)
   page = jnp.where(segment_ids > 0, jnp.take_along_axis(page_table, col, axis=1), num_pages)
   off = positions % ps
-  # [L, A, K, T, H] -> [L, K, A, T, H], the indexed region of pool[:, :, page, off].
-  new = lambda x: x[:, :, :, c:].transpose(0, 2, 1, 3, 4)
-  return _pool_set(k_pool, (page, off), new(cache.k)), _pool_set(v_pool, (page, off), new(cache.v))
+  # [L, A, K, T, H] -> [L, K, A, T, H] (per layer [A, K, T, H] -> [K, A, T, H]), the indexed
+  # region of pool[:, :, page, off].
+  if cfg.is_dense:
+    new = lambda x: x[:, :, :, c:].transpose(0, 2, 1, 3, 4)
+  else:
+    new = lambda xs: tuple(x[:, :, c:].transpose(1, 0, 2, 3) for x in xs)
+  return (_pool_set(k_pool, (page, off), new(cache.k)),
+          _pool_set(v_pool, (page, off), new(cache.v)), cache.state)
 
 
 def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temperature,
-            top_p, top_k, refill_at, *, chunk: int, eos_ids: tuple[int, ...], pad_id: int,
-            greedy: bool, filtered: bool):
+            top_p, top_k, refill_at, states=None, state_slots=None, *, chunk: int,
+            eos_ids: tuple[int, ...], pad_id: int, greedy: bool, filtered: bool):
   """Up to `chunk` decode steps of every live slot.
 
   Stops early once every slot is idle, or once `refill_at` slots are idle
   (the host then puts waiting rows in them).
 
   Args:
-    state: the slots (pools, lengths, last tokens, counts, live flags).
+    state: the slots (pools, lengths, last tokens, counts, live flags; its `state`
+      unused: the rows' Mamba states come from `states`).
     page_table: [S, M] int32 pages viewed (M covers every live slot's
       tokens to the end of the call).
     rows: [S] int32 row index of each slot (its noise stream).
@@ -176,11 +270,14 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
     rng: the call's PRNG key.
     temperature, top_p, top_k: traced sampling scalars.
     refill_at: [] int32 idle slots that end the call early.
+    states: the slots' state pool (`init_states`), or None (no Mamba layers).
+    state_slots: with states, [S] int32 each row's slot in the pool (a padding row's is
+      past the pool: it reads zeros and writes nothing).
 
   Returns:
-    (state, steps run [], tokens [S, chunk], logprobs, sampling_logprobs):
+    (state, steps run [], tokens [S, chunk], logprobs, sampling_logprobs, states):
     column i holds step i's token of each slot live at that step (pad_id / 0
-    elsewhere).
+    elsewhere); the rows' states written back to their slots.
   """
   model = nnx.merge(graphdef, params)
   s = rows.shape[0]
@@ -200,7 +297,7 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
   def body(carry):
     i, st, toks, lps, slps = carry
     cache = transformer.PagedCache(k=st.k, v=st.v, page_table=page_table,
-                                   lengths=st.lengths, live=st.live)
+                                   lengths=st.lengths, live=st.live, state=st.state)
     logits, cache = model.decode_paged(st.last, st.lengths, cache, layers=layers)
     keys = jax.vmap(jax.random.fold_in)(row_keys, st.n)
     tok, lp, slp = pick(logits, keys)
@@ -210,7 +307,7 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
     n = st.n + live
     stop = is_stop(tok) | (n >= limits)
     st = Slots(k=cache.k, v=cache.v, lengths=st.lengths + live,
-                last=jnp.where(live, tok, st.last), n=n, live=live & ~stop)
+                last=jnp.where(live, tok, st.last), n=n, live=live & ~stop, state=cache.state)
     return (i + 1, st, col(toks, tok), col(lps, jnp.where(live, lp, 0.)),
             col(slps, jnp.where(live, slp, 0.)))
 
@@ -219,10 +316,14 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
     idle = s - jnp.sum(st.live)
     return (i < chunk) & jnp.any(st.live) & (idle < refill_at)
 
+  # A non-live row is padding to the Mamba mixers: its state stays as gathered.
+  state = state._replace(state=None if states is None else _gather_rows(states, state_slots))
   init = (jnp.zeros((), jnp.int32), state, buf(pad_id, jnp.int32), buf(0, jnp.float32),
           buf(0, jnp.float32))
   steps, state, toks, lps, slps = jax.lax.while_loop(cond, body, init)
-  return state, steps, toks, lps, slps
+  if states is not None:
+    states = _scatter_rows(states, state_slots, state.state)
+  return state._replace(state=None), steps, toks, lps, slps, states
 
 
 DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered')

@@ -23,6 +23,13 @@ device:
 * **Sessions.** A `Session` keeps each row's pages after a call, under its
   key; the next call's prompt with that key is lent those pages up to where
   the kept tokens and the prompt part, and prefills only the rest.
+* **Row states.** With `row_states` (a model with recurrent Mamba layers) each
+  row also starts from its prompt's recurrent state, which lives in its slot:
+  every admitted row is paired with a prefill (or extend) entry whose final
+  state its slot receives. A prompt prefilled earlier in the call (its pages
+  are already written) gets an entry with no pages, recomputing only the
+  state; a session keeps a row's final state beside its pages and lends it
+  only to a prompt that continues every kept token (a state cannot be rewound).
 
 Host-only (numpy): testable without JAX or a device.
 """
@@ -30,7 +37,7 @@ Host-only (numpy): testable without JAX or a device.
 from __future__ import annotations
 
 import collections
-from typing import Callable, Iterator, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -68,10 +75,12 @@ class Stream(Protocol):
 
 
 class _Entry(NamedTuple):
-  """A session's kept cache of one key: `pages` hold the keys/values of `tokens`, in order."""
+  """A session's kept cache of one key: `pages` hold the keys/values of `tokens`, in order;
+  `state` is the recurrent state after them (row states only; opaque here)."""
   pages: list
   tokens: np.ndarray
   shard: int
+  state: Any = None
 
 
 class Session:
@@ -88,7 +97,10 @@ class Session:
 
   A call frees the entries of keys it does not name (episodes that ended)
   before it starts; when the pool runs short, rows still waiting give up
-  their kept pages first (those rows then prefill in full). One row per
+  their kept pages first (those rows then prefill in full). With row states
+  (Mamba layers) an entry also keeps its row's final recurrent state (device
+  memory beside the page pool), lent only to a prompt that continues every
+  kept token; any other prompt of that key is prefilled in full. One row per
   prompt (G = 1), no stream. `close()` frees everything; a call that raises
   once it has started closes the session (the next call starts from an empty
   pool); one refused by its checks keeps it.
@@ -136,11 +148,12 @@ def batch_rows(live: int, slots: int, shards: int) -> int:
 
 class _Prompt:
   """A prompt's prefilled pages, shared by its rows."""
-  __slots__ = ('pages', 'waiting', 'live', 'prefilled', 'ended', 'shard', 'reused')
+  __slots__ = ('pages', 'waiting', 'live', 'prefilled', 'ended', 'shard', 'reused', 'state')
 
   def __init__(self, waiting: int):
     self.pages: list[int] = []
     self.reused = 0           # leading tokens its pages hold from a session (not prefilled)
+    self.state = None         # row states: the session's state after those tokens
     self.shard = -1           # the batch shard holding its pages (its rows run there)
     self.waiting = waiting    # rows of this prompt not yet finished
     self.live = 0             # rows of this prompt in a slot
@@ -154,6 +167,11 @@ class Admission(NamedTuple):
   extend: list      # (new tokens [n], start, pages): a session's pages hold the first `start`
   copies: list      # (source page, destination page): each admitted row's partial prompt page
   slots: list       # the slots admitted
+  # Row states only (else empty): (entry, slot) pairs, entry an index into prefill + extend
+  # (prefill's first): the slot's row starts from the state after that entry's tokens; and
+  # the kept state each extend entry continues.
+  row_states: tuple = ()
+  resume: tuple = ()
 
 
 class Batch(NamedTuple):
@@ -188,7 +206,7 @@ class Scheduler:
   def __init__(self, prompts: Sequence[np.ndarray], num_samples: int, limits, *, slots: int,
                page_size: int, chunk_steps: int, pages: page_pool.PagePool, table_pages: int,
                max_tokens: int, eos_ids: Sequence[int], stream: Stream | None = None,
-               session: Session | None = None, keys: Sequence = ()):
+               session: Session | None = None, keys: Sequence = (), row_states: bool = False):
     """Starts a call.
 
     Args:
@@ -205,7 +223,9 @@ class Scheduler:
       stream: optional, see `Stream`.
       session: optional, see `Session`; its kept pages are lent to their keys' prompts.
       keys: with a session, one key per prompt.
+      row_states: each row starts from its prompt's recurrent state (module docstring).
     """
+    self.row_states = row_states
     self.num_samples, self.ps, self.chunk, self.slots = num_samples, page_size, chunk_steps, slots
     self.pages, self.max_tokens, self.eos_ids = pages, max_tokens, tuple(eos_ids)
     self.stream, self.session, self.keys = stream, session, keys
@@ -274,10 +294,11 @@ class Scheduler:
 
   def _drop_prompt(self, pr: _Prompt) -> None:
     self.pages.release(pr.shard, pr.pages)
-    pr.pages, pr.prefilled, pr.shard, pr.reused = [], False, -1, 0
+    pr.pages, pr.prefilled, pr.shard, pr.reused, pr.state = [], False, -1, 0, None
 
-  def _keep_in_session(self, slot) -> None:
-    """A session's row ended: its pages (prompt and own) become the entry of its key."""
+  def _keep_in_session(self, slot, state) -> None:
+    """A session's row ended: its pages (prompt and own) and `state` (its recurrent state, or
+    None) become the entry of its key."""
     r = self.slot_row[slot]
     pi = r // self.num_samples
     pr = self.prompts_state[pi]
@@ -288,15 +309,17 @@ class Scheduler:
     tokens = np.concatenate([self.prompts[pi]] + self.out_tok[r]).astype(
         np.int64)[:self.host_len[slot]]
     self.session.entries[self.keys[pi]] = _Entry(pages[:held], tokens,
-                                                 int(self.slot_shard[slot]))
+                                                 int(self.slot_shard[slot]), state)
     self.own[slot], pr.pages, pr.prefilled, pr.shard, pr.reused = [], [], False, -1, 0
+    pr.state = None
 
-  def _release(self, slot, ended: bool = False) -> None:
-    """Empties a slot: its own pages go back, and its prompt's once no row of it waits."""
+  def _release(self, slot, ended: bool = False, state=None) -> None:
+    """Empties a slot: its own pages go back, and its prompt's once no row of it waits (a
+    session's ended row keeps them, and `state`, under its key)."""
     r = self.slot_row[slot]
     pr = self.prompts_state[r // self.num_samples]
     if ended and self.session is not None:
-      self._keep_in_session(slot)
+      self._keep_in_session(slot, state)
     self.pages.release(self.slot_shard[slot], self.own[slot])
     self.own[slot] = []
     pr.waiting -= 1
@@ -363,7 +386,8 @@ class Scheduler:
 
   def _lend_session_pages(self) -> None:
     """Entries of keys this call does not name are freed; the others lend their pages to their
-    prompt (up to where the kept tokens and the prompt part)."""
+    prompt (up to where the kept tokens and the prompt part; with row states, only to a
+    prompt that continues every kept token, with the kept state)."""
     session = self.session
     named = {key: i for i, key in enumerate(self.keys)}
     for key in [key for key in session.entries if key not in named]:
@@ -373,11 +397,14 @@ class Scheduler:
       del session.entries[key]
       pi = named[key]
       reuse = _common_prefix(e.tokens, self.prompts[pi][:-1])
+      if self.row_states and reuse < e.tokens.size:
+        reuse = 0                     # the state holds every kept token: it cannot be rewound
       lent = self._pages_for(reuse)
       self.pages.release(e.shard, e.pages[lent:])
       if reuse:
         pr = self.prompts_state[pi]
         pr.pages, pr.shard, pr.reused = list(e.pages[:lent]), e.shard, reuse
+        pr.state = e.state
 
   # ------------------------------------------------------------------ the stream
 
@@ -451,7 +478,10 @@ class Scheduler:
     """Admits waiting rows into idle slots while their shard has pages for them.
 
     The returned prompts count as prefilled from here on (and in the session's
-    counters): the caller writes them to the device before the next decode call.
+    counters): the caller writes them to the device before the next decode call. With row
+    states every admitted row is paired with an entry (`Admission.row_states`): its prompt's
+    prefill or extend in this call, or else one more prefill entry without pages (the prompt's
+    pages are written; only its state is recomputed).
     """
     g, ps, chunk = self.num_samples, self.ps, self.chunk
     reserve = np.zeros(self.shards, np.int64)
@@ -459,6 +489,7 @@ class Scheduler:
       reserve[self.slot_shard[x]] += (self._need(x, chunk) - self._shared(self.slot_row[x])
                                       - len(self.own[x]))
     to_prefill, to_extend, copies, admitted = [], [], [], []
+    recompute, row_entry = [], []       # row states: prompts recomputed, (slot, kind, index)
     while self.pending:
       r = self.pending[0]
       pi = r // g
@@ -502,16 +533,31 @@ class Scheduler:
       reserve[sh] += first - shared - len(self.own[slot])
       self.rows_dev[slot], self.lim_dev[slot] = r, self.limits[r]
       admitted.append(slot)
+      if self.row_states:
+        if pi in to_extend:
+          row_entry.append((slot, 'extend', to_extend.index(pi)))
+        elif pi in to_prefill:
+          row_entry.append((slot, 'prefill', to_prefill.index(pi)))
+        else:
+          if pi not in recompute:
+            recompute.append(pi)
+          row_entry.append((slot, 'recompute', recompute.index(pi)))
     extend = [(self.prompts[pi][self.prompts_state[pi].reused:-1],
                self.prompts_state[pi].reused, self.prompts_state[pi].pages) for pi in to_extend]
-    prefill = [(self.prompts[pi][:-1], self.prompts_state[pi].pages) for pi in to_prefill]
+    prefill = ([(self.prompts[pi][:-1], self.prompts_state[pi].pages) for pi in to_prefill]
+               + [(self.prompts[pi][:-1], []) for pi in recompute])
     if self.session is not None:
       self.session.reused_tokens += sum(start for _, start, _ in extend)
       self.session.prefilled_tokens += (sum(q.size for q, _, _ in extend)
                                         + sum(q.size for q, _ in prefill))
+    base = {'prefill': 0, 'recompute': len(to_prefill), 'extend': len(prefill)}
+    row_states = tuple((base[kind] + i, slot) for slot, kind, i in row_entry)
+    resume = tuple(self.prompts_state[pi].state for pi in to_extend) if self.row_states else ()
     for pi in to_prefill + to_extend:
       self.prompts_state[pi].prefilled = True
-    return Admission(prefill=prefill, extend=extend, copies=copies, slots=admitted)
+      self.prompts_state[pi].state = None     # handed to the extend entry
+    return Admission(prefill=prefill, extend=extend, copies=copies, slots=admitted,
+                     row_states=row_states, resume=resume)
 
   def allocate(self) -> None:
     """Pages for every live row's next chunk, oldest row first, preempting the newest rows of
@@ -556,7 +602,8 @@ class Scheduler:
                  limits=self.lim_dev[idx], refill_at=np.int32(k - act.size + want))
 
   def advance(self, batch: Batch, tokens: np.ndarray, logprobs: np.ndarray,
-              sampling_logprobs: np.ndarray, n: np.ndarray, live: np.ndarray) -> None:
+              sampling_logprobs: np.ndarray, n: np.ndarray, live: np.ndarray,
+              slot_state: Callable[[int], Any] | None = None) -> None:
     """Takes a decode call's results: each row's new tokens, and the slots of rows that ended.
 
     Args:
@@ -564,6 +611,8 @@ class Scheduler:
       tokens, logprobs, sampling_logprobs: [k, chunk] column i = step i's.
       n: [k] tokens each row has generated after the call.
       live: [k] bool, the row runs on.
+      slot_state: with row states and a session, a slot's recurrent state after the call
+        (opaque here): an ended row's key keeps it beside its pages.
     """
     for j, slot in zip(np.flatnonzero(batch.live), batch.slots):
       r = self.slot_row[slot]
@@ -582,7 +631,8 @@ class Scheduler:
         pr.ended += 1
         if pr.ended == self.num_samples:
           self.ended_groups.append(r // self.num_samples)
-        self._release(slot, ended=True)
+        keep = self.session is not None and slot_state is not None
+        self._release(slot, ended=True, state=slot_state(slot) if keep else None)
 
   def rows(self, rows: Sequence[int] | None = None) -> Rows:
     """`Rows` of the given row indices (default: every row so far)."""
