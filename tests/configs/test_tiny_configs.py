@@ -197,3 +197,19 @@ def test_ablation_arguments_drop_stages_and_reorder_them(root):
     _get('tiny', f'eval_every=x,root={root}')
   c = _get('tiny', f'eval_every=5,root={root}')
   assert c.eval.eval_every == 5 and all(d.get('validation') for d in c.domains.values())
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+@pytest.mark.parametrize('smoke', [False, True])
+def test_model_hybrid_argument_gives_a_hybrid_policy(name, smoke, root):
+  """`model=hybrid` (README: the cascade on a hybrid model) swaps in a Nemotron-H-like tiny
+  policy with Mamba, MoE and attention layers; the stages are the dense config's."""
+  arg = f'{"smoke," if smoke else ""}root={root}'
+  dense = config_lib.validate(_get(name, arg))
+  hybrid = config_lib.validate(_get(name, f'model=hybrid,{arg}'))
+  m = hybrid.model
+  assert m.family == 'nemotron_h' and {'mamba', 'moe', 'attention'} <= set(m.layer_types)
+  assert m.vocab_size == dense.model.vocab_size and m.embed_dim == dense.model.embed_dim
+  assert [s.name for s in hybrid.stages] == [s.name for s in dense.stages]
+  with pytest.raises(ValueError, match="model='moe2': expected one of"):
+    _get(name, f'model=moe2,{arg}')
