@@ -239,6 +239,23 @@ MLP_CHUNK = {'h200x8': 8192}
 TEACHERS_ON_HOST = ('h200x8',)
 
 
+# (data, fsdp, expert, tensor) meshes of the mixture-of-experts recipes per hardware, and the
+# logical rules that differ from models.sharding.DEFAULT_RULES: on the v5p slice the experts
+# split 16 per chip over the expert axis and everything else over fsdp x expert; on one H200
+# node the weights outside the experts split over the expert axis too.
+EXPERT_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
+               'h200x8': ((1, 1, 8, 1), (('embed', ('fsdp', 'expert')),))}
+
+
+def on_expert_mesh(c: ml_collections.ConfigDict, hardware: str) -> ml_collections.ConfigDict:
+  """c (already `on_hardware`) on its hardware's EXPERT_MESH, the sampler's KV budget per device
+  recomputed for that mesh."""
+  shape, rules = EXPERT_MESH[hardware]
+  c.mesh = dict(shape=shape, rules=(default_rules(dict(rules)) if rules else None))
+  c.sampler.cache_tokens_per_device = cache_slots_per_device(c, HARDWARE[hardware][2])
+  return c
+
+
 def default_rules(changes: dict) -> tuple:
   """models.sharding.DEFAULT_RULES with the logical axes in `changes` mapped anew."""
   from models import sharding  # pylint: disable=g-import-not-at-top

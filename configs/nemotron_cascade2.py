@@ -56,10 +56,6 @@ _MICRO = 256
 
 # The longest row a stage trains or samples here (see "Sequence lengths" above).
 _MAX_LEN = 65_536
-# (data, fsdp, expert, tensor) per hardware (see "Mesh" above), and the logical rules that
-# differ from models.sharding.DEFAULT_RULES.
-_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
-         'h200x8': ((1, 1, 8, 1), (('embed', ('fsdp', 'expert')),))}
 
 
 def get_config(arg=None):
@@ -128,12 +124,7 @@ def get_config(arg=None):
                 max_response_len=32_768, max_turn_tokens=8192, **rl),
   ]
   r.exact_sampler_buckets(c)
-  c = r.on_hardware(c, a.hardware)
-  shape, rules = _MESH[a.hardware]
-  c.mesh = dict(shape=shape, rules=(r.default_rules(dict(rules)) if rules else None))
-  # The KV budget per device again, for this mesh (its tensor axis splits no heads).
-  c.sampler.cache_tokens_per_device = r.cache_slots_per_device(c, r.HARDWARE[a.hardware][2])
-  return c
+  return r.on_expert_mesh(r.on_hardware(c, a.hardware), a.hardware)
 
 
 def get_hyper(h):

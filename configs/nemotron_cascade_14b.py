@@ -20,7 +20,9 @@ is approximate).
 Config argument (`:key=value,...`): data_root (the staged files), base (the
 Qwen3-14B-Base HF directory), tokenizer (its tokenizer.json directory),
 hardware ('v5p_128', the default, or 'h200x8': the mesh and sampler budget of
-one 8-GPU node, for `launch.plan`).
+one 8-GPU node, for `launch.plan`), model ('qwen3_14b', the default, or
+'qwen3_30b_a3b': the same recipe on Qwen3-30B-A3B, a mixture of 128 experts with 8
+per token, on a mesh with an expert axis; give its checkpoint as base and tokenizer).
 
 Not reproducible here, by construction:
 * Data: the released sets (configs/PAPERS.md, "Released data") must be
@@ -46,11 +48,17 @@ Not reproducible here, by construction:
 
 from configs import _recipes
 
+# config argument model=NAME: the preset the recipe runs on -> whether it has experts (then
+# its mesh has an expert axis, _recipes.EXPERT_MESH).
+_MODELS = {'qwen3_14b': False, 'qwen3_30b_a3b': True}
+
 def get_config(arg=None):
   """The 14B Cascade-1 config (see the module docstring)."""
   a = _recipes.parse_arg(arg, data_root='data/nemotron', base='checkpoints/Qwen3-14B-Base',
                          tokenizer='checkpoints/Qwen3-14B-Base',
-                         hardware='v5p_128')
+                         hardware='v5p_128', model='qwen3_14b')
+  if a.model not in _MODELS:
+    raise ValueError(f'config argument model={a.model!r}: expected one of {sorted(_MODELS)}')
   rl = _recipes.cascade1_rl
   rlhf = rl(steps=900, optimizer=dict(lr=2e-6, warmup_steps=0), temperature=0.6,
             # 128 x 8 in the main text; the appendix says 256 prompts (uncertain).
@@ -77,9 +85,10 @@ def get_config(arg=None):
             ])
   # SFT, the reward model, code RL (56K, lr 4e-6, 64 steps) and SWE RL (x16, lr 2.5e-6, 120
   # steps): _recipes.cascade1, shared with the 8B recipe.
-  c = _recipes.cascade1(preset='qwen3_14b', data_root=a.data_root, tokenizer=a.tokenizer,
+  c = _recipes.cascade1(preset=a.model, data_root=a.data_root, tokenizer=a.tokenizer,
                         base=a.base, rlhf=rlhf, if_rl=if_rl, math=math)
-  return _recipes.on_hardware(c, a.hardware)
+  c = _recipes.on_hardware(c, a.hardware)
+  return _recipes.on_expert_mesh(c, a.hardware) if _MODELS[a.model] else c
 
 
 def get_hyper(h):

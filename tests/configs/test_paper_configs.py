@@ -154,3 +154,19 @@ def test_hardware_argument_retargets_mesh_and_sampler_budget(name):
     assert getattr(n, 'teachers_on_host', False) is (n.kind == 'mopd')
   with pytest.raises(ValueError, match="hardware='a100': expected one of"):
     module.get_config('hardware=a100')
+
+
+def test_cascade1_recipe_on_qwen3_30b_a3b():
+  """`configs/nemotron_cascade_14b.py:model=qwen3_30b_a3b`: the same stages on the MoE preset,
+  with an expert axis that splits its 128 experts; an unknown model is refused."""
+  module = importlib.import_module('configs.nemotron_cascade_14b')
+  dense, moe = module.get_config(), module.get_config('model=qwen3_30b_a3b')
+  plan = config_lib.validate(moe)
+  assert plan.model.family == 'qwen3_moe' and plan.model.num_experts == 128
+  assert plan.model.rope_scaling == config_lib.validate(dense).model.rope_scaling
+  assert tuple(moe.mesh.shape) == (1, 8, 8, 1)
+  assert [s['name'] for s in moe.stages] == [s['name'] for s in dense.stages]
+  node = module.get_config('model=qwen3_30b_a3b,hardware=h200x8')
+  assert tuple(node.mesh.shape) == (1, 1, 8, 1)
+  with pytest.raises(ValueError, match="model='qwen3_32b': expected one of"):
+    module.get_config('model=qwen3_32b')
