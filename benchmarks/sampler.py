@@ -7,10 +7,12 @@
 
 Defaults are the tiny Qwen3-like shape (2 layers, embed 192, 6 x 32 heads,
 MLP 768, vocab 256), batch 32, 16-token prompts, 64 new tokens. Both sides
-generate exactly --new_tokens tokens per row: our sampler runs with no stop
-token, `generate` with `min_new_tokens = max_new_tokens`. With --compare_hf the
-two run alternately in this process (torch on --hf_threads=2 threads) so that
-load from other processes hits both alike; the ratio of medians is reported.
+generate exactly --new_tokens tokens per row, with no stop token (`generate`:
+eos_token_id=None; a stop token held back by min_new_tokens would be one token
+`generate` can never emit and ours can, which the greedy comparison below
+caught on the hybrid family). With --compare_hf the two run alternately in
+this process (torch on --hf_threads=2 threads) so that load from other
+processes hits both alike; the ratio of medians is reported.
 
 --workload=longtail is the long-tailed rollout workload instead: --prompts
 prompts x --group samples, each row with its own target length drawn from a
@@ -35,15 +37,37 @@ one-call sampler (which re-prefills). All sides sample the same tokens:
   .venv/bin/python -m benchmarks.sampler --workload=turns --prompt_len=256 --obs_len=128 \
       --new_tokens=32 --turns=6 --mode=sample
 
+--family=hybrid (Nemotron-H-like: Mamba-2, attention without RoPE, squared-ReLU MLP and
+sigmoid-routed experts with a shared expert) and --family=moe (Qwen3-MoE-like: attention then
+softmax-routed SwiGLU experts, one mlp-only layer), for any workload, build
+ModelConfig.tiny_hybrid / ModelConfig.tiny_moe: its layer pattern ('ME*EM-'; 'moe, mlp, moe',
+each layer attention + its feed-forward: 6 sublayers either way), expert count and top-k (8,
+top-2), router, Mamba head width (16), groups, state and convolution, scaled by the shape
+flags: --embed, --heads, --head_dim, --kv_heads and --vocab as given; --mlp the MLP
+sublayers' width, the routed and the shared expert's widths at the preset's ratios to it
+(1/3 and 1/2: 256 and 384 at the default 768); the Mamba heads at the preset's ratio to
+--embed (inner width = residual width: 12 heads at 192). --layers does not apply (the
+pattern fixes the stack; passing it is an error), nor does --compare_scan (these stacks
+always run their sublayers unrolled). The floor counts the active parameters
+(benchmarks.floor.generation_floor says what it counts), and with --compare_hf the fixed
+workload compares the greedy tokens of both sides row by row, in every family (in sample
+mode on one more greedy call per side over the first 8 rows):
+
+  .venv/bin/python -m benchmarks.sampler --family=hybrid --compare_hf --mode=greedy
+  .venv/bin/python -m benchmarks.sampler --family=moe --compare_hf --mode=greedy
+
 Printed: a table per measurement, how the time per token grows with the
 number of new tokens (--scaling), the physical floor of the generation (its
 FLOPs over a measured float32 matmul rate, its bytes over a measured memory
 bandwidth), for the fixed workload the same work as a bare jitted loop on this
-backend (--xla_reference: the model's matmuls and attention and nothing else,
-and its matmuls alone: what the compiler reaches, below which no model code
-goes), and last one JSON line with tokens_per_s, ms_per_token, compile_s,
-peak_rss_mb, xla_loop_s, xla_matmuls_s (and hf_tokens_per_s, speedup_vs_hf;
-with --compare_scan, speedup_vs_scan: the sampler's decode_layers='scan').
+backend (--xla_reference: the model's matmuls, attention and Mamba state
+updates and nothing else, and its matmuls alone: what the compiler reaches,
+below which no model code goes), and last one JSON line with tokens_per_s,
+ms_per_token, compile_s, peak_rss_mb, xla_loop_s, xla_matmuls_s (and
+hf_tokens_per_s, speedup_vs_hf;
+with --compare_scan, speedup_vs_scan: the sampler's decode_layers='scan'), the
+family (every workload's line) and, with --compare_hf, greedy_rows_agree and
+greedy_tokens_agree out of greedy_rows x new_tokens.
 """
 
 from __future__ import annotations
@@ -74,12 +98,17 @@ from models import transformer
 from rl import buckets
 from rl import sampler as sampler_lib
 
-_LAYERS = flags.DEFINE_integer('layers', 2, 'Transformer blocks.')
+_FAMILY = flags.DEFINE_enum(
+    'family', 'dense', ['dense', 'hybrid', 'moe'],
+    'dense: Qwen3-like blocks of the shape flags; hybrid / moe: ModelConfig.tiny_hybrid / '
+    'tiny_moe scaled by the shape flags (the module docstring says which apply).')
+_LAYERS = flags.DEFINE_integer('layers', 2, 'Transformer blocks (dense family only).')
 _EMBED = flags.DEFINE_integer('embed', 192, 'Residual width.')
 _HEADS = flags.DEFINE_integer('heads', 6, 'Query heads.')
 _HEAD_DIM = flags.DEFINE_integer('head_dim', 32, 'Per-head width.')
 _KV_HEADS = flags.DEFINE_integer('kv_heads', 6, 'Key/value heads.')
-_MLP = flags.DEFINE_integer('mlp', 768, 'MLP hidden width.')
+_MLP = flags.DEFINE_integer('mlp', 768, 'MLP hidden width (hybrid / moe: also sets the '
+                           'experts\' widths).')
 _VOCAB = flags.DEFINE_integer('vocab', 256, 'Vocabulary size.')
 _BATCH = flags.DEFINE_integer('batch', 32, 'Rows generated at once.')
 _PROMPT_LEN = flags.DEFINE_integer('prompt_len', 16, 'Tokens per prompt.')
@@ -114,16 +143,66 @@ _SLOTS = flags.DEFINE_list('slots', ['1', '2', '4'],
                            'Longtail: engine slot counts, as multiples of --batch.')
 
 
+_PRESETS = {'hybrid': config_lib.ModelConfig.tiny_hybrid,
+            'moe': config_lib.ModelConfig.tiny_moe}
+
+
 def _model_config() -> config_lib.ModelConfig:
-  return config_lib.ModelConfig(
-      family='qwen3', vocab_size=_VOCAB.value, embed_dim=_EMBED.value,
-      num_layers=_LAYERS.value, num_heads=_HEADS.value, num_kv_heads=_KV_HEADS.value,
-      head_dim=_HEAD_DIM.value, mlp_dim=_MLP.value, qk_norm=True, tie_embeddings=True,
-      max_seq_len=max(4096, _PROMPT_LEN.value + _NEW_TOKENS.value))
+  max_len = max(4096, _PROMPT_LEN.value + _NEW_TOKENS.value)
+  if _FAMILY.value == 'dense':
+    return config_lib.ModelConfig(
+        family='qwen3', vocab_size=_VOCAB.value, embed_dim=_EMBED.value,
+        num_layers=_LAYERS.value, num_heads=_HEADS.value, num_kv_heads=_KV_HEADS.value,
+        head_dim=_HEAD_DIM.value, mlp_dim=_MLP.value, qk_norm=True, tie_embeddings=True,
+        max_seq_len=max_len)
+  preset = _PRESETS[_FAMILY.value]
+  for name in ('layers', 'compare_scan'):
+    if flags.FLAGS[name].present:
+      raise app.UsageError(f'--{name} does not apply to --family={_FAMILY.value}: its layer '
+                           'pattern fixes the stack and its sublayers always run unrolled')
+  base = preset()
+  widths = dict(moe_dim=_MLP.value * base.moe_dim // base.mlp_dim,
+                shared_expert_dim=_MLP.value * base.shared_expert_dim // base.mlp_dim)
+  if base.mamba_heads:
+    widths['mamba_heads'] = _EMBED.value * base.mamba_heads // base.embed_dim
+  return preset(vocab_size=_VOCAB.value, embed_dim=_EMBED.value, num_heads=_HEADS.value,
+                num_kv_heads=_KV_HEADS.value, head_dim=_HEAD_DIM.value, mlp_dim=_MLP.value,
+                max_seq_len=max_len, **widths)
 
 
-def _sampling_params(new_tokens: int) -> sampler_lib.SamplingParams:
-  if _MODE.value == 'greedy':
+def _describe(cfg: config_lib.ModelConfig) -> str:
+  """The model line's shape part."""
+  heads = f'{cfg.num_heads}x{cfg.head_dim} heads ({cfg.num_kv_heads} kv)'
+  if cfg.is_dense:
+    return (f'{cfg.num_layers} layers, embed {cfg.embed_dim}, {heads}, mlp {cfg.mlp_dim}, '
+            f'vocab {cfg.vocab_size}, {cfg.num_params() / 1e6:.2f}M params')
+  out = (f'{_FAMILY.value} ({cfg.family}): sublayers {",".join(cfg.mixers)}; embed '
+         f'{cfg.embed_dim}, attention {heads}, mlp {cfg.mlp_dim}, {cfg.num_experts} experts '
+         f'top-{cfg.experts_per_token} ({cfg.router}) of width {cfg.moe_dim}')
+  if cfg.shared_expert_dim:
+    out += f' + shared {cfg.shared_expert_dim}'
+  if cfg.mamba_layers:
+    out += (f', mamba {cfg.mamba_heads}x{cfg.mamba_head_dim} heads, {cfg.mamba_groups} groups, '
+            f'state {cfg.mamba_state}')
+  return (out + f', vocab {cfg.vocab_size}; {cfg.num_params() / 1e6:.2f}M params, '
+          f'{cfg.num_params(active=True) / 1e6:.2f}M active')
+
+
+def _matmul_shapes(cfg: config_lib.ModelConfig, rows: int) -> list[tuple[int, int, int]]:
+  """The model's own [M, K] x [K, N] products at `rows` rows, for floor.measure_machine."""
+  d = cfg.embed_dim
+  shapes = [(rows, d, cfg.mlp_dim), (rows, cfg.mlp_dim, d), (rows, d, cfg.vocab_size)]
+  if cfg.num_experts:
+    shapes.append((rows, d, cfg.num_experts * cfg.moe_dim))
+  if cfg.mamba_layers:
+    shapes.append((rows, d, 2 * cfg.mamba_heads * cfg.mamba_head_dim + cfg.mamba_conv_dim))
+  return shapes
+
+
+def _sampling_params(new_tokens: int, greedy: bool | None = None) -> sampler_lib.SamplingParams:
+  if greedy is None:
+    greedy = _MODE.value == 'greedy'
+  if greedy:
     return sampler_lib.SamplingParams(max_new_tokens=new_tokens, greedy=True)
   return sampler_lib.SamplingParams(max_new_tokens=new_tokens, temperature=_TEMPERATURE.value,
                                     top_p=_TOP_P.value, top_k=_TOP_K.value)
@@ -176,24 +255,59 @@ class _HF:
     # Identical weights: same prompt logits up to float32 rounding.
     with torch.no_grad():
       theirs = self.model(self.ids).logits.numpy()
-    ours = np.asarray(model(jnp.asarray(prompts, jnp.int32)))
+    # One compiled forward: run eagerly, every op of the hybrid stack compiled on its own
+    # (40 s of a 60 s smoke run on these CPUs).
+    ours = np.asarray(nnx.jit(lambda m, ids: m(ids))(model, jnp.asarray(prompts, jnp.int32)))
     self.logits_max_abs_diff = float(np.max(np.abs(theirs - ours)))
     if self.logits_max_abs_diff > 1e-3:
       raise RuntimeError(f'HF logits differ from ours by {self.logits_max_abs_diff}: '
                          'the weights did not round-trip')
 
   def __call__(self):
+    return self.generate(self.ids, greedy=_MODE.value == 'greedy')
+
+  def generate(self, ids, greedy: bool):
+    """[rows, prompt + new] tokens of `generate` on the prompt rows `ids`."""
     kw = dict(do_sample=False)
-    if _MODE.value == 'sample':
+    if not greedy:
       kw = dict(do_sample=True, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
                 top_k=_TOP_K.value)
     with self.torch.no_grad():
       out = self.model.generate(
-          self.ids, attention_mask=self.torch.ones_like(self.ids),
-          max_new_tokens=self.new_tokens, min_new_tokens=self.new_tokens,
-          eos_token_id=self.model.config.vocab_size - 1, pad_token_id=0, **kw)
-    assert out.shape[1] == self.ids.shape[1] + self.new_tokens, out.shape
+          ids, attention_mask=self.torch.ones_like(ids),
+          max_new_tokens=self.new_tokens, eos_token_id=None, pad_token_id=0, **kw)
+    assert out.shape[1] == ids.shape[1] + self.new_tokens, out.shape
     return out
+
+
+# Rows whose greedy tokens are compared in sample mode (a separate greedy call on each side).
+_AGREE_ROWS = 8
+
+
+def _greedy_agreement(ours: _Ours, hf: _HF, new: int) -> dict:
+  """Greedy tokens of our sampler and of `generate` on the same prompts, row by row.
+
+  In greedy mode the timed programs themselves on every row; in sample mode one greedy call
+  per side on the first _AGREE_ROWS rows (our sampler compiles its greedy program for it).
+
+  Returns:
+    greedy_rows, greedy_rows_agree (rows identical over all `new` tokens),
+    greedy_tokens_agree (equal tokens, position by position) and greedy_first_divergence
+    (per disagreeing row, the first step that differs).
+  """
+  if _MODE.value == 'greedy':
+    prompts, mine = ours.prompts, ours().tokens
+  else:
+    prompts = ours.prompts[:_AGREE_ROWS]
+    mine = ours.sampler.generate(ours.params, prompts, jax.random.key(0),
+                                 _sampling_params(new, greedy=True)).tokens
+  ids = hf.torch.tensor(np.asarray(prompts), dtype=hf.torch.long)
+  theirs = hf.generate(ids, greedy=True)[:, ids.shape[1]:].numpy()
+  same = np.asarray(mine)[:, :new] == theirs
+  rows = same.all(axis=1)
+  return dict(greedy_rows=len(rows), greedy_rows_agree=int(rows.sum()),
+              greedy_tokens_agree=int(same.sum()),
+              greedy_first_divergence=[int(np.argmin(r)) for r in same if not r.all()])
 
 
 def _time(fn) -> float:
@@ -297,7 +411,8 @@ def longtail(cfg, model):
         f'lengths median {int(np.median(limits))}, mean {limits.mean():.0f}, max {limits.max()} '
         f'(cap {cap}); {useful} useful tokens; KV memory {budget} token slots on every side')
   print(f'{"":<28} {"median s":>9} {"useful tok/s":>13} {"vs one-call":>12} {"slot use":>9}')
-  result = dict(workload='longtail', rows=rows, group=g, cap=cap, useful_tokens=useful,
+  result = dict(workload='longtail', family=_FAMILY.value, rows=rows, group=g, cap=cap,
+                useful_tokens=useful,
                 kv_token_slots=budget, page_size=_PAGE_SIZE.value,
                 chunk_steps=_CHUNK_STEPS.value, sides={})
   for name, m in med.items():
@@ -314,9 +429,7 @@ def longtail(cfg, model):
   result['engine_vs_one_call'] = base / best
   if hf is not None:
     result['engine_vs_hf'] = med['transformers generate'] / best
-  flops_rate, bandwidth = floor.measure_machine(
-      [(batch, cfg.embed_dim, cfg.mlp_dim), (batch, cfg.mlp_dim, cfg.embed_dim),
-       (batch, cfg.embed_dim, cfg.vocab_size)])
+  flops_rate, bandwidth = floor.measure_machine(_matmul_shapes(cfg, batch))
   # The floor of the useful work: its FLOPs (every row's own tokens, no padding, no idle
   # slot) at the measured matmul rate; the weight reads of a batched step amortise.
   flops = sum(floor.generation_floor(cfg, 1, plen, int(n), flops_rate, bandwidth)['flops']
@@ -387,7 +500,8 @@ def turns(cfg, model):
   print(f'\nturns workload: {n} episodes x {t} turns of {new} tokens, opening {plen}, '
         f'observations {obs}; streams end at {longest} tokens; {useful} sampled tokens')
   print(f'{"":<30} {"median s":>9} {"tokens/s":>9} {"prefilled":>10} {"vs re-prefill":>14}')
-  result = dict(workload='turns', episodes=n, turns=t, new_tokens=new, opening=plen,
+  result = dict(workload='turns', family=_FAMILY.value, episodes=n, turns=t, new_tokens=new,
+                opening=plen,
                 obs_len=obs, sides={})
   for name, m in med.items():
     print(f'{name:<30} {m:>9.3f} {useful / m:>9.0f} {prefilled[name]:>10} {base / m:>13.2f}x')
@@ -398,9 +512,7 @@ def turns(cfg, model):
   result['session_vs_reprefill'] = base / med['paged engine + KV session']
   result['session_vs_one_call'] = (med['one-call sampler, re-prefill']
                                    / med['paged engine + KV session'])
-  flops_rate, bandwidth = floor.measure_machine(
-      [(n, cfg.embed_dim, cfg.mlp_dim), (n, cfg.mlp_dim, cfg.embed_dim),
-       (n, cfg.embed_dim, cfg.vocab_size)])
+  flops_rate, bandwidth = floor.measure_machine(_matmul_shapes(cfg, n))
   # The floor: each stream's non-sampled tokens prefilled once, its sampled tokens decoded
   # once (a batch of the episodes), at the measured rates.
   fl = floor.generation_floor(cfg, n, plen + (t - 1) * obs, t * new, flops_rate, bandwidth)
@@ -417,20 +529,16 @@ def main(argv):
   del argv
   cfg = _model_config()
   if _WORKLOAD.value == 'turns':
-    print(f'model: {cfg.num_layers} layers, embed {cfg.embed_dim}, {cfg.num_params() / 1e6:.2f}M '
-          f'params | jax {jax.__version__} on {jax.devices()[0].platform}')
+    print(f'model: {_describe(cfg)} | jax {jax.__version__} on {jax.devices()[0].platform}')
     return turns(cfg, transformer.create(cfg, seed=_SEED.value))
   if _WORKLOAD.value == 'longtail':
-    print(f'model: {cfg.num_layers} layers, embed {cfg.embed_dim}, {cfg.num_params() / 1e6:.2f}M '
-          f'params | jax {jax.__version__} on {jax.devices()[0].platform}')
+    print(f'model: {_describe(cfg)} | jax {jax.__version__} on {jax.devices()[0].platform}')
     return longtail(cfg, transformer.create(cfg, seed=_SEED.value))
   batch, plen, new = _BATCH.value, _PROMPT_LEN.value, _NEW_TOKENS.value
   model = transformer.create(cfg, seed=_SEED.value)
   rng = np.random.default_rng(_SEED.value)
   prompts = rng.integers(0, cfg.vocab_size, (batch, plen)).tolist()
-  print(f'model: {cfg.num_layers} layers, embed {cfg.embed_dim}, {cfg.num_heads}x{cfg.head_dim} '
-        f'heads ({cfg.num_kv_heads} kv), mlp {cfg.mlp_dim}, vocab {cfg.vocab_size}, '
-        f'{cfg.num_params() / 1e6:.2f}M params | batch {batch}, prompt {plen}, new {new}, '
+  print(f'model: {_describe(cfg)} | batch {batch}, prompt {plen}, new {new}, '
         f'mode {_MODE.value} | jax {jax.__version__} on {jax.devices()[0].platform}')
 
   ours = _Ours(cfg, model, prompts, new)
@@ -453,6 +561,7 @@ def main(argv):
     if scan is not None:
       scan_s.append(_time(scan))
   compile_s = max(first_s - statistics.median(ours_s), 0.0)
+  agree = {} if hf is None else _greedy_agreement(ours, hf, new)
 
   header = f'{"":<24} {"median ms":>10} {"best ms":>10} {"tokens/s":>12} {"ms/step":>10}'
   print('\n' + header)
@@ -467,16 +576,32 @@ def main(argv):
     speedup = statistics.median(hf_s) / statistics.median(ours_s)
     print(f'speedup vs HF: {speedup:.2f}x (medians), {min(hf_s) / min(ours_s):.2f}x (best); '
           f'prompt logits max |diff| {hf.logits_max_abs_diff:.2e}')
+    diverge = agree['greedy_first_divergence']
+    print(f'greedy tokens, ours vs transformers: {agree["greedy_rows_agree"]}/'
+          f'{agree["greedy_rows"]} rows identical, {agree["greedy_tokens_agree"]}/'
+          f'{agree["greedy_rows"] * new} tokens equal'
+          + (f' (differing rows first differ at steps {diverge})' if diverge else ''))
   print(f'first call (compile + run): {first_s:.2f} s, compile ~{compile_s:.2f} s, '
         f'{compile_count} compilation(s)')
 
-  flops_rate, bandwidth = floor.measure_machine(
-      [(batch, cfg.embed_dim, cfg.mlp_dim), (batch, cfg.mlp_dim, cfg.embed_dim),
-       (batch, cfg.embed_dim, cfg.vocab_size)])
+  flops_rate, bandwidth = floor.measure_machine(_matmul_shapes(cfg, batch))
   fl = floor.generation_floor(cfg, batch, plen, new, flops_rate, bandwidth)
   med = statistics.median(ours_s)
   print(f'\nmachine: float32 matmul {flops_rate / 1e9:.1f} GFLOP/s, memory read '
         f'{bandwidth / 1e9:.1f} GB/s')
+  if not cfg.is_dense:
+    mamba = (f', the state updates of {cfg.mamba_layers} Mamba sublayers' if cfg.mamba_layers
+             else '')
+    state = (f', {fl["step_state_bytes"] / 1e6:.2f} MB of Mamba state (read and written)'
+             if cfg.mamba_layers else '')
+    print(f'floor counts {cfg.num_params(active=True) / 1e6:.3f}M active of '
+          f'{cfg.num_params() / 1e6:.3f}M params per token (top-{cfg.experts_per_token} of '
+          f'{cfg.num_experts} routed experts), attention scores in {cfg.attention_layers} of '
+          f'{len(cfg.mixers)} sublayers{mamba}; a decode step reads '
+          f'{fl["step_weight_bytes"] / 1e6:.2f} MB of weights ({fl["experts_read"]} of '
+          f'{cfg.num_experts} routed experts per moe sublayer: the bound min(experts, batch x '
+          f'top-k) = min({cfg.num_experts}, {batch * cfg.experts_per_token}), as a small batch '
+          f'touches every expert){state} and the attention sublayers\' filled KV')
   print(f'floor: {fl["flops"] / 1e9:.2f} GFLOP -> {fl["flops_s"] * 1e3:.1f} ms; '
         f'{fl["bytes"] / 1e9:.2f} GB -> {fl["bytes_s"] * 1e3:.1f} ms; per-step max -> '
         f'{fl["floor_s"] * 1e3:.1f} ms; measured {med * 1e3:.1f} ms = '
@@ -490,6 +615,10 @@ def main(argv):
           f'({xla["xla_loop_s"] / fl["floor_s"]:.1f}x the floor), its matmuls alone '
           f'{xla["xla_matmuls_s"] * 1e3:.1f} ms ({xla["xla_matmuls_s"] / fl["floor_s"]:.1f}x); '
           f'ours = {med / xla["xla_loop_s"]:.2f}x the bare loop')
+    if cfg.num_experts:
+      print(f'  (its moe sublayers run every routed expert over every row: '
+            f'{cfg.num_experts / cfg.experts_per_token:.0f}x the routed FLOPs the floor counts, '
+            'the fastest exact form on the CPU: see floor.xla_decode_loop)')
 
   scaling = []
   counts = [int(x) for x in _SCALING.value if x]
@@ -509,9 +638,11 @@ def main(argv):
             f'{f["floor_s"] / n * 1e3:>14.3f} {m / f["floor_s"]:>8.1f}')
 
   result = dict(
-      mode=_MODE.value, batch=batch, prompt_len=plen, new_tokens=new,
+      family=_FAMILY.value, model_family=cfg.family, mode=_MODE.value, batch=batch,
+      prompt_len=plen, new_tokens=new,
       layers=cfg.num_layers, embed=cfg.embed_dim, heads=cfg.num_heads,
       head_dim=cfg.head_dim, kv_heads=cfg.num_kv_heads, mlp=cfg.mlp_dim, vocab=cfg.vocab_size,
+      params=cfg.num_params(), active_params=cfg.num_params(active=True),
       tokens_per_s=batch * new / med, ms_per_token=med / (batch * new) * 1e3,
       ms_per_step=med / new * 1e3, compile_s=compile_s, first_call_s=first_s,
       peak_rss_mb=peak_rss, peak_rss_total_mb=_peak_rss_mb(),
@@ -525,7 +656,8 @@ def main(argv):
     hf_med = statistics.median(hf_s)
     result.update(hf_tokens_per_s=batch * new / hf_med, speedup_vs_hf=hf_med / med,
                   speedup_vs_hf_best=min(hf_s) / min(ours_s),
-                  hf_logits_max_abs_diff=hf.logits_max_abs_diff, hf_threads=_HF_THREADS.value)
+                  hf_logits_max_abs_diff=hf.logits_max_abs_diff, hf_threads=_HF_THREADS.value,
+                  **agree)
   print(json.dumps(result))
 
 

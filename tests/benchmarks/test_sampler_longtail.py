@@ -62,3 +62,6 @@ def test_fixed_workload_times_the_scanned_layers_beside_the_unrolled():
   assert "this backend's bare loop of the same work" in out
   # transformers generate on the same weights (the interop extra `make test` installs).
   assert result['hf_logits_max_abs_diff'] < 1e-4 and result['speedup_vs_hf'] > 0
+  # Greedy mode: the timed programs' tokens themselves, equal on every row.
+  assert result['family'] == 'dense' and result['greedy_rows'] == 4
+  assert result['greedy_rows_agree'] == 4 and result['greedy_tokens_agree'] == 4 * 8
