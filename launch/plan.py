@@ -155,9 +155,9 @@ class StageReport:
 def num_devices(plan: config_lib.Plan) -> int:
   """Devices the plan's mesh needs (product of config.mesh.shape; no -1 allowed here)."""
   shape = plan.mesh_shape
-  if shape is None or len(shape) != 3 or any(int(s) < 1 for s in shape):
-    raise ValueError(f'config.mesh.shape={shape}: the plan needs three explicit sizes '
-                     '(data, fsdp, tensor), no -1')
+  if shape is None or len(shape) not in (3, 4) or any(int(s) < 1 for s in shape):
+    raise ValueError(f'config.mesh.shape={shape}: the plan needs explicit sizes of (data, '
+                     'fsdp, tensor) or (data, fsdp, expert, tensor), no -1')
   return int(np.prod(shape))
 
 
