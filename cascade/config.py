@@ -745,6 +745,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     stages.append(kinds.parse(i, s, refs))
   for st in stages:
     st.check_lengths(model.max_seq_len, schema.failer(st.where, st))
+  stages = [st.with_model(model, sampler, schema.failer(st.where, st)) for st in stages]
   eval_settings = _eval_settings(raw_eval, ev, domains)
   for d in domains.values():
     if d.reward_model_stage:

@@ -93,7 +93,8 @@ class Rollouts(NamedTuple):
 
 
 def generate(sampler, params, tokenizer, records: Sequence[dict], modes: Sequence,
-             rng, sp: sampler_lib.SamplingParams, group_size: int) -> Rollouts:
+             rng, sp: sampler_lib.SamplingParams, group_size: int,
+             record_routing: bool = False) -> Rollouts:
   """Samples `group_size` completions of every record's prompt.
 
   Args:
@@ -105,12 +106,15 @@ def generate(sampler, params, tokenizer, records: Sequence[dict], modes: Sequenc
     rng: PRNG key for this call.
     sp: sampling parameters.
     group_size: G.
+    record_routing: the samples also carry each token's experts (a mixture-of-experts
+      policy's routing replay; `Sampler.generate`).
 
   Returns:
     Rollouts with len(records) * G rows.
   """
   ids = [tokenizer.encode(prompt_text(r, m)) for r, m in zip(records, modes)]
-  out = sampler.generate(params, ids, rng, sp, num_samples=group_size)
+  extra = dict(record_routing=True) if record_routing else {}
+  out = sampler.generate(params, ids, rng, sp, num_samples=group_size, **extra)
   return from_samples(tokenizer, records, modes, out, group_size)
 
 

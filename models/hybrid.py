@@ -64,10 +64,15 @@ class MoEStats(NamedTuple):
       sublayers (routing replay feeds these back).
     aux_loss: [] float32 load-balancing loss, the mean over the sublayers.
     z_loss: [] float32 router z-loss, the mean over the sublayers.
+    mismatched: [] float32 (real token, 'moe' sublayer) pairs whose router's own expert set
+      differs from the `routing` given (replayed or only compared); None without one.
+    compared: [] float32 (real token, 'moe' sublayer) pairs compared; None without routing.
   """
   indices: jax.Array
   aux_loss: jax.Array
   z_loss: jax.Array
+  mismatched: jax.Array | None = None
+  compared: jax.Array | None = None
 
 
 class Sublayer(nnx.Module):
@@ -87,7 +92,7 @@ class Sublayer(nnx.Module):
     else:
       raise ValueError(f'unknown sublayer kind {kind!r}')
 
-  def __call__(self, x, positions, mask, segment_ids, part=None, routing=None):
+  def __call__(self, x, positions, mask, segment_ids, part=None, routing=None, replay=True):
     """One sublayer.
 
     Args:
@@ -97,6 +102,7 @@ class Sublayer(nnx.Module):
       part: this sublayer's cache: an attention's (k, v, None, index) own buffers or
         a `layers._PagedStep`; a Mamba mixer's MambaState; None otherwise.
       routing: [B, T, k] experts to use instead of the router's choice (moe only).
+      replay: with `routing`, replay it (True) or only compare with it (moe only).
 
     Returns:
       (x, the written cache part or None, a moe.MoEOutput without y or None).
@@ -110,7 +116,7 @@ class Sublayer(nnx.Module):
     elif self.kind == 'mlp':
       h = self.mixer(h)
     else:
-      out = self.mixer(h, token_mask=segment_ids > 0, routing=routing)
+      out = self.mixer(h, token_mask=segment_ids > 0, routing=routing, replay=replay)
       h, report = out.y, out._replace(y=None)
     x = x + h.astype(x.dtype)
     return sharding.constrain(x, ('batch', 'length', 'embed')), part, report
@@ -122,7 +128,7 @@ def build(cfg: config_lib.ModelConfig, rngs: nnx.Rngs) -> nnx.List:
 
 
 def run(blocks: Sequence[Sublayer], cfg: config_lib.ModelConfig, x, positions, mask,
-        segment_ids, *, kv=None, states=None, paged=None, routing=None,
+        segment_ids, *, kv=None, states=None, paged=None, routing=None, replay=True,
         remat: Callable | None = None):
   """x through every sublayer.
 
@@ -137,7 +143,9 @@ def run(blocks: Sequence[Sublayer], cfg: config_lib.ModelConfig, x, positions, m
     states: None, or a tuple of MambaState per Mamba sublayer (carried and returned).
     paged: a PagedCache whose k/v are tuples of per-attention-sublayer pools (a paged
       decode step; then `states` holds the slots' Mamba states).
-    routing: None, or [M, B, T, k] int32 experts per 'moe' sublayer (routing replay).
+    routing: None, or [M, B, T, k] int experts per 'moe' sublayer (routing replay).
+    replay: with `routing`: replay it (True), or route on the routers' own choice and only
+      count where it differs (`MoEStats.mismatched`).
     remat: wraps a sublayer's function for the backward pass (no cache only).
 
   Returns:
@@ -165,12 +173,12 @@ def run(blocks: Sequence[Sublayer], cfg: config_lib.ModelConfig, x, positions, m
 
       def body(params, x, route, graphdef=graphdef):
         y, _, report = nnx.merge(graphdef, params)(x, positions, mask, segment_ids,
-                                                   None, route)
+                                                   None, route, replay)
         return y, report
       x, report = remat(body)(params, x, route)
       part = None
     else:
-      x, part, report = block(x, positions, mask, segment_ids, part, route)
+      x, part, report = block(x, positions, mask, segment_ids, part, route, replay)
     if kind == 'attention':
       if part is not None:
         ks[ai], vs[ai] = part
@@ -187,6 +195,10 @@ def run(blocks: Sequence[Sublayer], cfg: config_lib.ModelConfig, x, positions, m
     stats = MoEStats(indices=jnp.stack([r.indices for r in reports]),
                      aux_loss=jnp.mean(jnp.stack([r.aux_loss for r in reports])),
                      z_loss=jnp.mean(jnp.stack([r.z_loss for r in reports])))
+    if routing is not None:
+      real = jnp.sum((segment_ids > 0).astype(jnp.float32))
+      stats = stats._replace(mismatched=sum(r.mismatched for r in reports),
+                             compared=len(reports) * real)
   return x, tuple(ks), tuple(vs), None if states is None else tuple(states), stats
 
 
@@ -212,7 +224,8 @@ def repeat_rows(tree: Any, group: int) -> Any:
 
 def moe_stats(model: nnx.Module) -> MoEStats | None:
   """Pops the 'moe_stats' intermediates sown by the model's forward passes since the last
-  pop: their losses averaged over the passes (indices of the last pass); None if none."""
+  pop: their losses averaged over the passes, their routing mismatch counts summed over those
+  that compared (None if none did), indices of the last pass; None if none."""
   found = nnx.pop(model, nnx.Intermediate)
   sown = []
   for path, var in nnx.to_flat_state(found):
@@ -222,6 +235,9 @@ def moe_stats(model: nnx.Module) -> MoEStats | None:
                   isinstance(value[0], MoEStats) else [value])
   if not sown:
     return None
+  compared = [s for s in sown if s.mismatched is not None]
   return MoEStats(indices=sown[-1].indices,
                   aux_loss=jnp.mean(jnp.stack([s.aux_loss for s in sown])),
-                  z_loss=jnp.mean(jnp.stack([s.z_loss for s in sown])))
+                  z_loss=jnp.mean(jnp.stack([s.z_loss for s in sown])),
+                  mismatched=sum(s.mismatched for s in compared) if compared else None,
+                  compared=sum(s.compared for s in compared) if compared else None)

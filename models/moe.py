@@ -4,7 +4,8 @@ Shape letters: B batch, T length, D embed, E experts, K experts per token (top-k
 F a routed expert's width, S the shared expert's width, N = B * T tokens,
 M = N * K (token, choice) pairs.
 
-    out = model(x, token_mask, routing)     # MoEOutput(y [B, T, D], indices [B, T, K], aux, z)
+    out = model(x, token_mask, routing)     # MoEOutput(y [B, T, D], indices [B, T, K], aux, z,
+                                            #           mismatched)
 
 Routing (ModelConfig.router), in float32 whatever the compute dtype:
 
@@ -21,7 +22,11 @@ scores (its one score if it holds one expert), and the K experts are chosen
 within the `router_topk_groups` best groups only. The weights are then
 multiplied by `routed_scaling`. A `routing` argument (routing replay) replaces
 the choice, never the weights: those stay the router's differentiable weights
-of the replayed experts, normalised and scaled as above.
+of the replayed experts, normalised and scaled as above. The layer then also
+counts the real tokens whose replayed expert set differs from the one its
+own router picks from the same scores (`MoEOutput.mismatched`); with
+`replay=False` it routes on its own and only counts (how far a sampler's
+recorded routing is from the trainer's).
 
 Routed experts are dropless (no capacity, no token ever dropped): the M
 (token, choice) pairs are sorted by expert and each expert's consecutive rows
@@ -114,11 +119,14 @@ class MoEOutput(NamedTuple):
       router probability of e (softmax; for the sigmoid router the scores
       normalised to sum to one per token). K when perfectly balanced.
     z_loss: [] float32 mean over the real tokens of logsumexp(logits)^2.
+    mismatched: [] float32 real tokens whose router's own top-K set differs from the
+      `routing` given (order within the K ignored); None without `routing`.
   """
   y: jax.Array
   indices: jax.Array
   aux_loss: jax.Array
   z_loss: jax.Array
+  mismatched: jax.Array | None = None
 
 
 def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -160,16 +168,19 @@ class MoE(nnx.Module):
       self.shared_down = _param(rngs, (s, d), ('mlp', 'embed'), pd)
 
   def __call__(self, x: jax.Array, token_mask: jax.Array | None = None,
-               routing: jax.Array | None = None) -> MoEOutput:
+               routing: jax.Array | None = None, replay: bool = True) -> MoEOutput:
     """Routes each token to K experts and sums their weighted outputs (+ the shared expert's).
 
     Args:
       x: [B, T, D] input.
-      token_mask: [B, T], 1 for a real token; padding is left out of `aux_loss` and
-        `z_loss` (its output is computed all the same). Default: every token real.
+      token_mask: [B, T], 1 for a real token; padding is left out of `aux_loss`,
+        `z_loss` and `mismatched` (its output is computed all the same). Default: every
+        token real.
       routing: optional [B, T, K] int expert ids to use instead of the router's choice
         (routing replay). Out-of-range ids are a ValueError when concrete and are clipped
         into [0, E) when traced.
+      replay: with `routing`, use it (True) or only compare the router's own choice with
+        it (False: the layer routes as without it; `mismatched` is still counted).
 
     Returns:
       A MoEOutput.
@@ -181,8 +192,14 @@ class MoE(nnx.Module):
     logits = _dense(x.astype(jnp.float32), self.router.value.astype(jnp.float32))  # [B, T, E]
     bias = (jax.lax.stop_gradient(self.router_bias.value.astype(jnp.float32))
             if cfg.router == 'sigmoid' else None)
-    indices, weights, probs = route(cfg, logits, bias, routing)
+    indices, weights, probs = route(cfg, logits, bias, routing if replay else None)
     aux_loss, z_loss = router_losses(logits, probs, indices, token_mask)
+    mismatched = None
+    if routing is not None:
+      own = indices if not replay else own_choice(cfg, logits, bias)
+      mask = (jnp.ones((b, t), jnp.float32) if token_mask is None
+              else token_mask.astype(jnp.float32))
+      mismatched = jnp.sum(mask * differs(own, routing).astype(jnp.float32))
 
     dt = cfg.jnp_dtype
     x = x.astype(dt)
@@ -196,7 +213,7 @@ class MoE(nnx.Module):
       h = sharding.constrain(h, ('batch', 'length', 'mlp'))
       y = y + _dense(h, self.shared_down.value.astype(dt))
     return MoEOutput(sharding.constrain(y, ('batch', 'length', 'embed')), indices,
-                     aux_loss, z_loss)
+                     aux_loss, z_loss, mismatched)
 
 
 def _check_routing(routing, shape: tuple[int, int, int], num_experts: int) -> jax.Array:
@@ -232,19 +249,36 @@ def route(cfg: config_lib.ModelConfig, logits: jax.Array, bias: jax.Array | None
     (indices [..., K] int32, weights [..., K] float32, probs [..., E] float32: the
     per-token distribution over experts the load-balancing loss averages).
   """
-  if cfg.router == 'softmax':
-    scores = jax.nn.softmax(logits, axis=-1)
-    choice, probs = scores, scores
-  else:
-    scores = jax.nn.sigmoid(logits)
-    choice = scores + bias
-    probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
+  scores, choice, probs = _scores(cfg, logits, bias)
   indices = _choose(cfg, jax.lax.stop_gradient(choice)) if routing is None else routing
   weights = jnp.take_along_axis(scores, indices, axis=-1)
   if cfg.router_norm_topk:
     total = jnp.sum(weights, axis=-1, keepdims=True)
     weights = weights / (total + 1e-20 if cfg.router == 'sigmoid' else total)
   return indices, weights * cfg.routed_scaling, probs
+
+
+def _scores(cfg: config_lib.ModelConfig, logits: jax.Array, bias: jax.Array | None):
+  """(scores that weight the experts, scores that rank them, probs for the aux loss),
+  each [..., E] float32."""
+  if cfg.router == 'softmax':
+    scores = jax.nn.softmax(logits, axis=-1)
+    return scores, scores, scores
+  scores = jax.nn.sigmoid(logits)
+  return scores, scores + bias, scores / jnp.sum(scores, axis=-1, keepdims=True)
+
+
+def own_choice(cfg: config_lib.ModelConfig, logits: jax.Array,
+               bias: jax.Array | None = None) -> jax.Array:
+  """The K experts [..., K] int32 the router picks from `logits` [..., E] (`route`'s choice
+  without a replayed `routing`)."""
+  return _choose(cfg, jax.lax.stop_gradient(_scores(cfg, logits, bias)[1]))
+
+
+def differs(a: jax.Array, b: jax.Array) -> jax.Array:
+  """[...] bool: whether the expert sets a [..., K] and b [..., K] differ (order ignored)."""
+  a, b = jnp.sort(a.astype(jnp.int32), axis=-1), jnp.sort(b.astype(jnp.int32), axis=-1)
+  return jnp.any(a != b, axis=-1)
 
 
 def _choose(cfg: config_lib.ModelConfig, choice: jax.Array) -> jax.Array:

@@ -238,17 +238,22 @@ class Transformer(nnx.Module):
     return [jax.tree.map(lambda a, i=i: a[i], state) for i in range(self.cfg.num_layers)]
 
   def hidden(self, tokens, positions=None, segment_ids=None, cache=None, layers=None,
-             routing=None):
-    """Final-normed hidden states [B, T, D] (and the updated cache when given one).
+             routing=None, *, replay=True, return_stats=False):
+    """Final-normed hidden states [B, T, D] and the updated cache (None without one); with
+    `return_stats`, (hidden, cache, stats).
 
     `layers` (with a cache in the `unstack_cache` layout): the blocks' parameters as
     `layer_states` gives them, run as an unrolled loop; a decode loop slices them once
     outside its body, where the stacked blocks are sliced on every step (on XLA:CPU a
     copy of every weight per token).
 
-    The mixture-of-experts families take `routing` ([M, B, T, k] int32 experts per 'moe'
-    sublayer: routing replay) and, within `hybrid.collecting_stats()`, sow what their 'moe'
-    sublayers report as an nnx.Intermediate 'moe_stats' (`hybrid.moe_stats` pops it).
+    The mixture-of-experts families take `routing` ([M, B, T, k] int experts per 'moe'
+    sublayer: routing replay; with `replay=False` only compared with the routers' own
+    choice, `hybrid.MoEStats.mismatched`) and, within `hybrid.collecting_stats()`, sow what
+    their 'moe' sublayers report as an nnx.Intermediate 'moe_stats' (`hybrid.moe_stats` pops
+    it). `return_stats` hands that `hybrid.MoEStats` back instead (None for the dense
+    families): the way a sampler's decode loop, whose trace may not write the module's state,
+    records each token's experts.
     """
     cfg = self.cfg
     b, t = tokens.shape
@@ -276,22 +281,22 @@ class Transformer(nnx.Module):
       kv = None if cache is None else (cache.k, cache.v, cache.index)
       x, ks, vs, states, stats = hybrid.run(
           self.blocks, cfg, x, positions, mask, segment_ids, kv=kv,
-          states=None if cache is None else cache.state, routing=routing,
+          states=None if cache is None else cache.state, routing=routing, replay=replay,
           remat=None if cfg.remat == 'none' else lambda body: _remat(body, cfg))
-      if stats is not None and hybrid.collecting():
+      if stats is not None and hybrid.collecting() and not return_stats:
         self.sow(nnx.Intermediate, 'moe_stats', stats)
       x = self.final_norm(x)
-      if cache is None:
-        return x, None
-      return x, Cache(k=ks, v=vs, segment_ids=k_seg, index=cache.index + t, state=states)
+      new_cache = None if cache is None else Cache(k=ks, v=vs, segment_ids=k_seg,
+                                                   index=cache.index + t, state=states)
+      return (x, new_cache, stats) if return_stats else (x, new_cache)
     if routing is not None:
       raise ValueError(f'routing= is for the mixture-of-experts families; family='
                        f'{cfg.family!r} has no experts')
     x, kv = self._run_blocks(x, positions, mask, cache, layers)
     x = self.final_norm(x)
-    if cache is None:
-      return x, None
-    return x, Cache(k=kv[0], v=kv[1], segment_ids=k_seg, index=cache.index + t)
+    new_cache = None if cache is None else Cache(k=kv[0], v=kv[1], segment_ids=k_seg,
+                                                 index=cache.index + t)
+    return (x, new_cache, None) if return_stats else (x, new_cache)
 
   def decode_paged(self, tokens, positions, cache: PagedCache, layers=None):
     """One decode step for every slot of a paged cache.

@@ -14,6 +14,11 @@ completion (or assistant) tokens being learned.
 RL rows come from the sampler's `SampleOutput` through `from_samples`: the
 left-padded prompt [B, P] and the completion [B, N] are concatenated into
 [B, P + N]; since the prompt is left-padded the real tokens are contiguous.
+
+One field is aligned with the *input* columns instead: `routing`, the experts
+the sampler's forward sent each token to (a mixture-of-experts policy's
+rollouts recorded with `record_routing`), which the policy's training forward
+replays (`policy_stats`): column t holds the experts of `tokens[:, t]`.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class TrainBatch(NamedTuple):
     ref_logprobs: [B, L] float32 reference-policy log-probs of targets
       (GRPO with a KL term only).
     teacher_logprobs: [B, L] float32 teacher log-probs of targets (MOPD only).
+    routing: [B, L, M, k] int (uint8 for up to 256 experts) the experts the sampler
+      routed each *input* token (tokens[:, t], not targets) to in each of the policy's M
+      'moe' sublayers (routing replay; 0 on padding); None when not recorded.
   """
   tokens: jax.Array
   positions: jax.Array
@@ -58,6 +66,7 @@ class TrainBatch(NamedTuple):
   teacher_index: Optional[jax.Array] = None
   ref_logprobs: Optional[jax.Array] = None
   teacher_logprobs: Optional[jax.Array] = None
+  routing: Optional[jax.Array] = None
 
   @property
   def num_rows(self) -> int:
@@ -97,7 +106,8 @@ def from_samples(samples, advantages, *, valid=None, teacher_index=None) -> Trai
     samples: a `rl.sampler.SampleOutput` (or any object with its fields):
       prompt_tokens/prompt_mask [B, P] left-padded, tokens/mask/logprobs [B, N],
       truncated [B]; optionally policy_mask [B, N] (agentic episodes): only
-      those tokens are learned, the rest of `mask` is context.
+      those tokens are learned, the rest of `mask` is context; and prompt_routing
+      [B, P, M, k] with routing [B, N, M, k] (recorded routing): the batch's `routing`.
     advantages: [B] float, one per row (zeros for losses that need none).
     valid: optional [B] bool; rows that are False get an all-zero loss mask
       (used to pad a batch to a fixed size).
@@ -140,11 +150,20 @@ def from_samples(samples, advantages, *, valid=None, teacher_index=None) -> Trai
     loss_mask = loss_mask * np.asarray(valid, np.float32).reshape(b, 1)
   targets = np.where(shift(comp_mask, 0) > 0, targets, 0)
   truncated = np.asarray(getattr(samples, 'truncated', np.zeros(b, bool)), bool)
+  routing = None
+  if getattr(samples, 'routing', None) is not None:
+    head, tail = np.asarray(samples.prompt_routing), np.asarray(samples.routing)
+    if (head.shape[:2] != (b, p) or tail.shape[:2] != comp.shape
+        or head.shape[2:] != tail.shape[2:]):
+      raise ValueError(f'from_samples: prompt_routing {head.shape} and routing {tail.shape} do '
+                       f'not line up with prompt_tokens {prompt.shape} and tokens {comp.shape}')
+    routing = np.concatenate([head, tail], 1)
   return TrainBatch(
       tokens=tokens, positions=positions.astype(np.int32), segment_ids=seg.astype(np.int32),
       targets=targets.astype(np.int32), loss_mask=loss_mask,
       old_logprobs=shift(logprobs, 0.0), advantages=advantages, truncated=truncated,
-      teacher_index=None if teacher_index is None else np.asarray(teacher_index, np.int32))
+      teacher_index=None if teacher_index is None else np.asarray(teacher_index, np.int32),
+      routing=routing)
 
 
 def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> TrainBatch:
@@ -153,8 +172,9 @@ def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> Train
   With long-tailed response lengths most of a padded RL batch (every row
   prompt + max response wide) is padding; packed, the update's FLOPs follow
   the real tokens. Sequences are placed longest first, each into the first
-  row with room (first-fit decreasing); each keeps its positions and gets its
-  own segment id in its row, so attention never crosses sequences. Per-row
+  row with room (first-fit decreasing); each keeps its positions (and its
+  recorded `routing`) and gets its own segment id in its row, so attention
+  never crosses sequences. Per-row
   fields become per-token ([R, L]): advantages, truncated; teacher_index is
   refused (route teachers before packing: teacher_logprobs travel with their
   tokens). Rows that carry no loss are left out: with the token-level loss
@@ -214,11 +234,12 @@ def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> Train
 
   def empty(x, dtype=None):
     x = np.asarray(x)
-    return np.zeros((count, width), dtype or x.dtype)
+    return np.zeros((count, width) + x.shape[2:], dtype or x.dtype)
 
-  fields = {name: empty(getattr(batch, name)) for name in
-            ('tokens', 'positions', 'targets', 'loss_mask', 'old_logprobs', 'ref_logprobs',
-             'teacher_logprobs') if getattr(batch, name) is not None}
+  per_token = ('tokens', 'positions', 'targets', 'loss_mask', 'old_logprobs', 'ref_logprobs',
+               'teacher_logprobs', 'routing')
+  fields = {name: empty(getattr(batch, name)) for name in per_token
+            if getattr(batch, name) is not None}
   segment_ids = np.zeros((count, width), np.int32)
   advantages = (None if batch.advantages is None
                 else np.zeros((count, width), np.float32))
@@ -236,9 +257,7 @@ def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> Train
     if truncated is not None:
       truncated[row, col:col + n] = np.asarray(batch.truncated).reshape(-1)[r]
   return TrainBatch(segment_ids=segment_ids, advantages=advantages, truncated=truncated,
-                    **{k: fields.get(k) for k in ('tokens', 'positions', 'targets',
-                                                  'loss_mask', 'old_logprobs',
-                                                  'ref_logprobs', 'teacher_logprobs')})
+                    **{k: fields.get(k) for k in per_token})
 
 
 def _is_sample_output(x) -> bool:
@@ -249,13 +268,20 @@ def _concat_samples(chunks):
   """Concatenates SampleOutputs by rows, left-padding prompts and right-padding completions."""
   p = max(c.prompt_tokens.shape[1] for c in chunks)
   n = max(c.tokens.shape[1] for c in chunks)
-  left = lambda x, w: np.pad(np.asarray(x), ((0, 0), (w - x.shape[1], 0)))
-  right = lambda x, w: np.pad(np.asarray(x), ((0, 0), (0, w - x.shape[1])))
+  pad = lambda x, before, after: np.pad(np.asarray(x), ((0, 0), (before, after))
+                                        + ((0, 0),) * (np.ndim(x) - 2))
+  left = lambda x, w: pad(x, w - x.shape[1], 0)
+  right = lambda x, w: pad(x, 0, w - x.shape[1])
   fields = {}
   for name in chunks[0]._fields:
-    if name in ('prompt_tokens', 'prompt_mask'):
+    present = [getattr(c, name) is not None for c in chunks]
+    if not all(present):
+      if any(present):
+        raise ValueError(f'concat_rows: field {name!r} is set in some chunks and not others')
+      fields[name] = None
+    elif name in ('prompt_tokens', 'prompt_mask', 'prompt_routing'):
       fields[name] = np.concatenate([left(getattr(c, name), p) for c in chunks])
-    elif name in ('tokens', 'mask', 'logprobs', 'sampling_logprobs', 'policy_mask'):
+    elif name in ('tokens', 'mask', 'logprobs', 'sampling_logprobs', 'policy_mask', 'routing'):
       fields[name] = np.concatenate([right(getattr(c, name), n) for c in chunks])
     else:
       fields[name] = np.concatenate([np.asarray(getattr(c, name)) for c in chunks])
@@ -286,7 +312,8 @@ def concat_rows(chunks: Sequence[Any]):
 def take_rows(tree, rows):
   """Selects rows (numpy index array) of every leaf of a row-major pytree."""
   rows = np.asarray(rows)
-  return jax.tree.map(lambda x: (type(x)(*(np.asarray(f)[rows] for f in x))
+  return jax.tree.map(lambda x: (type(x)(*(None if f is None else np.asarray(f)[rows]
+                                           for f in x))
                                  if _is_sample_output(x) else np.asarray(x)[rows]),
                       tree, is_leaf=_is_sample_output)
 
@@ -321,7 +348,8 @@ LOGITS_CHUNK = 1024
 
 
 def token_stats(model, tokens, positions, segment_ids, targets, *, entropy: bool = False,
-                argmax: bool = False, chunk: int = LOGITS_CHUNK) -> dict[str, jax.Array]:
+                argmax: bool = False, chunk: int = LOGITS_CHUNK, routing=None,
+                replay: bool = True) -> dict[str, jax.Array]:
   """Per-position log-prob of the target (and entropy, argmax) without full-length logits.
 
   Args:
@@ -331,12 +359,20 @@ def token_stats(model, tokens, positions, segment_ids, targets, *, entropy: bool
     entropy: also return the full-distribution entropy per position.
     argmax: also return the most likely token per position.
     chunk: positions per output-projection chunk (rows up to this long in one go).
+    routing: optional [B, L, M, k] int experts of each token (`TrainBatch.routing`): the
+      forward replays them (`replay`), or only compares its routers' own choice with them;
+      either way the mismatch is in the model's MoE statistics.
+    replay: see `routing`.
 
   Returns:
     {'logprobs': [B, L] float32, 'entropy': [B, L] float32, 'argmax': [B, L] int32}
     (the last two when asked for).
   """
-  h, _ = model.hidden(tokens, positions, segment_ids)            # [B, L, D]
+  if routing is None:
+    h, _ = model.hidden(tokens, positions, segment_ids)          # [B, L, D]
+  else:
+    h, _ = model.hidden(tokens, positions, segment_ids, routing=jnp.moveaxis(routing, 2, 0),
+                        replay=replay)
   return stats_from_hidden(model, h, targets, entropy=entropy, argmax=argmax, chunk=chunk)
 
 
@@ -365,10 +401,11 @@ def stats_from_hidden(model, h, targets, *, entropy: bool = False, argmax: bool 
   return {k: v.swapaxes(0, 1).reshape(b, n * chunk)[:, :l] for k, v in out.items()}
 
 
-def policy_stats(model, batch, **kw) -> dict[str, jax.Array]:
-  """`token_stats` over a batch's rows (tokens, positions, segment_ids, targets)."""
+def policy_stats(model, batch, *, replay: bool = True, **kw) -> dict[str, jax.Array]:
+  """`token_stats` over a batch's rows (tokens, positions, segment_ids, targets), with the
+  batch's recorded `routing` when it has one (replayed, or with `replay=False` only compared)."""
   return token_stats(model, batch.tokens, batch.positions, batch.segment_ids, batch.targets,
-                     **kw)
+                     routing=getattr(batch, 'routing', None), replay=replay, **kw)
 
 
 @functools.partial(jax.jit, static_argnums=0)

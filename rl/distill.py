@@ -35,9 +35,13 @@ class MopdConfig:
   Attributes:
     is_low: smallest importance weight trainer/sampler kept (paper: 0.5).
     is_high: largest importance weight kept (paper: 2).
+    replay_routing: when the batch carries the sampler's recorded experts (`routing`):
+      replay them in the student's forward (True) or only measure the mismatch (False).
+      Teachers never replay: they are other models.
   """
   is_low: float = 0.5
   is_high: float = 2.0
+  replay_routing: bool = True
 
   def __post_init__(self):
     if not 0 <= self.is_low <= 1 <= self.is_high:
@@ -96,7 +100,8 @@ def mopd_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: MopdConfig,
 
 def loss_fn(model, batch: batch_lib.TrainBatch, cfg: MopdConfig, norm: dict):
   """MOPD loss of an NNX student on a batch."""
-  return mopd_loss(batch_lib.policy_stats(model, batch)['logprobs'], batch, cfg, norm)
+  stats = batch_lib.policy_stats(model, batch, replay=cfg.replay_routing)
+  return mopd_loss(stats['logprobs'], batch, cfg, norm)
 
 
 def teacher_logprobs(graphdef, teachers: Sequence, teacher_index, batch: batch_lib.TrainBatch,

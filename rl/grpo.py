@@ -97,6 +97,9 @@ class GrpoConfig:
     kl_estimator: 'k1' (log pi - log ref) or 'k3' (exp(ref - pi) - (ref - pi) - 1).
     entropy_coef: weight of the entropy bonus (full-distribution entropy).
     mask_truncated: give truncated (overlong) completions no loss.
+    replay_routing: when the batch carries the sampler's recorded experts (`routing`, a
+      mixture-of-experts policy): replay them in the policy's forward (True), or let its
+      routers choose and only measure the mismatch (False; logged either way).
   """
   advantage: str = 'grpo'
   adv_eps: float = 1e-6
@@ -107,6 +110,7 @@ class GrpoConfig:
   kl_estimator: str = 'k3'
   entropy_coef: float = 0.0
   mask_truncated: bool = False
+  replay_routing: bool = True
 
   def __post_init__(self):
     if self.advantage not in ADVANTAGES:
@@ -229,5 +233,6 @@ def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
 
 def loss_fn(model, batch: batch_lib.TrainBatch, cfg: GrpoConfig, norm: dict):
   """GRPO loss of an NNX policy on a batch: one forward pass, then `grpo_loss`."""
-  stats = batch_lib.policy_stats(model, batch, entropy=cfg.entropy_coef > 0)
+  stats = batch_lib.policy_stats(model, batch, entropy=cfg.entropy_coef > 0,
+                                 replay=cfg.replay_routing)
   return grpo_loss(stats['logprobs'], batch, cfg, norm, stats.get('entropy'))

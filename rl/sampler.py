@@ -34,6 +34,14 @@ Log-probabilities: `logprobs` are those of the sampled tokens under the
 unmodified policy (temperature 1, no top-p/top-k): exactly what a training
 forward pass computes, which is what makes GRPO strictly on-policy.
 `sampling_logprobs` are under the distribution actually sampled from.
+
+Routing (mixture-of-experts models): with `record_routing` the one-call
+sampler also returns the experts each prompt and generated token went to in
+every 'moe' sublayer, [rows, tokens, M, k] in a compact dtype (`routing_dtype`:
+uint8 up to 256 experts), taken from the forward passes it runs anyway (the
+model hands them back functionally, `Transformer.hidden(return_stats=True)`),
+plus one forward of the tokens sampled at the last step. A training forward
+replays them (`rl.batch.TrainBatch.routing`).
 """
 
 from __future__ import annotations
@@ -123,6 +131,11 @@ class SampleOutput(NamedTuple):
       (temperature, top-p, top-k applied); 0 for greedy and where mask is 0.
     lengths: [B] int32 number of generated tokens.
     truncated: [B] bool, hit max_new_tokens without a stop token.
+    prompt_routing: with `record_routing`, [B, P, M, k] the experts each prompt token went
+      to in each of the M 'moe' sublayers (`routing_dtype`; 0 on padding); else None.
+    routing: with `record_routing`, [B, N, M, k] the experts of each generated token (its
+      forward as the next step's input; the last one's in one step more); 0 where mask is
+      0; else None.
   """
   prompt_tokens: jax.Array
   prompt_mask: jax.Array
@@ -132,6 +145,22 @@ class SampleOutput(NamedTuple):
   sampling_logprobs: jax.Array
   lengths: jax.Array
   truncated: jax.Array
+  prompt_routing: jax.Array | None = None
+  routing: jax.Array | None = None
+
+
+def routing_dtype(num_experts: int):
+  """The compact dtype recorded expert ids take: uint8 up to 256 experts, else uint16/int32."""
+  if num_experts <= 256:
+    return jnp.uint8
+  return jnp.uint16 if num_experts <= 65536 else jnp.int32
+
+
+def check_records_routing(cfg: config_lib.ModelConfig) -> None:
+  """A ValueError unless the model has 'moe' sublayers whose routing can be recorded."""
+  if 'moe' not in cfg.mixers:
+    raise ValueError(f'record_routing: the model (family {cfg.family!r}) has no \'moe\' '
+                     'sublayers, so there is no routing to record')
 
 
 class _Loop(NamedTuple):
@@ -143,6 +172,7 @@ class _Loop(NamedTuple):
   tokens: jax.Array        # [B, Nb] int32
   logprobs: jax.Array      # [B, Nb] float32
   sampling_logprobs: jax.Array  # [B, Nb] float32
+  routing: jax.Array | None = None   # [B, Nb, M, k] experts of each fed token (recording)
 
 
 # Decode phases: none shorter than _MIN_PHASE_TOKENS (below that attention
@@ -176,10 +206,12 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
             eos_ids: tuple[int, ...],
             pad_id: int, greedy: bool, filtered: bool,
             decode_phases: int = DEFAULT_DECODE_PHASES, group: int = 1,
-            unroll: bool = False) -> SampleOutput:
+            unroll: bool = False, record_routing: bool = False) -> SampleOutput:
   """Prefill + while-loop decode (see `sample`). B rows, P prompt, Nb = max_new_bucket."""
   model = nnx.merge(graphdef, params)
   cfg = model.cfg
+  if record_routing:
+    check_records_routing(cfg)
   u, p = prompt_tokens.shape
   b = u * group
   nb = max_new_bucket
@@ -205,9 +237,15 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
   ends = _phase_ends(nb, decode_phases)
   cache = transformer.init_cache(cfg, u, p + ends[0])
-  hidden, cache = model.hidden(prompt_tokens, positions, prompt_mask, cache=cache)
+  hidden, cache, stats = model.hidden(prompt_tokens, positions, prompt_mask, cache=cache,
+                                      return_stats=True)
   # Only the last position's logits: [B, P, V] would be huge at real vocab sizes.
   last = model.logits_from_hidden(hidden[:, -1:])[:, 0]
+  rdt = routing_dtype(cfg.num_experts)
+  routed = ('batch', None, None, None)
+  # [M, rows, T, k] -> [rows, T, M, k], compact.
+  as_rows = lambda idx: sharding.constrain(jnp.moveaxis(idx, 0, 2).astype(rdt), routed)
+  prompt_routing = as_rows(stats.indices) if record_routing else None
   if group > 1:
     rep = lambda x, axis: jnp.repeat(x, group, axis=axis)
     if isinstance(cache.k, tuple):   # per-sublayer buffers and Mamba states, rows first
@@ -224,6 +262,8 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
     last = rep(last, 0)
     prompt_tokens = sharding.constrain(rep(prompt_tokens, 0), batch_only)
     prompt_mask = sharding.constrain(rep(prompt_mask, 0), batch_only)
+    if record_routing:
+      prompt_routing = sharding.constrain(rep(prompt_routing, 0), routed)
   layers = None
   if unroll:
     layers, cache = model.layer_states(), transformer.unstack_cache(cache)
@@ -234,18 +274,32 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
                              max_new))
   tok, lp, slp = pick_next(last, step_keys(0))
   buf = lambda fill, dt: sharding.constrain(jnp.full((b, nb), fill, dt), batch_only)
+  routing = None
+  if record_routing:
+    m = cfg.mixers.count('moe')
+    routing = sharding.constrain(jnp.zeros((b, nb, m, cfg.experts_per_token), rdt), routed)
   state = _Loop(step=jnp.ones((), jnp.int32), cache=cache, last=tok,
                 done=is_stop(tok) | (limits <= 1),
                 tokens=buf(pad_id, jnp.int32).at[:, 0].set(tok),
                 logprobs=buf(0, jnp.float32).at[:, 0].set(lp),
-                sampling_logprobs=buf(0, jnp.float32).at[:, 0].set(slp))
+                sampling_logprobs=buf(0, jnp.float32).at[:, 0].set(slp), routing=routing)
   ones = jnp.ones((b, 1), jnp.int32)
 
-  def body(s: _Loop):
-    # The token sampled at step - 1 sits at position prompt_len + step - 1.
+  def feed(s: _Loop):
+    """The forward of the token sampled at step - 1 (at position prompt_len + step - 1):
+    (logits [B, V], cache, routing with that token's experts in column step - 1)."""
     pos = (prompt_len + s.step - 1)[:, None]
-    logits, cache = model(s.last[:, None], pos, ones, cache=s.cache, layers=layers)
-    tok, lp, slp = pick_next(logits[:, 0], step_keys(s.step))
+    hidden, cache, stats = model.hidden(s.last[:, None], pos, ones, cache=s.cache,
+                                        layers=layers, return_stats=True)
+    routing = s.routing
+    if record_routing:
+      routing = jax.lax.dynamic_update_slice(routing, as_rows(stats.indices),
+                                             (0, s.step - 1, 0, 0))
+    return model.logits_from_hidden(hidden)[:, 0], cache, routing
+
+  def body(s: _Loop):
+    logits, cache, routing = feed(s)
+    tok, lp, slp = pick_next(logits, step_keys(s.step))
     live = ~s.done
     tok = jnp.where(live, tok, pad_id)
     col = lambda a, x: jax.lax.dynamic_update_slice(a, x[:, None], (0, s.step))
@@ -253,7 +307,8 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
     return _Loop(step=s.step + 1, cache=cache, last=tok, done=done,
                  tokens=col(s.tokens, tok),
                  logprobs=col(s.logprobs, jnp.where(live, lp, 0.)),
-                 sampling_logprobs=col(s.sampling_logprobs, jnp.where(live, slp, 0.)))
+                 sampling_logprobs=col(s.sampling_logprobs, jnp.where(live, slp, 0.)),
+                 routing=routing)
 
   # Decode in phases whose cache extent doubles, so attention reads about the
   # filled part of the cache rather than all p + nb slots on every step.
@@ -273,16 +328,25 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   first_stop = jnp.min(stop_at, axis=1)                                   # [B]
   end = jnp.minimum(jnp.minimum(first_stop + 1, state.step), limits)
   mask = (cols < end[:, None]).astype(jnp.int32)
+  routing = None
+  if record_routing:
+    # The loop fed every generated token but those sampled at its last step (the rows still
+    # live then): one more forward of them gives their experts (the cache has a free slot:
+    # the loop wrote step - 1 < its extent of them). Padding columns become 0.
+    _, _, routing = feed(state)
+    keep = lambda r, m: jnp.where(m[:, :, None, None] > 0, r, jnp.zeros((), r.dtype))
+    routing = keep(routing, mask)
+    prompt_routing = keep(prompt_routing, prompt_mask)
   return SampleOutput(
       prompt_tokens=prompt_tokens, prompt_mask=prompt_mask,
       tokens=state.tokens, mask=mask, logprobs=state.logprobs,
       sampling_logprobs=state.sampling_logprobs,
       lengths=end.astype(jnp.int32),
-      truncated=first_stop >= nb)
+      truncated=first_stop >= nb, prompt_routing=prompt_routing, routing=routing)
 
 
 _STATIC = ('max_new_bucket', 'eos_ids', 'pad_id', 'greedy', 'filtered', 'decode_phases',
-           'group', 'unroll')
+           'group', 'unroll', 'record_routing')
 
 sample = jax.jit(_sample, static_argnums=0, static_argnames=_STATIC)
 sample.__doc__ = """The pure jitted sampler.
@@ -311,6 +375,8 @@ Args:
     B rows).
   unroll: static; decode with the blocks unrolled over per-layer weights and
     caches made once before the loop (Sampler's decode_layers='unrolled').
+  record_routing: static; also return every prompt and generated token's experts
+    (`SampleOutput.prompt_routing`, `.routing`; mixture-of-experts models only).
 
 Returns:
   A SampleOutput with N = max_new_bucket columns.
@@ -543,7 +609,7 @@ class Sampler:
   def generate(self, params, prompts: Sequence[Sequence[int]], rng, sp: SamplingParams,
                num_samples: int = 1, row_limits: Sequence[int] | None = None,
                session: scheduler.Session | None = None,
-               keys: Sequence | None = None) -> SampleOutput:
+               keys: Sequence | None = None, record_routing: bool = False) -> SampleOutput:
     """Samples `num_samples` completions of every prompt.
 
     Args:
@@ -560,6 +626,12 @@ class Sampler:
         with that key prefills only what follows the kept tokens (an agentic
         episode's turns); the samples are those of a call without it.
       keys: with a session, one distinct hashable key per prompt.
+      record_routing: also return the experts every prompt and generated token went to
+        in each 'moe' sublayer (`SampleOutput.prompt_routing` and `.routing`), what a
+        training forward replays (routing replay). Mixture-of-experts models and
+        engine='one_call' only: the paged engine computes a prompt's shared prefix once
+        for all rows and rounds that reuse its pages, so it has no per-row prompt routing
+        to return (a ValueError). The tokens are those of a call without it.
 
     Returns:
       SampleOutput of numpy arrays with len(prompts) * G rows (prompt-major),
@@ -571,6 +643,13 @@ class Sampler:
       raise ValueError(f'num_samples={num_samples} must be >= 1')
     if not len(prompts):
       raise ValueError('prompts is empty')
+    if record_routing:
+      check_records_routing(self.cfg)
+      if self.engine != 'one_call':
+        raise ValueError(f"record_routing needs engine='one_call' (this sampler's is "
+                         f"{self.engine!r}): the paged engine prefills a shared prompt prefix "
+                         'once for every row and round that reuses its pages, so it has no '
+                         'per-row prompt routing to return')
     prompts = [np.asarray(q, np.int64).reshape(-1) for q in prompts]
     for i, q in enumerate(prompts):
       if q.size == 0:
@@ -581,8 +660,9 @@ class Sampler:
     n = len(prompts) * num_samples
     limits = _row_limits(row_limits, n, sp.max_new_tokens, 'row_limits')
     shape = self.call_shape(n, max(q.size for q in prompts), sp.max_new_tokens)
+    extra = dict(record_routing=True) if record_routing else {}
     return self._rollout.generate(params, prompts, rng, sp, num_samples, limits, shape,
-                                  session=session, keys=keys)
+                                  session=session, keys=keys, **extra)
 
   def session(self, max_row_tokens: int) -> scheduler.Session:
     """A KV session (see `generate`) for rows of at most `max_row_tokens` cache tokens (a
@@ -693,8 +773,8 @@ class _OneCall:
     return args, kw, what
 
   def generate(self, params, prompts, rng, sp: SamplingParams, num_samples: int,
-               limits: np.ndarray, shape: tuple[int, int, int], *, session, keys
-               ) -> SampleOutput:
+               limits: np.ndarray, shape: tuple[int, int, int], *, session, keys,
+               record_routing: bool = False) -> SampleOutput:
     """See `Sampler.generate` (prompts checked; `shape` = `Sampler.call_shape`'s)."""
     if session is not None:
       self._refuse('a KV session')
@@ -719,6 +799,8 @@ class _OneCall:
     kw = dict(max_new_bucket=nb, eos_ids=s.eos_ids, pad_id=s.pad_id,
               greedy=sp.greedy, filtered=sp.filtered, decode_phases=s.decode_phases,
               group=group, unroll=s._unroll)
+    if record_routing:
+      kw['record_routing'] = True
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
                np.int32(sp.top_k), np.int32(sp.max_new_tokens))
     params = s.rollout_params(params)
@@ -747,12 +829,16 @@ class _OneCall:
         s.generated_tokens += int(lens[:max(0, min(c, n - start))].sum())
     out = jax.tree.map(lambda *xs: np.concatenate(xs), *parts) if chunks > 1 else parts[0]
     m = sp.max_new_tokens
+    routed = {}
+    if record_routing:
+      routed = dict(prompt_routing=out.prompt_routing[:n, p - p_max:],
+                    routing=out.routing[:n, :m])
     return SampleOutput(
         prompt_tokens=out.prompt_tokens[:n, p - p_max:],
         prompt_mask=out.prompt_mask[:n, p - p_max:],
         tokens=out.tokens[:n, :m], mask=out.mask[:n, :m], logprobs=out.logprobs[:n, :m],
         sampling_logprobs=out.sampling_logprobs[:n, :m],
-        lengths=out.lengths[:n], truncated=out.truncated[:n])
+        lengths=out.lengths[:n], truncated=out.truncated[:n], **routed)
 
 
 class _Paged:

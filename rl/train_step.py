@@ -14,7 +14,10 @@ function `loss(model, batch, cfg, norm) -> (loss, metrics)` whose denominators `
 are computed once over the whole batch, so the microbatches of a
 `lax.scan` gradient accumulation add up to exactly the full-batch loss and
 gradient. Loss metrics add up across microbatches, except '_max' keys,
-which take the maximum.
+which take the maximum. A batch that carries a mixture-of-experts policy's
+recorded routing (`rl.batch.TrainBatch.routing`) adds 'routing_mismatch': the
+fraction of its (real token, 'moe' sublayer) pairs whose recorded experts the
+trainer's own routers would not have picked in that forward.
 
 A step whose loss or gradient norm is not finite leaves params, optimizer
 state and step unchanged and adds one to `skipped` (a metric). Compute runs
@@ -265,19 +268,42 @@ def _split_microbatches(batch, m: int):
   return jax.tree.map(split, batch)
 
 
+# Counts `_with_router_losses` logs when the batch carried recorded routing; they add up over
+# microbatches and the step turns them into the 'routing_mismatch' fraction.
+_MISMATCH_COUNTS = ('routing_mismatched', 'routing_compared')
+
+
 def _with_router_losses(model, loss, metrics, microbatches: int):
   """The loss plus the mixture-of-experts routers' auxiliary losses of the forward passes the
   loss made (weights `router_aux_loss` / `router_z_loss` of the model config; both 0 by
   default, as RL wants), their values logged ('router_aux_loss', 'router_z_loss'), each a
-  microbatch's share so the metrics add up to the batch's mean. A model without experts
-  returns the loss and metrics as they are."""
+  microbatch's share so the metrics add up to the batch's mean. A forward that was given the
+  sampler's recorded routing (replayed or only compared) also logs how many (real token,
+  'moe' sublayer) pairs it compared and how many its routers' own choice differed on (the step
+  makes 'routing_mismatch' of them). A model without experts returns the loss and metrics as
+  they are."""
   stats = hybrid.moe_stats(model)
   if stats is None:
     return loss, metrics
   mcfg = getattr(model, 'cfg', None) or getattr(getattr(model, 'backbone', None), 'cfg')
   aux, z = stats.aux_loss / microbatches, stats.z_loss / microbatches
   loss = loss + mcfg.router_aux_loss * aux + mcfg.router_z_loss * z
-  return loss, dict(metrics, router_aux_loss=aux, router_z_loss=z)
+  metrics = dict(metrics, router_aux_loss=aux, router_z_loss=z)
+  if stats.mismatched is not None:
+    metrics.update(zip(_MISMATCH_COUNTS, (stats.mismatched, stats.compared)))
+  return loss, metrics
+
+
+def _mismatch_fraction(metrics: dict) -> dict:
+  """'routing_mismatch': the fraction of the batch's compared (real token, 'moe' sublayer)
+  pairs whose recorded expert set the trainer's routers would not have picked, in place of
+  the counts (metrics without them are returned as they are)."""
+  if _MISMATCH_COUNTS[0] not in metrics:
+    return metrics
+  metrics = dict(metrics)
+  mismatched, compared = (metrics.pop(k) for k in _MISMATCH_COUNTS)
+  metrics['routing_mismatch'] = mismatched / jnp.maximum(compared, 1.0)
+  return metrics
 
 
 def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.GradientTransformation,
@@ -366,7 +392,8 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
                              opt_state=keep(opt_state, state.opt_state),
                              step=state.step + ok.astype(jnp.int32), rng=state.rng,
                              skipped=state.skipped + (~ok).astype(jnp.int32))
-      metrics = dict(metrics, loss=loss, grad_norm=grad_norm, skipped=new_state.skipped)
+      metrics = dict(_mismatch_fraction(metrics), loss=loss, grad_norm=grad_norm,
+                     skipped=new_state.skipped)
       if lr_schedule is not None:
         metrics['lr'] = lr_schedule(state.step)
     return new_state, metrics

@@ -168,6 +168,12 @@ class StageConfig:
   def check_lengths(self, max_seq: int | None, fail) -> None:
     """Checks the stage's sequence lengths against the model's."""
 
+  def with_model(self, model, sampler, fail) -> 'StageConfig':
+    """Checks the stage against the run's policy (`models.config.ModelConfig`) and sampler
+    settings (`cascade.config.Sampler`); returns it, with what follows from them filled in."""
+    del model, sampler, fail
+    return self
+
   def rows_per_step(self) -> tuple[int, str] | None:
     """(rows, what) of a fixed-size train batch that must split over the mesh, or None."""
     return None

@@ -12,7 +12,8 @@ field here: the advantage estimator, the loss aggregation, the clip range
 (`clip_eps_low`, `clip_eps_high` for clip-higher; they act only when a
 rollout batch is reused, `updates_per_batch` > 1), a KL penalty to the
 stage's starting policy (`kl_coef`, `kl_estimator`) and an entropy bonus
-(`entropy_coef`). Rollouts, curriculum and filtering: `cascade.kinds.rl`.
+(`entropy_coef`). Rollouts, curriculum, filtering and a mixture-of-experts
+policy's routing replay (`routing_replay`): `cascade.kinds.rl`.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def loss(stage: Config):
   return LOSS, grpo_lib.GrpoConfig(
       advantage=stage.advantage, aggregation=stage.loss_agg, kl_coef=stage.kl_coef,
       kl_estimator=stage.kl_estimator, clip_eps_low=stage.clip_eps_low,
-      clip_eps_high=stage.clip_eps_high, entropy_coef=stage.entropy_coef)
+      clip_eps_high=stage.clip_eps_high, entropy_coef=stage.entropy_coef,
+      replay_routing=stage.routing_replay != 'measure')
 
 
 def abstract_batch(stage: Config, mesh, rules):

@@ -84,8 +84,7 @@ LOSS = train_lib.LossSpec(distill.MopdConfig, distill.loss_fn, distill.normalize
 
 
 def loss(stage: Config):
-  del stage
-  return LOSS, distill.MopdConfig()
+  return LOSS, distill.MopdConfig(replay_routing=stage.routing_replay != 'measure')
 
 
 def abstract_batch(stage: Config, mesh, rules):

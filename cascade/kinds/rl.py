@@ -24,6 +24,19 @@ verifier's info; long text is cut (`metrics.SAMPLE_TEXT_CHARS`).
 mini-batches (a fixed permutation per step) and takes one optimizer update on
 each, PPO-style; the importance ratio against the sampler's log-probs is what
 the clipping then acts on. The default, 1, is strictly on-policy.
+
+Routing replay (a mixture-of-experts policy): the sampler's and the trainer's
+routers may send a token to different experts (numerics, bf16, batch shape),
+an off-policy gap the importance ratio does not see. `routing_replay='on'`
+has the sampler record every prompt and completion token's experts in each
+'moe' sublayer (`Sampler.generate(record_routing=True)`), carries them in the
+train batch (`TrainBatch.routing`) and replays them in the policy's training
+forward; 'measure' records them and lets the trainer route on its own. Either
+way the step logs `routing_mismatch`, the fraction of (token, 'moe' sublayer)
+pairs whose recorded experts the trainer's routers would not have picked. The
+KL reference and MOPD's teachers never replay (they are other models). It
+needs the one-call sampler (the paged engine records no routing) and single
+sampler calls per rollout (no agentic episodes, no `stream_filter`).
 """
 
 from __future__ import annotations
@@ -44,6 +57,10 @@ from rl import batch as batch_lib
 from rl import filtering
 from rl import grpo
 from rl import sampler as sampler_lib
+
+
+# routing_replay's modes: nothing recorded; recorded and the mismatch logged; also replayed.
+ROUTING_REPLAY = ('off', 'measure', 'on')
 
 
 def _fraction_ok(v) -> bool:
@@ -88,6 +105,13 @@ class RLStageConfig(base.TrainStageConfig):
   filter_overlong: bool = base.field(False, check=base.BOOL)
   loss_agg: str = base.field('token', check=base.one_of(grpo.AGGREGATIONS, 'loss aggregation'))
   updates_per_batch: int = base.field(1, check=base.int_at_least(1))
+  # Mixture-of-experts policies: 'off'; 'measure' (the sampler records each token's experts,
+  # the step logs routing_mismatch); 'on' (also replayed in the policy's training forward).
+  routing_replay: str = base.field('off', check=base.one_of(ROUTING_REPLAY,
+                                                            'routing_replay mode'))
+  # Filled from config.model when validated: (M 'moe' sublayers, k experts per token, dtype) of
+  # the recorded routing; () when routing_replay is 'off'.
+  routing_layout: tuple = base.field((), user=False)
 
   def check(self, fail):
     if isinstance(self.thinking_fraction, tuple):
@@ -98,6 +122,13 @@ class RLStageConfig(base.TrainStageConfig):
              + (f'; not in the stage: {sorted(got - want)}' if got - want else ''), base.HIDE)
     if self.stream_filter and not self.dynamic_filter:
       fail('stream_filter', 'needs dynamic_filter=True (it is a way of filtering)')
+    if self.routing_replay != 'off':
+      if self.AGENTIC:
+        fail('routing_replay', "an agentic episode's turns are separate sampler calls whose "
+             'routing is not recorded; use it in grpo or mopd stages')
+      if self.stream_filter:
+        fail('routing_replay', 'needs stream_filter=False: streaming runs on the paged '
+             'engine, which does not record routing')
     rows = self.prompts_per_step * self.group_size
     if rows % self.updates_per_batch:
       fail('updates_per_batch', f'must divide prompts_per_step * group_size = {rows}')
@@ -180,6 +211,24 @@ class RLStageConfig(base.TrainStageConfig):
   def decay_steps(self) -> int:
     return self.steps * self.updates_per_batch
 
+  def with_model(self, model, sampler, fail):
+    if self.routing_replay == 'off':
+      return self
+    if 'moe' not in model.mixers:
+      fail('routing_replay', "needs a mixture-of-experts policy (a model with 'moe' layers); "
+           f'config.model is a {model.family} model without experts')
+    if getattr(sampler, 'engine', None) not in (None, 'one_call'):
+      fail('routing_replay', "needs config.sampler.engine='one_call': the paged engine "
+           f'(engine={sampler.engine!r}) does not record routing')
+    layout = (model.mixers.count('moe'), model.experts_per_token,
+              np.dtype(sampler_lib.routing_dtype(model.num_experts)).name)
+    return dataclasses.replace(self, routing_layout=layout)
+
+  @property
+  def records_routing(self) -> bool:
+    """Whether the stage's rollouts record their routing (`routing_replay` on or measure)."""
+    return self.routing_replay != 'off'
+
   def check_lengths(self, max_seq, fail):
     total = self.max_prompt_len + self.max_response_len
     if max_seq is not None and total > max_seq:
@@ -224,6 +273,9 @@ def abstract_batch(stage: RLStageConfig, mesh, rules, **extra_rows):
                 truncated=vec(jnp.bool_))
   for name, (shape, dt) in extra_rows.items():
     fields[name] = mat(dt) if shape == 'token' else vec(dt)
+  if stage.routing_layout:
+    m, k, dt = stage.routing_layout
+    fields['routing'] = jax.ShapeDtypeStruct((b, length, m, k), jnp.dtype(dt), sharding=rows_sh)
   upd = f', {stage.updates_per_batch} updates per rollout batch' if stage.updates_per_batch > 1 else ''
   what = (f'{stage.prompts_per_step} prompts x {stage.group_size} = '
           f'{stage.prompts_per_step * stage.group_size} rows x {length} tokens (longest phase)'
@@ -236,9 +288,12 @@ def _pad_prompts(samples: sampler_lib.SampleOutput, width: int) -> sampler_lib.S
   p = samples.prompt_tokens.shape[1]
   if p > width:
     raise ValueError(f'prompt of {p} tokens exceeds max_prompt_len={width}')
-  pad = lambda x: np.pad(np.asarray(x), ((0, 0), (width - p, 0)))
+  pad = lambda x: np.pad(np.asarray(x),
+                         ((0, 0), (width - p, 0)) + ((0, 0),) * (np.ndim(x) - 2))
+  routed = ({} if getattr(samples, 'prompt_routing', None) is None
+            else dict(prompt_routing=pad(samples.prompt_routing)))
   return samples._replace(prompt_tokens=pad(samples.prompt_tokens),
-                          prompt_mask=pad(samples.prompt_mask))
+                          prompt_mask=pad(samples.prompt_mask), **routed)
 
 
 # Samples of one step that may fail in the sandbox itself before the stage stops.
@@ -306,7 +361,8 @@ class Draws:
     """
     t0 = time.perf_counter()
     ro = rollout.generate(self.ctx.sampler, self.params, self.ctx.tokenizer, recs, modes, key,
-                          self.sp, self.stage.group_size)
+                          self.sp, self.stage.group_size,
+                          record_routing=self.stage.records_routing)
     t1 = time.perf_counter()
     rewards, infos = rollout.score(ro, self.ctx.verifiers.train_verifier, self.ctx.sample_cls)
     self.sample_s += t1 - t0

@@ -114,17 +114,19 @@ def record(domain, i, num):
                        'value': 1.0 + i + (0.5 if domain == 'b' else 0.0)}}
 
 
-def toy_config(stages, every=2, validation=False, domains=None, max_seq_len=128):
+def toy_config(stages, every=2, validation=False, domains=None, max_seq_len=128, model=None):
   """A validated plan over domains 'a' (copy) and 'b' (next number); nothing is loaded.
 
   `validation`: the domains name validation sets ('a_val', 'b_val').
   `domains`: domain name -> fields replacing that domain's (e.g. an agentic domain's env).
+  `model`: config.model in place of the tiny dense one (e.g. a mixture-of-experts preset).
   """
   c = ml_collections.ConfigDict()
   c.seed = 3
-  c.model = dict(preset='tiny', overrides=dict(vocab_size=320, embed_dim=32, num_layers=1,
-                                               num_heads=2, num_kv_heads=1, head_dim=16,
-                                               mlp_dim=64, max_seq_len=max_seq_len))
+  c.model = model or dict(preset='tiny', overrides=dict(vocab_size=320, embed_dim=32,
+                                                        num_layers=1, num_heads=2,
+                                                        num_kv_heads=1, head_dim=16,
+                                                        mlp_dim=64, max_seq_len=max_seq_len))
   c.tokenizer = dict(path='/nonexistent/tok.model')
   c.mesh = dict(shape=None)
   c.sampler = dict()

@@ -174,8 +174,8 @@ def test_loss_fn_computes_the_entropy_exactly_when_it_is_weighted(monkeypatch, e
   batch, new, entropy = _random_batch(seed=8)
   asked = []
 
-  def fake_stats(model, b, entropy=False):
-    assert model == 'model' and b is batch
+  def fake_stats(model, b, entropy=False, replay=True):
+    assert model == 'model' and b is batch and replay    # replay: the config's default
     asked.append(entropy)
     out = {'logprobs': jnp.asarray(new)}
     if entropy:
