@@ -17,6 +17,7 @@ comes from and which `cascade.data` format reads it. Nothing here downloads.
 
 from __future__ import annotations
 
+import math
 import os
 
 import ml_collections
@@ -247,11 +248,31 @@ EXPERT_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
                'h200x8': ((1, 1, 8, 1), (('embed', ('fsdp', 'expert')),))}
 
 
+# Tokens per pass of a shard's routed experts (ModelConfig.moe_chunk) in the mixture-of-experts
+# recipes: a shard gathers its expert group's tokens (8 x 32K in a 32K-token SFT row per chip),
+# and their [tokens x top-k, width] dispatch buffers took 68 GiB of temporaries per MoE layer
+# at once on the v5p slice (launch.plan); 32K at a time keeps them near 1 GiB each.
+MOE_CHUNK = 32_768
+
+
 def on_expert_mesh(c: ml_collections.ConfigDict, hardware: str) -> ml_collections.ConfigDict:
   """c (already `on_hardware`) on its hardware's EXPERT_MESH, the sampler's KV budget per device
-  recomputed for that mesh."""
+  recomputed for that mesh, the routed experts run MOE_CHUNK tokens at a time, and every stage's microbatches divided by the growth in batch
+  shards (rows split over data x fsdp x expert instead of data x fsdp), so a microbatch keeps
+  its rows per device instead of being padded with empty rows up to the new shard count
+  (`rows_bucket`): on the v5p slice 8 -> 64 shards, e.g. 2048 RL rows in 32 microbatches of one
+  row per chip instead of 256 of 8 rows padded to 64."""
   shape, rules = EXPERT_MESH[hardware]
+  before = math.prod(int(n) for n in c.mesh['shape'][:2])    # (data, fsdp, tensor)
+  after = math.prod(shape[:3])                                # (data, fsdp, expert, tensor)
+  if after % before:
+    raise ValueError(f'EXPERT_MESH[{hardware!r}]={shape}: its {after} batch shards are not a '
+                     f'multiple of the dense mesh\'s {before}')
+  grow = after // before
+  c.stages = [dict(st, microbatches=max(1, st['microbatches'] // grow))
+              if st.get('microbatches') else st for st in c.stages]
   c.mesh = dict(shape=shape, rules=(default_rules(dict(rules)) if rules else None))
+  c.model.overrides = {**dict(c.model.overrides), 'moe_chunk': MOE_CHUNK}
   c.sampler.cache_tokens_per_device = cache_slots_per_device(c, HARDWARE[hardware][2])
   return c
 

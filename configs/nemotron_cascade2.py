@@ -50,7 +50,9 @@ from configs import _recipes
 
 _DOMAINS = ['chat', 'instruction_following', 'math', 'mcqa', 'tool_calling', 'structured',
             'long_context', 'code', 'swe_agent']
-# 128 x 16 = 2048 rows per update over 8 batch shards: one row per device at a time.
+# 128 x 16 = 2048 rows per update over 8 batch shards (the dense mesh's data x fsdp): one row
+# per device at a time. `on_expert_mesh` divides it (and every stage's) by the growth in batch
+# shards: on the v5p slice's 64, 32 microbatches.
 _MICRO = 256
 
 

@@ -21,11 +21,20 @@ with abstract shapes only (`nnx.eval_shape` for the model,
 
 plus the held-out evaluation's sampler once. It prints per-device memory
 (arguments, outputs, temporaries, total = arguments + outputs + temporaries
-- donated aliases, from `compiled.memory_analysis()`) and XLA's FLOP count
+- donated aliases, from `compiled.memory_analysis()`; for a program over the
+limit by itself, its largest arrays) and XLA's FLOP count
 (`cost_analysis()`; XLA counts a loop body once, so FLOPs are counted on a
 twin lowered with the layers unrolled and the batch in one microbatch; a
 sampler's prefill and one step per decode loop), and exits with status 1 naming every stage
 that does not fit the per-device memory in `config.hardware`.
+
+The mixture-of-experts families (hybrid Mamba / MoE / attention stacks, the
+mesh's 'expert' axis) compile the same way, but their FLOPs are counted from
+the config (`counted_flops`: the active parameters, `num_params(active=True)`,
+and attention scores): XLA:CPU lowers the routed experts' ragged_dot as a
+dense dot of all of a shard's experts over all token-expert pairs and counts
+a shard_map body once, so XLA's number is no measure of their work; a
+sampler's FLOPs are then the whole call's.
 
 Target devices: with `libtpu` importable (`pip install "jax[tpu]"`, not a
 dependency of cascade) the real TPU compiler runs against
@@ -41,8 +50,10 @@ domains are scored by one. Each program's fit is checked with what stays
 resident beside it (the optimizer state beside the sampler, frozen references,
 teachers and reward models beside everything): the co-resident peak. With
 `hardware.peak_tflops` and `hardware.hbm_gbps` it prints a lower bound per
-step (compute at peak; one read of the weights per new token while sampling)
-and per stage in chip-hours. Not compiled: the per-phase variants shorter than
+step (compute at peak; while sampling, per new token of each chunk of rows,
+one read of the weights a decode step reads: the sampler's layout, and of
+the routed experts those its tokens reach, `decode_read_bytes`) and per stage
+in chip-hours. Not compiled: the per-phase variants shorter than
 a stage's longest phase (they need less memory).
 """
 
@@ -50,15 +61,21 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
+import platform
+import re
 import sys
 import time
 from typing import Any, Callable, Sequence
 
 from absl import app
 from absl import flags
+from etils import epath
+from flax import nnx
 from ml_collections import config_flags
 
 import jax
+from jax.sharding import NamedSharding
 import numpy as np
 
 from cascade import config as config_lib
@@ -107,7 +124,15 @@ class ProgramReport:
   alias_bytes: int = 0
   flops: float = 0.0          # the whole program over all devices (XLA's HLO count)
   compile_s: float = 0.0
+  # CPU seconds this process spent lowering and compiling it (all threads): on a shared host
+  # a steadier measure than the wall-clock `compile_s`.
+  compile_cpu_s: float = 0.0
   error: str = ''
+  # How `flops` was counted when not by XLA ('' = XLA's HLO count; see `counted_flops`).
+  flops_from: str = ''
+  # A program whose own total exceeds the limit: its largest arrays, e.g.
+  # '126.00 GiB f32[786432,43008] (copy_bitcast_fusion.11)' (`largest_arrays`).
+  largest: tuple[str, ...] = ()
 
   @property
   def total_bytes(self) -> int:
@@ -240,7 +265,9 @@ def _flops(lowered) -> float:
 
 
 def compile_program(name: str, shapes: str, lower: Callable[[], Any],
-                    lower_for_flops: Callable[[], Any] | None = None) -> ProgramReport:
+                    lower_for_flops: Callable[[], Any] | None = None,
+                    flops: float | None = None, flops_from: str = '',
+                    limit_bytes: int = 0) -> ProgramReport:
   """Lowers and compiles one program and reads its memory and FLOP counts.
 
   Args:
@@ -250,27 +277,192 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
     lower_for_flops: () -> the Lowered to count FLOPs on (default: `lower`'s).
       XLA counts a loop body once, so a train step with microbatches counts
       FLOPs on its single-microbatch twin (lowered only, never compiled).
+    flops: the FLOPs when they are not XLA's to count (then nothing is lowered
+      for them), with `flops_from` saying how they were counted.
+    limit_bytes: per-device limit; a program whose own total exceeds it reports
+      its largest arrays.
 
   Returns:
     The report; a compile error (e.g. RESOURCE_EXHAUSTED from the TPU
     compiler) becomes its `error` rather than an exception.
   """
-  start = time.perf_counter()
+  start, cpu = time.perf_counter(), time.process_time()
   try:
     lowered = lower()
     compiled = lowered.compile()
   except Exception as e:  # pylint: disable=broad-except
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return ProgramReport(name, shapes, compile_s=time.perf_counter() - start,
+                         compile_cpu_s=time.process_time() - cpu,
                          error=f'{type(e).__name__}: {first[:300]}')
-  elapsed = time.perf_counter() - start
+  elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
   mem = compiled.memory_analysis()
   get = lambda attr: int(getattr(mem, attr, 0) or 0) if mem is not None else 0
-  flops = _flops(lower_for_flops() if lower_for_flops else lowered)
-  return ProgramReport(name, shapes, argument_bytes=get('argument_size_in_bytes'),
-                       output_bytes=get('output_size_in_bytes'),
-                       temp_bytes=get('temp_size_in_bytes'),
-                       alias_bytes=get('alias_size_in_bytes'), flops=flops, compile_s=elapsed)
+  if flops is None:
+    flops, flops_from = _flops(lower_for_flops() if lower_for_flops else lowered), ''
+  report = ProgramReport(name, shapes, argument_bytes=get('argument_size_in_bytes'),
+                         output_bytes=get('output_size_in_bytes'),
+                         temp_bytes=get('temp_size_in_bytes'),
+                         alias_bytes=get('alias_size_in_bytes'), flops=flops, compile_s=elapsed,
+                         compile_cpu_s=cpu, flops_from=flops_from)
+  if limit_bytes and report.total_bytes > limit_bytes:
+    report = dataclasses.replace(report, largest=largest_arrays(compiled.as_text()))
+  return report
+
+
+# dtype -> bytes per element, as optimized HLO text spells array types.
+_HLO_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'f8e4m3fn': 1, 'f8e5m2': 1, 's16': 2, 'u16': 2,
+              'f16': 2, 'bf16': 2, 's32': 4, 'u32': 4, 'f32': 4, 's64': 8, 'u64': 8, 'f64': 8}
+_HLO_ARRAY = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[([\d,]*)\]')
+
+
+def largest_arrays(hlo_text: str, n: int = 3) -> tuple[str, ...]:
+  """The `n` largest distinct array types an optimized HLO module's instructions produce
+  outside fusion bodies (a fusion's inner values are never whole in memory), each as
+  'SIZE TYPE[SHAPE] (the first instruction that produces one and how many more do)'. A
+  pointer to what dominates a program's temporaries: XLA's memory analysis gives totals only."""
+  found: dict[tuple[str, str], list] = {}
+  skip = False
+  for line in hlo_text.splitlines():
+    if line and not line[0].isspace():       # a computation's header, or its closing brace
+      name = line.split()[0].lstrip('%')
+      skip = name.startswith(('fused', 'wrapped')) or 'fusion' in name
+      continue
+    m = None if skip else _HLO_ARRAY.match(line)
+    if m is None or m.group(2) not in _HLO_BYTES:
+      continue
+    key = (m.group(2), m.group(3))
+    if key in found:
+      found[key][1] += 1
+    else:
+      size = int(np.prod([int(d) for d in m.group(3).split(',') if d])) * _HLO_BYTES[key[0]]
+      found[key] = [size, 1, m.group(1)]
+  top = sorted(found.items(), key=lambda kv: -kv[1][0])[:n]
+  return tuple(f'{_size(size)} {dt}[{shape}] ({first}'
+               + (f' and {count - 1} more' if count > 1 else '') + ')'
+               for (dt, shape), (size, count, first) in top)
+
+
+# ---------------------------------------------------------------- FLOPs counted from the config
+
+# How the mixture-of-experts families' FLOPs are counted (`counted_flops`), in the output,
+# what that means and why (printed once per plan).
+COUNTED = 'counted from the config'
+WHY_COUNTED = ("FLOPs counted from the config: matmuls of the active parameters and attention "
+               "scores, Mamba's scan left out (a lower bound). XLA's count does not apply to the "
+               "routed experts: XLA:CPU lowers their ragged_dot as a dense dot of every expert "
+               "of a shard over every token-expert pair, and counts a shard_map body once, not "
+               "once per device.")
+NOT_COUNTED = "not counted (the paged engine's calls of a mixture-of-experts model)"
+
+
+def counted_flops(cfg, model_kind: str, tokens: float, context: float, *,
+                  head_tokens: float | None = None, train: bool = False) -> float:
+  """Matmul FLOPs of a pass of `tokens` positions, counted from the model config.
+
+  For the mixture-of-experts families, whose XLA count is no measure of the
+  work (`WHY_COUNTED`): 2 FLOPs per active sublayer parameter
+  (`num_params(active=True)`: a token's `experts_per_token` routed experts,
+  the shared expert, router, attention, Mamba projections and convolution)
+  per position, plus 4 * heads * head_dim per attention sublayer per key
+  attended (QK^T and PV), plus the output head over `head_tokens` positions
+  (default: all; the reward model's scalar head is left out). Mamba's scan
+  (a few percent of its projections at these widths), norms and the
+  embedding's gather are not counted, so the count is a lower bound.
+
+  Args:
+    cfg: the ModelConfig.
+    model_kind: 'policy' or 'reward_model'.
+    tokens: positions through the sublayers.
+    context: keys each position attends to, on average.
+    head_tokens: positions through the output head.
+    train: a training step: forward, backward (twice the forward) and, with
+      `cfg.remat`, the sublayers' forward once more (attention's scores kept
+      under 'save_attention_out').
+
+  Returns:
+    FLOPs over all devices.
+  """
+  emb = cfg.vocab_size * cfg.embed_dim
+  blocks = cfg.num_params(active=True) - emb * (1 if cfg.tie_embeddings else 2) - cfg.embed_dim
+  head = emb if model_kind == 'policy' else 0
+  attn = cfg.attention_layers * 4 * cfg.num_heads * cfg.head_dim * context
+  fwd = 2 * blocks + attn
+  head_tokens = tokens if head_tokens is None else head_tokens
+  if not train:
+    return float(tokens * fwd + head_tokens * 2 * head)
+  recompute = 0.0 if cfg.remat == 'none' else (
+      2 * blocks + (0 if cfg.remat == 'save_attention_out' else attn))
+  return float(tokens * (3 * fwd + recompute) + head_tokens * 6 * head)
+
+
+def _train_flops(stage, model_cfg, mesh, rules) -> float:
+  """A train step's counted FLOPs: every '*tokens' field of its largest batch, causal."""
+  batch, _ = kinds.get(stage.kind).abstract_batch(stage, mesh, rules)
+  tokens = [v for k, v in batch._asdict().items() if k.endswith('tokens')]
+  length = tokens[0].shape[1]
+  return counted_flops(model_cfg, stage.MODEL, sum(int(np.prod(t.shape)) for t in tokens),
+                       (length + 1) / 2, train=True)
+
+
+def _sampler_flops(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, prompt_len: int,
+                   max_new_tokens: int, num_samples: int = 1, **_) -> tuple[float, str]:
+  """(counted FLOPs, how) of one one-call sampler call: its prefill (a prompt once for the rows
+  that share it) and every decode step over the filled part of the cache. The paged engine's
+  calls are left uncounted."""
+  if sampler_cfg.get('engine', 'one_call') != 'one_call':
+    return 0.0, NOT_COUNTED
+  sampler, _ = sampler_for(model_cfg, mesh, rules, sampler_cfg)
+  p, nb, b = sampler.call_shape(rows, prompt_len, max_new_tokens)
+  u = b // sampler.prefill_group(b, num_samples)
+  return (counted_flops(model_cfg, 'policy', u * p, (p + 1) / 2, head_tokens=u)
+          + counted_flops(model_cfg, 'policy', b * nb, p + (nb + 1) / 2)), COUNTED
+
+
+def sampler_for(model_cfg, mesh, rules, sampler_cfg: dict):
+  """(the Sampler the plan lowers, the policy's abstract params in the training layout)."""
+  graphdef, params = abstract_params(model_cfg, 'policy', mesh, rules)
+  return sampler_lib.Sampler(graphdef, model_cfg, eos_ids=(0,), pad_id=0, mesh=mesh,
+                             rules=rules, **sampler_cfg), params
+
+
+def decode_read_bytes(model_cfg, sampler, rows: int) -> float:
+  """Per-device bytes of weights one decode step over `rows` rows reads, in the sampler's layout.
+
+  Every weight the device holds (the rollout layout when `rollout_rules` reshards them),
+  except that of its routed experts only those the step's tokens reach count: a
+  shard's expert group sees R tokens (its batch shard's rows, times the 'expert' axes the
+  rows are gathered over, as models/moe.py does), each choosing K of the E experts; with
+  choices spread evenly an expert is reached with probability 1 - (1 - K/E)^R.
+  """
+  mesh, rules = sampler.mesh, sampler.rules
+  reached = _experts_reached(model_cfg, mesh, rules, rows) if model_cfg.num_experts else 1.0
+  _, params = policies.abstract_model(model_cfg, 'policy')
+  total = 0.0
+  for _, v in nnx.to_flat_state(params):
+    value = v.get_value()
+    shape = value.shape
+    axes = v.get_metadata().get('logical_axes') or (None,) * len(shape)
+    spec = sharding.logical_to_spec(axes, shape, mesh, rules)
+    shard = NamedSharding(mesh, spec).shard_shape(shape)
+    total += int(np.prod(shard)) * value.dtype.itemsize * (reached if 'experts' in axes
+                                                             else 1.0)
+  return total
+
+
+def _experts_reached(cfg, mesh, rules, rows: int) -> float:
+  """The expected fraction of a shard's routed experts that one decode step over `rows` rows
+  reaches (see `decode_read_bytes`)."""
+  sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+  axes = lambda e: () if e is None else (e,) if isinstance(e, str) else tuple(e)
+  spec = sharding.logical_to_spec(('experts', 'embed', 'moe_mlp'),
+                                  (cfg.num_experts, cfg.embed_dim, cfg.moe_dim), mesh, rules)
+  ep, tp = axes(spec[0]), axes(spec[2])
+  split = [a for a in axes(sharding.logical_to_spec(('batch',), (rows,), mesh, rules)[0])
+           if a not in tp]
+  seen = rows / np.prod([sizes[a] for a in split]) * np.prod([sizes[a] for a in split
+                                                              if a in ep])
+  return float(1 - (1 - cfg.experts_per_token / cfg.num_experts) ** seen)
 
 
 def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, prompt_len: int,
@@ -282,13 +474,30 @@ def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, pr
   Returns:
     (() -> Lowered, description of the shapes).
   """
-  graphdef, params = abstract_params(model_cfg, 'policy', mesh, rules)
-  sampler = sampler_lib.Sampler(graphdef, model_cfg, eos_ids=(0,), pad_id=0, mesh=mesh,
-                                rules=rules, **sampler_cfg)
+  sampler, params = sampler_for(model_cfg, mesh, rules, sampler_cfg)
   sp = sampler_lib.SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k,
                                   max_new_tokens=max_new_tokens)
   _, _, what = sampler.abstract_args(params, rows, prompt_len, sp, num_samples, program)
+  if model_cfg.mamba_layers and sampler_cfg.get('engine', 'one_call') == 'one_call':
+    what += '; ' + row_state_note(model_cfg, sampler, rows, prompt_len, max_new_tokens)
   return (lambda: sampler.lower(params, rows, prompt_len, sp, num_samples, program)), what
+
+
+def row_state_note(model_cfg, sampler, rows: int, prompt_len: int, max_new_tokens: int) -> str:
+  """What a one-call sampler chunk keeps per device for its rows: the attention sublayers'
+  KV cache and the Mamba sublayers' state, which `cache_tokens_per_device` (a KV budget)
+  does not count, e.g. 'per device 128 rows x (KV cache 108.00 MiB + Mamba state 46.79 MiB)'.
+  """
+  mesh, rules = sampler.mesh, sampler.rules
+  p, nb, b = sampler.call_shape(rows, prompt_len, max_new_tokens)
+  per_device = b // sharding.batch_shards(mesh, rules)
+  c = model_cfg
+  kv_heads = c.num_kv_heads // _split(c.num_kv_heads, 'kv_heads', mesh, rules)
+  kv = c.attention_layers * 2 * kv_heads * c.head_dim * (p + nb) * c.jnp_dtype.itemsize
+  state = c.mamba_layers * (   # MambaState: ssm float32 [H, P, N], conv [K - 1, channels]
+      c.mamba_heads // _split(c.mamba_heads, 'mamba_heads', mesh, rules) * c.mamba_head_dim
+      * c.mamba_state * 4 + (c.mamba_conv - 1) * c.mamba_conv_dim * c.jnp_dtype.itemsize)
+  return f'per device {per_device} rows x (KV cache {_size(kv)} + Mamba state {_size(state)})'
 
 
 def sampler_programs(sampler_cfg: dict) -> tuple[tuple[str, str], ...]:
@@ -313,7 +522,21 @@ def train_lowering(stage, model_cfg, mesh, rules, microbatches: int | None = Non
   batch, what = kind.abstract_batch(stage, mesh, rules)
   if not model_cfg.scans_layers:
     what += ', layers unrolled'
+  rows = jax.tree.leaves(batch)[0].shape[0] // (microbatches or stage.microbatches)
+  shards, split = sharding.batch_shards(mesh, rules), _split(rows, 'batch', mesh, rules)
+  if split < shards:
+    what += (f'; {rows} rows per microbatch over {shards} batch shards: each row on '
+             f'{shards // split} devices')
   return (lambda: step.lower(state, batch)), what
+
+
+def _split(n: int, name: str, mesh, rules) -> int:
+  """How many ways a dimension of `n` along logical axis `name` splits over `mesh` (the mesh
+  axes of its rule that divide it)."""
+  spec = sharding.logical_to_spec((name,), (n,), mesh, rules)[0]
+  axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
+  sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+  return int(np.prod([sizes[a] for a in axes]))
 
 
 def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
@@ -342,24 +565,33 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
   programs = []
   kind = kinds.get(stage.kind)
   # XLA counts a loop body once: FLOPs are counted on a twin lowered (never
-  # compiled) with the layers unrolled and the batch in one microbatch.
+  # compiled) with the layers unrolled and the batch in one microbatch. The
+  # mixture-of-experts families' are counted from the config instead (`counted_flops`).
   unrolled = dataclasses.replace(model_cfg, scan_layers=False)
 
-  def add(name: str, lowering: Callable[..., Any], *args, suffix: str = '', twin_kwargs=None):
-    """lowering(model_cfg, mesh, *args) -> (() -> Lowered, shapes)."""
+  def add(name: str, lowering: Callable[..., Any], *args, suffix: str = '', twin_kwargs=None,
+          count: Callable[[], tuple[float, str]] | None = None):
+    """lowering(model_cfg, mesh, *args) -> (() -> Lowered, shapes); count() -> (FLOPs, how)."""
     lower, what = lowering(model_cfg, mesh, *args)
+    if not model_cfg.is_dense:
+      flops, how = count()
+      programs.append(compile_program(name, what + suffix, lower, flops=flops, flops_from=how,
+                                      limit_bytes=limit_bytes))
+      return
     twin = lowering(unrolled, count_mesh, *args, **(twin_kwargs or {}))[0]
-    programs.append(compile_program(name, what + suffix, lower, twin))
+    programs.append(compile_program(name, what + suffix, lower, twin, limit_bytes=limit_bytes))
 
   if with_train and kind.abstract_batch is not None:
     add('train step', lambda cfg, m, **k: train_lowering(stage, cfg, m, rules, **k),
-        twin_kwargs={'microbatches': 1})
+        twin_kwargs={'microbatches': 1},
+        count=lambda: (_train_flops(stage, model_cfg, mesh, rules), COUNTED))
   sizes = (kind.sampler_sizes(stage) if with_sampler and kind.sampler_sizes is not None
            else None)
   if sizes is not None:
     for program, name in sampler_programs(sampler_cfg):
       add(name, lambda cfg, m, program=program: sampler_lowering(
-          cfg, m, rules, sampler_cfg, **sizes, program=program))
+          cfg, m, rules, sampler_cfg, **sizes, program=program),
+          count=lambda: _sampler_flops(model_cfg, mesh, rules, sampler_cfg, **sizes))
   frozen = kind.frozen_forwards(stage) if kind.frozen_forwards is not None else []
   for ff in frozen:
     copies = f'cop{"y" if ff.copies == 1 else "ies"}'
@@ -367,12 +599,15 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                                                           ff.length),
         suffix=(f' per call, {ff.calls} calls' if ff.calls > 1 else '')
         + (f'; {ff.copies} {copies} in host memory' if ff.on_host
-           else f'; {ff.copies} resident {copies}'))
+           else f'; {ff.copies} resident {copies}'),
+        count=lambda ff=ff: _forward_flops(model_cfg, 'policy', mesh, rules, ff.rows, ff.length))
   rm = list(rm_stages or ())
   for rm_stage in rm:
     add(f'reward model scoring ({rm_stage.name})',
         lambda cfg, m, s=rm_stage: forward_lowering(cfg, 'reward_model', m, rules, s.batch_size,
-                                                    s.max_len))
+                                                    s.max_len),
+        count=lambda s=rm_stage: _forward_flops(model_cfg, 'reward_model', mesh, rules,
+                                                s.batch_size, s.max_len))
   resident = _resident(stage, model_cfg, mesh, rules, programs, frozen, rm,
                        rollout_layout=bool(sampler_cfg.get('rollout_rules')))
   calls = {ff.name: ff.calls for ff in frozen}
@@ -380,8 +615,7 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
     prompts = -(-sizes['rows'] // sizes.get('num_samples', 1))
     calls['sampler prefill'] = -(-prompts // sampler_cfg.get('prefill_prompts', 8))
   seconds = _step_seconds(stage, kind, model_cfg, mesh, rules, programs,
-                          hardware or config_lib.Hardware(),
-                          calls=calls)
+                          hardware or config_lib.Hardware(), sampler_cfg, calls=calls)
   return StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
                      mesh.size, resident=resident, seconds=seconds,
                      steps=getattr(stage, 'steps', 0))
@@ -435,15 +669,18 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
   return tuple(out)
 
 
-def _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hw,
+def _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hw, sampler_cfg: dict,
                   calls: dict | None = None) -> float:
   """A lower bound on one step: compute at the chip's peak, each decode step reading the weights.
 
   Uses `hardware.peak_tflops` (per chip, the compute dtype) and
   `hardware.hbm_gbps`; the train step and frozen forwards are bound by their
-  FLOPs, the sampler by one read of the (per-device) weights per new token
-  (KV-cache reads and the prefill only add to it). 0 when the hardware gives
-  no peak. `calls`: program name -> calls per step (a frozen pass in chunks).
+  FLOPs, the sampler by one read per new token, in each of its chunks one
+  after another, of the weights a decode step reads per device
+  (`decode_read_bytes`: the sampler's layout; of a mixture-of-experts model's
+  routed experts those the step's tokens reach). KV-cache and Mamba-state
+  reads and the prefill only add to it. 0 when the hardware gives no peak.
+  `calls`: program name -> calls per step (a frozen pass in chunks).
   """
   calls = calls or {}
   peak = hw.peak_tflops * 1e12
@@ -456,11 +693,25 @@ def _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hw,
     if p.error:
       continue
     if p.name == 'sampler':
-      new = kind.sampler_sizes(stage)['max_new_tokens']
-      t += new * _params_bytes(model_cfg, 'policy', mesh, rules) / bw
+      sizes = kind.sampler_sizes(stage)
+      sampler, _ = sampler_for(model_cfg, mesh, rules, sampler_cfg)
+      chunk = sampler.call_shape(sizes['rows'], sizes['prompt_len'], sizes['max_new_tokens'])[2]
+      steps = -(-sizes['rows'] // chunk) * sizes['max_new_tokens']
+      t += steps * decode_read_bytes(model_cfg, sampler, chunk) / bw
     else:
       t += calls.get(p.name, 1) * p.flops / (n * peak)
   return t
+
+
+def _forward_rows(rows: int, mesh, rules) -> int:
+  """A frozen pass's rows per call, rounded up to whole batch shards."""
+  return -(-rows // sharding.batch_shards(mesh, rules)) * sharding.batch_shards(mesh, rules)
+
+
+def _forward_flops(model_cfg, model_kind, mesh, rules, rows, length) -> tuple[float, str]:
+  """(counted FLOPs, how) of one call of a frozen pass (log-probs or scores of every row)."""
+  n = _forward_rows(rows, mesh, rules)
+  return counted_flops(model_cfg, model_kind, n * length, (length + 1) / 2), COUNTED
 
 
 def forward_lowering(model_cfg, model_kind: str, mesh, rules, rows: int, length: int):
@@ -477,7 +728,7 @@ def forward_lowering(model_cfg, model_kind: str, mesh, rules, rows: int, length:
   params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, model_cfg.jnp_param_dtype
                                                        if jnp.issubdtype(a.dtype, jnp.floating)
                                                        else a.dtype, sharding=a.sharding), params)
-  rows = -(-rows // sharding.batch_shards(mesh, rules)) * sharding.batch_shards(mesh, rules)
+  rows = _forward_rows(rows, mesh, rules)
   row_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch', None), (rows, length), mesh,
                                                         rules))
   mat = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=row_sh)
@@ -509,11 +760,16 @@ def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
   progs = []
   for program, name in sampler_programs(sampler_cfg):
     lower, what = sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes, program=program)
+    if not model_cfg.is_dense:     # counted from the config (`counted_flops`)
+      flops, how = _sampler_flops(model_cfg, mesh, rules, sampler_cfg, **sizes)
+      progs.append(compile_program(f'eval {name}', what, lower, flops=flops, flops_from=how,
+                                   limit_bytes=limit_bytes))
+      continue
     # Counted on a twin with the layers unrolled (XLA counts a scan body once).
     twin = sampler_lowering(dataclasses.replace(model_cfg, scan_layers=False),
                             mesh if count_mesh is None else count_mesh, rules, sampler_cfg,
                             **sizes, program=program)[0]
-    progs.append(compile_program(f'eval {name}', what, lower, twin))
+    progs.append(compile_program(f'eval {name}', what, lower, twin, limit_bytes=limit_bytes))
   return StageReport(-1, 'evaluation', 'eval', tuple(progs), limit_bytes, mesh.size)
 
 
@@ -603,7 +859,8 @@ def format_stage(r: StageReport) -> str:
   for p in r.programs:
     lines.append(f'  {p.name}: {p.shapes}')
     if p.error:
-      lines.append(f'    DOES NOT COMPILE: {p.error}')
+      lines.append(f'    DOES NOT COMPILE: {p.error} (after {p.compile_s:.1f} s, '
+                   f'{p.compile_cpu_s:.1f} s of CPU)')
       continue
     peak = r.peak(p)
     status = 'fits' if r.fits_program(p) else 'DOES NOT FIT'
@@ -614,18 +871,83 @@ def format_stage(r: StageReport) -> str:
                  f'{_size(p.alias_bytes)}; total {_size(p.total_bytes)}'
                  + (f' + resident beside it {_size(peak - p.total_bytes)} = '
                     f'{_size(peak)}' if peak != p.total_bytes else '') + f': {status}')
+    for a in p.largest:
+      lines.append(f'    largest array: {a}')
+    sampler = p.name in ('sampler', 'eval sampler')
     per = ('per step' if p.name == 'train step' else
            'for one decode step' if p.shapes.startswith('paged engine:') else
-           'for the prefill and one decode step per decode phase'
-           if p.name in ('sampler', 'eval sampler') else 'per call')
-    lines.append(f'    FLOPs {per}: {p.flops:.3e} in all, {p.flops / r.num_devices:.3e} per '
-                 f'device; compiled in {p.compile_s:.1f} s')
+           'per call (its prefill and every decode step)' if sampler and p.flops_from else
+           'for the prefill and one decode step per decode phase' if sampler else 'per call')
+    if p.flops_from and not p.flops:
+      flops = f'FLOPs {p.flops_from}'
+    else:
+      flops = (f'FLOPs {per}' + (f' ({p.flops_from})' if p.flops_from else '')
+               + f': {p.flops:.3e} in all, {p.flops / r.num_devices:.3e} per device')
+    lines.append(f'    {flops}; compiled in {p.compile_s:.1f} s ({p.compile_cpu_s:.1f} s of '
+                 'CPU)')
   if r.seconds:
     hours = r.seconds * r.steps / 3600
-    lines.append(f'  lower bound: {r.seconds:.3g} s per step (compute at peak, one weight read '
-                 f'per new token); {r.steps} steps = {hours:.3g} h = '
-                 f'{hours * r.num_devices:.3g} chip-hours')
+    reads = ('; per new token, one read of the weights a decode step reads per device'
+             if any(p.name == 'sampler' for p in r.programs) else '')
+    lines.append(f'  lower bound: {r.seconds:.3g} s per step (compute at peak{reads}); '
+                 f'{r.steps} steps = {hours:.3g} h = {hours * r.num_devices:.3g} chip-hours')
   return '\n'.join(lines)
+
+
+def model_notes(model_cfg, tgt: Target) -> list[str]:
+  """Lines on what the plan's numbers mean for this model on this target (none for a dense one)."""
+  if model_cfg.is_dense:
+    return []
+  out = [WHY_COUNTED]
+  if not model_cfg.num_experts:
+    return out
+  if tgt.kind == 'tpu':
+    out.append('routed experts: compiled with the megablox grouped-matmul kernel (Pallas, a '
+               'real Mosaic kernel: models/moe.py chooses it by the mesh\'s platform).')
+  else:
+    out.append('routed experts: XLA:CPU turns each ragged_dot into a dense dot over '
+               '[experts per shard, token-expert pairs, width] (XLA\'s generic '
+               'RaggedDotRewriter); where they dominate, the largest arrays of a program '
+               'that does not fit are listed.')
+  return out
+
+
+def markdown_report(reports: Sequence[StageReport], *, command: str, header: Sequence[str],
+                    hosts: Sequence[str], date: str, failed: Sequence[str] = ()) -> str:
+  """The plan as a Markdown page: how it was made (command, date, this host's CPUs and load
+  before and after, which set the compile times), the header lines `main` prints, one row per
+  program (per-device peak beside what stays resident, its share of the device, compile time,
+  FLOPs) and each stage's lower bound in chip-hours."""
+  limit = next((r.limit_bytes for r in reports if r.limit_bytes), 0)
+  cell = lambda text: text.replace('|', '\\|')        # a table cell's own bars, escaped
+  out = [f'# Plan: `{command}`', '',
+         f'Written by `launch.plan --report` on {date}, on {_cpu_model()}.', '',
+         *[f'- {h}' for h in (hosts[0] + ' (before)', hosts[-1] + ' (after)', *header)], '',
+         '| stage | program | shapes | per device | ' + (f'of {_size(limit)} | ' if limit else '')
+         + 'compile (CPU) | FLOPs |',
+         '|---|---|---|---:|' + ('---:|' if limit else '') + '---:|---:|']
+  for r in reports:
+    for p in r.programs:
+      if p.error:
+        out.append(f'| {r.name} | {p.name} | {cell(p.shapes)} | DOES NOT COMPILE: '
+                   f'{cell(p.error)} |' + (' |' if limit else '')
+                   + f' {p.compile_s:.0f} s ({p.compile_cpu_s:.0f} s) | |')
+        continue
+      peak = r.peak(p)
+      share = (f' {100 * peak / r.limit_bytes:.0f} %' + ('' if r.fits_program(p) else
+                                                         ' DOES NOT FIT') + ' |'
+               if limit else '')
+      flops = ('not counted' if p.flops_from and not p.flops else f'{p.flops:.3g}')
+      out.append(f'| {r.name} | {p.name} | {cell(p.shapes)} | {_size(peak)} |{share} '
+                 f'{p.compile_s:.0f} s ({p.compile_cpu_s:.0f} s) | {flops} |')
+  bounds = [f'{r.name} {r.seconds * r.steps / 3600 * r.num_devices:.3g}' for r in reports
+            if r.seconds and r.steps]
+  if bounds:
+    out += ['', 'Lower bound per stage (chip-hours; compute at peak, while sampling one read per '
+            'new token of the weights a decode step reads): ' + ', '.join(bounds) + '.']
+  out += ['', 'Result: ' + ('every planned program fits.' if not failed else
+                            'PLAN FAILED: ' + '; '.join(failed))]
+  return '\n'.join(out) + '\n'
 
 
 def failures(reports: Sequence[StageReport]) -> list[str]:
@@ -652,6 +974,26 @@ _MEMORY = flags.DEFINE_float('device_memory_gib', None,
 _TRAIN = flags.DEFINE_bool('train', True, "Compile the stages' train steps.")
 _SAMPLER = flags.DEFINE_bool('sampler', True, "Compile RL stages' samplers.")
 _EVAL = flags.DEFINE_bool('eval', True, "Compile the evaluation's sampler.")
+_REPORT = flags.DEFINE_string(
+    'report', None, 'Also write the plan as a Markdown page here (any etils.epath path, e.g. '
+    'docs/plans/x.md or gs://bucket/plans/x.md): the command, date, host and its load, the '
+    "target, and one table row per program (`markdown_report`).")
+
+
+def _cpu_model() -> str:
+  """This host's CPU, e.g. 'AMD EPYC 7B13 (x86_64)'."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      names = [l.split(':', 1)[1].strip() for l in f if l.startswith('model name')]
+  except OSError:
+    names = []
+  return f'{names[0] if names else platform.processor() or "a CPU"} ({platform.machine()})'
+
+
+def _host_load() -> str:
+  """This host's CPU count and load average: compile times depend on what else runs."""
+  load = ', '.join(f'{x:.2f}' for x in os.getloadavg())
+  return f'host: {os.cpu_count()} CPUs, load average {load} (1, 5, 15 min)'
 
 
 def main(argv):
@@ -669,19 +1011,37 @@ def main(argv):
   use_simulated_cpu_devices(num_devices(plan))
   tgt = target(plan, backend, _MEMORY.value)
   model_cfg = plan.model
-  print(f'target: {tgt.description}')
-  print(f'mesh (data, fsdp, tensor) = {plan.mesh_shape}; model {plan.model_name}: '
-        f'{model_cfg.num_params() / 1e9:.2f}B parameters in {model_cfg.param_dtype}, compute '
-        f'{model_cfg.dtype}, remat={model_cfg.remat}')
-  print('memory is per device; total = arguments + outputs + temporaries - aliased '
-        "(donated) buffers. FLOPs are XLA's HLO count: a train step's over the whole batch; a "
-        "sampler's for its prefill and one step per decode loop (XLA counts a loop body "
-        "once)\n",
-        flush=True)
+  axes = ', '.join(sharding.EXPERT_MESH_AXES if len(plan.mesh_shape) == 4
+                   else sharding.MESH_AXES)
+  active = (f' ({model_cfg.num_params(active=True) / 1e9:.2f}B active per token)'
+            if model_cfg.num_experts else '')
+  header = [f'target: {tgt.description}',
+            f'mesh ({axes}) = {plan.mesh_shape}; model {plan.model_name}: '
+            f'{model_cfg.num_params() / 1e9:.2f}B parameters{active} in '
+            f'{model_cfg.param_dtype}, compute {model_cfg.dtype}, remat={model_cfg.remat}',
+            *model_notes(model_cfg, tgt),
+            'memory is per device; total = arguments + outputs + temporaries - aliased '
+            '(donated) buffers. ' + (
+                "FLOPs are XLA's HLO count: a train step's over the whole batch; a sampler's "
+                'for its prefill and one step per decode loop (XLA counts a loop body once)'
+                if model_cfg.is_dense else "FLOPs: a train step's over the whole batch; a "
+                "sampler's for the whole call")]
+  load_before = _host_load()
+  print('\n'.join([header[0], load_before, *header[1:]]) + '\n', flush=True)
   reports = run_plan(plan, tgt, stages=_STAGES.value, with_sampler=_SAMPLER.value,
                      with_eval=_EVAL.value, with_train=_TRAIN.value,
                      report=lambda r: print(format_stage(r), flush=True))
+  load_after = _host_load()
+  print(f'\n{load_after}')
   bad = failures(reports)
+  if _REPORT.value:
+    path = epath.Path(_REPORT.value)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown_report(
+        reports, command='python -m launch.plan ' + ' '.join(sys.argv[1:]), header=header,
+        hosts=(load_before, load_after), date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+        failed=bad))
+    print(f'wrote {path}')
   if bad:
     print('\nPLAN FAILED:\n  ' + '\n  '.join(bad), file=sys.stderr, flush=True)
     sys.exit(1)

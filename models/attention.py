@@ -178,7 +178,7 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
   bp = min(pages_per_compute_block, m)
   q = q * (h ** -0.5)
   # The kernel where `attend` would use splash: on TPU, for 'splash' or 'auto'.
-  if _mesh_platform() == 'tpu' and impl in ('splash', 'auto') and m % bp == 0:
+  if sharding.mesh_platform() == 'tpu' and impl in ('splash', 'auto') and m % bp == 0:
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel
     dt = q.dtype
     fn = functools.partial(paged_attention_kernel.paged_attention, mask_value=_NEG_INF,
@@ -188,14 +188,6 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
     bp = min(bp, 2)      # XLA:CPU gathers slowly: small blocks measured fastest (S=32, 272 keys)
   return _per_shard(functools.partial(_paged_xla, block_pages=bp), q, k_pages, v_pages,
                     lengths, page_table)
-
-
-def _mesh_platform() -> str:
-  """The platform of the devices of the mesh being traced for (`jax.set_mesh`), else of the
-  default backend: a TPU topology planned from a CPU host is 'tpu'."""
-  mesh = jax.sharding.get_abstract_mesh()
-  device = getattr(mesh, 'abstract_device', None) if mesh is not None and not mesh.empty else None
-  return getattr(device, 'platform', None) or jax.default_backend()
 
 
 def _per_shard(fn, q, k_pages, v_pages, lengths, page_table):
@@ -502,7 +494,7 @@ def _splash(q, k, v, seg, *, block_q, block_kv):
   tp = -(-t // max(bq, bkv)) * max(bq, bkv)
   qn = _pad_to(q.reshape(b, t, kh * g, h), 1, tp).transpose(0, 2, 1, 3)    # [B, N, Tp, H]
   k, v, seg = _pad_to(k, 2, tp), _pad_to(v, 2, tp), _pad_to(seg, 1, tp)
-  kernel = _splash_kernel(tp, kh * g, bq, bkv, _mesh_platform() != 'tpu')
+  kernel = _splash_kernel(tp, kh * g, bq, bkv, sharding.mesh_platform() != 'tpu')
   out = jax.vmap(lambda q1, k1, v1, s1: kernel(q1, k1, v1, splash.SegmentIds(s1, s1)))(
       qn, k, v, seg)
   return out.transpose(0, 2, 1, 3)[:, :t].reshape(b, t, kh, g, h)
@@ -558,7 +550,7 @@ def _gpu_flash(q, k, v, seg):
       block_sizes=gpu_attention.BlockSizes(block_q=_GPU_BLOCK, block_k=_GPU_BLOCK,
                                           block_q_dkv=32, block_kv_dkv=32,
                                           block_q_dq=32, block_kv_dq=32),
-      interpret=_mesh_platform() != 'gpu')
+      interpret=sharding.mesh_platform() != 'gpu')
   return out[:, :t].reshape(b, t, kh, g, h)
 
 

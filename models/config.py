@@ -137,6 +137,11 @@ class ModelConfig:
       objective (0: off, the RL default).
     router_z_loss: weight of the router z-loss (mean squared logsumexp of the router
       logits; 0: off).
+    moe_chunk: a shard's routed experts take its tokens (with expert parallelism, its
+      expert group's gathered tokens) this many at a time, one chunk after another, each
+      recomputed in the backward pass, so the [tokens x experts_per_token, width]
+      dispatch buffers are never whole for a long microbatch; 0 never chunks. The same
+      numbers up to float rounding.
   """
 
   family: str = 'qwen3'
@@ -185,6 +190,7 @@ class ModelConfig:
   routed_scaling: float = 1.0
   router_aux_loss: float = 0.0
   router_z_loss: float = 0.0
+  moe_chunk: int = 0
 
   def __post_init__(self):
     if self.family not in FAMILIES:
@@ -218,6 +224,8 @@ class ModelConfig:
     if not isinstance(self.scan_layers, bool) and self.scan_layers != 'auto':
       raise ValueError(f'ModelConfig.scan_layers={self.scan_layers!r}: expected True, False '
                        "or 'auto'")
+    if self.moe_chunk < 0:
+      raise ValueError(f'ModelConfig.moe_chunk={self.moe_chunk} must be >= 0 (0: never chunk)')
     if self.mlp_chunk < 0:
       raise ValueError(f'ModelConfig.mlp_chunk={self.mlp_chunk} must be >= 0 (0: never chunk)')
     for name in ('param_dtype', 'dtype'):
@@ -324,7 +332,10 @@ class ModelConfig:
   @property
   def scans_layers(self) -> bool:
     """Whether the blocks run as one scan: `scan_layers`, 'auto' resolved by JAX's default
-    backend (a Python loop on the CPU, a scan elsewhere)."""
+    backend (a Python loop on the CPU, a scan elsewhere). Never for the mixture-of-experts
+    families: their sublayers differ, so they always run as a Python loop."""
+    if not self.is_dense:
+      return False
     if self.scan_layers == 'auto':
       return jax.default_backend() != 'cpu'
     return self.scan_layers

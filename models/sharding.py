@@ -158,6 +158,15 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int] | None = N
   return P(*out)
 
 
+def mesh_platform() -> str:
+  """The platform of the devices of the mesh being traced for (`jax.set_mesh`), else of the
+  default backend: a TPU topology planned from a CPU host is 'tpu', so kernels chosen by it
+  (splash, paged attention, the megablox grouped matmul) compile as real kernels there."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = getattr(mesh, 'abstract_device', None) if mesh is not None and not mesh.empty else None
+  return getattr(device, 'platform', None) or jax.default_backend()
+
+
 def batch_shards(mesh: Mesh | None, rules=None) -> int:
   """How many ways the 'batch' rule splits rows on `mesh` (1 without a mesh)."""
   if mesh is None:

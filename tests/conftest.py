@@ -250,3 +250,27 @@ def derived_config():
   """Source of a config file that loads the `cfg.py` beside it (what `copy_cascade` writes) and
   edits its config: make(edits, imports='') with `edits` the indented lines run on `c`."""
   return lambda edits, imports='': _DERIVED_CONFIG.format(imports=imports, edits=edits)
+
+
+@pytest.fixture(scope='session')
+def pallas_interpret_flags():
+  """fn, *args -> the `interpret` parameter of every pallas_call in fn's jaxpr (sub-jaxprs
+  included): whether a kernel traces as a real kernel for the platform or as an interpreted
+  loop."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  def flags_of(fn, *args):
+    flags = []
+
+    def walk(jaxpr):
+      for eqn in jaxpr.eqns:
+        if eqn.primitive.name == 'pallas_call':
+          flags.append(bool(eqn.params['interpret']))
+        for v in eqn.params.values():
+          for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+            sub = getattr(sub, 'jaxpr', sub)           # a ClosedJaxpr's jaxpr
+            if hasattr(sub, 'eqns'):
+              walk(sub)
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return flags
+  return flags_of

@@ -11,8 +11,8 @@ from cascade import config as config_lib
 
 _ROOT = 'root=/pinned/world'       # the tiny configs name files under their world's root
 PINNED = {
-    ('nemotron_cascade2', None): 'a2f462d332877ce4',
-    ('nemotron_cascade2', 'hardware=h200x8'): 'f898fc0cf50f4d7c',
+    ('nemotron_cascade2', None): 'fdd6ac7fe2bfaab8',
+    ('nemotron_cascade2', 'hardware=h200x8'): 'f1b08c8e7905830f',
     ('nemotron_cascade_14b', None): 'a7e8d7028f8d8416',
     ('nemotron_cascade_14b', 'hardware=h200x8'): '2b8e30048e485b5d',
     ('nemotron_cascade_8b', None): '2ce98cf3d0dffb25',

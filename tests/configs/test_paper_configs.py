@@ -2,6 +2,7 @@
 config validates, and what they cite is in the repository."""
 
 import importlib
+import math
 import os
 import re
 
@@ -59,7 +60,7 @@ def test_cascade2_if_rl_and_mopd_stages():
       GRPO, name='if_rl', domains=['instruction_following'], steps=180,
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=2048, max_response_len=16_384,
-      thinking_fraction=0.0, filter_overlong=False, kl_coef=0.0, microbatches=256)
+      thinking_fraction=0.0, filter_overlong=False, kl_coef=0.0, microbatches=32)
   assert _stage('nemotron_cascade2', 'mopd') == dict(
       name='mopd', kind='mopd', domains=['math', 'instruction_following', 'chat', 'mcqa',
                                          'structured'],
@@ -69,7 +70,7 @@ def test_cascade2_if_rl_and_mopd_stages():
                 'structured': 'multi_domain_rl'},
       init_from='multi_domain_rl', steps=52, optimizer=dict(lr=2e-6, warmup_steps=30),
       prompts_per_step=128, group_size=4, temperature=1.0, max_prompt_len=4096,
-      max_response_len=61_440, microbatches=64)
+      max_response_len=61_440, microbatches=8)
   assert _stage('nemotron_cascade2', 'rlhf')['kl_coef'] == 0.03
 
 
@@ -79,7 +80,7 @@ def test_cascade2_multi_domain_rl_and_its_verifiers():
       GRPO, name='multi_domain_rl', domains=['mcqa', 'tool_calling', 'structured'], steps=70,
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=49_152,
-      thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=256)
+      thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=32)
   c = importlib.import_module('configs.nemotron_cascade2').get_config('data_root=/d')
   assert {d: c.domains[d]['verifier'] for d in ('mcqa', 'tool_calling', 'structured',
                                                 'long_context')} == {
@@ -98,7 +99,7 @@ def test_cascade2_swe_rl_is_agentic():
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=32_768,
       max_turn_tokens=8192, thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0,
-      microbatches=256)
+      microbatches=32)
   c = importlib.import_module('configs.nemotron_cascade2').get_config('data_root=/d')
   assert c.domains['swe_agent'].to_dict() == dict(
       env='swe_agent', env_options=dict(isolation='bwrap'), train='swe_agent_train',
@@ -152,6 +153,14 @@ def test_hardware_argument_retargets_mesh_and_sampler_budget(name):
   for p, n in zip(pod_plan.stages, node_plan.stages):
     assert getattr(p, 'teachers_on_host', False) is False
     assert getattr(n, 'teachers_on_host', False) is (n.kind == 'mopd')
+  # A microbatch holds the same rows per batch shard on both (no empty rows padded in): on
+  # Cascade 2's pod mesh rows split 64 ways (data x fsdp x expert), on the node 8.
+  shards = lambda c: math.prod(c.mesh.shape[:len(c.mesh.shape) - 1])
+  for p, n in zip(pod.stages, node.stages):
+    rows = p.get('batch_size') or p['prompts_per_step'] * p['group_size']
+    assert rows % (p['microbatches'] * shards(pod)) == 0, p['name']
+    assert (rows // (p['microbatches'] * shards(pod))
+            == rows // (n['microbatches'] * shards(node))), p['name']
   with pytest.raises(ValueError, match="hardware='a100': expected one of"):
     module.get_config('hardware=a100')
 
@@ -168,5 +177,10 @@ def test_cascade1_recipe_on_qwen3_30b_a3b():
   assert [s['name'] for s in moe.stages] == [s['name'] for s in dense.stages]
   node = module.get_config('model=qwen3_30b_a3b,hardware=h200x8')
   assert tuple(node.mesh.shape) == (1, 1, 8, 1)
+  # Rows split 64 ways on the pod's expert mesh (8 on the dense one): 8x fewer microbatches,
+  # the same rows per device in each; the routed experts take 32K tokens at a time.
+  for d, m in zip(dense.stages, moe.stages):
+    assert m['microbatches'] * 8 == d['microbatches'], d['name']
+  assert plan.model.moe_chunk == 32_768
   with pytest.raises(ValueError, match="model='qwen3_32b': expected one of"):
     module.get_config('model=qwen3_32b')

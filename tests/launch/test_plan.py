@@ -1,13 +1,17 @@
 """launch.plan on 8 simulated devices: sane per-device numbers, a clear failure naming the stage;
 and the paper-recipe configs validate with their published numbers."""
 
+import dataclasses
 import importlib.util
+import math
 import os
+import re
 import subprocess
 import sys
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -149,8 +153,10 @@ def test_paper_configs_validate(name):
     if st.SAMPLES:
       assert getattr(st, 'kl_coef', 0.0) == 0.0 or (name == 'nemotron_cascade2' and 'rlhf' in st.name)
       assert st.loss_agg == 'token' and st.optimizer.lr <= 4e-6
-      # One row per device per microbatch: rows / microbatches = the 8 batch shards.
-      assert st.prompts_per_step * st.group_size // st.microbatches == 8
+      # One row per device per microbatch: rows / microbatches = the batch shards (8 over
+      # data x fsdp on the dense recipes' mesh, 64 over data x fsdp x expert on Cascade 2's).
+      shards = math.prod(p.mesh_shape[:-1])
+      assert st.prompts_per_step * st.group_size // st.microbatches == shards
   assert module.__doc__ and 'arXiv' in module.__doc__ and 'Not reproducible' in module.__doc__
 
 
@@ -285,3 +291,141 @@ def test_programs_are_planned_with_the_platforms_layer_loops(tiny_path, platform
   assert not samp.error and samp.shapes.endswith('decode phase(s)' + (
       ', layers unrolled)' if unrolled else ')')), samp.shapes
   assert not train.error and train.shapes.endswith(', layers unrolled') == unrolled, train.shapes
+
+
+# ---------------------------------------------------------------- the mixture-of-experts families
+
+HYBRID_CONFIG = TINY_CONFIG.replace(
+    "c.model = dict(preset='tiny', overrides=dict(max_seq_len=256))",
+    "c.model = dict(preset='tiny_hybrid', overrides=dict(max_seq_len=256, remat=True,\n"
+    "                                                        layer_types='M*E', num_layers=3))"
+).replace("c.mesh = dict(shape=(2, 2, 2))", "c.mesh = dict(shape=(1, 2, 2, 2))").replace(
+    "device_memory_gib=1.0)", "device_memory_gib=1.0, peak_tflops=1.0, hbm_gbps=10.0)")
+
+
+@pytest.fixture(scope='module')
+def hybrid_path(tmp_path_factory):
+  path = tmp_path_factory.mktemp('plan') / 'tiny_hybrid_plan_config.py'
+  path.write_text(HYBRID_CONFIG)
+  return str(path)
+
+
+def test_counted_flops_count_a_tokens_experts_not_all():
+  cfg = model_config.ModelConfig.tiny_hybrid()          # 'ME*EM-': one attention sublayer
+  d, f = cfg.embed_dim, cfg.moe_dim
+  emb = cfg.vocab_size * d
+  blocks = cfg.num_params(active=True) - 2 * emb - d   # untied: embedding and head left out
+  attn = 4 * cfg.num_heads * cfg.head_dim               # QK^T and PV per key attended
+  fwd = plan.counted_flops(cfg, 'policy', 10, 5.0)
+  assert fwd == 10 * (2 * blocks + 5.0 * attn + 2 * emb)
+  # Routed experts: K = 2 of the E = 8 per token (relu2: up and down) in each of the 2 'moe'
+  # sublayers, so routing every token to all of them would add (E - K) experts' matmuls.
+  everything = plan.counted_flops(cfg.replace(experts_per_token=8, router_groups=1), 'policy',
+                                  10, 5.0)
+  assert everything - fwd == 10 * 2 * 2 * (8 - 2) * 2 * d * f
+  # A train step: forward + backward (3x), the sublayers once more under remat; the head's
+  # matmul is not rematerialised. The reward model has no vocabulary head.
+  assert plan.counted_flops(cfg, 'policy', 10, 5.0, train=True) == 3 * fwd
+  assert plan.counted_flops(cfg.replace(remat='full'), 'policy', 10, 5.0, train=True) == (
+      10 * (4 * (2 * blocks + 5.0 * attn) + 6 * emb))
+  assert plan.counted_flops(cfg, 'reward_model', 10, 5.0) == 10 * (2 * blocks + 5.0 * attn)
+
+
+def _sampler_for(cfg, shape, sampler_cfg):
+  mesh = sharding.make_mesh(shape, devices=jax.devices()[:int(np.prod(shape))])
+  return plan.sampler_for(cfg, mesh, sharding.DEFAULT_RULES, sampler_cfg)
+
+
+def test_a_decode_step_reads_the_sampler_layout_and_the_experts_its_tokens_reach():
+  cfg = model_config.ModelConfig.tiny_hybrid()
+  sampler, params = _sampler_for(cfg, (1, 2, 2, 2), dict(rollout_rules=(('embed', None),)))
+  laid_out = sampler.rollout_params(params)
+  experts = other = 0
+  for path, leaf in jax.tree_util.tree_leaves_with_path(laid_out):
+    size = int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
+    if any(getattr(k, 'key', None) in ('up', 'down') for k in path):
+      experts += size
+    else:
+      other += size
+  assert experts > 0 and other > 0
+  # 4 rows: one per batch shard (data 1 x fsdp 2 x expert 2); an expert shard gathers the 2
+  # rows of its expert group, and a token reaches a given expert with probability K/E = 2/8.
+  reached = 1 - (1 - 2 / 8) ** 2
+  assert plan.decode_read_bytes(cfg, sampler, 4) == pytest.approx(other + reached * experts)
+  assert plan.decode_read_bytes(cfg, sampler, 4096) == pytest.approx(other + experts)
+  # The rollout layout (embed whole) is what a decode step reads, not the training one.
+  trained, _ = _sampler_for(cfg, (1, 2, 2, 2), {})
+  assert plan.decode_read_bytes(cfg, trained, 4096) < other + experts
+  # A dense model: every weight of the device, per step.
+  dense = model_config.ModelConfig.tiny()
+  sampler, params = _sampler_for(dense, (2, 2, 2), {})
+  assert plan.decode_read_bytes(dense, sampler, 8) == _per_device_bytes(params)
+
+
+def test_largest_arrays_name_what_fills_a_program():
+  big = jax.jit(lambda x: (jnp.sin(jnp.outer(x, x)), x + 1)).lower(
+      jax.ShapeDtypeStruct((1024,), jnp.float32)).compile().as_text()
+  first = plan.largest_arrays(big)[0]
+  assert first.startswith('4.00 MiB f32[1024,1024] ('), first
+
+
+def test_model_notes_say_how_an_expert_model_is_counted_and_compiled():
+  cpu = plan.Target((), 'cpu', 'x', 0)
+  tpu = plan.Target((), 'tpu', 'x', 0)
+  assert plan.model_notes(model_config.ModelConfig.tiny(), cpu) == []
+  hybrid = model_config.ModelConfig.tiny_hybrid()
+  assert 'counted from the config' in plan.model_notes(hybrid, cpu)[0]
+  assert 'ragged_dot' in plan.model_notes(hybrid, cpu)[1]
+  assert 'megablox grouped-matmul kernel' in plan.model_notes(hybrid, tpu)[1]
+
+
+@pytest.mark.heavy
+def test_a_hybrid_with_an_expert_axis_is_planned(hybrid_path):
+  """Mamba-2, attention and mixture-of-experts sublayers, unrolled, on a (data, fsdp, expert,
+  tensor) mesh: the train step and sampler compile and fit, their FLOPs are counted from the
+  config, and the stage gets a time bound."""
+  config = _load(hybrid_path)
+  p = config_lib.validate(config)
+  assert plan.num_devices(p) == 8
+  tgt = plan.target(p, 'cpu')
+  [rep] = plan.run_plan(p, tgt, stages=['add_rl'], with_eval=False)
+  train, samp = rep.programs
+  assert rep.fits and not train.error and not samp.error
+  assert train.flops_from == samp.flops_from == plan.COUNTED
+  assert train.flops == pytest.approx(plan.counted_flops(p.model, 'policy', 16 * 64, 32.5,
+                                                         train=True))
+  assert samp.flops > 0 and 'KV cache of 64 slots' in samp.shapes
+  assert rep.seconds > 0 and 'chip-hours' in plan.format_stage(rep)
+  assert '(counted from the config)' in plan.format_stage(rep)
+
+
+def test_markdown_report_says_how_and_what(tmp_path):
+  """The page `--report` writes: the command, date, host and load, the header lines, one row
+  per program with its co-resident peak and share of the device, the stages' chip-hour bounds,
+  and whether the plan failed (a compile error named in its row)."""
+  gib = 2 ** 30
+  ok = plan.ProgramReport('train step', '8 rows x 64 tokens', argument_bytes=2 * gib,
+                          temp_bytes=3 * gib, flops=1.5e15, compile_s=41.2, compile_cpu_s=80.0)
+  bad = plan.ProgramReport('sampler', '8 rows | 64', compile_s=3.0, compile_cpu_s=3.0,
+                           error='JaxRuntimeError: RESOURCE_EXHAUSTED: 120G')
+  rep = plan.StageReport(0, 'math_rl', 'grpo', (ok, bad), 10 * gib, 64,
+                         resident=(('train step', 1 * gib),), seconds=2.0, steps=1800)
+  failed = plan.failures([rep])
+  page = plan.markdown_report([rep], command='python -m launch.plan --config=c.py',
+                              header=['target: TPU v5p', 'mesh (data, fsdp, tensor) = (1, 8, 8)'],
+                              hosts=('host: 2 CPUs, load average 0.5', 'host: 2 CPUs, load 1.0'),
+                              date='2026-12-03 15:00 UTC', failed=failed)
+  assert page.startswith('# Plan: `python -m launch.plan --config=c.py`')
+  assert '2026-12-03 15:00 UTC' in page and 'load average 0.5 (before)' in page
+  assert '- target: TPU v5p' in page and '| stage | program | shapes | per device | of 10.00 GiB' in page
+  # 2 + 3 GiB of its own + 1 GiB resident beside it = 6 GiB = 60 % of 10.
+  assert '| math_rl | train step | 8 rows x 64 tokens | 6.00 GiB | 60 % | 41 s (80 s) | 1.5e+15 |' in page
+  row = next(l for l in page.splitlines() if l.startswith('| math_rl | sampler'))
+  assert 'DOES NOT COMPILE: JaxRuntimeError: RESOURCE_EXHAUSTED: 120G' in row
+  # The shapes' own '|' escaped: 7 columns, the table stays whole.
+  assert len(re.findall(r'(?<!\\)\|', row)) == 8 and '8 rows \\| 64' in row
+  # 2 s x 1800 steps = 1 h on 64 chips.
+  assert 'math_rl 64' in page and 'PLAN FAILED' in page
+  assert 'every planned program fits' in plan.markdown_report(
+      [dataclasses.replace(rep, programs=(ok,))], command='c', header=[], hosts=('a', 'b'),
+      date='d')

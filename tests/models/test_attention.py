@@ -244,25 +244,8 @@ def test_splash_causal_mask_blocks_equal_splashs_own():
     assert fast[:64, :64].sum() == 64 * 65 // 2 and fast[:64, 64:128].sum() == 0
 
 
-def _pallas_interpret_flags(fn, *args):
-  """The `interpret` parameter of every pallas_call in fn's jaxpr (sub-jaxprs included)."""
-  flags = []
-
-  def walk(jaxpr):
-    for eqn in jaxpr.eqns:
-      if eqn.primitive.name == 'pallas_call':
-        flags.append(bool(eqn.params['interpret']))
-      for v in eqn.params.values():
-        for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-          sub = getattr(sub, 'jaxpr', sub)           # a ClosedJaxpr's jaxpr
-          if hasattr(sub, 'eqns'):
-            walk(sub)
-  walk(jax.make_jaxpr(fn)(*args).jaxpr)
-  return flags
-
-
 @pytest.mark.parametrize('platform', ['tpu', 'cpu'])
-def test_kernels_compile_as_kernels_for_the_mesh_platform(platform):
+def test_kernels_compile_as_kernels_for_the_mesh_platform(platform, pallas_interpret_flags):
   """Planning for a TPU topology from a CPU host traces under a TPU mesh: splash and the paged
   kernel are then real Mosaic kernels, not interpreted loops (and the paged kernel is chosen at
   all); under a CPU mesh splash is interpreted and paged attention takes the XLA path."""
@@ -278,6 +261,6 @@ def test_kernels_compile_as_kernels_for_the_mesh_platform(platform):
   paged = lambda q, kp: attention.paged_attend(q, kp, kp, jnp.full((4,), 20, jnp.int32),
                                                jnp.zeros((4, 8), jnp.int32), impl='splash')
   with jax.sharding.use_abstract_mesh(mesh):
-    assert _pallas_interpret_flags(splash, q, k, v) == [platform != 'tpu']
-    assert _pallas_interpret_flags(paged, q[0, :4], pages) == ([False] if platform == 'tpu'
+    assert pallas_interpret_flags(splash, q, k, v) == [platform != 'tpu']
+    assert pallas_interpret_flags(paged, q[0, :4], pages) == ([False] if platform == 'tpu'
                                                                else [])

@@ -324,10 +324,12 @@ def _loss(out_y, aux, z):
   return jnp.sum(jnp.sin(out_y)) + 0.3 * aux + 0.1 * z
 
 
-@pytest.mark.parametrize('name', ['softmax_swiglu_nonorm_shared_scaled',
-                                  'sigmoid_relu2_groups_shared'])
-def test_gradients_match_dense(name):
-  cfg = _cfg(**CONFIGS[name])
+@pytest.mark.parametrize('name,chunk', [('softmax_swiglu_nonorm_shared_scaled', 0),
+                                        ('sigmoid_relu2_groups_shared', 0),
+                                        # 15 tokens in chunks of 4: the last one padded
+                                        ('sigmoid_relu2_groups_shared', 4)])
+def test_gradients_match_dense(name, chunk):
+  cfg = _cfg(**CONFIGS[name], moe_chunk=chunk)
   m, x = _model(cfg), _x()
   gd, params = m
   mask = jnp.ones((3, 5)).at[0, 4].set(0.0)
@@ -390,6 +392,27 @@ def test_grouped_matmul_gmm_kernel_interpret():
   assert not np.asarray(g_gmm[0][31:]).any()
   with pytest.raises(ValueError, match='impl'):
     moe.grouped_matmul(lhs, rhs, sizes, 'dense')
+
+
+@pytest.mark.parametrize('platform', ['tpu', 'cpu'])
+def test_grouped_matmul_is_chosen_by_the_mesh_platform(platform, pallas_interpret_flags):
+  """Tracing for a TPU mesh (a TPU topology planned from a CPU host, as launch.plan does) picks
+  the megablox kernel as a real Mosaic kernel, forward and backward; a CPU mesh picks
+  ragged_dot (no kernel)."""
+  device = jax.sharding.AbstractDevice(device_kind=platform, num_cores=None, platform=platform)
+  mesh = jax.sharding.AbstractMesh((1, 1, 1), ('data', 'fsdp', 'tensor'),
+                                   axis_types=(jax.sharding.AxisType.Auto,) * 3,
+                                   abstract_device=device)
+  lhs, rhs = jnp.ones((256, 128)), jnp.ones((4, 128, 128))
+  sizes = jnp.array([64, 64, 64, 64], jnp.int32)
+  loss = lambda a, b: jnp.sum(moe.grouped_matmul(a, b, sizes))
+  with jax.sharding.use_abstract_mesh(mesh):
+    forward = pallas_interpret_flags(lambda a, b: moe.grouped_matmul(a, b, sizes), lhs, rhs)
+    backward = pallas_interpret_flags(jax.grad(loss, (0, 1)), lhs, rhs)
+  if platform == 'tpu':
+    assert forward == [False] and backward and not any(backward)
+  else:
+    assert forward == backward == []
 
 
 def test_layer_with_gmm_kernel(monkeypatch):
@@ -485,10 +508,17 @@ def _sharded_run(m, x, mask, mesh):
                  marks=pytest.mark.heavy),
     pytest.param((2, 2, 2), 'softmax_swiglu_nonorm_shared_scaled',  # 3 entries: no expert axis
                  marks=pytest.mark.heavy),
+    # The megablox kernel's path (interpreted here) under the expert shard_map, as on TPU.
+    pytest.param((1, 2, 2, 2), 'sigmoid_relu2_groups_shared:gmm', marks=pytest.mark.heavy),
+    # A shard's 12 gathered tokens through its experts 5 at a time (the last chunk padded).
+    ((1, 2, 2, 2), 'sigmoid_relu2_groups_shared:chunk'),
 ])
-def test_sharded_matches_unsharded(shape, name):
+def test_sharded_matches_unsharded(shape, name, monkeypatch):
   assert jax.device_count() >= 8
-  cfg = _cfg(**CONFIGS[name])
+  name, _, how = name.partition(':')
+  if how == 'gmm':
+    monkeypatch.setattr(moe, '_default_impl', lambda: how)
+  cfg = _cfg(**CONFIGS[name], moe_chunk=5 if how == 'chunk' else 0)
   m, x = _model(cfg, scale=0.25), _x(8, 3)
   mask = jnp.ones((8, 3)).at[1, 2].set(0.0)
   ((loss0, out0), grads0), _ = _sharded_run(m, x, mask, None)
