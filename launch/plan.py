@@ -350,9 +350,10 @@ def largest_arrays(hlo_text: str, n: int = 3) -> tuple[str, ...]:
 COUNTED = 'counted from the config'
 WHY_COUNTED = ("FLOPs counted from the config: matmuls of the active parameters and attention "
                "scores, Mamba's scan left out (a lower bound). XLA's count does not apply to the "
-               "routed experts: XLA:CPU lowers their ragged_dot as a dense dot of every expert "
-               "of a shard over every token-expert pair, and counts a shard_map body once, not "
-               "once per device.")
+               'routed experts: on TPU their grouped matmul is a Pallas kernel, whose work XLA '
+               'does not count; XLA:CPU lowers ragged_dot as a dense dot of every expert of a '
+               'shard over every token-expert pair; and a shard_map body is counted once, not '
+               'once per device.')
 NOT_COUNTED = "not counted (the paged engine's calls of a mixture-of-experts model)"
 
 
@@ -913,11 +914,13 @@ def model_notes(model_cfg, tgt: Target) -> list[str]:
 
 
 def markdown_report(reports: Sequence[StageReport], *, command: str, header: Sequence[str],
-                    hosts: Sequence[str], date: str, failed: Sequence[str] = ()) -> str:
+                    hosts: Sequence[str], date: str, failed: Sequence[str] = (),
+                    finished: bool = True) -> str:
   """The plan as a Markdown page: how it was made (command, date, this host's CPUs and load
   before and after, which set the compile times), the header lines `main` prints, one row per
   program (per-device peak beside what stays resident, its share of the device, compile time,
-  FLOPs) and each stage's lower bound in chip-hours."""
+  FLOPs) and each stage's lower bound in chip-hours; `finished` False marks a page written
+  part-way (after each stage), which says so instead of a result."""
   limit = next((r.limit_bytes for r in reports if r.limit_bytes), 0)
   cell = lambda text: text.replace('|', '\\|')        # a table cell's own bars, escaped
   out = [f'# Plan: `{command}`', '',
@@ -945,8 +948,12 @@ def markdown_report(reports: Sequence[StageReport], *, command: str, header: Seq
   if bounds:
     out += ['', 'Lower bound per stage (chip-hours; compute at peak, while sampling one read per '
             'new token of the weights a decode step reads): ' + ', '.join(bounds) + '.']
-  out += ['', 'Result: ' + ('every planned program fits.' if not failed else
-                            'PLAN FAILED: ' + '; '.join(failed))]
+  if not finished:
+    out += ['', f'Unfinished: the plan was still running (or was stopped) after '
+            f'{len(reports)} stage(s); the rows above are the stages it had planned.']
+  else:
+    out += ['', 'Result: ' + ('every planned program fits.' if not failed else
+                              'PLAN FAILED: ' + '; '.join(failed))]
   return '\n'.join(out) + '\n'
 
 
@@ -1028,20 +1035,34 @@ def main(argv):
                 "sampler's for the whole call")]
   load_before = _host_load()
   print('\n'.join([header[0], load_before, *header[1:]]) + '\n', flush=True)
-  reports = run_plan(plan, tgt, stages=_STAGES.value, with_sampler=_SAMPLER.value,
-                     with_eval=_EVAL.value, with_train=_TRAIN.value,
-                     report=lambda r: print(format_stage(r), flush=True))
-  load_after = _host_load()
-  print(f'\n{load_after}')
-  bad = failures(reports)
-  if _REPORT.value:
+  command = 'python -m launch.plan ' + ' '.join(sys.argv[1:])
+  started = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+  done: list[StageReport] = []
+
+  def write_page(final: bool, bad=()):
+    """The --report page, rewritten after every stage (a long plan interrupted keeps what it
+    planned, marked unfinished) and once at the end."""
+    if not _REPORT.value:
+      return
     path = epath.Path(_REPORT.value)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(markdown_report(
-        reports, command='python -m launch.plan ' + ' '.join(sys.argv[1:]), header=header,
-        hosts=(load_before, load_after), date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
-        failed=bad))
-    print(f'wrote {path}')
+        done, command=command, header=header, hosts=(load_before, _host_load()),
+        date=started, failed=bad, finished=final))
+    if final:
+      print(f'wrote {path}')
+
+  def on_stage(r: StageReport):
+    print(format_stage(r), flush=True)
+    done.append(r)
+    write_page(final=False)
+
+  reports = run_plan(plan, tgt, stages=_STAGES.value, with_sampler=_SAMPLER.value,
+                     with_eval=_EVAL.value, with_train=_TRAIN.value, report=on_stage)
+  print(f'\n{_host_load()}')
+  bad = failures(reports)
+  done[:] = reports
+  write_page(final=True, bad=bad)
   if bad:
     print('\nPLAN FAILED:\n  ' + '\n  '.join(bad), file=sys.stderr, flush=True)
     sys.exit(1)

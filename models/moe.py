@@ -403,7 +403,9 @@ def _local_experts(cfg: config_lib.ModelConfig, x, indices, weights, experts, fi
   inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
   out = out[inverse].reshape(n, k, -1)                          # [N, K, D] in choice order
   weights = jnp.where(mine, weights, 0.0)
-  return jnp.einsum('NK,NKD->ND', weights, out.astype(jnp.float32)).astype(x.dtype)
+  # Summed in float32 without a float32 copy of the [N, K, D] expert outputs.
+  return jnp.einsum('NK,NKD->ND', weights.astype(out.dtype), out,
+                    preferred_element_type=jnp.float32).astype(x.dtype)
 
 
 def _axes(entry) -> tuple[str, ...]:

@@ -127,17 +127,23 @@ def test_plan_numbers_are_sane(tiny_path):
 
 
 @pytest.mark.heavy
-def test_cli_exits_nonzero_naming_the_stage(tiny_path):
+def test_cli_exits_nonzero_naming_the_stage(tiny_path, tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu')
   env.pop('XLA_FLAGS', None)                      # the CLI sets its own device count
+  report = tmp_path / 'plans' / 'tiny.md'         # its folder made by --report
   proc = subprocess.run(
       [sys.executable, '-m', 'launch.plan', f'--config={tiny_path}', '--stages=rm',
-       '--nosampler', '--noeval', '--device_memory_gib=0.000001'],
+       '--nosampler', '--noeval', '--device_memory_gib=0.000001', f'--report={report}'],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1, proc.stdout + proc.stderr
   assert '8 simulated CPU devices' in proc.stdout
   assert '[1] rm (reward_model)' in proc.stdout and 'DOES NOT FIT' in proc.stdout
   assert "stage 'rm' (index 1): train step does not fit" in proc.stderr
+  # The page says the same: the command, the stage's row, the failure.
+  page = report.read_text()
+  assert page.startswith(f'# Plan: `python -m launch.plan --config={tiny_path} --stages=rm')
+  assert '| rm | train step |' in page and 'DOES NOT FIT' in page
+  assert "PLAN FAILED: stage 'rm' (index 1)" in page
 
 
 PAPER = ['nemotron_cascade_14b', 'nemotron_cascade_8b', 'nemotron_cascade2']
@@ -429,3 +435,8 @@ def test_markdown_report_says_how_and_what(tmp_path):
   assert 'every planned program fits' in plan.markdown_report(
       [dataclasses.replace(rep, programs=(ok,))], command='c', header=[], hosts=('a', 'b'),
       date='d')
+  # Written after each stage of a long plan: what it has, marked unfinished, no verdict.
+  partial = plan.markdown_report([rep], command='c', header=[], hosts=('a', 'b'), date='d',
+                                 finished=False)
+  assert 'Unfinished' in partial and '| math_rl | train step |' in partial
+  assert 'Result:' not in partial
