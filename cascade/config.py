@@ -6,13 +6,14 @@ A config is an `ml_collections.ConfigDict` (see README, "Config format"):
   config.ckpt, config.eval, config.datasets, config.domains,
   config.stages (a list of plain stage dicts), config.allow_config_change,
   optionally config.divergence (when a stage has diverged; defaults below),
-  config.hardware (what `launch.plan` compiles for) and config.prepare (a
-  step that makes the data the config names, run before it is read).
+  config.hardware (what `launch.plan` compiles for), config.prepare (a
+  step that makes the data the config names, run before it is read) and
+  config.compilation_cache (where JAX keeps compiled programs across runs).
 
 Every section is a frozen dataclass here (`Model`, `Tokenizer`, `Mesh`,
-`Sampler`, `Hardware`, `Prepare`, `Eval`, `Ckpt`, `Divergence`, `Dataset`,
-`Domain`; the stages are their kinds' typed configs, `cascade.kinds`) that
-checks its own fields (`cascade.schema`). `validate(config)` builds each
+`Sampler`, `Hardware`, `CompilationCache`, `Prepare`, `Eval`, `Ckpt`,
+`Divergence`, `Dataset`, `Domain`; the stages are their kinds' typed configs,
+`cascade.kinds`) that checks its own fields (`cascade.schema`). `validate(config)` builds each
 section, checks what refers across sections (a domain's datasets, a stage's
 domains, a reward model's stage) and returns a `Plan`: the sections, the
 resolved model and sharding rules, and the config's plain-dict form (what
@@ -34,7 +35,8 @@ from cascade.schema import ConfigError
 from models import paths
 
 SECTIONS = ('seed', 'model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'datasets',
-            'domains', 'stages', 'allow_config_change', 'hardware', 'prepare', 'divergence')
+            'domains', 'stages', 'allow_config_change', 'hardware', 'prepare', 'divergence',
+            'compilation_cache')
 _REQUIRED_SECTIONS = ('model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'domains',
                       'datasets', 'stages')
 
@@ -240,6 +242,30 @@ class Hardware:
   # (0: none printed).
   peak_tflops: float = schema.field(0.0, check=_NONNEG, convert=float)
   hbm_gbps: float = schema.field(0.0, check=_NONNEG, convert=float)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompilationCache:
+  """config.compilation_cache: JAX's persistent compilation cache (`cascade.compile_cache`).
+
+  A restarted or resumed run loads the programs an earlier run compiled
+  instead of compiling them again. Where they are kept does not change what a
+  run computes, so this section is left out of the config hash.
+  """
+  # The cache directory, local or gs:// (through etils.epath); '' turns the cache off. None:
+  # JAX's own setting (JAX_COMPILATION_CACHE_DIR) if it has one, else <workdir>/compilation_cache.
+  dir: str | None = schema.field(None, check=_STRING)
+  # Only programs that took at least this many seconds to compile are written (JAX's
+  # jax_persistent_cache_min_compile_time_secs). None: JAX's own setting (1 s unless
+  # JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says otherwise).
+  min_compile_secs: float | None = schema.field(None, check=_NONNEG, convert=float)
+
+  def check(self, fail):
+    if self.dir:
+      try:
+        paths.path(self.dir)
+      except paths.PathError as e:
+        fail('dir', str(e).partition(': ')[2])
 
 
 # ---------------------------------------------------- evaluation, checkpoints, divergence
@@ -642,6 +668,7 @@ class Plan:
     initial_eval: evaluate the starting policy first (row 'init').
     prepare: the data-making step, or None.
     hardware: the machine the config targets (launch.plan).
+    compilation_cache: where the run keeps its compiled programs (`cascade.compile_cache`).
     allow_config_change: a workdir of another config may go on with this one.
     source: the config as a plain dict (`schema.as_dict`): what config.json records, what
       the config hash covers (`checkpoint.config_hash`) and what a fork compares.
@@ -664,6 +691,7 @@ class Plan:
   prepare: Prepare | None = None
   eval_settings: Mapping[str, Eval] = dataclasses.field(default_factory=dict)
   hardware: Hardware = Hardware()
+  compilation_cache: CompilationCache = CompilationCache()
   allow_config_change: bool = False
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -723,6 +751,8 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   sampler = _section(Sampler, config.sampler, 'sampler',
                      tuple(f.name for f in dataclasses.fields(Sampler)))
   hardware = _section(Hardware, _get(config, 'hardware'), 'hardware')
+  compilation_cache = _section(CompilationCache, _get(config, 'compilation_cache'),
+                               'compilation_cache', ('dir', 'min_compile_secs'))
   prepare = _get(config, 'prepare')
   if prepare is not None:
     prepare = _section(Prepare, prepare, 'prepare', ('fn', 'kwargs'))
@@ -763,7 +793,8 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
               tokenizer_path=str(tok.path), mesh_shape=mesh.shape, rules=mesh.logical_rules(),
               sampler=sampler, eval=ev, ckpt=ckpt, divergence=divergence, stages=tuple(stages),
               domains=domains, datasets=datasets, initial_eval=bool(initial), prepare=prepare,
-              eval_settings=eval_settings, hardware=hardware, allow_config_change=allow,
+              eval_settings=eval_settings, hardware=hardware,
+              compilation_cache=compilation_cache, allow_config_change=allow,
               source=schema.as_dict(config))
 
 

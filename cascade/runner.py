@@ -5,7 +5,12 @@
 
 1. Validate the whole config into a `Plan` (`cascade.config.validate`; nothing
    after this reads the ConfigDict) and refuse a workdir that holds a
-   different config (`checkpoint.guard_config` of `plan.source`).
+   different config (`checkpoint.guard_config` of `plan.source`), then point
+   JAX's persistent compilation cache at `config.compilation_cache.dir`
+   (default `<workdir>/compilation_cache`; `cascade.compile_cache`), so a
+   restart loads what an earlier run compiled. The run prints where it is; each
+   stage's line and the run's last line say how many programs were loaded and
+   how many compiled.
 2. Run the config's `prepare` step if it names one (e.g. build the tiny
    world), then build the mesh, tokenizer, sampler, verifiers, and load and
    check every dataset (a malformed record stops the run here, before any step).
@@ -29,6 +34,7 @@ import jax
 from jax.experimental import multihost_utils
 
 from cascade import checkpoint
+from cascade import compile_cache
 from cascade import config as config_lib
 from cascade import evaluation
 from cascade import kinds
@@ -201,6 +207,7 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
     with preemption.watch():      # SIGTERM / SIGINT: stop at the next step boundary
       return _run(plan, workdir, fork_from, held)
   finally:
+    compile_cache.restore()
     held.release()
 
 
@@ -209,6 +216,11 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
   """`run` once the workdir's lock is held."""
   config_hash = checkpoint.guard_config(workdir, plan.source,
                                         allow_change=plan.allow_config_change)
+  cache = compile_cache.enable(plan.compilation_cache.dir,
+                               default=paths.join(workdir, 'compilation_cache'),
+                               min_compile_secs=plan.compilation_cache.min_compile_secs)
+  if cache is not None and checkpoint.is_writer():
+    print(cache.banner(), flush=True)
   if fork_from:
     forked = checkpoint.fork(fork_from, workdir, plan.source)
     if jax.process_count() > 1:
@@ -235,11 +247,13 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
         if why:
           raise preemption.Preempted(f'{why}: stopped before stage {stage.index} {stage.name!r}; '
                                      'rerun the same command to resume there')
-        _run_stage(ctx, stage, domains)
+        _run_stage(ctx, stage, domains, cache)
   finally:
     ctx.verifiers.close()
     ctx.policies.close()
     ctx.writer.close()
+    if cache is not None and checkpoint.is_writer():
+      print(f'compilation cache {cache.dir}: {cache.since().describe()} in this run', flush=True)
   res = evaluation.write(workdir, ctx.progress.rows, domains, _isolation(ctx.progress),
                          _accounting(ctx.progress))
   _print_results(workdir, res)
@@ -295,7 +309,8 @@ def _isolation(progress: checkpoint.Progress) -> dict[str, str]:
   return {k: ', '.join(sorted(v)) for k, v in out.items()}
 
 
-def _run_stage(ctx: RunContext, stage, domains) -> None:
+def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | None) -> None:
+  mark = compile_cache.counts()
   result = kinds.get(stage.kind).run(ctx, stage)
   info = {'index': stage.index, 'kind': stage.kind, **dict(result.info)}
   params = result.params
@@ -324,3 +339,6 @@ def _run_stage(ctx: RunContext, stage, domains) -> None:
   if checkpoint.is_writer():
     print(metrics.summary_line(stage, result.steps_run, result.seconds, result.first,
                                result.last, row['scores'] if row else None, prev), flush=True)
+    if cache is not None:
+      print(f'[{stage.index}] {stage.name}: compilation cache: {cache.since(mark).describe()}',
+            flush=True)

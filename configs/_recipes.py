@@ -174,6 +174,12 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
   # More than 3 bad steps in a row (a non-finite or zero gradient) stop the run
   # (cascade/divergence.py); rollbacks=N goes back to a checkpoint at a lower learning rate.
   c.divergence = dict(max_bad_steps=3, rollbacks=0)
+  # JAX's persistent compilation cache (cascade/compile_cache.py), so a restart loads what an
+  # earlier run compiled: dir None = <workdir>/compilation_cache (or JAX_COMPILATION_CACHE_DIR),
+  # '' = off, gs:// allowed; min_compile_secs None = JAX's 1 s. Placeholders typed for
+  # --config.compilation_cache.dir=...; not in the config hash.
+  c.compilation_cache = dict(dir=ml_collections.config_dict.placeholder(str),
+                             min_compile_secs=ml_collections.config_dict.placeholder(float))
   # The papers evaluate at temperature 0.6, top-p 0.95 (64K tokens for Cascade 1).
   c.eval = dict(num_samples=eval_num_samples, temperature=eval_temperature, top_p=eval_top_p,
                 greedy=False, max_new_tokens=eval_max_new_tokens,

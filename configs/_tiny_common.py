@@ -157,6 +157,12 @@ def base_config(arg: str | None,
   # More than 3 bad steps in a row (a non-finite or zero gradient) stop the run
   # (cascade/divergence.py); rollbacks=N goes back to a checkpoint at a lower learning rate.
   c.divergence = dict(max_bad_steps=3, rollbacks=0)
+  # JAX's persistent compilation cache (cascade/compile_cache.py), so a restart loads what an
+  # earlier run compiled: dir None = <workdir>/compilation_cache (or JAX_COMPILATION_CACHE_DIR),
+  # '' = off, gs:// allowed; min_compile_secs None = JAX's 1 s. Placeholders typed for
+  # --config.compilation_cache.dir=...; not in the config hash.
+  c.compilation_cache = dict(dir=ml_collections.config_dict.placeholder(str),
+                             min_compile_secs=ml_collections.config_dict.placeholder(float))
   # Sampled like the paper's evaluation (temperature 0.6, top-p 0.95), two
   # samples per prompt; every row uses the same key, so rows differ by policy.
   c.eval = dict(num_samples=2, temperature=0.6, top_p=0.95, greedy=False, max_new_tokens=48,
