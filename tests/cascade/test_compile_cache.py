@@ -193,7 +193,9 @@ def test_the_section_is_typed_and_left_out_of_the_config_hash():
 def test_a_command_line_setting_is_checked_as_one_line(tmp_path):
   p = subprocess.run(
       [sys.executable, '-m', 'cascade.main', '--config=configs/tiny.py:smoke',
-       f'--workdir={tmp_path / "w"}', '--config.compilation_cache.min_compile_secs=-2'],
+       f'--workdir={tmp_path / "w"}', '--config.compilation_cache.min_compile_secs=-2',
+       # README's form: a gs:// cache set on the command line (valid; the bad value is refused)
+       '--config.compilation_cache.dir=gs://bucket/jax_cache'],
       env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
   assert p.returncode == 2, p.stderr[-3000:]
   assert p.stderr.strip() == ('error: config.compilation_cache.min_compile_secs=-2.0: must be a '
@@ -246,3 +248,4 @@ def test_a_resumed_run_loads_its_programs_from_the_workdirs_cache(tmp_path, copy
   assert any(line.startswith('[1] copy_rl: compilation cache: ') for line in out)
   total = next(line for line in out if line.startswith(f'compilation cache {cache}: '))
   assert total.endswith(' in this run') and _counts(total)[0] >= _counts(sft)[0]
+
