@@ -35,3 +35,13 @@ def test_every_test_a_docs_page_names_exists(page):
 def test_the_survival_page_names_tests():
   with open(os.path.join(DOCS, 'what_a_run_survives.md'), encoding='utf-8') as f:
     assert len(_NODE.findall(f.read())) >= 40
+
+
+def test_every_docs_page_the_readme_links_exists():
+  """README points to pages the scripts that measure write (docs/plans/, docs/benchmarks/):
+  each is in the repository."""
+  with open(os.path.join(REPO, 'README.md'), encoding='utf-8') as f:
+    linked = set(re.findall(r'\]\((docs/[\w/.-]+\.md)\)', f.read()))
+  assert any(p.startswith('docs/plans/') for p in linked)
+  missing = sorted(p for p in linked if not os.path.exists(os.path.join(REPO, p)))
+  assert not missing, f'README links pages that do not exist: {missing}'
