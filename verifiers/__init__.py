@@ -21,6 +21,7 @@ from verifiers.base import Verifier
 _BUILTIN = {
     'math': 'verifiers.math:MathVerifier',
     'instruction_following': 'verifiers.instruction_following:InstructionFollowingVerifier',
+    'ifbench': 'verifiers.ifbench:IFBenchVerifier',
     'code': 'verifiers.code:CodeVerifier',
     'swe': 'verifiers.swe:SweVerifier',
     'structured': 'verifiers.structured:StructuredVerifier',
@@ -62,7 +63,7 @@ def get(name: str, **options: Any) -> Verifier:
   """Builds the verifier registered under `name`.
 
   Args:
-    name: e.g. 'math', 'instruction_following', 'code', 'swe', 'structured',
+    name: e.g. 'math', 'instruction_following', 'ifbench', 'code', 'swe', 'structured',
       'mcqa', 'tool_call', 'long_context_qa', 'reward_model'.
     **options: the verifier's keyword options (see its class); common ones are
       thinking_unfinished_reward, workers and timeout_s.

@@ -89,7 +89,7 @@ def visible(value: str) -> str:
   return unicodedata.normalize('NFKC', value).translate(_visible_table())
 
 
-def _latin(value: str) -> str:
+def latin(value: str) -> str:
   """Cyrillic and Greek look-alikes of Latin letters read as those (keyword checks)."""
   return value.translate(_LOOKALIKES)
 
@@ -119,23 +119,23 @@ def _language(value: str) -> str | None:
 
 
 def _existence(v, kw):
-  v = _latin(v)
-  return all(re.search(_pattern(_latin(k)), v, flags=re.IGNORECASE) for k in kw['keywords'])
+  v = latin(v)
+  return all(re.search(_pattern(latin(k)), v, flags=re.IGNORECASE) for k in kw['keywords'])
 
 
 def _frequency(v, kw):
-  n = len(re.findall(_pattern(_latin(kw['keyword'].strip())), _latin(v), flags=re.IGNORECASE))
+  n = len(re.findall(_pattern(latin(kw['keyword'].strip())), latin(v), flags=re.IGNORECASE))
   return _compare(n, kw['relation'], kw['frequency'])
 
 
 def _forbidden(v, kw):
-  v = _latin(v)
-  return not any(re.search(r'\b' + _pattern(_latin(w)) + r'\b', v, flags=re.IGNORECASE)
+  v = latin(v)
+  return not any(re.search(r'\b' + _pattern(latin(w)) + r'\b', v, flags=re.IGNORECASE)
                  for w in kw['forbidden_words'])
 
 
 def _letter_frequency(v, kw):
-  return _compare(_latin(v).lower().count(_latin(kw['letter'].strip()).lower()),
+  return _compare(latin(v).lower().count(latin(kw['letter'].strip()).lower()),
                   kw['let_relation'], kw['let_frequency'])
 
 

@@ -34,10 +34,22 @@ def worker_init() -> None:
 
 def work(payload: dict) -> dict:
   """Worker side: check one response against its instructions."""
-  followed = ifeval.follows(payload['ids'], payload['kwargs'], payload['response'],
-                            loose=payload['loose'])
+  return reward_of(ifeval.follows(payload['ids'], payload['kwargs'], payload['response'],
+                                  loose=payload['loose']), payload['fraction'])
+
+
+def reward_of(followed: list[bool], fraction: bool) -> dict:
+  """The worker's answer for one response's per-instruction results (shared with ifbench).
+
+  Args:
+    followed: one bool per instruction.
+    fraction: reward the fraction followed (else 1 iff all are).
+
+  Returns:
+    {'reward', 'info'} with the reason, the list and whether all were followed.
+  """
   n = sum(followed)
-  reward = n / len(followed) if payload['fraction'] else float(n == len(followed))
+  reward = n / len(followed) if fraction else float(n == len(followed))
   return {'reward': reward, 'info': {
       'reason': f'{n}/{len(followed)} instructions followed', 'followed': followed,
       'all_followed': n == len(followed)}}
@@ -73,6 +85,8 @@ class InstructionFollowingVerifier(base.Verifier):
 
   name = 'instruction_following'
   worker_fn = 'verifiers.instruction_following:work'
+  # The taxonomy's kwargs check: (instruction id, kwargs) -> cleaned kwargs, or ValueError.
+  clean_kwargs = staticmethod(ifeval.clean_kwargs)
   reward_model_option = 'rm_scorer'   # thinking mode: the RM term (module docstring)
 
   def __init__(self, *, mode: str = 'strict', reward: str = 'all', rm_scorer: Scorer | None = None,
@@ -90,16 +104,16 @@ class InstructionFollowingVerifier(base.Verifier):
     """
     super().__init__(**common)
     if mode not in ('strict', 'loose'):
-      raise ValueError(f'instruction_following: mode must be strict or loose, got {mode!r}')
+      raise ValueError(f'{self.name}: mode must be strict or loose, got {mode!r}')
     if reward not in ('all', 'fraction'):
-      raise ValueError(f'instruction_following: reward must be all or fraction, got {reward!r}')
+      raise ValueError(f'{self.name}: reward must be all or fraction, got {reward!r}')
     if group_size is not None and group_size < 1:
-      raise ValueError(f'instruction_following: group_size must be >= 1, got {group_size}')
+      raise ValueError(f'{self.name}: group_size must be >= 1, got {group_size}')
     self.mode, self.reward, self.rm_scorer, self.group_size = mode, reward, rm_scorer, group_size
 
   @classmethod
   def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
-    ids = base.require(metadata, 'instruction_id_list', list, 'IFEval instruction ids')
+    ids = base.require(metadata, 'instruction_id_list', list, 'instruction ids')
     kwargs = base.require(metadata, 'kwargs', list, 'one dict per instruction')
     if not ids:
       raise ValueError('metadata["instruction_id_list"] is empty')
@@ -107,7 +121,7 @@ class InstructionFollowingVerifier(base.Verifier):
       raise ValueError(f'metadata["kwargs"] has {len(kwargs)} entries for {len(ids)} instructions')
     for k, (instruction_id, kw) in enumerate(zip(ids, kwargs)):
       try:
-        ifeval.clean_kwargs(instruction_id, kw)
+        cls.clean_kwargs(instruction_id, kw)
       except ValueError as e:
         raise ValueError(f'instruction {k}: {e}') from None
 
@@ -125,7 +139,7 @@ class InstructionFollowingVerifier(base.Verifier):
       ids: dict[str, int] = {}
       return [ids.setdefault(s.prompt, len(ids)) for s in samples]
     if len(samples) % self.group_size:
-      raise ValueError(f'instruction_following: batch of {len(samples)} is not a multiple of '
+      raise ValueError(f'{self.name}: batch of {len(samples)} is not a multiple of '
                        f'group_size {self.group_size}')
     return [i // self.group_size for i in range(len(samples))]
 
