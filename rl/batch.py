@@ -2,7 +2,7 @@
 
 A `TrainBatch` holds full rows (prompt ++ completion for RL, packed examples
 for SFT) with everything aligned to *target* columns: column t of `targets`,
-`loss_mask`, `old_logprobs`, `ref_logprobs` and `teacher_logprobs` describes
+`loss_mask`, `old_logprobs`, `ref_logprobs`, `teacher_logprobs` and `trainer_logprobs` describes
 the token at column t + 1, which the logits at column t predict. So
 
   logits = model(batch.tokens, batch.positions, batch.segment_ids)   # [B, L, V]
@@ -54,6 +54,9 @@ class TrainBatch(NamedTuple):
     routing: [B, L, M, k] int (uint8 for up to 256 experts) the experts the sampler
       routed each *input* token (tokens[:, t], not targets) to in each of the policy's M
       'moe' sublayers (routing replay; 0 on padding); None when not recorded.
+    trainer_logprobs: [B, L] float32 the trainer's log-probs of targets under the params
+      that sampled the batch, computed before its first update (GRPO's sampler/trainer
+      mismatch correction with several updates per rollout batch only).
   """
   tokens: jax.Array
   positions: jax.Array
@@ -67,6 +70,7 @@ class TrainBatch(NamedTuple):
   ref_logprobs: Optional[jax.Array] = None
   teacher_logprobs: Optional[jax.Array] = None
   routing: Optional[jax.Array] = None
+  trainer_logprobs: Optional[jax.Array] = None
 
   @property
   def num_rows(self) -> int:
@@ -237,7 +241,7 @@ def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> Train
     return np.zeros((count, width) + x.shape[2:], dtype or x.dtype)
 
   per_token = ('tokens', 'positions', 'targets', 'loss_mask', 'old_logprobs', 'ref_logprobs',
-               'teacher_logprobs', 'routing')
+               'teacher_logprobs', 'routing', 'trainer_logprobs')
   fields = {name: empty(getattr(batch, name)) for name in per_token
             if getattr(batch, name) is not None}
   segment_ids = np.zeros((count, width), np.int32)
@@ -409,34 +413,41 @@ def policy_stats(model, batch, *, replay: bool = True, **kw) -> dict[str, jax.Ar
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _logprobs_jit(graphdef, params, tokens, positions, segment_ids, targets):
+def _logprobs_jit(graphdef, params, tokens, positions, segment_ids, targets, routing=None):
   model = nnx.merge(graphdef, params)
-  return token_stats(model, tokens, positions, segment_ids, targets)['logprobs']
+  return token_stats(model, tokens, positions, segment_ids, targets, routing=routing)['logprobs']
 
 
 def compute_logprobs(graphdef, params, batch: TrainBatch, mesh=None, rules=None, *,
-                     rows_per_call: int | None = None) -> jax.Array | np.ndarray:
-  """Per-target log-probs [B, L] of another policy (reference or teacher) over `batch`.
+                     rows_per_call: int | None = None,
+                     replay_routing: bool = False) -> jax.Array | np.ndarray:
+  """Per-target log-probs [B, L] of a policy over `batch`, no gradient.
 
-  A jitted forward pass, no gradient; used to fill `ref_logprobs` (KL) and
-  `teacher_logprobs` (MOPD) before the train step. Only the architecture in
-  `graphdef` must match the params; it need not be the student's.
+  A jitted forward pass; used to fill `ref_logprobs` (KL), `teacher_logprobs`
+  (MOPD) and `trainer_logprobs` (the policy itself before a batch's first update)
+  before the train step. Only the architecture in `graphdef` must match the
+  params; it need not be the student's.
 
   Args:
     graphdef: nnx GraphDef of the scoring model.
     params: its nnx.State.
-    batch: the rows (tokens, positions, segment_ids, targets are read).
+    batch: the rows (tokens, positions, segment_ids, targets are read; routing too with
+      `replay_routing`).
     mesh: optional mesh to trace under (params are used as they are placed).
     rules: logical rules for the mesh.
     rows_per_call: rows per forward pass (default: all B in one). With fewer,
       the rows go through in calls of exactly that many (the last one padded
       by repeating a row), so memory is bounded by rows_per_call rows and one
       shape compiles; a stage passes its train step's microbatch rows.
+    replay_routing: replay the batch's recorded `routing` in the forward, as the policy's
+      training forward does (the policy's own old log-probs); other models never replay.
 
   Returns:
     [B, L] float32: a device array from one call, a numpy array from several.
   """
   fields = (batch.tokens, batch.positions, batch.segment_ids, batch.targets)
+  if replay_routing and batch.routing is not None:
+    fields += (batch.routing,)
   b = batch.tokens.shape[0]
   if rows_per_call is not None and rows_per_call < 1:
     raise ValueError(f'compute_logprobs: rows_per_call={rows_per_call} must be >= 1')
@@ -444,7 +455,7 @@ def compute_logprobs(graphdef, params, batch: TrainBatch, mesh=None, rules=None,
     with sharding.use_mesh(mesh, rules):
       return _logprobs_jit(graphdef, params, *(jnp.asarray(f) for f in fields))
   host = [np.asarray(f) for f in fields]
-  out = np.zeros(host[-1].shape, np.float32)
+  out = np.zeros(host[3].shape, np.float32)
   for start in range(0, b, rows_per_call):
     idx = np.arange(start, min(start + rows_per_call, b))
     padded = np.concatenate([idx, np.full(rows_per_call - idx.size, idx[0])])

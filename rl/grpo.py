@@ -17,6 +17,33 @@ The importance ratio exp(logprobs - old_logprobs) is always computed from the
 sampler's log-probs, never assumed to be 1: on-policy its value is 1 up to
 numerics (its mean/max are logged), and its gradient equals the plain
 REINFORCE gradient, so one formula covers on-policy and multi-minibatch use.
+
+Sampler/trainer mismatch correction (off by default). The sampler's and the
+trainer's probabilities of the same token differ (bf16 kernels, mixture-of-experts
+routing), and a PPO clip against the sampler's log-probs drops the mismatched
+tokens with A > 0 and leaves those with A < 0 unbounded. With `tis_cap` or
+`mismatch_mask` set, the loss is decoupled as verl, NeMo-RL and slime do it:
+
+* the PPO ratio r is taken against the trainer's own old log-probs
+  (pi_old_train): `batch.trainer_logprobs` when the batch carries them (several
+  updates per rollout batch: a forward under the params that sampled it, before
+  the first update), else the forward's own log-probs under stop_gradient (exact
+  for the one update of a strictly on-policy step: r == 1, no extra forward);
+* the mismatch ratio rho = pi_old_train / pi_sampler, per token, weights the
+  policy-gradient term (stop-gradient; the KL and entropy terms are not weighted):
+  truncated importance sampling (TIS) w = min(rho, tis_cap), and/or masking
+  (`mismatch_mask`): w = 0 for tokens whose rho ('token') or whose sequence's
+  geometric-mean rho ('sequence', IcePop / verl's geometric rejection) falls
+  outside [mismatch_mask_low, mismatch_mask_high]. Masking alone weights kept
+  tokens by 1; with `tis_cap` >= mismatch_mask_high it is masked importance
+  sampling (IcePop: w = rho inside the band, 0 outside).
+
+With a large cap, E_sampler[w * A * grad log pi] is the on-policy gradient
+E_trainer[A * grad log pi]; truncation and masking trade that for bounded
+variance (tests/rl/test_mismatch_correction.py enumerates both). A masked token
+keeps its place in the loss's denominator (like a token with zero advantage):
+the denominators are the whole batch's, fixed before the forward that decides
+the mask, so microbatches still add up to the full-batch loss.
 """
 
 from __future__ import annotations
@@ -81,6 +108,8 @@ def advantages(rewards, group_size: int, kind: str = 'grpo', eps: float = 1e-6) 
 
 AGGREGATIONS = ('token', 'seq_mean_token_mean')
 KL_ESTIMATORS = ('k1', 'k3')
+# mismatch_mask modes: no masking; per token; per sequence (its geometric-mean ratio).
+MISMATCH_MASKS = ('off', 'token', 'sequence')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +129,14 @@ class GrpoConfig:
     replay_routing: when the batch carries the sampler's recorded experts (`routing`, a
       mixture-of-experts policy): replay them in the policy's forward (True), or let its
       routers choose and only measure the mismatch (False; logged either way).
+    tis_cap: truncated importance sampling: weight each token's policy-gradient term by
+      min(pi_old_train / pi_sampler, tis_cap); None = off. At least 1 (a cap below 1
+      would shrink even the tokens sampler and trainer agree on).
+    mismatch_mask: 'off', 'token' (drop tokens whose pi_old_train / pi_sampler is outside
+      [mismatch_mask_low, mismatch_mask_high]) or 'sequence' (drop whole sequences whose
+      geometric-mean ratio is outside it).
+    mismatch_mask_low: the band's lower end, in [0, 1).
+    mismatch_mask_high: the band's upper end, finite and > 1.
   """
   advantage: str = 'grpo'
   adv_eps: float = 1e-6
@@ -111,6 +148,10 @@ class GrpoConfig:
   entropy_coef: float = 0.0
   mask_truncated: bool = False
   replay_routing: bool = True
+  tis_cap: Optional[float] = None
+  mismatch_mask: str = 'off'
+  mismatch_mask_low: float = 0.5
+  mismatch_mask_high: float = 2.0
 
   def __post_init__(self):
     if self.advantage not in ADVANTAGES:
@@ -124,6 +165,27 @@ class GrpoConfig:
         raise ValueError(f'GrpoConfig.{name}={getattr(self, name)} must be >= 0')
     if self.clip_eps_low >= 1:
       raise ValueError(f'GrpoConfig.clip_eps_low={self.clip_eps_low} must be < 1')
+    if self.tis_cap is not None and not (_finite(self.tis_cap) and self.tis_cap >= 1):
+      raise ValueError(f'GrpoConfig.tis_cap={self.tis_cap} must be None (off) or a finite '
+                       'number >= 1')
+    if self.mismatch_mask not in MISMATCH_MASKS:
+      raise ValueError(f'GrpoConfig.mismatch_mask={self.mismatch_mask!r}: expected one of '
+                       f'{MISMATCH_MASKS}')
+    if not (_finite(self.mismatch_mask_low) and 0 <= self.mismatch_mask_low < 1):
+      raise ValueError(f'GrpoConfig.mismatch_mask_low={self.mismatch_mask_low} must be in [0, 1)')
+    if not (_finite(self.mismatch_mask_high) and self.mismatch_mask_high > 1):
+      raise ValueError(f'GrpoConfig.mismatch_mask_high={self.mismatch_mask_high} must be a '
+                       'finite number > 1')
+
+  @property
+  def corrects_mismatch(self) -> bool:
+    """Whether the loss corrects the sampler/trainer mismatch (TIS or masking)."""
+    return self.tis_cap is not None or self.mismatch_mask != 'off'
+
+
+def _finite(v) -> bool:
+  real = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+  return real and bool(np.isfinite(v))
 
 
 def loss_mask(batch: batch_lib.TrainBatch, cfg: GrpoConfig) -> jax.Array:
@@ -158,6 +220,52 @@ def aggregate(x: jax.Array, mask: jax.Array, norm: dict, aggregation: str) -> ja
   return jnp.sum(per_seq) / norm['seqs']
 
 
+def _sequence_mean(x: jax.Array, mask: jax.Array, segment_ids) -> jax.Array:
+  """Per token, the mean of x [B, L] over the loss tokens of its sequence: its row, or its
+  segment of a packed row (`rl.batch.pack`; a loss token's target is in its input's segment)."""
+  seg = jnp.asarray(segment_ids, jnp.int32)
+  sums = jax.vmap(lambda v, s: jax.ops.segment_sum(v, s, num_segments=x.shape[1] + 1))
+  mean = sums(x * mask, seg) / jnp.maximum(sums(mask, seg), 1.0)
+  return jnp.take_along_axis(mean, seg, 1)
+
+
+def mismatch_weights(trainer_logprobs: jax.Array, batch: batch_lib.TrainBatch, mask: jax.Array,
+                     cfg: GrpoConfig, norm: dict) -> tuple[jax.Array, dict]:
+  """The sampler/trainer mismatch correction's per-token weights and the ratio's metrics.
+
+  Args:
+    trainer_logprobs: [B, L] the trainer's old log-probs pi_old_train (no gradient flows).
+    batch: its old_logprobs are the sampler's; segment_ids delimit sequences.
+    mask: [B, L] loss tokens (`loss_mask`).
+    cfg: a GrpoConfig with `tis_cap` and / or `mismatch_mask` set.
+    norm: whole-batch denominators.
+
+  Returns:
+    ([B, L] stop-gradient weights of the policy-gradient term, metrics): of
+    rho = pi_old_train / pi_sampler over the loss tokens 'mismatch_ratio_mean',
+    '_max', '_min' (+inf for a batch without loss tokens), 'mismatch_over_cap_frac'
+    (with tis_cap) and 'mismatch_masked_frac' (with mismatch_mask).
+  """
+  on = mask > 0
+  log_rho = jnp.where(on, trainer_logprobs - batch.old_logprobs, 0.0)
+  rho = jnp.exp(log_rho)
+  tok_mean = lambda x: jnp.sum(x * mask) / norm['tokens']
+  metrics = dict(mismatch_ratio_mean=tok_mean(rho),
+                 mismatch_ratio_max=jnp.max(jnp.where(on, rho, 0.0)),
+                 mismatch_ratio_min=jnp.min(jnp.where(on, rho, jnp.inf)))
+  weight = jnp.ones_like(rho)
+  if cfg.tis_cap is not None:
+    weight = jnp.minimum(rho, cfg.tis_cap)
+    metrics['mismatch_over_cap_frac'] = tok_mean((rho > cfg.tis_cap).astype(jnp.float32))
+  if cfg.mismatch_mask != 'off':
+    judged = rho if cfg.mismatch_mask == 'token' else jnp.exp(
+        _sequence_mean(log_rho, mask, batch.segment_ids))
+    keep = (judged >= cfg.mismatch_mask_low) & (judged <= cfg.mismatch_mask_high)
+    weight = jnp.where(keep, weight, 0.0)
+    metrics['mismatch_masked_frac'] = tok_mean((~keep).astype(jnp.float32))
+  return jax.lax.stop_gradient(weight), metrics
+
+
 def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str) -> jax.Array:
   """Per-token estimate of KL(pi || ref) from sampled tokens: 'k1' or 'k3'."""
   if estimator == 'k1':
@@ -172,12 +280,15 @@ def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
 
   per-token: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
              + kl_coef * KL_est(pi, ref) - entropy_coef * H,
-  with r = exp(logprobs - old_logprobs), aggregated by `cfg.aggregation`.
+  with r = exp(logprobs - old_logprobs), aggregated by `cfg.aggregation`. With a
+  mismatch correction (`cfg.corrects_mismatch`), r = exp(logprobs - pi_old_train)
+  and the first term is weighted by `mismatch_weights` (module docstring).
 
   Args:
     logprobs: [B, L] trainer log-probs of batch.targets (differentiable).
     batch: a TrainBatch with loss_mask, old_logprobs, advantages (and
-      truncated, ref_logprobs when the config asks).
+      truncated, ref_logprobs when the config asks; trainer_logprobs, the trainer's
+      old log-probs, when a mismatch-corrected update is not the batch's first).
     cfg: GrpoConfig.
     norm: whole-batch denominators (default: `normalizers(batch, cfg)`).
     entropy: [B, L] full-distribution entropy; required iff entropy_coef > 0.
@@ -185,13 +296,19 @@ def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
   Returns:
     (loss scalar, metrics dict). Metrics are sums over this batch divided by
     the whole-batch `norm` (so microbatch values add up), except keys ending
-    in '_max'.
+    in '_max' and '_min'.
   """
   if norm is None:
     norm = normalizers(batch, cfg)
   mask = loss_mask(batch, cfg)
   on = mask > 0
-  log_ratio = jnp.where(on, logprobs - batch.old_logprobs, 0.0)
+  gap = jnp.where(on, logprobs - batch.old_logprobs, 0.0)       # trainer vs sampler
+  if cfg.corrects_mismatch:
+    old_train = (jax.lax.stop_gradient(logprobs) if batch.trainer_logprobs is None
+                 else jnp.asarray(batch.trainer_logprobs, jnp.float32))
+    log_ratio = jnp.where(on, logprobs - old_train, 0.0)
+  else:
+    log_ratio = gap
   ratio = jnp.exp(log_ratio)
   adv = jnp.asarray(batch.advantages, jnp.float32)
   if adv.ndim == 2:            # per token: a packed batch (`rl.batch.pack`)
@@ -202,9 +319,12 @@ def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
     adv = adv[:, None]
   lo, hi = 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high
   pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, lo, hi) * adv)
+  metrics = {}
+  if cfg.corrects_mismatch:
+    weight, metrics = mismatch_weights(old_train, batch, mask, cfg, norm)
+    pg = pg * weight
   per_token = pg
   tok_mean = lambda x: jnp.sum(x * mask) / norm['tokens']
-  metrics = {}
   if cfg.kl_coef > 0:
     if batch.ref_logprobs is None:
       raise ValueError(f'GrpoConfig.kl_coef={cfg.kl_coef} needs batch.ref_logprobs '
@@ -225,7 +345,7 @@ def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
       ratio_max=jnp.max(jnp.where(on, ratio, 0.0)),
       clip_frac=tok_mean(clipped.astype(jnp.float32)),
       entropy=tok_mean(-logprobs),
-      logprob_gap=tok_mean(jnp.abs(log_ratio)),
+      logprob_gap=tok_mean(jnp.abs(gap)),
       tokens=mask.sum(),
   )
   return loss, metrics

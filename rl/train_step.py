@@ -13,11 +13,12 @@ normalizers; a stage kind owns its own, `cascade.kinds.<kind>.LOSS`); the loss i
 function `loss(model, batch, cfg, norm) -> (loss, metrics)` whose denominators `norm`
 are computed once over the whole batch, so the microbatches of a
 `lax.scan` gradient accumulation add up to exactly the full-batch loss and
-gradient. Loss metrics add up across microbatches, except '_max' keys,
-which take the maximum. A batch that carries a mixture-of-experts policy's
-recorded routing (`rl.batch.TrainBatch.routing`) adds 'routing_mismatch': the
-fraction of its (real token, 'moe' sublayer) pairs whose recorded experts the
-trainer's own routers would not have picked in that forward.
+gradient. Loss metrics add up across microbatches, except '_max' and '_min'
+keys, which take the maximum and the minimum. A batch that carries a
+mixture-of-experts policy's recorded routing (`rl.batch.TrainBatch.routing`)
+adds 'routing_mismatch': the fraction of its (real token, 'moe' sublayer) pairs
+whose recorded experts the trainer's own routers would not have picked in that
+forward.
 
 A step whose loss or gradient norm is not finite leaves params, optimizer
 state and step unchanged and adds one to `skipped` (a metric). Compute runs
@@ -253,7 +254,14 @@ def init_state(params, optimizer: optax.GradientTransformation, *, seed: int = 0
 # ---------------------------------------------------------------- the step
 
 def _reduce(name: str, acc, x):
-  return jnp.maximum(acc, x) if name.endswith('_max') else acc + x
+  if name.endswith('_max'):
+    return jnp.maximum(acc, x)
+  return jnp.minimum(acc, x) if name.endswith('_min') else acc + x
+
+
+def _reduce_start(name: str) -> float:
+  """What `_reduce` starts a metric's accumulation from."""
+  return -jnp.inf if name.endswith('_max') else jnp.inf if name.endswith('_min') else 0.0
 
 
 def _split_microbatches(batch, m: int):
@@ -355,8 +363,7 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
     mbs = _split_microbatches(batch, microbatches)
     first = jax.tree.map(lambda x: x[0], mbs)
     (_, m_shape), _ = jax.eval_shape(grad_fn, params, first, norm)
-    zeros_m = {k: jnp.full(v.shape, -jnp.inf if k.endswith('_max') else 0.0, v.dtype)
-               for k, v in m_shape.items()}
+    zeros_m = {k: jnp.full(v.shape, _reduce_start(k), v.dtype) for k, v in m_shape.items()}
     zeros_g = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
 
     def body(carry, mb):
