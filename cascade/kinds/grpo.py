@@ -11,9 +11,15 @@ prompt's group of G samples. Everything `rl.grpo.grpo_loss` offers is a
 field here: the advantage estimator, the loss aggregation, the clip range
 (`clip_eps_low`, `clip_eps_high` for clip-higher; they act only when a
 rollout batch is reused, `updates_per_batch` > 1), a KL penalty to the
-stage's starting policy (`kl_coef`, `kl_estimator`) and an entropy bonus
-(`entropy_coef`). Rollouts, curriculum, filtering and a mixture-of-experts
-policy's routing replay (`routing_replay`): `cascade.kinds.rl`.
+stage's starting policy (`kl_coef`, `kl_estimator`), an entropy bonus
+(`entropy_coef`) and the sampler/trainer mismatch correction (`tis_cap`,
+`mismatch_mask`, `mismatch_mask_low`, `mismatch_mask_high`; off by default).
+With a correction and `updates_per_batch` > 1, each step runs one more policy
+forward before its first update: the trainer's own old log-probs the PPO ratio
+and the mismatch ratio are taken against (`TrainBatch.trainer_logprobs`); with
+one update the training forward's own log-probs serve. Rollouts, curriculum,
+filtering and a mixture-of-experts policy's routing replay (`routing_replay`):
+`cascade.kinds.rl`.
 """
 
 from __future__ import annotations
@@ -45,10 +51,26 @@ class Config(rl.RLStageConfig):
                                    convert=float)
   pack_tokens: int = base.field(0, check=(lambda v: base.is_int(v) and v >= 0,
                                           'must be an int >= 0 (0 = padded rows)'))
+  # Sampler/trainer mismatch correction (`rl.grpo`): truncated importance sampling, each
+  # token's policy-gradient term weighted by min(pi_trainer / pi_sampler, tis_cap); None = off.
+  tis_cap: float | None = base.field(None, check=base.num_in(
+      1, what='must be None (off) or a finite number >= 1'), convert=float)
+  # Drop tokens ('token') or whole sequences ('sequence': geometric mean) whose
+  # pi_trainer / pi_sampler is outside [mismatch_mask_low, mismatch_mask_high]; 'off'.
+  mismatch_mask: str = base.field('off', check=base.one_of(grpo_lib.MISMATCH_MASKS,
+                                                           'mismatch mask mode'))
+  mismatch_mask_low: float = base.field(grpo_lib.GrpoConfig.mismatch_mask_low,
+                                        check=base.num_in(0, 1, hi_open=True), convert=float)
+  mismatch_mask_high: float = base.field(grpo_lib.GrpoConfig.mismatch_mask_high,
+                                         check=base.num_in(1, lo_open=True), convert=float)
 
   def check(self, fail):
     if self.group_size < 2:
       fail('group_size', 'grpo needs G >= 2 (a group of one has no baseline)')
+    if self.mismatch_mask == 'off':
+      for name in ('mismatch_mask_low', 'mismatch_mask_high'):
+        if getattr(self, name) != getattr(grpo_lib.GrpoConfig, name):
+          fail(name, "has no effect with mismatch_mask='off' (set it to 'token' or 'sequence')")
     if self.pack_tokens and self.loss_agg != 'token':
       fail('pack_tokens', f"needs loss_agg='token' (got {self.loss_agg!r}): a packed row holds "
            'several sequences')
@@ -64,11 +86,22 @@ def loss(stage: Config):
       advantage=stage.advantage, aggregation=stage.loss_agg, kl_coef=stage.kl_coef,
       kl_estimator=stage.kl_estimator, clip_eps_low=stage.clip_eps_low,
       clip_eps_high=stage.clip_eps_high, entropy_coef=stage.entropy_coef,
-      replay_routing=stage.routing_replay != 'measure')
+      replay_routing=stage.routing_replay != 'measure', tis_cap=stage.tis_cap,
+      mismatch_mask=stage.mismatch_mask, mismatch_mask_low=stage.mismatch_mask_low,
+      mismatch_mask_high=stage.mismatch_mask_high)
+
+
+def _old_trainer_forward(stage: Config) -> bool:
+  """Whether a step computes the policy's old log-probs before its first update: a mismatch
+  correction over several updates per rollout batch (with one, the update's own forward
+  gives them)."""
+  return stage.updates_per_batch > 1 and loss(stage)[1].corrects_mismatch
 
 
 def abstract_batch(stage: Config, mesh, rules):
   extra = {'ref_logprobs': ('token', jnp.float32)} if stage.kl_coef > 0 else {}
+  if _old_trainer_forward(stage):
+    extra['trainer_logprobs'] = ('token', jnp.float32)
   return rl.abstract_batch(stage, mesh, rules, **extra)
 
 
@@ -100,6 +133,12 @@ def train_stage(ctx, stage: Config, kind: base.Kind, draws_cls) -> base.StageRes
       if ref_params is not None:
         batch = batch._replace(ref_logprobs=np.asarray(batch_lib.compute_logprobs(
             graphdef, ref_params, batch, ctx.mesh, ctx.rules, rows_per_call=per_call)))
+      if _old_trainer_forward(stage):
+        # The params that sampled the batch, before any of its updates: every mini-batch's
+        # ratios are taken against them (the forward replays routing as the update's does).
+        batch = batch._replace(trainer_logprobs=np.asarray(batch_lib.compute_logprobs(
+            graphdef, state.params, batch, ctx.mesh, ctx.rules, rows_per_call=per_call,
+            replay_routing=stage.routing_replay == 'on')))
       updates = rl.split_updates(stage, step, ctx.plan.seed, batch)
       if stage.pack_tokens:
         # The update follows the real tokens: each mini-batch's sequences packed into rows of
@@ -116,13 +155,20 @@ def train_stage(ctx, stage: Config, kind: base.Kind, draws_cls) -> base.StageRes
 
 
 def frozen_forwards(stage: Config) -> list:
-  if stage.kl_coef <= 0:
-    return []
   rows = stage.prompts_per_step * stage.group_size
-  return [base.FrozenForward('reference forward',
-                             base.frozen_rows_per_call(rows, stage.microbatches),
-                             stage.max_prompt_len + stage.longest_response,
-                             calls=stage.microbatches)]
+  out = []
+  if stage.kl_coef > 0:
+    out.append(base.FrozenForward('reference forward',
+                                  base.frozen_rows_per_call(rows, stage.microbatches),
+                                  stage.max_prompt_len + stage.longest_response,
+                                  calls=stage.microbatches))
+  if _old_trainer_forward(stage):
+    # The policy's own params before the step's first update: no copy beside the state.
+    out.append(base.FrozenForward('old policy forward',
+                                  base.frozen_rows_per_call(rows, stage.microbatches),
+                                  stage.max_prompt_len + stage.longest_response, copies=0,
+                                  calls=stage.microbatches))
+  return out
 
 
 KIND = base.Kind('grpo', Config, run, loss=loss, abstract_batch=abstract_batch,

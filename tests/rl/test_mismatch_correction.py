@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from models import config as config_lib
+from models import transformer
 from rl import batch as batch_lib
 from rl import grpo
 from rl import train_step as train_lib
@@ -407,3 +409,25 @@ def test_the_options_are_off_by_default_and_accept_their_boundaries():
   assert grpo.GrpoConfig(tis_cap=1).corrects_mismatch
   assert grpo.GrpoConfig(mismatch_mask='sequence', mismatch_mask_low=0.0,
                          mismatch_mask_high=1.0001).corrects_mismatch
+
+
+def test_the_old_policy_forward_replays_recorded_routing_as_the_update_does():
+  """`compute_logprobs(replay_routing=True)` is the training forward with the batch's recorded
+  experts replayed; without it the routers choose (the other models' forwards)."""
+  cfg = config_lib.ModelConfig.tiny_moe(num_layers=1, layer_types=('moe',))
+  graphdef, params = nnx.split(transformer.create(cfg, seed=0))
+  rng = np.random.default_rng(0)
+  b, l = 2, 6
+  tokens = rng.integers(1, 200, (b, l)).astype(np.int32)
+  experts = np.stack([rng.permutation(8)[:2] for _ in range(b * l)]).reshape(b, l, 1, 2)
+  batch = batch_lib.TrainBatch(
+      tokens=tokens, positions=np.tile(np.arange(l, dtype=np.int32), (b, 1)),
+      segment_ids=np.ones((b, l), np.int32),
+      targets=np.concatenate([tokens[:, 1:], np.zeros((b, 1), np.int32)], 1),
+      loss_mask=np.ones((b, l), np.float32), routing=experts.astype(np.uint8))
+  replayed = jax.jit(lambda p: batch_lib.policy_stats(
+      nnx.merge(graphdef, p), batch, replay=True)['logprobs'])(params)
+  got = batch_lib.compute_logprobs(graphdef, params, batch, rows_per_call=1, replay_routing=True)
+  np.testing.assert_allclose(got, replayed, atol=1e-6)
+  own = batch_lib.compute_logprobs(graphdef, params, batch)
+  assert np.abs(np.asarray(own) - got).max() > 1e-3
