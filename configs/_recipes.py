@@ -71,6 +71,9 @@ DATASETS = {
     'chat_eval': ('eval/chat.jsonl', 'prompt', 'chat'),
     'if_train': ('rl/instruction_following.jsonl', 'nemotron_if', 'instruction_following'),
     'if_eval': ('eval/ifeval.jsonl', 'ifeval', 'instruction_following'),
+    # Cascade 1's second IF-RL sub-stage: IFBench-style constraints (verifiers.ifbench's ids).
+    'ifbench_train': ('rl/ifbench.jsonl', 'nemotron_if', 'ifbench'),
+    'ifbench_eval': ('eval/ifbench.jsonl', 'ifeval', 'ifbench'),
     'math_train': ('rl/math.jsonl', 'nemotron_math', 'math'),
     'math_eval': ('eval/aime25.jsonl', 'nemotron_math', 'math'),
     'code_train': ('rl/code.jsonl', 'prompt', 'code'),
@@ -100,6 +103,8 @@ DOMAINS = {
     # held-out prompts (the paper's ArenaHard uses an LLM judge, not here).
     'chat': ('reward_model', {}, 'rlhf_train', 'chat_eval'),
     'instruction_following': ('instruction_following', {}, 'if_train', 'if_eval'),
+    # IFBench's 58 out-of-distribution constraints (and IFEval's 25), held out on IFBench's test.
+    'ifbench': ('ifbench', {}, 'ifbench_train', 'ifbench_eval'),
     'math': ('math', {}, 'math_train', 'math_eval'),
     'code': ('code', {'isolation': 'bwrap'}, 'code_train', 'code_eval'),
     'swe': ('swe', {}, 'swe_train', 'swe_eval'),
@@ -407,7 +412,9 @@ def mopd(name: str, *, domains: list[str], teachers: dict, steps: int, optimizer
               microbatches=microbatches, init_from=init_from)
 
 
-CASCADE1_DOMAINS = ['chat', 'instruction_following', 'math', 'code', 'swe']
+CASCADE1_DOMAINS = ['chat', 'instruction_following', 'ifbench', 'math', 'code', 'swe']
+# The domains the SFT stages train (IFBench's constraints come in with IF-RL's second sub-stage).
+CASCADE1_SFT_DOMAINS = ['chat', 'instruction_following', 'math', 'code', 'swe']
 
 
 # Rows of one RL update are split into microbatches so that one row per device
@@ -471,13 +478,17 @@ def cascade1_sft_stages(base: str) -> list[dict]:
 
 
 def cascade1(*, preset: str, data_root: str, tokenizer: str, base: str, rlhf: dict, if_rl: dict,
-             math: dict) -> ml_collections.ConfigDict:
-  """Cascade 1: SFT stages -> reward model -> RLHF -> IF-RL -> Math RL -> Code RL -> SWE RL.
+             if_rl_ifbench: dict, math: dict) -> ml_collections.ConfigDict:
+  """Cascade 1: SFT stages -> reward model -> RLHF -> IF-RL (IFEval, then IFBench) -> Math RL
+  -> Code RL -> SWE RL.
 
   The SFT stages (`cascade1_sft_stages` from the base checkpoint `base`), the
   reward model (`CASCADE1_RM`), code and SWE RL are the same for 8B and 14B;
-  `rlhf`, `if_rl` and `math` hold the fields of the stages that differ (the
-  keyword arguments of `grpo` other than name and domains). The order and the
+  `rlhf`, `if_rl`, `if_rl_ifbench` and `math` hold the fields of the stages
+  that differ (the keyword arguments of `grpo` other than name and domains).
+  IF-RL is the paper's two sub-stages: 'if_rl' on IFEval-taxonomy prompts
+  (verifier 'instruction_following'), then 'if_rl_ifbench' on IFBench-style
+  prompts (verifier 'ifbench'), each a GRPO stage of its own. The order and the
   domains are the paper's. The model runs with YaRN factor 2.0 from 32,768
   positions (65,536, see QWEN3_YARN) and the paper's 64K evaluation budget
   (temperature 0.6, top-p 0.95).
@@ -488,12 +499,13 @@ def cascade1(*, preset: str, data_root: str, tokenizer: str, base: str, rlhf: di
                   data_root=data_root, tokenizer=tokenizer, domains=CASCADE1_DOMAINS,
                   datasets=['sft_stage1', 'sft_stage2', 'sft_swe', 'rm_pairs'],
                   eval_max_new_tokens=61_440, eval_max_prompt_len=4096)
-  stages = [sft(**s, domains=list(CASCADE1_DOMAINS)) for s in cascade1_sft_stages(base)]
+  stages = [sft(**s, domains=list(CASCADE1_SFT_DOMAINS)) for s in cascade1_sft_stages(base)]
   last_sft = stages[-1]['name']
   stages.append(reward_model('rm', init_from=last_sft, **CASCADE1_RM))
   # RLHF starts from the SFT policy (not the RM); later stages from the previous policy.
   stages.append(grpo('rlhf', domains=['chat'], init_from=last_sft, **rlhf))
   stages.append(grpo('if_rl', domains=['instruction_following'], **if_rl))
+  stages.append(grpo('if_rl_ifbench', domains=['ifbench'], **if_rl_ifbench))
   stages.append(grpo('math_rl', domains=['math'], **math))
   stages.append(grpo('code_rl', domains=['code'], **cascade1_code_rl()))
   stages.append(grpo('swe_rl', domains=['swe'], **cascade1_swe_rl()))

@@ -10,8 +10,8 @@ math recipe rests on a single secondary source (PAPERS.md: "unverified").
     python -m cascade.main --config=configs/nemotron_cascade_8b.py:data_root=gs://b/nemotron \
         --workdir=gs://b/runs/cascade8b
 
-Stages: SFT 16K -> SFT 32K -> reward model -> RLHF -> IF-RL -> Math RL
-(24K -> 32K -> 40K) -> Code RL (56K) -> SWE RL; GRPO strictly on-policy, no
+Stages: SFT 16K -> SFT 32K -> reward model -> RLHF -> IF-RL (IFEval taxonomy,
+then IFBench) -> Math RL (24K -> 32K -> 40K) -> Code RL (56K) -> SWE RL; GRPO strictly on-policy, no
 KL, token-level loss, dynamic filtering.
 
 Config argument (`:key=value,...`): data_root, base (the Qwen3-8B-Base HF
@@ -37,10 +37,13 @@ def get_config(arg=None):
             optimizer=dict(lr=2e-6, warmup_steps=0), temperature=0.6,
             max_prompt_len=4096,           # ours
             max_response_len=12_288, thinking_fraction=0.5)
+  # IF-RL's two sub-stages: 550 steps on IFEval-taxonomy prompts, then 300 on IFBench-train
+  # (verifiers.ifbench).
   if_rl = rl(optimizer=dict(lr=2e-6, warmup_steps=0), temperature=0.6,
-             steps=850,                    # 550 (IFEval taxonomy) + 300 (IFBench-train)
+             steps=550,
              max_prompt_len=2048, max_response_len=8192,  # ours
              thinking_fraction=0.0)
+  if_rl_ifbench = dict(if_rl, steps=300)
   # Math, 8B (unverified): 128 x 8, temperatures 1.0 / 1.0 / 0.8, top-p 0.95, lr 2e-6,
   # 24K -> 32K -> 40K over steps 0-190, 190-430, 430-500, overlong filter in phase 1 only.
   math = rl(steps=500, optimizer=dict(lr=2e-6, warmup_steps=0), temperature=1.0,
@@ -56,7 +59,8 @@ def get_config(arg=None):
   # SFT, the reward model, code RL and SWE RL: the 14B's published numbers (none are published
   # for 8B), from _recipes.cascade1.
   c = _recipes.cascade1(preset='qwen3_8b', data_root=a.data_root, tokenizer=a.tokenizer,
-                        base=a.base, rlhf=rlhf, if_rl=if_rl, math=math)
+                        base=a.base, rlhf=rlhf, if_rl=if_rl, if_rl_ifbench=if_rl_ifbench,
+                        math=math)
   return _recipes.on_hardware(c, a.hardware)
 
 

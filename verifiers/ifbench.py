@@ -146,14 +146,16 @@ _VOWELS = frozenset('aeiouy')
 
 
 def syllables(word: str) -> int:
-  """Syllables of an English word by rule (vowel groups, silent endings); 0 without letters.
+  """Syllables of an English word by rule (vowel groups, silent endings).
 
-  The reference looks words up in syllapy's dictionary first; this is the
-  rule alone, so rare words may differ by one.
+  A word without Latin letters has one (an emoji, a kanji) unless it is only
+  digits and punctuation (none), as syllapy counts them. The reference looks
+  words up in syllapy's dictionary first; this is the rule alone, so rare
+  words may differ by one.
   """
   w = ''.join(c for c in word.lower() if 'a' <= c <= 'z')
   if not w:
-    return 0
+    return int(any(not (c.isdigit() or c in _PUNCT) for c in word))
   n, prev = 0, False
   for c in w:
     vowel = c in _VOWELS

@@ -171,18 +171,24 @@ def test_cascade1_published_numbers():
   # The sampler compiles the exact phase lengths, not the next power of two.
   assert {28_672, 40_960, 57_344, 61_440} <= set(c14.sampler.new_token_buckets)
   p14 = config_lib.validate(c14)
-  assert [s.name for s in p14.stages] == ['sft_16k', 'sft_32k', 'rm', 'rlhf', 'if_rl', 'math_rl',
-                                          'code_rl', 'swe_rl']
+  assert [s.name for s in p14.stages] == ['sft_16k', 'sft_32k', 'rm', 'rlhf', 'if_rl',
+                                          'if_rl_ifbench', 'math_rl', 'code_rl', 'swe_rl']
   rlhf, if_rl, math, code, swe = (p14.stage(n) for n in ('rlhf', 'if_rl', 'math_rl', 'code_rl',
                                                           'swe_rl'))
   assert (rlhf.prompts_per_step, rlhf.group_size, rlhf.temperature, rlhf.top_p,
           rlhf.optimizer.lr, rlhf.steps) == (128, 8, 0.6, 0.95, 2e-6, 900)
-  assert if_rl.thinking_fraction == 0.0 and if_rl.steps == 800 + 120
+  # IF-RL's two sub-stages: IFEval taxonomy, then IFBench (its own domain and verifier).
+  if_bench = p14.stage('if_rl_ifbench')
+  assert if_rl.thinking_fraction == if_bench.thinking_fraction == 0.0
+  assert (if_rl.domains, if_rl.steps, if_bench.domains, if_bench.steps) == (
+      ('instruction_following',), 800, ('ifbench',), 120)
+  assert c14.domains.ifbench.verifier == 'ifbench'
   assert [(ph.until_step, ph.max_response_len, ph.temperature, ph.filter_overlong)
           for ph in math.phases] == [(120, 28_672, 1.2, True), (220, 40_960, 1.1, False)]
   assert (code.max_response_len, code.optimizer.lr, code.steps) == (57_344, 4e-6, 64)
   assert (swe.group_size, swe.optimizer.lr, swe.steps) == (16, 2.5e-6, 120)
   p8 = config_lib.validate(importlib.import_module('configs.nemotron_cascade_8b').get_config())
+  assert (p8.stage('if_rl').steps, p8.stage('if_rl_ifbench').steps) == (550, 300)
   assert [(ph.until_step, ph.max_response_len, ph.temperature, ph.filter_overlong)
           for ph in p8.stage('math_rl').phases] == [(190, 24_576, 1.0, True),
                                                     (430, 32_768, 1.0, False),
