@@ -4,6 +4,8 @@ each step computes the policy's old log-probs before its first update (the math:
 tests/rl/test_mismatch_correction.py).
 """
 
+import importlib.util
+import json
 import re
 import types
 
@@ -16,6 +18,7 @@ from cascade import checkpoint
 from cascade import config as config_lib
 from cascade import kinds
 from cascade import policies as policies_lib
+from cascade import runner
 from cascade.kinds import base
 from cascade.kinds import grpo
 from cascade.kinds import loop
@@ -130,3 +133,29 @@ def test_each_update_carries_the_policys_log_probs_from_before_the_first(fakes, 
     want = np.asarray(batch_lib.compute_logprobs(graphdef, params, u)) * u.loss_mask
     np.testing.assert_allclose(u.trainer_logprobs * u.loss_mask, want, atol=1e-5)
     assert np.abs(want).max() > 0.1
+
+
+@pytest.mark.heavy
+def test_a_corrected_ppo_style_stage_runs_inside_a_cascade(tmp_path, copy_cascade):
+  """SFT -> GRPO with TIS and token masking over 2 updates per rollout batch, the whole loop: the
+  jitted step takes mini-batches carrying the old policy's log-probs, and every step logs the
+  mismatch ratio's distribution, which on XLA:CPU in float32 (sampler == trainer) is 1 with no
+  token masked or over the cap."""
+  spec = importlib.util.spec_from_file_location(
+      'cfg', copy_cascade(tmp_path, train=64, eval_=32, sft=64, sft_steps=10, rl_steps=2))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config()
+  c.sampler.new_token_buckets = (16,)
+  c.eval.max_new_tokens = 12
+  rl = dict(c.stages[1], updates_per_batch=2, prompts_per_step=4, tis_cap=2.0,
+            mismatch_mask='token')
+  c.stages = [c.stages[0], rl]
+  runner.run(c, str(tmp_path / 'run'))
+  rows = [json.loads(line) for line in open(tmp_path / 'run' / 'metrics.jsonl')]
+  rl_rows = [r for r in rows if r.get('stage') == rl['name']]
+  assert len(rl_rows) == 2 and all(r['updates'] == 2.0 for r in rl_rows)
+  for r in rl_rows:
+    assert r['mismatch_ratio_min'] == pytest.approx(1.0, abs=1e-3), r
+    assert r['mismatch_ratio_max'] == pytest.approx(1.0, abs=1e-3), r
+    assert r['mismatch_masked_frac'] == r['mismatch_over_cap_frac'] == 0.0
