@@ -52,8 +52,12 @@ def _unpunct(v: str) -> str:
   return v.translate(_NO_PUNCT)
 
 
+_WORD = re.compile(r'\w+')
+
+
 def _words(v: str) -> list[str]:
-  return text._WORD.findall(v)  # pylint: disable=protected-access
+  """Runs of word characters (the reference's nltk RegexpTokenizer(r'\w+'))."""
+  return _WORD.findall(v)
 
 
 # -- word lists (facts the checks count against) -------------------------------
