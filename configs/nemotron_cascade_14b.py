@@ -36,6 +36,10 @@ Not reproducible here, by construction:
   LLM judge.
 * SWE: the paper's reward for non-identical patches is P(YES) from a 72B
   judge; here it is the lexical similarity of `verifiers.swe`.
+* IF-RL's IFBench sub-stage: `verifiers.ifbench` checks IFBench's 58
+  out-of-distribution constraints and IFEval's 25, not IFBench's 29 IF-RLVR
+  training constraints (open-instruct's IFEvalG), so rl/ifbench.jsonl must
+  use the former ids (a record with another id stops the run at load).
 * Benchmarks: LiveCodeBench, AIME25, ArenaHard, SWE-Verified need their own
   harnesses; the held-out sets here are whatever the user stages.
 * Long context: Qwen3's RoPE with static YaRN, factor 2.0 from 32,768
