@@ -13,15 +13,16 @@ group of G samples. Every piece is a pure function chosen by name from a
   and high clip (clip-higher), KL to a reference (k1 / k3), entropy bonus,
   overlong masking, and token-level or sequence-mean-token-mean aggregation.
 
-The importance ratio exp(logprobs - old_logprobs) is always computed from the
+By default the importance ratio exp(logprobs - old_logprobs) is computed from the
 sampler's log-probs, never assumed to be 1: on-policy its value is 1 up to
 numerics (its mean/max are logged), and its gradient equals the plain
 REINFORCE gradient, so one formula covers on-policy and multi-minibatch use.
 
 Sampler/trainer mismatch correction (off by default). The sampler's and the
 trainer's probabilities of the same token differ (bf16 kernels, mixture-of-experts
-routing), and a PPO clip against the sampler's log-probs drops the mismatched
-tokens with A > 0 and leaves those with A < 0 unbounded. With `tis_cap` or
+routing), and a PPO clip against the sampler's log-probs drops the gradient of
+tokens with A > 0 whose ratio is above 1 + eps and leaves tokens with A < 0
+weighted by their ratio, however large. With `tis_cap` or
 `mismatch_mask` set, the loss is decoupled as verl, NeMo-RL and slime do it:
 
 * the PPO ratio r is taken against the trainer's own old log-probs
@@ -32,11 +33,11 @@ tokens with A > 0 and leaves those with A < 0 unbounded. With `tis_cap` or
 * the mismatch ratio rho = pi_old_train / pi_sampler, per token, weights the
   policy-gradient term (stop-gradient; the KL and entropy terms are not weighted):
   truncated importance sampling (TIS) w = min(rho, tis_cap), and/or masking
-  (`mismatch_mask`): w = 0 for tokens whose rho ('token') or whose sequence's
-  geometric-mean rho ('sequence', IcePop / verl's geometric rejection) falls
-  outside [mismatch_mask_low, mismatch_mask_high]. Masking alone weights kept
-  tokens by 1; with `tis_cap` >= mismatch_mask_high it is masked importance
-  sampling (IcePop: w = rho inside the band, 0 outside).
+  (`mismatch_mask`): w = 0 for tokens whose rho ('token', as IcePop masks) or
+  whose sequence's geometric-mean rho ('sequence', verl's geometric rejection)
+  falls outside [mismatch_mask_low, mismatch_mask_high]. Masking alone weights
+  kept tokens by 1; 'token' with `tis_cap` >= mismatch_mask_high is masked
+  importance sampling (IcePop: w = rho inside the band, 0 outside).
 
 With a large cap, E_sampler[w * A * grad log pi] is the on-policy gradient
 E_trainer[A * grad log pi]; truncation and masking trade that for bounded
