@@ -207,6 +207,9 @@ class Sampler:
   prefill_prompts: int | None = schema.field(None, **_AT_LEAST_1)
   # How a decode step runs the blocks: 'scan', 'unrolled' or 'auto' (by the devices).
   decode_layers: str | None = schema.field(None)
+  # Sample with a copy of the weights in which every weight the sampler only converts to a
+  # narrower compute dtype is stored in it (None: the Sampler's default, on); bit-identical.
+  rollout_cast: bool | None = schema.field(None, check=schema.BOOL)
 
   def check(self, fail):
     from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top

@@ -109,6 +109,9 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
     the two modes, and 'modes' holds {'think': {...}, 'no_think': {...}}.
   """
   out = {}
+  prepare = getattr(sampler, 'prepare', None)   # the rollout copy, made once for every domain
+  if prepare is not None and eval_sets:
+    params = prepare(params)
   for domain in sorted(eval_sets):
     dev = ev[domain] if isinstance(ev, Mapping) else ev
     domain_key = jax.random.fold_in(rng, zlib.crc32(domain.encode()) & 0x7FFFFFFF)

@@ -75,6 +75,7 @@ from flax import nnx
 from ml_collections import config_flags
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import NamedSharding
 import numpy as np
 
@@ -420,11 +421,49 @@ def _sampler_flops(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, prom
           + counted_flops(model_cfg, 'policy', b * nb, p + (nb + 1) / 2)), COUNTED
 
 
+_SAMPLERS: dict = {}
+
+
 def sampler_for(model_cfg, mesh, rules, sampler_cfg: dict):
-  """(the Sampler the plan lowers, the policy's abstract params in the training layout)."""
+  """(the Sampler the plan lowers, the policy's abstract params as a stage hands them to it:
+  the train state's, in the master dtype, in the training layout).
+
+  The Sampler turns them into its rollout copy (`rollout_cast`, `rollout_rules`) as a run's
+  does, so the plan lowers the weights the run samples with. One Sampler per model, mesh and
+  options (it traces its programs once to find the copy's dtypes).
+  """
+  try:
+    key = (model_cfg, mesh, rules, tuple(sorted(sampler_cfg.items())))
+    hash(key)
+  except TypeError:
+    key = None
+  if key is not None and key in _SAMPLERS:
+    return _SAMPLERS[key]
+  got = _new_sampler(model_cfg, mesh, rules, sampler_cfg)
+  if key is not None:
+    if len(_SAMPLERS) > 16:
+      _SAMPLERS.clear()
+    _SAMPLERS[key] = got
+  return got
+
+
+def _new_sampler(model_cfg, mesh, rules, sampler_cfg: dict):
   graphdef, params = abstract_params(model_cfg, 'policy', mesh, rules)
+  master = policies.master_dtype(model_cfg)
+  if master is not None:
+    dt = jnp.dtype(master)
+    params = jax.tree.map(
+        lambda a: (jax.ShapeDtypeStruct(a.shape, dt, sharding=a.sharding)
+                   if jnp.issubdtype(a.dtype, jnp.floating) else a), params)
   return sampler_lib.Sampler(graphdef, model_cfg, eos_ids=(0,), pad_id=0, mesh=mesh,
                              rules=rules, **sampler_cfg), params
+
+
+def rollout_copy_bytes(sampler, params) -> int:
+  """Per-device bytes of the sampler's own copy of the weights while it runs (0: it samples
+  with the train state's params as they are)."""
+  rolled = sampler.rollout_params(params)
+  return 0 if rolled is params else _tree_bytes(rolled)
 
 
 def decode_read_bytes(model_cfg, sampler, rows: int) -> float:
@@ -439,15 +478,18 @@ def decode_read_bytes(model_cfg, sampler, rows: int) -> float:
   mesh, rules = sampler.mesh, sampler.rules
   reached = _experts_reached(model_cfg, mesh, rules, rows) if model_cfg.num_experts else 1.0
   _, params = policies.abstract_model(model_cfg, 'policy')
+  _, given = sampler_for(model_cfg, mesh, rules, {})
+  rolled = jax.tree.leaves(sampler.rollout_params(given))   # the dtypes the sampler reads
+  flat = nnx.to_flat_state(params)
+  assert len(rolled) == len(flat), (len(rolled), len(flat))
   total = 0.0
-  for _, v in nnx.to_flat_state(params):
-    value = v.get_value()
-    shape = value.shape
+  for (_, v), leaf in zip(flat, rolled):
+    shape = v.get_value().shape
     axes = v.get_metadata().get('logical_axes') or (None,) * len(shape)
     spec = sharding.logical_to_spec(axes, shape, mesh, rules)
     shard = NamedSharding(mesh, spec).shard_shape(shape)
-    total += int(np.prod(shard)) * value.dtype.itemsize * (reached if 'experts' in axes
-                                                             else 1.0)
+    total += int(np.prod(shard)) * np.dtype(leaf.dtype).itemsize * (
+        reached if 'experts' in axes else 1.0)
   return total
 
 
@@ -609,8 +651,12 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                                                     s.max_len),
         count=lambda s=rm_stage: _forward_flops(model_cfg, 'reward_model', mesh, rules,
                                                 s.batch_size, s.max_len))
+  copy = False
+  if sizes is not None:
+    sampler, given = sampler_for(model_cfg, mesh, rules, sampler_cfg)
+    copy = rollout_copy_bytes(sampler, given) > 0
   resident = _resident(stage, model_cfg, mesh, rules, programs, frozen, rm,
-                       rollout_layout=bool(sampler_cfg.get('rollout_rules')))
+                       rollout_copy=copy)
   calls = {ff.name: ff.calls for ff in frozen}
   if sizes is not None:   # the engine's prefill call runs once per `prefill_prompts` prompts
     prompts = -(-sizes['rows'] // sizes.get('num_samples', 1))
@@ -640,7 +686,7 @@ def _params_bytes(model_cfg, model_kind, mesh, rules, dtype=None) -> int:
 
 
 def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
-              rollout_layout: bool = False):
+              rollout_copy: bool = False):
   """Per program: what stays in device memory beside it without being its argument."""
   if stage.MODEL is None:
     return ()
@@ -660,8 +706,8 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
     if p.name == 'train step':
       extra = frozen_bytes + rm_bytes
     elif p.name.startswith('sampler'):   # the state, minus the params it is given unless it
-                                          # resharded them
-      extra = (state if rollout_layout else state - policy_params) + frozen_bytes + rm_bytes
+                                          # samples with its own copy (cast or resharded)
+      extra = (state if rollout_copy else state - policy_params) + frozen_bytes + rm_bytes
     elif p.name.startswith('reward model scoring'):
       extra = state + frozen_bytes + rm_bytes - rm_bytes // max(1, len(rm_stages))
     else:                                         # a frozen forward: its params are arguments

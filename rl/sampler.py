@@ -61,6 +61,7 @@ from models import sharding
 from models import transformer
 from rl import buckets
 from rl import engine as engine_lib
+from rl import rollout_copy
 from rl import sampling
 from rl import scheduler
 
@@ -70,6 +71,15 @@ ENGINES = ('one_call', 'paged')
 DECODE_LAYERS = ('auto', 'scan', 'unrolled')
 # The programs `Sampler.lower` compiles per engine (launch.plan plans each).
 PROGRAMS = {'one_call': ('decode',), 'paged': ('decode', 'prefill')}
+
+
+class RolloutWeights:
+  """Params already in the sampler's rollout copy and layout (`Sampler.prepare`); not a
+  pytree, so it cannot be mistaken for the params themselves."""
+  __slots__ = ('params',)
+
+  def __init__(self, params):
+    self.params = params
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -401,7 +411,7 @@ class Sampler:
                rollout_rules: Sequence[tuple[str, object]] | None = None,
                engine: str = 'one_call', slots: int | None = None, page_size: int = 16,
                pages: int | None = None, chunk_steps: int = 32, prefill_prompts: int = 8,
-               decode_layers: str = 'auto'):
+               decode_layers: str = 'auto', rollout_cast: bool = True):
     """Builds the sampler.
 
     Args:
@@ -459,6 +469,13 @@ class Sampler:
         time of the unrolled step on the benchmarks' larger shape). 'auto':
         'unrolled' where the mesh's devices (or, without a mesh, the default
         backend) are CPUs, else 'scan'. The same tokens either way.
+      rollout_cast: sample with a copy of the params in which every weight the sampler's
+        programs only ever convert to a narrower compute dtype (a float32 master's matmul
+        weights in a bfloat16 model) is stored in that dtype (`rl.rollout_copy`), made once
+        per `generate` call or per `prepare`, in the rollout layout: half the weight
+        bytes a decode step reads and the copy holds, the same tokens and log-probs bit
+        for bit. Nothing is copied when no weight qualifies (a float32-compute model)
+        and no `rollout_rules` reshard them.
     """
     self.graphdef = graphdef
     self.cfg = model_cfg
@@ -499,6 +516,8 @@ class Sampler:
                   else jax.default_backend())
       decode_layers = 'unrolled' if platform == 'cpu' else 'scan'
     self.decode_layers = decode_layers
+    self.rollout_cast = bool(rollout_cast)
+    self._cast_plans, self._cast_fns = {}, {}
     if cache_tokens_per_device is not None and int(cache_tokens_per_device) < 1:
       raise ValueError(f'Sampler cache_tokens_per_device={cache_tokens_per_device} must be >= 1')
     self.cache_tokens_per_device = (None if cache_tokens_per_device is None
@@ -530,17 +549,82 @@ class Sampler:
     return -(-b // shards) * shards
 
   def rollout_params(self, params):
-    """`params` in the sampler's layout: a resharded copy with `rollout_rules`, else as given.
+    """`params` as the sampler's programs take them: the rollout copy (see `rollout_cast`) in
+    the sampler's layout (resharded with `rollout_rules`), or as given when neither applies.
 
-    Works on concrete params and on abstract ones (ShapeDtypeStructs with shardings).
+    Works on concrete params and on abstract ones (ShapeDtypeStructs with shardings); a
+    `RolloutWeights` from `prepare` is passed through as it is.
     """
-    if not self.rollout_rules or self.mesh is None:
+    if isinstance(params, RolloutWeights):
+      return params.params
+    reshard = bool(self.rollout_rules) and self.mesh is not None
+    dtypes = self.cast_dtypes(params) if self.rollout_cast else None
+    if not reshard and dtypes is None:
       return params
-    shardings = sharding.state_shardings(params, self.mesh, self.rules)
-    if all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):
-      return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                          params, shardings)
-    return jax.device_put(params, shardings)
+    shardings = (sharding.state_shardings(params, self.mesh, self.rules)
+                 if self.mesh is not None else None)
+    leaves, treedef = jax.tree.flatten(params)
+    want = [l.dtype if d is None else d for l, d in zip(leaves, dtypes or [None] * len(leaves))]
+    if all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+      shs = (jax.tree.leaves(shardings) if shardings is not None
+             else [x.sharding for x in leaves])
+      return jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(x.shape, d, sharding=sh)
+                                          for x, d, sh in zip(leaves, want, shs)])
+    if dtypes is None:
+      return jax.device_put(params, shardings)
+    key = (treedef, tuple(want), None if shardings is None else str(shardings))
+    fn = self._cast_fns.get(key)
+    if fn is None:
+      cast = lambda p: jax.tree.unflatten(treedef, [x.astype(d) for x, d in
+                                                    zip(jax.tree.leaves(p), want)])
+      fn = self._cast_fns[key] = jax.jit(cast, out_shardings=shardings)
+    return fn(params)
+
+  def prepare(self, params) -> 'RolloutWeights':
+    """The rollout copy of `params` made once, for several `generate` / `stream` calls (a
+    step's refill rounds, episodes' turns): pass the result instead of the params, and drop
+    it when the calls are done, so its memory is free for the train step."""
+    if isinstance(params, RolloutWeights):
+      return params
+    return RolloutWeights(self.rollout_params(params))
+
+  def cast_dtypes(self, params) -> list | None:
+    """Per leaf of `params` (concrete or abstract), the dtype the rollout copy stores it in
+    (None: as it is), from this sampler's own traced programs; None when no leaf changes."""
+    leaves, treedef = jax.tree.flatten(params)
+    key = (treedef, tuple((tuple(x.shape), np.dtype(x.dtype)) for x in leaves))
+    if key not in self._cast_plans:
+      abstract = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(x.shape, x.dtype)
+                                              for x in leaves])
+      if self.mesh is not None:
+        shardings = sharding.state_shardings(abstract, self.mesh, self.rules)
+        abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                                   sharding=sh),
+                                abstract, shardings)
+      rows = sharding.batch_shards(self.mesh, self.rules)
+      sp = SamplingParams(max_new_tokens=1)
+      programs = []
+      # Tracing is not compiling: the compile counters and the engines are left as they were.
+      engines = getattr(self._rollout, 'engines', {})
+      kept = (self.compile_count, dict(engines),
+              {k: e.compile_count for k, e in engines.items()})
+      try:
+        with sharding.use_mesh(self.mesh, self.rules):
+          for program in PROGRAMS[self.engine]:
+            args, kw, _ = self.abstract_args(RolloutWeights(abstract), rows, 1, sp, 1, program)
+            fn = self._rollout.program(self.call_shape(rows, 1, 1)[2], program)
+            programs.append(
+                fn.trace(*args, **kw).jaxpr if hasattr(fn, 'trace') else
+                jax.make_jaxpr(functools.partial(fn, **kw), static_argnums=0)(*args))
+      finally:
+        self.compile_count = kept[0]
+        engines.clear()
+        engines.update(kept[1])
+        for k, e in engines.items():
+          e.compile_count = kept[2][k]
+      dtypes = rollout_copy.cast_dtypes(programs, leaves)
+      self._cast_plans[key] = dtypes if any(d is not None for d in dtypes) else None
+    return self._cast_plans[key]
 
   def chunk_rows(self, rows: int, slots_per_row: int) -> int:
     """Rows per sampler call (the padded batch) for `rows` rows of `slots_per_row` cache slots.

@@ -383,6 +383,17 @@ class Draws:
     Returns:
       (rows, rewards, valid, fill metrics).
     """
+    # The sampler's rollout copy of the weights (rl.sampler's `rollout_cast` and
+    # `rollout_rules`), made once for every round of the step and dropped before the update.
+    raw, prepare = self.params, getattr(self.ctx.sampler, 'prepare', None)
+    if prepare is not None:
+      self.params = prepare(raw)
+    try:
+      return self._collect()
+    finally:
+      self.params = raw
+
+  def _collect(self):
     st = self.stage
     if st.dynamic_filter:
       if st.stream_filter:

@@ -161,8 +161,15 @@ def test_each_domain_samples_with_its_own_settings_and_both_modes():
   sets = {'a': recs('a', 3), 'b': recs('b', 2)}
   prompts = []
 
+  prepared, given = [], []
+
   class Recording(FakeSampler):
+    def prepare(self, params):     # the rollout copy: made once for every domain and mode
+      prepared.append(params)
+      return ('copy of', params)
+
     def generate(self, params, prompts_, rng, sp, num_samples=1):
+      given.append(params)
       prompts.extend(''.join(chr(t) for t in p) for p in prompts_)
       return super().generate(params, prompts_, rng, sp, num_samples)
 
@@ -182,6 +189,7 @@ def test_each_domain_samples_with_its_own_settings_and_both_modes():
   assert out['a']['score'] == 75.0 and out['a']['samples'] == 12 and out['a']['prompts'] == 3
   assert 'modes' not in out['b'] and out['b']['samples'] == 6
   assert out['b']['score'] == 50.0
+  assert prepared == [None] and given == [('copy of', None)] * 3
 
 
 VROWS = [dict(r, validation=v, hf=f'/x/{r["stage"]}',

@@ -110,6 +110,26 @@ def test_groups_without_signal_are_refilled_up_to_the_refill_cap(fakes):
     assert rows['samples'].tokens.shape[0] == 8
 
 
+def test_the_rollout_copy_is_made_once_per_step_and_dropped_before_the_update(fakes):
+  """Every refill round of a step samples with the one copy `Sampler.prepare` made (the
+  weights cast and laid out for rollout); after `collect` the Draws holds the raw params only,
+  so the copy's memory is free for the train step."""
+  class Preparing(fakes.OwnAnswerSampler):
+    prepared = []
+
+    def prepare(self, params):
+      self.prepared.append(params)
+      return ('copy of', params)
+
+  sampler = Preparing()
+  draws, st = _draws(fakes, fakes.rl_stage('rl', ['a'], dynamic_filter=True, refill_cap=2),
+                     sampler)
+  draws.collect()
+  assert sampler.prepared == ['params']
+  assert [c['params'] for c in sampler.calls] == [('copy of', 'params')] * 3
+  assert draws.params == 'params'
+
+
 def test_groups_with_signal_are_kept_in_one_round(fakes):
   sampler = fakes.OwnAnswerSampler(right=lambda n, g: g == 0)
   draws, st = _draws(fakes, fakes.rl_stage('rl', ['a'], dynamic_filter=True), sampler)

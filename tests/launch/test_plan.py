@@ -21,6 +21,7 @@ from cascade import policies
 from launch import plan
 from models import config as model_config
 from models import sharding
+from rl import sampler as sampler_lib
 from rl import train_step as train_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -249,6 +250,19 @@ def test_frozen_copies_in_host_memory_are_not_resident(tiny_path):
   assert dev['teacher forward'] - host['teacher forward'] == 2 * one
 
 
+def test_a_sampler_with_its_own_copy_has_the_whole_state_beside_it(tiny_path):
+  # Sampling with the state's params: beside the sampler is the state minus those params (its
+  # argument); with a rollout copy (cast or resharded) the whole state stays beside it.
+  p = config_lib.validate(_load(tiny_path))
+  st = [s for s in p.stages if s.name == 'add_rl'][0]
+  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  one = _per_device_bytes(plan.abstract_params(p.model, 'policy', mesh, sharding.DEFAULT_RULES)[1])
+  programs = [types.SimpleNamespace(name='sampler')]
+  got = {copy: dict(plan._resident(st, p.model, mesh, sharding.DEFAULT_RULES, programs, [], [],
+                                   rollout_copy=copy))['sampler'] for copy in (False, True)}
+  assert got[True] - got[False] == one
+
+
 @pytest.mark.heavy
 def test_an_agentic_stage_plans_its_last_turn(tiny_path):
   """An agentic stage's sampler is planned for its largest turn: every episode live, its prompt
@@ -372,6 +386,28 @@ def test_a_decode_step_reads_the_sampler_layout_and_the_experts_its_tokens_reach
   dense = model_config.ModelConfig.tiny()
   sampler, params = _sampler_for(dense, (2, 2, 2), {})
   assert plan.decode_read_bytes(dense, sampler, 8) == _per_device_bytes(params)
+  assert plan.rollout_copy_bytes(sampler, params) == 0     # float32 compute: no copy
+
+
+def test_a_bfloat16_model_samples_and_is_planned_with_its_rollout_copy():
+  """The sampler is handed float32 masters; it samples with (and the plan lowers, reads and
+  keeps beside the state) a copy whose matmul weights are bfloat16."""
+  cfg = model_config.ModelConfig.tiny(param_dtype='bfloat16', dtype='bfloat16')
+  cast, given = _sampler_for(cfg, (2, 2, 2), {})
+  plain, _ = _sampler_for(cfg, (2, 2, 2), dict(rollout_cast=False))
+  assert {x.dtype for x in jax.tree.leaves(given)} == {np.dtype('float32')}
+  masters = _per_device_bytes(given)
+  assert plan.decode_read_bytes(cfg, plain, 8) == masters
+  assert plan.rollout_copy_bytes(plain, given) == 0
+  copy = plan.rollout_copy_bytes(cast, given)
+  assert plan.decode_read_bytes(cfg, cast, 8) == copy
+  assert 0.5 * masters < copy < 0.55 * masters     # matmul weights halved, norms kept
+  # The lowered sampler takes the copy: its params arguments have the copy's dtypes.
+  lowered = cast.lower(given, 8, 4, sampler_lib.SamplingParams(max_new_tokens=4))
+  n = len(jax.tree.leaves(given))
+  got = [a.dtype for a in jax.tree.leaves(lowered.args_info)[:n]]
+  assert got == [a.dtype for a in jax.tree.leaves(cast.rollout_params(given))]
+  assert np.dtype(jnp.bfloat16) in got and np.dtype(np.float32) in got
 
 
 def test_largest_arrays_name_what_fills_a_program():
