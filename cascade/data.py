@@ -25,7 +25,11 @@ Adapters (the `format` of a dataset in the config):
                  "problem"/"prompt" and "answer"/"ground_truth". The exact
                  field names of the Cascade-1 RL-Math release are not verified.
   nemotron_if    rows with "instruction_id_list", "kwargs" and "prompt" or
-                 "responses_create_params.input" (Nemotron RL IF blends).
+                 "responses_create_params.input" (Nemotron RL IF blends); or
+                 AllenAI's IF-RLVR layout (allenai/IF_multi_constraints_upto5):
+                 "messages" and "ground_truth", a string holding a one-item list
+                 [{"instruction_id": [...], "kwargs": [...]}] as JSON or as a
+                 Python literal (the release writes Python's repr).
 
 Files are read through `models.paths`, so a dataset path may be `gs://...`.
 A malformed record is a `DataError` naming the file and line (JSONL), row
@@ -37,6 +41,7 @@ exactly the prompts an uninterrupted one would have.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -247,9 +252,48 @@ def _adapt_nemotron_math(raw):
   return {'id': _id(raw, ('id', 'uuid')), 'messages': msgs, 'metadata': {'answer': answer}}
 
 
+def _parse_ground_truth(value) -> Any:
+  """A `ground_truth` string as JSON, else as a Python literal (literals only: no code runs)."""
+  if not isinstance(value, str):
+    return value
+  try:
+    return json.loads(value)
+  except ValueError:
+    pass
+  except RecursionError:
+    raise _RecordError("field 'ground_truth' is nested too deeply") from None
+  try:
+    return ast.literal_eval(value)
+  except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+    raise _RecordError("field 'ground_truth' is neither JSON nor a Python literal") from None
+
+
+def _rlvr_metadata(raw) -> dict:
+  """Instruction metadata from AllenAI's IF-RLVR `ground_truth` (see the module docstring)."""
+  gt = _parse_ground_truth(raw['ground_truth'])
+  if isinstance(gt, (list, tuple)):
+    if len(gt) != 1:
+      raise _RecordError(f"field 'ground_truth' holds {len(gt)} constraint sets; expected one")
+    gt = _parse_ground_truth(gt[0])
+  if not isinstance(gt, Mapping):
+    raise _RecordError("field 'ground_truth' must hold an object with 'instruction_id' and "
+                       "'kwargs'")
+  ids = gt.get('instruction_id', gt.get('instruction_id_list'))
+  try:
+    return _if_metadata({'instruction_id_list': ids, 'kwargs': gt.get('kwargs')})
+  except _RecordError as e:
+    raise _RecordError(f'ground_truth: {e}') from None
+
+
 def _adapt_nemotron_if(raw):
-  msgs = _gym_messages(raw) or _user(_str(raw, 'prompt'))
-  return {'id': _id(raw, ('id', 'key', 'uuid')), 'messages': msgs, 'metadata': _if_metadata(raw)}
+  msgs = _gym_messages(raw)
+  if msgs is None:
+    msgs = _messages(raw) if 'messages' in raw else _user(_str(raw, 'prompt'))
+  if 'instruction_id_list' not in raw and 'ground_truth' in raw:
+    md = _rlvr_metadata(raw)
+  else:
+    md = _if_metadata(raw)
+  return {'id': _id(raw, ('id', 'key', 'uuid')), 'messages': msgs, 'metadata': md}
 
 
 FORMATS: dict[str, Format] = {

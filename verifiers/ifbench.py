@@ -7,7 +7,10 @@ formats ('format:*'), repetition ('repeat:*') and fixed tasks ('custom:*':
 CSV tables, date lists, reversals, sorted lists). Records use IFEval's
 metadata, {'instruction_id_list': [...], 'kwargs': [...]}; the verifier
 also takes IFEval's 25 ids (checked by `verifiers.ifeval`), as the
-reference's registry does, so a record may mix both.
+reference's registry does, and the 29 IF-RLVR training constraints that
+IFBench trains on (open-instruct's IFEvalG, checked by `verifiers.iftrain`),
+so a record may mix all three: AllenAI's training set draws IFEval's and
+the training ids, its test set the 58.
 
 Each check is `fn(response, kwargs) -> bool` with the decisions of the
 reference checkers (allenai/IFBench `ifbench/instructions.py`), written
@@ -36,6 +39,7 @@ import unicodedata
 from typing import Any, Mapping, Sequence
 
 from verifiers import ifeval
+from verifiers import iftrain
 from verifiers import instruction_following
 from verifiers import text
 
@@ -827,10 +831,11 @@ def _check_value(where: str, value: Any, kind: str) -> Any:
 
 
 def clean_kwargs(instruction_id: str, kwargs: Mapping[str, Any] | None) -> dict:
-  """Validates one instruction's kwargs (IFBench's 58 ids or IFEval's 25).
+  """Validates one instruction's kwargs (IFBench's 58 ids, IFEval's 25 or IFTrain's 29).
 
   Args:
-    instruction_id: e.g. 'count:word_count_range' or 'punctuation:no_comma'.
+    instruction_id: e.g. 'count:word_count_range', 'punctuation:no_comma' or
+      'copy:repeat_phrase'.
     kwargs: its keyword arguments (None means none; None values are dropped,
       as in Arrow exports that carry every name on every instruction).
 
@@ -843,9 +848,11 @@ def clean_kwargs(instruction_id: str, kwargs: Mapping[str, Any] | None) -> dict:
   """
   if instruction_id in ifeval.INSTRUCTIONS:
     return ifeval.clean_kwargs(instruction_id, _integral(kwargs))
+  if instruction_id in iftrain.INSTRUCTIONS:
+    return iftrain.clean_kwargs(instruction_id, kwargs)
   if instruction_id not in INSTRUCTIONS:
-    raise ValueError(f'unknown instruction id {instruction_id!r} (IFBench takes its 58 ids and '
-                     f"IFEval's 25)")
+    raise ValueError(f'unknown instruction id {instruction_id!r} (IFBench takes its 58 ids, '
+                     "IFEval's 25 and the 29 IF-RLVR training ids)")
   kwargs = {} if kwargs is None else kwargs
   if not isinstance(kwargs, Mapping):
     raise ValueError(f'{instruction_id}: kwargs must be a dict, got {type(kwargs).__name__}')
@@ -883,7 +890,7 @@ def _visible_kwargs(instruction_id: str, kw: dict) -> dict:
 
 def follows(instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, Any] | None],
             response: str, loose: bool = False) -> list[bool]:
-  """Checks a response against each instruction (IFBench or IFEval ids).
+  """Checks a response against each instruction (IFBench, IFEval or IFTrain ids).
 
   Args:
     instruction_ids: the ids.
@@ -905,6 +912,9 @@ def follows(instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, A
     if instruction_id in ifeval.INSTRUCTIONS:
       out += ifeval.follows([instruction_id], [_integral(kwargs)], response, loose=loose)
       continue
+    if instruction_id in iftrain.INSTRUCTIONS:
+      out += iftrain.follows([instruction_id], [kwargs], response, loose=loose)
+      continue
     check = INSTRUCTIONS[instruction_id][0]
     kw = _visible_kwargs(instruction_id, clean_kwargs(instruction_id, kwargs))
     out.append(any(r.strip() and check(r, kw) for r in candidates))
@@ -924,9 +934,9 @@ def work(payload: dict) -> dict:
 
 
 class IFBenchVerifier(instruction_following.InstructionFollowingVerifier):
-  """IFBench's checks (and IFEval's), with `instruction_following`'s options: strict or loose
-  mode, 'all' or 'fraction' reward, and the thinking-mode rule R_IF + sigmoid(group-normalised
-  RM) with `rm_scorer`."""
+  """IFBench's checks (and IFEval's and IFTrain's), with `instruction_following`'s options:
+  strict or loose mode, 'all' or 'fraction' reward, and the thinking-mode rule R_IF +
+  sigmoid(group-normalised RM) with `rm_scorer`."""
 
   name = 'ifbench'
   worker_fn = 'verifiers.ifbench:work'

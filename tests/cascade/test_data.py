@@ -1,6 +1,7 @@
 """Dataset readers, format adapters, malformed-record errors and the resumable grain loader."""
 
 import json
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -91,6 +92,36 @@ def test_common_format_adapters(tmp_path):
                                             {'role': 'user', 'content': 'Say hi.'}]}}])
   rec = data.load(spec(nif, 'nemotron_if', domain='if'))[0]
   assert rec['messages'][0]['role'] == 'system' and rec['metadata']['kwargs'] == [{}]
+
+
+def test_nemotron_if_reads_allenai_if_rlvr_rows(tmp_path):
+  # allenai/IF_multi_constraints_upto5: 'messages' and a 'ground_truth' string holding a
+  # one-item list, written as Python's repr (single quotes, None) or as JSON.
+  gt = {'instruction_id': ['punctuation:no_comma', 'copy:repeat_phrase'],
+        'kwargs': [None, {'phrase': 'a b c', 'small_n': 2, 'N': None}]}
+  rows = [{'key': 'ifeval_1', 'messages': user('Say it.'), 'ground_truth': str([gt]),
+           'dataset': 'ifeval', 'constraint_type': 'x', 'constraint': 'y'},
+          {'messages': user('Say it.'), 'ground_truth': json.dumps([json.dumps(gt)])}]
+  recs = data.load(spec(write_jsonl(tmp_path / 'r.jsonl', rows), 'nemotron_if', domain='if'))
+  assert recs[0]['id'] == 'ifeval_1' and recs[0]['messages'] == user('Say it.')
+  for rec in recs:
+    assert rec['metadata'] == {'instruction_id_list': gt['instruction_id'],
+                               'kwargs': [{}, {'phrase': 'a b c', 'small_n': 2}]}
+
+
+@pytest.mark.parametrize('ground_truth, message', [
+    ('[{"instruction_id": ["a"], "kwargs": [{}]}, {}]',
+     "field 'ground_truth' holds 2 constraint sets; expected one"),
+    ("[{'instruction_id': ['a'], 'kwargs': []}]",
+     "ground_truth: field 'kwargs' must be a list with one entry per instruction"),
+    ('[__import__("os")]', "field 'ground_truth' is neither JSON nor a Python literal"),
+    ('[3]', "field 'ground_truth' must hold an object with 'instruction_id'"),
+    ('[' * 100_000, "field 'ground_truth' is"),
+])
+def test_nemotron_if_refuses_malformed_ground_truth(tmp_path, ground_truth, message):
+  p = write_jsonl(tmp_path / 'g.jsonl', [{'messages': user('x'), 'ground_truth': ground_truth}])
+  with pytest.raises(data.DataError, match=re.escape(':1: ' + message)):
+    data.load(spec(p, 'nemotron_if', domain='if'))
 
 
 def test_tfds_data_source_with_mock_data():
