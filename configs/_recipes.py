@@ -103,7 +103,8 @@ DOMAINS = {
     # held-out prompts (the paper's ArenaHard uses an LLM judge, not here).
     'chat': ('reward_model', {}, 'rlhf_train', 'chat_eval'),
     'instruction_following': ('instruction_following', {}, 'if_train', 'if_eval'),
-    # IFBench's 58 out-of-distribution constraints (and IFEval's 25), held out on IFBench's test.
+    # IFBench: trained on its IF-RLVR prompts (IFEval's 25 and the 29 training constraints),
+    # held out on its test (the 58 out-of-distribution constraints).
     'ifbench': ('ifbench', {}, 'ifbench_train', 'ifbench_eval'),
     'math': ('math', {}, 'math_train', 'math_eval'),
     'code': ('code', {'isolation': 'bwrap'}, 'code_train', 'code_eval'),

@@ -36,10 +36,14 @@ Not reproducible here, by construction:
   LLM judge.
 * SWE: the paper's reward for non-identical patches is P(YES) from a 72B
   judge; here it is the lexical similarity of `verifiers.swe`.
-* IF-RL's IFBench sub-stage: `verifiers.ifbench` checks IFBench's 58
-  out-of-distribution constraints and IFEval's 25, not IFBench's 29 IF-RLVR
-  training constraints (open-instruct's IFEvalG), so rl/ifbench.jsonl must
-  use the former ids (a record with another id stops the run at load).
+* IF-RL's IFBench sub-stage: rl/ifbench.jsonl is taken to be AllenAI's
+  IF-RLVR training set (allenai/IF_multi_constraints_upto5: IFEval's 25 and
+  the 29 training constraints of open-instruct's IFEvalG, read by the
+  `nemotron_if` format); `verifiers.ifbench` checks those and IFBench's 58
+  test ones. Where the reference checker contradicts its own instruction
+  (e.g. 'keywords:palindrome' takes 'a'), the verifier follows the
+  instruction, so those rewards differ from AllenAI's
+  (docs/ifbench_agreement.md).
 * Benchmarks: LiveCodeBench, AIME25, ArenaHard, SWE-Verified need their own
   harnesses; the held-out sets here are whatever the user stages.
 * Long context: Qwen3's RoPE with static YaRN, factor 2.0 from 32,768
