@@ -429,17 +429,21 @@ def _check_value(where: str, value: Any, kind: str) -> Any:
   return value
 
 
-# kwargs that must hold a word character to name a word at all.
-_WORDS_NEEDED = {'keywords:exclude_word_harder': 'keyword', 'first_word:first_word_sent':
-                 'first_word', 'first_word:first_word_answer': 'first_word',
-                 'last_word:last_word_sent': 'last_word', 'last_word:last_word_answer':
-                 'last_word', 'keywords:keyword_specific_position': 'keyword'}
+# kwargs that name one word (a word at a position: one word, or no response can pass), and
+# kwargs that must hold a word character at all.
+_ONE_WORD = {'first_word:first_word_sent': 'first_word', 'first_word:first_word_answer':
+             'first_word', 'last_word:last_word_sent': 'last_word', 'last_word:last_word_answer':
+             'last_word', 'keywords:keyword_specific_position': 'keyword'}
+_WORDS_NEEDED = dict(_ONE_WORD, **{'keywords:exclude_word_harder': 'keyword'})
 
 
 def _check_consistency(instruction_id: str, out: dict) -> None:
   name = _WORDS_NEEDED.get(instruction_id)
   if name and not _bare(out[name]):
     raise ValueError(f'{instruction_id}: kwarg {name!r} {out[name]!r} holds no word')
+  name = _ONE_WORD.get(instruction_id)
+  if name and len(out[name].split()) != 1:
+    raise ValueError(f'{instruction_id}: kwarg {name!r} {out[name]!r} is not one word')
   if instruction_id == 'copy:repeat_phrase' and len(out['phrase'].split()) < 3:
     raise ValueError(f'{instruction_id}: kwarg phrase {out["phrase"]!r} has fewer than three '
                      'words (no centre word to replace)')

@@ -156,6 +156,8 @@ def test_visible_text_and_look_alikes():
     ('keywords:word_once', {'keyword': 'a', 'N': 3}, r"keywords:word_once: unexpected kwargs \['N'\]"),
     ('first_word:first_word_answer', {'first_word': '--'},
      r"first_word:first_word_answer: kwarg 'first_word' '--' holds no word"),
+    ('keywords:keyword_specific_position', {'keyword': 'ice cream', 'n': 1, 'm': 1},
+     r"keywords:keyword_specific_position: kwarg 'keyword' 'ice cream' is not one word"),
     ('new:copy_span_idx', {'prompt_to_repeat': 'abc', 'n_start': 2, 'n_end': 1},
      r'new:copy_span_idx: need n_start <= n_end < len\(prompt_to_repeat\) \(3\)'),
     ('new:copy_span_idx', {'prompt_to_repeat': 'abc', 'n_start': 0, 'n_end': 3},
