@@ -29,6 +29,7 @@ _BUILTIN = {
     'tool_call': 'verifiers.tool_call:ToolCallVerifier',
     'long_context_qa': 'verifiers.long_context_qa:LongContextQaVerifier',
     'reward_model': 'verifiers.reward_model:RewardModelVerifier',
+    'judge': 'verifiers.judge:JudgeVerifier',
 }
 _registry = registry.Registry('verifier', Verifier, _BUILTIN)
 
@@ -64,7 +65,7 @@ def get(name: str, **options: Any) -> Verifier:
 
   Args:
     name: e.g. 'math', 'instruction_following', 'ifbench', 'code', 'swe', 'structured',
-      'mcqa', 'tool_call', 'long_context_qa', 'reward_model'.
+      'mcqa', 'tool_call', 'long_context_qa', 'reward_model', 'judge'.
     **options: the verifier's keyword options (see its class); common ones are
       thinking_unfinished_reward, workers and timeout_s.
 

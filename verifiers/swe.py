@@ -7,6 +7,15 @@ context, line numbers or trailing whitespace), else the difflib similarity
 ratio of the two normalised change texts, kept inside (0, 1).
 Metadata: {'gold_patch': str}.
 
+Semantic judge (`judge=`, lexical mode only): where the lexical rule gives
+neither 1 nor 0 (nor -1), the reward is instead a judge model's P(YES) to
+"does this patch fix the same issue as the reference patch?" from its
+next-token logits (`verifiers.judge`, template `judge_template`; one batched
+forward for the batch), kept inside (0, 1) like the ratio, as Cascade 1's
+SWE reward does; info keeps the ratio as 'similarity' and adds 'p_yes'. The
+patch is defused and fenced as every judge field is; a judge prompt that does
+not fit gets `judge_reject_reward`, logged. Without a judge the ratio stays.
+
 Execution mode (`execution=True`): the patch is applied to a copy of a small
 repository given in the record and the record's test program runs in the
 sandbox (`verifiers.sandbox.server`'s 'check' mode: the test runs in a judge process
@@ -92,7 +101,9 @@ class SweVerifier(base.Verifier):
 
   def __init__(self, *, execution: bool = False, isolation: str = 'bwrap', bwrap: str = 'bwrap',
                memory_mb: int = 1024, nproc: int = 16, fsize_mb: int = 64, tmpfs_mb: int = 256,
-               max_answer_chars: int = 1 << 20, **common: Any):
+               max_answer_chars: int = 1 << 20, judge: Any = None,
+               judge_template: str = 'swe_same_fix', judge_max_field_tokens: int = 2048,
+               judge_reject_reward: float = 0.0, **common: Any):
     """Options.
 
     Args:
@@ -101,10 +112,30 @@ class SweVerifier(base.Verifier):
       isolation, bwrap, memory_mb, nproc, fsize_mb, tmpfs_mb: the sandbox's,
         as in `verifiers.code` (execution mode only).
       max_answer_chars: longer answers score -1 without being parsed.
+      judge: a judge (`rl.judge.JudgeModel`) scoring the patches the lexical rule
+        finds neither equal nor empty (see the module docstring); None keeps the ratio.
+      judge_template: its pointwise yes/no template with a {reference} field.
+      judge_max_field_tokens: the most tokens of the issue, the gold and the candidate patch
+        in the judge's prompt.
+      judge_reject_reward: the reward of a patch the judge cannot score.
       **common: thinking_unfinished_reward, workers, timeout_s.
     """
     super().__init__(**common)
     self.execution = bool(execution)
+    self.judge = None
+    if judge is not None:
+      if self.execution:
+        raise ValueError('swe: judge= scores the lexical rule\'s middle case; execution=True '
+                         'has none')
+      from verifiers import judge as judge_lib  # pylint: disable=g-import-not-at-top
+      if judge_template not in judge_lib.TEMPLATES or 'reference' not in (
+          judge_lib.TEMPLATES[judge_template].fields):
+        raise ValueError(f'swe: judge_template={judge_template!r} must name a template with a '
+                         '{reference} field (e.g. \'swe_same_fix\')')
+      self.judge = judge_lib.JudgeVerifier(
+          judge=judge, template=judge_template, mode='pointwise', score_by='logits',
+          reference_field='gold_patch', max_field_tokens=judge_max_field_tokens,
+          reject_reward=judge_reject_reward, thinking_unfinished_reward=0.0)
     self.max_answer_chars = int(max_answer_chars)
     self.sandbox = None
     if self.execution:
@@ -166,6 +197,26 @@ class SweVerifier(base.Verifier):
       reason = 'tests passed' if ans['passed'] else f'{ans["status"]}: {str(ans["detail"])[-500:]}'
       out.append(pool_lib.Outcome(True, {'reward': float(ans['passed']), 'info': dict(
           sandbox.result_info(ans, self.sandbox.isolation), reason=reason)}))
+    return out
+
+  def _finish(self, samples: Sequence[base.Sample], results: list[base.Result]
+              ) -> list[base.Result]:
+    """With a judge: its P(YES) replaces the ratio of every middle-case patch (one batch)."""
+    if self.judge is None:
+      return results
+    middle = [i for i, r in enumerate(results) if 'similarity' in r.info]
+    if not middle:
+      return results
+    judged = self.judge.score([samples[i] for i in middle])
+    out = list(results)
+    for i, j in zip(middle, judged):
+      info = dict(results[i].info, **{k: v for k, v in j.info.items() if k != 'reason'})
+      if j.info.get('rejected'):
+        out[i] = base.Result(j.reward, dict(info, reason=j.info['reason']))
+      else:
+        out[i] = base.Result(min(max(j.reward, _EPS), 1 - _EPS),
+                             dict(info, reason='semantic judge: P(YES) that the patch fixes '
+                                               'the same issue as the gold patch'))
     return out
 
   def close(self) -> None:
