@@ -49,12 +49,18 @@ reference, MOPD teachers) and the reward model's scoring pass for stages whose
 domains are scored by one. Each program's fit is checked with what stays
 resident beside it (the optimizer state beside the sampler, frozen references,
 teachers and reward models beside everything): the co-resident peak. With
-`hardware.peak_tflops` and `hardware.hbm_gbps` it prints a lower bound per
-step (compute at peak; while sampling, per new token of each chunk of rows,
-one read of the weights a decode step reads: the sampler's layout, and of
-the routed experts those its tokens reach, `decode_read_bytes`) and per stage
-in chip-hours. Not compiled: the per-phase variants shorter than
-a stage's longest phase (they need less memory).
+`hardware.peak_tflops` and `hardware.hbm_gbps` it prints a bound on each
+step's time by part and per stage in chip-hours (`step_time`, counted from the
+config, with its `TIME_ASSUMPTIONS`): sampling per device call, each decode
+step the larger of its reads (the weights in the sampler's layout,
+`decode_read_bytes`; the KV cache over the keys each row attends; Mamba
+states) at HBM bandwidth and its FLOPs at peak, the prefill, the refill
+rounds' worst case; reward-model scoring; the update's and the frozen passes'
+FLOPs at peak. `--time_only` prints just that, compiling nothing. Not
+compiled: the per-phase variants shorter than a stage's longest phase (they
+need less memory).
+
+    python -m launch.plan --config=configs/nemotron_cascade_14b.py --time_only
 """
 
 from __future__ import annotations
@@ -151,9 +157,8 @@ class StageReport:
   beside it while it runs without being its arguments (the optimizer state
   beside the sampler, frozen references / teachers / reward models beside
   everything): a program's co-resident peak is its total plus that.
-  `seconds` is a lower bound on one step's time from the programs' FLOPs and
-  weight reads against the chip's peak (0 when the hardware names none), and
-  `steps` the stage's step count.
+  `time` is the bound on one step's time and its parts (`step_time`; None when
+  the hardware names no peak), and `steps` the stage's step count.
   """
   index: int
   name: str
@@ -162,8 +167,16 @@ class StageReport:
   limit_bytes: int
   num_devices: int
   resident: tuple[tuple[str, int], ...] = ()
-  seconds: float = 0.0
+  time: StepTime | None = None
   steps: int = 0
+
+  @property
+  def seconds(self) -> float:
+    """The bound on one step (0 without one)."""
+    return self.time.bound if self.time is not None else 0.0
+
+  def chip_hours(self, seconds: float) -> float:
+    return seconds * self.steps / 3600 * self.num_devices
 
   def peak(self, p: ProgramReport) -> int:
     return p.total_bytes + dict(self.resident).get(p.name, 0)
@@ -534,12 +547,8 @@ def row_state_note(model_cfg, sampler, rows: int, prompt_len: int, max_new_token
   mesh, rules = sampler.mesh, sampler.rules
   p, nb, b = sampler.call_shape(rows, prompt_len, max_new_tokens)
   per_device = b // sharding.batch_shards(mesh, rules)
-  c = model_cfg
-  kv_heads = c.num_kv_heads // _split(c.num_kv_heads, 'kv_heads', mesh, rules)
-  kv = c.attention_layers * 2 * kv_heads * c.head_dim * (p + nb) * c.jnp_dtype.itemsize
-  state = c.mamba_layers * (   # MambaState: ssm float32 [H, P, N], conv [K - 1, channels]
-      c.mamba_heads // _split(c.mamba_heads, 'mamba_heads', mesh, rules) * c.mamba_head_dim
-      * c.mamba_state * 4 + (c.mamba_conv - 1) * c.mamba_conv_dim * c.jnp_dtype.itemsize)
+  kv = kv_token_bytes(model_cfg, mesh, rules) * (p + nb)
+  state = state_row_bytes(model_cfg, mesh, rules)
   return f'per device {per_device} rows x (KV cache {_size(kv)} + Mamba state {_size(state)})'
 
 
@@ -657,15 +666,10 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
     copy = rollout_copy_bytes(sampler, given) > 0
   resident = _resident(stage, model_cfg, mesh, rules, programs, frozen, rm,
                        rollout_copy=copy)
-  calls = {ff.name: ff.calls for ff in frozen}
-  if sizes is not None:   # the engine's prefill call runs once per `prefill_prompts` prompts
-    prompts = -(-sizes['rows'] // sizes.get('num_samples', 1))
-    calls['sampler prefill'] = -(-prompts // sampler_cfg.get('prefill_prompts', 8))
-  seconds = _step_seconds(stage, kind, model_cfg, mesh, rules, programs,
-                          hardware or config_lib.Hardware(), sampler_cfg, calls=calls)
+  time = step_time(stage, kind, model_cfg, mesh, rules, hardware or config_lib.Hardware(),
+                   sampler_cfg, rm_stages=rm)
   return StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
-                     mesh.size, resident=resident, seconds=seconds,
-                     steps=getattr(stage, 'steps', 0))
+                     mesh.size, resident=resident, time=time, steps=getattr(stage, 'steps', 0))
 
 
 def _tree_bytes(tree) -> int:
@@ -716,38 +720,208 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
   return tuple(out)
 
 
-def _step_seconds(stage, kind, model_cfg, mesh, rules, programs, hw, sampler_cfg: dict,
-                  calls: dict | None = None) -> float:
-  """A lower bound on one step: compute at the chip's peak, each decode step reading the weights.
+# ---------------------------------------------------------------- the step-time model
 
-  Uses `hardware.peak_tflops` (per chip, the compute dtype) and
-  `hardware.hbm_gbps`; the train step and frozen forwards are bound by their
-  FLOPs, the sampler by one read per new token, in each of its chunks one
-  after another, of the weights a decode step reads per device
-  (`decode_read_bytes`: the sampler's layout; of a mixture-of-experts model's
-  routed experts those the step's tokens reach). KV-cache and Mamba-state
-  reads and the prefill only add to it. 0 when the hardware gives no peak.
-  `calls`: program name -> calls per step (a frozen pass in chunks).
+# What the step-time bound (`step_time`) assumes, printed with it.
+TIME_ASSUMPTIONS = (
+    'every device call (a decode step, a prefill) takes max(the bytes it reads per device / '
+    'hardware.hbm_gbps, its FLOPs per device / hardware.peak_tflops): reads and compute '
+    'overlap perfectly, and collectives, host syncs, launches and sampling itself are free',
+    "every row of a round generates the longest phase's max_response_len tokens: a one-call "
+    "chunk runs to the cap, the paged engine's slots turn over in whole waves",
+    "a decode step reads per device the weights in the sampler's layout (of routed experts, "
+    'those its tokens reach); for each of its rows the K and V of every attention sublayer '
+    "over the keys it attends (one-call: the decode phase's cache extent, every row of the "
+    "chunk; paged: the row's filled pages); each Mamba sublayer's state, read and written. "
+    'A prefill call reads the weights once; its KV writes are left out',
+    'FLOPs counted from the config (`counted_flops`: matmuls and attention scores; Mamba\'s '
+    'scan, norms and the embedding gather left out), for the prefill, the update (each of '
+    'updates_per_batch), the frozen passes and reward-model scoring, all at peak',
+    'one sampling round per step (the bound); dynamic filtering runs up to 1 + refill_cap '
+    "rounds, stream_filter feeds up to 1 + refill_cap batches (the worst case: sampling and "
+    'scoring that many times)',
+    'scoring by verifiers on the hosts is not estimated (host CPU time, partly hidden behind '
+    'sampling); a reward model\'s scoring pass is, every row of the round at its full length '
+    "up to the reward-model stage's max_len",
+    "an agentic episode: one call per turn, the turns' prompts growing by the turns before "
+    '(observations left out); with the paged engine a KV session holds them',
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+  """A bound on one step's time in seconds, by part (`step_time`; `TIME_ASSUMPTIONS`).
+
+  Sampling is one round's: `weights`, `kv` and `state` the decode steps' reads of the weights,
+  the KV cache and the Mamba states at HBM bandwidth; `compute` what the decode steps' FLOPs
+  at peak add where they exceed those reads (each step costs the larger); `prefill` the
+  prefill calls. `scoring` is None where it is not estimated (verifiers on the hosts).
+  `rounds`: the most sampling rounds a step may run (the worst case). `weights_only`: the
+  bound this model replaces (one read of the weights per new token of each chunk, the rest
+  FLOPs at peak).
   """
-  calls = calls or {}
-  peak = hw.peak_tflops * 1e12
-  bw = hw.hbm_gbps * 1e9
+  weights: float = 0.0
+  kv: float = 0.0
+  state: float = 0.0
+  compute: float = 0.0
+  prefill: float = 0.0
+  scoring: float | None = None
+  update: float = 0.0
+  frozen: float = 0.0
+  rounds: int = 1
+  weights_only: float = 0.0
+  decode_steps: int = 0
+
+  @property
+  def sampling(self) -> float:
+    return self.weights + self.kv + self.state + self.compute + self.prefill
+
+  @property
+  def bound(self) -> float:
+    """One round: sampling, scoring where estimated, the update and the frozen passes."""
+    return self.sampling + (self.scoring or 0.0) + self.update + self.frozen
+
+  @property
+  def worst(self) -> float:
+    """`rounds` rounds of sampling and scoring, one update."""
+    return self.rounds * (self.sampling + (self.scoring or 0.0)) + self.update + self.frozen
+
+
+def kv_token_bytes(cfg, mesh, rules) -> int:
+  """Per-device bytes of one row's K and V for one token over every attention sublayer."""
+  kv_heads = cfg.num_kv_heads // _split(cfg.num_kv_heads, 'kv_heads', mesh, rules)
+  head_dim = cfg.head_dim // _split(cfg.head_dim, 'head_dim', mesh, rules)
+  return cfg.attention_layers * 2 * kv_heads * head_dim * cfg.jnp_dtype.itemsize
+
+
+def state_row_bytes(cfg, mesh, rules) -> int:
+  """Per-device bytes of one row's Mamba states (every Mamba sublayer's `mamba.MambaState`:
+  ssm float32 [H, P, N], H over 'mamba_heads'; conv [K - 1, channels], whole)."""
+  heads = cfg.mamba_heads // _split(cfg.mamba_heads, 'mamba_heads', mesh, rules) if (
+      cfg.mamba_layers) else 0
+  return cfg.mamba_layers * (heads * cfg.mamba_head_dim * cfg.mamba_state * 4 + (
+      cfg.mamba_conv - 1) * cfg.mamba_conv_dim * cfg.jnp_dtype.itemsize)
+
+
+def sampling_time(model_cfg, sampler, hw, *, rows: int, prompt_len: int, max_new_tokens: int,
+                  num_samples: int = 1, continued: bool = False, **_) -> dict:
+  """One `Sampler.generate` call's time bound in parts (`StepTime`'s sampling fields, seconds)
+  and its decode steps, every row generating `max_new_tokens` (`TIME_ASSUMPTIONS`).
+
+  One-call: per chunk of rows, a prefill of its distinct prompts (`prefill_group`) over the
+  prompt bucket, then max_new_tokens - 1 decode steps, the step s of decode phase i (ends[i-1]
+  <= s < ends[i], `decode_phases`) attending the cache extent prompt bucket + ends[i] for every
+  row of the chunk. Paged: the prompts' first len - 1 tokens prefilled once per prompt in calls
+  of `prefill_prompts` (none when `continued`), then per wave of `slots` rows max_new_tokens
+  decode steps, step j attending the prompt_len + j keys of each row in whole pages.
+
+  Returns:
+    dict(weights, kv, state, compute, prefill, decode_steps).
+  """
+  peak, bw = hw.peak_tflops * 1e12, hw.hbm_gbps * 1e9
+  cfg, mesh, rules = model_cfg, sampler.mesh, sampler.rules
+  n, shards = mesh.size, sharding.batch_shards(mesh, rules)
+  p, nb, chunk = sampler.call_shape(rows, prompt_len, max_new_tokens)
+  m = min(max_new_tokens, nb)
+  prefills = []      # (calls, tokens per call, keys per token on average)
+  if sampler.engine == 'one_call':
+    slots = chunk
+    keys, count, lo = [], [], 1
+    for end in sampler_lib._phase_ends(nb, sampler.decode_phases):  # pylint: disable=protected-access
+      hi = min(m, end)
+      if hi > lo:
+        keys.append(p + end)
+        count.append(hi - lo)
+      lo = max(lo, hi)
+    keys, count = np.asarray(keys, float), np.asarray(count, float)
+    u = chunk // sampler.prefill_group(chunk, num_samples)
+    prefills.append((-(-rows // chunk), u * p, (p + 1) / 2, u))
+  else:
+    eng = sampler._rollout.engine(chunk)  # pylint: disable=protected-access
+    slots, ps = eng.opt.slots, eng.opt.page_size
+    keys = np.ceil((prompt_len + np.arange(m)) / ps) * ps
+    count = np.ones(m)
+    if not continued:
+      a, t = eng.opt.prefill_prompts, eng.prefill_tokens(prompt_len)
+      prompts = -(-rows // num_samples)               # each prompt once, for its G rows
+      prefills.append((-(-prompts // a), a * t, (t + 1) / 2, 0))
+  waves = -(-rows // slots)
+  rows_dev = slots // shards
+  weights = decode_read_bytes(cfg, sampler, slots)
+  kv = rows_dev * keys * kv_token_bytes(cfg, mesh, rules)
+  state = rows_dev * 2 * state_row_bytes(cfg, mesh, rules)       # read and written
+  f0 = counted_flops(cfg, 'policy', slots, 0.0)
+  flops = f0 + (counted_flops(cfg, 'policy', slots, 1.0) - f0) * keys     # linear in the keys
+  reads = (weights + kv + state) / bw
+  out = dict(weights=float(waves * count.sum() * weights / bw),
+             kv=waves * float((count * kv).sum()) / bw,
+             state=float(waves * count.sum() * state / bw),
+             compute=waves * float((count * np.maximum(0.0, flops / (n * peak) - reads)).sum()),
+             prefill=0.0, decode_steps=int(waves * count.sum()))
+  for calls, tokens, context, head in prefills:
+    f = counted_flops(cfg, 'policy', tokens, context, head_tokens=head)
+    out['prefill'] += calls * max(decode_read_bytes(cfg, sampler, tokens) / bw, f / (n * peak))
+  return out
+
+
+def step_time(stage, kind, model_cfg, mesh, rules, hw, sampler_cfg: dict,
+              rm_stages=()) -> StepTime | None:
+  """The time bound of one step of `stage` and its parts, from the config alone (nothing is
+  compiled; `TIME_ASSUMPTIONS`), on `hw` (`peak_tflops`, `hbm_gbps`); None when it names
+  neither.
+
+  Args:
+    stage, kind: the resolved stage and its kind.
+    model_cfg, mesh, rules: the policy, the target mesh and its logical rules.
+    hw: config.hardware.
+    sampler_cfg: config.sampler's options.
+    rm_stages: the reward_model stages whose models score this stage's rows.
+
+  Returns:
+    The StepTime.
+  """
+  peak, bw = hw.peak_tflops * 1e12, hw.hbm_gbps * 1e9
   if not peak or not bw:
-    return 0.0
-  n = mesh.size
-  t = 0.0
-  for p in programs:
-    if p.error:
-      continue
-    if p.name == 'sampler':
-      sizes = kind.sampler_sizes(stage)
-      sampler, _ = sampler_for(model_cfg, mesh, rules, sampler_cfg)
-      chunk = sampler.call_shape(sizes['rows'], sizes['prompt_len'], sizes['max_new_tokens'])[2]
-      steps = -(-sizes['rows'] // chunk) * sizes['max_new_tokens']
-      t += steps * decode_read_bytes(model_cfg, sampler, chunk) / bw
-    else:
-      t += calls.get(p.name, 1) * p.flops / (n * peak)
-  return t
+    return None
+  at_peak = lambda flops: flops / (mesh.size * peak)
+  parts = dict(weights=0.0, kv=0.0, state=0.0, compute=0.0, prefill=0.0, decode_steps=0)
+  old = 0.0
+  sizes = kind.sampler_sizes(stage) if kind.sampler_sizes is not None else None
+  if sizes is not None:
+    sampler, _ = sampler_for(model_cfg, mesh, rules, sampler_cfg)
+    for call in (kind.sampler_calls(stage) if kind.sampler_calls is not None else [sizes]):
+      for k, v in sampling_time(model_cfg, sampler, hw, **call).items():
+        parts[k] += v
+    # The bound this replaces: per new token of each chunk of the largest call, one read of
+    # the weights a decode step reads; the paged engine's prefill calls at peak.
+    chunk = sampler.call_shape(sizes['rows'], sizes['prompt_len'], sizes['max_new_tokens'])[2]
+    old += (-(-sizes['rows'] // chunk) * sizes['max_new_tokens']
+            * decode_read_bytes(model_cfg, sampler, chunk) / bw)
+    if sampler.engine == 'paged':
+      eng = sampler._rollout.engine(chunk)  # pylint: disable=protected-access
+      a, t = eng.opt.prefill_prompts, eng.prefill_tokens(sizes['prompt_len'])
+      prompts = -(-sizes['rows'] // sizes.get('num_samples', 1))
+      old += -(-prompts // a) * at_peak(counted_flops(model_cfg, 'policy', a * t, (t + 1) / 2,
+                                                      head_tokens=0))
+  update = 0.0
+  if kind.abstract_batch is not None:
+    one = at_peak(_train_flops(stage, model_cfg, mesh, rules))
+    update, old = getattr(stage, 'updates_per_batch', 1) * one, old + one
+  frozen = sum(ff.calls * at_peak(_forward_flops(model_cfg, 'policy', mesh, rules, ff.rows,
+                                                 ff.length)[0])
+               for ff in (kind.frozen_forwards(stage) if kind.frozen_forwards else []))
+  old += frozen
+  scoring = None
+  if sizes is not None and rm_stages:
+    rows, length = sizes['rows'], stage.max_prompt_len + stage.longest_response
+    scoring = sum(at_peak(counted_flops(model_cfg, 'reward_model', rows * min(length, s.max_len),
+                                        (min(length, s.max_len) + 1) / 2)) for s in rm_stages)
+    old += sum(at_peak(_forward_flops(model_cfg, 'reward_model', mesh, rules, s.batch_size,
+                                      s.max_len)[0]) for s in rm_stages)
+  rounds = 1 + stage.refill_cap if getattr(stage, 'dynamic_filter', False) else 1
+  steps = parts.pop('decode_steps')
+  return StepTime(**parts, scoring=scoring, update=update, frozen=frozen, rounds=rounds,
+                  weights_only=old, decode_steps=steps)
 
 
 def _forward_rows(rows: int, mesh, rules) -> int:
@@ -833,6 +1007,51 @@ def _rm_stages(plan, stage) -> list:
   return [plan.stage(n) for n in dict.fromkeys(names)]
 
 
+def for_target(plan: config_lib.Plan, tgt: Target) -> tuple[Any, Any, dict]:
+  """(the policy's ModelConfig, the logical rules, config.sampler's options) as the target's
+  programs run them."""
+  model_cfg, rules, sampler_cfg = plan.model, plan.rules, plan.sampler.options()
+  if tgt.kind == 'tpu' and model_cfg.attention == 'auto':
+    # 'auto' resolves by the backend JAX runs on (this CPU host); the TPU programs use splash.
+    model_cfg = model_cfg.replace(attention='splash')
+  if tgt.kind == 'tpu' or plan.hardware.platform in ('tpu', 'gpu'):
+    # Both 'auto's resolve by the devices compiled for (these CPUs when simulated); the
+    # accelerator's programs scan their layers.
+    if sampler_cfg.get('decode_layers', 'auto') == 'auto':
+      sampler_cfg['decode_layers'] = 'scan'
+    if model_cfg.scan_layers == 'auto':
+      model_cfg = model_cfg.replace(scan_layers=True)
+  return model_cfg, rules, sampler_cfg
+
+
+def _check_stages(plan: config_lib.Plan, stages: Sequence[str]) -> None:
+  unknown = [s for s in stages if s not in [st.name for st in plan.stages]]
+  if unknown:
+    raise ValueError(f'--stages: unknown stage(s) {unknown}; the config has '
+                     f'{[st.name for st in plan.stages]}')
+
+
+def time_plan(plan: config_lib.Plan, tgt: Target, *, stages: Sequence[str] = (),
+              report: Callable[[StageReport], None] | None = None) -> list[StageReport]:
+  """Every selected training stage's step-time bound (`step_time`), compiling nothing: the
+  FLOP and byte counts come from the config, the sampler's traced (not compiled) programs
+  and abstract shapes. Each StageReport has no programs."""
+  model_cfg, rules, sampler_cfg = for_target(plan, tgt)
+  mesh = sharding.make_mesh(plan.mesh_shape, devices=tgt.devices)
+  _check_stages(plan, stages)
+  out = []
+  for st in plan.stages:
+    if (stages and st.name not in stages) or st.MODEL is None:
+      continue
+    time = step_time(st, kinds.get(st.kind), model_cfg, mesh, rules, plan.hardware,
+                     sampler_cfg, rm_stages=_rm_stages(plan, st))
+    out.append(StageReport(st.index, st.name, st.kind, (), tgt.device_memory_bytes, mesh.size,
+                           time=time, steps=getattr(st, 'steps', 0)))
+    if report:
+      report(out[-1])
+  return out
+
+
 def run_plan(plan: config_lib.Plan, tgt: Target, *, stages: Sequence[str] = (),
              with_sampler: bool = True, with_eval: bool = True, with_train: bool = True,
              report: Callable[[StageReport], None] | None = None) -> list[StageReport]:
@@ -850,25 +1069,12 @@ def run_plan(plan: config_lib.Plan, tgt: Target, *, stages: Sequence[str] = (),
   Returns:
     One StageReport per planned stage (and 'evaluation' last).
   """
-  model_cfg, rules, sampler_cfg = plan.model, plan.rules, plan.sampler.options()
-  if tgt.kind == 'tpu' and model_cfg.attention == 'auto':
-    # 'auto' resolves by the backend JAX runs on (this CPU host); the TPU programs use splash.
-    model_cfg = model_cfg.replace(attention='splash')
+  model_cfg, rules, sampler_cfg = for_target(plan, tgt)
   hw = plan.hardware
-  if tgt.kind == 'tpu' or hw.platform in ('tpu', 'gpu'):
-    # Both 'auto's resolve by the devices compiled for (these CPUs when simulated); the
-    # accelerator's programs scan their layers.
-    if sampler_cfg.get('decode_layers', 'auto') == 'auto':
-      sampler_cfg['decode_layers'] = 'scan'
-    if model_cfg.scan_layers == 'auto':
-      model_cfg = model_cfg.replace(scan_layers=True)
   mesh = sharding.make_mesh(plan.mesh_shape, devices=tgt.devices)
   count_mesh = (sharding.make_mesh(plan.mesh_shape, devices=tgt.count_devices)
                 if tgt.count_devices else mesh)
-  unknown = [s for s in stages if s not in [st.name for st in plan.stages]]
-  if unknown:
-    raise ValueError(f'--stages: unknown stage(s) {unknown}; the config has '
-                     f'{[st.name for st in plan.stages]}')
+  _check_stages(plan, stages)
   out = []
   for st in plan.stages:
     if stages and st.name not in stages:
@@ -932,13 +1138,63 @@ def format_stage(r: StageReport) -> str:
                + f': {p.flops:.3e} in all, {p.flops / r.num_devices:.3e} per device')
     lines.append(f'    {flops}; compiled in {p.compile_s:.1f} s ({p.compile_cpu_s:.1f} s of '
                  'CPU)')
-  if r.seconds:
-    hours = r.seconds * r.steps / 3600
-    reads = ('; per new token, one read of the weights a decode step reads per device'
-             if any(p.name == 'sampler' for p in r.programs) else '')
-    lines.append(f'  lower bound: {r.seconds:.3g} s per step (compute at peak{reads}); '
-                 f'{r.steps} steps = {hours:.3g} h = {hours * r.num_devices:.3g} chip-hours')
+  if r.time is not None:
+    lines += ['  ' + line for line in time_lines(r)]
   return '\n'.join(lines)
+
+
+def _secs(x: float) -> str:
+  return f'{x:.3g} s'
+
+
+def time_lines(r: StageReport) -> list[str]:
+  """A stage's step-time bound in words: per step with its parts, the worst case of its
+  rounds, and per stage in chip-hours beside the weights-only bound it replaces."""
+  t = r.time
+  parts = []
+  if t.sampling:
+    parts.append(f'sampling {_secs(t.sampling)} (weights {_secs(t.weights)}, KV cache '
+                 f'{_secs(t.kv)}, Mamba state {_secs(t.state)}, compute beyond the reads '
+                 f'{_secs(t.compute)}, prefill {_secs(t.prefill)}; {t.decode_steps} decode '
+                 'steps)')
+    parts.append('scoring ' + ('not estimated (verifiers on the hosts)' if t.scoring is None
+                               else f'{_secs(t.scoring)} (reward model)'))
+  parts.append(f'update {_secs(t.update)}')
+  if t.frozen:
+    parts.append(f'frozen passes {_secs(t.frozen)}')
+  out = [f'step time bound: {_secs(t.bound)} per step = ' + ' + '.join(parts)]
+  if t.rounds > 1:
+    out.append(f'worst case, {t.rounds} sampling rounds (1 + refill_cap): {_secs(t.worst)} '
+               'per step')
+  out.append(f'{r.steps} steps = {r.chip_hours(t.bound):.3g} chip-hours'
+             + (f' (worst case {r.chip_hours(t.worst):.3g})' if t.rounds > 1 else '')
+             + f'; the weights-only bound it replaces: {_secs(t.weights_only)} per step, '
+             f'{r.chip_hours(t.weights_only):.3g} chip-hours')
+  return out
+
+
+def time_table(reports: Sequence[StageReport]) -> list[str]:
+  """Markdown lines: one row per stage with a time bound (seconds per step by part, and per
+  stage in chip-hours beside the weights-only bound it replaces), then the assumptions."""
+  timed = [r for r in reports if r.time is not None]
+  if not timed:
+    return []
+  g = lambda x: f'{x:.3g}'
+  out = ['| stage | steps | sampling: weights / KV / state / compute / prefill (s) | scoring (s) '
+         '| update (s) | frozen (s) | bound (s / step) | chip-hours | worst case: rounds, '
+         'chip-hours | weights-only bound (s / step, chip-hours) |',
+         '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
+  for r in timed:
+    t = r.time
+    sampling = (' / '.join(g(x) for x in (t.weights, t.kv, t.state, t.compute, t.prefill))
+                if t.sampling else '')
+    scoring = '' if not t.sampling else 'not estimated' if t.scoring is None else g(t.scoring)
+    out.append(f'| {r.name} | {r.steps} | {sampling} | {scoring} | {g(t.update)} | '
+               f'{g(t.frozen)} | {g(t.bound)} | {g(r.chip_hours(t.bound))} | {t.rounds}, '
+               f'{g(r.chip_hours(t.worst))} | {g(t.weights_only)}, '
+               f'{g(r.chip_hours(t.weights_only))} |')
+  out += ['', 'The bound assumes:', '', *[f'- {a}' for a in TIME_ASSUMPTIONS]]
+  return out
 
 
 def model_notes(model_cfg, tgt: Target) -> list[str]:
@@ -965,16 +1221,18 @@ def markdown_report(reports: Sequence[StageReport], *, command: str, header: Seq
   """The plan as a Markdown page: how it was made (command, date, this host's CPUs and load
   before and after, which set the compile times), the header lines `main` prints, one row per
   program (per-device peak beside what stays resident, its share of the device, compile time,
-  FLOPs) and each stage's lower bound in chip-hours; `finished` False marks a page written
-  part-way (after each stage), which says so instead of a result."""
+  FLOPs; none with --time_only) and each stage's step-time bound by part with the
+  assumptions (`time_table`); `finished` False marks a page written part-way (after each
+  stage), which says so instead of a result."""
   limit = next((r.limit_bytes for r in reports if r.limit_bytes), 0)
   cell = lambda text: text.replace('|', '\\|')        # a table cell's own bars, escaped
   out = [f'# Plan: `{command}`', '',
          f'Written by `launch.plan --report` on {date}, on {_cpu_model()}.', '',
-         *[f'- {h}' for h in (hosts[0] + ' (before)', hosts[-1] + ' (after)', *header)], '',
-         '| stage | program | shapes | per device | ' + (f'of {_size(limit)} | ' if limit else '')
-         + 'compile (CPU) | FLOPs |',
-         '|---|---|---|---:|' + ('---:|' if limit else '') + '---:|---:|']
+         *[f'- {h}' for h in (hosts[0] + ' (before)', hosts[-1] + ' (after)', *header)]]
+  if any(r.programs for r in reports):
+    out += ['', '| stage | program | shapes | per device | '
+            + (f'of {_size(limit)} | ' if limit else '') + 'compile (CPU) | FLOPs |',
+            '|---|---|---|---:|' + ('---:|' if limit else '') + '---:|---:|']
   for r in reports:
     for p in r.programs:
       if p.error:
@@ -989,17 +1247,16 @@ def markdown_report(reports: Sequence[StageReport], *, command: str, header: Seq
       flops = ('not counted' if p.flops_from and not p.flops else f'{p.flops:.3g}')
       out.append(f'| {r.name} | {p.name} | {cell(p.shapes)} | {_size(peak)} |{share} '
                  f'{p.compile_s:.0f} s ({p.compile_cpu_s:.0f} s) | {flops} |')
-  bounds = [f'{r.name} {r.seconds * r.steps / 3600 * r.num_devices:.3g}' for r in reports
-            if r.seconds and r.steps]
-  if bounds:
-    out += ['', 'Lower bound per stage (chip-hours; compute at peak, while sampling one read per '
-            'new token of the weights a decode step reads): ' + ', '.join(bounds) + '.']
+  if any(r.time is not None for r in reports):
+    out += ['', 'Step-time bound per stage (`launch.plan.step_time`; seconds per step by part, '
+            'chip-hours per stage):', '', *time_table(reports)]
   if not finished:
     out += ['', f'Unfinished: the plan was still running (or was stopped) after '
             f'{len(reports)} stage(s); the rows above are the stages it had planned.']
   else:
-    out += ['', 'Result: ' + ('every planned program fits.' if not failed else
-                              'PLAN FAILED: ' + '; '.join(failed))]
+    out += ['', 'Result: ' + ('PLAN FAILED: ' + '; '.join(failed) if failed else
+                              'every planned program fits.' if any(r.programs for r in reports)
+                              else 'step times only, nothing compiled.')]
   return '\n'.join(out) + '\n'
 
 
@@ -1027,6 +1284,10 @@ _MEMORY = flags.DEFINE_float('device_memory_gib', None,
 _TRAIN = flags.DEFINE_bool('train', True, "Compile the stages' train steps.")
 _SAMPLER = flags.DEFINE_bool('sampler', True, "Compile RL stages' samplers.")
 _EVAL = flags.DEFINE_bool('eval', True, "Compile the evaluation's sampler.")
+_TIME_ONLY = flags.DEFINE_bool(
+    'time_only', False, "Only each stage's step-time bound and its parts (`step_time`), "
+    'compiling nothing (seconds, even for the paper configs); --backend, --train, --sampler '
+    'and --eval do not apply.')
 _REPORT = flags.DEFINE_string(
     'report', None, 'Also write the plan as a Markdown page here (any etils.epath path, e.g. '
     'docs/plans/x.md or gs://bucket/plans/x.md): the command, date, host and its load, the '
@@ -1049,13 +1310,43 @@ def _host_load() -> str:
   return f'host: {os.cpu_count()} CPUs, load average {load} (1, 5, 15 min)'
 
 
+def plan_header(plan: config_lib.Plan, tgt: Target, time_only: bool = False) -> list[str]:
+  """The lines a plan starts with: the target, the mesh and model, how FLOPs and memory are
+  counted, and (with a time bound) what it assumes."""
+  model_cfg = plan.model
+  axes = ', '.join(sharding.EXPERT_MESH_AXES if len(plan.mesh_shape) == 4
+                   else sharding.MESH_AXES)
+  active = (f' ({model_cfg.num_params(active=True) / 1e9:.2f}B active per token)'
+            if model_cfg.num_experts else '')
+  hw = plan.hardware
+  out = [f'target: {hw.name or hw.platform}: step times only (--time_only), '
+         'nothing compiled: FLOPs and bytes counted from the config and abstract shapes'
+         if time_only else f'target: {tgt.description}',
+         f'mesh ({axes}) = {plan.mesh_shape}; model {plan.model_name}: '
+         f'{model_cfg.num_params() / 1e9:.2f}B parameters{active} in '
+         f'{model_cfg.param_dtype}, compute {model_cfg.dtype}, remat={model_cfg.remat}']
+  if not time_only:
+    out += [*model_notes(model_cfg, tgt),
+            'memory is per device; total = arguments + outputs + temporaries - aliased '
+            '(donated) buffers. ' + (
+                "FLOPs are XLA's HLO count: a train step's over the whole batch; a sampler's "
+                'for its prefill and one step per decode loop (XLA counts a loop body once)'
+                if model_cfg.is_dense else "FLOPs: a train step's over the whole batch; a "
+                "sampler's for the whole call")]
+  if hw.peak_tflops and hw.hbm_gbps:
+    out.append(f'step-time bound at {hw.peak_tflops:g} TFLOP/s and {hw.hbm_gbps:g} GB/s per '
+               'chip; it assumes: ' + '; '.join(TIME_ASSUMPTIONS) + '.')
+  return out
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
   if config is None:
     raise app.UsageError('--config is required')
   plan = config_lib.validate(config)     # touches no device
-  backend = _BACKEND.value
+  time_only = _TIME_ONLY.value
+  backend = 'cpu' if time_only else _BACKEND.value
   if backend == 'auto':
     backend = default_backend(plan)
   # Backends start lazily: this takes effect as long as nothing has touched a
@@ -1063,22 +1354,7 @@ def main(argv):
   # CPU devices too: FLOPs are counted on CPU lowerings of the same mesh.
   use_simulated_cpu_devices(num_devices(plan))
   tgt = target(plan, backend, _MEMORY.value)
-  model_cfg = plan.model
-  axes = ', '.join(sharding.EXPERT_MESH_AXES if len(plan.mesh_shape) == 4
-                   else sharding.MESH_AXES)
-  active = (f' ({model_cfg.num_params(active=True) / 1e9:.2f}B active per token)'
-            if model_cfg.num_experts else '')
-  header = [f'target: {tgt.description}',
-            f'mesh ({axes}) = {plan.mesh_shape}; model {plan.model_name}: '
-            f'{model_cfg.num_params() / 1e9:.2f}B parameters{active} in '
-            f'{model_cfg.param_dtype}, compute {model_cfg.dtype}, remat={model_cfg.remat}',
-            *model_notes(model_cfg, tgt),
-            'memory is per device; total = arguments + outputs + temporaries - aliased '
-            '(donated) buffers. ' + (
-                "FLOPs are XLA's HLO count: a train step's over the whole batch; a sampler's "
-                'for its prefill and one step per decode loop (XLA counts a loop body once)'
-                if model_cfg.is_dense else "FLOPs: a train step's over the whole batch; a "
-                "sampler's for the whole call")]
+  header = plan_header(plan, tgt, time_only)
   load_before = _host_load()
   print('\n'.join([header[0], load_before, *header[1:]]) + '\n', flush=True)
   command = 'python -m launch.plan ' + ' '.join(sys.argv[1:])
@@ -1103,8 +1379,11 @@ def main(argv):
     done.append(r)
     write_page(final=False)
 
-  reports = run_plan(plan, tgt, stages=_STAGES.value, with_sampler=_SAMPLER.value,
-                     with_eval=_EVAL.value, with_train=_TRAIN.value, report=on_stage)
+  if time_only:
+    reports = time_plan(plan, tgt, stages=_STAGES.value, report=on_stage)
+  else:
+    reports = run_plan(plan, tgt, stages=_STAGES.value, with_sampler=_SAMPLER.value,
+                       with_eval=_EVAL.value, with_train=_TRAIN.value, report=on_stage)
   print(f'\n{_host_load()}')
   bad = failures(reports)
   done[:] = reports
@@ -1112,7 +1391,8 @@ def main(argv):
   if bad:
     print('\nPLAN FAILED:\n  ' + '\n  '.join(bad), file=sys.stderr, flush=True)
     sys.exit(1)
-  print(f'\nevery planned program fits ({len(reports)} stage(s) planned).')
+  print(f'\nstep times of {len(reports)} stage(s), nothing compiled.' if time_only else
+        f'\nevery planned program fits ({len(reports)} stage(s) planned).')
 
 
 if __name__ == '__main__':

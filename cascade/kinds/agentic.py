@@ -90,6 +90,19 @@ def sampler_sizes(stage: Config) -> dict:
               max_new_tokens=stage.turn_tokens, top_p=stage.top_p, top_k=stage.top_k)
 
 
+def sampler_calls(stage: Config) -> list[dict]:
+  """An episode's turns, one call each: turn k's prompt is the opening plus the k turns before
+  it (observations, whose lengths the config does not bound, left out), its new tokens a
+  turn's, the last what is left of the budget; after the first, a paged KV session holds the
+  prompt (`continued`)."""
+  budget, turn = stage.longest_response, stage.turn_tokens
+  return [dict(rows=stage.prompts_per_step * stage.group_size,
+               prompt_len=stage.max_prompt_len + k * turn,
+               max_new_tokens=min(turn, budget - k * turn),
+               top_p=stage.top_p, top_k=stage.top_k, continued=k > 0)
+          for k in range(-(-budget // turn))]
+
+
 class Draws(rl.Draws):
   """RL draws whose rollouts are episodes in each record's domain environment."""
 
@@ -143,4 +156,5 @@ def run(ctx, stage: Config) -> base.StageResult:
 
 
 KIND = base.Kind('agentic', Config, run, loss=grpo.loss, abstract_batch=grpo.abstract_batch,
-                 sampler_sizes=sampler_sizes, frozen_forwards=grpo.frozen_forwards)
+                 sampler_sizes=sampler_sizes, frozen_forwards=grpo.frozen_forwards,
+                 sampler_calls=sampler_calls)

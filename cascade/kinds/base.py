@@ -314,6 +314,10 @@ class Kind(NamedTuple):
       not sample.
     frozen_forwards: (stage) -> list of FrozenForward: the scoring passes of
       frozen policies (KL reference, DPO reference, MOPD teachers) a step runs.
+    sampler_calls: (stage) -> the sampler calls one sampling round of a step runs, one after
+      another, each a dict like `sampler_sizes`' (plus `continued`: a paged KV session holds
+      the call's prompt, so nothing is prefilled), for `launch.plan`'s step-time model; None =
+      one call of `sampler_sizes`.
   """
   name: str
   config: type
@@ -322,6 +326,7 @@ class Kind(NamedTuple):
   abstract_batch: Callable | None = None
   sampler_sizes: Callable | None = None
   frozen_forwards: Callable | None = None
+  sampler_calls: Callable | None = None
 
 
 class FrozenForward(NamedTuple):

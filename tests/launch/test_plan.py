@@ -457,7 +457,8 @@ def test_markdown_report_says_how_and_what(tmp_path):
   bad = plan.ProgramReport('sampler', '8 rows | 64', compile_s=3.0, compile_cpu_s=3.0,
                            error='JaxRuntimeError: RESOURCE_EXHAUSTED: 120G')
   rep = plan.StageReport(0, 'math_rl', 'grpo', (ok, bad), 10 * gib, 64,
-                         resident=(('train step', 1 * gib),), seconds=2.0, steps=1800)
+                         resident=(('train step', 1 * gib),), time=plan.StepTime(update=2.0),
+                         steps=1800)
   failed = plan.failures([rep])
   page = plan.markdown_report([rep], command='python -m launch.plan --config=c.py',
                               header=['target: TPU v5p', 'mesh (data, fsdp, tensor) = (1, 8, 8)'],
@@ -473,7 +474,8 @@ def test_markdown_report_says_how_and_what(tmp_path):
   # The shapes' own '|' escaped: 7 columns, the table stays whole.
   assert len(re.findall(r'(?<!\\)\|', row)) == 8 and '8 rows \\| 64' in row
   # 2 s x 1800 steps = 1 h on 64 chips.
-  assert 'math_rl 64' in page and 'PLAN FAILED' in page
+  assert '| math_rl | 1800 |  |  | 2 | 0 | 2 | 64 | 1, 64 | 0, 0 |' in page
+  assert 'PLAN FAILED' in page
   assert 'every planned program fits' in plan.markdown_report(
       [dataclasses.replace(rep, programs=(ok,))], command='c', header=[], hosts=('a', 'b'),
       date='d')
@@ -482,3 +484,115 @@ def test_markdown_report_says_how_and_what(tmp_path):
                                  finished=False)
   assert 'Unfinished' in partial and '| math_rl | train step |' in partial
   assert 'Result:' not in partial
+
+
+# ---------------------------------------------------------------- the step-time model
+
+def _direct_sampling_seconds(cfg, sampler, engine, hw, *, kv_token, state_row, rows_dev,
+                             chunks, prompt_len, max_new):
+  """One call of 32 rows (8 prompts x 4) of a 20-token prompt and 300 new tokens, counted step
+  by step from the model's shape: (seconds, seconds of the KV reads, decode steps bound by
+  their FLOPs, decode steps) on `hw`.
+
+  The blocks' matmuls are 2 FLOPs per active parameter outside the embedding, the output head
+  2 per vocabulary entry x width, attention 4 x heads x head_dim per key attended.
+  """
+  bw, peak = hw.hbm_gbps * 1e9, hw.peak_tflops * 1e12 * 8   # 8 devices
+  emb = cfg.vocab_size * cfg.embed_dim
+  blocks = cfg.num_params(active=True) - emb * (1 if cfg.tie_embeddings else 2) - cfg.embed_dim
+  per_key = cfg.attention_layers * 4 * cfg.num_heads * cfg.head_dim
+  slots = rows_dev * 4                                      # 4 batch shards
+  weights = plan.decode_read_bytes(cfg, sampler, slots)
+  t = kv_s = 0.0
+  by_flops = 0
+  if engine == 'one_call':
+    # Prompt bucket 32, new-token bucket 512 in 3 decode phases (128, 256, 512): decode step s
+    # = 1 .. 299 attends every row's cache of 32 + the phase's end slots.
+    steps = [32 + (128 if s < 128 else 256 if s < 256 else 512) for s in range(1, max_new)]
+    # Per chunk one prefill of its 4 distinct prompts x 32 tokens, the head at their last.
+    prefill = [(4 * 32 * (2 * blocks + per_key * 33 / 2) + 4 * 2 * emb,
+                plan.decode_read_bytes(cfg, sampler, 4 * 32))] * chunks
+  else:
+    # Step j = 0 .. 299 attends the prompt's 20 + j keys in whole pages of 16.
+    steps = [math.ceil((prompt_len + j) / 16) * 16 for j in range(max_new)]
+    # One prefill call of the 8 prompts' first 19 tokens: prompt bucket 32, whole pages.
+    prefill = [(8 * 32 * (2 * blocks + per_key * 33 / 2),
+                plan.decode_read_bytes(cfg, sampler, 8 * 32))]
+  for keys in steps:
+    kv = rows_dev * keys * kv_token
+    step_bytes = weights + kv + rows_dev * 2 * state_row
+    flops = slots * (2 * blocks + 2 * emb + per_key * keys)
+    t += chunks * max(step_bytes / bw, flops / peak)
+    kv_s += chunks * kv / bw
+    by_flops += flops / peak > step_bytes / bw
+  for flops, read in prefill:
+    t += max(read / bw, flops / peak)
+  return t, kv_s, by_flops, len(steps)
+
+
+@pytest.mark.parametrize('engine', ['one_call', 'paged'])
+@pytest.mark.parametrize('family', ['dense', 'hybrid'])
+def test_sampling_time_is_a_direct_count_of_its_reads_and_flops(engine, family):
+  """The sampling part of the step-time bound equals the reads and FLOPs of a call counted step
+  by step here: the weights of the sampler's layout, every row's K and V over the keys it
+  attends (one-call: the decode phase's cache extent; paged: the row's filled pages), each
+  Mamba state read and written, the prefill, each call at max(reads / bandwidth, FLOPs / peak)."""
+  if family == 'dense':
+    cfg, shape = model_config.ModelConfig.tiny(), (2, 2, 2)
+    # 2 layers x K and V x 1 of 2 KV heads per device (over 'tensor') x 16 x float32.
+    kv_token, state_row = 2 * 2 * 1 * 16 * 4, 0
+  else:
+    cfg, shape = model_config.ModelConfig.tiny_hybrid(), (1, 2, 2, 2)
+    # 1 attention sublayer; 2 Mamba sublayers of 2 of 4 heads per device x 16 x state 8
+    # float32, and the whole convolution's last 3 inputs of 4 x 16 + 2 x 2 x 8 channels.
+    kv_token, state_row = 1 * 2 * 1 * 16 * 4, 2 * (2 * 16 * 8 * 4 + 3 * 96 * 4)
+  if engine == 'one_call':   # 2 chunks of 16 rows (4 per device: 4 x 544 cache slots)
+    options, rows_dev, chunks = dict(cache_tokens_per_device=4 * (32 + 512)), 4, 2
+  else:                      # 8 slots (2 per device): 4 waves
+    options, rows_dev, chunks = dict(engine='paged', slots=8, page_size=16), 2, 4
+  sampler, _ = _sampler_for(cfg, shape, options)
+  # Slow enough that some decode steps are bound by their FLOPs, the others by their reads.
+  hw = config_lib.Hardware(peak_tflops=0.013 if (family, engine) == ('hybrid', 'paged')
+                           else 0.016, hbm_gbps=10.0)
+  got = plan.sampling_time(cfg, sampler, hw, rows=32, prompt_len=20, max_new_tokens=300,
+                           num_samples=4)
+  want, kv, by_flops, steps = _direct_sampling_seconds(
+      cfg, sampler, engine, hw, kv_token=kv_token, state_row=state_row, rows_dev=rows_dev,
+      chunks=chunks, prompt_len=20, max_new=300)
+  total = got['weights'] + got['kv'] + got['state'] + got['compute'] + got['prefill']
+  assert total == pytest.approx(want, rel=1e-9)
+  assert got['kv'] == pytest.approx(kv, rel=1e-9)
+  assert got['decode_steps'] == chunks * steps == chunks * (
+      299 if engine == 'one_call' else 300)
+  assert 0 < by_flops < steps and got['compute'] > 0     # both kinds of step occur
+  assert (got['state'] > 0) == (family == 'hybrid')
+
+
+def test_the_weights_only_bound_is_below_the_step_time_model_at_long_lengths(tiny_path):
+  """At 4K new tokens the KV reads the weights-only bound left out dominate; the step's other
+  parts: the update's counted FLOPs, no scoring estimate for a verifier, 1 + refill_cap rounds
+  at worst."""
+  config = _load(tiny_path)
+  config.model.overrides.max_seq_len = 8192
+  config.hardware.peak_tflops, config.hardware.hbm_gbps = 1.0, 10.0
+  config.stages[2].update(max_response_len=4096, phases=None)
+  p = config_lib.validate(config)
+  tgt = plan.target(p, 'cpu')
+  [rep] = plan.time_plan(p, tgt, stages=['add_rl'])
+  t = rep.time
+  assert rep.programs == () and t.weights_only < 0.5 * t.bound and t.kv > t.weights
+  assert t.scoring is None and t.rounds == 5 and t.worst == pytest.approx(
+      5 * t.sampling + t.update)
+  mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
+  assert t.update == pytest.approx(plan.counted_flops(p.model, 'policy', 16 * 4128, 4129 / 2,
+                                                      train=True) / 8e12)
+  # The weights-only bound: per new token of each chunk one read of the weights.
+  sampler, _ = plan.sampler_for(p.model, mesh, p.rules, p.sampler.options())
+  assert t.weights_only == pytest.approx(
+      4096 * plan.decode_read_bytes(p.model, sampler, 16) / 10e9 + t.update)
+  text = plan.format_stage(rep)
+  assert 'KV cache' in text and 'scoring not estimated' in text and 'worst case, 5' in text
+  assert 'weights-only bound it replaces' in text and 'chip-hours' in text
+  page = plan.markdown_report([rep], command='c', header=[], hosts=('a', 'b'), date='d')
+  assert '| add_rl | 4 |' in page and 'not estimated' in page and 'The bound assumes:' in page
+  assert 'step times only, nothing compiled.' in page and '| stage | program |' not in page
