@@ -157,6 +157,11 @@ class Engine:
         return fn(*args, **kwargs)
       return wrapped
 
+    # The same programs uncounted and without donation, to trace (`rl.rollout_copy`).
+    self.traceable = {
+        'prefill': jax.jit(paged_programs.prefill, static_argnums=0),
+        'decode': jax.jit(paged_programs.decode, static_argnums=0,
+                          static_argnames=paged_programs.DECODE_STATIC)}
     self._prefill = jax.jit(counted(paged_programs.prefill), static_argnums=0,
                             donate_argnums=(2, 3, 9))
     self._decode = jax.jit(counted(paged_programs.decode), static_argnums=0,

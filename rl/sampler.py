@@ -604,24 +604,19 @@ class Sampler:
       rows = sharding.batch_shards(self.mesh, self.rules)
       sp = SamplingParams(max_new_tokens=1)
       programs = []
-      # Tracing is not compiling: the compile counters and the engines are left as they were.
+      # The programs' uncounted twins are traced (not compiled); an engine made for the
+      # trace's shapes is dropped again.
       engines = getattr(self._rollout, 'engines', {})
-      kept = (self.compile_count, dict(engines),
-              {k: e.compile_count for k, e in engines.items()})
+      kept = dict(engines)
       try:
         with sharding.use_mesh(self.mesh, self.rules):
           for program in PROGRAMS[self.engine]:
             args, kw, _ = self.abstract_args(RolloutWeights(abstract), rows, 1, sp, 1, program)
-            fn = self._rollout.program(self.call_shape(rows, 1, 1)[2], program)
-            programs.append(
-                fn.trace(*args, **kw).jaxpr if hasattr(fn, 'trace') else
-                jax.make_jaxpr(functools.partial(fn, **kw), static_argnums=0)(*args))
+            fn = self._rollout.traceable(self.call_shape(rows, 1, 1)[2], program)
+            programs.append(fn.trace(*args, **kw).jaxpr)
       finally:
-        self.compile_count = kept[0]
         engines.clear()
-        engines.update(kept[1])
-        for k, e in engines.items():
-          e.compile_count = kept[2][k]
+        engines.update(kept)
       dtypes = rollout_copy.cast_dtypes(programs, leaves)
       self._cast_plans[key] = dtypes if any(d is not None for d in dtypes) else None
     return self._cast_plans[key]
@@ -829,6 +824,9 @@ class _OneCall:
   def program(self, chunk: int, program: str):
     return sample
 
+  def traceable(self, chunk: int, program: str):
+    return sample
+
   def abstract_args(self, params, rows, prompt_len, sp, num_samples, program):
     """See `Sampler.abstract_args`."""
     s = self.sampler
@@ -965,6 +963,10 @@ class _Paged:
   def session(self, max_row_tokens: int) -> scheduler.Session:
     return scheduler.Session(buckets.smallest_fit(self.sampler.prompt_buckets, max_row_tokens,
                                                   'session row tokens'))
+
+  def traceable(self, chunk: int, program: str):
+    """The engine's call as a pure jitted function to trace (uncounted, nothing donated)."""
+    return self.engine(chunk).traceable[program]
 
   def program(self, chunk: int, program: str):
     """The engine's jitted call (its pool is an argument)."""

@@ -239,7 +239,6 @@ def test_planned_calls_have_the_shapes_of_the_run(policy):
   """launch.plan lowers the engine's decode and prefill calls from abstract arguments: they are
   the shapes and dtypes the run passes (the longest prompt's bucket, the bucketed row)."""
   eng = _paged(policy[0], slots=4)
-  eng.cast_dtypes(policy[1])   # traces the programs once (the rollout copy), before the spies
   seen = {}
   for name in ('_prefill', '_decode'):
     real = getattr(eng._rollout.engine(4), name)
