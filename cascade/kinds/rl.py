@@ -23,7 +23,10 @@ verifier's info; long text is cut (`metrics.SAMPLE_TEXT_CHARS`).
 `updates_per_batch` > 1 splits the step's rollout batch into that many
 mini-batches (a fixed permutation per step) and takes one optimizer update on
 each, PPO-style; the importance ratio against the sampler's log-probs is what
-the clipping then acts on. The default, 1, is strictly on-policy.
+the clipping then acts on (with `tis_cap` or `mismatch_mask`, against the
+trainer's own log-probs under the params that sampled the batch, the
+sampler/trainer gap corrected separately, see rl.grpo). The default, 1, is
+strictly on-policy.
 
 Routing replay (a mixture-of-experts policy): the sampler's and the trainer's
 routers may send a token to different experts (numerics, bf16, batch shape),
