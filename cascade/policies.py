@@ -36,6 +36,7 @@ from models import hf
 from models import paths
 from models import sharding
 from models import transformer
+from rl import judge as judge_lib
 from rl import reward_model
 from rl import train_step as train_lib
 
@@ -258,6 +259,16 @@ class Policies:
     model = nnx.merge(self.graphdef('reward_model'), state.params)
     return reward_model.make_text_scorer(model, tokenizer, max_len=rm_stage.score_len,
                                          batch_size=rm_stage.batch_size)
+
+  def judge_model(self, source: tuple, tokenizer) -> judge_lib.JudgeModel:
+    """A frozen judge on the run's mesh: ('stage', name), that stage's final policy in the
+    model's compute dtype with the run's `tokenizer`; ('hf', path), an HF checkpoint directory
+    with its own tokenizer (any supported family)."""
+    if source[0] == 'stage':
+      params = self.compute_copy(self.params_of(source, keep=False))
+      return judge_lib.JudgeModel(self.graphdef('policy'), params, self.plan.model, tokenizer,
+                                  mesh=self.mesh, rules=self.rules)
+    return judge_lib.JudgeModel.from_hf(source[1], mesh=self.mesh, rules=self.rules)
 
   # ------------------------------------------------------------ export
 

@@ -130,7 +130,9 @@ def make_context(plan: config_lib.Plan, workdir: str, before_save: Callable[[], 
   progress = checkpoint.Progress(workdir, before_save=before_save, config_hash=config_hash)
   verifiers = verifier_set.VerifierSet(
       plan, rm_scorer=lambda st: policies.reward_scorer(st, tokenizer),
-      rm_ready=lambda name: name in progress.done)
+      rm_ready=lambda name: name in progress.done,
+      judge_model=lambda src: policies.judge_model(src, tokenizer),
+      judge_tokenizer=lambda src: tokenizer if src[0] == 'stage' else tokenizer_lib.load(src[1]))
   return RunContext(plan=plan, workdir=workdir, mesh=mesh, rules=plan.rules, batch_shards=shards,
                     tokenizer=tokenizer, sampler=sampler, policies=policies,
                     data=stage_data.StageData(plan, tokenizer, verifiers.check_metadata),

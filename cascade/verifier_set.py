@@ -11,6 +11,16 @@ reward model is marked `rollout.COLLECTIVE`: its scorer runs on the run's
 mesh, so with several hosts every host scores those rows and process 0's
 rewards are kept (`cascade.rollout.score`).
 
+A verifier that takes a judge model (`Verifier.judge_option`: the 'judge'
+verifier, swe's semantic judge) names its source in that option as a string:
+'stage:<name>', the final policy of an earlier training stage of this run
+(the run's architecture and tokenizer), or an HF checkpoint directory (local
+or gs://, its own tokenizer). `check_options` checks the source and builds
+the verifier around a stand-in with the judge's tokenizer (no weights); the
+first verifier that needs it loads the judge once, frozen, on the run's mesh,
+and is marked `rollout.COLLECTIVE` like a reward model's. A judge stage that
+has not run yet cannot score (training raises, evaluation skips the row).
+
 An agentic domain (one that names an `env`) is scored by its environment: its
 "verifier", for training and evaluation alike, is an `episodes.Agent`: one
 `envs.Environment` built from the domain's `env_options`, with the domain's
@@ -27,6 +37,22 @@ from cascade import config as config_lib
 from cascade import rollout
 
 
+STAGE_PREFIX = 'stage:'
+
+
+class _StandInJudge:
+  """The judge's tokenizer without its weights: builds a verifier to check its options."""
+
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
+
+  def choice_logprobs(self, rows, choice_ids):
+    raise RuntimeError('a stand-in judge (VerifierSet.check_options) does not score')
+
+  def generate(self, rows, max_new_tokens):
+    raise RuntimeError('a stand-in judge (VerifierSet.check_options) does not score')
+
+
 class VerifierSet:
   """domain -> verifier, for training and for evaluation.
 
@@ -34,17 +60,63 @@ class VerifierSet:
     plan: the validated plan.
     rm_scorer: (reward_model stage config) -> text scorer (prompts,
       completions) -> [n] rewards; called once per RM stage, when first needed.
-    rm_ready: (stage name) -> whether that reward model stage has finished.
+    rm_ready: (stage name) -> whether that stage (a reward model's, a judge's) has finished.
+    judge_model: (source: ('stage', name) or ('hf', path)) -> the loaded judge
+      (`rl.judge.JudgeModel`, on the run's mesh); called once per source, when first needed.
+      None: a config that names a judge is refused.
+    judge_tokenizer: (source) -> that judge's tokenizer, for `check_options`.
   """
 
   def __init__(self, plan: config_lib.Plan, rm_scorer: Callable[[Any], Callable],
-               rm_ready: Callable[[str], bool]):
+               rm_ready: Callable[[str], bool],
+               judge_model: Callable[[tuple], Any] | None = None,
+               judge_tokenizer: Callable[[tuple], Any] | None = None):
     import verifiers  # pylint: disable=g-import-not-at-top
     self._mod = verifiers
     self.sample_cls = verifiers.Sample
     self.plan = plan
     self._rm_scorer, self._rm_ready = rm_scorer, rm_ready
+    self._judge_model, self._judge_tokenizer = judge_model, judge_tokenizer
+    self._judges: dict[tuple, Any] = {}
     self._cache: dict[tuple, Any] = {}
+
+  def judge_source(self, domain: str, field: str, opts: dict) -> tuple | None:
+    """The judge source a domain's verifier options name: ('stage', name), ('hf', path) or None.
+
+    Raises:
+      ConfigError: naming config.domains.<domain>.<field>.<option>: not a string, an unknown
+        stage, a stage that trains no policy, or one that does not precede every stage that
+        samples the domain.
+    """
+    d = self.plan.domains[domain]
+    name = d.verifier if field == 'verifier_options' else d.eval_verifier
+    option = self._mod.cls(name).judge_option
+    if not option or opts.get(option) is None:
+      return None
+    value, where = opts[option], f'config.domains.{domain}.{field}.{option}'
+    if not isinstance(value, str) or not value.strip():
+      raise config_lib.ConfigError(f'{where}={value!r}: expected a judge source, '
+                                   f"'{STAGE_PREFIX}<stage name>' or an HF checkpoint directory")
+    if not value.startswith(STAGE_PREFIX):
+      return ('hf', value)
+    stage_name = value[len(STAGE_PREFIX):]
+    stage = next((s for s in self.plan.stages if s.name == stage_name), None)
+    if stage is None or stage.MODEL != 'policy' or stage.LEAVES != 'own':
+      raise config_lib.ConfigError(f'{where}={value!r}: names no stage that trains a policy '
+                                   f'(stages: {[s.name for s in self.plan.stages]})')
+    late = [s.name for s in self.plan.stages
+            if s.SAMPLES and domain in s.domains and s.index <= stage.index]
+    if late and field == 'verifier_options':
+      raise config_lib.ConfigError(f'{where}={value!r}: stage {late[0]!r} samples domain '
+                                   f'{domain!r} before the judge stage {stage_name!r} has run')
+    return ('stage', stage_name)
+
+  def _judge(self, source: tuple):
+    if source not in self._judges:
+      if self._judge_model is None:
+        raise ValueError(f'judge {source}: this VerifierSet loads no judge models')
+      self._judges[source] = self._judge_model(source)
+    return self._judges[source]
 
   def check_options(self) -> None:
     """Builds every verifier once (a stand-in for a reward model) so bad options fail now."""
@@ -66,6 +138,16 @@ class VerifierSet:
         option = cls.reward_model_option
         if option and (cls.needs_reward_model or d.reward_model_stage):
           opts[option] = stand_in
+        source = self.judge_source(d.name, field, opts)
+        if source is not None:
+          where = f'config.domains.{d.name}.{field}.{cls.judge_option}'
+          if self._judge_tokenizer is None:
+            raise config_lib.ConfigError(f'{where}: this run cannot load judge models')
+          try:
+            opts[cls.judge_option] = _StandInJudge(self._judge_tokenizer(source))
+          except (OSError, ValueError) as e:
+            raise config_lib.ConfigError(f'{where}={opts[cls.judge_option]!r}: the judge\'s '
+                                         f'tokenizer cannot be loaded: {e}') from None
         try:
           v = self._mod.get(name, **opts)
         except (TypeError, ValueError) as e:
@@ -113,16 +195,31 @@ class VerifierSet:
           raise ValueError(f'domain {domain!r} is scored by reward model stage '
                            f'{d.reward_model_stage!r}, which has not run yet')
         opts[option] = self._rm_scorer(self.plan.stage(d.reward_model_stage))
+      source = self.judge_source(domain, 'eval_verifier_options' if for_eval
+                                 else 'verifier_options', opts)
+      if source is not None:
+        if source[0] == 'stage' and not self._rm_ready(source[1]):
+          raise ValueError(f'domain {domain!r} is judged by the policy of stage {source[1]!r}, '
+                           'which has not run yet')
+        opts[self._mod.cls(name).judge_option] = self._judge(source)
       v = self._mod.get(name, **opts)
-      if takes_rm:
-        # Its reward model runs on the run's mesh, a collective: every host scores its rows.
+      if takes_rm or source is not None:
+        # Its reward model / judge runs on the run's mesh, a collective: every host scores
+        # its rows.
         setattr(v, rollout.COLLECTIVE, True)
       self._cache[key] = v
     return self._cache[key]
 
   def can_evaluate(self, domain: str) -> bool:
-    """Whether the domain's evaluation verifier can score now (its reward model exists)."""
+    """Whether the domain's evaluation verifier can score now (its reward model and its judge
+    stage, if any, exist)."""
     d = self.plan.domains[domain]
+    source = None if d.agentic else self.judge_source(domain, 'eval_verifier_options',
+                                                      dict(d.eval_verifier_options))
+    if source is not None and source[0] == 'stage' and not self._rm_ready(source[1]):
+      print(f'WARNING: domain {domain!r} is evaluated by the judge of stage {source[1]!r}, not '
+            'trained yet: no score in this row', flush=True)
+      return False
     if (d.agentic or not self._mod.cls(d.eval_verifier).needs_reward_model
         or self._rm_ready(d.reward_model_stage)):
       return True

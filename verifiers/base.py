@@ -137,6 +137,10 @@ class Verifier:
   reward_model_option = ''
   # Whether the verifier cannot score at all without that reward model.
   needs_reward_model = False
+  # The keyword option a judge model (`rl.judge.JudgeModel`) is passed in ('' = none); a
+  # config names its source there as a string ('stage:<name>' or an HF directory) and the run
+  # loads it on its mesh (`cascade.verifier_set`).
+  judge_option = ''
 
   def __init__(self, *, thinking_unfinished_reward: float | None = 0.0, workers: int | None = None,
                timeout_s: float = 10.0):

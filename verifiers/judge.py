@@ -223,8 +223,9 @@ class JudgeVerifier(base.Verifier):
   """See the module docstring."""
 
   name = 'judge'
+  judge_option = 'judge'
 
-  def __init__(self, *, judge: Any, template: str = 'pointwise_yes_no',
+  def __init__(self, *, judge: Any = None, template: str = 'pointwise_yes_no',
                mode: str = 'pointwise', score_by: str = 'logits', max_new_tokens: int = 512,
                reject_reward: float = 0.0, reference_field: str = 'reference',
                group_size: int | None = None, max_field_tokens: int = 2048,
@@ -237,7 +238,8 @@ class JudgeVerifier(base.Verifier):
     runs batched in this process, on the device.
 
     Args:
-      judge: the judge (see the module docstring; `rl.judge.JudgeModel`).
+      judge: the judge (see the module docstring; `rl.judge.JudgeModel`); required. A
+        config names its source instead (`cascade.verifier_set`).
       template: a name in TEMPLATES.
       mode: 'pointwise', 'pairwise' or 'round_robin'.
       score_by: 'logits' (P(favourable), one forward) or 'generate' (parse the judge's text).
@@ -287,6 +289,9 @@ class JudgeVerifier(base.Verifier):
       raise ValueError(f'judge: group_size={group_size!r} must be an int >= 1 or None')
     if not isinstance(reference_field, str) or not reference_field:
       raise ValueError(f'judge: reference_field={reference_field!r} must be a non-empty string')
+    if judge is None:
+      raise ValueError("judge: judge= is required: the judge model (in a config, its source: "
+                       "'stage:<name>' or an HF checkpoint directory)")
     missing = [m for m in ('tokenizer', 'choice_logprobs', 'generate') if not hasattr(judge, m)]
     if missing:
       raise ValueError(f'judge: judge={type(judge).__name__} has no {missing} (expected a '

@@ -98,6 +98,7 @@ class SweVerifier(base.Verifier):
 
   name = 'swe'
   worker_fn = 'verifiers.swe:work'
+  judge_option = 'judge'
 
   def __init__(self, *, execution: bool = False, isolation: str = 'bwrap', bwrap: str = 'bwrap',
                memory_mb: int = 1024, nproc: int = 16, fsize_mb: int = 64, tmpfs_mb: int = 256,

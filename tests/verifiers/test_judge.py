@@ -229,6 +229,7 @@ def test_rating_template(tok):
     (dict(group_size=0), 'group_size=0'),
     (dict(judge_thinking=True), 'judge_thinking=True'),
     (dict(judge='/ckpt/judge'), 'judge=str has no'),
+    (dict(judge=None), 'judge= is required'),
 ])
 def test_options_are_checked_naming_the_field(tok, options, match):
   kw = dict(judge=FakeJudge(tok, 'pointwise_yes_no'))
