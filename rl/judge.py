@@ -171,14 +171,14 @@ class JudgeModel:
     return self._sampler
 
   def generate(self, rows: Sequence[Sequence[int]], max_new_tokens: int) -> list[str]:
-    """Greedy completions of every row in one Sampler call, decoded without special tokens.
+    """Greedy completions of every row in one Sampler call, decoded up to the stop token.
 
     Args:
       rows: token-id rows (the judge's prompts).
       max_new_tokens: the most tokens generated per row.
 
     Returns:
-      One text per row (the stop token dropped).
+      One text per row (the stop token dropped, other special tokens kept as text).
     """
     rows = self._check_rows(rows)
     if self._rollout is None:
@@ -188,5 +188,6 @@ class JudgeModel:
     texts = []
     for toks, n in zip(np.asarray(out.tokens), np.asarray(out.lengths)):
       ids = [int(t) for t in toks[:int(n)] if int(t) != self.tokenizer.eos_id]
-      texts.append(self.tokenizer.decode(ids, skip_special=True))
+      # Special tokens kept: a thinking judge's <think> block must stay visible to the parser.
+      texts.append(self.tokenizer.decode(ids))
     return texts

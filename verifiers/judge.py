@@ -10,8 +10,8 @@ judge in one batched call.
 Prompts come from a named template (`TEMPLATES`): trusted instruction text
 with fields. The fields (the question, the policy's answer, a reference) are
 hostile text: each is defused before it is encoded (`defuse_field`: chat and
-tokenizer markers and the template's own delimiters lose their first
-character to an HTML character reference) and encoded as plain text
+tokenizer markers, the template's own delimiters and its verdict marker lose
+their first character to an HTML character reference) and encoded as plain text
 (`Tokenizer.encode_text`: no added token's id can appear), and capped at
 `max_field_tokens`; so an answer cannot close the judge's user turn, open an
 assistant turn of its own, or leave the block the template puts it in. (A
@@ -495,6 +495,8 @@ class Prompter:
     self.tokenizer, self.template = tokenizer, template
     self.max_field_tokens = max_field_tokens
     self.markers = tuple(getattr(tokenizer, 'added_tokens', ()))
+    # The verdict marker too: a judge that echoes the answer must not echo a verdict.
+    self._defused = template.delimiters + (template.verdict,)
     slots = {f: self._SLOT.format(f) for f in template.fields}
     messages = ([{'role': 'system', 'content': template.system}] if template.system else [])
     messages.append({'role': 'user', 'content': template.user.format(**slots)})
@@ -530,7 +532,7 @@ class Prompter:
       if kind == 'text':
         ids += value
         continue
-      text = defuse_field(str(fields[value]), self.template.delimiters, self.markers)
+      text = defuse_field(str(fields[value]), self._defused, self.markers)
       enc = list(self.tokenizer.encode_text(text))
       if len(enc) > self.max_field_tokens:
         enc, cut = enc[:self.max_field_tokens], True
