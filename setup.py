@@ -5,6 +5,8 @@ import setuptools
 setuptools.setup(
     name='cascade',
     version='0.1.0',
+    license='Apache-2.0',
+    license_files=['LICENSE'],
     description='JAX-native framework for Cascade RL (domain-wise RL stages).',
     python_requires='>=3.11',
     packages=setuptools.find_packages(

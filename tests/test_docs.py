@@ -45,3 +45,12 @@ def test_every_docs_page_the_readme_links_exists():
   assert any(p.startswith('docs/plans/') for p in linked)
   missing = sorted(p for p in linked if not os.path.exists(os.path.join(REPO, p)))
   assert not missing, f'README links pages that do not exist: {missing}'
+
+
+def test_the_project_is_apache_2_licensed():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, 'LICENSE')) as f:
+    text = f.read()
+  assert 'Apache License' in text and 'Version 2.0, January 2004' in text
+  with open(os.path.join(root, 'setup.py')) as f:
+    assert "license='Apache-2.0'" in f.read()
