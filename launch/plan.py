@@ -827,7 +827,8 @@ def sampling_time(model_cfg, sampler, hw, *, rows: int, prompt_len: int, max_new
   if sampler.engine == 'one_call':
     slots = chunk
     keys, count, lo = [], [], 1
-    for end in sampler_lib._phase_ends(nb, sampler.decode_phases):  # pylint: disable=protected-access
+    ends = sampler_lib._phase_ends(nb, sampler.decode_phases)  # pylint: disable=protected-access
+    for end in ends:
       hi = min(m, end)
       if hi > lo:
         keys.append(p + end)
@@ -1143,8 +1144,13 @@ def format_stage(r: StageReport) -> str:
   return '\n'.join(lines)
 
 
+def _num(x: float) -> str:
+  """3 significant digits, whole numbers from 100 up (1,234 rather than 1.23e+03)."""
+  return f'{x:,.0f}' if abs(x) >= 100 else f'{x:.3g}'
+
+
 def _secs(x: float) -> str:
-  return f'{x:.3g} s'
+  return f'{_num(x)} s'
 
 
 def time_lines(r: StageReport) -> list[str]:
@@ -1166,20 +1172,21 @@ def time_lines(r: StageReport) -> list[str]:
   if t.rounds > 1:
     out.append(f'worst case, {t.rounds} sampling rounds (1 + refill_cap): {_secs(t.worst)} '
                'per step')
-  out.append(f'{r.steps} steps = {r.chip_hours(t.bound):.3g} chip-hours'
-             + (f' (worst case {r.chip_hours(t.worst):.3g})' if t.rounds > 1 else '')
+  out.append(f'{r.steps} steps = {_num(r.chip_hours(t.bound))} chip-hours'
+             + (f' (worst case {_num(r.chip_hours(t.worst))})' if t.rounds > 1 else '')
              + f'; the weights-only bound it replaces: {_secs(t.weights_only)} per step, '
-             f'{r.chip_hours(t.weights_only):.3g} chip-hours')
+             f'{_num(r.chip_hours(t.weights_only))} chip-hours')
   return out
 
 
-def time_table(reports: Sequence[StageReport]) -> list[str]:
+def time_table(reports: Sequence[StageReport], assumptions: bool = True) -> list[str]:
   """Markdown lines: one row per stage with a time bound (seconds per step by part, and per
-  stage in chip-hours beside the weights-only bound it replaces), then the assumptions."""
+  stage in chip-hours beside the weights-only bound it replaces), then (`assumptions`) what
+  the bound assumes."""
   timed = [r for r in reports if r.time is not None]
   if not timed:
     return []
-  g = lambda x: f'{x:.3g}'
+  g = _num
   out = ['| stage | steps | sampling: weights / KV / state / compute / prefill (s) | scoring (s) '
          '| update (s) | frozen (s) | bound (s / step) | chip-hours | worst case: rounds, '
          'chip-hours | weights-only bound (s / step, chip-hours) |',
@@ -1193,7 +1200,8 @@ def time_table(reports: Sequence[StageReport]) -> list[str]:
                f'{g(t.frozen)} | {g(t.bound)} | {g(r.chip_hours(t.bound))} | {t.rounds}, '
                f'{g(r.chip_hours(t.worst))} | {g(t.weights_only)}, '
                f'{g(r.chip_hours(t.weights_only))} |')
-  out += ['', 'The bound assumes:', '', *[f'- {a}' for a in TIME_ASSUMPTIONS]]
+  if assumptions:
+    out += ['', 'The bound assumes:', '', *[f'- {a}' for a in TIME_ASSUMPTIONS]]
   return out
 
 
@@ -1227,7 +1235,7 @@ def markdown_report(reports: Sequence[StageReport], *, command: str, header: Seq
   limit = next((r.limit_bytes for r in reports if r.limit_bytes), 0)
   cell = lambda text: text.replace('|', '\\|')        # a table cell's own bars, escaped
   out = [f'# Plan: `{command}`', '',
-         f'Written by `launch.plan --report` on {date}, on {_cpu_model()}.', '',
+         f'Written by `launch.plan --report` on {date}, on {cpu_model()}.', '',
          *[f'- {h}' for h in (hosts[0] + ' (before)', hosts[-1] + ' (after)', *header)]]
   if any(r.programs for r in reports):
     out += ['', '| stage | program | shapes | per device | '
@@ -1294,7 +1302,7 @@ _REPORT = flags.DEFINE_string(
     "target, and one table row per program (`markdown_report`).")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
   """This host's CPU, e.g. 'AMD EPYC 7B13 (x86_64)'."""
   try:
     with open('/proc/cpuinfo') as f:

@@ -596,3 +596,36 @@ def test_the_weights_only_bound_is_below_the_step_time_model_at_long_lengths(tin
   page = plan.markdown_report([rep], command='c', header=[], hosts=('a', 'b'), date='d')
   assert '| add_rl | 4 |' in page and 'not estimated' in page and 'The bound assumes:' in page
   assert 'step times only, nothing compiled.' in page and '| stage | program |' not in page
+
+
+def test_the_step_time_page_times_every_stage_of_each_config(tiny_path):
+  from launch import step_time_page  # pylint: disable=g-import-not-at-top
+  config = _load(tiny_path)
+  config.hardware.peak_tflops, config.hardware.hbm_gbps = 1.0, 10.0
+  text = step_time_page.page({'tiny.py': config_lib.validate(config)}, command='c', date='d')
+  assert text.startswith('# Step-time model: `c`') and 'nothing compiled' in text
+  assert '## `tiny.py`' in text and '| sft | 2 |' in text and '| add_rl | 4 |' in text
+  assert 'All stages:' in text and text.count('The bound assumes:') == 1
+
+
+@pytest.mark.heavy
+def test_time_only_and_the_page_from_the_command_line(tiny_path, tmp_path):
+  """`launch.plan --time_only` prints and writes each stage's bound, compiling nothing;
+  `launch.step_time_page` writes its page."""
+  config = tmp_path / 'timed.py'
+  config.write_text(TINY_CONFIG.replace("device_memory_gib=1.0)",
+                                        "device_memory_gib=1.0, peak_tflops=1.0, hbm_gbps=10.0)"))
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('XLA_FLAGS', None)
+  run = lambda *args: subprocess.run([sys.executable, '-m', *args], cwd=ROOT, env=env,
+                                     capture_output=True, text=True, timeout=300)
+  report = tmp_path / 'time.md'
+  proc = run('launch.plan', f'--config={config}', '--time_only', f'--report={report}')
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert '[2] add_rl (grpo)' in proc.stdout and 'KV cache' in proc.stdout
+  assert 'nothing compiled' in proc.stdout and 'compiled in' not in proc.stdout
+  assert '| add_rl | 4 |' in report.read_text()
+  out = tmp_path / 'page.md'
+  proc = run('launch.step_time_page', f'--configs={config}', f'--out={out}')
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert f'## `{config}`' in out.read_text()
