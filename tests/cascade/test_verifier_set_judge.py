@@ -139,3 +139,32 @@ def test_policies_load_an_hf_judge_with_its_own_tokenizer(tok, tmp_path):
   logits = np.asarray(model(np.asarray([row], np.int32)))[0, -1, [10, 11]]
   want = logits - np.logaddexp(*logits)
   np.testing.assert_allclose(jm.choice_logprobs([row], (10, 11))[0], want, atol=1e-5)
+
+
+@pytest.mark.heavy
+def test_a_run_judges_its_rl_samples_with_an_earlier_stages_policy(tmp_path, copy_cascade):
+  """The copy world's GRPO stage scored by the SFT stage's policy as a P(YES) judge: loaded from
+  the stage's checkpoint, its verdicts' P(YES) are the rewards, and reach samples.jsonl."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  from cascade import runner  # pylint: disable=g-import-not-at-top
+  path = copy_cascade(tmp_path, train=16, eval_=8, sft=32, sft_steps=4, rl_steps=2)
+  spec = importlib.util.spec_from_file_location('copy_cfg', path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config()
+  c.domains.copy.verifier = 'judge'
+  c.domains.copy.verifier_options = dict(judge='stage:sft', template='pointwise_yes_no')
+  c.domains.copy.eval_verifier = 'math'
+  c.domains.copy.eval_verifier_options = dict(workers=1)
+  c.eval.log_samples = 4
+  res = runner.run(c, str(tmp_path / 'run'))
+  assert res['stages'] == ['sft', 'copy_rl']
+  rows = [json.loads(l) for l in open(tmp_path / 'run' / 'samples.jsonl')]
+  assert rows and all(r['stage'] == 'copy_rl' for r in rows)
+  judged = [r for r in rows if 'p_yes' in r['info']]
+  assert judged and all(r['info']['reason'] == 'thinking block never closed'
+                        for r in rows if r not in judged)     # a barely trained policy's '<think>'
+  for r in judged:
+    assert r['info']['reason'] == 'judge pointwise_yes_no (logits)'
+    assert 0 < r['reward'] < 1 and r['reward'] == pytest.approx(r['info']['p_yes'], abs=1e-6)
