@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 from flax import nnx
-from jax.experimental import multihost_utils
 
 from cascade import checkpoint
 from cascade import checksums
@@ -35,6 +34,7 @@ from cascade.kinds import base
 from models import hf
 from models import paths
 from models import sharding
+from models import tokenizer as tokenizer_lib
 from models import transformer
 from rl import judge as judge_lib
 from rl import reward_model
@@ -263,54 +263,57 @@ class Policies:
   def judge_model(self, source: tuple, tokenizer) -> judge_lib.JudgeModel:
     """A frozen judge on the run's mesh: ('stage', name), that stage's final policy in the
     model's compute dtype with the run's `tokenizer`; ('hf', path), an HF checkpoint directory
-    with its own tokenizer (any supported family)."""
+    with its own tokenizer (any supported family). Its sampler takes the run's sampler options
+    (engine, cache budget, layouts) but the default length buckets: a judge's prompt holds
+    the policy's prompt and answer and more."""
+    options = {k: v for k, v in self.plan.sampler.options().items()
+               if k not in ('prompt_buckets', 'new_token_buckets')}
     if source[0] == 'stage':
       params = self.compute_copy(self.params_of(source, keep=False))
       return judge_lib.JudgeModel(self.graphdef('policy'), params, self.plan.model, tokenizer,
-                                  mesh=self.mesh, rules=self.rules)
-    return judge_lib.JudgeModel.from_hf(source[1], mesh=self.mesh, rules=self.rules)
+                                  mesh=self.mesh, rules=self.rules, sampler_options=options)
+    return judge_lib.JudgeModel.from_hf(source[1], mesh=self.mesh, rules=self.rules,
+                                        sampler_options=options)
 
   # ------------------------------------------------------------ export
 
   def export_hf(self, stage, params) -> str:
-    """Writes the stage's policy to stages/<idx>_<name>/hf, never leaving a partial export.
+    """Writes the stage's policy and the run's tokenizer (with our chat template) to
+    stages/<idx>_<name>/hf, never leaving a partial export.
 
-    Local: written to a temporary directory renamed into place. gs://: uploaded
-    file by file, config.json last, so `exported` is true only of a whole one
-    (a killed upload is redone).
+    Every process joins (a policy spanning hosts is gathered one tensor at a time);
+    process 0 writes. Local: written to a temporary directory renamed into place.
+    gs://: uploaded file by file, config.json last, so `exported` is true only of a
+    whole one (a killed upload is redone).
     """
     out = paths.join(checkpoint.stage_dir(self.workdir, stage), 'hf')
     if exported(out) and not self.damaged_export(stage, out):
       return out
-    params = self.compute_copy(params)
-    if not all(getattr(x, 'is_fully_addressable', True) for x in jax.tree.leaves(params)):
-      # Multi-host: the gather is a collective, so every process joins it; the
-      # writer then holds the whole policy in host memory (CPU-backed arrays).
-      host = jax.local_devices(backend='cpu')[0]
-      params = jax.tree.map(lambda x: jax.device_put(x, host),
-                            multihost_utils.process_allgather(params, tiled=True))
-    if not checkpoint.is_writer():
-      return out
-    model = nnx.merge(self.graphdef('policy'), params)
+    model = nnx.merge(self.graphdef('policy'), self.compute_copy(params))
+    tokenizer = tokenizer_lib.load(self.plan.tokenizer_path)
+    writer = checkpoint.is_writer()
     if paths.is_remote(out):
-      hf.save_model(model, out)       # config.json is uploaded last
-      if self.plan.ckpt.checksums:
+      hf.save_model(model, out, tokenizer=tokenizer)       # config.json is uploaded last
+      if writer and self.plan.ckpt.checksums:
         checksums.seal(out)           # read back from the store: what is there is what is sealed
       return out
-    for stale in glob.glob(out + '.tmp.*'):
-      shutil.rmtree(stale, ignore_errors=True)     # a previous run killed mid-export
+    if writer:
+      for stale in glob.glob(out + '.tmp.*'):
+        shutil.rmtree(stale, ignore_errors=True)     # a previous run killed mid-export
     tmp = f'{out}.tmp.{os.getpid()}'
     try:
-      hf.save_model(model, tmp)
-      if self.plan.ckpt.checksums:
+      hf.save_model(model, tmp, tokenizer=tokenizer)
+      if writer and self.plan.ckpt.checksums:
         checksums.seal(tmp)
     except Exception as e:
-      shutil.rmtree(tmp, ignore_errors=True)   # e.g. a full disk: give the space back
+      if writer:
+        shutil.rmtree(tmp, ignore_errors=True)   # e.g. a full disk: give the space back
       if 'No space left' in str(e) and not isinstance(e, OSError):
         # safetensors reports a full disk as its own error type: make it the OSError it is.
         raise OSError(errno.ENOSPC, 'No space left on device', out) from None
       raise
-    os.replace(tmp, out)
+    if writer:
+      os.replace(tmp, out)
     return out
 
   def damaged_export(self, stage, out: str) -> bool:

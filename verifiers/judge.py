@@ -46,7 +46,8 @@ Modes:
 Only the answer after the thinking block is judged; a completion whose
 thinking never closed gets `thinking_unfinished_reward`.
 
-Metadata: pairwise mode needs {reference_field: str}; otherwise any dict.
+Metadata: pairwise mode and a template with a {reference} field need
+{reference_field: str}; otherwise any dict.
 """
 
 from __future__ import annotations
@@ -306,13 +307,16 @@ class JudgeVerifier(base.Verifier):
                              with_verdict=score_by == 'logits')
 
   def _options(self) -> dict:
-    return {'mode': self.mode, 'reference_field': self.reference_field}
+    return {'mode': self.mode, 'reference_field': self.reference_field,
+            'template': self.template_name}
 
   @classmethod
   def _check_metadata(cls, metadata: Mapping[str, Any], mode: str = 'pointwise',
-                      reference_field: str = 'reference', **options: Any) -> None:
+                      reference_field: str = 'reference', template: str = 'pointwise_yes_no',
+                      **options: Any) -> None:
     super()._check_metadata(metadata)
-    if mode == 'pairwise':
+    t = TEMPLATES.get(template)
+    if mode == 'pairwise' or (t is not None and 'reference' in t.fields):
       base.require(metadata, reference_field, str, 'the reference answer the judge compares with')
 
   # -- the judge's answers -------------------------------------------------
@@ -381,7 +385,7 @@ class JudgeVerifier(base.Verifier):
       if self.mode == 'pointwise':
         fields['response'] = answers[i]
         if 'reference' in self.template.fields:
-          fields['reference'] = str(s.metadata.get(self.reference_field, ''))
+          fields['reference'] = s.metadata[self.reference_field]
         orders = [fields]
       else:
         ref = s.metadata[self.reference_field]

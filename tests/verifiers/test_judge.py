@@ -301,6 +301,16 @@ def test_the_verdict_marker_in_an_answer_is_defused(tok):
   assert 'x\n&#118;erdict: YES' in tok.decode(row)
 
 
+def test_a_reference_template_needs_the_reference(tok):
+  v = verifiers.get('judge', judge=FakeJudge(tok, 'swe_same_fix'), template='swe_same_fix',
+                    reference_field='gold_patch')
+  with pytest.raises(ValueError, match=r"x.jsonl:1: metadata\['gold_patch'\] is missing"):
+    verifiers.validate('judge', {}, 'x.jsonl:1', template='swe_same_fix',
+                       reference_field='gold_patch', judge='stage:sft')
+  r = v.score([S(PROMPT, SIMILAR_GOOD, {}), S(PROMPT, SIMILAR_GOOD, {'gold_patch': GOLD})])
+  assert 'bad metadata' in r[0].info['reason'] and r[1].reward == pytest.approx(0.9)
+
+
 def test_fields_are_capped(tok):
   fake = FakeJudge(tok, 'pointwise_yes_no')
   v = verifiers.get('judge', judge=fake, max_field_tokens=8)
