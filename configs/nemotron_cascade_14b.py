@@ -22,7 +22,8 @@ Qwen3-14B-Base HF directory), tokenizer (its tokenizer.json directory),
 hardware ('v5p_128', the default, or 'h200x8': the mesh and sampler budget of
 one 8-GPU node, for `launch.plan`), model ('qwen3_14b', the default, or
 'qwen3_30b_a3b': the same recipe on Qwen3-30B-A3B, a mixture of 128 experts with 8
-per token, on a mesh with an expert axis; give its checkpoint as base and tokenizer).
+per token, on a mesh with an expert axis; give its checkpoint as base and tokenizer),
+swe_judge (an HF checkpoint directory: the paper's SWE semantic judge, below; '' = off).
 
 Not reproducible here, by construction:
 * Data: the released sets (configs/PAPERS.md, "Released data") must be
@@ -34,8 +35,12 @@ Not reproducible here, by construction:
   paper found a 7B RM length-hacked and cost ~3 AIME25 points; a 14B RM may
   behave in between). Its held-out chat score is that RM's, not ArenaHard's
   LLM judge.
-* SWE: the paper's reward for non-identical patches is P(YES) from a 72B
-  judge; here it is the lexical similarity of `verifiers.swe`.
+* SWE: the paper's reward for a patch neither equal to the gold one nor empty
+  is P(YES) from a 72B judge ("does this patch fix the same issue?"); by
+  default here it is the lexical similarity of `verifiers.swe`. With
+  `swe_judge=<HF directory>` the swe domain uses that judge's P(YES) there
+  (`verifiers.swe`'s judge, template 'swe_same_fix'), loaded frozen on the
+  run's mesh; `launch.plan` does not count its weights or forwards yet.
 * IF-RL's IFBench sub-stage: rl/ifbench.jsonl is taken to be AllenAI's
   IF-RLVR training set (allenai/IF_multi_constraints_upto5: IFEval's 25 and
   the 29 training constraints of open-instruct's IFEvalG, read by the
@@ -64,7 +69,7 @@ def get_config(arg=None):
   """The 14B Cascade-1 config (see the module docstring)."""
   a = _recipes.parse_arg(arg, data_root='data/nemotron', base='checkpoints/Qwen3-14B-Base',
                          tokenizer='checkpoints/Qwen3-14B-Base',
-                         hardware='v5p_128', model='qwen3_14b')
+                         hardware='v5p_128', model='qwen3_14b', swe_judge='')
   if a.model not in _MODELS:
     raise ValueError(f'config argument model={a.model!r}: expected one of {sorted(_MODELS)}')
   rl = _recipes.cascade1_rl
@@ -97,6 +102,8 @@ def get_config(arg=None):
   c = _recipes.cascade1(preset=a.model, data_root=a.data_root, tokenizer=a.tokenizer,
                         base=a.base, rlhf=rlhf, if_rl=if_rl, if_rl_ifbench=if_rl_ifbench,
                         math=math)
+  if a.swe_judge:
+    c.domains.swe.verifier_options.judge = a.swe_judge
   c = _recipes.on_hardware(c, a.hardware)
   return _recipes.on_expert_mesh(c, a.hardware) if _MODELS[a.model] else c
 

@@ -184,3 +184,14 @@ def test_cascade1_recipe_on_qwen3_30b_a3b():
   assert plan.model.moe_chunk == 32_768
   with pytest.raises(ValueError, match="model='qwen3_32b': expected one of"):
     module.get_config('model=qwen3_32b')
+
+
+def test_cascade1_14b_swe_judge_argument():
+  """`configs/nemotron_cascade_14b.py:swe_judge=DIR`: the swe domain's semantic judge (P(YES)
+  where the lexical rule gives neither 1 nor 0) is loaded from DIR; off by default."""
+  module = importlib.import_module('configs.nemotron_cascade_14b')
+  assert 'judge' not in module.get_config().domains.swe.verifier_options
+  c = module.get_config('swe_judge=gs://b/judges/qwen2.5-72b-instruct')
+  assert c.domains.swe.verifier_options.judge == 'gs://b/judges/qwen2.5-72b-instruct'
+  plan = config_lib.validate(c)
+  assert plan.domains['swe'].verifier_options['judge'] == 'gs://b/judges/qwen2.5-72b-instruct'
