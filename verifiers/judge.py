@@ -81,14 +81,12 @@ class Template:
     choices: verdict words, the favourable one first ('YES' / 'A').
     score_range: (lo, hi) for a rating template: the judge writes
       '<verdict> N', the reward is (N - lo) / (hi - lo); 'generate' only.
-    system: an optional system turn.
   """
   user: str
   delimiters: tuple[str, ...]
   verdict: str = 'Verdict:'
   choices: tuple[str, ...] = ('YES', 'NO')
   score_range: tuple[int, int] | None = None
-  system: str = ''
 
   @property
   def fields(self) -> tuple[str, ...]:
@@ -276,6 +274,8 @@ class JudgeVerifier(base.Verifier):
       raise ValueError(f'judge: template={template!r} takes a reference; mode must be pointwise')
     if score_by == 'logits' and t.score_range is not None:
       raise ValueError(f"judge: template={template!r} is a rating template: score_by='generate'")
+    if judge_thinking not in (None, False, True):
+      raise ValueError(f'judge: judge_thinking={judge_thinking!r} must be None, False or True')
     if score_by == 'logits' and judge_thinking:
       raise ValueError("judge: judge_thinking=True needs score_by='generate' (the logits are "
                        'read at the answer position, with no thinking)')
@@ -502,9 +502,8 @@ class Prompter:
     # The verdict marker too: a judge that echoes the answer must not echo a verdict.
     self._defused = template.delimiters + (template.verdict,)
     slots = {f: self._SLOT.format(f) for f in template.fields}
-    messages = ([{'role': 'system', 'content': template.system}] if template.system else [])
-    messages.append({'role': 'user', 'content': template.user.format(**slots)})
-    text = chat.render(messages, thinking=thinking)
+    text = chat.render([{'role': 'user', 'content': template.user.format(**slots)}],
+                       thinking=thinking)
     # Split the rendered text into trusted pieces and field slots, once.
     self._pieces: list[tuple[str, Any]] = []
     rest = text

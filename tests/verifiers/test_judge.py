@@ -228,6 +228,7 @@ def test_rating_template(tok):
     (dict(reject_reward=float('nan')), 'reject_reward=nan'),
     (dict(group_size=0), 'group_size=0'),
     (dict(judge_thinking=True), 'judge_thinking=True'),
+    (dict(judge_thinking='yes'), "judge_thinking='yes'"),
     (dict(judge='/ckpt/judge'), 'judge=str has no'),
     (dict(judge=None), 'judge= is required'),
 ])
