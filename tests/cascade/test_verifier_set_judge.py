@@ -168,3 +168,18 @@ def test_a_run_judges_its_rl_samples_with_an_earlier_stages_policy(tmp_path, cop
   for r in judged:
     assert r['info']['reason'] == 'judge pointwise_yes_no (logits)'
     assert 0 < r['reward'] < 1 and r['reward'] == pytest.approx(r['info']['p_yes'], abs=1e-6)
+
+
+def test_swe_takes_its_semantic_judge_from_the_config(tok):
+  c = make_config(dict(judge='stage:sft'))
+  c.datasets.swe_train = dict(path='/d/swe.jsonl', format='prompt', domain='swe')
+  c.datasets.swe_eval = dict(path='/d/swe_eval.jsonl', format='prompt', domain='swe')
+  c.domains.swe = dict(verifier='swe', verifier_options=dict(judge='stage:sft', workers=1),
+                       train='swe_train', eval='swe_eval')
+  loader = Loader(tok)
+  vs = loader.verifier_set(plan_of(c))
+  vs.check_options()
+  v = vs.train_verifier('swe')
+  assert v.judge.judge is vs.train_verifier('chat').judge      # one judge for both domains
+  assert loader.loaded == [('stage', 'sft')] and getattr(v, rollout.COLLECTIVE)
+  vs.close()

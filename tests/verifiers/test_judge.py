@@ -181,6 +181,16 @@ def test_unparsable_verdicts_are_logged_rejects_with_the_fixed_reward(tok, caplo
     v = verifiers.get('judge', judge=pair, template='pairwise_ab', mode=mode,
                       score_by='generate', reject_reward=-1.0)
     assert [x.reward for x in v.score([S(PROMPT, 'a', meta), S(PROMPT, 'b', meta)])] == [-1, -1]
+  # Round robin: a pair counts only when both its orders parse.
+  class OneBad(FakeJudge):
+    def generate(self, rows, max_new_tokens):
+      out = super().generate(rows, max_new_tokens)
+      return ['garbage'] + out[1:]           # the first pair's first order
+  v = verifiers.get('judge', judge=OneBad(tok, 'pairwise_ab'), template='pairwise_ab',
+                    mode='round_robin', score_by='generate')
+  r = v.score([S(PROMPT, 'GOOD'), S(PROMPT, 'bad'), S(PROMPT, 'bad too')])
+  assert [x.info['pairs_rejected'] for x in r] == [1, 1, 0]
+  assert [x.reward for x in r] == pytest.approx([1.0, 0.5, 0.25])
   # A prompt longer than the judge takes is a reject too, not an exception.
   short = FakeJudge(tok, 'pointwise_yes_no', max_len=50)
   r = verifiers.get('judge', judge=short, reject_reward=-2.0).score([S(PROMPT, 'GOOD')])
