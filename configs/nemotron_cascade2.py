@@ -25,7 +25,9 @@ split over both. On one H200 node (data 1, fsdp 1, expert 8, tensor 1), the
 weights outside the experts sharded over the expert axis too.
 
 Config argument (`:key=value,...`): data_root, base, tokenizer, hardware
-('v5p_128' or 'h200x8', see configs/nemotron_cascade_14b.py).
+('v5p_128' or 'h200x8', see configs/nemotron_cascade_14b.py), genrm (an HF
+checkpoint directory: RLHF's generative reward model, below; '' = the
+Bradley-Terry stand-in).
 
 Not reproducible here:
 * SWE RL is agentic (kind 'agentic', `envs.swe_agent`), but a record's repository is a
@@ -34,8 +36,13 @@ Not reproducible here:
 * Tool calling is scored on one assistant turn (its `<tool_call>` blocks
   against the record's gold calls, `verifiers.tool_call`), not on multi-turn
   episodes with executed tools.
-* RLHF's generative reward model: replaced by a Bradley-Terry RM stage
-  trained on the SFT policy (one RM serves the side run and the main RLHF).
+* RLHF's generative reward model: by default replaced by a Bradley-Terry RM
+  stage trained on the SFT policy (one RM serves the side run and the main
+  RLHF). With `genrm=<HF directory>` the chat domain is scored by that judge
+  instead (`verifiers.judge`: it rates each answer 1-10 after its own
+  reasoning, greedy, at most 4096 tokens; prompt, mode and length are ours, the
+  paper's are not in configs/PAPERS.md) and the RM stage is dropped;
+  `launch.plan` does not count the judge's weights or generation yet.
 * Sequence lengths: SFT packs 256K-token rows and code RL reaches 118K; the model
   has no RoPE limit (its attention layers take no positions, 262,144 in its
   config), but a row's activations live on one device (there is no sequence axis
@@ -65,7 +72,7 @@ def get_config(arg=None):
   a = _recipes.parse_arg(arg, data_root='data/nemotron2',
                          base='checkpoints/Nemotron-3-Nano-30B-A3B-Base',
                          tokenizer='checkpoints/Nemotron-3-Nano-30B-A3B-Base',
-                         hardware='v5p_128')
+                         hardware='v5p_128', genrm='')
   c = _recipes.base_config(
       preset='nemotron_3_nano_30b_a3b',
       model_overrides=dict(remat=True),
@@ -125,6 +132,14 @@ def get_config(arg=None):
       r.agentic('swe_rl', domains=['swe_agent'], steps=45, max_prompt_len=4096,
                 max_response_len=32_768, max_turn_tokens=8192, **rl),
   ]
+  if a.genrm:
+    # The generative RM scores chat (training and held-out) in place of the BT reward model.
+    c.domains.chat.verifier = 'judge'
+    c.domains.chat.verifier_options = dict(judge=a.genrm, template='pointwise_score',
+                                           mode='pointwise', score_by='generate',
+                                           max_new_tokens=4096)   # ours
+    c.domains.chat.reward_model_stage = ''
+    c.stages = [st for st in c.stages if st['name'] != 'rm']
   r.exact_sampler_buckets(c)
   return r.on_expert_mesh(r.on_hardware(c, a.hardware), a.hardware)
 

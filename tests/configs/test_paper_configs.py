@@ -195,3 +195,16 @@ def test_cascade1_14b_swe_judge_argument():
   assert c.domains.swe.verifier_options.judge == 'gs://b/judges/qwen2.5-72b-instruct'
   plan = config_lib.validate(c)
   assert plan.domains['swe'].verifier_options['judge'] == 'gs://b/judges/qwen2.5-72b-instruct'
+
+
+def test_cascade2_genrm_argument():
+  """`configs/nemotron_cascade2.py:genrm=DIR`: chat (RLHF, its side run, held-out) is scored by
+  the generative RM at DIR, and the Bradley-Terry stand-in's stage is gone; off by default."""
+  module = importlib.import_module('configs.nemotron_cascade2')
+  assert module.get_config().domains.chat.verifier == 'reward_model'
+  c = module.get_config('genrm=gs://b/genrm')
+  plan = config_lib.validate(c)
+  chat = plan.domains['chat']
+  assert (chat.verifier, chat.eval_verifier, chat.reward_model_stage) == ('judge', 'judge', '')
+  assert chat.verifier_options['judge'] == chat.eval_verifier_options['judge'] == 'gs://b/genrm'
+  assert 'rm' not in [s.name for s in plan.stages] and 'rlhf' in [s.name for s in plan.stages]
