@@ -191,9 +191,15 @@ class StageReport:
 
 # ---------------------------------------------------------------- target devices
 
+def mesh_shape(plan: config_lib.Plan) -> tuple:
+  """The mesh the plan compiles for: config.mesh.shape, or (1, 1, 1) for a config without a
+  mesh (a run on one device, whose programs are those of the one-device mesh)."""
+  return (1, 1, 1) if plan.mesh_shape is None else tuple(plan.mesh_shape)
+
+
 def num_devices(plan: config_lib.Plan) -> int:
   """Devices the plan's mesh needs (product of config.mesh.shape; no -1 allowed here)."""
-  shape = plan.mesh_shape
+  shape = mesh_shape(plan)
   if shape is None or len(shape) not in (3, 4) or any(int(s) < 1 for s in shape):
     raise ValueError(f'config.mesh.shape={shape}: the plan needs explicit sizes of (data, '
                      'fsdp, tensor) or (data, fsdp, expert, tensor), no -1')
@@ -1038,7 +1044,7 @@ def time_plan(plan: config_lib.Plan, tgt: Target, *, stages: Sequence[str] = (),
   FLOP and byte counts come from the config, the sampler's traced (not compiled) programs
   and abstract shapes. Each StageReport has no programs."""
   model_cfg, rules, sampler_cfg = for_target(plan, tgt)
-  mesh = sharding.make_mesh(plan.mesh_shape, devices=tgt.devices)
+  mesh = sharding.make_mesh(mesh_shape(plan), devices=tgt.devices)
   _check_stages(plan, stages)
   out = []
   for st in plan.stages:
@@ -1072,8 +1078,8 @@ def run_plan(plan: config_lib.Plan, tgt: Target, *, stages: Sequence[str] = (),
   """
   model_cfg, rules, sampler_cfg = for_target(plan, tgt)
   hw = plan.hardware
-  mesh = sharding.make_mesh(plan.mesh_shape, devices=tgt.devices)
-  count_mesh = (sharding.make_mesh(plan.mesh_shape, devices=tgt.count_devices)
+  mesh = sharding.make_mesh(mesh_shape(plan), devices=tgt.devices)
+  count_mesh = (sharding.make_mesh(mesh_shape(plan), devices=tgt.count_devices)
                 if tgt.count_devices else mesh)
   _check_stages(plan, stages)
   out = []
@@ -1322,7 +1328,7 @@ def plan_header(plan: config_lib.Plan, tgt: Target, time_only: bool = False) -> 
   """The lines a plan starts with: the target, the mesh and model, how FLOPs and memory are
   counted, and (with a time bound) what it assumes."""
   model_cfg = plan.model
-  axes = ', '.join(sharding.EXPERT_MESH_AXES if len(plan.mesh_shape) == 4
+  axes = ', '.join(sharding.EXPERT_MESH_AXES if len(mesh_shape(plan)) == 4
                    else sharding.MESH_AXES)
   active = (f' ({model_cfg.num_params(active=True) / 1e9:.2f}B active per token)'
             if model_cfg.num_experts else '')
@@ -1330,8 +1336,9 @@ def plan_header(plan: config_lib.Plan, tgt: Target, time_only: bool = False) -> 
   out = [f'target: {hw.name or hw.platform}: step times only (--time_only), '
          'nothing compiled: FLOPs and bytes counted from the config and abstract shapes'
          if time_only else f'target: {tgt.description}',
-         f'mesh ({axes}) = {plan.mesh_shape}; model {plan.model_name}: '
-         f'{model_cfg.num_params() / 1e9:.2f}B parameters{active} in '
+         f'mesh ({axes}) = {mesh_shape(plan)}'
+         + (' (no mesh: one device)' if plan.mesh_shape is None else '')
+         + f'; model {plan.model_name}: {model_cfg.num_params() / 1e9:.2f}B parameters{active} in '
          f'{model_cfg.param_dtype}, compute {model_cfg.dtype}, remat={model_cfg.remat}']
   if not time_only:
     out += [*model_notes(model_cfg, tgt),

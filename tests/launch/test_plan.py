@@ -147,6 +147,17 @@ def test_cli_exits_nonzero_naming_the_stage(tiny_path, tmp_path):
   assert "PLAN FAILED: stage 'rm' (index 1)" in page
 
 
+def test_a_config_without_a_mesh_is_planned_on_one_device():
+  # configs/tiny.py runs on one device with no mesh (mesh.shape=None): the plan compiles its
+  # programs on the one-device mesh (the same programs) instead of refusing the config.
+  config = importlib.import_module('configs.tiny').get_config('smoke')
+  p = config_lib.validate(config)
+  assert p.mesh_shape is None
+  assert plan.mesh_shape(p) == (1, 1, 1) and plan.num_devices(p) == 1
+  assert '(1, 1, 1) (no mesh: one device)' in '\n'.join(plan.plan_header(p, None,
+                                                                          time_only=True))
+
+
 PAPER = ['nemotron_cascade_14b', 'nemotron_cascade_8b', 'nemotron_cascade2']
 
 
