@@ -61,6 +61,16 @@ TOOL_TOKENS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPONS
 # characters of one call's JSON. Past them the turn gets an error, not a slow parse.
 MAX_TOOL_CALLS = 16
 MAX_TOOL_CALL_CHARS = 20_000
+# The `# Tools` section of the system turn, around the schemas (one JSON object per line).
+_TOOLS_INTRO = ('# Tools\n\n'
+                'You can call one or more of the functions below to help with the request.\n\n'
+                'Their signatures follow, one JSON object per line, inside <tools></tools> tags:\n'
+                '<tools>\n')
+_TOOLS_OUTRO = ('\n</tools>\n\n'
+                'To call a function, write a JSON object with its name and arguments inside '
+                '<tool_call></tool_call> tags:\n'
+                f'{TOOL_CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n'
+                f'{TOOL_CALL_CLOSE}')
 
 @dataclasses.dataclass(frozen=True)
 class Split:
@@ -212,15 +222,7 @@ def _tools_section(tools: Sequence[Mapping[str, Any]]) -> str:
       lines.append(_dumps(tool))
     except ValueError as e:
       raise ValueError(f'tools[{k}]: {e}') from None
-  schemas = '\n'.join(lines)
-  return ('# Tools\n\n'
-          'You can call one or more of the functions below to help with the request.\n\n'
-          'Their signatures follow, one JSON object per line, inside <tools></tools> tags:\n'
-          f'<tools>\n{schemas}\n</tools>\n\n'
-          'To call a function, write a JSON object with its name and arguments inside '
-          '<tool_call></tool_call> tags:\n'
-          f'{TOOL_CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n'
-          f'{TOOL_CALL_CLOSE}')
+  return _TOOLS_INTRO + '\n'.join(lines) + _TOOLS_OUTRO
 
 
 def _check_message(i: int, m: Any) -> tuple[str, str]:
@@ -384,6 +386,110 @@ def render_response(answer: str, thinking: str | None = None) -> str:
   if thinking is None:
     return f'{answer}{IM_END}'
   return f'{THINK_OPEN}\n{thinking}\n{THINK_CLOSE}\n\n{answer}{IM_END}'
+
+
+def _jinja(text: str) -> str:
+  """`text` as a Jinja string literal (JSON's escapes are Jinja's)."""
+  return json.dumps(text)
+
+
+def _chat_template() -> str:
+  """`render` as a Jinja chat template, for `transformers`' `apply_chat_template` (TEMPLATE)."""
+  lit = _jinja
+  markers = '[' + ', '.join(map(lit, SPECIAL_TOKENS + TOOL_TOKENS)) + ']'
+  lines = [
+      # _dumps: tojson (HF's: ensure_ascii=False, json.dumps' separators), markers' '<' escaped.
+      '{%- macro dumps(value) -%}',
+      '{%- set d = namespace(text=value | tojson) -%}',
+      f'{{%- for m in {markers} -%}}',
+      r"{%- set d.text = d.text | replace(m, '\\u003c' ~ m[1:]) -%}",
+      '{%- endfor -%}',
+      '{{- d.text -}}',
+      '{%- endmacro -%}',
+      # The mode: `thinking` as in render; `enable_thinking` (Qwen3's name) when it is not given.
+      '{%- set ns = namespace(mode=none, last_user=-1, tools="", text="") -%}',
+      '{%- if thinking is defined and thinking is not none -%}{%- set ns.mode = thinking -%}',
+      '{%- elif enable_thinking is defined and enable_thinking is not none -%}',
+      '{%- set ns.mode = enable_thinking -%}{%- endif -%}',
+      "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}",
+      '{%- endif -%}{%- endfor -%}',
+      '{%- if tools is defined and tools -%}',
+      f'{{%- set ns.tools = {lit(_TOOLS_INTRO)} -%}}',
+      '{%- for tool in tools -%}',
+      "{%- set ns.tools = ns.tools ~ ('' if loop.first else '\\n') ~ dumps(tool) -%}",
+      '{%- endfor -%}',
+      f'{{%- set ns.tools = ns.tools ~ {lit(_TOOLS_OUTRO)} -%}}',
+      "{%- if not messages or messages[0].role != 'system' -%}",
+      f"{{{{- {lit(IM_START + 'system' + chr(10))} ~ ns.tools ~ {lit(IM_END + chr(10))} -}}}}",
+      '{%- endif -%}{%- endif -%}',
+      '{%- for m in messages -%}',
+      "{%- set text = m.content if m.content is string else '' -%}",
+      "{%- if m.role == 'tool' -%}",
+      "{%- if loop.first or loop.previtem.role != 'tool' -%}"
+      f"{{{{- {lit(IM_START + 'user')} -}}}}{{%- endif -%}}",
+      f'{{{{- {lit(chr(10) + TOOL_RESPONSE_OPEN + chr(10))} ~ text ~ '
+      f'{lit(chr(10) + TOOL_RESPONSE_CLOSE)} -}}}}',
+      "{%- if loop.last or loop.nextitem.role != 'tool' -%}"
+      f'{{{{- {lit(IM_END + chr(10))} -}}}}{{%- endif -%}}',
+      '{%- else -%}',
+      '{%- set content = text -%}',
+      "{%- if m.role == 'assistant' -%}",
+      # split_thinking(content): the answer, and whether the thinking was closed.
+      f'{{%- if text.endswith({lit(IM_END)}) -%}}{{%- set text = text[:-{len(IM_END)}] -%}}'
+      '{%- endif -%}',
+      f'{{%- if text.endswith({lit(ENDOFTEXT)}) -%}}{{%- set text = text[:-{len(ENDOFTEXT)}] -%}}'
+      '{%- endif -%}',
+      f'{{%- set close = text.find({lit(THINK_CLOSE)}) -%}}'
+      f'{{%- set open = text.find({lit(THINK_OPEN)}) -%}}',
+      '{%- set finished = true -%}',
+      '{%- if close >= 0 and (open < 0 or open < close) -%}'
+      f'{{%- set answer = text[close + {len(THINK_CLOSE)}:].strip() -%}}',
+      "{%- elif open >= 0 -%}{%- set answer = '' -%}{%- set finished = false -%}",
+      '{%- else -%}{%- set answer = text.strip() -%}{%- endif -%}',
+      '{%- set calls = m.tool_calls if m.tool_calls is defined and m.tool_calls else [] -%}',
+      '{%- if not calls -%}{%- set content = answer or content -%}',
+      '{%- else -%}',
+      '{%- set ns.text = answer if finished else content -%}',
+      f'{{%- if {lit(TOOL_CALL_OPEN)} not in ns.text -%}}',
+      '{%- for tc in calls -%}',
+      # Structured calls: {name, arguments} as render takes them, or OpenAI's {function: ...}.
+      '{%- set call = tc.function if tc.function is defined else tc -%}',
+      '{%- set args = call.arguments if call.arguments is defined else {} -%}',
+      '{%- set json = dumps(call.name) if args is string else '
+      "dumps({'name': call.name, 'arguments': args}) -%}",
+      "{%- if args is string -%}{%- set json = '{\"name\": ' ~ json ~ ', \"arguments\": ' ~ "
+      "args ~ '}' -%}{%- endif -%}",
+      f"{{%- set block = {lit(TOOL_CALL_OPEN + chr(10))} ~ json ~ "
+      f"{lit(chr(10) + TOOL_CALL_CLOSE)} -%}}",
+      "{%- set ns.text = (ns.text ~ '\\n' ~ block) if ns.text else block -%}",
+      '{%- endfor -%}',
+      '{%- endif -%}',
+      '{%- set content = ns.text -%}',
+      '{%- endif -%}',
+      '{%- endif -%}',
+      "{%- if loop.first and m.role == 'system' and ns.tools -%}",
+      "{%- set content = (content ~ '\\n\\n' ~ ns.tools) if content else ns.tools -%}",
+      '{%- endif -%}',
+      '{%- if loop.index0 == ns.last_user and ns.mode is not none -%}',
+      "{%- set content = content ~ (' /think' if ns.mode else ' /no_think') -%}",
+      '{%- endif -%}',
+      f"{{{{- {lit(IM_START)} ~ m.role ~ '\\n' ~ content ~ {lit(IM_END + chr(10))} -}}}}",
+      '{%- endif -%}',
+      '{%- endfor -%}',
+      '{%- if add_generation_prompt is defined and add_generation_prompt -%}',
+      f"{{{{- {lit(IM_START + 'assistant' + chr(10))} -}}}}",
+      f'{{%- if ns.mode is false -%}}{{{{- {lit(EMPTY_THINK)} -}}}}{{%- endif -%}}',
+      '{%- endif -%}',
+  ]
+  return '\n'.join(lines)
+
+
+# `render` as a Jinja chat template (an HF export's tokenizer_config.json `chat_template`):
+# `apply_chat_template(messages, add_generation_prompt=..., tools=..., thinking=True|False)`
+# gives render's text for the same arguments (`enable_thinking` is taken for `thinking`, as
+# Qwen3 names it; neither: no switch). Structured tool calls may also be OpenAI's
+# {'function': {'name', 'arguments'}}, the arguments a dict or JSON text.
+TEMPLATE = _chat_template()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ drift apart.
 
   model = hf.load_model('/ckpt/Qwen3-8B', mesh=mesh)   # an nnx Transformer
   logits = model(tokens)                               # int32 [B, T] -> [B, T, V]
-  hf.save_model(model, '/out')                         # loadable by transformers
+  hf.save_model(model, '/out', tokenizer=tok)          # loadable by transformers, vLLM
 
 A checkpoint directory holds `config.json` and either `model.safetensors` or
 `model-0000x-of-0000y.safetensors` shards listed in
@@ -49,12 +49,15 @@ import safetensors
 import safetensors.numpy
 from etils import epath
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from models import config as config_lib
 from models import hf_moe
+from models import hf_tokenizer
 from models import paths
 from models import rope as rope_lib
 from models import sharding
+from models import tokenizer as tokenizer_lib
 from models import transformer
 
 ARCHITECTURES = {'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2',
@@ -425,50 +428,63 @@ class _Stack:
 
 
 def _host_value(params: Mapping[tuple, nnx.Variable], part: hf_moe.Part) -> np.ndarray:
-  """A part's parameter (or its slice) on the host."""
+  """A part's parameter (or its slice) on the host; a multi-host one gathered, alone.
+
+  Every process must call it, in the same order: the slice and the gather are collectives.
+  """
   value = params[part.path].get_value()
-  return np.asarray(value if part.index is None else value[part.index])
+  if part.index is not None:
+    value = value[part.index]
+  if value.is_fully_addressable:
+    return np.asarray(value)
+  return multihost_utils.process_allgather(value, tiled=True)
 
 
-def _stale_weight_files(out: str) -> list[str]:
+def _stale_files(out: str) -> list[str]:
+  """The files of an earlier save in `out`: weights and tokenizer files."""
   return [paths.join(out, n) for n in paths.listdir(out)
-          if n in (SINGLE_FILE, INDEX_FILE) or _SHARD_RE.match(n)]
+          if n in (SINGLE_FILE, INDEX_FILE) + hf_tokenizer.FILES or _SHARD_RE.match(n)]
 
 
 def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
+               tokenizer: tokenizer_lib.Tokenizer | None = None,
                max_shard_size: int = 5_000_000_000) -> None:
-  """Writes `model` as an HF checkpoint that `transformers` can load.
+  """Writes `model` as an HF checkpoint that `transformers` (and vLLM, SGLang) can load.
 
   Writes config.json and model.safetensors with HF tensor names and layouts in
   the parameters' own dtype (experts per expert, Nemotron-H under `backbone.`, as
   the hub's checkpoints are); when the weights exceed `max_shard_size` bytes
-  they go into model-0000x-of-0000y.safetensors files with an index. Weight
-  files of an earlier save in `out_dir` are replaced. Tensors are fetched to
-  the host one shard file at a time.
+  they go into model-0000x-of-0000y.safetensors files with an index. With a
+  `tokenizer`, its files and our chat template too (models/hf_tokenizer.py), so
+  `AutoTokenizer.from_pretrained(out_dir).apply_chat_template` gives our prompts'
+  tokens. Files of an earlier save in `out_dir` are replaced.
+
+  Process 0 writes. With several processes every one must call it: a parameter
+  that spans hosts is gathered one HF tensor at a time (a collective), so no host
+  ever holds more of the model than one shard file's tensors (process 0) or one
+  tensor (the others).
 
   Args:
-    model: a Transformer whose parameters are all addressable by this process.
+    model: a Transformer, on one host or sharded over several.
     out_dir: the directory to write (created if needed), local or gs:// (written locally,
       then uploaded with config.json last, so a whole export is one with a config.json).
+    tokenizer: the tokenizer the model was trained with; None writes no tokenizer files.
     max_shard_size: the largest weight file in bytes (a single larger tensor
       gets a file of its own).
 
   Raises:
-    ValueError: the config has no HF equivalent, or a parameter is not fully
-      addressable (multi-host arrays: gather them first).
+    ValueError: the config has no HF equivalent, or the tokenizer has no HF
+      equivalent (models/hf_tokenizer.py), both before anything is written.
   """
   cfg = model.cfg
   hf_config = config_to_hf(cfg)
+  tokenizer_files = {} if tokenizer is None else hf_tokenizer.files(tokenizer)
   params = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   tensors = _tensors(cfg)
 
   groups: list[list[hf_moe.Tensor]] = [[]]
   size = 0
   for t in tensors:
-    for part in t.parts:
-      if not params[part.path].get_value().is_fully_addressable:
-        raise ValueError(f'save_model: parameter {"/".join(map(str, part.path))} is not fully '
-                         'addressable by this process; gather it first')
     nbytes = math.prod(t.shape) * params[t.parts[0].path].get_value().dtype.itemsize
     if groups[-1] and size + nbytes > max_shard_size:
       groups.append([])
@@ -476,25 +492,36 @@ def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
     groups[-1].append(t)
     size += nbytes
 
+  writer = jax.process_index() == 0
   out = os.fspath(out_dir)
-  paths.makedirs(out)
-  # config.json marks a whole export: it goes first and comes back last.
-  for stale in [paths.join(out, 'config.json')] + _stale_weight_files(out):
-    paths.remove(stale)
+  if writer:
+    paths.makedirs(out)
+    # config.json marks a whole export: it goes first and comes back last.
+    for stale in [paths.join(out, 'config.json')] + _stale_files(out):
+      paths.remove(stale)
   weight_map, total = {}, 0
   for i, group in enumerate(groups):
     fname = (SINGLE_FILE if len(groups) == 1
              else f'model-{i + 1:05d}-of-{len(groups):05d}.safetensors')
-    host = {t.name: np.ascontiguousarray(t.to_hf(*(_host_value(params, part)
-                                                   for part in t.parts)))
-            for t in group}
+    host = {}
+    for t in group:
+      parts = [_host_value(params, part) for part in t.parts]
+      if writer:
+        host[t.name] = np.ascontiguousarray(t.to_hf(*parts))
+      del parts
+    if not writer:
+      continue
     total += sum(x.nbytes for x in host.values())
     weight_map.update({name: fname for name in host})
     # transformers expects the 'format' metadata of torch-written files.
     with paths.local_target(paths.join(out, fname)) as local:
       safetensors.numpy.save_file(host, local, metadata={'format': 'pt'})
     del host
+  if not writer:
+    return
   if len(groups) > 1:
     paths.write_text(paths.join(out, INDEX_FILE), json.dumps(
         {'metadata': {'total_size': total}, 'weight_map': weight_map}, indent=2))
+  for name, text in tokenizer_files.items():
+    paths.write_text(paths.join(out, name), text)
   paths.write_text(paths.join(out, 'config.json'), json.dumps(hf_config, indent=2))
