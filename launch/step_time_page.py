@@ -9,8 +9,8 @@ step's bound by part (sampling's weights, KV cache, Mamba state, compute and pre
 update; frozen passes), per stage in chip-hours, the worst case of its refill rounds, and the
 weights-only bound it replaces; then the assumptions once. The numbers are those of
 `launch.plan --time_only` (`launch.plan.time_plan`): FLOPs and bytes counted from the config,
-the sampler's traced programs and abstract shapes, no program compiled; a minute or so per
-paper config on a 2-core host.
+the sampler's traced programs and abstract shapes, no program compiled; one to two minutes
+per paper config on a 2-core host.
 """
 
 from __future__ import annotations
