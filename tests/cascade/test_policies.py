@@ -1,5 +1,6 @@
 """Where a stage's TrainState comes from: its starting policy (copied), and the optimizer state
-it carries over (`reset_optimizer=False`) or starts fresh (the default)."""
+it carries over (`reset_optimizer=False`) or starts fresh (the default); where it goes: the
+stage's HF export, servable with the run's tokenizer."""
 
 import logging
 
@@ -11,6 +12,7 @@ from flax import nnx
 
 from cascade import policies as policies_lib
 from cascade.kinds import base
+from models import hf
 from models import transformer
 from rl import train_step as train_lib
 
@@ -93,3 +95,32 @@ def test_reset_optimizer_false_from_the_initial_policy_warns_and_starts_fresh(fa
   # The policy kept in memory is copied, not handed to the (donating) train step.
   kept = pol.params_of(('initial',))
   assert all(x is not y for x, y in zip(jax.tree.leaves(state.params), jax.tree.leaves(kept)))
+
+
+def test_a_stage_export_is_servable_with_the_runs_tokenizer(copy_cascade, tmp_path):
+  """export_hf writes the run's tokenizer and chat template beside the weights: transformers'
+  AutoTokenizer gives the prompt ids the run samples from, and the export loads back."""
+  transformers = pytest.importorskip('transformers')
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  from cascade import rollout  # pylint: disable=g-import-not-at-top
+  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  path = copy_cascade(tmp_path, train=4, eval_=2, sft=8)
+  spec = importlib.util.spec_from_file_location('export_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  plan = config_lib.validate(module.get_config())
+  pol = policies_lib.Policies(plan, str(tmp_path / 'run'), None, plan.rules)
+  params = nnx.split(transformer.create(plan.model, 3))[1]
+  out = pol.export_hf(plan.stages[0], params)
+  auto = transformers.AutoTokenizer.from_pretrained(out)
+  tok = tokenizer_lib.load(plan.tokenizer_path)
+  record = {'messages': [{'role': 'user', 'content': 'Copy 7.'}]}
+  for mode in (True, False, None):
+    kw = {} if mode is None else {'thinking': mode}
+    ids = auto.apply_chat_template(record['messages'], add_generation_prompt=True, **kw)
+    ids = ids['input_ids'] if hasattr(ids, 'keys') else ids
+    assert list(ids) == tok.encode(rollout.prompt_text(record, mode))
+  back = nnx.split(hf.load_model(out))[1]
+  assert _equal(back, params)
