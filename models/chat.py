@@ -27,6 +27,10 @@ never takes the thinking switch. In an agentic episode the prompt grows by
 `render_observation` after each sampled turn, so the policy is always
 conditioned on exactly the tokens it sampled.
 
+`TEMPLATE` is `render` written as a Jinja chat template, which HF exports carry
+(models/hf_tokenizer.py), so `transformers`' `apply_chat_template` (which vLLM and
+SGLang call) builds the same prompts (tests/models/test_hf_tokenizer.py).
+
 `SPECIAL_TOKENS` are the chat tokens a tokenizer keeps as single special ids;
 `TOOL_TOKENS` are the tool markers, which a tokenizer may also keep as single
 (not special: decoding keeps them) pieces. A tokenizer may know more tokens
