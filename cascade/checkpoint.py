@@ -4,7 +4,8 @@ Workdir layout:
 
   lock.json                   the run writing here (cascade.lock: one writer per workdir)
   config.json                 the config this workdir runs (and its hash); config.<hash>.json:
-                              one an allowed config change replaced
+                              one an allowed config change replaced, or one whose run
+                              stopped before it took a step (`guard_config`)
   progress.json               completed stages and the evaluation rows so far
   stages/<idx>_<name>/ckpt/   Orbax CheckpointManager: <step>/{state, meta, checksums.json}
   stages/<idx>_<name>/hf/     the stage's final policy as HF safetensors (+ checksums.json)
@@ -153,7 +154,12 @@ class CheckpointError(RuntimeError):
 
 
 def guard_config(workdir: str, config, allow_change: bool = False) -> str:
-  """Refuses to run a workdir that holds a different config; records this one.
+  """Refuses to run a workdir that holds a different config's run; records this config.
+
+  A config.json whose run stopped before it took a step (`run_started` finds nothing: a
+  failed start, such as a wrong mesh or a missing sandbox) does not hold the workdir: a
+  different config takes it over, saying so, and the old record is kept as
+  config.<old hash>.json.
 
   Args:
     workdir: the run's directory.
@@ -172,20 +178,59 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
   new = config_hash(config)
   old = read_state_json(path, None, ('hash', 'config'), rebuild=False)
   if old is not None and old.get('hash') != new:
-    if not allow_change:
+    started = run_started(workdir)
+    if not allow_change and started:
       raise WorkdirError(
-          f'{workdir} holds a run of a different config (hash {old.get("hash")} vs {new}); '
-          'use a new --workdir, or pass --config.allow_config_change=True to continue this '
-          'run with the new config')
-    logging.warning('workdir %s: config changed (%s -> %s); continuing as asked',
-                    workdir, old.get('hash'), new)
+          f'{workdir} holds a run of a different config (hash {old.get("hash")} vs {new}; '
+          f'{started}); use a new --workdir, or pass --config.allow_config_change=True to '
+          'continue this run with the new config')
     if is_writer():
       paths.copy_file(path, paths.join(workdir, f'config.{old.get("hash")}.json'))
-    _redo_changed(workdir, old['config'], config, old['hash'])
+    if started:
+      logging.warning('workdir %s: config changed (%s -> %s); continuing as asked',
+                      workdir, old.get('hash'), new)
+      _redo_changed(workdir, old['config'], config, old['hash'])
+    elif is_writer():
+      print(f'{workdir}: its run of config {old.get("hash")} stopped before its first step '
+            f'(no step, checkpoint or evaluation); config {new} takes the workdir over (the old '
+            f'record is config.{old.get("hash")}.json)', flush=True)
   if old is None or old.get('hash') != new:
     atomic_write_json(path, {'hash': new, 'config': json.loads(json.dumps(
         schema.as_dict(config), default=str))})
   return new
+
+
+def run_started(workdir: str) -> str:
+  """What in `workdir` shows that a run there took a step ('' when nothing does).
+
+  A finished stage or an evaluation row in progress.json (or a progress.json that cannot be
+  read), any file under stages/ (a checkpoint, even a partial one, an export, a forked stage),
+  a logged step in metrics.jsonl, samples, results, or stages an allowed config change
+  superseded. What a failed start leaves (config.json, lock.json, an empty metrics log,
+  TensorBoard files with no step, the compilation cache) is not.
+  """
+  progress = paths.join(workdir, 'progress.json')
+  if paths.exists(progress):
+    try:
+      rec = json.loads(paths.read_text(progress))
+    except (ValueError, UnicodeDecodeError):
+      return 'its progress.json cannot be read'
+    if not isinstance(rec, dict) or rec.get('done') or rec.get('rows'):
+      return 'its progress.json records finished stages or evaluation rows'
+  stages = paths.join(workdir, 'stages')
+  if paths.isdir(stages):
+    first = next(paths.files_under(stages), None)
+    if first is not None:
+      return f'it holds {paths.join(stages, first)}'
+  log = paths.join(workdir, 'metrics.jsonl')
+  if paths.exists(log):
+    with paths.open_read(log) as f:
+      if f.read(1):
+        return 'its metrics.jsonl logs steps'
+  for name in ('samples.jsonl', 'results.json', 'superseded'):
+    if paths.exists(paths.join(workdir, name)):
+      return f'it holds {name}'
+  return ''
 
 
 def _redo_changed(workdir: str, old: dict, config, old_hash: str) -> None:

@@ -2,14 +2,17 @@
 
   python -m cascade.main --config=configs/tiny.py --workdir=runs/tiny
   python -m cascade.main --config=configs/tiny.py:seed=1 --workdir=runs/tiny_s1 \
-      --config.stages[2].steps=10 --config.eval.num_prompts=64
+      --config.stages.math_rl.steps=10 --config.eval.num_prompts=64
 
 `--workdir` (and any path in the config) may be `gs://bucket/...` (models/paths.py).
 `--config` is a Python file whose `get_config(arg)` returns the ConfigDict
-(`configs/x.py:arg` passes `arg`); `--config.a.b=v` overrides any field,
-list entries by index. Rerunning the same command in the same `--workdir`
-resumes at the exact stage and step; a workdir that ran a different config
-refuses to start unless `--config.allow_config_change=True`.
+(`configs/x.py:arg` passes `arg`); `--config.a.b=v` overrides any field, list
+entries by index, stages by name or index (`stages.math_rl`, `stages[4]`), and
+a field the config leaves unset with the type its schema declares
+(`--config.mesh.shape=1,2,1`; cascade/overrides.py). Rerunning the same command
+in the same `--workdir` resumes at the exact stage and step; a workdir that ran a
+different config refuses to start unless `--config.allow_config_change=True`
+(one whose run stopped before its first step is taken over).
 
 Exit status: 0 done; 2 a config, data, workdir or storage problem (one line); 3 a stage
 diverged (cascade/divergence.py); 75 stopped by SIGTERM or SIGINT at a step boundary with a
@@ -25,10 +28,12 @@ import sys
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Config file (configs/x.py or configs/x.py:arg).', lock_config=True)
+from cascade import overrides
+
+# config_flags.DEFINE_config_file(lock_config=True), whose overrides also name stages and unset
+# fields (cascade/overrides.py).
+_CONFIG = overrides.define_config_file('config', 'Config file (configs/x.py or configs/x.py:arg).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory; an existing one is resumed.')
 _FORK_FROM = flags.DEFINE_string(
     'fork_from', None, "Another run's workdir: the leading stages this config shares with it "
@@ -41,25 +46,18 @@ flags.mark_flags_as_required(['config', 'workdir'])
 
 
 def parse_flags(argv):
-  """absl's flag parsing, with a config override that names no field as one line (exit 2)."""
+  """absl's flag parsing; a bad config file, argument or override is one line (exit 2)."""
   try:
-    return flags.FLAGS(argv)
+    rest = flags.FLAGS(argv)
   except flags.Error as e:
-    print(f'error: {e}', file=sys.stderr, flush=True)
+    print(f'error: {overrides.one_line(e)}', file=sys.stderr, flush=True)
     sys.exit(2)
-  except IndexError as e:
-    culprit = [a for a in argv[1:] if a.startswith('--config.') and '[' in a.partition('=')[0]]
-    print(f'error: a --config override indexes past the end of a list ({e}): '
-          f'{" ".join(culprit)}', file=sys.stderr, flush=True)
+  except (IndexError, KeyError, AttributeError, TypeError, ValueError) as e:
+    # What overrides.prepare let through and config_flags refused.
+    print(f'error: a --config override: {overrides.one_line(e)}', file=sys.stderr, flush=True)
     sys.exit(2)
-  except (KeyError, AttributeError, TypeError, ValueError) as e:
-    key = str(e).strip('"\'')
-    culprit = next((a for a in argv[1:] if a.startswith('--config.')
-                    and key and key in a.partition('=')[0]), None)
-    where = f' ({culprit})' if culprit else ''
-    print(f'error: a --config override names no field of the config: {key!r}{where}',
-          file=sys.stderr, flush=True)
-    sys.exit(2)
+  overrides.finish(_CONFIG.value)
+  return rest
 
 
 _STORAGE_MARKERS = ('RESOURCE_EXHAUSTED', 'No space left', 'Read-only file system',

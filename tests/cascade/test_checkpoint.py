@@ -73,8 +73,10 @@ def test_config_guard(tmp_path):
   assert checkpoint.guard_config(str(tmp_path), c) == h          # same config: fine
   c.ckpt.keep = 9                                                  # harmless field
   assert checkpoint.guard_config(str(tmp_path), c) == h
+  checkpoint.Progress(str(tmp_path)).mark_done('a', {'index': 0})  # the run took its steps
   c.stages[0]['steps'] = 3
-  with pytest.raises(ValueError, match='different config.*allow_config_change=True'):
+  with pytest.raises(ValueError,
+                     match='different config.*finished stages.*allow_config_change=True'):
     checkpoint.guard_config(str(tmp_path), c)
   h2 = checkpoint.guard_config(str(tmp_path), c, allow_change=True)
   assert h2 != h and os.path.exists(tmp_path / f'config.{h}.json')
@@ -93,6 +95,70 @@ def test_progress_round_trip_and_atomic_writes(tmp_path):
   assert [f for f in os.listdir(tmp_path) if '.tmp' in f] == []
 
 
+def _files(d):
+  return {os.path.relpath(os.path.join(r, f), d): open(os.path.join(r, f), 'rb').read()
+          for r, _, fs in os.walk(d) for f in fs}
+
+
+def test_a_run_that_stopped_before_its_first_step_does_not_hold_the_workdir(tmp_path, capsys):
+  """A failed start (a wrong mesh, no sandbox) wrote config.json and no more: the corrected,
+  different config takes the workdir over in one line, keeping the old record beside it."""
+  w = str(tmp_path)
+  c = ml_collections.ConfigDict({'seed': 0, 'stages': [{'name': 'a', 'steps': 2}]})
+  old = checkpoint.guard_config(w, c)
+  # What a start that fails in make_context or the verifiers' checks leaves besides config.json.
+  (tmp_path / 'metrics.jsonl').write_text('')
+  (tmp_path / 'tb').mkdir()
+  (tmp_path / 'tb' / 'events.out.tfevents.1.host').write_bytes(b'\x00' * 40)
+  (tmp_path / 'compilation_cache').mkdir()
+  (tmp_path / 'compilation_cache' / 'jit_f-1234').write_bytes(b'program')
+  (tmp_path / 'stages' / '00_a' / 'ckpt').mkdir(parents=True)     # no step saved in it
+  checkpoint.Progress(w).save()                                      # no stage, no row
+  capsys.readouterr()
+  c.stages[0]['steps'] = 3
+  new = checkpoint.guard_config(w, c)
+  assert new != old
+  assert capsys.readouterr().out.splitlines() == [
+      f'{w}: its run of config {old} stopped before its first step (no step, checkpoint or '
+      f'evaluation); config {new} takes the workdir over (the old record is config.{old}.json)']
+  assert checkpoint.read_json(str(tmp_path / 'config.json'))['hash'] == new
+  assert checkpoint.read_json(str(tmp_path / f'config.{old}.json'))['hash'] == old
+  assert checkpoint.guard_config(w, c) == new                        # and it is this run's now
+
+
+@pytest.mark.parametrize('took_a_step, says', [
+    (lambda w: checkpoint.Progress(w).mark_done('a', {'index': 0}), 'progress.json records'),
+    (lambda w: checkpoint.Progress(w).add_row({'stage': 'init', 'index': -1, 'domains': [],
+                                              'scores': {}}), 'progress.json records'),
+    (lambda w: _write(w, 'progress.json', '{"done": '), 'progress.json cannot be read'),
+    (lambda w: _write(w, 'stages/00_a/ckpt/2/state/d/0.0', 'x'), 'stages/00_a/ckpt/2/state/d/0.0'),
+    (lambda w: _write(w, 'stages/00_a/hf/model.safetensors', 'x'), 'hf/model.safetensors'),
+    (lambda w: _write(w, 'metrics.jsonl', '{"step": 1}\n'), 'metrics.jsonl logs steps'),
+    (lambda w: _write(w, 'samples.jsonl', '{}\n'), 'samples.jsonl'),
+    (lambda w: _write(w, 'superseded/abc.1/00_a/x', 'x'), 'superseded'),
+])
+def test_a_run_that_took_a_step_keeps_its_workdir(tmp_path, took_a_step, says):
+  """Anything a run leaves once it has stepped keeps the workdir its own: a different config is
+  refused in one line naming what was found, and nothing there changes."""
+  w = str(tmp_path)
+  c = ml_collections.ConfigDict({'seed': 0, 'stages': [{'name': 'a', 'steps': 2}]})
+  checkpoint.guard_config(w, c)
+  took_a_step(w)
+  before = _files(w)
+  c.stages[0]['steps'] = 3
+  with pytest.raises(checkpoint.WorkdirError, match='different config') as e:
+    checkpoint.guard_config(w, c)
+  assert says in str(e.value) and '\n' not in str(e.value)
+  assert _files(w) == before
+
+
+def _write(w, rel, text):
+  path = os.path.join(w, rel)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w') as f:
+    f.write(text)
+
+
 def test_config_json_records_the_config_its_hash_names(tmp_path):
   """config.json is written for a new or changed config only (a harmless change keeps the
   recorded one), whichever way the hashes compare; a ConfigDict and its plain dict hash alike."""
@@ -105,6 +171,7 @@ def test_config_json_records_the_config_its_hash_names(tmp_path):
   c.ckpt.keep = 9
   assert checkpoint.guard_config(str(tmp_path), c) == h
   assert checkpoint.read_json(str(tmp_path / 'config.json'))['config']['ckpt']['keep'] == 2
+  (tmp_path / 'metrics.jsonl').write_text('{"stage": "a", "step": 1}\n')   # a run took a step
   seen = set()
   for steps in range(3, 40):                    # changes whose hash sorts below and above
     c.stages[0]['steps'] = steps

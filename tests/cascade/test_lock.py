@@ -92,6 +92,7 @@ def test_the_lock_is_released_when_the_run_fails(tmp_path):
   import tiny  # pylint: disable=g-import-not-at-top
   c = tiny.get_config('smoke')
   checkpoint.guard_config(str(tmp_path), ml_collections.ConfigDict({'seed': 99}))
+  checkpoint.Progress(str(tmp_path)).mark_done('sft', {'index': 0})   # that run took its steps
   with pytest.raises(checkpoint.WorkdirError, match='different config'):
     runner.run(c, str(tmp_path))
   assert not (tmp_path / lock.LOCK_FILE).exists()

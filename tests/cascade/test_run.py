@@ -64,13 +64,16 @@ def test_cascade_run_is_callable_and_the_import_is_light():
 
 
 @pytest.mark.parametrize('override,message', [
-    ('--config.bogus=1', "error: a --config override names no field of the config: 'bogus' "
-                         '(--config.bogus=1)'),
-    ('--config.stages[4].bogus=1', "names no field of the config: 'bogus' "
-                                   '(--config.stages[4].bogus=1)'),
-    ('--config.stages[42].steps=1', 'indexes past the end of a list'),
+    ('--config.bogus=1', "error: --config.bogus: config has no field 'bogus' (known: "
+                         'allow_config_change, ckpt, '),
+    ('--config.stages[4].bogus=1', "error: --config.stages[4].bogus: config.stages[4] has no "
+                                   "field 'bogus' (known: "),
+    ('--config.stages[42].steps=1', 'error: --config.stages[42].steps: config.stages has 7 '
+                                    'stages, no [42] (by position: [0] sft, '),
     ('--config.stages[2].optimizer.lr=inf', "error: stages[2] 'rlhf': optimizer.lr=inf: must be > 0"),
     ('--config.stages[3].temperature=inf', "error: stages[3] 'if_rl': temperature=inf: must be > 0"),
+    ('--config.stages.math_rl.temperature=inf',
+     "error: stages[4] 'math_rl': temperature=inf: must be > 0"),
 ])
 def test_command_line_mistakes_are_one_line(tmp_path, override, message):
   import os  # pylint: disable=g-import-not-at-top
@@ -96,3 +99,20 @@ def test_an_unusable_workdir_is_one_line(tmp_path):
   assert proc.returncode == 2, proc.stderr
   lines = proc.stderr.strip().splitlines()
   assert len(lines) == 1 and str(tmp_path / 'file') in lines[0] and 'Not a directory' in lines[0]
+
+
+def test_a_start_that_fails_before_its_first_step_leaves_the_workdir_unclaimed(tmp_path, capsys):
+  """A wrong mesh stops the run after config.json is written: the next command, a different
+  config, is not refused as "a run of a different config" but takes the workdir over."""
+  from cascade import checkpoint  # pylint: disable=g-import-not-at-top
+  from configs import tiny  # pylint: disable=g-import-not-at-top
+  w = str(tmp_path / 'w')
+  hashes = []
+  for shape in ((1, 16, 1), (1, 32, 1)):        # the tests' processes have 8 devices
+    c = tiny.get_config('smoke')
+    c.mesh.shape = shape
+    with pytest.raises(config_lib.ConfigError, match=f'needs {shape[1]} devices, have 8'):
+      runner.run(c, w)
+    hashes.append(checkpoint.read_json(str(tmp_path / 'w' / 'config.json'))['hash'])
+  assert hashes[0] != hashes[1]
+  assert f'config {hashes[1]} takes the workdir over' in capsys.readouterr().out
