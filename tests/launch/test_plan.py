@@ -640,3 +640,26 @@ def test_time_only_and_the_page_from_the_command_line(tiny_path, tmp_path):
   proc = run('launch.step_time_page', f'--configs={config}', f'--out={out}')
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert f'## `{config}`' in out.read_text()
+
+
+def test_an_agentic_step_is_timed_turn_by_turn(tiny_path):
+  """An episode of 96 tokens in turns of 32: three calls, the prompt growing by the turns
+  before (32, 64, 96 tokens after the opening 32), each priced as a call of its own."""
+  config = _load(tiny_path)
+  config.hardware.peak_tflops, config.hardware.hbm_gbps = 1.0, 10.0
+  config.datasets.tools = dict(path='/d/tools.jsonl', format='prompt', domain='tools')
+  config.domains.tools = dict(env='tool_use', train='tools', eval='tools', max_turns=4)
+  config.stages = [dict(name='tool_rl', kind='agentic', domains=['tools'], steps=2,
+                        optimizer=dict(lr=1e-4), prompts_per_step=4, group_size=4,
+                        max_prompt_len=32, max_response_len=96, max_turn_tokens=32,
+                        microbatches=2)]
+  p = config_lib.validate(config)
+  tgt = plan.target(p, 'cpu')
+  [rep] = plan.time_plan(p, tgt)
+  mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
+  sampler, _ = plan.sampler_for(p.model, mesh, p.rules, p.sampler.options())
+  turns = [plan.sampling_time(p.model, sampler, p.hardware, rows=16, prompt_len=32 + 32 * k,
+                              max_new_tokens=32) for k in range(3)]
+  assert rep.time.sampling == pytest.approx(sum(
+      t['weights'] + t['kv'] + t['state'] + t['compute'] + t['prefill'] for t in turns))
+  assert rep.time.decode_steps == 3 * 31
