@@ -750,7 +750,7 @@ def _no_whitespace(v, kw):
   return not any(c.isspace() for c in v)
 
 
-_INT, _POS, _STR, _RAW = 'int', 'positive int', 'str', 'raw str'
+_INT, _POS, _STR, _RAW = ifeval.INT, ifeval.POS, ifeval.STR, ifeval.RAW
 
 # id -> (check, {kwarg: kind}). _RAW strings are passed as written (character indices).
 INSTRUCTIONS = {
@@ -817,19 +817,6 @@ INSTRUCTIONS = {
 }
 
 
-def _check_value(where: str, value: Any, kind: str) -> Any:
-  if kind in (_INT, _POS):
-    if isinstance(value, float) and value.is_integer():
-      value = int(value)  # Arrow exports write 5.0.
-    least = 1 if kind == _POS else 0
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-      raise ValueError(f'{where} must be {"a positive" if least else "a non-negative"} int, '
-                       f'got {value!r}')
-  elif not isinstance(value, str) or not value.strip():
-    raise ValueError(f'{where} must be a non-empty string, got {value!r}')
-  return value
-
-
 def clean_kwargs(instruction_id: str, kwargs: Mapping[str, Any] | None) -> dict:
   """Validates one instruction's kwargs (IFBench's 58 ids, IFEval's 25 or IFTrain's 29).
 
@@ -850,21 +837,8 @@ def clean_kwargs(instruction_id: str, kwargs: Mapping[str, Any] | None) -> dict:
     return ifeval.clean_kwargs(instruction_id, _integral(kwargs))
   if instruction_id in iftrain.INSTRUCTIONS:
     return iftrain.clean_kwargs(instruction_id, kwargs)
-  if instruction_id not in INSTRUCTIONS:
-    raise ValueError(f'unknown instruction id {instruction_id!r} (IFBench takes its 58 ids, '
-                     "IFEval's 25 and the 29 IF-RLVR training ids)")
-  kwargs = {} if kwargs is None else kwargs
-  if not isinstance(kwargs, Mapping):
-    raise ValueError(f'{instruction_id}: kwargs must be a dict, got {type(kwargs).__name__}')
-  spec = INSTRUCTIONS[instruction_id][1]
-  extra = sorted(k for k, v in kwargs.items() if v is not None and k not in spec)
-  if extra:
-    raise ValueError(f'{instruction_id}: unexpected kwargs {extra} (takes {sorted(spec)})')
-  out = {}
-  for name, kind in spec.items():
-    if kwargs.get(name) is None:
-      raise ValueError(f'{instruction_id}: kwarg {name!r} is missing')
-    out[name] = _check_value(f'{instruction_id}: kwarg {name!r}', kwargs[name], kind)
+  out = ifeval.check_kwargs(instruction_id, kwargs, INSTRUCTIONS, unknown_hint=(
+      " (IFBench takes its 58 ids, IFEval's 25 and the 29 IF-RLVR training ids)"))
   if instruction_id == 'count:word_count_range' and out['min_words'] > out['max_words']:
     raise ValueError(f'{instruction_id}: kwarg min_words {out["min_words"]} > max_words '
                      f'{out["max_words"]}')

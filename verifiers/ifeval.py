@@ -12,6 +12,8 @@ are counted by `verifiers.text` (the reference needs nltk data).
 `follows(ids, kwargs, response, prompt, loose)` checks a response against
 its instruction list, in strict mode (the response as is, non-empty) or loose
 mode (also with its first and/or last line removed and/or asterisks removed).
+`check_kwargs` checks an instruction's kwargs against its table's kinds; it
+serves `verifiers.iftrain` and `verifiers.ifbench` too.
 
 Before any check, the response and the instructions' strings are reduced to
 what a reader sees (`visible`), so that characters a reader cannot see or
@@ -322,37 +324,41 @@ def _quotation(v, kw):
   return len(v) > 1 and v[0] == '"' and v[-1] == '"'
 
 
-_INT, _STR, _STRS, _REL = 'int', 'str', 'list of str', 'relation'
+# Kinds of kwarg (`check_kwargs`). IFEval's ids take INT, STR, STRS and REL; IFTrain's and
+# IFBench's also POS, RAW (a string passed as written: character indices) and OPTIONAL_REL (a
+# relation that may be missing).
+INT, POS, STR, RAW, STRS, REL, OPTIONAL_REL = (
+    'int', 'positive int', 'str', 'raw str', 'list of str', 'relation', 'optional relation')
 
 # id -> (check, {kwarg: kind}).
 INSTRUCTIONS: dict[str, tuple[Callable[[str, dict], bool], dict[str, str]]] = {
-    'keywords:existence': (_existence, {'keywords': _STRS}),
-    'keywords:frequency': (_frequency, {'keyword': _STR, 'frequency': _INT, 'relation': _REL}),
-    'keywords:forbidden_words': (_forbidden, {'forbidden_words': _STRS}),
-    'keywords:letter_frequency': (_letter_frequency, {'letter': _STR, 'let_frequency': _INT,
-                                                      'let_relation': _REL}),
-    'language:response_language': (_response_language, {'language': _STR}),
-    'length_constraints:number_sentences': (_number_sentences, {'num_sentences': _INT,
-                                                                'relation': _REL}),
-    'length_constraints:number_paragraphs': (_number_paragraphs, {'num_paragraphs': _INT}),
-    'length_constraints:number_words': (_number_words, {'num_words': _INT, 'relation': _REL}),
+    'keywords:existence': (_existence, {'keywords': STRS}),
+    'keywords:frequency': (_frequency, {'keyword': STR, 'frequency': INT, 'relation': REL}),
+    'keywords:forbidden_words': (_forbidden, {'forbidden_words': STRS}),
+    'keywords:letter_frequency': (_letter_frequency, {'letter': STR, 'let_frequency': INT,
+                                                      'let_relation': REL}),
+    'language:response_language': (_response_language, {'language': STR}),
+    'length_constraints:number_sentences': (_number_sentences, {'num_sentences': INT,
+                                                                'relation': REL}),
+    'length_constraints:number_paragraphs': (_number_paragraphs, {'num_paragraphs': INT}),
+    'length_constraints:number_words': (_number_words, {'num_words': INT, 'relation': REL}),
     'length_constraints:nth_paragraph_first_word': (
-        _nth_paragraph_first_word, {'num_paragraphs': _INT, 'nth_paragraph': _INT,
-                                    'first_word': _STR}),
-    'detectable_content:number_placeholders': (_placeholders, {'num_placeholders': _INT}),
-    'detectable_content:postscript': (_postscript, {'postscript_marker': _STR}),
-    'detectable_format:number_bullet_lists': (_bullets, {'num_bullets': _INT}),
+        _nth_paragraph_first_word, {'num_paragraphs': INT, 'nth_paragraph': INT,
+                                    'first_word': STR}),
+    'detectable_content:number_placeholders': (_placeholders, {'num_placeholders': INT}),
+    'detectable_content:postscript': (_postscript, {'postscript_marker': STR}),
+    'detectable_format:number_bullet_lists': (_bullets, {'num_bullets': INT}),
     'detectable_format:constrained_response': (_constrained, {}),
-    'detectable_format:number_highlighted_sections': (_highlights, {'num_highlights': _INT}),
-    'detectable_format:multiple_sections': (_sections, {'section_spliter': _STR,
-                                                        'num_sections': _INT}),
+    'detectable_format:number_highlighted_sections': (_highlights, {'num_highlights': INT}),
+    'detectable_format:multiple_sections': (_sections, {'section_spliter': STR,
+                                                        'num_sections': INT}),
     'detectable_format:json_format': (_json, {}),
     'detectable_format:title': (_title, {}),
     'combination:two_responses': (_two_responses, {}),
-    'combination:repeat_prompt': (_repeat_prompt, {'prompt_to_repeat': _STR}),
-    'startend:end_checker': (_end_checker, {'end_phrase': _STR}),
-    'change_case:capital_word_frequency': (_capital_words, {'capital_frequency': _INT,
-                                                            'capital_relation': _REL}),
+    'combination:repeat_prompt': (_repeat_prompt, {'prompt_to_repeat': STR}),
+    'startend:end_checker': (_end_checker, {'end_phrase': STR}),
+    'change_case:capital_word_frequency': (_capital_words, {'capital_frequency': INT,
+                                                            'capital_relation': REL}),
     'change_case:english_capital': (_english_capital, {}),
     'change_case:english_lowercase': (_english_lowercase, {}),
     'punctuation:no_comma': (_no_comma, {}),
@@ -360,28 +366,92 @@ INSTRUCTIONS: dict[str, tuple[Callable[[str, dict], bool], dict[str, str]]] = {
 }
 
 
-def _check_kind(name: str, value: Any, kind: str) -> None:
-  if kind == _INT and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-    raise ValueError(f'{name} must be a non-negative int, got {value!r}')
-  if kind == _STR and (not isinstance(value, str) or not value.strip()):
-    raise ValueError(f'{name} must be a non-empty string, got {value!r}')
-  if kind == _STRS and (not isinstance(value, list) or not value
-                        or not all(isinstance(s, str) and s.strip() for s in value)):
-    raise ValueError(f'{name} must be a non-empty list of non-empty strings, got {value!r}')
-  if kind == _REL and value not in RELATIONS:
-    raise ValueError(f'{name} must be one of {RELATIONS}, got {value!r}')
+def _check_value(where: str, value: Any, kind: str, integral_floats: bool) -> Any:
+  """Checks one kwarg's value against its kind (IFEval's, IFTrain's and IFBench's).
+
+  Args:
+    where: the message's subject, e.g. "count:numbers: kwarg 'N'".
+    value: the value, not None.
+    kind: one of INT, POS, STR, RAW, STRS, REL and OPTIONAL_REL.
+    integral_floats: as in `check_kwargs`.
+
+  Returns:
+    The value, an integral float as int.
+
+  Raises:
+    ValueError: `where`, what the kind takes and the value.
+  """
+  if kind in (INT, POS):
+    if integral_floats and isinstance(value, float) and value.is_integer():
+      value = int(value)
+    least = 1 if kind == POS else 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+      raise ValueError(f'{where} must be {"a positive" if least else "a non-negative"} int, '
+                       f'got {value!r}')
+  elif kind in (REL, OPTIONAL_REL):
+    if value not in RELATIONS:
+      raise ValueError(f'{where} must be one of {RELATIONS}, got {value!r}')
+  elif kind == STRS:
+    if not isinstance(value, list) or not value or not all(
+        isinstance(s, str) and s.strip() for s in value):
+      raise ValueError(f'{where} must be a non-empty list of non-empty strings, got {value!r}')
+  elif not isinstance(value, str) or not value.strip():
+    raise ValueError(f'{where} must be a non-empty string, got {value!r}')
+  return value
+
+
+def check_kwargs(instruction_id: str, kwargs: Mapping[str, Any] | None,
+                 instructions: Mapping[str, tuple[Callable[[str, dict], bool], Mapping[str, str]]],
+                 unknown_hint: str = '', integral_floats: bool = True) -> dict:
+  """The kwargs checks every instruction table shares (IFEval's, IFTrain's, IFBench's).
+
+  Datasets exported through Arrow (e.g. Hugging Face's IFEval) carry every
+  kwarg name on every instruction, with None for the unused ones; those are
+  dropped. Checks of one instruction's values together (a range's ends in
+  order) are the caller's.
+
+  Args:
+    instruction_id: e.g. 'keywords:frequency'.
+    kwargs: its keyword arguments (None means none).
+    instructions: the table, id -> (check, {kwarg: kind}).
+    unknown_hint: appended to the unknown-id message (which ids the caller takes).
+    integral_floats: read an integral float as its int (Arrow exports write
+      5.0); IFEval's own ids take ints only.
+
+  Returns:
+    The kwargs the check uses (integers as int where integral_floats); an
+    OPTIONAL_REL one that is missing is left out.
+
+  Raises:
+    ValueError: unknown id, kwargs not a dict, an unexpected, missing or
+      mistyped kwarg.
+  """
+  if instruction_id not in instructions:
+    raise ValueError(f'unknown instruction id {instruction_id!r}{unknown_hint}')
+  kwargs = {} if kwargs is None else kwargs
+  if not isinstance(kwargs, Mapping):
+    raise ValueError(f'{instruction_id}: kwargs must be a dict, got {type(kwargs).__name__}')
+  spec = instructions[instruction_id][1]
+  extra = sorted(k for k, v in kwargs.items() if v is not None and k not in spec)
+  if extra:
+    raise ValueError(f'{instruction_id}: unexpected kwargs {extra} (takes {sorted(spec)})')
+  out = {}
+  for name, kind in spec.items():
+    if kwargs.get(name) is None:
+      if kind == OPTIONAL_REL:
+        continue
+      raise ValueError(f'{instruction_id}: kwarg {name!r} is missing')
+    out[name] = _check_value(f'{instruction_id}: kwarg {name!r}', kwargs[name], kind,
+                             integral_floats)
+  return out
 
 
 def clean_kwargs(instruction_id: str, kwargs: Mapping[str, Any] | None) -> dict:
   """Validates one instruction's kwargs and keeps the ones it takes.
 
-  Datasets exported through Arrow (e.g. Hugging Face's IFEval) carry every
-  kwarg name on every instruction, with None for the unused ones; those are
-  dropped.
-
   Args:
     instruction_id: e.g. 'keywords:frequency'.
-    kwargs: its keyword arguments (None means none).
+    kwargs: its keyword arguments (None means none; None values are dropped).
 
   Returns:
     The kwargs the check uses.
@@ -389,21 +459,7 @@ def clean_kwargs(instruction_id: str, kwargs: Mapping[str, Any] | None) -> dict:
   Raises:
     ValueError: unknown id, a missing or mistyped kwarg, or an unexpected one.
   """
-  if instruction_id not in INSTRUCTIONS:
-    raise ValueError(f'unknown instruction id {instruction_id!r}')
-  kwargs = {} if kwargs is None else kwargs
-  if not isinstance(kwargs, Mapping):
-    raise ValueError(f'{instruction_id}: kwargs must be a dict, got {type(kwargs).__name__}')
-  spec = INSTRUCTIONS[instruction_id][1]
-  extra = sorted(k for k, v in kwargs.items() if v is not None and k not in spec)
-  if extra:
-    raise ValueError(f'{instruction_id}: unexpected kwargs {extra} (takes {sorted(spec)})')
-  out = {}
-  for name, kind in spec.items():
-    if kwargs.get(name) is None:
-      raise ValueError(f'{instruction_id}: kwarg {name!r} is missing')
-    _check_kind(f'{instruction_id}: kwarg {name!r}', kwargs[name], kind)
-    out[name] = kwargs[name]
+  out = check_kwargs(instruction_id, kwargs, INSTRUCTIONS, integral_floats=False)
   if instruction_id == 'keywords:letter_frequency' and len(out['letter'].strip()) != 1:
     raise ValueError(f'{instruction_id}: letter must be one character, got {out["letter"]!r}')
   if instruction_id == 'length_constraints:nth_paragraph_first_word' and not (

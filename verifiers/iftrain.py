@@ -373,7 +373,7 @@ def _start_end(v, kw):
 
 
 _INT, _POS, _STR, _RAW, _REL, _OPTIONAL_REL = (
-    'int', 'positive int', 'str', 'raw str', 'relation', 'optional relation')
+    ifeval.INT, ifeval.POS, ifeval.STR, ifeval.RAW, ifeval.REL, ifeval.OPTIONAL_REL)
 
 # id -> (check, {kwarg: kind}). _RAW strings are passed as written (character indices); an
 # _OPTIONAL_REL kwarg is checked when present and not used (see the module docstring).
@@ -411,22 +411,6 @@ INSTRUCTIONS = {
                                                                'm': _POS}),
     'keywords:start_end': (_start_end, {}),
 }
-
-
-def _check_value(where: str, value: Any, kind: str) -> Any:
-  if kind in (_INT, _POS):
-    if isinstance(value, float) and value.is_integer():
-      value = int(value)  # Arrow exports write 5.0.
-    least = 1 if kind == _POS else 0
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-      raise ValueError(f'{where} must be {"a positive" if least else "a non-negative"} int, '
-                       f'got {value!r}')
-  elif kind in (_REL, _OPTIONAL_REL):
-    if value not in ifeval.RELATIONS:
-      raise ValueError(f'{where} must be one of {ifeval.RELATIONS}, got {value!r}')
-  elif not isinstance(value, str) or not value.strip():
-    raise ValueError(f'{where} must be a non-empty string, got {value!r}')
-  return value
 
 
 # kwargs that name one word (a word at a position: one word, or no response can pass), and
@@ -476,22 +460,7 @@ def clean_kwargs(instruction_id: str, kwargs: Mapping[str, Any] | None) -> dict:
       mistyped or unexpected kwarg, or values no response can meet (a span
       outside the prompt, a phrase without a centre word).
   """
-  if instruction_id not in INSTRUCTIONS:
-    raise ValueError(f'unknown instruction id {instruction_id!r}')
-  kwargs = {} if kwargs is None else kwargs
-  if not isinstance(kwargs, Mapping):
-    raise ValueError(f'{instruction_id}: kwargs must be a dict, got {type(kwargs).__name__}')
-  spec = INSTRUCTIONS[instruction_id][1]
-  extra = sorted(k for k, v in kwargs.items() if v is not None and k not in spec)
-  if extra:
-    raise ValueError(f'{instruction_id}: unexpected kwargs {extra} (takes {sorted(spec)})')
-  out = {}
-  for name, kind in spec.items():
-    if kwargs.get(name) is None:
-      if kind == _OPTIONAL_REL:
-        continue
-      raise ValueError(f'{instruction_id}: kwarg {name!r} is missing')
-    out[name] = _check_value(f'{instruction_id}: kwarg {name!r}', kwargs[name], kind)
+  out = ifeval.check_kwargs(instruction_id, kwargs, INSTRUCTIONS)
   _check_consistency(instruction_id, out)
   return out
 
