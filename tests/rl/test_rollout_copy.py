@@ -73,10 +73,10 @@ def _sampler(cfg, graphdef, **kw):
 HEAVY = pytest.mark.heavy
 
 
-# The hybrid (Mamba-2, experts, attention) on the one-call sampler and the mixture-of-experts
-# model on the paged engine run by default; the rest of the matrix in the heavy tier.
+# The hybrid (Mamba-2, experts, attention) on the one-call sampler runs by default; the rest
+# of the matrix in the heavy tier.
 @pytest.mark.parametrize('family, engine', [
-    ('tiny_hybrid', 'one_call'), ('tiny_moe', 'paged'),
+    ('tiny_hybrid', 'one_call'), pytest.param('tiny_moe', 'paged', marks=HEAVY),
     pytest.param('tiny', 'one_call', marks=HEAVY), pytest.param('tiny', 'paged', marks=HEAVY),
     pytest.param('tiny_moe', 'one_call', marks=HEAVY),
     pytest.param('tiny_hybrid', 'paged', marks=HEAVY)])
@@ -133,6 +133,7 @@ def test_prepared_copy_passes_through_and_abstract_params_get_its_dtypes():
     jax.tree.map(lambda x: x + 1, prepared)
 
 
+@pytest.mark.heavy
 def test_copy_on_a_mesh_in_the_rollout_layout():
   """On a (data, fsdp, tensor) mesh with rollout_rules: the copy is cast and laid out as the
   rollout rules say in one program, and the samples are those of the uncast run."""
