@@ -97,11 +97,13 @@ def main(argv):
   from cascade import runner  # pylint: disable=g-import-not-at-top
   from cascade.kinds import base as kinds_base  # pylint: disable=g-import-not-at-top
   from models import paths  # pylint: disable=g-import-not-at-top
+  from verifiers import sandbox  # pylint: disable=g-import-not-at-top
   try:
     runner.run(_CONFIG.value, _WORKDIR.value, fork_from=_FORK_FROM.value,
                force_lock=_FORCE_LOCK.value, lock_stale_s=_LOCK_STALE_S.value)
   except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError, lock.WorkdirBusy,
-          checkpoint.CheckpointError, kinds_base.StageError, paths.PathError) as e:
+          checkpoint.CheckpointError, kinds_base.StageError, paths.PathError,
+          sandbox.SandboxUnavailable) as e:
     # Expected user errors: one clear line, no traceback.
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)

@@ -101,6 +101,23 @@ def test_an_unusable_workdir_is_one_line(tmp_path):
   assert len(lines) == 1 and str(tmp_path / 'file') in lines[0] and 'Not a directory' in lines[0]
 
 
+def test_a_run_without_bubblewrap_stops_with_one_line(tmp_path):
+  # The code domain's sandbox refuses to start without bubblewrap (no bwrap on PATH here): the
+  # run ends with exit 2 and the refusal as its last line, no traceback.
+  import os  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, PATH=os.path.dirname(sys.executable))
+  proc = subprocess.run(
+      [sys.executable, '-m', 'cascade.main', '--config=configs/tiny.py:smoke',
+       f'--workdir={tmp_path / "w"}'], cwd=repo, capture_output=True, text=True,
+      timeout=300, env=env)
+  assert proc.returncode == 2, proc.stderr
+  assert 'Traceback' not in proc.stderr, proc.stderr
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: verifiers.sandbox: bubblewrap is unusable') and (
+      "isolation='none'" in last), proc.stderr
+
+
 def test_a_start_that_fails_before_its_first_step_leaves_the_workdir_unclaimed(tmp_path, capsys):
   """A wrong mesh stops the run after config.json is written: the next command, a different
   config, is not refused as "a run of a different config" but takes the workdir over."""

@@ -195,6 +195,11 @@ def probe_bwrap(bwrap: str | None) -> str:
   return ''
 
 
+class SandboxUnavailable(RuntimeError):
+  """The sandbox cannot isolate (bubblewrap missing or unusable): a setup error a run reports
+  in one line (`cascade.main`), not a failure of any sample."""
+
+
 class _Spawner:
   """Starts one sandbox server (kept apart from Sandbox so the pool holds no cycle)."""
 
@@ -266,7 +271,7 @@ class Sandbox:
       tmpfs_mb: size of the private /tmp of each server (bubblewrap only).
 
     Raises:
-      RuntimeError: isolation='bwrap' and bubblewrap is unusable (one line).
+      SandboxUnavailable: isolation='bwrap' and bubblewrap is unusable (one line).
       ValueError: an unknown isolation.
     """
     if isolation not in ISOLATIONS:
@@ -274,7 +279,7 @@ class Sandbox:
     if isolation == 'bwrap':
       why = probe_bwrap(bwrap)
       if why:
-        raise RuntimeError(refusal(why))
+        raise SandboxUnavailable(refusal(why))
     else:
       logging.warning("verifiers.sandbox: isolation='none': untrusted code runs as this user "
                       'without filesystem, network or PID isolation')
