@@ -114,14 +114,14 @@ class Tokenizer:
 
 
 def _mesh_shape_ok(shape) -> bool:
-  return (isinstance(shape, (list, tuple)) and len(shape) in (3, 4)
+  return (isinstance(shape, (list, tuple)) and len(shape) in (3, 4, 5)
           and all(schema.is_int(s) and (s >= 1 or s == -1) for s in shape)
           and list(shape).count(-1) <= 1)
 
 
 def _check_expert_axis(shape, model) -> None:
   """A mesh with an expert axis splits the experts of every 'moe' layer evenly over it."""
-  if shape is None or len(shape) != 4 or shape[2] in (1, -1):
+  if shape is None or len(shape) < 4 or shape[2] in (1, -1):
     return
   if model is None or 'moe' not in (model.mixers if not model.is_dense else ()):
     raise ConfigError(f'config.mesh.shape={tuple(shape)}: an expert axis of {shape[2]} devices, '
@@ -140,12 +140,14 @@ def _rules(rules) -> tuple:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Mesh:
   """config.mesh: the device mesh and how logical axes map onto it."""
-  # (data, fsdp, tensor) device counts, or (data, fsdp, expert, tensor) with an expert axis
-  # (mixture-of-experts models: experts split over it); each >= 1, at most one -1 (the
-  # devices left over); None: one device, no mesh.
+  # (data, fsdp, tensor) device counts, (data, fsdp, expert, tensor) with an expert axis
+  # (mixture-of-experts models: experts split over it), or (data, fsdp, expert, sequence,
+  # tensor) with a context-parallel axis too (activations split along their length); each
+  # >= 1, at most one -1 (the devices left over); None: one device, no mesh.
   shape: tuple[int, ...] | None = schema.field(
-      None, check=(_mesh_shape_ok, 'must be None, three sizes (data, fsdp, tensor) or four '
-                                   '(data, fsdp, expert, tensor), each >= 1, at most one -1'),
+      None, check=(_mesh_shape_ok, 'must be None, three sizes (data, fsdp, tensor), four '
+                                   '(data, fsdp, expert, tensor) or five (data, fsdp, expert, '
+                                   'sequence, tensor), each >= 1, at most one -1'),
       convert=lambda shape: tuple(int(s) for s in shape))
   # (logical axis, mesh axes) pairs; empty or None: `models.sharding.DEFAULT_RULES`.
   rules: tuple | None = schema.field(None)

@@ -8,12 +8,16 @@ logical name is split over. A mesh axis that does not divide an array
 dimension, or that the mesh lacks, is dropped for that array (replicated), so
 small models run on large meshes and one set of rules serves both kinds of mesh.
 
-Meshes have three axes ('data', 'fsdp', 'tensor') or, for expert parallelism,
-four ('data', 'fsdp', 'expert', 'tensor'). On the latter the routed experts
+Meshes have three axes ('data', 'fsdp', 'tensor'), four ('data', 'fsdp',
+'expert', 'tensor') for expert parallelism, or five ('data', 'fsdp', 'expert',
+'sequence', 'tensor') for context parallelism. On the expert axis the routed experts
 are split over 'expert' (rule 'experts') and every other layer's rows are
 data-parallel over it too (rule 'batch'), as in MaxText: the expert axis
 holds different tokens outside the mixture-of-experts layers, and
-`models.moe` gathers an expert group's tokens for its experts.
+`models.moe` gathers an expert group's tokens for its experts. The sequence axis
+splits activations along their length (rule 'length'): `models.context` lays
+a row's tokens out in zig-zag chunks over it and runs attention with the keys
+and values gathered over it.
 """
 
 from __future__ import annotations
@@ -31,11 +35,23 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 MESH_AXES = ('data', 'fsdp', 'tensor')
 # A mesh with an expert-parallel axis (a 4-entry `make_mesh` shape).
 EXPERT_MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
+# A mesh with a context-parallel axis too (a 5-entry `make_mesh` shape).
+SEQUENCE_MESH_AXES = ('data', 'fsdp', 'expert', 'sequence', 'tensor')
+
+
+def mesh_axes(rank: int) -> tuple[str, ...]:
+  """The axis names of a mesh shape with `rank` (3, 4 or 5) sizes."""
+  axes = {3: MESH_AXES, 4: EXPERT_MESH_AXES, 5: SEQUENCE_MESH_AXES}.get(rank)
+  if axes is None:
+    raise ValueError(f'a mesh shape has 3 sizes (data, fsdp, tensor), 4 (data, fsdp, expert, '
+                     f'tensor) or 5 (data, fsdp, expert, sequence, tensor), not {rank}')
+  return axes
+
 
 # logical name -> mesh axis, tuple of mesh axes, or None (replicated).
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ('batch', ('data', 'fsdp', 'expert')),   # 'expert': only on a mesh that has one
-    ('length', None),
+    ('length', 'sequence'),   # only on a mesh that has one (context parallelism)
     ('embed', 'fsdp'),
     ('vocab', 'tensor'),
     ('mlp', 'tensor'),
@@ -62,11 +78,13 @@ _state = threading.local()
 
 
 def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
-  """Builds a ('data', 'fsdp', 'tensor') or ('data', 'fsdp', 'expert', 'tensor') mesh.
+  """Builds a ('data', 'fsdp', 'tensor'), ('data', 'fsdp', 'expert', 'tensor') or
+  ('data', 'fsdp', 'expert', 'sequence', 'tensor') mesh.
 
   Args:
-    shape: sizes of (data, fsdp, tensor), or of (data, fsdp, expert, tensor)
-      for a mesh with an expert-parallel axis; one -1 entry takes the
+    shape: sizes of (data, fsdp, tensor), of (data, fsdp, expert, tensor) for a
+      mesh with an expert-parallel axis, or of (data, fsdp, expert, sequence,
+      tensor) for one with a context-parallel axis too; one -1 entry takes the
       remaining devices.
     devices: devices to use (default: all of `jax.devices()`).
 
@@ -75,10 +93,10 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
   """
   devices = list(jax.devices() if devices is None else devices)
   shape = list(shape)
-  if len(shape) not in (3, 4):
-    raise ValueError(f'mesh shape {shape} must have 3 entries (data, fsdp, tensor) or 4 '
-                     '(data, fsdp, expert, tensor)')
-  axes = MESH_AXES if len(shape) == 3 else EXPERT_MESH_AXES
+  if len(shape) not in (3, 4, 5):
+    raise ValueError(f'mesh shape {shape} must have 3 entries (data, fsdp, tensor), 4 '
+                     '(data, fsdp, expert, tensor) or 5 (data, fsdp, expert, sequence, tensor)')
+  axes = mesh_axes(len(shape))
   if shape.count(-1) > 1:
     raise ValueError(f'mesh shape {shape}: at most one -1')
   if -1 in shape:
