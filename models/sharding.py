@@ -32,6 +32,8 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from models import topology
+
 MESH_AXES = ('data', 'fsdp', 'tensor')
 # A mesh with an expert-parallel axis (a 4-entry `make_mesh` shape).
 EXPERT_MESH_AXES = ('data', 'fsdp', 'expert', 'tensor')
@@ -77,7 +79,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 _state = threading.local()
 
 
-def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
+def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None, slices: int | None = None) -> Mesh:
   """Builds a ('data', 'fsdp', 'tensor'), ('data', 'fsdp', 'expert', 'tensor') or
   ('data', 'fsdp', 'expert', 'sequence', 'tensor') mesh.
 
@@ -87,6 +89,9 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
       tensor) for one with a context-parallel axis too; one -1 entry takes the
       remaining devices.
     devices: devices to use (default: all of `jax.devices()`).
+    slices: slices (joined over DCN) the data axis is split over; None: as many as
+      the devices span. `models.topology.device_array` arranges the devices (ICI
+      neighbours on the inner axes; a plain reshape for CPU devices).
 
   Returns:
     A Mesh with Auto axis types (GSPMD propagation, the classic behaviour).
@@ -107,7 +112,7 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
   if int(np.prod(shape)) != len(devices):
     raise ValueError(f'mesh shape {tuple(shape)} needs {int(np.prod(shape))} devices, '
                      f'have {len(devices)}')
-  arr = np.asarray(devices, dtype=object).reshape(shape)
+  arr = topology.device_array(shape, devices, slices)
   return Mesh(arr, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
 
 
