@@ -151,6 +151,18 @@ class Mesh:
       convert=lambda shape: tuple(int(s) for s in shape))
   # (logical axis, mesh axes) pairs; empty or None: `models.sharding.DEFAULT_RULES`.
   rules: tuple | None = schema.field(None)
+  # TPU slices (joined over the data-center network, DCN) the mesh spans: the data axis
+  # (shape's first entry) is split over them, every other axis stays inside one slice
+  # (`models.topology`); None: as many as the devices span (1 on CPU and GPU).
+  slices: int | None = schema.field(None, check=schema.int_at_least(1))
+
+  def check(self, fail):
+    data = None if self.shape is None else self.shape[0]
+    if self.slices and self.slices > 1 and data is None:
+      fail('slices', 'needs a mesh (config.mesh.shape is None: one device)')
+    if self.slices and data not in (None, -1) and data % self.slices:
+      fail('slices', f'does not divide the data axis (config.mesh.shape[0]={data}): each '
+           'slice holds an equal share of it')
 
   def logical_rules(self) -> tuple:
     """The rules the run shards by."""
@@ -241,6 +253,9 @@ class Hardware:
                                                                 'platform'))
   # libtpu's topology name, e.g. 'v5p:4x4x4' (launch.plan --backend=tpu, XManager's slice).
   topology: str = schema.field('', check=_STRING)
+  # How many slices of `topology` the job spans, joined over DCN (launch.plan compiles for
+  # all of them; config.mesh.slices must agree where it is set).
+  slices: int = schema.field(1, check=schema.int_at_least(1))
   # Memory per device the plan checks every program against (0: no limit).
   device_memory_gib: float = schema.field(0.0, check=_NONNEG, convert=float)
   # Peak matmul TFLOP/s and HBM GB/s per device: launch.plan's step-time lower bound
@@ -661,6 +676,7 @@ class Plan:
     hf_path: the HF checkpoint the initial policy loads from ('' = random init).
     tokenizer_path: the tokenizer.
     mesh_shape: (data, fsdp, tensor) or None (one device, no mesh).
+    mesh_slices: slices the mesh's data axis is split over (None: as the devices say).
     rules: logical sharding rules.
     sampler: config.sampler (`Sampler.options()` builds the policy's sampler).
     eval: the evaluation settings.
@@ -694,6 +710,7 @@ class Plan:
   datasets: Mapping[str, Dataset]
   initial_eval: bool
   prepare: Prepare | None = None
+  mesh_slices: int | None = None
   eval_settings: Mapping[str, Eval] = dataclasses.field(default_factory=dict)
   hardware: Hardware = Hardware()
   compilation_cache: CompilationCache = CompilationCache()
@@ -747,7 +764,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   model_section = _section(Model, config.model, 'model', ('preset', 'overrides', 'hf_path'))
   model = model_section.resolve()
   tok = _section(Tokenizer, config.tokenizer, 'tokenizer')
-  mesh = _section(Mesh, config.mesh, 'mesh', ('shape', 'rules'))
+  mesh = _section(Mesh, config.mesh, 'mesh', ('shape', 'rules', 'slices'))
   _check_expert_axis(mesh.shape, model)
   ckpt = _section(Ckpt, config.ckpt, 'ckpt')
   divergence = _section(Divergence, _get(config, 'divergence'), 'divergence')
@@ -795,7 +812,8 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   return Plan(seed=int(seed), model=model,
               model_name=model_section.preset or model_section.hf_path,
               hf_path=model_section.hf_path,
-              tokenizer_path=str(tok.path), mesh_shape=mesh.shape, rules=mesh.logical_rules(),
+              tokenizer_path=str(tok.path), mesh_shape=mesh.shape, mesh_slices=mesh.slices,
+              rules=mesh.logical_rules(),
               sampler=sampler, eval=ev, ckpt=ckpt, divergence=divergence, stages=tuple(stages),
               domains=domains, datasets=datasets, initial_eval=bool(initial), prepare=prepare,
               eval_settings=eval_settings, hardware=hardware,

@@ -47,6 +47,7 @@ from cascade import verifier_set
 from models import paths
 from models import sharding
 from models import tokenizer as tokenizer_lib
+from models import topology
 from rl import sampler as sampler_lib
 
 INIT_ROW = kinds.base.INIT_ROW
@@ -92,7 +93,9 @@ def _mesh(plan: config_lib.Plan):
   if plan.mesh_shape is None:
     return None
   try:
-    return sharding.make_mesh(plan.mesh_shape)
+    return sharding.make_mesh(plan.mesh_shape, slices=plan.mesh_slices)
+  except topology.SliceError as e:
+    raise config_lib.ConfigError(f'config.mesh.slices={plan.mesh_slices!r}: {e}') from None
   except ValueError as e:
     raise config_lib.ConfigError(f'config.mesh.shape={list(plan.mesh_shape)!r}: {e}') from None
 
