@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import grain
 
+from cascade import released
 from models import paths
 
 _ROLES = ('system', 'user', 'assistant')
@@ -306,6 +307,21 @@ FORMATS: dict[str, Format] = {
     'nemotron_math': Format('prompt', _adapt_nemotron_math),
     'nemotron_if': Format('prompt', _adapt_nemotron_if),
 }
+
+
+def _released(adapt: Callable[[dict], dict]) -> Callable[[dict], dict]:
+  """A `cascade.released` adapter whose errors the loader reports with the row's place."""
+  def run(raw):
+    try:
+      return adapt(raw)
+    except released.RecordError as e:
+      raise _RecordError(str(e)) from None
+  return run
+
+
+# The released Nemotron-Cascade 1 and 2 datasets, read as they are (cascade/released.py).
+FORMATS.update({name: Format(kind, _released(adapt))
+                for name, (kind, adapt) in released.ADAPTERS.items()})
 
 
 def _decode(x):
