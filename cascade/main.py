@@ -45,19 +45,8 @@ _LOCK_STALE_S = flags.DEFINE_float(
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
-def parse_flags(argv):
-  """absl's flag parsing; a bad config file, argument or override is one line (exit 2)."""
-  try:
-    rest = flags.FLAGS(argv)
-  except flags.Error as e:
-    print(f'error: {overrides.one_line(e)}', file=sys.stderr, flush=True)
-    sys.exit(2)
-  except (IndexError, KeyError, AttributeError, TypeError, ValueError) as e:
-    # What overrides.prepare let through and config_flags refused.
-    print(f'error: a --config override: {overrides.one_line(e)}', file=sys.stderr, flush=True)
-    sys.exit(2)
-  overrides.finish(_CONFIG.value)
-  return rest
+# absl's flag parsing; a bad config file, argument or override is one line (exit 2).
+parse_flags = overrides.flags_parser(_CONFIG)
 
 
 _STORAGE_MARKERS = ('RESOURCE_EXHAUSTED', 'No space left', 'Read-only file system',

@@ -90,6 +90,39 @@ class _Parser(flags.ArgumentParser):
     return 'config object'
 
 
+def flags_parser(holder: flags.FlagHolder) -> Callable[[list[str]], list[str]]:
+  """An `app.run(main, flags_parser=...)` for a program whose `--config` is `holder`.
+
+  It parses the flags as absl does; a bad config file, config argument or override stops the
+  program with one `error:` line on stderr (exit status 2), and a parsed config gets `finish`.
+  cascade.main, launch.plan, launch.sweep and launch/xm_launch.py share it.
+  """
+
+  def parse(argv: list[str]) -> list[str]:
+    try:
+      rest = holder._flagvalues(argv)  # pylint: disable=protected-access
+    except flags.Error as e:
+      _exit(one_line(e))
+    except (IndexError, KeyError, AttributeError, TypeError, ValueError) as e:
+      # What `prepare` let through and config_flags refused (e.g. a value of the wrong type).
+      _exit(f'a --{holder.name} override: {one_line(e)}')
+    finish(holder.value)
+    return rest
+
+  return parse
+
+
+def _exit(message: str):
+  print(f'error: {message}', file=sys.stderr, flush=True)
+  sys.exit(2)
+
+
+def given_overrides(argv: Sequence[str], name: str = 'config') -> list[str]:
+  """The `--config.<path>=<value>` arguments of `argv`, as given (a launcher passes them on to
+  every `cascade.main` it starts)."""
+  return [a for a in argv if re.match(rf'-{{1,2}}(no)?{re.escape(name)}\.', a)]
+
+
 def override_paths(argv: Sequence[str], name: str = 'config') -> list[str]:
   """The paths `argv` overrides, as config_flags reads them: `--config.a.b=1` -> 'a.b'."""
   out = []

@@ -10,9 +10,11 @@ A config file may define
       ])
 
 where keys are config paths as `--config.<key>=value` accepts them (list
-items by `[i]`). Each sweep point is a dict {key: value}. `stages` sweeps
-one field of every stage of some kinds at once (the RL stages' learning rates
-scaled together, their group size), from the config's own stage list.
+items by `[i]`, stages also by name: `stages.math_rl.steps`). Each sweep point
+is a dict {key: value}. `stages` sweeps one field of every stage of some kinds
+at once (the RL stages' learning rates scaled together, their group size),
+from the config's own stage list, addressing each stage by its name (a name
+stays with its stage when a config argument such as `drop=` moves positions).
 """
 
 from __future__ import annotations
@@ -79,13 +81,19 @@ def stages(config, field: str, values: Sequence[Any] | Callable[[dict], Sequence
     kinds: the stage kinds swept.
 
   Returns:
-    Points {'stages[i].<field>': value, ...} over the matching stages.
+    Points {'stages.<name>.<field>': value, ...} over the matching stages.
   """
-  found = [(i, dict(st)) for i, st in enumerate(config.stages) if st['kind'] in kinds]
+  found = [dict(st) for st in config.stages if st['kind'] in kinds]
   if not found:
     raise ValueError(f'stages(): the config has no stage of kind {list(kinds)}')
-  return zipit([sweep(f'stages[{i}].{field}', values(st) if callable(values) else values)
-                for i, st in found])
+  return zipit([sweep(f'{stage_path(st["name"])}.{field}',
+                      values(st) if callable(values) else values) for st in found])
+
+
+def stage_path(name: str) -> str:
+  """The config path of the stage named `name`: 'stages.math_rl', 'stages["math-rl"]'."""
+  return f'stages.{name}' if name.isidentifier() else f'stages["{name}"]'
+
 
 
 def point_name(point: Point) -> str:

@@ -6,6 +6,12 @@ report types, so they live in one module.
 
     python -m launch.plan --config=configs/nemotron_cascade_14b.py
     python -m launch.plan --config=configs/tiny.py --stages=sft,math_rl --backend=cpu
+    python -m launch.plan --config=configs/tiny.py:smoke --config.mesh.shape=1,2,1 \
+        --config.stages.math_rl.group_size=8 --stages=math_rl --noeval
+
+`--config` takes the overrides `python -m cascade.main` takes (stages by name,
+fields the config leaves unset; cascade/overrides.py), so a plan is of the
+config the same command line would run.
 
 For every training stage it lowers and compiles, for the config's mesh and
 with abstract shapes only (`nnx.eval_shape` for the model,
@@ -78,7 +84,6 @@ from absl import app
 from absl import flags
 from etils import epath
 from flax import nnx
-from ml_collections import config_flags
 
 import jax
 import jax.numpy as jnp
@@ -87,6 +92,7 @@ import numpy as np
 
 from cascade import config as config_lib
 from cascade import kinds
+from cascade import overrides
 from cascade import policies
 from cascade.kinds import loop
 from models import sharding
@@ -1287,8 +1293,9 @@ def failures(reports: Sequence[StageReport]) -> list[str]:
   return out
 
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Cascade config file.',
-                                          lock_config=True)
+# config_flags.DEFINE_config_file(lock_config=True) whose overrides also name stages and unset
+# fields, as cascade.main's (cascade/overrides.py).
+_CONFIG = overrides.define_config_file('config', 'Config file (configs/x.py or configs/x.py:arg).')
 _BACKEND = flags.DEFINE_enum('backend', 'auto', ['auto', 'tpu', 'cpu'],
                              'tpu: libtpu topology; cpu: simulated CPU devices; auto: tpu when '
                              'libtpu is installed and the config targets a TPU.')
@@ -1411,4 +1418,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=overrides.flags_parser(_CONFIG))

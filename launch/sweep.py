@@ -2,13 +2,18 @@
 
     python -m launch.sweep --config=configs/tiny.py --workdir_root=runs/sweep --parallel=2
     python -m launch.sweep --config=configs/tiny.py:smoke --workdir_root=/tmp/sw --points=0,11
+    python -m launch.sweep --config=configs/tiny.py:smoke --workdir_root=/tmp/sw \
+        --config.stages.math_rl.steps=10 --dry_run
 
 Each point runs `python -m cascade.main --config=<file[:arg]> --workdir=<root>/<i>_<name>
 --config.<key>=<value> ...` in its own process (so each has its own JAX
 runtime) after the config's `prepare` step has run once (the points share
 its output, e.g. the tiny world); rerunning the sweep resumes every point
 where it stopped (the cascade's own resume). `--points` runs some of the
-points, by index. At the end `<root>/summary.md` and `summary.json` hold
+points, by index. `--config` takes cascade.main's overrides (stages by name,
+unset fields; cascade/overrides.py): they are checked here, once, with every
+point's keys (a typo is one line before anything runs), and passed on to every
+point; a key both set on the command line and swept is refused. At the end `<root>/summary.md` and `summary.json` hold
 every point's final row of the stage x domain matrix (and the mean over the
 domains), and `summary.png` draws those rows: one row of cells per point.
 """
@@ -28,19 +33,62 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from cascade import overrides
 from launch import hyper
 from models import paths
 
 FLAGS = flags.FLAGS
 
 
-def define_flags():
-  """Defines the CLI flags (only when run as a program, so importing stays side-effect free)."""
-  flags.DEFINE_string('config', None, 'Config file, optionally with :arg.')
-  flags.DEFINE_string('workdir_root', None, 'Directory holding one workdir per point.')
-  flags.DEFINE_integer('parallel', 1, 'Points run at the same time.')
-  flags.DEFINE_list('points', None, 'Indices of the points to run (default: all).')
-  flags.DEFINE_bool('dry_run', False, 'Print the commands, run nothing.')
+def define_flags(flag_values: flags.FlagValues = FLAGS,
+                 argv: Sequence[str] | None = None) -> flags.FlagHolder:
+  """Defines the CLI flags (only when run as a program, so importing stays side-effect free).
+
+  Returns:
+    The `--config` flag (cascade.main's: overrides name stages and unset fields).
+  """
+  holder = overrides.define_config_file(
+      'config', 'Config file (configs/x.py or configs/x.py:arg).', flag_values=flag_values,
+      argv=argv)
+  flags.DEFINE_string('workdir_root', None, 'Directory holding one workdir per point.',
+                      flag_values=flag_values)
+  flags.DEFINE_integer('parallel', 1, 'Points run at the same time.', flag_values=flag_values)
+  flags.DEFINE_list('points', None, 'Indices of the points to run (default: all).',
+                    flag_values=flag_values)
+  flags.DEFINE_bool('dry_run', False, 'Print the commands, run nothing.',
+                    flag_values=flag_values)
+  return holder
+
+
+def config_flag(flag_values: flags.FlagValues = FLAGS,
+                argv: Sequence[str] | None = None) -> tuple[str, Any, list[str]]:
+  """The parsed `--config`: its `file[:arg]`, the config (overrides applied) and the override
+  arguments as given (`argv`, default sys.argv)."""
+  flag = flag_values['config']
+  return (flag.config_filename, flag.value,
+          overrides.given_overrides(sys.argv if argv is None else argv, 'config'))
+
+
+def check_points(config_spec: str, points: Sequence[dict[str, Any]],
+                 given: Sequence[str] = ()) -> None:
+  """Every point's keys name fields of the config (stages by name or position, unset fields as
+  their schema declares them), and none is also set on the command line (`given`).
+
+  Raises:
+    overrides.OverrideError: one line naming the first key that is neither (and the nearest
+      names).
+  """
+  keys = list(dict.fromkeys(k for p in points for k in p))
+  twice = sorted(set(keys) & set(overrides.override_paths(given)))
+  if twice:
+    raise overrides.OverrideError(
+        f'--config.{twice[0]} is set on the command line and swept by get_hyper: drop one')
+  config = overrides.load(config_spec)
+  if config is not None:
+    try:
+      overrides.prepare(config, keys)
+    except overrides.OverrideError as e:
+      raise overrides.OverrideError(f'get_hyper of {config_spec}: {e}') from None
 
 
 def load_module(config_spec: str):
@@ -67,10 +115,12 @@ def load_points(config_spec: str) -> list[dict[str, Any]]:
 
 
 def point_command(config_spec: str, workdir: str, point: dict[str, Any],
-                  extra: Sequence[str] = ()) -> list[str]:
+                  extra: Sequence[str] = (), given: Sequence[str] = ()) -> list[str]:
+  """`python -m cascade.main` of one point: the command line's `--config.` overrides (`given`),
+  then the point's, then `extra` arguments."""
   return ([sys.executable, '-m', 'cascade.main', f'--config={config_spec}',
-           f'--workdir={workdir}'] + [hyper.format_override(k, v) for k, v in point.items()]
-          + list(extra))
+           f'--workdir={workdir}', *given]
+          + [hyper.format_override(k, v) for k, v in point.items()] + list(extra))
 
 
 def run_point(cmd: list[str], workdir: str) -> int:
@@ -98,14 +148,17 @@ def select(points: list[dict[str, Any]], which: Sequence[str] | None) -> list[in
   return sorted(set(idx))
 
 
-def prepare(config_spec: str) -> None:
-  """Runs the config's `prepare` step once, so parallel points do not build its output at once."""
-  path, _, arg = config_spec.partition(':')
+def prepare(config) -> None:
+  """Runs the config's `prepare` step once, so parallel points do not build its output at once.
+
+  Args:
+    config: the config as the command line gives it (its overrides applied).
+  """
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  plan = config_lib.validate(load_module(config_spec).get_config(arg or None))
+  plan = config_lib.validate(config)
   if plan.prepare is not None:
     plan.prepare.call()
-    logging.info('%s: prepare step %s done', path, plan.prepare.fn)
+    logging.info('prepare step %s done', plan.prepare.fn)
 
 
 def summarise(root: str, names: Sequence[str], points: Sequence[dict[str, Any]],
@@ -173,14 +226,20 @@ def plot(summary: dict[str, Any], path: str) -> None:
 
 
 def main(argv):
-  config, root = FLAGS.config, FLAGS.workdir_root
-  if not config or not root:
+  root = FLAGS.workdir_root
+  if not FLAGS['config'].present or not root:
     raise app.UsageError('--config and --workdir_root are required')
-  all_points = load_points(config)
-  chosen = select(all_points, FLAGS.points)
+  spec, config, given = config_flag()
+  try:
+    all_points = load_points(spec)
+    check_points(spec, all_points, given)
+    chosen = select(all_points, FLAGS.points)
+  except (ValueError, overrides.OverrideError) as e:
+    print(f'error: {overrides.one_line(e)}', file=sys.stderr, flush=True)
+    sys.exit(2)
   points = [all_points[i] for i in chosen]
   names = [f'{i:03d}_{hyper.point_name(all_points[i])}' for i in chosen]
-  cmds = [point_command(config, paths.join(root, n), p, argv[1:])
+  cmds = [point_command(spec, paths.join(root, n), p, argv[1:], given)
           for n, p in zip(names, points)]
   if FLAGS.dry_run:
     for c in cmds:
@@ -201,5 +260,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(main)
+  app.run(main, flags_parser=overrides.flags_parser(define_flags()))

@@ -14,6 +14,14 @@ with `CASCADE_DISTRIBUTED=auto`, so each joins the run through
 `hardware` is one CPU process. `--executor=local` runs the jobs as local
 processes (xm_local.Local); `vertex` submits them to Vertex AI.
 
+`--config` takes cascade.main's overrides (stages by name, unset fields;
+cascade/overrides.py), checked here with every point's keys and passed on to
+every job; the machine comes from the overridden config:
+
+    xmanager launch launch/xm_launch.py -- --config=configs/nemotron_cascade_14b.py \
+        --executor=vertex --workdir_root=gs://b/runs \
+        --config.hardware.topology=v5p:4x4x8 --config.stages.math_rl.steps=200
+
 `job_specs` builds the jobs as plain data (no XManager needed: the tests
 check them); only `main` imports `xmanager`.
 """
@@ -23,11 +31,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 from typing import Any, Mapping, Sequence
 
 from absl import app
 from absl import flags
 
+from cascade import overrides
 from launch import hyper
 from launch import sweep
 
@@ -94,13 +104,14 @@ def machine(hardware: Mapping[str, Any] | None, accelerator: str | None = None) 
                  hosts=hosts)
 
 
-def job_args(config_spec: str, workdir: str, point: dict) -> list[str]:
-  """Arguments of `python -m cascade.main` for one sweep point."""
-  return sweep.point_command(config_spec, workdir, point)[3:]
+def job_args(config_spec: str, workdir: str, point: dict, given: Sequence[str] = ()) -> list[str]:
+  """Arguments of `python -m cascade.main` for one sweep point (after the command line's
+  `--config.` overrides, `given`)."""
+  return sweep.point_command(config_spec, workdir, point, given=given)[3:]
 
 
 def job_specs(config_spec: str, root: str, points: Sequence[dict], hardware=None,
-              accelerator: str | None = None) -> list[JobSpec]:
+              accelerator: str | None = None, given: Sequence[str] = ()) -> list[JobSpec]:
   """One JobSpec per point, each with its own workdir under `root`.
 
   Args:
@@ -110,6 +121,7 @@ def job_specs(config_spec: str, root: str, points: Sequence[dict], hardware=None
     points: the sweep points ([{}]: the config alone).
     hardware: `config.hardware` (see `machine`).
     accelerator: overrides the XManager resource name.
+    given: the command line's `--config.<path>=<value>` overrides, passed to every job.
 
   Returns:
     The jobs, in point order.
@@ -120,46 +132,61 @@ def job_specs(config_spec: str, root: str, points: Sequence[dict], hardware=None
   for i, point in enumerate(points):
     name = f'{i:03d}_{hyper.point_name(point)}'
     out.append(JobSpec(name=name, machine=mach, env=dict(env),
-                       args=tuple(job_args(config_spec, os.path.join(root, name), point))))
+                       args=tuple(job_args(config_spec, os.path.join(root, name), point,
+                                           given))))
   return out
 
 
-def define_flags():
-  """Defines the CLI flags (only when run as a program, so importing stays side-effect free)."""
-  flags.DEFINE_string('config', None, 'Config file, optionally with :arg.')
-  flags.DEFINE_string('workdir_root', None, 'Root of the per-point workdirs.')
-  flags.DEFINE_enum('executor', 'local', ['local', 'vertex'], 'Where jobs run.')
+def define_flags(flag_values: flags.FlagValues = FLAGS,
+                 argv: Sequence[str] | None = None) -> flags.FlagHolder:
+  """Defines the CLI flags (only when run as a program, so importing stays side-effect free).
+
+  Returns:
+    The `--config` flag (cascade.main's: overrides name stages and unset fields).
+  """
+  holder = overrides.define_config_file(
+      'config', 'Config file (configs/x.py or configs/x.py:arg).', flag_values=flag_values,
+      argv=argv)
+  fv = dict(flag_values=flag_values)
+  flags.DEFINE_string('workdir_root', None, 'Root of the per-point workdirs.', **fv)
+  flags.DEFINE_enum('executor', 'local', ['local', 'vertex'], 'Where jobs run.', **fv)
   flags.DEFINE_string('accelerator', None,
                       'XManager resource name overriding the one config.hardware implies '
-                      '(e.g. tpu_v5p).')
-  flags.DEFINE_string('base_image', 'python:3.11', 'Container base image (vertex).')
-  flags.DEFINE_string('title', None, 'Experiment title (default: the config name).')
+                      '(e.g. tpu_v5p).', **fv)
+  flags.DEFINE_string('base_image', 'python:3.11', 'Container base image (vertex).', **fv)
+  flags.DEFINE_string('title', None, 'Experiment title (default: the config name).', **fv)
+  return holder
 
 
-def _hardware(config_spec: str):
-  path, _, arg = config_spec.partition(':')
-  del path
-  config = sweep.load_module(config_spec).get_config(arg or None)
+def _hardware(config):
   return dict(config.hardware) if config and 'hardware' in config else None
 
 
-def main(_):
-  config, root = FLAGS.config, FLAGS.workdir_root
-  if not config or not root:
+def main(argv, flag_values: flags.FlagValues | None = None):
+  fv = FLAGS if flag_values is None else flag_values
+  root = fv.workdir_root
+  if not fv['config'].present or not root:
     raise app.UsageError('--config and --workdir_root are required')
+  del argv      # the overrides are read from the whole command line (sys.argv), as the flag does
+  spec, config, given = sweep.config_flag(fv)
   from xmanager import xm  # pylint: disable=g-import-not-at-top
   from xmanager import xm_local  # pylint: disable=g-import-not-at-top
   try:
-    points = sweep.load_points(config)
+    points = sweep.load_points(spec)
   except ValueError:
     points = [{}]
-  specs = job_specs(config, root, points, _hardware(config), FLAGS.accelerator)
-  local = FLAGS.executor == 'local'
-  spec = xm_local.Local.Spec() if local else xm_local.Vertex.Spec()
-  title = FLAGS.title or os.path.basename(config.split(':')[0])
+  try:
+    sweep.check_points(spec, points, given)
+  except overrides.OverrideError as e:
+    print(f'error: {overrides.one_line(e)}', file=sys.stderr, flush=True)
+    sys.exit(2)
+  specs = job_specs(spec, root, points, _hardware(config), fv.accelerator, given)
+  local = fv.executor == 'local'
+  executor_spec = xm_local.Local.Spec() if local else xm_local.Vertex.Spec()
+  title = fv.title or os.path.basename(spec.split(':')[0])
   with xm_local.create_experiment(experiment_title=title) as experiment:
     [executable] = experiment.package([
-        xm.python_container(executor_spec=spec, path='.', base_image=FLAGS.base_image,
+        xm.python_container(executor_spec=executor_spec, path='.', base_image=fv.base_image,
                             entrypoint=xm.ModuleName('cascade.main'),
                             use_deep_module=True),
     ])
@@ -176,5 +203,4 @@ def main(_):
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(main)
+  app.run(main, flags_parser=overrides.flags_parser(define_flags()))

@@ -663,3 +663,39 @@ def test_an_agentic_step_is_timed_turn_by_turn(tiny_path):
   assert rep.time.sampling == pytest.approx(sum(
       t['weights'] + t['kv'] + t['state'] + t['compute'] + t['prefill'] for t in turns))
   assert rep.time.decode_steps == 3 * 31
+
+
+def test_the_config_flag_takes_cascade_mains_overrides():
+  # launch.plan's --config is cascade.main's (cascade/overrides.py), parsed by its flags parser.
+  # (The command line itself: the heavy tests below.)
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  parser = plan._CONFIG._flagvalues[plan._CONFIG.name].parser
+  assert plan._CONFIG._flagvalues is flags.FLAGS and plan._CONFIG.name == 'config'
+  assert type(parser).__module__ == 'cascade.overrides' and parser.flag_type() == 'config object'
+
+
+@pytest.mark.heavy
+def test_a_bad_override_is_one_line(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  proc = subprocess.run(
+      [sys.executable, '-m', 'launch.plan', '--config=configs/tiny.py:smoke',
+       '--config.stages.math_rll.group_size=8', '--time_only'],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2 and proc.stdout == ''
+  assert proc.stderr == ("error: --config.stages.math_rll.group_size: config.stages has no "
+                         "stage named 'math_rll' (nearest: math_rl)\n")
+
+
+@pytest.mark.heavy
+def test_the_plan_is_of_the_overridden_config():
+  # The module docstring's command: an unset field (mesh.shape, a tuple) and a stage by name.
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  env.pop('XLA_FLAGS', None)
+  proc = subprocess.run(
+      [sys.executable, '-m', 'launch.plan', '--config=configs/tiny.py:smoke',
+       '--config.mesh.shape=1,2,1', '--config.stages.math_rl.group_size=8', '--stages=math_rl',
+       '--noeval'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert '2 simulated CPU devices' in proc.stdout
+  assert 'mesh (data, fsdp, tensor) = (1, 2, 1);' in proc.stdout
+  assert '[4] math_rl (grpo)' in proc.stdout and '4 prompts x 8 = 32 rows' in proc.stdout

@@ -17,6 +17,7 @@ import pytest
 from ml_collections.config_flags import config_path
 
 from cascade import config as config_lib
+from cascade import overrides
 from launch import hyper
 from launch import sweep
 
@@ -26,8 +27,11 @@ CONFIGS = {'tiny': 'smoke', 'nemotron_cascade_14b': 'data_root=gs://b/d',
 
 
 def _apply(config, point):
+  """The config `--config.<key>=<value>` of every entry of `point` would run (stages by name)."""
+  overrides.prepare(config, list(point))
   for key, value in point.items():
     config_path.set_value(key, config, value)
+  overrides.finish(config)
   return config
 
 
@@ -56,11 +60,14 @@ def test_every_sweep_point_is_a_valid_config(name):
 def test_stages_sweeps_one_field_of_every_stage_of_a_kind():
   c = importlib.import_module('configs.tiny').get_config()
   pts = hyper.stages(c, 'optimizer.lr', lambda st: [st['optimizer']['lr'] * 2])
-  assert pts == [{'stages[2].optimizer.lr': 1e-4, 'stages[3].optimizer.lr': 1e-4,
-                  'stages[4].optimizer.lr': 8e-5, 'stages[5].optimizer.lr': 8e-5,
-                  'stages[6].optimizer.lr': 6e-5}]
+  # Stages by name: a name stays with its stage when drop= moves the positions.
+  assert pts == [{'stages.rlhf.optimizer.lr': 1e-4, 'stages.if_rl.optimizer.lr': 1e-4,
+                  'stages.math_rl.optimizer.lr': 8e-5, 'stages.code_rl.optimizer.lr': 8e-5,
+                  'stages.swe_rl.optimizer.lr': 6e-5}]
   assert hyper.point_name(pts[0]) == 'lr=0.0001_8e-05_6e-05'
-  assert hyper.stages(c, 'group_size', [4], kinds=('sft',)) == [{'stages[0].group_size': 4}]
+  assert hyper.stages(c, 'group_size', [4], kinds=('sft',)) == [{'stages.sft.group_size': 4}]
+  c.stages[0]['name'] = 'warm-up'
+  assert hyper.stages(c, 'steps', [4], kinds=('sft',)) == [{'stages["warm-up"].steps': 4}]
   with pytest.raises(ValueError, match='no stage of kind'):
     hyper.stages(c, 'group_size', [4], kinds=('mopd',))
 
@@ -121,4 +128,49 @@ def test_sweep_runs_two_smoke_points_and_summarises(tmp_path):
     assert res['stages'][-1] == 'swe_rl'
     cfg = json.loads((root / p['name'] / 'config.json').read_text())['config']
     assert cfg['seed'] == p['point']['seed']
-    assert cfg['stages'][4]['group_size'] == p['point']['stages[4].group_size']
+    assert cfg['stages'][4]['group_size'] == p['point']['stages.math_rl.group_size']
+
+
+def test_the_command_lines_overrides_are_checked_and_passed_to_every_point(tmp_path):
+  # The module docstring's command (with --points): the override reaches every point's
+  # cascade.main before the point's own keys, which name the stages.
+  proc = subprocess.run(
+      [sys.executable, '-m', 'launch.sweep', '--config=configs/tiny.py:smoke',
+       f'--workdir_root={tmp_path}', '--config.stages.math_rl.steps=10', '--dry_run',
+       '--points=0,11'], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.splitlines()
+  assert len(lines) == 2 and not list(tmp_path.iterdir())      # a dry run writes nothing
+  for line, seed in zip(lines, (0, 1)):
+    args = line.split()
+    assert args[1:5] == ['-m', 'cascade.main', '--config=configs/tiny.py:smoke',
+                         args[4]] and args[4].startswith(f'--workdir={tmp_path}/')
+    assert args[5:7] == ['--config.stages.math_rl.steps=10', f'--config.seed={seed}']
+    assert '--config.stages.math_rl.group_size=' + ('4' if seed == 0 else '8') in args
+
+
+@pytest.mark.parametrize('given,point,message', [
+    ((), {'stages.math_rll.steps': 1},
+     "get_hyper of configs/tiny.py:smoke: --config.stages.math_rll.steps: config.stages has "
+     "no stage named 'math_rll' (nearest: math_rl)"),
+    ((), {'sampler.slots': 8}, None),             # unset in the config, declared: an int
+    ((), {'sampler.slotz': 8}, "config.sampler has no field 'slotz'"),
+    (('--config.seed=2',), {'seed': 1},
+     '--config.seed is set on the command line and swept by get_hyper: drop one'),
+])
+def test_point_keys_are_checked_once_before_any_point_runs(given, point, message):
+  spec = 'configs/tiny.py:smoke'
+  if message is None:
+    sweep.check_points(spec, [point], given)
+    return
+  with pytest.raises(overrides.OverrideError) as e:
+    sweep.check_points(spec, [{'seed': 0}, point], given)
+  assert message in str(e.value) and '\n' not in str(e.value)
+
+
+def test_a_swept_stage_that_a_config_argument_drops_is_refused():
+  # tiny's get_hyper names the stages of the full cascade: with drop=rlhf the rlhf key is
+  # refused in one line, where a position would have silently moved to the next stage.
+  points = sweep.load_points('configs/tiny.py:smoke,drop=rlhf')
+  with pytest.raises(overrides.OverrideError, match="no stage named 'rlhf'"):
+    sweep.check_points('configs/tiny.py:smoke,drop=rlhf', points)

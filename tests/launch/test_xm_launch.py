@@ -8,6 +8,8 @@ import importlib
 import sys
 import types
 
+from launch import hyper
+
 import pytest
 
 
@@ -69,10 +71,16 @@ def xm_launch(monkeypatch):
   sys.modules.pop('launch.xm_launch', None)
 
 
-def _flags(**kw):
-  return types.SimpleNamespace(**{**dict(config=None, workdir_root=None, executor='local',
-                                         accelerator=None, base_image='python:3.11',
-                                         title=None), **kw})
+def _main(mod, monkeypatch, *args):
+  """`xmanager launch launch/xm_launch.py -- <args>`: its flags parsed as the script parses them
+  (cascade.overrides' parser: a bad override exits 2 with one line), then `main`."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from cascade import overrides  # pylint: disable=g-import-not-at-top
+  argv = ['launch/xm_launch.py', *args]
+  fv = flags.FlagValues()
+  rest = overrides.flags_parser(mod.define_flags(fv, argv=argv))(argv)
+  monkeypatch.setattr(sys, 'argv', argv)
+  mod.main(rest, fv)
 
 
 def test_importing_needs_no_xmanager(monkeypatch):
@@ -134,9 +142,7 @@ def test_one_job_per_sweep_point(xm_launch, monkeypatch, tmp_path):
                  '  return ml_collections.ConfigDict(dict(hardware=dict(platform="tpu", '
                  'topology="v5p:2x2x4")))\n'
                  'def get_hyper(h):\n  return h.product([h.sweep("seed", [0, 1])])\n')
-  monkeypatch.setattr(mod, 'FLAGS', _flags(config=f'{cfg}:x', workdir_root='gs://b/runs',
-                                           executor='vertex'))
-  mod.main([])
+  _main(mod, monkeypatch, f'--config={cfg}:x', '--workdir_root=gs://b/runs', '--executor=vertex')
   assert rec.titles == ['c.py']
   [(kind, container)] = rec.packaged
   assert kind == 'container' and container['entrypoint'] == ('module', 'cascade.main')
@@ -153,8 +159,7 @@ def test_a_config_without_a_sweep_is_one_local_job(xm_launch, monkeypatch, tmp_p
   mod, rec = xm_launch
   cfg = tmp_path / 'plain.py'
   cfg.write_text('def get_config(arg=None):\n  return None\n')
-  monkeypatch.setattr(mod, 'FLAGS', _flags(config=str(cfg), workdir_root='runs', title='t'))
-  mod.main([])
+  _main(mod, monkeypatch, f'--config={cfg}', '--workdir_root=runs', '--title=t')
   assert rec.titles == ['t'] and len(rec.jobs) == 1
   assert rec.jobs[0]['args'] == [f'--config={cfg}', '--workdir=runs/000_default']
   assert rec.jobs[0]['env_vars'] == {}
@@ -164,6 +169,39 @@ def test_a_config_without_a_sweep_is_one_local_job(xm_launch, monkeypatch, tmp_p
 def test_missing_flags_are_a_usage_error(xm_launch, monkeypatch):
   mod, _ = xm_launch
   from absl import app  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(mod, 'FLAGS', _flags(config='c.py'))
   with pytest.raises(app.UsageError, match='--workdir_root are required'):
-    mod.main([])
+    _main(mod, monkeypatch, '--config=configs/tiny.py')
+
+
+def test_the_command_lines_overrides_reach_every_job_and_its_machine(xm_launch, monkeypatch):
+  # The module docstring's command: the overridden topology makes the machine (128 chips, 32
+  # hosts), and every job runs the command line's overrides before its point's.
+  mod, rec = xm_launch
+  cfg = 'configs/nemotron_cascade_14b.py'
+  _main(mod, monkeypatch, f'--config={cfg}', '--executor=vertex', '--workdir_root=gs://b/runs',
+        '--config.hardware.topology=v5p:4x4x8', '--config.stages.math_rl.steps=200')
+  assert len(rec.jobs) == 12
+  given = ['--config.hardware.topology=v5p:4x4x8', '--config.stages.math_rl.steps=200']
+  for job in rec.jobs:
+    assert job['args'][:4] == [f'--config={cfg}', job['args'][1], *given]
+    assert job['executor'].requirements == ('requirements', {'tpu_v5p': ('topology', '4x4x8')})
+    assert job['env_vars'] == {'CASCADE_DISTRIBUTED': 'auto'}
+  # The sweep's keys name stages by name (they stay with their stage under drop=).
+  assert any(a.startswith(f'--config.{hyper.stage_path("math_rl")}.optimizer.lr=')
+             for a in rec.jobs[0]['args'])
+
+
+@pytest.mark.parametrize('arg,message', [
+    ('--config.stages.math_rll.steps=2',
+     "--config.stages.math_rll.steps: config.stages has no stage named 'math_rll' "
+     '(nearest: math_rl)'),
+    ('--config.seed=3', '--config.seed is set on the command line and swept by get_hyper'),
+    ('--config.hardware.topoogy=v5p:4x4x8', "config.hardware has no field 'topoogy'"),
+])
+def test_a_bad_override_is_one_line_before_any_job(xm_launch, monkeypatch, capsys, arg, message):
+  mod, rec = xm_launch
+  with pytest.raises(SystemExit) as e:
+    _main(mod, monkeypatch, '--config=configs/nemotron_cascade_14b.py', '--workdir_root=w', arg)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.startswith('error: ') and message in err
+  assert err.count('\n') == 1 and rec.jobs == []
