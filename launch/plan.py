@@ -96,6 +96,7 @@ from cascade import overrides
 from cascade import policies
 from cascade.kinds import loop
 from models import sharding
+from models import topology
 from rl import sampler as sampler_lib
 from rl import train_step as train_lib
 
@@ -234,11 +235,19 @@ def target(plan: config_lib.Plan, backend: str = 'auto',
     topo = hw.topology
     if not topo:
       raise ValueError('config.hardware.topology: needed for --backend=tpu (e.g. v5p:4x4x4)')
-    devices = tuple(topologies.get_topology_desc(platform='tpu', topology_name=topo).devices)
+    slices = mesh_slices(plan)
+    # libtpu describes several slices of one topology joined over DCN (`num_slices`); each
+    # device then carries its `slice_index`, which `models.topology` lays the mesh out by.
+    extra = {'num_slices': slices} if slices > 1 else {}
+    devices = tuple(topologies.get_topology_desc(platform='tpu', topology_name=topo,
+                                                 **extra).devices)
     if len(devices) != n:
-      raise ValueError(f'config.hardware.topology={topo!r} has {len(devices)} chips; '
+      where = f'{slices} slices of ' if slices > 1 else ''
+      raise ValueError(f'config.hardware.topology={topo!r}: {where}it has {len(devices)} chips; '
                        f'config.mesh.shape needs {n}')
-    desc = (f'{hw.name or topo}: topology {topo} from libtpu, compiled by the TPU '
+    what = f'{slices} slices of topology {topo} (DCN between them)' if slices > 1 else (
+        f'topology {topo}')
+    desc = (f'{hw.name or topo}: {what} from libtpu, compiled by the TPU '
             f'compiler ({devices[0].device_kind}); over-HBM programs fail to compile')
     cpus = tuple(jax.devices('cpu'))
     if len(cpus) != n:
@@ -255,6 +264,33 @@ def target(plan: config_lib.Plan, backend: str = 'auto',
   desc = (f'{n} simulated CPU devices standing in for {hw.name or "the target"}{why}; '
           'XLA:CPU memory estimates, limit checked here')
   return Target(devices, 'cpu', desc, limit)
+
+
+def mesh_slices(plan: config_lib.Plan) -> int:
+  """The slices the plan's mesh spans: config.hardware.slices, which config.mesh.slices (where
+  set) must equal."""
+  hw_slices = plan.hardware.slices
+  if plan.mesh_slices is not None and plan.mesh_slices != hw_slices:
+    raise ValueError(f'config.mesh.slices={plan.mesh_slices} but config.hardware.slices='
+                     f'{hw_slices}: the mesh must span the slices the plan targets')
+  return hw_slices
+
+
+def make_mesh(plan: config_lib.Plan, devices):
+  """The plan's mesh on `devices` (`sharding.make_mesh`, over `mesh_slices(plan)` slices)."""
+  return sharding.make_mesh(mesh_shape(plan), devices=devices, slices=mesh_slices(plan))
+
+
+def slices_line(plan: config_lib.Plan, tgt: Target) -> str | None:
+  """For a multi-slice target, how the mesh spans the slices (None for one slice)."""
+  n = mesh_slices(plan)
+  if n == 1:
+    return None
+  mesh = make_mesh(plan, tgt.devices)
+  if tgt.kind == 'tpu':
+    return 'slices: ' + topology.describe(mesh.devices, mesh.axis_names)
+  return (f"slices: {n}, simulated as {n} consecutive blocks of CPU devices along mesh axis "
+          f"{mesh.axis_names[0]!r} (no DCN here)")
 
 
 def default_backend(plan: config_lib.Plan) -> str:
@@ -1050,7 +1086,7 @@ def time_plan(plan: config_lib.Plan, tgt: Target, *, stages: Sequence[str] = (),
   FLOP and byte counts come from the config, the sampler's traced (not compiled) programs
   and abstract shapes. Each StageReport has no programs."""
   model_cfg, rules, sampler_cfg = for_target(plan, tgt)
-  mesh = sharding.make_mesh(mesh_shape(plan), devices=tgt.devices)
+  mesh = make_mesh(plan, tgt.devices)
   _check_stages(plan, stages)
   out = []
   for st in plan.stages:
@@ -1084,9 +1120,8 @@ def run_plan(plan: config_lib.Plan, tgt: Target, *, stages: Sequence[str] = (),
   """
   model_cfg, rules, sampler_cfg = for_target(plan, tgt)
   hw = plan.hardware
-  mesh = sharding.make_mesh(mesh_shape(plan), devices=tgt.devices)
-  count_mesh = (sharding.make_mesh(mesh_shape(plan), devices=tgt.count_devices)
-                if tgt.count_devices else mesh)
+  mesh = make_mesh(plan, tgt.devices)
+  count_mesh = make_mesh(plan, tgt.count_devices) if tgt.count_devices else mesh
   _check_stages(plan, stages)
   out = []
   for st in plan.stages:
@@ -1347,6 +1382,9 @@ def plan_header(plan: config_lib.Plan, tgt: Target, time_only: bool = False) -> 
          + (' (no mesh: one device)' if plan.mesh_shape is None else '')
          + f'; model {plan.model_name}: {model_cfg.num_params() / 1e9:.2f}B parameters{active} in '
          f'{model_cfg.param_dtype}, compute {model_cfg.dtype}, remat={model_cfg.remat}']
+  slices = None if time_only else slices_line(plan, tgt)
+  if slices:
+    out.append(slices)
   if not time_only:
     out += [*model_notes(model_cfg, tgt),
             'memory is per device; total = arguments + outputs + temporaries - aliased '
