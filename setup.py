@@ -30,6 +30,8 @@ setuptools.setup(
         'grain>=0.2.12',
         'tensorflow-datasets>=4.9.7',
         'pyarrow>=15',
+        'zstandard>=0.22',     # cascade/shards.py: .jsonl.zst shards
+        'array-record>=0.5',   # cascade/shards.py, cascade/token_cache.py: ArrayRecord shards
         'math-verify>=0.7',
         'jsonschema>=4.20',
         'langdetect>=1.0.9',
