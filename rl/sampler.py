@@ -65,8 +65,9 @@ from rl import rollout_copy
 from rl import sampling
 from rl import scheduler
 
-DEFAULT_PROMPT_BUCKETS = tuple(2 ** i for i in range(5, 17))       # 32 ... 65536
-DEFAULT_NEW_TOKEN_BUCKETS = tuple(2 ** i for i in range(4, 17))    # 16 ... 65536
+# Up to 262,144 tokens: Nemotron-H's positions, and past Qwen3's 131,072 under YaRN (factor 4).
+DEFAULT_PROMPT_BUCKETS = tuple(2 ** i for i in range(5, 19))       # 32 ... 262144
+DEFAULT_NEW_TOKEN_BUCKETS = tuple(2 ** i for i in range(4, 19))    # 16 ... 262144
 ENGINES = ('one_call', 'paged')
 DECODE_LAYERS = ('auto', 'scan', 'unrolled')
 # The programs `Sampler.lower` compiles per engine (launch.plan plans each).

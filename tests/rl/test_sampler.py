@@ -350,12 +350,13 @@ def test_chunk_rows_from_the_cache_budget(policy):
   assert shards == 4 and mk(64 * 3, mesh=mesh).chunk_rows(100, 64) == 2 * shards
   with pytest.raises(ValueError, match='cache_tokens_per_device'):
     mk(0)
-  # Default prompt buckets: the powers of two from 32 to 65,536.
+  # Default prompt buckets: the powers of two from 32 to 262,144 (past 128K positions).
   default = sampler.Sampler(policy[0], CFG, eos_ids=EOS, new_token_buckets=(16,))
-  assert [default.call_shape(1, n, 16)[0] for n in (1, 32, 33, 40_000, 65_536)] == [
-      32, 32, 64, 65_536, 65_536]
-  with pytest.raises(ValueError, match='prompt length=65537 exceeds the largest bucket 65536'):
-    default.call_shape(1, 65_537, 16)
+  assert [default.call_shape(1, n, 16)[0] for n in (1, 32, 33, 40_000, 65_537, 131_072)] == [
+      32, 32, 64, 65_536, 131_072, 131_072]
+  with pytest.raises(ValueError, match='prompt length=262145 exceeds the largest bucket 262144'):
+    default.call_shape(1, 262_145, 16)
+  assert max(sampler.DEFAULT_NEW_TOKEN_BUCKETS) == 262_144
   # launch.plan's words for a chunked call: rows per chunk and how many chunks.
   sp = sampler.SamplingParams(max_new_tokens=16)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), policy[1])
