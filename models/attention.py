@@ -11,6 +11,9 @@ query i of row b sees key slot j iff
   q_offset + i >= j  and  q_seg[b, i] == kv_seg[b, j]  and  kv_seg[b, j] != 0
 
 (`q_offset` None means self-attention: the keys are the queries' own tokens).
+Internally the causal rule compares token indices, `q_index[i] >= kv_index[j]`
+(q_offset + i and j above), so a context-parallel shard, whose queries and
+gathered keys sit in zig-zag order (`models.context`), uses the same tiles.
 Segment id 0 is padding, which nothing attends to. A query whose row sees
 nothing (a padding query) gets an output that depends on the backend; nothing
 downstream of a real token reads it.
@@ -38,6 +41,13 @@ Implementations (`ModelConfig.attention`):
 
 The two kernels need self-attention (no cache): a prefill into a cache with
 T > 1 uses 'blockwise' instead of them (its query offset is a traced value).
+
+Context parallelism: self-attention on a mesh whose 'length' rule splits T
+(`context.shards`) runs per shard in a `shard_map`: each shard's queries (its
+two zig-zag chunks) against keys and values all-gathered over the sequence
+axis, with 'dense' or 'blockwise' on the shard; 'splash' and 'gpu_flash' run
+'blockwise' there too (their masks are static per kernel, a shard's zig-zag
+token indices are not).
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from models import config as config_lib
+from models import context
 from models import sharding
 
 IMPLS = config_lib.ATTENTION_IMPLS
@@ -132,11 +143,12 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo, *,
   impl = resolve(impl, t, s, self_attention=self_attention)
   q = q.reshape(b, t, kh, n // kh, h) * (h ** -0.5)                    # [B, T, K, G, H]
   offset = 0 if self_attention else mask.q_offset
-  if impl == 'dense':
-    out = _dense(q, k, v, mask.q_segment_ids, mask.kv_segment_ids, offset)
-  elif impl == 'blockwise':
-    out = _blockwise(q, k, v, mask.q_segment_ids, mask.kv_segment_ids,
-                     jnp.asarray(offset, jnp.int32), min(block_q, t), min(block_kv, s))
+  if self_attention and context.shards(t) > 1:
+    out = _context_parallel(q, k, v, mask.q_segment_ids, impl, block_q, block_kv)
+  elif impl in ('dense', 'blockwise'):
+    q_index = jnp.asarray(offset, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
+    out = _local(impl, q, k, v, mask.q_segment_ids, mask.kv_segment_ids, q_index,
+                 jnp.arange(s, dtype=jnp.int32), block_q, block_kv)
   elif impl == 'splash':
     out = _sharded_kernel(functools.partial(_splash, block_q=block_q, block_kv=block_kv),
                           q, k, v, mask.q_segment_ids)
@@ -278,18 +290,61 @@ def _paged_xla(q, k_pages, v_pages, lengths, page_table, *, block_pages: int):
   return out[jnp.argsort(order)]
 
 
-def _dense_mask(q_seg, kv_seg, offset):
+def _local(impl, q, k, v, q_seg, kv_seg, q_index, kv_index, block_q, block_kv):
+  """'dense' or 'blockwise' on whole arrays: q [B, T, K, G, H] (scaled), k/v [B, K, S, H],
+  q_index [T] / kv_index [S] int32 token indices of the causal rule."""
+  if impl == 'dense':
+    return _dense(q, k, v, q_seg, kv_seg, q_index, kv_index)
+  t, s = q.shape[1], k.shape[2]
+  return _blockwise(q, k, v, q_seg, kv_seg, q_index, kv_index, min(block_q, t),
+                    min(block_kv, s))
+
+
+def _context_parallel(q, k, v, seg, impl, block_q, block_kv):
+  """Self-attention with T split over the sequence axis in zig-zag order (`models.context`).
+
+  Each shard holds its queries' two chunks; the keys, values and their segment ids are
+  all-gathered over the axis (the backward reduce-scatters their gradients), and the
+  shard attends with the zig-zag token indices of both sides, so causal tiles another
+  shard's chunk covers are skipped as on one device.
+
+  Args:
+    q: [B, T, K, G, H] scaled queries in zig-zag order; k, v: [B, K, T, H]; seg: [B, T].
+    impl: the resolved implementation ('splash' and 'gpu_flash' run 'blockwise').
+
+  Returns:
+    [B, T, K, G, H] in zig-zag order.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  b, t, kh = q.shape[:3]
+  batch, length, heads = sharding.logical_to_spec(('batch', 'length', 'kv_heads'), (b, t, kh),
+                                                  mesh)
+  n = context.shards(t)
+  impl = impl if impl == 'dense' else 'blockwise'
+
+  def local(q, k, v, seg):
+    k, v = (jax.lax.all_gather(x, length, axis=2, tiled=True) for x in (k, v))
+    kv_seg = jax.lax.all_gather(seg, length, axis=1, tiled=True)
+    q_index = context.zigzag_index(t, n, jax.lax.axis_index(length))
+    kv_index = jnp.asarray(context.zigzag_order(t, n))
+    return _local(impl, q, k, v, seg, kv_seg, q_index, kv_index, block_q, block_kv)
+
+  q_spec, k_spec = P(batch, length, heads, None, None), P(batch, heads, length, None)
+  return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, k_spec, k_spec, P(batch, length)),
+                       out_specs=q_spec, check_vma=False)(q, k, v, seg)
+
+
+def _dense_mask(q_seg, kv_seg, q_index, kv_index):
   """[B, T, S] bool: the rule of the module docstring."""
-  t, s = q_seg.shape[1], kv_seg.shape[1]
-  causal = (offset + jnp.arange(t))[:, None] >= jnp.arange(s)[None, :]
+  causal = q_index[:, None] >= kv_index[None, :]
   return (causal[None] & (q_seg[:, :, None] == kv_seg[:, None, :])
           & (kv_seg[:, None, :] != 0))
 
 
-def _dense(q, k, v, q_seg, kv_seg, offset):
+def _dense(q, k, v, q_seg, kv_seg, q_index, kv_index):
   """The reference: q [B, T, K, G, H] (scaled) -> [B, T, K, G, H]."""
   dt = q.dtype
-  mask = _dense_mask(q_seg, kv_seg, offset)
+  mask = _dense_mask(q_seg, kv_seg, q_index, kv_index)
   logits = jnp.einsum('BTKGH,BKSH->BKGTS', q, k.astype(dt)).astype(jnp.float32)
   logits = jnp.where(mask[:, None, None], logits, _NEG_INF)
   probs = jax.nn.softmax(logits, axis=-1).astype(dt)
@@ -299,12 +354,13 @@ def _dense(q, k, v, q_seg, kv_seg, offset):
 # ---------------------------------------------------------------- blockwise
 
 
-def _key_blocks(k, v, kv_seg, block):
+def _key_blocks(k, v, kv_seg, kv_index, block):
   """Keys cut into blocks along S (padded with slots that are never seen).
 
   Returns:
     (k [nb, B, K, block, H], v likewise, kv_seg [nb, B, block], real
-    [nb, block] bool: the slot exists, start [nb] int32 first slot).
+    [nb, block] bool: the slot exists, index [nb, block] int32 token index of
+    each slot).
   """
   b, kh, s, h = k.shape
   nb = -(-s // block)
@@ -313,11 +369,12 @@ def _key_blocks(k, v, kv_seg, block):
     k = jnp.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0)))
     v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0)))
     kv_seg = jnp.pad(kv_seg, ((0, 0), (0, pad)))
+    # Slots past S come after every query: they never make a tile look visited.
+    kv_index = jnp.pad(kv_index, (0, pad), constant_values=np.iinfo(np.int32).max)
   blocks = lambda x: jnp.moveaxis(x.reshape(b, kh, nb, block, h), 2, 0)
   seg = jnp.moveaxis(kv_seg.reshape(b, nb, block), 1, 0)
   real = (np.arange(nb * block) < s).reshape(nb, block)
-  start = np.arange(nb, dtype=np.int32) * block
-  return blocks(k), blocks(v), seg, jnp.asarray(real), jnp.asarray(start)
+  return blocks(k), blocks(v), seg, jnp.asarray(real), kv_index.reshape(nb, block)
 
 
 def _query_blocks(x, axis, block):
@@ -331,11 +388,6 @@ def _query_blocks(x, axis, block):
   return jnp.moveaxis(x, axis, 0)
 
 
-def _query_starts(t, block):
-  """[nq] int32: the first query of each of `_query_blocks`' tiles."""
-  return jnp.asarray(np.arange(-(-t // block), dtype=np.int32) * block)
-
-
 def _query_unblock(x, axis, t):
   """Inverse of `_query_blocks`: [nq, ..., block at `axis`, ...] -> [..., T, ...]."""
   x = jnp.moveaxis(x, 0, axis)
@@ -343,14 +395,14 @@ def _query_unblock(x, axis, t):
   return jax.lax.slice_in_dim(x, 0, t, axis=axis)
 
 
-def _block_logits(q, kb, q_seg, seg_b, real_b, start, offset):
+def _block_logits(q, kb, q_seg, seg_b, real_b, kv_index, q_index):
   """Masked float32 logits [B, K, G, Tq, block] of one (query, key) tile, and its mask.
 
-  q [B, Tq, K, G, H] holds the queries at key slots offset, offset + 1, ...
+  q [B, Tq, K, G, H] holds the queries of token indices q_index [Tq]; the tile's
+  keys have token indices kv_index [block].
   """
-  t, block = q.shape[1], kb.shape[2]
   s = jnp.einsum('BTKGH,BKSH->BKGTS', q, kb.astype(q.dtype)).astype(jnp.float32)
-  causal = (offset + jnp.arange(t))[:, None] >= (start + jnp.arange(block))[None, :]
+  causal = q_index[:, None] >= kv_index[None, :]
   seen = (causal[None] & (q_seg[:, :, None] == seg_b[:, None, :])
           & (seg_b[:, None, :] != 0))[:, None, None]                 # [B, 1, 1, Tq, block]
   s = jnp.where(seen, s, _NEG_INF)
@@ -358,36 +410,36 @@ def _block_logits(q, kb, q_seg, seg_b, real_b, start, offset):
   return jnp.where(real_b, s, -jnp.inf), seen
 
 
-def _visited(q_offset, block_q, k_start):
-  """Whether a (query tile, key tile) pair holds any causally visible pair.
+def _visited(q_last, k_first):
+  """Whether a (query tile, key tile) pair holds any causally visible pair, from the tile's
+  largest query index and smallest key index.
 
   A tile wholly above the diagonal (its first key after the tile's last query)
   is skipped in both passes: about half of a long causal sequence's tiles.
   """
-  return q_offset + block_q - 1 >= k_start
+  return q_last >= k_first
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _blockwise(q, k, v, q_seg, kv_seg, offset, block_q, block_kv):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _blockwise(q, k, v, q_seg, kv_seg, q_index, kv_index, block_q, block_kv):
   """Online-softmax attention over (query, key) tiles; q [B, T, K, G, H] -> same shape."""
-  return _blockwise_fwd(q, k, v, q_seg, kv_seg, offset, block_q, block_kv)[0]
+  return _blockwise_fwd(q, k, v, q_seg, kv_seg, q_index, kv_index, block_q, block_kv)[0]
 
 
-def _blockwise_fwd(q, k, v, q_seg, kv_seg, offset, block_q, block_kv):
+def _blockwise_fwd(q, k, v, q_seg, kv_seg, q_index, kv_index, block_q, block_kv):
   b, t, kh, g, h = q.shape
-  keys = _key_blocks(k, v, kv_seg, block_kv)
-  q_starts = _query_starts(t, block_q)
+  keys = _key_blocks(k, v, kv_seg, kv_index, block_kv)
 
   def query_tile(xs):
-    qb, qseg_b, q_start = xs                                          # [B, bq, K, G, H]
-    q_off = offset + q_start
+    qb, qseg_b, qi_b = xs                                             # [B, bq, K, G, H]
+    q_last = qi_b.max()
 
     def body(carry, xs):
-      kb, vb, seg_b, real_b, start_b = xs
+      kb, vb, seg_b, real_b, ki_b = xs
 
       def visit(carry):
         m, l, acc = carry
-        s, _ = _block_logits(qb, kb, qseg_b, seg_b, real_b, start_b, q_off)
+        s, _ = _block_logits(qb, kb, qseg_b, seg_b, real_b, ki_b, qi_b)
         m_new = jnp.maximum(m, s.max(-1))
         corr = jnp.exp(m - m_new)
         p = jnp.exp(s - m_new[..., None])
@@ -395,7 +447,7 @@ def _blockwise_fwd(q, k, v, q_seg, kv_seg, offset, block_q, block_kv):
                         preferred_element_type=jnp.float32)
         return m_new, l * corr + p.sum(-1), acc * corr[..., None] + pv
 
-      return jax.lax.cond(_visited(q_off, block_q, start_b), visit, lambda c: c, carry), None
+      return jax.lax.cond(_visited(q_last, ki_b.min()), visit, lambda c: c, carry), None
 
     init = (jnp.full((b, kh, g, block_q), -jnp.inf, jnp.float32),
             jnp.zeros((b, kh, g, block_q), jnp.float32),
@@ -409,33 +461,33 @@ def _blockwise_fwd(q, k, v, q_seg, kv_seg, offset, block_q, block_kv):
     return (acc / l[..., None]).astype(q.dtype), m + jnp.log(l)     # [B, K, G, bq, H], [B, K, G, bq]
 
   out, lse = jax.lax.map(query_tile, (_query_blocks(q, 1, block_q),
-                                      _query_blocks(q_seg, 1, block_q), q_starts))
+                                      _query_blocks(q_seg, 1, block_q),
+                                      _query_blocks(q_index, 0, block_q)))
   out = jnp.moveaxis(_query_unblock(out, 3, t), 3, 1)                 # [B, T, K, G, H]
   lse = _query_unblock(lse, 3, t)                                     # [B, K, G, T]
-  return out, (q, k, v, q_seg, kv_seg, offset, out, lse)
+  return out, (q, k, v, q_seg, kv_seg, q_index, kv_index, out, lse)
 
 
 def _blockwise_bwd(block_q, block_kv, res, d_out):
-  q, k, v, q_seg, kv_seg, offset, out, lse = res
+  q, k, v, q_seg, kv_seg, q_index, kv_index, out, lse = res
   dt = q.dtype
   t = q.shape[1]
-  kbs, vbs, segs, real, start = _key_blocks(k, v, kv_seg, block_kv)
+  kbs, vbs, segs, real, kv_idx = _key_blocks(k, v, kv_seg, kv_index, block_kv)
   nk = kbs.shape[0]
   delta = jnp.einsum('BTKGH,BTKGH->BKGT', d_out.astype(jnp.float32),
                      out.astype(jnp.float32))
-  q_starts = _query_starts(t, block_q)
 
   def query_tile(carry, xs):
-    qb, qseg_b, q_start, dob, lse_b, delta_b = xs
-    q_off = offset + q_start
+    qb, qseg_b, qi_b, dob, lse_b, delta_b = xs
+    q_last = qi_b.max()
     do = jnp.moveaxis(dob, 1, 3)                                      # [B, K, G, bq, H]
 
     def body(carry, xs):
-      j, kb, vb, seg_b, real_b, start_b = xs
+      j, kb, vb, seg_b, real_b, ki_b = xs
 
       def visit(carry):
         dq, dks, dvs = carry
-        s, seen = _block_logits(qb, kb, qseg_b, seg_b, real_b, start_b, q_off)
+        s, seen = _block_logits(qb, kb, qseg_b, seg_b, real_b, ki_b, qi_b)
         p = jnp.exp(s - lse_b[..., None])                             # [B, K, G, bq, bk]
         dv = jnp.einsum('BKGTS,BKGTH->BKSH', p.astype(dt), do.astype(dt),
                         preferred_element_type=jnp.float32)
@@ -447,25 +499,25 @@ def _blockwise_bwd(block_q, block_kv, res, d_out):
         dk = jnp.einsum('BKGTS,BTKGH->BKSH', ds, qb, preferred_element_type=jnp.float32)
         return dq, dks.at[j].add(dk), dvs.at[j].add(dv)
 
-      return jax.lax.cond(_visited(q_off, block_q, start_b), visit, lambda c: c, carry), None
+      return jax.lax.cond(_visited(q_last, ki_b.min()), visit, lambda c: c, carry), None
 
     body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
     dks, dvs = carry
     (dq, dks, dvs), _ = jax.lax.scan(
         body, (jnp.zeros(qb.shape, jnp.float32), dks, dvs),
-        (jnp.arange(nk), kbs, vbs, segs, real, start))
+        (jnp.arange(nk), kbs, vbs, segs, real, kv_idx))
     return (dks, dvs), dq
 
   zeros = jnp.zeros(kbs.shape, jnp.float32)
   (dks, dvs), dq = jax.lax.scan(query_tile, (zeros, zeros), (
-      _query_blocks(q, 1, block_q), _query_blocks(q_seg, 1, block_q), q_starts,
-      _query_blocks(d_out, 1, block_q), _query_blocks(lse, 3, block_q),
+      _query_blocks(q, 1, block_q), _query_blocks(q_seg, 1, block_q),
+      _query_blocks(q_index, 0, block_q), _query_blocks(d_out, 1, block_q), _query_blocks(lse, 3, block_q),
       _query_blocks(delta, 3, block_q)))
   dq = _query_unblock(dq, 1, t)
   s = k.shape[2]
   unblock = lambda x: jnp.moveaxis(x, 0, 2).reshape(*k.shape[:2], -1, k.shape[3])[:, :, :s]
   return (dq.astype(q.dtype), unblock(dks).astype(k.dtype), unblock(dvs).astype(v.dtype),
-          None, None, None)
+          None, None, None, None)
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)

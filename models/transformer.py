@@ -31,6 +31,7 @@ from jax import ad_checkpoint
 
 from models import attention
 from models import config as config_lib
+from models import context
 from models import hybrid
 from models import sharding
 from models.layers import (MLP, Attention, RMSNorm, _matmul, _PagedStep, _param,  # noqa: F401
@@ -190,7 +191,7 @@ def _host_offload_supported() -> bool:
     return False
 
 
-def _remat(body, cfg: config_lib.ModelConfig):
+def _remat(body, cfg: config_lib.ModelConfig, prevent_cse: bool | None = None):
   """`body` (one block) under the checkpoint policy `cfg.remat` names.
 
   'full' saves nothing but the block's input (the carry); 'save_attention_out'
@@ -211,7 +212,8 @@ def _remat(body, cfg: config_lib.ModelConfig):
   else:
     policy = names.nothing_saveable
   # Inside a scan the body cannot be CSE'd with its recomputation anyway.
-  return jax.checkpoint(body, policy=policy, prevent_cse=not cfg.scans_layers)
+  prevent_cse = not cfg.scans_layers if prevent_cse is None else prevent_cse
+  return jax.checkpoint(body, policy=policy, prevent_cse=prevent_cse)
 
 
 class Transformer(nnx.Module):
@@ -264,6 +266,19 @@ class Transformer(nnx.Module):
       start = 0 if cache is None else cache.index
       positions = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
 
+    # Context parallelism (models.context): a row split along T over the sequence axis runs
+    # in zig-zag chunk order, entered here once and left after the last block.
+    cp = cache is None and context.shards(t) > 1
+    if cp:
+      if not cfg.is_dense and 'mamba' in cfg.mixers:
+        raise ValueError(f'context parallelism (a sequence axis of {context.shards(t)} '
+                         f'devices splitting T={t}): family={cfg.family!r} has Mamba-2 layers, '
+                         'whose scan does not pass its state across sequence shards yet')
+      zz = lambda a: context.to_zigzag(a, ('batch', 'length'))
+      segment_ids, positions = zz(segment_ids), zz(positions)
+      if routing is not None:
+        routing = context.to_zigzag(routing, (None, 'batch', 'length', None))
+
     # Who sees whom, as segment ids (attention.py never needs a [T, S] mask).
     if cache is None:
       mask = attention.MaskInfo(segment_ids, segment_ids)
@@ -277,15 +292,21 @@ class Transformer(nnx.Module):
     table = sharding.constrain(self.embed.value, ('vocab', None))
     x = jnp.take(table, tokens, axis=0).astype(cfg.jnp_dtype)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
+    if cp:
+      x = context.to_zigzag(x, ('batch', 'length', 'embed'))
+    unzz = lambda a: context.from_zigzag(a, ('batch', 'length', 'embed')) if cp else a
     if not cfg.is_dense:
       kv = None if cache is None else (cache.k, cache.v, cache.index)
       x, ks, vs, states, stats = hybrid.run(
           self.blocks, cfg, x, positions, mask, segment_ids, kv=kv,
           states=None if cache is None else cache.state, routing=routing, replay=replay,
-          remat=None if cfg.remat == 'none' else lambda body: _remat(body, cfg))
+          remat=None if cfg.remat == 'none' else lambda body, cse: _remat(body, cfg, cse))
+      if stats is not None and cp:
+        stats = stats._replace(indices=context.from_zigzag(
+            stats.indices, (None, 'batch', 'length', None)))
       if stats is not None and hybrid.collecting() and not return_stats:
         self.sow(nnx.Intermediate, 'moe_stats', stats)
-      x = self.final_norm(x)
+      x = self.final_norm(unzz(x))
       new_cache = None if cache is None else Cache(k=ks, v=vs, segment_ids=k_seg,
                                                    index=cache.index + t, state=states)
       return (x, new_cache, stats) if return_stats else (x, new_cache)
@@ -293,7 +314,7 @@ class Transformer(nnx.Module):
       raise ValueError(f'routing= is for the mixture-of-experts families; family='
                        f'{cfg.family!r} has no experts')
     x, kv = self._run_blocks(x, positions, mask, cache, layers)
-    x = self.final_norm(x)
+    x = self.final_norm(unzz(x))
     new_cache = None if cache is None else Cache(k=kv[0], v=kv[1], segment_ids=k_seg,
                                                  index=cache.index + t)
     return (x, new_cache, None) if return_stats else (x, new_cache)

@@ -91,13 +91,13 @@ def test_blockwise_cached_prefill_equals_dense(t, s):
 
 def test_blockwise_skips_exactly_the_tiles_above_the_diagonal():
   # Query tile [q_offset, q_offset + 128) against key tiles starting at k_start.
-  visited = lambda q_offset, k_start: bool(attention._visited(q_offset, 128, k_start))
+  visited = lambda q_offset, k_start: bool(attention._visited(q_offset + 127, k_start))
   assert visited(0, 0) and visited(128, 0) and visited(128, 128)
   assert visited(1, 128)             # its last query (slot 128) sees the tile's first key
   assert not visited(0, 128)         # its last query is slot 127
   assert not visited(0, 256)
   # A cached prefill's tile starts at its traced offset.
-  assert bool(attention._visited(jnp.asarray(24), 128, 128)) and not visited(24, 256)
+  assert bool(attention._visited(jnp.asarray(24) + 127, 128)) and not visited(24, 256)
 
 
 def test_resolve():
