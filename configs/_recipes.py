@@ -11,8 +11,9 @@ GRPO's token-level loss and dynamic filtering). The papers' numbers and
 where they come from: configs/PAPERS.md.
 
 Data is staged by the user under one root (`data_root=` in the config
-argument, default `data/nemotron`); README ("At scale") says where each file
-comes from and which `cascade.data` format reads it. Nothing here downloads.
+argument, default `data/nemotron`): the released datasets as they are
+downloaded (CASCADE1_RELEASE, CASCADE2_RELEASE; docs/released_data.md), the
+rest in the layout of DATASETS. Nothing here downloads.
 """
 
 from __future__ import annotations
@@ -96,6 +97,37 @@ DATASETS = {
     'mopd_train': ('rl/mopd.jsonl', 'prompt', ''),
 }
 
+# The released datasets, read as they are downloaded (docs/released_data.md): each
+# `huggingface-cli download nvidia/<name> --repo-type dataset --local-dir <data_root>/<name>`.
+# Dataset name -> (path under data_root, cascade.data format, domain), replacing DATASETS'
+# entry. File names: Cascade 2's RL subsets as `<subset>/train.jsonl` and its SFT subsets as
+# `<subset>/<file>.jsonl` (seen in loaders of the releases); Cascade 1's layouts are inferred
+# (cascade/released.py says which field and file names are verified, seen or inferred). The
+# SFT sets' domain is a label only (an SFT stage keeps every record of its datasets).
+CASCADE1_RELEASE = {
+    'sft_stage1': ('Nemotron-Cascade-SFT-Stage-1/*/*.jsonl', 'nemotron_cascade_sft', 'chat'),
+    'sft_stage2': ('Nemotron-Cascade-SFT-Stage-2/*/*.jsonl', 'nemotron_cascade_sft', 'chat'),
+    'sft_swe': ('Nemotron-Cascade-SFT-SWE/*.jsonl', 'nemotron_cascade_sft', 'swe'),
+    'rlhf_train': ('Nemotron-Cascade-RL-RLHF/*.jsonl', 'cascade1_rl_rlhf', 'chat'),
+    'if_train': ('Nemotron-Cascade-RL-Instruction-Following/*.jsonl', 'cascade1_rl_if',
+                 'instruction_following'),
+    'math_train': ('Nemotron-Cascade-RL-Math/*.jsonl', 'cascade1_rl_math', 'math'),
+    'swe_train': ('Nemotron-Cascade-RL-SWE/*.jsonl', 'cascade1_rl_swe', 'swe'),
+}
+_C2_RL = 'Nemotron-Cascade-2-RL-data'
+CASCADE2_RELEASE = {
+    'sft_stage1': ('Nemotron-Cascade-2-SFT-Data/*/*.jsonl', 'nemotron_cascade_sft', 'chat'),
+    'if_train': (f'{_C2_RL}/IF-RL/train.jsonl', 'cascade2_if_rl', ''),
+    # MCQA, workplace tool calling and structured output in one file: each record names its
+    # domain (routed by its NeMo-Gym agent), and the three domains train on it.
+    'multi_domain_train': (f'{_C2_RL}/multi-domain-RL/train.jsonl', 'cascade2_multi_domain_rl',
+                           ''),
+    'mopd_train': (f'{_C2_RL}/MOPD/train.jsonl', 'cascade2_mopd', ''),
+}
+# Cascade 2's domains whose train set is the multi-domain subset.
+CASCADE2_RELEASE_TRAIN = {'mcqa': 'multi_domain_train', 'tool_calling': 'multi_domain_train',
+                          'structured': 'multi_domain_train'}
+
 # Domain -> (training verifier, options, train set, held-out set).
 DOMAINS = {
     # RLHF: the Bradley-Terry reward model trained by the 'rm' stage scores the
@@ -147,7 +179,8 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
                 domains: list[str], datasets: list[str], seed: int = 0,
                 eval_max_new_tokens: int, eval_max_prompt_len: int,
                 eval_temperature: float = 0.6, eval_top_p: float = 0.95,
-                eval_num_samples: int = 4) -> ml_collections.ConfigDict:
+                eval_num_samples: int = 4, release: dict | None = None,
+                train_sets: dict | None = None) -> ml_collections.ConfigDict:
   """Everything but the stage list.
 
   Args:
@@ -163,6 +196,9 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
     eval_temperature: held-out sampling temperature.
     eval_top_p: held-out nucleus mass.
     eval_num_samples: samples per held-out prompt (pass@1 averaged over them).
+    release: dataset name -> (path, format, domain) replacing or adding to DATASETS (the
+      released files read as they are, e.g. CASCADE1_RELEASE).
+    train_sets: domain -> its train dataset where it is not DOMAINS' one.
 
   Returns:
     A ConfigDict with seed, model, tokenizer, mesh, hardware, sampler, ckpt,
@@ -192,23 +228,25 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
                 max_prompt_len=eval_max_prompt_len,
                 num_prompts=0,   # 0 = the whole held-out set.
                 batch_size=256, thinking=True)
+  table = {**DATASETS, **(release or {})}
+  train_sets = dict(train_sets or {})
   names = list(datasets)
   for d in domains:
     train, held_out = DOMAINS[d][2:4] if d in DOMAINS else AGENT_DOMAINS[d][2:4]
-    names += [train, held_out]
-  c.datasets = {n: dict(path=os.path.join(data_root, DATASETS[n][0]), format=DATASETS[n][1],
-                        **({'domain': DATASETS[n][2]} if DATASETS[n][2] else {}))
+    names += [train_sets.get(d, train), held_out]
+  c.datasets = {n: dict(path=os.path.join(data_root, table[n][0]), format=table[n][1],
+                        **({'domain': table[n][2]} if table[n][2] else {}))
                 for n in dict.fromkeys(names)}
   c.domains = {}
   for d in domains:
     if d in AGENT_DOMAINS:
       env, options, train, held_out, turns = AGENT_DOMAINS[d]
-      c.domains[d] = dict(env=env, env_options=dict(options), train=train, eval=held_out,
-                          max_turns=turns)
+      c.domains[d] = dict(env=env, env_options=dict(options), train=train_sets.get(d, train),
+                          eval=held_out, max_turns=turns)
       continue
     verifier, options, train, held_out = DOMAINS[d]
-    c.domains[d] = dict(verifier=verifier, verifier_options=dict(options), train=train,
-                        eval=held_out)
+    c.domains[d] = dict(verifier=verifier, verifier_options=dict(options),
+                        train=train_sets.get(d, train), eval=held_out)
   if 'chat' in c.domains:
     c.domains.chat.reward_model_stage = 'rm'
   c.stages = []
@@ -499,7 +537,8 @@ def cascade1(*, preset: str, data_root: str, tokenizer: str, base: str, rlhf: di
                                        rope_scaling=QWEN3_YARN),
                   data_root=data_root, tokenizer=tokenizer, domains=CASCADE1_DOMAINS,
                   datasets=['sft_stage1', 'sft_stage2', 'sft_swe', 'rm_pairs'],
-                  eval_max_new_tokens=61_440, eval_max_prompt_len=4096)
+                  eval_max_new_tokens=61_440, eval_max_prompt_len=4096,
+                  release=CASCADE1_RELEASE)
   stages = [sft(**s, domains=list(CASCADE1_SFT_DOMAINS)) for s in cascade1_sft_stages(base)]
   last_sft = stages[-1]['name']
   stages.append(reward_model('rm', init_from=last_sft, **CASCADE1_RM))

@@ -49,8 +49,12 @@ Not reproducible here:
   in the mesh), so they are capped at 64K here (marked at each stage); `launch.plan`
   reports what fits.
 * Data: the released `nvidia/Nemotron-Cascade-2-SFT-Data` and `-RL-data`
-  (IF-RL 45,879; multi-domain 18,147; MOPD 6,171; SWE-RL 3,612) must be
-  staged and converted by the user (README, "At scale").
+  are read as they are downloaded under data_root (docs/released_data.md):
+  SFT, IF-RL (45,879), multi-domain RL (18,147: MCQA, workplace tool calling
+  and structured output, each row routed to its domain by its NeMo-Gym agent)
+  and MOPD (6,171). SWE-RL (3,612) rows name a GitHub repository and commit
+  but carry no files, which the agentic SWE environment needs: its prompts
+  stay a staged file (rl/swe_agent.jsonl) of tasks with their repositories.
 """
 
 from configs import _recipes
@@ -79,7 +83,8 @@ def get_config(arg=None):
       data_root=a.data_root, tokenizer=a.tokenizer, domains=_DOMAINS,
       datasets=['sft_stage1', 'rm_pairs', 'mopd_train'],
       eval_max_new_tokens=49_152, eval_max_prompt_len=4096, eval_temperature=1.0,
-      eval_top_p=1.0)
+      eval_top_p=1.0, release=_recipes.CASCADE2_RELEASE,
+      train_sets=_recipes.CASCADE2_RELEASE_TRAIN)
   # RL optimizer: AdamW at a constant 3e-6, no warm-up (the optimizer's other defaults).
   rl = dict(prompts_per_step=128, group_size=16, optimizer=dict(lr=3e-6, warmup_steps=0),
             temperature=1.0, top_p=1.0, microbatches=_MICRO, thinking_fraction=1.0)

@@ -26,10 +26,10 @@ per token, on a mesh with an expert axis; give its checkpoint as base and tokeni
 swe_judge (an HF checkpoint directory: the paper's SWE semantic judge, below; '' = off).
 
 Not reproducible here, by construction:
-* Data: the released sets (configs/PAPERS.md, "Released data") must be
-  downloaded and converted by the user (README); the code-RL prompts and the
-  reward model's 82K preference pairs (HelpSteer2/3 + generated) are not
-  among the releases, so equivalents must be substituted.
+* Data: the released sets (configs/PAPERS.md, "Released data") are read as
+  they are downloaded under data_root (docs/released_data.md); the code-RL
+  prompts and the reward model's 82K preference pairs (HelpSteer2/3 +
+  generated) are not among the releases, so equivalents must be substituted.
 * Reward model: the paper's RM is Qwen2.5-72B-Instruct with a linear head;
   here the 'rm' stage trains a Bradley-Terry head on the 14B SFT policy (the
   paper found a 7B RM length-hacked and cost ~3 AIME25 points; a 14B RM may

@@ -18,8 +18,8 @@ Config argument (`:key=value,...`): data_root, base (the Qwen3-8B-Base HF
 directory), tokenizer, hardware ('v5p_128' or 'h200x8', see
 configs/nemotron_cascade_14b.py).
 
-Not reproducible here: the same as for configs/nemotron_cascade_14b.py (data
-to be staged by the user, code-RL prompts and RM pairs not released, a 72B
+Not reproducible here: the same as for configs/nemotron_cascade_14b.py (the
+released data read as downloaded, code-RL prompts and RM pairs not released, a 72B
 reward model and a 72B SWE judge in the paper, benchmark harnesses, whether
 training used YaRN: x2.0 for the whole cascade here, as in the 14B).
 Code and SWE RL use the 14B's published numbers: none are published for 8B.

@@ -191,7 +191,8 @@ class RLStageConfig(base.TrainStageConfig):
     missing = [d for d in self.domains if not refs.domains[d].train]
     if missing:
       fail('datasets', f'not given, and domain {missing[0]!r} has no train dataset')
-    return tuple(refs.domains[d].train for d in self.domains)
+    # Domains may share a train set (records that name their domain): read it once.
+    return tuple(dict.fromkeys(refs.domains[d].train for d in self.domains))
 
   @property
   def mode_fractions(self) -> float | dict[str, float] | None:

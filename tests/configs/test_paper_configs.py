@@ -27,7 +27,13 @@ def test_paper_configs_validate(name):
   c = importlib.import_module(f'configs.{name}').get_config('data_root=gs://b/d,base=/b')
   plan = config_lib.validate(c)
   assert plan.stages[0].kind == 'sft'
-  assert c.datasets['math_train']['path'] == 'gs://b/d/rl/math.jsonl'
+  # Cascade 1 reads the released RL-Math files as downloaded (configs/_recipes.py,
+  # CASCADE1_RELEASE); Cascade 2 released no math RL set.
+  assert c.datasets['math_train'].to_dict() == (
+      dict(path='gs://b/d/rl/math.jsonl', format='nemotron_math', domain='math')
+      if name == 'nemotron_cascade2' else
+      dict(path='gs://b/d/Nemotron-Cascade-RL-Math/*.jsonl', format='cascade1_rl_math',
+           domain='math'))
 
 
 def test_cascade1_14b_math_stage_is_the_papers():
@@ -86,8 +92,13 @@ def test_cascade2_multi_domain_rl_and_its_verifiers():
                                                 'long_context')} == {
       'mcqa': 'mcqa', 'tool_calling': 'tool_call', 'structured': 'structured',
       'long_context': 'long_context_qa'}
-  assert c.datasets['tool_calling_train'].to_dict() == dict(
-      path='/d/rl/tool_calling.jsonl', format='prompt', domain='tool_calling')
+  # The three train on the released multi-domain subset, whose records name their domain.
+  assert {d: c.domains[d]['train'] for d in ('mcqa', 'tool_calling', 'structured')} == dict.fromkeys(
+      ('mcqa', 'tool_calling', 'structured'), 'multi_domain_train')
+  assert c.datasets['multi_domain_train'].to_dict() == dict(
+      path='/d/Nemotron-Cascade-2-RL-data/multi-domain-RL/train.jsonl',
+      format='cascade2_multi_domain_rl')
+  assert 'tool_calling_train' not in c.datasets
   assert c.datasets['tool_calling_eval']['path'] == '/d/eval/tool_calling.jsonl'
 
 
