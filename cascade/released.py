@@ -356,7 +356,8 @@ def adapt_sft(raw: Mapping) -> dict:
   if rid:
     rec['id'] = rid
   tools = raw.get('tools')
-  tools = _function_tools(tools, 'tools') if tools is not None else []
+  # An empty list, or its empty text, is a conversation without tools.
+  tools = _function_tools(tools, 'tools') if tools not in (None, '', '[]') else []
   if len(learned) == 1 and 'tool_calls' not in learned[0] and not tools:
     answer = learned[0]
     if not answer['content'].strip():

@@ -115,12 +115,14 @@ def get_config(arg=None):
       # MOPD: 128 x 4, temperature 1.0, 52 steps, lr 2e-6 (text), 30 warm-up steps;
       # max 98K in the paper, 60K here (a row on one device). Teachers: math = the
       # SFT checkpoint; chat = the side RLHF run; the rest = after IF-RL + multi-domain RL.
-      # No tool calling: the paper's MOPD prompts are math, IF, workplace, STEM and
-      # structured output.
-      r.mopd('mopd', domains=['math', 'instruction_following', 'chat', 'mcqa', 'structured'],
+      # The paper's MOPD prompts: math 1,853, IF 1,854, workplace (tool calling) 610, STEM
+      # (MCQA) 927, structured output 927; the released MOPD subset routes each row to its
+      # domain (cascade/released.py).
+      r.mopd('mopd', domains=['math', 'instruction_following', 'chat', 'mcqa', 'structured',
+                              'tool_calling'],
              teachers={'math': 'sft', 'instruction_following': 'multi_domain_rl',
                        'chat': 'rlhf_teacher', 'mcqa': 'multi_domain_rl',
-                       'structured': 'multi_domain_rl'},
+                       'structured': 'multi_domain_rl', 'tool_calling': 'multi_domain_rl'},
              init_from='multi_domain_rl', steps=52, optimizer=dict(lr=2e-6, warmup_steps=30),
              prompts_per_step=128, group_size=4, temperature=1.0, max_prompt_len=4096,
              max_response_len=61_440, microbatches=64),

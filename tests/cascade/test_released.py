@@ -21,6 +21,7 @@ from cascade import config as config_lib
 from cascade import data
 from cascade import released
 from cascade import verifier_set
+from cascade.kinds import sft
 from models import chat
 import verifiers
 
@@ -188,6 +189,10 @@ def test_every_stage_of_the_paper_configs_reads_the_released_files(tmp_path, nam
         for d in st.domains:
           if plan.domains[d].train == ds:
             assert any(r['domain'] == d for r in loaded[ds]), (st.name, d)
+  if name == 'nemotron_cascade2':
+    # MOPD trains every domain of its subset (math, IF, MCQA, workplace, structured output).
+    mopd = plan.stage('mopd')
+    assert {r['domain'] for r in loaded['mopd_train']} <= set(mopd.domains)
 
 
 def test_released_paths_are_under_the_download_directories():
@@ -229,6 +234,9 @@ def test_sft_tool_conversation_is_a_demonstration_with_its_calls_and_results():
                           {'role': 'tool', 'content': '{"status": "sent"}'},
                           {'role': 'assistant', 'content': 'Done: Raj has been emailed.'}]
   assert rec['tools'][0]['function']['name'] == 'email_send_email'
+  # A conversation whose `tools` column is empty (an empty list or its text) has none.
+  for empty in ('', '[]', []):
+    assert 'tools' not in released.adapt_sft(dict(sft_plain(), tools=empty))
   # The demonstration's opening renders with its tools, and the learned call parses back.
   assert 'email_send_email' in chat.render(rec['messages'], tools=rec['tools'])
   parsed = chat.parse_tool_calls(rec['turns'][0]['content'])
@@ -248,6 +256,25 @@ def test_sft_multi_turn_context_keeps_earlier_tool_calls_and_results():
                                                   'assistant', 'user']
   assert rec['messages'][2]['tool_calls'][0]['arguments']['recipient'] == 'raj@atlas.com'
   assert '<tool_response>\n{"status": "sent"}\n</tool_response>' in chat.render(rec['messages'])
+
+
+def test_sft_records_train_on_the_answer_and_calls_only(fakes):
+  """Through the SFT stage's tokenization (cascade/kinds/sft.py): the learned tokens are the
+  reasoning and answer, or the demonstration's assistant turns; prompts and tool results
+  are context."""
+  tok = fakes.CharTokenizer()
+
+  def learned(rec):
+    toks, mask = sft.example(rec, tok, True, 100_000)
+    return tok.decode([t for t, m in zip(toks, mask) if m])
+
+  plain = learned(released.adapt_sft(sft_plain()))
+  assert '2 plus 3 is 5.' in plain and plain.rstrip().endswith(f'The answer is 5.{chat.IM_END}')
+  assert 'What is 2 + 3?' not in plain
+  tools = learned(released.adapt_sft(sft_tools()))
+  call = chat.render_tool_call('email_send_email', {
+      'recipient': 'raj@atlas.com', 'subject': 'Build', 'body': 'green'})
+  assert tools == f'{call}{chat.IM_END}Done: Raj has been emailed.{chat.IM_END}'
 
 
 def test_cascade1_rl_rows_map_to_their_verifier_metadata():

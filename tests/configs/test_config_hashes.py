@@ -13,10 +13,11 @@ _ROOT = 'root=/pinned/world'       # the tiny configs name files under their wor
 PINNED = {
     # The paper configs' values changed on purpose when their datasets became the released
     # files as downloaded (issue #39, cascade/released.py): they name other data, so a workdir
-    # of the earlier hand-converted layout must not resume under them. (They also take in
+    # of the earlier hand-converted layout must not resume under them; Cascade 2's MOPD stage
+    # also trains the subset's workplace (tool-calling) prompts. (They also take in
     # 4b8b1df's sampler buckets up to 262,144 tokens, which left the old values stale.)
-    ('nemotron_cascade2', None): '822ae29d0c410c48',
-    ('nemotron_cascade2', 'hardware=h200x8'): '48ed251bc469ada3',
+    ('nemotron_cascade2', None): '54a927cf136c6c02',
+    ('nemotron_cascade2', 'hardware=h200x8'): '262f92f61e7e449e',
     ('nemotron_cascade_14b', None): 'bbaf7ab22a9d4a0b',
     ('nemotron_cascade_14b', 'hardware=h200x8'): '49dd6041f5ecf86f',
     ('nemotron_cascade_8b', None): '694e586c8ffc19bc',

@@ -69,11 +69,11 @@ def test_cascade2_if_rl_and_mopd_stages():
       thinking_fraction=0.0, filter_overlong=False, kl_coef=0.0, microbatches=32)
   assert _stage('nemotron_cascade2', 'mopd') == dict(
       name='mopd', kind='mopd', domains=['math', 'instruction_following', 'chat', 'mcqa',
-                                         'structured'],
+                                         'structured', 'tool_calling'],
       datasets=['mopd_train'],
       teachers={'math': 'sft', 'instruction_following': 'multi_domain_rl',
                 'chat': 'rlhf_teacher', 'mcqa': 'multi_domain_rl',
-                'structured': 'multi_domain_rl'},
+                'structured': 'multi_domain_rl', 'tool_calling': 'multi_domain_rl'},
       init_from='multi_domain_rl', steps=52, optimizer=dict(lr=2e-6, warmup_steps=30),
       prompts_per_step=128, group_size=4, temperature=1.0, max_prompt_len=4096,
       max_response_len=61_440, microbatches=8)
