@@ -30,6 +30,8 @@ config's `remat`.
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 import dataclasses
 import math
 import time
@@ -98,46 +100,117 @@ def loss_config(loss: LossSpec, cfg=None):
 
 # ---------------------------------------------------------------- optimizer
 
-SCHEDULES = ('constant', 'cosine')
+SCHEDULES = ('constant', 'cosine', 'linear')
+
+
+@dataclasses.dataclass(frozen=True)
+class _Optimizer:
+  """An optimizer by name: its optax constructor and which `OptimizerConfig` fields it takes.
+
+  Attributes:
+    make: the optax function (its first argument the learning rate or schedule).
+    takes: the fields of OptimizerConfig passed to `make` under the same names, when set.
+    decay: the names `make` gives decoupled weight decay and its mask (None: it has none;
+      decay is added to the gradient before `make`, `optax.add_decayed_weights`).
+  """
+  make: Callable[..., optax.GradientTransformation]
+  takes: tuple[str, ...]
+  decay: tuple[str, str] | None
+
+  def args(self) -> tuple[str, ...]:
+    """The keyword arguments `OptimizerConfig.args` may pass (`make`'s others)."""
+    covered = {'learning_rate', *self.takes, *(self.decay or ())}
+    return tuple(n for n in inspect.signature(self.make).parameters if n not in covered)
+
+
+# Optimizers by name. b1 / b2 / eps left unset (None) take optax's default of each.
+OPTIMIZERS = {
+    'adamw': _Optimizer(optax.adamw, ('b1', 'b2', 'eps'), ('weight_decay', 'mask')),
+    'adafactor': _Optimizer(optax.adafactor, ('eps',), ('weight_decay_rate', 'weight_decay_mask')),
+    'lion': _Optimizer(optax.lion, ('b1', 'b2'), ('weight_decay', 'mask')),
+    'sgd': _Optimizer(optax.sgd, (), None),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-  """AdamW with global-norm clipping and warm-up then constant or cosine.
+  """An optax optimizer by name with global-norm clipping, warm-up, then a schedule.
 
   Attributes:
     learning_rate: peak learning rate.
     warmup_steps: linear warm-up from lr / warmup_steps to lr over this many steps.
-    schedule: 'constant' or 'cosine' after warm-up.
-    decay_steps: cosine only: steps from the end of warm-up to the floor.
-    min_lr_ratio: cosine floor as a fraction of learning_rate.
-    b1: Adam beta1.
-    b2: Adam beta2.
-    eps: Adam epsilon.
-    weight_decay: decoupled weight decay on matrices (ndim >= 2) only.
+    schedule: after warm-up, 'constant', 'cosine' (to min_lr_ratio * lr) or 'linear' (the same
+      ends) over decay_steps.
+    decay_steps: cosine and linear: steps from the end of warm-up to the floor.
+    min_lr_ratio: the floor of cosine and linear as a fraction of learning_rate.
+    name: the optimizer, a key of OPTIMIZERS ('adamw', 'adafactor', 'lion', 'sgd').
+    b1: first-moment decay (adamw, lion); None: optax's default.
+    b2: second-moment decay (adamw, lion); None: optax's default.
+    eps: adamw's epsilon, adafactor's; None: optax's default.
+    weight_decay: decay on matrices (ndim >= 2) only: decoupled for adamw, lion and adafactor
+      (its weight_decay_rate), added to the gradient for sgd.
     max_grad_norm: clip the global gradient norm to this; 0 = no clipping.
+    args: other keyword arguments of the optax function (e.g. sgd's momentum, adafactor's
+      factored), as (name, value) pairs or a dict.
   """
   learning_rate: float = 1e-6
   warmup_steps: int = 0
   schedule: str = 'constant'
   decay_steps: int = 0
   min_lr_ratio: float = 0.0
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-8
+  b1: float | None = None
+  b2: float | None = None
+  eps: float | None = None
   weight_decay: float = 0.0
   max_grad_norm: float = 1.0
+  name: str = 'adamw'
+  args: Any = ()
 
   def __post_init__(self):
     if not self.learning_rate > 0:
       raise ValueError(f'OptimizerConfig.learning_rate={self.learning_rate} must be > 0')
     if self.schedule not in SCHEDULES:
       raise ValueError(f'OptimizerConfig.schedule={self.schedule!r}: expected one of {SCHEDULES}')
-    if self.schedule == 'cosine' and self.decay_steps < 1:
-      raise ValueError('OptimizerConfig.decay_steps must be >= 1 for the cosine schedule')
+    if self.schedule != 'constant' and self.decay_steps < 1:
+      raise ValueError(f'OptimizerConfig.decay_steps must be >= 1 for the {self.schedule} '
+                       'schedule')
     for name in ('warmup_steps', 'min_lr_ratio', 'weight_decay', 'max_grad_norm'):
       if getattr(self, name) < 0:
         raise ValueError(f'OptimizerConfig.{name}={getattr(self, name)} must be >= 0')
+    object.__setattr__(self, 'args', tuple(sorted(dict(self.args).items())))
+    problem = optimizer_problem(self.name, {k: getattr(self, k) for k in ('b1', 'b2', 'eps')},
+                                dict(self.args))
+    if problem:
+      raise ValueError(f'OptimizerConfig.{problem[0]}: {problem[1]}')
+
+
+def optimizer_problem(name: str, moments: dict[str, Any],
+                      args: dict[str, Any]) -> tuple[str, str] | None:
+  """What is wrong with an optimizer choice: (the field as given, why), or None.
+
+  Args:
+    name: the optimizer's name (a key of OPTIMIZERS).
+    moments: b1, b2, eps as given (None = unset).
+    args: the other keyword arguments for its optax function.
+
+  Returns:
+    e.g. ("name='adamx'", 'unknown optimizer (known: ...)'), ('b1=0.9', 'sgd takes no b1 ...'),
+    ('args.momentm', 'not an argument of optax.sgd (nearest: momentum)'); None if all is well.
+  """
+  opt = OPTIMIZERS.get(name)
+  if opt is None:
+    return f'name={name!r}', f'unknown optimizer (known: {", ".join(sorted(OPTIMIZERS))})'
+  for field, value in moments.items():
+    if value is not None and field not in opt.takes:
+      return f'{field}={value!r}', f'{name} takes no {field} (of b1, b2, eps it takes: ' + (
+          ', '.join(opt.takes) or 'none') + ')'
+  known = opt.args()
+  for key in args:
+    if key not in known:
+      near = difflib.get_close_matches(str(key), known, n=3, cutoff=0.6)
+      what = f'nearest: {", ".join(near)}' if near else f'known: {", ".join(known) or "none"}'
+      return f'args.{key}', f'not an argument of optax.{name} ({what})'
+  return None
 
 
 def make_schedule(cfg) -> optax.Schedule:
@@ -145,8 +218,9 @@ def make_schedule(cfg) -> optax.Schedule:
 
   lr(c) = learning_rate * min(1, (c + 1) / warmup_steps) during warm-up (the
   first update already gets lr / warmup_steps, the last warm-up update the
-  full lr), then constant, or a cosine from learning_rate at c = warmup_steps
-  down to min_lr_ratio * learning_rate at c = warmup_steps + decay_steps.
+  full lr), then constant, or a cosine (or a straight line) from learning_rate
+  at c = warmup_steps down to min_lr_ratio * learning_rate at c = warmup_steps
+  + decay_steps.
 
   Why not `optax.linear_schedule` / `cosine_decay_schedule` joined: they are
   the same functions but associate the float32 arithmetic differently, so 127
@@ -165,6 +239,9 @@ def make_schedule(cfg) -> optax.Schedule:
     if cfg.schedule == 'cosine':
       t = jnp.clip((count - cfg.warmup_steps) / cfg.decay_steps, 0.0, 1.0)
       lr = lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + jnp.cos(math.pi * t)))
+    elif cfg.schedule == 'linear':
+      t = jnp.clip((count - cfg.warmup_steps) / cfg.decay_steps, 0.0, 1.0)
+      lr = lr * (1 - (1 - cfg.min_lr_ratio) * t)
     return lr
 
   return schedule
@@ -176,6 +253,8 @@ def optax_schedule(cfg) -> optax.Schedule:
   lr = cfg.learning_rate
   if cfg.schedule == 'cosine':
     after = optax.cosine_decay_schedule(lr, cfg.decay_steps, alpha=cfg.min_lr_ratio)
+  elif cfg.schedule == 'linear':
+    after = optax.linear_schedule(lr, lr * cfg.min_lr_ratio, cfg.decay_steps)
   else:
     after = optax.constant_schedule(lr)
   if cfg.warmup_steps == 0:
@@ -188,14 +267,23 @@ def optax_schedule(cfg) -> optax.Schedule:
 
 
 def make_optimizer(cfg) -> optax.GradientTransformation:
-  """The optax chain: global-norm clipping, then AdamW on `make_schedule(cfg)`."""
+  """The optax chain: global-norm clipping, then `optax.<cfg.name>` on `make_schedule(cfg)`."""
   cfg = _as_config(OptimizerConfig, cfg, 'optimizer config')
   decay_mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
-  adamw = optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                      weight_decay=cfg.weight_decay, mask=decay_mask)
+  opt = OPTIMIZERS[cfg.name]
+  kwargs = {k: getattr(cfg, k) for k in opt.takes if getattr(cfg, k) is not None}
+  parts = []
+  if opt.decay:
+    rate, mask = opt.decay
+    # Passed when set, or when optax's default would decay (lion's 1e-3; adamw's 1e-4).
+    if cfg.weight_decay or inspect.signature(opt.make).parameters[rate].default is not None:
+      kwargs.update({rate: cfg.weight_decay, mask: decay_mask})
+  elif cfg.weight_decay:
+    parts.append(optax.add_decayed_weights(cfg.weight_decay, decay_mask))
+  tx = opt.make(make_schedule(cfg), **kwargs, **dict(cfg.args))
   if cfg.max_grad_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
-  return adamw
+    parts.insert(0, optax.clip_by_global_norm(cfg.max_grad_norm))
+  return optax.chain(*parts, tx) if parts else tx
 
 
 # ---------------------------------------------------------------- state

@@ -37,32 +37,56 @@ INIT_ROW = 'init'
 
 # ---------------------------------------------------------------- optimizer and phases
 
+def _plain_args(v) -> bool:
+  return isinstance(v, Mapping) and all(
+      isinstance(k, str) and (v[k] is None or isinstance(v[k], (bool, int, float, str)))
+      for k in v)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Optimizer:
-  """AdamW with linear warm-up, then constant or cosine (to min_lr_ratio * lr at the stage's
-  end), and global-norm clipping (clip_norm 0 = none); weight decay on matrices only."""
+  """An optax optimizer by name (`rl.train_step.OPTIMIZERS`: adamw, adafactor, lion, sgd) with
+  linear warm-up, then a constant, cosine or linear schedule (down to min_lr_ratio * lr at the
+  stage's end), and global-norm clipping (clip_norm 0 = none); weight decay on matrices only.
+
+    optimizer=dict(lr=3e-6)                                # AdamW, as before
+    optimizer=dict(name='lion', lr=3e-7, b2=0.98, schedule='linear', warmup_steps=10)
+    optimizer=dict(name='sgd', lr=1e-2, args=dict(momentum=0.9, nesterov=True))
+  """
   # The peak learning rate.
   lr: float = field(check=num_in(0, lo_open=True, what='must be > 0'), convert=float)
-  # After the warm-up: 'constant' or 'cosine' (an `rl.train_step.SCHEDULES` name).
+  # The optimizer: 'adamw', 'adafactor', 'lion' or 'sgd' (optax's function of that name).
+  name: str = field('adamw', check=None)
+  # After the warm-up: 'constant', 'cosine' or 'linear' (an `rl.train_step.SCHEDULES` name).
   schedule: str = field('constant', check=None)
   # Updates of linear warm-up from 0 to lr.
   warmup_steps: int = field(0, check=int_at_least(0))
-  # Where cosine ends, as a fraction of lr.
+  # Where cosine and linear end, as a fraction of lr.
   min_lr_ratio: float = field(0.0, check=num_in(0, 1), convert=float)
   # The global gradient norm is clipped to this (0 = no clipping).
   clip_norm: float = field(1.0, check=num_in(0, what='must be >= 0 (0 = no clipping)'),
                            convert=float)
-  # AdamW's decoupled weight decay, on matrices only.
+  # Weight decay on matrices only: decoupled (adamw, lion, adafactor), added to the gradient (sgd).
   weight_decay: float = field(0.0, check=num_in(0, what='must be >= 0'), convert=float)
-  # Adam's moment decays and epsilon.
-  b1: float = field(0.9, check=num_in(0, 1, hi_open=True), convert=float)
-  b2: float = field(0.999, check=num_in(0, 1, hi_open=True), convert=float)
-  eps: float = field(1e-8, check=num_in(0, lo_open=True, what='must be > 0'), convert=float)
+  # Moment decays (adamw, lion) and epsilon (adamw, adafactor); None: optax's default for the
+  # optimizer (adamw: 0.9, 0.999, 1e-8).
+  b1: float | None = field(None, check=num_in(0, 1, hi_open=True), convert=float)
+  b2: float | None = field(None, check=num_in(0, 1, hi_open=True), convert=float)
+  eps: float | None = field(None, check=num_in(0, lo_open=True, what='must be > 0'),
+                            convert=float)
+  # Other keyword arguments of the optax function, e.g. dict(momentum=0.9) for sgd.
+  args: Mapping[str, Any] | tuple | None = field(
+      None, check=(_plain_args, 'must be a dict of name: plain value'),
+      convert=lambda d: tuple(sorted(d.items())))      # stored as sorted (name, value) pairs
 
   def check(self, fail):
     from rl import train_step as train_lib  # pylint: disable=g-import-not-at-top
     if self.schedule not in train_lib.SCHEDULES:
       fail('schedule', f'unknown schedule (known: {", ".join(train_lib.SCHEDULES)})')
+    problem = train_lib.optimizer_problem(
+        self.name, {'b1': self.b1, 'b2': self.b2, 'eps': self.eps}, dict(self.args or ()))
+    if problem:
+      fail(*problem, value=HIDE)
 
 
 def parse_optimizer(raw, where: str) -> Optimizer:
@@ -264,7 +288,8 @@ def optimizer_config(stage: TrainStageConfig):
   return train_lib.OptimizerConfig(
       learning_rate=o.lr, warmup_steps=o.warmup_steps, schedule=o.schedule,
       decay_steps=max(1, stage.decay_steps - o.warmup_steps), min_lr_ratio=o.min_lr_ratio,
-      b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, max_grad_norm=o.clip_norm)
+      b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, max_grad_norm=o.clip_norm,
+      name=o.name, args=o.args or ())
 
 
 def stage_seed(seed: int, stage_index: int) -> int:
