@@ -12,7 +12,10 @@ one process per host (16 hosts of 4 chips), every process the same command
 with `CASCADE_DISTRIBUTED=auto`, so each joins the run through
 `jax.distributed.initialize()` (cascade/distributed.py). A config without
 `hardware` is one CPU process. `--executor=local` runs the jobs as local
-processes (xm_local.Local); `vertex` submits them to Vertex AI.
+processes (xm_local.Local); `vertex` submits them to Vertex AI. Either way the
+jobs run in the image launch/Dockerfile builds from the repository root
+(`.[tpu]` installed, bubblewrap for the sandbox, `python -m cascade.main` its
+entry point).
 
 `--config` takes cascade.main's overrides (stages by name, unset fields;
 cascade/overrides.py), checked here with every point's keys and passed on to
@@ -42,6 +45,10 @@ from launch import hyper
 from launch import sweep
 
 FLAGS = flags.FLAGS
+
+# The image's build context (the repository root) and its Dockerfile.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCKERFILE = os.path.join(ROOT, 'launch', 'Dockerfile')
 
 # TPU chips per host (one JAX process each) by generation. v5e/v6e slices of up
 # to 8 chips are one host.
@@ -153,7 +160,6 @@ def define_flags(flag_values: flags.FlagValues = FLAGS,
   flags.DEFINE_string('accelerator', None,
                       'XManager resource name overriding the one config.hardware implies '
                       '(e.g. tpu_v5p).', **fv)
-  flags.DEFINE_string('base_image', 'python:3.11', 'Container base image (vertex).', **fv)
   flags.DEFINE_string('title', None, 'Experiment title (default: the config name).', **fv)
   return holder
 
@@ -185,10 +191,10 @@ def main(argv, flag_values: flags.FlagValues | None = None):
   executor_spec = xm_local.Local.Spec() if local else xm_local.Vertex.Spec()
   title = fv.title or os.path.basename(spec.split(':')[0])
   with xm_local.create_experiment(experiment_title=title) as experiment:
+    # The image of launch/Dockerfile: `.[tpu]` installed, `python -m cascade.main` its entry
+    # point (xmanager's default Python image installs a requirements.txt this project lacks).
     [executable] = experiment.package([
-        xm.python_container(executor_spec=executor_spec, path='.', base_image=fv.base_image,
-                            entrypoint=xm.ModuleName('cascade.main'),
-                            use_deep_module=True),
+        xm.dockerfile_container(executor_spec=executor_spec, path=ROOT, dockerfile=DOCKERFILE),
     ])
     for job in specs:
       m = job.machine

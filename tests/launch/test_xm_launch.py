@@ -4,11 +4,17 @@ runs one process per host with CASCADE_DISTRIBUTED=auto), and `main` runs agains
 stand-in for the `xmanager` package; the real package, where installed, is checked in
 test_hyper.py."""
 
+import ast
 import importlib
+import json
+import os
+import re
 import sys
 import types
 
 from launch import hyper
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest
 
@@ -21,7 +27,7 @@ class _Recorder:
 def _fake_xmanager(rec):
   xm = types.ModuleType('xmanager.xm')
   xm.ModuleName = lambda name: ('module', name)
-  xm.python_container = lambda **kw: ('container', kw)
+  xm.dockerfile_container = lambda **kw: ('dockerfile', kw)
   xm.Job = lambda **kw: kw
   xm.JobRequirements = lambda **kw: ('requirements', kw)
   xm.Topology = lambda name: ('topology', name)
@@ -145,8 +151,10 @@ def test_one_job_per_sweep_point(xm_launch, monkeypatch, tmp_path):
   _main(mod, monkeypatch, f'--config={cfg}:x', '--workdir_root=gs://b/runs', '--executor=vertex')
   assert rec.titles == ['c.py']
   [(kind, container)] = rec.packaged
-  assert kind == 'container' and container['entrypoint'] == ('module', 'cascade.main')
-  assert container['executor_spec'] == 'vertex-spec'
+  assert kind == 'dockerfile' and container['executor_spec'] == 'vertex-spec'
+  # The image is launch/Dockerfile's, built from the repository root wherever this runs.
+  assert container['path'] == REPO and container['dockerfile'] == os.path.join(
+      REPO, 'launch', 'Dockerfile')
   assert [j['args'] for j in rec.jobs] == [
       [f'--config={cfg}:x', '--workdir=gs://b/runs/000_seed=0', '--config.seed=0'],
       [f'--config={cfg}:x', '--workdir=gs://b/runs/001_seed=1', '--config.seed=1']]
@@ -205,3 +213,56 @@ def test_a_bad_override_is_one_line_before_any_job(xm_launch, monkeypatch, capsy
   err = capsys.readouterr().err
   assert e.value.code == 2 and err.startswith('error: ') and message in err
   assert err.count('\n') == 1 and rec.jobs == []
+
+
+def _instructions(path):
+  """A Dockerfile's instructions as (KEYWORD, text), comments dropped, continuations joined."""
+  text = re.sub(r'\\\n', ' ', open(path).read())
+  out = []
+  for line in text.splitlines():
+    line = line.strip()
+    if line and not line.startswith('#'):
+      word, _, rest = line.partition(' ')
+      out.append((word, ' '.join(rest.split())))
+  return out
+
+
+def _extras():
+  tree = ast.parse(open(os.path.join(REPO, 'setup.py')).read())
+  call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call)
+              and getattr(n.func, 'attr', '') == 'setup')
+  return ast.literal_eval(next(k.value for k in call.keywords if k.arg == 'extras_require'))
+
+
+def test_the_image_installs_cascade_with_its_tpu_extra_and_runs_cascade_main():
+  steps = _instructions(os.path.join(REPO, 'launch', 'Dockerfile'))
+  words = [w for w, _ in steps]
+  known = {'FROM', 'RUN', 'COPY', 'WORKDIR', 'ENV', 'ENTRYPOINT', 'ARG', 'CMD', 'LABEL'}
+  assert words[0] == 'FROM' and set(words) <= known, words
+  runs = [t for w, t in steps if w == 'RUN']
+  assert any('apt-get install' in r and 'bubblewrap' in r for r in runs)   # the sandbox
+  # The whole context is copied, then installed with an extra setup.py declares: tpu.
+  copy = steps.index(('COPY', '. .'))
+  [install] = [t for t in runs if 'pip install' in t]
+  assert steps.index(('RUN', install)) > copy
+  extras = re.findall(r'"\.\[([a-z,]+)\]"', install)
+  assert extras == ['tpu'] and 'tpu' in _extras() and any('jax[tpu]' in r
+                                                         for r in _extras()['tpu'])
+  # The entry point, in exec form, is cascade.main (each job appends its arguments).
+  [entry] = [t for w, t in steps if w == 'ENTRYPOINT']
+  assert json.loads(entry) == ['python', '-m', 'cascade.main']
+  assert importlib.util.find_spec('cascade.main') is not None
+
+
+def test_the_build_context_leaves_out_the_environment_and_keeps_the_package():
+  ignored = [l.strip() for l in open(os.path.join(REPO, '.dockerignore'))
+             if l.strip() and not l.startswith('#')]
+  assert {'.git', '.venv', 'runs'} <= set(ignored)
+  needed = ['setup.py', 'LICENSE', 'cascade/main.py', 'launch/Dockerfile', 'configs/tiny.py']
+  import fnmatch  # pylint: disable=g-import-not-at-top
+  for path in needed:
+    assert os.path.exists(os.path.join(REPO, path))
+    parts = path.split('/')
+    prefixes = ['/'.join(parts[:i]) for i in range(1, len(parts) + 1)]
+    assert not any(fnmatch.fnmatch(p, pat.replace('**/', '')) or fnmatch.fnmatch(p, pat)
+                   for pat in ignored for p in prefixes), path
