@@ -61,16 +61,13 @@ H200_8_MESH = (1, 8, 1)
 # shards the embedding dimension of every matrix and the batch.
 V5P_128_MESH = (1, 8, 8)
 
-# Where each dataset file lives under the data root, and the cascade.data
-# format that reads it. The released HF dataset each comes from is in README.
+# The datasets staged by the user in cascade.data's formats (not released, or not released
+# for that cascade): name -> (path under data_root, format, domain); docs/released_data.md
+# says what each holds. The released ones are in CASCADE1_RELEASE / CASCADE2_RELEASE.
 DATASETS = {
-    'sft_stage1': ('sft/stage1.jsonl', 'sft', ''),
-    'sft_stage2': ('sft/stage2.jsonl', 'sft', ''),
-    'sft_swe': ('sft/swe.jsonl', 'sft', 'swe'),
     'rm_pairs': ('rm/preferences.jsonl', 'preference', 'chat'),
     'rlhf_train': ('rl/rlhf.jsonl', 'prompt', 'chat'),
     'chat_eval': ('eval/chat.jsonl', 'prompt', 'chat'),
-    'if_train': ('rl/instruction_following.jsonl', 'nemotron_if', 'instruction_following'),
     'if_eval': ('eval/ifeval.jsonl', 'ifeval', 'instruction_following'),
     # Cascade 1's second IF-RL sub-stage: IFBench-style constraints (verifiers.ifbench's ids).
     'ifbench_train': ('rl/ifbench.jsonl', 'nemotron_if', 'ifbench'),
@@ -79,28 +76,21 @@ DATASETS = {
     'math_eval': ('eval/aime25.jsonl', 'nemotron_math', 'math'),
     'code_train': ('rl/code.jsonl', 'prompt', 'code'),
     'code_eval': ('eval/humaneval.jsonl', 'humaneval', 'code'),
-    'swe_train': ('rl/swe.jsonl', 'prompt', 'swe'),
     'swe_eval': ('eval/swe.jsonl', 'prompt', 'swe'),
     # Cascade 2 only.
-    'mcqa_train': ('rl/mcqa.jsonl', 'prompt', 'mcqa'),
     'mcqa_eval': ('eval/mcqa.jsonl', 'prompt', 'mcqa'),
-    'structured_train': ('rl/structured.jsonl', 'prompt', 'structured'),
     'structured_eval': ('eval/structured.jsonl', 'prompt', 'structured'),
     'long_context_train': ('rl/long_context.jsonl', 'prompt', 'long_context'),
     'long_context_eval': ('eval/long_context.jsonl', 'prompt', 'long_context'),
-    'tool_calling_train': ('rl/tool_calling.jsonl', 'prompt', 'tool_calling'),
     'tool_calling_eval': ('eval/tool_calling.jsonl', 'prompt', 'tool_calling'),
     # Cascade 2's agentic SWE: repositories, hidden tests (envs.swe_agent metadata).
     'swe_agent_train': ('rl/swe_agent.jsonl', 'prompt', 'swe_agent'),
     'swe_agent_eval': ('eval/swe_agent.jsonl', 'prompt', 'swe_agent'),
-    # Mixed domains: every record names its own 'domain'.
-    'mopd_train': ('rl/mopd.jsonl', 'prompt', ''),
 }
 
 # The released datasets, read as they are downloaded (docs/released_data.md): each
 # `huggingface-cli download nvidia/<name> --repo-type dataset --local-dir <data_root>/<name>`.
-# Dataset name -> (path under data_root, cascade.data format, domain), replacing DATASETS'
-# entry. File names: Cascade 2's RL subsets as `<subset>/train.jsonl` and its SFT subsets as
+# Dataset name -> (path under data_root, cascade.data format, domain). File names: Cascade 2's RL subsets as `<subset>/train.jsonl` and its SFT subsets as
 # `<subset>/<file>.jsonl` (seen in loaders of the releases); Cascade 1's layouts are inferred
 # (cascade/released.py says which field and file names are verified, seen or inferred). The
 # SFT sets' domain is a label only (an SFT stage keeps every record of its datasets).
@@ -119,14 +109,11 @@ CASCADE2_RELEASE = {
     'sft_stage1': ('Nemotron-Cascade-2-SFT-Data/*/*.jsonl', 'nemotron_cascade_sft', 'chat'),
     'if_train': (f'{_C2_RL}/IF-RL/train.jsonl', 'cascade2_if_rl', ''),
     # MCQA, workplace tool calling and structured output in one file: each record names its
-    # domain (routed by its NeMo-Gym agent), and the three domains train on it.
+    # domain (routed by its NeMo-Gym agent), and the three domains train on it (DOMAINS).
     'multi_domain_train': (f'{_C2_RL}/multi-domain-RL/train.jsonl', 'cascade2_multi_domain_rl',
                            ''),
     'mopd_train': (f'{_C2_RL}/MOPD/train.jsonl', 'cascade2_mopd', ''),
 }
-# Cascade 2's domains whose train set is the multi-domain subset.
-CASCADE2_RELEASE_TRAIN = {'mcqa': 'multi_domain_train', 'tool_calling': 'multi_domain_train',
-                          'structured': 'multi_domain_train'}
 
 # Domain -> (training verifier, options, train set, held-out set).
 DOMAINS = {
@@ -144,10 +131,11 @@ DOMAINS = {
     # Cascade 2: multiple-choice STEM answers by the option letter the answer
     # commits to; tool calling by the turn's calls against the gold calls
     # (JSON-schema checked); structured output by the JSON-schema verifier;
-    # long-context QA by token F1 against the reference answers (SQuAD-style).
-    'mcqa': ('mcqa', {}, 'mcqa_train', 'mcqa_eval'),
-    'tool_calling': ('tool_call', {}, 'tool_calling_train', 'tool_calling_eval'),
-    'structured': ('structured', {}, 'structured_train', 'structured_eval'),
+    # long-context QA by token F1 against the reference answers (SQuAD-style). The three
+    # first train on Cascade 2's multi-domain RL subset, whose records name their domain.
+    'mcqa': ('mcqa', {}, 'multi_domain_train', 'mcqa_eval'),
+    'tool_calling': ('tool_call', {}, 'multi_domain_train', 'tool_calling_eval'),
+    'structured': ('structured', {}, 'multi_domain_train', 'structured_eval'),
     'long_context': ('long_context_qa', {}, 'long_context_train', 'long_context_eval'),
 }
 
@@ -179,8 +167,8 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
                 domains: list[str], datasets: list[str], seed: int = 0,
                 eval_max_new_tokens: int, eval_max_prompt_len: int,
                 eval_temperature: float = 0.6, eval_top_p: float = 0.95,
-                eval_num_samples: int = 4, release: dict | None = None,
-                train_sets: dict | None = None) -> ml_collections.ConfigDict:
+                eval_num_samples: int = 4,
+                release: dict | None = None) -> ml_collections.ConfigDict:
   """Everything but the stage list.
 
   Args:
@@ -196,9 +184,8 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
     eval_temperature: held-out sampling temperature.
     eval_top_p: held-out nucleus mass.
     eval_num_samples: samples per held-out prompt (pass@1 averaged over them).
-    release: dataset name -> (path, format, domain) replacing or adding to DATASETS (the
-      released files read as they are, e.g. CASCADE1_RELEASE).
-    train_sets: domain -> its train dataset where it is not DOMAINS' one.
+    release: dataset name -> (path, format, domain) of the released files read as they
+      are (CASCADE1_RELEASE, CASCADE2_RELEASE), beside DATASETS.
 
   Returns:
     A ConfigDict with seed, model, tokenizer, mesh, hardware, sampler, ckpt,
@@ -229,11 +216,10 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
                 num_prompts=0,   # 0 = the whole held-out set.
                 batch_size=256, thinking=True)
   table = {**DATASETS, **(release or {})}
-  train_sets = dict(train_sets or {})
   names = list(datasets)
   for d in domains:
     train, held_out = DOMAINS[d][2:4] if d in DOMAINS else AGENT_DOMAINS[d][2:4]
-    names += [train_sets.get(d, train), held_out]
+    names += [train, held_out]
   c.datasets = {n: dict(path=os.path.join(data_root, table[n][0]), format=table[n][1],
                         **({'domain': table[n][2]} if table[n][2] else {}))
                 for n in dict.fromkeys(names)}
@@ -241,12 +227,12 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
   for d in domains:
     if d in AGENT_DOMAINS:
       env, options, train, held_out, turns = AGENT_DOMAINS[d]
-      c.domains[d] = dict(env=env, env_options=dict(options), train=train_sets.get(d, train),
-                          eval=held_out, max_turns=turns)
+      c.domains[d] = dict(env=env, env_options=dict(options), train=train, eval=held_out,
+                          max_turns=turns)
       continue
     verifier, options, train, held_out = DOMAINS[d]
-    c.domains[d] = dict(verifier=verifier, verifier_options=dict(options),
-                        train=train_sets.get(d, train), eval=held_out)
+    c.domains[d] = dict(verifier=verifier, verifier_options=dict(options), train=train,
+                        eval=held_out)
   if 'chat' in c.domains:
     c.domains.chat.reward_model_stage = 'rm'
   c.stages = []

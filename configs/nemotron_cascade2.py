@@ -83,8 +83,7 @@ def get_config(arg=None):
       data_root=a.data_root, tokenizer=a.tokenizer, domains=_DOMAINS,
       datasets=['sft_stage1', 'rm_pairs', 'mopd_train'],
       eval_max_new_tokens=49_152, eval_max_prompt_len=4096, eval_temperature=1.0,
-      eval_top_p=1.0, release=_recipes.CASCADE2_RELEASE,
-      train_sets=_recipes.CASCADE2_RELEASE_TRAIN)
+      eval_top_p=1.0, release=_recipes.CASCADE2_RELEASE)
   # RL optimizer: AdamW at a constant 3e-6, no warm-up (the optimizer's other defaults).
   rl = dict(prompts_per_step=128, group_size=16, optimizer=dict(lr=3e-6, warmup_steps=0),
             temperature=1.0, top_p=1.0, microbatches=_MICRO, thinking_fraction=1.0)
