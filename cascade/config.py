@@ -132,6 +132,19 @@ def _check_expert_axis(shape, model) -> None:
                       'devices')
 
 
+def _check_positions(model) -> None:
+  """A YaRN model's max_seq_len (the longest length a stage may ask) stays within the positions
+  its scaling is made for."""
+  scaling = model.rope_scaling if model.use_rope else None
+  covered = scaling.covered_positions() if scaling is not None else None
+  if covered is not None and model.max_seq_len > covered:
+    raise ConfigError(
+        f'config.model: max_seq_len={model.max_seq_len} exceeds the {covered} positions its '
+        f'YaRN scaling covers (original_max_position_embeddings='
+        f'{scaling.original_max_position_embeddings} x factor={scaling.factor:g}): raise '
+        'rope_scaling.factor or lower max_seq_len')
+
+
 def _rules(rules) -> tuple:
   """Logical sharding rules as (logical axis, mesh axes) pairs, mesh axes lists as tuples."""
   return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in rules)
@@ -763,6 +776,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     raise ConfigError(f'config.seed={seed!r}: must be an int')
   model_section = _section(Model, config.model, 'model', ('preset', 'overrides', 'hf_path'))
   model = model_section.resolve()
+  _check_positions(model)
   tok = _section(Tokenizer, config.tokenizer, 'tokenizer')
   mesh = _section(Mesh, config.mesh, 'mesh', ('shape', 'rules', 'slices'))
   _check_expert_axis(mesh.shape, model)

@@ -147,6 +147,15 @@ class RopeScaling:
       raise ValueError(f'rope scaling {kind!r}: unknown field(s) {unknown}')
     return cls(type=kind, **d)
 
+  def covered_positions(self) -> int | None:
+    """The positions a YaRN scaling is made for (original_max_position_embeddings x factor:
+    Qwen3's 32,768 x 4 = 131,072); None for the others (a 'linear' scaling names no original
+    context, and Llama-3's keeps its high frequencies, so checkpoints use it past that product).
+    """
+    if self.type != 'yarn':
+      return None
+    return int(self.original_max_position_embeddings * self.factor)
+
   def to_dict(self) -> dict[str, Any]:
     """The HF form: {'rope_type': type, 'factor': ..., ...} with only the fields that are set."""
     out = {'rope_type': self.type}
