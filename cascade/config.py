@@ -36,7 +36,7 @@ from models import paths
 
 SECTIONS = ('seed', 'model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'datasets',
             'domains', 'stages', 'allow_config_change', 'hardware', 'prepare', 'divergence',
-            'compilation_cache')
+            'compilation_cache', 'data_cache')
 _REQUIRED_SECTIONS = ('model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'domains',
                       'datasets', 'stages')
 
@@ -704,6 +704,8 @@ class Plan:
     hardware: the machine the config targets (launch.plan).
     compilation_cache: where the run keeps its compiled programs (`cascade.compile_cache`).
     allow_config_change: a workdir of another config may go on with this one.
+    data_cache: where stages' tokenized data are kept (`cascade.token_cache`; local or
+      gs://); '' = <workdir>/data_cache.
     source: the config as a plain dict (`schema.as_dict`): what config.json records, what
       the config hash covers (`checkpoint.config_hash`) and what a fork compares.
   """
@@ -728,6 +730,7 @@ class Plan:
   hardware: Hardware = Hardware()
   compilation_cache: CompilationCache = CompilationCache()
   allow_config_change: bool = False
+  data_cache: str = ''
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def eval_of(self, domain: str) -> Eval:
@@ -823,6 +826,9 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   allow = _get(config, 'allow_config_change', False)
   if not isinstance(allow, bool):
     raise ConfigError(f'config.allow_config_change={allow!r}: must be a bool')
+  data_cache = _get(config, 'data_cache', '') or ''
+  if not isinstance(data_cache, str):
+    raise ConfigError(f'config.data_cache={data_cache!r}: must be a directory (str)')
   return Plan(seed=int(seed), model=model,
               model_name=model_section.preset or model_section.hf_path,
               hf_path=model_section.hf_path,
@@ -832,7 +838,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
               domains=domains, datasets=datasets, initial_eval=bool(initial), prepare=prepare,
               eval_settings=eval_settings, hardware=hardware,
               compilation_cache=compilation_cache, allow_config_change=allow,
-              source=schema.as_dict(config))
+              data_cache=data_cache, source=schema.as_dict(config))
 
 
 def _eval_settings(raw: dict, ev: Eval, domains) -> dict[str, Eval]:

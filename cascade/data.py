@@ -1,4 +1,4 @@
-"""Datasets: JSONL / Parquet / TFDS readers, format adapters, resumable grain pipelines.
+"""Datasets: format adapters, whole and streamed readers, and the resumable batch loader.
 
 Canonical records (what every stage reads; adapters map other formats here):
 
@@ -31,12 +31,22 @@ Adapters (the `format` of a dataset in the config):
                  [{"instruction_id": [...], "kwargs": [...]}] as JSON or as a
                  Python literal (the release writes Python's repr).
 
-Files are read through `models.paths`, so a dataset path may be `gs://...`.
-A malformed record is a `DataError` naming the file and line (JSONL), row
-(Parquet) or index (TFDS). Batches come from a grain pipeline
-(`MapDataset` source -> seeded shuffle -> repeat -> batch) whose iterator
-state is a small dict saved in every checkpoint, so a resumed stage draws
-exactly the prompts an uninterrupted one would have.
+A dataset's `path` is a file or a glob of shards (JSONL, .jsonl.gz, .jsonl.zst,
+Parquet, ArrayRecord; local or gs://), read through `cascade.shards`. `load` reads
+a small set whole (held-out and validation prompts); `Records` reads a training set
+by position, adapting and checking each record as it is asked for, so its size
+never reaches host memory. A malformed record is a `DataError` naming the file and
+line (JSONL, the line within its shard), row (Parquet), record (ArrayRecord) or
+index (TFDS).
+
+Batches come from a `Loader`: grain's seeded, per-epoch shuffle of positions
+(`MapDataset.range(n).seed(s).shuffle().repeat()`), items read as they are drawn
+(each process its share) and skipped when malformed or filtered out. Its state is
+the next position, a small dict saved in every checkpoint, so a resumed stage draws
+exactly what an uninterrupted one would have, reading nothing before it.
+
+New formats register into `FORMATS` (a `Format`: record type and adapter); every
+reader above applies them.
 """
 
 from __future__ import annotations
@@ -47,16 +57,16 @@ import json
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import grain
+import numpy as np
 
 from cascade import released
-from models import paths
+from cascade import shards
 
 _ROLES = ('system', 'user', 'assistant')
 BOXED_INSTRUCTION = 'Please reason step by step, and put your final answer within \\boxed{}.'
 
 
-class DataError(ValueError):
-  """A malformed dataset or record; the message names the file and line."""
+DataError = shards.DataError  # a malformed dataset, shard or record, named by file and line
 
 
 class _RecordError(ValueError):
@@ -337,43 +347,6 @@ def _decode(x):
   return x
 
 
-def _json_line(path: str, n: int, raw: bytes) -> Iterator[tuple[str, Any]]:
-  """The row of one JSONL line (none for a blank line); every defect is a DataError at path:n."""
-  try:
-    line = raw.decode('utf-8')
-  except UnicodeDecodeError as e:
-    raise DataError(f'{path}:{n}: not UTF-8 (byte {raw[e.start:e.start + 1]!r} at byte '
-                    f'{e.start + 1} of the line)') from None
-  if not line.strip():
-    return
-  try:
-    row = json.loads(line)
-  except json.JSONDecodeError as e:
-    raise DataError(f'{path}:{n}: not valid JSON ({e.msg} at column {e.colno})') from None
-  except RecursionError:
-    raise DataError(f'{path}:{n}: JSON nested too deeply') from None
-  _check_strings(row, f'{path}:{n}')
-  yield f'{path}:{n}', row
-
-
-def _check_strings(row: Any, where: str) -> None:
-  """Rejects strings that cannot be UTF-8 (lone surrogates from \\ud800-style escapes)."""
-  stack = [row]
-  while stack:
-    x = stack.pop()
-    if isinstance(x, str):
-      try:
-        x.encode('utf-8')
-      except UnicodeEncodeError as e:
-        raise DataError(f'{where}: a string holds a lone surrogate '
-                        f'({x[e.start]!r} at character {e.start + 1}), which is not text') from None
-    elif isinstance(x, dict):
-      stack.extend(x.keys())
-      stack.extend(x.values())
-    elif isinstance(x, list):
-      stack.extend(x)
-
-
 def read_rows(spec) -> Iterator[tuple[str, Any]]:
   """Yields (where, raw row) from a dataset spec's source; `where` names file and line.
 
@@ -396,30 +369,50 @@ def read_rows(spec) -> Iterator[tuple[str, Any]]:
     for i in range(len(source)):
       yield f'tfds:{spec.tfds_name}/{spec.split} record {i}', _decode(source[i])
     return
-  path = spec.path
   try:
-    found = paths.exists(path)
-  except paths.PathError as e:
+    files = shards.expand(spec.path)
+  except DataError as e:
     raise DataError(f'{e} (dataset {spec.name!r})') from None
-  if not found:
-    raise DataError(f'{path}: no such file (dataset {spec.name!r})')
-  if path.endswith('.jsonl') or path.endswith('.json'):
-    with paths.open_read(path) as f:
-      for n, raw in enumerate(f, 1):
-        yield from _json_line(path, n, raw)
-  elif path.endswith('.parquet'):
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-    with paths.open_read(path) as f:
-      table = pq.read_table(f)
-    for n, row in enumerate(table.to_pylist(), 1):
-      yield f'{path} row {n}', row
-  else:
-    raise DataError(f'{path}: unknown file type (expected .jsonl, .json lines or .parquet)')
+  for f in files:
+    yield from shards.stream(f)
+
+
+def adapt(spec, fmt: Format, where: str, raw: Any, n: int,
+          domains: Sequence[str] | None = None,
+          check_metadata: Callable[[str, dict, str], None] | None = None) -> dict:
+  """One raw row as a checked canonical record (see `load`); `n` numbers it from 0 after
+  `spec.skip` (its default id is '<dataset>:<n>').
+
+  Raises:
+    DataError: naming `where` (file and line) and the field.
+  """
+  if not isinstance(raw, Mapping):
+    raise DataError(f'{where}: a record must be a JSON object, got {type(raw).__name__}')
+  try:
+    rec = fmt.adapt(raw)
+  except _RecordError as e:
+    raise DataError(f'{where}: {e} (format {spec.format!r})') from None
+  rec['id'] = rec.get('id') or f'{spec.name}:{n}'
+  rec['domain'] = rec.get('domain') or spec.domain
+  if not rec['domain']:
+    raise DataError(f"{where}: the record has no 'domain' and dataset {spec.name!r} "
+                    'names none')
+  if domains is not None and rec['domain'] not in domains:
+    raise DataError(f'{where}: domain {rec["domain"]!r} is not a configured domain '
+                    f'({", ".join(sorted(domains))})')
+  if fmt.record_type == 'prompt' and check_metadata is not None:
+    try:
+      check_metadata(rec['domain'], rec['metadata'], where)
+    except ValueError as e:
+      msg = str(e) if str(e).startswith(where) else f'{where}: {e}'
+      raise DataError(f'{msg} (rejected by the {rec["domain"]!r} verifier)') from None
+  return rec
 
 
 def load(spec, domains: Sequence[str] | None = None,
          check_metadata: Callable[[str, dict, str], None] | None = None) -> list[dict]:
-  """Reads and validates a whole dataset into canonical records.
+  """Reads and validates a whole dataset into canonical records (for the small sets: held-out
+  and validation prompts; training sets stream through `open_dataset`).
 
   Args:
     spec: a `cascade.config.Dataset`.
@@ -442,27 +435,7 @@ def load(spec, domains: Sequence[str] | None = None,
   for n, (where, raw) in enumerate(read_rows(spec)):
     if n < skip:
       continue
-    if not isinstance(raw, Mapping):
-      raise DataError(f'{where}: a record must be a JSON object, got {type(raw).__name__}')
-    try:
-      rec = fmt.adapt(raw)
-    except _RecordError as e:
-      raise DataError(f'{where}: {e} (format {spec.format!r})') from None
-    rec['id'] = rec.get('id') or f'{spec.name}:{len(out)}'
-    rec['domain'] = rec.get('domain') or spec.domain
-    if not rec['domain']:
-      raise DataError(f"{where}: the record has no 'domain' and dataset {spec.name!r} "
-                      'names none')
-    if domains is not None and rec['domain'] not in domains:
-      raise DataError(f'{where}: domain {rec["domain"]!r} is not a configured domain '
-                      f'({", ".join(sorted(domains))})')
-    if fmt.record_type == 'prompt' and check_metadata is not None:
-      try:
-        check_metadata(rec['domain'], rec['metadata'], where)
-      except ValueError as e:
-        msg = str(e) if str(e).startswith(where) else f'{where}: {e}'
-        raise DataError(f'{msg} (rejected by the {rec["domain"]!r} verifier)') from None
-    out.append(rec)
+    out.append(adapt(spec, fmt, where, raw, len(out), domains, check_metadata))
     if spec.limit and len(out) >= spec.limit:
       break
   if not out:
@@ -470,34 +443,197 @@ def load(spec, domains: Sequence[str] | None = None,
   return out
 
 
-class Loader:
-  """Seeded, shuffled, endlessly repeated batches of records with a resumable state.
+class Records:
+  """A dataset's canonical records by position, read and checked as they are asked for.
 
-  The pipeline is grain's `MapDataset.source(records).seed(seed).shuffle()
-  .repeat().batch(n)`: each epoch is a fresh permutation, and the iterator's
-  state (`get_state()`, a small JSON-able dict) restores the exact position.
+  `len()` and `[i]` (grain's data-source protocol) over the dataset's shards
+  (`cascade.shards`), `spec.skip` and `spec.limit` applied; `[i]` raises
+  DataError (naming file and line) for a malformed row. Nothing is held in
+  memory but the shards' indexes (memory-mapped) and one Parquet row group.
+
+  Args:
+    spec: a `cascade.config.Dataset` with a `path` (a file or a glob of shards).
+    cache_dir: where shard indexes and decompressed copies are kept (local).
+    domains, check_metadata: as for `load`.
   """
 
-  def __init__(self, records: Sequence[dict], seed: int, batch_size: int,
-               shuffle: bool = True):
-    if not records:
-      raise DataError('Loader: no records')
-    ds = grain.MapDataset.source(list(records))
-    if shuffle:
-      ds = ds.seed(seed).shuffle()
-    self._ds = ds.repeat(None).batch(batch_size, batch_fn=list)
-    # Records are already in memory: no reader threads or prefetch (grain's defaults start
-    # 16 threads and read 500 batches ahead, again after every set_state).
-    self._iter = iter(self._ds.to_iter_dataset(
-        grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+  def __init__(self, spec, cache_dir: str | None = None, domains: Sequence[str] | None = None,
+               check_metadata: Callable[[str, dict, str], None] | None = None):
+    self.spec, self.fmt = spec, FORMATS[spec.format]
+    self.domains, self.check_metadata = domains, check_metadata
+    try:
+      self.files = shards.expand(spec.path)
+      self.source = shards.Source([shards.open_shard(f, cache_dir) for f in self.files])
+    except DataError as e:
+      raise DataError(f'{e} (dataset {spec.name!r})') from None
+    self.skip = min(spec.skip, len(self.source))
+    n = len(self.source) - self.skip
+    self._len = min(n, spec.limit) if spec.limit else n
+    if not self._len:
+      raise DataError(f'dataset {spec.name!r} ({spec.path}) holds no records')
 
-  def next(self) -> list[dict]:
-    """The next batch (a list of `batch_size` records)."""
-    return next(self._iter)
+  def __len__(self) -> int:
+    return self._len
+
+  def __getitem__(self, i: int) -> dict:
+    i = int(i)
+    if not 0 <= i < self._len:
+      raise IndexError(f'record {i} of {self._len}')
+    where, raw = self.source[self.skip + i]
+    return adapt(self.spec, self.fmt, where, raw, i, self.domains, self.check_metadata)
+
+  def check(self, n: int) -> None:
+    """Reads and checks the first `n` records (a malformed file stops the run here, before
+    anything trains)."""
+    for i in range(min(n, self._len)):
+      self[i]  # pylint: disable=pointless-statement
+
+
+def open_dataset(spec, cache_dir: str | None = None, domains: Sequence[str] | None = None,
+                 check_metadata: Callable[[str, dict, str], None] | None = None):
+  """A training dataset by position: `Records` streamed from its shards, or, for a TFDS
+  dataset (prepared data, read whole), the list `load` gives."""
+  if spec.tfds_name:
+    return load(spec, domains, check_metadata)
+  return Records(spec, cache_dir, domains, check_metadata)
+
+
+class Concat:
+  """Several random-access sources as one, in order (`len()`, `[i]`)."""
+
+  def __init__(self, parts: Sequence):
+    self.parts = list(parts)
+    self.starts = np.concatenate([[0], np.cumsum([len(p) for p in self.parts])]).astype(
+        np.int64)
+
+  def __len__(self) -> int:
+    return int(self.starts[-1])
+
+  def __getitem__(self, i: int):
+    k = int(np.searchsorted(self.starts, i, side='right')) - 1
+    return self.parts[k][int(i) - int(self.starts[k])]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stream:
+  """What a stage draws from: a random-access source and what becomes of each item drawn.
+
+  Attributes:
+    source: `len()` and `[i]`; `[i]` may raise DataError (a malformed row: skipped,
+      counted and logged).
+    keep: (position, item) -> the item the stage takes, or None to skip it (another
+      stage's domain, filtered by the kind); None = take every item as it is.
+    why: what `keep` drops (for the log line that counts them).
+    what: who draws (e.g. "stages[0] 'sft'"), for log lines and errors.
+    hosts: (index, count, exchange) of the processes sharing the reading: each reads
+      and checks its share of every batch's positions, `exchange(bytes) -> [bytes per
+      process]` gathers the rest; None = one process reads everything.
+  """
+  source: Any
+  keep: Callable[[int, Any], Any] | None = None
+  why: str = ''
+  what: str = ''
+  hosts: Any = None
+
+
+class Loader:
+  """Seeded, shuffled, endlessly repeated batches from a random-access source, resumable.
+
+  The order is grain's `MapDataset.source(range(n)).seed(seed).shuffle().repeat()`:
+  each epoch is a fresh permutation of the positions, computed per position (no
+  list of n is ever built), so position p of the order is known without reading
+  anything before it. A batch takes the next positions in that order, reads them
+  (each process its share, when a `Stream` names several), skips those the
+  stream's `keep` rejects or that are malformed (counted and logged), and goes on
+  until it has `batch_size` items. The state is the next position in the order
+  (`get_state()`, a small JSON-able dict), so a restored loader yields exactly
+  the batches an uninterrupted one would, reading nothing before that position.
+
+  Args:
+    records: a sequence of records (held in memory) or a `Stream`.
+    seed: the shuffle seed.
+    batch_size: items per batch.
+    shuffle: False: file order (each epoch the same).
+  """
+
+  LOGGED = 5      # skipped items whose reason is printed one by one; then one line per 10x
+
+  def __init__(self, records, seed: int, batch_size: int, shuffle: bool = True):
+    stream = records if isinstance(records, Stream) else Stream(records)
+    self.stream, self.batch_size = stream, batch_size
+    n = len(stream.source)
+    if not n:
+      raise DataError(f'Loader{" of " + stream.what if stream.what else ""}: no records')
+    order = grain.MapDataset.range(n)
+    if shuffle:
+      order = order.seed(seed).shuffle()
+    self._order = order.repeat(None)
+    self._n = n
+    self._pos = 0
+    self.malformed = 0      # items skipped as malformed (since this loader was made)
+    self.dropped = 0        # items `keep` rejected
+
+  def _read(self, positions: Sequence[int]) -> list:
+    """[(kept item or None, malformed message or None)] for `positions` of the order."""
+    st = self.stream
+    hosts = st.hosts
+    mine = (positions if hosts is None or hosts.count == 1
+            else positions[hosts.index::hosts.count])
+    out = []
+    for p in mine:
+      i = self._order[p]
+      try:
+        item = st.source[i]
+      except DataError as e:
+        out.append((None, str(e)))
+        continue
+      out.append((item if st.keep is None else st.keep(i, item), None))
+    if hosts is None or hosts.count == 1:
+      return out
+    import pickle  # pylint: disable=g-import-not-at-top
+    shares = [pickle.loads(b) for b in hosts.exchange(pickle.dumps(out))]
+    merged = [None] * len(positions)
+    for h, share in enumerate(shares):
+      merged[h::hosts.count] = share
+    return merged
+
+  def _log(self, count: int, what: str) -> None:
+    if count <= self.LOGGED or count in (10 ** k for k in range(2, 19)):
+      print(f'WARNING: {self.stream.what or "loader"}: {what} (skipped so far: '
+            f'{self.malformed} malformed, {self.dropped} dropped)', flush=True)
+
+  def next(self) -> list:
+    """The next batch (a list of `batch_size` items)."""
+    batch, run = [], 0          # run: positions skipped since the last kept item
+    while len(batch) < self.batch_size:
+      want = self.batch_size - len(batch)
+      positions = list(range(self._pos, self._pos + want))
+      for item, bad in self._read(positions):
+        self._pos += 1
+        if item is not None:
+          batch.append(item)
+          run = 0
+          continue
+        run += 1
+        if bad is not None:
+          self.malformed += 1
+          self._log(self.malformed, f'malformed record skipped: {bad}')
+        else:
+          self.dropped += 1
+          if self.stream.why:
+            self._log(self.dropped, f'dropped a record ({self.stream.why})')
+        if run >= 2 * self._n:      # a kept item recurs within two epochs
+          raise DataError(f'{self.stream.what or "loader"}: no records left after dropping '
+                          f'{self.stream.why or "malformed records"} (none kept in two '
+                          f'epochs of {self._n})')
+    return batch
 
   def get_state(self) -> dict:
-    return dict(self._iter.get_state())
+    return {'position': self._pos}
 
   def set_state(self, state: Mapping) -> None:
-    self._iter.set_state(dict(state))
-
+    if set(state) != {'position'} or not isinstance(state['position'], int):
+      raise DataError(f'data position {dict(state)!r}: not a position of this loader (a '
+                      "checkpoint of a cascade before streamed data saved grain's batch "
+                      "iterator; rerun that stage from its start)")
+    self._pos = state['position']

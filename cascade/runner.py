@@ -42,6 +42,7 @@ from cascade import lock
 from cascade import metrics
 from cascade import policies as policies_lib
 from cascade import preemption
+from cascade import rollout
 from cascade import stage_data
 from cascade import verifier_set
 from models import paths
@@ -138,7 +139,10 @@ def make_context(plan: config_lib.Plan, workdir: str, before_save: Callable[[], 
       judge_tokenizer=lambda src: tokenizer if src[0] == 'stage' else tokenizer_lib.load(src[1]))
   return RunContext(plan=plan, workdir=workdir, mesh=mesh, rules=plan.rules, batch_shards=shards,
                     tokenizer=tokenizer, sampler=sampler, policies=policies,
-                    data=stage_data.StageData(plan, tokenizer, verifiers.check_metadata),
+                    data=stage_data.StageData(
+                        plan, tokenizer, verifiers.check_metadata,
+                        cache_dir=plan.data_cache or paths.join(workdir, 'data_cache'),
+                        hosts=rollout.processes()),
                     verifiers=verifiers, sample_cls=verifiers.sample_cls,
                     domain_index={d: i for i, d in enumerate(sorted(plan.domains))},
                     writer=writer, progress=progress)

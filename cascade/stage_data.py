@@ -1,10 +1,19 @@
-"""The run's records: every dataset loaded and checked once, the held-out and validation sets,
-each stage's share.
+"""The run's data: the held-out and validation sets in memory, each training stage's stream.
 
-Loading happens before the first step, so a malformed record (named by file
-and line) stops the run before anything trains. Prompts too long for a stage
-or the evaluation are dropped with a warning that counts them; a stage left
-with no records is an error.
+Held-out and validation sets are small: they are read whole and checked before
+the first step. Training datasets may be any size: they stay on disk as a glob
+of shards (`cascade.shards`), read by position as batches are drawn. Before the
+first step their first `CHECKED_PREFIX` records are read and checked, so a
+malformed file (named by file and line) stops the run before anything trains;
+a malformed record further in is skipped when drawn, counted and logged.
+
+Each stage draws from a `cascade.data.Stream` over its datasets: records of its
+domains, made into the stage's items (`stage.tokenize`) and filtered
+(`stage.record_filter`). With a cache directory, that work is done once per
+position and kept (`cascade.token_cache`): a run or resume that finds it
+tokenizes nothing. Prompts too long for the evaluation are dropped with a
+warning that counts them; a stage or evaluation set left with no records is an
+error.
 """
 
 from __future__ import annotations
@@ -15,6 +24,11 @@ from typing import Callable
 from cascade import config as config_lib
 from cascade import data as data_lib
 from cascade import rollout
+from cascade import token_cache
+from models import paths
+
+# Records of each streamed training dataset read and checked before the first step.
+CHECKED_PREFIX = 1000
 
 
 def _prompt_key(record: dict) -> str:
@@ -43,32 +57,50 @@ def _fit(recs: list, ok: Callable[[dict], bool], what: str, why: str) -> list:
 
 
 class StageData:
-  """Records by dataset, the evaluation sets, and each stage's records.
+  """The evaluation sets, and each training stage's stream of records.
 
   Args:
     plan: the validated plan.
-    tokenizer: the run's tokenizer (prompt lengths).
+    tokenizer: the run's tokenizer (prompt lengths, SFT examples).
     check_metadata: (domain, metadata, where) -> None, raising on records a
       domain's verifiers cannot score.
+    cache_dir: where stages' prepared data are kept (local or gs://); None: no
+      cache, items are made as they are drawn.
+    hosts: the processes sharing the reading (`cascade.data.Stream`); None: one.
   """
 
-  def __init__(self, plan: config_lib.Plan, tokenizer, check_metadata):
+  def __init__(self, plan: config_lib.Plan, tokenizer, check_metadata,
+               cache_dir: str | None = None, hosts=None):
     self.plan, self.tokenizer = plan, tokenizer
     self._check_metadata = check_metadata
-    self._records: dict[str, list] = {}
-    self._stage_records: dict[str, list] = {}
+    self.cache_dir, self.hosts = cache_dir, hosts
+    # Shard indexes and decompressed copies: local disk (memory-mapped).
+    self.index_dir = (paths.join(cache_dir, 'shards')
+                      if cache_dir and not paths.is_remote(cache_dir) else None)
+    self._records: dict[str, list] = {}      # read whole: evaluation and validation sets
+    self._sources: dict[str, object] = {}    # by position: training sets
+    self._streams: dict[str, data_lib.Stream] = {}
     self.eval_sets: dict[str, list] = {}
     self.validation_sets: dict[str, list] = {}
 
   def load(self) -> None:
-    """Loads and checks every dataset the config uses (errors name file and line)."""
+    """Reads the evaluation sets, opens and checks the training sets, and makes (or finds)
+    each stage's prepared data; errors name file and line."""
     plan = self.plan
+    domains = list(plan.domains)
+    whole = {n for d in plan.domains.values() for n in (d.eval, d.validation) if n}
+    streamed = ({n for s in plan.stages for n in s.datasets}
+                | {d.train for d in plan.domains.values() if d.train})
     for name, spec in sorted(plan.datasets.items()):
-      used = (any(name in s.datasets for s in plan.stages)
-              or any(name in (d.train, d.eval, d.validation) for d in plan.domains.values()))
-      if used:
-        self._records[name] = data_lib.load(spec, domains=list(plan.domains),
+      if name in whole:
+        self._records[name] = data_lib.load(spec, domains=domains,
                                             check_metadata=self._check_metadata)
+      elif name in streamed:
+        src = data_lib.open_dataset(spec, self.index_dir, domains=domains,
+                                    check_metadata=self._check_metadata)
+        for i in range(min(CHECKED_PREFIX, len(src))):
+          src[i]  # pylint: disable=pointless-statement
+        self._sources[name] = src
     for d, dom in sorted(plan.domains.items()):
       ev = plan.eval_of(d)
       self.eval_sets[d] = self._prompts(dom.eval, d, ev, ev.num_prompts, 'eval set')
@@ -80,6 +112,9 @@ class StageData:
       if st.datasets:
         self.stage_records(st)
 
+  def _source(self, name: str):
+    return self._records[name] if name in self._records else self._sources[name]
+
   def _prompts(self, dataset: str, domain: str, ev, n: int, what: str) -> list:
     """The domain's records of `dataset` that fit `ev.max_prompt_len` in every eval mode, cut to n."""
     modes = tuple(m for e in ev.modes
@@ -90,13 +125,33 @@ class StageData:
                 f'prompts longer than config.eval.max_prompt_len={ev.max_prompt_len}')
     return recs[:n] if n else recs
 
-  def stage_records(self, stage) -> list:
-    """The stage's records (its datasets; its domains' for prompt data), filtered by the kind."""
-    if stage.name not in self._stage_records:
-      recs = [r for ds in stage.datasets for r in self._records[ds]
-              if not stage.BY_DOMAIN or r['domain'] in stage.domains]
-      keep = stage.record_filter(self.tokenizer)
-      if keep is not None:
-        recs = _fit(recs, keep[0], stage.where, keep[1])
-      self._stage_records[stage.name] = recs
-    return self._stage_records[stage.name]
+  def stage_records(self, stage) -> data_lib.Stream:
+    """The stage's stream: its datasets' records by position, its domains' only (for prompt
+    data), made into its items and filtered by the kind; from the prepared cache when there
+    is a cache directory (prepared there first if missing)."""
+    if stage.name in self._streams:
+      return self._streams[stage.name]
+    parts = [self._source(ds) for ds in stage.datasets]
+    source = parts[0] if len(parts) == 1 else data_lib.Concat(parts)
+    domains = set(stage.domains) if stage.BY_DOMAIN else None
+    tokenize = stage.tokenize(self.tokenizer)
+    filt = stage.record_filter(self.tokenizer)
+    whys = ([filt[1]] if filt else []) + ([f'records of domains other than '
+                                           f'{", ".join(sorted(domains))}'] if domains else [])
+    why = '; '.join(whys)
+
+    def make(i, rec):
+      del i
+      if domains is not None and rec['domain'] not in domains:
+        return None
+      item = rec if tokenize is None else tokenize(rec)
+      return item if filt is None or filt[0](item) else None
+
+    if self.cache_dir and (tokenize is not None or filt is not None):
+      specs = [self.plan.datasets[ds] for ds in stage.datasets]
+      stream = token_cache.stream(self.cache_dir, stage, self.tokenizer, specs, source, make,
+                                  tokenize is not None, why, self.hosts, self.index_dir)
+    else:
+      stream = data_lib.Stream(source, make, why, stage.where, self.hosts)
+    self._streams[stage.name] = stream
+    return stream

@@ -202,8 +202,15 @@ class StageConfig:
     """(rows, what) of a fixed-size train batch that must split over the mesh, or None."""
     return None
 
-  def record_filter(self, tokenizer) -> tuple[Callable[[dict], bool], str] | None:
-    """(keep(record), why others are dropped) for the stage's records, or None."""
+  def record_filter(self, tokenizer) -> tuple[Callable[[Any], bool], str] | None:
+    """(keep(item), why others are dropped) for the stage's items (its records, or what
+    `tokenize` makes of them), or None."""
+    del tokenizer
+    return None
+
+  def tokenize(self, tokenizer) -> Callable[[dict], tuple] | None:
+    """record -> the tuple of token arrays the stage's batches take instead of the record
+    (made once per record and cached: `cascade.token_cache`), or None: they take records."""
     del tokenizer
     return None
 

@@ -5,8 +5,9 @@ A stage dict:
   dict(name='sft', kind='sft', domains=[...], datasets=['sft'], steps=600, batch_size=24,
        max_len=256, optimizer=dict(lr=1e-3, schedule='cosine', warmup_steps=20))
 
-Each step takes `batch_size` records, renders each in the mode its record
-asks for (a record with a thinking trace in thinking mode, else instruct mode;
+Each step takes `batch_size` examples: records tokenized once (`Config.tokenize`,
+cached by `cascade.token_cache`), each rendered in the mode its record asks for
+(a record with a thinking trace in thinking mode, else instruct mode;
 `thinking_switch=False`: no mode switch at all), packs them into rows of
 `max_len` tokens (segment ids keep them apart) and takes one update on the
 response tokens' cross-entropy. Rows are padded to a power of two (and a
@@ -46,9 +47,12 @@ class Config(base.TrainStageConfig):
     if max_seq is not None and self.max_len > max_seq:
       fail('max_len', f"exceeds the model's max_seq_len={max_seq}")
 
+  def tokenize(self, tokenizer):
+    return lambda r: example(r, tokenizer, self.thinking_switch, self.max_len)
+
   def record_filter(self, tokenizer):
-    return ((lambda r: any(example(r, tokenizer, self.thinking_switch, self.max_len)[1])),
-            f'examples whose prompt fills max_len={self.max_len}')
+    del tokenizer
+    return (lambda ex: bool(np.any(ex[1]))), f'examples whose prompt fills max_len={self.max_len}'
 
 
 def example(rec: dict, tokenizer, thinking_switch: bool, max_len: int):
@@ -94,8 +98,9 @@ def abstract_batch(stage: Config, mesh, rules):
 def run(ctx, stage: Config) -> base.StageResult:
   pad_id = ctx.tokenizer.pad_id
 
-  def batches(recs):
-    ex = [example(r, ctx.tokenizer, stage.thinking_switch, stage.max_len) for r in recs]
+  def batches(examples):
+    # The stage's items are already tokenized (`Config.tokenize`; from the prepared cache).
+    ex = list(examples)
     packed = sft_lib.pack(ex, stage.max_len, pad_id=pad_id)
     rows = base.rows_bucket(packed.tokens.shape[0], stage.microbatches * ctx.batch_shards)
     batch = sft_lib.pack(ex, stage.max_len, num_rows=rows, pad_id=pad_id)

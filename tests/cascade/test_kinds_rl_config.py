@@ -281,10 +281,12 @@ def test_a_stage_keeps_its_domains_prompts_that_fit_in_every_mode(fakes, monkeyp
   plan = fakes.toy_config([fakes.rl_stage('rl', ['a'], max_prompt_len=cap,
                                           thinking_fraction=fraction)])
   monkeypatch.setattr(stage_data.data_lib, 'load', lambda spec, **kw: recs)
+  monkeypatch.setattr(stage_data.data_lib, 'open_dataset', lambda spec, *a, **kw: recs)
   sd = stage_data.StageData(plan, tok, lambda *a: None)
   sd.load()
-  kept = sd.stage_records(plan.stages[0])
-  assert [r['id'] for r in kept] == ['a0', 'a2']
+  loader = stage_data.data_lib.Loader(sd.stage_records(plan.stages[0]), 0, 4, shuffle=False)
+  assert [r['id'] for r in loader.next()] == ['a0', 'a2', 'a0', 'a2']
+  assert (loader.dropped, loader.malformed) == (4, 0)      # b1, b3, a4; then b1 again
 
 
 def test_frozen_passes_run_in_the_train_steps_microbatches():

@@ -54,11 +54,13 @@ def test_max_len_cuts_tokens_and_mask_together(fakes):
 
 
 def test_record_filter_drops_examples_with_nothing_to_learn(fakes):
+  # The filter judges the stage's items: records as `tokenize` makes them into examples.
+  tok = fakes.CharTokenizer()
   plan = fakes.toy_config([dict(fakes.SFT_STAGE, max_len=len(rollout.prompt_text(REC, False)))])
-  keep, why = plan.stages[0].record_filter(fakes.CharTokenizer())
-  assert not keep(REC) and 'prompt fills max_len' in why
+  keep, why = plan.stages[0].record_filter(tok)
+  assert not keep(plan.stages[0].tokenize(tok)(REC)) and 'prompt fills max_len' in why
   plan = fakes.toy_config([dict(fakes.SFT_STAGE, max_len=120)])
-  assert plan.stages[0].record_filter(fakes.CharTokenizer())[0](REC)
+  assert plan.stages[0].record_filter(tok)[0](plan.stages[0].tokenize(tok)(REC))
 
 
 def test_multi_turn_demonstration_takes_the_stage_switch(fakes):
@@ -80,8 +82,9 @@ def test_packed_rows_split_over_microbatches_and_batch_shards(fakes, monkeypatch
   recs = [dict(fakes.record('a', i, 10 + i), response='\\boxed{%d}' % (10 + i) + ' ok' * i)
           for i in range(12)]
   tok = fakes.CharTokenizer()
+  items = [st.tokenize(tok)(r) for r in recs]     # what the stage's stream yields
   ctx = types.SimpleNamespace(plan=plan, tokenizer=tok, batch_shards=3,
-                              data=types.SimpleNamespace(stage_records=lambda s: recs))
+                              data=types.SimpleNamespace(stage_records=lambda s: items))
   got = []
   monkeypatch.setattr(loop, 'train_stage',
                       lambda ctx, kind, s, maker_fn: got.append(maker_fn(None)))
