@@ -92,12 +92,17 @@ def machine(hardware: Mapping[str, Any] | None, accelerator: str | None = None) 
     The Machine; CPU (one host) when the hardware names no TPU topology.
 
   Raises:
-    ValueError: a topology that is not 'generation:AxBxC'.
+    ValueError: a topology that is not 'generation:AxBxC'; several slices
+      (`hardware.slices` > 1): a job here asks for one slice.
   """
   hardware = dict(hardware or {})
   topo = hardware.get('topology')
   if hardware.get('platform', 'tpu') != 'tpu' or not topo:
     return Machine(accelerator=accelerator)
+  slices = hardware.get('slices') or 1
+  if slices != 1:
+    raise ValueError(f'config.hardware.slices={slices}: an XManager job here asks for one slice '
+                     '(launch.plan plans several; launching them is not built)')
   m = re.fullmatch(r'(v\d+[a-z]*):(\d+(?:x\d+)*)', str(topo))
   if not m:
     raise ValueError(f"config.hardware.topology={topo!r}: expected e.g. 'v5p:4x4x4'")

@@ -18,6 +18,7 @@ import pytest
 
 from cascade import config as config_lib
 from launch import plan as plan_lib
+from launch import xm_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -50,6 +51,14 @@ def test_mesh_and_hardware_slices_must_agree():
   plan = _tiny(dict(shape=(2, 2, 2), slices=2), dict(platform='tpu', topology='v5p:2x2x2'))
   with pytest.raises(ValueError, match=r'^config.mesh.slices=2 but config.hardware.slices=1: '):
     plan_lib.mesh_slices(plan)
+
+
+def test_xm_launch_refuses_several_slices_in_one_line():
+  hw = {'platform': 'tpu', 'topology': 'v5p:4x4x4'}
+  assert xm_launch.machine({**hw, 'slices': 1}) == xm_launch.machine(hw)
+  with pytest.raises(ValueError, match=r'^config.hardware.slices=2: an XManager job here asks '
+                     'for one slice'):
+    xm_launch.machine({**hw, 'slices': 2})
 
 
 def _tpu_python():
