@@ -70,7 +70,6 @@ are not checked; inside what a format reads, every key and value is.
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any, Callable, Mapping, Sequence
 
@@ -116,14 +115,14 @@ class RecordError(ValueError):
 # ------------------------------------------------------------------------------ small readers
 
 
-def _text(raw: Mapping, key: str, *, where: str = '', allow_empty: bool = False) -> str:
+def _text(raw: Mapping, key: str, *, where: str = '') -> str:
   name = f'{where}{key}'
   v = raw.get(key)
   if v is None:
     raise RecordError(f'missing field {name!r}')
   if not isinstance(v, str):
     raise RecordError(f'field {name!r} must be a string, got {type(v).__name__}')
-  if not allow_empty and not v.strip():
+  if not v.strip():
     raise RecordError(f'field {name!r} is empty')
   return v
 
@@ -474,7 +473,7 @@ def _structured_metadata(raw: Mapping) -> dict:
   schema = _json_value(_text(raw, 'schema_str'), 'schema_str')
   if not isinstance(schema, (Mapping, bool)):
     raise RecordError("field 'schema_str' must hold a JSON Schema object")
-  return {'schema': _strict_schema(copy.deepcopy(schema))}
+  return {'schema': _strict_schema(schema)}   # a new object: the row is not changed
 
 
 def _tool_metadata(raw: Mapping, tools: list[dict]) -> dict:

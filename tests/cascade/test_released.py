@@ -234,6 +234,9 @@ def test_sft_tool_conversation_is_a_demonstration_with_its_calls_and_results():
                           {'role': 'tool', 'content': '{"status": "sent"}'},
                           {'role': 'assistant', 'content': 'Done: Raj has been emailed.'}]
   assert rec['tools'][0]['function']['name'] == 'email_send_email'
+  # Without a tools column (the system turn describes them) it is the same demonstration.
+  no_schemas = released.adapt_sft({k: v for k, v in sft_tools().items() if k != 'tools'})
+  assert no_schemas == {k: v for k, v in rec.items() if k != 'tools'}
   # A conversation whose `tools` column is empty (an empty list or its text) has none.
   for empty in ('', '[]', []):
     assert 'tools' not in released.adapt_sft(dict(sft_plain(), tools=empty))
