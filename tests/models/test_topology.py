@@ -109,3 +109,44 @@ def test_cpu_devices_keep_the_plain_order():
     sharding.make_mesh((2, 2, 2), slices=4)
   with pytest.raises(ValueError, match='needs 16 devices, have 8'):
     sharding.make_mesh((2, 4, 2))
+
+
+_LIBTPU_CHECK = '''
+import numpy as np
+from jax.experimental import topologies
+from models import sharding, topology
+devices = topologies.get_topology_desc(platform='tpu', topology_name='v5p:4x4x4',
+                                       num_slices=2).devices
+def far_steps(arr):  # steps along the last axis that are not one ICI hop
+  out = 0
+  for line in arr.reshape(-1, arr.shape[-1]):
+    for a, b in zip(line[:-1], line[1:]):
+      out += sorted(min(abs(p - q), 4 - abs(p - q)) for p, q in zip(a.coords, b.coords)) != [0, 0, 1]
+  return out
+arr = topology.device_array((2, 16, 4), devices)
+plain = np.asarray(devices, dtype=object).reshape(2, 16, 4)
+print(far_steps(arr), far_steps(plain), topology.dcn_axes(arr, sharding.MESH_AXES),
+      sorted({d.slice_index for d in arr[0].ravel()}), sorted({d.slice_index for d in arr[1].ravel()}))
+'''
+
+
+@pytest.mark.heavy
+def test_libtpu_topology_devices():
+  """The AOT devices of two v5p:4x4x4 slices (libtpu: CASCADE_TPU_PYTHON, else skipped)."""
+  import importlib.util
+  import os
+  import subprocess
+  import sys
+  python = os.environ.get('CASCADE_TPU_PYTHON') or (
+      sys.executable if importlib.util.find_spec('libtpu') else None)
+  if python is None:
+    pytest.skip('no Python with libtpu: set CASCADE_TPU_PYTHON')
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=root)
+  env.pop('XLA_FLAGS', None)
+  proc = subprocess.run([python, '-c', _LIBTPU_CHECK], cwd=root, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  # The tensor axis of 4: every step one hop (host-by-host reshape: 32 are not); the data
+  # axis across the two slices, slice 0 then slice 1.
+  assert proc.stdout.strip().splitlines()[-1] == "0 32 ('data',) [0] [1]"
