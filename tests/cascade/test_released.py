@@ -362,6 +362,22 @@ def test_parquet_export_reads_as_the_jsonl(tmp_path, fmt, rows):
     assert options.value_type.num_fields == 3     # {A, B, C}, two of them null in each entry
 
 
+def test_a_row_without_a_grading_signal_is_skipped_and_counted_while_training(tmp_path, capsys):
+  """Past the checked prefix, a released row its format refuses (here a structured-output row
+  without its schema) is skipped by the training loader, counted and logged, not trained on."""
+  rows = [c2_mcqa(), c2_structured(), {k: v for k, v in c2_structured().items()
+                                        if k != 'schema_str'}, c2_workplace()]
+  path = str(tmp_path / 'train.jsonl')
+  _write_jsonl(path, rows)
+  spec = config_lib.Dataset(name='md', format='cascade2_multi_domain_rl', record_type='prompt',
+                            path=path)
+  loader = data.Loader(data.Records(spec, cache_dir=str(tmp_path / 'cache')), seed=0,
+                       batch_size=3, shuffle=False)
+  assert [r['domain'] for r in loader.next()] == ['mcqa', 'structured', 'tool_calling']
+  assert loader.malformed == 1
+  assert "train.jsonl:3: missing field 'schema_str'" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------- unknown values are errors
 
 @pytest.mark.parametrize('fmt,row,message', [
