@@ -91,7 +91,9 @@ class ModelConfig:
       JAX's default backend is the CPU, whose scan copies every layer's
       weights out of the stacks and every saved activation into stacked
       buffers it first fills with zeros (a GRPO update 1.2x slower on the
-      tiny shape). `scans_layers` is the resolved choice.
+      tiny shape). `scans_layers` is the resolved choice. The mixture-of-experts
+      families scan each run of a repeated unit of their pattern
+      (models/hybrid.py `plan`) and run the other sublayers one by one.
     attention: attention implementation of every pass without a cache and of
       a prefill into one (models/attention.py): 'auto' (TPU splash, GPU flash,
       else dense below attention.DENSE_MAX_LEN keys and blockwise from there),
@@ -332,10 +334,8 @@ class ModelConfig:
   @property
   def scans_layers(self) -> bool:
     """Whether the blocks run as one scan: `scan_layers`, 'auto' resolved by JAX's default
-    backend (a Python loop on the CPU, a scan elsewhere). Never for the mixture-of-experts
-    families: their sublayers differ, so they always run as a Python loop."""
-    if not self.is_dense:
-      return False
+    backend (a Python loop on the CPU, a scan elsewhere). For the mixture-of-experts families
+    the scan covers the repeated runs of their pattern (models/hybrid.py `plan`)."""
     if self.scan_layers == 'auto':
       return jax.default_backend() != 'cpu'
     return self.scan_layers

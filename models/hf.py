@@ -401,8 +401,8 @@ def _place(host: np.ndarray, sharding_: jax.sharding.NamedSharding | None) -> ja
 
 
 class _Stack:
-  """A stacked [L, ...] (or [E, ...]) parameter on device, filled one layer (or expert) at a
-  time in place.
+  """A stacked [L, ...] (or [E, ...], or a segment's [R, E, ...]) parameter on device, filled
+  one slice (a layer, an expert, an expert of a repeat) at a time in place.
 
   The device holds the stack plus one slice and the host one slice, never L.
   """
@@ -410,21 +410,33 @@ class _Stack:
   def __init__(self, abstract: jax.ShapeDtypeStruct,
                sharding_: jax.sharding.NamedSharding | None):
     zeros = lambda: jnp.zeros(abstract.shape, abstract.dtype)
-    put = lambda stack, x, i: jax.lax.dynamic_update_index_in_dim(stack, x, i, 0)
+    self._sharding, self._ndim, self._puts = sharding_, len(abstract.shape), {}
     if sharding_ is None:
-      self._slice_sharding = None
       self.value = jax.jit(zeros)()
-      self._put = jax.jit(put, donate_argnums=0)
-    else:  # A slice is split as the stack is, less its leading axis.
-      spec = tuple(sharding_.spec) + (None,) * (len(abstract.shape) - len(sharding_.spec))
-      self._slice_sharding = jax.sharding.NamedSharding(sharding_.mesh,
-                                                        jax.sharding.PartitionSpec(*spec[1:]))
+    else:
       self.value = jax.jit(zeros, out_shardings=sharding_)()
-      self._put = jax.jit(put, donate_argnums=0, out_shardings=sharding_)
 
-  def set(self, i: int, host: np.ndarray):
-    self.value = self._put(self.value, _place(host, self._slice_sharding),
-                           jnp.asarray(i, jnp.int32))
+  def _put(self, depth: int):
+    """(jitted in-place write of a slice `depth` leading indices deep, the slice's sharding)."""
+    if depth not in self._puts:
+      def put(stack, x, idx):
+        x = x.reshape((1,) * depth + x.shape)
+        return jax.lax.dynamic_update_slice(stack, x, tuple(idx) + (0,) * (stack.ndim - depth))
+      if self._sharding is None:
+        self._puts[depth] = (jax.jit(put, donate_argnums=0), None)
+      else:  # A slice is split as the stack is, less its leading axes.
+        spec = tuple(self._sharding.spec) + (None,) * (self._ndim - len(self._sharding.spec))
+        self._puts[depth] = (
+            jax.jit(put, donate_argnums=0, out_shardings=self._sharding),
+            jax.sharding.NamedSharding(self._sharding.mesh,
+                                       jax.sharding.PartitionSpec(*spec[depth:])))
+    return self._puts[depth]
+
+  def set(self, i: int | tuple[int, ...], host: np.ndarray):
+    idx = i if isinstance(i, tuple) else (i,)
+    put, slice_sharding = self._put(len(idx))
+    self.value = put(self.value, _place(host, slice_sharding),
+                     tuple(jnp.asarray(j, jnp.int32) for j in idx))
 
 
 def _host_value(params: Mapping[tuple, nnx.Variable], part: hf_moe.Part) -> np.ndarray:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Collection, Mapping
 import numpy as np
 
 from models import config as config_lib
+from models import hybrid
 
 NEMOTRON_H_ARCH = 'NemotronHForCausalLM'
 QWEN3_MOE_ARCH = 'Qwen3MoeForCausalLM'
@@ -76,11 +77,13 @@ class Part:
     path: the parameter's nnx flat-state path, e.g. ('blocks', 3, 'mixer', 'up').
     from_hf: the HF tensor -> this parameter's value (or slice).
     index: None for the whole parameter; else the slice of its leading axis (a
-      layer of the dense blocks' [L, ...] stack, an expert of an [E, ...] one).
+      layer of the dense blocks' [L, ...] stack, an expert of an [E, ...] one), or a
+      tuple of indices into its leading axes (a sublayer of a repeated segment's
+      [repeats, ...] stack, then maybe an expert: models/hybrid.py `locate`).
   """
   path: tuple
   from_hf: Callable[[np.ndarray], np.ndarray]
-  index: int | None = None
+  index: int | tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +260,30 @@ def tensors(cfg: config_lib.ModelConfig, names: Collection[str] | None = None) -
     cfg: the model config (family 'nemotron_h' or 'qwen3_moe').
     names: a checkpoint's tensor names, whose layout the table follows (Nemotron-H's
       prefix; fused or per-expert tensors, per layer); None: the hub layout.
+
+  The table is written per sublayer (('blocks', i, ...)) and then pointed at where the
+  model keeps sublayer i: a block of its own, or one repeat of a stacked segment
+  (models/hybrid.py `locate`), the repeat prefixed to the part's index.
   """
+  return [_relocate(cfg, t) for t in _per_sublayer(cfg, names)]
+
+
+def _relocate(cfg: config_lib.ModelConfig, t: Tensor) -> Tensor:
+  """`t` with its ('blocks', i, ...) parts pointed at where the model keeps sublayer i."""
+  parts = []
+  for part in t.parts:
+    if part.path[0] == 'blocks':
+      prefix, r = hybrid.locate(cfg, part.path[1])
+      index = part.index
+      if r is not None:
+        index = (r,) if index is None else (r,) + (index if isinstance(index, tuple) else (index,))
+      part = dataclasses.replace(part, path=prefix + part.path[2:], index=index)
+    parts.append(part)
+  return dataclasses.replace(t, parts=tuple(parts))
+
+
+def _per_sublayer(cfg: config_lib.ModelConfig, names: Collection[str] | None) -> list[Tensor]:
+  """`tensors`' table with sublayer i's parameters at ('blocks', i, ...)."""
   names = frozenset(names or ())
   fused = lambda prefix: prefix + 'experts.down_proj' in names
   d, v = cfg.embed_dim, cfg.vocab_size

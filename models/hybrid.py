@@ -9,17 +9,33 @@ with its own RMSNorm, the mixer one of
 * 'mlp': an MLP (SwiGLU, or Nemotron-H's squared ReLU);
 * 'moe': routed experts and an optional shared expert (models/moe.py).
 
-Unlike the dense decoders' stacked blocks, the sublayers differ in kind, so
-they run as an unrolled Python loop over their own parameters, and a cache is
-per sublayer: a [B, K, S, H] key and value buffer per attention sublayer (the
-dense cache's `unstack_cache` layout) and a `mamba.MambaState` per Mamba
-sublayer. `models.transformer.Transformer` builds and calls this stack when
-the config's family is not dense; its calling convention is unchanged.
+The sublayers differ in kind, so the stack cannot be one scan over identical
+blocks as the dense decoders' is; compiling one body per sublayer, though, makes
+the compile time grow with depth (Nemotron-3-Nano's 52 sublayers took minutes per
+program for a TPU slice). `plan` cuts the pattern into segments: runs of a unit
+repeated two or more times in a row, and single sublayers, choosing the cut
+that needs the fewest sublayer bodies (Nemotron-3-Nano: 14, in 6 segments;
+Qwen3-MoE's (attention, moe) x 48: 2). A repeated segment is a `Repeat`, whose
+unit holds one Sublayer per position with the parameters of that position in
+every repeat stacked on a leading 'layers' axis [repeats, ...] (the dense
+blocks' logical axis, so the same sharding rules apply); it runs as one
+`lax.scan` over the repeats when `cfg.scans_layers`, else as a Python loop over
+the same stacks. `locate` and `sublayer` map a sublayer's index in the pattern
+to where its parameters live (HF interop, models/hf_moe.py, reads and writes
+each layer's tensors through it).
+
+A cache stays per sublayer: a [B, K, S, H] key and value buffer per attention
+sublayer (the dense cache's `unstack_cache` layout) and a `mamba.MambaState`
+per Mamba sublayer; a scanned segment stacks its sublayers' parts over the
+repeats for the scan and splits them after it. `models.transformer.Transformer`
+builds and calls this stack when the config's family is not dense; its calling
+convention is unchanged.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -122,18 +138,113 @@ class Sublayer(nnx.Module):
     return sharding.constrain(x, ('batch', 'length', 'embed')), part, report
 
 
+class Segment(NamedTuple):
+  """A run of the sublayer pattern: `unit` (a tuple of kinds) repeated `repeats` times from
+  sublayer `start`. A segment of one repeat is a single sublayer run as it is; a longer one
+  keeps each position's parameters stacked on a leading 'layers' axis [repeats, ...] and runs
+  as one `lax.scan` over the repeats (or a Python loop, `scan_layers=False`)."""
+  start: int
+  unit: tuple[str, ...]
+  repeats: int
+
+  @property
+  def stop(self) -> int:
+    return self.start + len(self.unit) * self.repeats
+
+
+@functools.lru_cache(maxsize=64)
+def plan(mixers: tuple[str, ...]) -> tuple[Segment, ...]:
+  """`mixers` cut into segments that need the fewest sublayer bodies to compile.
+
+  A segment is a single sublayer (one body) or a unit of sublayers repeated >= 2 times in a
+  row (len(unit) bodies, however many repeats); an exact dynamic programme over the cut points
+  minimises the bodies, then the segments. Nemotron-3-Nano's 52 sublayers need 14 bodies:
+  (M E M E M * E) x 5, (M E) x 3, M, *, E, (M E) x 4; Qwen3-MoE's (attention, moe) x 48 need 2.
+  """
+  n = len(mixers)
+  best = [(0, 0, None)] * (n + 1)    # best[i]: (bodies, segments, first segment) of mixers[i:]
+  for i in range(n - 1, -1, -1):
+    rest = best[i + 1]
+    options = [((1 + rest[0], 1 + rest[1]), Segment(i, (mixers[i],), 1))]
+    for p in range(1, (n - i) // 2 + 1):
+      unit = tuple(mixers[i:i + p])
+      r = 1
+      while i + (r + 1) * p <= n and tuple(mixers[i + r * p:i + (r + 1) * p]) == unit:
+        r += 1
+        rest = best[i + r * p]
+        options.append(((p + rest[0], 1 + rest[1]), Segment(i, unit, r)))
+    (bodies, segs), seg = min(options, key=lambda o: o[0])
+    best[i] = (bodies, segs, seg)
+  out, i = [], 0
+  while i < n:
+    seg = best[i][2]
+    out.append(seg)
+    i = seg.stop
+  return tuple(out)
+
+
+class Repeat(nnx.Module):
+  """A segment's repeated unit: `unit[p]` is one Sublayer whose parameters are those of the
+  segment's sublayers at position p of every repeat, stacked on a leading 'layers' axis."""
+
+  def __init__(self, sublayers: Sequence[Sublayer], unit_len: int):
+    repeats = len(sublayers) // unit_len
+    self.repeats = repeats
+    self.unit = nnx.List([_stack([sublayers[r * unit_len + p] for r in range(repeats)])
+                          for p in range(unit_len)])
+
+
+def _stack(sublayers: Sequence[Sublayer]) -> Sublayer:
+  """One Sublayer holding `sublayers`' parameters stacked on a leading 'layers' axis."""
+  def stack(*vs):
+    axes = ('layers',) + tuple(vs[0].get_metadata().get('logical_axes') or
+                               (None,) * vs[0].get_value().ndim)
+    return vs[0].replace(jnp.stack([v.get_value() for v in vs]), logical_axes=axes)
+  states = [nnx.state(s) for s in sublayers]
+  stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return nnx.merge(nnx.graphdef(sublayers[0]), stacked)
+
+
 def build(cfg: config_lib.ModelConfig, rngs: nnx.Rngs) -> nnx.List:
-  """The sublayers of `cfg.mixers`, made one after another."""
-  return nnx.List([Sublayer(cfg, kind, rngs) for kind in cfg.mixers])
+  """The blocks of `plan(cfg.mixers)`: a Sublayer per single-sublayer segment, a Repeat per
+  repeated one. The sublayers are made one after another in pattern order first, so sublayer
+  i has exactly the values (and the RNG draws) it would have as the i-th of a plain list."""
+  subs = [Sublayer(cfg, kind, rngs) for kind in cfg.mixers]
+  return nnx.List([subs[s.start] if s.repeats == 1 else Repeat(subs[s.start:s.stop], len(s.unit))
+                   for s in plan(cfg.mixers)])
 
 
-def run(blocks: Sequence[Sublayer], cfg: config_lib.ModelConfig, x, positions, mask,
+def locate(cfg: config_lib.ModelConfig, i: int) -> tuple[tuple, int | None]:
+  """Where sublayer i's parameters live in `Transformer.blocks`: (path of its Sublayer,
+  relative to the model, and the index along the stacked 'layers' axis, None if unstacked)."""
+  for j, s in enumerate(plan(cfg.mixers)):
+    if s.start <= i < s.stop:
+      if s.repeats == 1:
+        return ('blocks', j), None
+      r, p = divmod(i - s.start, len(s.unit))
+      return ('blocks', j, 'unit', p), r
+  raise IndexError(f'sublayer {i}: the pattern has {len(cfg.mixers)}')
+
+
+def sublayer(model: nnx.Module, i: int) -> Sublayer:
+  """Sublayer i of a mixture-of-experts model (a copy sliced out of its stack if stacked)."""
+  path, r = locate(model.cfg, i)
+  module = model
+  for key in path:
+    module = module[key] if isinstance(key, int) else getattr(module, key)
+  if r is None:
+    return module
+  graphdef, state = nnx.split(module)
+  return nnx.merge(graphdef, jax.tree.map(lambda a: a[r], state))
+
+
+def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, positions, mask,
         segment_ids, *, kv=None, states=None, paged=None, routing=None, replay=True,
-        remat: Callable | None = None):
+        remat: Callable | None = None, scan: bool | None = None):
   """x through every sublayer.
 
   Args:
-    blocks: the sublayers (`build`).
+    blocks: the blocks (`build`).
     cfg: the model config.
     x: [B, T, D] embedded tokens.
     positions, mask: as attention takes them (mask None for a paged step).
@@ -146,59 +257,127 @@ def run(blocks: Sequence[Sublayer], cfg: config_lib.ModelConfig, x, positions, m
     routing: None, or [M, B, T, k] int experts per 'moe' sublayer (routing replay).
     replay: with `routing`: replay it (True), or route on the routers' own choice and only
       count where it differs (`MoEStats.mismatched`).
-    remat: wraps a sublayer's function for the backward pass (no cache only).
+    remat: `remat(body, prevent_cse)` wraps a sublayer's function for the backward pass (no
+      cache only).
+    scan: run each repeated segment as one `lax.scan` over its repeats (default
+      `cfg.scans_layers`), else as a Python loop over the same stacked parameters.
+
+  A scanned segment takes its sublayers' cache parts stacked along the repeats and hands
+  them back split (the caches keep one buffer / state per sublayer outside).
 
   Returns:
     (x, ks, vs, states, MoEStats or None): the written buffers / pools and states
     (tuples; empty without a cache).
   """
+  scan = cfg.scans_layers if scan is None else scan
   ks = list(kv[0]) if kv is not None else list(paged.k) if paged is not None else []
   vs = list(kv[1]) if kv is not None else list(paged.v) if paged is not None else []
   states = list(states) if states is not None else None
-  reports = []
-  ai = mi = ei = 0
-  for block in blocks:
-    kind = block.kind
-    part = None
-    if kind == 'attention':
-      if kv is not None:
-        part = (ks[ai], vs[ai], None, kv[2])
-      elif paged is not None:
-        part = layers._PagedStep(ks[ai], vs[ai], None, paged)
-    elif kind == 'mamba' and states is not None:
-      part = states[mi]
-    route = routing[ei] if (kind == 'moe' and routing is not None) else None
-    if remat is not None and kv is None and paged is None and states is None:
-      graphdef, params = nnx.split(block)
+  cached = kv is not None or paged is not None or states is not None
+  counts = {'attention': 0, 'mamba': 0, 'mlp': 0, 'moe': 0}
+  reports = []    # per segment: the 'moe' sublayers' reports, stacked in pattern order
 
-      def body(params, x, route, graphdef=graphdef):
-        y, _, report = nnx.merge(graphdef, params)(x, positions, mask, segment_ids,
-                                                   None, route, replay)
-        return y, report
-      x, report = remat(body)(params, x, route)
-      part = None
+  def own(kind, n):
+    """The n-th `kind` sublayer's own cache: an attention's (k, v) buffers or pools, a
+    Mamba mixer's state; None otherwise."""
+    if kind == 'attention' and (kv is not None or paged is not None):
+      return ks[n], vs[n]
+    if kind == 'mamba' and states is not None:
+      return states[n]
+    return None
+
+  def part(kind, mine):
+    """A sublayer's cache argument from its own cache."""
+    if kind == 'attention' and mine is not None:
+      k, v = mine
+      return (k, v, None, kv[2]) if kv is not None else layers._PagedStep(k, v, None, paged)
+    return mine
+
+  def put(kind, n, mine):
+    if kind == 'attention' and mine is not None:
+      ks[n], vs[n] = mine
+    elif kind == 'mamba' and states is not None:
+      states[n] = mine
+
+  def call(block, x, kind, mine, route, prevent_cse):
+    """One sublayer, rematerialised in the backward pass where asked; (x, own cache, report)."""
+    if remat is None or cached:
+      x, mine, report = block(x, positions, mask, segment_ids, part(kind, mine), route, replay)
+      return x, (tuple(mine) if kind == 'attention' and mine is not None else mine), report
+    graphdef, params = nnx.split(block)
+
+    def body(params, x, route):
+      y, _, report = nnx.merge(graphdef, params)(x, positions, mask, segment_ids, None, route,
+                                                 replay)
+      return y, report
+    y, report = remat(body, prevent_cse)(params, x, route)
+    return y, None, report
+
+  for seg, block in zip(plan(cfg.mixers), blocks):
+    unit, reps = seg.unit, seg.repeats
+    # The n-th sublayer of a kind at repeat r, position p of the unit: first[p] + r * per[kind].
+    first, per = [], {k: unit.count(k) for k in counts}
+    for kind in unit:
+      first.append(counts[kind])
+      counts[kind] += 1
+    for kind in counts:
+      counts[kind] += per[kind] * (reps - 1)
+    route = None
+    if routing is not None and per['moe']:
+      e0 = first[unit.index('moe')]
+      route = routing[e0:e0 + per['moe'] * reps]
+    if reps == 1:
+      x, mine, report = call(block, x, unit[0], own(unit[0], first[0]),
+                             None if route is None else route[0], True)
+      put(unit[0], first[0], mine)
+      if report is not None:
+        reports.append(jax.tree.map(lambda a: a[None], report))
+      continue
+    split = [nnx.split(sub) for sub in block.unit]
+    if route is not None:   # [reps * moe per unit, ...] -> [reps, moe per unit, ...]
+      route = route.reshape((reps, per['moe']) + route.shape[1:])
+    # Each position's own caches, stacked over the repeats.
+    mine = [None if own(kind, first[p]) is None else
+            jax.tree.map(lambda *a: jnp.stack(a),
+                         *[own(kind, first[p] + r * per[kind]) for r in range(reps)])
+            for p, kind in enumerate(unit)]
+
+    def body(x, xs, split=split, unit=unit):
+      params, mine, route = xs
+      new, outs = [], []
+      for p, (graphdef, _) in enumerate(split):
+        kind = unit[p]
+        r_moe = None if route is None or kind != 'moe' else route[unit[:p].count('moe')]
+        x, m, report = call(nnx.merge(graphdef, params[p]), x, kind, mine[p], r_moe, not scan)
+        new.append(m)
+        if report is not None:
+          outs.append(report)
+      return x, (new, jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else None)
+
+    xs = ([state for _, state in split], mine, route)
+    if scan:
+      x, (new, report) = jax.lax.scan(body, x, xs)
     else:
-      x, part, report = block(x, positions, mask, segment_ids, part, route, replay)
-    if kind == 'attention':
-      if part is not None:
-        ks[ai], vs[ai] = part
-      ai += 1
-    elif kind == 'mamba':
-      if states is not None:
-        states[mi] = part
-      mi += 1
-    elif kind == 'moe':
-      reports.append(report)
-      ei += 1
+      ys = []
+      for r in range(reps):
+        x, y = body(x, jax.tree.map(lambda a, r=r: a[r], xs))
+        ys.append(y)
+      new, report = jax.tree.map(lambda *a: jnp.stack(a), *ys)
+    for p, kind in enumerate(unit):
+      if new[p] is not None:
+        for r in range(reps):
+          put(kind, first[p] + r * per[kind], jax.tree.map(lambda a, r=r: a[r], new[p]))
+    if report is not None:   # [reps, moe per unit, ...] -> [reps * moe per unit, ...], in order
+      reports.append(jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), report))
   stats = None
   if reports:
-    stats = MoEStats(indices=jnp.stack([r.indices for r in reports]),
-                     aux_loss=jnp.mean(jnp.stack([r.aux_loss for r in reports])),
-                     z_loss=jnp.mean(jnp.stack([r.z_loss for r in reports])))
+    cat = lambda name: jnp.concatenate([getattr(r, name) for r in reports])
+    stats = MoEStats(indices=cat('indices'), aux_loss=jnp.mean(cat('aux_loss')),
+                     z_loss=jnp.mean(cat('z_loss')))
     if routing is not None:
       real = jnp.sum((segment_ids > 0).astype(jnp.float32))
-      stats = stats._replace(mismatched=sum(r.mismatched for r in reports),
-                             compared=len(reports) * real)
+      stats = stats._replace(mismatched=jnp.sum(cat('mismatched')),
+                             compared=counts['moe'] * real)
   return x, tuple(ks), tuple(vs), None if states is None else tuple(states), stats
 
 

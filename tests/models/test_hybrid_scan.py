@@ -1,0 +1,271 @@
+"""The mixture-of-experts families' scanned layer stack (models/hybrid.py `plan`, `Repeat`):
+the cut of a pattern into repeated segments, the stacked parameters, and the scan against the
+unrolled loop and a plain per-sublayer loop (logits, gradients, cached prefill and decode,
+the paged step, routing replay and MoE statistics), and HF interop of the stacked layout."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import attention
+from models import config as config_lib
+from models import hf
+from models import hybrid
+from models import transformer
+
+# A period (M * E) twice, then leftovers: an mlp and a moe sublayer of their own.
+PATTERN = 'M*EM*E-E'
+CFG = config_lib.ModelConfig.tiny_hybrid(num_layers=8, layer_types=PATTERN, scan_layers=True)
+LOOP = CFG.replace(scan_layers=False)
+TOKENS = jax.random.randint(jax.random.key(1), (2, 12), 0, 256, dtype=jnp.int32)
+SEG = jnp.array([[1] * 12, [0] * 3 + [1] * 9], jnp.int32)   # the second row left-padded
+POS = jnp.maximum(jnp.cumsum(SEG, axis=1) - 1, 0)
+
+
+def _bodies(segments) -> int:
+  return sum(len(s.unit) for s in segments)
+
+
+def _brute_force(mixers) -> tuple[int, int]:
+  """(bodies, segments) of the best cut of `mixers`, over every cut into runs."""
+  n, best = len(mixers), None
+  for cuts in itertools.product([False, True], repeat=n - 1):
+    bounds = [0] + [i + 1 for i, c in enumerate(cuts) if c] + [n]
+    bodies = segments = 0
+    for a, b in zip(bounds, bounds[1:]):
+      run = mixers[a:b]
+      period = min(p for p in range(1, len(run) + 1)
+                   if len(run) % p == 0 and run == run[:p] * (len(run) // p))
+      # A run that is not a repeat is that many single sublayers.
+      single = len(run) // period < 2
+      bodies += len(run) if single else period
+      segments += len(run) if single else 1
+    cost = (bodies, segments)
+    best = cost if best is None or cost < best else best
+  return best
+
+
+def test_plan_cuts_patterns_into_fewest_bodies():
+  nemotron = config_lib.ModelConfig.nemotron_3_nano_30b_a3b()
+  segs = hybrid.plan(nemotron.mixers)
+  assert _bodies(segs) == 14 and len(segs) == 6
+  letter = {kind: c for c, kind in config_lib.PATTERN_LETTERS.items()}
+  assert [(s.start, ''.join(letter[m] for m in s.unit), s.repeats) for s in segs] == [
+      (0, 'M', 1), (1, 'EMEM*EM', 5), (36, 'EM', 3), (42, '*', 1), (43, 'E', 1), (44, 'ME', 4)]
+  qwen = hybrid.plan(config_lib.ModelConfig.qwen3_30b_a3b().mixers)
+  assert qwen == (hybrid.Segment(0, ('attention', 'moe'), 48),)
+  assert all(s.repeats == 1 for s in hybrid.plan(config_lib.ModelConfig.tiny_hybrid().mixers))
+  rng = np.random.RandomState(0)
+  for _ in range(60):   # against every cut of short random patterns
+    mixers = tuple(str(m) for m in rng.choice(['mamba', 'moe', 'attention'], size=rng.randint(1, 10),
+                              p=[0.45, 0.45, 0.1]))
+    segs = hybrid.plan(mixers)
+    assert sum((s.unit * s.repeats for s in segs), ()) == mixers
+    assert all(s.repeats >= 2 or len(s.unit) == 1 for s in segs)
+    assert (_bodies(segs), len(segs)) == _brute_force(mixers), mixers
+
+
+def test_stacked_init_equals_sublayers_built_in_turn():
+  model = transformer.create(CFG, seed=0)
+  assert [type(b).__name__ for b in model.blocks] == ['Repeat', 'Sublayer', 'Sublayer']
+  rngs = nnx.Rngs(0)
+  rngs.params()  # The embedding's draw comes first.
+  for i, kind in enumerate(CFG.mixers):
+    want = hybrid.Sublayer(CFG, kind, rngs)
+    got = dict(nnx.to_flat_state(nnx.state(hybrid.sublayer(model, i))))
+    for path, v in nnx.to_flat_state(nnx.state(want)):
+      np.testing.assert_array_equal(got[path].get_value(), v.get_value(), err_msg=f'{i} {path}')
+  q = model.blocks[0].unit[1].mixer.q_proj
+  assert q.get_value().shape == (2, 64, 4, 16)
+  assert q.get_metadata()['logical_axes'] == ('layers', 'embed', 'heads', 'head_dim')
+  up = model.blocks[0].unit[2].mixer.up
+  assert up.get_metadata()['logical_axes'][:2] == ('layers', 'experts')
+
+
+def _model(cfg, params=None):
+  model = transformer.create(cfg, seed=0)
+  if params is not None:
+    nnx.update(model, params)
+  return model
+
+
+def _perturbed():
+  """The parameters, router bias perturbed so the routing is not a near-tie everywhere."""
+  params = nnx.state(transformer.create(CFG, seed=0), nnx.Param)
+  return jax.tree.map(lambda x: x * 2 if x.ndim >= 2 else x + 0.1, params)
+
+
+@nnx.jit
+def _logits(model, tokens, positions, segment_ids):
+  return model(tokens, positions, segment_ids)
+
+
+def _reference(model, tokens, positions, segment_ids):
+  """A plain Python loop over the sublayers, each sliced out of its stack."""
+  x = jnp.take(model.embed.get_value(), tokens, axis=0)
+  mask = attention.MaskInfo(segment_ids, segment_ids)
+  for i in range(CFG.num_layers):
+    x, _, _ = hybrid.sublayer(model, i)(x, positions, mask, segment_ids)
+  return model.logits_from_hidden(model.final_norm(x))
+
+
+def test_scan_equals_unrolled_and_per_sublayer_loop():
+  params = _perturbed()
+  scanned, looped = _model(CFG, params), _model(LOOP, params)
+  a = np.asarray(_logits(scanned, TOKENS, POS, SEG))
+  b = np.asarray(_logits(looped, TOKENS, POS, SEG))
+  ref = np.asarray(jax.jit(_reference)(scanned, TOKENS, POS, SEG))
+  real = np.asarray(SEG, bool)
+  np.testing.assert_allclose(a[real], b[real], atol=2e-5, rtol=0)
+  np.testing.assert_allclose(a[real], ref[real], atol=2e-5, rtol=0)
+  assert np.abs(a[real]).max() > 0.5   # not a degenerate comparison
+
+
+def _loss(model, tokens, positions, segment_ids):
+  with hybrid.collecting_stats():
+    logits = model(tokens, positions, segment_ids)
+  return jnp.mean(jax.nn.log_softmax(logits) ** 2)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('remat', ['full', 'none'])
+def test_scan_gradients_equal_unrolled(remat):
+  params = _perturbed()
+  grads = []
+  for cfg in (CFG.replace(remat=remat), LOOP.replace(remat=remat)):
+    graphdef, _ = nnx.split(_model(cfg))
+    loss = lambda p, graphdef=graphdef: _loss(nnx.merge(graphdef, p), TOKENS, POS, SEG)
+    grads.append(jax.jit(jax.grad(loss))(params))
+  flat = [dict(nnx.to_flat_state(g)) for g in grads]
+  assert flat[0].keys() == flat[1].keys()
+  for path in flat[0]:
+    a, b = flat[0][path].get_value(), flat[1][path].get_value()
+    np.testing.assert_allclose(a, b, atol=1e-6 + 1e-4 * float(np.abs(b).max()), rtol=0,
+                               err_msg=str(path))
+  moe_up = flat[0][('blocks', 0, 'unit', 2, 'mixer', 'up')].get_value()
+  assert np.abs(moe_up[1]).max() > 0   # the second repeat gets its own gradient
+
+
+@nnx.jit(static_argnames=('return_stats', 'replay'))
+def _hidden(model, tokens, positions, segment_ids, cache, routing=None, return_stats=False,
+            replay=True):
+  return model.hidden(tokens, positions, segment_ids, cache, routing=routing, replay=replay,
+                      return_stats=return_stats)
+
+
+@pytest.mark.heavy
+def test_scan_routing_and_moe_stats_equal_unrolled():
+  params = _perturbed()
+  stats = {}
+  for name, cfg in (('scan', CFG), ('loop', LOOP)):
+    model = _model(cfg, params)
+    _, _, own = _hidden(model, TOKENS, POS, SEG, None, return_stats=True)
+    # Replay every sublayer's choice shifted by one expert; and only compare with it.
+    shifted = (own.indices + 1) % CFG.num_experts
+    _, _, replayed = _hidden(model, TOKENS, POS, SEG, None, shifted, return_stats=True)
+    _, _, compared = _hidden(model, TOKENS, POS, SEG, None, shifted, return_stats=True,
+                             replay=False)
+    stats[name] = (own, replayed, compared)
+  moe = CFG.mixers.count('moe')
+  real = float(np.sum(np.asarray(SEG) > 0))
+  for (a, b) in zip(stats['scan'], stats['loop']):
+    assert a.indices.shape == (moe, 2, 12, CFG.experts_per_token)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_allclose(a.aux_loss, b.aux_loss, rtol=1e-5)
+    np.testing.assert_allclose(a.z_loss, b.z_loss, rtol=1e-5)
+    if a.mismatched is not None:
+      assert float(a.mismatched) == float(b.mismatched)
+      assert float(a.compared) == float(b.compared) == moe * real
+  own, replayed, compared = stats['scan']
+  np.testing.assert_array_equal(replayed.indices, (own.indices + 1) % CFG.num_experts)
+  assert float(compared.mismatched) == moe * real   # every set differs from the shifted one
+
+
+def _prefill_decode(model, cfg):
+  """Logits of a 7-token chunked prefill (4 + 3) then 5 one-token decode steps."""
+  cache = transformer.init_cache(cfg, 2, 16, jnp.float32)
+  seg = jnp.ones_like(TOKENS)
+  out = []
+  for a, b in ((0, 4), (4, 7)) + tuple((t, t + 1) for t in range(7, 12)):
+    x, cache = _hidden(model, TOKENS[:, a:b], None, seg[:, a:b], cache)
+    out.append(model.logits_from_hidden(x))
+  return np.asarray(jnp.concatenate(out, axis=1)), cache
+
+
+@pytest.mark.heavy
+def test_scan_prefill_decode_equal_unrolled_and_full_forward():
+  params = _perturbed()
+  scanned, looped = _model(CFG, params), _model(LOOP, params)
+  a, cache_a = _prefill_decode(scanned, CFG)
+  b, cache_b = _prefill_decode(looped, LOOP)
+  full = np.asarray(_logits(scanned, TOKENS, None, jnp.ones_like(TOKENS)))
+  np.testing.assert_allclose(a, b, atol=2e-5, rtol=0)
+  np.testing.assert_allclose(a, full, atol=1e-4, rtol=0)
+  assert len(cache_a.k) == CFG.attention_layers and len(cache_a.state) == CFG.mamba_layers
+  for x, y in zip(jax.tree.leaves(cache_a), jax.tree.leaves(cache_b)):
+    np.testing.assert_allclose(x, y, atol=2e-5, rtol=0)
+
+
+@nnx.jit
+def _paged_step(model, tokens, positions, cache):
+  return model.decode_paged(tokens, positions, cache)
+
+
+@pytest.mark.heavy
+def test_scan_paged_decode_equals_unrolled_and_full_forward():
+  params = _perturbed()
+  ps, pages_per_slot, slots = 4, 3, 2
+  full = np.asarray(_logits(_model(CFG, params), TOKENS, None, jnp.ones_like(TOKENS)))
+  for cfg in (CFG, LOOP):
+    model = _model(cfg, params)
+    pool = lambda: jnp.zeros((cfg.num_kv_heads, slots * pages_per_slot, ps, cfg.head_dim))
+    n = cfg.attention_layers
+    cache = transformer.PagedCache(
+        k=tuple(pool() for _ in range(n)), v=tuple(pool() for _ in range(n)),
+        page_table=jnp.arange(slots * pages_per_slot, dtype=jnp.int32).reshape(slots, -1)[::-1],
+        lengths=jnp.zeros((slots,), jnp.int32), live=jnp.ones((slots,), bool),
+        state=hybrid.init_states(cfg, slots))
+    got = []
+    for t in range(TOKENS.shape[1]):
+      logits, cache = _paged_step(model, TOKENS[:, t], jnp.full((slots,), t, jnp.int32), cache)
+      cache = cache._replace(lengths=cache.lengths + 1)
+      got.append(np.asarray(logits))
+    np.testing.assert_allclose(np.stack(got, axis=1), full, atol=1e-4, rtol=0,
+                               err_msg=f'scan_layers={cfg.scan_layers}')
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('cfg', [
+    CFG, config_lib.ModelConfig.tiny_moe(num_layers=4, layer_types=('moe',) * 3 + ('mlp',))],
+    ids=['nemotron_h', 'qwen3_moe'])
+def test_hf_round_trip_of_stacked_layout(cfg, tmp_path):
+  """Saved per layer as HF names them, loaded back into the stacks, slice for slice."""
+  assert any(s.repeats > 1 for s in hybrid.plan(cfg.mixers))
+  model = transformer.create(cfg, seed=0)
+  params = jax.tree.map(lambda x: x + jax.random.normal(jax.random.key(x.size), x.shape)
+                        * 0.1, nnx.state(model, nnx.Param))
+  nnx.update(model, params)
+  hf.save_model(model, tmp_path)
+  back = hf.load_model(tmp_path, dtype='float32')
+  want = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  got = dict(nnx.to_flat_state(nnx.state(back, nnx.Param)))
+  assert want.keys() == got.keys()
+  for path in want:
+    np.testing.assert_array_equal(got[path].get_value(), want[path].get_value(), str(path))
+  # Layer i's HF tensors are sublayer i's parameters, wherever its stack keeps them.
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  tensors = safetensors.numpy.load_file(str(tmp_path / 'model.safetensors'))
+  if cfg.family == 'nemotron_h':
+    i = 4   # the second repeat's attention
+    name = f'backbone.layers.{i}.mixer.o_proj.weight'
+    o = hybrid.sublayer(model, i).mixer.o_proj.get_value()   # [N, H, D]
+    np.testing.assert_array_equal(tensors[name], o.reshape(-1, o.shape[-1]).T)
+  else:
+    i = 2   # layer 2's experts: sublayer 5
+    up = hybrid.sublayer(model, 5).mixer.up.get_value()     # [E, D, F]
+    np.testing.assert_array_equal(tensors[f'model.layers.{i}.mlp.experts.3.up_proj.weight'],
+                                  up[3].T)
