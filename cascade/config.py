@@ -82,6 +82,10 @@ class Model:
       raise ConfigError("config.model: needs 'preset' (e.g. 'tiny') or 'hf_path'")
     if self.preset and self.hf_path:
       raise ConfigError("config.model: give 'preset' or 'hf_path', not both")
+    if self.hf_path and self.overrides:
+      raise ConfigError(f'config.model.overrides: {sorted(self.overrides)} would not reach the '
+                        "model: with 'hf_path' its config.json is the architecture (edit it there, "
+                        'e.g. max_position_embeddings for a longer YaRN context)')
 
   def resolve(self):
     """The `models.config.ModelConfig` this section names (an HF checkpoint's config.json is

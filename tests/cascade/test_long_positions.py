@@ -53,3 +53,14 @@ def test_max_seq_len_past_the_yarn_positions_is_refused(scaling):
       'raise rope_scaling.factor or lower max_seq_len')
   # Plain RoPE and Llama-3's scaling name no such bound (Llama-3.1: 8,192 x 8 < 131,072).
   config_lib.validate(_tiny(covered + 1, None))
+
+
+def test_overrides_beside_an_hf_checkpoint_are_refused(tmp_path):
+  """They never reached the model (its config.json is the architecture): one line, not silence."""
+  config = _tiny(131_072)
+  config.model = dict(hf_path=str(tmp_path), overrides=dict(max_seq_len=131_072))
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(config)
+  assert str(e.value).startswith("config.model.overrides: ['max_seq_len'] would not reach the "
+                                 "model: with 'hf_path' its config.json is the architecture")
+  assert '\n' not in str(e.value)
