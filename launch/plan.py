@@ -469,13 +469,14 @@ def _train_flops(stage, model_cfg, mesh, rules) -> float:
 
 
 def _sampler_flops(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, prompt_len: int,
-                   max_new_tokens: int, num_samples: int = 1, **_) -> tuple[float, str]:
+                   max_new_tokens: int, num_samples: int = 1, frozen: bool = False,
+                   **_) -> tuple[float, str]:
   """(counted FLOPs, how) of one one-call sampler call: its prefill (a prompt once for the rows
   that share it) and every decode step over the filled part of the cache. The paged engine's
   calls are left uncounted."""
   if sampler_cfg.get('engine', 'one_call') != 'one_call':
     return 0.0, NOT_COUNTED
-  sampler, _ = sampler_for(model_cfg, mesh, rules, sampler_cfg)
+  sampler, _ = sampler_for(model_cfg, mesh, rules, sampler_cfg, frozen=frozen)
   p, nb, b = sampler.call_shape(rows, prompt_len, max_new_tokens)
   u = b // sampler.prefill_group(b, num_samples)
   return (counted_flops(model_cfg, 'policy', u * p, (p + 1) / 2, head_tokens=u)
@@ -485,22 +486,23 @@ def _sampler_flops(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, prom
 _SAMPLERS: dict = {}
 
 
-def sampler_for(model_cfg, mesh, rules, sampler_cfg: dict):
+def sampler_for(model_cfg, mesh, rules, sampler_cfg: dict, frozen: bool = False):
   """(the Sampler the plan lowers, the policy's abstract params as a stage hands them to it:
-  the train state's, in the master dtype, in the training layout).
+  the train state's, in the master dtype, in the training layout; `frozen`: a frozen model's
+  (a judge's), in the model's own dtype).
 
   The Sampler turns them into its rollout copy (`rollout_cast`, `rollout_rules`) as a run's
   does, so the plan lowers the weights the run samples with. One Sampler per model, mesh and
   options (it traces its programs once to find the copy's dtypes).
   """
   try:
-    key = (model_cfg, mesh, rules, tuple(sorted(sampler_cfg.items())))
+    key = (model_cfg, mesh, rules, tuple(sorted(sampler_cfg.items())), frozen)
     hash(key)
   except TypeError:
     key = None
   if key is not None and key in _SAMPLERS:
     return _SAMPLERS[key]
-  got = _new_sampler(model_cfg, mesh, rules, sampler_cfg)
+  got = _new_sampler(model_cfg, mesh, rules, sampler_cfg, frozen)
   if key is not None:
     if len(_SAMPLERS) > 16:
       _SAMPLERS.clear()
@@ -508,9 +510,9 @@ def sampler_for(model_cfg, mesh, rules, sampler_cfg: dict):
   return got
 
 
-def _new_sampler(model_cfg, mesh, rules, sampler_cfg: dict):
+def _new_sampler(model_cfg, mesh, rules, sampler_cfg: dict, frozen: bool = False):
   graphdef, params = abstract_params(model_cfg, 'policy', mesh, rules)
-  master = policies.master_dtype(model_cfg)
+  master = None if frozen else policies.master_dtype(model_cfg)
   if master is not None:
     dt = jnp.dtype(master)
     params = jax.tree.map(
@@ -571,14 +573,14 @@ def _experts_reached(cfg, mesh, rules, rows: int) -> float:
 
 def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, prompt_len: int,
                      max_new_tokens: int, top_p: float, top_k: int, num_samples: int = 1,
-                     program: str = 'decode'):
+                     program: str = 'decode', frozen: bool = False):
   """The sampler for one `Sampler.generate` call of these sizes, on `mesh` (`program`: the
   paged engine's 'decode' or 'prefill' call, see `Sampler.abstract_args`).
 
   Returns:
     (() -> Lowered, description of the shapes).
   """
-  sampler, params = sampler_for(model_cfg, mesh, rules, sampler_cfg)
+  sampler, params = sampler_for(model_cfg, mesh, rules, sampler_cfg, frozen=frozen)
   sp = sampler_lib.SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k,
                                   max_new_tokens=max_new_tokens)
   _, _, what = sampler.abstract_args(params, rows, prompt_len, sp, num_samples, program)
@@ -641,7 +643,8 @@ def _split(n: int, name: str, mesh, rules) -> int:
 
 def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                limit_bytes: int, with_sampler: bool = True, count_mesh=None,
-               with_train: bool = True, rm_stages=(), hardware=None) -> StageReport:
+               with_train: bool = True, rm_stages=(), hardware=None, judges=(),
+               loaded=None) -> StageReport:
   """Compiles a training stage's train step (and, for RL, its sampler) for `mesh`.
 
   Args:
@@ -657,6 +660,10 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
     with_train: compile the train step.
     rm_stages: reward_model stages whose models score this stage's rollouts.
     hardware: config.hardware (peak_tflops, hbm_gbps for the time bound).
+    judges: the judge models its training verifiers call (`judge_calls`): their programs are
+      compiled and their scoring is in the time bound.
+    loaded: {source: (ModelConfig, generates)}: the judges resident while it runs
+      (`loaded_judges`), counted beside every program.
 
   Returns:
     The StageReport.
@@ -708,14 +715,16 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                                                     s.max_len),
         count=lambda s=rm_stage: _forward_flops(model_cfg, 'reward_model', mesh, rules,
                                                 s.batch_size, s.max_len))
-  copy = False
+  programs += judge_programs(judges, mesh, rules, sampler_cfg, limit_bytes)
+  copy = 0
   if sizes is not None:
     sampler, given = sampler_for(model_cfg, mesh, rules, sampler_cfg)
-    copy = rollout_copy_bytes(sampler, given) > 0
+    copy = rollout_copy_bytes(sampler, given)
   resident = _resident(stage, model_cfg, mesh, rules, programs, frozen, rm,
-                       rollout_copy=copy)
+                       rollout_copy=copy > 0, judges=judges, loaded=loaded,
+                       sampler_cfg=sampler_cfg, copy_bytes=copy)
   time = step_time(stage, kind, model_cfg, mesh, rules, hardware or config_lib.Hardware(),
-                   sampler_cfg, rm_stages=rm)
+                   sampler_cfg, rm_stages=rm, judges=judges)
   return StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
                      mesh.size, resident=resident, time=time, steps=getattr(stage, 'steps', 0))
 
@@ -738,10 +747,28 @@ def _params_bytes(model_cfg, model_kind, mesh, rules, dtype=None) -> int:
 
 
 def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
-              rollout_copy: bool = False):
-  """Per program: what stays in device memory beside it without being its argument."""
+              rollout_copy: bool = False, judges=(), loaded=None, sampler_cfg=None,
+              copy_bytes: int = 0):
+  """Per program: what stays in device memory beside it without being its argument.
+
+  Loaded judges (`loaded`) stay beside every program. A judge's own program runs while the
+  stage collects: beside it the whole train state, the policy's rollout copy
+  (`copy_bytes`), and with `stream_filter` the policy sampler's arguments (its engine's
+  pools: scoring overlaps decoding).
+  """
   if stage.MODEL is None:
     return ()
+  held = {src: judge_bytes(cfg, gen, mesh, rules, sampler_cfg or {})
+          for src, (cfg, gen) in (loaded or {}).items()}
+  judge_total = sum(a + b for a, b in held.values())
+  by_name = {}
+  for jc in judges:
+    params, jcopy = held.get(jc.source) or judge_bytes(
+        jc.model_cfg, jc.use.score_by == 'generate', mesh, rules, sampler_cfg or {})
+    passed = jcopy if (jc.use.score_by == 'generate' and jcopy) else params
+    by_name[jc.domain] = passed if jc.source in held else 0
+  decoding = (max((p.argument_bytes for p in programs if p.name.startswith('sampler')),
+                  default=0) if getattr(stage, 'stream_filter', False) else 0)
   optimizer = train_lib.make_optimizer(kinds.base.optimizer_config(stage))
   _, params = abstract_params(model_cfg, stage.MODEL, mesh, rules)
   state = _tree_bytes(policies.abstract_state(params, optimizer, mesh, rules,
@@ -755,6 +782,12 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
   rm_bytes = len(rm_stages) * _params_bytes(model_cfg, 'reward_model', mesh, rules)
   out = []
   for p in programs:
+    if p.name.startswith('judge'):
+      domain = p.name[p.name.rindex('(') + 1:-1]
+      extra = (state + frozen_bytes + rm_bytes + judge_total - by_name.get(domain, 0) + copy_bytes
+               + decoding)
+      out.append((p.name, extra))
+      continue
     if p.name == 'train step':
       extra = frozen_bytes + rm_bytes
     elif p.name.startswith('sampler'):   # the state, minus the params it is given unless it
@@ -764,7 +797,7 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
       extra = state + frozen_bytes + rm_bytes - rm_bytes // max(1, len(rm_stages))
     else:                                         # a frozen forward: its params are arguments
       extra = state + rm_bytes + frozen_bytes - (one_copy if on_device.get(p.name) else 0)
-    out.append((p.name, extra))
+    out.append((p.name, extra + judge_total))
   return tuple(out)
 
 
@@ -791,6 +824,11 @@ TIME_ASSUMPTIONS = (
     'scoring by verifiers on the hosts is not estimated (host CPU time, partly hidden behind '
     'sampling); a reward model\'s scoring pass is, every row of the round at its full length '
     "up to the reward-model stage's max_len",
+    "a judge model's scoring is: every sample of the round judged (pairwise: both orders; "
+    'round robin: G - 1 rows per sample), every judge row at the judge\'s longest row '
+    "(rl.judge.MAX_LEN tokens, within its positions); 'logits': one forward per batch of rl.judge.BATCH_SIZE rows, "
+    "each max(reading the judge's weights, its FLOPs at peak); 'generate': one greedy sampler "
+    "call of max_new_tokens per row, bounded as the policy's sampling is",
     "an agentic episode: one call per turn, the turns' prompts growing by the turns before "
     '(observations left out); with the paged engine a KV session holds them',
 )
@@ -816,6 +854,7 @@ class StepTime:
   scoring: float | None = None
   update: float = 0.0
   frozen: float = 0.0
+  judge: float = 0.0
   rounds: int = 1
   weights_only: float = 0.0
   decode_steps: int = 0
@@ -827,12 +866,13 @@ class StepTime:
   @property
   def bound(self) -> float:
     """One round: sampling, scoring where estimated, the update and the frozen passes."""
-    return self.sampling + (self.scoring or 0.0) + self.update + self.frozen
+    return self.sampling + (self.scoring or 0.0) + self.judge + self.update + self.frozen
 
   @property
   def worst(self) -> float:
     """`rounds` rounds of sampling and scoring, one update."""
-    return self.rounds * (self.sampling + (self.scoring or 0.0)) + self.update + self.frozen
+    return (self.rounds * (self.sampling + (self.scoring or 0.0) + self.judge) + self.update
+            + self.frozen)
 
 
 def kv_token_bytes(cfg, mesh, rules) -> int:
@@ -914,7 +954,7 @@ def sampling_time(model_cfg, sampler, hw, *, rows: int, prompt_len: int, max_new
 
 
 def step_time(stage, kind, model_cfg, mesh, rules, hw, sampler_cfg: dict,
-              rm_stages=()) -> StepTime | None:
+              rm_stages=(), judges=()) -> StepTime | None:
   """The time bound of one step of `stage` and its parts, from the config alone (nothing is
   compiled; `TIME_ASSUMPTIONS`), on `hw` (`peak_tflops`, `hbm_gbps`); None when it names
   neither.
@@ -925,6 +965,7 @@ def step_time(stage, kind, model_cfg, mesh, rules, hw, sampler_cfg: dict,
     hw: config.hardware.
     sampler_cfg: config.sampler's options.
     rm_stages: the reward_model stages whose models score this stage's rows.
+    judges: the judge models its verifiers call (`judge_calls`).
 
   Returns:
     The StepTime.
@@ -967,9 +1008,11 @@ def step_time(stage, kind, model_cfg, mesh, rules, hw, sampler_cfg: dict,
                                         (min(length, s.max_len) + 1) / 2)) for s in rm_stages)
     old += sum(at_peak(_forward_flops(model_cfg, 'reward_model', mesh, rules, s.batch_size,
                                       s.max_len)[0]) for s in rm_stages)
+  judge = judge_time(judges, mesh, rules, hw, sampler_cfg) if sizes is not None else 0.0
   rounds = 1 + stage.refill_cap if getattr(stage, 'dynamic_filter', False) else 1
   steps = parts.pop('decode_steps')
-  return StepTime(**parts, scoring=scoring, update=update, frozen=frozen, rounds=rounds,
+  return StepTime(**parts, scoring=scoring, judge=judge, update=update, frozen=frozen,
+                  rounds=rounds,
                   weights_only=old, decode_steps=steps)
 
 
@@ -1012,11 +1055,213 @@ def forward_lowering(model_cfg, model_kind: str, mesh, rules, rows: int, length:
 
 
 
+
+# ---------------------------------------------------------------- judge models
+
+@dataclasses.dataclass(frozen=True)
+class JudgeCall:
+  """A judge model one domain's verifier calls (`Verifier.judge_use`), as the plan counts it.
+
+  Attributes:
+    source: ('hf', path) or ('stage', name), as `cascade.verifier_set` names it.
+    where: the config field naming it.
+    domain: the domain it scores.
+    model_cfg: the judge's ModelConfig as the run loads it (an HF judge: its config.json;
+      a stage's: the policy's, in the model's dtype).
+    use: how the verifier calls it (`verifiers.base.JudgeUse`).
+    rows: judge rows of one scoring call (the samples scored x rows_per_sample).
+  """
+  source: tuple
+  where: str
+  domain: str
+  model_cfg: Any
+  use: Any
+  rows: int
+
+
+def _judge_model_cfg(plan, source: tuple, where: str):
+  """The judge's ModelConfig, read from its config.json (an HF judge) without its weights."""
+  import json  # pylint: disable=g-import-not-at-top
+  from models import hf  # pylint: disable=g-import-not-at-top
+  from models import paths  # pylint: disable=g-import-not-at-top
+  if source[0] == 'stage':
+    return plan.model
+  path = paths.join(source[1], 'config.json')
+  try:
+    return hf.config_from_hf(json.loads(paths.read_text(path)))
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"{where}={source[1]!r}: launch.plan reads the judge's architecture from "
+                     f'{path}: {type(e).__name__}: {e}') from None
+
+
+def _judge_uses(plan, domains, field: str, group_size, samples: int, model_for):
+  """JudgeCalls of `domains`' verifiers (field 'verifier_options' or 'eval_verifier_options')."""
+  import verifiers  # pylint: disable=g-import-not-at-top
+  from cascade import verifier_set  # pylint: disable=g-import-not-at-top
+  vs = verifier_set.VerifierSet(plan, rm_scorer=None, rm_ready=None)
+  out = []
+  for d in domains:
+    dom = plan.domains[d]
+    if dom.agentic:
+      continue
+    name = dom.verifier if field == 'verifier_options' else dom.eval_verifier
+    opts = dict(getattr(dom, field))
+    source = vs.judge_source(d, field, opts)
+    if source is None:
+      continue
+    use = verifiers.cls(name).judge_use(opts, group_size)
+    if use is None:
+      continue
+    where = f'config.domains.{d}.{field}.{verifiers.cls(name).judge_option}'
+    out.append(JudgeCall(source, where, d, model_for(_judge_model_cfg(plan, source, where)),
+                         use, samples * use.rows_per_sample))
+  return out
+
+
+def judge_calls(plan, stage, model_for=lambda cfg: cfg) -> list:
+  """The judges a sampling stage's training verifiers call, one JudgeCall per domain; every
+  sample of the stage's largest round is scored (`sampler_sizes`' rows)."""
+  kind = kinds.get(stage.kind)
+  if not stage.SAMPLES or kind.sampler_sizes is None:
+    return []
+  sizes = kind.sampler_sizes(stage)
+  return _judge_uses(plan, stage.domains, 'verifier_options', sizes.get('num_samples', 1),
+                     sizes['rows'], model_for)
+
+
+def eval_judge_calls(plan, model_for=lambda cfg: cfg) -> list:
+  """The judges the evaluation's verifiers call (each domain's batch of samples at once)."""
+  out = []
+  settings = dict(plan.eval_settings or {})
+  for d in plan.domains:
+    ev = settings.get(d, plan.eval)
+    n = 1 if ev.greedy else ev.num_samples
+    out += _judge_uses(plan, [d], 'eval_verifier_options', n, ev.batch_size * n, model_for)
+  return out
+
+
+def loaded_judges(plan, index: int, model_for=lambda cfg: cfg) -> dict:
+  """{source: (ModelConfig, whether it generates)} of the judges resident while stage `index`
+  runs (index None: during the last evaluation). The run loads a judge at its first use and
+  keeps it (`cascade.verifier_set`): a stage at or before `index` whose training verifier
+  calls it, or an evaluation before that stage (one follows every stage; one precedes the
+  first with config.initial_eval). A stage's judge is used only after that stage has run."""
+  last = len(plan.stages)
+  index = last if index is None else index
+  out = {}
+  first: dict = {}
+  for st in plan.stages:
+    for jc in judge_calls(plan, st, model_for):
+      if st.index <= index:
+        first.setdefault(jc.source, []).append(jc)
+  evals = eval_judge_calls(plan, model_for)
+  for jc in evals:
+    after = (plan.stage(jc.source[1]).index if jc.source[0] == 'stage'
+             else (-1 if plan.initial_eval else 0))
+    if after < index:
+      first.setdefault(jc.source, []).append(jc)
+  for source, calls in first.items():
+    out[source] = (calls[0].model_cfg, any(c.use.score_by == 'generate' for c in calls))
+  return out
+
+
+def judge_sampler_options(sampler_cfg: dict) -> dict:
+  """A judge's Sampler options: the run's, but the default length buckets (its prompt holds
+  the policy's prompt and answer and more), as `cascade.policies.judge_model` builds it."""
+  return {k: v for k, v in sampler_cfg.items() if k not in ('prompt_buckets', 'new_token_buckets')}
+
+
+def judge_bytes(judge_cfg, generates: bool, mesh, rules, sampler_cfg: dict) -> tuple[int, int]:
+  """(per-device bytes of a loaded judge's params, of its rollout copy, made once when it
+  generates; 0 when it samples with its params as they are)."""
+  params = _params_bytes(judge_cfg, 'policy', mesh, rules)
+  if not generates:
+    return params, 0
+  sampler, given = sampler_for(judge_cfg, mesh, rules, judge_sampler_options(sampler_cfg),
+                               frozen=True)
+  return params, rollout_copy_bytes(sampler, given)
+
+
+def judge_row_len(judge_cfg, new_tokens: int = 0) -> int:
+  """A judge row's longest prompt: `rl.judge.MAX_LEN`, within the judge's positions."""
+  from rl import judge as judge_lib  # pylint: disable=g-import-not-at-top
+  return max(1, min(judge_lib.MAX_LEN, judge_cfg.max_seq_len - new_tokens))
+
+
+def judge_forward_lowering(judge_cfg, mesh, rules):
+  """A 'logits' judge's forward (`rl.judge.choice_logprobs_fn`) over one batch of its longest
+  rows, on `mesh`.
+
+  Returns:
+    (() -> Lowered, description of the shapes, rows).
+  """
+  from rl import judge as judge_lib  # pylint: disable=g-import-not-at-top
+  graphdef, params = abstract_params(judge_cfg, 'policy', mesh, rules)
+  rows, length = _forward_rows(judge_lib.BATCH_SIZE, mesh, rules), judge_row_len(judge_cfg)
+  row_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch', None), (rows, length), mesh,
+                                                        rules))
+  mat = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=row_sh)
+  ids = jax.ShapeDtypeStruct((2,), jnp.int32)
+
+  def lower():
+    with sharding.use_mesh(mesh, rules):
+      return judge_lib.choice_logprobs_fn.lower(graphdef, params, mat, mat, ids)
+  return lower, f'{rows} rows x {length} tokens per forward', rows
+
+
+def judge_programs(calls, mesh, rules, sampler_cfg: dict, limit_bytes: int) -> list:
+  """Compiles each judge call's programs: a 'logits' judge's forward; a 'generate' judge's
+  sampler for all its rows at its longest prompt (`judge_row_len`)."""
+  out = []
+  for jc in calls:
+    cfg = jc.model_cfg
+    if jc.use.score_by == 'logits':
+      lower, what, rows = judge_forward_lowering(cfg, mesh, rules)
+      calls_n, length = -(-jc.rows // rows), judge_row_len(cfg)
+      flops = counted_flops(cfg, 'policy', rows * length, (length + 1) / 2, head_tokens=rows)
+      out.append(compile_program(f'judge ({jc.domain})', f'{what}, {calls_n} forwards', lower,
+                                 flops=flops, flops_from=COUNTED, limit_bytes=limit_bytes))
+      continue
+    opts = judge_sampler_options(sampler_cfg)
+    sizes = dict(rows=jc.rows, prompt_len=judge_row_len(cfg, jc.use.max_new_tokens),
+                 max_new_tokens=jc.use.max_new_tokens, top_p=1.0, top_k=0, num_samples=1)
+    for program, name in sampler_programs(opts):
+      lower, what = sampler_lowering(cfg, mesh, rules, opts, **sizes, program=program,
+                                     frozen=True)
+      flops, how = _sampler_flops(cfg, mesh, rules, opts, **sizes, frozen=True)
+      out.append(compile_program(f'judge {name} ({jc.domain})', what, lower, flops=flops,
+                                 flops_from=how, limit_bytes=limit_bytes))
+  return out
+
+
+def judge_time(calls, mesh, rules, hw, sampler_cfg: dict) -> float:
+  """Seconds of one scoring call of every judge (`TIME_ASSUMPTIONS`)."""
+  from rl import judge as judge_lib  # pylint: disable=g-import-not-at-top
+  peak, bw = hw.peak_tflops * 1e12, hw.hbm_gbps * 1e9
+  total = 0.0
+  for jc in calls:
+    cfg = jc.model_cfg
+    if jc.use.score_by == 'logits':
+      rows, length = _forward_rows(judge_lib.BATCH_SIZE, mesh, rules), judge_row_len(cfg)
+      flops = counted_flops(cfg, 'policy', rows * length, (length + 1) / 2, head_tokens=rows)
+      reads = _params_bytes(cfg, 'policy', mesh, rules)
+      total += -(-jc.rows // rows) * max(reads / bw, flops / (mesh.size * peak))
+      continue
+    sampler, _ = sampler_for(cfg, mesh, rules, judge_sampler_options(sampler_cfg), frozen=True)
+    parts = sampling_time(cfg, sampler, hw, rows=jc.rows,
+                          prompt_len=judge_row_len(cfg, jc.use.max_new_tokens),
+                          max_new_tokens=jc.use.max_new_tokens)
+    parts.pop('decode_steps')
+    total += sum(parts.values())
+  return total
+
+
 def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
-              count_mesh=None) -> StageReport:
+              count_mesh=None, model_for=lambda cfg: cfg) -> StageReport:
   """Compiles the evaluation's largest sampler call (batch_size prompts x num_samples, the
   longest prompt and response any domain's settings allow; an agentic domain's last turn has
-  the opening prompt and the whole episode budget as its prompt)."""
+  the opening prompt and the whole episode budget as its prompt) and the programs of the
+  judges its verifiers call; the judges loaded by then stay beside every program."""
   settings = dict(plan.eval_settings or {})
   evs = list(settings.values()) or [plan.eval]
   agentic = lambda d: d in plan.domains and plan.domains[d].agentic
@@ -1040,7 +1285,20 @@ def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
                             mesh if count_mesh is None else count_mesh, rules, sampler_cfg,
                             **sizes, program=program)[0]
     progs.append(compile_program(f'eval {name}', what, lower, twin, limit_bytes=limit_bytes))
-  return StageReport(-1, 'evaluation', 'eval', tuple(progs), limit_bytes, mesh.size)
+  calls = eval_judge_calls(plan, model_for)
+  progs += judge_programs(calls, mesh, rules, sampler_cfg, limit_bytes)
+  held = {src: sum(judge_bytes(cfg, gen, mesh, rules, sampler_cfg))
+          for src, (cfg, gen) in loaded_judges(plan, None, model_for).items()}
+  total = sum(held.values())
+  passed = {}
+  for jc in calls:
+    params, copy = judge_bytes(jc.model_cfg, jc.use.score_by == 'generate', mesh, rules,
+                               sampler_cfg)
+    passed[jc.domain] = (copy or params) if jc.source in held else 0
+  resident = tuple((p.name, total - passed[p.name[p.name.rindex('(') + 1:-1]]
+                    if p.name.startswith('judge') else total) for p in progs)
+  return StageReport(-1, 'evaluation', 'eval', tuple(progs), limit_bytes, mesh.size,
+                     resident=resident)
 
 
 def _rm_stages(plan, stage) -> list:
@@ -1059,18 +1317,24 @@ def _rm_stages(plan, stage) -> list:
 def for_target(plan: config_lib.Plan, tgt: Target) -> tuple[Any, Any, dict]:
   """(the policy's ModelConfig, the logical rules, config.sampler's options) as the target's
   programs run them."""
-  model_cfg, rules, sampler_cfg = plan.model, plan.rules, plan.sampler.options()
-  if tgt.kind == 'tpu' and model_cfg.attention == 'auto':
-    # 'auto' resolves by the backend JAX runs on (this CPU host); the TPU programs use splash.
-    model_cfg = model_cfg.replace(attention='splash')
+  rules, sampler_cfg = plan.rules, plan.sampler.options()
   if tgt.kind == 'tpu' or plan.hardware.platform in ('tpu', 'gpu'):
-    # Both 'auto's resolve by the devices compiled for (these CPUs when simulated); the
+    # 'auto' resolves by the devices compiled for (these CPUs when simulated); the
     # accelerator's programs scan their layers.
     if sampler_cfg.get('decode_layers', 'auto') == 'auto':
       sampler_cfg['decode_layers'] = 'scan'
-    if model_cfg.scan_layers == 'auto':
-      model_cfg = model_cfg.replace(scan_layers=True)
-  return model_cfg, rules, sampler_cfg
+  return target_model(plan, tgt, plan.model), rules, sampler_cfg
+
+
+def target_model(plan: config_lib.Plan, tgt: Target, model_cfg):
+  """A ModelConfig (the policy's, a judge's) as the target's programs run it."""
+  if tgt.kind == 'tpu' and model_cfg.attention == 'auto':
+    # 'auto' resolves by the backend JAX runs on (this CPU host); the TPU programs use splash.
+    model_cfg = model_cfg.replace(attention='splash')
+  if (tgt.kind == 'tpu' or plan.hardware.platform in ('tpu', 'gpu')) and (
+      model_cfg.scan_layers == 'auto'):
+    model_cfg = model_cfg.replace(scan_layers=True)
+  return model_cfg
 
 
 def _check_stages(plan: config_lib.Plan, stages: Sequence[str]) -> None:
@@ -1093,7 +1357,8 @@ def time_plan(plan: config_lib.Plan, tgt: Target, *, stages: Sequence[str] = (),
     if (stages and st.name not in stages) or st.MODEL is None:
       continue
     time = step_time(st, kinds.get(st.kind), model_cfg, mesh, rules, plan.hardware,
-                     sampler_cfg, rm_stages=_rm_stages(plan, st))
+                     sampler_cfg, rm_stages=_rm_stages(plan, st),
+                     judges=judge_calls(plan, st, lambda c: target_model(plan, tgt, c)))
     out.append(StageReport(st.index, st.name, st.kind, (), tgt.device_memory_bytes, mesh.size,
                            time=time, steps=getattr(st, 'steps', 0)))
     if report:
@@ -1127,9 +1392,11 @@ def run_plan(plan: config_lib.Plan, tgt: Target, *, stages: Sequence[str] = (),
   for st in plan.stages:
     if stages and st.name not in stages:
       continue
+    model_for = lambda c: target_model(plan, tgt, c)
     rep = plan_stage(st, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
                      with_sampler, count_mesh, with_train, rm_stages=_rm_stages(plan, st),
-                     hardware=hw)
+                     hardware=hw, judges=judge_calls(plan, st, model_for) if with_sampler
+                     else (), loaded=loaded_judges(plan, st.index, model_for))
     if not rep.programs:         # e.g. an SFT stage with --notrain
       continue
     out.append(rep)
@@ -1137,7 +1404,7 @@ def run_plan(plan: config_lib.Plan, tgt: Target, *, stages: Sequence[str] = (),
       report(rep)
   if with_eval:
     out.append(plan_eval(plan, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
-                         count_mesh))
+                         count_mesh, model_for=lambda c: target_model(plan, tgt, c)))
     if report:
       report(out[-1])
   return out
@@ -1212,6 +1479,8 @@ def time_lines(r: StageReport) -> list[str]:
                  'steps)')
     parts.append('scoring ' + ('not estimated (verifiers on the hosts)' if t.scoring is None
                                else f'{_secs(t.scoring)} (reward model)'))
+    if t.judge:
+      parts.append(f'judge models {_secs(t.judge)}')
   parts.append(f'update {_secs(t.update)}')
   if t.frozen:
     parts.append(f'frozen passes {_secs(t.frozen)}')
@@ -1243,6 +1512,9 @@ def time_table(reports: Sequence[StageReport], assumptions: bool = True) -> list
     sampling = (' / '.join(g(x) for x in (t.weights, t.kv, t.state, t.compute, t.prefill))
                 if t.sampling else '')
     scoring = '' if not t.sampling else 'not estimated' if t.scoring is None else g(t.scoring)
+    if t.judge:
+      scoring = f'{scoring} + judge {g(t.judge)}' if t.scoring is not None else (
+          f'judge {g(t.judge)}')
     out.append(f'| {r.name} | {r.steps} | {sampling} | {scoring} | {g(t.update)} | '
                f'{g(t.frozen)} | {g(t.bound)} | {g(r.chip_hours(t.bound))} | {t.rounds}, '
                f'{g(r.chip_hours(t.worst))} | {g(t.weights_only)}, '

@@ -60,6 +60,10 @@ def _choice_logprobs(graphdef, params, tokens, segment_ids, choice_ids):
 
 choice_logprobs_fn = jax.jit(_choice_logprobs, static_argnums=0)
 
+# A judge's defaults: rows per jitted forward, and its longest row in tokens.
+BATCH_SIZE = 8
+MAX_LEN = 8192
+
 
 class JudgeModel:
   """A frozen judge; see the module docstring.
@@ -80,7 +84,7 @@ class JudgeModel:
   """
 
   def __init__(self, graphdef, params, model_cfg: config_lib.ModelConfig, tokenizer, *,
-               mesh=None, rules=None, batch_size: int = 8, max_len: int = 8192,
+               mesh=None, rules=None, batch_size: int = BATCH_SIZE, max_len: int = MAX_LEN,
                sampler_options: dict | None = None):
     if batch_size < 1:
       raise ValueError(f'JudgeModel: batch_size must be >= 1, got {batch_size}')

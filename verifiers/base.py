@@ -120,6 +120,22 @@ def pool_options(owner: str, workers: int | None, timeout_s: float) -> tuple[int
   return int(workers), float(timeout_s)
 
 
+
+@dataclasses.dataclass(frozen=True)
+class JudgeUse:
+  """How a verifier calls its judge model per scored sample (`Verifier.judge_use`).
+
+  Attributes:
+    score_by: 'logits' (one forward per judge row) or 'generate' (greedy completions).
+    max_new_tokens: the most tokens the judge writes per row ('generate').
+    rows_per_sample: judge rows per scored sample at most (pairwise: both orders; round
+      robin: both orders of every pair in a group of G, G - 1 per sample).
+  """
+  score_by: str
+  max_new_tokens: int
+  rows_per_sample: int
+
+
 class Verifier:
   """Base class; see the module docstring.
 
@@ -141,6 +157,18 @@ class Verifier:
   # config names its source there as a string ('stage:<name>' or an HF directory) and the run
   # loads it on its mesh (`cascade.verifier_set`).
   judge_option = ''
+
+  @classmethod
+  def judge_use(cls, options: Mapping[str, Any], group_size: int) -> 'JudgeUse | None':
+    """How this verifier, with these config options, calls its judge model (None: it takes
+    none); `launch.plan` counts the judge's programs, memory and time from it.
+
+    Args:
+      options: the domain's verifier options as the config gives them.
+      group_size: the rollouts per prompt of the stage whose samples it scores.
+    """
+    del options, group_size
+    return None
 
   def __init__(self, *, thinking_unfinished_reward: float | None = 0.0, workers: int | None = None,
                timeout_s: float = 10.0):

@@ -306,6 +306,15 @@ class JudgeVerifier(base.Verifier):
     self.prompter = Prompter(judge.tokenizer, t, judge_thinking, max_field_tokens,
                              with_verdict=score_by == 'logits')
 
+  @classmethod
+  def judge_use(cls, options: Mapping[str, Any], group_size: int) -> base.JudgeUse:
+    mode = options.get('mode', 'pointwise')
+    group = options.get('group_size') or group_size
+    rows = {'pointwise': 1, 'pairwise': 2}.get(mode, max(1, int(group) - 1))
+    return base.JudgeUse(score_by=options.get('score_by', 'logits'),
+                         max_new_tokens=int(options.get('max_new_tokens', 512)),
+                         rows_per_sample=rows)
+
   def _options(self) -> dict:
     return {'mode': self.mode, 'reference_field': self.reference_field,
             'template': self.template_name}

@@ -100,6 +100,12 @@ class SweVerifier(base.Verifier):
   worker_fn = 'verifiers.swe:work'
   judge_option = 'judge'
 
+  @classmethod
+  def judge_use(cls, options, group_size):
+    # P(YES) from one forward per patch the lexical rule leaves undecided (at most every one).
+    del group_size
+    return base.JudgeUse('logits', 1, 1) if options.get('judge') is not None else None
+
   def __init__(self, *, execution: bool = False, isolation: str = 'bwrap', bwrap: str = 'bwrap',
                memory_mb: int = 1024, nproc: int = 16, fsize_mb: int = 64, tmpfs_mb: int = 256,
                max_answer_chars: int = 1 << 20, judge: Any = None,
