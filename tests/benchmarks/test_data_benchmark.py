@@ -1,0 +1,48 @@
+"""benchmarks/data.py at its smoke size, and `python -m cascade.prepare` on the data it generates."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _run(*args):
+  out = subprocess.run([sys.executable, '-m', *args], capture_output=True, text=True,
+                       cwd=ROOT, check=False, timeout=600)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  return out.stdout
+
+
+@pytest.mark.heavy
+def test_small_benchmark_and_the_prepare_command(tmp_path):
+  d, report = tmp_path / 'data', tmp_path / 'report.md'
+  out = _run('benchmarks.data', '--small', f'--dir={d}', f'--out={report}', '--batches=5')
+  res = json.loads(out.strip().splitlines()[-1])
+  cold, warm = res['cold'], res['warm']
+  assert cold['sft_rows'] == warm['sft_rows'] == 3000 and warm['rl_rows'] == 500
+  # The warm start reads the cache the cold one wrote: the same first batch, and faster.
+  assert cold['first_batch_tokens'] == warm['first_batch_tokens'] > 0
+  assert warm['startup_s'] < cold['startup_s']
+  assert 0 < warm['rss_peak_gib_at_first_batch'] < 2
+  assert set(cold['prepare_rows_per_s']) == {'sft', 'math_rl'}
+  text = report.read_text()
+  for line in ('- command: `', '- load average', '| start-up to the first batch',
+               'Cold preparation (streamed, one process): sft '):
+    assert line in text, text
+
+  # The same data through the command line, into another cache: prepared, then found.
+  cfg = tmp_path / 'cfg.py'
+  cfg.write_text('from benchmarks import data\n\n\ndef get_config():\n'
+                 f'  return data.config({str(d)!r}, "")\n')
+  cache = tmp_path / 'cache2'
+  first = _run('cascade.prepare', f'--config={cfg}', f'--cache_dir={cache}')
+  assert "stages[0] 'sft': prepared 3000 rows in " in first and 'rows/s' in first
+  assert "stages[1] 'math_rl': prepared 500 rows" in first
+  again = _run('cascade.prepare', f'--config={cfg}', f'--cache_dir={cache}')
+  assert "stages[0] 'sft': data from the prepared cache" in again and 'prepared 3000' not in again
+  manifests = sorted(cache.glob('*/manifest.json'))
+  assert [p.parent.name.split('-')[0] for p in manifests] == ['math_rl', 'sft']
