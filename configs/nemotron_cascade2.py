@@ -41,8 +41,13 @@ Not reproducible here:
   RLHF). With `genrm=<HF directory>` the chat domain is scored by that judge
   instead (`verifiers.judge`: it rates each answer 1-10 after its own
   reasoning, greedy, at most 4096 tokens; prompt, mode and length are ours, the
-  paper's are not in configs/PAPERS.md) and the RM stage is dropped;
-  `launch.plan` does not count the judge's weights or generation yet.
+  paper's are not in configs/PAPERS.md) and the RM stage is dropped.
+  `launch.plan` counts the judge (its weights beside every program from its
+  first use, its sampler, its generation in the step time) from the
+  directory's config.json alone, so a plan needs no weights:
+  `genrm=configs/judges/qwen3_235b_a22b` holds the architecture of the
+  235B-A22B Qwen3-MoE generative RM NVIDIA released for Nemotron-3-Nano's RLHF
+  (which judge the paper used is not in configs/PAPERS.md: an assumption).
 * Sequence lengths: SFT packs 256K-token rows and code RL reaches 118K; the model
   has no RoPE limit (its attention layers take no positions, 262,144 in its
   config), but a row's activations live on one device (there is no sequence axis

@@ -181,3 +181,21 @@ def test_a_stage_with_a_judge_compiles_its_programs_and_counts_them(tmp_path, sc
   assert dict(ev.resident)['eval sampler'] >= jbytes
   assert chat.time.judge > 0 and 'judge models' in plan.format_stage(chat)
   assert 'judge' in '\n'.join(plan.time_table([chat]))
+
+
+def test_the_cascade2_genrm_architecture_is_a_235b_a22b_qwen3_moe():
+  # configs/judges/qwen3_235b_a22b/config.json: the GenRM architecture the Cascade 2 config's
+  # docstring names for planning; its parameter counts are the model's name.
+  import os
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  path = os.path.join(root, 'configs', 'judges', 'qwen3_235b_a22b')
+  with open(os.path.join(path, 'config.json')) as f:
+    cfg = hf.config_from_hf(json.load(f))
+  assert cfg.family == 'qwen3_moe' and cfg.param_dtype == 'bfloat16'
+  assert round(cfg.num_params() / 1e9) == 235 and round(cfg.num_params(active=True) / 1e9) == 22
+  from configs import nemotron_cascade2
+  p = config_lib.validate(nemotron_cascade2.get_config(f'genrm={path}'))
+  calls = plan.judge_calls(p, _stage(p, 'rlhf'))
+  assert [(c.domain, c.use.score_by, c.use.max_new_tokens, c.model_cfg.num_experts)
+          for c in calls] == [('chat', 'generate', 4096, 128)]
+  assert set(plan.loaded_judges(p, _stage(p, 'rlhf').index)) == {('hf', path)}
