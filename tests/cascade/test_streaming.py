@@ -223,3 +223,42 @@ def test_a_stage_is_tokenized_once_and_resumes_from_the_cache(fakes, tmp_path, m
                                      json.dumps(sft_row(99)) + '\n')
   assert len(stream(fakes.CharTokenizer(), cache).source) == 18
   assert len(list((tmp_path / 'prepared').iterdir())) == 5     # a changed source file too
+
+
+@pytest.mark.heavy      # the emulator's start and round trips: ~20 s
+def test_shards_and_the_prepared_cache_on_gcs(gcs, fakes, tmp_path, monkeypatch, capsys):
+  """A glob of gs:// shards of every kind reads like a local one, and a stage's cache on gs://
+  is written there and found again."""
+  from tests.cascade import test_shards  # pylint: disable=g-import-not-at-top
+  from models import paths  # pylint: disable=g-import-not-at-top
+  local = tmp_path / 'local'
+  local.mkdir()
+  test_shards.write_all(local)
+  root = gcs.root + '/shards'
+  for f in sorted(local.iterdir()):
+    paths.copy_file(str(f), paths.join(root, f.name))
+  src = data.shards.open_source(root + '/p*', str(tmp_path / 'idx'))
+  assert [src[i][1] for i in range(len(src))] == test_shards.rows(0, 17)
+  assert src[3][0] == f'{root}/p1.jsonl.gz:1' and src[16][0] == f'{root}/p4.arrayrecord record 2'
+
+  sft_dir = gcs.root + '/sft'
+  for s, k in enumerate([5, 4]):
+    paths.write_text(paths.join(sft_dir, f's{s}.jsonl'), ''.join(
+        json.dumps(sft_row(s * 5 + j)) + '\n' for j in range(k)))
+  plan = _with_sft(fakes.toy_config([dict(fakes.SFT_STAGE, max_len=96)]), sft_dir + '/s*.jsonl')
+  monkeypatch.setattr(stage_data.data_lib, 'load', lambda spec, **kw: [])
+  cache = gcs.root + '/cache'
+  logs = []
+  for _ in range(2):
+    sd, open_training = _stage_data(fakes, plan, fakes.CharTokenizer(), cache)
+    monkeypatch.setattr(stage_data.data_lib, 'open_dataset', open_training)
+    sd.load()
+    logs.append(capsys.readouterr().out)
+    got = data.Loader(sd.stage_records(plan.stages[0]), 0, 9, shuffle=False).next()
+    tok = fakes.CharTokenizer()
+    assert [list(t) for t, _ in got] == [
+        list(plan.stages[0].tokenize(tok)(sft_row(i))[0]) for i in range(9)]
+  assert 'prepared 9 rows' in logs[0] and 'data from the prepared cache' in logs[1]
+  [stage_dir] = paths.listdir(cache)
+  assert sorted(paths.listdir(paths.join(cache, stage_dir))) == ['items-00000.arrayrecord',
+                                                                 'manifest.json']
