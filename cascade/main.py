@@ -18,6 +18,9 @@ Exit status: 0 done; 2 a config, data, workdir or storage problem (one line); 3 
 diverged (cascade/divergence.py); 75 stopped by SIGTERM or SIGINT at a step boundary with a
 checkpoint (cascade/preemption.py): rerun the same command to resume.
 
+Logs: warnings and errors only; `--verbosity=0` adds the libraries' INFO lines
+(JAX, Orbax, the compilation cache).
+
 Multi-host: `jax.distributed.initialize()` runs first when the environment
 asks for it (see cascade/distributed.py).
 """
@@ -28,6 +31,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging as absl_logging
 
 from cascade import overrides
 
@@ -70,9 +74,19 @@ class _QuietStorageErrors(logging.Filter):
     return True
 
 
+def quiet_library_logs() -> None:
+  """Library INFO logs (JAX probing for a TPU, the compilation cache, Orbax's checkpoint
+  manager: hundreds of lines a run) off, unless --verbosity (-v) was given: absl's app.run
+  raises an unset verbosity to INFO. Warnings (cascade's, e.g. an unsandboxed verifier, and the
+  libraries') always show."""
+  if not flags.FLAGS['verbosity'].present:
+    absl_logging.set_verbosity(absl_logging.WARNING)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  quiet_library_logs()
   for handler in logging.getLogger().handlers:
     handler.addFilter(_QuietStorageErrors())
   from cascade import distributed  # pylint: disable=g-import-not-at-top
