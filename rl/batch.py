@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models import context
 from models import sharding
 
 
@@ -394,6 +395,9 @@ def stats_from_hidden(model, h, targets, *, entropy: bool = False, argmax: bool 
     return out
 
   b, l, d = h.shape
+  shards = context.shards(l)
+  if shards > 1 and l // shards > chunk:
+    return _sharded_stats(stats, h, targets, shards, chunk)
   if l <= chunk:
     return stats(h, targets)
   n = -(-l // chunk)
@@ -403,6 +407,35 @@ def stats_from_hidden(model, h, targets, *, entropy: bool = False, argmax: bool 
   body = jax.checkpoint(stats)          # the backward recomputes one chunk's logits at a time
   _, out = jax.lax.scan(lambda carry, x: (carry, body(*x)), None, (hs, ts))
   return {k: v.swapaxes(0, 1).reshape(b, n * chunk)[:, :l] for k, v in out.items()}
+
+
+def _sharded_stats(stats, h, targets, shards: int, chunk: int) -> dict[str, jax.Array]:
+  """`stats` in chunks when h [B, L, D] is split along L over `shards` context-parallel
+  shards: each shard's own part is cut into chunks, and step j of the scan runs chunk j of
+  every shard at once ([B, shards * chunk] positions, shard s's chunk on shard s), so no
+  hidden state or logit moves between shards and each holds [B, chunk, V] logits."""
+  b, l, d = h.shape
+  m = l // shards                                              # positions per shard
+  n = -(-m // chunk)
+  pad = n * chunk - m
+  names = (None, 'batch', 'length', 'embed')
+
+  def split(x):                                                # [B, L, ...] -> [n, B, S*C, ...]
+    x = x.reshape(b, shards, m, *x.shape[2:])
+    x = jnp.pad(x, ((0, 0), (0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 3))
+    x = x.reshape(b, shards, n, chunk, *x.shape[3:])
+    return jnp.moveaxis(x, 2, 0).reshape(n, b, shards * chunk, *x.shape[4:])
+
+  hs = sharding.constrain(split(h), names)
+  ts = sharding.constrain(split(targets), names[:3])
+  body = jax.checkpoint(stats)
+  _, out = jax.lax.scan(lambda carry, x: (carry, body(*x)), None, (hs, ts))
+
+  def join(x):                                                 # [n, B, S*C] -> [B, L]
+    x = jnp.moveaxis(x.reshape(n, b, shards, chunk), 0, 2).reshape(b, shards, n * chunk)
+    return x[:, :, :m].reshape(b, l)
+
+  return {k: join(v) for k, v in out.items()}
 
 
 def policy_stats(model, batch, *, replay: bool = True, **kw) -> dict[str, jax.Array]:
