@@ -261,7 +261,8 @@ _NONNEG = schema.num_in(0, what='must be a finite number >= 0')
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Hardware:
   """config.hardware: the machine a config targets; read by `launch.plan` and `launch.xm_launch`,
-  never by the run itself (so it is left out of the config hash)."""
+  and by the run only for a logged metric (peak_tflops: `cascade.metrics`' model FLOP
+  utilisation), never for what it computes (so it is left out of the config hash)."""
   # A name for the printed plan, e.g. 'TPU v5p-128 (64 chips)'.
   name: str = schema.field('', check=_STRING)
   # 'tpu', 'gpu' or 'cpu' (None: unnamed): on 'tpu' with libtpu installed, launch.plan
@@ -276,7 +277,7 @@ class Hardware:
   # Memory per device the plan checks every program against (0: no limit).
   device_memory_gib: float = schema.field(0.0, check=_NONNEG, convert=float)
   # Peak matmul TFLOP/s and HBM GB/s per device: launch.plan's step-time lower bound
-  # (0: none printed).
+  # (0: none printed); the peak also gives a run's logged 'mfu' (0: none logged).
   peak_tflops: float = schema.field(0.0, check=_NONNEG, convert=float)
   hbm_gbps: float = schema.field(0.0, check=_NONNEG, convert=float)
 

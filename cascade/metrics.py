@@ -1,6 +1,12 @@
 """Observability: TensorBoard events, a JSONL metrics log, per-stage progress bars and summaries.
 
-  workdir/tb/            tensorboardX event files; tags '<stage name>/<metric>'
+  workdir/tb/            tensorboardX event files: tags '<stage name>/<metric>' at the
+                         stage's own step, the same metrics as 'run/<metric>' (and
+                         'run/stage_index') at the run-wide step (the steps of the
+                         stages before it added: one axis across the cascade), the
+                         config as text ('config') and each stage's resolved config
+                         ('<stage name>/hparams'); 'mfu' (model FLOP utilisation) where
+                         config.hardware.peak_tflops is set
   workdir/metrics.jsonl  one JSON object per step: {"stage", "stage_index",
                          "kind", "step", "time", ...metrics}; a resumed run
                          appends the steps it redoes again (later lines win)
@@ -30,6 +36,7 @@ import jax
 import numpy as np
 import tqdm
 
+from models import flops
 from models import paths
 
 
@@ -199,29 +206,85 @@ def samples_markdown(recs: list[dict]) -> str:
   return '\n\n'.join(parts)
 
 
+def _code_block(obj) -> str:
+  """TensorBoard text (markdown) showing `obj` as indented JSON, verbatim."""
+  text = json.dumps(obj, indent=1, sort_keys=True, default=str)
+  return '\n'.join('    ' + line for line in text.splitlines())
+
+
+def stage_hparams(stage) -> dict:
+  """A stage's resolved config (every field, defaults filled in) as plain data."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  if dataclasses.is_dataclass(stage):
+    return dataclasses.asdict(stage)
+  return {'name': getattr(stage, 'name', None), 'kind': getattr(stage, 'kind', None)}
+
+
 class Writer:
   """Writes per-step metrics to TensorBoard and metrics.jsonl, samples to samples.jsonl (process
-  0 only)."""
+  0 only).
 
-  def __init__(self, workdir: str, enabled: bool | None = None):
+  Given the run's `plan` (cascade.config.Plan), it also logs every step at its run-wide step
+  (`run_step`), the config and each stage's resolved config as text, and each update's model
+  FLOP utilisation: 'mfu' = tokens_per_s x FLOPs per token (`models.flops.counted_flops` of
+  the model config for a training step, attention's score FLOPs left out: a lower bound) /
+  (config.hardware.peak_tflops x devices), where the peak is set.
+  """
+
+  def __init__(self, workdir: str, enabled: bool | None = None, plan=None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self._tb = None
     self._jsonl = None
     self._samples = None
     self._samples_path = paths.join(workdir, 'samples.jsonl')
+    self._offsets: dict[int, int] = {}         # stage index -> steps of the stages before it
+    self._flops: dict[int, float] = {}         # stage index -> its update's FLOPs per token
+    self._peak = 0.0                           # FLOP/s of all the run's devices
+    self._described: set[int] = set()
+    if plan is not None:
+      offset = 0
+      for st in plan.stages:
+        self._offsets[st.index] = offset
+        offset += getattr(st, 'steps', 0) or 0
+        if getattr(st, 'MODEL', None):
+          self._flops[st.index] = flops.counted_flops(plan.model, st.MODEL, 1, 0, train=True)
+      self._peak = plan.hardware.peak_tflops * 1e12 * jax.device_count()
     if self.enabled:
       tensorboardx = _import_tensorboardx()
       paths.makedirs(workdir)
       self._tb = tensorboardx.SummaryWriter(logdir=paths.join(workdir, 'tb'), flush_secs=30)
       self._jsonl = paths.AppendFile(paths.join(workdir, 'metrics.jsonl'))
+      if plan is not None:
+        self._tb.add_text('config', _code_block(plan.source), 0)
+
+  def run_step(self, stage, step: int) -> int:
+    """`step` of `stage` on the run-wide axis: the steps of the stages before it added."""
+    return self._offsets.get(stage.index, 0) + step
+
+  def mfu(self, stage, metrics: Mapping) -> float | None:
+    """The update's model FLOP utilisation (0..1), or None (no peak, no tokens_per_s)."""
+    per_token = self._flops.get(stage.index)
+    tps = metrics.get('tokens_per_s')
+    if not self._peak or not per_token or tps is None:
+      return None
+    return float(tps) * per_token / self._peak
 
   def write(self, stage, step: int, metrics: Mapping) -> None:
     """Logs one step of `stage` (a cascade.config.Stage, or anything with .name/.index/.kind)."""
     if not self.enabled:
       return
     vals = _finite(metrics)
+    mfu = self.mfu(stage, vals)
+    if mfu is not None:
+      vals['mfu'] = mfu
+    if stage.index not in self._described:
+      self._described.add(stage.index)
+      self._tb.add_text(f'{stage.name}/hparams', _code_block(stage_hparams(stage)), 0)
+    run_step = self.run_step(stage, step)
     for k, v in vals.items():
       self._tb.add_scalar(f'{stage.name}/{k}', v, step)
+      self._tb.add_scalar(f'run/{k}', v, run_step)
+    self._tb.add_scalar('run/stage_index', stage.index, run_step)
     rec = {'stage': stage.name, 'stage_index': stage.index, 'kind': stage.kind, 'step': step,
            'time': round(time.time(), 3), **vals}
     self._jsonl.write(json.dumps(rec) + '\n')

@@ -120,7 +120,7 @@ def make_context(plan: config_lib.Plan, workdir: str, before_save: Callable[[], 
                                  f"fit the model's vocab_size={plan.model.vocab_size}")
   if tokenizer.eos_id is None:
     raise config_lib.ConfigError('config.tokenizer: the tokenizer has no end-of-sequence token')
-  writer = metrics.Writer(workdir)
+  writer = metrics.Writer(workdir, plan=plan)
 
   def flush():
     if before_save is not None:
