@@ -18,8 +18,14 @@ that trains the policy, as well as at every stage end: a score-vs-time
 curve), `drop=rlhf` or `drop=rlhf+if_rl` (leave those stages out: an
 ablation; a stage that starts from a dropped one, or a reward that names it,
 fails validation: the reward model scores chat, so `rm` stays), `order=cascade2` (configs/tiny.py
-only: IF-RL before the reward model and RLHF, Cascade 2's order), `root=DIR`
-(the world cache, default `<repo>/runs/tiny_world`).
+only: IF-RL before the reward model and RLHF, Cascade 2's order), `rm=generative`
+(chat's RLHF reward from a generative reward model instead of the Bradley-Terry
+one: the `judge` stage fine-tunes a copy of the SFT policy on the world's
+verdict records (tiny_world/judge_data.py) and the chat domain's training
+verifier is 'judge', P(YES) from that stage's policy's next-token logits; the
+stage after the judge continues from the policy before it; held-out chat stays
+the hidden rule; `rm=bt`, the default, is the reward model stage `rm`),
+`root=DIR` (the world cache, default `<repo>/runs/tiny_world`).
 """
 
 from __future__ import annotations
@@ -61,6 +67,18 @@ VALIDATION_PROMPTS = 100
 PREPARE_FN = 'tiny_world.build:build'
 # Stage orders of configs/tiny.py: Cascade 1's (RLHF, then IF-RL) and Cascade 2's (IF-RL first).
 ORDERS = ('cascade1', 'cascade2')
+# config argument rm=NAME: chat's RLHF reward, a Bradley-Terry reward model ('bt', stage
+# 'rm') or a generative one ('generative': a judge SFT stage, JUDGE_STAGE, read by verifier
+# 'judge').
+REWARD_MODELS = ('bt', 'generative')
+JUDGE_STAGE = 'judge'
+# The judge verifier's options in `rm=generative`: the tiny world's compact yes/no template
+# (the one its verdict records are written in), P(YES) from the judge's next-token logits.
+# Each field is capped at JUDGE_FIELD_TOKENS tokens (a chat answer of the RL stages is at most
+# 48), so a judge row stays within the model's 256 positions (tests/configs/test_tiny_configs).
+JUDGE_FIELD_TOKENS = 64
+JUDGE_OPTIONS = dict(judge='stage:' + JUDGE_STAGE, template=world_build.JUDGE_TEMPLATE,
+                     mode='pointwise', score_by='logits', max_field_tokens=JUDGE_FIELD_TOKENS)
 
 
 def _hybrid_model(smoke: bool) -> dict:
@@ -80,7 +98,7 @@ MODELS = {'dense': None, 'hybrid': _hybrid_model}
 def parse_arg(arg: str | None) -> dict[str, Any]:
   """`'smoke,seed=1,root=/x'` -> {'smoke': True, 'seed': 1, 'root': '/x'} (defaults filled)."""
   out: dict[str, Any] = {'smoke': False, 'seed': 0, 'world': 'default', 'eval_every': 0,
-                         'drop': (), 'order': 'cascade1', 'model': 'dense',
+                         'drop': (), 'order': 'cascade1', 'model': 'dense', 'rm': 'bt',
                          'root': os.path.join(REPO, 'runs', 'tiny_world')}
   for part in filter(None, (p.strip() for p in (arg or '').split(','))):
     key, eq, value = part.partition('=')
@@ -103,6 +121,10 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
       if value not in ORDERS:
         raise ValueError(f'config argument order={value!r}: expected one of {ORDERS}')
       out['order'] = value
+    elif key == 'rm' and eq:
+      if value not in REWARD_MODELS:
+        raise ValueError(f'config argument rm={value!r}: expected one of {REWARD_MODELS}')
+      out['rm'] = value
     elif key == 'model' and eq:
       if value not in MODELS:
         raise ValueError(f'config argument model={value!r}: expected one of {sorted(MODELS)}')
@@ -114,7 +136,8 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
       out['world'] = value
     else:
       raise ValueError(f'config argument {part!r}: expected smoke, seed=N, world=NAME, '
-                       'eval_every=N, drop=STAGE+STAGE, order=NAME, model=NAME or root=DIR')
+                       'eval_every=N, drop=STAGE+STAGE, order=NAME, model=NAME, rm=NAME or '
+                       'root=DIR')
   return out
 
 
@@ -194,6 +217,13 @@ def base_config(arg: str | None,
   c.domains.chat = dict(verifier='reward_model', reward_model_stage='rm',
                         eval_verifier='tiny_chat_quality', train='chat_train', eval='chat_eval',
                         **(dict(validation='chat_val') if validation else {}))
+  if a['rm'] == 'generative':
+    # The judge stage's policy scores RLHF's rollouts (P(YES)); held-out chat stays the rule.
+    c.datasets.judge_sft = dict(path=os.path.join(world_dir, world_build.JUDGE_SFT),
+                                format='sft', domain='chat')
+    c.domains.chat.verifier = 'judge'
+    c.domains.chat.verifier_options = dict(JUDGE_OPTIONS)
+    c.domains.chat.reward_model_stage = ''
   if validation:
     c.eval.validation_prompts = 8 if a['smoke'] else VALIDATION_PROMPTS
     c.eval.eval_every = a['eval_every']
@@ -218,10 +248,38 @@ def sft_stage(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def rm_stage(a: dict[str, Any]) -> dict[str, Any]:
-  """The chat reward model, initialised from the SFT policy, on the preference pairs."""
+  """The chat reward model, initialised from the SFT policy: the Bradley-Terry one on the
+  preference pairs (`rm=bt`) or the generative one (`rm=generative`, `judge_stage`)."""
+  if a['rm'] == 'generative':
+    return judge_stage(a)
   return dict(name='rm', kind='reward_model', domains=['chat'], datasets=['chat_prefs'],
               steps=steps(a, 100), batch_size=32, max_len=64,
               optimizer=dict(lr=1e-3), init_from='sft')
+
+
+def judge_stage(a: dict[str, Any]) -> dict[str, Any]:
+  """The generative reward model: the SFT policy fine-tuned on the world's verdict records
+  (a chat question and answer in the judge template -> 'Verdict: YES' with probability = the
+  answer's hidden quality). A branch: no matrix row, and the cascade does not continue from
+  it (`continue_past_judge`)."""
+  n = steps(a, 300)
+  return dict(name=JUDGE_STAGE, kind='sft', domains=['chat'], datasets=['judge_sft'], steps=n,
+              batch_size=24, max_len=256, init_from='sft', evaluate=False,
+              optimizer=dict(lr=5e-4, warmup_steps=min(20, n - 1), schedule='cosine',
+                             min_lr_ratio=0.1),
+              **(dict(eval_every=0) if a['eval_every'] else {}))
+
+
+def continue_past_judge(a: dict[str, Any], stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """`stages` where the stage right after the judge stage (rm=generative) starts from the
+  policy the stage before the judge left, not from the judge's (unless it names its own)."""
+  names = [s['name'] for s in stages]
+  if a['rm'] != 'generative' or JUDGE_STAGE not in names:
+    return stages
+  at = names.index(JUDGE_STAGE)
+  if 0 < at < len(stages) - 1 and not stages[at + 1].get('init_from'):
+    stages[at + 1] = dict(stages[at + 1], init_from=names[at - 1])
+  return stages
 
 
 def response_lens(a: dict[str, Any]) -> dict[str, int]:
@@ -268,4 +326,4 @@ def keep_stages(a: dict[str, Any], stages: list[dict[str, Any]]) -> list[dict[st
   if unknown:
     raise ValueError(f'config argument drop={"+".join(a["drop"])}: no stage named '
                      f'{unknown[0]!r} (stages: {", ".join(names)})')
-  return [s for s in stages if s['name'] not in a['drop']]
+  return continue_past_judge(a, [s for s in stages if s['name'] not in a['drop']])

@@ -18,7 +18,7 @@ at temperature 0.6, top-p 0.95 (the paper's evaluation sampling), by each
 domain's real verifier (chat: the world's hidden quality rule, not the reward
 model RLHF trained on).
 
-Arguments: see configs/_tiny_common.py (`smoke`, `seed=N`, `world=hetero`,
+Arguments: see configs/_tiny_common.py (`smoke`, `seed=N`, `world=hetero`, `rm=generative`,
 `eval_every=N`, `drop=STAGE+STAGE`, `order=cascade2`, `root=DIR`).
 
 Measured (seed 0): 8 min 17 s for `make demo` in a fresh clone on 2 idle

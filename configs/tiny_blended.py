@@ -29,7 +29,8 @@ def get_config(arg=None):
   if not a['smoke']:
     blended['steps'] = max(1, round(sum(rollouts) / (blended['prompts_per_step']
                                                      * blended['group_size'])))
-  c.stages = [s for s in stages if s['kind'] != 'grpo'] + [blended]
+  c.stages = common.continue_past_judge(
+      a, [s for s in stages if s['kind'] != 'grpo'] + [blended])
   # The reward model scores the blended stage's chat rollouts, which may run to its length.
   for s in c.stages:
     if s['kind'] == 'reward_model':

@@ -11,7 +11,9 @@ tiny_world/world.py at the sizes and flaw rates below, plus
 `sft_mixed.jsonl`, every domain's SFT records shuffled together with the
 thinking trace dropped from a fixed share of them, so SFT teaches both the
 `/think` and the `/no_think` mode (the world's records all carry a trace,
-and the SFT stage puts a record with a trace in thinking mode).
+and the SFT stage puts a record with a trace in thinking mode), and
+`judge_sft.jsonl`, verdict records that teach a tiny judge P(YES) = the
+hidden chat quality (judge_data.py; configs/tiny.py:rm=generative).
 
 `build(seed, root, world='hetero')` (`--world=hetero`; the configs'
 `world=hetero` argument) makes the heterogeneous world instead, in
@@ -26,8 +28,9 @@ blended RL stage.
 local temporary directory and uploaded, `stamp.json` last.
 
 `build` is idempotent: it rebuilds only when `stamp.json` differs from what
-this code would write (seed, sizes, vocabulary, flaw rates, SFT mode mix and
-a hash of every generator source in this package), and writes the stamp
+this code would write (seed, sizes, vocabulary, flaw rates, SFT mode mix, the
+judge records' count and template, and a hash of every generator source in
+this package), and writes the stamp
 last, so an interrupted build is redone. Same seed and sources, byte-
 identical files (tests/cascade/test_tiny_world.py pins seed 0's).
 
@@ -87,6 +90,11 @@ VOCAB = 1024
 # the mode every RL stage and the evaluation use.
 SFT_THINKING_FRACTION = 0.25
 SFT_MIXED = 'sft_mixed.jsonl'
+# Verdict SFT records for a tiny judge (judge_data.py: chat answers graded by the hidden
+# quality rule in a judge template; configs/tiny.py:rm=generative trains its judge on them).
+JUDGE_SFT = 'judge_sft.jsonl'
+JUDGE_RECORDS = 8000
+JUDGE_TEMPLATE = 'compact_yes_no'     # a template of verifiers/judge.py
 STAMP = 'stamp.json'
 # The worlds `build` makes. 'default' is the demo's. 'hetero' is the heterogeneous world of
 # the cascade-vs-blended comparison: its math problems have three steps and a long worked
@@ -141,7 +149,14 @@ def stamp(seed: int, world: str = 'default') -> dict:
   return {'seed': seed, 'world': world, 'sizes': SIZES, 'vocab_size': VOCAB,
           'flaw_rate': FLAW_RATE, 'sft_thinking_fraction': {
               d: sft_thinking_fraction(d, world) for d in DOMAINS},
+          'judge': {'records': JUDGE_RECORDS, 'template': _judge_template()},
           'source': _source_hash()}
+
+
+def _judge_template() -> dict:
+  # The judge template lives in verifiers/judge.py, outside this package's source hash.
+  from tiny_world import judge_data  # pylint: disable=g-import-not-at-top
+  return judge_data.template_spec(JUDGE_TEMPLATE)
 
 
 def build(seed: int, root: str, world: str = 'default') -> str:
@@ -154,7 +169,7 @@ def build(seed: int, root: str, world: str = 'default') -> str:
 
   Returns:
     The world's directory, holding world.py's files (see world.write),
-    `sft_mixed.jsonl` and `stamp.json`.
+    `sft_mixed.jsonl`, `judge_sft.jsonl` and `stamp.json`.
   """
   return cached(directory(seed, root, world), stamp(seed, world),
                 lambda d, want: _build_into(d, seed, want, world))
@@ -197,6 +212,10 @@ def _build_into(out: str, seed: int, want: dict, name: str = 'default') -> None:
     for rec in records:
       if rng.random() >= sft_thinking_fraction(rec['domain'], name):
         rec = {k: v for k, v in rec.items() if k != 'thinking'}
+      f.write(json.dumps(rec, ensure_ascii=False) + '\n')
+  from tiny_world import judge_data  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(out, JUDGE_SFT), 'w', encoding='utf-8') as f:
+    for rec in judge_data.records(seed, JUDGE_RECORDS, JUDGE_TEMPLATE):
       f.write(json.dumps(rec, ensure_ascii=False) + '\n')
   with open(os.path.join(out, STAMP), 'w', encoding='utf-8') as f:   # last: a crash rebuilds
     json.dump(want, f, indent=1)

@@ -119,6 +119,14 @@ TEMPLATES = {
         delimiters=('<request>', '</request>', '<response_a>', '</response_a>', '<response_b>',
                     '</response_b>'),
         choices=('A', 'B')),
+    # For a small judge trained on this very template (the tiny world's, tiny_world/
+    # judge_data.py): no data note and one-letter tags, so a chat row fits a 256-position
+    # model. Each field sits right between a tag's '>' and the next tag's '<', so a
+    # tokenizer that merges a sentence's end with a newline ('.\n') tokenizes a field the same
+    # in a whole training text as in the judge's row, where it is encoded alone.
+    'compact_yes_no': Template(
+        user='<q>{question}</q>\n<a>{response}</a>\nGood answer?',
+        delimiters=('<q>', '</q>', '<a>', '</a>')),
     # Cascade 1's SWE semantic reward: does the patch fix what the gold patch fixes?
     'swe_same_fix': Template(
         user=(_DATA_NOTE + '<issue>\n{question}\n</issue>\n\n<reference_patch>\n{reference}\n'

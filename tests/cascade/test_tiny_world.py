@@ -236,6 +236,8 @@ DEMO_WORLD_SHA256 = {
     'chat/preference_train.jsonl':
         'cb08f0d1a6871740b4b23bc57dd09f4272ba76ca8d6f1612302db8b02b5bfe92',
     'swe/heldout.jsonl': 'da54ebc4229a424c91eed1b60e9601651f6e6f00dadee1f7b78bc922d243a930',
+    # The tiny judge's verdict records (rm=generative; docs/tiny_generative_rm.md).
+    'judge_sft.jsonl': '95b6069f67295d0d48938949050b84df7d24b48f1bd0400797bd15bcecc4f3c8',
 }
 
 
