@@ -458,8 +458,11 @@ def test_mesh_axes():
   mesh = sharding.make_mesh((1, 2, 2, 2))
   assert mesh.axis_names == ('data', 'fsdp', 'expert', 'tensor')
   assert sharding.make_mesh((2, -1, 2, 1)).devices.shape == (2, 2, 2, 1)
+  # Five entries add the context-parallel 'sequence' axis; other lengths are refused.
+  assert sharding.make_mesh((1, 2, 1, 2, 2)).axis_names == ('data', 'fsdp', 'expert',
+                                                            'sequence', 'tensor')
   with pytest.raises(ValueError, match='3 entries'):
-    sharding.make_mesh((1, 2, 2, 1, 2))
+    sharding.make_mesh((1, 2, 2, 1, 2, 1))
   # Rows split over the expert axis too; a 3-entry mesh keeps its old specs.
   spec = lambda names, shape, mesh: sharding.logical_to_spec(names, shape, mesh)
   assert spec(('batch', 'embed'), (8, 16), mesh) == jax.sharding.PartitionSpec(
