@@ -1,4 +1,4 @@
-"""benchmarks/data.py at its smoke size, and `python -m cascade.prepare` on the data it generates."""
+"""benchmarks/data.py at its smoke size, and `python -m cascade.prepare` on the data it makes."""
 
 import json
 import pathlib

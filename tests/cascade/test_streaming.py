@@ -77,7 +77,8 @@ def test_streamed_batches_resume_exactly_mid_epoch_across_a_shard_boundary(tmp_p
   resumed.set_state(state)
   assert [ids(resumed.next()) for _ in range(5)] == want[3:]
   # It read exactly the positions from its state on, and they cross shard boundaries.
-  assert counted.read == [resumed._order[p] for p in range(15, 40)]  # pylint: disable=protected-access
+  order = resumed._order  # pylint: disable=protected-access
+  assert counted.read == [order[p] for p in range(15, 40)]
   assert {recs.source[i][0].split('/')[-1].split(':')[0] for i in counted.read[:5]} != {'s0.jsonl'}
   with pytest.raises(data.DataError, match='not a position of this loader'):
     resumed.set_state({'next_index': 3})
