@@ -10,7 +10,8 @@ and writes a Markdown page: each run's evaluation matrix (held-out scores:
 chat by the world's hidden quality rule, never by the reward RLHF trained
 on), the chat row before and after RLHF, each stage's wall time, and how well
 each run's RLHF reward agreed with the hidden rule on the rollouts RLHF
-logged (samples.jsonl: `config.eval.log_samples` per step): the Pearson
+logged (samples.jsonl: `config.eval.log_samples` per step; the mean reward
+of every rollout per step is metrics.jsonl's reward_mean): the Pearson
 correlation of reward and hidden quality, and the hidden quality of the
 first and last logged steps' rollouts. The page quotes `--command` as the
 command that produced the runs and ends with `--note`.
@@ -75,6 +76,13 @@ def rollout_agreement(workdir: str, world_dir: str, stage: str = 'rlhf') -> dict
           'first_reward': float(reward[first].mean()), 'last_reward': float(reward[last].mean())}
 
 
+def reward_curve(workdir: str, stage: str = 'rlhf') -> list[float]:
+  """The stage's mean training reward per step (metrics.jsonl: every rollout of the step)."""
+  rows = [m for m in _read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+          if m.get('stage') == stage and 'reward_mean' in m]
+  return [float(m['reward_mean']) for m in sorted(rows, key=lambda m: m['step'])]
+
+
 def _fmt(x) -> str:
   return 'n/a' if x is None else f'{x:.3f}'
 
@@ -92,8 +100,8 @@ def report(runs: Sequence[tuple[str, str]], world_dir: str, command: str, note: 
            '(configs/_tiny_common.py).', '', 'Produced by:', '', '```', command.strip(), '```',
            '']
   lines += ['## Chat before and after RLHF', '',
-            '| run | chat after SFT | chat after RLHF | change | RLHF reward, first -> last '
-            'logged step | hidden quality of RLHF rollouts, first -> last logged step | '
+            '| run | chat after SFT | chat after RLHF | change | RLHF mean reward, first -> '
+            'last step | hidden quality of logged RLHF rollouts, first -> last step | '
             'reward vs hidden quality (Pearson, logged rollouts) |',
             '|---|---:|---:|---:|---|---|---:|']
   details = []
@@ -104,8 +112,9 @@ def report(runs: Sequence[tuple[str, str]], world_dir: str, command: str, note: 
     before = res['scores'][res['stages'].index('sft')][col]
     after = res['scores'][res['stages'].index('rlhf')][col]
     ag = rollout_agreement(workdir, world_dir)
+    curve = reward_curve(workdir)
     lines.append(f'| {label} | {before:.1f} | {after:.1f} | {after - before:+.1f} | '
-                 f'{ag["first_reward"]:.3f} -> {ag["last_reward"]:.3f} | '
+                 f'{curve[0]:.3f} -> {curve[-1]:.3f} ({len(curve)} steps) | '
                  f'{ag["first_quality"]:.3f} -> {ag["last_quality"]:.3f} | '
                  f'{_fmt(ag["pearson"])} (n={ag["n"]}) |')
     details.append((label, workdir, res))

@@ -36,6 +36,10 @@ def run(tmp_path):
       for st, i, c, r in answers] + [
       {'stage': 'if_rl', 'step': 1, 'domain': 'instruction_following', 'id': 'x',
        'completion': '', 'reward': 1.0}])
+  _write_jsonl(str(wd / 'metrics.jsonl'), [
+      {'stage': 'sft', 'step': 1, 'loss': 2.0},
+      {'stage': 'rlhf', 'step': 2, 'reward_mean': 0.75},
+      {'stage': 'rlhf', 'step': 1, 'reward_mean': 0.25}])
   (wd / 'results.json').write_text(json.dumps({
       'domains': ['chat', 'math'], 'stages': ['sft', 'rlhf'],
       'scores': [[40.0, 10.0], [55.5, 9.0]],
@@ -64,7 +68,7 @@ def test_report_page_has_the_chat_row_and_the_matrix(run, tmp_path):
   report_lib.main(['--run', f'generative={wd}', '--world', world, '--command', 'make it',
                    '--note', 'A *note*.', '--out', str(out)])
   page = out.read_text()
-  assert '| generative | 40.0 | 55.5 | +15.5 |' in page
+  assert '| generative | 40.0 | 55.5 | +15.5 | 0.250 -> 0.750 (2 steps) |' in page
   assert '| rlhf | 55.5 (+15.5) | 9.0 (-1.0) |' in page
   assert 'make it' in page and 'rlhf 30 s (2 steps)' in page
   assert page.endswith('## Notes\n\nA *note*.\n\n')
