@@ -174,3 +174,27 @@ def test_a_swept_stage_that_a_config_argument_drops_is_refused():
   points = sweep.load_points('configs/tiny.py:smoke,drop=rlhf')
   with pytest.raises(overrides.OverrideError, match="no stage named 'rlhf'"):
     sweep.check_points('configs/tiny.py:smoke,drop=rlhf', points)
+
+
+def test_a_points_command_line_parses_to_the_points_config():
+  # Its cascade.main arguments through cascade.main's own --config parser (stages by name): the
+  # point's values, the command line's override, nothing else moved.
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  points = sweep.load_points('configs/tiny.py:smoke')
+  cmd = sweep.point_command('configs/tiny.py:smoke', '/tmp/w', points[11],
+                            given=['--config.stages.math_rl.steps=3'])
+  argv = ['cascade.main', *cmd[3:]]
+  fv = flags.FlagValues()
+  flags.DEFINE_string('workdir', None, '', flag_values=fv)
+  holder = overrides.define_config_file('config', '', flag_values=fv, argv=argv)
+  fv(argv)
+  overrides.finish(holder.value)
+  plan = config_lib.validate(holder.value)
+  base = config_lib.validate(importlib.import_module('configs.tiny').get_config('smoke'))
+  assert plan.seed == 1
+  for st, b in zip(plan.stages, base.stages):
+    if st.kind == 'grpo':
+      assert st.group_size == 8 and st.optimizer.lr == pytest.approx(2 * b.optimizer.lr)
+    else:
+      assert st == b
+    assert st.steps == (3 if st.name == 'math_rl' else b.steps)
