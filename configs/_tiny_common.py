@@ -17,7 +17,8 @@ every domain a validation set and score it every N steps inside each stage
 that trains the policy, as well as at every stage end: a score-vs-time
 curve), `drop=rlhf` or `drop=rlhf+if_rl` (leave those stages out: an
 ablation; a stage that starts from a dropped one, or a reward that names it,
-fails validation: the reward model scores chat, so `rm` stays), `order=cascade2` (configs/tiny.py
+fails validation: the reward model scores chat, so `rm` stays; a dropped `judge`
+fails the run's option check before the first step), `order=cascade2` (configs/tiny.py
 only: IF-RL before the reward model and RLHF, Cascade 2's order), `rm=generative`
 (chat's RLHF reward from a generative reward model instead of the Bradley-Terry
 one: the `judge` stage fine-tunes a copy of the SFT policy on the world's

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from cascade import config as config_lib
+from cascade import verifier_set
 from cascade.kinds import sft as sft_kind
 from configs import _tiny_common as common
 from models import chat as chat_lib
@@ -147,6 +148,25 @@ def test_rm_generative_configs(small_world):
   assert get('tiny', 'rm=bt').to_dict() == get('tiny', '').to_dict()
   with pytest.raises(ValueError, match="rm='gen'"):
     get('tiny', 'rm=gen')
+
+
+def test_rm_generative_verifier_options_are_the_judge_verifiers(small_world):
+  """The run's option check builds the chat judge verifier around the judge's tokenizer; without
+  the judge stage (drop=judge) it names the missing stage."""
+  tok = tokenizer_lib.load(os.path.join(small_world, 'tokenizer.model'))
+  root = os.path.dirname(small_world)
+  for arg, error in (('rm=generative', None), ('rm=generative,drop=judge', "stage:judge'")):
+    plan = config_lib.validate(importlib.import_module('configs.tiny').get_config(
+        f'{arg},seed=7,root={root}'))
+    vs = verifier_set.VerifierSet(plan, rm_scorer=None, rm_ready=lambda name: False,
+                                  judge_tokenizer=lambda source: tok)
+    if error is None:
+      vs.check_options()
+      assert vs.judge_source('chat', 'verifier_options',
+                             dict(plan.domains['chat'].verifier_options)) == ('stage', 'judge')
+    else:
+      with pytest.raises(config_lib.ConfigError, match=error):
+        vs.check_options()
 
 
 def test_judge_rows_fit_the_tiny_models_positions(small_world):
