@@ -208,9 +208,10 @@ def mesh_shape(plan: config_lib.Plan) -> tuple:
 def num_devices(plan: config_lib.Plan) -> int:
   """Devices the plan's mesh needs (product of config.mesh.shape; no -1 allowed here)."""
   shape = mesh_shape(plan)
-  if shape is None or len(shape) not in (3, 4) or any(int(s) < 1 for s in shape):
+  if shape is None or len(shape) not in (3, 4, 5) or any(int(s) < 1 for s in shape):
     raise ValueError(f'config.mesh.shape={shape}: the plan needs explicit sizes of (data, '
-                     'fsdp, tensor) or (data, fsdp, expert, tensor), no -1')
+                     'fsdp, tensor), (data, fsdp, expert, tensor) or (data, fsdp, expert, '
+                     'sequence, tensor), no -1')
   return int(np.prod(shape))
 
 
@@ -1607,8 +1608,7 @@ def plan_header(plan: config_lib.Plan, tgt: Target, time_only: bool = False) -> 
   """The lines a plan starts with: the target, the mesh and model, how FLOPs and memory are
   counted, and (with a time bound) what it assumes."""
   model_cfg = plan.model
-  axes = ', '.join(sharding.EXPERT_MESH_AXES if len(mesh_shape(plan)) == 4
-                   else sharding.MESH_AXES)
+  axes = ', '.join(sharding.mesh_axes(len(mesh_shape(plan))))
   active = (f' ({model_cfg.num_params(active=True) / 1e9:.2f}B active per token)'
             if model_cfg.num_experts else '')
   hw = plan.hardware

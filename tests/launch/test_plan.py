@@ -699,3 +699,33 @@ def test_the_plan_is_of_the_overridden_config():
   assert '2 simulated CPU devices' in proc.stdout
   assert 'mesh (data, fsdp, tensor) = (1, 2, 1);' in proc.stdout
   assert '[4] math_rl (grpo)' in proc.stdout and '4 prompts x 8 = 32 rows' in proc.stdout
+
+
+def test_a_mesh_with_a_sequence_axis_is_accepted_and_named(tiny_path):
+  config = _load(tiny_path)
+  config.mesh.shape = (1, 2, 1, 2, 2)
+  p = config_lib.validate(config)
+  assert plan.num_devices(p) == 8
+  header = '\n'.join(plan.plan_header(p, None, time_only=True))
+  assert 'mesh (data, fsdp, expert, sequence, tensor) = (1, 2, 1, 2, 2)' in header
+  config.mesh.shape = (1, 1, 1, 2, 1, 1)
+  with pytest.raises(config_lib.ConfigError, match='config.mesh.shape'):
+    config_lib.validate(config)
+
+
+@pytest.mark.heavy
+def test_context_parallel_train_step_plans_with_fewer_temporaries_per_device(tiny_path):
+  # The SFT stage's rows split over eight sequence shards (context-parallel attention, zig-zag
+  # layout, sequence-sharded chunked log-probs) against eight tensor shards (the tiny model's
+  # 2 kv heads do not split 8 ways: attention runs whole on every device).
+  temps = {}
+  for shape in ((1, 1, 1, 1, 8), (1, 1, 1, 8, 1)):
+    config = _load(tiny_path)
+    config.mesh.shape = shape
+    p = config_lib.validate(config)
+    tgt = plan.target(p, 'cpu')
+    [rep] = plan.run_plan(p, tgt, stages=['sft'], with_eval=False)
+    [train] = rep.programs
+    assert rep.fits and not train.error
+    temps[shape[3]] = train.temp_bytes
+  assert temps[8] < temps[1]          # 3.0 against 3.4 MiB when written
