@@ -233,7 +233,8 @@ class Transformer(nnx.Module):
 
   def layer_states(self) -> list[nnx.State]:
     """Each block's parameters, sliced out of the stack (copies): `hidden`'s `layers`; None
-    for the mixture-of-experts families, whose sublayers are never stacked."""
+    for the mixture-of-experts families (their repeated segments' stacks are run by
+    models/hybrid.py, scanned or looped by `scan_layers`)."""
     if not self.cfg.is_dense:
       return None
     state = nnx.state(self.layers)
