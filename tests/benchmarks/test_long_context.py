@@ -24,3 +24,23 @@ def test_long_context_benchmark_prints_growth_and_json(capsys):
   assert all(r['flops'] > 0 and r['temp_mib'] > 0 for r in rows.values())
   assert result['temp_growth']['dense'] > result['temp_growth']['blockwise']
   assert out[0].startswith('machine floor:')
+
+
+@pytest.mark.slow
+def test_context_parallel_comparison_writes_its_page(capsys, tmp_path):
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(['long_context'])
+  doc = tmp_path / 'cp.md'
+  with flagsaver.flagsaver(lengths=[], sequence=['2'], cp_lengths=['256'], repeats=1, layers=1,
+                           embed=64, heads=2, vocab=256, doc=str(doc)):
+    long_context.main([])
+  result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  rows = {(r['program'], r['shards']): r for r in result['context_parallel']}
+  programs = ('forward', 'forward (bare)', 'train step', 'train step (bare)')
+  assert set(rows) == {(p, n) for p in programs for n in (1, 2)}
+  assert all(r['tokens_per_s'] > 0 and r['temp_mib'] > 0 for r in rows.values())
+  # Splitting the row over two shards lowers the framework's temporaries per device.
+  assert rows['train step', 2]['temp_mib'] < rows['train step', 1]['temp_mib']
+  page = doc.read_text()
+  assert page.startswith('# Long context: context parallelism') and 'load average' in page
+  assert 'train step (bare)' in page
