@@ -181,3 +181,31 @@ def test_train_step_gradients_equal_unsharded(family, sequence, monkeypatch):
   for a, b in zip(jax.tree.leaves(ref_mu), jax.tree.leaves(mu)):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-7, rtol=1e-5)
   np.testing.assert_allclose(float(m['loss']), float(ref_m['loss']), rtol=1e-6)
+
+
+@pytest.mark.heavy
+def test_prefill_into_a_cache_and_decode_on_a_sequence_mesh_equal_unsharded():
+  # A prefill into a cache is not context-parallel (its attention is left to GSPMD) but its
+  # activations are split along T by the 'length' rule: it and the decode steps after it
+  # give the unsharded logits.
+  cfg = config_lib.ModelConfig.tiny()
+  graphdef, params = _init(cfg)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(3, 256, (2, 20)), jnp.int32)
+
+  def run(params):
+    model = nnx.merge(graphdef, params)
+    cache = transformer.init_cache(cfg, 2, 24)
+    logits, cache = model(tokens[:, :16], cache=cache)
+    outs = [logits]
+    for i in range(16, 20):
+      logits, cache = model(tokens[:, i:i + 1], cache=cache)
+      outs.append(logits)
+    return model(tokens), jnp.concatenate(outs, 1)
+
+  ref_full, ref_steps = jax.jit(run)(params)
+  mesh = _mesh(2, data=2, tensor=2)
+  with sharding.use_mesh(mesh):
+    full, steps = jax.jit(run)(sharding.shard_state(params, mesh))
+  np.testing.assert_allclose(np.asarray(full), np.asarray(ref_full), atol=TOL, rtol=0)
+  np.testing.assert_allclose(np.asarray(steps), np.asarray(ref_steps), atol=TOL, rtol=0)
+  np.testing.assert_allclose(np.asarray(steps), np.asarray(ref_full), atol=1e-5, rtol=0)
