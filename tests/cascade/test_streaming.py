@@ -4,6 +4,7 @@ and the tokenize-once cache of a stage's items."""
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pytest
@@ -13,6 +14,12 @@ from cascade import data
 from cascade import stage_data
 from cascade import token_cache
 from cascade.kinds import sft
+
+
+@pytest.fixture(autouse=True)
+def _local_cache(tmp_path, monkeypatch):
+  """Shard indexes of loads without a cache directory go to the test's own directory."""
+  monkeypatch.setenv('CASCADE_DATA_CACHE', str(tmp_path / 'local_cache'))
 
 
 def spec(path, fmt='sft', name='sft', **kw):
@@ -260,6 +267,7 @@ def test_shards_and_the_prepared_cache_on_gcs(gcs, fakes, tmp_path, monkeypatch,
     assert [list(t) for t, _ in got] == [
         list(plan.stages[0].tokenize(tok)(sft_row(i))[0]) for i in range(9)]
   assert 'prepared 9 rows' in logs[0] and 'data from the prepared cache' in logs[1]
+  assert os.listdir(tmp_path / 'local_cache' / 'copies')       # the items shard, copied to read
   [stage_dir] = paths.listdir(cache)
   assert sorted(paths.listdir(paths.join(cache, stage_dir))) == ['items-00000.arrayrecord',
                                                                  'manifest.json']
