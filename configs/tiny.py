@@ -40,6 +40,14 @@ the earlier ones.)
 
 Other seeds: README (benchmarks/cascade_vs_blended.py).
 
+`rm=generative` scores RLHF with a generative reward model instead: a judge
+stage (300 SFT steps from the SFT policy on the world's verdict records) whose
+P(YES) is the chat reward. Seed 0, alignment stages only
+(`rm=generative,drop=if_rl+math_rl+code_rl+swe_rl`): held-out chat 36.8 ->
+74.4 with the judge, 36.8 -> 74.7 with the default Bradley-Terry model from the
+same SFT policy (docs/tiny_generative_rm.md); the judge stage adds ~12 min of
+2 loaded cores.
+
 Sweep (`get_hyper`): 2 run seeds x the RL stages' learning rates (x0.5, x1,
 x2, every RL stage at once) x group size (4, 8) = 12 points, each a full
 cascade on the same world (the run seed moves the model's initialisation,
