@@ -26,8 +26,11 @@ each layer's tensors through it).
 
 A cache stays per sublayer: a [B, K, S, H] key and value buffer per attention
 sublayer (the dense cache's `unstack_cache` layout) and a `mamba.MambaState`
-per Mamba sublayer; a scanned segment stacks its sublayers' parts over the
-repeats for the scan and splits them after it. `models.transformer.Transformer`
+per Mamba sublayer. A call with a cache (prefill, decode, a paged step) runs a
+repeated segment as a Python loop over its repeats, each sublayer updating its
+own buffers, pools or state in place: a scan would stack the segment's caches
+for its carry and split them after, copying them on every decode step.
+`models.transformer.Transformer`
 builds and calls this stack when the config's family is not dense; its calling
 convention is unchanged.
 """
@@ -262,8 +265,9 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
     scan: run each repeated segment as one `lax.scan` over its repeats (default
       `cfg.scans_layers`), else as a Python loop over the same stacked parameters.
 
-  A scanned segment takes its sublayers' cache parts stacked along the repeats and hands
-  them back split (the caches keep one buffer / state per sublayer outside).
+  With a cache (`kv`, `states` or `paged`) a repeated segment is always a Python loop over
+  its repeats, so each sublayer's buffers, pools and state are updated in place (a scan
+  would copy the segment's caches into and out of its stacked carry on every call).
 
   Returns:
     (x, ks, vs, states, MoEStats or None): the written buffers / pools and states
@@ -336,6 +340,28 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
     split = [nnx.split(sub) for sub in block.unit]
     if route is not None:   # [reps * moe per unit, ...] -> [reps, moe per unit, ...]
       route = route.reshape((reps, per['moe']) + route.shape[1:])
+    if cached:
+      # With a cache, a Python loop over the repeats, each sublayer reading and writing its
+      # own buffers, pools or state in place: a scan would stack a segment's caches for its
+      # carry and split them after (a copy of those KV pools / states on every call, i.e.
+      # every decode step).
+      ys = []
+      for r in range(reps):
+        outs = []
+        for p, (graphdef, state) in enumerate(split):
+          kind, n = unit[p], first[p] + r * per[kind]
+          r_moe = (None if route is None or kind != 'moe'
+                   else route[r, unit[:p].count('moe')])
+          x, m, report = call(nnx.merge(graphdef, jax.tree.map(lambda a, r=r: a[r], state)),
+                              x, kind, own(kind, n), r_moe, True)
+          put(kind, n, m)
+          if report is not None:
+            outs.append(report)
+        ys.append(jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else None)
+      if ys[0] is not None:
+        report = jax.tree.map(lambda *a: jnp.stack(a), *ys)
+        reports.append(jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), report))
+      continue
     # Each position's own caches, stacked over the repeats.
     mine = [None if own(kind, first[p]) is None else
             jax.tree.map(lambda *a: jnp.stack(a),

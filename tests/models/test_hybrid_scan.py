@@ -283,3 +283,24 @@ def test_hf_round_trip_of_stacked_layout(cfg, tmp_path):
     up = hybrid.sublayer(model, 5).mixer.up.get_value()     # [E, D, F]
     np.testing.assert_array_equal(tensors[f'model.layers.{i}.mlp.experts.3.up_proj.weight'],
                                   up[3].T)
+
+
+def test_a_cached_step_updates_each_sublayers_cache_in_place():
+  """With a cache, a repeated segment loops over its repeats: no array in the decode step's
+  program stacks a segment's KV buffers or Mamba states over the repeats (a scan would, a
+  copy of them on every decode step), and its logits equal the looped model's."""
+  model = _model(SMALL)
+  cache = transformer.init_cache(SMALL, 2, 16, jnp.float32)
+  seg = jnp.ones((2, 1), jnp.int32)
+  step = lambda m, t, c: m.hidden(t, None, seg, c)
+  jaxpr = jax.make_jaxpr(lambda t, c: step(model, t, c))(TOKENS[:, :1], cache)
+  k = cache.k[0].shape                                        # [B, K, S, H]
+  conv = cache.state[0].conv.shape
+  stacked = {(2,) + tuple(k), (2,) + tuple(conv)}             # (M *) x 2: two repeats
+  shapes = {tuple(v.aval.shape) for eqn in jaxpr.eqns for v in eqn.outvars
+            if hasattr(v.aval, 'shape')}
+  assert not shapes & stacked, shapes & stacked
+  assert not any(eqn.primitive.name == 'scan' for eqn in jaxpr.eqns)
+  a, _ = step(model, TOKENS[:, :1], cache)
+  b, _ = step(_model(SMALL.replace(scan_layers=False)), TOKENS[:, :1], cache)
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
