@@ -455,15 +455,19 @@ class Records:
     spec: a `cascade.config.Dataset` with a `path` (a file or a glob of shards).
     cache_dir: where shard indexes and decompressed copies are kept (local).
     domains, check_metadata: as for `load`.
+    shared_dir, hosts: with several processes, each opens (indexes, decompresses) only
+      its share of the shards and publishes it in `shared_dir`, a cache every process
+      sees (`cascade.shards.open_shards`); every process must open the dataset.
   """
 
   def __init__(self, spec, cache_dir: str | None = None, domains: Sequence[str] | None = None,
-               check_metadata: Callable[[str, dict, str], None] | None = None):
+               check_metadata: Callable[[str, dict, str], None] | None = None,
+               shared_dir: str | None = None, hosts=None):
     self.spec, self.fmt = spec, FORMATS[spec.format]
     self.domains, self.check_metadata = domains, check_metadata
     try:
       self.files = shards.expand(spec.path)
-      self.source = shards.Source([shards.open_shard(f, cache_dir) for f in self.files])
+      self.source = shards.Source(shards.open_shards(self.files, cache_dir, shared_dir, hosts))
     except DataError as e:
       raise DataError(f'{e} (dataset {spec.name!r})') from None
     self.skip = min(spec.skip, len(self.source))
@@ -490,12 +494,13 @@ class Records:
 
 
 def open_dataset(spec, cache_dir: str | None = None, domains: Sequence[str] | None = None,
-                 check_metadata: Callable[[str, dict, str], None] | None = None):
+                 check_metadata: Callable[[str, dict, str], None] | None = None,
+                 shared_dir: str | None = None, hosts=None):
   """A training dataset by position: `Records` streamed from its shards, or, for a TFDS
   dataset (prepared data, read whole), the list `load` gives."""
   if spec.tfds_name:
     return load(spec, domains, check_metadata)
-  return Records(spec, cache_dir, domains, check_metadata)
+  return Records(spec, cache_dir, domains, check_metadata, shared_dir, hosts)
 
 
 class Concat:

@@ -29,6 +29,15 @@ bounded by the largest row group / line, never by the dataset:
                      UTF-8 bytes. A gs:// shard is copied into the cache first
                      (array_record's reader opens local files).
 
+Several processes (`open_shards`, given the run's hosts and a cache every process sees,
+local or gs://) split the work of opening: process h of P indexes and decompresses
+shards h, h + P, ... only and publishes each index (and plain copy) to the shared
+cache; one exchange, a collective that is also the barrier, gives every process every
+shard's row count. Rows keep their global positions, so the order is the single
+process's, whatever P. A process reads a row of a shard it did not open through the
+shared index (copied to its local cache, memory-mapped) and the shared plain copy:
+each shard is streamed once per run, not once per host.
+
 Errors are one line: a row names `file:line` (JSONL, the line within its shard,
 compressed or not), `file row n` (Parquet) or `file record n` (ArrayRecord); a
 corrupt shard names the shard and the byte offset of the damage (for gzip the
@@ -286,12 +295,14 @@ def stream(p: str) -> Iterator[tuple[str, Any]]:
 class _JsonlShard:
   """Rows of a JSONL file by position, through a cached line-offset index."""
 
-  def __init__(self, shown: str, local_or_remote: str, cache_dir: str):
+  def __init__(self, shown: str, local_or_remote: str, idx_path: str,
+               shared_idx: str | None = None):
     self.shown, self.file = shown, local_or_remote
-    key = _stat_key(local_or_remote)
-    idx_path = os.path.join(cache_dir, 'index', f'{key}.npy')
     if not os.path.exists(idx_path):
-      _atomic_save(idx_path, self._build_index())
+      if shared_idx is not None and paths.exists(shared_idx):
+        paths.copy_file(shared_idx, idx_path)      # another process built it
+      else:
+        _atomic_save(idx_path, self._build_index())
     self.index = np.load(idx_path, mmap_mode='r')
     self._f = None
 
@@ -351,9 +362,8 @@ def _atomic_save(path: str, arr: np.ndarray) -> None:
   os.replace(tmp, path)
 
 
-def _decompressed(p: str, kind: str, cache_dir: str) -> str:
-  """A local, plain copy of compressed shard `p` in the cache (made once, streaming)."""
-  out = os.path.join(cache_dir, 'plain', f'{_stat_key(p)}.jsonl')
+def _decompressed(p: str, kind: str, out: str) -> str:
+  """A local, plain copy `out` of compressed shard `p` (made once, streaming)."""
   if not os.path.exists(out):
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = f'{out}.{os.getpid()}.tmp'
@@ -475,17 +485,141 @@ def _local_cache(cache_dir: str | None) -> str:
   return cache_dir
 
 
-def open_shard(p: str, cache_dir: str | None = None):
-  """A random-access reader of one shard: `len()` rows, `[i]` -> (where, row)."""
+def open_shard(p: str, cache_dir: str | None = None, shared_dir: str | None = None):
+  """A random-access reader of one shard: `len()` rows, `[i]` -> (where, row).
+
+  Args:
+    p: the shard.
+    cache_dir: the local cache (indexes, decompressed copies, copies of gs:// ArrayRecord
+      shards); a gs:// or empty one means `default_cache_dir()`.
+    shared_dir: a cache every process of a run sees (local or gs://), where `open_shards`
+      publishes what one process built for the others: a shard's index found there is
+      copied to `cache_dir` instead of being built, and a compressed shard's plain copy
+      found there is read in place instead of decompressing the shard.
+  """
   cache_dir = _local_cache(cache_dir)
   kind = _kind(p)
+  if kind in ('parquet', 'arrayrecord'):
+    return _ParquetShard(p) if kind == 'parquet' else _ArrayRecordShard(p, cache_dir)
+  key = _stat_key(p)
+  idx = os.path.join(cache_dir, 'index', f'{key}.npy')
+  shared = _shared_paths(shared_dir, key, cache_dir)
   if kind == 'jsonl':
-    return _JsonlShard(p, p, cache_dir)
-  if kind in ('gzip', 'zstd'):
-    return _JsonlShard(p, _decompressed(p, kind, cache_dir), cache_dir)
-  if kind == 'parquet':
-    return _ParquetShard(p)
-  return _ArrayRecordShard(p, cache_dir)
+    return _JsonlShard(p, p, idx, shared and shared[0])
+  plain = os.path.join(cache_dir, 'plain', f'{key}.jsonl')
+  if not os.path.exists(plain) and shared and paths.exists(shared[1]):
+    plain = shared[1]                 # another process's copy: rows are read from it
+  else:
+    _decompressed(p, kind, plain)
+  return _JsonlShard(p, plain, idx, shared and shared[0])
+
+
+def _shared_paths(shared_dir: str | None, key: str, cache_dir: str) -> tuple[str, str] | None:
+  """(index, plain copy) of shard `key` in `shared_dir`; None when there is no shared cache
+  or it is the local cache itself."""
+  if not shared_dir or _same_dir(shared_dir, cache_dir):
+    return None
+  return (paths.join(shared_dir, 'index', f'{key}.npy'),
+          paths.join(shared_dir, 'plain', f'{key}.jsonl'))
+
+
+def _same_dir(a: str, b: str) -> bool:
+  if paths.is_remote(a) or paths.is_remote(b):
+    return os.fspath(a).rstrip('/') == os.fspath(b).rstrip('/')
+  return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _publish(p: str, shard, cache_dir: str, shared_dir: str | None) -> None:
+  """Copies what opening shard `p` built locally (its index and, for a compressed shard, its
+  plain copy) to the shared cache, where the run's other processes find them."""
+  if not isinstance(shard, _JsonlShard):
+    return
+  key = _stat_key(p)
+  shared = _shared_paths(shared_dir, key, _local_cache(cache_dir))
+  if shared is None:
+    return
+  local_idx = os.path.join(_local_cache(cache_dir), 'index', f'{key}.npy')
+  try:
+    if not paths.exists(shared[0]):
+      paths.copy_file(local_idx, shared[0])
+    if shard.file != p and shard.file != shared[1] and not paths.exists(shared[1]):
+      paths.copy_file(shard.file, shared[1])
+  except paths.PathError as e:
+    raise DataError(f'{p}: cannot share its index in {shared_dir} ({e})') from None
+
+
+class _Opened:
+  """A shard another process opened first: its row count is known; it is opened here on the
+  first read of one of its rows (from the shared cache's index and plain copy, if there)."""
+
+  def __init__(self, p: str, rows: int, cache_dir: str | None, shared_dir: str | None):
+    self.p, self.rows, self.cache_dir, self.shared_dir = p, rows, cache_dir, shared_dir
+    self._shard = None
+
+  def open(self):
+    if self._shard is None:
+      s = open_shard(self.p, self.cache_dir, self.shared_dir)
+      if len(s) != self.rows:
+        raise DataError(f'{self.p}: holds {len(s)} rows here but {self.rows} in the process '
+                        'that indexed it (it changed while the run opened it, or the hosts '
+                        'see different files)')
+      self._shard = s
+    return self._shard
+
+  def __len__(self) -> int:
+    return self.rows
+
+  def __getitem__(self, i: int) -> tuple[str, Any]:
+    return self.open()[i]
+
+  def __getstate__(self):
+    return {**self.__dict__, '_shard': None}
+
+
+def open_shards(files: Sequence[str], cache_dir: str | None = None,
+                shared_dir: str | None = None, hosts=None) -> list:
+  """Random-access readers of `files`, the work of opening them split across processes.
+
+  With one process (hosts None or of count 1) every shard is opened here, as by
+  `open_shard`. With P processes, process h opens (indexes, decompresses) shards h,
+  h + P, ... only, and publishes their indexes and plain copies to `shared_dir`; one
+  exchange (a collective, which is also the barrier) then gives every process every
+  shard's row count. A shard opened elsewhere is opened here only when one of its rows
+  is first read, from the shared index (copied to the local cache, memory-mapped) and
+  the shared plain copy: nothing of it is streamed here. Without a shared cache that
+  every process sees, such a shard is indexed here on first read (correct, not cheaper).
+
+  Args:
+    files: the shards, in order.
+    cache_dir: the local cache (see `open_shard`).
+    shared_dir: the cache every process sees (local or gs://); may be `cache_dir`.
+    hosts: (index, count, exchange(bytes) -> [bytes of each process]), e.g.
+      `cascade.rollout.processes()`; every process must call this with the same files.
+
+  Raises:
+    DataError: a shard's error (the first shard's, in order, whichever process met it),
+      raised on every process alike.
+  """
+  files = list(files)
+  if hosts is None or hosts.count == 1:
+    return [open_shard(p, cache_dir) for p in files]
+  mine, rows, error = {}, {}, None
+  for j in range(hosts.index, len(files), hosts.count):
+    try:
+      mine[j] = open_shard(files[j], cache_dir, shared_dir)
+      _publish(files[j], mine[j], cache_dir, shared_dir)
+      rows[j] = len(mine[j])
+    except DataError as e:
+      error = [j, str(e)]
+      break
+  got = [json.loads(b) for b in hosts.exchange(json.dumps({'rows': rows, 'error': error})
+                                               .encode())]
+  errors = sorted(g['error'] for g in got if g['error'])
+  if errors:
+    raise DataError(errors[0][1])
+  counts = {int(j): n for g in got for j, n in g['rows'].items()}
+  return [mine[j] if j in mine else _Opened(p, counts[j], cache_dir, shared_dir)
+          for j, p in enumerate(files)]
 
 
 class Source:
@@ -512,10 +646,11 @@ class Source:
     return self.shards[s][i - int(self.starts[s])]
 
 
-def open_source(pattern: str, cache_dir: str | None = None) -> Source:
+def open_source(pattern: str, cache_dir: str | None = None, shared_dir: str | None = None,
+                hosts=None) -> Source:
   """A `Source` over the shards `pattern` names (a file or a glob), each opened (and its index
-  built or found in `cache_dir`) once."""
-  return Source([open_shard(p, cache_dir) for p in expand(pattern)])
+  built or found in `cache_dir`) once, by one process of `hosts` (see `open_shards`)."""
+  return Source(open_shards(expand(pattern), cache_dir, shared_dir, hosts))
 
 
 def fingerprint(pattern: str) -> list:

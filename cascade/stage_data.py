@@ -74,9 +74,11 @@ class StageData:
     self.plan, self.tokenizer = plan, tokenizer
     self._check_metadata = check_metadata
     self.cache_dir, self.hosts = cache_dir, hosts
-    # Shard indexes and decompressed copies: local disk (memory-mapped).
+    # Shard indexes and decompressed copies: local disk (memory-mapped); with several
+    # processes, each builds its share of them and publishes it to the shared cache.
     self.index_dir = (paths.join(cache_dir, 'shards')
                       if cache_dir and not paths.is_remote(cache_dir) else None)
+    self.shared_index_dir = paths.join(cache_dir, 'shards') if cache_dir else None
     self._records: dict[str, list] = {}      # read whole: evaluation and validation sets
     self._sources: dict[str, object] = {}    # by position: training sets
     self._streams: dict[str, data_lib.Stream] = {}
@@ -97,7 +99,8 @@ class StageData:
                                             check_metadata=self._check_metadata)
       elif name in streamed:
         src = data_lib.open_dataset(spec, self.index_dir, domains=domains,
-                                    check_metadata=self._check_metadata)
+                                    check_metadata=self._check_metadata,
+                                    shared_dir=self.shared_index_dir, hosts=self.hosts)
         for i in range(min(CHECKED_PREFIX, len(src))):
           src[i]  # pylint: disable=pointless-statement
         self._sources[name] = src

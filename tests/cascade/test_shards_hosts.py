@@ -1,0 +1,135 @@
+"""Opening a sharded dataset across processes: each shard is streamed (indexed, decompressed) by
+one process only, the others read its rows through the shared cache, and every process sees
+the single-process global order, batches and resume.
+
+The default tier simulates the hosts with threads sharing an in-memory exchange
+(tests/cascade/conftest.py `on_hosts`); the heavy test runs two JAX processes (gloo on
+CPU, tests/cascade/shards_hosts_worker.py).
+"""
+
+import collections
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from cascade import data
+from cascade import shards
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKER = os.path.join(REPO, 'tests', 'cascade', 'shards_hosts_worker.py')
+
+
+def write_shards(d, sizes=(7, 5, 9, 4, 6)):
+  """Shards s0..s4 (.jsonl and .jsonl.gz alternating) of `sizes` rows; row k = {'k': k, ...}."""
+  d.mkdir(parents=True, exist_ok=True)
+  k = 0
+  for j, n in enumerate(sizes):
+    lines = b''.join(json.dumps({'k': k + i, 'text': f'row {k + i} ' + 'y' * ((k + i) % 5)})
+                     .encode() + b'\n' for i in range(n))
+    k += n
+    if j % 2:
+      (d / f's{j}.jsonl.gz').write_bytes(gzip.compress(lines))
+    else:
+      (d / f's{j}.jsonl').write_bytes(lines)
+  return str(d / 's*'), k
+
+
+class Streamed:
+  """Counts the bytes each thread streams, per file, through `shards._chunks` (every index
+  build and decompression goes through it; reads of single rows do not)."""
+
+  def __init__(self, monkeypatch):
+    self.by = collections.defaultdict(collections.Counter)
+    real = shards._chunks
+
+    def chunks(f):
+      for b in real(f):
+        self.by[threading.current_thread().name][os.path.basename(f.name)] += len(b)
+        yield b
+    monkeypatch.setattr(shards, '_chunks', chunks)
+
+
+def batches(loader, n):
+  return [[row['k'] for _, row in loader.next()] for _ in range(n)]
+
+
+def test_each_shard_is_streamed_by_one_host_and_every_host_gets_the_single_process_order(
+    tmp_path, monkeypatch, fakes):
+  pattern, total = write_shards(tmp_path / 'data')
+  files = shards.expand(pattern)
+  single = shards.open_source(pattern, str(tmp_path / 'single'))
+  want = batches(data.Loader(data.Stream(single), seed=3, batch_size=4), 8)
+  streamed = Streamed(monkeypatch)
+  shared = str(tmp_path / 'shared')
+
+  def host(hosts, tag='cold'):
+    threading.current_thread().name = f'{tag}{hosts.index}'
+    local = str(tmp_path / f'{tag}-local{hosts.index}')
+    src = shards.open_source(pattern, local, shared, hosts)
+    assert len(src) == total
+    got = batches(data.Loader(data.Stream(src, hosts=hosts), seed=3, batch_size=4), 8)
+    resumed = data.Loader(data.Stream(src, hosts=hosts), seed=3, batch_size=4)
+    resumed.set_state({'position': 13})          # mid-epoch (31 rows) and mid-batch
+    tail = [[row['k'] for _, row in resumed.next()] for _ in range(3)]
+    rows = [src[i] for i in range(total)]
+    return got, tail, rows, sorted(os.listdir(os.path.join(local, 'index')))
+
+  out = fakes.on_hosts(2, host)
+  first13 = [k for b in want for k in b][:13]
+  for h in range(2):
+    assert not isinstance(out[h], Exception), out[h]
+    got, tail, rows, local_index = out[h]
+    assert got == want
+    flat = [k for b in want for k in b]
+    assert first13 == flat[:13] and tail == [flat[13:17], flat[17:21], flat[21:25]]
+    assert rows == [single[i] for i in range(total)]             # `where` (file:line) too
+    assert len(local_index) == len(files)      # every shard's index, copied or built, local
+  # Each shard was streamed by exactly one host: shard j by host j % 2, and nothing twice.
+  for h in range(2):
+    names = set(streamed.by[f'cold{h}'])
+    originals = {n for n in names if n.startswith('s')}
+    assert originals == {os.path.basename(f) for f in files[h::2]}, (h, names)
+    # A decompressed copy is indexed by the host that made it: one per gzip shard it owns.
+    assert len(names - originals) == sum(f.endswith('.gz') for f in files[h::2])
+  mine = lambda h: sum(os.path.getsize(f) for f in files[h::2] if f.endswith('.jsonl'))
+  assert streamed.by['cold0']['s0.jsonl'] == os.path.getsize(files[0]) and mine(0) > 0
+  # Fresh hosts (empty local caches) with the shared cache warm stream nothing at all.
+  out = fakes.on_hosts(2, lambda hosts: host(hosts, 'warm'))
+  assert all(out[h][0] == want for h in range(2))
+  assert not streamed.by['warm0'] and not streamed.by['warm1']
+
+
+def test_a_corrupt_shard_stops_every_host_with_its_byte_offset(tmp_path, fakes):
+  pattern, _ = write_shards(tmp_path / 'data')
+  raw = (tmp_path / 'data' / 's3.jsonl.gz').read_bytes()
+  (tmp_path / 'data' / 's3.jsonl.gz').write_bytes(raw[:-9])        # host 1's shard
+  out = fakes.on_hosts(2, lambda hosts: shards.open_source(
+      pattern, str(tmp_path / f'l{hosts.index}'), str(tmp_path / 'shared'), hosts))
+  for h in range(2):
+    assert isinstance(out[h], shards.DataError), out[h]
+    assert str(out[h]) == str(out[1 - h])
+    assert f's3.jsonl.gz: truncated gzip data (the stream ends at byte offset {len(raw) - 9} ' \
+        in str(out[h])
+
+
+def test_without_a_shared_cache_a_host_indexes_what_it_reads_itself(tmp_path, fakes):
+  """Separate hosts' disks and no shared cache: still the same rows, built where read."""
+  pattern, total = write_shards(tmp_path / 'data')
+  single = shards.open_source(pattern, str(tmp_path / 'single'))
+  out = fakes.on_hosts(2, lambda hosts: [
+      shards.open_source(pattern, str(tmp_path / f'l{hosts.index}'), None, hosts)[i]
+      for i in range(total)])
+  assert out[0] == out[1] == [single[i] for i in range(total)]
+  # A shard that changes between the hosts' opening is named, not misread.
+  src = fakes.on_hosts(2, lambda hosts: shards.open_source(
+      pattern, str(tmp_path / f'm{hosts.index}'), None, hosts))[0]
+  (tmp_path / 'data' / 's1.jsonl.gz').write_bytes(gzip.compress(b'{"k": 0}\n'))
+  with pytest.raises(shards.DataError, match=r's1\.jsonl\.gz: holds 1 rows here but 5 in the '
+                                             'process that indexed it'):
+    src[8]  # pylint: disable=pointless-statement
