@@ -133,3 +133,45 @@ def test_without_a_shared_cache_a_host_indexes_what_it_reads_itself(tmp_path, fa
   with pytest.raises(shards.DataError, match=r's1\.jsonl\.gz: holds 1 rows here but 5 in the '
                                              'process that indexed it'):
     src[8]  # pylint: disable=pointless-statement
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.heavy
+@pytest.mark.multiprocess
+def test_two_jax_processes_each_stream_their_own_shards_and_draw_the_single_process_batches(
+    tmp_path):
+  pattern, total = write_shards(tmp_path / 'data')
+  files = shards.expand(pattern)
+  single = shards.open_source(pattern, str(tmp_path / 'single'))
+  flat = [k for b in batches(data.Loader(data.Stream(single), seed=3, batch_size=4), 11)
+          for k in b]
+  env = {k: v for k, v in os.environ.items() if not k.startswith(('JAX_', 'XLA_'))}
+  env['PYTHONPATH'] = REPO
+  coordinator = f'127.0.0.1:{_free_port()}'
+  procs = [subprocess.Popen([sys.executable, WORKER, coordinator, str(i), pattern,
+                             str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  logs = []
+  try:
+    for p in procs:
+      logs.append(p.communicate(timeout=120)[0])      # a hang fails here, not forever
+  finally:
+    for p in procs:
+      p.kill()
+  assert all(p.returncode == 0 for p in procs), '\n'.join(logs)[-4000:]
+  out = [json.loads((tmp_path / f'{i}.json').read_text()) for i in range(2)]
+  for h in range(2):
+    assert out[h]['batches'] == [flat[i:i + 4] for i in range(0, 32, 4)]
+    assert out[h]['resumed'] == [flat[13:17], flat[17:21], flat[21:25]]
+    assert out[h]['where'] == [single[i][0] for i in range(total)]
+    originals = {n for n in out[h]['streamed'] if n.startswith('s')}
+    assert originals == {os.path.basename(f) for f in files[h::2]}, out[h]['streamed']
+    for f in files[h::2]:
+      if f.endswith('.jsonl'):                         # streamed once, whole
+        assert out[h]['streamed'][os.path.basename(f)] == os.path.getsize(f)
+    assert not out[h]['streamed_on_restart']
