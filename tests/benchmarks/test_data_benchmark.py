@@ -46,3 +46,26 @@ def test_small_benchmark_and_the_prepare_command(tmp_path):
   assert "stages[0] 'sft': data from the prepared cache" in again and 'prepared 3000' not in again
   manifests = sorted(cache.glob('*/manifest.json'))
   assert [p.parent.name.split('-')[0] for p in manifests] == ['math_rl', 'sft']
+
+
+@pytest.mark.heavy
+@pytest.mark.multiprocess
+def test_small_cold_open_by_one_and_two_processes(tmp_path):
+  """--open_hosts: two JAX processes each read about half of the shards' bytes the single
+  process reads, draw the same first batches, and the page keeps its other sections."""
+  d, report = tmp_path / 'data', tmp_path / 'report.md'
+  report.write_text('# Data path benchmark\n\nbefore\n\n## Other\n\nafter\n')
+  out = _run('benchmarks.data', '--open_hosts=1,2', '--small', f'--dir={d}', f'--out={report}')
+  runs = json.loads(out.strip().splitlines()[-1])
+  one, two = runs['1'][0], runs['2']
+  assert [r['rank'] for r in two] == [0, 1]
+  assert {r['first_ids'] for r in two} == {one['first_ids']}
+  assert sum(r['open_from_data'] for r in two) == one['open_from_data'] > 0
+  for r in two:                       # 16 + 8 shards of near-equal size, dealt 8 + 4 each
+    assert 0.4 < r['open_from_data'] / one['open_from_data'] < 0.6, r
+  text = report.read_text()
+  assert text.startswith('# Data path benchmark\n\nbefore\n\n## Other\n\nafter\n')
+  assert text.count('## Cold open across processes') == 1
+  for line in ('- command: `', '- load average', '| 2 | 1 |', 'first batches are the same '
+               'rows in every run (the single process\'s order): yes.'):
+    assert line in text, text
