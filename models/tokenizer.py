@@ -211,6 +211,11 @@ class HFTokenizer(Tokenizer):
     return self._tok.token_to_id(token)
 
 
+class TokenizerNotFound(paths.PathError, FileNotFoundError):
+  """Nothing loadable at a tokenizer path: a user's error (`cascade.main` says it in one line, as
+  for every `paths.PathError`), not the storage failing; still a FileNotFoundError."""
+
+
 def load(path: str | os.PathLike) -> Tokenizer:
   """Loads a tokenizer, choosing the backend from the path.
 
@@ -223,7 +228,7 @@ def load(path: str | os.PathLike) -> Tokenizer:
     The Tokenizer.
 
   Raises:
-    FileNotFoundError: nothing loadable at `path`.
+    TokenizerNotFound (a FileNotFoundError): nothing loadable at `path`.
     ValueError: a file of an unknown kind.
   """
   p = paths.path(path)
@@ -237,10 +242,10 @@ def load(path: str | os.PathLike) -> Tokenizer:
     elif len(models) == 1:
       p = p / models[0]
     else:
-      raise FileNotFoundError(f'{p}: no tokenizer.json, tokenizer.model or single *.model file '
+      raise TokenizerNotFound(f'{p}: no tokenizer.json, tokenizer.model or single *.model file '
                               f'(found {models})')
   if not paths.exists(p):
-    raise FileNotFoundError(f'tokenizer file {p} does not exist')
+    raise TokenizerNotFound(f'tokenizer file {p} does not exist')
   if p.suffix == '.model':
     return SentencePieceTokenizer(p)
   if p.suffix == '.json':
