@@ -274,7 +274,7 @@ def open_share(d: str, rank: int, count: int, coordinator: str, work: str) -> di
           'open_from_data': open_data, 'draw_from_data': from_data['read'] - open_data,
           'draw_s': round(t2 - t1, 2), 'draw_read': io2['rchar'] - io1['rchar'],
           'rows': {k: len(v) for k, v in sets.items()},
-          'first_ids': hashlib_digest(ids)}
+          'first_ids': _digest(ids)}
 
 
 class _Counted:
@@ -298,7 +298,7 @@ class _Counted:
     self._f.close()
 
 
-def hashlib_digest(x) -> str:
+def _digest(x) -> str:
   import hashlib  # pylint: disable=g-import-not-at-top
   return hashlib.sha256(json.dumps(x).encode()).hexdigest()[:16]
 
