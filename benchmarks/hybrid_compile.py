@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks import host
 from models import config as config_lib
 from models import hybrid
 from models import transformer
@@ -131,6 +132,9 @@ def main(argv):
           f'{r["ratio"]:>6.1f} {r["max_abs_diff"]:>11.2e}')
   after = os.getloadavg()
   print(f'load average after: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}')
+  warning = host.load_warning(before, after)
+  if warning:
+    print(warning)
   print(json.dumps(dict(sublayers=cfg.num_layers, bodies=bodies, segments=len(segs),
                         load_before=before, load_after=after, rows=rows)))
 

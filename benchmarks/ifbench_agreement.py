@@ -761,7 +761,7 @@ def _write_doc(families):
         f'Over the {len(same)} ids without a deliberate difference (below), {same_agree} of '
         f'{same_scored} agree ({100 * same_agree / max(same_scored, 1):.1f} %).',
         '',
-        '```',
+        '```text',
         table,
         '```',
         '',

@@ -43,6 +43,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from benchmarks import host
 import verifiers
 
 _DOMAINS = flags.DEFINE_list('domains', ['math', 'instruction_following', 'code', 'swe',
@@ -269,6 +270,9 @@ def main(argv):
       summary.update(humaneval_sandbox_s=round(r['batch_s'], 3),
                      humaneval_reference_s=round(r['reference_s'], 3),
                      sandbox_speedup=round(r['speedup'], 2))
+  warning = host.load_warning(load_before, os.getloadavg())
+  if warning:
+    lines.append(warning)
   lines.append(json.dumps(summary))
   print('\n'.join(lines))
   if _DOC.value:
@@ -277,7 +281,7 @@ def main(argv):
             f'Written by `benchmarks/verifiers.py` on {datetime.date.today().isoformat()}: '
             f'`{command}` on {os.cpu_count()} cores of {_cpu_name()}, load average '
             f'{load_before:.2f} before and {os.getloadavg()[0]:.2f} after (one minute).', '',
-            '```', *lines, '```', '']
+            '```text', *lines, '```', '']
     os.makedirs(os.path.dirname(os.path.abspath(_DOC.value)), exist_ok=True)
     with open(_DOC.value, 'w', encoding='utf-8') as f:
       f.write('\n'.join(page))
