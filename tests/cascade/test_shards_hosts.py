@@ -50,7 +50,8 @@ class Streamed:
 
     def chunks(f):
       for b in real(f):
-        self.by[threading.current_thread().name][os.path.basename(f.name)] += len(b)
+        name = getattr(f, 'name', None) or f.path          # gcsfs files have a path
+        self.by[threading.current_thread().name][os.path.basename(name)] += len(b)
         yield b
     monkeypatch.setattr(shards, '_chunks', chunks)
 
@@ -133,6 +134,38 @@ def test_without_a_shared_cache_a_host_indexes_what_it_reads_itself(tmp_path, fa
   with pytest.raises(shards.DataError, match=r's1\.jsonl\.gz: holds 1 rows here but 5 in the '
                                              'process that indexed it'):
     src[8]  # pylint: disable=pointless-statement
+
+
+@pytest.mark.heavy      # the emulator's start and round trips
+def test_shards_and_the_shared_cache_on_gcs(gcs, tmp_path, monkeypatch, fakes):
+  """Shards on gs:// and the shared cache on gs://: each shard is streamed by one host, the
+  other reads its rows through the index and plain copy published to the bucket."""
+  from models import paths  # pylint: disable=g-import-not-at-top
+  local, total = write_shards(tmp_path / 'data')
+  root = gcs.root + '/shards'
+  for f in shards.expand(local):
+    paths.copy_file(f, paths.join(root, os.path.basename(f)))
+  pattern = root + '/s*'
+  files = shards.expand(pattern)
+  single = shards.open_source(pattern, str(tmp_path / 'single'))
+  want = batches(data.Loader(data.Stream(single), seed=3, batch_size=4), 8)
+  streamed = Streamed(monkeypatch)
+  shared = gcs.root + '/cache/shards'
+
+  def host(hosts):
+    threading.current_thread().name = f'h{hosts.index}'
+    src = shards.open_source(pattern, str(tmp_path / f'local{hosts.index}'), shared, hosts)
+    got = batches(data.Loader(data.Stream(src, hosts=hosts), seed=3, batch_size=4), 8)
+    return got, [src[i] for i in range(total)]
+
+  out = fakes.on_hosts(2, host)
+  for h in range(2):
+    assert not isinstance(out[h], Exception), out[h]
+    assert out[h] == (want, [single[i] for i in range(total)])
+    originals = {n for n in streamed.by[f'h{h}'] if n.startswith('s')}
+    assert originals == {os.path.basename(f) for f in files[h::2]}, streamed.by
+  assert len(paths.listdir(shared + '/index')) == len(files)
+  assert len(paths.listdir(shared + '/plain')) == sum(f.endswith('.gz') for f in files)
 
 
 def _free_port() -> int:
