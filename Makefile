@@ -33,7 +33,7 @@ sysdeps:
 	fi
 
 demo: $(VENV)/.stamp-base sysdeps
-	$(PY) -m cascade.main --config=$(CONFIG) --workdir=$(WORKDIR) --verbosity=-1
+	$(PY) -m cascade.main --config=$(CONFIG) --workdir=$(WORKDIR)
 
 # The tiny configs' data (their `prepare` step): the tiny world of SEED under
 # runs/tiny_world, built on first use and reused while its stamp matches.

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import time
 import zlib
 from typing import Callable, Mapping, Sequence
 
@@ -86,7 +87,8 @@ def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mod
 
 def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]],
              verifier_of: Callable[[str], object], sample_cls, ev,
-             rng) -> dict[str, dict]:
+             rng, report: Callable[[int, int, str, dict, float], None] | None = None
+             ) -> dict[str, dict]:
   """Scores a policy on every domain's prompts (held-out or validation).
 
   Args:
@@ -102,6 +104,8 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
     rng: PRNG key; batch b of domain d uses fold_in(fold_in(rng, crc32(d)), b),
       so a domain's samples do not depend on which other domains are scored;
       with thinking='both' mode i's batches fold in i first.
+    report: called after each domain with (i, n, domain, its result, seconds), i from 1:
+      the run's progress line.
 
   Returns:
     domain -> {'score' in [0, 100], 'prompts', 'samples', 'mean_reward',
@@ -112,23 +116,31 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
   prepare = getattr(sampler, 'prepare', None)   # the rollout copy, made once for every domain
   if prepare is not None and eval_sets:
     params = prepare(params)
-  for domain in sorted(eval_sets):
-    dev = ev[domain] if isinstance(ev, Mapping) else ev
-    domain_key = jax.random.fold_in(rng, zlib.crc32(domain.encode()) & 0x7FFFFFFF)
-    recs = list(eval_sets[domain])
-    modes = dev.modes
-    if len(modes) == 1:
-      out[domain] = _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev,
-                              modes[0], domain_key)
-      continue
-    per = {MODE_NAMES[m]: _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls,
-                                    dev, m, jax.random.fold_in(domain_key, i))
-           for i, m in enumerate(modes)}
-    means = {k: float(np.mean([p[k] for p in per.values()]))
-             for k in ('score', 'mean_reward', 'mean_len', 'truncated')}
-    out[domain] = {**means, 'prompts': len(recs),
-                   'samples': sum(p['samples'] for p in per.values()), 'modes': per}
+  for i, domain in enumerate(sorted(eval_sets), 1):
+    t0 = time.perf_counter()
+    out[domain] = _one_domain(sampler, params, tokenizer, eval_sets[domain], verifier_of,
+                              sample_cls, ev[domain] if isinstance(ev, Mapping) else ev,
+                              jax.random.fold_in(rng, zlib.crc32(domain.encode()) & 0x7FFFFFFF))
+    if report is not None:
+      report(i, len(eval_sets), domain, out[domain], time.perf_counter() - t0)
   return out
+
+
+def _one_domain(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev,
+                domain_key) -> dict:
+  """`evaluate` of one domain: its one mode, or the mean of its two."""
+  recs = list(recs)
+  modes = dev.modes
+  if len(modes) == 1:
+    return _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev, modes[0],
+                     domain_key)
+  per = {MODE_NAMES[m]: _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls,
+                                  dev, m, jax.random.fold_in(domain_key, i))
+         for i, m in enumerate(modes)}
+  means = {k: float(np.mean([p[k] for p in per.values()]))
+           for k in ('score', 'mean_reward', 'mean_len', 'truncated')}
+  return {**means, 'prompts': len(recs),
+          'samples': sum(p['samples'] for p in per.values()), 'modes': per}
 
 
 # Keys of the held-out and the validation evaluations (fold_in of PRNGKey(seed)): one key for
@@ -137,14 +149,17 @@ HELD_OUT_FOLD = 1_000_003
 VALIDATION_FOLD = 1_000_033
 
 
-def score_sets(ctx, params, sets: Mapping[str, Sequence[dict]], fold: int) -> dict[str, dict]:
-  """`evaluate` of a run's policy on `sets` (domains whose eval verifier is ready), per domain."""
+def score_sets(ctx, params, sets: Mapping[str, Sequence[dict]], fold: int,
+               report: Callable[[int, int, str, dict, float], None] | None = None
+               ) -> dict[str, dict]:
+  """`evaluate` of a run's policy on `sets` (domains whose eval verifier is ready), per domain;
+  `report` as `evaluate`'s."""
   ready = {d: recs for d, recs in sets.items() if ctx.verifiers.can_evaluate(d)}
   if not ready:
     return {}
   key = jax.random.fold_in(jax.random.PRNGKey(ctx.plan.seed), fold)
   return evaluate(ctx.sampler, params, ctx.tokenizer, ready, ctx.verifiers.eval_verifier,
-                  ctx.sample_cls, {d: ctx.plan.eval_of(d) for d in ready}, key)
+                  ctx.sample_cls, {d: ctx.plan.eval_of(d) for d in ready}, key, report)
 
 
 def validation_scores(ctx, params) -> dict[str, float]:

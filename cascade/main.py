@@ -18,8 +18,11 @@ Exit status: 0 done; 2 a config, data, workdir or storage problem (one line); 3 
 diverged (cascade/divergence.py); 75 stopped by SIGTERM or SIGINT at a step boundary with a
 checkpoint (cascade/preemption.py): rerun the same command to resume.
 
-Logs: warnings and errors only; `--verbosity=0` adds the libraries' INFO lines
-(JAX, Orbax, the compilation cache).
+Output: a start banner (config, workdir, devices and mesh, the stages, the resume
+point, each verifier's isolation), then one line per event (stage i of N with the
+cascade's ETA, each domain evaluated, each export; cascade/report.py). Logs:
+warnings and errors only; `--verbosity=0` adds the libraries' INFO lines (JAX,
+Orbax, the compilation cache).
 
 Multi-host: `jax.distributed.initialize()` runs first when the environment
 asks for it (see cascade/distributed.py).
@@ -103,7 +106,8 @@ def main(argv):
   from verifiers import sandbox  # pylint: disable=g-import-not-at-top
   try:
     runner.run(_CONFIG.value, _WORKDIR.value, fork_from=_FORK_FROM.value,
-               force_lock=_FORCE_LOCK.value, lock_stale_s=_LOCK_STALE_S.value)
+               force_lock=_FORCE_LOCK.value, lock_stale_s=_LOCK_STALE_S.value,
+               command=overrides.described(_CONFIG, sys.argv))
   except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError, lock.WorkdirBusy,
           checkpoint.CheckpointError, kinds_base.StageError, paths.PathError,
           sandbox.SandboxUnavailable) as e:

@@ -123,6 +123,13 @@ def given_overrides(argv: Sequence[str], name: str = 'config') -> list[str]:
   return [a for a in argv if re.match(rf'-{{1,2}}(no)?{re.escape(name)}\.', a)]
 
 
+def described(holder: flags.FlagHolder, argv: Sequence[str]) -> str:
+  """The config a command line gave: its file (and argument) and its overrides, as given
+  ('configs/tiny.py:smoke --config.seed=1'), for the run's start banner."""
+  flag = holder._flagvalues[holder.name]  # pylint: disable=protected-access
+  return ' '.join([config_flags.get_config_filename(flag), *given_overrides(argv, holder.name)])
+
+
 def override_paths(argv: Sequence[str], name: str = 'config') -> list[str]:
   """The paths `argv` overrides, as config_flags reads them: `--config.a.b=1` -> 'a.b'."""
   out = []

@@ -8,11 +8,12 @@
    different config (`checkpoint.guard_config` of `plan.source`), then point
    JAX's persistent compilation cache at `config.compilation_cache.dir`
    (default `<workdir>/compilation_cache`; `cascade.compile_cache`), so a
-   restart loads what an earlier run compiled. The run prints where it is; each
-   stage's line and the run's last line say how many programs were loaded and
-   how many compiled.
+   restart loads what an earlier run compiled. Each stage's line and the run's
+   last line say how many programs were loaded and how many compiled.
 2. Run the config's `prepare` step if it names one (e.g. build the tiny
-   world), then build the mesh, tokenizer, sampler, verifiers, and load and
+   world), then build the mesh, tokenizer, sampler, verifiers, print the start
+   banner (`cascade.report`: config, workdir, devices and mesh, the stages, the
+   resume point, each verifier's isolation, the compilation cache), and load and
    check every dataset (a malformed record stops the run here, before any step).
 3. Evaluate the starting policy when the cascade starts with RL (row 'init').
 4. For each stage not yet complete in progress.json: run it through its
@@ -28,6 +29,7 @@ checkpoint, or before the next stage (`cascade.preemption`).
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable
 
 import jax
@@ -42,6 +44,7 @@ from cascade import lock
 from cascade import metrics
 from cascade import policies as policies_lib
 from cascade import preemption
+from cascade import report as report_lib
 from cascade import rollout
 from cascade import stage_data
 from cascade import verifier_set
@@ -148,10 +151,15 @@ def make_context(plan: config_lib.Plan, workdir: str, before_save: Callable[[], 
                     writer=writer, progress=progress)
 
 
-def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: str = '') -> dict:
+def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: str = '',
+                 reporter: report_lib.Reporter | None = None) -> dict:
   """Evaluates a policy on every domain (held-out and validation sets); appends its row to
-  progress.json. `hf`: where the policy is exported (named by results.json's "best")."""
-  out = evaluation.score_sets(ctx, params, ctx.data.eval_sets, evaluation.HELD_OUT_FOLD)
+  progress.json. `hf`: where the policy is exported (named by results.json's "best");
+  `reporter`: prints a line per domain evaluated."""
+  label = f'[{index}] {name}' if index >= 0 else name
+  report = None if reporter is None else (
+      lambda i, n, domain, res, secs: reporter.evaluated(label, i, n, domain, res, secs))
+  out = evaluation.score_sets(ctx, params, ctx.data.eval_sets, evaluation.HELD_OUT_FOLD, report)
   row = {'stage': name, 'index': index, 'domains': list(trains_on),
          'scores': {d: out[d]['score'] for d in sorted(out)}, 'details': out}
   validation = evaluation.validation_scores(ctx, params)
@@ -169,13 +177,18 @@ def _prepare(plan: config_lib.Plan) -> None:
   if plan.prepare is None:
     return
   if checkpoint.is_writer():
+    what = f'{plan.prepare.fn}(' + ', '.join(
+        f'{k}={v!r}' for k, v in sorted((plan.prepare.kwargs or {}).items())) + ')'
+    print(f'prepare: {what} ...', flush=True)
+    t0 = time.perf_counter()
     plan.prepare.call()
+    print(f'prepare: done in {time.perf_counter() - t0:.1f} s', flush=True)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices('cascade.prepare')
 
 
 def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = False,
-        lock_stale_s: float = lock.DEFAULT_STALE_S) -> dict:
+        lock_stale_s: float = lock.DEFAULT_STALE_S, command: str = '') -> dict:
   """Runs (or resumes) the cascade a config describes in `workdir`.
 
   Args:
@@ -187,6 +200,7 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
       stages are copied instead of rerun.
     force_lock: take the workdir's lock over even from a run that looks alive (`cascade.lock`).
     lock_stale_s: a lock whose heartbeat is older than this many seconds is taken over.
+    command: the config file and overrides the command line gave, for the start banner.
 
   Returns:
     The results.json object (domains, stages, stage_domains, scores).
@@ -214,22 +228,20 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
     return res
   try:
     with preemption.watch():      # SIGTERM / SIGINT: stop at the next step boundary
-      return _run(plan, workdir, fork_from, held)
+      return _run(plan, workdir, fork_from, held, command)
   finally:
     compile_cache.restore()
     held.release()
 
 
 def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
-         held: lock.Held) -> dict:
+         held: lock.Held, command: str = '') -> dict:
   """`run` once the workdir's lock is held."""
   config_hash = checkpoint.guard_config(workdir, plan.source,
                                         allow_change=plan.allow_config_change)
   cache = compile_cache.enable(plan.compilation_cache.dir,
                                default=paths.join(workdir, 'compilation_cache'),
                                min_compile_secs=plan.compilation_cache.min_compile_secs)
-  if cache is not None and checkpoint.is_writer():
-    print(cache.banner(), flush=True)
   if fork_from:
     forked = checkpoint.fork(fork_from, workdir, plan.source)
     if jax.process_count() > 1:
@@ -242,11 +254,18 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
   domains = sorted(plan.domains)
   try:
     _check_exports(ctx)
-    ctx.verifiers.check_options()
+    isolation = ctx.verifiers.check_options()
+    done = [st.name for st in plan.stages if st.name in ctx.progress.done]
+    resume_step = _resume_step(ctx)
+    reporter = report_lib.Reporter(plan, done, resume_step)
+    reporter.say(report_lib.banner(
+        plan, workdir=workdir, command=command, config_hash=config_hash, mesh=ctx.mesh,
+        done=done, resume_step=resume_step, isolation=isolation,
+        cache_line=cache.banner() if cache is not None else None))
     ctx.data.load()
     if plan.initial_eval and ctx.progress.row(INIT_ROW) is None:
       row = evaluate_row(ctx, INIT_ROW, -1, [], ctx.policies.params_of(('initial',)),
-                         hf=plan.hf_path)
+                         hf=plan.hf_path, reporter=reporter)
       evaluation.write(workdir, ctx.progress.rows, domains)
       print('initial policy: ' + ', '.join(f'{d} {v:.1f}' for d, v in row['scores'].items()),
             flush=True)
@@ -256,7 +275,7 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
         if why:
           raise preemption.Preempted(f'{why}: stopped before stage {stage.index} {stage.name!r}; '
                                      'rerun the same command to resume there')
-        _run_stage(ctx, stage, domains, cache)
+        _run_stage(ctx, stage, domains, cache, reporter)
   finally:
     ctx.verifiers.close()
     ctx.policies.close()
@@ -303,6 +322,18 @@ def _check_exports(ctx: RunContext) -> None:
       ctx.policies.export_hf(stage, ctx.policies.final_state(stage).params)
 
 
+def _resume_step(ctx: RunContext) -> int | None:
+  """The newest checkpoint's step of the first stage not done (None: it has none)."""
+  stage = next((st for st in ctx.plan.stages if st.name not in ctx.progress.done), None)
+  if stage is None or stage.MODEL is None:
+    return None
+  ckpt = paths.join(checkpoint.stage_dir(ctx.workdir, stage), 'ckpt')
+  if not paths.exists(ckpt):
+    return None
+  steps = ctx.policies.checkpoints(stage).steps()
+  return steps[-1] if steps else None
+
+
 def _accounting(progress: checkpoint.Progress) -> dict[str, dict]:
   """stage -> where its step time went (`kinds.loop.accounting`), for the stages that train."""
   return {name: info['accounting'] for name, info in progress.done.items()
@@ -318,14 +349,21 @@ def _isolation(progress: checkpoint.Progress) -> dict[str, str]:
   return {k: ', '.join(sorted(v)) for k, v in out.items()}
 
 
-def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | None) -> None:
+def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | None,
+               reporter: report_lib.Reporter) -> None:
   mark = compile_cache.counts()
+  t0 = time.perf_counter()
+  reporter.stage_started(stage)
   result = kinds.get(stage.kind).run(ctx, stage)
   info = {'index': stage.index, 'kind': stage.kind, **dict(result.info)}
   params = result.params
   if stage.trains_policy:
     ctx.policies.remember(('stage', stage.name), params)
+    t1 = time.perf_counter()
+    reporter.say(f'[{stage.index}] {stage.name}: exporting the policy (HF safetensors) ...')
     info['hf'] = ctx.policies.export_hf(stage, params)
+    reporter.say(f'[{stage.index}] {stage.name}: exported to {info["hf"]} in '
+                 f'{time.perf_counter() - t1:.1f} s')
   if result.final_step is not None:
     info['final_step'] = result.final_step
   isolation = ctx.verifiers.isolation()
@@ -339,7 +377,7 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
       params = ctx.policies.params_of(ctx.policies.source_after(stage.index))
     row = evaluate_row(ctx, stage.name, stage.index,
                        stage.domains if stage.trains_policy else [], params,
-                       hf=info.get('hf', ''))
+                       hf=info.get('hf', ''), reporter=reporter)
   ctx.progress.mark_done(stage.name, info)
   evaluation.write(ctx.workdir, ctx.progress.rows, domains, _isolation(ctx.progress),
                    _accounting(ctx.progress))
@@ -351,3 +389,4 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
     if cache is not None:
       print(f'[{stage.index}] {stage.name}: compilation cache: {cache.since(mark).describe()}',
             flush=True)
+  reporter.stage_ended(stage, result.steps_run, time.perf_counter() - t0)

@@ -118,14 +118,23 @@ class VerifierSet:
       self._judges[source] = self._judge_model(source)
     return self._judges[source]
 
-  def check_options(self) -> None:
-    """Builds every verifier once (a stand-in for a reward model) so bad options fail now."""
+  def check_options(self) -> dict[str, str]:
+    """Builds every verifier once (a stand-in for a reward model) so bad options fail now.
+
+    Returns:
+      verifier name (an environment's: 'env:<name>') -> the isolation its candidates' code
+      will run under ('bwrap', 'none'; 'n/a': it runs none; 'a, b' when its uses differ), for
+      the run's start banner.
+    """
     stand_in = lambda prompts, answers: np.zeros(len(prompts), np.float32)
+    isolation = {}
     for d in self.plan.domains.values():
       if d.agentic:
         try:
           import envs  # pylint: disable=g-import-not-at-top
-          envs.get(d.env, **d.env_options).close()
+          env = envs.get(d.env, **d.env_options)
+          isolation.setdefault(f'env:{d.env}', set()).add(str(getattr(env, 'isolation', 'n/a')))
+          env.close()
         except (TypeError, ValueError) as e:
           raise config_lib.ConfigError(f'config.domains.{d.name}.env_options: environment '
                                        f'{d.env!r} rejects {sorted(d.env_options)}: {e}') from None
@@ -153,7 +162,9 @@ class VerifierSet:
         except (TypeError, ValueError) as e:
           raise config_lib.ConfigError(f'config.domains.{d.name}.{field}: verifier {name!r} '
                                        f'rejects {sorted(opts)}: {e}') from None
+        isolation.setdefault(name, set()).add(str(v.isolation))
         v.close()
+    return {k: ', '.join(sorted(v)) for k, v in isolation.items()}
 
   def check_metadata(self, domain: str, metadata: dict, where: str) -> None:
     """Checks one record's metadata for both of its domain's verifiers (errors name `where`)."""

@@ -312,6 +312,11 @@ class ToolUseEnv(base.Environment):
     self.verifier = verifiers.get(answer_verifier, **dict(verifier_options or {}))
 
   @property
+  def isolation(self) -> str:
+    """The isolation its python calls run under: 'bwrap' or 'none'."""
+    return self._sandbox_options['isolation']
+
+  @property
   def sandbox(self) -> sandbox_lib.Sandbox | None:
     """The python sandbox, None until the first python call."""
     return self._sandbox

@@ -41,6 +41,8 @@ def _probe(tmp_path, *flags):
 
 def test_library_info_is_off_by_default_and_a_flag_turns_it_on(tmp_path):
   assert _probe(tmp_path) == ['library-warning', 'cascade-warning']
+  # What `make demo` once passed to get there (its command line no longer does).
+  assert _probe(tmp_path, '--verbosity=-1') == ['library-warning', 'cascade-warning']
   assert _probe(tmp_path, '--verbosity=0') == ['library-info', 'absl-info', 'library-warning',
                                                'cascade-warning']
 
