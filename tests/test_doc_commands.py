@@ -1,0 +1,770 @@
+"""Every command and code block that README.md and docs/**/*.md show is run by a named test.
+
+What is extracted from each page (file:line is where it starts):
+  * every fenced code block. A block fenced as ```text (or ```output) is an OUTPUT SAMPLE (what
+    a command prints, a table a script wrote): it needs no test itself, but a command shown in
+    it on a `$ ` line is extracted and must be covered. Any other block (```, ```bash,
+    ```shell, ```console, ```python ...) is code: a shell block is split into its commands (a
+    `\\`-continued line is one command, a `for ...; do ... done` loop is one, comments are
+    dropped); a python block is one unit, its whole text.
+  * every inline code span in prose that is a command: it starts with `$ `, `make `,
+    `python -m `, `python3 `, `.venv/bin/`, `pip `, `gsutil `, `gcloud `, `bash `, `./`,
+    `xmanager `, `huggingface-cli `, `env `, `tensorboard `, `launch/tpu_vm.sh `, `pytest `,
+    `sudo ` or `apt-get `, after
+    any `NAME=value ` environment assignments.
+Whitespace is normalised (runs of blanks to one space, each line stripped).
+
+REGISTRY maps each unit's normalised text to the pytest node id of the test that runs exactly
+that text (usually via `doc_command` below, which takes the text from the page, so a changed
+page changes what the test runs). PATTERNS maps a family (a regular expression over the
+normalised text, e.g. a command that only names a module in prose) to a test that runs a
+member of it, with the reason the family is one. The checks fail on: a unit no entry covers
+(naming file:line and the text), an entry naming a test that does not exist (node ids are
+checked by parsing the test files, not by collecting them), and an entry no page shows any
+more (stale).
+
+A unit whose test is marked `heavy` or `slow` runs in that tier; e.g. a benchmark that writes a
+docs page from an hour of measurement is run exactly as shown by a `slow` test.
+"""
+
+import ast
+import functools
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+OUTPUT_FENCES = ('text', 'output')
+_SHELL_FENCES = ('', 'bash', 'sh', 'shell', 'console', 'shell-session', 'zsh')
+_INLINE_COMMAND = re.compile(
+    r'^([A-Z][A-Z0-9_]*=\S* )*'
+    r'(\$ |make |python3? -m |python3? \S+\.py|\.venv/bin/|pip3? |gsutil |gcloud |bash |\./|'
+    r'xmanager |huggingface-cli |env |tensorboard |launch/tpu_vm\.sh |pytest |sudo |apt-get )')
+
+
+def pages():
+  """README.md and every docs/**/*.md, as paths relative to the repository root."""
+  found = [p for p in [ROOT / 'README.md'] if p.exists()]
+  found += sorted((ROOT / 'docs').rglob('*.md'))
+  return [str(p.relative_to(ROOT)) for p in found]
+
+
+def normalise(text: str) -> str:
+  lines = [re.sub(r'[ \t]+', ' ', line).strip() for line in text.strip('\n').split('\n')]
+  return '\n'.join(line for line in lines if line)
+
+
+def _strip_comment(line: str) -> str:
+  """`line` without a shell comment (a `#` at a word's start, outside quotes)."""
+  quote = None
+  for i, ch in enumerate(line):
+    if quote:
+      if ch == quote:
+        quote = None
+    elif ch in '\'"':
+      quote = ch
+    elif ch == '#' and (i == 0 or line[i - 1] in ' \t'):
+      return line[:i].rstrip()
+  return line
+
+
+def shell_commands(text: str, first_line: int):
+  """(line, command) for each command of a shell block starting at page line `first_line`."""
+  out, current, start, depth = [], [], None, 0
+  for offset, raw in enumerate(text.split('\n')):
+    line = _strip_comment(raw.strip())
+    if line.startswith('$ '):
+      line = line[2:]
+    if not line:
+      continue
+    if start is None:
+      start = first_line + offset
+    cont = line.endswith('\\')
+    current.append(line[:-1] if cont else line)
+    first = re.match(r'[\w-]+', line)
+    first = first.group(0) if first else ''
+    depth += (first in ('for', 'while', 'until', 'if', 'case')) - (first in ('done', 'fi', 'esac'))
+    if not cont and depth <= 0:
+      compound = re.match(r'(for|while|until|if|case)\b', current[0])
+      out.append((start, normalise(('\n' if compound else ' ').join(current))))
+      current, start, depth = [], None, 0
+  if current:
+    out.append((start, normalise('\n'.join(current))))
+  return out
+
+
+def units(page: str):
+  """(line, kind, text) for each unit of `page`: kind is 'block' (a python or other non-shell
+  code block) or 'command'."""
+  return units_of_text((ROOT / page).read_text(encoding='utf-8'))
+
+
+def units_of_text(text: str):
+  lines = text.split('\n')
+  out, i = [], 0
+  while i < len(lines):
+    m = re.match(r'^(\s*)(```+|~~~+)\s*([\w+-]*)', lines[i])
+    if m:
+      fence, lang = m.group(2), m.group(3).lower()
+      j = i + 1
+      while j < len(lines) and not lines[j].strip().startswith(fence):
+        j += 1
+      body = '\n'.join(lines[i + 1:j])
+      if lang in OUTPUT_FENCES:
+        for k, line in enumerate(lines[i + 1:j]):
+          if line.strip().startswith('$ '):
+            out.append((i + 2 + k, 'command', normalise(line.strip()[2:])))
+      elif lang in _SHELL_FENCES:
+        out.extend((n, 'command', c) for n, c in shell_commands(body, i + 2))
+      else:
+        out.append((i + 1, 'block', normalise(body)))
+      i = j + 1
+      continue
+    for span in re.findall(r'(?<!`)`([^`\n]+)`(?!`)', lines[i]):
+      if _INLINE_COMMAND.match(span.strip()):
+        cmd = span.strip()
+        out.append((i + 1, 'command', normalise(cmd[2:] if cmd.startswith('$ ') else cmd)))
+    i += 1
+  return out
+
+
+def all_units():
+  return [(page, line, kind, text) for page in pages() for line, kind, text in units(page)]
+
+
+@functools.lru_cache(maxsize=None)
+def _tests_in(path: str):
+  """The test names in a test file: `test_x` and `Class::test_x`."""
+  tree = ast.parse((ROOT / path).read_text(encoding='utf-8'))
+  names = set()
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith('test'):
+      names.add(node.name)
+    if isinstance(node, ast.ClassDef):
+      names |= {f'{node.name}::{n.name}' for n in node.body
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.name.startswith('test')}
+  return names
+
+
+def node_exists(node: str) -> bool:
+  path, _, name = node.partition('::')
+  name = name.split('[')[0]
+  return (ROOT / path).is_file() and name in _tests_in(path)
+
+
+def doc_command(page: str, startswith: str) -> str:
+  """The one command of `page` that starts with `startswith` (normalised), as the page shows it."""
+  shown = [t for _, _, t in units(page)]
+  found = sorted({t for t in shown if t == normalise(startswith)}) or sorted(
+      {t for t in shown if t.startswith(normalise(startswith))})
+  assert len(found) == 1, f'{page}: {len(found)} commands start with {startswith!r}: {found}'
+  return found[0]
+
+
+def run_doc_command(command: str, tmp_path, *, timeout: int, env=None, copy=()):
+  """Runs `command` exactly as a page shows it, with bash, in a scratch directory that stands in
+  for the repository root: the repository's source folders are linked into it (so `configs/x.py`
+  and `python -m package.module` resolve as from the root), `python` is this venv's python, and
+  what the command writes (runs/, docs/ pages, /tmp paths it names) lands in the scratch copy or
+  where it names, never in the checkout. `copy`: paths copied rather than linked (a command that
+  writes into them, e.g. tests/ for a regenerated golden file)."""
+  work = pathlib.Path(tmp_path) / 'repo'
+  work.mkdir(exist_ok=True)
+  for name in ('benchmarks', 'cascade', 'configs', 'envs', 'launch', 'models', 'rl', 'tiny_world',
+               'tools', 'verifiers', 'notebooks', 'setup.py', 'Makefile', 'docs', *copy):
+    if (work / name).exists() or (work / name).is_symlink():
+      continue
+    if name in copy or name == 'docs':       # pages a command writes land in the copy
+      (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, work / name)
+    else:
+      (work / name).symlink_to(ROOT / name)
+  venv = pathlib.Path(sys.prefix)             # this venv: `python` and `.venv/bin/python`
+  if not (work / '.venv').exists():
+    (work / '.venv').symlink_to(venv)
+  run_env = dict(os.environ)
+  run_env['PATH'] = f'{venv / "bin"}{os.pathsep}{run_env["PATH"]}'
+  run_env['PYTHONPATH'] = str(work)
+  run_env.update(env or {})
+  return subprocess.run(['bash', '-euo', 'pipefail', '-c', command], cwd=work, env=run_env,
+                        capture_output=True, text=True, timeout=timeout, check=False)
+
+
+# The test that runs each unit, by its normalised text, for units a test elsewhere runs. Keep an
+# entry's text exactly as the page shows it (after normalise), so a changed page shows up as a
+# stale entry and a new unit. Commands this file runs itself are listed in _RUNS (below): the
+# page, the command's start, the test case; they count as registered.
+_RUN = 'tests/test_doc_commands.py::test_a_page_command_runs_as_shown'
+_HERE = 'tests/test_doc_commands.py::'
+REGISTRY = {
+    # docs/data.md
+    'python -m cascade.prepare --config=my_config.py --cache_dir=gs://bucket/cache':
+        _HERE + 'test_the_prepare_command_into_cloud_storage',
+    # docs/topology.md
+    "c.mesh = dict(shape=(2, 8, 8), slices=2) # data 2 = 1 per slice x 2 slices\n"
+    "c.hardware = dict(platform='tpu', topology='v5p:4x4x4', slices=2, device_memory_gib=95)":
+        _HERE + 'test_the_topology_page_multi_slice_config_block',
+    'python -m launch.plan --config=configs/tiny.py --config.mesh.shape=2,2,2 '
+    '--config.mesh.slices=2 "--config.hardware={\'platform\': \'tpu\', \'topology\': '
+    '\'v5p:2x2x1\', \'slices\': 2, \'device_memory_gib\': 95}" --stages=sft --nosampler --noeval':
+        'tests/launch/test_plan_slices.py::test_doc_command_compiles_two_tpu_slices',
+    # docs/engine.md, docs/sandbox.md, docs/config.md: config lines and files
+    "c.sampler = dict(engine='paged', slots=64, page_size=16, pages=None, chunk_steps=32)":
+        _HERE + 'test_the_config_blocks_validate[engine]',
+    "c.domains.code = dict(verifier='code', verifier_options=dict(isolation='none'),\n"
+    "train='code_train', eval='code_eval')": _HERE + 'test_the_config_blocks_validate[sandbox]',
+}
+_CONFIG_MD_BLOCK = 'import ml_collections\ndef get_config(arg=None):\nc = ml_collections.ConfigDict()'
+
+# Families: (regular expression over the normalised text, test, why one test covers them all).
+PATTERNS = [
+    (r'python -m cascade\.main( \.\.\.)?', 'tests/cascade/test_tiny_demo.py::test_tiny_cascade_smoke',
+     'the module named in prose (no arguments, or `...`): the entry point the smoke test runs'),
+    (r'python -m cascade\.main --config=(\.\.\.|configs/x\.py\[:arg\]) --workdir=(\.\.\.|DIR)',
+     'tests/cascade/test_tiny_demo.py::test_tiny_cascade_smoke',
+     'the command\'s form with placeholders; the smoke test runs a member of it'),
+    (r'make mutation MUTATE=<file> MUTATION_TESTS=<tests>', _RUN + '[mutation-engine]',
+     'the form with placeholders; the page\'s concrete example of it is run'),
+    (r'launch/tpu_vm\.sh create NAME ZONE v5p-128',
+     'tests/launch/test_tpu_vm.py::test_create_install_run_delete',
+     'NAME and ZONE are placeholders: the test runs `create tpu1 us-east5-a v5p-128` against a '
+     'fake gcloud that records the calls'),
+]
+
+# Commands CI runs (.ci/run, which test_ci_runs_them checks shows each one verbatim).
+CI = ('make test', 'make test-heavy')
+
+# Blocks on other engineers' pages that are output or a listing but are not yet fenced ```text:
+# (page, the block's first line) -> what it is. Each is a request to refence the page; the entry
+# goes stale (and fails) once the page is fixed.
+UNMARKED_OUTPUT = {
+    ('docs/layout.md', 'cascade/ the cascade: runner.py'): 'a directory listing',
+    ('docs/benchmarks/context_parallel.md', 'context parallelism (blockwise attention'): 'the table benchmarks/long_context.py printed (it writes ```text '
+     'now; the page predates that)',
+    ('docs/benchmarks/context_parallel.md', '{"flops_rate": 33712748120.605675'):
+        'the JSON line benchmarks/long_context.py printed',
+}
+
+_NEAREST_RELEASED = 'tests/cascade/test_released.py::test_released_paths_are_under_the_download_directories'
+_NEAREST_PAPER = ('tests/cascade/test_released.py::'
+                  'test_every_stage_of_the_paper_configs_reads_the_released_files')
+# Commands no test runs, each with why and the test that runs the nearest thing. Keep it short:
+# each is a debt the report names.
+NOT_RUN = {
+    'make test-all': ('every test including `slow` (hours) and this one: running it from a test '
+                      'recurses', _HERE + 'test_the_make_targets_the_docs_name'),
+    'pip install "jax[tpu]"': ('network install of libtpu', 'tests/launch/test_xm_launch.py::'
+                               'test_the_image_installs_cascade_with_its_tpu_extra_and_runs_cascade_main'),
+    "pip install -e '.[gcs]'": ('network install', 'tests/cascade/test_gcs.py::'
+                                'test_smoke_cascade_on_gcs_killed_and_resumed_matches_local'),
+    "pip install -e '.[cuda]'": ('network install of the CUDA wheels, for a GPU host',
+                                 'tests/cascade/test_device_check.py::test_check_runs_on_a_mesh_and_reports'),
+    'pip install -e .[xm]': ('network install', 'tests/launch/test_xm_launch.py::'
+                             'test_the_command_lines_overrides_reach_every_job_and_its_machine'),
+    ".venv/bin/pip install -e '.[bench]'": ('network install (TRL)', _RUN + '[grpo-step-trl]'),
+    'sudo apt-get install bubblewrap': ('a system install as root (network)',
+                                        'tests/test_notebook_install.py::'
+                                        'test_as_root_with_apt_get_the_cell_installs_bubblewrap'),
+    'xmanager launch launch/xm_launch.py -- --config=configs/nemotron_cascade_14b.py '
+    '--executor=vertex --workdir_root=gs://bucket/runs': (
+        'submits jobs to Vertex AI (a Google Cloud project, network)',
+        'tests/launch/test_xm_launch.py::test_the_command_lines_overrides_reach_every_job_and_its_machine'),
+    'python -m cascade.main --config=configs/nemotron_cascade_14b.py:data_root=gs://bucket/nemotron '
+    '--workdir=gs://bucket/runs/c14b': ('trains the 14B recipe on a TPU slice from a real bucket',
+                                        'tests/cascade/test_gcs.py::test_smoke_cascade_on_gcs_killed_and_resumed_matches_local'),
+    'huggingface-cli download': ('downloads the released datasets (network)', _NEAREST_RELEASED),
+    'DATA=/data/nemotron': ('a step of the released-data download block (below)', _NEAREST_RELEASED),
+    'for name in Nemotron-Cascade-SFT-Stage-1 Nemotron-Cascade-SFT-Stage-2 Nemotron-Cascade-SFT-SWE\n'
+    'Nemotron-Cascade-RL-RLHF Nemotron-Cascade-RL-Instruction-Following\n'
+    'Nemotron-Cascade-RL-Math Nemotron-Cascade-RL-SWE; do\n'
+    'huggingface-cli download nvidia/$name --repo-type dataset --local-dir $DATA/$name\ndone':
+        ('downloads NVIDIA\'s released datasets (hundreds of GB, network)', _NEAREST_RELEASED),
+    'python -m cascade.main --config=configs/nemotron_cascade_14b.py:data_root=$DATA '
+    '--workdir=$WORKDIR': ('trains the 14B recipe on a TPU slice', _NEAREST_PAPER),
+    'DATA2=/data/nemotron2': ('a step of the released-data download block (below)',
+                              _NEAREST_RELEASED),
+    'for name in Nemotron-Cascade-2-SFT-Data Nemotron-Cascade-2-RL-data; do\n'
+    'huggingface-cli download nvidia/$name --repo-type dataset --local-dir $DATA2/$name\ndone':
+        ('downloads NVIDIA\'s released datasets (network)', _NEAREST_RELEASED),
+    'python -m cascade.main --config=configs/nemotron_cascade2.py:data_root=$DATA2 '
+    '--workdir=$WORKDIR': ('trains the 30B Cascade 2 recipe on a TPU slice', _NEAREST_PAPER),
+}
+
+
+def _run_units():
+  """text -> case id for each command a case of _RUNS runs (on its page, or shown elsewhere)."""
+  out = {}
+  for case in _RUNS:
+    page, prefixes = case.values[0], case.values[1]
+    for prefix in prefixes:
+      try:
+        out[doc_command(page, prefix)] = case.id
+      except AssertionError:
+        pass                    # reported by test_no_entry_is_stale
+  return out
+
+
+def _unmarked_start(page, first_line):
+  """Whether a block of `page` whose first line is `first_line` is listed in UNMARKED_OUTPUT."""
+  return any(p == page and normalise(first_line).startswith(start)
+             for p, start in UNMARKED_OUTPUT)
+
+
+def _covering(page, text, runs):
+  if text in REGISTRY:
+    return REGISTRY[text]
+  if text in runs:
+    return f'{_RUN}[{runs[text]}]'
+  if page == 'docs/config.md' and text.startswith(_CONFIG_MD_BLOCK):
+    return _HERE + 'test_the_config_blocks_validate[config]'
+  if text in CI or text in NOT_RUN:
+    return text
+  for pattern, node, _ in PATTERNS:
+    if re.fullmatch(pattern, text, flags=re.S):
+      return node
+  return None
+
+
+def _output_lines(page):
+  """The lines of `page`'s unmarked output blocks (UNMARKED_OUTPUT), each as extracted."""
+  lines, text = set(), (ROOT / page).read_text(encoding='utf-8').split('\n')
+  for i, line in enumerate(text):
+    if line.startswith('```') and i + 1 < len(text) and _unmarked_start(page, text[i + 1]):
+      j = i + 1
+      while j < len(text) and not text[j].startswith('```'):
+        lines.add(normalise(text[j]))
+        j += 1
+  return lines
+
+
+def test_every_command_and_code_block_is_run_by_a_test():
+  runs = _run_units()
+  output = {page: _output_lines(page) for page in {p for p, _ in UNMARKED_OUTPUT}
+            if (ROOT / page).exists()}
+  missing = [f'{page}:{line}: {text!r}' for page, line, _, text in all_units()
+             if _covering(page, text, runs) is None and text not in output.get(page, ())]
+  assert not missing, ('commands and code blocks no test runs (add each to REGISTRY or _RUNS in '
+                       'tests/test_doc_commands.py with the test that runs it, or fence an output '
+                       'sample ```text):\n' + '\n'.join(missing))
+
+
+def test_every_registered_test_exists():
+  nodes = (list(REGISTRY.values()) + [node for _, node, _ in PATTERNS]
+           + [node for _, node in NOT_RUN.values()])
+  missing = sorted({n for n in nodes if not node_exists(n)})
+  assert not missing, f'tests/test_doc_commands.py names tests that do not exist: {missing}'
+  ids = {case.id for case in _RUNS}
+  unknown = sorted({n for n in nodes if n.startswith(_RUN + '[') and n[len(_RUN) + 1:-1] not in ids})
+  assert not unknown, f'no such case of {_RUN}: {unknown}'
+  assert len(ids) == len(_RUNS), 'two cases of _RUNS share an id'
+
+
+def test_no_entry_is_stale():
+  shown = {text for _, _, _, text in all_units()}
+  stale = [text for text in (*REGISTRY, *CI, *NOT_RUN) if text not in shown]
+  stale += [pattern for pattern, _, _ in PATTERNS
+            if not any(re.fullmatch(pattern, t, flags=re.S) for t in shown)]
+  for case in _RUNS:
+    for prefix in case.values[1]:
+      try:
+        doc_command(case.values[0], prefix)
+      except (AssertionError, FileNotFoundError) as e:
+        stale.append(f'{case.id}: {e}')
+  for page, first in UNMARKED_OUTPUT:
+    lines = (ROOT / page).read_text(encoding='utf-8').split('\n') if (ROOT / page).exists() else []
+    if not any(l.strip() == '```' and i + 1 < len(lines)
+               and normalise(lines[i + 1]).startswith(first) for i, l in enumerate(lines)):
+      stale.append(f'UNMARKED_OUTPUT {page}: {first[:60]!r} (marked or gone: drop the entry)')
+  assert not stale, 'entries no page shows any more:\n' + '\n'.join(map(str, stale))
+
+
+def test_ci_runs_them():
+  """CI's script runs each command of CI, as its own line."""
+  lines = {line.strip() for line in (ROOT / '.ci' / 'run').read_text().splitlines()}
+  assert set(CI) <= lines, set(CI) - lines
+
+
+def test_the_extraction():
+  """A shell block's continued lines are one command, a loop is one, comments go; an output
+  block yields only its `$ ` lines; inline command spans are found, other spans are not."""
+  page = (
+      'Run `make demo` or see `configs/tiny.py`.\n'
+      '```bash\n'
+      '# a comment\n'
+      'A=1   # set\n'
+      'python -m x \\\n'
+      '    --flag="a # b"\n'
+      'for n in a b; do\n'
+      '  echo $n\n'
+      'done\n'
+      '```\n'
+      '```text\n'
+      '$ make test\n'
+      'table 1 2\n'
+      '```\n'
+      '```python\n'
+      'c.mesh = dict(shape=(2,))\n'
+      '```\n')
+  assert units_of_text(page) == [
+      (1, 'command', 'make demo'), (4, 'command', 'A=1'),
+      (5, 'command', 'python -m x --flag="a # b"'),
+      (7, 'command', 'for n in a b; do\necho $n\ndone'),
+      (12, 'command', 'make test'), (15, 'block', 'c.mesh = dict(shape=(2,))')]
+
+
+def _page_like(written: pathlib.Path, page: str):
+  """`written` is `page` as its script writes it: the same title and the same `## ` headings."""
+  assert written.exists(), f'{written} was not written'
+  new, old = written.read_text(encoding='utf-8'), (ROOT / page).read_text(encoding='utf-8')
+  heads = lambda t: [l for l in t.splitlines() if l.startswith('## ')]
+  assert new.splitlines()[0] == old.splitlines()[0], (new[:300], old[:300])
+  assert heads(new) == heads(old), (heads(new), heads(old))
+
+
+def _check_prepare(proc, work):
+  assert 'prepared 7 stage(s)' in proc.stdout, proc.stdout[-2000:]
+  cached = {p.name.rsplit('-', 1)[0] for p in (work / 'runs/tiny/data_cache').iterdir()
+            if p.is_dir() and '-' in p.name}
+  assert cached == {'code_rl', 'if_rl', 'math_rl', 'rlhf', 'sft', 'swe_rl'}, cached
+
+
+def _check_data_benchmark(proc, work):
+  del proc
+  text = (work / 'docs/data_benchmark.md').read_text()
+  assert '- command: `.venv/bin/python -m benchmarks.data --rows=1000000' in text, text[:500]
+
+
+def _check_data_benchmark_full(proc, work):
+  del proc, work
+  assert '- command: `' in pathlib.Path('/tmp/full_length.md').read_text()
+
+
+def _check_verifiers(proc, work):
+  del work
+  res = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert res['code_samples_per_s'] > 0 and res['humaneval_sandbox_s'] > 0, res
+
+
+def _check_verifiers_page(proc, work):
+  _check_verifiers(proc, work)
+  _page_like(work / 'docs/benchmarks/verifiers.md', 'docs/benchmarks/verifiers.md')
+
+
+def _check_hybrid(proc, work):
+  del work
+  res = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert res['sublayers'] == 52 and res['bodies'] < res['sublayers'], res
+
+
+def _check_step_time(proc, work):
+  """The bounds are counted from the configs, not measured: the table rows equal the page's."""
+  del proc
+  rows = lambda t: [l for l in t.splitlines() if l.startswith('|')]
+  page = 'docs/plans/step_time_model.md'
+  assert rows((work / page).read_text()) == rows((ROOT / page).read_text())
+
+
+def _check_golden(proc, work):
+  del proc
+  for path in sorted((ROOT / 'tests/cascade/golden').glob('*.json')):
+    assert (work / 'tests/cascade/golden' / path.name).read_text() == path.read_text(), path.name
+
+
+def _check_tiny_judge(proc, work):
+  del proc, work
+  for run in ('m_generative', 'm_bt'):
+    res = json.loads(pathlib.Path('/tmp/jw', run, 'results.json').read_text())
+    assert res['stages'] == ['sft', 'rlhf'], res['stages']
+
+
+def _writes(page):
+  return lambda proc, work: _page_like(work / page, page)
+
+
+def _needs(path, why):
+  return lambda: None if os.path.exists(path) else pytest.skip(f'{why}: {path} is missing')
+
+
+def _tiny_judge_fresh():
+  if os.path.exists('/tmp/jw'):
+    pytest.skip('/tmp/jw exists (an earlier run of the page\'s commands): remove it to rerun them')
+
+
+def _case(case_id, page, prefixes, timeout, check, *, mark=None, pre=None, copy=(), root=False,
+          before=None):
+  """A case of test_a_page_command_runs_as_shown: `prefixes` pick the page's commands (run in
+  order), `pre` skips where a prerequisite is missing ('gcs': the Cloud Storage emulator),
+  `before` a command (of the same page's story, e.g. the run a fork copies from) run first."""
+  marks = [mark] if mark else []
+  return pytest.param(page, prefixes, timeout, check, pre, copy, root, before, id=case_id,
+                      marks=marks)
+
+
+_HEAVY, _SLOW = pytest.mark.heavy, pytest.mark.slow
+_OK = lambda proc, work: None          # the command's exit status is the check
+_BWRAP = lambda: None if shutil.which('bwrap') else pytest.skip('no bubblewrap')
+_RUNS = [
+    # docs/data.md, docs/data_benchmark.md
+    _case('data-tiny-prepare', 'docs/data.md', ['python -m cascade.prepare --config=configs/tiny'],
+          600, _check_prepare, mark=_HEAVY),
+    _case('data-benchmark', 'docs/data_benchmark.md',
+          ['.venv/bin/python -m benchmarks.data --rows=1000000'], 4 * 3600,
+          _check_data_benchmark, mark=_SLOW),
+    _case('data-benchmark-full', 'docs/data_benchmark.md',
+          ['.venv/bin/python -m benchmarks.data --rows=4000'], 3 * 3600,
+          _check_data_benchmark_full, mark=_SLOW),
+    _case('data-open-hosts', 'docs/data_benchmark.md',
+          ['.venv/bin/python -m benchmarks.data --open_hosts=1,2'], 4 * 3600, _OK, mark=_SLOW),
+    # docs/ifbench_agreement.md, docs/model_families.md, docs/plans/, docs/tiny_generative_rm.md
+    _case('ifbench-agreement', 'docs/ifbench_agreement.md',
+          ['python -m benchmarks.ifbench_agreement'], 4 * 3600,
+          _writes('docs/ifbench_agreement.md'), mark=_SLOW,
+          pre=_needs('/tmp/ifbench_ref/bin/python', 'the reference checkers\' venv '
+                     '(benchmarks/ifbench_agreement.py\'s docstring makes it)')),
+    _case('hybrid-compile', 'docs/model_families.md', ['.venv/bin/python -m benchmarks.hybrid'],
+          3 * 3600, _check_hybrid, mark=_SLOW),
+    _case('plan-cascade2', 'docs/plans/nemotron_cascade2_v5p.md', ['python -m launch.plan'],
+          4 * 3600, _writes('docs/plans/nemotron_cascade2_v5p.md'), mark=_SLOW),
+    _case('step-time-page', 'docs/plans/step_time_model.md', ['python -m launch.step_time_page'],
+          2 * 3600, _check_step_time, mark=_SLOW),
+    _case('tiny-judge', 'docs/tiny_generative_rm.md',
+          ['.venv/bin/python -m tiny_world.build', 'env -u XLA_FLAGS JAX_PLATFORMS=cpu '
+           '.venv/bin/python -m cascade.main --config=configs/tiny.py:rm=generative',
+           'env -u XLA_FLAGS JAX_PLATFORMS=cpu .venv/bin/python -m cascade.main '
+           '--config=configs/tiny.py:rm=bt'], 6 * 3600, _check_tiny_judge, mark=_SLOW,
+          pre=_tiny_judge_fresh),
+    # docs/benchmarks/, docs/benchmarks.md
+    _case('verifiers-page', 'docs/benchmarks/verifiers.md', ['python -m benchmarks.verifiers'],
+          900, _check_verifiers_page, mark=_HEAVY, pre=_BWRAP),
+    _case('context-parallel', 'docs/benchmarks/context_parallel.md',
+          ['XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m benchmarks.long_context'],
+          3 * 3600, _writes('docs/benchmarks/context_parallel.md'), mark=_SLOW),
+    _case('long-context-tests', 'docs/benchmarks.md',
+          ['pytest -m slow tests/benchmarks/test_long_context.py'], 3600, _OK, mark=_SLOW,
+          copy=('tests', 'pytest.ini')),
+    _case('long-context', 'docs/benchmarks.md', ['.venv/bin/python -m benchmarks.long_context'],
+          3 * 3600, _OK, mark=_SLOW),
+    _case('sampler-greedy', 'docs/benchmarks.md',
+          ['.venv/bin/python -m benchmarks.sampler --compare_hf --compare_scan --mode=greedy '
+           '--scaling= --repeats=9'], 3 * 3600, _OK, mark=_SLOW),
+    _case('sampler-sample', 'docs/benchmarks.md',
+          ['.venv/bin/python -m benchmarks.sampler --compare_hf --compare_scan --mode=sample'],
+          3 * 3600, _OK, mark=_SLOW),
+    _case('sampler-wide', 'docs/benchmarks.md',
+          ['.venv/bin/python -m benchmarks.sampler --compare_hf --compare_scan --mode=greedy '
+           '--scaling= --repeats=7'], 3 * 3600, _OK, mark=_SLOW),
+    _case('grpo-step-trl', 'docs/benchmarks.md', ['.venv/bin/python -m benchmarks.grpo_step'],
+          3 * 3600, _OK, mark=_SLOW,
+          pre=lambda: pytest.importorskip('trl', reason='the bench extra (TRL)')),
+    _case('verifiers-all', 'docs/benchmarks.md', ['.venv/bin/python -m benchmarks.verifiers'],
+          3600, _check_verifiers, mark=_SLOW, pre=_BWRAP),
+    _case('cvb-seeds', 'docs/benchmarks.md',
+          ['.venv/bin/python -m benchmarks.cascade_vs_blended --seeds=0,1,2'], 6 * 3600, _OK,
+          mark=_SLOW),
+    _case('cvb-hetero', 'docs/benchmarks.md',
+          ['.venv/bin/python -m benchmarks.cascade_vs_blended --config_arg=world=hetero'],
+          6 * 3600, _OK, mark=_SLOW),
+    _case('cvb-ablation', 'docs/benchmarks.md',
+          ['.venv/bin/python -m benchmarks.cascade_vs_blended --compare=tiny,tiny:drop=rlhf'],
+          6 * 3600, _OK, mark=_SLOW),
+    _case('sampler-turns', 'docs/benchmarks.md',
+          ['.venv/bin/python -m benchmarks.sampler --workload=turns'], 3600, _OK, mark=_SLOW),
+    _case('plan-14b', 'docs/benchmarks.md', ['python -m launch.plan'], 4 * 3600, _OK, mark=_SLOW),
+    # docs/engine.md
+    _case('sampler-longtail', 'docs/engine.md',
+          ['.venv/bin/python -m benchmarks.sampler --workload=longtail'], 3600, _OK, mark=_SLOW),
+    _case('sampler-turns-session', 'docs/engine.md',
+          ['.venv/bin/python -m benchmarks.sampler --workload=turns'], 3600, _OK, mark=_SLOW),
+    _case('grpo-step-longtail', 'docs/engine.md', ['.venv/bin/python -m benchmarks.grpo_step'],
+          3600, _OK, mark=_SLOW),
+    _case('stream-filter', 'docs/engine.md', ['.venv/bin/python -m benchmarks.stream_filter'],
+          3600, _OK, mark=_SLOW),
+    _case('stream-filter-20ms', 'docs/engine.md',
+          ['.venv/bin/python -m benchmarks.stream_filter --score_ms=20'], 3600, _OK, mark=_SLOW),
+    # docs/planning.md
+    _case('plan-14b-all', 'docs/planning.md',
+          ['python -m launch.plan --config=configs/nemotron_cascade_14b.py'], 4 * 3600, _OK,
+          mark=_SLOW),
+    _case('plan-14b-math', 'docs/planning.md',
+          ['python -m launch.plan --config=configs/nemotron_cascade_14b.py --stages=math_rl'],
+          3 * 3600, _OK, mark=_SLOW),
+    _case('plan-14b-h200', 'docs/planning.md',
+          ['python -m launch.plan --config=configs/nemotron_cascade_14b.py:hardware=h200x8'],
+          4 * 3600, _OK, mark=_SLOW),
+    # docs/science.md
+    _case('cvb', 'docs/science.md', ['.venv/bin/python -m benchmarks.cascade_vs_blended'],
+          6 * 3600, _OK, mark=_SLOW),
+    _case('cvb-hetero-science', 'docs/science.md',
+          ['.venv/bin/python -m benchmarks.cascade_vs_blended --config_arg=world=hetero,'
+           'eval_every=10 --workdir_root=runs/cvb_hetero'], 6 * 3600, _OK, mark=_SLOW),
+    _case('cvb-drop-rlhf', 'docs/science.md',
+          ['.venv/bin/python -m benchmarks.cascade_vs_blended --config_arg=world=hetero,'
+           'eval_every=10 --workdir_root=runs/cvb_hetero --compare=tiny,tiny:drop=rlhf'],
+          6 * 3600, _OK, mark=_SLOW),
+    _case('cvb-order', 'docs/science.md',
+          ['.venv/bin/python -m benchmarks.cascade_vs_blended --config_arg=world=hetero,'
+           'eval_every=10 --workdir_root=runs/cvb_hetero --compare=tiny,tiny:order=cascade2'],
+          6 * 3600, _OK, mark=_SLOW),
+    _case('cvb-mopd', 'docs/science.md',
+          ['.venv/bin/python -m benchmarks.cascade_vs_blended --config_arg=world=hetero,'
+           'eval_every=10 --workdir_root=runs/cvb_hetero --compare=tiny_mopd'], 6 * 3600, _OK,
+          mark=_SLOW),
+    _case('tiny-agentic', 'docs/science.md',
+          ['python -m cascade.main --config=configs/tiny_agentic.py'], 3 * 3600, _OK, mark=_SLOW),
+    _case('tiny-hybrid', 'docs/science.md',
+          ['python -m cascade.main --config=configs/tiny.py:model=hybrid'], 3 * 3600, _OK,
+          mark=_SLOW),
+    # docs/sandbox.md, docs/config.md
+    _case('make-demo', 'docs/sandbox.md', ['make demo'], 3 * 3600, _OK, mark=_SLOW),
+    _case('compile-cache-gs', 'docs/config.md',
+          ['python -m cascade.main --config=configs/tiny.py:smoke --workdir=runs/smoke'], 3600,
+          _OK, mark=_SLOW, pre='gcs'),
+    _case('fork-from', 'docs/config.md',
+          ['python -m cascade.main --config=configs/tiny.py:drop=rlhf'], 3 * 3600, _OK,
+          mark=_SLOW, before='python -m cascade.main --config=configs/tiny.py --workdir=runs/tiny'),
+    # docs/at_scale.md
+    _case('gcs-slow', 'docs/at_scale.md', ['python -m pytest -m slow tests/cascade/test_gcs.py'],
+          3600, _OK, mark=_SLOW, copy=('tests', 'pytest.ini')),
+    _case('device-check', 'docs/at_scale.md', ['python -m cascade.device_check'], 900, _OK,
+          mark=_HEAVY),
+    _case('sweep', 'docs/at_scale.md', ['python -m launch.sweep --config=configs/tiny.py'],
+          12 * 3600, _OK, mark=_SLOW),
+    _case('sweep-tests', 'docs/at_scale.md', ['pytest -m slow tests/launch/test_sweep.py'], 3600,
+          _OK, mark=_SLOW, copy=('tests', 'pytest.ini')),
+    _case('reward-hosts', 'docs/at_scale.md',
+          ['pytest -m multiprocess tests/cascade/test_reward_hosts.py'], 3600, _OK, mark=_SLOW,
+          copy=('tests', 'pytest.ini')),
+    # docs/what_a_run_survives.md, docs/testing.md
+    _case('verifiers-code', 'docs/what_a_run_survives.md',
+          ['python -m benchmarks.verifiers --domains=code'], 900, _check_verifiers, mark=_HEAVY,
+          pre=_BWRAP),
+    _case('mutation-engine', 'docs/testing.md', ['make mutation MUTATE=rl/engine.py'],
+          12 * 3600, _OK, mark=_SLOW, root=True,
+          pre=_needs(str(ROOT / '.venv/.stamp-mutation'), 'the mutation extra (`make mutation` '
+                     'installs it once, from the network)')),
+    _case('regen-golden', 'docs/testing.md', ['CASCADE_REGEN_GOLDEN=1'], 3600, _check_golden,
+          mark=_SLOW, copy=('tests', 'pytest.ini')),
+    _case('tpu-notebook', 'docs/testing.md',
+          ['.venv/bin/python -m pytest -q -m heavy tests/test_tpu_notebook.py'], 1800, _OK,
+          mark=_SLOW, copy=('tests', 'pytest.ini')),
+]
+
+
+@pytest.mark.parametrize('page,prefixes,timeout,check,pre,copy,root,before', _RUNS)
+def test_a_page_command_runs_as_shown(page, prefixes, timeout, check, pre, copy, root, before,
+                                      request, tmp_path):
+  """Runs the page's command(s), taken from the page, exactly as shown (`run_doc_command`; a
+  `make` target that copies the checkout runs in the checkout), then checks what it wrote."""
+  env = None
+  if pre == 'gcs':
+    env = request.getfixturevalue('gcs').env
+  elif pre:
+    pre()
+  work = tmp_path / 'repo'
+  commands = [doc_command(page, prefix) for prefix in prefixes]
+  if before:
+    proc = run_doc_command(before, tmp_path, timeout=timeout)
+    assert proc.returncode == 0, f'{before}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}'
+  for command in commands:
+    if root:
+      proc = subprocess.run(['bash', '-euo', 'pipefail', '-c', command], cwd=ROOT,
+                            capture_output=True, text=True, timeout=timeout, check=False)
+    else:
+      proc = run_doc_command(command, tmp_path, timeout=timeout, copy=copy, env=env)
+    assert proc.returncode == 0, f'{page}: {command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}'
+  check(proc, work)
+
+
+@pytest.mark.heavy
+def test_the_prepare_command_into_cloud_storage(gcs, tmp_path):
+  """docs/data.md's `--cache_dir=gs://bucket/cache` form, with `my_config.py` a small config of
+  the data benchmark's world, against the local Cloud Storage emulator (bucket 'bucket'); then
+  the run side: the config with `data_cache=gs://bucket/cache` finds every stage prepared."""
+  command = doc_command('docs/data.md', 'python -m cascade.prepare --config=my_config.py')
+  from benchmarks import data as data_bench  # pylint: disable=g-import-not-at-top
+  data = tmp_path / 'data'
+  data_bench.generate(str(data), rows=3000, rl_rows=500, scale=0.05)
+  work = tmp_path / 'repo'
+  work.mkdir()
+  (work / 'my_config.py').write_text(
+      'from benchmarks import data\n\n\ndef get_config():\n'
+      f'  return data.config({str(data)!r}, "")\n')
+  proc = run_doc_command(command, tmp_path, timeout=600, env=gcs.env)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "stages[0] 'sft': prepared 3000 rows" in proc.stdout, proc.stdout
+  again = run_doc_command(command, tmp_path, timeout=600, env=gcs.env)
+  assert "stages[0] 'sft': data from the prepared cache" in again.stdout, again.stdout
+  from models import paths  # pylint: disable=g-import-not-at-top
+  names = sorted(p.name.split('-')[0] for p in paths.path('gs://bucket/cache').iterdir())
+  assert names == ['math_rl', 'sft'], names
+
+
+def test_the_topology_page_multi_slice_config_block():
+  """docs/topology.md's two lines on a config: it validates, spans 2 slices, and the mesh has
+  one device per chip of two v5p:4x4x4 slices (64 chips each)."""
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  from launch import plan  # pylint: disable=g-import-not-at-top
+  [block] = [t for _, kind, t in units('docs/topology.md') if kind == 'block'
+             and t.startswith('c.mesh = dict(shape=(2, 8, 8)')]
+  spec = importlib.util.spec_from_file_location('tiny_cfg', ROOT / 'configs' / 'tiny.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  exec(block, {'c': c})  # pylint: disable=exec-used
+  p = config_lib.validate(c)
+  assert plan.mesh_slices(p) == 2 and plan.mesh_shape(p) == (2, 8, 8)
+  assert math.prod(plan.mesh_shape(p)) == 4 * 4 * 4 * 2
+  c.mesh.slices = 4
+  with pytest.raises(ValueError, match='slices'):
+    plan.mesh_slices(config_lib.validate(c))
+
+
+def test_the_make_targets_the_docs_name():
+  """`make -n` of the targets the pages name: test and test-heavy run pytest on the default and
+  heavy tiers, test-all with every marker (-m ""): the tier each page says they run."""
+  def recipe(target):
+    out = subprocess.run(['make', '-n', '-W', 'setup.py', target], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    return [l for l in out.splitlines() if ' -m pytest' in l]
+  assert recipe('test') == ['.venv/bin/python -m pytest -q -n 2 --dist loadfile']
+  assert recipe('test-heavy') == ['.venv/bin/python -m pytest -q -n 2 --dist loadfile -m heavy']
+  assert recipe('test-all') == ['.venv/bin/python -m pytest -q -m ""']
+
+
+@pytest.mark.parametrize('which', ['engine', 'sandbox', 'config'])
+def test_the_config_blocks_validate(which):
+  """The config lines docs/engine.md and docs/sandbox.md show, on configs/tiny.py, and the whole
+  config file docs/config.md shows: each validates, with the values it set."""
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  page = {'engine': 'docs/engine.md', 'sandbox': 'docs/sandbox.md', 'config': 'docs/config.md'}
+  start = {'engine': "c.sampler = dict(engine='paged'", 'sandbox': 'c.domains.code = dict(',
+           'config': _CONFIG_MD_BLOCK}[which]
+  [block] = [t for _, kind, t in units(page[which]) if kind == 'block' and t.startswith(start)]
+  if which == 'config':
+    # Lines were stripped by normalise: the page's own text (indentation kept) is executed.
+    text = (ROOT / page[which]).read_text(encoding='utf-8')
+    body = text[text.index('```python\nimport ml_collections') + len('```python\n'):]
+    scope = {}
+    exec(body[:body.index('```')], scope)  # pylint: disable=exec-used
+    plan = config_lib.validate(scope['get_config']())
+    assert [s.name for s in plan.stages] == ['sft', 'math_rl', 'code_rl']
+    assert plan.datasets['math_eval'].tfds_name == 'gsm8k'
+    return
+  spec = importlib.util.spec_from_file_location('tiny_cfg', ROOT / 'configs' / 'tiny.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config()
+  exec(block, {'c': c})  # pylint: disable=exec-used
+  plan = config_lib.validate(c)
+  if which == 'engine':
+    assert plan.sampler.engine == 'paged' and plan.sampler.slots == 64
+  else:
+    assert plan.domains['code'].verifier_options['isolation'] == 'none'
