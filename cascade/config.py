@@ -1,6 +1,6 @@
 """The cascade's config: one typed section per concern, and `validate`, done once at the door.
 
-A config is an `ml_collections.ConfigDict` (see README, "Config format"):
+A config is an `ml_collections.ConfigDict` (see docs/config.md):
 
   config.seed, config.model, config.tokenizer, config.mesh, config.sampler,
   config.ckpt, config.eval, config.datasets, config.domains,

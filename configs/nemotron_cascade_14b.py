@@ -7,7 +7,7 @@ is uncertain there or not published at all (then it is our choice).
 
     # check that every stage compiles and fits a v5p chip (no TPU needed):
     python -m launch.plan --config=configs/nemotron_cascade_14b.py
-    # run it on a v5p-128 slice (see launch/tpu_vm.sh and README, "At scale"):
+    # run it on a v5p-128 slice (see launch/tpu_vm.sh and docs/at_scale.md):
     python -m cascade.main --config=configs/nemotron_cascade_14b.py:data_root=gs://b/nemotron \
         --workdir=gs://b/runs/cascade14b
 

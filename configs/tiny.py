@@ -21,24 +21,9 @@ model RLHF trained on).
 Arguments: see configs/_tiny_common.py (`smoke`, `seed=N`, `world=hetero`, `rm=generative`,
 `eval_every=N`, `drop=STAGE+STAGE`, `order=cascade2`, `root=DIR`).
 
-Measured (seed 0): 8 min 17 s for `make demo` in a fresh clone on 2 idle
-cores in an earlier session (SFT 160 s, reward model 35 s, RL stages 25-60 s
-each, ~15 s per evaluation row, the rest compiling, checkpoints and HF
-exports); 14 min 50 s on a slower host, venv creation included. It prints
-
-  stage    chat          code          IF            math          swe
-  sft      36.9          40.0          35.0          33.0          37.6
-  rlhf     74.6 (+37.7)  41.5 (+1.5)   31.0 (-4.0)   33.5 (+0.5)   39.2 (+1.6)
-  if_rl    74.1 (-0.6)   42.2 (+0.8)   56.0 (+25.0)  36.0 (+2.5)   38.5 (-0.7)
-  math_rl  74.2 (+0.2)   41.8 (-0.5)   55.8 (-0.2)   76.0 (+40.0)  39.0 (+0.5)
-  code_rl  73.6 (-0.6)   71.5 (+29.8)  54.0 (-1.8)   77.0 (+1.0)   39.1 (+0.1)
-  swe_rl   73.8 (+0.2)   71.2 (-0.2)   54.2 (+0.2)   76.8 (-0.2)   65.5 (+26.5)
-
-(XLA:CPU's kernels depend on the CPU, and float reorderings move sampled
-tokens, so another machine or version prints a nearby table; README lists
-the earlier ones.)
-
-Other seeds: README (benchmarks/cascade_vs_blended.py).
+What it prints (seed 0), its time, and why another machine or version prints a nearby
+table: README, Quickstart; other seeds, the blended baseline and the ablations:
+docs/science.md (benchmarks/cascade_vs_blended.py).
 
 `rm=generative` scores RLHF with a generative reward model instead: a judge
 stage (300 SFT steps from the SFT policy on the world's verdict records) whose

@@ -11,7 +11,7 @@ and every `eval.eval_every` steps inside a stage (off here; e.g.
 `--config.eval.eval_every=5`). The stages reuse configs/tiny.py's settings (model, world, lengths,
 prompts x G, the per-domain learning rates); the scale-sized recipe is
 configs/nemotron_cascade2.py. Smoke mode (`configs/tiny_mopd.py:smoke`,
-~100 s) checks the plumbing; README gives its full runs on the heterogeneous
+~100 s) checks the plumbing; docs/science.md gives its full runs on the heterogeneous
 world (`world=hetero`) over three seeds, against the same cascade without
 MOPD (`drop=mopd`).
 

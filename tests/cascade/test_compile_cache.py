@@ -194,7 +194,7 @@ def test_a_command_line_setting_is_checked_as_one_line(tmp_path):
   p = subprocess.run(
       [sys.executable, '-m', 'cascade.main', '--config=configs/tiny.py:smoke',
        f'--workdir={tmp_path / "w"}', '--config.compilation_cache.min_compile_secs=-2',
-       # README's form: a gs:// cache set on the command line (valid; the bad value is refused)
+       # docs/config.md's form: a gs:// cache set on the command line (valid; the bad value is refused)
        '--config.compilation_cache.dir=gs://bucket/jax_cache'],
       env=_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
   assert p.returncode == 2, p.stderr[-3000:]

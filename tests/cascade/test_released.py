@@ -140,7 +140,7 @@ CASCADE2_ROWS = {
     'sft_stage1': [sft_plain(), sft_tools()], 'if_train': [c2_if()],
     'multi_domain_train': [c2_mcqa(), c2_structured(), c2_workplace()],
     'mopd_train': [c2_mopd_math(), c2_if(), c2_mcqa(), c2_structured(), c2_workplace()]}
-# Stage datasets that are no Nemotron-Cascade release (README: staged in the canonical formats).
+# Stage datasets that are no Nemotron-Cascade release (docs/released_data.md: staged in the canonical formats).
 NOT_RELEASED = {'rm_pairs', 'code_train', 'ifbench_train', 'long_context_train', 'rlhf_train',
                 'swe_agent_train'}
 

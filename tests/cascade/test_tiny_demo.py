@@ -3,7 +3,7 @@
 Two steps per stage and a one-block model: this checks that every stage of
 the tiny cascade runs on the generated world and that the results come out in
 the expected shape, not that anything learns (that is `make demo`'s job; the
-README's demo section has the table it gives).
+README's Quickstart has the table it gives).
 """
 
 import json

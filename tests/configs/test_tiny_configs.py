@@ -202,7 +202,7 @@ def test_ablation_arguments_drop_stages_and_reorder_them(root):
 @pytest.mark.parametrize('name', CONFIGS)
 @pytest.mark.parametrize('smoke', [False, True])
 def test_model_hybrid_argument_gives_a_hybrid_policy(name, smoke, root):
-  """`model=hybrid` (README: the cascade on a hybrid model) swaps in a Nemotron-H-like tiny
+  """`model=hybrid` (docs/science.md: the cascade on a hybrid model) swaps in a Nemotron-H-like tiny
   policy with Mamba, MoE and attention layers; the stages are the dense config's."""
   arg = f'{"smoke," if smoke else ""}root={root}'
   dense = config_lib.validate(_get(name, arg))

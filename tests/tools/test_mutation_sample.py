@@ -104,7 +104,7 @@ def test_survivors_of_an_earlier_session_are_kept_even_after_code_moves(tmp_path
 
 @pytest.mark.heavy
 def test_make_mutation_samples_then_reruns_the_survivors(tmp_path):
-  """README's `make mutation` with MUTATION_SAMPLE, then MUTATION_RERUN over the first run's
+  """docs/testing.md's `make mutation` with MUTATION_SAMPLE, then MUTATION_RERUN over the first run's
   sessions (on rl/buckets.py and its own fast tests)."""
   if shutil.which('make') is None:
     pytest.skip('needs make')
