@@ -18,9 +18,10 @@ multiple of 2n, a forward without a cache runs context-parallel:
     (`zigzag_index`, `zigzag_order`).
 
 Per-token layers (norms, MLPs, routed experts) do not care where a token sits.
-A Mamba-2 mixer does: a model with Mamba-2 layers refuses a context-parallel
-forward (one-line ValueError from `models.transformer`) until its scan passes
-the state across the shards.
+A Mamba-2 mixer does: `models.mamba` scans each shard's two chunks from a zero
+state, all-gathers small per-chunk summaries (conv tail, decay, final state),
+folds them in the chunks' sequence order into the state and conv window entering
+each chunk, and adds their part to the chunk's outputs.
 """
 
 from __future__ import annotations

@@ -33,6 +33,16 @@ of a row continues the incoming state. With a state, a call returns the state
 after each row's last nonzero-segment token (a right-padded batched prefill's
 per-row state); a row with no such token keeps its incoming state.
 
+Context parallelism (`models.context`): a call without a state on a row that the
+active mesh splits along T over the sequence axis takes the row in zig-zag chunk
+order (as `models.transformer` lays it out) and scans each shard's two chunks
+from a zero start; per-chunk summaries (the last K - 1 real conv inputs, the
+segments at the chunk's ends, its summed log decay per head and its final state)
+are all-gathered over the axis and folded in sequence order into the conv
+window and state entering each chunk (nothing crosses a segment start); the
+entering state's part of a chunk's outputs is added after its scan
+(`_context_parallel`). Equal to the unsharded mixer, forward and backward.
+
 Parameters and HF's tensors (a mixer's `in_proj.weight` [2HP + 2GN + H, D],
 rows ordered [z (HP), x (HP), B (GN), C (GN), dt (H)]; torch Linear weights are
 [out, in]; a flat channel index of a head axis and its width is h * P + p, of a
@@ -67,9 +77,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from models import config as config_lib
+from models import context
 from models import sharding
 from models.layers import _matmul, _param
 
@@ -187,6 +200,9 @@ class Mamba2Mixer(nnx.Module):
       h = (jnp.exp(dt[:, 0] * a)[:, :, None, None] * h0
            + _outer(xs[:, 0] * dt[:, 0, :, None], bs[:, 0], cfg.mamba_groups))
       y = _contract_state(cs[:, 0], h, cfg.mamba_groups)[:, None]      # [B, 1, H, P]
+    elif state is None and context.shards(x.shape[1]) > 1:
+      # Context parallel: the row arrives split along T in zig-zag order (models.context).
+      xs, y = _context_parallel((xs, bs, cs), convs, dt, a, segment_ids, cfg.mamba_chunk)
     else:
       (xs, bs, cs), conv_state = _conv_scan((xs, bs, cs), convs, prefix, real, run,
                                             want_state=state is not None)
@@ -293,11 +309,7 @@ def _conv_scan(parts, convs, prefix, real, run, want_state: bool):
   perm = jnp.argsort(~real, axis=1, stable=True)                      # real tokens first
   inv = jnp.argsort(perm, axis=1)
   run_ext = jnp.concatenate([jnp.zeros((b, k - 1), run.dtype), _take_rows(run, perm)], axis=1)
-  n_real = jnp.sum(real, axis=1, dtype=jnp.int32)
-  # The K - 1 window slots ending at the last real token, in the padded compact order.
-  tail = n_real[:, None] + jnp.arange(k - 1)
-  tail_ok = run_ext[jnp.arange(b)[:, None], tail] == jnp.take_along_axis(
-      run_ext, n_real[:, None] + k - 2, axis=1)
+  tail, tail_ok = _window_tail(real, run_ext, k)
   outs, states = [], []
   for i, (u, (w, bias)) in enumerate(zip(parts, convs)):
     pre = (jnp.zeros((b, k - 1, *u.shape[2:]), u.dtype) if prefix is None
@@ -314,6 +326,42 @@ def _conv_scan(parts, convs, prefix, real, run, want_state: bool):
       st = _take_rows(ext, tail)
       states.append(jnp.where(tail_ok.reshape(b, k - 1, *feat), st, jnp.zeros((), st.dtype)))
   return tuple(outs), (tuple(states) if want_state else None)
+
+
+def _window_tail(real, run_ext, k: int):
+  """The K - 1 window slots ending at each row's last real token, in the compact order of
+  `_conv_scan` (K - 1 incoming slots, then the real tokens): (int32 [B, K - 1] indices
+  into that order, bool [B, K - 1] whether the slot shares the last real token's run)."""
+  n_real = jnp.sum(real, axis=1, dtype=jnp.int32)
+  tail = n_real[:, None] + jnp.arange(k - 1)
+  ok = jnp.take_along_axis(run_ext, tail, axis=1) == jnp.take_along_axis(
+      run_ext, n_real[:, None] + k - 2, axis=1)
+  return tail, ok
+
+
+def _conv_tail(parts, real, run, k: int):
+  """Each row's last K - 1 real conv inputs of its last run, from a zero window.
+
+  Args:
+    parts: conv inputs [B, T, ...] (x, B, C); real: bool [B, T]; run: int32 [B, T].
+    k: the conv width K.
+
+  Returns:
+    parts of [B, K - 1, ...], oldest first, zero where no real input of the last run
+    fills a slot: the conv state a zero-state `_conv_scan` of the row would return.
+  """
+  b = real.shape[0]
+  perm = jnp.argsort(~real, axis=1, stable=True)
+  run_ext = jnp.concatenate([jnp.zeros((b, k - 1), run.dtype), _take_rows(run, perm)], axis=1)
+  tail, ok = _window_tail(real, run_ext, k)
+  out = []
+  for u in parts:
+    feat = (1,) * (u.ndim - 2)
+    ext = jnp.concatenate([jnp.zeros((b, k - 1, *u.shape[2:]), u.dtype),
+                           _take_rows(u, perm)], axis=1)
+    out.append(jnp.where(ok.reshape(b, k - 1, *feat), _take_rows(ext, tail),
+                         jnp.zeros((), u.dtype)))
+  return tuple(out)
 
 
 def _conv_step(parts, convs, prefix, real):
@@ -411,6 +459,184 @@ def _ssd(x, dt, a, bm, cm, run, h0, chunk: int):
   y_off = y_off * jnp.moveaxis(decay_in, 3, 2).reshape(bsz, q, chunk, g, r, 1)
   y = (y_diag + y_off).reshape(bsz, q * chunk, h, p)[:, :t]
   return y, h_last
+
+
+# ---------------------------------------------------------------- context parallelism
+
+
+def _pieces(v: jax.Array) -> jax.Array:
+  """A shard's [B, 2C, ...] (its two zig-zag chunks) as [2B, C, ...]: the first chunks of
+  all rows, then the second ones, each piece scanned as a row of its own."""
+  b, t = v.shape[:2]
+  v = v.reshape(b, 2, t // 2, *v.shape[2:])
+  return jnp.moveaxis(v, 1, 0).reshape(2 * b, t // 2, *v.shape[3:])
+
+
+def _unpieces(v: jax.Array) -> jax.Array:
+  """The inverse of `_pieces`."""
+  b2, c = v.shape[:2]
+  v = v.reshape(2, b2 // 2, c, *v.shape[2:])
+  return jnp.moveaxis(v, 0, 1).reshape(b2 // 2, 2 * c, *v.shape[3:])
+
+
+def _edge_segments(seg: jax.Array, real: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """int32 [B] each: the segment of each row's first and of its last real token (0: none)."""
+  t = seg.shape[1]
+  first = jnp.argmax(real, axis=1)
+  last = t - 1 - jnp.argmax(real[:, ::-1], axis=1)
+  any_real = jnp.any(real, axis=1)
+  pick = lambda i: jnp.where(any_real, jnp.take_along_axis(seg, i[:, None], 1)[:, 0], 0)
+  return pick(first), pick(last)
+
+
+def _fold_windows(tails, counts, first_seg, last_seg, restart):
+  """The conv window and last segment entering each piece, pieces in sequence order.
+
+  Args:
+    tails: parts of [S, B, K - 1, ...], each piece's `_conv_tail`.
+    counts: int32 [S, B] real tokens per piece; first_seg, last_seg: int32 [S, B]
+      (`_edge_segments`); restart: bool [S, B] whether the piece restarts within itself.
+
+  Returns:
+    (parts of [S, B, K - 1, ...]: the window entering each piece, zero where the piece's
+    first real token starts a new segment; bool [S, B] keep: whether the piece continues
+    what came before it).
+  """
+  k1 = tails[0].shape[2]
+  slots = jnp.arange(k1)
+
+  def step(carry, piece):
+    window, prev_seg = carry
+    tail, m, first, last, inner = piece
+    keep = (prev_seg == 0) | (first == 0) | (first == prev_seg)
+    feat = lambda u: (slice(None), None) + (None,) * (u.ndim - 2)
+    entering = tuple(jnp.where(keep[feat(w)], w, jnp.zeros((), w.dtype)) for w in window)
+    # Last K - 1 of [what entered (if the piece keeps it), the piece's m real inputs].
+    m = jnp.minimum(m, k1)
+    src = jnp.minimum(m[:, None] + slots, k1 - 1)                    # [B, K - 1]
+    own = slots[None] >= k1 - m[:, None]
+    new = []
+    for w, u in zip(entering, tail):
+      w = jnp.where((~inner)[feat(w)], w, jnp.zeros((), w.dtype))
+      shifted = jnp.take_along_axis(w, src.reshape(*src.shape, *([1] * (w.ndim - 2))), 1)
+      new.append(jnp.where(own.reshape(*own.shape, *([1] * (w.ndim - 2))), u, shifted))
+    seg = jnp.where(last != 0, last, prev_seg)
+    return (tuple(new), seg), (entering, keep)
+
+  zeros = tuple(jnp.zeros_like(u[0]) for u in tails)
+  _, (windows, keep) = jax.lax.scan(
+      step, (zeros, jnp.zeros_like(last_seg[0])), (tails, counts, first_seg, last_seg, restart))
+  return windows, keep
+
+
+def _fold_states(log_decay, final, keep, restart):
+  """The SSM state entering each piece, pieces in sequence order.
+
+  Args:
+    log_decay: [S, B, H] each piece's summed dt A (its decay over the piece, log).
+    final: [S, B, H, P, N] each piece's state at its end from a zero start.
+    keep, restart: bool [S, B] (`_fold_windows`; a piece restarting within itself
+      passes nothing of what entered it on).
+
+  Returns:
+    [S, B, H, P, N] float32, zero where the piece does not continue what came before.
+  """
+  def step(h, piece):
+    ld, s, kp, inner = piece
+    h_in = jnp.where(kp[:, None, None, None], h, 0.0)
+    decay = jnp.where(inner[:, None], 0.0, jnp.exp(ld))
+    return decay[..., None, None] * h_in + s, h_in
+
+  _, entering = jax.lax.scan(step, jnp.zeros_like(final[0]), (log_decay, final, keep, restart))
+  return entering
+
+
+def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int):
+  """The convolution and scan of a row split along T over the sequence axis (zig-zag).
+
+  Each shard holds two pieces of the row (chunks i and 2n - 1 - i of 2n, `models.context`)
+  and scans each from a zero start. Small summaries of every piece are all-gathered over the
+  axis and folded in sequence order 0 .. 2n - 1 on every shard: first the conv inputs (each
+  piece's last K - 1 real inputs, its segments at both ends), giving the window that enters
+  each piece, with which the shard then runs its convolution; then the scan's (a piece's
+  summed log decay per head and its final state), giving the state h_in that enters each
+  piece. The state's part of the output is linear in h_in, so it is added afterwards:
+  y_t += exp(sum of dt A from the piece's start to t) C_t h_in for each token t of the
+  piece's first run. A piece whose first real token starts a new segment keeps nothing of
+  what came before it, and one with a restart inside it passes nothing of it on.
+
+  Args:
+    parts: (x [B, T, H, P], B [B, T, G, N], C [B, T, G, N]) conv inputs, zig-zag order.
+    convs: ((weight [K, ...], bias or None) float32) for each part.
+    dt: [B, T, H] time steps (0 at padding); a: [H] decay rates.
+    segment_ids: int32 [B, T] in zig-zag order.
+    chunk: the scan's chunk length L.
+
+  Returns:
+    (x after the convolution [B, T, H, P], y [B, T, H, P] without the D skip), float32,
+    zig-zag order, split along T as the inputs are.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  b, t, h = dt.shape
+  g = parts[1].shape[2]
+  n = context.shards(t)
+  axis = context.axis(t)
+  batch, length, heads = sharding.logical_to_spec(
+      ('batch', 'length', 'mamba_heads'), (b, t, h), mesh)
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+  tp = int(np.prod([sizes[x] for x in ((heads,) if isinstance(heads, str) else heads or ())]))
+  if g % tp:
+    heads = None         # groups cannot follow the heads' split: scan all heads per shard
+  # Head h reads group h // (H / G): heads and groups split over the same axis keep each
+  # shard's heads with their groups.
+  head_spec, group_spec = P(batch, length, heads, None), P(batch, length, heads, None)
+  conv_specs = tuple((P(None, heads, None), None if bias is None else P(heads, None))
+                     for _, bias in convs)
+  # Piece c of the sequence lives at [shard, half] of an all-gather: (c, 0) or (2n-1-c, 1).
+  order = np.asarray([2 * c if c < n else 2 * (2 * n - 1 - c) + 1 for c in range(2 * n)])
+
+  def gather(v):
+    v = jax.lax.all_gather(v, axis, axis=0, tiled=False)            # [n, 2B, ...]
+    v = v.reshape(2 * n, v.shape[1] // 2, *v.shape[2:])              # [2n, B, ...]
+    return jnp.take(v, order, axis=0)
+
+  def mine(v, shard):
+    """This shard's two pieces of a [2n, B, ...] fold, as [2B, ...]."""
+    v = jnp.stack([v[shard], v[2 * n - 1 - shard]])
+    return v.reshape(-1, *v.shape[2:])
+
+  def local(xs, bs, cs, dt, a, seg, convs):
+    shard = jax.lax.axis_index(axis)
+    k = convs[0][0].shape[0]
+    parts = tuple(_pieces(u) for u in (xs, bs, cs))
+    dt, seg = _pieces(dt), _pieces(seg)
+    real, run = _runs(seg)
+    restart = run[:, -1] > 0
+    first, last = _edge_segments(seg, real)
+    count = jnp.sum(real, axis=1, dtype=jnp.int32)
+    windows, keep = _fold_windows(
+        *jax.tree.map(gather, (_conv_tail(parts, real, run, k), count, first, last, restart)))
+    prefix = tuple(mine(w, shard) for w in windows)
+    keep_all, restart_all = keep, gather(restart)
+    (xs, bs, cs), _ = _conv_scan(parts, convs, prefix, real, run, want_state=False)
+    la = dt * a                                                        # [2B, C, H]
+    b2, c, hl, p = xs.shape
+    gl, nn = bs.shape[2:]
+    y, final = _ssd(xs, dt, a, bs, cs, run, jnp.zeros((b2, hl, p, nn), jnp.float32), chunk)
+    h_in = mine(_fold_states(gather(jnp.sum(la, axis=1)), gather(final), keep_all,
+                             restart_all), shard)                     # [2B, H, P, N]
+    decay = jnp.where((run == 0)[..., None], jnp.exp(jnp.cumsum(la, axis=1)), 0.0)
+    y_in = jnp.einsum('btgn,bgrpn->btgrp', cs, h_in.reshape(b2, gl, hl // gl, p, nn))
+    y = y + decay[..., None] * y_in.reshape(b2, c, hl, p)
+    return _unpieces(xs), _unpieces(y)
+
+  xs, bs, cs = parts
+  seg_spec = P(batch, length)
+  return jax.shard_map(
+      local, mesh=mesh,
+      in_specs=(head_spec, group_spec, group_spec, P(batch, length, heads), P(heads),
+                seg_spec, conv_specs),
+      out_specs=(head_spec, head_spec), check_vma=False)(xs, bs, cs, dt, a, segment_ids, convs)
 
 
 def _gated_norm(y, z, scale, groups: int, eps: float) -> jax.Array:

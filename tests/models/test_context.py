@@ -1,5 +1,6 @@
 """Context parallelism: zig-zag layout, and sequence-sharded forwards, log-probs and train-step
-gradients equal to the unsharded ones (dense Qwen3-like and MoE; packed rows with padding)."""
+gradients equal to the unsharded ones (dense Qwen3-like, MoE and hybrid Mamba-2 / MoE /
+attention; packed rows with padding)."""
 
 import functools
 
@@ -13,6 +14,7 @@ from flax import nnx
 from models import attention
 from models import config as config_lib
 from models import context
+from models import mamba
 from models import sharding
 from models import transformer
 from rl import batch as batch_lib
@@ -123,13 +125,23 @@ def test_dense_forward_and_chunked_logprobs_on_two_sequence_shards_equal_unshard
   np.testing.assert_allclose(np.asarray(lp)[real], np.asarray(ref_lp)[real], atol=TOL, rtol=0)
 
 
-def test_hybrid_model_refuses_a_context_parallel_forward_in_one_line():
+def test_hybrid_forward_and_logprobs_on_two_sequence_shards_equal_unsharded(monkeypatch):
+  # Mamba-2, MoE, attention and MLP sublayers; packed segments cross the shard boundaries,
+  # so the Mamba scans pass their state and conv window across them.
   cfg = config_lib.ModelConfig.tiny_hybrid()
-  model = nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
-  with sharding.use_mesh(_mesh(2)), pytest.raises(ValueError) as err:
-    model(jnp.ones((1, 16), jnp.int32))    # refused before any layer runs
-  msg = str(err.value)
-  assert '\n' not in msg and 'Mamba-2' in msg and 'sequence axis of 2' in msg
+  batch = _packed_rows(2, 32, seed=3)
+  graphdef, params = _init(cfg)
+  ref_logits, ref_lp = _forward(graphdef, params, batch, chunk=8)
+  calls = []
+  monkeypatch.setattr(mamba, '_context_parallel',
+                      lambda *a, f=mamba._context_parallel: (calls.append(1), f(*a))[1])
+  mesh = _mesh(2, data=2, tensor=2)
+  logits, lp = _forward(graphdef, sharding.shard_state(params, mesh), batch, mesh, chunk=8)
+  assert calls                                       # the mixers ran context-parallel
+  real = _real(batch)
+  np.testing.assert_allclose(np.asarray(logits)[real], np.asarray(ref_logits)[real],
+                             atol=TOL, rtol=0)
+  np.testing.assert_allclose(np.asarray(lp)[real], np.asarray(ref_lp)[real], atol=TOL, rtol=0)
 
 
 # ---------------------------------------------------------------- heavy parity
@@ -138,7 +150,7 @@ def test_hybrid_model_refuses_a_context_parallel_forward_in_one_line():
 @pytest.mark.heavy
 @pytest.mark.parametrize('sequence', [2, 4])
 @pytest.mark.parametrize('impl,t', [('dense', 64), ('blockwise', 512)])
-@pytest.mark.parametrize('family', ['tiny', 'tiny_moe'])
+@pytest.mark.parametrize('family', ['tiny', 'tiny_moe', 'tiny_hybrid'])
 def test_forward_and_logprobs_equal_unsharded(family, impl, t, sequence):
   cfg = getattr(config_lib.ModelConfig, family)(attention=impl)
   batch = _packed_rows(2, t, seed=sequence)
@@ -167,7 +179,7 @@ def _one_step(cfg, batch, mesh):
 
 @pytest.mark.heavy
 @pytest.mark.parametrize('sequence', [2, 4])
-@pytest.mark.parametrize('family', ['tiny', 'tiny_moe'])
+@pytest.mark.parametrize('family', ['tiny', 'tiny_moe', 'tiny_hybrid'])
 def test_train_step_gradients_equal_unsharded(family, sequence, monkeypatch):
   # Rows longer than the log-probs chunk: the sequence-sharded chunked path's backward.
   monkeypatch.setattr(batch_lib, 'policy_stats',

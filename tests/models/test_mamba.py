@@ -1,4 +1,5 @@
-"""Mamba-2 mixer: a float64 per-token reference, segments, prefill/decode, gradients, HF parity."""
+"""Mamba-2 mixer: a float64 per-token reference, segments, prefill/decode, gradients,
+context parallelism (sequence-sharded rows), HF parity."""
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +8,7 @@ import pytest
 from flax import nnx
 
 from models import config as config_lib
+from models import context
 from models import mamba
 from models import sharding
 
@@ -397,6 +399,101 @@ def test_sharded_over_heads_matches_unsharded():
         state, x, seg, mamba.init_state(cfg, 2))
   _close(got, want)
   _close(got_state.ssm, want_state.ssm)
+
+
+# ---- context parallelism: a row split along T over the sequence axis (models.context) ----
+
+
+def _cp_segments(layout, t=64):
+  """Two rows of segment ids for a T = 64 row split 2 ways (pieces of 16 tokens) or 4 ways
+  (pieces of 8); shard i holds pieces i and 2n - 1 - i."""
+  seg = np.ones((2, t), np.int32)
+  if layout == 'mid_and_boundary':
+    seg[0, 21:] = 2                   # starts inside piece 1 (shard 1 of 2)
+    seg[0, 48:] = 3                   # at piece 3's start: shard 0's second piece (of 2)
+    seg[1, :3] = 0                    # left padding
+    seg[1, 16:] = 2                   # at shard 1's first piece (of 2 and of 4)
+    seg[1, 37:39] = 0                 # padding between segments 2 and 3
+    seg[1, 39:] = 3
+  elif layout == 'boundaries':        # every start on a piece boundary of both splits
+    seg[0, 16:] = 2
+    seg[0, 32:] = 3
+    seg[1, 8:] = 2
+    seg[1, 40:] = 1
+    seg[1, 56:] = 0
+  elif layout == 'sparse':
+    # A piece with one real token: the window of token 30 reaches back to tokens 20, 9, 8
+    # over two pieces of padding; a repeated id after another restarts.
+    seg[0, 10:30] = 0
+    seg[0, 20] = 1
+    seg[0, 50:60] = 2
+    seg[0, 60:] = 0
+    seg[1, 12:26] = 5
+    seg[1, 26:] = 3
+    seg[1, :12] = 3
+    seg[1, 40:43] = 0                 # padding inside a segment: transparent
+  else:
+    assert layout == 'none'
+  return seg
+
+
+def _cp_forward_grads(m, x, seg, weight, mesh=None):
+  """(y [B, T, D], grads of sum(y * weight) wrt the parameters and x) with the row in
+  zig-zag order under `mesh` (context parallel), or plainly without one."""
+  graphdef, params = nnx.split(m)
+  names = ('batch', 'length', 'embed')
+
+  def loss(params, x):
+    mixer = nnx.merge(graphdef, params)
+    zz_seg = context.to_zigzag(jnp.asarray(seg), names[:2])
+    y = mixer(context.to_zigzag(x, names), zz_seg)[0]
+    y = context.from_zigzag(y, names)
+    return jnp.sum(y * weight), y
+
+  f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+  if mesh is None:
+    (_, y), grads = f(params, x)
+  else:
+    with sharding.use_mesh(mesh):
+      assert context.shards(x.shape[1]) == mesh.shape['sequence']
+      (_, y), grads = f(sharding.shard_state(params, mesh), x)
+  return np.asarray(y), [np.asarray(g) for g in jax.tree.leaves(grads)]
+
+
+def _check_context_parallel(layout, sequence, tensor, monkeypatch, reference=False):
+  cfg = _cfg()                                    # chunk 8; 4 heads in 2 groups; conv 4
+  m = _mixer(cfg)
+  seg = _cp_segments(layout)
+  x, weight = _inputs(cfg, 2, 64), _inputs(cfg, 2, 64, seed=5)
+  want_y, want_g = _cp_forward_grads(m, x, seg, weight)
+  calls = []
+  monkeypatch.setattr(mamba, '_context_parallel',
+                      lambda *a, f=mamba._context_parallel: (calls.append(1), f(*a))[1])
+  mesh = sharding.make_mesh((8 // (sequence * tensor), 1, 1, sequence, tensor))
+  y, g = _cp_forward_grads(m, x, seg, weight, mesh)
+  assert calls                                    # the mixer ran context-parallel
+  assert np.abs(want_y).max() > 0.5
+  _close(y, want_y)
+  assert not np.any(y[seg == 0])
+  for got, want in zip(g, want_g):
+    assert np.abs(want).max() > 0
+    _close(got, want)
+  if reference:
+    _close(y, _reference(cfg, _np_params(m), x, seg)[0])
+
+
+def test_context_parallel_forward_and_grads_equal_unsharded_and_float64(monkeypatch):
+  # Two sequence shards x two tensor shards (heads with their groups) x two batch shards;
+  # segments start inside a shard and at shard boundaries.
+  _check_context_parallel('mid_and_boundary', 2, 2, monkeypatch, reference=True)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('sequence,tensor', [(2, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize('layout', ['none', 'mid_and_boundary', 'boundaries', 'sparse'])
+def test_context_parallel_equals_unsharded(layout, sequence, tensor, monkeypatch):
+  # (2, 4): 4 tensor shards do not divide the 2 groups, so each shard scans all heads.
+  _check_context_parallel(layout, sequence, tensor, monkeypatch, reference=layout == 'sparse')
 
 
 # ---- transformers' NemotronHMamba2Mixer ----
