@@ -362,17 +362,32 @@ def _atomic_save(path: str, arr: np.ndarray) -> None:
   os.replace(tmp, path)
 
 
-def _decompressed(p: str, kind: str, out: str) -> str:
-  """A local, plain copy `out` of compressed shard `p` (made once, streaming)."""
+def _decompressed(p: str, kind: str, out: str, also: str | None = None) -> str:
+  """A plain copy `out` of compressed shard `p` (made once, streaming); with `also` (a gs://
+  object), the same bytes are uploaded there as they are decompressed (not read back)."""
   if not os.path.exists(out):
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp = f'{out}.{os.getpid()}.tmp'
+    upload = None
     try:
+      if also is not None:
+        try:
+          upload = paths.path(also).open('wb')
+        except Exception as e:  # pylint: disable=broad-except
+          raise DataError(f'{p}: cannot share its plain copy at {also} ({type(e).__name__}: '
+                          f'{e})') from None
       with _open(p) as f, open(tmp, 'wb') as w:
         for chunk in _plain_chunks(p, kind, f):
           w.write(chunk)
+          if upload is not None:
+            upload.write(chunk)
+      if upload is not None:
+        upload, u = None, upload
+        u.close()                   # the object appears whole, or not at all
       os.replace(tmp, out)
     finally:
+      if upload is not None:
+        upload.discard()            # a failed decompression leaves no partial object
       if os.path.exists(tmp):
         os.remove(tmp)
   return out
@@ -509,8 +524,11 @@ def open_shard(p: str, cache_dir: str | None = None, shared_dir: str | None = No
   plain = os.path.join(cache_dir, 'plain', f'{key}.jsonl')
   if not os.path.exists(plain) and shared and paths.exists(shared[1]):
     plain = shared[1]                 # another process's copy: rows are read from it
+  elif not os.path.exists(plain) and shared and not paths.is_remote(shared[1]):
+    plain = _decompressed(p, kind, shared[1])     # a shared disk: the one copy, read by all
   else:
-    _decompressed(p, kind, plain)
+    # A gs:// shared cache gets the plain copy as it is made (one pass, nothing read back).
+    _decompressed(p, kind, plain, shared and paths.is_remote(shared[1]) and shared[1] or None)
   return _JsonlShard(p, plain, idx, shared and shared[0])
 
 
