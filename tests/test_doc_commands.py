@@ -222,6 +222,23 @@ REGISTRY = {
     "c.domains.code = dict(verifier='code', verifier_options=dict(isolation='none'),\n"
     "train='code_train', eval='code_eval')": _HERE + 'test_the_config_blocks_validate[sandbox]',
 }
+# README.md's "Bring your own" recipes: tests/test_readme_recipes.py takes these blocks and
+# commands from README by their section headings and runs them as shown; test_episodes.py runs
+# the `Dice` environment block.
+_RECIPE = 'tests/test_readme_recipes.py::'
+_RECIPE_FILES = _RECIPE + 'test_the_verifier_recipe_writes_its_data_and_its_config_and_verifier_check_out'
+_RECIPE_RUNS = _RECIPE + 'test_the_verifier_and_model_recipes_run_as_written'
+REGISTRY.update({
+    doc_command('README.md', '# make_data.py:'): _RECIPE_FILES,
+    doc_command('README.md', '# reverse_verifier.py:'): _RECIPE_FILES,
+    doc_command('README.md', '# my_config.py:'): _RECIPE_FILES,
+    'python make_data.py': _RECIPE_FILES,
+    'python -m cascade.main --config=my_config.py --workdir=runs/reverse': _RECIPE_RUNS,
+    'python -m cascade.main --config=my_config.py:runs/reverse/stages/00_sft/hf '
+    '--workdir=runs/reverse_from_sft': _RECIPE_RUNS,
+    doc_command('README.md', 'import envs\nfrom envs import base\nclass Dice'):
+        'tests/cascade/test_episodes.py::test_readmes_environment_example_runs_an_episode',
+})
 _CONFIG_MD_BLOCK = 'import ml_collections\ndef get_config(arg=None):\nc = ml_collections.ConfigDict()'
 
 # Families: (regular expression over the normalised text, test, why one test covers them all).
