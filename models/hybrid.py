@@ -15,12 +15,23 @@ the compile time grow with depth (Nemotron-3-Nano's 52 sublayers took minutes pe
 program for a TPU slice). `plan` cuts the pattern into segments: runs of a unit
 repeated two or more times in a row, and single sublayers, choosing the cut
 that needs the fewest sublayer bodies (Nemotron-3-Nano: 14, in 6 segments;
-Qwen3-MoE's (attention, moe) x 48: 2). A repeated segment is a `Repeat`, whose
+Qwen3-MoE's (attention, moe) x 48: 2). Where the kinds present are fewer than those bodies
+(`folds`: Nemotron-3-Nano's 3 kinds against 14), the stack is instead one `Fold`: each
+kind's sublayers, in pattern order, stacked on a leading 'layers' axis [count of that kind,
+...], run as one `lax.scan` over the whole pattern whose body is a `lax.switch` on the
+step's kind; the branch indexes its own kind's stack at the step's index within the kind
+(both static per step, `fold_steps`), so a step reads no other kind's parameters. The
+rematerialisation wraps the whole step, so the backward pass keeps the step's input and
+indices per step and the stacks once (their gradients are accumulated in the backward
+scan's carry, one stack-shaped accumulator per kind); without rematerialisation
+(remat='none') a differentiated folded scan keeps every step's parameter slice as a
+residual, so train a folded model with a remat policy. A repeated segment is a `Repeat`, whose
 unit holds one Sublayer per position with the parameters of that position in
 every repeat stacked on a leading 'layers' axis [repeats, ...] (the dense
 blocks' logical axis, so the same sharding rules apply); it runs as one
 `lax.scan` over the repeats when `cfg.scans_layers`, else as a Python loop over
-the same stacks. `locate` and `sublayer` map a sublayer's index in the pattern
+the same stacks (a Fold likewise loops over the pattern, each sublayer sliced out of its
+kind's stack). The layout depends only on the pattern. `locate` and `sublayer` map a sublayer's index in the pattern
 to where its parameters live (HF interop, models/hf_moe.py, reads and writes
 each layer's tensors through it).
 
@@ -28,8 +39,8 @@ A cache stays per sublayer: a [B, K, S, H] key and value buffer per attention
 sublayer (the dense cache's `unstack_cache` layout) and a `mamba.MambaState`
 per Mamba sublayer. A call with a cache (prefill, decode, a paged step) runs a
 repeated segment as a Python loop over its repeats, each sublayer updating its
-own buffers, pools or state in place: a scan would stack the segment's caches
-for its carry and split them after, copying them on every decode step.
+own buffers, pools or state in place (a Fold: a loop over the pattern): a scan would stack
+the caches for its carry and split them after, copying them on every decode step.
 `models.transformer.Transformer`
 builds and calls this stack when the config's family is not dense; its calling
 convention is unchanged.
@@ -186,6 +197,38 @@ def plan(mixers: tuple[str, ...]) -> tuple[Segment, ...]:
   return tuple(out)
 
 
+KINDS = ('mamba', 'moe', 'attention', 'mlp')
+
+
+@functools.lru_cache(maxsize=64)
+def folds(mixers: tuple[str, ...]) -> bool:
+  """Whether `mixers` is kept as a `Fold` (one body per kind of sublayer) rather than as
+  `plan`'s segments: where the kinds present are fewer than the segments' bodies
+  (Nemotron-3-Nano: 3 against 14; Qwen3-MoE's (attention, moe) x 48 keeps its 2)."""
+  return len(set(mixers)) < sum(len(s.unit) for s in plan(mixers))
+
+
+@functools.lru_cache(maxsize=64)
+def fold_steps(mixers: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, ...],
+                                                   tuple[int, ...]]:
+  """(the kinds present in `KINDS` order, each sublayer's kind as an index into them, each
+  sublayer's index within its kind's stack): what a folded scan steps over."""
+  kinds = tuple(k for k in KINDS if k in mixers)
+  within = tuple(mixers[:i].count(m) for i, m in enumerate(mixers))
+  return kinds, tuple(kinds.index(m) for m in mixers), within
+
+
+class Fold(nnx.Module):
+  """The whole pattern as one stack per kind: attribute `kind` (of `KINDS`; None where the
+  pattern has none) is one Sublayer holding the parameters of every sublayer of that kind,
+  in pattern order, stacked on a leading 'layers' axis [count of that kind, ...]."""
+
+  def __init__(self, sublayers: Sequence[Sublayer], mixers: Sequence[str]):
+    for kind in KINDS:
+      subs = [s for s, m in zip(sublayers, mixers) if m == kind]
+      setattr(self, kind, _stack(subs) if subs else None)
+
+
 class Repeat(nnx.Module):
   """A segment's repeated unit: `unit[p]` is one Sublayer whose parameters are those of the
   segment's sublayers at position p of every repeat, stacked on a leading 'layers' axis."""
@@ -209,10 +252,13 @@ def _stack(sublayers: Sequence[Sublayer]) -> Sublayer:
 
 
 def build(cfg: config_lib.ModelConfig, rngs: nnx.Rngs) -> nnx.List:
-  """The blocks of `plan(cfg.mixers)`: a Sublayer per single-sublayer segment, a Repeat per
-  repeated one. The sublayers are made one after another in pattern order first, so sublayer
-  i has exactly the values (and the RNG draws) it would have as the i-th of a plain list."""
+  """The blocks: one `Fold` where `folds(cfg.mixers)`, else those of `plan(cfg.mixers)`: a
+  Sublayer per single-sublayer segment, a Repeat per repeated one. The sublayers are made one
+  after another in pattern order first, so sublayer i has exactly the values (and the RNG
+  draws) it would have as the i-th of a plain list."""
   subs = [Sublayer(cfg, kind, rngs) for kind in cfg.mixers]
+  if folds(cfg.mixers):
+    return nnx.List([Fold(subs, cfg.mixers)])
   return nnx.List([subs[s.start] if s.repeats == 1 else Repeat(subs[s.start:s.stop], len(s.unit))
                    for s in plan(cfg.mixers)])
 
@@ -220,6 +266,10 @@ def build(cfg: config_lib.ModelConfig, rngs: nnx.Rngs) -> nnx.List:
 def locate(cfg: config_lib.ModelConfig, i: int) -> tuple[tuple, int | None]:
   """Where sublayer i's parameters live in `Transformer.blocks`: (path of its Sublayer,
   relative to the model, and the index along the stacked 'layers' axis, None if unstacked)."""
+  if not 0 <= i < len(cfg.mixers):
+    raise IndexError(f'sublayer {i}: the pattern has {len(cfg.mixers)}')
+  if folds(cfg.mixers):
+    return ('blocks', 0, cfg.mixers[i]), fold_steps(cfg.mixers)[2][i]
   for j, s in enumerate(plan(cfg.mixers)):
     if s.start <= i < s.stop:
       if s.repeats == 1:
@@ -247,7 +297,7 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
   """x through every sublayer.
 
   Args:
-    blocks: the blocks (`build`).
+    blocks: the blocks (`build`): `plan`'s segments, or one Fold.
     cfg: the model config.
     x: [B, T, D] embedded tokens.
     positions, mask: as attention takes them (mask None for a paged step).
@@ -262,8 +312,9 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
       count where it differs (`MoEStats.mismatched`).
     remat: `remat(body, prevent_cse)` wraps a sublayer's function for the backward pass (no
       cache only).
-    scan: run each repeated segment as one `lax.scan` over its repeats (default
-      `cfg.scans_layers`), else as a Python loop over the same stacked parameters.
+    scan: run each repeated segment as one `lax.scan` over its repeats, a Fold as one scan
+      over the pattern (default `cfg.scans_layers`), else as a Python loop over the same
+      stacked parameters.
 
   With a cache (`kv`, `states` or `paged`) a repeated segment is always a Python loop over
   its repeats, so each sublayer's buffers, pools and state are updated in place (a scan
@@ -317,7 +368,77 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
     y, report = remat(body, prevent_cse)(params, x, route)
     return y, None, report
 
-  for seg, block in zip(plan(cfg.mixers), blocks):
+  def folded_scan(x):
+    """x through a Fold as one `lax.scan` over the pattern whose body switches on the step's
+    kind; (x, the 'moe' steps' reports stacked in pattern order, or None)."""
+    kinds, kind_of, within = fold_steps(cfg.mixers)
+    stacks = tuple(nnx.split(getattr(blocks[0], kind)) for kind in kinds)
+
+    def own_kind(j):
+      """Branch j: its kind's sublayer n, indexed out of that kind's stack inside the branch,
+      so a step reads no other kind's parameters."""
+      kind, graphdef = kinds[j], stacks[j][0]
+
+      def f(stack, x, n):
+        params = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, n, keepdims=False),
+                              stack)
+        route = (None if routing is None or kind != 'moe'
+                 else jax.lax.dynamic_index_in_dim(routing, n, keepdims=False))
+        y, _, report = nnx.merge(graphdef, params)(x, positions, mask, segment_ids, None, route,
+                                                   replay)
+        return y, report
+      return f
+
+    fns = [own_kind(j) for j in range(len(kinds))]
+    moe_j = kinds.index('moe') if 'moe' in kinds else None
+    shape = None if moe_j is None else jax.eval_shape(
+        fns[moe_j], stacks[moe_j][1], x, jnp.zeros((), jnp.int32))[1]
+
+    def branch(j):
+      def g(params, x, n):
+        y, report = fns[j](params[j], x, n)
+        if moe_j is not None and j != moe_j:   # every branch returns a report of one shape
+          report = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
+        return y, report
+      return g
+
+    def step(params, x, j, n):
+      return jax.lax.switch(j, [branch(j) for j in range(len(kinds))], params, x, n)
+    # The rematerialisation wraps the whole step (the switch inside it): its residuals are
+    # then its inputs, i.e. the step's x and indices, and the stacks, which are the scan's
+    # loop invariants and kept once. Around each branch instead, the switch would hand the
+    # branch's inputs (its whole stack) out as residuals on every step, stacked by the scan.
+    if remat is not None:
+      step = remat(step, False)
+    params = tuple(state for _, state in stacks)
+    x, report = jax.lax.scan(
+        lambda x, jn: step(params, x, jn[0], jn[1]),
+        x, (jnp.asarray(kind_of, jnp.int32), jnp.asarray(within, jnp.int32)))
+    if report is not None:
+      steps = [i for i, m in enumerate(cfg.mixers) if m == 'moe']
+      report = jax.tree.map(lambda a: a[jnp.asarray(steps)], report)
+    return x, report
+
+  folded = folds(cfg.mixers)
+  if folded:
+    counts.update({kind: cfg.mixers.count(kind) for kind in counts})
+    if scan and not cached:
+      x, report = folded_scan(x)
+      if report is not None:
+        reports.append(report)
+    else:
+      # One sublayer at a time, each sliced out of its kind's stack at a static index (with
+      # a cache, each updating its own buffers, pools or state in place).
+      for kind, n in zip(cfg.mixers, fold_steps(cfg.mixers)[2]):
+        graphdef, state = nnx.split(getattr(blocks[0], kind))
+        x, mine, report = call(nnx.merge(graphdef, jax.tree.map(lambda a, n=n: a[n], state)),
+                               x, kind, own(kind, n),
+                               None if routing is None or kind != 'moe' else routing[n], True)
+        put(kind, n, mine)
+        if report is not None:
+          reports.append(jax.tree.map(lambda a: a[None], report))
+
+  for seg, block in zip(() if folded else plan(cfg.mixers), blocks):
     unit, reps = seg.unit, seg.repeats
     # The n-th sublayer of a kind at repeat r, position p of the unit: first[p] + r * per[kind].
     first, per = [], {k: unit.count(k) for k in counts}

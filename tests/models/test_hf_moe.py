@@ -225,9 +225,9 @@ def test_load_onto_expert_mesh_is_sharded_and_equal(ckpts, tmp_path):
   path = ckpts[NEMOTRON].path
   mesh = sharding.make_mesh((1, 2, 2, 2))   # data, fsdp, expert, tensor
   model = hf.load_model(path, mesh=mesh)
-  up = model.blocks[1].mixer.up.get_value()                   # [E, D, F]
-  assert up.sharding.spec[0] == 'expert'
-  assert up.addressable_shards[0].data.shape[0] == 4
+  up = model.blocks[0].moe.mixer.up.get_value()   # [moe sublayers, E, D, F]: the folded stack
+  assert up.sharding.spec[1] == 'expert'
+  assert up.addressable_shards[0].data.shape[1] == 4
   want = _params(hf.load_model(path))
   for k, v in _params(model).items():
     np.testing.assert_array_equal(v, want[k], err_msg=str(k))

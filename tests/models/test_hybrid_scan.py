@@ -1,7 +1,9 @@
-"""The mixture-of-experts families' scanned layer stack (models/hybrid.py `plan`, `Repeat`):
-the cut of a pattern into repeated segments, the stacked parameters, and the scan against the
-unrolled loop and a plain per-sublayer loop (logits, gradients, cached prefill and decode,
-the paged step, routing replay and MoE statistics), and HF interop of the stacked layout."""
+"""The mixture-of-experts families' scanned layer stack (models/hybrid.py): the cut of a
+pattern into repeated segments (`plan`, `Repeat`) or its fold into one stack per kind of
+sublayer (`folds`, `Fold`: one scan over the pattern switching on each step's kind), the
+stacked parameters, and both scans against the unrolled loop and a plain per-sublayer loop
+(logits, gradients, cached prefill and decode, the paged step, routing replay and MoE
+statistics), the fold's backward residuals, and HF interop of the stacked layouts."""
 
 import itertools
 
@@ -17,12 +19,18 @@ from models import hf
 from models import hybrid
 from models import transformer
 
-# A period (M * E) twice, then leftovers: an mlp and a moe sublayer of their own.
+# A period (M * E) twice, then leftovers: an mlp and a moe sublayer of their own. Its segments
+# need 5 bodies, its kinds 4: it is folded (one stack per kind, one scan over the pattern).
 PATTERN = 'M*EM*E-E'
 CFG = config_lib.ModelConfig.tiny_hybrid(num_layers=8, layer_types=PATTERN, scan_layers=True)
-LOOP = CFG.replace(scan_layers=False)
-# The default tier's: a leftover before and after a period (M *) twice.
+# The same period and one leftover: 4 bodies as segments, no fewer folded, so segments.
+SEGMENTS = config_lib.ModelConfig.tiny_hybrid(num_layers=7, layer_types='M*EM*E-',
+                                              scan_layers=True)
+# The default tier's: a leftover before and after a period (M *) twice (segments, 4 bodies).
 SMALL = config_lib.ModelConfig.tiny_hybrid(num_layers=6, layer_types='EM*M*-', scan_layers=True)
+# The default tier's folded one: tiny_hybrid's six sublayers, no repeats, 4 kinds.
+FOLDED = config_lib.ModelConfig.tiny_hybrid(num_layers=6, layer_types='ME*EM-', scan_layers=True)
+BOTH = pytest.mark.parametrize('cfg', [CFG, SEGMENTS], ids=['fold', 'segments'])
 TOKENS = jax.random.randint(jax.random.key(1), (2, 12), 0, 256, dtype=jnp.int32)
 SEG = jnp.array([[1] * 12, [0] * 3 + [1] * 9], jnp.int32)   # the second row left-padded
 POS = jnp.maximum(jnp.cumsum(SEG, axis=1) - 1, 0)
@@ -71,23 +79,53 @@ def test_plan_cuts_patterns_into_fewest_bodies():
     assert (_bodies(segs), len(segs)) == _brute_force(mixers), mixers
 
 
-def test_stacked_init_equals_sublayers_built_in_turn():
-  model = transformer.create(SMALL, seed=0)
-  assert [type(b).__name__ for b in model.blocks] == ['Sublayer', 'Repeat', 'Sublayer']
+def _assert_sublayers_built_in_turn(cfg, model):
+  """hybrid.sublayer(model, i) holds the values sublayer i gets as the i-th of a plain list."""
   rngs = nnx.Rngs(0)
   rngs.params()  # The embedding's draw comes first.
-  for i, kind in enumerate(SMALL.mixers):
-    want = hybrid.Sublayer(SMALL, kind, rngs)
+  for i, kind in enumerate(cfg.mixers):
+    want = hybrid.Sublayer(cfg, kind, rngs)
     got = dict(nnx.to_flat_state(nnx.state(hybrid.sublayer(model, i))))
     for path, v in nnx.to_flat_state(nnx.state(want)):
       np.testing.assert_array_equal(got[path].get_value(), v.get_value(), err_msg=f'{i} {path}')
+
+
+def test_stacked_init_equals_sublayers_built_in_turn():
+  model = transformer.create(SMALL, seed=0)
+  assert [type(b).__name__ for b in model.blocks] == ['Sublayer', 'Repeat', 'Sublayer']
+  _assert_sublayers_built_in_turn(SMALL, model)
   q = model.blocks[1].unit[1].mixer.q_proj
   assert q.get_value().shape == (2, 64, 4, 16)
   assert q.get_metadata()['logical_axes'] == ('layers', 'embed', 'heads', 'head_dim')
   assert hybrid.locate(SMALL, 3) == (('blocks', 1, 'unit', 0), 1)
   assert hybrid.locate(SMALL, 5) == (('blocks', 2), None)
-  up = nnx.eval_shape(lambda: transformer.create(CFG, seed=0)).blocks[0].unit[2].mixer.up
+  up = nnx.eval_shape(lambda: transformer.create(SEGMENTS, seed=0)).blocks[0].unit[2].mixer.up
   assert up.get_metadata()['logical_axes'][:2] == ('layers', 'experts')
+
+
+def test_fold_layout_and_stacked_init():
+  """Which patterns fold, the per-step kind and index, one stack per kind, locate."""
+  nemotron = config_lib.ModelConfig.nemotron_3_nano_30b_a3b().mixers
+  assert hybrid.folds(nemotron)
+  kinds, kind_of, within = hybrid.fold_steps(nemotron)
+  assert kinds == ('mamba', 'moe', 'attention') and len(kind_of) == 52
+  assert [within[i] for i in range(52) if nemotron[i] == 'moe'] == list(range(23))
+  assert not hybrid.folds(config_lib.ModelConfig.qwen3_30b_a3b().mixers)   # 2 bodies either way
+  assert not hybrid.folds(SMALL.mixers) and not hybrid.folds(SEGMENTS.mixers)
+  assert hybrid.folds(CFG.mixers)
+  assert hybrid.fold_steps(FOLDED.mixers) == (('mamba', 'moe', 'attention', 'mlp'),
+                                              (0, 1, 2, 1, 0, 3), (0, 0, 0, 1, 1, 0))
+  model = transformer.create(FOLDED, seed=0)
+  assert [type(b).__name__ for b in model.blocks] == ['Fold']
+  up = model.blocks[0].moe.mixer.up
+  assert up.get_value().shape[0] == 2
+  assert up.get_metadata()['logical_axes'][:2] == ('layers', 'experts')
+  assert hybrid.locate(FOLDED, 3) == (('blocks', 0, 'moe'), 1)
+  assert hybrid.locate(FOLDED, 5) == (('blocks', 0, 'mlp'), 0)
+  assert model.blocks[0].mlp.norm.scale.get_value().shape == (1, 64)
+  _assert_sublayers_built_in_turn(FOLDED, model)
+  with pytest.raises(IndexError, match='sublayer 6'):
+    hybrid.locate(FOLDED, 6)
 
 
 def _model(cfg, params=None):
@@ -134,9 +172,46 @@ def test_scan_equals_unrolled():
   _assert_scan_equals_unrolled(SMALL, reference=False)
 
 
+def test_fold_equals_unrolled_and_per_sublayer_loop():
+  """The folded scan (one switch over the kinds) against the same stacks looped and against
+  each sublayer sliced out by `hybrid.sublayer`: a wrong per-step index fails here."""
+  jaxpr = jax.make_jaxpr(lambda m, t: m(t))(_model(FOLDED), TOKENS)
+  scans = [e for e in jaxpr.eqns if e.primitive.name == 'scan']
+  assert len(scans) == 1 and scans[0].params['length'] == 6
+  conds = [e for e in scans[0].params['jaxpr'].eqns if e.primitive.name == 'cond']
+  assert len(conds) == 1 and len(conds[0].params['branches']) == 4
+  _assert_scan_equals_unrolled(FOLDED, reference=True)
+
+
+def test_fold_backward_keeps_no_parameters_per_step():
+  """Remat'd folded scan: the forward scan's per-step outputs (the backward's residuals) are
+  activations and indices only, no stack or slice of one; the backward scan carries one
+  gradient accumulator per stack (stack-shaped), nothing per step of parameter shape."""
+  graphdef, params = nnx.split(_model(FOLDED.replace(remat='full')))
+  loss = lambda p: _loss(nnx.merge(graphdef, p), TOKENS, POS, SEG)
+  jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
+  scans = [e for e in jaxpr.eqns if e.primitive.name == 'scan']
+  assert len(scans) == 2    # the forward and the backward
+  leaves = [v.get_value() for v in jax.tree.leaves(
+      nnx.state(_model(FOLDED).blocks, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))]
+  per_step = ({(6,) + a.shape for a in leaves} | {(6,) + a.shape[1:] for a in leaves})
+  for eqn in scans:
+    shapes = [tuple(v.aval.shape) for v in eqn.outvars]
+    assert not set(shapes) & per_step, set(shapes) & per_step
+  forward, backward = scans
+  assert sorted(tuple(v.aval.shape) for v in forward.outvars) == sorted(
+      [(2, 12, 64), (6, 2, 12, FOLDED.experts_per_token), (6,), (6,), (6, 2, 12, 64)])
+  trained = [v.get_value().shape for path, v in nnx.to_flat_state(
+      nnx.state(_model(FOLDED).blocks, nnx.Param)) if path[-1] != 'router_bias']  # stop_gradient
+  stacks = sorted(trained)
+  carried = sorted(tuple(v.aval.shape) for v in backward.outvars)
+  assert all(carried.count(s) >= stacks.count(s) for s in stacks)
+
+
 @pytest.mark.heavy
-def test_scan_equals_unrolled_and_per_sublayer_loop():
-  _assert_scan_equals_unrolled(CFG, reference=True)
+@BOTH
+def test_scan_equals_unrolled_and_per_sublayer_loop(cfg):
+  _assert_scan_equals_unrolled(cfg, reference=True)
 
 
 def _loss(model, tokens, positions, segment_ids):
@@ -146,12 +221,13 @@ def _loss(model, tokens, positions, segment_ids):
 
 
 @pytest.mark.heavy
+@BOTH
 @pytest.mark.parametrize('remat', ['full', 'none'])
-def test_scan_gradients_equal_unrolled(remat):
-  params = _perturbed()
+def test_scan_gradients_equal_unrolled(cfg, remat):
+  params = _perturbed(cfg)
   grads = []
-  for cfg in (CFG.replace(remat=remat), LOOP.replace(remat=remat)):
-    graphdef, _ = nnx.split(_model(cfg))
+  for c in (cfg.replace(remat=remat), cfg.replace(remat=remat, scan_layers=False)):
+    graphdef, _ = nnx.split(_model(c))
     loss = lambda p, graphdef=graphdef: _loss(nnx.merge(graphdef, p), TOKENS, POS, SEG)
     grads.append(jax.jit(jax.grad(loss))(params))
   flat = [dict(nnx.to_flat_state(g)) for g in grads]
@@ -160,8 +236,9 @@ def test_scan_gradients_equal_unrolled(remat):
     a, b = flat[0][path].get_value(), flat[1][path].get_value()
     np.testing.assert_allclose(a, b, atol=1e-6 + 1e-4 * float(np.abs(b).max()), rtol=0,
                                err_msg=str(path))
-  moe_up = flat[0][('blocks', 0, 'unit', 2, 'mixer', 'up')].get_value()
-  assert np.abs(moe_up[1]).max() > 0   # the second repeat gets its own gradient
+  path = ('blocks', 0, 'moe') if hybrid.folds(cfg.mixers) else ('blocks', 0, 'unit', 2)
+  moe_up = flat[0][path + ('mixer', 'up')].get_value()
+  assert np.abs(moe_up[1]).max() > 0   # the second repeat / moe gets its own gradient
 
 
 @nnx.jit(static_argnames=('return_stats', 'replay'))
@@ -172,22 +249,23 @@ def _hidden(model, tokens, positions, segment_ids, cache, routing=None, return_s
 
 
 @pytest.mark.heavy
-def test_scan_routing_and_moe_stats_equal_unrolled():
-  params = _perturbed()
+@BOTH
+def test_scan_routing_and_moe_stats_equal_unrolled(cfg):
+  params = _perturbed(cfg)
   stats = {}
-  for name, cfg in (('scan', CFG), ('loop', LOOP)):
-    model = _model(cfg, params)
+  for name, c in (('scan', cfg), ('loop', cfg.replace(scan_layers=False))):
+    model = _model(c, params)
     _, _, own = _hidden(model, TOKENS, POS, SEG, None, return_stats=True)
     # Replay every sublayer's choice shifted by one expert; and only compare with it.
-    shifted = (own.indices + 1) % CFG.num_experts
+    shifted = (own.indices + 1) % cfg.num_experts
     _, _, replayed = _hidden(model, TOKENS, POS, SEG, None, shifted, return_stats=True)
     _, _, compared = _hidden(model, TOKENS, POS, SEG, None, shifted, return_stats=True,
                              replay=False)
     stats[name] = (own, replayed, compared)
-  moe = CFG.mixers.count('moe')
+  moe = cfg.mixers.count('moe')
   real = float(np.sum(np.asarray(SEG) > 0))
   for (a, b) in zip(stats['scan'], stats['loop']):
-    assert a.indices.shape == (moe, 2, 12, CFG.experts_per_token)
+    assert a.indices.shape == (moe, 2, 12, cfg.experts_per_token)
     np.testing.assert_array_equal(a.indices, b.indices)
     np.testing.assert_allclose(a.aux_loss, b.aux_loss, rtol=1e-5)
     np.testing.assert_allclose(a.z_loss, b.z_loss, rtol=1e-5)
@@ -195,7 +273,7 @@ def test_scan_routing_and_moe_stats_equal_unrolled():
       assert float(a.mismatched) == float(b.mismatched)
       assert float(a.compared) == float(b.compared) == moe * real
   own, replayed, compared = stats['scan']
-  np.testing.assert_array_equal(replayed.indices, (own.indices + 1) % CFG.num_experts)
+  np.testing.assert_array_equal(replayed.indices, (own.indices + 1) % cfg.num_experts)
   assert float(compared.mismatched) == moe * real   # every set differs from the shifted one
 
 
@@ -211,15 +289,17 @@ def _prefill_decode(model, cfg):
 
 
 @pytest.mark.heavy
-def test_scan_prefill_decode_equal_unrolled_and_full_forward():
-  params = _perturbed()
-  scanned, looped = _model(CFG, params), _model(LOOP, params)
-  a, cache_a = _prefill_decode(scanned, CFG)
-  b, cache_b = _prefill_decode(looped, LOOP)
+@BOTH
+def test_scan_prefill_decode_equal_unrolled_and_full_forward(cfg):
+  params = _perturbed(cfg)
+  loop = cfg.replace(scan_layers=False)
+  scanned, looped = _model(cfg, params), _model(loop, params)
+  a, cache_a = _prefill_decode(scanned, cfg)
+  b, cache_b = _prefill_decode(looped, loop)
   full = np.asarray(_logits(scanned, TOKENS, None, jnp.ones_like(TOKENS)))
   np.testing.assert_allclose(a, b, atol=2e-5, rtol=0)
   np.testing.assert_allclose(a, full, atol=1e-4, rtol=0)
-  assert len(cache_a.k) == CFG.attention_layers and len(cache_a.state) == CFG.mamba_layers
+  assert len(cache_a.k) == cfg.attention_layers and len(cache_a.state) == cfg.mamba_layers
   for x, y in zip(jax.tree.leaves(cache_a), jax.tree.leaves(cache_b)):
     np.testing.assert_allclose(x, y, atol=2e-5, rtol=0)
 
@@ -230,11 +310,12 @@ def _paged_step(model, tokens, positions, cache):
 
 
 @pytest.mark.heavy
-def test_scan_paged_decode_equals_unrolled_and_full_forward():
-  params = _perturbed()
+@BOTH
+def test_scan_paged_decode_equals_unrolled_and_full_forward(cfg):
+  params = _perturbed(cfg)
   ps, pages_per_slot, slots = 4, 3, 2
-  full = np.asarray(_logits(_model(CFG, params), TOKENS, None, jnp.ones_like(TOKENS)))
-  for cfg in (CFG, LOOP):
+  full = np.asarray(_logits(_model(cfg, params), TOKENS, None, jnp.ones_like(TOKENS)))
+  for cfg in (cfg, cfg.replace(scan_layers=False)):
     model = _model(cfg, params)
     pool = lambda: jnp.zeros((cfg.num_kv_heads, slots * pages_per_slot, ps, cfg.head_dim))
     n = cfg.attention_layers
@@ -258,7 +339,7 @@ def test_scan_paged_decode_equals_unrolled_and_full_forward():
     ids=['nemotron_h', 'qwen3_moe'])
 def test_hf_round_trip_of_stacked_layout(cfg, tmp_path):
   """Saved per layer as HF names them, loaded back into the stacks, slice for slice."""
-  assert any(s.repeats > 1 for s in hybrid.plan(cfg.mixers))
+  assert hybrid.folds(cfg.mixers) or any(s.repeats > 1 for s in hybrid.plan(cfg.mixers))
   model = transformer.create(cfg, seed=0)
   params = jax.tree.map(lambda x: x + jax.random.normal(jax.random.key(x.size), x.shape)
                         * 0.1, nnx.state(model, nnx.Param))
@@ -285,22 +366,24 @@ def test_hf_round_trip_of_stacked_layout(cfg, tmp_path):
                                   up[3].T)
 
 
-def test_a_cached_step_updates_each_sublayers_cache_in_place():
-  """With a cache, a repeated segment loops over its repeats: no array in the decode step's
-  program stacks a segment's KV buffers or Mamba states over the repeats (a scan would, a
-  copy of them on every decode step), and its logits equal the looped model's."""
-  model = _model(SMALL)
-  cache = transformer.init_cache(SMALL, 2, 16, jnp.float32)
+@pytest.mark.parametrize('cfg', [SMALL, FOLDED], ids=['segments', 'fold'])
+def test_a_cached_step_updates_each_sublayers_cache_in_place(cfg):
+  """With a cache, a repeated segment loops over its repeats and a fold over the pattern: no
+  array in the decode step's program stacks the KV buffers or Mamba states over the
+  sublayers (a scan would, a copy of them on every decode step), and its logits equal the
+  looped model's."""
+  model = _model(cfg)
+  cache = transformer.init_cache(cfg, 2, 16, jnp.float32)
   seg = jnp.ones((2, 1), jnp.int32)
   step = lambda m, t, c: m.hidden(t, None, seg, c)
   jaxpr = jax.make_jaxpr(lambda t, c: step(model, t, c))(TOKENS[:, :1], cache)
   k = cache.k[0].shape                                        # [B, K, S, H]
   conv = cache.state[0].conv.shape
-  stacked = {(2,) + tuple(k), (2,) + tuple(conv)}             # (M *) x 2: two repeats
+  stacked = {(cfg.attention_layers,) + tuple(k), (cfg.mamba_layers,) + tuple(conv)}
   shapes = {tuple(v.aval.shape) for eqn in jaxpr.eqns for v in eqn.outvars
             if hasattr(v.aval, 'shape')}
   assert not shapes & stacked, shapes & stacked
   assert not any(eqn.primitive.name == 'scan' for eqn in jaxpr.eqns)
   a, _ = step(model, TOKENS[:, :1], cache)
-  b, _ = step(_model(SMALL.replace(scan_layers=False)), TOKENS[:, :1], cache)
+  b, _ = step(_model(cfg.replace(scan_layers=False)), TOKENS[:, :1], cache)
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
