@@ -222,6 +222,16 @@ REGISTRY = {
     "c.domains.code = dict(verifier='code', verifier_options=dict(isolation='none'),\n"
     "train='code_train', eval='code_eval')": _HERE + 'test_the_config_blocks_validate[sandbox]',
 }
+def _shown(page, start):
+  """The unit of `page` that starts with `start`, for a registry key; a page that no longer shows
+  one gives a key no page shows, which test_no_entry_is_stale reports (rather than an import
+  error that would hide every other check)."""
+  try:
+    return doc_command(page, start)
+  except (AssertionError, FileNotFoundError):
+    return f'<{page} shows no unit starting with {start!r}>'
+
+
 # README.md's "Bring your own" recipes: tests/test_readme_recipes.py takes these blocks and
 # commands from README by their section headings and runs them as shown; test_episodes.py runs
 # the `Dice` environment block.
@@ -229,14 +239,14 @@ _RECIPE = 'tests/test_readme_recipes.py::'
 _RECIPE_FILES = _RECIPE + 'test_the_verifier_recipe_writes_its_data_and_its_config_and_verifier_check_out'
 _RECIPE_RUNS = _RECIPE + 'test_the_verifier_and_model_recipes_run_as_written'
 REGISTRY.update({
-    doc_command('README.md', '# make_data.py:'): _RECIPE_FILES,
-    doc_command('README.md', '# reverse_verifier.py:'): _RECIPE_FILES,
-    doc_command('README.md', '# my_config.py:'): _RECIPE_FILES,
+    _shown('README.md', '# make_data.py:'): _RECIPE_FILES,
+    _shown('README.md', '# reverse_verifier.py:'): _RECIPE_FILES,
+    _shown('README.md', '# my_config.py:'): _RECIPE_FILES,
     'python make_data.py': _RECIPE_FILES,
     'python -m cascade.main --config=my_config.py --workdir=runs/reverse': _RECIPE_RUNS,
     'python -m cascade.main --config=my_config.py:runs/reverse/stages/00_sft/hf '
     '--workdir=runs/reverse_from_sft': _RECIPE_RUNS,
-    doc_command('README.md', 'import envs\nfrom envs import base\nclass Dice'):
+    _shown('README.md', 'import envs\nfrom envs import base\nclass Dice'):
         'tests/cascade/test_episodes.py::test_readmes_environment_example_runs_an_episode',
 })
 _CONFIG_MD_BLOCK = 'import ml_collections\ndef get_config(arg=None):\nc = ml_collections.ConfigDict()'
@@ -362,12 +372,17 @@ def _output_lines(page):
   return lines
 
 
+def _uncovered(found, runs, output):
+  """'file:line: text' for each (page, line, kind, text) of `found` that nothing covers."""
+  return [f'{page}:{line}: {text!r}' for page, line, _, text in found
+          if _covering(page, text, runs) is None and text not in output.get(page, ())]
+
+
 def test_every_command_and_code_block_is_run_by_a_test():
   runs = _run_units()
   output = {page: _output_lines(page) for page in {p for p, _ in UNMARKED_OUTPUT}
             if (ROOT / page).exists()}
-  missing = [f'{page}:{line}: {text!r}' for page, line, _, text in all_units()
-             if _covering(page, text, runs) is None and text not in output.get(page, ())]
+  missing = _uncovered(all_units(), runs, output)
   assert not missing, ('commands and code blocks no test runs (add each to REGISTRY or _RUNS in '
                        'tests/test_doc_commands.py with the test that runs it, or fence an output '
                        'sample ```text):\n' + '\n'.join(missing))
@@ -785,3 +800,15 @@ def test_the_config_blocks_validate(which):
     assert plan.sampler.engine == 'paged' and plan.sampler.slots == 64
   else:
     assert plan.domains['code'].verifier_options['isolation'] == 'none'
+
+
+def test_an_uncovered_command_and_a_stale_key_are_reported():
+  """The check names an unregistered command by file:line; a registered one passes; a key for a
+  unit a page stopped showing is the sentinel no page shows."""
+  found = [('docs/x.md', 3, 'command', 'python -m nothing.registers.this --flag'),
+           ('docs/x.md', 9, 'command', 'make test')]
+  assert _uncovered(found, {}, {}) == ["docs/x.md:3: 'python -m nothing.registers.this --flag'"]
+  assert _uncovered(found, {'python -m nothing.registers.this --flag': 'case'}, {}) == []
+  key = _shown('docs/testing.md', 'no such command at all')
+  assert key.startswith('<docs/testing.md shows no unit') and key not in {
+      t for _, _, _, t in all_units()}
