@@ -226,7 +226,7 @@ def test_tokenizer_round_trips_the_world(built):
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # sha256 of seed 0's demo world as the configs' `prepare` step writes it. The
-# README's and configs/tiny.py's tables were measured on exactly these files:
+# README's demo matrix and docs/science.md's tables were measured on exactly these files:
 # a change here (a generator, a size, a flaw rate) means re-measuring them.
 DEMO_WORLD_SHA256 = {
     'sft_mixed.jsonl': '8d824b6b01b9f19fa498a158ad7911793a6f31ccd3de057b603134098ec940f3',
