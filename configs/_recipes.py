@@ -342,6 +342,44 @@ def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.Confi
   return c
 
 
+# The rollout fast path of the paper recipes (`fast_path`): the paged engine (rl/engine.py,
+# continuous batching over a paged KV cache) instead of one decode loop per chunk of rows.
+# - slots and pages are left to the Sampler: a call decodes as many rows at once as one
+#   chunk of it would hold in the KV budget (`cache_tokens_per_device`, SAMPLER_CACHE_GIB per
+#   chip or the hardware's), so they follow each stage's lengths, and the pool is that budget
+#   in pages, so no row is ever preempted; a finished row's slot takes the call's next row
+#   at once instead of idling until the chunk's longest row stops.
+# - page_size 64: a 40-60K-token row is ~1K pages in its page table, and the TPU paged-
+#   attention kernel reads 8 pages (512 keys) per block, the block size of the training
+#   path's flash attention.
+# - chunk_steps 64: decode steps per device call; between calls the host refills free
+#   slots and streams finished groups to the verifiers, so a freed slot waits at most 64
+#   steps (a few seconds) out of a 10-60K-token response.
+PAGED_ENGINE = dict(engine='paged', page_size=64, chunk_steps=64)
+
+
+def fast_path(c: ml_collections.ConfigDict) -> None:
+  """Puts c's RL stages on the rollout fast path: the paged engine (PAGED_ENGINE); GRPO
+  stages filter while they sample (`stream_filter`: groups are scored as they finish, and
+  prompts are drawn only until the batch is full, instead of sampling whole refill rounds);
+  every GRPO and agentic stage packs its update (`pack_tokens` = its longest row, prompt +
+  response: the update's FLOPs follow the real tokens, a microbatch holds at most as many
+  tokens as a padded one; `microbatch_rows`). Agentic episodes are several sampler calls, so
+  they filter after sampling; MOPD keeps its fixed batch (no filtering) and padded update
+  (its per-row teacher routing is not packed)."""
+  c.sampler.update(PAGED_ENGINE)
+  stages = []
+  for st in c.stages:
+    if st['kind'] in ('grpo', 'agentic'):
+      longest = max([int(st['max_response_len'])]
+                    + [int(p['max_response_len']) for p in st.get('phases') or []])
+      st = dict(st, pack_tokens=int(st['max_prompt_len']) + longest)
+      if st['kind'] == 'grpo' and st.get('dynamic_filter', True):
+        st['stream_filter'] = True
+    stages.append(st)
+  c.stages = stages
+
+
 def exact_sampler_buckets(c: ml_collections.ConfigDict) -> None:
   """Sets the sampler's new-token buckets to the lengths the stages and the evaluation use.
 
@@ -537,6 +575,7 @@ def cascade1(*, preset: str, data_root: str, tokenizer: str, base: str, rlhf: di
   stages.append(grpo('swe_rl', domains=['swe'], **cascade1_swe_rl()))
   c.stages = stages
   exact_sampler_buckets(c)
+  fast_path(c)
   return c
 
 

@@ -152,6 +152,7 @@ def get_config(arg=None):
     c.domains.chat.reward_model_stage = ''
     c.stages = [st for st in c.stages if st['name'] != 'rm']
   r.exact_sampler_buckets(c)
+  r.fast_path(c)
   return r.on_expert_mesh(r.on_hardware(c, a.hardware), a.hardware)
 
 

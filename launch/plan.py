@@ -590,7 +590,8 @@ def train_lowering(stage, model_cfg, mesh, rules, microbatches: int | None = Non
   batch, what = kind.abstract_batch(stage, mesh, rules)
   if not model_cfg.scans_layers:
     what += ', layers unrolled'
-  rows = jax.tree.leaves(batch)[0].shape[0] // (microbatches or stage.microbatches)
+  packed = None if microbatches else getattr(stage, 'microbatch_rows', None)
+  rows = packed or jax.tree.leaves(batch)[0].shape[0] // (microbatches or stage.microbatches)
   shards, split = sharding.batch_shards(mesh, rules), _split(rows, 'batch', mesh, rules)
   if split < shards:
     what += (f'; {rows} rows per microbatch over {shards} batch shards: each row on '

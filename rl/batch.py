@@ -171,6 +171,17 @@ def from_samples(samples, advantages, *, valid=None, teacher_index=None) -> Trai
       routing=routing)
 
 
+def packed_rows(rows: int, rows_multiple: int = 1) -> int:
+  """The row count `pack` gives a batch whose sequences fill `rows` packed rows: rounded up to
+  a power of two or three quarters of one (1, 2, 3, 4, 6, 8, 12, ...), so few shapes compile,
+  then to a multiple of `rows_multiple`."""
+  count = max(1, int(rows))
+  bucket = 1 << (count - 1).bit_length()            # a power of two, or 3/4 of one
+  if bucket >= 4 and 3 * bucket // 4 >= count:
+    bucket = 3 * bucket // 4
+  return -(-bucket // rows_multiple) * rows_multiple
+
+
 def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> TrainBatch:
   """Packs a batch's sequences into rows of `row_tokens` tokens (several per row).
 
@@ -231,11 +242,7 @@ def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> Train
       row = len(free) - 1
     place[r] = (row, width - free[row])
     free[row] -= n
-  count = max(1, len(free))
-  bucket = 1 << (count - 1).bit_length()            # a power of two, or 3/4 of one
-  if bucket >= 4 and 3 * bucket // 4 >= count:
-    bucket = 3 * bucket // 4
-  count = -(-bucket // rows_multiple) * rows_multiple
+  count = packed_rows(len(free), rows_multiple)
 
   def empty(x, dtype=None):
     x = np.asarray(x)

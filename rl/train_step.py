@@ -404,8 +404,8 @@ def _mismatch_fraction(metrics: dict) -> dict:
 
 def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.GradientTransformation,
                     *, mesh=None, rules=None, state: Optional[TrainState] = None,
-                    microbatches: int = 1, lr_schedule: Optional[optax.Schedule] = None,
-                    donate: bool = True):
+                    microbatches: int = 1, microbatch_rows: int | None = None,
+                    lr_schedule: Optional[optax.Schedule] = None, donate: bool = True):
   """Builds the jitted `train_step(state, batch) -> (state, metrics)`.
 
   Args:
@@ -422,6 +422,12 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
     microbatches: accumulate gradients over this many microbatches (rows
       must divide; with a mesh, rows / microbatches should divide the batch
       shards for an even spread).
+    microbatch_rows: instead of a fixed count, microbatches of this many rows: a batch of
+      R rows (R a multiple of it) accumulates over R / microbatch_rows microbatches, the
+      count taken from the batch's shape when the step is traced (a new row count is a new
+      trace). For batches whose row count varies while each row's memory is fixed (packed
+      RL updates, `rl.batch.pack`): the memory of one microbatch stays the same however
+      many rows a step packs. Overrides `microbatches`.
     lr_schedule: reported as the 'lr' metric when given.
     donate: donate the input state's buffers.
 
@@ -435,9 +441,21 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
   cfg = loss_config(spec, loss_cfg)
   if microbatches < 1:
     raise ValueError(f'make_train_step: microbatches={microbatches} must be >= 1')
+  if microbatch_rows is not None and microbatch_rows < 1:
+    raise ValueError(f'make_train_step: microbatch_rows={microbatch_rows} must be >= 1')
   rules = sharding.get_rules() if rules is None else rules
 
-  def compute(params, batch, norm):
+  def count(batch) -> int:
+    """The batch's microbatch count (static: from its shape at trace time)."""
+    if microbatch_rows is None:
+      return microbatches
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    if rows % microbatch_rows:
+      raise ValueError(f'train step: a batch of {rows} rows is not a whole number of '
+                       f'microbatches of microbatch_rows={microbatch_rows}')
+    return rows // microbatch_rows
+
+  def compute(params, batch, norm, microbatches):
     model = nnx.merge(graphdef, params)
     with hybrid.collecting_stats():
       loss, metrics = spec.loss(model, batch, cfg, norm)
@@ -446,18 +464,20 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
   grad_fn = jax.value_and_grad(compute, has_aux=True)
 
   def accumulate(params, batch, norm):
+    microbatches = count(batch)
     if microbatches == 1:
-      return grad_fn(params, batch, norm)
+      return grad_fn(params, batch, norm, 1)
     mbs = _split_microbatches(batch, microbatches)
     first = jax.tree.map(lambda x: x[0], mbs)
-    (_, m_shape), _ = jax.eval_shape(grad_fn, params, first, norm)
+    (_, m_shape), _ = jax.eval_shape(lambda p, b, n: grad_fn(p, b, n, microbatches),
+                                     params, first, norm)
     zeros_m = {k: jnp.full(v.shape, _reduce_start(k), v.dtype) for k, v in m_shape.items()}
     zeros_g = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
 
     def body(carry, mb):
       g_acc, l_acc, m_acc = carry
       mb = jax.tree.map(lambda x: sharding.constrain(x, ('batch',) + (None,) * (x.ndim - 1)), mb)
-      (l, m), g = grad_fn(params, mb, norm)
+      (l, m), g = grad_fn(params, mb, norm, microbatches)
       g_acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_acc, g)
       m_acc = {k: _reduce(k, m_acc[k], m[k]) for k in m_acc}
       return (g_acc, l_acc + l, m_acc), None

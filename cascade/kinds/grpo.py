@@ -25,6 +25,7 @@ filtering and a mixture-of-experts policy's routing replay (`routing_replay`):
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -75,6 +76,18 @@ class Config(rl.RLStageConfig):
       fail('pack_tokens', f"needs loss_agg='token' (got {self.loss_agg!r}): a packed row holds "
            'several sequences')
     super().check(fail)
+
+  @property
+  def microbatch_rows(self) -> int | None:
+    """Packed updates (`pack_tokens`): rows per microbatch, those of a padded update's
+    microbatch (prompts_per_step x group_size / updates_per_batch / microbatches), so a packed
+    microbatch holds no more tokens than a padded one (`pack_tokens` <= prompt + response
+    width) and an update runs as many microbatches as its packed rows fill; None when the
+    update is padded (then `microbatches` is the count)."""
+    if not self.pack_tokens:
+      return None
+    return max(1, self.prompts_per_step * self.group_size // self.updates_per_batch
+               // self.microbatches)
 
 
 # The loss this kind trains with (the agentic kind's too).
@@ -143,8 +156,9 @@ def train_stage(ctx, stage: Config, kind: base.Kind, draws_cls) -> base.StageRes
       if stage.pack_tokens:
         # The update follows the real tokens: each mini-batch's sequences packed into rows of
         # `pack_tokens` (same loss and gradient as the padded rows).
-        updates = [batch_lib.pack(u, stage.pack_tokens,
-                                  rows_multiple=stage.microbatches * ctx.batch_shards)
+        # A packed update runs as many microbatches of `microbatch_rows` as it fills.
+        multiple = math.lcm(stage.microbatch_rows, ctx.batch_shards)
+        updates = [batch_lib.pack(u, stage.pack_tokens, rows_multiple=multiple)
                    for u in updates]
       host = {**draws.metrics(), **fill, 'rows_with_loss': float(np.mean(valid)),
               **rl.update_accounting(updates)}

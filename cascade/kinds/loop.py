@@ -72,13 +72,18 @@ def record_batches(ctx, stage, batches: Callable[[list[dict]], tuple[Sequence[An
 
 def build_train_step(kind: base.Kind, stage, graphdef, state, mesh, rules,
                      microbatches: int | None = None):
-  """The jitted train step of a stage (what the runner runs and `launch.plan` compiles)."""
+  """The jitted train step of a stage (what the runner runs and `launch.plan` compiles).
+
+  A stage that packs its updates (`microbatch_rows`, e.g. GRPO's `pack_tokens`) accumulates
+  over as many microbatches of that many rows as a batch has, unless `microbatches` fixes the
+  count (`launch.plan`'s one-microbatch FLOP-counting twin)."""
   opt_cfg = base.optimizer_config(stage)
   optimizer = train_lib.make_optimizer(opt_cfg)
   loss, loss_cfg = kind.loss(stage)
+  rows = None if microbatches else getattr(stage, 'microbatch_rows', None)
   return train_lib.make_train_step(
       graphdef, loss, loss_cfg, optimizer, mesh=mesh, rules=rules, state=state,
-      microbatches=microbatches or stage.microbatches,
+      microbatches=microbatches or stage.microbatches, microbatch_rows=rows,
       lr_schedule=train_lib.make_schedule(opt_cfg))
 
 

@@ -45,6 +45,7 @@ sampler calls per rollout (no agentic episodes, no `stream_filter`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import ClassVar
 
@@ -269,8 +270,17 @@ def abstract_batch(stage: RLStageConfig, mesh, rules, **extra_rows):
   rows_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
   b = stage.prompts_per_step * stage.group_size // stage.updates_per_batch
   length = stage.max_prompt_len + stage.longest_response
-  mat = lambda dt: jax.ShapeDtypeStruct((b, length), jnp.dtype(dt), sharding=rows_sh)
-  vec = lambda dt: jax.ShapeDtypeStruct((b,), jnp.dtype(dt), sharding=rows_sh)
+  pack = getattr(stage, 'pack_tokens', 0)
+  rows = b
+  if pack:
+    # The largest packed update (`rl.batch.pack`): every sequence at its longest, as many to a
+    # row as fit, the row count bucketed as pack buckets it; per-row fields become per-token.
+    width = pack if pack >= length else 1 << (length - 1).bit_length()
+    multiple = math.lcm(stage.microbatch_rows, sharding.batch_shards(mesh, rules))
+    rows, length = batch_lib.packed_rows(-(-b // (width // length)), multiple), width
+  mat = lambda dt: jax.ShapeDtypeStruct((rows, length), jnp.dtype(dt), sharding=rows_sh)
+  vec = mat if pack else (lambda dt: jax.ShapeDtypeStruct((rows,), jnp.dtype(dt),
+                                                          sharding=rows_sh))
   fields = dict(tokens=mat(jnp.int32), positions=mat(jnp.int32), segment_ids=mat(jnp.int32),
                 targets=mat(jnp.int32), loss_mask=mat(jnp.float32),
                 old_logprobs=mat(jnp.float32), advantages=vec(jnp.float32),
@@ -279,11 +289,15 @@ def abstract_batch(stage: RLStageConfig, mesh, rules, **extra_rows):
     fields[name] = mat(dt) if shape == 'token' else vec(dt)
   if stage.routing_layout:
     m, k, dt = stage.routing_layout
-    fields['routing'] = jax.ShapeDtypeStruct((b, length, m, k), jnp.dtype(dt), sharding=rows_sh)
+    fields['routing'] = jax.ShapeDtypeStruct((rows, length, m, k), jnp.dtype(dt),
+                                             sharding=rows_sh)
   upd = f', {stage.updates_per_batch} updates per rollout batch' if stage.updates_per_batch > 1 else ''
   what = (f'{stage.prompts_per_step} prompts x {stage.group_size} = '
-          f'{stage.prompts_per_step * stage.group_size} rows x {length} tokens (longest phase)'
-          f'{upd}, {stage.microbatches} microbatch(es)')
+          f'{stage.prompts_per_step * stage.group_size} rows x '
+          f'{stage.max_prompt_len + stage.longest_response} tokens (longest phase){upd}, ')
+  what += (f'packed into at most {rows} rows x {length} tokens, {rows // stage.microbatch_rows} '
+           f'microbatch(es) of {stage.microbatch_rows} rows' if pack
+           else f'{stage.microbatches} microbatch(es)')
   return batch_lib.TrainBatch(**fields), what
 
 

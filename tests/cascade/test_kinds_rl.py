@@ -165,7 +165,8 @@ def test_kl_reference_is_the_stages_starting_policy(fakes, tmp_path, monkeypatch
 def test_reference_forwards_and_packed_rows_follow_the_microbatches_and_shards(
     fakes, tmp_path, monkeypatch):
   """The KL reference runs in calls of one microbatch's rows (its memory bound), and packed
-  row counts are a multiple of microbatches x batch shards (each microbatch splits evenly)."""
+  row counts are a multiple of a padded microbatch's rows (8 rows / 2 = 4, the train step's
+  `microbatch_rows`) and of the batch shards (3): lcm 12, each microbatch splits evenly."""
   plan = fakes.toy_config([fakes.SFT_STAGE, fakes.rl_stage(
       'rl', ['a'], kl_coef=0.1, microbatches=2, pack_tokens=64)])
   st = plan.stages[1]                            # 4 prompts x 2 samples = 8 rows
@@ -180,8 +181,9 @@ def test_reference_forwards_and_packed_rows_follow_the_microbatches_and_shards(
       calls['pack'].append((n, rows_multiple)) or pack(b, n, rows_multiple=rows_multiple)))
   maker = _maker(monkeypatch, grpo, ctx, st)
   [batch], _ = maker.make(0, jax.random.key(0), types.SimpleNamespace(params=_params(plan, 12)))
-  assert calls == {'ref': [4], 'pack': [(64, 6)]}
-  assert batch.tokens.shape[0] % 6 == 0
+  assert calls == {'ref': [4], 'pack': [(64, 12)]}
+  assert batch.tokens.shape[0] % 12 == 0
+  assert st.microbatch_rows == 4
 
 
 def test_no_kl_term_no_reference(fakes, tmp_path, monkeypatch):

@@ -268,6 +268,29 @@ def test_sampler_call_and_train_batch_sizes_follow_the_longest_phase():
                                                    'phase), 1 microbatch(es)')
 
 
+@pytest.mark.parametrize('pack,want_rows,want_width', [
+    (26, 8, 26),     # one longest row (10 + 16) per packed row: as many rows as padded
+    (64, 4, 64),     # two to a row: half the rows, one microbatch of 4
+    (20, 8, 32),     # narrower than a row: pack widens to the power of two that holds it
+    (100, 4, 100),   # three to a row: 3 rows, bucketed up to a whole microbatch of 4
+])
+def test_a_packed_update_plans_its_largest_packed_batch(pack, want_rows, want_width):
+  """With pack_tokens the planned update is the largest batch `rl.batch.pack` can give: every
+  sequence at its longest, as many to a row as fit, the row count bucketed as pack buckets it
+  (a multiple of the microbatch rows), per-row fields per token; the train step runs as many
+  microbatches of `microbatch_rows` as it holds."""
+  st = _stage(dict(GRPO, prompts_per_step=4, microbatches=2, pack_tokens=pack))
+  assert st.microbatch_rows == 4 and _stage(GRPO).microbatch_rows is None
+  mesh = jax.make_mesh((1, 1, 1), ('data', 'fsdp', 'tensor'),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=jax.devices()[:1])
+  batch, what = rl.abstract_batch(st, mesh, None)
+  for name in ('tokens', 'segment_ids', 'loss_mask', 'advantages', 'truncated'):
+    assert getattr(batch, name).shape == (want_rows, want_width), name
+  assert what == (f'4 prompts x 2 = 8 rows x 26 tokens (longest phase), packed into at most '
+                  f'{want_rows} rows x {want_width} tokens, {want_rows // 4} microbatch(es) of '
+                  '4 rows')
+
+
 @pytest.mark.parametrize('fraction', [None, 0.5])
 def test_a_stage_keeps_its_domains_prompts_that_fit_in_every_mode(fakes, monkeypatch, fraction):
   """The stage reads only its own domains' records from a dataset that mixes domains, and drops

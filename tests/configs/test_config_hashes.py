@@ -16,12 +16,15 @@ PINNED = {
     # of the earlier hand-converted layout must not resume under them; Cascade 2's MOPD stage
     # also trains the subset's workplace (tool-calling) prompts. (They also take in
     # 4b8b1df's sampler buckets up to 262,144 tokens, which left the old values stale.)
-    ('nemotron_cascade2', None): '54a927cf136c6c02',
-    ('nemotron_cascade2', 'hardware=h200x8'): '262f92f61e7e449e',
-    ('nemotron_cascade_14b', None): 'bbaf7ab22a9d4a0b',
-    ('nemotron_cascade_14b', 'hardware=h200x8'): '49dd6041f5ecf86f',
-    ('nemotron_cascade_8b', None): '694e586c8ffc19bc',
-    ('nemotron_cascade_8b', 'hardware=h200x8'): '45941a0d07567e3c',
+    # Changed again on purpose when the recipes moved to the rollout fast path (issue #36,
+    # configs/_recipes.py `fast_path`: the paged engine, stream_filter, pack_tokens): the
+    # update's batches and the draw of prompts differ, so an earlier workdir must not resume.
+    ('nemotron_cascade2', None): 'b165921f52384eed',
+    ('nemotron_cascade2', 'hardware=h200x8'): 'a4b753510754c4d2',
+    ('nemotron_cascade_14b', None): '32efef8963556bbb',
+    ('nemotron_cascade_14b', 'hardware=h200x8'): 'ebc9ddab16b50eb0',
+    ('nemotron_cascade_8b', None): '6363aebc176f338c',
+    ('nemotron_cascade_8b', 'hardware=h200x8'): '2336ef49ff385364',
     ('tiny', f'drop=if_rl,{_ROOT}'): 'caf986061082502d',
     ('tiny', f'order=cascade2,{_ROOT}'): '32f86bb085061af9',
     ('tiny', _ROOT): '9f73499a0995dc7c',

@@ -43,6 +43,7 @@ def test_cascade1_14b_math_stage_is_the_papers():
       optimizer=dict(lr=2.5e-6, warmup_steps=0), prompts_per_step=128, group_size=8,
       temperature=1.2, top_p=0.95, max_prompt_len=2048, max_response_len=40_960,
       thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=128,
+      pack_tokens=2048 + 40_960, stream_filter=True,
       phases=[dict(until_step=120, max_response_len=28_672, temperature=1.2,
                    filter_overlong=True),
               dict(until_step=220, max_response_len=40_960, temperature=1.1,
@@ -58,7 +59,8 @@ def test_cascade1_reward_model_and_8b_swe_stage():
       GRPO, name='swe_rl', domains=['swe'], steps=120,
       optimizer=dict(lr=2.5e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=0.95, max_prompt_len=16_384, max_response_len=16_384,
-      thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=256)
+      thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=256,
+      pack_tokens=32_768, stream_filter=True)
 
 
 def test_cascade2_if_rl_and_mopd_stages():
@@ -66,7 +68,8 @@ def test_cascade2_if_rl_and_mopd_stages():
       GRPO, name='if_rl', domains=['instruction_following'], steps=180,
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=2048, max_response_len=16_384,
-      thinking_fraction=0.0, filter_overlong=False, kl_coef=0.0, microbatches=32)
+      thinking_fraction=0.0, filter_overlong=False, kl_coef=0.0, microbatches=32,
+      pack_tokens=2048 + 16_384, stream_filter=True)
   assert _stage('nemotron_cascade2', 'mopd') == dict(
       name='mopd', kind='mopd', domains=['math', 'instruction_following', 'chat', 'mcqa',
                                          'structured', 'tool_calling'],
@@ -86,7 +89,8 @@ def test_cascade2_multi_domain_rl_and_its_verifiers():
       GRPO, name='multi_domain_rl', domains=['mcqa', 'tool_calling', 'structured'], steps=70,
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=49_152,
-      thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=32)
+      thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=32,
+      pack_tokens=4096 + 49_152, stream_filter=True)
   c = importlib.import_module('configs.nemotron_cascade2').get_config('data_root=/d')
   assert {d: c.domains[d]['verifier'] for d in ('mcqa', 'tool_calling', 'structured',
                                                 'long_context')} == {
@@ -110,7 +114,7 @@ def test_cascade2_swe_rl_is_agentic():
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=32_768,
       max_turn_tokens=8192, thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0,
-      microbatches=32)
+      microbatches=32, pack_tokens=4096 + 32_768)     # an episode is several calls: no streaming
   c = importlib.import_module('configs.nemotron_cascade2').get_config('data_root=/d')
   assert c.domains['swe_agent'].to_dict() == dict(
       env='swe_agent', env_options=dict(isolation='bwrap'), train='swe_agent_train',
@@ -120,6 +124,31 @@ def test_cascade2_swe_rl_is_agentic():
   plan = config_lib.validate(c)
   st = plan.stage('swe_rl')
   assert st.turn_tokens == 8192 and dict(st.agents[0][2]) == dict(isolation='bwrap')
+
+
+@pytest.mark.parametrize('name,arg', [(n, None) for n in CONFIGS]
+                         + [(n, 'hardware=h200x8') for n in CONFIGS])
+def test_paper_rl_stages_run_the_fast_path(name, arg):
+  """Every paper recipe samples with the paged engine; its GRPO stages filter while they
+  sample; its GRPO and agentic stages pack their updates at their longest row, in microbatches
+  of a padded microbatch's rows (so a packed microbatch holds no more tokens than a padded
+  one); MOPD keeps its padded batch."""
+  c = importlib.import_module(f'configs.{name}').get_config(arg)
+  plan = config_lib.validate(c)
+  assert plan.sampler.engine == 'paged' and plan.sampler.page_size == 64
+  # slots and pages follow the KV budget the recipe sets (rl.sampler.Sampler).
+  assert plan.sampler.slots is None and plan.sampler.pages is None
+  assert plan.sampler.cache_tokens_per_device
+  rl_kinds = [st for st in plan.stages if st.kind in ('grpo', 'agentic', 'mopd')]
+  assert {st.kind for st in rl_kinds} >= {'grpo'}
+  for st in rl_kinds:
+    if st.kind == 'mopd':
+      assert not st.stream_filter and not hasattr(st, 'pack_tokens')
+      continue
+    assert st.pack_tokens == st.max_prompt_len + st.longest_response, st.name
+    assert st.stream_filter == (st.kind == 'grpo'), st.name
+    rows = st.prompts_per_step * st.group_size // st.updates_per_batch
+    assert st.microbatch_rows == rows // st.microbatches, st.name
 
 
 def test_configs_cite_files_that_exist():

@@ -294,6 +294,28 @@ def test_an_agentic_stage_plans_its_last_turn(tiny_path):
 
 
 @pytest.mark.heavy
+def test_a_packed_update_is_planned_at_its_largest_packed_batch(tiny_path):
+  """pack_tokens: the train step is compiled for the largest batch packing can give (16 rows
+  of 64 tokens two to a 128-token row: 8 rows, one microbatch of a padded microbatch's 8
+  rows), with per-token advantages; its argument bytes are that batch's."""
+  config = _load(tiny_path)
+  config.stages[-1] = dict(config.stages[-1], pack_tokens=128, microbatches=2)
+  validated = config_lib.validate(config)
+  stage = validated.stage('add_rl')
+  assert stage.microbatch_rows == 8
+  tgt = plan.target(validated, 'cpu')
+  [rep] = plan.run_plan(validated, tgt, stages=['add_rl'], with_eval=False, with_sampler=False)
+  [train] = rep.programs
+  assert not train.error and rep.fits
+  assert ('16 rows x 64 tokens (longest phase), packed into at most 8 rows x 128 tokens, '
+          '1 microbatch(es) of 8 rows') in train.shapes
+  mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
+  batch, _ = kinds.get('grpo').abstract_batch(stage, mesh, sharding.DEFAULT_RULES)
+  assert batch.tokens.shape == batch.advantages.shape == (8, 128)
+  assert train.argument_bytes > _per_device_bytes(batch)
+
+
+@pytest.mark.heavy
 def test_the_paged_engine_is_planned_with_its_page_pool(tiny_path):
   config = _load(tiny_path)
   config.sampler = dict(engine='paged', slots=8, page_size=8)

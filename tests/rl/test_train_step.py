@@ -148,6 +148,39 @@ def test_microbatched_and_remat_gradients_equal_full_batch():
     np.testing.assert_allclose(float(m4[k]), float(m1[k]), rtol=1e-5, atol=1e-7, err_msg=k)
 
 
+def test_microbatch_rows_take_the_count_from_each_batchs_rows():
+  """microbatch_rows (packed updates): a batch of R rows runs R / rows microbatches, the count
+  read from its shape when traced, with the gradient of the whole batch; a row count that is
+  not a whole number of microbatches is refused."""
+  graphdef, params, opt, step = _setup()
+  for b in (4, 8):
+    batch = _grpo_batch(graphdef, params, b=b, seed=b, ref=True)
+    full, m1 = step(ts.init_state(_copy(params), opt), batch)
+    fixed, _ = ts.make_train_step(graphdef, GRPO, GRPO_CFG, opt, microbatches=b // 2)(
+        ts.init_state(_copy(params), opt), batch)
+    counts = []
+    real_split = ts._split_microbatches
+
+    def spy(batch, m):
+      counts.append(m)
+      return real_split(batch, m)
+    ts._split_microbatches = spy
+    try:
+      by_rows, m2 = ts.make_train_step(graphdef, GRPO, GRPO_CFG, opt, microbatch_rows=2,
+                                       microbatches=7)(ts.init_state(_copy(params), opt), batch)
+    finally:
+      ts._split_microbatches = real_split
+    assert counts == [b // 2]                  # the count follows the rows, not microbatches=7
+    assert _max_diff(_adam_mu(by_rows), _adam_mu(fixed)) < 1e-9
+    assert _max_diff(_adam_mu(by_rows), _adam_mu(full)) < 1e-8
+    np.testing.assert_allclose(float(m2['loss']), float(m1['loss']), rtol=1e-5, atol=1e-7)
+  with pytest.raises(ValueError, match='not a whole number of microbatches'):
+    ts.make_train_step(graphdef, GRPO, GRPO_CFG, opt, microbatch_rows=3)(
+        ts.init_state(_copy(params), opt), _grpo_batch(graphdef, params, b=4))
+  with pytest.raises(ValueError, match='microbatch_rows=0'):
+    ts.make_train_step(graphdef, GRPO, GRPO_CFG, opt, microbatch_rows=0)
+
+
 def test_sharded_step_equals_unsharded_after_three_steps():
   graphdef, params, opt, step = _setup()
   batches = [_grpo_batch(graphdef, params, seed=s, ref=True) for s in range(3)]
