@@ -418,10 +418,10 @@ def summary_line(stage, steps_run: int, seconds: float, first: Mapping, last: Ma
     previous: the row before it, for deltas.
 
   Returns:
-    e.g. "stage 3 math_rl (grpo): 40 steps in 83s (2.08 s/step); reward 0.31 -> 0.62;
-    math 52.0 (+12.0), code 30.5 (-0.5)".
+    e.g. "[3] math_rl (grpo): 40 steps in 83s (2.08 s/step); reward 0.31 -> 0.62;
+    math 52.0 (+12.0), code 30.5 (-0.5)" ([index] as config.stages[index]).
   """
-  parts = [f'stage {stage.index} {stage.name} ({stage.kind}): {steps_run} steps in '
+  parts = [f'[{stage.index}] {stage.name} ({stage.kind}): {steps_run} steps in '
            f'{seconds:.0f}s' + (f' ({seconds / steps_run:.2f} s/step)' if steps_run else '')]
   for key in ('reward_mean', 'loss', 'accuracy', 'response_len'):
     if key in first and key in last:

@@ -201,7 +201,7 @@ def test_cascade_killed_and_resumed_matches_uninterrupted(world, cache, uninterr
   assert any(v > 0 for row in res_a['scores'] for v in row), res_a   # not a trivial matrix
   assert '| next_rl | next |' in (a / 'results.md').read_text()
   assert (a / 'results.png').stat().st_size > 0
-  assert 'stage 1 copy_rl (grpo): 6 steps' in out.stdout
+  assert '[1] copy_rl (grpo): 6 steps in' in out.stdout
   for st in ('00_sft', '01_copy_rl', '02_next_rl'):
     assert (a / 'stages' / st / 'hf' / 'config.json').exists()
     assert '6' in os.listdir(a / 'stages' / st / 'ckpt') or st == '00_sft'
@@ -239,8 +239,10 @@ def test_a_forked_run_copies_the_shared_stages_and_ends_as_the_uninterrupted_run
   fork = tmp_path / 'fork'
   out = _run(world, fork, cache, f'--fork_from={src}')
   assert f'forked from {src}: sft, copy_rl' in out.stdout, out.stdout[-3000:]
-  assert 'stage 2 next_rl (grpo): 6 steps' in out.stdout
-  assert 'stage 0 sft' not in out.stdout and 'stage 1 copy_rl' not in out.stdout
+  assert '[2] next_rl (grpo): 6 steps in' in out.stdout
+  assert not any(l.startswith(('[0] sft (sft): ', '[1] copy_rl (grpo): '))
+                 for l in out.stdout.splitlines())          # the banner's stage lines are indented
+  assert 'stage 1 of 3' not in out.stdout and 'stage 2 of 3' not in out.stdout
   assert _matrix(json.loads((fork / 'results.json').read_text())) == _matrix(res_a)
   assert _final_weights(fork) == _final_weights(a)
   progress = json.loads((fork / 'progress.json').read_text())

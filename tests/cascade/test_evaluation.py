@@ -145,7 +145,7 @@ def test_metrics_writer_bar_and_summary(tmp_path):
   assert any(f.startswith('events.out.tfevents') for f in os.listdir(tmp_path / 'tb'))
   line = metrics.summary_line(stage, 3, 6.0, bar.first, bar.last, {'math': 50.0, 'code': 9.0},
                               {'math': 40.0, 'code': 10.0})
-  assert line == ('stage 2 math_rl (grpo): 3 steps in 6s (2.00 s/step); reward_mean 0.25 -> 0.75; '
+  assert line == ('[2] math_rl (grpo): 3 steps in 6s (2.00 s/step); reward_mean 0.25 -> 0.75; '
                   'response_len 10 -> 12; math 50.0 (+10.0), code 9.0 (-1.0)')
 
 

@@ -262,7 +262,8 @@ def _write_docs(first: str, second: str, tmp_path) -> None:
   with open(_DOC, encoding='utf-8') as f:
     page = f.read()
   for name, text in (('first', first), ('second', second)):
-    page = re.sub(rf'(<!-- {name} run -->\n```text\n).*?(\n```)',
-                  lambda m, t=clean(text): m.group(1) + t + m.group(2), page, flags=re.S)
+    page = re.sub(rf'(<!-- {name} run -->\n```text\n).*?(^```$)',
+                  lambda m, t=clean(text): m.group(1) + t + '\n' + m.group(2), page,
+                  count=1, flags=re.S | re.M)
   with open(_DOC, 'w', encoding='utf-8') as f:
     f.write(page)

@@ -104,7 +104,7 @@ def test_an_allowed_config_change_redoes_the_stages_it_affects(copy, capsys):
   new = runner.run(c, str(work))
   out = capsys.readouterr().out
   assert "the config change affects stage 1 'copy_rl' and after: redoing copy_rl" in out
-  assert 'stage 1 copy_rl (grpo): 3 steps' in out                 # trained again from step 0
+  assert '[1] copy_rl (grpo): 3 steps in' in out                 # trained again from step 0
   assert new['configs'] == [old, checkpoint.config_hash(c)] and new['stages'] == res['stages']
   assert checkpoint.Progress(str(work)).done['copy_rl']['final_step'] == 3
   moved = os.listdir(work / 'superseded')

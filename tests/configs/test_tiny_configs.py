@@ -146,7 +146,7 @@ def test_tiny_agentic_smoke_runs_from_the_command_line(tmp_path):
                      cwd=repo, capture_output=True, text=True, timeout=900)
   assert p.returncode == 0, p.stderr[-4000:]
   assert '| swe_agent_rl | swe_agent |' in p.stdout
-  assert 'stage 1 tool_rl (agentic): 2 steps' in p.stdout
+  assert '[1] tool_rl (agentic): 2 steps in' in p.stdout
 
 
 @pytest.mark.parametrize('name', CONFIGS)
