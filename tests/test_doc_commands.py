@@ -10,21 +10,24 @@ What is extracted from each page (file:line is where it starts):
   * every inline code span in prose that is a command: it starts with `$ `, `make `,
     `python -m `, `python3 `, `.venv/bin/`, `pip `, `gsutil `, `gcloud `, `bash `, `./`,
     `xmanager `, `huggingface-cli `, `env `, `tensorboard `, `launch/tpu_vm.sh `, `pytest `,
-    `sudo ` or `apt-get `, after
-    any `NAME=value ` environment assignments.
+    `sudo ` or `apt-get `, after any `NAME=value ` environment assignments.
 Whitespace is normalised (runs of blanks to one space, each line stripped).
 
-REGISTRY maps each unit's normalised text to the pytest node id of the test that runs exactly
-that text (usually via `doc_command` below, which takes the text from the page, so a changed
-page changes what the test runs). PATTERNS maps a family (a regular expression over the
-normalised text, e.g. a command that only names a module in prose) to a test that runs a
-member of it, with the reason the family is one. The checks fail on: a unit no entry covers
-(naming file:line and the text), an entry naming a test that does not exist (node ids are
-checked by parsing the test files, not by collecting them), and an entry no page shows any
-more (stale).
-
-A unit whose test is marked `heavy` or `slow` runs in that tier; e.g. a benchmark that writes a
-docs page from an hour of measurement is run exactly as shown by a `slow` test.
+Where each unit is registered:
+  * _RUNS: cases of `test_a_page_command_runs_as_shown`, which takes the command from the page
+    (`doc_command`) and runs it exactly as shown with bash in a scratch root (`run_doc_command`),
+    then checks what it wrote. A case's mark is its tier: `heavy` for minutes, `slow` for hours
+    (the benchmarks that write results pages, the 14B/30B plans, sweeps, `make demo`).
+  * REGISTRY: normalised text -> the node id of another test that runs exactly that text.
+  * PATTERNS: a family (a regular expression over the normalised text: the module named in
+    prose, a form with placeholders) -> a test that runs a member, with the reason.
+  * CI: commands .ci/run runs (`make test`, `make test-heavy`).
+  * NOT_RUN: the few that need the network, a TPU or a cloud project, each with the reason and
+    the test of the nearest thing; a debt, kept short.
+  * UNMARKED_OUTPUT: output blocks on pages still to be refenced ```text, by (page, first line).
+The checks fail on: a unit nothing covers (naming file:line and the text), an entry naming a
+test that does not exist (node ids checked by parsing the test files with ast, not by collecting
+them: the checks take well under a second), and an entry or case no page shows any more (stale).
 """
 
 import ast
@@ -170,13 +173,17 @@ def doc_command(page: str, startswith: str) -> str:
   return found[0]
 
 
-def run_doc_command(command: str, tmp_path, *, timeout: int, env=None, copy=()):
+def run_doc_command(command: str, tmp_path, *, timeout: int, env=None, copy=(), own_venv=False):
   """Runs `command` exactly as a page shows it, with bash, in a scratch directory that stands in
   for the repository root: the repository's source folders are linked into it (so `configs/x.py`
   and `python -m package.module` resolve as from the root), `python` is this venv's python, and
   what the command writes (runs/, docs/ pages, /tmp paths it names) lands in the scratch copy or
   where it names, never in the checkout. `copy`: paths copied rather than linked (a command that
-  writes into them, e.g. tests/ for a regenerated golden file)."""
+  writes into them, e.g. tests/ for a regenerated golden file). `own_venv`: no link to this venv
+  (a `make` target builds .venv itself: it would otherwise reinstall the package into the shared
+  venv from the scratch copy)."""
+  if command.startswith('make ') and not own_venv:
+    raise ValueError(f'{command!r}: a make target runs with own_venv=True (it installs into .venv)')
   work = pathlib.Path(tmp_path) / 'repo'
   work.mkdir(exist_ok=True)
   for name in ('benchmarks', 'cascade', 'configs', 'envs', 'launch', 'models', 'rl', 'tiny_world',
@@ -187,12 +194,13 @@ def run_doc_command(command: str, tmp_path, *, timeout: int, env=None, copy=()):
       (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, work / name)
     else:
       (work / name).symlink_to(ROOT / name)
-  venv = pathlib.Path(sys.prefix)             # this venv: `python` and `.venv/bin/python`
-  if not (work / '.venv').exists():
-    (work / '.venv').symlink_to(venv)
   run_env = dict(os.environ)
-  run_env['PATH'] = f'{venv / "bin"}{os.pathsep}{run_env["PATH"]}'
-  run_env['PYTHONPATH'] = str(work)
+  if not own_venv:
+    venv = pathlib.Path(sys.prefix)           # this venv: `python` and `.venv/bin/python`
+    if not (work / '.venv').exists():
+      (work / '.venv').symlink_to(venv)
+    run_env['PATH'] = f'{venv / "bin"}{os.pathsep}{run_env["PATH"]}'
+    run_env['PYTHONPATH'] = str(work)
   run_env.update(env or {})
   return subprocess.run(['bash', '-euo', 'pipefail', '-c', command], cwd=work, env=run_env,
                         capture_output=True, text=True, timeout=timeout, check=False)
@@ -525,19 +533,38 @@ def _needs(path, why):
   return lambda: None if os.path.exists(path) else pytest.skip(f'{why}: {path} is missing')
 
 
+def _needs_index():
+  """A `make` target builds its own .venv from the package index: skip without the network."""
+  import socket  # pylint: disable=g-import-not-at-top
+  try:
+    socket.create_connection(('pypi.org', 443), timeout=3).close()
+  except OSError:
+    pytest.skip('no route to the package index (make builds .venv from it)')
+
+
+def _mutation_ready():
+  """`make mutation` runs in the checkout with its .venv: only where that venv is already built
+  for it (its stamps newer than setup.py, so make installs nothing into it)."""
+  stamps = [ROOT / '.venv' / f'.stamp-{n}' for n in ('base', 'test', 'mutation')]
+  setup = (ROOT / 'setup.py').stat().st_mtime
+  if not all(p.exists() and p.stat().st_mtime >= setup for p in stamps):
+    pytest.skip('.venv is not built for `make mutation` (its stamps are missing or older than '
+                'setup.py: make would reinstall into the shared venv)')
+
+
 def _tiny_judge_fresh():
   if os.path.exists('/tmp/jw'):
     pytest.skip('/tmp/jw exists (an earlier run of the page\'s commands): remove it to rerun them')
 
 
 def _case(case_id, page, prefixes, timeout, check, *, mark=None, pre=None, copy=(), root=False,
-          before=None):
+          before=None, own_venv=False):
   """A case of test_a_page_command_runs_as_shown: `prefixes` pick the page's commands (run in
   order), `pre` skips where a prerequisite is missing ('gcs': the Cloud Storage emulator),
   `before` a command (of the same page's story, e.g. the run a fork copies from) run first."""
   marks = [mark] if mark else []
-  return pytest.param(page, prefixes, timeout, check, pre, copy, root, before, id=case_id,
-                      marks=marks)
+  return pytest.param(page, prefixes, timeout, check, pre, copy, root, before, own_venv,
+                      id=case_id, marks=marks)
 
 
 _HEAVY, _SLOW = pytest.mark.heavy, pytest.mark.slow
@@ -655,7 +682,8 @@ _RUNS = [
           ['python -m cascade.main --config=configs/tiny.py:model=hybrid'], 3 * 3600, _OK,
           mark=_SLOW),
     # docs/sandbox.md, docs/config.md
-    _case('make-demo', 'docs/sandbox.md', ['make demo'], 3 * 3600, _OK, mark=_SLOW),
+    _case('make-demo', 'docs/sandbox.md', ['make demo'], 3 * 3600, _OK, mark=_SLOW,
+          own_venv=True, pre=_needs_index),
     _case('compile-cache-gs', 'docs/config.md',
           ['python -m cascade.main --config=configs/tiny.py:smoke --workdir=runs/smoke'], 3600,
           _OK, mark=_SLOW, pre='gcs'),
@@ -679,9 +707,7 @@ _RUNS = [
           ['python -m benchmarks.verifiers --domains=code'], 900, _check_verifiers, mark=_HEAVY,
           pre=_BWRAP),
     _case('mutation-engine', 'docs/testing.md', ['make mutation MUTATE=rl/engine.py'],
-          12 * 3600, _OK, mark=_SLOW, root=True,
-          pre=_needs(str(ROOT / '.venv/.stamp-mutation'), 'the mutation extra (`make mutation` '
-                     'installs it once, from the network)')),
+          12 * 3600, _OK, mark=_SLOW, root=True, pre=_mutation_ready),
     _case('regen-golden', 'docs/testing.md', ['CASCADE_REGEN_GOLDEN=1'], 3600, _check_golden,
           mark=_SLOW, copy=('tests', 'pytest.ini')),
     _case('tpu-notebook', 'docs/testing.md',
@@ -690,9 +716,9 @@ _RUNS = [
 ]
 
 
-@pytest.mark.parametrize('page,prefixes,timeout,check,pre,copy,root,before', _RUNS)
+@pytest.mark.parametrize('page,prefixes,timeout,check,pre,copy,root,before,own_venv', _RUNS)
 def test_a_page_command_runs_as_shown(page, prefixes, timeout, check, pre, copy, root, before,
-                                      request, tmp_path):
+                                      own_venv, request, tmp_path):
   """Runs the page's command(s), taken from the page, exactly as shown (`run_doc_command`; a
   `make` target that copies the checkout runs in the checkout), then checks what it wrote."""
   env = None
@@ -710,7 +736,8 @@ def test_a_page_command_runs_as_shown(page, prefixes, timeout, check, pre, copy,
       proc = subprocess.run(['bash', '-euo', 'pipefail', '-c', command], cwd=ROOT,
                             capture_output=True, text=True, timeout=timeout, check=False)
     else:
-      proc = run_doc_command(command, tmp_path, timeout=timeout, copy=copy, env=env)
+      proc = run_doc_command(command, tmp_path, timeout=timeout, copy=copy, env=env,
+                             own_venv=own_venv)
     assert proc.returncode == 0, f'{page}: {command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}'
   check(proc, work)
 
