@@ -99,3 +99,20 @@ def test_a_stage_export_on_two_hosts_gathers_one_tensor_at_a_time(copy_cascade, 
     assert k == k2
     np.testing.assert_array_equal(np.asarray(a.get_value(), np.float32),
                                   np.asarray(b.get_value(), np.float32))
+
+
+# Slow: every program of the smoke cascade compiled, 507 s at load 20 on 2 cores (the default
+# tier's tests/launch/test_plan.py::test_a_config_without_a_mesh_is_planned_on_one_device checks
+# the same mesh choice without compiling).
+@pytest.mark.slow
+def test_the_plan_of_the_one_device_smoke_config_runs_as_typed():
+  """`python -m launch.plan --config=configs/tiny.py:smoke`, the first command the issue typed
+  (it ended in `TypeError: 'NoneType' object is not iterable`): every program of the one-device
+  config planned on the one-device mesh."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO)
+  env.pop('XLA_FLAGS', None)
+  proc = subprocess.run([sys.executable, '-m', 'launch.plan', '--config=configs/tiny.py:smoke'],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert '(1, 1, 1) (no mesh: one device)' in proc.stdout, proc.stdout[:3000]
+  assert 'every planned program fits' in proc.stdout, proc.stdout[-3000:]
