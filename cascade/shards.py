@@ -630,6 +630,9 @@ def open_shards(files: Sequence[str], cache_dir: str | None = None,
     except DataError as e:
       error = [j, str(e)]
       break
+    except (paths.PathError, OSError) as e:   # told to every process: none waits alone
+      error = [j, f'{files[j]}: cannot open it here ({type(e).__name__}: {e})']
+      break
   got = [json.loads(b) for b in hosts.exchange(json.dumps({'rows': rows, 'error': error})
                                                .encode())]
   errors = sorted(g['error'] for g in got if g['error'])

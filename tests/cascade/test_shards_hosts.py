@@ -11,6 +11,7 @@ import collections
 import gzip
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -117,6 +118,18 @@ def test_a_corrupt_shard_stops_every_host_with_its_byte_offset(tmp_path, fakes):
     assert str(out[h]) == str(out[1 - h])
     assert f's3.jsonl.gz: truncated gzip data (the stream ends at byte offset {len(raw) - 9} ' \
         in str(out[h])
+
+
+def test_a_host_that_cannot_write_its_cache_stops_every_host(tmp_path, fakes):
+  """Any failure while a host opens its share reaches every host (none waits in the exchange)."""
+  pattern, _ = write_shards(tmp_path / 'data')
+  (tmp_path / 'l1').write_text('a file where host 1\'s cache directory should be')
+  out = fakes.on_hosts(2, lambda hosts: shards.open_source(
+      pattern, str(tmp_path / f'l{hosts.index}'), str(tmp_path / 'shared'), hosts))
+  for h in range(2):
+    assert isinstance(out[h], shards.DataError), out[h]
+    assert re.match(rf'{tmp_path}/data/s1\.jsonl\.gz: cannot open it here \((FileExistsError|'
+                    r'NotADirectoryError)', str(out[h])), out[h]
 
 
 def test_without_a_shared_cache_a_host_indexes_what_it_reads_itself(tmp_path, fakes):
