@@ -693,8 +693,9 @@ _RUNS = [
     # docs/at_scale.md
     _case('gcs-slow', 'docs/at_scale.md', ['python -m pytest -m slow tests/cascade/test_gcs.py'],
           3600, _OK, mark=_SLOW, copy=('tests', 'pytest.ini')),
-    _case('device-check', 'docs/at_scale.md', ['python -m cascade.device_check'], 900, _OK,
-          mark=_HEAVY),
+    # Slow: 377 s at load 20 (tests/cascade/test_device_check.py checks it in-process, heavy).
+    _case('device-check', 'docs/at_scale.md', ['python -m cascade.device_check'], 1800, _OK,
+          mark=_SLOW),
     _case('sweep', 'docs/at_scale.md', ['python -m launch.sweep --config=configs/tiny.py'],
           12 * 3600, _OK, mark=_SLOW),
     _case('sweep-tests', 'docs/at_scale.md', ['pytest -m slow tests/launch/test_sweep.py'], 3600,
@@ -704,8 +705,8 @@ _RUNS = [
           copy=('tests', 'pytest.ini')),
     # docs/what_a_run_survives.md, docs/testing.md
     _case('verifiers-code', 'docs/what_a_run_survives.md',
-          ['python -m benchmarks.verifiers --domains=code'], 900, _check_verifiers, mark=_HEAVY,
-          pre=_BWRAP),
+          ['python -m benchmarks.verifiers --domains=code'], 1800, _check_verifiers, mark=_SLOW,
+          pre=_BWRAP),     # slow: the verifiers-page case (heavy) runs the same work and --doc
     _case('mutation-engine', 'docs/testing.md', ['make mutation MUTATE=rl/engine.py'],
           12 * 3600, _OK, mark=_SLOW, root=True, pre=_mutation_ready),
     _case('regen-golden', 'docs/testing.md', ['CASCADE_REGEN_GOLDEN=1'], 3600, _check_golden,
