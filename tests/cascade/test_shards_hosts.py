@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import types
 
 import pytest
 
@@ -105,6 +106,54 @@ def test_each_shard_is_streamed_by_one_host_and_every_host_gets_the_single_proce
   out = fakes.on_hosts(2, lambda hosts: host(hosts, 'warm'))
   assert all(out[h][0] == want for h in range(2))
   assert not streamed.by['warm0'] and not streamed.by['warm1']
+
+
+def test_the_runs_stage_data_shares_the_opening_through_its_data_cache(tmp_path, monkeypatch,
+                                                                       fakes):
+  """StageData hands its hosts and `<data_cache>/shards` to the training sets it opens: with a
+  gs://-like cache (not the hosts' local one), each shard is streamed by one host only."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  from cascade import stage_data  # pylint: disable=g-import-not-at-top
+  lines = lambda lo, hi: ''.join(json.dumps({'id': f'r{i}', 'domain': 'a', 'messages': [
+      {'role': 'user', 'content': f'Q{i}?'}], 'response': f'A{i}.'}) + '\n' for i in range(lo, hi))
+  d = tmp_path / 'sft'
+  d.mkdir()
+  for j in range(4):
+    (d / f's{j}.jsonl').write_text(lines(5 * j, 5 * j + 5))
+  plan = fakes.toy_config([dict(fakes.SFT_STAGE, max_len=96)])
+  plan = dataclasses.replace(plan, datasets={**plan.datasets, 'sft': config_lib.Dataset(
+      name='sft', format='sft', record_type='sft', path=str(d / 's*.jsonl'))})
+  monkeypatch.setattr(stage_data.data_lib, 'load', lambda spec, **kw: [])
+  real = stage_data.data_lib.open_dataset
+  monkeypatch.setattr(stage_data.data_lib, 'open_dataset', lambda spec, *a, **k: (
+      real(spec, *a, **k) if spec.name == 'sft' else []))
+  # The cache stands in for a gs:// one: StageData keeps no local index there.
+  monkeypatch.setattr(stage_data, 'paths', types.SimpleNamespace(
+      join=stage_data.paths.join, is_remote=lambda p: str(p).startswith(str(tmp_path))))
+  streamed = Streamed(monkeypatch)
+
+  class Opened(stage_data.StageData):
+    def _prompts(self, *a):
+      return []
+
+    def stage_records(self, stage):                  # the tokenized cache is not this test's
+      return None
+
+  def host(hosts):
+    threading.current_thread().name = f'sd{hosts.index}'
+    monkeypatch.setenv('CASCADE_DATA_CACHE', str(tmp_path / f'local{hosts.index}'))
+    sd = Opened(plan, fakes.CharTokenizer(), None, cache_dir=str(tmp_path / 'bucket'),
+                hosts=hosts)
+    sd.load()
+    src = sd._sources['sft']  # pylint: disable=protected-access
+    return [src[i]['id'] for i in range(len(src))]
+
+  out = fakes.on_hosts(2, host)
+  assert out[0] == out[1] == [f'r{i}' for i in range(20)], out
+  assert set(streamed.by['sd0']) == {'s0.jsonl', 's2.jsonl'}, streamed.by
+  assert set(streamed.by['sd1']) == {'s1.jsonl', 's3.jsonl'}, streamed.by
+  assert len(os.listdir(tmp_path / 'bucket' / 'shards' / 'index')) == 4
 
 
 def test_a_corrupt_shard_stops_every_host_with_its_byte_offset(tmp_path, fakes):
