@@ -34,6 +34,12 @@ def _steps(stage) -> int:
   return int(getattr(stage, 'steps', 0) or 0)
 
 
+def _what(stage) -> str:
+  """'1 step', '40 steps' or 'no training'."""
+  n = _steps(stage)
+  return f'{n} step{"" if n == 1 else "s"}' if n else 'no training'
+
+
 def duration(seconds: float) -> str:
   """'42 s', '3 min 05 s', '2 h 07 min'."""
   s = int(round(max(0.0, seconds)))
@@ -47,7 +53,7 @@ def duration(seconds: float) -> str:
 def stage_line(stage) -> str:
   """'[2] rlhf (grpo): 2 steps on chat; evaluated after' ([index] as config.stages[index] and
   the run's other lines name it)."""
-  what = f'{_steps(stage)} steps' if _steps(stage) else 'no training'
+  what = _what(stage)
   if stage.domains:
     what += ' on ' + ', '.join(stage.domains)
   if stage.ROW and stage.evaluate:
@@ -154,7 +160,7 @@ class Reporter:
       print(line, flush=True)
 
   def stage_started(self, stage) -> None:
-    what = f'{_steps(stage)} steps' if _steps(stage) else 'no training'
+    what = _what(stage)
     on = f' on {", ".join(stage.domains)}' if stage.domains else ''
     self.say(f'stage {stage.index + 1} of {self.count}: [{stage.index}] {stage.name} '
              f'({stage.kind}), {what}{on}')

@@ -258,10 +258,11 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
     done = [st.name for st in plan.stages if st.name in ctx.progress.done]
     resume_step = _resume_step(ctx)
     reporter = report_lib.Reporter(plan, done, resume_step)
-    reporter.say(report_lib.banner(
-        plan, workdir=workdir, command=command, config_hash=config_hash, mesh=ctx.mesh,
-        done=done, resume_step=resume_step, isolation=isolation,
-        cache_line=cache.banner() if cache is not None else None))
+    if reporter.enabled:        # process 0 (the cache's line lists its directory)
+      reporter.say(report_lib.banner(
+          plan, workdir=workdir, command=command, config_hash=config_hash, mesh=ctx.mesh,
+          done=done, resume_step=resume_step, isolation=isolation,
+          cache_line=cache.banner() if cache is not None else None))
     ctx.data.load()
     if plan.initial_eval and ctx.progress.row(INIT_ROW) is None:
       row = evaluate_row(ctx, INIT_ROW, -1, [], ctx.policies.params_of(('initial',)),

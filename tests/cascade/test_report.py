@@ -11,6 +11,7 @@ docs/what_a_run_prints.md quotes the heavy test's output; to regenerate it:
 import dataclasses
 import os
 import re
+import socket
 import subprocess
 import sys
 import types
@@ -251,6 +252,51 @@ def test_a_smoke_run_and_its_resume_explain_themselves(tmp_path):
   assert 'the cascade is done' in stage_lines[1]
   if os.environ.get('CASCADE_REGEN_DOCS'):
     _write_docs(first.stdout, second.stdout, tmp_path)
+
+
+@pytest.mark.heavy
+@pytest.mark.multiprocess
+def test_on_two_hosts_only_process_0_prints_the_banner_and_progress(tmp_path, copy_cascade,
+                                                                    derived_config):
+  """Two local JAX processes (4 CPU devices each) run one SFT stage of 1 step on a (2, 2, 2)
+  mesh over a shared workdir: process 0 prints the banner (8 devices, 2 processes, the mesh's
+  axes) and the stage lines, process 1 none of them."""
+  copy_cascade(tmp_path, train=16, eval_=8, sft=32, mesh_shape=(2, 2, 2), sft_steps=1,
+               rl_steps=1)
+  (tmp_path / 'sft_only.py').write_text(derived_config('  c.stages = c.stages[:1]\n'))
+  port = _free_port()
+  procs = []
+  for i in range(2):
+    env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=REPO, JAX_NUM_PROCESSES='2',
+               JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}', JAX_PROCESS_ID=str(i),
+               XLA_FLAGS='--xla_force_host_platform_device_count=4')
+    procs.append(subprocess.Popen(
+        [sys.executable, '-m', 'cascade.main', f'--config={tmp_path}/sft_only.py',
+         f'--workdir={tmp_path}/run'], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True))
+  outs = []
+  try:
+    for p in procs:
+      outs.append(p.communicate(timeout=600))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for _, e in outs]
+  zero, one = outs[0][0].splitlines(), outs[1][0].splitlines()
+  assert ('devices: 8 cpu (cpu), 2 processes (4 local devices); mesh: data=2 fsdp=2 tensor=2'
+          in zero)
+  assert 'stage 1 of 1: [0] sft (sft), 1 step on copy' in zero
+  assert any(l.startswith('stage 1 of 1 done: [0] sft (sft) in ') for l in zero)
+  assert any(l.startswith('[0] sft: eval 1/1 copy ') for l in zero)
+  assert not [l for l in one if l.startswith(('cascade: ', 'devices: ', 'stage ', '[0] sft: eval',
+                                              'prepare: ', 'resume: '))], one
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
 
 
 _DOC = os.path.join(REPO, 'docs', 'what_a_run_prints.md')
