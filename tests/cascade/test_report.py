@@ -26,6 +26,7 @@ from cascade import report
 from cascade import runner
 from cascade import verifier_set
 from configs import tiny
+from configs import tiny_agentic
 from models import sharding
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -188,6 +189,19 @@ def test_check_options_says_the_isolation_each_verifier_will_use(isolation):
   assert {k: v for k, v in got.items() if k != 'code'} == dict.fromkeys(
       sorted(({d.verifier for d in plan.domains.values()}
               | {d.eval_verifier for d in plan.domains.values()}) - {'code'}), 'n/a')
+
+
+def test_an_agentic_domains_environment_says_its_isolation():
+  c = tiny_agentic.get_config('smoke')
+  envs_of = {d.env for d in config_lib.validate(c).domains.values() if d.agentic}
+  assert envs_of == {'tool_use', 'swe_agent'}
+  for iso in ('none', 'bwrap'):
+    for d in c.domains.values():
+      if d.get('env'):
+        d.env_options = dict(d.get('env_options') or {}, isolation=iso)
+    vs = verifier_set.VerifierSet(config_lib.validate(c), rm_scorer=None,
+                                  rm_ready=lambda name: False)
+    assert vs.check_options() == {'env:swe_agent': iso, 'env:tool_use': iso}
 
 
 # ---------------------------------------------------------------- the command line, end to end
