@@ -105,6 +105,12 @@ def test_stage_lines_come_in_order_with_the_cascades_eta(fakes, capsys):
                       '(2 min 10 s in this run)')
 
 
+def test_durations_read_as_a_person_says_them():
+  assert [report.duration(s) for s in (0.4, 59.6, 60, 605, 3599, 3600, 7620, 90000)] == [
+      '0 s', '1 min 00 s', '1 min 00 s', '10 min 05 s', '59 min 59 s', '1 h 00 min',
+      '2 h 07 min', '25 h 00 min']
+
+
 def test_a_resumed_run_counts_only_the_steps_it_has_left(fakes, capsys):
   plan = _plan(fakes)
   rep = report.Reporter(plan, done=['sft'], resume_step=3, enabled=True)
