@@ -614,19 +614,19 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int):
     restart = run[:, -1] > 0
     first, last = _edge_segments(seg, real)
     count = jnp.sum(real, axis=1, dtype=jnp.int32)
-    windows, keep = _fold_windows(
-        *jax.tree.map(gather, (_conv_tail(parts, real, run, k), count, first, last, restart)))
+    tails, counts, firsts, lasts, restarts = jax.tree.map(
+        gather, (_conv_tail(parts, real, run, k), count, first, last, restart))
+    windows, keep = _fold_windows(tails, counts, firsts, lasts, restarts)
     prefix = tuple(mine(w, shard) for w in windows)
-    keep_all, restart_all = keep, gather(restart)
     (xs, bs, cs), _ = _conv_scan(parts, convs, prefix, real, run, want_state=False)
     la = dt * a                                                        # [2B, C, H]
     b2, c, hl, p = xs.shape
-    gl, nn = bs.shape[2:]
-    y, final = _ssd(xs, dt, a, bs, cs, run, jnp.zeros((b2, hl, p, nn), jnp.float32), chunk)
-    h_in = mine(_fold_states(gather(jnp.sum(la, axis=1)), gather(final), keep_all,
-                             restart_all), shard)                     # [2B, H, P, N]
+    gl, ns = bs.shape[2:]
+    y, final = _ssd(xs, dt, a, bs, cs, run, jnp.zeros((b2, hl, p, ns), jnp.float32), chunk)
+    h_in = mine(_fold_states(gather(jnp.sum(la, axis=1)), gather(final), keep, restarts),
+                shard)                                                # [2B, H, P, N]
     decay = jnp.where((run == 0)[..., None], jnp.exp(jnp.cumsum(la, axis=1)), 0.0)
-    y_in = jnp.einsum('btgn,bgrpn->btgrp', cs, h_in.reshape(b2, gl, hl // gl, p, nn))
+    y_in = jnp.einsum('btgn,bgrpn->btgrp', cs, h_in.reshape(b2, gl, hl // gl, p, ns))
     y = y + decay[..., None] * y_in.reshape(b2, c, hl, p)
     return _unpieces(xs), _unpieces(y)
 
