@@ -470,7 +470,8 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
       for r in range(reps):
         outs = []
         for p, (graphdef, state) in enumerate(split):
-          kind, n = unit[p], first[p] + r * per[kind]
+          kind = unit[p]
+          n = first[p] + r * per[kind]     # its own kind's count, not the last sublayer's
           r_moe = (None if route is None or kind != 'moe'
                    else route[r, unit[:p].count('moe')])
           x, m, report = call(nnx.merge(graphdef, jax.tree.map(lambda a, r=r: a[r], state)),
