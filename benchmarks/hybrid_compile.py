@@ -1,18 +1,22 @@
-"""Compile time of the hybrid (Nemotron-H) layer stack: unrolled against scanned, side by side.
+"""Compile time of the hybrid (Nemotron-H) layer stack: unrolled, segments and folded, side by side.
 
   .venv/bin/python -m benchmarks.hybrid_compile                          # Nemotron-3-Nano's pattern
   .venv/bin/python -m benchmarks.hybrid_compile --pattern='M*EM*EM*E-' --programs=forward
+  .venv/bin/python -m benchmarks.hybrid_compile --variants=segments,folded --programs=train
 
 For each program (an SFT train step: forward, backward with full remat and the AdamW
 update; a forward to logits; one decode step into a KV cache and Mamba states) it lowers
-and compiles the same small-width model twice on the default backend, once with the
-sublayers unrolled (scan_layers=False: one body per sublayer) and once scanned
-(models/hybrid.py `plan`: one body per position of each repeated unit), the two back to
-back so load from other processes hits both alike, and prints the seconds of each and
-their ratio. The compiled programs run once on the same inputs and the scanned outputs
-are checked against the unrolled ones (the forward's logits, the decode step's logits,
-the train step's loss). The last line is JSON. Compile times are only comparable near a
-load average of 0; the load is printed before and after.
+and compiles the same small-width model once per variant on the default backend, back to
+back so load from other processes hits them alike: 'unrolled' (scan_layers=False: one body
+per sublayer), 'segments' (models/hybrid.py `plan`: a scan per repeated segment, one body per
+position of its unit) and 'folded' (`hybrid.Fold`: one scan over the pattern, one body per
+kind of sublayer in a switch); the layout is forced per variant (`hybrid.forcing_layout`),
+whatever the pattern would choose. It prints the seconds of each, the ratio of the first
+variant's to each other's, and the compiled program's temporaries (XLA's memory analysis).
+The compiled programs run once on the same inputs and each variant's outputs are checked
+against the first's (the forward's logits, the decode step's logits, the train step's
+loss). The last line is JSON. Compile times are only comparable near a load average of 0;
+the load is printed before and after.
 """
 
 from __future__ import annotations
@@ -44,9 +48,13 @@ _PROGRAMS = flags.DEFINE_list('programs', ['train', 'forward', 'decode'],
 _EMBED = flags.DEFINE_integer('embed', 64, 'Residual width (the rest as tiny_hybrid).')
 _LENGTH = flags.DEFINE_integer('length', 64, 'Tokens per row (train and forward).')
 _ROWS = flags.DEFINE_integer('rows', 2, 'Rows.')
+_VARIANTS = flags.DEFINE_list('variants', ['unrolled', 'segments', 'folded'],
+                              'Stacks to compare, the first the reference: unrolled, segments, '
+                              'folded.')
 
 SFT = train_lib.LossSpec(sft.SftConfig, sft.loss_fn, sft.normalizers)
 PROGRAMS = ('train', 'forward', 'decode')
+VARIANTS = ('unrolled', 'segments', 'folded')
 
 
 def model_config(scan: bool) -> config_lib.ModelConfig:
@@ -93,50 +101,66 @@ def program(name: str, cfg: config_lib.ModelConfig):
   raise ValueError(f'--programs: unknown program {name!r}; expected some of {PROGRAMS}')
 
 
-def measure(name: str) -> dict:
+def measure(name: str, variants) -> dict:
   out, results = dict(program=name), {}
-  for scan in (False, True):
-    fn, args, pick = program(name, model_config(scan))
-    t0 = time.perf_counter()
-    lowered = fn.lower(*args)
-    t1 = time.perf_counter()
-    compiled = lowered.compile()
-    t2 = time.perf_counter()
-    key = 'scanned' if scan else 'unrolled'
-    out[f'{key}_lower_s'], out[f'{key}_compile_s'] = t1 - t0, t2 - t1
-    results[key] = np.asarray(pick(compiled(*args)), np.float64)
-  out['ratio'] = ((out['unrolled_lower_s'] + out['unrolled_compile_s']) /
-                  (out['scanned_lower_s'] + out['scanned_compile_s']))
-  out['max_abs_diff'] = float(np.max(np.abs(results['scanned'] - results['unrolled'])))
+  for key in variants:
+    layout = 'fold' if key == 'folded' else 'segments'
+    with hybrid.forcing_layout(layout):
+      fn, args, pick = program(name, model_config(key != 'unrolled'))
+      t0 = time.perf_counter()
+      lowered = fn.lower(*args)
+      t1 = time.perf_counter()
+      compiled = lowered.compile()
+      t2 = time.perf_counter()
+      out[f'{key}_lower_s'], out[f'{key}_compile_s'] = t1 - t0, t2 - t1
+      memory = compiled.memory_analysis()
+      out[f'{key}_temp_mib'] = (None if memory is None
+                                else memory.temp_size_in_bytes / 2**20)
+      results[key] = np.asarray(pick(compiled(*args)), np.float64)
+  first = variants[0]
+  total = lambda k: out[f'{k}_lower_s'] + out[f'{k}_compile_s']
+  for key in variants[1:]:
+    out[f'{key}_ratio'] = total(first) / total(key)
+    out[f'{key}_max_abs_diff'] = float(np.max(np.abs(results[key] - results[first])))
   return out
 
 
 def main(argv):
   del argv
   jax.config.update('jax_enable_compilation_cache', False)
+  variants = _VARIANTS.value
+  unknown = [v for v in variants if v not in VARIANTS]
+  if unknown or not variants:
+    raise app.UsageError(f'--variants: unknown {unknown}; expected some of {VARIANTS}')
   cfg = model_config(True)
   segs = hybrid.plan(cfg.mixers)
   bodies = sum(len(s.unit) for s in segs)
+  kinds = len(hybrid.fold_steps(cfg.mixers)[0])
   before = os.getloadavg()
-  print(f'{cfg.num_layers} sublayers -> {bodies} bodies in {len(segs)} segments; width '
-        f'{cfg.embed_dim}, {_ROWS.value} x {_LENGTH.value} tokens; {jax.default_backend()}; '
-        f'load average {before[0]:.2f} {before[1]:.2f} {before[2]:.2f}')
-  print(f'{"program":>8} {"unrolled lower+compile s":>25} {"scanned lower+compile s":>24} '
-        f'{"ratio":>6} {"max |diff|":>11}')
+  print(f'{cfg.num_layers} sublayers: unrolled {cfg.num_layers} bodies, segments {bodies} '
+        f'bodies in {len(segs)} segments, folded {kinds} bodies; width {cfg.embed_dim}, '
+        f'{_ROWS.value} x {_LENGTH.value} tokens; {jax.default_backend()}; '
+        f'load average {before[0]:.2f} {before[1]:.2f} {before[2]:.2f}', flush=True)
   rows = []
   for name in _PROGRAMS.value:
-    r = measure(name)
+    r = measure(name, variants)
     rows.append(r)
-    print(f'{name:>8} {r["unrolled_lower_s"]:>11.1f} + {r["unrolled_compile_s"]:>11.1f} '
-          f'{r["scanned_lower_s"]:>10.1f} + {r["scanned_compile_s"]:>11.1f} '
-          f'{r["ratio"]:>6.1f} {r["max_abs_diff"]:>11.2e}')
+    for key in variants:
+      extra = ('' if key == variants[0] else
+               f'  {variants[0]}/{key} {r[f"{key}_ratio"]:.1f}x  max |diff| '
+               f'{r[f"{key}_max_abs_diff"]:.2e}')
+      temp = r[f'{key}_temp_mib']
+      print(f'{name:>8} {key:>9}: lower {r[f"{key}_lower_s"]:7.1f} s + compile '
+            f'{r[f"{key}_compile_s"]:7.1f} s, temporaries '
+            f'{"?" if temp is None else f"{temp:.1f}"} MiB{extra}', flush=True)
   after = os.getloadavg()
   print(f'load average after: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}')
   warning = host.load_warning(before, after)
   if warning:
     print(warning)
   print(json.dumps(dict(sublayers=cfg.num_layers, bodies=bodies, segments=len(segs),
-                        load_before=before, load_after=after, rows=rows)))
+                        kinds=kinds, variants=variants, load_before=before,
+                        load_after=after, rows=rows)))
 
 
 if __name__ == '__main__':

@@ -200,11 +200,34 @@ def plan(mixers: tuple[str, ...]) -> tuple[Segment, ...]:
 KINDS = ('mamba', 'moe', 'attention', 'mlp')
 
 
-@functools.lru_cache(maxsize=64)
+_layout = threading.local()
+
+
+@contextlib.contextmanager
+def forcing_layout(layout: str):
+  """Within it, `folds` answers True for 'fold' and False for 'segments' whatever the pattern:
+  for comparing the two layouts of one pattern (benchmarks/hybrid_compile.py). A model built
+  within it must also be called within it."""
+  if layout not in ('fold', 'segments'):
+    raise ValueError(f'layout={layout!r}: expected fold or segments')
+  old = getattr(_layout, 'forced', None)
+  _layout.forced = layout == 'fold'
+  try:
+    yield
+  finally:
+    _layout.forced = old
+
+
 def folds(mixers: tuple[str, ...]) -> bool:
   """Whether `mixers` is kept as a `Fold` (one body per kind of sublayer) rather than as
   `plan`'s segments: where the kinds present are fewer than the segments' bodies
   (Nemotron-3-Nano: 3 against 14; Qwen3-MoE's (attention, moe) x 48 keeps its 2)."""
+  forced = getattr(_layout, 'forced', None)
+  return _folds(tuple(mixers)) if forced is None else forced
+
+
+@functools.lru_cache(maxsize=64)
+def _folds(mixers: tuple[str, ...]) -> bool:
   return len(set(mixers)) < sum(len(s.unit) for s in plan(mixers))
 
 
