@@ -93,7 +93,9 @@ class ModelConfig:
       buffers it first fills with zeros (a GRPO update 1.2x slower on the
       tiny shape). `scans_layers` is the resolved choice. The mixture-of-experts
       families scan each run of a repeated unit of their pattern
-      (models/hybrid.py `plan`) and run the other sublayers one by one.
+      (models/hybrid.py `plan`) and run the other sublayers one by one, or,
+      where that needs fewer bodies, scan the whole pattern with one body per
+      kind of sublayer (`hybrid.folds`).
     attention: attention implementation of every pass without a cache and of
       a prefill into one (models/attention.py): 'auto' (TPU splash, GPU flash,
       else dense below attention.DENSE_MAX_LEN keys and blockwise from there),
