@@ -608,7 +608,7 @@ _RUNS = [
           3 * 3600, _writes('docs/benchmarks/context_parallel.md'), mark=_SLOW),
     _case('long-context-tests', 'docs/benchmarks.md',
           ['pytest -m slow tests/benchmarks/test_long_context.py'], 3600, _OK, mark=_SLOW,
-          copy=('tests', 'pytest.ini')),
+          root=True),
     _case('long-context', 'docs/benchmarks.md', ['.venv/bin/python -m benchmarks.long_context'],
           3 * 3600, _OK, mark=_SLOW),
     _case('sampler-greedy', 'docs/benchmarks.md',
@@ -692,17 +692,17 @@ _RUNS = [
           mark=_SLOW, before='python -m cascade.main --config=configs/tiny.py --workdir=runs/tiny'),
     # docs/at_scale.md
     _case('gcs-slow', 'docs/at_scale.md', ['python -m pytest -m slow tests/cascade/test_gcs.py'],
-          3600, _OK, mark=_SLOW, copy=('tests', 'pytest.ini')),
+          3600, _OK, mark=_SLOW, root=True),
     # Slow: 377 s at load 20 (tests/cascade/test_device_check.py checks it in-process, heavy).
     _case('device-check', 'docs/at_scale.md', ['python -m cascade.device_check'], 1800, _OK,
           mark=_SLOW),
     _case('sweep', 'docs/at_scale.md', ['python -m launch.sweep --config=configs/tiny.py'],
           12 * 3600, _OK, mark=_SLOW),
     _case('sweep-tests', 'docs/at_scale.md', ['pytest -m slow tests/launch/test_sweep.py'], 3600,
-          _OK, mark=_SLOW, copy=('tests', 'pytest.ini')),
+          _OK, mark=_SLOW, root=True),
     _case('reward-hosts', 'docs/at_scale.md',
           ['pytest -m multiprocess tests/cascade/test_reward_hosts.py'], 3600, _OK, mark=_SLOW,
-          copy=('tests', 'pytest.ini')),
+          root=True),
     # docs/what_a_run_survives.md, docs/testing.md
     _case('verifiers-code', 'docs/what_a_run_survives.md',
           ['python -m benchmarks.verifiers --domains=code'], 1800, _check_verifiers, mark=_SLOW,
@@ -713,7 +713,7 @@ _RUNS = [
           mark=_SLOW, copy=('tests', 'pytest.ini')),
     _case('tpu-notebook', 'docs/testing.md',
           ['.venv/bin/python -m pytest -q -m heavy tests/test_tpu_notebook.py'], 1800, _OK,
-          mark=_SLOW, copy=('tests', 'pytest.ini')),
+          mark=_SLOW, root=True),
 ]
 
 
@@ -721,7 +721,8 @@ _RUNS = [
 def test_a_page_command_runs_as_shown(page, prefixes, timeout, check, pre, copy, root, before,
                                       own_venv, request, tmp_path):
   """Runs the page's command(s), taken from the page, exactly as shown (`run_doc_command`; a
-  `make` target that copies the checkout runs in the checkout), then checks what it wrote."""
+  `make` target that copies the checkout, and a pytest run of the repository's own tests, which
+  write nothing there, run in the checkout: `root`), then checks what it wrote."""
   env = None
   if pre == 'gcs':
     env = request.getfixturevalue('gcs').env
@@ -734,7 +735,9 @@ def test_a_page_command_runs_as_shown(page, prefixes, timeout, check, pre, copy,
     assert proc.returncode == 0, f'{before}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}'
   for command in commands:
     if root:
-      proc = subprocess.run(['bash', '-euo', 'pipefail', '-c', command], cwd=ROOT,
+      root_env = dict(os.environ, PATH=f'{pathlib.Path(sys.prefix) / "bin"}{os.pathsep}'
+                      f'{os.environ["PATH"]}')
+      proc = subprocess.run(['bash', '-euo', 'pipefail', '-c', command], cwd=ROOT, env=root_env,
                             capture_output=True, text=True, timeout=timeout, check=False)
     else:
       proc = run_doc_command(command, tmp_path, timeout=timeout, copy=copy, env=env,
