@@ -30,6 +30,15 @@ tables to a markdown page with the command, date, machine and load.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python -m benchmarks.long_context \\
       --lengths= --sequence=2,4 --cp_lengths=1024,2048 --doc=docs/benchmarks/context_parallel.md
+
+--cp_family=hybrid compares the hybrid family instead (`ModelConfig.tiny_hybrid`'s
+pattern of Mamba-2, MoE, attention and MLP sublayers at --embed / --heads / --vocab;
+--layers does not apply): its Mamba-2 scans pass their state across the shards
+(`models.mamba`). It has no bare counterpart, so only the framework's programs run.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python -m benchmarks.long_context \\
+      --lengths= --sequence=2,4 --cp_lengths=1024,2048 --cp_family=hybrid \\
+      --doc=docs/benchmarks/context_parallel_hybrid.md
 """
 
 from __future__ import annotations
@@ -73,6 +82,9 @@ _SEQUENCE = flags.DEFINE_list('sequence', [], 'Context-parallel shard counts to 
 _CP_LENGTHS = flags.DEFINE_list('cp_lengths', ['1024', '2048'],
                                 'Row lengths of the context-parallel comparison (all run).')
 _CP_IMPL = flags.DEFINE_string('cp_impl', 'blockwise', 'Attention of the comparison.')
+_CP_FAMILY = flags.DEFINE_enum('cp_family', 'dense', ['dense', 'hybrid'],
+                               'Model family of the comparison: the Qwen3-like model of '
+                               '--layers blocks, or the hybrid Mamba-2 / MoE / attention one.')
 _DOC = flags.DEFINE_string('doc', None, 'Also write the tables to this markdown page.')
 
 SFT = train_lib.LossSpec(sft.SftConfig, sft.loss_fn, sft.normalizers)
@@ -83,6 +95,17 @@ def model_config(impl: str, length: int) -> config_lib.ModelConfig:
       vocab_size=_VOCAB.value, embed_dim=_EMBED.value, num_layers=_LAYERS.value,
       num_heads=_HEADS.value, num_kv_heads=2, head_dim=64, mlp_dim=4 * _EMBED.value,
       max_seq_len=length, attention=impl, remat='full', scan_layers=True)
+
+
+def hybrid_config(impl: str, length: int) -> config_lib.ModelConfig:
+  """`ModelConfig.tiny_hybrid`'s six sublayers (Mamba-2, MoE, attention, MoE, Mamba-2, MLP)
+  at this benchmark's width, heads and vocabulary."""
+  return config_lib.ModelConfig.tiny_hybrid(
+      vocab_size=_VOCAB.value, embed_dim=_EMBED.value, num_heads=_HEADS.value, num_kv_heads=2,
+      head_dim=64, mlp_dim=4 * _EMBED.value, moe_dim=_EMBED.value,
+      shared_expert_dim=2 * _EMBED.value, mamba_heads=2 * _HEADS.value, mamba_head_dim=32,
+      mamba_state=32, mamba_chunk=64, max_seq_len=length, attention=impl, remat='full',
+      scan_layers=True)
 
 
 def sft_batch(length: int) -> batch_lib.TrainBatch:
@@ -186,13 +209,14 @@ def _compile(fn, args, mesh, in_shardings=None, out_shardings=None):
 
 def measure_cp(length: int, shards: int, repeats: int) -> list[dict]:
   """Forward and train step of one row of `length` tokens: the framework's on one device and
-  context-parallel over `shards` sequence shards, and the bare program on each."""
-  cfg = model_config(_CP_IMPL.value, length)
+  context-parallel over `shards` sequence shards, and the bare program on each (dense only)."""
+  hybrid = _CP_FAMILY.value == 'hybrid'
+  cfg = (hybrid_config if hybrid else model_config)(_CP_IMPL.value, length)
   make = lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0))
   graphdef, _ = nnx.split(nnx.eval_shape(make))
   params = jax.jit(lambda: nnx.state(make()))()
   batch = jax.tree.map(jnp.asarray, sft_batch(length))
-  weights = floor._bare_weights(cfg, np.random.default_rng(0))
+  weights = None if hybrid else floor._bare_weights(cfg, np.random.default_rng(0))
   opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=1e-4))
   rows = []
   tokens = batch.tokens.size
@@ -210,19 +234,18 @@ def measure_cp(length: int, shards: int, repeats: int) -> list[dict]:
     state = train_lib.init_state(p, opt, mesh=mesh)
     step = train_lib.make_train_step(graphdef, SFT, None, opt, mesh=mesh,
                                      state=None if mesh is None else state, donate=False)
-    row_sh = None
+    row_sh = row = None
     if mesh is not None:
       row = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, 'sequence'))
       rep_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
       row_sh = (jax.tree.map(lambda _: rep_sh, weights), row, row)
-    programs = (
-        ('forward', forward, (p, batch), None, None),
-        ('forward (bare)', bare, (weights, batch.tokens, batch.targets), row_sh,
-         None if mesh is None else row),
-        ('train step', step, (state, batch), None, None),
-        ('train step (bare)', bare_grad, (weights, batch.tokens, batch.targets), row_sh,
-         None if mesh is None else row_sh[0]),
-    )
+    programs = [('forward', forward, (p, batch), None, None),
+                ('forward (bare)', bare, (weights, batch.tokens, batch.targets), row_sh, row),
+                ('train step', step, (state, batch), None, None),
+                ('train step (bare)', bare_grad, (weights, batch.tokens, batch.targets), row_sh,
+                 None if mesh is None else row_sh[0])]
+    if hybrid:
+      programs = [x for x in programs if not x[0].endswith('(bare)')]
     for name, fn, args, in_sh, out_sh in programs:
       if name == 'train step':
         t0 = time.perf_counter()
@@ -243,7 +266,9 @@ def main_cp(shard_counts: list[int], lengths: list[int]) -> tuple[list[str], lis
     raise app.UsageError(f'--sequence={max(shard_counts)} needs that many devices, have '
                          f'{jax.device_count()}: set XLA_FLAGS=--xla_force_host_platform_'
                          f'device_count=8')
-  lines = [f'context parallelism ({_CP_IMPL.value} attention; one row; temporaries per device)',
+  family = '' if _CP_FAMILY.value == 'dense' else f'{_CP_FAMILY.value} model, '
+  lines = [f'context parallelism ({family}{_CP_IMPL.value} attention; one row; temporaries '
+           'per device)',
            f'{"program":>18} {"T":>6} {"shards":>6} {"temp MiB":>9} {"tokens/s":>9} '
            f'{"s":>7} {"compile s":>9}']
   print('\n'.join(lines))
@@ -309,16 +334,22 @@ def main(argv):
   if _DOC.value:
     after = os.getloadavg()
     command = 'python -m benchmarks.long_context ' + ' '.join(sys.argv[1:])
-    page = ['# Long context: context parallelism against one device', '',
+    hybrid = _CP_FAMILY.value == 'hybrid'
+    what = ('The hybrid family (`ModelConfig.tiny_hybrid`\'s pattern at this width: Mamba-2, '
+            'MoE, attention, MoE, Mamba-2, MLP), whose Mamba-2 scans pass their state across '
+            'the shards; it has no bare counterpart. ' if hybrid else
+            '"bare" is the same work as one plain jitted jnp program (`bare_forward`), inputs '
+            'split along T on the same devices. ')
+    page = ['# Long context: context parallelism against one device'
+            + (' (hybrid family)' if hybrid else ''), '',
             f'Written by `benchmarks/long_context.py` on {datetime.date.today().isoformat()}: '
             f'`XLA_FLAGS={os.environ.get("XLA_FLAGS", "")} {command}` on {os.cpu_count()} '
             f'cores of {_cpu_name()} ({jax.device_count()} {jax.default_backend()} devices), '
             f'load average {load[0]:.2f} before and {after[0]:.2f} after (one minute).', '',
             'Simulated devices share the host\'s cores: tokens/s compares the programs\' '
             'overhead on one machine, not a speed-up; the temporaries per device are what '
-            'splitting a row over the sequence axis divides. "bare" is the same work as one '
-            'plain jitted jnp program (`bare_forward`), inputs split along T on the same '
-            'devices.', '', '```', *cp_lines, '```', '', '```', result, '```', '']
+            'splitting a row over the sequence axis divides. ' + what, '', '```text',
+            *cp_lines, '```', '', '```text', result, '```', '']
     os.makedirs(os.path.dirname(os.path.abspath(_DOC.value)), exist_ok=True)
     with open(_DOC.value, 'w', encoding='utf-8') as f:
       f.write('\n'.join(page))

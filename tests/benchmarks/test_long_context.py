@@ -44,3 +44,21 @@ def test_context_parallel_comparison_writes_its_page(capsys, tmp_path):
   page = doc.read_text()
   assert page.startswith('# Long context: context parallelism') and 'load average' in page
   assert 'train step (bare)' in page
+
+
+@pytest.mark.slow
+def test_hybrid_context_parallel_comparison_writes_its_page(capsys, tmp_path):
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(['long_context'])
+  doc = tmp_path / 'cp_hybrid.md'
+  with flagsaver.flagsaver(lengths=[], sequence=['2'], cp_lengths=['256'], cp_family='hybrid',
+                           repeats=1, embed=64, heads=2, vocab=256, doc=str(doc)):
+    long_context.main([])
+  result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  rows = {(r['program'], r['shards']): r for r in result['context_parallel']}
+  assert set(rows) == {(p, n) for p in ('forward', 'train step') for n in (1, 2)}
+  assert all(r['tokens_per_s'] > 0 and r['temp_mib'] > 0 for r in rows.values())
+  assert rows['train step', 2]['temp_mib'] < rows['train step', 1]['temp_mib']
+  page = doc.read_text()
+  assert page.startswith('# Long context: context parallelism against one device (hybrid')
+  assert 'hybrid model, blockwise attention' in page and '```text' in page
