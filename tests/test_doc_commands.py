@@ -600,7 +600,8 @@ _RUNS = [
           _writes('docs/ifbench_agreement.md'), mark=_SLOW,
           pre=_needs('/tmp/ifbench_ref/bin/python', 'the reference checkers\' venv '
                      '(benchmarks/ifbench_agreement.py\'s docstring makes it)')),
-    _case('hybrid-compile', 'docs/model_families.md', ['.venv/bin/python -m benchmarks.hybrid'],
+    _case('hybrid-compile', 'docs/model_families.md',
+          ['.venv/bin/python -m benchmarks.hybrid_compile'],
           3 * 3600, _check_hybrid, mark=_SLOW),
     _case('plan-cascade2', 'docs/plans/nemotron_cascade2_v5p.md', ['python -m launch.plan'],
           4 * 3600, _writes('docs/plans/nemotron_cascade2_v5p.md'), mark=_SLOW),
