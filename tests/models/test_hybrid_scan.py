@@ -17,6 +17,7 @@ from models import attention
 from models import config as config_lib
 from models import hf
 from models import hybrid
+from models import sharding
 from models import transformer
 
 # A period (M * E) twice, then leftovers: an mlp and a moe sublayer of their own. Its segments
@@ -387,3 +388,28 @@ def test_a_cached_step_updates_each_sublayers_cache_in_place(cfg):
   a, _ = step(model, TOKENS[:, :1], cache)
   b, _ = step(_model(cfg.replace(scan_layers=False)), TOKENS[:, :1], cache)
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.heavy
+def test_fold_on_an_expert_mesh_equals_unsharded():
+  """The folded stacks sharded by their logical axes ([layers, experts, ...] on a (data, fsdp,
+  expert, tensor) = (1, 2, 2, 2) mesh): loss and gradients equal the unsharded model's."""
+  assert jax.device_count() >= 8
+  cfg = FOLDED.replace(remat='full')
+
+  def loss(model):
+    return _loss(model, TOKENS, POS, SEG)
+  ref = _model(cfg)
+  l0, g0 = nnx.jit(nnx.value_and_grad(loss))(ref)
+  mesh = sharding.make_mesh((1, 2, 2, 2))
+  with sharding.use_mesh(mesh):
+    model = transformer.create(cfg, seed=0, mesh=mesh)
+    up = model.blocks[0].moe.mixer.up.get_value()     # [moe sublayers, E, D, F]
+    assert up.sharding.spec[:2] == (None, 'expert')
+    l1, g1 = nnx.jit(nnx.value_and_grad(loss))(model)
+  np.testing.assert_allclose(float(l1), float(l0), rtol=1e-6)
+  flat0, flat1 = dict(nnx.to_flat_state(nnx.state(g0))), dict(nnx.to_flat_state(nnx.state(g1)))
+  assert flat0.keys() == flat1.keys()
+  for path, v in flat0.items():
+    np.testing.assert_allclose(np.asarray(flat1[path].get_value()), np.asarray(v.get_value()),
+                               atol=1e-6, rtol=1e-5, err_msg=str(path))
