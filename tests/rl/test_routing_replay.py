@@ -51,8 +51,13 @@ def rollout(request):
   """(name, cfg, graphdef, params, SampleOutput recorded with routing, its TrainBatch)."""
   cfg = CONFIGS[request.param]
   graphdef, params = nnx.split(transformer.create(cfg, seed=0))
-  # Matrices scaled up: peaked distributions, so stop tokens and distinct experts occur.
-  params = jax.tree.map(lambda x: x * 3 if x.ndim >= 2 else x, params)
+  # Matrices scaled up: peaked distributions, so stop tokens and distinct experts occur. A
+  # leaf's own rank, not counting the leading 'layers' axis of a stack (models/hybrid.py), so
+  # the same parameters are scaled whatever the layout.
+  def scale(v):
+    stacked = tuple(v.get_metadata().get('logical_axes') or ())[:1] == ('layers',)
+    return v.replace(v.get_value() * 3) if v.get_value().ndim - stacked >= 2 else v
+  params = jax.tree.map(scale, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
   samp = sampler.Sampler(graphdef, cfg, eos_ids=EOS, pad_id=0, prompt_buckets=(16,),
                          new_token_buckets=(16,), batch_buckets=(8,))
   out = samp.generate(params, PROMPTS, jax.random.key(1), SP, num_samples=2, record_routing=True)
