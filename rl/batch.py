@@ -182,6 +182,12 @@ def packed_rows(rows: int, rows_multiple: int = 1) -> int:
   return -(-bucket // rows_multiple) * rows_multiple
 
 
+def packed_width(row_tokens: int, longest: int) -> int:
+  """The width `pack` gives its rows: `row_tokens`, or the power of two that holds the longest
+  sequence when that is longer."""
+  return int(row_tokens) if longest <= row_tokens else 1 << (longest - 1).bit_length()
+
+
 def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> TrainBatch:
   """Packs a batch's sequences into rows of `row_tokens` tokens (several per row).
 
@@ -228,10 +234,7 @@ def pack(batch: TrainBatch, row_tokens: int, *, rows_multiple: int = 1) -> Train
   span_ok = np.array([real[r, starts[r]:starts[r] + lengths[r]].all() for r in keep], bool)
   if not span_ok.all():
     raise ValueError('pack: a row\'s tokens are not one contiguous span')
-  width = int(row_tokens)
-  longest = int(lengths[keep].max()) if keep.size else 1
-  if longest > width:
-    width = 1 << (longest - 1).bit_length()
+  width = packed_width(row_tokens, int(lengths[keep].max()) if keep.size else 1)
   free: list[int] = []                    # room left in each packed row
   place = {}
   for r in sorted(keep, key=lambda r: (-lengths[r], r)):

@@ -275,7 +275,7 @@ def abstract_batch(stage: RLStageConfig, mesh, rules, **extra_rows):
   if pack:
     # The largest packed update (`rl.batch.pack`): every sequence at its longest, as many to a
     # row as fit, the row count bucketed as pack buckets it; per-row fields become per-token.
-    width = pack if pack >= length else 1 << (length - 1).bit_length()
+    width = batch_lib.packed_width(pack, length)
     multiple = math.lcm(stage.microbatch_rows, sharding.batch_shards(mesh, rules))
     rows, length = batch_lib.packed_rows(-(-b // (width // length)), multiple), width
   mat = lambda dt: jax.ShapeDtypeStruct((rows, length), jnp.dtype(dt), sharding=rows_sh)
