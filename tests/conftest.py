@@ -274,3 +274,45 @@ def pallas_interpret_flags():
     walk(jax.make_jaxpr(fn)(*args).jaxpr)
     return flags
   return flags_of
+
+
+# Command-line modules that only their own `python -m` imports: each defines its flags in absl's
+# process-global FLAGS at import, and several share names (`--rows`, `--repeats`, `--embed`).
+# A test file may import one to call its functions; a later file on the same xdist worker that
+# imports another would then fail with DuplicateFlagError, depending on how files were dealt to
+# workers. After each test file, the flags such a module defined are removed and the module is
+# unloaded, so the next file imports it afresh with its own flags.
+_CLI_ONLY = ('benchmarks.', 'cascade.device_check')
+
+
+def _cli_only(name: str) -> bool:
+  return any(name == p or name.startswith(p) for p in _CLI_ONLY)
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _unload_command_line_modules():
+  import sys  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  modules, names = set(sys.modules), set(flags.FLAGS)
+  yield
+  for name in set(flags.FLAGS) - names:
+    if _cli_only(flags.FLAGS.find_module_defining_flag(name) or ''):
+      delattr(flags.FLAGS, name)
+  for name in set(sys.modules) - modules:
+    if _cli_only(name):
+      del sys.modules[name]
+      parent, _, child = name.rpartition('.')
+      if parent in sys.modules and getattr(sys.modules[parent], child, None) is not None:
+        delattr(sys.modules[parent], child)
+
+
+def pytest_collection_finish(session):
+  """A command-line module imported at a test file's top level defines its flags while every
+  worker collects, before the fixture above can unload it: refuse that at collection."""
+  del session
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  early = sorted(m for m in flags.FLAGS.flags_by_module_dict() if _cli_only(m))
+  if early:
+    raise pytest.UsageError(
+        f'{", ".join(early)} defined absl flags while the tests were collected: import it '
+        'inside the tests that use it (tests/conftest.py unloads it after each file)')

@@ -8,7 +8,6 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-from benchmarks import cascade_vs_blended
 from tiny_world import build as world_build
 from tiny_world import world
 
@@ -19,6 +18,7 @@ def _res(scores):
 
 
 def test_gains_and_drops_are_per_row_and_per_trained_domain():
+  from benchmarks import cascade_vs_blended  # pylint: disable=g-import-not-at-top
   res = _res([[10, 20, 30], [25, 16, 31], [24, 40, 26]])
   gain, drop, where = cascade_vs_blended.stage_checks(res)
   assert gain == 15                                  # a_rl +15 on a; b_rl +24 on b
@@ -26,6 +26,7 @@ def test_gains_and_drops_are_per_row_and_per_trained_domain():
 
 
 def test_no_drop_and_no_rl_rows():
+  from benchmarks import cascade_vs_blended  # pylint: disable=g-import-not-at-top
   gain, drop, where = cascade_vs_blended.stage_checks(_res([[1, 1, 1], [3, 1, 2], [3, 4, 2]]))
   assert (gain, drop, where) == (2, 0.0, '')
   only_sft = {'domains': ['a'], 'stages': ['sft'], 'stage_domains': [['a']], 'scores': [[5]]}
@@ -33,6 +34,7 @@ def test_no_drop_and_no_rl_rows():
 
 
 def test_prepare_builds_each_configs_world_once(tmp_path, monkeypatch):
+  from benchmarks import cascade_vs_blended  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(world_build, 'SIZES', dict(
       sft=dict.fromkeys(world_build.DOMAINS, 10), rl=5, heldout=4, preference=10,
       preference_heldout=2))
@@ -70,6 +72,7 @@ def _run(stages, ends, steps, accounting=None):
 
 
 def test_timeline_counts_steps_after_sft_and_places_scores_in_time():
+  from benchmarks import cascade_vs_blended  # pylint: disable=g-import-not-at-top
   res, records = _run(['sft', 'x', 'y'], [10, 20, 30],
                       [('sft', 100.0, None), ('x', 2.0, None), ('x', 3.0, 15),
                        ('y', 4.0, None), ('y', 1.0, None)],
@@ -92,6 +95,7 @@ def test_timeline_counts_steps_after_sft_and_places_scores_in_time():
 
 
 def test_reach_fraction_equal_wall_and_paired_verdicts():
+  from benchmarks import cascade_vs_blended  # pylint: disable=g-import-not-at-top
   tl = {'stage_ends': [('x', 2.0, 40.0), ('y', 5.0, 61.0), ('z', 9.0, 70.0)]}
   assert cascade_vs_blended.reach_fraction(tl, 60.0, 10.0) == 0.5
   assert cascade_vs_blended.reach_fraction(tl, 40.0, 4.0) == 0.5
@@ -108,6 +112,7 @@ def test_reach_fraction_equal_wall_and_paired_verdicts():
 
 
 def test_interference_and_side_names():
+  from benchmarks import cascade_vs_blended  # pylint: disable=g-import-not-at-top
   res = _res([[10, 20, 30], [25, 16, 31], [24, 40, 26]])
   assert cascade_vs_blended.interference(res) == {'a_rl -> b': -4, 'a_rl -> c': 1,
                                                   'b_rl -> a': -1, 'b_rl -> c': -5}
@@ -119,6 +124,7 @@ def test_interference_and_side_names():
 
 
 def test_plot_draws_both_sides(tmp_path):
+  from benchmarks import cascade_vs_blended  # pylint: disable=g-import-not-at-top
   tl = {'curve': [(1.0, 10.0), (3.0, 20.0)], 'stage_ends': [('x', 3.0, 21.0)]}
   path = tmp_path / 'sub' / 'curve.png'
   cascade_vs_blended.plot(str(path), ['A', 'B'], {'A': {0: tl}, 'B': {0: dict(tl, curve=[])}})
@@ -126,6 +132,7 @@ def test_plot_draws_both_sides(tmp_path):
 
 
 def test_seed_mean_stage_ends_average_wall_and_score_per_stage():
+  from benchmarks import cascade_vs_blended  # pylint: disable=g-import-not-at-top
   ends = [[('x', 2.0, 40.0), ('y', 6.0, 60.0)], [('x', 4.0, 50.0), ('y', 8.0, 64.0)]]
   assert cascade_vs_blended.seed_mean_ends(ends) == [('x', 3.0, 45.0), ('y', 7.0, 62.0)]
   assert cascade_vs_blended.seed_mean_ends([ends[0], ends[1][:1]]) == []

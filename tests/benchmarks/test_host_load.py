@@ -20,9 +20,6 @@ def test_the_warning_is_given_above_the_cores_only():
   assert host.load_warning(0.5, cpus=None) is None
 
 
-# slow: it imports benchmarks.verifiers into the process's absl flags, whose --repeats collides
-# with benchmarks.long_context's when both land on one xdist worker (DuplicateFlagError in CI).
-@pytest.mark.slow
 @pytest.mark.parametrize('load, warned', [(0.0, False), (1e3, True)])
 def test_the_verifier_benchmark_prints_it_above_its_summary(monkeypatch, capsys, tmp_path, load,
                                                             warned):

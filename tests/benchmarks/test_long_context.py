@@ -6,11 +6,10 @@ from absl import flags
 from absl.testing import flagsaver
 import pytest
 
-from benchmarks import long_context
-
 
 @pytest.mark.slow
 def test_long_context_benchmark_prints_growth_and_json(capsys):
+  from benchmarks import long_context  # pylint: disable=g-import-not-at-top
   flags.FLAGS.unparse_flags()
   flags.FLAGS(['long_context'])
   with flagsaver.flagsaver(lengths=['256', '512'], run_max=256, repeats=1, layers=1,
@@ -28,6 +27,7 @@ def test_long_context_benchmark_prints_growth_and_json(capsys):
 
 @pytest.mark.slow
 def test_context_parallel_comparison_writes_its_page(capsys, tmp_path):
+  from benchmarks import long_context  # pylint: disable=g-import-not-at-top
   flags.FLAGS.unparse_flags()
   flags.FLAGS(['long_context'])
   doc = tmp_path / 'cp.md'
@@ -48,6 +48,7 @@ def test_context_parallel_comparison_writes_its_page(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_hybrid_context_parallel_comparison_writes_its_page(capsys, tmp_path):
+  from benchmarks import long_context  # pylint: disable=g-import-not-at-top
   flags.FLAGS.unparse_flags()
   flags.FLAGS(['long_context'])
   doc = tmp_path / 'cp_hybrid.md'

@@ -3,11 +3,10 @@
 import jax
 import pytest
 
-from cascade import device_check
-
 
 @pytest.mark.heavy
 def test_check_runs_on_a_mesh_and_reports():
+  from cascade import device_check  # pylint: disable=g-import-not-at-top
   report = device_check.devices_report()
   assert report['backend'] == jax.default_backend()
   assert len(report['devices']) == jax.device_count()
@@ -22,6 +21,7 @@ def test_check_runs_on_a_mesh_and_reports():
 
 @pytest.mark.slow      # a second compile of the sampler (~25 s)
 def test_a_failed_check_is_one_line(monkeypatch):
+  from cascade import device_check  # pylint: disable=g-import-not-at-top
   monkeypatch.setitem(device_check._TOLERANCE, 'float32', -1.0)   # nothing can pass
   with pytest.raises(device_check.CheckError, match='sampler log-probs differ from a training '
                      'forward by'):

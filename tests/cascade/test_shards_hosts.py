@@ -108,9 +108,6 @@ def test_each_shard_is_streamed_by_one_host_and_every_host_gets_the_single_proce
   assert not streamed.by['warm0'] and not streamed.by['warm1']
 
 
-# slow: failed once under xdist in a clean-clone make test ('cannot open it here' on the
-# second simulated host's local index); passes alone. Not yet understood.
-@pytest.mark.slow
 def test_the_runs_stage_data_shares_the_opening_through_its_data_cache(tmp_path, monkeypatch,
                                                                        fakes):
   """StageData hands its hosts and `<data_cache>/shards` to the training sets it opens: with a
@@ -143,9 +140,15 @@ def test_the_runs_stage_data_shares_the_opening_through_its_data_cache(tmp_path,
     def stage_records(self, stage):                  # the tokenized cache is not this test's
       return None
 
+  # Each simulated host's own local cache. Not through $CASCADE_DATA_CACHE: the hosts are
+  # threads of one process sharing its environment, so a host could read the other's setting
+  # (that race failed this test under load).
+  local = {f'sd{h}': str(tmp_path / f'local{h}') for h in range(2)}
+  monkeypatch.setattr(shards, 'default_cache_dir',
+                      lambda: local[threading.current_thread().name])
+
   def host(hosts):
     threading.current_thread().name = f'sd{hosts.index}'
-    monkeypatch.setenv('CASCADE_DATA_CACHE', str(tmp_path / f'local{hosts.index}'))
     sd = Opened(plan, fakes.CharTokenizer(), None, cache_dir=str(tmp_path / 'bucket'),
                 hosts=hosts)
     sd.load()
