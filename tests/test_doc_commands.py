@@ -24,7 +24,6 @@ Where each unit is registered:
   * CI: commands .ci/run runs (`make test`, `make test-heavy`).
   * NOT_RUN: the few that need the network, a TPU or a cloud project, each with the reason and
     the test of the nearest thing; a debt, kept short.
-  * UNMARKED_OUTPUT: output blocks on pages still to be refenced ```text, by (page, first line).
 The checks fail on: a unit nothing covers (naming file:line and the text), an entry naming a
 test that does not exist (node ids checked by parsing the test files with ast, not by collecting
 them: the checks take well under a second), and an entry or case no page shows any more (stale).
@@ -277,17 +276,6 @@ PATTERNS = [
 # Commands CI runs (.ci/run, which test_ci_runs_them checks shows each one verbatim).
 CI = ('make test', 'make test-heavy')
 
-# Blocks on other engineers' pages that are output or a listing but are not yet fenced ```text:
-# (page, the block's first line) -> what it is. Each is a request to refence the page; the entry
-# goes stale (and fails) once the page is fixed.
-UNMARKED_OUTPUT = {
-    ('docs/layout.md', 'cascade/ the cascade: runner.py'): 'a directory listing',
-    ('docs/benchmarks/context_parallel.md', 'context parallelism (blockwise attention'): 'the table benchmarks/long_context.py printed (it writes ```text '
-     'now; the page predates that)',
-    ('docs/benchmarks/context_parallel.md', '{"flops_rate": 33712748120.605675'):
-        'the JSON line benchmarks/long_context.py printed',
-}
-
 _NEAREST_RELEASED = 'tests/cascade/test_released.py::test_released_paths_are_under_the_download_directories'
 _NEAREST_PAPER = ('tests/cascade/test_released.py::'
                   'test_every_stage_of_the_paper_configs_reads_the_released_files')
@@ -347,12 +335,6 @@ def _run_units():
   return out
 
 
-def _unmarked_start(page, first_line):
-  """Whether a block of `page` whose first line is `first_line` is listed in UNMARKED_OUTPUT."""
-  return any(p == page and normalise(first_line).startswith(start)
-             for p, start in UNMARKED_OUTPUT)
-
-
 def _covering(page, text, runs):
   if text in REGISTRY:
     return REGISTRY[text]
@@ -368,29 +350,14 @@ def _covering(page, text, runs):
   return None
 
 
-def _output_lines(page):
-  """The lines of `page`'s unmarked output blocks (UNMARKED_OUTPUT), each as extracted."""
-  lines, text = set(), (ROOT / page).read_text(encoding='utf-8').split('\n')
-  for i, line in enumerate(text):
-    if line.startswith('```') and i + 1 < len(text) and _unmarked_start(page, text[i + 1]):
-      j = i + 1
-      while j < len(text) and not text[j].startswith('```'):
-        lines.add(normalise(text[j]))
-        j += 1
-  return lines
-
-
-def _uncovered(found, runs, output):
+def _uncovered(found, runs):
   """'file:line: text' for each (page, line, kind, text) of `found` that nothing covers."""
   return [f'{page}:{line}: {text!r}' for page, line, _, text in found
-          if _covering(page, text, runs) is None and text not in output.get(page, ())]
+          if _covering(page, text, runs) is None]
 
 
 def test_every_command_and_code_block_is_run_by_a_test():
-  runs = _run_units()
-  output = {page: _output_lines(page) for page in {p for p, _ in UNMARKED_OUTPUT}
-            if (ROOT / page).exists()}
-  missing = _uncovered(all_units(), runs, output)
+  missing = _uncovered(all_units(), _run_units())
   assert not missing, ('commands and code blocks no test runs (add each to REGISTRY or _RUNS in '
                        'tests/test_doc_commands.py with the test that runs it, or fence an output '
                        'sample ```text):\n' + '\n'.join(missing))
@@ -418,11 +385,6 @@ def test_no_entry_is_stale():
         doc_command(case.values[0], prefix)
       except (AssertionError, FileNotFoundError) as e:
         stale.append(f'{case.id}: {e}')
-  for page, first in UNMARKED_OUTPUT:
-    lines = (ROOT / page).read_text(encoding='utf-8').split('\n') if (ROOT / page).exists() else []
-    if not any(l.strip() == '```' and i + 1 < len(lines)
-               and normalise(lines[i + 1]).startswith(first) for i, l in enumerate(lines)):
-      stale.append(f'UNMARKED_OUTPUT {page}: {first[:60]!r} (marked or gone: drop the entry)')
   assert not stale, 'entries no page shows any more:\n' + '\n'.join(map(str, stale))
 
 
@@ -859,8 +821,8 @@ def test_an_uncovered_command_and_a_stale_key_are_reported():
   unit a page stopped showing is the sentinel no page shows."""
   found = [('docs/x.md', 3, 'command', 'python -m nothing.registers.this --flag'),
            ('docs/x.md', 9, 'command', 'make test')]
-  assert _uncovered(found, {}, {}) == ["docs/x.md:3: 'python -m nothing.registers.this --flag'"]
-  assert _uncovered(found, {'python -m nothing.registers.this --flag': 'case'}, {}) == []
+  assert _uncovered(found, {}) == ["docs/x.md:3: 'python -m nothing.registers.this --flag'"]
+  assert _uncovered(found, {'python -m nothing.registers.this --flag': 'case'}) == []
   key = _shown('docs/testing.md', 'no such command at all')
   assert key.startswith('<docs/testing.md shows no unit') and key not in {
       t for _, _, _, t in all_units()}
