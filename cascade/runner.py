@@ -192,7 +192,7 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
   """Runs (or resumes) the cascade a config describes in `workdir`.
 
   Args:
-    config: the ConfigDict (see README, "Config format").
+    config: the ConfigDict (docs/config.md: every section and stage field).
     workdir: the run's directory, local or `gs://...` (`models.paths`); rerunning with the
       same config resumes.
     fork_from: another run's workdir whose leading stages this config shares
