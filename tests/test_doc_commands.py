@@ -79,8 +79,9 @@ def _strip_comment(line: str) -> str:
 
 
 def shell_commands(text: str, first_line: int):
-  """(line, command) for each command of a shell block starting at page line `first_line`."""
-  out, current, start, depth = [], [], None, 0
+  """(line, command) for each command of a shell block starting at page line `first_line`. A
+  compound command (a loop) keeps one line per logical line, each `\\`-continued line joined."""
+  out, current, start, depth, pending = [], [], None, 0, ''
   for offset, raw in enumerate(text.split('\n')):
     line = _strip_comment(raw.strip())
     if line.startswith('$ '):
@@ -90,16 +91,20 @@ def shell_commands(text: str, first_line: int):
     if start is None:
       start = first_line + offset
     cont = line.endswith('\\')
-    current.append(line[:-1] if cont else line)
-    first = re.match(r'[\w-]+', line)
+    logical = pending + (line[:-1] if cont else line)
+    if cont:
+      pending = logical + ' '
+      continue
+    pending = ''
+    current.append(logical)
+    first = re.match(r'[\w-]+', logical)
     first = first.group(0) if first else ''
     depth += (first in ('for', 'while', 'until', 'if', 'case')) - (first in ('done', 'fi', 'esac'))
-    if not cont and depth <= 0:
-      compound = re.match(r'(for|while|until|if|case)\b', current[0])
-      out.append((start, normalise(('\n' if compound else ' ').join(current))))
+    if depth <= 0:
+      out.append((start, normalise('\n'.join(current))))
       current, start, depth = [], None, 0
-  if current:
-    out.append((start, normalise('\n'.join(current))))
+  if current or pending:
+    out.append((start, normalise('\n'.join(current + [pending]))))
   return out
 
 
@@ -256,6 +261,15 @@ REGISTRY.update({
     _shown('README.md', 'import envs\nfrom envs import base\nclass Dice'):
         'tests/cascade/test_episodes.py::test_readmes_environment_example_runs_an_episode',
 })
+_RELEASED_LOOPS = _HERE + 'test_the_released_data_downloads_fill_what_the_configs_read'
+REGISTRY.update({
+    'DATA=/data/nemotron': _RELEASED_LOOPS + '[nemotron_cascade_14b-DATA=/data/nemotron-CASCADE1_ROWS]',
+    _shown('docs/released_data.md', 'for name in Nemotron-Cascade-SFT'):
+        _RELEASED_LOOPS + '[nemotron_cascade_14b-DATA=/data/nemotron-CASCADE1_ROWS]',
+    'DATA2=/data/nemotron2': _RELEASED_LOOPS + '[nemotron_cascade2-DATA2=/data/nemotron2-CASCADE2_ROWS]',
+    _shown('docs/released_data.md', 'for name in Nemotron-Cascade-2'):
+        _RELEASED_LOOPS + '[nemotron_cascade2-DATA2=/data/nemotron2-CASCADE2_ROWS]',
+})
 _CONFIG_MD_BLOCK = 'import ml_collections\ndef get_config(arg=None):\nc = ml_collections.ConfigDict()'
 
 # Families: (regular expression over the normalised text, test, why one test covers them all).
@@ -271,6 +285,9 @@ PATTERNS = [
      'tests/launch/test_tpu_vm.py::test_create_install_run_delete',
      'NAME and ZONE are placeholders: the test runs `create tpu1 us-east5-a v5p-128` against a '
      'fake gcloud that records the calls'),
+    (r'huggingface-cli download', _RELEASED_LOOPS,
+     'the command named in prose; the test runs docs/released_data.md\'s download loops, which '
+     'call it, against a stand-in huggingface-cli that records the calls'),
 ]
 
 # Commands CI runs (.ci/run, which test_ci_runs_them checks shows each one verbatim).
@@ -303,22 +320,18 @@ NOT_RUN = {
     'python -m cascade.main --config=configs/nemotron_cascade_14b.py:data_root=gs://bucket/nemotron '
     '--workdir=gs://bucket/runs/c14b': ('trains the 14B recipe on a TPU slice from a real bucket',
                                         'tests/cascade/test_gcs.py::test_smoke_cascade_on_gcs_killed_and_resumed_matches_local'),
-    'huggingface-cli download': ('downloads the released datasets (network)', _NEAREST_RELEASED),
-    'DATA=/data/nemotron': ('a step of the released-data download block (below)', _NEAREST_RELEASED),
-    'for name in Nemotron-Cascade-SFT-Stage-1 Nemotron-Cascade-SFT-Stage-2 Nemotron-Cascade-SFT-SWE\n'
-    'Nemotron-Cascade-RL-RLHF Nemotron-Cascade-RL-Instruction-Following\n'
-    'Nemotron-Cascade-RL-Math Nemotron-Cascade-RL-SWE; do\n'
-    'huggingface-cli download nvidia/$name --repo-type dataset --local-dir $DATA/$name\ndone':
-        ('downloads NVIDIA\'s released datasets (hundreds of GB, network)', _NEAREST_RELEASED),
     'python -m cascade.main --config=configs/nemotron_cascade_14b.py:data_root=$DATA '
-    '--workdir=$WORKDIR': ('trains the 14B recipe on a TPU slice', _NEAREST_PAPER),
-    'DATA2=/data/nemotron2': ('a step of the released-data download block (below)',
-                              _NEAREST_RELEASED),
-    'for name in Nemotron-Cascade-2-SFT-Data Nemotron-Cascade-2-RL-data; do\n'
-    'huggingface-cli download nvidia/$name --repo-type dataset --local-dir $DATA2/$name\ndone':
-        ('downloads NVIDIA\'s released datasets (network)', _NEAREST_RELEASED),
+    '--workdir=gs://bucket/runs/c14b': (
+        'trains the 14B recipe: it needs the Qwen3-14B-Base checkpoint and tokenizer '
+        '(checkpoints/Qwen3-14B-Base, a hub download) and the v5p-128 slice its mesh names; the '
+        'loop before it runs (test_the_released_data_downloads_fill_what_the_configs_read)',
+        _NEAREST_PAPER),
     'python -m cascade.main --config=configs/nemotron_cascade2.py:data_root=$DATA2 '
-    '--workdir=$WORKDIR': ('trains the 30B Cascade 2 recipe on a TPU slice', _NEAREST_PAPER),
+    '--workdir=gs://bucket/runs/c2': (
+        'trains the 30B-A3B Cascade 2 recipe: it needs the Nemotron-3-Nano-30B-A3B-Base '
+        'checkpoint and tokenizer (a hub download) and the v5p-128 slice its mesh names; the loop '
+        'before it runs (test_the_released_data_downloads_fill_what_the_configs_read)',
+        _NEAREST_PAPER),
 }
 
 
@@ -752,6 +765,75 @@ def test_the_prepare_command_into_cloud_storage(gcs, tmp_path):
   names = sorted(p.name.split('-')[0] for p in paths.path('gs://bucket/cache').iterdir())
   assert names == ['math_rl', 'sft'], names
 
+
+_FAKE_HF_CLI = '''#!{python}
+"""A stand-in for `huggingface-cli download nvidia/NAME --repo-type dataset --local-dir DIR`:
+records the call in $FAKE_HF_LOG and writes the release's rows (a few, in its schema) under
+$FAKE_HF_ROOT + DIR, a scratch stand-in for the host's file system."""
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ['FAKE_HF_LOG'], 'a') as f:
+  f.write(json.dumps(args) + '\\n')
+if (len(args) != 6 or args[0] != 'download' or args[2:4] != ['--repo-type', 'dataset']
+    or args[4] != '--local-dir' or not args[1].startswith('nvidia/')):
+  sys.exit(f'huggingface-cli (stand-in): unexpected arguments {{args}}')
+files = json.loads(os.environ['FAKE_HF_FILES']).get(args[1][len('nvidia/'):])
+if files is None:
+  sys.exit(f'404: no dataset repository {{args[1]}}')
+for rel, rows in files.items():
+  path = os.environ['FAKE_HF_ROOT'] + os.path.join(args[5], rel)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, 'w') as f:
+    f.writelines(json.dumps(r) + '\\n' for r in rows)
+'''
+
+
+@pytest.mark.parametrize('config,assign,rows', [
+    ('nemotron_cascade_14b', 'DATA=/data/nemotron', 'CASCADE1_ROWS'),
+    ('nemotron_cascade2', 'DATA2=/data/nemotron2', 'CASCADE2_ROWS')])
+def test_the_released_data_downloads_fill_what_the_configs_read(config, assign, rows, tmp_path):
+  """docs/released_data.md's assignment and download loop, run as shown with a stand-in
+  `huggingface-cli` (no network here) that records each call and writes the release's rows (the
+  schemas of tests/cascade/test_released.py) under a scratch root standing in for the host's file
+  system: the loop downloads exactly the releases the config reads, each into the directory the
+  page assigned, and then every released dataset of the config loads from there (a name missing
+  from the loop, misspelled, or a --local-dir elsewhere leaves a dataset without files)."""
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  from cascade import data  # pylint: disable=g-import-not-at-top
+  from cascade import released  # pylint: disable=g-import-not-at-top
+  from tests.cascade import test_released  # pylint: disable=g-import-not-at-top
+  page, var = 'docs/released_data.md', assign.split('=')[0]
+  loop = doc_command(page, 'for name in Nemotron-Cascade-' + ('SFT' if var == 'DATA' else '2'))
+  assert f'--local-dir ${var}/$name' in loop, loop
+  # Each release's files, relative to its download directory, from the config's own paths.
+  plan = config_lib.validate(importlib.import_module(f'configs.{config}').get_config(
+      'data_root=/R'))
+  want = getattr(test_released, rows)
+  files = {}
+  for name, spec in plan.datasets.items():
+    if spec.format in released.ADAPTERS:
+      release, rel = spec.path[len('/R/'):].split('/', 1)
+      files.setdefault(release, {})[test_released._file_for(rel)] = want[name]  # pylint: disable=protected-access
+  fake = tmp_path / 'bin' / 'huggingface-cli'
+  fake.parent.mkdir()
+  fake.write_text(_FAKE_HF_CLI.format(python=sys.executable))
+  fake.chmod(0o755)
+  root, log = tmp_path / 'host', tmp_path / 'calls.jsonl'
+  env = dict(PATH=f'{fake.parent}{os.pathsep}{pathlib.Path(sys.prefix) / "bin"}{os.pathsep}'
+                  f'{os.environ["PATH"]}', FAKE_HF_ROOT=str(root), FAKE_HF_LOG=str(log),
+             FAKE_HF_FILES=json.dumps(files))
+  proc = run_doc_command(doc_command(page, assign) + '\n' + loop, tmp_path, timeout=120, env=env)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  data_root = assign.split('=', 1)[1]
+  calls = [json.loads(l) for l in log.read_text().splitlines()]
+  names = [c[1][len('nvidia/'):] for c in calls]
+  assert sorted(names) == sorted(files), (names, sorted(files))
+  assert [c[5] for c in calls] == [f'{data_root}/{n}' for n in names], calls
+  plan = config_lib.validate(importlib.import_module(f'configs.{config}').get_config(
+      f'data_root={root}{data_root}'))
+  for name, spec in plan.datasets.items():
+    if spec.format in released.ADAPTERS:
+      assert len(data.load(spec, domains=list(plan.domains))) == len(want[name]), name
 
 def test_the_topology_page_multi_slice_config_block():
   """docs/topology.md's two lines on a config: it validates, spans 2 slices, and the mesh has
