@@ -884,7 +884,8 @@ def test_the_config_blocks_validate(which):
     exec(body[:body.index('```')], scope)  # pylint: disable=exec-used
     plan = config_lib.validate(scope['get_config']())
     assert [s.name for s in plan.stages] == ['sft', 'math_rl', 'code_rl']
-    assert plan.datasets['math_eval'].tfds_name == 'gsm8k'
+    ds = plan.datasets['math_eval']
+    assert (ds.tfds_name, ds.data_dir, ds.split) == ('tiny_math', 'data/tfds', 'test')
     return
   spec = importlib.util.spec_from_file_location('tiny_cfg', ROOT / 'configs' / 'tiny.py')
   module = importlib.util.module_from_spec(spec)
@@ -897,6 +898,30 @@ def test_the_config_blocks_validate(which):
   else:
     assert plan.domains['code'].verifier_options['isolation'] == 'none'
 
+
+def test_the_config_page_sample_reads_its_tfds_dataset(tmp_path, monkeypatch):
+  """docs/config.md's sample reads `math_eval` from TFDS: the command its comment gives prepares
+  the dataset where the sample says (data/tfds, from the directory a run starts in), and the
+  sample's own spec then loads its 16 test problems through cascade.data."""
+  pytest.importorskip('tensorflow_datasets')
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  from cascade import data  # pylint: disable=g-import-not-at-top
+  from tiny_world import tfds_math  # pylint: disable=g-import-not-at-top
+  text = (ROOT / 'docs/config.md').read_text(encoding='utf-8')
+  body = text[text.index('```python\nimport ml_collections') + len('```python\n'):]
+  body = body[:body.index('```')]
+  [command] = re.findall(r'`(python -m tiny_world\.tfds_math [^`]*)`', body)
+  proc = run_doc_command(command, tmp_path, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  scope = {}
+  exec(body, scope)  # pylint: disable=exec-used
+  plan = config_lib.validate(scope['get_config']())
+  monkeypatch.chdir(tmp_path / 'repo')
+  records = data.load(plan.datasets['math_eval'])
+  want = tfds_math.problems('test', 16)
+  assert sorted(r['metadata']['answer'] for r in records) == sorted(
+      p['answer'].rsplit('#### ', 1)[1] for p in want)
+  assert all(r['domain'] == 'math' for r in records)
 
 def test_an_uncovered_command_and_a_stale_key_are_reported():
   """The check names an unregistered command by file:line; a registered one passes; a key for a
