@@ -30,9 +30,10 @@ bounded by the largest row group / line, never by the dataset:
                      (array_record's reader opens local files).
 
 Several processes (`open_shards`, given the run's hosts and a cache every process sees,
-local or gs://) split the work of opening: process h of P indexes and decompresses
-shards h, h + P, ... only and publishes each index (and plain copy) to the shared
-cache; one exchange, a collective that is also the barrier, gives every process every
+local or gs://) split the work of opening: the shards are dealt to the P processes by
+file size (`deal`: largest first, each to the least-loaded process), each process
+indexes and decompresses its own shards only and publishes each index (and plain copy)
+to the shared cache; one exchange, a collective that is also the barrier, gives every process every
 shard's row count. Rows keep their global positions, so the order is the single
 process's, whatever P. A process reads a row of a shard it did not open through the
 shared index (copied to its local cache, memory-mapped) and the shared plain copy:
@@ -52,6 +53,7 @@ import bisect
 import collections
 import glob as glob_lib
 import hashlib
+import heapq
 import json
 import os
 import re
@@ -594,18 +596,50 @@ class _Opened:
     return {**self.__dict__, '_shard': None}
 
 
+def deal(sizes: Sequence[int], count: int) -> list[list[int]]:
+  """Shards dealt to `count` processes by size, so that each opens about as many bytes.
+
+  Largest first, each shard to the process with the fewest bytes so far (ties: the
+  one with fewer shards, then the lower index; equal sizes go in listing order). A
+  function of `sizes` alone: processes that see the same listing deal alike. No
+  process gets more than the least-loaded one plus the largest shard.
+
+  Args:
+    sizes: each shard's size in bytes, in listing order.
+    count: the number of processes.
+
+  Returns:
+    Per process, the indexes of its shards, ascending.
+  """
+  heap = [(0, 0, h) for h in range(count)]          # (bytes, shards, process)
+  out: list[list[int]] = [[] for _ in range(count)]
+  for j in sorted(range(len(sizes)), key=lambda j: (-int(sizes[j]), j)):
+    load, n, h = heapq.heappop(heap)
+    out[h].append(j)
+    heapq.heappush(heap, (load + int(sizes[j]), n + 1, h))
+  return [sorted(o) for o in out]
+
+
+def _size(p: str) -> int:
+  try:
+    return int(paths.path(p).stat().length)
+  except FileNotFoundError:
+    raise DataError(f'{p}: no such file') from None
+
+
 def open_shards(files: Sequence[str], cache_dir: str | None = None,
                 shared_dir: str | None = None, hosts=None) -> list:
   """Random-access readers of `files`, the work of opening them split across processes.
 
   With one process (hosts None or of count 1) every shard is opened here, as by
-  `open_shard`. With P processes, process h opens (indexes, decompresses) shards h,
-  h + P, ... only, and publishes their indexes and plain copies to `shared_dir`; one
-  exchange (a collective, which is also the barrier) then gives every process every
-  shard's row count. A shard opened elsewhere is opened here only when one of its rows
-  is first read, from the shared index (copied to the local cache, memory-mapped) and
-  the shared plain copy: nothing of it is streamed here. Without a shared cache that
-  every process sees, such a shard is indexed here on first read (correct, not cheaper).
+  `open_shard`. With P processes, the shards are dealt by file size (`deal`), and
+  each process opens (indexes, decompresses) its own shards only and publishes their
+  indexes and plain copies to `shared_dir`; one exchange (a collective, which is also
+  the barrier) then gives every process every shard's row count. A shard opened
+  elsewhere is opened here only when one of its rows is first read, from the shared
+  index (copied to the local cache, memory-mapped) and the shared plain copy: nothing
+  of it is streamed here. Without a shared cache that every process sees, such a
+  shard is indexed here on first read (correct, not cheaper).
 
   Args:
     files: the shards, in order.
@@ -616,13 +650,23 @@ def open_shards(files: Sequence[str], cache_dir: str | None = None,
 
   Raises:
     DataError: a shard's error (the first shard's, in order, whichever process met it),
-      raised on every process alike.
+      raised on every process alike; processes that saw different shard sizes (so
+      dealt them differently).
   """
   files = list(files)
   if hosts is None or hosts.count == 1:
     return [open_shard(p, cache_dir) for p in files]
-  mine, rows, error = {}, {}, None
-  for j in range(hosts.index, len(files), hosts.count):
+  mine, rows, error, seen = {}, {}, None, None
+  try:
+    sizes = [_size(p) for p in files]
+    seen = hashlib.sha256(json.dumps(sizes).encode()).hexdigest()
+    share = deal(sizes, hosts.count)[hosts.index]
+  except DataError as e:
+    error, share = [-1, str(e)], []
+  except (paths.PathError, OSError) as e:       # told to every process: none waits alone
+    error, share = [-1, f'{files[0]}: cannot list the shards here ({type(e).__name__}: '
+                        f'{e})'], []
+  for j in share:
     try:
       mine[j] = open_shard(files[j], cache_dir, shared_dir)
       _publish(files[j], mine[j], cache_dir, shared_dir)
@@ -633,11 +677,15 @@ def open_shards(files: Sequence[str], cache_dir: str | None = None,
     except (paths.PathError, OSError) as e:   # told to every process: none waits alone
       error = [j, f'{files[j]}: cannot open it here ({type(e).__name__}: {e})']
       break
-  got = [json.loads(b) for b in hosts.exchange(json.dumps({'rows': rows, 'error': error})
-                                               .encode())]
+  got = [json.loads(b) for b in hosts.exchange(json.dumps({
+      'rows': rows, 'error': error, 'sizes': seen}).encode())]
   errors = sorted(g['error'] for g in got if g['error'])
   if errors:
     raise DataError(errors[0][1])
+  if len({g['sizes'] for g in got}) > 1:
+    raise DataError(f'{len(files)} shards from {files[0]}: the processes see different file '
+                    'sizes (a shard changed while the run opened it, or the hosts see '
+                    'different files), so they would deal the shards differently')
   counts = {int(j): n for g in got for j, n in g['rows'].items()}
   return [mine[j] if j in mine else _Opened(p, counts[j], cache_dir, shared_dir)
           for j, p in enumerate(files)]

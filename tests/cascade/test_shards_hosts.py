@@ -22,6 +22,7 @@ import pytest
 
 from cascade import data
 from cascade import shards
+from models import paths
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(REPO, 'tests', 'cascade', 'shards_hosts_worker.py')
@@ -56,6 +57,12 @@ class Streamed:
         self.by[threading.current_thread().name][os.path.basename(name)] += len(b)
         yield b
     monkeypatch.setattr(shards, '_chunks', chunks)
+
+
+def owned(files, h, count=2):
+  """The shards host h of `count` opens: dealt by file size (`shards.deal`)."""
+  sizes = [paths.path(f).stat().length for f in files]       # local or gs://
+  return [files[j] for j in shards.deal(sizes, count)[h]]
 
 
 def batches(loader, n):
@@ -93,19 +100,89 @@ def test_each_shard_is_streamed_by_one_host_and_every_host_gets_the_single_proce
     assert first13 == flat[:13] and tail == [flat[13:17], flat[17:21], flat[21:25]]
     assert rows == [single[i] for i in range(total)]             # `where` (file:line) too
     assert len(local_index) == len(files)      # every shard's index, copied or built, local
-  # Each shard was streamed by exactly one host: shard j by host j % 2, and nothing twice.
+  # Each shard was streamed by exactly one host, its owner by size, and nothing twice.
+  assert sorted(owned(files, 0) + owned(files, 1)) == files and owned(files, 1)
   for h in range(2):
     names = set(streamed.by[f'cold{h}'])
     originals = {n for n in names if n.startswith('s')}
-    assert originals == {os.path.basename(f) for f in files[h::2]}, (h, names)
+    assert originals == {os.path.basename(f) for f in owned(files, h)}, (h, names)
     # A decompressed copy is indexed by the host that made it: one per gzip shard it owns.
-    assert len(names - originals) == sum(f.endswith('.gz') for f in files[h::2])
-  mine = lambda h: sum(os.path.getsize(f) for f in files[h::2] if f.endswith('.jsonl'))
-  assert streamed.by['cold0']['s0.jsonl'] == os.path.getsize(files[0]) and mine(0) > 0
+    assert len(names - originals) == sum(f.endswith('.gz') for f in owned(files, h))
+  mine = lambda h: sum(os.path.getsize(f) for f in owned(files, h) if f.endswith('.jsonl'))
+  for h in range(2):                  # a plain shard is streamed once, whole, by its owner
+    for f in owned(files, h):
+      if f.endswith('.jsonl'):
+        assert streamed.by[f'cold{h}'][os.path.basename(f)] == os.path.getsize(f)
+  assert mine(0) + mine(1) > 0
   # Fresh hosts (empty local caches) with the shared cache warm stream nothing at all.
   out = fakes.on_hosts(2, lambda hosts: host(hosts, 'warm'))
   assert all(out[h][0] == want for h in range(2))
   assert not streamed.by['warm0'] and not streamed.by['warm1']
+
+
+def test_shards_are_dealt_by_size_near_the_best_balance():
+  """Largest first to the least-loaded host: every shard once, no host above the least-loaded
+  one plus the largest shard, and within the greedy rule's bound (4/3 - 1/(3P)) of the best
+  split, found by trying every assignment."""
+  import itertools  # pylint: disable=g-import-not-at-top
+  import random  # pylint: disable=g-import-not-at-top
+  rng = random.Random(0)
+  for trial in range(60):
+    count = 2 + trial % 2
+    sizes = [rng.choice([1, 3, 10, 100, 1000]) * rng.randint(1, 9) for _ in range(rng.randint(
+        1, 8))]
+    dealt = shards.deal(sizes, count)
+    assert sorted(j for d in dealt for j in d) == list(range(len(sizes)))
+    loads = [sum(sizes[j] for j in d) for d in dealt]
+    assert max(loads) <= min(loads) + max(sizes), (sizes, dealt)
+    best = min(max(sum(sizes[j] for j in range(len(sizes)) if a[j] == h) for h in range(count))
+               for a in itertools.product(range(count), repeat=len(sizes)))
+    assert max(loads) * 3 * count <= best * (4 * count - 1), (sizes, dealt, best)
+  # One large shard and many small ones: the large one is a host's whole share, where dealing
+  # by index (shard j to host j % 4) would give that host 7 small ones on top.
+  sizes = [1 << 30] + [1 << 20] * 30
+  dealt = shards.deal(sizes, 4)
+  assert dealt[0] == [0] and sorted(len(d) for d in dealt[1:]) == [10, 10, 10]
+  by_index = max(sum(sizes[j] for j in range(h, 31, 4)) for h in range(4))
+  assert by_index - sizes[0] == 7 << 20
+  # Ties (equal sizes, empty files) go round by count and index, not all to host 0.
+  assert shards.deal([0] * 5, 2) == [[0, 2, 4], [1, 3]]
+  assert shards.deal([5, 5, 5, 5], 3) == [[0, 3], [1], [2]]
+
+
+def test_uneven_shards_are_streamed_by_size_and_both_hosts_deal_alike(tmp_path, monkeypatch,
+                                                                      fakes):
+  """A 200-row shard among six small ones: its host streams it alone, the other host the rest,
+  and hosts that see different sizes stop with one error instead of dealing apart."""
+  sizes = (4, 200, 3, 5, 2, 6, 4)
+  pattern, total = write_shards(tmp_path / 'data', sizes)
+  files = shards.expand(pattern)
+  single = shards.open_source(pattern, str(tmp_path / 'single'))
+  streamed = Streamed(monkeypatch)
+
+  def host(hosts):
+    threading.current_thread().name = f'u{hosts.index}'
+    src = shards.open_source(pattern, str(tmp_path / f'local{hosts.index}'),
+                             str(tmp_path / 'shared'), hosts)
+    return [src[i] for i in range(total)]
+
+  out = fakes.on_hosts(2, host)
+  assert out[0] == out[1] == [single[i] for i in range(total)]
+  opened = [{n for n in streamed.by[f'u{h}'] if n.startswith('s')} for h in range(2)]
+  assert opened == [{'s1.jsonl.gz'}, {f's{j}.jsonl' + '.gz' * (j % 2) for j in (0, 2, 3, 4, 5,
+                                                                                 6)}], opened
+  raw = lambda h: sum(os.path.getsize(f) for f in files if os.path.basename(f) in opened[h])
+  assert raw(0) > raw(1) > 0          # the big shard's host holds the most bytes, alone
+  # Hosts that list different sizes (a shard rewritten meanwhile) would deal apart.
+  real = shards._size  # pylint: disable=protected-access
+  monkeypatch.setattr(shards, '_size', lambda p: real(p) + (
+      threading.current_thread().name == 'u1' and p.endswith('s6.jsonl')))
+  out = fakes.on_hosts(2, host)
+  for h in range(2):
+    assert isinstance(out[h], shards.DataError), out[h]
+    assert str(out[h]) == (f'7 shards from {files[0]}: the processes see different file sizes '
+                           '(a shard changed while the run opened it, or the hosts see '
+                           'different files), so they would deal the shards differently')
 
 
 def test_the_runs_stage_data_shares_the_opening_through_its_data_cache(tmp_path, monkeypatch,
@@ -181,9 +258,10 @@ def test_a_host_that_cannot_write_its_cache_stops_every_host(tmp_path, fakes):
   (tmp_path / 'l1').write_text('a file where host 1\'s cache directory should be')
   out = fakes.on_hosts(2, lambda hosts: shards.open_source(
       pattern, str(tmp_path / f'l{hosts.index}'), str(tmp_path / 'shared'), hosts))
+  first = re.escape(owned(shards.expand(pattern), 1)[0])          # host 1's first shard
   for h in range(2):
     assert isinstance(out[h], shards.DataError), out[h]
-    assert re.match(rf'{tmp_path}/data/s1\.jsonl\.gz: cannot open it here \((FileExistsError|'
+    assert re.match(rf'{first}: cannot open it here \((FileExistsError|'
                     r'NotADirectoryError)', str(out[h])), out[h]
 
 
@@ -198,17 +276,17 @@ def test_without_a_shared_cache_a_host_indexes_what_it_reads_itself(tmp_path, fa
   # A shard that changes between the hosts' opening is named, not misread.
   src = fakes.on_hosts(2, lambda hosts: shards.open_source(
       pattern, str(tmp_path / f'm{hosts.index}'), None, hosts))[0]
-  (tmp_path / 'data' / 's1.jsonl.gz').write_bytes(gzip.compress(b'{"k": 0}\n'))
-  with pytest.raises(shards.DataError, match=r's1\.jsonl\.gz: holds 1 rows here but 5 in the '
+  assert owned(shards.expand(pattern), 1)[-1].endswith('s4.jsonl')   # host 1's: 6 rows
+  (tmp_path / 'data' / 's4.jsonl').write_bytes(b'{"k": 0}\n')
+  with pytest.raises(shards.DataError, match=r's4\.jsonl: holds 1 rows here but 6 in the '
                                              'process that indexed it'):
-    src[8]  # pylint: disable=pointless-statement
+    src[total - 1]  # pylint: disable=pointless-statement
 
 
 @pytest.mark.heavy      # the emulator's start and round trips
 def test_shards_and_the_shared_cache_on_gcs(gcs, tmp_path, monkeypatch, fakes):
   """Shards on gs:// and the shared cache on gs://: each shard is streamed by one host, the
   other reads its rows through the index and plain copy published to the bucket."""
-  from models import paths  # pylint: disable=g-import-not-at-top
   local, total = write_shards(tmp_path / 'data')
   root = gcs.root + '/shards'
   for f in shards.expand(local):
@@ -231,7 +309,7 @@ def test_shards_and_the_shared_cache_on_gcs(gcs, tmp_path, monkeypatch, fakes):
     assert not isinstance(out[h], Exception), out[h]
     assert out[h] == (want, [single[i] for i in range(total)])
     originals = {n for n in streamed.by[f'h{h}'] if n.startswith('s')}
-    assert originals == {os.path.basename(f) for f in files[h::2]}, streamed.by
+    assert originals == {os.path.basename(f) for f in owned(files, h)}, streamed.by
   assert len(paths.listdir(shared + '/index')) == len(files)
   assert len(paths.listdir(shared + '/plain')) == sum(f.endswith('.gz') for f in files)
 
@@ -271,8 +349,8 @@ def test_two_jax_processes_each_stream_their_own_shards_and_draw_the_single_proc
     assert out[h]['resumed'] == [flat[13:17], flat[17:21], flat[21:25]]
     assert out[h]['where'] == [single[i][0] for i in range(total)]
     originals = {n for n in out[h]['streamed'] if n.startswith('s')}
-    assert originals == {os.path.basename(f) for f in files[h::2]}, out[h]['streamed']
-    for f in files[h::2]:
+    assert originals == {os.path.basename(f) for f in owned(files, h)}, out[h]['streamed']
+    for f in owned(files, h):
       if f.endswith('.jsonl'):                         # streamed once, whole
         assert out[h]['streamed'][os.path.basename(f)] == os.path.getsize(f)
     assert not out[h]['streamed_on_restart']
