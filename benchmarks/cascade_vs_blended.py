@@ -62,6 +62,8 @@ from typing import Sequence
 from absl import app
 from absl import flags
 
+from benchmarks import host
+
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'World and model seeds.')
 _WORKDIR_ROOT = flags.DEFINE_string('workdir_root', 'runs/cascade_vs_blended',
                                     'Each run goes to <root>/<side>_s<seed>.')
@@ -306,6 +308,7 @@ def plot(path: str, sides: Sequence[str], lines: dict) -> None:
 
 def main(argv: Sequence[str]) -> None:
   del argv
+  load_before = os.getloadavg()
   seeds = [int(s) for s in _SEEDS.value]
   if _PARALLEL.value < 1:
     raise app.UsageError(f'--parallel={_PARALLEL.value}: must be >= 1')
@@ -407,6 +410,7 @@ def main(argv: Sequence[str]) -> None:
       {k: finite_or_none(v) for k, v in o.items()} if isinstance(o, dict) else
       [finite_or_none(v) for v in o] if isinstance(o, (list, tuple)) else
       None if isinstance(o, float) and not math.isfinite(o) else o)
+  host.print_load_warning(load_before)
   print(json.dumps(finite_or_none({'seeds': seeds, 'sides': sides, 'sft': sft, 'final': final,
                     'differences': diffs, 'wall_s': walls, 'accounting': acct,
                     'reach_fraction': reach, 'reach_fraction_of_means': reach_of_means,

@@ -55,6 +55,8 @@ from absl import app  # noqa: E402  (the imports below need the path above)
 from absl import flags
 import numpy as np
 
+from benchmarks import host
+
 _ROWS = flags.DEFINE_integer('rows', 1_000_000, 'SFT conversations to generate.')
 _RL_ROWS = flags.DEFINE_integer('rl_rows', 100_000, 'RL prompts to generate.')
 _SCALE = flags.DEFINE_float('scale', 1.0, 'Multiplies every text length of the SFT rows.')
@@ -519,6 +521,7 @@ def main(argv):
     section = open_report(d, gen, runs, seconds, (load0, load1))
     _write_section(_OUT.value, section)
     print(section)
+    host.print_load_warning(load0)
     print(json.dumps({str(k): v for k, v in runs.items()}))
     return
   shutil.rmtree(d, ignore_errors=True)
@@ -533,6 +536,7 @@ def main(argv):
   text = report({'scale': scale, 'batches': _BATCHES.value}, gen, cold, warm, (load0, load1))
   pathlib.Path(_OUT.value).write_text(text)
   print(text)
+  host.print_load_warning(load0)
   print(json.dumps({'generate': gen, 'cold': cold, 'warm': warm}))
 
 

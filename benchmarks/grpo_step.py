@@ -46,6 +46,7 @@ longtail the two sides' medians and engine_speedup).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -58,6 +59,7 @@ import numpy as np
 from flax import nnx
 
 from benchmarks import floor
+from benchmarks import host
 from models import config as config_lib
 from models import transformer
 from rl import batch as batch_lib
@@ -271,6 +273,7 @@ class _Longtail:
 
 def longtail(cfg, model, prompts):
   """Padded one-call steps against engine + packed steps, alternating; prints a table + JSON."""
+  load_before = os.getloadavg()
   rows = len(prompts) * _G.value
   limits = floor.longtail_limits(rows, _NEW_TOKENS.value, _SEED.value)
   sides = {'padded (one-call sampler)': _Longtail(cfg, model, prompts, limits, False),
@@ -299,11 +302,13 @@ def longtail(cfg, model, prompts):
         f'(update {result["update_speedup"]:.2f}x)')
   result.update(_step_floor(cfg, rows, [_PROMPT_LEN.value] * rows, list(limits),
                             b['s_per_step']))
+  host.print_load_warning(load_before)
   print(json.dumps(result))
 
 
 def main(argv):
   del argv
+  load_before = os.getloadavg()
   cfg = _model_config()
   model = transformer.create(cfg, seed=_SEED.value)
   rng = np.random.default_rng(_SEED.value)
@@ -365,6 +370,7 @@ def main(argv):
         f'{bare_update * 1e3:.1f} ms ({bare_update / result["floor_update_s"]:.1f}x its floor, '
         f'without attention or the optimizer)')
   result.update(xla_sample_s=bare_sample, xla_update_s=bare_update)
+  host.print_load_warning(load_before)
   print(json.dumps(result))
 
 

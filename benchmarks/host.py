@@ -34,3 +34,19 @@ def load_warning(before: Sequence[float] | float, after: Sequence[float] | float
   return (f'WARNING: the host was loaded (one-minute load average {said} on {cpus} cores): '
           'other work shared the CPUs, so the seconds and throughputs here are inflated and the '
           'ratios less certain; rerun on an idle host to quote them')
+
+
+def print_load_warning(before: Sequence[float] | float) -> str | None:
+  """Prints `load_warning(before, os.getloadavg())` when there is one: every benchmark's main
+  calls it just before its summary (the JSON line), so the line sits above it.
+
+  Args:
+    before: os.getloadavg() (or its one-minute value) when the measurement started.
+
+  Returns:
+    The line (for a page the benchmark writes), or None on a host no busier than its cores.
+  """
+  line = load_warning(before, os.getloadavg())
+  if line:
+    print(line, flush=True)
+  return line

@@ -59,6 +59,7 @@ import numpy as np
 from flax import nnx
 
 from benchmarks import floor
+from benchmarks import host
 from models import attention
 from models import config as config_lib
 from models import sharding
@@ -330,6 +331,7 @@ def main(argv):
                                 [int(x) for x in _CP_LENGTHS.value])
   result = json.dumps(dict(flops_rate=flops_rate, load_average=load, rows=rows,
                            temp_growth=growth, context_parallel=cp_rows))
+  warning = host.print_load_warning(load)
   print(result)
   if _DOC.value:
     after = os.getloadavg()
@@ -349,7 +351,8 @@ def main(argv):
             'Simulated devices share the host\'s cores: tokens/s compares the programs\' '
             'overhead on one machine, not a speed-up; the temporaries per device are what '
             'splitting a row over the sequence axis divides. ' + what, '', '```text',
-            *cp_lines, '```', '', '```text', result, '```', '']
+            *cp_lines, '```', '', '```text', *([warning] if warning else []), result, '```',
+            '']
     os.makedirs(os.path.dirname(os.path.abspath(_DOC.value)), exist_ok=True)
     with open(_DOC.value, 'w', encoding='utf-8') as f:
       f.write('\n'.join(page))

@@ -73,6 +73,7 @@ greedy_tokens_agree out of greedy_rows x new_tokens.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import resource
 import statistics
@@ -92,6 +93,7 @@ import numpy as np
 from flax import nnx
 
 from benchmarks import floor
+from benchmarks import host
 from cascade import policies
 from models import config as config_lib
 from models import transformer
@@ -362,6 +364,7 @@ class _HFLimits:
 
 def longtail(cfg, model):
   """The long-tail workload (see the module docstring); prints a table and one JSON line."""
+  load_before = os.getloadavg()
   batch, plen, cap, g = _BATCH.value, _PROMPT_LEN.value, _NEW_TOKENS.value, _GROUP.value
   rng = np.random.default_rng(_SEED.value)
   prompts = rng.integers(0, cfg.vocab_size, (_PROMPTS.value, plen)).tolist()
@@ -440,11 +443,13 @@ def longtail(cfg, model):
         f'{fl:.3f} s; best side {min(med.values()) / fl:.1f}x the floor')
   result.update(floor_s=fl)
   result.update(matmul_gflops=flops_rate / 1e9, mem_gbps=bandwidth / 1e9)
+  host.print_load_warning(load_before)
   print(json.dumps(result))
 
 
 def turns(cfg, model):
   """The agentic turns workload (see the module docstring); prints a table and one JSON line."""
+  load_before = os.getloadavg()
   n, plen, new, obs, t = (_PROMPTS.value, _PROMPT_LEN.value, _NEW_TOKENS.value, _OBS_LEN.value,
                           _TURNS.value)
   rng = np.random.default_rng(_SEED.value)
@@ -522,11 +527,13 @@ def turns(cfg, model):
         f'{fl["floor_s"]:.3f} s; best side {best / fl["floor_s"]:.1f}x the floor')
   result.update(floor_s=fl['floor_s'], matmul_gflops=flops_rate / 1e9,
                 mem_gbps=bandwidth / 1e9)
+  host.print_load_warning(load_before)
   print(json.dumps(result))
 
 
 def main(argv):
   del argv
+  load_before = os.getloadavg()
   cfg = _model_config()
   if _WORKLOAD.value == 'turns':
     print(f'model: {_describe(cfg)} | jax {jax.__version__} on {jax.devices()[0].platform}')
@@ -658,6 +665,7 @@ def main(argv):
                   speedup_vs_hf_best=min(hf_s) / min(ours_s),
                   hf_logits_max_abs_diff=hf.logits_max_abs_diff, hf_threads=_HF_THREADS.value,
                   **agree)
+  host.print_load_warning(load_before)
   print(json.dumps(result))
 
 

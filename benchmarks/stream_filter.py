@@ -32,6 +32,7 @@ one JSON line.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -47,6 +48,7 @@ import numpy as np
 from flax import nnx
 
 from benchmarks import floor
+from benchmarks import host
 from models import config as config_lib
 from models import transformer
 from rl import buckets
@@ -137,6 +139,7 @@ def stream(sampler, params, sp, work: Workload, key):
 
 def main(argv):
   del argv
+  load_before = os.getloadavg()
   cfg = config_lib.ModelConfig.tiny(num_layers=_LAYERS.value, embed_dim=_EMBED.value,
                                     num_heads=6, num_kv_heads=6, head_dim=32,
                                     mlp_dim=4 * _EMBED.value, vocab_size=256)
@@ -203,6 +206,7 @@ def main(argv):
         f'{bandwidth / 1e9:.1f} GB/s; floor of the useful work {flops / 1e9:.2f} GFLOP -> '
         f'{fl:.3f} s; the stream {med["stream, paged engine"] / fl:.1f}x the floor')
   result.update(floor_s=fl, matmul_gflops=flops_rate / 1e9, mem_gbps=bandwidth / 1e9)
+  host.print_load_warning(load_before)
   print(json.dumps(result))
 
 
