@@ -11,6 +11,12 @@ else the config's `data_cache`, else `<--workdir>/data_cache` (where a run keeps
 a run does the same step itself when its cache is missing. The config's own
 data-making step (`config.prepare`) runs first, as in a run.
 
+Started on several processes the way a run is (`cascade.distributed`: the
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment, or
+CASCADE_DISTRIBUTED=auto on a TPU pod), the processes split the work: each opens
+its share of the shards and tokenizes its share of the positions, into a cache
+directory they all see (gs://), the same files one process would write.
+
 Exit status: 0 done; 2 a config or data problem (one line).
 """
 
@@ -29,8 +35,13 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'A run directory: the cache goes
 flags.mark_flag_as_required('config')
 
 
-def prepare(config, cache_dir: str) -> dict:
+def prepare(config, cache_dir: str, hosts=None) -> dict:
   """Makes (or finds) the prepared data of every stage of `config` in `cache_dir`.
+
+  Args:
+    config: the run's config.
+    cache_dir: where the prepared data go (local or gs://).
+    hosts: the processes sharing the work (`cascade.rollout.processes()`); None: one.
 
   Returns:
     stage name -> {'rows', 'seconds'} of the stage's stream (its source's rows).
@@ -44,7 +55,8 @@ def prepare(config, cache_dir: str) -> dict:
     plan.prepare.call()
   tokenizer = tokenizer_lib.load(plan.tokenizer_path)
   checks = verifier_set.VerifierSet(plan, rm_scorer=lambda st: None, rm_ready=lambda n: False)
-  sd = stage_data.StageData(plan, tokenizer, checks.check_metadata, cache_dir=cache_dir)
+  sd = stage_data.StageData(plan, tokenizer, checks.check_metadata, cache_dir=cache_dir,
+                            hosts=hosts)
   t0 = time.time()
   sd.load()
   out = {st.name: {'rows': len(sd.stage_records(st).source)}
@@ -67,8 +79,11 @@ def main(argv):
   if not cache_dir:
     print('error: give --cache_dir, --workdir or config.data_cache', file=sys.stderr)
     sys.exit(2)
+  from cascade import distributed  # pylint: disable=g-import-not-at-top
+  from cascade import rollout  # pylint: disable=g-import-not-at-top
+  distributed.initialize()          # several processes, when the environment says so
   try:
-    prepare(cfg, cache_dir)
+    prepare(cfg, cache_dir, rollout.processes())
   except (config_lib.ConfigError, data.DataError, paths.PathError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)

@@ -7,9 +7,10 @@ and loss mask) and filtered (`stage.record_filter`, the stage's domains). Prepar
 runs that once over every position, streaming (memory bounded by one record and the
 ArrayRecord writer's buffer), and writes, per position:
 
-  items  (stages that tokenize) one ArrayRecord record per position: the item's
-         arrays (int32) or empty bytes for a position the stage skips; the stage
-         then draws from these shards and tokenizes nothing.
+  items  (stages that tokenize) one ArrayRecord record per position, in shards of
+         ROWS_PER_SHARD positions (`items-<k>.arrayrecord`): the item's arrays
+         (int32) or empty bytes for a position the stage skips; the stage then
+         draws from these shards and tokenizes nothing.
   keep   (stages that only filter, e.g. RL prompts by their rendered length) one
          byte per position (keep.npy); the stage draws the records and reads their
          keep bit instead of tokenizing the prompt again.
@@ -17,8 +18,14 @@ ArrayRecord writer's buffer), and writes, per position:
 Positions are the source's, so the seeded order and a checkpoint's data position mean
 the same with and without the cache (a run may resume across it).
 
+Several processes (the run's hosts) split the preparing: each makes a contiguous run
+of the parts (one items shard each) and writes their shards; one exchange, the
+barrier, gathers the counts and keep bits; process 0 then commits (`prepare`). The
+files are the same, byte for byte, as one process writes.
+
 The cache directory is `<cache_dir>/<stage name>-<key>/` (local or gs://) with a
-`manifest.json` written last (present = complete). The key hashes: this format's
+`manifest.json` written last (present = complete; a directory without one, left by a
+preparation that stopped, is prepared again). The key hashes: this format's
 version; the tokenizer's files (content); what the stage makes of the source's first
 records (which changes with the chat template and the tokenizer's behaviour); the stage's
 settings other than its optimizer and step count; each dataset's spec and the path, size
@@ -30,8 +37,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -43,8 +52,8 @@ from cascade import data as data_lib
 from cascade import shards
 from models import paths
 
-VERSION = 1
-ROWS_PER_SHARD = 100_000
+VERSION = 2
+ROWS_PER_SHARD = 8192      # positions per items shard, the unit of work processes split
 _PROBE = 8                    # first records of the source run through the stage in the key
 _SETTINGS_NOT_IN_KEY = ('optimizer', 'steps', 'index', 'eval_every')
 
@@ -121,79 +130,174 @@ def _manifest(d: str) -> dict | None:
   return json.loads(paths.read_text(p)) if paths.exists(p) else None
 
 
+def parts(n: int) -> list[range]:
+  """The positions of each part of an n-row cache: ROWS_PER_SHARD each (the last fewer). A
+  part is one items shard, and the unit of work processes split; the layout depends on n
+  alone, so every number of processes writes the same files."""
+  return [range(a, min(a + ROWS_PER_SHARD, n)) for a in range(0, n, ROWS_PER_SHARD)]
+
+
+def share(num_parts: int, count: int, index: int) -> range:
+  """Process `index` of `count`'s parts: a contiguous run, the runs as equal as can be (the
+  rows of a run lie in few of the source's shards)."""
+  return range(index * num_parts // count, (index + 1) * num_parts // count)
+
+
+def _make_part(d: str, k: int, rows: range, source, make, tokenizes: bool, what: str,
+               log, counts: dict) -> np.ndarray:
+  """Runs `make` over the positions `rows` of part k, streaming (tokenizing stages) its items
+  into its shard `items-<k>.arrayrecord` in `d`, which appears whole (local: a temporary
+  name renamed into place; gs://: written locally, then uploaded as one object).
+
+  Returns:
+    The part's keep bits ([len(rows)] uint8); counts['kept'] and counts['malformed'] grow.
+  """
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  bits = np.zeros(len(rows), np.uint8)
+  name = f'items-{k:05d}.arrayrecord'
+  remote = paths.is_remote(d)
+  tmp_dir = tmp = writer = None
+  try:
+    if tokenizes:
+      tmp_dir = tempfile.mkdtemp(prefix='cascade-part-') if remote else d
+      fd, tmp = tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp', dir=tmp_dir)
+      os.close(fd)
+      writer = array_record_module.ArrayRecordWriter(tmp, 'group_size:1')
+    for j, i in enumerate(rows):
+      try:
+        item = make(i, source[i])
+      except data_lib.DataError as e:
+        counts['malformed'] += 1
+        if counts['malformed'] <= 5:
+          log(f'WARNING: {what}: malformed record skipped: {e}')
+        item = None
+      if item is not None:
+        bits[j] = 1
+      if writer is not None:
+        writer.write(b'' if item is None else encode(item))
+    if writer is not None:
+      writer, w = None, writer
+      w.close()
+      if remote:
+        paths.copy_file(tmp, paths.join(d, name))
+      else:
+        os.replace(tmp, os.path.join(d, name))
+  finally:
+    if writer is not None:
+      writer.close()
+    if tmp is not None and os.path.exists(tmp):
+      os.remove(tmp)
+    if remote and tmp_dir is not None:
+      shutil.rmtree(tmp_dir, ignore_errors=True)
+  counts['kept'] += int(bits.sum())
+  return bits
+
+
 def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, what: str,
-            log: Callable[[str], None] = print) -> dict:
+            log: Callable[[str], None] = print, hosts=None) -> dict:
   """Runs `make` over every position of `source` and writes the cache directory `d`.
 
+  The positions are cut into parts (`parts`: one items shard each). With several
+  processes, each makes a contiguous run of the parts (`share`) and writes their shards;
+  one exchange (the barrier) gathers every process's counts and keep bits, or the first
+  error, which every process then raises. Process 0 then writes `keep.npy` (stages that
+  only filter) and, last, `manifest.json`: the commit. A second exchange carries a failed
+  commit to every process. A process that does not see every part, or after the second
+  exchange the manifest (a cache directory on its own disk, not shared), makes what it
+  lacks and commits its own copy: correct, not cheaper. Until the manifest is written
+  the directory is incomplete, and a run that finds it so prepares it again: a
+  preparation that stopped part-way is never read. The files are the same, byte for
+  byte, whatever the number of processes.
+
   Args:
-    d: the stage's cache directory (local or gs://).
+    d: the stage's cache directory (local or gs://); every process must see the same one
+      for the work to be shared.
     source: the stage's records by position (`[i]` may raise DataError).
     make: (position, record) -> the stage's item, or None to skip the position.
     tokenizes: items are tuples of int sequences (written as ArrayRecord shards);
       False: items are the records themselves (one keep byte each).
     what: who prepares (log lines).
+    hosts: (index, count, exchange) of the processes sharing the work; None: one.
 
   Returns:
     The manifest (rows, kept, malformed, seconds, rows_per_s, shards).
+
+  Raises:
+    DataError: a process could not read or write its share (every process raises it).
   """
-  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   n = len(source)
-  remote = paths.is_remote(d)
-  # A local cache is written beside its final name and renamed into place; a gs:// one is
-  # written to local disk, then uploaded shard by shard, the manifest last.
-  local = (tempfile.mkdtemp(prefix='cascade-prepare-') if remote
-           else f'{d}.partial-{os.getpid()}')
-  os.makedirs(local, exist_ok=True)
+  count, index = (1, 0) if hosts is None else (hosts.count, hosts.index)
+  cuts = parts(n)
+  mine = share(len(cuts), count, index)
   t0 = time.time()
-  kept = malformed = 0
-  names, keep_bits = [], np.zeros(n, np.uint8)
-  writer = None
+  counts, bits, error = {'kept': 0, 'malformed': 0}, {}, None
   try:
-    for i in range(n):
-      if tokenizes and i % ROWS_PER_SHARD == 0:
-        if writer is not None:
-          writer.close()
-        names.append(f'items-{len(names):05d}.arrayrecord')
-        writer = array_record_module.ArrayRecordWriter(os.path.join(local, names[-1]),
-                                                       'group_size:1')
-      try:
-        item = make(i, source[i])
-      except data_lib.DataError as e:
-        malformed += 1
-        if malformed <= 5:
-          log(f'WARNING: {what}: malformed record skipped: {e}')
-        item = None
-      if item is not None:
-        kept += 1
-        keep_bits[i] = 1
-      if tokenizes:
-        writer.write(b'' if item is None else encode(item))
-      if (i + 1) % 100_000 == 0:
-        log(f'{what}: prepared {i + 1} of {n} rows ({(i + 1) / (time.time() - t0):.0f} rows/s)')
-    if writer is not None:
-      writer.close()
+    paths.makedirs(d)
+    for k in mine:
+      bits[k] = _make_part(d, k, cuts[k], source, make, tokenizes, what, log, counts)
+      done = cuts[k].stop - cuts[mine.start].start
+      if done // 100_000 > (done - len(cuts[k])) // 100_000:
+        who = what if count == 1 else f'{what}: process {index}'
+        log(f'{who}: prepared {done} of {n if count == 1 else "its"} rows '
+            f'({done / max(time.time() - t0, 1e-9):.0f} rows/s)')
+  except (data_lib.DataError, paths.PathError, OSError) as e:
+    error = f'{what}: preparing {d} failed on process {index} ({type(e).__name__}: {e})'
+  if count > 1:
+    got = [pickle.loads(b) for b in hosts.exchange(pickle.dumps(
+        {'counts': counts, 'bits': {k: np.packbits(b) for k, b in bits.items()},
+         'error': error}))]
+    errors = [g['error'] for g in got if g['error']]
+    if errors:
+      raise data_lib.DataError(errors[0])
+    counts = {c: sum(g['counts'][c] for g in got) for c in counts}
+    bits = {k: np.unpackbits(b, count=len(cuts[k])) for g in got for k, b in g['bits'].items()}
+  elif error:
+    raise data_lib.DataError(error)
+  names = ([f'items-{k:05d}.arrayrecord' for k in range(len(cuts))] if tokenizes
+           else ['keep.npy'])
+  seconds = time.time() - t0
+  manifest = {'version': VERSION, 'rows': n, 'kept': counts['kept'],
+              'malformed': counts['malformed'], 'items': tokenizes, 'shards': names,
+              'rows_per_shard': ROWS_PER_SHARD, 'seconds': round(seconds, 3),
+              'rows_per_s': round(n / max(seconds, 1e-9), 1)}
+  keep = np.concatenate([bits[k] for k in range(len(cuts))] or [np.zeros(0, np.uint8)])
+
+  def commit():
     if not tokenizes:
-      np.save(os.path.join(local, 'keep.npy'), keep_bits)
-      names = ['keep.npy']
-    seconds = time.time() - t0
-    manifest = {'version': VERSION, 'rows': n, 'kept': kept, 'malformed': malformed,
-                'items': tokenizes, 'shards': names, 'rows_per_shard': ROWS_PER_SHARD,
-                'seconds': round(seconds, 3), 'rows_per_s': round(n / max(seconds, 1e-9), 1)}
-    if remote:
-      for name in names:
-        paths.copy_file(os.path.join(local, name), paths.join(d, name))
-      paths.write_json(paths.join(d, 'manifest.json'), manifest)
-    else:
-      paths.write_json(os.path.join(local, 'manifest.json'), manifest)
-      try:
-        os.replace(local, d)
-      except OSError:       # another process finished the same cache first
-        if _manifest(d) is None:
-          raise
-  finally:
-    shutil.rmtree(local, ignore_errors=True)
+      buf = io.BytesIO()
+      np.save(buf, keep)
+      paths.write_bytes(paths.join(d, 'keep.npy'), buf.getvalue())
+    paths.write_json(paths.join(d, 'manifest.json'), manifest)      # last: the commit
+
+  # Every part is written (each appeared whole before the exchange).
+  error = filled = None
+  try:
+    if count > 1 and tokenizes:
+      have = set(paths.listdir(d))
+      filled = [k for k, name in enumerate(names) if name not in have]
+      if filled:
+        log(f'WARNING: {what}: process {index} does not see {len(filled)} of the {len(names)} '
+            f'parts the others wrote in {d} (not a directory every process sees): it makes '
+            'them itself')
+      for k in filled:
+        _make_part(d, k, cuts[k], source, make, tokenizes, what, log,
+                   {'kept': 0, 'malformed': 0})
+    if index == 0 or filled:
+      commit()
+  except (data_lib.DataError, paths.PathError, OSError) as e:
+    error = f'{what}: committing {d} failed on process {index} ({type(e).__name__}: {e})'
+  if count > 1:
+    errors = [e for e in (pickle.loads(b) for b in hosts.exchange(pickle.dumps(error))) if e]
+    if errors:
+      raise data_lib.DataError(errors[0])
+    if _manifest(d) is None:          # keep bits only, on a disk process 0 did not write
+      commit()
+  elif error:
+    raise data_lib.DataError(error)
+  kept = manifest['kept']
   log(f'{what}: prepared {n} rows in {manifest["seconds"]:.1f} s ({manifest["rows_per_s"]:.0f} '
-      f'rows/s): {kept} kept, {malformed} malformed, {n - kept - malformed} dropped; cache {d}')
+      f'rows/s{"" if count == 1 else f", {count} processes"}): {kept} kept, '
+      f'{manifest["malformed"]} malformed, {n - kept - manifest["malformed"]} dropped; cache {d}')
   return manifest
 
 
@@ -228,14 +332,21 @@ def stream(cache_dir: str, stage, tokenizer, specs: Sequence, source,
     make: (position, record) -> the stage's item or None (see `prepare`).
     tokenizes: whether items are tokenized (see `prepare`).
     why: what `make` drops (log lines).
-    hosts: see `cascade.data.Stream`.
+    hosts: see `cascade.data.Stream`; they also share the preparing (`prepare`), in
+      which every process must take part.
     local_dir: local directory for copies of gs:// shards.
   """
   k = key(stage, tokenizer, specs, source, make)
   d = directory(cache_dir, stage, k)
   manifest = _manifest(d)
+  if hosts is not None and hosts.count > 1:
+    # Decided together: a process that alone prepared (or alone skipped) would wait forever
+    # in `prepare`'s exchange. Any process not seeing the manifest makes all prepare.
+    if not all(json.loads(b) for b in hosts.exchange(json.dumps(manifest is not None)
+                                                     .encode())):
+      manifest = None
   if manifest is None:
-    manifest = prepare(d, source, make, tokenizes, stage.where, log)
+    manifest = prepare(d, source, make, tokenizes, stage.where, log, hosts)
   else:
     log(f'{stage.where}: data from the prepared cache {d} ({manifest["rows"]} rows, '
         f'{manifest["kept"]} kept)')
