@@ -264,16 +264,14 @@ class Policies:
     """A frozen judge on the run's mesh: ('stage', name), that stage's final policy in the
     model's compute dtype with the run's `tokenizer`; ('hf', path), an HF checkpoint directory
     with its own tokenizer (any supported family). Its sampler takes the run's sampler options
-    (engine, cache budget, layouts) but the default length buckets: a judge's prompt holds
-    the policy's prompt and answer and more."""
-    options = {k: v for k, v in self.plan.sampler.options().items()
-               if k not in ('prompt_buckets', 'new_token_buckets')}
+    as `rl.judge.run_sampler_options` turns them into a judge's (default length buckets, its
+    loaded layout, the same KV bytes)."""
+    options = dict(sampler_options=self.plan.sampler.options(), policy_cfg=self.plan.model)
     if source[0] == 'stage':
       params = self.compute_copy(self.params_of(source, keep=False))
       return judge_lib.JudgeModel(self.graphdef('policy'), params, self.plan.model, tokenizer,
-                                  mesh=self.mesh, rules=self.rules, sampler_options=options)
-    return judge_lib.JudgeModel.from_hf(source[1], mesh=self.mesh, rules=self.rules,
-                                        sampler_options=options)
+                                  mesh=self.mesh, rules=self.rules, **options)
+    return judge_lib.JudgeModel.from_hf(source[1], mesh=self.mesh, rules=self.rules, **options)
 
   # ------------------------------------------------------------ export
 

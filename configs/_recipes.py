@@ -253,7 +253,7 @@ def cache_slots_per_device(c: ml_collections.ConfigDict, gib: float) -> int:
   tensor = int(c.mesh['shape'][-1])               # (data, fsdp[, expert], tensor)
   kv_heads = -(-m.num_kv_heads // tensor)         # K/V heads split over 'tensor'
   # Only attention layers keep keys and values per token (a hybrid's Mamba layers keep a
-  # fixed state per row instead).
+  # fixed state per row instead, which the Sampler charges each row out of this budget).
   per_slot = m.attention_layers * 2 * kv_heads * m.head_dim * m.jnp_dtype.itemsize
   return int(gib * 2 ** 30) // per_slot
 

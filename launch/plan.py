@@ -557,8 +557,8 @@ def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, pr
 
 def row_state_note(model_cfg, sampler, rows: int, prompt_len: int, max_new_tokens: int) -> str:
   """What a one-call sampler chunk keeps per device for its rows: the attention sublayers'
-  KV cache and the Mamba sublayers' state, which `cache_tokens_per_device` (a KV budget)
-  does not count, e.g. 'per device 128 rows x (KV cache 108.00 MiB + Mamba state 46.79 MiB)'.
+  KV cache and the Mamba sublayers' state (which the Sampler charges each row in KV slots,
+  `rl.sampler.state_slots`), e.g. 'per device 128 rows x (KV cache 108.00 MiB + Mamba state 46.79 MiB)'.
   """
   mesh, rules = sampler.mesh, sampler.rules
   p, nb, b = sampler.call_shape(rows, prompt_len, max_new_tokens)
@@ -600,12 +600,8 @@ def train_lowering(stage, model_cfg, mesh, rules, microbatches: int | None = Non
 
 
 def _split(n: int, name: str, mesh, rules) -> int:
-  """How many ways a dimension of `n` along logical axis `name` splits over `mesh` (the mesh
-  axes of its rule that divide it)."""
-  spec = sharding.logical_to_spec((name,), (n,), mesh, rules)[0]
-  axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
-  sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
-  return int(np.prod([sizes[a] for a in axes]))
+  """How many ways a dimension of `n` along logical axis `name` splits over `mesh`."""
+  return sharding.split_ways(n, name, mesh, rules)
 
 
 def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
@@ -682,7 +678,7 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                                                     s.max_len),
         count=lambda s=rm_stage: _forward_flops(model_cfg, 'reward_model', mesh, rules,
                                                 s.batch_size, s.max_len))
-  programs += judge_programs(judges, mesh, rules, sampler_cfg, limit_bytes)
+  programs += judge_programs(judges, mesh, rules, sampler_cfg, limit_bytes, model_cfg)
   copy = 0
   if sizes is not None:
     sampler, given = sampler_for(model_cfg, mesh, rules, sampler_cfg)
@@ -725,13 +721,13 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
   """
   if stage.MODEL is None:
     return ()
-  held = {src: judge_bytes(cfg, gen, mesh, rules, sampler_cfg or {})
+  held = {src: judge_bytes(cfg, gen, mesh, rules, sampler_cfg or {}, model_cfg)
           for src, (cfg, gen) in (loaded or {}).items()}
   judge_total = sum(a + b for a, b in held.values())
   by_name = {}
   for jc in judges:
     params, jcopy = held.get(jc.source) or judge_bytes(
-        jc.model_cfg, jc.use.score_by == 'generate', mesh, rules, sampler_cfg or {})
+        jc.model_cfg, jc.use.score_by == 'generate', mesh, rules, sampler_cfg or {}, model_cfg)
     passed = jcopy if (jc.use.score_by == 'generate' and jcopy) else params
     by_name[jc.domain] = passed if jc.source in held else 0
   decoding = (max((p.argument_bytes for p in programs if p.name.startswith('sampler')),
@@ -842,20 +838,8 @@ class StepTime:
             + self.frozen)
 
 
-def kv_token_bytes(cfg, mesh, rules) -> int:
-  """Per-device bytes of one row's K and V for one token over every attention sublayer."""
-  kv_heads = cfg.num_kv_heads // _split(cfg.num_kv_heads, 'kv_heads', mesh, rules)
-  head_dim = cfg.head_dim // _split(cfg.head_dim, 'head_dim', mesh, rules)
-  return cfg.attention_layers * 2 * kv_heads * head_dim * cfg.jnp_dtype.itemsize
-
-
-def state_row_bytes(cfg, mesh, rules) -> int:
-  """Per-device bytes of one row's Mamba states (every Mamba sublayer's `mamba.MambaState`:
-  ssm float32 [H, P, N], H over 'mamba_heads'; conv [K - 1, channels], whole)."""
-  heads = cfg.mamba_heads // _split(cfg.mamba_heads, 'mamba_heads', mesh, rules) if (
-      cfg.mamba_layers) else 0
-  return cfg.mamba_layers * (heads * cfg.mamba_head_dim * cfg.mamba_state * 4 + (
-      cfg.mamba_conv - 1) * cfg.mamba_conv_dim * cfg.jnp_dtype.itemsize)
+kv_token_bytes = sampler_lib.kv_token_bytes
+state_row_bytes = sampler_lib.row_state_bytes
 
 
 def sampling_time(model_cfg, sampler, hw, *, rows: int, prompt_len: int, max_new_tokens: int,
@@ -975,7 +959,8 @@ def step_time(stage, kind, model_cfg, mesh, rules, hw, sampler_cfg: dict,
                                         (min(length, s.max_len) + 1) / 2)) for s in rm_stages)
     old += sum(at_peak(_forward_flops(model_cfg, 'reward_model', mesh, rules, s.batch_size,
                                       s.max_len)[0]) for s in rm_stages)
-  judge = judge_time(judges, mesh, rules, hw, sampler_cfg) if sizes is not None else 0.0
+  judge = (judge_time(judges, mesh, rules, hw, sampler_cfg, model_cfg) if sizes is not None
+           else 0.0)
   rounds = 1 + stage.refill_cap if getattr(stage, 'dynamic_filter', False) else 1
   steps = parts.pop('decode_steps')
   return StepTime(**parts, scoring=scoring, judge=judge, update=update, frozen=frozen,
@@ -1132,20 +1117,25 @@ def loaded_judges(plan, index: int, model_for=lambda cfg: cfg) -> dict:
   return out
 
 
-def judge_sampler_options(sampler_cfg: dict) -> dict:
-  """A judge's Sampler options: the run's, but the default length buckets (its prompt holds
-  the policy's prompt and answer and more), as `cascade.policies.judge_model` builds it."""
-  return {k: v for k, v in sampler_cfg.items() if k not in ('prompt_buckets', 'new_token_buckets')}
+def judge_sampler_options(sampler_cfg: dict, judge_cfg, policy_cfg, mesh, rules) -> dict:
+  """A judge's Sampler options from the run's, as `cascade.policies.judge_model` builds it
+  (`rl.judge.run_sampler_options`; policy_cfg None: the run's options count the judge's own
+  KV slots)."""
+  from rl import judge as judge_lib  # pylint: disable=g-import-not-at-top
+  return judge_lib.run_sampler_options(sampler_cfg, judge_cfg, policy_cfg or judge_cfg, mesh,
+                                       rules)
 
 
-def judge_bytes(judge_cfg, generates: bool, mesh, rules, sampler_cfg: dict) -> tuple[int, int]:
+def judge_bytes(judge_cfg, generates: bool, mesh, rules, sampler_cfg: dict,
+                policy_cfg=None) -> tuple[int, int]:
   """(per-device bytes of a loaded judge's params, of its rollout copy, made once when it
   generates; 0 when it samples with its params as they are)."""
   params = _params_bytes(judge_cfg, 'policy', mesh, rules)
   if not generates:
     return params, 0
-  sampler, given = sampler_for(judge_cfg, mesh, rules, judge_sampler_options(sampler_cfg),
-                               frozen=True)
+  sampler, given = sampler_for(
+      judge_cfg, mesh, rules,
+      judge_sampler_options(sampler_cfg, judge_cfg, policy_cfg, mesh, rules), frozen=True)
   return params, rollout_copy_bytes(sampler, given)
 
 
@@ -1176,7 +1166,8 @@ def judge_forward_lowering(judge_cfg, mesh, rules):
   return lower, f'{rows} rows x {length} tokens per forward', rows
 
 
-def judge_programs(calls, mesh, rules, sampler_cfg: dict, limit_bytes: int) -> list:
+def judge_programs(calls, mesh, rules, sampler_cfg: dict, limit_bytes: int,
+                   policy_cfg=None) -> list:
   """Compiles each judge call's programs: a 'logits' judge's forward; a 'generate' judge's
   sampler for all its rows at its longest prompt (`judge_row_len`)."""
   out = []
@@ -1189,7 +1180,7 @@ def judge_programs(calls, mesh, rules, sampler_cfg: dict, limit_bytes: int) -> l
       out.append(compile_program(f'judge ({jc.domain})', f'{what}, {calls_n} forwards', lower,
                                  flops=flops, flops_from=COUNTED, limit_bytes=limit_bytes))
       continue
-    opts = judge_sampler_options(sampler_cfg)
+    opts = judge_sampler_options(sampler_cfg, cfg, policy_cfg, mesh, rules)
     sizes = dict(rows=jc.rows, prompt_len=judge_row_len(cfg, jc.use.max_new_tokens),
                  max_new_tokens=jc.use.max_new_tokens, top_p=1.0, top_k=0, num_samples=1)
     for program, name in sampler_programs(opts):
@@ -1201,7 +1192,7 @@ def judge_programs(calls, mesh, rules, sampler_cfg: dict, limit_bytes: int) -> l
   return out
 
 
-def judge_time(calls, mesh, rules, hw, sampler_cfg: dict) -> float:
+def judge_time(calls, mesh, rules, hw, sampler_cfg: dict, policy_cfg=None) -> float:
   """Seconds of one scoring call of every judge (`TIME_ASSUMPTIONS`)."""
   from rl import judge as judge_lib  # pylint: disable=g-import-not-at-top
   peak, bw = hw.peak_tflops * 1e12, hw.hbm_gbps * 1e9
@@ -1214,7 +1205,9 @@ def judge_time(calls, mesh, rules, hw, sampler_cfg: dict) -> float:
       reads = _params_bytes(cfg, 'policy', mesh, rules)
       total += -(-jc.rows // rows) * max(reads / bw, flops / (mesh.size * peak))
       continue
-    sampler, _ = sampler_for(cfg, mesh, rules, judge_sampler_options(sampler_cfg), frozen=True)
+    sampler, _ = sampler_for(cfg, mesh, rules,
+                             judge_sampler_options(sampler_cfg, cfg, policy_cfg, mesh, rules),
+                             frozen=True)
     parts = sampling_time(cfg, sampler, hw, rows=jc.rows,
                           prompt_len=judge_row_len(cfg, jc.use.max_new_tokens),
                           max_new_tokens=jc.use.max_new_tokens)
@@ -1253,14 +1246,14 @@ def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
                             **sizes, program=program)[0]
     progs.append(compile_program(f'eval {name}', what, lower, twin, limit_bytes=limit_bytes))
   calls = eval_judge_calls(plan, model_for)
-  progs += judge_programs(calls, mesh, rules, sampler_cfg, limit_bytes)
-  held = {src: sum(judge_bytes(cfg, gen, mesh, rules, sampler_cfg))
+  progs += judge_programs(calls, mesh, rules, sampler_cfg, limit_bytes, model_cfg)
+  held = {src: sum(judge_bytes(cfg, gen, mesh, rules, sampler_cfg, model_cfg))
           for src, (cfg, gen) in loaded_judges(plan, None, model_for).items()}
   total = sum(held.values())
   passed = {}
   for jc in calls:
     params, copy = judge_bytes(jc.model_cfg, jc.use.score_by == 'generate', mesh, rules,
-                               sampler_cfg)
+                               sampler_cfg, model_cfg)
     passed[jc.domain] = (copy or params) if jc.source in held else 0
   resident = tuple((p.name, total - passed[p.name[p.name.rindex('(') + 1:-1]]
                     if p.name.startswith('judge') else total) for p in progs)

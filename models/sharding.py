@@ -190,6 +190,17 @@ def mesh_platform() -> str:
   return getattr(device, 'platform', None) or jax.default_backend()
 
 
+def split_ways(n: int, name: str, mesh: Mesh | None, rules=None) -> int:
+  """How many ways a dimension of `n` along logical axis `name` splits over `mesh` (the mesh
+  axes of its rule that divide it; 1 without a mesh)."""
+  if mesh is None:
+    return 1
+  spec = logical_to_spec((name,), (n,), mesh, rules)[0]
+  axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
+  sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+  return int(np.prod([sizes[a] for a in axes]))
+
+
 def batch_shards(mesh: Mesh | None, rules=None) -> int:
   """How many ways the 'batch' rule splits rows on `mesh` (1 without a mesh)."""
   if mesh is None:

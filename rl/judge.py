@@ -65,6 +65,37 @@ BATCH_SIZE = 8
 MAX_LEN = 8192
 
 
+def run_sampler_options(run_options: dict, judge_cfg: config_lib.ModelConfig,
+                    policy_cfg: config_lib.ModelConfig, mesh=None, rules=None) -> dict:
+  """A judge's Sampler options, from the run's (its policy sampler's):
+
+  - the default length buckets: a judge's prompt holds the policy's prompt and answer and
+    more;
+  - no `rollout_rules`: the judge samples with its weights in the layout it was loaded in
+    (split over every axis its rules split them over). Beside the policy's train state,
+    its rollout copy and its KV pool there is no room for a second, fsdp-replicated copy of
+    a judge that is often far larger than the policy (a 235B judge replicated over fsdp
+    holds 470 GB / 8 experts shards = 59 GB on each v5p chip);
+  - the same KV bytes: `cache_tokens_per_device` (and an explicit `pages`) count the
+    policy's KV slots, so they are scaled by the policy's KV bytes per token over the
+    judge's (`rl.sampler.kv_token_bytes` on `mesh`): a judge whose tokens cost 30x the
+    policy's holds 1/30 of the tokens in the same memory, instead of 30x the memory.
+  """
+  out = {k: v for k, v in run_options.items()
+         if k not in ('prompt_buckets', 'new_token_buckets', 'rollout_rules')}
+  mine = sampler_lib.kv_token_bytes(judge_cfg, mesh, rules)
+  theirs = sampler_lib.kv_token_bytes(policy_cfg, mesh, rules)
+  if mine and theirs:
+    if out.get('cache_tokens_per_device'):
+      out['cache_tokens_per_device'] = max(1, int(out['cache_tokens_per_device']) * theirs
+                                           // mine)
+    if out.get('pages'):
+      shards = sharding.batch_shards(mesh, rules)
+      per_shard = int(out['pages']) // shards * theirs // mine
+      out['pages'] = max(1, per_shard) * shards
+  return out
+
+
 class JudgeModel:
   """A frozen judge; see the module docstring.
 
@@ -81,11 +112,15 @@ class JudgeModel:
       verifier caps the hostile fields so its rows fit).
     sampler_options: keyword options of the `rl.sampler.Sampler` that `generate` uses
       (buckets, engine, cache budget); eos/pad ids, mesh and rules are the judge's.
+    policy_cfg: when given, `sampler_options` are the run's (its policy sampler's, whose
+      `cache_tokens_per_device` counts this model's KV slots) and the judge samples with
+      `run_sampler_options(those, model_cfg, policy_cfg, mesh, rules)`.
   """
 
   def __init__(self, graphdef, params, model_cfg: config_lib.ModelConfig, tokenizer, *,
                mesh=None, rules=None, batch_size: int = BATCH_SIZE, max_len: int = MAX_LEN,
-               sampler_options: dict | None = None):
+               sampler_options: dict | None = None,
+               policy_cfg: config_lib.ModelConfig | None = None):
     if batch_size < 1:
       raise ValueError(f'JudgeModel: batch_size must be >= 1, got {batch_size}')
     if max_len < 2:
@@ -102,6 +137,9 @@ class JudgeModel:
     self.batch_size = -(-int(batch_size) // shards) * shards
     self.max_len = int(max_len)
     self._sampler_options = dict(sampler_options or {})
+    if policy_cfg is not None:
+      self._sampler_options = run_sampler_options(self._sampler_options, model_cfg, policy_cfg,
+                                                  mesh, rules)
     self._sampler = None
     self._rollout = None
 
@@ -115,7 +153,7 @@ class JudgeModel:
       tokenizer_path: where its tokenizer is (default: `path`).
       mesh, rules: place the params sharded on this mesh as they are read.
       dtype: parameter and compute dtype (default: the checkpoint's).
-      **options: the constructor's batch_size, max_len, sampler_options.
+      **options: the constructor's batch_size, max_len, sampler_options, policy_cfg.
     """
     model = hf.load_model(path, mesh=mesh, rules=rules, dtype=dtype)
     graphdef, params = nnx.split(model)

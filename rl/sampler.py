@@ -394,6 +394,32 @@ Returns:
 """
 
 
+def kv_token_bytes(cfg: config_lib.ModelConfig, mesh=None, rules=None) -> int:
+  """Per-device bytes of one row's K and V for one token over every attention sublayer, the
+  heads split over the mesh as the cache is."""
+  kv_heads = cfg.num_kv_heads // sharding.split_ways(cfg.num_kv_heads, 'kv_heads', mesh, rules)
+  head_dim = cfg.head_dim // sharding.split_ways(cfg.head_dim, 'head_dim', mesh, rules)
+  return cfg.attention_layers * 2 * kv_heads * head_dim * cfg.jnp_dtype.itemsize
+
+
+def row_state_bytes(cfg: config_lib.ModelConfig, mesh=None, rules=None) -> int:
+  """Per-device bytes of one row's Mamba states (every Mamba sublayer's `mamba.MambaState`:
+  ssm float32 [H, P, N], H over 'mamba_heads'; conv [K - 1, channels], whole); 0 without."""
+  if not cfg.mamba_layers:
+    return 0
+  heads = cfg.mamba_heads // sharding.split_ways(cfg.mamba_heads, 'mamba_heads', mesh, rules)
+  return cfg.mamba_layers * (heads * cfg.mamba_head_dim * cfg.mamba_state * 4 + (
+      cfg.mamba_conv - 1) * cfg.mamba_conv_dim * cfg.jnp_dtype.itemsize)
+
+
+def state_slots(cfg: config_lib.ModelConfig, mesh=None, rules=None) -> int:
+  """KV-cache slots whose bytes equal one row's Mamba states (rounded up), what a hybrid row
+  costs in a `cache_tokens_per_device` budget beside its tokens; 0 without Mamba layers or
+  without attention (a budget of KV slots means nothing then)."""
+  state, kv = row_state_bytes(cfg, mesh, rules), kv_token_bytes(cfg, mesh, rules)
+  return -(-state // kv) if state and kv else 0
+
+
 class Sampler:
   """Host-level rollout generation with bucketed shapes and a compile counter.
 
@@ -439,7 +465,10 @@ class Sampler:
         + new-token bucket)) one device may hold at once; a call needing more
         is sampled in chunks of rows, one after another, each row's tokens
         identical to an unchunked call's. None = one call. A chunk's row
-        count is a batch bucket (at least one row per batch shard).
+        count is a batch bucket (at least one row per batch shard). A hybrid
+        model's rows also carry their Mamba states (a fixed size per row):
+        each row is charged their bytes in KV slots (`state_slots`), so the
+        budget bounds the cache's bytes whatever the family.
       rollout_rules: logical rules that override `rules` while sampling, e.g.
         (('embed', None),): weights replicated over 'fsdp' and split over
         'tensor' only, so no decode step gathers fsdp shards. `generate` puts
@@ -523,6 +552,7 @@ class Sampler:
       raise ValueError(f'Sampler cache_tokens_per_device={cache_tokens_per_device} must be >= 1')
     self.cache_tokens_per_device = (None if cache_tokens_per_device is None
                                     else int(cache_tokens_per_device))
+    self.state_slots = state_slots(model_cfg, mesh, self.rules)
     if engine not in ENGINES:
       raise ValueError(f'Sampler engine={engine!r}: expected one of {ENGINES}')
     self.engine = engine
@@ -633,7 +663,7 @@ class Sampler:
     if self.cache_tokens_per_device is None:
       return whole
     shards = sharding.batch_shards(self.mesh, self.rules)
-    per_device = max(1, self.cache_tokens_per_device // slots_per_row)
+    per_device = max(1, self.cache_tokens_per_device // (slots_per_row + self.state_slots))
     if self.batch_buckets is None:
       fit = shards * (1 << (per_device.bit_length() - 1))   # a power of two per shard
     else:
@@ -937,8 +967,8 @@ class _Paged:
   def __init__(self, sampler: Sampler, *, pages, **options):
     s = self.sampler = sampler
     shards = sharding.batch_shards(s.mesh, s.rules)
-    if pages is None and s.cache_tokens_per_device is not None:
-      pages = max(1, s.cache_tokens_per_device // int(options['page_size'])) * shards
+    # From the budget: what is left of it per shard once the slots' Mamba states are paid.
+    self._pages_from_budget = pages is None and s.cache_tokens_per_device is not None
     self.options = dict(options, pages=pages)
     if s.slots and s.slots % shards:
       raise ValueError(f'Sampler slots={s.slots} must be a multiple of the mesh\'s '
@@ -951,8 +981,13 @@ class _Paged:
     slots = s.slots or chunk
     eng = self.engines.get(slots)
     if eng is None:
+      options = dict(self.options)
+      if self._pages_from_budget:
+        shards = sharding.batch_shards(s.mesh, s.rules)
+        left = s.cache_tokens_per_device - -(-slots // shards) * s.state_slots
+        options['pages'] = max(1, left // int(options['page_size'])) * shards
       eng = self.engines[slots] = engine_lib.Engine(
-          s.graphdef, s.cfg, engine_lib.EngineOptions(slots=slots, **self.options),
+          s.graphdef, s.cfg, engine_lib.EngineOptions(slots=slots, **options),
           eos_ids=s.eos_ids, pad_id=s.pad_id, mesh=s.mesh, rules=s.rules,
           prompt_buckets=s.prompt_buckets, unroll=s._unroll)
     return eng
