@@ -354,7 +354,7 @@ def _covering(page, text, runs):
   if text in runs:
     return f'{_RUN}[{runs[text]}]'
   if page == 'docs/config.md' and text.startswith(_CONFIG_MD_BLOCK):
-    return _HERE + 'test_the_config_blocks_validate[config]'
+    return _HERE + 'test_the_config_page_sample_runs_on_the_data_it_names'
   if text in CI or text in NOT_RUN:
     return text
   for pattern, node, _ in PATTERNS:
@@ -878,10 +878,8 @@ def test_the_config_blocks_validate(which):
   [block] = [t for _, kind, t in units(page[which]) if kind == 'block' and t.startswith(start)]
   if which == 'config':
     # Lines were stripped by normalise: the page's own text (indentation kept) is executed.
-    text = (ROOT / page[which]).read_text(encoding='utf-8')
-    body = text[text.index('```python\nimport ml_collections') + len('```python\n'):]
     scope = {}
-    exec(body[:body.index('```')], scope)  # pylint: disable=exec-used
+    exec(_config_page_sample(), scope)  # pylint: disable=exec-used
     plan = config_lib.validate(scope['get_config']())
     assert [s.name for s in plan.stages] == ['sft', 'math_rl', 'code_rl']
     ds = plan.datasets['math_eval']
@@ -899,6 +897,51 @@ def test_the_config_blocks_validate(which):
     assert plan.domains['code'].verifier_options['isolation'] == 'none'
 
 
+def _config_page_sample() -> str:
+  """docs/config.md's sample config file, as the page shows it (indentation kept)."""
+  text = (ROOT / 'docs/config.md').read_text(encoding='utf-8')
+  body = text[text.index('```python\nimport ml_collections') + len('```python\n'):]
+  return body[:body.index('```')]
+
+
+@pytest.mark.heavy     # ~3 min: SFT, two GRPO stages and the evaluation matrix of the tiny preset
+def test_the_config_page_sample_runs_on_the_data_it_names(tmp_path):
+  """docs/config.md's sample, saved as a config file, trains end to end from the files it names,
+  made here: the tokenizer and the math and code sets from the tiny world (its generators at
+  small sizes; code_train as Parquet), data/tfds by the command the sample's comment gives. The
+  command line cuts only step counts and batch sizes (`--config.stages.<name>...`, the
+  overrides docs/config.md describes): every stage runs and results.json holds the matrix."""
+  _BWRAP()                                    # the code verifier's sandbox
+  import pyarrow as pa  # pylint: disable=g-import-not-at-top
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  from tiny_world import world  # pylint: disable=g-import-not-at-top
+  sample = _config_page_sample()
+  work = tmp_path / 'repo'
+  (work / 'data').mkdir(parents=True)
+  files = world.write(str(tmp_path / 'world'), seed=0, sft=64, rl=64, heldout=16, preference=0,
+                      preference_heldout=0, domains=('math', 'code'))
+  shutil.copy(files['tokenizer'], work / 'data/tok.model')
+  (work / 'data/sft.jsonl').write_text(''.join(
+      pathlib.Path(files[d]['sft_train']).read_text() for d in ('math', 'code')))
+  shutil.copy(files['math']['rl_train'], work / 'data/math_train.jsonl')
+  rows = [json.loads(l) for l in pathlib.Path(files['code']['rl_train']).read_text().splitlines()]
+  pq.write_table(pa.Table.from_pylist(rows), str(work / 'data/code.parquet'))
+  shutil.copy(files['code']['heldout'], work / 'data/code_eval.jsonl')
+  [tfds_command] = re.findall(r'`(python -m tiny_world\.tfds_math [^`]*)`', sample)
+  (work / 'my_config.py').write_text(sample)
+  run = ('python -m cascade.main --config=my_config.py --workdir=runs/sample '
+         '--config.stages.sft.steps=2 --config.stages.sft.batch_size=4 '
+         '--config.stages.math_rl.steps=2 --config.stages.math_rl.prompts_per_step=2 '
+         '--config.stages.math_rl.group_size=2 --config.stages.math_rl.phases[0].until_step=1 '
+         '--config.stages.math_rl.phases[1].until_step=2 --config.stages.code_rl.steps=1 '
+         '--config.stages.code_rl.prompts_per_step=2 --config.stages.code_rl.group_size=2 '
+         '--config.eval.num_prompts=4 --config.eval.num_samples=2')
+  for command, timeout in ((tfds_command, 300), (run, 1800)):
+    proc = run_doc_command(command, tmp_path, timeout=timeout)
+    assert proc.returncode == 0, f'{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}'
+  res = json.loads((work / 'runs/sample/results.json').read_text())
+  assert res['stages'] == ['sft', 'math_rl', 'code_rl'] and res['domains'] == ['code', 'math'], res
+
 def test_the_config_page_sample_reads_its_tfds_dataset(tmp_path, monkeypatch):
   """docs/config.md's sample reads `math_eval` from TFDS: the command its comment gives prepares
   the dataset where the sample says (data/tfds, from the directory a run starts in), and the
@@ -907,9 +950,7 @@ def test_the_config_page_sample_reads_its_tfds_dataset(tmp_path, monkeypatch):
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import data  # pylint: disable=g-import-not-at-top
   from tiny_world import tfds_math  # pylint: disable=g-import-not-at-top
-  text = (ROOT / 'docs/config.md').read_text(encoding='utf-8')
-  body = text[text.index('```python\nimport ml_collections') + len('```python\n'):]
-  body = body[:body.index('```')]
+  body = _config_page_sample()
   [command] = re.findall(r'`(python -m tiny_world\.tfds_math [^`]*)`', body)
   proc = run_doc_command(command, tmp_path, timeout=300)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
