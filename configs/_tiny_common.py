@@ -26,6 +26,9 @@ verdict records (tiny_world/judge_data.py) and the chat domain's training
 verifier is 'judge', P(YES) from that stage's policy's next-token logits; the
 stage after the judge continues from the policy before it; held-out chat stays
 the hidden rule; `rm=bt`, the default, is the reward model stage `rm`),
+`fast_path` (the paper recipes' rollout fast path, `configs/_recipes.py: fast_path`: the
+paged engine, GRPO's `stream_filter` and a packed update, `pack_tokens` = prompt + longest
+response, with pages and decode chunks sized for the tiny world: TINY_PAGED_ENGINE),
 `root=DIR` (the world cache, default `<repo>/runs/tiny_world`).
 """
 
@@ -36,6 +39,7 @@ from typing import Any
 
 import ml_collections
 
+from configs import _recipes
 # Importing the world (any module of it) registers its verifier, 'tiny_chat_quality' (chat's
 # eval_verifier), so a config built here validates wherever it is loaded.
 from tiny_world import build as world_build
@@ -82,6 +86,17 @@ JUDGE_OPTIONS = dict(judge='stage:' + JUDGE_STAGE, template=world_build.JUDGE_TE
                      mode='pointwise', score_by='logits', max_field_tokens=JUDGE_FIELD_TOKENS)
 
 
+# config argument fast_path: _recipes.fast_path with the paged engine sized for the tiny world
+# (_recipes.PAGED_ENGINE's page_size 64 and chunk_steps 64 are sized for 10-60K-token rows).
+# - page_size 16: a tiny row is at most 96 + 48 = 144 tokens, 9 pages; 64-token pages would
+#   leave most of a 32-token response's page empty (rl.sampler's own default is 16 too).
+# - chunk_steps 8: a response is 22-56 tokens, so 64 steps per device call would be a whole
+#   response and a freed slot would never take a new row before the call ends; 8 lets a
+#   finished row's slot refill within a quarter of a 32-token response, at 4-6 host round
+#   trips per row.
+TINY_PAGED_ENGINE = dict(page_size=16, chunk_steps=8)
+
+
 def _hybrid_model(smoke: bool) -> dict:
   """A tiny Nemotron-H-like hybrid of width 128: Mamba-2, mixture-of-experts (8 experts, 2 per
   token, a shared expert, sigmoid group-limited routing), attention and MLP layers."""
@@ -100,11 +115,13 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
   """`'smoke,seed=1,root=/x'` -> {'smoke': True, 'seed': 1, 'root': '/x'} (defaults filled)."""
   out: dict[str, Any] = {'smoke': False, 'seed': 0, 'world': 'default', 'eval_every': 0,
                          'drop': (), 'order': 'cascade1', 'model': 'dense', 'rm': 'bt',
-                         'root': os.path.join(REPO, 'runs', 'tiny_world')}
+                         'fast_path': False, 'root': os.path.join(REPO, 'runs', 'tiny_world')}
   for part in filter(None, (p.strip() for p in (arg or '').split(','))):
     key, eq, value = part.partition('=')
     if key == 'smoke' and not eq:
       out['smoke'] = True
+    elif key == 'fast_path' and not eq:
+      out['fast_path'] = True
     elif key == 'seed' and eq:
       try:
         out['seed'] = int(value)
@@ -136,7 +153,7 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
                          f'{sorted(world_build.WORLDS)}')
       out['world'] = value
     else:
-      raise ValueError(f'config argument {part!r}: expected smoke, seed=N, world=NAME, '
+      raise ValueError(f'config argument {part!r}: expected smoke, fast_path, seed=N, world=NAME, '
                        'eval_every=N, drop=STAGE+STAGE, order=NAME, model=NAME, rm=NAME or '
                        'root=DIR')
   return out
@@ -328,3 +345,12 @@ def keep_stages(a: dict[str, Any], stages: list[dict[str, Any]]) -> list[dict[st
     raise ValueError(f'config argument drop={"+".join(a["drop"])}: no stage named '
                      f'{unknown[0]!r} (stages: {", ".join(names)})')
   return continue_past_judge(a, [s for s in stages if s['name'] not in a['drop']])
+
+
+def apply_fast_path(c: ml_collections.ConfigDict, a: dict[str, Any]) -> None:
+  """With the config argument `fast_path`, puts c's RL stages on the recipes' rollout fast path
+  (`_recipes.fast_path`) with the tiny world's page and chunk sizes (TINY_PAGED_ENGINE);
+  without it, leaves c as it is."""
+  if a['fast_path']:
+    _recipes.fast_path(c)
+    c.sampler.update(TINY_PAGED_ENGINE)

@@ -61,6 +61,7 @@ def get_config(arg=None):
       rl('code_rl', 'code', 20, 4e-5, filter_overlong=True),
       rl('swe_rl', 'swe', 15, 3e-5, filter_overlong=True),
   ])
+  common.apply_fast_path(c, a)   # config argument fast_path (else unchanged)
   return c
 
 

@@ -94,6 +94,7 @@ def get_config(arg=None):
       _rl(a, 'tool_rl', 'tool_use', 30, 6e-5),
       _rl(a, 'swe_agent_rl', 'swe_agent', 25, 5e-5),
   ]
+  common.apply_fast_path(c, a)   # config argument fast_path (else unchanged)
   return c
 
 

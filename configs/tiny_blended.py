@@ -35,4 +35,5 @@ def get_config(arg=None):
   for s in c.stages:
     if s['kind'] == 'reward_model':
       s['score_max_len'] = blended['max_prompt_len'] + blended['max_response_len']
+  common.apply_fast_path(c, a)   # config argument fast_path (else unchanged)
   return c

@@ -45,4 +45,5 @@ def get_config(arg=None):
       s['score_max_len'] = max(st['max_prompt_len'] + st['max_response_len']
                                for st in c.stages if 'chat' in st['domains']
                                and 'max_response_len' in st)
+  common.apply_fast_path(c, a)   # config argument fast_path (else unchanged)
   return c

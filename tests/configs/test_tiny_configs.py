@@ -213,3 +213,41 @@ def test_model_hybrid_argument_gives_a_hybrid_policy(name, smoke, root):
   assert [s.name for s in hybrid.stages] == [s.name for s in dense.stages]
   with pytest.raises(ValueError, match="model='moe2': expected one of"):
     _get(name, f'model=moe2,{arg}')
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+@pytest.mark.parametrize('smoke', [False, True])
+def test_fast_path_argument_puts_the_rl_stages_on_the_paged_engine(name, smoke, root):
+  """`fast_path` (docs/benchmarks/fast_path_tiny.md) applies the recipes' rollout fast path with
+  the tiny world's page and chunk sizes: the paged engine, and every GRPO stage filters while it
+  samples and packs rows of its prompt + longest response; the rest of the config is the plain
+  one's (whose hashes tests/configs/test_config_hashes.py pins)."""
+  arg = f'{"smoke," if smoke else ""}root={root}'
+  plain_config, fast_config = _get(name, arg), _get(name, f'fast_path,{arg}')
+  plain, fast = config_lib.validate(plain_config), config_lib.validate(fast_config)
+  assert plain.sampler.engine is None and plain.sampler.page_size is None
+  assert (fast.sampler.engine, fast.sampler.page_size, fast.sampler.chunk_steps) == (
+      'paged', common.TINY_PAGED_ENGINE['page_size'], common.TINY_PAGED_ENGINE['chunk_steps'])
+  # A tiny row (at most 96 + 48 tokens) spans a few pages, and a decode call is a fraction of
+  # the shortest domain's response cap, so a freed slot refills within a response.
+  assert fast.sampler.page_size * 4 <= common.MAX_PROMPT_LEN
+  assert fast.sampler.chunk_steps * 4 <= min(common.RESPONSE_LEN.values())
+  assert [s.name for s in fast.stages] == [s.name for s in plain.stages]
+  rl = [s for s in fast.stages if s.kind == 'grpo']
+  assert rl
+  for st in rl:
+    assert st.stream_filter is True
+    assert st.pack_tokens == st.max_prompt_len + st.longest_response
+  for st in fast.stages:
+    if st.kind != 'grpo':
+      assert getattr(st, 'pack_tokens', None) is None, st.name
+  for st in plain.stages:
+    assert not getattr(st, 'stream_filter', False) and not getattr(st, 'pack_tokens', None)
+  # Only the sampler and the RL stages' two fields differ from the plain config.
+  strip = lambda c: [{k: v for k, v in dict(s).items() if k not in ('stream_filter', 'pack_tokens')}
+                     for s in c.stages]
+  assert strip(fast_config) == strip(plain_config)
+  same = lambda c: {k: v for k, v in c.to_dict().items() if k not in ('stages', 'sampler')}
+  assert same(fast_config) == same(plain_config)
+  with pytest.raises(ValueError, match="config argument 'fast_path=1'"):
+    _get(name, f'fast_path=1,{arg}')
