@@ -206,7 +206,7 @@ def _machine() -> str:
           f'{platform.python_version()}')
 
 
-def report(cmd: str, gen: dict, runs: dict, loads: tuple) -> str:
+def report(cmd: str, gen: dict, runs: dict, loads: tuple, warning: str | None) -> str:
   mib = lambda b: f'{b / 2 ** 20:.1f}'
   lines = [SECTION, '',
            f'Written by `benchmarks/prepare_hosts.py` (its docstring says what is counted); '
@@ -215,6 +215,7 @@ def report(cmd: str, gen: dict, runs: dict, loads: tuple) -> str:
            f'- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC',
            f'- machine: {_machine()}',
            f'- load average (1, 5, 15 min) before / after: {loads[0]} / {loads[1]}',
+           *([f'- {warning}'] if warning else []),
            f'- data: {gen["rows"]:,} SFT conversations in {SHARDS} shards of '
            f'{min(gen["shard_rows"]):,} to {max(gen["shard_rows"]):,} rows '
            f'({mib(sum(gen["shard_bytes"]))} MiB on disk, the largest shard '
@@ -281,9 +282,11 @@ def main(argv: list[str]) -> None:
     print(label, commit, json.dumps(runs[label][1]), flush=True)
   loads.append(tuple(round(x, 2) for x in os.getloadavg()))
   cmd = ' '.join(['.venv/bin/python -m benchmarks.prepare_hosts'] + argv)
-  section = report(cmd, gen, runs, loads)
+  from benchmarks import host  # pylint: disable=g-import-not-at-top
+  section = report(cmd, gen, runs, loads, host.load_warning(loads[0], loads[1]))
   write_section(args.out, section)         # relative to where the command runs
   print(section)
+  host.print_load_warning(loads[0])
   print(json.dumps({'data': gen, 'runs': runs}))
 
 
