@@ -56,6 +56,9 @@ VERSION = 2
 ROWS_PER_SHARD = 8192      # positions per items shard, the unit of work processes split
 _PROBE = 8                    # first records of the source run through the stage in the key
 _SETTINGS_NOT_IN_KEY = ('optimizer', 'steps', 'index', 'eval_every')
+# Failures of a process's share raised as one DataError on every process; any other exception
+# is raised as it is on the process that met it (the others raise the DataError naming it).
+_REPORTED = (data_lib.DataError, paths.PathError, OSError)
 
 
 def encode(item: Sequence) -> bytes:
@@ -230,7 +233,7 @@ def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, wh
   cuts = parts(n)
   mine = share(len(cuts), count, index)
   t0 = time.time()
-  counts, bits, error = {'kept': 0, 'malformed': 0}, {}, None
+  counts, bits, failure = {'kept': 0, 'malformed': 0}, {}, None
   try:
     paths.makedirs(d)
     for k in mine:
@@ -240,19 +243,22 @@ def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, wh
         who = what if count == 1 else f'{what}: process {index}'
         log(f'{who}: prepared {done} of {n if count == 1 else "its"} rows '
             f'({done / max(time.time() - t0, 1e-9):.0f} rows/s)')
-  except (data_lib.DataError, paths.PathError, OSError) as e:
-    error = f'{what}: preparing {d} failed on process {index} ({type(e).__name__}: {e})'
+  except Exception as e:  # pylint: disable=broad-except  (told to every process: none waits)
+    failure = e
+  error = None if failure is None else (f'{what}: preparing {d} failed on process {index} '
+                                        f'({type(failure).__name__}: {failure})')
+  errors = [error] if error else []
   if count > 1:
     got = [pickle.loads(b) for b in hosts.exchange(pickle.dumps(
         {'counts': counts, 'bits': {k: np.packbits(b) for k, b in bits.items()},
          'error': error}))]
     errors = [g['error'] for g in got if g['error']]
-    if errors:
-      raise data_lib.DataError(errors[0])
     counts = {c: sum(g['counts'][c] for g in got) for c in counts}
     bits = {k: np.unpackbits(b, count=len(cuts[k])) for g in got for k, b in g['bits'].items()}
-  elif error:
-    raise data_lib.DataError(error)
+  if failure is not None and not isinstance(failure, _REPORTED):
+    raise failure                 # a bug, not the data or storage: its own traceback, here
+  if errors:
+    raise data_lib.DataError(errors[0])
   names = ([f'items-{k:05d}.arrayrecord' for k in range(len(cuts))] if tokenizes
            else ['keep.npy'])
   seconds = time.time() - t0

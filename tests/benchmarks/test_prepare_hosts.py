@@ -18,7 +18,8 @@ def test_before_each_process_tokenizes_everything_after_each_its_share(tmp_path)
   if subprocess.run(['git', 'cat-file', '-e', BEFORE], cwd=ROOT, check=False).returncode:
     pytest.skip(f'commit {BEFORE} is not in this checkout (a shallow clone)')
   page = tmp_path / 'page.md'
-  page.write_text('# Page\n\n## Preparing on several processes, measured\n\nold\n\n## Next\n\nkept\n')
+  page.write_text('# Page\n\n## Preparing on several processes, measured\n\nold\n\n'
+                  '## Next\n\nkept\n')
   rows = 20000          # 3 parts of 8,192: the first process makes 1, the second 2
   out = subprocess.run([sys.executable, '-m', 'benchmarks.prepare_hosts', f'--before={BEFORE}',
                         '--after=HEAD', f'--rows={rows}', f'--dir={tmp_path / "d"}',

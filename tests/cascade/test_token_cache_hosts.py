@@ -221,6 +221,14 @@ def test_a_host_that_fails_part_way_stops_every_host_and_the_cache_is_redone(tmp
     assert isinstance(out[h], data.DataError), out[h]
     assert str(out[h]) == (f'test: preparing {d} failed on process 1 (OSError: [Errno 28] No '
                            'space left on device)')
+  # Not a storage or data error (a bug, say): raised as it is where it happened, named on the
+  # other host, and neither waits for the other.
+  out = fakes.on_hosts(2, lambda hosts: token_cache.prepare(
+      d, Rows(n, lambda i: hosts.index == 0 and i == 3 and 1 / 0), make_item, True, 'test',
+      log=lambda s: None, hosts=hosts))
+  assert isinstance(out[0], ZeroDivisionError), out[0]
+  assert str(out[1]) == (f'test: preparing {d} failed on process 0 (ZeroDivisionError: '
+                         'division by zero)')
   left = sorted(os.listdir(d))
   assert 'manifest.json' not in left and 'items-00000.arrayrecord' in left   # host 0's parts
   assert not [f for f in left if f.endswith('.tmp')]                          # no half part
