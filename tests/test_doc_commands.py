@@ -299,27 +299,22 @@ _NEAREST_PAPER = ('tests/cascade/test_released.py::'
 # Commands no test runs, each with why and the test that runs the nearest thing. Keep it short:
 # each is a debt the report names.
 NOT_RUN = {
-    'make test-all': ('every test including `slow` (hours) and this one: running it from a test '
-                      'recurses', _HERE + 'test_the_make_targets_the_docs_name'),
-    'pip install "jax[tpu]"': ('network install of libtpu', 'tests/launch/test_xm_launch.py::'
-                               'test_the_image_installs_cascade_with_its_tpu_extra_and_runs_cascade_main'),
-    "pip install -e '.[gcs]'": ('network install', 'tests/cascade/test_gcs.py::'
-                                'test_smoke_cascade_on_gcs_killed_and_resumed_matches_local'),
-    "pip install -e '.[cuda]'": ('network install of the CUDA wheels, for a GPU host',
-                                 'tests/cascade/test_device_check.py::test_check_runs_on_a_mesh_and_reports'),
-    'pip install -e .[xm]': ('network install', 'tests/launch/test_xm_launch.py::'
-                             'test_the_command_lines_overrides_reach_every_job_and_its_machine'),
-    ".venv/bin/pip install -e '.[bench]'": ('network install (TRL)', _RUN + '[grpo-step-trl]'),
-    'sudo apt-get install bubblewrap': ('a system install as root (network)',
-                                        'tests/test_notebook_install.py::'
-                                        'test_as_root_with_apt_get_the_cell_installs_bubblewrap'),
+    'make test-all': ('every test including `slow` (many hours here) and this file\'s own: run from '
+                      'a test it would run itself', _HERE + 'test_the_make_targets_the_docs_name'),
+    'sudo apt-get install bubblewrap': (
+        'changes the machine\'s system packages, and this machine has no `sudo` (sessions and CI '
+        'run as root without it); the nearest test runs apt-get install bubblewrap as root',
+        'tests/test_notebook_install.py::test_as_root_with_apt_get_the_cell_installs_bubblewrap'),
     'xmanager launch launch/xm_launch.py -- --config=configs/nemotron_cascade_14b.py '
     '--executor=vertex --workdir_root=gs://bucket/runs': (
-        'submits jobs to Vertex AI (a Google Cloud project, network)',
+        'submits jobs to Vertex AI: needs a Google Cloud project, its credentials and the network '
+        'beyond the package index',
         'tests/launch/test_xm_launch.py::test_the_command_lines_overrides_reach_every_job_and_its_machine'),
     'python -m cascade.main --config=configs/nemotron_cascade_14b.py:data_root=gs://bucket/nemotron '
-    '--workdir=gs://bucket/runs/c14b': ('trains the 14B recipe on a TPU slice from a real bucket',
-                                        'tests/cascade/test_gcs.py::test_smoke_cascade_on_gcs_killed_and_resumed_matches_local'),
+    '--workdir=gs://bucket/runs/c14b': (
+        'trains the 14B recipe: it needs the Qwen3-14B-Base checkpoint and tokenizer (a hub '
+        'download), a real gs:// bucket holding the released data, and the v5p-128 slice its '
+        'mesh names', 'tests/cascade/test_gcs.py::test_smoke_cascade_on_gcs_killed_and_resumed_matches_local'),
     'python -m cascade.main --config=configs/nemotron_cascade_14b.py:data_root=$DATA '
     '--workdir=gs://bucket/runs/c14b': (
         'trains the 14B recipe: it needs the Qwen3-14B-Base checkpoint and tokenizer '
@@ -836,6 +831,58 @@ def test_the_released_data_downloads_fill_what_the_configs_read(config, assign, 
   for name, spec in plan.datasets.items():
     if spec.format in released.ADAPTERS:
       assert len(data.load(spec, domains=list(plan.domains))) == len(want[name]), name
+
+def _fresh_venv(work: pathlib.Path) -> dict:
+  """A new virtual environment at `work`/.venv (what a user's checkout has) that also sees this
+  venv's packages through a .pth file, so pip counts them as installed and downloads only what an
+  extra adds; pip installs into the new one (it refuses to uninstall outside it). Returns the
+  environment whose PATH finds its `pip` and `python` first."""
+  import site  # pylint: disable=g-import-not-at-top
+  import venv  # pylint: disable=g-import-not-at-top
+  venv.EnvBuilder(with_pip=True).create(work / '.venv')
+  [lib] = (work / '.venv' / 'lib').glob('python3*/site-packages')
+  (lib / 'project_venv.pth').write_text('\n'.join(site.getsitepackages()) + '\n')
+  # As the Makefile makes .venv: pip upgraded first (ensurepip's can be years old).
+  subprocess.run([str(work / '.venv' / 'bin' / 'python'), '-m', 'pip', 'install', '-q',
+                  '--upgrade', 'pip'], check=True, timeout=600)
+  return dict(os.environ, PATH=f'{work / ".venv" / "bin"}{os.pathsep}{os.environ["PATH"]}')
+
+
+# (page, command, the distributions it must have installed into the new venv), by case id.
+_INSTALLS = {
+    'gcs': ('docs/at_scale.md', "pip install -e '.[gcs]'", ['cascade', 'gcsfs']),
+    'xm': ('docs/at_scale.md', 'pip install -e .[xm]', ['cascade', 'xmanager']),
+    'bench': ('docs/benchmarks.md', ".venv/bin/pip install -e '.[bench]'", ['cascade', 'trl']),
+    'tpu': ('docs/planning.md', 'pip install "jax[tpu]"', ['libtpu']),
+    'cuda': ('docs/at_scale.md', "pip install -e '.[cuda]'", ['cascade', 'jax-cuda12-plugin']),
+}
+_INSTALL = _HERE + 'test_the_install_commands_install_their_extras'
+REGISTRY.update({command: f'{_INSTALL}[{case}]' for case, (_, command, _) in _INSTALLS.items()})
+
+
+@pytest.mark.slow      # network: 20-60 s each here, cuda 190 s (gigabytes of CUDA wheels)
+@pytest.mark.parametrize('case', list(_INSTALLS))
+def test_the_install_commands_install_their_extras(case, tmp_path):
+  """Each `pip install` a page shows, run as shown from a checkout's root in a new virtual
+  environment (the package index is reachable here): it succeeds and the new environment holds
+  the extra's distributions, cascade itself installed from that checkout."""
+  _needs_index()
+  page, command, dists = _INSTALLS[case]
+  work = tmp_path / 'repo'
+  work.mkdir()
+  env = _fresh_venv(work)
+  proc = run_doc_command(doc_command(page, command), tmp_path, timeout=3600, env=env,
+                         own_venv=True, copy=('LICENSE', 'README.md'))
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  check = ('import importlib.metadata as m, pathlib, sys\n'
+           'for d in sys.argv[1:]:\n'
+           '  print(d, pathlib.Path(m.distribution(d).locate_file("")).resolve())\n')
+  out = subprocess.run([str(work / '.venv' / 'bin' / 'python'), '-c', check, *dists],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]          # each distribution is there
+  where = dict(line.split(' ', 1) for line in out.stdout.splitlines())
+  if 'cascade' in where:                                  # installed into the new venv
+    assert pathlib.Path(where['cascade']).is_relative_to((work / '.venv').resolve()), where
 
 def test_the_topology_page_multi_slice_config_block():
   """docs/topology.md's two lines on a config: it validates, spans 2 slices, and the mesh has
