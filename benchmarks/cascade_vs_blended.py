@@ -4,6 +4,8 @@
   .venv/bin/python -m benchmarks.cascade_vs_blended --config_arg=world=hetero,eval_every=10
   .venv/bin/python -m benchmarks.cascade_vs_blended --compare=tiny,tiny:drop=rlhf
   .venv/bin/python -m benchmarks.cascade_vs_blended --seeds=0,1 --workdir_root=/tmp/cvb
+  .venv/bin/python -m benchmarks.cascade_vs_blended --compare=tiny:fast_path,tiny \
+      --workdir_root=/tmp/fpcmp --doc=docs/benchmarks/fast_path_tiny.md
 
 `--compare=A,B` names the two sides, each `config` or `config:argument` of a
 configs/ module (default configs/tiny.py, the cascade, against
@@ -21,7 +23,11 @@ cores), and two single-threaded processes gave only ~1.1x the throughput of
 one; on a larger machine, one run per two cores. Side B's run forks from side
 A's of the same seed (`--fork`, on by default: the stages both configs begin
 with, SFT and the reward model, are copied, not rerun; with `--parallel` > 1
-it copies what A has finished when B starts).
+it copies what A has finished when B starts). A fork needs every config section but the
+stages to be the same (`cascade.checkpoint.fork`); where the sides differ elsewhere (e.g.
+`tiny:fast_path` against `tiny`: the sampler), B runs whole and the summary says why.
+`--doc=PATH` also writes the printed summary to a markdown page with the command, date,
+machine and load average (docs/benchmarks/fast_path_tiny.md).
 
 Prints, over the seeds (mean ± sample standard deviation):
   * per domain, the final row's held-out score of both sides, the SFT row, and
@@ -47,6 +53,7 @@ Prints, over the seeds (mean ± sample standard deviation):
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import json
 import math
@@ -75,6 +82,8 @@ _PARALLEL = flags.DEFINE_integer('parallel', 1, 'Runs at a time (one per two cor
 _FORK = flags.DEFINE_bool('fork', True, "Side B's run starts from side A's run of the same "
                           'seed (`--fork_from`): the stages they share (SFT, the reward model) '
                           'are copied, not rerun.')
+_DOC = flags.DEFINE_string('doc', None, 'Also write the printed summary to this markdown page, '
+                           'with the command, date, machine and load average.')
 _PLOT = flags.DEFINE_string('plot', None, 'Where to draw the score-vs-wall-time plot '
                             '(default <workdir_root>/curve.png; empty: no plot).')
 
@@ -141,6 +150,62 @@ def run_one(side: str, seed: int, fork_from: str | None = None
   from cascade import metrics  # pylint: disable=g-import-not-at-top
   records = metrics.read_records(os.path.join(workdir, 'metrics.jsonl'))   # skips damaged lines
   return res, records, time.time() - t0
+
+
+def fork_blocker(a: str, b: str, seed: int) -> str:
+  """Why side b's run cannot fork from side a's (`checkpoint.fork` copies shared stages only
+  when every other config section is the same), or '' when it can."""
+  from cascade import checkpoint  # pylint: disable=g-import-not-at-top
+  sections = []
+  for side in (a, b):
+    config, extra = split_side(side)
+    c = importlib.import_module(f'configs.{config}').get_config(config_arg(seed, extra))
+    sections.append({k: v for k, v in json.loads(json.dumps(
+        checkpoint.config_for_hash(c), default=str)).items() if k != 'stages'})
+  differ = sorted(k for k in set(sections[0]) | set(sections[1])
+                  if sections[0].get(k) != sections[1].get(k))
+  return f'their configs differ in {", ".join(differ)}' if differ else ''
+
+
+def finished_results(side: str, seed: int) -> dict | None:
+  """The results.json of a run's workdir as it is now (None: none yet)."""
+  try:
+    with open(os.path.join(workdir_of(side, seed), 'results.json'), encoding='utf-8') as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def write_doc(path: str, lines: Sequence[str], load_before: Sequence[float],
+              read_back: int, runs: int) -> None:
+  """Writes the printed summary to a markdown page with the command, date, machine and load.
+
+  Args:
+    path: the page.
+    lines: the summary as printed.
+    load_before: os.getloadavg() when this call started (the after-load is taken here).
+    read_back: runs already finished before this call (read back from their workdirs, not
+      run: their wall times were measured under an earlier load).
+    runs: all runs of the comparison.
+  """
+  after = os.getloadavg()
+  command = 'python -m benchmarks.cascade_vs_blended ' + ' '.join(sys.argv[1:])
+  loads = lambda x: '/'.join(f'{v:.2f}' for v in x)
+  page = ['# ' + ' vs '.join(_COMPARE.value) + ' on the tiny world', '',
+          f'Written by `benchmarks/cascade_vs_blended.py` on '
+          f'{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: `{command}` on '
+          f'{os.cpu_count()} cores of {host.cpu_name()}; load average (1/5/15 min) '
+          f'{loads(load_before)} before and {loads(after)} after.'
+          + (f' {read_back} of the {runs} runs had finished before this call and were read '
+             'back from their workdirs, so their seconds were measured under an earlier load.'
+             if read_back else ''), '',
+          'Wall times are step times after SFT (compiles included, evaluation excluded); on a '
+          'shared host their ratio is approximate (host.load_warning).', '',
+          '```text', *[x for line in lines for x in line.split('\n')], '```', '']
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(page))
+  print(f'wrote {path}')
 
 
 def stage_checks(res: dict) -> tuple[float, float, str]:
@@ -309,6 +374,12 @@ def plot(path: str, sides: Sequence[str], lines: dict) -> None:
 def main(argv: Sequence[str]) -> None:
   del argv
   load_before = os.getloadavg()
+  summary = []                        # what is printed below, for --doc
+
+  def say(line: str) -> None:
+    print(line, flush=True)
+    summary.append(line)
+
   seeds = [int(s) for s in _SEEDS.value]
   if _PARALLEL.value < 1:
     raise app.UsageError(f'--parallel={_PARALLEL.value}: must be >= 1')
@@ -324,9 +395,19 @@ def main(argv: Sequence[str]) -> None:
   sft = {}                            # domain -> [score per seed] (side A's SFT row)
   lines = {s: {} for s in sides}      # side -> seed -> timeline
   jobs = [(side, seed) for seed in seeds for side in sides]
+  before = {job: finished_results(*job) for job in jobs}
+  fork = {}                           # seed -> side A's workdir, where B can fork from it
+  for seed in seeds:
+    blocker = fork_blocker(*sides, seed) if _FORK.value else 'off (--nofork)'
+    if blocker:
+      say(f'seed {seed}: {sides[1]} does not fork from {sides[0]}: {blocker}')
+    else:
+      fork[seed] = workdir_of(sides[0], seed)
   with futures.ThreadPoolExecutor(_PARALLEL.value) as pool:
     done = list(pool.map(lambda job: run_one(*job, fork_from=(
-        workdir_of(sides[0], job[1]) if _FORK.value and job[0] == sides[1] else None)), jobs))
+        fork.get(job[1]) if job[0] == sides[1] else None)), jobs))
+  read_back = sum(before[job] is not None and before[job] == res
+                  for job, (res, _, _) in zip(jobs, done))
   domains = done[0][0]['domains']
   for (side, seed), (res, records, _) in zip(jobs, done):
     if res['domains'] != domains:
@@ -338,9 +419,9 @@ def main(argv: Sequence[str]) -> None:
         sft.setdefault(d, []).append(res['scores'][0][j])
   a, b = sides
   fmt = lambda xs: '{:5.1f} ± {:4.1f}'.format(*mean_spread(xs))
-  print(f'\nheld-out score after the last stage, mean ± std over seeds {seeds}; '
-        f'A = {a}, B = {b}')
-  print(f'{"domain":22s} {"after SFT":>13s} {"A":>13s} {"B":>13s} {"A - B (± se)":>16s}  verdict')
+  say(f'\nheld-out score after the last stage, mean ± std over seeds {seeds}; '
+      f'A = {a}, B = {b}')
+  say(f'{"domain":22s} {"after SFT":>13s} {"A":>13s} {"B":>13s} {"A - B (± se)":>16s}  verdict')
   diffs = {}
   mean_of = lambda side: [statistics.fmean(final[side][d][i] for d in domains)
                           for i in range(len(seeds))]
@@ -349,33 +430,36 @@ def main(argv: Sequence[str]) -> None:
     m, se, verdict = paired(xa, xb)
     diffs[d] = {'diff': m, 'se': se, 'verdict': verdict}
     first = fmt(sft[d]) if d in sft else ''
-    print(f'{d:22s} {first:>13s} {fmt(xa):>13s} {fmt(xb):>13s} {m:+7.1f} (± {se:4.1f})  '
-          f'{verdict}')
+    say(f'{d:22s} {first:>13s} {fmt(xa):>13s} {fmt(xb):>13s} {m:+7.1f} (± {se:4.1f})  '
+        f'{verdict}')
+  say(f'per seed ({", ".join(map(str, seeds))}), A | B: ' + '; '.join(
+      f'{d} {" ".join(f"{x:.1f}" for x in final[a][d])} | '
+      f'{" ".join(f"{x:.1f}" for x in final[b][d])}' for d in domains))
   walls = {s: [lines[s][x]['wall_s'] for x in seeds] for s in sides}
-  print('\nwall time after SFT (s) and where it went, mean over seeds')
+  say('\nwall time after SFT (s) and where it went, mean over seeds')
   keys = ('sample_s', 'score_s', 'update_s', 'other_s', 'verifier_share', 'decode_waste',
           'update_waste')
   acct = {s: {k: statistics.fmean(lines[s][x]['accounting'].get(k, math.nan) for x in seeds)
               for k in keys} for s in sides}
   for s in sides:
     parts = ', '.join(f'{k} {acct[s][k]:.3g}' for k in keys)
-    print(f'  {s}: {fmt(walls[s])} s; {parts}')
+    say(f'  {s}: {fmt(walls[s])} s; {parts}')
   reach = [reach_fraction(lines[a][x], statistics.fmean(final[b][d][i] for d in domains),
                           lines[b][x]['wall_s']) for i, x in enumerate(seeds)]
   finite = [r for r in reach if math.isfinite(r)]
-  print(f'\nA reaches B\'s final mean held-out score at this fraction of B\'s wall time, per '
-        f'seed: {", ".join(f"{r:.2f}" for r in reach)}'
-        + (f' (mean {statistics.fmean(reach):.2f})' if len(finite) == len(reach) else
-           f' ({len(reach) - len(finite)} seed(s) never)'))
+  say(f'\nA reaches B\'s final mean held-out score at this fraction of B\'s wall time, per '
+      f'seed: {", ".join(f"{r:.2f}" for r in reach)}'
+      + (f' (mean {statistics.fmean(reach):.2f})' if len(finite) == len(reach) else
+         f' ({len(reach) - len(finite)} seed(s) never)'))
   mean_ends = seed_mean_ends([lines[a][x]['stage_ends'] for x in seeds])
   b_final = statistics.fmean(mean_of(b))
   reach_of_means = (reach_fraction({'stage_ends': mean_ends}, b_final,
                                    statistics.fmean(walls[b])) if mean_ends else math.nan)
   if mean_ends:
-    print(f'on the means over seeds: A\'s stage ends (wall s, mean score) '
-          + ', '.join(f'{n} ({w:.0f}, {v:.1f})' for n, w, v in mean_ends)
-          + f'; B ends at ({statistics.fmean(walls[b]):.0f}, {b_final:.1f}): A reaches it at '
-          f'{reach_of_means:.2f} of B\'s wall time')
+    say(f'on the means over seeds: A\'s stage ends (wall s, mean score) '
+        + ', '.join(f'{n} ({w:.0f}, {v:.1f})' for n, w, v in mean_ends)
+        + f'; B ends at ({statistics.fmean(walls[b]):.0f}, {b_final:.1f}): A reaches it at '
+        f'{reach_of_means:.2f} of B\'s wall time')
   equal = {}
   for x in seeds:
     w = min(lines[a][x]['wall_s'], lines[b][x]['wall_s'])
@@ -383,34 +467,37 @@ def main(argv: Sequence[str]) -> None:
                 b: score_at(lines[b][x]['curve'], w)}
   eq_a, eq_b = [equal[x][a] for x in seeds], [equal[x][b] for x in seeds]
   m, se, verdict = paired(eq_a, eq_b)
-  print(f'at equal wall time (the shorter run\'s), latest mean score: A {fmt(eq_a)}, '
-        f'B {fmt(eq_b)}; A - B {m:+.1f} (± {se:.1f}) {verdict}')
+  say(f'at equal wall time (the shorter run\'s), latest mean score: A {fmt(eq_a)}, '
+      f'B {fmt(eq_b)}; A - B {m:+.1f} (± {se:.1f}) {verdict}')
   inter = {}
   for s in sides:
     per = [interference(res) for (side, _), (res, _, _) in zip(jobs, done) if side == s]
     inter[s] = {k: [p[k] for p in per] for k in per[0]}
-  print('\neffect of each stage on the domains it does not train (mean ± std over seeds)')
+  say('\neffect of each stage on the domains it does not train (mean ± std over seeds)')
   for s in sides:
-    print(f'  {s}: ' + '; '.join(f'{k} {fmt(v).replace(" ", "")}' for k, v in inter[s].items()))
+    say(f'  {s}: ' + '; '.join(f'{k} {fmt(v).replace(" ", "")}' for k, v in inter[s].items()))
   checks = {}
-  print(f'\n{a} per seed: smallest own-domain gain of an RL stage, largest drop of another '
-        'domain')
+  say(f'\n{a} per seed: smallest own-domain gain of an RL stage, largest drop of another '
+      'domain')
   for (side, seed), (res, _, _) in zip(jobs, done):
     if side == a:
       gain, drop, where = stage_checks(res)
       checks[seed] = {'min_gain': gain, 'max_drop': drop, 'where': where}
-      print(f'  seed {seed}: min gain {gain:+.1f}, max drop {drop:.1f}'
-            + (f' ({where})' if where else ''))
+      say(f'  seed {seed}: min gain {gain:+.1f}, max drop {drop:.1f}'
+          + (f' ({where})' if where else ''))
   path = _PLOT.value if _PLOT.value is not None else os.path.join(_WORKDIR_ROOT.value,
                                                                   'curve.png')
   if path:
     plot(path, sides, lines)
-    print(f'plot: {path}')
+    say(f'plot: {path}')
   finite_or_none = lambda o: (
       {k: finite_or_none(v) for k, v in o.items()} if isinstance(o, dict) else
       [finite_or_none(v) for v in o] if isinstance(o, (list, tuple)) else
       None if isinstance(o, float) and not math.isfinite(o) else o)
-  host.print_load_warning(load_before)
+  warning = host.print_load_warning(load_before)
+  if _DOC.value:
+    write_doc(_DOC.value, summary + ([warning] if warning else []), load_before, read_back,
+              len(jobs))
   print(json.dumps(finite_or_none({'seeds': seeds, 'sides': sides, 'sft': sft, 'final': final,
                     'differences': diffs, 'wall_s': walls, 'accounting': acct,
                     'reach_fraction': reach, 'reach_fraction_of_means': reach_of_means,

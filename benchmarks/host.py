@@ -9,6 +9,7 @@ miss when the host ran more runnable processes than it has cores.
 from __future__ import annotations
 
 import os
+import platform
 from typing import Sequence
 
 
@@ -50,3 +51,15 @@ def print_load_warning(before: Sequence[float] | float) -> str | None:
   if line:
     print(line, flush=True)
   return line
+
+
+def cpu_name() -> str:
+  """The host's CPU model (/proc/cpuinfo's 'model name'), or platform's name for it."""
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine() or 'an unknown CPU'

@@ -137,3 +137,43 @@ def test_seed_mean_stage_ends_average_wall_and_score_per_stage():
   assert cascade_vs_blended.seed_mean_ends(ends) == [('x', 3.0, 45.0), ('y', 7.0, 62.0)]
   assert cascade_vs_blended.seed_mean_ends([ends[0], ends[1][:1]]) == []
   assert cascade_vs_blended.seed_mean_ends([]) == []
+
+
+def test_fork_only_where_every_section_but_the_stages_agrees(tmp_path):
+  """B forks from A (`cascade.checkpoint.fork`) only when their configs differ in the stages
+  alone: `tiny:fast_path` against `tiny` differs in the sampler (the paged engine), so B runs
+  whole and the summary says why, instead of the fork stopping the comparison."""
+  from benchmarks import cascade_vs_blended  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(config_arg=f'root={tmp_path}'):
+    assert cascade_vs_blended.fork_blocker('tiny', 'tiny:drop=rlhf', 0) == ''
+    assert cascade_vs_blended.fork_blocker('tiny', 'tiny_blended', 1) == ''
+    assert (cascade_vs_blended.fork_blocker('tiny:fast_path', 'tiny', 0)
+            == 'their configs differ in sampler')
+    assert (cascade_vs_blended.fork_blocker('tiny', 'tiny:model=hybrid,fast_path', 0)
+            == 'their configs differ in model, sampler')
+
+
+def test_doc_page_holds_the_summary_command_machine_and_load(tmp_path, monkeypatch):
+  from benchmarks import cascade_vs_blended  # pylint: disable=g-import-not-at-top
+  from benchmarks import host  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  monkeypatch.setattr(cascade_vs_blended.os, 'getloadavg', lambda: (3.25, 2.5, 1.0))
+  monkeypatch.setattr(cascade_vs_blended.sys, 'argv',
+                      ['cascade_vs_blended.py', '--compare=tiny:fast_path,tiny', '--doc=x.md'])
+  page = tmp_path / 'sub' / 'page.md'
+  with flagsaver.flagsaver(compare=['tiny:fast_path', 'tiny']):
+    cascade_vs_blended.write_doc(str(page), ['\nheld-out score', 'math  1.0 ± 2.0'],
+                                 (1.5, 1.25, 1.0), read_back=2, runs=6)
+  text = page.read_text()
+  assert text.startswith('# tiny:fast_path vs tiny on the tiny world\n')
+  assert ('`python -m benchmarks.cascade_vs_blended --compare=tiny:fast_path,tiny --doc=x.md`'
+          in text)
+  assert f'cores of {host.cpu_name()}' in text
+  assert 'load average (1/5/15 min) 1.50/1.25/1.00 before and 3.25/2.50/1.00 after' in text
+  assert '2 of the 6 runs had finished before this call and were read back' in text
+  assert '```text\n\nheld-out score\nmath  1.0 ± 2.0\n```\n' in text
+  cascade_vs_blended.write_doc(str(page), ['x'], (1.0, 1.0, 1.0), read_back=0, runs=6)
+  assert 'read back' not in page.read_text()
