@@ -38,12 +38,14 @@ Expert parallelism. Under a mesh of more than one device the routed experts
 run under `jax.shard_map`: each shard holds the experts of its index along the
 mesh axes the 'experts' rule names (E / ep of them; 'expert' by default) and
 the slice of every expert's F along the 'moe_mlp' ones ('tensor'). The rows
-are split over the 'batch' axes as everywhere else, 'expert' included, so the
-shards of one expert group hold different tokens: each all-gathers its
-group's tokens (and their routing), runs only its local experts over the
-pairs routed to them, and a reduce-scatter (`psum_scatter`) over 'expert'
-sums every token's K contributions back onto the shard that owns the token;
-a psum over 'tensor' adds up the F slices. This is the all-to-all's
+are split over the 'batch' axes as everywhere else, 'expert' included, and
+each row's tokens over the 'length' ones ('sequence' under context
+parallelism: a sequence shard routes and computes only its own T / n tokens,
+never the whole row), so the shards of one expert group hold different
+tokens: each all-gathers its group's tokens (and their routing), runs only
+its local experts over the pairs routed to them, and a reduce-scatter
+(`psum_scatter`) over 'expert' sums every token's K contributions back onto
+the shard that owns the token; a psum over 'tensor' adds up the F slices. This is the all-to-all's
 equivalent for a dropless layer with static shapes: an all-to-all would need
 buffers sized for the worst case (every pair to one shard, K times the
 tokens), while the gather moves each token once. The experts' 'embed' dim
@@ -130,8 +132,9 @@ class MoEOutput(NamedTuple):
 
 
 def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
-  """[..., I] x [I, O] -> [..., O] as one matmul over the leading axes flattened into rows."""
-  return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+  """[..., I] x [I, O] -> [..., O], contracting I only: no reshape that merges the leading
+  axes, which made GSPMD all-gather a sequence-sharded [B, T, D] before the router."""
+  return jnp.einsum('...I,IO->...O', x, w)
 
 
 def _activate(cfg: config_lib.ModelConfig, up: jax.Array, gate: jax.Array | None) -> jax.Array:
@@ -446,21 +449,22 @@ def _routed(cfg: config_lib.ModelConfig, x, indices, weights, experts) -> jax.Ar
   _check_expert_axis(cfg.num_experts, mesh)
   spec = sharding.logical_to_spec(('experts', 'embed', 'moe_mlp'), experts[-2].shape, mesh)
   ep, tp = _axes(spec[0]), _axes(spec[2])
-  # Rows over the batch axes, except any that also split F (their slices must see the same
-  # tokens to be summed).
-  rows = tuple(a for a in _axes(sharding.logical_to_spec(('batch',), (b,), mesh)[0])
-               if a not in tp)
-  gather = tuple(a for a in rows if a in ep)       # the expert group's tokens come together
-  spread = tuple(a for a in ep if a not in gather)  # tokens already whole across these
-  row_spec = P(rows or None, None, None)
+  # Rows over the batch axes and each row's tokens over the length axes (context
+  # parallelism: a sequence shard routes only its own tokens), except any axis that also
+  # splits F (its slices must see the same tokens to be summed).
+  tokens = sharding.logical_to_spec(('batch', 'length'), (b, t), mesh)
+  rows, cols = ([a for a in _axes(entry) if a not in tp] for entry in tokens)
+  gather = tuple(a for a in rows + cols if a in ep)  # the expert group's tokens come together
+  spread = tuple(a for a in ep if a not in gather)   # tokens already whole across these
+  row_spec = P(tuple(rows) or None, tuple(cols) or None, None)
   w_in, w_out = P(ep or None, None, tp or None), P(ep or None, tp or None, None)
   e_loc = experts[-1].shape[0] // int(np.prod([dict(zip(mesh.axis_names, mesh.axis_sizes))[a]
                                                for a in ep]))
 
   def local(x, indices, weights, *experts):
-    bl = x.shape[0]
-    x, indices, weights = (x.reshape(bl * t, d), indices.reshape(bl * t, k),
-                           weights.reshape(bl * t, k))
+    bl, tl = x.shape[:2]
+    x, indices, weights = (x.reshape(bl * tl, d), indices.reshape(bl * tl, k),
+                           weights.reshape(bl * tl, k))
     if gather:
       x, indices, weights = (jax.lax.all_gather(a, gather, axis=0, tiled=True)
                              for a in (x, indices, weights))
@@ -470,7 +474,7 @@ def _routed(cfg: config_lib.ModelConfig, x, indices, weights, experts) -> jax.Ar
       y = jax.lax.psum_scatter(y, gather, scatter_dimension=0, tiled=True)
     if tp + spread:
       y = jax.lax.psum(y, tp + spread)
-    return y.reshape(bl, t, d)
+    return y.reshape(bl, tl, d)
 
   w_specs = (w_in,) * (len(experts) - 1) + (w_out,)
   return _shard_map(local, mesh, (row_spec, row_spec, row_spec) + w_specs, row_spec)(

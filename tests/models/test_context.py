@@ -15,6 +15,7 @@ from models import attention
 from models import config as config_lib
 from models import context
 from models import mamba
+from models import moe
 from models import sharding
 from models import transformer
 from rl import batch as batch_lib
@@ -134,12 +135,16 @@ def test_hybrid_forward_and_logprobs_on_two_sequence_shards_equal_unsharded(monk
   batch = _packed_rows(2, 32, seed=3)
   graphdef, params = _init(cfg)
   ref_logits, ref_lp = _forward(graphdef, params, batch, chunk=8)
-  calls = []
+  calls, rows = [], []
   monkeypatch.setattr(mamba, '_context_parallel',
                       lambda *a, f=mamba._context_parallel: (calls.append(1), f(*a))[1])
+  monkeypatch.setattr(moe, 'grouped_matmul', lambda lhs, *a, f=moe.grouped_matmul, **k: (
+      rows.append(lhs.shape[0]), f(lhs, *a, **k))[1])
   mesh = _mesh(2, data=2, tensor=2)
   logits, lp = _forward(graphdef, sharding.shard_state(params, mesh), batch, mesh, chunk=8)
   assert calls                                       # the mixers ran context-parallel
+  # Each sequence shard routed only its own tokens: K * B * T / (data * sequence) pairs.
+  assert set(rows) == {cfg.experts_per_token * 2 * 32 // 4}, rows
   real = _real(batch)
   np.testing.assert_allclose(np.asarray(logits)[real], np.asarray(ref_logits)[real],
                              atol=TOL, rtol=0)

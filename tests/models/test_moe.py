@@ -3,6 +3,7 @@ transformers' Qwen3-MoE and Nemotron-H blocks, and sharded (expert and tensor pa
 unsharded; plus models/sharding.py's optional 'expert' mesh axis."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -481,12 +482,12 @@ def _shard(m, mesh):
   return nnx.to_pure_dict(sharding.shard_state(nnx.split(nnx.merge(*m))[1], mesh))
 
 
-def _sharded_run(m, x, mask, mesh):
+def _sharded_run(m, x, mask, mesh, probe_scale=1.0):
   gd, params = m
 
   # A linear probe of y (a fixed cotangent), so the comparison sees only the layer's own
   # rounding, not its amplification by a nonlinear loss.
-  probe = jnp.asarray(np.random.default_rng(7).normal(size=x.shape), jnp.float32)
+  probe = jnp.asarray(np.random.default_rng(7).normal(size=x.shape) * probe_scale, jnp.float32)
 
   def loss(p, x):
     out = nnx.merge(gd, p)(x, token_mask=mask)
@@ -540,6 +541,73 @@ def test_sharded_matches_unsharded(shape, name, monkeypatch):
   assert up.addressable_shards[0].data.shape[0] == E // ep       # each shard: E / ep experts
   if ep > 1:
     assert 'reduce-scatter' in hlo      # the expert group's tokens summed back to their shard
+
+
+def _all_gathers(hlo: str, d: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+  """(result shape, gathered dims) of every all-gather in a compiled program whose result is
+  [..., d] (activations or their gradients, per device after the gather)."""
+  out = []
+  for line in hlo.splitlines():
+    m = re.search(r'= \w+\[([\d,]+)\]\S* all-gather\(.*?dimensions=\{([\d,]+)\}', line)
+    if m:
+      shape = tuple(int(n) for n in m.group(1).split(','))
+      if shape[-1] == d:
+        out.append((shape, tuple(int(n) for n in m.group(2).split(','))))
+  return out
+
+
+@pytest.mark.parametrize('preset,shape', [
+    ('tiny_hybrid', (1, 1, 2, 2, 2)),   # expert, sequence and tensor at once
+    # Compile-bound: in the heavy run only (one case each preset in the default run).
+    pytest.param('tiny_moe', (1, 1, 2, 2, 2), marks=pytest.mark.heavy),
+    pytest.param('tiny_moe', (2, 1, 1, 4, 1), marks=pytest.mark.heavy),    # no expert axis
+    pytest.param('tiny_hybrid', (1, 1, 1, 8, 1), marks=pytest.mark.heavy),
+    pytest.param('tiny_hybrid', (1, 2, 2, 2, 1), marks=pytest.mark.heavy),  # fsdp too
+])
+def test_context_parallel_routes_only_own_tokens(preset, shape, monkeypatch):
+  """On a mesh with a sequence axis the layer (the preset's MoE: router, routed experts,
+  shared expert) gives the unsharded forward and gradients, and each sequence shard routes
+  only its own tokens: the grouped matmuls see K * B * T / (data * fsdp * sequence) rows per
+  device (its expert group's tokens, gathered over 'expert' only), and no all-gather in the
+  compiled program brings more tokens together than that (before, the shard_map took whole
+  rows and every sequence shard routed all T tokens)."""
+  cfg = getattr(config_lib.ModelConfig, preset)()
+  b, t, d, k = 4, 64, cfg.embed_dim, cfg.experts_per_token
+  # O(1) outputs and gradients (the probe scaled by 1 / sqrt(tokens): the parameters'
+  # gradients sum over 256 tokens), so 1e-5 compares at float32's rounding.
+  m = _model(cfg, scale=0.1)
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(b, t, d)), jnp.float32)
+  mask = jnp.ones((b, t)).at[1, 5:9].set(0.0)
+  run = functools.partial(_sharded_run, probe_scale=(b * t) ** -0.5)
+  rows = []
+  orig = moe.grouped_matmul
+  monkeypatch.setattr(moe, 'grouped_matmul', lambda lhs, *a, **kw: (
+      rows.append(lhs.shape[0]), orig(lhs, *a, **kw))[1])
+  ((loss0, out0), grads0), _ = run(m, x, mask, None)
+  assert set(rows) == {b * t * k}
+  rows.clear()
+  mesh = sharding.make_mesh(shape)
+  ((loss1, out1), grads1), (_, hlo) = run(m, x, mask, mesh)
+  np.testing.assert_array_equal(out1.indices, out0.indices)
+  close = functools.partial(np.testing.assert_allclose, atol=1e-5, rtol=1e-5)
+  close(out1.y, out0.y)
+  close(loss1, loss0)
+  for n, g in grads0[0].items():
+    close(grads1[0][n], g, err_msg=n)
+  close(grads1[1], grads0[1])
+  sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+  group = b * t // (sizes['data'] * sizes['fsdp'] * sizes['sequence'])
+  assert set(rows) == {group * k}, (rows, group * k)
+  if sizes['fsdp'] == 1:
+    # (Over 'fsdp' the weights' embed dim is gathered too: [E / ep, F, D] would count here.)
+    gathers = _all_gathers(hlo, d)
+    # No [B, T, D] activation gathered along T (before the router, or into the experts) ...
+    assert not [g for g in gathers if len(g[0]) == 3 and 1 in g[1]], gathers
+    # ... and no gather brings more tokens together than the expert group's.
+    rows = [int(np.prod(g[0][:-1])) for g in gathers]
+    assert max(rows, default=0) <= group, (gathers, group)
+    if sizes['expert'] > 1:
+      assert group in rows                # the expert group's tokens, and no more
 
 
 def test_experts_not_divisible_by_expert_axis():
