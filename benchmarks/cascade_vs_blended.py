@@ -36,7 +36,9 @@ Prints, over the seeds (mean ± sample standard deviation):
   * training wall time after SFT (the sum of every later stage's step times:
     compiles included, evaluation excluded), split into sampling, scoring,
     update and the rest, with the decode-slot and update-padding waste and
-    the verifiers' share of step time (`kinds.loop.accounting`);
+    the verifiers' share of step time (`kinds.loop.accounting`), and the sampling seconds
+    split into each stage's first step (compiles), later steps over 5x their stage's median
+    (another program shape compiled) and the rest (`sampling_split`);
   * how soon A reaches B's final mean held-out score: the first of A's stage
     ends whose mean is at least B's final mean, as a fraction of B's wall time
     (none: A never does), per seed and on the means over seeds (A's stage
@@ -246,6 +248,43 @@ def interference(res: dict) -> dict[str, float]:
   return out
 
 
+def sampling_split(res: dict, records: Sequence[dict]) -> dict[str, float]:
+  """A run's sampling seconds after its first stage, split to tell compiles from decoding.
+
+  A stage's first step compiles its sampler programs; a later step several times slower than
+  the stage's typical one (over 5x its median) most likely compiled another shape (the paged
+  engine compiles one decode program per power of two of live rows, the first time a call
+  that small happens).
+
+  Args:
+    res: results.json's object.
+    records: metrics.jsonl's records.
+
+  Returns:
+    {'first_s': the stages' first steps, 'slow_s': the later steps over 5x their stage's
+     median, 'rest_s': the other steps, 'median_s': the median of those other steps}.
+  """
+  per: dict[str, dict[int, float]] = {}
+  for r in records:
+    if 'sample_s' in r and r.get('stage') not in (None, res['stages'][0]):
+      per.setdefault(r['stage'], {})[r['step']] = float(r['sample_s'])   # a resume re-logs
+  out = {'first_s': 0.0, 'slow_s': 0.0, 'rest_s': 0.0}
+  rest = []
+  for by_step in per.values():
+    steps = sorted(by_step)
+    out['first_s'] += by_step[steps[0]]
+    later = [by_step[k] for k in steps[1:]]
+    typical = statistics.median(later) if later else 0.0
+    for x in later:
+      if x > 5 * typical:
+        out['slow_s'] += x
+      else:
+        out['rest_s'] += x
+        rest.append(x)
+  out['median_s'] = statistics.median(rest) if rest else math.nan
+  return out
+
+
 def timeline(res: dict, records: Sequence[dict]) -> dict:
   """Where a run's wall time went and what it scored when.
 
@@ -444,6 +483,14 @@ def main(argv: Sequence[str]) -> None:
   for s in sides:
     parts = ', '.join(f'{k} {acct[s][k]:.3g}' for k in keys)
     say(f'  {s}: {fmt(walls[s])} s; {parts}')
+  split = {s: [sampling_split(res, records) for (side, _), (res, records, _) in zip(jobs, done)
+               if side == s] for s in sides}
+  say('sampling seconds split, mean over seeds: first step of each stage (compiles), later '
+      'steps over 5x their stage\'s median (another shape compiled), the rest (median step)')
+  for s in sides:
+    m = {k: statistics.fmean(x[k] for x in split[s]) for k in split[s][0]}
+    say(f'  {s}: first {m["first_s"]:.0f}, slow {m["slow_s"]:.0f}, rest {m["rest_s"]:.0f} '
+        f'(median step {m["median_s"]:.2f})')
   reach = [reach_fraction(lines[a][x], statistics.fmean(final[b][d][i] for d in domains),
                           lines[b][x]['wall_s']) for i, x in enumerate(seeds)]
   finite = [r for r in reach if math.isfinite(r)]
@@ -501,7 +548,7 @@ def main(argv: Sequence[str]) -> None:
   print(json.dumps(finite_or_none({'seeds': seeds, 'sides': sides, 'sft': sft, 'final': final,
                     'differences': diffs, 'wall_s': walls, 'accounting': acct,
                     'reach_fraction': reach, 'reach_fraction_of_means': reach_of_means,
-                    'equal_wall': equal, 'interference': inter,
+                    'sampling_split': split, 'equal_wall': equal, 'interference': inter,
                     'stage_checks': checks, 'run_s': {s: [d[2] for (side, _), d in
                                                           zip(jobs, done) if side == s]
                                                       for s in sides}})))

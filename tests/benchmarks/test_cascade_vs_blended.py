@@ -177,3 +177,20 @@ def test_doc_page_holds_the_summary_command_machine_and_load(tmp_path, monkeypat
   assert '```text\n\nheld-out score\nmath  1.0 ± 2.0\n```\n' in text
   cascade_vs_blended.write_doc(str(page), ['x'], (1.0, 1.0, 1.0), read_back=0, runs=6)
   assert 'read back' not in page.read_text()
+
+
+def test_sampling_split_tells_first_steps_and_slow_steps_from_the_rest():
+  from benchmarks import cascade_vs_blended  # pylint: disable=g-import-not-at-top
+  res = {'stages': ['sft', 'x', 'y']}
+  rec = lambda stage, step, s: {'stage': stage, 'step': step, 'sample_s': s}
+  records = [{'stage': 'sft', 'step': 1}, rec('x', 1, 50.0), rec('x', 2, 1.0), rec('x', 3, 9.0),
+             rec('x', 4, 1.2), rec('x', 5, 0.8), rec('x', 4, 1.4),      # step 4 re-logged
+             rec('y', 1, 20.0), rec('y', 2, 2.0), rec('y', 3, 3.0),
+             {'eval': 'x', 'row': 1, 'scores': {}}]
+  out = cascade_vs_blended.sampling_split(res, records)
+  # x: median of later steps (1.0, 9.0, 1.4, 0.8) is 1.2; 9.0 > 6.0 is slow.
+  assert out['first_s'] == 70.0 and out['slow_s'] == 9.0
+  assert out['rest_s'] == pytest.approx(1.0 + 1.4 + 0.8 + 2.0 + 3.0)
+  assert out['median_s'] == 1.4                       # of 0.8, 1.0, 1.4, 2.0, 3.0
+  empty = cascade_vs_blended.sampling_split({'stages': ['sft']}, [])
+  assert empty['first_s'] == 0.0 and math.isnan(empty['median_s'])
