@@ -50,9 +50,11 @@ Not reproducible here:
   (which judge the paper used is not in configs/PAPERS.md: an assumption).
 * Sequence lengths: SFT packs 256K-token rows and code RL reaches 118K; the model
   has no RoPE limit (its attention layers take no positions, 262,144 in its
-  config), but a row's activations live on one device (there is no sequence axis
-  in the mesh), so they are capped at 64K here (marked at each stage); `launch.plan`
-  reports what fits.
+  config), but this recipe's meshes have no sequence axis, so a row's activations
+  live on one device and are capped at 64K here (marked at each stage); `launch.plan`
+  reports what fits. cascade has context parallelism (a 'sequence' mesh axis:
+  attention, the Mamba-2 scan and the routed experts split along the row), but this
+  recipe at the papers' lengths on it is not yet planned on v5p.
 * Data: the released `nvidia/Nemotron-Cascade-2-SFT-Data` and `-RL-data`
   are read as they are downloaded under data_root (docs/released_data.md):
   SFT, IF-RL (45,879), multi-domain RL (18,147: MCQA, workplace tool calling
