@@ -374,10 +374,28 @@ def fast_path(c: ml_collections.ConfigDict) -> None:
       longest = max([int(st['max_response_len'])]
                     + [int(p['max_response_len']) for p in st.get('phases') or []])
       st = dict(st, pack_tokens=int(st['max_prompt_len']) + longest)
-      if st['kind'] == 'grpo' and st.get('dynamic_filter', True):
+      if (st['kind'] == 'grpo' and st.get('dynamic_filter', True)
+          and not any(_generating_judge(c, d) for d in st.get('domains') or [])):
         st['stream_filter'] = True
     stages.append(st)
   c.stages = stages
+
+
+def _generating_judge(c: ml_collections.ConfigDict, domain: str) -> bool:
+  """Whether `domain`'s training rewards come from a judge model that generates (a
+  generative RM). Such a stage does not stream its filtering: streamed scoring runs the
+  judge's engine while the policy's is still decoding, so both engines' pools and the
+  policy's rollout copy are on the chips at once. Planned with the TPU compiler for
+  Cascade 2's RLHF with the 235B-A22B GenRM on v5p:4x4x4, the judge's decode call then
+  needs 115 GiB of the 95 (its own 60 GiB beside 55.5 GiB: the train state, the
+  policy's rollout copy and its engine's 35 GiB of arguments); scored after sampling,
+  the policy's engine is gone and the same call needs about 80 GiB. The judge runs on
+  the same chips as the policy, so streaming would not overlap their compute anyway."""
+  dom = c.domains.get(domain) if domain in c.domains else None
+  if dom is None:
+    return False
+  opts = dict(dom.get('verifier_options') or {})
+  return bool(opts.get('judge')) and opts.get('score_by', 'logits') == 'generate'
 
 
 def exact_sampler_buckets(c: ml_collections.ConfigDict) -> None:

@@ -738,6 +738,9 @@ def _resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
                                               policies.master_dtype(model_cfg)))
   master = policies.master_dtype(model_cfg)
   policy_params = _params_bytes(model_cfg, 'policy', mesh, rules, master and np.float32)
+  # The policy sampler's arguments hold the params it samples with, already counted: its
+  # rollout copy (copy_bytes) or else the train state's own params.
+  decoding = max(0, decoding - (copy_bytes or policy_params)) if decoding else 0
   # Frozen copies kept in host memory are on the devices only as their own pass's arguments.
   one_copy = _params_bytes(model_cfg, 'policy', mesh, rules)
   frozen_bytes = sum(ff.copies for ff in frozen if not ff.on_host) * one_copy

@@ -248,3 +248,8 @@ def test_cascade2_genrm_argument():
   assert (chat.verifier, chat.eval_verifier, chat.reward_model_stage) == ('judge', 'judge', '')
   assert chat.verifier_options['judge'] == chat.eval_verifier_options['judge'] == 'gs://b/genrm'
   assert 'rm' not in [s.name for s in plan.stages] and 'rlhf' in [s.name for s in plan.stages]
+  # A stage scored by a generating judge samples, then scores (configs/_recipes.py
+  # `_generating_judge`: the judge's engine does not run beside the policy's).
+  streams = lambda cfg: {s['name']: bool(s.get('stream_filter')) for s in cfg.stages}
+  assert streams(module.get_config())['rlhf'] and not streams(c)['rlhf']
+  assert streams(c)['code_rl'] and streams(c)['if_rl']

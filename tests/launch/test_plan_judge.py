@@ -1,6 +1,7 @@
 """launch.plan counts the judge models a run loads: their programs, their weights beside every
 program from their first use on, and their scoring in the step-time bound."""
 
+import dataclasses
 import json
 import types
 
@@ -127,6 +128,16 @@ def test_loaded_judges_sit_beside_every_program_and_their_own_beside_the_state(t
   # policy's rollout copy, alive while the step collects.
   state = bare['sampler'] + plan._params_bytes(p.model, 'policy', mesh, RULES, np.float32)
   assert full['judge (chat)'] == state + 5
+  # Streamed scoring: the policy engine's arguments are alive beside the judge too, less the
+  # params they hold, which are the rollout copy already counted (or the state's own).
+  streamed = dataclasses.replace(st, stream_filter=True)
+  pools = 1000
+  for copy in (5, 0):
+    given = copy or plan._params_bytes(p.model, 'policy', mesh, RULES, np.float32)
+    engine = [types.SimpleNamespace(name='sampler', argument_bytes=given + pools)]
+    got = dict(plan._resident(streamed, p.model, mesh, RULES, programs + engine, [], [],
+                              judges=calls, loaded=loaded, copy_bytes=copy))
+    assert got['judge (chat)'] == state + copy + pools, copy
 
 
 def test_the_step_time_bound_includes_judge_scoring(tmp_path):
