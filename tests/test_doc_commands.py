@@ -582,6 +582,11 @@ _RUNS = [
           3 * 3600, _check_hybrid, mark=_SLOW),
     _case('plan-cascade2', 'docs/plans/nemotron_cascade2_v5p.md', ['python -m launch.plan'],
           4 * 3600, _writes('docs/plans/nemotron_cascade2_v5p.md'), mark=_SLOW),
+    # Written by the TPU compiler's plan to a scratch path, then copied into docs/plans/.
+    _case('plan-cascade14b', 'docs/plans/nemotron_cascade_14b_v5p.md', ['python -m launch.plan'],
+          4 * 3600, lambda proc, work: _page_like(pathlib.Path('/tmp/c14b_fast.md'),
+                                                  'docs/plans/nemotron_cascade_14b_v5p.md'),
+          mark=_SLOW),
     _case('step-time-page', 'docs/plans/step_time_model.md', ['python -m launch.step_time_page'],
           2 * 3600, _check_step_time, mark=_SLOW),
     _case('tiny-judge', 'docs/tiny_generative_rm.md',
