@@ -579,8 +579,10 @@ def test_sampling_time_is_a_direct_count_of_its_reads_and_flops(engine, family):
     # 1 attention sublayer; 2 Mamba sublayers of 2 of 4 heads per device x 16 x state 8
     # float32, and the whole convolution's last 3 inputs of 4 x 16 + 2 x 2 x 8 channels.
     kv_token, state_row = 1 * 2 * 1 * 16 * 4, 2 * (2 * 16 * 8 * 4 + 3 * 96 * 4)
-  if engine == 'one_call':   # 2 chunks of 16 rows (4 per device: 4 x 544 cache slots)
-    options, rows_dev, chunks = dict(cache_tokens_per_device=4 * (32 + 512)), 4, 2
+  if engine == 'one_call':   # 2 chunks of 16 rows (4 per device: 4 x 544 cache slots, each
+    # row charged its Mamba states in cache slots besides)
+    states = -(-state_row // kv_token)
+    options, rows_dev, chunks = dict(cache_tokens_per_device=4 * (32 + 512 + states)), 4, 2
   else:                      # 8 slots (2 per device): 4 waves
     options, rows_dev, chunks = dict(engine='paged', slots=8, page_size=16), 2, 4
   sampler, _ = _sampler_for(cfg, shape, options)

@@ -281,10 +281,11 @@ def test_engine_options_and_pool_errors(policy):
   with pytest.raises(ValueError, match='pages=36 cannot hold one row of 72 tokens .* on each '
                      'of 4 batch shards'):
     _paged(policy[0], slots=4, pages=36, mesh=mesh)._rollout.engine(4).pool_pages(72, 72)
-  assert _paged(policy[0], slots=2, cache_tokens_per_device=160)._rollout.options['pages'] == 20
+  assert _paged(policy[0], slots=2, cache_tokens_per_device=160)._rollout.engine(
+      2).opt.pages == 20
   # The budget is per device: the pool, split over 4 batch shards, has 4 times the pages.
   assert _paged(policy[0], slots=4, cache_tokens_per_device=160,
-                mesh=sharding.make_mesh((2, 2, 2)))._rollout.options['pages'] == 80
+                mesh=sharding.make_mesh((2, 2, 2)))._rollout.engine(4).opt.pages == 80
   assert engine.EngineOptions(slots=2).pages is None
   with pytest.raises(ValueError, match='slots=6 must be a multiple of the mesh.s 4 batch'):
     sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='paged', slots=6,
