@@ -288,17 +288,6 @@ def main_cp(shard_counts: list[int], lengths: list[int]) -> tuple[list[str], lis
   return lines, rows
 
 
-def _cpu_name() -> str:
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return 'unknown CPU'
-
-
 def main(argv):
   del argv
   lengths = [int(x) for x in _LENGTHS.value if x]
@@ -346,7 +335,7 @@ def main(argv):
             + (' (hybrid family)' if hybrid else ''), '',
             f'Written by `benchmarks/long_context.py` on {datetime.date.today().isoformat()}: '
             f'`XLA_FLAGS={os.environ.get("XLA_FLAGS", "")} {command}` on {os.cpu_count()} '
-            f'cores of {_cpu_name()} ({jax.device_count()} {jax.default_backend()} devices), '
+            f'cores of {host.cpu_name()} ({jax.device_count()} {jax.default_backend()} devices), '
             f'load average {load[0]:.2f} before and {after[0]:.2f} after (one minute).', '',
             'Simulated devices share the host\'s cores: tokens/s compares the programs\' '
             'overhead on one machine, not a speed-up; the temporaries per device are what '

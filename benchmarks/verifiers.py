@@ -31,7 +31,6 @@ import inspect
 import datetime
 import json
 import os
-import platform
 import random
 import re
 import statistics
@@ -227,17 +226,6 @@ def _time_rm(batch):
           'mean_reward': float(np.mean([r.reward for r in results]))}
 
 
-def _cpu_name() -> str:
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      for line in f:
-        if line.startswith('model name'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
 def main(argv):
   del argv
   load_before = os.getloadavg()[0]
@@ -279,7 +267,7 @@ def main(argv):
     command = 'python -m benchmarks.verifiers ' + ' '.join(sys.argv[1:])
     page = ['# Verifier throughput', '',
             f'Written by `benchmarks/verifiers.py` on {datetime.date.today().isoformat()}: '
-            f'`{command}` on {os.cpu_count()} cores of {_cpu_name()}, load average '
+            f'`{command}` on {os.cpu_count()} cores of {host.cpu_name()}, load average '
             f'{load_before:.2f} before and {os.getloadavg()[0]:.2f} after (one minute).', '',
             '```text', *lines, '```', '']
     os.makedirs(os.path.dirname(os.path.abspath(_DOC.value)), exist_ok=True)
