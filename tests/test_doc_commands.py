@@ -267,6 +267,10 @@ REGISTRY.update({
     _shown('docs/released_data.md', 'for name in Nemotron-Cascade-SFT'):
         _RELEASED_LOOPS + '[nemotron_cascade_14b-DATA=/data/nemotron-CASCADE1_ROWS]',
     'DATA2=/data/nemotron2': _RELEASED_LOOPS + '[nemotron_cascade2-DATA2=/data/nemotron2-CASCADE2_ROWS]',
+    _shown('docs/released_data.md', 'huggingface-cli download Qwen/Qwen3-14B-Base '):
+        _RELEASED_LOOPS + '[nemotron_cascade_14b-DATA=/data/nemotron-CASCADE1_ROWS]',
+    _shown('docs/released_data.md', 'huggingface-cli download nvidia/NVIDIA-Nemotron-3-Nano'):
+        _RELEASED_LOOPS + '[nemotron_cascade2-DATA2=/data/nemotron2-CASCADE2_ROWS]',
     _shown('docs/released_data.md', 'for name in Nemotron-Cascade-2'):
         _RELEASED_LOOPS + '[nemotron_cascade2-DATA2=/data/nemotron2-CASCADE2_ROWS]',
 })
@@ -317,15 +321,16 @@ NOT_RUN = {
         'mesh names', 'tests/cascade/test_gcs.py::test_smoke_cascade_on_gcs_killed_and_resumed_matches_local'),
     'python -m cascade.main --config=configs/nemotron_cascade_14b.py:data_root=$DATA '
     '--workdir=gs://bucket/runs/c14b': (
-        'trains the 14B recipe: it needs the Qwen3-14B-Base checkpoint and tokenizer '
-        '(checkpoints/Qwen3-14B-Base, a hub download) and the v5p-128 slice its mesh names; the '
-        'loop before it runs (test_the_released_data_downloads_fill_what_the_configs_read)',
+        'trains the 14B recipe: it needs the real Qwen3-14B-Base weights (the hub download the '
+        'page shows before it) and the v5p-128 slice its mesh names; the download and the loop '
+        'before it run (test_the_released_data_downloads_fill_what_the_configs_read)',
         _NEAREST_PAPER),
     'python -m cascade.main --config=configs/nemotron_cascade2.py:data_root=$DATA2 '
     '--workdir=gs://bucket/runs/c2': (
-        'trains the 30B-A3B Cascade 2 recipe: it needs the Nemotron-3-Nano-30B-A3B-Base '
-        'checkpoint and tokenizer (a hub download) and the v5p-128 slice its mesh names; the loop '
-        'before it runs (test_the_released_data_downloads_fill_what_the_configs_read)',
+        'trains the 30B-A3B Cascade 2 recipe: it needs the real Nemotron-3-Nano-30B-A3B-Base '
+        'weights (the hub download the page shows before it) and the v5p-128 slice its mesh '
+        'names; the download and the loop before it run '
+        '(test_the_released_data_downloads_fill_what_the_configs_read)',
         _NEAREST_PAPER),
 }
 
@@ -777,13 +782,27 @@ def test_the_prepare_command_into_cloud_storage(gcs, tmp_path):
 
 
 _FAKE_HF_CLI = '''#!{python}
-"""A stand-in for `huggingface-cli download nvidia/NAME --repo-type dataset --local-dir DIR`:
-records the call in $FAKE_HF_LOG and writes the release's rows (a few, in its schema) under
-$FAKE_HF_ROOT + DIR, a scratch stand-in for the host's file system."""
+"""A stand-in for `huggingface-cli download nvidia/NAME --repo-type dataset --local-dir DIR` and
+`huggingface-cli download ORG/MODEL --local-dir DIR`: records the call in $FAKE_HF_LOG and writes,
+for a dataset, the release's rows (a few, in its schema), for a model, the files of an HF
+checkpoint directory (config.json, model.safetensors, tokenizer.json: placeholders) under DIR: an
+absolute DIR under $FAKE_HF_ROOT, a scratch stand-in for the host's file system; a relative one
+from the working directory, as the real command does."""
 import json, os, sys
 args = sys.argv[1:]
 with open(os.environ['FAKE_HF_LOG'], 'a') as f:
   f.write(json.dumps(args) + '\\n')
+def place(d, rel):
+  return (os.environ['FAKE_HF_ROOT'] if os.path.isabs(d) else '') + os.path.join(d, rel)
+if (len(args) == 4 and args[0] == 'download' and args[2] == '--local-dir'
+    and args[1].count('/') == 1):
+  if args[1] not in json.loads(os.environ['FAKE_HF_MODELS']):
+    sys.exit(f'404: no model repository {{args[1]}}')
+  for rel in ('config.json', 'model.safetensors', 'tokenizer.json'):
+    path = place(args[3], rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, 'w').write('{{}}')
+  sys.exit(0)
 if (len(args) != 6 or args[0] != 'download' or args[2:4] != ['--repo-type', 'dataset']
     or args[4] != '--local-dir' or not args[1].startswith('nvidia/')):
   sys.exit(f'huggingface-cli (stand-in): unexpected arguments {{args}}')
@@ -791,23 +810,31 @@ files = json.loads(os.environ['FAKE_HF_FILES']).get(args[1][len('nvidia/'):])
 if files is None:
   sys.exit(f'404: no dataset repository {{args[1]}}')
 for rel, rows in files.items():
-  path = os.environ['FAKE_HF_ROOT'] + os.path.join(args[5], rel)
+  path = place(args[5], rel)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, 'w') as f:
     f.writelines(json.dumps(r) + '\\n' for r in rows)
 '''
 
 
+# The base checkpoint each paper config starts from, as its publisher names it on the hub.
+_BASE_MODELS = {'nemotron_cascade_14b': 'Qwen/Qwen3-14B-Base',
+                'nemotron_cascade2': 'nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16'}
+
+
 @pytest.mark.parametrize('config,assign,rows', [
     ('nemotron_cascade_14b', 'DATA=/data/nemotron', 'CASCADE1_ROWS'),
     ('nemotron_cascade2', 'DATA2=/data/nemotron2', 'CASCADE2_ROWS')])
 def test_the_released_data_downloads_fill_what_the_configs_read(config, assign, rows, tmp_path):
-  """docs/released_data.md's assignment and download loop, run as shown with a stand-in
-  `huggingface-cli` (no network here) that records each call and writes the release's rows (the
-  schemas of tests/cascade/test_released.py) under a scratch root standing in for the host's file
-  system: the loop downloads exactly the releases the config reads, each into the directory the
-  page assigned, and then every released dataset of the config loads from there (a name missing
-  from the loop, misspelled, or a --local-dir elsewhere leaves a dataset without files)."""
+  """docs/released_data.md's assignment, base-model download and download loop, run as shown from
+  the repository root with a stand-in `huggingface-cli` (no network here) that records each call
+  and writes the release's rows (the schemas of tests/cascade/test_released.py) under a scratch
+  root standing in for the host's file system, and a checkpoint directory's files for a model:
+  the model comes from the config's base model's hub repository into the directory the config
+  reads its base weights and tokenizer from by default; the loop downloads exactly the releases
+  the config reads, each into the directory the page assigned, and then every released dataset
+  of the config loads from there (a name missing from the loop, misspelled, or a --local-dir
+  elsewhere leaves a dataset without files)."""
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import data  # pylint: disable=g-import-not-at-top
   from cascade import released  # pylint: disable=g-import-not-at-top
@@ -832,10 +859,20 @@ def test_the_released_data_downloads_fill_what_the_configs_read(config, assign, 
   env = dict(PATH=f'{fake.parent}{os.pathsep}{pathlib.Path(sys.prefix) / "bin"}{os.pathsep}'
                   f'{os.environ["PATH"]}', FAKE_HF_ROOT=str(root), FAKE_HF_LOG=str(log),
              FAKE_HF_FILES=json.dumps(files))
-  proc = run_doc_command(doc_command(page, assign) + '\n' + loop, tmp_path, timeout=120, env=env)
+  model = doc_command(page, f'huggingface-cli download {_BASE_MODELS[config]} ')
+  env['FAKE_HF_MODELS'] = json.dumps(sorted(_BASE_MODELS.values()))
+  proc = run_doc_command('\n'.join([doc_command(page, assign), model, loop]), tmp_path,
+                         timeout=120, env=env)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   data_root = assign.split('=', 1)[1]
   calls = [json.loads(l) for l in log.read_text().splitlines()]
+  models = [c for c in calls if '--repo-type' not in c]
+  assert [c[1] for c in models] == [_BASE_MODELS[config]], models
+  cfg = importlib.import_module(f'configs.{config}').get_config(f'data_root={data_root}')
+  base = config_lib.validate(cfg).stages[0].init_from
+  assert models[0][3] == base == cfg.tokenizer.path, (models, base, cfg.tokenizer.path)
+  assert (tmp_path / 'repo' / base / 'config.json').is_file(), base
+  calls = [c for c in calls if '--repo-type' in c]
   names = [c[1][len('nvidia/'):] for c in calls]
   assert sorted(names) == sorted(files), (names, sorted(files))
   assert [c[5] for c in calls] == [f'{data_root}/{n}' for n in names], calls
