@@ -283,6 +283,14 @@ TEACHERS_ON_HOST = ('h200x8',)
 EXPERT_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
                'h200x8': ((1, 1, 8, 1), (('embed', ('fsdp', 'expert')),))}
 
+# The same with a sequence axis (context parallelism) on the v5p slice, for the papers' longest
+# rows (Cascade 2: 256K-token SFT rows, 100-120K-token RL rows): (data, fsdp, expert, sequence,
+# tensor) = (1, 1, 8, 8, 1), a row split over 8 chips, rows over the 8 expert shards, the
+# experts 16 per chip over 'expert' and their embed dim over 'sequence' (64 ways in all), every
+# other weight over all 64 chips. One H200 node keeps its 4-axis mesh (its rows stay capped).
+SEQUENCE_MESH = {'v5p_128': ((1, 1, 8, 8, 1), (('embed', ('fsdp', 'expert', 'sequence')),)),
+                 'h200x8': EXPERT_MESH['h200x8']}
+
 
 # Tokens per pass of a shard's routed experts (ModelConfig.moe_chunk) in the mixture-of-experts
 # recipes: a shard gathers its expert group's tokens (8 x 32K in a 32K-token SFT row per chip),
@@ -291,23 +299,32 @@ EXPERT_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
 MOE_CHUNK = 32_768
 
 
-def on_expert_mesh(c: ml_collections.ConfigDict, hardware: str) -> ml_collections.ConfigDict:
-  """c (already `on_hardware`) on its hardware's EXPERT_MESH, the sampler's KV budget per device
+def on_expert_mesh(c: ml_collections.ConfigDict, hardware: str,
+                   meshes: dict | None = None) -> ml_collections.ConfigDict:
+  """c (already `on_hardware`) on its hardware's EXPERT_MESH (or `meshes`, e.g. SEQUENCE_MESH),
+  the sampler's KV budget per device
   recomputed for that mesh, the routed experts run MOE_CHUNK tokens at a time, and every stage's microbatches divided by the growth in batch
   shards (rows split over data x fsdp x expert instead of data x fsdp), so a microbatch keeps
   its rows per device instead of being padded with empty rows up to the new shard count
   (`rows_bucket`): on the v5p slice 8 -> 64 shards, e.g. 2048 RL rows in 32 microbatches of one
-  row per chip instead of 256 of 8 rows padded to 64."""
-  shape, rules = EXPERT_MESH[hardware]
+  row per chip instead of 256 of 8 rows padded to 64. On a mesh with a sequence axis the
+  training rows split over data x fsdp x expert and each row over 'sequence'; the sampler
+  splits its rows over 'sequence' too (a decode step has one token per row, nothing to split
+  along the length), so no chip decodes another's rows again."""
+  table = EXPERT_MESH if meshes is None else meshes
+  shape, rules = table[hardware]
   before = math.prod(int(n) for n in c.mesh['shape'][:2])    # (data, fsdp, tensor)
-  after = math.prod(shape[:3])                                # (data, fsdp, expert, tensor)
+  after = math.prod(shape[:3])                # (data, fsdp, expert[, sequence], tensor)
   if after % before:
-    raise ValueError(f'EXPERT_MESH[{hardware!r}]={shape}: its {after} batch shards are not a '
+    raise ValueError(f'mesh {shape} for {hardware!r}: its {after} batch shards are not a '
                      f'multiple of the dense mesh\'s {before}')
   grow = after // before
   c.stages = [dict(st, microbatches=max(1, st['microbatches'] // grow))
               if st.get('microbatches') else st for st in c.stages]
   c.mesh = dict(shape=shape, rules=(default_rules(dict(rules)) if rules else None))
+  if len(shape) == 5:
+    c.sampler.rollout_rules = (*tuple(c.sampler.rollout_rules or ()),
+                               ('batch', ('data', 'fsdp', 'expert', 'sequence')))
   c.model.overrides = {**dict(c.model.overrides), 'moe_chunk': MOE_CHUNK}
   c.sampler.cache_tokens_per_device = cache_slots_per_device(c, HARDWARE[hardware][2])
   return c

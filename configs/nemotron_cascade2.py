@@ -18,11 +18,16 @@ multi-domain policy) -> RLHF -> long-context RL -> code RL -> agentic SWE RL. RL
 strictly on-policy, token level, KL 0 except RLHF (0.03), lr 3e-6, 128 prompts x 16 rollouts,
 temperature 1.0, all-equal groups filtered.
 
-Mesh: on the v5p slice (data 1, fsdp 8, expert 8, tensor 1): each MoE layer's 128
-experts split 16 per device over the expert axis, tokens dispatched to them and
-back (models/moe.py), everything else fully sharded over fsdp x expert, rows
-split over both. On one H200 node (data 1, fsdp 1, expert 8, tensor 1), the
-weights outside the experts sharded over the expert axis too.
+Mesh (ours): on the v5p slice (data 1, fsdp 1, expert 8, sequence 8, tensor 1),
+`_recipes.SEQUENCE_MESH`: each MoE layer's 128 experts split 16 per chip over the
+expert axis (their embed dim over 'sequence': 64 ways in all), tokens dispatched to
+them and back (models/moe.py), every other weight over all 64 chips; training rows
+split over the 8 expert shards and each row over the 8 sequence shards (context
+parallelism: attention, the Mamba-2 scan and the routed experts split along the row),
+so a 256K-token SFT row is 32K tokens per chip; the sampler splits its rows over all
+64. On one H200 node (data 1, fsdp 1, expert 8, tensor 1), no sequence axis, the
+weights outside the experts sharded over the expert axis too, and the rows capped
+(below).
 
 Config argument (`:key=value,...`): data_root, base, tokenizer, hardware
 ('v5p_128' or 'h200x8', see configs/nemotron_cascade_14b.py), genrm (an HF
@@ -48,13 +53,15 @@ Not reproducible here:
   `genrm=configs/judges/qwen3_235b_a22b` holds the architecture of the
   235B-A22B Qwen3-MoE generative RM NVIDIA released for Nemotron-3-Nano's RLHF
   (which judge the paper used is not in configs/PAPERS.md: an assumption).
-* Sequence lengths: SFT packs 256K-token rows and code RL reaches 118K; the model
-  has no RoPE limit (its attention layers take no positions, 262,144 in its
-  config), but this recipe's meshes have no sequence axis, so a row's activations
-  live on one device and are capped at 64K here (marked at each stage); `launch.plan`
-  reports what fits. cascade has context parallelism (a 'sequence' mesh axis:
-  attention, the Mamba-2 scan and the routed experts split along the row), but this
-  recipe at the papers' lengths on it is not yet planned on v5p.
+* Sequence lengths: on the v5p slice the papers' (`_LENGTHS`): SFT rows of 262,144
+  tokens ("256K"), MOPD responses of 98,304 ("up to 98K"), code RL responses of
+  118,784 ("118K-token responses"; each the first multiple of 1,024 at or above the
+  paper's number, our reading of "K"), both after a 4,096-token prompt (ours); the
+  model has no RoPE limit (its attention layers take no positions, 262,144 in its
+  config). On one H200 node (`hardware=h200x8`, no sequence axis: a row's activations
+  live on one GPU) they stay capped (marked "capped"): SFT rows of 32,768, MOPD and
+  code RL responses of 61,440. docs/plans/nemotron_cascade2_v5p.md is what `launch.plan`
+  found for the v5p slice.
 * Data: the released `nvidia/Nemotron-Cascade-2-SFT-Data` and `-RL-data`
   are read as they are downloaded under data_root (docs/released_data.md):
   SFT, IF-RL (45,879), multi-domain RL (18,147: MCQA, workplace tool calling
@@ -69,13 +76,19 @@ from configs import _recipes
 _DOMAINS = ['chat', 'instruction_following', 'math', 'mcqa', 'tool_calling', 'structured',
             'long_context', 'code', 'swe_agent']
 # 128 x 16 = 2048 rows per update over 8 batch shards (the dense mesh's data x fsdp): one row
-# per device at a time. `on_expert_mesh` divides it (and every stage's) by the growth in batch
-# shards: on the v5p slice's 64, 32 microbatches.
+# per batch shard at a time. `on_expert_mesh` divides it (and every stage's) by the growth in
+# batch shards: none on the v5p slice (data x fsdp x expert = 8, each row over 8 sequence
+# shards), on the H200 node 8 -> 8 too.
 _MICRO = 256
 
+# hardware -> (SFT row, MOPD response, code RL response) in tokens: the papers' on the v5p
+# slice (its sequence axis splits a row over 8 chips); capped on one H200 node (no sequence
+# axis: a row's activations on one GPU). See "Sequence lengths" above.
+_LENGTHS = {'v5p_128': (262_144, 98_304, 118_784),
+            'h200x8': (32_768, 61_440, 61_440)}       # capped
 
-# The longest row a stage trains or samples here (see "Sequence lengths" above).
-_MAX_LEN = 65_536
+# MOPD's prompts (ours); its rows are this plus its responses.
+_MOPD_PROMPT = 4096
 
 
 def get_config(arg=None):
@@ -84,6 +97,10 @@ def get_config(arg=None):
                          base='checkpoints/Nemotron-3-Nano-30B-A3B-Base',
                          tokenizer='checkpoints/Nemotron-3-Nano-30B-A3B-Base',
                          hardware='v5p_128', genrm='')
+  if a.hardware not in _LENGTHS:
+    raise ValueError(f'config argument hardware={a.hardware!r}: expected one of '
+                     f'{sorted(_LENGTHS)}')
+  sft_len, mopd_len, code_len = _LENGTHS[a.hardware]
   c = _recipes.base_config(
       preset='nemotron_3_nano_30b_a3b',
       model_overrides=dict(remat=True),
@@ -98,9 +115,10 @@ def get_config(arg=None):
   r = _recipes
   c.stages = [
       # Global batch 64, lr 5e-5 -> 5e-6 cosine, 200 warm-up steps, AdamW (0.9, 0.98),
-      # weight decay 0.1. Rows are 32K here (the paper packs 256K); steps are ours.
+      # weight decay 0.1. Rows of 256K tokens, packed (capped at 32K on one H200 node);
+      # steps are ours; 8 microbatches of 8 rows (one per batch shard): ours.
       r.sft('sft', datasets=['sft_stage1'], domains=list(_DOMAINS), init_from=a.base,
-            steps=4000, batch_size=64, max_len=32_768, microbatches=8,
+            steps=4000, batch_size=64, max_len=sft_len, microbatches=8,
             optimizer=dict(lr=5e-5, schedule='cosine', min_lr_ratio=0.1, warmup_steps=200,
                            b1=0.9, b2=0.98, weight_decay=0.1)),
       r.grpo('if_rl', domains=['instruction_following'], steps=180,   # "~180"
@@ -112,14 +130,16 @@ def get_config(arg=None):
       r.reward_model('rm', init_from='sft', steps=320, batch_size=256, max_len=8192,
                      optimizer=dict(lr=2e-6),
                      microbatches=32,   # the Cascade-1 RM recipe (no C2 numbers)
-                     # Whole rows as a scorer: the longest chat rollout or held-out row.
-                     score_max_len=_MAX_LEN),
+                     # Whole rows as a scorer: the longest chat row, MOPD's (chat is one of
+                     # its domains): 102,400 on the v5p slice, 65,536 on one H200 node.
+                     score_max_len=_MOPD_PROMPT + mopd_len),
       # The chat teacher of MOPD: "a short side RLHF run" (its length is not
       # published; 30 steps is ours), from the multi-domain policy.
       r.grpo('rlhf_teacher', domains=['chat'], steps=30, init_from='multi_domain_rl',
              kl_coef=0.03, max_prompt_len=4096, max_response_len=16_384, **rl),
       # MOPD: 128 x 4, temperature 1.0, 52 steps, lr 2e-6 (text), 30 warm-up steps;
-      # max 98K in the paper, 60K here (a row on one device). Teachers: math = the
+      # responses up to 98K (capped at 60K on one H200 node); the 4K prompt is ours.
+      # Teachers: math = the
       # SFT checkpoint; chat = the side RLHF run; the rest = after IF-RL + multi-domain RL.
       # The paper's MOPD prompts: math 1,853, IF 1,854, workplace (tool calling) 610, STEM
       # (MCQA) 927, structured output 927; the released MOPD subset routes each row to its
@@ -130,15 +150,16 @@ def get_config(arg=None):
                        'chat': 'rlhf_teacher', 'mcqa': 'multi_domain_rl',
                        'structured': 'multi_domain_rl', 'tool_calling': 'multi_domain_rl'},
              init_from='multi_domain_rl', steps=52, optimizer=dict(lr=2e-6, warmup_steps=30),
-             prompts_per_step=128, group_size=4, temperature=1.0, max_prompt_len=4096,
-             max_response_len=61_440, microbatches=64),
+             prompts_per_step=128, group_size=4, temperature=1.0,
+             max_prompt_len=_MOPD_PROMPT, max_response_len=mopd_len, microbatches=64),
       r.grpo('rlhf', domains=['chat'], steps=30,          # "~25-30"
              kl_coef=0.03, max_prompt_len=4096, max_response_len=16_384, **rl),
       r.grpo('long_context_rl', domains=['long_context'], steps=30,   # "~30"
              max_prompt_len=32_768, max_response_len=16_384, **rl),  # lengths: ours
-      # "~22" steps on 3.5K hardest problems at 118K tokens; 60K here.
+      # "~22" steps on 3.5K hardest problems, 118K-token responses (capped at 60K on one
+      # H200 node); the 4K prompt is ours.
       r.grpo('code_rl', domains=['code'], steps=22, max_prompt_len=4096,
-             max_response_len=61_440, **rl),
+             max_response_len=code_len, **rl),
       # Agentic SWE: G = 16 episodes per task in the swe_agent environment (list, read,
       # search, edit, patch, run tests), rewarded by the hidden tests. "~40-50" steps; the
       # episode budget (32K tokens after a 4K opening, turns of at most 8K) is ours.
@@ -155,7 +176,7 @@ def get_config(arg=None):
     c.stages = [st for st in c.stages if st['name'] != 'rm']
   r.exact_sampler_buckets(c)
   r.fast_path(c)
-  return r.on_expert_mesh(r.on_hardware(c, a.hardware), a.hardware)
+  return r.on_expert_mesh(r.on_hardware(c, a.hardware), a.hardware, r.SEQUENCE_MESH)
 
 
 def get_hyper(h):
