@@ -68,7 +68,7 @@ def test_cascade2_if_rl_and_mopd_stages():
       GRPO, name='if_rl', domains=['instruction_following'], steps=180,
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=2048, max_response_len=16_384,
-      thinking_fraction=0.0, filter_overlong=False, kl_coef=0.0, microbatches=32,
+      thinking_fraction=0.0, filter_overlong=False, kl_coef=0.0, microbatches=256,
       pack_tokens=2048 + 16_384, stream_filter=True)
   assert _stage('nemotron_cascade2', 'mopd') == dict(
       name='mopd', kind='mopd', domains=['math', 'instruction_following', 'chat', 'mcqa',
@@ -79,8 +79,35 @@ def test_cascade2_if_rl_and_mopd_stages():
                 'structured': 'multi_domain_rl', 'tool_calling': 'multi_domain_rl'},
       init_from='multi_domain_rl', steps=52, optimizer=dict(lr=2e-6, warmup_steps=30),
       prompts_per_step=128, group_size=4, temperature=1.0, max_prompt_len=4096,
-      max_response_len=61_440, microbatches=8)
+      max_response_len=98_304, microbatches=64)
   assert _stage('nemotron_cascade2', 'rlhf')['kl_coef'] == 0.03
+
+
+def test_cascade2_lengths_are_the_papers_on_v5p_and_capped_on_one_node():
+  """On the v5p slice (a sequence axis) SFT packs 256K-token rows, MOPD samples up to 98K and
+  code RL 118K (configs/PAPERS.md); one H200 node (no sequence axis) keeps 32K / 60K."""
+  module = importlib.import_module('configs.nemotron_cascade2')
+  for arg, (sft, mopd, code, mesh) in {
+      None: (262_144, 98_304, 118_784, (1, 1, 8, 8, 1)),
+      'hardware=h200x8': (32_768, 61_440, 61_440, (1, 1, 8, 1))}.items():
+    c = module.get_config(arg)
+    stage = {st['name']: st for st in c.stages}
+    assert (stage['sft']['max_len'], stage['mopd']['max_response_len'],
+            stage['code_rl']['max_response_len'], tuple(c.mesh.shape)) == (sft, mopd, code, mesh)
+    # The RM scores MOPD's chat rows whole; the sampler compiles the exact lengths.
+    assert stage['rm']['score_max_len'] == 4096 + mopd
+    assert {mopd, code} <= set(c.sampler.new_token_buckets)
+    plan = config_lib.validate(c)
+    if len(c.mesh.shape) == 5:
+      # Every trained row splits into 2 x 8 zig-zag chunks (models.context), and the sampler
+      # splits its rows over the sequence axis too.
+      for st in plan.stages:
+        longest = (st.max_len if st.kind in ('sft', 'reward_model')
+                   else st.max_prompt_len + st.longest_response)
+        assert longest % 16 == 0, st.name
+      assert dict(c.sampler.rollout_rules)['batch'] == ('data', 'fsdp', 'expert', 'sequence')
+    else:
+      assert 'batch' not in dict(c.sampler.rollout_rules)
 
 
 def test_cascade2_multi_domain_rl_and_its_verifiers():
@@ -89,7 +116,7 @@ def test_cascade2_multi_domain_rl_and_its_verifiers():
       GRPO, name='multi_domain_rl', domains=['mcqa', 'tool_calling', 'structured'], steps=70,
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=49_152,
-      thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=32,
+      thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=256,
       pack_tokens=4096 + 49_152, stream_filter=True)
   c = importlib.import_module('configs.nemotron_cascade2').get_config('data_root=/d')
   assert {d: c.domains[d]['verifier'] for d in ('mcqa', 'tool_calling', 'structured',
@@ -114,7 +141,7 @@ def test_cascade2_swe_rl_is_agentic():
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=32_768,
       max_turn_tokens=8192, thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0,
-      microbatches=32, pack_tokens=4096 + 32_768)     # an episode is several calls: no streaming
+      microbatches=256, pack_tokens=4096 + 32_768)    # an episode is several calls: no streaming
   c = importlib.import_module('configs.nemotron_cascade2').get_config('data_root=/d')
   assert c.domains['swe_agent'].to_dict() == dict(
       env='swe_agent', env_options=dict(isolation='bwrap'), train='swe_agent_train',
@@ -168,10 +195,11 @@ def test_configs_cite_files_that_exist():
 
 # (pod mesh, node mesh, the node's cached bytes per token over the pod's). The dense recipes
 # split 8 K/V heads over the pod's tensor axis; Cascade 2's hybrid splits its experts over an
-# expert axis and no heads (its 2 K/V heads sit whole on every device of both).
+# expert axis and its rows over a sequence axis on the pod, and no heads (its 2 K/V heads sit
+# whole on every device of both).
 _MESHES = {'nemotron_cascade_14b': ((1, 8, 8), (1, 8, 1), 8),
            'nemotron_cascade_8b': ((1, 8, 8), (1, 8, 1), 8),
-           'nemotron_cascade2': ((1, 8, 8, 1), (1, 1, 8, 1), 1)}
+           'nemotron_cascade2': ((1, 1, 8, 8, 1), (1, 1, 8, 1), 1)}
 
 
 @pytest.mark.parametrize('name', sorted(_MESHES))
@@ -194,8 +222,9 @@ def test_hardware_argument_retargets_mesh_and_sampler_budget(name):
     assert getattr(p, 'teachers_on_host', False) is False
     assert getattr(n, 'teachers_on_host', False) is (n.kind == 'mopd')
   # A microbatch holds the same rows per batch shard on both (no empty rows padded in): on
-  # Cascade 2's pod mesh rows split 64 ways (data x fsdp x expert), on the node 8.
-  shards = lambda c: math.prod(c.mesh.shape[:len(c.mesh.shape) - 1])
+  # Cascade 2's pod mesh rows split 8 ways (data x fsdp x expert; each row over 'sequence'),
+  # on the node 8.
+  shards = lambda c: math.prod(c.mesh.shape[:{3: 2, 4: 3, 5: 3}[len(c.mesh.shape)]])
   for p, n in zip(pod.stages, node.stages):
     rows = p.get('batch_size') or p['prompts_per_step'] * p['group_size']
     assert rows % (p['microbatches'] * shards(pod)) == 0, p['name']
