@@ -31,10 +31,18 @@ records (which changes with the chat template and the tokenizer's behaviour); th
 settings other than its optimizer and step count; each dataset's spec and the path, size
 and modification time of each of its shards. A changed tokenizer, template, setting or
 source file is a new key, so a stale cache is never read.
+
+A preparation that stopped is resumed, not redone: each finished part leaves a record
+(`parts/<k>.json`: the full key, the part's index and rows, its shard's size and sha256,
+its keep bits and malformed count), and the next preparation, on any number of
+processes, reuses every part whose record matches and whose shard is intact, and makes
+only the others (missing, torn, or recorded under another key). The commit removes the
+records.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import io
@@ -55,6 +63,7 @@ from models import paths
 VERSION = 2
 ROWS_PER_SHARD = 8192      # positions per items shard, the unit of work processes split
 _PROBE = 8                    # first records of the source run through the stage in the key
+_PARTS = 'parts'              # finished parts' records (`_record`), read on a resume
 _SETTINGS_NOT_IN_KEY = ('optimizer', 'steps', 'index', 'eval_every')
 # Failures of a process's share raised as one DataError on every process; any other exception
 # is raised as it is on the process that met it (the others raise the DataError naming it).
@@ -146,19 +155,98 @@ def share(num_parts: int, count: int, index: int) -> range:
   return range(index * num_parts // count, (index + 1) * num_parts // count)
 
 
-def _make_part(d: str, k: int, rows: range, source, make, tokenizes: bool, what: str,
-               log, counts: dict) -> np.ndarray:
-  """Runs `make` over the positions `rows` of part k, streaming (tokenizing stages) its items
-  into its shard `items-<k>.arrayrecord` in `d`, which appears whole (local: a temporary
-  name renamed into place; gs://: written locally, then uploaded as one object).
+def _shard_name(k: int) -> str:
+  return f'items-{k:05d}.arrayrecord'
+
+
+def _record_path(d: str, k: int) -> str:
+  return paths.join(d, _PARTS, f'{k:05d}.json')
+
+
+def _digest(p) -> tuple[int, str]:
+  """The size and sha256 of file `p` (local or gs://), read in chunks."""
+  h, size = hashlib.sha256(), 0
+  with paths.open_read(p) as f:
+    while chunk := f.read(1 << 22):
+      h.update(chunk)
+      size += len(chunk)
+  return size, h.hexdigest()
+
+
+def _record(key: str, k: int, rows: range, tokenizes: bool) -> dict:
+  """What a part's record must say for the part to be reused (its shard's size and digest, keep
+  bits and malformed count come beside it)."""
+  return {'version': VERSION, 'key': key, 'part': k, 'rows': [rows.start, rows.stop],
+          'items': tokenizes}
+
+
+def _finished(d: str, k: int, rows: range, tokenizes: bool, key: str, what: str,
+              log) -> tuple[np.ndarray, int] | None:
+  """Part k as an earlier preparation finished it, if its record says it was made for this
+  cache (key, rows, format) and its shard still has the recorded size and sha256.
 
   Returns:
-    The part's keep bits ([len(rows)] uint8); counts['kept'] and counts['malformed'] grow.
+    (keep bits [len(rows)] uint8, malformed count), or None: the part must be made (no record,
+    a record of another cache, a torn or changed shard, an unreadable record; each but the
+    first logged, naming the file).
+  """
+  p = _record_path(d, k)
+  try:
+    if not paths.exists(p):
+      return None
+    rec = json.loads(paths.read_text(p))
+    want = _record(key, k, rows, tokenizes)
+    if {f: rec.get(f) for f in want} != want:
+      log(f'{what}: {p} records part {k} of another cache (key, rows or format differ): '
+          'it is made again')
+      return None
+    if tokenizes:
+      shard = paths.join(d, _shard_name(k))
+      size, digest = _digest(shard) if paths.exists(shard) else (None, None)
+      if (size, digest) != (rec['bytes'], rec['sha256']):
+        log(f'WARNING: {what}: {shard} is torn or changed ({size} bytes, sha256 '
+            f'{(digest or "-")[:16]}; its record {p} says {rec["bytes"]} bytes, sha256 '
+            f'{rec["sha256"][:16]}): it is made again')
+        return None
+    bits = np.unpackbits(np.frombuffer(base64.b64decode(rec['keep']), np.uint8),
+                         count=len(rows))
+    return bits, int(rec['malformed'])
+  except (ValueError, KeyError, TypeError, OSError) as e:   # PathError is a ValueError
+    log(f'WARNING: {what}: the record {p} of part {k} is unreadable ({type(e).__name__}: '
+        f'{e}): the part is made again')
+    return None
+
+
+def _part(d: str, k: int, rows: range, source, make, tokenizes: bool, what: str, log,
+          counts: dict, key: str) -> tuple[np.ndarray, bool]:
+  """Part k: reused if an earlier preparation finished it (`_finished`), else made
+  (`_make_part`). Returns its keep bits and whether it was reused; counts grow either way."""
+  done = _finished(d, k, rows, tokenizes, key, what, log)
+  if done is None:
+    return _make_part(d, k, rows, source, make, tokenizes, what, log, counts, key), False
+  bits, malformed = done
+  counts['kept'] += int(bits.sum())
+  counts['malformed'] += malformed
+  return bits, True
+
+
+def _make_part(d: str, k: int, rows: range, source, make, tokenizes: bool, what: str,
+               log, counts: dict, key: str) -> np.ndarray:
+  """Runs `make` over the positions `rows` of part k, streaming (tokenizing stages) its items
+  into its shard `items-<k>.arrayrecord` in `d`, which appears whole (local: a temporary
+  name renamed into place; gs://: written locally, then uploaded as one object). Then writes
+  the part's record (`parts/<k>.json`, also whole): a part without one is made again.
+
+  Returns:
+    The part's keep bits ([len(rows)] uint8); counts['kept'], counts['malformed'] and
+    counts['made'] (rows run through `make`) grow.
   """
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   bits = np.zeros(len(rows), np.uint8)
-  name = f'items-{k:05d}.arrayrecord'
+  name = _shard_name(k)
   remote = paths.is_remote(d)
+  malformed = counts['malformed']
+  size = digest = None
   tmp_dir = tmp = writer = None
   try:
     if tokenizes:
@@ -181,6 +269,7 @@ def _make_part(d: str, k: int, rows: range, source, make, tokenizes: bool, what:
     if writer is not None:
       writer, w = None, writer
       w.close()
+      size, digest = _digest(tmp)
       if remote:
         paths.copy_file(tmp, paths.join(d, name))
       else:
@@ -193,11 +282,16 @@ def _make_part(d: str, k: int, rows: range, source, make, tokenizes: bool, what:
     if remote and tmp_dir is not None:
       shutil.rmtree(tmp_dir, ignore_errors=True)
   counts['kept'] += int(bits.sum())
+  counts['made'] += len(rows)
+  paths.write_json(_record_path(d, k), {
+      **_record(key, k, rows, tokenizes), 'file': name if tokenizes else None, 'bytes': size,
+      'sha256': digest, 'malformed': counts['malformed'] - malformed,
+      'keep': base64.b64encode(np.packbits(bits).tobytes()).decode('ascii')})
   return bits
 
 
 def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, what: str,
-            log: Callable[[str], None] = print, hosts=None) -> dict:
+            log: Callable[[str], None] = print, hosts=None, key: str = '') -> dict:
   """Runs `make` over every position of `source` and writes the cache directory `d`.
 
   The positions are cut into parts (`parts`: one items shard each). With several
@@ -209,8 +303,11 @@ def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, wh
   exchange the manifest (a cache directory on its own disk, not shared), makes what it
   lacks and commits its own copy: correct, not cheaper. Until the manifest is written
   the directory is incomplete, and a run that finds it so prepares it again: a
-  preparation that stopped part-way is never read. The files are the same, byte for
-  byte, whatever the number of processes.
+  preparation that stopped part-way is never read, but the parts it finished are reused
+  (`_finished`: each part's record names the key, the part and its rows, and its shard's
+  size and sha256), whatever the number of processes then; only the others are made. The
+  commit removes the records. The files are the same, byte for byte, whatever the number
+  of processes and however often the preparation was stopped.
 
   Args:
     d: the stage's cache directory (local or gs://); every process must see the same one
@@ -221,9 +318,12 @@ def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, wh
       False: items are the records themselves (one keep byte each).
     what: who prepares (log lines).
     hosts: (index, count, exchange) of the processes sharing the work; None: one.
+    key: the cache key (`key`), kept in each finished part's record: a part recorded under
+      another key is made again, not reused.
 
   Returns:
-    The manifest (rows, kept, malformed, seconds, rows_per_s, shards).
+    The manifest (rows, kept, malformed, seconds, rows_per_s: the rows made by this
+    preparation, over its seconds, shards).
 
   Raises:
     DataError: a process could not read or write its share (every process raises it).
@@ -233,18 +333,23 @@ def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, wh
   cuts = parts(n)
   mine = share(len(cuts), count, index)
   t0 = time.time()
-  counts, bits, failure = {'kept': 0, 'malformed': 0}, {}, None
+  counts, bits, failure = {'kept': 0, 'malformed': 0, 'made': 0}, {}, None
+  who = what if count == 1 else f'{what}: process {index}'
+  reused = 0
   try:
     paths.makedirs(d)
     for k in mine:
-      bits[k] = _make_part(d, k, cuts[k], source, make, tokenizes, what, log, counts)
+      bits[k], was = _part(d, k, cuts[k], source, make, tokenizes, what, log, counts, key)
+      reused += was
       done = cuts[k].stop - cuts[mine.start].start
       if done // 100_000 > (done - len(cuts[k])) // 100_000:
-        who = what if count == 1 else f'{what}: process {index}'
         log(f'{who}: prepared {done} of {n if count == 1 else "its"} rows '
-            f'({done / max(time.time() - t0, 1e-9):.0f} rows/s)')
+            f'({counts["made"] / max(time.time() - t0, 1e-9):.0f} rows/s)')
   except Exception as e:  # pylint: disable=broad-except  (told to every process: none waits)
     failure = e
+  if reused:
+    log(f'{who}: {reused} of {"the" if count == 1 else "its"} {len(mine)} parts were finished '
+        f'by an earlier preparation in {d}: reused, not made again')
   error = None if failure is None else (f'{what}: preparing {d} failed on process {index} '
                                         f'({type(failure).__name__}: {failure})')
   errors = [error] if error else []
@@ -265,7 +370,7 @@ def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, wh
   manifest = {'version': VERSION, 'rows': n, 'kept': counts['kept'],
               'malformed': counts['malformed'], 'items': tokenizes, 'shards': names,
               'rows_per_shard': ROWS_PER_SHARD, 'seconds': round(seconds, 3),
-              'rows_per_s': round(n / max(seconds, 1e-9), 1)}
+              'rows_per_s': round(counts['made'] / max(seconds, 1e-9), 1)}
   keep = np.concatenate([bits[k] for k in range(len(cuts))] or [np.zeros(0, np.uint8)])
 
   def commit():
@@ -274,6 +379,11 @@ def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, wh
       np.save(buf, keep)
       paths.write_bytes(paths.join(d, 'keep.npy'), buf.getvalue())
     paths.write_json(paths.join(d, 'manifest.json'), manifest)      # last: the commit
+    try:              # the parts' records: only a preparation that did not commit reads them
+      paths.rmtree(paths.join(d, _PARTS))
+    except (paths.PathError, OSError) as e:
+      log(f'WARNING: {what}: could not remove {paths.join(d, _PARTS)} after the commit '
+          f'({type(e).__name__}: {e}); it is left, and nothing reads it')
 
   # Every part is written (each appeared whole before the exchange).
   error = filled = None
@@ -286,8 +396,8 @@ def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, wh
             f'parts the others wrote in {d} (not a directory every process sees): it makes '
             'them itself')
       for k in filled:
-        _make_part(d, k, cuts[k], source, make, tokenizes, what, log,
-                   {'kept': 0, 'malformed': 0})
+        _part(d, k, cuts[k], source, make, tokenizes, what, log,
+              {'kept': 0, 'malformed': 0, 'made': 0}, key)
     if index == 0 or filled:
       commit()
   except (data_lib.DataError, paths.PathError, OSError) as e:
@@ -301,8 +411,9 @@ def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, wh
   elif error:
     raise data_lib.DataError(error)
   kept = manifest['kept']
+  made = '' if counts['made'] == n else f', {counts["made"]} of them made now, the rest reused'
   log(f'{what}: prepared {n} rows in {manifest["seconds"]:.1f} s ({manifest["rows_per_s"]:.0f} '
-      f'rows/s{"" if count == 1 else f", {count} processes"}): {kept} kept, '
+      f'rows/s{"" if count == 1 else f", {count} processes"}{made}): {kept} kept, '
       f'{manifest["malformed"]} malformed, {n - kept - manifest["malformed"]} dropped; cache {d}')
   return manifest
 
@@ -352,7 +463,7 @@ def stream(cache_dir: str, stage, tokenizer, specs: Sequence, source,
                                                      .encode())):
       manifest = None
   if manifest is None:
-    manifest = prepare(d, source, make, tokenizes, stage.where, log, hosts)
+    manifest = prepare(d, source, make, tokenizes, stage.where, log, hosts, key=k)
   else:
     log(f'{stage.where}: data from the prepared cache {d} ({manifest["rows"]} rows, '
         f'{manifest["kept"]} kept)')

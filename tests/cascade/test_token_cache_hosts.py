@@ -1,6 +1,7 @@
 """Preparing the tokenize-once cache on several processes: each tokenizes only its share of the
 positions and writes its own parts, the result is the single process's cache byte for byte, and
-a preparation that stopped part-way is never read.
+a preparation that stopped part-way is never read (it is resumed: tests/cascade/
+test_token_cache_resume.py).
 
 The hosts are threads sharing an in-memory exchange (tests/cascade/conftest.py `on_hosts`).
 """
@@ -202,19 +203,20 @@ def test_split_preparation_writes_the_single_process_files(tmp_path, fakes, toke
 
 def test_a_host_that_fails_part_way_stops_every_host_and_the_cache_is_redone(tmp_path, fakes):
   """Host 1 fails in its share (a disk error): both hosts raise it, no manifest is written, host
-  0's finished parts are not taken for a cache, and the next preparation makes it whole."""
+  0's finished parts are not taken for a cache, and the next preparation completes it, making
+  only the parts no preparation finished (and a torn one)."""
   n, ref = 37, str(tmp_path / 'ref')
   token_cache.prepare(ref, Rows(n), make_item, True, 'test', log=lambda s: None)
   cache = str(tmp_path / 'cache')
-  d = token_cache.directory(cache, _Stage(), token_cache.key(_Stage(), None, [], Rows(n),
-                                                             make_item))
+  k = token_cache.key(_Stage(), None, [], Rows(n), make_item)
+  d = token_cache.directory(cache, _Stage(), k)
 
   def failing(hosts):
     def fail(i):
       if hosts.index == 1 and i == 30:
         raise OSError(28, 'No space left on device')
     return token_cache.prepare(d, Rows(n, fail), make_item, True, 'test', log=lambda s: None,
-                               hosts=hosts)
+                               hosts=hosts, key=k)
 
   out = fakes.on_hosts(2, failing)
   for h in range(2):
@@ -222,12 +224,13 @@ def test_a_host_that_fails_part_way_stops_every_host_and_the_cache_is_redone(tmp
     assert str(out[h]) == (f'test: preparing {d} failed on process 1 (OSError: [Errno 28] No '
                            'space left on device)')
   # Not a storage or data error (a bug, say): raised as it is where it happened, named on the
-  # other host, and neither waits for the other.
+  # other host, and neither waits for the other. Host 0's parts 0-4 and host 1's parts 5 and 6
+  # are finished: reused; host 1 makes part 7 (rows 28-31) and fails in part 8.
   out = fakes.on_hosts(2, lambda hosts: token_cache.prepare(
-      d, Rows(n, lambda i: hosts.index == 0 and i == 3 and 1 / 0), make_item, True, 'test',
-      log=lambda s: None, hosts=hosts))
-  assert isinstance(out[0], ZeroDivisionError), out[0]
-  assert str(out[1]) == (f'test: preparing {d} failed on process 0 (ZeroDivisionError: '
+      d, Rows(n, lambda i: hosts.index == 1 and i == 33 and 1 / 0), make_item, True, 'test',
+      log=lambda s: None, hosts=hosts, key=k))
+  assert isinstance(out[1], ZeroDivisionError), out[1]
+  assert str(out[0]) == (f'test: preparing {d} failed on process 1 (ZeroDivisionError: '
                          'division by zero)')
   left = sorted(os.listdir(d))
   assert 'manifest.json' not in left and 'items-00000.arrayrecord' in left   # host 0's parts
@@ -242,19 +245,26 @@ def test_a_host_that_fails_part_way_stops_every_host_and_the_cache_is_redone(tmp
     return make_item(i, rec)
 
   assert token_cache._manifest(d) is None  # pylint: disable=protected-access
+  logs = collections.defaultdict(list)
+
   def host(hosts):
     threading.current_thread().name = f'r{hosts.index}'
     got = token_cache.stream(cache, _Stage(), None, [], Rows(n), counted, True, '', hosts,
-                             log=lambda s: None)
+                             log=logs[hosts.index].append)
     return [None if got.source[i] is None else [a.tolist() for a in got.source[i]]
             for i in range(n)]
 
   out = fakes.on_hosts(2, host)
-  # `stream` finds no manifest, so both hosts prepare again: their shares (all but the 3
-  # malformed positions) and, each, the key's probe of 8.
+  # `stream` finds no manifest, so both hosts prepare again: each the key's probe of 8; host 0
+  # nothing more (its parts are finished), host 1 the torn part 7 and parts 8-9 (rows 28-36,
+  # one malformed).
   assert not isinstance(out[0], Exception), out[0]
-  assert calls == {'r0': 20 - 1 + 8, 'r1': 17 - 2 + 8}, calls
+  assert calls == {'r0': 8, 'r1': 9 - 1 + 8}, calls
+  torn = os.path.join(d, 'items-00007.arrayrecord')
+  assert any(s.startswith(f'WARNING: {_Stage().where}: {torn} is torn or changed (11 bytes')
+             for s in logs[1]), logs[1]
   assert token_cache._manifest(d)['kept'] == 22  # pylint: disable=protected-access
+  assert 'parts' not in os.listdir(d)                          # the commit removed the records
   for f in sorted(os.listdir(ref)):
     if f != 'manifest.json':
       assert (tmp_path / 'ref' / f).read_bytes() == open(os.path.join(d, f), 'rb').read(), f
@@ -297,8 +307,9 @@ def test_hosts_with_separate_cache_disks_each_end_with_a_whole_cache(tmp_path, f
     return p.replace('/shared', str(disks[threading.current_thread().name]))
   real_makedirs, real_exists = token_cache.paths.makedirs, token_cache.paths.exists
   real_write, real_read = token_cache.paths.write_json, token_cache.paths.read_text
-  real_listdir = token_cache.paths.listdir
+  real_listdir, real_rmtree = token_cache.paths.listdir, token_cache.paths.rmtree
   monkeypatch.setattr(token_cache.paths, 'listdir', lambda p: real_listdir(own(p)))
+  monkeypatch.setattr(token_cache.paths, 'rmtree', lambda p: real_rmtree(own(p)))
   monkeypatch.setattr(token_cache.paths, 'makedirs', lambda p: real_makedirs(own(p)))
   monkeypatch.setattr(token_cache.paths, 'exists', lambda p: real_exists(own(p)))
   monkeypatch.setattr(token_cache.paths, 'read_text', lambda p: real_read(own(p)))
