@@ -228,3 +228,34 @@ def test_a_session_continues_kept_pages_and_states(name):
   assert all((e.state is not None) == (cfg.mamba_layers > 0) for e in entries) and entries
   session.close()
   assert session.pages_held == 0 and session.pool is None
+
+
+@pytest.mark.heavy   # compiles the hybrid's prefill and decode on 8 simulated devices (~1-2 min)
+def test_hybrid_engine_on_a_sequence_mesh_splits_rows_over_it():
+  """Cascade 2's recipe on a mesh with a sequence axis (configs/_recipes.SEQUENCE_MESH): the
+  weights in its training layout, the sampler with its rollout rules, which also split the
+  rows over 'sequence', on (data, fsdp, expert, sequence, tensor) = (1, 1, 2, 2, 2): the paged
+  engine's rows equal the unsharded one-call sampler's, and its slots and page pool are split
+  over 4 batch shards (expert x sequence), not 2."""
+  from configs import nemotron_cascade2  # pylint: disable=g-import-not-at-top
+  from models import sharding  # pylint: disable=g-import-not-at-top
+  recipe = nemotron_cascade2.get_config()
+  assert len(recipe.mesh.shape) == 5
+  rules, rollout = recipe.mesh.rules, recipe.sampler.rollout_rules
+  cfg = CONFIGS['hybrid']
+  mesh = sharding.make_mesh((1, 1, 2, 2, 2))
+  graphdef, params = nnx.split(transformer.create(cfg, seed=0, mesh=mesh, rules=rules))
+  params = jax.tree.map(lambda x: x * 3 if x.ndim >= 2 else x, params)
+  samp = sampler.Sampler(graphdef, cfg, eos_ids=EOS, pad_id=0, engine='paged', page_size=8,
+                         mesh=mesh, rules=rules, rollout_rules=rollout, slots=8, chunk_steps=4,
+                         prefill_prompts=2, **BUCKETS)
+  out = samp.generate(params, PROMPTS, jax.random.key(5), SP, num_samples=G, row_limits=LIMITS)
+  host = jax.device_get(params)
+  one_call = sampler.Sampler(graphdef, cfg, eos_ids=EOS, pad_id=0, **BUCKETS)
+  ref = one_call.generate(host, PROMPTS, jax.random.key(5), SP, num_samples=G,
+                          row_limits=LIMITS)
+  _assert_same_rows(out, ref)
+  assert samp.pages_in_use == 0
+  [eng] = samp._rollout.engines.values()
+  assert eng.shards == 4
+  assert sharding.batch_shards(mesh, samp.rules) == 4 and sharding.batch_shards(mesh, rules) == 2
