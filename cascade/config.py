@@ -236,6 +236,9 @@ class Sampler:
   pages: int | None = schema.field(None, **_AT_LEAST_1)
   chunk_steps: int | None = schema.field(None, **_AT_LEAST_1)
   prefill_prompts: int | None = schema.field(None, **_AT_LEAST_1)
+  # paged: a decode call's rows, 'live' (the live slots, packed into a power of two per
+  # batch shard) or 'all' (every slot: one decode program, the one launch.plan compiles).
+  decode_rows: str | None = schema.field(None)
   # How a decode step runs the blocks: 'scan', 'unrolled' or 'auto' (by the devices).
   decode_layers: str | None = schema.field(None)
   # Sample with a copy of the weights in which every weight the sampler only converts to a
@@ -248,6 +251,9 @@ class Sampler:
       fail('decode_layers', f'expected one of {sampler_lib.DECODE_LAYERS}')
     if self.engine is not None and self.engine not in sampler_lib.ENGINES:
       fail('engine', f'expected one of {sampler_lib.ENGINES}')
+    from rl import engine as engine_lib  # pylint: disable=g-import-not-at-top
+    if self.decode_rows is not None and self.decode_rows not in engine_lib.DECODE_ROWS:
+      fail('decode_rows', f'expected one of {engine_lib.DECODE_ROWS}')
 
   def options(self) -> dict[str, Any]:
     """The keyword arguments of `rl.sampler.Sampler` this section sets."""

@@ -33,7 +33,8 @@ busy instead:
   is a pure function of (key, row, step), so the recomputed row is the same row.
 * A decode call carries only the live slots, packed into the smallest power
   of two of rows that holds them, so the last long rows of a call do not pay
-  for every slot.
+  for every slot (`EngineOptions.decode_rows='live'`; 'all' runs every slot in
+  every call: one decode program instead of one per power of two).
 * On a mesh the slots and the pool are split evenly over the batch shards: a
   slot's pages, and its prompt's shared pages, come from its own shard's part,
   so each device holds only its part of the pool.
@@ -87,6 +88,9 @@ _BLOCK_PAGES = 8   # models.attention.paged_attend's default pages_per_compute_b
 KEY_DTYPE = jax.eval_shape(lambda: jax.random.key(0)).dtype   # a typed PRNG key's
 
 
+DECODE_ROWS = ('live', 'all')
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineOptions:
   """Shapes of the paged engine (all static: each distinct value compiles once).
@@ -99,18 +103,29 @@ class EngineOptions:
     chunk_steps: the most decode steps per device call; between calls the
       host refills free slots.
     prefill_prompts: prompts prefilled per device call.
+    decode_rows: the rows of a decode call. 'live': the live slots packed into
+      the smallest power of two per batch shard that holds them (a long row
+      finishing alone does not pay for every slot; up to log2(slots / shards)
+      + 1 decode programs, each compiled the first time its size occurs).
+      'all': every slot in every call, free ones masked (one decode program,
+      the one `launch.plan` compiles; on an accelerator, where a decode step
+      is bound by reading the weights and each row's own pages, the idle rows
+      cost little). The same tokens either way.
   """
   slots: int
   page_size: int = 16
   pages: int | None = None
   chunk_steps: int = 32
   prefill_prompts: int = 8
+  decode_rows: str = 'live'
 
   def __post_init__(self):
     for name in ('slots', 'page_size', 'chunk_steps', 'prefill_prompts'):
       v = getattr(self, name)
       if not isinstance(v, (int, np.integer)) or v < 1:
         raise ValueError(f'engine {name}={v!r} must be an int >= 1')
+    if self.decode_rows not in DECODE_ROWS:
+      raise ValueError(f'engine decode_rows={self.decode_rows!r}: expected one of {DECODE_ROWS}')
     if self.pages is not None and (not isinstance(self.pages, (int, np.integer))
                                    or self.pages < 1):
       raise ValueError(f'engine pages={self.pages!r} must be an int >= 1 (or None)')
@@ -402,7 +417,7 @@ class Engine:
         prompts, num_samples, limits, slots=self.opt.slots, page_size=self.opt.page_size,
         chunk_steps=self.opt.chunk_steps, pages=pages, table_pages=view, max_tokens=max_tokens,
         eos_ids=self.eos_ids, stream=stream, session=session, keys=keys,
-        row_states=self.row_states)
+        row_states=self.row_states, all_rows=self.opt.decode_rows == 'all')
     try:
       while sched.busy:
         if not sched.feed():

@@ -438,7 +438,8 @@ class Sampler:
                rollout_rules: Sequence[tuple[str, object]] | None = None,
                engine: str = 'one_call', slots: int | None = None, page_size: int = 16,
                pages: int | None = None, chunk_steps: int = 32, prefill_prompts: int = 8,
-               decode_layers: str = 'auto', rollout_cast: bool = True):
+               decode_rows: str = 'live', decode_layers: str = 'auto',
+               rollout_cast: bool = True):
     """Builds the sampler.
 
     Args:
@@ -487,6 +488,9 @@ class Sampler:
       chunk_steps: paged: the most decode steps per device call (free slots
         are refilled between calls).
       prefill_prompts: paged: prompts prefilled per device call.
+      decode_rows: paged: 'live' (a decode call carries the live slots packed into a
+        power of two per batch shard) or 'all' (every slot, every call: one decode
+        program); `rl.engine.EngineOptions`.
       decode_layers: how a decode step runs the blocks (both engines). 'scan': one
         loop body over the stacked weights and cache, as training runs them.
         'unrolled': before the decode loop, each block's weights are sliced out
@@ -558,7 +562,7 @@ class Sampler:
     self.engine = engine
     # Validated here, so a bad option fails when the sampler is built, not at the first call.
     options = dict(page_size=page_size, pages=pages, chunk_steps=chunk_steps,
-                   prefill_prompts=prefill_prompts)
+                   prefill_prompts=prefill_prompts, decode_rows=decode_rows)
     engine_lib.EngineOptions(slots=slots or 1, **options)
     self.slots = None if slots is None else int(slots)
     self._rollout = _ENGINE_TYPES[engine](self, **options)

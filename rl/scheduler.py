@@ -206,7 +206,8 @@ class Scheduler:
   def __init__(self, prompts: Sequence[np.ndarray], num_samples: int, limits, *, slots: int,
                page_size: int, chunk_steps: int, pages: page_pool.PagePool, table_pages: int,
                max_tokens: int, eos_ids: Sequence[int], stream: Stream | None = None,
-               session: Session | None = None, keys: Sequence = (), row_states: bool = False):
+               session: Session | None = None, keys: Sequence = (), row_states: bool = False,
+               all_rows: bool = False):
     """Starts a call.
 
     Args:
@@ -224,8 +225,10 @@ class Scheduler:
       session: optional, see `Session`; its kept pages are lent to their keys' prompts.
       keys: with a session, one key per prompt.
       row_states: each row starts from its prompt's recurrent state (module docstring).
+      all_rows: every decode call carries every slot (`batch`), instead of the live ones
+        packed into a power of two per shard.
     """
-    self.row_states = row_states
+    self.row_states, self.all_rows = row_states, all_rows
     self.num_samples, self.ps, self.chunk, self.slots = num_samples, page_size, chunk_steps, slots
     self.pages, self.max_tokens, self.eos_ids = pages, max_tokens, tuple(eos_ids)
     self.stream, self.session, self.keys = stream, session, keys
@@ -588,7 +591,7 @@ class Scheduler:
     s, shards = self.slots, self.shards
     act = np.flatnonzero(self.live)
     per = [act[self.slot_shard[act] == sh] for sh in range(shards)]
-    k = batch_rows(max(x.size for x in per), s, shards)
+    k = s if self.all_rows else batch_rows(max(x.size for x in per), s, shards)
     width = k // shards
     idx = np.concatenate([np.concatenate([x, np.full(width - x.size, sh * self.shard_slots)])
                           for sh, x in enumerate(per)]).astype(np.int64)

@@ -179,6 +179,8 @@ CASES = [
      'config.sampler.cache_tokens_per_device=0: must be an int >= 1'),
     ('decode layers', lambda c, s: c.sampler.update(dict(decode_layers='unroll')),
      "config.sampler.decode_layers='unroll': expected one of ('auto', 'scan', 'unrolled')"),
+    ('decode rows', lambda c, s: c.sampler.update(dict(decode_rows='every')),
+     "config.sampler.decode_rows='every': expected one of ('live', 'all')"),
     ('rollout rules', lambda c, s: c.sampler.update(dict(rollout_rules=['embed'])),
      "config.sampler.rollout_rules=['embed']: must be (logical axis, mesh axes) pairs"),
 ]

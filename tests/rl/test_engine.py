@@ -611,3 +611,30 @@ def test_sharded_session_equals_unsharded(make_policy, policy):
   per_shard = 40
   for e in s_split.entries.values():
     assert all(e.shard * per_shard <= p < (e.shard + 1) * per_shard for p in e.pages)
+
+
+@pytest.mark.heavy      # four engine runs, each compiling its decode programs
+@pytest.mark.parametrize('slots,pages', [(4, 14), (8, None)], ids=['preempting', 'roomy'])
+def test_every_slot_decode_calls_sample_the_same_rows_with_one_decode_program(
+    policy, reference, slots, pages):
+  # decode_rows='all': every call carries every slot (free ones masked), so the decode
+  # compiles once, where 'live' packs the live rows into 1, 2, 4... rows and compiles per size.
+  # Rows are the one-call sampler's either way; every call pays for every slot.
+  runs = {}
+  for rows in ('live', 'all'):
+    eng = _paged(policy[0], slots=slots, pages=pages, chunk_steps=5, prefill_prompts=3,
+                 decode_rows=rows)
+    out = eng.generate(policy[1], PROMPTS, jax.random.key(5), SP, num_samples=G,
+                       row_limits=LIMITS)
+    _assert_same_rows(out, reference[False])
+    run = eng._rollout.engines[slots]
+    decode = run._decode._cache_size()   # distinct decode programs compiled
+    runs[rows] = (decode, eng.decode_slots)
+  assert runs['all'][0] == 1, runs
+  assert runs['live'][0] > 1, runs       # the workload's tail runs on fewer rows
+  assert runs['all'][1] > runs['live'][1], runs
+
+
+def test_decode_rows_errors(policy):
+  with pytest.raises(ValueError, match=r"decode_rows='every'"):
+    _paged(policy[0], slots=4, decode_rows='every')
