@@ -264,7 +264,8 @@ def target(plan: config_lib.Plan, backend: str = 'auto',
                      'launch.plan.use_simulated_cpu_devices(n) before any JAX work')
   why = '' if hw.platform != 'tpu' else ' (libtpu not installed: pip install "jax[tpu]")'
   desc = (f'{n} simulated CPU devices standing in for {hw.name or "the target"}{why}; '
-          'XLA:CPU memory estimates, limit checked here')
+          'XLA:CPU memory estimates (sampling programs without while-loop-invariant code '
+          'motion: `CPU_SAMPLING_OPTIONS`), limit checked here')
   return Target(devices, 'cpu', desc, limit)
 
 
@@ -328,10 +329,27 @@ def _flops(lowered) -> float:
   return float((cost or {}).get('flops', 0.0))
 
 
+# XLA:CPU has no bfloat16 dot: it converts a bfloat16 dot's operands to float32 and computes in
+# float32, and its while-loop-invariant code motion then hoists the conversion of a whole stacked
+# operand out of the decode loop and the layer scan. On 8 simulated devices standing in for one
+# H200 node a 14B decode call held float32 copies of every layer's MLP weights (3 x 13.28 GiB) and
+# of the KV pool (2 x 16 GiB): 88 GiB of temporaries where a TPU or GPU, which compute bfloat16 dots
+# natively, make none. A sampler holds no float32 masters to convert, so its programs are compiled
+# on simulated CPU devices without that pass (`sampling_options`); train steps keep it (their
+# float32 -> bfloat16 weight casts are the target's too).
+CPU_SAMPLING_OPTIONS = {'xla_disable_hlo_passes': 'while-loop-invariant-code-motion'}
+
+
+def sampling_options(mesh) -> dict | None:
+  """Compiler options for a sampling program on `mesh`: CPU_SAMPLING_OPTIONS on CPU devices
+  (simulated stand-ins for the target), None on the target's own compiler."""
+  return dict(CPU_SAMPLING_OPTIONS) if mesh.devices.flat[0].platform == 'cpu' else None
+
+
 def compile_program(name: str, shapes: str, lower: Callable[[], Any],
                     lower_for_flops: Callable[[], Any] | None = None,
                     flops: float | None = None, flops_from: str = '',
-                    limit_bytes: int = 0) -> ProgramReport:
+                    limit_bytes: int = 0, compiler_options: dict | None = None) -> ProgramReport:
   """Lowers and compiles one program and reads its memory and FLOP counts.
 
   Args:
@@ -345,6 +363,7 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
       for them), with `flops_from` saying how they were counted.
     limit_bytes: per-device limit; a program whose own total exceeds it reports
       its largest arrays.
+    compiler_options: XLA options for this compile (`sampling_options`).
 
   Returns:
     The report; a compile error (e.g. RESOURCE_EXHAUSTED from the TPU
@@ -353,7 +372,7 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
   start, cpu = time.perf_counter(), time.process_time()
   try:
     lowered = lower()
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=compiler_options)
   except Exception as e:  # pylint: disable=broad-except
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return ProgramReport(name, shapes, compile_s=time.perf_counter() - start,
@@ -640,16 +659,17 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
   unrolled = dataclasses.replace(model_cfg, scan_layers=False)
 
   def add(name: str, lowering: Callable[..., Any], *args, suffix: str = '', twin_kwargs=None,
-          count: Callable[[], tuple[float, str]] | None = None):
+          count: Callable[[], tuple[float, str]] | None = None, options=None):
     """lowering(model_cfg, mesh, *args) -> (() -> Lowered, shapes); count() -> (FLOPs, how)."""
     lower, what = lowering(model_cfg, mesh, *args)
     if not model_cfg.is_dense:
       flops, how = count()
       programs.append(compile_program(name, what + suffix, lower, flops=flops, flops_from=how,
-                                      limit_bytes=limit_bytes))
+                                      limit_bytes=limit_bytes, compiler_options=options))
       return
     twin = lowering(unrolled, count_mesh, *args, **(twin_kwargs or {}))[0]
-    programs.append(compile_program(name, what + suffix, lower, twin, limit_bytes=limit_bytes))
+    programs.append(compile_program(name, what + suffix, lower, twin, limit_bytes=limit_bytes,
+                                    compiler_options=options))
 
   if with_train and kind.abstract_batch is not None:
     add('train step', lambda cfg, m, **k: train_lowering(stage, cfg, m, rules, **k),
@@ -661,7 +681,8 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
     for program, name in sampler_programs(sampler_cfg):
       add(name, lambda cfg, m, program=program: sampler_lowering(
           cfg, m, rules, sampler_cfg, **sizes, program=program),
-          count=lambda: _sampler_flops(model_cfg, mesh, rules, sampler_cfg, **sizes))
+          count=lambda: _sampler_flops(model_cfg, mesh, rules, sampler_cfg, **sizes),
+          options=sampling_options(mesh))
   frozen = kind.frozen_forwards(stage) if kind.frozen_forwards is not None else []
   for ff in frozen:
     copies = f'cop{"y" if ff.copies == 1 else "ies"}'
@@ -1191,7 +1212,8 @@ def judge_programs(calls, mesh, rules, sampler_cfg: dict, limit_bytes: int,
                                      frozen=True)
       flops, how = _sampler_flops(cfg, mesh, rules, opts, **sizes, frozen=True)
       out.append(compile_program(f'judge {name} ({jc.domain})', what, lower, flops=flops,
-                                 flops_from=how, limit_bytes=limit_bytes))
+                                 flops_from=how, limit_bytes=limit_bytes,
+                                 compiler_options=sampling_options(mesh)))
   return out
 
 
@@ -1241,13 +1263,15 @@ def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
     if not model_cfg.is_dense:     # counted from the config (`counted_flops`)
       flops, how = _sampler_flops(model_cfg, mesh, rules, sampler_cfg, **sizes)
       progs.append(compile_program(f'eval {name}', what, lower, flops=flops, flops_from=how,
-                                   limit_bytes=limit_bytes))
+                                   limit_bytes=limit_bytes,
+                                   compiler_options=sampling_options(mesh)))
       continue
     # Counted on a twin with the layers unrolled (XLA counts a scan body once).
     twin = sampler_lowering(dataclasses.replace(model_cfg, scan_layers=False),
                             mesh if count_mesh is None else count_mesh, rules, sampler_cfg,
                             **sizes, program=program)[0]
-    progs.append(compile_program(f'eval {name}', what, lower, twin, limit_bytes=limit_bytes))
+    progs.append(compile_program(f'eval {name}', what, lower, twin, limit_bytes=limit_bytes,
+                                 compiler_options=sampling_options(mesh)))
   calls = eval_judge_calls(plan, model_for)
   progs += judge_programs(calls, mesh, rules, sampler_cfg, limit_bytes, model_cfg)
   held = {src: sum(judge_bytes(cfg, gen, mesh, rules, sampler_cfg, model_cfg))

@@ -451,6 +451,32 @@ def test_largest_arrays_name_what_fills_a_program():
   assert first.startswith('4.00 MiB f32[1024,1024] ('), first
 
 
+def test_sampling_programs_on_cpu_devices_hold_no_hoisted_float32_weights():
+  """XLA:CPU computes a bfloat16 dot in float32 and hoists the conversion of a scanned layer
+  stack out of a decode loop: a float32 copy of all the weights that a TPU or GPU never makes.
+  `sampling_options` compiles without that hoisting; the temporaries are then the one layer's
+  conversion at a time, not all of them."""
+  layers, d, f = 8, 512, 2048
+
+  def decode(w, x):
+    def layer(x, wl):
+      return jnp.einsum('bd,df->bf', x, wl[0]) @ wl[1], None
+    return jax.lax.fori_loop(0, 16, lambda i, x: jax.lax.scan(layer, x, w)[0], x)
+
+  w = (jax.ShapeDtypeStruct((layers, d, f), jnp.bfloat16),
+       jax.ShapeDtypeStruct((layers, f, d), jnp.bfloat16))
+  x = jax.ShapeDtypeStruct((8, d), jnp.bfloat16)
+  lowered = jax.jit(decode).lower(w, x)
+  mesh = jax.sharding.Mesh(np.array(jax.devices('cpu')[:1]), ('data',))
+  assert plan.sampling_options(mesh) == plan.CPU_SAMPLING_OPTIONS
+  stacked_f32 = 2 * layers * d * f * 4
+  hoisted = plan.compile_program('decode', 'x', lambda: lowered, flops=0.)
+  kept = plan.compile_program('decode', 'x', lambda: lowered, flops=0.,
+                              compiler_options=plan.sampling_options(mesh))
+  assert hoisted.temp_bytes >= stacked_f32, hoisted
+  assert kept.temp_bytes < stacked_f32 / 4, kept
+
+
 def test_model_notes_say_how_an_expert_model_is_counted_and_compiled():
   cpu = plan.Target((), 'cpu', 'x', 0)
   tpu = plan.Target((), 'tpu', 'x', 0)
