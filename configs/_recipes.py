@@ -270,6 +270,14 @@ HARDWARE = {'v5p_128': (V5P_128, None, SAMPLER_CACHE_GIB),
 # [65536, 17408] MLP activations alone took ~14 GiB of a Cascade-2 train step.
 MLP_CHUNK = {'h200x8': 8192}
 
+# Prompts per paged-engine prefill call (`sampler.prefill_prompts`; the engine's default is 8) on
+# hardware where 8 of the longest prompts do not fit beside the rollout copy: on one H200 node
+# (no 'tensor' axis, so every GPU holds every KV head) a prefill call's new K and V are gathered
+# to every GPU before they are written into the pool's pages (split over 'fsdp'), and the SWE
+# stage's call of 8 x 16,384-token prompts was planned at 154.68 GiB per GPU for the 14B model
+# (XLA:CPU, 2026-12-04; 127.53 for the 8B). Its size follows the prompts per call.
+PREFILL_PROMPTS = {'h200x8': 2}
+
 # Hardware on which MOPD keeps its teachers in host memory between their passes
 # (`teachers_on_host`): beside a 64K-token train step, three resident 14B teachers
 # (10 GiB per GPU) are what one H200 does not have left.
@@ -342,7 +350,8 @@ def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.Confi
   'v5p_128' (the papers' scale, the default) leaves c as it is; 'h200x8' plans
   the same recipe for one 8-GPU node (`launch.plan` then compiles on 8
   simulated CPU devices and says so), with the MLP run in chunks of
-  MLP_CHUNK positions and MOPD's teachers in host memory between their passes.
+  MLP_CHUNK positions, PREFILL_PROMPTS prompts per prefill call and MOPD's
+  teachers in host memory between their passes.
   """
   if name not in HARDWARE:
     raise ValueError(f'config argument hardware={name!r}: expected one of {sorted(HARDWARE)}')
@@ -353,6 +362,8 @@ def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.Confi
     c.sampler.cache_tokens_per_device = cache_slots_per_device(c, cache_gib)
   if name in MLP_CHUNK:
     c.model.overrides = {**dict(c.model.overrides), 'mlp_chunk': MLP_CHUNK[name]}
+  if name in PREFILL_PROMPTS:
+    c.sampler.prefill_prompts = PREFILL_PROMPTS[name]
   if name in TEACHERS_ON_HOST:
     c.stages = [dict(st, teachers_on_host=True) if st['kind'] == 'mopd' else st
                 for st in c.stages]
