@@ -21,13 +21,15 @@ PINNED = {
     # update's batches and the draw of prompts differ, so an earlier workdir must not resume.
     # Cascade 2 on the v5p slice changed again on purpose at the papers' lengths (issue #37:
     # 256K SFT rows, 98K MOPD and 118K code RL responses on a mesh with a sequence axis);
-    # its h200x8 value did not (the node keeps its mesh and capped lengths).
+    # its h200x8 value did not (the node keeps its mesh and capped lengths). The three h200x8
+    # values changed on purpose when the node took 2 prompts per prefill call (configs/_recipes.py
+    # PREFILL_PROMPTS: the SWE prefill of 8 x 16K prompts did not fit one H200).
     ('nemotron_cascade2', None): '9d231a1500973aa7',
-    ('nemotron_cascade2', 'hardware=h200x8'): 'a4b753510754c4d2',
+    ('nemotron_cascade2', 'hardware=h200x8'): '13bfe8840781dea8',
     ('nemotron_cascade_14b', None): '32efef8963556bbb',
-    ('nemotron_cascade_14b', 'hardware=h200x8'): 'ebc9ddab16b50eb0',
+    ('nemotron_cascade_14b', 'hardware=h200x8'): '3cf828c212196c1d',
     ('nemotron_cascade_8b', None): '6363aebc176f338c',
-    ('nemotron_cascade_8b', 'hardware=h200x8'): '2336ef49ff385364',
+    ('nemotron_cascade_8b', 'hardware=h200x8'): '24a29b3109b0638a',
     ('tiny', f'drop=if_rl,{_ROOT}'): 'caf986061082502d',
     ('tiny', f'order=cascade2,{_ROOT}'): '32f86bb085061af9',
     ('tiny', _ROOT): '9f73499a0995dc7c',
