@@ -507,9 +507,9 @@ def _check_golden(proc, work):
 
 def _check_tiny_judge(proc, work):
   del proc, work
-  for run in ('m_generative', 'm_bt'):
+  for run in ('g_full', 'bt_full'):     # the whole cascade, each RL stage evaluated
     res = json.loads(pathlib.Path('/tmp/jw', run, 'results.json').read_text())
-    assert res['stages'] == ['sft', 'rlhf'], res['stages']
+    assert res['stages'] == ['sft', 'rlhf', 'if_rl', 'math_rl', 'code_rl', 'swe_rl'], res['stages']
 
 
 def _writes(page):
