@@ -673,9 +673,13 @@ _RUNS = [
     _case('plan-14b-math', 'docs/planning.md',
           ['python -m launch.plan --config=configs/nemotron_cascade_14b.py --stages=math_rl'],
           3 * 3600, _OK, mark=_SLOW),
-    _case('plan-14b-h200', 'docs/planning.md',
-          ['python -m launch.plan --config=configs/nemotron_cascade_14b.py:hardware=h200x8'],
-          4 * 3600, _OK, mark=_SLOW),
+    # docs/plans/*_h200x8.md: each written by its own --report (8 simulated CPU devices).
+    _case('plan-14b-h200', 'docs/plans/nemotron_cascade_14b_h200x8.md',
+          ['python -m launch.plan'], 4 * 3600,
+          _writes('docs/plans/nemotron_cascade_14b_h200x8.md'), mark=_SLOW),
+    _case('plan-8b-h200', 'docs/plans/nemotron_cascade_8b_h200x8.md',
+          ['python -m launch.plan'], 4 * 3600,
+          _writes('docs/plans/nemotron_cascade_8b_h200x8.md'), mark=_SLOW),
     # docs/science.md
     _case('cvb', 'docs/science.md', ['.venv/bin/python -m benchmarks.cascade_vs_blended'],
           6 * 3600, _OK, mark=_SLOW),
