@@ -77,6 +77,13 @@ def abstract_state(params, optimizer, mesh, rules, master: str | None = None):
                       abstract, shard)
 
 
+
+def scoring_call_tokens(rm_stage) -> int:
+  """The most tokens a scoring call of `rm_stage`'s reward model holds: its training call's
+  rows x length (batch_size x max_len), so rows longer than it trained on (up to
+  score_max_len) go fewer to a call; `launch.plan` compiles that call."""
+  return rm_stage.batch_size * rm_stage.max_len
+
 class Policies:
   """Model structures, stage checkpoints and policy sources of one run.
 
@@ -258,7 +265,8 @@ class Policies:
     state = self.final_state(rm_stage)
     model = nnx.merge(self.graphdef('reward_model'), state.params)
     return reward_model.make_text_scorer(model, tokenizer, max_len=rm_stage.score_len,
-                                         batch_size=rm_stage.batch_size)
+                                         batch_size=rm_stage.batch_size,
+                                         call_tokens=scoring_call_tokens(rm_stage))
 
   def judge_model(self, source: tuple, tokenizer) -> judge_lib.JudgeModel:
     """A frozen judge on the run's mesh: ('stage', name), that stage's final policy in the

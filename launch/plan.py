@@ -694,11 +694,12 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
         count=lambda ff=ff: _forward_flops(model_cfg, 'policy', mesh, rules, ff.rows, ff.length))
   rm = list(rm_stages or ())
   for rm_stage in rm:
+    rows, length = rm_scoring_call(stage, rm_stage)
     add(f'reward model scoring ({rm_stage.name})',
-        lambda cfg, m, s=rm_stage: forward_lowering(cfg, 'reward_model', m, rules, s.batch_size,
-                                                    s.max_len),
-        count=lambda s=rm_stage: _forward_flops(model_cfg, 'reward_model', mesh, rules,
-                                                s.batch_size, s.max_len))
+        lambda cfg, m, rows=rows, length=length: forward_lowering(cfg, 'reward_model', m, rules,
+                                                                  rows, length),
+        count=lambda rows=rows, length=length: _forward_flops(model_cfg, 'reward_model', mesh,
+                                                              rules, rows, length))
   programs += judge_programs(judges, mesh, rules, sampler_cfg, limit_bytes, model_cfg)
   copy = 0
   if sizes is not None:
@@ -979,8 +980,8 @@ def step_time(stage, kind, model_cfg, mesh, rules, hw, sampler_cfg: dict,
   scoring = None
   if sizes is not None and rm_stages:
     rows, length = sizes['rows'], stage.max_prompt_len + stage.longest_response
-    scoring = sum(at_peak(counted_flops(model_cfg, 'reward_model', rows * min(length, s.max_len),
-                                        (min(length, s.max_len) + 1) / 2)) for s in rm_stages)
+    scoring = sum(at_peak(counted_flops(model_cfg, 'reward_model', rows * min(length, s.score_len),
+                                        (min(length, s.score_len) + 1) / 2)) for s in rm_stages)
     old += sum(at_peak(_forward_flops(model_cfg, 'reward_model', mesh, rules, s.batch_size,
                                       s.max_len)[0]) for s in rm_stages)
   judge = (judge_time(judges, mesh, rules, hw, sampler_cfg, model_cfg) if sizes is not None
@@ -1286,6 +1287,18 @@ def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
                     if p.name.startswith('judge') else total) for p in progs)
   return StageReport(-1, 'evaluation', 'eval', tuple(progs), limit_bytes, mesh.size,
                      resident=resident)
+
+
+def rm_scoring_call(stage, rm_stage) -> tuple[int, int]:
+  """(rows, padded length) of the largest call in which `rm_stage`'s reward model scores
+  `stage`'s rollouts: their longest row (prompt, response and EOS, cut to its score_max_len)
+  in its length bucket, as many rows as `cascade.policies.scoring_call_tokens` allows."""
+  from cascade import policies  # pylint: disable=g-import-not-at-top
+  from rl import reward_model  # pylint: disable=g-import-not-at-top
+  length = reward_model.row_length(stage.max_prompt_len + stage.longest_response + 1,
+                                   rm_stage.score_len)
+  return (reward_model.rows_per_call(length, rm_stage.batch_size,
+                                     policies.scoring_call_tokens(rm_stage)), length)
 
 
 def _rm_stages(plan, stage) -> list:

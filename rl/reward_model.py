@@ -182,19 +182,37 @@ def make_pair_batch(tokenizer, prompts: Sequence[str], chosen: Sequence[str],
   return PairBatch(ct, cs, rt, rs)
 
 
-def make_text_scorer(model: RewardModel, tokenizer, max_len: int,
-                     batch_size: int) -> Callable[[Sequence[str], Sequence[str]], np.ndarray]:
+def row_length(longest: int, max_len: int) -> int:
+  """The padded length of a scoring call whose longest row has `longest` tokens."""
+  return _pow2_len(longest, max_len)
+
+
+def rows_per_call(length: int, batch_size: int, call_tokens: int | None) -> int:
+  """Rows of a scoring call at padded `length`: `batch_size`, fewer where that would pass
+  `call_tokens` tokens (at least one row)."""
+  if call_tokens is None:
+    return batch_size
+  return max(1, min(batch_size, call_tokens // length))
+
+
+def make_text_scorer(model: RewardModel, tokenizer, max_len: int, batch_size: int,
+                     call_tokens: int | None = None
+                     ) -> Callable[[Sequence[str], Sequence[str]], np.ndarray]:
   """A host function scoring (prompt, completion) texts with the reward model.
 
-  The params are snapshotted now. Texts are encoded with `encode`, batched
-  in fixed-size batches (the last padded with copies) and padded to a
-  power-of-two length bucket, so few shapes compile.
+  The params are snapshotted now. Texts are encoded with `encode` and scored
+  in order, in calls of `rows_per_call` rows (the last padded with copies),
+  each padded to the power-of-two length bucket of its longest row, so few
+  shapes compile. With `call_tokens` a call holds at most that many tokens
+  (at least one row): rows longer than the model was trained on go fewer to a
+  call, so a call's memory stays near a training call's.
 
   Args:
     model: a RewardModel.
     tokenizer: has encode(text) -> list[int], pad_id and eos_id.
     max_len: most tokens scored per text (the answer's end is cut first, see `encode`).
-    batch_size: rows per jitted call.
+    batch_size: the most rows per jitted call.
+    call_tokens: the most tokens (rows x padded length) per call; None: no bound.
 
   Returns:
     scorer(prompts, completions) -> float32 [n] rewards.
@@ -206,12 +224,24 @@ def make_text_scorer(model: RewardModel, tokenizer, max_len: int,
       raise ValueError(f'reward scorer: {len(prompts)} prompts but {len(completions)} completions')
     rows = [encode(tokenizer, p, c, max_len) for p, c in zip(prompts, completions)]
     out = np.zeros(len(rows), np.float32)
-    for start in range(0, len(rows), batch_size):
-      chunk = rows[start:start + batch_size]
-      full = chunk + [chunk[0]] * (batch_size - len(chunk))
-      tokens, seg = pad_rows(full, _pow2_len(max(map(len, full)), max_len),
-                             tokenizer.pad_id)
+    start = 0
+    while start < len(rows):
+      # The call's rows: the most of the next ones that fit the budget at the length bucket
+      # of the longest among them (fewer rows never need a longer bucket).
+      longest = len(rows[start])
+      length = row_length(longest, max_len)
+      n = 1
+      while n < min(batch_size, len(rows) - start):
+        longer = max(longest, len(rows[start + n]))
+        if rows_per_call(row_length(longer, max_len), batch_size, call_tokens) < n + 1:
+          break
+        longest, length, n = longer, row_length(longer, max_len), n + 1
+      fit = rows_per_call(length, batch_size, call_tokens)
+      chunk = rows[start:start + n]
+      full = chunk + [chunk[0]] * (fit - len(chunk))
+      tokens, seg = pad_rows(full, length, tokenizer.pad_id)
       out[start:start + len(chunk)] = np.asarray(score(graphdef, params, tokens, seg))[:len(chunk)]
+      start += len(chunk)
     return out
 
   return scorer

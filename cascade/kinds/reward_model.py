@@ -10,7 +10,10 @@ r_rejected). The stage leaves the policy as it was; a domain whose verifier
 is 'reward_model' (or that adds the RM score, like IF in thinking mode) names
 this stage in `reward_model_stage`. Not a row of the matrix. As a scorer it
 reads rows of up to `score_max_len` tokens (default `max_len`): the prompt kept
-whole, the response's chat markers as text (`rl.reward_model.encode`).
+whole, the response's chat markers as text (`rl.reward_model.encode`). A scoring
+call holds at most a training call's tokens (batch_size x max_len): rows longer
+than max_len go fewer to a call (`rl.reward_model.rows_per_call`), and
+`launch.plan` compiles the call a stage's longest rollouts make.
 """
 
 from __future__ import annotations

@@ -780,3 +780,26 @@ def test_context_parallel_train_step_plans_with_fewer_temporaries_per_device(tin
     assert rep.fits and not train.error
     temps[shape[3]] = train.temp_bytes
   assert temps[8] < temps[1]          # 3.0 against 3.4 MiB when written
+
+
+def test_reward_model_scoring_is_planned_at_the_rows_the_run_scores():
+  # The 14B recipe's RLHF rollouts (4,096 prompt + 12,288 response tokens, plus EOS) are
+  # scored by the RM stage (256 pairs x 8,192 tokens a training call, score_max_len 65,536):
+  # rows bucket to 32,768 tokens, so a scoring call holds 256 x 8,192 / 32,768 = 64 rows. The
+  # plan compiles that call, and the run's scorer makes calls of that shape for such rows.
+  import importlib  # pylint: disable=g-import-not-at-top
+  from rl import reward_model  # pylint: disable=g-import-not-at-top
+  p = config_lib.validate(importlib.import_module('configs.nemotron_cascade_14b').get_config(None))
+  stage = p.stage('rlhf')
+  [rm_stage] = plan._rm_stages(p, stage)   # pylint: disable=protected-access
+  assert (rm_stage.batch_size, rm_stage.max_len, rm_stage.score_len) == (256, 8192, 65536)
+  rows, length = plan.rm_scoring_call(stage, rm_stage)
+  assert (rows, length) == (64, 32768)
+  longest = stage.max_prompt_len + stage.longest_response + 1
+  assert reward_model.row_length(longest, rm_stage.score_len) == length
+  assert reward_model.rows_per_call(length, rm_stage.batch_size,
+                                    policies.scoring_call_tokens(rm_stage)) == rows
+  # Rows within the RM's training length keep the whole batch per call.
+  short = dataclasses.replace(stage, phases=tuple(dataclasses.replace(ph, max_response_len=2048)
+                                                 for ph in stage.phases))
+  assert plan.rm_scoring_call(short, rm_stage) == (256, 8192)

@@ -163,3 +163,29 @@ def test_answer_chat_markers_reach_the_reward_model_as_text():
   ids = rm.encode(tok, prompt, answer, max_len=256)
   assert ids.count(2) == 1  # The prompt's own marker only.
   assert ids[:len(tok.encode(prompt))] == tok.encode(prompt)
+
+
+def test_a_token_budget_scores_long_rows_fewer_to_a_call(monkeypatch):
+  # call_tokens=64 with batch_size=4: rows bucketed to 16 tokens go 4 to a call, to 32 two,
+  # to 64 one; each call takes as many of the next rows as fit; every score equals scoring the
+  # row alone, in the input order. Rows (prompt + 'x' + EOS): 3, 22, 3, 3, 52, 3, 3, 3, 27.
+  model = rm.create(CFG, seed=3)
+  graphdef, params = nnx.split(model)
+  tok = _ByteTokenizer()
+  prompts = ['a', 'b' * 20, 'c', 'd', 'e' * 50, 'f', 'g', 'h', 'i' * 25]
+  completions = ['x'] * len(prompts)
+  calls, score = [], rm.score
+  monkeypatch.setattr(rm, 'score', lambda *a: calls.append(a[2].shape) or score(*a))
+  got = rm.make_text_scorer(model, tok, max_len=64, batch_size=4, call_tokens=64)(
+      prompts, completions)
+  assert all(r * t <= 64 for r, t in calls), calls
+  assert calls == [(2, 32), (4, 16), (1, 64), (4, 16), (2, 32)], calls   # padded to a bucket's rows
+  assert {(rm.rows_per_call(t, 4, 64), t) for t in (16, 32, 64)} >= set(calls)
+  for i, (p, c) in enumerate(zip(prompts, completions)):
+    ids = rm.encode(tok, p, c, 64)
+    one = rm.score(graphdef, params, np.array([ids], np.int32), np.ones((1, len(ids)), np.int32))
+    np.testing.assert_allclose(got[i], one[0], atol=1e-5, err_msg=str(i))
+  # Without a budget, every call has batch_size rows, as before.
+  calls.clear()
+  rm.make_text_scorer(model, tok, max_len=64, batch_size=4)(prompts, completions)
+  assert [r for r, _ in calls] == [4, 4, 4], calls
