@@ -63,6 +63,16 @@ def costs(plan, tok_cls, n):
   return out
 
 
+def stopping_run(tmp_path, fakes):
+  """(plan, rows, a stopping tokenizer class, each row's tokenizer calls, the key's probe
+  calls) over shards written under tmp_path/data."""
+  pattern, n = harness.write_shards(tmp_path / 'data')
+  plan = harness.plan_over(fakes, pattern)
+  tok_cls = stopping_tokenizer(fakes.CharTokenizer)
+  cost = costs(plan, tok_cls, n)
+  return plan, n, tok_cls, cost, sum(cost[:token_cache._PROBE])  # pylint: disable=protected-access
+
+
 def drawn(stream, n):
   return [None if stream.source[i] is None else [a.tolist() for a in stream.source[i]]
           for i in range(n)]
@@ -72,11 +82,7 @@ def test_an_interrupted_preparation_makes_only_the_parts_it_had_not_finished(
     tmp_path, fakes, only_sft, capsys):
   """Stopped in part 5 of 9, the next preparation tokenizes parts 5-8 only (and the key's
   probe), and the cache is an uninterrupted preparation's, byte for byte."""
-  pattern, n = harness.write_shards(tmp_path / 'data')
-  plan = harness.plan_over(fakes, pattern)
-  tok_cls = stopping_tokenizer(fakes.CharTokenizer)
-  cost = costs(plan, tok_cls, n)
-  probe = sum(cost[:token_cache._PROBE])  # pylint: disable=protected-access
+  plan, n, tok_cls, cost, probe = stopping_run(tmp_path, fakes)
   whole = drawn(harness.prepared(plan, tok_cls(), str(tmp_path / 'whole')), n)
   tok_cls.calls.clear()
 
@@ -105,11 +111,7 @@ def test_an_interrupted_preparation_makes_only_the_parts_it_had_not_finished(
 def test_a_changed_tokenizer_reuses_no_part(tmp_path, fakes, only_sft):
   """Another tokenizer is another key, so another cache directory: every part is tokenized,
   and the stopped preparation's parts are left as they were."""
-  pattern, n = harness.write_shards(tmp_path / 'data')
-  plan = harness.plan_over(fakes, pattern)
-  tok_cls = stopping_tokenizer(fakes.CharTokenizer)
-  cost = costs(plan, tok_cls, n)
-  probe = sum(cost[:token_cache._PROBE])  # pylint: disable=protected-access
+  plan, n, tok_cls, cost, probe = stopping_run(tmp_path, fakes)
   cache = str(tmp_path / 'cache')
   tok_cls.limit['MainThread'] = probe + sum(cost[:6 * ROWS])
   with pytest.raises(Preempted):
@@ -234,11 +236,7 @@ def test_hosts_resume_with_another_host_count(tmp_path, fakes, only_sft):
   """Three hosts stop (host 1 preempted in its second part); two hosts resume: host 0's share
   (parts 0-3) is all finished, host 1 (parts 4-8) makes parts 4 and 5 only. The cache is the
   single process's, byte for byte, and every host draws its items."""
-  pattern, n = harness.write_shards(tmp_path / 'data')
-  plan = harness.plan_over(fakes, pattern)
-  tok_cls = stopping_tokenizer(fakes.CharTokenizer)
-  cost = costs(plan, tok_cls, n)
-  probe = sum(cost[:token_cache._PROBE])  # pylint: disable=protected-access
+  plan, n, tok_cls, cost, probe = stopping_run(tmp_path, fakes)
   single = drawn(harness.prepared(plan, tok_cls(), str(tmp_path / 'one')), n)
   cache = str(tmp_path / 'shared')
 
