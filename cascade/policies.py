@@ -77,12 +77,12 @@ def abstract_state(params, optimizer, mesh, rules, master: str | None = None):
                       abstract, shard)
 
 
-
 def scoring_call_tokens(rm_stage) -> int:
   """The most tokens a scoring call of `rm_stage`'s reward model holds: its training call's
   rows x length (batch_size x max_len), so rows longer than it trained on (up to
   score_max_len) go fewer to a call; `launch.plan` compiles that call."""
   return rm_stage.batch_size * rm_stage.max_len
+
 
 class Policies:
   """Model structures, stage checkpoints and policy sources of one run.

@@ -151,9 +151,10 @@ def encode(tokenizer, prompt: str, completion: str, max_len: int) -> list[int]:
   return head + list(tokenizer.encode_text(completion))[:room] + [tokenizer.eos_id]
 
 
-def _pow2_len(n: int, max_len: int) -> int:
-  """A row length bucket: a power of two >= 16, at most max_len."""
-  return buckets.pow2(n, lo=16, hi=max_len)
+def row_length(longest: int, max_len: int) -> int:
+  """The padded length of a batch whose longest row has `longest` tokens: a power of two
+  >= 16, at most max_len."""
+  return buckets.pow2(longest, lo=16, hi=max_len)
 
 
 def pad_rows(rows: Sequence[Sequence[int]], length: int, pad_id: int):
@@ -176,15 +177,10 @@ def make_pair_batch(tokenizer, prompts: Sequence[str], chosen: Sequence[str],
                      f'{len(rejected)} rejected')
   c = [encode(tokenizer, p, x, max_len) for p, x in zip(prompts, chosen)]
   r = [encode(tokenizer, p, x, max_len) for p, x in zip(prompts, rejected)]
-  length = _pow2_len(max(map(len, c + r)), max_len)
+  length = row_length(max(map(len, c + r)), max_len)
   ct, cs = pad_rows(c, length, tokenizer.pad_id)
   rt, rs = pad_rows(r, length, tokenizer.pad_id)
   return PairBatch(ct, cs, rt, rs)
-
-
-def row_length(longest: int, max_len: int) -> int:
-  """The padded length of a scoring call whose longest row has `longest` tokens."""
-  return _pow2_len(longest, max_len)
 
 
 def rows_per_call(length: int, batch_size: int, call_tokens: int | None) -> int:
@@ -233,9 +229,10 @@ def make_text_scorer(model: RewardModel, tokenizer, max_len: int, batch_size: in
       n = 1
       while n < min(batch_size, len(rows) - start):
         longer = max(longest, len(rows[start + n]))
-        if rows_per_call(row_length(longer, max_len), batch_size, call_tokens) < n + 1:
+        wider = row_length(longer, max_len)
+        if rows_per_call(wider, batch_size, call_tokens) < n + 1:
           break
-        longest, length, n = longer, row_length(longer, max_len), n + 1
+        longest, length, n = longer, wider, n + 1
       fit = rows_per_call(length, batch_size, call_tokens)
       chunk = rows[start:start + n]
       full = chunk + [chunk[0]] * (fit - len(chunk))
