@@ -76,6 +76,11 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ('mamba_conv', None),
 )
 
+# The logical axes no parameter carries: only activations and KV caches name them. A rule
+# for one of these moves no weight, so a sampler that changes only them (e.g. rows split over
+# 'sequence' too) samples with the weights in the layout they were loaded in.
+ACTIVATION_AXES = ('batch', 'length', 'cache_length')
+
 _state = threading.local()
 
 
@@ -114,6 +119,14 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None, slices: int | Non
                      f'have {len(devices)}')
   arr = topology.device_array(shape, devices, slices)
   return Mesh(arr, axes, axis_types=(jax.sharding.AxisType.Auto,) * len(axes))
+
+
+def override_rules(rules, changes) -> tuple:
+  """`rules` (None: DEFAULT_RULES) with the logical axes in `changes` (pairs) mapped anew;
+  names not in `rules` are added."""
+  merged = dict(DEFAULT_RULES if rules is None else rules)
+  merged.update((str(k), tuple(v) if isinstance(v, list) else v) for k, v in changes)
+  return tuple(merged.items())
 
 
 def get_rules():

@@ -71,26 +71,36 @@ def run_sampler_options(run_options: dict, judge_cfg: config_lib.ModelConfig,
 
   - the default length buckets: a judge's prompt holds the policy's prompt and answer and
     more;
-  - no `rollout_rules`: the judge samples with its weights in the layout it was loaded in
-    (split over every axis its rules split them over). Beside the policy's train state,
-    its rollout copy and its KV pool there is no room for a second, fsdp-replicated copy of
-    a judge that is often far larger than the policy (a 235B judge replicated over fsdp
-    holds 470 GB / 8 experts shards = 59 GB on each v5p chip);
+  - of the `rollout_rules`, only those on logical axes no weight carries
+    (`models.sharding.ACTIVATION_AXES`, e.g. the sequence mesh's rows split over 'sequence'
+    too): the judge's rows split as many ways as the policy's, while its weights stay in the
+    layout they were loaded in (split over every axis its rules split them over), so its
+    sampler makes no copy of them. A rule that moves weights is dropped: beside the policy's
+    train state, its rollout copy and its KV pool there is no room for a second,
+    fsdp-replicated copy of a judge that is often far larger than the policy (a 235B judge
+    replicated over fsdp holds 470 GB / 8 experts shards = 59 GB on each v5p chip);
   - the same KV bytes: `cache_tokens_per_device` (and an explicit `pages`) count the
     policy's KV slots, so they are scaled by the policy's KV bytes per token over the
     judge's (`rl.sampler.kv_token_bytes` on `mesh`): a judge whose tokens cost 30x the
-    policy's holds 1/30 of the tokens in the same memory, instead of 30x the memory.
+    policy's holds 1/30 of the tokens in the same memory, instead of 30x the memory. An
+    explicit `pages` is split over the batch shards of the rules the judge's Sampler uses
+    (`rules` with the kept rollout rules), the policy's own.
   """
+  kept = tuple((k, v) for k, v in (run_options.get('rollout_rules') or ())
+               if k in sharding.ACTIVATION_AXES)
   out = {k: v for k, v in run_options.items()
          if k not in ('prompt_buckets', 'new_token_buckets', 'rollout_rules')}
-  mine = sampler_lib.kv_token_bytes(judge_cfg, mesh, rules)
-  theirs = sampler_lib.kv_token_bytes(policy_cfg, mesh, rules)
+  if kept:
+    out['rollout_rules'] = kept
+  used = sharding.override_rules(rules, kept)     # what the judge's Sampler traces with
+  mine = sampler_lib.kv_token_bytes(judge_cfg, mesh, used)
+  theirs = sampler_lib.kv_token_bytes(policy_cfg, mesh, used)
   if mine and theirs:
     if out.get('cache_tokens_per_device'):
       out['cache_tokens_per_device'] = max(1, int(out['cache_tokens_per_device']) * theirs
                                            // mine)
     if out.get('pages'):
-      shards = sharding.batch_shards(mesh, rules)
+      shards = sharding.batch_shards(mesh, used)
       per_shard = int(out['pages']) // shards * theirs // mine
       out['pages'] = max(1, per_shard) * shards
   return out

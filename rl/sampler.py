@@ -474,7 +474,8 @@ class Sampler:
         (('embed', None),): weights replicated over 'fsdp' and split over
         'tensor' only, so no decode step gathers fsdp shards. `generate` puts
         the params in that layout once per call (a second copy of the
-        weights while it runs); None = sample in the training layout.
+        weights while it runs; none when the rules move no weight, as rules on
+        `models.sharding.ACTIVATION_AXES` alone do); None = sample in the training layout.
       engine: 'one_call' (all rows of a chunk in one decode loop, as above)
         or 'paged': continuous batching over a paged KV cache (rl.engine),
         the same tokens and log-probs for the same key.
@@ -533,8 +534,7 @@ class Sampler:
       if unknown:
         raise ValueError(f'Sampler rollout_rules name unknown logical axes {unknown} '
                          f'(known: {sorted(merged)})')
-      merged.update(self.rollout_rules)
-      rules = tuple(merged.items())
+      rules = sharding.override_rules(rules, self.rollout_rules)
     self.rules = rules       # the rules the sampler traces and lays its weights out with
     self.prompt_buckets = tuple(sorted(int(x) for x in prompt_buckets))
     self.new_token_buckets = tuple(sorted(int(x) for x in new_token_buckets))
@@ -585,7 +585,9 @@ class Sampler:
 
   def rollout_params(self, params):
     """`params` as the sampler's programs take them: the rollout copy (see `rollout_cast`) in
-    the sampler's layout (resharded with `rollout_rules`), or as given when neither applies.
+    the sampler's layout (resharded with `rollout_rules`), or `params` itself (no copy) when no
+    weight is cast and no weight's sharding changes (rollout rules on activation axes only,
+    `models.sharding.ACTIVATION_AXES`, such as rows split over 'sequence' too).
 
     Works on concrete params and on abstract ones (ShapeDtypeStructs with shardings); a
     `RolloutWeights` from `prepare` is passed through as it is.
@@ -599,6 +601,10 @@ class Sampler:
     shardings = (sharding.state_shardings(params, self.mesh, self.rules)
                  if self.mesh is not None else None)
     leaves, treedef = jax.tree.flatten(params)
+    if dtypes is None and all(
+        getattr(x, 'sharding', None) is not None and x.sharding.is_equivalent_to(sh, len(x.shape))
+        for x, sh in zip(leaves, jax.tree.leaves(shardings))):
+      return params     # the rollout rules move no weight: sample with the params as they are
     want = [l.dtype if d is None else d for l, d in zip(leaves, dtypes or [None] * len(leaves))]
     if all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
       shs = (jax.tree.leaves(shardings) if shardings is not None
