@@ -29,8 +29,8 @@ own router picks from the same scores (`MoEOutput.mismatched`); with
 recorded routing is from the trainer's).
 
 Routed experts are dropless (no capacity, no token ever dropped): the M
-(token, choice) pairs are sorted by expert and each expert's consecutive rows
-go through its own weights in one grouped matmul (`grouped_matmul`:
+(token, choice) pairs are put in expert order (stably; `_dispatch` counts each
+pair's row instead of sorting) and each expert's consecutive rows go through its own weights in one grouped matmul (`grouped_matmul`:
 `jax.lax.ragged_dot`, or on TPU the Pallas megablox kernel), then unsorted and
 summed over the K choices with their weights.
 
@@ -93,6 +93,7 @@ trainer's to apply).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -377,6 +378,74 @@ def _experts(cfg: config_lib.ModelConfig, x, indices, weights, experts, first):
   return ys.reshape(m * c, d)[:n]
 
 
+def _dispatch(key: jax.Array, e_loc: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Where each (token, choice) pair goes in the pairs sorted by expert, stably.
+
+  Args:
+    key: int32 [M], each pair's local expert (e_loc: another shard's, sorted last).
+    e_loc: the local experts.
+
+  Returns:
+    (dest int32 [M]: pair p's row in the sorted order; order int32 [M]: the pair at each
+    row, dest's inverse; sizes int32 [e_loc]: each local expert's pairs), the permutation a
+    stable argsort of `key` gives. It is counted, not sorted: a pair's row is its expert's
+    offset plus how many pairs before it chose that expert (a cumulative sum over a
+    [M, e_loc + 1] one-hot), so the program holds no sort and no scatter-add, which the
+    TPU compiler takes seconds each to build (a whole MoE train step spent most of its
+    compile time on them).
+  """
+  m = key.shape[0]
+  hot = key[:, None] == jnp.arange(e_loc + 1, dtype=key.dtype)   # [M, e_loc + 1]
+  seen = jnp.cumsum(hot, axis=0, dtype=jnp.int32)                # inclusive counts
+  counts = seen[-1]
+  offsets = jnp.cumsum(counts) - counts
+  dest = jnp.sum(jnp.where(hot, seen - 1 + offsets, 0), axis=1, dtype=jnp.int32)
+  order = jnp.zeros((m,), jnp.int32).at[dest].set(jnp.arange(m, dtype=jnp.int32),
+                                                 unique_indices=True)
+  return dest, order, counts[:e_loc]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _gather_tokens(x: jax.Array, order: jax.Array, dest: jax.Array, k: int) -> jax.Array:
+  """x [N, D]'s token of each sorted pair: x[order // k], [M, D].
+
+  Its gradient gathers too (`dest` is `order`'s inverse, each token's K pairs summed), where
+  autodiff of a gather scatter-adds."""
+  return x[order // k]
+
+
+def _gather_tokens_fwd(x, order, dest, k):
+  return x[order // k], (order, dest)
+
+
+def _gather_tokens_bwd(k, res, g):
+  order, dest = res
+  n = dest.shape[0] // k
+  gx = g[dest].reshape(n, k, -1).sum(axis=1, dtype=jnp.float32).astype(g.dtype)
+  return gx, None, None
+
+
+_gather_tokens.defvjp(_gather_tokens_fwd, _gather_tokens_bwd)
+
+
+@jax.custom_vjp
+def _permute_rows(y: jax.Array, idx: jax.Array, inverse: jax.Array) -> jax.Array:
+  """y[idx] for a permutation idx with inverse `inverse`; its gradient is g[inverse]."""
+  return y[idx]
+
+
+def _permute_rows_fwd(y, idx, inverse):
+  return y[idx], (idx, inverse)
+
+
+def _permute_rows_bwd(res, g):
+  idx, inverse = res
+  return g[inverse], None, None
+
+
+_permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
+
+
 def _local_experts(cfg: config_lib.ModelConfig, x, indices, weights, experts, first):
   """The routed experts held here over the pairs routed to them.
 
@@ -397,14 +466,12 @@ def _local_experts(cfg: config_lib.ModelConfig, x, indices, weights, experts, fi
   local = indices - first
   mine = (local >= 0) & (local < e_loc)
   key = jnp.where(mine, local, e_loc).reshape(-1)              # [M]: others' pairs sort last
-  order = jnp.argsort(key, stable=True)
-  sizes = jnp.bincount(key, length=e_loc + 1)[:e_loc]
-  xs = x[order // k]                                            # [M, D] sorted by expert
+  dest, order, sizes = _dispatch(key, e_loc)
+  xs = _gather_tokens(x, order, dest, k)                        # [M, D] sorted by expert
   gate = grouped_matmul(xs, experts[0], sizes) if len(experts) == 3 else None
   h = _activate(cfg, grouped_matmul(xs, experts[-2], sizes), gate)
   out = grouped_matmul(h, experts[-1], sizes)                   # [M, D]
-  inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
-  out = out[inverse].reshape(n, k, -1)                          # [N, K, D] in choice order
+  out = _permute_rows(out, dest, order).reshape(n, k, -1)       # [N, K, D] in choice order
   weights = jnp.where(mine, weights, 0.0)
   # Summed in float32 without a float32 copy of the [N, K, D] expert outputs.
   return jnp.einsum('NK,NKD->ND', weights.astype(out.dtype), out,
