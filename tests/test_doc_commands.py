@@ -601,7 +601,7 @@ _RUNS = [
           mark=_SLOW),
     _case('plan-cascade2-genrm', 'docs/plans/nemotron_cascade2_rlhf_genrm_v5p.md',
           ['python -m launch.plan'], 4 * 3600,
-          lambda proc, work: _page_like(pathlib.Path('/tmp/h4/c2_rlhf_genrm.md'),
+          lambda proc, work: _page_like(pathlib.Path('/tmp/h1/c2_rlhf_genrm.md'),
                                         'docs/plans/nemotron_cascade2_rlhf_genrm_v5p.md'),
           mark=_SLOW),
     _case('step-time-page', 'docs/plans/step_time_model.md', ['python -m launch.step_time_page'],
