@@ -378,6 +378,10 @@ def _experts(cfg: config_lib.ModelConfig, x, indices, weights, experts, first):
   return ys.reshape(m * c, d)[:n]
 
 
+# Local experts (+1) up to which `_dispatch` counts rather than sorts.
+COUNTED_DISPATCH_MAX = 64
+
+
 def _dispatch(key: jax.Array, e_loc: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Where each (token, choice) pair goes in the pairs sorted by expert, stably.
 
@@ -392,9 +396,16 @@ def _dispatch(key: jax.Array, e_loc: int) -> tuple[jax.Array, jax.Array, jax.Arr
     offset plus how many pairs before it chose that expert (a cumulative sum over a
     [M, e_loc + 1] one-hot), so the program holds no sort and no scatter-add, which the
     TPU compiler takes seconds each to build (a whole MoE train step spent most of its
-    compile time on them).
+    compile time on them). With more than COUNTED_DISPATCH_MAX - 1 local experts the
+    [M, e_loc + 1] int32 counts would outweigh that, and a stable argsort finds the same rows.
   """
   m = key.shape[0]
+  if e_loc + 1 > COUNTED_DISPATCH_MAX:
+    # The one-hot would hold more than the sort costs: sort (same permutation).
+    order = jnp.argsort(key, stable=True).astype(jnp.int32)
+    dest = jnp.zeros((m,), jnp.int32).at[order].set(jnp.arange(m, dtype=jnp.int32),
+                                                   unique_indices=True)
+    return dest, order, jnp.bincount(key, length=e_loc + 1)[:e_loc].astype(jnp.int32)
   hot = key[:, None] == jnp.arange(e_loc + 1, dtype=key.dtype)   # [M, e_loc + 1]
   seen = jnp.cumsum(hot, axis=0, dtype=jnp.int32)                # inclusive counts
   counts = seen[-1]

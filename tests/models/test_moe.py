@@ -624,10 +624,11 @@ def test_experts_not_divisible_by_expert_axis():
   np.testing.assert_allclose(y, _call(m, x).y, atol=1e-5)
 
 
-@pytest.mark.parametrize('e_loc,m,seed', [(4, 37, 0), (16, 600, 1), (1, 9, 2)])
+@pytest.mark.parametrize('e_loc,m,seed', [(4, 37, 0), (16, 600, 1), (1, 9, 2), (100, 900, 4)])
 def test_dispatch_is_the_stable_argsort(e_loc, m, seed):
-  """`_dispatch` counts each pair's row; numpy's stable argsort of the keys is the reference
-  (others' pairs, key e_loc, last; ties in pair order)."""
+  """`_dispatch` counts each pair's row (or sorts, past COUNTED_DISPATCH_MAX experts: e_loc
+  100); numpy's stable argsort of the keys is the reference (others' pairs, key e_loc, last;
+  ties in pair order)."""
   key = np.random.default_rng(seed).integers(0, e_loc + 1, m).astype(np.int32)
   dest, order, sizes = jax.jit(moe._dispatch, static_argnums=1)(jnp.asarray(key), e_loc)
   want = np.argsort(key, kind='stable')
