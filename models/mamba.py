@@ -267,6 +267,33 @@ def _take_rows(x: jax.Array, idx: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, idx.reshape(*idx.shape, *([1] * (x.ndim - 2))), axis=1)
 
 
+def _real_first(real: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(perm, inv) int32 [B, T]: per row, the stable order putting real tokens first (what a
+  stable argsort of ~real gives: perm[b, i] is the token at place i) and its inverse (token
+  t's place). Counted, not sorted: a real token's place is how many real tokens precede it, a
+  padding token's the row's real count plus the padding before it; the TPU compiler takes
+  seconds to build a sort."""
+  r = real.astype(jnp.int32)
+  inv = jnp.where(real, jnp.cumsum(r, axis=1) - 1,
+                  jnp.sum(r, axis=1, keepdims=True) + jnp.cumsum(1 - r, axis=1) - 1)
+  t = real.shape[1]
+  perm = jax.vmap(lambda d: jnp.zeros((t,), jnp.int32).at[d].set(
+      jnp.arange(t, dtype=jnp.int32), unique_indices=True))(inv)
+  return perm, inv
+
+
+def _last_real(u: jax.Array, real: jax.Array, k1: int) -> jax.Array:
+  """u [B, T, ...]'s last k1 real positions per row, oldest first, zero where the row has
+  fewer: [B, k1, ...]. A one-hot contraction over T (each slot sums one term, so it is exact),
+  whose gradient is another: no gather, whose gradient would scatter-add."""
+  r = real.astype(jnp.int32)
+  rank = jnp.cumsum(r, axis=1) - 1                                   # [B, T]
+  want = jnp.sum(r, axis=1, keepdims=True) - k1 + jnp.arange(k1)     # [B, k1]
+  hot = (real[:, None, :] & (rank[:, None, :] == want[..., None])).astype(u.dtype)
+  out = jnp.einsum('bst,bt...->bs...', hot, u, preferred_element_type=jnp.float32)
+  return out.astype(u.dtype)
+
+
 @jax.custom_vjp
 def _permute(x: jax.Array, perm: jax.Array, inv: jax.Array) -> jax.Array:
   """`_take_rows(x, perm)` for a per-row permutation `perm` with inverse `inv`.
@@ -306,8 +333,7 @@ def _conv_scan(parts, convs, prefix, real, run, want_state: bool):
   """
   b, t = real.shape
   k = convs[0][0].shape[0]
-  perm = jnp.argsort(~real, axis=1, stable=True)                      # real tokens first
-  inv = jnp.argsort(perm, axis=1)
+  perm, inv = _real_first(real)                                       # real tokens first
   run_ext = jnp.concatenate([jnp.zeros((b, k - 1), run.dtype), _take_rows(run, perm)], axis=1)
   tail, tail_ok = _window_tail(real, run_ext, k)
   outs, states = [], []
@@ -351,15 +377,13 @@ def _conv_tail(parts, real, run, k: int):
     fills a slot: the conv state a zero-state `_conv_scan` of the row would return.
   """
   b = real.shape[0]
-  perm = jnp.argsort(~real, axis=1, stable=True)
+  perm, _ = _real_first(real)
   run_ext = jnp.concatenate([jnp.zeros((b, k - 1), run.dtype), _take_rows(run, perm)], axis=1)
-  tail, ok = _window_tail(real, run_ext, k)
+  _, ok = _window_tail(real, run_ext, k)
   out = []
   for u in parts:
     feat = (1,) * (u.ndim - 2)
-    ext = jnp.concatenate([jnp.zeros((b, k - 1, *u.shape[2:]), u.dtype),
-                           _take_rows(u, perm)], axis=1)
-    out.append(jnp.where(ok.reshape(b, k - 1, *feat), _take_rows(ext, tail),
+    out.append(jnp.where(ok.reshape(b, k - 1, *feat), _last_real(u, real, k - 1),
                          jnp.zeros((), u.dtype)))
   return tuple(out)
 
@@ -518,7 +542,11 @@ def _fold_windows(tails, counts, first_seg, last_seg, restart):
     new = []
     for w, u in zip(entering, tail):
       w = jnp.where((~inner)[feat(w)], w, jnp.zeros((), w.dtype))
-      shifted = jnp.take_along_axis(w, src.reshape(*src.shape, *([1] * (w.ndim - 2))), 1)
+      # w[b, src[b, s]] as a select over the K - 1 sources (a gather's gradient would
+      # scatter-add).
+      pick = lambda j: (src == j).reshape(*src.shape, *([1] * (w.ndim - 2)))
+      shifted = sum(jnp.where(pick(j), w[:, j:j + 1], jnp.zeros((), w.dtype))
+                    for j in range(k1))
       new.append(jnp.where(own.reshape(*own.shape, *([1] * (w.ndim - 2))), u, shifted))
     seg = jnp.where(last != 0, last, prev_seg)
     return (tuple(new), seg), (entering, keep)
@@ -598,7 +626,7 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int):
   def gather(v):
     v = jax.lax.all_gather(v, axis, axis=0, tiled=False)            # [n, 2B, ...]
     v = v.reshape(2 * n, v.shape[1] // 2, *v.shape[2:])              # [2n, B, ...]
-    return jnp.take(v, order, axis=0)
+    return jnp.concatenate([v[i:i + 1] for i in order], axis=0)   # static: slices
 
   def mine(v, shard):
     """This shard's two pieces of a [2n, B, ...] fold, as [2B, ...]."""
