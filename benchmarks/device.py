@@ -103,7 +103,7 @@ def shapes(small: bool) -> Shapes:
     return Shapes(matmul_sizes=(128, 256), read_bytes=32 * 2 ** 20,
                   decode_cfg=config_lib.ModelConfig.tiny(dtype='bfloat16', max_seq_len=512),
                   decode_rows=4, prompt_len=16, new_tokens=32, train_rows=2, train_len=256)
-  return Shapes(matmul_sizes=(2048, 4096, 8192), read_bytes=4 * 2 ** 30,
+  return Shapes(matmul_sizes=(2048, 4096, 8192), read_bytes=2 ** 31,
                 decode_cfg=config_lib.ModelConfig.qwen3_0_6b(dtype='bfloat16'),
                 decode_rows=64, prompt_len=128, new_tokens=512, train_rows=8, train_len=4096)
 
@@ -184,7 +184,7 @@ def decode(sh: Shapes, bandwidth: float, repeats: int) -> tuple[list[dict], list
                      step_bytes=decode_step_bytes(cfg, sh.decode_rows,
                                                   sh.prompt_len + sh.new_tokens // 2),
                      bytes_per_s=need / secs, roofline=need / secs / bandwidth))
-    del weights
+    del weights, call                   # the rollout copy: free before the next engine
     batch = batch_lib.from_samples(out, np.zeros((sh.decode_rows,), np.float32))
     trainer = np.asarray(batch_lib.compute_logprobs(graphdef, params, batch))
     mask = np.asarray(batch.loss_mask) > 0
@@ -283,7 +283,7 @@ def render(meta: dict, machine: dict, decode_rows, gaps, train_rows, errors) -> 
             '| engine | seconds | tokens/s | MB per step | GB/s | roofline fraction |',
             '|---|---|---|---|---|---|']
   for r in decode_rows:
-    lines.append(f'| {r["engine"]} | {r["seconds"]:.4f} | {r["tokens_per_s"]:.1f} | '
+    lines.append(f'| {r["engine"]} | {r["seconds"]:.4g} | {r["tokens_per_s"]:.1f} | '
                  f'{r["step_bytes"] / 1e6:.3f} | {r["bytes_per_s"] / 1e9:.3f} | '
                  f'{r["roofline"]:.4f} |')
   lines += ['', '## Train step', '',
@@ -292,7 +292,7 @@ def render(meta: dict, machine: dict, decode_rows, gaps, train_rows, errors) -> 
             '| attention | compute dtype | seconds | compile s | tokens/s | TFLOP per step '
             '| MFU |', '|---|---|---|---|---|---|---|']
   for r in train_rows:
-    lines.append(f'| {r["impl"]} | {r["dtype"]} | {r["seconds"]:.4f} | {r["compile_s"]:.1f} | '
+    lines.append(f'| {r["impl"]} | {r["dtype"]} | {r["seconds"]:.4g} | {r["compile_s"]:.1f} | '
                  f'{r["tokens_per_s"]:.1f} | {r["flops"] / 1e12:.4f} | {r["mfu"]:.4f} |')
   for impl, err in errors:
     lines.append(f'| {impl} | failed: {err} | | | | | |')
