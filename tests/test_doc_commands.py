@@ -590,6 +590,12 @@ _RUNS = [
           4 * 3600, lambda proc, work: _page_like(pathlib.Path('/tmp/h2/c2_v5p.md'),
                                                   'docs/plans/nemotron_cascade2_v5p.md'),
           mark=_SLOW),
+    # Its other seven stages and the evaluation on the same mesh (issue #37), likewise.
+    _case('plan-cascade2-rest', 'docs/plans/nemotron_cascade2_v5p_rest.md',
+          ['python -m launch.plan'], 4 * 3600,
+          lambda proc, work: _page_like(pathlib.Path('/tmp/s49/plan/c2_v5p_rest.md'),
+                                        'docs/plans/nemotron_cascade2_v5p_rest.md'),
+          mark=_SLOW),
     # Written by the TPU compiler's plan to a scratch path, then copied into docs/plans/.
     _case('plan-cascade14b', 'docs/plans/nemotron_cascade_14b_v5p.md', ['python -m launch.plan'],
           4 * 3600, lambda proc, work: _page_like(pathlib.Path('/tmp/c14b_fast.md'),
