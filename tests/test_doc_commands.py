@@ -554,6 +554,13 @@ def _case(case_id, page, prefixes, timeout, check, *, mark=None, pre=None, copy=
                       id=case_id, marks=marks)
 
 
+def _plan_case(case_id, name: str, scratch: str):
+  """A `launch.plan` page of docs/plans/: its command writes `scratch`, shaped as the page."""
+  page = f'docs/plans/{name}'
+  return _case(case_id, page, ['python -m launch.plan'], 4 * 3600,
+               lambda proc, work: _page_like(pathlib.Path(scratch), page), mark=_SLOW)
+
+
 _HEAVY, _SLOW = pytest.mark.heavy, pytest.mark.slow
 _OK = lambda proc, work: None          # the command's exit status is the check
 _BWRAP = lambda: None if shutil.which('bwrap') else pytest.skip('no bubblewrap')
@@ -585,31 +592,16 @@ _RUNS = [
            '.venv/bin/python -m benchmarks.hybrid_compile --programs=train',
            '.venv/bin/python -m benchmarks.hybrid_compile --programs=decode'],
           3 * 3600, _check_hybrid, mark=_SLOW),
-    # Its three long stages (issue #37), written to a scratch path, then copied.
-    _case('plan-cascade2', 'docs/plans/nemotron_cascade2_v5p.md', ['python -m launch.plan'],
-          4 * 3600, lambda proc, work: _page_like(pathlib.Path('/tmp/h2/c2_v5p.md'),
-                                                  'docs/plans/nemotron_cascade2_v5p.md'),
-          mark=_SLOW),
-    # Its other seven stages and the evaluation on the same mesh (issue #37), likewise.
-    _case('plan-cascade2-rest', 'docs/plans/nemotron_cascade2_v5p_rest.md',
-          ['python -m launch.plan'], 4 * 3600,
-          lambda proc, work: _page_like(pathlib.Path('/tmp/s49/plan/c2_v5p_rest.md'),
-                                        'docs/plans/nemotron_cascade2_v5p_rest.md'),
-          mark=_SLOW),
-    # Written by the TPU compiler's plan to a scratch path, then copied into docs/plans/.
-    _case('plan-cascade14b', 'docs/plans/nemotron_cascade_14b_v5p.md', ['python -m launch.plan'],
-          4 * 3600, lambda proc, work: _page_like(pathlib.Path('/tmp/c14b_fast.md'),
-                                                  'docs/plans/nemotron_cascade_14b_v5p.md'),
-          mark=_SLOW),
-    _case('plan-cascade8b', 'docs/plans/nemotron_cascade_8b_v5p.md', ['python -m launch.plan'],
-          4 * 3600, lambda proc, work: _page_like(pathlib.Path('/tmp/h1/c8b_v5p.md'),
-                                                  'docs/plans/nemotron_cascade_8b_v5p.md'),
-          mark=_SLOW),
-    _case('plan-cascade2-genrm', 'docs/plans/nemotron_cascade2_rlhf_genrm_v5p.md',
-          ['python -m launch.plan'], 4 * 3600,
-          lambda proc, work: _page_like(pathlib.Path('/tmp/h1/c2_rlhf_genrm.md'),
-                                        'docs/plans/nemotron_cascade2_rlhf_genrm_v5p.md'),
-          mark=_SLOW),
+    # Written by the TPU compiler's plan to a scratch path (the page's --report), then copied
+    # into docs/plans/: Cascade 2's three long stages and its other seven with the evaluation
+    # (issue #37), the 14B and 8B recipes, Cascade 2's RLHF with the GenRM judge.
+    _plan_case('plan-cascade2', 'nemotron_cascade2_v5p.md', '/tmp/h2/c2_v5p.md'),
+    _plan_case('plan-cascade2-rest', 'nemotron_cascade2_v5p_rest.md',
+               '/tmp/s49/plan/c2_v5p_rest.md'),
+    _plan_case('plan-cascade14b', 'nemotron_cascade_14b_v5p.md', '/tmp/c14b_fast.md'),
+    _plan_case('plan-cascade8b', 'nemotron_cascade_8b_v5p.md', '/tmp/h1/c8b_v5p.md'),
+    _plan_case('plan-cascade2-genrm', 'nemotron_cascade2_rlhf_genrm_v5p.md',
+               '/tmp/h1/c2_rlhf_genrm.md'),
     _case('step-time-page', 'docs/plans/step_time_model.md', ['python -m launch.step_time_page'],
           2 * 3600, _check_step_time, mark=_SLOW),
     _case('tiny-judge', 'docs/tiny_generative_rm.md',
