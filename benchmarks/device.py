@@ -64,10 +64,17 @@ from rl import sampler as sampler_lib
 from rl import sft
 from rl import train_step as train_lib
 
-_SMALL = flags.DEFINE_bool('small', False, 'Tiny shapes (a CPU run of every part).')
-_REPORT = flags.DEFINE_string('report', None, 'Also write the results to this Markdown page.')
-_REPEATS = flags.DEFINE_integer('repeats', None, 'Timed runs per measurement (best kept); '
-                                'default 5 (3 with --small).')
+
+def define_flags():
+  """The command line's flags, defined only when this module is the program: imported beside
+  other absl programs (launch.plan's --report, in one test process) they would clash."""
+  return (flags.DEFINE_bool('small', False, 'Tiny shapes (a CPU run of every part).'),
+          flags.DEFINE_string('report', None, 'Also write the results to this Markdown page.'),
+          flags.DEFINE_integer('repeats', None, 'Timed runs per measurement (best kept); '
+                               'default 5 (3 with --small).'))
+
+
+_SMALL = _REPORT = _REPEATS = None      # set by define_flags() under __main__
 
 SFT = train_lib.LossSpec(sft.SftConfig, sft.loss_fn, sft.normalizers)
 DEVICE_PAGE = 'docs/benchmarks/device.md'
@@ -355,4 +362,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  _SMALL, _REPORT, _REPEATS = define_flags()
   app.run(main)

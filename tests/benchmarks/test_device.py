@@ -138,3 +138,14 @@ def test_a_cpu_run_refuses_to_write_the_device_page(device):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode != 0 and 'holds accelerator numbers' in proc.stderr
   assert (page.read_bytes() if page.exists() else None) == before
+
+
+def test_imports_beside_another_absl_program():
+  """benchmarks.device defines its flags only as the program: imported in one process with
+  launch.plan (whose --report it shares a name with), as a test worker does, nothing clashes."""
+  proc = subprocess.run(
+      [sys.executable, '-c', 'import launch.plan, benchmarks.device; '
+       'import benchmarks.device as d; assert d._REPORT is None'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert proc.returncode == 0, proc.stderr[-2000:]
