@@ -255,7 +255,10 @@ def route(cfg: config_lib.ModelConfig, logits: jax.Array, bias: jax.Array | None
   """
   scores, choice, probs = _scores(cfg, logits, bias)
   indices = _choose(cfg, jax.lax.stop_gradient(choice)) if routing is None else routing
-  weights = jnp.take_along_axis(scores, indices, axis=-1)
+  # A one-hot contraction, not take_along_axis: the gather's gradient is a scatter-add, which
+  # the TPU compiler builds as a sort and takes seconds to compile; this selects exactly.
+  hot = indices[..., None] == jnp.arange(scores.shape[-1], dtype=indices.dtype)  # [..., K, E]
+  weights = jnp.sum(jnp.where(hot, scores[..., None, :], 0.0), axis=-1)
   if cfg.router_norm_topk:
     total = jnp.sum(weights, axis=-1, keepdims=True)
     weights = weights / (total + 1e-20 if cfg.router == 'sigmoid' else total)
@@ -417,22 +420,23 @@ def _dispatch(key: jax.Array, e_loc: int) -> tuple[jax.Array, jax.Array, jax.Arr
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _gather_tokens(x: jax.Array, order: jax.Array, dest: jax.Array, k: int) -> jax.Array:
-  """x [N, D]'s token of each sorted pair: x[order // k], [M, D].
+def _gather_tokens(x: jax.Array, order: jax.Array, dest: jax.Array, n: int) -> jax.Array:
+  """x [N, D]'s token of each sorted pair, the pairs in choice-major order: x[order % N],
+  [M, D].
 
   Its gradient gathers too (`dest` is `order`'s inverse, each token's K pairs summed), where
   autodiff of a gather scatter-adds."""
-  return x[order // k]
+  return x[order % n]
 
 
-def _gather_tokens_fwd(x, order, dest, k):
-  return x[order // k], (order, dest)
+def _gather_tokens_fwd(x, order, dest, n):
+  return x[order % n], (order, dest)
 
 
-def _gather_tokens_bwd(k, res, g):
+def _gather_tokens_bwd(n, res, g):
   order, dest = res
-  n = dest.shape[0] // k
-  gx = g[dest].reshape(n, k, -1).sum(axis=1, dtype=jnp.float32).astype(g.dtype)
+  k = dest.shape[0] // n
+  gx = g[dest].reshape(k, n, -1).sum(axis=0, dtype=jnp.float32).astype(g.dtype)
   return gx, None, None
 
 
@@ -474,18 +478,21 @@ def _local_experts(cfg: config_lib.ModelConfig, x, indices, weights, experts, fi
   """
   n, k = indices.shape
   e_loc = experts[-1].shape[0]
-  local = indices - first
+  # Pairs in choice-major order (pair j * N + i is token i's j-th choice): flattening [K, N]
+  # is a plain copy, where flattening [N, K] relayouts a K-wide minor dimension, which the
+  # TPU compiler took tens of seconds to build for K = 6.
+  local = indices.T - first                                     # [K, N]
   mine = (local >= 0) & (local < e_loc)
   key = jnp.where(mine, local, e_loc).reshape(-1)              # [M]: others' pairs sort last
   dest, order, sizes = _dispatch(key, e_loc)
-  xs = _gather_tokens(x, order, dest, k)                        # [M, D] sorted by expert
+  xs = _gather_tokens(x, order, dest, n)                        # [M, D] sorted by expert
   gate = grouped_matmul(xs, experts[0], sizes) if len(experts) == 3 else None
   h = _activate(cfg, grouped_matmul(xs, experts[-2], sizes), gate)
   out = grouped_matmul(h, experts[-1], sizes)                   # [M, D]
-  out = _permute_rows(out, dest, order).reshape(n, k, -1)       # [N, K, D] in choice order
-  weights = jnp.where(mine, weights, 0.0)
-  # Summed in float32 without a float32 copy of the [N, K, D] expert outputs.
-  return jnp.einsum('NK,NKD->ND', weights.astype(out.dtype), out,
+  out = _permute_rows(out, dest, order).reshape(k, n, -1)       # [K, N, D] in pair order
+  weights = jnp.where(mine, weights.T, 0.0)
+  # Summed in float32 without a float32 copy of the [K, N, D] expert outputs.
+  return jnp.einsum('KN,KND->ND', weights.astype(out.dtype), out,
                     preferred_element_type=jnp.float32).astype(x.dtype)
 
 

@@ -649,13 +649,13 @@ def test_dispatch_gathers_differentiate_as_plain_gathers():
 
   def ours(x):
     dest, order, _ = moe._dispatch(key, e_loc)
-    xs = moe._gather_tokens(x, order, dest, k) * w
+    xs = moe._gather_tokens(x, order, dest, n) * w
     return (moe._permute_rows(jnp.sin(xs), dest, order) ** 2).sum()
 
   def plain(x):
     order = jnp.argsort(key, stable=True)
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(n * k, dtype=order.dtype))
-    xs = x[order // k] * w
+    xs = x[order % n] * w                 # pairs in choice-major order: token p % n
     return (jnp.sin(xs)[inverse] ** 2).sum()
 
   np.testing.assert_allclose(ours(x), plain(x), rtol=1e-6)
