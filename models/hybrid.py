@@ -314,6 +314,27 @@ def sublayer(model: nnx.Module, i: int) -> Sublayer:
   return nnx.merge(graphdef, jax.tree.map(lambda a: a[r], state))
 
 
+def layer_indices(n: int) -> jax.Array | range:
+  """Indices 0 .. n - 1 for slicing n sublayers out of their stack in a Python loop.
+
+  On TPU (and CPU) they are int32 values behind an optimization barrier, which the compiler
+  cannot fold: each sublayer then dynamic-slices its parameters (fused into their consumers,
+  as in a scan body) in code identical to its siblings', and the TPU compiler, which
+  deduplicates identical code, builds it once. At static indices every sublayer's code
+  differs by its slice's offset and is built anew: Cascade 2's 52-sublayer prefill spent most
+  of its compile time building 23 copies of each Mamba and MoE sublayer's code. On GPU a
+  Python range (static slices), where a dynamic slice of a dot's operand may be copied out."""
+  if sharding.mesh_platform() == 'gpu':
+    return range(n)
+  return jax.lax.optimization_barrier(jnp.arange(n, dtype=jnp.int32))
+
+
+def _take(tree: Any, i) -> Any:
+  """Every leaf's entry i along its leading axis (i from `layer_indices`)."""
+  return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
+                      if isinstance(i, jax.Array) else a[i], tree)
+
+
 def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, positions, mask,
         segment_ids, *, kv=None, states=None, paged=None, routing=None, replay=True,
         remat: Callable | None = None, scan: bool | None = None):
@@ -450,11 +471,12 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
       if report is not None:
         reports.append(report)
     else:
-      # One sublayer at a time, each sliced out of its kind's stack at a static index (with
-      # a cache, each updating its own buffers, pools or state in place).
+      # One sublayer at a time, each sliced out of its kind's stack (`layer_indices`; with a
+      # cache, each updating its own buffers, pools or state in place).
+      index = layer_indices(max(counts.values()))
       for kind, n in zip(cfg.mixers, fold_steps(cfg.mixers)[2]):
         graphdef, state = nnx.split(getattr(blocks[0], kind))
-        x, mine, report = call(nnx.merge(graphdef, jax.tree.map(lambda a, n=n: a[n], state)),
+        x, mine, report = call(nnx.merge(graphdef, _take(state, index[n])),
                                x, kind, own(kind, n),
                                None if routing is None or kind != 'moe' else routing[n], True)
         put(kind, n, mine)
@@ -490,6 +512,7 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
       # carry and split them after (a copy of those KV pools / states on every call, i.e.
       # every decode step).
       ys = []
+      index = layer_indices(reps)
       for r in range(reps):
         outs = []
         for p, (graphdef, state) in enumerate(split):
@@ -497,7 +520,7 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
           n = first[p] + r * per[kind]     # its own kind's count, not the last sublayer's
           r_moe = (None if route is None or kind != 'moe'
                    else route[r, unit[:p].count('moe')])
-          x, m, report = call(nnx.merge(graphdef, jax.tree.map(lambda a, r=r: a[r], state)),
+          x, m, report = call(nnx.merge(graphdef, _take(state, index[r])),
                               x, kind, own(kind, n), r_moe, True)
           put(kind, n, m)
           if report is not None:
@@ -530,8 +553,9 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
       x, (new, report) = jax.lax.scan(body, x, xs)
     else:
       ys = []
+      index = layer_indices(reps)
       for r in range(reps):
-        x, y = body(x, jax.tree.map(lambda a, r=r: a[r], xs))
+        x, y = body(x, _take(xs, index[r]))
         ys.append(y)
       new, report = jax.tree.map(lambda *a: jnp.stack(a), *ys)
     for p, kind in enumerate(unit):

@@ -422,6 +422,29 @@ def _contract_state(cvec: jax.Array, state: jax.Array, groups: int) -> jax.Array
   return out.reshape(bsz, h, p)
 
 
+def _chunk_cumsum(x: jax.Array) -> jax.Array:
+  """Inclusive cumulative sum over the last axis (a chunk of L positions) as one float32 matmul
+  with a triangular ones matrix at full precision. jnp.cumsum lowers to a reduce-window, whose
+  code (and its gradient's) the TPU compiler took seconds per Mamba sublayer to build; a
+  matmul and its gradient are plain dots."""
+  n = x.shape[-1]
+  upper = jnp.triu(jnp.ones((n, n), x.dtype))                         # [j, i]: j <= i
+  return jnp.einsum('...j,ji->...i', x, upper, precision=jax.lax.Precision.HIGHEST)
+
+
+def _long_cumsum(x: jax.Array, axis: int, block: int) -> jax.Array:
+  """Inclusive cumulative sum of float `x` along `axis` in blocks of `block` (`_chunk_cumsum`
+  within each, then over the blocks' totals): matmuls, no reduce-window."""
+  x = jnp.moveaxis(x, axis, -1)
+  t = x.shape[-1]
+  m = -(-t // block)
+  xb = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, m * block - t)]).reshape(*x.shape[:-1], m, block)
+  within = _chunk_cumsum(xb)                                          # [..., M, block]
+  before = _chunk_cumsum(within[..., -1]) - within[..., -1]           # [..., M] exclusive
+  out = (within + before[..., None]).reshape(*x.shape[:-1], m * block)[..., :t]
+  return jnp.moveaxis(out, -1, axis)
+
+
 def _ssd(x, dt, a, bm, cm, run, h0, chunk: int):
   """The selective state-space recurrence over T positions, chunk by chunk (float32).
 
@@ -453,12 +476,13 @@ def _ssd(x, dt, a, bm, cm, run, h0, chunk: int):
   la = jnp.moveaxis(chunks(dt * a), 2, -1)                            # [B, Q, H, L] log decays
   run = jnp.pad(run, ((0, 0), (0, pad)), mode='edge').reshape(bsz, q, chunk)
 
-  # seg[..., i, j] = sum of la over (j, i], accumulated from the terms themselves rather
-  # than as a difference of two long cumulative sums (which would cancel digits).
-  strict = jnp.tri(chunk, k=-1, dtype=bool)                           # i > j
-  seg = jnp.cumsum(jnp.where(strict, la[..., :, None], 0.0), axis=-2)  # [B, Q, H, L, L]
+  # seg[..., i, j] = sum of la over (j, i] = cs_i - cs_j, the chunk's cumulative log decays
+  # (as the reference's fused chunk-scan kernels compute it): a difference of sums over at
+  # most L terms, not of sums along T.
+  cs = _chunk_cumsum(la)                                              # [B, Q, H, L]
   same = (run[..., :, None] == run[..., None, :]) & jnp.tri(chunk, dtype=bool)
-  decay = jnp.where(same[:, :, None], jnp.exp(seg), 0.0)
+  seg = jnp.where(same[:, :, None], cs[..., :, None] - cs[..., None, :], -jnp.inf)
+  decay = jnp.exp(seg)                                                # 0 off the mask
   decay = decay.reshape(bsz, q, g, r, chunk, chunk)
 
   # Within chunks: y_i = sum_{j <= i, same run} (C_i . B_j) exp(seg_ij) dt_j x_j.
@@ -470,7 +494,7 @@ def _ssd(x, dt, a, bm, cm, run, h0, chunk: int):
   # Decay from the chunk's start to each position, zero past a restart in the chunk.
   run_prev = jnp.pad(run[:, :-1, -1], ((0, 0), (1, 0)))               # run 0 before chunk 0
   cont = run == run_prev[..., None]                                   # [B, Q, L]
-  decay_in = jnp.where(cont[:, :, None], jnp.exp(jnp.cumsum(la, axis=-1)), 0.0)  # [B, Q, H, L]
+  decay_in = jnp.where(cont[:, :, None], jnp.exp(cs), 0.0)          # [B, Q, H, L]
 
   def step(carry, inp):
     d, s = inp
@@ -653,7 +677,7 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int):
     y, final = _ssd(xs, dt, a, bs, cs, run, jnp.zeros((b2, hl, p, ns), jnp.float32), chunk)
     h_in = mine(_fold_states(gather(jnp.sum(la, axis=1)), gather(final), keep, restarts),
                 shard)                                                # [2B, H, P, N]
-    decay = jnp.where((run == 0)[..., None], jnp.exp(jnp.cumsum(la, axis=1)), 0.0)
+    decay = jnp.where((run == 0)[..., None], jnp.exp(_long_cumsum(la, 1, chunk)), 0.0)
     y_in = jnp.einsum('btgn,bgrpn->btgrp', cs, h_in.reshape(b2, gl, hl // gl, p, ns))
     y = y + decay[..., None] * y_in.reshape(b2, c, hl, p)
     return _unpieces(xs), _unpieces(y)

@@ -622,3 +622,22 @@ def test_last_real_matches_numpy_and_differentiates():
     idx = np.flatnonzero(real[b])[-3:]
     gw[b, idx] = w[b, 3 - len(idx):]
   np.testing.assert_array_equal(g, gw)
+
+
+@pytest.mark.parametrize('length,block', [(1, 4), (7, 4), (16, 4), (300, 128)])
+def test_cumsums_by_matmul_equal_float64_cumsum(length, block):
+  """`_chunk_cumsum` (a triangular matmul) and `_long_cumsum` (blocks of it, then over the
+  blocks' totals) equal numpy's float64 cumulative sum, with their gradients (reversed sums);
+  the scan's log decays are negative, with magnitudes up to a few units."""
+  rng = np.random.default_rng(length)
+  x = -rng.exponential(2.0, size=(2, length, 3))
+  ref = np.cumsum(x, axis=1)
+  atol = 1e-5 * max(1, length / 64)
+  got = mamba._long_cumsum(jnp.asarray(x, jnp.float32), 1, block)
+  np.testing.assert_allclose(got, ref, rtol=1e-6, atol=atol)
+  got = mamba._chunk_cumsum(jnp.asarray(np.moveaxis(x, 1, -1), jnp.float32))
+  np.testing.assert_allclose(got, np.moveaxis(ref, 1, -1), rtol=1e-6, atol=atol)
+  w = rng.normal(size=x.shape)
+  loss = lambda v: jnp.sum(mamba._long_cumsum(v, 1, block) * w)
+  grad = jax.grad(loss)(jnp.asarray(x, jnp.float32))
+  np.testing.assert_allclose(grad, np.cumsum(w[:, ::-1], axis=1)[:, ::-1], rtol=1e-5, atol=1e-4)
