@@ -595,9 +595,9 @@ _RUNS = [
     # Written by the TPU compiler's plan to a scratch path (the page's --report), then copied
     # into docs/plans/: Cascade 2's three long stages and its other seven with the evaluation
     # (issue #37), the 14B and 8B recipes, Cascade 2's RLHF with the GenRM judge.
-    _plan_case('plan-cascade2', 'nemotron_cascade2_v5p.md', '/tmp/h2/c2_v5p.md'),
+    _plan_case('plan-cascade2', 'nemotron_cascade2_v5p.md', '/tmp/s50/plan/c2_v5p.md'),
     _plan_case('plan-cascade2-rest', 'nemotron_cascade2_v5p_rest.md',
-               '/tmp/s49/plan/c2_v5p_rest.md'),
+               '/tmp/s50/plan/c2_v5p_rest.md'),
     _plan_case('plan-cascade14b', 'nemotron_cascade_14b_v5p.md', '/tmp/c14b_fast.md'),
     _plan_case('plan-cascade8b', 'nemotron_cascade_8b_v5p.md', '/tmp/h1/c8b_v5p.md'),
     _plan_case('plan-cascade2-genrm', 'nemotron_cascade2_rlhf_genrm_v5p.md',
