@@ -520,6 +520,13 @@ def _needs(path, why):
   return lambda: None if os.path.exists(path) else pytest.skip(f'{why}: {path} is missing')
 
 
+def _needs_libtpu():
+  """The TPU compiler (libtpu) in this environment: docs/planning.md installs it apart."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if importlib.util.find_spec('libtpu') is None:
+    pytest.skip('libtpu is not installed here (docs/planning.md: its own environment)')
+
+
 def _needs_index():
   """A `make` target builds its own .venv from the package index: skip without the network."""
   import socket  # pylint: disable=g-import-not-at-top
@@ -584,6 +591,9 @@ _RUNS = [
           _writes('docs/ifbench_agreement.md'), mark=_SLOW,
           pre=_needs('/tmp/ifbench_ref/bin/python', 'the reference checkers\' venv '
                      '(benchmarks/ifbench_agreement.py\'s docstring makes it)')),
+    _case('compile-profile', 'docs/benchmarks/compile_profile.md',
+          ['python -m benchmarks.compile_profile'], 2 * 3600,
+          _writes('docs/benchmarks/compile_profile.md'), mark=_SLOW, pre=_needs_libtpu),
     _case('hybrid-compile', 'docs/model_families.md',
           ['.venv/bin/python -m benchmarks.hybrid_compile'],
           3 * 3600, _check_hybrid, mark=_SLOW),
