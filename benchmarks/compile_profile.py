@@ -232,6 +232,7 @@ def _reexec_with_dump() -> str:
 
 def main(argv, top: int, out: str | None):
   from absl import app  # pylint: disable=g-import-not-at-top
+  from benchmarks import host  # pylint: disable=g-import-not-at-top
   from launch import plan  # pylint: disable=g-import-not-at-top
   try:
     import libtpu  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
@@ -251,7 +252,7 @@ def main(argv, top: int, out: str | None):
                             end - start, time.process_time() - cpu, compiled.as_text() or ''))
     return original(name, shapes, lambda: lowered, *args, **kwargs)
 
-  before = plan._host_load()  # pylint: disable=protected-access
+  before, load_before = plan._host_load(), os.getloadavg()  # pylint: disable=protected-access
   plan.compile_program = compile_program
   code = 0
   try:
@@ -266,11 +267,13 @@ def main(argv, top: int, out: str | None):
                      f'dump flags ({libtpu_args(dump)})')
   date = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')
   after = plan._host_load()  # pylint: disable=protected-access
+  warning = host.print_load_warning(load_before)
   del argv
   command = ' '.join(sys.argv[1:])
   page = [f'# Compile profile: `python -m benchmarks.compile_profile {command}`', '',
           f'Written by `benchmarks.compile_profile` on {date}.', '',
-          f'- {before} (before)', f'- {after} (after)', '',
+          f'- {before} (before)', f'- {after} (after)', *([f'- {warning}'] if warning else []),
+          '',
           *report(programs, units, top)]
   print('\n'.join(page))
   print(f'(the dump: {dump}; remove it when done)')
