@@ -329,19 +329,14 @@ def on_expert_mesh(c: ml_collections.ConfigDict, hardware: str,
   grow = after // before
   c.stages = [dict(st, microbatches=max(1, st['microbatches'] // grow))
               if st.get('microbatches') else st for st in c.stages]
-  c.mesh = dict(shape=shape, rules=(default_rules(dict(rules)) if rules else None))
+  from models import sharding  # pylint: disable=g-import-not-at-top
+  c.mesh = dict(shape=shape, rules=(sharding.override_rules(None, rules) if rules else None))
   if len(shape) == 5:
     c.sampler.rollout_rules = (*tuple(c.sampler.rollout_rules or ()),
                                ('batch', ('data', 'fsdp', 'expert', 'sequence')))
   c.model.overrides = {**dict(c.model.overrides), 'moe_chunk': MOE_CHUNK}
   c.sampler.cache_tokens_per_device = cache_slots_per_device(c, HARDWARE[hardware][2])
   return c
-
-
-def default_rules(changes: dict) -> tuple:
-  """models.sharding.DEFAULT_RULES with the logical axes in `changes` mapped anew."""
-  from models import sharding  # pylint: disable=g-import-not-at-top
-  return tuple((k, changes.get(k, v)) for k, v in sharding.DEFAULT_RULES)
 
 
 def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
