@@ -30,9 +30,11 @@ recorded routing is from the trainer's).
 
 Routed experts are dropless (no capacity, no token ever dropped): the M
 (token, choice) pairs are put in expert order (stably; `_dispatch` counts each
-pair's row instead of sorting) and each expert's consecutive rows go through its own weights in one grouped matmul (`grouped_matmul`:
-`jax.lax.ragged_dot`, or on TPU the Pallas megablox kernel), then unsorted and
-summed over the K choices with their weights.
+pair's row instead of sorting) and each expert's consecutive rows go through
+its own weights in one grouped matmul (`grouped_matmul`: `jax.lax.ragged_dot`;
+on TPU the Pallas megablox kernel; on GPU `tiled_matmul`, loops over row tiles,
+since XLA:GPU expands ragged_dot densely), then unsorted and summed over the K
+choices with their weights.
 
 Expert parallelism. Under a mesh of more than one device the routed experts
 run under `jax.shard_map`: each shard holds the experts of its index along the
@@ -106,7 +108,9 @@ from models import config as config_lib
 from models import sharding
 from models.layers import _param
 
-GROUPED_MATMUL_IMPLS = ('ragged_dot', 'gmm')
+GROUPED_MATMUL_IMPLS = ('ragged_dot', 'gmm', 'tiled')
+# Rows per tile of the 'tiled' grouped matmul (`tiled_matmul`).
+TILE_ROWS = 512
 
 
 class MoEOutput(NamedTuple):
@@ -324,7 +328,104 @@ def router_losses(logits: jax.Array, probs: jax.Array, indices: jax.Array,
 
 
 def _default_impl() -> str:
-  return 'gmm' if sharding.mesh_platform() == 'tpu' else 'ragged_dot'
+  platform = sharding.mesh_platform()
+  return {'tpu': 'gmm', 'gpu': 'tiled', 'cuda': 'tiled', 'rocm': 'tiled'}.get(platform,
+                                                                             'ragged_dot')
+
+
+def _visits(group_sizes: jax.Array, m: int, t: int):
+  """The (row tile, group) pairs a grouped matmul over m rows in tiles of t visits: every tile
+  once per group with rows in it, in row order (megablox's schedule).
+
+  Returns (tile [V] int32, group [V] int32, starts [G], ends [G], valid [V] bool) for
+  V = m / t + G - 1 visits, enough for any sizes (a tile is shared by two groups only at
+  a boundary between them); the visits past the real ones are marked invalid."""
+  g = group_sizes.shape[0]
+  ends = jnp.cumsum(group_sizes)
+  starts = ends - group_sizes
+  first, last = starts // t, (ends - 1) // t
+  n = jnp.where(group_sizes > 0, last - first + 1, 0)
+  done = jnp.cumsum(n)                                   # visits up to and including group g
+  v = jnp.arange(m // t + g - 1, dtype=jnp.int32)
+  group = jnp.minimum(jnp.sum(done[None, :] <= v[:, None], axis=1, dtype=jnp.int32), g - 1)
+  tile = first[group] + v - (done - n)[group]
+  valid = v < done[-1]
+  return jnp.where(valid, tile, 0).astype(jnp.int32), group, starts, ends, valid
+
+
+def _tile_rows(x: jax.Array, r0, t: int, starts, ends, group, valid):
+  """(rows r0 .. r0 + t of x, which of them belong to `group`)."""
+  rows = r0 + jnp.arange(t, dtype=jnp.int32)
+  mine = valid & (rows >= starts[group]) & (rows < ends[group])
+  return jax.lax.dynamic_slice_in_dim(x, r0, t), mine
+
+
+def _gmm_loop(lhs, rhs, group_sizes, t: int, transpose_rhs: bool):
+  """[M, I] x [G, I, O] (or [G, O, I] contracted on its last dim) -> [M, O]: a loop over the
+  visits, each one tile of rows through its group's matrix, accumulated in at least float32."""
+  m = lhs.shape[0]
+  tile, group, starts, ends, valid = _visits(group_sizes, m, t)
+  o = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  acc = jnp.promote_types(lhs.dtype, jnp.float32)
+  dims = (((1,), (1,)), ((), ())) if transpose_rhs else (((1,), (0,)), ((), ()))
+
+  def body(i, out):
+    r0 = tile[i] * t
+    x, mine = _tile_rows(lhs, r0, t, starts, ends, group[i], valid[i])
+    w = jax.lax.dynamic_index_in_dim(rhs, group[i], keepdims=False)
+    y = jax.lax.dot_general(x, w, dims, preferred_element_type=acc).astype(out.dtype)
+    cur = jax.lax.dynamic_slice_in_dim(out, r0, t)
+    return jax.lax.dynamic_update_slice_in_dim(out, jnp.where(mine[:, None], y, cur), r0, 0)
+
+  return jax.lax.fori_loop(0, tile.shape[0], body, jnp.zeros((m, o), lhs.dtype))
+
+
+def _tgmm_loop(lhs, grad, group_sizes, t: int, g: int):
+  """sum over group g's rows of lhs^T grad: [M, I], [M, O] -> [G, I, O] (at least float32), by
+  the same visits (the weight gradient of `_gmm_loop`)."""
+  m = lhs.shape[0]
+  tile, group, starts, ends, valid = _visits(group_sizes, m, t)
+  dtype = jnp.promote_types(lhs.dtype, jnp.float32)
+
+  def body(i, acc):
+    r0 = tile[i] * t
+    x, mine = _tile_rows(lhs, r0, t, starts, ends, group[i], valid[i])
+    x = jnp.where(mine[:, None], x, 0)
+    dy = jax.lax.dynamic_slice_in_dim(grad, r0, t)
+    upd = jax.lax.dot_general(x, dy, (((0,), (0,)), ((), ())), preferred_element_type=dtype)
+    cur = jax.lax.dynamic_index_in_dim(acc, group[i], keepdims=True)
+    return jax.lax.dynamic_update_index_in_dim(acc, cur + upd[None], group[i], 0)
+
+  return jax.lax.fori_loop(0, tile.shape[0], body,
+                           jnp.zeros((g, lhs.shape[1], grad.shape[1]), dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def tiled_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, tile: int) -> jax.Array:
+  """The grouped matmul as loops over row tiles in plain XLA, forward and backward: the rows
+  of group g times rhs[g], [M, I] x [G, I, O] -> [M, O] (M a multiple of `tile`).
+
+  XLA:GPU (jaxlib 0.10) rewrites `ragged_dot` into dense dots over every group, forward and
+  both gradients: a zero-padded [M, G, I] operand, 15.75 GiB per expert matmul of a Cascade-2
+  train step on one H200, three per layer (its cuDNN grouped fusion, behind an experimental
+  flag, covers the forward and the input gradient only). This computes all three as one
+  [tile, I] x [I, O] matmul per (tile, group) visit (`_visits`: about M / tile + G of them,
+  megablox's schedule in a `fori_loop`), holding only the outputs."""
+  return _gmm_loop(lhs, rhs, group_sizes, tile, False)
+
+
+def _tiled_fwd(lhs, rhs, group_sizes, tile):
+  return _gmm_loop(lhs, rhs, group_sizes, tile, False), (lhs, rhs, group_sizes)
+
+
+def _tiled_bwd(tile, res, g):
+  lhs, rhs, group_sizes = res
+  dlhs = _gmm_loop(g, rhs, group_sizes, tile, True)
+  drhs = _tgmm_loop(lhs, g, group_sizes, tile, rhs.shape[0]).astype(rhs.dtype)
+  return dlhs, drhs, None
+
+
+tiled_matmul.defvjp(_tiled_fwd, _tiled_bwd)
 
 
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
@@ -338,10 +439,11 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
     lhs: [M, I] rows sorted by group.
     rhs: [G, I, O] one matrix per group.
     group_sizes: [G] int32 rows of each group.
-    impl: 'ragged_dot' (`jax.lax.ragged_dot`) or 'gmm' (Pallas megablox; off TPU it runs
-      in interpret mode, for tests); None: 'gmm' when tracing for TPU (the mesh's platform,
-      `sharding.mesh_platform`: also a TPU topology planned from a CPU host), else
-      'ragged_dot'.
+    impl: 'ragged_dot' (`jax.lax.ragged_dot`), 'gmm' (Pallas megablox; off TPU it runs
+      in interpret mode, for tests) or 'tiled' (`tiled_matmul`: loops over row tiles in
+      plain XLA); None: by the platform traced for (the mesh's, `sharding.mesh_platform`:
+      also a TPU topology or GPU target planned from a CPU host): 'gmm' on TPU, 'tiled' on
+      GPU (XLA:GPU expands ragged_dot densely), else 'ragged_dot'.
   """
   impl = _default_impl() if impl is None else impl
   if impl not in GROUPED_MATMUL_IMPLS:
@@ -352,6 +454,10 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
   lhs = jnp.where(valid, lhs, 0)
   if impl == 'ragged_dot':
     out = jax.lax.ragged_dot(lhs, rhs, group_sizes)
+  elif impl == 'tiled':
+    t = min(TILE_ROWS, -(-m // 8) * 8)
+    pad = -m % t
+    out = tiled_matmul(jnp.pad(lhs, ((0, pad), (0, 0))), rhs, group_sizes, t)[:m]
   else:
     # Imported here: only this path needs Pallas's TPU kernels.
     from jax.experimental.pallas.ops.tpu import megablox  # pylint: disable=g-import-not-at-top

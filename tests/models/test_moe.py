@@ -395,10 +395,53 @@ def test_grouped_matmul_gmm_kernel_interpret():
     moe.grouped_matmul(lhs, rhs, sizes, 'dense')
 
 
-@pytest.mark.parametrize('platform', ['tpu', 'cpu'])
+def _grouped_reference(lhs, rhs, sizes, gy):
+  """numpy float64: the grouped product, its input and weight gradients for cotangent gy."""
+  lhs, rhs, gy = (np.asarray(a, np.float64) for a in (lhs, rhs, gy))
+  out, dl, dr = np.zeros((lhs.shape[0], rhs.shape[2])), np.zeros_like(lhs), np.zeros_like(rhs)
+  start = 0
+  for g, n in enumerate(np.asarray(sizes)):
+    rows = slice(start, start + n)
+    out[rows], dl[rows], dr[g] = lhs[rows] @ rhs[g], gy[rows] @ rhs[g].T, lhs[rows].T @ gy[rows]
+    start += n
+  return out, dl, dr
+
+
+@pytest.mark.parametrize('tile', [1, 3, 8, 64])
+def test_tiled_matmul_equals_float64_forward_and_both_gradients(tile):
+  """The GPU path's tile loops (`tiled_matmul`): any group sizes (empty groups, groups
+  sharing a tile, rows past the groups), tiles of one row to all of them, against numpy in
+  float64: the output, the input gradient and the weight gradient."""
+  rng = np.random.default_rng(tile)
+  for _ in range(6):
+    g = int(rng.integers(1, 7))
+    sizes = rng.integers(0, 14, g) * rng.integers(0, 2, g)
+    m = -(-(int(sizes.sum()) + int(rng.integers(0, 9)) or 1) // tile) * tile
+    lhs = rng.normal(size=(m, 5)).astype(np.float32)
+    rhs = rng.normal(size=(g, 5, 7)).astype(np.float32)
+    gy = rng.normal(size=(m, 7)).astype(np.float32)
+    out, vjp = jax.vjp(lambda a, b: moe.tiled_matmul(a, b, jnp.asarray(sizes, jnp.int32), tile),
+                       lhs, rhs)
+    got = (out, *vjp(jnp.asarray(gy)))
+    for a, b in zip(got, _grouped_reference(lhs, rhs, sizes, gy)):
+      np.testing.assert_allclose(np.asarray(a), b, atol=2e-5, rtol=2e-5)
+
+
+def test_tiled_matmul_visits_each_tile_once_per_group_in_it():
+  """The schedule: every (tile, group) intersection exactly once, in row order, within the
+  static bound of M / tile + G - 1 visits."""
+  sizes, t = np.array([5, 0, 3, 8, 0, 1]), 4           # rows 0-4 | 5-7 | 8-15 | 16; M = 20
+  tile, group, _, _, valid = (np.asarray(a) for a in moe._visits(jnp.asarray(sizes), 20, t))
+  assert len(tile) == 20 // t + len(sizes) - 1
+  got = [(int(a), int(b)) for a, b, ok in zip(tile, group, valid) if ok]
+  assert got == [(0, 0), (1, 0), (1, 2), (2, 3), (3, 3), (4, 5)]
+
+
+@pytest.mark.parametrize('platform', ['tpu', 'gpu', 'cpu'])
 def test_grouped_matmul_is_chosen_by_the_mesh_platform(platform, pallas_interpret_flags):
   """Tracing for a TPU mesh (a TPU topology planned from a CPU host, as launch.plan does) picks
-  the megablox kernel as a real Mosaic kernel, forward and backward; a CPU mesh picks
+  the megablox kernel as a real Mosaic kernel, forward and backward; a GPU mesh the tile loops,
+  with no ragged_dot in either pass (XLA:GPU would expand it densely); a CPU mesh picks
   ragged_dot (no kernel)."""
   device = jax.sharding.AbstractDevice(device_kind=platform, num_cores=None, platform=platform)
   mesh = jax.sharding.AbstractMesh((1, 1, 1), ('data', 'fsdp', 'tensor'),
@@ -414,18 +457,29 @@ def test_grouped_matmul_is_chosen_by_the_mesh_platform(platform, pallas_interpre
     assert forward == [False] and backward and not any(backward)
   else:
     assert forward == backward == []
+  with jax.sharding.use_abstract_mesh(mesh):
+    text = str(jax.make_jaxpr(jax.grad(loss, (0, 1)))(lhs, rhs))
+  assert ('ragged_dot' in text) == (platform == 'cpu')
+  if platform != 'tpu':      # (megablox has loops of its own)
+    assert ('scan' in text) == (platform == 'gpu')     # fori_loop with static bounds
 
 
-def test_layer_with_gmm_kernel(monkeypatch):
-  """The layer through the TPU kernel's path (what a TPU backend picks) equals ragged_dot's."""
+@pytest.mark.parametrize('impl', ['gmm', 'tiled'])
+def test_layer_with_gmm_kernel(monkeypatch, impl):
+  """The layer through the TPU kernel's path, or the GPU's tile loops (what those backends
+  pick), equals ragged_dot's, forward and the parameters' gradient."""
   cfg = _cfg(**CONFIGS['softmax_swiglu_nonorm_shared_scaled'])
   m, x = _model(cfg), _x(2, 4)
-  ref = _call(m, x).y
+  loss = lambda p, x: jnp.sum(jnp.sin(nnx.merge(m[0], p)(x).y))
+  ref, ref_grad = _call(m, x).y, jax.grad(loss)(m[1], x)
   calls = []
-  monkeypatch.setattr(moe, '_default_impl', lambda: calls.append(1) or 'gmm')
+  monkeypatch.setattr(moe, '_default_impl', lambda: calls.append(1) or impl)
   fresh = jax.jit(lambda p, x: nnx.merge(m[0], p)(x).y)     # traced anew, with the kernel
   np.testing.assert_allclose(fresh(m[1], x), ref, atol=1e-5)
   assert calls
+  if impl == 'tiled':     # (the megablox kernel's gradient: test_grouped_matmul_gmm_kernel)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
+                 jax.jit(jax.grad(loss))(m[1], x), ref_grad)
 
 
 def test_params_shapes_axes_dtypes():
