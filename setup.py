@@ -14,6 +14,8 @@ setuptools.setup(
                  'verifiers', 'verifiers.*', 'envs', 'envs.*', 'configs', 'launch', 'launch.*',
                  'tiny_world', 'tiny_world.*']),
     include_package_data=True,
+    # The GPU descriptions launch.plan --backend=gpu compiles for (config.hardware.gpu_target).
+    package_data={'launch': ['gpu_targets/*.txtpb']},
     install_requires=[
         'jax>=0.10',
         'flax>=0.12',

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 import re
 from typing import Any, Mapping
 
@@ -61,6 +62,8 @@ def _mapping_ok(v) -> bool:
 
 _MAPPING = (_mapping_ok, 'must be a mapping')
 _STRING = ((lambda v: isinstance(v, str)), 'must be a string')
+# The repository root (the folder holding cascade/): config.hardware.gpu_target resolves here.
+_REPOSITORY = pathlib.Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------ model, tokenizer, mesh, sampler, hardware
@@ -286,6 +289,24 @@ class Hardware:
   # (0: none printed); the peak also gives a run's logged 'mfu' (0: none logged).
   peak_tflops: float = schema.field(0.0, check=_NONNEG, convert=float)
   hbm_gbps: float = schema.field(0.0, check=_NONNEG, convert=float)
+  # The GPU as XLA:GPU's deviceless compiler sees it: a GpuTargetConfigProto text file, a path
+  # relative to the repository root or absolute (e.g. 'launch/gpu_targets/h200.txtpb');
+  # launch.plan --backend=gpu compiles for it ('': none, and --backend=gpu refuses).
+  gpu_target: str = schema.field('', check=_STRING)
+
+  def gpu_target_path(self) -> pathlib.Path | None:
+    """`gpu_target` as an absolute path (None when unset)."""
+    if not self.gpu_target:
+      return None
+    return _REPOSITORY / self.gpu_target
+
+  def check(self, fail):
+    if not self.gpu_target:
+      return
+    if self.platform not in (None, 'gpu'):
+      fail('gpu_target', f"describes a GPU, but config.hardware.platform={self.platform!r}")
+    if not self.gpu_target_path().is_file():
+      fail('gpu_target', f'no such file: {self.gpu_target_path()}')
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -53,6 +53,8 @@ H200_8 = dict(
     device_memory_gib=131.0,  # 141 GB per GPU.
     peak_tflops=989.0,        # dense bf16 tensor-core peak per GPU.
     hbm_gbps=4800.0,          # HBM bandwidth per GPU, GB/s.
+    # The H200 for XLA:GPU's deviceless compiler (launch.plan --backend=gpu).
+    gpu_target='launch/gpu_targets/h200.txtpb',
 )
 H200_8_MESH = (1, 8, 1)
 

@@ -50,6 +50,16 @@ the same count stand in: argument sizes are exact, temporaries are XLA:CPU's
 (its fusion and layouts differ from the TPU's), and the limit is checked
 here. The output says which.
 
+For a GPU target (`config.hardware.platform='gpu'`) with jax's CUDA plugin importable
+(`pip install "jax[cuda12]"` in its own environment, docs/planning.md) and
+`config.hardware.gpu_target` naming a GpuTargetConfigProto text file (e.g.
+launch/gpu_targets/h200.txtpb), XLA:GPU compiles deviceless on this CPU host for as many
+of those GPUs, 8 per host (`--backend=gpu`): its memory is XLA:GPU's own, but it compiles
+a program over the GPU's memory without complaint, so the limit is checked here, and it
+returns no cost analysis, so FLOPs are counted on CPU devices as for a TPU topology.
+
+    python -m launch.plan --config=configs/nemotron_cascade_14b.py:hardware=h200x8 --backend=gpu
+
 plus the frozen passes a step runs (the kind's `frozen_forwards`: a KL or DPO
 reference, MOPD teachers) and the reward model's scoring pass for stages whose
 domains are scored by one. Each program's fit is checked with what stays
@@ -110,11 +120,12 @@ class Target:
 
   Attributes:
     devices: the devices the mesh is built from (TPU topology devices or CPU).
-    kind: 'tpu' (libtpu's compiler, real HBM limit) or 'cpu' (simulated).
+    kind: 'tpu' (libtpu's compiler, real HBM limit), 'gpu' (XLA:GPU deviceless, the limit
+      checked here) or 'cpu' (simulated).
     description: one line for the output.
     device_memory_bytes: the per-device limit checked against (0 = none).
     count_devices: CPU devices of the same count to count FLOPs on (the TPU
-      topology client returns no cost analysis for lowered programs); empty
+      topology client and XLA:GPU deviceless return no cost analysis); empty
       when `devices` themselves count.
   """
   devices: tuple
@@ -219,12 +230,42 @@ def have_libtpu() -> bool:
   return importlib.util.find_spec('libtpu') is not None
 
 
+# jax's CUDA plugins (`pip install "jax[cuda12]"`): any of them compiles for a GPU target.
+CUDA_PLUGINS = ('jax_plugins.xla_cuda12', 'jax_plugins.xla_cuda13')
+
+# GPUs per host of a GPU target: a mesh of more is planned over hosts of this many.
+GPUS_PER_HOST = 8
+
+
+def have_cuda_plugin() -> bool:
+  """Whether a CUDA plugin of jax is importable (XLA:GPU can compile here, deviceless)."""
+  for name in CUDA_PLUGINS:
+    try:
+      if importlib.util.find_spec(name) is not None:
+        return True
+    except ModuleNotFoundError:      # no jax_plugins package at all
+      return False
+  return False
+
+
+def gpu_topology(n: int) -> str:
+  """XLA:GPU's topology string for `n` GPUs: partitions x hosts x GPUs per host, one
+  partition, hosts of `GPUS_PER_HOST` (one host when `n` is at most that)."""
+  if n <= GPUS_PER_HOST:
+    return f'1x1x{n}'
+  if n % GPUS_PER_HOST:
+    raise ValueError(f'config.mesh.shape needs {n} GPUs: a mesh over several hosts needs a '
+                     f'multiple of {GPUS_PER_HOST} (GPUs per host)')
+  return f'1x{n // GPUS_PER_HOST}x{GPUS_PER_HOST}'
+
+
 def target(plan: config_lib.Plan, backend: str = 'auto',
            device_memory_gib: float | None = None) -> Target:
-  """The devices to compile for, per `backend` ('auto', 'tpu' or 'cpu').
+  """The devices to compile for, per `backend` ('auto', 'tpu', 'gpu' or 'cpu').
 
   For 'cpu' the JAX CPU backend must have exactly the mesh's device count
-  (`use_simulated_cpu_devices` before any JAX work, or XLA_FLAGS).
+  (`use_simulated_cpu_devices` before any JAX work, or XLA_FLAGS); 'tpu' and 'gpu' need
+  as many CPU devices to count FLOPs on.
   """
   n = num_devices(plan)
   hw = plan.hardware
@@ -256,17 +297,66 @@ def target(plan: config_lib.Plan, backend: str = 'auto',
       raise ValueError(f'{len(cpus)} CPU devices: counting FLOPs needs {n}; call '
                        'launch.plan.use_simulated_cpu_devices(n) before any JAX work')
     return Target(devices, 'tpu', desc, limit, cpus)
+  if backend == 'gpu':
+    return _gpu_target(plan, n, limit)
   if backend != 'cpu':
-    raise ValueError(f'--backend={backend!r}: expected auto, tpu or cpu')
+    raise ValueError(f'--backend={backend!r}: expected auto, tpu, gpu or cpu')
   devices = tuple(jax.devices('cpu'))
   if len(devices) != n:
     raise ValueError(f'{len(devices)} CPU devices, the mesh needs {n}: call '
                      'launch.plan.use_simulated_cpu_devices(n) before any JAX work')
-  why = '' if hw.platform != 'tpu' else ' (libtpu not installed: pip install "jax[tpu]")'
+  why = {'tpu': ' (libtpu not installed: pip install "jax[tpu]")',
+         'gpu': f' ({_no_gpu_compiler(hw)})'}.get(hw.platform, '')
   desc = (f'{n} simulated CPU devices standing in for {hw.name or "the target"}{why}; '
           'XLA:CPU memory estimates (sampling programs without while-loop-invariant code '
           'motion: `CPU_SAMPLING_OPTIONS`), limit checked here')
   return Target(devices, 'cpu', desc, limit)
+
+
+def _gpu_target(plan: config_lib.Plan, n: int, limit: int) -> Target:
+  """`target`'s 'gpu' branch: `n` GPUs of `config.hardware.gpu_target` from XLA:GPU's
+  deviceless topology, and as many CPU devices to count FLOPs on."""
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  hw = plan.hardware
+  if not have_cuda_plugin():
+    raise ValueError('--backend=gpu: no CUDA plugin of jax is installed here (one of '
+                     f'{", ".join(CUDA_PLUGINS)}): pip install "jax[cuda12]" in its own '
+                     'environment (docs/planning.md)')
+  path = hw.gpu_target_path()
+  if path is None:
+    raise ValueError('config.hardware.gpu_target: needed for --backend=gpu (a '
+                     'GpuTargetConfigProto text file, e.g. launch/gpu_targets/h200.txtpb)')
+  if mesh_slices(plan) > 1:
+    raise ValueError(f'config.hardware.slices={hw.slices}: TPU slices; a GPU plan spans hosts '
+                     f'of {GPUS_PER_HOST} GPUs (config.mesh.shape), with slices=1')
+  try:
+    text = path.read_text()
+  except OSError as e:
+    raise ValueError(f'config.hardware.gpu_target={hw.gpu_target!r}: cannot read {path}: '
+                     f'{e.strerror or e}') from e
+  topo = gpu_topology(n)
+  devices = tuple(topologies.get_topology_desc(platform='cuda', target_config=text,
+                                               topology=topo).devices)
+  if len(devices) != n:
+    raise ValueError(f'XLA:GPU topology {topo} of {hw.gpu_target} has {len(devices)} GPUs; '
+                     f'config.mesh.shape needs {n}')
+  cpus = tuple(jax.devices('cpu'))
+  if len(cpus) != n:
+    raise ValueError(f'{len(cpus)} CPU devices: counting FLOPs needs {n}; call '
+                     'launch.plan.use_simulated_cpu_devices(n) before any JAX work')
+  hosts = int(topo.split('x')[1])
+  where = f'{hosts} hosts of {GPUS_PER_HOST}' if hosts > 1 else 'one host'
+  desc = (f'{hw.name or "GPU"}: {n} x {devices[0].device_kind} ({where}) as {hw.gpu_target} '
+          'describes them, compiled by XLA:GPU deviceless on this CPU host (topology '
+          f'{topo}); XLA:GPU compiles over-memory programs, so the limit is checked here')
+  return Target(devices, 'gpu', desc, limit, cpus)
+
+
+def _no_gpu_compiler(hw) -> str:
+  """Why a GPU target is planned on simulated CPU devices (`default_backend` chose 'cpu')."""
+  if not have_cuda_plugin():
+    return 'no CUDA plugin of jax installed: pip install "jax[cuda12]", docs/planning.md'
+  return 'config.hardware.gpu_target not set: no GPU description for XLA:GPU'
 
 
 def mesh_slices(plan: config_lib.Plan) -> int:
@@ -297,8 +387,15 @@ def slices_line(plan: config_lib.Plan, tgt: Target) -> str | None:
 
 
 def default_backend(plan: config_lib.Plan) -> str:
-  """'tpu' when libtpu is installed and the config targets a TPU, else 'cpu'."""
-  return 'tpu' if have_libtpu() and plan.hardware.platform == 'tpu' else 'cpu'
+  """'tpu' when libtpu is installed and the config targets a TPU; 'gpu' when a CUDA plugin of
+  jax is installed and the config targets a GPU it describes (`hardware.gpu_target`); else
+  'cpu'."""
+  hw = plan.hardware
+  if hw.platform == 'tpu' and have_libtpu():
+    return 'tpu'
+  if hw.platform == 'gpu' and hw.gpu_target and have_cuda_plugin():
+    return 'gpu'
+  return 'cpu'
 
 
 def use_simulated_cpu_devices(n: int) -> None:
@@ -339,11 +436,26 @@ def _flops(lowered) -> float:
 # float32 -> bfloat16 weight casts are the target's too).
 CPU_SAMPLING_OPTIONS = {'xla_disable_hlo_passes': 'while-loop-invariant-code-motion'}
 
+# XLA:GPU options for every program compiled for a GPU target. Deviceless, XLA:GPU failed a
+# tiny hybrid model's evaluation sampler with "Couldn't find output tile sizes" while fusing a
+# matmul into a Triton GEMM (jaxlib 0.10.2, 8 x H200); with Triton GEMM fusions off its dots
+# are cuBLAS calls, which it compiles.
+GPU_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
+GPU_NOTE = ('XLA:GPU compiles with Triton GEMM fusions off (`GPU_OPTIONS`; deviceless it '
+            'failed to tile one): its dots are cuBLAS calls.')
+
+
+def compiler_options(mesh) -> dict | None:
+  """Compiler options for any program on `mesh`: GPU_OPTIONS on GPU devices, else None."""
+  return dict(GPU_OPTIONS) if mesh.devices.flat[0].platform == 'gpu' else None
+
 
 def sampling_options(mesh) -> dict | None:
   """Compiler options for a sampling program on `mesh`: CPU_SAMPLING_OPTIONS on CPU devices
-  (simulated stand-ins for the target), None on the target's own compiler."""
-  return dict(CPU_SAMPLING_OPTIONS) if mesh.devices.flat[0].platform == 'cpu' else None
+  (simulated stand-ins for the target), else the target's (`compiler_options`)."""
+  if mesh.devices.flat[0].platform == 'cpu':
+    return dict(CPU_SAMPLING_OPTIONS)
+  return compiler_options(mesh)
 
 
 def compile_program(name: str, shapes: str, lower: Callable[[], Any],
@@ -363,7 +475,8 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
       for them), with `flops_from` saying how they were counted.
     limit_bytes: per-device limit; a program whose own total exceeds it reports
       its largest arrays.
-    compiler_options: XLA options for this compile (`sampling_options`).
+    compiler_options: XLA options for this compile (`compiler_options`,
+      `sampling_options`).
 
   Returns:
     The report; a compile error (e.g. RESOURCE_EXHAUSTED from the TPU
@@ -660,8 +773,10 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
 
   def add(name: str, lowering: Callable[..., Any], *args, suffix: str = '', twin_kwargs=None,
           count: Callable[[], tuple[float, str]] | None = None, options=None):
-    """lowering(model_cfg, mesh, *args) -> (() -> Lowered, shapes); count() -> (FLOPs, how)."""
+    """lowering(model_cfg, mesh, *args) -> (() -> Lowered, shapes); count() -> (FLOPs, how);
+    options: compiler options (default `compiler_options(mesh)`)."""
     lower, what = lowering(model_cfg, mesh, *args)
+    options = compiler_options(mesh) if options is None else options
     if not model_cfg.is_dense:
       flops, how = count()
       programs.append(compile_program(name, what + suffix, lower, flops=flops, flops_from=how,
@@ -1203,7 +1318,8 @@ def judge_programs(calls, mesh, rules, sampler_cfg: dict, limit_bytes: int,
       calls_n, length = -(-jc.rows // rows), judge_row_len(cfg)
       flops = counted_flops(cfg, 'policy', rows * length, (length + 1) / 2, head_tokens=rows)
       out.append(compile_program(f'judge ({jc.domain})', f'{what}, {calls_n} forwards', lower,
-                                 flops=flops, flops_from=COUNTED, limit_bytes=limit_bytes))
+                                 flops=flops, flops_from=COUNTED, limit_bytes=limit_bytes,
+                                 compiler_options=compiler_options(mesh)))
       continue
     opts = judge_sampler_options(sampler_cfg, cfg, policy_cfg, mesh, rules)
     sizes = dict(rows=jc.rows, prompt_len=judge_row_len(cfg, jc.use.max_new_tokens),
@@ -1318,7 +1434,7 @@ def for_target(plan: config_lib.Plan, tgt: Target) -> tuple[Any, Any, dict]:
   """(the policy's ModelConfig, the logical rules, config.sampler's options) as the target's
   programs run them."""
   rules, sampler_cfg = plan.rules, plan.sampler.options()
-  if tgt.kind == 'tpu' or plan.hardware.platform in ('tpu', 'gpu'):
+  if tgt.kind in ('tpu', 'gpu') or plan.hardware.platform in ('tpu', 'gpu'):
     # 'auto' resolves by the devices compiled for (these CPUs when simulated); the
     # accelerator's programs scan their layers.
     if sampler_cfg.get('decode_layers', 'auto') == 'auto':
@@ -1328,10 +1444,11 @@ def for_target(plan: config_lib.Plan, tgt: Target) -> tuple[Any, Any, dict]:
 
 def target_model(plan: config_lib.Plan, tgt: Target, model_cfg):
   """A ModelConfig (the policy's, a judge's) as the target's programs run it."""
-  if tgt.kind == 'tpu' and model_cfg.attention == 'auto':
-    # 'auto' resolves by the backend JAX runs on (this CPU host); the TPU programs use splash.
-    model_cfg = model_cfg.replace(attention='splash')
-  if (tgt.kind == 'tpu' or plan.hardware.platform in ('tpu', 'gpu')) and (
+  if tgt.kind in ('tpu', 'gpu') and model_cfg.attention == 'auto':
+    # 'auto' resolves by the backend JAX runs on (this CPU host); the TPU programs use splash,
+    # the GPU programs the Pallas (Triton) flash kernel, as 'auto' picks on those devices.
+    model_cfg = model_cfg.replace(attention={'tpu': 'splash', 'gpu': 'gpu_flash'}[tgt.kind])
+  if (tgt.kind in ('tpu', 'gpu') or plan.hardware.platform in ('tpu', 'gpu')) and (
       model_cfg.scan_layers == 'auto'):
     model_cfg = model_cfg.replace(scan_layers=True)
   return model_cfg
@@ -1534,6 +1651,11 @@ def model_notes(model_cfg, tgt: Target) -> list[str]:
   if tgt.kind == 'tpu':
     out.append('routed experts: compiled with the megablox grouped-matmul kernel (Pallas, a '
                'real Mosaic kernel: models/moe.py chooses it by the mesh\'s platform).')
+  elif tgt.kind == 'gpu':
+    out.append("routed experts: compiled as models/moe.py's 'tiled' grouped matmul, chosen by "
+               "the mesh's platform: tile loops (fori_loops in plain XLA, every row tile once "
+               'per group with rows in it, forward and both gradients), where XLA:GPU would '
+               'expand ragged_dot into dense [rows, experts, width] arrays.')
   else:
     out.append('routed experts: XLA:CPU turns each ragged_dot into a dense dot over '
                '[experts per shard, token-expert pairs, width] (XLA\'s generic '
@@ -1603,9 +1725,12 @@ def failures(reports: Sequence[StageReport]) -> list[str]:
 # config_flags.DEFINE_config_file(lock_config=True) whose overrides also name stages and unset
 # fields, as cascade.main's (cascade/overrides.py).
 _CONFIG = overrides.define_config_file('config', 'Config file (configs/x.py or configs/x.py:arg).')
-_BACKEND = flags.DEFINE_enum('backend', 'auto', ['auto', 'tpu', 'cpu'],
-                             'tpu: libtpu topology; cpu: simulated CPU devices; auto: tpu when '
-                             'libtpu is installed and the config targets a TPU.')
+_BACKEND = flags.DEFINE_enum('backend', 'auto', ['auto', 'tpu', 'gpu', 'cpu'],
+                             'tpu: libtpu topology; gpu: XLA:GPU deviceless for '
+                             'config.hardware.gpu_target (needs a CUDA plugin of jax); cpu: '
+                             'simulated CPU devices; auto: tpu when libtpu is installed and the '
+                             'config targets a TPU, gpu when a CUDA plugin is and it targets a '
+                             'GPU it describes, else cpu.')
 _STAGES = flags.DEFINE_list('stages', [], 'Stage names to plan (default: all).')
 _MEMORY = flags.DEFINE_float('device_memory_gib', None,
                              'Per-device memory limit (default: config.hardware).')
@@ -1657,7 +1782,7 @@ def plan_header(plan: config_lib.Plan, tgt: Target, time_only: bool = False) -> 
   if slices:
     out.append(slices)
   if not time_only:
-    out += [*model_notes(model_cfg, tgt),
+    out += [*model_notes(model_cfg, tgt), *([GPU_NOTE] if tgt.kind == 'gpu' else []),
             'memory is per device; total = arguments + outputs + temporaries - aliased '
             '(donated) buffers. ' + (
                 "FLOPs are XLA's HLO count: a train step's over the whole batch; a sampler's "
@@ -1681,8 +1806,9 @@ def main(argv):
   if backend == 'auto':
     backend = default_backend(plan)
   # Backends start lazily: this takes effect as long as nothing has touched a
-  # device yet (the config file only imports modules). The TPU path needs the
-  # CPU devices too: FLOPs are counted on CPU lowerings of the same mesh.
+  # device yet (the config file only imports modules). The TPU and GPU paths need
+  # the CPU devices too: FLOPs are counted on CPU lowerings of the same mesh (and with
+  # jax_platforms 'cpu' the CUDA plugin looks for no GPU: it only compiles).
   use_simulated_cpu_devices(num_devices(plan))
   tgt = target(plan, backend, _MEMORY.value)
   header = plan_header(plan, tgt, time_only)
