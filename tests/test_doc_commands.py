@@ -527,6 +527,18 @@ def _needs_libtpu():
     pytest.skip('libtpu is not installed here (docs/planning.md: its own environment)')
 
 
+def _needs_cuda_plugin():
+  """jax's CUDA plugin in this environment (XLA:GPU, deviceless): docs/planning.md installs it
+  apart, with the command test_the_install_commands_install_their_extras[gpu] runs."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  try:
+    found = importlib.util.find_spec('jax_plugins.xla_cuda12') is not None
+  except ModuleNotFoundError:
+    found = False
+  if not found:
+    pytest.skip('jax\'s CUDA plugin is not installed here (docs/planning.md: its own environment)')
+
+
 def _needs_index():
   """A `make` target builds its own .venv from the package index: skip without the network."""
   import socket  # pylint: disable=g-import-not-at-top
@@ -681,6 +693,11 @@ _RUNS = [
     _case('plan-14b-math', 'docs/planning.md',
           ['python -m launch.plan --config=configs/nemotron_cascade_14b.py --stages=math_rl'],
           3 * 3600, _OK, mark=_SLOW),
+    # XLA:GPU, deviceless, in the environment the page installs (tests/launch/test_plan_gpu.py
+    # compiles a tiny hybrid so in seconds).
+    _case('plan-14b-h200-gpu', 'docs/planning.md',
+          ['python -m launch.plan --config=configs/nemotron_cascade_14b.py:hardware=h200x8 '
+           '--backend=gpu'], 4 * 3600, _OK, mark=_SLOW, pre=_needs_cuda_plugin),
     # docs/plans/*_h200x8.md: each written by its own --report (8 simulated CPU devices).
     _case('plan-14b-h200', 'docs/plans/nemotron_cascade_14b_h200x8.md',
           ['python -m launch.plan'], 4 * 3600,
@@ -924,12 +941,18 @@ _INSTALLS = {
     'bench': ('docs/benchmarks.md', ".venv/bin/pip install -e '.[bench]'", ['cascade', 'trl']),
     'tpu': ('docs/planning.md', 'pip install "jax[tpu]"', ['libtpu']),
     'cuda': ('docs/at_scale.md', "pip install -e '.[cuda]'", ['cascade', 'jax-cuda12-plugin']),
+    'gpu': ('docs/planning.md', "python3.11 -m venv gpuvenv && gpuvenv/bin/pip install "
+            "'jax[cuda12]==0.10.2' && gpuvenv/bin/pip install -e .",
+            ['cascade', 'jax', 'jax-cuda12-plugin']),
 }
+# The environment a case installs into, where it makes its own (default: the checkout's .venv).
+_INSTALL_VENVS = {'gpu': 'gpuvenv'}
 _INSTALL = _HERE + 'test_the_install_commands_install_their_extras'
 REGISTRY.update({command: f'{_INSTALL}[{case}]' for case, (_, command, _) in _INSTALLS.items()})
 
 
-@pytest.mark.slow      # network: 20-60 s each here, cuda 190 s (gigabytes of CUDA wheels)
+@pytest.mark.slow      # network: 20-60 s each here, cuda 190 s (gigabytes of CUDA wheels); gpu
+                       # more (cascade's dependencies too, into an environment of its own)
 @pytest.mark.parametrize('case', list(_INSTALLS))
 def test_the_install_commands_install_their_extras(case, tmp_path):
   """Each `pip install` a page shows, run as shown from a checkout's root in a new virtual
@@ -946,12 +969,13 @@ def test_the_install_commands_install_their_extras(case, tmp_path):
   check = ('import importlib.metadata as m, pathlib, sys\n'
            'for d in sys.argv[1:]:\n'
            '  print(d, pathlib.Path(m.distribution(d).locate_file("")).resolve())\n')
-  out = subprocess.run([str(work / '.venv' / 'bin' / 'python'), '-c', check, *dists],
+  venv = work / _INSTALL_VENVS.get(case, '.venv')
+  out = subprocess.run([str(venv / 'bin' / 'python'), '-c', check, *dists],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
   assert out.returncode == 0, out.stderr[-2000:]          # each distribution is there
   where = dict(line.split(' ', 1) for line in out.stdout.splitlines())
   if 'cascade' in where:                                  # installed into the new venv
-    assert pathlib.Path(where['cascade']).is_relative_to((work / '.venv').resolve()), where
+    assert pathlib.Path(where['cascade']).is_relative_to(venv.resolve()), where
 
 def test_the_topology_page_multi_slice_config_block():
   """docs/topology.md's two lines on a config: it validates, spans 2 slices, and the mesh has

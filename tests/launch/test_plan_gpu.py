@@ -120,6 +120,16 @@ def test_the_h200_description_names_the_cuda_libraries_the_wheels_install(dist, 
   assert [got['major'], got['minor']] == want[:2], (got, version)
 
 
+def test_the_gpu_environment_pins_the_jax_this_checkout_runs():
+  """docs/planning.md's GPU environment and the CUDA library versions h200.txtpb declares are
+  of one jax: the one installed here."""
+  pins = {}
+  for path in ('docs/planning.md', H200):
+    with open(os.path.join(ROOT, path)) as f:
+      pins[path] = set(re.findall(r"jax\[cuda12\]==([\w.]+)", f.read()))
+  assert pins == {p: {jax.__version__} for p in pins}, pins
+
+
 # ---------------------------------------------------------------- the target
 
 def _config(**hardware):
