@@ -55,6 +55,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from models import config as config_lib
@@ -335,6 +336,106 @@ def _take(tree: Any, i) -> Any:
                       if isinstance(i, jax.Array) else a[i], tree)
 
 
+_accumulate = threading.local()
+
+
+@contextlib.contextmanager
+def forcing_accumulating_backward(on: bool):
+  """Within it, `accumulating_backward` answers `on` whatever the platform (tests compare the
+  two backward passes of a Fold on CPU)."""
+  old = getattr(_accumulate, 'forced', None)
+  _accumulate.forced = on
+  try:
+    yield
+  finally:
+    _accumulate.forced = old
+
+
+def accumulating_backward() -> bool:
+  """Whether a rematerialised Fold's backward pass is `_accumulating_scan`'s: on GPU. There
+  autodiff's backward of the folded scan adds each step's parameter gradient to its kind's
+  whole stack-shaped accumulator as a zero stack with the step's slice written in, and
+  XLA:GPU builds that add out of place: a Cascade-2 train step on one H200 held the
+  accumulator, the written zero stack and their sum (3 x 6.84 GiB for each expert matrix)
+  and read and wrote the whole stack on every step. The TPU compiler updates the slice in
+  place; the TPU programs keep autodiff's backward."""
+  forced = getattr(_accumulate, 'forced', None)
+  return sharding.mesh_platform() in ('gpu', 'cuda', 'rocm') if forced is None else forced
+
+
+def _accumulating_scan(fns, params, x, js, ns):
+  """`lax.scan` over the pattern, step i running fns[js[i]](its kind's sublayer ns[i], x, ns[i])
+  -> (x, report), whose backward pass recomputes each step from its input (as the 'full'
+  rematerialisation does; the forward keeps only the steps' inputs) and adds the step's
+  parameter gradient into its kind's stack-shaped accumulator in place (a dynamic update of
+  the step's slice, carried through the backward scan). Returns (x, the reports stacked)."""
+  kinds = len(fns)
+
+  def take(j, params, n):
+    return _take(params[j], n)
+
+  def forward(params, x):
+    def body(x, jn):
+      j, n = jn
+      y, report = jax.lax.switch(j, [lambda p, x, n, j=j: fns[j](take(j, p, n), x, n)
+                                     for j in range(kinds)], params, x, n)
+      return y, (report, x)
+    y, (report, inputs) = jax.lax.scan(body, x, (js, ns))
+    return (y, report), inputs
+
+  @jax.custom_vjp
+  def scan(params, x):
+    return forward(params, x)[0]
+
+  def scan_fwd(params, x):
+    out, inputs = forward(params, x)
+    return out, (params, inputs)
+
+  def scan_bwd(res, ct):
+    params, inputs = res
+    dy, dreport = ct
+    grads = jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.promote_types(a.dtype, jnp.float32)),
+                         params)
+
+    def branch(j):
+      def g(params, grads, x, dy, dreport, n):
+        p = take(j, params, n)
+        _, vjp = jax.vjp(lambda p, x: fns[j](p, x, n), p, x)
+        dp, dx = vjp((dy, dreport))
+        mine = jax.tree.map(
+            lambda acc, d: jax.lax.dynamic_update_index_in_dim(
+                acc, jax.lax.dynamic_index_in_dim(acc, n, keepdims=True)
+                + d.astype(acc.dtype)[None], n, 0), grads[j], dp)
+        return dx, grads[:j] + (mine,) + grads[j + 1:]
+      return g
+
+    def body(carry, inp):
+      dy, grads = carry
+      x, j, n, dreport = inp
+      dx, grads = jax.lax.switch(j, [branch(k) for k in range(kinds)], params, grads, x, dy,
+                                 dreport, n)
+      return (dx, grads), None
+
+    # Integer reports (the experts chosen) have float0 cotangents, which are made per step
+    # rather than scanned over.
+    leaves, treedef = jax.tree.flatten(dreport)
+    zero = [l.dtype == jax.dtypes.float0 for l in leaves]
+    scanned = [l for l, z in zip(leaves, zero) if not z]
+
+    def step_report(scanned):
+      it = iter(scanned)
+      return jax.tree.unflatten(treedef, [np.zeros(l.shape[1:], jax.dtypes.float0) if z
+                                          else next(it) for l, z in zip(leaves, zero)])
+
+    (dx, grads), _ = jax.lax.scan(lambda c, i: body(c, i[:3] + (step_report(i[3]),)),
+                                  (dy, grads), (inputs, js, ns, scanned), reverse=True)
+    grads = jax.tree.map(lambda g, a: g.astype(a.dtype), grads, params)
+    return grads, dx
+
+  scan.defvjp(scan_fwd, scan_bwd)
+  return scan(params, x)
+
+
 def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, positions, mask,
         segment_ids, *, kv=None, states=None, paged=None, routing=None, replay=True,
         remat: Callable | None = None, scan: bool | None = None):
@@ -419,13 +520,11 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
     stacks = tuple(nnx.split(getattr(blocks[0], kind)) for kind in kinds)
 
     def own_kind(j):
-      """Branch j: its kind's sublayer n, indexed out of that kind's stack inside the branch,
-      so a step reads no other kind's parameters."""
+      """Branch j on its kind's sublayer: (its parameters, x, its index n within the kind)
+      -> (y, report)."""
       kind, graphdef = kinds[j], stacks[j][0]
 
-      def f(stack, x, n):
-        params = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, n, keepdims=False),
-                              stack)
+      def f(params, x, n):
         route = (None if routing is None or kind != 'moe'
                  else jax.lax.dynamic_index_in_dim(routing, n, keepdims=False))
         y, _, report = nnx.merge(graphdef, params)(x, positions, mask, segment_ids, None, route,
@@ -436,28 +535,36 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
     fns = [own_kind(j) for j in range(len(kinds))]
     moe_j = kinds.index('moe') if 'moe' in kinds else None
     shape = None if moe_j is None else jax.eval_shape(
-        fns[moe_j], stacks[moe_j][1], x, jnp.zeros((), jnp.int32))[1]
+        fns[moe_j], _take(stacks[moe_j][1], 0), x, jnp.zeros((), jnp.int32))[1]
 
-    def branch(j):
+    def on_slice(j):
       def g(params, x, n):
-        y, report = fns[j](params[j], x, n)
+        y, report = fns[j](params, x, n)
         if moe_j is not None and j != moe_j:   # every branch returns a report of one shape
           report = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
         return y, report
       return g
 
+    def branch(j):
+      # Its kind's sublayer n, indexed out of that kind's stack inside the branch, so a step
+      # reads no other kind's parameters.
+      return lambda params, x, n: on_slice(j)(_take(params[j], n), x, n)
+
     def step(params, x, j, n):
       return jax.lax.switch(j, [branch(j) for j in range(len(kinds))], params, x, n)
-    # The rematerialisation wraps the whole step (the switch inside it): its residuals are
-    # then its inputs, i.e. the step's x and indices, and the stacks, which are the scan's
-    # loop invariants and kept once. Around each branch instead, the switch would hand the
-    # branch's inputs (its whole stack) out as residuals on every step, stacked by the scan.
-    if remat is not None:
-      step = remat(step, False)
     params = tuple(state for _, state in stacks)
-    x, report = jax.lax.scan(
-        lambda x, jn: step(params, x, jn[0], jn[1]),
-        x, (jnp.asarray(kind_of, jnp.int32), jnp.asarray(within, jnp.int32)))
+    js, ns = jnp.asarray(kind_of, jnp.int32), jnp.asarray(within, jnp.int32)
+    if remat is not None and accumulating_backward():
+      x, report = _accumulating_scan([on_slice(j) for j in range(len(kinds))], params, x,
+                                     js, ns)
+    else:
+      # The rematerialisation wraps the whole step (the switch inside it): its residuals are
+      # then its inputs, i.e. the step's x and indices, and the stacks, which are the scan's
+      # loop invariants and kept once. Around each branch instead, the switch would hand the
+      # branch's inputs (its whole stack) out as residuals on every step, stacked by the scan.
+      if remat is not None:
+        step = remat(step, False)
+      x, report = jax.lax.scan(lambda x, jn: step(params, x, jn[0], jn[1]), x, (js, ns))
     if report is not None:
       steps = [i for i, m in enumerate(cfg.mixers) if m == 'moe']
       report = jax.tree.map(lambda a: a[jnp.asarray(steps)], report)

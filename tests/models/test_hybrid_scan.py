@@ -209,6 +209,39 @@ def test_fold_backward_keeps_no_parameters_per_step():
   assert all(carried.count(s) >= stacks.count(s) for s in stacks)
 
 
+def _loss_with_router_losses(model, tokens, positions, segment_ids):
+  """_loss plus the MoE reports' auxiliary losses, so their cotangents flow back too."""
+  _, _, stats = model.hidden(tokens, positions, segment_ids, None, return_stats=True)
+  return _loss(model, tokens, positions, segment_ids) + stats.aux_loss + 0.1 * stats.z_loss
+
+
+@pytest.mark.parametrize('remat', ['full', 'save_attention_out'])
+def test_fold_accumulating_backward_equals_autodiff(remat):
+  """The GPU meshes' backward of a folded scan (`hybrid._accumulating_scan`: each step
+  recomputed from its input, its parameter gradient added into its kind's stack in place)
+  gives autodiff's gradients, router losses included, and its backward scan carries one
+  accumulator per stack and adds no stack-shaped array per step."""
+  cfg = FOLDED.replace(remat=remat)
+  params = _perturbed(cfg)
+  graphdef, _ = nnx.split(_model(cfg))
+  loss = lambda p: _loss_with_router_losses(nnx.merge(graphdef, p), TOKENS, POS, SEG)
+  grads = {}
+  for on in (False, True):
+    with hybrid.forcing_accumulating_backward(on):
+      grads[on] = jax.jit(jax.value_and_grad(loss))(params)
+      text = str(jax.make_jaxpr(jax.grad(loss))(params))
+    assert ('custom_vjp_call' in text) == on
+  np.testing.assert_allclose(grads[True][0], grads[False][0], rtol=1e-6)
+  flat = [dict(nnx.to_flat_state(grads[on][1])) for on in (True, False)]
+  assert flat[0].keys() == flat[1].keys()
+  for path in flat[1]:
+    a, b = flat[0][path].get_value(), flat[1][path].get_value()
+    np.testing.assert_allclose(a, b, atol=1e-6 + 1e-4 * float(np.abs(b).max()), rtol=0,
+                               err_msg=str(path))
+  router = flat[0][('blocks', 0, 'moe', 'mixer', 'router')].get_value()
+  assert np.abs(router[1]).max() > 0       # the second moe's router gets its own gradient
+
+
 @pytest.mark.heavy
 @BOTH
 def test_scan_equals_unrolled_and_per_sublayer_loop(cfg):
