@@ -122,12 +122,15 @@ def test_the_h200_description_names_the_cuda_libraries_the_wheels_install(dist, 
 
 def test_the_gpu_environment_pins_the_jax_this_checkout_runs():
   """docs/planning.md's GPU environment and the CUDA library versions h200.txtpb declares are
-  of one jax: the one installed here."""
+  of one jax, of the release series installed here (a fresh install may take a newer patch
+  release than the one the page names)."""
   pins = {}
   for path in ('docs/planning.md', H200):
     with open(os.path.join(ROOT, path)) as f:
       pins[path] = set(re.findall(r"jax\[cuda12\]==([\w.]+)", f.read()))
-  assert pins == {p: {jax.__version__} for p in pins}, pins
+  assert len(set().union(*pins.values())) == 1 and all(pins.values()), pins
+  series = lambda v: tuple(v.split('.')[:2])
+  assert {series(v) for v in set().union(*pins.values())} == {series(jax.__version__)}, pins
 
 
 # ---------------------------------------------------------------- the target
