@@ -69,21 +69,26 @@ _collect = threading.local()
 
 
 @contextlib.contextmanager
+def _setting(store: threading.local, value):
+  """Within it, this thread's `store.value` is `value` (restored after)."""
+  old = getattr(store, 'value', None)
+  store.value = value
+  try:
+    yield
+  finally:
+    store.value = old
+
+
 def collecting_stats():
   """Within it (at trace time), a mixture-of-experts model's `hidden` sows its `MoEStats` as an
   nnx.Intermediate 'moe_stats' for `moe_stats` to pop: the train step traces its loss so.
   Nowhere else: a sampler's decode loop calls the model inside a loop whose trace may not
   write the module's state."""
-  old = getattr(_collect, 'on', False)
-  _collect.on = True
-  try:
-    yield
-  finally:
-    _collect.on = old
+  return _setting(_collect, True)
 
 
 def collecting() -> bool:
-  return getattr(_collect, 'on', False)
+  return bool(getattr(_collect, 'value', False))
 
 
 class MoEStats(NamedTuple):
@@ -204,26 +209,20 @@ KINDS = ('mamba', 'moe', 'attention', 'mlp')
 _layout = threading.local()
 
 
-@contextlib.contextmanager
 def forcing_layout(layout: str):
   """Within it, `folds` answers True for 'fold' and False for 'segments' whatever the pattern:
   for comparing the two layouts of one pattern (benchmarks/hybrid_compile.py). A model built
   within it must also be called within it."""
   if layout not in ('fold', 'segments'):
     raise ValueError(f'layout={layout!r}: expected fold or segments')
-  old = getattr(_layout, 'forced', None)
-  _layout.forced = layout == 'fold'
-  try:
-    yield
-  finally:
-    _layout.forced = old
+  return _setting(_layout, layout == 'fold')
 
 
 def folds(mixers: tuple[str, ...]) -> bool:
   """Whether `mixers` is kept as a `Fold` (one body per kind of sublayer) rather than as
   `plan`'s segments: where the kinds present are fewer than the segments' bodies
   (Nemotron-3-Nano: 3 against 14; Qwen3-MoE's (attention, moe) x 48 keeps its 2)."""
-  forced = getattr(_layout, 'forced', None)
+  forced = getattr(_layout, 'value', None)
   return _folds(tuple(mixers)) if forced is None else forced
 
 
@@ -339,16 +338,10 @@ def _take(tree: Any, i) -> Any:
 _accumulate = threading.local()
 
 
-@contextlib.contextmanager
 def forcing_accumulating_backward(on: bool):
   """Within it, `accumulating_backward` answers `on` whatever the platform (tests compare the
   two backward passes of a Fold on CPU)."""
-  old = getattr(_accumulate, 'forced', None)
-  _accumulate.forced = on
-  try:
-    yield
-  finally:
-    _accumulate.forced = old
+  return _setting(_accumulate, on)
 
 
 def accumulating_backward() -> bool:
@@ -359,7 +352,7 @@ def accumulating_backward() -> bool:
   accumulator, the written zero stack and their sum (3 x 6.84 GiB for each expert matrix)
   and read and wrote the whole stack on every step. The TPU compiler updates the slice in
   place; the TPU programs keep autodiff's backward."""
-  forced = getattr(_accumulate, 'forced', None)
+  forced = getattr(_accumulate, 'value', None)
   return sharding.mesh_platform() in ('gpu', 'cuda', 'rocm') if forced is None else forced
 
 

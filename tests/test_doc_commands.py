@@ -573,11 +573,11 @@ def _case(case_id, page, prefixes, timeout, check, *, mark=None, pre=None, copy=
                       id=case_id, marks=marks)
 
 
-def _plan_case(case_id, name: str, scratch: str):
+def _plan_case(case_id, name: str, scratch: str, pre=None):
   """A `launch.plan` page of docs/plans/: its command writes `scratch`, shaped as the page."""
   page = f'docs/plans/{name}'
   return _case(case_id, page, ['python -m launch.plan'], 4 * 3600,
-               lambda proc, work: _page_like(pathlib.Path(scratch), page), mark=_SLOW)
+               lambda proc, work: _page_like(pathlib.Path(scratch), page), mark=_SLOW, pre=pre)
 
 
 _HEAVY, _SLOW = pytest.mark.heavy, pytest.mark.slow
@@ -624,6 +624,10 @@ _RUNS = [
     _plan_case('plan-cascade8b', 'nemotron_cascade_8b_v5p.md', '/tmp/h1/c8b_v5p.md'),
     _plan_case('plan-cascade2-genrm', 'nemotron_cascade2_rlhf_genrm_v5p.md',
                '/tmp/h1/c2_rlhf_genrm.md'),
+    # Cascade 2 on one 8 x H200 node, by XLA:GPU (deviceless) in the environment
+    # docs/planning.md installs.
+    _plan_case('plan-cascade2-h200-gpu', 'nemotron_cascade2_h200x8.md',
+               '/tmp/s51/plan/c2_h200x8.md', pre=_needs_cuda_plugin),
     _case('step-time-page', 'docs/plans/step_time_model.md', ['python -m launch.step_time_page'],
           2 * 3600, _check_step_time, mark=_SLOW),
     _case('tiny-judge', 'docs/tiny_generative_rm.md',
