@@ -185,12 +185,13 @@ def test_fold_equals_unrolled_and_per_sublayer_loop():
 
 
 def test_fold_backward_keeps_no_parameters_per_step():
-  """Remat'd folded scan: the forward scan's per-step outputs (the backward's residuals) are
+  """Remat'd folded scan with autodiff's backward: the forward scan's per-step outputs (the backward's residuals) are
   activations and indices only, no stack or slice of one; the backward scan carries one
   gradient accumulator per stack (stack-shaped), nothing per step of parameter shape."""
   graphdef, params = nnx.split(_model(FOLDED.replace(remat='full')))
   loss = lambda p: _loss(nnx.merge(graphdef, p), TOKENS, POS, SEG)
-  jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
+  with hybrid.forcing_accumulating_backward(False):     # autodiff's backward
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
   scans = [e for e in jaxpr.eqns if e.primitive.name == 'scan']
   assert len(scans) == 2    # the forward and the backward
   leaves = [v.get_value() for v in jax.tree.leaves(
@@ -217,10 +218,9 @@ def _loss_with_router_losses(model, tokens, positions, segment_ids):
 
 @pytest.mark.parametrize('remat', ['full', 'save_attention_out'])
 def test_fold_accumulating_backward_equals_autodiff(remat):
-  """The GPU meshes' backward of a folded scan (`hybrid._accumulating_scan`: each step
-  recomputed from its input, its parameter gradient added into its kind's stack in place)
-  gives autodiff's gradients, router losses included, and its backward scan carries one
-  accumulator per stack and adds no stack-shaped array per step."""
+  """The folded scan's written-out backward (`hybrid._accumulating_scan`, the default: each
+  step recomputed from its input, its parameter gradient added into its kind's stack in
+  place) gives autodiff's loss and gradients, router losses included."""
   cfg = FOLDED.replace(remat=remat)
   params = _perturbed(cfg)
   graphdef, _ = nnx.split(_model(cfg))
