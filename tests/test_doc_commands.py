@@ -702,13 +702,11 @@ _RUNS = [
     _case('plan-14b-h200-gpu', 'docs/planning.md',
           ['python -m launch.plan --config=configs/nemotron_cascade_14b.py:hardware=h200x8 '
            '--backend=gpu'], 4 * 3600, _OK, mark=_SLOW, pre=_needs_cuda_plugin),
-    # docs/plans/*_h200x8.md: the 14B's by XLA:GPU to a scratch path and copied; the 8B's
-    # by its own --report (8 simulated CPU devices).
+    # docs/plans/*_h200x8.md: the dense recipes by XLA:GPU to a scratch path and copied.
     _plan_case('plan-14b-h200', 'nemotron_cascade_14b_h200x8.md',
                '/tmp/s51/plan/c14b_h200x8_gpu.md', pre=_needs_cuda_plugin),    # XLA:GPU
-    _case('plan-8b-h200', 'docs/plans/nemotron_cascade_8b_h200x8.md',
-          ['python -m launch.plan'], 4 * 3600,
-          _writes('docs/plans/nemotron_cascade_8b_h200x8.md'), mark=_SLOW),
+    _plan_case('plan-8b-h200', 'nemotron_cascade_8b_h200x8.md',
+               '/tmp/s51/plan/c8b_h200x8_gpu.md', pre=_needs_cuda_plugin),      # XLA:GPU
     # docs/science.md
     _case('cvb', 'docs/science.md', ['.venv/bin/python -m benchmarks.cascade_vs_blended'],
           6 * 3600, _OK, mark=_SLOW),
