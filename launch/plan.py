@@ -292,11 +292,7 @@ def target(plan: config_lib.Plan, backend: str = 'auto',
         f'topology {topo}')
     desc = (f'{hw.name or topo}: {what} from libtpu, compiled by the TPU '
             f'compiler ({devices[0].device_kind}); over-HBM programs fail to compile')
-    cpus = tuple(jax.devices('cpu'))
-    if len(cpus) != n:
-      raise ValueError(f'{len(cpus)} CPU devices: counting FLOPs needs {n}; call '
-                       'launch.plan.use_simulated_cpu_devices(n) before any JAX work')
-    return Target(devices, 'tpu', desc, limit, cpus)
+    return Target(devices, 'tpu', desc, limit, _counting_devices(n))
   if backend == 'gpu':
     return _gpu_target(plan, n, limit)
   if backend != 'cpu':
@@ -340,16 +336,22 @@ def _gpu_target(plan: config_lib.Plan, n: int, limit: int) -> Target:
   if len(devices) != n:
     raise ValueError(f'XLA:GPU topology {topo} of {hw.gpu_target} has {len(devices)} GPUs; '
                      f'config.mesh.shape needs {n}')
-  cpus = tuple(jax.devices('cpu'))
-  if len(cpus) != n:
-    raise ValueError(f'{len(cpus)} CPU devices: counting FLOPs needs {n}; call '
-                     'launch.plan.use_simulated_cpu_devices(n) before any JAX work')
   hosts = int(topo.split('x')[1])
   where = f'{hosts} hosts of {GPUS_PER_HOST}' if hosts > 1 else 'one host'
   desc = (f'{hw.name or "GPU"}: {n} x {devices[0].device_kind} ({where}) as {hw.gpu_target} '
           'describes them, compiled by XLA:GPU deviceless on this CPU host (topology '
           f'{topo}); XLA:GPU compiles over-memory programs, so the limit is checked here')
-  return Target(devices, 'gpu', desc, limit, cpus)
+  return Target(devices, 'gpu', desc, limit, _counting_devices(n))
+
+
+def _counting_devices(n: int) -> tuple:
+  """The n CPU devices a TPU or GPU target's FLOPs are counted on (its compiler returns no
+  cost analysis)."""
+  cpus = tuple(jax.devices('cpu'))
+  if len(cpus) != n:
+    raise ValueError(f'{len(cpus)} CPU devices: counting FLOPs needs {n}; call '
+                     'launch.plan.use_simulated_cpu_devices(n) before any JAX work')
+  return cpus
 
 
 def _no_gpu_compiler(hw) -> str:
