@@ -87,15 +87,20 @@ def test_cos_sin_at_64k_to_128k_positions():
   # float32 angles: position x frequency rounds to a relative 2^-24 (0.004 rad at position
   # 131,071 on the top pair), and the float32 frequency is within 5e-7 of the exact one
   # (numpy's and torch's float32 pow can differ by an ulp), so cos and sin are off by up to
-  # about angle x 6e-7: 0.009 measured, the same for transformers' numbers.
+  # about angle x 6e-7: 0.009 measured.
   bound = factor * (ang64 * 6e-7 + 1e-6)
   ours_inv = rope.inv_freq(HEAD_DIM, THETA, rope.RopeScaling.from_dict(QWEN3_128K))[0]
   same = ours_inv == rotary.inv_freq.numpy()        # bit-equal float32 frequencies
   assert same.sum() >= 48
   for ours, ref, exact in ((cos, hf_cos, cos64), (sin, hf_sin, sin64)):
-    assert (np.abs(ours - exact) <= bound).all() and (np.abs(ref - exact) <= bound).all()
-    # Where the frequencies are the same floats, the same numbers as transformers'.
-    np.testing.assert_allclose(ours[:, same], ref[:, same], atol=2.5e-7, rtol=0)
+    # Ours is judged against float64.
+    assert (np.abs(ours - exact) <= bound).all(), np.abs(ours - exact).max()
+    # transformers' numbers come from torch's CPU kernels, which vary by machine: on one CI
+    # machine its cos at position 65,536 was 7e-5 off float64 on the lowest-frequency pairs
+    # (ours and float64 agreed). Parity with it is therefore asked to 2e-4 beyond the two
+    # float32 roundings; a wrong YaRN setting (factor, original length, attention factor) moves these
+    # values by 1e-2 or more.
+    np.testing.assert_array_less(np.abs(ours - ref), 2 * bound + 2e-4)
     # The low-frequency pairs (YaRN's interpolated ones) are float64-exact.
     np.testing.assert_allclose(ours[:, -8:], exact[:, -8:], atol=1e-5, rtol=0)
   # The factor-4 frequencies, not plain RoPE's, drive those angles.

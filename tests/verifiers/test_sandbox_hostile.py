@@ -313,21 +313,29 @@ def test_comparison_objects_do_not_pass_swe_execution():
 
 
 def test_pathological_text_costs_the_trainer_little():
-  """Host-side parsing is linear: 300 KB of fences or hunks take well under a second each."""
+  """Host-side parsing is linear: 300 KB of fences or hunks cost the trainer's process well
+  under a second of CPU each.
+
+  The bound is on this process's CPU time, which other jobs on a loaded host do not inflate
+  (a wall-clock bound failed once at 3.3 s under CI load for work that takes 0.1 s idle); the
+  wall clock is only asked not to hang.
+  """
   texts = ['```' * 100_000, '```python\n' * 30_000, ('```python\ndef add(a, b):\n' + ' ' * 50) * 5_000,
            'def add' + ' ' * 300_000 + '(']
   with verifiers.get('code', timeout_s=2.0, workers=2) as v:
     v.score([verifiers.Sample('p', GOOD, HE)])  # Start the workers outside the timing.
     for text in texts:
-      start = time.monotonic()
+      start, cpu = time.monotonic(), time.process_time()
       r = v.score([verifiers.Sample('p', text, HE)])
       assert r[0].reward == 0.0
-      assert time.monotonic() - start < 2.0 + 3.0, text[:40]
+      assert time.process_time() - cpu < 1.0, text[:40]
+      assert time.monotonic() - start < 2.0 + 30.0, text[:40]
   repo = {'a.py': '\n'.join(['x'] * 3000)}
   hunks = ''.join('@@ -1,1 +1,2 @@\n x\n+y\n' for _ in range(20_000))
   with verifiers.get('swe', execution=True, workers=1, timeout_s=2.0) as v:
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     r = v.score([verifiers.Sample('p', f'--- a/a.py\n+++ b/a.py\n{hunks}',
                                   {'repo': repo, 'test': 'pass'})])
-    assert time.monotonic() - start < 3.0
+    assert time.process_time() - cpu < 1.0
+    assert time.monotonic() - start < 30.0
     assert r[0].reward == 0.0 and 'too costly' in r[0].info['reason']
