@@ -64,6 +64,8 @@ class Source:
   opcode: str
   files: tuple[str, ...]   # the source files of its stack, innermost first ('' none known)
   op_name: str
+  lines: tuple[int, ...] = ()   # the line in each of `files` (0: none known)
+  shape: str = ''               # the instruction's result type, e.g. f32[8,128]{1,0}
 
 
 def libtpu_args(dump_dir: str) -> str:
@@ -93,23 +95,26 @@ def _section(hlo_text: str, name: str) -> dict[int, str]:
 
 
 def _stacks(hlo_text: str):
-  """stack_frame_id -> its source files, innermost first, from the module's header tables
-  (a frame's printed parent_frame_id is its parent's id + 1; 0: none)."""
+  """stack_frame_id -> its (source file, line) pairs, innermost first, from the module's
+  header tables (a frame's printed parent_frame_id is its parent's id + 1; 0: none)."""
   files = {k: v.strip('"') for k, v in _section(hlo_text, 'FileNames').items()}
-  locs = {k: int(re.search(r'file_name_id=(\d+)', v).group(1))
-          for k, v in _section(hlo_text, 'FileLocations').items()}
+  locs, lines = {}, {}
+  for k, v in _section(hlo_text, 'FileLocations').items():
+    locs[k] = int(re.search(r'file_name_id=(\d+)', v).group(1))
+    line = re.search(r'\bline=(\d+)', v)
+    lines[k] = int(line.group(1)) if line else 0
   frames = {}
   for k, v in _section(hlo_text, 'StackFrames').items():
     loc, parent = (int(x) for x in re.findall(r'(?:file_location_id|parent_frame_id)=(\d+)', v))
     frames[k] = (loc, parent - 1)
 
   @functools.lru_cache(maxsize=None)
-  def chain(frame: int) -> tuple[str, ...]:
+  def chain(frame: int) -> tuple[tuple[str, int], ...]:
     out, seen = [], set()
     while frame in frames and frame not in seen:
       seen.add(frame)
       loc, frame = frames[frame]
-      out.append(files.get(locs.get(loc, -1), ''))
+      out.append((files.get(locs.get(loc, -1), ''), lines.get(loc, 0)))
     return tuple(out)
   return chain
 
@@ -117,7 +122,7 @@ def _stacks(hlo_text: str):
 def hlo_sources(hlo_text: str) -> dict[str, Source]:
   """Each instruction of an optimized HLO module's text: its opcode, the source files of the
   Python stack that built it (the module's StackFrames table, or an inline source_file) and
-  its op_name."""
+  its op_name, with each file's line and the instruction's result type."""
   chain = _stacks(hlo_text)
   out = {}
   for line in hlo_text.splitlines():
@@ -126,9 +131,14 @@ def hlo_sources(hlo_text: str) -> dict[str, Source]:
       continue
     frame = re.search(r'stack_frame_id=(\d+)', line)
     inline = re.search(r'source_file="([^"]*)"', line)
-    files = chain(int(frame.group(1))) if frame else (inline.group(1),) if inline else ()
+    inline_line = re.search(r'source_line=(\d+)', line)
+    sites = (chain(int(frame.group(1))) if frame else
+             ((inline.group(1), int(inline_line.group(1)) if inline_line else 0),) if inline
+             else ())
     op = re.search(r'op_name="([^"]*)"', line)
-    out[m.group(1)] = Source(m.group(2), files, op.group(1) if op else '')
+    shape = re.match(r'^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(\([^=]*?\)|\S+)\s', line)
+    out[m.group(1)] = Source(m.group(2), tuple(f for f, _ in sites), op.group(1) if op else '',
+                             tuple(n for _, n in sites), shape.group(1) if shape else '')
   return out
 
 
@@ -160,6 +170,19 @@ def part(name: str, source: Source | None) -> str:
   if repo:
     return next((r for r in repo if r not in HELPERS), repo[0])
   return files[0].replace('\\', '/').rsplit('/', 1)[-1]
+
+
+def site(source: Source | None) -> str:
+  """Where a unit was built: `part`'s file with its line (models/mamba.py:489), or ''."""
+  if not source:
+    return ''
+  pairs = [(r, n) for r, n in ((_repo_file(f), n) for f, n in
+                               zip(source.files, source.lines or (0,) * len(source.files)))
+           if r]
+  if not pairs:
+    return ''
+  r, n = next(((r, n) for r, n in pairs if r not in HELPERS), pairs[0])
+  return f'{r}:{n}' if n else r
 
 
 def by_part(units: list[Unit], sources: dict[str, Source]) -> list[tuple[str, float, int]]:
@@ -207,11 +230,14 @@ def report(programs: list[Program], units: list[Unit], top: int) -> list[str]:
     for name, secs, n in by_part(mine, sources):
       lines.append(f'| {name} | {secs:.1f} | {100 * secs / max(total, 1e-9):.1f} % | {n} |')
     lines += ['', f'The {min(top, len(mine))} slowest units:', '',
-              '| unit | seconds | part | op_name |', '|---|---:|---|---|']
+              '| unit | seconds | part | line | shape | op_name |',
+              '|---|---:|---|---|---|---|']
     for u in sorted(mine, key=lambda u: -u.seconds)[:top]:
       src = sources.get(u.name)
       op = (src.op_name if src else '')[-90:].replace('|', '\\|')
-      lines.append(f'| {u.name} | {u.seconds:.2f} | {part(u.name, src)} | {op} |')
+      shape = (src.shape if src else '')[:60].replace('|', '\\|')
+      lines.append(f'| {u.name} | {u.seconds:.2f} | {part(u.name, src)} | {site(src)} | '
+                   f'{shape} | {op} |')
     lines.append('')
   return lines
 

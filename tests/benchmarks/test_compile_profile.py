@@ -82,12 +82,15 @@ def test_hlo_instructions_carry_opcode_stack_files_and_op_name():
   assert src['fusion.7'] == cp.Source('fusion', ('/home/u/cascade/models/layers.py',
                                                  '/home/u/cascade/models/mamba.py',
                                                  '/home/u/cascade/models/hybrid.py'),
-                                      'jit(step)/while/body/mamba/mul')
+                                      'jit(step)/while/body/mamba/mul', (33, 178, 145),
+                                      'f32[8]{0:T(256)}')
   assert src['fusion.8'].files == ('/home/u/cascade/models/layers.py',
                                    '/home/u/cascade/models/hybrid.py')
   assert src['convolution_add_fusion.2'].opcode == 'fusion'        # a tuple-shaped result
   assert src['fusion.9'].files == ('/y/cascade/rl/sft.py',)        # an inline source_file
-  assert src['all-reduce.3'] == cp.Source('all-reduce', (), '')
+  assert src['fusion.9'].lines == (3,)
+  assert src['convolution_add_fusion.2'].shape == '(f32[8]{0}, f32[8]{0})'
+  assert src['all-reduce.3'] == cp.Source('all-reduce', (), '', (), 'f32[8]{0}')
   assert src['sort.4'].opcode == 'sort' and src['copy.5'].opcode == 'copy'
 
 
@@ -103,6 +106,11 @@ def test_parts_name_collectives_model_files_and_the_rest():
   assert cp.part('all-gather-start.9', None) == 'collective'
   assert cp.part('sort.4', src['sort.4']) == 'unattributed'
   assert cp.part('fusion.99', None) == 'unattributed'
+  # The line: the same file as the part, at its frame's line.
+  assert cp.site(src['fusion.7']) == 'models/mamba.py:178'
+  assert cp.site(src['fusion.8']) == 'models/hybrid.py:145'
+  assert cp.site(src['fusion.9']) == 'rl/sft.py:3'
+  assert cp.site(src['sort.4']) == '' and cp.site(None) == ''
 
 
 def test_units_go_to_the_program_whose_compile_holds_their_start_and_are_summed(tmp_path):
@@ -125,7 +133,8 @@ def test_units_go_to_the_program_whose_compile_holds_their_start_and_are_summed(
   assert 'compile 6.0 s wall, 11.0 s CPU (with the dump); 2 units, 4.0 s in all' in text
   assert '| models/mamba.py | 3.0 | 75.0 % | 1 |' in text
   assert '| collective | 1.0 | 25.0 % | 1 |' in text
-  assert '| sort.4 | 2.00 | unattributed |  |' in text          # top=1: the slowest only
+  assert '| sort.4 | 2.00 | unattributed |  | (s32[8]{0}, f32[8]{0}) |  |' in text
+  assert '| fusion.7 | 3.00 | models/mamba.py | models/mamba.py:178 | f32[8]{0:T(256)} |' in text          # top=1: the slowest only
   assert '| fusion.7 | 0.50 |' not in text
 
 
