@@ -19,7 +19,7 @@ shares hold), the units' seconds by part (a collective; else the innermost file 
 repository on its stack past the shared helpers, e.g. models/mamba.py or models/moe.py; or
 'unattributed' where the HLO carries no stack), and the `--top` slowest units. Compile
 times are only comparable near a load average of 0: the load is printed before and after.
---out writes the same as a Markdown page.
+--out writes the same as a Markdown page; --hlo_dir each program's optimized HLO text.
 
 The dump flags are libtpu's own (`xla_jf_dump_to`, `xla_jf_dump_llo_text`,
 `xla_jf_dump_llo_pass_label_regex`), not a stable interface: without libtpu, or if a libtpu
@@ -256,7 +256,7 @@ def _reexec_with_dump() -> str:
   raise AssertionError('unreachable')
 
 
-def main(argv, top: int, out: str | None):
+def main(argv, top: int, out: str | None, hlo_dir: str | None = None):
   from absl import app  # pylint: disable=g-import-not-at-top
   from benchmarks import host  # pylint: disable=g-import-not-at-top
   from launch import plan  # pylint: disable=g-import-not-at-top
@@ -305,6 +305,13 @@ def main(argv, top: int, out: str | None):
   print(f'(the dump: {dump}; remove it when done)')
   if out:
     pathlib.Path(out).write_text('\n'.join(page) + '\n')
+  if hlo_dir:
+    for i, p in enumerate(programs):
+      name = re.sub(r'[^\w]+', '_', p.name.split(' (')[0]).strip('_')
+      path = pathlib.Path(hlo_dir) / f'{i:02d}_{name}.hlo.txt'
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(p.hlo)
+      print(f'optimized HLO of {p.name.split(" (")[0]}: {path}')
   if code:
     sys.exit(code)
 
@@ -314,5 +321,7 @@ if __name__ == '__main__':
   from absl import flags as _flags  # pylint: disable=g-import-not-at-top
   _TOP = _flags.DEFINE_integer('top', 15, 'The slowest units listed per program.')
   _OUT = _flags.DEFINE_string('out', None, 'Also write the profile to this Markdown page.')
+  _HLO = _flags.DEFINE_string('hlo_dir', None,
+                              "Also write each program's optimized HLO text to this directory.")
   from launch import plan as _plan  # noqa: F401  (defines the planning flags it passes on)
-  _app.run(lambda argv: main(argv, _TOP.value, _OUT.value))
+  _app.run(lambda argv: main(argv, _TOP.value, _OUT.value, _HLO.value))

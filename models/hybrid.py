@@ -457,7 +457,9 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
 
   With a cache (`kv`, `states` or `paged`) a repeated segment is always a Python loop over
   its repeats, so each sublayer's buffers, pools and state are updated in place (a scan
-  would copy the segment's caches into and out of its stacked carry on every call).
+  would copy the segment's caches into and out of its stacked carry on every call). A Fold
+  whose buffers hold exactly this call's tokens (a prefill into fresh buffers) is the
+  exception: one scan with the caches stacked per kind (see `folded_cached_scan`).
 
   Returns:
     (x, ks, vs, states, MoEStats or None): the written buffers / pools and states
@@ -564,11 +566,84 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
       report = jax.tree.map(lambda a: a[jnp.asarray(steps)], report)
     return x, report
 
+  def folded_cached_scan(x):
+    """x through a Fold with a cache of exactly this call's tokens, as one `lax.scan` over
+    the pattern: the attention buffers and Mamba states stacked per kind in the carry, each
+    step updating its own slice in place; (x, the 'moe' reports as `folded_scan`'s)."""
+    kinds, kind_of, within = fold_steps(cfg.mixers)
+    stacks = tuple(nnx.split(getattr(blocks[0], kind)) for kind in kinds)
+    params = tuple(state for _, state in stacks)
+    cache_axes = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
+    ck = sharding.constrain(jnp.stack(ks), cache_axes) if ks else None
+    cv = sharding.constrain(jnp.stack(vs), cache_axes) if vs else None
+    st = jax.tree.map(lambda *a: jnp.stack(a), *states) if states else None
+    index = kv[2] if kv is not None else None
+
+    def branch(j):
+      kind, graphdef = kinds[j], stacks[j][0]
+
+      def f(params, carry, n):
+        x, ck, cv, st = carry
+        part_ = None
+        if kind == 'attention' and ck is not None:
+          part_ = (ck, cv, n, index)         # the stacks, written at this sublayer's slice
+        elif kind == 'mamba' and st is not None:
+          part_ = _take(st, n)
+        route = (None if routing is None or kind != 'moe'
+                 else jax.lax.dynamic_index_in_dim(routing, n, keepdims=False))
+        y, mine, report = nnx.merge(graphdef, _take(params[j], n))(
+            x, positions, mask, segment_ids, part_, route, replay)
+        if kind == 'attention' and ck is not None:
+          ck, cv = mine
+        elif kind == 'mamba' and st is not None:
+          st = jax.tree.map(lambda a, b: jax.lax.dynamic_update_index_in_dim(
+              a, b.astype(a.dtype), n, 0), st, mine)
+        return (y, ck, cv, st), report
+      return f
+
+    fns = [branch(j) for j in range(len(kinds))]
+    moe_j = kinds.index('moe') if 'moe' in kinds else None
+    shape = None if moe_j is None else jax.eval_shape(
+        fns[moe_j], params, (x, ck, cv, st), jnp.zeros((), jnp.int32))[1]
+
+    def uniform(j):
+      def g(params, carry, n):
+        carry, report = fns[j](params, carry, n)
+        if moe_j is not None and j != moe_j:   # every branch returns a report of one shape
+          report = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
+        return carry, report
+      return g
+
+    def body(carry, jn):
+      return jax.lax.switch(jn[0], [uniform(j) for j in range(len(kinds))], params, carry,
+                            jn[1])
+    js, ns = jnp.asarray(kind_of, jnp.int32), jnp.asarray(within, jnp.int32)
+    (x, ck, cv, st), report = jax.lax.scan(body, (x, ck, cv, st), (js, ns))
+    for n in range(len(ks)):
+      ks[n], vs[n] = ck[n], cv[n]
+    for n in range(len(states or ())):
+      states[n] = jax.tree.map(lambda a, n=n: a[n], st)
+    if report is not None:
+      steps = [i for i, m in enumerate(cfg.mixers) if m == 'moe']
+      report = jax.tree.map(lambda a: a[jnp.asarray(steps)], report)
+    return x, report
+
   folded = folds(cfg.mixers)
+  # A cache that holds exactly this call's tokens (a prefill into fresh buffers, as the paged
+  # engine's) is scanned over with its buffers stacked per kind: stacking and unstacking cost
+  # a copy of only this call's keys and values, and the compiler builds each kind's code once.
+  # Longer buffers (a one-call sampler's, filled over decode steps) and decode steps keep the
+  # loop below, which updates each sublayer's buffers in place.
+  whole_call = (paged is None and x.shape[1] > 1 and
+                (kv is None or all(k.shape[2] == x.shape[1] for k in ks)))
   if folded:
     counts.update({kind: cfg.mixers.count(kind) for kind in counts})
     if scan and not cached:
       x, report = folded_scan(x)
+      if report is not None:
+        reports.append(report)
+    elif scan and whole_call:
+      x, report = folded_cached_scan(x)
       if report is not None:
         reports.append(report)
     else:

@@ -446,3 +446,35 @@ def test_fold_on_an_expert_mesh_equals_unsharded():
   for path, v in flat0.items():
     np.testing.assert_allclose(np.asarray(flat1[path].get_value()), np.asarray(v.get_value()),
                                atol=1e-6, rtol=1e-5, err_msg=str(path))
+
+
+def test_a_fold_prefills_fresh_buffers_in_one_scan():
+  """A prefill into buffers of exactly its tokens (the paged engine's) runs a Fold as one scan
+  over the pattern with the caches stacked per kind; its hidden states, written buffers and
+  Mamba states equal the looped model's, and so do the decode steps that continue from them.
+  Longer buffers keep the in-place loop (no scan). (CFG: two attention and two Mamba
+  sublayers, so a slice mixed up between them shows.)"""
+  assert hybrid.folds(CFG.mixers) and CFG.attention_layers == CFG.mamba_layers == 2
+  params = _perturbed(CFG)
+  folded, looped = _model(CFG, params), _model(CFG.replace(scan_layers=False), params)
+  t = 7
+  seg = SEG[:, :t]
+  prefill = lambda m, c: m.hidden(TOKENS[:, :t], None, seg, c)
+  fresh = transformer.init_cache(CFG, 2, t, jnp.float32)
+  scans = lambda c: [e for e in jax.make_jaxpr(lambda c: prefill(folded, c))(c).eqns
+                     if e.primitive.name == 'scan' and e.params['length'] == CFG.num_layers]
+  assert len(scans(fresh)) == 1
+  assert not scans(transformer.init_cache(CFG, 2, 16, jnp.float32))
+  (xa, ca), (xb, cb) = prefill(folded, fresh), prefill(looped, fresh)
+  np.testing.assert_allclose(np.asarray(xa), np.asarray(xb), atol=2e-5, rtol=0)
+  assert len(ca.k) == CFG.attention_layers and len(ca.state) == CFG.mamba_layers
+  for x, y in zip(jax.tree.leaves(ca), jax.tree.leaves(cb)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-5, rtol=0)
+  # The written buffers and states carry on: a longer cache holding them, then one decode step.
+  def grow(c):
+    pad = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, 4), (0, 0)))
+    return c._replace(k=tuple(map(pad, c.k)), v=tuple(map(pad, c.v)),
+                      segment_ids=jnp.pad(c.segment_ids, ((0, 0), (0, 4))))
+  step = lambda m, c: m.hidden(TOKENS[:, t:t + 1], None, jnp.ones((2, 1), jnp.int32), c)
+  (da, _), (db, _) = step(folded, grow(ca)), step(looped, grow(cb))
+  np.testing.assert_allclose(np.asarray(da), np.asarray(db), atol=2e-5, rtol=0)
