@@ -430,6 +430,26 @@ def _accumulating_scan(fns, params, x, js, ns):
   return scan(params, x)
 
 
+def _same_reports(fns: list[Callable], kinds: tuple[str, ...],
+                  example: Callable[[int], tuple]) -> list[Callable]:
+  """One function per kind (each -> (out, a MoE report or None)), wrapped so that every one
+  returns a report of the 'moe' kind's shape, zeros where its kind has none, as the branches
+  of a `lax.switch` must; `example(m)`: arguments to trace the 'moe' function (index m) with."""
+  if 'moe' not in kinds:
+    return list(fns)
+  m = kinds.index('moe')
+  shape = jax.eval_shape(fns[m], *example(m))[1]
+
+  def wrap(j):
+    def g(*args):
+      out, report = fns[j](*args)
+      if j != m:
+        report = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
+      return out, report
+    return g
+  return [wrap(j) for j in range(len(fns))]
+
+
 def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, positions, mask,
         segment_ids, *, kv=None, states=None, paged=None, routing=None, replay=True,
         remat: Callable | None = None, scan: bool | None = None):
@@ -528,31 +548,21 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
         return y, report
       return f
 
-    fns = [own_kind(j) for j in range(len(kinds))]
-    moe_j = kinds.index('moe') if 'moe' in kinds else None
-    shape = None if moe_j is None else jax.eval_shape(
-        fns[moe_j], _take(stacks[moe_j][1], 0), x, jnp.zeros((), jnp.int32))[1]
-
-    def on_slice(j):
-      def g(params, x, n):
-        y, report = fns[j](params, x, n)
-        if moe_j is not None and j != moe_j:   # every branch returns a report of one shape
-          report = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
-        return y, report
-      return g
+    on_slice = _same_reports(
+        [own_kind(j) for j in range(len(kinds))], kinds,
+        lambda m: (_take(stacks[m][1], 0), x, jnp.zeros((), jnp.int32)))
 
     def branch(j):
       # Its kind's sublayer n, indexed out of that kind's stack inside the branch, so a step
       # reads no other kind's parameters.
-      return lambda params, x, n: on_slice(j)(_take(params[j], n), x, n)
+      return lambda params, x, n: on_slice[j](_take(params[j], n), x, n)
 
     def step(params, x, j, n):
       return jax.lax.switch(j, [branch(j) for j in range(len(kinds))], params, x, n)
     params = tuple(state for _, state in stacks)
     js, ns = jnp.asarray(kind_of, jnp.int32), jnp.asarray(within, jnp.int32)
     if remat is not None and accumulating_backward():
-      x, report = _accumulating_scan([on_slice(j) for j in range(len(kinds))], params, x,
-                                     js, ns)
+      x, report = _accumulating_scan(on_slice, params, x, js, ns)
     else:
       # The rematerialisation wraps the whole step (the switch inside it): its residuals are
       # then its inputs, i.e. the step's x and indices, and the stacks, which are the scan's
@@ -601,22 +611,11 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
         return (y, ck, cv, st), report
       return f
 
-    fns = [branch(j) for j in range(len(kinds))]
-    moe_j = kinds.index('moe') if 'moe' in kinds else None
-    shape = None if moe_j is None else jax.eval_shape(
-        fns[moe_j], params, (x, ck, cv, st), jnp.zeros((), jnp.int32))[1]
-
-    def uniform(j):
-      def g(params, carry, n):
-        carry, report = fns[j](params, carry, n)
-        if moe_j is not None and j != moe_j:   # every branch returns a report of one shape
-          report = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
-        return carry, report
-      return g
+    fns = _same_reports([branch(j) for j in range(len(kinds))], kinds,
+                        lambda m: (params, (x, ck, cv, st), jnp.zeros((), jnp.int32)))
 
     def body(carry, jn):
-      return jax.lax.switch(jn[0], [uniform(j) for j in range(len(kinds))], params, carry,
-                            jn[1])
+      return jax.lax.switch(jn[0], fns, params, carry, jn[1])
     js, ns = jnp.asarray(kind_of, jnp.int32), jnp.asarray(within, jnp.int32)
     (x, ck, cv, st), report = jax.lax.scan(body, (x, ck, cv, st), (js, ns))
     for n in range(len(ks)):
