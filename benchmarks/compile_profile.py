@@ -45,7 +45,7 @@ WHOLE_PROGRAM = ('TLP', '<late-initialization>', '<late-finalization>')
 COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
                'collective-permute', 'psum')
 _UNIT_FILE = re.compile(r'^(\d+)-(.+)-\d\d-final_hlo')
-_INSTR = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(?:\([^=]*?\)|\S+)\s+([\w\-]+)\(')
+_INSTR = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\([^=]*?\)|\S+)\s+([\w\-]+)\(')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,9 +136,8 @@ def hlo_sources(hlo_text: str) -> dict[str, Source]:
              ((inline.group(1), int(inline_line.group(1)) if inline_line else 0),) if inline
              else ())
     op = re.search(r'op_name="([^"]*)"', line)
-    shape = re.match(r'^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(\([^=]*?\)|\S+)\s', line)
-    out[m.group(1)] = Source(m.group(2), tuple(f for f, _ in sites), op.group(1) if op else '',
-                             tuple(n for _, n in sites), shape.group(1) if shape else '')
+    out[m.group(1)] = Source(m.group(3), tuple(f for f, _ in sites), op.group(1) if op else '',
+                             tuple(n for _, n in sites), m.group(2))
   return out
 
 
@@ -156,6 +155,16 @@ def _repo_file(path: str) -> str | None:
   return None
 
 
+def _repo_site(source: Source | None) -> tuple[str, int] | None:
+  """The innermost frame of this repository on a unit's stack that is not a shared helper
+  (HELPERS; the innermost helper if only those): (file from the package, line); None if none."""
+  if not source:
+    return None
+  lines = source.lines or (0,) * len(source.files)
+  pairs = [(r, n) for r, n in zip(map(_repo_file, source.files), lines) if r]
+  return next(((r, n) for r, n in pairs if r not in HELPERS), pairs[0]) if pairs else None
+
+
 def part(name: str, source: Source | None) -> str:
   """Which part of the program a unit belongs to: 'collective'; else the innermost file of the
   repository on its stack that is not a shared helper (HELPERS; the innermost helper if only
@@ -166,23 +175,16 @@ def part(name: str, source: Source | None) -> str:
   files = [f for f in (source.files if source else ()) if f]
   if not files:
     return 'unattributed'
-  repo = [r for r in map(_repo_file, files) if r]
-  if repo:
-    return next((r for r in repo if r not in HELPERS), repo[0])
-  return files[0].replace('\\', '/').rsplit('/', 1)[-1]
+  repo = _repo_site(source)
+  return repo[0] if repo else files[0].replace('\\', '/').rsplit('/', 1)[-1]
 
 
 def site(source: Source | None) -> str:
   """Where a unit was built: `part`'s file with its line (models/mamba.py:489), or ''."""
-  if not source:
+  repo = _repo_site(source)
+  if not repo:
     return ''
-  pairs = [(r, n) for r, n in ((_repo_file(f), n) for f, n in
-                               zip(source.files, source.lines or (0,) * len(source.files)))
-           if r]
-  if not pairs:
-    return ''
-  r, n = next(((r, n) for r, n in pairs if r not in HELPERS), pairs[0])
-  return f'{r}:{n}' if n else r
+  return f'{repo[0]}:{repo[1]}' if repo[1] else repo[0]
 
 
 def by_part(units: list[Unit], sources: dict[str, Source]) -> list[tuple[str, float, int]]:
@@ -240,6 +242,19 @@ def report(programs: list[Program], units: list[Unit], top: int) -> list[str]:
                    f'{shape} | {op} |')
     lines.append('')
   return lines
+
+
+def write_hlo(programs: list[Program], hlo_dir: str | os.PathLike) -> list[pathlib.Path]:
+  """Each program's optimized HLO text as `hlo_dir`/NN_<program>.hlo.txt (NN its order);
+  the paths written."""
+  out = []
+  for i, p in enumerate(programs):
+    name = re.sub(r'\W+', '_', p.name.split(' (')[0]).strip('_')
+    path = pathlib.Path(hlo_dir) / f'{i:02d}_{name}.hlo.txt'
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(p.hlo)
+    out.append(path)
+  return out
 
 
 def _reexec_with_dump() -> str:
@@ -306,12 +321,8 @@ def main(argv, top: int, out: str | None, hlo_dir: str | None = None):
   if out:
     pathlib.Path(out).write_text('\n'.join(page) + '\n')
   if hlo_dir:
-    for i, p in enumerate(programs):
-      name = re.sub(r'[^\w]+', '_', p.name.split(' (')[0]).strip('_')
-      path = pathlib.Path(hlo_dir) / f'{i:02d}_{name}.hlo.txt'
-      path.parent.mkdir(parents=True, exist_ok=True)
-      path.write_text(p.hlo)
-      print(f'optimized HLO of {p.name.split(" (")[0]}: {path}')
+    for path in write_hlo(programs, hlo_dir):
+      print(f'optimized HLO: {path}')
   if code:
     sys.exit(code)
 

@@ -529,11 +529,25 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
     y, report = remat(body, prevent_cse)(params, x, route)
     return y, None, report
 
+  def fold_parts():
+    """What a folded scan steps over: (the kinds, each kind's (graphdef, stacked state), the
+    states alone, each step's kind index, each step's index within its kind)."""
+    kinds, kind_of, within = fold_steps(cfg.mixers)
+    stacks = tuple(nnx.split(getattr(blocks[0], kind)) for kind in kinds)
+    return (kinds, stacks, tuple(state for _, state in stacks),
+            jnp.asarray(kind_of, jnp.int32), jnp.asarray(within, jnp.int32))
+
+  def moe_rows(report):
+    """A folded scan's per-step reports (one per sublayer) cut to its 'moe' steps."""
+    if report is None:
+      return None
+    steps = [i for i, m in enumerate(cfg.mixers) if m == 'moe']
+    return jax.tree.map(lambda a: a[jnp.asarray(steps)], report)
+
   def folded_scan(x):
     """x through a Fold as one `lax.scan` over the pattern whose body switches on the step's
     kind; (x, the 'moe' steps' reports stacked in pattern order, or None)."""
-    kinds, kind_of, within = fold_steps(cfg.mixers)
-    stacks = tuple(nnx.split(getattr(blocks[0], kind)) for kind in kinds)
+    kinds, stacks, params, js, ns = fold_parts()
 
     def own_kind(j):
       """Branch j on its kind's sublayer: (its parameters, x, its index n within the kind)
@@ -559,8 +573,6 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
 
     def step(params, x, j, n):
       return jax.lax.switch(j, [branch(j) for j in range(len(kinds))], params, x, n)
-    params = tuple(state for _, state in stacks)
-    js, ns = jnp.asarray(kind_of, jnp.int32), jnp.asarray(within, jnp.int32)
     if remat is not None and accumulating_backward():
       x, report = _accumulating_scan(on_slice, params, x, js, ns)
     else:
@@ -571,18 +583,13 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
       if remat is not None:
         step = remat(step, False)
       x, report = jax.lax.scan(lambda x, jn: step(params, x, jn[0], jn[1]), x, (js, ns))
-    if report is not None:
-      steps = [i for i, m in enumerate(cfg.mixers) if m == 'moe']
-      report = jax.tree.map(lambda a: a[jnp.asarray(steps)], report)
-    return x, report
+    return x, moe_rows(report)
 
   def folded_cached_scan(x):
     """x through a Fold with a cache of exactly this call's tokens, as one `lax.scan` over
     the pattern: the attention buffers and Mamba states stacked per kind in the carry, each
     step updating its own slice in place; (x, the 'moe' reports as `folded_scan`'s)."""
-    kinds, kind_of, within = fold_steps(cfg.mixers)
-    stacks = tuple(nnx.split(getattr(blocks[0], kind)) for kind in kinds)
-    params = tuple(state for _, state in stacks)
+    kinds, stacks, params, js, ns = fold_parts()
     cache_axes = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
     ck = sharding.constrain(jnp.stack(ks), cache_axes) if ks else None
     cv = sharding.constrain(jnp.stack(vs), cache_axes) if vs else None
@@ -616,16 +623,12 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
 
     def body(carry, jn):
       return jax.lax.switch(jn[0], fns, params, carry, jn[1])
-    js, ns = jnp.asarray(kind_of, jnp.int32), jnp.asarray(within, jnp.int32)
     (x, ck, cv, st), report = jax.lax.scan(body, (x, ck, cv, st), (js, ns))
     for n in range(len(ks)):
       ks[n], vs[n] = ck[n], cv[n]
     for n in range(len(states or ())):
       states[n] = jax.tree.map(lambda a, n=n: a[n], st)
-    if report is not None:
-      steps = [i for i, m in enumerate(cfg.mixers) if m == 'moe']
-      report = jax.tree.map(lambda a: a[jnp.asarray(steps)], report)
-    return x, report
+    return x, moe_rows(report)
 
   folded = folds(cfg.mixers)
   # A cache that holds exactly this call's tokens (a prefill into fresh buffers, as the paged

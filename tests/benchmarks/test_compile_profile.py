@@ -153,3 +153,11 @@ def test_without_libtpu_the_command_says_what_it_needs():
     pytest.skip('libtpu is installed here')
   with pytest.raises(app.UsageError, match='needs libtpu'):
     cp.main(['compile_profile'], top=5, out=None)
+
+
+def test_hlo_dir_gets_each_programs_optimized_hlo_in_order(tmp_path):
+  progs = [cp.Program('train step (8 rows x 16 tokens)', 0.0, 1.0, 1.0, 1.0, HLO),
+           cp.Program('sampler prefill (8 prompts)', 2.0, 3.0, 1.0, 1.0, 'HloModule p')]
+  paths = cp.write_hlo(progs, tmp_path / 'hlo')
+  assert [p.name for p in paths] == ['00_train_step.hlo.txt', '01_sampler_prefill.hlo.txt']
+  assert paths[0].read_text() == HLO and paths[1].read_text() == 'HloModule p'
