@@ -94,6 +94,7 @@ DT_INIT_FLOOR = 1e-4
 
 _HEADS = ('batch', 'length', 'mamba_heads', 'mamba_head_dim')
 _GROUPS = ('batch', 'length', 'mamba_groups', 'mamba_state')
+_CHANNELS = ('batch', 'length', None)   # x, B and C joined (`_joins_channels`)
 
 
 class MambaState(NamedTuple):
@@ -171,12 +172,28 @@ class Mamba2Mixer(nnx.Module):
     cfg = self.cfg
     cd = cfg.jnp_dtype
     x = x.astype(cd)
-    z = sharding.constrain(_matmul(x, self.z_proj.value.astype(cd)), _HEADS)
-    xs = sharding.constrain(_matmul(x, self.x_proj.value.astype(cd)), _HEADS)
-    bs = sharding.constrain(_matmul(x, self.b_proj.value.astype(cd)), _GROUPS)
-    cs = sharding.constrain(_matmul(x, self.c_proj.value.astype(cd)), _GROUPS)
-    dt_raw = _matmul(x, self.dt_proj.value.astype(cd))                  # [B, T, H]
+    joined = _joins_channels(cfg)
+    if joined:
+      # One matmul for z, x, B, C and dt (in_proj's own layout), and x, B and C convolved as
+      # one [B, T, HP + 2GN] tensor: a quarter of the projections' matmuls and a third of the
+      # convolution's gathers and selects, forward and backward (what the TPU compiler builds
+      # per sublayer), where the heads are not split (over 'tensor') while the groups are not.
+      hp, gn = cfg.mamba_heads * cfg.mamba_head_dim, cfg.mamba_groups * cfg.mamba_state
+      w = jnp.concatenate([p.value.reshape(p.value.shape[0], -1).astype(cd) for p in (
+          self.z_proj, self.x_proj, self.b_proj, self.c_proj, self.dt_proj)], axis=1)
+      zxbcdt = _matmul(x, w)                                          # [B, T, 2HP + 2GN + H]
+      z = sharding.constrain(zxbcdt[..., :hp].reshape(*x.shape[:2], cfg.mamba_heads,
+                                                      cfg.mamba_head_dim), _HEADS)
+      parts = (sharding.constrain(zxbcdt[..., hp:2 * hp + 2 * gn], _CHANNELS),)
+      dt_raw = zxbcdt[..., 2 * hp + 2 * gn:]
+    else:
+      z = sharding.constrain(_matmul(x, self.z_proj.value.astype(cd)), _HEADS)
+      parts = (sharding.constrain(_matmul(x, self.x_proj.value.astype(cd)), _HEADS),
+               sharding.constrain(_matmul(x, self.b_proj.value.astype(cd)), _GROUPS),
+               sharding.constrain(_matmul(x, self.c_proj.value.astype(cd)), _GROUPS))
+      dt_raw = _matmul(x, self.dt_proj.value.astype(cd))              # [B, T, H]
     dt_raw = sharding.constrain(dt_raw, ('batch', 'length', 'mamba_heads'))
+    split = (lambda u: _split_conv(cfg, u[0])) if joined else tuple
     if x.shape[1] == 1:
       real, run = segment_ids != 0, None
     else:
@@ -187,25 +204,28 @@ class Mamba2Mixer(nnx.Module):
       h0 = jnp.zeros((x.shape[0], cfg.mamba_heads, cfg.mamba_head_dim, cfg.mamba_state),
                      jnp.float32)
     else:
-      prefix = _split_conv(cfg, state.conv.astype(cd))
+      conv = state.conv.astype(cd)
+      prefix = (conv,) if joined else _split_conv(cfg, conv)
       h0 = state.ssm.astype(jnp.float32)
-    convs = self._conv_params()
+    convs = self._conv_params(joined)
 
     dt = jax.nn.softplus(dt_raw.astype(jnp.float32) + self.dt_bias.value.astype(jnp.float32))
     dt = jnp.where(real[..., None], jnp.clip(dt, cfg.mamba_dt_min, cfg.mamba_dt_max), 0.0)
     a = -jnp.exp(self.A_log.value.astype(jnp.float32))
 
     if run is None:  # One position: the recurrence itself.
-      (xs, bs, cs), conv_state = _conv_step((xs, bs, cs), convs, prefix, real[:, 0])
+      outs, conv_state = _conv_step(parts, convs, prefix, real[:, 0])
+      xs, bs, cs = split(outs)
       h = (jnp.exp(dt[:, 0] * a)[:, :, None, None] * h0
            + _outer(xs[:, 0] * dt[:, 0, :, None], bs[:, 0], cfg.mamba_groups))
       y = _contract_state(cs[:, 0], h, cfg.mamba_groups)[:, None]      # [B, 1, H, P]
     elif state is None and context.shards(x.shape[1]) > 1:
       # Context parallel: the row arrives split along T in zig-zag order (models.context).
-      xs, y = _context_parallel((xs, bs, cs), convs, dt, a, segment_ids, cfg.mamba_chunk)
+      xs, y = _context_parallel(parts, convs, dt, a, segment_ids, cfg.mamba_chunk, split)
     else:
-      (xs, bs, cs), conv_state = _conv_scan((xs, bs, cs), convs, prefix, real, run,
-                                            want_state=state is not None)
+      outs, conv_state = _conv_scan(parts, convs, prefix, real, run,
+                                    want_state=state is not None)
+      xs, bs, cs = split(outs)
       xs = sharding.constrain(xs, _HEADS)
       y, h = _ssd(xs, dt, a, bs, cs, run, h0, cfg.mamba_chunk)
     y = y + self.D.value.astype(jnp.float32)[:, None] * xs
@@ -222,15 +242,33 @@ class Mamba2Mixer(nnx.Module):
                            ssm=sharding.constrain(h, STATE_AXES.ssm))
     return out, new_state
 
-  def _conv_params(self):
-    """((weight [K, ...] float32, bias [...] float32 or None) for x, B and C)."""
+  def _conv_params(self, joined: bool):
+    """((weight [K, ...] float32, bias [...] float32 or None) for x, B and C), or for the
+    three joined as [K, HP + 2GN] (`joined`)."""
     f32 = lambda p: p.value.astype(jnp.float32)
     out = []
     for w, bias in (('conv_x', 'conv_x_bias'), ('conv_b', 'conv_b_bias'),
                     ('conv_c', 'conv_c_bias')):
       out.append((f32(getattr(self, w)),
                   f32(getattr(self, bias)) if self.cfg.mamba_conv_bias else None))
-    return tuple(out)
+    if not joined:
+      return tuple(out)
+    k = out[0][0].shape[0]
+    weight = jnp.concatenate([w.reshape(k, -1) for w, _ in out], axis=1)
+    bias = (None if out[0][1] is None
+            else jnp.concatenate([b.reshape(-1) for _, b in out], axis=0))
+    return ((weight, bias),)
+
+
+def _joins_channels(cfg: config_lib.ModelConfig) -> bool:
+  """Whether the mixer projects and convolves x, B and C as one tensor of HP + 2GN channels:
+  where the active mesh splits neither the heads nor the groups (else x's channels would be
+  split by head and B's and C's by group, which one channel axis cannot hold)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty:
+    return True
+  return (sharding.split_ways(cfg.mamba_heads, 'mamba_heads', mesh) == 1
+          and sharding.split_ways(cfg.mamba_groups, 'mamba_groups', mesh) == 1)
 
 
 def _split_conv(cfg: config_lib.ModelConfig, conv: jax.Array):
@@ -603,7 +641,7 @@ def _fold_states(log_decay, final, keep, restart):
   return entering
 
 
-def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int):
+def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int, split=tuple):
   """The convolution and scan of a row split along T over the sequence axis (zig-zag).
 
   Each shard holds two pieces of the row (chunks i and 2n - 1 - i of 2n, `models.context`)
@@ -618,11 +656,13 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int):
   what came before it, and one with a restart inside it passes nothing of it on.
 
   Args:
-    parts: (x [B, T, H, P], B [B, T, G, N], C [B, T, G, N]) conv inputs, zig-zag order.
+    parts: (x [B, T, H, P], B [B, T, G, N], C [B, T, G, N]) conv inputs, zig-zag order, or
+      the three joined, ([B, T, HP + 2GN],) (`_joins_channels`: heads and groups unsplit).
     convs: ((weight [K, ...], bias or None) float32) for each part.
     dt: [B, T, H] time steps (0 at padding); a: [H] decay rates.
     segment_ids: int32 [B, T] in zig-zag order.
     chunk: the scan's chunk length L.
+    split: the conv outputs (as `parts`) -> (x, B, C).
 
   Returns:
     (x after the convolution [B, T, H, P], y [B, T, H, P] without the D skip), float32,
@@ -630,20 +670,22 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int):
   """
   mesh = jax.sharding.get_abstract_mesh()
   b, t, h = dt.shape
-  g = parts[1].shape[2]
   n = context.shards(t)
   axis = context.axis(t)
   batch, length, heads = sharding.logical_to_spec(
       ('batch', 'length', 'mamba_heads'), (b, t, h), mesh)
   sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
   tp = int(np.prod([sizes[x] for x in ((heads,) if isinstance(heads, str) else heads or ())]))
-  if g % tp:
+  if len(parts) == 1 or parts[1].shape[2] % tp:
     heads = None         # groups cannot follow the heads' split: scan all heads per shard
   # Head h reads group h // (H / G): heads and groups split over the same axis keep each
   # shard's heads with their groups.
-  head_spec, group_spec = P(batch, length, heads, None), P(batch, length, heads, None)
-  conv_specs = tuple((P(None, heads, None), None if bias is None else P(heads, None))
-                     for _, bias in convs)
+  head_spec = P(batch, length, heads, None)
+  part_specs = ((P(batch, length, None),) if len(parts) == 1 else (head_spec,) * 3)
+  conv_specs = tuple((P(*(None,) * w.ndim) if len(parts) == 1 else P(None, heads, None),
+                      None if bias is None else P(*(None,) * bias.ndim) if len(parts) == 1
+                      else P(heads, None))
+                     for w, bias in convs)
   # Piece c of the sequence lives at [shard, half] of an all-gather: (c, 0) or (2n-1-c, 1).
   order = np.asarray([2 * c if c < n else 2 * (2 * n - 1 - c) + 1 for c in range(2 * n)])
 
@@ -657,10 +699,10 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int):
     v = jnp.stack([v[shard], v[2 * n - 1 - shard]])
     return v.reshape(-1, *v.shape[2:])
 
-  def local(xs, bs, cs, dt, a, seg, convs):
+  def local(parts, dt, a, seg, convs):
     shard = jax.lax.axis_index(axis)
     k = convs[0][0].shape[0]
-    parts = tuple(_pieces(u) for u in (xs, bs, cs))
+    parts = tuple(_pieces(u) for u in parts)
     dt, seg = _pieces(dt), _pieces(seg)
     real, run = _runs(seg)
     restart = run[:, -1] > 0
@@ -670,7 +712,8 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int):
         gather, (_conv_tail(parts, real, run, k), count, first, last, restart))
     windows, keep = _fold_windows(tails, counts, firsts, lasts, restarts)
     prefix = tuple(mine(w, shard) for w in windows)
-    (xs, bs, cs), _ = _conv_scan(parts, convs, prefix, real, run, want_state=False)
+    outs, _ = _conv_scan(parts, convs, prefix, real, run, want_state=False)
+    xs, bs, cs = split(outs)
     la = dt * a                                                        # [2B, C, H]
     b2, c, hl, p = xs.shape
     gl, ns = bs.shape[2:]
@@ -682,13 +725,11 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int):
     y = y + decay[..., None] * y_in.reshape(b2, c, hl, p)
     return _unpieces(xs), _unpieces(y)
 
-  xs, bs, cs = parts
   seg_spec = P(batch, length)
   return jax.shard_map(
       local, mesh=mesh,
-      in_specs=(head_spec, group_spec, group_spec, P(batch, length, heads), P(heads),
-                seg_spec, conv_specs),
-      out_specs=(head_spec, head_spec), check_vma=False)(xs, bs, cs, dt, a, segment_ids, convs)
+      in_specs=(part_specs, P(batch, length, heads), P(heads), seg_spec, conv_specs),
+      out_specs=(head_spec, head_spec), check_vma=False)(parts, dt, a, segment_ids, convs)
 
 
 def _gated_norm(y, z, scale, groups: int, eps: float) -> jax.Array:

@@ -204,13 +204,13 @@ def mesh_platform() -> str:
 
 
 def split_ways(n: int, name: str, mesh: Mesh | None, rules=None) -> int:
-  """How many ways a dimension of `n` along logical axis `name` splits over `mesh` (the mesh
-  axes of its rule that divide it; 1 without a mesh)."""
+  """How many ways a dimension of `n` along logical axis `name` splits over `mesh` (a Mesh or
+  AbstractMesh: the mesh axes of its rule that divide it; 1 without a mesh)."""
   if mesh is None:
     return 1
   spec = logical_to_spec((name,), (n,), mesh, rules)[0]
   axes = () if spec is None else (spec,) if isinstance(spec, str) else spec
-  sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+  sizes = _mesh_axis_sizes(mesh)
   return int(np.prod([sizes[a] for a in axes]))
 
 

@@ -308,6 +308,43 @@ def test_grads_finite_and_equal_across_chunk_sizes():
     _close(u, v, 2e-5)
 
 
+def test_joined_channels_equal_the_three_parts(monkeypatch):
+  # x, B and C projected and convolved as one tensor (`_joins_channels`, what an unsplit
+  # mixer runs) give what the three separate parts give: prefill with a state, a decode
+  # step from it, and the gradients of every parameter and of x.
+  cfg = _cfg(mamba_chunk=4)
+  m = _mixer(cfg)
+  graphdef, params = nnx.split(m)
+  x, seg, weight = _grad_inputs(cfg)
+  state = _random_state(cfg, 2)
+  tok = _inputs(cfg, 2, 1, seed=3)
+
+  def run(joined):
+    monkeypatch.setattr(mamba, '_joins_channels', lambda cfg: joined)
+    # Traced anew: the jitted helpers are keyed on their arguments, not on this switch.
+    call = jax.jit(lambda p, x, seg, st: nnx.merge(graphdef, p)(x, seg, st))
+    y, mid = call(params, x, jnp.asarray(seg), state)
+    step, end = call(params, tok, jnp.ones((2, 1), jnp.int32), mid)
+    grads = jax.jit(jax.grad(lambda p, x: jnp.sum(
+        nnx.merge(graphdef, p)(x, jnp.asarray(seg))[0] * weight), argnums=(0, 1)))(params, x)
+    return [np.asarray(v) for v in jax.tree.leaves((y, mid, step, end, grads))]
+
+  joined, parts = run(True), run(False)
+  assert len(joined) == len(parts)
+  for u, v in zip(joined, parts):
+    assert np.abs(v).max() > 0
+    _close(u, v, 2e-5)
+
+
+def test_joined_channels_follow_the_mesh():
+  # Joined where neither heads nor groups are split; three parts where 'tensor' splits heads.
+  cfg = _cfg()
+  assert mamba._joins_channels(cfg)                       # no mesh
+  for shape, joined in (((2, 1, 1, 2, 1), True), ((1, 1, 1, 2, 2), False)):
+    with sharding.use_mesh(sharding.make_mesh(shape, jax.devices()[:4])):
+      assert mamba._joins_channels(cfg) == joined, shape
+
+
 @pytest.mark.heavy
 def test_grads_equal_the_decode_steps_grads():
   # The same loss through one-token steps (the plain recurrence, no chunks, no gathers).
@@ -486,6 +523,15 @@ def test_context_parallel_forward_and_grads_equal_unsharded_and_float64(monkeypa
   # Two sequence shards x two tensor shards (heads with their groups) x two batch shards;
   # segments start inside a shard and at shard boundaries.
   _check_context_parallel('mid_and_boundary', 2, 2, monkeypatch, reference=True)
+
+
+def test_context_parallel_with_joined_channels_equals_unsharded(monkeypatch):
+  # No tensor axis: x, B and C go through the shards as one joined tensor.
+  joined = []
+  monkeypatch.setattr(mamba, '_joins_channels',
+                      lambda cfg, f=mamba._joins_channels: (joined.append(f(cfg)), f(cfg))[1])
+  _check_context_parallel('sparse', 4, 1, monkeypatch)
+  assert joined and all(joined)
 
 
 @pytest.mark.heavy
