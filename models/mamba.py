@@ -470,20 +470,7 @@ def _chunk_cumsum(x: jax.Array) -> jax.Array:
   return jnp.einsum('...j,ji->...i', x, upper, precision=jax.lax.Precision.HIGHEST)
 
 
-def _long_cumsum(x: jax.Array, axis: int, block: int) -> jax.Array:
-  """Inclusive cumulative sum of float `x` along `axis` in blocks of `block` (`_chunk_cumsum`
-  within each, then over the blocks' totals): matmuls, no reduce-window."""
-  x = jnp.moveaxis(x, axis, -1)
-  t = x.shape[-1]
-  m = -(-t // block)
-  xb = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, m * block - t)]).reshape(*x.shape[:-1], m, block)
-  within = _chunk_cumsum(xb)                                          # [..., M, block]
-  before = _chunk_cumsum(within[..., -1]) - within[..., -1]           # [..., M] exclusive
-  out = (within + before[..., None]).reshape(*x.shape[:-1], m * block)[..., :t]
-  return jnp.moveaxis(out, -1, axis)
-
-
-def _ssd(x, dt, a, bm, cm, run, h0, chunk: int):
+def _ssd(x, dt, a, bm, cm, run, h0, chunk: int, cumulative: bool = False):
   """The selective state-space recurrence over T positions, chunk by chunk (float32).
 
   Within a chunk the outputs are a masked quadratic form; across chunks a `lax.scan`
@@ -497,9 +484,12 @@ def _ssd(x, dt, a, bm, cm, run, h0, chunk: int):
     run: int32 [B, T] (`_runs`).
     h0: [B, H, P, N] the incoming state (run 0's).
     chunk: positions per chunk L.
+    cumulative: also return the log decays summed from position 0 through each position,
+      [B, T, H], from the chunks' own cumulative sums and their totals.
 
   Returns:
-    (y [B, T, H, P] without the D skip; the state after the last position [B, H, P, N]).
+    (y [B, T, H, P] without the D skip; the state after the last position [B, H, P, N]
+    [; the cumulative log decays]).
   """
   bsz, t, h, p = x.shape
   g, n = bm.shape[2:]
@@ -544,7 +534,14 @@ def _ssd(x, dt, a, bm, cm, run, h0, chunk: int):
   y_off = jnp.einsum('bqlgn,bqgrpn->bqlgrp', cm, h_start)
   y_off = y_off * jnp.moveaxis(decay_in, 3, 2).reshape(bsz, q, chunk, g, r, 1)
   y = (y_diag + y_off).reshape(bsz, q * chunk, h, p)[:, :t]
-  return y, h_last
+  if not cumulative:
+    return y, h_last
+  # Each chunk's cumulative sums plus the chunks' totals before it: one cumulative sum over
+  # Q totals instead of a second one over every position.
+  totals = cs[..., -1]                                                # [B, Q, H]
+  before = jnp.moveaxis(_chunk_cumsum(jnp.moveaxis(totals, 1, -1)), -1, 1) - totals
+  cum = jnp.moveaxis(cs + before[..., None], 3, 2).reshape(bsz, q * chunk, h)[:, :t]
+  return y, h_last, cum
 
 
 # ---------------------------------------------------------------- context parallelism
@@ -717,10 +714,11 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int, split=tuple)
     la = dt * a                                                        # [2B, C, H]
     b2, c, hl, p = xs.shape
     gl, ns = bs.shape[2:]
-    y, final = _ssd(xs, dt, a, bs, cs, run, jnp.zeros((b2, hl, p, ns), jnp.float32), chunk)
+    y, final, cum = _ssd(xs, dt, a, bs, cs, run, jnp.zeros((b2, hl, p, ns), jnp.float32),
+                         chunk, cumulative=True)
     h_in = mine(_fold_states(gather(jnp.sum(la, axis=1)), gather(final), keep, restarts),
                 shard)                                                # [2B, H, P, N]
-    decay = jnp.where((run == 0)[..., None], jnp.exp(_long_cumsum(la, 1, chunk)), 0.0)
+    decay = jnp.where((run == 0)[..., None], jnp.exp(cum), 0.0)
     y_in = jnp.einsum('btgn,bgrpn->btgrp', cs, h_in.reshape(b2, gl, hl // gl, p, ns))
     y = y + decay[..., None] * y_in.reshape(b2, c, hl, p)
     return _unpieces(xs), _unpieces(y)

@@ -670,20 +670,33 @@ def test_last_real_matches_numpy_and_differentiates():
   np.testing.assert_array_equal(g, gw)
 
 
-@pytest.mark.parametrize('length,block', [(1, 4), (7, 4), (16, 4), (300, 128)])
-def test_cumsums_by_matmul_equal_float64_cumsum(length, block):
-  """`_chunk_cumsum` (a triangular matmul) and `_long_cumsum` (blocks of it, then over the
-  blocks' totals) equal numpy's float64 cumulative sum, with their gradients (reversed sums);
-  the scan's log decays are negative, with magnitudes up to a few units."""
+@pytest.mark.parametrize('length,chunk', [(1, 4), (7, 4), (16, 4), (300, 128)])
+def test_cumsums_by_matmul_equal_float64_cumsum(length, chunk):
+  """`_chunk_cumsum` (a triangular matmul) and the scan's cumulative log decays over a whole
+  row (`_ssd(..., cumulative=True)`: each chunk's, plus the chunks' totals before it) equal
+  numpy's float64 cumulative sum, with their gradients (reversed sums); the log decays
+  dt * A are negative, with magnitudes up to a few units."""
   rng = np.random.default_rng(length)
-  x = -rng.exponential(2.0, size=(2, length, 3))
-  ref = np.cumsum(x, axis=1)
+  h, p, g, n = 3, 2, 1, 2
+  dt = rng.uniform(0.0, 2.0, size=(2, length, h))
+  dt[0, length // 2] = 0.0                                   # a padding position: no decay
+  a = -rng.uniform(0.5, 2.0, size=h)
+  ref = np.cumsum(dt * a, axis=1)
   atol = 1e-5 * max(1, length / 64)
-  got = mamba._long_cumsum(jnp.asarray(x, jnp.float32), 1, block)
-  np.testing.assert_allclose(got, ref, rtol=1e-6, atol=atol)
-  got = mamba._chunk_cumsum(jnp.asarray(np.moveaxis(x, 1, -1), jnp.float32))
+  got = mamba._chunk_cumsum(jnp.asarray(np.moveaxis(dt * a, 1, -1), jnp.float32))
   np.testing.assert_allclose(got, np.moveaxis(ref, 1, -1), rtol=1e-6, atol=atol)
-  w = rng.normal(size=x.shape)
-  loss = lambda v: jnp.sum(mamba._long_cumsum(v, 1, block) * w)
-  grad = jax.grad(loss)(jnp.asarray(x, jnp.float32))
-  np.testing.assert_allclose(grad, np.cumsum(w[:, ::-1], axis=1)[:, ::-1], rtol=1e-5, atol=1e-4)
+  x = jnp.asarray(rng.normal(size=(2, length, h, p)), jnp.float32)
+  bm = cm = jnp.asarray(rng.normal(size=(2, length, g, n)), jnp.float32)
+  run = jnp.zeros((2, length), jnp.int32)
+  h0 = jnp.zeros((2, h, p, n), jnp.float32)
+
+  def cum(dt):
+    return mamba._ssd(x, dt, jnp.asarray(a, jnp.float32), bm, cm, run, h0, chunk,
+                      cumulative=True)[2]
+
+  got = cum(jnp.asarray(dt, jnp.float32))
+  np.testing.assert_allclose(got, ref, rtol=1e-6, atol=atol)
+  w = rng.normal(size=ref.shape)
+  grad = jax.grad(lambda v: jnp.sum(cum(v) * w))(jnp.asarray(dt, jnp.float32))
+  want = np.cumsum(w[:, ::-1], axis=1)[:, ::-1] * a
+  np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-4 * max(1, length / 64))
