@@ -297,8 +297,14 @@ EXPERT_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
 # rows (Cascade 2: 256K-token SFT rows, 100-120K-token RL rows): (data, fsdp, expert, sequence,
 # tensor) = (1, 1, 8, 8, 1), a row split over 8 chips, rows over the 8 expert shards, the
 # experts 16 per chip over 'expert' and their embed dim over 'sequence' (64 ways in all), every
-# other weight over all 64 chips. One H200 node keeps its 4-axis mesh (its rows stay capped).
-SEQUENCE_MESH = {'v5p_128': ((1, 1, 8, 8, 1), (('embed', ('fsdp', 'expert', 'sequence')),)),
+# other weight's embed dim over 'sequence' (8 ways). Not over all 64 chips: Nemotron-3-Nano's
+# embed dim, 2688, is 42 rows per chip in 64 shards, not whole (8, 128) tiles, and the TPU
+# compiler gathers such shards as all-reduces of zero-padded whole weights (twice an
+# all-gather's bytes, and each one slow to build), 336 rows in 8 shards as all-gathers: the
+# code RL train step compiled in 64 s instead of 72 s, for 2.9 GiB more per chip of
+# parameters and optimizer state (launch.plan, docs/plans/nemotron_cascade2_v5p.md). One H200
+# node keeps its 4-axis mesh (its rows stay capped).
+SEQUENCE_MESH = {'v5p_128': ((1, 1, 8, 8, 1), (('embed', ('fsdp', 'sequence')),)),
                  'h200x8': EXPERT_MESH['h200x8']}
 
 

@@ -21,7 +21,8 @@ temperature 1.0, all-equal groups filtered.
 Mesh (ours): on the v5p slice (data 1, fsdp 1, expert 8, sequence 8, tensor 1),
 `_recipes.SEQUENCE_MESH`: each MoE layer's 128 experts split 16 per chip over the
 expert axis (their embed dim over 'sequence': 64 ways in all), tokens dispatched to
-them and back (models/moe.py), every other weight over all 64 chips; training rows
+them and back (models/moe.py), every other weight's embed dim over 'sequence' (8 ways:
+2688 / 64 is not whole TPU tiles, see _recipes.SEQUENCE_MESH); training rows
 split over the 8 expert shards and each row over the 8 sequence shards (context
 parallelism: attention, the Mamba-2 scan and the routed experts split along the row),
 so a 256K-token SFT row is 32K tokens per chip; the sampler splits its rows over all
