@@ -24,7 +24,10 @@ PINNED = {
     # its h200x8 value did not (the node keeps its mesh and capped lengths). The three h200x8
     # values changed on purpose when the node took 2 prompts per prefill call (configs/_recipes.py
     # PREFILL_PROMPTS: the SWE prefill of 8 x 16K prompts did not fit one H200).
-    ('nemotron_cascade2', None): '9d231a1500973aa7',
+    # Cascade 2 on the v5p slice changed again when its weights outside the experts moved from
+    # 64 shards of their embed dim to 8 (configs/_recipes.py SEQUENCE_MESH: 42-row shards are
+    # not whole TPU tiles); the math is the same, the sharding rules are part of the config.
+    ('nemotron_cascade2', None): '230b144b1c4c7182',
     ('nemotron_cascade2', 'hardware=h200x8'): '13bfe8840781dea8',
     ('nemotron_cascade_14b', None): '32efef8963556bbb',
     ('nemotron_cascade_14b', 'hardware=h200x8'): '3cf828c212196c1d',
