@@ -174,10 +174,10 @@ class Mamba2Mixer(nnx.Module):
     x = x.astype(cd)
     joined = _joins_channels(cfg)
     if joined:
-      # One matmul for z, x, B, C and dt (in_proj's own layout), and x, B and C convolved as
-      # one [B, T, HP + 2GN] tensor: a quarter of the projections' matmuls and a third of the
-      # convolution's gathers and selects, forward and backward (what the TPU compiler builds
-      # per sublayer), where the heads are not split (over 'tensor') while the groups are not.
+      # Neither heads nor groups split: one matmul for z, x, B, C and dt (in_proj's own
+      # layout), and x, B and C convolved as one [B, T, HP + 2GN] tensor. A fifth of the
+      # projections' matmuls and a third of the convolution's gathers and selects, forward
+      # and backward: less for the TPU compiler to build per sublayer.
       hp, gn = cfg.mamba_heads * cfg.mamba_head_dim, cfg.mamba_groups * cfg.mamba_state
       w = jnp.concatenate([p.value.reshape(p.value.shape[0], -1).astype(cd) for p in (
           self.z_proj, self.x_proj, self.b_proj, self.c_proj, self.dt_proj)], axis=1)
@@ -678,11 +678,13 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int, split=tuple)
   # Head h reads group h // (H / G): heads and groups split over the same axis keep each
   # shard's heads with their groups.
   head_spec = P(batch, length, heads, None)
-  part_specs = ((P(batch, length, None),) if len(parts) == 1 else (head_spec,) * 3)
-  conv_specs = tuple((P(*(None,) * w.ndim) if len(parts) == 1 else P(None, heads, None),
-                      None if bias is None else P(*(None,) * bias.ndim) if len(parts) == 1
-                      else P(heads, None))
-                     for w, bias in convs)
+  if len(parts) == 1:         # x, B and C joined: heads and groups unsplit
+    part_specs = (P(batch, length, None),)
+    conv_specs = tuple((P(None, None), None if bias is None else P(None)) for _, bias in convs)
+  else:
+    part_specs = (head_spec,) * 3
+    conv_specs = tuple((P(None, heads, None), None if bias is None else P(heads, None))
+                       for _, bias in convs)
   # Piece c of the sequence lives at [shard, half] of an all-gather: (c, 0) or (2n-1-c, 1).
   order = np.asarray([2 * c if c < n else 2 * (2 * n - 1 - c) + 1 for c in range(2 * n)])
 
