@@ -301,8 +301,8 @@ EXPERT_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
 # embed dim, 2688, is 42 rows per chip in 64 shards, not whole (8, 128) tiles, and the TPU
 # compiler gathers such shards as all-reduces of zero-padded whole weights (twice an
 # all-gather's bytes, and each one slow to build), 336 rows in 8 shards as all-gathers: the
-# code RL train step compiled in 64 s instead of 72 s, for 2.9 GiB more per chip of
-# parameters and optimizer state (launch.plan, docs/plans/nemotron_cascade2_v5p.md). One H200
+# code RL train step compiled in 64 s instead of 72 s, needing 6.8 GiB more per chip (2.7 of
+# it parameters and optimizer state; docs/planning.md). One H200
 # node keeps its 4-axis mesh (its rows stay capped).
 SEQUENCE_MESH = {'v5p_128': ((1, 1, 8, 8, 1), (('embed', ('fsdp', 'sequence')),)),
                  'h200x8': EXPERT_MESH['h200x8']}
