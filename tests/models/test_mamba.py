@@ -336,13 +336,16 @@ def test_joined_channels_equal_the_three_parts(monkeypatch):
     _close(u, v, 2e-5)
 
 
-def test_joined_channels_follow_the_mesh():
-  # Joined where neither heads nor groups are split; three parts where 'tensor' splits heads.
+def test_joined_channels_follow_the_mesh(monkeypatch):
+  # Joined where neither heads nor groups are split; three parts where 'tensor' splits heads,
+  # and on GPUs.
   cfg = _cfg()
   assert mamba._joins_channels(cfg)                       # no mesh
   for shape, joined in (((2, 1, 1, 2, 1), True), ((1, 1, 1, 2, 2), False)):
     with sharding.use_mesh(sharding.make_mesh(shape, jax.devices()[:4])):
       assert mamba._joins_channels(cfg) == joined, shape
+  monkeypatch.setattr(sharding, 'mesh_platform', lambda: 'gpu')
+  assert not mamba._joins_channels(cfg)
 
 
 @pytest.mark.heavy
