@@ -248,10 +248,14 @@ def base_config(*, preset: str, model_overrides: dict, data_root: str, tokenizer
 SAMPLER_CACHE_GIB = 24.0
 
 
-def cache_slots_per_device(c: ml_collections.ConfigDict, gib: float) -> int:
-  """KV-cache slots (rows x tokens) per device that `gib` GiB hold for c's model and mesh."""
+def cache_slots_per_device(c: ml_collections.ConfigDict, gib: float) -> int | None:
+  """KV-cache slots (rows x tokens) per device that `gib` GiB hold for c's model and mesh;
+  None for a model without attention layers (nothing is kept per token, so a budget of
+  slots bounds nothing: the sampler then takes each call's rows at once)."""
   from models import config as model_config  # pylint: disable=g-import-not-at-top
   m = model_config.ModelConfig.preset(c.model['preset'], **dict(c.model['overrides']))
+  if not m.attention_layers:
+    return None
   tensor = int(c.mesh['shape'][-1])               # (data, fsdp[, expert], tensor)
   kv_heads = -(-m.num_kv_heads // tensor)         # K/V heads split over 'tensor'
   # Only attention layers keep keys and values per token (a hybrid's Mamba layers keep a

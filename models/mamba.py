@@ -172,12 +172,14 @@ class Mamba2Mixer(nnx.Module):
     cfg = self.cfg
     cd = cfg.jnp_dtype
     x = x.astype(cd)
-    joined = _joins_channels(cfg)
+    # Over T > 1 positions (training, prefill), where neither heads nor groups are split: one
+    # matmul for z, x, B, C and dt (in_proj's own layout), and x, B and C convolved as one
+    # [B, T, HP + 2GN] tensor. A fifth of the projections' matmuls and a third of the
+    # convolution's gathers and selects, forward and backward: less for the TPU compiler to
+    # build per sublayer. A decode step keeps the parts: joining would copy the five weights
+    # into one on every step, for one token's matmul.
+    joined = x.shape[1] > 1 and _joins_channels(cfg)
     if joined:
-      # Neither heads nor groups split: one matmul for z, x, B, C and dt (in_proj's own
-      # layout), and x, B and C convolved as one [B, T, HP + 2GN] tensor. A fifth of the
-      # projections' matmuls and a third of the convolution's gathers and selects, forward
-      # and backward: less for the TPU compiler to build per sublayer.
       hp, gn = cfg.mamba_heads * cfg.mamba_head_dim, cfg.mamba_groups * cfg.mamba_state
       w = jnp.concatenate([p.value.reshape(p.value.shape[0], -1).astype(cd) for p in (
           self.z_proj, self.x_proj, self.b_proj, self.c_proj, self.dt_proj)], axis=1)

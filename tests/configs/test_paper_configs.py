@@ -282,3 +282,19 @@ def test_cascade2_genrm_argument():
   streams = lambda cfg: {s['name']: bool(s.get('stream_filter')) for s in cfg.stages}
   assert streams(module.get_config())['rlhf'] and not streams(c)['rlhf']
   assert streams(c)['code_rl'] and streams(c)['if_rl']
+
+
+def test_sampler_cache_budget_counts_attention_layers_only():
+  """The recipes' KV budget in slots is the GiB over the bytes a token keeps: Cascade 2's 6
+  attention layers of 2 K/V heads x 128 in bfloat16; a model without attention keeps nothing
+  per token, so it gets no slot budget (None) rather than a division by zero."""
+  from configs import _recipes  # pylint: disable=g-import-not-at-top
+  from models import config as model_config  # pylint: disable=g-import-not-at-top
+  c = importlib.import_module('configs.nemotron_cascade2').get_config()
+  per_token = 6 * 2 * 2 * 128 * 2
+  assert _recipes.cache_slots_per_device(c, 24.0) == 24 * 2 ** 30 // per_token
+  c.model.overrides = {**dict(c.model.overrides),
+                       'layer_types': model_config.parse_pattern('MEMEME'), 'num_layers': 6}
+  assert _recipes.cache_slots_per_device(c, 24.0) is None
+  _recipes.exact_sampler_buckets(c)
+  assert c.sampler.cache_tokens_per_device is None

@@ -348,6 +348,24 @@ def test_joined_channels_follow_the_mesh(monkeypatch):
   assert not mamba._joins_channels(cfg)
 
 
+def test_a_decode_step_keeps_the_projections_apart():
+  # Joining copies the five in-projection weights into one [D, 2HP + 2GN + H]: worth it for a
+  # pass over many positions, not on every decode step (one token).
+  cfg = _cfg()
+  m = _mixer(cfg)
+  graphdef, params = nnx.split(m)
+  width = 2 * cfg.mamba_heads * cfg.mamba_head_dim + 2 * cfg.mamba_groups * cfg.mamba_state
+  width += cfg.mamba_heads
+
+  def joins(t):
+    jaxpr = jax.make_jaxpr(lambda p, x, seg, st: nnx.merge(graphdef, p)(x, seg, st))(
+        params, _inputs(cfg, 2, t), jnp.ones((2, t), jnp.int32), _random_state(cfg, 2))
+    eqns = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == 'concatenate']
+    return any(e.outvars[0].aval.shape == (cfg.embed_dim, width) for e in eqns)
+  assert mamba._joins_channels(cfg)
+  assert joins(8) and not joins(1)
+
+
 @pytest.mark.heavy
 def test_grads_equal_the_decode_steps_grads():
   # The same loss through one-token steps (the plain recurrence, no chunks, no gathers).
