@@ -721,12 +721,12 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int, split=tuple)
     prefix = tuple(mine(w, shard) for w in windows)
     outs, _ = _conv_scan(parts, convs, prefix, real, run, want_state=False)
     xs, bs, cs = split(outs)
-    la = dt * a                                                        # [2B, C, H]
     b2, c, hl, p = xs.shape
     gl, ns = bs.shape[2:]
     y, final, cum = _ssd(xs, dt, a, bs, cs, run, jnp.zeros((b2, hl, p, ns), jnp.float32),
                          chunk, cumulative=True)
-    h_in = mine(_fold_states(gather(jnp.sum(la, axis=1)), gather(final), keep, restarts),
+    # A piece's summed log decay is its cumulative sum's last entry.
+    h_in = mine(_fold_states(gather(cum[:, -1]), gather(final), keep, restarts),
                 shard)                                                # [2B, H, P, N]
     decay = jnp.where((run == 0)[..., None], jnp.exp(cum), 0.0)
     y_in = jnp.einsum('btgn,bgrpn->btgrp', cs, h_in.reshape(b2, gl, hl // gl, p, ns))
