@@ -465,7 +465,7 @@ def test_a_fold_prefills_fresh_buffers_in_one_scan():
                      if e.primitive.name == 'scan' and e.params['length'] == CFG.num_layers]
   assert len(scans(fresh)) == 1
   assert not scans(transformer.init_cache(CFG, 2, 16, jnp.float32))
-  (xa, ca), (xb, cb) = prefill(folded, fresh), prefill(looped, fresh)
+  (xa, ca), (xb, cb) = (jax.jit(lambda c, m=m: prefill(m, c))(fresh) for m in (folded, looped))
   np.testing.assert_allclose(np.asarray(xa), np.asarray(xb), atol=2e-5, rtol=0)
   assert len(ca.k) == CFG.attention_layers and len(ca.state) == CFG.mamba_layers
   for x, y in zip(jax.tree.leaves(ca), jax.tree.leaves(cb)):
@@ -476,5 +476,6 @@ def test_a_fold_prefills_fresh_buffers_in_one_scan():
     return c._replace(k=tuple(map(pad, c.k)), v=tuple(map(pad, c.v)),
                       segment_ids=jnp.pad(c.segment_ids, ((0, 0), (0, 4))))
   step = lambda m, c: m.hidden(TOKENS[:, t:t + 1], None, jnp.ones((2, 1), jnp.int32), c)
-  (da, _), (db, _) = step(folded, grow(ca)), step(looped, grow(cb))
+  (da, _), (db, _) = (jax.jit(lambda c, m=m: step(m, c))(grow(c)) for m, c in ((folded, ca),
+                                                                               (looped, cb)))
   np.testing.assert_allclose(np.asarray(da), np.asarray(db), atol=2e-5, rtol=0)

@@ -50,8 +50,9 @@ def _rollouts(graphdef, params, b=6, p=5, n=7, seed=0):
 
 def _forward_logprobs(graphdef, params, batch):
   """log p(targets) from one plain forward pass over the rows."""
-  logits = nnx.merge(graphdef, params)(jnp.asarray(batch.tokens), jnp.asarray(batch.positions),
-                                       jnp.asarray(batch.segment_ids))
+  logits = jax.jit(lambda p, *row: nnx.merge(graphdef, p)(*row))(
+      params, jnp.asarray(batch.tokens), jnp.asarray(batch.positions),
+      jnp.asarray(batch.segment_ids))
   logp = jax.nn.log_softmax(logits.astype(jnp.float64) if jax.config.jax_enable_x64
                             else logits, -1)
   return np.take_along_axis(np.asarray(logp), np.asarray(batch.targets)[..., None], -1)[..., 0]
@@ -111,10 +112,13 @@ def test_dpo_sequence_logps_are_the_forward_pass():
   prompts, chosen, rejected = ['Say hi:', 'Q?'], ['hi', 'yes it is'], ['bye now', 'no']
   batch = dpo.make_batch(_Bytes(), prompts, chosen, rejected, max_len=32, num_pairs=2)
   rows = [dpo.encode(_Bytes(), p, x) for xs in (chosen, rejected) for p, x in zip(prompts, xs)]
+  # The reference: each row alone, padded to one length (segment 0) so one compile serves all.
+  forward = jax.jit(lambda tokens, seg: jax.nn.log_softmax(model(tokens, segment_ids=seg), -1))
   want = []
   for p, r in rows:
-    tokens = np.asarray([p + r], np.int32)
-    logp = jax.nn.log_softmax(model(tokens), -1)[0]
+    tokens = np.zeros((1, 32), np.int32)
+    tokens[0, :len(p + r)] = p + r
+    logp = forward(tokens, (np.arange(32) < len(p + r)).astype(np.int32)[None])[0]
     want.append(sum(float(logp[len(p) - 1 + j, t]) for j, t in enumerate(r)))
   got_c, got_r = jax.jit(lambda p: dpo.sequence_logps(nnx.merge(graphdef, p), batch))(params)
   np.testing.assert_allclose(np.concatenate([got_c, got_r]), want, rtol=1e-5)
