@@ -1,0 +1,106 @@
+"""benchmarks.compile_bound's stand-ins: the real parts' shapes and dtypes, every input used.
+
+A stand-in that dropped an input would let the compiler drop what computes it (a projection,
+its gradient), and the bound would claim that saving for the part: each float input must reach
+an output through the gradient."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from benchmarks import compile_bound as cb
+from models import mamba
+
+B, T, H, P, G, N, K, L = 2, 8, 4, 2, 2, 3, 4, 4
+
+
+def _x(shape, seed):
+  return jnp.asarray(np.random.default_rng(seed).normal(size=shape), jnp.float32)
+
+
+RUN = jnp.asarray([[0, 0, 0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0]], jnp.int32)
+REAL = jnp.asarray([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]], bool)
+
+
+def _cases():
+  """(part, function name, float args, other args, kwargs): each real call a stand-in replaces."""
+  ssd = (_x((B, T, H, P), 0), jnp.abs(_x((B, T, H), 1)), -jnp.abs(_x((H,), 2)),
+         _x((B, T, G, N), 3), _x((B, T, G, N), 4))
+  parts = (_x((B, T, H, P), 5), _x((B, T, G, N), 6), _x((B, T, G, N), 7))
+  convs = lambda bias: tuple((_x((K,) + u.shape[2:], 8 + i),
+                              _x(u.shape[2:], 20 + i) if bias else None)
+                             for i, u in enumerate(parts))
+  prefix = tuple(_x((B, K - 1) + u.shape[2:], 30 + i) for i, u in enumerate(parts))
+  s = 3
+  tails = tuple(_x((s, B, K - 1) + u.shape[2:], 40 + i) for i, u in enumerate(parts))
+  ints = jnp.ones((s, B), jnp.int32)
+  return [
+      ('scan', '_ssd', (*ssd, _x((B, H, P, N), 9)), (RUN,), dict(chunk=L)),
+      ('scan', '_ssd', (*ssd, _x((B, H, P, N), 9)), (RUN,), dict(chunk=L, cumulative=True)),
+      ('conv', '_conv_scan', (parts, convs(True)), (None, REAL, RUN), dict(want_state=False)),
+      ('conv', '_conv_scan', (parts, convs(False), prefix), (REAL, RUN), dict(want_state=True)),
+      ('conv_tail', '_conv_tail', (parts,), (REAL, RUN), dict(k=K)),
+      ('folds', '_fold_windows', (tails,), (ints, ints, ints, ints > 0), {}),
+      ('folds', '_fold_states', (_x((s, B, H), 50), _x((s, B, H, P, N), 51)),
+       (ints > 0, ints < 0), {}),
+      ('gated_norm', '_gated_norm', (_x((B, T, H, P), 60), _x((B, T, H, P), 61), _x((H, P), 62)),
+       (), dict(groups=G, eps=1e-5)),
+  ]
+
+
+def _call(fn, name, floats, others, kwargs):
+  if name == '_ssd':       # (x, dt, a, bm, cm, run, h0)
+    return fn(*floats[:5], others[0], floats[5], **kwargs)
+  return fn(*floats, *others, **kwargs)
+
+
+@pytest.mark.parametrize('case', _cases(), ids=lambda c: f'{c[1]}-{sorted(c[4].items())}')
+def test_a_stand_in_has_the_parts_shapes_and_uses_every_input(case):
+  part, name, floats, others, kwargs = case
+  stand_in = cb.STAND_INS[part][name]
+  want = jax.eval_shape(lambda *f: _call(getattr(mamba, name), name, f, others, kwargs), *floats)
+  got = jax.eval_shape(lambda *f: _call(stand_in, name, f, others, kwargs), *floats)
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert (g.shape, g.dtype) == (w.shape, w.dtype), (name, g, w)
+
+  def total(*f):
+    out = _call(stand_in, name, f, others, kwargs)
+    return sum(jnp.sum(jnp.asarray(o, jnp.float32) ** 2)
+               for o in jax.tree.leaves(out) if jnp.issubdtype(o.dtype, jnp.floating))
+  grads = jax.grad(total, argnums=tuple(range(len(floats))))(*floats)
+  for i, g in enumerate(grads):
+    assert all(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(g)), (name, 'input', i)
+
+
+def test_freed_replaces_the_parts_and_restores_them():
+  real = mamba._ssd, mamba._fold_states, mamba._gated_norm
+  with cb.freed(('scan', 'folds')):
+    assert mamba._ssd is cb._ssd and mamba._fold_states is cb._fold_states
+    assert mamba._gated_norm is real[2]
+  assert (mamba._ssd, mamba._fold_states, mamba._gated_norm) == real
+  with pytest.raises(RuntimeError), cb.freed(('conv',)):
+    raise RuntimeError('a failed plan')
+  assert mamba._conv_scan is not cb._conv_scan
+
+
+def test_free_parts_are_checked():
+  assert cb.parse_free('scan, folds') == ('scan', 'folds')
+  with pytest.raises(ValueError, match="unknown part.*'ssm'.*choose from scan"):
+    cb.parse_free('scan,ssm')
+  with pytest.raises(ValueError, match='none given'):
+    cb.parse_free(' , ')
+
+
+def test_the_report_pairs_the_runs_by_program():
+  line = lambda name, lower, comp: dict(program=name, lower_s=lower, compile_s=comp, cpu_s=2 * comp)
+  text = '\n'.join(['noise', cb._LINE + '{"program": "train step", "lower_s": 3.0, '
+                    '"compile_s": 87.0, "cpu_s": 160.0}'])
+  assert cb.read_lines(text) == [line('train step', 3.0, 87.0) | dict(cpu_s=160.0)]
+  rows = cb.report({'as is': [line('train step', 3.0, 87.0)],
+                    'free': [line('train step', 2.0, 68.0)]}, ('scan', 'conv'))
+  assert rows[2] == ('| train step | 3.0 + 87.0 s (174 s) | 2.0 + 68.0 s (136 s) | '
+                     '20.0 s (22 %) |')
+  with pytest.raises(ValueError, match='different programs'):
+    cb.report({'as is': [line('a', 1, 1)], 'free': [line('b', 1, 1)]}, ('scan',))
