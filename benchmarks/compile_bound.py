@@ -16,13 +16,16 @@ parts, a fused kernel included, could take off the compile: such a rewrite still
 something to build. Compile times are only comparable near a load average of 0: the load is
 printed before and after each run.
 
-The parts (`--free`, comma-separated):
+`--free` names the parts, comma-separated, and several sets of them, '/' between sets: one
+more plan per set, each with its own columns. The parts:
   scan        `_ssd`: the chunked state-space scan (within-chunk quadratic form, chunk states).
   conv        `_conv_scan`: the segment-aware causal convolution + SiLU over T > 1 positions.
   conv_tail   `_conv_tail`: each row's last K - 1 convolution inputs (context parallelism).
   folds       `_fold_windows`, `_fold_states`: folding the pieces' windows and states in
               sequence order (context parallelism).
   gated_norm  `_gated_norm`: y * silu(z), RMS-normalised per group.
+  mixer       `Mamba2Mixer.__call__`: the whole mixer, its projections and segment bookkeeping
+              too (the others are then moot): the mixer's whole share.
 """
 
 from __future__ import annotations
@@ -95,12 +98,25 @@ def _gated_norm(y, z, scale, groups: int, eps: float):
   return _f32(y) * _f32(z) * _f32(scale)
 
 
+def _mixer(self, x, segment_ids, state=None):
+  """`Mamba2Mixer.__call__`'s shapes from x and every parameter, with none of its work (not
+  even the projections): what the mixer's whole share of a compile is."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  del segment_ids
+  params = jax.tree.leaves(nnx.state(self, nnx.Param))
+  gain = 1.0 + sum(jnp.mean(_f32(p)) for p in params)
+  return (x * gain).astype(self.cfg.jnp_dtype), state
+
+
 STAND_INS = {
     'scan': {'_ssd': _ssd},
     'conv': {'_conv_scan': _conv_scan},
     'conv_tail': {'_conv_tail': _conv_tail},
     'folds': {'_fold_windows': _fold_windows, '_fold_states': _fold_states},
     'gated_norm': {'_gated_norm': _gated_norm},
+    'mixer': {'Mamba2Mixer.__call__': _mixer},
 }
 
 
@@ -118,16 +134,18 @@ def parse_free(text: str) -> tuple[str, ...]:
 def freed(parts: Sequence[str]) -> Iterator[None]:
   """models/mamba.py with `parts` replaced by their stand-ins, restored on exit."""
   from models import mamba  # pylint: disable=g-import-not-at-top
-  saved = {}
+  saved = []
   try:
     for part in parts:
       for name, fn in STAND_INS[part].items():
-        saved[name] = getattr(mamba, name)
-        setattr(mamba, name, fn)
+        *owner, attr = name.split('.')
+        where = getattr(mamba, owner[0]) if owner else mamba
+        saved.append((where, attr, where.__dict__[attr] if owner else getattr(mamba, attr)))
+        setattr(where, attr, fn)
     yield
   finally:
-    for name, fn in saved.items():
-      setattr(mamba, name, fn)
+    for where, attr, fn in reversed(saved):
+      setattr(where, attr, fn)
 
 
 def _child(argv: list[str], parts: Sequence[str]) -> None:
@@ -163,20 +181,32 @@ def read_lines(text: str) -> list[dict]:
           if line.startswith(_LINE)]
 
 
-def report(runs: dict[str, list[dict]], parts: Sequence[str]) -> list[str]:
-  """The table: each program's lowering + compile seconds as it is and with `parts` free."""
-  base, free = runs['as is'], runs['free']
-  lines = ['| program | as is: lower + compile (CPU) | ' + '+'.join(parts) +
-           ' free: lower + compile (CPU) | bound on the saving |', '|---|---:|---:|---:|']
-  for a, b in zip(base, free):
-    if a['program'] != b['program']:
-      raise ValueError(f'the two runs planned different programs: {a["program"]!r} and '
-                       f'{b["program"]!r}')
-    total = lambda r: r['lower_s'] + r['compile_s']
-    lines.append(f'| {a["program"]} | {a["lower_s"]:.1f} + {a["compile_s"]:.1f} s '
-                 f'({a["cpu_s"]:.0f} s) | {b["lower_s"]:.1f} + {b["compile_s"]:.1f} s '
-                 f'({b["cpu_s"]:.0f} s) | {total(a) - total(b):.1f} s '
-                 f'({100 * (1 - total(b) / max(total(a), 1e-9)):.0f} %) |')
+def parse_sets(text: str) -> tuple[tuple[str, ...], ...]:
+  """`--free`'s sets of parts ('/' between sets, ',' between a set's parts), each checked."""
+  return tuple(parse_free(t) for t in text.split('/'))
+
+
+def report(runs: dict[str, list[dict]]) -> list[str]:
+  """The table: each program's lowering + compile seconds as it is (`runs['as is']`) and with
+  each other run's parts free (its key: the parts joined by '+'), with the saving each bounds."""
+  base = runs['as is']
+  sets = [k for k in runs if k != 'as is']
+  lines = ['| program | as is: lower + compile (CPU) | ' +
+           ' | '.join(f'{k} free: lower + compile (CPU) | bound on the saving' for k in sets) +
+           ' |', '|---|---:|' + '---:|---:|' * len(sets)]
+  total = lambda r: r['lower_s'] + r['compile_s']
+  cell = lambda r: f'{r["lower_s"]:.1f} + {r["compile_s"]:.1f} s ({r["cpu_s"]:.0f} s)'
+  for k in sets:
+    if [r['program'] for r in runs[k]] != [r['program'] for r in base]:
+      raise ValueError(f'the runs planned different programs: {[r["program"] for r in base]} '
+                       f'as is, {[r["program"] for r in runs[k]]} with {k} free')
+  for i, a in enumerate(base):
+    row = [a['program'], cell(a)]
+    for k in sets:
+      b = runs[k][i]
+      row += [cell(b), f'{total(a) - total(b):.1f} s '
+                       f'({100 * (1 - total(b) / max(total(a), 1e-9)):.0f} %)']
+    lines.append('| ' + ' | '.join(row) + ' |')
   return lines
 
 
@@ -190,7 +220,7 @@ def main(argv: list[str]) -> None:
     else:
       rest.append(arg)
   try:
-    parts = parse_free(free_arg)
+    sets = parse_sets(free_arg)
   except ValueError as e:
     raise SystemExit(str(e)) from None
   try:
@@ -199,10 +229,10 @@ def main(argv: list[str]) -> None:
     raise SystemExit('benchmarks.compile_bound needs libtpu (the TPU compiler): run it from the '
                      'separate environment docs/planning.md describes') from None
   loads, runs = [], {}
-  for label, env_parts in (('as is', ''), ('free', ','.join(parts))):
+  for label, env_parts in (('as is', '-'), *(('+'.join(p), ','.join(p)) for p in sets)):
     before = os.getloadavg()
     proc = subprocess.run([sys.executable, '-m', 'benchmarks.compile_bound', *rest],
-                          env=dict(os.environ, **{FREE_ENV: env_parts or '-'}),
+                          env=dict(os.environ, **{FREE_ENV: env_parts}),
                           capture_output=True, text=True, check=False)
     runs[label] = read_lines(proc.stdout)
     loads.append((label, before, os.getloadavg()))
@@ -213,12 +243,12 @@ def main(argv: list[str]) -> None:
   fmt = lambda v: ', '.join(f'{x:.2f}' for x in v)
   page = [f'# Compile bound: `python -m benchmarks.compile_bound {" ".join(argv)}`', '',
           f'Written by `benchmarks.compile_bound` on {date}, host: {os.cpu_count()} CPUs. '
-          f'The second run replaces models/mamba.py\'s {", ".join(parts)} by stand-ins that '
-          'keep shapes and data dependences but compute nothing (its programs are wrong; '
-          'only the compile times count): the last column bounds what any rewrite of those '
-          'parts could save.', '',
+          'Each run after the first replaces the named parts of models/mamba.py by stand-ins '
+          'that keep shapes and data dependences but compute nothing (its programs are wrong; '
+          'only the compile times count): its saving bounds what any rewrite of those parts '
+          'could save. Every run is a process of its own, one after another.', '',
           *[f'- load average {fmt(b)} before, {fmt(a)} after the {label!r} run (1, 5, 15 min)'
-            for label, b, a in loads], '', *report(runs, parts), '']
+            for label, b, a in loads], '', *report(runs), '']
   print('\n'.join(page))
   if out:
     pathlib.Path(out).write_text('\n'.join(page))

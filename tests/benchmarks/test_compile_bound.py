@@ -9,7 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax import nnx
+
 from benchmarks import compile_bound as cb
+from models import config as config_lib
 from models import mamba
 
 B, T, H, P, G, N, K, L = 2, 8, 4, 2, 2, 3, 4, 4
@@ -99,8 +102,36 @@ def test_the_report_pairs_the_runs_by_program():
                     '"compile_s": 87.0, "cpu_s": 160.0}'])
   assert cb.read_lines(text) == [line('train step', 3.0, 87.0) | dict(cpu_s=160.0)]
   rows = cb.report({'as is': [line('train step', 3.0, 87.0)],
-                    'free': [line('train step', 2.0, 68.0)]}, ('scan', 'conv'))
+                    'scan+conv': [line('train step', 2.0, 68.0)],
+                    'mixer': [line('train step', 2.0, 48.0)]})
+  assert rows[0].count('bound on the saving') == 2 and rows[1].count('---:') == 5
   assert rows[2] == ('| train step | 3.0 + 87.0 s (174 s) | 2.0 + 68.0 s (136 s) | '
-                     '20.0 s (22 %) |')
+                     '20.0 s (22 %) | 2.0 + 48.0 s (96 s) | 40.0 s (44 %) |')
   with pytest.raises(ValueError, match='different programs'):
-    cb.report({'as is': [line('a', 1, 1)], 'free': [line('b', 1, 1)]}, ('scan',))
+    cb.report({'as is': [line('a', 1, 1)], 'scan': [line('b', 1, 1)]})
+  assert cb.parse_sets('scan,conv/mixer') == (('scan', 'conv'), ('mixer',))
+  with pytest.raises(ValueError, match='none given'):
+    cb.parse_sets('scan/')
+
+@pytest.mark.parametrize('with_state', [False, True])
+def test_the_mixer_stand_in_has_its_shapes_and_reaches_every_parameter(with_state):
+  cfg = config_lib.ModelConfig.tiny_hybrid()
+  mixer = mamba.Mamba2Mixer(cfg, nnx.Rngs(0))
+  x = _x((B, T, cfg.embed_dim), 70).astype(cfg.jnp_dtype)
+  seg = jnp.ones((B, T), jnp.int32)
+  state = mamba.init_state(cfg, B) if with_state else None
+  want = jax.eval_shape(lambda x: mixer(x, seg, state), x)
+  with cb.freed(('mixer',)):
+    assert mamba.Mamba2Mixer.__call__ is cb._mixer
+    got = jax.eval_shape(lambda x: mixer(x, seg, state), x)
+    graphdef, params = nnx.split(mixer)
+    grads = jax.grad(lambda p, x: jnp.sum(
+        nnx.merge(graphdef, p)(x, seg, state)[0].astype(jnp.float32) ** 2), argnums=(0, 1))(
+            params, x)
+  assert mamba.Mamba2Mixer.__call__ is not cb._mixer
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    assert (g.shape, g.dtype) == (w.shape, w.dtype)
+  leaves = jax.tree.leaves(grads)
+  assert len(leaves) == len(jax.tree.leaves(params)) + 1
+  assert all(float(jnp.abs(g).max()) > 0 for g in leaves)
