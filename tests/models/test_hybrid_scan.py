@@ -216,7 +216,8 @@ def _loss_with_router_losses(model, tokens, positions, segment_ids):
   return _loss(model, tokens, positions, segment_ids) + stats.aux_loss + 0.1 * stats.z_loss
 
 
-@pytest.mark.parametrize('remat', ['full', 'save_attention_out'])
+@pytest.mark.parametrize('remat', ['full', pytest.param('save_attention_out',
+                                                        marks=pytest.mark.heavy)])
 def test_fold_accumulating_backward_equals_autodiff(remat):
   """The folded scan's written-out backward (`hybrid._accumulating_scan`, the default: each
   step recomputed from its input, its parameter gradient added into its kind's stack in
