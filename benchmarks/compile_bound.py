@@ -239,6 +239,9 @@ def main(argv: list[str]) -> None:
     if proc.returncode or not runs[label]:
       raise SystemExit(f'the {label!r} plan failed (exit {proc.returncode}):\n'
                        f'{proc.stderr[-3000:]}')
+  from benchmarks import host  # pylint: disable=g-import-not-at-top
+  # The busiest start of any run: a warning above the table when it exceeded the cores.
+  warning = host.print_load_warning(max((b for _, b, _ in loads), key=lambda v: v[0]))
   date = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')
   fmt = lambda v: ', '.join(f'{x:.2f}' for x in v)
   page = [f'# Compile bound: `python -m benchmarks.compile_bound {" ".join(argv)}`', '',
@@ -248,7 +251,8 @@ def main(argv: list[str]) -> None:
           'only the compile times count): its saving bounds what any rewrite of those parts '
           'could save. Every run is a process of its own, one after another.', '',
           *[f'- load average {fmt(b)} before, {fmt(a)} after the {label!r} run (1, 5, 15 min)'
-            for label, b, a in loads], '', *report(runs), '']
+            for label, b, a in loads], *([f'- {warning}'] if warning else []), '',
+          *report(runs), '']
   print('\n'.join(page))
   if out:
     pathlib.Path(out).write_text('\n'.join(page))

@@ -135,3 +135,46 @@ def test_the_mixer_stand_in_has_its_shapes_and_reaches_every_parameter(with_stat
   leaves = jax.tree.leaves(grads)
   assert len(leaves) == len(jax.tree.leaves(params)) + 1
   assert all(float(jnp.abs(g).max()) > 0 for g in leaves)
+
+
+@pytest.mark.parametrize('load, warned', [(0.5, False), (9.0, True)])
+def test_main_plans_once_per_set_in_a_child_and_writes_the_page(monkeypatch, tmp_path, capsys,
+                                                                load, warned):
+  """main() without libtpu or a plan: the children are faked; what each is asked to free, the
+  page (the command, the loads, the warning above a busy host's table) is checked."""
+  import os
+  import subprocess
+  import sys
+  import types
+  monkeypatch.setitem(sys.modules, 'libtpu', types.ModuleType('libtpu'))
+  monkeypatch.setattr(os, 'getloadavg', lambda: (load, load, load))
+  asked = []
+
+  def fake_run(cmd, env, **kw):
+    del kw
+    asked.append((cmd[-2:], env[cb.FREE_ENV]))
+    secs = {'-': 80.0, 'scan,conv': 70.0, 'mixer': 50.0}[env[cb.FREE_ENV]]
+    out = cb._LINE + '{"program": "train step (x)", "lower_s": 2.0, "compile_s": %s, ' \
+        '"cpu_s": 1.0}\n' % secs
+    return subprocess.CompletedProcess(cmd, 0, stdout='plan output\n' + out, stderr='')
+  monkeypatch.setattr(subprocess, 'run', fake_run)
+  page = tmp_path / 'bound.md'
+  cb.main(['--config=c.py', '--stages=sft', '--free=scan,conv/mixer', f'--out={page}'])
+  assert asked == [(['--config=c.py', '--stages=sft'], e) for e in ('-', 'scan,conv', 'mixer')]
+  text = page.read_text()
+  assert text.startswith('# Compile bound: `python -m benchmarks.compile_bound --config=c.py '
+                         '--stages=sft --free=scan,conv/mixer --out=')
+  assert text.count(' run (1, 5, 15 min)') == 3
+  assert ('WARNING: the host was loaded' in text) == warned
+  assert ('WARNING: the host was loaded' in capsys.readouterr().out) == warned
+  assert '| train step (x) | 2.0 + 80.0 s (1 s) | 2.0 + 70.0 s (1 s) | 10.0 s (12 %) | ' \
+         '2.0 + 50.0 s (1 s) | 30.0 s (37 %) |' in text
+
+  def failing(cmd, env, **kw):
+    del env, kw
+    return subprocess.CompletedProcess(cmd, 1, stdout='', stderr='RESOURCE_EXHAUSTED')
+  monkeypatch.setattr(subprocess, 'run', failing)
+  with pytest.raises(SystemExit, match="(?s)the 'as is' plan failed .exit 1.*RESOURCE_EXHAUSTED"):
+    cb.main(['--config=c.py'])
+  with pytest.raises(SystemExit, match='unknown part'):
+    cb.main(['--free=ssm'])
