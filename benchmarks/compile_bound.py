@@ -161,8 +161,8 @@ def _child(argv: list[str], parts: Sequence[str]) -> None:
     compiled = lowered.compile(compiler_options=kwargs.get('compiler_options'))
     del compiled
     end = time.perf_counter()
-    print(_LINE + json.dumps(dict(program=f'{name} ({shapes})' if shapes else name, lower_s=round(mid - start, 2),
-                                  compile_s=round(end - mid, 2),
+    print(_LINE + json.dumps(dict(program=f'{name} ({shapes})' if shapes else name,
+                                  lower_s=round(mid - start, 2), compile_s=round(end - mid, 2),
                                   cpu_s=round(time.process_time() - cpu, 2))), flush=True)
     return original(name, shapes, lambda: lowered, *args, **kwargs)
 
