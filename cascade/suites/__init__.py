@@ -1,0 +1,53 @@
+"""Evaluation suites: the papers' benchmarks with their protocols, one module each, by name.
+
+  suite = suites.get('aime25')        # a base.Suite: reader, prompts, protocol, metric
+  suites.names()                      # every registered suite
+  suites.register(my_suite)           # a user's own, like a built-in one
+
+Built-in suites are named as 'module:attribute' and imported on first use, so
+importing this package is cheap. Adding a suite is one module defining a
+`base.Suite` and one line in `_BUILTIN`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from cascade.suites import base
+
+_BUILTIN: dict[str, str] = {}
+
+_entries: dict[str, base.Suite | str] = dict(_BUILTIN)
+
+
+def register(suite: base.Suite) -> None:
+  """Adds `suite` under its name.
+
+  Raises:
+    ValueError: the name is taken or `suite` is not a `base.Suite`.
+  """
+  if not isinstance(suite, base.Suite):
+    raise ValueError(f'suites.register: {suite!r} is not a cascade.suites.base.Suite')
+  if suite.name in _entries:
+    raise ValueError(f'suite {suite.name!r} is already registered')
+  _entries[suite.name] = suite
+
+
+def names() -> list[str]:
+  """Registered suite names, sorted."""
+  return sorted(_entries)
+
+
+def get(name: str) -> base.Suite:
+  """The suite registered under `name` (its module imported on first use).
+
+  Raises:
+    ValueError: no such suite (the message lists the known ones).
+  """
+  if name not in _entries:
+    raise ValueError(f'unknown suite {name!r}; known: {", ".join(names()) or "(none)"}')
+  entry = _entries[name]
+  if isinstance(entry, str):
+    module, attr = entry.split(':')
+    entry = _entries[name] = getattr(importlib.import_module(module), attr)
+  return entry
