@@ -39,6 +39,7 @@ import numpy as np
 from cascade import checkpoint
 from cascade import episodes
 from cascade import rollout
+from cascade import verifier_set
 from models import paths
 from rl import sampler as sampler_lib
 
@@ -59,6 +60,8 @@ def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mod
   bs = ev.batch_size
   rewards, lens, trunc = [], [], []
   agent = verifier_of(recs[0]['domain']) if recs else None
+  own_errors = verifier_set.VerifierErrors(
+      f'evaluation of domain {recs[0]["domain"]!r}' if recs else 'evaluation')
   for b, start in enumerate(range(0, len(recs), bs)):
     chunk = recs[start:start + bs]
     if isinstance(agent, episodes.Agent):
@@ -69,11 +72,12 @@ def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mod
                              dataclasses.replace(sp, max_new_tokens=turn), k,
                              max_turns=agent.max_turns, max_tokens=sp.max_new_tokens,
                              render_tools=agent.render_tools)
-      r = ro.rewards
+      r, infos = ro.rewards, ro.infos
     else:
       ro = rollout.generate(sampler, params, tokenizer, chunk, [mode] * len(chunk),
                             jax.random.fold_in(key, b), sp, k)
-      r, _ = rollout.score(ro, verifier_of, sample_cls)
+      r, infos = rollout.score(ro, verifier_of, sample_cls)
+    own_errors.count(ro.records, infos)
     rewards.append(r)
     lens.append(ro.samples.lengths)
     trunc.append(ro.samples.truncated)

@@ -14,7 +14,8 @@ in the same `--workdir` resumes at the exact stage and step; a workdir that ran 
 different config refuses to start unless `--config.allow_config_change=True`
 (one whose run stopped before its first step is taken over).
 
-Exit status: 0 done; 2 a config, data, workdir or storage problem (one line); 3 a stage
+Exit status: 0 done; 2 a config, data, workdir or storage problem, or a verifier that raises
+in its own code (one line); 3 a stage
 diverged (cascade/divergence.py); 75 stopped by SIGTERM or SIGINT at a step boundary with a
 checkpoint (cascade/preemption.py): rerun the same command to resume.
 
@@ -101,6 +102,7 @@ def main(argv):
   from cascade import lock  # pylint: disable=g-import-not-at-top
   from cascade import preemption  # pylint: disable=g-import-not-at-top
   from cascade import runner  # pylint: disable=g-import-not-at-top
+  from cascade import verifier_set  # pylint: disable=g-import-not-at-top
   from cascade.kinds import base as kinds_base  # pylint: disable=g-import-not-at-top
   from models import paths  # pylint: disable=g-import-not-at-top
   from verifiers import sandbox  # pylint: disable=g-import-not-at-top
@@ -110,7 +112,7 @@ def main(argv):
                command=overrides.described(_CONFIG, sys.argv))
   except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError, lock.WorkdirBusy,
           checkpoint.CheckpointError, kinds_base.StageError, paths.PathError,
-          sandbox.SandboxUnavailable) as e:
+          sandbox.SandboxUnavailable, verifier_set.VerifierBug) as e:
     # Expected user errors: one clear line, no traceback.
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)

@@ -14,7 +14,9 @@
    world), then build the mesh, tokenizer, sampler, verifiers, print the start
    banner (`cascade.report`: config, workdir, devices and mesh, the stages, the
    resume point, each verifier's isolation, the compilation cache), and load and
-   check every dataset (a malformed record stops the run here, before any step).
+   check every dataset (a malformed record stops the run here, before any step),
+   then score fixed probe answers on a few records of every domain
+   (`VerifierSet.dry_run`: a verifier that raises in its own code stops it here).
 3. Evaluate the starting policy when the cascade starts with RL (row 'init').
 4. For each stage not yet complete in progress.json: run it through its
    kind (`cascade.kinds.KINDS[stage.kind].run(ctx, stage)`, resuming from its
@@ -213,6 +215,8 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
     cascade.divergence.Diverged: a stage diverged (its policy is not exported or evaluated).
     cascade.preemption.Preempted: SIGTERM or SIGINT stopped the run at a step boundary, with a
       checkpoint (a rerun resumes there).
+    cascade.verifier_set.VerifierBug: a verifier (or environment) raised in its own code,
+      whatever the answer (before the first step, or mid-stage with its steps checkpointed).
   """
   plan = config_lib.validate(config)
   try:
@@ -264,6 +268,7 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
           done=done, resume_step=resume_step, isolation=isolation,
           cache_line=cache.banner() if cache is not None else None))
     ctx.data.load()
+    ctx.verifiers.dry_run(ctx.data.eval_sets)   # a verifier's own bug stops the run here
     if plan.initial_eval and ctx.progress.row(INIT_ROW) is None:
       row = evaluate_row(ctx, INIT_ROW, -1, [], ctx.policies.params_of(('initial',)),
                          hf=plan.hf_path, reporter=reporter)

@@ -25,19 +25,83 @@ An agentic domain (one that names an `env`) is scored by its environment: its
 "verifier", for training and evaluation alike, is an `episodes.Agent`: one
 `envs.Environment` built from the domain's `env_options`, with the domain's
 episode limits, which `cascade.episodes` drives.
+
+A verifier's own bug stops the run. Where scoring a sample raised and its
+verifier (or environment) raises on the sample's record whatever the answer,
+the sample's info carries 'verifier_error' (`verifiers.base`: only fixed probe
+answers can set it, never the model's text). `VerifierErrors` counts those over
+a stage's training batches, or over one domain's evaluation, and raises
+`VerifierBug` (one line naming the verifier, the domain, the record and the
+exception's last frame; `cascade.main` exits 2) at the first one in the first
+scored batch, or once they pass MAX_VERIFIER_ERROR_FRACTION of the samples
+scored. It is raised before that batch trains, so every checkpoint stays valid
+and a rerun after the fix resumes. Before the first step `dry_run` scores the
+probe answers on the first records of every domain's evaluation set, so most
+such bugs stop the run before anything trains.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import json
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from cascade import config as config_lib
+from cascade import distributed
 from cascade import rollout
 
 
 STAGE_PREFIX = 'stage:'
+# Past the first scored batch, a stage (or a domain's evaluation) stops once more than this
+# fraction of its samples met a verifier's own error: a bug only some records reach may cost
+# that many zeros, not a run.
+MAX_VERIFIER_ERROR_FRACTION = 0.01
+# Records of each domain's evaluation set `dry_run` scores the probe answers on.
+DRY_RUN_RECORDS = 2
+
+
+class VerifierBug(RuntimeError):
+  """A verifier (or environment) raised in its own code, whatever the answer: one line."""
+
+
+def bug_message(where: str, record: Mapping, info: Mapping, count: str) -> str:
+  """The one line of a `VerifierBug` for a sample of `record` whose info has 'verifier_error'."""
+  return (f'{where}: the verifier {info.get("verifier", "?")!r} of domain '
+          f'{record.get("domain")!r} raised in its own code on record {record.get("id")!r}, '
+          f'whatever the answer: {info["verifier_error"]} ({count}); fix it and rerun the same '
+          'command: the run resumes from its last checkpoint')
+
+
+class VerifierErrors:
+  """Counts the samples whose verifier raised in its own code (info 'verifier_error') over a
+  stage's training batches or one domain's evaluation, and stops it (module docstring).
+
+  Args:
+    where: names the stage or evaluation in the message.
+  """
+
+  def __init__(self, where: str):
+    self.where = where
+    self.errors = self.scored = self.batches = 0
+
+  def count(self, records: Sequence[Mapping], infos: Sequence[Mapping],
+            where: str | None = None) -> None:
+    """Counts one scored batch (each row's record and verifier info); `where` names it in the
+    message (default: the count's own `where`).
+
+    Raises:
+      VerifierBug: a verifier error in the first batch, or in more than
+        MAX_VERIFIER_ERROR_FRACTION of the samples so far.
+    """
+    bad = [i for i, info in enumerate(infos) if info and info.get('verifier_error')]
+    self.errors += len(bad)
+    self.scored += len(infos)
+    self.batches += 1
+    if bad and (self.batches == 1 or self.errors > MAX_VERIFIER_ERROR_FRACTION * self.scored):
+      when = 'in the first scored batch' if self.batches == 1 else 'so far'
+      raise VerifierBug(bug_message(where or self.where, records[bad[0]], infos[bad[0]],
+                                    f'{self.errors} of {self.scored} samples {when}'))
 
 
 class _StandInJudge:
@@ -176,6 +240,65 @@ class VerifierSet:
     for name, opts in ((d.verifier, d.verifier_options),
                        (d.eval_verifier, d.eval_verifier_options)):
       self._mod.validate(name, metadata, where, **opts)
+
+  def dry_run(self, records_of: Mapping[str, Sequence[dict]]) -> None:
+    """Scores the probe answers (`verifiers.base.PROBE_ANSWERS`) on the first DRY_RUN_RECORDS
+    records of each domain with its training and evaluation verifiers (an agentic domain: a
+    fresh episode of its environment), before the first step. A verifier that needs a model
+    not loaded yet (a reward model, a judge) is left to the run. The hosts agree.
+
+    Args:
+      records_of: domain -> its records (the evaluation sets).
+
+    Raises:
+      VerifierBug: a verifier raised in its own code on one of them, whatever the answer.
+    """
+    message = ''
+    for domain in sorted(self.plan.domains):
+      recs = list(records_of.get(domain) or ())[:DRY_RUN_RECORDS]
+      if recs:
+        message = self._dry_run(domain, recs, self._mod.base.PROBE_ANSWERS)
+      if message:
+        break
+    got = [b.decode() for b in distributed.allgather_bytes(json.dumps(message).encode())]
+    message = next((json.loads(m) for m in got if json.loads(m)), '')
+    if message:
+      raise VerifierBug(message)
+
+  def _dry_run(self, domain: str, recs: list[dict], probes: Sequence[str]) -> str:
+    """`dry_run` of one domain: the message of the first verifier error, or ''."""
+    d = self.plan.domains[domain]
+    where = 'before the first step (dry run of the probe answers)'
+    count = f'on {len(recs)} record(s) x {len(probes)} probe answers'
+    if d.agentic:
+      env = self.train_verifier(domain).env
+      for rec in recs:
+        err = env.own_error(rec)
+        if err is not None:
+          return bug_message(where, rec, {'verifier': f'env:{d.env}', 'verifier_error': err},
+                             count)
+      return ''
+    for for_eval, field in ((False, 'verifier_options'), (True, 'eval_verifier_options')):
+      name = d.eval_verifier if for_eval else d.verifier
+      cls = self._mod.cls(name)
+      opts = dict(d.eval_verifier_options if for_eval else d.verifier_options)
+      takes_rm = bool(d.reward_model_stage) and bool(cls.reward_model_option) and (
+          not for_eval or cls.needs_reward_model)
+      if takes_rm or self.judge_source(domain, field, opts) is not None:
+        continue
+      v = self.eval_verifier(domain) if for_eval else self.train_verifier(domain)
+      rows = [(rec, text) for rec in recs for text in probes]
+      samples = [self.sample_cls(prompt=rollout.verifier_prompt(rec), completion=text,
+                                 metadata=rec['metadata']) for rec, text in rows]
+      try:
+        results = v.score(samples)
+      except Exception as e:  # pylint: disable=broad-except
+        return bug_message(where, recs[0], {'verifier': name,
+                                            'verifier_error': self._mod.base.describe(e)}, count)
+      for (rec, _), res in zip(rows, results):
+        if (res.info or {}).get('verifier_error'):
+          return bug_message(where, rec, dict(res.info, verifier=name), count)
+    return ''
 
   def train_verifier(self, domain: str):
     return self._get(domain, for_eval=False)

@@ -22,6 +22,14 @@ makes `step` raise: malformed calls, unknown tools, bad arguments and tool
 failures are observations; only a failure of the environment itself (its
 sandbox cannot start) raises.
 
+An exception from `_score` costs only the episodes it is raised for: each scores
+0 with the reason, as a verifier's sample does (`verifiers.base`). When a fresh
+episode of the same record raises as well with each of the verifiers' fixed
+`PROBE_ANSWERS` as its final answer, the exception does not depend on what the
+model did, so the environment's own code is at fault: the info then carries
+'verifier_error' (the exception and its last frame) and 'verifier'
+('env:<name>'), which the run counts and stops on (`cascade.verifier_set`).
+
 Subclasses supply `tools`, `_check_metadata`, `_start` (per-episode state),
 `_execute` (a batch of calls, all episodes together, so a sandboxed tool runs
 them in parallel) and `_score` (a batch of final answers or cut episodes).
@@ -38,6 +46,8 @@ from typing import Any, Mapping, Sequence
 import jsonschema
 
 from models import chat
+from verifiers import base as verifiers_base
+from verifiers import sandbox as sandbox_lib
 from verifiers import structured
 
 # Characters of one tool result shown to the model; longer results are cut.
@@ -250,7 +260,7 @@ class Environment:
     steps: list[Step | None] = [None] * len(episodes)
     if finals:
       ended = [episodes[i] for i, _ in finals]
-      for (i, _), (reward, info) in zip(finals, self._score(ended, [a for _, a in finals])):
+      for (i, _), (reward, info) in zip(finals, self._scored(ended, [a for _, a in finals])):
         episodes[i].done = True
         steps[i] = Step(done=True, reward=float(reward), info=dict(info))
     for i, out in enumerate(results):
@@ -263,11 +273,55 @@ class Environment:
     """Ends episodes cut short by a limit (turns, tokens); scores them as the environment does
     for an episode without a final answer."""
     steps = []
-    for ep, (reward, info), why in zip(episodes, self._score(episodes, [None] * len(episodes)),
+    for ep, (reward, info), why in zip(episodes, self._scored(episodes, [None] * len(episodes)),
                                        reasons):
       ep.done = True
       steps.append(Step(done=True, reward=float(reward), info=dict(info, cut=why)))
     return steps
+
+  def _scored(self, episodes: Sequence[Episode], answers: Sequence[str | None]) -> list[tuple]:
+    """`_score`, an exception costing only the episodes it is raised for (module docstring); a
+    sandbox that cannot start still raises."""
+    try:
+      return self._score(episodes, answers)
+    except sandbox_lib.SandboxUnavailable:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      if len(episodes) == 1:
+        return [self._failed(episodes[0], e)]
+    out = []
+    for ep, answer in zip(episodes, answers):
+      try:
+        out += self._score([ep], [answer])
+      except sandbox_lib.SandboxUnavailable:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        out.append(self._failed(ep, e))
+    return out
+
+  def _failed(self, episode: Episode, e: Exception) -> tuple:
+    """(0, info) of an episode whose scoring raised `e`."""
+    info = {'reason': f'error: {type(e).__name__}: {e}'}
+    own = self.own_error(episode.record)
+    if own is not None:
+      info.update(verifier_error=own, verifier=f'env:{self.name}')
+    return 0.0, info
+
+  def own_error(self, record: Mapping[str, Any]) -> str | None:
+    """The error `_score` raises on a fresh episode of `record` with every one of the verifiers'
+    `PROBE_ANSWERS` as its final answer, on one line with its last frame; None when one of them
+    scores."""
+    errors = []
+    for text in verifiers_base.PROBE_ANSWERS:
+      try:
+        self._score(self.reset([record]), [text])
+      except sandbox_lib.SandboxUnavailable:
+        raise
+      except Exception as e:  # pylint: disable=broad-except
+        errors.append(verifiers_base.describe(e))
+        continue
+      return None
+    return errors[0]
 
   def close(self) -> None:
     """Releases what the environment holds (sandbox servers)."""

@@ -7,6 +7,21 @@ metadata (malformed metadata scores 0 with the reason), and runs the domain's
 check in long-lived worker processes with a wall-clock limit per sample (a
 timeout or a crash scores 0 with the reason). Subclasses supply
 `_check_metadata`, `_prepare` (host side, per sample) and a worker function.
+
+A sample's failure and the verifier's own bug. An exception escaping
+`_check_metadata`, `_prepare` or the worker function scores the sample 0 with
+the reason, as a timeout does: a verifier reads hostile text, and a parser the
+text trips must cost that sample only. But a bug in the verifier's own code (a
+metadata field it misnames, a wrong call) raises for every answer, and scoring
+every sample 0 would train on all-zero rewards in silence. So when scoring a
+sample raised, its record is scored again with each of `PROBE_ANSWERS` in the
+model's place; if that raises for every one of them too, the exception does not
+depend on what the model wrote, and the sample's info carries
+'verifier_error' (the exception and its last frame) and 'verifier' (the name):
+the run counts those and stops (`cascade.verifier_set`). No model output can
+set it: the probes are fixed text, scored with the record's own prompt and
+metadata, the run's data. A bug that only some answers reach (a parser that
+raises on odd text, or on an empty answer) stays that sample's 0 with its reason.
 """
 
 from __future__ import annotations
@@ -17,12 +32,18 @@ import os
 import re
 import subprocess
 import sys
+import traceback
 from typing import Any, Mapping, Sequence
 
 from models import chat
 from verifiers.sandbox import pool as pool_lib
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The answers a sample's record is scored with when scoring the sample raised (see the module
+# docstring): plain, wrong for almost every task, and not empty (a verifier may answer an empty
+# text before it reads the record, which would hide a bug past that point).
+PROBE_ANSWERS = ('0', 'The answer is 0.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +271,17 @@ class Verifier:
                                         self.workers, name=f'verifier[{self.name}]')
     return self._pool.run(payloads, [self.timeout_s] * len(payloads))
 
+  def _host_step(self, sample: Sample) -> dict | Result:
+    """The per-sample host side: the thinking split, the metadata check, `_prepare`."""
+    answer, early = self._split(sample)
+    if early is not None:
+      return early
+    try:
+      self._check_metadata(sample.metadata, **self._options())
+    except ValueError as e:
+      return Result(0.0, {'reason': f'bad metadata: {e}'})
+    return self._prepare(sample, answer)
+
   def score(self, samples: Sequence[Sample]) -> list[Result]:
     """Scores a batch.
 
@@ -258,23 +290,19 @@ class Verifier:
 
     Returns:
       One Result per sample, in order. Exceptions, timeouts and malformed
-      metadata give reward 0 with the reason in info; nothing raises except a
-      verifier whose workers cannot start at all.
+      metadata give reward 0 with the reason in info (an exception the
+      verifier raises whatever the answer also gives 'verifier_error', see the
+      module docstring); nothing raises except a verifier whose workers cannot
+      start at all.
     """
     results: list[Result | None] = [None] * len(samples)
-    jobs, payloads = [], []
+    jobs, payloads, raised = [], [], []
     for i, sample in enumerate(samples):
       try:
-        answer, early = self._split(sample)
-        if early is None:
-          try:
-            self._check_metadata(sample.metadata, **self._options())
-          except ValueError as e:
-            early = Result(0.0, {'reason': f'bad metadata: {e}'})
-        if early is None:
-          early = self._prepare(sample, answer)
+        early = self._host_step(sample)
       except Exception as e:  # pylint: disable=broad-except
         early = Result(0.0, {'reason': f'error: {type(e).__name__}: {e}'})
+        raised.append(i)
       if isinstance(early, Result):
         results[i] = early
       else:
@@ -283,7 +311,49 @@ class Verifier:
     if payloads:
       for i, outcome in zip(jobs, self._run(payloads)):
         results[i] = _to_result(outcome)
+        if _worker_error(outcome) is not None:
+          raised.append(i)
+    if raised:
+      self._blame(samples, results, raised)
     return self._finish(samples, results)
+
+  def _blame(self, samples: Sequence[Sample], results: list, raised: list[int]) -> None:
+    """Marks the samples in `raised` whose verifier raises on their record whatever the answer
+    ('verifier_error'); each record is probed once."""
+    own: dict[tuple, str | None] = {}
+    for i in raised:
+      s = samples[i]
+      key = (id(s.metadata), s.prompt)
+      if key not in own:
+        own[key] = self.own_error(s.prompt, s.metadata)
+      if own[key] is not None:
+        results[i] = Result(results[i].reward, dict(results[i].info, verifier_error=own[key],
+                                                    verifier=self.name or type(self).__name__))
+
+  def own_error(self, prompt: str, metadata: Mapping[str, Any]) -> str | None:
+    """The error this verifier raises on a record with every one of `PROBE_ANSWERS`, as one line
+    ('KeyError: 'answr' at my_verifier.py:12 in _prepare'), or None when one of them scores.
+
+    Args:
+      prompt: the record's prompt, as samples carry it.
+      metadata: the record's metadata.
+    """
+    errors, payloads = [], []
+    for text in PROBE_ANSWERS:
+      try:
+        out = self._host_step(Sample(prompt, text, metadata))
+      except Exception as e:  # pylint: disable=broad-except
+        errors.append(describe(e))
+        continue
+      if isinstance(out, Result):
+        return None
+      payloads.append(out)
+    for outcome in self._run(payloads) if payloads else ():
+      err = _worker_error(outcome)
+      if err is None:
+        return None
+      errors.append(err)
+    return errors[0]
 
   def close(self) -> None:
     """Stops the worker processes (they restart if `score` is called again)."""
@@ -296,6 +366,28 @@ class Verifier:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def describe(e: BaseException) -> str:
+  """An exception on one line with its last frame: "KeyError: 'answr' at x.py:12 in _prepare"."""
+  msg = ' '.join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split())
+  text = f'{type(e).__name__}: {msg[:300]}' if msg else type(e).__name__
+  frames = traceback.extract_tb(e.__traceback__)
+  if not frames:
+    return text
+  last = frames[-1]
+  where = os.path.relpath(last.filename)
+  where = last.filename if where.startswith('..') else where
+  return f'{text} at {where}:{last.lineno} in {last.name}'
+
+
+def _worker_error(outcome: pool_lib.Outcome) -> str | None:
+  """The exception the worker function raised for a request, on one line (None: it answered,
+  or it timed out or died, which is no exception of its code)."""
+  if not outcome.ok or not isinstance(outcome.value, dict) or 'error' not in outcome.value:
+    return None
+  where = outcome.value.get('where')
+  return f'{outcome.value["error"]}' + (f' at {where}' if where else '')
 
 
 def _to_result(outcome: pool_lib.Outcome) -> Result:

@@ -33,6 +33,7 @@ from cascade import divergence
 from cascade import evaluation
 from cascade import metrics as metrics_lib
 from cascade import preemption
+from cascade import verifier_set
 from cascade.kinds import base
 from models import sharding
 from rl import train_step as train_lib
@@ -136,7 +137,9 @@ def train_stage(ctx, kind: base.Kind, stage,
   of bad steps survives Orbax's `keep` rotation for a rollback. At every step
   boundary the loop asks whether a signal asked the run to stop
   (`cascade.preemption`, agreed by every host): then it checkpoints that step
-  and raises `Preempted`.
+  and raises `Preempted`. A stop raised while a step's batch is made or the
+  policy validated (`verifier_set.VerifierBug`, a `StageError` such as a failing
+  sandbox) also checkpoints the steps taken before it passes on.
 
   Args:
     ctx: the run's `cascade.runner.RunContext`.
@@ -150,6 +153,8 @@ def train_stage(ctx, kind: base.Kind, stage,
   Raises:
     cascade.divergence.Diverged: the stage diverged and has no rollback left.
     cascade.preemption.Preempted: a signal stopped the run (the step is checkpointed).
+    cascade.verifier_set.VerifierBug: a verifier raised in its own code (the steps before it
+      are checkpointed).
   """
   pol = ctx.policies
   optimizer = train_lib.make_optimizer(base.optimizer_config(stage))
@@ -183,10 +188,27 @@ def train_stage(ctx, kind: base.Kind, stage,
     ckpts.save(step, state, {'step': step, 'stage_index': stage.index, 'stage': stage.name,
                              'data': maker.loader.get_state(), 'divergence': watch.state()})
 
+  last_saved = step if restored is not None else None
+
+  def keep(step, state, data):
+    """Before a stop that is no divergence (a verifier's own bug, a failing sandbox): the
+    steps taken so far are checkpointed, the data position as it was at that step."""
+    if step and step != last_saved:
+      maker.loader.set_state(data)
+      save(step, state)
+    ckpts.wait()
+    bar.close()
+
+  stops = (base.StageError, verifier_set.VerifierBug)
   while step < stage.steps:
     t0 = time.perf_counter()
     rng = jax.random.fold_in(state.rng, step)
-    batches, host = maker.make(step, rng, state)
+    data_at = maker.loader.get_state()
+    try:
+      batches, host = maker.make(step, rng, state)
+    except stops:
+      keep(step, state, data_at)
+      raise
     ms = []
     for batch in batches:
       state, m = train_lib.run_step(step_fn, state, batch)
@@ -199,7 +221,12 @@ def train_stage(ctx, kind: base.Kind, stage,
     diverged = watch.see(step, m)
     if val_every and step % val_every == 0 and step < stage.steps and not diverged:
       t1 = time.perf_counter()
-      m.update({f'val/{d}': v for d, v in evaluation.validation_scores(ctx, state.params).items()})
+      try:
+        scores = evaluation.validation_scores(ctx, state.params)
+      except stops:
+        keep(step, state, maker.loader.get_state())
+        raise
+      m.update({f'val/{d}': v for d, v in scores.items()})
       m['validation_s'] = time.perf_counter() - t1
     ctx.writer.write(stage, step, m)
     bar.update(m)
@@ -214,12 +241,14 @@ def train_stage(ctx, kind: base.Kind, stage,
         raise watch.diverged(step, back)
       step, state = _roll_back(ctx, stage, ckpts, abstract, optimizer, seed, maker, start_data,
                                watch, back, step)
+      last_saved = step or None
       step_fn = _step_fn(ctx, kind, stage, state, watch.lr_scale)
       bar.rewind(step)
       continue
     saved = step == stage.steps or (every and step % every == 0 and not watch.streak)
     if saved:
       save(step, state)
+      last_saved = step
     for hook in STEP_END_HOOKS:
       hook(stage.name, step, saved, ckpts)
     why = preemption.stop_requested()

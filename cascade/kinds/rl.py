@@ -55,6 +55,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from cascade import rollout
+from cascade import verifier_set
 from cascade.kinds import base
 from models import sharding
 from rl import batch as batch_lib
@@ -319,14 +320,22 @@ MAX_SANDBOX_ERROR_FRACTION = 0.1
 
 
 class Draws:
-  """Sampling rounds of one RL step: each draws prompts, samples G each and scores them."""
+  """Sampling rounds of one RL step: each draws prompts, samples G each and scores them.
+
+  `verifier_errors`: the stage's count of samples whose verifier raised in its own code
+  (`verifier_set.VerifierErrors`, made once per stage so it spans its steps; default: this
+  step's own).
+  """
 
   # With `stream_filter` on one host, score on a thread while decoding goes on (False: between
   # decode calls, as with several hosts).
   SCORE_THREAD = True
 
-  def __init__(self, ctx, stage: RLStageConfig, loader, step: int, rng, params):
+  def __init__(self, ctx, stage: RLStageConfig, loader, step: int, rng, params,
+               verifier_errors: verifier_set.VerifierErrors | None = None):
     self.ctx, self.stage, self.loader = ctx, stage, loader
+    self.verifier_errors = verifier_errors or verifier_set.VerifierErrors(stage.where)
+    self._own_errors0 = self.verifier_errors.errors
     self.rng, self.params = rng, params
     phase = stage.phase_at(step)
     self.sp = sampler_lib.SamplingParams(temperature=phase.temperature, top_p=stage.top_p,
@@ -355,6 +364,7 @@ class Draws:
     """Books scored rollouts (rewards, lengths, `drawn`, the sandbox-error stop) and returns
     their train rows: {'samples', 'domain'}."""
     st = self.stage
+    self.verifier_errors.count(ro.records, infos, f'{st.where}: step {self.step + 1}')
     self.sandbox_errors += sum(1 for i in infos if i.get('sandbox_error'))
     self.scored += len(infos)
     if self.sandbox_errors > MAX_SANDBOX_ERROR_FRACTION * self.scored:
@@ -542,7 +552,9 @@ class Draws:
            'truncated_frac': float(np.mean(np.concatenate(self.truncated))),
            'sample_s': self.sample_s, 'score_s': self.score_s,
            'temperature': self.sp.temperature, 'max_response_len': self.sp.max_new_tokens,
-           'sandbox_errors': float(self.sandbox_errors), **self.accounting()}
+           'sandbox_errors': float(self.sandbox_errors),
+           'verifier_errors': float(self.verifier_errors.errors - self._own_errors0),
+           **self.accounting()}
     doms = np.array(self.domains)
     if len(set(self.domains)) > 1:
       for d in sorted(set(self.domains)):

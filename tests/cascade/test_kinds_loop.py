@@ -20,6 +20,7 @@ from cascade import checkpoint
 from cascade import data as data_lib
 from cascade import kinds
 from cascade import policies as policies_lib
+from cascade import verifier_set
 from cascade.kinds import base
 from cascade.kinds import loop
 from rl import sft as sft_lib
@@ -39,8 +40,9 @@ def _ctx(plan, workdir):
 RECORDS = [{'id': k} for k in range(10)]
 
 
-def _run(plan, workdir, log, stop_at=None):
-  """Runs the plan's SFT stage with a stub maker; `stop_at`: raise before building that step."""
+def _run(plan, workdir, log, stop_at=None, bug_at=None):
+  """Runs the plan's SFT stage with a stub maker; `stop_at`: raise before building that step;
+  `bug_at`: a verifier's own bug stops that step once its records are drawn."""
   ctx = _ctx(plan, workdir)
   stage = plan.stages[0]
 
@@ -52,6 +54,8 @@ def _run(plan, workdir, log, stop_at=None):
       if step == stop_at:
         raise _Stop(step)
       ids = [r['id'] for r in loader.next()]
+      if step == bug_at:
+        raise verifier_set.VerifierBug(f'step {step + 1}: a verifier raised in its own code')
       log.append((step, tuple(np.asarray(jax.random.key_data(rng)).ravel().tolist()), ids,
                   int(state.step)))
       ex = [([2 + (7 * k + j) % 250 for j in range(8)], [0, 0] + [1] * 6) for k in ids]
@@ -165,6 +169,22 @@ def test_kill_point_fires_after_that_steps_checkpoint_and_the_run_resumes(
   res_b = _run(plan, tmp_path, resumed)
   assert '[0] sft: resuming at step 4/6' in capsys.readouterr().out
   assert resumed == log_a[4:]
+  _same_params(res_b.params, res_a.params)
+
+
+def test_a_verifiers_own_bug_stops_the_stage_with_every_step_before_it_checkpointed(
+    uninterrupted, tmp_path, capsys):
+  """Stopped at step 3 (checkpoints every 2), the stage keeps steps 0-2 in a checkpoint at step 3
+  whose data position is that step's start: the rerun redoes step 3 alone, as it was."""
+  plan, log_a, res_a = uninterrupted
+  log_b = []
+  with pytest.raises(verifier_set.VerifierBug, match='step 4: a verifier raised'):
+    _run(plan, tmp_path, log_b, bug_at=3)
+  assert log_b == log_a[:3]
+  resumed = []
+  res_b = _run(plan, tmp_path, resumed)
+  assert '[0] sft: resuming at step 3/6' in capsys.readouterr().out
+  assert resumed == log_a[3:]
   _same_params(res_b.params, res_a.params)
 
 

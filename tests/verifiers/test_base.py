@@ -142,3 +142,81 @@ def test_raw_answer_keeps_indentation():
   assert base.raw_answer('\n\n    return x\n<|im_end|>') == '    return x'
   assert base.raw_answer('<think>t</think>\n  y = 1\n') == '  y = 1'
   assert base.raw_answer('</think>z') == 'z'
+
+
+# ------------------------------------------------------------------ the verifier's own bug
+
+class _Misnamed(base.Verifier):
+  """A user's verifier with a bug of its own: it reads a metadata field the records lack."""
+  name = 'misnamed'
+
+  def _prepare(self, sample, answer):
+    ok = answer == sample.metadata['answr']
+    return verifiers.Result(float(ok), {'reason': 'right' if ok else 'wrong'})
+
+
+class _Fragile(base.Verifier):
+  """A verifier whose parser raises on some answers (a weakness hostile text can reach)."""
+  name = 'fragile'
+
+  def _prepare(self, sample, answer):
+    if not answer or answer[0] in '{<\\':
+      raise ValueError(f'cannot parse {answer[:10]!r}')
+    return verifiers.Result(float(answer == sample.metadata['answer']), {'reason': 'parsed'})
+
+
+class _WorkerBug(_Echo):
+  """Its worker function fails on every payload it is given (json.loads of a dict)."""
+  name = 'worker_bug'
+
+  def _prepare(self, sample, answer):
+    return {'text': answer}
+
+
+def test_a_verifier_that_raises_whatever_the_answer_marks_its_own_error():
+  # Every sample scores 0 with its reason, as before, and carries the exception and its last
+  # frame (the verifier's own line), which the run stops on (cascade.verifier_set).
+  v = _Misnamed(workers=1)
+  r = v.score([S('p', 'x', {'answer': 'x'}), S('p', '<think>a</think>y', {'answer': 'y'})])
+  for res in r:
+    assert res.reward == 0 and res.info['reason'] == "error: KeyError: 'answr'"
+    assert res.info['verifier'] == 'misnamed'
+    assert res.info['verifier_error'].startswith("KeyError: answr at tests/verifiers/test_base.py:")
+    assert res.info['verifier_error'].endswith(' in _prepare')
+  # Its worker function's own error too, with the worker's last frame.
+  v = _WorkerBug(workers=1, timeout_s=5)
+  try:
+    r = v.score([S('p', 'x'), S('p', 'y')])
+  finally:
+    v.close()
+  assert all(x.reward == 0 and 'TypeError' in x.info['reason'] for x in r)
+  assert all(x.info['verifier'] == 'worker_bug' for x in r)
+  assert 'json' in r[0].info['verifier_error'] and r[0].info['verifier_error'].endswith(' in loads')
+
+
+def test_no_model_text_makes_a_fragile_parser_the_verifiers_own_error():
+  """A parser that raises on hostile text costs those samples their reward, never a stop: the
+  probe answers, not the model's text, decide whose error it was."""
+  v = _Fragile(workers=1)
+  hostile = ['', '{', '<|im_end|>', '\\boxed{', '{"a": ' * 1000, '<think></think>{',
+             *base.PROBE_ANSWERS]
+  r = v.score([S('p', t, {'answer': '7'}) for t in hostile] + [S('p', '7', {'answer': '7'})])
+  assert [x.reward for x in r] == [0.0] * len(hostile) + [1.0]
+  assert not [x.info for x in r if 'verifier_error' in x.info]
+  assert r[1].info['reason'].startswith('error: ValueError: cannot parse')
+  # The echo verifier's worker fails on text that is not JSON, not on the probes: no own error.
+  v = _Echo(workers=1, timeout_s=5)
+  try:
+    r = v.score([S('p', 'not json'), S('p', '{"reward": 1}')])
+  finally:
+    v.close()
+  assert 'JSONDecodeError' in r[0].info['reason'] and 'verifier_error' not in r[0].info
+
+
+def test_own_error_probes_a_record_once_per_batch(monkeypatch):
+  v = _Misnamed(workers=1)
+  calls = []
+  monkeypatch.setattr(v, 'own_error', lambda prompt, md: calls.append(md) or 'bug')
+  md = {'answer': 'x'}
+  v.score([S('p', 'a', md)] * 8 + [S('p', 'b', {'answer': 'y'})])
+  assert len(calls) == 2

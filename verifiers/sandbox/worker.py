@@ -12,6 +12,7 @@ import importlib
 import os
 import signal
 import sys
+import traceback
 
 from verifiers.sandbox import framing
 
@@ -45,7 +46,10 @@ def main(spec: str) -> None:
     try:
       frame = framing.encode_frame(fn(payload))
     except Exception as e:  # pylint: disable=broad-except
-      frame = framing.encode_frame({'error': f'{type(e).__name__}: {e}'})
+      # 'where', the exception's last frame, names the line when the verifier's own code raised.
+      last = traceback.extract_tb(e.__traceback__)[-1]
+      frame = framing.encode_frame({'error': f'{type(e).__name__}: {e}',
+                                    'where': f'{last.filename}:{last.lineno} in {last.name}'})
     framing.write_all(proto_out, frame)
 
 
