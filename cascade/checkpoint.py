@@ -118,7 +118,8 @@ HARMLESS_TOP = ('allow_config_change', 'hardware', 'prepare', 'compilation_cache
 # The divergence thresholds only decide whether a run stops: a run that goes on computes what it
 # would have computed under any other thresholds (rollbacks, which retrain, are not harmless).
 HARMLESS_NESTED = {'ckpt': ('keep', 'checksums'), 'eval': ('log_samples', 'eval_every'),
-                   'divergence': ('max_bad_steps', 'min_loss', 'max_loss', 'max_grad_norm')}
+                   'divergence': ('max_bad_steps', 'min_loss', 'max_loss', 'max_grad_norm',
+                                  'max_update_ratio')}
 
 
 def config_for_hash(config) -> dict:

@@ -49,11 +49,10 @@ def _get(cfg, key, default=None):
     return default
 
 
-def _section(cls, raw, name: str, known: tuple[str, ...] | None = None):
-  """`cls` from `config.<name>` (absent: its defaults); unknown fields name the known ones."""
-  unknown = 'unknown field' if known is None else f'unknown field (known: {", ".join(known)})'
-  return schema.from_mapping(cls, schema.as_dict(raw or {}), f'config.{name}', sep='.',
-                             unknown=unknown)
+def _section(cls, raw, name: str):
+  """`cls` from `config.<name>` (absent: its defaults); an unknown field is named with the
+  nearest known ones."""
+  return schema.from_mapping(cls, schema.as_dict(raw or {}), f'config.{name}', sep='.')
 
 
 def _mapping_ok(v) -> bool:
@@ -429,12 +428,13 @@ class Divergence:
   A step is bad when its loss or gradient norm is not finite (the train step
   skipped it), when its gradient is exactly zero while its loss is not (a
   saturated model that can no longer learn: the finite garbage a far too high
-  learning rate leaves), or when its loss or its gradient norm (before
-  clipping) leaves the band set here. Every bad step is reported as it happens
-  (stderr, TensorBoard, metrics.jsonl `bad_steps`); a stage whose bad steps
-  run past `max_bad_steps` in a row has diverged: it rolls back (`rollbacks`)
-  or the run stops without exporting or evaluating its policy
-  (`cascade.divergence`).
+  learning rate leaves), when its update changed the weights by orders of
+  magnitude (`max_update_ratio`), or when its loss or its gradient norm
+  (before clipping) leaves the band set here. Every bad step is reported as it
+  happens (stderr, TensorBoard, metrics.jsonl `bad_steps`); a stage whose bad
+  steps run past `max_bad_steps` in a row, or that ends on a bad step, has
+  diverged: it rolls back (`rollbacks`) or the run stops without exporting or
+  evaluating its policy (`cascade.divergence`).
   """
   # Bad steps in a row a stage tolerates (a sporadic overflow is skipped and reported); one more
   # and the stage has diverged.
@@ -445,6 +445,11 @@ class Divergence:
   # The largest gradient norm (before clipping) of a good step (None: unbounded).
   max_grad_norm: float | None = schema.field(
       None, check=schema.num_in(0, lo_open=True, what='must be > 0'), convert=float)
+  # The largest change one step may make to the weights, as |new - old| / |old| over all
+  # parameters (the step's 'update_ratio'; a healthy step stays far below 0.01): above it the
+  # update multiplied the weights, e.g. x1e37 before the NaN steps it causes (None: unchecked).
+  max_update_ratio: float | None = schema.field(
+      1e3, check=schema.num_in(0, lo_open=True, what='must be > 0'), convert=float)
   # Times a diverged stage goes back to its newest checkpoint from before its bad steps and
   # goes on with its learning rate times `rollback_lr_factor` (0: a diverged stage stops the run).
   rollbacks: int = schema.field(0, check=schema.int_at_least(0))
@@ -493,7 +498,7 @@ def _entry(section: str, name: str, spec, fields: tuple) -> tuple[str, dict]:
   spec = schema.as_dict(spec)
   for k in spec:
     if k not in fields:
-      raise ConfigError(f'{where}.{k}: unknown field (known: {", ".join(fields)})')
+      raise ConfigError(f'{where}.{k}: unknown field ({schema.nearest(k, fields)})')
   return where, spec
 
 
@@ -555,6 +560,16 @@ def _reward_model_option(verifier: str) -> str:
 def _needs_reward_model(verifier: str) -> bool:
   import verifiers  # pylint: disable=g-import-not-at-top
   return verifier in verifiers.names() and verifiers.cls(verifier).needs_reward_model
+
+
+def _judge_window(verifier: str, options: Mapping[str, Any]) -> int | None:
+  """The most tokens of a policy answer a verifier's judge model reads (None: no judge, or
+  nothing cut)."""
+  import verifiers  # pylint: disable=g-import-not-at-top
+  if verifier not in verifiers.names():
+    return None
+  use = verifiers.cls(verifier).judge_use(options, 1)
+  return None if use is None else use.answer_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -707,6 +722,28 @@ class Domain:
         raise ConfigError(f'config.eval: max_prompt_len + max_new_tokens = {rows} tokens of '
                           f'domain {self.name!r} do not fit {window}')
 
+  def check_judge(self, stages, eval_setting: Eval) -> None:
+    """A judge model that scores this domain reads every answer whole: no stage sampling it
+    writes more tokens than the judge's window on an answer (`JudgeUse.answer_tokens`), nor
+    does the evaluation when its verifier is a judge (text past the window would never be
+    read, so the reward could not depend on it)."""
+    if self.agentic:
+      return
+    window = _judge_window(self.verifier, self.verifier_options)
+    for s in stages:
+      if window is not None and self.name in s.domains and s.SAMPLES and (
+          s.max_response_len > window):
+        raise ConfigError(f'stages[{s.index}] {s.name!r}: max_response_len='
+                          f'{s.max_response_len} tokens of domain {self.name!r} exceed its '
+                          f"judge's window (config.domains.{self.name}.verifier_options."
+                          f'max_field_tokens={window}): raise it or shorten the responses')
+    window = _judge_window(self.eval_verifier or self.verifier, self.eval_verifier_options)
+    if window is not None and eval_setting.max_new_tokens > window:
+      raise ConfigError(f'config.eval: max_new_tokens={eval_setting.max_new_tokens} tokens of '
+                        f"domain {self.name!r} exceed its judge's window (config.domains."
+                        f'{self.name}.eval_verifier_options.max_field_tokens={window}): raise '
+                        'it or shorten the generations')
+
 
 # ---------------------------------------------------------------- the plan
 
@@ -802,31 +839,30 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
 
   for key in (config.keys() if hasattr(config, 'keys') else ()):
     if key not in SECTIONS:
-      raise ConfigError(f'config.{key}: unknown section (known: {", ".join(SECTIONS)})')
+      raise ConfigError(f'config.{key}: unknown section ({schema.nearest(key, SECTIONS)})')
   for section in _REQUIRED_SECTIONS:
     if _get(config, section) is None:
       raise ConfigError(f'config.{section}: missing section')
   seed = _get(config, 'seed')
   if not schema.is_int(seed):
     raise ConfigError(f'config.seed={seed!r}: must be an int')
-  model_section = _section(Model, config.model, 'model', ('preset', 'overrides', 'hf_path'))
+  model_section = _section(Model, config.model, 'model')
   model = model_section.resolve()
   _check_positions(model)
   tok = _section(Tokenizer, config.tokenizer, 'tokenizer')
-  mesh = _section(Mesh, config.mesh, 'mesh', ('shape', 'rules', 'slices'))
+  mesh = _section(Mesh, config.mesh, 'mesh')
   _check_expert_axis(mesh.shape, model)
   ckpt = _section(Ckpt, config.ckpt, 'ckpt')
   divergence = _section(Divergence, _get(config, 'divergence'), 'divergence')
   raw_eval = schema.as_dict(config.eval)
   ev = _section(Eval, raw_eval, 'eval')
-  sampler = _section(Sampler, config.sampler, 'sampler',
-                     tuple(f.name for f in dataclasses.fields(Sampler)))
+  sampler = _section(Sampler, config.sampler, 'sampler')
   hardware = _section(Hardware, _get(config, 'hardware'), 'hardware')
   compilation_cache = _section(CompilationCache, _get(config, 'compilation_cache'),
-                               'compilation_cache', ('dir', 'min_compile_secs'))
+                               'compilation_cache')
   prepare = _get(config, 'prepare')
   if prepare is not None:
-    prepare = _section(Prepare, prepare, 'prepare', ('fn', 'kwargs'))
+    prepare = _section(Prepare, prepare, 'prepare')
   datasets = {name: Dataset.parse(name, spec, known_formats)
               for name, spec in schema.as_dict(_get(config, 'datasets') or {}).items()}
   raw_domains = schema.as_dict(_get(config, 'domains') or {})
@@ -851,6 +887,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   for d in domains.values():
     if d.reward_model_stage:
       d.check_reward_model(stages, eval_settings[d.name])
+    d.check_judge(stages, eval_settings[d.name])
   initial = ev.initial
   if initial == 'auto':
     first = next((s for s in stages if s.ROW), None)

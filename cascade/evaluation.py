@@ -22,6 +22,12 @@ with `stages[i]` the row's stage name ('init' for the starting policy),
 score of domain j after stage i; results.md is the same table with deltas
 against the previous row; results.png draws one line per domain across the
 stages (the picture of the Nemotron-Cascade paper's Figure 1).
+
+An evaluation can stop between two batches and go on later from what it kept
+(`evaluate`'s `stop` and `done`, `Stopped`): a run preempted while it evaluates
+keeps that in `workdir/eval_partial.json` (cascade.runner), and the rerun
+samples only the batches not yet done; batch b of a domain uses the same key
+whenever it runs, so the row equals an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -53,16 +59,58 @@ def sampling_params(ev) -> sampler_lib.SamplingParams:
 MODE_NAMES = {True: 'think', False: 'no_think', None: 'default'}
 
 
-def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mode, key) -> dict:
-  """Scores one domain's records in one thinking mode (batches of ev.batch_size prompts)."""
+class Stopped(Exception):
+  """`evaluate` stopped at a batch boundary because its `stop` asked it to.
+
+  Attributes:
+    why: what `stop` returned (e.g. 'SIGTERM').
+    where: where it stopped, e.g. "domain 'code' before batch 3/8".
+    done: what it had evaluated (JSON): `evaluate(..., done=)` goes on from it.
+  """
+
+  def __init__(self, why: str, where: str, done: dict):
+    super().__init__(f'{why}: stopped at {where}')
+    self.why, self.where, self.done = why, where, done
+
+
+class _Stop(Exception):
+  """A batch loop's stop (`_one_mode`): the batch it stopped before, of how many."""
+
+  def __init__(self, why: str, batch: int, batches: int):
+    super().__init__(why)
+    self.why, self.batch, self.batches, self.mode = why, batch, batches, ''
+
+
+def _pack(a) -> dict:
+  """A batch's array as JSON that `_unpack` turns back into the same array (dtype included)."""
+  a = np.asarray(a)
+  return {'dtype': a.dtype.str, 'values': a.tolist()}
+
+
+def _unpack(x: Mapping) -> np.ndarray:
+  return np.asarray(x['values'], np.dtype(x['dtype']))
+
+
+def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mode, key,
+              batches: list, stop: Callable[[], str | None] | None) -> dict:
+  """Scores one domain's records in one thinking mode (batches of ev.batch_size prompts).
+
+  `batches` holds the batches evaluated so far (JSON; each one is appended as it ends): those a
+  stopped evaluation kept are not sampled again. `stop` is asked before each batch still to
+  sample; when it answers, `_Stop` is raised there."""
   sp = sampling_params(ev)
   k = 1 if sp.greedy else ev.num_samples      # greedy samples would all agree
   bs = ev.batch_size
-  rewards, lens, trunc = [], [], []
   agent = verifier_of(recs[0]['domain']) if recs else None
   own_errors = verifier_set.VerifierErrors(
       f'evaluation of domain {recs[0]["domain"]!r}' if recs else 'evaluation')
-  for b, start in enumerate(range(0, len(recs), bs)):
+  starts = range(0, len(recs), bs)
+  for b, start in enumerate(starts):
+    if b < len(batches):
+      continue
+    why = stop() if stop is not None else None
+    if why:
+      raise _Stop(why, b, len(starts))
     chunk = recs[start:start + bs]
     if isinstance(agent, episodes.Agent):
       # An agentic domain: whole episodes, `max_new_tokens` bounding each one's tokens.
@@ -78,22 +126,28 @@ def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mod
                             jax.random.fold_in(key, b), sp, k)
       r, infos = rollout.score(ro, verifier_of, sample_cls)
     own_errors.count(ro.records, infos)
-    rewards.append(r)
-    lens.append(ro.samples.lengths)
-    trunc.append(ro.samples.truncated)
-  r = np.concatenate(rewards)
+    batches.append({'rewards': _pack(r), 'lengths': _pack(ro.samples.lengths),
+                    'truncated': _pack(ro.samples.truncated)})
+  r, lens, trunc = (np.concatenate([_unpack(x[f]) for x in batches])
+                    for f in ('rewards', 'lengths', 'truncated'))
   return {'score': float(100.0 * np.mean(np.clip(r, 0.0, 1.0))),
           'prompts': len(recs), 'samples': int(r.size),
           'mean_reward': float(np.mean(r)),
-          'mean_len': float(np.mean(np.concatenate(lens))),
-          'truncated': float(np.mean(np.concatenate(trunc)))}
+          'mean_len': float(np.mean(lens)),
+          'truncated': float(np.mean(trunc))}
 
 
 def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]],
              verifier_of: Callable[[str], object], sample_cls, ev,
-             rng, report: Callable[[int, int, str, dict, float], None] | None = None
+             rng, report: Callable[[int, int, str, dict, float], None] | None = None,
+             done: Mapping | None = None, stop: Callable[[], str | None] | None = None
              ) -> dict[str, dict]:
   """Scores a policy on every domain's prompts (held-out or validation).
+
+  It can stop at a batch boundary and go on later: `stop` is asked before every batch it
+  samples, and when it answers (e.g. 'SIGTERM') `Stopped` carries what was evaluated;
+  `evaluate(..., done=that)` of the same policy and settings then samples only the rest and
+  returns what one uninterrupted call returns (batch b's key is the same whenever it runs).
 
   Args:
     sampler: an `rl.sampler.Sampler` for the policy's architecture.
@@ -108,39 +162,64 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
     rng: PRNG key; batch b of domain d uses fold_in(fold_in(rng, crc32(d)), b),
       so a domain's samples do not depend on which other domains are scored;
       with thinking='both' mode i's batches fold in i first.
-    report: called after each domain with (i, n, domain, its result, seconds), i from 1:
-      the run's progress line.
+    report: called after each domain it evaluates with (i, n, domain, its result, seconds),
+      i from 1: the run's progress line.
+    done: what a stopped call had evaluated (`Stopped.done`): its domains and batches are kept.
+    stop: asked before each batch; an answer stops the call there (`Stopped`).
 
   Returns:
     domain -> {'score' in [0, 100], 'prompts', 'samples', 'mean_reward',
     'mean_len', 'truncated'}; with thinking='both' these are the means over
     the two modes, and 'modes' holds {'think': {...}, 'no_think': {...}}.
+
+  Raises:
+    Stopped: `stop` answered (before a batch; what was evaluated is in it).
   """
+  # domain -> {'result': ...} once evaluated, else {'modes': {mode: [batch, ...]}} (JSON).
+  state = {d: json.loads(json.dumps(v)) for d, v in (done or {}).items() if d in eval_sets}
   out = {}
   prepare = getattr(sampler, 'prepare', None)   # the rollout copy, made once for every domain
-  if prepare is not None and eval_sets:
-    params = prepare(params)
   for i, domain in enumerate(sorted(eval_sets), 1):
+    if 'result' in state.get(domain, {}):
+      out[domain] = state[domain]['result']
+      continue
+    if prepare is not None:
+      params, prepare = prepare(params), None
     t0 = time.perf_counter()
-    out[domain] = _one_domain(sampler, params, tokenizer, eval_sets[domain], verifier_of,
-                              sample_cls, ev[domain] if isinstance(ev, Mapping) else ev,
-                              jax.random.fold_in(rng, zlib.crc32(domain.encode()) & 0x7FFFFFFF))
+    modes = state.setdefault(domain, {'modes': {}})['modes']
+    try:
+      out[domain] = _one_domain(sampler, params, tokenizer, eval_sets[domain], verifier_of,
+                                sample_cls, ev[domain] if isinstance(ev, Mapping) else ev,
+                                jax.random.fold_in(rng, zlib.crc32(domain.encode()) & 0x7FFFFFFF),
+                                modes, stop)
+    except _Stop as e:
+      mode = f' ({e.mode} mode)' if e.mode else ''
+      raise Stopped(e.why, f'domain {domain!r}{mode} before batch {e.batch + 1}/{e.batches}',
+                    state) from None
+    state[domain] = {'result': out[domain]}
     if report is not None:
       report(i, len(eval_sets), domain, out[domain], time.perf_counter() - t0)
   return out
 
 
 def _one_domain(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev,
-                domain_key) -> dict:
-  """`evaluate` of one domain: its one mode, or the mean of its two."""
+                domain_key, batches: dict, stop) -> dict:
+  """`evaluate` of one domain: its one mode, or the mean of its two; `batches`: mode name ->
+  the batches evaluated so far (`_one_mode`)."""
   recs = list(recs)
   modes = dev.modes
+
+  def one(m, key):
+    try:
+      return _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev, m, key,
+                       batches.setdefault(MODE_NAMES[m], []), stop)
+    except _Stop as e:
+      e.mode = MODE_NAMES[m] if len(modes) > 1 else ''
+      raise
+
   if len(modes) == 1:
-    return _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev, modes[0],
-                     domain_key)
-  per = {MODE_NAMES[m]: _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls,
-                                  dev, m, jax.random.fold_in(domain_key, i))
-         for i, m in enumerate(modes)}
+    return one(modes[0], domain_key)
+  per = {MODE_NAMES[m]: one(m, jax.random.fold_in(domain_key, i)) for i, m in enumerate(modes)}
   means = {k: float(np.mean([p[k] for p in per.values()]))
            for k in ('score', 'mean_reward', 'mean_len', 'truncated')}
   return {**means, 'prompts': len(recs),
@@ -154,21 +233,25 @@ VALIDATION_FOLD = 1_000_033
 
 
 def score_sets(ctx, params, sets: Mapping[str, Sequence[dict]], fold: int,
-               report: Callable[[int, int, str, dict, float], None] | None = None
+               report: Callable[[int, int, str, dict, float], None] | None = None,
+               done: Mapping | None = None, stop: Callable[[], str | None] | None = None
                ) -> dict[str, dict]:
   """`evaluate` of a run's policy on `sets` (domains whose eval verifier is ready), per domain;
-  `report` as `evaluate`'s."""
+  `report`, `done` and `stop` as `evaluate`'s."""
   ready = {d: recs for d, recs in sets.items() if ctx.verifiers.can_evaluate(d)}
   if not ready:
     return {}
   key = jax.random.fold_in(jax.random.PRNGKey(ctx.plan.seed), fold)
   return evaluate(ctx.sampler, params, ctx.tokenizer, ready, ctx.verifiers.eval_verifier,
-                  ctx.sample_cls, {d: ctx.plan.eval_of(d) for d in ready}, key, report)
+                  ctx.sample_cls, {d: ctx.plan.eval_of(d) for d in ready}, key, report,
+                  done=done, stop=stop)
 
 
-def validation_scores(ctx, params) -> dict[str, float]:
-  """domain -> validation score of `params` (empty when no domain has a validation set)."""
-  out = score_sets(ctx, params, ctx.data.validation_sets, VALIDATION_FOLD)
+def validation_scores(ctx, params, done: Mapping | None = None,
+                      stop: Callable[[], str | None] | None = None) -> dict[str, float]:
+  """domain -> validation score of `params` (empty when no domain has a validation set);
+  `done` and `stop` as `evaluate`'s."""
+  out = score_sets(ctx, params, ctx.data.validation_sets, VALIDATION_FOLD, done=done, stop=stop)
   return {d: out[d]['score'] for d in sorted(out)}
 
 

@@ -15,13 +15,24 @@ reruns at once), or its heartbeat is older than `stale_s` (another host's run
 that died; the hosts' clocks are assumed to agree to well within `stale_s`), or
 the new run is told to (`force`, the `--force_lock` flag).
 
+A run whose lock was taken over (`--force_lock` against a live run, or either
+race below) stops before its next write: `Held.check` rereads the record (one
+small read: a local file, or one object on gs://) and raises WorkdirBusy once
+it names another owner or is gone, and the run calls it before every write to
+the workdir (each checkpoint save, progress.json and results.*, each export,
+each metrics.jsonl / samples.jsonl line written locally or upload to gs://,
+each TensorBoard flush: `cascade.runner` wires it in). It is a read per write,
+never a read per step that writes nothing. A write already under way when the
+record changes (an Orbax save in flight) is not cut short; the loser then
+leaves without closing its checkpoints (sealing would be a write) and drops
+what its logs had not yet written.
+
 What is not atomic: a takeover removes the stale record and then creates its
 own, so two runs taking over the same stale lock at the same moment can both
 start; and a holder paused for longer than `stale_s` can rewrite a record that
-another run took over meanwhile. Each run rereads the record at every
-heartbeat, so such a loser finds within one heartbeat that the record names
-another owner, says so, and stops at its next checkpoint or stage boundary
-(`Held.check`) before it writes anything there.
+another run took over meanwhile. Each run rereads the record before each write
+and at every heartbeat, so such a loser finds at its next write that the record
+names another owner, says so, and stops there.
 
 Only process 0 of a multi-process run holds the lock; every process learns
 whether it was taken, so they all refuse together.
@@ -113,12 +124,14 @@ class Held:
 
   def _beat(self, every: float) -> None:
     while not self._stop.wait(every):
+      if self._lost is not None:          # `check` found it taken over: never write it again
+        return
       try:
         now = _read(self.path)
         if not now or now.get('owner') != self._rec['owner']:
           self._lost = now or {}
           print(f'WARNING: {self.path}: the workdir lock now belongs to another run '
-                f'({describe(self._lost)}); this run stops at its next checkpoint', flush=True)
+                f'({describe(self._lost)}); this run stops before its next write', flush=True)
           return
         self._rec['heartbeat'] = time.time()
         paths.write_json(self.path, self._rec)
@@ -126,8 +139,19 @@ class Held:
         print(f'WARNING: {self.path}: heartbeat failed ({type(e).__name__}: '
               f'{str(e).splitlines()[0][:200] if str(e) else ""})', flush=True)
 
+  @property
+  def lost(self) -> bool:
+    """Whether this run found its lock taken over (by `check` or the heartbeat)."""
+    return self._lost is not None
+
   def check(self) -> None:
-    """Raises WorkdirBusy when another run took the lock over (before this one writes more)."""
+    """The check before a write: raises WorkdirBusy when the lock record no longer names this
+    run (it rereads the record: one small read; a no-op on processes other than 0, which hold
+    no record)."""
+    if self._lost is None and self.path is not None:
+      now = _read(self.path)
+      if not now or now.get('owner') != self._rec['owner']:
+        self._lost = now or {}
     if self._lost is not None:
       raise WorkdirBusy(f'{self.path}: another run took this workdir over '
                         f'({describe(self._lost)}); this run stopped before writing more')

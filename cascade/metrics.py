@@ -16,21 +16,28 @@
                          file); also TensorBoard text, tag '<stage name>/samples'
 
 Only process 0 writes (`jax.process_index() == 0`); the others get no-op
-writers, so callers never branch on the process. The workdir may be `gs://`:
-every file then goes through `models.paths` (an object store cannot append, so
-each is uploaded whole when flushed: every 30 s, at `flush()` — cascade.runner
+writers, so callers never branch on the process. Every file goes through
+`models.paths`, so the workdir may be `gs://` (an object store cannot append,
+so each is uploaded whole when flushed: every 30 s, at `flush()` — cascade.runner
 has every checkpoint save call it first, so every step a resume will not redo
-is logged — and at `close()`).
+is logged — and at `close()`). TensorBoard's event file is written here too,
+by the thread that logs (no writer thread): a failing write (a full disk) is
+one error in the run, not a traceback from a background thread.
+`before_write` (the workdir lock's check, `cascade.lock`) runs before each
+write that reaches storage: each local JSONL line, each upload, each event
+flush.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
+import os
+import socket
+import struct
 import sys
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import jax
 import numpy as np
@@ -67,39 +74,79 @@ def _import_tensorboardx():
       import tensorboardX  # pylint: disable=g-import-not-at-top
     finally:
       del sys.modules['torch']
-  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
-  for scheme in paths.REMOTE_SCHEMES:
-    record_writer.register_writer_factory(scheme, _EventFiles())
   return tensorboardX
 
 
-class _EventFile:
-  """A TensorBoard event file on an object store through `models.paths` (tensorboardX's own
-  gs:// writer would be a second storage client): each flush uploads the whole file."""
+class _Events:
+  """One TensorBoard event file (TFRecord-framed `Event` protos), written through `models.paths`
+  by the thread that logs.
 
-  def __init__(self, path: str):
-    self.path, self._buf, self._closed = path, io.BytesIO(), False
+  Events wait in memory until `flush`: every `every_s` seconds as events come, and whenever
+  asked. Locally a flush appends them to the file; on an object store it uploads the whole
+  file again. `before_write` runs before each flush that has something to write.
+  """
 
-  def write(self, data: bytes) -> None:
-    self._buf.write(data)
+  def __init__(self, logdir: str, before_write: Callable[[], None] | None = None,
+               every_s: float = 30.0):
+    tbx = _import_tensorboardx()
+    from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto import summary_pb2  # pylint: disable=g-import-not-at-top
+    self._text, self._crc = tbx.summary.text, record_writer.masked_crc32c
+    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+    self._before_write, self._every = before_write, every_s
+    self.path = paths.join(logdir, f'events.out.tfevents.{int(time.time())}.'
+                                   f'{socket.gethostname()}.{os.getpid()}')
+    self._remote = paths.is_remote(self.path)
+    if not self._remote:
+      paths.makedirs(logdir)
+    self._written = b''       # what an object store holds (it is uploaded whole)
+    self._pending: list[bytes] = []
+    self._last = time.monotonic()
+    self._add(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
+    self.flush()
+
+  def _add(self, event) -> None:
+    data = event.SerializeToString()
+    head = struct.pack('<Q', len(data))
+    self._pending.append(head + struct.pack('<I', self._crc(head)) + data
+                         + struct.pack('<I', self._crc(data)))
+    if time.monotonic() - self._last >= self._every:
+      self.flush()
+
+  def scalars(self, values: Mapping[str, float], step: int) -> None:
+    """One event holding every `tag: value` of `values` at `step`."""
+    summary = self._summary_pb2.Summary(value=[
+        self._summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()])
+    self._add(self._event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+
+  def text(self, tag: str, text: str, step: int) -> None:
+    self._add(self._event_pb2.Event(wall_time=time.time(), step=int(step),
+                                    summary=self._text(tag, text)))
 
   def flush(self) -> None:
-    paths.write_bytes(self.path, self._buf.getvalue())
+    self._last = time.monotonic()
+    if not self._pending:
+      return
+    if self._before_write is not None:
+      self._before_write()
+    data = b''.join(self._pending)
+    if self._remote:
+      paths.write_bytes(self.path, self._written + data)
+      self._written += data
+    else:
+      with open(self.path, 'ab') as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    self._pending = []
 
-  def close(self) -> None:
-    if not self._closed:
+  def close(self, discard: bool = False) -> None:
+    """Flushes what is pending (dropped instead with `discard`)."""
+    if discard:
+      self._pending = []
+    else:
       self.flush()
-      self._closed = True
-
-
-class _EventFiles:
-  """tensorboardX's writer factory for the schemes of `paths.REMOTE_SCHEMES`."""
-
-  def open(self, path: str) -> _EventFile:
-    return _EventFile(path)
-
-  def directory_check(self, path: str) -> None:
-    del path  # object stores have no directories to create
 
 
 # Generated text is untrusted model output. Each string of a logged sample keeps at most
@@ -231,8 +278,10 @@ class Writer:
   (config.hardware.peak_tflops x devices), where the peak is set.
   """
 
-  def __init__(self, workdir: str, enabled: bool | None = None, plan=None):
+  def __init__(self, workdir: str, enabled: bool | None = None, plan=None,
+               before_write: Callable[[], None] | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self._before_write = before_write
     self._tb = None
     self._jsonl = None
     self._samples = None
@@ -250,12 +299,12 @@ class Writer:
           self._flops[st.index] = flops.counted_flops(plan.model, st.MODEL, 1, 0, train=True)
       self._peak = plan.hardware.peak_tflops * 1e12 * jax.device_count()
     if self.enabled:
-      tensorboardx = _import_tensorboardx()
       paths.makedirs(workdir)
-      self._tb = tensorboardx.SummaryWriter(logdir=paths.join(workdir, 'tb'), flush_secs=30)
-      self._jsonl = paths.AppendFile(paths.join(workdir, 'metrics.jsonl'))
+      self._tb = _Events(paths.join(workdir, 'tb'), before_write)
+      self._jsonl = paths.AppendFile(paths.join(workdir, 'metrics.jsonl'),
+                                     before_write=before_write)
       if plan is not None:
-        self._tb.add_text('config', _code_block(plan.source), 0)
+        self._tb.text('config', _code_block(plan.source), 0)
 
   def run_step(self, stage, step: int) -> int:
     """`step` of `stage` on the run-wide axis: the steps of the stages before it added."""
@@ -277,17 +326,15 @@ class Writer:
     mfu = self.mfu(stage, vals)
     if mfu is not None:
       vals['mfu'] = mfu
-    if stage.index not in self._described:
-      self._described.add(stage.index)
-      self._tb.add_text(f'{stage.name}/hparams', _code_block(stage_hparams(stage)), 0)
-    run_step = self.run_step(stage, step)
-    for k, v in vals.items():
-      self._tb.add_scalar(f'{stage.name}/{k}', v, step)
-      self._tb.add_scalar(f'run/{k}', v, run_step)
-    self._tb.add_scalar('run/stage_index', stage.index, run_step)
     rec = {'stage': stage.name, 'stage_index': stage.index, 'kind': stage.kind, 'step': step,
            'time': round(time.time(), 3), **vals}
     self._jsonl.write(json.dumps(rec) + '\n')
+    if stage.index not in self._described:
+      self._described.add(stage.index)
+      self._tb.text(f'{stage.name}/hparams', _code_block(stage_hparams(stage)), 0)
+    self._tb.scalars({f'{stage.name}/{k}': v for k, v in vals.items()}, step)
+    self._tb.scalars({**{f'run/{k}': v for k, v in vals.items()},
+                      'run/stage_index': stage.index}, self.run_step(stage, step))
 
   def write_samples(self, stage, step: int, samples: list[Mapping]) -> None:
     """Logs generated samples of one step of `stage` to samples.jsonl and TensorBoard text.
@@ -304,9 +351,9 @@ class Writer:
     ctx = {'stage': stage.name, 'stage_index': stage.index, 'kind': stage.kind, 'step': step}
     recs = [{**ctx, **clean_sample(s)} for s in samples]
     if self._samples is None:
-      self._samples = paths.AppendFile(self._samples_path)
+      self._samples = paths.AppendFile(self._samples_path, before_write=self._before_write)
     self._samples.write(''.join(json.dumps(r, allow_nan=False) + '\n' for r in recs))
-    self._tb.add_text(f'{stage.name}/samples', samples_markdown(recs), step)
+    self._tb.text(f'{stage.name}/samples', samples_markdown(recs), step)
 
   def write_scores(self, row_name: str, row_index: int, scores: Mapping[str, float],
                    validation: Mapping[str, float] | None = None) -> None:
@@ -314,15 +361,14 @@ class Writer:
     validation scores) at x = row index (+1 for the initial row)."""
     if not self.enabled:
       return
-    for d, v in scores.items():
-      self._tb.add_scalar(f'eval/{d}', float(v), row_index + 1)
-    for d, v in (validation or {}).items():
-      self._tb.add_scalar(f'validation/{d}', float(v), row_index + 1)
     rec = {'eval': row_name, 'row': row_index, 'time': round(time.time(), 3),
            'scores': dict(scores)}
     if validation:
       rec['validation'] = dict(validation)
     self._jsonl.write(json.dumps(rec) + '\n')
+    self._tb.scalars({**{f'eval/{d}': v for d, v in scores.items()},
+                      **{f'validation/{d}': v for d, v in (validation or {}).items()}},
+                     row_index + 1)
     self.flush()
 
   def flush(self) -> None:
@@ -333,12 +379,14 @@ class Writer:
       if self._samples is not None:
         self._samples.flush(force=True)
 
-  def close(self) -> None:
+  def close(self, discard: bool = False) -> None:
+    """Writes what is pending and closes the files; with `discard` (a run whose workdir lock was
+    taken over) what has not reached storage yet is dropped instead."""
     if self._tb is not None:
-      self._tb.close()
-      self._jsonl.close()
+      self._tb.close(discard)
+      self._jsonl.close(discard)
       if self._samples is not None:
-        self._samples.close()
+        self._samples.close(discard)
       self._tb = self._jsonl = self._samples = None
 
 

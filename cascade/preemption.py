@@ -4,9 +4,11 @@ A preempted TPU VM or a scheduler sends SIGTERM (then SIGKILL after a grace
 period); Ctrl-C sends SIGINT. While `watch()` is active (`cascade.runner.run`
 holds it) either signal only sets a flag: the stage loop asks `stop_requested()`
 at every step boundary and, once it is set, saves that step's checkpoint, waits
-for the write and raises `Preempted`; `cascade.runner.run` asks again before
-each stage. The command line prints the exception's one line and exits with
-EXIT_CODE (75, EX_TEMPFAIL: a temporary failure, rerun to resume).
+for the write and raises `Preempted`; a matrix row's evaluation asks before
+each batch and, once it is set, keeps what it evaluated for the rerun
+(`cascade.runner.evaluate_row`) and raises `Preempted`; `cascade.runner.run`
+asks again before each stage. The command line prints the exception's one line
+and exits with EXIT_CODE (75, EX_TEMPFAIL: a temporary failure, rerun to resume).
 
 Several hosts must stop at the same step: their checkpoint saves are
 collective, so one host saving while another steps on would hang both.
@@ -51,7 +53,8 @@ def _handle(signum, frame) -> None:
   # os.write, not print: the main thread may be inside a print to stderr (tqdm's bar) when the
   # handler runs, and a re-entrant buffered write raises.
   if len(_received) == 1:
-    os.write(2, f'\n{name}: stopping at the next step boundary, with a checkpoint\n'.encode())
+    os.write(2, f'\n{name}: stopping at the next step boundary, with a checkpoint (or before the '
+                'next batch of an evaluation, keeping what it evaluated)\n'.encode())
   else:
     os.write(2, f'{name} again: leaving now without waiting for the checkpoint being written; '
                 'the newest finished one stays valid: rerun the same command to resume\n'.encode())
@@ -84,7 +87,8 @@ def signalled() -> str | None:
 def stop_requested() -> str | None:
   """Whether any process was signalled: this process's first signal ('SIGTERM'), 'a signal to
   process N' when only another one was, or None. A collective in a multi-process run: every
-  process calls it at the same points (each step boundary, each stage's start)."""
+  process calls it at the same points (each step boundary, each evaluation batch, each
+  stage's start)."""
   mine = signalled()
   if jax.process_count() == 1:
     return mine

@@ -39,7 +39,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import fsspec
 from etils import epath
@@ -369,11 +369,14 @@ class AppendFile:
   is uploaded again by `flush`: at most every `every_s` seconds unless
   `force`d, and on `close`. A file that does not end with a newline (a
   writer killed mid-line) gets one first, so the half line stays alone and
-  cannot swallow the next record.
+  cannot swallow the next record. `before_write`, when given, runs before
+  each write that reaches storage (each local line, each upload) and may
+  raise to refuse it (a run's workdir-lock check).
   """
 
-  def __init__(self, p, every_s: float = 30.0):
+  def __init__(self, p, every_s: float = 30.0, before_write: Callable[[], None] | None = None):
     self.path, self._every = os.fspath(p), every_s
+    self._before_write = before_write
     self._remote = is_remote(self.path)
     if self._remote:
       self._buf = io.StringIO()
@@ -396,6 +399,8 @@ class AppendFile:
       self._dirty = True
       self.flush()
     else:
+      if self._before_write is not None:
+        self._before_write()
       self._f.write(text)
       self._f.flush()
 
@@ -404,11 +409,16 @@ class AppendFile:
     if not self._remote or not self._dirty:
       return
     if force or time.monotonic() - self._last >= self._every:
+      if self._before_write is not None:
+        self._before_write()
       write_text(self.path, self._buf.getvalue())
       self._dirty, self._last = False, time.monotonic()
 
-  def close(self) -> None:
+  def close(self, discard: bool = False) -> None:
+    """Closes the file; with `discard`, what an object store has not yet received is dropped
+    instead of uploaded (the local file already holds every line written)."""
     if self._remote:
-      self.flush(force=True)
+      if not discard:
+        self.flush(force=True)
     else:
       self._f.close()

@@ -21,7 +21,10 @@ whose recorded experts the trainer's own routers would not have picked in that
 forward.
 
 A step whose loss or gradient norm is not finite leaves params, optimizer
-state and step unchanged and adds one to `skipped` (a metric). Compute runs
+state and step unchanged and adds one to `skipped` (a metric). Every step
+reports 'update_ratio': the norm of the change it made to the parameters over
+their norm before it (0 for a skipped step; a healthy step changes them by
+well under 1 %: `cascade.divergence` flags one that multiplies them). Compute runs
 in the model config's `dtype`; `init_state(master_dtype='float32')` keeps
 float32 master weights for a bfloat16 model. Rematerialisation is the model
 config's `remat`.
@@ -507,8 +510,13 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
                              opt_state=keep(opt_state, state.opt_state),
                              step=state.step + ok.astype(jnp.int32), rng=state.rng,
                              skipped=state.skipped + (~ok).astype(jnp.int32))
+      f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+      change = optax.global_norm(jax.tree.map(jnp.subtract, f32(new_state.params),
+                                              f32(state.params)))
+      size = optax.global_norm(f32(state.params))
       metrics = dict(_mismatch_fraction(metrics), loss=loss, grad_norm=grad_norm,
-                     skipped=new_state.skipped)
+                     skipped=new_state.skipped,
+                     update_ratio=change / jnp.maximum(size, jnp.finfo(jnp.float32).tiny))
       if lr_schedule is not None:
         metrics['lr'] = lr_schedule(state.step)
     return new_state, metrics

@@ -119,11 +119,14 @@ def accounting(totals: dict, steps: int) -> dict:
 
 
 def _merge(ms: Sequence[dict]) -> dict:
-  """One step's metrics from its updates: the mean of each, the last `skipped`."""
+  """One step's metrics from its updates: the mean of each, the last `skipped`, the largest
+  `update_ratio` (one update that blew the weights up is the step's)."""
   if len(ms) == 1:
     return ms[0]
   out = {k: float(np.mean([m[k] for m in ms])) for k in ms[0]}
   out['skipped'] = ms[-1]['skipped']
+  if 'update_ratio' in out:
+    out['update_ratio'] = max(float(m['update_ratio']) for m in ms)
   out['updates'] = float(len(ms))
   return out
 
@@ -132,9 +135,11 @@ def train_stage(ctx, kind: base.Kind, stage,
                 maker_fn: Callable[[Any], BatchMaker]) -> base.StageResult:
   """Runs (or resumes) a training stage to its last step.
 
-  Every step is judged by the run's divergence policy (`cascade.divergence`);
-  a periodic checkpoint waits for a good step, so the newest one before a run
-  of bad steps survives Orbax's `keep` rotation for a rollback. At every step
+  Every step is judged by the run's divergence policy (`cascade.divergence`:
+  a stage whose last step is bad has diverged too, so no final checkpoint or
+  export holds an unrecovered policy); a periodic checkpoint waits for a good
+  step, so the newest one before a run of bad steps survives Orbax's `keep`
+  rotation for a rollback. At every step
   boundary the loop asks whether a signal asked the run to stop
   (`cascade.preemption`, agreed by every host): then it checkpoints that step
   and raises `Preempted`. A stop raised while a step's batch is made or the

@@ -32,6 +32,9 @@ def _policy(**kw):
     ({'loss': 9.0, 'grad_norm': 1.0}, 'loss=9 is above config.divergence.max_loss=8'),
     ({'loss': -1.0, 'grad_norm': 1.0}, 'loss=-1 is below config.divergence.min_loss=0'),
     ({'loss': 1.0, 'grad_norm': 70.0}, 'grad_norm=70 is above config.divergence.max_grad_norm=50'),
+    ({'loss': 1.0, 'grad_norm': 1.0, 'update_ratio': 1e37},
+     'update_ratio=1e+37 is above config.divergence.max_update_ratio=1000 (the update changed'),
+    ({'loss': 1.0, 'grad_norm': 1.0, 'update_ratio': math.inf}, 'update_ratio=inf is above'),
 ])
 def test_a_bad_step_is_named_by_its_metric(metrics, why):
   got = divergence.why_bad(_policy(min_loss=0.0, max_loss=8.0, max_grad_norm=50.0), metrics)
@@ -43,6 +46,8 @@ def test_a_bad_step_is_named_by_its_metric(metrics, why):
     {'loss': -0.0, 'grad_norm': 0.0},
     {'loss': 5.768, 'grad_norm': 2.4},    # a fresh model's first SFT step: ln V is its loss
     {'loss': 1e9, 'grad_norm': 1e9},      # no band by default
+    {'loss': 2.0, 'grad_norm': 1.0, 'update_ratio': 0.02},   # a big but sane update
+    {'loss': 2.0, 'grad_norm': 1.0, 'update_ratio': 0.0},    # a skipped one
 ])
 def test_good_steps_by_default_include_a_no_signal_step_and_a_fresh_models_loss(metrics):
   assert divergence.why_bad(_policy(), metrics) is None
@@ -81,6 +86,52 @@ def test_bad_steps_are_reported_as_they_happen_and_only_a_run_of_them_diverges(c
   assert again.rollback_step([1, 2, 3, 5]) == 2 and again.rollback_step([3]) == 0
   err = str(again.diverged(6, 2))
   assert err.startswith("stage 2 'math_rl' diverged at step 6/10: ") and '\n' not in err
+
+
+class _Short:
+  index, name, steps, where = 0, 'sft', 4, "stages[0] 'sft'"
+
+
+GOOD = {'loss': 2.0, 'grad_norm': 1.0, 'update_ratio': 0.01}
+BLOWUP = {'loss': 2.0, 'grad_norm': 1.0, 'update_ratio': 1e37}   # finite, weights x1e37
+NAN = {'loss': math.nan, 'grad_norm': math.nan, 'update_ratio': 0.0}
+
+
+@pytest.mark.parametrize('steps, diverged_at, first', [
+    ([GOOD, BLOWUP, NAN, NAN], 4, 'the first at step 2: update_ratio=1e+37 is above'),
+    ([GOOD, GOOD, GOOD, BLOWUP], 4, None),        # the last update is judged by its own size
+    ([GOOD, GOOD, NAN, NAN], 4, 'the first at step 3: loss=nan'),
+    ([BLOWUP, GOOD, NAN, GOOD], None, None),      # recovered: the stage ends on a good step
+])
+def test_a_stage_that_ends_on_bad_steps_diverges_even_below_max_bad_steps(
+    steps, diverged_at, first, capsys):
+  watch = divergence.Watch(_policy(max_bad_steps=3), _Short())
+  seen = [watch.see(step, dict(m)) for step, m in enumerate(steps, start=1)]
+  assert seen == [step == diverged_at for step in range(1, 5)]
+  if diverged_at is None:
+    return
+  msg = str(watch.diverged(diverged_at, 0))
+  assert msg.startswith("stage 0 'sft' diverged at step 4/4: ") and '\n' not in msg, msg
+  assert 'the stage ended on' in msg and 'bad step(s) in a row, unrecovered' in msg
+  assert (first in msg) if first else ('the first at' not in msg)
+  assert 'its policy was not exported or evaluated' in msg
+  assert capsys.readouterr().err.count('bad step:') == sum(m is not GOOD for m in steps)
+
+
+def test_the_message_suggests_rollbacks_only_to_a_run_without_them():
+  bad = {'loss': 1.0, 'grad_norm': math.nan}
+  none = divergence.Watch(_policy(max_bad_steps=0), _Stage())
+  assert none.see(1, dict(bad))
+  assert str(none.diverged(1, 0)).endswith(
+      'lower its optimizer.lr or set config.divergence.rollbacks')
+  used = divergence.Watch(_policy(max_bad_steps=0, rollbacks=2), _Stage())
+  for step in (1, 2, 3):
+    assert used.see(step, dict(bad))
+    if used.can_roll_back:
+      used.rolled_back()
+  msg = str(used.diverged(3, 0))
+  assert 'after 2 rollback(s) to a learning rate x0.25' in msg
+  assert msg.endswith('its policy was not exported or evaluated: lower its optimizer.lr'), msg
 
 
 def _cli(config, workdir, *overrides, env=None, timeout=600):

@@ -238,3 +238,56 @@ def test_results_carry_validation_best_policies_and_modes(tmp_path):
   assert evaluation.best_on_validation(VROWS, 'code', before=0)['stage'] == 'init'
   assert evaluation.best_on_validation(VROWS, 'code', before=-1) is None
   assert evaluation.best_on_validation(ROWS, 'code') is None       # no validation scores
+
+
+class KeyedSampler(FakeSampler):
+  """Answers like a real sampler: what each row says depends on the call's key (and the row),
+  not on how many calls came before; rewards are drawn from {-1, 0.5, 1} the same way."""
+
+  def __init__(self):
+    super().__init__(None)
+    self.keys = []
+
+  def generate(self, params, prompts, rng, sp, num_samples=1):
+    seed = int(np.asarray(jax.random.key_data(rng)).astype(np.uint64).sum() % 9973)
+    self.keys.append(seed)
+    self.pattern = lambda call, row: (seed + 3 * row) % 5 < 2
+    return super().generate(params, prompts, rng, sp, num_samples)
+
+
+def test_a_stopped_evaluation_goes_on_from_its_batches_and_equals_an_uninterrupted_one():
+  recs = lambda d, n: [{'id': f'{d}{i}', 'domain': d, 'metadata': {'answer': 'right'},
+                        'messages': [{'role': 'user', 'content': f'{d} q{i}'}]} for i in range(n)]
+  sets = {'a': recs('a', 5), 'b': recs('b', 3)}
+  settings = {'a': _eval(batch_size=2, thinking='both'), 'b': _eval(batch_size=2)}
+  ver = ExactVerifier()
+  run = lambda sampler, **kw: evaluation.evaluate(sampler, None, CharTokenizer(), sets,
+                                                  lambda d: ver, Sample, settings,
+                                                  jax.random.key(0), **kw)
+  whole_sampler = KeyedSampler()
+  whole = run(whole_sampler)          # a: 3 batches per mode, think then no_think; b: 2
+  assert len(whole_sampler.keys) == 8 and 0 < whole['a']['score'] < 100
+
+  # Asked before each batch: the fifth ask (a's no_think batch 2) stops it there.
+  asks = iter([None] * 4 + ['SIGTERM'])
+  first = KeyedSampler()
+  with pytest.raises(evaluation.Stopped) as stopped:
+    run(first, stop=lambda: next(asks))
+  e = stopped.value
+  assert (e.why, e.where) == ('SIGTERM', "domain 'a' (no_think mode) before batch 2/3")
+  assert first.keys == whole_sampler.keys[:4]
+  kept = json.loads(json.dumps(e.done))              # what a run keeps on disk: plain JSON
+  # The rerun samples only the rest and ends where the uninterrupted call did, to the bit.
+  second = KeyedSampler()
+  reported = []
+  out = run(second, done=kept, stop=lambda: None,
+            report=lambda i, n, d, res, secs: reported.append(d))
+  assert second.keys == whole_sampler.keys[4:] and out == whole and reported == ['a', 'b']
+  # Stopped again in the next domain: a is kept whole, b's first batch too.
+  asks = iter([None, None, None, 'SIGINT'])
+  with pytest.raises(evaluation.Stopped) as stopped:
+    run(KeyedSampler(), done=kept, stop=lambda: next(asks))
+  assert stopped.value.where == "domain 'b' before batch 2/2"
+  third = KeyedSampler()
+  assert run(third, done=json.loads(json.dumps(stopped.value.done))) == whole
+  assert third.keys == whole_sampler.keys[-1:]

@@ -134,6 +134,9 @@ def test_dpo_declares_its_reference_pass_and_its_pair_batch():
 def test_merge_of_several_updates_averages_and_keeps_the_last_skip_count():
   m = loop._merge([{'loss': 1.0, 'skipped': 0.0}, {'loss': 3.0, 'skipped': 1.0}])  # pylint: disable=protected-access
   assert m == {'loss': 2.0, 'skipped': 1.0, 'updates': 2.0}
+  # One update that blew the weights up is the step's (divergence judges the largest).
+  ms = [{'update_ratio': 1e37, 'skipped': 0.0}, {'update_ratio': 0.0, 'skipped': 1.0}]
+  assert loop._merge(ms)['update_ratio'] == 1e37  # pylint: disable=protected-access
 
 
 def _load_config(path):

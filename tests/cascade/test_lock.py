@@ -73,6 +73,27 @@ def _next_beat(path, after, timeout=10.0):
   pytest.fail('the heartbeat did not advance')
 
 
+def test_a_takeover_is_noticed_before_the_next_write(tmp_path):
+  held = lock.take(str(tmp_path), stale_s=600)      # beats every 30 s: none during this test
+  path = tmp_path / lock.LOCK_FILE
+  held.check()                                       # ours: a write may go ahead
+  _plant(tmp_path)                                   # another run takes it over (--force_lock)
+  # The very next check (each write makes one) rereads the record: no heartbeat is waited for.
+  with pytest.raises(lock.WorkdirBusy, match=r'another run took this workdir over \(host '
+                                             r'other-host, pid 4242.*stopped before writing more'):
+    held.check()
+  assert held.lost
+  held.release()
+  assert json.loads(path.read_text())['owner'] == 'theirs'   # not ours, not removed
+  # The first half of a takeover (the record removed, the new one not yet made) stops it too.
+  held = lock.take(str(tmp_path), force=True)
+  path.unlink()
+  with pytest.raises(lock.WorkdirBusy):
+    held.check()
+  held.release()
+  assert not path.exists()
+
+
 def test_a_takeover_is_noticed_by_the_heartbeat(tmp_path, capsys):
   held = lock.take(str(tmp_path), stale_s=2.0)      # beats every 0.5 s
   path = tmp_path / lock.LOCK_FILE
@@ -85,22 +106,21 @@ def test_a_takeover_is_noticed_by_the_heartbeat(tmp_path, capsys):
   for _ in range(5):
     _plant(tmp_path)
     deadline = time.time() + 5
-    while time.time() < deadline:
-      try:
-        held.check()
-      except lock.WorkdirBusy as e:
-        assert 'another run took this workdir over (host other-host, pid 4242' in str(e)
-        break
+    while time.time() < deadline and not held.lost:          # no check: the heartbeat's own
       if json.loads(path.read_text())['owner'] != 'theirs':   # overwritten by that race
         break
       time.sleep(0.05)
-    else:
-      pytest.fail('the takeover went unnoticed')
-    if held._lost is not None:  # pylint: disable=protected-access
+    if held.lost:
       break
+    if time.time() >= deadline:
+      pytest.fail('the takeover went unnoticed')
     rec = _next_beat(path, rec['heartbeat'])
   else:
     pytest.fail('every plant was overwritten by a racing beat')
+  with pytest.raises(lock.WorkdirBusy, match='another run took this workdir over'):
+    held.check()
+  time.sleep(1.2)                                    # two more beats' time: none writes
+  assert json.loads(path.read_text())['owner'] == 'theirs'
   held.release()
   assert json.loads(path.read_text())['owner'] == 'theirs'   # not ours
   assert 'belongs to another run' in capsys.readouterr().out

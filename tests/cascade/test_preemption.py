@@ -42,7 +42,8 @@ def test_a_second_signal_leaves_at_once_with_the_preemption_status():
                         timeout=60)
   assert proc.returncode == preemption.EXIT_CODE == 75
   lines = proc.stderr.strip().splitlines()
-  assert lines[0] == 'SIGTERM: stopping at the next step boundary, with a checkpoint'
+  assert lines[0] == ('SIGTERM: stopping at the next step boundary, with a checkpoint (or before '
+                      'the next batch of an evaluation, keeping what it evaluated)')
   assert lines[1].startswith('SIGTERM again: leaving now without waiting')
   assert 'Traceback' not in proc.stderr
 

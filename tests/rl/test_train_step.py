@@ -229,9 +229,18 @@ def test_non_finite_step_is_skipped_and_counted():
   assert int(state.skipped) == 1 and int(metrics['skipped']) == 1 and int(state.step) == 0
   assert _max_diff(state.params, before.params) == 0
   assert _max_diff(state.opt_state, before.opt_state) == 0
+  assert float(metrics['update_ratio']) == 0.0           # nothing changed
   state, metrics = step(state, good)
   assert int(state.step) == 1 and int(state.skipped) == 1 and np.isfinite(float(metrics['loss']))
   assert _max_diff(state.params, before.params) > 0
+  # update_ratio = |new - old| / |old| over every parameter (cascade.divergence judges it).
+  norm = lambda tree: np.sqrt(sum(float(jnp.sum(jnp.asarray(x, jnp.float32) ** 2))
+                                  for x in jax.tree.leaves(tree)))
+  change = jax.tree.map(lambda a, b: jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32),
+                        state.params, before.params)
+  assert float(metrics['update_ratio']) == pytest.approx(norm(change) / norm(before.params),
+                                                         rel=1e-4)
+  assert 0 < float(metrics['update_ratio']) < 0.01
 
 
 def test_metrics_of_a_grpo_step():
