@@ -6,7 +6,9 @@ Workdir layout:
   config.json                 the config this workdir runs (and its hash); config.<hash>.json:
                               one an allowed config change replaced, or one whose run
                               stopped before it took a step (`guard_config`)
-  progress.json               completed stages and the evaluation rows so far
+  progress.json               completed stages and the evaluation rows so far; the config's hash
+                              (a second copy of config.json's) and each stage's data files
+                              (`cascade.stage_data`: what a resumed stage is checked against)
   stages/<idx>_<name>/ckpt/   Orbax CheckpointManager: <step>/{state, meta, checksums.json}
   stages/<idx>_<name>/hf/     the stage's final policy as HF safetensors (+ checksums.json)
   stages/<idx>_<name>/corrupt/  damaged steps and exports, moved aside
@@ -19,12 +21,16 @@ with `StandardSave`, restored sharded onto the abstract target) and `meta`
 part of the state).
 Orbax finalises a step directory atomically (it writes to a temporary
 directory and renames), so a run killed while saving leaves the previous
-step intact; a step that is damaged afterwards (truncated or deleted files,
-or bytes changed in place, which its checksums catch: `cascade.checksums`)
-fails to restore, is moved aside to `stages/<...>/corrupt/` with a warning,
-and the previous step is used instead. A progress.json that cannot be read
-is moved aside and rebuilt (the stages resume from their checkpoints); a
-config.json that cannot be read is refused.
+step intact; each step is then sealed (its checksums written,
+`cascade.checksums`) as soon as Orbax has finalised it, and only a sealed step
+is ever restored. A step that is damaged afterwards (truncated or deleted
+files, or bytes changed in place, which its checksums catch) or was never
+sealed (a kill between Orbax's finalisation and the seal) is moved aside to
+`stages/<...>/corrupt/` with a warning, and the previous step is used
+instead. A progress.json that cannot be read is moved aside and rebuilt (the
+stages resume from their checkpoints); a config.json that cannot be read is
+refused, and one that is missing is replaced only by the config whose hash
+progress.json records.
 
 Every path goes through `models.paths`, so the workdir may be local or
 `gs://...`. Every JSON/text file here is written whole (a local temporary file
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -100,8 +107,8 @@ def read_state_json(path: str, default: Any, keys: tuple[str, ...] = (), *, rebu
   except (ValueError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
     why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
     if not rebuild:
-      raise WorkdirError(f'{path} is damaged ({why}); restore it from a copy, or move it away '
-                         'to start this workdir afresh') from None
+      raise WorkdirError(f'{path} is damaged ({why}); restore it from a copy, or start afresh '
+                         'in a new --workdir') from None
     dest = f'{path}.damaged.{int(time.time())}'
     print(f'WARNING: {path} is damaged ({why}); moved to {dest}'
           + (f', {then}' if then else ''), flush=True)
@@ -162,6 +169,12 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
   different config takes it over, saying so, and the old record is kept as
   config.<old hash>.json.
 
+  The hash is also kept in progress.json, so a config.json that went missing cannot be
+  adopted by another config: when the workdir's run took a step, only the config whose hash
+  progress.json records may write config.json again; any other config, or any config when
+  progress.json records none, is refused (allow_change too: what to redo cannot be known
+  without the old config).
+
   Args:
     workdir: the run's directory.
     config: the config about to run, as a plain dict (`Plan.source`; a ConfigDict is
@@ -173,12 +186,15 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
     The config hash.
 
   Raises:
-    WorkdirError: the workdir ran a different config and `allow_change` is False.
+    WorkdirError: the workdir ran a different config and `allow_change` is False, or its
+      config.json is missing and progress.json records another config's hash (or none).
   """
   path = paths.join(workdir, 'config.json')
   new = config_hash(config)
   old = read_state_json(path, None, ('hash', 'config'), rebuild=False)
-  if old is not None and old.get('hash') != new:
+  if old is None:
+    _check_missing_config(workdir, path, new)
+  elif old.get('hash') != new:
     started = run_started(workdir)
     if not allow_change and started:
       raise WorkdirError(
@@ -198,7 +214,54 @@ def guard_config(workdir: str, config, allow_change: bool = False) -> str:
   if old is None or old.get('hash') != new:
     atomic_write_json(path, {'hash': new, 'config': json.loads(json.dumps(
         schema.as_dict(config), default=str))})
+  _record_hash(workdir, new)
   return new
+
+
+def recorded_hash(workdir: str) -> str:
+  """The config hash `workdir`'s progress.json records ('' when none, or when it cannot be
+  read)."""
+  try:
+    rec = read_json(paths.join(workdir, 'progress.json'), {})
+  except (ValueError, UnicodeDecodeError):
+    return ''
+  return (rec.get('config') or '') if isinstance(rec, dict) else ''
+
+
+def _check_missing_config(workdir: str, path: str, new: str) -> None:
+  """Refuses config `new` for a workdir whose config.json is missing but whose run took a step,
+  unless progress.json records `new` as that run's config (one WorkdirError line)."""
+  started = run_started(workdir)
+  if not started:
+    return
+  recorded = recorded_hash(workdir)
+  if recorded == new:
+    if is_writer():
+      print(f'{workdir}: config.json was missing; progress.json records this config ({new}), '
+            'so it is written again', flush=True)
+    return
+  if recorded:
+    raise WorkdirError(
+        f'{path} is missing, and {workdir} holds a run of config {recorded} (progress.json '
+        f'records it), not of this config {new}: run this config in a new --workdir (with '
+        f'--fork_from={workdir} to reuse the stages they share once its config.json is back), '
+        'or put that run\'s config.json back to resume it')
+  raise WorkdirError(
+      f'{path} is missing, and {workdir} holds a run ({started}) whose config nothing else '
+      f'records, so this config {new} cannot be checked against it: put its config.json back, '
+      'or run this config in a new --workdir')
+
+
+def _record_hash(workdir: str, new: str) -> None:
+  """Keeps config.json's hash in progress.json too (created with no stage or row when absent);
+  a progress.json that cannot be read is left to `Progress`, which rebuilds it with the hash."""
+  path = paths.join(workdir, 'progress.json')
+  try:
+    rec = read_json(path, {'done': {}, 'rows': []})
+  except (ValueError, UnicodeDecodeError):
+    return
+  if isinstance(rec, dict) and rec.get('config') != new:
+    atomic_write_json(path, {'config': new, **{k: v for k, v in rec.items() if k != 'config'}})
 
 
 def run_started(workdir: str) -> str:
@@ -385,6 +448,9 @@ class Progress:
     done: stage name -> {'index', 'kind', 'final_step', 'hf'} for completed stages.
     rows: evaluation rows in order, each {'stage', 'index', 'domains', 'scores':
       {domain: score}, 'details': {...}}; index -1 is the starting policy.
+    config: the hash of the workdir's config (config.json's second copy; '' if unrecorded).
+    data: stage name -> the identity of its data files when it started
+      (`cascade.stage_data.StageData.pin`).
   """
 
   def __init__(self, workdir: str, rebuild: bool = True,
@@ -408,6 +474,10 @@ class Progress:
                            then='rebuilding it from the stages\' checkpoints')
     self.done: dict[str, dict] = dict(data.get('done') or {})
     self.rows: list[dict] = list(data.get('rows') or [])
+    # config.json's hash, kept here as its second copy (`guard_config`).
+    self.config: str = config_hash or data.get('config') or ''
+    # stage name -> the identity of the data files it started with (`cascade.stage_data`).
+    self.data: dict[str, list] = dict(data.get('data') or {})
 
   def row(self, stage_name: str) -> dict | None:
     return next((r for r in self.rows if r['stage'] == stage_name), None)
@@ -424,10 +494,20 @@ class Progress:
     self.done[stage_name] = dict(info)
     self.save()
 
+  def record_data(self, stage_name: str, files: list) -> None:
+    """Keeps the identity of a stage's data files (saved when it changed)."""
+    if self.data.get(stage_name) != files:
+      self.data[stage_name] = files
+      self.save()
+
   def save(self) -> None:
     if self._before_save is not None:
       self._before_save()
-    atomic_write_json(self.path, {'done': self.done, 'rows': self.rows})
+    rec = {'config': self.config} if self.config else {}
+    rec.update(done=self.done, rows=self.rows)
+    if self.data:
+      rec['data'] = self.data
+    atomic_write_json(self.path, rec)
 
 
 class StageCheckpoints:
@@ -439,10 +519,16 @@ class StageCheckpoints:
   metrics writer's flush) runs before each save, so what a resume will not
   redo has been logged for good.
 
-  With `checksums`, every step this object saves is sealed once Orbax has
-  finished it (`cascade.checksums`: at the next save, `wait` or `close`), and
-  every sealed step is checked before it is restored: a step whose bytes
-  changed falls back like one that fails to restore.
+  With `checksums`, a step is usable only once it is sealed (`cascade.checksums`):
+  as soon as Orbax has finalised a step (asynchronously: a background thread
+  waits for Orbax's finalisation, then process 0 seals the step; `wait` joins
+  it), and before the step counts among the `keep` newest, so an older sealed
+  step is deleted only once a newer one is sealed. A restore uses sealed steps
+  only, each checked against its seal first: a step whose bytes changed, or
+  one without a seal (a run killed between Orbax's finalisation and the seal,
+  whose bytes nothing can vouch for), is moved aside with one warning and the
+  previous step is used; with none left the stage starts again from its first
+  step.
   """
 
   def __init__(self, directory: str, keep: int = 2, async_save: bool = True,
@@ -452,38 +538,69 @@ class StageCheckpoints:
     self._async = async_save
     self._before_save = before_save
     self._checksums = checksums
-    self._unsealed: list[int] = []     # saved by this object, not yet sealed
+    self._sealer: threading.Thread | None = None   # finishes the save in flight
+    self._failed: BaseException | None = None      # what stopped it
+    self._saved = False                            # a save of this object awaits `wait`
     self._mngr = self._open()
 
   def _open(self):
-    opts = ocp.CheckpointManagerOptions(max_to_keep=self._keep, create=True,
+    # Retention is ours (`_prune`): Orbax would delete the oldest step when the newest is
+    # finalised, before it is sealed, leaving a kill in between with no usable step.
+    opts = ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
                                         enable_async_checkpointing=self._async,
                                         cleanup_tmp_directories=True)
     return ocp.CheckpointManager(paths.path(self.directory), options=opts,
                                  item_names=('state', 'meta'))
 
   def steps(self) -> list[int]:
+    """Every step on disk, sealed or not."""
     return sorted(self._mngr.all_steps())
 
+  def sealed_steps(self) -> list[int]:
+    """The steps a restore may use: the sealed ones (every step when checksums are off)."""
+    return [s for s in self.steps()
+            if not self._checksums or checksums.sealed(paths.join(self.directory, str(s)))]
+
   def save(self, step: int, state, meta: Mapping) -> None:
-    """Saves `state` (pytree) and `meta` (JSON) as `step` (asynchronously when enabled)."""
+    """Saves `state` (pytree) and `meta` (JSON) as `step` (asynchronously when enabled); the
+    step is sealed as soon as Orbax has finalised it."""
     if self._before_save is not None:
       self._before_save()
-    self.wait()          # Orbax would wait for the previous save here anyway; then seal it
+    self.wait()          # Orbax would wait for the previous save here anyway
     self._mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                   meta=ocp.args.JsonSave(dict(meta))),
                     force=True)
-    if self._checksums:
-      self._unsealed.append(step)
+    self._saved = True
+    if self._async:
+      self._sealer = threading.Thread(target=self._finish, args=(step,), daemon=True,
+                                      name=f'seal {self.directory}/{step}')
+      self._sealer.start()
+    else:
+      self._finish(step)
+
+  def _finish(self, step: int) -> None:
+    """Waits for Orbax to finalise `step`, then seals it (process 0)."""
+    try:
+      self._mngr.wait_until_finished()
+      if self._checksums and is_writer() and step in self._mngr.all_steps():
+        checksums.seal(paths.join(self.directory, str(step)))
+    except BaseException as e:  # pylint: disable=broad-except  (raised by `wait`)
+      self._failed = e
 
   def wait(self) -> None:
-    """Waits for the save in flight, then seals the finished steps (process 0)."""
+    """Waits for the save in flight and its seal, then deletes the steps beyond the newest
+    `keep` (once a newer one is sealed). Raises what stopped the save or the seal."""
+    if self._sealer is not None:
+      self._sealer.join()
+      self._sealer = None
+    if self._failed is not None:
+      failed, self._failed = self._failed, None
+      raise failed
     self._mngr.wait_until_finished()
-    kept = set(self._mngr.all_steps())
-    for step in self._unsealed:
-      if step in kept and is_writer():
-        checksums.seal(paths.join(self.directory, str(step)))
-    self._unsealed = []
+    if self._saved:
+      self._saved = False
+      for s in self.steps()[:-self._keep]:
+        self._mngr.delete(s)
 
   def restore(self, abstract_state, step: int | None = None):
     """Restores `step` (default: the newest restorable one), falling back past damage.
@@ -508,7 +625,7 @@ class StageCheckpoints:
 
   def _restore(self, step, abstract_state):
     if self._checksums:
-      checksums.check(paths.join(self.directory, str(step)))
+      checksums.check(paths.join(self.directory, str(step)), required=True)
     out = self._mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
     meta = dict(out.meta)
@@ -517,12 +634,19 @@ class StageCheckpoints:
     return out.state, meta
 
   def _quarantine(self, step: int, err: Exception) -> None:
-    """Moves a damaged step out of Orbax's sight so the run can redo it."""
-    why = str(err) if isinstance(err, checksums.Mismatch) else type(err).__name__
-    print(f'WARNING: checkpoint {self.directory}/{step} is damaged ({why}); falling back to '
-          'the previous checkpoint', flush=True)
+    """Moves a damaged or unsealed step out of Orbax's sight so the run can redo it."""
+    dest = paths.join(paths.parent(self.directory), 'corrupt', f'{step}.{int(time.time())}')
+    earlier = [s for s in self.steps() if s < step]
+    then = ('falling back to the previous checkpoint' if earlier else
+            'no earlier checkpoint is left: the stage starts again from its first step')
+    if isinstance(err, checksums.Unsealed):
+      print(f'WARNING: checkpoint {self.directory}/{step} is not usable ({err}); moved to '
+            f'{dest}, {then}', flush=True)
+    else:
+      why = str(err) if isinstance(err, checksums.Mismatch) else type(err).__name__
+      print(f'WARNING: checkpoint {self.directory}/{step} is damaged ({why}); {then}',
+            flush=True)
     if is_writer():
-      dest = paths.join(paths.parent(self.directory), 'corrupt', f'{step}.{int(time.time())}')
       paths.move_tree(paths.join(self.directory, str(step)), dest)
     self._mngr.close()
     self._mngr = self._open()

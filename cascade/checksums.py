@@ -1,7 +1,7 @@
 """Checksums of what a run saves: every checkpoint step and every HF export carries a manifest.
 
   checksums.seal(step_dir)            # after the files are final: writes step_dir/checksums.json
-  why = checksums.verify(step_dir)    # '' when whole (or when no manifest: saved before this)
+  why = checksums.verify(step_dir, required=True)    # '' when whole, else why not
 
 The manifest names every file under the directory with its size and sha256. A
 check compares sizes first (a truncated file costs one listing) and then
@@ -14,9 +14,11 @@ about 200 GB) a few minutes, plus the time to read it from storage.
 
 Format-keeping damage is what this catches: bytes flipped inside a parameter
 file, or an edited field (e.g. the data position) in a checkpoint's metadata,
-restore without an error and would silently change the run. A directory saved
-before manifests existed, or by a run killed between finishing its files and
-sealing them, has none and is used unchecked.
+restore without an error and would silently change the run. A directory
+without a manifest (saved before manifests existed, with checksums off, or by a
+run killed between finishing its files and sealing them) cannot be checked:
+`verify(d, required=True)`, what checkpoint steps and exports are read with,
+calls it unusable, since bytes flipped in it would go unnoticed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ _CHUNK = 1 << 24
 
 class Mismatch(ValueError):
   """A directory's files differ from its manifest (the message names the first such file)."""
+
+
+class Unsealed(Mismatch):
+  """A directory that must be sealed has no manifest, so its bytes cannot be checked."""
 
 
 def digest(path: str) -> str:
@@ -62,11 +68,18 @@ def sealed(directory: str) -> bool:
   return paths.exists(paths.join(directory, MANIFEST))
 
 
-def verify(directory: str) -> str:
-  """'' when `directory` matches its manifest (or has none), else why not (one line)."""
+def verify(directory: str, required: bool = False) -> str:
+  """'' when `directory` matches its manifest, else why not (one line).
+
+  Args:
+    directory: a sealed directory.
+    required: a directory without a manifest is unusable (True) or passes unchecked (False).
+  """
   path = paths.join(directory, MANIFEST)
   if not paths.exists(path):
-    return ''
+    return (f'{MANIFEST} is missing: it was never sealed (a run stopped between writing it '
+            'and sealing it, or saved it with config.ckpt.checksums=False), so it cannot be '
+            'checked') if required else ''
   try:
     files = json.loads(paths.read_text(path))['files']
   except (ValueError, KeyError, TypeError, UnicodeDecodeError):
@@ -84,8 +97,11 @@ def verify(directory: str) -> str:
   return ''
 
 
-def check(directory: str) -> None:
-  """Raises Mismatch (naming the file) when `directory` differs from its manifest."""
+def check(directory: str, required: bool = False) -> None:
+  """Raises Mismatch (naming the file) when `directory` differs from its manifest, or, when
+  `required`, has none (Unsealed)."""
+  if required and not sealed(directory):
+    raise Unsealed(verify(directory, required=True))
   why = verify(directory)
   if why:
     raise Mismatch(f'checksum mismatch: {why}')

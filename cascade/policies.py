@@ -158,7 +158,7 @@ class Policies:
             f'{export} (weights only)', flush=True)
       try:
         if self.plan.ckpt.checksums:
-          checksums.check(export)
+          checksums.check(export, required=True)
         params = self._load_hf(export)
       except Exception as e2:  # pylint: disable=broad-except
         why = str(e2).splitlines()[0][:200] if str(e2) else ''
@@ -323,17 +323,20 @@ class Policies:
     return out
 
   def damaged_export(self, stage, out: str) -> bool:
-    """Whether `stage`'s export at `out` differs from its checksums; a damaged one is moved
+    """Whether `stage`'s export at `out` differs from its checksums or was never sealed (a
+    gs:// export is uploaded file by file and sealed after its config.json, so a kill can
+    leave one whole but unsealed: nothing vouches for its bytes); such an export is moved
     aside to stages/<idx>_<name>/corrupt/hf.<time> with a warning (the caller exports again)."""
     if not self.plan.ckpt.checksums:
       return False
-    why = checksums.verify(out)
+    why = checksums.verify(out, required=True)
     if not why:
       return False
     dest = paths.join(checkpoint.stage_dir(self.workdir, stage), 'corrupt',
                       f'hf.{int(time.time())}')
-    print(f'WARNING: {out}: the HF export of stage {stage.name!r} is damaged (checksum '
-          f'mismatch: {why}); moved to {dest}, exporting it again', flush=True)
+    what = why if not checksums.sealed(out) else f'checksum mismatch: {why}'
+    print(f'WARNING: {out}: the HF export of stage {stage.name!r} is damaged ({what}); moved '
+          f'to {dest}, exporting it again', flush=True)
     if checkpoint.is_writer():
       paths.move_tree(out, dest)
     return True

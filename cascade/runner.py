@@ -20,7 +20,9 @@
 3. Evaluate the starting policy when the cascade starts with RL (row 'init').
 4. For each stage not yet complete in progress.json: run it through its
    kind (`cascade.kinds.KINDS[stage.kind].run(ctx, stage)`, resuming from its
-   newest good checkpoint), export its policy as HF safetensors, evaluate every
+   newest good checkpoint, only on the data files it started with:
+   `StageData.pin`, checked before any data loads for the stage the run resumes
+   in), export its policy as HF safetensors, evaluate every
    domain (a row of the matrix), mark it complete; rewrite results.{json,md,png}.
 
 A stage that diverges (`cascade.divergence`) stops the run before its export
@@ -267,6 +269,7 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
           plan, workdir=workdir, command=command, config_hash=config_hash, mesh=ctx.mesh,
           done=done, resume_step=resume_step, isolation=isolation,
           cache_line=cache.banner() if cache is not None else None))
+    _pin_data(ctx, next((st for st in plan.stages if st.name not in ctx.progress.done), None))
     ctx.data.load()
     ctx.verifiers.dry_run(ctx.data.eval_sets)   # a verifier's own bug stops the run here
     if plan.initial_eval and ctx.progress.row(INIT_ROW) is None:
@@ -336,8 +339,20 @@ def _resume_step(ctx: RunContext) -> int | None:
   ckpt = paths.join(checkpoint.stage_dir(ctx.workdir, stage), 'ckpt')
   if not paths.exists(ckpt):
     return None
-  steps = ctx.policies.checkpoints(stage).steps()
+  steps = ctx.policies.checkpoints(stage).sealed_steps()
   return steps[-1] if steps else None
+
+
+def _pin_data(ctx: RunContext, stage) -> None:
+  """Records in progress.json the identity of `stage`'s data files as it starts, or, when it
+  resumes from a checkpoint, refuses it if they changed since (`StageData.pin`)."""
+  if stage is None or not stage.datasets:
+    return
+  ckpt = paths.join(checkpoint.stage_dir(ctx.workdir, stage), 'ckpt')
+  resuming = (stage.MODEL is not None and paths.exists(ckpt)
+              and bool(ctx.policies.checkpoints(stage).sealed_steps()))
+  ctx.progress.record_data(stage.name, ctx.data.pin(stage, ctx.progress.data.get(stage.name),
+                                                    resuming))
 
 
 def _accounting(progress: checkpoint.Progress) -> dict[str, dict]:
@@ -360,6 +375,7 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
   mark = compile_cache.counts()
   t0 = time.perf_counter()
   reporter.stage_started(stage)
+  _pin_data(ctx, stage)
   result = kinds.get(stage.kind).run(ctx, stage)
   info = {'index': stage.index, 'kind': stage.kind, **dict(result.info)}
   params = result.params

@@ -13,8 +13,9 @@ bounded by the largest row group / line, never by the dataset:
   .jsonl / .json     a line-offset index is built once per shard by one streamed
                      pass (numpy int64 [rows, 3]: start, end, line number; blank
                      lines are not rows) and kept in the local cache dir, keyed by
-                     the shard's path, size and modification time; a row is one
-                     seek and one read. The index is memory-mapped.
+                     the shard's path, size and stamp (`identity`: it changes with
+                     every write, even one in place at the old size and time); a
+                     row is one seek and one read. The index is memory-mapped.
   .jsonl.gz/.zst     decompressed once, streaming, into the cache (then indexed as
                      above). Random access into a gzip or zstd stream needs either
                      a full decompression from the start per read or a table of
@@ -39,6 +40,10 @@ process's, whatever P. A process reads a row of a shard it did not open through 
 shared index (copied to its local cache, memory-mapped) and the shared plain copy:
 each shard is streamed once per run, not once per host.
 
+A shard's identity (`identity`: its path, size and a digest of its content; nothing is
+downloaded on gs://, where the store keeps a crc32c of every object) is what a stage that
+resumes from a checkpoint checks its data against (`cascade.stage_data`).
+
 Errors are one line: a row names `file:line` (JSONL, the line within its shard,
 compressed or not), `file row n` (Parquet) or `file record n` (ArrayRecord); a
 corrupt shard names the shard and the byte offset of the damage (for gzip the
@@ -62,6 +67,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from cascade import checksums
 from models import paths
 
 JSONL = ('.jsonl', '.json')
@@ -265,14 +271,71 @@ def _open(p: str):
     raise DataError(str(e)) from None
 
 
-def _stat_key(p: str, *extra) -> str:
-  """A cache key for shard `p`: its path, size and modification time (and `extra`)."""
+def _remote_info(p: str) -> dict:
+  """The store's metadata of object `p` (gcsfs: size, generation, crc32c, ...)."""
+  import fsspec  # pylint: disable=g-import-not-at-top
   try:
-    st = paths.path(p).stat()
+    fs, rel = fsspec.core.url_to_fs(os.fspath(p))
+    return fs.info(rel)
   except FileNotFoundError:
     raise DataError(f'{p}: no such file') from None
-  ident = json.dumps([_INDEX_VERSION, os.fspath(p), st.length, st.mtime, *extra])
+  except Exception as e:  # pylint: disable=broad-except
+    why = (str(e).strip().splitlines() or [''])[0][:200]
+    raise DataError(f'{p}: cannot read its metadata ({type(e).__name__}: {why})') from None
+
+
+def _describe(p: str) -> tuple[int, list, str]:
+  """(size, stamp, the store's digest or '') of shard `p`.
+
+  The stamp changes whenever the file is written, even in place at its old size with its
+  modification time set back: locally it is the modification and status-change times (ns;
+  a process can set the first, not the second) and the inode; on gs:// the object's
+  generation (a new one on every write). The store's digest is gs://'s crc32c of the
+  object's bytes; a local file has none.
+  """
+  if not paths.is_remote(p):
+    try:
+      st = os.stat(p)
+    except FileNotFoundError:
+      raise DataError(f'{p}: no such file') from None
+    return st.st_size, [st.st_mtime_ns, st.st_ctime_ns, st.st_ino], ''
+  info = _remote_info(p)
+  stored = info.get('crc32c')
+  return (int(info['size']), [str(info.get('generation') or info.get('mtime'))],
+          f'crc32c:{stored}' if stored else '')
+
+
+def _stat_key(p: str, *extra) -> str:
+  """A cache key for shard `p`: its path, size and stamp (`_describe`), and `extra`."""
+  size, stamp, _ = _describe(p)
+  ident = json.dumps([_INDEX_VERSION, os.fspath(p), size, stamp, *extra])
   return hashlib.sha256(ident.encode()).hexdigest()[:24]
+
+
+def identity(p: str, known: dict | None = None) -> dict:
+  """{'path', 'size', 'stamp', 'digest'} of shard `p`: what its bytes are, checked cheaply.
+
+  The digest is of the content: on gs://, the crc32c the store keeps of every object (read
+  from its metadata: nothing is downloaded); elsewhere 'sha256:<hex>' of the bytes, streamed
+  (about 1 s per GB), unless `known`, this shard's earlier identity, has its size and stamp
+  (`_describe`): its digest is then taken as it is, and nothing is read. So a rerun on the same
+  host reads nothing, a copy of the same bytes (another host) is read once and matches, and a
+  file rewritten in any way, even at its old size and modification time, is read again.
+
+  Raises:
+    DataError: the shard is missing or its metadata cannot be read.
+  """
+  size, stamp, digest = _describe(p)
+  if not digest:
+    if known and known.get('size') == size and known.get('stamp') == stamp and known.get(
+        'path') == os.fspath(p):
+      digest = known['digest']
+    else:
+      try:
+        digest = 'sha256:' + checksums.digest(p)
+      except FileNotFoundError:
+        raise DataError(f'{p}: no such file') from None
+  return {'path': os.fspath(p), 'size': size, 'stamp': stamp, 'digest': digest}
 
 
 def stream(p: str) -> Iterator[tuple[str, Any]]:

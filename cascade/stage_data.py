@@ -14,6 +14,14 @@ position and kept (`cascade.token_cache`): a run or resume that finds it
 tokenizes nothing. Prompts too long for the evaluation are dropped with a
 warning that counts them; a stage or evaluation set left with no records is an
 error.
+
+A stage's data files are pinned when it starts (`StageData.pin`: each shard's path, size and
+content digest, `cascade.shards.identity`, kept in progress.json): a stage that resumes from a
+checkpoint, whose data position counts rows of those files, is refused in one line naming the
+shard that is gone, new, or holds other bytes since (a rewrite in place at the same size and
+modification time included), rather than resumed on other rows. Checking costs a listing and
+a stat per shard where nothing changed (a shard is read again only when its stamp changed,
+e.g. on another host; on gs:// never).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Callable
 from cascade import config as config_lib
 from cascade import data as data_lib
 from cascade import rollout
+from cascade import shards
 from cascade import token_cache
 from models import paths
 
@@ -44,6 +53,24 @@ def _check_disjoint(domain: str, dom, validation: list, held_out: list) -> None:
         f'config.domains.{domain}.validation={dom.validation!r}: {len(shared)} of its '
         f'{len(validation)} prompts are also held-out prompts of {dom.eval!r} (e.g. record '
         f'{shared[0]["id"]!r}); the validation set must be disjoint from it')
+
+
+def changed(recorded: list, now: list) -> str:
+  """'' when the shard identities `now` are those `recorded` (same files, sizes and digests),
+  else which shard differs and how (one clause naming it)."""
+  have = {r['path']: r for r in now}
+  for was in recorded:
+    p, cur = was['path'], have.get(was['path'])
+    if cur is None:
+      return f'{p} (one of its shards, {was["size"]} bytes) is gone'
+    if cur['size'] != was['size']:
+      return f'{p} holds {cur["size"]} bytes, not the {was["size"]} it held'
+    if cur['digest'] != was['digest']:
+      return (f'{p} holds other bytes (same size; digest {cur["digest"][:20]}, was '
+              f'{was["digest"][:20]})')
+  old = {r['path'] for r in recorded}
+  new = [r['path'] for r in now if r['path'] not in old]
+  return f'{new[0]} is a shard it did not have' if new else ''
 
 
 def _fit(recs: list, ok: Callable[[dict], bool], what: str, why: str) -> list:
@@ -114,6 +141,66 @@ class StageData:
     for st in plan.stages:
       if st.datasets:
         self.stage_records(st)
+
+  def pin(self, stage, recorded: list | None, resuming: bool,
+          log: Callable[[str], None] = print) -> list:
+    """The identity of `stage`'s data files now (`cascade.shards.identity`, shard by shard,
+    for progress.json; TFDS datasets are prepared data, not files, and are left out), checked
+    against `recorded`, what the stage started with, when it resumes from a checkpoint.
+
+    A shard whose stamp is the recorded one is not read; the processes split the others.
+
+    Args:
+      stage: the stage's config.
+      recorded: the identities recorded when the stage started (None: none were).
+      resuming: the stage resumes from a checkpoint (its data position counts rows of the
+        recorded files); a resuming stage with no record is warned about and recorded.
+      log: where the warning goes.
+
+    Returns:
+      The identities.
+
+    Raises:
+      DataError: the stage resumes and a shard is gone, new, or holds other bytes (one line
+        naming it); or a shard cannot be read.
+    """
+    advice = ('put the data back as it was, or rerun the stage from its start in a new '
+              '--workdir (--fork_from=<this workdir> copies its finished stages)')
+    specs = [self.plan.datasets[name] for name in stage.datasets]
+    try:
+      files = [f for spec in specs if spec.path for f in shards.expand(spec.path)]
+    except data_lib.DataError as e:
+      if resuming and recorded:
+        raise data_lib.DataError(f'{stage.where} resumes from a checkpoint, but {e}: {advice}'
+                                 ) from None
+      raise
+    known = {r['path']: r for r in recorded or []}
+    count, index = (1, 0) if self.hosts is None else (self.hosts.count, self.hosts.index)
+    mine, error = {}, None
+    try:
+      for j in range(index, len(files), count):
+        mine[j] = shards.identity(files[j], known.get(files[j]))
+    except data_lib.DataError as e:
+      error = str(e)
+    if count > 1:      # every process learns every identity, or the first error
+      got = [json.loads(b) for b in self.hosts.exchange(
+          json.dumps({'ids': mine, 'error': error}).encode())]
+      error = next((g['error'] for g in got if g['error']), None)
+      mine = {int(j): r for g in got for j, r in g['ids'].items()}
+    if error:
+      raise data_lib.DataError(f'{stage.where}: {error}' if resuming and recorded else error)
+    now = [mine[j] for j in range(len(files))]
+    if resuming and recorded is None:
+      log(f'WARNING: {stage.where}: no record of the data files it started with (a workdir '
+          'from before they were recorded, or a rebuilt progress.json): it resumes unchecked '
+          'against them, and they are recorded now')
+    elif resuming:
+      why = changed(recorded, now)
+      if why:
+        raise data_lib.DataError(f'{stage.where} resumes from a checkpoint, but since it '
+                                 f'started {why}: its data position would read other rows; '
+                                 f'{advice}')
+    return now
 
   def _source(self, name: str):
     return self._records[name] if name in self._records else self._sources[name]

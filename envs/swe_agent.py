@@ -7,10 +7,12 @@ Tools: `list_files`, `read_file`, `search`, `edit`, `apply_patch` and, when
 the record has a visible test, `run_tests`. The repository lives on the host
 as a dict (path -> text) per episode, copied in `_start`; tools read and
 change only that dict, never the host's disk, so episodes cannot see each
-other's files. Paths are normalised and confined to the repository (absolute
-paths, `..` escapes, control characters and over-long paths are tool
-errors), and the repository's file count and size are bounded: an edit that
-would pass the bounds fails. Every output is bounded.
+other's files. Paths are normalised and confined to the repository by the
+sandbox's own rule (`verifiers.sandbox.server.normalize_path`: absolute
+paths, '..' as a component, control characters and over-long paths are tool
+errors; '..notes.txt' is a file name), so every file the policy makes is
+written into the sandbox as named; the repository's file count and size are
+bounded: an edit that would pass the bounds fails. Every output is bounded.
 
 `run_tests` and scoring execute code: the episode's current files are
 written into the bubblewrap sandbox (`verifiers.sandbox`, 'check' mode as
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import posixpath
 from typing import Any, Mapping, Sequence
 
 from envs import base
@@ -49,6 +50,7 @@ from verifiers import base as verifiers_base
 from verifiers import sandbox as sandbox_lib
 from verifiers import swe
 from verifiers import unidiff
+from verifiers.sandbox import server as sandbox_server
 
 # Bounds on one episode's repository and on what tools show.
 MAX_PATH_CHARS = 200
@@ -100,27 +102,23 @@ class Workspace:
 
 
 def normalize_path(path: str) -> str:
-  """The repository path `path` names ('./a//b.py' -> 'a/b.py').
+  """The repository path `path` names ('./a//b.py' -> 'a/b.py'), by the sandbox's own rule.
+
+  `verifiers.sandbox.server.normalize_path` is the one rule: a path accepted
+  here is written into the sandbox as it is named here ('..notes.txt' is a
+  file name; '..' is never a component), plus this environment's bound on a
+  path's length.
 
   Raises:
     base.ToolError: an empty, absolute, over-long or escaping path, or one
-      with NUL or other control characters.
+      with NUL or other control characters or that is not valid Unicode.
   """
-  if not path:
-    raise base.ToolError('empty path')
   if len(path) > MAX_PATH_CHARS:
     raise base.ToolError(f'path longer than {MAX_PATH_CHARS} characters')
-  if any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
-    raise base.ToolError(f'path {path[:80]!r} holds a NUL or control character')
-  check_text(path, 'the path')
-  if path.startswith('/'):
-    raise base.ToolError(f'absolute path {path[:80]!r}: paths are relative to the repository')
-  norm = posixpath.normpath(path)
-  if norm == '.':
-    raise base.ToolError(f'{path!r} is the repository itself, not a file')
-  if norm == '..' or norm.startswith('../'):
-    raise base.ToolError(f'path {path[:80]!r} leaves the repository')
-  return norm
+  try:
+    return sandbox_server.normalize_path(path, 'the repository')
+  except ValueError as e:
+    raise base.ToolError(str(e)) from None
 
 
 def check_tree(files: Mapping[str, str]) -> None:

@@ -16,8 +16,11 @@ SWE reward does; info keeps the ratio as 'similarity' and adds 'p_yes'. The
 patch is defused and fenced as every judge field is; a judge prompt that does
 not fit gets `judge_reject_reward`, logged. Without a judge the ratio stays.
 
-Execution mode (`execution=True`): the patch is applied to a copy of a small
-repository given in the record and the record's test program runs in the
+Execution mode (`execution=True`): the patch, its paths normalised by the
+sandbox's rule as the agentic SWE environment's tools normalise theirs
+(`verifiers.sandbox.server.normalize_path`: '..notes.txt' is a file name, a
+path with '..' as a component does not apply), is applied to a copy of a
+small repository given in the record and the record's test program runs in the
 sandbox (`verifiers.sandbox.server`'s 'check' mode: the test runs in a judge process
 and imports the repository's top-level modules from the candidate's process
 through `verifiers.sandbox.bridge`, so only plain data crosses and comparison
@@ -30,6 +33,7 @@ Metadata: {'repo': {path: text}, 'test': str, 'gold_patch': str (optional)}.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import posixpath
@@ -39,6 +43,7 @@ from verifiers import base
 from verifiers import sandbox
 from verifiers import unidiff
 from verifiers.sandbox import pool as pool_lib
+from verifiers.sandbox import server as sandbox_server
 
 # Similarity is kept in [_EPS, 1 - _EPS] so it never reads as 'no change'
 # or 'exact match'.
@@ -85,6 +90,17 @@ def _top_level_modules(files: Mapping[str, str]) -> list[str]:
     elif parts[0].endswith('.py'):
       names.add(parts[0][:-3])
   return sorted(n for n in names if n.isidentifier())
+
+
+def _confined(fp: unidiff.FilePatch) -> unidiff.FilePatch:
+  """A file patch whose paths are normalised by the sandbox's rule, which writes them.
+
+  Raises:
+    ValueError: a path the rule refuses ('..' as a component, absolute, ...).
+  """
+  old, new = (p if p == unidiff.DEV_NULL else sandbox_server.normalize_path(p, 'the repository')
+              for p in (fp.old_path, fp.new_path))
+  return dataclasses.replace(fp, old_path=old, new_path=new)
 
 
 def work(payload: dict) -> dict:
@@ -166,6 +182,13 @@ class SweVerifier(base.Verifier):
       repo = base.require(metadata, 'repo', dict, 'path -> file text of the repository')
       if not repo or not all(isinstance(k, str) and isinstance(v, str) for k, v in repo.items()):
         raise ValueError('metadata["repo"] must be a non-empty dict of path -> text')
+      for path in repo:
+        try:
+          norm = sandbox_server.normalize_path(path, 'the repository')
+        except ValueError as e:
+          raise ValueError(f'metadata["repo"]: {e}') from None
+        if norm != path:
+          raise ValueError(f'metadata["repo"]: path {path!r} is not normalised (write {norm!r})')
       base.require(metadata, 'test', str, 'Python test program run on the patched repo')
     if execution and 'gold_patch' not in metadata:
       return
@@ -188,7 +211,7 @@ class SweVerifier(base.Verifier):
     if unidiff.is_noop(pred):
       return base.Result(0.0, {'reason': 'the patch changes nothing'})
     try:
-      files = unidiff.apply(pred, md['repo'])
+      files = unidiff.apply([_confined(fp) for fp in pred], md['repo'])
     except ValueError as e:
       return base.Result(0.0, {'reason': f'patch does not apply: {e}'})
     # The test may import the repository's own modules only: a module the patch adds under a

@@ -397,7 +397,8 @@ def test_fork_of_a_bad_source_refuses_in_one_line_and_copies_nothing(tmp_path, m
     with pytest.raises(checkpoint.WorkdirError, match=match) as e:
       checkpoint.fork(str(src), str(dst), mine)
     assert '\n' not in str(e.value) and str(e.value).endswith('nothing was copied')
-    assert sorted(os.listdir(dst)) == ['config.json']
+    assert sorted(os.listdir(dst)) == ['config.json', 'progress.json']    # guard_config's
+    assert not checkpoint.Progress(str(dst)).done
 
   src, dst = fresh('garbled_progress')
   (src / 'progress.json').write_text('{"done": {"sft"')
@@ -421,7 +422,8 @@ def test_fork_of_a_bad_source_refuses_in_one_line_and_copies_nothing(tmp_path, m
   monkeypatch.setattr(paths, 'copy_file', fails_on_the_third)
   with pytest.raises(OSError, match='No space left'):
     checkpoint.fork(str(src), str(dst), mine)
-  assert sorted(os.listdir(dst)) == ['config.json', 'stages'] and not os.listdir(dst / 'stages')
+  assert sorted(os.listdir(dst)) == ['config.json', 'progress.json', 'stages']
+  assert not os.listdir(dst / 'stages') and not checkpoint.Progress(str(dst)).done
   monkeypatch.setattr(paths, 'copy_file', copy)
   assert checkpoint.fork(str(src), str(dst), mine) == ['sft', 'rl']   # the same command again
 
@@ -446,3 +448,5 @@ def test_a_garbled_progress_json_is_moved_aside_and_a_garbled_config_json_refuse
     checkpoint.guard_config(str(tmp_path), c, allow_change=True)
   assert str(e.value).startswith(f'{tmp_path / "config.json"} is damaged (')
   assert '\n' not in str(e.value) and (tmp_path / 'config.json').read_text() == text
+  # Afresh means a new workdir: moved away, config.json would let another config in.
+  assert str(e.value).endswith('restore it from a copy, or start afresh in a new --workdir')

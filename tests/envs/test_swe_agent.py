@@ -366,6 +366,48 @@ def test_an_added_module_cannot_stand_in_for_one_the_test_imports(env):
   assert s.reward == 0.0 and s.info['files_changed'] == ['shlex.py']
 
 
+# Sets a default ACL on the work dir at import: on a reused work dir it made every file the
+# harness wrote there later mode 000, so every later fix on that server failed to import.
+_POISON = ('import os, struct\ntry:\n    os.setxattr(".", "system.posix_acl_default", '
+           'struct.pack("<I", 2) + b"".join(struct.pack("<HHI", t, 0, 0xFFFFFFFF) '
+           'for t in (1, 4, 32)))\nexcept OSError:\n    pass\n')
+
+
+def test_an_acl_left_by_one_episode_changes_no_later_score(env):
+  """Episodes that set a default ACL where the sandbox writes files (in run_tests and in their
+  own scoring, on both servers of each sandbox) score on their own merit; later right fixes on
+  the same servers still pass run_tests and score 1."""
+  right, wrong = _POISON + CALC.replace('x - 7', 'x + 7'), _POISON + CALC.replace('x - 7', 'x + 8')
+  poisoners = env.reset([record()] * 2)
+  observe(env, poisoners, [call('edit', path='calc.py', old=CALC, new=text)
+                           for text in (right, wrong)])
+  assert [t[0].split(' ')[0] for t in observe(env, poisoners, [call('run_tests')] * 2)] == [
+      'passed', 'failed']
+  assert [s.reward for s in env.step(poisoners, ['done'] * 2)] == [1.0, 0.0]
+  later = env.reset([record()] * 2)
+  observe(env, later, [call('edit', **FIX)] * 2)
+  assert observe(env, later, [call('run_tests')] * 2) == [['passed']] * 2
+  steps = env.step(later, ['done'] * 2)
+  assert [s.reward for s in steps] == [1.0, 1.0], [s.info['reason'] for s in steps]
+
+
+def test_a_dot_dot_name_is_a_file_the_tests_see(env):
+  """'..notes.txt' is a legitimate file name: the tools take it and the sandbox writes it (one path
+  rule, `verifiers.sandbox.server.normalize_path`); '..' as a component is refused by both."""
+  reads = CALC.replace('x - 7', 'x + 7') + '\n\ndef notes():\n    return open("..notes.txt").read()\n'
+  check = 'from calc import notes\nassert notes() == "hello", notes()\n'
+  (ep,) = env.reset([record(test=HIDDEN + check, visible_test=VISIBLE + check)])
+  out = observe(env, [ep], [call('edit', path='..notes.txt', old='', new='hello')
+                            + call('edit', path='calc.py', old=CALC, new=reads)
+                            + call('edit', path='x/../..notes.txt', old='', new='hello')
+                            + call('run_tests')])
+  assert out[0][:2] == ['created ..notes.txt', 'edited calc.py']
+  assert out[0][2].startswith("error: path 'x/../..notes.txt' leaves the repository"), out
+  assert out[0][3] == 'passed', out
+  (s,) = env.step([ep], ['done'])
+  assert s.reward == 1.0 and s.info['files_changed'] == ['..notes.txt', 'calc.py'], s.info
+
+
 def test_close_stops_the_sandbox_and_a_later_run_restarts_it(bwrap_sandbox):
   del bwrap_sandbox
   env = swe_agent.SweAgentEnv(workers=1, timeout_s=5)

@@ -347,6 +347,38 @@ def test_python_cannot_reach_other_episodes_or_the_host(bwrap_sandbox, py_env, t
     assert s.messages[0]['content'] == f'{[False] * len(host)}\n[]', s.messages[0]['content']
 
 
+_LEAVE = r"""
+import os, struct
+acl = struct.pack('<I', 2) + b''.join(struct.pack('<HHI', t, 0, 0xFFFFFFFF) for t in (1, 4, 32))
+for call, args in ((os.setxattr, ('.', 'user.note', b'for the next episode')),
+                   (os.setxattr, ('.', 'system.posix_acl_default', acl)),
+                   (os.utime, ('.', (1, 2))), (os.chmod, ('.', 0o700))):
+    try:
+        call(*args)
+    except OSError as e:
+        print(call.__name__, e.strerror)
+"""
+_LOOK = r"""
+import os, stat, time
+st = os.stat('.')
+open('new.txt', 'w').close()
+print(os.listxattr('.'), oct(stat.S_IMODE(st.st_mode)), st.st_mtime > time.time() - 60,
+      oct(stat.S_IMODE(os.stat('new.txt').st_mode)))
+"""
+
+
+def test_python_calls_leave_no_metadata_for_later_episodes(bwrap_sandbox, py_env):
+  """Extended attributes, a default ACL, times and the mode of the work dir: refused or gone."""
+  rec = _record(tools=['python'])
+  a, b, c, d = py_env.reset([rec] * 4)
+  # Two calls at once: one on each of the two servers.
+  left = py_env.step([a, b], [_call('python', code=_LEAVE)] * 2)
+  looked = py_env.step([c, d], [_call('python', code=_LOOK)] * 2)
+  assert [s.messages[0]['content'] for s in looked] == ['[] 0o755 True 0o644'] * 2
+  assert [s.messages[0]['content'] for s in left] == [
+      'setxattr Operation not permitted\n' * 2 + 'utime Operation not permitted'] * 2
+
+
 # -- the tiny world's tool-use domain -------------------------------------------
 
 

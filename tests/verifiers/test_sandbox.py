@@ -131,6 +131,64 @@ def test_seccomp_refuses_user_namespaces_but_not_fork_or_threads():
   assert out.stdout.strip() == 'ok', out.stderr
 
 
+def test_seccomp_refuses_what_would_outlive_the_sample_but_not_its_own_work(tmp_path):
+  """Extended attributes (ACLs too), file times, descriptors in flight, network sockets and other
+  processes' limits are refused; the same calls on the caller itself, reads and unix sockets
+  work."""
+  if seccomp.supported():
+    pytest.skip(seccomp.supported())
+  script = textwrap.dedent('''
+      import errno, os, resource, socket, sys
+      from verifiers.sandbox import seccomp
+      os.chdir(sys.argv[1])
+      open('f', 'w').write('x')
+      other = os.fork()
+      if other == 0:
+          os.read(os.open('/dev/zero', os.O_RDONLY), 1)
+          import time; time.sleep(30)
+      seccomp.install()
+      def refused(call, *args, err=errno.EPERM):
+          try:
+              call(*args)
+          except OSError as e:
+              assert e.errno == err, (call, e)
+          else:
+              raise AssertionError(f'{call.__name__}{args} was allowed')
+      acl = (2).to_bytes(4, 'little') + b''.join(
+          t.to_bytes(2, 'little') + bytes(2) + b'\\xff' * 4 for t in (1, 4, 0x20))
+      for path in ('.', 'f'):
+          refused(os.setxattr, path, 'user.left', b'data')
+          refused(os.setxattr, path, 'system.posix_acl_default', acl)
+          refused(os.removexattr, path, 'user.left')
+          refused(os.utime, path)
+          refused(os.utime, path, (1, 2))
+          assert os.listxattr(path) == []  # Reading stays allowed.
+      fd = os.open('f', os.O_RDONLY)
+      refused(os.setxattr, fd, 'user.left', b'data')
+      refused(os.utime, fd)
+      a, b = socket.socketpair()
+      refused(socket.send_fds, b, [b'x'], [fd])
+      refused(b.sendmsg, [b'x'])
+      b.send(b'plain')
+      assert a.recv(5) == b'plain'
+      refused(socket.socket, socket.AF_INET, err=errno.EAFNOSUPPORT)
+      refused(socket.socket, socket.AF_INET6, err=errno.EAFNOSUPPORT)
+      socket.socket(socket.AF_UNIX).bind(b'\\0cascade-own')
+      refused(resource.prlimit, other, resource.RLIMIT_NOFILE, (64, 64))
+      refused(os.setpriority, os.PRIO_PROCESS, other, 5)
+      refused(os.setpriority, os.PRIO_USER, os.getuid(), 5)
+      refused(os.sched_setaffinity, other, {0})
+      resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+      os.setpriority(os.PRIO_PROCESS, 0, 1)
+      os.sched_setaffinity(0, os.sched_getaffinity(0))
+      os.kill(other, 9)
+      print('ok')
+  ''')
+  out = subprocess.run([os.sys.executable, '-c', script, str(tmp_path)], capture_output=True,
+                       text=True, timeout=60, cwd=base.PACKAGE_PARENT)
+  assert out.stdout.strip() == 'ok', out.stderr
+
+
 def test_bwrap_command_line():
   root = sandbox.bwrap_argv('/usr/bin/bwrap', as_root=True, tmpfs_mb=64)
   for flag in ('--unshare-pid', '--unshare-net', '--unshare-ipc', '--die-with-parent',
@@ -162,6 +220,37 @@ def test_refuses_without_bubblewrap_in_one_line_unless_opted_out():
     res = sb.run([{'mode': 'check', 'program': 'def f():\n    return 2\n',
                    'test': 'from solution import f\nassert f() == 2\n'}], [10.0])
     assert res[0]['passed'], res
+
+
+# (path, what the rule makes of it: the normalised path, or a word of its refusal).
+_PATHS = [
+    ('..notes.txt', '..notes.txt'), ('...', '...'), ('a/..b/c..', 'a/..b/c..'),
+    ('./a//b.py', 'a/b.py'), ('a/./b/', 'a/b'), ('.hidden', '.hidden'), ('é/ü.py', 'é/ü.py'),
+    ('x' * 255, 'x' * 255),
+    ('..', ValueError('leaves')), ('../a', ValueError('leaves')), ('a/..', ValueError('leaves')),
+    ('a/../b', ValueError('leaves')), ('/etc/passwd', ValueError('absolute')),
+    ('', ValueError('empty')), ('.', ValueError('itself')), ('./', ValueError('itself')),
+    ('a\x00b', ValueError('control')), ('a\nb', ValueError('control')),
+    ('\ud800.py', ValueError('Unicode')), ('x' * 256, ValueError('name longer')),
+    ('é' * 128, ValueError('name longer')), ('a/' * 600, ValueError('longer than 1024'))]
+
+
+@pytest.mark.parametrize('path, norm', _PATHS)
+def test_one_path_rule_for_the_sandbox_and_the_swe_domains(path, norm):
+  """`server.normalize_path` is the rule the server writes `files` by; the agentic SWE env's tools
+  and the SWE verifier's patches use it, so a path one takes the other never refuses."""
+  from envs import base as envs_base  # pylint: disable=g-import-not-at-top
+  from envs import swe_agent  # pylint: disable=g-import-not-at-top
+  short = len(path) <= swe_agent.MAX_PATH_CHARS  # The env's own bound on top of the rule.
+  if isinstance(norm, str):
+    assert server.normalize_path(path) == norm
+    if short:
+      assert swe_agent.normalize_path(path) == norm
+    return
+  with pytest.raises(ValueError, match=str(norm)):
+    server.normalize_path(path)
+  with pytest.raises(envs_base.ToolError, match=str(norm) if short else 'longer than 200'):
+    swe_agent.normalize_path(path)
 
 
 def test_empty_dir_removes_trees_deeper_than_path_max(tmp_path):
@@ -201,7 +290,7 @@ def test_runs_leave_no_files_or_processes_for_the_next_run(bwrap_sandbox):
                    'cases': [{'stdin': big, 'expected': str(len(big))}]}],
                  [5.0] * 4)
     assert [r['passed'] for r in res] == [True, True, False, True], res
-    assert 'must be relative' in res[2]['detail']
+    assert 'leaves the work dir' in res[2]['detail']
     assert not any(r['restart'] for r in res)
 
 

@@ -11,6 +11,7 @@ which outlive the process that made them) and control-flow exceptions that
 would end a judge's loop early. Runs on the bubblewrap path (see conftest).
 """
 
+import os
 import secrets
 
 import pytest
@@ -196,6 +197,7 @@ assert libc.mq_open(b'/cascade-leftover', os.O_RDONLY) == -1
 _ADD = {'prompt': 'def add(a, b):\n    """Adds two numbers."""\n',
         'test': 'def check(candidate):\n    assert candidate(2, 3) == 5\n', 'entry_point': 'add'}
 _RIGHT = 'def add(a, b):\n    return a + b\n'
+_WRONG = 'def add(a, b):\n    return a - b\n'
 
 
 def test_ipc_objects_are_refused_and_change_no_later_score():
@@ -206,6 +208,129 @@ def test_ipc_objects_are_refused_and_change_no_later_score():
   report = [(r.reward, r.info['reason'][-300:]) for r in results]
   assert [r.reward for r in results] == [1.0] * 4, report
   assert not any(r.info['sandbox_error'] for r in results), report
+
+
+# A sample that tries to leave state for the next one: extended attributes, a default ACL (mode
+# 000 for every file made later in the directory), times and modes on every path it can name
+# outside its own files, an flock and an abstract socket name held by descriptors in flight in
+# a unix socket's queue (SCM_RIGHTS: they outlive their process until the kernel's garbage
+# collection), a TCP TIME_WAIT, other processes' limits and priority (the spare, forked ahead,
+# is the next sample's process where candidates share the server's uid), and timers. Each try
+# may fail: what it does not manage is what the sandbox refused.
+LEAVER = r"""
+import fcntl, os, resource, signal, socket, struct, time
+TOKEN = b'LEFT-' + b'7' * 16
+ACL = struct.pack('<I', 2) + b''.join(struct.pack('<HHI', t, 0, 0xFFFFFFFF) for t in (1, 4, 32))
+
+
+def attempt(call, *args):
+    try:
+        call(*args)
+    except (OSError, ValueError):
+        pass
+
+
+for path in ('.', '/tmp', '/tmp/.io', '/dev', '/dev/null', '/dev/pts', '/dev/pts/ptmx',
+             '/proc/self/fd/1'):
+    attempt(os.setxattr, path, 'user.left', TOKEN)
+    attempt(os.setxattr, path, 'system.posix_acl_default', ACL)
+    attempt(os.setxattr, path, 'system.posix_acl_access', ACL)
+    attempt(os.utime, path)
+    attempt(os.utime, path, (1, 2))
+    attempt(os.chmod, path, 0o700)
+try:
+    a, b = socket.socketpair()
+    lock = os.open(os.__file__, os.O_RDONLY)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    name = socket.socket(socket.AF_UNIX)
+    name.bind(b'\0cascade-left')
+    socket.send_fds(b, [b'x'], [a.fileno(), lock, name.fileno()])
+except OSError:
+    pass
+try:
+    server = socket.create_server(('127.0.0.1', 0))
+    client = socket.create_connection(server.getsockname())
+    server.accept()[0].close()
+    client.close()  # The side that closes first keeps the connection in TIME_WAIT.
+except OSError:
+    pass
+for pid in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:
+    attempt(resource.prlimit, pid, resource.RLIMIT_MSGQUEUE, (12345, 12345))
+    attempt(os.setpriority, os.PRIO_PROCESS, pid, 7)
+attempt(os.setpriority, os.PRIO_USER, os.getuid(), 7)
+if os.fork() == 0:  # A child with a timer (alarm's), killed with the sample.
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    time.sleep(30)
+"""
+# A later sample that looks for all of it (and outlives the leaver's timers); it raises, and so
+# fails, if it finds any.
+READER = r"""
+import fcntl, os, resource, socket, stat, time
+found = []
+for path in ('.', '/tmp', '/tmp/.io', '/dev', '/dev/null', '/dev/pts', '/dev/pts/ptmx'):
+    try:
+        names = os.listxattr(path)
+    except OSError:
+        names = []
+    if names:
+        found.append((path, names))
+st = os.stat('.')
+if stat.S_IMODE(st.st_mode) != 0o755 or min(st.st_atime, st.st_mtime) < time.time() - 60:
+    found.append(('work dir mode or times', oct(st.st_mode), st.st_atime, st.st_mtime))
+with open('probe.txt', 'w') as f:
+    f.write('x')
+if stat.S_IMODE(os.stat('probe.txt').st_mode) != 0o644:
+    found.append(('mode of a new file', oct(os.stat('probe.txt').st_mode)))
+try:
+    fcntl.flock(os.open(os.__file__, os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)
+except OSError:
+    found.append('a lock')
+try:
+    socket.socket(socket.AF_UNIX).bind(b'\0cascade-left')
+except OSError:
+    found.append('an abstract socket name')
+for table in ('tcp', 'tcp6'):
+    with open(f'/proc/net/{table}') as f:
+        if f.read().splitlines()[1:]:
+            found.append(f'a {table} socket')
+if resource.getrlimit(resource.RLIMIT_MSGQUEUE) == (12345, 12345):
+    found.append('a limit')
+if os.getpriority(os.PRIO_PROCESS, 0) == 7:
+    found.append('a priority')
+time.sleep(0.4)  # Past the leaver's timer.
+assert not found, found
+"""
+
+
+def test_nothing_a_sample_leaves_reaches_the_next():
+  """On one worker: a sample that tries to leave state for its successor gets nothing through,
+  and the next samples (one that looks for it, a plain right one) score as they would alone."""
+  host_null = os.stat('/dev/null')
+  samples = [S('p', LEAVER + _RIGHT, _ADD), S('p', READER + _RIGHT, _ADD), S('p', _RIGHT, _ADD),
+             S('p', LEAVER + _WRONG, _ADD), S('p', READER + _RIGHT, _ADD)]
+  with verifiers.get('code', workers=1, timeout_s=10.0) as v:
+    results = v.score(samples)
+  report = [(r.reward, r.info['reason'][-400:]) for r in results]
+  assert [r.reward for r in results] == [1.0, 1.0, 1.0, 0.0, 1.0], report
+  assert not any(r.info['sandbox_error'] for r in results), report
+  # /dev/null is the host's own node: its times are no channel either (to any sample anywhere).
+  assert os.stat('/dev/null').st_mtime_ns == host_null.st_mtime_ns
+
+
+def test_a_default_acl_left_by_a_patch_changes_no_later_score():
+  """SWE execution on one worker: a patch that sets a default ACL on its work dir (which made
+  every file the harness wrote there later mode 000) scores on its own merit, and right patches
+  after it still score 1."""
+  md = {'repo': {'calc.py': 'def answer():\n    return None\n'},
+        'test': 'from calc import answer\nassert answer() == 42\n'}
+  poison = ('import os, struct\ntry:\n    os.setxattr(".", "system.posix_acl_default", '
+            'struct.pack("<I", 2) + b"".join(struct.pack("<HHI", t, 0, 0xFFFFFFFF) '
+            'for t in (1, 4, 32)))\nexcept OSError:\n    pass\n')
+  right, wrong = 'def answer():\n    return 42', 'def answer():\n    return 41'
+  patches = [poison + wrong, right, poison + right, right]
+  with verifiers.get('swe', execution=True, workers=1, timeout_s=10) as v:
+    r = v.score([S('p', _calc_patch(x), md) for x in patches])
+  assert [x.reward for x in r] == [0.0, 1.0, 1.0, 1.0], [x.info['reason'][-300:] for x in r]
 
 
 def _control_flow_cases():

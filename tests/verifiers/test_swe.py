@@ -122,3 +122,26 @@ def test_execution_mode():
   assert r[3].info['status'] == 'runtime_error' and 'SystemExit' in r[3].info['reason']
   assert 'does not apply' in r[5].info['reason']
   assert r[6].info['reason'].startswith("bad metadata: metadata['repo'] is missing")
+
+
+@pytest.mark.usefixtures('bwrap_sandbox')
+def test_execution_paths_follow_the_sandboxs_rule():
+  """'..notes.txt' is a file name: a right patch that adds one scores 1 (the sandbox writes it by
+  the same rule, `verifiers.sandbox.server.normalize_path`); '..' as a component does not apply."""
+  reads = ('--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,6 @@\n def add(a, b):\n-    return a - b\n'
+           '+    return a + b\n+\n+\n+def notes():\n+    return open("..notes.txt").read()\n')
+
+  def adds(path):
+    return reads + f'--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+hello\n'
+  test = TEST + 'from calc import notes\nassert notes().strip() == "hello", notes()\n'
+  md = {'repo': REPO, 'test': test}
+  with verifiers.get('swe', execution=True, workers=1, timeout_s=5) as v:
+    r = v.score([S('p', adds('..notes.txt'), md), S('p', adds('./..notes.txt'), md),
+                 S('p', adds('../..notes.txt'), md), S('p', adds('x/../..notes.txt'), md),
+                 S('p', adds('/tmp/..notes.txt'), md),
+                 S('p', 'x', {'repo': {'../a.py': ''}, 'test': TEST})])
+  report = [(x.reward, x.info['reason'][-300:]) for x in r]
+  assert [x.reward for x in r] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0], report
+  assert all('does not apply' in x.info['reason'] for x in r[2:5]), report
+  assert "path '../..notes.txt' leaves the repository" in r[2].info['reason']
+  assert "metadata[\"repo\"]: path '../a.py' leaves" in r[5].info['reason']

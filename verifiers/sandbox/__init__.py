@@ -157,6 +157,11 @@ def bwrap_argv(bwrap: str, *, as_root: bool, tmpfs_mb: int) -> list[str]:
   for name, path in sorted(_HARNESS.items()):
     argv += ['--ro-bind', path, f'{_HARNESS_DIR}/{name}']
   argv += ['--proc', '/proc', '--dev', '/dev', '--chdir', '/tmp']
+  # Once built, the root and /dev (tmpfs mounts of their own, where a candidate sharing the
+  # server's uid could write, and any candidate's reads could move directory atimes) are
+  # read-only: the server's tmpfs at /tmp is all that stays writable. The device nodes and
+  # devpts are mounts of their own and stay usable.
+  argv += ['--remount-ro', '/dev', '--remount-ro', '/']
   return argv
 
 

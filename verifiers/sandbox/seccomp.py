@@ -1,4 +1,4 @@
-"""A seccomp filter for sandboxed candidates: no namespaces, mounts, tracing, keyrings or IPC objects.
+"""A seccomp filter for candidates: no namespaces or tracing, nothing that outlives a sample.
 
 Inside bubblewrap a candidate could otherwise create a user namespace
 (unprivileged user namespaces are on in most kernels), gain capabilities in
@@ -7,13 +7,36 @@ process bookkeeping with a new PID namespace. The filter refuses (EPERM)
 `unshare`, `setns`, every mount-API call, `chroot`, `clone` with any
 CLONE_NEW* flag, tracing (`ptrace`, `process_vm_*`), keyrings, `bpf`,
 `perf_event_open`, `userfaultfd`, io_uring and module/kexec/swap/reboot
-calls, and System V IPC (`shmget`, `semget`, `msgget` and the calls on
-their objects) and POSIX message queues (`mq_*`): those objects belong to
-the IPC namespace, not to a process, so one made by a sample would outlive
-it (holding memory, or carrying data to the next sample); `clone3` answers ENOSYS so the C library falls back to `clone`, whose
-flags the filter can read. Other architectures and x32 calls on x86-64 are
-killed. It is installed with no_new_privs, after the process has its final
-identity. Standard library only (ctypes): runs inside the sandbox.
+calls; `clone3` answers ENOSYS so the C library falls back to `clone`, whose
+flags the filter can read.
+
+It also refuses what would let a sample leave state for the next one (the
+server's health check then finds none; see `server`):
+  * System V IPC (`shmget`, `semget`, `msgget` and the calls on their
+    objects) and POSIX message queues (`mq_*`): those objects belong to the
+    IPC namespace, not to a process, so one made by a sample would outlive
+    it (holding memory, or carrying data to the next sample);
+  * setting or removing extended attributes (`setxattr`, `removexattr` and
+    their l-, f- and -at forms): user attributes and POSIX ACLs (a default
+    ACL on a directory sets the mode of every file later made in it);
+    reading them stays allowed;
+  * setting file times (`utime`, `utimes`, `futimesat`, `utimensat`): any
+    process may set a world-writable file's times to now, and /dev/null and
+    its kind are the host's own nodes, shared by every sample on the host;
+  * `sendmsg` and `sendmmsg`: descriptors in flight in a unix socket's queue
+    (SCM_RIGHTS) outlive the processes that sent them until the kernel's
+    garbage collector runs, so a lock or an abstract socket name held that
+    way could reach the next sample (plain `send`/`write` stay allowed);
+  * sockets of any family but AF_UNIX (EAFNOSUPPORT): there is no network in
+    the sandbox, and a TCP connection's TIME_WAIT outlives its process;
+  * changing another process's limits, priority, scheduling or memory
+    placement (`prlimit64`, `setpriority`, `sched_set*`, `ioprio_set`,
+    `migrate_pages`, `move_pages` with a pid or target other than the
+    caller's own): where candidates share the server's uid the next
+    candidate's process (a spare, forked ahead) would inherit them.
+Other architectures and x32 calls on x86-64 are killed. It is installed with
+no_new_privs, after the process has its final identity. Standard library
+only (ctypes): runs inside the sandbox.
 """
 
 import ctypes
@@ -36,7 +59,13 @@ _SYSCALLS = {
         shmget=29, shmat=30, shmctl=31, shmdt=67, semget=64, semop=65, semctl=66,
         semtimedop=220, msgget=68, msgsnd=69, msgrcv=70, msgctl=71, mq_open=240,
         mq_unlink=241, mq_timedsend=242, mq_timedreceive=243, mq_notify=244,
-        mq_getsetattr=245),
+        mq_getsetattr=245,
+        setxattr=188, lsetxattr=189, fsetxattr=190, removexattr=197, lremovexattr=198,
+        fremovexattr=199, setxattrat=463, removexattrat=466,
+        utime=132, utimes=235, futimesat=261, utimensat=280, sendmsg=46, sendmmsg=307,
+        socket=41, prlimit64=302, setpriority=141, sched_setaffinity=203, sched_setparam=142,
+        sched_setscheduler=144, sched_setattr=314, ioprio_set=251, migrate_pages=256,
+        move_pages=279),
     'aarch64': dict(
         clone=220, clone3=435, unshare=97, setns=268, mount=40, umount2=39, pivot_root=41,
         chroot=51, ptrace=117, process_vm_readv=270, process_vm_writev=271, keyctl=219,
@@ -50,16 +79,42 @@ _SYSCALLS = {
         shmget=194, shmat=196, shmctl=195, shmdt=197, semget=190, semop=193, semctl=191,
         semtimedop=192, msgget=186, msgsnd=189, msgrcv=188, msgctl=187, mq_open=180,
         mq_unlink=181, mq_timedsend=182, mq_timedreceive=183, mq_notify=184,
-        mq_getsetattr=185),
+        mq_getsetattr=185,
+        setxattr=5, lsetxattr=6, fsetxattr=7, removexattr=14, lremovexattr=15,
+        fremovexattr=16, setxattrat=463, removexattrat=466,
+        # No utime, utimes or futimesat here: utimensat is the only one.
+        utimensat=88, sendmsg=211, sendmmsg=269,
+        socket=198, prlimit64=261, setpriority=140, sched_setaffinity=122, sched_setparam=118,
+        sched_setscheduler=119, sched_setattr=274, ioprio_set=30, migrate_pages=238,
+        move_pages=239),
 }
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWTIME.
 CLONE_NEW_ANY = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 \
     | 0x40000000 | 0x00000080
 
+AF_UNIX = 1
+# Calls allowed only with these arguments (index, value of its low 32 bits: every one is an
+# int or a pid, which the kernel reads from the low half), else refused with the errno:
+# only on the caller itself (pid 0; setpriority and ioprio_set: 'which' is the process,
+# 'who' is 0), and only unix-domain sockets.
+_ONLY = {
+    'socket': (((0, AF_UNIX),), errno.EAFNOSUPPORT),
+    'prlimit64': (((0, 0),), errno.EPERM),
+    'setpriority': (((0, 0), (1, 0)), errno.EPERM),  # PRIO_PROCESS, who 0.
+    'ioprio_set': (((0, 1), (1, 0)), errno.EPERM),  # IOPRIO_WHO_PROCESS, who 0.
+    'sched_setaffinity': (((0, 0),), errno.EPERM),
+    'sched_setparam': (((0, 0),), errno.EPERM),
+    'sched_setscheduler': (((0, 0),), errno.EPERM),
+    'sched_setattr': (((0, 0),), errno.EPERM),
+    'migrate_pages': (((0, 0),), errno.EPERM),
+    'move_pages': (((0, 0),), errno.EPERM),
+}
+
 _LD_W_ABS, _JEQ, _JSET, _JGE, _RET = 0x20, 0x15, 0x45, 0x35, 0x06
 _ALLOW, _KILL_PROCESS = 0x7FFF0000, 0x80000000
 _ERRNO = 0x00050000
-_OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data; arg0's low word (little endian).
+_OFF_NR, _OFF_ARCH = 0, 4  # struct seccomp_data
+_OFF_ARGS = 16  # args[i]'s low word (little endian) is at 16 + 8 * i.
 
 
 def supported() -> str:
@@ -73,7 +128,7 @@ def supported() -> str:
 def program(machine: str) -> list[tuple[int, int, int, int]]:
   """The classic-BPF filter as (code, jt, jf, k) instructions."""
   nrs = _SYSCALLS[machine]
-  denied = sorted(v for k, v in nrs.items() if k not in ('clone', 'clone3'))
+  denied = sorted(v for k, v in nrs.items() if k not in ('clone', 'clone3') and k not in _ONLY)
   prog = [(_LD_W_ABS, 0, 0, _OFF_ARCH),
           (_JEQ, 1, 0, _AUDIT_ARCH[machine]),
           (_RET, 0, 0, _KILL_PROCESS),
@@ -82,9 +137,17 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
     prog += [(_JGE, 0, 1, 0x40000000), (_RET, 0, 0, _KILL_PROCESS)]
   for nr in denied:
     prog += [(_JEQ, 0, 1, nr), (_RET, 0, 0, _ERRNO | errno.EPERM)]
-  prog += [(_JEQ, 0, 1, nrs['clone3']), (_RET, 0, 0, _ERRNO | errno.ENOSYS),
-           (_JEQ, 0, 3, nrs['clone']),
-           (_LD_W_ABS, 0, 0, _OFF_ARG0),
+  prog += [(_JEQ, 0, 1, nrs['clone3']), (_RET, 0, 0, _ERRNO | errno.ENOSYS)]
+  for name, (args, err) in sorted(_ONLY.items()):
+    # A matching call loads its arguments and always returns; any other keeps the number in A.
+    n = len(args)
+    prog.append((_JEQ, 0, 2 * n + 2, nrs[name]))
+    for j, (index, value) in enumerate(args):
+      prog += [(_LD_W_ABS, 0, 0, _OFF_ARGS + 8 * index),
+               (_JEQ, 0, 2 * (n - j) - 1, value)]
+    prog += [(_RET, 0, 0, _ALLOW), (_RET, 0, 0, _ERRNO | err)]
+  prog += [(_JEQ, 0, 3, nrs['clone']),
+           (_LD_W_ABS, 0, 0, _OFF_ARGS),
            (_JSET, 0, 1, CLONE_NEW_ANY),
            (_RET, 0, 0, _ERRNO | errno.EPERM),
            (_RET, 0, 0, _ALLOW)]

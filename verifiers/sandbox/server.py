@@ -110,12 +110,18 @@ _PRELOAD = ('array', 'bisect', 'cmath', 'collections', 'copy', 'dataclasses', 'd
             'unittest')
 # Largest stdout/stderr tail a 'run' answers with: what a tool shows, not a bulk channel.
 MAX_OUTPUT_BYTES = 1 << 16
+# The files a request keeps in the io dir: removed after it (`Server._is_clean`).
+_IO_FILES = ('stdin', 'stdout', 'stderr', 'judge_stderr')
 # The limits of a run: what a spare is told before it has its program.
 _LIMITS = ('cpu_s', 'memory_mb', 'nproc', 'fsize_mb')
 # Seconds the server waits for the zygote's answer before it declares the zygote broken.
 _ZYGOTE_TIMEOUT_S = 10.0
 # Spares held or being forked at any time: two hide the zygote's fork chain behind a run.
 _SPARES = 2
+# Bounds of a path under the work dir (`normalize_path`): a name's UTF-8 bytes (the kernel's
+# NAME_MAX) and the whole path's (well under PATH_MAX with the work dir in front).
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 1024
 _SIGNAL_STATUS = {signal.SIGXCPU: ('cpu_limit', 'CPU time limit'),
                   signal.SIGXFSZ: ('output_limit', 'file size limit (output too large)'),
                   signal.SIGSEGV: ('crashed', 'segmentation fault (stack overflow?)')}
@@ -177,14 +183,15 @@ class Server:
     self.kill_all = kill_all
     self.root = root
     self.io_dir = os.path.join(root, '.io')
+    # Made afresh for every run by `_make_case_dir` and removed after it by `_cleanup`: nothing
+    # of a run's work dir (entries, mode, times, extended attributes, ACLs) reaches the next.
     self.case_dir = os.path.join(root, 'case')
+    # Candidates inherit it: the modes of the files they write do not depend on the host's.
+    os.umask(0o022)
     os.makedirs(self.io_dir, mode=0o700, exist_ok=True)
-    os.makedirs(self.case_dir, mode=0o700, exist_ok=True)
     if drop_uid is not None:
       # Children reach the case dir through root but may not list root.
       os.chmod(root, 0o711)
-      os.chmod(self.case_dir, 0o755)
-      os.chown(self.case_dir, drop_uid, drop_uid)
     self.private = drop_uid is not None or kill_all
     libc = _libc()
     libc.prctl(4, 0, 0, 0, 0)    # PR_SET_DUMPABLE 0: children cannot ptrace us.
@@ -205,25 +212,60 @@ class Server:
     self._mounts = _writable_mounts(root) if self.private else []
     self.baseline_free = self._free_blocks()
     self.baseline_residue = self._residue()
-    # The root's entries at start: the server's io and work dirs, and the mount points
-    # bubblewrap made for read-only binds of paths under the root's path (a project or venv
-    # under /tmp); a run must leave no other.
-    self.baseline_entries = set(os.listdir(root))
+    # What every path a candidate could change outside its work dir looked like at start (see
+    # `_pristine_paths`): its metadata, its (atime, mtime) and, for a directory, its entries.
+    self._pristine = {path: _metadata(path) for path in self._pristine_paths()}
 
   def _free_blocks(self):
     st = os.statvfs(self.root)
     return st.f_bfree, st.f_ffree
 
+  def _pristine_paths(self):
+    """Paths outside the work dir whose metadata a candidate could change, as the health check
+    compares them.
+
+    The root's tree on its own filesystem: the root, the io dir and the
+    directories bubblewrap made for read-only binds below the root's path (a
+    venv under /tmp), but not those mounts, which are read-only; where
+    candidates share the server's uid (kill_all, isolation 'none') they own
+    all of it. In bubblewrap also the private devpts's root and its ptmx,
+    which every candidate may open. Bubblewrap's own tmpfs mounts ('/' and
+    /dev) are read-only (`verifiers.sandbox.bwrap_argv`), and the host's
+    device nodes bound into /dev change only by the calls `seccomp` refuses.
+    """
+    dev = os.lstat(self.root).st_dev
+    out, todo = [], [self.root]
+    while todo:
+      d = todo.pop()
+      out.append(d)
+      if d == self.io_dir:
+        continue
+      for name in sorted(os.listdir(d)):
+        path = os.path.join(d, name)
+        st = os.lstat(path)
+        if st.st_dev != dev:  # A mount point: a read-only bind.
+          continue
+        if stat.S_ISDIR(st.st_mode):
+          todo.append(path)
+        else:
+          out.append(path)
+    if self.private:
+      out += [p for p in ('/dev/pts', '/dev/pts/ptmx') if os.path.lexists(p)]
+    return out
+
   def _residue(self):
     """What a run could leave outside the work dir (private namespaces only; see __init__).
 
     System V IPC objects (the seccomp filter refuses them; this is the check
-    that it did) and the free blocks and inodes of every other writable
-    mount (/dev/shm is part of /dev).
+    that it did), the names of abstract-namespace unix sockets (they die with
+    their last descriptor, which cannot outlive the candidates' processes:
+    the filter refuses sendmsg, so none is left in flight), and the free
+    blocks and inodes of every other writable mount (none where bubblewrap
+    remounts '/' and /dev read-only).
     """
     if not self.private:
       return ()
-    out = []
+    out = [('unix', _abstract_sockets())]
     for kind in ('shm', 'sem', 'msg'):
       try:
         with open(f'/proc/sysvipc/{kind}', encoding='ascii') as f:
@@ -364,6 +406,7 @@ class Server:
       The candidate's pid (a child of this server).
     """
     spawn = json.dumps(dict({k: req[k] for k in _LIMITS}, role=role)).encode()
+    self._make_case_dir()
     payload_r, payload_w = os.pipe()
     try:
       pid = None
@@ -402,6 +445,17 @@ class Server:
         if fd >= 0:
           os.close(fd)
 
+  def _make_case_dir(self):
+    """Makes the work dir of the next run: new, empty, the candidates' (`_cleanup` removes it).
+
+    Made here, by the trusted side, for every run: a directory the last run
+    owned could carry its extended attributes, a default ACL (which would set
+    the mode of every file the next run's harness writes), its times or mode.
+    """
+    os.mkdir(self.case_dir, 0o755)
+    if self.drop_uid is not None:
+      os.chown(self.case_dir, self.drop_uid, self.drop_uid)
+
   def _zygote_alive(self):
     return self._zygote_ok and not select.select([self._zygote_fd], [], [], 0)[0]
 
@@ -417,29 +471,34 @@ class Server:
     return out
 
   def _is_clean(self):
-    """Nothing of the last run is left (see `_residue`) and the zygote is alive.
+    """Nothing of the last request is left (see `_residue`, `_pristine_paths`); the zygote lives.
 
-    Where candidates share the server's uid (kill_all) they can write to the
-    whole tmpfs: the io and work dirs must still be plain directories, and
-    the io dir's entries the server's own plain files (not a FIFO that would
-    block the next run, nor a link that would show its output elsewhere).
+    The io dir's files of the request are removed here (the next request's
+    are new), after checking that they are still the server's own plain files
+    (where candidates share the server's uid they could have made one a FIFO
+    that would block the next run, or a link that would show its output
+    elsewhere); the run's work dir is gone already (`_cleanup`). Then every
+    pristine path must hold the mode, owner, group, extended attributes (ACLs
+    among them) and entries it had at start, and gets its atime and mtime
+    back: the server's own changes (a work dir made and removed, io files)
+    move them, so they are reset after every request, not compared.
     """
     try:
-      if not all(stat.S_ISDIR(os.lstat(d).st_mode) for d in (self.io_dir, self.case_dir)):
-        return False
-      for name in os.listdir(self.io_dir):  # The server's own files of the last run.
+      for name in os.listdir(self.io_dir):
         path = os.path.join(self.io_dir, name)
         st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        if name not in _IO_FILES or not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
           return False
-        os.truncate(path, 0)
-      if os.listdir(self.case_dir):
-        return False
+        os.unlink(path)
+      for path, (meta, times, entries) in self._pristine.items():
+        now, _, listing = _metadata(path)
+        if now != meta or listing != entries:
+          return False
+        os.utime(path, ns=times, follow_symlinks=False)
       blocks, inodes = self._free_blocks()
       if blocks + 8 < self.baseline_free[0] or inodes + 16 < self.baseline_free[1]:
         return False
-      if (set(os.listdir(self.root)) != self.baseline_entries
-          or self._residue() != self.baseline_residue):
+      if self._residue() != self.baseline_residue:
         return False
     except OSError:
       return False
@@ -702,7 +761,12 @@ class Server:
           pass
 
   def _cleanup(self, pids):
-    """Kills every process of the sandbox identity and empties the work dir."""
+    """Kills every process of the sandbox identity, empties the work dir and removes it.
+
+    A work dir that cannot be removed (a candidate sharing our uid put
+    something else in its place) stays, and the health check, which finds it
+    among the root's entries, replaces this server.
+    """
     if self.drop_uid is not None:
       # A helper with the candidates' uid: kill(-1) reaches exactly them.
       self._as_sandbox_uid(lambda: empty_dir(self.case_dir))
@@ -715,6 +779,10 @@ class Server:
           os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
           pass
+    try:
+      os.rmdir(self.case_dir)
+    except OSError:
+      pass
     # Everything but an escaped session (isolation 'none') was killed, so
     # waiting for all children ends promptly and leaves no zombie behind.
     self._reap(block=self.drop_uid is not None or self.kill_all)
@@ -796,6 +864,26 @@ class Server:
     return False
 
 
+def _metadata(path):
+  """What a candidate could change of a path, not following a final symbolic link.
+
+  Returns:
+    ((mode with type, owner, group, extended attributes as sorted (name,
+    value) pairs: user attributes and POSIX ACLs alike), (atime, mtime) in
+    ns, the entries of a directory as a frozenset or None for any other file).
+  """
+  st = os.lstat(path)
+  try:
+    names = os.listxattr(path, follow_symlinks=False)
+  except OSError as e:
+    if e.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):
+      raise
+    names = []
+  xattrs = tuple((n, os.getxattr(path, n, follow_symlinks=False)) for n in sorted(names))
+  entries = frozenset(os.listdir(path)) if stat.S_ISDIR(st.st_mode) else None
+  return (st.st_mode, st.st_uid, st.st_gid, xattrs), (st.st_atime_ns, st.st_mtime_ns), entries
+
+
 def _kill_minus_one():
   try:
     os.kill(-1, signal.SIGKILL)
@@ -833,6 +921,13 @@ def _ancestors():
     info = _proc_stat(pid)
     pid = info[1] if info else 0
   return out
+
+
+def _abstract_sockets():
+  """The names of this network namespace's abstract-namespace unix sockets, from /proc/net/unix."""
+  with open('/proc/net/unix', encoding='utf-8', errors='replace') as f:
+    rows = [line.split(None, 7) for line in f.read().splitlines()[1:]]
+  return tuple(sorted(r[7] for r in rows if len(r) == 8 and r[7].startswith('@')))
 
 
 def _writable_mounts(root):
@@ -1001,17 +1096,60 @@ def _run_judge(test, remote_names):
 def _write_files(root, files):
   """Writes {relative path: text} under `root` (in the candidate, as the sandbox uid)."""
   for rel, text in files.items():
-    path = _safe_join(root, rel)
+    path = os.path.join(root, normalize_path(rel))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, 'w', encoding='utf-8') as f:
       f.write(text)
 
 
-def _safe_join(root, rel):
-  norm = os.path.normpath(rel)
-  if os.path.isabs(rel) or norm.startswith('..') or norm in ('.', ''):
-    raise ValueError(f'file path {rel!r} must be relative and inside the work dir')
-  return os.path.join(root, norm)
+def normalize_path(path: str, where: str = 'the work dir') -> str:
+  """The one rule for a file path relative to a directory: the sandbox's and the SWE domains'.
+
+  The server writes a request's `files` under the work dir by it, and the
+  agentic SWE environment (`envs.swe_agent`) and the SWE verifier
+  (`verifiers.swe`) confine the policy's paths by it, so a path one accepts
+  the other never refuses. Empty and '.' components fall away ('./a//b.py'
+  is 'a/b.py'); every other component is a file name, '..notes.txt' and
+  '...' included. Refused: an empty path or one that names the directory
+  itself; an absolute path; '..' as a component anywhere ('a/../b' too); NUL
+  and other control characters; text that is not valid Unicode; a name
+  longer than MAX_NAME_BYTES or a path longer than MAX_PATH_BYTES in UTF-8.
+
+  Args:
+    path: the path as given (a request's `files` key, a tool's argument, a
+      patch's file name).
+    where: what the path is relative to, as error messages name it.
+
+  Returns:
+    The normalised path: its components joined by '/'.
+
+  Raises:
+    ValueError: one line naming the path and the rule it breaks.
+  """
+  if not isinstance(path, str):
+    raise ValueError(f'a path must be a string, got {type(path).__name__}')
+  if not path:
+    raise ValueError('empty path')
+  shown = repr(path[:80])
+  if any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
+    raise ValueError(f'path {shown} holds a NUL or control character')
+  try:
+    size = len(path.encode('utf-8'))
+  except UnicodeEncodeError as e:
+    raise ValueError(f'path {shown} is not valid Unicode text ({e.reason} at {e.start})') from None
+  if path.startswith('/'):
+    raise ValueError(f'absolute path {shown}: paths are relative to {where}')
+  if size > MAX_PATH_BYTES:
+    raise ValueError(f'path {shown} is longer than {MAX_PATH_BYTES} bytes')
+  parts = [p for p in path.split('/') if p not in ('', '.')]
+  if '..' in parts:
+    raise ValueError(f"path {shown} leaves {where} ('..' is not a file name)")
+  if not parts:
+    raise ValueError(f'{shown} is {where} itself, not a file')
+  for part in parts:
+    if len(part.encode('utf-8')) > MAX_NAME_BYTES:
+      raise ValueError(f'path {shown} has a name longer than {MAX_NAME_BYTES} bytes')
+  return '/'.join(parts)
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
