@@ -331,9 +331,11 @@ def _checkout_readable_by_others():
 def test_unprivileged_bubblewrap_contains_fork_bombs_and_daemons(bwrap_sandbox):
   """As a normal user: bwrap --unshare-all, the process limit counts in its user namespace.
 
-  There the candidates share the server's uid, so they can write to every
-  directory bubblewrap made (/, /etc, /dev, /dev/shm, /tmp): what one leaves
-  there must not reach the next (the health check replaces the server).
+  There the candidates share the server's uid, so they own every directory
+  bubblewrap made (/, /etc, /dev, /dev/shm, /tmp) and the processes forked
+  for the next runs: what one leaves there (files, modes, extended
+  attributes, other processes' limits and priority) must not reach the next
+  (refused, or the health check replaces the server).
   """
   uid = 61_234
   script = textwrap.dedent('''
@@ -352,6 +354,20 @@ def test_unprivileged_bubblewrap_contains_fork_bombs_and_daemons(bwrap_sandbox):
                 '    except OSError:\\n        pass\\n'
         look = f'import os\\nleft = [d for d in {dirs!r} if os.path.exists(d + "/left.txt")]\\n' \\
                'assert not left, left\\n'
+        # Metadata of what they share with the server, and the limits and priority of the
+        # processes forked ahead for the next runs (the zygote's, the spares').
+        paths = ('/tmp', '/tmp/.io', '/dev/pts', '/dev/pts/ptmx')
+        meta = 'import os, resource\\nfor p in %r:\\n    for call, args in ((os.chmod, (0o777,)), ' \\
+               '(os.setxattr, ("user.left", b"x")), (os.utime, ((1, 2),))):\\n' \\
+               '        try:\\n            call(p, *args)\\n        except OSError:\\n' \\
+               '            pass\\nfor pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:\\n' \\
+               '    for call, args in ((resource.prlimit, (pid, resource.RLIMIT_MSGQUEUE, ' \\
+               '(12345, 12345))), (os.setpriority, (os.PRIO_PROCESS, pid, 7)), ' \\
+               '(os.setpriority, (os.PRIO_USER, os.getuid(), 7))):\\n        try:\\n' \\
+               '            call(*args)\\n        except OSError:\\n            pass\\n' % (paths,)
+        seen = 'import os, resource\\nprint([(oct(os.stat(p).st_mode), os.listxattr(p)) ' \\
+               'for p in %r])\\nprint(os.getpriority(os.PRIO_PROCESS, 0), ' \\
+               'resource.getrlimit(resource.RLIMIT_MSGQUEUE))\\n' % (paths,)
         res = sb.run([{'mode': 'check', 'program': 'assert 1 + 1 == 2', 'test': 'import solution'},
                       {'mode': 'check', 'program': bomb, 'test': 'import solution'},
                       {'mode': 'check', 'program': daemon, 'test': 'import solution'},
@@ -359,8 +375,10 @@ def test_unprivileged_bubblewrap_contains_fork_bombs_and_daemons(bwrap_sandbox):
                        'test': 'import solution'},
                       {'mode': 'check', 'program': userns, 'test': 'import solution'},
                       {'mode': 'check', 'program': 'assert 2 + 2 == 4', 'test': 'import solution'},
-                      {'mode': 'run', 'program': leave}, {'mode': 'run', 'program': look}],
-                     [10.0] * 8)
+                      {'mode': 'run', 'program': leave}, {'mode': 'run', 'program': look},
+                      {'mode': 'run', 'program': seen}, {'mode': 'run', 'program': meta},
+                      {'mode': 'run', 'program': seen}],
+                     [10.0] * 11)
         print([r['status'] for r in res])
         print(res)
   ''')
@@ -371,8 +389,10 @@ def test_unprivileged_bubblewrap_contains_fork_bombs_and_daemons(bwrap_sandbox):
   assert out.returncode == 0, out.stderr[-2000:]
   statuses = eval(out.stdout.strip().splitlines()[-2])  # pylint: disable=eval-used
   # Forks fail at the limit; killing the parent fails only that run.
-  assert statuses[:3] == ['passed'] * 3 and statuses[4:] == ['passed'] * 4, out.stdout
+  assert statuses[:3] == ['passed'] * 3 and statuses[4:] == ['passed'] * 7, out.stdout
   assert statuses[3] != 'passed'
+  answers = eval(out.stdout.strip().splitlines()[-1])  # pylint: disable=eval-used
+  assert answers[-1]['stdout'] == answers[-3]['stdout'], (answers[-3], answers[-1])
   # Exited bwrap processes may wait a moment for the host's init to reap them.
   left = [p.pid for p in psutil.process_iter(['uids', 'status'])
           if p.info['uids'].real == uid and p.info['status'] != psutil.STATUS_ZOMBIE]
