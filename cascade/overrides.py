@@ -29,7 +29,6 @@ for the paths the command line names (`prepare`):
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import importlib.util
 import os
@@ -40,10 +39,13 @@ import types
 import typing
 from typing import Any, Callable, Sequence
 
+from absl import app
 from absl import flags
 from ml_collections import config_dict
 from ml_collections import config_flags
 from ml_collections.config_flags import config_path
+
+from cascade import schema
 
 
 class OverrideError(flags.Error):
@@ -90,15 +92,26 @@ class _Parser(flags.ArgumentParser):
     return 'config object'
 
 
+# absl's help flags: absl prints the usage and exits 1 (a failure); asked for, help is no error.
+_HELP = ('-?', '-h', '-help', '--help', '-helpshort', '--helpshort', '-helpfull', '--helpfull')
+
+
 def flags_parser(holder: flags.FlagHolder) -> Callable[[list[str]], list[str]]:
   """An `app.run(main, flags_parser=...)` for a program whose `--config` is `holder`.
 
   It parses the flags as absl does; a bad config file, config argument or override stops the
   program with one `error:` line on stderr (exit status 2), and a parsed config gets `finish`.
-  cascade.main, launch.plan, launch.sweep and launch/xm_launch.py share it.
+  A help flag prints the main module's docstring and its flags (--helpfull: every flag) on
+  stdout and exits 0, whatever else is given. cascade.main, launch.plan, launch.sweep and
+  launch/xm_launch.py share it.
   """
 
   def parse(argv: list[str]) -> list[str]:
+    given = argv[1:argv.index('--')] if '--' in argv else argv[1:]
+    asked = [a for a in given if a in _HELP]
+    if asked:
+      app.usage(shorthelp='full' not in asked[0], writeto_stdout=True)
+      sys.exit(0)
     try:
       rest = holder._flagvalues(argv)  # pylint: disable=protected-access
     except flags.Error as e:
@@ -146,8 +159,9 @@ def load(argument: str):
   """The config `get_config` of `file.py` returns (`file.py:arg`: `get_config(arg)`).
 
   Raises:
-    OverrideError: there is no such file, or get_config refuses the argument (a ValueError or
-      TypeError from it: one line; a TypeError raised inside the config's code names where).
+    OverrideError: there is no such file, the file does not run (a syntax error, a failed
+      import) or defines no get_config, or get_config refuses the argument (a ValueError
+      from it) or fails: one line, naming the file and line where the config's code raised.
   """
   path, colon, arg = argument.partition(':')
   if not os.path.isfile(path):
@@ -155,14 +169,35 @@ def load(argument: str):
   spec = importlib.util.spec_from_file_location('config_file_' + re.sub(r'\W', '_', path), path)
   module = importlib.util.module_from_spec(spec)
   sys.modules[spec.name] = module
-  spec.loader.exec_module(module)
   try:
-    return module.get_config(arg) if colon else module.get_config()
-  except (ValueError, TypeError) as e:
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != __file__]
-    where = (f' ({os.path.relpath(frames[-1].filename)}:{frames[-1].lineno})'
-             if isinstance(e, TypeError) and frames else '')
-    raise OverrideError(f'--config={argument}: {one_line(e)}{where}') from None
+    spec.loader.exec_module(module)
+  except SyntaxError as e:
+    raise OverrideError(f'--config={argument}: {os.path.relpath(e.filename or path)}:{e.lineno}: '
+                        f'{type(e).__name__}: {e.msg}') from None
+  except Exception as e:  # pylint: disable=broad-except
+    raise OverrideError(f'--config={argument}: {type(e).__name__}: {one_line(e)}'
+                        f'{_raised_at(e)}') from None
+  get_config = getattr(module, 'get_config', None)
+  if not callable(get_config):
+    raise OverrideError(f'--config={argument}: {path} defines no get_config(arg=None) function; a '
+                        'config file is Python whose get_config returns the ConfigDict (see '
+                        'configs/tiny.py)')
+  try:
+    return get_config(arg) if colon else get_config()
+  except ValueError as e:          # the config's own refusal (of its argument): its message
+    raise OverrideError(f'--config={argument}: {one_line(e)}') from None
+  except TypeError as e:
+    raise OverrideError(f'--config={argument}: {one_line(e)}{_raised_at(e)}') from None
+  except Exception as e:  # pylint: disable=broad-except
+    raise OverrideError(f'--config={argument}: {type(e).__name__}: {one_line(e)}'
+                        f'{_raised_at(e)}') from None
+
+
+def _raised_at(e: BaseException) -> str:
+  """' (file:line)' of the innermost frame of a config's code an exception came from."""
+  frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename != __file__
+            and 'importlib' not in f.filename]
+  return f' ({os.path.relpath(frames[-1].filename)}:{frames[-1].lineno})' if frames else ''
 
 
 def finish(config) -> None:
@@ -400,16 +435,8 @@ def _path(where: str, key) -> str:
   return _where(where, key).partition('.')[2]
 
 
-def _nearest(key, names: list[str]) -> str:
-  names = sorted(set(map(str, names)))
-  near = difflib.get_close_matches(str(key), names, n=3, cutoff=0.6)
-  if near:
-    return 'nearest: ' + ', '.join(near)
-  return 'known: ' + (', '.join(names[:24]) + (', ...' if len(names) > 24 else '') or 'none')
-
-
 def _no_field(where: str, key, names: list[str]) -> str:
-  return f'{where} has no field {key!r} ({_nearest(key, names)})'
+  return f'{where} has no field {key!r} ({schema.nearest(key, names)})'
 
 
 def _no_stage(view: Stages, key) -> str:
@@ -417,4 +444,4 @@ def _no_stage(view: Stages, key) -> str:
   if isinstance(key, int) and not isinstance(key, bool):
     return (f'config.stages has {len(view)} stages, no [{key}] (by position: '
             + ', '.join(f'[{i}] {n}' for i, n in enumerate(names)) + ')')
-  return f'config.stages has no stage named {key!r} ({_nearest(key, names)})'
+  return f'config.stages has no stage named {key!r} ({schema.nearest(key, names)})'

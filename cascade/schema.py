@@ -6,7 +6,8 @@
 
   ev = schema.from_mapping(Eval, raw_dict, 'config.eval', prefix='')
 
-`from_mapping` rejects unknown fields, names missing ones, runs every field's
+`from_mapping` rejects unknown fields (naming the nearest: a typo in a config
+file gets the hint a command-line override gets), names missing ones, runs every field's
 check (numbers must be finite: `inf` and `nan` are refused) and then the
 class's own `check(fail)` for relations between fields; every problem is one
 `ConfigError` line naming where and the field. Used by every section of the
@@ -17,6 +18,7 @@ is the one conversion of a ConfigDict to plain data.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -100,6 +102,15 @@ def failer(where: str, obj: Any = None, *, sep: str = ': ', prefix: str = ''):
   return fail
 
 
+def nearest(key, names: Sequence) -> str:
+  """The hint after an unknown name: 'nearest: a, b' (the close matches), else 'known: ...'."""
+  names = sorted(set(map(str, names)))
+  near = difflib.get_close_matches(str(key), names, n=3, cutoff=0.6)
+  if near:
+    return 'nearest: ' + ', '.join(near)
+  return 'known: ' + (', '.join(names[:24]) + (', ...' if len(names) > 24 else '') or 'none')
+
+
 def as_dict(x) -> dict:
   """A ConfigDict (or any mapping) as a plain dict: the one conversion of a config to data
   (`ConfigDict.to_dict` converts the nested ones; a plain dict is copied at its top level)."""
@@ -120,7 +131,7 @@ def from_mapping(cls, raw: Mapping, where: str, *, fixed: Mapping | None = None,
     raw: the user's dict (or ConfigDict).
     where: the error prefix, e.g. "stages[2] 'math_rl'".
     fixed: values for non-user fields (e.g. index, kind).
-    unknown: the message for a field `cls` does not have.
+    unknown: the message for a field `cls` does not have (the nearest field names follow).
     prefix: prepended to field names in messages (e.g. 'optimizer.').
 
   Returns:
@@ -135,7 +146,8 @@ def from_mapping(cls, raw: Mapping, where: str, *, fixed: Mapping | None = None,
   for k in raw:
     f = fields.get(k)
     if f is None or not f.metadata.get('user', True):
-      raise ConfigError(f'{where}{sep}{prefix}{k}: {unknown}')
+      users = [n for n, g in fields.items() if g.metadata.get('user', True)]
+      raise ConfigError(f'{where}{sep}{prefix}{k}: {unknown} ({nearest(k, users)})')
   values = {}
   for name, f in fields.items():
     if name in fixed:

@@ -131,6 +131,67 @@ def test_a_stage_named_like_a_list_method_and_a_config_argument_error(tmp_path):
     _parse(f'{path}:a')
 
 
+def test_config_file_mistakes_are_one_line_with_a_hint(tmp_path):
+  """The mistakes made inside a config file read like the command line's: a file without
+  get_config, one that does not run, and a field, stage field or section the schema does not
+  know (named with the nearest ones, as an override is)."""
+  path = tmp_path / 'cfg.py'
+  path.write_text('import ml_collections\n\n\ndef config():\n  return None\n')
+  with pytest.raises(overrides.OverrideError, match=r'^--config=.*cfg.py: .*cfg.py defines no '
+                                                    r'get_config\(arg=None\) function; '):
+    _parse(str(path))
+  path.write_text('def get_config(arg=None)\n  return None\n')
+  with pytest.raises(overrides.OverrideError, match=r'^--config=.*cfg.py: .*cfg.py:1: SyntaxError: '):
+    _parse(str(path))
+  path.write_text('import no_such_module_here\n')
+  with pytest.raises(overrides.OverrideError, match=r"^--config=.*cfg.py: ModuleNotFoundError: No "
+                                                    r"module named 'no_such_module_here' "
+                                                    r'\(.*cfg.py:1\)$'):
+    _parse(str(path))
+  for edit, message in [
+      (lambda c: c.sampler.update(slotss=8), 'config.sampler.slotss: unknown field (nearest: slots)'),
+      (lambda c: c.stages[2].update(group_sise=4), "stages[2] 'rlhf': group_sise: unknown field "
+                                                   'for a grpo stage (nearest: group_size)'),
+      (lambda c: c.stages[0]['optimizer'].update(warmup=3),
+       "stages[0] 'sft': optimizer.warmup: unknown field (nearest: warmup_steps)"),
+      (lambda c: c.update(evall={}), 'config.evall: unknown section (nearest: eval)'),
+      (lambda c: c.domains.math.update(verfier='math'),
+       "config.domains.math.verfier: unknown field (nearest: verifier, eval_verifier, "
+       "verifier_options)"),
+      (lambda c: c.compilation_cache.update(max_size=10), 'config.compilation_cache.max_size: '
+                                                          'unknown field (known: dir, '
+                                                          'min_compile_secs)')]:
+    c = tiny.get_config('smoke,root=/nowhere')
+    with c.unlocked():
+      if 'compilation_cache' not in c:
+        c.compilation_cache = {}
+      edit(c)
+    with pytest.raises(config_lib.ConfigError) as e:
+      config_lib.validate(c)
+    assert str(e.value) == message
+
+
+def test_help_is_no_error_and_shows_the_flags_to_know_first():
+  proc = subprocess.run([sys.executable, '-m', 'cascade.main', '--help'], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  out = proc.stdout.splitlines()
+  for flag in ('--config=FILE[:ARG]', '--workdir=DIR', '--config.PATH=VALUE', '--fork_from=DIR'):
+    assert any(line.lstrip().startswith(flag) for line in out), flag
+  assert any(line.startswith('  --config: A Python file whose get_config') for line in out)
+  # The examples are whole commands, one per line, and their flags parse.
+  examples = [line.strip() for line in out if line.strip().startswith('python -m cascade.main')]
+  assert len(examples) == 2
+  for example in examples:
+    args = example.split()[3:]
+    config = [a for a in args if a.startswith('--config=')][0].partition('=')[2]
+    c = _parse(config, *[a for a in args if a.startswith('--config.')])
+    assert c.eval.num_prompts == (64 if '--config.eval.num_prompts=64' in args else 8)
+  full = subprocess.run([sys.executable, '-m', 'cascade.main', '--helpfull'], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  assert full.returncode == 0 and '--verbosity' in full.stdout
+
+
 def test_the_schema_knows_every_section():
   assert set(overrides._root()) == set(config_lib.SECTIONS)  # pylint: disable=protected-access
 
@@ -142,6 +203,10 @@ def test_the_schema_knows_every_section():
      'root=DIR'),
     (['--config=configs/tny.py'], "error: --config=configs/tny.py: no such config file "
                                   "'configs/tny.py'"),
+    (['--config=configs/__init__.py'], 'error: --config=configs/__init__.py: configs/__init__.py '
+                                       'defines no get_config(arg=None) function; a config file '
+                                       'is Python whose get_config returns the ConfigDict (see '
+                                       'configs/tiny.py)'),
     (['--config=configs/tiny.py:smoke', '--config.eval.num_promts=3'],
      "error: --config.eval.num_promts: config.eval has no field 'num_promts' "
      '(nearest: num_prompts)'),
