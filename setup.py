@@ -1,6 +1,13 @@
 """Installs cascade: the stage loop, the model, the RL math, the verifiers and the tiny world."""
 
+import warnings
+
 import setuptools
+from setuptools import warnings as setuptools_warnings
+
+# setuptools announces how it makes an editable install (`pip install -e .`, as `make` runs it)
+# in a 10-line InformationOnly warning, every time; it says nothing about this project.
+warnings.simplefilter('ignore', setuptools_warnings.InformationOnly)
 
 setuptools.setup(
     name='cascade',
@@ -12,10 +19,13 @@ setuptools.setup(
     packages=setuptools.find_packages(
         include=['cascade', 'cascade.*', 'models', 'models.*', 'rl', 'rl.*',
                  'verifiers', 'verifiers.*', 'envs', 'envs.*', 'configs', 'launch', 'launch.*',
-                 'tiny_world', 'tiny_world.*']),
+                 'tiny_world', 'tiny_world.*']) + [
+                     # Data, no code: the GPU descriptions launch.plan --backend=gpu compiles
+                     # for (config.hardware.gpu_target). A folder of data inside a package is
+                     # a package of its own to setuptools (else it warns at every install).
+                     'launch.gpu_targets'],
     include_package_data=True,
-    # The GPU descriptions launch.plan --backend=gpu compiles for (config.hardware.gpu_target).
-    package_data={'launch': ['gpu_targets/*.txtpb']},
+    package_data={'launch.gpu_targets': ['*.txtpb']},
     install_requires=[
         'jax>=0.10',
         'flax>=0.12',

@@ -1,5 +1,6 @@
 """Test setup: 8 simulated CPU devices for the sharding tests, float32 matmuls; shared fixtures
-(the toy copy cascade, the bubblewrap sandbox, a local Cloud Storage emulator)."""
+(the toy copy cascade, the tiny world's root, the bubblewrap sandbox, a local Cloud Storage
+emulator)."""
 
 import os
 
@@ -95,6 +96,13 @@ def write_copy_cascade(root, *, train: int, eval_: int, sft: int, mesh_shape=Non
       root=str(root), mesh_shape=mesh_shape, keep=keep, sft_steps=sft_steps,
       rl_steps=rl_steps, prompts_per_step=prompts_per_step))
   return path
+
+
+@pytest.fixture(scope='session')
+def tiny_world_root(tmp_path_factory):
+  """A `root=` for configs/tiny*.py: their `prepare` step builds the tiny world there (once per
+  session, then reused), never in the checkout's runs/tiny_world, the configs' default."""
+  return str(tmp_path_factory.mktemp('tiny_world'))
 
 
 @pytest.fixture(scope='session')

@@ -101,14 +101,15 @@ def test_an_unusable_workdir_is_one_line(tmp_path):
   assert len(lines) == 1 and str(tmp_path / 'file') in lines[0] and 'Not a directory' in lines[0]
 
 
-def test_a_run_without_bubblewrap_stops_with_one_line(tmp_path):
+def test_a_run_without_bubblewrap_stops_with_one_line(tmp_path, tiny_world_root):
   # The code domain's sandbox refuses to start without bubblewrap (no bwrap on PATH here): the
   # run ends with exit 2 and the refusal as its last line, no traceback.
   import os  # pylint: disable=g-import-not-at-top
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = dict(os.environ, PATH=os.path.dirname(sys.executable))
   proc = subprocess.run(
-      [sys.executable, '-m', 'cascade.main', '--config=configs/tiny.py:smoke',
+      [sys.executable, '-m', 'cascade.main',
+       f'--config=configs/tiny.py:smoke,root={tiny_world_root}',
        f'--workdir={tmp_path / "w"}'], cwd=repo, capture_output=True, text=True,
       timeout=300, env=env)
   assert proc.returncode == 2, proc.stderr
@@ -118,7 +119,8 @@ def test_a_run_without_bubblewrap_stops_with_one_line(tmp_path):
       "isolation='none'" in last), proc.stderr
 
 
-def test_a_start_that_fails_before_its_first_step_leaves_the_workdir_unclaimed(tmp_path, capsys):
+def test_a_start_that_fails_before_its_first_step_leaves_the_workdir_unclaimed(tmp_path, capsys,
+                                                                            tiny_world_root):
   """A wrong mesh stops the run after config.json is written: the next command, a different
   config, is not refused as "a run of a different config" but takes the workdir over."""
   from cascade import checkpoint  # pylint: disable=g-import-not-at-top
@@ -126,7 +128,7 @@ def test_a_start_that_fails_before_its_first_step_leaves_the_workdir_unclaimed(t
   w = str(tmp_path / 'w')
   hashes = []
   for shape in ((1, 16, 1), (1, 32, 1)):        # the tests' processes have 8 devices
-    c = tiny.get_config('smoke')
+    c = tiny.get_config(f'smoke,root={tiny_world_root}')
     c.mesh.shape = shape
     with pytest.raises(config_lib.ConfigError, match=f'needs {shape[1]} devices, have 8'):
       runner.run(c, w)

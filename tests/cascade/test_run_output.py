@@ -48,13 +48,14 @@ def test_library_info_is_off_by_default_and_a_flag_turns_it_on(tmp_path):
 
 
 @pytest.mark.heavy
-def test_a_run_that_stops_at_its_mesh_prints_one_line(tmp_path):
+def test_a_run_that_stops_at_its_mesh_prints_one_line(tmp_path, tiny_world_root):
   # JAX's backends start (its 'Unable to initialize backend' INFO line) before the mesh is
   # refused: stderr holds the refusal alone. The user's environment: no test device count, no
   # platform chosen.
   env = {k: v for k, v in os.environ.items() if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
   proc = subprocess.run(
-      [sys.executable, '-m', 'cascade.main', '--config=configs/tiny.py:smoke',
+      [sys.executable, '-m', 'cascade.main',
+       f'--config=configs/tiny.py:smoke,root={tiny_world_root}',
        f'--workdir={tmp_path / "w"}', '--config.mesh.shape=1,4,1'], cwd=REPO,
       capture_output=True, text=True, timeout=300, env=env)
   assert proc.returncode == 2
