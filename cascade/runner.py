@@ -384,8 +384,7 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
     t1 = time.perf_counter()
     reporter.say(f'[{stage.index}] {stage.name}: exporting the policy (HF safetensors) ...')
     info['hf'] = ctx.policies.export_hf(stage, params)
-    reporter.say(f'[{stage.index}] {stage.name}: exported to {info["hf"]} in '
-                 f'{time.perf_counter() - t1:.1f} s')
+    reporter.exported(stage, info['hf'], time.perf_counter() - t1)
   if result.final_step is not None:
     info['final_step'] = result.final_step
   isolation = ctx.verifiers.isolation()
@@ -411,4 +410,5 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
     if cache is not None:
       print(f'[{stage.index}] {stage.name}: compilation cache: {cache.since(mark).describe()}',
             flush=True)
-  reporter.stage_ended(stage, result.steps_run, time.perf_counter() - t0)
+  reporter.stage_ended(stage, result.steps_run, time.perf_counter() - t0,
+                       report_lib.steady_step_s(result.first, result.info.get('accounting')))

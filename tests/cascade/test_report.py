@@ -84,25 +84,69 @@ def test_stage_lines_come_in_order_with_the_cascades_eta(fakes, capsys):
   plan = _plan(fakes)
   rep = report.Reporter(plan, enabled=True)
   assert rep.eta() is None
-  for st, ran, secs in zip(plan.stages, (6, 4, 10, 0), (30.0, 20.0, 75.0, 5.0)):
+  # (steps run, steady s/step, evaluation s, export s, wall s) of each stage.
+  for st, (ran, step_s, ev, ex, secs) in zip(plan.stages, [(6, 2.0, 6.0, 1.0, 30.0),
+                                                          (4, 3.0, 4.0, 1.0, 25.0),
+                                                          (10, 3.5, 4.0, 1.0, 65.0),
+                                                          (0, 0.0, 3.0, 0.0, 5.0)]):
     rep.stage_started(st)
-    rep.stage_ended(st, ran, secs)
-  lines = capsys.readouterr().out.splitlines()
+    if ex:
+      rep.exported(st, f'/w/{st.name}/hf', ex)
+    rep.evaluated(f'[{st.index}] {st.name}', 1, 2, 'a', {'score': 50.0, 'samples': 4}, ev / 2)
+    rep.evaluated(f'[{st.index}] {st.name}', 2, 2, 'b', {'score': 50.0, 'samples': 4}, ev / 2)
+    rep.stage_ended(st, ran, secs, step_s if ran else None)
+  lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith('stage ')]
   assert [l.split(':')[0] for l in lines] == [
       'stage 1 of 4', 'stage 1 of 4 done', 'stage 2 of 4', 'stage 2 of 4 done',
       'stage 3 of 4', 'stage 3 of 4 done', 'stage 4 of 4', 'stage 4 of 4 done']
   assert lines[0] == 'stage 1 of 4: [0] sft (sft), 6 steps on a, b'
-  # After sft: 14 steps left at 30 s / 6 steps = 5 s per step -> 70 s.
-  assert lines[1] == ('stage 1 of 4 done: [0] sft (sft) in 30 s; cascade ETA ~1 min 10 s '
-                      "(estimate: 14 steps left x 5.00 s, this run's wall time per step so far)")
-  # After rl_a: 10 steps left at 50 s / 10 steps -> 50 s.
-  assert lines[3].endswith("ETA ~50 s (estimate: 10 steps left x 5.00 s, this run's wall "
-                           'time per step so far)')
-  # After rl_b: the eval stage has no steps: 0 s left (it still costs its evaluation).
-  assert '~0 s (estimate: 0 steps left x 6.25 s' in lines[5]
+  # sft: 30 s = 6 steps x 2 s + 6 s evaluation + 1 s export + 11 s start (compiles, setup).
+  # Left: rl_a (4 steps), rl_b (10), final (0), no grpo or eval stage measured: each timed
+  # as sft (2 s a step, an 11 s start); 3 evaluations of 6 s, 2 exports of 1 s.
+  assert lines[1] == (
+      'stage 1 of 4 done: [0] sft (sft) in 30 s; cascade ETA ~1 min 21 s (14 steps ~28 s, '
+      '3 stage starts (compiles, setup) ~33 s, 3 evaluations ~18 s, 2 exports ~2 s; a guess: '
+      'no grpo, eval stage ran yet, timed as sft)')
+  # rl_a: 25 = 4 x 3 + 4 + 1 + 8. Left: rl_b at 3 s a step and an 8 s start (rl_a's), final
+  # still a guess (timed as rl_a); evaluations as the last one, 4 s.
+  assert lines[3] == (
+      'stage 2 of 4 done: [1] rl_a (grpo) in 25 s; cascade ETA ~55 s (10 steps ~30 s, '
+      '2 stage starts (compiles, setup) ~16 s, 2 evaluations ~8 s, 1 export ~1 s; a guess: '
+      'no eval stage ran yet, timed as grpo)')
+  # rl_b: 65 = 10 x 3.5 + 4 + 1 + 25. Left: final, timed as rl_b (its start 25 s) and an
+  # evaluation (4 s).
+  assert lines[5].endswith('cascade ETA ~29 s (0 steps ~0 s, 1 stage start (compiles, setup) '
+                           '~25 s, 1 evaluation ~4 s; a guess: no eval stage ran yet, timed '
+                           'as grpo)')
   assert lines[6] == 'stage 4 of 4: [3] final (eval), no training'
   assert lines[7] == ('stage 4 of 4 done: [3] final (eval) in 5 s; the cascade is done '
-                      '(2 min 10 s in this run)')
+                      '(2 min 05 s in this run)')
+  assert [t.start_s for t in rep.times] == [11.0, 8.0, 25.0, 2.0]
+
+
+def test_the_eta_is_measured_once_every_kind_has_run(fakes):
+  plan = _plan(fakes)
+  sft, rl_a, rl_b, final = plan.stages
+  times = [report.StageTime('sft', 2.0, 11.0), report.StageTime('grpo', 3.0, 8.0),
+           report.StageTime('eval', 0.0, 2.0)]
+  est = report.estimate([(rl_b, 10), (final, 0)], times, evals=[9.0, 4.0], exports=[1.0, 0.5])
+  # rl_b: 10 x 3 + 8 + 4 + 0.5; final: 0 + 2 + 4.
+  assert (est.steps, est.starts, est.evals, est.exports) == (10, 2, 2, 1)
+  assert est.seconds == pytest.approx(30 + 8 + 2 + 2 * 4 + 0.5)
+  assert est.guesses == ()
+  assert est.describe().endswith("; each part as this run's stages measured it)")
+  # Nothing evaluated or exported yet: those parts are guesses of 0 s.
+  est = report.estimate([(rl_b, 10)], times, evals=[], exports=[])
+  assert est.seconds == pytest.approx(38.0) and est.guesses == (
+      'no evaluation ran yet, counted as 0 s', 'no export ran yet, counted as 0 s')
+  assert report.estimate([(rl_b, 10)], [], [], []) is None
+
+
+def test_the_steady_step_time_leaves_out_the_first_steps_compile():
+  assert report.steady_step_s({'step_s': 40.0}, {'steps': 5, 'step_s': 48.0}) == 2.0
+  assert report.steady_step_s({'step_s': 40.0}, {'steps': 1, 'step_s': 40.0}) == 40.0
+  assert report.steady_step_s({}, {'steps': 4, 'step_s': 8.0}) == 2.0
+  assert report.steady_step_s({'step_s': 1.0}, {}) is None
 
 
 def test_durations_read_as_a_person_says_them():
@@ -115,9 +159,9 @@ def test_a_resumed_run_counts_only_the_steps_it_has_left(fakes, capsys):
   plan = _plan(fakes)
   rep = report.Reporter(plan, done=['sft'], resume_step=3, enabled=True)
   rl_a = plan.stages[1]
-  rep.stage_ended(rl_a, 1, 4.0)          # resumed at 3 of 4: one step run
-  secs, left = rep.eta()
-  assert left == 10 and secs == pytest.approx(40.0)
+  rep.stage_ended(rl_a, 1, 4.0, 3.0)     # resumed at 3 of 4: one step run, 3 s, a 1 s start
+  est = rep.eta()
+  assert est.steps == 10 and est.seconds == pytest.approx(10 * 3.0 + 2 * 1.0)
 
 
 def test_no_line_but_from_process_0(fakes, capsys, monkeypatch):
@@ -252,8 +296,9 @@ def test_a_smoke_run_and_its_resume_explain_themselves(tmp_path):
   assert [l.split(':')[0] for l in stage_lines] == [
       'stage 1 of 4', 'stage 1 of 4 done', 'stage 2 of 4', 'stage 2 of 4 done',
       'stage 3 of 4', 'stage 3 of 4 done', 'stage 4 of 4']
-  assert re.search(r'; cascade ETA ~[\d a-z]+ \(estimate: 6 steps left x \d+\.\d\d s',
-                   stage_lines[1])
+  assert re.search(r'; cascade ETA ~[\d a-z]+ \(6 steps ~[\d a-z]+, 3 stage starts \(compiles, '
+                   r'setup\) ~[\d a-z]+, 2 evaluations ~[\d a-z]+, 2 exports ~[\d a-z]+; a guess: '
+                   r'no reward_model, grpo stage ran yet, timed as sft\)', stage_lines[1])
   evals = [l for l in out if l.startswith('[0] sft: eval ')]
   assert [l.split()[3:5] for l in evals] == [
       ['1/5', 'chat'], ['2/5', 'code'], ['3/5', 'instruction_following'], ['4/5', 'math'],
