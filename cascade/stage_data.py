@@ -27,6 +27,7 @@ e.g. on another host; on gs:// never).
 from __future__ import annotations
 
 import json
+import time
 from typing import Callable
 
 from cascade import config as config_lib
@@ -38,6 +39,8 @@ from models import paths
 
 # Records of each streamed training dataset read and checked before the first step.
 CHECKED_PREFIX = 1000
+# Seconds of hashing after which `StageData.pin` says how long it took.
+SLOW_PIN_S = 10.0
 
 
 def _prompt_key(record: dict) -> str:
@@ -176,12 +179,17 @@ class StageData:
       raise
     known = {r['path']: r for r in recorded or []}
     count, index = (1, 0) if self.hosts is None else (self.hosts.count, self.hosts.index)
-    mine, error = {}, None
+    mine, error, t0 = {}, None, time.perf_counter()
     try:
       for j in range(index, len(files), count):
         mine[j] = shards.identity(files[j], known.get(files[j]))
     except data_lib.DataError as e:
       error = str(e)
+    secs = time.perf_counter() - t0
+    if secs >= SLOW_PIN_S:        # the shards were read: say what the wait was
+      log(f'{stage.where}: pinned the identity of its data files in {secs:.0f} s '
+          f'({len(mine)} shards{"" if count == 1 else " on this process"}; an unchanged '
+          'shard is not read again)')
     if count > 1:      # every process learns every identity, or the first error
       got = [json.loads(b) for b in self.hosts.exchange(
           json.dumps({'ids': mine, 'error': error}).encode())]
