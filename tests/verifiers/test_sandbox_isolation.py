@@ -317,6 +317,36 @@ def test_nothing_a_sample_leaves_reaches_the_next():
   assert os.stat('/dev/null').st_mtime_ns == host_null.st_mtime_ns
 
 
+# What a sample reads of the kernel's counters without moving them: the PID namespace's last pid
+# (its next thread's or child's is the one after), its own pid and the inode number of its work
+# dir (a new file's is the one after). It waits first, so that the spare the server asks for
+# meanwhile is forked.
+_COUNTERS = r"""
+import os, time
+time.sleep(0.1)
+with open('/proc/sys/kernel/ns_last_pid') as f:
+    print(f.read().strip(), os.getpid(), os.stat('.').st_ino)
+"""
+
+
+def _counter_mover(k):
+  """A sample that makes k files and k threads: it moves both counters by k."""
+  return (f'import threading\nfor i in range({k}):\n    open(f"f{{i}}", "w").close()\n'
+          '    t = threading.Thread(target=lambda: None)\n    t.start()\n    t.join()\n')
+
+
+def test_the_next_sample_cannot_count_what_the_last_one_made():
+  """The next pid and the next inode number outlive every sample and cannot be reset: a sample that
+  moves them (makes processes, threads or files) gets its server replaced, so what the next one
+  reads of them does not depend on how far it moved them; one that does not keeps its server."""
+  runs = [_counter_mover(3), _COUNTERS, _counter_mover(40), _COUNTERS]
+  with sandbox.Sandbox(1) as sb:
+    res = sb.run([{'mode': 'run', 'program': p} for p in runs], [10.0] * len(runs))
+  assert all(r['passed'] for r in res), res
+  assert res[1]['stdout'] == res[3]['stdout'], (res[1]['stdout'], res[3]['stdout'])
+  assert [r['restart'] for r in res] == [True, False, True, False], res
+
+
 def test_a_default_acl_left_by_a_patch_changes_no_later_score():
   """SWE execution on one worker: a patch that sets a default ACL on its work dir (which made
   every file the harness wrote there later mode 000) scores on its own merit, and right patches

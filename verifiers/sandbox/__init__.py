@@ -19,9 +19,13 @@ installation and the four harness files only: no home, no repository, no
 host /tmp, and a private /etc holding only the dynamic loader's cache and the
 time zone. It writes only to a private size-capped tmpfs at /tmp (mounted
 first, so an interpreter that lives under the host's /tmp is bound on top of
-it and stays visible) and dies with its parent. Every child gets rlimits, a
-wall-clock limit and a seccomp filter that refuses namespaces, mounts,
-tracing and System V / POSIX IPC objects (`seccomp`).
+it and stays visible; bubblewrap's own '/' and /dev are remounted read-only)
+and dies with its parent. Every child gets rlimits, a wall-clock limit and a
+seccomp filter that refuses namespaces, mounts, tracing, System V / POSIX IPC
+objects and what else would outlive the sample (extended attributes and
+ACLs, file times, descriptors in flight, network sockets, other processes'
+limits; see `seccomp`). Each run gets a new work dir from the server, and the
+server's health check replaces it when a run left anything (see `server`).
 
 Limits that hold per sample in total (a worker runs one sample at a time):
   * with a cgroup (`cgroups`, where the host allows one; see

@@ -21,11 +21,22 @@ fork of its own. (A fresh interpreter per run would hold as well but costs
 
 Each candidate takes the sandbox identity (the dedicated uid when the
 server is root, rlimits, the `seccomp` filter, oom_score_adj 1000) before it
-reads its program. After every run all processes of that identity are
-killed (never the zygote or the spare) and the work dir is emptied with
-fd-relative removal; a run that leaves anything behind (files, System V IPC
-objects, data on another writable mount, a process, a dead zygote) answers
-with 'restart': true so the host replaces this server. Bubblewrap runs this
+reads its program. Every run gets a new work dir, made here (the trusted
+side) just before it: a directory a candidate owned would keep its extended
+attributes, POSIX ACLs, times and mode for the next. After every run all
+processes of that identity are killed (never the zygote or the spare), and
+the work dir is emptied with fd-relative removal and removed; the io files
+go after every request. Then the health check: a request that leaves
+anything behind (files; the mode, owner, extended attributes or entries of
+any path outside the work dir a candidate could change; System V IPC
+objects; abstract unix socket names; data on another writable mount; a
+process; a dead zygote) answers with 'restart': true so the host replaces
+this server; the times of those paths, which the server's own work moves,
+are reset. What a candidate could leave that outlives its processes
+otherwise (extended attributes and ACLs, file times, descriptors in flight
+holding locks or socket names, TCP state, other processes' limits) the
+`seccomp` filter refuses; locks, timers and sockets die with the processes
+that hold them. Bubblewrap runs this
 file as one script beside its three standard-library helpers, with nothing
 else of the project in reach, so the identity switch, the limits, the
 zygote, the run loop and the cleanup all live here: what a sandboxed run
@@ -57,7 +68,8 @@ Request (JSON):
   importable: top-level module names of the work dir the judge may import
       from the candidate ('check' only).
   cases: [{'stdin': str, 'expected': str}] (stdio only).
-  files: {relative path: text} written into the work dir before each run.
+  files: {relative path: text} written into the work dir before each run
+      (paths by `normalize_path`).
   wall_s: wall-clock budget for the whole request.
   cpu_s, memory_mb, nproc, fsize_mb: rlimits of each process of a run.
   float_tolerance: see above.
@@ -203,6 +215,15 @@ class Server:
     # for at any time, so that a run seldom waits on a fork.
     self._spares = []
     self._asked = 0
+    # The kernel's counters a candidate could move for the next one (`_counters_moved`), where
+    # the server has a pid namespace and a tmpfs of its own: the pids made since the request
+    # began (by the server and the zygote) and the next inode number of the root's tmpfs.
+    self._counted = self.private
+    self._made_pids = []
+    self._pid_mark = 0
+    self._alive = set()
+    self._next_ino = None
+    self._ino_moved = False
     self._top_up()
     libc.prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER: orphans come to us.
     # Processes in our session are ours (zygote, spares): a candidate calls setsid()
@@ -215,6 +236,8 @@ class Server:
     # What every path a candidate could change outside its work dir looked like at start (see
     # `_pristine_paths`): its metadata, its (atime, mtime) and, for a directory, its entries.
     self._pristine = {path: _metadata(path) for path in self._pristine_paths()}
+    if self._counted:
+      self._probe_ino()
 
   def _free_blocks(self):
     st = os.statvfs(self.root)
@@ -296,8 +319,8 @@ class Server:
   def _zygote(self, sock):
     """The zygote's loop: a spare per 'next' message until the server goes; never returns.
 
-    The answer to 'next' is the spare's pid with the server's end of the
-    spare's channel (SCM_RIGHTS), or b'error' when the fork failed.
+    The answer to 'next' is 'spare pid parent pid' with the server's end of
+    the spare's channel (SCM_RIGHTS), or b'error' when a fork failed.
     """
     _libc().prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the server.
     keep = sock.fileno()
@@ -308,17 +331,18 @@ class Server:
         if not sock.recv(16):  # The server is gone.
           _exit(0)
         try:
-          channel, pid = self._fork_spare(sock)
+          channel, pid, parent = self._fork_spare(sock)
         except OSError:
           sock.send(b'error')
           continue
-        socket.send_fds(sock, [str(pid).encode()], [channel.fileno()])
+        socket.send_fds(sock, [f'{pid} {parent}'.encode()], [channel.fileno()])
         channel.close()
       except OSError:
         _exit(0)
 
   def _fork_spare(self, sock):
-    """In the zygote: forks a parent that forks a spare and exits; (server's channel end, pid).
+    """In the zygote: forks a parent that forks a spare and exits; (server's channel end, pid,
+    the parent's pid).
 
     The parent's exit hands the spare to the nearest subreaper, the server,
     which waits for it as a candidate and collects its orphans; the zygote
@@ -350,7 +374,7 @@ class Server:
     if not data:
       ours.close()
       raise OSError(errno.EAGAIN, 'fork failed')
-    return ours, int(data)
+    return ours, int(data), parent
 
   def _run_spare(self, channel):
     """In a spare: waits for its run (limits, role, descriptors), becomes the candidate; never returns.
@@ -387,11 +411,23 @@ class Server:
     """Waits for one spare asked for; an answer without one (a failed fork) adds none."""
     self._asked -= 1
     msg, fds, _, _ = socket.recv_fds(self._zygote_sock, 64, 1)
-    if len(fds) == 1 and msg.isdigit():
-      self._spares.append((socket.socket(fileno=fds[0]), int(msg)))
+    pids = msg.split()
+    if len(fds) == 1 and len(pids) == 2 and all(p.isdigit() for p in pids):
+      self._spares.append((socket.socket(fileno=fds[0]), int(pids[0])))
+      self._made_pids += [int(p) for p in pids]
     else:
       for fd in fds:
         os.close(fd)
+
+  def _sync_zygote(self):
+    """Receives every spare asked for, so that the zygote's forks precede what the server does
+    next (see `_counters_moved`)."""
+    try:
+      while self._asked:
+        self._receive_spare()
+    except (OSError, ValueError):
+      self._zygote_ok = False
+      raise
 
   def _spawn(self, req, fds, role, payload):
     """Makes the spare a candidate with `fds` as its 0, 1, 2, ...; sends it `payload`.
@@ -407,6 +443,8 @@ class Server:
     """
     spawn = json.dumps(dict({k: req[k] for k in _LIMITS}, role=role)).encode()
     self._make_case_dir()
+    if self._next_ino is not None:  # The files the harness writes in the candidate.
+      self._next_ino += _inodes_written(payload.get('files') or {})
     payload_r, payload_w = os.pipe()
     try:
       pid = None
@@ -453,8 +491,49 @@ class Server:
     the mode of every file the next run's harness writes), its times or mode.
     """
     os.mkdir(self.case_dir, 0o755)
+    self._created(os.lstat(self.case_dir).st_ino)
     if self.drop_uid is not None:
       os.chown(self.case_dir, self.drop_uid, self.drop_uid)
+
+  # -- counters ----------------------------------------------------------------
+
+  def _counters_moved(self):
+    """Whether anything but the server, its zygote and the harness made a process, a thread or a
+    file on the root's tmpfs during the request (then the server is replaced).
+
+    The next pid of a PID namespace and the next inode number of a tmpfs
+    are counters every sample sees (its pid, its threads', the inode numbers
+    of its work dir and files) and none can reset: a candidate that made k
+    processes or files would move them by k for the next. So a request's
+    pids must be exactly the ones the server knows it made (the judge, the
+    cleanup helpers, the zygote's forks; every other pid in the span is one
+    that was alive before), and the inodes exactly the server's own and the
+    ones the harness writes for `files`. The zygote's forks are waited for
+    before each cleanup, so the order of every pid made is fixed too.
+    """
+    self._sync_zygote()
+    self._probe_ino()
+    span = set(range(self._pid_mark + 1, _last_pid() + 1))
+    made = set(self._made_pids)
+    return self._ino_moved or not made <= span or bool(span - made - self._alive)
+
+  def _created(self, ino):
+    """Notes an inode the server made on the root's tmpfs: a candidate made one if its number is
+    not the one after the last inode the server knows of."""
+    if not self._counted:
+      return
+    if self._next_ino is not None and ino != self._next_ino:
+      self._ino_moved = True
+    self._next_ino = ino + 1
+
+  def _probe_ino(self):
+    """Makes and removes a directory on the root's tmpfs to read the inode counter (`_created`)."""
+    probe = os.path.join(self.root, '.probe')
+    os.mkdir(probe)
+    try:
+      self._created(os.lstat(probe).st_ino)
+    finally:
+      os.rmdir(probe)
 
   def _zygote_alive(self):
     return self._zygote_ok and not select.select([self._zygote_fd], [], [], 0)[0]
@@ -462,6 +541,11 @@ class Server:
   def handle(self, req: dict) -> dict:
     """Runs one request (see the module docstring); never raises."""
     try:
+      if self._counted:
+        self._sync_zygote()
+        self._made_pids = []
+        self._pid_mark = _last_pid()
+        self._alive = {self.zygote_pid, *(pid for _, pid in self._spares), *self._ancestors}
       out = self._handle(req)
     except Exception as e:  # pylint: disable=broad-except
       self._cleanup(())
@@ -484,6 +568,8 @@ class Server:
     move them, so they are reset after every request, not compared.
     """
     try:
+      if self._counted and self._counters_moved():
+        return False
       for name in os.listdir(self.io_dir):
         path = os.path.join(self.io_dir, name)
         st = os.lstat(path)
@@ -500,7 +586,7 @@ class Server:
         return False
       if self._residue() != self.baseline_residue:
         return False
-    except OSError:
+    except (OSError, ValueError):
       return False
     if not self._zygote_alive():
       return False
@@ -548,6 +634,7 @@ class Server:
       except BaseException:  # pylint: disable=broad-except
         _exit_with_traceback()
       _exit(120)
+    self._made_pids.append(pid)
     return pid
 
   def _run_script_once(self, req, stdin, wall_s):
@@ -557,9 +644,8 @@ class Server:
     until the request ends.
     """
     stdin_fd = self._stdin_file(stdin)
-    out_fd = os.open(os.path.join(self.io_dir, 'stdout'), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                     0o600)
-    err_fd = self._stderr_file('stderr')
+    out_fd = self._io_file('stdout')
+    err_fd = self._io_file('stderr')
     try:
       pid = self._spawn(req, (stdin_fd, out_fd, err_fd), 'script',
                         {'program': req['program'], 'files': req.get('files') or {}})
@@ -599,8 +685,8 @@ class Server:
     to_cand_r, to_cand_w = os.pipe()
     verdict_r, verdict_w = os.pipe()
     null = os.open(os.devnull, os.O_RDWR)
-    cand_err = self._stderr_file('stderr')
-    judge_err = self._stderr_file('judge_stderr')
+    cand_err = self._io_file('stderr')
+    judge_err = self._io_file('judge_stderr')
     importable = [n for n in req.get('importable') or () if isinstance(n, str)]
     try:
       # The judge first: it sets itself up while the zygote forks the candidate.
@@ -655,13 +741,20 @@ class Server:
     return status, detail
 
   def _stdin_file(self, text):
-    path = os.path.join(self.io_dir, 'stdin')
-    with open(path, 'w', encoding='utf-8') as f:
+    with open(self._io_file('stdin'), 'w', encoding='utf-8') as f:
       f.write(text)
-    return os.open(path, os.O_RDONLY)
+    return os.open(os.path.join(self.io_dir, 'stdin'), os.O_RDONLY)
 
-  def _stderr_file(self, name):
-    return os.open(os.path.join(self.io_dir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+  def _io_file(self, name):
+    """A new io file of this run (one of `_IO_FILES`), open for writing."""
+    path = os.path.join(self.io_dir, name)
+    try:
+      os.unlink(path)
+    except FileNotFoundError:
+      pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    self._created(os.fstat(fd).st_ino)
+    return fd
 
   def _become_sandboxed(self, limits, fds, judge):
     """In a forked child: session, descriptors, limits, identity, seccomp, work dir, environment.
@@ -721,6 +814,8 @@ class Server:
   def _finish(self, pids, timed_out):
     """Kills everything a run left, reaps `pids`: their wait statuses (None: we killed it)."""
     del timed_out  # Whatever still runs is killed alike.
+    if self._counted:
+      self._sync_zygote()  # Its forks before the cleanup helper's: a fixed order of pids.
     statuses = {}
     for pid in pids:
       try:
@@ -851,6 +946,7 @@ class Server:
         then()
       finally:
         _exit(0)
+    self._made_pids.append(helper)
     os.waitpid(helper, 0)
 
   def _sandbox_uid_running(self):
@@ -921,6 +1017,26 @@ def _ancestors():
     info = _proc_stat(pid)
     pid = info[1] if info else 0
   return out
+
+
+def _last_pid():
+  """The last pid this PID namespace handed out."""
+  with open('/proc/sys/kernel/ns_last_pid', 'rb') as f:
+    return int(f.read())
+
+
+def _inodes_written(files):
+  """The inodes `_write_files` makes for `files` in an empty work dir: a file per path and a
+  directory per parent (a path it refuses fails the run, and the count then replaces the server)."""
+  paths, dirs = set(), set()
+  for rel in files:
+    try:
+      parts = normalize_path(rel).split('/')
+    except ValueError:
+      continue
+    paths.add('/'.join(parts))
+    dirs.update('/'.join(parts[:k]) for k in range(1, len(parts)))
+  return len(paths) + len(dirs)
 
 
 def _abstract_sockets():
