@@ -30,9 +30,11 @@ go after every request. Then the health check: a request that leaves
 anything behind (files; the mode, owner, extended attributes or entries of
 any path outside the work dir a candidate could change; System V IPC
 objects; abstract unix socket names; data on another writable mount; a
-process; a dead zygote) answers with 'restart': true so the host replaces
-this server; the times of those paths, which the server's own work moves,
-are reset. What a candidate could leave that outlives its processes
+process; a dead zygote) or moved a counter every later sample reads (the
+PID namespace's next pid, the tmpfs's next inode number: a candidate that
+made a process, a thread or a file) answers with 'restart': true so the
+host replaces this server; the times of those paths, which the server's own
+work moves, are reset. What a candidate could leave that outlives its processes
 otherwise (extended attributes and ACLs, file times, descriptors in flight
 holding locks or socket names, TCP state, other processes' limits) the
 `seccomp` filter refuses; locks, timers and sockets die with the processes
