@@ -23,7 +23,9 @@ Tools (`tools(record)` gives their schemas):
       (`verifiers.sandbox`, the server's 'run' mode) and returns the tail of
       its stdout; a failure (exception, timeout, limit) returns its status
       and the tail of its stderr as an error. Each call is a fresh process in
-      an emptied work dir, so nothing persists between calls or episodes. The
+      a new work dir the sandbox makes for it, so nothing persists between
+      calls or episodes: no file, no metadata (extended attributes, ACLs,
+      times), no lock, socket or timer (see `verifiers.sandbox.server`). The
       sandbox starts on the first python call and stops at `close`.
 
 Record metadata:
