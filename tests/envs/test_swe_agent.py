@@ -394,7 +394,8 @@ def test_an_acl_left_by_one_episode_changes_no_later_score(env):
 def test_a_dot_dot_name_is_a_file_the_tests_see(env):
   """'..notes.txt' is a legitimate file name: the tools take it and the sandbox writes it (one path
   rule, `verifiers.sandbox.server.normalize_path`); '..' as a component is refused by both."""
-  reads = CALC.replace('x - 7', 'x + 7') + '\n\ndef notes():\n    return open("..notes.txt").read()\n'
+  reads = (CALC.replace('x - 7', 'x + 7')
+           + '\n\ndef notes():\n    return open("..notes.txt").read()\n')
   check = 'from calc import notes\nassert notes() == "hello", notes()\n'
   (ep,) = env.reset([record(test=HIDDEN + check, visible_test=VISIBLE + check)])
   out = observe(env, [ep], [call('edit', path='..notes.txt', old='', new='hello')

@@ -359,10 +359,12 @@ def test_unprivileged_bubblewrap_contains_fork_bombs_and_daemons(bwrap_sandbox):
         # Metadata of what they share with the server, and the limits and priority of the
         # processes forked ahead for the next runs (the zygote's, the spares').
         paths = ('/tmp', '/tmp/.io', '/dev/pts', '/dev/pts/ptmx')
-        meta = 'import os, resource\\nfor p in %r:\\n    for call, args in ((os.chmod, (0o777,)), ' \\
+        meta = 'import os, resource\\nfor p in %r:\\n' \\
+               '    for call, args in ((os.chmod, (0o777,)), ' \\
                '(os.setxattr, ("user.left", b"x")), (os.utime, ((1, 2),))):\\n' \\
                '        try:\\n            call(p, *args)\\n        except OSError:\\n' \\
-               '            pass\\nfor pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:\\n' \\
+               '            pass\\n' \\
+               'for pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:\\n' \\
                '    for call, args in ((resource.prlimit, (pid, resource.RLIMIT_MSGQUEUE, ' \\
                '(12345, 12345))), (os.setpriority, (os.PRIO_PROCESS, pid, 7)), ' \\
                '(os.setpriority, (os.PRIO_USER, os.getuid(), 7))):\\n        try:\\n' \\

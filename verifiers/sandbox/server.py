@@ -189,9 +189,10 @@ class Server:
         after each run; without it only the runs' sessions are killed.
 
     With either drop_uid or kill_all the server runs in bubblewrap's private
-    mount and IPC namespaces, so the health check also covers System V IPC
-    objects and the other writable mounts; in isolation 'none' those are the
-    host's, shared with other processes.
+    mount, IPC, network and PID namespaces on a tmpfs of its own, so the
+    health check also covers System V IPC objects, abstract socket names, the
+    other writable mounts, devpts and the pid and inode counters; in
+    isolation 'none' those are the host's, shared with other processes.
     """
     self.drop_uid = drop_uid
     self.kill_all = kill_all
@@ -643,7 +644,7 @@ class Server:
     """Runs `program` once as a script with `stdin`; (status, detail) of a failure, else None.
 
     Its stdout and stderr stay in the io dir (files 'stdout' and 'stderr')
-    until the request ends.
+    until the next run or the request's end.
     """
     stdin_fd = self._stdin_file(stdin)
     out_fd = self._io_file('stdout')
@@ -816,8 +817,10 @@ class Server:
   def _finish(self, pids, timed_out):
     """Kills everything a run left, reaps `pids`: their wait statuses (None: we killed it)."""
     del timed_out  # Whatever still runs is killed alike.
-    if self._counted:
-      self._sync_zygote()  # Its forks before the cleanup helper's: a fixed order of pids.
+    if self._counted and self.drop_uid is not None:
+      # The zygote's forks before the cleanup helper's: a fixed order of pids. (A zygote of
+      # another uid, no candidate can stop; where they share its uid, no helper forks.)
+      self._sync_zygote()
     statuses = {}
     for pid in pids:
       try:
