@@ -56,15 +56,20 @@ setuptools.setup(
     extras_require={
         # gs:// workdirs, datasets and checkpoints (epath's gs:// backend).
         'gcs': ['gcsfs>=2024.2'],
+        # The viewer of the run's tb/ folder: `tensorboard --logdir=<workdir>/tb`.
+        'tensorboard': ['tensorboard>=2.16'],
+        # config.logging.wandb: the run's scalars and texts on Weights & Biases too.
+        'wandb': ['wandb>=0.19'],
         # NVIDIA GPUs (CUDA 12 wheels of the installed jax); check with
         # `python -m cascade.device_check`.
         'cuda': ['jax[cuda12]>=0.10'],
         # Cloud TPU VMs (libtpu); launch/tpu_vm.sh installs it with gcs.
         'tpu': ['jax[tpu]>=0.10', 'gcsfs>=2024.2'],
         # tests/cascade/test_gcs.py runs against a local Cloud Storage emulator.
+        # wandb: tests/cascade/test_metrics_wandb.py reads an offline W&B run.
         'test': ['pytest>=8', 'pytest-timeout>=2.3', 'nbclient>=0.10',
                  'nbformat>=5.10', 'ipykernel>=6.29', 'gcsfs>=2024.2',
-                 'gcp-storage-emulator>=2022.6', 'pytest-xdist>=3.5'],
+                 'gcp-storage-emulator>=2022.6', 'pytest-xdist>=3.5', 'wandb>=0.19'],
         # Parity tests only: the CPU wheel of torch that pip finds on this disk. transformers
         # 5.25's Nemotron-H gives batch-dependent float32 logits: a 2-row batch differs from
         # 5.24 (and from cascade's model, checked against a float64 reference) by up to 2e-3,

@@ -120,8 +120,9 @@ def read_state_json(path: str, default: Any, keys: tuple[str, ...] = (), *, rebu
 
 
 # Fields that do not change what a run computes, so a resumed run may differ in them (a program
-# loaded from the compilation cache is the program the compiler would have made).
-HARMLESS_TOP = ('allow_config_change', 'hardware', 'prepare', 'compilation_cache')
+# loaded from the compilation cache is the program the compiler would have made; where metrics
+# are logged besides TensorBoard).
+HARMLESS_TOP = ('allow_config_change', 'hardware', 'prepare', 'compilation_cache', 'logging')
 # The divergence thresholds only decide whether a run stops: a run that goes on computes what it
 # would have computed under any other thresholds (rollbacks, which retrain, are not harmless).
 HARMLESS_NESTED = {'ckpt': ('keep', 'checksums'), 'eval': ('log_samples', 'eval_every'),

@@ -7,11 +7,12 @@ A config is an `ml_collections.ConfigDict` (see docs/config.md):
   config.stages (a list of plain stage dicts), config.allow_config_change,
   optionally config.divergence (when a stage has diverged; defaults below),
   config.hardware (what `launch.plan` compiles for), config.prepare (a
-  step that makes the data the config names, run before it is read) and
-  config.compilation_cache (where JAX keeps compiled programs across runs).
+  step that makes the data the config names, run before it is read),
+  config.compilation_cache (where JAX keeps compiled programs across runs) and
+  config.logging (where metrics go besides TensorBoard).
 
 Every section is a frozen dataclass here (`Model`, `Tokenizer`, `Mesh`,
-`Sampler`, `Hardware`, `CompilationCache`, `Prepare`, `Eval`, `Ckpt`,
+`Sampler`, `Hardware`, `CompilationCache`, `Logging`, `Prepare`, `Eval`, `Ckpt`,
 `Divergence`, `Dataset`, `Domain`; the stages are their kinds' typed configs,
 `cascade.kinds`) that checks its own fields (`cascade.schema`). `validate(config)` builds each
 section, checks what refers across sections (a domain's datasets, a stage's
@@ -37,7 +38,7 @@ from models import paths
 
 SECTIONS = ('seed', 'model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'datasets',
             'domains', 'stages', 'allow_config_change', 'hardware', 'prepare', 'divergence',
-            'compilation_cache', 'data_cache')
+            'compilation_cache', 'data_cache', 'logging')
 _REQUIRED_SECTIONS = ('model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'domains',
                       'datasets', 'stages')
 
@@ -330,6 +331,21 @@ class CompilationCache:
         paths.path(self.dir)
       except paths.PathError as e:
         fail('dir', str(e).partition(': ')[2])
+
+
+_PROJECT_RE = re.compile(r'^[A-Za-z0-9_.-]{1,128}$')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Logging:
+  """config.logging: where a run's metrics go besides TensorBoard and metrics.jsonl
+  (`cascade.metrics`). It changes no result, so it is left out of the config hash."""
+  # A Weights & Biases project: every scalar and text TensorBoard gets goes to a W&B run there
+  # too, under the same tags (docs/metrics.md); the `wandb` extra installs the library, and
+  # its own settings apply (WANDB_MODE=offline keeps the run in <workdir>/wandb). None: off.
+  wandb: str | None = schema.field(None, check=(
+      lambda v: isinstance(v, str) and bool(_PROJECT_RE.match(v)),
+      'must be a W&B project name (letters, digits, _ . -)'))
 
 
 # ---------------------------------------------------- evaluation, checkpoints, divergence
@@ -772,6 +788,7 @@ class Plan:
     prepare: the data-making step, or None.
     hardware: the machine the config targets (launch.plan).
     compilation_cache: where the run keeps its compiled programs (`cascade.compile_cache`).
+    logging: where its metrics go besides TensorBoard (`cascade.metrics`).
     allow_config_change: a workdir of another config may go on with this one.
     data_cache: where stages' tokenized data are kept (`cascade.token_cache`; local or
       gs://); '' = <workdir>/data_cache.
@@ -798,6 +815,7 @@ class Plan:
   eval_settings: Mapping[str, Eval] = dataclasses.field(default_factory=dict)
   hardware: Hardware = Hardware()
   compilation_cache: CompilationCache = CompilationCache()
+  logging: Logging = Logging()
   allow_config_change: bool = False
   data_cache: str = ''
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -860,6 +878,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   hardware = _section(Hardware, _get(config, 'hardware'), 'hardware')
   compilation_cache = _section(CompilationCache, _get(config, 'compilation_cache'),
                                'compilation_cache')
+  logging = _section(Logging, _get(config, 'logging'), 'logging')
   prepare = _get(config, 'prepare')
   if prepare is not None:
     prepare = _section(Prepare, prepare, 'prepare')
@@ -906,7 +925,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
               sampler=sampler, eval=ev, ckpt=ckpt, divergence=divergence, stages=tuple(stages),
               domains=domains, datasets=datasets, initial_eval=bool(initial), prepare=prepare,
               eval_settings=eval_settings, hardware=hardware,
-              compilation_cache=compilation_cache, allow_config_change=allow,
+              compilation_cache=compilation_cache, logging=logging, allow_config_change=allow,
               data_cache=data_cache, source=schema.as_dict(config))
 
 

@@ -1,4 +1,4 @@
-"""Observability: TensorBoard events, a JSONL metrics log, per-stage progress bars and summaries.
+"""Observability: TensorBoard events (and W&B), a JSONL metrics log, progress bars and summaries.
 
   workdir/tb/            tensorboardX event files: tags '<stage name>/<metric>' at the
                          stage's own step, the same metrics as 'run/<metric>' (and
@@ -14,6 +14,10 @@
                          object each (`Writer.write_samples`; created at the
                          first one, so `config.eval.log_samples=0` leaves no
                          file); also TensorBoard text, tag '<stage name>/samples'
+  W&B (optional)         with config.logging.wandb='<project>', every scalar and
+                         text TensorBoard gets goes to a Weights & Biases run too,
+                         under the same tags and steps (`_WandbRun`; the `wandb`
+                         extra); docs/metrics.md lists every tag
 
 Only process 0 writes (`jax.process_index() == 0`); the others get no-op
 writers, so callers never branch on the process. Every file goes through
@@ -30,6 +34,8 @@ flush.
 
 from __future__ import annotations
 
+import hashlib
+import html
 import json
 import math
 import os
@@ -43,6 +49,7 @@ import jax
 import numpy as np
 import tqdm
 
+from cascade import schema
 from models import flops
 from models import paths
 
@@ -147,6 +154,101 @@ class _Events:
       self._pending = []
     else:
       self.flush()
+
+
+class _WandbRun:
+  """A Weights & Biases run that takes what `_Events` takes (config.logging.wandb), process 0.
+
+  W&B gives a run one x axis; here each tag keeps its own, named by its first part: a value
+  logged as 'rlhf/loss' at step 3 is logged with 'rlhf/step' = 3, its step metric
+  (`define_metric`), so '<stage>/*', 'run/*', 'eval/*' and 'validation/*' have the steps
+  TensorBoard shows. A text (a stage's config, a step's samples: model output) is shown as
+  escaped preformatted HTML. The run's id is made from the workdir and the config, so the same
+  command run again in the same workdir goes on with the same W&B run. W&B's own settings
+  apply (WANDB_MODE=offline, WANDB_DIR, its login); its files go to <workdir>/wandb for a local
+  workdir. W&B's service process writes what it is given as it comes: `flush` has nothing to do.
+
+  Args:
+    project: the W&B project.
+    workdir: the run's directory.
+    config: the run's config as plain data (`Plan.source`), W&B's run config.
+    lib: the `wandb` module (tests pass a stand-in).
+  """
+
+  def __init__(self, project: str, workdir: str, config: Mapping, lib=None):
+    if lib is None:
+      try:
+        import wandb as lib  # pylint: disable=g-import-not-at-top
+      except ImportError:
+        raise schema.ConfigError(f'config.logging.wandb={project!r}: the wandb package is not '
+                                 "installed (pip install -e '.[wandb]')") from None
+    self._lib = lib
+    local = not paths.is_remote(workdir)
+    where = os.path.abspath(workdir) if local else workdir
+    key = json.dumps([where, config], sort_keys=True, default=str)
+    self._run = lib.init(project=project, id=hashlib.sha256(key.encode()).hexdigest()[:16],
+                         name=os.path.basename(where.rstrip('/')), config=dict(config),
+                         dir=where if local else None, resume='allow',
+                         settings=lib.Settings(console='off', silent=True))
+    self._axes: set[str] = set()
+
+  def _axis(self, tag: str) -> str | None:
+    """The step metric of `tag` ('<first part>/step'; None for a tag of one part), defined on
+    first use."""
+    head, sep, _ = tag.partition('/')
+    if not sep:
+      return None
+    if head not in self._axes:
+      self._run.define_metric(f'{head}/step', hidden=True)
+      self._run.define_metric(f'{head}/*', step_metric=f'{head}/step')
+      self._axes.add(head)
+    return f'{head}/step'
+
+  def scalars(self, values: Mapping[str, float], step: int) -> None:
+    row = {}
+    for tag, value in values.items():
+      axis = self._axis(tag)
+      if axis is not None:
+        row[axis] = int(step)
+      row[tag] = float(value)
+    self._run.log(row)
+
+  def text(self, tag: str, text: str, step: int) -> None:
+    row = {tag: self._lib.Html(f'<pre>{html.escape(text)}</pre>', inject=False)}
+    axis = self._axis(tag)
+    if axis is not None:
+      row[axis] = int(step)
+    self._run.log(row)
+
+  def flush(self) -> None:
+    pass
+
+  def close(self, discard: bool = False) -> None:
+    """Ends the W&B run (marked failed with `discard`: the workdir was taken over)."""
+    self._run.finish(exit_code=1 if discard else 0)
+
+
+class _Logs:
+  """Everywhere the scalars and texts of a run go: TensorBoard, and W&B when configured."""
+
+  def __init__(self, sinks: list):
+    self.sinks = sinks
+
+  def scalars(self, values: Mapping[str, float], step: int) -> None:
+    for s in self.sinks:
+      s.scalars(values, step)
+
+  def text(self, tag: str, text: str, step: int) -> None:
+    for s in self.sinks:
+      s.text(tag, text, step)
+
+  def flush(self) -> None:
+    for s in self.sinks:
+      s.flush()
+
+  def close(self, discard: bool = False) -> None:
+    for s in self.sinks:
+      s.close(discard)
 
 
 # Generated text is untrusted model output. Each string of a logged sample keeps at most
@@ -271,6 +373,9 @@ class Writer:
   """Writes per-step metrics to TensorBoard and metrics.jsonl, samples to samples.jsonl (process
   0 only).
 
+  With the run's `plan` naming a W&B project (config.logging.wandb), everything TensorBoard
+  gets goes to a W&B run too (`_WandbRun`).
+
   Given the run's `plan` (cascade.config.Plan), it also logs every step at its run-wide step
   (`run_step`), the config and each stage's resolved config as text, and each update's model
   FLOP utilisation: 'mfu' = tokens_per_s x FLOPs per token (`models.flops.counted_flops` of
@@ -282,7 +387,7 @@ class Writer:
                before_write: Callable[[], None] | None = None):
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self._before_write = before_write
-    self._tb = None
+    self._logs = None
     self._jsonl = None
     self._samples = None
     self._samples_path = paths.join(workdir, 'samples.jsonl')
@@ -300,11 +405,14 @@ class Writer:
       self._peak = plan.hardware.peak_tflops * 1e12 * jax.device_count()
     if self.enabled:
       paths.makedirs(workdir)
-      self._tb = _Events(paths.join(workdir, 'tb'), before_write)
+      sinks = [_Events(paths.join(workdir, 'tb'), before_write)]
+      if plan is not None and plan.logging.wandb:
+        sinks.append(_WandbRun(plan.logging.wandb, workdir, plan.source))
+      self._logs = _Logs(sinks)
       self._jsonl = paths.AppendFile(paths.join(workdir, 'metrics.jsonl'),
                                      before_write=before_write)
       if plan is not None:
-        self._tb.text('config', _code_block(plan.source), 0)
+        self._logs.text('config', _code_block(plan.source), 0)
 
   def run_step(self, stage, step: int) -> int:
     """`step` of `stage` on the run-wide axis: the steps of the stages before it added."""
@@ -331,9 +439,9 @@ class Writer:
     self._jsonl.write(json.dumps(rec) + '\n')
     if stage.index not in self._described:
       self._described.add(stage.index)
-      self._tb.text(f'{stage.name}/hparams', _code_block(stage_hparams(stage)), 0)
-    self._tb.scalars({f'{stage.name}/{k}': v for k, v in vals.items()}, step)
-    self._tb.scalars({**{f'run/{k}': v for k, v in vals.items()},
+      self._logs.text(f'{stage.name}/hparams', _code_block(stage_hparams(stage)), 0)
+    self._logs.scalars({f'{stage.name}/{k}': v for k, v in vals.items()}, step)
+    self._logs.scalars({**{f'run/{k}': v for k, v in vals.items()},
                       'run/stage_index': stage.index}, self.run_step(stage, step))
 
   def write_samples(self, stage, step: int, samples: list[Mapping]) -> None:
@@ -353,7 +461,7 @@ class Writer:
     if self._samples is None:
       self._samples = paths.AppendFile(self._samples_path, before_write=self._before_write)
     self._samples.write(''.join(json.dumps(r, allow_nan=False) + '\n' for r in recs))
-    self._tb.text(f'{stage.name}/samples', samples_markdown(recs), step)
+    self._logs.text(f'{stage.name}/samples', samples_markdown(recs), step)
 
   def write_scores(self, row_name: str, row_index: int, scores: Mapping[str, float],
                    validation: Mapping[str, float] | None = None) -> None:
@@ -366,7 +474,7 @@ class Writer:
     if validation:
       rec['validation'] = dict(validation)
     self._jsonl.write(json.dumps(rec) + '\n')
-    self._tb.scalars({**{f'eval/{d}': v for d, v in scores.items()},
+    self._logs.scalars({**{f'eval/{d}': v for d, v in scores.items()},
                       **{f'validation/{d}': v for d, v in (validation or {}).items()}},
                      row_index + 1)
     self.flush()
@@ -374,7 +482,7 @@ class Writer:
   def flush(self) -> None:
     """Makes everything logged so far durable (TensorBoard, metrics.jsonl, samples.jsonl)."""
     if self.enabled:
-      self._tb.flush()
+      self._logs.flush()
       self._jsonl.flush(force=True)
       if self._samples is not None:
         self._samples.flush(force=True)
@@ -382,12 +490,12 @@ class Writer:
   def close(self, discard: bool = False) -> None:
     """Writes what is pending and closes the files; with `discard` (a run whose workdir lock was
     taken over) what has not reached storage yet is dropped instead."""
-    if self._tb is not None:
-      self._tb.close(discard)
+    if self._logs is not None:
+      self._logs.close(discard)
       self._jsonl.close(discard)
       if self._samples is not None:
         self._samples.close(discard)
-      self._tb = self._jsonl = self._samples = None
+      self._logs = self._jsonl = self._samples = None
 
 
 def read_records(path: str) -> list[dict]:

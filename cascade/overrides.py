@@ -280,7 +280,8 @@ def _root() -> dict[str, Any]:
   return {'seed': int, 'allow_config_change': bool, 'model': c.Model, 'tokenizer': c.Tokenizer,
           'mesh': c.Mesh, 'sampler': c.Sampler, 'ckpt': c.Ckpt, 'eval': c.Eval,
           'divergence': c.Divergence, 'hardware': c.Hardware,
-          'compilation_cache': c.CompilationCache, 'prepare': c.Prepare, 'data_cache': str,
+          'compilation_cache': c.CompilationCache, 'logging': c.Logging, 'prepare': c.Prepare,
+          'data_cache': str,
           'datasets': _Entries(c.Dataset), 'domains': _Entries(c.Domain), 'stages': _STAGES}
 
 

@@ -942,6 +942,9 @@ def _fresh_venv(work: pathlib.Path) -> dict:
 # (page, command, the distributions it must have installed into the new venv), by case id.
 _INSTALLS = {
     'gcs': ('docs/at_scale.md', "pip install -e '.[gcs]'", ['cascade', 'gcsfs']),
+    'tensorboard': ('docs/metrics.md', "pip install -e '.[tensorboard]'",
+                    ['cascade', 'tensorboard']),
+    'wandb': ('docs/metrics.md', "pip install -e '.[wandb]'", ['cascade', 'wandb']),
     'xm': ('docs/at_scale.md', 'pip install -e .[xm]', ['cascade', 'xmanager']),
     'bench': ('docs/benchmarks.md', ".venv/bin/pip install -e '.[bench]'", ['cascade', 'trl']),
     'tpu': ('docs/planning.md', 'pip install "jax[tpu]"', ['libtpu']),
