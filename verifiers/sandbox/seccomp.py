@@ -22,7 +22,9 @@ server's health check then finds none; see `server`):
     reading them stays allowed;
   * setting file times (`utime`, `utimes`, `futimesat`, `utimensat`): any
     process may set a world-writable file's times to now, and /dev/null and
-    its kind are the host's own nodes, shared by every sample on the host;
+    its kind are the host's own nodes, shared by every sample on the host
+    (so `shutil.copy2` and `copystat` fail in the sandbox; `shutil.copy`
+    works);
   * `sendmsg` and `sendmmsg`: descriptors in flight in a unix socket's queue
     (SCM_RIGHTS) outlive the processes that sent them until the kernel's
     garbage collector runs, so a lock or an abstract socket name held that
@@ -31,9 +33,10 @@ server's health check then finds none; see `server`):
     the sandbox, and a TCP connection's TIME_WAIT outlives its process;
   * changing another process's limits, priority, scheduling or memory
     placement (`prlimit64`, `setpriority`, `sched_set*`, `ioprio_set`,
-    `migrate_pages`, `move_pages` with a pid or target other than the
-    caller's own): where candidates share the server's uid the next
-    candidate's process (a spare, forked ahead) would inherit them.
+    `migrate_pages`, `move_pages` with a pid or target other than 0, the
+    caller itself, even its own pid spelled out): where candidates share the
+    server's uid the next candidate's process (a spare, forked ahead) would
+    keep them.
 Other architectures and x32 calls on x86-64 are killed. It is installed with
 no_new_privs, after the process has its final identity. Standard library
 only (ctypes): runs inside the sandbox.
