@@ -452,6 +452,8 @@ class Progress:
     config: the hash of the workdir's config (config.json's second copy; '' if unrecorded).
     data: stage name -> the identity of its data files when it started
       (`cascade.stage_data.StageData.pin`).
+    isolation: verifier -> every isolation its code ran under in this workdir, noted as it
+      runs (`record_isolation`), so a resumed run's results still say it.
   """
 
   def __init__(self, workdir: str, rebuild: bool = True,
@@ -479,6 +481,7 @@ class Progress:
     self.config: str = config_hash or data.get('config') or ''
     # stage name -> the identity of the data files it started with (`cascade.stage_data`).
     self.data: dict[str, list] = dict(data.get('data') or {})
+    self.isolation: dict[str, list] = dict(data.get('isolation') or {})
 
   def row(self, stage_name: str) -> dict | None:
     return next((r for r in self.rows if r['stage'] == stage_name), None)
@@ -501,6 +504,17 @@ class Progress:
       self.data[stage_name] = files
       self.save()
 
+  def record_isolation(self, isolation: Mapping[str, str]) -> bool:
+    """Adds verifier -> isolation ('a, b' for several) to `isolation`; whether it changed (the
+    caller saves)."""
+    changed = False
+    for name, iso in isolation.items():
+      have = set(self.isolation.get(name, ()))
+      new = have | {x.strip() for x in str(iso).split(',') if x.strip()}
+      if new != have:
+        self.isolation[name], changed = sorted(new), True
+    return changed
+
   def save(self) -> None:
     if self._before_save is not None:
       self._before_save()
@@ -508,6 +522,8 @@ class Progress:
     rec.update(done=self.done, rows=self.rows)
     if self.data:
       rec['data'] = self.data
+    if self.isolation:
+      rec['isolation'] = self.isolation
     atomic_write_json(self.path, rec)
 
 

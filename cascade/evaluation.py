@@ -59,6 +59,12 @@ def sampling_params(ev) -> sampler_lib.SamplingParams:
 MODE_NAMES = {True: 'think', False: 'no_think', None: 'default'}
 
 
+# Called after each batch an evaluation samples: hook(domain, batch, batches), batch from 1.
+# Empty in a run: it is the seam where tests inject faults (tests/faults.py: a signal once a
+# chosen batch is scored).
+BATCH_END_HOOKS: list[Callable[[str, int, int], None]] = []
+
+
 class Stopped(Exception):
   """`evaluate` stopped at a batch boundary because its `stop` asked it to.
 
@@ -128,6 +134,8 @@ def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mod
     own_errors.count(ro.records, infos)
     batches.append({'rewards': _pack(r), 'lengths': _pack(ro.samples.lengths),
                     'truncated': _pack(ro.samples.truncated)})
+    for hook in BATCH_END_HOOKS:
+      hook(chunk[0]['domain'], b + 1, len(starts))
   r, lens, trunc = (np.concatenate([_unpack(x[f]) for x in batches])
                     for f in ('rewards', 'lengths', 'truncated'))
   return {'score': float(100.0 * np.mean(np.clip(r, 0.0, 1.0))),

@@ -25,7 +25,9 @@ each TensorBoard flush: `cascade.runner` wires it in). It is a read per write,
 never a read per step that writes nothing. A write already under way when the
 record changes (an Orbax save in flight) is not cut short; the loser then
 leaves without closing its checkpoints (sealing would be a write) and drops
-what its logs had not yet written.
+what its logs had not yet written. Outside the check: entries JAX adds to the
+compilation cache (content-addressed: the other run writes the same bytes) and
+the token cache a run builds as it loads its data, before its first step.
 
 What is not atomic: a takeover removes the stale record and then creates its
 own, so two runs taking over the same stale lock at the same moment can both

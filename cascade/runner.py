@@ -27,7 +27,10 @@
 
 A stage that diverges (`cascade.divergence`) stops the run before its export
 and evaluation; SIGTERM or SIGINT stops it at the next step boundary with a
-checkpoint, or before the next stage (`cascade.preemption`).
+checkpoint, before the next batch of an evaluation (keeping what it scored:
+`evaluate_row`), or before the next stage (`cascade.preemption`). Every write
+to the workdir first checks the workdir lock (`cascade.lock`: a run whose
+lock was taken over writes nothing more).
 """
 
 from __future__ import annotations
@@ -80,6 +83,9 @@ class RunContext:
     domain_index: domain name -> index (sorted names), e.g. MOPD's teacher table.
     writer: the metrics writer.
     progress: progress.json (done stages, matrix rows).
+    before_write: the workdir lock's check, called before every write to the workdir (the
+      writer, checkpoints and progress.json call it themselves).
+    config_hash: the hash of the config the run computes with.
   """
   plan: config_lib.Plan
   workdir: str
@@ -95,6 +101,8 @@ class RunContext:
   domain_index: dict
   writer: metrics.Writer
   progress: checkpoint.Progress
+  before_write: Callable[[], None] = lambda: None
+  config_hash: str = ''
 
 
 def _mesh(plan: config_lib.Plan):
@@ -108,11 +116,17 @@ def _mesh(plan: config_lib.Plan):
     raise config_lib.ConfigError(f'config.mesh.shape={list(plan.mesh_shape)!r}: {e}') from None
 
 
-def make_context(plan: config_lib.Plan, workdir: str, before_save: Callable[[], None] | None = None,
+def make_context(plan: config_lib.Plan, workdir: str,
+                 before_write: Callable[[], None] | None = None,
                  config_hash: str = '') -> RunContext:
-  """Builds the run context (no data loaded yet: `ctx.data.load()`); `before_save` runs
-  before every checkpoint save and progress.json write (the workdir lock's check), and the
-  matrix rows it adds carry `config_hash`."""
+  """Builds the run context (no data loaded yet: `ctx.data.load()`); `before_write` (the
+  workdir lock's check) runs before every write to the workdir, and the matrix rows it adds
+  carry `config_hash`.
+
+  Before every checkpoint save and progress.json write the isolation of the code the
+  verifiers built so far ran under is noted in progress.json (`Progress.record_isolation`),
+  so a resumed run's results keep it even where the resume builds none of them."""
+  gate = before_write or (lambda: None)
   mesh = _mesh(plan)
   shards = sharding.batch_shards(mesh, plan.rules)
   for st in plan.stages:
@@ -127,18 +141,23 @@ def make_context(plan: config_lib.Plan, workdir: str, before_save: Callable[[], 
                                  f"fit the model's vocab_size={plan.model.vocab_size}")
   if tokenizer.eos_id is None:
     raise config_lib.ConfigError('config.tokenizer: the tokenizer has no end-of-sequence token')
-  writer = metrics.Writer(workdir, plan=plan)
+  writer = metrics.Writer(workdir, plan=plan, before_write=before_write)
 
-  def flush():
-    if before_save is not None:
-      before_save()
+  def before_progress():
+    gate()
+    progress.record_isolation(verifiers.isolation())
+
+  def before_checkpoint():
+    gate()
+    if progress.record_isolation(verifiers.isolation()):
+      progress.save()
     writer.flush()
 
-  policies = policies_lib.Policies(plan, workdir, mesh, plan.rules, before_save=flush)
+  policies = policies_lib.Policies(plan, workdir, mesh, plan.rules, before_save=before_checkpoint)
   sampler = sampler_lib.Sampler(policies.graphdef('policy'), plan.model,
                                 eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id, mesh=mesh,
                                 rules=plan.rules, **plan.sampler.options())
-  progress = checkpoint.Progress(workdir, before_save=before_save, config_hash=config_hash)
+  progress = checkpoint.Progress(workdir, before_save=before_progress, config_hash=config_hash)
   verifiers = verifier_set.VerifierSet(
       plan, rm_scorer=lambda st: policies.reward_scorer(st, tokenizer),
       rm_ready=lambda name: name in progress.done,
@@ -152,28 +171,79 @@ def make_context(plan: config_lib.Plan, workdir: str, before_save: Callable[[], 
                         hosts=rollout.processes()),
                     verifiers=verifiers, sample_cls=verifiers.sample_cls,
                     domain_index={d: i for i, d in enumerate(sorted(plan.domains))},
-                    writer=writer, progress=progress)
+                    writer=writer, progress=progress, before_write=gate,
+                    config_hash=config_hash)
+
+
+# What a stopped evaluation of a matrix row kept (`evaluate_row`): {'row', 'config', 'held_out',
+# 'validation'}, the last two `evaluation.Stopped.done` or finished domains' results.
+EVAL_PARTIAL = 'eval_partial.json'
 
 
 def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: str = '',
                  reporter: report_lib.Reporter | None = None) -> dict:
   """Evaluates a policy on every domain (held-out and validation sets); appends its row to
   progress.json. `hf`: where the policy is exported (named by results.json's "best");
-  `reporter`: prints a line per domain evaluated."""
+  `reporter`: prints a line per domain evaluated.
+
+  SIGTERM or SIGINT (`cascade.preemption`) stops it at the next batch boundary: what it
+  evaluated is kept in workdir/eval_partial.json (with the row's name and the config's hash)
+  and `Preempted` raised; the rerun's evaluation of the same row samples only the rest, and
+  its row is the one an uninterrupted evaluation makes.
+  """
   label = f'[{index}] {name}' if index >= 0 else name
   report = None if reporter is None else (
       lambda i, n, domain, res, secs: reporter.evaluated(label, i, n, domain, res, secs))
-  out = evaluation.score_sets(ctx, params, ctx.data.eval_sets, evaluation.HELD_OUT_FOLD, report)
+  path = paths.join(ctx.workdir, EVAL_PARTIAL)
+  kept = _kept_evaluation(ctx, path, name)
+  if kept and checkpoint.is_writer():
+    print(f'{label}: resuming its stopped evaluation ({_kept_count(kept)} kept)', flush=True)
+  part = 'held_out'
+  try:
+    out = evaluation.score_sets(ctx, params, ctx.data.eval_sets, evaluation.HELD_OUT_FOLD, report,
+                                done=kept.get(part), stop=preemption.stop_requested)
+    kept[part] = {d: {'result': r} for d, r in out.items()}
+    part = 'validation'
+    validation = evaluation.validation_scores(ctx, params, done=kept.get(part),
+                                              stop=preemption.stop_requested)
+  except evaluation.Stopped as e:
+    kept[part] = e.done
+    ctx.before_write()
+    checkpoint.atomic_write_json(path, {'row': name, 'config': ctx.config_hash, **kept})
+    raise preemption.Preempted(
+        f'{e.why}: stopped evaluating {label} at its {part.replace("_", "-")} {e.where} '
+        f'({_kept_count(kept)} kept in {path}); rerun the same command to resume '
+        'there') from None
   row = {'stage': name, 'index': index, 'domains': list(trains_on),
          'scores': {d: out[d]['score'] for d in sorted(out)}, 'details': out}
-  validation = evaluation.validation_scores(ctx, params)
   if validation:
     row['validation'] = validation
   if hf:
     row['hf'] = hf
   row = ctx.progress.add_row(row)
+  if checkpoint.is_writer() and paths.exists(path):
+    paths.remove(path)            # after add_row's lock check
   ctx.writer.write_scores(name, index, row['scores'], row.get('validation'))
   return row
+
+
+def _kept_evaluation(ctx: RunContext, path: str, name: str) -> dict:
+  """What a stopped evaluation of row `name` under this config kept ({} when none)."""
+  try:
+    rec = checkpoint.read_json(path)
+  except ValueError:              # a damaged file: the evaluation is simply redone
+    return {}
+  if not isinstance(rec, dict) or rec.get('row') != name or rec.get('config') != ctx.config_hash:
+    return {}
+  return {k: rec[k] for k in ('held_out', 'validation') if isinstance(rec.get(k), dict)}
+
+
+def _kept_count(kept: dict) -> str:
+  """'2 domains and 5 batches' of what a stopped evaluation kept."""
+  parts = [v for part in kept.values() for v in part.values()]
+  domains = sum('result' in v for v in parts)
+  batches = sum(len(b) for v in parts for b in (v.get('modes') or {}).values())
+  return f'{domains} domain(s) and {batches} batch(es)'
 
 
 def _prepare(plan: config_lib.Plan) -> None:
@@ -213,7 +283,8 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
     cascade.config.ConfigError: the config is invalid (before anything runs).
     cascade.data.DataError: a malformed record (before the first step).
     cascade.checkpoint.WorkdirError: the workdir holds a different config (unless allowed).
-    cascade.lock.WorkdirBusy: another run holds the workdir (before anything is written).
+    cascade.lock.WorkdirBusy: another run holds the workdir (before anything is written), or
+      took it over (before this run's next write).
     cascade.divergence.Diverged: a stage diverged (its policy is not exported or evaluated).
     cascade.preemption.Preempted: SIGTERM or SIGINT stopped the run at a step boundary, with a
       checkpoint (a rerun resumes there).
@@ -256,7 +327,7 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
           if forked is None else f'forked from {fork_from}: '
           + (', '.join(forked) if forked else 'no stage shared'), flush=True)
   _prepare(plan)
-  ctx = make_context(plan, workdir, before_save=held.check, config_hash=config_hash)
+  ctx = make_context(plan, workdir, before_write=held.check, config_hash=config_hash)
   domains = sorted(plan.domains)
   try:
     _check_exports(ctx)
@@ -275,7 +346,7 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
     if plan.initial_eval and ctx.progress.row(INIT_ROW) is None:
       row = evaluate_row(ctx, INIT_ROW, -1, [], ctx.policies.params_of(('initial',)),
                          hf=plan.hf_path, reporter=reporter)
-      evaluation.write(workdir, ctx.progress.rows, domains)
+      _write_results(ctx, domains)
       print('initial policy: ' + ', '.join(f'{d} {v:.1f}' for d, v in row['scores'].items()),
             flush=True)
     for stage in plan.stages:
@@ -287,14 +358,31 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
         _run_stage(ctx, stage, domains, cache, reporter)
   finally:
     ctx.verifiers.close()
-    ctx.policies.close()
-    ctx.writer.close()
+    held_still = _still_held(held)
+    if held_still:                # closing finishes and seals checkpoints: writes
+      ctx.policies.close()
+    ctx.writer.close(discard=not held_still)
     if cache is not None and checkpoint.is_writer():
       print(f'compilation cache {cache.dir}: {cache.since().describe()} in this run', flush=True)
-  res = evaluation.write(workdir, ctx.progress.rows, domains, _isolation(ctx.progress),
-                         _accounting(ctx.progress))
+  res = _write_results(ctx, domains)
   _print_results(workdir, res)
   return res
+
+
+def _still_held(held: lock.Held) -> bool:
+  """Whether the workdir lock is still this run's (a run that lost it writes nothing more)."""
+  try:
+    held.check()
+  except lock.WorkdirBusy:
+    return False
+  return True
+
+
+def _write_results(ctx: RunContext, domains) -> dict:
+  """results.{json,md,png} of the rows so far (`evaluation.write`), after the lock's check."""
+  ctx.before_write()
+  return evaluation.write(ctx.workdir, ctx.progress.rows, domains, _isolation(ctx.progress),
+                          _accounting(ctx.progress))
 
 
 def _print_results(workdir: str, res: dict) -> None:
@@ -327,6 +415,7 @@ def _check_exports(ctx: RunContext) -> None:
     if not stage.trains_policy or not info or not info.get('hf'):
       continue
     out = paths.join(checkpoint.stage_dir(ctx.workdir, stage), 'hf')
+    ctx.before_write()            # a damaged export is moved aside, a missing one written
     if not policies_lib.exported(out) or ctx.policies.damaged_export(stage, out):
       ctx.policies.export_hf(stage, ctx.policies.final_state(stage).params)
 
@@ -362,11 +451,12 @@ def _accounting(progress: checkpoint.Progress) -> dict[str, dict]:
 
 
 def _isolation(progress: checkpoint.Progress) -> dict[str, str]:
-  """verifier -> isolation over the finished stages (a change within a run shows as 'a, b')."""
-  out: dict[str, set] = {}
+  """verifier -> every isolation its code ran under in this workdir (several: 'a, b'): what
+  progress.json noted as code ran, and what the finished stages recorded."""
+  out: dict[str, set] = {k: set(v) for k, v in progress.isolation.items()}
   for info in progress.done.values():
     for name, iso in (info.get('isolation') or {}).items():
-      out.setdefault(name, set()).add(iso)
+      out.setdefault(name, set()).update(x.strip() for x in iso.split(',') if x.strip())
   return {k: ', '.join(sorted(v)) for k, v in out.items()}
 
 
@@ -383,6 +473,7 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
     ctx.policies.remember(('stage', stage.name), params)
     t1 = time.perf_counter()
     reporter.say(f'[{stage.index}] {stage.name}: exporting the policy (HF safetensors) ...')
+    ctx.before_write()
     info['hf'] = ctx.policies.export_hf(stage, params)
     reporter.exported(stage, info['hf'], time.perf_counter() - t1)
   if result.final_step is not None:
@@ -400,8 +491,7 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
                        stage.domains if stage.trains_policy else [], params,
                        hf=info.get('hf', ''), reporter=reporter)
   ctx.progress.mark_done(stage.name, info)
-  evaluation.write(ctx.workdir, ctx.progress.rows, domains, _isolation(ctx.progress),
-                   _accounting(ctx.progress))
+  _write_results(ctx, domains)
   rows = ctx.progress.rows
   prev = rows[rows.index(row) - 1]['scores'] if row is not None and rows.index(row) else None
   if checkpoint.is_writer():

@@ -1,11 +1,13 @@
 """Fault injection for the kill/resume and preemption tests, installed by the tests only.
 
 The training loop calls every hook in `cascade.kinds.loop.STEP_END_HOOKS` at the end of each
-step (empty in a run). This module makes the two hooks the tests need and, run as a script,
-is `python -m cascade.main` with them installed:
+step, an evaluation every hook in `cascade.evaluation.BATCH_END_HOOKS` after each batch (both
+empty in a run). This module makes the hooks the tests need and, run as a script, is
+`python -m cascade.main` with them installed:
 
   python tests/faults.py --kill_at=sft:4 --config=configs/x.py --workdir=DIR
   python tests/faults.py --signal_at=sft:3:SIGTERM --config=configs/x.py --workdir=DIR
+  python tests/faults.py --signal_after_batch=copy:2:SIGTERM --config=configs/x.py --workdir=DIR
 
 In process: `monkeypatch.setattr(loop, 'STEP_END_HOOKS', [faults.kill_at('sft:4')])`, with
 the module from the `faults` fixture (tests/conftest.py).
@@ -43,11 +45,29 @@ def signal_at(spec: str):
   return hook
 
 
+def signal_after_batch(spec: str):
+  """An evaluation hook (`cascade.evaluation.BATCH_END_HOOKS`) that sends this process a signal
+  once, when batch N of a domain's evaluation is scored; `spec` is '<domain>:<N>:<signal>'
+  (e.g. 'copy:2:SIGTERM'), so a preemption test stops an evaluation between two batches."""
+  where, _, name = spec.rpartition(':')
+  sig = signal.Signals[name]
+  fired = []
+
+  def hook(domain: str, batch: int, batches: int) -> None:
+    del batches
+    if f'{domain}:{batch}' == where and not fired:
+      fired.append(True)
+      os.kill(os.getpid(), sig)
+
+  return hook
+
+
 def _main():
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
 
+  from cascade import evaluation  # pylint: disable=g-import-not-at-top
   from cascade import main as cascade_main  # pylint: disable=g-import-not-at-top
   from cascade.kinds import loop  # pylint: disable=g-import-not-at-top
 
@@ -55,12 +75,16 @@ def _main():
                              'is on disk.')
   sig = flags.DEFINE_string('signal_at', None, "'<stage>:<step>:<signal>': send that signal "
                             'at the end of that step.')
+  eval_sig = flags.DEFINE_string('signal_after_batch', None, "'<domain>:<batch>:<signal>': "
+                                 "send that signal once that evaluation batch is scored.")
 
   def main(argv):
     if kill.value:
       loop.STEP_END_HOOKS.append(kill_at(kill.value))
     if sig.value:
       loop.STEP_END_HOOKS.append(signal_at(sig.value))
+    if eval_sig.value:
+      evaluation.BATCH_END_HOOKS.append(signal_after_batch(eval_sig.value))
     cascade_main.main(argv)
 
   app.run(main, flags_parser=cascade_main.parse_flags)

@@ -2,8 +2,9 @@
 the run in one line (exit 3) without exporting or evaluating its policy, or rolls back.
 
 The end-to-end tests run the command line on the toy copy cascade (heavy: each compiles a run):
-at lr=1e30 the weights overflow (the updates after the first are skipped as non-finite); at
-lr=1e4 they saturate (loss stuck at ln V with a gradient of exactly zero: finite garbage).
+the first update at lr=1e30 or 1e4 multiplies the weights (update_ratio far above 1e3); after it
+at lr=1e30 they overflow (the updates after the first are skipped as non-finite); at lr=1e4
+they saturate (loss stuck at ln V with a gradient of exactly zero: finite garbage).
 """
 
 import json
@@ -167,13 +168,15 @@ def test_a_diverged_stage_stops_the_run_in_one_line_without_export_or_evaluation
   proc = _cli(world / 'policy.py', work, f'--config.stages[0].optimizer.lr={lr}')
   assert proc.returncode == divergence.EXIT_CODE == 3, proc.stderr[-3000:]
   lines = _lines(proc.stderr)
-  assert lines[-1].startswith("error: stage 0 'sft' diverged at step 5/6: " + why), lines
+  assert lines[-1].startswith("error: stage 0 'sft' diverged at step 4/6: " + why), lines
+  assert ('4 bad steps in a row (config.divergence.max_bad_steps=3), the first at step 1: '
+          'update_ratio=') in lines[-1]
   assert 'Traceback' not in proc.stderr
   # Every bad step was reported as it happened, and logged (metrics.jsonl; TensorBoard alike).
   warned = [l for l in lines if l.startswith('WARNING: [0] sft step ')]
-  assert [l.split()[4] for l in warned] == ['2/6:', '3/6:', '4/6:', '5/6:'], lines
+  assert [l.split()[4] for l in warned] == ['1/6:', '2/6:', '3/6:', '4/6:'], lines
   recs = [json.loads(l) for l in (work / 'metrics.jsonl').read_text().splitlines()]
-  assert [r['bad_steps'] for r in recs if r.get('stage') == 'sft'] == [0, 1, 2, 3, 4]
+  assert [r['bad_steps'] for r in recs if r.get('stage') == 'sft'] == [1, 2, 3, 4]
   assert list((work / 'tb').iterdir())
   # The diverged policy is neither exported nor evaluated; the next stage never started.
   assert not (work / 'stages' / '00_sft' / 'hf').exists()
@@ -200,14 +203,36 @@ def test_rollback_restarts_the_diverged_stage_at_a_lower_learning_rate(world, tm
   proc = _cli(world / 'policy.py', work, '--config.stages[0].optimizer.lr=1e4',
               '--config.divergence.rollbacks=1', '--config.divergence.rollback_lr_factor=1e-6')
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert ('[0] sft: diverged at step 5/6; rolled back to step 0, learning rate x1e-06 '
+  assert ('[0] sft: diverged at step 4/6; rolled back to step 0, learning rate x1e-06 '
           '(rollback 1 of 1)') in _lines(proc.stderr)
   done = json.loads((work / 'progress.json').read_text())['done']['sft']
   assert (done['bad_steps'], done['rollbacks'], done['lr_scale']) == (4, 1, 1e-6)
   recs = [json.loads(l) for l in (work / 'metrics.jsonl').read_text().splitlines()]
   sft = [r for r in recs if r.get('stage') == 'sft']
-  # Steps 1-5 at lr 1e4, then the stage again from its start at 1e-2, learning.
-  assert [r['step'] for r in sft] == [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 6]
-  assert all(r['lr'] == pytest.approx(1e-2) for r in sft[5:])
-  assert sft[-1]['loss'] < sft[5]['loss'] - 1.0 and sft[-1]['bad_steps'] == 4
+  # Steps 1-4 at lr 1e4, then the stage again from its start at 1e-2, learning.
+  assert [r['step'] for r in sft] == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6]
+  assert all(r['lr'] == pytest.approx(1e-2) for r in sft[4:])
+  assert sft[-1]['loss'] < sft[4]['loss'] - 1.0 and sft[-1]['bad_steps'] == 4
+  assert all(r['update_ratio'] < 1.0 for r in sft[4:])
   assert (work / 'stages' / '00_sft' / 'hf').exists()
+
+
+@pytest.mark.heavy
+def test_a_blown_up_step_then_nan_steps_to_the_stage_end_stop_the_run_without_export(
+    world, tmp_path):
+  # At lr 1e36 step 1 is finite but multiplies the weights by ~1e36; steps 2 and 3 are NaN. A
+  # run of 3 bad steps is tolerated mid-stage (max_bad_steps=3), but this one ends the stage.
+  work = tmp_path / 'run'
+  proc = _cli(world / 'policy.py', work, '--config.stages[0].optimizer.lr=1e36',
+              '--config.stages[0].steps=3')
+  assert proc.returncode == divergence.EXIT_CODE, proc.stderr[-3000:]
+  last = _lines(proc.stderr)[-1]
+  assert last.startswith("error: stage 0 'sft' diverged at step 3/3: "), last
+  assert ('the stage ended on 3 bad step(s) in a row, unrecovered, the first at step 1: '
+          'update_ratio=') in last and 'Traceback' not in proc.stderr
+  assert not (work / 'stages' / '00_sft' / 'hf').exists()
+  assert not (work / 'stages' / '01_copy_rl').exists()
+  assert not (work / 'results.json').exists() or 'sft' not in (work / 'results.json').read_text()
+  progress = json.loads((work / 'progress.json').read_text()) if (
+      work / 'progress.json').exists() else {}
+  assert not progress.get('done') and not progress.get('rows')

@@ -1,6 +1,7 @@
 """One writer per workdir: the lock refuses a second run naming its holder, is taken over from a
 holder that is gone or when forced, notices a takeover, and is released however the run ends."""
 
+import importlib.util
 import json
 import os
 import socket
@@ -163,3 +164,44 @@ def test_the_command_line_refuses_a_held_workdir_in_one_line(tmp_path):
   assert 'taking over the workdir lock of host other-host' in proc.stdout
   assert len(proc.stderr.strip().splitlines()) == 1 and 'config.json' in proc.stderr
   assert not (tmp_path / 'w' / lock.LOCK_FILE).exists()
+
+
+def _snapshot(root):
+  """Every file and directory under `root`: relative path -> (size, mtime in ns), or None for
+  a directory."""
+  out = {}
+  for d, dirs, files in os.walk(root):
+    for name in dirs:
+      out[os.path.relpath(os.path.join(d, name), root)] = None
+    for name in files:
+      st = os.stat(os.path.join(d, name))
+      out[os.path.relpath(os.path.join(d, name), root)] = (st.st_size, st.st_mtime_ns)
+  return out
+
+
+@pytest.mark.heavy
+def test_a_run_whose_lock_is_taken_over_writes_nothing_more(tmp_path, copy_cascade, monkeypatch):
+  from cascade import runner  # pylint: disable=g-import-not-at-top
+  from cascade.kinds import loop  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location('cfg', copy_cascade(
+      tmp_path, train=16, eval_=8, sft=32, sft_steps=4, rl_steps=2))
+  cfg = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(cfg)
+  work = tmp_path / 'run'
+  seen = {}
+
+  def take_over(stage, step, saved, ckpts):
+    del saved
+    if (stage, step) == ('sft', 2):
+      ckpts.wait()                           # none of this run's writes is still under way
+      (work / lock.LOCK_FILE).unlink()       # --force_lock of a live run elsewhere: the record
+      _plant(work)                           # removed, then the new run's own made
+      seen['files'] = _snapshot(work)
+
+  # Every step of this config checkpoints and logs: the run would write at once.
+  monkeypatch.setattr(loop, 'STEP_END_HOOKS', [take_over])
+  with pytest.raises(lock.WorkdirBusy, match=r'another run took this workdir over \(host '
+                                             r'other-host, pid 4242'):
+    runner.run(cfg.get_config(), str(work))
+  assert seen and _snapshot(work) == seen['files']   # not one byte, file or directory more
+  assert json.loads((work / lock.LOCK_FILE).read_text())['owner'] == 'theirs'

@@ -151,3 +151,43 @@ def test_a_second_signal_while_saving_damages_nothing(world, tmp_path):
   resumed = '[0] sft: resuming at step 3/6' in again.stdout
   assert _sft_steps(work)[-6 + 3 * resumed:] == list(range(1 + 3 * resumed, 7))
   assert json.loads((work / 'results.json').read_text())['stages'] == ['sft', 'copy_rl']
+
+
+def _rows(work):
+  """progress.json's matrix rows without their config stamps and export paths (what an
+  evaluation computed)."""
+  rows = json.loads((work / 'progress.json').read_text())['rows']
+  return [{k: v for k, v in r.items() if k not in ('config', 'hf')} for r in rows]
+
+
+@pytest.mark.heavy
+def test_sigterm_during_an_evaluation_stops_at_a_batch_and_the_rerun_completes_it(
+    world, tmp_path, derived_config):
+  config = tmp_path / 'batched.py'        # beside a copy of cfg.py: 8 held-out prompts, 4 batches
+  (tmp_path / 'cfg.py').write_text((world.parent / 'cfg.py').read_text())
+  config.write_text(derived_config('  c.eval.batch_size = 2\n'))
+  whole = tmp_path / 'whole'
+  assert _run(config, whole).returncode == 0
+  # SIGTERM once the second batch of the first evaluation (the row after 'sft') is scored.
+  work = tmp_path / 'run'
+  proc = subprocess.run([sys.executable, FAULTS, '--signal_after_batch=copy:2:SIGTERM',
+                         *_cmd(config, work)[3:]], cwd=REPO, capture_output=True, text=True,
+                        timeout=600)
+  assert proc.returncode == preemption.EXIT_CODE, proc.stderr[-3000:]
+  last = _lines(proc.stderr)[-1]
+  assert last.startswith("SIGTERM: stopped evaluating [0] sft at its held-out domain 'copy' "
+                         'before batch 3/4 (0 domain(s) and 2 batch(es) kept in '), last
+  assert last.endswith('rerun the same command to resume there') and 'Traceback' not in proc.stderr
+  assert json.loads((work / 'progress.json').read_text())['rows'] == []
+  kept = json.loads((work / 'eval_partial.json').read_text())
+  assert kept['row'] == 'sft' and len(kept['held_out']['copy']['modes']['no_think']) == 2
+  again = _run(config, work)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert ('[0] sft: resuming its stopped evaluation (0 domain(s) and 2 batch(es) kept)'
+          in again.stdout)
+  assert '[0] sft: resuming at step 6/6' in again.stdout and _sft_steps(work) == list(range(1, 7))
+  assert not (work / 'eval_partial.json').exists()
+  # The same rows as the run that was never stopped, to the last digit of every detail.
+  assert _rows(work) == _rows(whole) and len(_rows(work)) == 2
+  assert (json.loads((work / 'results.json').read_text())['scores']
+          == json.loads((whole / 'results.json').read_text())['scores'])
