@@ -141,7 +141,8 @@ def test_config_file_mistakes_are_one_line_with_a_hint(tmp_path):
                                                     r'get_config\(arg=None\) function; '):
     _parse(str(path))
   path.write_text('def get_config(arg=None)\n  return None\n')
-  with pytest.raises(overrides.OverrideError, match=r'^--config=.*cfg.py: .*cfg.py:1: SyntaxError: '):
+  with pytest.raises(overrides.OverrideError,
+                     match=r'^--config=.*cfg.py: .*cfg.py:1: SyntaxError: '):
     _parse(str(path))
   path.write_text('import no_such_module_here\n')
   with pytest.raises(overrides.OverrideError, match=r"^--config=.*cfg.py: ModuleNotFoundError: No "
@@ -149,7 +150,8 @@ def test_config_file_mistakes_are_one_line_with_a_hint(tmp_path):
                                                     r'\(.*cfg.py:1\)$'):
     _parse(str(path))
   for edit, message in [
-      (lambda c: c.sampler.update(slotss=8), 'config.sampler.slotss: unknown field (nearest: slots)'),
+      (lambda c: c.sampler.update(slotss=8),
+       'config.sampler.slotss: unknown field (nearest: slots)'),
       (lambda c: c.stages[2].update(group_sise=4), "stages[2] 'rlhf': group_sise: unknown field "
                                                    'for a grpo stage (nearest: group_size)'),
       (lambda c: c.stages[0]['optimizer'].update(warmup=3),

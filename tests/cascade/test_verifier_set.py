@@ -107,7 +107,8 @@ def test_the_dry_run_stops_a_verifier_that_raises_in_its_own_code():
   msg = str(e.value)
   assert msg.startswith("before the first step (dry run of the probe answers): the verifier "
                         "'misnamed_test' of domain 'a' raised in its own code on record 'a0', "
-                        'whatever the answer: KeyError: answr at tests/cascade/test_verifier_set.py:')
+                        'whatever the answer: KeyError: answr at '
+                        'tests/cascade/test_verifier_set.py:')
   assert ' in _prepare (on 2 record(s) x 2 probe answers)' in msg and '\n' not in msg
 
 
