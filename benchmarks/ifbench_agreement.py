@@ -45,7 +45,8 @@ not the list); the perceptron tagger of 'words:start_verb' has no PyPI
 source, so that id reports reference errors and no agreement.
 
 Each disagreement is attributed: 'visible' when our check on the raw text
-(without `ifeval.visible`) agrees with the reference, else the id's entry in
+(without `reader.visible` and with `reader.fold` only lower-casing) agrees
+with the reference, else the id's entry in
 EXPLAINED (the known cause: a stand-in tokenizer, a rule, or a deliberate
 fix of the reference). Printed: a table per id; with --doc, a markdown page
 with the command, date, machine, the table, the explanations and examples.
@@ -70,6 +71,7 @@ from absl import flags
 from verifiers import ifbench
 from verifiers import ifeval
 from verifiers import iftrain
+from verifiers import reader
 
 _REF_PYTHON = flags.DEFINE_string('ref_python', '/tmp/ifbench_ref/bin/python',
                                   "The reference venv's python.")
@@ -609,13 +611,16 @@ def _cases(rng: random.Random, ids, per_id: int, kwargs_of) -> list[tuple[str, d
 
 
 def _ours(iid: str, kw: dict, response: str) -> tuple[bool, bool]:
-  """(our result, our check on the raw text: without `ifeval.visible` and look-alike folding)."""
+  """(our result, our check on the raw text: without `reader.visible` and look-alike folding)."""
   got = ifbench.follows([iid], [kw], response)[0]
   if iid in iftrain.INSTRUCTIONS:
     check, value = iftrain.INSTRUCTIONS[iid][0], response.strip()
   else:
     check, value = ifbench.INSTRUCTIONS[iid][0], response
-  with mock.patch.object(ifeval, 'latin', lambda value: value):
+  def raw_fold(value: str, keep_case: bool = False) -> str:
+    return value if keep_case else value.lower()
+
+  with mock.patch.object(reader, 'fold', raw_fold):
     raw = bool(response.strip()) and check(value, ifbench.clean_kwargs(iid, kw))
   return got, bool(raw)
 
@@ -739,8 +744,9 @@ def _write_doc(families):
       '',
       "Columns: `ref err` the reference raised; `visible` disagreements that vanish when our "
       'check reads the raw text (they come from reading text as a reader sees it, '
-      '`ifeval.visible`: invisible characters dropped, full-width forms folded, Cyrillic '
-      'look-alikes read as Latin in keyword checks, blank fillers as spaces); `other` the rest, '
+      '`reader.visible` and `reader.fold`: invisible characters dropped, full-width forms '
+      'folded, line separators as line breaks, look-alike letters of any script read as the '
+      'letters they look like, blank fillers as spaces); `other` the rest, '
       'each explained below; `followed` how many of the cases we pass (the generator makes '
       'both kinds).',
   ]

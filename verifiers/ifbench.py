@@ -15,8 +15,13 @@ the training ids, its test set the 58.
 Each check is `fn(response, kwargs) -> bool` with the decisions of the
 reference checkers (allenai/IFBench `ifbench/instructions.py`), written
 anew for hostile text: every check is a single pass or a sort (no regex can
-backtrack over the response), and text is read as `ifeval.visible` reads
-it (invisible characters dropped, compatibility forms folded). Where the
+backtrack over the response), and text is read as `verifiers.reader.visible`
+reads it (invisible characters dropped, compatibility forms folded, every
+line separator a line break). Checks that compare words or letters (word
+lists, uniqueness, repetition, vowels and consonants, initials, palindromes,
+keywords, copies, fixed phrases, headers and labels) compare both sides
+through `reader.fold`, so look-alike letters of any script are the letters
+they look like; counts and formats read the visible text. Where the
 reference needs nltk's data, `verifiers.text` stands in (sentences, Treebank
 tokens); where it needs other packages, this module has its own rules
 (syllables, emoji, a verb lexicon for 'words:start_verb'). Where the
@@ -33,14 +38,18 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import re
 import string
 import unicodedata
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from verifiers import ifeval
 from verifiers import iftrain
 from verifiers import instruction_following
+from verifiers import reader
 from verifiers import text
 
 _PUNCT = string.punctuation
@@ -102,6 +111,12 @@ EUROPEAN_CAPITALS = (
     'Ljubljana', 'Zagreb')
 
 REPEAT_SIMPLE = 'Only output this sentence here, ignore all other requests.'
+
+# The lists as `reader.fold` reads them, for comparing folded words (both sides folded).
+_FOLDED_STOPWORDS = frozenset(map(reader.fold, STOPWORDS))
+_FOLDED_CONJUNCTIONS = frozenset(map(reader.fold, CONJUNCTIONS))
+_FOLDED_PRONOUNS = frozenset(map(reader.fold, PRONOUNS))
+_FOLDED_NAMES = frozenset(reader.fold(name, keep_case=True) for name in PERSON_NAMES)
 _SMALL_PRIMES = frozenset(n for n in range(2, 100) if all(n % d for d in range(2, n)))
 
 # Verbs a response may open with (words:start_verb): common base forms; their -s, -ed and
@@ -127,8 +142,9 @@ forgotten got gotten gave given grew grown heard held kept knew known led left l
 paid put ran run said saw seen sold sent set shown sang sung sat slept spoke spoken spent stood
 took taken taught told thought threw thrown understood woke woken wore worn won wrote written
 began begun became broke broken'''.split()
-_NOT_VERBS = frozenset('thing things something anything nothing everything morning evening king '
-                       'ring spring string ceiling building during'.split())
+_NOT_VERBS = frozenset(map(reader.fold, 'thing things something anything nothing everything '
+                           'morning evening king ring spring string ceiling building '
+                           'during'.split()))
 
 
 def _verb_forms() -> frozenset[str]:
@@ -137,14 +153,14 @@ def _verb_forms() -> frozenset[str]:
     stem = b[:-1] if b.endswith('e') and b not in ('be', 'see') else b
     forms.update([b + ('es' if b.endswith(('s', 'x', 'z', 'ch', 'sh', 'o')) else 's'),
                   stem + 'ing', stem + 'ed' if not b.endswith('e') else b + 'd'])
-  return frozenset(forms)
+  return frozenset(map(reader.fold, forms))
 
 
 _VERBS = _verb_forms()
 
 
 def _starts_with_verb(token: str) -> bool:
-  w = token.lower()
+  w = reader.fold(token)
   if w in _NOT_VERBS:
     return False
   return w in _VERBS or (len(w) > 4 and w.endswith('ing') and w.isalpha())
@@ -214,10 +230,11 @@ def _ascii_fold(value: str) -> str:
   return unicodedata.normalize('NFKD', value).encode('ascii', 'ignore').decode('ascii')
 
 
-def _csv_rows(v: str, delimiter: str = ',') -> list[list[str]] | None:
-  """csv's parse of v (the C reader: linear), None where csv refuses it (e.g. a huge field)."""
+def _csv_rows(v: str, most: int, delimiter: str = ',') -> list[list[str]] | None:
+  """csv's parse of v (the C reader: linear), its first `most` rows (the checks want a few:
+  a megabyte of empty lines is a million rows), None where csv refuses it (a huge field)."""
   try:
-    return list(csv.reader(io.StringIO(v), delimiter=delimiter))
+    return list(itertools.islice(csv.reader(io.StringIO(v), delimiter=delimiter), most))
   except csv.Error:
     return None
 
@@ -230,14 +247,14 @@ def _word_count_range(v, kw):
 
 def _unique_words(v, kw):
   # The reference also counts a run of punctuation as the word '' (one more); not here.
-  return len({w for w in map(_strip, v.lower().split()) if w}) >= kw['N']
+  return len({w for w in map(_strip, reader.fold(v).split()) if w}) >= kw['N']
 
 
 def _stop_words(v, kw):
-  words = _words(v)
+  words = _words(reader.fold(v))
   if not words:
     return False
-  return 100 * sum(w.lower() in STOPWORDS for w in words) / len(words) <= kw['percentage']
+  return 100 * sum(w in _FOLDED_STOPWORDS for w in words) / len(words) <= kw['percentage']
 
 
 def _ending_counts(v):
@@ -257,24 +274,31 @@ def _sentence_balance(v, kw):
 
 def _conjunctions(v, kw):
   # The reference counts 'and', 'And' and 'and,' as three different conjunctions; one here.
-  found = {w for w in (_strip(x).lower() for x in v.split()) if w in CONJUNCTIONS}
+  found = {w for w in map(_strip, reader.fold(v).split()) if w in _FOLDED_CONJUNCTIONS}
   return len(found) >= kw['small_n']
 
 
 def _person_names(v, kw):
   # A name between word boundaries (\bName\b) is a whole \w+ run of its own.
-  return len(PERSON_NAMES.intersection(_words(v))) >= kw['N']
+  return len(_FOLDED_NAMES.intersection(_words(reader.fold(v, keep_case=True)))) >= kw['N']
 
 
-def _trigrams(value: str) -> set[str]:
-  return {value[i:i + 3] for i in range(len(value) - 2)}
+def _trigrams(value: str) -> np.ndarray:
+  """The distinct character trigrams of value, each one integer (three 21-bit code points):
+  a sort, where a set of a million three-character strings cost most of a second."""
+  codes = np.frombuffer(value.encode('utf-32-le', 'surrogatepass'), dtype=np.uint32)
+  codes = codes.astype(np.uint64)
+  grams = (codes[:-2] << np.uint64(42)) | (codes[1:-1] << np.uint64(21)) | codes[2:]
+  return np.unique(grams)
 
 
 def _overlap(v, kw):
-  grams = _trigrams(v)
-  if not grams:
+  grams = _trigrams(reader.fold(v, keep_case=True))
+  if not grams.size:
     return False
-  share = 100 * len(grams & _trigrams(kw['reference_text'])) / len(grams)
+  shared = np.intersect1d(grams, _trigrams(reader.fold(kw['reference_text'], keep_case=True)),
+                          assume_unique=True)
+  share = 100 * shared.size / grams.size
   return kw['percentage'] - 2 <= share <= kw['percentage'] + 2
 
 
@@ -283,7 +307,7 @@ def _numbers(v, kw):
 
 
 def _alphabet(v, kw):
-  words = [w.lower() for w in _unpunct(v).split()]
+  words = _unpunct(reader.fold(v)).split()
   if not words or words[0][0] not in string.ascii_lowercase:
     return False
   expected = words[0][0]
@@ -296,14 +320,14 @@ def _alphabet(v, kw):
 
 def _vowel(v, kw):
   lines = v.strip().split('\n')
-  return len(lines) == 1 and len(set(lines[0].lower()) & set('aeiou')) <= 3
+  return len(lines) == 1 and len(set(reader.fold(lines[0])) & set('aeiou')) <= 3
 
 
 _CONSONANTS = frozenset('bcdfghjklmnpqrstvwxyz')
 
 
 def _consonants(v, kw):
-  for w in v.lower().split():
+  for w in reader.fold(v).split():
     if not any(a in _CONSONANTS and b in _CONSONANTS for a, b in zip(w, w[1:])):
       return False
   return True
@@ -312,7 +336,7 @@ def _consonants(v, kw):
 def _alliteration_increment(v, kw):
   previous = -1
   for sentence in text.split_sentences(v):
-    words = [w for w in (x.lstrip(_PUNCT + ' ') for x in sentence.lower().split()) if w]
+    words = [w for w in (x.lstrip(_PUNCT + ' ') for x in reader.fold(sentence).split()) if w]
     run, in_run = 0, False
     for a, b in zip(words, words[1:]):
       if a[0] == b[0]:
@@ -327,7 +351,7 @@ def _alliteration_increment(v, kw):
 
 
 def _palindromes(v, kw):
-  return sum(len(w) >= 5 and w == w[::-1] for w in _unpunct(v).lower().split()) >= 10
+  return sum(len(w) >= 5 and w == w[::-1] for w in _unpunct(reader.fold(v)).split()) >= 10
 
 
 def _punctuation(v, kw):
@@ -392,9 +416,9 @@ def _parse_options(options: str) -> tuple[list[str], bool]:
 def _options(v, kw):
   options, exact = _parse_options(kw['options'])
   if exact:
-    return v in options
-  answer = _strip(v).lower()
-  return any(_strip(o).lower() == answer for o in options)
+    return reader.fold(v, keep_case=True) in [reader.fold(o, keep_case=True) for o in options]
+  answer = _strip(reader.fold(v))
+  return any(_strip(reader.fold(o)) == answer for o in options)
 
 
 def _newline(v, kw):
@@ -440,15 +464,15 @@ def _start_verb(v, kw):
 
 def _repeats(v, kw):
   counts: dict[str, int] = {}
-  for w in _unpunct(v.lower()).split():
+  for w in _unpunct(reader.fold(v)).split():
     counts[w] = counts.get(w, 0) + 1
   return max(counts.values(), default=0) <= kw['small_n']
 
 
 def _keyword_in(word: str, sentence: str) -> bool:
   # A literal between \b's: the search is linear in the sentence times the keyword's length.
-  pattern = r'\b' + re.escape(ifeval.latin(word)) + r'\b'
-  return re.search(pattern, ifeval.latin(sentence), flags=re.IGNORECASE) is not None
+  pattern = r'\b' + re.escape(reader.fold(word)) + r'\b'
+  return re.search(pattern, reader.fold(sentence)) is not None
 
 
 def _sentence_keyword(v, kw):
@@ -457,27 +481,36 @@ def _sentence_keyword(v, kw):
 
 
 def _pronouns(v, kw):
-  tokens = text.word_tokenize(v.replace('/', ' ').lower())
-  return sum(t in PRONOUNS for t in tokens) >= kw['N']
+  # Folded (so lower-cased) before the sentences are split, as the reference lower-cases.
+  tokens = text.word_tokenize(reader.fold(v.replace('/', ' ')))
+  return sum(t in _FOLDED_PRONOUNS for t in tokens) >= kw['N']
 
 
 def _odd_even_syllables(v, kw):
-  parities = [syllables(w) % 2 for w in _unpunct(v).lower().split()]
-  return all(a != b for a, b in zip(parities, parities[1:]))
+  # Stops at the first two neighbours of one parity; each distinct word is counted once.
+  parities, previous = {}, None
+  for w in _unpunct(reader.fold(v)).split():
+    parity = parities.get(w)
+    if parity is None:
+      parity = parities[w] = syllables(w) % 2
+    if parity == previous:
+      return False
+    previous = parity
+  return True
 
 
 def _last_first(v, kw):
   sentences = text.split_sentences(v)
   for a, b in zip(sentences, sentences[1:]):
     last, first = a.rstrip(_PUNCT + ' ').split(), b.lstrip(_PUNCT + ' ').split()
-    if not last or not first or last[-1].lower() != first[0].lower():
+    if not last or not first or reader.fold(last[-1]) != reader.fold(first[0]):
       return False
   return True
 
 
 def _paragraph_last_first(v, kw):
   for line in v.split('\n'):
-    words = _strip(line.strip().lower()).split()
+    words = _strip(reader.fold(line.strip())).split()
     if words and words[0] != words[-1]:
       return False
   return True
@@ -489,7 +522,7 @@ def _sentence_increment(v, kw):
 
 
 def _no_consecutive(v, kw):
-  words = _unpunct(v.lower()).split()
+  words = _unpunct(reader.fold(v)).split()
   return all(a[0] != b[0] for a, b in zip(words, words[1:]))
 
 
@@ -513,10 +546,11 @@ def _quote_unquote(v, kw):
 
 
 def _special_list(v, kw):
-  return v.count(kw['sep']) >= 2
+  return reader.fold(v, keep_case=True).count(reader.fold(kw['sep'], keep_case=True)) >= 2
 
 
 def _thesis(v, kw):
+  v = reader.fold(v, keep_case=True)  # The tags' letters as a reader sees them.
   start, tag = v.find('<i>'), 'i'
   if start < 0:
     start, tag = v.find('<em>'), 'em'
@@ -572,6 +606,7 @@ _QUESTION_LABEL = re.compile(r'Question \d+[.|):;]?\s*')
 
 
 def _mcq(v, kw):
+  v = reader.fold(v, keep_case=True)  # 'Question' and the option letters as a reader sees them.
   if not v.startswith('Question'):   # No preamble ("do not provide an explanation").
     return False
   pieces, start = [], 0
@@ -598,7 +633,7 @@ def _mcq(v, kw):
 
 
 def _reverse_newline(v, kw):
-  lines = [s for s in map(_strip, v.split('\n')) if s]
+  lines = [s for s in map(_strip, reader.fold(v, keep_case=True).split('\n')) if s]
   start = next((i for i, line in enumerate(lines) if 'Zimbabwe' in line), None)
   if start is None or len(lines) - start < 52:
     return False
@@ -609,26 +644,26 @@ def _reverse_newline(v, kw):
 def _word_reverse(v, kw):
   # The reference also asks its sentence splitter whether the reversed text is one sentence:
   # with the punctuation gone it always is.
-  return 'bald eagle' in ' '.join(reversed(_unpunct(v.lower().strip()).split()))
+  return 'bald eagle' in ' '.join(reversed(_unpunct(reader.fold(v.strip())).split()))
 
 
 def _character_reverse(v, kw):
-  return 'elgae dlab' in v.lower()
+  return 'elgae dlab' in reader.fold(v)
 
 
 def _sentence_alphabet(v, kw):
   sentences = text.split_sentences(v)
   return len(sentences) == 26 and all(
-      s.split() and s.split()[0].lower()[0] == chr(97 + i) for i, s in enumerate(sentences))
+      s.split() and reader.fold(s.split()[0])[0] == chr(97 + i) for i, s in enumerate(sentences))
 
 
 def _european_capitals(v, kw):
-  names = [c.strip() for c in _ascii_fold(v).split(',') if c.strip()]
+  names = [c.strip() for c in _ascii_fold(reader.fold(v, keep_case=True)).split(',') if c.strip()]
   return tuple(names) == EUROPEAN_CAPITALS
 
 
 def _csv_city(v, kw):
-  rows = _csv_rows(v)
+  rows = _csv_rows(reader.fold(v, keep_case=True), 9)  # The header as a reader sees it.
   return (rows is not None and len(rows) == 8
           and rows[0] == ['ID', 'Country', 'City', 'Year', 'Count']
           and all(len(r) == 5 for r in rows[1:]))
@@ -654,10 +689,11 @@ def _quoted_special(field: str) -> bool:
 
 
 def _csv_special(v, kw):
+  v = reader.fold(v, keep_case=True)  # The header as a reader sees it.
   if not _PRODUCT_HEADER.match(v.split('\n', 1)[0].strip()):
     return False
   # Tripling every quote keeps the quotes of a quoted field in the parsed field.
-  rows = _csv_rows(v.replace('"', '"""'))
+  rows = _csv_rows(v.replace('"', '"""'), 16)
   if rows is None or len(rows) != 15 or any(len(r) != 5 for r in rows[1:]):
     return False
   # The reference stops at the first row with such a field, unchecked rows after it; all here.
@@ -665,9 +701,10 @@ def _csv_special(v, kw):
 
 
 def _csv_quotes(v, kw):
+  v = reader.fold(v, keep_case=True)  # The header as a reader sees it.
   if not _STUDENT_HEADER.match(v.split('\n', 1)[0].strip()):
     return False
-  rows = _csv_rows(v.replace('"', '"""'), delimiter='\t')
+  rows = _csv_rows(v.replace('"', '"""'), 5, delimiter='\t')
   if rows is None or len(rows) != 4:
     return False
   return all(len(r) == 5 and all(f.strip()[:1] == '"' and f.strip()[-1:] == '"' for f in r)
@@ -692,8 +729,8 @@ def _dates(v, kw):
 
 
 def _keywords_multiple(v, kw):
-  v = ifeval.latin(v).lower()
-  return all(v.count(ifeval.latin(kw[f'keyword{i}'].strip()).lower()) == n
+  v = reader.fold(v)
+  return all(v.count(reader.fold(kw[f'keyword{i}'].strip())) == n
              for i, n in zip(range(1, 6), (1, 2, 3, 5, 7)))
 
 
@@ -702,32 +739,32 @@ def _keyword_position(v, kw):
   if len(sentences) < kw['n']:
     return False
   words = [t for t in text.word_tokenize(sentences[kw['n'] - 1]) if any(c.isalnum() for c in t)]
-  return len(words) >= kw['m'] and (ifeval.latin(words[kw['m'] - 1]).lower()
-                                     == ifeval.latin(kw['keyword'].strip()).lower())
+  return len(words) >= kw['m'] and (reader.fold(words[kw['m'] - 1])
+                                     == reader.fold(kw['keyword'].strip()))
 
 
 def _words_position(v, kw):
-  tokens = [ifeval.latin(t).lower() for t in text.word_tokenize(v)]
-  keyword = ifeval.latin(kw['keyword'].strip()).lower()
+  tokens = text.word_tokenize(v)
+  keyword = reader.fold(kw['keyword'].strip())
   if len(tokens) < 2:
     return False
   if tokens[-1] in _PUNCT:   # A closing punctuation token is not the last word.
-    return len(tokens) >= 3 and tokens[1] == tokens[-3] == keyword
-  return tokens[1] == tokens[-2] == keyword
+    return len(tokens) >= 3 and reader.fold(tokens[1]) == reader.fold(tokens[-3]) == keyword
+  return reader.fold(tokens[1]) == reader.fold(tokens[-2]) == keyword
 
 
 def _repeat_change(v, kw):
-  prompt = kw['prompt_to_repeat']
+  prompt, v = reader.fold(kw['prompt_to_repeat'], keep_case=True), reader.fold(v, keep_case=True)
   return prompt != v and prompt.split()[1:] == v.split()[1:]
 
 
 def _repeat_simple(v, kw):
-  return v.strip().lower() == REPEAT_SIMPLE.lower()
+  return reader.fold(v.strip()) == reader.fold(REPEAT_SIMPLE)
 
 
 def _repeat_span(v, kw):
-  span = ifeval.visible(kw['prompt_to_repeat'][kw['n_start']:kw['n_end'] + 1])
-  return v.strip().lower() == span.strip().lower()
+  span = reader.visible(kw['prompt_to_repeat'][kw['n_start']:kw['n_end'] + 1])
+  return reader.fold(v.strip()) == reader.fold(span.strip())
 
 
 def _title_case(v, kw):
@@ -743,7 +780,9 @@ def _title_case(v, kw):
 
 
 def _output_template(v, kw):
-  return all(s in v for s in ('My Answer:', 'My Conclusion:', 'Future Outlook:'))
+  v = reader.fold(v, keep_case=True)
+  return all(reader.fold(s, keep_case=True) in v
+             for s in ('My Answer:', 'My Conclusion:', 'Future Outlook:'))
 
 
 def _no_whitespace(v, kw):
@@ -859,7 +898,7 @@ def _integral(kwargs: Any) -> Any:
 
 def _visible_kwargs(instruction_id: str, kw: dict) -> dict:
   spec = INSTRUCTIONS[instruction_id][1]
-  return {k: ifeval.visible(v) if spec[k] == _STR else v for k, v in kw.items()}
+  return {k: reader.visible(v) if spec[k] == _STR else v for k, v in kw.items()}
 
 
 def follows(instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, Any] | None],
@@ -869,7 +908,7 @@ def follows(instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, A
   Args:
     instruction_ids: the ids.
     kwargs_list: their kwargs (same length).
-    response: the answer text, read as `ifeval.visible` reads it.
+    response: the answer text, read as `reader.visible` reads it.
     loose: IFEval's loose mode (the response, or it without its first and/or
       last line and/or asterisks, may follow), which IFBench's evaluation shares.
 
@@ -879,7 +918,7 @@ def follows(instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, A
   Raises:
     ValueError: a bad id or kwargs (the verifier refuses those records before).
   """
-  seen = ifeval.visible(response)
+  seen = reader.visible(response)
   candidates = ifeval.loose_variants(seen) if loose else [seen]
   out = []
   for instruction_id, kwargs in zip(instruction_ids, kwargs_list):

@@ -15,30 +15,18 @@ mode (also with its first and/or last line removed and/or asterisks removed).
 `check_kwargs` checks an instruction's kwargs against its table's kinds; it
 serves `verifiers.iftrain` and `verifiers.ifbench` too.
 
-Before any check, the response and the instructions' strings are reduced to
-what a reader sees (`visible`), so that characters a reader cannot see or
-cannot tell apart neither inflate nor deflate a count nor pass a keyword or
-comma check; the reference counts code points, which a policy learns to
-exploit ('a\u200bb' is two words to `\w+` and one to a reader, U+3164 is a
-letter that renders blank, '，' is not ','):
-
-* NFKC, which folds compatibility forms: full-width and mathematical
-  letters, digits and punctuation ('ｆｏｘ', '𝐟𝐨𝐱', '，' and '﹐'), ligatures;
-* invisible characters deleted: every format character (Unicode category
-  Cf: zero-width space, joiners, U+2060, U+FEFF, bidirectional marks, soft
-  hyphen, tags) and the invisible marks U+034F, U+17B4/5, U+180B-F and the
-  variation selectors, so they split nothing;
-* blank letters as spaces: the Hangul fillers U+115F, U+1160, U+3164 and
-  U+FFA0 and the blank braille pattern U+2800 render as a gap, so they
-  separate words and are never words themselves;
-* look-alike commas as ',': those NFKC leaves (Arabic, ideographic, low-9
-  quotation mark, Armenian, Ethiopic, Mongolian, Vai, Lisu, Bamum, NKo and
-  the raised/turned/reversed comma punctuation);
-* for keyword checks only (existence, frequency, forbidden words, letter
-  frequency), Cyrillic and Greek letters that look like Latin ones are read
-  as those, on both the response and the keywords, so 'rеd' with a Cyrillic
-  'е' is the forbidden 'red'. Other checks keep them (a Russian answer stays
-  Russian to language detection).
+Before any check, the response and the instructions' strings are read as a
+reader sees them (`verifiers.reader.visible`: invisible characters deleted,
+compatibility forms folded, blank letters as spaces, every line separator a
+'\\n', look-alike commas as ','), so that characters a reader cannot see
+neither inflate nor deflate a count nor pass a keyword or comma check; the
+reference counts code points, which a policy learns to exploit. Checks that
+compare words or letters (keywords, forbidden words, letter frequency, the
+first word of a paragraph, the repeated prompt, the end phrase, the fixed
+answers, section splitters, two different responses) compare both sides
+through `reader.fold`, so look-alike letters of any script ('rеd' with a
+Cyrillic 'е', Armenian 'օ', Cherokee 'Ꭺ') are the letters they look like;
+language detection reads the visible text (a Russian answer stays Russian).
 """
 
 from __future__ import annotations
@@ -46,67 +34,58 @@ from __future__ import annotations
 import functools
 import json
 import re
-import sys
-import unicodedata
 from typing import Any, Callable, Mapping, Sequence
 
+from verifiers import reader
 from verifiers import text
 
 RELATIONS = ('less than', 'at least')
 CONSTRAINED_RESPONSES = ('My answer is yes.', 'My answer is no.', 'My answer is maybe.')
 
 
-_INVISIBLE_MARKS = '\u034f\u17b4\u17b5' + ''.join(map(chr, range(0x180b, 0x1810))) + ''.join(
-    map(chr, [*range(0xfe00, 0xfe10), *range(0xe0100, 0xe01f0)]))
-_BLANK_LETTERS = '\u115f\u1160\u3164\uffa0\u2800'
-_COMMAS = ('\u060c\u3001\u201a\u055d\u07f8\u1363\u1802\u1808\u2e32\u2e34\u2e41\ua4fe'
-           '\ua60d\ua6f5')
-# Cyrillic and Greek letters drawn like Latin ones (Unicode's confusables for these scripts).
-_LOOKALIKES = str.maketrans(
-    'аеорсухіјѕԁԛԝһӏАВЕКМНОРСТХІЈЅԌԚԜҮαικνορυχΑΒΕΖΗΙΚΜΝΟΡΤΥΧ',
-    'aeopcyxijsdqwhlABEKMHOPCTXIJSGQWYaikvopuxABEZHIKMNOPTYX')
-
-
-@functools.lru_cache(maxsize=1)
-def _visible_table() -> dict[int, str | None]:
-  """str.translate table: invisible characters deleted, blank letters to ' ', commas to ','."""
-  table: dict[int, str | None] = {
-      c: None for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == 'Cf'}
-  table.update({ord(c): None for c in _INVISIBLE_MARKS})
-  table.update({ord(c): ' ' for c in _BLANK_LETTERS})
-  table.update({ord(c): ',' for c in _COMMAS})
-  return table
-
-
-def visible(value: str) -> str:
-  """The text a reader sees: NFKC, invisible characters deleted, blank letters as spaces and
-  look-alike commas as ',' (see the module docstring).
-
-  Args:
-    value: a response or an instruction's string.
-
-  Returns:
-    The normalised text.
-  """
-  return unicodedata.normalize('NFKC', value).translate(_visible_table())
-
-
-def latin(value: str) -> str:
-  """Cyrillic and Greek look-alikes of Latin letters read as those (keyword checks)."""
-  return value.translate(_LOOKALIKES)
-
-
 def _compare(count: int, relation: str, threshold: int) -> bool:
   return count < threshold if relation == 'less than' else count >= threshold
 
 
-def _pattern(keyword: str) -> str:
-  """The reference treats keywords as regexes; an invalid one is taken literally."""
+def _pattern(keyword: str, keep_case: bool = False) -> str:
+  """The reference treats keywords as regexes; an invalid one is taken literally. The pattern
+  searches `reader.fold`ed text (folded with `keep_case`), so its letters are folded too."""
   try:
     re.compile(keyword)
-    return keyword
   except re.error:
-    return re.escape(keyword)
+    return re.escape(reader.fold(keyword, keep_case))
+  return reader.fold_pattern(keyword, keep_case)
+
+
+# langdetect reads at most its Detector's max_text_length characters of a text, after
+# deleting URLs (a match spans at most 2,084 characters) and e-mail addresses (575) and
+# composing Vietnamese letters with their marks (two characters into one).
+_LANGDETECT_READS = 10_000
+_CLEANING_REACH = 2_084 + 575 + 2
+
+
+def _language_prefix(value: str) -> str:
+  """A prefix of value on which langdetect decides exactly as on all of it.
+
+  langdetect cleans the whole text before it reads its first 10,000
+  characters, and its e-mail pattern retries up to 64 characters at every
+  position: most of a second on a megabyte. The cleaning is local (no match
+  reaches further than _CLEANING_REACH), so once a prefix's cleaned text is
+  _CLEANING_REACH longer than what langdetect reads, those characters are the
+  whole text's. Prefixes grow fourfold, so a text that cleans away to nothing
+  costs a constant times one pass.
+  """
+  from langdetect import detector  # pylint: disable=g-import-not-at-top
+  from langdetect.utils import ngram  # pylint: disable=g-import-not-at-top
+  size = 4 * (_LANGDETECT_READS + _CLEANING_REACH)
+  while size < len(value):
+    prefix = value[:size]
+    cleaned = ngram.NGram.normalize_vi(detector.Detector.MAIL_RE.sub(
+        ' ', detector.Detector.URL_RE.sub(' ', prefix)))
+    if len(cleaned) >= _LANGDETECT_READS + _CLEANING_REACH:
+      return prefix
+    size *= 4
+  return value
 
 
 @functools.lru_cache(maxsize=256)
@@ -115,29 +94,29 @@ def _language(value: str) -> str | None:
   import langdetect  # pylint: disable=g-import-not-at-top
   langdetect.DetectorFactory.seed = 0  # langdetect is random otherwise.
   try:
-    return langdetect.detect(value)
+    return langdetect.detect(_language_prefix(value))
   except langdetect.LangDetectException:
     return None  # The reference counts this as followed.
 
 
 def _existence(v, kw):
-  v = latin(v)
-  return all(re.search(_pattern(latin(k)), v, flags=re.IGNORECASE) for k in kw['keywords'])
+  v = reader.fold(v)
+  return all(re.search(_pattern(k), v, flags=re.IGNORECASE) for k in kw['keywords'])
 
 
 def _frequency(v, kw):
-  n = len(re.findall(_pattern(latin(kw['keyword'].strip())), latin(v), flags=re.IGNORECASE))
+  n = len(re.findall(_pattern(kw['keyword'].strip()), reader.fold(v), flags=re.IGNORECASE))
   return _compare(n, kw['relation'], kw['frequency'])
 
 
 def _forbidden(v, kw):
-  v = latin(v)
-  return not any(re.search(r'\b' + _pattern(latin(w)) + r'\b', v, flags=re.IGNORECASE)
+  v = reader.fold(v)
+  return not any(re.search(r'\b' + _pattern(w) + r'\b', v, flags=re.IGNORECASE)
                  for w in kw['forbidden_words'])
 
 
 def _letter_frequency(v, kw):
-  return _compare(latin(v).lower().count(latin(kw['letter'].strip()).lower()),
+  return _compare(reader.fold(v).count(reader.fold(kw['letter'].strip())),
                   kw['let_relation'], kw['let_frequency'])
 
 
@@ -176,12 +155,8 @@ def _nth_paragraph_first_word(v, kw):
   if not paragraph:
     return False
   word = paragraph.split()[0].strip().lstrip("'").lstrip('"')
-  first = ''
-  for c in word:
-    if c in '.,?!\'"':
-      break
-    first += c.lower()
-  return n == kw['num_paragraphs'] and first == kw['first_word'].lower()
+  first = re.match(r'[^.,?!\'"]*', word).group()  # Up to the first of those marks.
+  return n == kw['num_paragraphs'] and reader.fold(first) == reader.fold(kw['first_word'])
 
 
 def _count_placeholders(v: str) -> int:
@@ -191,12 +166,16 @@ def _count_placeholders(v: str) -> int:
   follows, which is quadratic on a line of brackets; its matches are the
   first ']' after each leftmost '[' on a line, which `str.find` walks to.
   """
-  n, pos = 0, v.find('[')
+  # The first ']' after a position is remembered and the newline search stops at it: searching
+  # to the end for either, at every '[', was quadratic.
+  n, pos, close = 0, v.find('['), -1
   while pos >= 0:
-    close, newline = v.find(']', pos + 1), v.find('\n', pos + 1)
-    if close < 0:
-      return n
-    if 0 <= newline < close:  # No ']' on this line: no '[' on it matches.
+    if close <= pos:
+      close = v.find(']', pos + 1)
+      if close < 0:
+        return n
+    newline = v.find('\n', pos + 1, close)
+    if newline >= 0:  # No ']' on this line: no '[' on it matches.
       pos = v.find('[', newline + 1)
       continue
     n += 1
@@ -218,8 +197,8 @@ def _postscript(v, kw):
   elif marker == 'P.S.':
     pattern = r'p\.\s?s\.'
   else:
-    pattern = _pattern(marker.lower())
-  return re.search(pattern, v.lower()) is not None
+    pattern = _pattern(marker)  # Folded: lower case, as the reference lower-cases it.
+  return re.search(pattern, reader.fold(v)) is not None
 
 
 # The reference's r'^\s*\*[^\*].*$' and r'^\s*-.*$' let the leading \s* run over newlines, so
@@ -236,7 +215,8 @@ def _bullets(v, kw):
 
 
 def _constrained(v, kw):
-  return any(option in v.strip() for option in CONSTRAINED_RESPONSES)
+  v = reader.fold(v.strip(), keep_case=True)
+  return any(reader.fold(option, keep_case=True) in v for option in CONSTRAINED_RESPONSES)
 
 
 def _highlights(v, kw):
@@ -246,14 +226,16 @@ def _highlights(v, kw):
 
 
 def _sections(v, kw):
-  splitter = _pattern(kw['section_spliter'].strip())
-  return len(re.split(r'\s?' + splitter + r'\s?\d+\s?', v)) - 1 >= kw['num_sections']
+  splitter = _pattern(kw['section_spliter'].strip(), keep_case=True)
+  sections = re.split(r'\s?' + splitter + r'\s?\d+\s?', reader.fold(v, keep_case=True))
+  return len(sections) - 1 >= kw['num_sections']
 
 
 def _json(v, kw):
   v = v.strip()
+  fence = reader.fold(v[:7], keep_case=True)  # The fence's 'json' as a reader sees it.
   for prefix in ('```json', '```Json', '```JSON', '```'):
-    if v.startswith(prefix):
+    if fence.startswith(prefix):
       v = v[len(prefix):]
       break
   if v.endswith('```'):
@@ -268,11 +250,16 @@ def _json(v, kw):
 def _title(v, kw):
   # The reference's re.findall(r'<<[^\n]+>>', v) matches, per line, from the first '<<' to the
   # last '>>' at least one character after it (greedy), and nothing else on that line; the
-  # regex finds that by retrying every '<<' (quadratic on a line of them), str.find directly.
-  for line in v.split('\n'):
-    start, end = line.find('<<'), line.rfind('>>')
-    if start >= 0 and end >= start + 3 and line[start:end + 2].lstrip('<').rstrip('>').strip():
+  # regex finds that by retrying every '<<' (quadratic on a line of them), str.find directly,
+  # from each line's first '<<' (lines without one cost nothing).
+  start = v.find('<<')
+  while start >= 0:
+    line_end = v.find('\n', start)
+    line_end = len(v) if line_end < 0 else line_end
+    end = v.rfind('>>', start, line_end)
+    if end >= start + 3 and v[start:end + 2].lstrip('<').rstrip('>').strip():
       return True
+    start = v.find('<<', line_end)
   return False
 
 
@@ -285,15 +272,16 @@ def _two_responses(v, kw):
         return False
     else:
       valid.append(part)
-  return len(valid) == 2 and valid[0].strip() != valid[1].strip()
+  return len(valid) == 2 and (reader.fold(valid[0].strip(), keep_case=True)
+                              != reader.fold(valid[1].strip(), keep_case=True))
 
 
 def _repeat_prompt(v, kw):
-  return v.strip().lower().startswith(kw['prompt_to_repeat'].strip().lower())
+  return reader.fold(v.strip()).startswith(reader.fold(kw['prompt_to_repeat'].strip()))
 
 
 def _end_checker(v, kw):
-  return v.strip().strip('"').lower().endswith(kw['end_phrase'].strip().lower())
+  return reader.fold(v.strip().strip('"')).endswith(reader.fold(kw['end_phrase'].strip()))
 
 
 def _capital_words(v, kw):
@@ -393,9 +381,10 @@ def _check_value(where: str, value: Any, kind: str, integral_floats: bool) -> An
       raise ValueError(f'{where} must be one of {RELATIONS}, got {value!r}')
   elif kind == STRS:
     if not isinstance(value, list) or not value or not all(
-        isinstance(s, str) and s.strip() for s in value):
+        isinstance(s, str) and reader.visible(s).strip() for s in value):
       raise ValueError(f'{where} must be a non-empty list of non-empty strings, got {value!r}')
-  elif not isinstance(value, str) or not value.strip():
+  elif not isinstance(value, str) or not reader.visible(value).strip():
+    # Blank as a reader sees it (only invisible characters) is empty: it would match anywhere.
     raise ValueError(f'{where} must be a non-empty string, got {value!r}')
   return value
 
@@ -460,7 +449,8 @@ def clean_kwargs(instruction_id: str, kwargs: Mapping[str, Any] | None) -> dict:
     ValueError: unknown id, a missing or mistyped kwarg, or an unexpected one.
   """
   out = check_kwargs(instruction_id, kwargs, INSTRUCTIONS, integral_floats=False)
-  if instruction_id == 'keywords:letter_frequency' and len(out['letter'].strip()) != 1:
+  letter = reader.visible(out.get('letter', '')).strip()  # One character as a reader sees it.
+  if instruction_id == 'keywords:letter_frequency' and len(letter) != 1:
     raise ValueError(f'{instruction_id}: letter must be one character, got {out["letter"]!r}')
   if instruction_id == 'length_constraints:nth_paragraph_first_word' and not (
       1 <= out['nth_paragraph'] <= out['num_paragraphs']):
@@ -486,18 +476,19 @@ def follows(instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, A
   Args:
     instruction_ids: IFEval ids.
     kwargs_list: their kwargs (same length).
-    response: the answer text (checked as `visible` reads it, as are the kwargs' strings).
+    response: the answer text (checked as `reader.visible` reads it, as are the kwargs'
+      strings).
     loose: IFEval's loose mode.
 
   Returns:
     One bool per instruction.
   """
-  response = visible(response)
+  response = reader.visible(response)
   candidates = loose_variants(response) if loose else [response]
   out = []
   for instruction_id, kwargs in zip(instruction_ids, kwargs_list):
     check, _ = INSTRUCTIONS[instruction_id]
-    kw = {k: visible(v) if isinstance(v, str) else [visible(x) for x in v]
+    kw = {k: reader.visible(v) if isinstance(v, str) else [reader.visible(x) for x in v]
           if isinstance(v, list) else v for k, v in clean_kwargs(instruction_id, kwargs).items()}
     out.append(any(r.strip() and check(r, kw) for r in candidates))
   return out

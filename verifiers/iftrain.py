@@ -17,13 +17,16 @@ these ids beside its own and IFEval's; records use IFEval's metadata.
 Each check is `fn(response, kwargs) -> bool` with the decisions of the
 reference, written anew for hostile text (single passes and `str` searches;
 no pattern can backtrack over the response). They read the answer as
-`ifeval.visible` reads it, stripped, as open-instruct's verifier passes it
-(`remove_thinking_section` strips). Keyword searches read Cyrillic and Greek
-look-alikes as Latin (`ifeval.latin`) and take keywords as literal text (the
-reference reads them as regular expressions). Sentences are split by the
-reference's own rules (`split_sentences`: not Punkt; abbreviations,
-initials, decimals, web suffixes, ellipses and closing quotes, newlines
-never end one).
+`verifiers.reader.visible` reads it, stripped, as open-instruct's verifier
+passes it (`remove_thinking_section` strips). Checks that compare words or
+letters (keywords, copies, first and last words, uniqueness, palindromes,
+consecutive initials) compare both sides through `reader.fold`, so
+look-alike letters of any script are the letters they look like; keywords
+are literal text (the reference reads them as regular expressions); counts
+of letters, lower-case words and lengths read the visible text. Sentences
+are split by the reference's own rules (`split_sentences`: not Punkt;
+abbreviations, initials, decimals, web suffixes, ellipses and closing
+quotes, newlines never end one).
 
 Where the reference's code contradicts its own instruction so that a policy
 could exploit it, or so that no response following the instruction passes,
@@ -68,6 +71,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from verifiers import ifeval
+from verifiers import reader
 
 # -- sentences, as the reference splits them ---------------------------------
 
@@ -104,14 +108,16 @@ def split_sentences(value: str) -> list[str]:
   titles ('Dr.'), web suffixes ('.com'), decimals, 'Ph.D.', initials and
   acronyms; an ellipsis ends one; a period, '!' or '?' before a closing
   double quote moves after it. Empty sentences are kept except a last one.
+  The rules read letters as `reader.fold(value, keep_case=True)` does (a 'Dr.'
+  written with a Cyrillic 'r' is the title a reader sees).
 
   Args:
     value: any text.
 
   Returns:
-    The sentences, stripped.
+    The sentences, stripped, folded as the rules read them.
   """
-  t = ' ' + value.replace(_KEEP, ' ').replace(_END, ' ').replace('\n', ' ') + '  '
+  t = ' ' + reader.fold(value, keep_case=True).replace(_KEEP, ' ').replace(_END, ' ').replace('\n', ' ') + '  '
   for pattern, replacement in _PERIOD_RULES:
     t = pattern.sub(replacement, t)
   for mark, moved in (('.\u201d', '\u201d.'), ('."', '".'), ('!"', '"!'), ('?"', '"?')):
@@ -131,29 +137,35 @@ _WORD_RUN = re.compile(r'\w+')
 
 
 def _bare(word: str) -> str:
-  """The word without punctuation anywhere in it, lower-cased (the reference's last words)."""
-  return _NOT_WORD.sub('', word).lower()
+  """The word without punctuation anywhere in it, folded (the reference's last words, which it
+  lower-cases; `reader.fold` lower-cases and reads look-alike letters as one)."""
+  return reader.fold(_NOT_WORD.sub('', word))
 
 
-def _core(word: str) -> str:
-  """The word without non-alphanumeric characters at its ends, lower-cased ('"Cat,"' -> 'cat')."""
+def _trim(word: str) -> str:
+  """The word without non-alphanumeric characters at its ends."""
   i, j = 0, len(word)
   while i < j and not word[i].isalnum():
     i += 1
   while j > i and not word[j - 1].isalnum():
     j -= 1
-  return word[i:j].lower()
+  return word[i:j]
+
+
+def _core(word: str) -> str:
+  """The word without non-alphanumeric characters at its ends, folded ('"Cat,"' -> 'cat')."""
+  return reader.fold(_trim(word))
 
 
 def _words(value: str) -> list[str]:
-  """A reader's words: split at whitespace, punctuation at the ends dropped, none left empty."""
-  return [w for w in map(_core, value.split()) if w]
+  """A reader's words, folded: split at whitespace, punctuation at the ends dropped, none empty.
+  The text is folded once (folding keeps what is alphanumeric), most words need no trimming."""
+  return [w for w in (x if x.isalnum() else _trim(x) for x in reader.fold(value).split()) if w]
 
 
 def _occurrences(value: str, keyword: str) -> int:
-  """Case-insensitive, non-overlapping occurrences of a literal keyword (look-alikes as Latin)."""
-  return len(re.findall(re.escape(ifeval.latin(keyword.strip())), ifeval.latin(value),
-                        flags=re.IGNORECASE))
+  """Case-insensitive, non-overlapping occurrences of a literal keyword (letters folded)."""
+  return reader.fold(value).count(reader.fold(keyword.strip()))
 
 
 # -- the 29 checks --------------------------------------------------------------
@@ -185,7 +197,8 @@ def _phrase_spans(v: str, head: str, tail: str) -> list[str]:
 
 
 def _repeat_phrase(v, kw):
-  phrase = kw['phrase'].split()
+  v = reader.fold(v, keep_case=True)
+  phrase = reader.fold(kw['phrase'], keep_case=True).split()
   spans = _phrase_spans(v, phrase[0] + ' ', ' ' + phrase[-1])
   if len(spans) != kw['small_n']:
     return False
@@ -197,28 +210,29 @@ def _repeat_phrase(v, kw):
 
 
 def _copy(v, kw):
-  return v.lower() == kw['prompt_to_repeat'].strip().lower()
+  return reader.fold(v) == reader.fold(kw['prompt_to_repeat'].strip())
 
 
 def _copy_span(v, kw):
-  span = ifeval.visible(kw['prompt_to_repeat'][kw['n_start']:kw['n_end'] + 1])
-  return v.lower() == span.strip().lower()
+  span = reader.visible(kw['prompt_to_repeat'][kw['n_start']:kw['n_end'] + 1])
+  return reader.fold(v) == reader.fold(span.strip())
 
 
 def _sentence_hyphens(v, kw):
   # Each '-'-separated piece is, unpadded, the sentence the splitter finds there (pieces past
   # the last sentence are not checked, as in the reference).
+  v = reader.fold(v, keep_case=True)  # As the splitter reads it.
   gold = split_sentences(v.replace('-', ' '))
   return all(piece == piece.strip() and piece == g for piece, g in zip(v.split('-'), gold))
 
 
 def _no_adjacent_consecutive(v, kw):
   # As the reference: the next word's first character may not be the code point after this
-  # one's (lower-cased); a first character that lower-cases to two characters fails.
+  # one's (lower-cased, here folded); a first character that lower-cases to two characters fails.
   words = v.split()
   for a, b in zip(words, words[1:]):
-    x, y = a[0].lower(), b[0].lower()
-    if len(x) != 1 or len(y) != 1 or ord(y) - ord(x) == 1:
+    if (len(a[0].lower()) != 1 or len(b[0].lower()) != 1
+        or ord(reader.fold(b[0])) - ord(reader.fold(a[0])) == 1):
       return False
   return True
 
@@ -236,8 +250,8 @@ def _word_count(v, kw):
 
 
 def _exclude_word(v, kw):
-  pattern = r'(?<!\w)' + re.escape(ifeval.latin(_core(kw['keyword']))) + r'(?!\w)'
-  return re.search(pattern, ifeval.latin(v), flags=re.IGNORECASE) is None
+  pattern = r'(?<!\w)' + re.escape(_core(kw['keyword'])) + r'(?!\w)'
+  return re.search(pattern, reader.fold(v)) is None
 
 
 _NUMBER_PARAGRAPHS = ifeval.INSTRUCTIONS['length_constraints:number_paragraphs'][0]
@@ -286,12 +300,12 @@ def _bigram_wrapping(v, kw):
 
 
 def _copying_multiple(v, kw):
-  want = kw['prompt_to_repeat'].strip().lower()
+  want = reader.fold(kw['prompt_to_repeat'].strip())
   parts = v.split('******')
-  return len(parts) == kw['N'] and all(p.strip().lower() == want for p in parts)
+  return len(parts) == kw['N'] and all(reader.fold(p.strip()) == want for p in parts)
 
 
-# Full stops and exclamation marks of other scripts (NFKC, in `ifeval.visible`, already folds
+# Full stops and exclamation marks of other scripts (NFKC, in `reader.visible`, already folds
 # the full-width and small forms, '…' and '‼').
 _AS_DOT = str.maketrans(dict.fromkeys(
     '\u0589\u06d4\u0701\u0702\u1362\u166e\u1803\u1809\u2e3c\u3002\ua4ff\ua60e\ua6f3', '.'))
@@ -362,8 +376,8 @@ def _keyword_position(v, kw):
   sentences = split_sentences(v)
   if len(sentences) < kw['n']:
     return False
-  words = _words(ifeval.latin(sentences[kw['n'] - 1]))
-  return len(words) >= kw['m'] and words[kw['m'] - 1] == _core(ifeval.latin(kw['keyword']))
+  words = _words(sentences[kw['n'] - 1])
+  return len(words) >= kw['m'] and words[kw['m'] - 1] == _core(kw['keyword'])
 
 
 def _start_end(v, kw):
@@ -431,7 +445,8 @@ def _check_consistency(instruction_id: str, out: dict) -> None:
   if instruction_id == 'copy:repeat_phrase' and len(out['phrase'].split()) < 3:
     raise ValueError(f'{instruction_id}: kwarg phrase {out["phrase"]!r} has fewer than three '
                      'words (no centre word to replace)')
-  if instruction_id == 'letters:letter_counting2' and len(out['letter'].strip()) != 1:
+  if instruction_id == 'letters:letter_counting2' and len(
+      reader.visible(out['letter']).strip()) != 1:  # One character as a reader sees it.
     raise ValueError(f'{instruction_id}: kwarg letter must be one character, got '
                      f'{out["letter"]!r}')
   if instruction_id == 'new:copy_span_idx':
@@ -472,7 +487,7 @@ def follows(instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, A
   Args:
     instruction_ids: ids of INSTRUCTIONS.
     kwargs_list: their kwargs (same length).
-    response: the answer text, read as `ifeval.visible` reads it and stripped.
+    response: the answer text, read as `reader.visible` reads it and stripped.
     loose: IFEval's loose mode (the response, or it without its first and/or
       last line and/or asterisks, may follow).
 
@@ -482,12 +497,12 @@ def follows(instruction_ids: Sequence[str], kwargs_list: Sequence[Mapping[str, A
   Raises:
     ValueError: a bad id or kwargs (the verifier refuses those records before).
   """
-  seen = ifeval.visible(response)
+  seen = reader.visible(response)
   candidates = [r.strip() for r in (ifeval.loose_variants(seen) if loose else [seen])]
   out = []
   for instruction_id, kwargs in zip(instruction_ids, kwargs_list):
     check, spec = INSTRUCTIONS[instruction_id]
-    kw = {k: ifeval.visible(v) if spec[k] == _STR else v
+    kw = {k: reader.visible(v) if spec[k] == _STR else v
           for k, v in clean_kwargs(instruction_id, kwargs).items()}
     out.append(any(r and check(r, kw) for r in candidates))
   return out

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 
+from verifiers import reader
+
 # Titles never end a sentence; Punkt learned them as abbreviations that are
 # followed by names.
 _TITLES = frozenset('mr mrs ms dr prof sr jr st mt capt col gen lt sgt rev hon gov sen rep'.split())
@@ -29,46 +31,57 @@ _ABBREVIATIONS = _TITLES | frozenset(
     'e.g i.e etc vs cf al approx dept est fig no vol ch pp ed eds inc ltd co corp jan feb mar apr '
     'jun jul aug sep sept oct nov dec mon tue wed thu fri sat sun ave blvd rd u.s u.k a.m p.m '
     'ph.d b.a m.a b.sc m.sc'.split())
-# Runs are possessive and start only where a run of [.?!] starts: every start inside a run
-# reaches the same end, so retrying them (and giving characters back) could only fail again,
-# and cost quadratic time on a long run of dots.
-_END = re.compile(r'(?<![.?!])([.?!]++)(["\'”’)\]]*+)(?=\s|\Z)')
+_LONGEST = max(map(len, _ABBREVIATIONS))
 _WORD = re.compile(r'\w+')
-_NEXT_WORD = re.compile(r'\s*(["\'“‘(\[]*)(\S*)')
-_INITIAL = re.compile(r'[a-z]')
 _INITIALS = re.compile(r'(?:[a-z]\.)+[a-z]')
 _DOTTED = re.compile(r'(?:\w\.)+')
+_SPACE = re.compile(r'(\s+)')
+_CLOSERS = '"\'”’)]'
+_OPENERS = '"\'“‘(['
+_MAY_END = '.?!' + _CLOSERS
+_STOPS = frozenset('.?!')
 
 
-def _word_before(text: str, end: int) -> str:
-  """The whitespace-delimited token ending at text[end] (exclusive), leading brackets dropped."""
-  start = end
-  while start > 0 and not text[start - 1].isspace():
-    start -= 1
-  return text[start:end].lstrip('("\'“‘[')
+def _ends_sentence(chunk: str, following: str) -> bool:
+  """Whether a sentence ends after this whitespace-delimited chunk (the module docstring).
 
-
-def _next_word(text: str, pos: int) -> str:
-  m = _NEXT_WORD.match(text, pos)
-  return m.group(2) if m else ''
-
-
-def _is_break(text: str, m: re.Match) -> bool:
-  punct = m.group(1)
+  A sentence can end only at a chunk's end: a run of '.', '?' or '!' there,
+  then closing quotes or brackets. Looking at the chunk and the next one
+  (`following`, '' at the end) is one pass over the text, where a regex over
+  the whole text, searching back for the word before each period, cost a
+  second per megabyte of periods.
+  """
+  core = chunk.rstrip(_CLOSERS)
+  word = core.rstrip('.?!')
+  punct = core[len(word):]
+  if not punct:
+    return False
   if '?' in punct or '!' in punct:
     return True
+  following = following.lstrip(_OPENERS)
   if len(punct) >= 2:  # An ellipsis.
-    nxt = _next_word(text, m.end())
-    return not nxt or nxt[0].isupper()
-  token = _word_before(text, m.start()).lower()
+    return not following or following[0].isupper()
+  token = word.lstrip(_OPENERS)
+  if len(token) > _LONGEST and '.' not in token:
+    return True  # Longer than any abbreviation, no initials: a plain word (the common case).
+  token = reader.fold(token)  # Lower case, look-alike letters read as seen.
   title = token in _TITLES
-  if not title and token not in _ABBREVIATIONS and not _INITIAL.fullmatch(token) and not (
-      _INITIALS.fullmatch(token)):
-    return True  # A plain word: the period ends the sentence whatever follows.
-  nxt = _next_word(text, m.end())
-  if not nxt:
+  if not title and token not in _ABBREVIATIONS and not (
+      len(token) == 1 and 'a' <= token <= 'z') and not (
+          '.' in token and _INITIALS.fullmatch(token)):
+    return True  # A plain word (not an initial): the period ends the sentence whatever follows.
+  if not following:
     return True
-  return not title and nxt[0].isupper() and len(token) > 1
+  return not title and following[0].isupper() and len(token) > 1
+
+
+def _ends(chunks: list[str]) -> list[bool]:
+  """For each chunk, whether a sentence ends after it."""
+  following = chunks[1:] + ['']
+  # The first tests inline: most chunks end in a letter or a quote after no full stop, and a
+  # call per chunk is the cost.
+  return [bool(c) and c[-1] in _MAY_END and (c[-1] in _STOPS or c.rstrip(_CLOSERS)[-1:] in _STOPS)
+          and _ends_sentence(c, f) for c, f in zip(chunks, following)]
 
 
 def split_sentences(text: str) -> list[str]:
@@ -80,14 +93,15 @@ def split_sentences(text: str) -> list[str]:
   Returns:
     The non-empty sentences, stripped, in order.
   """
+  # Chunks at the even indices, the whitespace between them at the odd ones.
+  parts = _SPACE.split(text)
+  chunks = parts[::2]
   out, start = [], 0
-  for m in _END.finditer(text):
-    if _is_break(text, m):
-      piece = text[start:m.end()].strip()
-      if piece:
-        out.append(piece)
-      start = m.end()
-  tail = text[start:].strip()
+  for k, end in enumerate(_ends(chunks)):
+    if end:
+      out.append(''.join(parts[start:2 * k + 1]).strip())
+      start = 2 * k + 1
+  tail = ''.join(parts[start:]).strip()
   if tail:
     out.append(tail)
   return out
@@ -111,6 +125,11 @@ _TRAILING = '"\'”’)]}>,;:!?'
 def _split_chunk(chunk: str, last_in_sentence: bool) -> list[str]:
   if chunk.isalnum():  # Nothing to split off (the common case).
     return [chunk]
+  word, mark = chunk[:-1], chunk[-1]
+  if mark in '.?!' and word.isalnum():  # A word and its full stop (the next most common).
+    if mark != '.' or (last_in_sentence and len(word) > 1):
+      return [word, mark]
+    return [chunk]  # Inside a sentence, or an initial ('A.').
   # Indices, not repeated slicing: a chunk of a million brackets costs one pass.
   start, end = 0, len(chunk)
   while start < end and chunk[start] in _LEADING:
@@ -118,16 +137,21 @@ def _split_chunk(chunk: str, last_in_sentence: bool) -> list[str]:
   head, tail = list(chunk[:start]), []
   while start < end:
     if chunk.endswith('...', start, end):
-      size = 3
-    elif chunk[end - 1] in _TRAILING:
-      size = 1
+      tail.append('...')
+      end -= 3
+      continue
+    # A run of trailing marks, each a token: peeled in one go ('...' holds none of them).
+    run_end = end
+    while end > start and chunk[end - 1] in _TRAILING:
+      end -= 1
+    if end < run_end:
+      tail += reversed(chunk[end:run_end])
     elif (last_in_sentence and chunk[end - 1] == '.' and end - start > 1
           and not _DOTTED.fullmatch(chunk, start, end)):  # Keep 'U.S.' whole.
-      size = 1
+      tail.append('.')
+      end -= 1
     else:
       break
-    tail.append(chunk[end - size:end])
-    end -= size
   tail.reverse()
   chunk = chunk[start:end]
   if not chunk or chunk.isalnum():
@@ -141,11 +165,27 @@ def _split_chunk(chunk: str, last_in_sentence: bool) -> list[str]:
   return head + words + tail
 
 
+# A chunk that is one token as it stands, unless it ends a sentence: no leading quote or
+# bracket, no trailing punctuation or '...', no comma, semicolon or colon, no apostrophe (so
+# no clitic). Most chunks of prose; matching it is one C call where the general path is many.
+_WHOLE = re.compile(r'''[^"'“‘(\[{<`,;:][^,;:']*+(?<!['"”’)\]}>,;:!?])(?<!\.\.\.)''')
+
+
 def word_tokenize(text: str) -> list[str]:
   """Treebank-style tokens (see the module docstring), for counting capitalised words."""
-  tokens = []
-  for sentence in split_sentences(text):
-    chunks = sentence.split()
-    for k, chunk in enumerate(chunks):
-      tokens += _split_chunk(chunk, k == len(chunks) - 1)
+  chunks = text.split()
+  ends = _ends(chunks)
+  ends[-1:] = [True]  # The last chunk ends the last sentence, whatever it ends with.
+  tokens, seen = [], {}
+  for chunk, end in zip(chunks, ends):
+    if chunk.isalnum() or not end and _WHOLE.fullmatch(chunk):
+      tokens.append(chunk)
+    elif end and chunk[-1] in _STOPS and len(chunk) > 2 and chunk[:-1].isalnum():
+      tokens += (chunk[:-1], chunk[-1])  # A word and the stop that ends its sentence.
+    else:
+      # Each distinct chunk is split once: prose and hostile text repeat theirs.
+      split = seen.get((chunk, end))
+      if split is None:
+        split = seen[chunk, end] = _split_chunk(chunk, end)
+      tokens += split
   return tokens

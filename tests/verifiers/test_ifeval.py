@@ -195,9 +195,3 @@ def test_linear_rewrites_count_as_the_reference_regexes():
 def test_invisible_and_look_alike_characters_are_read_as_seen(instruction_id, kwargs, response,
                                                               followed):
   assert ifeval.follows([instruction_id], [kwargs], response) == [followed]
-
-
-def test_visible_keeps_ordinary_text_and_other_scripts():
-  for value in ('Hello, world.', 'Ünïcödé façade', 'Привет, мир', '北京'):
-    assert ifeval.visible(value) == value
-  assert ifeval.visible('a\u00adb\u200ec') == 'abc'
