@@ -243,9 +243,10 @@ class VerifierSet:
 
   def dry_run(self, records_of: Mapping[str, Sequence[dict]]) -> None:
     """Scores the probe answers (`verifiers.base.PROBE_ANSWERS`) on the first DRY_RUN_RECORDS
-    records of each domain with its training and evaluation verifiers (an agentic domain: a
-    fresh episode of its environment), before the first step. A verifier that needs a model
-    not loaded yet (a reward model, a judge) is left to the run. The hosts agree.
+    records of each domain with its evaluation verifier and, if a stage samples the domain, its
+    training verifier (an agentic domain: a fresh episode of its environment), before the first
+    step. A verifier that needs a model not loaded yet (a reward model, a judge) is left to the
+    run. The hosts agree.
 
     Args:
       records_of: domain -> its records (the evaluation sets).
@@ -278,7 +279,10 @@ class VerifierSet:
           return bug_message(where, rec, {'verifier': f'env:{d.env}', 'verifier_error': err},
                              count)
       return ''
+    trained = any(st.SAMPLES and domain in st.domains for st in self.plan.stages)
     for for_eval, field in ((False, 'verifier_options'), (True, 'eval_verifier_options')):
+      if not (for_eval or trained):
+        continue                # no stage samples the domain: its training verifier never runs
       name = d.eval_verifier if for_eval else d.verifier
       cls = self._mod.cls(name)
       opts = dict(d.eval_verifier_options if for_eval else d.verifier_options)
