@@ -536,16 +536,15 @@ class StageCheckpoints:
   metrics writer's flush) runs before each save, so what a resume will not
   redo has been logged for good.
 
-  With `checksums`, a step is usable only once it is sealed (`cascade.checksums`):
-  as soon as Orbax has finalised a step (asynchronously: a background thread
-  waits for Orbax's finalisation, then process 0 seals the step; `wait` joins
-  it), and before the step counts among the `keep` newest, so an older sealed
-  step is deleted only once a newer one is sealed. A restore uses sealed steps
-  only, each checked against its seal first: a step whose bytes changed, or
-  one without a seal (a run killed between Orbax's finalisation and the seal,
-  whose bytes nothing can vouch for), is moved aside with one warning and the
-  previous step is used; with none left the stage starts again from its first
-  step.
+  With `checksums`, a step is usable only once sealed (`cascade.checksums`). A
+  step is sealed as soon as Orbax has finalised it (a background thread waits
+  for the finalisation, then process 0 seals; `wait` joins it), and only then
+  counts among the `keep` newest, so an older step is deleted only once a newer
+  one is sealed. A restore uses sealed steps only, each checked against its
+  seal first: a step whose bytes changed, or one without a seal (a run killed
+  between Orbax's finalisation and the seal: nothing can vouch for its bytes),
+  is moved aside with one warning and the previous step is used; with none left
+  the stage starts again from its first step.
   """
 
   def __init__(self, directory: str, keep: int = 2, async_save: bool = True,
@@ -561,7 +560,7 @@ class StageCheckpoints:
     self._mngr = self._open()
 
   def _open(self):
-    # Retention is ours (`_prune`): Orbax would delete the oldest step when the newest is
+    # Retention is ours (`wait`): Orbax would delete the oldest step when the newest is
     # finalised, before it is sealed, leaving a kill in between with no usable step.
     opts = ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
                                         enable_async_checkpointing=self._async,
@@ -594,6 +593,7 @@ class StageCheckpoints:
       self._sealer.start()
     else:
       self._finish(step)
+      self.wait()
 
   def _finish(self, step: int) -> None:
     """Waits for Orbax to finalise `step`, then seals it (process 0)."""

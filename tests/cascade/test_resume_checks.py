@@ -147,6 +147,16 @@ def test_a_lone_unsealed_step_restarts_the_stage_with_one_warning(tmp_path, caps
                          'step')
 
 
+def test_a_synchronous_save_is_sealed_before_it_returns(tmp_path):
+  d = tmp_path / 'ckpt'
+  ckpt = checkpoint.StageCheckpoints(str(d), keep=1, async_save=False)
+  ckpt.save(1, _state(1), {'step': 1})
+  assert checksums.sealed(str(d / '1'))
+  ckpt.save(2, _state(2), {'step': 2})
+  assert checksums.sealed(str(d / '2')) and ckpt.steps() == [2]      # 1 went once 2 was sealed
+  ckpt.close()
+
+
 _KILLED_IN_THE_SEAL = r'''
 import os, signal, sys
 import jax, numpy as np
