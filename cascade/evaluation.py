@@ -45,7 +45,7 @@ import numpy as np
 from cascade import checkpoint
 from cascade import episodes
 from cascade import rollout
-from cascade import verifier_set
+from cascade import verifier_errors
 from models import paths
 from rl import sampler as sampler_lib
 
@@ -108,7 +108,7 @@ def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mod
   k = 1 if sp.greedy else ev.num_samples      # greedy samples would all agree
   bs = ev.batch_size
   agent = verifier_of(recs[0]['domain']) if recs else None
-  own_errors = verifier_set.VerifierErrors(
+  own_errors = verifier_errors.VerifierErrors(
       f'evaluation of domain {recs[0]["domain"]!r}' if recs else 'evaluation')
   starts = range(0, len(recs), bs)
   for b, start in enumerate(starts):

@@ -52,7 +52,7 @@ def run(fn: Callable[[], object], workdir: str) -> None:
   from cascade import divergence
   from cascade import lock
   from cascade import preemption
-  from cascade import verifier_set
+  from cascade import verifier_errors
   from cascade.kinds import base as kinds_base
   from models import paths
   from verifiers import sandbox
@@ -61,7 +61,7 @@ def run(fn: Callable[[], object], workdir: str) -> None:
     fn()
   except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError, lock.WorkdirBusy,
           checkpoint.CheckpointError, kinds_base.StageError, paths.PathError,
-          sandbox.SandboxUnavailable, verifier_set.VerifierBug) as e:
+          sandbox.SandboxUnavailable, verifier_errors.VerifierBug) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)
   except divergence.Diverged as e:

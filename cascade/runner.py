@@ -54,6 +54,7 @@ from cascade import preemption
 from cascade import report as report_lib
 from cascade import rollout
 from cascade import stage_data
+from cascade import verifier_errors
 from cascade import verifier_set
 from models import paths
 from models import sharding
@@ -288,7 +289,7 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
     cascade.divergence.Diverged: a stage diverged (its policy is not exported or evaluated).
     cascade.preemption.Preempted: SIGTERM or SIGINT stopped the run at a step boundary, with a
       checkpoint (a rerun resumes there).
-    cascade.verifier_set.VerifierBug: a verifier (or environment) raised in its own code,
+    cascade.verifier_errors.VerifierBug: a verifier (or environment) raised in its own code,
       whatever the answer (before the first step, or mid-stage with its steps checkpointed).
   """
   plan = config_lib.validate(config)

@@ -29,7 +29,7 @@ episode limits, which `cascade.episodes` drives.
 A verifier's own bug stops the run. Where scoring a sample raised and its
 verifier (or environment) raises on the sample's record whatever the answer,
 the sample's info carries 'verifier_error' (`verifiers.base`: only fixed probe
-answers can set it, never the model's text). `VerifierErrors` counts those over
+answers can set it, never the model's text). `verifier_errors.VerifierErrors` counts those over
 a stage's training batches, or over one domain's evaluation, and raises
 `VerifierBug` (one line naming the verifier, the domain, the record and the
 exception's last frame; `cascade.main` exits 2) at the first one in the first
@@ -50,60 +50,12 @@ import numpy as np
 from cascade import config as config_lib
 from cascade import distributed
 from cascade import rollout
+from cascade import verifier_errors
 
 
 STAGE_PREFIX = 'stage:'
-# Past the first scored batch, a stage (or a domain's evaluation) stops once more than this
-# fraction of its samples met a verifier's own error: a bug only some records reach may cost
-# that many zeros, not a run.
-MAX_VERIFIER_ERROR_FRACTION = 0.01
 # Records of each domain's evaluation set `dry_run` scores the probe answers on.
 DRY_RUN_RECORDS = 2
-
-
-class VerifierBug(RuntimeError):
-  """A verifier (or environment) raised in its own code, whatever the answer: one line."""
-
-
-def bug_message(where: str, record: Mapping, info: Mapping, count: str) -> str:
-  """The one line of a `VerifierBug` for a sample of `record` whose info has 'verifier_error'."""
-  return (f'{where}: the verifier {info.get("verifier", "?")!r} of domain '
-          f'{record.get("domain")!r} raised in its own code on record {record.get("id")!r}, '
-          f'whatever the answer: {info["verifier_error"]} ({count}); fix it and rerun the same '
-          'command: the run resumes from its last checkpoint')
-
-
-class VerifierErrors:
-  """Counts the samples whose verifier raised in its own code (info 'verifier_error') over a
-  stage's training batches or one domain's evaluation, and stops it (module docstring).
-
-  Args:
-    where: names the stage or evaluation in the message.
-  """
-
-  def __init__(self, where: str):
-    self.where = where
-    self.errors = self.scored = self.batches = 0
-
-  def count(self, records: Sequence[Mapping], infos: Sequence[Mapping],
-            where: str | None = None) -> None:
-    """Counts one scored batch (each row's record and verifier info); `where` names it in the
-    message (default: the count's own `where`).
-
-    Raises:
-      VerifierBug: a verifier error in the first batch, or in more than
-        MAX_VERIFIER_ERROR_FRACTION of the samples so far.
-    """
-    bad = [i for i, info in enumerate(infos) if info and info.get('verifier_error')]
-    self.errors += len(bad)
-    self.scored += len(infos)
-    self.batches += 1
-    if bad and (self.batches == 1 or self.errors > MAX_VERIFIER_ERROR_FRACTION * self.scored):
-      when = 'in the first scored batch' if self.batches == 1 else 'so far'
-      raise VerifierBug(bug_message(where or self.where, records[bad[0]], infos[bad[0]],
-                                    f'{self.errors} of {self.scored} samples {when}'))
-
-
 class _StandInJudge:
   """The judge's tokenizer without its weights: builds a verifier to check its options."""
 
@@ -252,7 +204,7 @@ class VerifierSet:
       records_of: domain -> its records (the evaluation sets).
 
     Raises:
-      VerifierBug: a verifier raised in its own code on one of them, whatever the answer.
+      verifier_errors.VerifierBug: a verifier raised in its own code on one of them, whatever the answer.
     """
     message = ''
     for domain in sorted(self.plan.domains):
@@ -264,7 +216,7 @@ class VerifierSet:
     got = [b.decode() for b in distributed.allgather_bytes(json.dumps(message).encode())]
     message = next((json.loads(m) for m in got if json.loads(m)), '')
     if message:
-      raise VerifierBug(message)
+      raise verifier_errors.VerifierBug(message)
 
   def _dry_run(self, domain: str, recs: list[dict], probes: Sequence[str]) -> str:
     """`dry_run` of one domain: the message of the first verifier error, or ''."""
@@ -276,7 +228,7 @@ class VerifierSet:
       for rec in recs:
         err = env.own_error(rec)
         if err is not None:
-          return bug_message(where, rec, {'verifier': f'env:{d.env}', 'verifier_error': err},
+          return verifier_errors.bug_message(where, rec, {'verifier': f'env:{d.env}', 'verifier_error': err},
                              count)
       return ''
     trained = any(st.SAMPLES and domain in st.domains for st in self.plan.stages)
@@ -297,11 +249,11 @@ class VerifierSet:
       try:
         results = v.score(samples)
       except Exception as e:  # pylint: disable=broad-except
-        return bug_message(where, recs[0], {'verifier': name,
+        return verifier_errors.bug_message(where, recs[0], {'verifier': name,
                                             'verifier_error': self._mod.base.describe(e)}, count)
       for (rec, _), res in zip(rows, results):
         if (res.info or {}).get('verifier_error'):
-          return bug_message(where, rec, dict(res.info, verifier=name), count)
+          return verifier_errors.bug_message(where, rec, dict(res.info, verifier=name), count)
     return ''
 
   def train_verifier(self, domain: str):

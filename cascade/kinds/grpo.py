@@ -37,7 +37,7 @@ from rl import batch as batch_lib
 from rl import grpo as grpo_lib
 from rl import train_step as train_lib
 from cascade import data as data_lib
-from cascade import verifier_set
+from cascade import verifier_errors
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,7 +137,7 @@ def train_stage(ctx, stage: Config, kind: base.Kind, draws_cls) -> base.StageRes
     del state
     loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
                              stage.prompts_per_step)
-    own_errors = verifier_set.VerifierErrors(stage.where)   # over the stage's steps
+    own_errors = verifier_errors.VerifierErrors(stage.where)   # over the stage's steps
 
     def make(step, rng, state):
       draws = draws_cls(ctx, stage, loader, step, rng, state.params, own_errors)

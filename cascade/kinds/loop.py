@@ -33,7 +33,7 @@ from cascade import divergence
 from cascade import evaluation
 from cascade import metrics as metrics_lib
 from cascade import preemption
-from cascade import verifier_set
+from cascade import verifier_errors
 from cascade.kinds import base
 from models import sharding
 from rl import train_step as train_lib
@@ -143,7 +143,7 @@ def train_stage(ctx, kind: base.Kind, stage,
   boundary the loop asks whether a signal asked the run to stop
   (`cascade.preemption`, agreed by every host): then it checkpoints that step
   and raises `Preempted`. A stop raised while a step's batch is made or the
-  policy validated (`verifier_set.VerifierBug`, a `StageError` such as a failing
+  policy validated (`verifier_errors.VerifierBug`, a `StageError` such as a failing
   sandbox) also checkpoints the steps taken before it passes on.
 
   Args:
@@ -158,7 +158,7 @@ def train_stage(ctx, kind: base.Kind, stage,
   Raises:
     cascade.divergence.Diverged: the stage diverged and has no rollback left.
     cascade.preemption.Preempted: a signal stopped the run (the step is checkpointed).
-    cascade.verifier_set.VerifierBug: a verifier raised in its own code (the steps before it
+    cascade.verifier_errors.VerifierBug: a verifier raised in its own code (the steps before it
       are checkpointed).
   """
   pol = ctx.policies
@@ -204,7 +204,7 @@ def train_stage(ctx, kind: base.Kind, stage,
     ckpts.wait()
     bar.close()
 
-  stops = (base.StageError, verifier_set.VerifierBug)
+  stops = (base.StageError, verifier_errors.VerifierBug)
   while step < stage.steps:
     t0 = time.perf_counter()
     rng = jax.random.fold_in(state.rng, step)

@@ -29,7 +29,7 @@ import numpy as np
 
 from cascade import data as data_lib
 from cascade import evaluation
-from cascade import verifier_set
+from cascade import verifier_errors
 from cascade.kinds import base
 from cascade.kinds import loop
 from cascade.kinds import rl
@@ -134,7 +134,7 @@ def run(ctx, stage: Config) -> base.StageResult:
     del state
     loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
                              stage.prompts_per_step)
-    own_errors = verifier_set.VerifierErrors(stage.where)   # over the stage's steps
+    own_errors = verifier_errors.VerifierErrors(stage.where)   # over the stage's steps
 
     def make(step, rng, state):
       draws = rl.Draws(ctx, stage, loader, step, rng, state.params, own_errors)

@@ -55,7 +55,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from cascade import rollout
-from cascade import verifier_set
+from cascade import verifier_errors as errors_lib
 from cascade.kinds import base
 from models import sharding
 from rl import batch as batch_lib
@@ -323,7 +323,7 @@ class Draws:
   """Sampling rounds of one RL step: each draws prompts, samples G each and scores them.
 
   `verifier_errors`: the stage's count of samples whose verifier raised in its own code
-  (`verifier_set.VerifierErrors`, made once per stage so it spans its steps; default: this
+  (`cascade.verifier_errors.VerifierErrors`, made once per stage so it spans its steps; default: this
   step's own).
   """
 
@@ -332,9 +332,9 @@ class Draws:
   SCORE_THREAD = True
 
   def __init__(self, ctx, stage: RLStageConfig, loader, step: int, rng, params,
-               verifier_errors: verifier_set.VerifierErrors | None = None):
+               verifier_errors: errors_lib.VerifierErrors | None = None):
     self.ctx, self.stage, self.loader = ctx, stage, loader
-    self.verifier_errors = verifier_errors or verifier_set.VerifierErrors(stage.where)
+    self.verifier_errors = verifier_errors or errors_lib.VerifierErrors(stage.where)
     self._own_errors0 = self.verifier_errors.errors
     self.rng, self.params = rng, params
     phase = stage.phase_at(step)

@@ -12,7 +12,7 @@ import pytest
 from cascade import config as config_lib
 from cascade import evaluation
 from cascade import metrics
-from cascade import verifier_set
+from cascade import verifier_errors
 from rl import sampler as sampler_lib
 
 
@@ -98,7 +98,7 @@ def test_evaluate_is_pass_at_1_over_k_samples_per_domain():
 
 def test_an_evaluation_whose_verifier_raises_in_its_own_code_stops():
   """A held-out set scored by a verifier with a bug of its own would read 0.0 in the matrix:
-  the evaluation stops instead, naming it (`verifier_set.VerifierBug`)."""
+  the evaluation stops instead, naming it (`verifier_errors.VerifierBug`)."""
   class Broken(ExactVerifier):
     def score(self, samples):
       return [types.SimpleNamespace(reward=0.0, info={
@@ -109,7 +109,7 @@ def test_an_evaluation_whose_verifier_raises_in_its_own_code_stops():
                  'messages': [{'role': 'user', 'content': f'q{i}'}]} for i in range(3)]}
   ev = config_lib.Eval(num_samples=2, temperature=1.0, top_p=1.0, greedy=False, max_new_tokens=8,
                        max_prompt_len=32, num_prompts=0, batch_size=2, thinking=False)
-  with pytest.raises(verifier_set.VerifierBug, match=r"^evaluation of domain 'a': the verifier "
+  with pytest.raises(verifier_errors.VerifierBug, match=r"^evaluation of domain 'a': the verifier "
                                                      r"'broken' of domain 'a' raised in its own "
                                                      r"code on record 'a0'.*4 of 4 samples"):
     evaluation.evaluate(FakeSampler(lambda call, row: True), None, CharTokenizer(), sets,

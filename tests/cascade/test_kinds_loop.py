@@ -20,7 +20,7 @@ from cascade import checkpoint
 from cascade import data as data_lib
 from cascade import kinds
 from cascade import policies as policies_lib
-from cascade import verifier_set
+from cascade import verifier_errors
 from cascade.kinds import base
 from cascade.kinds import loop
 from rl import sft as sft_lib
@@ -55,7 +55,7 @@ def _run(plan, workdir, log, stop_at=None, bug_at=None):
         raise _Stop(step)
       ids = [r['id'] for r in loader.next()]
       if step == bug_at:
-        raise verifier_set.VerifierBug(f'step {step + 1}: a verifier raised in its own code')
+        raise verifier_errors.VerifierBug(f'step {step + 1}: a verifier raised in its own code')
       log.append((step, tuple(np.asarray(jax.random.key_data(rng)).ravel().tolist()), ids,
                   int(state.step)))
       ex = [([2 + (7 * k + j) % 250 for j in range(8)], [0, 0] + [1] * 6) for k in ids]
@@ -178,7 +178,7 @@ def test_a_verifiers_own_bug_stops_the_stage_with_every_step_before_it_checkpoin
   whose data position is that step's start: the rerun redoes step 3 alone, as it was."""
   plan, log_a, res_a = uninterrupted
   log_b = []
-  with pytest.raises(verifier_set.VerifierBug, match='step 4: a verifier raised'):
+  with pytest.raises(verifier_errors.VerifierBug, match='step 4: a verifier raised'):
     _run(plan, tmp_path, log_b, bug_at=3)
   assert log_b == log_a[:3]
   resumed = []

@@ -14,6 +14,7 @@ import pytest
 import verifiers
 from cascade import config as config_lib
 from cascade import data as data_lib
+from cascade import verifier_errors
 from cascade import verifier_set
 from cascade.kinds import rl
 
@@ -54,19 +55,19 @@ def _recs(n):
 
 
 def test_one_own_error_in_the_first_batch_stops_later_ones_past_one_percent():
-  errors = verifier_set.VerifierErrors("stages[1] 'rl'")
-  with pytest.raises(verifier_set.VerifierBug) as e:
+  errors = verifier_errors.VerifierErrors("stages[1] 'rl'")
+  with pytest.raises(verifier_errors.VerifierBug) as e:
     errors.count(_recs(16), _infos(16, bad={5}))
   assert str(e.value) == (
       "stages[1] 'rl': the verifier 'v' of domain 'a' raised in its own code on record 'r5', "
       'whatever the answer: KeyError: answr at v.py:3 in _prepare (1 of 16 samples in the first '
       'scored batch); fix it and rerun the same command: the run resumes from its last checkpoint')
-  errors = verifier_set.VerifierErrors('x')
+  errors = verifier_errors.VerifierErrors('x')
   errors.count(_recs(100), _infos(100))                       # a clean first batch
   errors.count(_recs(100), _infos(100, bad={7, 8}))            # 2 of 200: at 1 %
   assert errors.errors == 2
   errors.count(_recs(100), _infos(100, bad={9}))               # 3 of 300: at 1 %
-  with pytest.raises(verifier_set.VerifierBug, match=r'step 4: .* on record .r1., .*5 of 400 '
+  with pytest.raises(verifier_errors.VerifierBug, match=r'step 4: .* on record .r1., .*5 of 400 '
                                                      r'samples so far'):
     errors.count(_recs(100), _infos(100, bad={1, 2}), where='step 4')
 
@@ -100,7 +101,7 @@ def _record(i):
 def test_the_dry_run_stops_a_verifier_that_raises_in_its_own_code():
   vs = verifier_set.VerifierSet(_plan(Misnamed.name), rm_scorer=None, rm_ready=lambda n: False)
   try:
-    with pytest.raises(verifier_set.VerifierBug) as e:
+    with pytest.raises(verifier_errors.VerifierBug) as e:
       vs.dry_run({'a': [_record(i) for i in range(5)]})
   finally:
     vs.close()
@@ -156,12 +157,12 @@ def _draws(fakes, verifier_name, text, step=0, errors=None):
 
 def test_a_training_step_stops_at_its_verifiers_own_bug_and_never_at_hostile_text(fakes):
   draws, st = _draws(fakes, Misnamed.name, '3')
-  with pytest.raises(verifier_set.VerifierBug, match=r"^stages\[0\] 'rl': step 1: the verifier "
+  with pytest.raises(verifier_errors.VerifierBug, match=r"^stages\[0\] 'rl': step 1: the verifier "
                                                      r"'misnamed_test' of domain 'a' raised in its "
                                                      r"own code on record 'a0'.*4 of 4 samples"):
     draws(2)
   # A parser that hostile text trips scores those samples 0, step after step: no stop.
-  errors = verifier_set.VerifierErrors(st.where)
+  errors = verifier_errors.VerifierErrors(st.where)
   for step in range(3):
     draws, _ = _draws(fakes, Fragile.name, '{x: 1}', step=step, errors=errors)
     _, rewards = draws(2)
