@@ -941,9 +941,7 @@ def worker_init() -> None:
 
 def work(payload: dict) -> dict:
   """Worker side: check one response against its instructions."""
-  return instruction_following.reward_of(
-      follows(payload['ids'], payload['kwargs'], payload['response'], loose=payload['loose']),
-      payload['fraction'])
+  return instruction_following.answer(follows, payload)
 
 
 class IFBenchVerifier(instruction_following.InstructionFollowingVerifier):

@@ -83,8 +83,10 @@ _AFTER_ACRONYM = (r'(Mr|Mrs|Ms|Dr|Prof|Capt|Cpt|Lt|He\s|She\s|It\s|They\s|Their\
 # (pattern, replacement), applied in order: each is one of the reference's decisions about a
 # period. All are fixed-width or a single repeated class, so each pass is linear.
 _PERIOD_RULES = (
-    (re.compile(r'(Mr|St|Mrs|Ms|Dr)\.'), r'\1' + _KEEP),                 # titles
-    (re.compile(r'\.(com|net|org|io|gov|edu|me)'), _KEEP + r'\1'),       # web suffixes
+    # Titles and web suffixes by lookaround, so the replacement is literal (no template to
+    # expand at each of a megabyte of 'Dr.'); the periods they mark are the same.
+    (re.compile(r'(?:(?<=Mr)|(?<=St)|(?<=Mrs)|(?<=Ms)|(?<=Dr))\.'), _KEEP),     # titles
+    (re.compile(r'\.(?=com|net|org|io|gov|edu|me)'), _KEEP),              # web suffixes
     (re.compile(r'([0-9])\.([0-9])'), r'\1' + _KEEP + r'\2'),            # decimals
     (re.compile(r'\.{2,}'), lambda m: _KEEP * len(m.group()) + _END),    # an ellipsis ends one
     (re.compile(r'Ph\.D\.'), 'Ph' + _KEEP + 'D' + _KEEP),

@@ -160,7 +160,7 @@ def _split_chunk(chunk: str, last_in_sentence: bool) -> list[str]:
   middle = [p for p in re.split(r'((?<!\d)[,;:]|[,;:](?!\d))', chunk) if p]
   words = []
   for piece in middle:
-    m = _CLITIC.match(piece)
+    m = _CLITIC.match(piece) if "'" in piece else None  # Every clitic has an apostrophe.
     words += [m.group(1), m.group(2)] if m and any(c.isalnum() for c in m.group(1)) else [piece]
   return head + words + tail
 

@@ -96,12 +96,12 @@ def test_look_alike_text_scores_as_its_visible_equivalent(checker):
     ('ifbench', 'words:repeats', {'small_n': 1}, 'go \u0261\u0585 stop', 'go go stop'),
     ('ifbench', 'ratio:stop_words', {'percentage': 40},
      '\u13a2\u04bbe cat sat \u0585n \u0251 mat', 'The cat sat on a mat'),
-    ('ifbench', 'words:vowel', {}, 'A cat s\u0430t on a big mat.', 'A cat sat on a big mat.'),
+    ('ifbench', 'words:vowel', {}, 'We hid a red m\u057dg.', 'We hid a red mug.'),
     # An unassigned invisible code point neither splits nor lengthens a word.
     ('ifbench', 'count:word_count_range', {'min_words': 2, 'max_words': 2},
      'one\U000e0080two three', 'onetwo three'),
     ('iftrain', 'keywords:palindrome', {},
-     'We saw a level\U000e0080s.', 'We saw a levels.'),
+     'We saw a lev\U000e0080el.', 'We saw a level.'),
     # A paragraph separator is a line break: the answer is on two lines.
     ('ifbench', 'words:vowel', {}, 'A cat sat\u2029on a mat.', 'A cat sat\non a mat.'),
     ('iftrain', 'paragraphs:paragraphs2', {}, 'One.\u2029\u2029Two.', 'One.\n\nTwo.'),

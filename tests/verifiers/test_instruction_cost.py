@@ -1,0 +1,107 @@
+"""Every instruction check of IFEval, IFTrain and IFBench costs well under a second of CPU per
+megabyte of hostile text: runs of one mark, separators, invisible characters, a megabyte of
+distinct words, of sentences, of brackets, of rows."""
+
+import time
+
+import pytest
+
+from tests.verifiers import test_ifbench
+from tests.verifiers import test_ifeval
+from tests.verifiers import test_iftrain
+from verifiers import ifbench
+from verifiers import ifeval
+from verifiers import iftrain
+from verifiers import instruction_following
+from verifiers import reader
+
+MB = 1_000_000
+# The bound each check meets on a megabyte, with room for a loaded test machine: the checks
+# this replaced took 1.1 to 1.7 s on their worst megabyte (and minutes before that).
+LIMIT_S = 0.6
+
+
+def _megabyte(unit: str) -> str:
+  return (unit * (MB // len(unit) + 1))[:MB]
+
+
+def _distinct_words() -> str:
+  # Two-letter words that never repeat (no cache helps) and never end a sentence.
+  return ' '.join(chr(0x4e00 + i % 20_000) + chr(0x3400 + i // 20_000) for i in range(MB // 3))
+
+
+def _distinct_sentences() -> str:
+  return ''.join(chr(0x4e00 + i % 20_000) + chr(0x3400 + i // 20_000) + '. '
+                 for i in range(MB // 4))
+
+
+HOSTILE = {
+    'open brackets': lambda: _megabyte('('),
+    'quotes': lambda: _megabyte('"\''),
+    'a line of marks': lambda: _megabyte('?!'),
+    'dots': lambda: _megabyte('.') + 'x',
+    'titles': lambda: _megabyte('Dr. '),
+    'initials': lambda: _megabyte('a. '),
+    'clitics': lambda: _megabyte("I don't, "),
+    'placeholders': lambda: _megabyte('[a] '),
+    'quoted tabs': lambda: _megabyte('\t"'),
+    'paragraph separators': lambda: 'x' + _megabyte('\u2029'),
+    'unassigned invisible': lambda: 'x' + _megabyte('\U000e0080'),
+    'hangul fillers': lambda: 'x' + _megabyte('\u3164'),
+    'distinct words': _distinct_words,
+    'distinct sentences': _distinct_sentences,
+    'words': lambda: _megabyte('word '),
+    'question lines': lambda: _megabyte('Question 1\n'),
+    'wrapped': lambda: _megabyte('<<'),
+    'dividers': lambda: _megabyte('******'),
+    'rows': lambda: _megabyte('"a",'),
+    'hyphenated sentences': lambda: _megabyte('a.-'),
+}
+CHECKERS = {'ifeval': (ifeval, test_ifeval.CASES), 'iftrain': (iftrain, test_iftrain.CASES),
+            'ifbench': (ifbench, test_ifbench.CASES)}
+
+
+def _cost(module, instruction_id: str, kwargs: dict, response: str) -> float:
+  start = time.process_time()
+  assert module.follows([instruction_id], [kwargs], response) in ([True], [False])
+  return time.process_time() - start
+
+
+def _warm(responses) -> None:
+  """What a worker has done before its first hostile megabyte: langdetect's profiles loaded
+  (worker_init), and `reader.fold`'s table filled for the letters it has seen (once a process,
+  at most a few tenths of a second for all of Unicode's letters)."""
+  instruction_following.worker_init()
+  for response in responses:
+    reader.fold(reader.visible(response))
+    reader.fold(reader.visible(response), keep_case=True)
+
+
+@pytest.mark.parametrize('checker, instruction_id, hostile', [
+    # Each took 1.1 to 1.7 s on this megabyte before (quadratic or a slow pass per token).
+    ('ifeval', 'change_case:capital_word_frequency', 'titles'),
+    ('ifeval', 'detectable_content:number_placeholders', 'placeholders'),
+    ('ifbench', 'count:pronouns', 'titles'),
+    ('ifbench', 'format:title_case', 'titles'),
+    ('ifbench', 'words:start_verb', 'titles'),
+    ('ifbench', 'words:words_position', 'titles'),
+])
+def test_the_slow_checks_cost_well_under_a_second_per_megabyte(checker, instruction_id, hostile):
+  module, cases = CHECKERS[checker]
+  response = HOSTILE[hostile]()
+  assert _cost(module, instruction_id, cases[instruction_id][0], response) < LIMIT_S
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('checker', sorted(CHECKERS))
+def test_every_instruction_check_costs_well_under_a_second_per_megabyte(checker):
+  module, cases = CHECKERS[checker]
+  responses = {name: make() for name, make in HOSTILE.items()}
+  _warm(responses.values())
+  slow = {}
+  for instruction_id, (kwargs, _, _) in sorted(cases.items()):
+    for name, response in responses.items():
+      cost = _cost(module, instruction_id, kwargs, response)
+      if cost >= LIMIT_S:
+        slow[instruction_id, name] = round(cost, 2)
+  assert not slow
