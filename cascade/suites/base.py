@@ -82,6 +82,26 @@ class Protocol:
     return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
             for f in dataclasses.fields(self)}
 
+  def replaced(self, **fields) -> Protocol:
+    """This protocol with some fields replaced (a quick look at fewer samples, a smaller
+    model's shorter budget); pass_ks above a smaller `samples` are dropped unless given.
+
+    Raises:
+      ValueError: an unknown field (the known ones named), or values that do not check out.
+    """
+    known = [f.name for f in dataclasses.fields(self)]
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+      raise ValueError(f'unknown protocol field(s) {unknown} (known: {", ".join(known)})')
+    merged = dict(self.to_json(), **fields)
+    if 'pass_ks' not in fields:
+      merged['pass_ks'] = [k for k in merged['pass_ks'] if k <= merged['samples']]
+    merged['pass_ks'] = tuple(merged['pass_ks'])
+    try:
+      return Protocol(**merged)
+    except TypeError as e:
+      raise ValueError(str(e)) from None
+
 
 @dataclasses.dataclass(frozen=True)
 class Graded:
@@ -124,6 +144,12 @@ class Grader:
     """The grade of each of one record's completions (a failure is 0 with a reason)."""
     raise NotImplementedError
 
+  def grade_batch(self, records: Sequence[Mapping],
+                  completions: Sequence[Sequence[str]]) -> list[list[Graded]]:
+    """`grade` of each record's completions; a grader whose verifier scores a batch in one
+    call (its worker pool busy on every sample at once) overrides it."""
+    return [self.grade(r, c) for r, c in zip(records, completions)]
+
   def close(self) -> None:
     """Stops the grader's workers (idempotent)."""
 
@@ -146,6 +172,10 @@ class Suite:
     protocol: the sampling protocol.
     metric: what `summarize`'s 'value' is ('avg@16', 'prompt-level strict', ...).
     reported: the papers' numbers for it.
+    hub_dataset: the Hugging Face dataset repository `cascade.evaluate --download` fetches
+      the suite's files from ('' = none: a generated suite, or one placed by hand).
+    hub_files: the patterns of the repository's files it fetches (empty: `files`), written
+      under the suite's directory with their paths in the repository.
   """
   name: str
   title: str
@@ -154,6 +184,27 @@ class Suite:
   protocol: Protocol
   metric: str = 'avg@k'
   reported: tuple[Reported, ...] = ()
+  hub_dataset: str = ''
+  hub_files: tuple[str, ...] = ()
+
+  def with_protocol(self, **fields) -> Suite:
+    """This suite with some protocol fields replaced (`Protocol.replaced`); its protocol hash
+    changes with them, so its results never mix with the paper protocol's.
+
+    Raises:
+      ValueError: an unknown field, or a protocol that does not check out (names the suite).
+    """
+    if not fields:
+      return self
+    try:
+      return dataclasses.replace(self, protocol=self.protocol.replaced(**fields))
+    except ValueError as e:
+      raise ValueError(f'suite {self.name!r}: {e}') from None
+
+  def directory(self, root: str) -> str:
+    """Where the suite's files are under a data root (`--data_dir`, config.eval.suite_data):
+    `<root>/<name>`, or what a suite whose files share one tree with others says."""
+    return paths.join(root, self.name)
 
   # --- reading -------------------------------------------------------------------------------
 
@@ -168,9 +219,10 @@ class Suite:
     for pattern in self.files:
       found.extend(sorted(str(p) for p in paths.path(data_dir).glob(pattern)))
     if not found:
+      fetch = ('; `python -m cascade.evaluate --download` fetches it where the machine is online'
+               if self.hub_dataset else '')
       raise DataMissing(f'suite {self.name!r}: no {" or ".join(self.files)} under {data_dir} '
-                        f'({self.source}; `python -m cascade.evaluate --download` fetches it '
-                        f'where the machine is online)')
+                        f'({self.source}{fetch})')
     records = []
     for path in found:
       records.extend(self.parse(path, rows(path)))
