@@ -12,13 +12,17 @@ and keeps its traceback (exit 1).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
+import threading
+import warnings
 from typing import Callable
 
 _STORAGE_MARKERS = ('RESOURCE_EXHAUSTED', 'No space left', 'Read-only file system',
                     'Failed writing', 'Error writing')
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def storage_error(e: BaseException) -> bool:
@@ -28,14 +32,49 @@ def storage_error(e: BaseException) -> bool:
       m in str(e) for m in _STORAGE_MARKERS))
 
 
+def _full(e: BaseException | None) -> bool:
+  """Whether an exception is storage that is full or read-only (narrower than storage_error:
+  what a background writer's failure is quietened for)."""
+  if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+    return True
+  return isinstance(e, Exception) and any(m in str(e) for m in _STORAGE_MARKERS)
+
+
 class QuietStorageErrors(logging.Filter):
-  """Background savers (Orbax threads) log a storage error with its traceback before the run
-  stops with one line about it; keep their message, drop the traceback."""
+  """A full or read-only disk ends the run with one line (`run`); what the libraries'
+  background writers log about it on their way is dropped instead of burying that line: the
+  error itself, with or without its traceback (Orbax's save threads and event loops), and,
+  once one was seen, Orbax's reports that the save therefore failed."""
+
+  def __init__(self):
+    super().__init__()
+    self._seen = False
 
   def filter(self, record):
-    if record.exc_info and record.exc_info[1] is not None and storage_error(record.exc_info[1]):
-      record.exc_info, record.exc_text = None, None
-    return True
+    exc = record.exc_info[1] if record.exc_info else None
+    try:
+      text = record.getMessage()
+    except Exception:  # pylint: disable=broad-except
+      text = str(record.msg)
+    if _full(exc) or any(m in text for m in _STORAGE_MARKERS):
+      self._seen = True
+      return False
+    return not (self._seen and record.levelno >= logging.ERROR and 'orbax' in record.pathname)
+
+
+def quiet_storage_errors() -> None:
+  """Makes a full or read-only disk one line: every log handler gets `QuietStorageErrors`, a
+  thread that dies of it prints no traceback, and a warning about it (JAX's compilation cache
+  failing to write an entry) is not shown; the run itself stops on the error with its line."""
+  for handler in logging.getLogger().handlers:
+    handler.addFilter(QuietStorageErrors())
+  default = threading.excepthook
+
+  def hook(args):
+    if not _full(args.exc_value):
+      default(args)
+  threading.excepthook = hook
+  warnings.filterwarnings('ignore', message='.*(' + '|'.join(_STORAGE_MARKERS) + ')')
 
 
 def run(fn: Callable[[], object], workdir: str) -> None:
@@ -56,18 +95,22 @@ def run(fn: Callable[[], object], workdir: str) -> None:
   from cascade.kinds import base as kinds_base
   from models import paths
   from verifiers import sandbox
+  from cascade import metrics
   # pylint: enable=g-import-not-at-top
   try:
     fn()
   except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError, lock.WorkdirBusy,
           checkpoint.CheckpointError, kinds_base.StageError, paths.PathError,
           sandbox.SandboxUnavailable, verifier_errors.VerifierBug) as e:
+    metrics.close_bars()          # the line starts a line of its own, not a progress bar's
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)
   except divergence.Diverged as e:
+    metrics.close_bars()
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(divergence.EXIT_CODE)
   except preemption.Preempted as e:
+    metrics.close_bars()
     print(e, file=sys.stderr, flush=True)
     sys.exit(preemption.EXIT_CODE)
   except Exception as e:  # pylint: disable=broad-except
@@ -77,8 +120,11 @@ def run(fn: Callable[[], object], workdir: str) -> None:
     # file is written to a temporary name and renamed; checkpoints are finalised atomically).
     if isinstance(e, OSError):
       where, why = e.filename or workdir, f'{e.strerror or e} (errno {e.errno})'
+    elif 'No space left' in str(e):     # tensorstore's, inside a long message about the write
+      where, why = workdir, f'No space left on device (errno {errno.ENOSPC})'
     else:
       where, why = workdir, str(e).strip().splitlines()[0][:200]
+    metrics.close_bars()
     print(f'error: {where}: {why}; nothing already written was changed: free the space or '
           'fix the path and rerun the same command to resume', file=sys.stderr, flush=True)
     # Leave at once: background savers and writers would only repeat the same error

@@ -24,7 +24,6 @@ only; --verbosity=0 adds the libraries' INFO lines. Multi-host: jax.distributed.
 runs first when the environment asks for it (cascade/distributed.py).
 """
 
-import logging
 import sys
 
 from absl import app
@@ -68,8 +67,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   quiet_library_logs()
-  for handler in logging.getLogger().handlers:
-    handler.addFilter(exits.QuietStorageErrors())
+  exits.quiet_storage_errors()
   from cascade import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize()         # before any other JAX work (gloo on CPU)
   from cascade import runner  # pylint: disable=g-import-not-at-top

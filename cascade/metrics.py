@@ -43,6 +43,7 @@ import socket
 import struct
 import sys
 import time
+import weakref
 from typing import Callable, Mapping
 
 import jax
@@ -522,6 +523,17 @@ _BAR_KEYS = (('reward_mean', 'reward'), ('response_len', 'len'), ('loss', 'loss'
              ('accuracy', 'acc'), ('step_s', 's/step'))
 
 
+# The stage bars not yet closed (`close_bars`).
+_OPEN_BARS: weakref.WeakSet = weakref.WeakSet()
+
+
+def close_bars() -> None:
+  """Closes every stage bar still open (a stage stopped by an error), so a line printed next
+  (the command line's one error line) starts a line of its own."""
+  for bar in list(_OPEN_BARS):
+    bar.close()
+
+
 class StageBar:
   """A tqdm bar for one stage (ETA from tqdm), with reward / length / step time; process 0 only."""
 
@@ -537,6 +549,7 @@ class StageBar:
       self._bar = tqdm.tqdm(total=stage.steps, initial=start_step, file=sys.stderr,
                             desc=f'[{stage.index}] {stage.name} ({stage.kind})',
                             dynamic_ncols=True, mininterval=1.0, leave=True)
+      _OPEN_BARS.add(self)
 
   def update(self, metrics: Mapping) -> None:
     vals = _finite(metrics)
@@ -558,6 +571,7 @@ class StageBar:
     if self._bar is not None:
       self._bar.close()
       self._bar = None
+      _OPEN_BARS.discard(self)
 
 
 def summary_line(stage, steps_run: int, seconds: float, first: Mapping, last: Mapping,
