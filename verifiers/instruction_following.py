@@ -4,6 +4,9 @@ Metadata is IFEval's record: {'instruction_id_list': [...], 'kwargs': [...]}
 (see `verifiers.ifeval` for the 25 ids and their kwargs). The reward is 1 if
 every instruction is followed, else 0 (`reward='all'`), or the fraction
 followed (`reward='fraction'`); `mode='loose'` uses IFEval's loose checking.
+With `both_modes`, info also holds each instruction's result in both modes
+('strict' and 'loose' lists): IFEval's reference reports four accuracies
+(prompt- and instruction-level, strict and loose) from one response.
 
 With `rm_scorer`, the reward follows Nemotron-Cascade's thinking-mode IF-RL
 rule: R_IF + sigmoid(group-normalised reward-model score) when every
@@ -34,8 +37,29 @@ def worker_init() -> None:
 
 def work(payload: dict) -> dict:
   """Worker side: check one response against its instructions."""
-  return reward_of(ifeval.follows(payload['ids'], payload['kwargs'], payload['response'],
-                                  loose=payload['loose']), payload['fraction'])
+  return answer(ifeval.follows, payload)
+
+
+def answer(follows: Callable[..., list[bool]], payload: dict) -> dict:
+  """The worker's answer for one response, checked by `follows` (ifeval's or ifbench's).
+
+  Args:
+    follows: `(ids, kwargs, response, loose) -> [bool]`.
+    payload: {'ids', 'kwargs', 'response', 'loose', 'fraction', 'both_modes'} from
+      `_prepare`.
+
+  Returns:
+    `reward_of`'s answer in the payload's mode; with 'both_modes', info's 'strict' and
+    'loose' hold each instruction's result in either mode.
+  """
+  args = payload['ids'], payload['kwargs'], payload['response']
+  followed = follows(*args, loose=payload['loose'])
+  out = reward_of(followed, payload['fraction'])
+  if payload.get('both_modes'):
+    other = follows(*args, loose=not payload['loose'])
+    strict, loose = (other, followed) if payload['loose'] else (followed, other)
+    out['info'].update(strict=strict, loose=loose)
+  return out
 
 
 def reward_of(followed: list[bool], fraction: bool) -> dict:
@@ -90,11 +114,13 @@ class InstructionFollowingVerifier(base.Verifier):
   reward_model_option = 'rm_scorer'   # thinking mode: the RM term (module docstring)
 
   def __init__(self, *, mode: str = 'strict', reward: str = 'all', rm_scorer: Scorer | None = None,
-               group_size: int | None = None, **common: Any):
+               group_size: int | None = None, both_modes: bool = False, **common: Any):
     """Options.
 
     Args:
-      mode: 'strict' or 'loose' (IFEval's two accuracies).
+      mode: 'strict' or 'loose' (IFEval's two accuracies): the reward's.
+      both_modes: also report each instruction's result in both modes (info's 'strict' and
+        'loose'), for an evaluation's four accuracies.
       reward: 'all' (1 iff every instruction is followed) or 'fraction'.
       rm_scorer: optional `(prompts, answers) -> [batch] scores`; enables the
         R_IF + sigmoid(group-normalised RM) rule.
@@ -110,6 +136,7 @@ class InstructionFollowingVerifier(base.Verifier):
     if group_size is not None and group_size < 1:
       raise ValueError(f'{self.name}: group_size must be >= 1, got {group_size}')
     self.mode, self.reward, self.rm_scorer, self.group_size = mode, reward, rm_scorer, group_size
+    self.both_modes = bool(both_modes)
 
   @classmethod
   def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
@@ -129,10 +156,13 @@ class InstructionFollowingVerifier(base.Verifier):
     md = sample.metadata
     if not answer.strip():
       n = len(md['instruction_id_list'])
-      return base.Result(0.0, {'reason': 'empty answer', 'followed': [False] * n,
-                               'all_followed': False})
+      info = {'reason': 'empty answer', 'followed': [False] * n, 'all_followed': False}
+      if self.both_modes:
+        info.update(strict=[False] * n, loose=[False] * n)
+      return base.Result(0.0, info)
     return {'ids': md['instruction_id_list'], 'kwargs': md['kwargs'], 'response': answer,
-            'loose': self.mode == 'loose', 'fraction': self.reward == 'fraction'}
+            'loose': self.mode == 'loose', 'fraction': self.reward == 'fraction',
+            'both_modes': self.both_modes}
 
   def _groups(self, samples: Sequence[base.Sample]) -> list[int]:
     if self.group_size is None:

@@ -212,6 +212,13 @@ def test_verifier_scores_batches_and_fails_closed():
     verifiers.get('ifbench', mode='lenient')
 
 
+def test_both_modes_reports_each_instruction_strict_and_loose():
+  with verifiers.get('ifbench', workers=1, both_modes=True) as v:
+    r = v.score([S('p', 'Sure:\nabc1', MD), S('p', 'a b 1', MD)])
+  assert (r[0].info['strict'], r[0].info['loose']) == ([False, True], [True, True])
+  assert (r[1].info['strict'], r[1].info['loose']) == ([False, True], [False, True])
+
+
 def test_validate_names_the_record():
   with pytest.raises(ValueError, match=r"data/x.jsonl:3: instruction 1: count:numbers: kwarg 'N'"):
     verifiers.validate('ifbench', {'instruction_id_list': ['format:no_whitespace', 'count:numbers'],

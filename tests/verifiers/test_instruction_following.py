@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import verifiers
+from verifiers import ifeval
 from verifiers import instruction_following
 
 S = verifiers.Sample
@@ -48,6 +49,30 @@ def test_all_or_fraction_and_loose(verifier):
   with verifiers.get('instruction_following', reward='fraction', mode='loose', workers=1) as v:
     loose = v.score(samples)
   assert [r.reward for r in loose] == [1, 0.5, 0, 1, 1, 0]
+
+
+def test_both_modes_reports_each_instruction_strict_and_loose(verifier):
+  lower = {'instruction_id_list': ['change_case:english_lowercase', 'punctuation:no_comma'],
+           'kwargs': [{}, {}]}
+  # The worker's answer in either mode: the lists are the same, the reward is the mode's.
+  for loose in (False, True):
+    out = instruction_following.answer(ifeval.follows, {
+        'ids': lower['instruction_id_list'], 'kwargs': lower['kwargs'],
+        'response': 'Sure:\nall lower case here', 'loose': loose, 'fraction': False,
+        'both_modes': True})
+    assert (out['info']['strict'], out['info']['loose']) == ([False, True], [True, True])
+    assert out['reward'] == float(loose)
+  samples = [S('p', 'Sure:\nall lower case here', lower),   # loose drops the 'Sure:' line
+             S('p', 'all lower, with a comma', lower), S('p', '   ', lower),
+             S('p', '<think>unfinished', lower)]
+  with verifiers.get('instruction_following', mode='loose', both_modes=True, workers=1) as v:
+    r = v.score(samples)
+  assert [x.reward for x in r] == [1.0, 0.0, 0.0, 0.0]
+  assert r[0].info['strict'] == [False, True] and r[0].info['loose'] == [True, True]
+  assert r[1].info['strict'] == r[1].info['loose'] == [True, False]
+  assert r[2].info['strict'] == r[2].info['loose'] == [False, False]   # an empty answer
+  assert 'strict' not in r[3].info   # unfinished thinking: no check ran
+  assert 'strict' not in verifier.score(samples[:1])[0].info   # only when asked
 
 
 def test_reward_model_mixing_matches_reference():
