@@ -22,6 +22,22 @@ word. Only the last `_MAX_SCAN_CHARS` characters are scanned and every
 pattern is linear, so hostile text costs bounded time. Scored on the host
 (string work only, no worker process).
 
+Benchmarks score with their own official extraction, which reads fewer forms
+and is what their published numbers mean; `extraction` picks it. It reads the
+whole answer after the thinking block (its patterns are linear), and no letter
+scores 0: the official scripts' quirks are kept, their random guess for an
+unreadable answer is not.
+
+* 'mmlu_pro': TIGER-Lab's MMLU-Pro `evaluate_from_api.py`: the first "answer
+  is (X)" / "answer is X" (case as written), else the `[aA]nswer:\s*X` that
+  its `.*[aA]nswer:\s*([A-J])` search finds (the last one on the first line
+  that has one), else the last standalone letter A-J. Its three patterns are
+  matched here in linear time with the same results (the originals backtrack
+  quadratically on long lines).
+* 'simple_evals': OpenAI simple-evals' multiple-choice pattern
+  `(?i)Answer[ \t]*:[ \t]*\$?([A-D])\$?`, first match; the letter is taken
+  as written, so a lower-case 'b' is not 'B', as there.
+
 Metadata: {'answer': 'B', 'options': ['text of A', 'text of B', ...]} with
 `options` optional (index 0 is 'A').
 """
@@ -240,6 +256,49 @@ def extract_choice(text: str, options: list[str] | None = None) -> tuple[str | N
   return None, 'none', 'no answer letter found'
 
 
+# MMLU-Pro's three patterns (module docstring); the second as a lookahead, so that every
+# start is found, overlapping ones too ("answer: Answer: B" has two).
+_MMLU_PRO_PHRASE = re.compile(r'answer is \(?([A-J])\)?')
+_MMLU_PRO_LABEL = re.compile(r'(?=[aA]nswer:\s*([A-J]))')
+_MMLU_PRO_LETTER = re.compile(r'\b[A-J]\b')
+_SIMPLE_EVALS = re.compile(r'(?i)Answer[ \t]*:[ \t]*\$?([A-D])\$?')
+# The extractions `McqaVerifier` takes (the module docstring).
+EXTRACTIONS = ('forms', 'mmlu_pro', 'simple_evals')
+
+
+def extract_mmlu_pro(text: str) -> tuple[str | None, str]:
+  """The letter MMLU-Pro's `extract_answer` returns, and which of its patterns found it
+  ('answer is', 'answer:', 'last letter' or 'none'). Linear in len(text)."""
+  m = _MMLU_PRO_PHRASE.search(text)
+  if m:
+    return m.group(1), 'answer is'
+  # `re.search(r'.*[aA]nswer:\s*([A-J])', text)`: `.*` stays on one line, so the search
+  # succeeds first from the start of the first line holding a match, and the greedy `.*`
+  # takes the last match starting on that line.
+  found = None
+  for m in _MMLU_PRO_LABEL.finditer(text):
+    if found is None:
+      line_end = text.find('\n', m.start())
+      line_end = len(text) if line_end < 0 else line_end
+    elif m.start() >= line_end:
+      break
+    found = m.group(1)
+  if found is not None:
+    return found, 'answer:'
+  # `\b[A-J]\b(?!.*\b[A-J]\b)` with DOTALL: the last standalone letter.
+  last = None
+  for m in _MMLU_PRO_LETTER.finditer(text):
+    last = m.group(0)
+  return (last, 'last letter') if last is not None else (None, 'none')
+
+
+def extract_simple_evals(text: str) -> tuple[str | None, str]:
+  """The letter simple-evals' `ANSWER_PATTERN_MULTICHOICE` extracts (first match, case as
+  written), and 'answer:' or 'none'."""
+  m = _SIMPLE_EVALS.search(text)
+  return (m.group(1), 'answer:') if m else (None, 'none')
+
+
 def _one(letters: list[str], how: str) -> tuple[str | None, str, str]:
   distinct = sorted(set(letters))
   if len(distinct) > 1:
@@ -251,6 +310,20 @@ class McqaVerifier(base.Verifier):
   """Reward 1 iff the answer's chosen letter is metadata['answer'] (see the module docstring)."""
 
   name = 'mcqa'
+
+  def __init__(self, *, extraction: str = 'forms', **common: Any):
+    """Options.
+
+    Args:
+      extraction: 'forms' (every form models write, the module docstring), 'mmlu_pro' or
+        'simple_evals' (a benchmark's official extraction).
+      **common: thinking_unfinished_reward, workers, timeout_s.
+    """
+    super().__init__(**common)
+    if extraction not in EXTRACTIONS:
+      raise ValueError(f'{self.name}: extraction must be one of {EXTRACTIONS}, got '
+                       f'{extraction!r}')
+    self.extraction = extraction
 
   @classmethod
   def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
@@ -271,6 +344,14 @@ class McqaVerifier(base.Verifier):
 
   def _prepare(self, sample: base.Sample, answer: str) -> base.Result:
     gold = sample.metadata['answer']
+    if self.extraction != 'forms':
+      official = extract_mmlu_pro if self.extraction == 'mmlu_pro' else extract_simple_evals
+      letter, how = official(answer)
+      info = {'gold': gold, 'extracted': letter, 'found_by': how}
+      if letter is None:
+        return base.Result(0.0, dict(info, reason=f'no answer letter ({self.extraction})'))
+      ok = letter == gold
+      return base.Result(float(ok), dict(info, reason='correct' if ok else 'wrong letter'))
     options = sample.metadata.get('options') or None
     letter, how, why = extract_choice(answer, options)
     info = {'gold': gold, 'extracted': letter, 'found_by': how}

@@ -1,5 +1,7 @@
 """Multiple-choice verifier: the letter an answer commits to, on completions in the forms models write."""
 
+import random
+import re
 import time
 
 import pytest
@@ -244,3 +246,84 @@ def test_hostile_megabyte_answers_score_fast(verifier, text):
   assert r.info['scanned'] == 'the last 20000 characters'
   # Only the last, unambiguous final line may count.
   assert r.reward == (1.0 if text.endswith('**A**') else 0.0), r.info
+
+
+# --- The benchmarks' official extractions (`extraction='mmlu_pro'` / 'simple_evals') ----------
+# The official scripts' patterns as they are written: the reference the linear versions match.
+
+
+def _mmlu_pro_reference(text):
+  """TIGER-Lab MMLU-Pro `evaluate_from_api.py`: extract_answer / extract_again / extract_final."""
+  m = re.search(r'answer is \(?([A-J])\)?', text)
+  if m:
+    return m.group(1)
+  m = re.search(r'.*[aA]nswer:\s*([A-J])', text)
+  if m:
+    return m.group(1)
+  m = re.search(r'\b[A-J]\b(?!.*\b[A-J]\b)', text, re.DOTALL)
+  return m.group(0) if m else None
+
+
+def _simple_evals_reference(text):
+  """openai/simple-evals `ANSWER_PATTERN_MULTICHOICE`, first match."""
+  m = re.search(r'(?i)Answer[ \t]*:[ \t]*\$?([A-D])\$?', text)
+  return m.group(1) if m else None
+
+
+TRICKY = [
+    'The answer is (B).', 'the answer is B', 'The Answer is B, so: B', 'The answer is Definitely C',
+    'answer is (J) and later the answer is (A)', 'Answer: C\nanswer: D\nAnswer: E',
+    'Option A. Answer: B; final answer: C\nAnswer: D', 'answer: Answer: B', 'Answer:\n\nB',
+    'I think A. But on reflection the best choice is E.', 'I choose (A) but maybe (B)',
+    'None of them, I am sure.', 'Aé B', 'x' * 3000 + ' Answer: C ' + 'y' * 3000, '',
+    'ANSWER: c', 'answer: b', 'Answer : $C$', 'Answer:\tD', 'Answer:\nB', '**Answer:** B',
+    'The answer: A. Later Answer: C', 'Answer: E', 'Answer:$B$', 'My answer is (K)... so F',
+    'I.e. the answer is G\nAnswer: H', 'first line\nsecond Answer:  I then answer: J\nAnswer: A',
+]
+
+
+def _random_texts(n, seed=0):
+  rng = random.Random(seed)
+  pieces = ['answer', 'Answer', 'ANSWER', ' is ', ':', ' ', '\t', '\n', '(', ')', '$', 'x', 'é',
+            '.', ','] + list('ABCDEFGHIJK') + ['ab', 'Ja']
+  return [''.join(rng.choice(pieces) for _ in range(rng.randint(0, 40))) for _ in range(n)]
+
+
+def test_official_extractions_equal_the_official_patterns():
+  for text in TRICKY + _random_texts(3000):
+    assert mcqa.extract_mmlu_pro(text)[0] == _mmlu_pro_reference(text), repr(text)
+    assert mcqa.extract_simple_evals(text)[0] == _simple_evals_reference(text), repr(text)
+  # Which of MMLU-Pro's patterns found it.
+  assert mcqa.extract_mmlu_pro('The answer is (B).') == ('B', 'answer is')
+  assert mcqa.extract_mmlu_pro('answer: Answer: B') == ('B', 'answer:')
+  assert mcqa.extract_mmlu_pro('I choose (A) but maybe (B)') == ('B', 'last letter')
+  assert mcqa.extract_mmlu_pro('None of them.') == (None, 'none')
+
+
+def test_official_extractions_are_linear_on_long_lines():
+  # One line of 'answer: ' without a letter: the reference's `.*[aA]nswer:` retries from every
+  # position (quadratic); the linear match is fast.
+  text = 'answer: x ' * 100_000
+  t0 = time.perf_counter()
+  assert mcqa.extract_mmlu_pro(text) == (None, 'none')
+  assert mcqa.extract_simple_evals(text) == (None, 'none')
+  assert time.perf_counter() - t0 < 2.0
+
+
+def test_verifier_scores_with_an_official_extraction():
+  with verifiers.get('mcqa', extraction='mmlu_pro') as v:
+    r = v.score([S('q', '<think>the answer is (A)</think>So the answer is (C).', {'answer': 'C'}),
+                 S('q', 'Hmm.\nAnswer: B', {'answer': 'C'}),
+                 S('q', 'no letter here', {'answer': 'C'}),
+                 S('q', '<think>the answer is (C)', {'answer': 'C'})])
+  assert [x.reward for x in r] == [1.0, 0.0, 0.0, 0.0]
+  assert r[0].info == {'gold': 'C', 'extracted': 'C', 'found_by': 'answer is', 'reason': 'correct'}
+  assert (r[1].info['extracted'], r[1].info['reason']) == ('B', 'wrong letter')
+  assert r[2].info['reason'] == 'no answer letter (mmlu_pro)'
+  with verifiers.get('mcqa', extraction='simple_evals') as v:
+    r = v.score([S('q', 'Answer: B', {'answer': 'B'}), S('q', 'answer: b', {'answer': 'B'}),
+                 S('q', 'The answer is (B).', {'answer': 'B'})])
+  # simple-evals takes the letter as written ('b' is not 'B') and reads only "Answer: X".
+  assert [x.reward for x in r] == [1.0, 0.0, 0.0]
+  with pytest.raises(ValueError, match='extraction must be one of'):
+    verifiers.get('mcqa', extraction='lm_eval')
