@@ -365,6 +365,10 @@ def _domains_ok(v) -> bool:
       isinstance(k, str) and isinstance(schema.plain(o), Mapping) for k, o in v.items()))
 
 
+def _names_ok(v) -> bool:
+  return isinstance(v, (list, tuple)) and all(isinstance(x, str) and x for x in v)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Eval:
   """config.eval: how every row of the matrix samples the held-out (and validation) prompts.
@@ -377,6 +381,8 @@ class Eval:
   `eval_every`: inside every stage that trains the policy, its validation sets
   are scored every N steps (0 = at stage ends only), logged as `val/<domain>`.
   `log_samples`: samples of every RL step logged to samples.jsonl and TensorBoard (0 = off).
+  `suites`: evaluation suites (`cascade.suites`: the papers' benchmarks, or a world's own)
+  scored after every row beside the domains, each by its own protocol (docs/evaluation.md).
   """
   # Completions sampled per prompt (a domain's score is their mean).
   num_samples: int = schema.field(check=schema.int_at_least(1))
@@ -411,6 +417,20 @@ class Eval:
   # domain -> {field: value} overriding the fields above in EVAL_DOMAIN_FIELDS for that domain.
   domains: Any = schema.field(None, check=(
       _domains_ok, 'must be a mapping domain -> {field: value}'))
+  # Evaluation suites scored after every row, by name (`cascade.suites.names()`); () = none.
+  suites: tuple[str, ...] = schema.field((), check=(_names_ok, 'must be a list of suite names'),
+                                         convert=tuple)
+  # Where their data lives (local or gs://): suite S reads <suite_data>/S (a generated world's
+  # suites: the world's directory itself); '' = nowhere (only suites that generate their own).
+  suite_data: str = schema.field('', check=_STRING)
+  # Prompts of each suite scored, the first N of its files (0 = all of them).
+  suite_prompts: int = schema.field(0, check=schema.int_at_least(0))
+  # Prompts per sampler call of a suite (each sampled as many times as its protocol says).
+  suite_batch_size: int = schema.field(64, check=schema.int_at_least(1))
+  # suite -> {protocol field: value} replacing its paper protocol's (e.g. a smaller
+  # max_new_tokens for a small model); its protocol hash in results.json changes with it.
+  suite_protocol: Any = schema.field(None, check=(
+      _domains_ok, 'must be a mapping suite -> {protocol field: value}'))
 
   @property
   def modes(self) -> tuple:
@@ -420,6 +440,29 @@ class Eval:
   def check(self, fail):
     if not self.greedy and self.temperature <= 0:
       fail('temperature', 'must be > 0 unless config.eval.greedy')
+    if self.suites or self.suite_protocol:
+      from cascade import suites as suites_lib  # pylint: disable=g-import-not-at-top
+      known = suites_lib.names()
+      for name in self.suites:
+        if name not in known:
+          fail('suites', f'unknown suite {name!r} (known: {", ".join(known) or "none"}; a '
+                         "world's or a user's own suites exist once their package is imported)")
+      if len(set(self.suites)) != len(self.suites):
+        fail('suites', 'names a suite twice')
+      for name, fields in (schema.plain(self.suite_protocol) or {}).items():
+        if name not in self.suites:
+          fail('suite_protocol', f'names suite {name!r}, which config.eval.suites does not '
+                                 'list', schema.HIDE)
+        try:
+          self.suite_settings(name)
+        except ValueError as e:
+          fail(f'suite_protocol.{name}', str(e), dict(schema.plain(fields)))
+
+  def suite_settings(self, name: str):
+    """Suite `name`'s protocol with this config's overrides (`suite_protocol`)."""
+    from cascade import suites as suites_lib  # pylint: disable=g-import-not-at-top
+    over = dict(schema.plain((schema.plain(self.suite_protocol) or {}).get(name)) or {})
+    return suites_lib.get(name).protocol.replaced(**over)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -903,6 +946,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     st.check_lengths(model.max_seq_len, schema.failer(st.where, st))
   stages = [st.with_model(model, sampler, schema.failer(st.where, st)) for st in stages]
   eval_settings = _eval_settings(raw_eval, ev, domains)
+  _check_suites(ev, model, sampler)
   for d in domains.values():
     if d.reward_model_stage:
       d.check_reward_model(stages, eval_settings[d.name])
@@ -927,6 +971,21 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
               eval_settings=eval_settings, hardware=hardware,
               compilation_cache=compilation_cache, logging=logging, allow_config_change=allow,
               data_cache=data_cache, source=schema.as_dict(config))
+
+
+def _check_suites(ev: Eval, model, sampler: Sampler) -> None:
+  """Each suite's completions must fit the model's positions and the sampler's buckets."""
+  for name in ev.suites:
+    want = ev.suite_settings(name).max_new_tokens
+    fix = (f'set config.eval.suite_protocol.{name}.max_new_tokens (results then name the '
+           'changed protocol)')
+    if want >= model.max_seq_len:
+      raise ConfigError(f'config.eval.suites: suite {name!r} samples up to {want} new tokens, '
+                        f"more than the model's max_seq_len={model.max_seq_len} holds: {fix}")
+    if sampler.new_token_buckets and want > max(sampler.new_token_buckets):
+      raise ConfigError(f'config.eval.suites: suite {name!r} samples up to {want} new tokens, '
+                        'past config.sampler.new_token_buckets (largest '
+                        f'{max(sampler.new_token_buckets)}): add a bucket, or {fix}')
 
 
 def _eval_settings(raw: dict, ev: Eval, domains) -> dict[str, Eval]:

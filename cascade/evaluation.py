@@ -8,7 +8,9 @@ samples, in percent: 100 * mean over prompts and samples of the reward
 clipped to [0, 1] (so a -1 "unparsable" reward counts as a failure). An
 agentic domain's samples are whole episodes in its environment
 (`cascade.episodes`), `max_new_tokens` bounding each episode's tokens after
-the opening prompt.
+the opening prompt. After the domains, the row's policy is scored on
+config.eval.suites (`score_suites`: the papers' benchmarks, or a world's own, each
+by its own protocol: avg@k with its standard error, pass@k; `cascade.suites`).
 
 results.json is
 
@@ -16,7 +18,9 @@ results.json is
 
 plus "isolation" ({verifier: 'bwrap' | 'none'}) once a verifier that runs code
 has been used, "validation" and "best" when domains have validation sets
-(`results`), and "scores_by_mode" when config.eval.thinking is 'both';
+(`results`), "suites" and "suite_scores" (per row and suite: value, stderr, k, n,
+samples, metric, the protocol's hash, pass@k) when config.eval.suites names any,
+and "scores_by_mode" when config.eval.thinking is 'both';
 with `stages[i]` the row's stage name ('init' for the starting policy),
 `stage_domains[i]` the domains that stage trains on, and `scores[i][j]` the
 score of domain j after stage i; results.md is the same table with deltas
@@ -43,9 +47,14 @@ import jax
 import numpy as np
 
 from cascade import checkpoint
+from cascade import data as data_lib
 from cascade import episodes
 from cascade import rollout
+from cascade import suites as suites_lib
 from cascade import verifier_errors
+from cascade.suites import base as suites_base
+from cascade.suites import run as suites_run
+from cascade.suites import table as suites_table
 from models import paths
 from rl import sampler as sampler_lib
 
@@ -263,6 +272,67 @@ def validation_scores(ctx, params, done: Mapping | None = None,
   return {d: out[d]['score'] for d in sorted(out)}
 
 
+def suite_sets(plan) -> list[tuple[suites_base.Suite, list[dict]]]:
+  """config.eval.suites, each with its protocol (config.eval.suite_protocol applied) and its
+  records (the first config.eval.suite_prompts of them).
+
+  Raises:
+    cascade.data.DataError: a suite's data is missing or malformed (one line naming the suite
+      and the file).
+  """
+  ev, out = plan.eval, []
+  for name in ev.suites:
+    suite = dataclasses.replace(suites_lib.get(name), protocol=ev.suite_settings(name))
+    try:
+      recs = suite.read(suite.directory(ev.suite_data) if ev.suite_data else '')
+    except (suites_base.DataMissing, suites_base.BadRecord) as e:
+      unset = '' if ev.suite_data else ' (config.eval.suite_data names no directory)'
+      raise data_lib.DataError(f'config.eval.suites: {e}{unset}') from None
+    out.append((suite, recs[:ev.suite_prompts] if ev.suite_prompts else recs))
+  return out
+
+
+def score_suites(ctx, params, row: str,
+                 report: Callable[[int, int, dict, float], None] | None = None,
+                 stop: Callable[[], str | None] | None = None) -> dict[str, dict]:
+  """config.eval.suites scored on a row's policy (`cascade.suites.run`), each batch's grades
+  kept in workdir/suites/<row>/<suite>/grades.jsonl, so a stopped evaluation goes on where it
+  stopped (the grades of this config's row `row` are reused, nothing else's).
+
+  Args:
+    ctx: the run context (plan, sampler, tokenizer, workdir, before_write, config_hash).
+    params: the row's policy.
+    row: the row's name.
+    report: called after each suite with (i, n, its result, seconds), i from 1.
+    stop: asked before each batch; an answer stops the call there (`Stopped`).
+
+  Returns:
+    suite -> its result (`cascade.suites.run.run_suite`); {} when the config names none.
+
+  Raises:
+    Stopped: `stop` answered (what was graded is kept in the suites' files).
+  """
+  sets = suite_sets(ctx.plan)
+  if not sets:
+    return {}
+  prepare = getattr(ctx.sampler, 'prepare', None)   # the rollout copy, made once for all
+  policy = suites_run.Policy(ctx.sampler, prepare(params) if prepare is not None else params,
+                             ctx.tokenizer, identity=f'config {ctx.config_hash}, row {row}')
+  out = {}
+  for i, (suite, recs) in enumerate(sets, 1):
+    t0 = time.perf_counter()
+    try:
+      out[suite.name] = suites_run.run_suite(
+          suite, recs, policy, paths.join(ctx.workdir, 'suites', row), seed=ctx.plan.seed,
+          batch_size=ctx.plan.eval.suite_batch_size, stop=stop, before_write=ctx.before_write,
+          say=print)
+    except suites_run.Stopped as e:
+      raise Stopped(e.why, e.where, {}) from None
+    if report is not None:
+      report(i, len(sets), out[suite.name], time.perf_counter() - t0)
+  return out
+
+
 def _matrix(rows, domains, key):
   return [[round(float(r[key][d]), 4) if d in (r.get(key) or {}) else None for d in domains]
           for r in rows]
@@ -306,6 +376,12 @@ def results(rows: Sequence[Mapping], domains: Sequence[str]) -> dict:
                           'held_out': round(float(best['scores'][d]), 4)
                                       if d in best['scores'] else None,
                           'hf': best.get('hf') or None}
+  names = list(dict.fromkeys(n for r in rows for n in (r.get('suites') or {})))
+  if names:
+    out['suites'] = names
+    out['suite_scores'] = [[suites_table.matrix_cell(r['suites'][n])
+                            if n in (r.get('suites') or {}) else None for n in names]
+                           for r in rows]
   modes = sorted({m for r in rows for det in (r.get('details') or {}).values()
                   for m in (det.get('modes') or {})})
   if modes:
@@ -339,6 +415,10 @@ def markdown(res: Mapping, extra: bool = True) -> str:
   text = '\n'.join(lines) + '\n'
   if not extra:
     return text
+  if res.get('suites'):
+    text += ('\nSuites (value ± standard error, in percent; each by its protocol: '
+             'docs/evaluation.md):\n\n'
+             + suites_table.matrix_markdown(res['stages'], res['suites'], res['suite_scores']))
   if 'validation' in res:
     text += ('\nValidation (the selection set):\n\n'
              + markdown({**res, 'scores': res['validation']}, extra=False))
@@ -348,14 +428,32 @@ def markdown(res: Mapping, extra: bool = True) -> str:
 
 
 def plot(res: Mapping, path: str) -> None:
-  """One line per domain across the stages; markers on the stages that train that domain."""
+  """One line per domain across the stages; markers on the stages that train that domain; with
+  suites, a second panel: each suite's value with its standard error as a bar."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 
   stages, domains, scores = res['stages'], res['domains'], res['scores']
-  fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(stages) + 2), 4.2))
+  names = res.get('suites') or []
+  width = max(6.0, 1.1 * len(stages) + 2)
+  fig, axes = plt.subplots(1, 2 if names else 1, figsize=(width * (2 if names else 1), 4.2),
+                           squeeze=False)
+  ax = axes[0, 0]
   x = np.arange(len(stages))
+  if names:
+    sax = axes[0, 1]
+    for j, n in enumerate(names):
+      cells = [row[j] for row in res['suite_scores']]
+      y = np.array([np.nan if c is None else c['value'] for c in cells], float)
+      err = np.array([0.0 if c is None else c['stderr'] for c in cells], float)
+      sax.errorbar(x, y, yerr=err, marker='o', ms=4, lw=1.8, capsize=3, label=n)
+    sax.set_xticks(x, stages, rotation=30, ha='right')
+    sax.set_ylabel('suite value (%) ± standard error')
+    sax.set_xlabel('after stage')
+    sax.set_title('Every suite after every stage')
+    sax.grid(alpha=0.3)
+    sax.legend(fontsize=8, loc='best')
   for j, d in enumerate(domains):
     y = np.array([np.nan if row[j] is None else row[j] for row in scores], float)
     (line,) = ax.plot(x, y, marker='o', ms=4, lw=1.8, label=d)

@@ -23,7 +23,8 @@
    newest good checkpoint, only on the data files it started with:
    `StageData.pin`, checked before any data loads for the stage the run resumes
    in), export its policy as HF safetensors, evaluate every
-   domain (a row of the matrix), mark it complete; rewrite results.{json,md,png}.
+   domain and config.eval.suites (a row of the matrix), mark it complete; rewrite
+   results.{json,md,png}.
 
 A stage that diverges (`cascade.divergence`) stops the run before its export
 and evaluation; SIGTERM or SIGINT stops it at the next step boundary with a
@@ -183,18 +184,21 @@ EVAL_PARTIAL = 'eval_partial.json'
 
 def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: str = '',
                  reporter: report_lib.Reporter | None = None) -> dict:
-  """Evaluates a policy on every domain (held-out and validation sets); appends its row to
-  progress.json. `hf`: where the policy is exported (named by results.json's "best");
-  `reporter`: prints a line per domain evaluated.
+  """Evaluates a policy on every domain (held-out and validation sets) and on config.eval.suites;
+  appends its row to progress.json. `hf`: where the policy is exported (named by results.json's
+  "best"); `reporter`: prints a line per domain and suite evaluated.
 
   SIGTERM or SIGINT (`cascade.preemption`) stops it at the next batch boundary: what it
   evaluated is kept in workdir/eval_partial.json (with the row's name and the config's hash)
   and `Preempted` raised; the rerun's evaluation of the same row samples only the rest, and
-  its row is the one an uninterrupted evaluation makes.
+  its row is the one an uninterrupted evaluation makes (the suites keep their graded batches
+  in workdir/suites/<row>: `evaluation.score_suites`).
   """
   label = f'[{index}] {name}' if index >= 0 else name
   report = None if reporter is None else (
       lambda i, n, domain, res, secs: reporter.evaluated(label, i, n, domain, res, secs))
+  suite_report = None if reporter is None else (
+      lambda i, n, res, secs: reporter.suite_evaluated(label, i, n, res, secs))
   path = paths.join(ctx.workdir, EVAL_PARTIAL)
   kept = _kept_evaluation(ctx, path, name)
   if kept and checkpoint.is_writer():
@@ -207,18 +211,26 @@ def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: 
     part = 'validation'
     validation = evaluation.validation_scores(ctx, params, done=kept.get(part),
                                               stop=preemption.stop_requested)
+    kept[part] = {d: {'result': {'score': v}} for d, v in validation.items()}
+    part = 'suites'
+    suites = evaluation.score_suites(ctx, params, name, suite_report,
+                                     stop=preemption.stop_requested)
   except evaluation.Stopped as e:
     kept[part] = e.done
     ctx.before_write()
     checkpoint.atomic_write_json(path, {'row': name, 'config': ctx.config_hash, **kept})
+    where, also = f'its {part.replace("_", "-")} {e.where}', ''
+    if part == 'suites':
+      where, also = e.where, f', graded suite batches in {paths.join(ctx.workdir, "suites")}'
     raise preemption.Preempted(
-        f'{e.why}: stopped evaluating {label} at its {part.replace("_", "-")} {e.where} '
-        f'({_kept_count(kept)} kept in {path}); rerun the same command to resume '
-        'there') from None
+        f'{e.why}: stopped evaluating {label} at {where} ({_kept_count(kept)} kept in {path}'
+        f'{also}); rerun the same command to resume there') from None
   row = {'stage': name, 'index': index, 'domains': list(trains_on),
          'scores': {d: out[d]['score'] for d in sorted(out)}, 'details': out}
   if validation:
     row['validation'] = validation
+  if suites:
+    row['suites'] = suites
   if hf:
     row['hf'] = hf
   row = ctx.progress.add_row(row)
@@ -343,6 +355,7 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
           cache_line=cache.banner() if cache is not None else None))
     _pin_data(ctx, next((st for st in plan.stages if st.name not in ctx.progress.done), None))
     ctx.data.load()
+    evaluation.suite_sets(plan)     # a suite's missing or malformed data stops the run here
     ctx.verifiers.dry_run(ctx.data.eval_sets)   # a verifier's own bug stops the run here
     if plan.initial_eval and ctx.progress.row(INIT_ROW) is None:
       row = evaluate_row(ctx, INIT_ROW, -1, [], ctx.policies.params_of(('initial',)),
