@@ -17,6 +17,15 @@ Two kinds of records:
   * stdin/stdout `{'inputs': [...], 'outputs': [...]}`: the candidate runs
     once per input as a script; it passes iff every output matches
     (whitespace-separated tokens; floats within `float_tolerance` if set).
+  * LiveCodeBench's tests `{'tests': [{'input', 'output', 'testtype'}],
+    'func_name', 'time_limit_s'}`: 'stdin' tests run the candidate's program
+    with the input as stdin, 'functional' tests call `Solution().<func_name>`
+    with the input's lines as JSON arguments (LeetCode style). Both run as a
+    'check' request: the candidate's process executes the program (after
+    LCB's import header) per test, a trusted judge compares by LCB's rules
+    (`lines_match`, `call_matches`) and fails a test that took longer than
+    `time_limit_s` on its wall clock; the request's budget is LCB's global
+    one, (time_limit_s + 1) x tests + 5 s, so a hung test ends it.
 
 The code is the last fenced block of the answer (for HumanEval the last one
 that defines `entry_point`, if any), or the whole answer when it has no
@@ -27,7 +36,10 @@ is linear in the answer's length (`verifiers.fences`), and answers over
 
 from __future__ import annotations
 
+import decimal
 import functools
+import inspect
+import json
 import re
 from typing import Any, Mapping, Sequence
 
@@ -104,7 +116,107 @@ def _compiles(source: str) -> bool:
 
 def _is_humaneval(metadata: Mapping[str, Any]) -> bool:
   # A record with tests on stdin/stdout may also carry a 'prompt' (the statement).
-  return 'inputs' not in metadata and 'outputs' not in metadata
+  return 'inputs' not in metadata and 'outputs' not in metadata and 'tests' not in metadata
+
+
+# LiveCodeBench's header: every solution runs after these imports, as its runner runs it
+# (LeetCode solutions use `List`, `heappush`, ... unimported).
+LCB_HEADER = '\n'.join(
+    [f'from {m} import *' for m in ('string', 're', 'datetime', 'collections', 'heapq', 'bisect',
+                                   'copy', 'math', 'random', 'statistics', 'itertools',
+                                   'functools', 'operator', 'io', 'sys', 'json', 'builtins',
+                                   'typing')]
+    + [f'import {m}' for m in ('string', 're', 'datetime', 'collections', 'heapq', 'bisect',
+                              'copy', 'math', 'random', 'statistics', 'itertools', 'functools',
+                              'operator', 'io', 'sys', 'json')]
+    + ['sys.setrecursionlimit(50000)']) + '\n'
+
+
+def lines_match(got: str, expected: str) -> bool:
+  """LiveCodeBench's stdout comparison: the outputs stripped, then line by line (each line
+  stripped) equal as text, or as whitespace-separated tokens that all parse as equal
+  decimals ('1.0' == '1.00'; '0.5' != '0.50001': no tolerance). Runs in the judge too."""
+  a = got.strip().split('\n')
+  b = expected.strip().split('\n')
+  if len(a) != len(b):
+    return False
+  for x, y in zip(a, b):
+    x, y = x.strip(), y.strip()
+    if x == y:
+      continue
+    try:
+      dx = [decimal.Decimal(t) for t in x.split()]
+      dy = [decimal.Decimal(t) for t in y.split()]
+    except decimal.InvalidOperation:
+      return False
+    if dx != dy:
+      return False
+  return True
+
+
+def call_matches(got: Any, expected: Any) -> bool:
+  """LiveCodeBench's functional comparison: a returned tuple as a list, then equality with
+  the expected JSON value. Runs in the judge too."""
+  if isinstance(got, tuple):
+    got = list(got)
+  return got == expected
+
+
+# The candidate's side of an LCB stdin test: the program run as __main__ on a given stdin
+# (text and buffer), its stdout returned; `exit()` after printing ends it normally.
+_LCB_STDIN_RUNNER = '''
+import io as _io
+import sys as _sys
+
+
+def lcb_run_stdin(text):
+  stdin = _io.TextIOWrapper(_io.BytesIO(text.encode('utf-8')), encoding='utf-8')
+  out = _io.StringIO()
+  saved = _sys.stdin, _sys.stdout
+  _sys.stdin, _sys.stdout = stdin, out
+  try:
+    exec(compile(_SOURCE, 'solution.py', 'exec'), {'__name__': '__main__'})
+  except SystemExit:
+    pass
+  finally:
+    _sys.stdin, _sys.stdout = saved
+  return out.getvalue()
+'''
+
+# The judge's side: trusted; every value from the candidate is plain data (`bridge`).
+_LCB_JUDGE = '''
+for _k, _case in enumerate(TESTS):
+  _start = time.monotonic()
+  if _case['testtype'] == 'functional':
+    _args = [json.loads(_line) for _line in _case['input'].split('\\n')]
+    _got = getattr(solution.Solution(), FUNC_NAME)(*_args)
+    _ok = call_matches(_got, json.loads(_case['output']))
+  else:
+    _got = solution.lcb_run_stdin(_case['input'])
+    _ok = isinstance(_got, str) and lines_match(_got, _case['output'])
+  _took = time.monotonic() - _start
+  if _took > TIME_LIMIT_S:
+    raise AssertionError(f'test {_k}: time limit exceeded ({_took:.2f}s > {TIME_LIMIT_S}s)')
+  if not _ok:
+    raise AssertionError(f'test {_k}: wrong answer: expected {_case["output"][:200]!r}, '
+                         f'got {repr(_got)[:200]}')
+'''
+
+
+def lcb_programs(code: str, tests: Sequence[Mapping[str, str]], func_name: str | None,
+                 time_limit_s: float) -> tuple[str, str]:
+  """(candidate program, judge test) of a 'check' request running LCB's tests on `code`."""
+  if any(t['testtype'] == 'functional' for t in tests):
+    program = LCB_HEADER + code
+  else:
+    program = f'_SOURCE = {LCB_HEADER + code!r}\n{_LCB_STDIN_RUNNER}'
+  judge = '\n'.join([
+      'from __future__ import annotations', 'import decimal', 'import json', 'import time',
+      'import solution', '',
+      inspect.getsource(lines_match), inspect.getsource(call_matches),
+      f'TESTS = json.loads({json.dumps(list(tests))!r})', f'FUNC_NAME = {func_name!r}',
+      f'TIME_LIMIT_S = {float(time_limit_s)!r}', _LCB_JUDGE])
+  return program, judge
 
 
 class CodeVerifier(base.Verifier):
@@ -147,6 +259,9 @@ class CodeVerifier(base.Verifier):
   @classmethod
   def _check_metadata(cls, metadata: Mapping[str, Any], **options: Any) -> None:
     super()._check_metadata(metadata)
+    if 'tests' in metadata:
+      cls._check_lcb(metadata)
+      return
     if _is_humaneval(metadata):
       base.require(metadata, 'prompt', str, 'HumanEval record')
       base.require(metadata, 'test', str, 'HumanEval record')
@@ -164,6 +279,26 @@ class CodeVerifier(base.Verifier):
         if not isinstance(v, str):
           raise ValueError(f'metadata[{key!r}][{k}] must be str, got {type(v).__name__}')
 
+  @staticmethod
+  def _check_lcb(metadata: Mapping[str, Any]) -> None:
+    tests = base.require(metadata, 'tests', list, "LiveCodeBench's tests")
+    limit = metadata.get('time_limit_s')
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+      raise ValueError(f'metadata["time_limit_s"] must be a number > 0, got {limit!r}')
+    if not tests:
+      raise ValueError('metadata["tests"] is empty')
+    for k, t in enumerate(tests):
+      if not (isinstance(t, Mapping) and isinstance(t.get('input'), str)
+              and isinstance(t.get('output'), str)
+              and t.get('testtype') in ('stdin', 'functional')):
+        raise ValueError(f'metadata["tests"][{k}] must be {{"input": str, "output": str, '
+                         f'"testtype": "stdin"|"functional"}}')
+    if any(t['testtype'] == 'functional' for t in tests):
+      name = metadata.get('func_name')
+      if not (isinstance(name, str) and _IDENTIFIER.match(name)):
+        raise ValueError(f'metadata["func_name"] must be a Python identifier for functional '
+                         f'tests, got {name!r}')
+
   def _split(self, sample: base.Sample):
     answer, early = super()._split(sample)
     return (answer, early) if early is not None else (base.raw_answer(sample.completion), None)
@@ -174,6 +309,11 @@ class CodeVerifier(base.Verifier):
       return base.Result(0.0, {'reason': f'answer longer than {self.max_answer_chars} characters'})
     if not answer.strip():
       return base.Result(0.0, {'reason': 'empty answer'})
+    if 'tests' in md:
+      program, judge = lcb_programs(extract_code(answer), md['tests'], md.get('func_name'),
+                                    md['time_limit_s'])
+      return {'mode': 'check', 'program': program, 'test': judge,
+              'budget_s': (float(md['time_limit_s']) + 1.0) * len(md['tests']) + 5.0}
     if _is_humaneval(md):
       code = extract_code(answer, md['entry_point'])
       return {'mode': 'check', 'program': candidate_program(md['prompt'], code, md['entry_point']),
@@ -183,7 +323,10 @@ class CodeVerifier(base.Verifier):
             'float_tolerance': self.float_tolerance}
 
   def _run(self, payloads: Sequence[dict]) -> list[pool_lib.Outcome]:
-    answers = self.sandbox.run(payloads, [self.timeout_s] * len(payloads))
+    # A record's own budget (LCB's tests) or the verifier's per-sample one.
+    budgets = [float(p.get('budget_s', self.timeout_s)) for p in payloads]
+    payloads = [{k: v for k, v in p.items() if k != 'budget_s'} for p in payloads]
+    answers = self.sandbox.run(payloads, budgets)
     out = []
     for ans in answers:
       info = dict(sandbox.result_info(ans, self.sandbox.isolation),

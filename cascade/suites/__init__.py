@@ -15,7 +15,10 @@ import importlib
 
 from cascade.suites import base
 
-_BUILTIN: dict[str, str] = {}
+_BUILTIN: dict[str, str] = {
+    'lcb_v5': 'cascade.suites.livecodebench:lcb_v5',
+    'lcb_v6': 'cascade.suites.livecodebench:lcb_v6',
+}
 
 _entries: dict[str, base.Suite | str] = dict(_BUILTIN)
 
