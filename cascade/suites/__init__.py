@@ -16,6 +16,9 @@ import importlib
 from cascade.suites import base
 
 _BUILTIN: dict[str, str] = {
+    'aime24': 'cascade.suites.math:aime24',
+    'aime25': 'cascade.suites.math:aime25',
+    'hmmt_feb25': 'cascade.suites.math:hmmt_feb25',
     'lcb_v5': 'cascade.suites.livecodebench:lcb_v5',
     'lcb_v6': 'cascade.suites.livecodebench:lcb_v6',
 }

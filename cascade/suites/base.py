@@ -21,8 +21,10 @@ subclass (or instances of one) and the registry (`cascade.suites`) lists it.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import hashlib
+import io
 import json
 from typing import Any, Hashable, Mapping, Sequence
 
@@ -277,10 +279,12 @@ class Suite:
 
 
 def rows(path: str) -> list[tuple[int, Mapping]]:
-  """(line, row) pairs of a .jsonl, .json (a list) or .parquet file.
+  """(line, row) pairs of a .jsonl, .json (a list), .parquet or .csv file (a header row, then
+  one row per record: {column: text}).
 
   Raises:
-    BadRecord: a line is not a JSON object (file:line).
+    BadRecord: a line is not a JSON object, or a csv row has another number of fields than
+      the header (file:line).
   """
   if path.endswith('.parquet'):
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
@@ -288,6 +292,8 @@ def rows(path: str) -> list[tuple[int, Mapping]]:
       table = pq.read_table(f)
     return list(enumerate(table.to_pylist(), 1))
   text = paths.read_text(path)
+  if path.endswith('.csv'):
+    return _csv_rows(path, text)
   if path.endswith('.json'):
     try:
       data = json.loads(text)
@@ -309,6 +315,27 @@ def rows(path: str) -> list[tuple[int, Mapping]]:
     if not isinstance(row, Mapping):
       raise BadRecord(f'{path}:{i}: expected a JSON object')
     out.append((i, row))
+  return out
+
+
+def _csv_rows(path: str, text: str) -> list[tuple[int, Mapping]]:
+  """(line, {column: text}) of a csv file's rows; a row's line is the one it starts on (a
+  quoted field may span lines)."""
+  reader = csv.reader(io.StringIO(text.removeprefix('\ufeff'), newline=''))
+  out = []
+  try:
+    header = next(reader, None)
+    if header is None:
+      return out
+    start = reader.line_num + 1
+    for row in reader:
+      if row and len(row) != len(header):
+        raise BadRecord(f'{path}:{start}: {len(row)} fields for {len(header)} columns')
+      if row:
+        out.append((start, dict(zip(header, row))))
+      start = reader.line_num + 1
+  except csv.Error as e:
+    raise BadRecord(f'{path}:{reader.line_num}: not csv ({e})') from None
   return out
 
 
