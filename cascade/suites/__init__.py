@@ -16,6 +16,8 @@ import importlib
 from cascade.suites import base
 
 _BUILTIN: dict[str, str] = {
+    'gpqa_diamond': 'cascade.suites.mcqa:gpqa_diamond',
+    'mmlu_pro': 'cascade.suites.mcqa:mmlu_pro',
     'aime24': 'cascade.suites.math:aime24',
     'aime25': 'cascade.suites.math:aime25',
     'hmmt_feb25': 'cascade.suites.math:hmmt_feb25',
