@@ -69,9 +69,12 @@ setuptools.setup(
         'tpu': ['jax[tpu]>=0.10', 'gcsfs>=2024.2'],
         # tests/cascade/test_gcs.py runs against a local Cloud Storage emulator.
         # wandb: tests/cascade/test_metrics_wandb.py reads an offline W&B run.
+        # lm-eval, nltk: tests/cascade/suites/test_instruction.py checks IFEval's four accuracies
+        # against lm-eval's copy of Google's reference implementation.
         'test': ['pytest>=8', 'pytest-timeout>=2.3', 'nbclient>=0.10',
                  'nbformat>=5.10', 'ipykernel>=6.29', 'gcsfs>=2024.2',
-                 'gcp-storage-emulator>=2022.6', 'pytest-xdist>=3.5', 'wandb>=0.19'],
+                 'gcp-storage-emulator>=2022.6', 'pytest-xdist>=3.5', 'wandb>=0.19',
+                 'lm-eval>=0.4.9', 'nltk>=3.9.1'],
         # Parity tests only: the CPU wheel of torch that pip finds on this disk. transformers
         # 5.25's Nemotron-H gives batch-dependent float32 logits: a 2-row batch differs from
         # 5.24 (and from cascade's model, checked against a float64 reference) by up to 2e-3,

@@ -16,6 +16,8 @@ import importlib
 from cascade.suites import base
 
 _BUILTIN: dict[str, str] = {
+    'ifeval': 'cascade.suites.instruction:ifeval',
+    'ifbench': 'cascade.suites.instruction:ifbench',
     'gpqa_diamond': 'cascade.suites.mcqa:gpqa_diamond',
     'mmlu_pro': 'cascade.suites.mcqa:mmlu_pro',
     'aime24': 'cascade.suites.math:aime24',
