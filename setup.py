@@ -54,6 +54,7 @@ setuptools.setup(
         'matplotlib>=3.8',
         'tqdm>=4.66',
         'psutil>=5.9',
+        'httpx>=0.27',         # verifiers/served.py: the served judge's HTTP client
     ],
     extras_require={
         # gs:// workdirs, datasets and checkpoints (epath's gs:// backend).

@@ -124,6 +124,28 @@ def faults():
   return module
 
 
+@pytest.fixture
+def fake_openai():
+  """A maker of loopback OpenAI-compatible servers (tests/fake_openai.py): `fake_openai(behave,
+  hold_s=0)` starts one; every server it made is closed after the test."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+      'fake_openai', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fake_openai.py'))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  made = []
+
+  def make(behave=None, hold_s: float = 0.0):
+    made.append(module.FakeServer(behave, hold_s))
+    return made[-1]
+
+  make.Response, make.completion = module.Response, module.completion
+  yield make
+  for server in made:
+    server.close()
+
+
 @pytest.fixture(scope='session')
 def bwrap_sandbox():
   """Requires a working bubblewrap sandbox: skips where bwrap is not installed, fails where it is
