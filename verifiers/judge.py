@@ -46,6 +46,21 @@ Modes:
 Only the answer after the thinking block is judged; a completion whose
 thinking never closed gets `thinking_unfinished_reward`.
 
+Backends:
+* 'model' (the default): the judge is a loaded model object (above).
+* 'served': the judge is an OpenAI-compatible chat-completions endpoint
+  (`url`, `model`, `served_options` for `verifiers.served.Client`: the API key's
+  environment variable, concurrency, retries, timeouts, a request-hash cache),
+  the GenRM served by vLLM / SGLang on other machines. It writes its verdict
+  ('generate' only: a chat API gives no choice logits); the prompt is sent as
+  chat messages whose fields are defused as above (the server applies its own
+  chat template, so chat markers in a field must not reach it verbatim) and
+  sent whole: the server's context is the window (an over-long prompt is the
+  server's refusal, a missing judgment). A judgment that never came (the
+  server down past its retries, a refusal) is a reject like an unparsable
+  verdict, with info['judge_missing'] and the client's reason, never a score;
+  no judge model is loaded or planned (`judge_use` is None).
+
 Metadata: pairwise mode and a template with a {reference} field need
 {reference_field: str}; otherwise any dict.
 """
@@ -63,8 +78,12 @@ import numpy as np
 
 from models import chat
 from verifiers import base
+from verifiers import served
 
 MODES = ('pointwise', 'pairwise', 'round_robin')
+BACKENDS = ('model', 'served')
+# How a judgment that never came (backend 'served') reads in info['judge_text'].
+NO_JUDGMENT = 'no judgment from the served judge: '
 SCORE_BY = ('logits', 'generate')
 # Field names a template may use; the hostile ones are every field.
 FIELDS = ('question', 'response', 'response_a', 'response_b', 'reference')
@@ -81,12 +100,14 @@ class Template:
     choices: verdict words, the favourable one first ('YES' / 'A').
     score_range: (lo, hi) for a rating template: the judge writes
       '<verdict> N', the reward is (N - lo) / (hi - lo); 'generate' only.
+    system: a system turn before the user turn ('' = none); trusted text.
   """
   user: str
   delimiters: tuple[str, ...]
   verdict: str = 'Verdict:'
   choices: tuple[str, ...] = ('YES', 'NO')
   score_range: tuple[int, int] | None = None
+  system: str = ''
 
   @property
   def fields(self) -> tuple[str, ...]:
@@ -238,7 +259,9 @@ class JudgeVerifier(base.Verifier):
                group_size: int | None = None, max_field_tokens: int = 2048,
                max_parse_chars: int = 2000, max_reason_chars: int = 2000,
                judge_thinking: bool | None = False,
-               thinking_unfinished_reward: float | None = 0.0):
+               thinking_unfinished_reward: float | None = 0.0, backend: str = 'model',
+               url: str = '', model: str = '',
+               served_options: Mapping[str, Any] | None = None):
     """Options (errors name the option).
 
     The common `workers` and `timeout_s` options do not exist here: the judge
@@ -263,6 +286,11 @@ class JudgeVerifier(base.Verifier):
         pre-fills an empty thinking block; True lets a thinking judge think first
         ('generate' only).
       thinking_unfinished_reward: reward of a completion whose thinking never closed.
+      backend: 'model' (the `judge` object) or 'served' (an OpenAI-compatible endpoint).
+      url: 'served': the endpoint's API base ('http://host:8000/v1').
+      model: 'served': the served model's name.
+      served_options: 'served': further `verifiers.served.Client` options (api_key_env,
+        concurrency, timeout_s, retries, backoff_s, max_backoff_s, cache_dir, extra_body).
     """
     super().__init__(thinking_unfinished_reward=thinking_unfinished_reward, workers=1)
     if template not in TEMPLATES:
@@ -298,10 +326,30 @@ class JudgeVerifier(base.Verifier):
       raise ValueError(f'judge: group_size={group_size!r} must be an int >= 1 or None')
     if not isinstance(reference_field, str) or not reference_field:
       raise ValueError(f'judge: reference_field={reference_field!r} must be a non-empty string')
-    if judge is None:
+    if backend not in BACKENDS:
+      raise ValueError(f'judge: backend={backend!r}: expected one of {BACKENDS}')
+    if backend == 'model' and (url or model or served_options):
+      raise ValueError("judge: url, model and served_options are for backend='served'")
+    self.backend, self.client = backend, None
+    if backend == 'served':
+      if judge is not None:
+        raise ValueError("judge: backend='served' asks the server at url=; judge= names a "
+                         'model to load: give one of them')
+      if score_by != 'generate':
+        raise ValueError("judge: backend='served' reads the verdict the judge writes: "
+                         "score_by='generate' (a chat-completions server gives no choice logits)")
+      if judge_thinking:
+        raise ValueError("judge: judge_thinking=True with backend='served': the server's chat "
+                         "template decides (pass its switch in served_options['extra_body'])")
+      try:
+        self.client = served.Client(url, model, **dict(served_options or {}))
+      except TypeError as e:
+        raise ValueError(f'judge: served_options: {e}') from None
+    elif judge is None:
       raise ValueError("judge: judge= is required: the judge model (in a config, its source: "
                        "'stage:<name>' or an HF checkpoint directory)")
-    missing = [m for m in ('tokenizer', 'choice_logprobs', 'generate') if not hasattr(judge, m)]
+    missing = [m for m in ('tokenizer', 'choice_logprobs', 'generate')
+               if self.client is None and not hasattr(judge, m)]
     if missing:
       raise ValueError(f'judge: judge={type(judge).__name__} has no {missing} (expected a '
                        'loaded rl.judge.JudgeModel)')
@@ -311,11 +359,14 @@ class JudgeVerifier(base.Verifier):
     self.reference_field, self.group_size = reference_field, group_size
     self.max_field_tokens, self.max_parse_chars = max_field_tokens, max_parse_chars
     self.max_reason_chars = max_reason_chars
-    self.prompter = Prompter(judge.tokenizer, t, judge_thinking, max_field_tokens,
-                             with_verdict=score_by == 'logits')
+    self.prompter = (MessagesPrompter(t) if self.client is not None else
+                     Prompter(judge.tokenizer, t, judge_thinking, max_field_tokens,
+                              with_verdict=score_by == 'logits'))
 
   @classmethod
-  def judge_use(cls, options: Mapping[str, Any], group_size: int) -> base.JudgeUse:
+  def judge_use(cls, options: Mapping[str, Any], group_size: int) -> base.JudgeUse | None:
+    if options.get('backend') == 'served':
+      return None              # a server elsewhere: no model loaded here, no answer cut
     mode = options.get('mode', 'pointwise')
     group = options.get('group_size') or group_size
     rows = {'pointwise': 1, 'pairwise': 2}.get(mode, max(1, int(group) - 1))
@@ -326,6 +377,11 @@ class JudgeVerifier(base.Verifier):
   def _options(self) -> dict:
     return {'mode': self.mode, 'reference_field': self.reference_field,
             'template': self.template_name}
+
+  def close(self) -> None:
+    if self.client is not None:
+      self.client.close()
+    super().close()
 
   @classmethod
   def _check_metadata(cls, metadata: Mapping[str, Any], mode: str = 'pointwise',
@@ -348,11 +404,20 @@ class JudgeVerifier(base.Verifier):
       if lp.shape != (len(rows), len(t.choices)):
         raise ValueError(f'judge: choice_logprobs returned shape {lp.shape} for {len(rows)} rows')
       return [(float(np.exp(x[0])) if np.all(np.isfinite(x)) else None, '') for x in lp]
-    texts = list(self.judge.generate(rows, self.max_new_tokens))
+    if self.client is not None:
+      replies = self.client.complete(rows, max_tokens=self.max_new_tokens)
+      texts = [r.text if r.ok else None for r in replies]
+      errors = [r.error for r in replies]
+    else:
+      texts = list(self.judge.generate(rows, self.max_new_tokens))
+      errors = [''] * len(texts)
     if len(texts) != len(rows):
       raise ValueError(f'judge: generate returned {len(texts)} texts for {len(rows)} rows')
     out = []
-    for text in texts:
+    for text, error in zip(texts, errors):
+      if text is None:         # no judgment came: a reject, never a score (see Backends)
+        out.append((None, f'{NO_JUDGMENT}{error}'))
+        continue
       text = str(text)
       if t.score_range is not None:
         value = parse_score(text, t.verdict, *t.score_range, self.max_parse_chars)
@@ -429,6 +494,10 @@ class JudgeVerifier(base.Verifier):
     if not all(ok for _, _, _, ok in got):
       return self._reject('the judge prompt is longer than the judge takes', texts, info)
     if any(v is None for v in values):
+      missing = [x for x in texts if x.startswith(NO_JUDGMENT)]
+      if missing:
+        info['judge_missing'] = len(missing)
+        return self._reject(missing[0], texts, info)
       what = 'non-finite logits' if self.score_by == 'logits' else 'no parsable verdict'
       return self._reject(what, texts, info)
     if texts:
@@ -519,7 +588,8 @@ class Prompter:
     # The verdict marker too: a judge that echoes the answer must not echo a verdict.
     self._defused = template.delimiters + (template.verdict,)
     slots = {f: self._SLOT.format(f) for f in template.fields}
-    text = chat.render([{'role': 'user', 'content': template.user.format(**slots)}],
+    system = [{'role': 'system', 'content': template.system}] if template.system else []
+    text = chat.render(system + [{'role': 'user', 'content': template.user.format(**slots)}],
                        thinking=thinking)
     # Split the rendered text into trusted pieces and field slots, once.
     self._pieces: list[tuple[str, Any]] = []
@@ -558,3 +628,26 @@ class Prompter:
         enc, cut = enc[:self.max_field_tokens], True
       ids += enc
     return ids, cut
+
+
+class MessagesPrompter:
+  """A served judge's chat messages from a template: the trusted text as it is, each field
+  defused (the template's delimiters and verdict marker, chat and tool markers) and whole.
+
+  The server renders the messages with its own chat template, so a field that spelled a chat
+  marker verbatim could close the user turn there; defused, it stays text inside its block.
+
+  Args:
+    template: a Template.
+  """
+
+  def __init__(self, template: Template):
+    self.template = template
+    self._defused = template.delimiters + ((template.verdict,) if template.verdict else ())
+
+  def row(self, fields: Mapping[str, str]) -> tuple[list[dict], bool]:
+    """(the chat messages, False: nothing is cut) of the judge prompt for these field values."""
+    values = {f: defuse_field(str(fields[f]), self._defused) for f in self.template.fields}
+    system = ([{'role': 'system', 'content': self.template.system}]
+              if self.template.system else [])
+    return system + [{'role': 'user', 'content': self.template.user.format(**values)}], False

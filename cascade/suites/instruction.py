@@ -1,7 +1,7 @@
 """Instruction following: IFEval and IFBench, with the four accuracies their references report.
 
-IFEval (google/IFEval, ifeval_input_data.jsonl, 541 prompts; the release with
-Google's 2024 prompt fix, which lm-eval reads too): 'key', 'prompt',
+IFEval (google/IFEval, ifeval_input_data.jsonl, 541 prompts: the file with
+Google's revised prompts; the older input_data.jsonl is not read): 'key', 'prompt',
 'instruction_id_list', 'kwargs'. IFBench (allenai/IFBench_test,
 data/train-00000-of-00001.parquet, 300 prompts): the same four fields, its
 kwargs as Arrow writes them (every kwarg name on every instruction, None where
@@ -32,9 +32,9 @@ its standard error over prompts and pass@k, is one of them:
   rows are loose or strict is not stated there.
 
 Protocol: Cascade's 64K tokens, temperature 0.6, top-p 0.95, thinking mode; 4
-samples per prompt (the references score one response per prompt: four
-quarter the sampling variance of a score whose stage-to-stage moves are a few
-points, at a small cost next to the math suites').
+samples per prompt. The references score one response per prompt; four cut
+the sampling variance to a quarter, for a score whose stage-to-stage moves are
+a few points, at a small cost next to the math suites' 64.
 
 The papers' numbers: Cascade 1 14B-Thinking after each stage (IFEval), the 8B
 model after each stage (its intermediate checkpoints' model card: IFEval and

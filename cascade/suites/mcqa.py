@@ -1,6 +1,7 @@
 r"""Multiple choice: GPQA-Diamond and MMLU-Pro, each with its official prompt and extraction.
 
-GPQA-Diamond (Idavidrein/gpqa, gpqa_diamond.csv; simple-evals reads the same
+GPQA-Diamond (Idavidrein/gpqa, gpqa_diamond.csv, a gated dataset: `--download`
+needs a Hugging Face token that accepted its terms; simple-evals reads the same
 file): 198 questions, columns 'Question', 'Correct Answer', 'Incorrect Answer
 1'..'3' and 'Record ID' (the record's id) among the release's others. The file
 always lists the correct answer first, so the four choices are shuffled, as
