@@ -257,7 +257,9 @@ class Suite:
     g = np.array([[x.score for x in row] for row in grades], np.float64)
     mean, se = stats.avg_at_k(g)
     k = g.shape[1]
-    out = {'metric': self.metric, 'value': 100.0 * mean, 'stderr': 100.0 * se,
+    # An avg@k metric names the k sampled (a protocol override may have changed it).
+    metric = f'avg@{k}' if self.metric.startswith('avg@') else self.metric
+    out = {'metric': metric, 'value': 100.0 * mean, 'stderr': 100.0 * se,
            'n': len(records), 'k': k, 'samples': int(g.size)}
     for pk in self.protocol.pass_ks:
       if pk <= k:

@@ -96,7 +96,8 @@ def test_a_changed_protocol_or_policy_starts_afresh(fakes, toy, tmp_path):
     res = run.run_suite(changed, recs, policy, str(tmp_path), batch_size=2, say=said.append)
     assert said == [f'suite toy_copy: {path} is not resumed (its {why} differ(s) from this '
                     "evaluation's); evaluating afresh"]
-    assert len(sampler.calls) == 2 and res['k'] == 3 and res['resumed'] == 0
+    assert len(sampler.calls) == 2 and res['resumed'] == 0
+    assert (res['k'], res['metric']) == (3, 'avg@3')       # the k the override sampled
     assert json.loads(path.read_text().splitlines()[0])['header']['policy'] == policy_id
   # The same protocol and policy again: nothing sampled.
   policy, sampler = _policy(fakes, 'policy-2')
