@@ -44,8 +44,9 @@ setuptools.setup(
         'pyarrow>=15',
         'zstandard>=0.22',     # cascade/shards.py: .jsonl.zst shards
         'array-record>=0.5',   # cascade/shards.py, cascade/token_cache.py: ArrayRecord shards
-        'math-verify>=0.7',
+        'math-verify>=0.8',    # verifiers/math.py: parse(raise_on_error=) tells a timeout apart
         'jsonschema>=4.20',
+        'google-re2>=1.1',     # verifiers/structured.py: schema patterns in linear time (RE2)
         'langdetect>=1.0.9',
         'regex>=2024.11.6',    # verifiers/reader.py: Default_Ignorable_Code_Point, unassigned
         'pyicu-wheels>=2.15.2',  # verifiers/reader.py: ICU's TR39 skeletons (ICU bundled)
@@ -57,8 +58,6 @@ setuptools.setup(
         'httpx>=0.27',         # verifiers/served.py: the served judge's HTTP client
     ],
     extras_require={
-        # cascade/suites/swe_bench.py: SWE-bench's own harness (scoring needs Docker).
-        'evals': ['swebench>=5.0.2'],
         # gs:// workdirs, datasets and checkpoints (epath's gs:// backend).
         'gcs': ['gcsfs>=2024.2'],
         # The viewer of the run's tb/ folder: `tensorboard --logdir=<workdir>/tb`.

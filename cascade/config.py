@@ -798,10 +798,12 @@ class Domain:
                           f'max_field_tokens={window}): raise it or shorten the responses')
     window = _judge_window(self.eval_verifier or self.verifier, self.eval_verifier_options)
     if window is not None and eval_setting.max_new_tokens > window:
+      field = ('verifier_options' if self.eval_verifier_options == self.verifier_options
+               else 'eval_verifier_options')
       raise ConfigError(f'config.eval: max_new_tokens={eval_setting.max_new_tokens} tokens of '
                         f"domain {self.name!r} exceed its judge's window (config.domains."
-                        f'{self.name}.eval_verifier_options.max_field_tokens={window}): raise '
-                        'it or shorten the generations')
+                        f'{self.name}.{field}.max_field_tokens={window}): raise it or shorten '
+                        'the generations')
 
 
 # ---------------------------------------------------------------- the plan

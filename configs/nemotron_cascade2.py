@@ -47,7 +47,8 @@ Not reproducible here:
   RLHF). With `genrm=<HF directory>` the chat domain is scored by that judge
   instead (`verifiers.judge`: it rates each answer 1-10 after its own
   reasoning, greedy, at most 4096 tokens; prompt, mode and length are ours, the
-  paper's are not in configs/PAPERS.md) and the RM stage is dropped.
+  paper's are not in configs/PAPERS.md; it reads every chat answer whole, up to
+  MOPD's response length) and the RM stage is dropped.
   `launch.plan` counts the judge (its weights beside every program from its
   first use, its sampler, its generation in the step time) from the
   directory's config.json alone, so a plan needs no weights:
@@ -168,11 +169,16 @@ def get_config(arg=None):
                 max_response_len=32_768, max_turn_tokens=8192, **rl),
   ]
   if a.genrm:
-    # The generative RM scores chat (training and held-out) in place of the BT reward model.
+    # The generative RM scores chat (training and held-out) in place of the BT reward model,
+    # reading each answer whole: its window is the longest chat answer a stage (MOPD's) or the
+    # evaluation writes (cascade.config refuses a shorter one).
+    chat_len = max([s.get('max_response_len', 0) for s in c.stages
+                    if 'chat' in s.get('domains', ())] + [c.eval.max_new_tokens])
     c.domains.chat.verifier = 'judge'
     c.domains.chat.verifier_options = dict(judge=a.genrm, template='pointwise_score',
                                            mode='pointwise', score_by='generate',
-                                           max_new_tokens=4096)   # ours
+                                           max_new_tokens=4096,   # ours
+                                           max_field_tokens=chat_len)
     c.domains.chat.reward_model_stage = ''
     c.stages = [st for st in c.stages if st['name'] != 'rm']
   r.exact_sampler_buckets(c)

@@ -151,10 +151,14 @@ class JudgeUse:
     max_new_tokens: the most tokens the judge writes per row ('generate').
     rows_per_sample: judge rows per scored sample at most (pairwise: both orders; round
       robin: both orders of every pair in a group of G, G - 1 per sample).
+    answer_tokens: the most tokens of a policy answer the judge reads (the rest is cut), or
+      None where nothing is cut or it is not known; a config whose stage writes longer
+      answers for the domain is refused (`cascade.config`).
   """
   score_by: str
   max_new_tokens: int
   rows_per_sample: int
+  answer_tokens: int | None = None
 
 
 class Verifier:

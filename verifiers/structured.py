@@ -11,6 +11,17 @@ keeps the last value, other readers the first). Validation uses `jsonschema` wit
 class the schema's `$schema` names (Draft 2020-12 by default). Reward 1 if
 valid, else 0.
 
+Regular expressions run in linear time. A schema's `pattern` and
+`patternProperties` meet the policy's strings and keys, and Python's
+backtracking `re` spends minutes on '^(a+)+$' against 34 a's and a '!', so
+they are matched by RE2 (`google-re2`: linear in the text; no backreferences
+or lookaround; ECMA-262's \\uXXXX is read as RE2's \\x{XXXX}), never by
+`re`: a schema with a pattern RE2 cannot compile is refused as malformed
+metadata, naming the pattern, and so is one that gives
+`unevaluatedProperties` beside `patternProperties` (jsonschema evaluates
+that pair with `re` inside, out of reach). A string holding a lone surrogate
+(JSON '\\ud800', not Unicode text) is matched with U+FFFD in its place.
+
 `format` is asserted, not only annotated: the formats in CHECKED_FORMATS are
 checked here (stdlib only, see each checker; optional jsonschema extras are
 not relied on, so what is checked does not depend on what happens to be
@@ -32,6 +43,8 @@ import json
 import math
 import re
 from typing import Any, Callable, Mapping
+
+import re2
 
 from verifiers import base
 from verifiers import fences
@@ -268,6 +281,129 @@ def formats_in(schema: Any) -> set[str]:
   return out
 
 
+# -- patterns ----------------------------------------------------------------
+
+# Keywords whose values map names (not patterns) to subschemas.
+_SUBSCHEMA_MAPS = frozenset(('properties', '$defs', 'definitions', 'dependentSchemas',
+                             'dependencies'))
+
+
+def regexes_in(schema: Any) -> tuple[set[str], set[str], bool]:
+  """The regular expressions a schema matches against instances.
+
+  Args:
+    schema: a JSON Schema (dict or bool).
+
+  Returns:
+    ({its 'pattern' values}, {its 'patternProperties' keys}, whether any subschema has an
+    'unevaluatedProperties' keyword).
+  """
+  patterns, keys, unevaluated, stack = set(), set(), False, [schema]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, list):
+      stack.extend(node)
+      continue
+    if not isinstance(node, dict):
+      continue
+    for key, value in node.items():
+      if key in _DATA_KEYWORDS:
+        continue
+      if key == 'pattern' and isinstance(value, str):
+        patterns.add(value)
+      elif (key in _SUBSCHEMA_MAPS or key == 'patternProperties') and isinstance(value, dict):
+        if key == 'patternProperties':
+          keys.update(value)
+        stack.extend(value.values())
+      else:
+        unevaluated = unevaluated or key == 'unevaluatedProperties'
+        stack.append(value)
+  return patterns, keys, unevaluated
+
+
+# ECMA-262 (JSON Schema's dialect) writes a code point as \uXXXX, RE2 as \x{XXXX}; an escaped
+# backslash is taken whole, so that \\u0041 stays a backslash and 'u0041'.
+_ECMA_CODE_POINT = re.compile(r'\\\\|\\u([0-9A-Fa-f]{4})')
+
+
+@functools.lru_cache(maxsize=4096)
+def _re2(pattern: str):
+  """`pattern` (ECMA-262's \\uXXXX allowed) compiled by RE2; raises re2.error where RE2 cannot
+  compile it."""
+  options = re2.Options()
+  options.log_errors = False  # The refusal says why; no line on stderr per bad schema.
+  pattern = _ECMA_CODE_POINT.sub(lambda m: f'\\x{{{m[1]}}}' if m[1] else m[0], pattern)
+  return re2.compile(pattern, options=options)
+
+
+def _re2_error(pattern: str) -> str:
+  """'' if RE2 compiles `pattern`, else why not."""
+  try:
+    _re2(pattern)
+  except re2.error as e:
+    why = e.args[0] if e.args else ''
+    return why.decode('utf-8', 'replace') if isinstance(why, bytes) else str(why)
+  return ''
+
+
+_SURROGATE = re.compile('[\ud800-\udfff]')
+
+
+def _search(pattern: str, text: str) -> bool:
+  """Whether RE2 finds `pattern` in `text` (linear in the text)."""
+  try:
+    return _re2(pattern).search(text) is not None
+  except UnicodeEncodeError:  # A lone surrogate: read as U+FFFD, as a UTF-8 reader would.
+    return _re2(pattern).search(_SURROGATE.sub('\ufffd', text)) is not None
+
+
+def _pattern(validator, pattern, instance, schema):
+  del schema
+  if validator.is_type(instance, 'string') and not _search(pattern, instance):
+    import jsonschema  # pylint: disable=g-import-not-at-top
+    yield jsonschema.ValidationError(f'{instance[:80]!r} does not match {pattern!r}')
+
+
+def _pattern_properties(validator, pattern_properties, instance, schema):
+  del schema
+  if not validator.is_type(instance, 'object'):
+    return
+  for pattern, subschema in pattern_properties.items():
+    for key, value in instance.items():
+      if _search(pattern, key):
+        yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(validator, additional, instance, schema):
+  if not validator.is_type(instance, 'object'):
+    return
+  properties = schema.get('properties', {})
+  patterns = list(schema.get('patternProperties', {}))
+  extras = [k for k in instance
+            if k not in properties and not any(_search(p, k) for p in patterns)]
+  if validator.is_type(additional, 'object'):
+    for key in extras:
+      yield from validator.descend(instance[key], additional, path=key)
+  elif not additional and extras:
+    import jsonschema  # pylint: disable=g-import-not-at-top
+    named = ', '.join(repr(k[:80]) for k in extras[:5]) + (', ...' if len(extras) > 5 else '')
+    yield jsonschema.ValidationError(f'Additional properties are not allowed ({named} '
+                                     f'{"was" if len(extras) == 1 else "were"} unexpected)')
+
+
+# The keywords that match patterns, in RE2.
+_RE2_KEYWORDS = {'pattern': _pattern, 'patternProperties': _pattern_properties,
+                 'additionalProperties': _additional_properties}
+
+
+@functools.lru_cache(maxsize=None)
+def _linear_validator_class(cls):
+  """`cls` (a jsonschema validator class) with its pattern-matching keywords in RE2."""
+  import jsonschema  # pylint: disable=g-import-not-at-top
+  return jsonschema.validators.extend(
+      cls, {k: f for k, f in _RE2_KEYWORDS.items() if k in cls.VALIDATORS})
+
+
 @functools.lru_cache(maxsize=1)
 def format_checker():
   """A jsonschema FormatChecker holding exactly CHECKED_FORMATS."""
@@ -308,6 +444,16 @@ def schema_error(schema_json: str) -> str:
   if unchecked:
     return (f'format {", ".join(unchecked)} is not checked by this verifier (checked: '
             f'{", ".join(CHECKED_FORMATS)})')
+  patterns, keys, unevaluated = regexes_in(schema)
+  for pattern in sorted(patterns | keys):
+    why = _re2_error(pattern)
+    if why:
+      return (f'pattern {pattern[:200]!r} is not supported: RE2 (linear-time matching; no '
+              f'backreferences or lookaround) cannot compile it ({why})')
+  cls = jsonschema.validators.validator_for(schema)
+  if keys and unevaluated and 'unevaluatedProperties' in cls.VALIDATORS:
+    return ('unevaluatedProperties beside patternProperties is not supported (jsonschema '
+            "would match those patterns with Python's backtracking re)")
   return ''
 
 
@@ -317,7 +463,8 @@ def validator(schema_json: str):
   assumed valid: see `schema_error`)."""
   import jsonschema  # pylint: disable=g-import-not-at-top
   schema = json.loads(schema_json)
-  return jsonschema.validators.validator_for(schema)(schema, format_checker=format_checker())
+  cls = _linear_validator_class(jsonschema.validators.validator_for(schema))
+  return cls(schema, format_checker=format_checker())
 
 
 class StructuredVerifier(base.Verifier):

@@ -205,6 +205,41 @@ def test_a_reward_models_score_window_covers_the_rows_it_scores():
   assert validate(make_config()).stage('rm').score_len == 64      # 0: the training max_len
 
 
+def _judged_chat(window: int, response: int = 16, eval_tokens: int = 16, **eval_options):
+  """The chat domain scored by a judge reading `window` tokens of an answer."""
+  def mutate(c, s):
+    c.domains.chat.update(dict(verifier='judge', reward_model_stage='', verifier_options=dict(
+        judge='stage:sft', max_field_tokens=window)))
+    if eval_options:
+      c.domains.chat.update(dict(eval_verifier='judge', eval_verifier_options=dict(
+          judge='stage:sft', **eval_options)))
+    s[2]['max_response_len'] = response
+    c.eval.max_new_tokens = eval_tokens
+  c = _mutate(mutate)
+  return config_lib.validate(c, known_verifiers=VERIFIERS + ('judge',), known_formats=FORMATS)
+
+
+def test_a_judged_domain_writes_no_more_than_its_judge_reads():
+  # The judge reads max_field_tokens of an answer; a longer one would be judged on its head.
+  assert _judged_chat(16).domains['chat'].verifier == 'judge'
+  with pytest.raises(config_lib.ConfigError) as e:
+    _judged_chat(16, response=24)
+  assert str(e.value) == (
+      "stages[2] 'rlhf': max_response_len=24 tokens of domain 'chat' exceed its judge's window "
+      '(config.domains.chat.verifier_options.max_field_tokens=16): raise it or shorten the '
+      'responses')
+  # The held-out verifier's own window bounds the evaluation's generations.
+  assert _judged_chat(16, eval_tokens=24, max_field_tokens=24)
+  with pytest.raises(config_lib.ConfigError, match=(
+      r"^config.eval: max_new_tokens=24 tokens of domain 'chat' exceed its judge's window "
+      r'\(config.domains.chat.eval_verifier_options.max_field_tokens=20\)')):
+    _judged_chat(16, eval_tokens=24, max_field_tokens=20)
+  # Without eval options the training verifier scores the held-out set too.
+  with pytest.raises(config_lib.ConfigError, match=r'^config.eval: max_new_tokens=24 .*'
+                                                   r'chat.verifier_options.max_field_tokens=16'):
+    _judged_chat(16, eval_tokens=24)
+
+
 def test_explicit_teachers_and_paths():
   def mutate(c, s):
     s[5]['teachers'] = {'add': 'add_rl', 'mul': '/ckpts/mul_teacher'}

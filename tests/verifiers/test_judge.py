@@ -226,6 +226,43 @@ def test_rating_template(tok):
   assert r[0].reward == pytest.approx(7 / 9) and r[1].info['rejected'] and r[1].reward == 0.0
 
 
+def test_verdicts_are_read_as_written():
+  # 'İ' (U+0130) lowercases to two code points: a marker found in a lowered copy and sliced from
+  # the text read one character further per 'İ' before it, so 8 of them turned 'NO (not YES)'
+  # into YES and 'Score: 2 (not 10)' into 10.
+  v = lambda t: judge.parse_verdict(t, 'Verdict:', ('YES', 'NO'), 100)
+  s = lambda t: judge.parse_score(t, 'Score:', 1, 10, 100)
+  for k in range(16):
+    assert v('İ' * k + 'Verdict: NO (not YES)') == 1, k
+    assert s('İ' * k + 'Score: 2 (not 10)') == pytest.approx(1 / 9), k
+    assert v('İ' * k + 'VERDICT: yes') == 0, k
+  # Case folds only ASCII: a marker or a verdict spelled with look-alikes is none.
+  assert v('VERDİCT: YES') is None and v('Verdict: YEＳ') is None
+
+
+def test_the_verdict_after_dotted_capitals_through_the_verifier(tok):
+  class Turkish(FakeJudge):
+    def generate(self, rows, max_new_tokens):
+      return ['İSTANBUL ' + 'İ' * 8 + ' Verdict: NO (not YES)'] * len(rows)
+
+  class Rater(FakeJudge):
+    def generate(self, rows, max_new_tokens):
+      return ['İ' * 8 + 'Score: 2 (not 10)'] * len(rows)
+
+  yes_no = verifiers.get('judge', judge=Turkish(tok, 'pointwise_yes_no'), score_by='generate')
+  rating = verifiers.get('judge', judge=Rater(tok, 'pointwise_yes_no'),
+                         template='pointwise_score', score_by='generate')
+  assert yes_no.score([S(PROMPT, 'GOOD')])[0].reward == 0.0
+  assert rating.score([S(PROMPT, 'GOOD')])[0].reward == pytest.approx(1 / 9)
+
+
+def test_judge_use_gives_the_answer_window():
+  use = verifiers.cls('judge').judge_use({'max_field_tokens': 64}, 8)
+  assert use.answer_tokens == 64
+  assert verifiers.cls('judge').judge_use({}, 8).answer_tokens == 2048
+  assert verifiers.cls('judge').judge_use({'max_field_tokens': 'x'}, 8).answer_tokens is None
+
+
 @pytest.mark.parametrize('options, match', [
     (dict(template='nope'), 'template=.nope.'),
     (dict(mode='listwise'), 'mode=.listwise.'),

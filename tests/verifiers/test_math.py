@@ -1,10 +1,17 @@
 """Math verifier: answer extraction and math-verify equivalence in time-limited workers."""
 
+import json
+import subprocess
+import sys
+import textwrap
+import threading
 import time
 
+import psutil
 import pytest
 
 import verifiers
+from verifiers import base
 from verifiers import math as math_verifier
 
 S = verifiers.Sample
@@ -92,6 +99,42 @@ def test_hostile_megabyte_answers_extract_fast(text, answer):
   assert time.process_time() - cpu < 1.0
 
 
+# A kilobyte of brackets: math-verify's LaTeX parser took ~6 s of CPU on the parentheses.
+NESTED_KB = {
+    'parentheses': '(' * 500 + '1' + ')' * 500,
+    'braces': '{' * 500 + '1' + '}' * 500,
+    'left-right': '\\left(' * 70 + 'x' + '\\right)' * 70,
+    'fractions': '\\frac{' * 100 + '1' + '}{2}' * 100,
+    'powers': '2^{' * 250 + '2' + '}' * 250,
+}
+
+
+@pytest.mark.parametrize('answer, why', [
+    ('1' * 301, 'answer longer than 300 characters (301)'),
+    (NESTED_KB['parentheses'], 'answer longer than 300 characters (1001)'),
+    ('(' * 9 + 'x' + ')' * 9, 'answer nests brackets 9 deep (most 8)'),
+    ('\\{' * 7 + '[(x)]' + '\\}' * 7, 'answer nests brackets 9 deep (most 8)'),
+    ('\\{' * 6 + '[(x)]' + '\\}' * 6, ''),
+    ('\\left(' * 9 + 'x', 'answer nests brackets 9 deep (most 8)'),
+    ('1' * 300, ''),
+    ('(' * 8 + 'x' + ')' * 8, ''),
+    ('[1, 2) \\cup (3, 4]', ''),
+    (')' * 20 + '(x)', ''),
+    ('\\left(\\frac{\\sqrt{2}}{2}, -\\frac{\\pi}{4}\\right)', ''),
+])
+def test_answers_too_long_or_too_deep_are_refused(answer, why):
+  assert math_verifier.refusal(answer) == (why and why + ': not parsed')
+
+
+@pytest.mark.parametrize('kind', sorted(NESTED_KB))
+def test_a_kilobyte_of_nesting_costs_under_a_second(kind):
+  cpu = time.process_time()
+  for text in (f'\\boxed{{{NESTED_KB[kind]}}}', f'The answer is {NESTED_KB[kind]}'):
+    out = math_verifier.work({'answer_text': text, 'gold': '1', 'parse_timeout_s': None})
+    assert out['reward'] == 0.0 and 'not parsed' in out['info']['reason'], out
+  assert time.process_time() - cpu < 1.0
+
+
 @pytest.fixture(scope='module')
 def verifier():
   with verifiers.get('math', workers=2, timeout_s=10) as v:
@@ -131,6 +174,63 @@ def test_equivalence_batch(verifier):
   assert results[-4].info['reason'] == 'answer not parsable'
   assert results[-3].info['reason'] == 'gold answer not parsable'
   assert results[-1].info['thinking'] == 'unfinished'
+
+
+def _worker_cpu(v) -> tuple[float, list[int]]:
+  pids = v._pool.pids
+  return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids), pids
+
+
+def test_hostile_nesting_costs_the_worker_under_a_second_and_no_restart(verifier):
+  verifier.score([S('q', r'\boxed{1}', {'answer': '1'})])  # Workers up and warm.
+  cpu, pids = _worker_cpu(verifier)
+  restarts = verifier._pool.restarts
+  texts = [f'\\boxed{{{t}}}' for t in NESTED_KB.values()] + [
+      f'Answer: {t}' for t in NESTED_KB.values()]
+  results = verifier.score([S('q', t, {'answer': '1'}) for t in texts])
+  assert all(r.reward == 0.0 and 'not parsed' in r.info['reason'] for r in results), results
+  spent, after = _worker_cpu(verifier)
+  assert after == pids and verifier._pool.restarts == restarts
+  assert spent - cpu < 1.0
+
+
+def test_the_parse_timeout_is_used_only_in_a_main_thread(monkeypatch):
+  # math-verify's SIGALRM timeout raises outside a main thread; there it is left off.
+  limits = []
+  monkeypatch.setattr(math_verifier, '_parse', lambda text, limit: limits.append(limit) or [])
+  payload = {'answer_text': r'\boxed{\frac{1}{2}}', 'gold': '0.5', 'parse_timeout_s': 3}
+  math_verifier.work(payload)
+  worker = threading.Thread(target=math_verifier.work, args=(payload,))
+  worker.start()
+  worker.join()
+  assert limits == [3, 3, None, None]  # The gold's parse and the answer's, in each thread.
+
+
+@pytest.mark.heavy
+def test_a_stalled_parse_ends_at_the_parse_timeout_and_the_worker_goes_on():
+  # Past the bounds (lifted here), 24 levels of brackets keep math-verify's parser for seconds;
+  # its own timeout (SIGALRM, a main thread) ends the parse at 1 s, and the process parses
+  # right afterwards. In a fresh process, as a worker: in a test process, garbage collection
+  # can run the signal's handler inside a finaliser, where its exception is ignored.
+  script = textwrap.dedent("""
+      import json, time
+      from verifiers import math as m
+      m.MAX_NESTING = 1000
+      deep = '\\\\{' * 8 + '[' * 8 + '{' * 8 + 'x' + '}' * 8 + ']' * 8 + '\\\\}' * 8
+      start = time.monotonic()
+      stalled = m.work({'answer_text': '\\\\boxed{' + deep + '}', 'gold': 'x',
+                        'parse_timeout_s': 1})
+      took = time.monotonic() - start
+      after = m.work({'answer_text': '\\\\boxed{\\\\frac{2}{4}}', 'gold': '0.5',
+                      'parse_timeout_s': 1})
+      print(json.dumps([stalled, took, after]))
+  """)
+  run = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                       timeout=120, cwd=base.PACKAGE_PARENT, check=True)
+  stalled, took, after = json.loads(run.stdout.splitlines()[-1])
+  assert stalled['info']['reason'] == 'answer parse timed out after 1s', stalled
+  assert took < 4.0
+  assert after['reward'] == 1.0, after
 
 
 @pytest.mark.parametrize('answer, latex', [

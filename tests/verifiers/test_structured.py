@@ -1,8 +1,10 @@
 """Structured-output verifier: JSON extraction and JSON Schema validation."""
 
 import json
+import re
 import time
 
+import psutil
 import pytest
 
 import verifiers
@@ -201,3 +203,72 @@ def test_circular_schema_is_a_value_error_naming_the_record():
   schema['properties'] = {'self': schema}
   with pytest.raises(ValueError, match='^data/s.jsonl:4: .*not JSON-serialisable: Circular'):
     verifiers.validate('structured', {'schema': schema}, 'data/s.jsonl:4')
+
+
+# '^(a+)+$' on 34 a's and a '!': Python's backtracking re tries 2^34 splits (minutes).
+REDOS = '^(a+)+$'
+EVIL = 'a' * 34 + '!'
+
+
+def test_redos_patterns_cost_the_worker_under_a_second_and_no_restart():
+  keyed = {'type': 'object', 'patternProperties': {REDOS: {'type': 'integer'}},
+           'additionalProperties': False}
+  samples = [
+      S('p', json.dumps(EVIL), {'schema': {'type': 'string', 'pattern': REDOS}}),
+      S('p', json.dumps('a' * 34), {'schema': {'type': 'string', 'pattern': REDOS}}),
+      S('p', json.dumps({EVIL: 1}), {'schema': keyed}),
+      S('p', json.dumps({'a' * 34: 'x'}), {'schema': keyed}),
+      S('p', json.dumps({'a' * 34: 1}), {'schema': keyed}),
+      S('p', json.dumps({EVIL: 1}), {'schema': {'propertyNames': {'pattern': REDOS}}}),
+  ]
+  with verifiers.get('structured', workers=1, timeout_s=10) as v:
+    v.score([S('p', '1', {'schema': True})])  # The worker up and warm.
+    pid, = v._pool.pids
+    cpu = sum(psutil.Process(pid).cpu_times()[:2])
+    r = v.score(samples)
+    spent = sum(psutil.Process(pid).cpu_times()[:2]) - cpu
+    assert v._pool.pids == [pid] and v._pool.restarts == 0
+  assert [x.reward for x in r] == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0], [x.info for x in r]
+  assert f'does not match {REDOS!r}' in r[0].info['reason']
+  assert 'Additional properties are not allowed' in r[2].info['reason']
+  assert spent < 1.0
+
+
+@pytest.mark.parametrize('schema, pattern', [
+    ({'type': 'string', 'pattern': '(a)\\1'}, '(a)\\1'),                     # a backreference
+    ({'properties': {'x': {'pattern': '(?=a)a'}}}, '(?=a)a'),               # lookahead
+    ({'patternProperties': {'(?<!x)y': {}}}, '(?<!x)y'),                    # lookbehind key
+    ({'prefixItems': [{'pattern': 'a{2000}'}]}, 'a{2000}'),                 # past RE2's limit
+])
+def test_a_pattern_re2_cannot_compile_is_refused_naming_it(schema, pattern):
+  with pytest.raises(ValueError, match=(
+      r'^x:1: metadata\["schema"\] is not a valid JSON Schema: pattern '
+      + re.escape(repr(pattern)) + r' is not supported: RE2 \(linear-time matching')):
+    verifiers.validate('structured', {'schema': schema}, 'x:1')
+
+
+def test_unevaluated_properties_beside_pattern_properties_is_refused():
+  # jsonschema computes unevaluatedProperties with Python's re on the keys, out of reach.
+  with pytest.raises(ValueError, match='unevaluatedProperties beside patternProperties'):
+    verifiers.validate('structured', {'schema': {
+        'patternProperties': {'^a': {}}, 'unevaluatedProperties': False}}, 'x:1')
+  # Draft 7 has no such keyword, and either alone is fine.
+  for schema in ({'$schema': 'http://json-schema.org/draft-07/schema#',
+                  'patternProperties': {'^a': {}}, 'unevaluatedProperties': False},
+                 {'unevaluatedProperties': False, 'properties': {'patternProperties': {}}},
+                 {'patternProperties': {'^a': {}}}):
+    verifiers.validate('structured', {'schema': schema}, 'x:1')
+
+
+@pytest.mark.parametrize('pattern, text, valid', [
+    ('^[\\u0041-\\u005A]+$', 'ABC', True),      # ECMA-262's \uXXXX
+    ('^[\\u0041-\\u005A]+$', 'abc', False),
+    ('^\\\\u0041$', '\\u0041', True),           # an escaped backslash, then 'u0041'
+    ('^a.$', 'a\ud800', True),                  # a lone surrogate reads as U+FFFD
+    ('bad', 'bad\ud800', True),
+    ('^\\d+$', '١٢', False),                    # \d is ASCII, as in ECMA-262
+])
+def test_patterns_match_as_ecma_262_reads_them(pattern, text, valid):
+  out = structured.work({'answer': json.dumps(text),
+                         'schema': json.dumps({'type': 'string', 'pattern': pattern})})
+  assert out['reward'] == float(valid), out
