@@ -58,6 +58,8 @@ setuptools.setup(
         'httpx>=0.27',         # verifiers/served.py: the served judge's HTTP client
     ],
     extras_require={
+        # cascade/suites/swe_bench.py: SWE-bench's own harness (scoring needs Docker).
+        'evals': ['swebench>=5.0.2'],
         # gs:// workdirs, datasets and checkpoints (epath's gs:// backend).
         'gcs': ['gcsfs>=2024.2'],
         # The viewer of the run's tb/ folder: `tensorboard --logdir=<workdir>/tb`.

@@ -25,6 +25,7 @@ _BUILTIN: dict[str, str] = {
     'hmmt_feb25': 'cascade.suites.math:hmmt_feb25',
     'lcb_v5': 'cascade.suites.livecodebench:lcb_v5',
     'lcb_v6': 'cascade.suites.livecodebench:lcb_v6',
+    'swe_bench_verified': 'cascade.suites.swe_bench:swe_bench_verified',
     'ruler_niah_single_8k': 'cascade.suites.ruler:niah_single_8k',
     'ruler_niah_single_16k': 'cascade.suites.ruler:niah_single_16k',
     'ruler_niah_single_32k': 'cascade.suites.ruler:niah_single_32k',
