@@ -23,6 +23,8 @@ _BUILTIN: dict[str, str] = {
     'aime24': 'cascade.suites.math:aime24',
     'aime25': 'cascade.suites.math:aime25',
     'hmmt_feb25': 'cascade.suites.math:hmmt_feb25',
+    'arena_hard_v1': 'cascade.suites.arena_hard:arena_hard_v1',
+    'arena_hard_v2': 'cascade.suites.arena_hard:arena_hard_v2',
     'lcb_v5': 'cascade.suites.livecodebench:lcb_v5',
     'lcb_v6': 'cascade.suites.livecodebench:lcb_v6',
     'swe_bench_verified': 'cascade.suites.swe_bench:swe_bench_verified',

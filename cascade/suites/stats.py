@@ -13,7 +13,8 @@ A suite samples k completions of each of P prompts and grades each one
             (ties: the earliest sample), averaged over prompts.
 
 `bootstrap` gives a percentile interval of any statistic over resampled
-prompts (ArenaHard's confidence interval).
+rows (prompts; ArenaHard's battles), `bootstrap_replicates` the resampled
+statistics themselves (ArenaHard v2 reports their mean).
 """
 
 from __future__ import annotations
@@ -95,9 +96,31 @@ def maj_at_k(grades, answers: Sequence[Sequence[Hashable | None]]) -> float:
   return float(np.mean(out))
 
 
+def bootstrap_replicates(values, statistic: Callable[[np.ndarray], float], rounds: int = 1000,
+                         seed: int = 0) -> np.ndarray:
+  """`statistic` of each of `rounds` resamples of `values`' rows, [rounds] float64.
+
+  Round r resamples with the r-th draw `rng.integers(0, n, n)` of
+  `np.random.default_rng(seed)` (n rows), so the replicates are reproducible.
+
+  Args:
+    values: an array whose first axis is resampled with replacement.
+    statistic: array -> float.
+    rounds: number of resamples.
+    seed: the resampling seed.
+  """
+  v = np.asarray(values)
+  if v.shape[0] == 0:
+    raise ValueError('bootstrap needs at least one row')
+  rng = np.random.default_rng(seed)
+  return np.array([statistic(v[rng.integers(0, v.shape[0], v.shape[0])])
+                   for _ in range(rounds)], np.float64)
+
+
 def bootstrap(values, statistic: Callable[[np.ndarray], float], rounds: int = 1000,
               seed: int = 0, level: float = 0.95) -> tuple[float, float]:
-  """A percentile interval of `statistic` over `rounds` resamples of `values`' rows.
+  """A percentile interval of `statistic` over `rounds` resamples of `values`' rows
+  (`bootstrap_replicates`).
 
   Args:
     values: an array whose first axis is resampled with replacement.
@@ -109,11 +132,6 @@ def bootstrap(values, statistic: Callable[[np.ndarray], float], rounds: int = 10
   Returns:
     (low, high).
   """
-  v = np.asarray(values)
-  if v.shape[0] == 0:
-    raise ValueError('bootstrap needs at least one row')
-  rng = np.random.default_rng(seed)
-  stats = np.array([statistic(v[rng.integers(0, v.shape[0], v.shape[0])])
-                    for _ in range(rounds)], np.float64)
+  stats = bootstrap_replicates(values, statistic, rounds, seed)
   tail = (1.0 - level) / 2
   return float(np.quantile(stats, tail)), float(np.quantile(stats, 1.0 - tail))
