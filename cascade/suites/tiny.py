@@ -5,7 +5,8 @@ prompts in `<world>/<domain>/heldout.jsonl` as canonical prompt records
 ({'id', 'domain', 'messages', 'metadata'}) that a registered verifier grades. A
 `WorldSuite` makes one such domain an evaluation suite with the papers' protocol
 machinery: k samples per prompt, avg@k with its standard error, pass@k, maj@k
-where the verifier reports the answer it extracted.
+where the verifier reports the answer it extracted. Its grader is the suites'
+`graders.VerifierGrader` over that verifier (a batch in one `score` call).
 
 The framework never imports the world: the world registers its suites, as it
 registers its verifier (tiny_world/suites.py: `tiny_chat`, `tiny_if`, `tiny_math`,
@@ -24,56 +25,8 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from cascade.suites import base
-from models import chat
+from cascade.suites import graders
 import verifiers
-
-
-class VerifierGrader(base.Grader):
-  """Grades with a registered verifier, one `score` call per batch (its worker pool busy on
-  every sample at once); a grade is the reward clipped to [0, 1] (a -1 "unparsable" reward is
-  a failure), its answer the verifier's info[answer_info] when given.
-
-  Args:
-    verifier: a built `verifiers.Verifier` (closed by `close`).
-    answer_info: the info key holding the normalised answer for maj@k ('' = none).
-  """
-
-  def __init__(self, verifier, answer_info: str = ''):
-    self.verifier, self.answer_info = verifier, answer_info
-
-  @property
-  def isolation(self) -> str | None:
-    """The isolation the verifier's code ran under, where it runs code ('bwrap', 'none')."""
-    return getattr(self.verifier, 'isolation', None)
-
-  def grade(self, record: Mapping, completions: Sequence[str]) -> list[base.Graded]:
-    return self.grade_batch([record], [completions])[0]
-
-  def grade_batch(self, records: Sequence[Mapping],
-                  completions: Sequence[Sequence[str]]) -> list[list[base.Graded]]:
-    samples = [verifiers.Sample(prompt=chat.render(r['messages'], thinking=None),
-                                completion=c, metadata=r['metadata'])
-               for r, cs in zip(records, completions) for c in cs]
-    results = self.verifier.score(samples) if samples else []
-    if len(results) != len(samples):
-      raise RuntimeError(f'verifier {type(self.verifier).__name__} returned {len(results)} '
-                         f'results for {len(samples)} samples')
-    out, i = [], 0
-    for cs in completions:
-      row = []
-      for _ in cs:
-        res = results[i]
-        info = dict(res.info or {})
-        answer = info.get(self.answer_info) if self.answer_info else None
-        row.append(base.Graded(score=min(max(float(res.reward), 0.0), 1.0),
-                               answer=answer if isinstance(answer, (str, int, float)) else None,
-                               info=info))
-        i += 1
-      out.append(row)
-    return out
-
-  def close(self) -> None:
-    self.verifier.close()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,7 +63,14 @@ class WorldSuite(base.Suite):
                   'messages': [dict(m) for m in messages], 'metadata': dict(metadata)})
     return out
 
-  def grader(self, **options) -> VerifierGrader:
-    return VerifierGrader(verifiers.get(self.verifier, **{**dict(self.verifier_options or {}),
-                                                          **options}),
-                          self.answer_info)
+  def grader(self, **options) -> graders.VerifierGrader:
+    verifier = verifiers.get(self.verifier, **{**dict(self.verifier_options or {}), **options})
+    return graders.VerifierGrader(verifier, self._graded if self.answer_info else graders.plain)
+
+  def _graded(self, record: Mapping, result: verifiers.Result) -> base.Graded:
+    """The reward clipped to [0, 1], the verifier's info[answer_info] as the answer (maj@k)."""
+    del record
+    info = dict(result.info or {})
+    answer = info.get(self.answer_info)
+    return base.Graded(score=graders.clipped(result), info=info,
+                       answer=answer if isinstance(answer, (str, int, float)) else None)
