@@ -50,7 +50,7 @@ import zlib
 from typing import Any, Mapping, Sequence
 
 from cascade.suites import base
-from cascade.suites import tiny
+from cascade.suites import graders
 import verifiers
 
 SYSTEM = ('You are an expert Python programmer. You will be given a question (problem '
@@ -220,9 +220,8 @@ class LiveCodeBenchSuite(base.Suite):
                        'contest_date': date.isoformat()}})
     return out
 
-  def grader(self, **options) -> tiny.VerifierGrader:
-    # The committed generic verifier grader (the reward clipped to [0, 1], no maj@k answer).
-    return tiny.VerifierGrader(verifiers.get('code', **options))
+  def grader(self, **options) -> graders.VerifierGrader:
+    return graders.VerifierGrader(verifiers.get('code', **options), graders.plain)
 
 
 PROTOCOL = base.Protocol(samples=8, temperature=0.6, top_p=0.95, max_new_tokens=65536,
