@@ -58,8 +58,9 @@ setuptools.setup(
         'httpx>=0.27',         # verifiers/served.py: the served judge's HTTP client
     ],
     extras_require={
-        # cascade/suites/swe_bench.py: SWE-bench's own harness (scoring needs Docker).
-        'evals': ['swebench>=5.0.2'],
+        # cascade/suites/swe_bench.py: SWE-bench's own harness (scoring needs Docker);
+        # huggingface_hub: `python -m cascade.evaluate --download` fetches the suites' files.
+        'evals': ['swebench>=5.0.2', 'huggingface_hub>=0.23'],
         # gs:// workdirs, datasets and checkpoints (epath's gs:// backend).
         'gcs': ['gcsfs>=2024.2'],
         # The viewer of the run's tb/ folder: `tensorboard --logdir=<workdir>/tb`.

@@ -262,6 +262,15 @@ REGISTRY.update({
         'tests/cascade/test_episodes.py::test_readmes_environment_example_runs_an_episode',
 })
 _RELEASED_LOOPS = _HERE + 'test_the_released_data_downloads_fill_what_the_configs_read'
+# docs/evaluation.md: its tiny command on a tiny run (the test runs it as the page shows it) and
+# its config lines on the 14B recipe.
+_EVALUATE = ('tests/cascade/suites/test_evaluate.py::'
+             'test_a_runs_checkpoint_is_scored_on_every_tiny_suite_as_the_matrix_scored_it')
+REGISTRY.update({
+    'python -m cascade.evaluate --imports=tiny_world --checkpoint=runs/tiny': _EVALUATE,
+    _shown('docs/evaluation.md', "c.eval.suites = ['aime25', 'ifeval', 'gpqa_diamond']"):
+        'tests/cascade/suites/test_matrix.py::test_the_evaluation_pages_config_lines_check_out',
+})
 REGISTRY.update({
     'DATA=/data/nemotron': _RELEASED_LOOPS + '[nemotron_cascade_14b-DATA=/data/nemotron-CASCADE1_ROWS]',
     _shown('docs/released_data.md', 'for name in Nemotron-Cascade-SFT'):
@@ -292,6 +301,9 @@ PATTERNS = [
     (r'huggingface-cli download', _RELEASED_LOOPS,
      'the command named in prose; the test runs docs/released_data.md\'s download loops, which '
      'call it, against a stand-in huggingface-cli that records the calls'),
+    (r'python -m cascade\.evaluate --checkpoint=DIR --suites=[\w,]+ --data_dir=\S+ --download',
+     _EVALUATE, 'DIR is a placeholder (and the papers\' data needs the network): the test runs '
+     'the form on a tiny run\'s export with the tiny world\'s suites and data'),
 ]
 
 # Commands CI runs (.ci/run, which test_ci_runs_them checks shows each one verbatim).

@@ -193,7 +193,7 @@ def download(suite: base.Suite, root: str, say: Callable[[str], None]) -> bool:
   try:
     import huggingface_hub  # pylint: disable=g-import-not-at-top
   except ImportError:
-    say(f'--download: huggingface_hub is not installed (pip install huggingface_hub); place '
+    say(f'--download: huggingface_hub is not installed (pip install -e ".[evals]"); place '
         f'{suite.name}\'s files ({suite.hub_dataset}) under {suite.directory(root)}')
     return False
   why = hub_reachable()

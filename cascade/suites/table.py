@@ -105,3 +105,29 @@ def matrix_markdown(stages: Sequence[str], names: Sequence[str],
     lines.append(f'| {stage} | ' + ' | '.join(out) + ' |')
     prev = row
   return '\n'.join(lines) + '\n'
+
+
+def _thinking(t) -> str:
+  return {True: 'on (/think)', False: 'off (/no_think)', None: 'no switch'}[t]
+
+
+def registry_markdown(suites: Sequence[object]) -> str:
+  """docs/evaluation.md's list of suites, from the registry: each suite's benchmark, data,
+  protocol and metric, then every number the papers report for them."""
+  lines = ['| suite | benchmark | data | metric | samples | temperature | top-p | new tokens | '
+           'thinking | pass@k | protocol |', '|---|---|---|---|---:|---:|---:|---:|---|---|---|']
+  for s in suites:
+    p = s.protocol
+    data = s.source + (f' (`--download`: {s.hub_dataset})' if s.hub_dataset else '')
+    temp = 'greedy' if p.greedy else f'{p.temperature:g}'
+    lines.append(f'| `{s.name}` | {s.title} | {data} | {s.metric} | {p.samples} | {temp} | '
+                 f'{p.top_p:g} | {p.max_new_tokens} | {_thinking(p.thinking)} | '
+                 f'{", ".join(map(str, p.pass_ks)) or "-"} | `{s.protocol_hash()}` |')
+  text = '\n'.join(lines) + '\n'
+  reported = [(s.name, r) for s in suites for r in s.reported]
+  if reported:
+    text += ('\nThe papers\' numbers (what `cascade.evaluate` prints beside a run\'s):\n\n'
+             '| suite | recipe | after stage | value | source |\n|---|---|---|---:|---|\n')
+    text += ''.join(f'| `{n}` | {r.recipe} | {r.stage} | {r.value:g} | {r.source} |\n'
+                    for n, r in reported)
+  return text

@@ -3,6 +3,8 @@ row, stopped by SIGTERM mid-suite and resumed to the same row, in results.json/m
 
 import dataclasses
 import json
+import pathlib
+import re
 import types
 
 import pytest
@@ -137,3 +139,23 @@ def test_suite_settings_are_checked_with_the_config(tiny_world_root):
   c.eval.suite_protocol = {'tiny_math': {'samples': 2}}
   quick = config_lib.validate(c).eval.suite_settings('tiny_math')
   assert quick.samples == 2 and quick.pass_ks == ()
+
+
+def test_the_evaluation_pages_config_lines_check_out():
+  """docs/evaluation.md's config lines, on the 14B recipe: its matrix gains the three suites at
+  the recipe's evaluation budget, a protocol of its own (another hash than the paper's)."""
+  from configs import nemotron_cascade_14b  # pylint: disable=g-import-not-at-top
+  page = (pathlib.Path(__file__).resolve().parents[3] / 'docs' / 'evaluation.md').read_text()
+  block = re.search(r"```python\n(c\.eval\.suites = .*?)```", page, re.S).group(1)
+  c = nemotron_cascade_14b.get_config()
+  exec(block, {'c': c})  # pylint: disable=exec-used
+  plan = config_lib.validate(c)
+  assert plan.eval.suites == ('aime25', 'ifeval', 'gpqa_diamond')
+  for name in plan.eval.suites:
+    mine, paper = plan.eval.suite_settings(name), suites.get(name).protocol
+    assert mine == paper.replaced(max_new_tokens=61_440) and mine != paper
+  # The paper's own 64K budget does not fit the recipe's positions: one line says which field.
+  c.eval.suite_protocol = None
+  with pytest.raises(config_lib.ConfigError, match=r"suite 'aime25' samples up to 65536 new "
+                                                   "tokens, more than the model's max_seq_len"):
+    config_lib.validate(c)
