@@ -105,6 +105,8 @@ def _sampler_options() -> dict | None:
 
 def _evaluate() -> None:
   # pylint: disable=g-import-not-at-top  (JAX starts only after the flags are parsed)
+  import jax
+  from jax.experimental import multihost_utils
   from cascade import checkpoint as ckpt_lib
   from cascade import preemption
   from cascade.suites import checkpoint
@@ -118,10 +120,13 @@ def _evaluate() -> None:
   root = _DATA_DIR.value or checkpoint.default_data_dir(source)
   prompts = (_MAX_PROMPTS.value if _MAX_PROMPTS.value is not None
              else checkpoint.default_prompts(source))
-  if _DOWNLOAD.value and writer:
-    for suite in suites:
-      if not checkpoint.has_files(suite, root):
-        checkpoint.download(suite, root, say)
+  if _DOWNLOAD.value:
+    if writer:
+      for suite in suites:
+        if not checkpoint.has_files(suite, root):
+          checkpoint.download(suite, root, say)
+    if jax.process_count() > 1:       # the other processes read what process 0 fetched
+      multihost_utils.sync_global_devices('cascade.evaluate.download')
   sets = [(s, checkpoint.read(s, root, prompts)) for s in suites]   # missing data: exit 2 here
   workdir = _WORKDIR.value or (
       os.path.join(source.run, 'evaluations', source.stage) if source.run

@@ -287,41 +287,47 @@ def run_suite(suite: base.Suite, records: Sequence[Mapping], policy: Policy, out
     # No grader (no worker pools) when every batch was kept.
     with (suite.grader(**dict(grader_options or {})) if todo
           else contextlib.nullcontext()) as grader:
-      for b in todo:
-        start = starts[b]
-        reason = stop() if stop is not None else None
-        if reason:
+      try:
+        for b in todo:
+          start = starts[b]
+          reason = stop() if stop is not None else None
+          if reason:
+            if pending is not None:
+              finish(pending)
+              pending = None
+            raise Stopped(reason, f'suite {suite.name!r} before batch {b + 1}/{len(starts)}')
+          chunk = list(records[start:start + batch_size])
+          ro = rollout.generate(policy.sampler, policy.params, policy.tokenizer, chunk,
+                                [mode] * len(chunk), jax.random.fold_in(key, b), sp, k)
+          comps = [ro.completions[i * k:(i + 1) * k] for i in range(len(chunk))]
+          lens = np.asarray(ro.samples.lengths).reshape(len(chunk), k)
+          trunc = np.asarray(ro.samples.truncated).reshape(len(chunk), k)
+
+          def grade(b=b, chunk=chunk, comps=comps, lens=lens, trunc=trunc):
+            grades = _grade_on_hosts(grader, chunk, comps, hosts)
+            if len(grades) != len(chunk) or any(len(g) != k for g in grades):
+              raise RuntimeError(f'suite {suite.name!r}: its grader returned grades of another '
+                                 f'shape than {len(chunk)} records x {k} samples')
+            return b, {'batch': b, 'ids': [r['id'] for r in chunk], 'grades': grades,
+                       'lengths': lens.tolist(), 'truncated': trunc.astype(bool).tolist()}
+
           if pending is not None:
             finish(pending)
             pending = None
-          raise Stopped(reason, f'suite {suite.name!r} before batch {b + 1}/{len(starts)}')
-        chunk = list(records[start:start + batch_size])
-        ro = rollout.generate(policy.sampler, policy.params, policy.tokenizer, chunk,
-                              [mode] * len(chunk), jax.random.fold_in(key, b), sp, k)
-        comps = [ro.completions[i * k:(i + 1) * k] for i in range(len(chunk))]
-        lens = np.asarray(ro.samples.lengths).reshape(len(chunk), k)
-        trunc = np.asarray(ro.samples.truncated).reshape(len(chunk), k)
-
-        def grade(b=b, chunk=chunk, comps=comps, lens=lens, trunc=trunc):
-          grades = _grade_on_hosts(grader, chunk, comps, hosts)
-          if len(grades) != len(chunk) or any(len(g) != k for g in grades):
-            raise RuntimeError(f'suite {suite.name!r}: its grader returned grades of another '
-                               f'shape than {len(chunk)} records x {k} samples')
-          return b, {'batch': b, 'ids': [r['id'] for r in chunk], 'grades': grades,
-                     'lengths': lens.tolist(), 'truncated': trunc.astype(bool).tolist()}
-
+          if pool is None:
+            b_, line = grade()
+            lines[b_] = line
+            writer.append(line)
+          else:
+            pending = pool.submit(grade)
         if pending is not None:
           finish(pending)
           pending = None
-        if pool is None:
-          b_, line = grade()
-          lines[b_] = line
-          writer.append(line)
-        else:
-          pending = pool.submit(grade)
-      if pending is not None:
-        finish(pending)
-        pending = None
+      finally:
+        # An error while the last batch grades: the grader stays open until that grade ends,
+        # and a batch that graded is kept.
+        if pending is not None and pending.exception() is None:
+          finish(pending)
   finally:
     if pool is not None:
       pool.shutdown(wait=True)

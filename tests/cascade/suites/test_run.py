@@ -84,6 +84,26 @@ def test_a_killed_evaluation_resumes_where_it_stopped_to_the_same_result(fakes, 
     assert res[key] == whole[key], key
 
 
+def test_a_crash_while_sampling_keeps_every_batch_graded_before_it(fakes, toy, tmp_path):
+  suite, recs = toy.suite(samples=2), toy.records(6)
+  policy, sampler = _policy(fakes)
+  generate = sampler.generate
+
+  def crashing(*args, **kw):
+    if len(sampler.calls) == 2:         # the third batch: batch 2 is being graded meanwhile
+      raise RuntimeError('the device went away')
+    return generate(*args, **kw)
+  sampler.generate = crashing
+  with pytest.raises(RuntimeError, match='the device went away'):
+    run.run_suite(suite, recs, policy, str(tmp_path), batch_size=2)
+  lines = (tmp_path / 'toy_copy' / 'grades.jsonl').read_text().splitlines()
+  assert [json.loads(x)['batch'] for x in lines[1:]] == [0, 1]
+  assert suite.log[-1] == 'closed' and suite.log.count('r3') == 1   # closed after it graded
+  policy, sampler = _policy(fakes)
+  assert run.run_suite(suite, recs, policy, str(tmp_path), batch_size=2)['resumed'] == 2
+  assert len(sampler.calls) == 1
+
+
 def test_a_changed_protocol_or_policy_starts_afresh(fakes, toy, tmp_path):
   suite, recs = toy.suite(samples=2), toy.records(4)
   run.run_suite(suite, recs, _policy(fakes)[0], str(tmp_path), batch_size=2)
