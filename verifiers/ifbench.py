@@ -36,6 +36,7 @@ the field, at load time, never guessed.
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import itertools
@@ -219,10 +220,17 @@ _EMOJI_RANGES = ((0x1F004, 0x1F004), (0x1F0CF, 0x1F0CF), (0x1F170, 0x1F171), (0x
                  (0x1FA8F, 0x1FAC6), (0x1FACE, 0x1FADC), (0x1FADF, 0x1FAE9), (0x1FAF0, 0x1FAF8))
 
 
+_EMOJI_STARTS = [lo for lo, _ in _EMOJI_RANGES]
+
+
 def is_emoji(char: str) -> bool:
-  """Whether one character is an emoji (see _EMOJI_RANGES)."""
+  """Whether one character is an emoji (see _EMOJI_RANGES; a binary search of them, where a
+  scan of all sixty, for each sentence of a megabyte, cost most of a second)."""
   c = ord(char)
-  return c in _EMOJI_BMP or any(lo <= c <= hi for lo, hi in _EMOJI_RANGES)
+  if c in _EMOJI_BMP:
+    return True
+  k = bisect.bisect_right(_EMOJI_STARTS, c) - 1
+  return k >= 0 and c <= _EMOJI_RANGES[k][1]
 
 
 def _ascii_fold(value: str) -> str:
@@ -284,21 +292,23 @@ def _person_names(v, kw):
 
 
 def _trigrams(value: str) -> np.ndarray:
-  """The distinct character trigrams of value, each one integer (three 21-bit code points):
-  a sort, where a set of a million three-character strings cost most of a second."""
+  """The distinct character trigrams of value, sorted, each one integer (three 21-bit code
+  points): a sort, where a set of a million three-character strings cost most of a second
+  (and so does np.unique, which hashes)."""
   codes = np.frombuffer(value.encode('utf-32-le', 'surrogatepass'), dtype=np.uint32)
   codes = codes.astype(np.uint64)
-  grams = (codes[:-2] << np.uint64(42)) | (codes[1:-1] << np.uint64(21)) | codes[2:]
-  return np.unique(grams)
+  grams = np.sort((codes[:-2] << np.uint64(42)) | (codes[1:-1] << np.uint64(21)) | codes[2:])
+  return grams[np.concatenate(([True], grams[1:] != grams[:-1]))] if grams.size else grams
 
 
 def _overlap(v, kw):
   grams = _trigrams(reader.fold(v, keep_case=True))
   if not grams.size:
     return False
-  shared = np.intersect1d(grams, _trigrams(reader.fold(kw['reference_text'], keep_case=True)),
-                          assume_unique=True)
-  share = 100 * shared.size / grams.size
+  reference = _trigrams(reader.fold(kw['reference_text'], keep_case=True))
+  where = np.minimum(np.searchsorted(reference, grams), max(reference.size - 1, 0))
+  shared = int(np.count_nonzero(reference[where] == grams)) if reference.size else 0
+  share = 100 * shared / grams.size
   return kw['percentage'] - 2 <= share <= kw['percentage'] + 2
 
 
@@ -427,14 +437,16 @@ def _newline(v, kw):
 
 
 def _emoji(v, kw):
-  sentences = [_unpunct(s).strip() for s in text.split_sentences(v)]
-  for i, s in enumerate(sentences):
+  sentences = text.split_sentences(v)
+  for i, sentence in enumerate(sentences):
+    s = _unpunct(sentence).strip()
     if not s:
       return False
     if is_emoji(s[-1]) or is_emoji(s[-2:][0]):
       continue
     # The tokenizer puts an emoji after a sentence's full stop at the start of the next one.
-    if i + 1 == len(sentences) or not sentences[i + 1] or not is_emoji(sentences[i + 1][0]):
+    following = _unpunct(sentences[i + 1]).strip() if i + 1 < len(sentences) else ''
+    if not following or not is_emoji(following[0]):
       return False
   return True
 
@@ -517,8 +529,13 @@ def _paragraph_last_first(v, kw):
 
 
 def _sentence_increment(v, kw):
-  counts = [len(_unpunct(s).split()) for s in text.split_sentences(v)]
-  return all(b == a + kw['small_n'] for a, b in zip(counts, counts[1:]))
+  previous = None  # Stops at the first sentence that does not grow by small_n words.
+  for sentence in text.split_sentences(v):
+    count = len(_unpunct(sentence).split())
+    if previous is not None and count != previous + kw['small_n']:
+      return False
+    previous = count
+  return True
 
 
 def _no_consecutive(v, kw):

@@ -18,6 +18,7 @@ decisions on ordinary English text:
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from verifiers import reader
@@ -58,25 +59,30 @@ def _ends_sentence(chunk: str, following: str) -> bool:
     return False
   if '?' in punct or '!' in punct:
     return True
+  if len(punct) == 1:
+    token = word.lstrip(_OPENERS)
+    # Abbreviations and initials are short and ASCII (and the chunk is folded: a look-alike
+    # of one is ASCII too), so most words are plain at once (the common case).
+    if not token.isascii() or len(token) > _LONGEST and '.' not in token:
+      return True
+    token = token.lower()
+    title = token in _TITLES
+    if not title and token not in _ABBREVIATIONS and not (
+        len(token) == 1 and 'a' <= token <= 'z') and not (
+            '.' in token and _INITIALS.fullmatch(token)):
+      return True  # A plain word (not an initial): the period ends the sentence whatever follows.
   following = following.lstrip(_OPENERS)
   if len(punct) >= 2:  # An ellipsis.
     return not following or following[0].isupper()
-  token = word.lstrip(_OPENERS)
-  if len(token) > _LONGEST and '.' not in token:
-    return True  # Longer than any abbreviation, no initials: a plain word (the common case).
-  token = reader.fold(token)  # Lower case, look-alike letters read as seen.
-  title = token in _TITLES
-  if not title and token not in _ABBREVIATIONS and not (
-      len(token) == 1 and 'a' <= token <= 'z') and not (
-          '.' in token and _INITIALS.fullmatch(token)):
-    return True  # A plain word (not an initial): the period ends the sentence whatever follows.
   if not following:
     return True
   return not title and following[0].isupper() and len(token) > 1
 
 
 def _ends(chunks: list[str]) -> list[bool]:
-  """For each chunk, whether a sentence ends after it."""
+  """For each chunk (of text folded by `reader.fold(text, keep_case=True)`: look-alike letters
+  read as the letters they look like, so a 'Dr.' with a Cyrillic 'r' is a title), whether a
+  sentence ends after it. The text is folded once: folding keeps every chunk's length."""
   following = chunks[1:] + ['']
   # The first tests inline: most chunks end in a letter or a quote after no full stop, and a
   # call per chunk is the cost.
@@ -93,18 +99,17 @@ def split_sentences(text: str) -> list[str]:
   Returns:
     The non-empty sentences, stripped, in order.
   """
-  # Chunks at the even indices, the whitespace between them at the odd ones.
+  # Chunks at the even indices, the whitespace between them at the odd ones; an empty chunk
+  # only first (and last) where the text starts (ends) with whitespace.
   parts = _SPACE.split(text)
-  chunks = parts[::2]
-  out, start = [], 0
-  for k, end in enumerate(_ends(chunks)):
-    if end:
-      out.append(''.join(parts[start:2 * k + 1]).strip())
-      start = 2 * k + 1
-  tail = ''.join(parts[start:]).strip()
-  if tail:
-    out.append(tail)
-  return out
+  offsets = list(itertools.accumulate(map(len, parts)))
+  first = 0 if parts[0] else 2
+  ends = _ends(reader.fold(text, keep_case=True).split())
+  # Where each sentence ends: after chunk k, at offsets[first + 2k].
+  cuts = [0] + [offsets[first + 2 * k] for k in itertools.compress(range(len(ends)), ends)]
+  out = [text[a:b].strip() for a, b in zip(cuts, cuts[1:])]
+  tail = text[cuts[-1]:].strip()
+  return out + [tail] if tail else out
 
 
 def count_sentences(text: str) -> int:
@@ -174,7 +179,7 @@ _WHOLE = re.compile(r'''[^"'“‘(\[{<`,;:][^,;:']*+(?<!['"”’)\]}>,;:!?])(?
 def word_tokenize(text: str) -> list[str]:
   """Treebank-style tokens (see the module docstring), for counting capitalised words."""
   chunks = text.split()
-  ends = _ends(chunks)
+  ends = _ends(reader.fold(text, keep_case=True).split())
   ends[-1:] = [True]  # The last chunk ends the last sentence, whatever it ends with.
   tokens, seen = [], {}
   for chunk, end in zip(chunks, ends):
