@@ -71,8 +71,9 @@ import regex
 _BLANKS = '\u115f\u1160\u3164\uffa0\u2800'
 _COMMAS = ('\u060c\u3001\u201a\u055d\u07f8\u1363\u1802\u1808\u2e32\u2e34\u2e41\ua4fe'
            '\ua60d\ua6f5')
-_BLANKS_AND_COMMAS = str.maketrans({**dict.fromkeys(_BLANKS, ' '),
-                                    **dict.fromkeys(_COMMAS, ',')})
+# Regexes, not str.translate: a translation table costs 0.1 s on a megabyte of CJK text.
+_BLANK = re.compile(f'[{_BLANKS}]')
+_COMMA = re.compile(f'[{_COMMAS}]')
 # `regex` knows the property for unassigned code points too (Python's unicodedata does not).
 _INVISIBLE = regex.compile(r'[\p{Default_Ignorable_Code_Point}\p{Cf}]+')
 _LINE_BREAK = re.compile('\r\n|[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]')
@@ -90,7 +91,7 @@ def visible(value: str) -> str:
   """
   # Deleted before NFKC, so that a letter and its accent split by an invisible character
   # compose as the reader sees them; blank letters are Default_Ignorable too, so they go first.
-  value = _INVISIBLE.sub('', value.translate(_BLANKS_AND_COMMAS))
+  value = _INVISIBLE.sub('', _COMMA.sub(',', _BLANK.sub(' ', value)))
   return _LINE_BREAK.sub('\n', unicodedata.normalize('NFKC', value))
 
 
@@ -159,6 +160,8 @@ def fold(value: str, keep_case: bool = False) -> str:
     letter where that is one letter; digits, punctuation and space as they
     were.
   """
+  if value.isascii():  # Every ASCII letter reads as itself.
+    return value if keep_case else value.lower()
   return value.translate(_FOLD_CASED if keep_case else _FOLD)
 
 
