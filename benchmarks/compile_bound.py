@@ -151,7 +151,7 @@ def freed(parts: Sequence[str]) -> Iterator[None]:
 def _child(argv: list[str], parts: Sequence[str]) -> None:
   """Plans with `parts` freed (none: the model as it is), printing one JSON line per program."""
   from absl import app  # pylint: disable=g-import-not-at-top
-  from launch import plan  # pylint: disable=g-import-not-at-top
+  from launch.plan import targets as plan  # pylint: disable=g-import-not-at-top
   original = plan.compile_program
 
   def compile_program(name, shapes, lower, *args, **kwargs):

@@ -274,7 +274,7 @@ def _reexec_with_dump() -> str:
 def main(argv, top: int, out: str | None, hlo_dir: str | None = None):
   from absl import app  # pylint: disable=g-import-not-at-top
   from benchmarks import host  # pylint: disable=g-import-not-at-top
-  from launch import plan  # pylint: disable=g-import-not-at-top
+  from launch.plan import targets as plan  # pylint: disable=g-import-not-at-top
   try:
     import libtpu  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   except ImportError:
@@ -334,5 +334,5 @@ if __name__ == '__main__':
   _OUT = _flags.DEFINE_string('out', None, 'Also write the profile to this Markdown page.')
   _HLO = _flags.DEFINE_string('hlo_dir', None,
                               "Also write each program's optimized HLO text to this directory.")
-  from launch import plan as _plan  # noqa: F401  (defines the planning flags it passes on)
+  from launch.plan import targets as _plan  # noqa: F401  (defines the planning flags it passes on)
   _app.run(lambda argv: main(argv, _TOP.value, _OUT.value, _HLO.value))

@@ -24,7 +24,7 @@ from etils import epath
 import jax
 
 from cascade import config as config_lib
-from launch import plan as plan_lib
+from launch.plan import targets as plan_lib
 from launch import sweep
 
 # The paper configs on their own hardware (a TPU v5p-128 slice), then the dense two on one

@@ -986,7 +986,7 @@ def test_the_topology_page_multi_slice_config_block():
   """docs/topology.md's two lines on a config: it validates, spans 2 slices, and the mesh has
   one device per chip of two v5p:4x4x4 slices (64 chips each)."""
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  from launch import plan  # pylint: disable=g-import-not-at-top
+  from launch.plan import targets as plan  # pylint: disable=g-import-not-at-top
   [block] = [t for _, kind, t in units('docs/topology.md') if kind == 'block'
              and t.startswith('c.mesh = dict(shape=(2, 8, 8)')]
   spec = importlib.util.spec_from_file_location('tiny_cfg', ROOT / 'configs' / 'tiny.py')

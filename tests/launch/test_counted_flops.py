@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from cascade import policies
-from launch import plan
+from launch.plan import targets as plan
 from models import config as model_config
 
 

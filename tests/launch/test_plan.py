@@ -18,7 +18,7 @@ import pytest
 from cascade import config as config_lib
 from cascade import kinds
 from cascade import policies
-from launch import plan
+from launch.plan import targets as plan
 from models import config as model_config
 from models import sharding
 from rl import sampler as sampler_lib

@@ -17,7 +17,7 @@ from cascade import config as config_lib
 from cascade import kinds
 from cascade import policies
 from configs import _recipes
-from launch import plan
+from launch.plan import targets as plan
 from models import config as model_config
 from rl import train_step as train_lib
 

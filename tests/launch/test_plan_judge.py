@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cascade import config as config_lib
-from launch import plan
+from launch.plan import targets as plan
 from models import config as model_config
 from models import hf
 from models import sharding

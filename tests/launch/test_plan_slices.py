@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from cascade import config as config_lib
-from launch import plan as plan_lib
+from launch.plan import targets as plan_lib
 from launch import xm_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from cascade import policies
-from launch import plan
+from launch.plan import targets as plan
 from models import config as config_lib
 from models import sharding
 from models import transformer

@@ -1852,7 +1852,3 @@ def main(argv):
     sys.exit(1)
   print(f'\nstep times of {len(reports)} stage(s), nothing compiled.' if time_only else
         f'\nevery planned program fits ({len(reports)} stage(s) planned).')
-
-
-if __name__ == '__main__':
-  app.run(main, flags_parser=overrides.flags_parser(_CONFIG))
