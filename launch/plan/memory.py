@@ -11,7 +11,6 @@ from cascade import kinds
 from cascade import policies
 from launch.plan import judges as judges_lib
 from launch.plan import programs as programs_lib
-from rl import train_step as train_lib
 
 
 def rollout_copy_bytes(sampler, params) -> int:
@@ -61,7 +60,7 @@ def resident(stage, model_cfg, mesh, rules, programs, frozen, rm_stages,
     by_name[jc.domain] = passed if jc.source in held else 0
   decoding = (max((p.argument_bytes for p in programs if p.name.startswith('sampler')),
                   default=0) if getattr(stage, 'stream_filter', False) else 0)
-  optimizer = train_lib.make_optimizer(kinds.base.optimizer_config(stage))
+  optimizer = kinds.base.make_optimizer(stage).tx
   _, params = programs_lib.abstract_params(model_cfg, stage.MODEL, mesh, rules)
   state = tree_bytes(policies.abstract_state(params, optimizer, mesh, rules,
                                              policies.master_dtype(model_cfg)))

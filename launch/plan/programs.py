@@ -16,7 +16,6 @@ from models import sharding
 from rl import batch as batch_lib
 from rl import reward_model
 from rl import sampler as sampler_lib
-from rl import train_step as train_lib
 
 
 def _with_shardings(abstract, shardings):
@@ -115,10 +114,10 @@ def train_lowering(stage, model_cfg, mesh, rules, microbatches: int | None = Non
   """
   kind = kinds.get(stage.kind)
   graphdef, params = abstract_params(model_cfg, stage.MODEL, mesh, rules)
-  optimizer = train_lib.make_optimizer(kinds.base.optimizer_config(stage))
-  state = policies.abstract_state(params, optimizer, mesh, rules,
+  optimizer = kinds.base.make_optimizer(stage)
+  state = policies.abstract_state(params, optimizer.tx, mesh, rules,
                                   policies.master_dtype(model_cfg))
-  step = loop.build_train_step(kind, stage, graphdef, state, mesh, rules,
+  step = loop.build_train_step(kind, stage, graphdef, state, mesh, rules, optimizer,
                                microbatches=microbatches)
   batch, what = kind.abstract_batch(stage, mesh, rules)
   if not model_cfg.scans_layers:

@@ -31,7 +31,6 @@ from launch.plan import targets as plan_targets
 from models import config as model_config
 from models import sharding
 from rl import sampler as sampler_lib
-from rl import train_step as train_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -106,7 +105,7 @@ def test_plan_numbers_are_sane(tiny_path):
   rules = sharding.DEFAULT_RULES
   model_cfg = model_config.ModelConfig.preset('tiny', max_seq_len=256)
   _, params = plan_programs.abstract_params(model_cfg, 'policy', mesh, rules)
-  optimizer = train_lib.make_optimizer(kinds.base.optimizer_config(stage))
+  optimizer = kinds.base.make_optimizer(stage).tx
   state = policies.abstract_state(params, optimizer, mesh, rules)
   batch, what = kinds.get(stage.kind).abstract_batch(stage, mesh, rules)
   assert '16 rows x 64 tokens' in what            # 4 x 4 rows, 32 + the longest phase's 32

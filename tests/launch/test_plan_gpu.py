@@ -25,7 +25,6 @@ from launch.plan import results as plan_results
 from launch.plan import stages as plan_stages
 from launch.plan import targets as plan_targets
 from models import config as model_config
-from rl import train_step as train_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 H200 = 'launch/gpu_targets/h200.txtpb'
@@ -346,7 +345,7 @@ def test_xla_gpu_plans_a_tiny_hybrid_deviceless(monkeypatch):
   stage = p.stage('sft')
   mesh = plan_targets.make_mesh(p, tgt.devices)
   _, params = plan_programs.abstract_params(model_cfg, 'policy', mesh, rules)
-  optimizer = train_lib.make_optimizer(kinds.base.optimizer_config(stage))
+  optimizer = kinds.base.make_optimizer(stage).tx
   state = policies.abstract_state(params, optimizer, mesh, rules,
                                   policies.master_dtype(model_cfg))
   batch, _ = kinds.get(stage.kind).abstract_batch(stage, mesh, rules)
