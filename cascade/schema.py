@@ -14,9 +14,9 @@ config (`cascade.config`) and by every stage kind (`cascade.kinds`); `as_dict`
 is the one conversion of a ConfigDict to plain data.
 
 The check vocabulary (`num_in`, `one_of`, ...) is `rl.fields`', which the
-library's option dataclasses declare their fields with (`rl.grpo.GrpoConfig`):
-`settings` makes a config section's fields of such a dataclass's, each with the
-library's own default and check.
+library's option dataclasses declare their fields with (`rl.grpo.GrpoConfig`,
+`rl.engine_options.EngineOptions`): `settings` makes a config section's fields of such a
+dataclass's, each with the library's own default and check.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def field(default: Any = dataclasses.MISSING, *, check: tuple[Callable, str] | N
                       none_is_a_value=none_is_a_value)
 
 
-def settings(cls, *, only: tuple[str, ...] | None = None,
-             leave_out: tuple[str, ...] = ()) -> type:
+def settings(cls, *, only: tuple[str, ...] | None = None, leave_out: tuple[str, ...] = (),
+             unset: bool = False) -> type:
   """A frozen, keyword-only dataclass with the fields of the library dataclass `cls` (`only`
   those, or all but `leave_out`), each with `cls`'s own default, check and conversion
   (`rl.fields`): the base a config section or stage config takes them from, so each is
@@ -71,6 +71,8 @@ def settings(cls, *, only: tuple[str, ...] | None = None,
     only: the fields to take (None: all).
     leave_out: fields the config does not set (the library's default holds, or the config
       derives the value from fields of its own).
+    unset: every field defaults to None, "the library's default" (a section whose set fields
+      are passed on as keyword arguments); its check applies to a value given.
 
   Returns:
     The dataclass, for a config class to inherit from.
@@ -86,8 +88,9 @@ def settings(cls, *, only: tuple[str, ...] | None = None,
       continue
     if 'check' not in f.metadata:
       raise TypeError(f'{cls.__name__}.{f.name}: not declared with rl.fields.field')
-    specs.append((f.name, hints[f.name], dataclasses.field(default=f.default,
-                                                           metadata=f.metadata)))
+    default = None if unset else f.default
+    kind = hints[f.name] | None if unset else hints[f.name]
+    specs.append((f.name, kind, dataclasses.field(default=default, metadata=f.metadata)))
   return dataclasses.make_dataclass(
       f'{cls.__name__}Settings', specs, frozen=True, kw_only=True,
       namespace={'__module__': __name__,

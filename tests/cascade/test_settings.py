@@ -1,6 +1,6 @@
 """Each knob once: a GRPO stage's loss fields are `rl.grpo.GrpoConfig`'s, declared there with
 their default and check, and reach the loss under the same names (no stage kind declares one of
-its own)."""
+its own); config.sampler's paged-engine options are `rl.engine_options.EngineOptions`'."""
 
 import dataclasses
 
@@ -11,6 +11,7 @@ from cascade import kinds
 from cascade import schema
 from cascade.kinds import base
 from cascade.kinds import grpo
+from rl import engine_options
 from rl import grpo as grpo_lib
 
 GRPO = dict(name='rl', kind='grpo', domains=['a'], steps=6, optimizer=dict(lr=1e-3),
@@ -80,3 +81,24 @@ def test_the_stage_and_the_library_refuse_with_the_same_check(name, value):
     grpo_lib.GrpoConfig(**{name: value})
   assert str(library_error.value) == f'GrpoConfig.{name}={value!r}: {why}'
 
+
+def test_config_sampler_takes_the_engine_options_from_the_library():
+  engine = {f.name: f for f in dataclasses.fields(engine_options.EngineOptions)}
+  section = {f.name: f for f in dataclasses.fields(config_lib.Sampler)}
+  assert set(engine) <= set(section)
+  for name, lib in engine.items():
+    assert section[name].default is None, name           # unset: the library's default
+    assert section[name].metadata['check'] is lib.metadata['check'], name
+    assert not declared_in(config_lib.Sampler, name), name
+
+
+@pytest.mark.parametrize('name,value', [('page_size', 0), ('pages', 1.5), ('decode_rows', 'x')])
+def test_a_bad_engine_option_is_refused_by_its_one_check(name, value):
+  why = next(f for f in dataclasses.fields(engine_options.EngineOptions)
+             if f.name == name).metadata['check'][1]
+  with pytest.raises(config_lib.ConfigError) as section_error:
+    schema.from_mapping(config_lib.Sampler, {name: value}, 'config.sampler', sep='.')
+  assert str(section_error.value) == f'config.sampler.{name}={value!r}: {why}'
+  with pytest.raises(ValueError) as library_error:
+    engine_options.EngineOptions(**{name: value})
+  assert str(library_error.value) == f'EngineOptions.{name}={value!r}: {why}'
