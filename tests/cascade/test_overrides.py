@@ -88,7 +88,7 @@ def test_an_unset_field_takes_the_type_its_schema_declares():
 
 @pytest.mark.parametrize('arg, message', [
     ('--config.eval.num_promts=3',
-     "--config.eval.num_promts: config.eval has no field 'num_promts' (nearest: num_prompts)"),
+     "--config.eval.num_promts: config.eval has no field 'num_promts' (nearest: num_prompts, suite_prompts)"),
     ('--config.sampler.slotz=8',
      "--config.sampler.slotz: config.sampler has no field 'slotz' (nearest: slots)"),
     ('--config.sead=1', "--config.sead: config has no field 'sead' (nearest: seed)"),
@@ -211,7 +211,7 @@ def test_the_schema_knows_every_section():
                                        'configs/tiny.py)'),
     (['--config=configs/tiny.py:smoke', '--config.eval.num_promts=3'],
      "error: --config.eval.num_promts: config.eval has no field 'num_promts' "
-     '(nearest: num_prompts)'),
+     '(nearest: num_prompts, suite_prompts)'),
     (['--config=configs/tiny.py:smoke', '--config.sampler.slots=many'],
      "error: flag --config.sampler.slots=many: invalid literal for int() with base 10: 'many'"),
 ])
