@@ -151,8 +151,9 @@ def freed(parts: Sequence[str]) -> Iterator[None]:
 def _child(argv: list[str], parts: Sequence[str]) -> None:
   """Plans with `parts` freed (none: the model as it is), printing one JSON line per program."""
   from absl import app  # pylint: disable=g-import-not-at-top
-  from launch import plan  # pylint: disable=g-import-not-at-top
-  original = plan.compile_program
+  from launch.plan import cli as plan_cli  # pylint: disable=g-import-not-at-top
+  from launch.plan import compiler as plan_compiler  # pylint: disable=g-import-not-at-top
+  original = plan_compiler.compile_program
 
   def compile_program(name, shapes, lower, *args, **kwargs):
     lower_s = []
@@ -171,10 +172,10 @@ def _child(argv: list[str], parts: Sequence[str]) -> None:
                                   cpu_s=round(report.compile_cpu_s, 2))), flush=True)
     return report
 
-  plan.compile_program = compile_program
+  plan_compiler.compile_program = compile_program
   with freed(parts):
     try:
-      app.run(plan.main, argv=[sys.argv[0], *argv])
+      app.run(plan_cli.main, argv=[sys.argv[0], *argv])
     except SystemExit as e:
       if e.code not in (0, None):
         raise

@@ -10,7 +10,7 @@ final code: `<start>-<unit>-00-final_hlo-...` in a scratch directory, whose name
 the time in nanoseconds the unit's compilation began and whose modification time is when it
 ended. The units run in parallel over the host's cores, so their seconds add up to about the
 program's CPU time, not its wall time. Each unit is joined by name to the program's optimized
-HLO (`compiled.as_text()`, captured around `launch.plan.compile_program`) for the Python
+HLO (`compiled.as_text()`, captured around `launch.plan.compiler.compile_program`) for the Python
 stack that built it (the module's StackFrames table), its `op_name` and opcode, and assigned
 to the program whose compile window holds its start.
 
@@ -274,7 +274,9 @@ def _reexec_with_dump() -> str:
 def main(argv, top: int, out: str | None, hlo_dir: str | None = None):
   from absl import app  # pylint: disable=g-import-not-at-top
   from benchmarks import host  # pylint: disable=g-import-not-at-top
-  from launch import plan  # pylint: disable=g-import-not-at-top
+  from launch.plan import cli as plan_cli  # pylint: disable=g-import-not-at-top
+  from launch.plan import compiler as plan_compiler  # pylint: disable=g-import-not-at-top
+  from launch.plan import report as plan_report  # pylint: disable=g-import-not-at-top
   try:
     import libtpu  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   except ImportError:
@@ -282,7 +284,7 @@ def main(argv, top: int, out: str | None, hlo_dir: str | None = None):
                          'from the separate environment docs/planning.md describes') from None
   dump = _reexec_with_dump()
   programs = []
-  original = plan.compile_program
+  original = plan_compiler.compile_program
 
   def compile_program(name, shapes, lower, *args, **kwargs):
     start, cpu = time.time(), time.process_time()
@@ -293,21 +295,21 @@ def main(argv, top: int, out: str | None, hlo_dir: str | None = None):
                             end - start, time.process_time() - cpu, compiled.as_text() or ''))
     return original(name, shapes, lambda: lowered, *args, **kwargs)
 
-  before, load_before = plan._host_load(), os.getloadavg()  # pylint: disable=protected-access
-  plan.compile_program = compile_program
+  before, load_before = plan_report.host_load(), os.getloadavg()
+  plan_compiler.compile_program = compile_program
   code = 0
   try:
-    plan.main(argv)
+    plan_cli.main(argv)
   except SystemExit as e:   # a program that does not fit: profile what compiled, then exit so
     code = e.code
   finally:
-    plan.compile_program = original
+    plan_compiler.compile_program = original
   units = read_units(dump)
   if programs and not units:
     raise SystemExit(f'libtpu wrote no unit files to {dump}: this libtpu does not take the '
                      f'dump flags ({libtpu_args(dump)})')
   date = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')
-  after = plan._host_load()  # pylint: disable=protected-access
+  after = plan_report.host_load()
   warning = host.print_load_warning(load_before)
   del argv
   command = ' '.join(sys.argv[1:])
@@ -334,5 +336,5 @@ if __name__ == '__main__':
   _OUT = _flags.DEFINE_string('out', None, 'Also write the profile to this Markdown page.')
   _HLO = _flags.DEFINE_string('hlo_dir', None,
                               "Also write each program's optimized HLO text to this directory.")
-  from launch import plan as _plan  # noqa: F401  (defines the planning flags it passes on)
+  from launch.plan import cli as _plan_cli  # noqa: F401  (defines the planning flags it passes on)
   _app.run(lambda argv: main(argv, _TOP.value, _OUT.value, _HLO.value))

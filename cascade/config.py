@@ -35,6 +35,7 @@ from typing import Any, Mapping
 from cascade import schema
 from cascade.schema import ConfigError
 from models import paths
+from rl import engine_options
 
 SECTIONS = ('seed', 'model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'datasets',
             'domains', 'stages', 'allow_config_change', 'hardware', 'prepare', 'divergence',
@@ -208,13 +209,15 @@ _AT_LEAST_1 = dict(check=schema.int_at_least(1))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Sampler:
+class Sampler(schema.settings(engine_options.EngineOptions, unset=True)):
   """config.sampler: options of the policy's `rl.sampler.Sampler` (see its docstring).
 
   A field left None takes the Sampler's own default; `options()` are the
   keyword arguments the run and `launch.plan` build it with. The Sampler
   checks what only it can (its buckets against the model, rollout_rules
-  against the logical axes) when it is built.
+  against the logical axes) when it is built. The paged engine's options (slots, page_size,
+  pages, chunk_steps, prefill_prompts, decode_rows) are the fields of
+  `rl.engine_options.EngineOptions`, with its checks (None: its defaults).
   """
   # Padded prompt lengths / cache extents for new tokens / padded batch sizes the sampler
   # compiles for (batch: None = powers of two).
@@ -232,16 +235,6 @@ class Sampler:
       convert=lambda v: tuple(v.items()) if isinstance(v, Mapping) else tuple(v))
   # 'one_call' (one decode loop per chunk of rows) or 'paged' (continuous batching).
   engine: str | None = schema.field(None)
-  # paged: rows decoded at once, tokens per KV page, pages in the pool, decode steps per
-  # device call, prompts prefilled per device call.
-  slots: int | None = schema.field(None, **_AT_LEAST_1)
-  page_size: int | None = schema.field(None, **_AT_LEAST_1)
-  pages: int | None = schema.field(None, **_AT_LEAST_1)
-  chunk_steps: int | None = schema.field(None, **_AT_LEAST_1)
-  prefill_prompts: int | None = schema.field(None, **_AT_LEAST_1)
-  # paged: a decode call's rows, 'live' (the live slots, packed into a power of two per
-  # batch shard) or 'all' (every slot: one decode program, the one launch.plan compiles).
-  decode_rows: str | None = schema.field(None)
   # How a decode step runs the blocks: 'scan', 'unrolled' or 'auto' (by the devices).
   decode_layers: str | None = schema.field(None)
   # Sample with a copy of the weights in which every weight the sampler only converts to a
@@ -254,9 +247,6 @@ class Sampler:
       fail('decode_layers', f'expected one of {sampler_lib.DECODE_LAYERS}')
     if self.engine is not None and self.engine not in sampler_lib.ENGINES:
       fail('engine', f'expected one of {sampler_lib.ENGINES}')
-    from rl import engine as engine_lib  # pylint: disable=g-import-not-at-top
-    if self.decode_rows is not None and self.decode_rows not in engine_lib.DECODE_ROWS:
-      fail('decode_rows', f'expected one of {engine_lib.DECODE_ROWS}')
 
   def options(self) -> dict[str, Any]:
     """The keyword arguments of `rl.sampler.Sampler` this section sets."""

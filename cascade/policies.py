@@ -140,7 +140,7 @@ class Policies:
     later `reset_optimizer=False`), with a warning; an export that is
     damaged too is one CheckpointError line.
     """
-    opt = train_lib.make_optimizer(base.optimizer_config(stage))
+    opt = base.make_optimizer(stage).tx
     target = self.abstract_state(stage.MODEL, opt)
     ckpts = self.checkpoints(stage)
     try:

@@ -13,16 +13,21 @@ class's own `check(fail)` for relations between fields; every problem is one
 `ConfigError` line naming where and the field. Used by every section of the
 config (`cascade.config`) and by every stage kind (`cascade.kinds`); `as_dict`
 is the one conversion of a ConfigDict to plain data.
+
+The check vocabulary (`num_in`, `one_of`, ...) is `rl.fields`', which the
+library's option dataclasses declare their fields with (`rl.grpo.GrpoConfig`,
+`rl.engine_options.EngineOptions`): `settings` makes a config section's fields of such a
+dataclass's, each with the library's own default and check.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
+import typing
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
+from rl import fields as fields_lib
 
 
 class ConfigError(ValueError):
@@ -32,44 +37,13 @@ class ConfigError(ValueError):
 # Passed as the value to a check's `fail(field, message, value)`: the message names no value.
 HIDE = object()
 
-
-def is_int(v) -> bool:
-  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def is_num(v) -> bool:
-  """A finite real number (bools, inf and nan are not)."""
-  return (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-          and math.isfinite(float(v)))
-
-
-def int_at_least(lo: int) -> tuple[Callable, str]:
-  return (lambda v: is_int(v) and v >= lo), f'must be an int >= {lo}'
-
-
-def num_in(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-           hi_open: bool = False, what: str = '') -> tuple[Callable, str]:
-  """A finite-number check with optional (open or closed) bounds."""
-  def ok(v):
-    if not is_num(v):
-      return False
-    v = float(v)
-    if lo is not None and (v <= lo if lo_open else v < lo):
-      return False
-    return hi is None or (v < hi if hi_open else v <= hi)
-  if what:
-    return ok, what
-  if lo is not None and hi is None:
-    return ok, f'must be a finite number {">" if lo_open else ">="} {lo:g}'
-  return ok, (f'must be in {"(" if lo_open else "["}{lo:g}, {hi:g}{")" if hi_open else "]"}')
-
-
-def one_of(names: Sequence[str], what: str) -> tuple[Callable, str]:
-  names = tuple(names)
-  return (lambda v: v in names), f'unknown {what} (known: {", ".join(names)})'
-
-
-BOOL = ((lambda v: isinstance(v, (bool, np.bool_))), 'must be a bool')
+# The check vocabulary (predicates and (predicate, message) pairs), the library's.
+is_int = fields_lib.is_int
+is_num = fields_lib.is_num
+int_at_least = fields_lib.int_at_least
+num_in = fields_lib.num_in
+one_of = fields_lib.one_of
+BOOL = fields_lib.BOOL
 
 
 def field(default: Any = dataclasses.MISSING, *, check: tuple[Callable, str] | None = None,
@@ -81,10 +55,48 @@ def field(default: Any = dataclasses.MISSING, *, check: tuple[Callable, str] | N
   `none_is_a_value` (a field whose None is one of its choices, with another
   default).
   """
-  meta = dict(check=check, convert=convert, user=user, none_is_a_value=none_is_a_value)
-  if isinstance(default, (list, dict)):
-    raise TypeError('use tuples / None for config defaults')
-  return dataclasses.field(default=default, metadata=meta)
+  return fields_lib.field(default, check=check, convert=convert, user=user,
+                      none_is_a_value=none_is_a_value)
+
+
+def settings(cls, *, only: tuple[str, ...] | None = None, leave_out: tuple[str, ...] = (),
+             unset: bool = False) -> type:
+  """A frozen, keyword-only dataclass with the fields of the library dataclass `cls` (`only`
+  those, or all but `leave_out`), each with `cls`'s own default, check and conversion
+  (`rl.fields`): the base a config section or stage config takes them from, so each is
+  declared once.
+
+    class Config(rl.RLStageConfig, schema.settings(grpo.GrpoConfig, leave_out=(...))):
+
+  Args:
+    cls: a dataclass whose fields were declared with `rl.fields.field`.
+    only: the fields to take (None: all).
+    leave_out: fields the config does not set (the library's default holds, or the config
+      derives the value from fields of its own).
+    unset: every field defaults to None, "the library's default" (a section whose set fields
+      are passed on as keyword arguments); its check applies to a value given.
+
+  Returns:
+    The dataclass, for a config class to inherit from.
+  """
+  hints = typing.get_type_hints(cls)
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(only or ()).union(leave_out) - names)
+  if unknown:
+    raise TypeError(f'{cls.__name__} has no fields {unknown}')
+  specs = []
+  for f in dataclasses.fields(cls):
+    if f.name in leave_out or (only is not None and f.name not in only):
+      continue
+    if 'check' not in f.metadata:
+      raise TypeError(f'{cls.__name__}.{f.name}: not declared with rl.fields.field')
+    default = None if unset else f.default
+    kind = hints[f.name] | None if unset else hints[f.name]
+    specs.append((f.name, kind, dataclasses.field(default=default, metadata=f.metadata)))
+  return dataclasses.make_dataclass(
+      f'{cls.__name__}Settings', specs, frozen=True, kw_only=True,
+      namespace={'__module__': __name__,
+                 '__doc__': f'The fields of `{cls.__module__}.{cls.__name__}` a config sets.'})
 
 
 def failer(where: str, obj: Any = None, *, sep: str = ': ', prefix: str = ''):
@@ -161,9 +173,9 @@ def from_mapping(cls, raw: Mapping, where: str, *, fixed: Mapping | None = None,
       v = f.default
     else:
       raise ConfigError(f'{where}{sep}{prefix}{name}: missing field')
-    check = f.metadata.get('check')
-    if check is not None and not (v is None and f.default is None) and not check[0](v):
-      raise ConfigError(f'{where}{sep}{prefix}{name}={v!r}: {check[1]}')
+    why = fields_lib.problem(f, v)
+    if why is not None:
+      raise ConfigError(f'{where}{sep}{prefix}{name}={v!r}: {why}')
     convert = f.metadata.get('convert')
     values[name] = convert(v) if convert is not None and v is not None else v
   obj = cls(**values)

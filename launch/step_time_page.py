@@ -24,8 +24,11 @@ from etils import epath
 import jax
 
 from cascade import config as config_lib
-from launch import plan as plan_lib
 from launch import sweep
+from launch.plan import report as plan_report
+from launch.plan import stages as plan_stages
+from launch.plan import step_time as plan_step_time
+from launch.plan import targets as plan_targets
 
 # The paper configs on their own hardware (a TPU v5p-128 slice), then the dense two on one
 # 8-GPU node.
@@ -51,34 +54,34 @@ def page(plans: dict[str, config_lib.Plan], *, command: str, date: str) -> str:
   them.
   """
   out = [f'# Step-time model: `{command}`', '',
-         f'Written by `launch.step_time_page` on {date}, on {plan_lib.cpu_model()}; nothing '
+         f'Written by `launch.step_time_page` on {date}, on {plan_report.cpu_model()}; nothing '
          'compiled. Seconds per step by part and chip-hours per stage of each config on its own '
          'hardware (`launch.plan.step_time`). The weights-only bound is the one `launch.plan` '
          'printed before (per new token of each chunk one read of the weights a decode step '
          'reads, the rest FLOPs at peak; here with every FLOP counted from the config). The '
          'worst case runs 1 + refill_cap sampling and scoring rounds per step.']
   for spec, p in plans.items():
-    n = plan_lib.num_devices(p)
-    tgt = plan_lib.Target(tuple(jax.devices('cpu')[:n]), 'cpu', f'{n} CPU devices', 0)
-    reports = plan_lib.time_plan(p, tgt)
+    n = plan_targets.num_devices(p)
+    tgt = plan_targets.Target(tuple(jax.devices('cpu')[:n]), 'cpu', f'{n} CPU devices', 0)
+    reports = plan_stages.time_plan(p, tgt)
     hw = p.hardware
     total = lambda f, reports=reports: sum(r.chip_hours(f(r.time)) for r in reports
                                            if r.time is not None)
     out += ['', f'## `{spec}`', '',
-            *[f'- {h}' for h in plan_lib.plan_header(p, tgt, time_only=True)[1:2]],
+            *[f'- {h}' for h in plan_report.plan_header(p, tgt, time_only=True)[1:2]],
             f'- {hw.name}: {hw.peak_tflops:g} TFLOP/s and {hw.hbm_gbps:g} GB/s per chip', '',
-            *plan_lib.time_table(reports, assumptions=False), '',
+            *plan_report.time_table(reports, assumptions=False), '',
             f'All stages: {total(lambda t: t.bound):,.0f} chip-hours (worst case '
             f'{total(lambda t: t.worst):,.0f}); the weights-only bound: '
             f'{total(lambda t: t.weights_only):,.0f}.']
-  out += ['', 'The bound assumes:', '', *[f'- {a}' for a in plan_lib.TIME_ASSUMPTIONS]]
+  out += ['', 'The bound assumes:', '', *[f'- {a}' for a in plan_step_time.TIME_ASSUMPTIONS]]
   return '\n'.join(out) + '\n'
 
 
 def main(argv):
   del argv
   plans = {spec: load(spec) for spec in _CONFIGS.value}   # touches no device
-  plan_lib.use_simulated_cpu_devices(max(plan_lib.num_devices(p) for p in plans.values()))
+  plan_targets.use_simulated_cpu_devices(max(plan_targets.num_devices(p) for p in plans.values()))
   command = 'python -m launch.step_time_page ' + ' '.join(sys.argv[1:])
   date = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
   text = page(plans, command=command.strip(), date=date)

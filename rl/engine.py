@@ -33,7 +33,7 @@ busy instead:
   is a pure function of (key, row, step), so the recomputed row is the same row.
 * A decode call carries only the live slots, packed into the smallest power
   of two of rows that holds them, so the last long rows of a call do not pay
-  for every slot (`EngineOptions.decode_rows='live'`; 'all' runs every slot in
+  for every slot (`engine_options.EngineOptions.decode_rows='live'`; 'all' runs every slot in
   every call: one decode program instead of one per power of two).
 * On a mesh the slots and the pool are split evenly over the batch shards: a
   slot's pages, and its prompt's shared pages, come from its own shard's part,
@@ -66,7 +66,6 @@ them. `rl.sampler.Sampler(engine='paged')` drives it behind the usual
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Sequence
 
@@ -79,6 +78,7 @@ from models import mamba
 from models import sharding
 from models import transformer
 from rl import buckets
+from rl import engine_options
 from rl import page_pool
 from rl import paged_programs
 from rl import scheduler
@@ -86,49 +86,6 @@ from rl import scheduler
 
 _BLOCK_PAGES = 8   # models.attention.paged_attend's default pages_per_compute_block
 KEY_DTYPE = jax.eval_shape(lambda: jax.random.key(0)).dtype   # a typed PRNG key's
-
-
-DECODE_ROWS = ('live', 'all')
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EngineOptions:
-  """Shapes of the paged engine (all static: each distinct value compiles once).
-
-  Attributes:
-    slots: rows decoded at once.
-    page_size: tokens per KV page.
-    pages: pages in the pool; None = enough for every slot's longest row
-      (no preemption). The pool's memory is pages x page_size token slots.
-    chunk_steps: the most decode steps per device call; between calls the
-      host refills free slots.
-    prefill_prompts: prompts prefilled per device call.
-    decode_rows: the rows of a decode call. 'live': the live slots packed into
-      the smallest power of two per batch shard that holds them (a long row
-      finishing alone does not pay for every slot; up to log2(slots / shards)
-      + 1 decode programs, each compiled the first time its size occurs).
-      'all': every slot in every call, free ones masked (one decode program,
-      the one `launch.plan` compiles; on an accelerator, where a decode step
-      is bound by reading the weights and each row's own pages, the idle rows
-      cost little). The same tokens either way.
-  """
-  slots: int
-  page_size: int = 16
-  pages: int | None = None
-  chunk_steps: int = 32
-  prefill_prompts: int = 8
-  decode_rows: str = 'live'
-
-  def __post_init__(self):
-    for name in ('slots', 'page_size', 'chunk_steps', 'prefill_prompts'):
-      v = getattr(self, name)
-      if not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f'engine {name}={v!r} must be an int >= 1')
-    if self.decode_rows not in DECODE_ROWS:
-      raise ValueError(f'engine decode_rows={self.decode_rows!r}: expected one of {DECODE_ROWS}')
-    if self.pages is not None and (not isinstance(self.pages, (int, np.integer))
-                                   or self.pages < 1):
-      raise ValueError(f'engine pages={self.pages!r} must be an int >= 1 (or None)')
 
 
 class Engine:
@@ -144,7 +101,7 @@ class Engine:
     preemptions: rows evicted for lack of pages and recomputed, cumulative.
   """
 
-  def __init__(self, graphdef, cfg: config_lib.ModelConfig, options: EngineOptions, *,
+  def __init__(self, graphdef, cfg: config_lib.ModelConfig, options: engine_options.EngineOptions, *,
                eos_ids: Sequence[int], pad_id: int, mesh=None, rules=None,
                prompt_buckets: Sequence[int], unroll: bool = False):
     self.graphdef, self.cfg, self.opt = graphdef, cfg, options
@@ -161,6 +118,8 @@ class Engine:
     self.decode_slots = self.generated_tokens = self.preemptions = 0
     self.pages_in_use = 0       # after a call: 0, or pages leaked
     slots = options.slots
+    if slots is None:
+      raise ValueError('Engine: EngineOptions.slots must be set (rows decoded at once)')
     shards = self.shards = sharding.batch_shards(mesh, rules)
     if slots % shards:
       raise ValueError(f'engine slots={slots} must split over the {shards} batch shards')

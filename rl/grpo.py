@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rl import batch as batch_lib
+from rl import fields
 from rl import filtering
 
 
@@ -111,16 +112,20 @@ AGGREGATIONS = ('token', 'seq_mean_token_mean')
 KL_ESTIMATORS = ('k1', 'k3')
 # mismatch_mask modes: no masking; per token; per sequence (its geometric-mean ratio).
 MISMATCH_MASKS = ('off', 'token', 'sequence')
+_NONNEG = fields.num_in(0, what='must be >= 0')
 
 
 @dataclasses.dataclass(frozen=True)
 class GrpoConfig:
   """GRPO loss settings (defaults: the Cascade RL recipe).
 
+  Each field is declared once, with its default and check (`rl.fields`): a GRPO stage's
+  config takes its loss fields from here (`cascade.kinds.grpo`), under the same names.
+
   Attributes:
     advantage: key of ADVANTAGES used by the stage loop ('grpo').
     adv_eps: eps added to the group std.
-    aggregation: 'token' (1 / sum|o_i| * sum_i sum_t) or 'seq_mean_token_mean'.
+    loss_agg: 'token' (1 / sum|o_i| * sum_i sum_t) or 'seq_mean_token_mean'.
     clip_eps_low: ratio clipped below at 1 - clip_eps_low.
     clip_eps_high: ratio clipped above at 1 + clip_eps_high (clip-higher: > low).
     kl_coef: weight of the KL to the reference policy; 0 = no reference at all.
@@ -139,54 +144,32 @@ class GrpoConfig:
     mismatch_mask_low: the band's lower end, in [0, 1).
     mismatch_mask_high: the band's upper end, finite and > 1.
   """
-  advantage: str = 'grpo'
-  adv_eps: float = 1e-6
-  aggregation: str = 'token'
-  clip_eps_low: float = 0.2
-  clip_eps_high: float = 0.2
-  kl_coef: float = 0.0
-  kl_estimator: str = 'k3'
-  entropy_coef: float = 0.0
-  mask_truncated: bool = False
-  replay_routing: bool = True
-  tis_cap: Optional[float] = None
-  mismatch_mask: str = 'off'
-  mismatch_mask_low: float = 0.5
-  mismatch_mask_high: float = 2.0
+  advantage: str = fields.field('grpo', check=fields.one_of(ADVANTAGES, 'advantage estimator'))
+  adv_eps: float = fields.field(1e-6, check=_NONNEG, convert=float)
+  loss_agg: str = fields.field('token', check=fields.one_of(AGGREGATIONS, 'loss aggregation'))
+  clip_eps_low: float = fields.field(0.2, check=fields.num_in(0, 1, hi_open=True), convert=float)
+  clip_eps_high: float = fields.field(0.2, check=_NONNEG, convert=float)
+  kl_coef: float = fields.field(0.0, check=_NONNEG, convert=float)
+  kl_estimator: str = fields.field('k3', check=fields.one_of(KL_ESTIMATORS, 'KL estimator'))
+  entropy_coef: float = fields.field(0.0, check=_NONNEG, convert=float)
+  mask_truncated: bool = fields.field(False)
+  replay_routing: bool = fields.field(True)
+  tis_cap: Optional[float] = fields.field(None, check=fields.num_in(
+      1, what='must be None (off) or a finite number >= 1'), convert=float)
+  mismatch_mask: str = fields.field('off', check=fields.one_of(MISMATCH_MASKS,
+                                                               'mismatch mask mode'))
+  mismatch_mask_low: float = fields.field(0.5, check=fields.num_in(0, 1, hi_open=True),
+                                          convert=float)
+  mismatch_mask_high: float = fields.field(2.0, check=fields.num_in(1, lo_open=True),
+                                           convert=float)
 
   def __post_init__(self):
-    if self.advantage not in ADVANTAGES:
-      raise ValueError(f'GrpoConfig.advantage={self.advantage!r}: expected one of {sorted(ADVANTAGES)}')
-    if self.aggregation not in AGGREGATIONS:
-      raise ValueError(f'GrpoConfig.aggregation={self.aggregation!r}: expected one of {AGGREGATIONS}')
-    if self.kl_estimator not in KL_ESTIMATORS:
-      raise ValueError(f'GrpoConfig.kl_estimator={self.kl_estimator!r}: expected one of {KL_ESTIMATORS}')
-    for name in ('clip_eps_low', 'clip_eps_high', 'kl_coef', 'entropy_coef', 'adv_eps'):
-      if getattr(self, name) < 0:
-        raise ValueError(f'GrpoConfig.{name}={getattr(self, name)} must be >= 0')
-    if self.clip_eps_low >= 1:
-      raise ValueError(f'GrpoConfig.clip_eps_low={self.clip_eps_low} must be < 1')
-    if self.tis_cap is not None and not (_finite(self.tis_cap) and self.tis_cap >= 1):
-      raise ValueError(f'GrpoConfig.tis_cap={self.tis_cap} must be None (off) or a finite '
-                       'number >= 1')
-    if self.mismatch_mask not in MISMATCH_MASKS:
-      raise ValueError(f'GrpoConfig.mismatch_mask={self.mismatch_mask!r}: expected one of '
-                       f'{MISMATCH_MASKS}')
-    if not (_finite(self.mismatch_mask_low) and 0 <= self.mismatch_mask_low < 1):
-      raise ValueError(f'GrpoConfig.mismatch_mask_low={self.mismatch_mask_low} must be in [0, 1)')
-    if not (_finite(self.mismatch_mask_high) and self.mismatch_mask_high > 1):
-      raise ValueError(f'GrpoConfig.mismatch_mask_high={self.mismatch_mask_high} must be a '
-                       'finite number > 1')
+    fields.check(self)
 
   @property
   def corrects_mismatch(self) -> bool:
     """Whether the loss corrects the sampler/trainer mismatch (TIS or masking)."""
     return self.tis_cap is not None or self.mismatch_mask != 'off'
-
-
-def _finite(v) -> bool:
-  real = isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-  return real and bool(np.isfinite(v))
 
 
 def loss_mask(batch: batch_lib.TrainBatch, cfg: GrpoConfig) -> jax.Array:
@@ -281,7 +264,7 @@ def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
 
   per-token: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
              + kl_coef * KL_est(pi, ref) - entropy_coef * H,
-  with r = exp(logprobs - old_logprobs), aggregated by `cfg.aggregation`. With a
+  with r = exp(logprobs - old_logprobs), aggregated by `cfg.loss_agg`. With a
   mismatch correction (`cfg.corrects_mismatch`), r = exp(logprobs - pi_old_train)
   and the first term is weighted by `mismatch_weights` (module docstring).
 
@@ -313,9 +296,9 @@ def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
   ratio = jnp.exp(log_ratio)
   adv = jnp.asarray(batch.advantages, jnp.float32)
   if adv.ndim == 2:            # per token: a packed batch (`rl.batch.pack`)
-    if cfg.aggregation != 'token':
-      raise ValueError(f'GrpoConfig.aggregation={cfg.aggregation!r}: a packed batch (several '
-                       "sequences per row) needs aggregation='token'")
+    if cfg.loss_agg != 'token':
+      raise ValueError(f'GrpoConfig.loss_agg={cfg.loss_agg!r}: a packed batch (several '
+                       "sequences per row) needs loss_agg='token'")
   else:
     adv = adv[:, None]
   lo, hi = 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high
@@ -338,10 +321,10 @@ def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
       raise ValueError(f'GrpoConfig.entropy_coef={cfg.entropy_coef} needs the entropy argument')
     per_token = per_token - cfg.entropy_coef * entropy
     metrics['entropy_full'] = tok_mean(entropy)
-  loss = aggregate(per_token, mask, norm, cfg.aggregation)
+  loss = aggregate(per_token, mask, norm, cfg.loss_agg)
   clipped = ((adv > 0) & (ratio > hi)) | ((adv < 0) & (ratio < lo))
   metrics.update(
-      pg_loss=aggregate(pg, mask, norm, cfg.aggregation),
+      pg_loss=aggregate(pg, mask, norm, cfg.loss_agg),
       ratio_mean=tok_mean(ratio),
       ratio_max=jnp.max(jnp.where(on, ratio, 0.0)),
       clip_frac=tok_mean(clipped.astype(jnp.float32)),

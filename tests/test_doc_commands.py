@@ -1001,7 +1001,7 @@ def test_the_topology_page_multi_slice_config_block():
   """docs/topology.md's two lines on a config: it validates, spans 2 slices, and the mesh has
   one device per chip of two v5p:4x4x4 slices (64 chips each)."""
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  from launch import plan  # pylint: disable=g-import-not-at-top
+  from launch.plan import targets as plan_targets  # pylint: disable=g-import-not-at-top
   [block] = [t for _, kind, t in units('docs/topology.md') if kind == 'block'
              and t.startswith('c.mesh = dict(shape=(2, 8, 8)')]
   spec = importlib.util.spec_from_file_location('tiny_cfg', ROOT / 'configs' / 'tiny.py')
@@ -1010,11 +1010,11 @@ def test_the_topology_page_multi_slice_config_block():
   c = module.get_config()
   exec(block, {'c': c})  # pylint: disable=exec-used
   p = config_lib.validate(c)
-  assert plan.mesh_slices(p) == 2 and plan.mesh_shape(p) == (2, 8, 8)
-  assert math.prod(plan.mesh_shape(p)) == 4 * 4 * 4 * 2
+  assert plan_targets.mesh_slices(p) == 2 and plan_targets.mesh_shape(p) == (2, 8, 8)
+  assert math.prod(plan_targets.mesh_shape(p)) == 4 * 4 * 4 * 2
   c.mesh.slices = 4
   with pytest.raises(ValueError, match='slices'):
-    plan.mesh_slices(config_lib.validate(c))
+    plan_targets.mesh_slices(config_lib.validate(c))
 
 
 def test_the_make_targets_the_docs_name():

@@ -288,15 +288,32 @@ class PairStageConfig(TrainStageConfig):
     return self.batch_size, 'batch_size'
 
 
-def optimizer_config(stage: TrainStageConfig):
-  """The stage's optimizer in rl.train_step's terms (cosine decays over the stage's updates)."""
+def optimizer_config(stage: TrainStageConfig, lr_scale: float = 1.0):
+  """The stage's optimizer in rl.train_step's terms (cosine decays over the stage's updates),
+  its learning rate times `lr_scale` (after rollbacks, `cascade.divergence`)."""
   from rl import train_step as train_lib  # pylint: disable=g-import-not-at-top
   o = stage.optimizer
   return train_lib.OptimizerConfig(
-      learning_rate=o.lr, warmup_steps=o.warmup_steps, schedule=o.schedule,
+      learning_rate=o.lr * lr_scale, warmup_steps=o.warmup_steps, schedule=o.schedule,
       decay_steps=max(1, stage.decay_steps - o.warmup_steps), min_lr_ratio=o.min_lr_ratio,
       b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, max_grad_norm=o.clip_norm,
       name=o.name, args=o.args or ())
+
+
+class StageOptimizer(NamedTuple):
+  """A stage's optimizer, built once (`make_optimizer`): its optax transformation (what the
+  train state's optimizer state is made by and the train step applies) and its learning-rate
+  schedule (the step's 'lr' metric)."""
+  tx: Any
+  schedule: Callable[[Any], Any]
+
+
+def make_optimizer(stage: TrainStageConfig, lr_scale: float = 1.0) -> StageOptimizer:
+  """The stage's optimizer (`optimizer_config`): a stage builds it once, and once more only
+  when a rollback changes its learning rate."""
+  from rl import train_step as train_lib  # pylint: disable=g-import-not-at-top
+  cfg = optimizer_config(stage, lr_scale)
+  return StageOptimizer(train_lib.make_optimizer(cfg), train_lib.make_schedule(cfg))
 
 
 def stage_seed(seed: int, stage_index: int) -> int:

@@ -30,6 +30,8 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from cascade import data as data_lib
+from cascade import schema
 from cascade.kinds import base
 from cascade.kinds import loop
 from cascade.kinds import rl
@@ -40,31 +42,24 @@ from cascade import data as data_lib
 from cascade import verifier_errors
 
 
+# `rl.grpo.GrpoConfig`'s fields a stage does not set: the library's defaults hold (a stage's
+# advantages take the default eps; its phases' `filter_overlong` drops truncated rows), and
+# replay_routing follows from the stage's `routing_replay`.
+NOT_SET = ('adv_eps', 'mask_truncated', 'replay_routing')
+# The loss fields of a stage: every other field of GrpoConfig, by its own name (`loss_agg`
+# comes with every RL kind, `rl.RLStageConfig`).
+LOSS_FIELDS = tuple(f.name for f in dataclasses.fields(grpo_lib.GrpoConfig)
+                    if f.name not in NOT_SET)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Config(rl.RLStageConfig):
-  advantage: str = base.field('grpo', check=base.one_of(grpo_lib.ADVANTAGES,
-                                                        'advantage estimator'))
-  kl_coef: float = base.field(0.0, check=base.num_in(0, what='must be >= 0'), convert=float)
-  kl_estimator: str = base.field('k3', check=base.one_of(grpo_lib.KL_ESTIMATORS, 'KL estimator'))
-  clip_eps_low: float = base.field(0.2, check=base.num_in(0, 1, hi_open=True), convert=float)
-  clip_eps_high: float = base.field(0.2, check=base.num_in(0, what='must be >= 0'),
-                                    convert=float)
-  entropy_coef: float = base.field(0.0, check=base.num_in(0, what='must be >= 0'),
-                                   convert=float)
+class Config(rl.RLStageConfig,
+             schema.settings(grpo_lib.GrpoConfig, leave_out=NOT_SET + ('loss_agg',))):
+  """A GRPO stage: an RL stage (`rl.RLStageConfig`) with the loss fields of
+  `rl.grpo.GrpoConfig` (advantage, the clip range, KL, entropy, the mismatch correction:
+  `tis_cap`, `mismatch_mask`, its band), each with the library's default and check."""
   pack_tokens: int = base.field(0, check=(lambda v: base.is_int(v) and v >= 0,
                                           'must be an int >= 0 (0 = padded rows)'))
-  # Sampler/trainer mismatch correction (`rl.grpo`): truncated importance sampling, each
-  # token's policy-gradient term weighted by min(pi_trainer / pi_sampler, tis_cap); None = off.
-  tis_cap: float | None = base.field(None, check=base.num_in(
-      1, what='must be None (off) or a finite number >= 1'), convert=float)
-  # Drop tokens ('token') or whole sequences ('sequence': geometric mean) whose
-  # pi_trainer / pi_sampler is outside [mismatch_mask_low, mismatch_mask_high]; 'off'.
-  mismatch_mask: str = base.field('off', check=base.one_of(grpo_lib.MISMATCH_MASKS,
-                                                           'mismatch mask mode'))
-  mismatch_mask_low: float = base.field(grpo_lib.GrpoConfig.mismatch_mask_low,
-                                        check=base.num_in(0, 1, hi_open=True), convert=float)
-  mismatch_mask_high: float = base.field(grpo_lib.GrpoConfig.mismatch_mask_high,
-                                         check=base.num_in(1, lo_open=True), convert=float)
 
   def check(self, fail):
     if self.group_size < 2:
@@ -96,13 +91,8 @@ LOSS = train_lib.LossSpec(grpo_lib.GrpoConfig, grpo_lib.loss_fn, grpo_lib.normal
 
 
 def loss(stage: Config):
-  return LOSS, grpo_lib.GrpoConfig(
-      advantage=stage.advantage, aggregation=stage.loss_agg, kl_coef=stage.kl_coef,
-      kl_estimator=stage.kl_estimator, clip_eps_low=stage.clip_eps_low,
-      clip_eps_high=stage.clip_eps_high, entropy_coef=stage.entropy_coef,
-      replay_routing=stage.routing_replay != 'measure', tis_cap=stage.tis_cap,
-      mismatch_mask=stage.mismatch_mask, mismatch_mask_low=stage.mismatch_mask_low,
-      mismatch_mask_high=stage.mismatch_mask_high)
+  return LOSS, grpo_lib.GrpoConfig(**{name: getattr(stage, name) for name in LOSS_FIELDS},
+                                   replay_routing=stage.routing_replay != 'measure')
 
 
 def _old_trainer_forward(stage: Config) -> bool:

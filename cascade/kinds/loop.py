@@ -18,7 +18,6 @@ does.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from typing import Any, Callable, NamedTuple, Sequence
@@ -72,20 +71,19 @@ def record_batches(ctx, stage, batches: Callable[[list[dict]], tuple[Sequence[An
 
 
 def build_train_step(kind: base.Kind, stage, graphdef, state, mesh, rules,
-                     microbatches: int | None = None):
-  """The jitted train step of a stage (what the runner runs and `launch.plan` compiles).
+                     optimizer: base.StageOptimizer, microbatches: int | None = None):
+  """The jitted train step of a stage (what the runner runs and `launch.plan` compiles), with
+  the stage's optimizer (`base.make_optimizer`, the one its state was made with).
 
   A stage that packs its updates (`microbatch_rows`, e.g. GRPO's `pack_tokens`) accumulates
   over as many microbatches of that many rows as a batch has, unless `microbatches` fixes the
   count (`launch.plan`'s one-microbatch FLOP-counting twin)."""
-  opt_cfg = base.optimizer_config(stage)
-  optimizer = train_lib.make_optimizer(opt_cfg)
   loss, loss_cfg = kind.loss(stage)
   rows = None if microbatches else getattr(stage, 'microbatch_rows', None)
   return train_lib.make_train_step(
-      graphdef, loss, loss_cfg, optimizer, mesh=mesh, rules=rules, state=state,
+      graphdef, loss, loss_cfg, optimizer.tx, mesh=mesh, rules=rules, state=state,
       microbatches=microbatches or stage.microbatches, microbatch_rows=rows,
-      lr_schedule=train_lib.make_schedule(opt_cfg))
+      lr_schedule=optimizer.schedule)
 
 
 # Called at the end of every step, once its checkpoint (if one is due) is saved and before the
@@ -162,7 +160,8 @@ def train_stage(ctx, kind: base.Kind, stage,
       are checkpointed).
   """
   pol = ctx.policies
-  optimizer = train_lib.make_optimizer(base.optimizer_config(stage))
+  opt = base.make_optimizer(stage)
+  optimizer = opt.tx
   ckpts = pol.checkpoints(stage)
   abstract = pol.abstract_state(stage.MODEL, optimizer)
   restored = ckpts.restore(abstract)
@@ -178,7 +177,9 @@ def train_stage(ctx, kind: base.Kind, stage,
   if meta is not None:
     maker.loader.set_state(meta['data'])
   watch = divergence.Watch(ctx.plan.divergence, stage, (meta or {}).get('divergence'))
-  step_fn = _step_fn(ctx, kind, stage, state, watch.lr_scale)
+  if watch.lr_scale != 1.0:       # resumed after a rollback: at the rate it left off with
+    opt = base.make_optimizer(stage, watch.lr_scale)
+  step_fn = _step_fn(ctx, kind, stage, state, opt)
   every = ctx.plan.ckpt.every_n_steps
   # In-stage validation (the stage's eval_every, else config.eval.eval_every) of a policy; the
   # stage's end is its matrix row.
@@ -247,7 +248,8 @@ def train_stage(ctx, kind: base.Kind, stage,
       step, state = _roll_back(ctx, stage, ckpts, abstract, optimizer, seed, maker, start_data,
                                watch, back, step)
       last_saved = step or None
-      step_fn = _step_fn(ctx, kind, stage, state, watch.lr_scale)
+      opt = base.make_optimizer(stage, watch.lr_scale)
+      step_fn = _step_fn(ctx, kind, stage, state, opt)
       bar.rewind(step)
       continue
     saved = step == stage.steps or (every and step % every == 0 and not watch.streak)
@@ -277,13 +279,11 @@ def train_stage(ctx, kind: base.Kind, stage,
                           seconds=time.time() - start, first=bar.first, last=bar.last, info=info)
 
 
-def _step_fn(ctx, kind: base.Kind, stage, state, lr_scale: float):
-  """The stage's jitted train step, its learning rate times `lr_scale` (after rollbacks)."""
-  if lr_scale != 1.0:
-    stage = dataclasses.replace(stage, optimizer=dataclasses.replace(
-        stage.optimizer, lr=stage.optimizer.lr * lr_scale))
+def _step_fn(ctx, kind: base.Kind, stage, state, optimizer: base.StageOptimizer):
+  """The stage's jitted train step with `optimizer` (the stage's, its learning rate scaled
+  after rollbacks)."""
   step_fn = build_train_step(kind, stage, ctx.policies.graphdef(stage.MODEL), state, ctx.mesh,
-                             ctx.rules)
+                             ctx.rules, optimizer)
   if ctx.mesh is not None and jax.process_count() > 1:
     step_fn = _with_global_batch(step_fn, ctx.mesh, ctx.rules)
   return step_fn

@@ -55,6 +55,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from cascade import rollout
+from cascade import schema
 from cascade import verifier_errors as errors_lib
 from cascade.kinds import base
 from models import sharding
@@ -78,8 +79,13 @@ def _phases_ok(v) -> bool:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RLStageConfig(base.TrainStageConfig):
-  """An RL stage: rollouts of prompts x G samples per step, scored by domain verifiers."""
+class RLStageConfig(base.TrainStageConfig,
+                    schema.settings(grpo.GrpoConfig, only=('loss_agg',))):
+  """An RL stage: rollouts of prompts x G samples per step, scored by domain verifiers.
+
+  Every RL kind takes `loss_agg` ('token' or 'seq_mean_token_mean'), declared with its default
+  and check by `rl.grpo.GrpoConfig`.
+  """
   RECORDS: ClassVar[str] = 'prompt'
   SAMPLES: ClassVar[bool] = True
   BY_DOMAIN: ClassVar[bool] = True
@@ -108,7 +114,6 @@ class RLStageConfig(base.TrainStageConfig):
   refill_cap: int = base.field(4, check=base.int_at_least(0))
   stream_filter: bool = base.field(False, check=base.BOOL)
   filter_overlong: bool = base.field(False, check=base.BOOL)
-  loss_agg: str = base.field('token', check=base.one_of(grpo.AGGREGATIONS, 'loss aggregation'))
   updates_per_batch: int = base.field(1, check=base.int_at_least(1))
   # Mixture-of-experts policies: 'off'; 'measure' (the sampler records each token's experts,
   # the step logs routing_mismatch); 'on' (also replayed in the policy's training forward).

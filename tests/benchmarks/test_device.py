@@ -144,7 +144,7 @@ def test_imports_beside_another_absl_program():
   """benchmarks.device defines its flags only as the program: imported in one process with
   launch.plan (whose --report it shares a name with), as a test worker does, nothing clashes."""
   proc = subprocess.run(
-      [sys.executable, '-c', 'import launch.plan, benchmarks.device; '
+      [sys.executable, '-c', 'import launch.plan.cli, benchmarks.device; '
        'import benchmarks.device as d; assert d._REPORT is None'],
       cwd=ROOT, capture_output=True, text=True, timeout=300,
       env={**os.environ, 'JAX_PLATFORMS': 'cpu'})

@@ -24,6 +24,9 @@ from cascade import verifier_errors
 from cascade.kinds import base
 from cascade.kinds import loop
 from rl import sft as sft_lib
+from rl import train_step as train_lib
+
+_BUILD = loop.build_train_step        # the real one (the fixture below caches it)
 
 
 class _Stop(Exception):
@@ -86,6 +89,18 @@ def _one_compiled_step():
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(loop, 'build_train_step', cached)
     yield
+
+
+def test_a_stage_builds_its_optimizer_once(tmp_path, fakes, monkeypatch):
+  """The loop builds the stage's optimizer once: its train state and its train step share it
+  (stopped before the first batch: nothing is compiled)."""
+  built = []
+  make = train_lib.make_optimizer
+  monkeypatch.setattr(train_lib, 'make_optimizer', lambda cfg: built.append(cfg) or make(cfg))
+  monkeypatch.setattr(loop, 'build_train_step', _BUILD)
+  with pytest.raises(_Stop):
+    _run(_plan(fakes), tmp_path, [], stop_at=0)
+  assert len(built) == 1
 
 
 @pytest.fixture(scope='module')

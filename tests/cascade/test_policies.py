@@ -30,7 +30,7 @@ def _finish_sft(plan, workdir):
   """Writes the SFT stage's final checkpoint: its own params and a non-trivial Adam state."""
   st = plan.stages[0]
   pol = policies_lib.Policies(plan, str(workdir), None, plan.rules)
-  opt = train_lib.make_optimizer(base.optimizer_config(st))
+  opt = base.make_optimizer(st).tx
   params = nnx.split(transformer.create(plan.model, 11))[1]
   state = train_lib.init_state(params, opt, seed=5)
   opt_state = jax.tree.map(lambda x: x + (7 if jnp.issubdtype(x.dtype, jnp.integer) else 0.25),
@@ -55,7 +55,7 @@ def plan(fakes):
 def _initial(plan, workdir, name, seed=9):
   pol = policies_lib.Policies(plan, str(workdir), None, plan.rules)   # a fresh process
   st = plan.stage(name)
-  opt = train_lib.make_optimizer(base.optimizer_config(st))
+  opt = base.make_optimizer(st).tx
   return pol, opt, pol.initial_state(st, opt, seed)
 
 

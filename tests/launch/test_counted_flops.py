@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 from cascade import policies
-from launch import plan
+from launch.plan import compiler as plan_compiler
+from launch.plan import flops as plan_flops
 from models import config as model_config
 
 
@@ -21,7 +22,7 @@ def _xla_train_flops(cfg, rows, length):
     return jnp.mean(jax.nn.logsumexp(logits.astype(jnp.float32), -1))
 
   tokens = jax.ShapeDtypeStruct((rows, length), jnp.int32)
-  return plan._flops(jax.jit(jax.grad(loss)).lower(params, tokens))
+  return plan_compiler.xla_flops(jax.jit(jax.grad(loss)).lower(params, tokens))
 
 
 @pytest.mark.parametrize('length,remat', [
@@ -36,7 +37,7 @@ def test_counted_train_flops_match_xlas_count(length, remat):
   xla = _xla_train_flops(cfg, rows, length)
   # Dense attention scores every key: the count's context is the whole row here (a causal
   # kernel's is (T + 1) / 2, which `step_time` uses).
-  counted = plan.counted_flops(cfg, 'policy', rows * length, length, train=True)
+  counted = plan_flops.counted_flops(cfg, 'policy', rows * length, length, train=True)
   if remat == 'none':
     # The count leaves out softmax, norms and elementwise work: XLA's is a little larger.
     assert 1.0 <= xla / counted < 1.02, xla / counted
@@ -45,4 +46,5 @@ def test_counted_train_flops_match_xlas_count(length, remat):
     # at once (the last layer's), so its count is at most the analytic one.
     assert 0.9 < xla / counted <= 1.0, xla / counted
   # The causal count is below XLA's dense one by the scores of the keys a causal kernel skips.
-  assert plan.counted_flops(cfg, 'policy', rows * length, (length + 1) / 2, train=True) < counted
+  assert plan_flops.counted_flops(cfg, 'policy', rows * length, (length + 1) / 2,
+                                  train=True) < counted

@@ -18,11 +18,19 @@ import pytest
 from cascade import config as config_lib
 from cascade import kinds
 from cascade import policies
-from launch import plan
+from launch.plan import cli as plan_cli
+from launch.plan import compiler as plan_compiler
+from launch.plan import flops as plan_flops
+from launch.plan import memory as plan_memory
+from launch.plan import programs as plan_programs
+from launch.plan import report as plan_report
+from launch.plan import results as plan_results
+from launch.plan import stages as plan_stages
+from launch.plan import step_time as plan_step_time
+from launch.plan import targets as plan_targets
 from models import config as model_config
 from models import sharding
 from rl import sampler as sampler_lib
-from rl import train_step as train_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -84,9 +92,9 @@ def _per_device_bytes(tree) -> int:
 @pytest.mark.heavy
 def test_plan_numbers_are_sane(tiny_path):
   config = _load(tiny_path)
-  tgt = plan.target(config_lib.validate(config), 'cpu')
+  tgt = plan_targets.target(config_lib.validate(config), 'cpu')
   assert tgt.kind == 'cpu' and len(tgt.devices) == 8 and 'simulated' in tgt.description
-  [rep] = plan.run_plan(config_lib.validate(config), tgt, stages=['add_rl'], with_eval=False)
+  [rep] = plan_stages.run_plan(config_lib.validate(config), tgt, stages=['add_rl'], with_eval=False)
   train, samp = rep.programs
   assert (train.name, samp.name) == ('train step', 'sampler')
   assert rep.fits and not train.error and not samp.error
@@ -96,8 +104,8 @@ def test_plan_numbers_are_sane(tiny_path):
   mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
   rules = sharding.DEFAULT_RULES
   model_cfg = model_config.ModelConfig.preset('tiny', max_seq_len=256)
-  _, params = plan.abstract_params(model_cfg, 'policy', mesh, rules)
-  optimizer = train_lib.make_optimizer(kinds.base.optimizer_config(stage))
+  _, params = plan_programs.abstract_params(model_cfg, 'policy', mesh, rules)
+  optimizer = kinds.base.make_optimizer(stage).tx
   state = policies.abstract_state(params, optimizer, mesh, rules)
   batch, what = kinds.get(stage.kind).abstract_batch(stage, mesh, rules)
   assert '16 rows x 64 tokens' in what            # 4 x 4 rows, 32 + the longest phase's 32
@@ -117,14 +125,15 @@ def test_plan_numbers_are_sane(tiny_path):
   assert 'KV cache of 64 slots' in samp.shapes and '4 prompts prefilled once each' in samp.shapes
 
   # --notrain: an SFT stage has nothing left to compile.
-  assert plan.run_plan(config_lib.validate(config), tgt, stages=['sft'], with_train=False, with_eval=False) == []
+  assert plan_stages.run_plan(config_lib.validate(config), tgt, stages=['sft'], with_train=False, with_eval=False) == []
 
   # An impossible limit fails, naming the stage and the program.
-  small = plan.StageReport(rep.index, rep.name, rep.kind, rep.programs, 1024, rep.num_devices)
-  [msg, msg2] = plan.failures([small])
+  small = plan_results.StageReport(rep.index, rep.name, rep.kind, rep.programs, 1024,
+                                   rep.num_devices)
+  [msg, msg2] = plan_report.failures([small])
   assert msg.startswith("stage 'add_rl' (index 2): train step does not fit: needs")
   assert 'sampler does not fit' in msg2
-  assert 'DOES NOT FIT' in plan.format_stage(small)
+  assert 'DOES NOT FIT' in plan_report.format_stage(small)
 
 
 @pytest.mark.heavy
@@ -153,8 +162,8 @@ def test_a_config_without_a_mesh_is_planned_on_one_device():
   config = importlib.import_module('configs.tiny').get_config('smoke')
   p = config_lib.validate(config)
   assert p.mesh_shape is None
-  assert plan.mesh_shape(p) == (1, 1, 1) and plan.num_devices(p) == 1
-  assert '(1, 1, 1) (no mesh: one device)' in '\n'.join(plan.plan_header(p, None,
+  assert plan_targets.mesh_shape(p) == (1, 1, 1) and plan_targets.num_devices(p) == 1
+  assert '(1, 1, 1) (no mesh: one device)' in '\n'.join(plan_report.plan_header(p, None,
                                                                           time_only=True))
 
 
@@ -166,7 +175,7 @@ def test_paper_configs_validate(name):
   module = importlib.import_module(f'configs.{name}')
   config = module.get_config()
   p = config_lib.validate(config)
-  assert plan.num_devices(p) == 64 and config.hardware.topology == 'v5p:4x4x4'
+  assert plan_targets.num_devices(p) == 64 and config.hardware.topology == 'v5p:4x4x4'
   for st in p.stages:
     if st.SAMPLES:
       assert getattr(st, 'kl_coef', 0.0) == 0.0 or (name == 'nemotron_cascade2' and 'rlhf' in st.name)
@@ -223,24 +232,24 @@ def test_frozen_passes_and_the_co_resident_peak(tiny_path):
   config.stages = [*config.stages[:2], dict(config.stages[2], kl_coef=0.01)]
   config.hardware.peak_tflops = 1.0
   config.hardware.hbm_gbps = 10.0
-  tgt = plan.target(config_lib.validate(config), 'cpu')
-  [rep] = plan.run_plan(config_lib.validate(config), tgt, stages=['add_rl'], with_eval=False)
+  tgt = plan_targets.target(config_lib.validate(config), 'cpu')
+  [rep] = plan_stages.run_plan(config_lib.validate(config), tgt, stages=['add_rl'], with_eval=False)
   train, samp, ref = rep.programs
   # The 16 rows of a step go through the reference in the train step's 2 microbatches.
   assert ref.name == 'reference forward'
   assert '8 rows x 64 tokens per call, 2 calls' in ref.shapes, ref.shapes
   resident = dict(rep.resident)
-  params = _per_device_bytes(plan.abstract_params(
+  params = _per_device_bytes(plan_programs.abstract_params(
       config_lib.validate(config).model, 'policy', sharding.make_mesh((2, 2, 2),
                                                                        devices=tgt.devices),
       sharding.DEFAULT_RULES)[1])
   assert resident['train step'] == params               # the frozen reference
   assert resident['sampler'] == pytest.approx(3 * params, rel=0.01)   # 2 Adam moments + ref
   assert rep.peak(samp) == samp.total_bytes + resident['sampler']
-  assert rep.seconds > 0 and 'chip-hours' in plan.format_stage(rep)
-  small = plan.StageReport(rep.index, rep.name, rep.kind, rep.programs,
-                           samp.total_bytes + 1, rep.num_devices, rep.resident)
-  assert any('sampler does not fit' in m and 'resident' in m for m in plan.failures([small]))
+  assert rep.seconds > 0 and 'chip-hours' in plan_report.format_stage(rep)
+  small = plan_results.StageReport(rep.index, rep.name, rep.kind, rep.programs,
+                                   samp.total_bytes + 1, rep.num_devices, rep.resident)
+  assert any('sampler does not fit' in m and 'resident' in m for m in plan_report.failures([small]))
 
 
 def test_frozen_copies_in_host_memory_are_not_resident(tiny_path):
@@ -250,12 +259,14 @@ def test_frozen_copies_in_host_memory_are_not_resident(tiny_path):
   p = config_lib.validate(config)
   st = [s for s in p.stages if s.name == 'add_rl'][0]
   mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  one = _per_device_bytes(plan.abstract_params(p.model, 'policy', mesh, sharding.DEFAULT_RULES)[1])
+  one = _per_device_bytes(plan_programs.abstract_params(p.model, 'policy', mesh,
+                                                        sharding.DEFAULT_RULES)[1])
   programs = [types.SimpleNamespace(name=n) for n in ('train step', 'teacher forward')]
 
   def resident(on_host):
     ff = kinds.base.FrozenForward('teacher forward', 8, 64, copies=3, on_host=on_host)
-    return dict(plan._resident(st, p.model, mesh, sharding.DEFAULT_RULES, programs, [ff], []))
+    return dict(plan_memory.resident(st, p.model, mesh, sharding.DEFAULT_RULES, programs, [ff],
+                                     []))
 
   dev, host = resident(False), resident(True)
   assert dev['train step'] == 3 * one and host['train step'] == 0
@@ -268,10 +279,12 @@ def test_a_sampler_with_its_own_copy_has_the_whole_state_beside_it(tiny_path):
   p = config_lib.validate(_load(tiny_path))
   st = [s for s in p.stages if s.name == 'add_rl'][0]
   mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  one = _per_device_bytes(plan.abstract_params(p.model, 'policy', mesh, sharding.DEFAULT_RULES)[1])
+  one = _per_device_bytes(plan_programs.abstract_params(p.model, 'policy', mesh,
+                                                        sharding.DEFAULT_RULES)[1])
   programs = [types.SimpleNamespace(name='sampler')]
-  got = {copy: dict(plan._resident(st, p.model, mesh, sharding.DEFAULT_RULES, programs, [], [],
-                                   rollout_copy=copy))['sampler'] for copy in (False, True)}
+  got = {copy: dict(plan_memory.resident(st, p.model, mesh, sharding.DEFAULT_RULES, programs, [],
+                                         [], rollout_copy=copy))['sampler']
+         for copy in (False, True)}
   assert got[True] - got[False] == one
 
 
@@ -286,8 +299,8 @@ def test_an_agentic_stage_plans_its_last_turn(tiny_path):
                         optimizer=dict(lr=1e-4), prompts_per_step=4, group_size=4,
                         max_prompt_len=32, max_response_len=96, max_turn_tokens=16,
                         microbatches=2)]
-  tgt = plan.target(config_lib.validate(config), 'cpu')
-  [rep] = plan.run_plan(config_lib.validate(config), tgt, stages=['tool_rl'], with_eval=False, with_train=False)
+  tgt = plan_targets.target(config_lib.validate(config), 'cpu')
+  [rep] = plan_stages.run_plan(config_lib.validate(config), tgt, stages=['tool_rl'], with_eval=False, with_train=False)
   [samp] = rep.programs
   assert samp.name == 'sampler' and not samp.error
   assert '16 rows' in samp.shapes and 'prompt bucket 128' in samp.shapes
@@ -304,8 +317,9 @@ def test_a_packed_update_is_planned_at_its_largest_packed_batch(tiny_path):
   validated = config_lib.validate(config)
   stage = validated.stage('add_rl')
   assert stage.microbatch_rows == 8
-  tgt = plan.target(validated, 'cpu')
-  [rep] = plan.run_plan(validated, tgt, stages=['add_rl'], with_eval=False, with_sampler=False)
+  tgt = plan_targets.target(validated, 'cpu')
+  [rep] = plan_stages.run_plan(validated, tgt, stages=['add_rl'], with_eval=False,
+                               with_sampler=False)
   [train] = rep.programs
   assert not train.error and rep.fits
   assert ('16 rows x 64 tokens (longest phase), packed into at most 8 rows x 128 tokens, '
@@ -320,8 +334,8 @@ def test_a_packed_update_is_planned_at_its_largest_packed_batch(tiny_path):
 def test_the_paged_engine_is_planned_with_its_page_pool(tiny_path):
   config = _load(tiny_path)
   config.sampler = dict(engine='paged', slots=8, page_size=8)
-  tgt = plan.target(config_lib.validate(config), 'cpu')
-  [rep] = plan.run_plan(config_lib.validate(config), tgt, stages=['add_rl'], with_eval=False, with_train=False)
+  tgt = plan_targets.target(config_lib.validate(config), 'cpu')
+  [rep] = plan_stages.run_plan(config_lib.validate(config), tgt, stages=['add_rl'], with_eval=False, with_train=False)
   samp, prefill = rep.programs
   assert (samp.name, prefill.name) == ('sampler', 'sampler prefill')
   assert not samp.error and samp.shapes.startswith('paged engine: 8 slots, a pool of 68 pages')
@@ -330,7 +344,7 @@ def test_the_paged_engine_is_planned_with_its_page_pool(tiny_path):
       samp.total_bytes)   # the same state resident beside both calls
   mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
   model_cfg = model_config.ModelConfig.preset('tiny', max_seq_len=256)
-  _, params = plan.abstract_params(model_cfg, 'policy', mesh, sharding.DEFAULT_RULES)
+  _, params = plan_programs.abstract_params(model_cfg, 'policy', mesh, sharding.DEFAULT_RULES)
   # 68 pages: per each of the 4 batch shards, 2 slots x 8 pages (32 + 32 tokens in pages of 8)
   # + 1; K/V heads split over 'tensor' (2), pages over the batch shards (4).
   pool = (2 * model_cfg.num_layers * model_cfg.num_kv_heads * 68 * 8 * model_cfg.head_dim
@@ -346,7 +360,7 @@ def test_programs_are_planned_with_the_platforms_layer_loops(tiny_path, platform
   # planned on these simulated CPUs plans the TPU's programs, which scan their layers.
   config = _load(tiny_path)
   config.hardware.platform = platform
-  [rep] = plan.run_plan(config_lib.validate(config), plan.target(config_lib.validate(config), 'cpu'), stages=['add_rl'], with_eval=False)
+  [rep] = plan_stages.run_plan(config_lib.validate(config), plan_targets.target(config_lib.validate(config), 'cpu'), stages=['add_rl'], with_eval=False)
   train, samp = rep.programs
   assert not samp.error and samp.shapes.endswith('decode phase(s)' + (
       ', layers unrolled)' if unrolled else ')')), samp.shapes
@@ -376,24 +390,24 @@ def test_counted_flops_count_a_tokens_experts_not_all():
   emb = cfg.vocab_size * d
   blocks = cfg.num_params(active=True) - 2 * emb - d   # untied: embedding and head left out
   attn = 4 * cfg.num_heads * cfg.head_dim               # QK^T and PV per key attended
-  fwd = plan.counted_flops(cfg, 'policy', 10, 5.0)
+  fwd = plan_flops.counted_flops(cfg, 'policy', 10, 5.0)
   assert fwd == 10 * (2 * blocks + 5.0 * attn + 2 * emb)
   # Routed experts: K = 2 of the E = 8 per token (relu2: up and down) in each of the 2 'moe'
   # sublayers, so routing every token to all of them would add (E - K) experts' matmuls.
-  everything = plan.counted_flops(cfg.replace(experts_per_token=8, router_groups=1), 'policy',
-                                  10, 5.0)
+  everything = plan_flops.counted_flops(cfg.replace(experts_per_token=8, router_groups=1), 'policy',
+                                        10, 5.0)
   assert everything - fwd == 10 * 2 * 2 * (8 - 2) * 2 * d * f
   # A train step: forward + backward (3x), the sublayers once more under remat; the head's
   # matmul is not rematerialised. The reward model has no vocabulary head.
-  assert plan.counted_flops(cfg, 'policy', 10, 5.0, train=True) == 3 * fwd
-  assert plan.counted_flops(cfg.replace(remat='full'), 'policy', 10, 5.0, train=True) == (
+  assert plan_flops.counted_flops(cfg, 'policy', 10, 5.0, train=True) == 3 * fwd
+  assert plan_flops.counted_flops(cfg.replace(remat='full'), 'policy', 10, 5.0, train=True) == (
       10 * (4 * (2 * blocks + 5.0 * attn) + 6 * emb))
-  assert plan.counted_flops(cfg, 'reward_model', 10, 5.0) == 10 * (2 * blocks + 5.0 * attn)
+  assert plan_flops.counted_flops(cfg, 'reward_model', 10, 5.0) == 10 * (2 * blocks + 5.0 * attn)
 
 
 def _sampler_for(cfg, shape, sampler_cfg):
   mesh = sharding.make_mesh(shape, devices=jax.devices()[:int(np.prod(shape))])
-  return plan.sampler_for(cfg, mesh, sharding.DEFAULT_RULES, sampler_cfg)
+  return plan_programs.sampler_for(cfg, mesh, sharding.DEFAULT_RULES, sampler_cfg)
 
 
 def test_a_decode_step_reads_the_sampler_layout_and_the_experts_its_tokens_reach():
@@ -411,16 +425,17 @@ def test_a_decode_step_reads_the_sampler_layout_and_the_experts_its_tokens_reach
   # 4 rows: one per batch shard (data 1 x fsdp 2 x expert 2); an expert shard gathers the 2
   # rows of its expert group, and a token reaches a given expert with probability K/E = 2/8.
   reached = 1 - (1 - 2 / 8) ** 2
-  assert plan.decode_read_bytes(cfg, sampler, 4) == pytest.approx(other + reached * experts)
-  assert plan.decode_read_bytes(cfg, sampler, 4096) == pytest.approx(other + experts)
+  assert plan_step_time.decode_read_bytes(cfg, sampler, 4) == pytest.approx(
+      other + reached * experts)
+  assert plan_step_time.decode_read_bytes(cfg, sampler, 4096) == pytest.approx(other + experts)
   # The rollout layout (embed whole) is what a decode step reads, not the training one.
   trained, _ = _sampler_for(cfg, (1, 2, 2, 2), {})
-  assert plan.decode_read_bytes(cfg, trained, 4096) < other + experts
+  assert plan_step_time.decode_read_bytes(cfg, trained, 4096) < other + experts
   # A dense model: every weight of the device, per step.
   dense = model_config.ModelConfig.tiny()
   sampler, params = _sampler_for(dense, (2, 2, 2), {})
-  assert plan.decode_read_bytes(dense, sampler, 8) == _per_device_bytes(params)
-  assert plan.rollout_copy_bytes(sampler, params) == 0     # float32 compute: no copy
+  assert plan_step_time.decode_read_bytes(dense, sampler, 8) == _per_device_bytes(params)
+  assert plan_memory.rollout_copy_bytes(sampler, params) == 0     # float32 compute: no copy
 
 
 def test_a_bfloat16_model_samples_and_is_planned_with_its_rollout_copy():
@@ -431,10 +446,10 @@ def test_a_bfloat16_model_samples_and_is_planned_with_its_rollout_copy():
   plain, _ = _sampler_for(cfg, (2, 2, 2), dict(rollout_cast=False))
   assert {x.dtype for x in jax.tree.leaves(given)} == {np.dtype('float32')}
   masters = _per_device_bytes(given)
-  assert plan.decode_read_bytes(cfg, plain, 8) == masters
-  assert plan.rollout_copy_bytes(plain, given) == 0
-  copy = plan.rollout_copy_bytes(cast, given)
-  assert plan.decode_read_bytes(cfg, cast, 8) == copy
+  assert plan_step_time.decode_read_bytes(cfg, plain, 8) == masters
+  assert plan_memory.rollout_copy_bytes(plain, given) == 0
+  copy = plan_memory.rollout_copy_bytes(cast, given)
+  assert plan_step_time.decode_read_bytes(cfg, cast, 8) == copy
   assert 0.5 * masters < copy < 0.55 * masters     # matmul weights halved, norms kept
   # The lowered sampler takes the copy: its params arguments have the copy's dtypes.
   lowered = cast.lower(given, 8, 4, sampler_lib.SamplingParams(max_new_tokens=4))
@@ -447,7 +462,7 @@ def test_a_bfloat16_model_samples_and_is_planned_with_its_rollout_copy():
 def test_largest_arrays_name_what_fills_a_program():
   big = jax.jit(lambda x: (jnp.sin(jnp.outer(x, x)), x + 1)).lower(
       jax.ShapeDtypeStruct((1024,), jnp.float32)).compile().as_text()
-  first = plan.largest_arrays(big)[0]
+  first = plan_compiler.largest_arrays(big)[0]
   assert first.startswith('4.00 MiB f32[1024,1024] ('), first
 
 
@@ -468,23 +483,23 @@ def test_sampling_programs_on_cpu_devices_hold_no_hoisted_float32_weights():
   x = jax.ShapeDtypeStruct((8, d), jnp.bfloat16)
   lowered = jax.jit(decode).lower(w, x)
   mesh = jax.sharding.Mesh(np.array(jax.devices('cpu')[:1]), ('data',))
-  assert plan.sampling_options(mesh) == plan.CPU_SAMPLING_OPTIONS
+  assert plan_compiler.sampling_options(mesh) == plan_compiler.CPU_SAMPLING_OPTIONS
   stacked_f32 = 2 * layers * d * f * 4
-  hoisted = plan.compile_program('decode', 'x', lambda: lowered, flops=0.)
-  kept = plan.compile_program('decode', 'x', lambda: lowered, flops=0.,
-                              compiler_options=plan.sampling_options(mesh))
+  hoisted = plan_compiler.compile_program('decode', 'x', lambda: lowered, flops=0.)
+  kept = plan_compiler.compile_program('decode', 'x', lambda: lowered, flops=0.,
+                                       compiler_options=plan_compiler.sampling_options(mesh))
   assert hoisted.temp_bytes >= stacked_f32, hoisted
   assert kept.temp_bytes < stacked_f32 / 4, kept
 
 
 def test_model_notes_say_how_an_expert_model_is_counted_and_compiled():
-  cpu = plan.Target((), 'cpu', 'x', 0)
-  tpu = plan.Target((), 'tpu', 'x', 0)
-  assert plan.model_notes(model_config.ModelConfig.tiny(), cpu) == []
+  cpu = plan_targets.Target((), 'cpu', 'x', 0)
+  tpu = plan_targets.Target((), 'tpu', 'x', 0)
+  assert plan_report.model_notes(model_config.ModelConfig.tiny(), cpu) == []
   hybrid = model_config.ModelConfig.tiny_hybrid()
-  assert 'counted from the config' in plan.model_notes(hybrid, cpu)[0]
-  assert 'ragged_dot' in plan.model_notes(hybrid, cpu)[1]
-  assert 'megablox grouped-matmul kernel' in plan.model_notes(hybrid, tpu)[1]
+  assert 'counted from the config' in plan_report.model_notes(hybrid, cpu)[0]
+  assert 'ragged_dot' in plan_report.model_notes(hybrid, cpu)[1]
+  assert 'megablox grouped-matmul kernel' in plan_report.model_notes(hybrid, tpu)[1]
 
 
 @pytest.mark.heavy
@@ -494,17 +509,17 @@ def test_a_hybrid_with_an_expert_axis_is_planned(hybrid_path):
   config, and the stage gets a time bound."""
   config = _load(hybrid_path)
   p = config_lib.validate(config)
-  assert plan.num_devices(p) == 8
-  tgt = plan.target(p, 'cpu')
-  [rep] = plan.run_plan(p, tgt, stages=['add_rl'], with_eval=False)
+  assert plan_targets.num_devices(p) == 8
+  tgt = plan_targets.target(p, 'cpu')
+  [rep] = plan_stages.run_plan(p, tgt, stages=['add_rl'], with_eval=False)
   train, samp = rep.programs
   assert rep.fits and not train.error and not samp.error
-  assert train.flops_from == samp.flops_from == plan.COUNTED
-  assert train.flops == pytest.approx(plan.counted_flops(p.model, 'policy', 16 * 64, 32.5,
-                                                         train=True))
+  assert train.flops_from == samp.flops_from == plan_flops.COUNTED
+  assert train.flops == pytest.approx(plan_flops.counted_flops(p.model, 'policy', 16 * 64, 32.5,
+                                                               train=True))
   assert samp.flops > 0 and 'KV cache of 64 slots' in samp.shapes
-  assert rep.seconds > 0 and 'chip-hours' in plan.format_stage(rep)
-  assert '(counted from the config)' in plan.format_stage(rep)
+  assert rep.seconds > 0 and 'chip-hours' in plan_report.format_stage(rep)
+  assert '(counted from the config)' in plan_report.format_stage(rep)
 
 
 def test_markdown_report_says_how_and_what(tmp_path):
@@ -512,18 +527,20 @@ def test_markdown_report_says_how_and_what(tmp_path):
   per program with its co-resident peak and share of the device, the stages' chip-hour bounds,
   and whether the plan failed (a compile error named in its row)."""
   gib = 2 ** 30
-  ok = plan.ProgramReport('train step', '8 rows x 64 tokens', argument_bytes=2 * gib,
-                          temp_bytes=3 * gib, flops=1.5e15, compile_s=41.2, compile_cpu_s=80.0)
-  bad = plan.ProgramReport('sampler', '8 rows | 64', compile_s=3.0, compile_cpu_s=3.0,
-                           error='JaxRuntimeError: RESOURCE_EXHAUSTED: 120G')
-  rep = plan.StageReport(0, 'math_rl', 'grpo', (ok, bad), 10 * gib, 64,
-                         resident=(('train step', 1 * gib),), time=plan.StepTime(update=2.0),
-                         steps=1800)
-  failed = plan.failures([rep])
-  page = plan.markdown_report([rep], command='python -m launch.plan --config=c.py',
-                              header=['target: TPU v5p', 'mesh (data, fsdp, tensor) = (1, 8, 8)'],
-                              hosts=('host: 2 CPUs, load average 0.5', 'host: 2 CPUs, load 1.0'),
-                              date='2026-12-03 15:00 UTC', failed=failed)
+  ok = plan_results.ProgramReport('train step', '8 rows x 64 tokens', argument_bytes=2 * gib,
+                                  temp_bytes=3 * gib, flops=1.5e15, compile_s=41.2,
+                                  compile_cpu_s=80.0)
+  bad = plan_results.ProgramReport('sampler', '8 rows | 64', compile_s=3.0, compile_cpu_s=3.0,
+                                   error='JaxRuntimeError: RESOURCE_EXHAUSTED: 120G')
+  rep = plan_results.StageReport(0, 'math_rl', 'grpo', (ok, bad), 10 * gib, 64,
+                                 resident=(('train step', 1 * gib),),
+                                 time=plan_results.StepTime(update=2.0), steps=1800)
+  failed = plan_report.failures([rep])
+  page = plan_report.markdown_report(
+      [rep], command='python -m launch.plan --config=c.py',
+      header=['target: TPU v5p', 'mesh (data, fsdp, tensor) = (1, 8, 8)'],
+      hosts=('host: 2 CPUs, load average 0.5', 'host: 2 CPUs, load 1.0'),
+      date='2026-12-03 15:00 UTC', failed=failed)
   assert page.startswith('# Plan: `python -m launch.plan --config=c.py`')
   assert '2026-12-03 15:00 UTC' in page and 'load average 0.5 (before)' in page
   assert '- target: TPU v5p' in page and '| stage | program | shapes | per device | of 10.00 GiB' in page
@@ -536,12 +553,12 @@ def test_markdown_report_says_how_and_what(tmp_path):
   # 2 s x 1800 steps = 1 h on 64 chips.
   assert '| math_rl | 1800 |  |  | 2 | 0 | 2 | 64 | 1, 64 | 0, 0 |' in page
   assert 'PLAN FAILED' in page
-  assert 'every planned program fits' in plan.markdown_report(
+  assert 'every planned program fits' in plan_report.markdown_report(
       [dataclasses.replace(rep, programs=(ok,))], command='c', header=[], hosts=('a', 'b'),
       date='d')
   # Written after each stage of a long plan: what it has, marked unfinished, no verdict.
-  partial = plan.markdown_report([rep], command='c', header=[], hosts=('a', 'b'), date='d',
-                                 finished=False)
+  partial = plan_report.markdown_report([rep], command='c', header=[], hosts=('a', 'b'), date='d',
+                                        finished=False)
   assert 'Unfinished' in partial and '| math_rl | train step |' in partial
   assert 'Result:' not in partial
 
@@ -562,7 +579,7 @@ def _direct_sampling_seconds(cfg, sampler, engine, hw, *, kv_token, state_row, r
   blocks = cfg.num_params(active=True) - emb * (1 if cfg.tie_embeddings else 2) - cfg.embed_dim
   per_key = cfg.attention_layers * 4 * cfg.num_heads * cfg.head_dim
   slots = rows_dev * 4                                      # 4 batch shards
-  weights = plan.decode_read_bytes(cfg, sampler, slots)
+  weights = plan_step_time.decode_read_bytes(cfg, sampler, slots)
   t = kv_s = 0.0
   by_flops = 0
   if engine == 'one_call':
@@ -571,13 +588,13 @@ def _direct_sampling_seconds(cfg, sampler, engine, hw, *, kv_token, state_row, r
     steps = [32 + (128 if s < 128 else 256 if s < 256 else 512) for s in range(1, max_new)]
     # Per chunk one prefill of its 4 distinct prompts x 32 tokens, the head at their last.
     prefill = [(4 * 32 * (2 * blocks + per_key * 33 / 2) + 4 * 2 * emb,
-                plan.decode_read_bytes(cfg, sampler, 4 * 32))] * chunks
+                plan_step_time.decode_read_bytes(cfg, sampler, 4 * 32))] * chunks
   else:
     # Step j = 0 .. 299 attends the prompt's 20 + j keys in whole pages of 16.
     steps = [math.ceil((prompt_len + j) / 16) * 16 for j in range(max_new)]
     # One prefill call of the 8 prompts' first 19 tokens: prompt bucket 32, whole pages.
     prefill = [(8 * 32 * (2 * blocks + per_key * 33 / 2),
-                plan.decode_read_bytes(cfg, sampler, 8 * 32))]
+                plan_step_time.decode_read_bytes(cfg, sampler, 8 * 32))]
   for keys in steps:
     kv = rows_dev * keys * kv_token
     step_bytes = weights + kv + rows_dev * 2 * state_row
@@ -616,8 +633,8 @@ def test_sampling_time_is_a_direct_count_of_its_reads_and_flops(engine, family):
   # Slow enough that some decode steps are bound by their FLOPs, the others by their reads.
   hw = config_lib.Hardware(peak_tflops=0.013 if (family, engine) == ('hybrid', 'paged')
                            else 0.016, hbm_gbps=10.0)
-  got = plan.sampling_time(cfg, sampler, hw, rows=32, prompt_len=20, max_new_tokens=300,
-                           num_samples=4)
+  got = plan_step_time.sampling_time(cfg, sampler, hw, rows=32, prompt_len=20, max_new_tokens=300,
+                                     num_samples=4)
   want, kv, by_flops, steps = _direct_sampling_seconds(
       cfg, sampler, engine, hw, kv_token=kv_token, state_row=state_row, rows_dev=rows_dev,
       chunks=chunks, prompt_len=20, max_new=300)
@@ -639,23 +656,23 @@ def test_the_weights_only_bound_is_below_the_step_time_model_at_long_lengths(tin
   config.hardware.peak_tflops, config.hardware.hbm_gbps = 1.0, 10.0
   config.stages[2].update(max_response_len=4096, phases=None)
   p = config_lib.validate(config)
-  tgt = plan.target(p, 'cpu')
-  [rep] = plan.time_plan(p, tgt, stages=['add_rl'])
+  tgt = plan_targets.target(p, 'cpu')
+  [rep] = plan_stages.time_plan(p, tgt, stages=['add_rl'])
   t = rep.time
   assert rep.programs == () and t.weights_only < 0.5 * t.bound and t.kv > t.weights
   assert t.scoring is None and t.rounds == 5 and t.worst == pytest.approx(
       5 * t.sampling + t.update)
   mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
-  assert t.update == pytest.approx(plan.counted_flops(p.model, 'policy', 16 * 4128, 4129 / 2,
-                                                      train=True) / 8e12)
+  assert t.update == pytest.approx(plan_flops.counted_flops(p.model, 'policy', 16 * 4128, 4129 / 2,
+                                                            train=True) / 8e12)
   # The weights-only bound: per new token of each chunk one read of the weights.
-  sampler, _ = plan.sampler_for(p.model, mesh, p.rules, p.sampler.options())
+  sampler, _ = plan_programs.sampler_for(p.model, mesh, p.rules, p.sampler.options())
   assert t.weights_only == pytest.approx(
-      4096 * plan.decode_read_bytes(p.model, sampler, 16) / 10e9 + t.update)
-  text = plan.format_stage(rep)
+      4096 * plan_step_time.decode_read_bytes(p.model, sampler, 16) / 10e9 + t.update)
+  text = plan_report.format_stage(rep)
   assert 'KV cache' in text and 'scoring not estimated' in text and 'worst case, 5' in text
   assert 'weights-only bound it replaces' in text and 'chip-hours' in text
-  page = plan.markdown_report([rep], command='c', header=[], hosts=('a', 'b'), date='d')
+  page = plan_report.markdown_report([rep], command='c', header=[], hosts=('a', 'b'), date='d')
   assert '| add_rl | 4 |' in page and 'not estimated' in page and 'The bound assumes:' in page
   assert 'step times only, nothing compiled.' in page and '| stage | program |' not in page
 
@@ -705,12 +722,13 @@ def test_an_agentic_step_is_timed_turn_by_turn(tiny_path):
                         max_prompt_len=32, max_response_len=96, max_turn_tokens=32,
                         microbatches=2)]
   p = config_lib.validate(config)
-  tgt = plan.target(p, 'cpu')
-  [rep] = plan.time_plan(p, tgt)
+  tgt = plan_targets.target(p, 'cpu')
+  [rep] = plan_stages.time_plan(p, tgt)
   mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
-  sampler, _ = plan.sampler_for(p.model, mesh, p.rules, p.sampler.options())
-  turns = [plan.sampling_time(p.model, sampler, p.hardware, rows=16, prompt_len=32 + 32 * k,
-                              max_new_tokens=32) for k in range(3)]
+  sampler, _ = plan_programs.sampler_for(p.model, mesh, p.rules, p.sampler.options())
+  turns = [plan_step_time.sampling_time(p.model, sampler, p.hardware, rows=16,
+                                        prompt_len=32 + 32 * k, max_new_tokens=32)
+           for k in range(3)]
   assert rep.time.sampling == pytest.approx(sum(
       t['weights'] + t['kv'] + t['state'] + t['compute'] + t['prefill'] for t in turns))
   assert rep.time.decode_steps == 3 * 31
@@ -720,8 +738,8 @@ def test_the_config_flag_takes_cascade_mains_overrides():
   # launch.plan's --config is cascade.main's (cascade/overrides.py), parsed by its flags parser.
   # (The command line itself: the heavy tests below.)
   from absl import flags  # pylint: disable=g-import-not-at-top
-  parser = plan._CONFIG._flagvalues[plan._CONFIG.name].parser
-  assert plan._CONFIG._flagvalues is flags.FLAGS and plan._CONFIG.name == 'config'
+  parser = plan_cli._CONFIG._flagvalues[plan_cli._CONFIG.name].parser
+  assert plan_cli._CONFIG._flagvalues is flags.FLAGS and plan_cli._CONFIG.name == 'config'
   assert type(parser).__module__ == 'cascade.overrides' and parser.flag_type() == 'config object'
 
 
@@ -756,8 +774,8 @@ def test_a_mesh_with_a_sequence_axis_is_accepted_and_named(tiny_path):
   config = _load(tiny_path)
   config.mesh.shape = (1, 2, 1, 2, 2)
   p = config_lib.validate(config)
-  assert plan.num_devices(p) == 8
-  header = '\n'.join(plan.plan_header(p, None, time_only=True))
+  assert plan_targets.num_devices(p) == 8
+  header = '\n'.join(plan_report.plan_header(p, None, time_only=True))
   assert 'mesh (data, fsdp, expert, sequence, tensor) = (1, 2, 1, 2, 2)' in header
   config.mesh.shape = (1, 1, 1, 2, 1, 1)
   with pytest.raises(config_lib.ConfigError, match='config.mesh.shape'):
@@ -774,8 +792,8 @@ def test_context_parallel_train_step_plans_with_fewer_temporaries_per_device(tin
     config = _load(tiny_path)
     config.mesh.shape = shape
     p = config_lib.validate(config)
-    tgt = plan.target(p, 'cpu')
-    [rep] = plan.run_plan(p, tgt, stages=['sft'], with_eval=False)
+    tgt = plan_targets.target(p, 'cpu')
+    [rep] = plan_stages.run_plan(p, tgt, stages=['sft'], with_eval=False)
     [train] = rep.programs
     assert rep.fits and not train.error
     temps[shape[3]] = train.temp_bytes
@@ -791,9 +809,9 @@ def test_reward_model_scoring_is_planned_at_the_rows_the_run_scores():
   from rl import reward_model  # pylint: disable=g-import-not-at-top
   p = config_lib.validate(importlib.import_module('configs.nemotron_cascade_14b').get_config(None))
   stage = p.stage('rlhf')
-  [rm_stage] = plan._rm_stages(p, stage)   # pylint: disable=protected-access
+  [rm_stage] = plan_stages._rm_stages(p, stage)   # pylint: disable=protected-access
   assert (rm_stage.batch_size, rm_stage.max_len, rm_stage.score_len) == (256, 8192, 65536)
-  rows, length = plan.rm_scoring_call(stage, rm_stage)
+  rows, length = plan_stages.rm_scoring_call(stage, rm_stage)
   assert (rows, length) == (64, 32768)
   longest = stage.max_prompt_len + stage.longest_response + 1
   assert reward_model.row_length(longest, rm_stage.score_len) == length
@@ -802,4 +820,4 @@ def test_reward_model_scoring_is_planned_at_the_rows_the_run_scores():
   # Rows within the RM's training length keep the whole batch per call.
   short = dataclasses.replace(stage, phases=tuple(dataclasses.replace(ph, max_response_len=2048)
                                                  for ph in stage.phases))
-  assert plan.rm_scoring_call(short, rm_stage) == (256, 8192)
+  assert plan_stages.rm_scoring_call(short, rm_stage) == (256, 8192)

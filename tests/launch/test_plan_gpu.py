@@ -17,9 +17,14 @@ from cascade import config as config_lib
 from cascade import kinds
 from cascade import policies
 from configs import _recipes
-from launch import plan
+from launch.plan import compiler as plan_compiler
+from launch.plan import flops as plan_flops
+from launch.plan import programs as plan_programs
+from launch.plan import report as plan_report
+from launch.plan import results as plan_results
+from launch.plan import stages as plan_stages
+from launch.plan import targets as plan_targets
 from models import config as model_config
-from rl import train_step as train_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 H200 = 'launch/gpu_targets/h200.txtpb'
@@ -97,7 +102,7 @@ def test_the_h200_description_is_a_gpu_target_config_of_the_h200():
   # plan checks (141 GB as the driver reports it: 143,771 MiB).
   assert info['memory_bandwidth'] == _recipes.H200_8['hbm_gbps'] * 1e9
   assert info['device_memory_size'] == 143771 * 2 ** 20
-  assert info['device_memory_size'] > _recipes.H200_8['device_memory_gib'] * plan.GIB
+  assert info['device_memory_size'] > _recipes.H200_8['device_memory_gib'] * plan_results.GIB
   assert info['shared_memory_per_block'] <= info['shared_memory_per_block_optin'] <= (
       info['shared_memory_per_core'])
   assert info['threads_per_block_limit'] <= info['threads_per_core_limit']
@@ -161,30 +166,31 @@ def _fake_topologies(monkeypatch, kind='NVIDIA H200'):
     return types.SimpleNamespace(devices=[types.SimpleNamespace(platform='gpu', device_kind=kind,
                                                                 id=i) for i in range(n)])
   monkeypatch.setattr(topologies, 'get_topology_desc', get_topology_desc)
-  monkeypatch.setattr(plan, 'have_cuda_plugin', lambda: True)
+  monkeypatch.setattr(plan_targets, 'have_cuda_plugin', lambda: True)
   return calls
 
 
 def test_the_gpu_target_is_the_described_gpus_on_one_host(monkeypatch):
   calls = _fake_topologies(monkeypatch)
   p = config_lib.validate(_config())
-  tgt = plan.target(p, 'gpu')
+  tgt = plan_targets.target(p, 'gpu')
   with open(os.path.join(ROOT, H200)) as f:
     assert calls == [dict(platform='cuda', target_config=f.read(), topology='1x1x8')]
   assert tgt.kind == 'gpu' and len(tgt.devices) == 8
   assert tgt.count_devices == tuple(jax.devices('cpu'))          # FLOPs counted on CPUs
-  assert tgt.device_memory_bytes == 131 * plan.GIB
+  assert tgt.device_memory_bytes == 131 * plan_results.GIB
   assert tgt.description.startswith('tiny on 8 x H200: 8 x NVIDIA H200 (one host) as '
                                     f'{H200} describes them, compiled by XLA:GPU deviceless')
   assert 'limit is checked here' in tgt.description
-  assert plan.target(p, 'gpu', device_memory_gib=10).device_memory_bytes == 10 * plan.GIB
+  assert (plan_targets.target(p, 'gpu', device_memory_gib=10).device_memory_bytes
+          == 10 * plan_results.GIB)
 
 
 def test_a_mesh_over_several_hosts_has_8_gpus_each():
-  assert plan.gpu_topology(8) == '1x1x8' and plan.gpu_topology(2) == '1x1x2'
-  assert plan.gpu_topology(16) == '1x2x8' and plan.gpu_topology(64) == '1x8x8'
+  assert plan_targets.gpu_topology(8) == '1x1x8' and plan_targets.gpu_topology(2) == '1x1x2'
+  assert plan_targets.gpu_topology(16) == '1x2x8' and plan_targets.gpu_topology(64) == '1x8x8'
   with pytest.raises(ValueError, match=r'needs 12 GPUs: .* a multiple of 8'):
-    plan.gpu_topology(12)
+    plan_targets.gpu_topology(12)
 
 
 def test_the_gpu_target_refuses_without_the_plugin_the_file_or_with_slices(monkeypatch):
@@ -194,15 +200,15 @@ def test_the_gpu_target_refuses_without_the_plugin_the_file_or_with_slices(monke
   missing = 'launch/gpu_targets/no_such_gpu.txtpb'
   with pytest.raises(ValueError, match=re.escape(
       f"config.hardware.gpu_target='{missing}': cannot read {ROOT}/{missing}")):
-    plan.target(replace(gpu_target=missing), 'gpu')
+    plan_targets.target(replace(gpu_target=missing), 'gpu')
   with pytest.raises(ValueError, match=r'^config\.hardware\.gpu_target: needed for --backend=gpu'):
-    plan.target(replace(gpu_target=''), 'gpu')
+    plan_targets.target(replace(gpu_target=''), 'gpu')
   with pytest.raises(ValueError, match=r'config\.hardware\.slices=2: TPU slices'):
-    plan.target(replace(slices=2), 'gpu')
-  monkeypatch.setattr(plan, 'have_cuda_plugin', lambda: False)
+    plan_targets.target(replace(slices=2), 'gpu')
+  monkeypatch.setattr(plan_targets, 'have_cuda_plugin', lambda: False)
   with pytest.raises(ValueError, match=r'^--backend=gpu: no CUDA plugin of jax is installed '
                                        r'here .*pip install "jax\[cuda12\]"'):
-    plan.target(p, 'gpu')
+    plan_targets.target(p, 'gpu')
   assert calls == []                                   # refused before asking XLA:GPU
 
 
@@ -229,11 +235,11 @@ def test_have_cuda_plugin_finds_an_importable_plugin(monkeypatch):
       raise ModuleNotFoundError("No module named 'jax_plugins'")
     return object() if found and name in found else None
   monkeypatch.setattr(importlib.util, 'find_spec', find_spec)
-  assert plan.have_cuda_plugin()
+  assert plan_targets.have_cuda_plugin()
   found = set()
-  assert not plan.have_cuda_plugin()
+  assert not plan_targets.have_cuda_plugin()
   found = None                                     # no jax_plugins package at all
-  assert not plan.have_cuda_plugin()
+  assert not plan_targets.have_cuda_plugin()
 
 
 @pytest.mark.parametrize('platform,gpu_target,plugin,libtpu,want', [
@@ -245,10 +251,10 @@ def test_have_cuda_plugin_finds_an_importable_plugin(monkeypatch):
     ('cpu', '', True, True, 'cpu'),
 ])
 def test_the_default_backend(monkeypatch, platform, gpu_target, plugin, libtpu, want):
-  monkeypatch.setattr(plan, 'have_cuda_plugin', lambda: plugin)
-  monkeypatch.setattr(plan, 'have_libtpu', lambda: libtpu)
+  monkeypatch.setattr(plan_targets, 'have_cuda_plugin', lambda: plugin)
+  monkeypatch.setattr(plan_targets, 'have_libtpu', lambda: libtpu)
   p = config_lib.validate(_config(platform=platform, gpu_target=gpu_target))
-  assert plan.default_backend(p) == want
+  assert plan_targets.default_backend(p) == want
 
 
 @pytest.mark.parametrize('plugin,gpu_target,why', [
@@ -256,8 +262,8 @@ def test_the_default_backend(monkeypatch, platform, gpu_target, plugin, libtpu, 
     (True, '', 'config.hardware.gpu_target not set'),
 ])
 def test_a_gpu_config_on_cpus_says_why(monkeypatch, plugin, gpu_target, why):
-  monkeypatch.setattr(plan, 'have_cuda_plugin', lambda: plugin)
-  tgt = plan.target(config_lib.validate(_config(gpu_target=gpu_target)), 'auto')
+  monkeypatch.setattr(plan_targets, 'have_cuda_plugin', lambda: plugin)
+  tgt = plan_targets.target(config_lib.validate(_config(gpu_target=gpu_target)), 'auto')
   assert tgt.kind == 'cpu' and f'standing in for tiny on 8 x H200 ({why}' in tgt.description
 
 
@@ -268,35 +274,36 @@ def _mesh_of(platform):
 
 
 def test_gpu_programs_compile_without_triton_gemms_and_samplers_on_cpus_without_hoisting():
-  assert plan.compiler_options(_mesh_of('gpu')) == plan.GPU_OPTIONS == {
+  assert plan_compiler.compiler_options(_mesh_of('gpu')) == plan_compiler.GPU_OPTIONS == {
       'xla_gpu_enable_triton_gemm': False}
-  assert plan.sampling_options(_mesh_of('gpu')) == plan.GPU_OPTIONS
-  assert plan.compiler_options(_mesh_of('cpu')) is None
-  assert plan.sampling_options(_mesh_of('cpu')) == plan.CPU_SAMPLING_OPTIONS
-  assert plan.compiler_options(_mesh_of('tpu')) is plan.sampling_options(_mesh_of('tpu')) is None
+  assert plan_compiler.sampling_options(_mesh_of('gpu')) == plan_compiler.GPU_OPTIONS
+  assert plan_compiler.compiler_options(_mesh_of('cpu')) is None
+  assert plan_compiler.sampling_options(_mesh_of('cpu')) == plan_compiler.CPU_SAMPLING_OPTIONS
+  tpu = _mesh_of('tpu')
+  assert plan_compiler.compiler_options(tpu) is plan_compiler.sampling_options(tpu) is None
 
 
 def test_a_gpu_target_runs_the_gpu_kernels_and_scans(monkeypatch):
   _fake_topologies(monkeypatch)
   p = config_lib.validate(_config())
-  tgt = plan.target(p, 'gpu')
-  model_cfg, _, sampler_cfg = plan.for_target(p, tgt)
+  tgt = plan_targets.target(p, 'gpu')
+  model_cfg, _, sampler_cfg = plan_targets.for_target(p, tgt)
   assert p.model.attention == 'auto' and model_cfg.attention == 'gpu_flash'
   assert model_cfg.scan_layers is True and sampler_cfg['decode_layers'] == 'scan'
-  assert plan.target_model(p, tgt, model_config.ModelConfig.tiny()).attention == 'gpu_flash'
-  cpu = plan.Target((), 'cpu', 'x', 0)
-  assert plan.target_model(p, cpu, model_config.ModelConfig.tiny()).attention == 'auto'
+  assert plan_targets.target_model(p, tgt, model_config.ModelConfig.tiny()).attention == 'gpu_flash'
+  cpu = plan_targets.Target((), 'cpu', 'x', 0)
+  assert plan_targets.target_model(p, cpu, model_config.ModelConfig.tiny()).attention == 'auto'
 
 
 def test_a_gpu_plan_says_how_it_compiles(monkeypatch):
   _fake_topologies(monkeypatch)
   p = config_lib.validate(_config())
-  header = plan.plan_header(p, plan.target(p, 'gpu'))
-  assert plan.GPU_NOTE in header and 'Triton GEMM fusions off' in plan.GPU_NOTE
+  header = plan_report.plan_header(p, plan_targets.target(p, 'gpu'))
+  assert plan_compiler.GPU_NOTE in header and 'Triton GEMM fusions off' in plan_compiler.GPU_NOTE
   [experts] = [l for l in header if l.startswith('routed experts:')]
   assert "models/moe.py's 'tiled' grouped matmul" in experts
-  cpu_header = plan.plan_header(p, plan.Target((), 'cpu', 'x', 0))
-  assert plan.GPU_NOTE not in cpu_header
+  cpu_header = plan_report.plan_header(p, plan_targets.Target((), 'cpu', 'x', 0))
+  assert plan_compiler.GPU_NOTE not in cpu_header
 
 
 # ---------------------------------------------------------------- XLA:GPU itself
@@ -310,12 +317,12 @@ def test_xla_gpu_plans_a_tiny_hybrid_deviceless(monkeypatch):
   pytest.importorskip('jax_plugins.xla_cuda12', reason='jax\'s CUDA plugin: pip install '
                       '"jax[cuda12]" (docs/planning.md)')
   p = config_lib.validate(_config())
-  assert plan.default_backend(p) == 'gpu'
-  tgt = plan.target(p, 'auto')
+  assert plan_targets.default_backend(p) == 'gpu'
+  tgt = plan_targets.target(p, 'auto')
   assert tgt.kind == 'gpu' and {(d.platform, d.device_kind) for d in tgt.devices} == {
       ('gpu', 'NVIDIA H200')}
   compiled = []
-  original = plan.compile_program
+  original = plan_compiler.compile_program
 
   def compile_program(name, shapes, lower, *args, compiler_options=None, **kwargs):
     def lower_and_keep():
@@ -324,21 +331,21 @@ def test_xla_gpu_plans_a_tiny_hybrid_deviceless(monkeypatch):
       return lowered
     return original(name, shapes, lower_and_keep, *args, compiler_options=compiler_options,
                     **kwargs)
-  monkeypatch.setattr(plan, 'compile_program', compile_program)
-  sft, evaluation = plan.run_plan(p, tgt, stages=['sft'])
+  monkeypatch.setattr(plan_compiler, 'compile_program', compile_program)
+  sft, evaluation = plan_stages.run_plan(p, tgt, stages=['sft'])
   [train], [sampler] = sft.programs, evaluation.programs
   assert (train.name, sampler.name) == ('train step', 'eval sampler')
   assert sft.fits and evaluation.fits, (train, sampler)
-  assert [(n, o) for n, o, _ in compiled] == [('train step', plan.GPU_OPTIONS),
-                                              ('eval sampler', plan.GPU_OPTIONS)]
+  assert [(n, o) for n, o, _ in compiled] == [('train step', plan_compiler.GPU_OPTIONS),
+                                              ('eval sampler', plan_compiler.GPU_OPTIONS)]
   assert '__gpu$xla.gpu.triton' in compiled[0][2]         # gpu_flash: a Pallas Triton kernel
 
   # Reference: the train state and batch, sharded over the same mesh, counted here.
-  model_cfg, rules, _ = plan.for_target(p, tgt)
+  model_cfg, rules, _ = plan_targets.for_target(p, tgt)
   stage = p.stage('sft')
-  mesh = plan.make_mesh(p, tgt.devices)
-  _, params = plan.abstract_params(model_cfg, 'policy', mesh, rules)
-  optimizer = train_lib.make_optimizer(kinds.base.optimizer_config(stage))
+  mesh = plan_targets.make_mesh(p, tgt.devices)
+  _, params = plan_programs.abstract_params(model_cfg, 'policy', mesh, rules)
+  optimizer = kinds.base.make_optimizer(stage).tx
   state = policies.abstract_state(params, optimizer, mesh, rules,
                                   policies.master_dtype(model_cfg))
   batch, _ = kinds.get(stage.kind).abstract_batch(stage, mesh, rules)
@@ -347,5 +354,5 @@ def test_xla_gpu_plans_a_tiny_hybrid_deviceless(monkeypatch):
   assert train.argument_bytes == pytest.approx(per_device(state) + per_device(batch), rel=0.01)
   assert train.alias_bytes == pytest.approx(per_device(state), rel=0.01)
   assert train.temp_bytes > 0 and sampler.temp_bytes > 0
-  assert train.flops_from == sampler.flops_from == plan.COUNTED
-  assert train.flops == pytest.approx(plan._train_flops(stage, model_cfg, mesh, rules))
+  assert train.flops_from == sampler.flops_from == plan_flops.COUNTED
+  assert train.flops == pytest.approx(plan_flops.train_flops(stage, model_cfg, mesh, rules))

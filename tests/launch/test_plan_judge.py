@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from cascade import config as config_lib
-from launch import plan
+from launch.plan import judges as plan_judges
+from launch.plan import memory as plan_memory
+from launch.plan import report as plan_report
+from launch.plan import stages as plan_stages
+from launch.plan import step_time as plan_step_time
+from launch.plan import targets as plan_targets
 from models import config as model_config
 from models import hf
 from models import sharding
@@ -70,8 +75,8 @@ def _stage(p, name):
 def test_a_stage_calls_its_judge_for_every_sample(tmp_path, mode, rows_per_sample):
   path, cfg = _judge_dir(tmp_path)
   p = _config(path, mode=mode)
-  assert plan.judge_calls(p, _stage(p, 'add_rl')) == []
-  [jc] = plan.judge_calls(p, _stage(p, 'chat_rl'))
+  assert plan_judges.judge_calls(p, _stage(p, 'add_rl')) == []
+  [jc] = plan_judges.judge_calls(p, _stage(p, 'chat_rl'))
   assert jc.source == ('hf', path) and jc.domain == 'chat'
   assert jc.where == 'config.domains.chat.verifier_options.judge'
   # The judge's own architecture, read from its config.json: not the policy's.
@@ -87,14 +92,14 @@ def test_a_judge_is_resident_from_its_first_use_on(tmp_path):
   # The held-out chat set is judged too: after stage 0 the evaluation loads the judge, which
   # the run keeps; with an initial evaluation it is there from the start.
   p = _config(path)
-  assert [bool(plan.loaded_judges(p, i)) for i in range(3)] == [False, True, True]
-  assert set(plan.loaded_judges(p, None)) == {('hf', path)}
+  assert [bool(plan_judges.loaded_judges(p, i)) for i in range(3)] == [False, True, True]
+  assert set(plan_judges.loaded_judges(p, None)) == {('hf', path)}
   p0 = _config(path, initial_eval=True)
-  assert [bool(plan.loaded_judges(p0, i)) for i in range(3)] == [True, True, True]
+  assert [bool(plan_judges.loaded_judges(p0, i)) for i in range(3)] == [True, True, True]
   # A stage's policy as the judge: loaded only after that stage has run.
   ps = _config('stage:add_rl')
-  assert [bool(plan.loaded_judges(ps, i)) for i in range(3)] == [False, False, True]
-  [(cfg, generates)] = plan.loaded_judges(ps, 2).values()
+  assert [bool(plan_judges.loaded_judges(ps, i)) for i in range(3)] == [False, False, True]
+  [(cfg, generates)] = plan_judges.loaded_judges(ps, 2).values()
   assert cfg == ps.model and generates
 
 
@@ -103,7 +108,7 @@ def test_a_judge_without_its_config_is_a_one_line_error(tmp_path):
   with pytest.raises(ValueError, match=r"^config\.domains\.chat\.verifier_options\.judge="
                                        r".*launch\.plan reads the judge's architecture from "
                                        r".*config\.json"):
-    plan.judge_calls(p, _stage(p, 'chat_rl'))
+    plan_judges.judge_calls(p, _stage(p, 'chat_rl'))
 
 
 def test_loaded_judges_sit_beside_every_program_and_their_own_beside_the_state(tmp_path):
@@ -111,32 +116,32 @@ def test_loaded_judges_sit_beside_every_program_and_their_own_beside_the_state(t
   p = _config(path, mode='pointwise', score_by='logits')
   st = _stage(p, 'chat_rl')
   mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  calls = plan.judge_calls(p, st)
-  loaded = plan.loaded_judges(p, st.index)
-  judge = plan._params_bytes(calls[0].model_cfg, 'policy', mesh, RULES)
-  assert plan.judge_bytes(calls[0].model_cfg, False, mesh, RULES, {}) == (judge, 0)
+  calls = plan_judges.judge_calls(p, st)
+  loaded = plan_judges.loaded_judges(p, st.index)
+  judge = plan_memory.params_bytes(calls[0].model_cfg, 'policy', mesh, RULES)
+  assert plan_memory.judge_bytes(calls[0].model_cfg, False, mesh, RULES, {}) == (judge, 0)
   programs = [types.SimpleNamespace(name=n, argument_bytes=0)
               for n in ('train step', 'sampler', 'judge (chat)')]
 
   def resident(**kw):
-    return dict(plan._resident(st, p.model, mesh, RULES, programs, [], [], **kw))
+    return dict(plan_memory.resident(st, p.model, mesh, RULES, programs, [], [], **kw))
 
   bare, full = resident(), resident(judges=calls, loaded=loaded, copy_bytes=5)
   assert full['train step'] - bare['train step'] == judge
   assert full['sampler'] - bare['sampler'] == judge
   # Its own weights are the judge program's argument; beside it the whole train state and the
   # policy's rollout copy, alive while the step collects.
-  state = bare['sampler'] + plan._params_bytes(p.model, 'policy', mesh, RULES, np.float32)
+  state = bare['sampler'] + plan_memory.params_bytes(p.model, 'policy', mesh, RULES, np.float32)
   assert full['judge (chat)'] == state + 5
   # Streamed scoring: the policy engine's arguments are alive beside the judge too, less the
   # params they hold, which are the rollout copy already counted (or the state's own).
   streamed = dataclasses.replace(st, stream_filter=True)
   pools = 1000
   for copy in (5, 0):
-    given = copy or plan._params_bytes(p.model, 'policy', mesh, RULES, np.float32)
+    given = copy or plan_memory.params_bytes(p.model, 'policy', mesh, RULES, np.float32)
     engine = [types.SimpleNamespace(name='sampler', argument_bytes=given + pools)]
-    got = dict(plan._resident(streamed, p.model, mesh, RULES, programs + engine, [], [],
-                              judges=calls, loaded=loaded, copy_bytes=copy))
+    got = dict(plan_memory.resident(streamed, p.model, mesh, RULES, programs + engine, [], [],
+                                    judges=calls, loaded=loaded, copy_bytes=copy))
     assert got['judge (chat)'] == state + copy + pools, copy
 
 
@@ -148,9 +153,9 @@ def test_the_step_time_bound_includes_judge_scoring(tmp_path):
   st = _stage(p, 'chat_rl')
   from cascade import kinds
   kind = kinds.get(st.kind)
-  [jc] = plan.judge_calls(p, st)
-  without = plan.step_time(st, kind, p.model, mesh, RULES, hw, {})
-  with_judge = plan.step_time(st, kind, p.model, mesh, RULES, hw, {}, judges=[jc])
+  [jc] = plan_judges.judge_calls(p, st)
+  without = plan_step_time.step_time(st, kind, p.model, mesh, RULES, hw, {})
+  with_judge = plan_step_time.step_time(st, kind, p.model, mesh, RULES, hw, {}, judges=[jc])
   assert without.scoring is None and without.judge == 0
   # Logits: ceil(32 rows / 8) forwards of 8 rows x the judge's 2048 positions, each the larger
   # of reading its weights and its FLOPs at peak (counted directly here).
@@ -160,14 +165,14 @@ def test_the_step_time_bound_includes_judge_scoring(tmp_path):
   blocks = cfg.num_params(active=True) - emb * (1 if cfg.tie_embeddings else 2) - cfg.embed_dim
   flops = rows * length * (2 * blocks + cfg.num_layers * 4 * cfg.num_heads * cfg.head_dim
                            * (length + 1) / 2) + rows * 2 * emb
-  reads = plan._params_bytes(cfg, 'policy', mesh, RULES)
+  reads = plan_memory.params_bytes(cfg, 'policy', mesh, RULES)
   want = 4 * max(reads / 10e9, flops / 1e12)
   assert with_judge.judge == pytest.approx(want, rel=1e-9) and with_judge.scoring is None
   assert with_judge.bound == pytest.approx(without.bound + want, rel=1e-9)
   # Generating costs more than one forward per row.
   pg = _config(path, mode='pairwise', score_by='generate')
-  [jg] = plan.judge_calls(pg, _stage(pg, 'chat_rl'))
-  assert plan.judge_time([jg], mesh, RULES, hw, {}) > want
+  [jg] = plan_judges.judge_calls(pg, _stage(pg, 'chat_rl'))
+  assert plan_step_time.judge_time([jg], mesh, RULES, hw, {}) > want
 
 
 @pytest.mark.heavy
@@ -175,8 +180,8 @@ def test_the_step_time_bound_includes_judge_scoring(tmp_path):
 def test_a_stage_with_a_judge_compiles_its_programs_and_counts_them(tmp_path, score_by):
   path, _ = _judge_dir(tmp_path)
   p = _config(path, mode='pairwise', score_by=score_by)
-  tgt = plan.target(p, 'cpu')
-  reps = plan.run_plan(p, tgt, stages=['add_rl', 'chat_rl'])
+  tgt = plan_targets.target(p, 'cpu')
+  reps = plan_stages.run_plan(p, tgt, stages=['add_rl', 'chat_rl'])
   add, chat, ev = reps
   names = [q.name for q in chat.programs]
   judge = [q for q in chat.programs if q.name.startswith('judge')]
@@ -185,13 +190,13 @@ def test_a_stage_with_a_judge_compiles_its_programs_and_counts_them(tmp_path, sc
   # The judge's weights sit beside the RL stages' programs (loaded by the evaluation after
   # stage 0) and beside the evaluation's; the evaluation compiles the judge's programs too.
   mesh = sharding.make_mesh((2, 2, 2), devices=tgt.devices)
-  jbytes = plan._params_bytes(plan.judge_calls(p, _stage(p, 'chat_rl'))[0].model_cfg,
-                              'policy', mesh, RULES)
+  jbytes = plan_memory.params_bytes(plan_judges.judge_calls(p, _stage(p, 'chat_rl'))[0].model_cfg,
+                                    'policy', mesh, RULES)
   assert dict(add.resident)['train step'] >= jbytes
   assert any(q.name.startswith('judge') for q in ev.programs)
   assert dict(ev.resident)['eval sampler'] >= jbytes
-  assert chat.time.judge > 0 and 'judge models' in plan.format_stage(chat)
-  assert 'judge' in '\n'.join(plan.time_table([chat]))
+  assert chat.time.judge > 0 and 'judge models' in plan_report.format_stage(chat)
+  assert 'judge' in '\n'.join(plan_report.time_table([chat]))
 
 
 def test_the_cascade2_genrm_architecture_is_a_235b_a22b_qwen3_moe():
@@ -206,7 +211,7 @@ def test_the_cascade2_genrm_architecture_is_a_235b_a22b_qwen3_moe():
   assert round(cfg.num_params() / 1e9) == 235 and round(cfg.num_params(active=True) / 1e9) == 22
   from configs import nemotron_cascade2
   p = config_lib.validate(nemotron_cascade2.get_config(f'genrm={path}'))
-  calls = plan.judge_calls(p, _stage(p, 'rlhf'))
+  calls = plan_judges.judge_calls(p, _stage(p, 'rlhf'))
   assert [(c.domain, c.use.score_by, c.use.max_new_tokens, c.model_cfg.num_experts)
           for c in calls] == [('chat', 'generate', 4096, 128)]
-  assert set(plan.loaded_judges(p, _stage(p, 'rlhf').index)) == {('hf', path)}
+  assert set(plan_judges.loaded_judges(p, _stage(p, 'rlhf').index)) == {('hf', path)}

@@ -17,8 +17,9 @@ import sys
 import pytest
 
 from cascade import config as config_lib
-from launch import plan as plan_lib
 from launch import xm_launch
+from launch.plan import report as plan_report
+from launch.plan import targets as plan_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,22 +36,22 @@ def _tiny(mesh, hardware):
 
 def test_two_slices_on_simulated_devices():
   plan = _tiny(dict(shape=(2, 2, 2)), dict(platform='tpu', topology='v5p:2x2x1', slices=2))
-  assert plan_lib.mesh_slices(plan) == 2          # config.mesh.slices unset: the hardware's
-  tgt = plan_lib.target(plan, 'cpu')              # 8 simulated CPU devices (tests/conftest.py)
-  mesh = plan_lib.make_mesh(plan, tgt.devices)
+  assert plan_targets.mesh_slices(plan) == 2          # config.mesh.slices unset: the hardware's
+  tgt = plan_targets.target(plan, 'cpu')              # 8 simulated CPU devices (tests/conftest.py)
+  mesh = plan_targets.make_mesh(plan, tgt.devices)
   assert mesh.devices.shape == (2, 2, 2)
-  assert plan_lib.slices_line(plan, tgt) == (
+  assert plan_targets.slices_line(plan, tgt) == (
       "slices: 2, simulated as 2 consecutive blocks of CPU devices along mesh axis 'data' "
       '(no DCN here)')
-  assert plan_lib.slices_line(plan, tgt) in plan_lib.plan_header(plan, tgt)
+  assert plan_targets.slices_line(plan, tgt) in plan_report.plan_header(plan, tgt)
   one = _tiny(dict(shape=(2, 2, 2)), dict(platform='tpu', topology='v5p:2x2x2'))
-  assert not any(l.startswith('slices:') for l in plan_lib.plan_header(one, tgt))
+  assert not any(l.startswith('slices:') for l in plan_report.plan_header(one, tgt))
 
 
 def test_mesh_and_hardware_slices_must_agree():
   plan = _tiny(dict(shape=(2, 2, 2), slices=2), dict(platform='tpu', topology='v5p:2x2x2'))
   with pytest.raises(ValueError, match=r'^config.mesh.slices=2 but config.hardware.slices=1: '):
-    plan_lib.mesh_slices(plan)
+    plan_targets.mesh_slices(plan)
 
 
 def test_xm_launch_refuses_several_slices_in_one_line():

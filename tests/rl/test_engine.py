@@ -1,6 +1,8 @@
 """The paged engine (continuous batching over a paged KV cache) against the one-call sampler."""
 
+import dataclasses
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +15,7 @@ from models import config as config_lib
 from models import sharding
 from models import transformer
 from rl import engine
+from rl import engine_options
 from rl import sampler
 
 CFG = config_lib.ModelConfig.tiny()          # GQA: 4 heads over 2 kv heads
@@ -286,11 +289,24 @@ def test_engine_options_and_pool_errors(policy):
   # The budget is per device: the pool, split over 4 batch shards, has 4 times the pages.
   assert _paged(policy[0], slots=4, cache_tokens_per_device=160,
                 mesh=sharding.make_mesh((2, 2, 2)))._rollout.engine(4).opt.pages == 80
-  assert engine.EngineOptions(slots=2).pages is None
+  assert engine_options.EngineOptions(slots=2).pages is None
   with pytest.raises(ValueError, match='slots=6 must be a multiple of the mesh.s 4 batch'):
     sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='paged', slots=6,
                     mesh=sharding.make_mesh((2, 2, 2)))
 
+
+
+def test_the_sampler_takes_the_engine_options_as_declared_once(policy):
+  """The Sampler declares none of the engine's options itself: it takes EngineOptions' fields
+  as they are, checks them there when it is built, and each engine runs with them."""
+  names = {f.name for f in dataclasses.fields(engine_options.EngineOptions)}
+  assert not names & set(inspect.signature(sampler.Sampler.__init__).parameters)
+  given = dict(slots=2, page_size=8, pages=12, chunk_steps=4, prefill_prompts=2,
+               decode_rows='all')
+  s = sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='paged', **given)
+  assert s._rollout.engine(2).opt == engine_options.EngineOptions(**given)
+  with pytest.raises(ValueError, match=r'^EngineOptions.chunk_steps=0: must be an int >= 1$'):
+    sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='paged', chunk_steps=0)
 
 # ------------------------------------------------------------------ streaming (Sampler.stream)
 
@@ -392,12 +408,12 @@ def test_a_stream_stopped_mid_group_counts_only_handed_over_tokens(policy):
 
 
 def test_default_pool_and_a_one_page_pool(policy):
-  make = lambda **kw: engine.Engine(policy[0], CFG, engine.EngineOptions(**kw), eos_ids=EOS,
+  make = lambda **kw: engine.Engine(policy[0], CFG, engine_options.EngineOptions(**kw), eos_ids=EOS,
                                     pad_id=0, prompt_buckets=(16, 32))
   eng = make(slots=3, page_size=8)
   # A power of two pages per slot (one pool shape per row bucket), plus the scratch page.
   assert [eng.pool_pages(10, t) for t in (8, 9, 40, 64, 65)] == [4, 7, 25, 25, 49]
-  assert engine.EngineOptions(slots=1, pages=1).pages == 1     # the smallest pool is legal
+  assert engine_options.EngineOptions(slots=1, pages=1).pages == 1     # the smallest pool is legal
   # Page-table columns: whole blocks of the attention's pages per block, enough for the row.
   bp = engine._BLOCK_PAGES
   for t in (1, 8, 9, 8 * bp, 8 * bp + 1, 5 * 8 * bp - 3):
@@ -409,7 +425,7 @@ def test_default_pool_and_a_one_page_pool(policy):
 
 def test_engine_checks_what_a_stream_feeds_it(policy):
   # Driven directly (Sampler.stream checks the same before the engine sees it).
-  eng = engine.Engine(policy[0], CFG, engine.EngineOptions(slots=2, page_size=8), eos_ids=EOS,
+  eng = engine.Engine(policy[0], CFG, engine_options.EngineOptions(slots=2, page_size=8), eos_ids=EOS,
                       pad_id=0, prompt_buckets=(16, 64))
 
   class Feed:

@@ -93,7 +93,7 @@ def _ref_loss(new, batch, cfg, entropy):
       s += x
     per_row_sum.append(s)
     per_row_len.append(mask[i].sum())
-  if cfg.aggregation == 'token':
+  if cfg.loss_agg == 'token':
     loss = sum(per_row_sum) / sum(per_row_len)
   else:
     seqs = [s / n for s, n in zip(per_row_sum, per_row_len) if n > 0]
@@ -104,13 +104,13 @@ def _ref_loss(new, batch, cfg, entropy):
 
 CONFIGS = [
     grpo.GrpoConfig(),
-    grpo.GrpoConfig(aggregation='seq_mean_token_mean'),
+    grpo.GrpoConfig(loss_agg='seq_mean_token_mean'),
     grpo.GrpoConfig(clip_eps_low=0.2, clip_eps_high=0.28),
     grpo.GrpoConfig(kl_coef=0.1, kl_estimator='k1'),
-    grpo.GrpoConfig(kl_coef=0.05, kl_estimator='k3', aggregation='seq_mean_token_mean'),
+    grpo.GrpoConfig(kl_coef=0.05, kl_estimator='k3', loss_agg='seq_mean_token_mean'),
     grpo.GrpoConfig(entropy_coef=0.01),
     grpo.GrpoConfig(mask_truncated=True, clip_eps_high=0.3),
-    grpo.GrpoConfig(mask_truncated=True, aggregation='seq_mean_token_mean', kl_coef=0.2,
+    grpo.GrpoConfig(mask_truncated=True, loss_agg='seq_mean_token_mean', kl_coef=0.2,
                     entropy_coef=0.02),
 ]
 
@@ -145,10 +145,10 @@ def test_on_policy_ratio_is_one_and_gradient_is_reinforce():
   np.testing.assert_allclose(float(loss), value, rtol=1e-6)
 
 
-@pytest.mark.parametrize('aggregation', grpo.AGGREGATIONS)
-def test_microbatches_add_up_with_whole_batch_normalizers(aggregation):
+@pytest.mark.parametrize('loss_agg', grpo.AGGREGATIONS)
+def test_microbatches_add_up_with_whole_batch_normalizers(loss_agg):
   batch, new, entropy = _random_batch(seed=5)
-  cfg = grpo.GrpoConfig(aggregation=aggregation, kl_coef=0.1)
+  cfg = grpo.GrpoConfig(loss_agg=loss_agg, kl_coef=0.1)
   full, _ = grpo.grpo_loss(jnp.asarray(new), batch, cfg)
   norm = grpo.normalizers(batch, cfg)
   halves = [jax.tree.map(lambda x: x[s], batch) for s in (slice(0, 3), slice(3, 6))]
@@ -198,8 +198,8 @@ def test_missing_inputs_are_clear_errors():
     grpo.grpo_loss(jnp.asarray(new), batch._replace(ref_logprobs=None), grpo.GrpoConfig(kl_coef=0.1))
   with pytest.raises(ValueError, match='entropy'):
     grpo.grpo_loss(jnp.asarray(new), batch, grpo.GrpoConfig(entropy_coef=0.1))
-  with pytest.raises(ValueError, match='aggregation'):
-    grpo.GrpoConfig(aggregation='sum')
+  with pytest.raises(ValueError, match='loss_agg'):
+    grpo.GrpoConfig(loss_agg='sum')
   with pytest.raises(ValueError, match='kl_estimator'):
     grpo.GrpoConfig(kl_estimator='k2')
 

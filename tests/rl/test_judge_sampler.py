@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from cascade import policies
-from launch import plan
+from launch.plan import memory as plan_memory
 from models import config as config_lib
 from models import sharding
 from models import transformer
@@ -81,7 +81,7 @@ def test_a_judge_samples_with_its_params_themselves(mesh):
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                           params)
   assert jm.sampler.rollout_params(abstract) is abstract
-  assert plan.judge_bytes(DENSE, True, mesh, None, RUN, DENSE)[1] == 0
+  assert plan_memory.judge_bytes(DENSE, True, mesh, None, RUN, DENSE)[1] == 0
 
 
 def test_a_rule_that_moves_weights_still_copies_them(mesh):

@@ -83,9 +83,9 @@ def test_pack_refuses_what_it_cannot_keep():
   packed = batch_lib.pack(batch, 64)
   with pytest.raises(ValueError, match='already packed'):
     batch_lib.pack(packed, 64)
-  with pytest.raises(ValueError, match="aggregation='token'"):
+  with pytest.raises(ValueError, match="loss_agg='token'"):
     grpo.grpo_loss(jnp.zeros(packed.tokens.shape), packed,
-                   grpo.GrpoConfig(aggregation='seq_mean_token_mean'))
+                   grpo.GrpoConfig(loss_agg='seq_mean_token_mean'))
 
 
 # ------------------------------------------------------------------ the layout, without a model
