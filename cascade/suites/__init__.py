@@ -66,6 +66,11 @@ def register(suite: base.Suite) -> None:
   _entries[suite.name] = suite
 
 
+def builtin_names() -> list[str]:
+  """The suites that ship with cascade (not those a program registered), sorted."""
+  return sorted(_BUILTIN)
+
+
 def names() -> list[str]:
   """Registered suite names, sorted."""
   return sorted(_entries)

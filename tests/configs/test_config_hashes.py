@@ -27,23 +27,26 @@ PINNED = {
     # Cascade 2 on the v5p slice changed again when its weights outside the experts moved from
     # 64 shards of their embed dim to 8 (configs/_recipes.py SEQUENCE_MESH: 42-row shards are
     # not whole TPU tiles); the math is the same, the sharding rules are part of the config.
+    # The tiny configs (but tiny_agentic) changed on purpose when the tiny world's evaluation
+    # suites became columns of their matrix (issue #55, config.eval.suites and suite_*): with
+    # those fields removed they hash to their earlier values (checked when re-pinning).
     ('nemotron_cascade2', None): '230b144b1c4c7182',
     ('nemotron_cascade2', 'hardware=h200x8'): '13bfe8840781dea8',
     ('nemotron_cascade_14b', None): '32efef8963556bbb',
     ('nemotron_cascade_14b', 'hardware=h200x8'): '3cf828c212196c1d',
     ('nemotron_cascade_8b', None): '6363aebc176f338c',
     ('nemotron_cascade_8b', 'hardware=h200x8'): '24a29b3109b0638a',
-    ('tiny', f'drop=if_rl,{_ROOT}'): 'caf986061082502d',
-    ('tiny', f'order=cascade2,{_ROOT}'): '32f86bb085061af9',
-    ('tiny', _ROOT): '9f73499a0995dc7c',
-    ('tiny', f'smoke,{_ROOT}'): '7f827d2a26b3a410',
-    ('tiny', f'smoke,seed=3,eval_every=2,{_ROOT}'): '6e8f0b964c3797d3',
+    ('tiny', f'drop=if_rl,{_ROOT}'): 'e7879f2d6a23fae4',
+    ('tiny', f'order=cascade2,{_ROOT}'): '02884f4ad58c7955',
+    ('tiny', _ROOT): '1fa02c65dc24423e',
+    ('tiny', f'smoke,{_ROOT}'): '41d6498efc277b7c',
+    ('tiny', f'smoke,seed=3,eval_every=2,{_ROOT}'): '7ad2a1f40c3513ec',
     ('tiny_agentic', _ROOT): 'fe628a1796b90de3',
     ('tiny_agentic', f'smoke,{_ROOT}'): '8a487a93b5f81e5e',
-    ('tiny_blended', _ROOT): 'adc2036927385e5d',
-    ('tiny_blended', f'smoke,{_ROOT}'): 'c804960bc9d75ec0',
-    ('tiny_mopd', _ROOT): 'a6651c1c1771de19',
-    ('tiny_mopd', f'smoke,{_ROOT}'): '487bd3cefbf19c56',
+    ('tiny_blended', _ROOT): '764944f03c398c26',
+    ('tiny_blended', f'smoke,{_ROOT}'): 'd5a3286241fbacb0',
+    ('tiny_mopd', _ROOT): '26317ca6f6ba6ce8',
+    ('tiny_mopd', f'smoke,{_ROOT}'): '97564c57e5a48810',
 }
 
 
