@@ -56,6 +56,7 @@ setuptools.setup(
         'tqdm>=4.66',
         'psutil>=5.9',
         'httpx>=0.27',         # verifiers/served.py: the served judge's HTTP client
+        'jinja2>=3.1.6',       # models/chat_template.py: a checkpoint's own chat template
     ],
     extras_require={
         # cascade/suites/swe_bench.py: SWE-bench's own harness (scoring needs Docker);

@@ -34,6 +34,7 @@ from typing import Any, Mapping
 
 from cascade import schema
 from cascade.schema import ConfigError
+from models import chat_template as chat_template_lib
 from models import paths
 from rl import engine_options
 
@@ -113,12 +114,28 @@ class Tokenizer:
   """config.tokenizer: the run's tokenizer."""
   # A SentencePiece model file or an HF tokenizer directory (local or gs://).
   path: str = schema.field('')
+  # Which chat template renders the policy's prompts: 'builtin' (models.chat: Qwen3 ChatML,
+  # ' /think' / ' /no_think') or 'checkpoint' (the tokenizer directory's own template, its
+  # chat_template.jinja or tokenizer_config.json `chat_template`, rendered as transformers
+  # does; models/chat_template.py). Verifiers and reward models read the built-in rendering.
+  chat_template: str = schema.field('builtin', check=schema.one_of(chat_template_lib.CHOICES,
+                                                                      'chat template'))
 
   def check(self, fail):
     del fail
     if not self.path:
       raise ConfigError('config.tokenizer.path: missing (a SentencePiece model or HF '
                         'tokenizer dir)')
+
+  def template(self):
+    """The chat template the policy's prompts are rendered with (read from the tokenizer's
+    directory for 'checkpoint')."""
+    if self.chat_template == 'builtin':
+      return chat_template_lib.BUILTIN
+    try:
+      return chat_template_lib.read(self.path)
+    except (OSError, ValueError) as e:   # paths.PathError is a ValueError
+      raise ConfigError(f"config.tokenizer.chat_template='checkpoint': {e}") from None
 
 
 def _mesh_shape_ok(shape) -> bool:
@@ -808,6 +825,8 @@ class Plan:
     model_name: config.model's preset, or its HF checkpoint (for messages).
     hf_path: the HF checkpoint the initial policy loads from ('' = random init).
     tokenizer_path: the tokenizer.
+    chat_template: what renders the policy's prompts (`models.chat_template`: BUILTIN, or
+      the tokenizer directory's own template for config.tokenizer.chat_template='checkpoint').
     mesh_shape: (data, fsdp, tensor) or None (one device, no mesh).
     mesh_slices: slices the mesh's data axis is split over (None: as the devices say).
     rules: logical sharding rules.
@@ -854,6 +873,7 @@ class Plan:
   allow_config_change: bool = False
   data_cache: str = ''
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  chat_template: Any = chat_template_lib.BUILTIN
 
   def eval_of(self, domain: str) -> Eval:
     """The evaluation settings of `domain`."""
@@ -953,6 +973,12 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   data_cache = _get(config, 'data_cache', '') or ''
   if not isinstance(data_cache, str):
     raise ConfigError(f'config.data_cache={data_cache!r}: must be a directory (str)')
+  template = tok.template()
+  agentic = sorted(d.name for d in domains.values() if d.env)
+  if template is not chat_template_lib.BUILTIN and agentic:
+    raise ConfigError(f"config.tokenizer.chat_template='checkpoint': domain(s) {agentic} are "
+                      'agentic (env=...), whose episodes are rendered turn by turn with the '
+                      "built-in template's tool turns; use chat_template='builtin'")
   return Plan(seed=int(seed), model=model,
               model_name=model_section.preset or model_section.hf_path,
               hf_path=model_section.hf_path,
@@ -962,7 +988,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
               domains=domains, datasets=datasets, initial_eval=bool(initial), prepare=prepare,
               eval_settings=eval_settings, hardware=hardware,
               compilation_cache=compilation_cache, logging=logging, allow_config_change=allow,
-              data_cache=data_cache, source=schema.as_dict(config))
+              data_cache=data_cache, source=schema.as_dict(config), chat_template=template)
 
 
 def _check_suites(ev: Eval, model, sampler: Sampler) -> None:

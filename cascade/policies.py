@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import glob
+import json
 import os
 import shutil
 import time
@@ -31,6 +32,7 @@ from cascade import checkpoint
 from cascade import checksums
 from cascade import config as config_lib
 from cascade.kinds import base
+from models import chat_template
 from models import hf
 from models import paths
 from models import sharding
@@ -284,7 +286,8 @@ class Policies:
   # ------------------------------------------------------------ export
 
   def export_hf(self, stage, params) -> str:
-    """Writes the stage's policy and the run's tokenizer (with our chat template) to
+    """Writes the stage's policy and the run's tokenizer (with the run's chat template: ours,
+    or the checkpoint's own for config.tokenizer.chat_template='checkpoint') to
     stages/<idx>_<name>/hf, never leaving a partial export.
 
     Every process joins (a policy spanning hosts is gathered one tensor at a time);
@@ -300,6 +303,8 @@ class Policies:
     writer = checkpoint.is_writer()
     if paths.is_remote(out):
       hf.save_model(model, out, tokenizer=tokenizer)       # config.json is uploaded last
+      if writer:
+        self._keep_template(out)
       if writer and self.plan.ckpt.checksums:
         checksums.seal(out)           # read back from the store: what is there is what is sealed
       return out
@@ -309,6 +314,8 @@ class Policies:
     tmp = f'{out}.tmp.{os.getpid()}'
     try:
       hf.save_model(model, tmp, tokenizer=tokenizer)
+      if writer:
+        self._keep_template(tmp)
       if writer and self.plan.ckpt.checksums:
         checksums.seal(tmp)
     except Exception as e:
@@ -321,6 +328,17 @@ class Policies:
     if writer:
       os.replace(tmp, out)
     return out
+
+  def _keep_template(self, out: str) -> None:
+    """The export's tokenizer_config.json names the run's chat template (`hf.save_model`
+    writes ours): a checkpoint's own template stays with the policy trained on it."""
+    template = self.plan.chat_template
+    if template is chat_template.BUILTIN:
+      return
+    path = paths.join(out, 'tokenizer_config.json')
+    config = json.loads(paths.read_text(path))
+    config['chat_template'] = template.source
+    paths.write_text(path, json.dumps(config, indent=2, ensure_ascii=False))
 
   def damaged_export(self, stage, out: str) -> bool:
     """Whether `stage`'s export at `out` differs from its checksums or was never sealed (a

@@ -49,11 +49,12 @@ def prepare(config, cache_dir: str, hosts=None) -> dict:
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import stage_data  # pylint: disable=g-import-not-at-top
   from cascade import verifier_set  # pylint: disable=g-import-not-at-top
+  from models import chat_template  # pylint: disable=g-import-not-at-top
   from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   plan = config_lib.validate(config)
   if plan.prepare is not None:
     plan.prepare.call()
-  tokenizer = tokenizer_lib.load(plan.tokenizer_path)
+  tokenizer = chat_template.attach(tokenizer_lib.load(plan.tokenizer_path), plan.chat_template)
   checks = verifier_set.VerifierSet(plan, rm_scorer=lambda st: None, rm_ready=lambda n: False)
   sd = stage_data.StageData(plan, tokenizer, checks.check_metadata, cache_dir=cache_dir,
                             hosts=hosts)

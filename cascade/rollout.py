@@ -1,7 +1,8 @@
 """Prompts in, scored completions out: chat rendering, group sampling, detokenising, verifying.
 
 Shared by the RL stages and the evaluation. Host side only, apart from the
-sampler call. A record's prompt is rendered with `models.chat.render` in the
+sampler call. A record's prompt is rendered with the run's chat template (`models.chat.render`, or
+a checkpoint's own: `models.chat_template`, carried by the tokenizer) in the
 mode it was drawn for (thinking: ' /think'; instruct: ' /no_think' and a
 pre-filled empty thinking block; None: no switch), encoded, sampled G times,
 and each completion is scored by the verifier of its record's domain, so a
@@ -9,7 +10,8 @@ batch may mix domains (the blended baseline) with no branch on any domain.
 
 Verifiers receive `Sample(prompt=<the conversation rendered without a mode
 switch>, completion=<decoded text, special tokens kept>, metadata=<record
-metadata>)`: the mode-free prompt is the text a reward model is trained on.
+metadata>)`: the mode-free prompt, rendered by the built-in template whatever renders the
+policy's prompts, is the text a reward model is trained on.
 
 One reward per rollout, on every host: with several JAX processes each
 scores its share of the batch's groups and the shares are exchanged
@@ -28,12 +30,14 @@ import numpy as np
 
 from cascade import distributed
 from models import chat
+from models import chat_template
 from rl import sampler as sampler_lib
 
 
-def prompt_text(record: dict, thinking: bool | None) -> str:
-  """The generation prompt of a record in a mode."""
-  return chat.render(record['messages'], thinking=thinking)
+def prompt_text(record: dict, thinking: bool | None, template=chat_template.BUILTIN) -> str:
+  """The generation prompt of a record in a mode, rendered by `template` (the run's:
+  `chat_template.of(tokenizer)`)."""
+  return template.render(record['messages'], thinking=thinking)
 
 
 def verifier_prompt(record: dict) -> str:
@@ -43,7 +47,8 @@ def verifier_prompt(record: dict) -> str:
 
 def longest_prompt_len(record: dict, tokenizer, modes: Sequence[bool | None]) -> int:
   """Tokens of the record's prompt in the longest of the modes it may be drawn in."""
-  return max(len(tokenizer.encode(prompt_text(record, m))) for m in modes)
+  template = chat_template.of(tokenizer)
+  return max(len(tokenizer.encode(prompt_text(record, m, template))) for m in modes)
 
 
 def stage_modes(thinking_fraction: float | Mapping[str, float] | None) -> tuple:
@@ -112,7 +117,8 @@ def generate(sampler, params, tokenizer, records: Sequence[dict], modes: Sequenc
   Returns:
     Rollouts with len(records) * G rows.
   """
-  ids = [tokenizer.encode(prompt_text(r, m)) for r, m in zip(records, modes)]
+  template = chat_template.of(tokenizer)
+  ids = [tokenizer.encode(prompt_text(r, m, template)) for r, m in zip(records, modes)]
   extra = dict(record_routing=True) if record_routing else {}
   out = sampler.generate(params, ids, rng, sp, num_samples=group_size, **extra)
   return from_samples(tokenizer, records, modes, out, group_size)

@@ -57,6 +57,7 @@ from cascade import rollout
 from cascade import stage_data
 from cascade import verifier_errors
 from cascade import verifier_set
+from models import chat_template
 from models import paths
 from models import sharding
 from models import tokenizer as tokenizer_lib
@@ -137,7 +138,7 @@ def make_context(plan: config_lib.Plan, workdir: str,
       raise config_lib.ConfigError(
           f'{st.where}: {rows[1]} = {rows[0]} rows do not split over {st.microbatches} '
           f'microbatches x {shards} batch shards of the mesh')
-  tokenizer = tokenizer_lib.load(plan.tokenizer_path)
+  tokenizer = chat_template.attach(tokenizer_lib.load(plan.tokenizer_path), plan.chat_template)
   if tokenizer.vocab_size > plan.model.vocab_size:
     raise config_lib.ConfigError(f'config.tokenizer: {tokenizer.vocab_size} tokens do not '
                                  f"fit the model's vocab_size={plan.model.vocab_size}")

@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding
 from cascade import rollout
 from cascade.kinds import base
 from cascade.kinds import loop
+from models import chat_template
 from models import sharding
 from rl import dpo as dpo_lib
 from rl import train_step as train_lib
@@ -72,7 +73,9 @@ def run(ctx, stage: Config) -> base.StageResult:
 
   def batches(recs):
     batch = dpo_lib.make_batch(ctx.tokenizer,
-                               [rollout.prompt_text(r, stage.thinking) for r in recs],
+                               [rollout.prompt_text(r, stage.thinking,
+                                                    chat_template.of(ctx.tokenizer))
+                                for r in recs],
                                [r['chosen'] for r in recs], [r['rejected'] for r in recs],
                                stage.max_len)
     ref_c, ref_r = dpo_lib.reference_logps(

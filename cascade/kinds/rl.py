@@ -58,6 +58,7 @@ from cascade import rollout
 from cascade import schema
 from cascade import verifier_errors as errors_lib
 from cascade.kinds import base
+from models import chat_template
 from models import sharding
 from rl import batch as batch_lib
 from rl import filtering
@@ -473,7 +474,7 @@ class Draws:
       recs.extend(new)
       modes.extend(rollout.draw_modes(len(new), st.mode_fractions, self.modes_rng,
                                       [r['domain'] for r in new]))
-      return [ctx.tokenizer.encode(rollout.prompt_text(r, m))
+      return [ctx.tokenizer.encode(rollout.prompt_text(r, m, chat_template.of(ctx.tokenizer)))
               for r, m in zip(new, modes[-len(new):])]
 
     def score(groups, samples):
@@ -530,7 +531,8 @@ class Draws:
       out.append({'row': int(i), 'domain': rec['domain'], 'id': rec.get('id') or None,
                   'thinking': mode, 'reward': float(rewards[i]), 'length': int(s.lengths[i]),
                   'truncated': bool(s.truncated[i]), 'group_kept': bool(valid[i]),
-                  'prompt': rollout.prompt_text(rec, mode), 'completion': completion,
+                  'prompt': rollout.prompt_text(rec, mode, chat_template.of(self.ctx.tokenizer)),
+                  'completion': completion,
                   'info': info})
     return out
 

@@ -28,7 +28,7 @@ from cascade import episodes
 from cascade import rollout
 from cascade.kinds import base
 from cascade.kinds import loop
-from models import chat
+from models import chat_template
 from models import sharding
 from rl import batch as batch_lib
 from rl import sft as sft_lib
@@ -59,18 +59,25 @@ def example(rec: dict, tokenizer, thinking_switch: bool, max_len: int):
   """(tokens, loss mask) of an SFT record: the prompt is context, the response is learned.
 
   A multi-turn demonstration (`turns`) is tokenized as an agentic episode is
-  (`episodes.demonstration`): every assistant turn learned, tool results context.
+  (`episodes.demonstration`): every assistant turn learned, tool results context. The
+  prompt and response are the tokenizer's chat template's (`chat_template.of`): with a
+  checkpoint's own, the response is what that template renders after the prompt.
   """
   thinking = rec.get('thinking')
   mode = (thinking is not None) if thinking_switch else None
+  template = chat_template.of(tokenizer)
   if 'turns' in rec:
+    if template is not chat_template.BUILTIN:
+      raise ValueError(f'SFT record {rec.get("id")!r}: a multi-turn demonstration (turns) is '
+                       "rendered with the built-in template's tool turns, not a checkpoint's "
+                       "own: config.tokenizer.chat_template='builtin'")
     toks, mask = episodes.demonstration(rec, tokenizer, False if thinking_switch else None,
                                         tools=rec.get('tools'))
     return toks[:max_len], mask[:max_len]
-  prompt = tokenizer.encode(rollout.prompt_text(rec, mode))
+  prompt = tokenizer.encode(rollout.prompt_text(rec, mode, template))
   # In instruct mode the empty thinking block is already in the prompt.
-  response = tokenizer.encode(chat.render_response(rec['response'],
-                                                   thinking if mode is not False else None))
+  response = tokenizer.encode(template.render_response(rec['messages'], rec['response'],
+                                                       thinking, mode))
   toks = (prompt + response)[:max_len]
   mask = ([0] * len(prompt) + [1] * len(response))[:max_len]
   return toks, mask

@@ -114,12 +114,14 @@ def record(domain, i, num):
                        'value': 1.0 + i + (0.5 if domain == 'b' else 0.0)}}
 
 
-def toy_config(stages, every=2, validation=False, domains=None, max_seq_len=128, model=None):
+def toy_config(stages, every=2, validation=False, domains=None, max_seq_len=128, model=None,
+               tokenizer=None):
   """A validated plan over domains 'a' (copy) and 'b' (next number); nothing is loaded.
 
   `validation`: the domains name validation sets ('a_val', 'b_val').
   `domains`: domain name -> fields replacing that domain's (e.g. an agentic domain's env).
   `model`: config.model in place of the tiny dense one (e.g. a mixture-of-experts preset).
+  `tokenizer`: config.tokenizer in place of a path that is never loaded.
   """
   c = ml_collections.ConfigDict()
   c.seed = 3
@@ -127,7 +129,7 @@ def toy_config(stages, every=2, validation=False, domains=None, max_seq_len=128,
                                                         num_layers=1, num_heads=2,
                                                         num_kv_heads=1, head_dim=16,
                                                         mlp_dim=64, max_seq_len=max_seq_len))
-  c.tokenizer = dict(path='/nonexistent/tok.model')
+  c.tokenizer = tokenizer or dict(path='/nonexistent/tok.model')
   c.mesh = dict(shape=None)
   c.sampler = dict()
   c.ckpt = dict(every_n_steps=every, keep=3)
