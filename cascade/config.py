@@ -32,6 +32,7 @@ import pathlib
 import re
 from typing import Any, Mapping
 
+from cascade import released
 from cascade import schema
 from cascade.schema import ConfigError
 from models import chat_template as chat_template_lib
@@ -591,6 +592,9 @@ class Dataset:
   # Keep the first `limit` records (0 = all) after skipping the first `skip`.
   limit: int = 0
   skip: int = 0
+  # The only domains its records can hold, where its format says so (a released Cascade-2
+  # subset: `released.FORMAT_DOMAINS`); None: any (records may name their own).
+  domains: tuple | None = None
 
   FIELDS = ('path', 'tfds', 'split', 'data_dir', 'format', 'domain', 'limit', 'skip')
 
@@ -612,7 +616,15 @@ class Dataset:
     return cls(name=name, format=fmt, record_type=known_formats[fmt], path=path,
                tfds_name=tfds_name, split=spec.get('split', 'train'),
                data_dir=spec.get('data_dir', ''), domain=spec.get('domain', ''),
-               limit=limit, skip=skip)
+               limit=limit, skip=skip, domains=released.FORMAT_DOMAINS.get(fmt))
+
+  def lacks(self, domain: str) -> bool:
+    """Whether the dataset can hold no record of `domain` (its format says which it holds)."""
+    return self.domains is not None and domain not in self.domains
+
+  def lacks_message(self, domain: str) -> str:
+    return (f'dataset {self.name!r} has no rows of domain {domain!r} (its format '
+            f'{self.format!r} holds only {", ".join(self.domains)})')
 
 
 def _reward_model_option(verifier: str) -> str:
@@ -715,6 +727,8 @@ class Domain:
       if ds and datasets[ds].record_type != 'prompt':
         raise ConfigError(f'{where}.{split}={ds!r}: format {datasets[ds].format!r} holds '
                           f'{datasets[ds].record_type} records, a domain needs prompts')
+      if ds and datasets[ds].lacks(name):
+        raise ConfigError(f'{where}.{split}={ds!r}: {datasets[ds].lacks_message(name)}')
     rm_stage = spec.get('reward_model_stage', '') or ''
     if not agent:
       if rm_stage and not (_reward_model_option(ver) or _reward_model_option(eval_ver)):

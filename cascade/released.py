@@ -671,6 +671,14 @@ def adapt_cascade1_rl_swe(raw: Mapping) -> dict:
   return _record(raw, msgs, {'gold_patch': _text(raw, key)})
 
 
+# Format -> the only domains its records name (each row routed by its agent, `SUBSETS`):
+# config validation refuses a stage or domain that expects rows of another domain from it.
+FORMAT_DOMAINS: dict[str, tuple[str, ...]] = {
+    'cascade2_if_rl': SUBSETS['IF-RL'],
+    'cascade2_multi_domain_rl': SUBSETS['multi-domain-RL'],
+    'cascade2_mopd': SUBSETS['MOPD'],
+}
+
 # (record type, adapter) per format name; `cascade.data` registers them in FORMATS.
 ADAPTERS: dict[str, tuple[str, Callable[[Mapping], dict]]] = {
     'nemotron_cascade_sft': ('sft', adapt_sft),

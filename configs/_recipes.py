@@ -516,12 +516,13 @@ def agentic(name: str, *, max_turn_tokens: int, **grpo_fields) -> dict:
 
 def mopd(name: str, *, domains: list[str], teachers: dict, steps: int, optimizer: dict,
          prompts_per_step: int, group_size: int, temperature: float, max_prompt_len: int,
-         max_response_len: int, microbatches: int, init_from: str = '') -> dict:
+         max_response_len: int, microbatches: int, init_from: str = '',
+         datasets: tuple[str, ...] = ('mopd_train',)) -> dict:
   """A multi-domain on-policy distillation stage (per-domain teachers from earlier stages).
 
-  The arguments are the stage's fields; its prompts come from 'mopd_train'.
+  The arguments are the stage's fields; its prompts come from `datasets` ('mopd_train').
   """
-  return dict(name=name, kind='mopd', domains=domains, datasets=['mopd_train'],
+  return dict(name=name, kind='mopd', domains=domains, datasets=list(datasets),
               teachers=teachers, steps=steps, optimizer=optimizer,
               prompts_per_step=prompts_per_step, group_size=group_size, temperature=temperature,
               max_prompt_len=max_prompt_len, max_response_len=max_response_len,

@@ -141,13 +141,18 @@ def get_config(arg=None):
              kl_coef=0.03, max_prompt_len=4096, max_response_len=16_384, **rl),
       # MOPD: 128 x 4, temperature 1.0, 52 steps, lr 2e-6 (text), 30 warm-up steps;
       # responses up to 98K (capped at 60K on one H200 node); the 4K prompt is ours.
-      # Teachers: math = the
-      # SFT checkpoint; chat = the side RLHF run; the rest = after IF-RL + multi-domain RL.
-      # The paper's MOPD prompts: math 1,853, IF 1,854, workplace (tool calling) 610, STEM
-      # (MCQA) 927, structured output 927; the released MOPD subset routes each row to its
-      # domain (cascade/released.py).
+      # One teacher per prompt, by its domain: math = the SFT checkpoint; chat = the side RLHF
+      # run ("RLHF teacher"); the rest = after IF-RL + multi-domain RL. The paper's MOPD
+      # prompts: math 1,853, IF 1,854, workplace (tool calling) 610, STEM (MCQA) 927,
+      # structured output 927, which the released MOPD subset holds, each row routed to its
+      # domain by its NeMo-Gym agent (cascade/released.py); it holds no chat row, so the RLHF
+      # teacher would get no prompt (cascade.config refuses a stage domain none of the
+      # stage's datasets can hold). Its prompts, chat's, are the RLHF stages' (rlhf_train,
+      # ours: the paper's counts name none); chat's share of MOPD's draws is that set's size
+      # beside the subset's 6,171 rows.
       r.mopd('mopd', domains=['math', 'instruction_following', 'chat', 'mcqa', 'structured',
                               'tool_calling'],
+             datasets=('mopd_train', 'rlhf_train'),
              teachers={'math': 'sft', 'instruction_following': 'multi_domain_rl',
                        'chat': 'rlhf_teacher', 'mcqa': 'multi_domain_rl',
                        'structured': 'multi_domain_rl', 'tool_calling': 'multi_domain_rl'},

@@ -255,6 +255,14 @@ class TrainStageConfig(StageConfig):
       if refs.datasets[ds].record_type != self.RECORDS:
         fail('datasets', f'dataset {ds!r} holds {refs.datasets[ds].record_type} records; a '
                          f'{self.kind} stage reads {self.RECORDS} records', list(dsets))
+    if self.BY_DOMAIN:
+      # A domain none of the stage's datasets can hold gets no prompts (e.g. a MOPD teacher's
+      # domain missing from the released MOPD subset): refused, naming domain and datasets.
+      for d in self.domains:
+        lacking = [refs.datasets[ds] for ds in dsets]
+        if all(ds.lacks(d) for ds in lacking):
+          fail('domains', f'domain {d!r} gets no rows: '
+                          + '; '.join(ds.lacks_message(d) for ds in lacking))
     return dataclasses.replace(self, datasets=tuple(dsets))
 
   def default_datasets(self, refs: Refs, fail) -> tuple:

@@ -30,8 +30,11 @@ PINNED = {
     # The tiny configs (but tiny_agentic) changed on purpose when the tiny world's evaluation
     # suites became columns of their matrix (issue #55, config.eval.suites and suite_*): with
     # those fields removed they hash to their earlier values (checked when re-pinning).
-    ('nemotron_cascade2', None): '230b144b1c4c7182',
-    ('nemotron_cascade2', 'hardware=h200x8'): '13bfe8840781dea8',
+    # Both Cascade 2 values changed on purpose when MOPD's chat teacher got prompts (issue #56:
+    # the released MOPD subset holds no chat row, so the stage also reads rlhf_train, and
+    # cascade.config refuses a stage domain none of its datasets can hold).
+    ('nemotron_cascade2', None): '30050e0c6e3da2ae',
+    ('nemotron_cascade2', 'hardware=h200x8'): '46b757e4eca6130c',
     ('nemotron_cascade_14b', None): '32efef8963556bbb',
     ('nemotron_cascade_14b', 'hardware=h200x8'): '3cf828c212196c1d',
     ('nemotron_cascade_8b', None): '6363aebc176f338c',

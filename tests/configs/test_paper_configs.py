@@ -73,7 +73,7 @@ def test_cascade2_if_rl_and_mopd_stages():
   assert _stage('nemotron_cascade2', 'mopd') == dict(
       name='mopd', kind='mopd', domains=['math', 'instruction_following', 'chat', 'mcqa',
                                          'structured', 'tool_calling'],
-      datasets=['mopd_train'],
+      datasets=['mopd_train', 'rlhf_train'],
       teachers={'math': 'sft', 'instruction_following': 'multi_domain_rl',
                 'chat': 'rlhf_teacher', 'mcqa': 'multi_domain_rl',
                 'structured': 'multi_domain_rl', 'tool_calling': 'multi_domain_rl'},
@@ -81,6 +81,35 @@ def test_cascade2_if_rl_and_mopd_stages():
       prompts_per_step=128, group_size=4, temperature=1.0, max_prompt_len=4096,
       max_response_len=98_304, microbatches=64)
   assert _stage('nemotron_cascade2', 'rlhf')['kl_coef'] == 0.03
+
+
+def test_cascade2_mopd_teachers_get_rows_of_their_domains():
+  """The released MOPD subset holds math, IF, MCQA, workplace tool calling and structured
+  output, no chat: chat's teacher (the side RLHF run) gets the RLHF prompts, and a stage or
+  domain expecting rows a released subset cannot hold is a one-line config error naming both."""
+  module = importlib.import_module('configs.nemotron_cascade2')
+  plan = config_lib.validate(module.get_config())
+  mopd = plan.stage('mopd')
+  for d in mopd.domains:
+    assert any(not plan.datasets[ds].lacks(d) for ds in mopd.datasets), d
+  assert plan.datasets['mopd_train'].domains == (
+      'math', 'instruction_following', 'mcqa', 'tool_calling', 'structured')
+  c = module.get_config()
+  (st,) = [s for s in c.stages if s['name'] == 'mopd']
+  st['datasets'] = ['mopd_train']
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(c)
+  assert str(e.value) == (
+      "stages[5] 'mopd': domains=['math', 'instruction_following', 'chat', 'mcqa', "
+      "'structured', 'tool_calling']: domain 'chat' gets no rows: dataset 'mopd_train' has no "
+      "rows of domain 'chat' (its format 'cascade2_mopd' holds only math, "
+      'instruction_following, mcqa, tool_calling, structured)')
+  c = module.get_config()
+  c.domains.mcqa.train = 'if_train'
+  with pytest.raises(config_lib.ConfigError, match=(
+      r"^config.domains.mcqa.train='if_train': dataset 'if_train' has no rows of domain 'mcqa' "
+      r"\(its format 'cascade2_if_rl' holds only instruction_following\)$")):
+    config_lib.validate(c)
 
 
 def test_cascade2_lengths_are_the_papers_on_v5p_and_capped_on_one_node():
