@@ -687,10 +687,13 @@ class Domain:
   max_turns: int = 8
   max_turn_tokens: int = 0
   render_tools: bool = True
+  # A recipe's reward that stands in for the paper's, in words ('' = none): the run's start
+  # banner announces it and results.json records it under "substitutions".
+  stand_in: str = ''
 
   FIELDS = ('verifier', 'verifier_options', 'train', 'eval', 'eval_verifier',
             'eval_verifier_options', 'reward_model_stage', 'validation', 'env', 'env_options',
-            'max_turns', 'max_turn_tokens', 'render_tools')
+            'max_turns', 'max_turn_tokens', 'render_tools', 'stand_in')
   _VERIFIER_FIELDS = ('verifier', 'verifier_options', 'eval_verifier', 'eval_verifier_options',
                       'reward_model_stage')
 
@@ -744,9 +747,14 @@ class Domain:
     eval_opts = spec.get('eval_verifier_options')
     eval_opts = (opts if eval_opts is None and eval_ver == ver
                  else dict(schema.as_dict(eval_opts or {})))
+    stand_in = spec.get('stand_in', '') or ''
+    if not isinstance(stand_in, str) or '\n' in stand_in:
+      raise ConfigError(f'{where}.stand_in={stand_in!r}: must be one line of text (what stands '
+                        "in for the paper's reward)")
     out = cls(name=name, verifier=ver, verifier_options=opts, train=spec.get('train', ''),
               eval=spec['eval'], eval_verifier=eval_ver, eval_verifier_options=eval_opts,
-              reward_model_stage=rm_stage, validation=spec.get('validation', '') or '', **agent)
+              reward_model_stage=rm_stage, validation=spec.get('validation', '') or '',
+              stand_in=stand_in, **agent)
     if out.validation and out.validation == out.eval:
       raise ConfigError(f'{where}.validation={out.validation!r}: is the held-out set '
                         '(eval); selecting on it would be selecting on the reported numbers')
@@ -888,6 +896,12 @@ class Plan:
   data_cache: str = ''
   source: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   chat_template: Any = chat_template_lib.BUILTIN
+
+  @property
+  def substitutions(self) -> dict[str, str]:
+    """domain -> its reward's stand-in for the paper's (`Domain.stand_in`), the ones set."""
+    return {d: self.domains[d].stand_in for d in sorted(self.domains)
+            if self.domains[d].stand_in}
 
   def eval_of(self, domain: str) -> Eval:
     """The evaluation settings of `domain`."""

@@ -415,6 +415,9 @@ def markdown(res: Mapping, extra: bool = True) -> str:
   text = '\n'.join(lines) + '\n'
   if not extra:
     return text
+  if res.get('substitutions'):
+    text += '\nStand-in rewards (not the paper\'s): ' + '; '.join(
+        f'{d}: {t}' for d, t in res['substitutions'].items()) + '\n'
   if res.get('suites'):
     text += ('\nSuites (value ± standard error, in percent; each by its protocol: '
              'docs/evaluation.md):\n\n'
@@ -474,19 +477,23 @@ def plot(res: Mapping, path: str) -> None:
 
 def write(workdir: str, rows: Sequence[Mapping], domains: Sequence[str],
           isolation: Mapping[str, str] | None = None,
-          accounting: Mapping[str, Mapping] | None = None) -> dict:
+          accounting: Mapping[str, Mapping] | None = None,
+          substitutions: Mapping[str, str] | None = None) -> dict:
   """Writes results.json, results.md and results.png (atomically; process 0 only).
 
   `isolation` (verifier name -> the isolation its code ran under) is added to
   results.json as "isolation" when given, so a table says whether its code
   rewards came from sandboxed runs; `accounting` (stage -> where its step time
-  went, `kinds.loop.accounting`) as "accounting".
+  went, `kinds.loop.accounting`) as "accounting"; `substitutions` (domain -> the reward
+  that stood in for a paper's, `config.Plan.substitutions`) as "substitutions".
   """
   res = results(rows, domains)
   if isolation:
     res['isolation'] = dict(sorted(isolation.items()))
   if accounting:
     res['accounting'] = {k: dict(v) for k, v in accounting.items() if v}
+  if substitutions:
+    res['substitutions'] = dict(sorted(substitutions.items()))
   if not checkpoint.is_writer():
     return res
   checkpoint.atomic_write_text(paths.join(workdir, 'results.json'),

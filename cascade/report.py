@@ -11,8 +11,9 @@
 The banner says, before anything compiles: the config (file, overrides, hash), the
 workdir, the devices and the mesh, every stage in order with its kind, steps and
 domains, where a resumed run picks up (the stages done, the step its current stage
-restarts at), the isolation each verifier's code runs under, and the compilation
-cache. Progress lines follow as things happen: stage i of N starting and ending
+restarts at), the isolation each verifier's code runs under, each reward that stands
+in for a paper's (`config.domains.<d>.stand_in`, also results.json's "substitutions"),
+and the compilation cache. Progress lines follow as things happen: stage i of N starting and ending
 (with an estimate of the time the cascade has left), each domain of an evaluation,
 the data-making step and each HF export. One line per event on stdout, flushed,
 so a log file reads like the terminal; with several hosts only process 0 prints.
@@ -137,6 +138,7 @@ def banner(plan, *, workdir: str, command: str, config_hash: str, mesh: Any,
   lines.append(resume_line(plan.stages, done, resume_step))
   if isolation:
     lines.append(isolation_line(isolation))
+  lines += [f'stand-in reward: {d}: {text}' for d, text in plan.substitutions.items()]
   lines.append(cache_line or 'compilation cache: off')
   return '\n'.join(lines)
 

@@ -397,7 +397,7 @@ def _write_results(ctx: RunContext, domains) -> dict:
   """results.{json,md,png} of the rows so far (`evaluation.write`), after the lock's check."""
   ctx.before_write()
   return evaluation.write(ctx.workdir, ctx.progress.rows, domains, _isolation(ctx.progress),
-                          _accounting(ctx.progress))
+                          _accounting(ctx.progress), ctx.plan.substitutions)
 
 
 def _print_results(workdir: str, res: dict) -> None:

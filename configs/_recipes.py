@@ -617,6 +617,17 @@ def cascade1(*, preset: str, data_root: str, tokenizer: str, base: str, rlhf: di
                   datasets=['sft_stage1', 'sft_stage2', 'sft_swe', 'rm_pairs'],
                   eval_max_new_tokens=61_440, eval_max_prompt_len=4096,
                   release=CASCADE1_RELEASE)
+  # RLHF's reward as the paper's: an answer that mixes in a script its prompt does not use
+  # scores the batch's lowest minus 10 (verifiers/reward_model.py). Training only: the
+  # held-out chat score stays the reward model's own.
+  c.domains.chat.verifier_options = dict(mixed_language_penalty=True)
+  c.domains.chat.eval_verifier_options = dict()
+  # Rewards that stand in for the paper's (announced in the banner, results.json
+  # "substitutions"); a recipe that gives the paper's clears its line.
+  c.domains.chat.stand_in = ("a Bradley-Terry reward model trained here on the SFT policy "
+                             "(stage 'rm') in place of the paper's Qwen2.5-72B-Instruct one")
+  c.domains.swe.stand_in = ('lexical similarity (difflib, verifiers.swe) for a patch neither '
+                            "gold nor empty, in place of the paper's 72B judge's P(YES)")
   stages = [sft(**s, domains=list(CASCADE1_SFT_DOMAINS)) for s in cascade1_sft_stages(base)]
   last_sft = stages[-1]['name']
   stages.append(reward_model('rm', init_from=last_sft, **CASCADE1_RM))

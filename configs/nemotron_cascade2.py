@@ -48,7 +48,10 @@ Not reproducible here:
   instead (`verifiers.judge`: it rates each answer 1-10 after its own
   reasoning, greedy, at most 4096 tokens; prompt, mode and length are ours, the
   paper's are not in configs/PAPERS.md; it reads every chat answer whole, up to
-  MOPD's response length) and the RM stage is dropped.
+  MOPD's response length) and the RM stage is dropped. Without it the run's start banner
+  and results.json ("substitutions") name the Bradley-Terry stand-in.
+* IF-RL (and held-out IF) is scored by `verifiers.ifbench`, which takes every instruction id
+  of the release (IFEval's, IFBench's and IFEvalG's).
   `launch.plan` counts the judge (its weights beside every program from its
   first use, its sampler, its generation in the step time) from the
   directory's config.json alone, so a plan needs no weights:
@@ -110,6 +113,12 @@ def get_config(arg=None):
       datasets=['sft_stage1', 'rm_pairs', 'mopd_train'],
       eval_max_new_tokens=49_152, eval_max_prompt_len=4096, eval_temperature=1.0,
       eval_top_p=1.0, release=_recipes.CASCADE2_RELEASE)
+  # IF-RL (and MOPD's IF prompts) on the verifier that takes every instruction id of the
+  # release: IFEval's 25, IFBench's 58 and IFEvalG's 29 training ids (verifiers.ifbench); the
+  # IFEval-only verifier refuses rows carrying the others (every record of a domain is checked
+  # against both its verifiers, so held-out IFEval is scored by ifbench too: it checks IFEval's
+  # ids as verifiers.ifeval does).
+  c.domains.instruction_following.verifier = 'ifbench'
   # RL optimizer: AdamW at a constant 3e-6, no warm-up (the optimizer's other defaults).
   rl = dict(prompts_per_step=128, group_size=16, optimizer=dict(lr=3e-6, warmup_steps=0),
             temperature=1.0, top_p=1.0, microbatches=_MICRO, thinking_fraction=1.0)
@@ -186,6 +195,10 @@ def get_config(arg=None):
                                            max_field_tokens=chat_len)
     c.domains.chat.reward_model_stage = ''
     c.stages = [st for st in c.stages if st['name'] != 'rm']
+  else:
+    # Announced in the banner and recorded in results.json ("substitutions").
+    c.domains.chat.stand_in = ("a Bradley-Terry reward model (stage 'rm') in place of the "
+                               "paper's generative reward model (genrm= gives one)")
   r.exact_sampler_buckets(c)
   r.fast_path(c)
   return r.on_expert_mesh(r.on_hardware(c, a.hardware), a.hardware, r.SEQUENCE_MESH)

@@ -34,7 +34,10 @@ Not reproducible here, by construction:
   here the 'rm' stage trains a Bradley-Terry head on the 14B SFT policy (the
   paper found a 7B RM length-hacked and cost ~3 AIME25 points; a 14B RM may
   behave in between). Its held-out chat score is that RM's, not ArenaHard's
-  LLM judge.
+  LLM judge. RLHF's reward carries the paper's mixed-language penalty (an answer mixing
+  in a script its prompt does not use: the batch's lowest score minus 10); the run's
+  start banner and results.json ("substitutions") name the RM and, without swe_judge,
+  the SWE similarity below as stand-ins.
 * SWE: the paper's reward for a patch neither equal to the gold one nor empty
   is P(YES) from a 72B judge ("does this patch fix the same issue?"); by
   default here it is the lexical similarity of `verifiers.swe`. With
@@ -104,6 +107,7 @@ def get_config(arg=None):
                         math=math)
   if a.swe_judge:
     c.domains.swe.verifier_options.judge = a.swe_judge
+    c.domains.swe.stand_in = ''        # the paper's kind of reward: a judge's P(YES)
   c = _recipes.on_hardware(c, a.hardware)
   return _recipes.on_expert_mesh(c, a.hardware) if _MODELS[a.model] else c
 

@@ -418,13 +418,28 @@ def test_unknown_or_missing_values_are_one_line_errors_naming_the_field(tmp_path
 
 
 def test_a_verifier_rejecting_released_metadata_names_the_row(tmp_path):
-  """Released rows pass through the domain's verifier check: an IF id the IFEval verifier does
-  not know stops the load at that row."""
+  """Released rows pass through the domain's verifier check. Cascade 2's IF domain is scored
+  by `verifiers.ifbench`, which takes every instruction id of the release (IFEval's, IFBench's,
+  IFEvalG's training ones: issue #56); an id no verifier knows stops the load at that row."""
   c = importlib.import_module('configs.nemotron_cascade2').get_config(f'data_root={tmp_path}')
   plan = config_lib.validate(c)
-  bad = dict(c2_if(), instruction_id_list=['count:word_count_range'], kwargs=[{}])
+  assert plan.domains['instruction_following'].verifier == 'ifbench'
+  ifbench = dict(c2_if(), instruction_id_list=['count:word_count_range'],
+                 kwargs=[{'min_words': 10, 'max_words': 50}])
+  ifevalg = dict(c2_if(), instruction_id_list=['last_word:last_word_answer'],
+                 kwargs=[{'last_word': 'rome'}])
+  bad = dict(c2_if(), instruction_id_list=['count:no_such_check'], kwargs=[{}])
   spec = plan.datasets['if_train']
-  _write_jsonl(spec.path, [c2_if(), bad])
-  with pytest.raises(data.DataError, match=r'train\.jsonl:2: .*count:word_count_range'):
+  _write_jsonl(spec.path, [c2_if(), ifbench, ifevalg, bad])
+  with pytest.raises(data.DataError, match=r'train\.jsonl:4: .*count:no_such_check'):
     data.load(spec, domains=list(plan.domains), check_metadata=_checker(plan))
+  _write_jsonl(spec.path, [c2_if(), ifbench, ifevalg])
+  recs = data.load(spec, domains=list(plan.domains), check_metadata=_checker(plan))
+  assert [r['metadata']['instruction_id_list'] for r in recs] == [
+      ['change_case:english_lowercase'], ['count:word_count_range'],
+      ['last_word:last_word_answer']]
+  # The IFEval-only verifier (Cascade 2's before #56) refuses the IFBench row.
+  c.domains.instruction_following.verifier = 'instruction_following'
+  with pytest.raises(data.DataError, match=r'train\.jsonl:2: .*count:word_count_range'):
+    data.load(spec, domains=list(plan.domains), check_metadata=_checker(config_lib.validate(c)))
   assert glob.glob(str(tmp_path / 'Nemotron-Cascade-2-RL-data' / 'IF-RL' / '*.jsonl'))

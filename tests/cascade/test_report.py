@@ -9,6 +9,7 @@ docs/what_a_run_prints.md quotes the heavy test's output; to regenerate it:
 """
 
 import dataclasses
+import json
 import os
 import re
 import socket
@@ -66,6 +67,28 @@ def test_the_banner_names_config_workdir_devices_mesh_stages_and_isolation(fakes
   assert lines[10] == 'compilation cache: /c'
   assert 'mesh: none (config.mesh.shape=None' in _banner(plan, cache_line=None)
   assert _banner(plan, cache_line=None).endswith('compilation cache: off')
+
+
+def test_the_banner_and_results_name_each_stand_in_reward(fakes, tmp_path):
+  """A reward that stands in for a paper's (config.domains.<d>.stand_in) is announced in the
+  start banner and recorded in results.json and results.md as a substitution."""
+  text = 'a Bradley-Terry reward model in place of the paper\'s generative one'
+  plan = fakes.toy_config(_plan(fakes).source['stages'], domains={
+      'b': dict(verifier='math', train='b_train', eval='b_train', stand_in=text)})
+  assert plan.substitutions == {'b': text}
+  lines = _banner(plan).splitlines()
+  assert lines[-2:] == [f'stand-in reward: b: {text}', 'compilation cache: /c']
+  assert not any('stand-in' in line for line in _banner(_plan(fakes)).splitlines())
+  progress = types.SimpleNamespace(rows=[], done={}, isolation={})
+  ctx = types.SimpleNamespace(workdir=str(tmp_path), progress=progress, plan=plan,
+                              before_write=lambda: None)
+  res = runner._write_results(ctx, ['a', 'b'])
+  assert res['substitutions'] == {'b': text}
+  assert json.loads((tmp_path / 'results.json').read_text())['substitutions'] == {'b': text}
+  assert f"Stand-in rewards (not the paper's): b: {text}" in (tmp_path / 'results.md').read_text()
+  with pytest.raises(config_lib.ConfigError, match=r'config.domains.b.stand_in=.*one line'):
+    fakes.toy_config(_plan(fakes).source['stages'], domains={
+        'b': dict(verifier='math', train='b_train', eval='b_train', stand_in='x\ny')})
 
 
 def test_the_resume_line_says_what_is_done_and_where_the_next_stage_restarts(fakes):

@@ -327,3 +327,33 @@ def test_sampler_cache_budget_counts_attention_layers_only():
   assert _recipes.cache_slots_per_device(c, 24.0) is None
   _recipes.exact_sampler_buckets(c)
   assert c.sampler.cache_tokens_per_device is None
+
+
+def test_the_papers_reward_defaults_and_their_stand_ins():
+  """Cascade 1's RLHF reward carries the mixed-language penalty (training only); Cascade 2's IF
+  domain is scored by the verifier that takes every instruction id of the release; each
+  recipe names the rewards that stand in for the paper's, and drops a name when the config
+  argument gives the paper's kind of reward (issue #56)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import verifiers  # pylint: disable=g-import-not-at-top
+  for name in ('nemotron_cascade_14b', 'nemotron_cascade_8b'):
+    plan = config_lib.validate(importlib.import_module(f'configs.{name}').get_config())
+    chat = plan.domains['chat']
+    assert dict(chat.verifier_options) == {'mixed_language_penalty': True}
+    assert dict(chat.eval_verifier_options) == {}
+    v = verifiers.cls(chat.verifier)(scorer=lambda p, c: np.ones(len(c)),
+                                      **chat.verifier_options)
+    assert v.mixed_language_penalty
+    assert sorted(plan.substitutions) == ['chat', 'swe']
+    assert 'difflib' in plan.substitutions['swe'] and '72B' in plan.substitutions['chat']
+  judged = config_lib.validate(importlib.import_module('configs.nemotron_cascade_14b').get_config(
+      'swe_judge=/judges/swe'))
+  assert sorted(judged.substitutions) == ['chat']
+  module = importlib.import_module('configs.nemotron_cascade2')
+  plan = config_lib.validate(module.get_config())
+  assert plan.domains['instruction_following'].verifier == 'ifbench'
+  assert plan.domains['instruction_following'].eval_verifier == 'ifbench'
+  assert plan.domains['chat'].verifier_options == {}     # Cascade 2 names no such penalty
+  assert list(plan.substitutions) == ['chat'] and 'generative' in plan.substitutions['chat']
+  genrm = os.path.join(REPO, 'configs', 'judges', 'qwen3_235b_a22b')
+  assert config_lib.validate(module.get_config(f'genrm={genrm}')).substitutions == {}
