@@ -616,15 +616,28 @@ class Dataset:
     return cls(name=name, format=fmt, record_type=known_formats[fmt], path=path,
                tfds_name=tfds_name, split=spec.get('split', 'train'),
                data_dir=spec.get('data_dir', ''), domain=spec.get('domain', ''),
-               limit=limit, skip=skip, domains=released.FORMAT_DOMAINS.get(fmt))
+               limit=limit, skip=skip, domains=cls._domains(fmt, spec.get('domain', '')))
+
+  @staticmethod
+  def _domains(fmt: str, domain: str) -> tuple | None:
+    """The domains a dataset of format `fmt` (and config `domain`) can hold; None: any."""
+    if fmt in released.FORMAT_DOMAINS:
+      return released.FORMAT_DOMAINS[fmt]
+    if fmt in released.DATASET_DOMAIN_FORMATS and domain:
+      return (domain,)
+    return None
 
   def lacks(self, domain: str) -> bool:
     """Whether the dataset can hold no record of `domain` (its format says which it holds)."""
     return self.domains is not None and domain not in self.domains
 
   def lacks_message(self, domain: str) -> str:
-    return (f'dataset {self.name!r} has no rows of domain {domain!r} (its format '
-            f'{self.format!r} holds only {", ".join(self.domains)})')
+    """Why the dataset has no rows of `domain` (one clause, for `lacks`)."""
+    if self.format in released.DATASET_DOMAIN_FORMATS:
+      why = f'records of format {self.format!r} are all of the dataset\'s domain {self.domain!r}'
+    else:
+      why = f'its format {self.format!r} holds only {", ".join(self.domains)}'
+    return f'dataset {self.name!r} has no rows of domain {domain!r} ({why})'
 
 
 def _reward_model_option(verifier: str) -> str:

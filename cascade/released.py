@@ -678,6 +678,9 @@ FORMAT_DOMAINS: dict[str, tuple[str, ...]] = {
     'cascade2_multi_domain_rl': SUBSETS['multi-domain-RL'],
     'cascade2_mopd': SUBSETS['MOPD'],
 }
+# Formats whose records name no domain: every record is its dataset's `domain`.
+DATASET_DOMAIN_FORMATS = ('cascade1_rl_rlhf', 'cascade1_rl_if', 'cascade1_rl_math',
+                          'cascade1_rl_swe')
 
 # (record type, adapter) per format name; `cascade.data` registers them in FORMATS.
 ADAPTERS: dict[str, tuple[str, Callable[[Mapping], dict]]] = {

@@ -110,6 +110,12 @@ def test_cascade2_mopd_teachers_get_rows_of_their_domains():
       r"^config.domains.mcqa.train='if_train': dataset 'if_train' has no rows of domain 'mcqa' "
       r"\(its format 'cascade2_if_rl' holds only instruction_following\)$")):
     config_lib.validate(c)
+  c14 = importlib.import_module('configs.nemotron_cascade_14b').get_config()
+  c14.domains.math.train = 'rlhf_train'
+  with pytest.raises(config_lib.ConfigError, match=(
+      r"^config.domains.math.train='rlhf_train': dataset 'rlhf_train' has no rows of domain "
+      r"'math' \(records of format 'cascade1_rl_rlhf' are all of the dataset's domain 'chat'\)$")):
+    config_lib.validate(c14)
 
 
 def test_cascade2_lengths_are_the_papers_on_v5p_and_capped_on_one_node():
