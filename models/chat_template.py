@@ -10,10 +10,11 @@ Host-only (no jax import).
 `BUILTIN` is `models.chat.render` (Qwen3 ChatML with the ' /think' / ' /no_think'
 switch). `CheckpointTemplate` renders a checkpoint's own Jinja template the way
 `transformers`' `apply_chat_template` does: a sandboxed (immutable) Jinja
-environment with trim_blocks and lstrip_blocks, the loop-control extension,
-`raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII and does not
-escape HTML, and the tokenizer's special tokens (`bos_token`, `eos_token`, ...)
-as variables. The template is the directory's `chat_template.jinja` when there
+environment with trim_blocks and lstrip_blocks, the loop-control extension, the
+`{% generation %}` tag (rendered as its body), `raise_exception`, `strftime_now`, a
+`tojson` that keeps non-ASCII and does not escape HTML, a `namespace` that refuses
+underscore names, `tools` and `documents` always defined (None when not given), and
+the tokenizer's special tokens (`bos_token`, `eos_token`, ...) as variables. The template is the directory's `chat_template.jinja` when there
 is one (transformers 4.50+ saves it there), else `tokenizer_config.json`'s
 `chat_template` (a string, or a list of named templates of which 'default' is
 taken).
@@ -91,14 +92,50 @@ def _strftime_now(fmt):
   return datetime.datetime.now().strftime(fmt)
 
 
+class _Generation(jinja_ext.Extension):
+  """`{% generation %}...{% endgeneration %}` (transformers marks the assistant's tokens with
+  it): rendered as its body."""
+  tags = {'generation'}
+
+  def parse(self, parser):
+    lineno = next(parser.stream).lineno
+    body = parser.parse_statements(('name:endgeneration',), drop_needle=True)
+    return jinja2.nodes.CallBlock(self.call_method('_body'), [], [], body).set_lineno(lineno)
+
+  def _body(self, caller):
+    return caller()
+
+
+class _Namespace(jinja2.utils.Namespace):
+  """Jinja's `namespace` refusing underscore names, as transformers' (no path to internals)."""
+
+  def __init__(*args, **kwargs):  # pylint: disable=no-method-argument
+    self, args = args[0], args[1:]
+    attrs = dict(*args, **kwargs)
+    for name in attrs:
+      _Namespace._check(name)
+    jinja2.utils.Namespace.__init__(self, attrs)
+
+  def __setitem__(self, name, value):
+    _Namespace._check(name)
+    jinja2.utils.Namespace.__setitem__(self, name, value)
+
+  @staticmethod
+  def _check(name):
+    if isinstance(name, str) and name.startswith('_'):
+      raise jinja2.exceptions.SecurityError(f'a namespace attribute may not start with _: '
+                                            f'{name!r}')
+
+
 @functools.lru_cache(maxsize=8)
 def _compile(source: str) -> tuple[jinja2.Template, frozenset]:
   """The template compiled as transformers compiles it, and the variables it reads."""
-  env = jinja_sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                    extensions=[jinja_ext.loopcontrols])
+  env = jinja_sandbox.ImmutableSandboxedEnvironment(
+      trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja_ext.loopcontrols])
   env.filters['tojson'] = _tojson
   env.globals['raise_exception'] = _raise_exception
   env.globals['strftime_now'] = _strftime_now
+  env.globals['namespace'] = _Namespace
   names = frozenset(jinja_meta.find_undeclared_variables(env.parse(source)))
   return env.from_string(source), names
 
@@ -142,7 +179,7 @@ class CheckpointTemplate:
       messages: dicts with 'role' and 'content' (and whatever else the template reads).
       thinking: True / False: the thinking switch, mapped as `switch` says; None: none.
       add_generation_prompt: end with the opening of an assistant turn.
-      tools: tool schemas, passed as `tools` (None: not passed).
+      tools: tool schemas, passed as `tools` (None: `tools` is None, as transformers passes it).
 
     Returns:
       The prompt text.
@@ -165,12 +202,10 @@ class CheckpointTemplate:
         last = max((i for i, m in enumerate(msgs) if m.get('role') == 'user'), default=-1)
         if last >= 0:
           msgs[last]['content'] = f"{msgs[last]['content']}{_MARKERS[0 if thinking else 1]}"
-    if tools is not None:
-      kwargs['tools'] = list(tools)
     try:
-      return _compile(self.source)[0].render(messages=msgs,
-                                             add_generation_prompt=add_generation_prompt,
-                                             **kwargs)
+      return _compile(self.source)[0].render(
+          messages=msgs, tools=None if tools is None else list(tools), documents=None,
+          add_generation_prompt=add_generation_prompt, **kwargs)
     except jinja2.exceptions.TemplateError as e:
       raise ValueError(f'{self.where}: the chat template failed: {e}') from None
 

@@ -240,3 +240,32 @@ def test_sandboxed():
   evil = chat_template.CheckpointTemplate("{{ ''.__class__.__mro__ }}")
   with pytest.raises(ValueError, match='failed'):
     evil.render(CONVERSATIONS[0])
+  with pytest.raises(ValueError, match='may not start with _'):
+    chat_template.CheckpointTemplate('{% set ns = namespace(_x=1) %}x').render([])
+
+
+# Tools, the generation tag and transformers' always-defined `tools` / `documents`.
+EXTRAS = r"""
+{%- if tools is defined and tools is not none %}{{- 'TOOLS:' + tools | tojson + '\n' }}{%- endif %}
+{%- if documents is defined %}{{- 'DOCS:' + (documents is none) | string + '\n' }}{%- endif %}
+{%- for m in messages %}
+  {%- if m.role == 'assistant' %}{% generation %}{{- 'A:' + m.content + '\n' }}{% endgeneration %}
+  {%- else %}{{- m.role + ':' + m.content + '\n' }}{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- 'A:' }}{%- endif %}
+"""
+
+
+def test_tools_generation_tag_and_documents_as_transformers_passes_them(tmp_path):
+  write_checkpoint(tmp_path, 'qwen3')
+  config = json.loads((tmp_path / 'tokenizer_config.json').read_text())
+  (tmp_path / 'tokenizer_config.json').write_text(json.dumps(dict(config, chat_template=EXTRAS)))
+  auto = transformers.AutoTokenizer.from_pretrained(tmp_path)
+  tmpl = chat_template.read(tmp_path)
+  tools = [{'type': 'function', 'function': {'name': 'search', 'description': 'Zürich',
+                                             'parameters': {'type': 'object'}}}]
+  conv = CONVERSATIONS[2]
+  for t in (None, tools):
+    want = auto.apply_chat_template(conv, tools=t, tokenize=False, add_generation_prompt=True)
+    assert tmpl.render(conv, tools=t) == want
+  assert 'DOCS:True' in want and 'Zürich' in want
