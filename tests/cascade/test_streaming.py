@@ -13,7 +13,7 @@ from cascade import config as config_lib
 from cascade import data
 from cascade import stage_data
 from cascade import token_cache
-from cascade.kinds import sft
+from models import chat_template
 
 
 @pytest.fixture(autouse=True)
@@ -222,10 +222,11 @@ def test_a_stage_is_tokenized_once_and_resumes_from_the_cache(fakes, tmp_path, m
       return [(t + 1) % 256 for t in super().encode(text)]
   stream(Shifted(), cache)                                     # another tokenizer: a new cache
   assert len(list((tmp_path / 'prepared').iterdir())) == 3
-  real_render = sft.chat.render_response
-  with monkeypatch.context() as m:                              # another chat template: too
-    m.setattr(sft.chat, 'render_response', lambda *a: real_render(*a) + '<|end|>')
-    stream(fakes.CharTokenizer(), cache)
+  own = chat_template.CheckpointTemplate(                       # another chat template: too
+      '{% if enable_thinking is defined and enable_thinking is false %}[no thinking]\n'
+      '{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}'
+      '{% if add_generation_prompt %}assistant: {% endif %}')
+  stream(chat_template.attach(fakes.CharTokenizer(), own), cache)
   assert len(list((tmp_path / 'prepared').iterdir())) == 4
   (tmp_path / 's1.jsonl').write_text((tmp_path / 's1.jsonl').read_text() + '\n' +
                                      json.dumps(sft_row(99)) + '\n')
