@@ -128,3 +128,25 @@ def test_checkpoint_template_errors_are_one_line(fakes, tmp_path):
   d = fixtures.write_checkpoint(tmp_path / 'q', 'qwen3')
   with pytest.raises(config_lib.ConfigError, match=r"domain\(s\) \['c'\] are agentic"):
     _plan(fakes, d, domains={'c': dict(env='tool_use', train='a_train', eval='a_train')})
+
+
+def test_the_runs_tokenizer_carries_the_template(fakes, tmp_path):
+  """make_context gives the run (its stages' data, rollouts and evaluation) a tokenizer that
+  carries the checkpoint's template; the built-in choice carries BUILTIN."""
+  from cascade import runner  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'ckpt').mkdir()
+  d = fixtures.write_checkpoint(tmp_path / 'ckpt', 'qwen3')
+  model = dict(preset='tiny', overrides=dict(vocab_size=512, embed_dim=32, num_layers=1,
+                                             num_heads=2, num_kv_heads=1, head_dim=16,
+                                             mlp_dim=64, max_seq_len=128))
+  for template in ('checkpoint', 'builtin'):
+    plan = _plan(fakes, d, template=template, model=model)
+    ctx = runner.make_context(plan, str(tmp_path / template))
+    try:
+      assert chat_template.of(ctx.tokenizer) is plan.chat_template
+      assert chat_template.of(ctx.data.tokenizer) is plan.chat_template
+      assert ctx.tokenizer.eos_id == tokenizer_lib.load(d).token_to_id('<|im_end|>')
+    finally:
+      ctx.verifiers.close()
+      ctx.policies.close()
+  assert isinstance(_plan(fakes, d, model=model).chat_template, chat_template.CheckpointTemplate)
