@@ -261,13 +261,27 @@ def load_policy(source: Source, mesh_shape: Sequence[int] | None = None,
           else sharding.make_mesh(mesh_cfg.shape, slices=mesh_cfg.slices))
   model = hf.load_model(source.hf_dir, mesh=mesh, rules=rules)
   graphdef, params = nnx.split(model)
-  tok = tokenizer_lib.load(source.hf_dir)
+  tok = policy_tokenizer(source, tokenizer_lib.load(source.hf_dir))
   if tok.eos_id is None:
     raise config_lib.ConfigError(f'{source.hf_dir}: its tokenizer has no end-of-sequence token')
   sampler = sampler_lib.Sampler(graphdef, model.cfg, eos_ids=[tok.eos_id], pad_id=tok.pad_id,
                                 mesh=mesh, rules=rules, **options)
   return run_lib.Policy(sampler, sampler.prepare(params), tok,
                         identity=f'hf {fingerprint(source.hf_dir)}')
+
+
+def policy_tokenizer(source: Source, tok):
+  """`tok` carrying the chat template the run rendered its prompts with: a run with
+  config.tokenizer.chat_template='checkpoint' exported that template, so its export is
+  prompted with it (`models.chat_template`); otherwise the built-in one."""
+  from models import chat_template  # pylint: disable=g-import-not-at-top
+  raw = dict(schema.plain(source.config.get('tokenizer')) or {})
+  if raw.get('chat_template') != 'checkpoint':
+    return tok
+  try:
+    return chat_template.attach(tok, chat_template.read(source.hf_dir))
+  except ValueError as e:
+    raise config_lib.ConfigError(f'{source.describe()}: {e}') from None
 
 
 def evaluate(sets: Sequence[tuple[base.Suite, Sequence[dict]]], policy: run_lib.Policy,

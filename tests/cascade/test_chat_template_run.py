@@ -150,3 +150,19 @@ def test_the_runs_tokenizer_carries_the_template(fakes, tmp_path):
       ctx.verifiers.close()
       ctx.policies.close()
   assert isinstance(_plan(fakes, d, model=model).chat_template, chat_template.CheckpointTemplate)
+
+
+def test_evaluating_a_runs_export_prompts_with_the_runs_template(tmp_path):
+  """`cascade.evaluate` on a run's export renders with the template the run trained with."""
+  from cascade.suites import checkpoint as suite_checkpoint  # pylint: disable=g-import-not-at-top
+  d = fixtures.write_checkpoint(tmp_path, 'nemotron')
+  tok = tokenizer_lib.load(d)
+  ran = suite_checkpoint.Source(hf_dir=str(d), run='/w', stage='rl', config={
+      'tokenizer': {'path': str(d), 'chat_template': 'checkpoint'}})
+  got = chat_template.of(suite_checkpoint.policy_tokenizer(ran, tok))
+  assert got.source == fixtures.NEMOTRON
+  plain = suite_checkpoint.Source(hf_dir=str(d), config={'tokenizer': {'path': str(d)}})
+  assert chat_template.of(suite_checkpoint.policy_tokenizer(plain, tok)) is chat_template.BUILTIN
+  (d / 'tokenizer_config.json').write_text('{}')
+  with pytest.raises(config_lib.ConfigError, match=r"^/w, stage 'rl' .*no chat_template"):
+    suite_checkpoint.policy_tokenizer(ran, tok)
