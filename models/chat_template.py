@@ -14,10 +14,10 @@ environment with trim_blocks and lstrip_blocks, the loop-control extension, the
 `{% generation %}` tag (rendered as its body), `raise_exception`, `strftime_now`, a
 `tojson` that keeps non-ASCII and does not escape HTML, a `namespace` that refuses
 underscore names, `tools` and `documents` always defined (None when not given), and
-the tokenizer's special tokens (`bos_token`, `eos_token`, ...) as variables. The template is the directory's `chat_template.jinja` when there
-is one (transformers 4.50+ saves it there), else `tokenizer_config.json`'s
-`chat_template` (a string, or a list of named templates of which 'default' is
-taken).
+the tokenizer's special tokens (`bos_token`, `eos_token`, ...) as variables. The
+template is the directory's `chat_template.jinja` when there is one (transformers 4.50+
+saves it there), else `tokenizer_config.json`'s `chat_template` (a string, or a list of
+named templates of which 'default' is taken).
 
 The thinking switch is mapped to whatever the template has:
   'kwarg'   the template reads `enable_thinking` (Qwen3, and our own TEMPLATE):

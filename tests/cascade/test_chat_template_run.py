@@ -118,8 +118,8 @@ def test_the_export_keeps_the_checkpoints_template(fakes, tmp_path):
 def test_checkpoint_template_errors_are_one_line(fakes, tmp_path):
   (tmp_path / 'tokenizer_config.json').write_text('{}')
   with pytest.raises(config_lib.ConfigError,
-                     match=r"^config.tokenizer.chat_template='checkpoint': .*tokenizer_config.json: "
-                           r'no chat_template'):
+                     match=(r"^config.tokenizer.chat_template='checkpoint': "
+                            r'.*tokenizer_config.json: no chat_template')):
     _plan(fakes, tmp_path)
   with pytest.raises(config_lib.ConfigError, match=r'config.tokenizer.chat_template.*unknown chat '
                                                    r'template \(known: builtin, checkpoint\)'):
