@@ -56,10 +56,6 @@ _MARKERS = (' /think', ' /no_think')
 class Builtin:
   """The built-in template: `models.chat.render` (Qwen3 ChatML, ' /think' / ' /no_think')."""
 
-  name = 'builtin'
-  switch = 'marker'
-  source = chat.TEMPLATE
-
   @staticmethod
   def render(messages: Sequence[Mapping[str, Any]], *, thinking: bool | None = None,
              add_generation_prompt: bool = True,
@@ -153,7 +149,6 @@ class CheckpointTemplate:
   source: str
   special_tokens: Mapping[str, str] = dataclasses.field(default_factory=dict)
   where: str = 'chat template'
-  name = 'checkpoint'
 
   def __post_init__(self):
     try:
