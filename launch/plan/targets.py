@@ -4,8 +4,12 @@ programs run them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import os
+import sys
+import tempfile
 from typing import Any
 
 import jax
@@ -111,8 +115,9 @@ def target(plan: config_lib.Plan, backend: str = 'auto',
     # libtpu describes several slices of one topology joined over DCN (`num_slices`); each
     # device then carries its `slice_index`, which `models.topology` lays the mesh out by.
     extra = {'num_slices': slices} if slices > 1 else {}
-    devices = tuple(topologies.get_topology_desc(platform='tpu', topology_name=topo,
-                                                 **extra).devices)
+    with native_stderr_held():      # libtpu's start-up lines on a host without TPU chips
+      devices = tuple(topologies.get_topology_desc(platform='tpu', topology_name=topo,
+                                                   **extra).devices)
     if len(devices) != n:
       where = f'{slices} slices of ' if slices > 1 else ''
       raise ValueError(f'config.hardware.topology={topo!r}: {where}it has {len(devices)} chips; '
@@ -136,6 +141,32 @@ def target(plan: config_lib.Plan, backend: str = 'auto',
           'XLA:CPU memory estimates (sampling programs without while-loop-invariant code '
           'motion: `CPU_SAMPLING_OPTIONS`), limit checked here')
   return Target(devices, 'cpu', desc, limit)
+
+
+@contextlib.contextmanager
+def native_stderr_held():
+  """What native code writes to file descriptor 2 inside the block, held back and shown only
+  if the block raises. libtpu, loaded by the first topology a plan asks for, checks the host it
+  finds itself on and, on one without TPU chips (where a plan runs), prints five lines about
+  it (no accelerator type, no worker hostnames, an E-level log with its source trace) through
+  its own logging, which neither TF_CPP_MIN_LOG_LEVEL nor TPU_MIN_LOG_LEVEL nor
+  TPU_STDERR_LOG_LEVEL turns off. They say nothing about the plan; the plan's own errors are
+  raised, with what was held shown first."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      yield
+    except BaseException:
+      os.dup2(saved, 2)
+      held.seek(0)
+      sys.stderr.write(held.read().decode('utf-8', 'replace'))
+      sys.stderr.flush()
+      raise
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
 
 
 def _gpu_target(plan: config_lib.Plan, n: int, limit: int) -> Target:

@@ -821,3 +821,19 @@ def test_reward_model_scoring_is_planned_at_the_rows_the_run_scores():
   short = dataclasses.replace(stage, phases=tuple(dataclasses.replace(ph, max_response_len=2048)
                                                  for ph in stage.phases))
   assert plan_stages.rm_scoring_call(short, rm_stage) == (256, 8192)
+
+
+def test_native_stderr_held_shows_only_on_failure(capfd):
+  """libtpu's start-up lines (written by native code to file descriptor 2 when the first TPU
+  topology loads it on a host without TPU chips) are held back: dropped when the block succeeds,
+  shown before the error when it raises."""
+  with plan_targets.native_stderr_held():
+    os.write(2, b'E0000 libtpu: unexpected worker hostname\n')
+  assert capfd.readouterr().err == ''
+  with pytest.raises(RuntimeError, match='^topology refused$'):
+    with plan_targets.native_stderr_held():
+      os.write(2, b'why it failed\n')
+      raise RuntimeError('topology refused')
+  assert capfd.readouterr().err == 'why it failed\n'
+  os.write(2, b'after\n')                 # file descriptor 2 is back where it was
+  assert capfd.readouterr().err == 'after\n'
