@@ -135,11 +135,15 @@ def target(plan: config_lib.Plan, backend: str = 'auto',
   if len(devices) != n:
     raise ValueError(f'{len(devices)} CPU devices, the mesh needs {n}: call '
                      'launch.plan.targets.use_simulated_cpu_devices(n) before any JAX work')
-  why = {'tpu': ' (libtpu not installed: pip install "jax[tpu]")',
+  why = {'tpu': ' (libtpu not installed: pip install "jax[tpu]")' if not have_libtpu()
+                else ' (--backend=cpu)',
          'gpu': f' ({_no_gpu_compiler(hw)})'}.get(hw.platform, '')
+  # For an accelerator, XLA:CPU's memory is a stand-in that runs above its own compiler's.
+  above = (', above what its own compiler needs (bfloat16 matmuls in float32, other fusions: '
+           'docs/planning.md)' if hw.platform in ('tpu', 'gpu') else '')
   desc = (f'{n} simulated CPU devices standing in for {hw.name or "the target"}{why}; '
-          'XLA:CPU memory estimates (sampling programs without while-loop-invariant code '
-          'motion: `CPU_SAMPLING_OPTIONS`), limit checked here')
+          f'XLA:CPU memory estimates{above} (sampling programs without while-loop-invariant '
+          'code motion: `CPU_SAMPLING_OPTIONS`), limit checked here')
   return Target(devices, 'cpu', desc, limit)
 
 
@@ -218,7 +222,9 @@ def _no_gpu_compiler(hw) -> str:
   """Why a GPU target is planned on simulated CPU devices (`default_backend` chose 'cpu')."""
   if not have_cuda_plugin():
     return 'no CUDA plugin of jax installed: pip install "jax[cuda12]", docs/planning.md'
-  return 'config.hardware.gpu_target not set: no GPU description for XLA:GPU'
+  if not hw.gpu_target:
+    return 'config.hardware.gpu_target not set: no GPU description for XLA:GPU'
+  return '--backend=cpu'
 
 
 def mesh_slices(plan: config_lib.Plan) -> int:
