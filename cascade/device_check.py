@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cascade import exits
 from models import attention
 from models import config as config_lib
 from models import sharding
@@ -148,6 +149,7 @@ def run_check(preset: str, mesh_shape, rows: int, prompt_len: int, seq: int) -> 
 
 def main(argv):
   del argv
+  exits.quiet_library_logs()     # its report and one error line, no JAX backend probing
   report = devices_report()
   print(f"backend {report['backend']} (jax {report['jax']}), {len(report['devices'])} "
         f"device(s) over {report['process_count']} process(es):")

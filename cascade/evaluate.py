@@ -31,7 +31,6 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging as absl_logging
 
 from cascade import exits
 
@@ -157,8 +156,7 @@ def _evaluate() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  if not flags.FLAGS['verbosity'].present:     # library INFO logs off, as cascade.main does
-    absl_logging.set_verbosity(absl_logging.WARNING)
+  exits.quiet_library_logs()
   exits.quiet_storage_errors()
   from cascade import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize()

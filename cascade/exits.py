@@ -62,6 +62,21 @@ class QuietStorageErrors(logging.Filter):
     return not (self._seen and record.levelno >= logging.ERROR and 'orbax' in record.pathname)
 
 
+def quiet_library_logs() -> None:
+  """The libraries' INFO logs off, unless --verbosity (-v) was given: JAX probing for a TPU
+  ("Unable to initialize backend 'tpu'", on every host without one), the compilation cache,
+  Orbax's checkpoint manager (hundreds of lines a run). absl's app.run raises an unset
+  verbosity to INFO; this sets it back to WARNING, so warnings and errors (cascade's, e.g. an
+  unsandboxed verifier, and the libraries') still show. Called first in the `main` of every
+  command whose output is its own lines (cascade.main, cascade.evaluate, cascade.prepare,
+  cascade.device_check, launch.plan), after absl parsed the flags and before JAX starts a
+  backend."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS['verbosity'].present:
+    absl_logging.set_verbosity(absl_logging.WARNING)
+
+
 def quiet_storage_errors() -> None:
   """Makes a full or read-only disk one line: every log handler gets `QuietStorageErrors`, a
   thread that dies of it prints no traceback, and a warning about it (JAX's compilation cache

@@ -28,7 +28,6 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging as absl_logging
 
 from cascade import exits
 from cascade import overrides
@@ -54,19 +53,10 @@ flags.mark_flags_as_required(['config', 'workdir'])
 parse_flags = overrides.flags_parser(_CONFIG)
 
 
-def quiet_library_logs() -> None:
-  """Library INFO logs (JAX probing for a TPU, the compilation cache, Orbax's checkpoint
-  manager: hundreds of lines a run) off, unless --verbosity (-v) was given: absl's app.run
-  raises an unset verbosity to INFO. Warnings (cascade's, e.g. an unsandboxed verifier, and the
-  libraries') always show."""
-  if not flags.FLAGS['verbosity'].present:
-    absl_logging.set_verbosity(absl_logging.WARNING)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  quiet_library_logs()
+  exits.quiet_library_logs()
   exits.quiet_storage_errors()
   from cascade import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize()         # before any other JAX work (gloo on CPU)

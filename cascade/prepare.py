@@ -26,6 +26,7 @@ import time
 from absl import app
 from absl import flags
 
+from cascade import exits
 from cascade import overrides
 
 _CONFIG = overrides.define_config_file('config', 'Config file (configs/x.py or configs/x.py:arg).')
@@ -70,6 +71,7 @@ def prepare(config, cache_dir: str, hosts=None) -> dict:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  exits.quiet_library_logs()     # its lines and one error line, no JAX backend probing
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import data  # pylint: disable=g-import-not-at-top
   from models import paths  # pylint: disable=g-import-not-at-top

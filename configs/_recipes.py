@@ -306,7 +306,7 @@ EXPERT_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
 # compiler gathers such shards as all-reduces of zero-padded whole weights (twice an
 # all-gather's bytes, and each one slow to build), 336 rows in 8 shards as all-gathers: the
 # code RL train step compiled in 64 s instead of 72 s, needing 6.8 GiB more per chip (2.7 of
-# it parameters and optimizer state; docs/planning.md). One H200
+# it parameters and optimizer state; docs/plans/history.md). One H200
 # node keeps its 4-axis mesh (its rows stay capped).
 SEQUENCE_MESH = {'v5p_128': ((1, 1, 8, 8, 1), (('embed', ('fsdp', 'sequence')),)),
                  'h200x8': EXPERT_MESH['h200x8']}

@@ -524,6 +524,29 @@ def _check_tiny_judge(proc, work):
     assert res['stages'] == ['sft', 'rlhf', 'if_rl', 'math_rl', 'code_rl', 'swe_rl'], res['stages']
 
 
+def _page_block(page: str, first_line: str) -> list[str]:
+  """The lines of `page`'s fenced block whose first line starts with `first_line`."""
+  lines = (ROOT / page).read_text(encoding='utf-8').split('\n')
+  start = next(i for i, l in enumerate(lines) if l.startswith(first_line) and i
+               and lines[i - 1].startswith('```'))
+  return lines[start:lines.index('```', start)]
+
+
+def _check_sample_plan(proc, work):
+  """docs/planning.md's sample output is what its command prints: the stage's block and the
+  verdict line by line, up to the numbers (compile times, the host's load); and stderr is empty
+  (libtpu's start-up lines held back, the libraries' INFO lines off)."""
+  del work
+  assert proc.stderr == '', proc.stderr[-3000:]
+  shape = lambda line: re.sub(r'\d+(\.\d+)?(e[+-]\d+)?', 'N', line)
+  sample = _page_block('docs/planning.md', 'target: v5p:2x2x1')
+  start = next(i for i, l in enumerate(sample) if l.startswith('[4] math_rl'))
+  block = sample[start:sample.index('', start)] + [sample[-1]]
+  printed = [shape(l) for l in proc.stdout.splitlines()]
+  missing = [l for l in block if shape(l) not in printed]
+  assert not missing, (missing, proc.stdout[-3000:])
+
+
 def _writes(page):
   return lambda proc, work: _page_like(work / page, page)
 
@@ -712,6 +735,11 @@ _RUNS = [
     _case('plan-14b-math', 'docs/planning.md',
           ['python -m launch.plan --config=configs/nemotron_cascade_14b.py --stages=math_rl'],
           3 * 3600, _OK, mark=_SLOW),
+    # The sample plan the page shows, by the TPU compiler in the environment the page installs
+    # (libtpu; a minute or two here).
+    _case('plan-tiny-tpu-sample', 'docs/planning.md',
+          ['python -m launch.plan --config=configs/tiny.py --config.mesh.shape=1,4,1'], 1800,
+          _check_sample_plan, mark=_HEAVY, pre=_needs_libtpu),
     # XLA:GPU, deviceless, in the environment the page installs (tests/launch/test_plan_gpu.py
     # compiles a tiny hybrid so in seconds).
     _case('plan-14b-h200-gpu', 'docs/planning.md',

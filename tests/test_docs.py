@@ -47,6 +47,26 @@ def test_every_docs_page_the_readme_links_exists():
   assert not missing, f'README links pages that do not exist: {missing}'
 
 
+# What a plan page's `target:` line says made its numbers (launch/plan/targets.py `target`).
+_COMPILERS = ('compiled by the TPU compiler', 'compiled by XLA:GPU deviceless',
+              'simulated CPU devices standing in for')
+
+
+def test_every_plan_page_says_which_compiler_made_it():
+  """docs/plans/: each page `launch.plan --report` wrote has its `target:` line (markdown_report
+  refuses a header without one), naming the TPU compiler, XLA:GPU or XLA:CPU on simulated
+  devices; docs/planning.md says which to trust."""
+  plans = os.path.join(DOCS, 'plans')
+  pages = [n for n in sorted(os.listdir(plans)) if n.endswith('.md')]
+  written = {n: open(os.path.join(plans, n), encoding='utf-8').read() for n in pages}
+  written = {n: t for n, t in written.items() if 'Written by `launch.plan --report`' in t}
+  assert len(written) >= 8, sorted(written)
+  for name, text in written.items():
+    targets = [l for l in text.splitlines() if l.startswith('- target: ')]
+    assert len(targets) == 1, f'docs/plans/{name}: {len(targets)} target lines'
+    assert sum(c in targets[0] for c in _COMPILERS) == 1, f'docs/plans/{name}: {targets[0]}'
+
+
 def test_the_project_is_apache_2_licensed():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   with open(os.path.join(root, 'LICENSE')) as f:

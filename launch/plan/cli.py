@@ -11,6 +11,7 @@ from absl import flags
 from etils import epath
 
 from cascade import config as config_lib
+from cascade import exits
 from cascade import overrides
 from launch.plan import report as report_lib
 from launch.plan import results
@@ -44,6 +45,7 @@ _REPORT = flags.DEFINE_string(
 
 def main(argv):
   del argv
+  exits.quiet_library_logs()     # the plan's lines and its failures, no library INFO lines
   config = _CONFIG.value
   if config is None:
     raise app.UsageError('--config is required')

@@ -152,7 +152,12 @@ def markdown_report(reports: Sequence[results.StageReport], *, command: str, hea
   program (per-device peak beside what stays resident, its share of the device, compile time,
   FLOPs; none with --time_only) and each stage's step-time bound by part with the
   assumptions (`time_table`); `finished` False marks a page written part-way (after each
-  stage), which says so instead of a result."""
+  stage), which says so instead of a result. `header` must hold the `target: ` line
+  (`plan_header` writes it): a page always says which compiler made its numbers (the TPU
+  compiler, XLA:GPU deviceless or XLA:CPU on simulated devices)."""
+  if not any(h.startswith('target: ') for h in header):
+    raise ValueError("markdown_report: the header has no 'target: ' line (plan_header writes "
+                     'it): a plan page must say which compiler made its numbers')
   limit = next((r.limit_bytes for r in reports if r.limit_bytes), 0)
   cell = lambda text: text.replace('|', '\\|')        # a table cell's own bars, escaped
   out = [f'# Plan: `{command}`', '',

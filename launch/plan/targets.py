@@ -4,8 +4,12 @@ programs run them."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import os
+import sys
+import tempfile
 from typing import Any
 
 import jax
@@ -111,8 +115,9 @@ def target(plan: config_lib.Plan, backend: str = 'auto',
     # libtpu describes several slices of one topology joined over DCN (`num_slices`); each
     # device then carries its `slice_index`, which `models.topology` lays the mesh out by.
     extra = {'num_slices': slices} if slices > 1 else {}
-    devices = tuple(topologies.get_topology_desc(platform='tpu', topology_name=topo,
-                                                 **extra).devices)
+    with native_stderr_held():      # libtpu's start-up lines on a host without TPU chips
+      devices = tuple(topologies.get_topology_desc(platform='tpu', topology_name=topo,
+                                                   **extra).devices)
     if len(devices) != n:
       where = f'{slices} slices of ' if slices > 1 else ''
       raise ValueError(f'config.hardware.topology={topo!r}: {where}it has {len(devices)} chips; '
@@ -130,12 +135,42 @@ def target(plan: config_lib.Plan, backend: str = 'auto',
   if len(devices) != n:
     raise ValueError(f'{len(devices)} CPU devices, the mesh needs {n}: call '
                      'launch.plan.targets.use_simulated_cpu_devices(n) before any JAX work')
-  why = {'tpu': ' (libtpu not installed: pip install "jax[tpu]")',
+  why = {'tpu': ' (libtpu not installed: pip install "jax[tpu]")' if not have_libtpu()
+                else ' (--backend=cpu)',
          'gpu': f' ({_no_gpu_compiler(hw)})'}.get(hw.platform, '')
+  # For an accelerator, XLA:CPU's memory is a stand-in that runs above its own compiler's.
+  above = (', above what its own compiler needs (bfloat16 matmuls in float32, other fusions: '
+           'docs/planning.md)' if hw.platform in ('tpu', 'gpu') else '')
   desc = (f'{n} simulated CPU devices standing in for {hw.name or "the target"}{why}; '
-          'XLA:CPU memory estimates (sampling programs without while-loop-invariant code '
-          'motion: `CPU_SAMPLING_OPTIONS`), limit checked here')
+          f'XLA:CPU memory estimates{above} (sampling programs without while-loop-invariant '
+          'code motion: `CPU_SAMPLING_OPTIONS`), limit checked here')
   return Target(devices, 'cpu', desc, limit)
+
+
+@contextlib.contextmanager
+def native_stderr_held():
+  """What native code writes to file descriptor 2 inside the block, held back and shown only
+  if the block raises. libtpu, loaded by the first topology a plan asks for, checks the host it
+  finds itself on and, on one without TPU chips (where a plan runs), prints five lines about
+  it (no accelerator type, no worker hostnames, an E-level log with its source trace) through
+  its own logging, which neither TF_CPP_MIN_LOG_LEVEL nor TPU_MIN_LOG_LEVEL nor
+  TPU_STDERR_LOG_LEVEL turns off. They say nothing about the plan; the plan's own errors are
+  raised, with what was held shown first."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      yield
+    except BaseException:
+      os.dup2(saved, 2)
+      held.seek(0)
+      sys.stderr.write(held.read().decode('utf-8', 'replace'))
+      sys.stderr.flush()
+      raise
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
 
 
 def _gpu_target(plan: config_lib.Plan, n: int, limit: int) -> Target:
@@ -187,7 +222,9 @@ def _no_gpu_compiler(hw) -> str:
   """Why a GPU target is planned on simulated CPU devices (`default_backend` chose 'cpu')."""
   if not have_cuda_plugin():
     return 'no CUDA plugin of jax installed: pip install "jax[cuda12]", docs/planning.md'
-  return 'config.hardware.gpu_target not set: no GPU description for XLA:GPU'
+  if not hw.gpu_target:
+    return 'config.hardware.gpu_target not set: no GPU description for XLA:GPU'
+  return '--backend=cpu'
 
 
 def mesh_slices(plan: config_lib.Plan) -> int:

@@ -1,6 +1,8 @@
 """What a run prints: library INFO logs (JAX probing for a TPU, the compilation cache, Orbax's
 checkpoint manager: hundreds of lines a run) are off by default, warnings always show, and
---verbosity=0 (or -v=0) turns the INFO lines back on (cascade.main.quiet_library_logs)."""
+--verbosity=0 (or -v=0) turns the INFO lines back on (cascade.exits.quiet_library_logs, which
+cascade.main, cascade.evaluate, cascade.prepare, cascade.device_check and launch.plan call
+first)."""
 
 import os
 import subprocess
@@ -16,10 +18,11 @@ _PROBE = '''
 import logging as pylogging
 from absl import app
 from absl import logging
+from cascade import exits
 from cascade import main as cascade_main
 
 def probe(argv):
-  cascade_main.quiet_library_logs()
+  exits.quiet_library_logs()
   pylogging.getLogger('jax._src.xla_bridge').info('library-info')
   logging.info('absl-info')
   pylogging.getLogger('orbax').warning('library-warning')
@@ -61,3 +64,20 @@ def test_a_run_that_stops_at_its_mesh_prints_one_line(tmp_path, tiny_world_root)
   assert proc.returncode == 2
   assert proc.stderr == ('error: config.mesh.shape=[1, 4, 1]: mesh shape (1, 4, 1) needs 4 '
                          'devices, have 1\n')
+
+
+def test_a_prepare_that_stops_prints_its_line_alone(tmp_path):
+  """cascade.prepare's error exit in the user's environment (no platform chosen, no test device
+  count, so JAX probes for a TPU and logs 'Unable to initialize backend' at INFO before the
+  error): stderr holds cascade's one line and nothing of the libraries'."""
+  config = tmp_path / 'no_tokenizer.py'
+  config.write_text('from configs import tiny\n\n\ndef get_config(arg=None):\n'
+                    "  c = tiny.get_config('smoke')\n  del c['prepare']\n"
+                    f"  c.tokenizer.path = {str(tmp_path / 'missing.model')!r}\n  return c\n")
+  env = {k: v for k, v in os.environ.items() if k not in ('XLA_FLAGS', 'JAX_PLATFORMS')}
+  env['PYTHONPATH'] = REPO
+  proc = subprocess.run([sys.executable, '-m', 'cascade.prepare', f'--config={config}',
+                         f'--cache_dir={tmp_path / "cache"}'], cwd=REPO, capture_output=True,
+                        text=True, timeout=300, env=env)
+  assert proc.returncode == 2, proc.stderr
+  assert proc.stderr == f'error: tokenizer file {tmp_path / "missing.model"} does not exist\n'

@@ -554,13 +554,17 @@ def test_markdown_report_says_how_and_what(tmp_path):
   assert '| math_rl | 1800 |  |  | 2 | 0 | 2 | 64 | 1, 64 | 0, 0 |' in page
   assert 'PLAN FAILED' in page
   assert 'every planned program fits' in plan_report.markdown_report(
-      [dataclasses.replace(rep, programs=(ok,))], command='c', header=[], hosts=('a', 'b'),
-      date='d')
+      [dataclasses.replace(rep, programs=(ok,))], command='c', header=['target: t'],
+      hosts=('a', 'b'), date='d')
   # Written after each stage of a long plan: what it has, marked unfinished, no verdict.
-  partial = plan_report.markdown_report([rep], command='c', header=[], hosts=('a', 'b'), date='d',
-                                        finished=False)
+  partial = plan_report.markdown_report([rep], command='c', header=['target: t'], hosts=('a', 'b'),
+                                        date='d', finished=False)
   assert 'Unfinished' in partial and '| math_rl | train step |' in partial
   assert 'Result:' not in partial
+  # Which compiler made the numbers is on every page: a header without it is refused.
+  with pytest.raises(ValueError, match="no 'target: ' line"):
+    plan_report.markdown_report([rep], command='c', header=['mesh (data, fsdp, tensor) = (1, 8)'],
+                                hosts=('a', 'b'), date='d')
 
 
 # ---------------------------------------------------------------- the step-time model
@@ -672,7 +676,8 @@ def test_the_weights_only_bound_is_below_the_step_time_model_at_long_lengths(tin
   text = plan_report.format_stage(rep)
   assert 'KV cache' in text and 'scoring not estimated' in text and 'worst case, 5' in text
   assert 'weights-only bound it replaces' in text and 'chip-hours' in text
-  page = plan_report.markdown_report([rep], command='c', header=[], hosts=('a', 'b'), date='d')
+  page = plan_report.markdown_report([rep], command='c', header=['target: t'], hosts=('a', 'b'),
+                                     date='d')
   assert '| add_rl | 4 |' in page and 'not estimated' in page and 'The bound assumes:' in page
   assert 'step times only, nothing compiled.' in page and '| stage | program |' not in page
 
@@ -821,3 +826,38 @@ def test_reward_model_scoring_is_planned_at_the_rows_the_run_scores():
   short = dataclasses.replace(stage, phases=tuple(dataclasses.replace(ph, max_response_len=2048)
                                                  for ph in stage.phases))
   assert plan_stages.rm_scoring_call(short, rm_stage) == (256, 8192)
+
+
+def test_simulated_devices_say_when_they_stand_in_for_an_accelerator(tiny_path, monkeypatch):
+  """The `target:` line of a plan on simulated CPU devices: for a TPU or GPU config it says
+  why (libtpu missing, or --backend=cpu chosen where it is installed) and that XLA:CPU's memory
+  runs above the accelerator compiler's (docs/planning.md, which to trust); for a CPU config
+  XLA:CPU is the compiler, and it says nothing of the kind."""
+  monkeypatch.setattr(plan_targets, 'have_libtpu', lambda: False)
+  config = _load(tiny_path)
+  assert 'above what its own compiler' not in plan_targets.target(
+      config_lib.validate(config), 'cpu').description
+  config.hardware = dict(platform='tpu', topology='v5p:2x2x2', device_memory_gib=95)
+  desc = plan_targets.target(config_lib.validate(config), 'cpu').description
+  assert desc.startswith('8 simulated CPU devices standing in for the target (libtpu not '
+                         'installed'), desc
+  assert 'XLA:CPU memory estimates, above what its own compiler needs' in desc, desc
+  monkeypatch.setattr(plan_targets, 'have_libtpu', lambda: True)
+  desc = plan_targets.target(config_lib.validate(config), 'cpu').description
+  assert desc.startswith('8 simulated CPU devices standing in for the target (--backend=cpu);')
+
+
+def test_native_stderr_held_shows_only_on_failure(capfd):
+  """libtpu's start-up lines (written by native code to file descriptor 2 when the first TPU
+  topology loads it on a host without TPU chips) are held back: dropped when the block succeeds,
+  shown before the error when it raises."""
+  with plan_targets.native_stderr_held():
+    os.write(2, b'E0000 libtpu: unexpected worker hostname\n')
+  assert capfd.readouterr().err == ''
+  with pytest.raises(RuntimeError, match='^topology refused$'):
+    with plan_targets.native_stderr_held():
+      os.write(2, b'why it failed\n')
+      raise RuntimeError('topology refused')
+  assert capfd.readouterr().err == 'why it failed\n'
+  os.write(2, b'after\n')                 # file descriptor 2 is back where it was
+  assert capfd.readouterr().err == 'after\n'

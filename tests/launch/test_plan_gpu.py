@@ -257,14 +257,16 @@ def test_the_default_backend(monkeypatch, platform, gpu_target, plugin, libtpu, 
   assert plan_targets.default_backend(p) == want
 
 
-@pytest.mark.parametrize('plugin,gpu_target,why', [
-    (False, H200, 'no CUDA plugin of jax installed: pip install "jax[cuda12]"'),
-    (True, '', 'config.hardware.gpu_target not set'),
+@pytest.mark.parametrize('plugin,gpu_target,backend,why', [
+    (False, H200, 'auto', 'no CUDA plugin of jax installed: pip install "jax[cuda12]"'),
+    (True, '', 'auto', 'config.hardware.gpu_target not set'),
+    (True, H200, 'cpu', '--backend=cpu'),
 ])
-def test_a_gpu_config_on_cpus_says_why(monkeypatch, plugin, gpu_target, why):
+def test_a_gpu_config_on_cpus_says_why(monkeypatch, plugin, gpu_target, backend, why):
   monkeypatch.setattr(plan_targets, 'have_cuda_plugin', lambda: plugin)
-  tgt = plan_targets.target(config_lib.validate(_config(gpu_target=gpu_target)), 'auto')
+  tgt = plan_targets.target(config_lib.validate(_config(gpu_target=gpu_target)), backend)
   assert tgt.kind == 'cpu' and f'standing in for tiny on 8 x H200 ({why}' in tgt.description
+  assert 'XLA:CPU memory estimates, above what its own compiler needs' in tgt.description
 
 
 # ---------------------------------------------------------------- a GPU target's programs
