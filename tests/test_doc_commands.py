@@ -304,6 +304,12 @@ PATTERNS = [
     (r'python -m cascade\.evaluate --checkpoint=DIR --suites=[\w,]+ --data_dir=\S+ --download',
      _EVALUATE, 'DIR is a placeholder (and the papers\' data needs the network): the test runs '
      'the form on a tiny run\'s export with the tiny world\'s suites and data'),
+    (r'python -m cascade\.evaluate --checkpoint=DIR --suites=arena_hard_v2 --data_dir=\S+ '
+     r'(--suite_option=arena_hard_v2\.\w+=\S+ ?)+',
+     'tests/cascade/suites/test_suite_options.py::'
+     'test_the_command_judges_arena_hard_v2_on_a_checkpoint_through_a_served_judge',
+     'DIR and the judge\'s host are placeholders: the test runs the form on a tiny HF '
+     'checkpoint, the release\'s fixture files and a loopback judge'),
 ]
 
 # Commands CI runs (.ci/run, which test_ci_runs_them checks shows each one verbatim).

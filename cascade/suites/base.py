@@ -246,6 +246,26 @@ class Suite:
     """A grader for this suite's completions (options: workers, timeout_s, ...)."""
     raise NotImplementedError
 
+  def check_grader_options(self, options: Mapping[str, Any]) -> None:
+    """Checks `grader(**options)` before anything is sampled (`--suite_option`,
+    config.eval.suite_options): by building the grader and closing it. A suite whose grader
+    is costly to build (a judge model to load) or that needs options overrides it.
+
+    Raises:
+      ValueError: an option the grader rejects (one line naming the suite).
+    """
+    if not options:
+      return
+    try:
+      self.grader(**dict(options)).close()
+    except (TypeError, ValueError) as e:
+      raise ValueError(f'suite {self.name!r}: grader options {sorted(options)}: {e}') from None
+
+  def grader_key(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What of `options` changes a grade (kept in grades.jsonl's header: grades kept with other
+    grader options are not resumed). By default all of them."""
+    return {k: options[k] for k in sorted(options)}
+
   def summarize(self, records: Sequence[Mapping], grades: Sequence[Sequence[Graded]]) -> dict:
     """The metric of every record's graded samples.
 
