@@ -59,8 +59,9 @@ setuptools.setup(
     ],
     extras_require={
         # cascade/suites/swe_bench.py: SWE-bench's own harness (scoring needs Docker);
-        # huggingface_hub: `python -m cascade.evaluate --download` fetches the suites' files.
-        'evals': ['swebench>=5.0.2', 'huggingface_hub>=0.23'],
+        # huggingface_hub: `python -m cascade.evaluate --download` fetches the suites' files;
+        # lm-eval: cascade/harness.py, lm-eval's tasks on a cascade checkpoint.
+        'evals': ['swebench>=5.0.2', 'huggingface_hub>=0.23', 'lm-eval>=0.4.9'],
         # gs:// workdirs, datasets and checkpoints (epath's gs:// backend).
         'gcs': ['gcsfs>=2024.2'],
         # The viewer of the run's tb/ folder: `tensorboard --logdir=<workdir>/tb`.

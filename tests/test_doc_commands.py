@@ -310,6 +310,11 @@ PATTERNS = [
      'test_the_command_judges_arena_hard_v2_on_a_checkpoint_through_a_served_judge',
      'DIR and the judge\'s host are placeholders: the test runs the form on a tiny HF '
      'checkpoint, the release\'s fixture files and a loopback judge'),
+    (r'python -m cascade\.harness run --model cascade --model_args checkpoint=DIR --tasks \S+',
+     'tests/cascade/suites/test_harness.py::'
+     'test_the_command_runs_lm_evals_cli_with_the_cascade_model',
+     'DIR is a placeholder and the hub\'s tasks need the network: the test runs the form on a '
+     'tiny HF checkpoint with a task built from a local jsonl (--include_path)'),
 ]
 
 # Commands CI runs (.ci/run, which test_ci_runs_them checks shows each one verbatim).

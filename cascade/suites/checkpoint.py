@@ -269,9 +269,35 @@ def read(suite: base.Suite, root: str, max_prompts: int = 0) -> list[dict]:
   return recs[:max_prompts] if max_prompts else recs
 
 
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+  """A checkpoint loaded on this machine's devices (`load`).
+
+  Attributes:
+    policy: what samples (its sampler, the sampler's rollout copy of the params, the tokenizer).
+    graphdef: the model's nnx GraphDef.
+    params: its params as loaded (a forward pass's: `nnx.merge(graphdef, params)`).
+    cfg: its `models.config.ModelConfig`.
+    mesh: the device mesh (None: one device).
+    rules: the mesh's logical rules.
+  """
+  policy: run_lib.Policy
+  graphdef: Any
+  params: Any
+  cfg: Any
+  mesh: Any
+  rules: Any
+
+
 def load_policy(source: Source, mesh_shape: Sequence[int] | None = None,
                 sampler_options: Mapping[str, Any] | None = None) -> run_lib.Policy:
-  """The checkpoint's policy on this machine's devices, ready to sample.
+  """The checkpoint's policy on this machine's devices, ready to sample (`load`'s policy)."""
+  return load(source, mesh_shape, sampler_options).policy
+
+
+def load(source: Source, mesh_shape: Sequence[int] | None = None,
+         sampler_options: Mapping[str, Any] | None = None) -> Loaded:
+  """The checkpoint on this machine's devices: its policy ready to sample, and its model.
 
   Args:
     source: the checkpoint (`resolve`).
@@ -307,8 +333,10 @@ def load_policy(source: Source, mesh_shape: Sequence[int] | None = None,
     raise config_lib.ConfigError(f'{source.hf_dir}: its tokenizer has no end-of-sequence token')
   sampler = sampler_lib.Sampler(graphdef, model.cfg, eos_ids=[tok.eos_id], pad_id=tok.pad_id,
                                 mesh=mesh, rules=rules, **options)
-  return run_lib.Policy(sampler, sampler.prepare(params), tok,
-                        identity=f'hf {fingerprint(source.hf_dir)}')
+  policy = run_lib.Policy(sampler, sampler.prepare(params), tok,
+                          identity=f'hf {fingerprint(source.hf_dir)}')
+  return Loaded(policy=policy, graphdef=graphdef, params=params, cfg=model.cfg, mesh=mesh,
+                rules=rules)
 
 
 def evaluate(sets: Sequence[tuple[base.Suite, Sequence[dict]]], policy: run_lib.Policy,
