@@ -301,8 +301,8 @@ class Suite:
 
 
 def rows(path: str) -> list[tuple[int, Mapping]]:
-  """(line, row) pairs of a .jsonl, .json (a list), .parquet or .csv file (a header row, then
-  one row per record: {column: text}).
+  """(line, row) pairs of a .jsonl, .json (a list, or JSON lines), .parquet or .csv file (a
+  header row, then one row per record: {column: text}).
 
   Raises:
     BadRecord: a line is not a JSON object, or a csv row has another number of fields than
@@ -320,12 +320,21 @@ def rows(path: str) -> list[tuple[int, Mapping]]:
     try:
       data = json.loads(text)
     except json.JSONDecodeError as e:
+      if e.msg == 'Extra data' and text.lstrip().startswith('{'):
+        return _json_lines(path, text)     # JSON lines named .json (BFCL's files)
       raise BadRecord(f'{path}: not JSON ({e.msg} at line {e.lineno})') from None
-    if isinstance(data, Mapping):      # {"data": [...]} or {"id": {...}, ...}
+    if isinstance(data, Mapping) and not ('data' in data or 'rows' in data or all(
+        isinstance(v, Mapping) for v in data.values())):
+      data = [data]                      # one record: a one-line file of JSON lines
+    elif isinstance(data, Mapping):      # {"data": [...]} or {"id": {...}, ...}
       data = data.get('data', data.get('rows', list(data.values())))
     if not isinstance(data, list) or not all(isinstance(r, Mapping) for r in data):
       raise BadRecord(f'{path}: expected a list of objects')
     return list(enumerate(data, 1))
+  return _json_lines(path, text)
+
+
+def _json_lines(path: str, text: str) -> list[tuple[int, Mapping]]:
   out = []
   for i, line in enumerate(text.splitlines(), 1):
     if not line.strip():
