@@ -663,6 +663,8 @@ _RUNS = [
            '--config=configs/tiny.py:rm=bt'], 6 * 3600, _check_tiny_judge, mark=_SLOW,
           pre=_tiny_judge_fresh),
     # docs/benchmarks/, docs/benchmarks.md
+    _case('evaluate-page', 'docs/benchmarks/evaluate.md', ['python -m benchmarks.evaluate'],
+          1800, _writes('docs/benchmarks/evaluate.md'), mark=_SLOW),
     _case('verifiers-page', 'docs/benchmarks/verifiers.md', ['python -m benchmarks.verifiers'],
           900, _check_verifiers_page, mark=_HEAVY, pre=_BWRAP),
     _case('context-parallel', 'docs/benchmarks/context_parallel.md',
