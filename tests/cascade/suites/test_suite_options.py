@@ -255,3 +255,14 @@ def test_the_command_judges_arena_hard_v2_on_a_checkpoint_through_a_served_judge
   out = _cli(args[:-1] + [f'--workdir={tmp_path / "eval2"}'], tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
   assert server.requests == 6
+
+
+def test_other_suites_grader_options_are_checked_by_building_their_graders():
+  src = checkpoint.Source(hf_dir='x')
+  plan = checkpoint.plan(['ifeval', 'bfcl_v3_simple'], src)
+  assert checkpoint.grader_options(plan, src, {'ifeval': {'workers': 2}}) == {
+      'ifeval': {'workers': 2}, 'bfcl_v3_simple': {}}
+  for opts, pattern in (({'ifeval': {'bogus': 1}}, r"suite 'ifeval': grader options \['bogus'\]"),
+                        ({'bfcl_v3_simple': {'workers': 2}}, r"suite 'bfcl_v3_simple'.*takes none")):
+    with pytest.raises(config_lib.ConfigError, match=pattern):
+      checkpoint.grader_options(plan, src, opts)
