@@ -19,7 +19,11 @@ whose tokenizer reads the world's prompts, e.g. a tiny run's export). Each side 
 to compile, then `--repeats` times (each evaluation into a fresh workdir, so nothing
 resumes); the median is reported, with generated tokens per second.
 
-Also timed apart: grading the bare side's completions alone with a fresh grader (its
+With --hf (the default), a third side: lm-eval's HF backend (`lm_eval.models.huggingface`,
+transformers on torch, the interop extra) generating the same prompt texts with the
+protocol's settings, as `lm_eval --model hf` would for a generation task; it samples its own
+tokens, counted by re-encoding each continuation (capped at the budget: an estimate). Also timed apart: grading the bare side's
+completions alone with a fresh grader (its
 verifier's worker pool started and stopped), batch by batch as the evaluation grades.
 
 Printed: a table, then one JSON line ({evaluate_s, bare_s, tokens, evaluate_tokens_per_s,
@@ -52,6 +56,8 @@ _MAX_NEW = flags.DEFINE_integer('max_new_tokens', 48, 'Completion budget (the pr
 _BATCH = flags.DEFINE_integer('batch_size', 32, 'Prompts per sampler call.')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed runs per side (median reported).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+_HF = flags.DEFINE_bool('hf', True, "Also time lm-eval's HF backend (transformers on torch) "
+                        'generating the same prompts (the `interop` extra installs them).')
 _DOC = flags.DEFINE_string('doc', 'docs/benchmarks/evaluate.md', 'Write the results to this '
                            "markdown page ('' = none).")
 
@@ -139,6 +145,35 @@ def _grade_once(suite, recs, completions) -> float:
   return time.perf_counter() - t0
 
 
+def _hf_once(suite, recs, hf_dir: str, lm=None) -> tuple[float, int, object]:
+  """(seconds, generated tokens, the backend) of lm-eval's HF backend (transformers on torch)
+  generating the same prompts with the protocol's settings (its own sampling, so its own
+  tokens: counted by re-encoding each continuation with the checkpoint's tokenizer, each
+  capped at the budget)."""
+  # pylint: disable=g-import-not-at-top
+  from lm_eval.api.instance import Instance
+  from lm_eval.models import huggingface
+  from cascade import rollout
+  from models import tokenizer as tokenizer_lib
+  # pylint: enable=g-import-not-at-top
+  proto = suite.protocol
+  if lm is None:
+    lm = huggingface.HFLM(pretrained=hf_dir, device='cpu', dtype='float32',
+                          batch_size=_BATCH.value * proto.samples)
+  kwargs = {'until': [], 'max_gen_toks': proto.max_new_tokens, 'do_sample': True,
+            'temperature': proto.temperature, 'top_p': proto.top_p}
+  reqs = [Instance(request_type='generate_until', doc={}, idx=0,
+                   arguments=(rollout.prompt_text(r, proto.thinking), dict(kwargs)))
+          for r in recs for _ in range(proto.samples)]
+  t0 = time.perf_counter()
+  texts = lm.generate_until(reqs, disable_tqdm=True)
+  seconds = time.perf_counter() - t0
+  # A decoded text re-encoded may take more tokens than were sampled: each row is capped at
+  # the budget (random weights rarely end a row early).
+  tok = tokenizer_lib.load(hf_dir)
+  return seconds, sum(min(len(tok.encode(t)), proto.max_new_tokens) for t in texts), lm
+
+
 def measure(work: str) -> dict:
   """Both sides, warmed, then timed `--repeats` times each (alternating)."""
   suite, recs, loaded, hf_dir = _setup(work)
@@ -154,6 +189,17 @@ def measure(work: str) -> dict:
     bare.append(s)
     bare_tokens.add(n)
     grader.append(_grade_once(suite, recs, comps))
+  hf = None
+  if _HF.value:
+    try:
+      _, _, lm = _hf_once(suite, recs, hf_dir)          # loads, warms
+      runs = [_hf_once(suite, recs, hf_dir, lm)[:2] for _ in range(_REPEATS.value)]
+      secs = statistics.median(s for s, _ in runs)
+      hf = {'hf_s': round(secs, 4), 'hf_tokens': runs[0][1],
+            'hf_tokens_per_s': round(statistics.median(n / s for s, n in runs), 1)}
+    except ImportError as e:
+      print(f'--hf: lm-eval\'s HF backend is not available here ({e}); that row is left out',
+            flush=True)
   if len(ev_tokens | bare_tokens) != 1:
     raise RuntimeError(f'the two sides generated different token counts (evaluate '
                        f'{sorted(ev_tokens)}, bare {sorted(bare_tokens)}): not the same work')
@@ -166,21 +212,28 @@ def measure(work: str) -> dict:
           'bare_s': round(b, 4), 'evaluate_tokens_per_s': round(tokens / e, 1),
           'bare_tokens_per_s': round(tokens / b, 1), 'overhead': round(e / b, 3),
           'grader_s': round(statistics.median(grader), 4),
-          'value': round(float(res['value']), 2), 'stderr': round(float(res['stderr']), 2)}
+          'value': round(float(res['value']), 2), 'stderr': round(float(res['stderr']), 2),
+          **(hf or {})}
 
 
 def table(r: dict) -> str:
-  return '\n'.join([
-      '| side | seconds (median) | generated tokens | tokens/s |',
-      '|---|---:|---:|---:|',
-      f'| `cascade.evaluate` (render, sample, grade, keep, reduce) | {r["evaluate_s"]:.3f} | '
-      f'{r["tokens"]} | {r["evaluate_tokens_per_s"]:.1f} |',
-      f'| bare sampler program (`Sampler.generate` on the same ids and keys) | '
-      f'{r["bare_s"]:.3f} | {r["tokens"]} | {r["bare_tokens_per_s"]:.1f} |',
-      '', f'The evaluation takes {r["overhead"]:.2f}x the bare program\'s time. Grading the '
-      f'same completions alone (a fresh grader, its verifier\'s workers started and stopped, '
-      f'batch by batch) takes {r["grader_s"]:.3f} s, timed apart: the evaluation overlaps it '
-      'with the next batch\'s sampling, the last batch\'s grading excepted.'])
+  rows = ['| side | seconds (median) | generated tokens | tokens/s |', '|---|---:|---:|---:|',
+          f'| `cascade.evaluate` (render, sample, grade, keep, reduce) | {r["evaluate_s"]:.3f} | '
+          f'{r["tokens"]} | {r["evaluate_tokens_per_s"]:.1f} |',
+          f'| bare sampler program (`Sampler.generate` on the same ids and keys) | '
+          f'{r["bare_s"]:.3f} | {r["tokens"]} | {r["bare_tokens_per_s"]:.1f} |']
+  if 'hf_s' in r:
+    rows.append(f'| lm-eval\'s HF backend (`generate_until`, transformers on torch, the same '
+                f'prompts and settings, its own samples) | {r["hf_s"]:.3f} | {r["hf_tokens"]} | '
+                f'{r["hf_tokens_per_s"]:.1f} |')
+  rows += ['', f'The evaluation takes {r["overhead"]:.2f}x the bare program\'s time. Grading the '
+           f'same completions alone (a fresh grader, its verifier\'s workers started and stopped, '
+           f'batch by batch) takes {r["grader_s"]:.3f} s, timed apart: the evaluation overlaps it '
+           'with the next batch\'s sampling, the last batch\'s grading excepted.']
+  if 'hf_s' in r:
+    rows += ['', f'`cascade.evaluate` generates {r["evaluate_tokens_per_s"] / r["hf_tokens_per_s"]:.2f}x '
+             'the tokens per second of lm-eval\'s HF backend, which only generates (no grading).']
+  return '\n'.join(rows)
 
 
 def page(r: dict, command: str, load_before, load_after, warning: str | None) -> str:

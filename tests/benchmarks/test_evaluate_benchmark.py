@@ -28,6 +28,14 @@ def test_the_evaluate_benchmark_times_both_sides_of_the_same_work(tmp_path):
   assert r['evaluate_s'] > 0 and r['bare_s'] > 0 and r['grader_s'] > 0
   assert r['overhead'] == pytest.approx(r['evaluate_s'] / r['bare_s'], rel=1e-2)
   assert r['bare_tokens_per_s'] == pytest.approx(r['tokens'] / r['bare_s'], rel=1e-2)
+  # lm-eval's HF backend beside them where transformers, torch and accelerate install.
+  try:
+    import accelerate, torch, transformers  # pylint: disable=g-import-not-at-top,unused-import,multiple-imports
+    assert 0 < r['hf_tokens'] <= 96 and r['hf_s'] > 0, r
+    assert r['hf_tokens_per_s'] == pytest.approx(r['hf_tokens'] / r['hf_s'], rel=1e-2)
+    assert "| lm-eval's HF backend (`generate_until`" in page.read_text()
+  except ImportError:
+    assert 'hf_s' not in r and "lm-eval's HF backend is not available here" in out.stdout
   text = page.read_text()
   assert text.startswith('# `cascade.evaluate` beside the bare sampler program\n')
   assert '| bare sampler program (`Sampler.generate` on the same ids and keys) |' in text
