@@ -60,8 +60,9 @@ setuptools.setup(
     ],
     extras_require={
         # cascade/suites/swe_bench.py: SWE-bench's own harness (scoring needs Docker);
-        # huggingface_hub: `python -m cascade.evaluate --download` fetches the suites' files.
-        'evals': ['swebench>=5.0.2', 'huggingface_hub>=0.23'],
+        # huggingface_hub: `python -m cascade.evaluate --download` fetches the suites' files;
+        # lm-eval: cascade/harness.py, lm-eval's tasks on a cascade checkpoint.
+        'evals': ['swebench>=5.0.2', 'huggingface_hub>=0.23', 'lm-eval>=0.4.9'],
         # gs:// workdirs, datasets and checkpoints (epath's gs:// backend).
         'gcs': ['gcsfs>=2024.2'],
         # The viewer of the run's tb/ folder: `tensorboard --logdir=<workdir>/tb`.
@@ -86,8 +87,9 @@ setuptools.setup(
         # 5.24 (and from cascade's model, checked against a float64 reference) by up to 2e-3,
         # a 1-row batch by 3e-5, so the 1e-4 parity tests hold against < 5.25 only.
         'interop': ['torch==2.13.0', 'transformers>=4.51,<5.25'],
-        # Peer baselines for benchmarks/grpo_step.py --compare_trl.
-        'bench': ['torch==2.13.0', 'transformers>=4.51,<5.25', 'trl>=0.20'],
+        # Peer baselines for benchmarks/grpo_step.py --compare_trl; accelerate: lm-eval's HF
+        # backend beside cascade.evaluate in benchmarks/evaluate.py.
+        'bench': ['torch==2.13.0', 'transformers>=4.51,<5.25', 'trl>=0.20', 'accelerate>=1.0'],
         'xm': ['xmanager'],
         # `make mutation`: mutation testing of the stage wiring and the RL math.
         'mutation': ['cosmic-ray>=8.3'],

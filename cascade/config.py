@@ -390,7 +390,8 @@ class Eval:
   are scored every N steps (0 = at stage ends only), logged as `val/<domain>`.
   `log_samples`: samples of every RL step logged to samples.jsonl and TensorBoard (0 = off).
   `suites`: evaluation suites (`cascade.suites`: the papers' benchmarks, or a world's own)
-  scored after every row beside the domains, each by its own protocol (docs/evaluation.md).
+  scored after every row beside the domains, each by its own protocol (docs/evaluation.md);
+  `suite_options` gives their graders' options (ArenaHard's judge).
   """
   # Completions sampled per prompt (a domain's score is their mean).
   num_samples: int = schema.field(check=schema.int_at_least(1))
@@ -439,6 +440,10 @@ class Eval:
   # max_new_tokens for a small model); its protocol hash in results.json changes with it.
   suite_protocol: Any = schema.field(None, check=(
       _domains_ok, 'must be a mapping suite -> {protocol field: value}'))
+  # suite -> {grader option: value}: its grader's options (`Suite.grader`), e.g. ArenaHard's
+  # judge {'url': 'http://judge:8000/v1', 'cache_dir': ...} or {'judge': HF_DIR}.
+  suite_options: Any = schema.field(None, check=(
+      _domains_ok, 'must be a mapping suite -> {grader option: value}'))
 
   @property
   def modes(self) -> tuple:
@@ -448,7 +453,7 @@ class Eval:
   def check(self, fail):
     if not self.greedy and self.temperature <= 0:
       fail('temperature', 'must be > 0 unless config.eval.greedy')
-    if self.suites or self.suite_protocol:
+    if self.suites or self.suite_protocol or self.suite_options:
       from cascade import suites as suites_lib  # pylint: disable=g-import-not-at-top
       known = suites_lib.names()
       for name in self.suites:
@@ -465,6 +470,21 @@ class Eval:
           self.suite_settings(name)
         except ValueError as e:
           fail(f'suite_protocol.{name}', str(e), dict(schema.plain(fields)))
+      options = schema.plain(self.suite_options) or {}
+      for name in options:
+        if name not in self.suites:
+          fail('suite_options', f'names suite {name!r}, which config.eval.suites does not '
+                                'list', schema.HIDE)
+      for name in self.suites:
+        if name in known:
+          try:
+            suites_lib.get(name).check_grader_options(self.grader_options(name))
+          except ValueError as e:
+            fail(f'suite_options.{name}', str(e), schema.HIDE)
+
+  def grader_options(self, name: str) -> dict:
+    """Suite `name`'s grader options (`suite_options`; {} when none)."""
+    return dict(schema.plain((schema.plain(self.suite_options) or {}).get(name)) or {})
 
   def suite_settings(self, name: str):
     """Suite `name`'s protocol with this config's overrides (`suite_protocol`)."""

@@ -16,16 +16,23 @@ The flags to know first:
   --samples=K ...    protocol overrides (--max_new_tokens, --temperature, --top_p, --top_k,
                      --greedy, --thinking): the protocol's hash changes with them.
   --imports=PKG      packages to import first: they register their own suites (tiny_world).
+  --suite_option=SUITE.KEY=VALUE   a suite's grader option (repeatable): ArenaHard's judge,
+                     arena_hard_v2.url=http://judge:8000/v1 (a served one, with .model=,
+                     .api_key_env=, .cache_dir=, .concurrency=, ...) or arena_hard_v2.judge=DIR
+                     (a local judge model), and .baseline_answers=FILE; a run's
+                     config.eval.suite_options are the defaults.
 
 Prints one line per suite and then the table (suite, metric, value ± s.e., pass@k, n, k) and
 the papers' numbers beside it with the difference and its uncertainty.
 
 Exit status: 0 done; 2 a problem the user fixes (missing data: one line naming the suite and
-the file; an unknown suite, a checkpoint that is not one); 75 stopped by SIGTERM or SIGINT
-before a batch: run the same command again to resume (cascade/exits.py).
+the file; an unknown suite, a checkpoint that is not one, grader options a suite rejects);
+75 stopped by SIGTERM or SIGINT before a batch: run the same command again to resume
+(cascade/exits.py).
 """
 
 import importlib
+import json
 import os
 import sys
 
@@ -56,6 +63,10 @@ _MESH = flags.DEFINE_list('mesh', None, "Mesh shape, e.g. 1,8,1 (default: a run'
                           'else one device).')
 _SAMPLER = flags.DEFINE_list('sampler', None, 'Sampler options as config.sampler takes them, '
                              "KEY=VALUE,... (default: a run's config.sampler, else engine=paged).")
+_SUITE_OPTION = flags.DEFINE_multi_string(
+    'suite_option', [], "A suite's grader option, SUITE.KEY=VALUE (repeatable), e.g. "
+    'arena_hard_v2.url=http://host:8000/v1 (the judge), arena_hard_v2.judge=DIR (a local judge '
+    "model), arena_hard_v2.baseline_answers=FILE; default: a run's config.eval.suite_options.")
 _SAMPLES = flags.DEFINE_integer('samples', None, 'Protocol override: samples per prompt (k).')
 _MAX_NEW = flags.DEFINE_integer('max_new_tokens', None, 'Protocol override: completion budget.')
 _TEMPERATURE = flags.DEFINE_float('temperature', None, 'Protocol override: temperature.')
@@ -102,6 +113,35 @@ def _sampler_options() -> dict | None:
   return out
 
 
+def _value(text: str):
+  """A --suite_option value: JSON for an object or a list, else as a --sampler value."""
+  if text[:1] in '{[':
+    from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+    try:
+      return json.loads(text)
+    except json.JSONDecodeError as e:
+      raise config_lib.ConfigError(f'--suite_option: {text!r} is not JSON ({e.msg})') from None
+  return _scalar(text)
+
+
+def suite_options(items) -> dict[str, dict]:
+  """suite -> {option: value} of --suite_option's SUITE.KEY=VALUE items.
+
+  Raises:
+    cascade.config.ConfigError: an item of another form (one line quoting it).
+  """
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  out: dict[str, dict] = {}
+  for item in items:
+    head, eq, value = item.partition('=')
+    suite, dot, key = head.partition('.')
+    if not (eq and dot and suite and key):
+      raise config_lib.ConfigError(f'--suite_option: {item!r} is not SUITE.KEY=VALUE (e.g. '
+                                   'arena_hard_v2.url=http://host:8000/v1)')
+    out.setdefault(suite, {})[key] = _value(value)
+  return out
+
+
 def _evaluate() -> None:
   # pylint: disable=g-import-not-at-top  (JAX starts only after the flags are parsed)
   import jax
@@ -116,6 +156,7 @@ def _evaluate() -> None:
   say = print if writer else (lambda _: None)
   source = checkpoint.resolve(_CHECKPOINT.value, _STAGE.value or '')
   suites = checkpoint.plan(_SUITES.value, source, _overrides())
+  options = checkpoint.grader_options(suites, source, suite_options(_SUITE_OPTION.value))
   root = _DATA_DIR.value or checkpoint.default_data_dir(source)
   prompts = (_MAX_PROMPTS.value if _MAX_PROMPTS.value is not None
              else checkpoint.default_prompts(source))
@@ -137,7 +178,8 @@ def _evaluate() -> None:
   with preemption.watch():
     try:
       results = checkpoint.evaluate(sets, policy, workdir, seed=_SEED.value,
-                                    batch_size=_BATCH.value, stop=preemption.stop_requested,
+                                    batch_size=_BATCH.value, grader_options=options,
+                                    stop=preemption.stop_requested,
                                     say=say)
     except suites_run.Stopped as e:
       raise preemption.Preempted(f'{e}; the graded batches are kept in {workdir}: rerun the same '

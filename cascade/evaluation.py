@@ -324,8 +324,9 @@ def score_suites(ctx, params, row: str,
     try:
       out[suite.name] = suites_run.run_suite(
           suite, recs, policy, paths.join(ctx.workdir, 'suites', row), seed=ctx.plan.seed,
-          batch_size=ctx.plan.eval.suite_batch_size, stop=stop, before_write=ctx.before_write,
-          say=print)
+          batch_size=ctx.plan.eval.suite_batch_size,
+          grader_options=ctx.plan.eval.grader_options(suite.name), stop=stop,
+          before_write=ctx.before_write, say=print)
     except suites_run.Stopped as e:
       raise Stopped(e.why, e.where, {}) from None
     if report is not None:

@@ -304,6 +304,17 @@ PATTERNS = [
     (r'python -m cascade\.evaluate --checkpoint=DIR --suites=[\w,]+ --data_dir=\S+ --download',
      _EVALUATE, 'DIR is a placeholder (and the papers\' data needs the network): the test runs '
      'the form on a tiny run\'s export with the tiny world\'s suites and data'),
+    (r'python -m cascade\.evaluate --checkpoint=DIR --suites=arena_hard_v2 --data_dir=\S+ '
+     r'(--suite_option=arena_hard_v2\.\w+=\S+ ?)+',
+     'tests/cascade/suites/test_suite_options.py::'
+     'test_the_command_judges_arena_hard_v2_on_a_checkpoint_through_a_served_judge',
+     'DIR and the judge\'s host are placeholders: the test runs the form on a tiny HF '
+     'checkpoint, the release\'s fixture files and a loopback judge'),
+    (r'python -m cascade\.harness run --model cascade --model_args checkpoint=DIR --tasks \S+',
+     'tests/cascade/suites/test_harness.py::'
+     'test_the_command_runs_lm_evals_cli_with_the_cascade_model',
+     'DIR is a placeholder and the hub\'s tasks need the network: the test runs the form on a '
+     'tiny HF checkpoint with a task built from a local jsonl (--include_path)'),
 ]
 
 # Commands CI runs (.ci/run, which test_ci_runs_them checks shows each one verbatim).
@@ -675,6 +686,8 @@ _RUNS = [
            '--config=configs/tiny.py:rm=bt'], 6 * 3600, _check_tiny_judge, mark=_SLOW,
           pre=_tiny_judge_fresh),
     # docs/benchmarks/, docs/benchmarks.md
+    _case('evaluate-page', 'docs/benchmarks/evaluate.md', ['python -m benchmarks.evaluate'],
+          1800, _writes('docs/benchmarks/evaluate.md'), mark=_SLOW),
     _case('verifiers-page', 'docs/benchmarks/verifiers.md', ['python -m benchmarks.verifiers'],
           900, _check_verifiers_page, mark=_HEAVY, pre=_BWRAP),
     _case('context-parallel', 'docs/benchmarks/context_parallel.md',

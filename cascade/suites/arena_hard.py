@@ -91,6 +91,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import hashlib
+import os
 import re
 from typing import Any, Mapping, Sequence
 
@@ -330,7 +332,8 @@ class ArenaHardSuite(base.Suite):
 
   def grader(self, *, url: str = '', model: str = '', judge: Any = None, max_tokens: int = 0,
              temperature: float = 0.0, judge_thinking: bool | None = False,
-             max_field_tokens: int = 32768, **served_options) -> ArenaHardGrader:
+             max_field_tokens: int = 32768, baseline_answers: str = '',
+             **served_options) -> ArenaHardGrader:
     """A grader judging with a served judge (`url=`) or a local judge model (`judge=`).
 
     Args:
@@ -343,6 +346,9 @@ class ArenaHardSuite(base.Suite):
         decodes greedily.
       judge_thinking: 'local': the judge prompt's thinking switch (`chat.render`).
       max_field_tokens: 'local': the most tokens of each field (the rest is cut, counted).
+      baseline_answers: a model_answer file (either layout) whose answers the policy's are
+        judged against instead of the release's baseline's (every question needs one); the
+        grades and the result name it ('baseline').
       **served_options: 'served': further `verifiers.served.Client` options (api_key_env,
         concurrency, timeout_s, retries, backoff_s, max_backoff_s, cache_dir, extra_body).
 
@@ -355,12 +361,14 @@ class ArenaHardSuite(base.Suite):
                        f'one serving {self.judge_model}) or as judge= (a local judge model or '
                        'its HF checkpoint directory), one of them')
     budget = max_tokens or self.judge_max_tokens
+    baseline = _Baseline.of(self, baseline_answers)
     if url:
       try:
         client = served.Client(url, model or self.judge_model, **served_options)
       except TypeError as e:
         raise ValueError(f'{where}: {e}') from None
-      return ArenaHardGrader(self, _ServedJudge(client, self.templates(), budget, temperature))
+      return ArenaHardGrader(self, _ServedJudge(client, self.templates(), budget, temperature),
+                             baseline)
     if served_options or model:
       raise ValueError(f'{where}: {sorted(served_options) + (["model"] if model else [])} are '
                        'options of a served judge (url=), not of judge=')
@@ -368,7 +376,55 @@ class ArenaHardSuite(base.Suite):
       from rl import judge as rl_judge  # pylint: disable=g-import-not-at-top  (loads JAX)
       judge = rl_judge.JudgeModel.from_hf(judge)
     return ArenaHardGrader(self, _LocalJudge(judge, self.templates(), budget, judge_thinking,
-                                             max_field_tokens))
+                                             max_field_tokens), baseline)
+
+  # Options of `grader` besides the served client's.
+  _GRADER_OPTIONS = ('url', 'model', 'judge', 'max_tokens', 'temperature', 'judge_thinking',
+                     'max_field_tokens', 'baseline_answers')
+  # Served client options that change no judgment (where and how it is asked).
+  _TRANSPORT = ('url', 'api_key_env', 'concurrency', 'timeout_s', 'retries', 'backoff_s',
+                'max_backoff_s', 'cache_dir')
+
+  def check_grader_options(self, options: Mapping[str, Any]) -> None:
+    """The judge must be named (url= or judge=); a served judge's options are checked by
+    building its client, a local judge's directory by its config.json (the model is not
+    loaded here), a baseline answers file by reading it.
+
+    Raises:
+      ValueError: one line naming the suite and the option.
+    """
+    where = f'suite {self.name!r}'
+    opts = dict(options)
+    url, judge = opts.get('url') or '', opts.get('judge')
+    if bool(url) == (judge is not None):
+      raise ValueError(
+          f'{where} needs its judge, one of: url= (an OpenAI-compatible endpoint serving '
+          f'{self.judge_model} or another judge) or judge= (a local judge model\'s HF '
+          f'directory); e.g. --suite_option={self.name}.url=http://host:8000/v1 or '
+          f'config.eval.suite_options.{self.name}.url')
+    if isinstance(judge, str):
+      if not paths.exists(paths.join(judge, 'config.json')):
+        raise ValueError(f'{where}: judge={judge}: no HF checkpoint there (no config.json)')
+      served_given = sorted(set(opts) - set(self._GRADER_OPTIONS)) + (
+          ['model'] if opts.get('model') else [])
+      if served_given:
+        raise ValueError(f'{where}: {served_given} are options of a served judge (url=), not '
+                         'of judge=')
+      _Baseline.of(self, opts.get('baseline_answers') or '')
+      return
+    self.grader(**opts).close()
+
+  def grader_key(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The judge (its served model name or its directory), its sampling, and the baseline's
+    answers (their file's content hash): not where or how often it is asked."""
+    out = {k: v for k, v in sorted(options.items()) if k not in self._TRANSPORT}
+    if options.get('url'):
+      out['model'] = options.get('model') or self.judge_model
+    if not isinstance(out.get('judge', ''), str):
+      out['judge'] = type(out['judge']).__name__
+    if out.get('baseline_answers'):
+      out['baseline_answers'] = _Baseline.of(self, out['baseline_answers']).digest
+    return out
 
   # --- the score -----------------------------------------------------------------------------
 
@@ -410,8 +466,9 @@ class ArenaHardSuite(base.Suite):
     Returns:
       {'metric', 'value', 'stderr', 'ci_low', 'ci_high' (percent), 'ci_level', 'n' (questions
       of the value's category), 'k', 'samples', 'games' (judgments asked), 'missing' (games
-      without a verdict), 'battles' (weighted, of the value's category), 'judge', and for
-      every other category '<category>', '<category>_ci_low', '<category>_ci_high'}.
+      without a verdict), 'battles' (weighted, of the value's category), 'judge', 'baseline'
+      (the release's baselines, or the baseline_answers file's model), and for every other
+      category '<category>', '<category>_ci_low', '<category>_ci_high'}.
 
     Raises:
       JudgmentsMissing: more than `max_missing` of the games have no verdict (the message
@@ -422,6 +479,13 @@ class ArenaHardSuite(base.Suite):
     if len(judges) > 1:
       raise ValueError(f'suite {self.name!r}: grades from {len(judges)} judges ({judges}): '
                        'one evaluation, one judge')
+    released = {m for _, m in self.baselines}
+    own = sorted({str(g.info['baseline']) for row in grades for g in row
+                  if g.info.get('baseline') and g.info['baseline'] not in released})
+    if len(own) > 1:
+      raise ValueError(f'suite {self.name!r}: grades against {len(own)} baseline answer files '
+                       f'({own}): one evaluation, one baseline')
+    metric = f'{self.metric.split(" vs ")[0]} vs {own[0]}' if own else self.metric
     by_cat: dict[str, list[float]] = collections.defaultdict(list)
     questions = collections.Counter()
     why = collections.Counter()
@@ -447,10 +511,11 @@ class ArenaHardSuite(base.Suite):
       raise ValueError(f'suite {self.name!r}: no judged battle in category '
                        f'{self.value_category!r}')
     k = max((len(row) for row in grades), default=0)
-    out = {'metric': self.metric, 'ci_level': self.ci_level, 'n': questions[self.value_category],
+    out = {'metric': metric, 'ci_level': self.ci_level, 'n': questions[self.value_category],
            'k': k, 'samples': sum(len(row) for row in grades), 'games': games,
            'missing': missing, 'battles': len(by_cat[self.value_category]),
-           'judge': judges[0] if judges else ''}
+           'judge': judges[0] if judges else '',
+           'baseline': own[0] if own else ', '.join(sorted(released))}
     out.update(self.score(by_cat[self.value_category]))
     for cat in sorted(by_cat):
       if cat != self.value_category and by_cat[cat]:
@@ -548,6 +613,43 @@ class _LocalJudge:
     """The judge model is its owner's to free."""
 
 
+@dataclasses.dataclass(frozen=True)
+class _Baseline:
+  """A baseline answers file given to the grader (`baseline_answers=`).
+
+  Attributes:
+    path: the file.
+    name: its model (the file's name without .jsonl).
+    answers: question id -> answer text.
+    digest: a short hash of the file's content.
+  """
+  path: str
+  name: str
+  answers: Mapping[str, str]
+  digest: str
+
+  @classmethod
+  def of(cls, suite: ArenaHardSuite, path: str) -> _Baseline | None:
+    """The file's answers (None for ''); a ValueError naming the suite and file when it is
+    missing or is not a model_answer file."""
+    if not path:
+      return None
+    if not isinstance(path, str) or not paths.exists(path):
+      raise ValueError(f'suite {suite.name!r}: baseline_answers={path}: no such file')
+    try:
+      answers = _answers(path)
+    except base.BadRecord as e:
+      raise ValueError(f'suite {suite.name!r}: baseline_answers: {e}') from None
+    name = os.path.basename(path).removesuffix('.jsonl')
+    digest = hashlib.sha256(paths.read_bytes(path)).hexdigest()[:16]
+    return cls(path=path, name=name, answers=answers, digest=digest)
+
+  def answer(self, question: str) -> str:
+    if question not in self.answers:
+      raise ValueError(f'baseline_answers={self.path} has no answer to question {question!r}')
+    return self.answers[question]
+
+
 class ArenaHardGrader(base.Grader):
   """Judges each answer in both orders against its question's baseline answer (one judge call
   per batch: the served judge's concurrency, the local judge's batches, busy on all of them).
@@ -558,8 +660,8 @@ class ArenaHardGrader(base.Grader):
   'truncated' (a local judge read a field cut to its max_field_tokens).
   """
 
-  def __init__(self, suite: ArenaHardSuite, judge: Any):
-    self.suite, self.judge = suite, judge
+  def __init__(self, suite: ArenaHardSuite, judge: Any, baseline: _Baseline | None = None):
+    self.suite, self.judge, self.baseline = suite, judge, baseline
 
   def grade(self, record: Mapping, completions: Sequence[str]) -> list[base.Graded]:
     return self.grade_batch([record], [completions])[0]
@@ -569,20 +671,23 @@ class ArenaHardGrader(base.Grader):
     jobs = []
     for rec, comps in zip(records, completions):
       meta, question = rec['metadata'], rec['messages'][-1]['content']
+      base_answer = (meta['baseline_answer'] if self.baseline is None
+                     else self.baseline.answer(rec['id']))
       for comp in comps:
         answer = chat.split_thinking(comp).answer     # '' when its thinking never closed
-        jobs.append((meta['category'], {'question': question,
-                                        'response_a': meta['baseline_answer'],
+        jobs.append((meta['category'], {'question': question, 'response_a': base_answer,
                                         'response_b': answer}))
         jobs.append((meta['category'], {'question': question, 'response_a': answer,
-                                        'response_b': meta['baseline_answer']}))
+                                        'response_b': base_answer}))
     replies = iter(self.judge.ask(jobs) if jobs else ())
     s = self.suite
     out = []
-    for comps in completions:
+    for rec, comps in zip(records, completions):
       row = []
       for _ in comps:
-        info: dict[str, Any] = {'judge': self.judge.name, 'truncated': False}
+        info: dict[str, Any] = {'judge': self.judge.name, 'truncated': False,
+                                'baseline': (rec['metadata']['baseline'] if self.baseline is None
+                                             else self.baseline.name)}
         labels = []
         for g in (1, 2):
           text, error, cut = next(replies)

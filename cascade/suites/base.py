@@ -246,6 +246,26 @@ class Suite:
     """A grader for this suite's completions (options: workers, timeout_s, ...)."""
     raise NotImplementedError
 
+  def check_grader_options(self, options: Mapping[str, Any]) -> None:
+    """Checks `grader(**options)` before anything is sampled (`--suite_option`,
+    config.eval.suite_options): by building the grader and closing it. A suite whose grader
+    is costly to build (a judge model to load) or that needs options overrides it.
+
+    Raises:
+      ValueError: an option the grader rejects (one line naming the suite).
+    """
+    if not options:
+      return
+    try:
+      self.grader(**dict(options)).close()
+    except (TypeError, ValueError) as e:
+      raise ValueError(f'suite {self.name!r}: grader options {sorted(options)}: {e}') from None
+
+  def grader_key(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What of `options` changes a grade (kept in grades.jsonl's header: grades kept with other
+    grader options are not resumed). By default all of them."""
+    return {k: options[k] for k in sorted(options)}
+
   def summarize(self, records: Sequence[Mapping], grades: Sequence[Sequence[Graded]]) -> dict:
     """The metric of every record's graded samples.
 
@@ -281,8 +301,8 @@ class Suite:
 
 
 def rows(path: str) -> list[tuple[int, Mapping]]:
-  """(line, row) pairs of a .jsonl, .json (a list), .parquet or .csv file (a header row, then
-  one row per record: {column: text}).
+  """(line, row) pairs of a .jsonl, .json (a list, or JSON lines), .parquet or .csv file (a
+  header row, then one row per record: {column: text}).
 
   Raises:
     BadRecord: a line is not a JSON object, or a csv row has another number of fields than
@@ -300,12 +320,21 @@ def rows(path: str) -> list[tuple[int, Mapping]]:
     try:
       data = json.loads(text)
     except json.JSONDecodeError as e:
+      if e.msg == 'Extra data' and text.lstrip().startswith('{'):
+        return _json_lines(path, text)     # JSON lines named .json (BFCL's files)
       raise BadRecord(f'{path}: not JSON ({e.msg} at line {e.lineno})') from None
-    if isinstance(data, Mapping):      # {"data": [...]} or {"id": {...}, ...}
+    if isinstance(data, Mapping) and not ('data' in data or 'rows' in data or all(
+        isinstance(v, Mapping) for v in data.values())):
+      data = [data]                      # one record: a one-line file of JSON lines
+    elif isinstance(data, Mapping):      # {"data": [...]} or {"id": {...}, ...}
       data = data.get('data', data.get('rows', list(data.values())))
     if not isinstance(data, list) or not all(isinstance(r, Mapping) for r in data):
       raise BadRecord(f'{path}: expected a list of objects')
     return list(enumerate(data, 1))
+  return _json_lines(path, text)
+
+
+def _json_lines(path: str, text: str) -> list[tuple[int, Mapping]]:
   out = []
   for i, line in enumerate(text.splitlines(), 1):
     if not line.strip():

@@ -5,15 +5,18 @@ What `python -m cascade.evaluate` runs (cascade/evaluate.py holds only its flags
 
   source = checkpoint.resolve('runs/tiny')                 # a run: its last exported stage
   plan = checkpoint.plan(['tiny_math'], source, overrides={'samples': 8})
+  options = checkpoint.grader_options(plan, source, {'tiny_math': {'workers': 2}})
   sets = checkpoint.read_all(plan, 'runs/tiny_world/seed0', max_prompts=50)
   policy = checkpoint.load_policy(source)
-  report = checkpoint.evaluate(sets, policy, workdir='runs/tiny/evaluations/swe_rl')
+  report = checkpoint.evaluate(sets, policy, workdir='runs/tiny/evaluations/swe_rl',
+                               grader_options=options)
 
 A checkpoint is either an HF directory (config.json, safetensors, the tokenizer:
 `models.hf`, what every stage of a run exports) or a run's workdir, whose
 progress.json names each finished stage's export (`--stage`, else the last one);
 a run also gives the defaults its config.json holds: config.eval.suites and the
-suites' data, protocol overrides and prompt counts, config.sampler and config.mesh.
+suites' data, protocol overrides, grader options and prompt counts, config.sampler and
+config.mesh.
 """
 
 from __future__ import annotations
@@ -147,6 +150,44 @@ def plan(names: Sequence[str], source: Source, overrides: Mapping[str, Any] | No
   return out
 
 
+def grader_options(suites: Sequence[base.Suite], source: Source,
+                   given: Mapping[str, Mapping[str, Any]] | None = None
+                   ) -> dict[str, dict[str, Any]]:
+  """Each suite's grader options: the run's config.eval.suite_options for it (when the
+  checkpoint is a run), then `given` (the command line's --suite_option), each suite's checked
+  by `Suite.check_grader_options` before anything loads or samples (an ArenaHard suite needs
+  its judge named).
+
+  Args:
+    suites: the suites to run (`plan`).
+    source: the checkpoint.
+    given: suite -> {option: value} (they replace the run's, option by option).
+
+  Returns:
+    suite name -> its options ({} for a suite without any).
+
+  Raises:
+    cascade.config.ConfigError: options for a suite not run, or options a suite rejects
+      (one line naming the suite and the option).
+  """
+  names = [s.name for s in suites]
+  run_opts = schema.plain(_run_eval(source).get('suite_options')) or {}
+  for name in given or {}:
+    if name not in names:
+      raise config_lib.ConfigError(f'--suite_option: names suite {name!r}, which is not '
+                                   f'evaluated (suites: {", ".join(names)})')
+  out = {}
+  for suite in suites:
+    opts = {**dict(schema.plain(run_opts.get(suite.name)) or {}),
+            **dict((given or {}).get(suite.name) or {})}
+    try:
+      suite.check_grader_options(opts)
+    except ValueError as e:
+      raise config_lib.ConfigError(f'grader options: {e}') from None
+    out[suite.name] = opts
+  return out
+
+
 def default_data_dir(source: Source) -> str:
   """Where the suites' data is unless --data_dir says: the run's config.eval.suite_data, else
   data/suites (under the current directory)."""
@@ -228,9 +269,35 @@ def read(suite: base.Suite, root: str, max_prompts: int = 0) -> list[dict]:
   return recs[:max_prompts] if max_prompts else recs
 
 
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+  """A checkpoint loaded on this machine's devices (`load`).
+
+  Attributes:
+    policy: what samples (its sampler, the sampler's rollout copy of the params, the tokenizer).
+    graphdef: the model's nnx GraphDef.
+    params: its params as loaded (a forward pass's: `nnx.merge(graphdef, params)`).
+    cfg: its `models.config.ModelConfig`.
+    mesh: the device mesh (None: one device).
+    rules: the mesh's logical rules.
+  """
+  policy: run_lib.Policy
+  graphdef: Any
+  params: Any
+  cfg: Any
+  mesh: Any
+  rules: Any
+
+
 def load_policy(source: Source, mesh_shape: Sequence[int] | None = None,
                 sampler_options: Mapping[str, Any] | None = None) -> run_lib.Policy:
-  """The checkpoint's policy on this machine's devices, ready to sample.
+  """The checkpoint's policy on this machine's devices, ready to sample (`load`'s policy)."""
+  return load(source, mesh_shape, sampler_options).policy
+
+
+def load(source: Source, mesh_shape: Sequence[int] | None = None,
+         sampler_options: Mapping[str, Any] | None = None) -> Loaded:
+  """The checkpoint on this machine's devices: its policy ready to sample, and its model.
 
   Args:
     source: the checkpoint (`resolve`).
@@ -266,8 +333,10 @@ def load_policy(source: Source, mesh_shape: Sequence[int] | None = None,
     raise config_lib.ConfigError(f'{source.hf_dir}: its tokenizer has no end-of-sequence token')
   sampler = sampler_lib.Sampler(graphdef, model.cfg, eos_ids=[tok.eos_id], pad_id=tok.pad_id,
                                 mesh=mesh, rules=rules, **options)
-  return run_lib.Policy(sampler, sampler.prepare(params), tok,
-                        identity=f'hf {fingerprint(source.hf_dir)}')
+  policy = run_lib.Policy(sampler, sampler.prepare(params), tok,
+                          identity=f'hf {fingerprint(source.hf_dir)}')
+  return Loaded(policy=policy, graphdef=graphdef, params=params, cfg=model.cfg, mesh=mesh,
+                rules=rules)
 
 
 def policy_tokenizer(source: Source, tok):
@@ -286,10 +355,12 @@ def policy_tokenizer(source: Source, tok):
 
 def evaluate(sets: Sequence[tuple[base.Suite, Sequence[dict]]], policy: run_lib.Policy,
              workdir: str, *, seed: int = 0, batch_size: int = 64,
+             grader_options: Mapping[str, Mapping[str, Any]] | None = None,
              stop: Callable[[], str | None] | None = None,
              say: Callable[[str], None] = print) -> dict[str, dict]:
   """Every suite scored on `policy` (`load_policy`) by `run.run_suite`, its
   graded batches kept under `workdir/<suite>/`: a rerun resumes each suite where it stopped.
+  `grader_options`: suite -> its grader's options (`grader_options`).
 
   Returns:
     suite name -> its result.
@@ -300,6 +371,7 @@ def evaluate(sets: Sequence[tuple[base.Suite, Sequence[dict]]], policy: run_lib.
   out = {}
   for i, (suite, recs) in enumerate(sets, 1):
     res = run_lib.run_suite(suite, recs, policy, workdir, seed=seed, batch_size=batch_size,
+                            grader_options=(grader_options or {}).get(suite.name),
                             stop=stop, say=say)
     out[suite.name] = res
     say(f'suite {i}/{len(sets)} {suite.name}: {table.summary(res)} ({res["n"]} prompts, '

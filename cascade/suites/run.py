@@ -18,7 +18,8 @@ What is kept, `<out_dir>/<suite>/grades.jsonl` (process 0 writes it, through
 `models.paths.AppendFile`: local or gs://):
 
   {"header": {"suite", "protocol" (its hash), "policy" (its identity), "records" (a hash of
-              the records' ids and prompts), "batch_size", "seed", "settings" (the protocol)}}
+              the records' ids and prompts), "batch_size", "seed", "settings" (the protocol),
+              "grader" (with grader options: `Suite.grader_key`'s, e.g. the judge)}}
   {"batch": b, "ids": [...], "grades": [[{"score", "answer", "info"}, ...k], ...],
    "lengths": [[...]], "truncated": [[...]]}                        one line per batch
 
@@ -231,7 +232,8 @@ def run_suite(suite: base.Suite, records: Sequence[Mapping], policy: Policy, out
     out_dir: where `<suite>/grades.jsonl` is kept (local or gs://).
     seed: the sampling seed (batch keys derive from it and the suite's name).
     batch_size: records per sampler call (each sampled `protocol.samples` times).
-    grader_options: keyword options of `suite.grader` (workers, timeout_s, ...).
+    grader_options: keyword options of `suite.grader` (workers, timeout_s, a judge's url,
+      ...); what of them changes a grade (`suite.grader_key`) is kept in the header.
     stop: asked before each batch still to sample; an answer stops there (`Stopped`), with
       every batch sampled so far graded and kept.
     hosts: the processes sharing the grading (default: this run's JAX processes).
@@ -260,6 +262,9 @@ def run_suite(suite: base.Suite, records: Sequence[Mapping], policy: Policy, out
   header = {'suite': suite.name, 'protocol': suite.protocol_hash(), 'policy': policy.identity,
             'records': records_hash(records), 'batch_size': int(batch_size), 'seed': int(seed),
             'settings': proto.to_json()}
+  if grader_options:   # kept grades are resumed only under the same judge, baseline, ...
+    header['grader'] = json.loads(json.dumps(suite.grader_key(grader_options), sort_keys=True,
+                                             default=lambda o: type(o).__name__))
   path = paths.join(out_dir, suite.name, GRADES)
   kept, why = _shared(hosts, _read_kept(path, header) if hosts.index == 0 else None)
   kept = {int(b): v for b, v in kept.items()}

@@ -59,3 +59,38 @@ def toy_suite(name='toy_copy', samples=4, reported=()):
 def toy():
   """The toy suite's maker, its records' maker and its grader class."""
   return types.SimpleNamespace(suite=toy_suite, records=records, ExactGrader=ExactGrader)
+
+
+@pytest.fixture(scope='session')
+def tiny_hf(tmp_path_factory):
+  """A tiny HF checkpoint directory: the tiny Qwen3-like model (random weights) with a small
+  byte-level BPE tokenizer carrying the chat markers, as `models.hf.save_model` writes it."""
+  # pylint: disable=g-import-not-at-top
+  import json as json_lib
+
+  import tokenizers
+
+  from models import chat
+  from models import config as config_lib
+  from models import hf
+  from models import tokenizer as tokenizer_lib
+  from models import transformer
+  # pylint: enable=g-import-not-at-top
+  d = tmp_path_factory.mktemp('tiny_hf')
+  corpus = [chat.render([{'role': 'user', 'content': f'What is {a} + {a + 1}?'},
+                         {'role': 'assistant', 'content': f'{2 * a + 1}. A GOOD answer.'}],
+                        thinking=None) for a in range(60)]
+  bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+  bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  bpe.decoder = tokenizers.decoders.ByteLevel()
+  bpe.train_from_iterator(corpus, tokenizers.trainers.BpeTrainer(
+      vocab_size=400, special_tokens=list(chat.SPECIAL_TOKENS),
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+  (d / 'tok').mkdir()
+  bpe.save(str(d / 'tok' / 'tokenizer.json'))
+  (d / 'tok' / 'tokenizer_config.json').write_text(json_lib.dumps({'bos_token': None}))
+  tok = tokenizer_lib.load(d / 'tok')
+  model = transformer.create(config_lib.ModelConfig.tiny(vocab_size=tok.vocab_size,
+                                                         max_seq_len=512))
+  hf.save_model(model, d / 'hf', tokenizer=tok)
+  return d / 'hf'

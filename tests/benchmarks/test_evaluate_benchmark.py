@@ -1,0 +1,42 @@
+"""benchmarks/evaluate.py in miniature (heavy): both sides generate the same tokens, the JSON
+line and the page carry the table, the bare program beside the evaluation."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.heavy
+def test_the_evaluate_benchmark_times_both_sides_of_the_same_work(tmp_path):
+  page = tmp_path / 'evaluate.md'
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.evaluate', '--prompts=6',
+                        '--samples=2', '--max_new_tokens=8', '--batch_size=4', '--repeats=1',
+                        f'--doc={page}'], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=1200, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  assert (r['suite'], r['prompts'], r['samples'], r['max_new_tokens']) == ('tiny_math', 6, 2, 8)
+  # 6 prompts x 2 samples, at most 8 tokens each: the same count on both sides (checked there).
+  assert 0 < r['tokens'] <= 96
+  assert r['evaluate_s'] > 0 and r['bare_s'] > 0 and r['grader_s'] > 0
+  assert r['overhead'] == pytest.approx(r['evaluate_s'] / r['bare_s'], rel=1e-2)
+  assert r['bare_tokens_per_s'] == pytest.approx(r['tokens'] / r['bare_s'], rel=1e-2)
+  # lm-eval's HF backend beside them where transformers, torch and accelerate install.
+  try:
+    import accelerate, torch, transformers  # pylint: disable=g-import-not-at-top,unused-import,multiple-imports
+    assert 0 < r['hf_tokens'] <= 96 and r['hf_s'] > 0, r
+    assert r['hf_tokens_per_s'] == pytest.approx(r['hf_tokens'] / r['hf_s'], rel=1e-2)
+    assert "| lm-eval's HF backend (`generate_until`" in page.read_text()
+  except ImportError:
+    assert 'hf_s' not in r and "lm-eval's HF backend is not available here" in out.stdout
+  text = page.read_text()
+  assert text.startswith('# `cascade.evaluate` beside the bare sampler program\n')
+  assert '| bare sampler program (`Sampler.generate` on the same ids and keys) |' in text
+  assert 'python -m benchmarks.evaluate --prompts=6' in text and '## Results' in text

@@ -1,0 +1,213 @@
+"""The lm-evaluation-harness backend (cascade/harness.py): its log-likelihoods equal a direct
+computation from the model's logits (numpy, float64), its rolling windows cover a text once, and
+on a tiny HF checkpoint lm-eval runs a task built from a local jsonl (no hub) through it, scoring
+by our forward and generating through our sampler."""
+
+import functools
+import math
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from cascade import harness
+from cascade.suites import checkpoint
+from cascade.suites import run
+from models import config as config_lib
+from models import transformer
+
+
+WIDTH = 80          # the direct computation's row (the model's max_seq_len is 64)
+
+
+class Req:
+  """An lm-eval `Instance` as the backend reads it (its args)."""
+
+  def __init__(self, *args):
+    self.args = args
+
+
+@pytest.fixture(scope='module')
+def tiny(fakes):
+  model = transformer.create(config_lib.ModelConfig.tiny(max_seq_len=64, num_layers=1), seed=3)
+  graphdef, params = nnx.split(model)
+  tok = fakes.CharTokenizer()
+  loaded = checkpoint.Loaded(policy=run.Policy(None, None, tok, 'tiny'), graphdef=graphdef,
+                             params=params, cfg=model.cfg, mesh=None, rules=None)
+  return model, tok, loaded
+
+
+@functools.lru_cache(maxsize=None)
+def _logits_fn(graphdef):
+  return jax.jit(lambda params, ids: nnx.merge(graphdef, params)(ids))
+
+
+def direct(model, ids):
+  """log softmax of the model's logits over the row, in numpy float64: [T-1] log-probs of each
+  next token and whether it is the argmax. One causal pass over the row with no padding mask
+  and nothing else in its batch: the row's ids, then filler after it (which a causal model's
+  logits at the row's positions never see), so a single shape compiles."""
+  t = len(ids)
+  assert t <= WIDTH
+  graphdef, params = nnx.split(model)
+  row = np.zeros((1, WIDTH), np.int32)
+  row[0, :t] = ids
+  logits = np.asarray(_logits_fn(graphdef)(params, row), np.float64)[0, :t - 1]
+  logp = logits - logits.max(-1, keepdims=True)
+  logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+  nxt = np.asarray(ids[1:])
+  return logp[np.arange(t - 1), nxt], logits.argmax(-1) == nxt
+
+
+def test_loglikelihood_equals_the_models_logits_computed_directly(tiny):
+  model, tok, loaded = tiny
+  lm = harness.CascadeLM(loaded=loaded, batch_size=3)
+  reqs = [('Copy 12 ', 'then 13'), ('Q: 2+2=', '4'), ('', 'an empty context'),
+          ('a' * 80, ' tail past max_length')]          # 101 tokens: cut to the last 65
+  got = lm.loglikelihood([Req(*r) for r in reqs])
+  assert len(got) == 4
+  for (ctx, cont), (lp, greedy) in zip(reqs, got):
+    spaces = len(ctx) - len(ctx.rstrip())               # trailing space joins the continuation
+    c_ids = tok.encode(ctx[:len(ctx) - spaces]) or [tok.eos_id]
+    n_ids = tok.encode(ctx[len(ctx) - spaces:] + cont)
+    ids = (c_ids + n_ids)[-65:]
+    lps, hits = direct(model, ids)
+    assert lp == pytest.approx(float(lps[-len(n_ids):].sum()), rel=1e-5, abs=1e-4)
+    assert greedy == bool(hits[-len(n_ids):].all())
+  # A continuation the model's argmax makes: greedy True, and its log-prob is the argmax's.
+  ids = tok.encode('Copy 7')
+  graphdef, params = nnx.split(model)
+  row = np.zeros((1, WIDTH), np.int32)
+  row[0, :len(ids)] = ids
+  best = int(np.asarray(_logits_fn(graphdef)(params, row))[0, len(ids) - 1].argmax())
+  (lp, greedy), = lm.loglikelihood([Req('Copy 7', chr(best))])
+  assert greedy and lp == pytest.approx(float(direct(model, ids + [best])[0][-1]), abs=1e-4)
+  with pytest.raises(ValueError, match='empty continuation'):
+    lm.loglikelihood([Req('x', '')])
+
+
+def test_rolling_loglikelihood_scores_every_token_once_over_windows(tiny):
+  model, tok, loaded = tiny
+  text = 'The quick brown fox jumps over the lazy dog. ' * 3      # 135 tokens, windows of 64
+  lm = harness.CascadeLM(loaded=loaded, batch_size=2)
+  (got,) = lm.loglikelihood_rolling([Req(text)])
+  ids = tok.encode(text)
+  # lm-eval's disjoint windows: every token scored once, on as much context as fits.
+  import lm_eval.utils  # pylint: disable=g-import-not-at-top
+  want = 0.0
+  for ctx, cont in map(lm_eval.utils.make_disjoint_window,
+                       lm_eval.utils.get_rolling_token_windows(ids, tok.eos_id, 64, 1)):
+    whole = ctx + cont
+    want += float(direct(model, whole)[0][-len(cont):].sum())
+  assert got == pytest.approx(want, rel=1e-5)
+  assert len(ids) > 64 and math.isfinite(got)
+  assert sum(len(c) for _, c in map(lm_eval.utils.make_disjoint_window, lm_eval.utils.get_rolling_token_windows(ids, tok.eos_id, 64, 1))) == len(ids)
+
+
+def _write_tasks(tmp_path):
+  """Three lm-eval tasks over a local jsonl (lm-eval's `json` dataset: no hub)."""
+  data = tmp_path / 'arith.jsonl'
+  rows = [{'question': f'What is {a} + {a + 1}?', 'choices': [str(2 * a + 1), str(2 * a + 2)],
+           'label': 0} for a in range(6)]
+  data.write_text(''.join(__import__('json').dumps(r) + '\n' for r in rows))
+  (tmp_path / 'tasks').mkdir()
+  common = textwrap.dedent(f"""\
+      dataset_path: json
+      dataset_kwargs:
+        data_files:
+          test: {data}
+      test_split: test
+      doc_to_text: "{{{{question}}}} Answer:"
+      """)
+  (tmp_path / 'tasks' / 'arith_mc.yaml').write_text(common + textwrap.dedent("""\
+      task: cascade_arith_mc
+      output_type: multiple_choice
+      doc_to_choice: "{{choices}}"
+      doc_to_target: label
+      metric_list:
+        - metric: acc
+      """))
+  (tmp_path / 'tasks' / 'arith_gen.yaml').write_text(common + textwrap.dedent("""\
+      task: cascade_arith_gen
+      output_type: generate_until
+      doc_to_target: "{{choices[0]}}"
+      generation_kwargs:
+        until: ["\\n"]
+        max_gen_toks: 8
+        do_sample: false
+      metric_list:
+        - metric: exact_match
+      """))
+  (tmp_path / 'tasks' / 'arith_ppl.yaml').write_text(common.replace(
+      'doc_to_text: "{{question}} Answer:"', '') + textwrap.dedent("""\
+      task: cascade_arith_ppl
+      output_type: loglikelihood_rolling
+      doc_to_text: ""
+      doc_to_target: "{{question}}"
+      metric_list:
+        - metric: word_perplexity
+      """))
+  return tmp_path / 'tasks'
+
+
+@pytest.mark.heavy
+def test_lm_eval_runs_a_local_task_on_a_tiny_checkpoint(tiny_hf, tmp_path):
+  import lm_eval  # pylint: disable=g-import-not-at-top
+  from lm_eval import tasks as lm_tasks  # pylint: disable=g-import-not-at-top
+  _write_tasks(tmp_path)
+  lm = harness.CascadeLM(checkpoint=str(tiny_hf), batch_size=4)
+  manager = lm_tasks.TaskManager(include_path=str(tmp_path / 'tasks'))
+  out = lm_eval.simple_evaluate(model=lm, tasks=['cascade_arith_mc', 'cascade_arith_gen',
+                                                 'cascade_arith_ppl'],
+                                task_manager=manager, log_samples=True)
+  res = out['results']
+  # Multiple choice: acc is the share of questions whose right choice has the higher
+  # log-likelihood, each the backend's own loglikelihood of that pair.
+  samples = out['samples']['cascade_arith_mc']
+  assert len(samples) == 6
+  acc = np.mean([float(np.argmax([r[0] for r in s['filtered_resps']]) == 0) for s in samples])
+  assert res['cascade_arith_mc']['acc,none'] == pytest.approx(acc)
+  s = samples[0]
+  got = lm.loglikelihood([Req(*a) for a in s['arguments'].values()] if isinstance(
+      s['arguments'], dict) else [Req(*a) for a in s['arguments']])
+  assert [g[0] for g in got] == pytest.approx([r[0] for r in s['filtered_resps']], abs=1e-5)
+  # Generation went through our sampler, greedily, cut at the task's newline.
+  gen = out['samples']['cascade_arith_gen']
+  assert len(gen) == 6 and all('\n' not in g['filtered_resps'][0] for g in gen)
+  assert 0.0 <= res['cascade_arith_gen']['exact_match,none'] <= 1.0
+  assert math.isfinite(res['cascade_arith_ppl']['word_perplexity,none'])
+  # The same prompts give the same greedy text again (deterministic decoding).
+  again = lm.generate_until([Req(g['arguments']['gen_args_0']['arg_0']
+                                 if isinstance(g['arguments'], dict) else g['arguments'][0][0],
+                                 {'until': ['\n'], 'max_gen_toks': 8, 'do_sample': False})
+                             for g in gen])
+  assert again == [g['resps'][0][0] for g in gen]
+
+
+@pytest.mark.heavy
+def test_the_command_runs_lm_evals_cli_with_the_cascade_model(tiny_hf, tmp_path):
+  """docs/evaluation.md's command: lm-eval's own command line, model 'cascade' registered."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  tasks = _write_tasks(tmp_path)
+  repo = pathlib.Path(__file__).resolve().parents[3]
+  env = dict(__import__('os').environ, PYTHONPATH=str(repo), JAX_PLATFORMS='cpu')
+  out = subprocess.run(
+      [sys.executable, '-m', 'cascade.harness', 'run', '--model', 'cascade', '--model_args',
+       f'checkpoint={tiny_hf}', '--tasks', 'cascade_arith_mc', '--include_path', str(tasks),
+       '--output_path', str(tmp_path / 'out')],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'cascade_arith_mc' in out.stdout and '|acc' in out.stdout.replace(' ', '')
+  (result,) = list((tmp_path / 'out').rglob('results_*.json'))
+  res = json.loads(result.read_text())['results']['cascade_arith_mc']
+  assert 0.0 <= res['acc,none'] <= 1.0
+  bad = subprocess.run([sys.executable, '-m', 'cascade.harness', 'run', '--model', 'cascade',
+                        '--tasks', 'cascade_arith_mc', '--include_path', str(tasks)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+                       check=False)
+  assert bad.returncode != 0 and 'model_args needs checkpoint=DIR' in bad.stderr
