@@ -8,7 +8,8 @@ Workdir layout:
                               stopped before it took a step (`guard_config`)
   progress.json               completed stages and the evaluation rows so far; the config's hash
                               (a second copy of config.json's) and each stage's data files
-                              (`cascade.stage_data`: what a resumed stage is checked against)
+                              (`cascade.stage_data`: what a resumed stage is checked against),
+                              the validation ledger between stage ends (`cascade.ledger`)
   stages/<idx>_<name>/ckpt/   Orbax CheckpointManager: <step>/{state, meta, checksums.json}
   stages/<idx>_<name>/hf/     the stage's final policy as HF safetensors (+ checksums.json)
   stages/<idx>_<name>/corrupt/  damaged steps and exports, moved aside
@@ -331,6 +332,7 @@ def _redo_changed(workdir: str, old: dict, config, old_hash: str) -> None:
     progress.done.pop(name, None)
   progress.rows = [r for r in progress.rows if r['stage'] not in stale.values()
                    and not (init_stale and r.get('index') == -1)]
+  progress.ledger = [e for e in progress.ledger if e['stage'] not in stale.values()]
   if is_writer():
     for i, name in stale.items():
       d = paths.join(workdir, 'stages', f'{i:02d}_{name}')
@@ -423,6 +425,7 @@ def fork(source: str, workdir: str, config) -> list[str] | None:
                       'forked_from': source}
   own.rows = [{k: retarget(v) for k, v in r.items()} for r in src.rows
               if r['stage'] in names or r.get('index') == -1]
+  own.ledger = [dict(e) for e in src.ledger if e['stage'] in names]
   own.save()                     # last: progress.json naming the stages marks a whole fork
   return [name for _, name in shared]
 
@@ -454,6 +457,8 @@ class Progress:
       (`cascade.stage_data.StageData.pin`).
     isolation: verifier -> every isolation its code ran under in this workdir, noted as it
       runs (`record_isolation`), so a resumed run's results still say it.
+    ledger: the validation ledger's entries between stage ends (`cascade.ledger`: in-stage
+      validation and the guards' probes; the stage ends are the rows).
   """
 
   def __init__(self, workdir: str, rebuild: bool = True,
@@ -482,6 +487,7 @@ class Progress:
     # stage name -> the identity of the data files it started with (`cascade.stage_data`).
     self.data: dict[str, list] = dict(data.get('data') or {})
     self.isolation: dict[str, list] = dict(data.get('isolation') or {})
+    self.ledger: list[dict] = [dict(e) for e in data.get('ledger') or []]
 
   def row(self, stage_name: str) -> dict | None:
     return next((r for r in self.rows if r['stage'] == stage_name), None)
@@ -524,6 +530,8 @@ class Progress:
       rec['data'] = self.data
     if self.isolation:
       rec['isolation'] = self.isolation
+    if self.ledger:
+      rec['ledger'] = self.ledger
     atomic_write_json(self.path, rec)
 
 
@@ -545,12 +553,17 @@ class StageCheckpoints:
   between Orbax's finalisation and the seal: nothing can vouch for its bytes),
   is moved aside with one warning and the previous step is used; with none left
   the stage starts again from its first step.
+
+  `pinned()` names steps the rotation keeps besides the newest `keep` (the validation
+  ledger's: a domain's best checkpoint, `cascade.ledger.Ledger.pinned`).
   """
 
   def __init__(self, directory: str, keep: int = 2, async_save: bool = True,
-               before_save: Callable[[], None] | None = None, checksums: bool = True):
+               before_save: Callable[[], None] | None = None, checksums: bool = True,
+               pinned: Callable[[], set[int]] | None = None):
     self.directory = str(paths.absolute(directory))   # local: absolute; gs://: as given
     self._keep = keep
+    self._pinned = pinned
     self._async = async_save
     self._before_save = before_save
     self._checksums = checksums
@@ -606,7 +619,8 @@ class StageCheckpoints:
 
   def wait(self) -> None:
     """Waits for the save in flight and its seal, then deletes the steps beyond the newest
-    `keep` (once a newer one is sealed). Raises what stopped the save or the seal."""
+    `keep` (once a newer one is sealed) but the pinned ones. Raises what stopped the save or
+    the seal."""
     if self._sealer is not None:
       self._sealer.join()
       self._sealer = None
@@ -616,8 +630,10 @@ class StageCheckpoints:
     self._mngr.wait_until_finished()
     if self._saved:
       self._saved = False
+      pinned = self._pinned() if self._pinned is not None else set()
       for s in self.steps()[:-self._keep]:
-        self._mngr.delete(s)
+        if s not in pinned:
+          self._mngr.delete(s)
 
   def restore(self, abstract_state, step: int | None = None):
     """Restores `step` (default: the newest restorable one), falling back past damage.

@@ -48,6 +48,7 @@ from cascade import compile_cache
 from cascade import config as config_lib
 from cascade import evaluation
 from cascade import kinds
+from cascade import ledger as ledger_lib
 from cascade import lock
 from cascade import metrics
 from cascade import policies as policies_lib
@@ -88,6 +89,7 @@ class RunContext:
     before_write: the workdir lock's check, called before every write to the workdir (the
       writer, checkpoints and progress.json call it themselves).
     config_hash: the hash of the config the run computes with.
+    ledger: the per-domain validation ledger (`cascade.ledger`, over `progress`).
   """
   plan: config_lib.Plan
   workdir: str
@@ -105,6 +107,7 @@ class RunContext:
   progress: checkpoint.Progress
   before_write: Callable[[], None] = lambda: None
   config_hash: str = ''
+  ledger: Any = None
 
 
 def _mesh(plan: config_lib.Plan):
@@ -155,11 +158,13 @@ def make_context(plan: config_lib.Plan, workdir: str,
       progress.save()
     writer.flush()
 
-  policies = policies_lib.Policies(plan, workdir, mesh, plan.rules, before_save=before_checkpoint)
+  policies = policies_lib.Policies(plan, workdir, mesh, plan.rules, before_save=before_checkpoint,
+                                   pinned=lambda name: ledger.pinned(name))
   sampler = sampler_lib.Sampler(policies.graphdef('policy'), plan.model,
                                 eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id, mesh=mesh,
                                 rules=plan.rules, **plan.sampler.options())
   progress = checkpoint.Progress(workdir, before_save=before_progress, config_hash=config_hash)
+  ledger = ledger_lib.Ledger(progress)
   verifiers = verifier_set.VerifierSet(
       plan, rm_scorer=lambda st: policies.reward_scorer(st, tokenizer),
       rm_ready=lambda name: name in progress.done,
@@ -174,7 +179,7 @@ def make_context(plan: config_lib.Plan, workdir: str,
                     verifiers=verifiers, sample_cls=verifiers.sample_cls,
                     domain_index={d: i for i, d in enumerate(sorted(plan.domains))},
                     writer=writer, progress=progress, before_write=gate,
-                    config_hash=config_hash)
+                    config_hash=config_hash, ledger=ledger)
 
 
 # What a stopped evaluation of a matrix row kept (`evaluate_row`): {'row', 'config', 'held_out',
@@ -209,9 +214,9 @@ def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: 
                                 done=kept.get(part), stop=preemption.stop_requested)
     kept[part] = {d: {'result': r} for d, r in out.items()}
     part = 'validation'
-    validation = evaluation.validation_scores(ctx, params, done=kept.get(part),
-                                              stop=preemption.stop_requested)
-    kept[part] = {d: {'result': {'score': v}} for d, v in validation.items()}
+    validation = evaluation.validation_results(ctx, params, done=kept.get(part),
+                                               stop=preemption.stop_requested)
+    kept[part] = {d: {'result': r} for d, r in validation.items()}
     part = 'suites'
     suites = evaluation.score_suites(ctx, params, name, suite_report,
                                      stop=preemption.stop_requested)
@@ -228,7 +233,10 @@ def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: 
   row = {'stage': name, 'index': index, 'domains': list(trains_on),
          'scores': {d: out[d]['score'] for d in sorted(out)}, 'details': out}
   if validation:
-    row['validation'] = validation
+    row['validation'] = {d: r['score'] for d, r in validation.items()}
+    # Its standard errors (the ledger's, `cascade.ledger`; a row kept from before they were
+    # measured has none).
+    row['validation_stderr'] = {d: r['stderr'] for d, r in validation.items() if 'stderr' in r}
   if suites:
     row['suites'] = suites
   if hf:
@@ -396,7 +404,22 @@ def _write_results(ctx: RunContext, domains) -> dict:
   """results.{json,md,png} of the rows so far (`evaluation.write`), after the lock's check."""
   ctx.before_write()
   return evaluation.write(ctx.workdir, ctx.progress.rows, domains, _isolation(ctx.progress),
-                          _accounting(ctx.progress))
+                          _accounting(ctx.progress), extra=_ledger_results(ctx, domains))
+
+
+def _ledger_results(ctx: RunContext, domains) -> dict:
+  """results.json's "ledger" (each domain's best validation checkpoint, `cascade.ledger`),
+  "teachers" (stage -> domain -> the checkpoint a MOPD stage distilled from) and "guards"
+  (stage -> what its regression guards saw, `cascade.guard`), where there are any."""
+  out = {}
+  best = ctx.ledger.summary(domains) if ctx.ledger is not None else {}
+  if best:
+    out['ledger'] = best
+  for key, field in (('teachers', 'teacher_checkpoints'), ('guards', 'guard')):
+    got = {name: info[field] for name, info in ctx.progress.done.items() if info.get(field)}
+    if got:
+      out[key] = got
+  return out
 
 
 def _print_results(workdir: str, res: dict) -> None:

@@ -7,7 +7,9 @@ update: one for on-policy RL, SFT and reward models; `updates_per_batch`
 mini-batches of one rollout batch for PPO-style reuse), runs the jitted train
 step on each, logs, scores the validation sets every `eval.eval_every` steps
 (a policy-training stage whose domains have validation sets; logged as
-`val/<domain>`), and checkpoints every `ckpt.every_n_steps` steps and at the end.
+`val/<domain>` and kept in the run's validation ledger, `cascade.ledger`; a step that is
+some domain's best so far is checkpointed, and its checkpoint kept while it is), and
+checkpoints every `ckpt.every_n_steps` steps and at the end.
 
 Randomness: step s of stage i uses `fold_in(state.rng, s)` where `state.rng`
 is `PRNGKey(stage_seed(seed, i))`, saved in every checkpoint with the state;
@@ -172,6 +174,9 @@ def train_stage(ctx, kind: base.Kind, stage,
   else:
     step, meta = 0, None
     state = pol.initial_state(stage, optimizer, seed)
+  ledger = getattr(ctx, 'ledger', None)
+  if ledger is not None:          # what was scored past the resumed step is scored again
+    ledger.discard_after(stage.name, step)
   maker = maker_fn(state)
   start_data = maker.loader.get_state()
   if meta is not None:
@@ -225,14 +230,15 @@ def train_stage(ctx, kind: base.Kind, stage,
     step += 1
     ran += 1
     diverged = watch.see(step, m)
+    validated = {}
     if val_every and step % val_every == 0 and step < stage.steps and not diverged:
       t1 = time.perf_counter()
       try:
-        scores = evaluation.validation_scores(ctx, state.params)
+        validated = evaluation.validation_results(ctx, state.params)
       except stops:
         keep(step, state, maker.loader.get_state())
         raise
-      m.update({f'val/{d}': v for d, v in scores.items()})
+      m.update({f'val/{d}': r['score'] for d, r in validated.items()})
       m['validation_s'] = time.perf_counter() - t1
     ctx.writer.write(stage, step, m)
     bar.update(m)
@@ -253,6 +259,11 @@ def train_stage(ctx, kind: base.Kind, stage,
       bar.rewind(step)
       continue
     saved = step == stage.steps or (every and step % every == 0 and not watch.streak)
+    if validated and ledger is not None:
+      # A domain's best validation so far is checkpointed (a MOPD teacher candidate).
+      best = ledger.new_best(stage, validated)
+      saved = saved or bool(best and not watch.streak)
+      ledger.record(stage, step, validated, ckpt=saved)
     if saved:
       save(step, state)
       last_saved = step
@@ -295,6 +306,8 @@ def _roll_back(ctx, stage, ckpts, abstract, optimizer, seed, maker, start_data, 
   included, and counts the rollback. Returns (step, state)."""
   watch.rolled_back()
   ckpts.discard_after(back)
+  if getattr(ctx, 'ledger', None) is not None:
+    ctx.ledger.discard_after(stage.name, back)
   if back:
     _, state, meta = ckpts.restore(abstract, step=back)
     maker.loader.set_state(meta['data'])

@@ -6,12 +6,16 @@
 The student samples its own completions; each row is routed to its domain's
 teacher, and the per-token advantage is log pi_teacher(y_t) - log
 pi_student(y_t) with a truncated importance weight (`rl.distill`).
-`teachers='best'` picks, per domain, the earlier policy with the best
-validation score so far (ties: the earliest), so it needs each domain's
+`teachers='best'` picks, per domain, the checkpoint of the run with the best
+validation score so far (ties: the earliest) from the run's validation ledger
+(`cascade.ledger`): the earlier stages' ends and, where `eval.eval_every`
+scores them, their intermediate checkpoints (kept while they are a domain's
+best), as the Cascade 2 paper takes its teachers. It needs each domain's
 `validation` set (disjoint from the held-out set the matrix reports: choosing
 on the reported numbers would be selecting on the test); a mapping names a
 stage or a checkpoint path per domain. The choice is printed and recorded in
-progress.json. `teachers_on_host=True` keeps the teachers in pinned host
+progress.json and results.json ("teachers": stage, step, validation score and
+its standard error per domain). `teachers_on_host=True` keeps the teachers in pinned host
 memory and brings each onto the devices only for its forward pass (one
 teacher's weights on the devices at a time instead of all of them beside the
 training state; a host-to-device copy of each teacher per step). Rollout,
@@ -28,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cascade import data as data_lib
-from cascade import evaluation
+from cascade import ledger as ledger_lib
 from cascade import verifier_errors
 from cascade.kinds import base
 from cascade.kinds import loop
@@ -93,31 +97,48 @@ def abstract_batch(stage: Config, mesh, rules):
                            teacher_logprobs=('token', jnp.float32))
 
 
-def choose_teachers(ctx, stage: Config) -> dict[str, tuple[tuple, str]]:
-  """domain -> (policy source, why) for each of the stage's domains."""
+def choose_teachers(ctx, stage: Config,
+                    records: dict | None = None) -> dict[str, tuple[tuple, str]]:
+  """domain -> (policy source, why) for each of the stage's domains; `records` (when given)
+  receives domain -> what results.json says of the teacher (`cascade.ledger.teacher_record`,
+  or the stage or path a mapping named)."""
   pol, plan = ctx.policies, ctx.plan
-  chosen = {}
+  ledger = getattr(ctx, 'ledger', None) or ledger_lib.Ledger(ctx.progress)
+  entries = ledger.entries(ledger_lib.VALIDATION)
+  chosen, records = {}, {} if records is None else records
   for d in stage.domains:
     ref = stage.teachers if stage.teachers == 'best' else stage.teachers[d]
     if ref == 'best':
-      best = evaluation.best_on_validation(ctx.progress.rows, d, before=stage.index)
+      best = ledger.best(d, before=stage.index, entries=entries)
       if best is None:
         raise base.StageError(f'{stage.where}: no earlier policy has a validation score of '
                               f'{d!r} to pick its teacher from')
-      src = (('initial',) if best['stage'] == INIT_ROW
-             else pol.source_after(plan.stage(best['stage']).index))
-      why = f'best {d} validation score {best["validation"][d]:.1f} after {best["stage"]}'
+      score = f'{best["scores"][d]:.1f}'
+      if best['stderr'].get(d) is not None:
+        score += f' ± {best["stderr"][d]:.1f}'
+      if best.get('final'):
+        src = (('initial',) if best['stage'] == INIT_ROW
+               else pol.source_after(plan.stage(best['stage']).index))
+        why = f'best {d} validation score {score} after {best["stage"]}'
+      else:
+        src = ('ckpt', best['stage'], best['step'])
+        why = (f'best {d} validation score {score} at {best["stage"]} step {best["step"]}/'
+               f'{plan.stage(best["stage"]).steps}')
+      records[d] = ledger_lib.teacher_record(best, d)
     elif base.looks_like_path(ref):
       src, why = ('hf', ref), 'explicit path'
+      records[d] = {'path': ref}
     else:
       src, why = pol.source_after(plan.stage(ref).index), f'explicit stage {ref}'
+      records[d] = {'stage': ref}
     chosen[d] = (src, why)
   return chosen
 
 
 def run(ctx, stage: Config) -> base.StageResult:
   records = ctx.data.stage_records(stage)
-  chosen = choose_teachers(ctx, stage)
+  picked: dict[str, dict] = {}
+  chosen = choose_teachers(ctx, stage, picked)
   sources = sorted({src for src, _ in chosen.values()})
   teachers = [ctx.policies.compute_copy(ctx.policies.params_of(s, keep=False))
               for s in sources]
@@ -152,7 +173,8 @@ def run(ctx, stage: Config) -> base.StageResult:
 
   result = loop.train_stage(ctx, KIND, stage, maker)
   return result._replace(info={**result.info,
-                               'teachers': {d: list(src) for d, (src, _) in chosen.items()}})
+                               'teachers': {d: list(src) for d, (src, _) in chosen.items()},
+                               'teacher_checkpoints': picked})
 
 
 def frozen_forwards(stage: Config) -> list:
