@@ -688,6 +688,12 @@ class StageCheckpoints:
     self.wait()
     self._mngr.close()
 
+  def delete(self, step: int) -> None:
+    """Deletes `step` (a guard's stop saves the kept policy as the stage's last step)."""
+    self.wait()
+    if step in self.steps():
+      self._mngr.delete(step)
+
   def discard_after(self, step: int) -> None:
     """Deletes the steps after `step` (a rolled-back stage redoes them and saves them anew)."""
     self.wait()

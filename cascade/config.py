@@ -9,11 +9,12 @@ A config is an `ml_collections.ConfigDict` (see docs/config.md):
   config.hardware (what `launch.plan` compiles for), config.prepare (a
   step that makes the data the config names, run before it is read),
   config.compilation_cache (where JAX keeps compiled programs across runs) and
-  config.logging (where metrics go besides TensorBoard).
+  config.logging (where metrics go besides TensorBoard) and config.guard (regression
+  guards: probes of earlier domains while a stage trains, `cascade.guard`; absent: none).
 
 Every section is a frozen dataclass here (`Model`, `Tokenizer`, `Mesh`,
 `Sampler`, `Hardware`, `CompilationCache`, `Logging`, `Prepare`, `Eval`, `Ckpt`,
-`Divergence`, `Dataset`, `Domain`; the stages are their kinds' typed configs,
+`Divergence`, `Guard`, `Dataset`, `Domain`; the stages are their kinds' typed configs,
 `cascade.kinds`) that checks its own fields (`cascade.schema`). `validate(config)` builds each
 section, checks what refers across sections (a domain's datasets, a stage's
 domains, a reward model's stage) and returns a `Plan`: the sections, the
@@ -39,7 +40,7 @@ from rl import engine_options
 
 SECTIONS = ('seed', 'model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'datasets',
             'domains', 'stages', 'allow_config_change', 'hardware', 'prepare', 'divergence',
-            'compilation_cache', 'data_cache', 'logging')
+            'compilation_cache', 'data_cache', 'logging', 'guard')
 _REQUIRED_SECTIONS = ('model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'domains',
                       'datasets', 'stages')
 
@@ -455,6 +456,54 @@ class Eval:
     return suites_lib.get(name).protocol.replaced(**over)
 
 
+GUARD_ACTIONS = ('warn', 'stop')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Guard:
+  """config.guard: regression guards on earlier domains while a stage trains (`cascade.guard`).
+
+  While a policy-training stage trains, every `every` steps (and at its first and last) the
+  protected domains an earlier stage trained (and this one does not) are probed: the first
+  `prompts` prompts of each one's validation set, sampled with its evaluation settings and
+  scored by its evaluation verifier. A probe whose score lies more than `max_drop` points +
+  `stderrs` standard errors (of the difference: the probe's and the best's) below the
+  domain's best probe so far in the validation ledger has crossed the bound; then `action`:
+  'warn' (a line and the `guard/*` metrics) or 'stop' (the stage ends at its newest probed
+  checkpoint within every bound, saying so; each probe within bounds is checkpointed).
+  """
+  # The protected domains (config.domains names, each with a validation set).
+  domains: tuple[str, ...] = schema.field(check=(
+      lambda v: _names_ok(v) and len(v) > 0, 'must be a non-empty list of domain names'),
+      convert=tuple)
+  # The drop (points of a 0..100 score) a domain may take below its best probe.
+  max_drop: float = schema.field(3.0, check=schema.num_in(
+      0, 100, hi_open=True, what='must be in [0, 100): a drop below 0 is a rise, and no '
+                                 'score can fall 100 points or more'), convert=float)
+  # Standard errors of the drop added to max_drop, so probe noise does not cross it.
+  stderrs: float = schema.field(2.0, check=schema.num_in(0, what='must be a finite number >= 0'),
+                                convert=float)
+  # Prompts of each protected domain's validation set a probe scores (the first N).
+  prompts: int = schema.field(16, check=schema.int_at_least(1))
+  # Probe every N steps (and at a stage's first and last step).
+  every: int = schema.field(10, check=schema.int_at_least(1))
+  # What a probe past the bound does: 'warn' or 'stop'.
+  action: str = schema.field('warn', check=schema.one_of(GUARD_ACTIONS, 'action'))
+
+  def check_domains(self, domains) -> None:
+    """Each protected domain exists and has a validation set to probe (one ConfigError line)."""
+    for d in self.domains:
+      if d not in domains:
+        raise ConfigError(f'config.guard.domains: unknown domain {d!r} (known: '
+                          f'{", ".join(sorted(domains))})')
+      if not domains[d].validation:
+        raise ConfigError(f'config.guard.domains: domain {d!r} has no validation set to probe '
+                          f'(config.domains.{d}.validation: a prompt dataset disjoint from its '
+                          'eval set)')
+    if len(set(self.domains)) != len(self.domains):
+      raise ConfigError('config.guard.domains: names a domain twice')
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Ckpt:
   """config.ckpt: checkpoint every N steps (0: only at stage ends), keep the newest `keep`."""
@@ -817,6 +866,7 @@ class Plan:
       domain's overrides from config.eval.domains).
     ckpt: checkpointing.
     divergence: when a training stage has diverged (`cascade.divergence`).
+    guard: the regression guards (`cascade.guard`), or None (config.guard absent).
     stages: each stage's typed config (`cascade.kinds`).
     domains, datasets: by name.
     initial_eval: evaluate the starting policy first (row 'init').
@@ -848,6 +898,7 @@ class Plan:
   prepare: Prepare | None = None
   mesh_slices: int | None = None
   eval_settings: Mapping[str, Eval] = dataclasses.field(default_factory=dict)
+  guard: Guard | None = None
   hardware: Hardware = Hardware()
   compilation_cache: CompilationCache = CompilationCache()
   logging: Logging = Logging()
@@ -925,6 +976,10 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   names = set(known_verifiers)
   domains = {name: Domain.parse(name, spec, datasets, names)
              for name, spec in raw_domains.items()}
+  guard = _get(config, 'guard')
+  if guard is not None:
+    guard = _section(Guard, guard, 'guard')
+    guard.check_domains(domains)
   raw = list(_get(config, 'stages', []) or [])
   if not raw:
     raise ConfigError('config.stages: the stage list is empty')
@@ -960,7 +1015,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
               rules=mesh.logical_rules(),
               sampler=sampler, eval=ev, ckpt=ckpt, divergence=divergence, stages=tuple(stages),
               domains=domains, datasets=datasets, initial_eval=bool(initial), prepare=prepare,
-              eval_settings=eval_settings, hardware=hardware,
+              eval_settings=eval_settings, guard=guard, hardware=hardware,
               compilation_cache=compilation_cache, logging=logging, allow_config_change=allow,
               data_cache=data_cache, source=schema.as_dict(config))
 
