@@ -29,7 +29,12 @@ the hidden rule; `rm=bt`, the default, is the reward model stage `rm`),
 `fast_path` (the paper recipes' rollout fast path, `configs/_recipes.py: fast_path`: the
 paged engine, GRPO's `stream_filter` and a packed update, `pack_tokens` = prompt + longest
 response, with pages and decode chunks sized for the tiny world: TINY_PAGED_ENGINE),
-`root=DIR` (the world cache, default `<repo>/runs/tiny_world`).
+`root=DIR` (the world cache, default `<repo>/runs/tiny_world`), `guard=warn` or `guard=stop`
+(regression guards on every domain, `cascade/guard.py`: each domain gets a validation set,
+and while a stage trains the domains earlier stages trained are probed every GUARD_EVERY
+steps on GUARD_PROMPTS of its prompts; a fall of more than 3 points plus 2 standard errors
+below a domain's best probe is reported, or with `stop` ends the stage at its newest probed
+checkpoint within bounds; absent: no guard section, the config hashes as without it).
 """
 
 from __future__ import annotations
@@ -113,6 +118,13 @@ def _hybrid_model(smoke: bool) -> dict:
       mamba_chunk=32, num_experts=8, experts_per_token=2, moe_dim=128, shared_expert_dim=192))
 
 
+# config argument guard=ACTION (config.guard.action): probes every GUARD_EVERY steps (each stage's
+# first and last too) of GUARD_PROMPTS validation prompts per protected domain (smoke: every step,
+# 8 prompts).
+GUARD_ACTIONS = ('warn', 'stop')
+GUARD_EVERY = 5
+GUARD_PROMPTS = 32
+
 # config argument model=NAME: the tiny policy's architecture ('dense' is the module's default).
 MODELS = {'dense': None, 'hybrid': _hybrid_model}
 
@@ -121,7 +133,8 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
   """`'smoke,seed=1,root=/x'` -> {'smoke': True, 'seed': 1, 'root': '/x'} (defaults filled)."""
   out: dict[str, Any] = {'smoke': False, 'seed': 0, 'world': 'default', 'eval_every': 0,
                          'drop': (), 'order': 'cascade1', 'model': 'dense', 'rm': 'bt',
-                         'fast_path': False, 'root': os.path.join(REPO, 'runs', 'tiny_world')}
+                         'fast_path': False, 'guard': '',
+                         'root': os.path.join(REPO, 'runs', 'tiny_world')}
   for part in filter(None, (p.strip() for p in (arg or '').split(','))):
     key, eq, value = part.partition('=')
     if key == 'smoke' and not eq:
@@ -153,6 +166,10 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
       if value not in MODELS:
         raise ValueError(f'config argument model={value!r}: expected one of {sorted(MODELS)}')
       out['model'] = value
+    elif key == 'guard' and eq:
+      if value not in GUARD_ACTIONS:
+        raise ValueError(f'config argument guard={value!r}: expected one of {GUARD_ACTIONS}')
+      out['guard'] = value
     elif key == 'world' and eq:
       if value not in world_build.WORLDS:
         raise ValueError(f'config argument world={value!r}: expected one of '
@@ -160,8 +177,8 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
       out['world'] = value
     else:
       raise ValueError(f'config argument {part!r}: expected smoke, fast_path, seed=N, world=NAME, '
-                       'eval_every=N, drop=STAGE+STAGE, order=NAME, model=NAME, rm=NAME or '
-                       'root=DIR')
+                       'eval_every=N, drop=STAGE+STAGE, order=NAME, model=NAME, rm=NAME, '
+                       'guard=ACTION or root=DIR')
   return out
 
 
@@ -179,7 +196,7 @@ def base_config(arg: str | None,
     (config without `stages`, parsed argument).
   """
   a = parse_arg(arg)
-  validation = validation or bool(a['eval_every'])
+  validation = validation or bool(a['eval_every']) or bool(a['guard'])
   world_dir = world_build.directory(a['seed'], a['root'], a['world'])
   c = ml_collections.ConfigDict()
   c.seed = a['seed']
@@ -263,6 +280,10 @@ def base_config(arg: str | None,
   if validation:
     c.eval.validation_prompts = 8 if a['smoke'] else VALIDATION_PROMPTS
     c.eval.eval_every = a['eval_every']
+  if a['guard']:
+    c.guard = dict(domains=list(DOMAINS), action=a['guard'],
+                   every=1 if a['smoke'] else GUARD_EVERY,
+                   prompts=8 if a['smoke'] else GUARD_PROMPTS)
   c.allow_config_change = False
   return c, a
 
