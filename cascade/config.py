@@ -456,7 +456,7 @@ class Eval:
     return suites_lib.get(name).protocol.replaced(**over)
 
 
-GUARD_ACTIONS = ('warn', 'stop')
+GUARD_ACTIONS = ('warn', 'stop', 'repair')
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -469,8 +469,10 @@ class Guard:
   scored by its evaluation verifier. A probe whose score lies more than `max_drop` points +
   `stderrs` standard errors (of the difference: the probe's and the best's) below the
   domain's best probe so far in the validation ledger has crossed the bound; then `action`:
-  'warn' (a line and the `guard/*` metrics) or 'stop' (the stage ends at its newest probed
-  checkpoint within every bound, saying so; each probe within bounds is checkpointed).
+  'warn' (a line and the `guard/*` metrics), 'stop' (the stage ends at its newest probed
+  checkpoint within every bound, saying so; each probe within bounds is checkpointed) or
+  'repair' (as 'warn' while the stage trains; then the MOPD stage inserted after it, from
+  `repair`, runs: `repair_stages`).
   """
   # The protected domains (config.domains names, each with a validation set).
   domains: tuple[str, ...] = schema.field(check=(
@@ -487,8 +489,39 @@ class Guard:
   prompts: int = schema.field(16, check=schema.int_at_least(1))
   # Probe every N steps (and at a stage's first and last step).
   every: int = schema.field(10, check=schema.int_at_least(1))
-  # What a probe past the bound does: 'warn' or 'stop'.
+  # What a probe past the bound does: 'warn', 'stop' or 'repair'.
   action: str = schema.field('warn', check=schema.one_of(GUARD_ACTIONS, 'action'))
+  # action='repair': the fields of the MOPD stage inserted after every guarded stage (a mopd
+  # stage dict without name, kind, domains and teachers; its `steps` are the repair's budget).
+  repair: Any = schema.field(None, check=_MAPPING, convert=dict)
+
+  def check(self, fail):
+    if self.action == 'repair' and not self.repair:
+      fail('repair', "action='repair' needs the inserted MOPD stage's fields, e.g. "
+                     "dict(steps=10, optimizer=dict(lr=1e-5), prompts_per_step=16, "
+                     "group_size=4, max_prompt_len=96, max_response_len=48)", schema.HIDE)
+    if self.repair and self.action != 'repair':
+      fail('repair', f"is the MOPD stage action='repair' inserts; action={self.action!r}",
+           schema.HIDE)
+    for k in ('name', 'kind', 'domains', 'teachers', 'repairs'):
+      if k in (self.repair or {}):
+        fail(f'repair.{k}', 'is set by the guard', schema.HIDE)
+
+  def repair_stages(self, stages, raw: list[dict]) -> list[dict]:
+    """`raw` (the stage dicts of `stages`, parsed) with, after each stage that trains the policy
+    and has protected domains an earlier stage trained, the MOPD stage that repairs it:
+    `<name>_repair`, on those domains and its own, marked `repairs=<name>` (it runs only where
+    a probe of that stage crossed a bound, `cascade.kinds.mopd`)."""
+    out = []
+    for st, r in zip(stages, raw):
+      out.append(r)
+      earlier = {d for s in stages[:st.index] if s.trains_policy for d in s.domains}
+      guarded = [d for d in self.domains if d in earlier and d not in st.domains]
+      if st.MODEL == 'policy' and st.trains_policy and guarded:
+        out.append(dict(schema.as_dict(self.repair), name=f'{st.name}_repair', kind='mopd',
+                        domains=guarded + [d for d in st.domains if d not in guarded],
+                        teachers='best', repairs=st.name))
+    return out
 
   def check_domains(self, domains) -> None:
     """Each protected domain exists and has a validation set to probe (one ConfigError line)."""
@@ -984,11 +1017,12 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   if not raw:
     raise ConfigError('config.stages: the stage list is empty')
   raw = [schema.as_dict(s) for s in raw]
-  all_names = tuple(s.get('name') for s in raw)
-  stages = []
-  for i, s in enumerate(raw):
-    refs = kinds.base.Refs(tuple(stages), all_names, domains, datasets)
-    stages.append(kinds.parse(i, s, refs))
+  stages = _parse_stages(kinds, raw, domains, datasets)
+  if guard is not None and guard.action == 'repair':
+    # The inserted repair stages are stages of the plan (indices, directories, launch.plan's
+    # worst case); the config's own list was checked above at its own positions.
+    raw = guard.repair_stages(stages, raw)
+    stages = _parse_stages(kinds, raw, domains, datasets)
   for st in stages:
     st.check_lengths(model.max_seq_len, schema.failer(st.where, st))
   stages = [st.with_model(model, sampler, schema.failer(st.where, st)) for st in stages]
@@ -1018,6 +1052,16 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
               eval_settings=eval_settings, guard=guard, hardware=hardware,
               compilation_cache=compilation_cache, logging=logging, allow_config_change=allow,
               data_cache=data_cache, source=schema.as_dict(config))
+
+
+def _parse_stages(kinds, raw: list[dict], domains, datasets) -> list:
+  """The stage dicts as their kinds' typed configs, each checked against those before it."""
+  all_names = tuple(s.get('name') for s in raw)
+  stages = []
+  for i, s in enumerate(raw):
+    refs = kinds.base.Refs(tuple(stages), all_names, domains, datasets)
+    stages.append(kinds.parse(i, s, refs))
+  return stages
 
 
 def _check_suites(ev: Eval, model, sampler: Sampler) -> None:

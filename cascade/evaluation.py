@@ -22,8 +22,9 @@ has been used, "validation" and "best" when domains have validation sets
 samples, metric, the protocol's hash, pass@k) when config.eval.suites names any,
 "scores_by_mode" when config.eval.thinking is 'both', "ledger" (each domain's best
 validation checkpoint, intermediate steps included: `cascade.ledger`), "teachers" (each MOPD
-stage's teacher checkpoint per domain) and "guards" (what the regression guards saw and did,
-`cascade.guard`);
+stage's teacher checkpoint per domain), "guards" (what the regression guards saw and did,
+`cascade.guard`) and "inserted" (row by row, what a stage the guards inserted repairs and the
+drops that made it run; results.md marks its row);
 with `stages[i]` the row's stage name ('init' for the starting policy),
 `stage_domains[i]` the domains that stage trains on, and `scores[i][j]` the
 score of domain j after stage i; results.md is the same table with deltas
@@ -403,6 +404,10 @@ def results(rows: Sequence[Mapping], domains: Sequence[str]) -> dict:
          'scores': _matrix(rows, domains, 'scores')}
   if any(r.get('config') for r in rows):
     out['configs'] = [r.get('config') for r in rows]
+  if any(r.get('inserted') for r in rows):
+    # Row by row, what a stage the regression guards inserted repairs and the drops that made
+    # it run (None: a stage of the config's own list).
+    out['inserted'] = [r.get('inserted') for r in rows]
   if any(r.get('validation') for r in rows):
     out['validation'] = _matrix(rows, domains, 'validation')
     out['best'] = {}
@@ -439,7 +444,11 @@ def markdown(res: Mapping, extra: bool = True) -> str:
   lines = ['| stage | trains on | ' + ' | '.join(domains) + ' |',
            '|---|---|' + '---:|' * len(domains)]
   prev = None
-  for name, trains, row in zip(res['stages'], res['stage_domains'], res['scores']):
+  inserted = res.get('inserted') or [None] * len(res['stages'])
+  for name, trains, row, ins in zip(res['stages'], res['stage_domains'], res['scores'],
+                                    inserted):
+    if ins:
+      name = f'{name} (inserted)'
     cells = []
     for j, v in enumerate(row):
       if v is None:

@@ -18,7 +18,14 @@ with `best` its best probe so far in the ledger (any earlier stage or step). The
   `guard/breaches` (domains past their bound);
 - 'stop': the stage ends at its newest probed step within every bound (each such step is
   checkpointed and kept by the rotation; step 0: the policy it started from), saved as the
-  stage's last step, saying so; the matrix row then scores that policy.
+  stage's last step, saying so; the matrix row then scores that policy;
+- 'repair': as 'warn' while the stage trains; the MOPD stage config.guard inserted after it
+  (`<name>_repair`, `repairs=<name>`: `cascade.config.Guard.repair_stages`) then runs if a
+  domain is past its bound at the stage's last probe (`fallen`), on those domains (each
+  taught by its best validation checkpoint in the ledger) and the stage's own (taught by
+  its final policy), probing the fallen domains as it trains and ending once every one is
+  back within bounds, or when its steps (the budget) are spent; else it is skipped (no
+  checkpoint, no matrix row; the next stage starts from the repaired stage's policy).
 
 Every probe past a bound is kept in its ledger entry ("breached"), and the stage's record in
 progress.json and results.json ("guards") lists them with what was done.
@@ -38,8 +45,16 @@ from cascade import evaluation
 from cascade import ledger as ledger_lib
 
 
+def fallen(ledger, stage_name: str) -> dict[str, dict]:
+  """domain -> what crossed its bound at stage `stage_name`'s last probe (its end; {}: none,
+  or the stage was not probed)."""
+  probes = [e for e in ledger.entries(ledger_lib.PROBE) if e['stage'] == stage_name]
+  return dict(probes[-1].get('breached') or {}) if probes else {}
+
+
 class StageGuard:
-  """The guards of one stage (`active` False: nothing to probe)."""
+  """The guards of one stage (`active` False: nothing to probe). A repair stage
+  (`repairs`) probes the domains that fell in the stage it repairs (`repairing`)."""
 
   def __init__(self, ctx, stage):
     self.ctx, self.stage = ctx, stage
@@ -47,10 +62,14 @@ class StageGuard:
     self.ledger = getattr(ctx, 'ledger', None)
     earlier = {d for s in ctx.plan.stages[:stage.index] if s.trains_policy for d in s.domains}
     self.protected: tuple[str, ...] = ()
+    self.repairing = bool(getattr(stage, 'repairs', ''))
     if (self.cfg is not None and self.ledger is not None and stage.MODEL == 'policy'
         and stage.trains_policy):
-      self.protected = tuple(d for d in self.cfg.domains
-                             if d in earlier and d not in stage.domains)
+      if self.repairing:
+        self.protected = tuple(sorted(fallen(self.ledger, stage.repairs)))
+      else:
+        self.protected = tuple(d for d in self.cfg.domains
+                               if d in earlier and d not in stage.domains)
 
   @property
   def active(self) -> bool:
@@ -122,9 +141,10 @@ class StageGuard:
 
   def info(self, stopped: Mapping | None = None) -> dict:
     """The stage's guard record (progress.json, results.json "guards"): the protected domains,
-    its probes, each probe past a bound and, after a stop, where it stopped."""
+    its probes, each probe past a bound and, after a stop (or a repair's early end), where."""
     probes = [e for e in self.ledger.entries(ledger_lib.PROBE) if e['stage'] == self.stage.name]
-    out = {'protected': list(self.protected), 'action': self.cfg.action, 'probes': len(probes),
+    action = 'repairing' if self.repairing else self.cfg.action
+    out = {'protected': list(self.protected), 'action': action, 'probes': len(probes),
            'breaches': [{'step': e['step'], 'domains': dict(e['breached'])}
                         for e in probes if e.get('breached')]}
     if stopped:

@@ -96,14 +96,18 @@ class Policies:
     before_save: runs before every checkpoint save (the run's metrics flush).
     pinned: stage name -> the steps its checkpoint rotation keeps besides the newest
       (`cascade.ledger.Ledger.pinned`).
+    skipped: stage name -> whether the stage was skipped (a guard's repair stage with nothing
+      to repair: it leaves the policy it received).
   """
 
   def __init__(self, plan: config_lib.Plan, workdir: str, mesh, rules,
                before_save: Callable[[], None] | None = None,
-               pinned: Callable[[str], set[int]] | None = None):
+               pinned: Callable[[str], set[int]] | None = None,
+               skipped: Callable[[str], bool] | None = None):
     self.plan, self.workdir, self.mesh, self.rules = plan, workdir, mesh, rules
     self._before_save = before_save
     self._pinned = pinned
+    self._skipped = skipped or (lambda name: False)
     self._abstract: dict[str, tuple] = {}
     self._ckpts: dict[str, checkpoint.StageCheckpoints] = {}
     self._params: tuple | None = None     # (source, params): the one policy kept in memory
@@ -190,6 +194,8 @@ class Policies:
   def source_after(self, index: int) -> tuple:
     """The policy the stage at `index` leaves behind."""
     st = self.plan.stages[index]
+    if self._skipped(st.name):
+      return self.source_before(index)
     if st.LEAVES == 'own':
       return ('stage', st.name)
     if st.LEAVES == 'start':

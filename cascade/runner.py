@@ -158,8 +158,10 @@ def make_context(plan: config_lib.Plan, workdir: str,
       progress.save()
     writer.flush()
 
-  policies = policies_lib.Policies(plan, workdir, mesh, plan.rules, before_save=before_checkpoint,
-                                   pinned=lambda name: ledger.pinned(name))
+  policies = policies_lib.Policies(
+      plan, workdir, mesh, plan.rules, before_save=before_checkpoint,
+      pinned=lambda name: ledger.pinned(name),
+      skipped=lambda name: bool((progress.done.get(name) or {}).get('skipped')))
   sampler = sampler_lib.Sampler(policies.graphdef('policy'), plan.model,
                                 eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id, mesh=mesh,
                                 rules=plan.rules, **plan.sampler.options())
@@ -188,10 +190,11 @@ EVAL_PARTIAL = 'eval_partial.json'
 
 
 def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: str = '',
-                 reporter: report_lib.Reporter | None = None) -> dict:
+                 reporter: report_lib.Reporter | None = None, inserted=None) -> dict:
   """Evaluates a policy on every domain (held-out and validation sets) and on config.eval.suites;
   appends its row to progress.json. `hf`: where the policy is exported (named by results.json's
-  "best"); `reporter`: prints a line per domain and suite evaluated.
+  "best"); `reporter`: prints a line per domain and suite evaluated; `inserted`: a stage the
+  guards inserted (what it repairs and the drops that made it run: the row is marked).
 
   SIGTERM or SIGINT (`cascade.preemption`) stops it at the next batch boundary: what it
   evaluated is kept in workdir/eval_partial.json (with the row's name and the config's hash)
@@ -241,6 +244,8 @@ def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: 
     row['suites'] = suites
   if hf:
     row['hf'] = hf
+  if inserted:
+    row['inserted'] = dict(inserted)
   row = ctx.progress.add_row(row)
   if checkpoint.is_writer() and paths.exists(path):
     paths.remove(path)            # after add_row's lock check
@@ -506,6 +511,10 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
   result = kinds.get(stage.kind).run(ctx, stage)
   info = {'index': stage.index, 'kind': stage.kind, **dict(result.info)}
   params = result.params
+  if info.get('skipped'):         # a repair stage with nothing to repair: no export, no row
+    ctx.progress.mark_done(stage.name, info)
+    reporter.stage_ended(stage, 0, time.perf_counter() - t0, None)
+    return
   if stage.trains_policy:
     ctx.policies.remember(('stage', stage.name), params)
     t1 = time.perf_counter()
@@ -526,7 +535,7 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
       params = ctx.policies.params_of(ctx.policies.source_after(stage.index))
     row = evaluate_row(ctx, stage.name, stage.index,
                        stage.domains if stage.trains_policy else [], params,
-                       hf=info.get('hf', ''), reporter=reporter)
+                       hf=info.get('hf', ''), reporter=reporter, inserted=info.get('inserted'))
   ctx.progress.mark_done(stage.name, info)
   _write_results(ctx, domains)
   rows = ctx.progress.rows

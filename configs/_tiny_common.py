@@ -29,12 +29,13 @@ the hidden rule; `rm=bt`, the default, is the reward model stage `rm`),
 `fast_path` (the paper recipes' rollout fast path, `configs/_recipes.py: fast_path`: the
 paged engine, GRPO's `stream_filter` and a packed update, `pack_tokens` = prompt + longest
 response, with pages and decode chunks sized for the tiny world: TINY_PAGED_ENGINE),
-`root=DIR` (the world cache, default `<repo>/runs/tiny_world`), `guard=warn` or `guard=stop`
+`root=DIR` (the world cache, default `<repo>/runs/tiny_world`), `guard=warn|stop|repair`
 (regression guards on every domain, `cascade/guard.py`: each domain gets a validation set,
 and while a stage trains the domains earlier stages trained are probed every GUARD_EVERY
 steps on GUARD_PROMPTS of its prompts; a fall of more than 3 points plus 2 standard errors
-below a domain's best probe is reported, or with `stop` ends the stage at its newest probed
-checkpoint within bounds; absent: no guard section, the config hashes as without it).
+below a domain's best probe is reported, with `stop` ends the stage at its newest probed
+checkpoint within bounds, with `repair` runs the MOPD stage inserted after it, `guard_repair`;
+absent: no guard section, the config hashes as without it).
 """
 
 from __future__ import annotations
@@ -121,7 +122,10 @@ def _hybrid_model(smoke: bool) -> dict:
 # config argument guard=ACTION (config.guard.action): probes every GUARD_EVERY steps (each stage's
 # first and last too) of GUARD_PROMPTS validation prompts per protected domain (smoke: every step,
 # 8 prompts).
-GUARD_ACTIONS = ('warn', 'stop')
+GUARD_ACTIONS = ('warn', 'stop', 'repair')
+# guard=repair: the inserted MOPD stage's step budget and learning rate (tiny_mopd.py's MOPD's).
+REPAIR_STEPS = 10
+REPAIR_LR = 5e-5
 GUARD_EVERY = 5
 GUARD_PROMPTS = 32
 
@@ -284,6 +288,8 @@ def base_config(arg: str | None,
     c.guard = dict(domains=list(DOMAINS), action=a['guard'],
                    every=1 if a['smoke'] else GUARD_EVERY,
                    prompts=8 if a['smoke'] else GUARD_PROMPTS)
+    if a['guard'] == 'repair':
+      c.guard.repair = guard_repair(a)
   c.allow_config_change = False
   return c, a
 
@@ -370,6 +376,26 @@ def rl_stage(a: dict[str, Any], name: str, domains: list[str], n: int, lr: float
                                       else next(iter(modes.values()))),
                    refill_cap=2, filter_overlong=False,
                    **(dict(phases=curriculum) if curriculum else {})), **kw)
+
+
+def guard_repair(a: dict[str, Any]) -> dict[str, Any]:
+  """config.guard.repair: the MOPD stage inserted after a guarded stage, as tiny_mopd.py's MOPD
+  (every domain's lengths, 4 samples per prompt, no filtering) with a REPAIR_STEPS budget."""
+  st = rl_stage(a, 'repair', list(DOMAINS), REPAIR_STEPS, REPAIR_LR, kind='mopd', group_size=4,
+                dynamic_filter=False, refill_cap=0)
+  return {k: v for k, v in st.items() if k not in ('name', 'kind', 'domains')}
+
+
+def fit_reward_model(c) -> None:
+  """With guard=repair, the chat reward model's scorer holds a repair stage's chat rows (its
+  prompt + response lengths, every domain's longest): the reward model scores every stage
+  sampling chat, config validation checks it."""
+  repair = (c.get('guard') or {}).get('repair')
+  if not repair:
+    return
+  for s in c.stages:
+    if s['kind'] == 'reward_model':
+      s['score_max_len'] = repair['max_prompt_len'] + repair['max_response_len']
 
 
 def keep_stages(a: dict[str, Any], stages: list[dict[str, Any]]) -> list[dict[str, Any]]:

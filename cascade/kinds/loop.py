@@ -315,6 +315,16 @@ def train_stage(ctx, kind: base.Kind, stage,
     if breached and guard.stops:
       state, step = guard_stop(step), stage.steps
       break
+    if probed is not None and guard.repairing and not breached and step < stage.steps:
+      # A repair stage ends once every domain it repairs is back within its bound.
+      stopped = {'repaired_at': step}
+      if checkpoint.is_writer():
+        tqdm.tqdm.write(f'[{stage.index}] {stage.name}: guard: every repaired domain is back '
+                        f'within its bound at step {step}/{stage.steps}; the stage ends here',
+                        file=sys.stderr)
+      save(stage.steps, state, guard_stop=stopped)
+      step = stage.steps
+      break
     why = preemption.stop_requested()
     if why:
       if not saved:

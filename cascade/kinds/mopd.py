@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cascade import data as data_lib
+from cascade import guard as guard_lib
 from cascade import ledger as ledger_lib
 from cascade import verifier_errors
 from cascade.kinds import base
@@ -54,14 +55,27 @@ class Config(rl.RLStageConfig):
   teachers: Any = base.field('best', check=(
       _teachers_ok, "must be 'best' or a mapping domain -> stage name or path"))
   teachers_on_host: bool = base.field(False, check=base.BOOL)
+  # The stage this one repairs (config.guard's action='repair' inserts it; '' = none): it runs
+  # only where a guard probe of that stage crossed its bound, on the domains that fell (each
+  # taught by its best validation checkpoint in the ledger) and that stage's own (taught by its
+  # final policy), and ends once every one of them is back within bounds (`cascade.guard`).
+  repairs: str = base.field('', check=((lambda v: isinstance(v, str)), 'must be a stage name'))
 
   def resolve(self, refs, fail):
     out = super().resolve(refs, fail)
     teachers = self.teachers
+    own = ()
+    if self.repairs:
+      src = refs.stage(self.repairs)
+      if src is None or not src.trains_policy:
+        fail('repairs', 'must name an earlier stage that trains the policy')
+      if teachers != 'best':
+        fail('teachers', "a repair stage's teachers are the ledger's ('best')")
+      own = src.domains
     if teachers == 'best':
       if not any(s.ROW and s.evaluate for s in refs.earlier):
         fail('teachers', "'best' needs an earlier evaluated policy stage to choose from")
-      missing = [d for d in self.domains if not refs.domains[d].validation]
+      missing = [d for d in self.domains if not refs.domains[d].validation and d not in own]
       if missing:
         fail('teachers', f"'best' chooses on validation scores, and domain {missing[0]!r} has "
                          f'no validation set (config.domains.{missing[0]}.validation: a '
@@ -97,17 +111,23 @@ def abstract_batch(stage: Config, mesh, rules):
                            teacher_logprobs=('token', jnp.float32))
 
 
-def choose_teachers(ctx, stage: Config,
-                    records: dict | None = None) -> dict[str, tuple[tuple, str]]:
-  """domain -> (policy source, why) for each of the stage's domains; `records` (when given)
-  receives domain -> what results.json says of the teacher (`cascade.ledger.teacher_record`,
-  or the stage or path a mapping named)."""
+def choose_teachers(ctx, stage: Config, records: dict | None = None,
+                    domains=None) -> dict[str, tuple[tuple, str]]:
+  """domain -> (policy source, why) for each of the stage's domains (or of `domains`);
+  `records` (when given) receives domain -> what results.json says of the teacher
+  (`cascade.ledger.teacher_record`, or the stage or path a mapping named). A repair stage's
+  own domains (those of the stage it repairs) are taught by that stage's final policy."""
   pol, plan = ctx.policies, ctx.plan
   ledger = getattr(ctx, 'ledger', None) or ledger_lib.Ledger(ctx.progress)
   entries = ledger.entries(ledger_lib.VALIDATION)
   chosen, records = {}, {} if records is None else records
-  for d in stage.domains:
+  repaired = plan.stage(stage.repairs) if stage.repairs else None
+  for d in (stage.domains if domains is None else domains):
     ref = stage.teachers if stage.teachers == 'best' else stage.teachers[d]
+    if repaired is not None and d in repaired.domains:
+      chosen[d] = (pol.source_after(repaired.index), f'the policy {repaired.name} left')
+      records[d] = {'stage': repaired.name, 'step': repaired.steps, 'final': True}
+      continue
     if ref == 'best':
       best = ledger.best(d, before=stage.index, entries=entries)
       if best is None:
@@ -138,7 +158,23 @@ def choose_teachers(ctx, stage: Config,
 def run(ctx, stage: Config) -> base.StageResult:
   records = ctx.data.stage_records(stage)
   picked: dict[str, dict] = {}
-  chosen = choose_teachers(ctx, stage, picked)
+  domains, inserted = stage.domains, None
+  if stage.repairs:
+    ledger = getattr(ctx, 'ledger', None) or ledger_lib.Ledger(ctx.progress)
+    fell = guard_lib.fallen(ledger, stage.repairs)
+    if not fell:
+      print(f'[{stage.index}] {stage.name}: skipped: no protected domain is past its bound '
+            f'after {stage.repairs}', flush=True)
+      return base.StageResult(info={'skipped': f'nothing to repair after {stage.repairs}'})
+    own = ctx.plan.stage(stage.repairs).domains
+    domains = tuple(d for d in stage.domains if d in fell or d in own)
+    records = [r for r in records if r['domain'] in domains]
+    inserted = {'repairs': stage.repairs,
+                'drops': {d: b['drop'] for d, b in sorted(fell.items())}}
+    print(f'[{stage.index}] {stage.name}: repairing ' + ', '.join(
+        f'{d} (fell {b["drop"]:.1f} points, bound {b["bound"]:.1f})'
+        for d, b in sorted(fell.items())) + f' after {stage.repairs}', flush=True)
+  chosen = choose_teachers(ctx, stage, picked, domains)
   sources = sorted({src for src, _ in chosen.values()})
   teachers = [ctx.policies.compute_copy(ctx.policies.params_of(s, keep=False))
               for s in sources]
@@ -174,7 +210,8 @@ def run(ctx, stage: Config) -> base.StageResult:
   result = loop.train_stage(ctx, KIND, stage, maker)
   return result._replace(info={**result.info,
                                'teachers': {d: list(src) for d, (src, _) in chosen.items()},
-                               'teacher_checkpoints': picked})
+                               'teacher_checkpoints': picked,
+                               **({'inserted': inserted} if inserted else {})})
 
 
 def frozen_forwards(stage: Config) -> list:

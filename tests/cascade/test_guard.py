@@ -66,9 +66,17 @@ def _digest(params):
   return float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(params)))
 
 
-def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1):
+def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, repairing=False):
   """Stage 'sft_b' (6 steps, after 'a_rl' trained 'a') through the real loop with a guard on
-  'a' probing every `every` steps; the probe of step s scores `probe_by_step[s]` (stderr 1)."""
+  'a' probing every `every` steps; the probe of step s scores `probe_by_step[s]` (stderr 1).
+  `repairing`: the loop sees the stage as a repair stage (of 'a'), as an inserted MOPD one."""
+  if repairing:
+    init = guard_lib.StageGuard.__init__
+
+    def as_repair(self, ctx, stage):
+      init(self, ctx, stage)
+      self.repairing = True
+    monkeypatch.setattr(guard_lib.StageGuard, '__init__', as_repair)
   plan = fakes.toy_config(_stages(fakes), every=100, validation=True,
                           guard=dict(domains=['a'], every=every, action=action, max_drop=3.0,
                                      stderrs=2.0, prompts=4))
@@ -169,3 +177,126 @@ def test_stop_ends_the_stage_at_its_newest_probed_checkpoint_within_bounds(
   finally:
     pol.close()
   assert _digest(state.params) == r.probed[2] and meta['guard_stop'] == {'at': 4, 'kept': 2}
+
+
+# ------------------------------------------------------------------ repair
+
+REPAIR = dict(steps=3, optimizer=dict(lr=1e-4), prompts_per_step=4, group_size=2,
+              max_prompt_len=100, max_response_len=8)
+
+
+@pytest.mark.parametrize('guard,want', [
+    (dict(domains=['a'], action='repair'), "config.guard.repair: action='repair' needs"),
+    (dict(domains=['a'], repair=REPAIR), "config.guard.repair: is the MOPD stage"),
+    (dict(domains=['a'], action='repair', repair=dict(REPAIR, teachers='best')),
+     'config.guard.repair.teachers: is set by the guard'),
+    (dict(domains=['a'], action='repair', repair=dict(REPAIR, group_size=0)),
+     "stages[2] 'sft_b_repair': group_size=0: must be an int >= 1"),
+])
+def test_a_bad_repair_is_one_config_error_line(fakes, guard, want):
+  with pytest.raises(config_lib.ConfigError) as e:
+    fakes.toy_config(_stages(fakes), validation=True, guard=guard)
+  assert str(e.value).startswith(want) and '\n' not in str(e.value), str(e.value)
+
+
+def _repair_plan(fakes):
+  return fakes.toy_config(_stages(fakes) + [fakes.rl_stage('a_rl2', ['a'])], validation=True,
+                          guard=dict(domains=['a', 'b'], action='repair', repair=REPAIR))
+
+
+def test_repair_inserts_a_mopd_stage_after_every_guarded_stage(fakes):
+  plan = _repair_plan(fakes)
+  # a_rl guards nothing (nothing trained before it); sft_b guards a; a_rl2 guards b.
+  assert [(s.index, s.name, s.kind) for s in plan.stages] == [
+      (0, 'a_rl', 'grpo'), (1, 'sft_b', 'sft'), (2, 'sft_b_repair', 'mopd'),
+      (3, 'a_rl2', 'grpo'), (4, 'a_rl2_repair', 'mopd')]
+  rep = plan.stages[2]
+  assert (rep.repairs, rep.domains, rep.teachers, rep.steps) == ('sft_b', ('a', 'b'), 'best', 3)
+  assert plan.stages[4].domains == ('b', 'a') and plan.stages[4].repairs == 'a_rl2'
+  # The config's own list is what the hash covers.
+  assert [s['name'] for s in plan.source['stages']] == ['a_rl', 'sft_b', 'a_rl2']
+
+
+def _probe(ledger, stage, step, breached=None):
+  ledger.record(stage, step, {'a': {'score': 50.0, 'stderr': 1.0}}, kind=ledger_lib.PROBE,
+                within=not breached, ckpt=False,
+                **({'breached': breached} if breached else {}))
+
+
+def _repair_ctx(fakes, tmp_path):
+  """A repair plan's context whose ledger says sft_b's last probe left 'a' past its bound,
+  and a_rl's step 2 is a's best validation checkpoint."""
+  from cascade.kinds import mopd  # pylint: disable=g-import-not-at-top
+  plan = _repair_plan(fakes)
+  progress = checkpoint.Progress(str(tmp_path))
+  led = ledger_lib.Ledger(progress)
+  recs = [fakes.record(d, i, 10 + i) for d in 'ab' for i in range(4)]
+  ctx = types.SimpleNamespace(plan=plan, progress=progress, ledger=led,
+                              policies=policies_lib.Policies(plan, str(tmp_path), None,
+                                                             plan.rules),
+                              data=types.SimpleNamespace(stage_records=lambda st: list(recs)))
+  rep = plan.stages[2]
+  fell = {'a': {'drop': 9.0, 'bound': 5.8, 'score': 41.0, 'best': 50.0, 'best_stage': 'sft_b',
+                'best_step': 0}}
+  # Past the bound mid-stage but back within it at the stage's end: nothing to repair.
+  _probe(led, plan.stages[1], 2, fell)
+  _probe(led, plan.stages[1], 6)
+  assert mopd.run(ctx, rep).info == {'skipped': 'nothing to repair after sft_b'}
+  assert guard_lib.fallen(led, 'sft_b') == {}
+  # Past it at the end: the repair trains a (taught by its best validation checkpoint, a_rl's
+  # step 2) and b (sft_b's own, taught by sft_b's final policy), on those domains' prompts.
+  _probe(led, plan.stages[1], 6, fell)
+  progress.add_row({'stage': 'a_rl', 'index': 0, 'domains': ['a'], 'scores': {},
+                    'validation': {'a': 30.0, 'b': 1.0}})
+  led.record(plan.stages[0], 2, {'a': {'score': 40.0, 'stderr': 2.0}})
+  picked = {}
+  chosen = mopd.choose_teachers(ctx, rep, picked, ('a', 'b'))
+  assert {d: src for d, (src, _) in chosen.items()} == {'a': ('ckpt', 'a_rl', 2),
+                                                        'b': ('stage', 'sft_b')}
+  assert picked['b'] == {'stage': 'sft_b', 'step': 6, 'final': True}
+  return ctx, plan, rep
+
+
+def test_a_repair_runs_only_where_its_stage_ended_past_a_bound_with_the_ledgers_teachers(
+    fakes, tmp_path):
+  ctx, plan, _ = _repair_ctx(fakes, tmp_path)
+  # A repair of a stage whose guard saw nothing: skipped, and the next stage starts from the
+  # repaired stage's policy.
+  done = {'sft_b_repair': {'skipped': 'nothing'}}
+  pol = policies_lib.Policies(plan, str(tmp_path), None, plan.rules,
+                              skipped=lambda name: 'skipped' in done.get(name, {}))
+  assert pol.source_before(3) == ('stage', 'sft_b')
+  assert ctx.policies.source_before(3) == ('stage', 'sft_b_repair')
+
+
+@pytest.mark.heavy                    # builds the teachers' copies of a tiny model (~20 s loaded)
+def test_a_repair_trains_on_the_fallen_and_its_stages_own_domains_and_is_marked_inserted(
+    fakes, tmp_path, monkeypatch):
+  from cascade.kinds import mopd  # pylint: disable=g-import-not-at-top
+  ctx, plan, rep = _repair_ctx(fakes, tmp_path)
+  got = []
+  monkeypatch.setattr(loop, 'train_stage', lambda ctx_, kind, st, maker_fn: got.append(st)
+                      or kinds.base.StageResult(final_step=st.steps))
+  monkeypatch.setattr(ctx.policies, 'params_of', lambda src, keep=True: nnx_params(plan))
+  ctx.domain_index = {'a': 0, 'b': 1}
+  ctx.mesh, ctx.rules = None, plan.rules
+  res = mopd.run(ctx, rep)
+  assert got == [rep]
+  assert res.info['inserted'] == {'repairs': 'sft_b', 'drops': {'a': 9.0}}
+  assert res.info['teacher_checkpoints']['a']['step'] == 2
+
+
+@pytest.mark.heavy                    # the real loop: one compiled SFT step, Orbax saves (~20 s)
+def test_a_repair_stage_ends_once_every_repaired_domain_is_back_within_bounds(
+    fakes, tmp_path, monkeypatch, capsys):
+  # a's best probe is 60; it starts repaired at 40 (past the bound), is at 50 after step 2
+  # (still past 3 + 2.83) and back at 58 after step 4: the stage ends there, keeping step 4.
+  r = _run(fakes, tmp_path, monkeypatch, 'warn', {0: 60.0, 2: 50.0, 4: 58.0, 6: 0.0},
+           repairing=True)
+  assert sorted(r.probed) == [0, 2, 4] and r.res.steps_run == 4 and r.res.final_step == 6
+  assert _digest(r.res.params) == r.probed[4]
+  assert r.res.info['guard']['stopped'] == {'repaired_at': 4}
+  assert r.res.info['guard']['action'] == 'repairing'
+  assert ('[1] sft_b: guard: every repaired domain is back within its bound at step 4/6'
+          in capsys.readouterr().err)
+  assert r.steps == [6]
