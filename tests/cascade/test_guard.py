@@ -66,7 +66,8 @@ def _digest(params):
   return float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(params)))
 
 
-def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, repairing=False):
+def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, repairing=False,
+         ckpt_every=100):
   """Stage 'sft_b' (6 steps, after 'a_rl' trained 'a') through the real loop with a guard on
   'a' probing every `every` steps; the probe of step s scores `probe_by_step[s]` (stderr 1).
   `repairing`: the loop sees the stage as a repair stage (of 'a'), as an inserted MOPD one."""
@@ -77,7 +78,7 @@ def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, r
       init(self, ctx, stage)
       self.repairing = True
     monkeypatch.setattr(guard_lib.StageGuard, '__init__', as_repair)
-  plan = fakes.toy_config(_stages(fakes), every=100, validation=True,
+  plan = fakes.toy_config(_stages(fakes), every=ckpt_every, validation=True,
                           guard=dict(domains=['a'], every=every, action=action, max_drop=3.0,
                                      stderrs=2.0, prompts=4))
   plan = dataclasses.replace(plan, ckpt=dataclasses.replace(plan.ckpt, keep=keep))
@@ -116,10 +117,16 @@ def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, r
   try:
     res = loop.train_stage(ctx, kinds.get('sft'), stage, maker_fn)
     steps = pol.checkpoints(stage).steps()
+  except _Killed:
+    res, steps = None, pol.checkpoints(stage).steps()
   finally:
     pol.close()
   return types.SimpleNamespace(res=res, logged=logged, probed=probed, seen=seen, steps=steps,
                                ledger=led, progress=progress)
+
+
+class _Killed(Exception):
+  pass
 
 
 def nnx_params(plan):
@@ -300,3 +307,24 @@ def test_a_repair_stage_ends_once_every_repaired_domain_is_back_within_bounds(
   assert ('[1] sft_b: guard: every repaired domain is back within its bound at step 4/6'
           in capsys.readouterr().err)
   assert r.steps == [6]
+
+
+@pytest.mark.heavy                    # the real loop twice: compiled SFT steps, Orbax saves (~40 s)
+def test_a_run_killed_after_a_probe_crossed_resumes_into_the_stop(fakes, tmp_path, monkeypatch):
+  """Killed right after step 4's checkpoint (a periodic one) and its probe past the bound,
+  before the stop: the rerun resumes at step 4, probes nothing again, and stops as the
+  uninterrupted run would, at step 2's policy."""
+  probes = {0: 60.0, 2: 61.0, 4: 40.0}
+
+  def kill(stage, step, saved, ckpts):
+    if step == 4:
+      raise _Killed()
+  monkeypatch.setattr(loop, 'STEP_END_HOOKS', [kill])
+  first = _run(fakes, tmp_path, monkeypatch, 'stop', probes, ckpt_every=2, keep=2)
+  assert first.res is None and first.steps == [2, 4] and sorted(first.probed) == [0, 2, 4]
+  monkeypatch.setattr(loop, 'STEP_END_HOOKS', [])
+  again = _run(fakes, tmp_path, monkeypatch, 'stop', {}, ckpt_every=2, keep=2)
+  assert again.probed == {} and again.res.steps_run == 0
+  assert _digest(again.res.params) == first.probed[2]
+  assert again.res.info['guard']['stopped'] == {'at': 4, 'kept': 2}
+  assert [b['step'] for b in again.res.info['guard']['breaches']] == [4]
