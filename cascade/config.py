@@ -542,7 +542,8 @@ class Ckpt:
   """config.ckpt: checkpoint every N steps (0: only at stage ends), keep the newest `keep`."""
   # Save a checkpoint every N steps of a stage (0: only at its end).
   every_n_steps: int = schema.field(0, check=schema.int_at_least(0))
-  # Checkpoints kept per stage, newest first (the stage's final one is always among them).
+  # Checkpoints kept per stage, newest first (the stage's final one is always among them), besides
+  # those the validation ledger keeps (a domain's best, a guard's stop target: cascade.ledger).
   keep: int = schema.field(2, check=schema.int_at_least(1))
   # Seal every checkpoint step and HF export with sha256s and check them before a resume or a
   # reuse (`cascade.checksums`: each is read once more, about 1 s per GB).
