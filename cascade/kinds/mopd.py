@@ -155,6 +155,19 @@ def choose_teachers(ctx, stage: Config, records: dict | None = None,
   return chosen
 
 
+def _only_domains(records, domains):
+  """A stage's records (a `data.Stream`, or a list) of `domains` only."""
+  if not isinstance(records, data_lib.Stream):
+    return [r for r in records if r['domain'] in domains]
+  keep = records.keep
+
+  def only(i, item):
+    item = item if keep is None else keep(i, item)
+    return item if item is not None and item['domain'] in domains else None
+  why = f'records of domains other than {", ".join(sorted(domains))} (nothing to repair there)'
+  return dataclasses.replace(records, keep=only, why='; '.join(filter(None, [records.why, why])))
+
+
 def run(ctx, stage: Config) -> base.StageResult:
   records = ctx.data.stage_records(stage)
   picked: dict[str, dict] = {}
@@ -168,7 +181,7 @@ def run(ctx, stage: Config) -> base.StageResult:
       return base.StageResult(info={'skipped': f'nothing to repair after {stage.repairs}'})
     own = ctx.plan.stage(stage.repairs).domains
     domains = tuple(d for d in stage.domains if d in fell or d in own)
-    records = [r for r in records if r['domain'] in domains]
+    records = _only_domains(records, domains)
     inserted = {'repairs': stage.repairs,
                 'drops': {d: b['drop'] for d, b in sorted(fell.items())}}
     print(f'[{stage.index}] {stage.name}: repairing ' + ', '.join(

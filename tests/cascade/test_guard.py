@@ -328,3 +328,14 @@ def test_a_run_killed_after_a_probe_crossed_resumes_into_the_stop(fakes, tmp_pat
   assert _digest(again.res.params) == first.probed[2]
   assert again.res.info['guard']['stopped'] == {'at': 4, 'kept': 2}
   assert [b['step'] for b in again.res.info['guard']['breaches']] == [4]
+
+
+def test_a_repair_draws_only_the_domains_it_repairs(fakes):
+  from cascade.kinds import mopd  # pylint: disable=g-import-not-at-top
+  recs = [fakes.record(d, i, 10 + i) for d in 'ab' for i in range(4)]
+  stream = data_lib.Stream(recs, keep=lambda i, r: None if i == 0 else r, why='first dropped')
+  only = mopd._only_domains(stream, ('b',))  # pylint: disable=protected-access
+  kept = [only.keep(i, r) for i, r in enumerate(recs)]
+  assert [r['id'] for r in kept if r is not None] == ['b0', 'b1', 'b2', 'b3']
+  assert only.why.startswith('first dropped; records of domains other than b')
+  assert [r['id'] for r in mopd._only_domains(recs, ('a',))] == ['a0', 'a1', 'a2', 'a3']  # pylint: disable=protected-access
