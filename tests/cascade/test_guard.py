@@ -339,3 +339,16 @@ def test_a_repair_draws_only_the_domains_it_repairs(fakes):
   assert [r['id'] for r in kept if r is not None] == ['b0', 'b1', 'b2', 'b3']
   assert only.why.startswith('first dropped; records of domains other than b')
   assert [r['id'] for r in mopd._only_domains(recs, ('a',))] == ['a0', 'a1', 'a2', 'a3']  # pylint: disable=protected-access
+
+
+def test_an_inserted_rows_matrix_marks_it_with_the_drops_that_made_it_run():
+  rows = [{'stage': 'sft', 'index': 0, 'domains': ['a', 'b'], 'scores': {'a': 50.0, 'b': 50.0}},
+          {'stage': 'b_rl', 'index': 1, 'domains': ['b'], 'scores': {'a': 30.0, 'b': 70.0}},
+          {'stage': 'b_rl_repair', 'index': 2, 'domains': ['a', 'b'],
+           'scores': {'a': 49.0, 'b': 69.0},
+           'inserted': {'repairs': 'b_rl', 'drops': {'a': 20.0}}}]
+  res = evaluation.results(rows, ['a', 'b'])
+  assert res['inserted'] == [None, None, {'repairs': 'b_rl', 'drops': {'a': 20.0}}]
+  lines = evaluation.markdown(res).splitlines()
+  assert lines[4].startswith('| b_rl_repair (inserted) | a, b | 49.0 (+19.0) |')
+  assert 'inserted' not in evaluation.results(rows[:2], ['a', 'b'])
