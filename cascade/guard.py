@@ -125,11 +125,13 @@ class StageGuard:
             f'at {b["best_stage"]} step {b["best_step"]}), past its bound of {b["bound"]:.1f}; '
             f'{self.cfg.action}', file=sys.stderr)
 
-  def breached_at(self, step: int) -> bool:
-    """Whether the ledger's probe of `step` of this stage crossed a bound (a stage resumed at
-    a step whose probe did, before it could stop)."""
-    return any(e['stage'] == self.stage.name and e['step'] == step and e.get('breached')
-               for e in self.ledger.entries(ledger_lib.PROBE))
+  def breached_at(self, step: int) -> bool | None:
+    """Whether the ledger's probe of `step` of this stage crossed a bound (None: no probe
+    there): a stage resumed at a step whose probe decided its end, before it could end."""
+    for e in self.ledger.entries(ledger_lib.PROBE):
+      if e['stage'] == self.stage.name and e['step'] == step:
+        return bool(e.get('breached'))
+    return None
 
   def stop_step(self) -> int:
     """Where a 'stop' goes back to: the stage's newest probed checkpoint within every bound

@@ -533,8 +533,10 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
   if stage.ROW and stage.evaluate and row is None:
     if params is None:
       params = ctx.policies.params_of(ctx.policies.source_after(stage.index))
-    row = evaluate_row(ctx, stage.name, stage.index,
-                       stage.domains if stage.trains_policy else [], params,
+    # An inserted repair stage trains on the domains it repairs and its stage's own.
+    trains_on = (list(info['teachers']) if info.get('inserted')
+                 else stage.domains if stage.trains_policy else [])
+    row = evaluate_row(ctx, stage.name, stage.index, trains_on, params,
                        hf=info.get('hf', ''), reporter=reporter, inserted=info.get('inserted'))
   ctx.progress.mark_done(stage.name, info)
   _write_results(ctx, domains)

@@ -237,11 +237,27 @@ def train_stage(ctx, kind: base.Kind, stage,
     save(stage.steps, kept, guard_stop=stopped)
     return kept
 
+  def repaired(at):
+    """A repair stage whose domains are all back within bounds at step `at` ends there."""
+    nonlocal stopped
+    stopped = {'repaired_at': at}
+    if checkpoint.is_writer():
+      tqdm.tqdm.write(f'[{stage.index}] {stage.name}: guard: every repaired domain is back '
+                      f'within its bound at step {at}/{stage.steps}; the stage ends here',
+                      file=sys.stderr)
+    save(stage.steps, state, guard_stop=stopped)
+
   if guard.active and step == 0:
     results, breached, _ = guard.probe(0, state.params)
     guard.record(0, results, breached, ckpt=False)
-  elif guard.stops and step < stage.steps and guard.breached_at(step):
-    state, step = guard_stop(step), stage.steps    # resumed where a probe crossed, not stopped
+  elif guard.active and step < stage.steps:
+    # Resumed at a step whose probe decided the stage's end before it could end.
+    crossed = guard.breached_at(step)
+    if crossed and guard.stops:
+      state, step = guard_stop(step), stage.steps
+    elif crossed is False and guard.repairing:
+      repaired(step)
+      step = stage.steps
   while step < stage.steps:
     t0 = time.perf_counter()
     rng = jax.random.fold_in(state.rng, step)
@@ -316,13 +332,7 @@ def train_stage(ctx, kind: base.Kind, stage,
       state, step = guard_stop(step), stage.steps
       break
     if probed is not None and guard.repairing and not breached and step < stage.steps:
-      # A repair stage ends once every domain it repairs is back within its bound.
-      stopped = {'repaired_at': step}
-      if checkpoint.is_writer():
-        tqdm.tqdm.write(f'[{stage.index}] {stage.name}: guard: every repaired domain is back '
-                        f'within its bound at step {step}/{stage.steps}; the stage ends here',
-                        file=sys.stderr)
-      save(stage.steps, state, guard_stop=stopped)
+      repaired(step)        # a repair stage ends once every domain it repairs is back
       step = stage.steps
       break
     why = preemption.stop_requested()

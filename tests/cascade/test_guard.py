@@ -352,3 +352,21 @@ def test_an_inserted_rows_matrix_marks_it_with_the_drops_that_made_it_run():
   lines = evaluation.markdown(res).splitlines()
   assert lines[4].startswith('| b_rl_repair (inserted) | a, b | 49.0 (+19.0) |')
   assert 'inserted' not in evaluation.results(rows[:2], ['a', 'b'])
+
+
+@pytest.mark.heavy                    # the real loop twice: compiled SFT steps, Orbax saves (~40 s)
+def test_a_repair_killed_after_its_domains_came_back_resumes_into_its_end(
+    fakes, tmp_path, monkeypatch):
+  def kill(stage, step, saved, ckpts):
+    if step == 2:
+      raise _Killed()
+  monkeypatch.setattr(loop, 'STEP_END_HOOKS', [kill])
+  first = _run(fakes, tmp_path, monkeypatch, 'warn', {0: 60.0, 2: 59.0}, ckpt_every=2,
+               keep=2, repairing=True)
+  assert first.res is None and first.steps == [2]
+  monkeypatch.setattr(loop, 'STEP_END_HOOKS', [])
+  again = _run(fakes, tmp_path, monkeypatch, 'warn', {}, ckpt_every=2, keep=2, repairing=True)
+  assert again.probed == {} and again.res.steps_run == 0
+  assert _digest(again.res.params) == first.probed[2]
+  assert again.res.info['guard']['stopped'] == {'repaired_at': 2}
+  assert again.steps == [2, 6]
