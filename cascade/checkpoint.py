@@ -688,6 +688,12 @@ class StageCheckpoints:
     self.wait()
     self._mngr.close()
 
+  def rotate(self) -> None:
+    """Applies the rotation now (the newest `keep` and the pinned steps stay): a finished
+    stage's checkpoint that was pinned as a domain's best and is no longer goes."""
+    self._saved = True
+    self.wait()
+
   def delete(self, step: int) -> None:
     """Deletes `step` (a guard's stop saves the kept policy as the stage's last step)."""
     self.wait()

@@ -73,15 +73,15 @@ class Ledger:
 
   def pinned(self, stage_name: str) -> set[int]:
     """The steps of stage `stage_name` the checkpoint rotation must keep: each that is some
-    domain's best validation checkpoint, and its newest probe step within every guard bound
-    (where a guard's `stop` goes back to)."""
+    domain's best validation checkpoint, and, while the stage runs, its newest probe step
+    within every guard bound (where a guard's `stop` goes back to)."""
     entries = self.entries(VALIDATION)
     domains = {d for e in entries for d in e['scores']}
     out = {e['step'] for d in domains for e in [self.best(d, entries=entries)]
            if e is not None and e['stage'] == stage_name and not e.get('final')}
     within = [e for e in self.entries(PROBE)
               if e['stage'] == stage_name and e.get('within') and e.get('ckpt') and e['step']]
-    if within:
+    if within and stage_name not in (getattr(self.progress, 'done', None) or {}):
       out.add(within[-1]['step'])
     return out
 

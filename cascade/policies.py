@@ -185,6 +185,14 @@ class Policies:
     for c in self._ckpts.values():
       c.close()
 
+  def rotate(self, names) -> None:
+    """Applies the checkpoint rotation to the named stages that have checkpoints (a finished
+    stage's intermediate checkpoint the validation ledger no longer pins is deleted)."""
+    for st in self.plan.stages:
+      ckpt = paths.join(checkpoint.stage_dir(self.workdir, st), 'ckpt')
+      if st.name in names and st.MODEL is not None and paths.exists(ckpt):
+        self.checkpoints(st).rotate()
+
   # ------------------------------------------------------------ sources
 
   def source_before(self, index: int) -> tuple:

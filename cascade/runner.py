@@ -539,6 +539,11 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
     row = evaluate_row(ctx, stage.name, stage.index, trains_on, params,
                        hf=info.get('hf', ''), reporter=reporter, inserted=info.get('inserted'))
   ctx.progress.mark_done(stage.name, info)
+  if ctx.progress.ledger:
+    # A checkpoint kept as a domain's best that this stage's row (or steps) beat goes now.
+    ctx.before_write()
+    ctx.policies.rotate([st.name for st in ctx.plan.stages[:stage.index]
+                         if st.name in ctx.progress.done])
   _write_results(ctx, domains)
   rows = ctx.progress.rows
   prev = rows[rows.index(row) - 1]['scores'] if row is not None and rows.index(row) else None

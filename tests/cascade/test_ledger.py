@@ -39,15 +39,17 @@ def test_best_entries_ties_pins_and_discards(tmp_path):
   led.record(_stage('rl', 0), 4, _res(a=30.0, b=1.0))              # a ties step 2: earliest wins
   led.record(_stage('rl', 0), 6, _res(a=90.0), ckpt=False)         # no checkpoint: no candidate
   led.record(_stage('rl', 0), 3, _res(a=99.0), kind=ledger_lib.PROBE, within=True)
+  # While the stage runs, the rotation keeps a's best (step 2; the probe's 99 is another set)
+  # and the newest in-bounds probe step (3: where a guard's stop goes back to).
+  assert led.pinned('rl') == {2, 3}
   progress.mark_done('rl', {'final_step': 8})
   progress.add_row({'stage': 'rl', 'index': 0, 'domains': ['a'], 'scores': {},
                     'validation': {'a': 20.0, 'b': 7.0}, 'validation_stderr': {'b': 0.5}})
   assert led.best('a')['step'] == 2 and led.best('a')['stage'] == 'rl'
   assert led.best('b') == dict(led.best('b'), stage='rl', step=8, final=True)
   assert led.best('a', before=0)['stage'] == 'init'          # only stages before index 0
-  # The rotation keeps a's best (step 2) and the newest in-bounds probe step (3); b's best is
-  # the stage's end, which is never rotated away.
-  assert led.pinned('rl') == {2, 3}
+  # Once it is done, only a's best (b's best is the stage's end, never rotated away).
+  assert led.pinned('rl') == {2}
   assert led.summary(['a', 'b']) == {
       'a': {'stage': 'rl', 'step': 2, 'validation': 30.0, 'stderr': 1.0, 'final': False},
       'b': {'stage': 'rl', 'step': 8, 'validation': 7.0, 'stderr': 0.5, 'final': True}}
@@ -142,3 +144,20 @@ def test_mopd_best_teacher_is_the_intermediate_checkpoint_where_that_is_best(
     assert digest(ctx.policies.params_of(chosen['a'][0], keep=False)) == digests[4] != digests[6]
   finally:
     ctx.policies.close()
+
+
+def test_the_rotation_keeps_a_pinned_step_until_it_is_no_longer_pinned(tmp_path):
+  pins = {1}
+  ckpts = checkpoint.StageCheckpoints(str(tmp_path / 'ckpt'), keep=1, async_save=False,
+                                      pinned=lambda: pins)
+  try:
+    for step in (1, 2, 3):
+      ckpts.save(step, {'x': np.full(2, step, np.float32)}, {'step': step})
+    assert ckpts.steps() == [1, 3]          # 2 rotated away, 1 pinned
+    ckpts.rotate()
+    assert ckpts.steps() == [1, 3]
+    pins.clear()                            # no longer some domain's best
+    ckpts.rotate()
+    assert ckpts.steps() == [3]
+  finally:
+    ckpts.close()
