@@ -318,6 +318,8 @@ def _redo_changed(workdir: str, old: dict, config, old_hash: str) -> None:
       (i for i, (x, y) in enumerate(zip(old_stages, new_stages)) if x != y),
       min(len(old_stages), len(new_stages)))
   stale = {i: s.get('name') for i, s in enumerate(old_stages) if i >= first}
+  # config.guard's repair stages of stale stages are stale too.
+  stale.update({(i, 'repair'): repair_name(n) for i, n in list(stale.items())})
   progress = Progress(workdir)
   gone = [n for n in stale.values() if n in progress.done or progress.row(n) is not None]
   init_stale = first == 0 and any(r.get('index') == -1 for r in progress.rows)
@@ -335,10 +337,28 @@ def _redo_changed(workdir: str, old: dict, config, old_hash: str) -> None:
   progress.ledger = [e for e in progress.ledger if e['stage'] not in stale.values()]
   if is_writer():
     for i, name in stale.items():
-      d = paths.join(workdir, 'stages', f'{i:02d}_{name}')
+      rel = _stage_rel(workdir, name, i if isinstance(i, int) else i[0])
+      d = paths.join(workdir, rel)
       if paths.isdir(d):
-        paths.move_tree(d, paths.join(where, f'{i:02d}_{name}'))
+        paths.move_tree(d, paths.join(where, rel.split('/')[-1]))
   progress.save()
+
+
+def repair_name(stage_name: str) -> str:
+  """The name of the stage config.guard's action='repair' inserts after `stage_name`."""
+  return f'{stage_name}_repair'
+
+
+def _stage_rel(workdir: str, name: str, index: int) -> str:
+  """`stages/<idx>_<name>` of stage `name` in `workdir` (found by name: repair stages shift
+  the positions), or the one position `index` gives where there is none."""
+  d = paths.join(workdir, 'stages')
+  if paths.isdir(d):
+    for sub in sorted(paths.listdir(d)):
+      idx, _, rest = sub.partition('_')
+      if idx.isdigit() and rest == name:
+        return paths.join('stages', sub)
+  return paths.join('stages', f'{index:02d}_{name}')
 
 
 def _without_stages(config: dict) -> dict:
@@ -395,7 +415,11 @@ def fork(source: str, workdir: str, config) -> list[str] | None:
     if x != y or x.get('name') not in src.done:
       break
     shared.append((i, x['name']))
-  rels = [paths.join('stages', f'{i:02d}_{name}') for i, name in shared]
+    if repair_name(x['name']) in src.done:   # config.guard's repair of it ran (or was skipped)
+      shared.append((i, repair_name(x['name'])))
+  # A stage's directory is named by its position in the plan (config.guard's repair stages
+  # shift the positions of those after them), so it is found by its name.
+  rels = [_stage_rel(source, name, i) for i, name in shared]
   for rel in rels:               # every process checks, so they all refuse together
     _check_forkable(source, rel)
   if not shared or not is_writer():
