@@ -8,7 +8,8 @@ Workdir layout:
                               stopped before it took a step (`guard_config`)
   progress.json               completed stages and the evaluation rows so far; the config's hash
                               (a second copy of config.json's) and each stage's data files
-                              (`cascade.stage_data`: what a resumed stage is checked against)
+                              (`cascade.stage_data`: what a resumed stage is checked against),
+                              the validation ledger between stage ends (`cascade.ledger`)
   stages/<idx>_<name>/ckpt/   Orbax CheckpointManager: <step>/{state, meta, checksums.json}
   stages/<idx>_<name>/hf/     the stage's final policy as HF safetensors (+ checksums.json)
   stages/<idx>_<name>/corrupt/  damaged steps and exports, moved aside
@@ -317,6 +318,8 @@ def _redo_changed(workdir: str, old: dict, config, old_hash: str) -> None:
       (i for i, (x, y) in enumerate(zip(old_stages, new_stages)) if x != y),
       min(len(old_stages), len(new_stages)))
   stale = {i: s.get('name') for i, s in enumerate(old_stages) if i >= first}
+  # config.guard's repair stages of stale stages are stale too.
+  stale.update({(i, 'repair'): repair_name(n) for i, n in list(stale.items())})
   progress = Progress(workdir)
   gone = [n for n in stale.values() if n in progress.done or progress.row(n) is not None]
   init_stale = first == 0 and any(r.get('index') == -1 for r in progress.rows)
@@ -331,12 +334,31 @@ def _redo_changed(workdir: str, old: dict, config, old_hash: str) -> None:
     progress.done.pop(name, None)
   progress.rows = [r for r in progress.rows if r['stage'] not in stale.values()
                    and not (init_stale and r.get('index') == -1)]
+  progress.ledger = [e for e in progress.ledger if e['stage'] not in stale.values()]
   if is_writer():
     for i, name in stale.items():
-      d = paths.join(workdir, 'stages', f'{i:02d}_{name}')
+      rel = _stage_rel(workdir, name, i if isinstance(i, int) else i[0])
+      d = paths.join(workdir, rel)
       if paths.isdir(d):
-        paths.move_tree(d, paths.join(where, f'{i:02d}_{name}'))
+        paths.move_tree(d, paths.join(where, rel.split('/')[-1]))
   progress.save()
+
+
+def repair_name(stage_name: str) -> str:
+  """The name of the stage config.guard's action='repair' inserts after `stage_name`."""
+  return f'{stage_name}_repair'
+
+
+def _stage_rel(workdir: str, name: str, index: int) -> str:
+  """`stages/<idx>_<name>` of stage `name` in `workdir` (found by name: repair stages shift
+  the positions), or the one position `index` gives where there is none."""
+  d = paths.join(workdir, 'stages')
+  if paths.isdir(d):
+    for sub in sorted(paths.listdir(d)):
+      idx, _, rest = sub.partition('_')
+      if idx.isdigit() and rest == name:
+        return paths.join('stages', sub)
+  return paths.join('stages', f'{index:02d}_{name}')
 
 
 def _without_stages(config: dict) -> dict:
@@ -393,7 +415,11 @@ def fork(source: str, workdir: str, config) -> list[str] | None:
     if x != y or x.get('name') not in src.done:
       break
     shared.append((i, x['name']))
-  rels = [paths.join('stages', f'{i:02d}_{name}') for i, name in shared]
+    if repair_name(x['name']) in src.done:   # config.guard's repair of it ran (or was skipped)
+      shared.append((i, repair_name(x['name'])))
+  # A stage's directory is named by its position in the plan (config.guard's repair stages
+  # shift the positions of those after them), so it is found by its name.
+  rels = [_stage_rel(source, name, i) for i, name in shared]
   for rel in rels:               # every process checks, so they all refuse together
     _check_forkable(source, rel)
   if not shared or not is_writer():
@@ -423,6 +449,7 @@ def fork(source: str, workdir: str, config) -> list[str] | None:
                       'forked_from': source}
   own.rows = [{k: retarget(v) for k, v in r.items()} for r in src.rows
               if r['stage'] in names or r.get('index') == -1]
+  own.ledger = [dict(e) for e in src.ledger if e['stage'] in names]
   own.save()                     # last: progress.json naming the stages marks a whole fork
   return [name for _, name in shared]
 
@@ -454,6 +481,8 @@ class Progress:
       (`cascade.stage_data.StageData.pin`).
     isolation: verifier -> every isolation its code ran under in this workdir, noted as it
       runs (`record_isolation`), so a resumed run's results still say it.
+    ledger: the validation ledger's entries between stage ends (`cascade.ledger`: in-stage
+      validation and the guards' probes; the stage ends are the rows).
   """
 
   def __init__(self, workdir: str, rebuild: bool = True,
@@ -482,6 +511,7 @@ class Progress:
     # stage name -> the identity of the data files it started with (`cascade.stage_data`).
     self.data: dict[str, list] = dict(data.get('data') or {})
     self.isolation: dict[str, list] = dict(data.get('isolation') or {})
+    self.ledger: list[dict] = [dict(e) for e in data.get('ledger') or []]
 
   def row(self, stage_name: str) -> dict | None:
     return next((r for r in self.rows if r['stage'] == stage_name), None)
@@ -524,6 +554,8 @@ class Progress:
       rec['data'] = self.data
     if self.isolation:
       rec['isolation'] = self.isolation
+    if self.ledger:
+      rec['ledger'] = self.ledger
     atomic_write_json(self.path, rec)
 
 
@@ -545,12 +577,17 @@ class StageCheckpoints:
   between Orbax's finalisation and the seal: nothing can vouch for its bytes),
   is moved aside with one warning and the previous step is used; with none left
   the stage starts again from its first step.
+
+  `pinned()` names steps the rotation keeps besides the newest `keep` (the validation
+  ledger's: a domain's best checkpoint, `cascade.ledger.Ledger.pinned`).
   """
 
   def __init__(self, directory: str, keep: int = 2, async_save: bool = True,
-               before_save: Callable[[], None] | None = None, checksums: bool = True):
+               before_save: Callable[[], None] | None = None, checksums: bool = True,
+               pinned: Callable[[], set[int]] | None = None):
     self.directory = str(paths.absolute(directory))   # local: absolute; gs://: as given
     self._keep = keep
+    self._pinned = pinned
     self._async = async_save
     self._before_save = before_save
     self._checksums = checksums
@@ -606,7 +643,8 @@ class StageCheckpoints:
 
   def wait(self) -> None:
     """Waits for the save in flight and its seal, then deletes the steps beyond the newest
-    `keep` (once a newer one is sealed). Raises what stopped the save or the seal."""
+    `keep` (once a newer one is sealed) but the pinned ones. Raises what stopped the save or
+    the seal."""
     if self._sealer is not None:
       self._sealer.join()
       self._sealer = None
@@ -616,8 +654,10 @@ class StageCheckpoints:
     self._mngr.wait_until_finished()
     if self._saved:
       self._saved = False
+      pinned = self._pinned() if self._pinned is not None else set()
       for s in self.steps()[:-self._keep]:
-        self._mngr.delete(s)
+        if s not in pinned:
+          self._mngr.delete(s)
 
   def restore(self, abstract_state, step: int | None = None):
     """Restores `step` (default: the newest restorable one), falling back past damage.
@@ -671,6 +711,18 @@ class StageCheckpoints:
   def close(self) -> None:
     self.wait()
     self._mngr.close()
+
+  def rotate(self) -> None:
+    """Applies the rotation now (the newest `keep` and the pinned steps stay): a finished
+    stage's checkpoint that was pinned as a domain's best and is no longer goes."""
+    self._saved = True
+    self.wait()
+
+  def delete(self, step: int) -> None:
+    """Deletes `step` (a guard's stop saves the kept policy as the stage's last step)."""
+    self.wait()
+    if step in self.steps():
+      self._mngr.delete(step)
 
   def discard_after(self, step: int) -> None:
     """Deletes the steps after `step` (a rolled-back stage redoes them and saves them anew)."""

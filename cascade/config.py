@@ -9,11 +9,12 @@ A config is an `ml_collections.ConfigDict` (see docs/config.md):
   config.hardware (what `launch.plan` compiles for), config.prepare (a
   step that makes the data the config names, run before it is read),
   config.compilation_cache (where JAX keeps compiled programs across runs) and
-  config.logging (where metrics go besides TensorBoard).
+  config.logging (where metrics go besides TensorBoard) and config.guard (regression
+  guards: probes of earlier domains while a stage trains, `cascade.guard`; absent: none).
 
 Every section is a frozen dataclass here (`Model`, `Tokenizer`, `Mesh`,
 `Sampler`, `Hardware`, `CompilationCache`, `Logging`, `Prepare`, `Eval`, `Ckpt`,
-`Divergence`, `Dataset`, `Domain`; the stages are their kinds' typed configs,
+`Divergence`, `Guard`, `Dataset`, `Domain`; the stages are their kinds' typed configs,
 `cascade.kinds`) that checks its own fields (`cascade.schema`). `validate(config)` builds each
 section, checks what refers across sections (a domain's datasets, a stage's
 domains, a reward model's stage) and returns a `Plan`: the sections, the
@@ -41,7 +42,7 @@ from rl import engine_options
 
 SECTIONS = ('seed', 'model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'datasets',
             'domains', 'stages', 'allow_config_change', 'hardware', 'prepare', 'divergence',
-            'compilation_cache', 'data_cache', 'logging')
+            'compilation_cache', 'data_cache', 'logging', 'guard')
 _REQUIRED_SECTIONS = ('model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'domains',
                       'datasets', 'stages')
 
@@ -493,12 +494,94 @@ class Eval:
     return suites_lib.get(name).protocol.replaced(**over)
 
 
+GUARD_ACTIONS = ('warn', 'stop', 'repair')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Guard:
+  """config.guard: regression guards on earlier domains while a stage trains (`cascade.guard`).
+
+  While a policy-training stage trains, every `every` steps (and at its first and last) the
+  protected domains an earlier stage trained (and this one does not) are probed: the first
+  `prompts` prompts of each one's validation set, sampled with its evaluation settings and
+  scored by its evaluation verifier. A probe whose score lies more than `max_drop` points +
+  `stderrs` standard errors (of the difference: the probe's and the best's) below the
+  domain's best probe so far in the validation ledger has crossed the bound; then `action`:
+  'warn' (a line and the `guard/*` metrics), 'stop' (the stage ends at its newest probed
+  checkpoint within every bound, saying so; each probe within bounds is checkpointed) or
+  'repair' (as 'warn' while the stage trains; then the MOPD stage inserted after it, from
+  `repair`, runs: `repair_stages`).
+  """
+  # The protected domains (config.domains names, each with a validation set).
+  domains: tuple[str, ...] = schema.field(check=(
+      lambda v: _names_ok(v) and len(v) > 0, 'must be a non-empty list of domain names'),
+      convert=tuple)
+  # The drop (points of a 0..100 score) a domain may take below its best probe.
+  max_drop: float = schema.field(3.0, check=schema.num_in(
+      0, 100, hi_open=True, what='must be in [0, 100): a drop below 0 is a rise, and no '
+                                 'score can fall 100 points or more'), convert=float)
+  # Standard errors of the drop added to max_drop, so probe noise does not cross it.
+  stderrs: float = schema.field(2.0, check=schema.num_in(0, what='must be a finite number >= 0'),
+                                convert=float)
+  # Prompts of each protected domain's validation set a probe scores (the first N).
+  prompts: int = schema.field(16, check=schema.int_at_least(1))
+  # Probe every N steps (and at a stage's first and last step).
+  every: int = schema.field(10, check=schema.int_at_least(1))
+  # What a probe past the bound does: 'warn', 'stop' or 'repair'.
+  action: str = schema.field('warn', check=schema.one_of(GUARD_ACTIONS, 'action'))
+  # action='repair': the fields of the MOPD stage inserted after every guarded stage (a mopd
+  # stage dict without name, kind, domains and teachers; its `steps` are the repair's budget).
+  repair: Any = schema.field(None, check=_MAPPING, convert=dict)
+
+  def check(self, fail):
+    if self.action == 'repair' and not self.repair:
+      fail('repair', "action='repair' needs the inserted MOPD stage's fields, e.g. "
+                     "dict(steps=10, optimizer=dict(lr=1e-5), prompts_per_step=16, "
+                     "group_size=4, max_prompt_len=96, max_response_len=48)", schema.HIDE)
+    if self.repair and self.action != 'repair':
+      fail('repair', f"is the MOPD stage action='repair' inserts; action={self.action!r}",
+           schema.HIDE)
+    for k in ('name', 'kind', 'domains', 'teachers', 'repairs'):
+      if k in (self.repair or {}):
+        fail(f'repair.{k}', 'is set by the guard', schema.HIDE)
+
+  def repair_stages(self, stages, raw: list[dict]) -> list[dict]:
+    """`raw` (the stage dicts of `stages`, parsed) with, after each stage that trains the policy
+    and has protected domains an earlier stage trained, the MOPD stage that repairs it:
+    `<name>_repair`, on those domains and its own, marked `repairs=<name>` (it runs only where
+    a probe of that stage crossed a bound, `cascade.kinds.mopd`)."""
+    out = []
+    for st, r in zip(stages, raw):
+      out.append(r)
+      earlier = {d for s in stages[:st.index] if s.trains_policy for d in s.domains}
+      guarded = [d for d in self.domains if d in earlier and d not in st.domains]
+      if st.MODEL == 'policy' and st.trains_policy and guarded:
+        out.append(dict(schema.as_dict(self.repair), name=f'{st.name}_repair', kind='mopd',
+                        domains=guarded + [d for d in st.domains if d not in guarded],
+                        teachers='best', repairs=st.name))
+    return out
+
+  def check_domains(self, domains) -> None:
+    """Each protected domain exists and has a validation set to probe (one ConfigError line)."""
+    for d in self.domains:
+      if d not in domains:
+        raise ConfigError(f'config.guard.domains: unknown domain {d!r} (known: '
+                          f'{", ".join(sorted(domains))})')
+      if not domains[d].validation:
+        raise ConfigError(f'config.guard.domains: domain {d!r} has no validation set to probe '
+                          f'(config.domains.{d}.validation: a prompt dataset disjoint from its '
+                          'eval set)')
+    if len(set(self.domains)) != len(self.domains):
+      raise ConfigError('config.guard.domains: names a domain twice')
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Ckpt:
   """config.ckpt: checkpoint every N steps (0: only at stage ends), keep the newest `keep`."""
   # Save a checkpoint every N steps of a stage (0: only at its end).
   every_n_steps: int = schema.field(0, check=schema.int_at_least(0))
-  # Checkpoints kept per stage, newest first (the stage's final one is always among them).
+  # Checkpoints kept per stage, newest first (the stage's final one is always among them), besides
+  # those the validation ledger keeps (a domain's best, a guard's stop target: cascade.ledger).
   keep: int = schema.field(2, check=schema.int_at_least(1))
   # Seal every checkpoint step and HF export with sha256s and check them before a resume or a
   # reuse (`cascade.checksums`: each is read once more, about 1 s per GB).
@@ -891,6 +974,7 @@ class Plan:
       domain's overrides from config.eval.domains).
     ckpt: checkpointing.
     divergence: when a training stage has diverged (`cascade.divergence`).
+    guard: the regression guards (`cascade.guard`), or None (config.guard absent).
     stages: each stage's typed config (`cascade.kinds`).
     domains, datasets: by name.
     initial_eval: evaluate the starting policy first (row 'init').
@@ -922,6 +1006,7 @@ class Plan:
   prepare: Prepare | None = None
   mesh_slices: int | None = None
   eval_settings: Mapping[str, Eval] = dataclasses.field(default_factory=dict)
+  guard: Guard | None = None
   hardware: Hardware = Hardware()
   compilation_cache: CompilationCache = CompilationCache()
   logging: Logging = Logging()
@@ -1006,15 +1091,20 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   names = set(known_verifiers)
   domains = {name: Domain.parse(name, spec, datasets, names)
              for name, spec in raw_domains.items()}
+  guard = _get(config, 'guard')
+  if guard is not None:
+    guard = _section(Guard, guard, 'guard')
+    guard.check_domains(domains)
   raw = list(_get(config, 'stages', []) or [])
   if not raw:
     raise ConfigError('config.stages: the stage list is empty')
   raw = [schema.as_dict(s) for s in raw]
-  all_names = tuple(s.get('name') for s in raw)
-  stages = []
-  for i, s in enumerate(raw):
-    refs = kinds.base.Refs(tuple(stages), all_names, domains, datasets)
-    stages.append(kinds.parse(i, s, refs))
+  stages = _parse_stages(kinds, raw, domains, datasets)
+  if guard is not None and guard.action == 'repair':
+    # The inserted repair stages are stages of the plan (indices, directories, launch.plan's
+    # worst case); the config's own list was checked above at its own positions.
+    raw = guard.repair_stages(stages, raw)
+    stages = _parse_stages(kinds, raw, domains, datasets)
   for st in stages:
     st.check_lengths(model.max_seq_len, schema.failer(st.where, st))
   stages = [st.with_model(model, sampler, schema.failer(st.where, st)) for st in stages]
@@ -1047,9 +1137,19 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
               rules=mesh.logical_rules(),
               sampler=sampler, eval=ev, ckpt=ckpt, divergence=divergence, stages=tuple(stages),
               domains=domains, datasets=datasets, initial_eval=bool(initial), prepare=prepare,
-              eval_settings=eval_settings, hardware=hardware,
+              eval_settings=eval_settings, guard=guard, hardware=hardware,
               compilation_cache=compilation_cache, logging=logging, allow_config_change=allow,
               data_cache=data_cache, source=schema.as_dict(config), chat_template=template)
+
+
+def _parse_stages(kinds, raw: list[dict], domains, datasets) -> list:
+  """The stage dicts as their kinds' typed configs, each checked against those before it."""
+  all_names = tuple(s.get('name') for s in raw)
+  stages = []
+  for i, s in enumerate(raw):
+    refs = kinds.base.Refs(tuple(stages), all_names, domains, datasets)
+    stages.append(kinds.parse(i, s, refs))
+  return stages
 
 
 def _check_suites(ev: Eval, model, sampler: Sampler) -> None:

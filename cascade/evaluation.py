@@ -20,7 +20,11 @@ plus "isolation" ({verifier: 'bwrap' | 'none'}) once a verifier that runs code
 has been used, "validation" and "best" when domains have validation sets
 (`results`), "suites" and "suite_scores" (per row and suite: value, stderr, k, n,
 samples, metric, the protocol's hash, pass@k) when config.eval.suites names any,
-and "scores_by_mode" when config.eval.thinking is 'both';
+"scores_by_mode" when config.eval.thinking is 'both', "ledger" (each domain's best
+validation checkpoint, intermediate steps included: `cascade.ledger`), "teachers" (each MOPD
+stage's teacher checkpoint per domain), "guards" (what the regression guards saw and did,
+`cascade.guard`) and "inserted" (row by row, what a stage the guards inserted repairs and the
+drops that made it run; results.md marks its row);
 with `stages[i]` the row's stage name ('init' for the starting policy),
 `stage_domains[i]` the domains that stage trains on, and `scores[i][j]` the
 score of domain j after stage i; results.md is the same table with deltas
@@ -148,10 +152,24 @@ def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mod
   r, lens, trunc = (np.concatenate([_unpack(x[f]) for x in batches])
                     for f in ('rewards', 'lengths', 'truncated'))
   return {'score': float(100.0 * np.mean(np.clip(r, 0.0, 1.0))),
+          'stderr': stderr(r, len(recs)),
           'prompts': len(recs), 'samples': int(r.size),
           'mean_reward': float(np.mean(r)),
           'mean_len': float(np.mean(lens)),
           'truncated': float(np.mean(trunc))}
+
+
+def stderr(rewards, prompts: int) -> float:
+  """The standard error, in points, of a score (`_one_mode`: 100 x the mean clipped reward).
+
+  The k samples of one prompt are not independent draws, so the error is that of the mean of
+  the per-prompt means (rows are prompt-major, k per prompt); one prompt: 0 (no spread)."""
+  r = np.clip(np.asarray(rewards, np.float64).ravel(), 0.0, 1.0)
+  if prompts > 0 and r.size % prompts == 0:
+    r = r.reshape(prompts, -1).mean(axis=1)
+  if r.size < 2:
+    return 0.0
+  return float(100.0 * np.std(r, ddof=1) / np.sqrt(r.size))
 
 
 def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]],
@@ -185,8 +203,8 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
     stop: asked before each batch; an answer stops the call there (`Stopped`).
 
   Returns:
-    domain -> {'score' in [0, 100], 'prompts', 'samples', 'mean_reward',
-    'mean_len', 'truncated'}; with thinking='both' these are the means over
+    domain -> {'score' in [0, 100], 'stderr' (its standard error, `stderr`), 'prompts',
+    'samples', 'mean_reward', 'mean_len', 'truncated'}; with thinking='both' these are the means over
     the two modes, and 'modes' holds {'think': {...}, 'no_think': {...}}.
 
   Raises:
@@ -239,6 +257,8 @@ def _one_domain(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev,
   per = {MODE_NAMES[m]: one(m, jax.random.fold_in(domain_key, i)) for i, m in enumerate(modes)}
   means = {k: float(np.mean([p[k] for p in per.values()]))
            for k in ('score', 'mean_reward', 'mean_len', 'truncated')}
+  # The mean of the two modes' scores (same prompts, sampled independently per mode).
+  means['stderr'] = float(np.sqrt(sum(p['stderr'] ** 2 for p in per.values())) / len(per))
   return {**means, 'prompts': len(recs),
           'samples': sum(p['samples'] for p in per.values()), 'modes': per}
 
@@ -264,12 +284,31 @@ def score_sets(ctx, params, sets: Mapping[str, Sequence[dict]], fold: int,
                   done=done, stop=stop)
 
 
+def validation_results(ctx, params, done: Mapping | None = None,
+                       stop: Callable[[], str | None] | None = None) -> dict[str, dict]:
+  """domain -> `evaluate`'s result of `params` on its validation set (score, stderr, ...;
+  empty when no domain has a validation set); `done` and `stop` as `evaluate`'s."""
+  out = score_sets(ctx, params, ctx.data.validation_sets, VALIDATION_FOLD, done=done, stop=stop)
+  return {d: out[d] for d in sorted(out)}
+
+
 def validation_scores(ctx, params, done: Mapping | None = None,
                       stop: Callable[[], str | None] | None = None) -> dict[str, float]:
-  """domain -> validation score of `params` (empty when no domain has a validation set);
-  `done` and `stop` as `evaluate`'s."""
-  out = score_sets(ctx, params, ctx.data.validation_sets, VALIDATION_FOLD, done=done, stop=stop)
-  return {d: out[d]['score'] for d in sorted(out)}
+  """domain -> validation score of `params` (`validation_results`' scores)."""
+  return {d: r['score'] for d, r in validation_results(ctx, params, done, stop).items()}
+
+
+# The key of the guards' probes (`cascade.guard`): a fixed subset of each validation set, the
+# same key at every probe, so two probes differ by their policy only.
+PROBE_FOLD = 1_000_037
+
+
+def probe_results(ctx, params, prompts: int, domains) -> dict[str, dict]:
+  """domain -> `evaluate`'s result of `params` on the first `prompts` prompts of each of
+  `domains`' validation sets (a regression guard's probe, `cascade.guard`)."""
+  sets = {d: list(ctx.data.validation_sets[d])[:prompts] for d in domains
+          if d in ctx.data.validation_sets}
+  return score_sets(ctx, params, sets, PROBE_FOLD)
 
 
 def suite_sets(plan) -> list[tuple[suites_base.Suite, list[dict]]]:
@@ -366,6 +405,10 @@ def results(rows: Sequence[Mapping], domains: Sequence[str]) -> dict:
          'scores': _matrix(rows, domains, 'scores')}
   if any(r.get('config') for r in rows):
     out['configs'] = [r.get('config') for r in rows]
+  if any(r.get('inserted') for r in rows):
+    # Row by row, what a stage the regression guards inserted repairs and the drops that made
+    # it run (None: a stage of the config's own list).
+    out['inserted'] = [r.get('inserted') for r in rows]
   if any(r.get('validation') for r in rows):
     out['validation'] = _matrix(rows, domains, 'validation')
     out['best'] = {}
@@ -402,7 +445,11 @@ def markdown(res: Mapping, extra: bool = True) -> str:
   lines = ['| stage | trains on | ' + ' | '.join(domains) + ' |',
            '|---|---|' + '---:|' * len(domains)]
   prev = None
-  for name, trains, row in zip(res['stages'], res['stage_domains'], res['scores']):
+  inserted = res.get('inserted') or [None] * len(res['stages'])
+  for name, trains, row, ins in zip(res['stages'], res['stage_domains'], res['scores'],
+                                    inserted):
+    if ins:
+      name = f'{name} (inserted)'
     cells = []
     for j, v in enumerate(row):
       if v is None:
@@ -479,14 +526,16 @@ def plot(res: Mapping, path: str) -> None:
 def write(workdir: str, rows: Sequence[Mapping], domains: Sequence[str],
           isolation: Mapping[str, str] | None = None,
           accounting: Mapping[str, Mapping] | None = None,
-          substitutions: Mapping[str, str] | None = None) -> dict:
+          substitutions: Mapping[str, str] | None = None,
+          extra: Mapping | None = None) -> dict:
   """Writes results.json, results.md and results.png (atomically; process 0 only).
 
   `isolation` (verifier name -> the isolation its code ran under) is added to
   results.json as "isolation" when given, so a table says whether its code
   rewards came from sandboxed runs; `accounting` (stage -> where its step time
   went, `kinds.loop.accounting`) as "accounting"; `substitutions` (domain -> the reward
-  that stood in for a paper's, `config.Plan.substitutions`) as "substitutions".
+  that stood in for a paper's, `config.Plan.substitutions`) as "substitutions"; `extra`'s
+  keys as they are (the runner's "ledger", "teachers" and "guards").
   """
   res = results(rows, domains)
   if isolation:
@@ -495,6 +544,7 @@ def write(workdir: str, rows: Sequence[Mapping], domains: Sequence[str],
     res['accounting'] = {k: dict(v) for k, v in accounting.items() if v}
   if substitutions:
     res['substitutions'] = dict(sorted(substitutions.items()))
+  res.update(extra or {})
   if not checkpoint.is_writer():
     return res
   checkpoint.atomic_write_text(paths.join(workdir, 'results.json'),

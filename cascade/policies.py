@@ -6,7 +6,9 @@ stage left: a stage that trains a policy leaves its own, an eval stage its
 starting one, a reward model the one before it. A source is a tuple:
 ('initial',), ('stage', name) or ('hf', path). One policy's params are kept
 in memory (the one the last stage produced or loaded), so consecutive stages
-do not reload; others are restored from the stage's final checkpoint.
+do not reload; others are restored from the stage's final checkpoint. A fourth source,
+('ckpt', name, step), is a stage's checkpoint of that step (the validation ledger's best
+checkpoints, `cascade.ledger`: MOPD's teachers).
 
 `abstract_state` is the restore target of a stage's TrainState (shapes,
 dtypes and shardings, nothing allocated); `launch.plan` compiles against the
@@ -94,12 +96,20 @@ class Policies:
     workdir: the run's directory.
     mesh, rules: where params live (mesh None: one device).
     before_save: runs before every checkpoint save (the run's metrics flush).
+    pinned: stage name -> the steps its checkpoint rotation keeps besides the newest
+      (`cascade.ledger.Ledger.pinned`).
+    skipped: stage name -> whether the stage was skipped (a guard's repair stage with nothing
+      to repair: it leaves the policy it received).
   """
 
   def __init__(self, plan: config_lib.Plan, workdir: str, mesh, rules,
-               before_save: Callable[[], None] | None = None):
+               before_save: Callable[[], None] | None = None,
+               pinned: Callable[[str], set[int]] | None = None,
+               skipped: Callable[[str], bool] | None = None):
     self.plan, self.workdir, self.mesh, self.rules = plan, workdir, mesh, rules
     self._before_save = before_save
+    self._pinned = pinned
+    self._skipped = skipped or (lambda name: False)
     self._abstract: dict[str, tuple] = {}
     self._ckpts: dict[str, checkpoint.StageCheckpoints] = {}
     self._params: tuple | None = None     # (source, params): the one policy kept in memory
@@ -131,7 +141,8 @@ class Policies:
       self._ckpts[stage.name] = checkpoint.StageCheckpoints(
           paths.join(checkpoint.stage_dir(self.workdir, stage), 'ckpt'),
           keep=self.plan.ckpt.keep, before_save=self._before_save,
-          checksums=self.plan.ckpt.checksums)
+          checksums=self.plan.ckpt.checksums,
+          pinned=None if self._pinned is None else (lambda name=stage.name: self._pinned(name)))
     return self._ckpts[stage.name]
 
   def final_state(self, stage) -> train_lib.TrainState:
@@ -176,6 +187,14 @@ class Policies:
     for c in self._ckpts.values():
       c.close()
 
+  def rotate(self, names) -> None:
+    """Applies the checkpoint rotation to the named stages that have checkpoints (a finished
+    stage's intermediate checkpoint the validation ledger no longer pins is deleted)."""
+    for st in self.plan.stages:
+      ckpt = paths.join(checkpoint.stage_dir(self.workdir, st), 'ckpt')
+      if st.name in names and st.MODEL is not None and paths.exists(ckpt):
+        self.checkpoints(st).rotate()
+
   # ------------------------------------------------------------ sources
 
   def source_before(self, index: int) -> tuple:
@@ -185,6 +204,8 @@ class Policies:
   def source_after(self, index: int) -> tuple:
     """The policy the stage at `index` leaves behind."""
     st = self.plan.stages[index]
+    if self._skipped(st.name):
+      return self.source_before(index)
     if st.LEAVES == 'own':
       return ('stage', st.name)
     if st.LEAVES == 'start':
@@ -208,8 +229,22 @@ class Policies:
                        f'({model.cfg} vs {self.plan.model})')
     return params
 
+  def checkpoint_params(self, stage, step: int):
+    """The params of `stage`'s checkpoint of `step` (one CheckpointError line when it cannot
+    be restored)."""
+    ckpts = self.checkpoints(stage)
+    target = self.abstract_state(stage.MODEL, base.make_optimizer(stage).tx)
+    try:
+      _, state, _ = ckpts.restore(target, step=step)
+    except Exception as e:  # pylint: disable=broad-except
+      raise checkpoint.CheckpointError(
+          f'{ckpts.directory}/{step}: the checkpoint of stage {stage.name!r} step {step} '
+          f'cannot be restored ({type(e).__name__}); rerun in a new workdir') from None
+    return state.params
+
   def params_of(self, source: tuple, keep: bool = True):
-    """The policy params of a source ('initial' / ('stage', name) / ('hf', path))."""
+    """The policy params of a source ('initial' / ('stage', name) / ('hf', path) /
+    ('ckpt', name, step))."""
     if self._params is not None and self._params[0] == source:
       return self._params[1]
     if source[0] == 'initial':
@@ -220,6 +255,8 @@ class Policies:
                                               self.rules))[1]
     elif source[0] == 'stage':
       params = self.final_state(self.plan.stage(source[1])).params
+    elif source[0] == 'ckpt':
+      params = self.checkpoint_params(self.plan.stage(source[1]), source[2])
     else:
       params = self._load_hf(source[1])
     if keep:

@@ -48,6 +48,7 @@ from cascade import compile_cache
 from cascade import config as config_lib
 from cascade import evaluation
 from cascade import kinds
+from cascade import ledger as ledger_lib
 from cascade import lock
 from cascade import metrics
 from cascade import policies as policies_lib
@@ -89,6 +90,7 @@ class RunContext:
     before_write: the workdir lock's check, called before every write to the workdir (the
       writer, checkpoints and progress.json call it themselves).
     config_hash: the hash of the config the run computes with.
+    ledger: the per-domain validation ledger (`cascade.ledger`, over `progress`).
   """
   plan: config_lib.Plan
   workdir: str
@@ -106,6 +108,7 @@ class RunContext:
   progress: checkpoint.Progress
   before_write: Callable[[], None] = lambda: None
   config_hash: str = ''
+  ledger: Any = None
 
 
 def _mesh(plan: config_lib.Plan):
@@ -156,11 +159,15 @@ def make_context(plan: config_lib.Plan, workdir: str,
       progress.save()
     writer.flush()
 
-  policies = policies_lib.Policies(plan, workdir, mesh, plan.rules, before_save=before_checkpoint)
+  policies = policies_lib.Policies(
+      plan, workdir, mesh, plan.rules, before_save=before_checkpoint,
+      pinned=lambda name: ledger.pinned(name),
+      skipped=lambda name: bool((progress.done.get(name) or {}).get('skipped')))
   sampler = sampler_lib.Sampler(policies.graphdef('policy'), plan.model,
                                 eos_ids=[tokenizer.eos_id], pad_id=tokenizer.pad_id, mesh=mesh,
                                 rules=plan.rules, **plan.sampler.options())
   progress = checkpoint.Progress(workdir, before_save=before_progress, config_hash=config_hash)
+  ledger = ledger_lib.Ledger(progress)
   verifiers = verifier_set.VerifierSet(
       plan, rm_scorer=lambda st: policies.reward_scorer(st, tokenizer),
       rm_ready=lambda name: name in progress.done,
@@ -175,7 +182,7 @@ def make_context(plan: config_lib.Plan, workdir: str,
                     verifiers=verifiers, sample_cls=verifiers.sample_cls,
                     domain_index={d: i for i, d in enumerate(sorted(plan.domains))},
                     writer=writer, progress=progress, before_write=gate,
-                    config_hash=config_hash)
+                    config_hash=config_hash, ledger=ledger)
 
 
 # What a stopped evaluation of a matrix row kept (`evaluate_row`): {'row', 'config', 'held_out',
@@ -184,10 +191,11 @@ EVAL_PARTIAL = 'eval_partial.json'
 
 
 def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: str = '',
-                 reporter: report_lib.Reporter | None = None) -> dict:
+                 reporter: report_lib.Reporter | None = None, inserted=None) -> dict:
   """Evaluates a policy on every domain (held-out and validation sets) and on config.eval.suites;
   appends its row to progress.json. `hf`: where the policy is exported (named by results.json's
-  "best"); `reporter`: prints a line per domain and suite evaluated.
+  "best"); `reporter`: prints a line per domain and suite evaluated; `inserted`: a stage the
+  guards inserted (what it repairs and the drops that made it run: the row is marked).
 
   SIGTERM or SIGINT (`cascade.preemption`) stops it at the next batch boundary: what it
   evaluated is kept in workdir/eval_partial.json (with the row's name and the config's hash)
@@ -210,9 +218,9 @@ def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: 
                                 done=kept.get(part), stop=preemption.stop_requested)
     kept[part] = {d: {'result': r} for d, r in out.items()}
     part = 'validation'
-    validation = evaluation.validation_scores(ctx, params, done=kept.get(part),
-                                              stop=preemption.stop_requested)
-    kept[part] = {d: {'result': {'score': v}} for d, v in validation.items()}
+    validation = evaluation.validation_results(ctx, params, done=kept.get(part),
+                                               stop=preemption.stop_requested)
+    kept[part] = {d: {'result': r} for d, r in validation.items()}
     part = 'suites'
     suites = evaluation.score_suites(ctx, params, name, suite_report,
                                      stop=preemption.stop_requested)
@@ -229,11 +237,16 @@ def evaluate_row(ctx: RunContext, name: str, index: int, trains_on, params, hf: 
   row = {'stage': name, 'index': index, 'domains': list(trains_on),
          'scores': {d: out[d]['score'] for d in sorted(out)}, 'details': out}
   if validation:
-    row['validation'] = validation
+    row['validation'] = {d: r['score'] for d, r in validation.items()}
+    # Its standard errors (the ledger's, `cascade.ledger`; a row kept from before they were
+    # measured has none).
+    row['validation_stderr'] = {d: r['stderr'] for d, r in validation.items() if 'stderr' in r}
   if suites:
     row['suites'] = suites
   if hf:
     row['hf'] = hf
+  if inserted:
+    row['inserted'] = dict(inserted)
   row = ctx.progress.add_row(row)
   if checkpoint.is_writer() and paths.exists(path):
     paths.remove(path)            # after add_row's lock check
@@ -397,7 +410,23 @@ def _write_results(ctx: RunContext, domains) -> dict:
   """results.{json,md,png} of the rows so far (`evaluation.write`), after the lock's check."""
   ctx.before_write()
   return evaluation.write(ctx.workdir, ctx.progress.rows, domains, _isolation(ctx.progress),
-                          _accounting(ctx.progress), ctx.plan.substitutions)
+                          _accounting(ctx.progress), ctx.plan.substitutions,
+                          extra=_ledger_results(ctx, domains))
+
+
+def _ledger_results(ctx: RunContext, domains) -> dict:
+  """results.json's "ledger" (each domain's best validation checkpoint, `cascade.ledger`),
+  "teachers" (stage -> domain -> the checkpoint a MOPD stage distilled from) and "guards"
+  (stage -> what its regression guards saw, `cascade.guard`), where there are any."""
+  out = {}
+  best = ctx.ledger.summary(domains) if ctx.ledger is not None else {}
+  if best:
+    out['ledger'] = best
+  for key, field in (('teachers', 'teacher_checkpoints'), ('guards', 'guard')):
+    got = {name: info[field] for name, info in ctx.progress.done.items() if info.get(field)}
+    if got:
+      out[key] = got
+  return out
 
 
 def _print_results(workdir: str, res: dict) -> None:
@@ -484,6 +513,10 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
   result = kinds.get(stage.kind).run(ctx, stage)
   info = {'index': stage.index, 'kind': stage.kind, **dict(result.info)}
   params = result.params
+  if info.get('skipped'):         # a repair stage with nothing to repair: no export, no row
+    ctx.progress.mark_done(stage.name, info)
+    reporter.stage_ended(stage, 0, time.perf_counter() - t0, None)
+    return
   if stage.trains_policy:
     ctx.policies.remember(('stage', stage.name), params)
     t1 = time.perf_counter()
@@ -502,10 +535,17 @@ def _run_stage(ctx: RunContext, stage, domains, cache: compile_cache.Cache | Non
   if stage.ROW and stage.evaluate and row is None:
     if params is None:
       params = ctx.policies.params_of(ctx.policies.source_after(stage.index))
-    row = evaluate_row(ctx, stage.name, stage.index,
-                       stage.domains if stage.trains_policy else [], params,
-                       hf=info.get('hf', ''), reporter=reporter)
+    # An inserted repair stage trains on the domains it repairs and its stage's own.
+    trains_on = (list(info['teachers']) if info.get('inserted')
+                 else stage.domains if stage.trains_policy else [])
+    row = evaluate_row(ctx, stage.name, stage.index, trains_on, params,
+                       hf=info.get('hf', ''), reporter=reporter, inserted=info.get('inserted'))
   ctx.progress.mark_done(stage.name, info)
+  if ctx.progress.ledger:
+    # A checkpoint kept as a domain's best that this stage's row (or steps) beat goes now.
+    ctx.before_write()
+    ctx.policies.rotate([st.name for st in ctx.plan.stages[:stage.index]
+                         if st.name in ctx.progress.done])
   _write_results(ctx, domains)
   rows = ctx.progress.rows
   prev = rows[rows.index(row) - 1]['scores'] if row is not None and rows.index(row) else None

@@ -29,7 +29,13 @@ the hidden rule; `rm=bt`, the default, is the reward model stage `rm`),
 `fast_path` (the paper recipes' rollout fast path, `configs/_recipes.py: fast_path`: the
 paged engine, GRPO's `stream_filter` and a packed update, `pack_tokens` = prompt + longest
 response, with pages and decode chunks sized for the tiny world: TINY_PAGED_ENGINE),
-`root=DIR` (the world cache, default `<repo>/runs/tiny_world`).
+`root=DIR` (the world cache, default `<repo>/runs/tiny_world`), `guard=warn|stop|repair`
+(regression guards on every domain, `cascade/guard.py`: each domain gets a validation set,
+and while a stage trains the domains earlier stages trained are probed every GUARD_EVERY
+steps on GUARD_PROMPTS of its prompts; a fall of more than 3 points plus 2 standard errors
+below a domain's best probe is reported, with `stop` ends the stage at its newest probed
+checkpoint within bounds, with `repair` runs the MOPD stage inserted after it, `guard_repair`;
+absent: no guard section, the config hashes as without it).
 """
 
 from __future__ import annotations
@@ -113,6 +119,16 @@ def _hybrid_model(smoke: bool) -> dict:
       mamba_chunk=32, num_experts=8, experts_per_token=2, moe_dim=128, shared_expert_dim=192))
 
 
+# config argument guard=ACTION (config.guard.action): probes every GUARD_EVERY steps (each stage's
+# first and last too) of GUARD_PROMPTS validation prompts per protected domain (smoke: every step,
+# 8 prompts).
+GUARD_ACTIONS = ('warn', 'stop', 'repair')
+# guard=repair: the inserted MOPD stage's step budget and learning rate (tiny_mopd.py's MOPD's).
+REPAIR_STEPS = 10
+REPAIR_LR = 5e-5
+GUARD_EVERY = 5
+GUARD_PROMPTS = 32
+
 # config argument model=NAME: the tiny policy's architecture ('dense' is the module's default).
 MODELS = {'dense': None, 'hybrid': _hybrid_model}
 
@@ -121,7 +137,8 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
   """`'smoke,seed=1,root=/x'` -> {'smoke': True, 'seed': 1, 'root': '/x'} (defaults filled)."""
   out: dict[str, Any] = {'smoke': False, 'seed': 0, 'world': 'default', 'eval_every': 0,
                          'drop': (), 'order': 'cascade1', 'model': 'dense', 'rm': 'bt',
-                         'fast_path': False, 'root': os.path.join(REPO, 'runs', 'tiny_world')}
+                         'fast_path': False, 'guard': '',
+                         'root': os.path.join(REPO, 'runs', 'tiny_world')}
   for part in filter(None, (p.strip() for p in (arg or '').split(','))):
     key, eq, value = part.partition('=')
     if key == 'smoke' and not eq:
@@ -153,6 +170,10 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
       if value not in MODELS:
         raise ValueError(f'config argument model={value!r}: expected one of {sorted(MODELS)}')
       out['model'] = value
+    elif key == 'guard' and eq:
+      if value not in GUARD_ACTIONS:
+        raise ValueError(f'config argument guard={value!r}: expected one of {GUARD_ACTIONS}')
+      out['guard'] = value
     elif key == 'world' and eq:
       if value not in world_build.WORLDS:
         raise ValueError(f'config argument world={value!r}: expected one of '
@@ -160,8 +181,8 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
       out['world'] = value
     else:
       raise ValueError(f'config argument {part!r}: expected smoke, fast_path, seed=N, world=NAME, '
-                       'eval_every=N, drop=STAGE+STAGE, order=NAME, model=NAME, rm=NAME or '
-                       'root=DIR')
+                       'eval_every=N, drop=STAGE+STAGE, order=NAME, model=NAME, rm=NAME, '
+                       'guard=ACTION or root=DIR')
   return out
 
 
@@ -179,7 +200,7 @@ def base_config(arg: str | None,
     (config without `stages`, parsed argument).
   """
   a = parse_arg(arg)
-  validation = validation or bool(a['eval_every'])
+  validation = validation or bool(a['eval_every']) or bool(a['guard'])
   world_dir = world_build.directory(a['seed'], a['root'], a['world'])
   c = ml_collections.ConfigDict()
   c.seed = a['seed']
@@ -263,6 +284,12 @@ def base_config(arg: str | None,
   if validation:
     c.eval.validation_prompts = 8 if a['smoke'] else VALIDATION_PROMPTS
     c.eval.eval_every = a['eval_every']
+  if a['guard']:
+    c.guard = dict(domains=list(DOMAINS), action=a['guard'],
+                   every=1 if a['smoke'] else GUARD_EVERY,
+                   prompts=8 if a['smoke'] else GUARD_PROMPTS)
+    if a['guard'] == 'repair':
+      c.guard.repair = guard_repair(a)
   c.allow_config_change = False
   return c, a
 
@@ -349,6 +376,26 @@ def rl_stage(a: dict[str, Any], name: str, domains: list[str], n: int, lr: float
                                       else next(iter(modes.values()))),
                    refill_cap=2, filter_overlong=False,
                    **(dict(phases=curriculum) if curriculum else {})), **kw)
+
+
+def guard_repair(a: dict[str, Any]) -> dict[str, Any]:
+  """config.guard.repair: the MOPD stage inserted after a guarded stage, as tiny_mopd.py's MOPD
+  (every domain's lengths, 4 samples per prompt, no filtering) with a REPAIR_STEPS budget."""
+  st = rl_stage(a, 'repair', list(DOMAINS), REPAIR_STEPS, REPAIR_LR, kind='mopd', group_size=4,
+                dynamic_filter=False, refill_cap=0)
+  return {k: v for k, v in st.items() if k not in ('name', 'kind', 'domains')}
+
+
+def fit_reward_model(c) -> None:
+  """With guard=repair, the chat reward model's scorer holds a repair stage's chat rows (its
+  prompt + response lengths, every domain's longest): the reward model scores every stage
+  sampling chat, config validation checks it."""
+  repair = (c.get('guard') or {}).get('repair')
+  if not repair:
+    return
+  for s in c.stages:
+    if s['kind'] == 'reward_model':
+      s['score_max_len'] = repair['max_prompt_len'] + repair['max_response_len']
 
 
 def keep_stages(a: dict[str, Any], stages: list[dict[str, Any]]) -> list[dict[str, Any]]:

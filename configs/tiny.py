@@ -19,7 +19,7 @@ domain's real verifier (chat: the world's hidden quality rule, not the reward
 model RLHF trained on).
 
 Arguments: see configs/_tiny_common.py (`smoke`, `seed=N`, `world=hetero`, `rm=generative`,
-`eval_every=N`, `drop=STAGE+STAGE`, `order=cascade2`, `root=DIR`).
+`eval_every=N`, `drop=STAGE+STAGE`, `order=cascade2`, `guard=warn|stop|repair`, `root=DIR`).
 
 What it prints (seed 0), its time, and why another machine or version prints a nearby
 table: README, Quickstart; other seeds, the blended baseline and the ablations:
@@ -62,6 +62,7 @@ def get_config(arg=None):
       rl('swe_rl', 'swe', 15, 3e-5, filter_overlong=True),
   ])
   common.apply_fast_path(c, a)   # config argument fast_path (else unchanged)
+  common.fit_reward_model(c)     # config argument guard=repair (else unchanged)
   return c
 
 

@@ -7,7 +7,11 @@ update: one for on-policy RL, SFT and reward models; `updates_per_batch`
 mini-batches of one rollout batch for PPO-style reuse), runs the jitted train
 step on each, logs, scores the validation sets every `eval.eval_every` steps
 (a policy-training stage whose domains have validation sets; logged as
-`val/<domain>`), and checkpoints every `ckpt.every_n_steps` steps and at the end.
+`val/<domain>` and kept in the run's validation ledger, `cascade.ledger`; a step that is
+some domain's best so far is checkpointed, and its checkpoint kept while it is), probes
+the earlier protected domains where config.guard asks (`cascade.guard`: a 'stop' ends the
+stage at its newest probed checkpoint within bounds), and checkpoints every
+`ckpt.every_n_steps` steps and at the end.
 
 Randomness: step s of stage i uses `fold_in(state.rng, s)` where `state.rng`
 is `PRNGKey(stage_seed(seed, i))`, saved in every checkpoint with the state;
@@ -30,6 +34,7 @@ from cascade import checkpoint
 from cascade import data as data_lib
 from cascade import divergence
 from cascade import evaluation
+from cascade import guard as guard_lib
 from cascade import metrics as metrics_lib
 from cascade import preemption
 from cascade import verifier_errors
@@ -94,7 +99,7 @@ STEP_END_HOOKS: list[Callable[[str, int, bool, Any], None]] = []
 
 # Per-step metrics summed into a stage's accounting (progress.json, results.json "accounting").
 ACCOUNTED = ('step_s', 'sample_s', 'score_s', 'update_s', 'sample_idle_s', 'validation_s',
-             'decode_slots', 'generated_tokens', 'update_tokens', 'update_slots')
+             'probe_s', 'decode_slots', 'generated_tokens', 'update_tokens', 'update_slots')
 
 
 def accounting(totals: dict, steps: int) -> dict:
@@ -105,7 +110,8 @@ def accounting(totals: dict, steps: int) -> dict:
     return {}
   out = {'steps': steps, **{k: round(v, 3) for k, v in totals.items()}}
   if totals.get('step_s'):
-    known = sum(totals.get(k, 0.0) for k in ('sample_s', 'score_s', 'update_s', 'validation_s'))
+    known = sum(totals.get(k, 0.0)
+                for k in ('sample_s', 'score_s', 'update_s', 'validation_s', 'probe_s'))
     out['other_s'] = round(max(0.0, totals['step_s'] - known), 3)
     if 'score_s' in totals:
       out['verifier_share'] = round(totals['score_s'] / totals['step_s'], 4)
@@ -172,6 +178,9 @@ def train_stage(ctx, kind: base.Kind, stage,
   else:
     step, meta = 0, None
     state = pol.initial_state(stage, optimizer, seed)
+  ledger = getattr(ctx, 'ledger', None)
+  if ledger is not None:          # what was scored past the resumed step is scored again
+    ledger.discard_after(stage.name, step)
   maker = maker_fn(state)
   start_data = maker.loader.get_state()
   if meta is not None:
@@ -190,9 +199,10 @@ def train_stage(ctx, kind: base.Kind, stage,
   start, ran = time.time(), 0
   totals: dict[str, float] = {}
 
-  def save(step, state):
+  def save(step, state, **extra):
     ckpts.save(step, state, {'step': step, 'stage_index': stage.index, 'stage': stage.name,
-                             'data': maker.loader.get_state(), 'divergence': watch.state()})
+                             'data': maker.loader.get_state(), 'divergence': watch.state(),
+                             **extra})
 
   last_saved = step if restored is not None else None
 
@@ -206,6 +216,48 @@ def train_stage(ctx, kind: base.Kind, stage,
     bar.close()
 
   stops = (base.StageError, verifier_errors.VerifierBug)
+  guard = guard_lib.StageGuard(ctx, stage)
+  stopped = (meta or {}).get('guard_stop')
+
+  def guard_stop(at):
+    """A guard's 'stop' at step `at`: the stage's newest probed checkpoint within every bound
+    (or its starting policy) is saved as its last step. Returns that state."""
+    nonlocal stopped
+    back = guard.stop_step()
+    if back:
+      _, kept, _ = ckpts.restore(abstract, step=back)
+    else:
+      kept = pol.initial_state(stage, optimizer, seed)
+    stopped = {'at': at, 'kept': back}
+    if checkpoint.is_writer():
+      tqdm.tqdm.write(f'[{stage.index}] {stage.name}: guard: stopping the stage at step '
+                      f'{at}/{stage.steps}; its policy is that of step {back} (the newest '
+                      'probed within every bound), saved as its last step', file=sys.stderr)
+    ckpts.delete(stage.steps)
+    save(stage.steps, kept, guard_stop=stopped)
+    return kept
+
+  def repaired(at):
+    """A repair stage whose domains are all back within bounds at step `at` ends there."""
+    nonlocal stopped
+    stopped = {'repaired_at': at}
+    if checkpoint.is_writer():
+      tqdm.tqdm.write(f'[{stage.index}] {stage.name}: guard: every repaired domain is back '
+                      f'within its bound at step {at}/{stage.steps}; the stage ends here',
+                      file=sys.stderr)
+    save(stage.steps, state, guard_stop=stopped)
+
+  if guard.active and step == 0:
+    results, breached, _ = guard.probe(0, state.params)
+    guard.record(0, results, breached, ckpt=False)
+  elif guard.active and step < stage.steps:
+    # Resumed at a step whose probe decided the stage's end before it could end.
+    crossed = guard.breached_at(step)
+    if crossed and guard.stops:
+      state, step = guard_stop(step), stage.steps
+    elif crossed is False and guard.repairing:
+      repaired(step)
+      step = stage.steps
   while step < stage.steps:
     t0 = time.perf_counter()
     rng = jax.random.fold_in(state.rng, step)
@@ -225,15 +277,24 @@ def train_stage(ctx, kind: base.Kind, stage,
     step += 1
     ran += 1
     diverged = watch.see(step, m)
+    validated = {}
     if val_every and step % val_every == 0 and step < stage.steps and not diverged:
       t1 = time.perf_counter()
       try:
-        scores = evaluation.validation_scores(ctx, state.params)
+        validated = evaluation.validation_results(ctx, state.params)
       except stops:
         keep(step, state, maker.loader.get_state())
         raise
-      m.update({f'val/{d}': v for d, v in scores.items()})
+      m.update({f'val/{d}': r['score'] for d, r in validated.items()})
       m['validation_s'] = time.perf_counter() - t1
+    probed, breached = None, {}
+    if guard.due(step) and not diverged:
+      try:
+        probed, breached, gm = guard.probe(step, state.params)
+      except stops:
+        keep(step, state, maker.loader.get_state())
+        raise
+      m.update(gm)
     ctx.writer.write(stage, step, m)
     bar.update(m)
     for k in ACCOUNTED:
@@ -253,11 +314,27 @@ def train_stage(ctx, kind: base.Kind, stage,
       bar.rewind(step)
       continue
     saved = step == stage.steps or (every and step % every == 0 and not watch.streak)
+    if validated and ledger is not None:
+      # A domain's best validation so far is checkpointed (a MOPD teacher candidate).
+      best = ledger.new_best(stage, validated)
+      saved = saved or bool(best and not watch.streak)
+      ledger.record(stage, step, validated, ckpt=saved)
+    if probed is not None:
+      # With 'stop', every probe within bounds is a checkpoint the stage can end at.
+      saved = saved or bool(guard.stops and not breached and not watch.streak)
+      guard.record(step, probed, breached, ckpt=saved)
     if saved:
       save(step, state)
       last_saved = step
     for hook in STEP_END_HOOKS:
       hook(stage.name, step, saved, ckpts)
+    if breached and guard.stops:
+      state, step = guard_stop(step), stage.steps
+      break
+    if probed is not None and guard.repairing and not breached and step < stage.steps:
+      repaired(step)        # a repair stage ends once every domain it repairs is back
+      step = stage.steps
+      break
     why = preemption.stop_requested()
     if why:
       if not saved:
@@ -274,6 +351,8 @@ def train_stage(ctx, kind: base.Kind, stage,
     info['bad_steps'] = watch.bad_steps
   if watch.rollbacks:
     info['rollbacks'], info['lr_scale'] = watch.rollbacks, watch.lr_scale
+  if guard.active:
+    info['guard'] = guard.info(stopped)
   # Accounting covers the steps this process ran (after a resume, the resumed part).
   return base.StageResult(params=state.params, final_step=stage.steps, steps_run=ran,
                           seconds=time.time() - start, first=bar.first, last=bar.last, info=info)
@@ -295,6 +374,8 @@ def _roll_back(ctx, stage, ckpts, abstract, optimizer, seed, maker, start_data, 
   included, and counts the rollback. Returns (step, state)."""
   watch.rolled_back()
   ckpts.discard_after(back)
+  if getattr(ctx, 'ledger', None) is not None:
+    ctx.ledger.discard_after(stage.name, back)
   if back:
     _, state, meta = ckpts.restore(abstract, step=back)
     maker.loader.set_state(meta['data'])

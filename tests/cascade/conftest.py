@@ -115,13 +115,14 @@ def record(domain, i, num):
 
 
 def toy_config(stages, every=2, validation=False, domains=None, max_seq_len=128, model=None,
-               tokenizer=None):
+               tokenizer=None, guard=None):
   """A validated plan over domains 'a' (copy) and 'b' (next number); nothing is loaded.
 
   `validation`: the domains name validation sets ('a_val', 'b_val').
   `domains`: domain name -> fields replacing that domain's (e.g. an agentic domain's env).
   `model`: config.model in place of the tiny dense one (e.g. a mixture-of-experts preset).
   `tokenizer`: config.tokenizer in place of a path that is never loaded.
+  `guard`: config.guard (regression guards; None: the section is absent).
   """
   c = ml_collections.ConfigDict()
   c.seed = 3
@@ -147,6 +148,8 @@ def toy_config(stages, every=2, validation=False, domains=None, max_seq_len=128,
   for name, fields in (domains or {}).items():
     c.domains[name] = dict(fields)
   c.stages = stages
+  if guard is not None:
+    c.guard = dict(guard)
   return config_lib.validate(c, known_verifiers=['math'], known_formats={
       'sft': 'sft', 'prompt': 'prompt', 'preference': 'preference'})
 

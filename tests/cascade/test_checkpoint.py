@@ -450,3 +450,46 @@ def test_a_garbled_progress_json_is_moved_aside_and_a_garbled_config_json_refuse
   assert '\n' not in str(e.value) and (tmp_path / 'config.json').read_text() == text
   # Afresh means a new workdir: moved away, config.json would let another config in.
   assert str(e.value).endswith('restore it from a copy, or start afresh in a new --workdir')
+
+
+def _repair_run(workdir):
+  """A run of sft -> rl -> last whose guard inserted rl_repair after rl (plan positions 00_sft,
+  01_rl, 02_rl_repair, 03_last), each finished, with a ledger entry of rl."""
+  stages = [dict(name='sft', steps=3), dict(name='rl', steps=2), dict(name='last', steps=1)]
+  cfg = ml_collections.ConfigDict(dict(seed=0, model=dict(preset='tiny'), ckpt=dict(keep=1),
+                                       stages=stages))
+  checkpoint.guard_config(str(workdir), cfg)
+  p = checkpoint.Progress(str(workdir))
+  for i, name in enumerate(['sft', 'rl', 'rl_repair', 'last']):
+    d = workdir / 'stages' / f'{i:02d}_{name}'
+    (d / 'ckpt').mkdir(parents=True)
+    (d / 'ckpt' / 'state').write_text(f'state of {name}')
+    p.mark_done(name, {'index': i, 'kind': 'x'})
+    p.add_row({'stage': name, 'index': i, 'scores': {'a': float(i)}})
+  p.ledger = [{'stage': 'rl', 'index': 1, 'step': 1, 'set': 'validation', 'scores': {'a': 1.0},
+               'stderr': {}, 'ckpt': True}]
+  p.save()
+  (workdir / 'metrics.jsonl').write_text('{"stage": "sft", "step": 1}\n')
+  return cfg
+
+
+def test_fork_and_a_config_change_find_a_guards_repair_stages_by_name(tmp_path):
+  src = tmp_path / 'src'
+  cfg = _repair_run(src)
+  mine = ml_collections.ConfigDict(cfg.to_dict())
+  mine.stages[2] = dict(name='last', steps=7)
+  dst = tmp_path / 'dst'
+  checkpoint.guard_config(str(dst), mine)
+  assert checkpoint.fork(str(src), str(dst), mine) == ['sft', 'rl', 'rl_repair']
+  assert (dst / 'stages' / '02_rl_repair' / 'ckpt' / 'state').read_text() == 'state of rl_repair'
+  assert not (dst / 'stages' / '03_last').exists()
+  assert [e['stage'] for e in checkpoint.Progress(str(dst)).ledger] == ['rl']
+  # A change to rl makes rl, its repair and last stale, found by name at their positions.
+  changed = ml_collections.ConfigDict(cfg.to_dict())
+  changed.stages[1] = dict(name='rl', steps=9)
+  checkpoint.guard_config(str(src), changed, allow_change=True)
+  p = checkpoint.Progress(str(src))
+  assert list(p.done) == ['sft'] and [r['stage'] for r in p.rows] == ['sft'] and not p.ledger
+  assert sorted(os.listdir(src / 'stages')) == ['00_sft']
+  [old] = os.listdir(src / 'superseded')
+  assert sorted(os.listdir(src / 'superseded' / old)) == ['01_rl', '02_rl_repair', '03_last']

@@ -73,8 +73,9 @@ def test_stage_scores_validation_every_n_steps_on_its_live_policy(fakes, tmp_pat
   def fake_validation(ctx_, params):
     assert ctx_ is ctx
     validated.append(digest(params))
-    return {'a': 10.0 * len(validated), 'b': 1.0}
-  monkeypatch.setattr(evaluation, 'validation_scores', fake_validation)
+    return {'a': {'score': 10.0 * len(validated), 'stderr': 1.0},
+            'b': {'score': 1.0, 'stderr': 0.5}}
+  monkeypatch.setattr(evaluation, 'validation_results', fake_validation)
 
   def maker_fn(state):
     del state

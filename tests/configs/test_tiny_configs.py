@@ -251,3 +251,31 @@ def test_fast_path_argument_puts_the_rl_stages_on_the_paged_engine(name, smoke, 
   assert same(fast_config) == same(plain_config)
   with pytest.raises(ValueError, match="config argument 'fast_path=1'"):
     _get(name, f'fast_path=1,{arg}')
+
+
+@pytest.mark.parametrize('smoke', [False, True])
+def test_guard_argument_protects_every_domain_and_only_adds_its_section(smoke, root):
+  """`guard=warn|stop|repair` (cascade/guard.py) gives every domain a validation set and a guard on it;
+  without the argument there is no guard section (the pinned hashes are the plain config's)."""
+  arg = f'{"smoke," if smoke else ""}root={root}'
+  plain = config_lib.validate(_get('tiny', arg))
+  for action in common.GUARD_ACTIONS:
+    plan = config_lib.validate(_get('tiny', f'guard={action},{arg}'))
+    assert plan.guard.action == action and plan.guard.domains == tuple(common.DOMAINS)
+    assert plan.guard.every == (1 if smoke else common.GUARD_EVERY)
+    assert all(plan.domains[d].validation for d in common.DOMAINS)
+    names = [s.name for s in plan.stages]
+    if action != 'repair':
+      assert names == [s.name for s in plain.stages]
+      continue
+    # A repair stage after every RL stage (each has domains an earlier stage trained).
+    want = [n for s in plain.stages
+            for n in ([s.name, f'{s.name}_repair'] if s.kind == 'grpo' else [s.name])]
+    assert names == want
+    repair = plan.stage('math_rl_repair')
+    assert repair.kind == 'mopd' and repair.repairs == 'math_rl'
+    assert set(repair.domains) == set(common.DOMAINS) and repair.domains[-1] == 'math'
+    assert repair.steps == (2 if smoke else common.REPAIR_STEPS)
+  assert plain.guard is None and 'guard' not in plain.source
+  with pytest.raises(ValueError, match="guard='pray': expected one of"):
+    _get('tiny', f'guard=pray,{arg}')

@@ -1,0 +1,154 @@
+"""Regression guards: probes of the earlier domains while a stage trains, and what a fall does.
+
+`config.guard` (`cascade.config.Guard`) names the protected domains. While a stage that trains
+the policy runs (`cascade.kinds.loop.train_stage`), the protected domains an earlier stage
+trained and this one does not are probed at its first step (the policy it starts from),
+every `guard.every` steps and at its last: the first `guard.prompts` prompts of each one's
+validation set, sampled with the domain's evaluation settings by the evaluation code
+(`evaluation.probe_results`, a fixed key) and scored by its evaluation verifier. Each probe is
+an entry of the validation ledger (`cascade.ledger`, set 'probe'), so it survives a resume.
+
+A domain has fallen past its bound when
+
+  best - score > max_drop + stderrs * sqrt(stderr_best^2 + stderr^2)
+
+with `best` its best probe so far in the ledger (any earlier stage or step). Then:
+
+- 'warn': one line on stderr and the step's metrics `guard/<domain>` (the drop) and
+  `guard/breaches` (domains past their bound);
+- 'stop': the stage ends at its newest probed step within every bound (each such step is
+  checkpointed and kept by the rotation; step 0: the policy it started from), saved as the
+  stage's last step, saying so; the matrix row then scores that policy;
+- 'repair': as 'warn' while the stage trains; the MOPD stage config.guard inserted after it
+  (`<name>_repair`, `repairs=<name>`: `cascade.config.Guard.repair_stages`) then runs if a
+  domain is past its bound at the stage's last probe (`fallen`), on those domains (each
+  taught by its best validation checkpoint in the ledger) and the stage's own (taught by
+  its final policy), probing the fallen domains as it trains and ending once every one is
+  back within bounds, or when its steps (the budget) are spent; else it is skipped (no
+  checkpoint, no matrix row; the next stage starts from the repaired stage's policy).
+
+Every probe past a bound is kept in its ledger entry ("breached"), and the stage's record in
+progress.json and results.json ("guards") lists them with what was done.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Mapping
+
+import tqdm
+
+from cascade import checkpoint
+from cascade import evaluation
+from cascade import ledger as ledger_lib
+
+
+def fallen(ledger, stage_name: str) -> dict[str, dict]:
+  """domain -> what crossed its bound at stage `stage_name`'s last probe (its end; {}: none,
+  or the stage was not probed)."""
+  probes = [e for e in ledger.entries(ledger_lib.PROBE) if e['stage'] == stage_name]
+  return dict(probes[-1].get('breached') or {}) if probes else {}
+
+
+class StageGuard:
+  """The guards of one stage (`active` False: nothing to probe). A repair stage
+  (`repairs`) probes the domains that fell in the stage it repairs (`repairing`)."""
+
+  def __init__(self, ctx, stage):
+    self.ctx, self.stage = ctx, stage
+    self.cfg = getattr(ctx.plan, 'guard', None)
+    self.ledger = getattr(ctx, 'ledger', None)
+    earlier = {d for s in ctx.plan.stages[:stage.index] if s.trains_policy for d in s.domains}
+    self.protected: tuple[str, ...] = ()
+    self.repairing = bool(getattr(stage, 'repairs', ''))
+    if (self.cfg is not None and self.ledger is not None and stage.MODEL == 'policy'
+        and stage.trains_policy):
+      if self.repairing:
+        self.protected = tuple(sorted(fallen(self.ledger, stage.repairs)))
+      else:
+        self.protected = tuple(d for d in self.cfg.domains
+                               if d in earlier and d not in stage.domains)
+
+  @property
+  def active(self) -> bool:
+    return bool(self.protected)
+
+  @property
+  def stops(self) -> bool:
+    return self.active and self.cfg.action == 'stop'
+
+  def due(self, step: int) -> bool:
+    """Whether `step` (steps taken) is probed."""
+    return self.active and (step == 0 or step == self.stage.steps or step % self.cfg.every == 0)
+
+  def probe(self, step: int, params) -> tuple[dict, dict, dict]:
+    """Scores the protected domains on `params` (the policy after `step` steps).
+
+    Returns:
+      (results: domain -> `evaluate`'s result, breached: domain -> what crossed its bound,
+       metrics: the step's `probe/*` and `guard/*` metrics).
+    """
+    t0 = time.perf_counter()
+    results = evaluation.probe_results(self.ctx, params, self.cfg.prompts, self.protected)
+    entries = [e for e in self.ledger.entries(ledger_lib.PROBE)
+               if not (e['stage'] == self.stage.name and e['step'] >= step)]
+    breached, m = {}, {}
+    for d, r in sorted(results.items()):
+      m[f'probe/{d}'] = r['score']
+      best = max((e for e in entries if d in e['scores']), key=lambda e: e['scores'][d],
+                 default=None)
+      if best is None:
+        continue
+      drop = best['scores'][d] - r['score']
+      sigma = math.hypot(best['stderr'].get(d, 0.0), r.get('stderr', 0.0))
+      bound = self.cfg.max_drop + self.cfg.stderrs * sigma
+      m[f'guard/{d}'] = drop
+      if drop > bound:
+        breached[d] = {'drop': round(drop, 4), 'bound': round(bound, 4),
+                       'score': round(r['score'], 4), 'best': round(best['scores'][d], 4),
+                       'best_stage': best['stage'], 'best_step': best['step']}
+    m['guard/breaches'] = float(len(breached))
+    m['probe_s'] = time.perf_counter() - t0
+    return results, breached, m
+
+  def record(self, step: int, results: Mapping, breached: Mapping, ckpt: bool) -> None:
+    """Keeps the probe in the ledger (with its breaches) and says what crossed a bound."""
+    self.ledger.record(self.stage, step, results, kind=ledger_lib.PROBE, ckpt=ckpt,
+                       within=not breached, **({'breached': dict(breached)} if breached else {}))
+    if breached and checkpoint.is_writer():
+      for d, b in sorted(breached.items()):
+        tqdm.tqdm.write(
+            f'[{self.stage.index}] {self.stage.name}: guard: {d} fell {b["drop"]:.1f} points at '
+            f'step {step}/{self.stage.steps} ({b["score"]:.1f} vs its best probe {b["best"]:.1f} '
+            f'at {b["best_stage"]} step {b["best_step"]}), past its bound of {b["bound"]:.1f}; '
+            f'{self.cfg.action}', file=sys.stderr)
+
+  def breached_at(self, step: int) -> bool | None:
+    """Whether the ledger's probe of `step` of this stage crossed a bound (None: no probe
+    there): a stage resumed at a step whose probe decided its end, before it could end."""
+    for e in self.ledger.entries(ledger_lib.PROBE):
+      if e['stage'] == self.stage.name and e['step'] == step:
+        return bool(e.get('breached'))
+    return None
+
+  def stop_step(self) -> int:
+    """Where a 'stop' goes back to: the stage's newest probed checkpoint within every bound
+    (0: none, the policy the stage started from)."""
+    within = [e['step'] for e in self.ledger.entries(ledger_lib.PROBE)
+              if e['stage'] == self.stage.name and e.get('within') and e.get('ckpt')
+              and e['step'] > 0]
+    return within[-1] if within else 0
+
+  def info(self, stopped: Mapping | None = None) -> dict:
+    """The stage's guard record (progress.json, results.json "guards"): the protected domains,
+    its probes, each probe past a bound and, after a stop (or a repair's early end), where."""
+    probes = [e for e in self.ledger.entries(ledger_lib.PROBE) if e['stage'] == self.stage.name]
+    action = 'repairing' if self.repairing else self.cfg.action
+    out = {'protected': list(self.protected), 'action': action, 'probes': len(probes),
+           'breaches': [{'step': e['step'], 'domains': dict(e['breached'])}
+                        for e in probes if e.get('breached')]}
+    if stopped:
+      out['stopped'] = dict(stopped)
+    return out
