@@ -281,6 +281,7 @@ def _root() -> dict[str, Any]:
           'mesh': c.Mesh, 'sampler': c.Sampler, 'ckpt': c.Ckpt, 'eval': c.Eval,
           'divergence': c.Divergence, 'hardware': c.Hardware,
           'compilation_cache': c.CompilationCache, 'logging': c.Logging, 'prepare': c.Prepare,
+          'guard': c.Guard,
           'data_cache': str,
           'datasets': _Entries(c.Dataset), 'domains': _Entries(c.Domain), 'stages': _STAGES}
 
