@@ -32,7 +32,6 @@ the file; an unknown suite, a checkpoint that is not one, grader options a suite
 """
 
 import importlib
-import json
 import os
 import sys
 
@@ -40,6 +39,7 @@ from absl import app
 from absl import flags
 
 from cascade import exits
+from cascade.suites import options as options_lib
 
 _CHECKPOINT = flags.DEFINE_string('checkpoint', None, "An HF checkpoint directory or a run's "
                                   'workdir (its last exported stage, or --stage).')
@@ -87,19 +87,6 @@ def _overrides() -> dict:
   return out
 
 
-def _scalar(text: str):
-  """A --sampler value: an int, a float, true / false / none, else the text."""
-  low = text.lower()
-  if low in ('true', 'false', 'none'):
-    return {'true': True, 'false': False, 'none': None}[low]
-  for cast in (int, float):
-    try:
-      return cast(text)
-    except ValueError:
-      pass
-  return text
-
-
 def _sampler_options() -> dict | None:
   if _SAMPLER.value is None:
     return None
@@ -109,36 +96,7 @@ def _sampler_options() -> dict | None:
     key, eq, value = item.partition('=')
     if not eq:
       raise config_lib.ConfigError(f'--sampler: {item!r} is not KEY=VALUE')
-    out[key] = _scalar(value)
-  return out
-
-
-def _value(text: str):
-  """A --suite_option value: JSON for an object or a list, else as a --sampler value."""
-  if text[:1] in '{[':
-    from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-    try:
-      return json.loads(text)
-    except json.JSONDecodeError as e:
-      raise config_lib.ConfigError(f'--suite_option: {text!r} is not JSON ({e.msg})') from None
-  return _scalar(text)
-
-
-def suite_options(items) -> dict[str, dict]:
-  """suite -> {option: value} of --suite_option's SUITE.KEY=VALUE items.
-
-  Raises:
-    cascade.config.ConfigError: an item of another form (one line quoting it).
-  """
-  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  out: dict[str, dict] = {}
-  for item in items:
-    head, eq, value = item.partition('=')
-    suite, dot, key = head.partition('.')
-    if not (eq and dot and suite and key):
-      raise config_lib.ConfigError(f'--suite_option: {item!r} is not SUITE.KEY=VALUE (e.g. '
-                                   'arena_hard_v2.url=http://host:8000/v1)')
-    out.setdefault(suite, {})[key] = _value(value)
+    out[key] = options_lib.scalar(value)
   return out
 
 
@@ -156,7 +114,8 @@ def _evaluate() -> None:
   say = print if writer else (lambda _: None)
   source = checkpoint.resolve(_CHECKPOINT.value, _STAGE.value or '')
   suites = checkpoint.plan(_SUITES.value, source, _overrides())
-  options = checkpoint.grader_options(suites, source, suite_options(_SUITE_OPTION.value))
+  options = checkpoint.grader_options(suites, source,
+                                     options_lib.suite_options(_SUITE_OPTION.value))
   root = _DATA_DIR.value or checkpoint.default_data_dir(source)
   prompts = (_MAX_PROMPTS.value if _MAX_PROMPTS.value is not None
              else checkpoint.default_prompts(source))

@@ -80,7 +80,7 @@ def test_the_banner_and_results_name_each_stand_in_reward(fakes, tmp_path):
   assert lines[-2:] == [f'stand-in reward: b: {text}', 'compilation cache: /c']
   assert not any('stand-in' in line for line in _banner(_plan(fakes)).splitlines())
   progress = types.SimpleNamespace(rows=[], done={}, isolation={})
-  ctx = types.SimpleNamespace(workdir=str(tmp_path), progress=progress, plan=plan,
+  ctx = types.SimpleNamespace(workdir=str(tmp_path), progress=progress, plan=plan, ledger=None,
                               before_write=lambda: None)
   res = runner._write_results(ctx, ['a', 'b'])
   assert res['substitutions'] == {'b': text}

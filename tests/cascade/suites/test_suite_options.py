@@ -58,8 +58,8 @@ def fair_judge(body, attempt):
 
 
 def test_suite_option_items_parse_to_per_suite_options_and_bad_ones_are_one_line():
-  from cascade import evaluate  # pylint: disable=g-import-not-at-top
-  got = evaluate.suite_options(['arena_hard_v2.url=http://judge:8000/v1',
+  from cascade.suites import options  # pylint: disable=g-import-not-at-top
+  got = options.suite_options(['arena_hard_v2.url=http://judge:8000/v1',
                                 'arena_hard_v2.retries=0', 'arena_hard_v2.temperature=0.5',
                                 'arena_hard_v2.extra_body={"top_k": 1}', 'ifeval.workers=2'])
   assert got == {'arena_hard_v2': {'url': 'http://judge:8000/v1', 'retries': 0,
@@ -68,9 +68,9 @@ def test_suite_option_items_parse_to_per_suite_options_and_bad_ones_are_one_line
   for bad in ('arena_hard_v2url=x', 'arena_hard_v2.url', '.url=x', 'arena_hard_v2.=x'):
     with pytest.raises(config_lib.ConfigError, match=r'^--suite_option: .* is not '
                                                      r'SUITE\.KEY=VALUE'):
-      evaluate.suite_options([bad])
+      options.suite_options([bad])
   with pytest.raises(config_lib.ConfigError, match=r'^--suite_option: .* is not JSON'):
-    evaluate.suite_options(['arena_hard_v2.extra_body={bad'])
+    options.suite_options(['arena_hard_v2.extra_body={bad'])
 
 
 def test_grader_options_come_from_the_run_then_the_flags_and_are_checked_before_sampling(
