@@ -122,7 +122,7 @@ class Sublayer(nnx.Module):
     elif kind == 'mamba':
       self.mixer = mamba.Mamba2Mixer(cfg, rngs)
     elif kind == 'mlp':
-      self.mixer = layers.MLP(cfg, rngs)
+      self.mixer = (cfg.spec.mlp or layers.MLP)(cfg, rngs)
     elif kind == 'moe':
       self.mixer = moe.MoE(cfg, rngs)
     else:

@@ -111,7 +111,7 @@ def init_cache(cfg: config_lib.ModelConfig, batch: int, length: int,
   """An empty cache of `length` slots for `batch` rows (dtype: the compute dtype); for the
   mixture-of-experts families per-sublayer buffers and zero Mamba states (models/hybrid.py)."""
   dtype = cfg.jnp_dtype if dtype is None else dtype
-  if not cfg.is_dense:
+  if not cfg.kv_stacked:
     k, v = hybrid.init_kv(cfg, batch, length, dtype)
     return Cache(k=k, v=v, segment_ids=jnp.zeros((batch, length), jnp.int32),
                  index=jnp.zeros((), jnp.int32), state=hybrid.init_states(cfg, batch))
@@ -145,7 +145,7 @@ class Block(nnx.Module):
     self.input_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
     self.attn = Attention(cfg, rngs)
     self.post_attn_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
-    self.mlp = MLP(cfg, rngs)
+    self.mlp = (cfg.spec.mlp or MLP)(cfg, rngs)
 
   def __call__(self, x, positions, mask, kv_cache=None):
     h, new_kv = self.attn(self.input_norm(x), positions, mask, kv_cache)
@@ -223,7 +223,7 @@ class Transformer(nnx.Module):
     self.cfg = cfg
     pd = cfg.jnp_param_dtype
     self.embed = _param(rngs, (cfg.vocab_size, cfg.embed_dim), ('vocab', 'embed'), pd)
-    if cfg.is_dense:
+    if cfg.spec.stack == 'blocks':
       self.layers = _stack_blocks([Block(cfg, rngs) for _ in range(cfg.num_layers)])
     else:   # the mixture-of-experts families: a pattern of sublayers (models/hybrid.py)
       self.blocks = hybrid.build(cfg, rngs)
@@ -235,7 +235,7 @@ class Transformer(nnx.Module):
     """Each block's parameters, sliced out of the stack (copies): `hidden`'s `layers`; None
     for the mixture-of-experts families (their repeated segments' stacks are run by
     models/hybrid.py, scanned or looped by `scan_layers`)."""
-    if not self.cfg.is_dense:
+    if not self.cfg.kv_stacked:
       return None
     state = nnx.state(self.layers)
     return [jax.tree.map(lambda a, i=i: a[i], state) for i in range(self.cfg.num_layers)]
@@ -294,7 +294,7 @@ class Transformer(nnx.Module):
     if cp:
       x = context.to_zigzag(x, ('batch', 'length', 'embed'))
     unzz = lambda a: context.from_zigzag(a, ('batch', 'length', 'embed')) if cp else a
-    if not cfg.is_dense:
+    if cfg.spec.stack == 'pattern':
       kv = None if cache is None else (cache.k, cache.v, cache.index)
       x, ks, vs, states, stats = hybrid.run(
           self.blocks, cfg, x, positions, mask, segment_ids, kv=kv,
@@ -337,7 +337,7 @@ class Transformer(nnx.Module):
     table = sharding.constrain(self.embed.value, ('vocab', None))
     x = jnp.take(table, tokens[:, None], axis=0).astype(cfg.jnp_dtype)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
-    if not cfg.is_dense:
+    if cfg.spec.stack == 'pattern':
       # A slot that is not live is padding to the Mamba mixers: its state stays as it is.
       seg = cache.live.astype(jnp.int32)[:, None]
       x, ks, vs, states, _ = hybrid.run(self.blocks, cfg, x, positions[:, None], None, seg,
