@@ -48,9 +48,7 @@ convention is unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -65,35 +63,9 @@ from models import moe
 from models import sharding
 
 
-_collect = threading.local()
-
-
-@contextlib.contextmanager
-def _setting(store: threading.local, value):
-  """Within it, this thread's `store.value` is `value` (restored after)."""
-  old = getattr(store, 'value', None)
-  store.value = value
-  try:
-    yield
-  finally:
-    store.value = old
-
-
-def collecting_stats():
-  """Within it (at trace time), a mixture-of-experts model's `hidden` sows its `MoEStats` as an
-  nnx.Intermediate 'moe_stats' for `moe_stats` to pop: the train step traces its loss so.
-  Nowhere else: a sampler's decode loop calls the model inside a loop whose trace may not
-  write the module's state."""
-  return _setting(_collect, True)
-
-
-def collecting() -> bool:
-  return bool(getattr(_collect, 'value', False))
-
-
 class MoEStats(NamedTuple):
   """What a forward pass's 'moe' sublayers report (`Transformer.hidden` sows it as an
-  nnx.Intermediate named 'moe_stats' within `collecting_stats`).
+  nnx.Intermediate named 'moe_stats' where the model's `collect_moe_stats` is set).
 
   Attributes:
     indices: [M, B, T, k] int32 experts each token chose in each of the M 'moe'
@@ -206,24 +178,25 @@ def plan(mixers: tuple[str, ...]) -> tuple[Segment, ...]:
 KINDS = ('mamba', 'moe', 'attention', 'mlp')
 
 
-_layout = threading.local()
+LAYOUTS = ('fold', 'segments')
 
 
-def forcing_layout(layout: str):
-  """Within it, `folds` answers True for 'fold' and False for 'segments' whatever the pattern:
-  for comparing the two layouts of one pattern (benchmarks/hybrid_compile.py). A model built
-  within it must also be called within it."""
-  if layout not in ('fold', 'segments'):
-    raise ValueError(f'layout={layout!r}: expected fold or segments')
-  return _setting(_layout, layout == 'fold')
-
-
-def folds(mixers: tuple[str, ...]) -> bool:
+def folds(mixers: tuple[str, ...], layout: str | None = None) -> bool:
   """Whether `mixers` is kept as a `Fold` (one body per kind of sublayer) rather than as
   `plan`'s segments: where the kinds present are fewer than the segments' bodies
-  (Nemotron-3-Nano: 3 against 14; Qwen3-MoE's (attention, moe) x 48 keeps its 2)."""
-  forced = getattr(_layout, 'value', None)
-  return _folds(tuple(mixers)) if forced is None else forced
+  (Nemotron-3-Nano: 3 against 14; Qwen3-MoE's (attention, moe) x 48 keeps its 2).
+  `layout` 'fold' or 'segments' chooses instead, whatever the pattern (for comparing the two
+  layouts of one pattern: `Transformer(layout=)`, benchmarks/hybrid_compile.py)."""
+  if layout is None:
+    return _folds(tuple(mixers))
+  if layout not in LAYOUTS:
+    raise ValueError(f'layout={layout!r}: expected one of {LAYOUTS} (or None: by the pattern)')
+  return layout == 'fold'
+
+
+def is_folded(blocks: Sequence) -> bool:
+  """Whether built `blocks` (`build`) are one Fold."""
+  return len(blocks) == 1 and isinstance(blocks[0], Fold)
 
 
 @functools.lru_cache(maxsize=64)
@@ -274,24 +247,26 @@ def _stack(sublayers: Sequence[Sublayer]) -> Sublayer:
   return nnx.merge(nnx.graphdef(sublayers[0]), stacked)
 
 
-def build(cfg: config_lib.ModelConfig, rngs: nnx.Rngs) -> nnx.List:
-  """The blocks: one `Fold` where `folds(cfg.mixers)`, else those of `plan(cfg.mixers)`: a
+def build(cfg: config_lib.ModelConfig, rngs: nnx.Rngs, layout: str | None = None) -> nnx.List:
+  """The blocks: one `Fold` where `folds(cfg.mixers, layout)`, else those of `plan(cfg.mixers)`: a
   Sublayer per single-sublayer segment, a Repeat per repeated one. The sublayers are made one
   after another in pattern order first, so sublayer i has exactly the values (and the RNG
   draws) it would have as the i-th of a plain list."""
   subs = [Sublayer(cfg, kind, rngs) for kind in cfg.mixers]
-  if folds(cfg.mixers):
+  if folds(cfg.mixers, layout):
     return nnx.List([Fold(subs, cfg.mixers)])
   return nnx.List([subs[s.start] if s.repeats == 1 else Repeat(subs[s.start:s.stop], len(s.unit))
                    for s in plan(cfg.mixers)])
 
 
-def locate(cfg: config_lib.ModelConfig, i: int) -> tuple[tuple, int | None]:
-  """Where sublayer i's parameters live in `Transformer.blocks`: (path of its Sublayer,
-  relative to the model, and the index along the stacked 'layers' axis, None if unstacked)."""
+def locate(cfg: config_lib.ModelConfig, i: int,
+           layout: str | None = None) -> tuple[tuple, int | None]:
+  """Where sublayer i's parameters live in `Transformer.blocks` (built with `layout`): (path
+  of its Sublayer, relative to the model, and the index along the stacked 'layers' axis, None
+  if unstacked)."""
   if not 0 <= i < len(cfg.mixers):
     raise IndexError(f'sublayer {i}: the pattern has {len(cfg.mixers)}')
-  if folds(cfg.mixers):
+  if folds(cfg.mixers, layout):
     return ('blocks', 0, cfg.mixers[i]), fold_steps(cfg.mixers)[2][i]
   for j, s in enumerate(plan(cfg.mixers)):
     if s.start <= i < s.stop:
@@ -304,7 +279,7 @@ def locate(cfg: config_lib.ModelConfig, i: int) -> tuple[tuple, int | None]:
 
 def sublayer(model: nnx.Module, i: int) -> Sublayer:
   """Sublayer i of a mixture-of-experts model (a copy sliced out of its stack if stacked)."""
-  path, r = locate(model.cfg, i)
+  path, r = locate(model.cfg, i, 'fold' if is_folded(model.blocks) else 'segments')
   module = model
   for key in path:
     module = module[key] if isinstance(key, int) else getattr(module, key)
@@ -335,26 +310,15 @@ def _take(tree: Any, i) -> Any:
                       if isinstance(i, jax.Array) else a[i], tree)
 
 
-_accumulate = threading.local()
-
-
-def forcing_accumulating_backward(on: bool):
-  """Within it, `accumulating_backward` answers `on` (tests compare the two backward passes of
-  a Fold)."""
-  return _setting(_accumulate, on)
-
-
-def accumulating_backward() -> bool:
-  """Whether a rematerialised Fold's backward pass is `_accumulating_scan`'s (yes, unless a
-  test forces autodiff's). Autodiff's backward of the folded scan adds each step's parameter
-  gradient to its kind's whole stack-shaped accumulator as a zero stack with the step's slice
-  written in, which XLA builds out of place: Cascade 2's train step held the accumulator, the
-  written zero stack and their sum, and read and wrote every stack on every step. Planned
-  with autodiff's and with this backward (launch.plan): the SFT train step on a v5p-128
-  slice 81.22 and 42.68 GiB per chip, the code RL step 65.04 and 33.73 GiB (TPU compiler);
-  on one H200 118.89 and 99.60 GiB (XLA:GPU)."""
-  forced = getattr(_accumulate, 'value', None)
-  return True if forced is None else forced
+# A rematerialised Fold's backward pass is `_accumulating_scan`'s unless `run` is told
+# `accumulate=False` (`Transformer.accumulate_fold_backward`; tests compare the two).
+# Autodiff's backward of the folded scan adds each step's parameter gradient to its kind's
+# whole stack-shaped accumulator as a zero stack with the step's slice written in, which XLA
+# builds out of place: Cascade 2's train step held the accumulator, the written zero stack and
+# their sum, and read and wrote every stack on every step. Planned with autodiff's and with
+# this backward (launch.plan): the SFT train step on a v5p-128 slice 81.22 and 42.68 GiB per
+# chip, the code RL step 65.04 and 33.73 GiB (TPU compiler); on one H200 118.89 and 99.60 GiB
+# (XLA:GPU).
 
 
 def _accumulating_scan(fns, params, x, js, ns):
@@ -452,7 +416,7 @@ def _same_reports(fns: list[Callable], kinds: tuple[str, ...],
 
 def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, positions, mask,
         segment_ids, *, kv=None, states=None, paged=None, routing=None, replay=True,
-        remat: Callable | None = None, scan: bool | None = None):
+        remat: Callable | None = None, scan: bool | None = None, accumulate: bool = True):
   """x through every sublayer.
 
   Args:
@@ -474,6 +438,8 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
     scan: run each repeated segment as one `lax.scan` over its repeats, a Fold as one scan
       over the pattern (default `cfg.scans_layers`), else as a Python loop over the same
       stacked parameters.
+    accumulate: a rematerialised Fold's backward pass is `_accumulating_scan`'s (True) or
+      autodiff's (False).
 
   With a cache (`kv`, `states` or `paged`) a repeated segment is always a Python loop over
   its repeats, so each sublayer's buffers, pools and state are updated in place (a scan
@@ -573,7 +539,7 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
 
     def step(params, x, j, n):
       return jax.lax.switch(j, [branch(j) for j in range(len(kinds))], params, x, n)
-    if remat is not None and accumulating_backward():
+    if remat is not None and accumulate:
       x, report = _accumulating_scan(on_slice, params, x, js, ns)
     else:
       # The rematerialisation wraps the whole step (the switch inside it): its residuals are
@@ -630,7 +596,7 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
       states[n] = jax.tree.map(lambda a, n=n: a[n], st)
     return x, moe_rows(report)
 
-  folded = folds(cfg.mixers)
+  folded = is_folded(blocks)
   # A cache that holds exactly this call's tokens (a prefill into fresh buffers, as the paged
   # engine's) is scanned over with its buffers stacked per kind: stacking and unstacking cost
   # a copy of only this call's keys and values, and the compiler builds each kind's code once.
