@@ -10,7 +10,7 @@ and compiles the same small-width model once per variant on the default backend,
 back so load from other processes hits them alike: 'unrolled' (scan_layers=False: one body
 per sublayer), 'segments' (models/hybrid.py `plan`: a scan per repeated segment, one body per
 position of its unit) and 'folded' (`hybrid.Fold`: one scan over the pattern, one body per
-kind of sublayer in a switch); the layout is forced per variant (`hybrid.forcing_layout`),
+kind of sublayer in a switch); the layout is forced per variant (`transformer.create(layout=)`),
 whatever the pattern would choose. It prints the seconds of each, the ratio of the first
 variant's to each other's, and the compiled program's temporaries (XLA's memory analysis).
 The compiled programs run once on the same inputs and each variant's outputs are checked
@@ -79,9 +79,9 @@ def sft_batch(rows: int, length: int, vocab: int) -> batch_lib.TrainBatch:
       ref_logprobs=z, teacher_logprobs=z)
 
 
-def program(name: str, cfg: config_lib.ModelConfig):
+def program(name: str, cfg: config_lib.ModelConfig, layout: str):
   """(jitted function, its arguments, output -> array compared between the two stacks)."""
-  graphdef, params = nnx.split(transformer.create(cfg, seed=0))
+  graphdef, params = nnx.split(transformer.create(cfg, seed=0, layout=layout))
   rows, length = _ROWS.value, _LENGTH.value
   if name == 'train':
     opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=1e-4))
@@ -105,18 +105,17 @@ def measure(name: str, variants) -> dict:
   out, results = dict(program=name), {}
   for key in variants:
     layout = 'fold' if key == 'folded' else 'segments'
-    with hybrid.forcing_layout(layout):
-      fn, args, pick = program(name, model_config(key != 'unrolled'))
-      t0 = time.perf_counter()
-      lowered = fn.lower(*args)
-      t1 = time.perf_counter()
-      compiled = lowered.compile()
-      t2 = time.perf_counter()
-      out[f'{key}_lower_s'], out[f'{key}_compile_s'] = t1 - t0, t2 - t1
-      memory = compiled.memory_analysis()
-      out[f'{key}_temp_mib'] = (None if memory is None
-                                else memory.temp_size_in_bytes / 2**20)
-      results[key] = np.asarray(pick(compiled(*args)), np.float64)
+    fn, args, pick = program(name, model_config(key != 'unrolled'), layout)
+    t0 = time.perf_counter()
+    lowered = fn.lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    out[f'{key}_lower_s'], out[f'{key}_compile_s'] = t1 - t0, t2 - t1
+    memory = compiled.memory_analysis()
+    out[f'{key}_temp_mib'] = (None if memory is None
+                              else memory.temp_size_in_bytes / 2**20)
+    results[key] = np.asarray(pick(compiled(*args)), np.float64)
   first = variants[0]
   total = lambda k: out[f'{k}_lower_s'] + out[f'{k}_compile_s']
   for key in variants[1:]:

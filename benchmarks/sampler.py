@@ -175,7 +175,7 @@ def _model_config() -> config_lib.ModelConfig:
 def _describe(cfg: config_lib.ModelConfig) -> str:
   """The model line's shape part."""
   heads = f'{cfg.num_heads}x{cfg.head_dim} heads ({cfg.num_kv_heads} kv)'
-  if cfg.is_dense:
+  if cfg.kv_stacked:
     return (f'{cfg.num_layers} layers, embed {cfg.embed_dim}, {heads}, mlp {cfg.mlp_dim}, '
             f'vocab {cfg.vocab_size}, {cfg.num_params() / 1e6:.2f}M params')
   out = (f'{_FAMILY.value} ({cfg.family}): sublayers {",".join(cfg.mixers)}; embed '
@@ -596,7 +596,7 @@ def main(argv):
   med = statistics.median(ours_s)
   print(f'\nmachine: float32 matmul {flops_rate / 1e9:.1f} GFLOP/s, memory read '
         f'{bandwidth / 1e9:.1f} GB/s')
-  if not cfg.is_dense:
+  if not cfg.kv_stacked:
     mamba = (f', the state updates of {cfg.mamba_layers} Mamba sublayers' if cfg.mamba_layers
              else '')
     state = (f', {fl["step_state_bytes"] / 1e6:.2f} MB of Mamba state (read and written)'

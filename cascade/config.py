@@ -150,7 +150,7 @@ def _check_expert_axis(shape, model) -> None:
   """A mesh with an expert axis splits the experts of every 'moe' layer evenly over it."""
   if shape is None or len(shape) < 4 or shape[2] in (1, -1):
     return
-  if model is None or 'moe' not in (model.mixers if not model.is_dense else ()):
+  if model is None or not model.has_experts:
     raise ConfigError(f'config.mesh.shape={tuple(shape)}: an expert axis of {shape[2]} devices, '
                       'but the model has no mixture-of-experts layers')
   if model.num_experts % shape[2]:

@@ -24,12 +24,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from models import families
 from models import rope
+from models.families import nemotron_h
 
-DENSE_FAMILIES = ('llama', 'qwen2', 'qwen3')
-FAMILIES = DENSE_FAMILIES + ('qwen3_moe', 'nemotron_h')
-# What a layer of `layer_types` may be, per family.
-LAYER_TYPES = {'nemotron_h': ('mamba', 'attention', 'mlp', 'moe'), 'qwen3_moe': ('moe', 'mlp')}
 MLP_ACTIVATIONS = ('swiglu', 'relu2')
 ROUTERS = ('softmax', 'sigmoid')
 REMAT_POLICIES = ('none', 'full', 'save_attention_out', 'offload')
@@ -37,20 +35,14 @@ REMAT_POLICIES = ('none', 'full', 'save_attention_out', 'offload')
 ATTENTION_IMPLS = ('auto', 'dense', 'blockwise', 'splash', 'gpu_flash')
 
 
-# Nemotron-H's pattern letters (its config's `hybrid_override_pattern`).
-PATTERN_LETTERS = {'M': 'mamba', '*': 'attention', '-': 'mlp', 'E': 'moe'}
-NEMOTRON_3_NANO_PATTERN = 'MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME'
+# Nemotron-H's pattern letters, kept here for the callers that spell patterns with them.
+PATTERN_LETTERS = nemotron_h.PATTERN_LETTERS
+NEMOTRON_3_NANO_PATTERN = nemotron_h.NEMOTRON_3_NANO_PATTERN
 
 
 def parse_pattern(pattern: str) -> tuple[str, ...]:
   """A Nemotron-H pattern string ('M' mamba, '*' attention, '-' mlp, 'E' moe) as layer types."""
-  out = []
-  for i, c in enumerate(pattern):
-    if c not in PATTERN_LETTERS:
-      raise ValueError(f'layer pattern {pattern!r}: unknown letter {c!r} at {i}; expected one '
-                       f'of {sorted(PATTERN_LETTERS)} ({PATTERN_LETTERS})')
-    out.append(PATTERN_LETTERS[c])
-  return tuple(out)
+  return nemotron_h.FAMILY.parse_letters(pattern)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +50,9 @@ class ModelConfig:
   """Shape and numerics of a decoder-only transformer.
 
   Attributes:
-    family: 'llama', 'qwen2', 'qwen3' (dense), 'qwen3_moe' or 'nemotron_h' (see
-      the module docstring); HF export's architecture follows it.
+    family: a registered family (models/families): 'llama', 'qwen2', 'qwen3' (dense),
+      'qwen3_moe' or 'nemotron_h' (see the module docstring), or one a user registered;
+      HF export's architecture follows it.
     vocab_size: number of token ids.
     embed_dim: residual width D.
     num_layers: number of transformer blocks.
@@ -197,8 +190,7 @@ class ModelConfig:
   moe_chunk: int = 0
 
   def __post_init__(self):
-    if self.family not in FAMILIES:
-      raise ValueError(f'ModelConfig.family={self.family!r}: expected one of {FAMILIES}')
+    families.get(self.family)   # an unknown family is refused, naming the field
     for name in ('vocab_size', 'embed_dim', 'num_layers', 'num_heads',
                  'num_kv_heads', 'head_dim', 'mlp_dim'):
       if getattr(self, name) <= 0:
@@ -242,22 +234,24 @@ class ModelConfig:
     if self.mlp_activation not in MLP_ACTIVATIONS:
       raise ValueError(f'ModelConfig.mlp_activation={self.mlp_activation!r}: expected one of '
                        f'{MLP_ACTIVATIONS}')
-    if self.family in DENSE_FAMILIES:
+    spec = self.spec
+    if spec.layer_types is None:
       if self.layer_types is not None:
-        raise ValueError(f'ModelConfig.layer_types is for the families {tuple(LAYER_TYPES)}; '
+        patterned = tuple(sorted(f.name for f in families.FAMILIES.values() if f.layer_types))
+        raise ValueError(f'ModelConfig.layer_types is for the families {patterned}; '
                          f'family={self.family!r} is a dense decoder (every layer attention + '
                          'MLP)')
       return
     if self.layer_types is None:
       raise ValueError(f'ModelConfig(family={self.family!r}) needs layer_types: one of '
-                       f'{LAYER_TYPES[self.family]} per layer')
-    if isinstance(self.layer_types, str):   # Nemotron-H's letters, e.g. 'M*EM-'
+                       f'{spec.layer_types} per layer')
+    if isinstance(self.layer_types, str) and spec.pattern_letters:   # e.g. Nemotron-H's 'M*EM-'
       try:
-        object.__setattr__(self, 'layer_types', parse_pattern(self.layer_types))
+        object.__setattr__(self, 'layer_types', spec.parse_letters(self.layer_types))
       except ValueError as e:
         raise ValueError(f'ModelConfig.layer_types: {e}') from None
     object.__setattr__(self, 'layer_types', tuple(self.layer_types))
-    known = LAYER_TYPES[self.family]
+    known = spec.layer_types
     for i, t in enumerate(self.layer_types):
       if t not in known:
         raise ValueError(f'ModelConfig.layer_types[{i}]={t!r}: unknown layer type for '
@@ -300,19 +294,34 @@ class ModelConfig:
         raise ValueError('ModelConfig.router_aux_loss and router_z_loss must be >= 0')
 
   @property
-  def is_dense(self) -> bool:
-    """A dense decoder (every layer attention + MLP, stacked blocks)."""
-    return self.family in DENSE_FAMILIES
+  def spec(self) -> families.base.Family:
+    """The family's registry entry (models/families): what models/ asks about the family."""
+    return families.get(self.family)
 
   @property
   def mixers(self) -> tuple[str, ...]:
     """The residual sublayers in order, each `x + mixer(norm(x))`: 'attention', 'mamba',
     'mlp' or 'moe' (Qwen3-MoE's layer i is sublayers 2i and 2i + 1)."""
-    if self.family == 'nemotron_h':
-      return self.layer_types
-    if self.family == 'qwen3_moe':
-      return tuple(m for t in self.layer_types for m in ('attention', t))
-    return ('attention', 'mlp') * self.num_layers
+    return self.spec.sublayers(self)
+
+  @property
+  def kv_stacked(self) -> bool:
+    """The cache layout `Transformer.hidden` takes without `layers`: True, one stacked
+    [L, B, K, S, H] key (and value) array (paged: [L, K, P, page_size, H]); False, a tuple of
+    one buffer per attention sublayer (and Mamba states beside them)."""
+    return self.spec.stack == 'blocks'
+
+  @property
+  def flops_from_config(self) -> bool:
+    """Whether a program's FLOPs are counted from this config (`launch.plan.flops`) rather
+    than by XLA on a twin with the layers unrolled: the sublayer patterns, whose scanned
+    segments and loops XLA counts once."""
+    return self.spec.stack == 'pattern'
+
+  @property
+  def has_experts(self) -> bool:
+    """Some sublayer is a mixture of experts ('moe')."""
+    return 'moe' in self.mixers
 
   @property
   def attention_layers(self) -> int:
@@ -382,108 +391,57 @@ class ModelConfig:
     return (sum(self._sublayer_params(m, active) for m in self.mixers) + emb
             + self.embed_dim)
 
-  # Presets. Real shapes from the models' published config.json files.
+  # Presets: their shapes live in the family modules (models/families), each the real shapes
+  # of the model's published config.json.
 
   @classmethod
   def tiny(cls, **kw) -> 'ModelConfig':
     """A few-thousand-parameter Qwen3-like model for unit tests."""
-    return cls(**{**dict(family='qwen3', vocab_size=256, embed_dim=64, num_layers=2,
-                         num_heads=4, num_kv_heads=2, head_dim=16, mlp_dim=128,
-                         rope_theta=10_000.0, qk_norm=True, tie_embeddings=True,
-                         max_seq_len=1024), **kw})
+    return cls.preset('tiny', **kw)
 
   @classmethod
   def qwen3_0_6b(cls, **kw) -> 'ModelConfig':
-    return cls(**{**dict(family='qwen3', vocab_size=151_936, embed_dim=1024,
-                         num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
-                         mlp_dim=3072, rope_theta=1_000_000.0, norm_eps=1e-6,
-                         qk_norm=True, tie_embeddings=True, max_seq_len=40_960,
-                         param_dtype='bfloat16', dtype='bfloat16'), **kw})
+    return cls.preset('qwen3_0_6b', **kw)
 
   @classmethod
   def qwen3_8b(cls, **kw) -> 'ModelConfig':
-    return cls(**{**dict(family='qwen3', vocab_size=151_936, embed_dim=4096,
-                         num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
-                         mlp_dim=12_288, rope_theta=1_000_000.0, norm_eps=1e-6,
-                         qk_norm=True, tie_embeddings=False, max_seq_len=40_960,
-                         param_dtype='bfloat16', dtype='bfloat16'), **kw})
+    return cls.preset('qwen3_8b', **kw)
 
   @classmethod
   def qwen3_14b(cls, **kw) -> 'ModelConfig':
-    return cls(**{**dict(family='qwen3', vocab_size=151_936, embed_dim=5120,
-                         num_layers=40, num_heads=40, num_kv_heads=8, head_dim=128,
-                         mlp_dim=17_408, rope_theta=1_000_000.0, norm_eps=1e-6,
-                         qk_norm=True, tie_embeddings=False, max_seq_len=40_960,
-                         param_dtype='bfloat16', dtype='bfloat16'), **kw})
+    return cls.preset('qwen3_14b', **kw)
 
   @classmethod
   def llama3_8b(cls, **kw) -> 'ModelConfig':
-    return cls(**{**dict(family='llama', vocab_size=128_256, embed_dim=4096,
-                         num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
-                         mlp_dim=14_336, rope_theta=500_000.0, norm_eps=1e-5,
-                         qk_norm=False, qkv_bias=False, tie_embeddings=False,
-                         max_seq_len=8192, param_dtype='bfloat16',
-                         dtype='bfloat16'), **kw})
+    return cls.preset('llama3_8b', **kw)
 
   @classmethod
   def nemotron_3_nano_30b_a3b(cls, **kw) -> 'ModelConfig':
     """Nemotron-3-Nano-30B-A3B (Cascade 2's base): 23 Mamba-2, 23 MoE (128 experts, top-6, a
     shared expert) and 6 attention layers; 31.6B parameters, 3.6B active."""
-    return cls(**{**dict(family='nemotron_h', vocab_size=131_072, embed_dim=2688,
-                         num_layers=52, layer_types=parse_pattern(NEMOTRON_3_NANO_PATTERN),
-                         num_heads=32, num_kv_heads=2, head_dim=128, mlp_dim=1856,
-                         mlp_activation='relu2', use_rope=False, qk_norm=False,
-                         norm_eps=1e-5, tie_embeddings=False, max_seq_len=262_144,
-                         mamba_heads=64, mamba_head_dim=64, mamba_groups=8, mamba_state=128,
-                         mamba_conv=4, mamba_chunk=128, mamba_dt_min=0.001,
-                         num_experts=128, experts_per_token=6, moe_dim=1856,
-                         shared_expert_dim=3712, router='sigmoid', router_norm_topk=True,
-                         router_groups=1, router_topk_groups=1, routed_scaling=2.5,
-                         param_dtype='bfloat16', dtype='bfloat16'), **kw})
+    return cls.preset('nemotron_3_nano_30b_a3b', **kw)
 
   @classmethod
   def qwen3_30b_a3b(cls, **kw) -> 'ModelConfig':
     """Qwen3-30B-A3B: 48 layers of Qwen3 attention + 128 SwiGLU experts (top-8)."""
-    return cls(**{**dict(family='qwen3_moe', vocab_size=151_936, embed_dim=2048,
-                         num_layers=48, layer_types=('moe',) * 48, num_heads=32,
-                         num_kv_heads=4, head_dim=128, mlp_dim=6144, rope_theta=1_000_000.0,
-                         norm_eps=1e-6, qk_norm=True, tie_embeddings=False,
-                         max_seq_len=40_960, num_experts=128, experts_per_token=8,
-                         moe_dim=768, router='softmax', router_norm_topk=True,
-                         param_dtype='bfloat16', dtype='bfloat16'), **kw})
+    return cls.preset('qwen3_30b_a3b', **kw)
 
   @classmethod
   def tiny_hybrid(cls, **kw) -> 'ModelConfig':
     """A tiny Nemotron-H-like model for tests: mamba, moe, attention and mlp layers."""
-    return cls(**{**dict(family='nemotron_h', vocab_size=256, embed_dim=64, num_layers=6,
-                         layer_types=parse_pattern('ME*EM-'), num_heads=4, num_kv_heads=2,
-                         head_dim=16, mlp_dim=96, mlp_activation='relu2', use_rope=False,
-                         qk_norm=False, norm_eps=1e-5, tie_embeddings=False,
-                         max_seq_len=1024, mamba_heads=4, mamba_head_dim=16, mamba_groups=2,
-                         mamba_state=8, mamba_conv=4, mamba_chunk=16, mamba_dt_min=0.001,
-                         num_experts=8, experts_per_token=2, moe_dim=32,
-                         shared_expert_dim=48, router='sigmoid', router_groups=2,
-                         router_topk_groups=1, routed_scaling=2.5), **kw})
+    return cls.preset('tiny_hybrid', **kw)
 
   @classmethod
   def tiny_moe(cls, **kw) -> 'ModelConfig':
     """A tiny Qwen3-MoE-like model for tests (its second layer an `mlp_only` one)."""
-    return cls(**{**dict(family='qwen3_moe', vocab_size=256, embed_dim=64, num_layers=3,
-                         layer_types=('moe', 'mlp', 'moe'), num_heads=4, num_kv_heads=2,
-                         head_dim=16, mlp_dim=96, rope_theta=10_000.0, qk_norm=True,
-                         tie_embeddings=False, max_seq_len=1024, num_experts=8,
-                         experts_per_token=2, moe_dim=32, router='softmax',
-                         router_norm_topk=True), **kw})
+    return cls.preset('tiny_moe', **kw)
 
   @classmethod
   def preset(cls, name: str, **kw) -> 'ModelConfig':
-    """Looks a preset up by name ('tiny', 'qwen3_8b', ...; '-' and '_' alike)."""
+    """Looks a preset up by name ('tiny', 'qwen3_8b', ...; '-' and '_' alike) among every
+    registered family's (models/families)."""
     name = name.replace('-', '_')
-    presets = {'tiny': cls.tiny, 'qwen3_0_6b': cls.qwen3_0_6b, 'qwen3_8b': cls.qwen3_8b,
-               'qwen3_14b': cls.qwen3_14b, 'llama3_8b': cls.llama3_8b,
-               'nemotron_3_nano_30b_a3b': cls.nemotron_3_nano_30b_a3b,
-               'qwen3_30b_a3b': cls.qwen3_30b_a3b, 'tiny_hybrid': cls.tiny_hybrid,
-               'tiny_moe': cls.tiny_moe}
+    presets = families.presets()
     if name not in presets:
       raise ValueError(f'unknown model preset {name!r}; known: {sorted(presets)}')
-    return presets[name](**kw)
+    return cls(**{**presets[name], **kw})

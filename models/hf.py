@@ -52,6 +52,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from models import config as config_lib
+from models import families
 from models import hf_moe
 from models import hf_tokenizer
 from models import paths
@@ -60,12 +61,13 @@ from models import sharding
 from models import tokenizer as tokenizer_lib
 from models import transformer
 
-ARCHITECTURES = {'LlamaForCausalLM': 'llama', 'Qwen2ForCausalLM': 'qwen2',
-                 'Qwen3ForCausalLM': 'qwen3', hf_moe.QWEN3_MOE_ARCH: 'qwen3_moe',
-                 hf_moe.NEMOTRON_H_ARCH: 'nemotron_h'}
-_FAMILY_TO_ARCH = {v: k for k, v in ARCHITECTURES.items()}
-# transformers' class defaults for fields a config.json may leave out.
-_DEFAULT_MAX_POSITIONS = {'llama': 2048, 'qwen2': 32768, 'qwen3': 32768, 'qwen3_moe': 32768}
+
+
+def architectures() -> dict[str, str]:
+  """HF architecture name -> family name, for every registered family that has one."""
+  return {f.hf_architecture: f.name for f in families.FAMILIES.values() if f.hf_architecture}
+
+
 _DTYPES = ('float32', 'bfloat16', 'float16')
 SINGLE_FILE = 'model.safetensors'
 INDEX_FILE = 'model.safetensors.index.json'
@@ -133,10 +135,12 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
       missing required field.
   """
   archs = hf.get('architectures') or []
-  if len(archs) != 1 or archs[0] not in ARCHITECTURES:
+  known = architectures()
+  if len(archs) != 1 or archs[0] not in known:
     raise ValueError(f'HF config: architectures={archs!r} is not supported; '
-                     f'expected one of {sorted(ARCHITECTURES)}')
-  family = ARCHITECTURES[archs[0]]
+                     f'expected one of {sorted(known)}')
+  family = known[archs[0]]
+  spec = families.get(family)
   if family == 'nemotron_h':
     return hf_moe.nemotron_h_config(hf, _dtype_name(hf))
   if hf.get('hidden_act', 'silu') != 'silu':
@@ -155,9 +159,9 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
   n = int(_require(hf, 'num_attention_heads'))
   head_dim = hf.get('head_dim')
   if head_dim is None:
-    head_dim = 128 if family == 'qwen3' else d // n  # transformers' defaults.
+    head_dim = spec.hf_head_dim or d // n  # transformers' defaults.
   dtype = _dtype_name(hf)
-  max_positions = int(hf.get('max_position_embeddings') or _DEFAULT_MAX_POSITIONS[family])
+  max_positions = int(hf.get('max_position_embeddings') or spec.hf_max_positions)
   rope_theta, rope_scaling = _rope(hf, max_positions)
   num_layers = int(_require(hf, 'num_hidden_layers'))
   experts = hf_moe.qwen3_moe_fields(hf, num_layers) if family == 'qwen3_moe' else {}
@@ -173,8 +177,8 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
       rope_theta=rope_theta,
       rope_scaling=rope_scaling,
       norm_eps=float(hf.get('rms_norm_eps', 1e-6)),
-      qkv_bias=family == 'qwen2',
-      qk_norm=family in ('qwen3', 'qwen3_moe'),
+      qkv_bias=spec.hf_switches[0],
+      qk_norm=spec.hf_switches[1],
       tie_embeddings=bool(hf.get('tie_word_embeddings', False)),
       max_seq_len=max_positions,
       param_dtype=dtype,
@@ -189,24 +193,26 @@ def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
     ValueError: the config's switches do not match what its family's HF class
       computes (e.g. a 'llama' with q/k norm, a 'nemotron_h' with RoPE).
   """
+  spec = cfg.spec
+  if spec.hf_architecture is None:
+    raise ValueError(f'ModelConfig.family={cfg.family!r} has no Hugging Face architecture')
   if cfg.family == 'nemotron_h':
     return hf_moe.nemotron_h_to_hf(cfg, cfg.param_dtype)
-  want = {'llama': (False, False), 'qwen2': (True, False), 'qwen3': (False, True),
-          'qwen3_moe': (False, True)}
-  if (cfg.qkv_bias, cfg.qk_norm) != want[cfg.family]:
+  want = spec.hf_switches
+  if (cfg.qkv_bias, cfg.qk_norm) != want:
     raise ValueError(
         f'ModelConfig(family={cfg.family!r}, qkv_bias={cfg.qkv_bias}, qk_norm={cfg.qk_norm}) '
-        f'has no HF equivalent; {_FAMILY_TO_ARCH[cfg.family]} needs qkv_bias='
-        f'{want[cfg.family][0]}, qk_norm={want[cfg.family][1]}')
+        f'has no HF equivalent; {spec.hf_architecture} needs qkv_bias='
+        f'{want[0]}, qk_norm={want[1]}')
   if not cfg.use_rope or cfg.mlp_activation != 'swiglu':
     raise ValueError(
         f'ModelConfig(family={cfg.family!r}, use_rope={cfg.use_rope}, mlp_activation='
-        f'{cfg.mlp_activation!r}) has no HF equivalent; {_FAMILY_TO_ARCH[cfg.family]} needs '
+        f'{cfg.mlp_activation!r}) has no HF equivalent; {spec.hf_architecture} needs '
         "use_rope=True, mlp_activation='swiglu'")
   rope_scaling = (cfg.rope_scaling.to_dict() if cfg.rope_scaling is not None
                   else {'rope_type': 'default'})
   out = {
-      'architectures': [_FAMILY_TO_ARCH[cfg.family]],
+      'architectures': [spec.hf_architecture],
       'model_type': cfg.family,
       'vocab_size': cfg.vocab_size,
       'hidden_size': cfg.embed_dim,
@@ -227,12 +233,7 @@ def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
   }
   if cfg.rope_scaling is not None:
     out['rope_scaling'] = rope_scaling
-  if cfg.family in ('llama', 'qwen3', 'qwen3_moe'):
-    out['attention_bias'] = False
-  if cfg.family == 'llama':
-    out['mlp_bias'] = False
-  if cfg.family in ('qwen2', 'qwen3', 'qwen3_moe'):
-    out['use_sliding_window'] = False
+  out.update(spec.hf_constants)
   if cfg.family == 'qwen3_moe':
     out.update(hf_moe.qwen3_moe_to_hf(cfg))
   return out
@@ -243,7 +244,7 @@ def _tensors(cfg: config_lib.ModelConfig,
   """Every parameter of `cfg`'s Transformer as HF tensors, in HF's order; the
   mixture-of-experts families' follow the layout of the checkpoint's tensor `names`
   (None: the hub layout an export writes)."""
-  if not cfg.is_dense:
+  if cfg.spec.stack == 'pattern':
     return hf_moe.tensors(cfg, names)
   d, v = cfg.embed_dim, cfg.vocab_size
   out = [hf_moe.single(('embed',), 'model.embed_tokens.weight', (v, d))]

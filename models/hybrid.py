@@ -42,15 +42,14 @@ repeated segment as a Python loop over its repeats, each sublayer updating its
 own buffers, pools or state in place (a Fold: a loop over the pattern): a scan would stack
 the caches for its carry and split them after, copying them on every decode step.
 `models.transformer.Transformer`
-builds and calls this stack when the config's family is not dense; its calling
-convention is unchanged.
+builds and calls this stack when the config's family runs on the 'pattern' stack
+(models/families); its calling convention is unchanged. `run` picks one mode per call,
+each a named function below (docs/model_families.md, "The stack runner's modes").
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -65,35 +64,9 @@ from models import moe
 from models import sharding
 
 
-_collect = threading.local()
-
-
-@contextlib.contextmanager
-def _setting(store: threading.local, value):
-  """Within it, this thread's `store.value` is `value` (restored after)."""
-  old = getattr(store, 'value', None)
-  store.value = value
-  try:
-    yield
-  finally:
-    store.value = old
-
-
-def collecting_stats():
-  """Within it (at trace time), a mixture-of-experts model's `hidden` sows its `MoEStats` as an
-  nnx.Intermediate 'moe_stats' for `moe_stats` to pop: the train step traces its loss so.
-  Nowhere else: a sampler's decode loop calls the model inside a loop whose trace may not
-  write the module's state."""
-  return _setting(_collect, True)
-
-
-def collecting() -> bool:
-  return bool(getattr(_collect, 'value', False))
-
-
 class MoEStats(NamedTuple):
   """What a forward pass's 'moe' sublayers report (`Transformer.hidden` sows it as an
-  nnx.Intermediate named 'moe_stats' within `collecting_stats`).
+  nnx.Intermediate named 'moe_stats' where the model's `collect_moe_stats` is set).
 
   Attributes:
     indices: [M, B, T, k] int32 experts each token chose in each of the M 'moe'
@@ -122,7 +95,7 @@ class Sublayer(nnx.Module):
     elif kind == 'mamba':
       self.mixer = mamba.Mamba2Mixer(cfg, rngs)
     elif kind == 'mlp':
-      self.mixer = layers.MLP(cfg, rngs)
+      self.mixer = (cfg.spec.mlp or layers.MLP)(cfg, rngs)
     elif kind == 'moe':
       self.mixer = moe.MoE(cfg, rngs)
     else:
@@ -206,24 +179,25 @@ def plan(mixers: tuple[str, ...]) -> tuple[Segment, ...]:
 KINDS = ('mamba', 'moe', 'attention', 'mlp')
 
 
-_layout = threading.local()
+LAYOUTS = ('fold', 'segments')
 
 
-def forcing_layout(layout: str):
-  """Within it, `folds` answers True for 'fold' and False for 'segments' whatever the pattern:
-  for comparing the two layouts of one pattern (benchmarks/hybrid_compile.py). A model built
-  within it must also be called within it."""
-  if layout not in ('fold', 'segments'):
-    raise ValueError(f'layout={layout!r}: expected fold or segments')
-  return _setting(_layout, layout == 'fold')
-
-
-def folds(mixers: tuple[str, ...]) -> bool:
+def folds(mixers: tuple[str, ...], layout: str | None = None) -> bool:
   """Whether `mixers` is kept as a `Fold` (one body per kind of sublayer) rather than as
   `plan`'s segments: where the kinds present are fewer than the segments' bodies
-  (Nemotron-3-Nano: 3 against 14; Qwen3-MoE's (attention, moe) x 48 keeps its 2)."""
-  forced = getattr(_layout, 'value', None)
-  return _folds(tuple(mixers)) if forced is None else forced
+  (Nemotron-3-Nano: 3 against 14; Qwen3-MoE's (attention, moe) x 48 keeps its 2).
+  `layout` 'fold' or 'segments' chooses instead, whatever the pattern (for comparing the two
+  layouts of one pattern: `Transformer(layout=)`, benchmarks/hybrid_compile.py)."""
+  if layout is None:
+    return _folds(tuple(mixers))
+  if layout not in LAYOUTS:
+    raise ValueError(f'layout={layout!r}: expected one of {LAYOUTS} (or None: by the pattern)')
+  return layout == 'fold'
+
+
+def is_folded(blocks: Sequence) -> bool:
+  """Whether built `blocks` (`build`) are one Fold."""
+  return len(blocks) == 1 and isinstance(blocks[0], Fold)
 
 
 @functools.lru_cache(maxsize=64)
@@ -274,24 +248,26 @@ def _stack(sublayers: Sequence[Sublayer]) -> Sublayer:
   return nnx.merge(nnx.graphdef(sublayers[0]), stacked)
 
 
-def build(cfg: config_lib.ModelConfig, rngs: nnx.Rngs) -> nnx.List:
-  """The blocks: one `Fold` where `folds(cfg.mixers)`, else those of `plan(cfg.mixers)`: a
+def build(cfg: config_lib.ModelConfig, rngs: nnx.Rngs, layout: str | None = None) -> nnx.List:
+  """The blocks: one `Fold` where `folds(cfg.mixers, layout)`, else those of `plan(cfg.mixers)`: a
   Sublayer per single-sublayer segment, a Repeat per repeated one. The sublayers are made one
   after another in pattern order first, so sublayer i has exactly the values (and the RNG
   draws) it would have as the i-th of a plain list."""
   subs = [Sublayer(cfg, kind, rngs) for kind in cfg.mixers]
-  if folds(cfg.mixers):
+  if folds(cfg.mixers, layout):
     return nnx.List([Fold(subs, cfg.mixers)])
   return nnx.List([subs[s.start] if s.repeats == 1 else Repeat(subs[s.start:s.stop], len(s.unit))
                    for s in plan(cfg.mixers)])
 
 
-def locate(cfg: config_lib.ModelConfig, i: int) -> tuple[tuple, int | None]:
-  """Where sublayer i's parameters live in `Transformer.blocks`: (path of its Sublayer,
-  relative to the model, and the index along the stacked 'layers' axis, None if unstacked)."""
+def locate(cfg: config_lib.ModelConfig, i: int,
+           layout: str | None = None) -> tuple[tuple, int | None]:
+  """Where sublayer i's parameters live in `Transformer.blocks` (built with `layout`): (path
+  of its Sublayer, relative to the model, and the index along the stacked 'layers' axis, None
+  if unstacked)."""
   if not 0 <= i < len(cfg.mixers):
     raise IndexError(f'sublayer {i}: the pattern has {len(cfg.mixers)}')
-  if folds(cfg.mixers):
+  if folds(cfg.mixers, layout):
     return ('blocks', 0, cfg.mixers[i]), fold_steps(cfg.mixers)[2][i]
   for j, s in enumerate(plan(cfg.mixers)):
     if s.start <= i < s.stop:
@@ -304,7 +280,7 @@ def locate(cfg: config_lib.ModelConfig, i: int) -> tuple[tuple, int | None]:
 
 def sublayer(model: nnx.Module, i: int) -> Sublayer:
   """Sublayer i of a mixture-of-experts model (a copy sliced out of its stack if stacked)."""
-  path, r = locate(model.cfg, i)
+  path, r = locate(model.cfg, i, 'fold' if is_folded(model.blocks) else 'segments')
   module = model
   for key in path:
     module = module[key] if isinstance(key, int) else getattr(module, key)
@@ -335,26 +311,15 @@ def _take(tree: Any, i) -> Any:
                       if isinstance(i, jax.Array) else a[i], tree)
 
 
-_accumulate = threading.local()
-
-
-def forcing_accumulating_backward(on: bool):
-  """Within it, `accumulating_backward` answers `on` (tests compare the two backward passes of
-  a Fold)."""
-  return _setting(_accumulate, on)
-
-
-def accumulating_backward() -> bool:
-  """Whether a rematerialised Fold's backward pass is `_accumulating_scan`'s (yes, unless a
-  test forces autodiff's). Autodiff's backward of the folded scan adds each step's parameter
-  gradient to its kind's whole stack-shaped accumulator as a zero stack with the step's slice
-  written in, which XLA builds out of place: Cascade 2's train step held the accumulator, the
-  written zero stack and their sum, and read and wrote every stack on every step. Planned
-  with autodiff's and with this backward (launch.plan): the SFT train step on a v5p-128
-  slice 81.22 and 42.68 GiB per chip, the code RL step 65.04 and 33.73 GiB (TPU compiler);
-  on one H200 118.89 and 99.60 GiB (XLA:GPU)."""
-  forced = getattr(_accumulate, 'value', None)
-  return True if forced is None else forced
+# A rematerialised Fold's backward pass is `_accumulating_scan`'s unless `run` is told
+# `accumulate=False` (`Transformer.accumulate_fold_backward`; tests compare the two).
+# Autodiff's backward of the folded scan adds each step's parameter gradient to its kind's
+# whole stack-shaped accumulator as a zero stack with the step's slice written in, which XLA
+# builds out of place: Cascade 2's train step held the accumulator, the written zero stack and
+# their sum, and read and wrote every stack on every step. Planned with autodiff's and with
+# this backward (launch.plan): the SFT train step on a v5p-128 slice 81.22 and 42.68 GiB per
+# chip, the code RL step 65.04 and 33.73 GiB (TPU compiler); on one H200 118.89 and 99.60 GiB
+# (XLA:GPU).
 
 
 def _accumulating_scan(fns, params, x, js, ns):
@@ -450,9 +415,332 @@ def _same_reports(fns: list[Callable], kinds: tuple[str, ...],
   return [wrap(j) for j in range(len(fns))]
 
 
+class _Pass(NamedTuple):
+  """What every sublayer of one `run` call sees (`run`'s arguments)."""
+  positions: Any
+  mask: Any
+  segment_ids: Any
+  replay: bool
+  remat: Callable | None
+  has_kv: bool          # attention buffers of a prefill / decode (kv), written from kv_index
+  kv_index: Any
+  paged: Any            # the PagedCache of a paged decode step, or None
+  cached: bool          # a call with a cache: no rematerialisation, caches updated in place
+
+
+class _Caches:
+  """One call's caches by kind and index within the kind: the attention sublayers' key and
+  value buffers (or pools) and the Mamba sublayers' states. `run` hands each sublayer its own
+  (`own`) and keeps what it wrote (`put`)."""
+
+  def __init__(self, kv, paged, states):
+    self.attention = kv is not None or paged is not None
+    self.ks = list(kv[0]) if kv is not None else list(paged.k) if paged is not None else []
+    self.vs = list(kv[1]) if kv is not None else list(paged.v) if paged is not None else []
+    self.states = list(states) if states is not None else None
+
+  def own(self, kind: str, n: int):
+    """The n-th `kind` sublayer's cache: an attention's (k, v), a Mamba mixer's state; None
+    otherwise."""
+    if kind == 'attention' and self.attention:
+      return self.ks[n], self.vs[n]
+    if kind == 'mamba' and self.states is not None:
+      return self.states[n]
+    return None
+
+  def put(self, kind: str, n: int, mine) -> None:
+    if kind == 'attention' and mine is not None:
+      self.ks[n], self.vs[n] = mine
+    elif kind == 'mamba' and self.states is not None:
+      self.states[n] = mine
+
+
+def _stack_trees(*trees):
+  return jax.tree.map(lambda *a: jnp.stack(a), *trees)
+
+
+def _flat_reports(report):
+  """[reps, moe per unit, ...] -> [reps * moe per unit, ...], in pattern order."""
+  return jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), report)
+
+
+def _moe_route(routing, kind: str, n):
+  """The n-th 'moe' sublayer's replayed routing inside a folded scan (n traced), or None."""
+  if routing is None or kind != 'moe':
+    return None
+  return jax.lax.dynamic_index_in_dim(routing, n, keepdims=False)
+
+
+def _part(ctx: _Pass, kind: str, mine):
+  """A sublayer's cache argument from its own cache."""
+  if kind == 'attention' and mine is not None:
+    k, v = mine
+    return (k, v, None, ctx.kv_index) if ctx.has_kv else layers._PagedStep(k, v, None, ctx.paged)
+  return mine
+
+
+def _sublayer_body(ctx: _Pass, graphdef, params, x, route):
+  """A sublayer without a cache, from its graphdef and parameters: (y, report)."""
+  y, _, report = nnx.merge(graphdef, params)(x, ctx.positions, ctx.mask, ctx.segment_ids, None,
+                                             route, ctx.replay)
+  return y, report
+
+
+def _call(ctx: _Pass, block, x, kind: str, mine, route, prevent_cse: bool):
+  """One sublayer, rematerialised in the backward pass where asked; (x, own cache, report)."""
+  if ctx.remat is None or ctx.cached:
+    x, mine, report = block(x, ctx.positions, ctx.mask, ctx.segment_ids, _part(ctx, kind, mine),
+                            route, ctx.replay)
+    return x, (tuple(mine) if kind == 'attention' and mine is not None else mine), report
+  graphdef, params = nnx.split(block)
+  body = functools.partial(_sublayer_body, ctx, graphdef)
+  y, report = ctx.remat(body, prevent_cse)(params, x, route)
+  return y, None, report
+
+
+# --- A Fold: the pattern with one stack per kind of sublayer.
+
+def _fold_parts(blocks, cfg: config_lib.ModelConfig):
+  """What a folded scan steps over: (the kinds, each kind's (graphdef, stacked state), the
+  states alone, each step's kind index, each step's index within its kind)."""
+  kinds, kind_of, within = fold_steps(cfg.mixers)
+  stacks = tuple(nnx.split(getattr(blocks[0], kind)) for kind in kinds)
+  return (kinds, stacks, tuple(state for _, state in stacks),
+          jnp.asarray(kind_of, jnp.int32), jnp.asarray(within, jnp.int32))
+
+
+def _moe_rows(cfg: config_lib.ModelConfig, report):
+  """A folded scan's per-step reports (one per sublayer) cut to its 'moe' steps."""
+  if report is None:
+    return None
+  steps = [i for i, m in enumerate(cfg.mixers) if m == 'moe']
+  return jax.tree.map(lambda a: a[jnp.asarray(steps)], report)
+
+
+def _fold_branch(ctx: _Pass, kind: str, graphdef, routing, params, x, n):
+  """A folded scan's branch for `kind`: its sublayer n (`params` already sliced) -> (y,
+  report)."""
+  return _sublayer_body(ctx, graphdef, params, x, _moe_route(routing, kind, n))
+
+
+def _on_own_slice(fn, j: int, params, x, n):
+  """Branch j with its kind's sublayer n indexed out of that kind's stack inside the branch,
+  so a step reads no other kind's parameters."""
+  return fn(_take(params[j], n), x, n)
+
+
+def _fold_step(branches, params, x, j, n):
+  return jax.lax.switch(j, branches, params, x, n)
+
+
+def _folded_scan(ctx: _Pass, blocks, cfg, x, routing, accumulate: bool):
+  """Train scan: x through a Fold as one `lax.scan` over the pattern whose body switches on
+  the step's kind; (x, the 'moe' steps' reports stacked in pattern order, or None)."""
+  kinds, stacks, params, js, ns = _fold_parts(blocks, cfg)
+  on_slice = _same_reports(
+      [functools.partial(_fold_branch, ctx, kinds[j], stacks[j][0], routing)
+       for j in range(len(kinds))], kinds,
+      lambda m: (_take(stacks[m][1], 0), x, jnp.zeros((), jnp.int32)))
+  if ctx.remat is not None and accumulate:
+    x, report = _accumulating_scan(on_slice, params, x, js, ns)
+    return x, _moe_rows(cfg, report)
+  # The rematerialisation wraps the whole step (the switch inside it): its residuals are then
+  # its inputs, i.e. the step's x and indices, and the stacks, which are the scan's loop
+  # invariants and kept once. Around each branch instead, the switch would hand the branch's
+  # inputs (its whole stack) out as residuals on every step, stacked by the scan.
+  step = functools.partial(_fold_step, [functools.partial(_on_own_slice, on_slice[j], j)
+                                        for j in range(len(kinds))])
+  if ctx.remat is not None:
+    step = ctx.remat(step, False)
+  x, report = jax.lax.scan(lambda x, jn: step(params, x, jn[0], jn[1]), x, (js, ns))
+  return x, _moe_rows(cfg, report)
+
+
+def _cached_fold_branch(ctx: _Pass, kind: str, graphdef, j: int, routing, params, carry, n):
+  """A fresh-buffer prefill scan's branch for `kind`: its sublayer n over the carried stacks
+  of buffers and states, writing its own slice; ((y, ck, cv, st), report)."""
+  x, ck, cv, st = carry
+  part = None
+  if kind == 'attention' and ck is not None:
+    part = (ck, cv, n, ctx.kv_index)         # the stacks, written at this sublayer's slice
+  elif kind == 'mamba' and st is not None:
+    part = _take(st, n)
+  y, mine, report = nnx.merge(graphdef, _take(params[j], n))(
+      x, ctx.positions, ctx.mask, ctx.segment_ids, part, _moe_route(routing, kind, n),
+      ctx.replay)
+  if kind == 'attention' and ck is not None:
+    ck, cv = mine
+  elif kind == 'mamba' and st is not None:
+    st = jax.tree.map(lambda a, b: jax.lax.dynamic_update_index_in_dim(
+        a, b.astype(a.dtype), n, 0), st, mine)
+  return (y, ck, cv, st), report
+
+
+def _folded_prefill_scan(ctx: _Pass, blocks, cfg, x, caches: _Caches, routing):
+  """Fresh-buffer prefill scan: x through a Fold with a cache of exactly this call's tokens,
+  as one `lax.scan` over the pattern, the attention buffers and Mamba states stacked per kind
+  in the carry, each step updating its own slice in place; (x, the 'moe' reports as
+  `_folded_scan`'s). `caches` gets the written buffers and states."""
+  kinds, stacks, params, js, ns = _fold_parts(blocks, cfg)
+  cache_axes = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
+  ks, vs, states = caches.ks, caches.vs, caches.states
+  ck = sharding.constrain(jnp.stack(ks), cache_axes) if ks else None
+  cv = sharding.constrain(jnp.stack(vs), cache_axes) if vs else None
+  st = _stack_trees(*states) if states else None
+  fns = _same_reports([functools.partial(_cached_fold_branch, ctx, kinds[j], stacks[j][0], j,
+                                         routing) for j in range(len(kinds))], kinds,
+                      lambda m: (params, (x, ck, cv, st), jnp.zeros((), jnp.int32)))
+  (x, ck, cv, st), report = jax.lax.scan(
+      lambda carry, jn: jax.lax.switch(jn[0], fns, params, carry, jn[1]), (x, ck, cv, st),
+      (js, ns))
+  for n in range(len(ks)):
+    caches.put('attention', n, (ck[n], cv[n]))
+  for n in range(len(states or ())):
+    caches.put('mamba', n, jax.tree.map(lambda a, n=n: a[n], st))
+  return x, _moe_rows(cfg, report)
+
+
+def _folded_loop(ctx: _Pass, blocks, cfg, x, caches: _Caches, routing):
+  """Cached decode loop (and `scan_layers=False`): one sublayer at a time, each sliced out of
+  its kind's stack (`layer_indices`; with a cache, each updating its own buffers, pools or
+  state in place); (x, per-'moe'-sublayer reports)."""
+  index = layer_indices(max(cfg.mixers.count(kind) for kind in KINDS))
+  reports = []
+  for kind, n in zip(cfg.mixers, fold_steps(cfg.mixers)[2]):
+    graphdef, state = nnx.split(getattr(blocks[0], kind))
+    x, mine, report = _call(ctx, nnx.merge(graphdef, _take(state, index[n])), x, kind,
+                            caches.own(kind, n),
+                            None if routing is None or kind != 'moe' else routing[n], True)
+    caches.put(kind, n, mine)
+    if report is not None:
+      reports.append(jax.tree.map(lambda a: a[None], report))
+  return x, reports
+
+
+def _run_fold(ctx: _Pass, blocks, cfg, x, caches: _Caches, routing, scan: bool,
+              accumulate: bool, whole_call: bool):
+  """x through a Fold in the mode the call asks for; (x, reports)."""
+  if scan and not ctx.cached:
+    x, report = _folded_scan(ctx, blocks, cfg, x, routing, accumulate)
+  elif scan and whole_call:
+    x, report = _folded_prefill_scan(ctx, blocks, cfg, x, caches, routing)
+  else:
+    return _folded_loop(ctx, blocks, cfg, x, caches, routing)
+  return x, ([] if report is None else [report])
+
+
+# --- `plan`'s segments: single sublayers and Repeats of a unit.
+
+def _segment_offsets(unit: tuple[str, ...], reps: int, counts: dict[str, int]):
+  """(first, per, counts after): the n-th sublayer of a kind at repeat r, position p of the
+  unit is first[p] + r * per[kind]; `counts` are the sublayers of each kind before it."""
+  per = {k: unit.count(k) for k in counts}
+  first = [counts[kind] + unit[:p].count(kind) for p, kind in enumerate(unit)]
+  return first, per, {k: counts[k] + per[k] * reps for k in counts}
+
+
+def _repeat_cached_loop(ctx: _Pass, block, unit, reps, first, per, x, caches: _Caches, route):
+  """Cached decode loop over a Repeat: a Python loop over the repeats, each sublayer reading
+  and writing its own buffers, pools or state in place (a scan would stack a segment's caches
+  for its carry and split them after: a copy of those KV pools / states on every call, i.e.
+  every decode step); (x, the segment's reports or None)."""
+  split = [nnx.split(sub) for sub in block.unit]
+  ys = []
+  index = layer_indices(reps)
+  for r in range(reps):
+    outs = []
+    for p, (graphdef, state) in enumerate(split):
+      kind = unit[p]
+      n = first[p] + r * per[kind]     # its own kind's count, not the last sublayer's
+      r_moe = None if route is None or kind != 'moe' else route[r, unit[:p].count('moe')]
+      x, mine, report = _call(ctx, nnx.merge(graphdef, _take(state, index[r])), x, kind,
+                              caches.own(kind, n), r_moe, True)
+      caches.put(kind, n, mine)
+      if report is not None:
+        outs.append(report)
+    ys.append(_stack_trees(*outs) if outs else None)
+  return x, (None if ys[0] is None else _flat_reports(_stack_trees(*ys)))
+
+
+def _repeat_body(ctx: _Pass, split, unit, prevent_cse: bool, x, xs):
+  """One repeat of a Repeat's unit without a cache: (x, its reports stacked or None)."""
+  params, route = xs
+  outs = []
+  for p, (graphdef, _) in enumerate(split):
+    kind = unit[p]
+    r_moe = None if route is None or kind != 'moe' else route[unit[:p].count('moe')]
+    x, _, report = _call(ctx, nnx.merge(graphdef, params[p]), x, kind, None, r_moe,
+                         prevent_cse)
+    if report is not None:
+      outs.append(report)
+  return x, (_stack_trees(*outs) if outs else None)
+
+
+def _repeat_train(ctx: _Pass, block, unit, reps, x, route, scan: bool):
+  """Train scan over a Repeat (one `lax.scan` over its repeats, each sublayer rematerialised
+  on its own), or with `scan` False a Python loop over the same stacks; (x, reports or
+  None)."""
+  split = [nnx.split(sub) for sub in block.unit]
+  body = functools.partial(_repeat_body, ctx, split, unit, not scan)
+  xs = ([state for _, state in split], route)
+  if scan:
+    x, report = jax.lax.scan(body, x, xs)
+  else:
+    ys = []
+    index = layer_indices(reps)
+    for r in range(reps):
+      x, y = body(x, _take(xs, index[r]))
+      ys.append(y)
+    report = _stack_trees(*ys)
+  return x, (None if report is None else _flat_reports(report))
+
+
+def _run_segments(ctx: _Pass, blocks, cfg, x, caches: _Caches, routing, scan: bool):
+  """x through `plan`'s segments; (x, reports in pattern order)."""
+  counts = {'attention': 0, 'mamba': 0, 'mlp': 0, 'moe': 0}
+  reports = []
+  for seg, block in zip(plan(cfg.mixers), blocks):
+    unit, reps = seg.unit, seg.repeats
+    first, per, after = _segment_offsets(unit, reps, counts)
+    route = None
+    if routing is not None and per['moe']:
+      e0 = first[unit.index('moe')]
+      route = routing[e0:e0 + per['moe'] * reps]
+    counts = after
+    if reps == 1:
+      x, mine, report = _call(ctx, block, x, unit[0], caches.own(unit[0], first[0]),
+                              None if route is None else route[0], True)
+      caches.put(unit[0], first[0], mine)
+      report = None if report is None else jax.tree.map(lambda a: a[None], report)
+    else:
+      if route is not None:   # [reps * moe per unit, ...] -> [reps, moe per unit, ...]
+        route = route.reshape((reps, per['moe']) + route.shape[1:])
+      if ctx.cached:
+        x, report = _repeat_cached_loop(ctx, block, unit, reps, first, per, x, caches, route)
+      else:
+        x, report = _repeat_train(ctx, block, unit, reps, x, route, scan)
+    if report is not None:
+      reports.append(report)
+  return x, reports
+
+
+def _stats(reports, routing, segment_ids, moe_sublayers: int) -> MoEStats | None:
+  """The call's MoEStats from its reports in pattern order (None without 'moe' sublayers)."""
+  if not reports:
+    return None
+  cat = lambda name: jnp.concatenate([getattr(r, name) for r in reports])
+  stats = MoEStats(indices=cat('indices'), aux_loss=jnp.mean(cat('aux_loss')),
+                   z_loss=jnp.mean(cat('z_loss')))
+  if routing is not None:
+    real = jnp.sum((segment_ids > 0).astype(jnp.float32))
+    stats = stats._replace(mismatched=jnp.sum(cat('mismatched')),
+                           compared=moe_sublayers * real)
+  return stats
+
+
 def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, positions, mask,
         segment_ids, *, kv=None, states=None, paged=None, routing=None, replay=True,
-        remat: Callable | None = None, scan: bool | None = None):
+        remat: Callable | None = None, scan: bool | None = None, accumulate: bool = True):
   """x through every sublayer.
 
   Args:
@@ -474,284 +762,38 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
     scan: run each repeated segment as one `lax.scan` over its repeats, a Fold as one scan
       over the pattern (default `cfg.scans_layers`), else as a Python loop over the same
       stacked parameters.
+    accumulate: a rematerialised Fold's backward pass is `_accumulating_scan`'s (True) or
+      autodiff's (False).
 
   With a cache (`kv`, `states` or `paged`) a repeated segment is always a Python loop over
   its repeats, so each sublayer's buffers, pools and state are updated in place (a scan
   would copy the segment's caches into and out of its stacked carry on every call). A Fold
   whose buffers hold exactly this call's tokens (a prefill into fresh buffers) is the
-  exception: one scan with the caches stacked per kind (see `folded_cached_scan`).
+  exception: one scan with the caches stacked per kind (`_folded_prefill_scan`).
 
   Returns:
     (x, ks, vs, states, MoEStats or None): the written buffers / pools and states
     (tuples; empty without a cache).
   """
   scan = cfg.scans_layers if scan is None else scan
-  ks = list(kv[0]) if kv is not None else list(paged.k) if paged is not None else []
-  vs = list(kv[1]) if kv is not None else list(paged.v) if paged is not None else []
-  states = list(states) if states is not None else None
-  cached = kv is not None or paged is not None or states is not None
-  counts = {'attention': 0, 'mamba': 0, 'mlp': 0, 'moe': 0}
-  reports = []    # per segment: the 'moe' sublayers' reports, stacked in pattern order
-
-  def own(kind, n):
-    """The n-th `kind` sublayer's own cache: an attention's (k, v) buffers or pools, a
-    Mamba mixer's state; None otherwise."""
-    if kind == 'attention' and (kv is not None or paged is not None):
-      return ks[n], vs[n]
-    if kind == 'mamba' and states is not None:
-      return states[n]
-    return None
-
-  def part(kind, mine):
-    """A sublayer's cache argument from its own cache."""
-    if kind == 'attention' and mine is not None:
-      k, v = mine
-      return (k, v, None, kv[2]) if kv is not None else layers._PagedStep(k, v, None, paged)
-    return mine
-
-  def put(kind, n, mine):
-    if kind == 'attention' and mine is not None:
-      ks[n], vs[n] = mine
-    elif kind == 'mamba' and states is not None:
-      states[n] = mine
-
-  def call(block, x, kind, mine, route, prevent_cse):
-    """One sublayer, rematerialised in the backward pass where asked; (x, own cache, report)."""
-    if remat is None or cached:
-      x, mine, report = block(x, positions, mask, segment_ids, part(kind, mine), route, replay)
-      return x, (tuple(mine) if kind == 'attention' and mine is not None else mine), report
-    graphdef, params = nnx.split(block)
-
-    def body(params, x, route):
-      y, _, report = nnx.merge(graphdef, params)(x, positions, mask, segment_ids, None, route,
-                                                 replay)
-      return y, report
-    y, report = remat(body, prevent_cse)(params, x, route)
-    return y, None, report
-
-  def fold_parts():
-    """What a folded scan steps over: (the kinds, each kind's (graphdef, stacked state), the
-    states alone, each step's kind index, each step's index within its kind)."""
-    kinds, kind_of, within = fold_steps(cfg.mixers)
-    stacks = tuple(nnx.split(getattr(blocks[0], kind)) for kind in kinds)
-    return (kinds, stacks, tuple(state for _, state in stacks),
-            jnp.asarray(kind_of, jnp.int32), jnp.asarray(within, jnp.int32))
-
-  def moe_rows(report):
-    """A folded scan's per-step reports (one per sublayer) cut to its 'moe' steps."""
-    if report is None:
-      return None
-    steps = [i for i, m in enumerate(cfg.mixers) if m == 'moe']
-    return jax.tree.map(lambda a: a[jnp.asarray(steps)], report)
-
-  def folded_scan(x):
-    """x through a Fold as one `lax.scan` over the pattern whose body switches on the step's
-    kind; (x, the 'moe' steps' reports stacked in pattern order, or None)."""
-    kinds, stacks, params, js, ns = fold_parts()
-
-    def own_kind(j):
-      """Branch j on its kind's sublayer: (its parameters, x, its index n within the kind)
-      -> (y, report)."""
-      kind, graphdef = kinds[j], stacks[j][0]
-
-      def f(params, x, n):
-        route = (None if routing is None or kind != 'moe'
-                 else jax.lax.dynamic_index_in_dim(routing, n, keepdims=False))
-        y, _, report = nnx.merge(graphdef, params)(x, positions, mask, segment_ids, None, route,
-                                                   replay)
-        return y, report
-      return f
-
-    on_slice = _same_reports(
-        [own_kind(j) for j in range(len(kinds))], kinds,
-        lambda m: (_take(stacks[m][1], 0), x, jnp.zeros((), jnp.int32)))
-
-    def branch(j):
-      # Its kind's sublayer n, indexed out of that kind's stack inside the branch, so a step
-      # reads no other kind's parameters.
-      return lambda params, x, n: on_slice[j](_take(params[j], n), x, n)
-
-    def step(params, x, j, n):
-      return jax.lax.switch(j, [branch(j) for j in range(len(kinds))], params, x, n)
-    if remat is not None and accumulating_backward():
-      x, report = _accumulating_scan(on_slice, params, x, js, ns)
-    else:
-      # The rematerialisation wraps the whole step (the switch inside it): its residuals are
-      # then its inputs, i.e. the step's x and indices, and the stacks, which are the scan's
-      # loop invariants and kept once. Around each branch instead, the switch would hand the
-      # branch's inputs (its whole stack) out as residuals on every step, stacked by the scan.
-      if remat is not None:
-        step = remat(step, False)
-      x, report = jax.lax.scan(lambda x, jn: step(params, x, jn[0], jn[1]), x, (js, ns))
-    return x, moe_rows(report)
-
-  def folded_cached_scan(x):
-    """x through a Fold with a cache of exactly this call's tokens, as one `lax.scan` over
-    the pattern: the attention buffers and Mamba states stacked per kind in the carry, each
-    step updating its own slice in place; (x, the 'moe' reports as `folded_scan`'s)."""
-    kinds, stacks, params, js, ns = fold_parts()
-    cache_axes = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
-    ck = sharding.constrain(jnp.stack(ks), cache_axes) if ks else None
-    cv = sharding.constrain(jnp.stack(vs), cache_axes) if vs else None
-    st = jax.tree.map(lambda *a: jnp.stack(a), *states) if states else None
-    index = kv[2] if kv is not None else None
-
-    def branch(j):
-      kind, graphdef = kinds[j], stacks[j][0]
-
-      def f(params, carry, n):
-        x, ck, cv, st = carry
-        part_ = None
-        if kind == 'attention' and ck is not None:
-          part_ = (ck, cv, n, index)         # the stacks, written at this sublayer's slice
-        elif kind == 'mamba' and st is not None:
-          part_ = _take(st, n)
-        route = (None if routing is None or kind != 'moe'
-                 else jax.lax.dynamic_index_in_dim(routing, n, keepdims=False))
-        y, mine, report = nnx.merge(graphdef, _take(params[j], n))(
-            x, positions, mask, segment_ids, part_, route, replay)
-        if kind == 'attention' and ck is not None:
-          ck, cv = mine
-        elif kind == 'mamba' and st is not None:
-          st = jax.tree.map(lambda a, b: jax.lax.dynamic_update_index_in_dim(
-              a, b.astype(a.dtype), n, 0), st, mine)
-        return (y, ck, cv, st), report
-      return f
-
-    fns = _same_reports([branch(j) for j in range(len(kinds))], kinds,
-                        lambda m: (params, (x, ck, cv, st), jnp.zeros((), jnp.int32)))
-
-    def body(carry, jn):
-      return jax.lax.switch(jn[0], fns, params, carry, jn[1])
-    (x, ck, cv, st), report = jax.lax.scan(body, (x, ck, cv, st), (js, ns))
-    for n in range(len(ks)):
-      ks[n], vs[n] = ck[n], cv[n]
-    for n in range(len(states or ())):
-      states[n] = jax.tree.map(lambda a, n=n: a[n], st)
-    return x, moe_rows(report)
-
-  folded = folds(cfg.mixers)
-  # A cache that holds exactly this call's tokens (a prefill into fresh buffers, as the paged
-  # engine's) is scanned over with its buffers stacked per kind: stacking and unstacking cost
-  # a copy of only this call's keys and values, and the compiler builds each kind's code once.
-  # Longer buffers (a one-call sampler's, filled over decode steps) and decode steps keep the
-  # loop below, which updates each sublayer's buffers in place.
-  whole_call = (paged is None and x.shape[1] > 1 and
-                (kv is None or all(k.shape[2] == x.shape[1] for k in ks)))
-  if folded:
-    counts.update({kind: cfg.mixers.count(kind) for kind in counts})
-    if scan and not cached:
-      x, report = folded_scan(x)
-      if report is not None:
-        reports.append(report)
-    elif scan and whole_call:
-      x, report = folded_cached_scan(x)
-      if report is not None:
-        reports.append(report)
-    else:
-      # One sublayer at a time, each sliced out of its kind's stack (`layer_indices`; with a
-      # cache, each updating its own buffers, pools or state in place).
-      index = layer_indices(max(counts.values()))
-      for kind, n in zip(cfg.mixers, fold_steps(cfg.mixers)[2]):
-        graphdef, state = nnx.split(getattr(blocks[0], kind))
-        x, mine, report = call(nnx.merge(graphdef, _take(state, index[n])),
-                               x, kind, own(kind, n),
-                               None if routing is None or kind != 'moe' else routing[n], True)
-        put(kind, n, mine)
-        if report is not None:
-          reports.append(jax.tree.map(lambda a: a[None], report))
-
-  for seg, block in zip(() if folded else plan(cfg.mixers), blocks):
-    unit, reps = seg.unit, seg.repeats
-    # The n-th sublayer of a kind at repeat r, position p of the unit: first[p] + r * per[kind].
-    first, per = [], {k: unit.count(k) for k in counts}
-    for kind in unit:
-      first.append(counts[kind])
-      counts[kind] += 1
-    for kind in counts:
-      counts[kind] += per[kind] * (reps - 1)
-    route = None
-    if routing is not None and per['moe']:
-      e0 = first[unit.index('moe')]
-      route = routing[e0:e0 + per['moe'] * reps]
-    if reps == 1:
-      x, mine, report = call(block, x, unit[0], own(unit[0], first[0]),
-                             None if route is None else route[0], True)
-      put(unit[0], first[0], mine)
-      if report is not None:
-        reports.append(jax.tree.map(lambda a: a[None], report))
-      continue
-    split = [nnx.split(sub) for sub in block.unit]
-    if route is not None:   # [reps * moe per unit, ...] -> [reps, moe per unit, ...]
-      route = route.reshape((reps, per['moe']) + route.shape[1:])
-    if cached:
-      # With a cache, a Python loop over the repeats, each sublayer reading and writing its
-      # own buffers, pools or state in place: a scan would stack a segment's caches for its
-      # carry and split them after (a copy of those KV pools / states on every call, i.e.
-      # every decode step).
-      ys = []
-      index = layer_indices(reps)
-      for r in range(reps):
-        outs = []
-        for p, (graphdef, state) in enumerate(split):
-          kind = unit[p]
-          n = first[p] + r * per[kind]     # its own kind's count, not the last sublayer's
-          r_moe = (None if route is None or kind != 'moe'
-                   else route[r, unit[:p].count('moe')])
-          x, m, report = call(nnx.merge(graphdef, _take(state, index[r])),
-                              x, kind, own(kind, n), r_moe, True)
-          put(kind, n, m)
-          if report is not None:
-            outs.append(report)
-        ys.append(jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else None)
-      if ys[0] is not None:
-        report = jax.tree.map(lambda *a: jnp.stack(a), *ys)
-        reports.append(jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), report))
-      continue
-    # Each position's own caches, stacked over the repeats.
-    mine = [None if own(kind, first[p]) is None else
-            jax.tree.map(lambda *a: jnp.stack(a),
-                         *[own(kind, first[p] + r * per[kind]) for r in range(reps)])
-            for p, kind in enumerate(unit)]
-
-    def body(x, xs, split=split, unit=unit):
-      params, mine, route = xs
-      new, outs = [], []
-      for p, (graphdef, _) in enumerate(split):
-        kind = unit[p]
-        r_moe = None if route is None or kind != 'moe' else route[unit[:p].count('moe')]
-        x, m, report = call(nnx.merge(graphdef, params[p]), x, kind, mine[p], r_moe, not scan)
-        new.append(m)
-        if report is not None:
-          outs.append(report)
-      return x, (new, jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else None)
-
-    xs = ([state for _, state in split], mine, route)
-    if scan:
-      x, (new, report) = jax.lax.scan(body, x, xs)
-    else:
-      ys = []
-      index = layer_indices(reps)
-      for r in range(reps):
-        x, y = body(x, _take(xs, index[r]))
-        ys.append(y)
-      new, report = jax.tree.map(lambda *a: jnp.stack(a), *ys)
-    for p, kind in enumerate(unit):
-      if new[p] is not None:
-        for r in range(reps):
-          put(kind, first[p] + r * per[kind], jax.tree.map(lambda a, r=r: a[r], new[p]))
-    if report is not None:   # [reps, moe per unit, ...] -> [reps * moe per unit, ...], in order
-      reports.append(jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), report))
-  stats = None
-  if reports:
-    cat = lambda name: jnp.concatenate([getattr(r, name) for r in reports])
-    stats = MoEStats(indices=cat('indices'), aux_loss=jnp.mean(cat('aux_loss')),
-                     z_loss=jnp.mean(cat('z_loss')))
-    if routing is not None:
-      real = jnp.sum((segment_ids > 0).astype(jnp.float32))
-      stats = stats._replace(mismatched=jnp.sum(cat('mismatched')),
-                             compared=counts['moe'] * real)
-  return x, tuple(ks), tuple(vs), None if states is None else tuple(states), stats
+  ctx = _Pass(positions, mask, segment_ids, replay, remat, has_kv=kv is not None,
+              kv_index=None if kv is None else kv[2], paged=paged,
+              cached=kv is not None or paged is not None or states is not None)
+  caches = _Caches(kv, paged, states)
+  if is_folded(blocks):
+    # A cache that holds exactly this call's tokens (a prefill into fresh buffers, as the paged
+    # engine's) is scanned over with its buffers stacked per kind: stacking and unstacking cost
+    # a copy of only this call's keys and values, and the compiler builds each kind's code
+    # once. Longer buffers (a one-call sampler's, filled over decode steps) and decode steps
+    # keep the loop, which updates each sublayer's buffers in place.
+    whole_call = (paged is None and x.shape[1] > 1 and
+                  (kv is None or all(k.shape[2] == x.shape[1] for k in caches.ks)))
+    x, reports = _run_fold(ctx, blocks, cfg, x, caches, routing, scan, accumulate, whole_call)
+  else:
+    x, reports = _run_segments(ctx, blocks, cfg, x, caches, routing, scan)
+  stats = _stats(reports, routing, segment_ids, cfg.mixers.count('moe'))
+  return (x, tuple(caches.ks), tuple(caches.vs),
+          None if caches.states is None else tuple(caches.states), stats)
 
 
 def init_kv(cfg: config_lib.ModelConfig, batch: int, length: int, dtype) -> tuple[tuple, tuple]:

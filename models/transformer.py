@@ -111,7 +111,7 @@ def init_cache(cfg: config_lib.ModelConfig, batch: int, length: int,
   """An empty cache of `length` slots for `batch` rows (dtype: the compute dtype); for the
   mixture-of-experts families per-sublayer buffers and zero Mamba states (models/hybrid.py)."""
   dtype = cfg.jnp_dtype if dtype is None else dtype
-  if not cfg.is_dense:
+  if not cfg.kv_stacked:
     k, v = hybrid.init_kv(cfg, batch, length, dtype)
     return Cache(k=k, v=v, segment_ids=jnp.zeros((batch, length), jnp.int32),
                  index=jnp.zeros((), jnp.int32), state=hybrid.init_states(cfg, batch))
@@ -145,7 +145,7 @@ class Block(nnx.Module):
     self.input_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
     self.attn = Attention(cfg, rngs)
     self.post_attn_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
-    self.mlp = MLP(cfg, rngs)
+    self.mlp = (cfg.spec.mlp or MLP)(cfg, rngs)
 
   def __call__(self, x, positions, mask, kv_cache=None):
     h, new_kv = self.attn(self.input_norm(x), positions, mask, kv_cache)
@@ -217,16 +217,30 @@ def _remat(body, cfg: config_lib.ModelConfig, prevent_cse: bool | None = None):
 
 
 class Transformer(nnx.Module):
-  """The policy: embeddings, `num_layers` blocks, final norm, output projection."""
+  """The policy: embeddings, `num_layers` blocks, final norm, output projection.
 
-  def __init__(self, cfg: config_lib.ModelConfig, *, rngs: nnx.Rngs):
+  Attributes (plain, static; set them on the instance a trace calls):
+    collect_moe_stats: `hidden` sows the 'moe' sublayers' `hybrid.MoEStats` as an
+      nnx.Intermediate 'moe_stats' for `hybrid.moe_stats` to pop (default False): the train
+      step sets it on the model its loss traces. Nowhere else: a sampler's decode loop calls
+      the model inside a loop whose trace may not write the module's state.
+    accumulate_fold_backward: a rematerialised Fold's backward pass is
+      `hybrid._accumulating_scan`'s (True, the default) or autodiff's (False; tests compare
+      the two).
+  """
+
+  def __init__(self, cfg: config_lib.ModelConfig, *, rngs: nnx.Rngs, layout: str | None = None):
+    """`layout`: a sublayer pattern kept as a 'fold' or as 'segments' whatever the pattern
+    (`hybrid.folds`; None: by the pattern), for comparing the two layouts of one pattern."""
     self.cfg = cfg
+    self.collect_moe_stats = False
+    self.accumulate_fold_backward = True
     pd = cfg.jnp_param_dtype
     self.embed = _param(rngs, (cfg.vocab_size, cfg.embed_dim), ('vocab', 'embed'), pd)
-    if cfg.is_dense:
+    if cfg.spec.stack == 'blocks':
       self.layers = _stack_blocks([Block(cfg, rngs) for _ in range(cfg.num_layers)])
     else:   # the mixture-of-experts families: a pattern of sublayers (models/hybrid.py)
-      self.blocks = hybrid.build(cfg, rngs)
+      self.blocks = hybrid.build(cfg, rngs, layout)
     self.final_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
     if not cfg.tie_embeddings:
       self.lm_head = _param(rngs, (cfg.embed_dim, cfg.vocab_size), ('embed', 'vocab'), pd)
@@ -235,7 +249,7 @@ class Transformer(nnx.Module):
     """Each block's parameters, sliced out of the stack (copies): `hidden`'s `layers`; None
     for the mixture-of-experts families (their repeated segments' stacks are run by
     models/hybrid.py, scanned or looped by `scan_layers`)."""
-    if not self.cfg.is_dense:
+    if not self.cfg.kv_stacked:
       return None
     state = nnx.state(self.layers)
     return [jax.tree.map(lambda a, i=i: a[i], state) for i in range(self.cfg.num_layers)]
@@ -252,7 +266,7 @@ class Transformer(nnx.Module):
 
     The mixture-of-experts families take `routing` ([M, B, T, k] int experts per 'moe'
     sublayer: routing replay; with `replay=False` only compared with the routers' own
-    choice, `hybrid.MoEStats.mismatched`) and, within `hybrid.collecting_stats()`, sow what
+    choice, `hybrid.MoEStats.mismatched`) and, where `collect_moe_stats` is set, sow what
     their 'moe' sublayers report as an nnx.Intermediate 'moe_stats' (`hybrid.moe_stats` pops
     it). `return_stats` hands that `hybrid.MoEStats` back instead (None for the dense
     families): the way a sampler's decode loop, whose trace may not write the module's state,
@@ -294,16 +308,17 @@ class Transformer(nnx.Module):
     if cp:
       x = context.to_zigzag(x, ('batch', 'length', 'embed'))
     unzz = lambda a: context.from_zigzag(a, ('batch', 'length', 'embed')) if cp else a
-    if not cfg.is_dense:
+    if cfg.spec.stack == 'pattern':
       kv = None if cache is None else (cache.k, cache.v, cache.index)
       x, ks, vs, states, stats = hybrid.run(
           self.blocks, cfg, x, positions, mask, segment_ids, kv=kv,
           states=None if cache is None else cache.state, routing=routing, replay=replay,
-          remat=None if cfg.remat == 'none' else lambda body, cse: _remat(body, cfg, cse))
+          remat=None if cfg.remat == 'none' else lambda body, cse: _remat(body, cfg, cse),
+          accumulate=self.accumulate_fold_backward)
       if stats is not None and cp:
         stats = stats._replace(indices=context.from_zigzag(
             stats.indices, (None, 'batch', 'length', None)))
-      if stats is not None and hybrid.collecting() and not return_stats:
+      if stats is not None and self.collect_moe_stats and not return_stats:
         self.sow(nnx.Intermediate, 'moe_stats', stats)
       x = self.final_norm(unzz(x))
       new_cache = None if cache is None else Cache(k=ks, v=vs, segment_ids=k_seg,
@@ -337,7 +352,7 @@ class Transformer(nnx.Module):
     table = sharding.constrain(self.embed.value, ('vocab', None))
     x = jnp.take(table, tokens[:, None], axis=0).astype(cfg.jnp_dtype)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
-    if not cfg.is_dense:
+    if cfg.spec.stack == 'pattern':
       # A slot that is not live is padding to the Mamba mixers: its state stays as it is.
       seg = cache.live.astype(jnp.int32)[:, None]
       x, ks, vs, states, _ = hybrid.run(self.blocks, cfg, x, positions[:, None], None, seg,
@@ -432,6 +447,9 @@ class Transformer(nnx.Module):
     return logits if cache is None else (logits, new_cache)
 
 
-def create(cfg: config_lib.ModelConfig, seed: int = 0, mesh=None, rules=None) -> Transformer:
-  """A freshly initialised Transformer, born sharded on `mesh` when one is given."""
-  return sharding.create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)), mesh, rules)
+def create(cfg: config_lib.ModelConfig, seed: int = 0, mesh=None, rules=None,
+           layout: str | None = None) -> Transformer:
+  """A freshly initialised Transformer, born sharded on `mesh` when one is given (`layout`:
+  see `Transformer`)."""
+  return sharding.create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(seed), layout=layout),
+                                 mesh, rules)

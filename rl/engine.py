@@ -106,9 +106,9 @@ class Engine:
                prompt_buckets: Sequence[int], unroll: bool = False):
     self.graphdef, self.cfg, self.opt = graphdef, cfg, options
     # Decode calls run the blocks unrolled, and the pools are kept per layer (see
-    # paged_programs.decode); the mixture-of-experts families' sublayers are never stacked,
-    # so their pools are always per attention sublayer.
-    self.unroll = bool(unroll) or not cfg.is_dense
+    # paged_programs.decode); a model whose cache is not stacked (a sublayer pattern's)
+    # keeps its pools per attention sublayer always.
+    self.unroll = bool(unroll) or not cfg.kv_stacked
     # Each slot carries its row's Mamba states (paged_programs.init_states).
     self.row_states = cfg.mamba_layers > 0
     self.eos_ids, self.pad_id = tuple(eos_ids), int(pad_id)

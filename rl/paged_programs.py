@@ -231,7 +231,7 @@ def _extend_pages(model, cfg, k_pool, v_pool, tokens, segment_ids, starts, page_
 
   seg = jnp.concatenate([(jnp.arange(c)[None] < starts[:, None]).astype(jnp.int32),
                          jnp.zeros((a, t), jnp.int32)], axis=1)
-  if cfg.is_dense:
+  if cfg.kv_stacked:   # the model takes one stacked [L, ...] cache per side
     k, v = gathered(k_pool), gathered(v_pool)
   else:   # one buffer per attention sublayer (models/hybrid.py)
     k, v = tuple(map(gathered_layer, k_pool)), tuple(map(gathered_layer, v_pool))
@@ -244,7 +244,7 @@ def _extend_pages(model, cfg, k_pool, v_pool, tokens, segment_ids, starts, page_
   off = positions % ps
   # [L, A, K, T, H] -> [L, K, A, T, H] (per layer [A, K, T, H] -> [K, A, T, H]), the indexed
   # region of pool[:, :, page, off].
-  if cfg.is_dense:
+  if cfg.kv_stacked:
     new = lambda x: x[:, :, :, c:].transpose(0, 2, 1, 3, 4)
   else:
     new = lambda xs: tuple(x[:, :, c:].transpose(1, 0, 2, 3) for x in xs)

@@ -460,8 +460,8 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
 
   def compute(params, batch, norm, microbatches):
     model = nnx.merge(graphdef, params)
-    with hybrid.collecting_stats():
-      loss, metrics = spec.loss(model, batch, cfg, norm)
+    model.collect_moe_stats = True     # its 'moe' sublayers' reports, for the router losses
+    loss, metrics = spec.loss(model, batch, cfg, norm)
     return _with_router_losses(model, loss, metrics, microbatches)
 
   grad_fn = jax.value_and_grad(compute, has_aux=True)

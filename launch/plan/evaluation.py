@@ -33,7 +33,7 @@ def plan_eval(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
   for program, name in programs_lib.sampler_programs(sampler_cfg):
     lower, what = programs_lib.sampler_lowering(model_cfg, mesh, rules, sampler_cfg, **sizes,
                                                 program=program)
-    if not model_cfg.is_dense:     # counted from the config (`flops.counted_flops`)
+    if model_cfg.flops_from_config:     # counted from the config (`flops.counted_flops`)
       flops, how = flops_lib.sampler_flops(model_cfg, mesh, rules, sampler_cfg, **sizes)
       progs.append(compiler.compile_program(f'eval {name}', what, lower, flops=flops,
                                             flops_from=how, limit_bytes=limit_bytes,

@@ -122,8 +122,9 @@ def time_table(reports: Sequence[results.StageReport], assumptions: bool = True)
 
 
 def model_notes(model_cfg, tgt: targets.Target) -> list[str]:
-  """Lines on what the plan's numbers mean for this model on this target (none for a dense one)."""
-  if model_cfg.is_dense:
+  """Lines on what the plan's numbers mean for this model on this target (none where XLA
+  counts its FLOPs)."""
+  if not model_cfg.flops_from_config:
     return []
   out = [flops_lib.WHY_COUNTED]
   if not model_cfg.num_experts:
@@ -247,7 +248,7 @@ def plan_header(plan: config_lib.Plan, tgt: targets.Target, time_only: bool = Fa
             '(donated) buffers. ' + (
                 "FLOPs are XLA's HLO count: a train step's over the whole batch; a sampler's "
                 'for its prefill and one step per decode loop (XLA counts a loop body once)'
-                if model_cfg.is_dense else "FLOPs: a train step's over the whole batch; a "
+                if not model_cfg.flops_from_config else "FLOPs: a train step's over the whole batch; a "
                 "sampler's for the whole call")]
   if hw.peak_tflops and hw.hbm_gbps:
     out.append(f'step-time bound at {hw.peak_tflops:g} TFLOP/s and {hw.hbm_gbps:g} GB/s per '

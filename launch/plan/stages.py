@@ -62,7 +62,7 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
     options: compiler options (default `compiler.compiler_options(mesh)`)."""
     lower, what = lowering(model_cfg, mesh, *args)
     options = compiler.compiler_options(mesh) if options is None else options
-    if not model_cfg.is_dense:
+    if model_cfg.flops_from_config:
       flops, how = count()
       programs.append(compiler.compile_program(name, what + suffix, lower, flops=flops,
                                                flops_from=how, limit_bytes=limit_bytes,

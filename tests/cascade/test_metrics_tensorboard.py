@@ -82,7 +82,7 @@ def test_config_and_each_stages_resolved_config_are_text(plan, tmp_path):
 
 def test_mfu_is_the_updates_6n_flops_over_the_peak(plan, tmp_path):
   cfg = plan.model
-  assert cfg.remat == 'none' and cfg.is_dense
+  assert cfg.remat == 'none' and cfg.kv_stacked
   emb = cfg.vocab_size * cfg.embed_dim
   non_embedding = cfg.num_params() - emb * (1 if cfg.tie_embeddings else 2) - cfg.embed_dim
   six_n = 6 * non_embedding + 6 * emb          # forward + backward, the output head included

@@ -30,8 +30,8 @@ def test_indices_are_opaque_except_on_gpu(monkeypatch):
   assert hybrid.layer_indices(3) == range(3)
 
 
-def _sample(cfg):
-  graphdef, params = nnx.split(transformer.create(cfg, seed=0))
+def _sample(cfg, layout):
+  graphdef, params = nnx.split(transformer.create(cfg, seed=0, layout=layout))
   samp = sampler_lib.Sampler(graphdef, cfg, eos_ids=(), prompt_buckets=(16,),
                              new_token_buckets=(8,))
   out = samp.generate(params, [[5, 9, 2, 7, 11], [3, 4]], jax.random.key(1),
@@ -40,26 +40,26 @@ def _sample(cfg):
   return np.asarray(out.tokens), np.asarray(out.logprobs)
 
 
-def _check_same_as_static(cfg, monkeypatch):
+def _check_same_as_static(cfg, monkeypatch, layout):
   seen = []
   take = hybrid._take
   monkeypatch.setattr(hybrid, '_take', lambda tree, i: seen.append(i) or take(tree, i))
-  tokens, logprobs = _sample(cfg)
+  tokens, logprobs = _sample(cfg, layout)
   # Every slice of a cached call (prefill and decode) took a traced index.
   assert seen and all(isinstance(i, jax.Array) for i in seen)
   monkeypatch.setattr(hybrid, 'layer_indices', range)
-  static_tokens, static_logprobs = _sample(cfg)
+  static_tokens, static_logprobs = _sample(cfg, layout)
   np.testing.assert_array_equal(tokens, static_tokens)
   np.testing.assert_allclose(logprobs, static_logprobs, rtol=1e-6, atol=1e-6)
 
 
 def test_folded_cached_calls_equal_static_slices(monkeypatch):
-  with hybrid.forcing_layout('fold'):
-    assert hybrid.folds(CFG.mixers)
-    _check_same_as_static(CFG, monkeypatch)
+  assert hybrid.folds(CFG.mixers, 'fold')
+  assert hybrid.is_folded(transformer.create(CFG, layout='fold').blocks)
+  _check_same_as_static(CFG, monkeypatch, 'fold')
 
 
 def test_repeated_cached_calls_equal_static_slices(monkeypatch):
-  with hybrid.forcing_layout('segments'):
-    assert not hybrid.folds(CFG.mixers) and hybrid.plan(CFG.mixers)[0].repeats == 2
-    _check_same_as_static(CFG, monkeypatch)
+  assert not hybrid.folds(CFG.mixers, 'segments') and hybrid.plan(CFG.mixers)[0].repeats == 2
+  assert not hybrid.is_folded(transformer.create(CFG, layout='segments').blocks)
+  _check_same_as_static(CFG, monkeypatch, 'segments')

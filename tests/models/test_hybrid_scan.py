@@ -188,10 +188,11 @@ def test_fold_backward_keeps_no_parameters_per_step():
   """Remat'd folded scan with autodiff's backward: the forward scan's per-step outputs (the backward's residuals) are
   activations and indices only, no stack or slice of one; the backward scan carries one
   gradient accumulator per stack (stack-shaped), nothing per step of parameter shape."""
-  graphdef, params = nnx.split(_model(FOLDED.replace(remat='full')))
+  model = _model(FOLDED.replace(remat='full'))
+  model.accumulate_fold_backward = False     # autodiff's backward
+  graphdef, params = nnx.split(model)
   loss = lambda p: _loss(nnx.merge(graphdef, p), TOKENS, POS, SEG)
-  with hybrid.forcing_accumulating_backward(False):     # autodiff's backward
-    jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
+  jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
   scans = [e for e in jaxpr.eqns if e.primitive.name == 'scan']
   assert len(scans) == 2    # the forward and the backward
   leaves = [v.get_value() for v in jax.tree.leaves(
@@ -224,13 +225,14 @@ def test_fold_accumulating_backward_equals_autodiff(remat):
   place) gives autodiff's loss and gradients, router losses included."""
   cfg = FOLDED.replace(remat=remat)
   params = _perturbed(cfg)
-  graphdef, _ = nnx.split(_model(cfg))
-  loss = lambda p: _loss_with_router_losses(nnx.merge(graphdef, p), TOKENS, POS, SEG)
   grads = {}
   for on in (False, True):
-    with hybrid.forcing_accumulating_backward(on):
-      grads[on] = jax.jit(jax.value_and_grad(loss))(params)
-      text = str(jax.make_jaxpr(jax.grad(loss))(params))
+    model = _model(cfg)
+    model.accumulate_fold_backward = on
+    graphdef, _ = nnx.split(model)
+    loss = lambda p, g=graphdef: _loss_with_router_losses(nnx.merge(g, p), TOKENS, POS, SEG)
+    grads[on] = jax.jit(jax.value_and_grad(loss))(params)
+    text = str(jax.make_jaxpr(jax.grad(loss))(params))
     assert ('custom_vjp_call' in text) == on
   np.testing.assert_allclose(grads[True][0], grads[False][0], rtol=1e-6)
   flat = [dict(nnx.to_flat_state(grads[on][1])) for on in (True, False)]
@@ -250,8 +252,8 @@ def test_scan_equals_unrolled_and_per_sublayer_loop(cfg):
 
 
 def _loss(model, tokens, positions, segment_ids):
-  with hybrid.collecting_stats():
-    logits = model(tokens, positions, segment_ids)
+  model.collect_moe_stats = True
+  logits = model(tokens, positions, segment_ids)
   return jnp.mean(jax.nn.log_softmax(logits) ** 2)
 
 

@@ -69,8 +69,8 @@ def rollout(request):
 def _forward(graphdef, params, batch, replay):
   """The policy's training forward as the losses run it: (log-probs of the targets, MoEStats)."""
   model = nnx.merge(graphdef, params)
-  with hybrid.collecting_stats():
-    logprobs = batch_lib.policy_stats(model, batch, replay=replay)['logprobs']
+  model.collect_moe_stats = True
+  logprobs = batch_lib.policy_stats(model, batch, replay=replay)['logprobs']
   return logprobs, hybrid.moe_stats(model)
 
 
