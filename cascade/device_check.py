@@ -31,6 +31,7 @@ import numpy as np
 from flax import nnx
 
 from cascade import exits
+from cascade import overrides
 from models import attention
 from models import config as config_lib
 from models import sharding
@@ -174,4 +175,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=overrides.plain_flags_parser)

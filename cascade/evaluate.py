@@ -39,6 +39,7 @@ from absl import app
 from absl import flags
 
 from cascade import exits
+from cascade import overrides
 from cascade.suites import options as options_lib
 
 _CHECKPOINT = flags.DEFINE_string('checkpoint', None, "An HF checkpoint directory or a run's "
@@ -172,4 +173,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=overrides.plain_flags_parser)

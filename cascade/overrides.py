@@ -107,11 +107,7 @@ def flags_parser(holder: flags.FlagHolder) -> Callable[[list[str]], list[str]]:
   """
 
   def parse(argv: list[str]) -> list[str]:
-    given = argv[1:argv.index('--')] if '--' in argv else argv[1:]
-    asked = [a for a in given if a in _HELP]
-    if asked:
-      app.usage(shorthelp='full' not in asked[0], writeto_stdout=True)
-      sys.exit(0)
+    _help_if_asked(argv)
     try:
       rest = holder._flagvalues(argv)  # pylint: disable=protected-access
     except flags.Error as e:
@@ -123,6 +119,27 @@ def flags_parser(holder: flags.FlagHolder) -> Callable[[list[str]], list[str]]:
     return rest
 
   return parse
+
+
+def plain_flags_parser(argv: list[str]) -> list[str]:
+  """An `app.run(main, flags_parser=...)` for a program without `--config` (cascade.evaluate,
+  cascade.device_check): help as `flags_parser` gives it (exit 0), a bad flag one `error:` line
+  (exit 2)."""
+  _help_if_asked(argv)
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    _exit(one_line(e))
+
+
+def _help_if_asked(argv: list[str]) -> None:
+  """A help flag among `argv` (before any `--`): the main module's docstring and its flags
+  (--helpfull: every flag) on stdout, exit 0."""
+  given = argv[1:argv.index('--')] if '--' in argv else argv[1:]
+  asked = [a for a in given if a in _HELP]
+  if asked:
+    app.usage(shorthelp='full' not in asked[0], writeto_stdout=True)
+    sys.exit(0)
 
 
 def _exit(message: str):

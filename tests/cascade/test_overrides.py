@@ -194,6 +194,19 @@ def test_help_is_no_error_and_shows_the_flags_to_know_first():
   assert full.returncode == 0 and '--verbosity' in full.stdout
 
 
+@pytest.mark.parametrize('module, flag', [('cascade.evaluate', '--checkpoint'),
+                                          ('cascade.device_check', '--preset')])
+def test_the_other_commands_help_exits_0_and_a_bad_flag_is_one_line(module, flag):
+  proc = subprocess.run([sys.executable, '-m', module, '--help'], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert any(line.lstrip().startswith(flag) for line in proc.stdout.splitlines())
+  bad = subprocess.run([sys.executable, '-m', module, '--no_such_flag=1'], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+  assert bad.returncode == 2
+  assert bad.stderr.strip().splitlines() == ["error: Unknown command line flag 'no_such_flag'"]
+
+
 def test_the_schema_knows_every_section():
   assert set(overrides._root()) == set(config_lib.SECTIONS)  # pylint: disable=protected-access
 
