@@ -38,4 +38,5 @@ def test_the_builds_warn_nothing_and_the_wheel_has_the_gpu_targets(tmp_path):
   wheel = out / proc.stdout.strip().splitlines()[-1]
   names = zipfile.ZipFile(wheel).namelist()
   assert 'launch/gpu_targets/h200.txtpb' in names
-  assert 'launch/plan.py' in names and 'cascade/main.py' in names
+  assert 'launch/plan/cli.py' in names and 'cascade/main.py' in names
+  assert 'models/families/qwen3.py' in names and 'cascade/suites/math.py' in names
