@@ -526,24 +526,20 @@ def plot(res: Mapping, path: str) -> None:
 def write(workdir: str, rows: Sequence[Mapping], domains: Sequence[str],
           isolation: Mapping[str, str] | None = None,
           accounting: Mapping[str, Mapping] | None = None,
-          substitutions: Mapping[str, str] | None = None,
           extra: Mapping | None = None) -> dict:
   """Writes results.json, results.md and results.png (atomically; process 0 only).
 
   `isolation` (verifier name -> the isolation its code ran under) is added to
   results.json as "isolation" when given, so a table says whether its code
   rewards came from sandboxed runs; `accounting` (stage -> where its step time
-  went, `kinds.loop.accounting`) as "accounting"; `substitutions` (domain -> the reward
-  that stood in for a paper's, `config.Plan.substitutions`) as "substitutions"; `extra`'s
-  keys as they are (the runner's "ledger", "teachers" and "guards").
+  went, `kinds.loop.accounting`) as "accounting"; `extra`'s keys as they are (the runner's
+  "substitutions", "ledger", "teachers" and "guards").
   """
   res = results(rows, domains)
   if isolation:
     res['isolation'] = dict(sorted(isolation.items()))
   if accounting:
     res['accounting'] = {k: dict(v) for k, v in accounting.items() if v}
-  if substitutions:
-    res['substitutions'] = dict(sorted(substitutions.items()))
   res.update(extra or {})
   if not checkpoint.is_writer():
     return res

@@ -410,15 +410,18 @@ def _write_results(ctx: RunContext, domains) -> dict:
   """results.{json,md,png} of the rows so far (`evaluation.write`), after the lock's check."""
   ctx.before_write()
   return evaluation.write(ctx.workdir, ctx.progress.rows, domains, _isolation(ctx.progress),
-                          _accounting(ctx.progress), ctx.plan.substitutions,
-                          extra=_ledger_results(ctx, domains))
+                          _accounting(ctx.progress), extra=_results_extra(ctx, domains))
 
 
-def _ledger_results(ctx: RunContext, domains) -> dict:
-  """results.json's "ledger" (each domain's best validation checkpoint, `cascade.ledger`),
-  "teachers" (stage -> domain -> the checkpoint a MOPD stage distilled from) and "guards"
-  (stage -> what its regression guards saw, `cascade.guard`), where there are any."""
+def _results_extra(ctx: RunContext, domains) -> dict:
+  """results.json's "substitutions" (domain -> the reward that stood in for a paper's,
+  `config.Plan.substitutions`), "ledger" (each domain's best validation checkpoint,
+  `cascade.ledger`), "teachers" (stage -> domain -> the checkpoint a MOPD stage distilled
+  from) and "guards" (stage -> what its regression guards saw, `cascade.guard`), where there
+  are any."""
   out = {}
+  if ctx.plan.substitutions:
+    out['substitutions'] = dict(sorted(ctx.plan.substitutions.items()))
   best = ctx.ledger.summary(domains) if ctx.ledger is not None else {}
   if best:
     out['ledger'] = best
