@@ -17,9 +17,9 @@ setuptools.setup(
     description='JAX-native framework for Cascade RL (domain-wise RL stages).',
     python_requires='>=3.11',
     packages=setuptools.find_packages(
-        include=['cascade', 'cascade.*', 'models', 'models.*', 'rl', 'rl.*',
-                 'verifiers', 'verifiers.*', 'envs', 'envs.*', 'configs', 'launch', 'launch.*',
-                 'tiny_world', 'tiny_world.*']) + [
+        include=['cascade', 'cascade.*', 'foundation', 'foundation.*', 'models', 'models.*',
+                 'rl', 'rl.*', 'verifiers', 'verifiers.*', 'envs', 'envs.*', 'configs', 'launch',
+                 'launch.*', 'tiny_world', 'tiny_world.*']) + [
                      # Data, no code: the GPU descriptions launch.plan --backend=gpu compiles
                      # for (config.hardware.gpu_target). A folder of data inside a package is
                      # a package of its own to setuptools (else it warns at every install).
@@ -31,7 +31,7 @@ setuptools.setup(
         'flax>=0.12',
         'optax>=0.2.6',
         'orbax-checkpoint>=0.12',
-        'etils[epath]>=1.7',  # models/paths.py: one path layer, local and gs://
+        'etils[epath]>=1.7',  # foundation/paths.py: one path layer, local and gs://
         'chex>=0.1.90',
         'ml-collections>=1.0',
         'absl-py>=2.1',
@@ -42,8 +42,8 @@ setuptools.setup(
         'grain>=0.2.12',
         'tensorflow-datasets>=4.9.7',
         'pyarrow>=15',
-        'zstandard>=0.22',     # cascade/shards.py: .jsonl.zst shards
-        'array-record>=0.5',   # cascade/shards.py, cascade/token_cache.py: ArrayRecord shards
+        'zstandard>=0.22',     # cascade/data/shards.py: .jsonl.zst shards
+        'array-record>=0.5',   # cascade/data/shards.py, token_cache.py: ArrayRecord shards
         'math-verify>=0.8',    # verifiers/math.py: parse(raise_on_error=) tells a timeout apart
         'jsonschema>=4.20',
         'google-re2>=1.1',     # verifiers/structured.py: schema patterns in linear time (RE2)
@@ -56,7 +56,7 @@ setuptools.setup(
         'tqdm>=4.66',
         'psutil>=5.9',
         'httpx>=0.27',         # verifiers/served.py: the served judge's HTTP client
-        'jinja2>=3.1.6',       # models/chat_template.py: a checkpoint's own chat template
+        'jinja2>=3.1.6',       # foundation/chat_template.py: a checkpoint's own chat template
     ],
     extras_require={
         # cascade/suites/swe_bench.py: SWE-bench's own harness (scoring needs Docker);

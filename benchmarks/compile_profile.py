@@ -142,7 +142,7 @@ def hlo_sources(hlo_text: str) -> dict[str, Source]:
 
 
 # The repository's top-level packages: a source file under one is named from there.
-PACKAGES = ('models', 'rl', 'cascade', 'launch', 'verifiers', 'benchmarks', 'configs')
+PACKAGES = ('foundation', 'models', 'rl', 'cascade', 'launch', 'verifiers', 'benchmarks', 'configs')
 # Helpers every model part calls: a unit is attributed to the part that called them.
 HELPERS = ('models/layers.py', 'models/sharding.py', 'models/context.py')
 

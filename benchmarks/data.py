@@ -14,7 +14,7 @@ median 1,500 words, one row in 50 a long trace of 6,000-30,000 words) and an ans
 shape: most traces a few thousand tokens, a tail of tens of thousands).
 
 Each measurement runs in a fresh Python process (so its memory peak is its own): the
-run's data path (`cascade.stage_data.StageData` on a plan with an SFT stage over the
+run's data path (`cascade.data.stage_data.StageData` on a plan with an SFT stage over the
 SFT set and a GRPO stage over the prompts) up to the first batch of each stage.
 Cold: an empty cache directory (shard indexes, decompressed copies and the
 stages' tokenized data are all made). Warm: the same directory again, as a run's
@@ -26,7 +26,7 @@ from the warm cache; last, one JSON line.
   .venv/bin/python -m benchmarks.data --open_hosts=1,2 --rows=200000   # cold open, 1 vs 2 processes
 
 With --open_hosts, the measurement is instead the cold opening of the SFT and RL
-sets (shard indexes and decompressed copies, `cascade.data.Records`) by 1, 2, ...
+sets (shard indexes and decompressed copies, `cascade.data.readers.Records`) by 1, 2, ...
 JAX processes (gloo on CPU, each with its own local cache, as hosts have their own
 disks, and one shared cache), then 10 batches of 64 SFT rows drawn with the reading
 shared: per process, the seconds and the bytes it read and wrote (read/write
@@ -107,7 +107,7 @@ def _lognormal(rng, median: float, sigma: float = 0.8) -> int:
 def generate(d: str, rows: int, rl_rows: int, scale: float) -> dict:
   """Writes the SFT and RL sets, the held-out set and the tokenizer under `d` (streamed)."""
   import zstandard  # pylint: disable=g-import-not-at-top
-  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from foundation import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   d = pathlib.Path(d)
   (d / 'sft').mkdir(parents=True, exist_ok=True)
   (d / 'rl').mkdir(parents=True, exist_ok=True)
@@ -184,10 +184,10 @@ def measure(d: str, cache: str, batches: int) -> dict:
   """One start-up in this process: the data path up to each stage's first batch."""
   t0 = time.time()
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  from cascade import data as data_lib  # pylint: disable=g-import-not-at-top
-  from cascade import stage_data  # pylint: disable=g-import-not-at-top
+  from cascade.data import readers  # pylint: disable=g-import-not-at-top
+  from cascade.data import stage_data  # pylint: disable=g-import-not-at-top
   from cascade import verifier_set  # pylint: disable=g-import-not-at-top
-  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from foundation import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   t_import = time.time() - t0
   plan = config_lib.validate(config(d, cache))
   tok = tokenizer_lib.load(plan.tokenizer_path)
@@ -205,9 +205,9 @@ def measure(d: str, cache: str, batches: int) -> dict:
   try:
     sd.load()
     sft_stage, rl_stage = plan.stages
-    sft_loader = data_lib.Loader(sd.stage_records(sft_stage), 1, sft_stage.batch_size)
+    sft_loader = readers.Loader(sd.stage_records(sft_stage), 1, sft_stage.batch_size)
     first = sft_loader.next()
-    rl_loader = data_lib.Loader(sd.stage_records(rl_stage), 2, rl_stage.prompts_per_step)
+    rl_loader = readers.Loader(sd.stage_records(rl_stage), 2, rl_stage.prompts_per_step)
     rl_loader.next()
   finally:
     builtins.print = real_print
@@ -250,9 +250,9 @@ def open_share(d: str, rank: int, count: int, coordinator: str, work: str) -> di
     from cascade import distributed  # pylint: disable=g-import-not-at-top
     distributed.initialize(coordinator, count, rank)
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  from cascade import data as data_lib  # pylint: disable=g-import-not-at-top
+  from cascade.data import readers  # pylint: disable=g-import-not-at-top
   from cascade import rollout  # pylint: disable=g-import-not-at-top
-  from cascade import shards  # pylint: disable=g-import-not-at-top
+  from cascade.data import shards  # pylint: disable=g-import-not-at-top
   plan = config_lib.validate(config(d, ''))
   hosts = rollout.processes() if count > 1 else None
   waited = collections.Counter()
@@ -278,11 +278,11 @@ def open_share(d: str, rank: int, count: int, coordinator: str, work: str) -> di
   local, shared = os.path.join(work, f'local{rank}'), os.path.join(work, 'shared')
   cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
   io0, t0, c0 = _io(), time.time(), cpu()
-  sets = {name: data_lib.Records(plan.datasets[name], local, shared_dir=shared, hosts=hosts)
+  sets = {name: readers.Records(plan.datasets[name], local, shared_dir=shared, hosts=hosts)
           for name in ('sft', 'rl')}
   io1, t1, c1 = _io(), time.time(), cpu()
   open_data, open_waited = from_data['read'], waited['s']
-  loader = data_lib.Loader(data_lib.Stream(sets['sft'], hosts=hosts), 1, OPEN_BATCH)
+  loader = readers.Loader(readers.Stream(sets['sft'], hosts=hosts), 1, OPEN_BATCH)
   ids = [[r['id'] for r in loader.next()] for _ in range(OPEN_BATCHES)]
   io2, t2 = _io(), time.time()
   return {'rank': rank, 'count': count, 'open_s': round(t1 - t0, 2),
@@ -367,7 +367,7 @@ def open_report(d: str, gen: dict, runs: dict, seconds: dict, load: tuple) -> st
   lines = [
       OPEN_SECTION, '',
       'What a fresh host reads before its first batch when the run\'s processes share the '
-      'opening of a dataset (`cascade.shards.open_shards`): each process indexes and '
+      'opening of a dataset (`cascade.data.shards.open_shards`): each process indexes and '
       'decompresses only its share of the shards (shard j by process j mod P) and publishes '
       'it to the shared cache; a shard opened elsewhere is read through the shared index and '
       'plain copy. Each process has its own local cache (as hosts have their own disks) and '
@@ -380,7 +380,7 @@ def open_report(d: str, gen: dict, runs: dict, seconds: dict, load: tuple) -> st
       f'and {first["rows"]["rl"]:,} RL prompts in {len(rl)} .jsonl shards, '
       f'{mib(on_disk)} MiB on disk (--scale={gen.get("scale")})',
       '- bytes: "from the shards" counts what the process read from the dataset\'s own '
-      'files (counted at `cascade.shards._open`); "all reads" and "written" are every '
+      'files (counted at `cascade.data.shards._open`); "all reads" and "written" are every '
       'read/write system call of the process meanwhile (/proc/self/io rchar, wchar: the '
       'local and shared caches too, page-cache hits included); the SFT shards are compressed, so '
       'the rows drawn come from their plain copies, not from the shards', '',

@@ -73,7 +73,7 @@ def _setup(work: str):
   from cascade.suites import checkpoint
   from models import config as config_lib
   from models import hf
-  from models import tokenizer as tokenizer_lib
+  from foundation import tokenizer as tokenizer_lib
   from models import transformer
   # pylint: enable=g-import-not-at-top
   paths = world.write(os.path.join(work, 'world'), 0, sft=20, rl=20, heldout=_PROMPTS.value,
@@ -154,7 +154,7 @@ def _hf_once(suite, recs, hf_dir: str, lm=None) -> tuple[float, int, object]:
   from lm_eval.api.instance import Instance
   from lm_eval.models import huggingface
   from cascade import rollout
-  from models import tokenizer as tokenizer_lib
+  from foundation import tokenizer as tokenizer_lib
   # pylint: enable=g-import-not-at-top
   proto = suite.protocol
   if lm is None:

@@ -8,12 +8,12 @@ half the rows, 15 small ones the rest; every other small one gzipped), a 200-pro
 held-out set, and a SentencePiece tokenizer (1K pieces) trained on a sample. For each
 commit (its tree taken with `git archive`, so the working tree's edits do not count), two
 JAX processes (gloo on CPU, as two hosts) run the run's data path
-(`cascade.stage_data.StageData.load` with the run's hosts) on an empty cache directory
+(`cascade.data.stage_data.StageData.load` with the run's hosts) on an empty cache directory
 they share, which opens the shards and prepares the SFT stage's cache. Per process:
 
   rows tokenized   calls of `cascade.kinds.sft.example` (the SFT stage's tokenize),
                    the cache key's probe of 8 included;
-  bytes read       through `cascade.shards._open`: the dataset's shards (index builds,
+  bytes read       through `cascade.data.shards._open`: the dataset's shards (index builds,
                    decompression, row reads) and the decompressed copies of gzip shards;
   CPU s, wall s    of the load (both processes share this machine's cores);
   cache digest     sha256 of every position's item, read back from the cache.
@@ -53,7 +53,7 @@ import numpy as np  # noqa: E402
 
 def generate(d: str, rows: int) -> dict:
   """Writes the SFT shards, the held-out set and the tokenizer under `d`."""
-  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from foundation import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   words = [''.join(rng.choice(list('abcdefghijklmnopqrstuvwxyz'), int(rng.integers(2, 9))))
            for _ in range(3000)]
@@ -114,10 +114,10 @@ def phase(d: str, cache: str, rank: int, coordinator: str) -> dict:
   distributed.initialize(coordinator, 2, rank)
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import rollout  # pylint: disable=g-import-not-at-top
-  from cascade import shards  # pylint: disable=g-import-not-at-top
-  from cascade import stage_data  # pylint: disable=g-import-not-at-top
+  from cascade.data import shards  # pylint: disable=g-import-not-at-top
+  from cascade.data import stage_data  # pylint: disable=g-import-not-at-top
   from cascade.kinds import sft  # pylint: disable=g-import-not-at-top
-  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from foundation import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   plan = config_lib.validate(config(d), known_verifiers=['math'])
   tok = tokenizer_lib.load(plan.tokenizer_path)
   counts = {'tokenized': 0, 'shards': 0, 'plain': 0}

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from models import chat as chat_lib
+from foundation import chat as chat_lib
 from tiny_world import chat
 
 

@@ -8,7 +8,7 @@ Workdir layout:
                               stopped before it took a step (`guard_config`)
   progress.json               completed stages and the evaluation rows so far; the config's hash
                               (a second copy of config.json's) and each stage's data files
-                              (`cascade.stage_data`: what a resumed stage is checked against),
+                              (`cascade.data.stage_data`: what a resumed stage is checked against),
                               the validation ledger between stage ends (`cascade.ledger`)
   stages/<idx>_<name>/ckpt/   Orbax CheckpointManager: <step>/{state, meta, checksums.json}
   stages/<idx>_<name>/hf/     the stage's final policy as HF safetensors (+ checksums.json)
@@ -33,7 +33,7 @@ stages resume from their checkpoints); a config.json that cannot be read is
 refused, and one that is missing is replaced only by the config whose hash
 progress.json records.
 
-Every path goes through `models.paths`, so the workdir may be local or
+Every path goes through `foundation.paths`, so the workdir may be local or
 `gs://...`. Every JSON/text file here is written whole (a local temporary file
 renamed, or one object upload), so a reader never sees half a file; Orbax
 marks a finished step on an object store with a commit file instead of a
@@ -55,7 +55,7 @@ from absl import logging
 from cascade import checksums
 from cascade import metrics as metrics_lib
 from cascade import schema
-from models import paths
+from foundation import paths
 
 
 def is_writer() -> bool:
@@ -478,7 +478,7 @@ class Progress:
       {domain: score}, 'details': {...}}; index -1 is the starting policy.
     config: the hash of the workdir's config (config.json's second copy; '' if unrecorded).
     data: stage name -> the identity of its data files when it started
-      (`cascade.stage_data.StageData.pin`).
+      (`cascade.data.stage_data.StageData.pin`).
     isolation: verifier -> every isolation its code ran under in this workdir, noted as it
       runs (`record_isolation`), so a resumed run's results still say it.
     ledger: the validation ledger's entries between stage ends (`cascade.ledger`: in-stage
@@ -508,7 +508,7 @@ class Progress:
     self.rows: list[dict] = list(data.get('rows') or [])
     # config.json's hash, kept here as its second copy (`guard_config`).
     self.config: str = config_hash or data.get('config') or ''
-    # stage name -> the identity of the data files it started with (`cascade.stage_data`).
+    # stage name -> the identity of the data files it started with (`cascade.data.stage_data`).
     self.data: dict[str, list] = dict(data.get('data') or {})
     self.isolation: dict[str, list] = dict(data.get('isolation') or {})
     self.ledger: list[dict] = [dict(e) for e in data.get('ledger') or []]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from models import paths
+from foundation import paths
 
 MANIFEST = 'checksums.json'
 _CHUNK = 1 << 24

@@ -52,7 +52,7 @@ import threading
 import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
-from models import paths
+from foundation import paths
 
 _DIR = 'jax_compilation_cache_dir'
 _MIN_SECS = 'jax_persistent_cache_min_compile_time_secs'

@@ -33,11 +33,11 @@ import pathlib
 import re
 from typing import Any, Mapping
 
-from cascade import released
 from cascade import schema
+from cascade.data import released
 from cascade.schema import ConfigError
-from models import chat_template as chat_template_lib
-from models import paths
+from foundation import chat_template as chat_template_lib
+from foundation import paths
 from rl import engine_options
 
 SECTIONS = ('seed', 'model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', 'datasets',
@@ -116,10 +116,10 @@ class Tokenizer:
   """config.tokenizer: the run's tokenizer."""
   # A SentencePiece model file or an HF tokenizer directory (local or gs://).
   path: str = schema.field('')
-  # Which chat template renders the policy's prompts: 'builtin' (models.chat: Qwen3 ChatML,
+  # Which chat template renders the policy's prompts: 'builtin' (foundation.chat: Qwen3 ChatML,
   # ' /think' / ' /no_think') or 'checkpoint' (the tokenizer directory's own template, its
   # chat_template.jinja or tokenizer_config.json `chat_template`, rendered as transformers
-  # does; models/chat_template.py). Verifiers and reward models read the built-in rendering.
+  # does; foundation/chat_template.py). Verifiers and reward models read the built-in rendering.
   chat_template: str = schema.field('builtin', check=schema.one_of(chat_template_lib.CHOICES,
                                                                       'chat template'))
 
@@ -193,7 +193,7 @@ class Mesh:
   rules: tuple | None = schema.field(None)
   # TPU slices (joined over the data-center network, DCN) the mesh spans: the data axis
   # (shape's first entry) is split over them, every other axis stays inside one slice
-  # (`models.topology`); None: as many as the devices span (1 on CPU and GPU).
+  # (`foundation.topology`); None: as many as the devices span (1 on CPU and GPU).
   slices: int | None = schema.field(None, check=schema.int_at_least(1))
 
   def check(self, fail):
@@ -681,7 +681,8 @@ class Dataset:
   """
   # The dataset's name (its key in config.datasets).
   name: str
-  # A `cascade.data.FORMATS` name, and the record type it yields ('prompt', 'sft', 'preference').
+  # A `cascade.data.readers.FORMATS` name, and the record type it yields ('prompt', 'sft',
+  # 'preference').
   format: str
   record_type: str
   # A file or glob of shards, local or gs:// ('' = a TFDS dataset).
@@ -963,7 +964,7 @@ class Plan:
     model_name: config.model's preset, or its HF checkpoint (for messages).
     hf_path: the HF checkpoint the initial policy loads from ('' = random init).
     tokenizer_path: the tokenizer.
-    chat_template: what renders the policy's prompts (`models.chat_template`: BUILTIN, or
+    chat_template: what renders the policy's prompts (`foundation.chat_template`: BUILTIN, or
       the tokenizer directory's own template for config.tokenizer.chat_template='checkpoint').
     mesh_shape: (data, fsdp, tensor) or None (one device, no mesh).
     mesh_slices: slices the mesh's data axis is split over (None: as the devices say).
@@ -983,7 +984,7 @@ class Plan:
     compilation_cache: where the run keeps its compiled programs (`cascade.compile_cache`).
     logging: where its metrics go besides TensorBoard (`cascade.metrics`).
     allow_config_change: a workdir of another config may go on with this one.
-    data_cache: where stages' tokenized data are kept (`cascade.token_cache`; local or
+    data_cache: where stages' tokenized data are kept (`cascade.data.token_cache`; local or
       gs://); '' = <workdir>/data_cache.
     source: the config as a plain dict (`schema.as_dict`): what config.json records, what
       the config hash covers (`checkpoint.config_hash`) and what a fork compares.
@@ -1040,7 +1041,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     config: the ConfigDict (or a mapping with the same structure).
     known_verifiers: verifier names that exist (default: `verifiers.names()`).
     known_formats: dataset format name -> record type (default:
-      `cascade.data.FORMATS`).
+      `cascade.data.readers.FORMATS`).
 
   Returns:
     The `Plan`.
@@ -1053,8 +1054,8 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     import verifiers  # pylint: disable=g-import-not-at-top
     known_verifiers = verifiers.names()
   if known_formats is None:
-    from cascade import data  # pylint: disable=g-import-not-at-top
-    known_formats = {k: v.record_type for k, v in data.FORMATS.items()}
+    from cascade.data import readers  # pylint: disable=g-import-not-at-top
+    known_formats = {k: v.record_type for k, v in readers.FORMATS.items()}
 
   for key in (config.keys() if hasattr(config, 'keys') else ()):
     if key not in SECTIONS:

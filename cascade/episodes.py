@@ -5,7 +5,7 @@ conversation rendered with the environment's tool schemas, in the row's
 thinking mode), then the policy's first assistant turn (sampled until
 `<|im_end|>`), the environment's observation (its tool results rendered as a
 `<tool_response>` user turn and the next generation prompt,
-`models.chat.render_observation`), the next assistant turn, and so on, until
+`foundation.chat.render_observation`), the next assistant turn, and so on, until
 a turn without a tool call (the final answer, which the environment scores),
 `max_turns`, or the episode's token budget.
 
@@ -43,7 +43,7 @@ import numpy as np
 
 from cascade import distributed
 from cascade import rollout
-from models import chat
+from foundation import chat
 from rl import sampler as sampler_lib
 
 

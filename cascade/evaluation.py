@@ -51,15 +51,15 @@ import jax
 import numpy as np
 
 from cascade import checkpoint
-from cascade import data as data_lib
 from cascade import episodes
 from cascade import rollout
 from cascade import suites as suites_lib
 from cascade import verifier_errors
+from cascade.data import readers
 from cascade.suites import base as suites_base
 from cascade.suites import run as suites_run
 from cascade.suites import table as suites_table
-from models import paths
+from foundation import paths
 from rl import sampler as sampler_lib
 
 
@@ -316,8 +316,8 @@ def suite_sets(plan) -> list[tuple[suites_base.Suite, list[dict]]]:
   records (the first config.eval.suite_prompts of them).
 
   Raises:
-    cascade.data.DataError: a suite's data is missing or malformed (one line naming the suite
-      and the file).
+    cascade.data.readers.DataError: a suite's data is missing or malformed (one line naming the
+      suite and the file).
   """
   ev, out = plan.eval, []
   for name in ev.suites:
@@ -326,7 +326,7 @@ def suite_sets(plan) -> list[tuple[suites_base.Suite, list[dict]]]:
       recs = suite.read(suite.directory(ev.suite_data) if ev.suite_data else '')
     except (suites_base.DataMissing, suites_base.BadRecord) as e:
       unset = '' if ev.suite_data else ' (config.eval.suite_data names no directory)'
-      raise data_lib.DataError(f'config.eval.suites: {e}{unset}') from None
+      raise readers.DataError(f'config.eval.suites: {e}{unset}') from None
     out.append((suite, recs[:ev.suite_prompts] if ev.suite_prompts else recs))
   return out
 

@@ -102,19 +102,19 @@ def run(fn: Callable[[], object], workdir: str) -> None:
   # pylint: disable=g-import-not-at-top  (JAX starts only after the flags are parsed)
   from cascade import checkpoint
   from cascade import config as config_lib
-  from cascade import data
+  from cascade.data import readers
   from cascade import divergence
   from cascade import lock
   from cascade import preemption
   from cascade import verifier_errors
   from cascade.kinds import base as kinds_base
-  from models import paths
+  from foundation import paths
   from verifiers import sandbox
   from cascade import metrics
   # pylint: enable=g-import-not-at-top
   try:
     fn()
-  except (config_lib.ConfigError, data.DataError, checkpoint.WorkdirError, lock.WorkdirBusy,
+  except (config_lib.ConfigError, readers.DataError, checkpoint.WorkdirError, lock.WorkdirBusy,
           checkpoint.CheckpointError, kinds_base.StageError, paths.PathError,
           sandbox.SandboxUnavailable, verifier_errors.VerifierBug) as e:
     metrics.close_bars()          # the line starts a line of its own, not a progress bar's

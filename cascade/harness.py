@@ -29,7 +29,7 @@ sampler, on whatever devices JAX has (TPU, GPU, CPU; `mesh=1,8,1` shards it):
 Rows go through the forward pass `batch_size` at a time, padded to a power-of-two
 length bucket (at least 16 tokens), so a task compiles a few shapes. Thinking: lm-eval
 renders its own prompts; with `apply_chat_template` (lm-eval's --apply_chat_template)
-they are rendered by `models.chat.render` with `thinking=` (None: no /think switch).
+they are rendered by `foundation.chat.render` with `thinking=` (None: no /think switch).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from flax import nnx
 
 from cascade import config as config_lib
 from cascade.suites import checkpoint as checkpoint_lib
-from models import chat
+from foundation import chat
 from models import sharding
 from rl import batch as batch_lib
 from rl import sampler as sampler_lib
@@ -147,7 +147,7 @@ class CascadeLM(lm_eval.api.model.LM):
 
   def chat_template(self, chat_template: bool | str = False) -> str:
     del chat_template
-    return 'models.chat.render (ChatML)'
+    return 'foundation.chat.render (ChatML)'
 
   def apply_chat_template(self, chat_history: list[dict[str, str]],
                           add_generation_prompt: bool = True) -> str:

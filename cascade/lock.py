@@ -53,7 +53,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from models import paths
+from foundation import paths
 
 LOCK_FILE = 'lock.json'
 # A heartbeat older than this (seconds) marks a holder as gone (runner.run's `lock_stale_s`).

@@ -21,7 +21,7 @@
 
 Only process 0 writes (`jax.process_index() == 0`); the others get no-op
 writers, so callers never branch on the process. Every file goes through
-`models.paths`, so the workdir may be `gs://` (an object store cannot append,
+`foundation.paths`, so the workdir may be `gs://` (an object store cannot append,
 so each is uploaded whole when flushed: every 30 s, at `flush()` — cascade.runner
 has every checkpoint save call it first, so every step a resume will not redo
 is logged — and at `close()`). TensorBoard's event file is written here too,
@@ -51,8 +51,8 @@ import numpy as np
 import tqdm
 
 from cascade import schema
+from foundation import paths
 from models import flops
-from models import paths
 
 
 def _finite(metrics: Mapping) -> dict[str, float]:
@@ -86,7 +86,7 @@ def _import_tensorboardx():
 
 
 class _Events:
-  """One TensorBoard event file (TFRecord-framed `Event` protos), written through `models.paths`
+  """One TensorBoard event file (TFRecord-framed `Event` protos), written through `foundation.paths`
   by the thread that logs.
 
   Events wait in memory until `flush`: every `every_s` seconds as events come, and whenever

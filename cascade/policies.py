@@ -34,11 +34,11 @@ from cascade import checkpoint
 from cascade import checksums
 from cascade import config as config_lib
 from cascade.kinds import base
-from models import chat_template
+from foundation import chat_template
+from foundation import paths
+from foundation import tokenizer as tokenizer_lib
 from models import hf
-from models import paths
 from models import sharding
-from models import tokenizer as tokenizer_lib
 from models import transformer
 from rl import judge as judge_lib
 from rl import reward_model

@@ -1,4 +1,4 @@
-"""Command line: tokenize a config's training data once, before any run (`cascade.token_cache`).
+"""Command line: tokenize a config's training data once, before any run (`data.token_cache`).
 
   python -m cascade.prepare --config=configs/tiny.py --cache_dir=gs://bucket/cascade-cache
   python -m cascade.prepare --config=configs/tiny.py --workdir=runs/tiny
@@ -48,10 +48,10 @@ def prepare(config, cache_dir: str, hosts=None) -> dict:
     stage name -> {'rows', 'seconds'} of the stage's stream (its source's rows).
   """
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  from cascade import stage_data  # pylint: disable=g-import-not-at-top
+  from cascade.data import stage_data  # pylint: disable=g-import-not-at-top
   from cascade import verifier_set  # pylint: disable=g-import-not-at-top
-  from models import chat_template  # pylint: disable=g-import-not-at-top
-  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from foundation import chat_template  # pylint: disable=g-import-not-at-top
+  from foundation import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   plan = config_lib.validate(config)
   if plan.prepare is not None:
     plan.prepare.call()
@@ -73,8 +73,8 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   exits.quiet_library_logs()     # its lines and one error line, no JAX backend probing
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  from cascade import data  # pylint: disable=g-import-not-at-top
-  from models import paths  # pylint: disable=g-import-not-at-top
+  from cascade.data import readers  # pylint: disable=g-import-not-at-top
+  from foundation import paths  # pylint: disable=g-import-not-at-top
   cfg = _CONFIG.value
   cache_dir = _CACHE_DIR.value or (cfg.get('data_cache') if hasattr(cfg, 'get') else None)
   if not cache_dir and _WORKDIR.value:
@@ -87,7 +87,7 @@ def main(argv):
   distributed.initialize()          # several processes, when the environment says so
   try:
     prepare(cfg, cache_dir, rollout.processes())
-  except (config_lib.ConfigError, data.DataError, paths.PathError) as e:
+  except (config_lib.ConfigError, readers.DataError, paths.PathError) as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(2)
 

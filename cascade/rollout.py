@@ -1,8 +1,9 @@
 """Prompts in, scored completions out: chat rendering, group sampling, detokenising, verifying.
 
 Shared by the RL stages and the evaluation. Host side only, apart from the
-sampler call. A record's prompt is rendered with the run's chat template (`models.chat.render`, or
-a checkpoint's own: `models.chat_template`, carried by the tokenizer) in the
+sampler call. A record's prompt is rendered with the run's chat template
+(`foundation.chat.render`, or a checkpoint's own: `foundation.chat_template`, carried by the
+tokenizer) in the
 mode it was drawn for (thinking: ' /think'; instruct: ' /no_think' and a
 pre-filled empty thinking block; None: no switch), encoded, sampled G times,
 and each completion is scored by the verifier of its record's domain, so a
@@ -29,8 +30,8 @@ import jax
 import numpy as np
 
 from cascade import distributed
-from models import chat
-from models import chat_template
+from foundation import chat
+from foundation import chat_template
 from rl import sampler as sampler_lib
 
 
@@ -105,7 +106,7 @@ def generate(sampler, params, tokenizer, records: Sequence[dict], modes: Sequenc
   Args:
     sampler: an `rl.sampler.Sampler`.
     params: the policy's params.
-    tokenizer: a `models.tokenizer.Tokenizer`.
+    tokenizer: a `foundation.tokenizer.Tokenizer`.
     records: canonical prompt records.
     modes: one thinking mode per record (True, False or None).
     rng: PRNG key for this call.

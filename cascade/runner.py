@@ -55,14 +55,14 @@ from cascade import policies as policies_lib
 from cascade import preemption
 from cascade import report as report_lib
 from cascade import rollout
-from cascade import stage_data
 from cascade import verifier_errors
 from cascade import verifier_set
-from models import chat_template
-from models import paths
+from cascade.data import stage_data
+from foundation import chat_template
+from foundation import paths
+from foundation import tokenizer as tokenizer_lib
+from foundation import topology
 from models import sharding
-from models import tokenizer as tokenizer_lib
-from models import topology
 from rl import sampler as sampler_lib
 
 INIT_ROW = kinds.base.INIT_ROW
@@ -294,7 +294,7 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
 
   Args:
     config: the ConfigDict (docs/config.md: every section and stage field).
-    workdir: the run's directory, local or `gs://...` (`models.paths`); rerunning with the
+    workdir: the run's directory, local or `gs://...` (`foundation.paths`); rerunning with the
       same config resumes.
     fork_from: another run's workdir whose leading stages this config shares
       (`checkpoint.fork`: e.g. the cascade an ablation changes later stages of); those
@@ -308,7 +308,7 @@ def run(config, workdir: str, fork_from: str | None = None, force_lock: bool = F
 
   Raises:
     cascade.config.ConfigError: the config is invalid (before anything runs).
-    cascade.data.DataError: a malformed record (before the first step).
+    cascade.data.readers.DataError: a malformed record (before the first step).
     cascade.checkpoint.WorkdirError: the workdir holds a different config (unless allowed).
     cascade.lock.WorkdirBusy: another run holds the workdir (before anything is written), or
       took it over (before this run's next write).

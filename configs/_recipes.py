@@ -94,7 +94,7 @@ DATASETS = {
 # `huggingface-cli download nvidia/<name> --repo-type dataset --local-dir <data_root>/<name>`.
 # Dataset name -> (path under data_root, cascade.data format, domain). File names: Cascade 2's RL subsets as `<subset>/train.jsonl` and its SFT subsets as
 # `<subset>/<file>.jsonl` (seen in loaders of the releases); Cascade 1's layouts are inferred
-# (cascade/released.py says which field and file names are verified, seen or inferred). The
+# (cascade/data/released.py says which field and file names are verified, seen or inferred). The
 # SFT sets' domain is a label only (an SFT stage keeps every record of its datasets).
 CASCADE1_RELEASE = {
     'sft_stage1': ('Nemotron-Cascade-SFT-Stage-1/*/*.jsonl', 'nemotron_cascade_sft', 'chat'),

@@ -154,7 +154,7 @@ def get_config(arg=None):
       # run ("RLHF teacher"); the rest = after IF-RL + multi-domain RL. The paper's MOPD
       # prompts: math 1,853, IF 1,854, workplace (tool calling) 610, STEM (MCQA) 927,
       # structured output 927, which the released MOPD subset holds, each row routed to its
-      # domain by its NeMo-Gym agent (cascade/released.py); it holds no chat row, so the RLHF
+      # domain by its NeMo-Gym agent (cascade/data/released.py); it holds no chat row, so the RLHF
       # teacher would get no prompt (cascade.config refuses a stage domain none of the
       # stage's datasets can hold). Its prompts, chat's, are the RLHF stages' (rlhf_train,
       # ours: the paper's counts name none); chat's share of MOPD's draws is that set's size

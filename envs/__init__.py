@@ -13,7 +13,7 @@ from typing import Any
 from envs.base import Environment
 from envs.base import Episode
 from envs.base import Step
-from verifiers import registry
+from foundation import registry
 
 _BUILTIN = {
     'tool_use': 'envs.tool_use:ToolUseEnv',

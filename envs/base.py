@@ -13,7 +13,7 @@ policy and appends the observations:
     steps = env.finish(episodes, reasons)          # episodes cut short by a limit
     env.close()
 
-An assistant turn with `<tool_call>` blocks (see `models.chat.parse_tool_calls`)
+An assistant turn with `<tool_call>` blocks (see `foundation.chat.parse_tool_calls`)
 is a tool turn: every call is checked against the tool's JSON schema and
 executed, and the results (or one error line per malformed or failed call)
 come back as 'tool' messages. A turn without any tool-call block is the final
@@ -45,7 +45,7 @@ from typing import Any, Mapping, Sequence
 
 import jsonschema
 
-from models import chat
+from foundation import chat
 from verifiers import base as verifiers_base
 from verifiers import sandbox as sandbox_lib
 from verifiers import structured

@@ -34,8 +34,8 @@ from absl import flags
 from absl import logging
 
 from cascade import overrides
+from foundation import paths
 from launch import hyper
-from models import paths
 
 FLAGS = flags.FLAGS
 

@@ -1,1 +1,1 @@
-"""The policy model: config presets, the NNX transformer, sharding, HF interop, tokenizers."""
+"""The policy model: config presets, the NNX transformer, sharding, HF interop."""

@@ -12,7 +12,7 @@ drift apart.
 A checkpoint directory holds `config.json` and either `model.safetensors` or
 `model-0000x-of-0000y.safetensors` shards listed in
 `model.safetensors.index.json`. The directory may be local or `gs://...`
-(`models.paths`): a remote weight file is copied to a local temporary file
+(`foundation.paths`): a remote weight file is copied to a local temporary file
 while it is read, and a save to a remote directory is written locally, then
 uploaded with config.json last. Tensors are read one at a time with
 `safetensors.safe_open`, re-laid out on the host and placed straight into
@@ -51,14 +51,14 @@ from etils import epath
 from flax import nnx
 from jax.experimental import multihost_utils
 
+from foundation import paths
+from foundation import tokenizer as tokenizer_lib
 from models import config as config_lib
 from models import families
 from models import hf_moe
 from models import hf_tokenizer
-from models import paths
 from models import rope as rope_lib
 from models import sharding
-from models import tokenizer as tokenizer_lib
 from models import transformer
 
 

@@ -10,7 +10,7 @@ Host-only (no jax import).
   tokenizer.json           an HF tokenizer's own file, unchanged; a SentencePiece model
                            rebuilt as the same tokenizer in HF's format (below).
   tokenizer_config.json    the class (PreTrainedTokenizerFast), the eos / pad / bos tokens that
-                           are read whole from text, and `chat_template`: models.chat.TEMPLATE,
+                           are read whole from text, and `chat_template`: foundation.chat.TEMPLATE,
                            `chat.render` in Jinja.
   special_tokens_map.json  the same special tokens.
   generation_config.json   the ids that end a generation (eos_id, and `<|endoftext|>` when the
@@ -42,9 +42,9 @@ from tokenizers import decoders
 from tokenizers import models as tok_models
 from tokenizers import normalizers
 
-from models import chat
-from models import paths
-from models import tokenizer as tokenizer_lib
+from foundation import chat
+from foundation import paths
+from foundation import tokenizer as tokenizer_lib
 
 # Every file `files` gives (an export replacing an earlier one removes them first).
 FILES = ('tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json',

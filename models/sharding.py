@@ -32,7 +32,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from models import topology
+from foundation import topology
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
 # A mesh with an expert-parallel axis (a 4-entry `make_mesh` shape).
@@ -95,7 +95,7 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None, slices: int | Non
       remaining devices.
     devices: devices to use (default: all of `jax.devices()`).
     slices: slices (joined over DCN) the data axis is split over; None: as many as
-      the devices span. `models.topology.device_array` arranges the devices (ICI
+      the devices span. `foundation.topology.device_array` arranges the devices (ICI
       neighbours on the inner axes; a plain reshape for CPU devices).
 
   Returns:

@@ -29,10 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from foundation import tokenizer as tokenizer_lib
 from models import config as config_lib
 from models import hf
 from models import sharding
-from models import tokenizer as tokenizer_lib
 from rl import buckets
 from rl import sampler as sampler_lib
 
@@ -113,7 +113,7 @@ class JudgeModel:
     graphdef: the judge's nnx GraphDef (`nnx.split(model)[0]`).
     params: its params (on `mesh` when one is given); never modified.
     model_cfg: its ModelConfig.
-    tokenizer: its tokenizer (`models.tokenizer.Tokenizer`): encode, encode_text,
+    tokenizer: its tokenizer (`foundation.tokenizer.Tokenizer`): encode, encode_text,
       decode, eos_id, pad_id, added_tokens.
     mesh, rules: where the params live (None: one device) and the logical rules.
     batch_size: rows per jitted forward of `choice_logprobs` (rounded up to a

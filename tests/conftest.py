@@ -70,8 +70,8 @@ def write_copy_cascade(root, *, train: int, eval_: int, sft: int, mesh_shape=Non
   import json
   import random
 
-  from models import chat
-  from models import tokenizer as tokenizer_lib
+  from foundation import chat
+  from foundation import tokenizer as tokenizer_lib
 
   rng = random.Random(0)
   msgs = lambda a: [{'role': 'user', 'content': f'Copy {a}.'}]

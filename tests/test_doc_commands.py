@@ -190,8 +190,8 @@ def run_doc_command(command: str, tmp_path, *, timeout: int, env=None, copy=(), 
     raise ValueError(f'{command!r}: a make target runs with own_venv=True (it installs into .venv)')
   work = pathlib.Path(tmp_path) / 'repo'
   work.mkdir(exist_ok=True)
-  for name in ('benchmarks', 'cascade', 'configs', 'envs', 'launch', 'models', 'rl', 'tiny_world',
-               'tools', 'verifiers', 'notebooks', 'setup.py', 'Makefile', 'docs', *copy):
+  for name in ('benchmarks', 'cascade', 'configs', 'envs', 'foundation', 'launch', 'models', 'rl',
+               'tiny_world', 'tools', 'verifiers', 'notebooks', 'setup.py', 'Makefile', 'docs', *copy):
     if (work / name).exists() or (work / name).is_symlink():
       continue
     if name in copy or name == 'docs':       # pages a command writes land in the copy
@@ -320,8 +320,8 @@ PATTERNS = [
 # Commands CI runs (.ci/run, which test_ci_runs_them checks shows each one verbatim).
 CI = ('make test', 'make test-heavy')
 
-_NEAREST_RELEASED = 'tests/cascade/test_released.py::test_released_paths_are_under_the_download_directories'
-_NEAREST_PAPER = ('tests/cascade/test_released.py::'
+_NEAREST_RELEASED = 'tests/cascade/data/test_released.py::test_released_paths_are_under_the_download_directories'
+_NEAREST_PAPER = ('tests/cascade/data/test_released.py::'
                   'test_every_stage_of_the_paper_configs_reads_the_released_files')
 # Commands no test runs, each with why and the test that runs the nearest thing. Keep it short:
 # each is a debt the report names.
@@ -870,7 +870,7 @@ def test_the_prepare_command_into_cloud_storage(gcs, tmp_path):
   assert "stages[0] 'sft': prepared 3000 rows" in proc.stdout, proc.stdout
   again = run_doc_command(command, tmp_path, timeout=600, env=gcs.env)
   assert "stages[0] 'sft': data from the prepared cache" in again.stdout, again.stdout
-  from models import paths  # pylint: disable=g-import-not-at-top
+  from foundation import paths  # pylint: disable=g-import-not-at-top
   names = sorted(p.name.split('-')[0] for p in paths.path('gs://bucket/cache').iterdir())
   assert names == ['math_rl', 'sft'], names
 
@@ -922,7 +922,7 @@ _BASE_MODELS = {'nemotron_cascade_14b': 'Qwen/Qwen3-14B-Base',
 def test_the_released_data_downloads_fill_what_the_configs_read(config, assign, rows, tmp_path):
   """docs/released_data.md's assignment, base-model download and download loop, run as shown from
   the repository root with a stand-in `huggingface-cli` (no network here) that records each call
-  and writes the release's rows (the schemas of tests/cascade/test_released.py) under a scratch
+  and writes the release's rows (the schemas of tests/cascade/data/test_released.py) under a scratch
   root standing in for the host's file system, and a checkpoint directory's files for a model:
   the model comes from the config's base model's hub repository into the directory the config
   reads its base weights and tokenizer from by default; the loop downloads exactly the releases
@@ -930,9 +930,9 @@ def test_the_released_data_downloads_fill_what_the_configs_read(config, assign, 
   of the config loads from there (a name missing from the loop, misspelled, or a --local-dir
   elsewhere leaves a dataset without files)."""
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  from cascade import data  # pylint: disable=g-import-not-at-top
-  from cascade import released  # pylint: disable=g-import-not-at-top
-  from tests.cascade import test_released  # pylint: disable=g-import-not-at-top
+  from cascade.data import readers  # pylint: disable=g-import-not-at-top
+  from cascade.data import released  # pylint: disable=g-import-not-at-top
+  from tests.cascade.data import test_released  # pylint: disable=g-import-not-at-top
   page, var = 'docs/released_data.md', assign.split('=')[0]
   loop = doc_command(page, 'for name in Nemotron-Cascade-' + ('SFT' if var == 'DATA' else '2'))
   assert f'--local-dir ${var}/$name' in loop, loop
@@ -974,7 +974,7 @@ def test_the_released_data_downloads_fill_what_the_configs_read(config, assign, 
       f'data_root={root}{data_root}'))
   for name, spec in plan.datasets.items():
     if spec.format in released.ADAPTERS:
-      assert len(data.load(spec, domains=list(plan.domains))) == len(want[name]), name
+      assert len(readers.load(spec, domains=list(plan.domains))) == len(want[name]), name
 
 def _fresh_venv(work: pathlib.Path) -> dict:
   """A new virtual environment at `work`/.venv (what a user's checkout has) that also sees this
@@ -1151,7 +1151,7 @@ def test_the_config_page_sample_reads_its_tfds_dataset(tmp_path, monkeypatch):
   sample's own spec then loads its 16 test problems through cascade.data."""
   pytest.importorskip('tensorflow_datasets')
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  from cascade import data  # pylint: disable=g-import-not-at-top
+  from cascade.data import readers  # pylint: disable=g-import-not-at-top
   from tiny_world import tfds_math  # pylint: disable=g-import-not-at-top
   body = _config_page_sample()
   [command] = re.findall(r'`(python -m tiny_world\.tfds_math [^`]*)`', body)
@@ -1161,7 +1161,7 @@ def test_the_config_page_sample_reads_its_tfds_dataset(tmp_path, monkeypatch):
   exec(body, scope)  # pylint: disable=exec-used
   plan = config_lib.validate(scope['get_config']())
   monkeypatch.chdir(tmp_path / 'repo')
-  records = data.load(plan.datasets['math_eval'])
+  records = readers.load(plan.datasets['math_eval'])
   want = tfds_math.problems('test', 16)
   assert sorted(r['metadata']['answer'] for r in records) == sorted(
       p['answer'].rsplit('#### ', 1)[1] for p in want)

@@ -6,7 +6,7 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ('cascade', 'models', 'rl', 'verifiers', 'envs', 'launch', 'tiny_world')
+PACKAGES = ('cascade', 'foundation', 'models', 'rl', 'verifiers', 'envs', 'launch', 'tiny_world')
 
 
 def _modules() -> dict[str, pathlib.Path]:

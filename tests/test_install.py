@@ -11,7 +11,8 @@ import zipfile
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ('cascade', 'models', 'rl', 'verifiers', 'envs', 'configs', 'launch', 'tiny_world')
+PACKAGES = ('cascade', 'foundation', 'models', 'rl', 'verifiers', 'envs', 'configs', 'launch',
+            'tiny_world')
 
 # The PEP 517/660 hooks pip calls (`build_editable`, `build_wheel`), one per process.
 _BUILD = ('import sys; from setuptools import build_meta; '
@@ -40,3 +41,4 @@ def test_the_builds_warn_nothing_and_the_wheel_has_the_gpu_targets(tmp_path):
   assert 'launch/gpu_targets/h200.txtpb' in names
   assert 'launch/plan/cli.py' in names and 'cascade/main.py' in names
   assert 'models/families/qwen3.py' in names and 'cascade/suites/math.py' in names
+  assert 'foundation/paths.py' in names and 'cascade/data/readers.py' in names

@@ -1,8 +1,8 @@
 """The package's layers, read from the source: imports point down, and no import circle.
 
-From the bottom: models/ (which holds the path layer, models/paths.py) imports nothing else of
-the project; rl/ and verifiers/ import only models/; envs/ imports those three; cascade/ may
-import all of them; on top, launch/ and tiny_world/ (the demo's world, a user of the framework
+From the bottom: foundation/ (the path layer, device topology, tokenizers, chat templates, the
+name registry) imports nothing else of the project; models/ imports only foundation/; rl/ and
+verifiers/ import only those two; envs/ imports those four; cascade/ may import all of them; on top, launch/ and tiny_world/ (the demo's world, a user of the framework
 like a user's own package) may import any of those and not each other. So a lower layer never
 imports `cascade`, the framework never imports `tiny_world`, and every module can be read and
 tested without the layers above it.
@@ -18,10 +18,10 @@ import ast
 import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ('models', 'rl', 'verifiers', 'envs', 'cascade', 'launch', 'tiny_world')
+PACKAGES = ('foundation', 'models', 'rl', 'verifiers', 'envs', 'cascade', 'launch', 'tiny_world')
 # Package -> its layer; a module imports only from its own package or a lower layer.
-LAYER = {'models': 0, 'rl': 1, 'verifiers': 1, 'envs': 2, 'cascade': 3, 'launch': 4,
-         'tiny_world': 4}
+LAYER = {'foundation': 0, 'models': 1, 'rl': 2, 'verifiers': 2, 'envs': 3, 'cascade': 4,
+         'launch': 5, 'tiny_world': 5}
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -20,7 +20,7 @@ from nbclient import NotebookClient
 
 from cascade import config as config_lib
 from cascade import runner
-from models import paths
+from foundation import paths
 
 pytestmark = pytest.mark.heavy
 
@@ -58,7 +58,7 @@ def test_notebook_is_valid_and_saved_without_outputs():
   code = [c for c in nb.cells if c.cell_type == 'code']
   assert code and all(not c.outputs and c.execution_count is None for c in code)
   assert nb.metadata.kernelspec.name == 'python3'
-  # The matrix and plot are read through models.paths (gs:// too), never open().
+  # The matrix and plot are read through foundation.paths (gs:// too), never open().
   assert not any(re.search(r'\bopen\(', c.source) for c in code)
   assert any('cascade.run(config, WORKDIR)' in c.source for c in code)
 

@@ -58,7 +58,7 @@ def _tasks(domain: str):
 
 def _text(rec: dict) -> list[str]:
   """Tokenizer corpus of a record: the opening, and a demonstration's whole episode text."""
-  from models import chat  # pylint: disable=g-import-not-at-top
+  from foundation import chat  # pylint: disable=g-import-not-at-top
   opening = chat.render(rec['messages'], thinking=False)
   if 'turns' not in rec:
     return [opening]
@@ -75,8 +75,8 @@ def _text(rec: dict) -> list[str]:
 
 
 def _build_into(out: str, seed: int, want: dict) -> None:
-  from models import chat  # pylint: disable=g-import-not-at-top
-  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from foundation import chat  # pylint: disable=g-import-not-at-top
+  from foundation import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   os.makedirs(out, exist_ok=True)
   sft, corpus = [], []
   for d in DOMAINS:

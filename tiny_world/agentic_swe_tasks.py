@@ -21,7 +21,7 @@ held out of both. Train keys are halved once more: demonstrations come from
 one half, RL prompts from the other.
 
 Demonstrations (`sft_records`) are multi-turn: the scripted assistant turns
-(tool calls as `models.chat.parse_tool_calls` reads them) are run in
+(tool calls as `foundation.chat.parse_tool_calls` reads them) are run in
 `envs.swe_agent`, so every tool result is the environment's own text, and
 each demonstration's reward is checked (1 for a fix, 0 for a flawed one).
 Flawed demonstrations show an imperfect agent: a wrong edit, an edit made
@@ -39,7 +39,7 @@ import random
 from typing import Any, Sequence
 
 from envs import swe_agent
-from models import chat
+from foundation import chat
 from tiny_world import common
 from tiny_world import swe_tasks
 from verifiers import unidiff

@@ -24,7 +24,7 @@ math SFT records in thinking mode (WORLDS). It is the world on which
 benchmarks/cascade_vs_blended.py measures what length heterogeneity costs a
 blended RL stage.
 
-`root` may be `gs://...` (`models.paths`): the world is then built in a
+`root` may be `gs://...` (`foundation.paths`): the world is then built in a
 local temporary directory and uploaded, `stamp.json` last.
 
 `build` is idempotent: it rebuilds only when `stamp.json` differs from what
@@ -181,7 +181,7 @@ def cached(out: str, want: dict, build_into) -> str:
   `build_into` writes the stamp last, so a crash rebuilds; a gs:// `out` is
   built in a local temporary directory and uploaded, the stamp last.
   """
-  from models import paths  # pylint: disable=g-import-not-at-top
+  from foundation import paths  # pylint: disable=g-import-not-at-top
   if paths.read_json(paths.join(out, STAMP)) == want:
     return out
   if not paths.is_remote(out):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from models import chat as chat_lib
+from foundation import chat as chat_lib
 from tiny_world import chat
 from tiny_world import common
 from verifiers import judge

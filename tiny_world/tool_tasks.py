@@ -39,7 +39,7 @@ import json
 import random
 from typing import Any, Hashable
 
-from models import chat
+from foundation import chat
 from tiny_world import common
 
 DOMAIN = 'tool_use'
@@ -107,7 +107,7 @@ def _answer(value: Any) -> str:
 
 
 def tool_call(name: str, **arguments: Any) -> str:
-  """The assistant text of one call, as `models.chat.parse_tool_calls` reads it."""
+  """The assistant text of one call, as `foundation.chat.parse_tool_calls` reads it."""
   body = json.dumps({'name': name, 'arguments': arguments})
   return f'{chat.TOOL_CALL_OPEN}\n{body}\n{chat.TOOL_CALL_CLOSE}'
 

@@ -38,7 +38,7 @@ sizes and caches the world per seed.
 Using it:
   * The verifier 'tiny_chat_quality' (chat's eval_verifier) is chat.QualityVerifier,
     which importing `tiny_world` (any of its modules) registers with `verifiers`.
-  * Render prompts with models.chat.render(messages, thinking=...) and SFT
+  * Render prompts with foundation.chat.render(messages, thinking=...) and SFT
     targets with chat.render_response(response, thinking or None); both
     modes share `response`, so the math answer restates its working.
   * Tokens (vocab 1024, seed 0; mean/max): instruct-mode prompts chat 25/29,
@@ -57,8 +57,8 @@ import os
 import random
 from typing import Any, Iterable, Mapping
 
-from models import chat as chat_lib
-from models import tokenizer as tokenizer_lib
+from foundation import chat as chat_lib
+from foundation import tokenizer as tokenizer_lib
 from tiny_world import arithmetic
 from tiny_world import chat
 from tiny_world import code_tasks

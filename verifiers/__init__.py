@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from verifiers import registry
+from foundation import registry
 from verifiers.base import Result
 from verifiers.base import Sample
 from verifiers.base import Verifier

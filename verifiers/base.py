@@ -35,7 +35,7 @@ import sys
 import traceback
 from typing import Any, Mapping, Sequence
 
-from models import chat
+from foundation import chat
 from verifiers.sandbox import pool as pool_lib
 
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from models import chat
+from foundation import chat
 from verifiers import base
 from verifiers import ifeval
 

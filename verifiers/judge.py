@@ -88,7 +88,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from models import chat
+from foundation import chat
 from verifiers import base
 from verifiers import served
 

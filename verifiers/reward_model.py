@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from models import chat
+from foundation import chat
 from verifiers import base
 
 Scorer = Callable[[Sequence[str], Sequence[str]], np.ndarray]

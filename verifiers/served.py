@@ -34,7 +34,7 @@ What it guarantees:
 * A request-hash cache: with `cache_dir`, every reply that came is written to
   `<cache_dir>/<h[:2]>/<h>.json`, h the sha256 of the request's canonical JSON
   (sorted keys, no spaces: exactly the bytes sent), atomically
-  (`models.paths.write_bytes`: local or gs://), with the request itself; a later
+  (`foundation.paths.write_bytes`: local or gs://), with the request itself; a later
   identical request is answered from it without a round trip, so a resumed
   evaluation does not pay for a judgment twice. A file whose request differs
   from the one asked is not used. Failures are not cached.
@@ -58,7 +58,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from models import paths
+from foundation import paths
 
 # The largest response body read (a judgment is a few KiB; this bounds a broken server).
 MAX_RESPONSE_BYTES = 16 << 20

@@ -1,7 +1,7 @@
 """Tool-calling verifier: the turn's `<tool_call>` blocks against the gold calls.
 
 The calls are Qwen3's `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-blocks after the thinking block, parsed by `models.chat.parse_tool_calls`
+blocks after the thinking block, parsed by `foundation.chat.parse_tool_calls`
 (bounded: at most `chat.MAX_TOOL_CALLS` calls of `chat.MAX_TOOL_CALL_CHARS`
 characters each). Reward 1 iff
 
@@ -36,7 +36,7 @@ import math
 import re
 from typing import Any, Mapping, Sequence
 
-from models import chat
+from foundation import chat
 from verifiers import base
 from verifiers import structured
 

@@ -210,7 +210,7 @@ class StageConfig:
 
   def tokenize(self, tokenizer) -> Callable[[dict], tuple] | None:
     """record -> the tuple of token arrays the stage's batches take instead of the record
-    (made once per record and cached: `cascade.token_cache`), or None: they take records."""
+    (made once per record and cached: `cascade.data.token_cache`), or None: they take records."""
     del tokenizer
     return None
 

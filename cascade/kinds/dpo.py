@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding
 from cascade import rollout
 from cascade.kinds import base
 from cascade.kinds import loop
-from models import chat_template
+from foundation import chat_template
 from models import sharding
 from rl import dpo as dpo_lib
 from rl import train_step as train_lib

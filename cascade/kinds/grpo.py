@@ -30,16 +30,16 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from cascade import data as data_lib
 from cascade import schema
+from cascade import verifier_errors
+from cascade.data import readers
+from cascade.data import readers
 from cascade.kinds import base
 from cascade.kinds import loop
 from cascade.kinds import rl
 from rl import batch as batch_lib
 from rl import grpo as grpo_lib
 from rl import train_step as train_lib
-from cascade import data as data_lib
-from cascade import verifier_errors
 
 
 # `rl.grpo.GrpoConfig`'s fields a stage does not set: the library's defaults hold (a stage's
@@ -125,7 +125,7 @@ def train_stage(ctx, stage: Config, kind: base.Kind, draws_cls) -> base.StageRes
 
   def maker(state):
     del state
-    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
+    loader = readers.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
                              stage.prompts_per_step)
     own_errors = verifier_errors.VerifierErrors(stage.where)   # over the stage's steps
 

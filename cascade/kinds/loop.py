@@ -31,13 +31,13 @@ import numpy as np
 import tqdm
 
 from cascade import checkpoint
-from cascade import data as data_lib
 from cascade import divergence
 from cascade import evaluation
 from cascade import guard as guard_lib
 from cascade import metrics as metrics_lib
 from cascade import preemption
 from cascade import verifier_errors
+from cascade.data import readers
 from cascade.kinds import base
 from models import sharding
 from rl import train_step as train_lib
@@ -50,7 +50,7 @@ class BatchMaker(NamedTuple):
     loader: the stage's data iterator (its state is checkpointed).
     make: (step, rng, state) -> (list of train batches, one per update; host metrics).
   """
-  loader: data_lib.Loader
+  loader: readers.Loader
   make: Callable[[int, jax.Array, train_lib.TrainState], tuple[Sequence[Any], dict]]
 
 
@@ -65,7 +65,7 @@ def record_batches(ctx, stage, batches: Callable[[list[dict]], tuple[Sequence[An
 
   def maker(state):
     del state
-    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
+    loader = readers.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
                              stage.batch_size)
 
     def make(step, rng, state):

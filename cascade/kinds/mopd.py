@@ -31,10 +31,10 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from cascade import data as data_lib
 from cascade import guard as guard_lib
 from cascade import ledger as ledger_lib
 from cascade import verifier_errors
+from cascade.data import readers
 from cascade.kinds import base
 from cascade.kinds import loop
 from cascade.kinds import rl
@@ -157,7 +157,7 @@ def choose_teachers(ctx, stage: Config, records: dict | None = None,
 
 def _only_domains(records, domains):
   """A stage's records (a `data.Stream`, or a list) of `domains` only."""
-  if not isinstance(records, data_lib.Stream):
+  if not isinstance(records, readers.Stream):
     return [r for r in records if r['domain'] in domains]
   keep = records.keep
 
@@ -202,7 +202,7 @@ def run(ctx, stage: Config) -> base.StageResult:
 
   def maker(state):
     del state
-    loader = data_lib.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
+    loader = readers.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
                              stage.prompts_per_step)
     own_errors = verifier_errors.VerifierErrors(stage.where)   # over the stage's steps
 

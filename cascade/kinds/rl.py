@@ -58,7 +58,7 @@ from cascade import rollout
 from cascade import schema
 from cascade import verifier_errors as errors_lib
 from cascade.kinds import base
-from models import chat_template
+from foundation import chat_template
 from models import sharding
 from rl import batch as batch_lib
 from rl import filtering

@@ -6,7 +6,7 @@ A stage dict:
        max_len=256, optimizer=dict(lr=1e-3, schedule='cosine', warmup_steps=20))
 
 Each step takes `batch_size` examples: records tokenized once (`Config.tokenize`,
-cached by `cascade.token_cache`), each rendered in the mode its record asks for
+cached by `cascade.data.token_cache`), each rendered in the mode its record asks for
 (a record with a thinking trace in thinking mode, else instruct mode;
 `thinking_switch=False`: no mode switch at all), packs them into rows of
 `max_len` tokens (segment ids keep them apart) and takes one update on the
@@ -28,7 +28,7 @@ from cascade import episodes
 from cascade import rollout
 from cascade.kinds import base
 from cascade.kinds import loop
-from models import chat_template
+from foundation import chat_template
 from models import sharding
 from rl import batch as batch_lib
 from rl import sft as sft_lib

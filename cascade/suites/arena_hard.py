@@ -100,8 +100,8 @@ import numpy as np
 
 from cascade.suites import base
 from cascade.suites import stats
-from models import chat
-from models import paths
+from foundation import chat
+from foundation import paths
 from verifiers import judge as judge_lib
 from verifiers import served
 

@@ -31,7 +31,7 @@ from typing import Any, Hashable, Mapping, Sequence
 import numpy as np
 
 from cascade.suites import stats
-from models import paths
+from foundation import paths
 
 
 class DataMissing(FileNotFoundError):

@@ -34,10 +34,10 @@ a list of {function name: {parameter: [accepted values]}}; '' among a parameter'
 accepted values marks it optional). v4's file names are read too.
 
 Prompt. The offered functions are the tools of the conversation, in the chat
-template's tool section (`models.chat.render(tools=...)`, BFCL's types mapped to JSON
+template's tool section (`foundation.chat.render(tools=...)`, BFCL's types mapped to JSON
 schema's as its function-calling handlers map them: dict -> object, float ->
 number, tuple -> array, any -> string), and the model calls them in `<tool_call>`
-blocks (`models.chat.parse_tool_calls`), as a function-calling model does in
+blocks (`foundation.chat.parse_tool_calls`), as a function-calling model does in
 BFCL's FC mode; calls inside the thinking block are not calls, a malformed block
 is not a call. Protocol: one greedy sample (BFCL samples at temperature 0.001),
 thinking on, 8,192 new tokens.
@@ -70,8 +70,8 @@ import re
 from typing import Mapping, Sequence
 
 from cascade.suites import base
-from models import chat
-from models import paths
+from foundation import chat
+from foundation import paths
 
 CATEGORIES = ('simple', 'multiple', 'parallel', 'parallel_multiple', 'irrelevance')
 # BFCL's parameter types and the Python type a value of each must have.

@@ -30,13 +30,13 @@ import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from cascade import config as config_lib
-from cascade import shards
 from cascade import schema
 from cascade import suites as suites_lib
+from cascade.data import shards
 from cascade.suites import base
 from cascade.suites import run as run_lib
 from cascade.suites import table
-from models import paths
+from foundation import paths
 
 REPORT_JSON, REPORT_MD = 'evaluation.json', 'evaluation.md'
 
@@ -260,7 +260,8 @@ def read(suite: base.Suite, root: str, max_prompts: int = 0) -> list[dict]:
   """The suite's records under `root` (the first `max_prompts`; 0 = all).
 
   Raises:
-    cascade.data.DataError: its data is missing or malformed (one line naming suite and file).
+    cascade.data.readers.DataError: its data is missing or malformed (one line naming suite and
+      file).
   """
   try:
     recs = suite.read(suite.directory(root))
@@ -312,7 +313,7 @@ def load(source: Source, mesh_shape: Sequence[int] | None = None,
   from flax import nnx
   from models import hf
   from models import sharding
-  from models import tokenizer as tokenizer_lib
+  from foundation import tokenizer as tokenizer_lib
   from rl import sampler as sampler_lib
   # pylint: enable=g-import-not-at-top
   raw_mesh = dict(schema.plain(source.config.get('mesh')) or {})
@@ -342,8 +343,8 @@ def load(source: Source, mesh_shape: Sequence[int] | None = None,
 def policy_tokenizer(source: Source, tok):
   """`tok` carrying the chat template the run rendered its prompts with: a run with
   config.tokenizer.chat_template='checkpoint' exported that template, so its export is
-  prompted with it (`models.chat_template`); otherwise the built-in one."""
-  from models import chat_template  # pylint: disable=g-import-not-at-top
+  prompted with it (`foundation.chat_template`); otherwise the built-in one."""
+  from foundation import chat_template  # pylint: disable=g-import-not-at-top
   raw = dict(schema.plain(source.config.get('tokenizer')) or {})
   if raw.get('chat_template') != 'checkpoint':
     return tok

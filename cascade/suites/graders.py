@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Callable, Mapping, Sequence
 
 from cascade.suites import base
-from models import chat
+from foundation import chat
 import verifiers
 
 Graded = Callable[[Mapping, verifiers.Result], base.Graded]

@@ -46,7 +46,7 @@ import string
 from typing import Any, Callable, Mapping, Sequence
 
 from cascade.suites import base
-from models import chat
+from foundation import chat
 
 # RULER's noise haystack: one unit of filler.
 NOISE = ('The grass is green. The sky is blue. The sun is yellow. Here we go. '

@@ -6,7 +6,7 @@ kept batch by batch so a killed evaluation resumes, reduced to the suite's metri
   result['value'], result['stderr'], result['pass@4'], result['protocol']
 
 Each batch of `batch_size` records is rendered in the protocol's thinking mode
-(`cascade.rollout`, `models.chat`, as the stages render theirs), sampled
+(`cascade.rollout`, `foundation.chat`, as the stages render theirs), sampled
 `protocol.samples` times with the protocol's temperature, top-p, top-k and
 `max_new_tokens` through the policy's `rl.sampler.Sampler` (whichever engine it was
 built with: the paged one samples at the suites' lengths), and graded by the suite's
@@ -15,7 +15,7 @@ built with: the paged one samples at the suites' lengths), and graded by the sui
 depend on which batches ran before it, in this process or in an earlier one.
 
 What is kept, `<out_dir>/<suite>/grades.jsonl` (process 0 writes it, through
-`models.paths.AppendFile`: local or gs://):
+`foundation.paths.AppendFile`: local or gs://):
 
   {"header": {"suite", "protocol" (its hash), "policy" (its identity), "records" (a hash of
               the records' ids and prompts), "batch_size", "seed", "settings" (the protocol),
@@ -50,7 +50,7 @@ import numpy as np
 
 from cascade import rollout
 from cascade.suites import base
-from models import paths
+from foundation import paths
 from rl import sampler as sampler_lib
 
 GRADES = 'grades.jsonl'

@@ -7,7 +7,7 @@ no code, so the agentless prompt needs a localisation beside it: `localization.j
 row per instance, {'instance_id', 'relevant_file_contents'} (the files an agentless
 localisation picked, as {path: text} or [{'path', 'content'}], read at 'base_commit'; the
 field name and both layouts are those of Cascade's RL-SWE data). The prompt is the one the
-SWE stage trains on (`cascade.released.adapt_cascade1_rl_swe`): the issue, each file in a
+SWE stage trains on (`cascade.data.released.adapt_cascade1_rl_swe`): the issue, each file in a
 fence, and the instruction to answer with a unified diff.
 
 Predictions: each completion's diff (`verifiers.unidiff.extract`: a diff fence, a fence
@@ -39,10 +39,10 @@ import sys
 import tempfile
 from typing import Mapping, Sequence
 
-from cascade import released
+from cascade.data import released
 from cascade.suites import base
-from models import chat
-from models import paths
+from foundation import chat
+from foundation import paths
 from verifiers import unidiff
 
 DATASET = 'princeton-nlp/SWE-bench_Verified'

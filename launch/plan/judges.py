@@ -43,7 +43,7 @@ def _judge_model_cfg(plan, source: tuple, where: str):
   """The judge's ModelConfig, read from its config.json (an HF judge) without its weights."""
   import json  # pylint: disable=g-import-not-at-top
   from models import hf  # pylint: disable=g-import-not-at-top
-  from models import paths  # pylint: disable=g-import-not-at-top
+  from foundation import paths  # pylint: disable=g-import-not-at-top
   if source[0] == 'stage':
     return plan.model
   path = paths.join(source[1], 'config.json')

@@ -16,9 +16,9 @@ import jax
 import numpy as np
 
 from cascade import config as config_lib
+from foundation import topology
 from launch.plan import results
 from models import sharding
-from models import topology
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +113,7 @@ def target(plan: config_lib.Plan, backend: str = 'auto',
       raise ValueError('config.hardware.topology: needed for --backend=tpu (e.g. v5p:4x4x4)')
     slices = mesh_slices(plan)
     # libtpu describes several slices of one topology joined over DCN (`num_slices`); each
-    # device then carries its `slice_index`, which `models.topology` lays the mesh out by.
+    # device then carries its `slice_index`, which `foundation.topology` lays the mesh out by.
     extra = {'num_slices': slices} if slices > 1 else {}
     with native_stderr_held():      # libtpu's start-up lines on a host without TPU chips
       devices = tuple(topologies.get_topology_desc(platform='tpu', topology_name=topo,

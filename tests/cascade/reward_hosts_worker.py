@@ -53,7 +53,7 @@ class FlakyVerifier:
 def main(coordinator, process_id, out_dir):
   from cascade import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize(coordinator, 2, int(process_id))
-  from cascade import data as data_lib  # pylint: disable=g-import-not-at-top
+  from cascade.data import readers  # pylint: disable=g-import-not-at-top
   from cascade.kinds import rl  # pylint: disable=g-import-not-at-top
   fakes = _fakes()
   plan = fakes.toy_config([fakes.rl_stage('rl', ['a', 'b'], group_size=4, dynamic_filter=True,
@@ -70,7 +70,7 @@ def main(coordinator, process_id, out_dir):
                                      right=lambda n, g: (n + g) % 3 != 0),
       verifiers=types.SimpleNamespace(train_verifier=vs.__getitem__),
       domain_index={'a': 0, 'b': 1})
-  loader = data_lib.Loader(recs, 0, st.prompts_per_step)
+  loader = readers.Loader(recs, 0, st.prompts_per_step)
   steps = []
   for step in range(3):
     draws = rl.Draws(ctx, st, loader, step, jax.random.key(step), None)

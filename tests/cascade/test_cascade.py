@@ -21,8 +21,8 @@ import sys
 
 import pytest
 
-from models import chat
-from models import tokenizer as tokenizer_lib
+from foundation import chat
+from foundation import tokenizer as tokenizer_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAULTS = os.path.join(REPO, 'tests', 'faults.py')   # cascade.main with a test's kill hook

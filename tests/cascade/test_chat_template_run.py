@@ -13,8 +13,8 @@ from cascade import config as config_lib
 from cascade import policies as policies_lib
 from cascade import rollout
 from cascade.kinds import sft
-from models import chat_template
-from models import tokenizer as tokenizer_lib
+from foundation import chat_template
+from foundation import tokenizer as tokenizer_lib
 from models import transformer
 from rl import sampler as sampler_lib
 from tests.models import test_chat_template as fixtures

@@ -352,7 +352,7 @@ def test_a_half_line_in_metrics_jsonl_swallows_nothing_and_fork_survives_it(tmp_
   a new line (the next record is kept), readers skip the damaged line with a warning naming it,
   and --fork_from copies the good records."""
   from cascade import metrics  # pylint: disable=g-import-not-at-top
-  from models import paths  # pylint: disable=g-import-not-at-top
+  from foundation import paths  # pylint: disable=g-import-not-at-top
   stages = [dict(name='sft', steps=3), dict(name='rl', steps=2)]
   src = tmp_path / 'src'
   _fake_run(src, stages, done={'sft'})
@@ -379,7 +379,7 @@ def test_fork_of_a_bad_source_refuses_in_one_line_and_copies_nothing(tmp_path, m
   stage whose export differs from its checksums, is one WorkdirError line naming the file, and a
   copy that fails half way takes back what it copied."""
   from cascade import checksums  # pylint: disable=g-import-not-at-top
-  from models import paths  # pylint: disable=g-import-not-at-top
+  from foundation import paths  # pylint: disable=g-import-not-at-top
   stages = [dict(name='sft', steps=3), dict(name='rl', steps=2)]
   mine = ml_collections.ConfigDict(dict(seed=0, model=dict(preset='tiny'), ckpt=dict(keep=1),
                                         stages=stages))

@@ -12,7 +12,7 @@ from flax import nnx
 
 from cascade import episodes
 from envs import base as env_base
-from models import chat
+from foundation import chat
 from models import config as config_lib
 from models import transformer
 from rl import batch as batch_lib
@@ -352,7 +352,7 @@ def _agentic_records(n=4):
 def test_agentic_step_pairs_episodes_rewards_and_loss_masks(fakes, tmp_path, monkeypatch,
                                                            add_env_registered):
   import types  # pylint: disable=g-import-not-at-top
-  from cascade import data as data_lib  # pylint: disable=g-import-not-at-top
+  from cascade.data import readers  # pylint: disable=g-import-not-at-top
   from cascade import policies as policies_lib  # pylint: disable=g-import-not-at-top
   from cascade.kinds import agentic  # pylint: disable=g-import-not-at-top
   from cascade.kinds import base  # pylint: disable=g-import-not-at-top
@@ -383,7 +383,7 @@ def test_agentic_step_pairs_episodes_rewards_and_loss_masks(fakes, tmp_path, mon
   t0 = time.perf_counter()
   [batch], host = maker.make(0, jax.random.key(0), types.SimpleNamespace(params=None))
   wall = time.perf_counter() - t0
-  loader = data_lib.Loader(recs, base.stage_seed(plan.seed, st.index), st.prompts_per_step)
+  loader = readers.Loader(recs, base.stage_seed(plan.seed, st.index), st.prompts_per_step)
   drawn = loader.next()
   g = st.group_size
   assert batch.tokens.shape == (st.prompts_per_step * g, st.max_prompt_len + st.max_response_len)

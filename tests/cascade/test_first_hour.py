@@ -1,7 +1,7 @@
 """First-hour breaks of issue #40 that no other test file covers.
 
 A missing tokenizer was reported through cascade.main's storage-error path ("... nothing already
-written was changed: free the space or fix the path"), because `models.tokenizer.load` raised a
+written was changed: free the space or fix the path"), because `foundation.tokenizer.load` raised a
 plain FileNotFoundError (an OSError, which that path takes for the disk failing).
 """
 
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from models import paths
-from models import tokenizer as tokenizer_lib
+from foundation import paths
+from foundation import tokenizer as tokenizer_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

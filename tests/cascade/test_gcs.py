@@ -33,7 +33,7 @@ import pytest
 pytest.importorskip('gcsfs', reason="gs:// needs gcsfs: pip install -e '.[gcs]'")
 pytest.importorskip('gcp_storage_emulator', reason="the emulator: pip install -e '.[test]'")
 
-from models import paths  # noqa: E402  pylint: disable=g-import-not-at-top
+from foundation import paths  # noqa: E402  pylint: disable=g-import-not-at-top
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAULTS = os.path.join(REPO, 'tests', 'faults.py')   # cascade.main with a test's kill hook
@@ -168,7 +168,7 @@ def test_hf_export_and_tokenizer_read_from_gcs(gcs, tmp_path):
 
   from models import config as model_config  # pylint: disable=g-import-not-at-top
   from models import hf  # pylint: disable=g-import-not-at-top
-  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from foundation import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   from models import transformer  # pylint: disable=g-import-not-at-top
 
   cfg = model_config.ModelConfig.tiny().replace(vocab_size=300, num_layers=1)

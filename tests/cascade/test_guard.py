@@ -12,12 +12,12 @@ import pytest
 
 from cascade import checkpoint
 from cascade import config as config_lib
-from cascade import data as data_lib
 from cascade import evaluation
 from cascade import guard as guard_lib
 from cascade import kinds
 from cascade import ledger as ledger_lib
 from cascade import policies as policies_lib
+from cascade.data import readers
 from cascade.kinds import loop
 from models import transformer
 from rl import sft as sft_lib
@@ -104,7 +104,7 @@ def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, r
 
   def maker_fn(state):
     del state
-    loader = data_lib.Loader([{'id': k} for k in range(8)], 0, stage.batch_size)
+    loader = readers.Loader([{'id': k} for k in range(8)], 0, stage.batch_size)
 
     def make(step, rng, state):
       del rng
@@ -333,7 +333,7 @@ def test_a_run_killed_after_a_probe_crossed_resumes_into_the_stop(fakes, tmp_pat
 def test_a_repair_draws_only_the_domains_it_repairs(fakes):
   from cascade.kinds import mopd  # pylint: disable=g-import-not-at-top
   recs = [fakes.record(d, i, 10 + i) for d in 'ab' for i in range(4)]
-  stream = data_lib.Stream(recs, keep=lambda i, r: None if i == 0 else r, why='first dropped')
+  stream = readers.Stream(recs, keep=lambda i, r: None if i == 0 else r, why='first dropped')
   only = mopd._only_domains(stream, ('b',))  # pylint: disable=protected-access
   kept = [only.keep(i, r) for i, r in enumerate(recs)]
   assert [r['id'] for r in kept if r is not None] == ['b0', 'b1', 'b2', 'b3']

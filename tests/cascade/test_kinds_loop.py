@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from cascade import checkpoint
-from cascade import data as data_lib
 from cascade import kinds
 from cascade import policies as policies_lib
 from cascade import verifier_errors
+from cascade.data import readers
 from cascade.kinds import base
 from cascade.kinds import loop
 from rl import sft as sft_lib
@@ -51,7 +51,7 @@ def _run(plan, workdir, log, stop_at=None, bug_at=None):
 
   def maker_fn(state):
     del state
-    loader = data_lib.Loader(RECORDS, base.stage_seed(plan.seed, stage.index), stage.batch_size)
+    loader = readers.Loader(RECORDS, base.stage_seed(plan.seed, stage.index), stage.batch_size)
 
     def make(step, rng, state):
       if step == stop_at:
@@ -122,7 +122,7 @@ def test_uninterrupted_stage_draws_fresh_batches_with_per_step_keys(uninterrupte
   assert [s for s, *_ in log] == list(range(stage.steps)) and res.steps_run == stage.steps
   assert [opt_step for *_, opt_step in log] == list(range(stage.steps))
   # The loader walks a seeded permutation of the records, epoch after epoch.
-  want = data_lib.Loader(RECORDS, base.stage_seed(plan.seed, stage.index), stage.batch_size)
+  want = readers.Loader(RECORDS, base.stage_seed(plan.seed, stage.index), stage.batch_size)
   assert [ids for _, _, ids, _ in log] == [[r['id'] for r in want.next()]
                                           for _ in range(stage.steps)]
   # Step s's key is fold_in(PRNGKey(stage seed), s).

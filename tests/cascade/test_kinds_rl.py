@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cascade import data as data_lib
 from cascade import policies as policies_lib
+from cascade.data import readers
 from cascade.kinds import base
 from cascade.kinds import grpo
 from cascade.kinds import loop
@@ -72,7 +72,7 @@ def test_a_draw_pairs_each_rows_prompt_completion_domain_and_reward(fakes, tmp_p
   ctx = _ctx(fakes, plan, tmp_path, recs,
              fakes.OwnAnswerSampler(answer=lambda n: str(n if n < 30 else n + 1),
                                     right=lambda n, g: (n + g) % 3 != 0))
-  loader = data_lib.Loader(recs, 0, st.prompts_per_step)
+  loader = readers.Loader(recs, 0, st.prompts_per_step)
   draws = rl.Draws(ctx, st, loader, 0, jax.random.key(0), None)
   by_id = {}
   for _ in range(3):

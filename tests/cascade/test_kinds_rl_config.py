@@ -17,7 +17,7 @@ import pytest
 from cascade import config as config_lib
 from cascade import kinds
 from cascade import rollout
-from cascade import stage_data
+from cascade.data import stage_data
 from cascade.kinds import base
 from cascade.kinds import rl
 
@@ -303,11 +303,11 @@ def test_a_stage_keeps_its_domains_prompts_that_fit_in_every_mode(fakes, monkeyp
   cap = longest(recs[2])          # the 3-digit prompt fits exactly; the 5-digit one does not
   plan = fakes.toy_config([fakes.rl_stage('rl', ['a'], max_prompt_len=cap,
                                           thinking_fraction=fraction)])
-  monkeypatch.setattr(stage_data.data_lib, 'load', lambda spec, **kw: recs)
-  monkeypatch.setattr(stage_data.data_lib, 'open_dataset', lambda spec, *a, **kw: recs)
+  monkeypatch.setattr(stage_data.readers, 'load', lambda spec, **kw: recs)
+  monkeypatch.setattr(stage_data.readers, 'open_dataset', lambda spec, *a, **kw: recs)
   sd = stage_data.StageData(plan, tok, lambda *a: None)
   sd.load()
-  loader = stage_data.data_lib.Loader(sd.stage_records(plan.stages[0]), 0, 4, shuffle=False)
+  loader = stage_data.readers.Loader(sd.stage_records(plan.stages[0]), 0, 4, shuffle=False)
   assert [r['id'] for r in loader.next()] == ['a0', 'a2', 'a0', 'a2']
   assert (loader.dropped, loader.malformed) == (4, 0)      # b1, b3, a4; then b1 again
 

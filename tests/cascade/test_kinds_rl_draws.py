@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cascade import data as data_lib
+from cascade.data import readers
 from cascade.kinds import base
 from cascade.kinds import rl
 from models import config as config_lib
@@ -51,7 +51,7 @@ def _draws(fakes, stage, sampler, step=0, verifier=None, records=None, domains=(
       plan=plan, sampler=sampler, tokenizer=fakes.CharTokenizer(), sample_cls=fakes.Sample,
       verifiers=types.SimpleNamespace(train_verifier=lambda d: verifier),
       domain_index={d: i for i, d in enumerate(sorted(plan.domains))})
-  loader = data_lib.Loader(records, 0, st.prompts_per_step, shuffle=False)
+  loader = readers.Loader(records, 0, st.prompts_per_step, shuffle=False)
   return rl.Draws(ctx, st, loader, step, jax.random.key(0), 'params'), st
 
 

@@ -10,7 +10,7 @@ from cascade import rollout
 from cascade.kinds import base
 from cascade.kinds import loop
 from cascade.kinds import sft
-from models import chat
+from foundation import chat
 from models import sharding
 from rl import sft as sft_lib
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from cascade import checkpoint
-from cascade import data as data_lib
 from cascade import evaluation
 from cascade import kinds
 from cascade import ledger as ledger_lib
 from cascade import policies as policies_lib
+from cascade.data import readers
 from cascade.kinds import loop
 from cascade.kinds import mopd
 from rl import sft as sft_lib
@@ -102,7 +102,7 @@ def _run_sft(fakes, tmp_path, monkeypatch, val_by_step):
 
   def maker_fn(state):
     del state
-    loader = data_lib.Loader([{'id': k} for k in range(8)], 0, stage.batch_size)
+    loader = readers.Loader([{'id': k} for k in range(8)], 0, stage.batch_size)
 
     def make(step, rng, state):
       del step, rng, state

@@ -105,7 +105,7 @@ def test_a_stage_export_is_servable_with_the_runs_tokenizer(copy_cascade, tmp_pa
 
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import rollout  # pylint: disable=g-import-not-at-top
-  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from foundation import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   path = copy_cascade(tmp_path, train=4, eval_=2, sft=8)
   spec = importlib.util.spec_from_file_location('export_config', path)
   module = importlib.util.module_from_spec(spec)

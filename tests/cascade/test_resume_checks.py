@@ -22,9 +22,9 @@ import pytest
 
 from cascade import checkpoint
 from cascade import checksums
-from cascade import data as data_lib
-from cascade import shards
-from cascade import stage_data
+from cascade.data import readers
+from cascade.data import shards
+from cascade.data import stage_data
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAULTS = os.path.join(REPO, 'tests', 'faults.py')   # cascade.main with a test's kill hook
@@ -355,7 +355,7 @@ def test_a_shard_changed_between_kill_and_rerun_refuses_the_resume_naming_it(tmp
     _rewrite_in_place(victim, ''.join(reversed(lines)))
   else:
     _write_lines(d / 'part-3.jsonl', [{'id': 'more', 'x': 0}])
-  with pytest.raises(data_lib.DataError) as e:
+  with pytest.raises(readers.DataError) as e:
     sd.pin(stage, json.loads(json.dumps(started)), resuming=True)
   msg = str(e.value)
   assert '\n' not in msg and msg.startswith("stages[0] 'sft' resumes from a checkpoint, but ")
@@ -398,7 +398,7 @@ def test_an_exactly_named_shard_that_is_gone_refuses_the_resume_in_one_line(tmp_
   sd, stage = _stage_data(tmp_path, str(p))
   started = sd.pin(stage, None, resuming=False)
   os.remove(p)
-  with pytest.raises(data_lib.DataError) as e:
+  with pytest.raises(readers.DataError) as e:
     sd.pin(stage, started, resuming=True)
   assert '\n' not in str(e.value) and str(e.value).startswith(
       f"stages[0] 'sft' resumes from a checkpoint, but {p}: no such file")

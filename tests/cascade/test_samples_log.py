@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from cascade import config as config_lib
-from cascade import data as data_lib
 from cascade import metrics
 from cascade import rollout
 from cascade import schema
+from cascade.data import readers
 from cascade.kinds import rl
 
 
@@ -56,7 +56,7 @@ def _run_steps(fakes, tmp_path, stage, sampler, log_samples, steps=1, records=No
   writer = _Writer(str(tmp_path), enabled=enabled)
   ctx = _ctx(fakes, stage, sampler, writer, log_samples, domains)
   st = ctx.plan.stages[0]
-  loader = data_lib.Loader(records, 0, st.prompts_per_step, shuffle=False)
+  loader = readers.Loader(records, 0, st.prompts_per_step, shuffle=False)
   out = []
   for step in range(steps):
     draws = rl.Draws(ctx, st, loader, step, jax.random.fold_in(jax.random.key(0), step), 'params')
@@ -237,7 +237,7 @@ def test_an_env_without_a_writer_logs_nothing(fakes):
   ctx = _ctx(fakes, fakes.rl_stage('rl', ['a']), fakes.OwnAnswerSampler(), None, 2)
   del ctx.writer
   st = ctx.plan.stages[0]
-  loader = data_lib.Loader([fakes.record('a', i, 10 + i) for i in range(4)], 0, 4, shuffle=False)
+  loader = readers.Loader([fakes.record('a', i, 10 + i) for i in range(4)], 0, 4, shuffle=False)
   rows, rewards, _, _ = rl.Draws(ctx, st, loader, 0, jax.random.key(0), 'p').collect()
   assert rewards.shape == (8,) and sorted(rows) == ['domain', 'samples']
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from cascade import config as config_lib
-from cascade import data
+from cascade.data import readers
 from tiny_world import tfds_math
 
 pytest.importorskip('tensorflow_datasets')
@@ -28,11 +28,11 @@ def test_the_docstrings_command_builds_it_and_its_spec_reads_it(tmp_path):
   [spec_text] = re.findall(r'c\.datasets\.math_eval = (dict\(.*?\))', tfds_math.__doc__, re.S)
   spec = eval(spec_text.replace("'/tmp/tfds'", repr(str(data_dir))))  # pylint: disable=eval-used
   ds = config_lib.Dataset.parse('math_eval', spec,
-                                {k: v.record_type for k, v in data.FORMATS.items()})
+                                {k: v.record_type for k, v in readers.FORMATS.items()})
   assert (ds.tfds_name, ds.split, ds.data_dir) == ('tiny_math', 'test', str(data_dir))
   # This process never made the builder class (the build ran in its own): TFDS reads the
   # prepared files.
-  records = data.load(ds)
+  records = readers.load(ds)
   want = tfds_math.problems('test', 16)
   assert len(records) == 16 and all(r['domain'] == 'math' for r in records)
   got = sorted((r['messages'][0]['content'].split('\n')[0], r['metadata']['answer'])

@@ -16,8 +16,8 @@ from cascade import config as config_lib
 from cascade import verifier_set
 from cascade.kinds import sft as sft_kind
 from configs import _tiny_common as common
-from models import chat as chat_lib
-from models import tokenizer as tokenizer_lib
+from foundation import chat as chat_lib
+from foundation import tokenizer as tokenizer_lib
 from tiny_world import build as world_build
 from tiny_world import chat
 from tiny_world import common as world_common

@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from cascade import data
 from cascade import config as config_lib
-from models import chat as chat_lib
-from models import tokenizer as tokenizer_lib
+from cascade.data import readers
+from foundation import chat as chat_lib
+from foundation import tokenizer as tokenizer_lib
 from tiny_world import build as world_build
 from tiny_world import chat
 from tiny_world import common
@@ -68,7 +68,7 @@ def test_record_counts_and_schema(built):
       assert len({r['id'] for r in records}) == len(records)
       spec = config_lib.Dataset(name=f'{domain}/{name}', format=fmt[name],
                                 record_type=fmt[name], path=path)
-      loaded = data.load(spec, domains=world.DOMAINS)  # cascade's own reader accepts them.
+      loaded = readers.load(spec, domains=world.DOMAINS)  # cascade's own reader accepts them.
       assert [r['domain'] for r in loaded] == [domain] * len(records)
       for r in records:
         assert r['messages'][0]['role'] == 'user' and r['messages'][0]['content'].strip()

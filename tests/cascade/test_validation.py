@@ -8,11 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from cascade import data as data_lib
 from cascade import evaluation
 from cascade import kinds
 from cascade import policies as policies_lib
-from cascade import stage_data
+from cascade.data import readers
+from cascade.data import stage_data
 from cascade.kinds import loop
 from rl import sft as sft_lib
 
@@ -22,7 +22,7 @@ def _records(fakes, domain, nums):
 
 
 def _load(fakes, monkeypatch, by_dataset):
-  monkeypatch.setattr(data_lib, 'load', lambda spec, **kw: by_dataset[spec.name])
+  monkeypatch.setattr(readers, 'load', lambda spec, **kw: by_dataset[spec.name])
 
 
 def test_validation_sets_are_cut_and_must_not_share_held_out_prompts(fakes, monkeypatch):
@@ -45,7 +45,7 @@ def test_validation_sets_are_cut_and_must_not_share_held_out_prompts(fakes, monk
   sd.load()
   by['b_val'] = _records(fakes, 'b', [30, 1])
   sd = stage_data.StageData(plan, fakes.CharTokenizer(), None)
-  with pytest.raises(data_lib.DataError, match=r"config\.domains\.b\.validation='b_val': 1 of "
+  with pytest.raises(readers.DataError, match=r"config\.domains\.b\.validation='b_val': 1 of "
                                                r"its 2 prompts are also held-out prompts"):
     sd.load()
 
@@ -79,7 +79,7 @@ def test_stage_scores_validation_every_n_steps_on_its_live_policy(fakes, tmp_pat
 
   def maker_fn(state):
     del state
-    loader = data_lib.Loader([{'id': k} for k in range(8)], 0, stage.batch_size)
+    loader = readers.Loader([{'id': k} for k in range(8)], 0, stage.batch_size)
 
     def make(step, rng, state):
       del rng

@@ -11,12 +11,12 @@ import jax
 import ml_collections
 import pytest
 
-import verifiers
 from cascade import config as config_lib
-from cascade import data as data_lib
 from cascade import verifier_errors
 from cascade import verifier_set
+from cascade.data import readers
 from cascade.kinds import rl
+import verifiers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -151,7 +151,7 @@ def _draws(fakes, verifier_name, text, step=0, errors=None):
       plan=plan, sampler=_Sampler(text), tokenizer=fakes.CharTokenizer(),
       sample_cls=verifiers.Sample, verifiers=types.SimpleNamespace(train_verifier=lambda d: v),
       domain_index={'a': 0})
-  loader = data_lib.Loader([_record(i) for i in range(8)], 0, st.prompts_per_step, shuffle=False)
+  loader = readers.Loader([_record(i) for i in range(8)], 0, st.prompts_per_step, shuffle=False)
   return rl.Draws(ctx, st, loader, step, jax.random.key(0), 'params', errors), st
 
 

@@ -11,10 +11,10 @@ from cascade import config as config_lib
 from cascade import policies as policies_lib
 from cascade import rollout
 from cascade import verifier_set
-from models import chat
+from foundation import chat
+from foundation import tokenizer as tokenizer_lib
 from models import config as model_config
 from models import hf
-from models import tokenizer as tokenizer_lib
 from models import transformer
 from rl import judge as judge_lib
 

@@ -12,7 +12,7 @@ from cascade import config as config_lib
 _ROOT = 'root=/pinned/world'       # the tiny configs name files under their world's root
 PINNED = {
     # The paper configs' values changed on purpose when their datasets became the released
-    # files as downloaded (issue #39, cascade/released.py): they name other data, so a workdir
+    # files as downloaded (issue #39, cascade/data/released.py): they name other data, so a workdir
     # of the earlier hand-converted layout must not resume under them; Cascade 2's MOPD stage
     # also trains the subset's workplace (tool-calling) prompts. (They also take in
     # 4b8b1df's sampler buckets up to 262,144 tokens, which left the old values stale.)

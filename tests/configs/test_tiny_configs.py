@@ -8,9 +8,9 @@ import os
 import pytest
 
 from cascade import config as config_lib
-from cascade import data as data_lib
+from cascade.data import readers
 from configs import _tiny_common as common
-from models import tokenizer as tokenizer_lib
+from foundation import tokenizer as tokenizer_lib
 from tiny_world import build as world_build
 
 CONFIGS = ('tiny', 'tiny_blended', 'tiny_mopd')
@@ -70,7 +70,7 @@ def test_prepare_writes_every_file_the_config_names(tmp_path, monkeypatch):
   domains = sorted(plan.domains)
   for name, spec in plan.datasets.items():
     assert os.path.exists(spec.path), name
-    assert data_lib.load(spec, domains), name
+    assert readers.load(spec, domains), name
   tok = tokenizer_lib.load(c.tokenizer.path)
   assert tok.vocab_size == c.model.overrides.vocab_size == world_build.VOCAB
 
@@ -113,7 +113,7 @@ def test_blended_spends_the_cascades_rollouts(root):
 
 def test_tiny_agentic_config_validates_and_its_world_has_every_file(tmp_path, monkeypatch):
   from tiny_world import agentic  # pylint: disable=g-import-not-at-top
-  from models import chat  # pylint: disable=g-import-not-at-top
+  from foundation import chat  # pylint: disable=g-import-not-at-top
   for smoke in (False, True):
     plan = config_lib.validate(_get('tiny_agentic', f'{"smoke," if smoke else ""}root={tmp_path}'))
     assert [s.kind for s in plan.stages] == ['sft', 'agentic', 'agentic']
@@ -125,12 +125,12 @@ def test_tiny_agentic_config_validates_and_its_world_has_every_file(tmp_path, mo
                                              heldout=8))
   plan.prepare.call()
   for name, spec in plan.datasets.items():
-    assert data_lib.load(spec, sorted(plan.domains)), name
+    assert readers.load(spec, sorted(plan.domains)), name
   tok = tokenizer_lib.load(plan.tokenizer_path)
   assert tok.vocab_size == agentic.VOCAB
   for marker in chat.TOOL_TOKENS:                             # tool markers are single pieces
     assert len(tok.encode(marker)) == 1, marker
-  sft = data_lib.load(plan.datasets['sft'], sorted(plan.domains))
+  sft = readers.load(plan.datasets['sft'], sorted(plan.domains))
   assert {r['domain'] for r in sft} == {'tool_use', 'swe_agent'}
   assert all(r['turns'][-1]['role'] == 'assistant' for r in sft)
 

@@ -11,10 +11,10 @@ import json
 import psutil
 import pytest
 
-import envs
 from envs import base
 from envs import swe_agent
-from models import chat
+import envs
+from foundation import chat
 from tiny_world import agentic_swe_tasks as tasks
 from tiny_world import common
 from tiny_world import swe_tasks

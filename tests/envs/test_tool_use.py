@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-import envs
 from envs import base
 from envs import tool_use
-from models import chat
+import envs
+from foundation import chat
 from tiny_world import common
 from tiny_world import tool_tasks
 from verifiers import base as verifier_base

@@ -24,7 +24,7 @@ def main(coordinator, process_id, source, out):
   distributed.initialize(coordinator, 2, int(process_id))
   from models import hf  # pylint: disable=g-import-not-at-top
   from models import sharding  # pylint: disable=g-import-not-at-top
-  from models import tokenizer  # pylint: disable=g-import-not-at-top
+  from foundation import tokenizer  # pylint: disable=g-import-not-at-top
   model = hf.load_model(source, mesh=sharding.make_mesh((2, 2, 2)))
   assert not model.embed.get_value().is_fully_addressable
   hf.save_model(model, os.path.join(out, f'p{process_id}'), tokenizer=tokenizer.load(source),

@@ -20,11 +20,11 @@ import pytest
 import safetensors
 import tokenizers
 
-from models import chat
+from foundation import chat
+from foundation import tokenizer as tokenizer_lib
 from models import config as config_lib
 from models import hf
 from models import sharding
-from models import tokenizer as tokenizer_lib
 from models import transformer
 from tiny_world import world
 

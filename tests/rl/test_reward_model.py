@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from foundation import tokenizer as tokenizer_lib
 from models import config as config_lib
-from models import tokenizer as tokenizer_lib
 from rl import reward_model as rm
 from rl import train_step as ts
 

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-import verifiers
 from cascade import config as config_lib
-from cascade import data
+from cascade.data import readers
 from verifiers import ifbench
 from verifiers import ifeval
 from verifiers import iftrain
+import verifiers
 
 PHRASE = 'The early bird catches the worm'
 PROMPT = 'Write a haiku about rain.'
@@ -215,7 +215,7 @@ def test_a_released_training_record_loads_and_scores(tmp_path):
   def check(domain, metadata, where):
     verifiers.validate(domain, metadata, where)
 
-  rec, = data.load(spec, check_metadata=check)
+  rec, = readers.load(spec, check_metadata=check)
   assert rec['id'] == 'ifeval_42' and rec['messages'][-1]['content'] == 'Describe tea.'
   assert rec['metadata']['kwargs'][0] == {'keyword1': 'tea', 'keyword2': 'cup'}
   samples = [verifiers.Sample('Describe tea.', answer, rec['metadata']) for answer in (
@@ -226,6 +226,6 @@ def test_a_released_training_record_loads_and_scores(tmp_path):
   assert got == [2 / 3, 1.0, 2 / 3]
 
   path.write_text(json.dumps(bad) + '\n')
-  with pytest.raises(data.DataError, match=r"ifbench.jsonl:1: instruction 2: "
+  with pytest.raises(readers.DataError, match=r"ifbench.jsonl:1: instruction 2: "
                                            r"last_word:last_word_answer: kwarg 'last_word'"):
-    data.load(spec, check_metadata=check)
+    readers.load(spec, check_metadata=check)

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import verifiers
-from models import chat
+from foundation import chat
+from foundation import tokenizer as tokenizer_lib
 from models import config as config_lib
 from models import sharding
-from models import tokenizer as tokenizer_lib
 from models import transformer
 from rl import judge as judge_model
 from verifiers import judge
+import verifiers
 
 S = verifiers.Sample
 PROMPT = chat.render([{'role': 'user', 'content': 'What is 2 + 2?'}], thinking=None)

@@ -17,9 +17,9 @@ import secrets
 import pytest
 
 import envs
-import verifiers
-from models import chat
+from foundation import chat
 from verifiers import sandbox
+import verifiers
 
 pytestmark = pytest.mark.usefixtures('bwrap_sandbox')
 

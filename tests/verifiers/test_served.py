@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-import verifiers
-from models import chat
+from foundation import chat
 from verifiers import judge
 from verifiers import served
+import verifiers
 
 CONV = [{'role': 'system', 'content': 'Judge.'}, {'role': 'user', 'content': 'Which is better?'}]
 

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from models import chat
-import verifiers
+from foundation import chat
 from verifiers import tool_call
+import verifiers
 
 S = verifiers.Sample
 

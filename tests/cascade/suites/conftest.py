@@ -70,10 +70,10 @@ def tiny_hf(tmp_path_factory):
 
   import tokenizers
 
-  from models import chat
+  from foundation import chat
   from models import config as config_lib
   from models import hf
-  from models import tokenizer as tokenizer_lib
+  from foundation import tokenizer as tokenizer_lib
   from models import transformer
   # pylint: enable=g-import-not-at-top
   d = tmp_path_factory.mktemp('tiny_hf')

@@ -10,7 +10,7 @@ import pytest
 from cascade import suites
 from cascade.suites import base
 from cascade.suites import bfcl
-from models import chat
+from foundation import chat
 
 FIXTURES = os.path.join(os.path.dirname(__file__), '..', '..', 'fixtures', 'suites')
 TRI = {'name': 'calculate_triangle_area', 'parameters': {

@@ -10,7 +10,7 @@ import pytest
 
 from cascade import config as config_lib
 from cascade import exits
-from cascade import shards
+from cascade.data import shards
 from cascade.suites import base
 from cascade.suites import checkpoint
 

@@ -14,8 +14,8 @@ from cascade import config as config_lib
 from cascade import evaluation
 from cascade import preemption
 from cascade import runner
-from cascade import shards
 from cascade import suites
+from cascade.data import shards
 from configs import tiny
 
 

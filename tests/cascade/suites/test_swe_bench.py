@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from cascade import released
 from cascade import suites
+from cascade.data import released
 from cascade.suites import base
 from cascade.suites import swe_bench
 

@@ -8,7 +8,7 @@ import pytest
 from cascade import suites
 from cascade.suites import base
 from cascade.suites import tiny
-from models import chat
+from foundation import chat
 import tiny_world  # pylint: disable=unused-import  (importing it registers its suites)
 from tiny_world import suites as world_suites
 from tiny_world import world

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from models import paths
+from foundation import paths
 
 
 def test_join_parent_and_scheme():
@@ -81,7 +81,7 @@ def test_append_file_appends_across_opens(tmp_path):
 
 def test_gs_without_gcsfs_says_what_to_install():
   code = ("import sys; sys.modules['gcsfs'] = None\n"
-          "from models import paths\n"
+          "from foundation import paths\n"
           "try:\n  paths.write_text('gs://b/x', 'a')\n"
           "except paths.PathError as e:\n  print(e)\n")
   repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -73,7 +73,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping, Sequence
 
-from models import chat
+from foundation import chat
 
 BOXED_INSTRUCTION = 'Please reason step by step, and put your final answer within \\boxed{}.'
 SWE_INSTRUCTION = ('Fix the issue above. Answer with a unified diff (a ```diff block) of the '
@@ -194,7 +194,7 @@ def _tool_calls(calls: Any, name: str) -> list[dict]:
 
 
 def _function_tools(tools: Any, name: str) -> list[dict]:
-  """Tool schemas -> the OpenAI function form `models.chat` renders ({"type": "function",
+  """Tool schemas -> the OpenAI function form `foundation.chat` renders ({"type": "function",
   "function": {...}}); the Responses API's flat {"type": "function", "name", ...} [gym] too."""
   tools = _json_value(tools, name)
   if not isinstance(tools, (list, tuple)):
@@ -299,7 +299,7 @@ def _prompt_of(raw: Mapping, keys=('responses_create_params', 'messages', 'promp
 
 
 def _context(m: dict) -> dict:
-  """A message of the prompt as `models.chat.render` takes it."""
+  """A message of the prompt as `foundation.chat.render` takes it."""
   return {k: v for k, v in m.items() if k != 'thinking'}
 
 
@@ -499,7 +499,7 @@ def _math_answer(raw: Mapping, keys: Sequence[str]) -> str:
 
 
 def _with_tools_listed(msgs: list[dict], tools: list[dict]) -> list[dict]:
-  """The prompt with the tool schemas listed in its system turn, as `models.chat` lists them
+  """The prompt with the tool schemas listed in its system turn, as `foundation.chat` lists them
   for a rollout (RL prompts are rendered without a separate tools argument)."""
   # pylint: disable-next=protected-access
   section = chat._tools_section(tools)

@@ -32,7 +32,7 @@ Adapters (the `format` of a dataset in the config):
                  Python literal (the release writes Python's repr).
 
 A dataset's `path` is a file or a glob of shards (JSONL, .jsonl.gz, .jsonl.zst,
-Parquet, ArrayRecord; local or gs://), read through `cascade.shards`. `load` reads
+Parquet, ArrayRecord; local or gs://), read through `cascade.data.shards`. `load` reads
 a small set whole (held-out and validation prompts); `Records` reads a training set
 by position, adapting and checking each record as it is asked for, so its size
 never reaches host memory. A malformed record is a `DataError` naming the file and
@@ -59,8 +59,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import grain
 import numpy as np
 
-from cascade import released
-from cascade import shards
+from cascade.data import released
+from cascade.data import shards
 
 _ROLES = ('system', 'user', 'assistant')
 BOXED_INSTRUCTION = 'Please reason step by step, and put your final answer within \\boxed{}.'
@@ -320,7 +320,7 @@ FORMATS: dict[str, Format] = {
 
 
 def _released(adapt: Callable[[dict], dict]) -> Callable[[dict], dict]:
-  """A `cascade.released` adapter whose errors the loader reports with the row's place."""
+  """A `cascade.data.released` adapter whose errors the loader reports with the row's place."""
   def run(raw):
     try:
       return adapt(raw)
@@ -329,7 +329,7 @@ def _released(adapt: Callable[[dict], dict]) -> Callable[[dict], dict]:
   return run
 
 
-# The released Nemotron-Cascade 1 and 2 datasets, read as they are (cascade/released.py).
+# The released Nemotron-Cascade 1 and 2 datasets, read as they are (cascade/data/released.py).
 FORMATS.update({name: Format(kind, _released(adapt))
                 for name, (kind, adapt) in released.ADAPTERS.items()})
 
@@ -447,7 +447,7 @@ class Records:
   """A dataset's canonical records by position, read and checked as they are asked for.
 
   `len()` and `[i]` (grain's data-source protocol) over the dataset's shards
-  (`cascade.shards`), `spec.skip` and `spec.limit` applied; `[i]` raises
+  (`cascade.data.shards`), `spec.skip` and `spec.limit` applied; `[i]` raises
   DataError (naming file and line) for a malformed row. Nothing is held in
   memory but the shards' indexes (memory-mapped) and one Parquet row group.
 
@@ -457,7 +457,7 @@ class Records:
     domains, check_metadata: as for `load`.
     shared_dir, hosts: with several processes, each opens (indexes, decompresses) only
       its share of the shards and publishes it in `shared_dir`, a cache every process
-      sees (`cascade.shards.open_shards`); every process must open the dataset.
+      sees (`cascade.data.shards.open_shards`); every process must open the dataset.
   """
 
   def __init__(self, spec, cache_dir: str | None = None, domains: Sequence[str] | None = None,

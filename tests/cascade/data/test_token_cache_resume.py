@@ -6,7 +6,7 @@ again.
 
 The stop is a tokenizer (or source) that raises after a given number of calls; the work done is
 counted in tokenizer (or `make`) calls. The hosts are threads sharing an in-memory exchange
-(tests/cascade/conftest.py `on_hosts`); the helpers are tests/cascade/test_token_cache_hosts.py's.
+(tests/cascade/conftest.py `on_hosts`); the helpers are tests/cascade/data/test_token_cache_hosts.py's.
 """
 
 import collections
@@ -15,9 +15,9 @@ import threading
 
 import pytest
 
-from cascade import data
-from cascade import token_cache
-from tests.cascade import test_token_cache_hosts as harness
+from cascade.data import readers
+from cascade.data import token_cache
+from tests.cascade.data import test_token_cache_hosts as harness
 
 ROWS = harness.ROWS            # positions per cache part: 33 rows in 9 parts
 only_sft = harness.only_sft    # the fixture: the toy plan reads its SFT set only
@@ -250,7 +250,7 @@ def test_hosts_resume_with_another_host_count(tmp_path, fakes, only_sft):
   out = fakes.on_hosts(3, host)
   assert isinstance(out[1], Preempted), out[1]
   for h in (0, 2):
-    assert isinstance(out[h], data.DataError), out[h]
+    assert isinstance(out[h], readers.DataError), out[h]
     assert 'failed on process 1 (Preempted: h1 stopped after' in str(out[h]), out[h]
   assert tok_cls.calls == {'h0': probe + sum(cost[:12]), 'h1': probe + sum(cost[12:16]),
                            'h2': probe + sum(cost[24:])}, tok_cls.calls
@@ -270,7 +270,7 @@ def test_a_preparation_on_gcs_resumes(gcs, tmp_path):
   """The same on gs:// (parts and records uploaded whole, read back through etils.epath): a
   stopped preparation's parts are reused, an overwritten half part is made again, and the
   commit removes the records."""
-  from models import paths  # pylint: disable=g-import-not-at-top
+  from foundation import paths  # pylint: disable=g-import-not-at-top
   n, d, ref = 37, gcs.root + '/cache/toy', str(tmp_path / 'ref')
   want = token_cache.prepare(ref, harness.Rows(n), harness.make_item, True, 'test',
                              log=lambda s: None, key='k')

@@ -1,11 +1,11 @@
 """One path layer for every file a run reads or writes: local paths and `gs://` alike.
 
-  from models import paths
+  from foundation import paths
   paths.write_json(paths.join(workdir, 'progress.json'), {...})   # atomic, local or gs://
   rows = paths.read_text('gs://bucket/world/math/heldout.jsonl')
   with paths.local_file('gs://bucket/ckpt/model.safetensors') as f: ...   # for mmap readers
 
-It sits in the bottom layer (models/ imports nothing else of the project), so the
+It sits in the bottom layer (foundation/ imports nothing else of the project), so the
 model's HF import/export and tokenizers, the RL code, the verifiers, the environments
 and the stage loop all read and write through the same functions.
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from cascade import config as config_lib
-from cascade import data
-from cascade import stage_data
-from cascade import token_cache
-from models import chat_template
+from cascade.data import readers
+from cascade.data import stage_data
+from cascade.data import token_cache
+from foundation import chat_template
 
 
 @pytest.fixture(autouse=True)
@@ -64,65 +64,65 @@ def test_streamed_batches_resume_exactly_mid_epoch_across_a_shard_boundary(tmp_p
   """A loader restored from a state taken mid-epoch yields exactly the batches of an
   uninterrupted one, and reads no position the order put before its state."""
   pattern = write_shards(tmp_path, [7, 6, 5])                  # 18 rows over 3 shards
-  recs = data.Records(spec(pattern), str(tmp_path / 'cache'))
+  recs = readers.Records(spec(pattern), str(tmp_path / 'cache'))
   assert len(recs) == 18 and recs[7]['id'] == 'r7' and recs[7]['response'] == 'A7. so so'
   ids = lambda b: [r['id'] for r in b]
-  whole = data.Loader(data.Stream(recs), seed=4, batch_size=5)
+  whole = readers.Loader(readers.Stream(recs), seed=4, batch_size=5)
   want = [ids(whole.next()) for _ in range(8)]                 # 40 draws: 2+ epochs
   flat = sum(want, [])
   assert sorted(flat[:18]) == sorted(f'r{i}' for i in range(18))   # an epoch: a permutation
   # The same order as the in-memory loader over the same records.
-  mem = data.Loader([recs[i] for i in range(18)], seed=4, batch_size=5)
+  mem = readers.Loader([recs[i] for i in range(18)], seed=4, batch_size=5)
   assert [ids(mem.next()) for _ in range(8)] == want
-  first = data.Loader(data.Stream(recs), seed=4, batch_size=5)
+  first = readers.Loader(readers.Stream(recs), seed=4, batch_size=5)
   for _ in range(3):
     first.next()
   state = json.loads(json.dumps(first.get_state()))
   assert state == {'position': 15}                             # mid-epoch (of 18)
   counted = Counting(recs)
-  resumed = data.Loader(data.Stream(counted), seed=4, batch_size=5)
+  resumed = readers.Loader(readers.Stream(counted), seed=4, batch_size=5)
   resumed.set_state(state)
   assert [ids(resumed.next()) for _ in range(5)] == want[3:]
   # It read exactly the positions from its state on, and they cross shard boundaries.
   order = resumed._order  # pylint: disable=protected-access
   assert counted.read == [order[p] for p in range(15, 40)]
   assert {recs.source[i][0].split('/')[-1].split(':')[0] for i in counted.read[:5]} != {'s0.jsonl'}
-  with pytest.raises(data.DataError, match='not a position of this loader'):
+  with pytest.raises(readers.DataError, match='not a position of this loader'):
     resumed.set_state({'next_index': 3})
 
 
 def test_malformed_and_filtered_records_are_skipped_when_drawn_and_counted(tmp_path, capsys):
   pattern = write_shards(tmp_path, [4, 4], bad=(1, 1))         # row 5 has no response
-  recs = data.Records(spec(pattern), str(tmp_path / 'cache'))
+  recs = readers.Records(spec(pattern), str(tmp_path / 'cache'))
   keep = lambda i, r: r if int(r['id'][1:]) % 3 else None      # drops r0, r3, r6
-  loader = data.Loader(data.Stream(recs, keep, 'multiples of 3', 'test'), 0, 4, shuffle=False)
+  loader = readers.Loader(readers.Stream(recs, keep, 'multiples of 3', 'test'), 0, 4, shuffle=False)
   assert [r['id'] for r in loader.next()] == ['r1', 'r2', 'r4', 'r7']
   assert (loader.malformed, loader.dropped) == (1, 3)
   out = capsys.readouterr().out
   assert f'malformed record skipped: {tmp_path}/s1.jsonl:2: missing field' in out
   assert 'dropped a record (multiples of 3)' in out
-  never = data.Loader(data.Stream(recs, lambda i, r: None, 'everything', 'test'), 0, 3)
-  with pytest.raises(data.DataError, match='test: no records left after dropping everything'):
+  never = readers.Loader(readers.Stream(recs, lambda i, r: None, 'everything', 'test'), 0, 3)
+  with pytest.raises(readers.DataError, match='test: no records left after dropping everything'):
     never.next()
 
 
 def test_each_host_reads_its_share_and_every_host_gets_the_whole_batch(tmp_path, fakes):
   pattern = write_shards(tmp_path, [5, 6])
-  recs = data.Records(spec(pattern), str(tmp_path / 'cache'))
-  single = data.Loader(data.Stream(recs), 2, 4)
+  recs = readers.Records(spec(pattern), str(tmp_path / 'cache'))
+  single = readers.Loader(readers.Stream(recs), 2, 4)
   want = [[r['id'] for r in single.next()] for _ in range(4)]
   reads = {}
 
   def host(hosts):
-    counted = Counting(data.Records(spec(pattern), str(tmp_path / 'cache')))
+    counted = Counting(readers.Records(spec(pattern), str(tmp_path / 'cache')))
     reads[hosts.index] = counted.read
-    loader = data.Loader(data.Stream(counted, hosts=hosts), 2, 4)
+    loader = readers.Loader(readers.Stream(counted, hosts=hosts), 2, 4)
     return [[r['id'] for r in loader.next()] for _ in range(4)]
 
   out = fakes.on_hosts(2, host)
   assert out[0] == out[1] == want
   # 16 positions, 8 read by each host: host h reads positions h, h + 2, ...
-  order = data.Loader(data.Stream(recs), 2, 4)._order  # pylint: disable=protected-access
+  order = readers.Loader(readers.Stream(recs), 2, 4)._order  # pylint: disable=protected-access
   assert reads == {h: [order[p] for p in range(h, 16, 2)] for h in (0, 1)}
 
 
@@ -140,7 +140,7 @@ class StageOnly(stage_data.StageData):
 def _stage_data(fakes, plan, tok, cache_dir, **kw):
   sd = StageOnly(plan, tok, None, cache_dir=cache_dir, **kw)
   sd._records = {n: [] for n in ('a_train', 'b_train')}  # pylint: disable=protected-access
-  real = stage_data.data_lib.open_dataset
+  real = stage_data.readers.open_dataset
 
   def open_training(spec_, *a, **k):
     return real(spec_, *a, **k) if spec_.name == 'sft' else []
@@ -151,14 +151,14 @@ def test_a_malformed_row_in_the_checked_prefix_stops_the_load(fakes, tmp_path, m
   pattern = write_shards(tmp_path, [3, 3], bad=(1, 0))
   plan = _with_sft(fakes.toy_config([dict(fakes.SFT_STAGE, max_len=96)]), pattern)
   sd, open_training = _stage_data(fakes, plan, fakes.CharTokenizer(), None)
-  monkeypatch.setattr(stage_data.data_lib, 'open_dataset', open_training)
-  monkeypatch.setattr(stage_data.data_lib, 'load', lambda spec, **kw: [])
-  with pytest.raises(data.DataError, match=rf'{tmp_path}/s1.jsonl:1: missing field'):
+  monkeypatch.setattr(stage_data.readers, 'open_dataset', open_training)
+  monkeypatch.setattr(stage_data.readers, 'load', lambda spec, **kw: [])
+  with pytest.raises(readers.DataError, match=rf'{tmp_path}/s1.jsonl:1: missing field'):
     sd.load()
   monkeypatch.setattr(stage_data, 'CHECKED_PREFIX', 3)         # past the prefix: skipped later
   sd, _ = _stage_data(fakes, plan, fakes.CharTokenizer(), None)
   sd.load()
-  loader = data.Loader(sd.stage_records(plan.stages[0]), 0, 5, shuffle=False)
+  loader = readers.Loader(sd.stage_records(plan.stages[0]), 0, 5, shuffle=False)
   assert len(loader.next()) == 5 and loader.malformed == 1
 
 
@@ -170,12 +170,12 @@ def test_a_stage_is_tokenized_once_and_resumes_from_the_cache(fakes, tmp_path, m
   pattern = write_shards(tmp_path, [9, 8])
   plan = _with_sft(fakes.toy_config([dict(fakes.SFT_STAGE, max_len=96)]), pattern)
   st = plan.stages[0]
-  monkeypatch.setattr(stage_data.data_lib, 'load', lambda spec, **kw: [])
+  monkeypatch.setattr(stage_data.readers, 'load', lambda spec, **kw: [])
   cache = str(tmp_path / 'prepared')
 
   def stream(tok, cache_dir):
     sd, open_training = _stage_data(fakes, plan, tok, cache_dir)
-    monkeypatch.setattr(stage_data.data_lib, 'open_dataset', open_training)
+    monkeypatch.setattr(stage_data.readers, 'open_dataset', open_training)
     sd.load()
     return sd.stage_records(st)
 
@@ -195,9 +195,9 @@ def test_a_stage_is_tokenized_once_and_resumes_from_the_cache(fakes, tmp_path, m
     got = cached.source[i]
     assert [list(a) for a in got] == [list(a) for a in want]
   flat = lambda b: [np.asarray(t).tolist() for t, _ in b]
-  a = data.Loader(direct, 1, 4)
+  a = readers.Loader(direct, 1, 4)
   want = [flat(a.next()) for _ in range(9)]
-  b = data.Loader(cached, 1, 4)
+  b = readers.Loader(cached, 1, 4)
   b.next(), b.next()
   state = b.get_state()
   assert state == {'position': 8}       # mid-epoch; batches read across the 7-row cache shards
@@ -212,7 +212,7 @@ def test_a_stage_is_tokenized_once_and_resumes_from_the_cache(fakes, tmp_path, m
   calls.clear()
   again = stream(fakes.CharTokenizer(), cache)                 # found: only the key's probe
   assert len(calls) == probe_calls
-  c = data.Loader(again, 1, 4)
+  c = readers.Loader(again, 1, 4)
   c.set_state(state)
   assert [flat(c.next()) for _ in range(7)] == want[2:]
   assert len(calls) == probe_calls                             # training tokenizes nothing
@@ -238,15 +238,15 @@ def test_a_stage_is_tokenized_once_and_resumes_from_the_cache(fakes, tmp_path, m
 def test_shards_and_the_prepared_cache_on_gcs(gcs, fakes, tmp_path, monkeypatch, capsys):
   """A glob of gs:// shards of every kind reads like a local one, and a stage's cache on gs://
   is written there and found again."""
-  from tests.cascade import test_shards  # pylint: disable=g-import-not-at-top
-  from models import paths  # pylint: disable=g-import-not-at-top
+  from tests.cascade.data import test_shards  # pylint: disable=g-import-not-at-top
+  from foundation import paths  # pylint: disable=g-import-not-at-top
   local = tmp_path / 'local'
   local.mkdir()
   test_shards.write_all(local)
   root = gcs.root + '/shards'
   for f in sorted(local.iterdir()):
     paths.copy_file(str(f), paths.join(root, f.name))
-  src = data.shards.open_source(root + '/p*', str(tmp_path / 'idx'))
+  src = readers.shards.open_source(root + '/p*', str(tmp_path / 'idx'))
   assert [src[i][1] for i in range(len(src))] == test_shards.rows(0, 17)
   assert src[3][0] == f'{root}/p1.jsonl.gz:1' and src[16][0] == f'{root}/p4.arrayrecord record 2'
 
@@ -255,15 +255,15 @@ def test_shards_and_the_prepared_cache_on_gcs(gcs, fakes, tmp_path, monkeypatch,
     paths.write_text(paths.join(sft_dir, f's{s}.jsonl'), ''.join(
         json.dumps(sft_row(s * 5 + j)) + '\n' for j in range(k)))
   plan = _with_sft(fakes.toy_config([dict(fakes.SFT_STAGE, max_len=96)]), sft_dir + '/s*.jsonl')
-  monkeypatch.setattr(stage_data.data_lib, 'load', lambda spec, **kw: [])
+  monkeypatch.setattr(stage_data.readers, 'load', lambda spec, **kw: [])
   cache = gcs.root + '/cache'
   logs = []
   for _ in range(2):
     sd, open_training = _stage_data(fakes, plan, fakes.CharTokenizer(), cache)
-    monkeypatch.setattr(stage_data.data_lib, 'open_dataset', open_training)
+    monkeypatch.setattr(stage_data.readers, 'open_dataset', open_training)
     sd.load()
     logs.append(capsys.readouterr().out)
-    got = data.Loader(sd.stage_records(plan.stages[0]), 0, 9, shuffle=False).next()
+    got = readers.Loader(sd.stage_records(plan.stages[0]), 0, 9, shuffle=False).next()
     tok = fakes.CharTokenizer()
     assert [list(t) for t, _ in got] == [
         list(plan.stages[0].tokenize(tok)(sft_row(i))[0]) for i in range(9)]

@@ -1,7 +1,7 @@
 """Tokenize once: a stage's data, tokenized and filtered, kept as ArrayRecord shards a run (and
 every resume) reads instead of tokenizing.
 
-A stage draws from a `cascade.data.Stream`: its datasets' records by position, each
+A stage draws from a `cascade.data.readers.Stream`: its datasets' records by position, each
 turned into what the stage's batches take (`stage.tokenize`: an SFT example's tokens
 and loss mask) and filtered (`stage.record_filter`, the stage's domains). Preparing
 runs that once over every position, streaming (memory bounded by one record and the
@@ -56,9 +56,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from cascade import data as data_lib
-from cascade import shards
-from models import paths
+from cascade.data import readers
+from cascade.data import shards
+from foundation import paths
 
 VERSION = 2
 ROWS_PER_SHARD = 8192      # positions per items shard, the unit of work processes split
@@ -67,7 +67,7 @@ _PARTS = 'parts'              # finished parts' records (`_record`), read on a r
 _SETTINGS_NOT_IN_KEY = ('optimizer', 'steps', 'index', 'eval_every')
 # Failures of a process's share raised as one DataError on every process; any other exception
 # is raised as it is on the process that met it (the others raise the DataError naming it).
-_REPORTED = (data_lib.DataError, paths.PathError, OSError)
+_REPORTED = (readers.DataError, paths.PathError, OSError)
 
 
 def encode(item: Sequence) -> bytes:
@@ -112,7 +112,7 @@ def _probe(source, make: Callable[[int, Any], Any]) -> list:
   for i in range(min(_PROBE, len(source))):
     try:
       item = make(i, source[i])
-    except data_lib.DataError as e:
+    except readers.DataError as e:
       item = str(e)
     out.append(item if item is None or isinstance(item, str)
                else encode(item).hex() if isinstance(item, tuple) else True)
@@ -257,7 +257,7 @@ def _make_part(d: str, k: int, rows: range, source, make, tokenizes: bool, what:
     for j, i in enumerate(rows):
       try:
         item = make(i, source[i])
-      except data_lib.DataError as e:
+      except readers.DataError as e:
         counts['malformed'] += 1
         if counts['malformed'] <= 5:
           log(f'WARNING: {what}: malformed record skipped: {e}')
@@ -363,7 +363,7 @@ def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, wh
   if failure is not None and not isinstance(failure, _REPORTED):
     raise failure                 # a bug, not the data or storage: its own traceback, here
   if errors:
-    raise data_lib.DataError(errors[0])
+    raise readers.DataError(errors[0])
   names = ([f'items-{k:05d}.arrayrecord' for k in range(len(cuts))] if tokenizes
            else ['keep.npy'])
   seconds = time.time() - t0
@@ -400,16 +400,16 @@ def prepare(d: str, source, make: Callable[[int, Any], Any], tokenizes: bool, wh
               {'kept': 0, 'malformed': 0, 'made': 0}, key)
     if index == 0 or filled:
       commit()
-  except (data_lib.DataError, paths.PathError, OSError) as e:
+  except (readers.DataError, paths.PathError, OSError) as e:
     error = f'{what}: committing {d} failed on process {index} ({type(e).__name__}: {e})'
   if count > 1:
     errors = [e for e in (pickle.loads(b) for b in hosts.exchange(pickle.dumps(error))) if e]
     if errors:
-      raise data_lib.DataError(errors[0])
+      raise readers.DataError(errors[0])
     if _manifest(d) is None:          # keep bits only, on a disk process 0 did not write
       commit()
   elif error:
-    raise data_lib.DataError(error)
+    raise readers.DataError(error)
   kept = manifest['kept']
   made = '' if counts['made'] == n else f', {counts["made"]} of them made now, the rest reused'
   log(f'{what}: prepared {n} rows in {manifest["seconds"]:.1f} s ({manifest["rows_per_s"]:.0f} '
@@ -437,7 +437,7 @@ class Items:
 
 def stream(cache_dir: str, stage, tokenizer, specs: Sequence, source,
            make: Callable[[int, Any], Any], tokenizes: bool, why: str, hosts=None,
-           local_dir: str | None = None, log: Callable[[str], None] = print) -> data_lib.Stream:
+           local_dir: str | None = None, log: Callable[[str], None] = print) -> readers.Stream:
   """The stage's `Stream` from its prepared cache, preparing it first if it is missing.
 
   Args:
@@ -449,7 +449,7 @@ def stream(cache_dir: str, stage, tokenizer, specs: Sequence, source,
     make: (position, record) -> the stage's item or None (see `prepare`).
     tokenizes: whether items are tokenized (see `prepare`).
     why: what `make` drops (log lines).
-    hosts: see `cascade.data.Stream`; they also share the preparing (`prepare`), in
+    hosts: see `cascade.data.readers.Stream`; they also share the preparing (`prepare`), in
       which every process must take part.
     local_dir: local directory for copies of gs:// shards.
   """
@@ -468,15 +468,15 @@ def stream(cache_dir: str, stage, tokenizer, specs: Sequence, source,
     log(f'{stage.where}: data from the prepared cache {d} ({manifest["rows"]} rows, '
         f'{manifest["kept"]} kept)')
   if manifest['rows'] != len(source):
-    raise data_lib.DataError(f'{d}: the cache holds {manifest["rows"]} rows; the stage\'s '
+    raise readers.DataError(f'{d}: the cache holds {manifest["rows"]} rows; the stage\'s '
                              f'datasets hold {len(source)}')
   if not manifest['kept']:
     dropped = why or 'malformed records'
-    raise data_lib.DataError(f'{stage.where}: no records left after dropping {dropped} (of '
+    raise readers.DataError(f'{stage.where}: no records left after dropping {dropped} (of '
                              f'{manifest["rows"]}; cache {d})')
   if tokenizes:
-    return data_lib.Stream(Items(d, manifest, local_dir), None, why, stage.where, hosts)
+    return readers.Stream(Items(d, manifest, local_dir), None, why, stage.where, hosts)
   with paths.local_file(paths.join(d, 'keep.npy')) as f:
     bits = np.load(f)
-  return data_lib.Stream(source, lambda i, rec: rec if bits[i] else None, why, stage.where,
+  return readers.Stream(source, lambda i, rec: rec if bits[i] else None, why, stage.where,
                          hosts)

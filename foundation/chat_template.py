@@ -7,7 +7,7 @@ Host-only (no jax import).
   tok = chat_template.attach(tokenizer.load(path), tmpl)     # the run's tokenizer carries it
   chat_template.of(tok).render(messages)                     # BUILTIN when none is attached
 
-`BUILTIN` is `models.chat.render` (Qwen3 ChatML with the ' /think' / ' /no_think'
+`BUILTIN` is `foundation.chat.render` (Qwen3 ChatML with the ' /think' / ' /no_think'
 switch). `CheckpointTemplate` renders a checkpoint's own Jinja template the way
 `transformers`' `apply_chat_template` does: a sandboxed (immutable) Jinja
 environment with trim_blocks and lstrip_blocks, the loop-control extension, the
@@ -43,8 +43,8 @@ from jinja2 import ext as jinja_ext
 from jinja2 import meta as jinja_meta
 from jinja2 import sandbox as jinja_sandbox
 
-from models import chat
-from models import paths
+from foundation import chat
+from foundation import paths
 
 # What config.tokenizer.chat_template may name.
 CHOICES = ('builtin', 'checkpoint')
@@ -54,7 +54,7 @@ _MARKERS = (' /think', ' /no_think')
 
 
 class Builtin:
-  """The built-in template: `models.chat.render` (Qwen3 ChatML, ' /think' / ' /no_think')."""
+  """The built-in template: `foundation.chat.render` (Qwen3 ChatML, ' /think' / ' /no_think')."""
 
   @staticmethod
   def render(messages: Sequence[Mapping[str, Any]], *, thinking: bool | None = None,

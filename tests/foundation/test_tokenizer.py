@@ -9,8 +9,8 @@ import pytest
 import tokenizers
 
 from envs import base as env_base
-from models import chat
-from models import tokenizer
+from foundation import chat
+from foundation import tokenizer
 
 ROUND_TRIP = [
     '',
@@ -63,7 +63,7 @@ BACKENDS = ('sp_bpe', 'sp_unigram', 'hf_bpe')
 
 
 def test_module_does_not_import_jax():
-  code = 'import sys; import models.tokenizer; assert "jax" not in sys.modules, "jax imported"'
+  code = 'import sys; import foundation.tokenizer; assert "jax" not in sys.modules, "jax imported"'
   subprocess.run([sys.executable, '-c', code], check=True)
 
 

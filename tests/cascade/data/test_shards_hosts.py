@@ -4,7 +4,7 @@ the single-process global order, batches and resume.
 
 The default tier simulates the hosts with threads sharing an in-memory exchange
 (tests/cascade/conftest.py `on_hosts`); the heavy test runs two JAX processes (gloo on
-CPU, tests/cascade/shards_hosts_worker.py).
+CPU, tests/cascade/data/shards_hosts_worker.py).
 """
 
 import collections
@@ -20,12 +20,12 @@ import types
 
 import pytest
 
-from cascade import data
-from cascade import shards
-from models import paths
+from cascade.data import readers
+from cascade.data import shards
+from foundation import paths
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-WORKER = os.path.join(REPO, 'tests', 'cascade', 'shards_hosts_worker.py')
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3))
+WORKER = os.path.join(REPO, 'tests', 'cascade', 'data', 'shards_hosts_worker.py')
 
 
 def write_shards(d, sizes=(7, 5, 9, 4, 6)):
@@ -74,7 +74,7 @@ def test_each_shard_is_streamed_by_one_host_and_every_host_gets_the_single_proce
   pattern, total = write_shards(tmp_path / 'data')
   files = shards.expand(pattern)
   single = shards.open_source(pattern, str(tmp_path / 'single'))
-  want = batches(data.Loader(data.Stream(single), seed=3, batch_size=4), 8)
+  want = batches(readers.Loader(readers.Stream(single), seed=3, batch_size=4), 8)
   streamed = Streamed(monkeypatch)
   shared = str(tmp_path / 'shared')
 
@@ -83,8 +83,8 @@ def test_each_shard_is_streamed_by_one_host_and_every_host_gets_the_single_proce
     local = str(tmp_path / f'{tag}-local{hosts.index}')
     src = shards.open_source(pattern, local, shared, hosts)
     assert len(src) == total
-    got = batches(data.Loader(data.Stream(src, hosts=hosts), seed=3, batch_size=4), 8)
-    resumed = data.Loader(data.Stream(src, hosts=hosts), seed=3, batch_size=4)
+    got = batches(readers.Loader(readers.Stream(src, hosts=hosts), seed=3, batch_size=4), 8)
+    resumed = readers.Loader(readers.Stream(src, hosts=hosts), seed=3, batch_size=4)
     resumed.set_state({'position': 13})          # mid-epoch (31 rows) and mid-batch
     tail = [[row['k'] for _, row in resumed.next()] for _ in range(3)]
     rows = [src[i] for i in range(total)]
@@ -191,7 +191,7 @@ def test_the_runs_stage_data_shares_the_opening_through_its_data_cache(tmp_path,
   gs://-like cache (not the hosts' local one), each shard is streamed by one host only."""
   import dataclasses  # pylint: disable=g-import-not-at-top
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
-  from cascade import stage_data  # pylint: disable=g-import-not-at-top
+  from cascade.data import stage_data  # pylint: disable=g-import-not-at-top
   lines = lambda lo, hi: ''.join(json.dumps({'id': f'r{i}', 'domain': 'a', 'messages': [
       {'role': 'user', 'content': f'Q{i}?'}], 'response': f'A{i}.'}) + '\n' for i in range(lo, hi))
   d = tmp_path / 'sft'
@@ -201,9 +201,9 @@ def test_the_runs_stage_data_shares_the_opening_through_its_data_cache(tmp_path,
   plan = fakes.toy_config([dict(fakes.SFT_STAGE, max_len=96)])
   plan = dataclasses.replace(plan, datasets={**plan.datasets, 'sft': config_lib.Dataset(
       name='sft', format='sft', record_type='sft', path=str(d / 's*.jsonl'))})
-  monkeypatch.setattr(stage_data.data_lib, 'load', lambda spec, **kw: [])
-  real = stage_data.data_lib.open_dataset
-  monkeypatch.setattr(stage_data.data_lib, 'open_dataset', lambda spec, *a, **k: (
+  monkeypatch.setattr(stage_data.readers, 'load', lambda spec, **kw: [])
+  real = stage_data.readers.open_dataset
+  monkeypatch.setattr(stage_data.readers, 'open_dataset', lambda spec, *a, **k: (
       real(spec, *a, **k) if spec.name == 'sft' else []))
   # The cache stands in for a gs:// one: StageData keeps no local index there.
   monkeypatch.setattr(stage_data, 'paths', types.SimpleNamespace(
@@ -294,14 +294,14 @@ def test_shards_and_the_shared_cache_on_gcs(gcs, tmp_path, monkeypatch, fakes):
   pattern = root + '/s*'
   files = shards.expand(pattern)
   single = shards.open_source(pattern, str(tmp_path / 'single'))
-  want = batches(data.Loader(data.Stream(single), seed=3, batch_size=4), 8)
+  want = batches(readers.Loader(readers.Stream(single), seed=3, batch_size=4), 8)
   streamed = Streamed(monkeypatch)
   shared = gcs.root + '/cache/shards'
 
   def host(hosts):
     threading.current_thread().name = f'h{hosts.index}'
     src = shards.open_source(pattern, str(tmp_path / f'local{hosts.index}'), shared, hosts)
-    got = batches(data.Loader(data.Stream(src, hosts=hosts), seed=3, batch_size=4), 8)
+    got = batches(readers.Loader(readers.Stream(src, hosts=hosts), seed=3, batch_size=4), 8)
     return got, [src[i] for i in range(total)]
 
   out = fakes.on_hosts(2, host)
@@ -327,7 +327,7 @@ def test_two_jax_processes_each_stream_their_own_shards_and_draw_the_single_proc
   pattern, total = write_shards(tmp_path / 'data')
   files = shards.expand(pattern)
   single = shards.open_source(pattern, str(tmp_path / 'single'))
-  flat = [k for b in batches(data.Loader(data.Stream(single), seed=3, batch_size=4), 11)
+  flat = [k for b in batches(readers.Loader(readers.Stream(single), seed=3, batch_size=4), 11)
           for k in b]
   env = {k: v for k, v in os.environ.items() if not k.startswith(('JAX_', 'XLA_'))}
   env['PYTHONPATH'] = REPO

@@ -42,7 +42,7 @@ each shard is streamed once per run, not once per host.
 
 A shard's identity (`identity`: its path, size and a digest of its content; nothing is
 downloaded on gs://, where the store keeps a crc32c of every object) is what a stage that
-resumes from a checkpoint checks its data against (`cascade.stage_data`).
+resumes from a checkpoint checks its data against (`cascade.data.stage_data`).
 
 Errors are one line: a row names `file:line` (JSONL, the line within its shard,
 compressed or not), `file row n` (Parquet) or `file record n` (ArrayRecord); a
@@ -68,7 +68,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from cascade import checksums
-from models import paths
+from foundation import paths
 
 JSONL = ('.jsonl', '.json')
 GZIP = ('.jsonl.gz', '.json.gz')
@@ -83,7 +83,7 @@ _INDEX_VERSION = 1         # bump when the index or decompressed layout changes
 
 class DataError(ValueError):
   """A malformed dataset, shard or record; the one-line message names the file and line (or
-  shard and byte offset). `cascade.data.DataError` is this class."""
+  shard and byte offset). `cascade.data.readers.DataError` is this class."""
 
 
 def default_cache_dir() -> str:

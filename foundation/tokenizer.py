@@ -7,7 +7,7 @@ Host-only (no jax import), so data loaders and verifiers can use it.
   ids = tok.encode(chat.render(messages))           # special tokens are single ids
   text = tok.decode(ids, skip_special=True)
 
-`load` reads local or `gs://` paths (`models.paths`; both backends load
+`load` reads local or `gs://` paths (`foundation.paths`; both backends load
 from bytes). `encode` never adds BOS/EOS: callers add `bos_id` where their format wants
 it. `eos_id` is the id that ends a generation: `<|im_end|>` when the
 vocabulary has it (ChatML), else the tokenizer's own end-of-sequence token.
@@ -31,8 +31,8 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 import tokenizers
 
-from models import chat
-from models import paths
+from foundation import chat
+from foundation import paths
 
 # Names of end-of-sequence / beginning / padding tokens in common vocabularies,
 # used when no tokenizer_config.json says which is which.

@@ -1,8 +1,8 @@
-"""The released Nemotron-Cascade datasets read as they are (cascade/released.py).
+"""The released Nemotron-Cascade datasets read as they are (cascade/data/released.py).
 
-Small files written in the releases' schemas (cascade/released.py says which
+Small files written in the releases' schemas (cascade/data/released.py says which
 field names are seen in NeMo-Gym or third-party loaders and which inferred) load
-through `cascade.data.load` with the paper configs' own dataset specs, and every
+through `cascade.data.readers.load` with the paper configs' own dataset specs, and every
 record passes its domain's verifier check; the mappings are checked value by
 value, scored by the real verifiers where that is cheap, and every unknown
 value is a one-line error naming the field.
@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from cascade import config as config_lib
-from cascade import data
-from cascade import released
 from cascade import verifier_set
+from cascade.data import readers
+from cascade.data import released
 from cascade.kinds import sft
-from models import chat
+from foundation import chat
 import verifiers
 
 GOLD_PATCH = ('--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n'
@@ -166,7 +166,7 @@ def _checker(plan):
                                        ('nemotron_cascade_8b', CASCADE1_ROWS),
                                        ('nemotron_cascade2', CASCADE2_ROWS)])
 def test_every_stage_of_the_paper_configs_reads_the_released_files(tmp_path, name, rows):
-  """Each stage's released datasets load through `data.load` with the config's own spec, and
+  """Each stage's released datasets load through `readers.load` with the config's own spec, and
   every record passes its domain's verifier check; each RL stage finds records of each of its
   domains that train on a release."""
   c = importlib.import_module(f'configs.{name}').get_config(f'data_root={tmp_path}')
@@ -176,7 +176,7 @@ def test_every_stage_of_the_paper_configs_reads_the_released_files(tmp_path, nam
   for n in released_sets:
     _write_jsonl(_file_for(plan.datasets[n].path), rows[n])
   check = _checker(plan)
-  loaded = {n: data.load(plan.datasets[n], domains=list(plan.domains), check_metadata=check)
+  loaded = {n: readers.load(plan.datasets[n], domains=list(plan.domains), check_metadata=check)
             for n in released_sets}
   for n, recs in loaded.items():
     assert len(recs) == len(rows[n])
@@ -355,7 +355,7 @@ def test_parquet_export_reads_as_the_jsonl(tmp_path, fmt, rows):
   specs = [config_lib.Dataset(name='d', format=fmt, record_type=released.ADAPTERS[fmt][0],
                               path=str(tmp_path / f'train.{ext}'), domain='chat')
            for ext in ('jsonl', 'parquet')]
-  as_jsonl, as_parquet = (data.load(s) for s in specs)
+  as_jsonl, as_parquet = (readers.load(s) for s in specs)
   assert as_parquet == as_jsonl
   if fmt == 'cascade2_multi_domain_rl':
     options = pq.read_table(str(tmp_path / 'train.parquet')).column('options').type
@@ -371,7 +371,7 @@ def test_a_row_without_a_grading_signal_is_skipped_and_counted_while_training(tm
   _write_jsonl(path, rows)
   spec = config_lib.Dataset(name='md', format='cascade2_multi_domain_rl', record_type='prompt',
                             path=path)
-  loader = data.Loader(data.Records(spec, cache_dir=str(tmp_path / 'cache')), seed=0,
+  loader = readers.Loader(readers.Records(spec, cache_dir=str(tmp_path / 'cache')), seed=0,
                        batch_size=3, shuffle=False)
   assert [r['domain'] for r in loader.next()] == ['mcqa', 'structured', 'tool_calling']
   assert loader.malformed == 1
@@ -411,8 +411,8 @@ def test_unknown_or_missing_values_are_one_line_errors_naming_the_field(tmp_path
   _write_jsonl(path, [row])
   spec = config_lib.Dataset(name='d', format=fmt, record_type=released.ADAPTERS[fmt][0],
                             path=path, domain='chat')
-  with pytest.raises(data.DataError) as e:
-    data.load(spec)
+  with pytest.raises(readers.DataError) as e:
+    readers.load(spec)
   text = str(e.value)
   assert text.startswith(f'{path}:1: ') and message in text and '\n' not in text, text
 
@@ -431,15 +431,15 @@ def test_a_verifier_rejecting_released_metadata_names_the_row(tmp_path):
   bad = dict(c2_if(), instruction_id_list=['count:no_such_check'], kwargs=[{}])
   spec = plan.datasets['if_train']
   _write_jsonl(spec.path, [c2_if(), ifbench, ifevalg, bad])
-  with pytest.raises(data.DataError, match=r'train\.jsonl:4: .*count:no_such_check'):
-    data.load(spec, domains=list(plan.domains), check_metadata=_checker(plan))
+  with pytest.raises(readers.DataError, match=r'train\.jsonl:4: .*count:no_such_check'):
+    readers.load(spec, domains=list(plan.domains), check_metadata=_checker(plan))
   _write_jsonl(spec.path, [c2_if(), ifbench, ifevalg])
-  recs = data.load(spec, domains=list(plan.domains), check_metadata=_checker(plan))
+  recs = readers.load(spec, domains=list(plan.domains), check_metadata=_checker(plan))
   assert [r['metadata']['instruction_id_list'] for r in recs] == [
       ['change_case:english_lowercase'], ['count:word_count_range'],
       ['last_word:last_word_answer']]
   # The IFEval-only verifier (Cascade 2's before #56) refuses the IFBench row.
   c.domains.instruction_following.verifier = 'instruction_following'
-  with pytest.raises(data.DataError, match=r'train\.jsonl:2: .*count:word_count_range'):
-    data.load(spec, domains=list(plan.domains), check_metadata=_checker(config_lib.validate(c)))
+  with pytest.raises(readers.DataError, match=r'train\.jsonl:2: .*count:word_count_range'):
+    readers.load(spec, domains=list(plan.domains), check_metadata=_checker(config_lib.validate(c)))
   assert glob.glob(str(tmp_path / 'Nemotron-Cascade-2-RL-data' / 'IF-RL' / '*.jsonl'))

@@ -2,21 +2,21 @@
 
 Held-out and validation sets are small: they are read whole and checked before
 the first step. Training datasets may be any size: they stay on disk as a glob
-of shards (`cascade.shards`), read by position as batches are drawn. Before the
+of shards (`cascade.data.shards`), read by position as batches are drawn. Before the
 first step their first `CHECKED_PREFIX` records are read and checked, so a
 malformed file (named by file and line) stops the run before anything trains;
 a malformed record further in is skipped when drawn, counted and logged.
 
-Each stage draws from a `cascade.data.Stream` over its datasets: records of its
+Each stage draws from a `cascade.data.readers.Stream` over its datasets: records of its
 domains, made into the stage's items (`stage.tokenize`) and filtered
 (`stage.record_filter`). With a cache directory, that work is done once per
-position and kept (`cascade.token_cache`): a run or resume that finds it
+position and kept (`cascade.data.token_cache`): a run or resume that finds it
 tokenizes nothing. Prompts too long for the evaluation are dropped with a
 warning that counts them; a stage or evaluation set left with no records is an
 error.
 
 A stage's data files are pinned when it starts (`StageData.pin`: each shard's path, size and
-content digest, `cascade.shards.identity`, kept in progress.json): a stage that resumes from a
+content digest, `cascade.data.shards.identity`, kept in progress.json): a stage that resumes from a
 checkpoint, whose data position counts rows of those files, is refused in one line naming the
 shard that is gone, new, or holds other bytes since (a rewrite in place at the same size and
 modification time included), rather than resumed on other rows. Checking costs a listing and
@@ -31,11 +31,11 @@ import time
 from typing import Callable
 
 from cascade import config as config_lib
-from cascade import data as data_lib
 from cascade import rollout
-from cascade import shards
-from cascade import token_cache
-from models import paths
+from cascade.data import readers
+from cascade.data import shards
+from cascade.data import token_cache
+from foundation import paths
 
 # Records of each streamed training dataset read and checked before the first step.
 CHECKED_PREFIX = 1000
@@ -52,7 +52,7 @@ def _check_disjoint(domain: str, dom, validation: list, held_out: list) -> None:
   seen = {_prompt_key(r) for r in held_out}
   shared = [r for r in validation if _prompt_key(r) in seen]
   if shared:
-    raise data_lib.DataError(
+    raise readers.DataError(
         f'config.domains.{domain}.validation={dom.validation!r}: {len(shared)} of its '
         f'{len(validation)} prompts are also held-out prompts of {dom.eval!r} (e.g. record '
         f'{shared[0]["id"]!r}); the validation set must be disjoint from it')
@@ -96,7 +96,7 @@ class StageData:
       domain's verifiers cannot score.
     cache_dir: where stages' prepared data are kept (local or gs://); None: no
       cache, items are made as they are drawn.
-    hosts: the processes sharing the reading (`cascade.data.Stream`); None: one.
+    hosts: the processes sharing the reading (`cascade.data.readers.Stream`); None: one.
   """
 
   def __init__(self, plan: config_lib.Plan, tokenizer, check_metadata,
@@ -111,7 +111,7 @@ class StageData:
     self.shared_index_dir = paths.join(cache_dir, 'shards') if cache_dir else None
     self._records: dict[str, list] = {}      # read whole: evaluation and validation sets
     self._sources: dict[str, object] = {}    # by position: training sets
-    self._streams: dict[str, data_lib.Stream] = {}
+    self._streams: dict[str, readers.Stream] = {}
     self.eval_sets: dict[str, list] = {}
     self.validation_sets: dict[str, list] = {}
 
@@ -125,10 +125,10 @@ class StageData:
                 | {d.train for d in plan.domains.values() if d.train})
     for name, spec in sorted(plan.datasets.items()):
       if name in whole:
-        self._records[name] = data_lib.load(spec, domains=domains,
+        self._records[name] = readers.load(spec, domains=domains,
                                             check_metadata=self._check_metadata)
       elif name in streamed:
-        src = data_lib.open_dataset(spec, self.index_dir, domains=domains,
+        src = readers.open_dataset(spec, self.index_dir, domains=domains,
                                     check_metadata=self._check_metadata,
                                     shared_dir=self.shared_index_dir, hosts=self.hosts)
         for i in range(min(CHECKED_PREFIX, len(src))):
@@ -147,7 +147,7 @@ class StageData:
 
   def pin(self, stage, recorded: list | None, resuming: bool,
           log: Callable[[str], None] = print) -> list:
-    """The identity of `stage`'s data files now (`cascade.shards.identity`, shard by shard,
+    """The identity of `stage`'s data files now (`cascade.data.shards.identity`, shard by shard,
     for progress.json; TFDS datasets are prepared data, not files, and are left out), checked
     against `recorded`, what the stage started with, when it resumes from a checkpoint.
 
@@ -172,9 +172,9 @@ class StageData:
     specs = [self.plan.datasets[name] for name in stage.datasets]
     try:
       files = [f for spec in specs if spec.path for f in shards.expand(spec.path)]
-    except data_lib.DataError as e:
+    except readers.DataError as e:
       if resuming and recorded:
-        raise data_lib.DataError(f'{stage.where} resumes from a checkpoint, but {e}: {advice}'
+        raise readers.DataError(f'{stage.where} resumes from a checkpoint, but {e}: {advice}'
                                  ) from None
       raise
     known = {r['path']: r for r in recorded or []}
@@ -183,7 +183,7 @@ class StageData:
     try:
       for j in range(index, len(files), count):
         mine[j] = shards.identity(files[j], known.get(files[j]))
-    except data_lib.DataError as e:
+    except readers.DataError as e:
       error = str(e)
     secs = time.perf_counter() - t0
     if secs >= SLOW_PIN_S:        # the shards were read: say what the wait was
@@ -196,7 +196,7 @@ class StageData:
       error = next((g['error'] for g in got if g['error']), None)
       mine = {int(j): r for g in got for j, r in g['ids'].items()}
     if error:
-      raise data_lib.DataError(f'{stage.where}: {error}' if resuming and recorded else error)
+      raise readers.DataError(f'{stage.where}: {error}' if resuming and recorded else error)
     now = [mine[j] for j in range(len(files))]
     if resuming and recorded is None:
       log(f'WARNING: {stage.where}: no record of the data files it started with (a workdir '
@@ -205,7 +205,7 @@ class StageData:
     elif resuming:
       why = changed(recorded, now)
       if why:
-        raise data_lib.DataError(f'{stage.where} resumes from a checkpoint, but since it '
+        raise readers.DataError(f'{stage.where} resumes from a checkpoint, but since it '
                                  f'started {why}: its data position would read other rows; '
                                  f'{advice}')
     return now
@@ -223,14 +223,14 @@ class StageData:
                 f'prompts longer than config.eval.max_prompt_len={ev.max_prompt_len}')
     return recs[:n] if n else recs
 
-  def stage_records(self, stage) -> data_lib.Stream:
+  def stage_records(self, stage) -> readers.Stream:
     """The stage's stream: its datasets' records by position, its domains' only (for prompt
     data), made into its items and filtered by the kind; from the prepared cache when there
     is a cache directory (prepared there first if missing)."""
     if stage.name in self._streams:
       return self._streams[stage.name]
     parts = [self._source(ds) for ds in stage.datasets]
-    source = parts[0] if len(parts) == 1 else data_lib.Concat(parts)
+    source = parts[0] if len(parts) == 1 else readers.Concat(parts)
     domains = set(stage.domains) if stage.BY_DOMAIN else None
     tokenize = stage.tokenize(self.tokenizer)
     filt = stage.record_filter(self.tokenizer)
@@ -250,6 +250,6 @@ class StageData:
       stream = token_cache.stream(self.cache_dir, stage, self.tokenizer, specs, source, make,
                                   tokenize is not None, why, self.hosts, self.index_dir)
     else:
-      stream = data_lib.Stream(source, make, why, stage.where, self.hosts)
+      stream = readers.Stream(source, make, why, stage.where, self.hosts)
     self._streams[stage.name] = stream
     return stream

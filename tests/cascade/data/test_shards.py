@@ -13,7 +13,7 @@ import pytest
 import zstandard
 from array_record.python import array_record_module
 
-from cascade import shards
+from cascade.data import shards
 
 
 def rows(lo, hi):

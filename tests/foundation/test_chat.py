@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from models import chat
+from foundation import chat
 
 
 def test_render_thinking_and_instruct():

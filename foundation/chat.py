@@ -36,7 +36,7 @@ SGLang call) builds the same prompts (tests/models/test_hf_tokenizer.py).
 (not special: decoding keeps them) pieces. A tokenizer may know more tokens
 that it reads whole from text (`<|fim_prefix|>`, `<|vision_start|>`, reserved
 ones); `defuse` and `render_observation(markers=...)` take the tokenizer's
-own list (`models.tokenizer.Tokenizer.added_tokens`), so text from outside the
+own list (`foundation.tokenizer.Tokenizer.added_tokens`), so text from outside the
 policy never becomes any of them.
 """
 

@@ -12,9 +12,9 @@ import json
 import pytest
 import tokenizers
 
-from models import chat
-from models import chat_template
-from models import tokenizer as tokenizer_lib
+from foundation import chat
+from foundation import chat_template
+from foundation import tokenizer as tokenizer_lib
 
 transformers = pytest.importorskip('transformers')
 

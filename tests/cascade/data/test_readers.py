@@ -8,11 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from cascade import config as config_lib
-from cascade import data
+from cascade.data import readers
 
 
 def spec(path='', fmt='prompt', domain='math', name='ds', **kw):
-  return config_lib.Dataset(name=name, format=fmt, record_type=data.FORMATS[fmt].record_type,
+  return config_lib.Dataset(name=name, format=fmt, record_type=readers.FORMATS[fmt].record_type,
                             path=str(path), domain=domain, **kw)
 
 
@@ -32,17 +32,17 @@ def test_canonical_records_and_defaults(tmp_path):
       {'id': 'q1', 'messages': user('1+1?'), 'metadata': {'answer': '2'}},
       {'messages': user('2+2?'), 'metadata': {'answer': '4'}, 'domain': 'other'},
   ])
-  recs = data.load(spec(p), domains=['math', 'other'])
+  recs = readers.load(spec(p), domains=['math', 'other'])
   assert recs[0] == {'id': 'q1', 'domain': 'math', 'messages': user('1+1?'),
                      'metadata': {'answer': '2'}}
   assert recs[1]['id'] == 'ds:1' and recs[1]['domain'] == 'other'
 
   sft = write_jsonl(tmp_path / 's.jsonl', [{'messages': user('hi'), 'response': 'hello',
                                             'thinking': 'greet'}])
-  assert data.load(spec(sft, 'sft'))[0]['thinking'] == 'greet'
+  assert readers.load(spec(sft, 'sft'))[0]['thinking'] == 'greet'
   pref = write_jsonl(tmp_path / 'p.jsonl', [{'messages': user('hi'), 'chosen': 'a',
                                              'rejected': 'b'}])
-  assert data.load(spec(pref, 'preference'))[0]['chosen'] == 'a'
+  assert readers.load(spec(pref, 'preference'))[0]['chosen'] == 'a'
 
 
 def test_parquet_reader(tmp_path):
@@ -50,7 +50,7 @@ def test_parquet_reader(tmp_path):
            'answer': 'He has 3+4=7.\n#### 7'},
           {'question': 'What is 1,000 + 1?', 'answer': '... #### 1,001'}]
   pq.write_table(pa.Table.from_pylist(rows), tmp_path / 'g.parquet')
-  recs = data.load(spec(tmp_path / 'g.parquet', 'gsm8k'))
+  recs = readers.load(spec(tmp_path / 'g.parquet', 'gsm8k'))
   assert recs[0]['metadata'] == {'answer': '7'}
   assert recs[1]['metadata'] == {'answer': '1001'}
   assert recs[0]['messages'][0]['content'].startswith('Tom has 3 apples')
@@ -62,7 +62,7 @@ def test_common_format_adapters(tmp_path):
       'task_id': 'HumanEval/0', 'prompt': 'def f(x):\n  """Doubles x."""\n',
       'test': 'def check(c):\n  assert c(2) == 4\n', 'entry_point': 'f',
       'canonical_solution': '  return 2 * x\n'}])
-  rec = data.load(spec(he, 'humaneval', domain='code'))[0]
+  rec = readers.load(spec(he, 'humaneval', domain='code'))[0]
   assert rec['id'] == 'HumanEval/0'
   assert rec['metadata'] == {'prompt': 'def f(x):\n  """Doubles x."""\n',
                              'test': 'def check(c):\n  assert c(2) == 4\n', 'entry_point': 'f'}
@@ -72,7 +72,7 @@ def test_common_format_adapters(tmp_path):
       'key': 1000, 'prompt': 'Write a poem in all caps.',
       'instruction_id_list': ['change_case:english_capital', 'length_constraints:number_words'],
       'kwargs': [{}, {'relation': 'at least', 'num_words': 30, 'keyword': None}]}])
-  rec = data.load(spec(ife, 'ifeval', domain='if'))[0]
+  rec = readers.load(spec(ife, 'ifeval', domain='if'))[0]
   assert rec['id'] == '1000'
   assert rec['metadata']['kwargs'] == [{}, {'relation': 'at least', 'num_words': 30}]
 
@@ -80,7 +80,7 @@ def test_common_format_adapters(tmp_path):
       {'uuid': 'u1', 'question': 'Find x.', 'expected_answer': '\\frac{1}{2}',
        'responses_create_params': {'input': [{'role': 'user', 'content': 'Find x. Box it.'}]}},
       {'problem': 'Find y.', 'answer': 3}])
-  recs = data.load(spec(nm, 'nemotron_math'))
+  recs = readers.load(spec(nm, 'nemotron_math'))
   assert recs[0]['id'] == 'u1' and recs[0]['messages'] == user('Find x. Box it.')
   assert recs[0]['metadata'] == {'answer': '\\frac{1}{2}'}
   assert recs[1]['metadata'] == {'answer': '3'}
@@ -90,7 +90,7 @@ def test_common_format_adapters(tmp_path):
       'id': 7, 'instruction_id_list': ['keywords:existence'], 'kwargs': [None],
       'responses_create_params': {'input': [{'role': 'system', 'content': 'Be brief.'},
                                             {'role': 'user', 'content': 'Say hi.'}]}}])
-  rec = data.load(spec(nif, 'nemotron_if', domain='if'))[0]
+  rec = readers.load(spec(nif, 'nemotron_if', domain='if'))[0]
   assert rec['messages'][0]['role'] == 'system' and rec['metadata']['kwargs'] == [{}]
 
 
@@ -102,7 +102,7 @@ def test_nemotron_if_reads_allenai_if_rlvr_rows(tmp_path):
   rows = [{'key': 'ifeval_1', 'messages': user('Say it.'), 'ground_truth': str([gt]),
            'dataset': 'ifeval', 'constraint_type': 'x', 'constraint': 'y'},
           {'messages': user('Say it.'), 'ground_truth': json.dumps([json.dumps(gt)])}]
-  recs = data.load(spec(write_jsonl(tmp_path / 'r.jsonl', rows), 'nemotron_if', domain='if'))
+  recs = readers.load(spec(write_jsonl(tmp_path / 'r.jsonl', rows), 'nemotron_if', domain='if'))
   assert recs[0]['id'] == 'ifeval_1' and recs[0]['messages'] == user('Say it.')
   for rec in recs:
     assert rec['metadata'] == {'instruction_id_list': gt['instruction_id'],
@@ -120,8 +120,8 @@ def test_nemotron_if_reads_allenai_if_rlvr_rows(tmp_path):
 ])
 def test_nemotron_if_refuses_malformed_ground_truth(tmp_path, ground_truth, message):
   p = write_jsonl(tmp_path / 'g.jsonl', [{'messages': user('x'), 'ground_truth': ground_truth}])
-  with pytest.raises(data.DataError, match=re.escape(':1: ' + message)):
-    data.load(spec(p, 'nemotron_if', domain='if'))
+  with pytest.raises(readers.DataError, match=re.escape(':1: ' + message)):
+    readers.load(spec(p, 'nemotron_if', domain='if'))
 
 
 def test_tfds_data_source_with_mock_data():
@@ -130,7 +130,7 @@ def test_tfds_data_source_with_mock_data():
   ds = config_lib.Dataset(name='gsm', format='gsm8k', record_type='prompt', tfds_name='gsm8k',
                           split='train', domain='math')
   with tfds.testing.mock_data(num_examples=5):
-    recs = data.load(ds)
+    recs = readers.load(ds)
   assert len(recs) == 5
   assert all(r['metadata']['answer'] and r['domain'] == 'math' for r in recs)
 
@@ -159,8 +159,8 @@ def test_malformed_record_names_file_and_line(tmp_path, line, fmt, message):
           'gsm8k': {'question': 'q', 'answer': '#### 1'},
           'ifeval': {'key': 0, 'prompt': 'p', 'instruction_id_list': ['a'], 'kwargs': [{}]}}[fmt]
   p = write_jsonl(tmp_path / 'bad.jsonl', [good, line])
-  with pytest.raises(data.DataError) as e:
-    data.load(spec(p, fmt), domains=['math'])
+  with pytest.raises(readers.DataError) as e:
+    readers.load(spec(p, fmt), domains=['math'])
   assert str(p) + message in str(e.value), str(e.value)
 
 
@@ -171,41 +171,41 @@ def test_metadata_rejected_by_verifier_names_record(tmp_path):
   def check(domain, md, where):
     if 'answer' not in md:
       raise ValueError(f"{where}: metadata['answer'] is missing")
-  with pytest.raises(data.DataError, match=r"m\.jsonl:2: metadata\['answer'\] is missing "
+  with pytest.raises(readers.DataError, match=r"m\.jsonl:2: metadata\['answer'\] is missing "
                                            r"\(rejected by the 'math' verifier\)"):
-    data.load(spec(p), check_metadata=check)
+    readers.load(spec(p), check_metadata=check)
 
 
 def test_missing_file_and_limit(tmp_path):
-  with pytest.raises(data.DataError, match='no such file'):
-    data.load(spec(tmp_path / 'nope.jsonl'))
+  with pytest.raises(readers.DataError, match='no such file'):
+    readers.load(spec(tmp_path / 'nope.jsonl'))
   p = write_jsonl(tmp_path / 'a.jsonl', [{'messages': user(str(i)), 'metadata': {}}
                                           for i in range(10)])
-  assert len(data.load(spec(p, limit=3))) == 3
+  assert len(readers.load(spec(p, limit=3))) == 3
   # skip leaves out the first rows, then limit counts kept records.
-  got = data.load(spec(p, skip=4, limit=3, name='val'))
+  got = readers.load(spec(p, skip=4, limit=3, name='val'))
   assert [r['messages'][0]['content'] for r in got] == ['4', '5', '6']
   assert [r['id'] for r in got] == ['val:0', 'val:1', 'val:2']
-  with pytest.raises(data.DataError, match='holds no records'):
-    data.load(spec(p, skip=10))
+  with pytest.raises(readers.DataError, match='holds no records'):
+    readers.load(spec(p, skip=10))
 
 
 def test_loader_is_seeded_reshuffles_epochs_and_resumes():
   recs = [{'id': str(i)} for i in range(10)]
   ids = lambda batch: [r['id'] for r in batch]
-  a = data.Loader(recs, seed=1, batch_size=4)
+  a = readers.Loader(recs, seed=1, batch_size=4)
   first = [ids(a.next()) for _ in range(5)]                    # 20 draws = 2 epochs
-  b = data.Loader(recs, seed=1, batch_size=4)
+  b = readers.Loader(recs, seed=1, batch_size=4)
   assert [ids(b.next()) for _ in range(5)] == first            # seeded
   flat = sum(first, [])
   assert sorted(flat[:10]) == sorted(str(i) for i in range(10))  # an epoch is a permutation
   assert flat[:10] != flat[10:20]                              # a fresh one each epoch
-  assert ids(data.Loader(recs, seed=2, batch_size=4).next()) != first[0]
+  assert ids(readers.Loader(recs, seed=2, batch_size=4).next()) != first[0]
 
-  c = data.Loader(recs, seed=1, batch_size=4)
+  c = readers.Loader(recs, seed=1, batch_size=4)
   c.next(), c.next()
   state = json.loads(json.dumps(c.get_state()))                # JSON-able
-  d = data.Loader(recs, seed=1, batch_size=4)
+  d = readers.Loader(recs, seed=1, batch_size=4)
   d.set_state(state)
   assert [ids(d.next()) for _ in range(3)] == first[2:]
 
@@ -223,6 +223,6 @@ def test_undecodable_lines_name_file_and_line(tmp_path, raw, message):
   p = tmp_path / 'bad.jsonl'
   good = json.dumps({'messages': user('ok'), 'metadata': {'answer': '1'}}).encode()
   p.write_bytes(good + b'\n' + raw + b'\n')
-  with pytest.raises(data.DataError) as e:
-    data.load(spec(p, 'prompt'), domains=['math'])
+  with pytest.raises(readers.DataError) as e:
+    readers.load(spec(p, 'prompt'), domains=['math'])
   assert str(p) + message in str(e.value), str(e.value)

@@ -1,4 +1,4 @@
-"""models.topology: ICI neighbours on the inner mesh axes, slices over the data axis.
+"""foundation.topology: ICI neighbours on the inner mesh axes, slices over the data axis.
 
 No TPU here: fake TPU device objects carry what `jax.experimental.mesh_utils`
 reads (`platform`, `device_kind`, `coords`, `core_on_chip`, `slice_index`),
@@ -13,8 +13,8 @@ import jax
 import numpy as np
 import pytest
 
+from foundation import topology
 from models import sharding
-from models import topology
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +114,8 @@ def test_cpu_devices_keep_the_plain_order():
 _LIBTPU_CHECK = '''
 import numpy as np
 from jax.experimental import topologies
-from models import sharding, topology
+from foundation import topology
+from models import sharding
 devices = topologies.get_topology_desc(platform='tpu', topology_name='v5p:4x4x4',
                                        num_slices=2).devices
 def far_steps(arr):  # steps along the last axis that are not one ICI hop

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from cascade import config as config_lib
-from cascade import data
-from cascade import stage_data
-from cascade import token_cache
+from cascade.data import readers
+from cascade.data import stage_data
+from cascade.data import token_cache
 
 SIZES = (23, 3, 5, 2)          # rows per source shard: uneven; 33 rows
 ROWS = 4                       # positions per cache part in these tests: 9 parts
@@ -72,9 +72,9 @@ def plan_over(fakes, pattern):
 @pytest.fixture
 def only_sft(monkeypatch):
   """Reads the SFT set only: the toy plan's other datasets are empty."""
-  real = stage_data.data_lib.open_dataset
-  monkeypatch.setattr(stage_data.data_lib, 'load', lambda spec, **kw: [])
-  monkeypatch.setattr(stage_data.data_lib, 'open_dataset', lambda spec, *a, **k: (
+  real = stage_data.readers.open_dataset
+  monkeypatch.setattr(stage_data.readers, 'load', lambda spec, **kw: [])
+  monkeypatch.setattr(stage_data.readers, 'open_dataset', lambda spec, *a, **k: (
       real(spec, *a, **k) if spec.name == 'sft' else []))
 
 
@@ -158,7 +158,7 @@ class Rows:
   def __getitem__(self, i):
     self.fail(i)
     if i % 11 == 10:
-      raise data.DataError(f'rows:{i + 1}: malformed')
+      raise readers.DataError(f'rows:{i + 1}: malformed')
     return i
 
 
@@ -220,7 +220,7 @@ def test_a_host_that_fails_part_way_stops_every_host_and_the_cache_is_redone(tmp
 
   out = fakes.on_hosts(2, failing)
   for h in range(2):
-    assert isinstance(out[h], data.DataError), out[h]
+    assert isinstance(out[h], readers.DataError), out[h]
     assert str(out[h]) == (f'test: preparing {d} failed on process 1 (OSError: [Errno 28] No '
                            'space left on device)')
   # Not a storage or data error (a bug, say): raised as it is where it happened, named on the
@@ -285,7 +285,7 @@ def test_a_commit_that_fails_leaves_no_manifest_and_every_host_raises(tmp_path, 
   out = fakes.on_hosts(2, lambda hosts: token_cache.prepare(
       d, Rows(n), make_item, True, 'test', log=lambda s: None, hosts=hosts))
   for h in range(2):
-    assert isinstance(out[h], data.DataError), out[h]
+    assert isinstance(out[h], readers.DataError), out[h]
     assert str(out[h]).startswith(f'test: committing {d} failed on process 0 (OSError: '
                                   '[Errno 5] Input/output')
   assert token_cache._manifest(d) is None  # pylint: disable=protected-access
