@@ -11,8 +11,8 @@ A stage kind is one module under `cascade/kinds/` that defines
   `LEAVES`, ...) say what the kind trains and reads, so nothing outside the
   kind's module branches on its name;
 * `KIND = Kind(...)`: its runner `run(ctx, stage) -> StageResult`, its loss
-  `(name, config)`, and its abstract train batch for a mesh (what
-  `launch.plan` compiles).
+  `(stage) -> (rl.train_step.LossSpec, the loss's config for the stage)`, and its
+  abstract train batch for a mesh (what `launch.plan` compiles).
 
 `cascade.kinds.KINDS` is the one registry of kinds.
 """

@@ -17,7 +17,7 @@ from foundation import chat_template
 from foundation import tokenizer as tokenizer_lib
 from models import transformer
 from rl import sampler as sampler_lib
-from tests.models import test_chat_template as fixtures
+from tests.foundation import test_chat_template as fixtures
 
 transformers = pytest.importorskip('transformers')
 
