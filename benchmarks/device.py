@@ -239,7 +239,7 @@ def train(sh: Shapes, impl: str, peaks: dict, repeats: int) -> dict:
   `peaks[compute dtype]`, the measured matmul rate in the step's compute dtype)."""
   cfg = train_config(sh, impl, jax.default_backend())
   graphdef, params = nnx.split(transformer.create(cfg, seed=0))
-  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=1e-5))
+  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(lr=1e-5))
   state = [train_lib.init_state(params, opt)]
   del params
   step = train_lib.make_train_step(graphdef, SFT, None, opt)

@@ -123,7 +123,7 @@ class _Ours:
     self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=(), pad_id=0,
                                        prompt_buckets=(_PROMPT_LEN.value,))
     self.sp = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=_NEW_TOKENS.value)
-    opt_cfg = train_lib.OptimizerConfig(learning_rate=_LR.value, max_grad_norm=1.0)
+    opt_cfg = train_lib.OptimizerConfig(lr=_LR.value, clip_norm=1.0)
     opt = train_lib.make_optimizer(opt_cfg)
     self.state = train_lib.init_state(jax.tree.map(jnp.copy, params), opt, seed=_SEED.value)
     self.step = train_lib.make_train_step(self.graphdef, GRPO_LOSS, grpo.GrpoConfig(), opt)
@@ -243,8 +243,7 @@ class _Longtail:
           else dict(cache_tokens_per_device=budget))
     self.sampler = sampler_lib.Sampler(self.graphdef, cfg, eos_ids=(), pad_id=0, **kw)
     self.sp = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=_NEW_TOKENS.value)
-    opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=_LR.value,
-                                                             max_grad_norm=1.0))
+    opt = train_lib.make_optimizer(train_lib.OptimizerConfig(lr=_LR.value, clip_norm=1.0))
     self.state = train_lib.init_state(jax.tree.map(jnp.copy, params), opt, seed=_SEED.value)
     self.step = train_lib.make_train_step(self.graphdef, GRPO_LOSS, grpo.GrpoConfig(), opt)
     self.prompts, self.limits, self.engine = prompts, limits, engine

@@ -84,7 +84,7 @@ def program(name: str, cfg: config_lib.ModelConfig, layout: str):
   graphdef, params = nnx.split(transformer.create(cfg, seed=0, layout=layout))
   rows, length = _ROWS.value, _LENGTH.value
   if name == 'train':
-    opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=1e-4))
+    opt = train_lib.make_optimizer(train_lib.OptimizerConfig(lr=1e-4))
     state = train_lib.init_state(params, opt)
     batch = jax.tree.map(jnp.asarray, sft_batch(rows, length, cfg.vocab_size))
     return (train_lib.make_train_step(graphdef, SFT, None, opt), (state, batch),

@@ -127,7 +127,7 @@ def sft_batch(length: int) -> batch_lib.TrainBatch:
 def measure(impl: str, length: int, run: bool, flops_rate: float) -> dict:
   cfg = model_config(impl, length)
   graphdef, params = nnx.split(transformer.create(cfg, seed=0))
-  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=1e-4))
+  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(lr=1e-4))
   state = train_lib.init_state(params, opt)
   step = train_lib.make_train_step(graphdef, SFT, None, opt)
   batch = jax.tree.map(jnp.asarray, sft_batch(length))
@@ -218,7 +218,7 @@ def measure_cp(length: int, shards: int, repeats: int) -> list[dict]:
   params = jax.jit(lambda: nnx.state(make()))()
   batch = jax.tree.map(jnp.asarray, sft_batch(length))
   weights = None if hybrid else floor._bare_weights(cfg, np.random.default_rng(0))
-  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=1e-4))
+  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(lr=1e-4))
   rows = []
   tokens = batch.tokens.size
 

@@ -129,7 +129,7 @@ def run_check(preset: str, mesh_shape, rows: int, prompt_len: int, seq: int) -> 
     raise CheckError(f'sampler log-probs differ from a training forward by {gap:.3g}')
 
   # One GRPO train step.
-  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=1e-3, max_grad_norm=1.0))
+  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(lr=1e-3, clip_norm=1.0))
   state = train_lib.init_state(params, opt, seed=0, mesh=mesh, rules=rules)
   before = np.asarray(jax.tree.leaves(state.params)[0]).copy()
   loss = train_lib.LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)

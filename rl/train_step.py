@@ -1,6 +1,6 @@
 """The jitted train step: one function per loss kind, donated state, explicit shardings.
 
-  optimizer = train_step.make_optimizer(train_step.OptimizerConfig(learning_rate=2e-6))
+  optimizer = train_step.make_optimizer(train_step.OptimizerConfig(lr=2e-6))
   graphdef, params = nnx.split(model)
   state = train_step.init_state(params, optimizer, seed=0, mesh=mesh)
   loss = train_step.LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)
@@ -49,6 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from models import hybrid
 from models import sharding
+from rl import fields
 
 
 class TrainState(NamedTuple):
@@ -135,56 +136,77 @@ OPTIMIZERS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
+def _plain_args(v) -> bool:
+  """Keyword arguments of an optax function: a dict (or (name, value) pairs) of plain values."""
+  if isinstance(v, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2
+                                          for p in v):
+    v = dict(v)
+  return isinstance(v, dict) and all(
+      isinstance(k, str) and (x is None or isinstance(x, (bool, int, float, str)))
+      for k, x in v.items())
+
+
+def _sorted_args(v) -> tuple:
+  return tuple(sorted(dict(v).items()))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
   """An optax optimizer by name with global-norm clipping, warm-up, then a schedule.
 
+  Each field is declared once, with its default and check (`rl.fields`): a stage's
+  `optimizer` section takes them from here (`cascade.kinds.base.Optimizer`), under the same
+  names, all but `decay_steps` (which the stage derives from its length).
+
   Attributes:
-    learning_rate: peak learning rate.
-    warmup_steps: linear warm-up from lr / warmup_steps to lr over this many steps.
+    lr: the peak learning rate.
+    name: the optimizer, a key of OPTIMIZERS ('adamw', 'adafactor', 'lion', 'sgd').
     schedule: after warm-up, 'constant', 'cosine' (to min_lr_ratio * lr) or 'linear' (the same
       ends) over decay_steps.
-    decay_steps: cosine and linear: steps from the end of warm-up to the floor.
-    min_lr_ratio: the floor of cosine and linear as a fraction of learning_rate.
-    name: the optimizer, a key of OPTIMIZERS ('adamw', 'adafactor', 'lion', 'sgd').
+    warmup_steps: linear warm-up from lr / warmup_steps to lr over this many steps.
+    min_lr_ratio: the floor of cosine and linear as a fraction of lr.
+    clip_norm: clip the global gradient norm to this; 0 = no clipping.
+    weight_decay: decay on matrices (ndim >= 2) only: decoupled for adamw, lion and adafactor
+      (its weight_decay_rate), added to the gradient for sgd.
     b1: first-moment decay (adamw, lion); None: optax's default.
     b2: second-moment decay (adamw, lion); None: optax's default.
     eps: adamw's epsilon, adafactor's; None: optax's default.
-    weight_decay: decay on matrices (ndim >= 2) only: decoupled for adamw, lion and adafactor
-      (its weight_decay_rate), added to the gradient for sgd.
-    max_grad_norm: clip the global gradient norm to this; 0 = no clipping.
     args: other keyword arguments of the optax function (e.g. sgd's momentum, adafactor's
-      factored), as (name, value) pairs or a dict.
+      factored), as a dict or (name, value) pairs; kept as sorted pairs.
+    decay_steps: cosine and linear: steps from the end of warm-up to the floor.
   """
-  learning_rate: float = 1e-6
-  warmup_steps: int = 0
-  schedule: str = 'constant'
-  decay_steps: int = 0
-  min_lr_ratio: float = 0.0
-  b1: float | None = None
-  b2: float | None = None
-  eps: float | None = None
-  weight_decay: float = 0.0
-  max_grad_norm: float = 1.0
-  name: str = 'adamw'
-  args: Any = ()
+  lr: float = fields.field(check=fields.num_in(0, lo_open=True, what='must be > 0'),
+                           convert=float)
+  name: str = fields.field('adamw', check=None)
+  schedule: str = fields.field('constant', check=fields.one_of(SCHEDULES, 'schedule'))
+  warmup_steps: int = fields.field(0, check=fields.int_at_least(0))
+  min_lr_ratio: float = fields.field(0.0, check=fields.num_in(0, 1), convert=float)
+  clip_norm: float = fields.field(1.0, check=fields.num_in(
+      0, what='must be >= 0 (0 = no clipping)'), convert=float)
+  weight_decay: float = fields.field(0.0, check=fields.num_in(0, what='must be >= 0'),
+                                     convert=float)
+  b1: float | None = fields.field(None, check=fields.num_in(0, 1, hi_open=True), convert=float)
+  b2: float | None = fields.field(None, check=fields.num_in(0, 1, hi_open=True), convert=float)
+  eps: float | None = fields.field(None, check=fields.num_in(0, lo_open=True,
+                                                             what='must be > 0'), convert=float)
+  args: Any = fields.field((), check=(_plain_args, 'must be a dict of name: plain value'),
+                           convert=_sorted_args)
+  decay_steps: int = fields.field(0, check=fields.int_at_least(0))
 
   def __post_init__(self):
-    if not self.learning_rate > 0:
-      raise ValueError(f'OptimizerConfig.learning_rate={self.learning_rate} must be > 0')
-    if self.schedule not in SCHEDULES:
-      raise ValueError(f'OptimizerConfig.schedule={self.schedule!r}: expected one of {SCHEDULES}')
-    if self.schedule != 'constant' and self.decay_steps < 1:
-      raise ValueError(f'OptimizerConfig.decay_steps must be >= 1 for the {self.schedule} '
-                       'schedule')
-    for name in ('warmup_steps', 'min_lr_ratio', 'weight_decay', 'max_grad_norm'):
-      if getattr(self, name) < 0:
-        raise ValueError(f'OptimizerConfig.{name}={getattr(self, name)} must be >= 0')
-    object.__setattr__(self, 'args', tuple(sorted(dict(self.args).items())))
-    problem = optimizer_problem(self.name, {k: getattr(self, k) for k in ('b1', 'b2', 'eps')},
-                                dict(self.args))
+    fields.check(self)
+    object.__setattr__(self, 'args', _sorted_args(self.args))
+    problem = self.problem()
     if problem:
       raise ValueError(f'OptimizerConfig.{problem[0]}: {problem[1]}')
+
+  def problem(self) -> tuple[str, str] | None:
+    """What is wrong between the fields (each field's own check aside): (the field as given,
+    why), or None. A stage's optimizer section runs the same check."""
+    if self.schedule != 'constant' and self.decay_steps < 1:
+      return 'decay_steps', f'must be >= 1 for the {self.schedule} schedule'
+    return optimizer_problem(self.name, {k: getattr(self, k) for k in ('b1', 'b2', 'eps')},
+                             dict(self.args))
 
 
 def optimizer_problem(name: str, moments: dict[str, Any],
@@ -219,10 +241,10 @@ def optimizer_problem(name: str, moments: dict[str, Any],
 def make_schedule(cfg) -> optax.Schedule:
   """Learning rate as a function of the update count (an `optax.Schedule`).
 
-  lr(c) = learning_rate * min(1, (c + 1) / warmup_steps) during warm-up (the
+  rate(c) = lr * min(1, (c + 1) / warmup_steps) during warm-up (the
   first update already gets lr / warmup_steps, the last warm-up update the
-  full lr), then constant, or a cosine (or a straight line) from learning_rate
-  at c = warmup_steps down to min_lr_ratio * learning_rate at c = warmup_steps
+  full lr), then constant, or a cosine (or a straight line) from lr
+  at c = warmup_steps down to min_lr_ratio * lr at c = warmup_steps
   + decay_steps.
 
   Why not `optax.linear_schedule` / `cosine_decay_schedule` joined: they are
@@ -236,7 +258,7 @@ def make_schedule(cfg) -> optax.Schedule:
 
   def schedule(count):
     count = jnp.asarray(count, jnp.float32)
-    lr = jnp.asarray(cfg.learning_rate, jnp.float32)
+    lr = jnp.asarray(cfg.lr, jnp.float32)
     if cfg.warmup_steps:
       lr = lr * jnp.minimum(1.0, (count + 1.0) / cfg.warmup_steps)
     if cfg.schedule == 'cosine':
@@ -253,7 +275,7 @@ def make_schedule(cfg) -> optax.Schedule:
 def optax_schedule(cfg) -> optax.Schedule:
   """`make_schedule` composed from optax's schedules (equal to float32 rounding)."""
   cfg = _as_config(OptimizerConfig, cfg, 'optimizer config')
-  lr = cfg.learning_rate
+  lr = cfg.lr
   if cfg.schedule == 'cosine':
     after = optax.cosine_decay_schedule(lr, cfg.decay_steps, alpha=cfg.min_lr_ratio)
   elif cfg.schedule == 'linear':
@@ -284,8 +306,8 @@ def make_optimizer(cfg) -> optax.GradientTransformation:
   elif cfg.weight_decay:
     parts.append(optax.add_decayed_weights(cfg.weight_decay, decay_mask))
   tx = opt.make(make_schedule(cfg), **kwargs, **dict(cfg.args))
-  if cfg.max_grad_norm > 0:
-    parts.insert(0, optax.clip_by_global_norm(cfg.max_grad_norm))
+  if cfg.clip_norm > 0:
+    parts.insert(0, optax.clip_by_global_norm(cfg.clip_norm))
   return optax.chain(*parts, tx) if parts else tx
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from cascade import schema
 from rl import buckets
+from rl import train_step as train_lib
 # The field vocabulary, re-exported for the kind modules.
 from cascade.schema import BOOL, HIDE, ConfigError, field, from_mapping  # pylint: disable=unused-import
 from cascade.schema import int_at_least, is_int, is_num, num_in, one_of, plain  # pylint: disable=unused-import
@@ -37,54 +38,22 @@ INIT_ROW = 'init'
 
 # ---------------------------------------------------------------- optimizer and phases
 
-def _plain_args(v) -> bool:
-  return isinstance(v, Mapping) and all(
-      isinstance(k, str) and (v[k] is None or isinstance(v[k], (bool, int, float, str)))
-      for k in v)
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Optimizer:
+class Optimizer(schema.settings(train_lib.OptimizerConfig, leave_out=('decay_steps',))):
   """An optax optimizer by name (`rl.train_step.OPTIMIZERS`: adamw, adafactor, lion, sgd) with
   linear warm-up, then a constant, cosine or linear schedule (down to min_lr_ratio * lr at the
   stage's end), and global-norm clipping (clip_norm 0 = none); weight decay on matrices only.
+  Its fields are `rl.train_step.OptimizerConfig`'s, with their defaults and checks (lr has
+  none: a stage names it); the stage's length gives `decay_steps`.
 
     optimizer=dict(lr=3e-6)                                # AdamW, as before
     optimizer=dict(name='lion', lr=3e-7, b2=0.98, schedule='linear', warmup_steps=10)
     optimizer=dict(name='sgd', lr=1e-2, args=dict(momentum=0.9, nesterov=True))
   """
-  # The peak learning rate.
-  lr: float = field(check=num_in(0, lo_open=True, what='must be > 0'), convert=float)
-  # The optimizer: 'adamw', 'adafactor', 'lion' or 'sgd' (optax's function of that name).
-  name: str = field('adamw', check=None)
-  # After the warm-up: 'constant', 'cosine' or 'linear' (an `rl.train_step.SCHEDULES` name).
-  schedule: str = field('constant', check=None)
-  # Updates of linear warm-up from 0 to lr.
-  warmup_steps: int = field(0, check=int_at_least(0))
-  # Where cosine and linear end, as a fraction of lr.
-  min_lr_ratio: float = field(0.0, check=num_in(0, 1), convert=float)
-  # The global gradient norm is clipped to this (0 = no clipping).
-  clip_norm: float = field(1.0, check=num_in(0, what='must be >= 0 (0 = no clipping)'),
-                           convert=float)
-  # Weight decay on matrices only: decoupled (adamw, lion, adafactor), added to the gradient (sgd).
-  weight_decay: float = field(0.0, check=num_in(0, what='must be >= 0'), convert=float)
-  # Moment decays (adamw, lion) and epsilon (adamw, adafactor); None: optax's default for the
-  # optimizer (adamw: 0.9, 0.999, 1e-8).
-  b1: float | None = field(None, check=num_in(0, 1, hi_open=True), convert=float)
-  b2: float | None = field(None, check=num_in(0, 1, hi_open=True), convert=float)
-  eps: float | None = field(None, check=num_in(0, lo_open=True, what='must be > 0'),
-                            convert=float)
-  # Other keyword arguments of the optax function, e.g. dict(momentum=0.9) for sgd.
-  args: Mapping[str, Any] | tuple | None = field(
-      None, check=(_plain_args, 'must be a dict of name: plain value'),
-      convert=lambda d: tuple(sorted(d.items())))      # stored as sorted (name, value) pairs
 
   def check(self, fail):
-    from rl import train_step as train_lib  # pylint: disable=g-import-not-at-top
-    if self.schedule not in train_lib.SCHEDULES:
-      fail('schedule', f'unknown schedule (known: {", ".join(train_lib.SCHEDULES)})')
     problem = train_lib.optimizer_problem(
-        self.name, {'b1': self.b1, 'b2': self.b2, 'eps': self.eps}, dict(self.args or ()))
+        self.name, {'b1': self.b1, 'b2': self.b2, 'eps': self.eps}, dict(self.args))
     if problem:
       fail(*problem, value=HIDE)
 
@@ -297,15 +266,13 @@ class PairStageConfig(TrainStageConfig):
 
 
 def optimizer_config(stage: TrainStageConfig, lr_scale: float = 1.0):
-  """The stage's optimizer in rl.train_step's terms (cosine decays over the stage's updates),
-  its learning rate times `lr_scale` (after rollbacks, `cascade.divergence`)."""
-  from rl import train_step as train_lib  # pylint: disable=g-import-not-at-top
+  """The stage's optimizer in rl.train_step's terms, field by field (cosine decays over the
+  stage's updates), its learning rate times `lr_scale` (after rollbacks, `cascade.divergence`)."""
   o = stage.optimizer
-  return train_lib.OptimizerConfig(
-      learning_rate=o.lr * lr_scale, warmup_steps=o.warmup_steps, schedule=o.schedule,
-      decay_steps=max(1, stage.decay_steps - o.warmup_steps), min_lr_ratio=o.min_lr_ratio,
-      b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, max_grad_norm=o.clip_norm,
-      name=o.name, args=o.args or ())
+  values = {f.name: getattr(o, f.name) for f in dataclasses.fields(o)}
+  return train_lib.OptimizerConfig(**{
+      **values, 'lr': o.lr * lr_scale,
+      'decay_steps': max(1, stage.decay_steps - o.warmup_steps)})
 
 
 class StageOptimizer(NamedTuple):
@@ -319,7 +286,6 @@ class StageOptimizer(NamedTuple):
 def make_optimizer(stage: TrainStageConfig, lr_scale: float = 1.0) -> StageOptimizer:
   """The stage's optimizer (`optimizer_config`): a stage builds it once, and once more only
   when a rollback changes its learning rate."""
-  from rl import train_step as train_lib  # pylint: disable=g-import-not-at-top
   cfg = optimizer_config(stage, lr_scale)
   return StageOptimizer(train_lib.make_optimizer(cfg), train_lib.make_schedule(cfg))
 

@@ -24,7 +24,7 @@ def test_master_dtype_is_float32_exactly_when_params_are_lower():
 def test_abstract_state_counts_float32_master_weights_and_moments():
   cfg = model_config.ModelConfig.tiny(param_dtype='bfloat16', dtype='bfloat16')
   _, params = policies.abstract_model(cfg, 'policy')
-  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=2e-6))
+  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(lr=2e-6))
   state = policies.abstract_state(params, opt, None, None, policies.master_dtype(cfg))
   floats = [x for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)]
   assert floats and all(x.dtype == jnp.float32 for x in floats)
@@ -44,7 +44,7 @@ def test_bf16_model_moves_at_the_paper_learning_rate_only_with_float32_master():
   cfg = model_config.ModelConfig.tiny(param_dtype='bfloat16', dtype='bfloat16')
   model = transformer.create(cfg, seed=0)
   graphdef, params = nnx.split(model)
-  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=2e-6))
+  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(lr=2e-6))
   tokens = np.random.default_rng(0).integers(1, cfg.vocab_size, (4, 16))
   batch = _batch(tokens)
   moved = {}

@@ -176,7 +176,7 @@ def _one_step(cfg, batch, mesh):
   graphdef, params = _init(cfg)
   if mesh is not None:
     params = sharding.shard_state(params, mesh)
-  opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-3, eps=1e-6))
+  opt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-3, eps=1e-6))
   state = ts.init_state(params, opt, mesh=mesh)
   step = ts.make_train_step(graphdef, SFT, None, opt, mesh=mesh,
                             state=None if mesh is None else state)

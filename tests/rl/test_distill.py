@@ -111,7 +111,7 @@ def test_mopd_moves_student_toward_teacher():
   # A sharper teacher: scaled tied embeddings sharpen every next-token distribution.
   teacher = jax.tree.map(lambda x: x, params)
   teacher['embed'][...] = params['embed'][...] * 4.0
-  opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-2))
+  opt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-2))
   state = ts.init_state(jax.tree.map(jnp.copy, params), opt)
   loss = ts.LossSpec(distill.MopdConfig, distill.loss_fn, distill.normalizers)
   step = ts.make_train_step(graphdef, loss, None, opt)

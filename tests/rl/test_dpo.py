@@ -193,7 +193,7 @@ def _with_reference(graphdef, params, batch):
   return batch._replace(ref_chosen_logps=ref_c, ref_rejected_logps=ref_r)
 
 
-OPT = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-3, max_grad_norm=0.0))
+OPT = ts.make_optimizer(ts.OptimizerConfig(lr=1e-3, clip_norm=0.0))
 DPO_CFG = dpo.DpoConfig(beta=0.2, label_smoothing=0.1)
 DPO = ts.LossSpec(dpo.DpoConfig, dpo.loss_fn, dpo.normalizers)
 
@@ -275,7 +275,7 @@ def test_dpo_raises_held_out_preference_accuracy_and_margin():
   graphdef, params = nnx.split(transformer.create(CFG, seed=0))
   reference = jax.tree.map(jnp.copy, params)
   cfg = dpo.DpoConfig(beta=0.1)
-  opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=3e-3, warmup_steps=5))
+  opt = ts.make_optimizer(ts.OptimizerConfig(lr=3e-3, warmup_steps=5))
   state = ts.init_state(params, opt)
   step = ts.make_train_step(graphdef, DPO, cfg, opt)
   rng = np.random.default_rng(0)

@@ -23,7 +23,7 @@ from rl import train_step as ts
 
 HYBRID = config_lib.ModelConfig.tiny_hybrid()
 MOE = config_lib.ModelConfig.tiny_moe()
-OPT = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-3, max_grad_norm=0.0))
+OPT = ts.make_optimizer(ts.OptimizerConfig(lr=1e-3, clip_norm=0.0))
 
 
 @functools.cache

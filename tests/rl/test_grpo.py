@@ -216,7 +216,7 @@ def test_grpo_learns_to_emit_a_target_token():
 
   cfg = config_lib.ModelConfig.tiny()
   graphdef, params = nnx.split(transformer.create(cfg, seed=0))
-  opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=3e-3))
+  opt = ts.make_optimizer(ts.OptimizerConfig(lr=3e-3))
   state = ts.init_state(params, opt)
   loss = ts.LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)
   step = ts.make_train_step(graphdef, loss, grpo.GrpoConfig(), opt)

@@ -369,7 +369,7 @@ def test_microbatches_add_up_and_the_ratio_extremes_reduce_as_min_and_max():
   lp = np.asarray(batch_lib.compute_logprobs(graphdef, params, batch))
   batch = batch._replace(old_logprobs=(lp + rng.normal(scale=0.6, size=lp.shape)).astype(
       np.float32) * batch.loss_mask)
-  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(learning_rate=1e-3))
+  opt = train_lib.make_optimizer(train_lib.OptimizerConfig(lr=1e-3))
   spec = train_lib.LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)
   out = {}
   for name, cfg, micro in (('tis1', dict(tis_cap=1.5, mismatch_mask='token'), 1),

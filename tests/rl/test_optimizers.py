@@ -49,7 +49,7 @@ def _run(cfg):
 def _lr(cfg, c):
   """The schedule's definition (float64): warm-up lr * (c + 1) / W, then constant, cosine or
   linear from lr down to min_lr_ratio * lr over decay_steps."""
-  lr = cfg.learning_rate
+  lr = cfg.lr
   if cfg.warmup_steps:
     lr *= min(1.0, (c + 1) / cfg.warmup_steps)
   t = min(max((c - cfg.warmup_steps) / max(cfg.decay_steps, 1), 0.0), 1.0)
@@ -69,8 +69,8 @@ def _reference(cfg):
   args = dict(cfg.args)
   for c, g in enumerate(_grads()):
     norm = math.sqrt(sum(float(np.sum(x * x)) for x in g.values()))
-    if cfg.max_grad_norm and norm > cfg.max_grad_norm:
-      g = {k: x * cfg.max_grad_norm / norm for k, x in g.items()}
+    if cfg.clip_norm and norm > cfg.clip_norm:
+      g = {k: x * cfg.clip_norm / norm for k, x in g.items()}
     lr, wd = _lr(cfg, c), cfg.weight_decay
     for k in p:
       if cfg.name == 'adamw':
@@ -96,16 +96,16 @@ def _reference(cfg):
 
 
 CASES = [
-    ts.OptimizerConfig(learning_rate=1e-2, weight_decay=0.1, warmup_steps=2),
-    ts.OptimizerConfig(learning_rate=3e-2, b1=0.8, b2=0.95, eps=1e-6, schedule='cosine',
-                       decay_steps=4, min_lr_ratio=0.1, max_grad_norm=2.0),
-    ts.OptimizerConfig(name='lion', learning_rate=1e-2, weight_decay=0.5, schedule='linear',
+    ts.OptimizerConfig(lr=1e-2, weight_decay=0.1, warmup_steps=2),
+    ts.OptimizerConfig(lr=3e-2, b1=0.8, b2=0.95, eps=1e-6, schedule='cosine',
+                       decay_steps=4, min_lr_ratio=0.1, clip_norm=2.0),
+    ts.OptimizerConfig(name='lion', lr=1e-2, weight_decay=0.5, schedule='linear',
                        decay_steps=5, min_lr_ratio=0.2, warmup_steps=1),
-    ts.OptimizerConfig(name='lion', learning_rate=1e-2, b1=0.95, b2=0.98, max_grad_norm=0.0),
-    ts.OptimizerConfig(name='sgd', learning_rate=0.1, schedule='linear', decay_steps=6),
-    ts.OptimizerConfig(name='sgd', learning_rate=0.1, weight_decay=0.3,
+    ts.OptimizerConfig(name='lion', lr=1e-2, b1=0.95, b2=0.98, clip_norm=0.0),
+    ts.OptimizerConfig(name='sgd', lr=0.1, schedule='linear', decay_steps=6),
+    ts.OptimizerConfig(name='sgd', lr=0.1, weight_decay=0.3,
                        args={'momentum': 0.9}, warmup_steps=3),
-    ts.OptimizerConfig(name='sgd', learning_rate=0.05, args={'momentum': 0.8, 'nesterov': True},
+    ts.OptimizerConfig(name='sgd', lr=0.05, args={'momentum': 0.8, 'nesterov': True},
                        schedule='cosine', decay_steps=3),
 ]
 
@@ -120,7 +120,7 @@ def test_updates_equal_the_float64_rule(cfg):
 
 
 def test_adafactor_is_optaxs_with_the_configs_choices():
-  cfg = ts.OptimizerConfig(name='adafactor', learning_rate=1e-2, weight_decay=0.1,
+  cfg = ts.OptimizerConfig(name='adafactor', lr=1e-2, weight_decay=0.1,
                            schedule='linear', decay_steps=6, warmup_steps=2,
                            args={'factored': True, 'min_dim_size_to_factor': 2,
                                  'multiply_by_parameter_scale': False})
@@ -142,7 +142,7 @@ def test_adafactor_is_optaxs_with_the_configs_choices():
 
 
 def test_the_default_is_the_adamw_it_was_bit_for_bit():
-  cfg = ts.OptimizerConfig(learning_rate=1e-2, weight_decay=0.1, warmup_steps=2)
+  cfg = ts.OptimizerConfig(lr=1e-2, weight_decay=0.1, warmup_steps=2)
   mask = lambda params: jax.tree.map(lambda x: x.ndim >= 2, params)
   before = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
       ts.make_schedule(cfg), b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.1, mask=mask))
@@ -159,17 +159,17 @@ def test_the_default_is_the_adamw_it_was_bit_for_bit():
 
 @pytest.mark.parametrize('make', [ts.make_schedule, ts.optax_schedule])
 @pytest.mark.parametrize('cfg', [
-    ts.OptimizerConfig(learning_rate=1e-3, schedule='linear', decay_steps=10),
-    ts.OptimizerConfig(learning_rate=2e-6, schedule='linear', decay_steps=7, warmup_steps=5,
+    ts.OptimizerConfig(lr=1e-3, schedule='linear', decay_steps=10),
+    ts.OptimizerConfig(lr=2e-6, schedule='linear', decay_steps=7, warmup_steps=5,
                        min_lr_ratio=0.25),
-    ts.OptimizerConfig(learning_rate=1.0, schedule='linear', decay_steps=1, warmup_steps=1),
+    ts.OptimizerConfig(lr=1.0, schedule='linear', decay_steps=1, warmup_steps=1),
 ])
 def test_the_linear_schedule_matches_its_formula_at_every_step(cfg, make):
   counts = np.arange(cfg.warmup_steps + cfg.decay_steps + 4)
   got = np.asarray(jax.vmap(make(cfg))(jnp.asarray(counts, jnp.int32)))
   want = np.array([_lr(cfg, int(c)) for c in counts])
-  np.testing.assert_allclose(got, want, rtol=0, atol=2e-7 * cfg.learning_rate)
-  assert want[-1] == pytest.approx(cfg.learning_rate * cfg.min_lr_ratio)
+  np.testing.assert_allclose(got, want, rtol=0, atol=2e-7 * cfg.lr)
+  assert want[-1] == pytest.approx(cfg.lr * cfg.min_lr_ratio)
 
 
 @pytest.mark.parametrize('kw,message', [
@@ -179,11 +179,11 @@ def test_the_linear_schedule_matches_its_formula_at_every_step(cfg, make):
     (dict(name='sgd', args={'momentm': 0.9}),
      'args.momentm: not an argument of optax.sgd (nearest: momentum)'),
     (dict(args={'learning_rate': 1.0}), 'args.learning_rate: not an argument of optax.adamw'),
-    (dict(schedule='linear'), 'decay_steps must be >= 1 for the linear schedule'),
+    (dict(schedule='linear'), 'decay_steps: must be >= 1 for the linear schedule'),
 ])
 def test_a_bad_choice_is_one_line_naming_the_field(kw, message):
   with pytest.raises(ValueError) as e:
-    ts.OptimizerConfig(learning_rate=1.0, **kw)
+    ts.OptimizerConfig(lr=1.0, **kw)
   assert message in str(e.value) and '\n' not in str(e.value)
 
 
@@ -236,7 +236,7 @@ def test_the_docstrings_examples_build_their_optimizers():
   names = []
   for text in examples:
     opt = base.parse_optimizer(eval(text), 'doc')  # pylint: disable=eval-used
-    cfg = ts.OptimizerConfig(learning_rate=opt.lr, schedule=opt.schedule, name=opt.name,
+    cfg = ts.OptimizerConfig(lr=opt.lr, schedule=opt.schedule, name=opt.name,
                              warmup_steps=opt.warmup_steps, decay_steps=10, b1=opt.b1,
                              b2=opt.b2, eps=opt.eps, args=opt.args or ())
     ts.make_optimizer(cfg).init(_params())

@@ -88,7 +88,7 @@ def _pairs(rng, n):
 @pytest.mark.heavy
 def test_reward_model_learns_separable_preferences():
   graphdef, params = nnx.split(rm.create(CFG, seed=0))
-  opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=3e-3, warmup_steps=5))
+  opt = ts.make_optimizer(ts.OptimizerConfig(lr=3e-3, warmup_steps=5))
   state = ts.init_state(params, opt)
   loss = ts.LossSpec(rm.RewardModelConfig, rm.loss_fn, rm.normalizers)
   step = ts.make_train_step(graphdef, loss, {}, opt)

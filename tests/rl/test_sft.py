@@ -93,7 +93,7 @@ def test_packed_loss_equals_unpacked_per_example():
 def test_sft_reduces_held_out_loss():
   cfg = config_lib.ModelConfig.tiny()
   graphdef, params = nnx.split(transformer.create(cfg, seed=0))
-  opt_cfg = ts.OptimizerConfig(learning_rate=3e-3, warmup_steps=5)
+  opt_cfg = ts.OptimizerConfig(lr=3e-3, warmup_steps=5)
   opt = ts.make_optimizer(opt_cfg)
   state = ts.init_state(params, opt)
   loss = ts.LossSpec(sft.SftConfig, sft.loss_fn, sft.normalizers)

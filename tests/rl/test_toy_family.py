@@ -88,7 +88,7 @@ def test_the_sampler_the_engine_and_a_train_step_run_on_it(toy):
   batch = batch_lib.from_samples(one_call, np.linspace(-1., 1., len(one_call.lengths)))
   batch = batch._replace(old_logprobs=np.asarray(
       batch_lib.compute_logprobs(graphdef, params, batch)) * batch.loss_mask)
-  opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=1e-3, max_grad_norm=0.0))
+  opt = ts.make_optimizer(ts.OptimizerConfig(lr=1e-3, clip_norm=0.0))
   step = ts.make_train_step(graphdef, ts.LossSpec(grpo.GrpoConfig, grpo.loss_fn,
                                                   grpo.normalizers), grpo.GrpoConfig(), opt)
   state, m = step(ts.init_state(jax.tree.map(jnp.copy, params), opt), batch)

@@ -48,7 +48,7 @@ def _copy(tree):
   return jax.tree.map(jnp.copy, tree)
 
 
-OPT_CFG = ts.OptimizerConfig(learning_rate=1e-3, eps=1e-6, weight_decay=0.1, warmup_steps=2)
+OPT_CFG = ts.OptimizerConfig(lr=1e-3, eps=1e-6, weight_decay=0.1, warmup_steps=2)
 GRPO_CFG = grpo.GrpoConfig(kl_coef=0.05)
 GRPO = ts.LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)
 SFT = ts.LossSpec(sft.SftConfig, sft.loss_fn, sft.normalizers)
@@ -70,7 +70,7 @@ def _max_diff(a, b):
 
 def _schedule_formula(cfg: ts.OptimizerConfig, count: int) -> float:
   """The schedule's definition in float64: linear warm-up from lr / W, then constant or cosine."""
-  lr = cfg.learning_rate
+  lr = cfg.lr
   if cfg.warmup_steps:
     lr *= min(1.0, (count + 1) / cfg.warmup_steps)
   if cfg.schedule == 'cosine':
@@ -80,18 +80,18 @@ def _schedule_formula(cfg: ts.OptimizerConfig, count: int) -> float:
 
 
 @pytest.mark.parametrize('cfg', [
-    ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=4),
-    ts.OptimizerConfig(learning_rate=2e-6, warmup_steps=30),
-    ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=1),
+    ts.OptimizerConfig(lr=1e-3, warmup_steps=4),
+    ts.OptimizerConfig(lr=2e-6, warmup_steps=30),
+    ts.OptimizerConfig(lr=1e-3, warmup_steps=1),
     # One warm-up step: full lr from the start, yet the decay starts only at c = 1.
-    ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=1, schedule='cosine', decay_steps=5,
+    ts.OptimizerConfig(lr=1e-3, warmup_steps=1, schedule='cosine', decay_steps=5,
                        min_lr_ratio=0.2),
-    ts.OptimizerConfig(learning_rate=1.0, warmup_steps=2, schedule='cosine', decay_steps=10,
+    ts.OptimizerConfig(lr=1.0, warmup_steps=2, schedule='cosine', decay_steps=10,
                        min_lr_ratio=0.1),
-    ts.OptimizerConfig(learning_rate=1e-3, warmup_steps=20, schedule='cosine', decay_steps=580,
+    ts.OptimizerConfig(lr=1e-3, warmup_steps=20, schedule='cosine', decay_steps=580,
                        min_lr_ratio=0.1),
-    ts.OptimizerConfig(learning_rate=5e-5, schedule='cosine', decay_steps=7),
-    ts.OptimizerConfig(learning_rate=5e-5, schedule='cosine', decay_steps=1),   # the shortest
+    ts.OptimizerConfig(lr=5e-5, schedule='cosine', decay_steps=7),
+    ts.OptimizerConfig(lr=5e-5, schedule='cosine', decay_steps=1),   # the shortest
 ])
 @pytest.mark.parametrize('make', [ts.make_schedule, ts.optax_schedule])
 def test_schedule_matches_its_formula_at_every_step(cfg, make):
@@ -100,12 +100,12 @@ def test_schedule_matches_its_formula_at_every_step(cfg, make):
   got = np.asarray(jax.jit(jax.vmap(schedule))(jnp.asarray(counts, jnp.int32)))
   want = np.array([_schedule_formula(cfg, int(c)) for c in counts])
   # float32 rounding of values of size <= learning_rate.
-  np.testing.assert_allclose(got, want, rtol=0, atol=2e-7 * cfg.learning_rate)
+  np.testing.assert_allclose(got, want, rtol=0, atol=2e-7 * cfg.lr)
 
 
 def test_constant_schedule_without_warmup_is_exactly_the_learning_rate():
   for lr in (1e-3, 2e-6, 3.7e-5):
-    schedule = ts.make_schedule(ts.OptimizerConfig(learning_rate=lr))
+    schedule = ts.make_schedule(ts.OptimizerConfig(lr=lr))
     assert all(schedule(jnp.int32(c)) == lr for c in (0, 1, 1000))
     assert float(jax.jit(schedule)(jnp.int32(5))) == float(np.float32(lr))
 
@@ -117,10 +117,10 @@ def test_loss_configs_and_clear_errors():
     ts.loss_config(GRPO, {'clip': 0.2})
   with pytest.raises(TypeError, match="the loss is a LossSpec .* got 'ppo'"):
     ts.make_train_step(None, 'ppo', None, optax.sgd(1.0))
-  with pytest.raises(ValueError, match='learning_rate'):
-    ts.make_optimizer({'learning_rate': 0.0})
+  with pytest.raises(ValueError, match=r'OptimizerConfig.lr=0.0: must be > 0'):
+    ts.make_optimizer({'lr': 0.0})
   with pytest.raises(ValueError, match='decay_steps'):
-    ts.OptimizerConfig(learning_rate=1.0, schedule='cosine')
+    ts.OptimizerConfig(lr=1.0, schedule='cosine')
 
 
 def _adam_mu(state):
@@ -268,7 +268,7 @@ def test_fp32_master_weights_keep_updates_a_bf16_copy_would_lose():
   graphdef, params = nnx.split(transformer.create(cfg, seed=0))
   batch = _grpo_batch(graphdef32, params32, ref=True)
   lr = 1e-5
-  opt = ts.make_optimizer(ts.OptimizerConfig(learning_rate=lr))
+  opt = ts.make_optimizer(ts.OptimizerConfig(lr=lr))
   step = ts.make_train_step(graphdef, GRPO, GRPO_CFG, opt)
   state, m = step(ts.init_state(_copy(params), opt, master_dtype='float32'), batch)
   w0 = np.asarray(params['layers']['mlp']['up_proj'][...].astype(jnp.float32))
@@ -300,9 +300,9 @@ def _sft_batch(seed=0, rows=4, length=16):
 
 def test_applied_update_is_lr_times_the_clipped_adamw_direction():
   """Four steps against AdamW written out in numpy: clipping, schedule, bias correction, decay mask."""
-  cfg = ts.OptimizerConfig(learning_rate=1e-2, warmup_steps=2, schedule='cosine', decay_steps=2,
+  cfg = ts.OptimizerConfig(lr=1e-2, warmup_steps=2, schedule='cosine', decay_steps=2,
                            min_lr_ratio=0.25, b1=0.8, b2=0.9, eps=1e-4, weight_decay=0.3,
-                           max_grad_norm=0.05)
+                           clip_norm=0.05)
   graphdef, params = nnx.split(transformer.create(CFG, seed=0))
   opt = ts.make_optimizer(cfg)
   step = ts.make_train_step(graphdef, SFT, None, opt, lr_schedule=ts.make_schedule(cfg),
@@ -318,8 +318,8 @@ def test_applied_update_is_lr_times_the_clipped_adamw_direction():
     batch = _sft_batch(seed=k)
     p0, g = leaves(state.params), leaves(grad(state.params, batch))
     norm = math.sqrt(sum(float(np.sum(x ** 2)) for x in g))
-    assert norm > 4 * cfg.max_grad_norm                   # clipping is active
-    g = [x * cfg.max_grad_norm / norm for x in g]
+    assert norm > 4 * cfg.clip_norm                   # clipping is active
+    g = [x * cfg.clip_norm / norm for x in g]
     m = [cfg.b1 * a + (1 - cfg.b1) * x for a, x in zip(m, g)]
     v = [cfg.b2 * a + (1 - cfg.b2) * x ** 2 for a, x in zip(v, g)]
     direction = [(a / (1 - cfg.b1 ** k)) / (np.sqrt(b / (1 - cfg.b2 ** k)) + cfg.eps)
