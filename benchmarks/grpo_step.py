@@ -64,6 +64,7 @@ from models import config as config_lib
 from models import transformer
 from rl import batch as batch_lib
 from rl import buckets
+from rl import engine_options
 from rl import grpo
 from rl import sampler as sampler_lib
 from rl import train_step as train_lib
@@ -235,8 +236,8 @@ class _Longtail:
 
   def __init__(self, cfg, model, prompts, limits, engine: bool):
     self.graphdef, params = nnx.split(model)
-    pb = buckets.smallest_fit(sampler_lib.DEFAULT_PROMPT_BUCKETS, _PROMPT_LEN.value, 'prompt')
-    nb = buckets.smallest_fit(sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS, _NEW_TOKENS.value,
+    pb = buckets.smallest_fit(engine_options.DEFAULT_PROMPT_BUCKETS, _PROMPT_LEN.value, 'prompt')
+    nb = buckets.smallest_fit(engine_options.DEFAULT_NEW_TOKEN_BUCKETS, _NEW_TOKENS.value,
                               'new tokens')
     budget = _CHUNK_ROWS.value * (pb + nb)          # KV token slots, the same on both sides
     kw = (dict(engine='paged', slots=2 * _CHUNK_ROWS.value, pages=budget // 16) if engine

@@ -98,6 +98,7 @@ from cascade import policies
 from models import config as config_lib
 from models import transformer
 from rl import buckets
+from rl import engine_options
 from rl import sampler as sampler_lib
 
 _FAMILY = flags.DEFINE_enum(
@@ -373,8 +374,8 @@ def longtail(cfg, model):
   useful = int(limits.sum())
   graphdef, params = nnx.split(model)
   sp = _sampling_params(cap)
-  pb = buckets.smallest_fit(sampler_lib.DEFAULT_PROMPT_BUCKETS, plen, 'prompt')
-  nb = buckets.smallest_fit(sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS, cap, 'new tokens')
+  pb = buckets.smallest_fit(engine_options.DEFAULT_PROMPT_BUCKETS, plen, 'prompt')
+  nb = buckets.smallest_fit(engine_options.DEFAULT_NEW_TOKEN_BUCKETS, cap, 'new tokens')
   budget = batch * (pb + nb)                       # KV token slots: the same for every side
   one_call = sampler_lib.Sampler(graphdef, cfg, eos_ids=(), cache_tokens_per_device=budget)
   assert one_call.chunk_rows(rows, pb + nb) == batch

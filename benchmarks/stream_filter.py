@@ -52,6 +52,7 @@ from benchmarks import host
 from models import config as config_lib
 from models import transformer
 from rl import buckets
+from rl import engine_options
 from rl import filtering
 from rl import sampler as sampler_lib
 
@@ -146,8 +147,8 @@ def main(argv):
   graphdef, params = nnx.split(transformer.create(cfg, seed=_SEED.value))
   p, g, cap = _PROMPTS.value, _GROUP.value, _NEW_TOKENS.value
   sp = sampler_lib.SamplingParams(max_new_tokens=cap, temperature=1.0)
-  pb = buckets.smallest_fit(sampler_lib.DEFAULT_PROMPT_BUCKETS, _PROMPT_LEN.value, 'prompt')
-  nb = buckets.smallest_fit(sampler_lib.DEFAULT_NEW_TOKEN_BUCKETS, cap, 'new tokens')
+  pb = buckets.smallest_fit(engine_options.DEFAULT_PROMPT_BUCKETS, _PROMPT_LEN.value, 'prompt')
+  nb = buckets.smallest_fit(engine_options.DEFAULT_NEW_TOKEN_BUCKETS, cap, 'new tokens')
   budget = _BATCH.value * (pb + nb)                 # KV token slots, the same on every side
   paged = lambda: sampler_lib.Sampler(graphdef, cfg, eos_ids=(), engine='paged',
                                       slots=_SLOTS.value, page_size=16, pages=budget // 16,

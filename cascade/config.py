@@ -212,60 +212,18 @@ class Mesh:
     return sharding.DEFAULT_RULES
 
 
-def _buckets_ok(v) -> bool:
-  return (isinstance(v, (list, tuple)) and bool(v)
-          and all(schema.is_int(x) and x >= 1 for x in v))
-
-
-def _pairs_ok(v) -> bool:
-  pairs = list(v.items()) if isinstance(v, Mapping) else v
-  return isinstance(pairs, (list, tuple)) and all(
-      isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[0], str) for r in pairs)
-
-
-_BUCKETS = dict(check=(_buckets_ok, 'must be a non-empty list of ints >= 1'), convert=tuple)
-_AT_LEAST_1 = dict(check=schema.int_at_least(1))
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Sampler(schema.settings(engine_options.EngineOptions, unset=True)):
+class Sampler(schema.settings(engine_options.SamplerOptions, unset=True)):
   """config.sampler: options of the policy's `rl.sampler.Sampler` (see its docstring).
 
-  A field left None takes the Sampler's own default; `options()` are the
-  keyword arguments the run and `launch.plan` build it with. The Sampler
-  checks what only it can (its buckets against the model, rollout_rules
-  against the logical axes) when it is built. The paged engine's options (slots, page_size,
-  pages, chunk_steps, prefill_prompts, decode_rows) are the fields of
-  `rl.engine_options.EngineOptions`, with its checks (None: its defaults).
+  Its fields are `rl.engine_options.SamplerOptions`', with their checks: the sampler's own
+  (buckets, decode phases, the cache budget, rollout rules, the engine, decode layers, the
+  rollout copy) and the paged engine's (slots, page_size, pages, chunk_steps,
+  prefill_prompts, decode_rows). A field left None takes the Sampler's own default;
+  `options()` are the keyword arguments the run and `launch.plan` build it with. The Sampler
+  checks what only it can (its ids against the model, rollout_rules against the logical
+  axes) when it is built.
   """
-  # Padded prompt lengths / cache extents for new tokens / padded batch sizes the sampler
-  # compiles for (batch: None = powers of two).
-  prompt_buckets: tuple[int, ...] | None = schema.field(None, **_BUCKETS)
-  new_token_buckets: tuple[int, ...] | None = schema.field(None, **_BUCKETS)
-  batch_buckets: tuple[int, ...] | None = schema.field(None, **_BUCKETS)
-  # Decode loops whose cache extent doubles (1 = one cache throughout).
-  decode_phases: int | None = schema.field(None, **_AT_LEAST_1)
-  # The most KV-cache slots one device holds at once (None: one call, unchunked).
-  cache_tokens_per_device: int | None = schema.field(None, **_AT_LEAST_1)
-  # (logical axis, mesh axes) pairs overriding config.mesh.rules while sampling, e.g.
-  # (('embed', None),): weights replicated over fsdp (None: the training layout).
-  rollout_rules: tuple | None = schema.field(
-      None, check=(_pairs_ok, 'must be (logical axis, mesh axes) pairs, e.g. (("embed", None),)'),
-      convert=lambda v: tuple(v.items()) if isinstance(v, Mapping) else tuple(v))
-  # 'one_call' (one decode loop per chunk of rows) or 'paged' (continuous batching).
-  engine: str | None = schema.field(None)
-  # How a decode step runs the blocks: 'scan', 'unrolled' or 'auto' (by the devices).
-  decode_layers: str | None = schema.field(None)
-  # Sample with a copy of the weights in which every weight the sampler only converts to a
-  # narrower compute dtype is stored in it (None: the Sampler's default, on); bit-identical.
-  rollout_cast: bool | None = schema.field(None, check=schema.BOOL)
-
-  def check(self, fail):
-    from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
-    if self.decode_layers is not None and self.decode_layers not in sampler_lib.DECODE_LAYERS:
-      fail('decode_layers', f'expected one of {sampler_lib.DECODE_LAYERS}')
-    if self.engine is not None and self.engine not in sampler_lib.ENGINES:
-      fail('engine', f'expected one of {sampler_lib.ENGINES}')
 
   def options(self) -> dict[str, Any]:
     """The keyword arguments of `rl.sampler.Sampler` this section sets."""

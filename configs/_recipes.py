@@ -447,8 +447,8 @@ def exact_sampler_buckets(c: ml_collections.ConfigDict) -> None:
   # a decode step then reads local weights instead of gathering fsdp shards.
   c.sampler.rollout_rules = (('embed', None),)
   lengths = {int(c.eval.max_new_tokens)}
-  from rl import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
-  prompts = set(sampler_lib.DEFAULT_PROMPT_BUCKETS)
+  from rl import engine_options  # pylint: disable=g-import-not-at-top
+  prompts = set(engine_options.DEFAULT_PROMPT_BUCKETS)
   for st in c.stages:
     lengths.update(int(p['max_response_len']) for p in st.get('phases') or [])
     if 'max_response_len' in st:

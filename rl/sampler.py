@@ -66,11 +66,6 @@ from rl import rollout_copy
 from rl import sampling
 from rl import scheduler
 
-# Up to 262,144 tokens: Nemotron-H's positions, and past Qwen3's 131,072 under YaRN (factor 4).
-DEFAULT_PROMPT_BUCKETS = tuple(2 ** i for i in range(5, 19))       # 32 ... 262144
-DEFAULT_NEW_TOKEN_BUCKETS = tuple(2 ** i for i in range(4, 19))    # 16 ... 262144
-ENGINES = ('one_call', 'paged')
-DECODE_LAYERS = ('auto', 'scan', 'unrolled')
 # The programs `Sampler.lower` compiles per engine (launch.plan plans each).
 PROGRAMS = {'one_call': ('decode',), 'paged': ('decode', 'prefill')}
 
@@ -189,11 +184,11 @@ class _Loop(NamedTuple):
 
 # Decode phases: none shorter than _MIN_PHASE_TOKENS (below that attention
 # over unfilled slots costs less than compiling the loop body once more).
-DEFAULT_DECODE_PHASES = 4
 _MIN_PHASE_TOKENS = 128
 
 
-def _phase_ends(nb: int, phases: int = DEFAULT_DECODE_PHASES) -> tuple[int, ...]:
+def _phase_ends(nb: int, phases: int = engine_options_lib.DEFAULT_DECODE_PHASES
+                ) -> tuple[int, ...]:
   """New-token extents of the decode phases, e.g. 1024 -> (128, 256, 512, 1024)."""
   ends = [nb]
   while len(ends) < phases and ends[0] // 2 >= _MIN_PHASE_TOKENS:
@@ -217,7 +212,7 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
             top_k, max_new_tokens, row_offset=0, row_limits=None, *, max_new_bucket: int,
             eos_ids: tuple[int, ...],
             pad_id: int, greedy: bool, filtered: bool,
-            decode_phases: int = DEFAULT_DECODE_PHASES, group: int = 1,
+            decode_phases: int = engine_options_lib.DEFAULT_DECODE_PHASES, group: int = 1,
             unroll: bool = False, record_routing: bool = False) -> SampleOutput:
   """Prefill + while-loop decode (see `sample`). B rows, P prompt, Nb = max_new_bucket."""
   model = nnx.merge(graphdef, params)
@@ -430,15 +425,7 @@ class Sampler:
   """
 
   def __init__(self, graphdef, model_cfg: config_lib.ModelConfig, *, eos_ids: Sequence[int],
-               pad_id: int = 0, mesh=None, rules=None,
-               prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
-               new_token_buckets: Sequence[int] = DEFAULT_NEW_TOKEN_BUCKETS,
-               batch_buckets: Sequence[int] | None = None,
-               decode_phases: int = DEFAULT_DECODE_PHASES,
-               cache_tokens_per_device: int | None = None,
-               rollout_rules: Sequence[tuple[str, object]] | None = None,
-               engine: str = 'one_call', decode_layers: str = 'auto',
-               rollout_cast: bool = True, **engine_options):
+               pad_id: int = 0, mesh=None, rules=None, **options):
     """Builds the sampler.
 
     Args:
@@ -450,6 +437,8 @@ class Sampler:
         'batch' rule, the model's own constraints do the rest. The params
         passed to `generate` must already live on it.
       rules: logical sharding rules (default: models.sharding.DEFAULT_RULES).
+      **options: the fields of `rl.engine_options.SamplerOptions`, declared, defaulted and
+        checked there (when the sampler is built); what each one does:
       prompt_buckets: allowed padded prompt lengths.
       new_token_buckets: allowed cache extents for the new tokens.
       batch_buckets: allowed padded batch sizes; None = powers of two. Either
@@ -497,13 +486,13 @@ class Sampler:
         bytes a decode step reads and the copy holds, the same tokens and log-probs bit
         for bit. Nothing is copied when no weight qualifies (a float32-compute model)
         and no `rollout_rules` reshard them.
-      **engine_options: the paged engine's options, the fields of
-        `rl.engine_options.EngineOptions` (declared, defaulted and checked there, when the
-        sampler is built): slots (rows decoded at once; None = the rows one 'one_call' chunk
-        would hold, `chunk_rows`), page_size, pages (pages in the pool, split evenly over the mesh's batch shards: a
-        slot's pages live on its own shard; None = `cache_tokens_per_device` / page_size per
-        batch shard when that is set, else room for every slot's longest row), chunk_steps
-        (free slots are refilled between calls), prefill_prompts and decode_rows.
+      slots, page_size, pages, chunk_steps, prefill_prompts, decode_rows: the paged engine's
+        options (`rl.engine_options.EngineOptions`): slots (rows decoded at once; None = the
+        rows one 'one_call' chunk would hold, `chunk_rows`), page_size, pages (pages in the
+        pool, split evenly over the mesh's batch shards: a slot's pages live on its own
+        shard; None = `cache_tokens_per_device` / page_size per batch shard when that is set,
+        else room for every slot's longest row), chunk_steps (free slots are refilled between
+        calls), prefill_prompts and decode_rows.
     """
     self.graphdef = graphdef
     self.cfg = model_cfg
@@ -513,14 +502,10 @@ class Sampler:
       bad = [i for i in ids if not 0 <= i < model_cfg.vocab_size]
       if bad:
         raise ValueError(f'Sampler {name} {bad} outside [0, vocab_size={model_cfg.vocab_size})')
-    for name, bk in (('prompt_buckets', prompt_buckets),
-                     ('new_token_buckets', new_token_buckets),
-                     ('batch_buckets', batch_buckets or (1,))):
-      if not bk or any(int(x) < 1 for x in bk):
-        raise ValueError(f'Sampler {name}={bk!r} must be a non-empty list of ints >= 1')
     self.mesh = mesh
-    self.rollout_rules = tuple((str(k), tuple(v) if isinstance(v, list) else v)
-                               for k, v in (rollout_rules or ()))
+    # Checked here, so a bad option fails when the sampler is built, not at the first call.
+    self.options = opts = engine_options_lib.SamplerOptions(**options)
+    self.rollout_rules = opts.rollout_rules or ()
     if self.rollout_rules:
       merged = dict(sharding.DEFAULT_RULES if rules is None else rules)
       unknown = [k for k, _ in self.rollout_rules if k not in merged]
@@ -529,35 +514,24 @@ class Sampler:
                          f'(known: {sorted(merged)})')
       rules = sharding.override_rules(rules, self.rollout_rules)
     self.rules = rules       # the rules the sampler traces and lays its weights out with
-    self.prompt_buckets = tuple(sorted(int(x) for x in prompt_buckets))
-    self.new_token_buckets = tuple(sorted(int(x) for x in new_token_buckets))
-    self.batch_buckets = (None if batch_buckets is None
-                          else tuple(sorted(int(x) for x in batch_buckets)))
-    if int(decode_phases) < 1:
-      raise ValueError(f'Sampler decode_phases={decode_phases} must be >= 1')
-    self.decode_phases = int(decode_phases)
-    if decode_layers not in DECODE_LAYERS:
-      raise ValueError(f'Sampler decode_layers={decode_layers!r}: expected one of {DECODE_LAYERS}')
+    self.prompt_buckets = opts.prompt_buckets
+    self.new_token_buckets = opts.new_token_buckets
+    self.batch_buckets = opts.batch_buckets
+    self.decode_phases = opts.decode_phases
+    decode_layers = opts.decode_layers
     if decode_layers == 'auto':
       platform = (mesh.devices.flat[0].platform if mesh is not None
                   else jax.default_backend())
       decode_layers = 'unrolled' if platform == 'cpu' else 'scan'
     self.decode_layers = decode_layers
-    self.rollout_cast = bool(rollout_cast)
+    self.rollout_cast = opts.rollout_cast
     self._cast_plans, self._cast_fns = {}, {}
-    if cache_tokens_per_device is not None and int(cache_tokens_per_device) < 1:
-      raise ValueError(f'Sampler cache_tokens_per_device={cache_tokens_per_device} must be >= 1')
-    self.cache_tokens_per_device = (None if cache_tokens_per_device is None
-                                    else int(cache_tokens_per_device))
+    self.cache_tokens_per_device = opts.cache_tokens_per_device
     self.state_slots = state_slots(model_cfg, mesh, self.rules)
-    if engine not in ENGINES:
-      raise ValueError(f'Sampler engine={engine!r}: expected one of {ENGINES}')
-    self.engine = engine
-    # Checked here, so a bad option fails when the sampler is built, not at the first call.
-    self.engine_options = engine_options_lib.EngineOptions(**engine_options)
-    slots = self.engine_options.slots
-    self.slots = None if slots is None else int(slots)
-    self._rollout = _ENGINE_TYPES[engine](self)
+    self.engine = opts.engine
+    self.engine_options = opts.engine_options()
+    self.slots = opts.slots
+    self._rollout = _ENGINE_TYPES[self.engine](self)
     self.compile_count = 0
     # Accounting, cumulative over calls: decode slots paid for (a chunk's rows x the decode
     # steps it ran, padding rows included) and tokens generated by real rows.

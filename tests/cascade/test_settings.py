@@ -1,6 +1,7 @@
 """Each knob once: a GRPO stage's loss fields are `rl.grpo.GrpoConfig`'s, declared there with
 their default and check, and reach the loss under the same names (no stage kind declares one of
-its own); config.sampler's paged-engine options are `rl.engine_options.EngineOptions`'."""
+its own); config.sampler's options are `rl.engine_options.SamplerOptions`' (the paged engine's
+among them)."""
 
 import dataclasses
 
@@ -82,23 +83,41 @@ def test_the_stage_and_the_library_refuse_with_the_same_check(name, value):
   assert str(library_error.value) == f'GrpoConfig.{name}={value!r}: {why}'
 
 
-def test_config_sampler_takes_the_engine_options_from_the_library():
-  engine = {f.name: f for f in dataclasses.fields(engine_options.EngineOptions)}
+def test_config_sampler_takes_every_sampler_option_from_the_library():
+  library = {f.name: f for f in dataclasses.fields(engine_options.SamplerOptions)}
   section = {f.name: f for f in dataclasses.fields(config_lib.Sampler)}
-  assert set(engine) <= set(section)
-  for name, lib in engine.items():
+  engine = {f.name for f in dataclasses.fields(engine_options.EngineOptions)}
+  assert engine < set(library) == set(section)
+  for name, lib in library.items():
     assert section[name].default is None, name           # unset: the library's default
     assert section[name].metadata['check'] is lib.metadata['check'], name
+    assert section[name].metadata['convert'] is lib.metadata['convert'], name
     assert not declared_in(config_lib.Sampler, name), name
 
 
-@pytest.mark.parametrize('name,value', [('page_size', 0), ('pages', 1.5), ('decode_rows', 'x')])
-def test_a_bad_engine_option_is_refused_by_its_one_check(name, value):
-  why = next(f for f in dataclasses.fields(engine_options.EngineOptions)
+@pytest.mark.parametrize('name,value', [('page_size', 0), ('pages', 1.5), ('decode_rows', 'x'),
+                                        ('prompt_buckets', []), ('decode_phases', 0),
+                                        ('engine', 'pagd'), ('decode_layers', 'unroll'),
+                                        ('rollout_rules', ['embed'])])
+def test_a_bad_sampler_option_is_refused_by_its_one_check(name, value):
+  why = next(f for f in dataclasses.fields(engine_options.SamplerOptions)
              if f.name == name).metadata['check'][1]
   with pytest.raises(config_lib.ConfigError) as section_error:
     schema.from_mapping(config_lib.Sampler, {name: value}, 'config.sampler', sep='.')
   assert str(section_error.value) == f'config.sampler.{name}={value!r}: {why}'
   with pytest.raises(ValueError) as library_error:
-    engine_options.EngineOptions(**{name: value})
-  assert str(library_error.value) == f'EngineOptions.{name}={value!r}: {why}'
+    engine_options.SamplerOptions(**{name: value})
+  assert str(library_error.value) == f'SamplerOptions.{name}={value!r}: {why}'
+
+
+def test_the_sampler_options_normalise_as_the_config_does():
+  opts = engine_options.SamplerOptions(prompt_buckets=[64, 32], rollout_rules={'embed': None},
+                                       batch_buckets=(8, 2))
+  assert (opts.prompt_buckets, opts.batch_buckets) == ((32, 64), (2, 8))
+  assert opts.rollout_rules == (('embed', None),)
+  section = schema.from_mapping(config_lib.Sampler, dict(prompt_buckets=[64, 32],
+                                rollout_rules=[['embed', ['fsdp', 'tensor']]]), 'c', sep='.')
+  assert section.prompt_buckets == (32, 64)
+  assert section.rollout_rules == (('embed', ('fsdp', 'tensor')),)
+  assert engine_options.SamplerOptions(**section.options()) == engine_options.SamplerOptions(
+      prompt_buckets=(32, 64), rollout_rules=(('embed', ('fsdp', 'tensor')),))

@@ -297,15 +297,16 @@ def test_engine_options_and_pool_errors(policy):
 
 
 def test_the_sampler_takes_the_engine_options_as_declared_once(policy):
-  """The Sampler declares none of the engine's options itself: it takes EngineOptions' fields
-  as they are, checks them there when it is built, and each engine runs with them."""
-  names = {f.name for f in dataclasses.fields(engine_options.EngineOptions)}
+  """The Sampler declares none of its options itself: it takes SamplerOptions' fields (the
+  engine's among them) as they are, checks them there when it is built, and each engine runs
+  with them."""
+  names = {f.name for f in dataclasses.fields(engine_options.SamplerOptions)}
   assert not names & set(inspect.signature(sampler.Sampler.__init__).parameters)
   given = dict(slots=2, page_size=8, pages=12, chunk_steps=4, prefill_prompts=2,
                decode_rows='all')
   s = sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='paged', **given)
   assert s._rollout.engine(2).opt == engine_options.EngineOptions(**given)
-  with pytest.raises(ValueError, match=r'^EngineOptions.chunk_steps=0: must be an int >= 1$'):
+  with pytest.raises(ValueError, match=r'^SamplerOptions.chunk_steps=0: must be an int >= 1$'):
     sampler.Sampler(policy[0], CFG, eos_ids=EOS, engine='paged', chunk_steps=0)
 
 # ------------------------------------------------------------------ streaming (Sampler.stream)

@@ -9,6 +9,7 @@ from flax import nnx
 from models import config as config_lib
 from models import sharding
 from models import transformer
+from rl import engine_options
 from rl import sampler
 from rl import sampling
 
@@ -356,7 +357,7 @@ def test_chunk_rows_from_the_cache_budget(policy):
       32, 32, 64, 65_536, 131_072, 131_072]
   with pytest.raises(ValueError, match='prompt length=262145 exceeds the largest bucket 262144'):
     default.call_shape(1, 262_145, 16)
-  assert max(sampler.DEFAULT_NEW_TOKEN_BUCKETS) == 262_144
+  assert max(engine_options.DEFAULT_NEW_TOKEN_BUCKETS) == 262_144
   # launch.plan's words for a chunked call: rows per chunk and how many chunks.
   sp = sampler.SamplingParams(max_new_tokens=16)
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), policy[1])
