@@ -47,17 +47,10 @@ _REQUIRED_SECTIONS = ('model', 'tokenizer', 'mesh', 'sampler', 'ckpt', 'eval', '
                       'datasets', 'stages')
 
 
-def _get(cfg, key, default=None):
-  try:
-    return cfg[key] if key in cfg else default
-  except TypeError:
-    return default
-
-
 def _section(cls, raw, name: str):
   """`cls` from `config.<name>` (absent: its defaults); an unknown field is named with the
   nearest known ones."""
-  return schema.from_mapping(cls, schema.as_dict(raw or {}), f'config.{name}', sep='.')
+  return schema.from_mapping(cls, raw or {}, f'config.{name}', sep='.')
 
 
 def _mapping_ok(v) -> bool:
@@ -1015,46 +1008,50 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     from cascade.data import readers  # pylint: disable=g-import-not-at-top
     known_formats = {k: v.record_type for k, v in readers.FORMATS.items()}
 
-  for key in (config.keys() if hasattr(config, 'keys') else ()):
+  if not isinstance(schema.plain(config), Mapping):
+    raise ConfigError(f'config: must be a ConfigDict or a mapping, got {type(config).__name__}')
+  # The one conversion of the ConfigDict: plain data from here on (nested sections too).
+  cfg = schema.as_dict(config)
+  for key in cfg:
     if key not in SECTIONS:
       raise ConfigError(f'config.{key}: unknown section ({schema.nearest(key, SECTIONS)})')
   for section in _REQUIRED_SECTIONS:
-    if _get(config, section) is None:
+    if cfg.get(section) is None:
       raise ConfigError(f'config.{section}: missing section')
-  seed = _get(config, 'seed')
+  seed = cfg.get('seed')
   if not schema.is_int(seed):
     raise ConfigError(f'config.seed={seed!r}: must be an int')
-  model_section = _section(Model, config.model, 'model')
+  model_section = _section(Model, cfg['model'], 'model')
   model = model_section.resolve()
   _check_positions(model)
-  tok = _section(Tokenizer, config.tokenizer, 'tokenizer')
-  mesh = _section(Mesh, config.mesh, 'mesh')
+  tok = _section(Tokenizer, cfg['tokenizer'], 'tokenizer')
+  mesh = _section(Mesh, cfg['mesh'], 'mesh')
   _check_expert_axis(mesh.shape, model)
-  ckpt = _section(Ckpt, config.ckpt, 'ckpt')
-  divergence = _section(Divergence, _get(config, 'divergence'), 'divergence')
-  raw_eval = schema.as_dict(config.eval)
+  ckpt = _section(Ckpt, cfg['ckpt'], 'ckpt')
+  divergence = _section(Divergence, cfg.get('divergence'), 'divergence')
+  raw_eval = cfg['eval']
   ev = _section(Eval, raw_eval, 'eval')
-  sampler = _section(Sampler, config.sampler, 'sampler')
-  hardware = _section(Hardware, _get(config, 'hardware'), 'hardware')
-  compilation_cache = _section(CompilationCache, _get(config, 'compilation_cache'),
+  sampler = _section(Sampler, cfg['sampler'], 'sampler')
+  hardware = _section(Hardware, cfg.get('hardware'), 'hardware')
+  compilation_cache = _section(CompilationCache, cfg.get('compilation_cache'),
                                'compilation_cache')
-  logging = _section(Logging, _get(config, 'logging'), 'logging')
-  prepare = _get(config, 'prepare')
+  logging = _section(Logging, cfg.get('logging'), 'logging')
+  prepare = cfg.get('prepare')
   if prepare is not None:
     prepare = _section(Prepare, prepare, 'prepare')
   datasets = {name: Dataset.parse(name, spec, known_formats)
-              for name, spec in schema.as_dict(_get(config, 'datasets') or {}).items()}
-  raw_domains = schema.as_dict(_get(config, 'domains') or {})
+              for name, spec in (cfg.get('datasets') or {}).items()}
+  raw_domains = cfg.get('domains') or {}
   if not raw_domains:
     raise ConfigError('config.domains: no domains')
   names = set(known_verifiers)
   domains = {name: Domain.parse(name, spec, datasets, names)
              for name, spec in raw_domains.items()}
-  guard = _get(config, 'guard')
+  guard = cfg.get('guard')
   if guard is not None:
     guard = _section(Guard, guard, 'guard')
     guard.check_domains(domains)
-  raw = list(_get(config, 'stages', []) or [])
+  raw = list(cfg.get('stages', []) or [])
   if not raw:
     raise ConfigError('config.stages: the stage list is empty')
   raw = [schema.as_dict(s) for s in raw]
@@ -1077,10 +1074,10 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
   if initial == 'auto':
     first = next((s for s in stages if s.ROW), None)
     initial = first is not None and first.SAMPLES
-  allow = _get(config, 'allow_config_change', False)
+  allow = cfg.get('allow_config_change', False)
   if not isinstance(allow, bool):
     raise ConfigError(f'config.allow_config_change={allow!r}: must be a bool')
-  data_cache = _get(config, 'data_cache', '') or ''
+  data_cache = cfg.get('data_cache', '') or ''
   if not isinstance(data_cache, str):
     raise ConfigError(f'config.data_cache={data_cache!r}: must be a directory (str)')
   template = tok.template()
@@ -1098,7 +1095,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
               domains=domains, datasets=datasets, initial_eval=bool(initial), prepare=prepare,
               eval_settings=eval_settings, guard=guard, hardware=hardware,
               compilation_cache=compilation_cache, logging=logging, allow_config_change=allow,
-              data_cache=data_cache, source=schema.as_dict(config), chat_template=template)
+              data_cache=data_cache, source=cfg, chat_template=template)
 
 
 def _parse_stages(kinds, raw: list[dict], domains, datasets) -> list:
