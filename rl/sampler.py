@@ -517,20 +517,21 @@ class Sampler:
     self.prompt_buckets = opts.prompt_buckets
     self.new_token_buckets = opts.new_token_buckets
     self.batch_buckets = opts.batch_buckets
-    self.decode_phases = opts.decode_phases
+    self.decode_phases = int(opts.decode_phases)
     decode_layers = opts.decode_layers
     if decode_layers == 'auto':
       platform = (mesh.devices.flat[0].platform if mesh is not None
                   else jax.default_backend())
       decode_layers = 'unrolled' if platform == 'cpu' else 'scan'
     self.decode_layers = decode_layers
-    self.rollout_cast = opts.rollout_cast
+    self.rollout_cast = bool(opts.rollout_cast)
     self._cast_plans, self._cast_fns = {}, {}
-    self.cache_tokens_per_device = opts.cache_tokens_per_device
+    self.cache_tokens_per_device = (None if opts.cache_tokens_per_device is None
+                                    else int(opts.cache_tokens_per_device))
     self.state_slots = state_slots(model_cfg, mesh, self.rules)
     self.engine = opts.engine
     self.engine_options = opts.engine_options()
-    self.slots = opts.slots
+    self.slots = None if opts.slots is None else int(opts.slots)
     self._rollout = _ENGINE_TYPES[self.engine](self)
     self.compile_count = 0
     # Accounting, cumulative over calls: decode slots paid for (a chunk's rows x the decode
