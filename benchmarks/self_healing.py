@@ -3,6 +3,7 @@
   .venv/bin/python -m benchmarks.self_healing                         # hybrid and dense, seeds 0,1,2
   .venv/bin/python -m benchmarks.self_healing --models=hybrid --seeds=0
   .venv/bin/python -m benchmarks.self_healing --norun                 # the page from finished runs
+  .venv/bin/python -m benchmarks.self_healing --config_arg=smoke --doc=/tmp/smoke.md  # plumbing
 
 Each (model, seed) runs `configs/tiny.py:model=<model>,seed=<seed>` twice, once as it is (no
 guard) and once with `guard=repair` (cascade/guard.py: probes of the earlier domains between
@@ -33,9 +34,10 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
+import subprocess
 import sys
 import time
-import subprocess
 from typing import Mapping, Sequence
 
 from absl import app
@@ -57,18 +59,23 @@ _WORKDIR_ROOT = flags.DEFINE_string('workdir_root', 'runs/self_healing',
                                     '_s<seed>.')
 _DOC = flags.DEFINE_string('doc', 'docs/self_healing.md', 'The page written.')
 _RUN = flags.DEFINE_bool('run', True, 'Run what has not finished (else only read back).')
+_CONFIG_ARG = flags.DEFINE_string('config_arg', '', "Extra config argument of every run, e.g. "
+                                  "'smoke' (the plumbing in minutes; the numbers mean nothing).")
 _ISOLATION = flags.DEFINE_string('isolation', '', "Code rewards' sandbox, e.g. 'none' (a host "
                                  "without bwrap); '' keeps the config's.")
 
 
 def run_name(model: str, side: str, seed: int) -> str:
-  """'hybrid', 'repair', 0 -> 'tiny_model-hybrid-guard-repair_s0'."""
-  return f'tiny_model-{model}' + ('-guard-repair' if side == 'repair' else '') + f'_s{seed}'
+  """'hybrid', 'repair', 0 -> 'tiny_model-hybrid-guard-repair_s0' (with --config_arg=smoke:
+  'tiny_smoke_model-hybrid-guard-repair_s0')."""
+  extra = re.sub(r'[^A-Za-z0-9]+', '-', _CONFIG_ARG.value).strip('-')
+  return (f'tiny{"_" + extra if extra else ""}_model-{model}'
+          + ('-guard-repair' if side == 'repair' else '') + f'_s{seed}')
 
 
 def config_arg(model: str, side: str, seed: int) -> str:
   return ','.join([f'model={model}'] + (['guard=repair'] if side == 'repair' else [])
-                  + [f'seed={seed}'])
+                  + ([_CONFIG_ARG.value] if _CONFIG_ARG.value else []) + [f'seed={seed}'])
 
 
 def command(model: str, side: str, seed: int, workdir: str) -> list[str]:
