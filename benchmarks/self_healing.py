@@ -12,8 +12,8 @@ forgetting, cascade/forecast.py), each a `python -m cascade.main` subprocess int
 <workdir_root>/tiny_model-<model>[-guard-repair]_s<seed>, one at a time (two at a time on a
 2-core host slow each other down, so their wall times would not compare). A workdir whose run
 finished is read back, not rerun; `--norun` runs nothing and writes the page from what has
-finished, naming the runs that are missing. `--isolation=none` runs code rewards without the
-bubblewrap sandbox (a host without `bwrap`; recorded in each results.json).
+finished, naming the runs that are missing. `--isolation=none` runs code rewards and the code
+suite without the bubblewrap sandbox (a host without `bwrap`; recorded in each results.json).
 
 Writes `--doc` (docs/self_healing.md): the command, date, host and load average; per run its
 held-out matrix (inserted stages marked, with the drops that made them run); per pair:
@@ -84,7 +84,10 @@ def command(model: str, side: str, seed: int, workdir: str) -> list[str]:
          f'--config={REPO}/configs/tiny.py:{config_arg(model, side, seed)}',
          f'--workdir={workdir}', '--verbosity=-1']
   if _ISOLATION.value:
-    cmd.append(f'--config.domains.code.verifier_options.isolation={_ISOLATION.value}')
+    # The code domain's verifier and the world's code suite (graded after every row).
+    iso = json.dumps({'tiny_code': {'isolation': _ISOLATION.value}})
+    cmd += [f'--config.domains.code.verifier_options.isolation={_ISOLATION.value}',
+            f'--config.eval.suite_options={iso}']
   return cmd
 
 

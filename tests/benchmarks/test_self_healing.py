@@ -106,7 +106,9 @@ def test_each_run_is_the_tiny_config_with_or_without_the_repair_guard():
     cmd = self_healing.command('hybrid', 'repair', 2, '/w')
   assert cmd[1:3] == ['-m', 'cascade.main']
   assert cmd[3].endswith('configs/tiny.py:model=hybrid,guard=repair,seed=2')
-  assert '--workdir=/w' in cmd and cmd[-1] == '--config.domains.code.verifier_options.isolation=none'
+  assert '--workdir=/w' in cmd
+  assert cmd[-2:] == ['--config.domains.code.verifier_options.isolation=none',
+                      '--config.eval.suite_options={"tiny_code": {"isolation": "none"}}']
   with flagsaver.flagsaver(isolation=''):
     assert self_healing.command('dense', 'off', 0, '/w')[3].endswith('tiny.py:model=dense,seed=0')
   assert self_healing.run_name('dense', 'off', 1) == 'tiny_model-dense_s1'
