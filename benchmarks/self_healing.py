@@ -10,7 +10,9 @@ guard) and once with `guard=repair` (cascade/guard.py: probes of the earlier dom
 steps, a MOPD stage inserted after a stage that left one past its bound, and the forecast of
 forgetting, cascade/forecast.py), each a `python -m cascade.main` subprocess into
 <workdir_root>/tiny_model-<model>[-guard-repair]_s<seed>, one at a time (two at a time on a
-2-core host slow each other down, so their wall times would not compare). A workdir whose run
+2-core host slow each other down, so their wall times would not compare; `--sides` picks which
+of the two this call runs, so two calls can run them side by side under the same load: the page
+gives each run's start and load). A workdir whose run
 finished is read back, not rerun; `--norun` runs nothing and writes the page from what has
 finished, naming the runs that are missing. `--isolation=none` runs code rewards and the code
 suite without the bubblewrap sandbox (a host without `bwrap`; recorded in each results.json).
@@ -61,6 +63,8 @@ _DOC = flags.DEFINE_string('doc', 'docs/self_healing.md', 'The page written.')
 _RUN = flags.DEFINE_bool('run', True, 'Run what has not finished (else only read back).')
 _CONFIG_ARG = flags.DEFINE_string('config_arg', '', "Extra config argument of every run, e.g. "
                                   "'smoke' (the plumbing in minutes; the numbers mean nothing).")
+_SIDES = flags.DEFINE_list('sides', list(SIDES), "Which of each pair's runs this call may run "
+                          "('off', 'repair'); the page shows every finished one.")
 _ISOLATION = flags.DEFINE_string('isolation', '', "Code rewards' sandbox, e.g. 'none' (a host "
                                  "without bwrap); '' keeps the config's.")
 
@@ -114,7 +118,9 @@ def run_one(model: str, side: str, seed: int, workdir: str) -> dict:
   p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
   if p.returncode:
     raise RuntimeError(f'{" ".join(cmd)} exited {p.returncode}:\n{p.stderr[-4000:]}')
-  wall = {'seconds': round(time.time() - t0, 1), 'load_before': list(load),
+  wall = {'seconds': round(time.time() - t0, 1),
+          'started': f'{datetime.datetime.fromtimestamp(t0, datetime.timezone.utc):%H:%M} UTC',
+          'load_before': list(load),
           'load_after': list(os.getloadavg()), 'command': ' '.join(cmd[1:])}
   with open(os.path.join(workdir, WALL), 'w', encoding='utf-8') as f:
     json.dump(wall, f, indent=1)
@@ -195,7 +201,11 @@ def pair_lines(model: str, seed: int, off: Mapping | None, rep: Mapping | None) 
       out += [f'`guard={side}`: not run (missing).', '']
       continue
     res = run['results']
-    out += [f'`{config_arg(model, side, seed)}` held-out matrix:', '', matrix(res)]
+    w = run['wall'] or {}
+    timed = (f' (run by this script from {w.get("started", "?")}, {w["seconds"]:.0f} s, one-minute '
+             f'load {w["load_before"][0]:.1f} -> {w["load_after"][0]:.1f})'
+             if w.get('seconds') and w.get('load_before') and w.get('load_after') else '')
+    out += [f'`{config_arg(model, side, seed)}`{timed} held-out matrix:', '', matrix(res)]
     if side == 'repair':
       ins = inserted_stages(res)
       out += ['Inserted: ' + ('; '.join(ins) if ins else 'none') + '.', '']
@@ -252,7 +262,7 @@ def runs_of(models, seeds, root: str, run: bool) -> dict[tuple, dict | None]:
       for side in SIDES:
         workdir = os.path.join(root, run_name(model, side, seed))
         got = read_run(workdir)
-        if got is None and run:
+        if got is None and run and side in _SIDES.value:
           got = run_one(model, side, seed, workdir)
         out[(model, side, seed)] = got
   return out

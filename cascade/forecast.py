@@ -100,9 +100,9 @@ def forecast(steps: Sequence[float], scores: Sequence[float], stderrs: Sequence[
   span = float(horizon) - float(min(steps))
   end, end_se = f.at(horizon)
   return {'at_step': int(max(steps)), 'steps': int(horizon),
-          'change': round(f.slope * span, 4),
+          'change': round(f.slope * span, 4) + 0.0,            # + 0.0: no -0.0
           'change_stderr': round(abs(span) * math.sqrt(max(f.cov[1][1], 0.0)), 4),
-          'end': round(end, 4), 'end_stderr': round(end_se, 4), 'points': f.points}
+          'end': round(end, 4) + 0.0, 'end_stderr': round(end_se, 4), 'points': f.points}
 
 
 def z_of(confidence: float) -> float:
