@@ -3,6 +3,7 @@ standard errors equal numpy's float64 fit, a guard acts on a forecast past its b
 `config.guard.forecast_confidence` and at that confidence, and results.json / results.md carry
 forecast against outcome."""
 
+import json
 import math
 import statistics
 import types
@@ -168,7 +169,7 @@ def test_a_bad_forecast_confidence_is_one_config_error_line(fakes, value):
   assert 'must be 0 (off) or a probability in [0.5, 1)' in msg
 
 
-def test_results_json_and_md_carry_forecast_against_outcome(tmp_path):
+def test_results_json_and_md_carry_forecast_against_outcome(tmp_path, monkeypatch):
   info = {'protected': ['a'], 'action': 'warn', 'probes': 4, 'breaches': [],
           'forecast': {'a': {'at_step': 2, 'steps': 6, 'change': -9.0, 'change_stderr': 10.8,
                              'end': 51.0, 'end_stderr': 3.6, 'points': 2, 'outcome': -15.0}}}
@@ -181,8 +182,15 @@ def test_results_json_and_md_carry_forecast_against_outcome(tmp_path):
                                 'forecast': -9.0, 'stderr': 10.8, 'outcome': -15.0}]
   rows = [{'stage': 'sft', 'index': 0, 'domains': ['a', 'b'], 'scores': {'a': 60.0, 'b': 10.0}},
           {'stage': 'sft_b', 'index': 1, 'domains': ['b'], 'scores': {'a': 44.0, 'b': 30.0}}]
+  plotted = []
+  monkeypatch.setattr(evaluation, 'plot', lambda res, path: plotted.append(res))   # matplotlib: slow
   res = evaluation.write(str(tmp_path), rows, ['a', 'b'], extra=extra)
-  assert res['forecast'] == extra['forecast']
+  assert res['forecast'] == extra['forecast'] and plotted[0]['forecast'] == extra['forecast']
+  assert json.loads((tmp_path / 'results.json').read_text())['forecast'] == extra['forecast']
   md = (tmp_path / 'results.md').read_text()
   assert 'Forecast of forgetting' in md and '| sft_b | a | 2 of 6 | -9.0 ± 10.8 | -15.0 |' in md
-  assert (tmp_path / 'results.png').stat().st_size > 0
+  # The plot marks the forecast beside the matrix: the row before plus the forecast change.
+  ax = types.SimpleNamespace(bars=[])
+  ax.errorbar = lambda x, y, **kw: ax.bars.append((x, y, kw['yerr'], kw['label']))
+  evaluation._plot_forecasts(ax, res, np.arange(2.0), {'a': 'C0', 'b': 'C1'})  # pylint: disable=protected-access
+  assert ax.bars == [(1.08, 51.0, 10.8, 'forecast from the first probes (± s.e.)')]
