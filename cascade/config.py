@@ -461,7 +461,9 @@ class Guard:
   'warn' (a line and the `guard/*` metrics), 'stop' (the stage ends at its newest probed
   checkpoint within every bound, saying so; each probe within bounds is checkpointed) or
   'repair' (as 'warn' while the stage trains; then the MOPD stage inserted after it, from
-  `repair`, runs: `repair_stages`).
+  `repair`, runs: `repair_stages`). Each probe from a stage's second on also forecasts every
+  domain's score at the stage's end (`cascade.forecast`); with `forecast_confidence` a forecast
+  past the bound acts before the fall is seen.
   """
   # The protected domains (config.domains names, each with a validation set).
   domains: tuple[str, ...] = schema.field(check=(
@@ -480,6 +482,13 @@ class Guard:
   every: int = schema.field(10, check=schema.int_at_least(1))
   # What a probe past the bound does: 'warn', 'stop' or 'repair'.
   action: str = schema.field('warn', check=schema.one_of(GUARD_ACTIONS, 'action'))
+  # Act on a forecast (cascade/forecast.py: a weighted line through the stage's probes so far,
+  # extrapolated to its last step) that puts a domain more than max_drop below its best probe
+  # with this confidence, as on an observed fall ('stop' stops there); 0: off, only observed
+  # drops act (the forecasts are still recorded).
+  forecast_confidence: float = schema.field(0.0, check=(
+      lambda v: schema.is_num(v) and (float(v) == 0.0 or 0.5 <= float(v) < 1.0),
+      'must be 0 (off) or a probability in [0.5, 1)'), convert=float)
   # action='repair': the fields of the MOPD stage inserted after every guarded stage (a mopd
   # stage dict without name, kind, domains and teachers; its `steps` are the repair's budget).
   repair: Any = schema.field(None, check=_MAPPING, convert=dict)

@@ -470,12 +470,45 @@ def markdown(res: Mapping, extra: bool = True) -> str:
     text += ('\nSuites (value ± standard error, in percent; each by its protocol: '
              'docs/evaluation.md):\n\n'
              + suites_table.matrix_markdown(res['stages'], res['suites'], res['suite_scores']))
+  if res.get('forecast'):
+    text += '\n' + forecast_markdown(res['forecast'])
   if 'validation' in res:
     text += ('\nValidation (the selection set):\n\n'
              + markdown({**res, 'scores': res['validation']}, extra=False))
   for mode, matrix in sorted((res.get('scores_by_mode') or {}).items()):
     text += f'\nHeld-out, {mode} mode:\n\n' + markdown({**res, 'scores': matrix}, extra=False)
   return text
+
+
+def forecast_markdown(rows: Sequence[Mapping]) -> str:
+  """results.json "forecast" as a table: each guarded stage's first forecast of each protected
+  domain's change by the stage's end (`cascade.forecast`) beside the outcome."""
+  lines = ['Forecast of forgetting (probe points: the change over the stage forecast from its '
+           'first probes, a weighted line extrapolated to its last step, ± standard error, '
+           'against the outcome, last probe minus first):', '',
+           '| stage | domain | from steps 0..k | forecast | outcome |', '|---|---|---:|---:|---:|']
+  for r in rows:
+    out = '-' if r.get('outcome') is None else f'{r["outcome"]:+.1f}'
+    lines.append(f'| {r["stage"]} | {r["domain"]} | {r["at_step"]} of {r["steps"]} | '
+                 f'{r["forecast"]:+.1f} ± {r["stderr"]:.1f} | {out} |')
+  return '\n'.join(lines) + '\n'
+
+
+def _plot_forecasts(ax, res: Mapping, x, colors: Mapping[str, str]) -> None:
+  """On the matrix panel: each forecast change (results.json "forecast") added to the domain's
+  score before its stage, a hollow marker with its standard error."""
+  stages, domains, scores = res['stages'], res['domains'], res['scores']
+  shown = False
+  for r in res.get('forecast') or []:
+    if r['stage'] not in stages or r['domain'] not in domains:
+      continue
+    i, j = stages.index(r['stage']), domains.index(r['domain'])
+    if i == 0 or scores[i - 1][j] is None:
+      continue
+    ax.errorbar(x[i] + 0.08, scores[i - 1][j] + r['forecast'], yerr=r['stderr'], marker='D',
+                ms=5, mfc='none', ls='none', capsize=2, color=colors[r['domain']],
+                label=None if shown else 'forecast from the first probes (± s.e.)')
+    shown = True
 
 
 def plot(res: Mapping, path: str) -> None:
@@ -505,11 +538,14 @@ def plot(res: Mapping, path: str) -> None:
     sax.set_title('Every suite after every stage')
     sax.grid(alpha=0.3)
     sax.legend(fontsize=8, loc='best')
+  colors = {}
   for j, d in enumerate(domains):
     y = np.array([np.nan if row[j] is None else row[j] for row in scores], float)
     (line,) = ax.plot(x, y, marker='o', ms=4, lw=1.8, label=d)
+    colors[d] = line.get_color()
     trained = [i for i, ds in enumerate(res['stage_domains']) if d in ds]
     ax.plot(x[trained], y[trained], ls='none', marker='*', ms=12, color=line.get_color())
+  _plot_forecasts(ax, res, x, colors)
   ax.set_xticks(x, stages, rotation=30, ha='right')
   ax.set_ylabel('held-out score (%)')
   ax.set_xlabel('after stage (a star marks the stage that trains the domain)')

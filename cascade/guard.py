@@ -29,6 +29,18 @@ with `best` its best probe so far in the ledger (any earlier stage or step). The
 
 Every probe past a bound is kept in its ledger entry ("breached"), and the stage's record in
 progress.json and results.json ("guards") lists them with what was done.
+
+From a stage's second probed step on, each probe also forecasts every protected domain's score
+at the stage's last step (`cascade.forecast`: a weighted straight line through the stage's
+probes so far), kept in its ledger entry ("forecast") and the step's metrics
+`forecast/<domain>` (the forecast change over the stage). With
+`config.guard.forecast_confidence` set, a forecast end more than `max_drop` points below the
+domain's best probe with that confidence ("forecast_crossed") acts as an observed fall would
+before it happens: 'warn' says so, 'stop' ends the stage at that probe (within every observed
+bound, so it is checkpointed and kept); 'repair' says so (its repair is decided by the stage's
+last probe, where forecast and observation meet). Repair stages make no forecast. The stage's
+record ("guards" -> "forecast") keeps each domain's first forecast beside the outcome (its
+last probe's score minus its first; results.json "forecast").
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ import tqdm
 
 from cascade import checkpoint
 from cascade import evaluation
+from cascade import forecast as forecast_lib
 from cascade import ledger as ledger_lib
 
 
@@ -58,6 +71,8 @@ class StageGuard:
 
   def __init__(self, ctx, stage):
     self.ctx, self.stage = ctx, stage
+    self.forecast: dict[str, dict] = {}
+    self.forecast_crossed: dict[str, dict] = {}
     self.cfg = getattr(ctx.plan, 'guard', None)
     self.ledger = getattr(ctx, 'ledger', None)
     earlier = {d for s in ctx.plan.stages[:stage.index] if s.trains_policy for d in s.domains}
@@ -79,6 +94,20 @@ class StageGuard:
   def stops(self) -> bool:
     return self.active and self.cfg.action == 'stop'
 
+  @property
+  def forecasts(self) -> bool:
+    """Whether this stage forecasts (a guarded stage that is no repair)."""
+    return self.active and not self.repairing
+
+  @property
+  def acts_on_forecast(self) -> bool:
+    """Whether a forecast crossing a bound acts (config.guard.forecast_confidence set)."""
+    return self.forecasts and bool(self.cfg.forecast_confidence)
+
+  def forecast_stops(self, crossed: Mapping) -> bool:
+    """Whether a probe's forecast crossings (`probe`'s) end the stage ('stop')."""
+    return bool(crossed) and self.stops and self.acts_on_forecast
+
   def due(self, step: int) -> bool:
     """Whether `step` (steps taken) is probed."""
     return self.active and (step == 0 or step == self.stage.steps or step % self.cfg.every == 0)
@@ -88,7 +117,10 @@ class StageGuard:
 
     Returns:
       (results: domain -> `evaluate`'s result, breached: domain -> what crossed its bound,
-       metrics: the step's `probe/*` and `guard/*` metrics).
+       metrics: the step's `probe/*`, `guard/*` and `forecast/*` metrics). The forecasts and
+       the forecast crossings of this probe are kept in `self.forecast` and
+       `self.forecast_crossed` (domain -> ..., {} before the stage's second probed step) until
+       `record`.
     """
     t0 = time.perf_counter()
     results = evaluation.probe_results(self.ctx, params, self.cfg.prompts, self.protected)
@@ -110,13 +142,56 @@ class StageGuard:
                        'score': round(r['score'], 4), 'best': round(best['scores'][d], 4),
                        'best_stage': best['stage'], 'best_step': best['step']}
     m['guard/breaches'] = float(len(breached))
+    self.forecast, self.forecast_crossed = self._forecast(step, results, entries)
+    m.update({f'forecast/{d}': f['change'] for d, f in self.forecast.items()})
     m['probe_s'] = time.perf_counter() - t0
     return results, breached, m
 
+  def _forecast(self, step: int, results: Mapping, entries) -> tuple[dict, dict]:
+    """(domain -> its forecast at the stage's last step from this stage's probes before `step`
+    and `results`, domain -> what its forecast crossed: a bound crossed with
+    config.guard.forecast_confidence, only when that is set)."""
+    if not self.forecasts:
+      return {}, {}
+    mine = [e for e in entries if e['stage'] == self.stage.name and e['step'] < step]
+    out, crossed = {}, {}
+    for d, r in sorted(results.items()):
+      pts = [(e['step'], e['scores'][d], e['stderr'].get(d, 0.0)) for e in mine
+             if d in e['scores']] + [(step, r['score'], r.get('stderr', 0.0))]
+      if len({p[0] for p in pts}) < 2:
+        continue
+      fc = forecast_lib.forecast(*zip(*pts), horizon=self.stage.steps)
+      out[d] = fc
+      best = max((e for e in entries if d in e['scores']), key=lambda e: e['scores'][d],
+                 default=None)
+      if (best is not None and self.acts_on_forecast and step < self.stage.steps
+          and forecast_lib.crosses(fc, best['scores'][d], best['stderr'].get(d, 0.0),
+                                   self.cfg.max_drop, self.cfg.forecast_confidence)):
+        crossed[d] = {'end': fc['end'], 'end_stderr': fc['end_stderr'],
+                      'best': round(best['scores'][d], 4), 'max_drop': self.cfg.max_drop,
+                      'confidence': self.cfg.forecast_confidence}
+    return out, crossed
+
   def record(self, step: int, results: Mapping, breached: Mapping, ckpt: bool) -> None:
     """Keeps the probe in the ledger (with its breaches) and says what crossed a bound."""
+    extra = {}
+    if breached:
+      extra['breached'] = dict(breached)
+    if self.forecast:
+      extra['forecast'] = dict(self.forecast)
+    if self.forecast_crossed:
+      extra['forecast_crossed'] = dict(self.forecast_crossed)
     self.ledger.record(self.stage, step, results, kind=ledger_lib.PROBE, ckpt=ckpt,
-                       within=not breached, **({'breached': dict(breached)} if breached else {}))
+                       within=not breached, **extra)
+    if self.forecast_crossed and checkpoint.is_writer():
+      for d, f in sorted(self.forecast_crossed.items()):
+        tqdm.tqdm.write(
+            f'[{self.stage.index}] {self.stage.name}: guard: {d} is forecast at '
+            f'{f["end"]:.1f} ± {f["end_stderr"]:.1f} by step {self.stage.steps} (from its probes '
+            f'up to step {step}), more than {f["max_drop"]:.1f} below its best probe '
+            f'{f["best"]:.1f} with confidence {f["confidence"]:g}; {self.cfg.action}',
+            file=sys.stderr)
+    self.forecast, self.forecast_crossed = {}, {}
     if breached and checkpoint.is_writer():
       for d, b in sorted(breached.items()):
         tqdm.tqdm.write(
@@ -130,7 +205,8 @@ class StageGuard:
     there): a stage resumed at a step whose probe decided its end, before it could end."""
     for e in self.ledger.entries(ledger_lib.PROBE):
       if e['stage'] == self.stage.name and e['step'] == step:
-        return bool(e.get('breached'))
+        return bool(e.get('breached')
+                    or (self.stops and self.acts_on_forecast and e.get('forecast_crossed')))
     return None
 
   def stop_step(self) -> int:
@@ -149,6 +225,29 @@ class StageGuard:
     out = {'protected': list(self.protected), 'action': action, 'probes': len(probes),
            'breaches': [{'step': e['step'], 'domains': dict(e['breached'])}
                         for e in probes if e.get('breached')]}
+    forecasts = [e for e in probes if e.get('forecast_crossed')]
+    if forecasts:
+      out['forecast_crossings'] = [{'step': e['step'], 'domains': dict(e['forecast_crossed'])}
+                                   for e in forecasts]
+    first = self.first_forecasts(probes)
+    if first:
+      out['forecast'] = first
     if stopped:
       out['stopped'] = dict(stopped)
+    return out
+
+  def first_forecasts(self, probes) -> dict[str, dict]:
+    """domain -> the stage's first forecast of it (`cascade.forecast.forecast`'s) with its
+    'outcome': the last probe's score minus the first's when the stage was probed at its last
+    step (else None: it ended early)."""
+    out = {}
+    last = probes[-1] if probes and probes[-1]['step'] == self.stage.steps else None
+    for e in probes:
+      for d, f in sorted((e.get('forecast') or {}).items()):
+        if d in out:
+          continue
+        start = probes[0]['scores'].get(d)
+        end = None if last is None else last['scores'].get(d)
+        out[d] = dict(f, outcome=None if start is None or end is None
+                      else round(end - start, 4))
     return out

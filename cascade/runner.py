@@ -47,6 +47,7 @@ from cascade import checkpoint
 from cascade import compile_cache
 from cascade import config as config_lib
 from cascade import evaluation
+from cascade import forecast as forecast_lib
 from cascade import kinds
 from cascade import ledger as ledger_lib
 from cascade import lock
@@ -417,8 +418,9 @@ def _results_extra(ctx: RunContext, domains) -> dict:
   """results.json's "substitutions" (domain -> the reward that stood in for a paper's,
   `config.Plan.substitutions`), "ledger" (each domain's best validation checkpoint,
   `cascade.ledger`), "teachers" (stage -> domain -> the checkpoint a MOPD stage distilled
-  from) and "guards" (stage -> what its regression guards saw, `cascade.guard`), where there
-  are any."""
+  from), "guards" (stage -> what its regression guards saw, `cascade.guard`) and "forecast"
+  (each guarded stage's first forecast of each protected domain beside the outcome,
+  `cascade.forecast.outcome_rows`), where there are any."""
   out = {}
   if ctx.plan.substitutions:
     out['substitutions'] = dict(sorted(ctx.plan.substitutions.items()))
@@ -429,6 +431,9 @@ def _results_extra(ctx: RunContext, domains) -> dict:
     got = {name: info[field] for name, info in ctx.progress.done.items() if info.get(field)}
     if got:
       out[key] = got
+  fc = forecast_lib.outcome_rows(out.get('guards') or {})
+  if fc:
+    out['forecast'] = fc
   return out
 
 

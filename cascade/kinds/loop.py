@@ -287,7 +287,7 @@ def train_stage(ctx, kind: base.Kind, stage,
         raise
       m.update({f'val/{d}': r['score'] for d, r in validated.items()})
       m['validation_s'] = time.perf_counter() - t1
-    probed, breached = None, {}
+    probed, breached, foreseen = None, {}, False
     if guard.due(step) and not diverged:
       try:
         probed, breached, gm = guard.probe(step, state.params)
@@ -295,6 +295,8 @@ def train_stage(ctx, kind: base.Kind, stage,
         keep(step, state, maker.loader.get_state())
         raise
       m.update(gm)
+      # A forecast past a bound (config.guard.forecast_confidence) stops as a fall would.
+      foreseen = guard.forecast_stops(guard.forecast_crossed)
     ctx.writer.write(stage, step, m)
     bar.update(m)
     for k in ACCOUNTED:
@@ -328,7 +330,7 @@ def train_stage(ctx, kind: base.Kind, stage,
       last_saved = step
     for hook in STEP_END_HOOKS:
       hook(stage.name, step, saved, ckpts)
-    if breached and guard.stops:
+    if (breached or foreseen) and guard.stops:
       state, step = guard_stop(step), stage.steps
       break
     if probed is not None and guard.repairing and not breached and step < stage.steps:

@@ -67,7 +67,7 @@ def _digest(params):
 
 
 def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, repairing=False,
-         ckpt_every=100):
+         ckpt_every=100, **guard):
   """Stage 'sft_b' (6 steps, after 'a_rl' trained 'a') through the real loop with a guard on
   'a' probing every `every` steps; the probe of step s scores `probe_by_step[s]` (stderr 1).
   `repairing`: the loop sees the stage as a repair stage (of 'a'), as an inserted MOPD one."""
@@ -80,7 +80,7 @@ def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, r
     monkeypatch.setattr(guard_lib.StageGuard, '__init__', as_repair)
   plan = fakes.toy_config(_stages(fakes), every=ckpt_every, validation=True,
                           guard=dict(domains=['a'], every=every, action=action, max_drop=3.0,
-                                     stderrs=2.0, prompts=4))
+                                     stderrs=2.0, prompts=4, **guard))
   plan = dataclasses.replace(plan, ckpt=dataclasses.replace(plan.ckpt, keep=keep))
   stage = plan.stages[1]
   progress = checkpoint.Progress(str(tmp_path))
@@ -184,6 +184,26 @@ def test_stop_ends_the_stage_at_its_newest_probed_checkpoint_within_bounds(
   finally:
     pol.close()
   assert _digest(state.params) == r.probed[2] and meta['guard_stop'] == {'at': 4, 'kept': 2}
+
+
+@pytest.mark.heavy                    # the real loop: one compiled SFT step, Orbax saves (~20 s)
+def test_stop_acts_on_a_forecast_past_its_bound_before_the_fall(
+    fakes, tmp_path, monkeypatch, capsys):
+  # Step 2's probe (57) is within its observed bound, but the line through 60 and 57 ends at
+  # 51 ± 3.6 by step 6: past the bound with confidence 0.945 >= 0.9 (test_guard_forecast.py).
+  r = _run(fakes, tmp_path, monkeypatch, 'stop', {0: 60.0, 2: 57.0, 4: 40.0, 6: 0.0},
+           forecast_confidence=0.9)
+  assert sorted(r.probed) == [0, 2] and r.res.steps_run == 2 and r.res.final_step == 6
+  assert _digest(r.res.params) == r.probed[2]          # the policy of the probe that foresaw it
+  info = r.res.info['guard']
+  assert info['stopped'] == {'at': 2, 'kept': 2} and info['breaches'] == []
+  assert [c['step'] for c in info['forecast_crossings']] == [2]
+  assert info['forecast']['a']['change'] == -9.0 and info['forecast']['a']['outcome'] is None
+  assert r.logged[2]['forecast/a'] == -9.0
+  err = capsys.readouterr().err
+  assert '[1] sft_b: guard: a is forecast at 51.0 ± 3.6 by step 6' in err
+  assert '[1] sft_b: guard: stopping the stage at step 2/6; its policy is that of step 2' in err
+  assert r.steps == [2, 6]
 
 
 # ------------------------------------------------------------------ repair

@@ -86,6 +86,18 @@ def test_an_unset_field_takes_the_type_its_schema_declares():
   assert plan.stage('math_rl').optimizer.warmup_steps == 3
 
 
+def test_the_guards_forecast_confidence_is_set_from_the_command_line():
+  """config.guard.forecast_confidence (cascade/forecast.py), a field of a guard section the
+  config has, and one a config without that section refuses in one line."""
+  c = _parse('configs/tiny.py:smoke,guard=stop', '--config.guard.forecast_confidence=0.9')
+  assert c.guard.forecast_confidence == 0.9
+  assert config_lib.validate(c).guard.forecast_confidence == 0.9
+  with pytest.raises(overrides.OverrideError) as e:
+    _parse('configs/tiny.py:smoke,guard=stop', '--config.guard.forecast_confidnce=0.9')
+  assert "config.guard has no field 'forecast_confidnce' (nearest: forecast_confidence)" in str(
+      e.value)
+
+
 @pytest.mark.parametrize('arg, message', [
     ('--config.eval.num_promts=3',
      "--config.eval.num_promts: config.eval has no field 'num_promts' (nearest: num_prompts, suite_prompts)"),

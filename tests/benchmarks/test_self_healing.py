@@ -1,0 +1,114 @@
+"""benchmarks/self_healing.py on a stubbed set of finished runs: the page's matrices, inserted
+stages, time ratios and forecast accuracy, the missing runs named, the load warning printed
+above the summary; the commands it runs."""
+
+import json
+import os
+
+from absl import flags
+from absl.testing import flagsaver
+
+DOMAINS = ['chat', 'math', 'code']
+
+
+def _res(stages, stage_domains, scores, **extra):
+  return {'domains': DOMAINS, 'stages': stages, 'stage_domains': stage_domains,
+          'scores': scores, **extra}
+
+
+def _off():
+  return _res(['sft', 'math_rl', 'code_rl'], [DOMAINS, ['math'], ['code']],
+              [[40.0, 30.0, 20.0], [38.0, 50.0, 21.0], [30.0, 44.0, 45.0]],
+              accounting={'sft': {'step_s': 100.0}, 'math_rl': {'step_s': 50.0},
+                          'code_rl': {'step_s': 50.0}})
+
+
+def _repair():
+  forecast = [
+      {'stage': 'math_rl', 'domain': 'chat', 'at_step': 5, 'steps': 10, 'forecast': -1.0,
+       'stderr': 3.0, 'outcome': -2.0},
+      {'stage': 'code_rl', 'domain': 'chat', 'at_step': 5, 'steps': 20, 'forecast': -12.0,
+       'stderr': 5.0, 'outcome': -9.0},
+      {'stage': 'code_rl', 'domain': 'math', 'at_step': 5, 'steps': 20, 'forecast': 2.0,
+       'stderr': 5.0, 'outcome': -6.0},
+      {'stage': 'code_rl', 'domain': 'swe', 'at_step': 5, 'steps': 20, 'forecast': -4.0,
+       'stderr': 5.0, 'outcome': None}]
+  return _res(['sft', 'math_rl', 'code_rl', 'code_rl_repair'],
+              [DOMAINS, ['math'], ['code'], ['chat', 'math', 'code']],
+              [[40.0, 30.0, 20.0], [39.0, 49.0, 21.0], [31.0, 42.0, 44.0],
+               [39.0, 48.0, 43.0]],
+              inserted=[None, None, None, {'repairs': 'code_rl',
+                                           'drops': {'chat': 9.5, 'math': 6.25}}],
+              validation=[[41.0, 31.0, 20.0], [40.0, 50.0, 22.0], [30.0, 41.0, 46.0],
+                          [39.5, 49.0, 45.0]],
+              ledger={'chat': {'validation': 41.0}, 'math': {'validation': 50.0},
+                      'code': {'validation': 46.0}},
+              accounting={'sft': {'step_s': 100.0}, 'math_rl': {'step_s': 55.0},
+                          'code_rl': {'step_s': 55.0}, 'code_rl_repair': {'step_s': 30.0}},
+              forecast=forecast)
+
+
+def _write(root, name, res, wall=None):
+  os.makedirs(root / name)
+  (root / name / 'results.json').write_text(json.dumps(res))
+  if wall is not None:
+    (root / name / 'wall.json').write_text(json.dumps({'seconds': wall}))
+
+
+def test_the_page_from_finished_runs_names_the_missing_and_warns(tmp_path, monkeypatch, capsys):
+  from benchmarks import self_healing  # pylint: disable=g-import-not-at-top
+  _write(tmp_path, 'tiny_model-hybrid_s0', _off(), wall=400.0)
+  _write(tmp_path, 'tiny_model-hybrid-guard-repair_s0', _repair(), wall=500.0)
+  monkeypatch.setattr(os, 'getloadavg', lambda: (9.0, 8.0, 7.0))
+  monkeypatch.setattr(self_healing, 'run_one', lambda *a: (_ for _ in ()).throw(
+      AssertionError('--norun ran a cascade')))
+  doc = tmp_path / 'page.md'
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(models=['hybrid', 'dense'], seeds=['0'],
+                           workdir_root=str(tmp_path), doc=str(doc), run=False):
+    self_healing.main([])
+  out = capsys.readouterr().out.splitlines()
+  warn = [i for i, l in enumerate(out) if l.startswith('WARNING: the host was loaded')]
+  summary = json.loads(out[-1])
+  assert warn and warn[0] < len(out) - 1
+  assert summary['missing'] == ['tiny_model-dense-guard-repair_s0', 'tiny_model-dense_s0']
+  # Falls past 5 points: code_rl's chat (-9, forecast -12: right) and math (-6, forecast +2:
+  # wrong); errors 1, 3, 8 over the three with an outcome.
+  assert summary['forecast'] == {'n': 3, 'mean_abs_error': 4.0, 'falls': 2,
+                                 'falls_sign_right': 1}
+  pair = summary['pairs']['hybrid_s0']
+  assert pair['off']['worst_below_best'] == 10.0 and pair['repair']['worst_below_best'] == 1.0
+  assert pair['repair']['training_s'] == 240.0 and pair['off']['wall_s'] == 400.0
+  text = doc.read_text()
+  assert text.startswith('# The self-healing cascade on the tiny world\n')
+  assert '`python -m benchmarks.self_healing' in text and 'load average (1/5/15 min) 9.00/8.00/7.00' in text
+  assert 'WARNING: the host was loaded' in text
+  assert ('Missing runs (not finished when this page was written): '
+          'tiny_model-dense-guard-repair_s0, tiny_model-dense_s0.') in text
+  assert ('3 forecasts, mean absolute error 4.0 points; outcomes falling more than 5 points: 2, '
+          'forecast sign right on 1.') in text
+  assert '| tiny_model-hybrid-guard-repair_s0 | code_rl | chat | 5 of 20 | -12.0 ± 5.0 | -9.0 |' in text
+  assert '| code_rl_repair (inserted) | chat, math, code | 39.0 (+8.0) |' in text
+  assert 'Inserted: code_rl_repair (repairs code_rl: probe drops chat -9.5, math -6.2).' in text
+  # chat: off ends 10 below its best row (40 -> 30), repair 1 (40 -> 39), 1.5 below the ledger.
+  assert '| chat | 30.0 | 39.0 | 10.0 | 1.0 | 1.5 |' in text
+  assert '| math_rl | +20.0 | +19.0 | -1.0 |' in text and '| code_rl | +24.0 | +23.0 | -1.0 |' in text
+  assert 'off 200, repair 240, ratio 1.20' in text and 'off 400, repair 500, ratio 1.25' in text
+  assert '## dense, seed 0' in text and '`guard=off`: not run (missing).' in text
+
+
+def test_each_run_is_the_tiny_config_with_or_without_the_repair_guard():
+  from benchmarks import self_healing  # pylint: disable=g-import-not-at-top
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(isolation='none'):
+    cmd = self_healing.command('hybrid', 'repair', 2, '/w')
+  assert cmd[1:3] == ['-m', 'cascade.main']
+  assert cmd[3].endswith('configs/tiny.py:model=hybrid,guard=repair,seed=2')
+  assert '--workdir=/w' in cmd
+  assert cmd[-2:] == ['--config.domains.code.verifier_options.isolation=none',
+                      '--config.eval.suite_options={"tiny_code": {"isolation": "none"}}']
+  with flagsaver.flagsaver(isolation=''):
+    assert self_healing.command('dense', 'off', 0, '/w')[3].endswith('tiny.py:model=dense,seed=0')
+  assert self_healing.run_name('dense', 'off', 1) == 'tiny_model-dense_s1'
