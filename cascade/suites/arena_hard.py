@@ -102,6 +102,7 @@ from cascade.suites import base
 from cascade.suites import stats
 from models import chat
 from models import paths
+from verifiers import base as verifiers_base
 from verifiers import judge as judge_lib
 from verifiers import served
 
@@ -413,6 +414,16 @@ class ArenaHardSuite(base.Suite):
       _Baseline.of(self, opts.get('baseline_answers') or '')
       return
     self.grader(**opts).close()
+
+  def judge_use(self, options: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """A local judge (judge=DIR) generates greedily, both orders of every answer, up to its
+    token budget (max_tokens=, else the release's); a served one (url=) runs elsewhere."""
+    judge = dict(options).get('judge')
+    if not isinstance(judge, str) or not judge:
+      return None
+    budget = int(dict(options).get('max_tokens') or self.judge_max_tokens)
+    return judge, verifiers_base.JudgeUse(score_by='generate', max_new_tokens=budget,
+                                          rows_per_sample=2)
 
   def grader_key(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
     """The judge (its served model name or its directory), its sampling, and the baseline's
@@ -737,12 +748,17 @@ def _files(release: str, baselines: Sequence[str]) -> dict:
                   f'data/{release}/model_answer/{m}.jsonl' for m in baselines))
 
 
+# launch.plan's bound on a rendered question (ours, assumed: some paste long code or documents)
+# where it does not measure the files.
+PROMPT_TOKENS = 16384
+
 arena_hard_v1 = ArenaHardSuite(
     name='arena_hard_v1', title='ArenaHard v1 (arena-hard-auto v0.1)',
     metric='win rate vs gpt-4-0314', protocol=PROTOCOL,
     source=f'{_HUB} (data/arena-hard-v0.1: question.jsonl, model_answer/gpt-4-0314.jsonl; '
            '500 questions)',
-    hub_dataset=_HUB, **_files('arena-hard-v0.1', ['gpt-4-0314']),
+    hub_dataset=_HUB, **_files('arena-hard-v0.1', ['gpt-4-0314']), prompt_tokens=PROMPT_TOKENS,
+    records=500,
     release='arena-hard-v0.1', baselines=(('arena-hard-v0.1', 'gpt-4-0314'),),
     judge_model='gpt-4-1106-preview', judge_max_tokens=4096, patterns=(LABEL_PATTERN,),
     labels=V1_LABELS, drop='game', value_category='arena-hard-v0.1', estimator='bt',
@@ -758,7 +774,7 @@ arena_hard_v2 = ArenaHardSuite(
            ' model_answer/gemini-2.0-flash-001.jsonl; 750 questions)',
     hub_dataset=_HUB, **_files('arena-hard-v2.0', ['o3-mini-2025-01-31',
                                                     'gemini-2.0-flash-001']),
-    release='arena-hard-v2.0',
+    release='arena-hard-v2.0', prompt_tokens=PROMPT_TOKENS, records=750,
     baselines=(('hard_prompt', 'o3-mini-2025-01-31'), ('coding', 'o3-mini-2025-01-31'),
                ('math', 'o3-mini-2025-01-31'), ('creative_writing', 'gemini-2.0-flash-001')),
     creative_categories=('creative_writing',), judge_model='gpt-4.1', judge_max_tokens=16000,

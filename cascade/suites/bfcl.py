@@ -388,6 +388,9 @@ class BfclSuite(base.Suite):
 PROTOCOL = base.Protocol(samples=1, temperature=0.0, top_p=1.0, greedy=True,
                          max_new_tokens=8192, thinking=True)
 _HUB = 'gorilla-llm/Berkeley-Function-Calling-Leaderboard'
+# launch.plan's bound on a rendered question with its functions' documentation (ours, assumed)
+# where it does not measure the files.
+PROMPT_TOKENS = 8192
 _TITLES = {'simple': 'simple (Python)', 'multiple': 'multiple', 'parallel': 'parallel',
            'parallel_multiple': 'parallel multiple', 'irrelevance': 'irrelevance'}
 
@@ -400,7 +403,8 @@ def _suite(category: str) -> BfclSuite:
   return BfclSuite(
       name=f'bfcl_v3_{category}', title=f'BFCL v3 {_TITLES[category]} (AST)',
       source=f'{_HUB} ({" + ".join(hub)})', files=files, protocol=PROTOCOL,
-      metric='accuracy', category=category, hub_dataset=_HUB, hub_files=hub)
+      metric='accuracy', category=category, hub_dataset=_HUB, hub_files=hub,
+      prompt_tokens=PROMPT_TOKENS)
 
 
 bfcl_v3_simple = _suite('simple')
