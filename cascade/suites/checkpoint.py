@@ -126,7 +126,8 @@ def plan(names: Sequence[str], source: Source, overrides: Mapping[str, Any] | No
     overrides: protocol fields replaced in every suite (the command line's --samples, ...).
 
   Raises:
-    cascade.config.ConfigError: no suite named, an unknown one, or overrides that do not check out.
+    cascade.config.ConfigError: no suite named, an unknown one, one that is not available (BFCL's
+      multi-turn categories: why, in one line), or overrides that do not check out.
   """
   ev = _run_eval(source)
   names = list(names) or list(ev.get('suites') or ())
@@ -139,6 +140,8 @@ def plan(names: Sequence[str], source: Source, overrides: Mapping[str, Any] | No
     try:
       suite = suites_lib.get(name)
     except ValueError as e:
+      if suites_lib.refusal(name):       # a benchmark known not to be one (BFCL multi-turn)
+        raise config_lib.ConfigError(f'--suites: {e}') from None
       raise config_lib.ConfigError(f'--suites: {e} (a world\'s or a user\'s own suites exist '
                                    'once --imports names their package)') from None
     run_over = dict(schema.plain((schema.plain(ev.get('suite_protocol')) or {}).get(name)) or {})
