@@ -133,14 +133,14 @@ def _evaluate() -> None:
       else os.path.join('runs', 'evaluate', os.path.basename(os.path.normpath(source.hf_dir))))
   say(f'evaluate: {source.describe()} on {", ".join(s.name for s in suites)}; data {root}; '
       f'kept in {workdir}')
-  policy = checkpoint.load_policy(source, [int(x) for x in _MESH.value] if _MESH.value else None,
-                                  _sampler_options())
+  loaded = checkpoint.load(source, [int(x) for x in _MESH.value] if _MESH.value else None,
+                           _sampler_options())
   with preemption.watch():
     try:
-      results = checkpoint.evaluate(sets, policy, workdir, seed=_SEED.value,
+      results = checkpoint.evaluate(sets, loaded.policy, workdir, seed=_SEED.value,
                                     batch_size=_BATCH.value, grader_options=options,
-                                    stop=preemption.stop_requested,
-                                    say=say)
+                                    stop=preemption.stop_requested, say=say,
+                                    load_judge=loaded.load_judge)
     except suites_run.Stopped as e:
       raise preemption.Preempted(f'{e}; the graded batches are kept in {workdir}: rerun the same '
                                  'command to resume there') from None

@@ -364,7 +364,9 @@ def score_suites(ctx, params, row: str,
       out[suite.name] = suites_run.run_suite(
           suite, recs, policy, paths.join(ctx.workdir, 'suites', row), seed=ctx.plan.seed,
           batch_size=ctx.plan.eval.suite_batch_size,
-          grader_options=ctx.plan.eval.grader_options(suite.name), stop=stop,
+          grader_options=suites_run.with_judge_loader(
+              suite, ctx.plan.eval.grader_options(suite.name),
+              lambda path: ctx.policies.judge_model(('hf', path), ctx.tokenizer)), stop=stop,
           before_write=ctx.before_write, say=print)
     except suites_run.Stopped as e:
       raise Stopped(e.why, e.where, {}) from None

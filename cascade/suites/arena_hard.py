@@ -334,7 +334,7 @@ class ArenaHardSuite(base.Suite):
   def grader(self, *, url: str = '', model: str = '', judge: Any = None, max_tokens: int = 0,
              temperature: float = 0.0, judge_thinking: bool | None = False,
              max_field_tokens: int = 32768, baseline_answers: str = '',
-             **served_options) -> ArenaHardGrader:
+             judge_model: Any = None, **served_options) -> ArenaHardGrader:
     """A grader judging with a served judge (`url=`) or a local judge model (`judge=`).
 
     Args:
@@ -350,6 +350,9 @@ class ArenaHardSuite(base.Suite):
       baseline_answers: a model_answer file (either layout) whose answers the policy's are
         judged against instead of the release's baseline's (every question needs one); the
         grades and the result name it ('baseline').
+      judge_model: 'local', with judge=DIR: that judge already loaded on the run's devices, or
+        a callable loading it (`run.with_judge_loader`: sharded on the policy's mesh, with its
+        sampler's options, as `launch.plan` plans it); None loads DIR on the default device.
       **served_options: 'served': further `verifiers.served.Client` options (api_key_env,
         concurrency, timeout_s, retries, backoff_s, max_backoff_s, cache_dir, extra_body).
 
@@ -373,7 +376,9 @@ class ArenaHardSuite(base.Suite):
     if served_options or model:
       raise ValueError(f'{where}: {sorted(served_options) + (["model"] if model else [])} are '
                        'options of a served judge (url=), not of judge=')
-    if isinstance(judge, str):
+    if isinstance(judge, str) and judge_model is not None:
+      judge = judge_model() if callable(judge_model) else judge_model
+    elif isinstance(judge, str):
       from rl import judge as rl_judge  # pylint: disable=g-import-not-at-top  (loads JAX)
       judge = rl_judge.JudgeModel.from_hf(judge)
     return ArenaHardGrader(self, _LocalJudge(judge, self.templates(), budget, judge_thinking,
@@ -381,10 +386,10 @@ class ArenaHardSuite(base.Suite):
 
   # Options of `grader` besides the served client's.
   _GRADER_OPTIONS = ('url', 'model', 'judge', 'max_tokens', 'temperature', 'judge_thinking',
-                     'max_field_tokens', 'baseline_answers')
-  # Served client options that change no judgment (where and how it is asked).
+                     'max_field_tokens', 'baseline_answers', 'judge_model')
+  # Options that change no judgment (where and how the judge is asked, where it is loaded).
   _TRANSPORT = ('url', 'api_key_env', 'concurrency', 'timeout_s', 'retries', 'backoff_s',
-                'max_backoff_s', 'cache_dir')
+                'max_backoff_s', 'cache_dir', 'judge_model')
 
   def check_grader_options(self, options: Mapping[str, Any]) -> None:
     """The judge must be named (url= or judge=); a served judge's options are checked by
