@@ -114,7 +114,7 @@ def _evaluate() -> None:
   writer = ckpt_lib.is_writer()
   say = print if writer else (lambda _: None)
   source = checkpoint.resolve(_CHECKPOINT.value, _STAGE.value or '')
-  suites = checkpoint.plan(_SUITES.value, source, _overrides())
+  suites = checkpoint.for_tokenizer(checkpoint.plan(_SUITES.value, source, _overrides()), source)
   options = checkpoint.grader_options(suites, source,
                                      options_lib.suite_options(_SUITE_OPTION.value))
   root = _DATA_DIR.value or checkpoint.default_data_dir(source)

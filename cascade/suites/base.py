@@ -232,6 +232,16 @@ class Suite:
 
   # --- reading -------------------------------------------------------------------------------
 
+  # True for a suite whose records depend on the policy's tokenizer (RULER's lengths are
+  # counted in it): its runners give it theirs (`for_tokenizer`) before `read`.
+  NEEDS_TOKENIZER = False
+
+  def for_tokenizer(self, tokenizer: Any) -> Suite:
+    """This suite reading its records with the policy's `tokenizer` (self where they do not
+    depend on it)."""
+    del tokenizer
+    return self
+
   def read(self, data_dir: str) -> list[dict]:
     """The suite's records from its files under `data_dir` (local or gs://).
 

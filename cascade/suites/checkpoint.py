@@ -352,6 +352,16 @@ def load(source: Source, mesh_shape: Sequence[int] | None = None,
                 rules=rules, sampler_options=options)
 
 
+def for_tokenizer(suites: Sequence[base.Suite], source: Source) -> list[base.Suite]:
+  """The suites, those whose records depend on the policy's tokenizer (RULER's lengths) given
+  the checkpoint's (loaded only for them, before the model)."""
+  if not any(s.NEEDS_TOKENIZER for s in suites):
+    return list(suites)
+  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  tok = policy_tokenizer(source, tokenizer_lib.load(source.hf_dir))
+  return [s.for_tokenizer(tok) for s in suites]
+
+
 def policy_tokenizer(source: Source, tok):
   """`tok` carrying the chat template the run rendered its prompts with: a run with
   config.tokenizer.chat_template='checkpoint' exported that template, so its export is
