@@ -136,8 +136,7 @@ def test_a_paper_suite_runs_end_to_end_on_its_fixture_files(name, tmp_path, requ
   monkeypatch.setattr(type(suite), 'grader', lambda self, **kw: _Shared(shared))
   k = suite.protocol.samples
   if family != 'swe_bench':
-    # Graded directly first, on this thread: a verifier's workers die with the thread that
-    # started them (PR_SET_PDEATHSIG), and the run grades on a thread of its own.
+    # Graded directly (the run then grades on a thread of its own, with the same workers).
     direct = suite.summarize(records, shared.grade_batch(records, [[text] * k] * len(records)))
   if family == 'swe_bench':
     with pytest.raises(swe_bench.Unscorable, match='predictions written to'):
