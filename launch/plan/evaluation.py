@@ -85,6 +85,22 @@ def _suite_note(top: suite_calls_lib.SuiteCall, names) -> str:
           f'{top.max_new_tokens} new tokens')
 
 
+def _unplannable(call: suite_calls_lib.SuiteCall, model_cfg, sampler) -> str:
+  """Why a suite's call cannot run at all ('' when it can): its longest row past the model's
+  positions, or its prompt or budget past the sampler's buckets."""
+  room = model_cfg.max_seq_len - call.prompt_len
+  if call.max_new_tokens > room:
+    fix = (f'config.eval.suite_protocol.{call.suite}.max_new_tokens <= {room}' if room > 0 else
+           'the suite does not fit this model')
+    return (f'prompts of up to {call.prompt_len} tokens ({call.how}) + {call.max_new_tokens} '
+            f"new tokens exceed the model's max_seq_len={model_cfg.max_seq_len}: {fix}")
+  try:
+    sampler.call_shape(call.rows, call.prompt_len, call.max_new_tokens)
+  except ValueError as e:
+    return f'{e} (config.sampler)'
+  return ''
+
+
 def suite_programs(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes: int,
                    count_mesh=None, model_for=lambda cfg: cfg, held_bytes: int = 0
                    ) -> tuple[tuple, tuple]:
@@ -92,6 +108,9 @@ def suite_programs(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes:
   compile to the same program share one, 'suite sampler (aime24, aime25)') and the programs
   of each suite's local judge model ('judge sampler (arena_hard_v2)'; a served judge has
   none).
+
+  A call that cannot run (its rows past the model's positions or the sampler's buckets) is a
+  program report with that error, compiled not at all.
 
   Beside every program stay the judges the run keeps loaded (`held_bytes`). A suite's local
   judge is loaded when its grading starts and freed when the suite ends: beside that suite's
@@ -112,6 +131,13 @@ def suite_programs(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes:
       judge_held[c.suite] = sum(memory.judge_bytes(c.judge.model_cfg, True, mesh, rules,
                                                    sampler_cfg, model_cfg))
   progs, resident, arguments = [], [], {}
+  for c in calls:
+    why = _unplannable(c, model_cfg, sampler)
+    if why:
+      progs.append(results.ProgramReport(f'suite sampler ({c.suite})',
+                                         _suite_note(c, [c.suite]).lstrip('; '), error=why))
+      resident.append((progs[-1].name, held_bytes))
+  calls = [c for c in calls if not _unplannable(c, model_cfg, sampler)]
   for top, names in suite_calls_lib.grouped(calls, shape):
     got = sampler_programs('suite', model_cfg, mesh, rules, sampler_cfg, top.sizes(),
                            limit_bytes, count_mesh, _suite_note(top, names),
@@ -123,7 +149,7 @@ def suite_programs(plan, model_cfg, mesh, rules, sampler_cfg: dict, limit_bytes:
       for n in names:
         arguments[n] = max(arguments.get(n, 0), p.argument_bytes)
   for c in calls:
-    if c.judge is None:
+    if c.judge is None or c.suite not in arguments:
       continue
     for p in judges_lib.judge_programs([c.judge], mesh, rules, sampler_cfg, limit_bytes,
                                        model_cfg):

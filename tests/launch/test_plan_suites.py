@@ -231,3 +231,24 @@ def test_the_suites_programs_compile_with_their_judge_beside_them(tmp_path):
       -1, 'evaluation', 'eval', progs, 2 ** 30, 2, resident=tuple(res.items())))
   assert 'suite sampler (plan_arena)' in report and 'DOES NOT' not in report
   assert 'for the prefill and one decode step per decode phase' in report
+
+
+def test_a_suite_call_past_the_models_positions_is_a_failure_saying_why():
+  """RULER at 8K on a model of 256 positions: no program, an error the plan's failures name."""
+  p = _config(['plan_short_a', 'ruler_niah_single_8k'], batch=2, mesh=(1, 1, 1))
+  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  sampler_cfg = p.sampler.options()
+  calls = plan_suite_calls.suite_calls(p)
+  sampler, _ = plan_evaluation.programs_lib.sampler_for(p.model, mesh, RULES, sampler_cfg)
+  assert plan_evaluation._unplannable(calls[0], p.model, sampler) == ''  # pylint: disable=protected-access
+  why = plan_evaluation._unplannable(calls[1], p.model, sampler)  # pylint: disable=protected-access
+  assert why.startswith("prompts of up to 8192 tokens (the suite's bound (it generates its "
+                        "records)) + 128 new tokens exceed the model's max_seq_len=256: the "
+                        'suite does not fit this model'), why
+  short = dataclasses.replace(calls[0], prompt_len=200, max_new_tokens=100)
+  assert plan_evaluation._unplannable(short, p.model, sampler).endswith(  # pylint: disable=protected-access
+      'config.eval.suite_protocol.plan_short_a.max_new_tokens <= 56')
+  rep = plan_results.StageReport(-1, 'evaluation', 'eval', (plan_results.ProgramReport(
+      'suite sampler (ruler_niah_single_8k)', 'x', error=why),), 2 ** 30, 1)
+  [failure] = plan_report.failures([rep])
+  assert 'suite sampler (ruler_niah_single_8k) does not fit' in failure and why in failure
