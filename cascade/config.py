@@ -409,6 +409,8 @@ class Eval:
       from cascade import suites as suites_lib  # pylint: disable=g-import-not-at-top
       known = suites_lib.names()
       for name in self.suites:
+        if name not in known and suites_lib.refusal(name):
+          fail('suites', f'suite {name!r} is not available: {suites_lib.refusal(name)}')
         if name not in known:
           fail('suites', f'unknown suite {name!r} (known: {", ".join(known) or "none"}; a '
                          "world's or a user's own suites exist once their package is imported)")

@@ -114,7 +114,7 @@ def _evaluate() -> None:
   writer = ckpt_lib.is_writer()
   say = print if writer else (lambda _: None)
   source = checkpoint.resolve(_CHECKPOINT.value, _STAGE.value or '')
-  suites = checkpoint.plan(_SUITES.value, source, _overrides())
+  suites = checkpoint.for_tokenizer(checkpoint.plan(_SUITES.value, source, _overrides()), source)
   options = checkpoint.grader_options(suites, source,
                                      options_lib.suite_options(_SUITE_OPTION.value))
   root = _DATA_DIR.value or checkpoint.default_data_dir(source)
@@ -133,14 +133,14 @@ def _evaluate() -> None:
       else os.path.join('runs', 'evaluate', os.path.basename(os.path.normpath(source.hf_dir))))
   say(f'evaluate: {source.describe()} on {", ".join(s.name for s in suites)}; data {root}; '
       f'kept in {workdir}')
-  policy = checkpoint.load_policy(source, [int(x) for x in _MESH.value] if _MESH.value else None,
-                                  _sampler_options())
+  loaded = checkpoint.load(source, [int(x) for x in _MESH.value] if _MESH.value else None,
+                           _sampler_options())
   with preemption.watch():
     try:
-      results = checkpoint.evaluate(sets, policy, workdir, seed=_SEED.value,
+      results = checkpoint.evaluate(sets, loaded.policy, workdir, seed=_SEED.value,
                                     batch_size=_BATCH.value, grader_options=options,
-                                    stop=preemption.stop_requested,
-                                    say=say)
+                                    stop=preemption.stop_requested, say=say,
+                                    load_judge=loaded.load_judge)
     except suites_run.Stopped as e:
       raise preemption.Preempted(f'{e}; the graded batches are kept in {workdir}: rerun the same '
                                  'command to resume there') from None

@@ -311,9 +311,10 @@ def probe_results(ctx, params, prompts: int, domains) -> dict[str, dict]:
   return score_sets(ctx, params, sets, PROBE_FOLD)
 
 
-def suite_sets(plan) -> list[tuple[suites_base.Suite, list[dict]]]:
+def suite_sets(plan, tokenizer=None) -> list[tuple[suites_base.Suite, list[dict]]]:
   """config.eval.suites, each with its protocol (config.eval.suite_protocol applied) and its
-  records (the first config.eval.suite_prompts of them).
+  records (the first config.eval.suite_prompts of them); a suite whose records depend on the
+  policy's tokenizer (RULER's) reads them with `tokenizer`, the run's.
 
   Raises:
     cascade.data.readers.DataError: a suite's data is missing or malformed (one line naming the
@@ -322,6 +323,8 @@ def suite_sets(plan) -> list[tuple[suites_base.Suite, list[dict]]]:
   ev, out = plan.eval, []
   for name in ev.suites:
     suite = dataclasses.replace(suites_lib.get(name), protocol=ev.suite_settings(name))
+    if tokenizer is not None:
+      suite = suite.for_tokenizer(tokenizer)
     try:
       recs = suite.read(suite.directory(ev.suite_data) if ev.suite_data else '')
     except (suites_base.DataMissing, suites_base.BadRecord) as e:
@@ -351,7 +354,7 @@ def score_suites(ctx, params, row: str,
   Raises:
     Stopped: `stop` answered (what was graded is kept in the suites' files).
   """
-  sets = suite_sets(ctx.plan)
+  sets = suite_sets(ctx.plan, ctx.tokenizer)
   if not sets:
     return {}
   prepare = getattr(ctx.sampler, 'prepare', None)   # the rollout copy, made once for all
@@ -364,7 +367,9 @@ def score_suites(ctx, params, row: str,
       out[suite.name] = suites_run.run_suite(
           suite, recs, policy, paths.join(ctx.workdir, 'suites', row), seed=ctx.plan.seed,
           batch_size=ctx.plan.eval.suite_batch_size,
-          grader_options=ctx.plan.eval.grader_options(suite.name), stop=stop,
+          grader_options=suites_run.with_judge_loader(
+              suite, ctx.plan.eval.grader_options(suite.name),
+              lambda path: ctx.policies.judge_model(('hf', path), ctx.tokenizer)), stop=stop,
           before_write=ctx.before_write, say=print)
     except suites_run.Stopped as e:
       raise Stopped(e.why, e.where, {}) from None

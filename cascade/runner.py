@@ -370,7 +370,8 @@ def _run(plan: config_lib.Plan, workdir: str, fork_from: str | None,
           cache_line=cache.banner() if cache is not None else None))
     _pin_data(ctx, next((st for st in plan.stages if st.name not in ctx.progress.done), None))
     ctx.data.load()
-    evaluation.suite_sets(plan)     # a suite's missing or malformed data stops the run here
+    # A suite's missing or malformed data stops the run here.
+    evaluation.suite_sets(plan, ctx.tokenizer)
     ctx.verifiers.dry_run(ctx.data.eval_sets)   # a verifier's own bug stops the run here
     if plan.initial_eval and ctx.progress.row(INIT_ROW) is None:
       row = evaluate_row(ctx, INIT_ROW, -1, [], ctx.policies.params_of(('initial',)),

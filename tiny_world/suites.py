@@ -25,6 +25,9 @@ from cascade.suites import tiny
 from tiny_world import chat
 
 SAMPLES = 4
+# launch.plan's bound on a rendered prompt where it does not measure the world's files: the
+# longest instruct-mode prompt of any domain is 82 tokens (swe), in its 96-token bucket.
+PROMPT_TOKENS = 96
 PROTOCOL = base.Protocol(samples=SAMPLES, temperature=0.6, top_p=0.95, max_new_tokens=48,
                          thinking=False, pass_ks=(SAMPLES,))
 
@@ -33,7 +36,8 @@ def _suite(name: str, title: str, domain: str, verifier: str, **kw) -> tiny.Worl
   return tiny.WorldSuite(
       name=name, title=title, domain=domain, verifier=verifier,
       source=f'the tiny world (tiny_world/world.py), {domain}/heldout.jsonl',
-      files=(f'{domain}/heldout.jsonl',), protocol=PROTOCOL, metric=f'avg@{SAMPLES}', **kw)
+      files=(f'{domain}/heldout.jsonl',), protocol=PROTOCOL, prompt_tokens=PROMPT_TOKENS,
+      metric=f'avg@{SAMPLES}', **kw)
 
 
 SUITES = (

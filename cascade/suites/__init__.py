@@ -33,6 +33,12 @@ _BUILTIN: dict[str, str] = {
     'bfcl_v3_parallel': 'cascade.suites.bfcl:bfcl_v3_parallel',
     'bfcl_v3_parallel_multiple': 'cascade.suites.bfcl:bfcl_v3_parallel_multiple',
     'bfcl_v3_irrelevance': 'cascade.suites.bfcl:bfcl_v3_irrelevance',
+    'bfcl_v3_live_simple': 'cascade.suites.bfcl:bfcl_v3_live_simple',
+    'bfcl_v3_live_multiple': 'cascade.suites.bfcl:bfcl_v3_live_multiple',
+    'bfcl_v3_live_parallel': 'cascade.suites.bfcl:bfcl_v3_live_parallel',
+    'bfcl_v3_live_parallel_multiple': 'cascade.suites.bfcl:bfcl_v3_live_parallel_multiple',
+    'bfcl_v3_live_irrelevance': 'cascade.suites.bfcl:bfcl_v3_live_irrelevance',
+    'bfcl_v3_live_relevance': 'cascade.suites.bfcl:bfcl_v3_live_relevance',
     'ruler_niah_single_8k': 'cascade.suites.ruler:niah_single_8k',
     'ruler_niah_single_16k': 'cascade.suites.ruler:niah_single_16k',
     'ruler_niah_single_32k': 'cascade.suites.ruler:niah_single_32k',
@@ -56,6 +62,20 @@ _BUILTIN: dict[str, str] = {
 }
 
 _entries: dict[str, base.Suite | str] = dict(_BUILTIN)
+
+# Modules whose REFUSED dict names benchmarks that are not suites, each with why (e.g. BFCL's
+# multi-turn categories): asking for one is that one line rather than 'unknown suite'.
+_REFUSALS = ('cascade.suites.bfcl:REFUSED',)
+
+
+def refusal(name: str) -> str:
+  """Why `name`, a benchmark cascade knows of, is not a suite ('' for any other name)."""
+  for entry in _REFUSALS:
+    module, attr = entry.split(':')
+    why = getattr(importlib.import_module(module), attr).get(name)
+    if why:
+      return why
+  return ''
 
 
 def register(suite: base.Suite) -> None:
@@ -85,9 +105,13 @@ def get(name: str) -> base.Suite:
   """The suite registered under `name` (its module imported on first use).
 
   Raises:
-    ValueError: no such suite (the message lists the known ones).
+    ValueError: no such suite (the message lists the known ones), or one that cannot be had
+      (`refusal`: the message says why).
   """
   if name not in _entries:
+    why = refusal(name)
+    if why:
+      raise ValueError(f'suite {name!r} is not available: {why}')
     raise ValueError(f'unknown suite {name!r}; known: {", ".join(names()) or "(none)"}')
   entry = _entries[name]
   if isinstance(entry, str):

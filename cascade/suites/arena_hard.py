@@ -102,6 +102,7 @@ from cascade.suites import base
 from cascade.suites import stats
 from foundation import chat
 from foundation import paths
+from verifiers import base as verifiers_base
 from verifiers import judge as judge_lib
 from verifiers import served
 
@@ -333,7 +334,7 @@ class ArenaHardSuite(base.Suite):
   def grader(self, *, url: str = '', model: str = '', judge: Any = None, max_tokens: int = 0,
              temperature: float = 0.0, judge_thinking: bool | None = False,
              max_field_tokens: int = 32768, baseline_answers: str = '',
-             **served_options) -> ArenaHardGrader:
+             judge_model: Any = None, **served_options) -> ArenaHardGrader:
     """A grader judging with a served judge (`url=`) or a local judge model (`judge=`).
 
     Args:
@@ -349,6 +350,9 @@ class ArenaHardSuite(base.Suite):
       baseline_answers: a model_answer file (either layout) whose answers the policy's are
         judged against instead of the release's baseline's (every question needs one); the
         grades and the result name it ('baseline').
+      judge_model: 'local', with judge=DIR: that judge already loaded on the run's devices, or
+        a callable loading it (`run.with_judge_loader`: sharded on the policy's mesh, with its
+        sampler's options, as `launch.plan` plans it); None loads DIR on the default device.
       **served_options: 'served': further `verifiers.served.Client` options (api_key_env,
         concurrency, timeout_s, retries, backoff_s, max_backoff_s, cache_dir, extra_body).
 
@@ -372,7 +376,9 @@ class ArenaHardSuite(base.Suite):
     if served_options or model:
       raise ValueError(f'{where}: {sorted(served_options) + (["model"] if model else [])} are '
                        'options of a served judge (url=), not of judge=')
-    if isinstance(judge, str):
+    if isinstance(judge, str) and judge_model is not None:
+      judge = judge_model() if callable(judge_model) else judge_model
+    elif isinstance(judge, str):
       from rl import judge as rl_judge  # pylint: disable=g-import-not-at-top  (loads JAX)
       judge = rl_judge.JudgeModel.from_hf(judge)
     return ArenaHardGrader(self, _LocalJudge(judge, self.templates(), budget, judge_thinking,
@@ -380,10 +386,10 @@ class ArenaHardSuite(base.Suite):
 
   # Options of `grader` besides the served client's.
   _GRADER_OPTIONS = ('url', 'model', 'judge', 'max_tokens', 'temperature', 'judge_thinking',
-                     'max_field_tokens', 'baseline_answers')
-  # Served client options that change no judgment (where and how it is asked).
+                     'max_field_tokens', 'baseline_answers', 'judge_model')
+  # Options that change no judgment (where and how the judge is asked, where it is loaded).
   _TRANSPORT = ('url', 'api_key_env', 'concurrency', 'timeout_s', 'retries', 'backoff_s',
-                'max_backoff_s', 'cache_dir')
+                'max_backoff_s', 'cache_dir', 'judge_model')
 
   def check_grader_options(self, options: Mapping[str, Any]) -> None:
     """The judge must be named (url= or judge=); a served judge's options are checked by
@@ -413,6 +419,16 @@ class ArenaHardSuite(base.Suite):
       _Baseline.of(self, opts.get('baseline_answers') or '')
       return
     self.grader(**opts).close()
+
+  def judge_use(self, options: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """A local judge (judge=DIR) generates greedily, both orders of every answer, up to its
+    token budget (max_tokens=, else the release's); a served one (url=) runs elsewhere."""
+    judge = dict(options).get('judge')
+    if not isinstance(judge, str) or not judge:
+      return None
+    budget = int(dict(options).get('max_tokens') or self.judge_max_tokens)
+    return judge, verifiers_base.JudgeUse(score_by='generate', max_new_tokens=budget,
+                                          rows_per_sample=2)
 
   def grader_key(self, options: Mapping[str, Any]) -> Mapping[str, Any]:
     """The judge (its served model name or its directory), its sampling, and the baseline's
@@ -737,12 +753,17 @@ def _files(release: str, baselines: Sequence[str]) -> dict:
                   f'data/{release}/model_answer/{m}.jsonl' for m in baselines))
 
 
+# launch.plan's bound on a rendered question (ours, assumed: some paste long code or documents)
+# where it does not measure the files.
+PROMPT_TOKENS = 16384
+
 arena_hard_v1 = ArenaHardSuite(
     name='arena_hard_v1', title='ArenaHard v1 (arena-hard-auto v0.1)',
     metric='win rate vs gpt-4-0314', protocol=PROTOCOL,
     source=f'{_HUB} (data/arena-hard-v0.1: question.jsonl, model_answer/gpt-4-0314.jsonl; '
            '500 questions)',
-    hub_dataset=_HUB, **_files('arena-hard-v0.1', ['gpt-4-0314']),
+    hub_dataset=_HUB, **_files('arena-hard-v0.1', ['gpt-4-0314']), prompt_tokens=PROMPT_TOKENS,
+    records=500,
     release='arena-hard-v0.1', baselines=(('arena-hard-v0.1', 'gpt-4-0314'),),
     judge_model='gpt-4-1106-preview', judge_max_tokens=4096, patterns=(LABEL_PATTERN,),
     labels=V1_LABELS, drop='game', value_category='arena-hard-v0.1', estimator='bt',
@@ -758,7 +779,7 @@ arena_hard_v2 = ArenaHardSuite(
            ' model_answer/gemini-2.0-flash-001.jsonl; 750 questions)',
     hub_dataset=_HUB, **_files('arena-hard-v2.0', ['o3-mini-2025-01-31',
                                                     'gemini-2.0-flash-001']),
-    release='arena-hard-v2.0',
+    release='arena-hard-v2.0', prompt_tokens=PROMPT_TOKENS, records=750,
     baselines=(('hard_prompt', 'o3-mini-2025-01-31'), ('coding', 'o3-mini-2025-01-31'),
                ('math', 'o3-mini-2025-01-31'), ('creative_writing', 'gemini-2.0-flash-001')),
     creative_categories=('creative_writing',), judge_model='gpt-4.1', judge_max_tokens=16000,

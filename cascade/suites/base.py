@@ -178,6 +178,11 @@ class Suite:
       the suite's files from ('' = none: a generated suite, or one placed by hand).
     hub_files: the patterns of the repository's files it fetches (empty: `files`), written
       under the suite's directory with their paths in the repository.
+    prompt_tokens: `launch.plan`'s bound on one rendered prompt, in tokens, where it cannot
+      measure the suite's files (`planned_prompts`; docs/evaluation.md says where each
+      suite's comes from).
+    records: the records the release has, as its card states (0: not stated); the plan's
+      calls hold no more prompts than that.
   """
   name: str
   title: str
@@ -188,6 +193,8 @@ class Suite:
   reported: tuple[Reported, ...] = ()
   hub_dataset: str = ''
   hub_files: tuple[str, ...] = ()
+  prompt_tokens: int = 4096
+  records: int = 0
 
   def with_protocol(self, **fields) -> Suite:
     """This suite with some protocol fields replaced (`Protocol.replaced`); its protocol hash
@@ -208,7 +215,32 @@ class Suite:
     `<root>/<name>`, or what a suite whose files share one tree with others says."""
     return paths.join(root, self.name)
 
+  # --- planning ------------------------------------------------------------------------------
+
+  def planned_prompts(self) -> tuple[int, int]:
+    """(the longest rendered prompt in tokens, the records it has, 0 when not known) that
+    `launch.plan` assumes where it does not read and measure the suite's files."""
+    return self.prompt_tokens, self.records
+
+  def judge_use(self, options: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """The judge model this suite's grader runs on the policy's devices with `options`: (its
+    HF checkpoint directory, how it is called per graded sample: a
+    `verifiers.base.JudgeUse`), or None where grading uses none there (no judge, or a judge
+    served by other machines)."""
+    del options
+    return None
+
   # --- reading -------------------------------------------------------------------------------
+
+  # True for a suite whose records depend on the policy's tokenizer (RULER's lengths are
+  # counted in it): its runners give it theirs (`for_tokenizer`) before `read`.
+  NEEDS_TOKENIZER = False
+
+  def for_tokenizer(self, tokenizer: Any) -> Suite:
+    """This suite reading its records with the policy's `tokenizer` (self where they do not
+    depend on it)."""
+    del tokenizer
+    return self
 
   def read(self, data_dir: str) -> list[dict]:
     """The suite's records from its files under `data_dir` (local or gs://).

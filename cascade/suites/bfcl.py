@@ -1,4 +1,5 @@
-"""BFCL v3's non-live AST categories: function calls checked against the released answers.
+"""BFCL v3's single-turn AST categories, non-live and live: function calls checked against the
+released answers.
 
   suite = suites.get('bfcl_v3_parallel')
   records = suite.read('/data/suites/bfcl_v3_parallel')   # questions joined with answers
@@ -24,11 +25,26 @@ one call expected; the release's Python file, BFCL_v3_simple.json, or v4's
 BFCL_v4_simple_python.json), `multiple` (several offered, one call), `parallel`
 (one offered, several calls, any order), `parallel_multiple` (several offered,
 several calls, any order) and `irrelevance` (no offered function fits: right when
-the model calls none).
+the model calls none); and the live categories, user-contributed questions and functions
+(`live_simple`, `live_multiple`, `live_parallel`, `live_parallel_multiple`,
+`live_irrelevance`, `live_relevance`). BFCL scores a live category with the same AST checker
+as the non-live one whose name it contains (its checker dispatches on the category name: a
+name containing 'parallel' by the unordered parallel match, else one containing 'multiple' by
+the multiple match, else the simple one; Python throughout), and `live_irrelevance` and
+`live_relevance` by its relevance rule: irrelevance is right when the response holds no
+well-formed call, relevance when it holds at least one (any function, arguments unchecked;
+neither has answer files).
+
+The multi-turn categories (`multi_turn_base`, `_miss_func`, `_miss_param`, `_long_context`)
+are not suites: BFCL scores them by executing each turn's calls against its API simulators
+(a file system, messaging, trading, travel and vehicle back ends whose states after every
+turn are compared with the ground truth's), which live in `bfcl-eval` and cannot be
+installed beside JAX; `suites.get('bfcl_v3_multi_turn_base')` says so in one line
+(`REFUSED`).
 
 Files, as the Hub repository and the package lay them out, under the suite's
 directory: `BFCL_v3_<category>.json` (JSON lines: id, question (a list of turns,
-each a list of messages; the non-live categories have one turn), function (the
+each a list of messages; the single-turn categories have one turn), function (the
 offered functions)) and `possible_answer/BFCL_v3_<category>.json` (id, ground_truth:
 a list of {function name: {parameter: [accepted values]}}; '' among a parameter's
 accepted values marks it optional). v4's file names are read too.
@@ -57,7 +73,7 @@ accepted values; and an expected parameter that was not given must accept ''.
 `simple` takes exactly one call; `multiple` as many calls as expected (one), the
 first checked against the expected one; `parallel` and `parallel_multiple` as many
 calls as expected, each expected call in turn matched to the first unmatched call
-that passes, none left over.
+that passes, none left over; a live category as the one its name contains.
 
 The papers' numbers: neither PAPER_NOTES entry reports BFCL v3 per category for
 the recipes' checkpoints, so these suites carry none.
@@ -73,7 +89,22 @@ from cascade.suites import base
 from foundation import chat
 from foundation import paths
 
-CATEGORIES = ('simple', 'multiple', 'parallel', 'parallel_multiple', 'irrelevance')
+CATEGORIES = ('simple', 'multiple', 'parallel', 'parallel_multiple', 'irrelevance',
+              'live_simple', 'live_multiple', 'live_parallel', 'live_parallel_multiple',
+              'live_irrelevance', 'live_relevance')
+# Categories without answer files: right by whether the response calls anything at all.
+NO_ANSWERS = ('irrelevance', 'live_irrelevance', 'live_relevance')
+# BFCL v3's multi-turn categories, and why they are not suites (`cascade.suites.get` says so).
+MULTI_TURN = ('multi_turn_base', 'multi_turn_miss_func', 'multi_turn_miss_param',
+              'multi_turn_long_context')
+REFUSED = {f'bfcl_v3_{c}': (
+    "BFCL's multi-turn categories are scored by executing every turn's calls against "
+    "bfcl-eval's API simulators (file system, messaging, trading, travel, vehicle) and "
+    'comparing their states, and bfcl-eval cannot be installed beside JAX (it pins numpy '
+    '1.26.4): not available (docs/evaluation.md); its single-turn categories are '
+    'bfcl_v3_<simple, multiple, parallel, parallel_multiple, irrelevance> and their live_ '
+    'versions')
+    for c in MULTI_TURN}
 # BFCL's parameter types and the Python type a value of each must have.
 PY_TYPES = {'string': str, 'integer': int, 'float': float, 'boolean': bool, 'array': list,
             'tuple': list, 'dict': dict, 'any': str}
@@ -229,16 +260,19 @@ def _doc(docs: Sequence[Mapping], name: str) -> Mapping:
 
 def check(category: str, docs: Sequence[Mapping], calls: Sequence[tuple[str, Mapping]],
           expected: Sequence[Mapping]) -> tuple[bool, str]:
-  """Whether a response's calls pass the category's check (module docstring)."""
-  if category == 'irrelevance':
+  """Whether a response's calls pass the category's check (module docstring): a category's
+  rule is picked by the names it contains, as BFCL's checker picks it."""
+  if 'irrelevance' in category:
     return (not calls, '' if not calls else f'{len(calls)} call(s) where none fits')
-  if category == 'simple':
+  if 'relevance' in category:
+    return (bool(calls), '' if calls else 'no call where one fits')
+  if 'parallel' not in category and 'multiple' not in category:
     if len(calls) != 1:
       return False, f'{len(calls)} calls for 1'
     return check_call(docs[0], calls[0], expected[0])
   if len(calls) != len(expected):
     return False, f'{len(calls)} calls for {len(expected)}'
-  if category == 'multiple':
+  if 'parallel' not in category:      # multiple
     return check_call(_doc(docs, next(iter(expected[0]))), calls[0], expected[0])
   used: set[int] = set()
   for i, want in enumerate(expected):
@@ -299,8 +333,9 @@ class AstGrader(base.Grader):
       turn = chat.parse_tool_calls(text)
       calls = [(c.name, c.arguments) for c in turn.calls]
       if not turn.finished_thinking:
-        ok, why = (self.category == 'irrelevance'), 'the thinking block never closed'
         calls = []
+        ok, why = check(self.category, meta['functions'], calls, [])[0], (
+            'the thinking block never closed')
       else:
         ok, why = check(self.category, meta['functions'], calls, meta.get('ground_truth', []))
       out.append(base.Graded(score=float(ok), info={
@@ -311,7 +346,7 @@ class AstGrader(base.Grader):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BfclSuite(base.Suite):
-  """One BFCL v3 non-live AST category (see the module docstring).
+  """One BFCL v3 single-turn AST category (see the module docstring).
 
   Attributes:
     category: one of CATEGORIES.
@@ -332,7 +367,7 @@ class BfclSuite(base.Suite):
       BadRecord: a record without a field it needs, or a question without an answer.
     """
     records = super().read(data_dir)
-    if self.category == 'irrelevance':
+    if self.category in NO_ANSWERS:
       return records
     files = self.answers_files(data_dir)
     if not files:
@@ -364,7 +399,7 @@ class BfclSuite(base.Suite):
           or not all(isinstance(m, Mapping) and isinstance(m.get('content'), str)
                      and m.get('role') in ('system', 'user', 'assistant') for m in question[0])):
         raise base.BadRecord(f"{path}:{line}: field 'question' must be one turn, a list of "
-                             "{'role', 'content'} messages (the non-live categories are "
+                             "{'role', 'content'} messages (the AST categories are "
                              'single-turn)')
       functions = base.field(path, line, row, 'function', list)
       if not functions or not all(isinstance(f, Mapping) and isinstance(f.get('name'), str)
@@ -388,19 +423,26 @@ class BfclSuite(base.Suite):
 PROTOCOL = base.Protocol(samples=1, temperature=0.0, top_p=1.0, greedy=True,
                          max_new_tokens=8192, thinking=True)
 _HUB = 'gorilla-llm/Berkeley-Function-Calling-Leaderboard'
+# launch.plan's bound on a rendered question with its functions' documentation (ours, assumed)
+# where it does not measure the files.
+PROMPT_TOKENS = 8192
 _TITLES = {'simple': 'simple (Python)', 'multiple': 'multiple', 'parallel': 'parallel',
-           'parallel_multiple': 'parallel multiple', 'irrelevance': 'irrelevance'}
+           'parallel_multiple': 'parallel multiple', 'irrelevance': 'irrelevance',
+           'live_simple': 'live simple', 'live_multiple': 'live multiple',
+           'live_parallel': 'live parallel', 'live_parallel_multiple': 'live parallel multiple',
+           'live_irrelevance': 'live irrelevance', 'live_relevance': 'live relevance'}
 
 
 def _suite(category: str) -> BfclSuite:
   files = (f'BFCL_v3_{category}.json',) + (
       ('BFCL_v4_simple_python.json',) if category == 'simple' else (f'BFCL_v4_{category}.json',))
   hub = (f'BFCL_v3_{category}.json',) + (
-      () if category == 'irrelevance' else (f'possible_answer/BFCL_v3_{category}.json',))
+      () if category in NO_ANSWERS else (f'possible_answer/BFCL_v3_{category}.json',))
   return BfclSuite(
       name=f'bfcl_v3_{category}', title=f'BFCL v3 {_TITLES[category]} (AST)',
       source=f'{_HUB} ({" + ".join(hub)})', files=files, protocol=PROTOCOL,
-      metric='accuracy', category=category, hub_dataset=_HUB, hub_files=hub)
+      metric='accuracy', category=category, hub_dataset=_HUB, hub_files=hub,
+      prompt_tokens=PROMPT_TOKENS)
 
 
 bfcl_v3_simple = _suite('simple')
@@ -408,3 +450,9 @@ bfcl_v3_multiple = _suite('multiple')
 bfcl_v3_parallel = _suite('parallel')
 bfcl_v3_parallel_multiple = _suite('parallel_multiple')
 bfcl_v3_irrelevance = _suite('irrelevance')
+bfcl_v3_live_simple = _suite('live_simple')
+bfcl_v3_live_multiple = _suite('live_multiple')
+bfcl_v3_live_parallel = _suite('live_parallel')
+bfcl_v3_live_parallel_multiple = _suite('live_parallel_multiple')
+bfcl_v3_live_irrelevance = _suite('live_irrelevance')
+bfcl_v3_live_relevance = _suite('live_relevance')

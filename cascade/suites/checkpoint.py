@@ -126,7 +126,8 @@ def plan(names: Sequence[str], source: Source, overrides: Mapping[str, Any] | No
     overrides: protocol fields replaced in every suite (the command line's --samples, ...).
 
   Raises:
-    cascade.config.ConfigError: no suite named, an unknown one, or overrides that do not check out.
+    cascade.config.ConfigError: no suite named, an unknown one, one that is not available (BFCL's
+      multi-turn categories: why, in one line), or overrides that do not check out.
   """
   ev = _run_eval(source)
   names = list(names) or list(ev.get('suites') or ())
@@ -139,6 +140,8 @@ def plan(names: Sequence[str], source: Source, overrides: Mapping[str, Any] | No
     try:
       suite = suites_lib.get(name)
     except ValueError as e:
+      if suites_lib.refusal(name):       # a benchmark known not to be one (BFCL multi-turn)
+        raise config_lib.ConfigError(f'--suites: {e}') from None
       raise config_lib.ConfigError(f'--suites: {e} (a world\'s or a user\'s own suites exist '
                                    'once --imports names their package)') from None
     run_over = dict(schema.plain((schema.plain(ev.get('suite_protocol')) or {}).get(name)) or {})
@@ -281,6 +284,7 @@ class Loaded:
     cfg: its `models.config.ModelConfig`.
     mesh: the device mesh (None: one device).
     rules: the mesh's logical rules.
+    sampler_options: the policy sampler's `rl.sampler.Sampler` options.
   """
   policy: run_lib.Policy
   graphdef: Any
@@ -288,6 +292,15 @@ class Loaded:
   cfg: Any
   mesh: Any
   rules: Any
+  sampler_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def load_judge(self, path: str):
+    """A judge model (an HF directory) on this policy's mesh, its sampler options turned into
+    a judge's (`rl.judge.run_sampler_options`), as a run loads one."""
+    from rl import judge as judge_lib  # pylint: disable=g-import-not-at-top
+    return judge_lib.JudgeModel.from_hf(path, mesh=self.mesh, rules=self.rules,
+                                        sampler_options=dict(self.sampler_options),
+                                        policy_cfg=self.cfg)
 
 
 def load_policy(source: Source, mesh_shape: Sequence[int] | None = None,
@@ -337,7 +350,17 @@ def load(source: Source, mesh_shape: Sequence[int] | None = None,
   policy = run_lib.Policy(sampler, sampler.prepare(params), tok,
                           identity=f'hf {fingerprint(source.hf_dir)}')
   return Loaded(policy=policy, graphdef=graphdef, params=params, cfg=model.cfg, mesh=mesh,
-                rules=rules)
+                rules=rules, sampler_options=options)
+
+
+def for_tokenizer(suites: Sequence[base.Suite], source: Source) -> list[base.Suite]:
+  """The suites, those whose records depend on the policy's tokenizer (RULER's lengths) given
+  the checkpoint's (loaded only for them, before the model)."""
+  if not any(s.NEEDS_TOKENIZER for s in suites):
+    return list(suites)
+  from foundation import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  tok = policy_tokenizer(source, tokenizer_lib.load(source.hf_dir))
+  return [s.for_tokenizer(tok) for s in suites]
 
 
 def policy_tokenizer(source: Source, tok):
@@ -358,10 +381,12 @@ def evaluate(sets: Sequence[tuple[base.Suite, Sequence[dict]]], policy: run_lib.
              workdir: str, *, seed: int = 0, batch_size: int = 64,
              grader_options: Mapping[str, Mapping[str, Any]] | None = None,
              stop: Callable[[], str | None] | None = None,
-             say: Callable[[str], None] = print) -> dict[str, dict]:
+             say: Callable[[str], None] = print,
+             load_judge: Callable[[str], Any] | None = None) -> dict[str, dict]:
   """Every suite scored on `policy` (`load_policy`) by `run.run_suite`, its
   graded batches kept under `workdir/<suite>/`: a rerun resumes each suite where it stopped.
-  `grader_options`: suite -> its grader's options (`grader_options`).
+  `grader_options`: suite -> its grader's options (`grader_options`); `load_judge`: loads a
+  suite's local judge (an HF directory) on the policy's devices (`Loaded.load_judge`).
 
   Returns:
     suite name -> its result.
@@ -372,7 +397,8 @@ def evaluate(sets: Sequence[tuple[base.Suite, Sequence[dict]]], policy: run_lib.
   out = {}
   for i, (suite, recs) in enumerate(sets, 1):
     res = run_lib.run_suite(suite, recs, policy, workdir, seed=seed, batch_size=batch_size,
-                            grader_options=(grader_options or {}).get(suite.name),
+                            grader_options=run_lib.with_judge_loader(
+                                suite, (grader_options or {}).get(suite.name), load_judge),
                             stop=stop, say=say)
     out[suite.name] = res
     say(f'suite {i}/{len(sets)} {suite.name}: {table.summary(res)} ({res["n"]} prompts, '

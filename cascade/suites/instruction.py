@@ -122,6 +122,8 @@ class InstructionSuite(base.Suite):
 
 PROTOCOL = base.Protocol(samples=4, temperature=0.6, top_p=0.95, max_new_tokens=65536,
                          thinking=True)
+# launch.plan's bound on a rendered prompt (ours, assumed) where it does not measure the files.
+PROMPT_TOKENS = 2048
 _C1 = 'arXiv 2512.13607 (Nemotron-Cascade), 14B-Thinking after each stage'
 _C1_8B = ('arXiv 2512.13607, model card of nvidia/Nemotron-Cascade-8B-Intermediate-ckpts '
           '(8B after each stage)')
@@ -138,6 +140,7 @@ ifeval = InstructionSuite(
     verifier='instruction_following', headline='strict',
     source='google/IFEval (ifeval_input_data.jsonl, 541 prompts)',
     files=('ifeval_input_data.jsonl',), hub_dataset='google/IFEval',
+    prompt_tokens=PROMPT_TOKENS, records=541,
     reported=(_per_stage('nemotron_cascade_14b', (69.8, 56.2, 81.3, 84.3, 81.8, 81.9), _C1)
               + _per_stage('nemotron_cascade_8b', (70.8, 50.1, 90.4, 92.1, 90.7, 90.2),
                            _C1_8B)))
@@ -147,4 +150,5 @@ ifbench = InstructionSuite(
     verifier='ifbench', headline='loose',
     source='allenai/IFBench_test (data/train-00000-of-00001.parquet, 300 prompts)',
     files=('data/train-*.parquet',), hub_dataset='allenai/IFBench_test',
+    prompt_tokens=PROMPT_TOKENS, records=300,
     reported=_per_stage('nemotron_cascade_8b', (21.2, 24.5, 40.5, 40.4, 38.1, 40.8), _C1_8B))

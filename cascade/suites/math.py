@@ -100,6 +100,9 @@ class MathSuite(base.Suite):
 
 PROTOCOL = base.Protocol(samples=64, temperature=0.6, top_p=0.95, max_new_tokens=65536,
                          thinking=True, pass_ks=(4, 16, 64))
+# launch.plan's bound on a rendered problem (ours, assumed: a competition problem and the
+# instruction to box the answer are a few hundred tokens) where it does not measure the files.
+PROMPT_TOKENS = 1024
 _C1 = 'arXiv 2512.13607 (Nemotron-Cascade), 14B-Thinking after each stage'
 _C1_8B = ('arXiv 2512.13607, model card of nvidia/Nemotron-Cascade-8B-Intermediate-ckpts '
           '(8B after each stage)')
@@ -114,6 +117,7 @@ def _per_stage(recipe: str, values: Sequence[float], source: str) -> tuple[base.
 
 aime24 = MathSuite(
     name='aime24', title='AIME 2024', metric='avg@64', protocol=PROTOCOL,
+    prompt_tokens=PROMPT_TOKENS, records=30,
     source='Maxwell-Jia/AIME_2024 (aime_2024_problems.parquet, 30 problems)',
     files=('aime_2024_problems.parquet',), id_field='ID', problem_field='Problem',
     answer_field='Answer', hub_dataset='Maxwell-Jia/AIME_2024',
@@ -121,6 +125,7 @@ aime24 = MathSuite(
 
 aime25 = MathSuite(
     name='aime25', title='AIME 2025', metric='avg@64', protocol=PROTOCOL,
+    prompt_tokens=PROMPT_TOKENS, records=30,
     source='opencompass/AIME2025 (aime2025-I.jsonl, aime2025-II.jsonl, 30 problems)',
     files=('aime2025-I.jsonl', 'aime2025-II.jsonl'), problem_field='question',
     hub_dataset='opencompass/AIME2025',
@@ -132,6 +137,7 @@ aime25 = MathSuite(
 
 hmmt_feb25 = MathSuite(
     name='hmmt_feb25', title='HMMT February 2025', metric='avg@64', protocol=PROTOCOL,
+    prompt_tokens=PROMPT_TOKENS, records=30,
     source='MathArena/hmmt_feb_2025 (data/train-00000-of-00001.parquet, 30 problems)',
     files=('data/train-*.parquet',), id_field='problem_idx', problem_field='problem',
     hub_dataset='MathArena/hmmt_feb_2025')

@@ -157,10 +157,15 @@ def _per_stage(values: Sequence[float]) -> tuple[base.Reported, ...]:
                for s, v in zip(_STAGES, values))
 
 
+# launch.plan's bound on a rendered question with its choices (ours, assumed) where it does not
+# measure the files.
+PROMPT_TOKENS = 2048
+
 gpqa_diamond = McqaSuite(
     name='gpqa_diamond', title='GPQA-Diamond', metric='avg@8', layout='gpqa',
     extraction='simple_evals',
     source='Idavidrein/gpqa (gpqa_diamond.csv, 198 questions)', files=('gpqa_diamond.csv',),
+    prompt_tokens=PROMPT_TOKENS, records=198,
     protocol=base.Protocol(samples=8, temperature=0.6, top_p=0.95, max_new_tokens=65536,
                            thinking=True, pass_ks=(8,)),
     hub_dataset='Idavidrein/gpqa', hub_files=('gpqa_diamond.csv',),
@@ -169,7 +174,7 @@ gpqa_diamond = McqaSuite(
 mmlu_pro = McqaSuite(
     name='mmlu_pro', title='MMLU-Pro', metric='avg@1', layout='mmlu_pro', extraction='mmlu_pro',
     source='TIGER-Lab/MMLU-Pro (data/test-*.parquet, 12,032 questions)',
-    files=('data/test-*.parquet',),
+    files=('data/test-*.parquet',), prompt_tokens=PROMPT_TOKENS, records=12032,
     protocol=base.Protocol(samples=1, temperature=0.6, top_p=0.95, max_new_tokens=65536,
                            thinking=True),
     hub_dataset='TIGER-Lab/MMLU-Pro', hub_files=('data/test-*.parquet',),

@@ -243,6 +243,16 @@ class RulerSuite(base.Suite):
   seed: int = 0
   tokenizer: Any = dataclasses.field(default=None, compare=False, repr=False)
 
+  NEEDS_TOKENIZER = True
+
+  def for_tokenizer(self, tokenizer: Any) -> RulerSuite:
+    return self.with_tokenizer(tokenizer)
+
+  def planned_prompts(self) -> tuple[int, int]:
+    """Its context length (a rendered prompt, in the policy's tokens, is within it) and its
+    records: exact, by construction."""
+    return self.length, self.records
+
   def with_tokenizer(self, tokenizer: Any) -> RulerSuite:
     """This suite measuring lengths in `tokenizer` (anything with `encode(text) -> list`)."""
     return dataclasses.replace(self, tokenizer=tokenizer)

@@ -88,6 +88,20 @@ class Stopped(Exception):
     self.why, self.where = why, where
 
 
+def with_judge_loader(suite: base.Suite, options: Mapping | None,
+                      load: Callable[[str], Any] | None) -> dict:
+  """A suite's grader options with its local judge's loader (`judge_model=`: `load(DIR)`, called
+  when the grader is built, i.e. only if a batch is left to grade), where the suite runs one
+  (`Suite.judge_use`, ArenaHard's judge=DIR): the judge then loads on the run's devices as
+  `launch.plan` plans it. The loader changes no grade (not in grades.jsonl's header)."""
+  options = dict(options or {})
+  use = suite.judge_use(options) if load is not None else None
+  if use is None:
+    return options
+  path = use[0]
+  return {**options, 'judge_model': lambda: load(path)}
+
+
 def sampling_params(protocol: base.Protocol) -> sampler_lib.SamplingParams:
   """The sampler's settings of a suite's protocol."""
   return sampler_lib.SamplingParams(temperature=protocol.temperature, top_p=protocol.top_p,

@@ -214,7 +214,10 @@ swe_bench_verified = SweBenchSuite(
                            thinking=True),
     source=f'{DATASET} (data/test-00000-of-00001.parquet) with {LOCALIZATION}',
     files=('data/test-*.parquet', 'data/test-*.jsonl'), hub_dataset=DATASET,
-    hub_files=('data/test-*.parquet',),
+    hub_files=('data/test-*.parquet',), records=500,
+    # launch.plan's bound where it does not measure the files: the issue and the localised
+    # files, as the recipes' SWE RL stages cap their prompts (ours).
+    prompt_tokens=16384,
     reported=(tuple(base.Reported(recipe='nemotron_cascade_14b', stage=s, value=v,
                                   source='arXiv 2512.13607 (Nemotron-Cascade), 14B-Thinking '
                                          'after each stage')

@@ -113,16 +113,21 @@ def _thinking(t) -> str:
 
 def registry_markdown(suites: Sequence[object]) -> str:
   """docs/evaluation.md's list of suites, from the registry: each suite's benchmark, data,
-  protocol and metric, then every number the papers report for them."""
+  protocol and metric, `launch.plan`'s bound on its prompts where it does not measure them
+  (`Suite.planned_prompts`: tokens, and records where known), then every number the papers
+  report for them."""
   lines = ['| suite | benchmark | data | metric | samples | temperature | top-p | new tokens | '
-           'thinking | pass@k | protocol |', '|---|---|---|---|---:|---:|---:|---:|---|---|---|']
+           'thinking | pass@k | protocol | plan: prompt tokens (records) |',
+           '|---|---|---|---|---:|---:|---:|---:|---|---|---|---:|']
   for s in suites:
     p = s.protocol
     data = s.source + (f' (`--download`: {s.hub_dataset})' if s.hub_dataset else '')
     temp = 'greedy' if p.greedy else f'{p.temperature:g}'
+    tokens, records = s.planned_prompts()
     lines.append(f'| `{s.name}` | {s.title} | {data} | {s.metric} | {p.samples} | {temp} | '
                  f'{p.top_p:g} | {p.max_new_tokens} | {_thinking(p.thinking)} | '
-                 f'{", ".join(map(str, p.pass_ks)) or "-"} | `{s.protocol_hash()}` |')
+                 f'{", ".join(map(str, p.pass_ks)) or "-"} | `{s.protocol_hash()}` | '
+                 f'{tokens}' + (f' ({records})' if records else '') + ' |')
   text = '\n'.join(lines) + '\n'
   reported = [(s.name, r) for s in suites for r in s.reported]
   if reported:

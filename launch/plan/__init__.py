@@ -13,7 +13,9 @@ only the rooms listed before it):
   judges.py      the judge models verifiers call, and their programs
   memory.py      bytes beside each program: what stays resident (`resident`)
   step_time.py   the step-time bound (`step_time`, `TIME_ASSUMPTIONS`)
-  evaluation.py  the held-out evaluation's programs
+  suite_calls.py what config.eval.suites ask of the devices: each suite's largest sampler
+                 call and its grader's local judge
+  evaluation.py  the held-out evaluation's programs and the suites'
   stages.py      a stage's plan (`plan_stage`) and a config's (`run_plan`, `time_plan`)
   report.py      the printed plan, the header, the Markdown page, the failures
   cli.py         the flags and `main` of `python -m launch.plan` (__main__.py runs it)
@@ -90,4 +92,9 @@ compiled: the per-phase variants shorter than a stage's longest phase (they
 need less memory).
 
     python -m launch.plan --config=configs/nemotron_cascade_14b.py --time_only
+
+The evaluation's plan also holds each of config.eval.suites' largest sampler call (its
+prompts x its protocol's samples, its longest prompt, its protocol's token budget: AIME's
+64K) and its grader's local judge model (ArenaHard's judge=DIR; a served judge costs no
+device memory), `suite_calls`.
 """

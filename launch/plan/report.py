@@ -38,7 +38,7 @@ def format_stage(r: results.StageReport) -> str:
                     f'{size(peak)}' if peak != p.total_bytes else '') + f': {status}')
     for a in p.largest:
       lines.append(f'    largest array: {a}')
-    sampler = p.name in ('sampler', 'eval sampler')
+    sampler = p.name.split(' (')[0] in ('sampler', 'eval sampler', 'suite sampler')
     per = ('per step' if p.name == 'train step' else
            'for one decode step' if p.shapes.startswith('paged engine:') else
            'per call (its prefill and every decode step)' if sampler and p.flops_from else

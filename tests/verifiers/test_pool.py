@@ -86,3 +86,25 @@ def test_close_and_garbage_collection_leave_no_process():
   del p
   gc.collect()
   assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
+def test_workers_outlive_the_thread_that_first_ran_the_pool():
+  """A worker dies with the thread that started it (PR_SET_PDEATHSIG in
+  verifiers/sandbox/worker.py): the pool starts its workers on a thread of its own, so a batch
+  run from a short-lived thread (a step's scoring thread) leaves them alive for the next one."""
+  import concurrent.futures  # pylint: disable=g-import-not-at-top
+  import functools  # pylint: disable=g-import-not-at-top
+  p = pool_lib.ProcessPool(functools.partial(base.worker_popen, 'json:dumps'), 1, name='t')
+  try:
+    with concurrent.futures.ThreadPoolExecutor(1) as scoring:
+      first = scoring.submit(p.run, [{'x': 1}], [30.0]).result()
+    assert first[0].ok and first[0].value == '{"x": 1}'
+    pids = p.pids
+    time.sleep(0.5)                        # the scoring thread has ended
+    assert all(psutil.pid_exists(pid) for pid in pids)
+    again = p.run([{'x': 2}], [30.0])
+    assert again[0].ok and again[0].value == '{"x": 2}' and p.restarts == 0 and p.pids == pids
+  finally:
+    p.close()
+  assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != 'zombie'
+                 for pid in pids)

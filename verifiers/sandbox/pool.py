@@ -14,6 +14,7 @@ exits, so no process outlives its owner.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import os
 import select
@@ -109,6 +110,11 @@ class ProcessPool:
     self._failed_starts = 0
     self._restart_if = restart_if
     self.restarts = 0
+    # Workers are started on a thread of the pool's own: a worker dies with the *thread* that
+    # started it (PR_SET_PDEATHSIG, verifiers/sandbox/worker.py), so workers started by a
+    # short-lived caller (a step's scoring thread) were killed when it ended, and the next
+    # batch lost a request to a worker that was dying ('worker exited (exit status -9)').
+    self._spawner: concurrent.futures.ThreadPoolExecutor | None = None
     self._finalizer = weakref.finalize(self, _kill_all, self._procs)
 
   @property
@@ -132,9 +138,15 @@ class ProcessPool:
         pass
     _kill_all(self._procs)
     self._workers = [None] * self._size
+    if self._spawner is not None:
+      self._spawner.shutdown(wait=False)
+      self._spawner = None
 
   def _start(self, i: int) -> None:
-    proc = self._spawn(i)
+    if self._spawner is None:
+      self._spawner = concurrent.futures.ThreadPoolExecutor(
+          1, thread_name_prefix=f'{self._name}-spawner')
+    proc = self._spawner.submit(self._spawn, i).result()
     self._procs.append(proc)
     self._workers[i] = _Worker(proc, time.monotonic() + self._startup_timeout_s)
 

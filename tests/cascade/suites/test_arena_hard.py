@@ -326,3 +326,27 @@ def test_the_grader_takes_one_judge():
     V1.grader(judge=LocalJudge(10), cache_dir='x')
   with pytest.raises(ValueError, match="suite 'arena_hard_v1'.*bogus"):
     V1.grader(url='http://localhost:1/v1', bogus=1)
+
+
+def test_a_local_judge_dir_loads_through_the_runs_loader_and_changes_no_key(tmp_path):
+  """judge=DIR with the run's loader (`run.with_judge_loader`): the grader judges with what the
+  loader gives (a run's judge on its mesh), loads it only when built, and the loader is no part
+  of what a grade depends on; a served judge gets no loader."""
+  from cascade.suites import run  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'config.json').write_text('{}')
+  loaded = []
+
+  def load(path):
+    loaded.append(path)
+    return LocalJudge(max_len=100_000)
+
+  opts = run.with_judge_loader(V1, {'judge': str(tmp_path)}, load)
+  assert not loaded and V1.grader_key(opts) == {'judge': str(tmp_path)}
+  V1.check_grader_options(opts)
+  records = V1.read(V1_DIR)[:1]
+  with V1.grader(**opts) as grader:
+    g = grader.grade_batch(records, [['GOOD answer']])[0][0]
+  assert loaded == [str(tmp_path)] and (g.info['game1'], g.info['game2']) == ('B>>A', 'A>>B')
+  served = {'url': 'http://judge:8000/v1'}
+  assert run.with_judge_loader(V1, served, load) == served
+  assert run.with_judge_loader(V1, {'judge': str(tmp_path)}, None) == {'judge': str(tmp_path)}

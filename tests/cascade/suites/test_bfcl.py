@@ -1,4 +1,4 @@
-"""BFCL v3's non-live AST categories: the released layout read (JSON lines named .json, answers
+"""BFCL v3's single-turn AST categories (non-live and live): the released layout read (JSON lines named .json, answers
 joined from possible_answer/), the tools in the prompt as the chat template renders them, and
 each rule of BFCL's AST checker (as cascade/suites/bfcl.py restates it) on hand-made calls."""
 
@@ -41,7 +41,7 @@ def test_the_categories_are_registered_and_read_from_the_released_layout():
     assert suite.name == f'bfcl_v3_{cat}' and suite.metric == 'accuracy'
     assert suite.protocol.greedy and suite.hub_dataset == bfcl._HUB
     assert all(r['metadata']['category'] == cat for r in recs)
-    assert all(('ground_truth' in r['metadata']) == (cat != 'irrelevance') for r in recs)
+    assert all(('ground_truth' in r['metadata']) == (cat not in bfcl.NO_ANSWERS) for r in recs)
   suite, recs = _read('simple')
   assert [r['id'] for r in recs] == ['simple_0', 'simple_1', 'simple_2']
   assert recs[0]['metadata']['ground_truth'] == [TRI_ANSWER]
@@ -202,3 +202,74 @@ def test_completions_are_graded_and_scored_per_category():
   assert g[0].score == 0.0 and 'never closed' in g[0].info['reason']
   with pytest.raises(TypeError, match='takes none'):
     suite.grader(workers=2)
+
+
+def test_a_live_category_is_checked_by_the_rule_its_name_names():
+  docs = [TRI, {'name': 'g', 'parameters': {'required': ['c'],
+                                            'properties': {'c': {'type': 'string'}}}}]
+  two = [{'g': {'c': ['Paris']}}, {'g': {'c': ['Tokyo']}}]
+  one = [{'g': {'c': ['Paris']}}]
+  for live, plain, calls, truth in (
+      ('live_simple', 'simple', [call('g', c='Paris')], one),
+      ('live_simple', 'simple', [call('g', c='Paris')] * 2, one),
+      ('live_multiple', 'multiple', [call('g', c='paris')], one),
+      ('live_multiple', 'multiple', [call('g', c='Rome')], one),
+      ('live_parallel', 'parallel', [call('g', c='Tokyo'), call('g', c='Paris')], two),
+      ('live_parallel_multiple', 'parallel_multiple', [call('g', c='Paris')] * 2, two),
+      ('live_irrelevance', 'irrelevance', [], []),
+      ('live_irrelevance', 'irrelevance', [call('g', c='x')], [])):
+    simple_docs = [docs[1]] if 'simple' in live else docs
+    assert bfcl.check(live, simple_docs, calls, truth) == bfcl.check(plain, simple_docs, calls,
+                                                                     truth), (live, calls)
+  # Relevance: right with any well-formed call (of any function, its arguments unchecked).
+  assert bfcl.check('live_relevance', docs, [call('nope', zz=1)], [])[0]
+  assert bfcl.check('live_relevance', docs, [], []) == (False, 'no call where one fits')
+
+
+def test_the_live_categories_are_graded_from_their_released_layout():
+  expected = {
+      'live_simple': [
+          (tool_calls(('get_user_info', {'user_id': 7890, 'special': 'black'})), 1.0),
+          # The unit is optional (its accepted values hold ''); a wrong city is wrong.
+          (tool_calls(('get_current_weather', {'location': 'Boston, MA'})), 1.0)],
+      'live_multiple': [
+          (tool_calls(('ChaFod', {'foodItem': 'Burger', 'removeIngredients': 'onions'})), 1.0),
+          (tool_calls(('get_current_weather', {'location': 'Santa Rosa, CA'})), 0.0)],
+      'live_parallel': [(tool_calls(
+          ('get_current_weather', {'location': 'San Francisco, CA'}),
+          ('get_current_weather', {'location': 'Boston, MA', 'unit': 'fahrenheit'})), 1.0)],
+      'live_parallel_multiple': [(tool_calls(
+          ('uber.ride', {'loc': '2150 Shattuck Ave, Berkeley, CA', 'type': 'plus',
+                         'time': 10})), 0.0)],
+      'live_irrelevance': [
+          ('<think>no tool fits</think>Waves fold on the shore...', 1.0),
+          (tool_calls(('uber.ride', {'loc': 'x', 'type': 'plus', 'time': 4})), 0.0)],
+      'live_relevance': [
+          (tool_calls(('uber.ride', {'loc': '1 Main St, Berkeley, CA', 'type': 'comfort',
+                                     'time': 30})), 1.0),
+          # A malformed block is no call; neither is one inside the thinking block.
+          ('<think>' + chat.render_tool_call('Movies_1_FindMovies', {'location': 'x'})
+           + '</think><tool_call>{bad json</tool_call>', 0.0)],
+  }
+  for cat, rows in expected.items():
+    suite, recs = _read(cat)
+    assert suite.title.startswith('BFCL v3 live') and suite.protocol.greedy
+    assert len(recs) == len(rows), cat
+    assert recs[0]['id'].startswith(f'{cat}_0-')
+    grades = suite.grader().grade_batch(recs, [[c] for c, _ in rows])
+    assert [g[0].score for g in grades] == [s for _, s in rows], (
+        cat, [g[0].info['reason'] for g in grades])
+  # A live question's own system prompt stays first, the tools' section after it.
+  _, recs = _read('live_simple')
+  assert recs[1]['messages'][0]['content'].startswith('You are a helpful assistant.\n\n# Tools')
+
+
+@pytest.mark.parametrize('category', bfcl.MULTI_TURN)
+def test_the_multi_turn_categories_are_refused_in_one_line_saying_why(category):
+  name = f'bfcl_v3_{category}'
+  with pytest.raises(ValueError) as e:
+    suites.get(name)
+  msg = str(e.value)
+  assert '\n' not in msg and msg.startswith(f'suite {name!r} is not available: ')
+  assert 'API simulators' in msg and 'numpy' in msg
+  assert name not in suites.names() and suites.refusal('bfcl_v3_simple') == ''

@@ -10,6 +10,7 @@ import pytest
 
 from cascade import config as config_lib
 from cascade import exits
+from cascade import schema
 from cascade.data import shards
 from cascade.suites import base
 from cascade.suites import checkpoint
@@ -73,6 +74,27 @@ def test_the_suites_and_their_protocols_come_from_the_flags_or_the_run(tmp_path,
   with pytest.raises(config_lib.ConfigError, match=r"protocol overrides: suite 'toy_copy': "
                                                    'Protocol.top_p must be in'):
     checkpoint.plan(['toy_copy'], hf, {'top_p': 2.0})
+
+
+def test_bfcls_multi_turn_categories_are_refused_in_one_line_and_exit_2(tmp_path, capsys):
+  """`--suites=bfcl_v3_multi_turn_base`: why it is not a suite, one line, exit 2; and the same
+  reason from a config naming it."""
+  hf = checkpoint.resolve(str(_hf(tmp_path / 'hf')))
+  with pytest.raises(SystemExit) as done:
+    exits.run(lambda: checkpoint.plan(['aime25', 'bfcl_v3_multi_turn_base'], hf), str(tmp_path))
+  assert done.value.code == 2
+  err = capsys.readouterr().err.strip()
+  assert '\n' not in err and err.startswith(
+      "error: --suites: suite 'bfcl_v3_multi_turn_base' is not available: BFCL's multi-turn "
+      "categories are scored by executing every turn's calls against bfcl-eval's API "
+      'simulators'), err
+  ev = config_lib.Eval(num_samples=1, max_new_tokens=8, max_prompt_len=8, num_prompts=1,
+                       batch_size=1, temperature=1.0, top_p=1.0,
+                       suites=('bfcl_v3_multi_turn_long_context',))
+  with pytest.raises(config_lib.ConfigError, match=r"suites=.*: suite "
+                                                   r"'bfcl_v3_multi_turn_long_context' is not "
+                                                   r'available: .*API simulators'):
+    ev.check(schema.failer('config.eval', ev))
 
 
 def test_missing_data_is_one_line_naming_the_suite_and_the_file_and_exit_2(tmp_path, toy,

@@ -2,6 +2,7 @@
 templates, and RULER's string-match grading."""
 
 import dataclasses
+import types
 
 import pytest
 
@@ -91,3 +92,29 @@ def test_string_match_recall_as_ruler_grades():
       == [1.0, 0.0]
   summary = ruler.vt_8k.summarize([vt, vt], [[grades[0]], [grades[1]]])
   assert summary['value'] == pytest.approx(80.0) and summary['metric'] == 'string match'
+
+
+def test_its_runners_give_it_the_policys_tokenizer(tiny_hf, tmp_path, monkeypatch):
+  """`cascade.evaluate` (checkpoint.for_tokenizer) and a run (evaluation.suite_sets) read RULER's
+  records with the policy's tokenizer; suites that do not need one never load it."""
+  from cascade import evaluation  # pylint: disable=g-import-not-at-top
+  from cascade.suites import checkpoint  # pylint: disable=g-import-not-at-top
+  from foundation import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  small = dataclasses.replace(ruler.niah_single_8k, length=400, records=2)
+  assert small.NEEDS_TOKENIZER and not suites.get('aime25').NEEDS_TOKENIZER
+  got, plain = checkpoint.for_tokenizer([small, suites.get('aime25')],
+                                        checkpoint.Source(hf_dir=str(tiny_hf)))
+  assert plain is suites.get('aime25')
+  tok = tokenizer_lib.load(tiny_hf)
+  recs = got.read()
+  assert len(recs) == 2 and all(
+      len(tok.encode(r['messages'][-1]['content'])) <= 400 - ruler.ANSWER_TOKENS['niah_single']
+      for r in recs)
+  no_tokenizer = checkpoint.Source(hf_dir=str(tmp_path))     # nothing loadable there
+  assert checkpoint.for_tokenizer([plain], no_tokenizer) == [plain]
+  # A run's suite sets: the config's suites, RULER's read with the run's tokenizer.
+  monkeypatch.setattr(evaluation.suites_lib, 'get', lambda name: small)
+  ev = types.SimpleNamespace(suites=('ruler_niah_single_8k',), suite_data='', suite_prompts=1,
+                             suite_settings=lambda name: small.protocol)
+  [(suite, records)] = evaluation.suite_sets(types.SimpleNamespace(eval=ev), tok)
+  assert suite.tokenizer is tok and [r['id'] for r in records] == [recs[0]['id']]
