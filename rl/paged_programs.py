@@ -131,14 +131,22 @@ def _unpack(graphdef, params, tokens, k_pool):
   return model, model.cfg, tokens.shape, pool_layer(k_pool).shape[-3:-1]
 
 
+def routing_dtype(num_experts: int):
+  """The compact dtype recorded expert ids take: uint8 up to 256 experts, else uint16/int32."""
+  if num_experts <= 256:
+    return jnp.uint8
+  return jnp.uint16 if num_experts <= 65536 else jnp.int32
+
+
 def _routed(stats, rows: int, width: int, cfg, record: bool):
-  """With `record`, a pass's experts [M, A, T, k] as [A, T, M, k] int32 (zeros where the
-  pass ran no tokens: `width` 0); else None."""
+  """With `record`, a pass's experts [M, A, T, k] as [A, T, M, k] in `routing_dtype` (zeros
+  where the pass ran no tokens: `width` 0); else None."""
   if not record:
     return None
+  dt = routing_dtype(cfg.num_experts)
   if stats is None:
-    return jnp.zeros((rows, width, cfg.mixers.count('moe'), cfg.experts_per_token), jnp.int32)
-  return sharding.constrain(jnp.moveaxis(stats.indices, 0, 2).astype(jnp.int32),
+    return jnp.zeros((rows, width, cfg.mixers.count('moe'), cfg.experts_per_token), dt)
+  return sharding.constrain(jnp.moveaxis(stats.indices, 0, 2).astype(dt),
                             ('batch', None, None, None))
 
 
@@ -163,7 +171,7 @@ def prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, co
     record: static; also return each token's experts (routing replay).
 
   Returns:
-    (k_pool, v_pool, states), and with `record` the prompts' routing [A, T, M, k] int32.
+    (k_pool, v_pool, states), and with `record` the prompts' routing [A, T, M, k].
   """
   model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool)
   final = stats = None
@@ -213,7 +221,7 @@ def extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_t
     record: static; also return each new token's experts (routing replay).
 
   Returns:
-    (k_pool, v_pool, states), and with `record` the new tokens' routing [A, T, M, k] int32.
+    (k_pool, v_pool, states), and with `record` the new tokens' routing [A, T, M, k].
   """
   model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool)
   final, stats = incoming, None
@@ -302,7 +310,7 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
 
   Returns:
     (state, steps run [], tokens [S, C], logprobs, sampling_logprobs, states), and with
-    `record` the routing [S, C, M, k] int32 (column i: the experts of the token each row fed
+    `record` the routing [S, C, M, k] (`routing_dtype`; column i: the experts of the token each row fed
     at step i; zeros where it fed none) and fed [S] int32 (tokens each row fed, its tail
     included). C = chunk (+ 1 with `record`). Column i holds step i's token of each slot
     live at that step (pad_id / 0 elsewhere); the rows' states written back to their slots.
@@ -358,7 +366,8 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
   route = None
   if record:
     route = sharding.constrain(
-        jnp.zeros((s, cols, cfg.mixers.count('moe'), cfg.experts_per_token), jnp.int32),
+        jnp.zeros((s, cols, cfg.mixers.count('moe'), cfg.experts_per_token),
+                  routing_dtype(cfg.num_experts)),
         ('batch', None, None, None))
   lengths0 = state.lengths
   init = (jnp.zeros((), jnp.int32), state, buf(pad_id, jnp.int32), buf(0, jnp.float32),

@@ -62,6 +62,7 @@ from models import transformer
 from rl import buckets
 from rl import engine as engine_lib
 from rl import engine_options as engine_options_lib
+from rl import paged_programs
 from rl import rollout_copy
 from rl import sampling
 from rl import scheduler
@@ -161,11 +162,8 @@ class SampleOutput(NamedTuple):
   routing: jax.Array | None = None
 
 
-def routing_dtype(num_experts: int):
-  """The compact dtype recorded expert ids take: uint8 up to 256 experts, else uint16/int32."""
-  if num_experts <= 256:
-    return jnp.uint8
-  return jnp.uint16 if num_experts <= 65536 else jnp.int32
+# The compact dtype recorded expert ids take: uint8 up to 256 experts, else uint16/int32.
+routing_dtype = paged_programs.routing_dtype
 
 
 def check_records_routing(cfg: config_lib.ModelConfig) -> None:
@@ -689,7 +687,7 @@ class Sampler:
     return num_samples if (chunk // num_samples) % shards == 0 else 1
 
   def abstract_args(self, params, rows: int, prompt_len: int, sp: SamplingParams,
-                    num_samples: int = 1, program: str = 'decode'):
+                    num_samples: int = 1, program: str = 'decode', record_routing: bool = False):
     """The arguments `generate` passes the jitted sampler for a call of these sizes, abstract.
 
     Args:
@@ -700,6 +698,7 @@ class Sampler:
       num_samples: G (rows of one prompt share its prefill, see `prefill_group`).
       program: with engine='paged', 'decode' (a decode call) or 'prefill' (a prefill
         call); the one-call sampler has one program.
+      record_routing: the call records routing (`generate`'s): its routing buffers too.
 
     Returns:
       (positional args, keyword args, description) for `sample.lower(*args, **kwargs)`.
@@ -707,13 +706,20 @@ class Sampler:
     if program not in PROGRAMS[self.engine]:
       raise ValueError(f'engine {self.engine!r} has no program {program!r} '
                        f'(it has {PROGRAMS[self.engine]})')
-    return self._rollout.abstract_args(params, rows, prompt_len, sp, num_samples, program)
+    args, kw, what = self._rollout.abstract_args(params, rows, prompt_len, sp, num_samples,
+                                                 program)
+    if record_routing:
+      check_records_routing(self.cfg)
+      kw = dict(kw, **{'record_routing' if self.engine == 'one_call' else 'record': True})
+      what += ', recording routing'
+    return args, kw, what
 
   def lower(self, params, rows: int, prompt_len: int, sp: SamplingParams, num_samples: int = 1,
-            program: str = 'decode'):
+            program: str = 'decode', record_routing: bool = False):
     """Lowers the sampler for a call of these sizes (ahead of time; `params` abstract).
-    `program` as in `abstract_args`."""
-    args, kw, _ = self.abstract_args(params, rows, prompt_len, sp, num_samples, program)
+    `program` and `record_routing` as in `abstract_args`."""
+    args, kw, _ = self.abstract_args(params, rows, prompt_len, sp, num_samples, program,
+                                     record_routing)
     fn = self._rollout.program(self.call_shape(rows, prompt_len, sp.max_new_tokens)[2], program)
     with sharding.use_mesh(self.mesh, self.rules):
       return fn.lower(*args, **kw)

@@ -51,7 +51,8 @@ class Rows(NamedTuple):
   logprobs: list        # np.float32, unmodified-policy log-probs
   sampling_logprobs: list
   stopped: np.ndarray   # [R] bool, ended on a stop token
-  # Recording routing: each row's experts [prompt + generated tokens, M, k] int32, else None.
+  # Recording routing: each row's experts [prompt + generated tokens, M, k] (the compact dtype
+  # of `rl.paged_programs.routing_dtype`), else None.
   routing: list | None = None
 
 
@@ -689,7 +690,7 @@ class Scheduler:
     """Row r's routing so far: its prompt's (but the last token), then every token it fed."""
     pi = r // self.num_samples
     parts = [x for x in [self.prompt_route[pi]] + self.out_route[r] if x is not None]
-    return np.concatenate(parts).astype(np.int32)
+    return np.concatenate(parts)
 
   def rows(self, rows: Sequence[int] | None = None) -> Rows:
     """`Rows` of the given row indices (default: every row so far)."""
@@ -700,7 +701,7 @@ class Scheduler:
     routing = None
     if self.record:
       routing = [self.row_route[r] if self.row_route[r] is not None
-                 else np.zeros((0,), np.int32) for r in rows]
+                 else np.zeros((0,), np.uint8) for r in rows]
     return Rows(tokens=[cat(self.out_tok[r], np.int32) for r in rows],
                 logprobs=[cat(self.out_lp[r], np.float32) for r in rows],
                 sampling_logprobs=[cat(self.out_slp[r], np.float32) for r in rows],
