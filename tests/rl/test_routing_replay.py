@@ -345,3 +345,26 @@ def test_batch_routing_follows_the_input_tokens_through_packing_and_concatenatio
   assert plain.routing is None and batch_lib.from_samples(plain, [0.0]).routing is None
   with pytest.raises(ValueError, match='set in some chunks and not others'):
     batch_lib.concat_rows([s, t._replace(prompt_routing=None, routing=None)])
+
+
+@pytest.mark.parametrize('engine', ['one_call', 'paged'])
+def test_the_planned_sampler_program_carries_the_recording_buffers(engine):
+  """`launch.plan` lowers an RL stage's sampler with `record_routing` when the stage records
+  it (`launch/plan/programs.py` sampler_lowering): its outputs then hold the routing, in the
+  compact dtype (the paged decode call's per step and its tokens fed)."""
+  cfg = CONFIGS['moe']
+  graphdef, params = _abstract(cfg)
+  kw = dict(engine='paged', slots=2, page_size=4, chunk_steps=3) if engine == 'paged' else {}
+  samp = sampler.Sampler(graphdef, cfg, eos_ids=(1,), prompt_buckets=(8,),
+                         new_token_buckets=(4,), **kw)
+  sp = sampler.SamplingParams(max_new_tokens=4)
+  _, _, what = samp.abstract_args(params, 2, 8, sp, record_routing=True)
+  assert what.endswith('recording routing')
+  got = samp.lower(params, 2, 8, sp, record_routing=True).out_info
+  shapes = lambda xs: [(tuple(x.shape), str(x.dtype)) for x in xs]
+  if engine == 'paged':      # [slots, chunk + 1 (a tail), M, k] and the tokens each row fed
+    assert len(samp.lower(params, 2, 8, sp).out_info) == 6 and len(got) == 8
+    assert shapes(got[6:]) == [((2, 4, 2, 2), 'uint8'), ((2,), 'int32')]
+  else:                      # the prompt's and the generated tokens'
+    assert shapes([got.prompt_routing, got.routing]) == [((2, 8, 2, 2), 'uint8'),
+                                                          ((2, 4, 2, 2), 'uint8')]
