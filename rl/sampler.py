@@ -35,13 +35,14 @@ unmodified policy (temperature 1, no top-p/top-k): exactly what a training
 forward pass computes, which is what makes GRPO strictly on-policy.
 `sampling_logprobs` are under the distribution actually sampled from.
 
-Routing (mixture-of-experts models): with `record_routing` the one-call
-sampler also returns the experts each prompt and generated token went to in
-every 'moe' sublayer, [rows, tokens, M, k] in a compact dtype (`routing_dtype`:
-uint8 up to 256 experts), taken from the forward passes it runs anyway (the
-model hands them back functionally, `Transformer.hidden(return_stats=True)`),
-plus one forward of the tokens sampled at the last step. A training forward
-replays them (`rl.batch.TrainBatch.routing`).
+Routing (mixture-of-experts models): with `record_routing` either engine also
+returns the experts each prompt and generated token went to in every 'moe'
+sublayer, [rows, tokens, M, k] in a compact dtype (`routing_dtype`: uint8 up to
+256 experts), taken from the forward passes it runs anyway (the model hands
+them back functionally, `Transformer.hidden(return_stats=True)`), plus one
+forward of each row's last sampled token (the paged engine's row *tail*,
+`rl.paged_programs.decode`). A training forward replays them
+(`rl.batch.TrainBatch.routing`).
 """
 
 from __future__ import annotations

@@ -104,18 +104,32 @@ class _Recording:
     self.asked.append(kw.get('record_routing', False))
     return self.inner.generate(*args, **kw)
 
+  def stream(self, *args, **kw):
+    self.asked.append(kw.get('record_routing', False))
+    return self.inner.stream(*args, **kw)
+
+  def __getattr__(self, name):          # engine, prepare, counters: the sampler's
+    return getattr(self.inner, name)
+
 
 @pytest.mark.heavy
-def test_a_grpo_step_with_routing_replay_runs_through_the_stage_loop(fakes, tmp_path):
+@pytest.mark.parametrize('engine', ['one_call', 'paged'])
+def test_a_grpo_step_with_routing_replay_runs_through_the_stage_loop(fakes, tmp_path, engine):
+  """One step; with the paged engine its groups stream (`stream_filter`). The trainer's routers
+  agree with every recorded choice (same params, float32): replayed, nothing differs."""
+  paged = engine == 'paged'
   plan = fakes.toy_config([fakes.rl_stage('rl', ['a'], routing_replay='on', steps=1,
                                           prompts_per_step=2, max_prompt_len=64,
-                                          max_response_len=4)], model=MOE)
+                                          max_response_len=4, stream_filter=paged,
+                                          dynamic_filter=paged)],
+                          model=MOE)
   st = plan.stages[0]
   pol = policies_lib.Policies(plan, str(tmp_path), None, plan.rules)
   tok = fakes.CharTokenizer()
+  kw = dict(engine='paged', slots=4, page_size=8, chunk_steps=4) if paged else {}
   samp = _Recording(sampler_lib.Sampler(pol.graphdef('policy'), plan.model, eos_ids=(tok.eos_id,),
                                         pad_id=tok.pad_id, prompt_buckets=(64,),
-                                        new_token_buckets=(4,)))
+                                        new_token_buckets=(4,), **kw))
   logged = []
   recs = [fakes.record('a', i, 10 + i) for i in range(4)]
   ctx = types.SimpleNamespace(
@@ -131,7 +145,7 @@ def test_a_grpo_step_with_routing_replay_runs_through_the_stage_loop(fakes, tmp_
     result = grpo.run(ctx, st)
   finally:
     pol.close()
-  assert result.final_step == 1 and samp.asked == [True]
+  assert result.final_step == 1 and samp.asked and all(samp.asked)
   [m] = logged
   # The policy's own routers agree with the sampler's (same params, float32) on every pair.
   assert m['routing_mismatch'] == 0.0
