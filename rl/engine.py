@@ -54,6 +54,12 @@ the tokens after what the kept pages hold. With Mamba layers it also keeps the
 row's final state, and continues it only for a prompt that starts with every
 kept token (else the prompt is prefilled in full).
 
+Recording routing (a mixture-of-experts policy, `run(record_routing=True)`),
+each row also returns the experts every token of it went to: its prompt's from
+the prefill (or a session's kept routing and the extend), each fed token's
+from its decode step, and its last token's from one more forward, its *tail*
+(`paged_programs.decode`; its pages cover that token too).
+
 The engine in parts: `rl.page_pool` counts free pages per shard;
 `rl.scheduler` decides, on the host, which row runs in which slot on which
 pages (queue, admission, preemption, sessions, the stream, packing);
