@@ -84,6 +84,8 @@ class EpisodeSamples(NamedTuple):
     truncated: [B] the episode was cut by a limit (turns or tokens), not ended
       by a final answer.
     policy_mask: [B, N] 1 on the tokens the policy sampled.
+    prompt_routing, routing: recorded routing ([B, P, M, k] of the opening, [B, N, M, k] of
+      the rest; `generate(record_routing=True)`), else None.
   """
   prompt_tokens: np.ndarray
   prompt_mask: np.ndarray
@@ -94,6 +96,8 @@ class EpisodeSamples(NamedTuple):
   lengths: np.ndarray
   truncated: np.ndarray
   policy_mask: np.ndarray
+  prompt_routing: np.ndarray | None = None
+  routing: np.ndarray | None = None
 
 
 class Episodes(NamedTuple):
@@ -207,7 +211,7 @@ def _on_host0(fn, hosts):
 def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Sequence, rng,
              sp: sampler_lib.SamplingParams, group_size: int, *, max_turns: int,
              max_tokens: int, render_tools: bool = True,
-             hosts: rollout.Hosts | None = None) -> Episodes:
+             hosts: rollout.Hosts | None = None, record_routing: bool = False) -> Episodes:
   """Runs `group_size` episodes of every record to their end and scores them.
 
   Args:
@@ -226,6 +230,11 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
     max_tokens: tokens after the opening prompt (turns and observations).
     render_tools: list the tools' schemas in the opening's system turn.
     hosts: the JAX processes (default: this run's).
+    record_routing: carry every token's experts across the turns (routing replay; a
+      mixture-of-experts policy): each token's from the first turn's call that forwarded it
+      (the turn that sampled it, or whose prompt first held it; with a KV session, later
+      turns attend to that pass's keys and values), so the episode's routing is one stream
+      aligned with its tokens (`EpisodeSamples.prompt_routing`, `.routing`).
 
   Returns:
     `Episodes`.
@@ -246,6 +255,8 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
   rewards = np.zeros(n, np.float32)
   infos: list[dict] = [{} for _ in range(n)]
   cut = np.zeros(n, bool)
+  # Recording: each episode's routing so far, aligned with opening + ctx (a list of arrays).
+  routes: list[list[np.ndarray]] = [[] for _ in range(n)]
   live = list(range(n))
   turn = 0
   env_s = 0.0
@@ -266,7 +277,8 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
     limits = [max(1, min(new, budget[i])) for i in live]
     out = sampler.generate(params, [opening[i] + ctx[i] for i in live],
                            jax.random.fold_in(rng, turn), turn_sp, row_limits=limits,
-                           **(dict(session=session, keys=live) if session else {}))
+                           **(dict(session=session, keys=live) if session else {}),
+                           **(dict(record_routing=True) if record_routing else {}))
     turn += 1
     acting, actions, over = [], [], {}
     for j, i in enumerate(live):
@@ -278,6 +290,8 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
         why = 'turn longer than max_new_tokens'
       else:
         why = ''
+      if record_routing:
+        _carry_routing(routes[i], out, j, len(opening[i]) + len(ctx[i]), k)
       ctx[i] += toks[:k]
       policy[i] += [1] * k
       lps[i] += out.logprobs[j, :k].tolist()
@@ -325,11 +339,37 @@ def generate(sampler, params, tokenizer, env, records: Sequence[dict], modes: Se
   return Episodes(records=rows, modes=row_modes,
                   completions=[_decode(tokenizer, c) for c in ctx],
                   samples=_pack(opening, ctx, policy, lps, slps, cut, max_tokens,
-                                sampler.pad_id),
+                                sampler.pad_id, routes if record_routing else None),
                   rewards=rewards, infos=infos, env_s=env_s, prefill=prefill)
 
 
-def _pack(opening, ctx, policy, lps, slps, cut, width: int, pad_id: int) -> EpisodeSamples:
+def _carry_routing(route: list, out, j: int, prompt_len: int, k: int) -> None:
+  """Appends to an episode's routing (`route`, arrays aligned with its stream) what turn
+  call `out`'s row j adds: the routing of its prompt's tokens the episode has none for yet
+  (the observation), then its first k sampled tokens'."""
+  have = sum(x.shape[0] for x in route)
+  head = np.asarray(out.prompt_routing[j])
+  head = head[head.shape[0] - prompt_len:]          # the row's prompt (left-padded)
+  route.append(head[have:])
+  route.append(np.asarray(out.routing[j, :k]))
+
+
+def _routing_of(opening, routes, p: int, width: int) -> dict:
+  """EpisodeSamples' prompt_routing [n, p, M, k] and routing [n, width, M, k] from each
+  episode's routing stream (opening first)."""
+  whole = [np.concatenate(r) for r in routes]
+  tail, dt = whole[0].shape[1:], whole[0].dtype
+  prompt = np.zeros((len(whole), p) + tail, dt)
+  rest = np.zeros((len(whole), width) + tail, dt)
+  for i, w in enumerate(whole):
+    o = len(opening[i])
+    prompt[i, p - o:] = w[:o]
+    rest[i, :w.shape[0] - o] = w[o:]
+  return dict(prompt_routing=prompt, routing=rest)
+
+
+def _pack(opening, ctx, policy, lps, slps, cut, width: int, pad_id: int,
+          routes=None) -> EpisodeSamples:
   n = len(ctx)
   p = max(len(o) for o in opening)
   prompt = np.full((n, p), pad_id, np.int32)
@@ -348,10 +388,11 @@ def _pack(opening, ctx, policy, lps, slps, cut, width: int, pad_id: int) -> Epis
     pol[i, :len(c)] = policy[i]
     lp[i, :len(c)] = lps[i]
     slp[i, :len(c)] = slps[i]
+  routed = {} if routes is None else _routing_of(opening, routes, p, width)
   return EpisodeSamples(prompt_tokens=prompt, prompt_mask=pmask, tokens=tokens, mask=mask,
                         logprobs=lp, sampling_logprobs=slp,
                         lengths=np.array([len(c) for c in ctx], np.int32),
-                        truncated=np.asarray(cut, bool), policy_mask=pol)
+                        truncated=np.asarray(cut, bool), policy_mask=pol, **routed)
 
 
 def metrics(eps: Episodes) -> dict[str, float]:

@@ -416,6 +416,43 @@ def fast_path(c: ml_collections.ConfigDict) -> None:
   c.stages = stages
 
 
+# The cap of truncated importance sampling (TIS) on the sampler/trainer gap (`correct_mismatch`):
+# C = 2, the value of Yao et al., "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+# Training" (2025), which introduced TIS for this gap, and the default verl and slime ship; it
+# keeps every token whose trainer/sampler ratio is at most 2 at its full importance weight
+# (the upper end of MOPD's [0.5, 2] band in the Cascade 2 paper) and truncates the rare tokens
+# the rollout kernels over-sample by more.
+TIS_CAP = 2.0
+
+
+def correct_mismatch(c: ml_collections.ConfigDict) -> None:
+  """Turns on TIS (`tis_cap` = TIS_CAP) in c's GRPO and agentic stages: their rollouts run
+  other kernels than their updates (the paged engine's ragged paged attention and one-token
+  decode matmuls against the training forward's splash attention and batched matmuls, a bf16
+  rollout copy of the weights, the Mamba-2 recurrence against the chunked scan), so the
+  sampler's log-probs are not the trainer's, and the PPO clip against them drops the gradient
+  of tokens the sampler under-sampled (rl.grpo). The gap itself is logged every step
+  (`logprob_gap`, `_max`, `_outside_frac`). MOPD keeps its own importance-weight band, the
+  paper's [0.5, 2] (rl.distill)."""
+  c.stages = [dict(st, tis_cap=st.get('tis_cap', TIS_CAP))
+              if st['kind'] in ('grpo', 'agentic') else st for st in c.stages]
+
+
+def replay_routing(c: ml_collections.ConfigDict) -> None:
+  """Turns on rollout routing replay (`routing_replay='on'`) in c's RL stages (GRPO, agentic,
+  MOPD): for a mixture-of-experts policy. The sampler's and the trainer's routers see slightly
+  different hidden states (other kernels, bf16, batch shapes), so a token near a routing tie
+  goes to other experts in the update than in the rollout: an off-policy gap the importance
+  ratio does not correct, and the most reported cause of MoE GRPO collapse (NeMo-RL, Megatron,
+  SkyRL and AReaL all added replay for Qwen3-30B-A3B-class models). Replayed, the update uses
+  the rollout's experts (the router's weights still learn); `routing_mismatch` logs how often
+  its own routers would have chosen otherwise. Its cost: the recorded experts ride in the
+  train batch ([rows, tokens, MoE layers, k] uint8; `launch.plan` counts it) and one more
+  forward of each row's last token in the paged engine."""
+  c.stages = [dict(st, routing_replay='on') if st['kind'] in ('grpo', 'agentic', 'mopd')
+              else st for st in c.stages]
+
+
 def _generating_judge(c: ml_collections.ConfigDict, domain: str) -> bool:
   """Whether `domain`'s training rewards come from a judge model that generates (a
   generative RM). Such a stage does not stream its filtering: streamed scoring runs the
@@ -641,6 +678,7 @@ def cascade1(*, preset: str, data_root: str, tokenizer: str, base: str, rlhf: di
   c.stages = stages
   exact_sampler_buckets(c)
   fast_path(c)
+  correct_mismatch(c)
   return c
 
 

@@ -35,7 +35,10 @@ and while a stage trains the domains earlier stages trained are probed every GUA
 steps on GUARD_PROMPTS of its prompts; a fall of more than 3 points plus 2 standard errors
 below a domain's best probe is reported, with `stop` ends the stage at its newest probed
 checkpoint within bounds, with `repair` runs the MOPD stage inserted after it, `guard_repair`;
-absent: no guard section, the config hashes as without it).
+absent: no guard section, the config hashes as without it), `routing_replay=on|measure`
+(with `model=hybrid`, a mixture-of-experts policy: every RL stage records its rollouts'
+expert choices, and with `on` replays them in the update; absent: off, the config hashes as
+without it).
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
   """`'smoke,seed=1,root=/x'` -> {'smoke': True, 'seed': 1, 'root': '/x'} (defaults filled)."""
   out: dict[str, Any] = {'smoke': False, 'seed': 0, 'world': 'default', 'eval_every': 0,
                          'drop': (), 'order': 'cascade1', 'model': 'dense', 'rm': 'bt',
-                         'fast_path': False, 'guard': '',
+                         'fast_path': False, 'guard': '', 'routing_replay': '',
                          'root': os.path.join(REPO, 'runs', 'tiny_world')}
   for part in filter(None, (p.strip() for p in (arg or '').split(','))):
     key, eq, value = part.partition('=')
@@ -174,6 +177,11 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
       if value not in GUARD_ACTIONS:
         raise ValueError(f'config argument guard={value!r}: expected one of {GUARD_ACTIONS}')
       out['guard'] = value
+    elif key == 'routing_replay' and eq:
+      if value not in ('on', 'measure'):
+        raise ValueError(f"config argument routing_replay={value!r}: expected 'on' or "
+                         "'measure'")
+      out['routing_replay'] = value
     elif key == 'world' and eq:
       if value not in world_build.WORLDS:
         raise ValueError(f'config argument world={value!r}: expected one of '
@@ -182,7 +190,7 @@ def parse_arg(arg: str | None) -> dict[str, Any]:
     else:
       raise ValueError(f'config argument {part!r}: expected smoke, fast_path, seed=N, world=NAME, '
                        'eval_every=N, drop=STAGE+STAGE, order=NAME, model=NAME, rm=NAME, '
-                       'guard=ACTION or root=DIR')
+                       'guard=ACTION, routing_replay=MODE or root=DIR')
   return out
 
 
@@ -410,6 +418,15 @@ def keep_stages(a: dict[str, Any], stages: list[dict[str, Any]]) -> list[dict[st
     raise ValueError(f'config argument drop={"+".join(a["drop"])}: no stage named '
                      f'{unknown[0]!r} (stages: {", ".join(names)})')
   return continue_past_judge(a, [s for s in stages if s['name'] not in a['drop']])
+
+
+def apply_routing_replay(c: ml_collections.ConfigDict, a: dict[str, Any]) -> None:
+  """With the config argument `routing_replay=MODE`, sets every RL stage's `routing_replay`
+  (the hybrid model's mixture-of-experts routing: recorded, and with 'on' replayed); without
+  it, leaves c as it is."""
+  if a['routing_replay']:
+    c.stages = [dict(st, routing_replay=a['routing_replay'])
+                if st['kind'] in ('grpo', 'agentic', 'mopd') else st for st in c.stages]
 
 
 def apply_fast_path(c: ml_collections.ConfigDict, a: dict[str, Any]) -> None:

@@ -201,6 +201,17 @@ def get_config(arg=None):
                                "paper's generative reward model (genrm= gives one)")
   r.exact_sampler_buckets(c)
   r.fast_path(c)
+  # MoE RL stability: the rollouts run other kernels than the updates (the paged engine's
+  # attention and decode matmuls, the Mamba-2 recurrence against the training's chunked scan,
+  # in bf16), so TIS at the literature's cap of 2 corrects the log-prob gap
+  # (_recipes.correct_mismatch; MOPD keeps the paper's [0.5, 2] importance band), and the
+  # 23 MoE layers' experts chosen in the rollout are replayed in the update (routing replay,
+  # _recipes.replay_routing), so a token near a routing tie is trained through the experts
+  # that sampled it. Neither is in the paper's text; both are what every framework training
+  # Nemotron-3-Nano/Qwen3-30B-A3B-class MoE models with GRPO turned on (docs/model_families.md,
+  # "Routing replay").
+  r.correct_mismatch(c)
+  r.replay_routing(c)
   return r.on_expert_mesh(r.on_hardware(c, a.hardware), a.hardware, r.SEQUENCE_MESH)
 
 

@@ -109,7 +109,15 @@ def get_config(arg=None):
     c.domains.swe.verifier_options.judge = a.swe_judge
     c.domains.swe.stand_in = ''        # the paper's kind of reward: a judge's P(YES)
   c = _recipes.on_hardware(c, a.hardware)
-  return _recipes.on_expert_mesh(c, a.hardware) if _MODELS[a.model] else c
+  if not _MODELS[a.model]:
+    return c
+  # Qwen3-30B-A3B: its 48 MoE layers' experts chosen in the rollout are replayed in the
+  # update (routing replay, _recipes.replay_routing), beside the TIS every recipe has
+  # (_recipes.correct_mismatch): GRPO on this model without it is the most reported MoE
+  # failure (NeMo-RL, Megatron, SkyRL and AReaL added replay for it). Not in the paper (whose
+  # models are dense).
+  _recipes.replay_routing(c)
+  return _recipes.on_expert_mesh(c, a.hardware)
 
 
 def get_hyper(h):

@@ -62,6 +62,7 @@ def get_config(arg=None):
       rl('swe_rl', 'swe', 15, 3e-5, filter_overlong=True),
   ])
   common.apply_fast_path(c, a)   # config argument fast_path (else unchanged)
+  common.apply_routing_replay(c, a)   # config argument routing_replay=MODE (else unchanged)
   common.fit_reward_model(c)     # config argument guard=repair (else unchanged)
   return c
 

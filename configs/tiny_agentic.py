@@ -95,6 +95,7 @@ def get_config(arg=None):
       _rl(a, 'swe_agent_rl', 'swe_agent', 25, 5e-5),
   ]
   common.apply_fast_path(c, a)   # config argument fast_path (else unchanged)
+  common.apply_routing_replay(c, a)   # config argument routing_replay=MODE (else unchanged)
   return c
 
 

@@ -36,4 +36,5 @@ def get_config(arg=None):
     if s['kind'] == 'reward_model':
       s['score_max_len'] = blended['max_prompt_len'] + blended['max_response_len']
   common.apply_fast_path(c, a)   # config argument fast_path (else unchanged)
+  common.apply_routing_replay(c, a)   # config argument routing_replay=MODE (else unchanged)
   return c

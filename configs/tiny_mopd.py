@@ -46,4 +46,5 @@ def get_config(arg=None):
                                for st in c.stages if 'chat' in st['domains']
                                and 'max_response_len' in st)
   common.apply_fast_path(c, a)   # config argument fast_path (else unchanged)
+  common.apply_routing_replay(c, a)   # config argument routing_replay=MODE (else unchanged)
   return c

@@ -333,7 +333,8 @@ class Transformer(nnx.Module):
                                                  index=cache.index + t)
     return (x, new_cache, None) if return_stats else (x, new_cache)
 
-  def decode_paged(self, tokens, positions, cache: PagedCache, layers=None):
+  def decode_paged(self, tokens, positions, cache: PagedCache, layers=None, *,
+                   return_stats=False):
     """One decode step for every slot of a paged cache.
 
     Args:
@@ -344,9 +345,12 @@ class Transformer(nnx.Module):
         tuples of per-layer [K, P, page_size, H] (`split_layers`): the blocks run
         unrolled (see `hidden`).
 
+      return_stats: also return the step's `hybrid.MoEStats` (the mixture-of-experts
+        families; None for the others): how the paged engine records routing.
+
     Returns:
       (logits [S, V] float32, cache with k/v written; page_table, lengths and
-      live unchanged: the caller advances them).
+      live unchanged: the caller advances them), and the stats with `return_stats`.
     """
     cfg = self.cfg
     table = sharding.constrain(self.embed.value, ('vocab', None))
@@ -355,10 +359,11 @@ class Transformer(nnx.Module):
     if cfg.spec.stack == 'pattern':
       # A slot that is not live is padding to the Mamba mixers: its state stays as it is.
       seg = cache.live.astype(jnp.int32)[:, None]
-      x, ks, vs, states, _ = hybrid.run(self.blocks, cfg, x, positions[:, None], None, seg,
-                                        states=cache.state, paged=cache)
+      x, ks, vs, states, stats = hybrid.run(self.blocks, cfg, x, positions[:, None], None,
+                                            seg, states=cache.state, paged=cache)
       logits = self.logits_from_hidden(self.final_norm(x))[:, 0]
-      return logits, cache._replace(k=ks, v=vs, state=states)
+      out = logits, cache._replace(k=ks, v=vs, state=states)
+      return out + (stats,) if return_stats else out
     graphdef, params = nnx.split(self.layers)
 
     def body(carry, layer_xs):
@@ -383,7 +388,8 @@ class Transformer(nnx.Module):
           carry, _ = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
       x, k_all, v_all = carry
     logits = self.logits_from_hidden(self.final_norm(x))[:, 0]
-    return logits, cache._replace(k=k_all, v=v_all)
+    out = logits, cache._replace(k=k_all, v=v_all)
+    return out + (None,) if return_stats else out
 
   def _run_blocks(self, x, positions, mask, cache, layers=None):
     """x [B, T, D] through the L blocks: one scanned body, or a Python loop (cfg.scans_layers).

@@ -26,6 +26,7 @@ import numpy as np
 
 from rl import batch as batch_lib
 from rl import buckets
+from rl import grpo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +94,8 @@ def mopd_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: MopdConfig,
       'ratio_mean': tok_mean(w),
       'ratio_max': jnp.max(jnp.where(on, w, 0.0)),
       'entropy': tok_mean(-logprobs),
-      'logprob_gap': tok_mean(jnp.abs(log_w)),
       'tokens': mask.sum(),
+      **grpo.gap_metrics(student, batch.old_logprobs, mask, norm, (cfg.is_low, cfg.is_high)),
   }
 
 

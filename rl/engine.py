@@ -54,6 +54,12 @@ the tokens after what the kept pages hold. With Mamba layers it also keeps the
 row's final state, and continues it only for a prompt that starts with every
 kept token (else the prompt is prefilled in full).
 
+Recording routing (a mixture-of-experts policy, `run(record_routing=True)`),
+each row also returns the experts every token of it went to: its prompt's from
+the prefill (or a session's kept routing and the extend), each fed token's
+from its decode step, and its last token's from one more forward, its *tail*
+(`paged_programs.decode`; its pages cover that token too).
+
 The engine in parts: `rl.page_pool` counts free pages per shard;
 `rl.scheduler` decides, on the host, which row runs in which slot on which
 pages (queue, admission, preemption, sessions, the stream, packing);
@@ -133,11 +139,12 @@ class Engine:
 
     # The same programs uncounted and without donation, to trace (`rl.rollout_copy`).
     self.traceable = {
-        'prefill': jax.jit(paged_programs.prefill, static_argnums=0),
+        'prefill': jax.jit(paged_programs.prefill, static_argnums=0,
+                           static_argnames=('record',)),
         'decode': jax.jit(paged_programs.decode, static_argnums=0,
                           static_argnames=paged_programs.DECODE_STATIC)}
     self._prefill = jax.jit(counted(paged_programs.prefill), static_argnums=0,
-                            donate_argnums=(2, 3, 9))
+                            static_argnames=('record',), donate_argnums=(2, 3, 9))
     self._decode = jax.jit(counted(paged_programs.decode), static_argnums=0,
                            static_argnames=paged_programs.DECODE_STATIC, donate_argnums=(2, 11))
     # Compiled once per pool size (not counted: they run no model).
@@ -145,7 +152,8 @@ class Engine:
     self._init_states = jax.jit(paged_programs.init_states, static_argnums=(0, 1))
     self._take_state = jax.jit(paged_programs.take_state)
     self._extend = jax.jit(counted(paged_programs.extend), static_argnums=0,
-                           static_argnames=('context_pages',), donate_argnums=(2, 3, 8))
+                           static_argnames=('context_pages', 'record'),
+                           donate_argnums=(2, 3, 8))
 
   def table_pages(self, row_tokens: int) -> int:
     """Page-table columns for rows of `row_tokens` tokens: a multiple of the attention's pages
@@ -267,7 +275,7 @@ class Engine:
   def run(self, params, prompts: Sequence[np.ndarray], num_samples: int, limits: np.ndarray,
           rng, scalars, *, greedy: bool, filtered: bool, row_tokens: int | None = None,
           stream: scheduler.Stream | None = None, session: scheduler.Session | None = None,
-          keys: Sequence | None = None) -> scheduler.Rows:
+          keys: Sequence | None = None, record_routing: bool = False) -> scheduler.Rows:
     """Generates every row (prompt i, sample g) = row i * G + g.
 
     With a `stream`, prompts also come from `stream.more()` whenever no row
@@ -292,6 +300,11 @@ class Engine:
       session: optional, see `rl.scheduler.Session` (G must be 1; no stream; its
         row_tokens replaces `row_tokens`).
       keys: with a session, one hashable key per prompt (distinct).
+      record_routing: also return every prompt and generated token's experts
+        (`Rows.routing`; the model must have 'moe' sublayers): each from the pass that
+        forwarded it (a prompt's prefill, shared by its rows; a session's earlier call for
+        the tokens its pages keep; the decode step that fed it; a row's last token from one
+        more forward, its tail, `paged_programs.decode`).
 
     Returns:
       Rows (with a stream: of every prompt fed; a row cancelled while it ran is empty).
@@ -302,19 +315,20 @@ class Engine:
         missing or repeated, G > 1, a stream, another mesh).
     """
     if session is not None:   # refused before the pool is touched: the session stays
-      keys = self._check_session(session, prompts, num_samples, limits, stream, keys)
+      keys = self._check_session(session, prompts, num_samples, limits, stream, keys,
+                                 record_routing)
       row_tokens = session.row_tokens
     try:
       return self._run(params, prompts, num_samples, limits, rng, scalars, greedy=greedy,
                        filtered=filtered, row_tokens=row_tokens, stream=stream,
-                       session=session, keys=keys or ())
+                       session=session, keys=keys or (), record=bool(record_routing))
     except BaseException:
       if session is not None:
         session.close()     # its pool was donated to the calls; nothing kept is trusted
       raise
 
   def _check_session(self, session: scheduler.Session, prompts, num_samples, limits, stream,
-                     keys) -> list:
+                     keys, record: bool = False) -> list:
     """Refuses a malformed session call; returns its keys as a list."""
     keys = list(keys) if keys is not None else []
     if num_samples != 1 or stream is not None:
@@ -330,7 +344,8 @@ class Engine:
       layout = lambda per_layer: 'per layer' if per_layer else 'stacked'
       raise ValueError(f'engine: the session\'s pool is {layout(not self.unroll)}, this '
                        f'engine keeps it {layout(self.unroll)} (decode_layers)')
-    longest = max(np.size(q) for q in prompts) - 1 + int(np.max(limits))
+    # Recording, a row's last token is forwarded too (its tail), so its cache holds it.
+    longest = max(np.size(q) for q in prompts) - 1 + int(np.max(limits)) + int(record)
     if longest > session.row_tokens:
       raise ValueError(f'engine: a row of {longest} cache tokens does not fit the session\'s '
                        f'row_tokens={session.row_tokens}')
@@ -352,18 +367,22 @@ class Engine:
     return k_pool, v_pool, pages
 
   def _run(self, params, prompts, num_samples, limits, rng, scalars, *, greedy, filtered,
-           row_tokens, stream, session, keys) -> scheduler.Rows:
+           row_tokens, stream, session, keys, record=False) -> scheduler.Rows:
     """The loop of `run`: admit rows (writing their prompts' pages), allocate the next chunk's
     pages, decode a chunk of the live rows, hand finished groups over, until none is left."""
     prompts = list(prompts)
     plen = [q.size for q in prompts]
     limits = [int(x) for x in np.asarray(limits).reshape(-1)]
+    tail = int(record)        # recording: a row's last token is forwarded (and cached) too
+    if record and 'moe' not in self.cfg.mixers:
+      raise ValueError(f"record_routing: the model (family {self.cfg.family!r}) has no 'moe' "
+                       'sublayers, so there is no routing to record')
     if stream is None:
-      longest = int(max(plen) - 1 + max(limits))
+      longest = int(max(plen) - 1 + max(limits)) + tail
     elif row_tokens is None:
       raise ValueError('engine: a streaming run needs row_tokens (the bound of every row)')
     else:
-      longest = max([int(row_tokens)] + [q - 1 + x for q, x in
+      longest = max([int(row_tokens)] + [q - 1 + x + tail for q, x in
                                           zip(np.repeat(plen, num_samples), limits)])
     max_tokens = longest if row_tokens is None else max(longest, int(row_tokens))
     view = self.table_pages(max_tokens)
@@ -376,14 +395,14 @@ class Engine:
         prompts, num_samples, limits, slots=self.opt.slots, page_size=self.opt.page_size,
         chunk_steps=self.opt.chunk_steps, pages=pages, table_pages=view, max_tokens=max_tokens,
         eos_ids=self.eos_ids, stream=stream, session=session, keys=keys,
-        row_states=self.row_states, all_rows=self.opt.decode_rows == 'all')
+        row_states=self.row_states, all_rows=self.opt.decode_rows == 'all', record=record)
     try:
       while sched.busy:
         if not sched.feed():
           continue
         admitted = sched.admit()
         k_pool, v_pool, states = self._write_prompts(params, k_pool, v_pool, states, admitted,
-                                                     view, pages.num_pages)
+                                                     view, pages.num_pages, sched)
         sched.allocate()
         if not sched.live.any():
           if sched.pending and not admitted.slots:   # would spin: nothing runs or can start
@@ -421,11 +440,16 @@ class Engine:
     with sharding.use_mesh(self.mesh, self.rules):
       state = paged_programs.Slots(k=k_pool, v=v_pool, lengths=vec(batch.lengths),
                                    last=vec(batch.last), n=vec(batch.n), live=vec(batch.live))
-      state, steps, toks, lps, slps, states = self._decode(
+      out = self._decode(
           self.graphdef, params, state, self._put(batch.page_table, ('batch', None)),
           vec(batch.rows), vec(batch.limits), rng, temperature, top_p, top_k, batch.refill_at,
           states, state_slots, chunk=self.opt.chunk_steps, eos_ids=self.eos_ids,
-          pad_id=self.pad_id, greedy=greedy, filtered=filtered)
+          pad_id=self.pad_id, greedy=greedy, filtered=filtered,
+          **({'record': True} if sched.record else {}))
+    state, steps, toks, lps, slps, states = out[:6]
+    routed = None
+    if sched.record:     # (routing [k, C, M, k], tokens fed [k])
+      routed = self._host(out[6]), self._host(out[7]).astype(np.int64)
     steps = int(self._host(steps))
     toks, lps, slps = self._host(toks), self._host(lps), self._host(slps)
     new_n, new_live = self._host(state.n).astype(np.int64), self._host(state.live)
@@ -433,30 +457,38 @@ class Engine:
     slot_state = None
     if states is not None and sched.session is not None:   # an ended row's key keeps it
       slot_state = lambda slot: self._take_state(states, jnp.int32(slot))
-    sched.advance(batch, toks, lps, slps, new_n, new_live, slot_state=slot_state)
+    sched.advance(batch, toks, lps, slps, new_n, new_live, slot_state=slot_state, routed=routed)
     return state.k, state.v, states
 
   def _write_prompts(self, params, k_pool, v_pool, states, admitted: scheduler.Admission,
-                     view: int, drop: int):
+                     view: int, drop: int, sched: scheduler.Scheduler | None = None):
     """Writes the admitted prompts' pages: the session-continued ones, then the prefilled ones
     and the partial-page copies; and the admitted rows' states (`states` not None).
 
     Args:
       view: page-table columns of the call.
       drop: a page index past the pool (the device's scatters drop it).
+      sched: the scheduler, recording routing (`Scheduler.record`): it gets each prefill and
+        extend entry's routing (`Scheduler.prompt_routing`).
 
     Returns:
       (k_pool, v_pool, states).
     """
     n = len(admitted.prefill)
+    record = sched is not None and sched.record
+    routed, extended = [None] * n, [None] * len(admitted.extend)
     if admitted.extend:
       k_pool, v_pool, states = self._extend_calls(
           params, k_pool, v_pool, states, admitted.extend, view, drop,
-          [(e - n, slot) for e, slot in admitted.row_states if e >= n], admitted.resume)
+          [(e - n, slot) for e, slot in admitted.row_states if e >= n], admitted.resume,
+          extended if record else None)
     if admitted.prefill or admitted.copies:
       k_pool, v_pool, states = self._prefill_calls(
           params, k_pool, v_pool, states, admitted.prefill, admitted.copies, drop,
-          [(e, slot) for e, slot in admitted.row_states if e < n])
+          [(e, slot) for e, slot in admitted.row_states if e < n],
+          routed if record else None)
+    if record:
+      sched.prompt_routing(admitted, routed + extended)
     return k_pool, v_pool, states
 
   def _state_pairs(self, pairs: list, first: int, count: int):
@@ -470,12 +502,13 @@ class Engine:
     return jnp.asarray(src), jnp.asarray(dst), bool(mine)
 
   def _extend_calls(self, params, k_pool, v_pool, states, extend: list, view: int, drop: int,
-                    state_pairs: list, resume: tuple):
+                    state_pairs: list, resume: tuple, routed: list | None = None):
     """Prefills the rest of prompts whose leading tokens a session's pages hold (`extend`:
     (new tokens, start, pages)) in calls of `prefill_prompts`, each gathering the pages up to
     its longest start (a power of two of pages) as context; shapes: (power-of-two new tokens,
     context pages). With states, each entry continues its kept state (`resume`) and its row's
-    slot (`state_pairs`: (entry, slot)) gets the state after it."""
+    slot (`state_pairs`: (entry, slot)) gets the state after it. `routed` (recording): a list
+    of an entry each, filled with each entry's new tokens' routing [n, M, k]."""
     ps, a = self.opt.page_size, self.opt.prefill_prompts
     for i in range(0, len(extend), a):
       batch = extend[i:i + a]
@@ -496,11 +529,16 @@ class Engine:
         src, dst, _ = self._state_pairs(state_pairs, i, len(batch))
         incoming = self._stack_states(resume[i:i + a], a)
       with sharding.use_mesh(self.mesh, self.rules):
-        k_pool, v_pool, states = self._extend(
+        out = self._extend(
             self.graphdef, params, k_pool, v_pool, self._put(tokens, ('batch', None)),
             self._put(seg, ('batch', None)), self._put(starts, ('batch',)),
             self._put(table, ('batch', None)), states, incoming, src, dst,
-            context_pages=width)
+            context_pages=width, **({'record': True} if routed is not None else {}))
+      k_pool, v_pool, states = out[:3]
+      if routed is not None:
+        got = self._host(out[3])
+        for j, (q, _, _) in enumerate(batch):
+          routed[i + j] = got[j, :q.size]
     return k_pool, v_pool, states
 
   @staticmethod
@@ -511,10 +549,11 @@ class Engine:
     return jax.tree.map(lambda *xs: jnp.concatenate(xs + (pad(xs[0]),)), *kept)
 
   def _prefill_calls(self, params, k_pool, v_pool, states, prefill: list, copies: list,
-                     drop: int, state_pairs: list):
+                     drop: int, state_pairs: list, routed: list | None = None):
     """Prefills prompts (`prefill`: (tokens, pages)) in calls of `prefill_prompts`, then the
     page copies ((source, destination) pairs); with states, each (entry, slot) of
-    `state_pairs` puts the state after prompt `entry` in that slot."""
+    `state_pairs` puts the state after prompt `entry` in that slot. `routed` (recording): a
+    list of an entry each (prefill's first), filled with each prompt's routing [n, M, k]."""
     ps, a = self.opt.page_size, self.opt.prefill_prompts
     batches = [prefill[i:i + a] for i in range(0, len(prefill), a)] or [[]]
     for bi, batch in enumerate(batches):
@@ -539,9 +578,16 @@ class Engine:
         state_src, state_dst, put_states = self._state_pairs(state_pairs, bi * a, len(batch))
       if not t and not pairs and not put_states:
         continue
+      record = routed is not None and t > 0
       with sharding.use_mesh(self.mesh, self.rules):
-        k_pool, v_pool, states = self._prefill(
+        out = self._prefill(
             self.graphdef, params, k_pool, v_pool, self._put(tokens, ('batch', None)),
             self._put(seg, ('batch', None)), self._put(dst, ('batch', None)),
-            jnp.asarray(src), jnp.asarray(tgt), states, state_src, state_dst)
+            jnp.asarray(src), jnp.asarray(tgt), states, state_src, state_dst,
+            **({'record': True} if record else {}))
+      k_pool, v_pool, states = out[:3]
+      if record:
+        got = self._host(out[3])
+        for j, (q, _) in enumerate(batch):
+          routed[bi * a + j] = got[j, :q.size]
     return k_pool, v_pool, states

@@ -258,7 +258,7 @@ class Streamed(NamedTuple):
 def stream_fill(sampler, params, rng, sp, fill: StreamFill,
                 next_prompts: Callable[[], list], score: Callable[[list, Any], Any],
                 book: Callable[[list, Any], tuple[Any, np.ndarray]], *, max_prompt_len: int,
-                rows: int, thread: bool = True) -> Streamed:
+                rows: int, thread: bool = True, record_routing: bool = False) -> Streamed:
   """Fills `fill` from one streaming sampler call (dynamic filtering by oversampling).
 
   Whenever the sampler's queue runs dry and `fill.want_more()`, the next batch
@@ -367,7 +367,8 @@ def stream_fill(sampler, params, rng, sp, fill: StreamFill,
       return fill.settled()
 
   try:
-    sampler.stream(params, rng, sp, g, Source(), max_prompt_len, rows=rows)
+    sampler.stream(params, rng, sp, g, Source(), max_prompt_len, rows=rows,
+                   **(dict(record_routing=True) if record_routing else {}))
     settle()
   finally:
     if pool is not None:

@@ -250,6 +250,42 @@ def mismatch_weights(trainer_logprobs: jax.Array, batch: batch_lib.TrainBatch, m
   return jax.lax.stop_gradient(weight), metrics
 
 
+def gap_metrics(trainer_logprobs: jax.Array, sampler_logprobs: jax.Array, mask: jax.Array,
+                norm: dict, band: tuple[float, float]) -> dict[str, jax.Array]:
+  """The sampler/trainer log-prob gap over the loss tokens, logged by every RL loss.
+
+  Args:
+    trainer_logprobs, sampler_logprobs: [B, L] the trainer's and the sampler's log-probs of
+      the same tokens.
+    mask: [B, L] loss tokens.
+    norm: whole-batch denominators ('tokens').
+    band: (low, high) of the ratio pi_trainer / pi_sampler the loss's correction keeps
+      (`mismatch_band`; MOPD's importance-weight band).
+
+  Returns:
+    'logprob_gap' (mean |delta| over the loss tokens), 'logprob_gap_max' (max |delta|; 0
+    without loss tokens) and 'logprob_gap_outside_frac' (the share of loss tokens whose ratio
+    is outside `band`); microbatch values add up (the max: the largest).
+  """
+  on = mask > 0
+  gap = jnp.where(on, jax.lax.stop_gradient(trainer_logprobs) - sampler_logprobs, 0.0)
+  lo, hi = band
+  # log(0) = -inf: a band from 0 has no lower end.
+  outside = (gap > np.log(hi)) | ((gap < np.log(lo)) if lo > 0 else False)
+  return {'logprob_gap': jnp.sum(jnp.abs(gap) * mask) / norm['tokens'],
+          'logprob_gap_max': jnp.max(jnp.abs(gap)),
+          'logprob_gap_outside_frac': jnp.sum((outside & on) * mask) / norm['tokens']}
+
+
+def mismatch_band(cfg: GrpoConfig) -> tuple[float, float]:
+  """The ratio band `logprob_gap_outside_frac` counts against: the mask's band when masking
+  is on, [0, tis_cap] with TIS alone (the tokens it truncates), else the mask's default band
+  (what masking would drop)."""
+  if cfg.mismatch_mask == 'off' and cfg.tis_cap is not None:
+    return 0.0, cfg.tis_cap
+  return cfg.mismatch_mask_low, cfg.mismatch_mask_high
+
+
 def kl_penalty(logprobs: jax.Array, ref_logprobs: jax.Array, estimator: str) -> jax.Array:
   """Per-token estimate of KL(pi || ref) from sampled tokens: 'k1' or 'k3'."""
   if estimator == 'k1':
@@ -329,8 +365,8 @@ def grpo_loss(logprobs: jax.Array, batch: batch_lib.TrainBatch, cfg: GrpoConfig,
       ratio_max=jnp.max(jnp.where(on, ratio, 0.0)),
       clip_frac=tok_mean(clipped.astype(jnp.float32)),
       entropy=tok_mean(-logprobs),
-      logprob_gap=tok_mean(jnp.abs(gap)),
       tokens=mask.sum(),
+      **gap_metrics(logprobs, batch.old_logprobs, mask, norm, mismatch_band(cfg)),
   )
   return loss, metrics
 

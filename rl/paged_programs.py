@@ -131,8 +131,27 @@ def _unpack(graphdef, params, tokens, k_pool):
   return model, model.cfg, tokens.shape, pool_layer(k_pool).shape[-3:-1]
 
 
+def routing_dtype(num_experts: int):
+  """The compact dtype recorded expert ids take: uint8 up to 256 experts, else uint16/int32."""
+  if num_experts <= 256:
+    return jnp.uint8
+  return jnp.uint16 if num_experts <= 65536 else jnp.int32
+
+
+def _routed(stats, rows: int, width: int, cfg, record: bool):
+  """With `record`, a pass's experts [M, A, T, k] as [A, T, M, k] in `routing_dtype` (zeros
+  where the pass ran no tokens: `width` 0); else None."""
+  if not record:
+    return None
+  dt = routing_dtype(cfg.num_experts)
+  if stats is None:
+    return jnp.zeros((rows, width, cfg.mixers.count('moe'), cfg.experts_per_token), dt)
+  return sharding.constrain(jnp.moveaxis(stats.indices, 0, 2).astype(dt),
+                            ('batch', None, None, None))
+
+
 def prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, copy_src,
-             copy_dst, states=None, state_src=None, state_dst=None):
+             copy_dst, states=None, state_src=None, state_dst=None, *, record: bool = False):
   """Prefills right-padded prompts into pages, then copies pages (a prompt's partial page);
   with Mamba layers, puts each prompt's final state in its rows' slots.
 
@@ -149,17 +168,18 @@ def prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, co
     state_src, state_dst: [C] int32: slot state_dst[j] gets the state after prompt
       state_src[j]'s tokens (a zero state for a prompt without tokens); a slot past the
       pool: none.
+    record: static; also return each token's experts (routing replay).
 
   Returns:
-    (k_pool, v_pool, states).
+    (k_pool, v_pool, states), and with `record` the prompts' routing [A, T, M, k].
   """
   model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool)
-  final = None
+  final = stats = None
   if t:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (a, t))
     dtype = pool_layer(k_pool).dtype
-    _, cache = model.hidden(tokens, positions, segment_ids,
-                            cache=transformer.init_cache(cfg, a, t, dtype=dtype))
+    _, cache, stats = model.hidden(tokens, positions, segment_ids, return_stats=True,
+                                   cache=transformer.init_cache(cfg, a, t, dtype=dtype))
     # Whole pages, scattered by page id.
     dst = (dst_pages.reshape(-1),)
     k_pool = _pool_set(k_pool, dst, _to_pages(cache.k, cfg, a, t, ps))
@@ -172,12 +192,13 @@ def prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, co
     if final is None:
       final = hybrid.init_states(cfg, a)
     states = _scatter_rows(states, state_dst, _gather_rows(final, state_src))
-  return k_pool, v_pool, states
+  out = k_pool, v_pool, states
+  return out + (_routed(stats, a, t, cfg, True),) if record else out
 
 
 def extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_table,
             states=None, incoming=None, state_src=None, state_dst=None, *,
-            context_pages: int):
+            context_pages: int, record: bool = False):
   """Continues rows whose first `starts[a]` tokens are in their pages (a chunked prefill).
 
   Each row's first `context_pages` pages are gathered into a dense cache, the
@@ -197,24 +218,27 @@ def extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_t
     state_src, state_dst: [C] int32: slot state_dst[j] gets row state_src[j]'s final state
       (a slot past the pool: none).
     context_pages: pages gathered as context (static).
+    record: static; also return each new token's experts (routing replay).
 
   Returns:
-    (k_pool, v_pool, states).
+    (k_pool, v_pool, states), and with `record` the new tokens' routing [A, T, M, k].
   """
   model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool)
-  final = incoming
+  final, stats = incoming, None
   if t:
-    k_pool, v_pool, final = _extend_pages(model, cfg, k_pool, v_pool, tokens, segment_ids,
-                                          starts, page_table, incoming, context_pages, ps,
-                                          num_pages)
+    k_pool, v_pool, final, stats = _extend_pages(model, cfg, k_pool, v_pool, tokens,
+                                                 segment_ids, starts, page_table, incoming,
+                                                 context_pages, ps, num_pages)
   if states is not None:
     states = _scatter_rows(states, state_dst, _gather_rows(final, state_src))
-  return k_pool, v_pool, states
+  out = k_pool, v_pool, states
+  return out + (_routed(stats, a, t, cfg, True),) if record else out
 
 
 def _extend_pages(model, cfg, k_pool, v_pool, tokens, segment_ids, starts, page_table,
                   incoming, context_pages, ps, num_pages):
-  """`extend`'s model pass and page writes; returns (k_pool, v_pool, final states)."""
+  """`extend`'s model pass and page writes; returns (k_pool, v_pool, final states, the
+  pass's MoEStats or None)."""
   a, t = tokens.shape
   c = context_pages * ps
   ctx = jnp.minimum(page_table[:, :context_pages], num_pages - 1)   # past a row's pages: masked
@@ -238,7 +262,8 @@ def _extend_pages(model, cfg, k_pool, v_pool, tokens, segment_ids, starts, page_
   cache = transformer.Cache(k=k, v=v, segment_ids=seg, index=jnp.asarray(c, jnp.int32),
                             state=incoming)
   positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-  _, cache = model.hidden(tokens, positions, segment_ids, cache=cache)
+  _, cache, stats = model.hidden(tokens, positions, segment_ids, cache=cache,
+                                 return_stats=True)
   col = jnp.minimum(positions // ps, page_table.shape[1] - 1)
   page = jnp.where(segment_ids > 0, jnp.take_along_axis(page_table, col, axis=1), num_pages)
   off = positions % ps
@@ -249,16 +274,24 @@ def _extend_pages(model, cfg, k_pool, v_pool, tokens, segment_ids, starts, page_
   else:
     new = lambda xs: tuple(x[:, :, c:].transpose(1, 0, 2, 3) for x in xs)
   return (_pool_set(k_pool, (page, off), new(cache.k)),
-          _pool_set(v_pool, (page, off), new(cache.v)), cache.state)
+          _pool_set(v_pool, (page, off), new(cache.v)), cache.state, stats)
 
 
 def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temperature,
             top_p, top_k, refill_at, states=None, state_slots=None, *, chunk: int,
-            eos_ids: tuple[int, ...], pad_id: int, greedy: bool, filtered: bool):
+            eos_ids: tuple[int, ...], pad_id: int, greedy: bool, filtered: bool,
+            record: bool = False):
   """Up to `chunk` decode steps of every live slot.
 
   Stops early once every slot is idle, or once `refill_at` slots are idle
   (the host then puts waiting rows in them).
+
+  With `record` (routing replay) each step also returns the experts of the token each row
+  fed, and a row that ends (a stop token or its limit) runs one more forward, of its last
+  token, sampling nothing: its *tail*. The tail writes that token's keys/values (its pages
+  cover it: `rl.scheduler`) and advances its recurrent state, so every token of a row is
+  forwarded once, as the one-call sampler's last-step forward does. A call whose steps end
+  with tails pending runs one step more for them alone (`chunk + 1` columns).
 
   Args:
     state: the slots (pools, lengths, last tokens, counts, live flags; its `state`
@@ -273,14 +306,19 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
     states: the slots' state pool (`init_states`), or None (no Mamba layers).
     state_slots: with states, [S] int32 each row's slot in the pool (a padding row's is
       past the pool: it reads zeros and writes nothing).
+    record: static; record the fed tokens' experts and run the tails.
 
   Returns:
-    (state, steps run [], tokens [S, chunk], logprobs, sampling_logprobs, states):
-    column i holds step i's token of each slot live at that step (pad_id / 0
-    elsewhere); the rows' states written back to their slots.
+    (state, steps run [], tokens [S, C], logprobs, sampling_logprobs, states), and with
+    `record` the routing [S, C, M, k] (`routing_dtype`; column i: the experts of the token each row fed
+    at step i; zeros where it fed none) and fed [S] int32 (tokens each row fed, its tail
+    included). C = chunk (+ 1 with `record`). Column i holds step i's token of each slot
+    live at that step (pad_id / 0 elsewhere); the rows' states written back to their slots.
   """
   model = nnx.merge(graphdef, params)
+  cfg = model.cfg
   s = rows.shape[0]
+  cols = chunk + int(record)
   eos = jnp.asarray(eos_ids, jnp.int32)
   is_stop = lambda tok: (jnp.any(tok[:, None] == eos, axis=-1) if eos_ids
                          else jnp.zeros(tok.shape, bool))
@@ -288,42 +326,57 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
   pick = functools.partial(sampling.pick, temperature=temperature, top_p=top_p,
                            top_k=top_k, greedy=greedy, filtered=filtered)
   batch_only = ('batch', None)
-  buf = lambda fill, dt: sharding.constrain(jnp.full((s, chunk), fill, dt), batch_only)
+  buf = lambda fill, dt: sharding.constrain(jnp.full((s, cols), fill, dt), batch_only)
   # Pools kept per layer (tuples of [K, P, page_size, H], the Sampler's
   # decode_layers='unrolled'): the blocks run unrolled over their weights, sliced once for
   # the call, and over their own pools.
   layers = model.layer_states() if isinstance(state.k, tuple) else None
+  sampling_on = lambda i, st: (i < chunk) & (s - jnp.sum(st.live) < refill_at)
 
   def body(carry):
-    i, st, toks, lps, slps = carry
+    i, st, toks, lps, slps, tail, route = carry
+    # Rows that sample this step (none once the call's steps are over: tails only).
+    act = st.live & sampling_on(i, st)
+    fed = act | tail
     cache = transformer.PagedCache(k=st.k, v=st.v, page_table=page_table,
-                                   lengths=st.lengths, live=st.live, state=st.state)
-    logits, cache = model.decode_paged(st.last, st.lengths, cache, layers=layers)
+                                   lengths=st.lengths, live=fed, state=st.state)
+    logits, cache, stats = model.decode_paged(st.last, st.lengths, cache, layers=layers,
+                                              return_stats=True)
     keys = jax.vmap(jax.random.fold_in)(row_keys, st.n)
     tok, lp, slp = pick(logits, keys)
-    live = st.live
-    tok = jnp.where(live, tok, pad_id)
+    tok = jnp.where(act, tok, pad_id)
     col = lambda a, x: jax.lax.dynamic_update_slice(a, x[:, None], (0, i))
-    n = st.n + live
-    stop = is_stop(tok) | (n >= limits)
-    st = Slots(k=cache.k, v=cache.v, lengths=st.lengths + live,
-                last=jnp.where(live, tok, st.last), n=n, live=live & ~stop, state=cache.state)
-    return (i + 1, st, col(toks, tok), col(lps, jnp.where(live, lp, 0.)),
-            col(slps, jnp.where(live, slp, 0.)))
+    n = st.n + act
+    stop = act & (is_stop(tok) | (n >= limits))
+    if record:
+      got = jnp.where(fed[:, None, None], _routed(stats, s, 1, cfg, True)[:, 0], 0)
+      route = jax.lax.dynamic_update_slice(route, got[:, None], (0, i, 0, 0))
+      tail = stop
+    st = Slots(k=cache.k, v=cache.v, lengths=st.lengths + fed,
+               last=jnp.where(act, tok, st.last), n=n, live=st.live & ~stop, state=cache.state)
+    return (i + 1, st, col(toks, tok), col(lps, jnp.where(act, lp, 0.)),
+            col(slps, jnp.where(act, slp, 0.)), tail, route)
 
   def cond(carry):
-    i, st = carry[0], carry[1]
-    idle = s - jnp.sum(st.live)
-    return (i < chunk) & jnp.any(st.live) & (idle < refill_at)
+    i, st, tail = carry[0], carry[1], carry[5]
+    return (sampling_on(i, st) & jnp.any(st.live)) | jnp.any(tail)
 
   # A non-live row is padding to the Mamba mixers: its state stays as gathered.
   state = state._replace(state=None if states is None else _gather_rows(states, state_slots))
+  route = None
+  if record:
+    route = sharding.constrain(
+        jnp.zeros((s, cols, cfg.mixers.count('moe'), cfg.experts_per_token),
+                  routing_dtype(cfg.num_experts)),
+        ('batch', None, None, None))
+  lengths0 = state.lengths
   init = (jnp.zeros((), jnp.int32), state, buf(pad_id, jnp.int32), buf(0, jnp.float32),
-          buf(0, jnp.float32))
-  steps, state, toks, lps, slps = jax.lax.while_loop(cond, body, init)
+          buf(0, jnp.float32), jnp.zeros((s,), bool), route)
+  steps, state, toks, lps, slps, _, route = jax.lax.while_loop(cond, body, init)
   if states is not None:
     states = _scatter_rows(states, state_slots, state.state)
-  return state._replace(state=None), steps, toks, lps, slps, states
+  out = state._replace(state=None), steps, toks, lps, slps, states
+  return out + (route, state.lengths - lengths0) if record else out
 
 
-DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered')
+DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered', 'record')

@@ -35,13 +35,14 @@ unmodified policy (temperature 1, no top-p/top-k): exactly what a training
 forward pass computes, which is what makes GRPO strictly on-policy.
 `sampling_logprobs` are under the distribution actually sampled from.
 
-Routing (mixture-of-experts models): with `record_routing` the one-call
-sampler also returns the experts each prompt and generated token went to in
-every 'moe' sublayer, [rows, tokens, M, k] in a compact dtype (`routing_dtype`:
-uint8 up to 256 experts), taken from the forward passes it runs anyway (the
-model hands them back functionally, `Transformer.hidden(return_stats=True)`),
-plus one forward of the tokens sampled at the last step. A training forward
-replays them (`rl.batch.TrainBatch.routing`).
+Routing (mixture-of-experts models): with `record_routing` either engine also
+returns the experts each prompt and generated token went to in every 'moe'
+sublayer, [rows, tokens, M, k] in a compact dtype (`routing_dtype`: uint8 up to
+256 experts), taken from the forward passes it runs anyway (the model hands
+them back functionally, `Transformer.hidden(return_stats=True)`), plus one
+forward of each row's last sampled token (the paged engine's row *tail*,
+`rl.paged_programs.decode`). A training forward replays them
+(`rl.batch.TrainBatch.routing`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from models import transformer
 from rl import buckets
 from rl import engine as engine_lib
 from rl import engine_options as engine_options_lib
+from rl import paged_programs
 from rl import rollout_copy
 from rl import sampling
 from rl import scheduler
@@ -156,11 +158,8 @@ class SampleOutput(NamedTuple):
   routing: jax.Array | None = None
 
 
-def routing_dtype(num_experts: int):
-  """The compact dtype recorded expert ids take: uint8 up to 256 experts, else uint16/int32."""
-  if num_experts <= 256:
-    return jnp.uint8
-  return jnp.uint16 if num_experts <= 65536 else jnp.int32
+# The compact dtype recorded expert ids take: uint8 up to 256 experts, else uint16/int32.
+routing_dtype = paged_programs.routing_dtype
 
 
 def check_records_routing(cfg: config_lib.ModelConfig) -> None:
@@ -664,7 +663,7 @@ class Sampler:
     return num_samples if (chunk // num_samples) % shards == 0 else 1
 
   def abstract_args(self, params, rows: int, prompt_len: int, sp: SamplingParams,
-                    num_samples: int = 1, program: str = 'decode'):
+                    num_samples: int = 1, program: str = 'decode', record_routing: bool = False):
     """The arguments `generate` passes the jitted sampler for a call of these sizes, abstract.
 
     Args:
@@ -675,6 +674,7 @@ class Sampler:
       num_samples: G (rows of one prompt share its prefill, see `prefill_group`).
       program: with engine='paged', 'decode' (a decode call) or 'prefill' (a prefill
         call); the one-call sampler has one program.
+      record_routing: the call records routing (`generate`'s): its routing buffers too.
 
     Returns:
       (positional args, keyword args, description) for `sample.lower(*args, **kwargs)`.
@@ -682,13 +682,20 @@ class Sampler:
     if program not in PROGRAMS[self.engine]:
       raise ValueError(f'engine {self.engine!r} has no program {program!r} '
                        f'(it has {PROGRAMS[self.engine]})')
-    return self._rollout.abstract_args(params, rows, prompt_len, sp, num_samples, program)
+    args, kw, what = self._rollout.abstract_args(params, rows, prompt_len, sp, num_samples,
+                                                 program)
+    if record_routing:
+      check_records_routing(self.cfg)
+      kw = dict(kw, **{'record_routing' if self.engine == 'one_call' else 'record': True})
+      what += ', recording routing'
+    return args, kw, what
 
   def lower(self, params, rows: int, prompt_len: int, sp: SamplingParams, num_samples: int = 1,
-            program: str = 'decode'):
+            program: str = 'decode', record_routing: bool = False):
     """Lowers the sampler for a call of these sizes (ahead of time; `params` abstract).
-    `program` as in `abstract_args`."""
-    args, kw, _ = self.abstract_args(params, rows, prompt_len, sp, num_samples, program)
+    `program` and `record_routing` as in `abstract_args`."""
+    args, kw, _ = self.abstract_args(params, rows, prompt_len, sp, num_samples, program,
+                                     record_routing)
     fn = self._rollout.program(self.call_shape(rows, prompt_len, sp.max_new_tokens)[2], program)
     with sharding.use_mesh(self.mesh, self.rules):
       return fn.lower(*args, **kw)
@@ -715,10 +722,12 @@ class Sampler:
       keys: with a session, one distinct hashable key per prompt.
       record_routing: also return the experts every prompt and generated token went to
         in each 'moe' sublayer (`SampleOutput.prompt_routing` and `.routing`), what a
-        training forward replays (routing replay). Mixture-of-experts models and
-        engine='one_call' only: the paged engine computes a prompt's shared prefix once
-        for all rows and rounds that reuse its pages, so it has no per-row prompt routing
-        to return (a ValueError). The tokens are those of a call without it.
+        training forward replays (routing replay; mixture-of-experts models only). Each
+        token's experts are those of the forward that computed what the sampled tokens
+        attend to: the paged engine's shared prompt prefill for every row of the prompt,
+        a session's earlier call for the tokens its pages keep, and one more forward of
+        each row's last token (`rl.engine.Engine.run`). The tokens are those of a call
+        without it.
 
     Returns:
       SampleOutput of numpy arrays with len(prompts) * G rows (prompt-major),
@@ -732,11 +741,6 @@ class Sampler:
       raise ValueError('prompts is empty')
     if record_routing:
       check_records_routing(self.cfg)
-      if self.engine != 'one_call':
-        raise ValueError(f"record_routing needs engine='one_call' (this sampler's is "
-                         f"{self.engine!r}): the paged engine prefills a shared prompt prefix "
-                         'once for every row and round that reuses its pages, so it has no '
-                         'per-row prompt routing to return')
     prompts = [np.asarray(q, np.int64).reshape(-1) for q in prompts]
     for i, q in enumerate(prompts):
       if q.size == 0:
@@ -757,7 +761,7 @@ class Sampler:
     return self._rollout.session(max_row_tokens)
 
   def stream(self, params, rng, sp: SamplingParams, num_samples: int, source,
-             max_prompt_len: int, rows: int) -> int:
+             max_prompt_len: int, rows: int, record_routing: bool = False) -> int:
     """Samples G completions of prompts that `source` feeds, handing over groups as they end.
 
     Continuous batching (engine='paged' only): whenever no row waits,
@@ -780,10 +784,15 @@ class Sampler:
         rows, prompts left-padded to `max_prompt_len`.
       max_prompt_len: the longest prompt `source` may feed (sizes the pages).
       rows: rows of a typical feed (sizes the slots when `slots` is unset).
+      record_routing: the finished samples carry their routing (as `generate`'s).
 
     Returns:
       The number of prompts fed.
     """
+    if record_routing:
+      check_records_routing(self.cfg)
+      return self._rollout.stream(params, rng, sp, num_samples, source, max_prompt_len, rows,
+                                  record_routing=True)
     return self._rollout.stream(params, rng, sp, num_samples, source, max_prompt_len, rows)
 
   def _check_ids(self, q: np.ndarray, name: str) -> None:
@@ -821,7 +830,7 @@ class _OneCall:
   def session(self, max_row_tokens: int):
     self._refuse('a KV session')
 
-  def stream(self, *args):
+  def stream(self, *args, **kwargs):
     self._refuse('Sampler.stream')
 
   @property
@@ -994,19 +1003,19 @@ class _Paged:
     return eng.abstract_decode(s.graphdef, params, p + nb, sp.greedy, sp.filtered)
 
   def generate(self, params, prompts, rng, sp: SamplingParams, num_samples: int,
-               limits: np.ndarray, shape: tuple[int, int, int], *, session, keys
-               ) -> SampleOutput:
+               limits: np.ndarray, shape: tuple[int, int, int], *, session, keys,
+               record_routing: bool = False) -> SampleOutput:
     """See `Sampler.generate`: rows assembled as the one-call path returns them."""
     p, nb, c = shape
     row_tokens = p + nb if session is None else session.row_tokens
     rows = self._run(self.engine(c), params, prompts, num_samples, limits, rng, sp,
-                     row_tokens, session=session, keys=keys)
+                     row_tokens, session=session, keys=keys, record=record_routing)
     p_max = max(q.size for q in prompts)
     return self._assemble(rows, [prompts[r // num_samples] for r in range(len(rows.tokens))],
                           p_max, sp.max_new_tokens)
 
   def _run(self, eng, params, prompts, num_samples, limits, rng, sp, row_tokens,
-           stream=None, session=None, keys=None):
+           stream=None, session=None, keys=None, record=False):
     s = self.sampler
     before = (eng.compile_count, eng.decode_slots, eng.generated_tokens)
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
@@ -1014,7 +1023,7 @@ class _Paged:
     try:
       return eng.run(s.rollout_params(params), prompts, num_samples, limits, rng, scalars,
                      greedy=sp.greedy, filtered=sp.filtered, row_tokens=row_tokens,
-                     stream=stream, session=session, keys=keys)
+                     stream=stream, session=session, keys=keys, record_routing=record)
     finally:
       s.compile_count += eng.compile_count - before[0]
       s.decode_slots += eng.decode_slots - before[1]
@@ -1038,12 +1047,30 @@ class _Paged:
       tokens[r, :k], logprobs[r, :k] = rows.tokens[r], rows.logprobs[r]
       sampling_logprobs[r, :k] = rows.sampling_logprobs[r]
     mask = (np.arange(m)[None, :] < lengths[:, None]).astype(np.int32)
+    routed = {} if rows.routing is None else self._routing(rows, row_prompts, width, m)
     return SampleOutput(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens,
                         mask=mask, logprobs=logprobs, sampling_logprobs=sampling_logprobs,
-                        lengths=lengths, truncated=~rows.stopped)
+                        lengths=lengths, truncated=~rows.stopped, **routed)
+
+  def _routing(self, rows: scheduler.Rows, row_prompts, width: int, m: int) -> dict:
+    """`SampleOutput`'s prompt_routing [n, width, M, k] (left-padded) and routing [n, m, M, k]
+    of engine rows, each row's [prompt + generated tokens, M, k] split at its prompt."""
+    cfg = self.sampler.cfg
+    n, tail = len(rows.tokens), (cfg.mixers.count('moe'), cfg.experts_per_token)
+    dt = routing_dtype(cfg.num_experts)
+    prompt = np.zeros((n, width) + tail, dt)
+    gen = np.zeros((n, m) + tail, dt)
+    for r in range(n):
+      q, got, k = row_prompts[r].size, rows.routing[r], rows.tokens[r].size
+      if got.shape[0] != q + k:
+        raise AssertionError(f'engine row {r}: routing of {got.shape[0]} tokens for a prompt '
+                             f'of {q} and {k} generated (a bug)')
+      prompt[r, width - q:] = got[:q]
+      gen[r, :k] = got[q:]
+    return dict(prompt_routing=prompt, routing=gen)
 
   def stream(self, params, rng, sp: SamplingParams, num_samples: int, source,
-             max_prompt_len: int, rows: int) -> int:
+             max_prompt_len: int, rows: int, record_routing: bool = False) -> int:
     """See `Sampler.stream`."""
     if num_samples < 1:
       raise ValueError(f'num_samples={num_samples} must be >= 1')
@@ -1082,7 +1109,7 @@ class _Paged:
         return bool(source.stop())
 
     self._run(self.engine(c), params, [], num_samples, np.zeros(0, np.int64), rng, sp,
-              p + nb, stream=Adapter())
+              p + nb, stream=Adapter(), record=record_routing)
     return len(fed)
 
 

@@ -51,6 +51,9 @@ class Rows(NamedTuple):
   logprobs: list        # np.float32, unmodified-policy log-probs
   sampling_logprobs: list
   stopped: np.ndarray   # [R] bool, ended on a stop token
+  # Recording routing: each row's experts [prompt + generated tokens, M, k] (the compact dtype
+  # of `rl.paged_programs.routing_dtype`), else None.
+  routing: list | None = None
 
 
 class Stream(Protocol):
@@ -81,6 +84,7 @@ class _Entry(NamedTuple):
   tokens: np.ndarray
   shard: int
   state: Any = None
+  routing: Any = None     # recording: the experts of `tokens` [n, M, k]
 
 
 class Session:
@@ -172,6 +176,8 @@ class Admission(NamedTuple):
   # the kept state each extend entry continues.
   row_states: tuple = ()
   resume: tuple = ()
+  # The prompt index of each entry (prefill's, then extend's).
+  prompts: tuple = ()
 
 
 class Batch(NamedTuple):
@@ -207,7 +213,7 @@ class Scheduler:
                page_size: int, chunk_steps: int, pages: page_pool.PagePool, table_pages: int,
                max_tokens: int, eos_ids: Sequence[int], stream: Stream | None = None,
                session: Session | None = None, keys: Sequence = (), row_states: bool = False,
-               all_rows: bool = False):
+               all_rows: bool = False, record: bool = False):
     """Starts a call.
 
     Args:
@@ -227,8 +233,13 @@ class Scheduler:
       row_states: each row starts from its prompt's recurrent state (module docstring).
       all_rows: every decode call carries every slot (`batch`), instead of the live ones
         packed into a power of two per shard.
+      record: keep each row's routing (`Rows.routing`): its prompt's, from the prompt's
+        prefill or extend (`prompt_routing`; a session's kept routing for the tokens its
+        pages hold), then the decode's for each token the row fed, its last token's from
+        its tail (one more forward, so its pages cover one token more).
     """
     self.row_states, self.all_rows = row_states, all_rows
+    self.record, self.tail = record, int(record)
     self.num_samples, self.ps, self.chunk, self.slots = num_samples, page_size, chunk_steps, slots
     self.pages, self.max_tokens, self.eos_ids = pages, max_tokens, tuple(eos_ids)
     self.stream, self.session, self.keys = stream, session, keys
@@ -255,6 +266,10 @@ class Scheduler:
     self.out_tok = [[] for _ in range(n_rows)]
     self.out_lp = [[] for _ in range(n_rows)]
     self.out_slp = [[] for _ in range(n_rows)]
+    self.out_route = [[] for _ in range(n_rows)]    # recording: per decode call, [fed, M, k]
+    self.row_route: list = [None] * n_rows          # recording: an ended row's whole routing
+    self.prompt_route: list = [None] * len(self.prompts)   # [plen - 1, M, k] each
+    self.lent_route: dict = {}      # prompt -> routing of the tokens a session lends it
     self.stopped = [False] * n_rows
     self.complete = [False] * n_rows
     self.ended_groups: list[int] = []   # prompts whose rows all ended in this decode call
@@ -276,8 +291,8 @@ class Scheduler:
   def _need(self, slot, steps) -> int:
     """Pages slot `slot` needs to run `steps` more steps."""
     r = self.slot_row[slot]
-    cap = self.plen[r // self.num_samples] - 1 + self.limits[r]
-    return self._pages_for(min(self.host_len[slot] + steps, cap))
+    cap = self.plen[r // self.num_samples] - 1 + self.limits[r] + self.tail
+    return self._pages_for(min(self.host_len[slot] + steps + self.tail, cap))
 
   def _shared(self, r) -> int:
     """Whole prompt pages row `r` shares with its prompt's other rows."""
@@ -311,8 +326,11 @@ class Scheduler:
     self.pages.release(self.slot_shard[slot], pages[held:] + pr.pages[shared:])
     tokens = np.concatenate([self.prompts[pi]] + self.out_tok[r]).astype(
         np.int64)[:self.host_len[slot]]
+    routing = None
+    if self.record:
+      routing = self.row_route[r][:self.host_len[slot]]
     self.session.entries[self.keys[pi]] = _Entry(pages[:held], tokens,
-                                                 int(self.slot_shard[slot]), state)
+                                                 int(self.slot_shard[slot]), state, routing)
     self.own[slot], pr.pages, pr.prefilled, pr.shard, pr.reused = [], [], False, -1, 0
     pr.state = None
 
@@ -336,7 +354,7 @@ class Scheduler:
   def _forget(self, r) -> None:
     """Drops row `r`'s tokens so far (it is recomputed or cancelled): not generated."""
     self.generated_tokens -= sum(x.size for x in self.out_tok[r])
-    self.out_tok[r], self.out_lp[r], self.out_slp[r] = [], [], []
+    self.out_tok[r], self.out_lp[r], self.out_slp[r], self.out_route[r] = [], [], [], []
 
   def _preempt(self, slot) -> None:
     r = int(self.slot_row[slot])
@@ -402,12 +420,16 @@ class Scheduler:
       reuse = _common_prefix(e.tokens, self.prompts[pi][:-1])
       if self.row_states and reuse < e.tokens.size:
         reuse = 0                     # the state holds every kept token: it cannot be rewound
+      if self.record and e.routing is None:
+        reuse = 0                     # kept without its routing: prefilled again to record it
       lent = self._pages_for(reuse)
       self.pages.release(e.shard, e.pages[lent:])
       if reuse:
         pr = self.prompts_state[pi]
         pr.pages, pr.shard, pr.reused = list(e.pages[:lent]), e.shard, reuse
         pr.state = e.state
+        if self.record:
+          self.lent_route[pi] = e.routing[:reuse]
 
   # ------------------------------------------------------------------ the stream
 
@@ -420,7 +442,7 @@ class Scheduler:
                        f'{len(new_limits)} limits (expected {g} per prompt)')
     for j, q in enumerate(new_prompts):
       top = max(new_limits[j * g:(j + 1) * g])
-      if q.size < 1 or q.size - 1 + top > self.max_tokens:
+      if q.size < 1 or q.size - 1 + top + self.tail > self.max_tokens:
         raise ValueError(f'engine: streamed prompt of {q.size} tokens with rows of up to '
                          f'{top} new tokens does not fit row_tokens={self.max_tokens}')
     first = len(self.out_tok)
@@ -428,10 +450,12 @@ class Scheduler:
     self.plen.extend(q.size for q in new_prompts)
     self.limits.extend(new_limits)
     self.prompts_state.extend(_Prompt(g) for _ in new_prompts)
+    self.prompt_route.extend(None for _ in new_prompts)
     added = len(new_limits)
     self.pending.extend(range(first, first + added))
-    for lst in (self.out_tok, self.out_lp, self.out_slp):
+    for lst in (self.out_tok, self.out_lp, self.out_slp, self.out_route):
       lst.extend([] for _ in range(added))
+    self.row_route.extend(None for _ in range(added))
     self.stopped.extend([False] * added)
     self.complete.extend([False] * added)
 
@@ -509,7 +533,7 @@ class Scheduler:
       plen = self.plen[pi]
       shared = self._shared(r)
       prompt_pages = 0 if pr.prefilled else self._pages_for(plen - 1) - len(pr.pages)
-      first = self._pages_for(min(plen - 1 + chunk, plen - 1 + self.limits[r]))
+      first = self._pages_for(min(plen - 1 + chunk, plen - 1 + self.limits[r]) + self.tail)
       if not self._reclaim(sh, prompt_pages + first - shared + reserve[sh], keep=pi):
         break
       self.pending.popleft()
@@ -560,7 +584,24 @@ class Scheduler:
       self.prompts_state[pi].prefilled = True
       self.prompts_state[pi].state = None     # handed to the extend entry
     return Admission(prefill=prefill, extend=extend, copies=copies, slots=admitted,
-                     row_states=row_states, resume=resume)
+                     row_states=row_states, resume=resume,
+                     prompts=tuple(to_prefill + recompute + to_extend))
+
+  def prompt_routing(self, admission: Admission, routed: Sequence) -> None:
+    """Takes the routing the device computed for an admission's entries (recording): each
+    entry's tokens' [n, M, k] (None: no tokens), in `Admission.prompts` order. A prefilled
+    prompt's routing is its prefill's; an extended one's, what the session lent, then the
+    extend's; a recomputed one (its state only) keeps the routing of the pass that wrote its
+    pages, which its rows' keys and values come from."""
+    m = len(admission.prefill)
+    written = sum(1 for _, pages in admission.prefill if pages)   # the others: recomputed
+    for e, pi in enumerate(admission.prompts):
+      got = routed[e]
+      if e >= m:                                   # an extend entry
+        lent = self.lent_route.pop(pi)
+        self.prompt_route[pi] = lent if got is None else np.concatenate([lent, got])
+      elif e < written or self.prompt_route[pi] is None:
+        self.prompt_route[pi] = got
 
   def allocate(self) -> None:
     """Pages for every live row's next chunk, oldest row first, preempting the newest rows of
@@ -606,7 +647,7 @@ class Scheduler:
 
   def advance(self, batch: Batch, tokens: np.ndarray, logprobs: np.ndarray,
               sampling_logprobs: np.ndarray, n: np.ndarray, live: np.ndarray,
-              slot_state: Callable[[int], Any] | None = None) -> None:
+              slot_state: Callable[[int], Any] | None = None, routed=None) -> None:
     """Takes a decode call's results: each row's new tokens, and the slots of rows that ended.
 
     Args:
@@ -616,6 +657,8 @@ class Scheduler:
       live: [k] bool, the row runs on.
       slot_state: with row states and a session, a slot's recurrent state after the call
         (opaque here): an ended row's key keeps it beside its pages.
+      routed: recording, (routing [k, C, M, k], fed [k]): the experts of the tokens each row
+        fed (its tail's included), and how many it fed (what its cache grew by).
     """
     for j, slot in zip(np.flatnonzero(batch.live), batch.slots):
       r = self.slot_row[slot]
@@ -623,7 +666,11 @@ class Scheduler:
       self.out_tok[r].append(tokens[j, :made])
       self.out_lp[r].append(logprobs[j, :made])
       self.out_slp[r].append(sampling_logprobs[j, :made])
-      self.host_len[slot] += made
+      fed = made
+      if routed is not None:
+        fed = int(routed[1][j])
+        self.out_route[r].append(routed[0][j, :fed])
+      self.host_len[slot] += fed
       self.host_n[slot] = n[j]
       self.last[slot] = tokens[j, made - 1] if made else self.last[slot]
       self.generated_tokens += made
@@ -631,18 +678,31 @@ class Scheduler:
         self.stopped[r] = made > 0 and int(tokens[j, made - 1]) in self.eos_ids
         self.complete[r] = True
         pr = self.prompts_state[r // self.num_samples]
+        if self.record:
+          self.row_route[r] = self._whole_routing(r)
         pr.ended += 1
         if pr.ended == self.num_samples:
           self.ended_groups.append(r // self.num_samples)
         keep = self.session is not None and slot_state is not None
         self._release(slot, ended=True, state=slot_state(slot) if keep else None)
 
+  def _whole_routing(self, r: int) -> np.ndarray:
+    """Row r's routing so far: its prompt's (but the last token), then every token it fed."""
+    pi = r // self.num_samples
+    parts = [x for x in [self.prompt_route[pi]] + self.out_route[r] if x is not None]
+    return np.concatenate(parts)
+
   def rows(self, rows: Sequence[int] | None = None) -> Rows:
     """`Rows` of the given row indices (default: every row so far)."""
     if rows is None:
       rows = range(len(self.out_tok))
+    rows = list(rows)
     cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt)
+    routing = None
+    if self.record:
+      routing = [self.row_route[r] if self.row_route[r] is not None
+                 else np.zeros((0,), np.uint8) for r in rows]
     return Rows(tokens=[cat(self.out_tok[r], np.int32) for r in rows],
                 logprobs=[cat(self.out_lp[r], np.float32) for r in rows],
                 sampling_logprobs=[cat(self.out_slp[r], np.float32) for r in rows],
-                stopped=np.array([self.stopped[r] for r in rows], bool))
+                stopped=np.array([self.stopped[r] for r in rows], bool), routing=routing)

@@ -124,7 +124,8 @@ class Draws(rl.Draws):
                               [recs[i] for i in idx], [modes[i] for i in idx],
                               jax.random.fold_in(key, j), turn_sp, g,
                               max_turns=agent.max_turns, max_tokens=budget,
-                              render_tools=agent.render_tools)
+                              render_tools=agent.render_tools,
+                              record_routing=st.records_routing)
       parts.append(eps)
       order += [i * g + k for i in idx for k in range(g)]
       self.episode_metrics.append((len(eps.rewards), episodes.metrics(eps)))

@@ -37,9 +37,10 @@ train batch (`TrainBatch.routing`) and replays them in the policy's training
 forward; 'measure' records them and lets the trainer route on its own. Either
 way the step logs `routing_mismatch`, the fraction of (token, 'moe' sublayer)
 pairs whose recorded experts the trainer's routers would not have picked. The
-KL reference and MOPD's teachers never replay (they are other models). It
-needs the one-call sampler (the paged engine records no routing) and single
-sampler calls per rollout (no agentic episodes, no `stream_filter`).
+KL reference and MOPD's teachers never replay (they are other models). Both
+engines record it (the paged one through preemption, shared prompt prefills
+and sessions: `rl.engine`), streamed filtering's groups carry it, and an
+agentic episode carries it across its turns (`cascade.episodes.generate`).
 """
 
 from __future__ import annotations
@@ -133,13 +134,6 @@ class RLStageConfig(base.TrainStageConfig,
              + (f'; not in the stage: {sorted(got - want)}' if got - want else ''), base.HIDE)
     if self.stream_filter and not self.dynamic_filter:
       fail('stream_filter', 'needs dynamic_filter=True (it is a way of filtering)')
-    if self.routing_replay != 'off':
-      if self.AGENTIC:
-        fail('routing_replay', "an agentic episode's turns are separate sampler calls whose "
-             'routing is not recorded; use it in grpo or mopd stages')
-      if self.stream_filter:
-        fail('routing_replay', 'needs stream_filter=False: streaming runs on the paged '
-             'engine, which does not record routing')
     rows = self.prompts_per_step * self.group_size
     if rows % self.updates_per_batch:
       fail('updates_per_batch', f'must divide prompts_per_step * group_size = {rows}')
@@ -224,14 +218,12 @@ class RLStageConfig(base.TrainStageConfig,
     return self.steps * self.updates_per_batch
 
   def with_model(self, model, sampler, fail):
+    del sampler          # either engine records routing
     if self.routing_replay == 'off':
       return self
     if 'moe' not in model.mixers:
       fail('routing_replay', "needs a mixture-of-experts policy (a model with 'moe' layers); "
            f'config.model is a {model.family} model without experts')
-    if getattr(sampler, 'engine', None) not in (None, 'one_call'):
-      fail('routing_replay', "needs config.sampler.engine='one_call': the paged engine "
-           f'(engine={sampler.engine!r}) does not record routing')
     layout = (model.mixers.count('moe'), model.experts_per_token,
               np.dtype(sampler_lib.routing_dtype(model.num_experts)).name)
     return dataclasses.replace(self, routing_layout=layout)
@@ -493,7 +485,8 @@ class Draws:
     got = filtering.stream_fill(ctx.sampler, self.params, jax.random.fold_in(self.rng, 0),
                                 self.sp, fill, next_prompts, score, book,
                                 max_prompt_len=st.max_prompt_len, rows=st.prompts_per_step * g,
-                                thread=hosts.count == 1 and self.SCORE_THREAD)
+                                thread=hosts.count == 1 and self.SCORE_THREAD,
+                                record_routing=st.records_routing)
     self.sample_s += time.perf_counter() - t0 - got.wait_s
     self.score_s += got.score_s
     return fill.result(), {'rows_cancelled': float(got.rows_cancelled),

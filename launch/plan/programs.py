@@ -70,9 +70,11 @@ def _new_sampler(model_cfg, mesh, rules, sampler_cfg: dict, frozen: bool = False
 
 def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, prompt_len: int,
                      max_new_tokens: int, top_p: float, top_k: int, num_samples: int = 1,
-                     program: str = 'decode', frozen: bool = False):
+                     program: str = 'decode', frozen: bool = False,
+                     record_routing: bool = False):
   """The sampler for one `Sampler.generate` call of these sizes, on `mesh` (`program`: the
-  paged engine's 'decode' or 'prefill' call, see `Sampler.abstract_args`).
+  paged engine's 'decode' or 'prefill' call, see `Sampler.abstract_args`; `record_routing`:
+  with its routing-replay buffers).
 
   Returns:
     (() -> Lowered, description of the shapes).
@@ -80,10 +82,12 @@ def sampler_lowering(model_cfg, mesh, rules, sampler_cfg: dict, *, rows: int, pr
   sampler, params = sampler_for(model_cfg, mesh, rules, sampler_cfg, frozen=frozen)
   sp = sampler_lib.SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k,
                                   max_new_tokens=max_new_tokens)
-  _, _, what = sampler.abstract_args(params, rows, prompt_len, sp, num_samples, program)
+  _, _, what = sampler.abstract_args(params, rows, prompt_len, sp, num_samples, program,
+                                     record_routing)
   if model_cfg.mamba_layers and sampler_cfg.get('engine', 'one_call') == 'one_call':
     what += '; ' + row_state_note(model_cfg, sampler, rows, prompt_len, max_new_tokens)
-  return (lambda: sampler.lower(params, rows, prompt_len, sp, num_samples, program)), what
+  return (lambda: sampler.lower(params, rows, prompt_len, sp, num_samples, program,
+                                record_routing)), what
 
 
 def row_state_note(model_cfg, sampler, rows: int, prompt_len: int, max_new_tokens: int) -> str:

@@ -81,7 +81,8 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
   if sizes is not None:
     for program, name in programs_lib.sampler_programs(sampler_cfg):
       add(name, lambda cfg, m, program=program: programs_lib.sampler_lowering(
-          cfg, m, rules, sampler_cfg, **sizes, program=program),
+          cfg, m, rules, sampler_cfg, **sizes, program=program,
+          record_routing=getattr(stage, 'records_routing', False)),
           count=lambda: flops_lib.sampler_flops(model_cfg, mesh, rules, sampler_cfg, **sizes),
           options=compiler.sampling_options(mesh))
   frozen = kind.frozen_forwards(stage) if kind.frozen_forwards is not None else []

@@ -14,6 +14,7 @@ from cascade import episodes
 from envs import base as env_base
 from foundation import chat
 from models import config as config_lib
+from models import hybrid
 from models import transformer
 from rl import batch as batch_lib
 from rl import sampler as sampler_lib
@@ -254,9 +255,9 @@ class EveryTurnTool(env_base.Environment):
     return [(0.0, {'reason': 'cut'}) for _ in eps]
 
 
-def _multi_turn(engine='one_call', **engine_kw):
+def _multi_turn(engine='one_call', cfg=None, record_routing=False, **engine_kw):
   """Episodes of a peaked tiny policy whose rows stop at different turns' ends (3 records x 2)."""
-  cfg = config_lib.ModelConfig.tiny()
+  cfg = cfg or config_lib.ModelConfig.tiny()
   graphdef, params = nnx.split(transformer.create(cfg, seed=0))
   params = jax.tree.map(lambda x: x * 4, params)    # peaked: rows stop at different turns' ends
   kw = dict(pad_id=0, prompt_buckets=(64, 128, 256), new_token_buckets=(16,), batch_buckets=(8,))
@@ -272,7 +273,7 @@ def _multi_turn(engine='one_call', **engine_kw):
   stops = (int(probe.tokens[0, 2]), int(probe.tokens[3, 6]))
   samp = sampler_lib.Sampler(graphdef, cfg, eos_ids=stops, engine=engine, **kw, **engine_kw)
   eps = episodes.generate(samp, params, tok, env, recs, [None] * 3, key, sp, 2, max_turns=3,
-                          max_tokens=120)
+                          max_tokens=120, record_routing=record_routing)
   return eps, samp, graphdef, params
 
 
@@ -317,6 +318,32 @@ def test_paged_episodes_keep_their_pages_between_turns_and_sample_the_same():
   assert episodes.metrics(eps)['kv_reuse'] == pytest.approx(reused / (reused + prefilled))
   assert episodes.metrics(ref)['kv_reuse'] == 0.0 and ref.prefill == (0, 0)
   assert samp.pages_in_use == 0
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('engine', ['one_call', 'paged'])
+def test_episodes_carry_their_routing_across_turns(engine):
+  """A mixture-of-experts policy's episodes (several turns, observations between them; with
+  the paged engine a KV session between turns): the routing carried along the stream is the
+  training forward's own on every token, and replayed it gives the sampler's log-probs."""
+  kw = dict(page_size=8, slots=4, chunk_steps=5, prefill_prompts=2) if engine == 'paged' else {}
+  eps, _, graphdef, params = _multi_turn(engine, config_lib.ModelConfig.tiny_moe(),
+                                         record_routing=True, **kw)
+  s = eps.samples
+  obs = s.lengths - s.policy_mask.sum(1)
+  assert (obs > 0).any()
+  batch = batch_lib.from_samples(s, np.ones(6))
+  real = batch.segment_ids > 0
+  assert batch.routing.shape == batch.tokens.shape + (2, 2)
+  model = nnx.merge(graphdef, params)
+  model.collect_moe_stats = True
+  batch_lib.policy_stats(model, batch._replace(routing=None))       # the routers' own choice
+  experts = np.moveaxis(np.asarray(hybrid.moe_stats(model).indices), 0, 2)
+  same = (np.sort(experts, -1) == np.sort(batch.routing.astype(np.int64), -1)).all((-1, -2))
+  np.testing.assert_array_equal(same[real], True)
+  replayed = np.asarray(batch_lib.policy_stats(model, batch)['logprobs'])
+  m = batch.loss_mask > 0
+  np.testing.assert_allclose(replayed[m], batch.old_logprobs[m], atol=1e-4, rtol=0)
 
 
 # ------------------------------------------------------------------ the 'agentic' kind

@@ -226,8 +226,8 @@ def test_the_schema_knows_every_section():
 @pytest.mark.parametrize('args, line', [
     (['--config=configs/tiny.py:smok'],
      "error: --config=configs/tiny.py:smok: config argument 'smok': expected smoke, fast_path, "
-     'seed=N, world=NAME, eval_every=N, drop=STAGE+STAGE, order=NAME, model=NAME, rm=NAME, guard=ACTION or '
-     'root=DIR'),
+     'seed=N, world=NAME, eval_every=N, drop=STAGE+STAGE, order=NAME, model=NAME, rm=NAME, '
+     'guard=ACTION, routing_replay=MODE or root=DIR'),
     (['--config=configs/tny.py'], "error: --config=configs/tny.py: no such config file "
                                   "'configs/tny.py'"),
     (['--config=configs/__init__.py'], 'error: --config=configs/__init__.py: configs/__init__.py '

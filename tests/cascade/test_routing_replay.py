@@ -48,7 +48,7 @@ def test_routing_replay_is_off_by_default_and_takes_three_modes():
     _stage(dict(GRPO, routing_replay=True))
 
 
-def test_a_dense_policy_or_the_paged_engine_is_refused_by_the_validator(fakes):
+def test_a_dense_policy_is_refused_and_either_engine_records(fakes):
   with pytest.raises(config_lib.ConfigError, match=re.escape(
       "stages[0] 'rl': routing_replay='on': needs a mixture-of-experts policy (a model with "
       "'moe' layers); config.model is a qwen3 model without experts")):
@@ -61,22 +61,18 @@ def test_a_dense_policy_or_the_paged_engine_is_refused_by_the_validator(fakes):
     assert st.routing_layout == (2, 2, 'uint8')        # tiny_moe: 2 'moe' sublayers, top-2
   st = _stage(dict(GRPO, routing_replay='on'))
   moe = config_lib.Model(preset='tiny_moe').resolve()
-  paged = config_lib.Sampler(engine='paged')
-  with pytest.raises(config_lib.ConfigError, match=re.escape(
-      "routing_replay='on': needs config.sampler.engine='one_call': the paged engine "
-      "(engine='paged') does not record routing")):
-    st.with_model(moe, paged, schema.failer(st.where, st))
-  assert st.with_model(moe, config_lib.Sampler(), schema.failer(st.where, st)).routing_layout
+  for engine in ('one_call', 'paged'):
+    got = st.with_model(moe, config_lib.Sampler(engine=engine), schema.failer(st.where, st))
+    assert got.routing_layout == (2, 2, 'uint8')
 
 
-def test_streaming_and_agentic_stages_refuse_routing_replay():
-  with pytest.raises(config_lib.ConfigError, match=re.escape(
-      "routing_replay='measure': needs stream_filter=False")):
-    _stage(dict(GRPO, routing_replay='measure', stream_filter=True))
-  with pytest.raises(config_lib.ConfigError, match=re.escape(
-      "stages[0] 'rl': routing_replay='on': an agentic episode's turns are separate sampler "
-      'calls')):
-    _stage(dict(GRPO, kind='agentic', routing_replay='on'))
+def test_streaming_and_agentic_stages_take_routing_replay():
+  """The paged engine records routing through streams, and episodes carry it across turns."""
+  assert _stage(dict(GRPO, routing_replay='measure', stream_filter=True)).records_routing
+  doms = {'a': config_lib.Domain('a', 'math', {}, 'a_train', 'a_train', env='add_test')}
+  refs = base.Refs((), ('rl',), doms, {'a_train': config_lib.Dataset('a_train', 'prompt',
+                                                                     'prompt')})
+  assert kinds.parse(0, dict(GRPO, kind='agentic', routing_replay='on'), refs).records_routing
 
 
 def test_the_mode_reaches_the_loss_and_the_planned_batch(fakes):
@@ -108,18 +104,32 @@ class _Recording:
     self.asked.append(kw.get('record_routing', False))
     return self.inner.generate(*args, **kw)
 
+  def stream(self, *args, **kw):
+    self.asked.append(kw.get('record_routing', False))
+    return self.inner.stream(*args, **kw)
+
+  def __getattr__(self, name):          # engine, prepare, counters: the sampler's
+    return getattr(self.inner, name)
+
 
 @pytest.mark.heavy
-def test_a_grpo_step_with_routing_replay_runs_through_the_stage_loop(fakes, tmp_path):
+@pytest.mark.parametrize('engine', ['one_call', 'paged'])
+def test_a_grpo_step_with_routing_replay_runs_through_the_stage_loop(fakes, tmp_path, engine):
+  """One step; with the paged engine its groups stream (`stream_filter`). The trainer's routers
+  agree with every recorded choice (same params, float32): replayed, nothing differs."""
+  paged = engine == 'paged'
   plan = fakes.toy_config([fakes.rl_stage('rl', ['a'], routing_replay='on', steps=1,
                                           prompts_per_step=2, max_prompt_len=64,
-                                          max_response_len=4)], model=MOE)
+                                          max_response_len=4, stream_filter=paged,
+                                          dynamic_filter=paged)],
+                          model=MOE)
   st = plan.stages[0]
   pol = policies_lib.Policies(plan, str(tmp_path), None, plan.rules)
   tok = fakes.CharTokenizer()
+  kw = dict(engine='paged', slots=4, page_size=8, chunk_steps=4) if paged else {}
   samp = _Recording(sampler_lib.Sampler(pol.graphdef('policy'), plan.model, eos_ids=(tok.eos_id,),
                                         pad_id=tok.pad_id, prompt_buckets=(64,),
-                                        new_token_buckets=(4,)))
+                                        new_token_buckets=(4,), **kw))
   logged = []
   recs = [fakes.record('a', i, 10 + i) for i in range(4)]
   ctx = types.SimpleNamespace(
@@ -135,7 +145,7 @@ def test_a_grpo_step_with_routing_replay_runs_through_the_stage_loop(fakes, tmp_
     result = grpo.run(ctx, st)
   finally:
     pol.close()
-  assert result.final_step == 1 and samp.asked == [True]
+  assert result.final_step == 1 and samp.asked and all(samp.asked)
   [m] = logged
   # The policy's own routers agree with the sampler's (same params, float32) on every pair.
   assert m['routing_mismatch'] == 0.0

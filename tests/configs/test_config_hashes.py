@@ -38,12 +38,16 @@ PINNED = {
     # scored by verifiers.ifbench (every instruction id of the release), and each recipe names
     # the rewards that stand in for the paper's (config.domains.<d>.stand_in): the rewards,
     # hence the runs, differ, so an earlier workdir must not resume under them.
-    ('nemotron_cascade2', None): '2050386a0e2c0559',
-    ('nemotron_cascade2', 'hardware=h200x8'): 'c05f23abc78f3e58',
-    ('nemotron_cascade_14b', None): 'da82a881925a26c9',
-    ('nemotron_cascade_14b', 'hardware=h200x8'): 'e046a0ce5f68561e',
-    ('nemotron_cascade_8b', None): '669ca2c7270db5e4',
-    ('nemotron_cascade_8b', 'hardware=h200x8'): '74842a644d90f0d4',
+    # All six changed again on purpose with MoE RL stability on the fast path (issue #56):
+    # every GRPO and agentic stage corrects the sampler/trainer gap with TIS at cap 2
+    # (configs/_recipes.py correct_mismatch), and Cascade 2's RL stages replay the rollouts'
+    # routing (replay_routing): the updates differ, so an earlier workdir must not resume.
+    ('nemotron_cascade2', None): '197117f6adc018ee',
+    ('nemotron_cascade2', 'hardware=h200x8'): '69d77b44152b8a42',
+    ('nemotron_cascade_14b', None): 'ebce306388ed5743',
+    ('nemotron_cascade_14b', 'hardware=h200x8'): '2d33d15bb6852754',
+    ('nemotron_cascade_8b', None): '2ef78b3c6c2b3864',
+    ('nemotron_cascade_8b', 'hardware=h200x8'): '8c40baf5b5c88b9f',
     ('tiny', f'drop=if_rl,{_ROOT}'): 'e7879f2d6a23fae4',
     ('tiny', f'order=cascade2,{_ROOT}'): '02884f4ad58c7955',
     ('tiny', _ROOT): '1fa02c65dc24423e',

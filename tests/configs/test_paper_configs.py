@@ -12,8 +12,14 @@ from cascade import config as config_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = ('nemotron_cascade_14b', 'nemotron_cascade_8b', 'nemotron_cascade2')
-# GRPO fields every paper stage fixes: strictly on-policy, token-level loss, dynamic filtering.
-GRPO = dict(kind='grpo', advantage='grpo', loss_agg='token', dynamic_filter=True, init_from='')
+# GRPO fields every paper stage fixes: strictly on-policy, token-level loss, dynamic filtering;
+# and ours: the sampler/trainer gap corrected by TIS at cap 2 (configs/_recipes.py
+# correct_mismatch).
+GRPO = dict(kind='grpo', advantage='grpo', loss_agg='token', dynamic_filter=True, init_from='',
+            tis_cap=2.0)
+# Cascade 2's RL stages also replay the rollouts' routing (a mixture-of-experts policy;
+# configs/_recipes.py replay_routing).
+CASCADE2_GRPO = dict(GRPO, routing_replay='on')
 
 
 def _stage(config, name):
@@ -65,7 +71,7 @@ def test_cascade1_reward_model_and_8b_swe_stage():
 
 def test_cascade2_if_rl_and_mopd_stages():
   assert _stage('nemotron_cascade2', 'if_rl') == dict(
-      GRPO, name='if_rl', domains=['instruction_following'], steps=180,
+      CASCADE2_GRPO, name='if_rl', domains=['instruction_following'], steps=180,
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=2048, max_response_len=16_384,
       thinking_fraction=0.0, filter_overlong=False, kl_coef=0.0, microbatches=256,
@@ -79,7 +85,7 @@ def test_cascade2_if_rl_and_mopd_stages():
                 'structured': 'multi_domain_rl', 'tool_calling': 'multi_domain_rl'},
       init_from='multi_domain_rl', steps=52, optimizer=dict(lr=2e-6, warmup_steps=30),
       prompts_per_step=128, group_size=4, temperature=1.0, max_prompt_len=4096,
-      max_response_len=98_304, microbatches=64)
+      max_response_len=98_304, microbatches=64, routing_replay='on')
   assert _stage('nemotron_cascade2', 'rlhf')['kl_coef'] == 0.03
 
 
@@ -148,7 +154,8 @@ def test_cascade2_lengths_are_the_papers_on_v5p_and_capped_on_one_node():
 def test_cascade2_multi_domain_rl_and_its_verifiers():
   """Multi-domain RL trains MCQA, tool calling and structured output, each by its own verifier."""
   assert _stage('nemotron_cascade2', 'multi_domain_rl') == dict(
-      GRPO, name='multi_domain_rl', domains=['mcqa', 'tool_calling', 'structured'], steps=70,
+      CASCADE2_GRPO, name='multi_domain_rl', domains=['mcqa', 'tool_calling', 'structured'],
+      steps=70,
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=49_152,
       thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0, microbatches=256,
@@ -172,7 +179,7 @@ def test_cascade2_swe_rl_is_agentic():
   """SWE RL runs G episodes per task in the swe_agent environment, its turns and last-turn
   prompt in the sampler's buckets."""
   assert _stage('nemotron_cascade2', 'swe_rl') == dict(
-      GRPO, name='swe_rl', kind='agentic', domains=['swe_agent'], steps=45,
+      CASCADE2_GRPO, name='swe_rl', kind='agentic', domains=['swe_agent'], steps=45,
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
       temperature=1.0, top_p=1.0, max_prompt_len=4096, max_response_len=32_768,
       max_turn_tokens=8192, thinking_fraction=1.0, filter_overlong=False, kl_coef=0.0,
@@ -363,3 +370,20 @@ def test_the_papers_reward_defaults_and_their_stand_ins():
   assert list(plan.substitutions) == ['chat'] and 'generative' in plan.substitutions['chat']
   genrm = os.path.join(REPO, 'configs', 'judges', 'qwen3_235b_a22b')
   assert config_lib.validate(module.get_config(f'genrm={genrm}')).substitutions == {}
+
+
+@pytest.mark.parametrize('name,arg,moe', [('nemotron_cascade2', None, True),
+                                          ('nemotron_cascade_14b', 'model=qwen3_30b_a3b', True),
+                                          ('nemotron_cascade_14b', None, False),
+                                          ('nemotron_cascade_8b', None, False)])
+def test_recipes_correct_the_mismatch_and_moe_ones_replay_routing(name, arg, moe):
+  """Every GRPO and agentic stage runs TIS at cap 2 (MOPD keeps its [0.5, 2] band); the
+  mixture-of-experts recipes replay routing in every RL stage, the dense ones do not."""
+  plan = config_lib.validate(importlib.import_module(f'configs.{name}').get_config(arg))
+  rl = [st for st in plan.stages if st.kind in ('grpo', 'agentic', 'mopd')]
+  assert {st.kind for st in rl} >= {'grpo'} and plan.sampler.engine == 'paged'
+  for st in rl:
+    if st.kind != 'mopd':
+      assert st.tis_cap == 2.0, st.name
+    assert st.routing_replay == ('on' if moe else 'off'), st.name
+    assert bool(st.routing_layout) == moe

@@ -1,6 +1,7 @@
-"""Routing replay on the mixture-of-experts families: the one-call sampler records each prompt and
-generated token's experts, the batch carries them aligned with its tokens, the training forward
-replays them, and the 'routing_mismatch' metric counts where the trainer's own routers differ.
+"""Routing replay on the mixture-of-experts families: the samplers (the one-call one, and the paged
+engine through shared prefills, preemption and streams) record each prompt and generated token's
+experts, the batch carries them aligned with its tokens, the training forward replays them, and
+the 'routing_mismatch' metric counts where the trainer's own routers differ.
 
 Both tiny families run: tiny_moe (Qwen3-MoE-like: softmax router) in the default tier, and
 tiny_hybrid (Nemotron-H-like: sigmoid router with a score-correction bias, group-limited; Mamba
@@ -178,11 +179,100 @@ def test_train_step_logs_the_mismatch_fraction_over_microbatches(rollout, replay
   assert 'routing_mismatch' not in m
 
 
+# ------------------------------------------------------------------ the paged engine
+
+# Prompts longer than a page, G = 2 (each prompt prefilled once, its pages shared), and a pool
+# too small for every row at once (rows preempted and recomputed).
+PAGED = dict(engine='paged', slots=4, page_size=4, chunk_steps=5, prefill_prompts=2, pages=9)
+
+
+def _scaled(cfg):
+  """(graphdef, params) of `rollout`'s peaked policy."""
+  graphdef, params = nnx.split(transformer.create(cfg, seed=0))
+
+  def scale(v):
+    stacked = tuple(v.get_metadata().get('logical_axes') or ())[:1] == ('layers',)
+    return v.replace(v.get_value() * 3) if v.get_value().ndim - stacked >= 2 else v
+  return graphdef, jax.tree.map(scale, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def _check_replays(graphdef, params, out):
+  """The trainer's own routing of every real token is the recorded one, and the replayed
+  training forward gives the sampler's log-probs."""
+  batch = batch_lib.from_samples(out, np.zeros(out.tokens.shape[0], np.float32))
+  real = batch.segment_ids > 0
+  np.testing.assert_array_equal(
+      _differs(_own_experts(graphdef, params, batch), batch.routing)[real], False)
+  assert not batch.routing[~real].any()
+  lp, stats = _forward(graphdef, params, batch, True)
+  loss = batch.loss_mask > 0
+  np.testing.assert_allclose(np.asarray(lp)[loss], batch.old_logprobs[loss], atol=1e-4)
+  assert float(stats.mismatched) == 0
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('name', ['moe', 'hybrid'])
+def test_the_paged_engine_records_the_routing_the_trainer_replays(name):
+  """Through shared prompt prefills and preemption (the hybrid's Mamba states too), the paged
+  engine's recorded routing is the training forward's own, the one-call sampler's, and the
+  samples are those of a call without recording."""
+  cfg = CONFIGS[name]
+  graphdef, params = _scaled(cfg)
+  kw = dict(eos_ids=EOS, pad_id=0, prompt_buckets=(16,), new_token_buckets=(16,),
+            batch_buckets=(8,))
+  paged = sampler.Sampler(graphdef, cfg, **kw, **PAGED)
+  out = paged.generate(params, PROMPTS, jax.random.key(1), SP, num_samples=2,
+                       record_routing=True)
+  [eng] = paged._rollout.engines.values()    # pylint: disable=protected-access
+  assert eng.preemptions > 0 and paged.pages_in_use == 0
+  assert len(set(out.lengths.tolist())) > 1 and out.truncated.any()
+  _check_replays(graphdef, params, out)
+  plain = paged.generate(params, PROMPTS, jax.random.key(1), SP, num_samples=2)
+  assert plain.routing is None
+  np.testing.assert_array_equal(plain.tokens, out.tokens)
+  one = sampler.Sampler(graphdef, cfg, **kw).generate(params, PROMPTS, jax.random.key(1), SP,
+                                                     num_samples=2, record_routing=True)
+  np.testing.assert_array_equal(one.tokens, out.tokens)
+  np.testing.assert_array_equal(_differs(one.routing, out.routing), False)
+  np.testing.assert_array_equal(_differs(one.prompt_routing, out.prompt_routing), False)
+
+
+class _Feed:
+  """A stream source: two feeds of prompts, every finished group kept."""
+
+  def __init__(self):
+    self.feeds, self.got = [PROMPTS[:2], PROMPTS[2:]], {}
+
+  def more(self):
+    return self.feeds.pop(0) if self.feeds else None
+
+  def finished(self, groups, samples):
+    for j, grp in enumerate(groups):
+      self.got[grp] = batch_lib.take_rows(samples, np.arange(2 * j, 2 * j + 2))
+
+  def stop(self):
+    return False
+
+
+@pytest.mark.heavy
+def test_streamed_groups_carry_their_routing():
+  cfg = CONFIGS['moe']
+  graphdef, params = _scaled(cfg)
+  samp = sampler.Sampler(graphdef, cfg, eos_ids=EOS, pad_id=0, prompt_buckets=(16,),
+                         new_token_buckets=(16,), **PAGED)
+  feed = _Feed()
+  assert samp.stream(params, jax.random.key(1), SP, 2, feed, max_prompt_len=16, rows=8,
+                     record_routing=True) == 4
+  out = batch_lib.concat_rows([feed.got[i] for i in range(4)])
+  assert out.routing is not None and out.prompt_routing.shape[1] == 16
+  _check_replays(graphdef, params, out)
+
+
 def _abstract(cfg):
   return nnx.split(nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0))))
 
 
-def test_recording_needs_experts_and_the_one_call_engine():
+def test_recording_needs_experts():
   dense = config_lib.ModelConfig.tiny(vocab_size=64, embed_dim=16, num_layers=1, num_heads=2,
                                       num_kv_heads=1, head_dim=8, mlp_dim=16)
   graphdef, params = _abstract(dense)         # refused before any compilation
@@ -191,12 +281,10 @@ def test_recording_needs_experts_and_the_one_call_engine():
   sp = sampler.SamplingParams(max_new_tokens=2)
   with pytest.raises(ValueError, match="has no 'moe' sublayers"):
     samp.generate(params, [[2, 3]], 0, sp, record_routing=True)
-  cfg = CONFIGS['moe']
-  graphdef, params = _abstract(cfg)
-  paged = sampler.Sampler(graphdef, cfg, eos_ids=(1,), prompt_buckets=(8,),
+  paged = sampler.Sampler(graphdef, dense, eos_ids=(1,), prompt_buckets=(8,),
                           new_token_buckets=(4,), engine='paged')
-  with pytest.raises(ValueError, match="record_routing needs engine='one_call'"):
-    paged.generate(params, [[2, 3]], 0, sp, record_routing=True)
+  with pytest.raises(ValueError, match="has no 'moe' sublayers"):
+    paged.stream(params, 0, sp, 1, _Feed(), max_prompt_len=8, rows=1, record_routing=True)
 
 
 # ------------------------------------------------------------------ the batch carries it
@@ -257,3 +345,26 @@ def test_batch_routing_follows_the_input_tokens_through_packing_and_concatenatio
   assert plain.routing is None and batch_lib.from_samples(plain, [0.0]).routing is None
   with pytest.raises(ValueError, match='set in some chunks and not others'):
     batch_lib.concat_rows([s, t._replace(prompt_routing=None, routing=None)])
+
+
+@pytest.mark.parametrize('engine', ['one_call', 'paged'])
+def test_the_planned_sampler_program_carries_the_recording_buffers(engine):
+  """`launch.plan` lowers an RL stage's sampler with `record_routing` when the stage records
+  it (`launch/plan/programs.py` sampler_lowering): its outputs then hold the routing, in the
+  compact dtype (the paged decode call's per step and its tokens fed)."""
+  cfg = CONFIGS['moe']
+  graphdef, params = _abstract(cfg)
+  kw = dict(engine='paged', slots=2, page_size=4, chunk_steps=3) if engine == 'paged' else {}
+  samp = sampler.Sampler(graphdef, cfg, eos_ids=(1,), prompt_buckets=(8,),
+                         new_token_buckets=(4,), **kw)
+  sp = sampler.SamplingParams(max_new_tokens=4)
+  _, _, what = samp.abstract_args(params, 2, 8, sp, record_routing=True)
+  assert what.endswith('recording routing')
+  got = samp.lower(params, 2, 8, sp, record_routing=True).out_info
+  shapes = lambda xs: [(tuple(x.shape), str(x.dtype)) for x in xs]
+  if engine == 'paged':      # [slots, chunk + 1 (a tail), M, k] and the tokens each row fed
+    assert len(samp.lower(params, 2, 8, sp).out_info) == 6 and len(got) == 8
+    assert shapes(got[6:]) == [((2, 4, 2, 2), 'uint8'), ((2,), 'int32')]
+  else:                      # the prompt's and the generated tokens'
+    assert shapes([got.prompt_routing, got.routing]) == [((2, 8, 2, 2), 'uint8'),
+                                                          ((2, 4, 2, 2), 'uint8')]

@@ -206,3 +206,102 @@ def test_a_session_lends_kept_pages_and_frees_unnamed_keys():
   assert start == 12 and new.tolist() == turn[12:-1] and not log[0].prefill
   assert session.reused_tokens == 12 and session.prefilled_tokens == 6 + 2 + 2
   assert set(session.entries) == {'a'} and pool.in_use == session.pages_held
+
+
+# ------------------------------------------------------------------ recording routing
+
+
+def _route(tokens, start):
+  """The fake model's experts of tokens at positions start, start + 1, ...: [n, 1, 2] (a pure
+  function of token and position, as a real router's choice is of its input)."""
+  tokens = np.asarray(tokens, np.int64)
+  pos = start + np.arange(tokens.size)
+  return np.stack([tokens % 100, 100 + pos % 100], -1)[:, None].astype(np.uint8)
+
+
+def _drive_recording(sched, ends):
+  """`_drive` with routing recorded as `rl.engine.Engine` records it: each prefill or extend
+  entry's tokens routed, then each decode call's fed tokens (a row's tail included)."""
+  while sched.busy:
+    if not sched.feed():
+      continue
+    admitted = sched.admit()
+    routed = [_route(q, 0) if q.size else None for q, _ in admitted.prefill]
+    routed += [_route(q, start) if q.size else None for q, start, _ in admitted.extend]
+    sched.prompt_routing(admitted, routed)
+    sched.allocate()
+    _check_pages(sched)
+    if not sched.live.any():
+      continue
+    batch = sched.batch()
+    k = batch.live.size
+    tokens = np.zeros((k, sched.chunk + 1), np.int32)
+    lps = -np.ones((k, sched.chunk + 1), np.float32)
+    route = np.zeros((k, sched.chunk + 1, 1, 2), np.uint8)
+    fed = np.zeros(k, np.int64)
+    n, live = batch.n.astype(np.int64), batch.live.copy()
+    for j, slot in zip(np.flatnonzero(batch.live), batch.slots):
+      r, start = int(batch.rows[j]), int(batch.n[j])
+      made = min(sched.chunk, ends[r] - start)
+      tokens[j, :made] = [_token(r, start + i) for i in range(made)]
+      ended = start + made == ends[r]
+      if ended:
+        if ends[r] < batch.limits[j]:
+          tokens[j, made - 1] = EOS
+        live[j] = False
+      n[j] = start + made
+      fed[j] = made + ended                       # the tail: the last token's forward
+      stream = np.concatenate([[batch.last[j]], tokens[j, :made]])[:fed[j]]
+      route[j, :fed[j]] = _route(stream, batch.lengths[j])
+      # The row's pages hold every token it feeds, its tail's included.
+      have = sched._shared(r) + len(sched.own[slot])
+      assert have * PS >= batch.lengths[j] + fed[j]
+    sched.advance(batch, tokens, lps, lps, n, live, routed=(route, fed))
+    sched.hand_over()
+  return sched.rows()
+
+
+@pytest.mark.parametrize('slots,pages,shards,chunk', [(4, 64, 1, 4), (2, 10, 1, 3),
+                                                      (4, 22, 2, 4), (3, 9, 1, 1)])
+def test_each_rows_routing_is_its_whole_streams_through_sharing_and_preemption(
+    slots, pages, shards, chunk):
+  sched = _sched(PROMPTS, G, LIMITS, slots=slots, pages=pages, shards=shards, chunk=chunk,
+                 record=True)
+  rows = _drive_recording(sched, ENDS)
+  for r, toks in enumerate(rows.tokens):
+    assert toks.tolist() == _expected(r, ENDS[r], LIMITS[r]), r
+    stream = np.concatenate([PROMPTS[r // G], toks])
+    np.testing.assert_array_equal(rows.routing[r], _route(stream, 0), err_msg=str(r))
+  assert sched.pages.in_use == 0
+  if pages < 20:
+    assert sched.preemptions > 0
+
+
+def test_a_session_lends_its_kept_routing_with_its_pages():
+  """A second call whose prompts continue the first's rows: the kept pages' tokens keep the
+  first call's routing (marked here, so it shows it is carried, not recomputed), the rest is
+  routed by the extend; the kept cache holds each row's last token too (its tail), so only
+  the new tokens are prefilled."""
+  session = scheduler.Session(64)
+  session.pages = page_pool.PagePool(40, 1)
+  first = [[5] * 6, [6] * 3]
+  ends = [4, 7]
+  sched = _sched(first, 1, [8, 8], pages=40, pool=session.pages, session=session,
+                 keys=['a', 'b'], record=True)
+  rows = _drive_recording(sched, ends)
+  for key, r in (('a', 0), ('b', 1)):
+    e = session.entries[key]
+    assert e.tokens.size == len(first[r]) + ends[r]          # the tail's token is kept
+    np.testing.assert_array_equal(e.routing, rows.routing[r])
+    session.entries[key] = e._replace(routing=e.routing + 1)    # marked
+  second = [np.concatenate([first[r], rows.tokens[r], [30, 31, 32]]) for r in range(2)]
+  sched = _sched(second, 1, [3, 3], pages=40, pool=session.pages, session=session,
+                 keys=['a', 'b'], record=True)
+  before = session.prefilled_tokens
+  again = _drive_recording(sched, [2, 3])
+  assert session.prefilled_tokens - before == 2 * 2          # [30, 31]: the last one is fed
+  for r in range(2):
+    stream = np.concatenate([second[r], again.tokens[r]])
+    kept = len(first[r]) + ends[r]
+    np.testing.assert_array_equal(again.routing[r][:kept], _route(stream[:kept], 0) + 1)
+    np.testing.assert_array_equal(again.routing[r][kept:], _route(stream, 0)[kept:])

@@ -248,10 +248,12 @@ def test_metrics_of_a_grpo_step():
   batch = _grpo_batch(graphdef, params, ref=True)
   _, m = ts.run_step(step, ts.init_state(_copy(params), opt), batch)
   for k in ('loss', 'grad_norm', 'lr', 'ratio_mean', 'ratio_max', 'clip_frac', 'kl', 'entropy',
-            'logprob_gap', 'skipped', 'tokens', 'tokens_per_s', 'step_s'):
+            'logprob_gap', 'logprob_gap_max', 'logprob_gap_outside_frac', 'skipped', 'tokens',
+            'tokens_per_s', 'step_s'):
     assert k in m and np.isfinite(m[k]), k
   assert m['lr'] == pytest.approx(5e-4)            # first of two warm-up steps
   assert m['ratio_mean'] == pytest.approx(1.0, abs=1e-5) and m['logprob_gap'] < 1e-5
+  assert m['logprob_gap_max'] < 1e-4 and m['logprob_gap_outside_frac'] == 0.0
   assert m['tokens'] == batch.loss_mask.sum()
   # Real tokens through the model (prompt and completion) per second of this step.
   assert m['tokens_per_s'] * m['step_s'] == pytest.approx(np.count_nonzero(batch.segment_ids))
