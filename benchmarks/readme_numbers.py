@@ -216,10 +216,10 @@ def _prepare_recipe(where: str, readme: str, repo: str) -> None:
 def run_variant(variant: str, seed: int, workdir: str, readme: str, repo: str) -> dict:
   """Runs one variant at one seed unless its record exists; returns the record.
 
-  The record: variant, seed, command, added (arguments added to it: `unsandboxed`), fingerprint,
-  the results.json fields of the matrix (domains,
-  stages, stage_domains, scores), wall_s of the command, load_before / load_after (one-,
-  five-, fifteen-minute), cpu, cores, finished (UTC, ISO).
+  The record: variant, seed, command, added (arguments added to it: `unsandboxed`),
+  fingerprint, the results.json fields of the matrix (domains, stages, stage_domains, scores),
+  wall_s of the command, load_before / load_after (one-, five-, fifteen-minute), cpu, cores,
+  finished (UTC, ISO).
   """
   where = run_dir(workdir, variant, seed)
   path = os.path.join(where, f'{variant}.json')

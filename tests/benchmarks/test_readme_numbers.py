@@ -245,8 +245,10 @@ def test_the_demo_runs_makes_command_with_the_seed_in_its_own_directory(monkeypa
   record = rn.run_variant('demo', 2, str(tmp_path), _readme(), str(tmp_path))
   [(command, cwd)] = calls
   assert command == (f'python -m cascade.main --config=configs/tiny.py:seed=2 '
-                     f'--workdir={tmp_path / "demo_s2" / "run"}') and cwd == str(tmp_path)
+                     f'--workdir={tmp_path / "demo_s2" / "run"}'
+                     + ''.join(f' {a}' for a in rn.unsandboxed())) and cwd == str(tmp_path)
   assert record['command'] == rn.variant_command('demo', 2, _readme())
+  assert record['added'] == rn.unsandboxed()
   merged = rn.merge({'demo': {'0': {'seed': 0}}}, [record])
   assert sorted(merged['demo']) == ['0', '2'] and copy.deepcopy(merged)['demo']['2'] == record
   assert os.path.exists(tmp_path / 'demo_s2' / 'demo.json')
