@@ -706,7 +706,7 @@ _RUNS = [
     _case('context-parallel-hybrid', 'docs/benchmarks/context_parallel_hybrid.md',
           ['XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m benchmarks.long_context'],
           3 * 3600, _writes('docs/benchmarks/context_parallel_hybrid.md'), mark=_SLOW),
-    _case('readme-numbers', 'README.md', ['python -m benchmarks.readme_numbers'], 6 * 3600,
+    _case('readme-numbers', 'docs/benchmarks.md', ['python -m benchmarks.readme_numbers'], 6 * 3600,
           _check_readme_numbers, mark=_SLOW, copy=('README.md', 'benchmarks')),
     _case('fast-path-tiny', 'docs/benchmarks/fast_path_tiny.md',
           ['python -m benchmarks.cascade_vs_blended'], 6 * 3600,
