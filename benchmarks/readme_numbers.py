@@ -13,7 +13,8 @@ Run from the repository root. What it runs, once per seed:
   * demo: `make demo`'s command with `configs/tiny.py:seed=N` (<workdir>/demo_s<N>/run).
 Each run leaves <workdir>/<dir>/<variant>.json (its matrix, wall time, the load average at its
 start and end, the CPU, the date, the command); a rerun skips the runs that left theirs, so a
-killed or partial call goes on seed by seed. Every finished run is merged into RESULTS
+killed or partial call goes on seed by seed (a run the killed call left half done starts afresh,
+so that every wall time is a whole run's). Every finished run is merged into RESULTS
 (benchmarks/results/readme_numbers.json), and README's blocks between
 `<!-- readme_numbers:NAME begin -->` and `<!-- readme_numbers:NAME end -->` (NAME: demo, recipe,
 from_export) are rendered from RESULTS alone (`render_blocks`): seed 0's matrix as the demo
@@ -242,12 +243,16 @@ def run_variant(variant: str, seed: int, workdir: str, readme: str, repo: str) -
   shown = command if variant != 'demo' else command.replace(
       '--workdir=run', f'--workdir={os.path.join(where, "run")}') + ''.join(
           f' {a}' for a in unsandboxed())
+  run = os.path.join(cwd, re.search(r'--workdir=(\S+)', shown).group(1))
+  if os.path.exists(run):     # a killed call's run: resumed, its wall time would be a part
+    print(f'{variant} seed {seed}: {run} is a run a killed call left: starting it afresh',
+          flush=True)
+    shutil.rmtree(run)
   print(f'{variant} seed {seed}: {shown}', flush=True)
   before, t0 = os.getloadavg(), time.time()
   _shell(shown, cwd, os.path.join(where, f'{variant}.log'), repo)
   wall, after = time.time() - t0, os.getloadavg()
-  workdir_of_run = re.search(r'--workdir=(\S+)', shown).group(1)
-  with open(os.path.join(cwd, workdir_of_run, 'results.json'), encoding='utf-8') as f:
+  with open(os.path.join(run, 'results.json'), encoding='utf-8') as f:
     res = json.load(f)
   record = {'variant': variant, 'seed': seed, 'command': command,
             'added': [a for a in shown.split() if a not in command.split()
@@ -354,7 +359,16 @@ def _machine(runs: Sequence[Mapping]) -> str:
 
 
 def _wrap(text: str) -> str:
-  return '\n'.join(textwrap.wrap(text, WIDTH, break_on_hyphens=False, break_long_words=False))
+  """`text` in lines of at most WIDTH characters, none starting as a Markdown list item would
+  ('+5 or more' may; '1. ' or '- ' may not: such a line joins the one before it)."""
+  lines = textwrap.wrap(text, WIDTH, break_on_hyphens=False, break_long_words=False)
+  out = lines[:1]
+  for line in lines[1:]:
+    if re.match(r'(\d{1,9}[.)]|[-+*])(\s|$)', line):
+      out[-1] += ' ' + line
+    else:
+      out.append(line)
+  return '\n'.join(out)
 
 
 def _outcome(found: Sequence[str]) -> str:
@@ -390,11 +404,12 @@ def _recipe_words(rs: Sequence[Mapping], first_row: str, how: str) -> str:
   r0 = rs[0]
   a, b = r0['scores'][0][0], r0['scores'][-1][0]
   found = [f'seed {r["seed"]} {gain(r):+.1f}' for r in rs if gain(r) < RECIPE_GAIN]
+  seeds = '' if len(rs) == 1 else (
+      f'{_seed_words(rs)}{how}: {_span([r["scores"][0][0] for r in rs])} {first_row}, '
+      f'{_span([r["scores"][-1][0] for r in rs])} after RL, gain '
+      f'{_span([gain(r) for r in rs], "{:+.1f}", " to ")}; ')
   return (f'seed {r0["seed"]} printed {a:.1f} {first_row}, {b:.1f} after RL ({b - a:+.1f}); '
-          f'{_seed_words(rs)}{how}: {_span([r["scores"][0][0] for r in rs])} {first_row}, '
-          f'{_span([r["scores"][-1][0] for r in rs])} after RL, gain '
-          f'{_span([gain(r) for r in rs], "{:+.1f}", " to ")} (target: +{RECIPE_GAIN:.0f} or '
-          f'more; {_outcome(found)})')
+          f'{seeds}target: +{RECIPE_GAIN:.0f} or more, {_outcome(found)}')
 
 
 def render_recipe(runs: Mapping) -> str:
