@@ -63,6 +63,7 @@ _FILE_LINE = re.compile(r'#\s*([\w.-]+\.py):')
 
 
 def marker(name: str, end: str) -> str:
+  """A block's begin or end marker in README (an HTML comment: the page shows nothing)."""
   return f'<!-- readme_numbers:{name} {end} -->'
 
 
@@ -195,6 +196,7 @@ def _env(repo: str) -> dict[str, str]:
 
 
 def _shell(command: str, cwd: str, log: str, repo: str) -> None:
+  """Runs `command` with the shell in `cwd`, its output to `log`; a failure is one line."""
   with open(log, 'w', encoding='utf-8') as f:
     p = subprocess.run(command, shell=True, cwd=cwd, env=_env(repo), stdout=f,
                        stderr=subprocess.STDOUT, check=False)
@@ -280,6 +282,7 @@ def load_results(path: str) -> dict:
 
 
 def merge(results: dict, records: Sequence[dict]) -> dict:
+  """RESULTS with `records` in, each replacing the run of its variant and seed."""
   out = {v: dict(results.get(v, {})) for v in VARIANTS if results.get(v) or any(
       r['variant'] == v for r in records)}
   for r in records:

@@ -33,7 +33,8 @@ def _recipe_config(monkeypatch, arg=None):
   text = rn.recipe_files(_readme())['my_config.py']
   monkeypatch.setitem(sys.modules, 'reverse_verifier', types.ModuleType('reverse_verifier'))
   module = types.ModuleType('my_config')
-  exec(compile(text, 'README.md:my_config.py', 'exec'), module.__dict__)  # pylint: disable=exec-used
+  code = compile(text, 'README.md:my_config.py', 'exec')
+  exec(code, module.__dict__)  # pylint: disable=exec-used
   return module.get_config(arg)
 
 
