@@ -374,11 +374,11 @@ def _wrap(text: str) -> str:
   return '\n'.join(out)
 
 
-def _outcome(found: Sequence[str]) -> str:
-  """'met on every seed', or the misses: the first MISSES_SHOWN of them and how many more (the
-  call's WARNING lines and RESULTS have them all)."""
+def _outcome(found: Sequence[str], seeds: int) -> str:
+  """'met on every seed' ('met' for one), or the misses: the first MISSES_SHOWN of them and how
+  many more (the call's WARNING lines and RESULTS have them all)."""
   if not found:
-    return 'met on every seed'
+    return 'met on every seed' if seeds > 1 else 'met'
   more = len(found) - MISSES_SHOWN
   return 'missed: ' + '; '.join(found[:MISSES_SHOWN]) + (f'; {more} more' if more > 0 else '')
 
@@ -397,9 +397,11 @@ def render_demo(runs: Mapping) -> str:
   found = [f'seed {r["seed"]} {m}' for r in rs for m in demo_misses(r)]
   head = (f'`python -m benchmarks.readme_numbers` ran it: seed {first["seed"]} printed this in '
           f'{_duration(first["wall_s"])} ({_machine(rs)}; another CPU prints a nearby table):')
-  tail = (f'{_seed_words(rs).capitalize()} (`{DEMO_CONFIG}:seed=N`, {_walls(rs)} each) end at '
-          f'{last}. Target: each RL stage gains its own domain +{DEMO_OWN_GAIN:.0f} or more, no '
-          f'other drops over {DEMO_OFF_DROP:.0f}; {_outcome(found)}.')
+  runs_words = (f'Seed {first["seed"]} ends at' if len(rs) == 1 else
+                f'{_seed_words(rs).capitalize()} (`{DEMO_CONFIG}:seed=N`, {_walls(rs)} each) end at')
+  tail = (f'{runs_words} {last}. Target: each RL stage gains its own domain '
+          f'+{DEMO_OWN_GAIN:.0f} or more, no other drops over {DEMO_OFF_DROP:.0f}; '
+          f'{_outcome(found, len(rs))}.')
   return '\n'.join([_wrap(head), '', matrix(first), '', _wrap(tail)])
 
 
@@ -412,7 +414,7 @@ def _recipe_words(rs: Sequence[Mapping], first_row: str, how: str) -> str:
       f'{_span([r["scores"][-1][0] for r in rs])} after RL, gain '
       f'{_span([gain(r) for r in rs], "{:+.1f}", " to ")}; ')
   return (f'seed {r0["seed"]} printed {a:.1f} {first_row}, {b:.1f} after RL ({b - a:+.1f}); '
-          f'{seeds}target: +{RECIPE_GAIN:.0f} or more, {_outcome(found)}')
+          f'{seeds}target: +{RECIPE_GAIN:.0f} or more, {_outcome(found, len(rs))}')
 
 
 def render_recipe(runs: Mapping) -> str:
