@@ -558,6 +558,16 @@ def _check_sample_plan(proc, work):
   assert not missing, (missing, proc.stdout[-3000:])
 
 
+def _check_readme_numbers(proc, work):
+  """README's generated blocks are the rendering of the results the runs recorded, for the
+  demo and both recipes."""
+  from benchmarks import readme_numbers  # pylint: disable=g-import-not-at-top
+  results = readme_numbers.load_results(str(work / readme_numbers.RESULTS))
+  assert set(results) == set(readme_numbers.BLOCKS), sorted(results)
+  text = (work / 'README.md').read_text(encoding='utf-8')
+  assert readme_numbers.blocks(text) == readme_numbers.render_blocks(results)
+
+
 def _writes(page):
   return lambda proc, work: _page_like(work / page, page)
 
@@ -696,6 +706,8 @@ _RUNS = [
     _case('context-parallel-hybrid', 'docs/benchmarks/context_parallel_hybrid.md',
           ['XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m benchmarks.long_context'],
           3 * 3600, _writes('docs/benchmarks/context_parallel_hybrid.md'), mark=_SLOW),
+    _case('readme-numbers', 'docs/benchmarks.md', ['python -m benchmarks.readme_numbers'], 6 * 3600,
+          _check_readme_numbers, mark=_SLOW, copy=('README.md', 'benchmarks')),
     _case('fast-path-tiny', 'docs/benchmarks/fast_path_tiny.md',
           ['python -m benchmarks.cascade_vs_blended'], 6 * 3600,
           _writes('docs/benchmarks/fast_path_tiny.md'), mark=_SLOW),
