@@ -148,13 +148,19 @@ def matrix_rows(config) -> list[str]:
   return ['init'] * bool(initial) + [s['name'] for s in shown if s.get('evaluate', True)]
 
 
+# The tiny world's root in the demo's fingerprint: the config names files under it, and where a
+# checkout sits must not change what its numbers depend on.
+PINNED_ROOT = '/pinned/world'
+
+
 def fingerprint(variant: str, seed: int, readme: str) -> str:
   """What a run's numbers depend on besides the code: the demo config's hash at the seed
-  (`checkpoint.config_hash`), or the sha256 of README's recipe files (16 hex digits)."""
+  (`checkpoint.config_hash`, with the world's root fixed so the checkout's path does not
+  count), or the sha256 of README's recipe files (16 hex digits)."""
   if variant == 'demo':
     from cascade import checkpoint  # pylint: disable=g-import-not-at-top
     from configs import tiny  # pylint: disable=g-import-not-at-top
-    return checkpoint.config_hash(tiny.get_config(f'seed={seed}'))
+    return checkpoint.config_hash(tiny.get_config(f'seed={seed},root={PINNED_ROOT}'))
   files = recipe_files(readme)
   text = '\n'.join(f'{name}\n{files[name]}' for name in sorted(files))
   return hashlib.sha256(text.encode()).hexdigest()[:16]
