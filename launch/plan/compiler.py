@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from launch.plan import collectives as collectives_lib
 from launch.plan import results
 
 
@@ -77,7 +78,8 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
       `sampling_options`).
 
   Returns:
-    The report; a compile error (e.g. RESOURCE_EXHAUSTED from the TPU
+    The report, with the collectives of the optimized HLO (`collectives.parse`; priced later,
+    on the mesh, by `collectives.priced`); a compile error (e.g. RESOURCE_EXHAUSTED from the TPU
     compiler) becomes its `error` rather than an exception.
   """
   start, cpu = time.perf_counter(), time.process_time()
@@ -90,7 +92,7 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
                                  compile_cpu_s=time.process_time() - cpu,
                                  error=f'{type(e).__name__}: {first[:300]}')
   elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-  mem = compiled.memory_analysis()
+  mem, text = compiled.memory_analysis(), compiled.as_text()
   get = lambda attr: int(getattr(mem, attr, 0) or 0) if mem is not None else 0
   if flops is None:
     flops, flops_from = xla_flops(lower_for_flops() if lower_for_flops else lowered), ''
@@ -98,9 +100,10 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
                                  output_bytes=get('output_size_in_bytes'),
                                  temp_bytes=get('temp_size_in_bytes'),
                                  alias_bytes=get('alias_size_in_bytes'), flops=flops,
-                                 compile_s=elapsed, compile_cpu_s=cpu, flops_from=flops_from)
+                                 compile_s=elapsed, compile_cpu_s=cpu, flops_from=flops_from,
+                                 collectives=collectives_lib.parse(text))
   if limit_bytes and report.total_bytes > limit_bytes:
-    report = dataclasses.replace(report, largest=largest_arrays(compiled.as_text()))
+    report = dataclasses.replace(report, largest=largest_arrays(text))
   return report
 
 

@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 from cascade import config as config_lib
 from cascade import kinds
 from cascade import policies
+from launch.plan import collectives
 from launch.plan import compiler
 from launch.plan import evaluation
 from launch.plan import flops as flops_lib
@@ -103,16 +104,18 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
         count=lambda rows=rows, length=length: flops_lib.forward_flops(
             model_cfg, 'reward_model', mesh, rules, rows, length))
   programs += judges_lib.judge_programs(judges, mesh, rules, sampler_cfg, limit_bytes, model_cfg)
-  copy = 0
+  hardware = hardware or config_lib.Hardware()
+  programs = list(collectives.priced(programs, mesh, hardware))
+  copy, sampler = 0, None
   if sizes is not None:
     sampler, given = programs_lib.sampler_for(model_cfg, mesh, rules, sampler_cfg)
     copy = memory.rollout_copy_bytes(sampler, given)
   resident = memory.resident(stage, model_cfg, mesh, rules, programs, frozen, rm,
                              rollout_copy=copy > 0, judges=judges, loaded=loaded,
                              sampler_cfg=sampler_cfg, copy_bytes=copy)
-  time = step_time_lib.step_time(stage, kind, model_cfg, mesh, rules,
-                                 hardware or config_lib.Hardware(), sampler_cfg, rm_stages=rm,
-                                 judges=judges)
+  time = step_time_lib.step_time(stage, kind, model_cfg, mesh, rules, hardware, sampler_cfg,
+                                 rm_stages=rm, judges=judges)
+  time = step_time_lib.with_collectives(time, programs, stage, kind, sampler)
   return results.StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
                              mesh.size, resident=resident, time=time,
                              steps=getattr(stage, 'steps', 0))
