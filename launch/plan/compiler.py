@@ -5,6 +5,7 @@ arrays of a program that does not fit."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import time
 from typing import Any, Callable
@@ -56,6 +57,12 @@ def sampling_options(mesh) -> dict | None:
   return compiler_options(mesh)
 
 
+# Programs compiled in this process without a memory limit, by their lowered text and options:
+# a plan of several stages that lower the same program (two stages of the same shapes) compiles
+# it once (`compile_program`).
+_COMPILED: dict[tuple[str, str], results.ProgramReport] = {}
+
+
 def compile_program(name: str, shapes: str, lower: Callable[[], Any],
                     lower_for_flops: Callable[[], Any] | None = None,
                     flops: float | None = None, flops_from: str = '',
@@ -73,7 +80,8 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
     flops: the FLOPs when they are not XLA's to count (then nothing is lowered
       for them), with `flops_from` saying how they were counted.
     limit_bytes: per-device limit; a program whose own total exceeds it reports
-      its largest arrays.
+      its largest arrays. Without one (0), a program this process compiled before (the same
+      lowered text and options) is not compiled again: its report is reused.
     compiler_options: XLA options for this compile (`compiler_options`,
       `sampling_options`).
 
@@ -85,6 +93,13 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
   start, cpu = time.perf_counter(), time.process_time()
   try:
     lowered = lower()
+    key = None if limit_bytes else (hashlib.sha256(lowered.as_text().encode()).hexdigest(),
+                                    repr(sorted((compiler_options or {}).items())))
+    if key in _COMPILED:
+      if flops is None:
+        flops, flops_from = xla_flops(lower_for_flops() if lower_for_flops else lowered), ''
+      return dataclasses.replace(_COMPILED[key], name=name, shapes=shapes, flops=flops,
+                                 flops_from=flops_from)
     compiled = lowered.compile(compiler_options=compiler_options)
   except Exception as e:  # pylint: disable=broad-except
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -104,6 +119,8 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
                                  collectives=collectives_lib.parse(text))
   if limit_bytes and report.total_bytes > limit_bytes:
     report = dataclasses.replace(report, largest=largest_arrays(text))
+  if key is not None:
+    _COMPILED[key] = report
   return report
 
 

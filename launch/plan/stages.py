@@ -25,7 +25,7 @@ from rl import reward_model
 def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                limit_bytes: int, with_sampler: bool = True, count_mesh=None,
                with_train: bool = True, rm_stages=(), hardware=None, judges=(),
-               loaded=None) -> results.StageReport:
+               loaded=None, judge_programs: bool = True) -> results.StageReport:
   """Compiles a training stage's train step (and, for RL, its sampler) for `mesh`.
 
   Args:
@@ -45,6 +45,7 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
       compiled and their scoring is in the time bound.
     loaded: {source: (ModelConfig, generates)}: the judges resident while it runs
       (`judges.loaded_judges`), counted beside every program.
+    judge_programs: compile the judges' programs (else `judges` count in the time bound only).
 
   Returns:
     The StageReport.
@@ -103,7 +104,9 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
             cfg, 'reward_model', m, rules, rows, length),
         count=lambda rows=rows, length=length: flops_lib.forward_flops(
             model_cfg, 'reward_model', mesh, rules, rows, length))
-  programs += judges_lib.judge_programs(judges, mesh, rules, sampler_cfg, limit_bytes, model_cfg)
+  if judge_programs:
+    programs += judges_lib.judge_programs(judges, mesh, rules, sampler_cfg, limit_bytes,
+                                          model_cfg)
   hardware = hardware or config_lib.Hardware()
   programs = list(collectives.priced(programs, mesh, hardware))
   copy, sampler = 0, None
@@ -170,6 +173,32 @@ def time_plan(plan: config_lib.Plan, tgt: targets.Target, *, stages: Sequence[st
                                    judges=judges_lib.judge_calls(plan, st, model_for))
     out.append(results.StageReport(st.index, st.name, st.kind, (), tgt.device_memory_bytes,
                                    mesh.size, time=time, steps=getattr(st, 'steps', 0)))
+    if report:
+      report(out[-1])
+  return out
+
+
+def collective_plan(plan: config_lib.Plan, tgt: targets.Target, *, stages: Sequence[str] = (),
+                    report: Callable[[results.StageReport], None] | None = None
+                    ) -> list[results.StageReport]:
+  """Every selected training stage's step-time bound (`time_plan`'s) with the collectives of
+  its compiled programs (`step_time.with_collectives`): the train step, the sampler's calls, the
+  frozen passes and reward-model scoring, compiled for `tgt` without a memory limit (a program
+  two stages share is compiled once); the judges' programs and the evaluation are not
+  compiled."""
+  model_cfg, rules, sampler_cfg = targets.for_target(plan, tgt)
+  mesh = targets.make_mesh(plan, tgt.devices)
+  count_mesh = targets.make_mesh(plan, tgt.count_devices) if tgt.count_devices else mesh
+  _check_stages(plan, stages)
+  out = []
+  for st in plan.stages:
+    if (stages and st.name not in stages) or st.MODEL is None:
+      continue
+    model_for = lambda c: targets.target_model(plan, tgt, c)
+    out.append(plan_stage(st, model_cfg, mesh, rules, sampler_cfg, 0, True, count_mesh,
+                          rm_stages=_rm_stages(plan, st), hardware=plan.hardware,
+                          judges=judges_lib.judge_calls(plan, st, model_for),
+                          judge_programs=False))
     if report:
       report(out[-1])
   return out

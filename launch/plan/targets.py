@@ -259,12 +259,12 @@ def _gpu_target(plan: config_lib.Plan, n: int, limit: int) -> Target:
 
 def _counting_devices(n: int) -> tuple:
   """The n CPU devices a TPU or GPU target's FLOPs are counted on (its compiler returns no
-  cost analysis)."""
+  cost analysis): the first n of this process's."""
   cpus = tuple(jax.devices('cpu'))
-  if len(cpus) != n:
+  if len(cpus) < n:
     raise ValueError(f'{len(cpus)} CPU devices: counting FLOPs needs {n}; call '
                      'launch.plan.targets.use_simulated_cpu_devices(n) before any JAX work')
-  return cpus
+  return cpus[:n]
 
 
 def _no_gpu_compiler(hw) -> str:
