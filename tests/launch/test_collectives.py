@@ -3,6 +3,8 @@ simulated devices, the ring algorithm's bytes per device equal those computed by
 parser's HLO forms (tuple-shaped, async pairs, both replica-group forms, loops); their seconds on
 a torus, through a switch and across domains; their place in the step-time bound."""
 
+import importlib.util
+import pathlib
 import types
 
 import jax
@@ -238,3 +240,32 @@ def test_collectives_join_the_step_time_overlapped_and_serial():
   assert got.serial == pytest.approx(2.0 + 1.2 + 1.0 + 1.5 + 0.5 + 0.6)
   assert t.bound == t.serial == 3.5                     # nothing compiled: as before
   assert np.isclose(got.collective, 1.2 + 1.5 + 0.6)
+
+
+@pytest.mark.heavy
+def test_a_stage_plan_prices_its_programs_collectives(tmp_path):
+  """The tiny GRPO stage on a (2, 2, 2) mesh priced as on v5p: the train step's and the
+  sampler's collectives join the step time, and the page shows them."""
+  from launch import step_time_page  # pylint: disable=g-import-not-at-top
+  from launch.plan import stages  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location('plan_tests', pathlib.Path(__file__).parent
+                                                / 'test_plan.py')
+  test_plan = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(test_plan)
+  path = tmp_path / 'tiny_plan.py'
+  path.write_text(test_plan.TINY_CONFIG)
+  config = test_plan._load(str(path))  # pylint: disable=protected-access
+  config.hardware.update(peak_tflops=1.0, hbm_gbps=10.0, platform='tpu', topology='v5p:2x2x2')
+  p = config_lib.validate(config)
+  tgt = targets.Target(tuple(jax.devices('cpu')), 'cpu', '8 CPUs', 0)
+  [rep] = stages.collective_plan(p, tgt, stages=['add_rl'])
+  by = {q.name: q for q in rep.programs}
+  assert by['train step'].collectives and by['train step'].collective_s > 0
+  t = rep.time
+  assert t.collective_update == pytest.approx(by['train step'].collective_s)
+  assert t.collective_sampling > 0 and t.serial == pytest.approx(
+      t.sampling + t.update + t.collective_sampling + t.collective_update)
+  assert 'collectives per device per call: ' in report.format_stage(rep)
+  text = step_time_page.page({'tiny': p}, command='c', date='d', compile_=True, backend='cpu')
+  row = next(l for l in text.splitlines() if l.startswith('| add_rl |'))
+  assert 'not compiled' not in row and 'collectives priced on: TPU v5p ICI' in text
