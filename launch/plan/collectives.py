@@ -6,6 +6,8 @@ of n devices and S the per-device buffer it works on (the gathered result of an 
 input of a reduce-scatter, the array all-reduced or exchanged):
 
   all-gather, reduce-scatter, all-to-all   (n - 1) / n * S
+  ragged all-to-all                        (n - 1) / n * S, S the smaller of its input and
+                                           output buffers (what it moves with balanced routing)
   all-reduce                               2 (n - 1) / n * S   (a reduce-scatter, then an all-gather)
   collective-permute                       S                   (each device sends its buffer once)
 
@@ -187,8 +189,10 @@ def _instruction(comp: _Computation, name: str, call: str, n: int) -> None:
       groups, size = _pairs(attrs), _array_bytes(operands[0]) if operands else 0.0
     else:
       groups = replica_groups(attrs, n)
-      if base == 'ragged-all-to-all':   # (input, output, offsets and sizes): the input, at most
-        operands = operands[:1]
+      if base == 'ragged-all-to-all':
+        # (input, output, offsets and sizes): the rows sent depend on the routing; with it
+        # balanced, a device sends the smaller of its input and output buffers' rows.
+        operands = [min(operands[:2], key=_array_bytes)] if len(operands) >= 2 else operands[:1]
       size = sum(_array_bytes(t) for t in operands)
       if base == 'all-gather':
         size *= max(len(g) for g in groups)

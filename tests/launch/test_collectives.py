@@ -269,3 +269,18 @@ def test_a_stage_plan_prices_its_programs_collectives(tmp_path):
   text = step_time_page.page({'tiny': p}, command='c', date='d', compile_=True, backend='cpu')
   row = next(l for l in text.splitlines() if l.startswith('| add_rl |'))
   assert 'not compiled' not in row and 'collectives priced on: TPU v5p ICI' in text
+
+
+def test_a_ragged_all_to_all_counts_its_smaller_buffer():
+  hlo = '''HloModule m, num_partitions=4
+
+ENTRY %main (x: bf16[32,8], o: bf16[128,8], a: s32[4]) -> bf16[128,8] {
+  %x = bf16[32,8]{1,0} parameter(0)
+  %o = bf16[128,8]{1,0} parameter(1)
+  %a = s32[4]{0} parameter(2)
+  ROOT %r = bf16[128,8]{1,0} ragged-all-to-all(%x, %o, %a, %a, %a, %a), channel_id=1, replica_groups={{0,1,2,3}}
+}
+'''
+  [c] = collectives.parse(hlo)
+  assert c.kind == 'ragged-all-to-all' and c.buffer_bytes == 32 * 8 * 2
+  assert c.moved_bytes == 0.75 * 32 * 8 * 2
