@@ -11,8 +11,9 @@ input of a reduce-scatter, the array all-reduced or exchanged):
   all-reduce                               2 (n - 1) / n * S   (a reduce-scatter, then an all-gather)
   collective-permute                       S                   (each device sends its buffer once)
 
-A collective inside a loop counts once per iteration where the compiler knows the loop's trip
-count (`known_trip_count`, e.g. the layer scan, the microbatch loop); inside a loop whose trip
+A collective inside a loop counts once per iteration where the loop's trip count is known (XLA's
+`known_trip_count`, or, where the compiler does not annotate it, a condition `i < N` of a
+constant N: the layer scan, the microbatch loop); inside a loop whose trip
 count it does not know (a sampler's decode loop, which stops early) it is reported per
 iteration of that loop. Async pairs count once (the `-start`, or the collective inside an
 `async-start`'s computation); both branches of a conditional count (an upper bound).
@@ -117,7 +118,9 @@ def _operands(call: str) -> list[str]:
 
 def replica_groups(attrs: str, num_devices: int) -> tuple[tuple[int, ...], ...]:
   """The groups of `replica_groups=` in an instruction's attributes: the explicit form
-  {{0,1},{2,3}}, the iota form [G,S]<=[dims] (optionally T(perm)), or {} (every device)."""
+  {{0,1},{2,3}}, the iota form [G,S]<=[dims] (optionally T(perm)), the TPU compiler's mesh
+  form mesh['a'=2,'b'=4] {'b'} (the devices numbered in the mesh's order, a group along the
+  named axes), or {} (every device)."""
   m = re.search(r'replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?', attrs)
   if m:
     shape = [int(d) for d in m.group(1).split(',')]
@@ -126,6 +129,15 @@ def replica_groups(attrs: str, num_devices: int) -> tuple[tuple[int, ...], ...]:
     if m.group(3):
       ids = ids.transpose([int(p) for p in m.group(3).split(',')])
     return tuple(tuple(int(i) for i in row) for row in ids.reshape(shape))
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+  if m:            # the TPU compiler's form: mesh['a'=2,'b'=4] {'b'}: groups along 'b'
+    axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+    names, sizes = [a for a, _ in axes], [int(n) for _, n in axes]
+    chosen = [names.index(a) for a in re.findall(r"'([^']+)'", m.group(2))]
+    rest = [i for i in range(len(names)) if i not in chosen]
+    ids = np.arange(int(np.prod(sizes))).reshape(sizes).transpose(rest + chosen)
+    width = int(np.prod([sizes[i] for i in chosen]))
+    return tuple(tuple(int(i) for i in row) for row in ids.reshape(-1, width))
   m = re.search(r'replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}', attrs)
   if m and m.group(1).strip():
     return tuple(tuple(int(i) for i in g.split(',') if i.strip())
@@ -148,7 +160,16 @@ def _trip_count(attrs: str) -> int | None:
 class _Computation:
   types: dict          # instruction name -> result type text
   found: list          # (kind, name, buffer bytes, groups)
-  calls: list          # (callee, multiplier or None for a loop of unknown trip count, loop name)
+  calls: list          # (callee, trip count or None where unknown, loop name, condition)
+  consts: dict = dataclasses.field(default_factory=dict)   # integer scalar constants
+  bound: tuple = ()    # a ROOT compare(a, b) direction=LT: (a, b)
+
+  def trip_count(self) -> int | None:
+    """As a loop condition `i < N` of a constant N (a scan's, counting from 0 by 1): N."""
+    if len(self.bound) == 2 and self.bound[1] in self.consts and (
+        self.bound[0] not in self.consts):
+      return self.consts[self.bound[1]]
+    return None
 
 
 def _computations(hlo_text: str) -> tuple[dict[str, _Computation], str, int]:
@@ -174,8 +195,19 @@ def _computations(hlo_text: str) -> tuple[dict[str, _Computation], str, int]:
       continue
     rtype, call = _split_type(line[m.end():])
     current.types[m.group(1)] = rtype
+    _scalars(current, m.group(1), rtype, call, line.lstrip().startswith('ROOT'))
     _instruction(current, m.group(1), call, n)
   return comps, entry, n
+
+
+def _scalars(comp: _Computation, name: str, rtype: str, call: str, root: bool) -> None:
+  """Records an integer scalar constant, or a root `compare(...), direction=LT` (what a loop
+  condition of a known trip count looks like where the compiler does not annotate it)."""
+  m = re.match(r'constant\((-?\d+)\)', call)
+  if m and re.match(r'[su](8|16|32|64)\[\]', rtype):
+    comp.consts[name] = int(m.group(1))
+  elif root and call.startswith('compare(') and 'direction=LT' in call:
+    comp.bound = tuple(_operands(call))
 
 
 def _instruction(comp: _Computation, name: str, call: str, n: int) -> None:
@@ -202,14 +234,15 @@ def _instruction(comp: _Computation, name: str, call: str, n: int) -> None:
     return
   if opcode == 'while':
     body = re.search(r'\bbody=%?([\w.\-]+)', call)
+    cond = re.search(r'\bcondition=%?([\w.\-]+)', call)
     if body:
-      comp.calls.append((body.group(1), _trip_count(call), name))
+      comp.calls.append((body.group(1), _trip_count(call), name, cond.group(1) if cond else ''))
     return
   for key, names in _CALLEE.findall(call):
     if key == 'body':
       continue
     for callee in re.findall(r'%?([\w.\-]+)', names):
-      comp.calls.append((callee, 1, ''))
+      comp.calls.append((callee, 1, '', ''))
 
 
 def parse(hlo_text: str) -> tuple[Collective, ...]:
@@ -225,7 +258,9 @@ def parse(hlo_text: str) -> tuple[Collective, ...]:
     for kind, inst, size, groups in comp.found:
       key = (name, inst, loop)
       counts[key] = counts.get(key, 0) + times
-    for callee, mult, where in comp.calls:
+    for callee, mult, where, cond in comp.calls:
+      if mult is None and cond in comps:     # the TPU compiler annotates none: `i < N`
+        mult = comps[cond].trip_count()
       if mult is None:          # unknown trip count: per iteration of that (outermost) loop
         visit(callee, 1 if not loop else times, loop or f'{name}/{where}', depth + 1)
       else:

@@ -175,6 +175,51 @@ def test_replica_groups_forms():
   assert collectives.replica_groups('replica_groups=[1,4]<=[4]', 4) == ((0, 1, 2, 3),)
   assert collectives.replica_groups('replica_groups=[2,2]<=[2,2]T(1,0)', 4) == ((0, 2), (1, 3))
   assert collectives.replica_groups('replica_groups={}', 3) == ((0, 1, 2),)
+  # The TPU compiler's mesh form: groups along the named axes of an iota-numbered mesh.
+  mesh = "replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_1'}, use_global_device_ids=true"
+  assert collectives.replica_groups(mesh, 8) == ((0, 1, 2, 3), (4, 5, 6, 7))
+  mesh = "replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}"
+  assert collectives.replica_groups(mesh, 8) == ((0, 4), (1, 5), (2, 6), (3, 7))
+  mesh = "replica_groups=mesh['a'=2,'b'=2,'c'=2] {'a','c'}"
+  assert collectives.replica_groups(mesh, 8) == ((0, 1, 4, 5), (2, 3, 6, 7))
+
+
+def test_a_loop_the_compiler_does_not_annotate_counts_by_its_condition():
+  """The TPU compiler prints no known_trip_count: a condition `i < 7` of a constant counts
+  7 iterations; a condition of any other form stays a loop of unknown trip count."""
+  hlo = '''HloModule m, num_partitions=2
+
+%cond (p: (s32[], f32[4])) -> pred[] {
+  %seven = s32[]{:T(128)} constant(7)
+  %p = (s32[]{:T(128)}, f32[4]{0}) parameter(0)
+  %i = s32[]{:T(128)} get-tuple-element(%p), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%i, %seven), direction=LT
+}
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %p = (s32[]{:T(128)}, f32[4]{0}) parameter(0)
+  %v = f32[4]{0} get-tuple-element(%p), index=1
+  %ar = f32[4]{0} all-reduce(%v), channel_id=1, replica_groups=mesh['x'=2] {'x'}, to_apply=%add
+  ROOT %o = (s32[]{:T(128)}, f32[4]{0}) tuple(%i, %ar)
+}
+
+%open (p: (s32[], f32[4])) -> pred[] {
+  %p = (s32[]{:T(128)}, f32[4]{0}) parameter(0)
+  %n = s32[] get-tuple-element(%p), index=0
+  %i = s32[] get-tuple-element(%p), index=0
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %t = (s32[], f32[4]{0}) tuple(%z, %x)
+  %w = (s32[], f32[4]{0}) while(%t), condition=%cond, body=%body
+  %u = (s32[], f32[4]{0}) while(%w), condition=%open, body=%body
+  ROOT %r = f32[4]{0} get-tuple-element(%u), index=1
+}
+'''
+  got = sorted((c.count, bool(c.loop), c.groups) for c in collectives.parse(hlo))
+  assert got == [(1, True, ((0, 1),)), (7, False, ((0, 1),))]
 
 
 V5P, H200 = targets.INTERCONNECTS['v5p'], targets.INTERCONNECTS['h200']
