@@ -45,6 +45,10 @@ def parse_pattern(pattern: str) -> tuple[str, ...]:
   return nemotron_h.FAMILY.parse_letters(pattern)
 
 
+# How expert parallelism moves tokens to their experts (ModelConfig.moe_dispatch).
+MOE_DISPATCH = ('gather', 'all_to_all')
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Shape and numerics of a decoder-only transformer.
@@ -139,6 +143,11 @@ class ModelConfig:
       recomputed in the backward pass, so the [tokens x experts_per_token, width]
       dispatch buffers are never whole for a long microbatch; 0 never chunks. The same
       numbers up to float rounding.
+    moe_dispatch: how expert parallelism brings tokens to their experts (models/moe.py):
+      'gather' (every shard all-gathers its expert group's tokens, a reduce-scatter
+      returns the outputs) or 'all_to_all' (each shard sends only its routed (token,
+      choice) pairs to the shards holding their experts, and an inverse exchange returns
+      them). The same numbers up to float rounding.
   """
 
   family: str = 'qwen3'
@@ -188,6 +197,7 @@ class ModelConfig:
   router_aux_loss: float = 0.0
   router_z_loss: float = 0.0
   moe_chunk: int = 0
+  moe_dispatch: str = 'gather'
 
   def __post_init__(self):
     families.get(self.family)   # an unknown family is refused, naming the field
@@ -222,6 +232,9 @@ class ModelConfig:
                        "or 'auto'")
     if self.moe_chunk < 0:
       raise ValueError(f'ModelConfig.moe_chunk={self.moe_chunk} must be >= 0 (0: never chunk)')
+    if self.moe_dispatch not in MOE_DISPATCH:
+      raise ValueError(f'ModelConfig.moe_dispatch={self.moe_dispatch!r}: expected one of '
+                       f'{MOE_DISPATCH}')
     if self.mlp_chunk < 0:
       raise ValueError(f'ModelConfig.mlp_chunk={self.mlp_chunk} must be >= 0 (0: never chunk)')
     for name in ('param_dtype', 'dtype'):

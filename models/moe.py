@@ -50,7 +50,20 @@ its local experts over the pairs routed to them, and a reduce-scatter
 the shard that owns the token; a psum over 'tensor' adds up the F slices. This is the all-to-all's
 equivalent for a dropless layer with static shapes: an all-to-all would need
 buffers sized for the worst case (every pair to one shard, K times the
-tokens), while the gather moves each token once. The experts' 'embed' dim
+tokens), while the gather moves each token once.
+
+With `moe_dispatch='all_to_all'` (ModelConfig) a shard instead sends each of its
+own (token, choice) pairs to the shard holding the pair's expert and gets the
+outputs back by the inverse exchange (`_exchanged_experts`), as MaxText and
+Megatron do: dropless, the receive buffer sized for the worst case ([G x M, D],
+G the expert shards, as large as the gather path's sorted pairs), but only the
+routed pairs move: per shard about (G - 1) / G x N x K rows each way, against
+the gather's (G - 1) x N rows out and a reduce-scatter of as many back. On TPU
+and GPU `jax.lax.ragged_all_to_all` moves the rows; XLA:CPU has none, so there
+every slot is padded to M rows and sent by `jax.lax.all_to_all` (the same
+numbers, more bytes). It runs where every expert axis splits the tokens; where
+one does not (a decode step of fewer rows than shards) the gather path runs.
+The experts' 'embed' dim
 (split over 'fsdp') is gathered on entry as every FSDP weight is. A mesh
 'expert' axis that does not divide `num_experts` is a ValueError.
 
@@ -469,20 +482,20 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
   return jnp.where(valid, out, 0)
 
 
-def _experts(cfg: config_lib.ModelConfig, x, indices, weights, experts, first):
-  """`_local_experts` over the N tokens `cfg.moe_chunk` at a time (all at once for 0 or
+def _experts(cfg: config_lib.ModelConfig, x, indices, weights, run):
+  """`run(x, indices, weights)` (`_local_experts` or `_exchanged_experts` with their other
+  arguments bound) over the N tokens `cfg.moe_chunk` at a time (all at once for 0 or
   N <= moe_chunk): a loop whose body saves nothing, so one chunk's dispatch buffers
   ([chunk x K, D] sorted tokens, [chunk x K, F] hidden) are live at a time in both passes."""
   n, d = x.shape
   c = cfg.moe_chunk
   if not c or n <= c:
-    return _local_experts(cfg, x, indices, weights, experts, first)
+    return run(x, indices, weights)
   m = -(-n // c)
   pad = lambda a: jnp.pad(a, ((0, m * c - n),) + ((0, 0),) * (a.ndim - 1)).reshape(
       m, c, *a.shape[1:])
   # Padded tokens carry zero weight: their output is zero and they cost one chunk's work.
-  body = jax.checkpoint(lambda xs, ix, wt: _local_experts(cfg, xs, ix, wt, experts, first),
-                        policy=jax.checkpoint_policies.nothing_saveable)
+  body = jax.checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)
   ys = jax.lax.map(lambda a: body(*a), (pad(x), pad(indices), pad(weights)))
   return ys.reshape(m * c, d)[:n]
 
@@ -592,13 +605,94 @@ def _local_experts(cfg: config_lib.ModelConfig, x, indices, weights, experts, fi
   key = jnp.where(mine, local, e_loc).reshape(-1)              # [M]: others' pairs sort last
   dest, order, sizes = _dispatch(key, e_loc)
   xs = _gather_tokens(x, order, dest, n)                        # [M, D] sorted by expert
-  gate = grouped_matmul(xs, experts[0], sizes) if len(experts) == 3 else None
-  h = _activate(cfg, grouped_matmul(xs, experts[-2], sizes), gate)
-  out = grouped_matmul(h, experts[-1], sizes)                   # [M, D]
+  out = _expert_mlp(cfg, xs, sizes, experts)                    # [M, D]
   out = _permute_rows(out, dest, order).reshape(k, n, -1)       # [K, N, D] in pair order
   weights = jnp.where(mine, weights.T, 0.0)
   # Summed in float32 without a float32 copy of the [K, N, D] expert outputs.
   return jnp.einsum('KN,KND->ND', weights.astype(out.dtype), out,
+                    preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _expert_mlp(cfg: config_lib.ModelConfig, xs, sizes, experts):
+  """Rows [R, D] sorted by local expert, `sizes` [E_loc] of them each (rows past their sum
+  give zero), through their experts' MLPs: [R, D]."""
+  gate = grouped_matmul(xs, experts[0], sizes) if len(experts) == 3 else None
+  h = _activate(cfg, grouped_matmul(xs, experts[-2], sizes), gate)
+  return grouped_matmul(h, experts[-1], sizes)
+
+
+def _send(rows, send, start, recv, axes, shards: int, ragged: bool):
+  """Rows [M, ...] sorted by destination shard (`send` [G] of them to each, from `start` [G])
+  to their shards: [G * M, ...], the rows from shard s in slot s (its first recv[s] rows; the
+  rest zero). `ragged`: `jax.lax.ragged_all_to_all` moves only the rows; else (XLA:CPU has
+  no ragged all-to-all) every slot is padded to M rows and sent by `jax.lax.all_to_all`."""
+  m = rows.shape[0]
+  if ragged:
+    out = jnp.zeros((shards * m,) + rows.shape[1:], rows.dtype)
+    here = jnp.full((shards,), jax.lax.axis_index(axes) * m, jnp.int32)
+    return jax.lax.ragged_all_to_all(rows, out, start, send, here, recv, axis_name=axes)
+  r = jnp.arange(m, dtype=jnp.int32)
+  idx = jnp.clip(start[:, None] + r[None, :], 0, m - 1)               # [G, M]
+  mask = (r[None, :] < send[:, None]).reshape((shards, m) + (1,) * (rows.ndim - 1))
+  buf = jnp.where(mask, rows[idx], 0).reshape((shards * m,) + rows.shape[1:])
+  return jax.lax.all_to_all(buf, axes, 0, 0, tiled=True)
+
+
+def _send_back(slots, dest_shard, send, start, recv, axes, shards: int, ragged: bool):
+  """`_send`'s inverse: the slots [G * M, ...] (slot s: the rows shard s sent here, processed)
+  back to their senders, each shard's rows in the order it sent them: [M, ...].
+  `dest_shard` [M]: the shard each of this shard's sorted rows went to."""
+  m = slots.shape[0] // shards
+  if ragged:
+    out = jnp.zeros((m,) + slots.shape[1:], slots.dtype)
+    theirs = jax.lax.all_to_all(start, axes, 0, 0, tiled=True)   # where they began at each
+    slot = jnp.arange(shards, dtype=jnp.int32) * m
+    return jax.lax.ragged_all_to_all(slots, out, slot, recv, theirs, send, axis_name=axes)
+  back = jax.lax.all_to_all(slots, axes, 0, 0, tiled=True)       # slot s: my rows, from s
+  p = jnp.arange(m, dtype=jnp.int32)
+  return back[dest_shard * m + p - start[dest_shard]]
+
+
+def _exchanged_experts(cfg: config_lib.ModelConfig, x, indices, weights, experts, axes,
+                       shards: int, ragged: bool):
+  """The routed experts over this shard's own tokens, by all-to-all over the expert axes
+  `axes` (G = `shards` shards, each holding E / G experts in order): each (token, choice)
+  pair goes to the shard of its expert, runs there with the pairs other shards sent, and
+  comes back by the inverse exchange, to be summed with its weight.
+
+  Args:
+    cfg: the model config.
+    x: [N, D] this shard's tokens (compute dtype).
+    indices: [N, K] global expert ids.
+    weights: [N, K] float32 routing weights.
+    experts: ([gate,] up, down) of the local experts.
+    axes: the mesh axes the experts are split over.
+    shards: G.
+    ragged: exchange with `jax.lax.ragged_all_to_all` (else padded slots, `_send`).
+
+  Returns:
+    [N, D]: sum over each token's K choices of weight * expert(x).
+  """
+  n, k = indices.shape
+  e_loc = experts[-1].shape[0]
+  ids = indices.T.reshape(-1)                                   # [M] choice-major, global ids
+  dest, order, _ = _dispatch(ids, cfg.num_experts)
+  xs = _gather_tokens(x, order, dest, n)                        # [M, D] by expert, so by shard
+  sorted_ids = ids[order]
+  shard = sorted_ids // e_loc                                   # [M] the shard of each row
+  send = jnp.sum(shard[None, :] == jnp.arange(shards, dtype=shard.dtype)[:, None], axis=1,
+                 dtype=jnp.int32)                               # [G] pairs to each shard
+  start = jnp.cumsum(send) - send
+  recv = jax.lax.all_to_all(send, axes, 0, 0, tiled=True)       # [G] pairs from each shard
+  got = _send(xs, send, start, recv, axes, shards, ragged)      # [G * M, D] in slots
+  local = _send(sorted_ids - shard * e_loc, send, start, recv, axes, shards, ragged)
+  real = (jnp.arange(n * k)[None, :] < recv[:, None]).reshape(-1)
+  dest2, order2, sizes = _dispatch(jnp.where(real, local, e_loc), e_loc)
+  out = _expert_mlp(cfg, _permute_rows(got, order2, dest2), sizes, experts)
+  out = _permute_rows(out, dest2, order2)                       # back in slots
+  out = _send_back(out, shard, send, start, recv, axes, shards, ragged)   # [M, D] sorted
+  out = _permute_rows(out, dest, order).reshape(k, n, -1)       # [K, N, D] in pair order
+  return jnp.einsum('KN,KND->ND', weights.T.astype(out.dtype), out,
                     preferred_element_type=jnp.float32).astype(x.dtype)
 
 
@@ -634,8 +728,9 @@ def _routed(cfg: config_lib.ModelConfig, x, indices, weights, experts) -> jax.Ar
   k = cfg.experts_per_token
   mesh = jax.sharding.get_abstract_mesh()
   if mesh is None or mesh.empty or mesh.size == 1:
+    run = functools.partial(_local_experts, cfg, experts=experts, first=0)
     y = _experts(cfg, x.reshape(b * t, d), indices.reshape(b * t, k),
-                 weights.reshape(b * t, k), experts, 0)
+                 weights.reshape(b * t, k), run)
     return y.reshape(b, t, d)
   _check_expert_axis(cfg.num_experts, mesh)
   spec = sharding.logical_to_spec(('experts', 'embed', 'moe_mlp'), experts[-2].shape, mesh)
@@ -649,18 +744,30 @@ def _routed(cfg: config_lib.ModelConfig, x, indices, weights, experts) -> jax.Ar
   spread = tuple(a for a in ep if a not in gather)   # tokens already whole across these
   row_spec = P(tuple(rows) or None, tuple(cols) or None, None)
   w_in, w_out = P(ep or None, None, tp or None), P(ep or None, tp or None, None)
-  e_loc = experts[-1].shape[0] // int(np.prod([dict(zip(mesh.axis_names, mesh.axis_sizes))[a]
-                                               for a in ep]))
+  shards = int(np.prod([dict(zip(mesh.axis_names, mesh.axis_sizes))[a] for a in ep]))
+  e_loc = experts[-1].shape[0] // shards
+  # All-to-all where every expert axis splits the tokens (else, e.g. a decode step of fewer
+  # rows than shards, some shards hold the same tokens and the gather path runs).
+  exchange = cfg.moe_dispatch == 'all_to_all' and ep and not spread
+  ragged = sharding.mesh_platform() != 'cpu'
 
   def local(x, indices, weights, *experts):
     bl, tl = x.shape[:2]
     x, indices, weights = (x.reshape(bl * tl, d), indices.reshape(bl * tl, k),
                            weights.reshape(bl * tl, k))
+    if exchange:
+      run = functools.partial(_exchanged_experts, cfg, experts=experts, axes=ep,
+                              shards=shards, ragged=ragged)
+      y = _experts(cfg, x, indices, weights, run)
+      if tp:
+        y = jax.lax.psum(y, tp)
+      return y.reshape(bl, tl, d)
     if gather:
       x, indices, weights = (jax.lax.all_gather(a, gather, axis=0, tiled=True)
                              for a in (x, indices, weights))
     first = jax.lax.axis_index(ep) * e_loc if ep else 0
-    y = _experts(cfg, x, indices, weights, experts, first)
+    y = _experts(cfg, x, indices, weights,
+                 functools.partial(_local_experts, cfg, experts=experts, first=first))
     if gather:
       y = jax.lax.psum_scatter(y, gather, scatter_dimension=0, tiled=True)
     if tp + spread:

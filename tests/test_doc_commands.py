@@ -687,8 +687,9 @@ _RUNS = [
     # docs/planning.md installs.
     _plan_case('plan-cascade2-h200-gpu', 'nemotron_cascade2_h200x8.md',
                '/tmp/s51/plan/c2_h200x8.md', pre=_needs_cuda_plugin),
+    # With --compile every stage's programs are compiled (the TPU compiler's for v5p): hours.
     _case('step-time-page', 'docs/plans/step_time_model.md', ['python -m launch.step_time_page'],
-          2 * 3600, _check_step_time, mark=_SLOW),
+          12 * 3600, _check_step_time, mark=_SLOW),
     _case('tiny-judge', 'docs/tiny_generative_rm.md',
           ['.venv/bin/python -m tiny_world.build', 'env -u XLA_FLAGS JAX_PLATFORMS=cpu '
            '.venv/bin/python -m cascade.main --config=configs/tiny.py:rm=generative',

@@ -6,7 +6,11 @@ only the rooms listed before it):
   results.py     what a plan finds: ProgramReport, StageReport, StepTime
   targets.py     the devices compiled for (TPU topology, XLA:GPU deviceless, simulated
                  CPUs), the plan's mesh, the model and sampler as the target runs them
-  compiler.py    compiler options, `compile_program` (memory and FLOPs of one program)
+  collectives.py the collectives of a compiled program's optimized HLO (`parse`: kind, replica
+                 groups, ring bytes, loop counts) and their seconds on the target's
+                 interconnect (`priced`, `seconds`)
+  compiler.py    compiler options, `compile_program` (memory, FLOPs and collectives of one
+                 program)
   programs.py    abstract params, the Sampler a run builds, the lowerings of train
                  steps, sampler calls and frozen scoring passes
   flops.py       FLOPs counted from the config (`counted_flops`)
@@ -16,7 +20,8 @@ only the rooms listed before it):
   suite_calls.py what config.eval.suites ask of the devices: each suite's largest sampler
                  call and its grader's local judge
   evaluation.py  the held-out evaluation's programs and the suites'
-  stages.py      a stage's plan (`plan_stage`) and a config's (`run_plan`, `time_plan`)
+  stages.py      a stage's plan (`plan_stage`) and a config's (`run_plan`, `time_plan`,
+                 `collective_plan`)
   report.py      the printed plan, the header, the Markdown page, the failures
   cli.py         the flags and `main` of `python -m launch.plan` (__main__.py runs it)
 
@@ -43,7 +48,10 @@ with abstract shapes only (`nnx.eval_shape` for the model,
 plus the held-out evaluation's sampler once. It prints per-device memory
 (arguments, outputs, temporaries, total = arguments + outputs + temporaries
 - donated aliases, from `compiled.memory_analysis()`; for a program over the
-limit by itself, its largest arrays) and XLA's FLOP count
+limit by itself, its largest arrays) and its collectives (`collectives.parse`: each
+all-gather, reduce-scatter, all-reduce, all-to-all and collective-permute of the optimized
+HLO with its replica groups, counted per call with known loop trip counts, and the ring
+algorithm's bytes per device) and XLA's FLOP count
 (`cost_analysis()`; XLA counts a loop body once, so FLOPs are counted on a
 twin lowered with the layers unrolled and the batch in one microbatch; a
 sampler's prefill and one step per decode loop), and exits with status 1 naming every stage
@@ -87,7 +95,10 @@ step the larger of its reads (the weights in the sampler's layout,
 `decode_read_bytes`; the KV cache over the keys each row attends; Mamba
 states) at HBM bandwidth and its FLOPs at peak, the prefill, the refill
 rounds' worst case; reward-model scoring; the update's and the frozen passes'
-FLOPs at peak. `--time_only` prints just that, compiling nothing. Not
+FLOPs at peak; where the programs were compiled, each part's collectives priced on the
+target's interconnect (`targets.INTERCONNECTS`: TPU v5p ICI and DCN, H200 NVLink and the
+inter-node network), overlapped with the part (the bound) and serial (added).
+`--time_only` prints just that, compiling nothing (no collectives). Not
 compiled: the per-phase variants shorter than a stage's longest phase (they
 need less memory).
 

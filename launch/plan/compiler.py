@@ -5,12 +5,14 @@ arrays of a program that does not fit."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import time
 from typing import Any, Callable
 
 import numpy as np
 
+from launch.plan import collectives as collectives_lib
 from launch.plan import results
 
 
@@ -55,6 +57,12 @@ def sampling_options(mesh) -> dict | None:
   return compiler_options(mesh)
 
 
+# Programs compiled in this process without a memory limit, by their lowered text and options:
+# a plan of several stages that lower the same program (two stages of the same shapes) compiles
+# it once (`compile_program`).
+_COMPILED: dict[tuple[str, str], results.ProgramReport] = {}
+
+
 def compile_program(name: str, shapes: str, lower: Callable[[], Any],
                     lower_for_flops: Callable[[], Any] | None = None,
                     flops: float | None = None, flops_from: str = '',
@@ -72,17 +80,26 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
     flops: the FLOPs when they are not XLA's to count (then nothing is lowered
       for them), with `flops_from` saying how they were counted.
     limit_bytes: per-device limit; a program whose own total exceeds it reports
-      its largest arrays.
+      its largest arrays. Without one (0), a program this process compiled before (the same
+      lowered text and options) is not compiled again: its report is reused.
     compiler_options: XLA options for this compile (`compiler_options`,
       `sampling_options`).
 
   Returns:
-    The report; a compile error (e.g. RESOURCE_EXHAUSTED from the TPU
+    The report, with the collectives of the optimized HLO (`collectives.parse`; priced later,
+    on the mesh, by `collectives.priced`); a compile error (e.g. RESOURCE_EXHAUSTED from the TPU
     compiler) becomes its `error` rather than an exception.
   """
   start, cpu = time.perf_counter(), time.process_time()
   try:
     lowered = lower()
+    key = None if limit_bytes else (hashlib.sha256(lowered.as_text().encode()).hexdigest(),
+                                    repr(sorted((compiler_options or {}).items())))
+    if key in _COMPILED:
+      if flops is None:
+        flops, flops_from = xla_flops(lower_for_flops() if lower_for_flops else lowered), ''
+      return dataclasses.replace(_COMPILED[key], name=name, shapes=shapes, flops=flops,
+                                 flops_from=flops_from)
     compiled = lowered.compile(compiler_options=compiler_options)
   except Exception as e:  # pylint: disable=broad-except
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -90,7 +107,7 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
                                  compile_cpu_s=time.process_time() - cpu,
                                  error=f'{type(e).__name__}: {first[:300]}')
   elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-  mem = compiled.memory_analysis()
+  mem, text = compiled.memory_analysis(), compiled.as_text()
   get = lambda attr: int(getattr(mem, attr, 0) or 0) if mem is not None else 0
   if flops is None:
     flops, flops_from = xla_flops(lower_for_flops() if lower_for_flops else lowered), ''
@@ -98,9 +115,12 @@ def compile_program(name: str, shapes: str, lower: Callable[[], Any],
                                  output_bytes=get('output_size_in_bytes'),
                                  temp_bytes=get('temp_size_in_bytes'),
                                  alias_bytes=get('alias_size_in_bytes'), flops=flops,
-                                 compile_s=elapsed, compile_cpu_s=cpu, flops_from=flops_from)
+                                 compile_s=elapsed, compile_cpu_s=cpu, flops_from=flops_from,
+                                 collectives=collectives_lib.parse(text))
   if limit_bytes and report.total_bytes > limit_bytes:
-    report = dataclasses.replace(report, largest=largest_arrays(compiled.as_text()))
+    report = dataclasses.replace(report, largest=largest_arrays(text))
+  if key is not None:
+    _COMPILED[key] = report
   return report
 
 

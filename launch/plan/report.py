@@ -8,6 +8,7 @@ import platform
 from typing import Sequence
 
 from cascade import config as config_lib
+from launch.plan import collectives as collectives_lib
 from launch.plan import compiler
 from launch.plan import flops as flops_lib
 from launch.plan import results
@@ -50,9 +51,33 @@ def format_stage(r: results.StageReport) -> str:
                + f': {p.flops:.3e} in all, {p.flops / r.num_devices:.3e} per device')
     lines.append(f'    {flops}; compiled in {p.compile_s:.1f} s ({p.compile_cpu_s:.1f} s of '
                  'CPU)')
+    if p.collectives:
+      lines.append(f'    {collective_text(p)}')
   if r.time is not None:
     lines += ['  ' + line for line in time_lines(r)]
   return '\n'.join(lines)
+
+
+def collective_text(p: results.ProgramReport) -> str:
+  """A program's collectives in words: per device, the ring algorithm's bytes by kind per call
+  and per iteration of its decode loop (a loop of unknown trip count), and their seconds."""
+  size = lambda b: results.size_text(int(b))
+  once = [c for c in p.collectives if not c.loop]
+  looped = [c for c in p.collectives if c.loop]
+  def kinds_text(found):
+    counts: dict = {}
+    for c in found:
+      counts[c.kind] = counts.get(c.kind, 0) + c.count
+    return ', '.join(f'{k} {size(b)} ({counts[k]}x)'
+                     for k, b in sorted(collectives_lib.by_kind(found).items()))
+  out = f'collectives per device per call: {kinds_text(once) or "none"}'
+  if looped:
+    out += (f'; per iteration of a loop the compiler cannot count (decode): '
+            f'{kinds_text(looped)}')
+  if p.collective_s or p.collective_step_s:
+    out += f'; {_secs(p.collective_s)} per call' + (
+        f' + {_secs(p.collective_step_s)} per decode step' if p.collective_step_s else '')
+  return out
 
 
 def _num(x: float) -> str:
@@ -82,6 +107,11 @@ def time_lines(r: results.StageReport) -> list[str]:
   if t.frozen:
     parts.append(f'frozen passes {_secs(t.frozen)}')
   out = [f'step time bound: {_secs(t.bound)} per step = ' + ' + '.join(parts)]
+  if t.collective:
+    out.append(f'collectives {_secs(t.collective)} per step (sampling '
+               f'{_secs(t.collective_sampling)}, update {_secs(t.collective_update)}, frozen '
+               f'{_secs(t.collective_frozen)}, scoring {_secs(t.collective_scoring)}): overlapped '
+               f'with each part (the bound) {_secs(t.bound)}, serial {_secs(t.serial)} per step')
   if t.rounds > 1:
     out.append(f'worst case, {t.rounds} sampling rounds (1 + refill_cap): {_secs(t.worst)} '
                'per step')
@@ -101,9 +131,11 @@ def time_table(reports: Sequence[results.StageReport], assumptions: bool = True)
     return []
   g = _num
   out = ['| stage | steps | sampling: weights / KV / state / compute / prefill (s) | scoring (s) '
-         '| update (s) | frozen (s) | bound (s / step) | chip-hours | worst case: rounds, '
-         'chip-hours | weights-only bound (s / step, chip-hours) |',
-         '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
+         '| update (s) | frozen (s) | collectives: sampling / update / frozen / scoring (s) '
+         '| bound, collectives overlapped (s / step) | serial bound (s / step) | chip-hours '
+         '(overlapped, serial) | worst case: rounds, chip-hours | weights-only bound (s / step, '
+         'chip-hours) |',
+         '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
   for r in timed:
     t = r.time
     sampling = (' / '.join(g(x) for x in (t.weights, t.kv, t.state, t.compute, t.prefill))
@@ -112,8 +144,12 @@ def time_table(reports: Sequence[results.StageReport], assumptions: bool = True)
     if t.judge:
       scoring = f'{scoring} + judge {g(t.judge)}' if t.scoring is not None else (
           f'judge {g(t.judge)}')
+    coll = ('not compiled' if not r.programs else
+            ' / '.join(g(x) for x in (t.collective_sampling, t.collective_update,
+                                      t.collective_frozen, t.collective_scoring)))
     out.append(f'| {r.name} | {r.steps} | {sampling} | {scoring} | {g(t.update)} | '
-               f'{g(t.frozen)} | {g(t.bound)} | {g(r.chip_hours(t.bound))} | {t.rounds}, '
+               f'{g(t.frozen)} | {coll} | {g(t.bound)} | {g(t.serial)} | '
+               f'{g(r.chip_hours(t.bound))}, {g(r.chip_hours(t.serial))} | {t.rounds}, '
                f'{g(r.chip_hours(t.worst))} | {g(t.weights_only)}, '
                f'{g(r.chip_hours(t.weights_only))} |')
   if assumptions:
@@ -166,14 +202,15 @@ def markdown_report(reports: Sequence[results.StageReport], *, command: str, hea
          *[f'- {h}' for h in (hosts[0] + ' (before)', hosts[-1] + ' (after)', *header)]]
   if any(r.programs for r in reports):
     out += ['', '| stage | program | shapes | per device | '
-            + (f'of {results.size_text(limit)} | ' if limit else '') + 'compile (CPU) | FLOPs |',
-            '|---|---|---|---:|' + ('---:|' if limit else '') + '---:|---:|']
+            + (f'of {results.size_text(limit)} | ' if limit else '') + 'compile (CPU) | FLOPs | '
+            'collectives per device (ring bytes; seconds on the interconnect) |',
+            '|---|---|---|---:|' + ('---:|' if limit else '') + '---:|---:|---|']
   for r in reports:
     for p in r.programs:
       if p.error:
         out.append(f'| {r.name} | {p.name} | {cell(p.shapes)} | DOES NOT COMPILE: '
                    f'{cell(p.error)} |' + (' |' if limit else '')
-                   + f' {p.compile_s:.0f} s ({p.compile_cpu_s:.0f} s) | |')
+                   + f' {p.compile_s:.0f} s ({p.compile_cpu_s:.0f} s) | | |')
         continue
       peak = r.peak(p)
       share = (f' {100 * peak / r.limit_bytes:.0f} %' + ('' if r.fits_program(p) else
@@ -181,7 +218,8 @@ def markdown_report(reports: Sequence[results.StageReport], *, command: str, hea
                if limit else '')
       flops = ('not counted' if p.flops_from and not p.flops else f'{p.flops:.3g}')
       out.append(f'| {r.name} | {p.name} | {cell(p.shapes)} | {results.size_text(peak)} |{share} '
-                 f'{p.compile_s:.0f} s ({p.compile_cpu_s:.0f} s) | {flops} |')
+                 f'{p.compile_s:.0f} s ({p.compile_cpu_s:.0f} s) | {flops} | '
+                 f'{cell(collective_text(p)) if p.collectives else "none"} |')
   if any(r.time is not None for r in reports):
     out += ['', 'Step-time bound per stage (`launch.plan.step_time`; seconds per step by part, '
             'chip-hours per stage):', '', *time_table(reports)]

@@ -32,6 +32,12 @@ class ProgramReport:
   # A program whose own total exceeds the limit: its largest arrays, e.g.
   # '126.00 GiB f32[786432,43008] (copy_bitcast_fusion.11)' (`compiler.largest_arrays`).
   largest: tuple[str, ...] = ()
+  # Its collectives as the compiler emitted them (`collectives.parse` of the optimized HLO).
+  collectives: tuple = ()
+  # Seconds they take on the target's interconnect per call (`collectives.seconds`; outside
+  # loops of unknown trip count) and per iteration of its heaviest such loop (a decode step).
+  collective_s: float = 0.0
+  collective_step_s: float = 0.0
 
   @property
   def total_bytes(self) -> int:
@@ -93,6 +99,11 @@ class StepTime:
   `rounds`: the most sampling rounds a step may run (the worst case). `weights_only`: the
   bound this model replaces (one read of the weights per new token of each chunk, the rest
   FLOPs at peak).
+
+  `collective_*`: the seconds the compiled programs' collectives take per step on the target's
+  interconnect (`step_time.with_collectives`; 0 where nothing was compiled) for sampling, the
+  update, the frozen passes and reward-model scoring. `bound` overlaps each part's collectives
+  with its compute and reads (a part takes the larger); `serial` adds them.
   """
   weights: float = 0.0
   kv: float = 0.0
@@ -106,21 +117,47 @@ class StepTime:
   rounds: int = 1
   weights_only: float = 0.0
   decode_steps: int = 0
+  collective_sampling: float = 0.0
+  collective_update: float = 0.0
+  collective_frozen: float = 0.0
+  collective_scoring: float = 0.0
 
   @property
   def sampling(self) -> float:
     return self.weights + self.kv + self.state + self.compute + self.prefill
 
   @property
+  def collective(self) -> float:
+    """The collectives' seconds per step (one sampling round), all parts."""
+    return (self.collective_sampling + self.collective_update + self.collective_frozen
+            + self.collective_scoring)
+
+  def _round(self, overlap: bool) -> float:
+    """One round of sampling and scoring, each part with its collectives."""
+    join = max if overlap else (lambda a, b: a + b)
+    return (join(self.sampling, self.collective_sampling)
+            + join(self.scoring or 0.0, self.collective_scoring) + self.judge)
+
+  def _once(self, overlap: bool) -> float:
+    """The update and the frozen passes, each with its collectives."""
+    join = max if overlap else (lambda a, b: a + b)
+    return join(self.update, self.collective_update) + join(self.frozen, self.collective_frozen)
+
+  @property
   def bound(self) -> float:
-    """One round: sampling, scoring where estimated, the update and the frozen passes."""
-    return self.sampling + (self.scoring or 0.0) + self.judge + self.update + self.frozen
+    """One round: sampling, scoring where estimated, the update and the frozen passes, each
+    part's collectives overlapped with it (the part takes the larger)."""
+    return self._round(True) + self._once(True)
+
+  @property
+  def serial(self) -> float:
+    """`bound` with every collective added after the compute and reads it could hide behind."""
+    return self._round(False) + self._once(False)
 
   @property
   def worst(self) -> float:
-    """`rounds` rounds of sampling and scoring, one update."""
-    return (self.rounds * (self.sampling + (self.scoring or 0.0) + self.judge) + self.update
-            + self.frozen)
+    """`rounds` rounds of sampling and scoring, one update (collectives overlapped)."""
+    return self.rounds * self._round(True) + self._once(True)
 
 
 def size_text(n: int) -> str:

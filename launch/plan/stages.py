@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 from cascade import config as config_lib
 from cascade import kinds
 from cascade import policies
+from launch.plan import collectives
 from launch.plan import compiler
 from launch.plan import evaluation
 from launch.plan import flops as flops_lib
@@ -24,7 +25,7 @@ from rl import reward_model
 def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                limit_bytes: int, with_sampler: bool = True, count_mesh=None,
                with_train: bool = True, rm_stages=(), hardware=None, judges=(),
-               loaded=None) -> results.StageReport:
+               loaded=None, judge_programs: bool = True) -> results.StageReport:
   """Compiles a training stage's train step (and, for RL, its sampler) for `mesh`.
 
   Args:
@@ -44,6 +45,7 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
       compiled and their scoring is in the time bound.
     loaded: {source: (ModelConfig, generates)}: the judges resident while it runs
       (`judges.loaded_judges`), counted beside every program.
+    judge_programs: compile the judges' programs (else `judges` count in the time bound only).
 
   Returns:
     The StageReport.
@@ -103,17 +105,21 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
             cfg, 'reward_model', m, rules, rows, length),
         count=lambda rows=rows, length=length: flops_lib.forward_flops(
             model_cfg, 'reward_model', mesh, rules, rows, length))
-  programs += judges_lib.judge_programs(judges, mesh, rules, sampler_cfg, limit_bytes, model_cfg)
-  copy = 0
+  if judge_programs:
+    programs += judges_lib.judge_programs(judges, mesh, rules, sampler_cfg, limit_bytes,
+                                          model_cfg)
+  hardware = hardware or config_lib.Hardware()
+  programs = list(collectives.priced(programs, mesh, hardware))
+  copy, sampler = 0, None
   if sizes is not None:
     sampler, given = programs_lib.sampler_for(model_cfg, mesh, rules, sampler_cfg)
     copy = memory.rollout_copy_bytes(sampler, given)
   resident = memory.resident(stage, model_cfg, mesh, rules, programs, frozen, rm,
                              rollout_copy=copy > 0, judges=judges, loaded=loaded,
                              sampler_cfg=sampler_cfg, copy_bytes=copy)
-  time = step_time_lib.step_time(stage, kind, model_cfg, mesh, rules,
-                                 hardware or config_lib.Hardware(), sampler_cfg, rm_stages=rm,
-                                 judges=judges)
+  time = step_time_lib.step_time(stage, kind, model_cfg, mesh, rules, hardware, sampler_cfg,
+                                 rm_stages=rm, judges=judges)
+  time = step_time_lib.with_collectives(time, programs, stage, kind, sampler)
   return results.StageReport(stage.index, stage.name, stage.kind, tuple(programs), limit_bytes,
                              mesh.size, resident=resident, time=time,
                              steps=getattr(stage, 'steps', 0))
@@ -168,6 +174,32 @@ def time_plan(plan: config_lib.Plan, tgt: targets.Target, *, stages: Sequence[st
                                    judges=judges_lib.judge_calls(plan, st, model_for))
     out.append(results.StageReport(st.index, st.name, st.kind, (), tgt.device_memory_bytes,
                                    mesh.size, time=time, steps=getattr(st, 'steps', 0)))
+    if report:
+      report(out[-1])
+  return out
+
+
+def collective_plan(plan: config_lib.Plan, tgt: targets.Target, *, stages: Sequence[str] = (),
+                    report: Callable[[results.StageReport], None] | None = None
+                    ) -> list[results.StageReport]:
+  """Every selected training stage's step-time bound (`time_plan`'s) with the collectives of
+  its compiled programs (`step_time.with_collectives`): the train step, the sampler's calls, the
+  frozen passes and reward-model scoring, compiled for `tgt` without a memory limit (a program
+  two stages share is compiled once); the judges' programs and the evaluation are not
+  compiled."""
+  model_cfg, rules, sampler_cfg = targets.for_target(plan, tgt)
+  mesh = targets.make_mesh(plan, tgt.devices)
+  count_mesh = targets.make_mesh(plan, tgt.count_devices) if tgt.count_devices else mesh
+  _check_stages(plan, stages)
+  out = []
+  for st in plan.stages:
+    if (stages and st.name not in stages) or st.MODEL is None:
+      continue
+    model_for = lambda c: targets.target_model(plan, tgt, c)
+    out.append(plan_stage(st, model_cfg, mesh, rules, sampler_cfg, 0, True, count_mesh,
+                          rm_stages=_rm_stages(plan, st), hardware=plan.hardware,
+                          judges=judges_lib.judge_calls(plan, st, model_for),
+                          judge_programs=False))
     if report:
       report(out[-1])
   return out

@@ -4,6 +4,8 @@ against their FLOPs at peak, the prefill, scoring, judges, the update and the fr
 
 from __future__ import annotations
 
+import dataclasses
+
 from flax import nnx
 import jax
 from jax.sharding import NamedSharding
@@ -66,7 +68,16 @@ def _experts_reached(cfg, mesh, rules, rows: int) -> float:
 TIME_ASSUMPTIONS = (
     'every device call (a decode step, a prefill) takes max(the bytes it reads per device / '
     'hardware.hbm_gbps, its FLOPs per device / hardware.peak_tflops): reads and compute '
-    'overlap perfectly, and collectives, host syncs, launches and sampling itself are free',
+    'overlap perfectly; host syncs, launches and sampling itself are free',
+    "collectives (where the programs were compiled): those of each compiled program's optimized "
+    'HLO, each priced at the ring algorithm\'s bytes per device ((n - 1) / n of the buffer; '
+    'twice that for an all-reduce) over the target\'s interconnect (`targets.INTERCONNECTS`: '
+    'on a torus both ways along the axes a group spans, an all-to-all at the ring\'s bisection; '
+    'through a switch at one link\'s rate; across slices or hosts at DCN or the inter-node '
+    "network's rate), one after another. Overlapped (the bound): a part's collectives hide "
+    'behind its compute and reads, the part taking the larger; serial: they add. A sampler '
+    "call's collectives count per call (chunk or engine call) plus, per decode step, those of "
+    'one iteration of its decode loop; the largest call\'s program stands for every call',
     "every row of a round generates the longest phase's max_response_len tokens: a one-call "
     "chunk runs to the cap, the paged engine's slots turn over in whole waves",
     "a decode step reads per device the weights in the sampler's layout (of routed experts, "
@@ -220,6 +231,54 @@ def step_time(stage, kind, model_cfg, mesh, rules, hw, sampler_cfg: dict,
   return results.StepTime(**parts, scoring=scoring, judge=judge, update=update, frozen=frozen,
                           rounds=rounds,
                           weights_only=old, decode_steps=steps)
+
+
+def with_collectives(time: results.StepTime | None, programs, stage, kind, sampler=None,
+                     ) -> results.StepTime | None:
+  """`time` with the collectives of a stage's priced programs (`collectives.priced`) per step:
+  the train step's times updates_per_batch; the sampler's per call times its calls and per
+  decode step times the decode steps; the frozen passes' times their calls; reward-model
+  scoring's once (`TIME_ASSUMPTIONS`). Judges' programs are left out."""
+  if time is None:
+    return None
+  by = {p.name: p for p in programs if not p.error}
+  update = (getattr(stage, 'updates_per_batch', 1) * by['train step'].collective_s
+            if 'train step' in by else 0.0)
+  frozen = sum(ff.calls * by[ff.name].collective_s
+               for ff in (kind.frozen_forwards(stage) if kind.frozen_forwards else [])
+               if ff.name in by)
+  scoring = sum(p.collective_s for n, p in by.items() if n.startswith('reward model scoring'))
+  sampling = 0.0
+  if sampler is not None and 'sampler' in by:
+    decode_calls, prefill_calls = sampler_call_counts(stage, kind, sampler, time.decode_steps)
+    sampling = (decode_calls * by['sampler'].collective_s
+                + time.decode_steps * by['sampler'].collective_step_s)
+    if 'sampler prefill' in by:
+      sampling += prefill_calls * by['sampler prefill'].collective_s
+  return dataclasses.replace(time, collective_sampling=sampling, collective_update=update,
+                             collective_frozen=frozen, collective_scoring=scoring)
+
+
+def sampler_call_counts(stage, kind, sampler, decode_steps: int) -> tuple[float, float]:
+  """(decode calls, prefill calls) of one sampling round: one-call, a call per chunk of rows
+  (its prefill inside); paged, an engine call per chunk_steps decode steps and the prefill
+  calls of `prefill_prompts` prompts each."""
+  calls = kind.sampler_calls(stage) if kind.sampler_calls is not None else [
+      kind.sampler_sizes(stage)]
+  decode = prefill = 0.0
+  for call in calls:
+    rows = call['rows']
+    chunk = sampler.call_shape(rows, call['prompt_len'], call['max_new_tokens'])[2]
+    if sampler.engine == 'one_call':
+      decode += -(-rows // chunk)
+      continue
+    eng = sampler._rollout.engine(chunk)  # pylint: disable=protected-access
+    if not call.get('continued', False):
+      prompts = -(-rows // call.get('num_samples', 1))
+      prefill += -(-prompts // eng.opt.prefill_prompts)
+  if sampler.engine != 'one_call':
+    decode = decode_steps / eng.opt.chunk_steps
+  return decode, prefill
 
 
 def judge_time(calls, mesh, rules, hw, sampler_cfg: dict, policy_cfg=None) -> float:

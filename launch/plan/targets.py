@@ -58,6 +58,55 @@ def num_devices(plan: config_lib.Plan) -> int:
   return int(np.prod(shape))
 
 
+@dataclasses.dataclass(frozen=True)
+class Interconnect:
+  """How a target's devices exchange data, for pricing collectives (`launch.plan.collectives`).
+
+  Attributes:
+    name: in words, for the output.
+    link_gbps: GB/s one way over one link of a TPU torus, or from one GPU to its node's switch.
+    switched: True where every device of a domain reaches every other at `link_gbps` (NVLink
+      through NVSwitch); False for a torus, where a group's ring runs along the axes it spans,
+      both ways, and an all-to-all is bound by the ring's bisection.
+    network_gbps: GB/s one way per device between domains (DCN between TPU slices, the
+      inter-node network between GPU hosts); a group spanning domains runs at this rate.
+    domain: what the fast links reach: 'slice' or 'node'.
+    source: where the numbers come from.
+  """
+  name: str
+  link_gbps: float
+  switched: bool
+  network_gbps: float
+  domain: str
+  source: str
+
+
+# Interconnects by chip, looked up by `interconnect` from config.hardware.
+INTERCONNECTS = {
+    'v5p': Interconnect(
+        'TPU v5p ICI, 3D torus (DCN between slices)', link_gbps=100.0, switched=False,
+        network_gbps=6.25, domain='slice',
+        source='Cloud TPU v5p system architecture (cloud.google.com/tpu/docs/v5p): '
+        '1,200 GB/s bidirectional ICI per chip (4,800 Gbps) over the 6 links of its 3D torus '
+        '= 100 GB/s per link each way; DCN 50 Gbps = 6.25 GB/s per chip'),
+    'h200': Interconnect(
+        'NVLink 4 through NVSwitch in an 8-GPU node, 400 Gb/s InfiniBand between nodes',
+        link_gbps=450.0, switched=True, network_gbps=50.0, domain='node',
+        source='NVIDIA H200 datasheet: NVLink 900 GB/s per GPU (450 GB/s each way); NVIDIA '
+        'DGX H200: 8 ConnectX-7 ports of 400 Gb/s per node, one per GPU = 50 GB/s each way'),
+}
+
+
+def interconnect(hw) -> Interconnect | None:
+  """The interconnect of `config.hardware` (its topology's chip, or an H200 GPU target), or
+  None where none is known (collectives are then counted in bytes, not timed)."""
+  chip = hw.topology.split(':', 1)[0].lower() if hw.topology else ''
+  if chip in INTERCONNECTS:
+    return INTERCONNECTS[chip]
+  named = f'{hw.gpu_target} {hw.name}'.lower() if hw.platform == 'gpu' else ''
+  return next((v for k, v in INTERCONNECTS.items() if k in named), None)
+
+
 def have_libtpu() -> bool:
   return importlib.util.find_spec('libtpu') is not None
 
@@ -210,12 +259,12 @@ def _gpu_target(plan: config_lib.Plan, n: int, limit: int) -> Target:
 
 def _counting_devices(n: int) -> tuple:
   """The n CPU devices a TPU or GPU target's FLOPs are counted on (its compiler returns no
-  cost analysis)."""
+  cost analysis): the first n of this process's."""
   cpus = tuple(jax.devices('cpu'))
-  if len(cpus) != n:
+  if len(cpus) < n:
     raise ValueError(f'{len(cpus)} CPU devices: counting FLOPs needs {n}; call '
                      'launch.plan.targets.use_simulated_cpu_devices(n) before any JAX work')
-  return cpus
+  return cpus[:n]
 
 
 def _no_gpu_compiler(hw) -> str:

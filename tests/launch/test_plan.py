@@ -548,10 +548,10 @@ def test_markdown_report_says_how_and_what(tmp_path):
   assert '| math_rl | train step | 8 rows x 64 tokens | 6.00 GiB | 60 % | 41 s (80 s) | 1.5e+15 |' in page
   row = next(l for l in page.splitlines() if l.startswith('| math_rl | sampler'))
   assert 'DOES NOT COMPILE: JaxRuntimeError: RESOURCE_EXHAUSTED: 120G' in row
-  # The shapes' own '|' escaped: 7 columns, the table stays whole.
-  assert len(re.findall(r'(?<!\\)\|', row)) == 8 and '8 rows \\| 64' in row
-  # 2 s x 1800 steps = 1 h on 64 chips.
-  assert '| math_rl | 1800 |  |  | 2 | 0 | 2 | 64 | 1, 64 | 0, 0 |' in page
+  # The shapes' own '|' escaped: 8 columns, the table stays whole.
+  assert len(re.findall(r'(?<!\\)\|', row)) == 9 and '8 rows \\| 64' in row
+  # 2 s x 1800 steps = 1 h on 64 chips; compiled programs without collectives: 0 s of them.
+  assert '| math_rl | 1800 |  |  | 2 | 0 | 0 / 0 / 0 / 0 | 2 | 2 | 64, 64 | 1, 64 | 0, 0 |' in page
   assert 'PLAN FAILED' in page
   assert 'every planned program fits' in plan_report.markdown_report(
       [dataclasses.replace(rep, programs=(ok,))], command='c', header=['target: t'],

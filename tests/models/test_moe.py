@@ -597,6 +597,40 @@ def test_sharded_matches_unsharded(shape, name, monkeypatch):
     assert 'reduce-scatter' in hlo      # the expert group's tokens summed back to their shard
 
 
+@pytest.mark.parametrize('shape,name', [
+    ((1, 2, 2, 2), 'sigmoid_relu2_groups_shared'),         # expert, tensor and fsdp at once
+    ((2, 1, 4, 1), 'softmax_relu2_groups'),                # K = 3 over 4 expert shards
+    # Compile-bound: in the heavy run only.
+    pytest.param((1, 1, 8, 1), 'softmax_swiglu_norm', marks=pytest.mark.heavy),
+    pytest.param((1, 2, 2, 2), 'sigmoid_relu2_groups_shared:chunk', marks=pytest.mark.heavy),
+])
+def test_all_to_all_dispatch_matches_unsharded(shape, name):
+  """moe_dispatch='all_to_all': each shard sends its routed pairs to their experts' shards
+  and back (padded slots on XLA:CPU, which has no ragged all-to-all): the unsharded layer's
+  output, losses and every gradient, with all-to-alls in place of the gather and the
+  reduce-scatter."""
+  assert jax.device_count() >= 8
+  name, _, how = name.partition(':')
+  cfg = _cfg(**CONFIGS[name], moe_dispatch='all_to_all', moe_chunk=5 if how == 'chunk' else 0)
+  m, x = _model(cfg, scale=0.25), _x(8, 3)
+  mask = jnp.ones((8, 3)).at[1, 2].set(0.0)
+  ((loss0, out0), grads0), _ = _sharded_run(m, x, mask, None)
+  ((loss1, out1), grads1), (_, hlo) = _sharded_run(m, x, mask, sharding.make_mesh(shape))
+  np.testing.assert_array_equal(out1.indices, out0.indices)
+  close = functools.partial(np.testing.assert_allclose, atol=1e-5, rtol=1e-5)
+  close(out1.y, out0.y)
+  close(loss1, loss0)
+  for n, g in grads0[0].items():
+    close(grads1[0][n], g, err_msg=n)
+  close(grads1[1], grads0[1])
+  assert 'all-to-all' in hlo and 'reduce-scatter' not in hlo
+
+
+def test_moe_dispatch_is_checked():
+  with pytest.raises(ValueError, match=r'moe_dispatch=.ring.'):
+    _cfg(moe_dispatch='ring')
+
+
 def _all_gathers(hlo: str, d: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
   """(result shape, gathered dims) of every all-gather in a compiled program whose result is
   [..., d] (activations or their gradients, per device after the gather)."""
