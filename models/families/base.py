@@ -18,10 +18,10 @@ from typing import Any, Callable, Mapping
 
 from models import hf_tables
 
-# The stacks a family can run on (models/transformer.py): 'blocks' is L identical
-# ('attention', 'mlp') Blocks stacked on a 'layers' axis and scanned, with one
-# [L, B, K, S, H] KV cache per side; 'pattern' is the sublayer pattern of models/hybrid.py,
-# with one KV buffer per attention sublayer and a Mamba state per Mamba sublayer.
+# The stacks a family can run on (both run by models/hybrid.py's `run`): 'blocks' is the
+# pattern ('attention', 'mlp') x L as L identical fused Blocks stacked on a 'layers' axis
+# and scanned, with one [L, B, K, S, H] KV cache per side; 'pattern' is any sublayer
+# pattern, with one KV buffer per attention sublayer and a Mamba state per Mamba sublayer.
 STACKS = ('blocks', 'pattern')
 
 
