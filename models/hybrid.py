@@ -801,18 +801,18 @@ def _block_cached_body(graphdef, positions, mask, index, carry, layer_xs):
 
 
 def _block_paged_body(graphdef, positions, paged, carry, layer_xs):
-  """Layer i of a paged decode step over the stacked page pools."""
+  """Layer i of a paged decode step over the stacked page pools (`positions`: [S])."""
   x, k_all, v_all = carry
   layer_params, i = layer_xs
   x, (k_all, v_all) = nnx.merge(graphdef, layer_params)(
-      x, positions, None, layers._PagedStep(k_all, v_all, i, paged))
+      x, positions[:, None], None, layers._PagedStep(k_all, v_all, i, paged))
   return (x, k_all, v_all), None
 
 
 def _blocks_cached(block: Block, cfg, x, positions, mask, k, v, index=None, paged=None):
   """Cached scan: x through the L layers over the stacked [L, ...] caches (a prefill or
-  decode's buffers written from `index`, or a paged step's pools), carried and updated in
-  place; (x, k, v)."""
+  decode's buffers written from `index`, or a paged step's pools, `positions` then [S]),
+  carried and updated in place; (x, k, v)."""
   graphdef, params = nnx.split(block)
   if paged is None:
     body = functools.partial(_block_cached_body, graphdef, positions, mask, index)
@@ -842,8 +842,8 @@ def _run_blocks(block: Block, cfg, x, positions, mask, kv, paged, layer_states, 
     if paged is not None:
       if not isinstance(paged.k, tuple):
         raise ValueError('layers= needs the pools split per layer (split_layers)')
-      x, ks, vs = _blocks_unrolled(block, layer_states, x, positions, mask, paged.k, paged.v,
-                                   paged=paged)
+      x, ks, vs = _blocks_unrolled(block, layer_states, x, positions[:, None], mask, paged.k,
+                                   paged.v, paged=paged)
     else:
       if kv is None or not isinstance(kv[0], tuple):
         raise ValueError('layers= needs a cache in the unstack_cache layout')
@@ -884,7 +884,8 @@ def run(blocks: Sequence[Sublayer | Repeat] | Block, cfg: config_lib.ModelConfig
       caches are stacked [L, ...] (or tuples of one per layer with `layer_states`).
     cfg: the model config.
     x: [B, T, D] embedded tokens.
-    positions, mask: as attention takes them (mask None for a paged step).
+    positions, mask: as attention takes them; for a paged step [S] (each slot's one
+      token's) and None.
     segment_ids: [B, T] int32 (None for a paged step: its slots' `live` flags).
     kv: None, or (ks, vs, index): a tuple of [B, K, S, H] buffers per attention sublayer
       and the slot the new tokens are written from.
@@ -919,9 +920,10 @@ def run(blocks: Sequence[Sublayer | Repeat] | Block, cfg: config_lib.ModelConfig
       raise ValueError(f'routing= is for the mixture-of-experts families; family='
                        f'{cfg.family!r} has no experts')
     return _run_blocks(blocks, cfg, x, positions, mask, kv, paged, layer_states, remat)
-  if paged is not None and segment_ids is None:
+  if paged is not None:
     # A slot that is not live is padding to the Mamba mixers: its state stays as it is.
     segment_ids = paged.live.astype(jnp.int32)[:, None]
+    positions = positions[:, None]
   scan = cfg.scans_layers if scan is None else scan
   ctx = _Pass(positions, mask, segment_ids, replay, remat, has_kv=kv is not None,
               kv_index=None if kv is None else kv[2], paged=paged,

@@ -306,7 +306,7 @@ class Transformer(nnx.Module):
     table = sharding.constrain(self.embed.value, ('vocab', None))
     x = jnp.take(table, tokens[:, None], axis=0).astype(cfg.jnp_dtype)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
-    x, ks, vs, states, _ = hybrid.run(self._stack(), cfg, x, positions[:, None], None, None,
+    x, ks, vs, states, _ = hybrid.run(self._stack(), cfg, x, positions, None, None,
                                       states=cache.state, paged=cache, layer_states=layers)
     logits = self.logits_from_hidden(self.final_norm(x))[:, 0]
     return logits, cache._replace(k=ks, v=vs, state=states)
