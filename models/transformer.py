@@ -136,9 +136,8 @@ def unstack_cache(cache: Cache) -> Cache:
   return cache._replace(k=split_layers(cache.k, CACHE_AXES), v=split_layers(cache.v, CACHE_AXES))
 
 
-# The dense families' unit and its stacking live with the stack runner (models/hybrid.py).
+# The dense families' unit lives with the stack runner (models/hybrid.py).
 Block = hybrid.Block
-_stack_blocks = hybrid.stack_blocks
 
 
 def _host_offload_supported() -> bool:
