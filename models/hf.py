@@ -1,9 +1,9 @@
 """Hugging Face interop: load and save Llama / Qwen2 / Qwen3 / Qwen3-MoE / Nemotron-H checkpoints.
 
-The config translation, the tensor layouts and the sharded read and write of each
-tensor live together here (the mixture-of-experts families' config translation
-and tensor tables in models/hf_moe.py), so that an import and its export cannot
-drift apart.
+The config translation and the sharded read and write of each tensor live here; what sets
+a family apart (its HF architecture, config.json fields and tensor table) lives in its
+module in models/families (the `hf_*` fields of `families.base.Family`), written with the
+table builders of models/hf_tables.py, so that an import and its export cannot drift apart.
 
   model = hf.load_model('/ckpt/Qwen3-8B', mesh=mesh)   # an nnx Transformer
   logits = model(tokens)                               # int32 [B, T] -> [B, T, V]
@@ -21,21 +21,18 @@ more than one tensor and no full unsharded copy of the model exists; a stacked
 parameter (the dense blocks' [L, ...], the experts' [E, ...]) is filled one
 layer or expert at a time.
 
-Layouts (ours <- HF, torch Linear weights are [out, in]):
-  embed [V, D] <- embed_tokens [V, D];   lm_head [D, V] <- lm_head [V, D]
-  q/k/v_proj [D, N|K, H] <- [N|K * H, D]; o_proj [N, H, D] <- [D, N * H]
-  q/k/v_bias [N|K, H] <- [N|K * H];        gate/up [D, F] <- [F, D]; down [F, D] <- [D, F]
-  norm scales [D] or [H] unchanged.
-The dense blocks' parameters are stacked on a leading 'layers' axis [L, ...]: HF's
-`model.layers.{i}.*` tensors are read into, and written from, layer i of them.
-The mixture-of-experts families' layouts (Mamba, experts; per-expert or fused,
-Nemotron-H's `backbone.` or `model.` prefix) are in models/hf_moe.py's docstring;
-a save writes the hub's (per-expert, `backbone.`).
+Layouts (ours <- HF) are in models/hf_tables.py's docstring. The dense blocks' parameters
+are stacked on a leading 'layers' axis [L, ...]: HF's `model.layers.{i}.*` tensors are read
+into, and written from, layer i of them. A sublayer pattern's tables (Mamba, experts;
+per-expert or fused, Nemotron-H's `backbone.` or `model.` prefix) are written per sublayer
+and pointed at where the model keeps each (`hybrid.locate`); a save writes the hub's layout
+(per-expert, `backbone.`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -55,8 +52,9 @@ from foundation import paths
 from foundation import tokenizer as tokenizer_lib
 from models import config as config_lib
 from models import families
-from models import hf_moe
+from models import hf_tables
 from models import hf_tokenizer
+from models import hybrid
 from models import rope as rope_lib
 from models import sharding
 from models import transformer
@@ -76,10 +74,7 @@ _SHARD_RE = re.compile(r'^model-\d{5}-of-\d{5}\.safetensors$')
 _IGNORED_SUFFIXES = ('rotary_emb.inv_freq',)
 
 
-def _require(hf: Mapping[str, Any], key: str):
-  if hf.get(key) is None:
-    raise ValueError(f'HF config: required field {key!r} is missing')
-  return hf[key]
+_require = hf_tables.require
 
 
 def _rope(hf: Mapping[str, Any], max_positions: int
@@ -131,7 +126,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
   Raises:
     ValueError: an unsupported architecture or feature (a RoPE scaling other
       than linear / yarn / llama3, sliding window, o_proj / MLP biases, an
-      activation other than silu; Nemotron-H's in hf_moe.nemotron_h_config) or a
+      activation other than silu; a family's own in its `hf_read`) or a
       missing required field.
   """
   archs = hf.get('architectures') or []
@@ -141,12 +136,13 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
                      f'expected one of {sorted(known)}')
   family = known[archs[0]]
   spec = families.get(family)
-  if family == 'nemotron_h':
-    return hf_moe.nemotron_h_config(hf, _dtype_name(hf))
+  if spec.hf_read is not None:
+    return config_lib.ModelConfig(**spec.hf_read(hf, _dtype_name(hf)))
   if hf.get('hidden_act', 'silu') != 'silu':
     raise ValueError(f"HF config: hidden_act={hf['hidden_act']!r}; only 'silu' is supported")
   # Llama's and Qwen3's attention_bias also puts a bias on o_proj, which we lack.
-  if family != 'qwen2' and hf.get('attention_bias'):
+  # (A family whose HF class has q/k/v biases, Qwen2, has no o_proj bias and no such field.)
+  if not spec.hf_switches[0] and hf.get('attention_bias'):
     raise ValueError(f'HF config: attention_bias=true ({archs[0]}) puts a bias on o_proj, '
                      'which is not supported')
   if hf.get('mlp_bias'):
@@ -164,7 +160,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
   max_positions = int(hf.get('max_position_embeddings') or spec.hf_max_positions)
   rope_theta, rope_scaling = _rope(hf, max_positions)
   num_layers = int(_require(hf, 'num_hidden_layers'))
-  experts = hf_moe.qwen3_moe_fields(hf, num_layers) if family == 'qwen3_moe' else {}
+  extra = {} if spec.hf_read_extra is None else spec.hf_read_extra(hf, num_layers)
   return config_lib.ModelConfig(
       family=family,
       vocab_size=int(_require(hf, 'vocab_size')),
@@ -183,7 +179,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> config_lib.ModelConfig:
       max_seq_len=max_positions,
       param_dtype=dtype,
       dtype=dtype,
-      **experts)
+      **extra)
 
 
 def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
@@ -196,8 +192,8 @@ def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
   spec = cfg.spec
   if spec.hf_architecture is None:
     raise ValueError(f'ModelConfig.family={cfg.family!r} has no Hugging Face architecture')
-  if cfg.family == 'nemotron_h':
-    return hf_moe.nemotron_h_to_hf(cfg, cfg.param_dtype)
+  if spec.hf_write is not None:
+    return spec.hf_write(cfg, cfg.param_dtype)
   want = spec.hf_switches
   if (cfg.qkv_bias, cfg.qk_norm) != want:
     raise ValueError(
@@ -234,32 +230,34 @@ def config_to_hf(cfg: config_lib.ModelConfig) -> dict[str, Any]:
   if cfg.rope_scaling is not None:
     out['rope_scaling'] = rope_scaling
   out.update(spec.hf_constants)
-  if cfg.family == 'qwen3_moe':
-    out.update(hf_moe.qwen3_moe_to_hf(cfg))
+  if spec.hf_write_extra is not None:
+    out.update(spec.hf_write_extra(cfg))
   return out
 
 
 def _tensors(cfg: config_lib.ModelConfig,
-             names: Collection[str] | None = None) -> list[hf_moe.Tensor]:
-  """Every parameter of `cfg`'s Transformer as HF tensors, in HF's order; the
-  mixture-of-experts families' follow the layout of the checkpoint's tensor `names`
-  (None: the hub layout an export writes)."""
-  if cfg.spec.stack == 'pattern':
-    return hf_moe.tensors(cfg, names)
-  d, v = cfg.embed_dim, cfg.vocab_size
-  out = [hf_moe.single(('embed',), 'model.embed_tokens.weight', (v, d))]
-  for i in range(cfg.num_layers):   # layer i of the stacked [L, ...] block parameters
-    p = f'model.layers.{i}.'
-    out.append(hf_moe.single(('layers', 'input_norm', 'scale'), p + 'input_layernorm.weight',
-                             (d,), index=i))
-    out += hf_moe.attention(cfg, ('layers', 'attn'), p + 'self_attn.', index=i)
-    out += hf_moe.mlp(cfg, ('layers', 'mlp'), p + 'mlp.', cfg.mlp_dim, index=i)
-    out.append(hf_moe.single(('layers', 'post_attn_norm', 'scale'),
-                             p + 'post_attention_layernorm.weight', (d,), index=i))
-  out.append(hf_moe.single(('final_norm', 'scale'), 'model.norm.weight', (d,)))
-  if not cfg.tie_embeddings:
-    out.append(hf_moe.linear(('lm_head',), 'lm_head.weight', v, d))
-  return out
+             names: Collection[str] | None = None) -> list[hf_tables.Tensor]:
+  """Every parameter of `cfg`'s Transformer as HF tensors, in HF's order (its family's
+  `hf_tensors`), following the layout of the checkpoint's tensor `names` (None: the hub
+  layout an export writes); a sublayer's ('blocks', i, ...) parts pointed at where the model
+  keeps sublayer i."""
+  return [_relocate(cfg, t) for t in cfg.spec.hf_tensors(cfg, names)]
+
+
+def _relocate(cfg: config_lib.ModelConfig, t: hf_tables.Tensor) -> hf_tables.Tensor:
+  """`t` with its ('blocks', i, ...) parts pointed at where the model keeps sublayer i: a
+  block of its own, or one repeat of a stacked segment (models/hybrid.py `locate`), the
+  repeat prefixed to the part's index."""
+  parts = []
+  for part in t.parts:
+    if part.path[0] == 'blocks':
+      prefix, r = hybrid.locate(cfg, part.path[1])
+      index = part.index
+      if r is not None:
+        index = (r,) if index is None else (r,) + (index if isinstance(index, tuple) else (index,))
+      part = dataclasses.replace(part, path=prefix + part.path[2:], index=index)
+    parts.append(part)
+  return dataclasses.replace(t, parts=tuple(parts))
 
 
 def _weight_files(ckpt: epath.Path) -> dict[str, epath.Path]:
@@ -288,16 +286,17 @@ def _open(fname: epath.Path):
     yield fh
 
 
-def _check_names(wanted: list[hf_moe.Tensor], files: Mapping[str, epath.Path],
+def _check_names(wanted: list[hf_tables.Tensor], files: Mapping[str, epath.Path],
                  cfg: config_lib.ModelConfig, ckpt: epath.Path):
   names = {t.name for t in wanted}
-  note = hf_moe.expert_count_note(cfg, files) if cfg.num_experts else ''
+  note = (hf_tables.expert_count_note(cfg, files, cfg.spec.hf_experts_field)
+          if cfg.num_experts else '')
   missing = [t.name for t in wanted if t.name not in files]
   if missing:
     raise ValueError(f'{ckpt}: {len(missing)} tensor(s) the config needs are missing, '
                      f'e.g. {missing[:5]}{note}')
   extra = sorted(x for x in files if x not in names and not x.endswith(_IGNORED_SUFFIXES)
-                 and not hf_moe.ignored(cfg, x)
+                 and not cfg.spec.hf_ignored(x)
                  and not (cfg.tie_embeddings and x == 'lm_head.weight'))
   if extra:
     raise ValueError(f'{ckpt}: {len(extra)} unexpected tensor(s) the config does not use, '
@@ -328,7 +327,7 @@ def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None
     path: directory (local or gs://) with config.json and model.safetensors (or
       sharded model-0000x-of-0000y.safetensors files plus model.safetensors.index.json);
       the experts' tensors may be per-expert or fused, and Nemotron-H's prefix
-      `backbone.` or `model.` (models/hf_moe.py).
+      `backbone.` or `model.` (its family's `hf_tensors`).
     mesh: place every parameter sharded on this ('data', 'fsdp', 'tensor') mesh
       (or ('data', 'fsdp', 'expert', 'tensor')) as it is read; None puts them on the
       default device.
@@ -368,7 +367,7 @@ def load_model(path: str | os.PathLike, *, mesh: jax.sharding.Mesh | None = None
   if set(abs_vars) != table_paths:  # Guards the tables against model drift.
     raise AssertionError(f'parameter paths drifted: {set(abs_vars) ^ table_paths}')
 
-  by_file: dict[epath.Path, list[hf_moe.Tensor]] = {}
+  by_file: dict[epath.Path, list[hf_tables.Tensor]] = {}
   for t in wanted:
     by_file.setdefault(files[t.name], []).append(t)
   loaded, stacks = {}, {}
@@ -440,7 +439,7 @@ class _Stack:
                      tuple(jnp.asarray(j, jnp.int32) for j in idx))
 
 
-def _host_value(params: Mapping[tuple, nnx.Variable], part: hf_moe.Part) -> np.ndarray:
+def _host_value(params: Mapping[tuple, nnx.Variable], part: hf_tables.Part) -> np.ndarray:
   """A part's parameter (or its slice) on the host; a multi-host one gathered, alone.
 
   Every process must call it, in the same order: the slice and the gather are collectives.
@@ -495,7 +494,7 @@ def save_model(model: transformer.Transformer, out_dir: str | os.PathLike, *,
   params = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   tensors = _tensors(cfg)
 
-  groups: list[list[hf_moe.Tensor]] = [[]]
+  groups: list[list[hf_tables.Tensor]] = [[]]
   size = 0
   for t in tensors:
     nbytes = math.prod(t.shape) * params[t.parts[0].path].get_value().dtype.itemsize

@@ -1,4 +1,4 @@
-"""The mixture-of-experts families' layer stack: residual sublayers chosen by a pattern.
+"""The decoder stack of every family: residual sublayers chosen by a pattern, and its runner.
 
 `ModelConfig.mixers` lists the sublayers in order; each is `x + mixer(norm(x))`
 with its own RMSNorm, the mixer one of
@@ -32,7 +32,7 @@ blocks' logical axis, so the same sharding rules apply); it runs as one
 `lax.scan` over the repeats when `cfg.scans_layers`, else as a Python loop over
 the same stacks (a Fold likewise loops over the pattern, each sublayer sliced out of its
 kind's stack). The layout depends only on the pattern. `locate` and `sublayer` map a sublayer's index in the pattern
-to where its parameters live (HF interop, models/hf_moe.py, reads and writes
+to where its parameters live (HF interop, models/hf.py, reads and writes
 each layer's tensors through it).
 
 A cache stays per sublayer: a [B, K, S, H] key and value buffer per attention
@@ -41,10 +41,13 @@ per Mamba sublayer. A call with a cache (prefill, decode, a paged step) runs a
 repeated segment as a Python loop over its repeats, each sublayer updating its
 own buffers, pools or state in place (a Fold: a loop over the pattern): a scan would stack
 the caches for its carry and split them after, copying them on every decode step.
-`models.transformer.Transformer`
-builds and calls this stack when the config's family runs on the 'pattern' stack
-(models/families); its calling convention is unchanged. `run` picks one mode per call,
-each a named function below (docs/model_families.md, "The stack runner's modes").
+The dense families' pattern, ('attention', 'mlp') x L, is kept as one `Block` fusing the
+two sublayers, its parameters stacked on a leading 'layers' axis [L, ...] (the paths every
+checkpoint of theirs holds), run as one scanned body with one stacked [L, B, K, S, H] KV
+cache per side, or as an unrolled loop over per-layer buffers (`layer_states`).
+`models.transformer.Transformer` builds the stack its family names (models/families) and
+calls `run` for every family; `run` picks one mode per call, each a named function below
+(docs/model_families.md, "The stack runner's modes").
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax import ad_checkpoint
 
 from models import config as config_lib
 from models import layers
@@ -129,6 +133,41 @@ class Sublayer(nnx.Module):
       h, report = out.y, out._replace(y=None)
     x = x + h.astype(x.dtype)
     return sharding.constrain(x, ('batch', 'length', 'embed')), part, report
+
+
+class Block(nnx.Module):
+  """The dense families' unit of the pattern, ('attention', 'mlp') fused into one pre-norm
+  residual block: x + attn(norm(x)), then x + mlp(norm(x)). Their stack is L Blocks with
+  the parameters stacked on a leading 'layers' axis (`stack_blocks`), run as one scanned
+  body (`_blocks_*` below)."""
+
+  def __init__(self, cfg: config_lib.ModelConfig, rngs: nnx.Rngs):
+    pd = cfg.jnp_param_dtype
+    self.input_norm = layers.RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
+    self.attn = layers.Attention(cfg, rngs)
+    self.post_attn_norm = layers.RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
+    self.mlp = (cfg.spec.mlp or layers.MLP)(cfg, rngs)
+
+  def __call__(self, x, positions, mask, kv_cache=None):
+    h, new_kv = self.attn(self.input_norm(x), positions, mask, kv_cache)
+    # The name the 'save_attention_out' remat policy keeps.
+    x = x + ad_checkpoint.checkpoint_name(h, 'attention_out')
+    x = x + self.mlp(self.post_attn_norm(x))
+    return sharding.constrain(x, ('batch', 'length', 'embed')), new_kv
+
+
+def stack_blocks(blocks: list[Block]) -> Block:
+  """One Block holding `blocks`' parameters stacked on a leading 'layers' axis [L, ...].
+
+  Built from Blocks made one after another, so layer i has exactly the values
+  (and the RNG draws) it had as the i-th of a list of Blocks.
+  """
+  def stack(*vs):
+    axes = ('layers',) + tuple(vs[0].get_metadata()['logical_axes'])
+    return vs[0].replace(jnp.stack([v.get_value() for v in vs]), logical_axes=axes)
+  states = [nnx.state(b) for b in blocks]
+  stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return nnx.merge(nnx.graphdef(blocks[0]), stacked)
 
 
 class Segment(NamedTuple):
@@ -724,6 +763,101 @@ def _run_segments(ctx: _Pass, blocks, cfg, x, caches: _Caches, routing, scan: bo
   return x, reports
 
 
+# --- The dense families' stack: the pattern ('attention', 'mlp') x L as one stacked Block.
+
+def _layer_loop(cfg: config_lib.ModelConfig, body, carry, xs):
+  """`body` over the L layers: one `lax.scan`, or a Python loop (`cfg.scans_layers`)."""
+  if cfg.scans_layers:
+    carry, _ = jax.lax.scan(body, carry, xs)
+  else:
+    for i in range(cfg.num_layers):
+      carry, _ = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
+  return carry
+
+
+def _block_train_body(graphdef, positions, mask, x, layer_params):
+  """One layer without a cache; its input named 'block_input' (the 'offload' policy's)."""
+  x = ad_checkpoint.checkpoint_name(x, 'block_input')
+  return nnx.merge(graphdef, layer_params)(x, positions, mask)[0], None
+
+
+def _blocks_train(block: Block, cfg, x, positions, mask, remat: Callable | None):
+  """Train scan: x through the L layers with no cache, each layer rematerialised as one
+  block in the backward pass (`remat`); x."""
+  graphdef, params = nnx.split(block)
+  body = functools.partial(_block_train_body, graphdef, positions, mask)
+  if remat is not None:
+    body = remat(body, not cfg.scans_layers)   # a scan's body cannot be CSE'd anyway
+  return _layer_loop(cfg, body, x, params)
+
+
+def _block_cached_body(graphdef, positions, mask, index, carry, layer_xs):
+  """Layer i writes its T new slots into the stacked caches in place and reads its slice."""
+  x, k_all, v_all = carry
+  layer_params, i = layer_xs
+  x, (k_all, v_all) = nnx.merge(graphdef, layer_params)(x, positions, mask,
+                                                        (k_all, v_all, i, index))
+  return (x, k_all, v_all), None
+
+
+def _block_paged_body(graphdef, positions, paged, carry, layer_xs):
+  """Layer i of a paged decode step over the stacked page pools (`positions`: [S])."""
+  x, k_all, v_all = carry
+  layer_params, i = layer_xs
+  x, (k_all, v_all) = nnx.merge(graphdef, layer_params)(
+      x, positions[:, None], None, layers._PagedStep(k_all, v_all, i, paged))
+  return (x, k_all, v_all), None
+
+
+def _blocks_cached(block: Block, cfg, x, positions, mask, k, v, index=None, paged=None):
+  """Cached scan: x through the L layers over the stacked [L, ...] caches (a prefill or
+  decode's buffers written from `index`, or a paged step's pools, `positions` then [S]),
+  carried and updated in place; (x, k, v)."""
+  graphdef, params = nnx.split(block)
+  if paged is None:
+    body = functools.partial(_block_cached_body, graphdef, positions, mask, index)
+  else:
+    body = functools.partial(_block_paged_body, graphdef, positions, paged)
+  return _layer_loop(cfg, body, (x, k, v),
+                     (params, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
+
+
+def _blocks_unrolled(block: Block, layer_states, x, positions, mask, ks, vs, index=None,
+                     paged=None):
+  """Cached decode loop: x through the layers given one by one (`layer_states`: their
+  parameters sliced out of the stack once, by the caller's loop), each over its own buffers
+  or pools (`ks`, `vs`: tuples); (x, ks, vs)."""
+  graphdef = nnx.graphdef(block)
+  ks, vs = list(ks), list(vs)
+  for i, layer_params in enumerate(layer_states):
+    part = ((ks[i], vs[i], None, index) if paged is None
+            else layers._PagedStep(ks[i], vs[i], None, paged))
+    x, (ks[i], vs[i]) = nnx.merge(graphdef, layer_params)(x, positions, mask, part)
+  return x, tuple(ks), tuple(vs)
+
+
+def _run_blocks(block: Block, cfg, x, positions, mask, kv, paged, layer_states, remat):
+  """x through the dense stack in the mode the call asks for; `run`'s return value."""
+  if layer_states is not None:
+    if paged is not None:
+      if not isinstance(paged.k, tuple):
+        raise ValueError('layers= needs the pools split per layer (split_layers)')
+      x, ks, vs = _blocks_unrolled(block, layer_states, x, positions[:, None], mask, paged.k,
+                                   paged.v, paged=paged)
+    else:
+      if kv is None or not isinstance(kv[0], tuple):
+        raise ValueError('layers= needs a cache in the unstack_cache layout')
+      x, ks, vs = _blocks_unrolled(block, layer_states, x, positions, mask, kv[0], kv[1],
+                                   index=kv[2])
+  elif paged is not None:
+    x, ks, vs = _blocks_cached(block, cfg, x, positions, mask, paged.k, paged.v, paged=paged)
+  elif kv is not None:
+    x, ks, vs = _blocks_cached(block, cfg, x, positions, mask, kv[0], kv[1], index=kv[2])
+  else:
+    return _blocks_train(block, cfg, x, positions, mask, remat), (), (), None, None
+  return x, ks, vs, None, None
+
+
 def _stats(reports, routing, segment_ids, moe_sublayers: int) -> MoEStats | None:
   """The call's MoEStats from its reports in pattern order (None without 'moe' sublayers)."""
   if not reports:
@@ -738,17 +872,21 @@ def _stats(reports, routing, segment_ids, moe_sublayers: int) -> MoEStats | None
   return stats
 
 
-def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, positions, mask,
-        segment_ids, *, kv=None, states=None, paged=None, routing=None, replay=True,
-        remat: Callable | None = None, scan: bool | None = None, accumulate: bool = True):
+def run(blocks: Sequence[Sublayer | Repeat] | Block, cfg: config_lib.ModelConfig, x, positions,
+        mask, segment_ids, *, kv=None, states=None, paged=None, routing=None, replay=True,
+        remat: Callable | None = None, scan: bool | None = None, accumulate: bool = True,
+        layer_states=None):
   """x through every sublayer.
 
   Args:
-    blocks: the blocks (`build`): `plan`'s segments, or one Fold.
+    blocks: the blocks (`build`): `plan`'s segments, or one Fold; or, for the dense
+      families, their one stacked `Block` (the pattern ('attention', 'mlp') x L), whose
+      caches are stacked [L, ...] (or tuples of one per layer with `layer_states`).
     cfg: the model config.
     x: [B, T, D] embedded tokens.
-    positions, mask: as attention takes them (mask None for a paged step).
-    segment_ids: [B, T] int32.
+    positions, mask: as attention takes them; for a paged step [S] (each slot's one
+      token's) and None.
+    segment_ids: [B, T] int32 (None for a paged step: its slots' `live` flags).
     kv: None, or (ks, vs, index): a tuple of [B, K, S, H] buffers per attention sublayer
       and the slot the new tokens are written from.
     states: None, or a tuple of MambaState per Mamba sublayer (carried and returned).
@@ -764,6 +902,8 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
       stacked parameters.
     accumulate: a rematerialised Fold's backward pass is `_accumulating_scan`'s (True) or
       autodiff's (False).
+    layer_states: the dense stack only: its layers' parameters sliced out of the stack
+      (`Transformer.layer_states`), run as an unrolled loop over per-layer caches.
 
   With a cache (`kv`, `states` or `paged`) a repeated segment is always a Python loop over
   its repeats, so each sublayer's buffers, pools and state are updated in place (a scan
@@ -775,6 +915,15 @@ def run(blocks: Sequence[Sublayer | Repeat], cfg: config_lib.ModelConfig, x, pos
     (x, ks, vs, states, MoEStats or None): the written buffers / pools and states
     (tuples; empty without a cache).
   """
+  if isinstance(blocks, Block):
+    if routing is not None:
+      raise ValueError(f'routing= is for the mixture-of-experts families; family='
+                       f'{cfg.family!r} has no experts')
+    return _run_blocks(blocks, cfg, x, positions, mask, kv, paged, layer_states, remat)
+  if paged is not None:
+    # A slot that is not live is padding to the Mamba mixers: its state stays as it is.
+    segment_ids = paged.live.astype(jnp.int32)[:, None]
+    positions = positions[:, None]
   scan = cfg.scans_layers if scan is None else scan
   ctx = _Pass(positions, mask, segment_ids, replay, remat, has_kv=kv is not None,
               kv_index=None if kv is None else kv[2], paged=paged,

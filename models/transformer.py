@@ -1,5 +1,6 @@
-"""The policy model, in Flax NNX: dense Llama-3 / Qwen2 / Qwen3 decoders, and the
-mixture-of-experts families (Qwen3-MoE, Nemotron-H) through models/hybrid.py.
+"""The policy model, in Flax NNX: embeddings, a decoder stack, the output projection. Every
+family's stack (the dense Llama-3 / Qwen2 / Qwen3 decoders' stacked Blocks, the
+mixture-of-experts families' sublayer patterns) is run by models/hybrid.py's `run`.
 
 Shape letters: B batch, T query length, S key length (cache slots), D embed,
 N query heads, K kv heads, G = N // K, H head_dim, F mlp, V vocab.
@@ -26,8 +27,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
-from jax import ad_checkpoint
 
 from models import attention
 from models import config as config_lib
@@ -137,50 +136,8 @@ def unstack_cache(cache: Cache) -> Cache:
   return cache._replace(k=split_layers(cache.k, CACHE_AXES), v=split_layers(cache.v, CACHE_AXES))
 
 
-class Block(nnx.Module):
-  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
-
-  def __init__(self, cfg: config_lib.ModelConfig, rngs: nnx.Rngs):
-    pd = cfg.jnp_param_dtype
-    self.input_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
-    self.attn = Attention(cfg, rngs)
-    self.post_attn_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
-    self.mlp = (cfg.spec.mlp or MLP)(cfg, rngs)
-
-  def __call__(self, x, positions, mask, kv_cache=None):
-    h, new_kv = self.attn(self.input_norm(x), positions, mask, kv_cache)
-    # The name the 'save_attention_out' remat policy keeps.
-    x = x + ad_checkpoint.checkpoint_name(h, 'attention_out')
-    x = x + self.mlp(self.post_attn_norm(x))
-    return sharding.constrain(x, ('batch', 'length', 'embed')), new_kv
-
-
-def _stack_blocks(blocks: list[Block]) -> Block:
-  """One Block holding `blocks`' parameters stacked on a leading 'layers' axis [L, ...].
-
-  Built from Blocks made one after another, so layer i has exactly the values
-  (and the RNG draws) it had as the i-th of a list of Blocks.
-  """
-  def stack(*vs):
-    axes = ('layers',) + tuple(vs[0].get_metadata()['logical_axes'])
-    return vs[0].replace(jnp.stack([v.get_value() for v in vs]), logical_axes=axes)
-  states = [nnx.state(b) for b in blocks]
-  stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
-  return nnx.merge(nnx.graphdef(blocks[0]), stacked)
-
-
-def _run_unrolled(graphdef, layers, x, positions, mask, cache, kv_cache):
-  """x through the blocks given one by one (`Transformer.layer_states`), each over its own
-  buffers of `cache.k` / `cache.v` (tuples); `kv_cache(k, v)` is a block's cache argument.
-
-  Returns:
-    (x, tuple of the written k buffers, tuple of the written v buffers).
-  """
-  ks, vs = list(cache.k), list(cache.v)
-  for i, layer_params in enumerate(layers):
-    x, (ks[i], vs[i]) = nnx.merge(graphdef, layer_params)(x, positions, mask,
-                                                          kv_cache(ks[i], vs[i]))
-  return x, tuple(ks), tuple(vs)
+# The dense families' unit lives with the stack runner (models/hybrid.py).
+Block = hybrid.Block
 
 
 def _host_offload_supported() -> bool:
@@ -238,7 +195,7 @@ class Transformer(nnx.Module):
     pd = cfg.jnp_param_dtype
     self.embed = _param(rngs, (cfg.vocab_size, cfg.embed_dim), ('vocab', 'embed'), pd)
     if cfg.spec.stack == 'blocks':
-      self.layers = _stack_blocks([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+      self.layers = hybrid.stack_blocks([Block(cfg, rngs) for _ in range(cfg.num_layers)])
     else:   # the mixture-of-experts families: a pattern of sublayers (models/hybrid.py)
       self.blocks = hybrid.build(cfg, rngs, layout)
     self.final_norm = RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
@@ -308,30 +265,26 @@ class Transformer(nnx.Module):
     if cp:
       x = context.to_zigzag(x, ('batch', 'length', 'embed'))
     unzz = lambda a: context.from_zigzag(a, ('batch', 'length', 'embed')) if cp else a
-    if cfg.spec.stack == 'pattern':
-      kv = None if cache is None else (cache.k, cache.v, cache.index)
-      x, ks, vs, states, stats = hybrid.run(
-          self.blocks, cfg, x, positions, mask, segment_ids, kv=kv,
-          states=None if cache is None else cache.state, routing=routing, replay=replay,
-          remat=None if cfg.remat == 'none' else lambda body, cse: _remat(body, cfg, cse),
-          accumulate=self.accumulate_fold_backward)
-      if stats is not None and cp:
-        stats = stats._replace(indices=context.from_zigzag(
-            stats.indices, (None, 'batch', 'length', None)))
-      if stats is not None and self.collect_moe_stats and not return_stats:
-        self.sow(nnx.Intermediate, 'moe_stats', stats)
-      x = self.final_norm(unzz(x))
-      new_cache = None if cache is None else Cache(k=ks, v=vs, segment_ids=k_seg,
-                                                   index=cache.index + t, state=states)
-      return (x, new_cache, stats) if return_stats else (x, new_cache)
-    if routing is not None:
-      raise ValueError(f'routing= is for the mixture-of-experts families; family='
-                       f'{cfg.family!r} has no experts')
-    x, kv = self._run_blocks(x, positions, mask, cache, layers)
+    kv = None if cache is None else (cache.k, cache.v, cache.index)
+    x, ks, vs, states, stats = hybrid.run(
+        self._stack(), cfg, x, positions, mask, segment_ids, kv=kv,
+        states=None if cache is None else cache.state, routing=routing, replay=replay,
+        remat=None if cfg.remat == 'none' else lambda body, cse: _remat(body, cfg, cse),
+        accumulate=self.accumulate_fold_backward, layer_states=layers)
+    if stats is not None and cp:
+      stats = stats._replace(indices=context.from_zigzag(
+          stats.indices, (None, 'batch', 'length', None)))
+    if stats is not None and self.collect_moe_stats and not return_stats:
+      self.sow(nnx.Intermediate, 'moe_stats', stats)
     x = self.final_norm(unzz(x))
-    new_cache = None if cache is None else Cache(k=kv[0], v=kv[1], segment_ids=k_seg,
-                                                 index=cache.index + t)
-    return (x, new_cache, None) if return_stats else (x, new_cache)
+    new_cache = None if cache is None else Cache(k=ks, v=vs, segment_ids=k_seg,
+                                                 index=cache.index + t, state=states)
+    return (x, new_cache, stats) if return_stats else (x, new_cache)
+
+  def _stack(self):
+    """The decoder stack `hybrid.run` runs: the dense families' stacked Block, or the
+    blocks of a sublayer pattern."""
+    return self.layers if self.cfg.spec.stack == 'blocks' else self.blocks
 
   def decode_paged(self, tokens, positions, cache: PagedCache, layers=None, *,
                    return_stats=False):
@@ -356,76 +309,11 @@ class Transformer(nnx.Module):
     table = sharding.constrain(self.embed.value, ('vocab', None))
     x = jnp.take(table, tokens[:, None], axis=0).astype(cfg.jnp_dtype)
     x = sharding.constrain(x, ('batch', 'length', 'embed'))
-    if cfg.spec.stack == 'pattern':
-      # A slot that is not live is padding to the Mamba mixers: its state stays as it is.
-      seg = cache.live.astype(jnp.int32)[:, None]
-      x, ks, vs, states, stats = hybrid.run(self.blocks, cfg, x, positions[:, None], None,
-                                            seg, states=cache.state, paged=cache)
-      logits = self.logits_from_hidden(self.final_norm(x))[:, 0]
-      out = logits, cache._replace(k=ks, v=vs, state=states)
-      return out + (stats,) if return_stats else out
-    graphdef, params = nnx.split(self.layers)
-
-    def body(carry, layer_xs):
-      x, k_all, v_all = carry
-      layer_params, i = layer_xs
-      x, (k_all, v_all) = nnx.merge(graphdef, layer_params)(
-          x, positions[:, None], None, _PagedStep(k_all, v_all, i, cache))
-      return (x, k_all, v_all), None
-
-    if layers is not None:
-      if not isinstance(cache.k, tuple):
-        raise ValueError('layers= needs the pools split per layer (split_layers)')
-      x, k_all, v_all = _run_unrolled(graphdef, layers, x, positions[:, None], None, cache,
-                                      lambda k, v: _PagedStep(k, v, None, cache))
-    else:
-      carry = (x, cache.k, cache.v)
-      xs = (params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
-      if cfg.scans_layers:
-        carry, _ = jax.lax.scan(body, carry, xs)
-      else:
-        for i in range(cfg.num_layers):
-          carry, _ = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
-      x, k_all, v_all = carry
+    x, ks, vs, states, stats = hybrid.run(self._stack(), cfg, x, positions, None, None,
+                                          states=cache.state, paged=cache, layer_states=layers)
     logits = self.logits_from_hidden(self.final_norm(x))[:, 0]
-    out = logits, cache._replace(k=k_all, v=v_all)
-    return out + (None,) if return_stats else out
-
-  def _run_blocks(self, x, positions, mask, cache, layers=None):
-    """x [B, T, D] through the L blocks: one scanned body, or a Python loop (cfg.scans_layers).
-
-    Returns:
-      (x [B, T, D], None) without a cache; with one, (x, (k, v)): the stacked
-      [L, B, K, S, H] caches with this call's T slots written in every layer.
-    """
-    cfg = self.cfg
-    graphdef, params = nnx.split(self.layers)
-    if layers is not None:
-      if cache is None or not isinstance(cache.k, tuple):
-        raise ValueError('layers= needs a cache in the unstack_cache layout')
-      x, ks, vs = _run_unrolled(graphdef, layers, x, positions, mask, cache,
-                                lambda k, v: (k, v, None, cache.index))
-      return x, (ks, vs)
-    if cache is None:
-      def body(x, layer_params):
-        x = ad_checkpoint.checkpoint_name(x, 'block_input')
-        return nnx.merge(graphdef, layer_params)(x, positions, mask)[0], None
-      body, carry, xs = _remat(body, cfg), x, params
-    else:
-      def body(carry, layer_xs):
-        x, k_all, v_all = carry
-        layer_params, i = layer_xs
-        # Layer i writes its T new slots into the stacks in place and reads its slice.
-        x, (k_all, v_all) = nnx.merge(graphdef, layer_params)(
-            x, positions, mask, (k_all, v_all, i, cache.index))
-        return (x, k_all, v_all), None
-      carry, xs = (x, cache.k, cache.v), (params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
-    if cfg.scans_layers:
-      carry, _ = jax.lax.scan(body, carry, xs)
-    else:
-      for i in range(cfg.num_layers):
-        carry, _ = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
-    return (carry, None) if cache is None else (carry[0], carry[1:])
+    out = logits, cache._replace(k=ks, v=vs, state=states)
+    return out + (stats,) if return_stats else out
 
   def logits_from_hidden(self, x):
     """Output projection in float32: [B, T, D] -> [B, T, V]."""

@@ -6,7 +6,8 @@ module its MLP sublayers are, and its Hugging Face architecture. `ModelConfig` a
 everything outside models/ asks the `ModelConfig` (its `mixers`, `kv_stacked`,
 `flops_from_config`, ...), never the family's name.
 
-This module imports nothing of the project's model code, so `models.config` can check a
+This module imports nothing of the project's model code but the tensor-table builders
+(`models.hf_tables`, which import nothing of the project's), so `models.config` can check a
 config against the registry without an import circle.
 """
 
@@ -15,11 +16,19 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
-# The stacks a family can run on (models/transformer.py): 'blocks' is L identical
-# ('attention', 'mlp') Blocks stacked on a 'layers' axis and scanned, with one
-# [L, B, K, S, H] KV cache per side; 'pattern' is the sublayer pattern of models/hybrid.py,
-# with one KV buffer per attention sublayer and a Mamba state per Mamba sublayer.
+from models import hf_tables
+
+# The stacks a family can run on (both run by models/hybrid.py's `run`): 'blocks' is the
+# pattern ('attention', 'mlp') x L as L identical fused Blocks stacked on a 'layers' axis
+# and scanned, with one [L, B, K, S, H] KV cache per side; 'pattern' is any sublayer
+# pattern, with one KV buffer per attention sublayer and a Mamba state per Mamba sublayer.
 STACKS = ('blocks', 'pattern')
+
+
+def _nothing_ignored(name: str) -> bool:
+  """No checkpoint tensor is skipped."""
+  del name
+  return False
 
 
 def dense_sublayers(cfg) -> tuple[str, ...]:
@@ -48,6 +57,19 @@ class Family:
     hf_max_positions: transformers' default `max_position_embeddings` for it.
     hf_head_dim: transformers' default head_dim (None: hidden_size // heads).
     hf_constants: the constant entries its exported config.json carries.
+    hf_read: (config.json dict, dtype name) -> all its `ModelConfig` keyword arguments, for a
+      family whose config.json is not Llama's; None: models/hf.py's Llama-style reader
+      (then `hf_read_extra`).
+    hf_read_extra: (config.json dict, num_layers) -> the `ModelConfig` keyword arguments
+      its config.json adds to Llama's (Qwen3-MoE's experts); None: none.
+    hf_write: (cfg, dtype name) -> its whole config.json dict; None: models/hf.py's
+      Llama-style writer (then `hf_write_extra`).
+    hf_write_extra: cfg -> the config.json entries it adds to Llama's; None: none.
+    hf_tensors: (cfg, a checkpoint's tensor names or None) -> its `hf_tables.Tensor`s in HF's
+      order; a sublayer's parameters at ('blocks', i, ...), which models/hf.py points at
+      where the model keeps sublayer i (default: the dense decoders' table).
+    hf_ignored: a checkpoint tensor name -> whether the model skips it (transformers does).
+    hf_experts_field: the config.json field counting its experts (for error messages).
   """
 
   name: str
@@ -62,6 +84,13 @@ class Family:
   hf_max_positions: int = 32768
   hf_head_dim: int | None = None
   hf_constants: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  hf_read: Callable[[Mapping[str, Any], str], dict] | None = None
+  hf_read_extra: Callable[[Mapping[str, Any], int], dict] | None = None
+  hf_write: Callable[[Any, str], dict] | None = None
+  hf_write_extra: Callable[[Any], dict] | None = None
+  hf_tensors: Callable[..., list] = hf_tables.dense_tensors
+  hf_ignored: Callable[[str], bool] = _nothing_ignored
+  hf_experts_field: str = 'num_experts'
 
   def __post_init__(self):
     if self.stack not in STACKS:

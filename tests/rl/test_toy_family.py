@@ -1,15 +1,20 @@
 """Adding a model family is one module and one registry line: a Llama variant whose MLPs are
 GeGLU (down(gelu(gate x) * up x)) is registered from this test module, with no edit elsewhere,
-and the one-call sampler, the paged engine and a train step run on it."""
+and the one-call sampler, the paged engine and a train step run on it; its Hugging Face
+format (architecture name, config.json entries, a skipped tensor) is declared here too."""
+
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors.numpy
 from flax import nnx
 
 from models import config as config_lib
 from models import families
+from models import hf
 from models import layers
 from models import transformer
 from models.families import base
@@ -31,8 +36,18 @@ class GeGLU(layers.MLP):
 
 SHAPE = dict(vocab_size=256, embed_dim=64, num_layers=2, num_heads=4, num_kv_heads=2,
              head_dim=16, mlp_dim=128, qk_norm=False, tie_embeddings=False, max_seq_len=256)
+
+
+def _toy_hf_entries(cfg) -> dict:
+  """What the toy's config.json adds to Llama's."""
+  return {'toy_mlp': 'geglu', 'mlp_layers': cfg.num_layers}
+
+
 TOY = base.Family(name='toy_geglu', mlp=GeGLU,
-                  presets={'toy_geglu_tiny': dict(family='toy_geglu', **SHAPE)})
+                  presets={'toy_geglu_tiny': dict(family='toy_geglu', **SHAPE)},
+                  hf_architecture='ToyGegluForCausalLM', hf_switches=(False, False),
+                  hf_write_extra=_toy_hf_entries,
+                  hf_ignored=lambda name: name.startswith('toy_probe.'))
 
 
 def test_an_unregistered_family_is_refused():
@@ -54,6 +69,27 @@ def test_a_registered_family_is_a_config_whose_blocks_hold_its_mlp(toy):
     families.register(TOY)
   model = nnx.eval_shape(lambda: transformer.Transformer(toy, rngs=nnx.Rngs(0)))
   assert isinstance(model.layers.mlp, GeGLU)
+
+
+def test_its_hf_format_is_declared_in_its_module(toy, tmp_path):
+  assert hf.architectures()['ToyGegluForCausalLM'] == 'toy_geglu'
+  model = transformer.create(toy, seed=0)
+  hf.save_model(model, tmp_path)
+  written = json.loads((tmp_path / 'config.json').read_text())
+  assert written['architectures'] == ['ToyGegluForCausalLM'] and written['toy_mlp'] == 'geglu'
+  assert hf.config_from_hf(written) == toy
+  # A tensor the family skips (its `hf_ignored`) loads; one it does not is refused.
+  weights = safetensors.numpy.load_file(tmp_path / hf.SINGLE_FILE)
+  safetensors.numpy.save_file({**weights, 'toy_probe.w': np.ones(2, np.float32)},
+                              tmp_path / hf.SINGLE_FILE)
+  back = hf.load_model(tmp_path)
+  same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), nnx.state(model, nnx.Param),
+                      nnx.state(back, nnx.Param))
+  assert all(jax.tree.leaves(same))
+  safetensors.numpy.save_file({**weights, 'other_probe.w': np.ones(2, np.float32)},
+                              tmp_path / hf.SINGLE_FILE)
+  with pytest.raises(ValueError, match='unexpected tensor'):
+    hf.load_model(tmp_path)
 
 
 @pytest.mark.heavy
