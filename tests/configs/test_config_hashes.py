@@ -38,8 +38,13 @@ PINNED = {
     # scored by verifiers.ifbench (every instruction id of the release), and each recipe names
     # the rewards that stand in for the paper's (config.domains.<d>.stand_in): the rewards,
     # hence the runs, differ, so an earlier workdir must not resume under them.
+    # Cascade 2 on one H200 node changed on purpose when GPU meshes got a sequence axis
+    # (issue #56: (1, 1, 1, 8, 1), the experts over 'sequence', the papers' 256K / 98K / 118K
+    # lengths instead of the node's caps); 2xh200x8 and 4xh200x8 are new presets.
     ('nemotron_cascade2', None): '2050386a0e2c0559',
-    ('nemotron_cascade2', 'hardware=h200x8'): 'c05f23abc78f3e58',
+    ('nemotron_cascade2', 'hardware=h200x8'): 'c1ed1c9f898cd822',
+    ('nemotron_cascade2', 'hardware=2xh200x8'): '1ebc58bd68c218a5',
+    ('nemotron_cascade2', 'hardware=4xh200x8'): 'bc3d981055940150',
     ('nemotron_cascade_14b', None): 'da82a881925a26c9',
     ('nemotron_cascade_14b', 'hardware=h200x8'): 'e046a0ce5f68561e',
     ('nemotron_cascade_8b', None): '669ca2c7270db5e4',
