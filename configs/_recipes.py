@@ -304,9 +304,11 @@ TEACHERS_ON_HOST = tuple(GPU_NODES)
 # (data, fsdp, expert, tensor) meshes of the mixture-of-experts recipes per hardware, and the
 # logical rules that differ from models.sharding.DEFAULT_RULES: on the v5p slice the experts
 # split 16 per chip over the expert axis and everything else over fsdp x expert; on one H200
-# node the weights outside the experts split over the expert axis too.
+# node the weights outside the experts split over the expert axis too (several nodes: the
+# expert axis inside each, fsdp across them).
 EXPERT_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
-               'h200x8': ((1, 1, 8, 1), (('embed', ('fsdp', 'expert')),))}
+               **{name: ((1, nodes, 8, 1), (('embed', ('fsdp', 'expert')),))
+                  for name, nodes in GPU_NODES.items()}}
 
 # The same with a sequence axis (context parallelism) on the v5p slice, for the papers' longest
 # rows (Cascade 2: 256K-token SFT rows, 100-120K-token RL rows): (data, fsdp, expert, sequence,
