@@ -343,6 +343,18 @@ SEQUENCE_MESH = {'v5p_128': ((1, 1, 8, 8, 1), (('embed', ('fsdp', 'sequence')),)
 MOE_CHUNK = 32_768
 
 
+def _rescale_microbatches(c: ml_collections.ConfigDict, before: int, after: int,
+                          what: str) -> None:
+  """Every stage's microbatches for rows split over `after` batch shards instead of `before`,
+  each microbatch keeping its rows per shard: divided by the growth, multiplied by a shrink."""
+  if after % before and before % after:
+    raise ValueError(f'{what}: its {after} batch shards are neither a multiple nor a divisor '
+                     f'of the {before} the stages\' microbatches were set for')
+  scale = lambda n: max(1, n // (after // before)) if after >= before else n * (before // after)
+  c.stages = [dict(st, microbatches=scale(st['microbatches']))
+              if st.get('microbatches') else st for st in c.stages]
+
+
 def on_expert_mesh(c: ml_collections.ConfigDict, hardware: str,
                    meshes: dict | None = None) -> ml_collections.ConfigDict:
   """c (already `on_hardware`) on its hardware's EXPERT_MESH (or `meshes`, e.g. SEQUENCE_MESH),
@@ -359,14 +371,9 @@ def on_expert_mesh(c: ml_collections.ConfigDict, hardware: str,
   along the length), so no chip decodes another's rows again."""
   table = EXPERT_MESH if meshes is None else meshes
   shape, rules = table[hardware]
-  before = math.prod(int(n) for n in c.mesh['shape'][:2])    # (data, fsdp, tensor)
-  after = math.prod(shape[:3])                # (data, fsdp, expert[, sequence], tensor)
-  if after % before and before % after:
-    raise ValueError(f'mesh {shape} for {hardware!r}: its {after} batch shards are neither a '
-                     f'multiple nor a divisor of the dense mesh\'s {before}')
-  scale = lambda n: max(1, n // (after // before)) if after >= before else n * (before // after)
-  c.stages = [dict(st, microbatches=scale(st['microbatches']))
-              if st.get('microbatches') else st for st in c.stages]
+  _rescale_microbatches(c, math.prod(int(n) for n in c.mesh['shape'][:2]),  # (data, fsdp, tensor)
+                        math.prod(shape[:3]),     # (data, fsdp, expert[, sequence], tensor)
+                        f'mesh {shape} for {hardware!r}')
   from models import sharding  # pylint: disable=g-import-not-at-top
   c.mesh = dict(shape=shape, rules=(sharding.override_rules(None, rules) if rules else None))
   if len(shape) == 5:
@@ -384,12 +391,17 @@ def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.Confi
   the same recipe for one 8-GPU node, '2xh200x8' and '4xh200x8' for 2 and 4 of them
   (`launch.plan --backend=gpu` compiles them with XLA:GPU), with the MLP run in chunks of
   MLP_CHUNK positions, PREFILL_PROMPTS prompts per prefill call and MOPD's
-  teachers in host memory between their passes.
+  teachers in host memory between their passes. On several nodes every stage's
+  microbatches shrink with the growth in batch shards (a microbatch keeps its rows per GPU).
   """
   if name not in HARDWARE:
     raise ValueError(f'config argument hardware={name!r}: expected one of {sorted(HARDWARE)}')
   hw, mesh, cache_gib = HARDWARE[name]
   if mesh is not None:
+    # Several nodes split the rows over more fsdp shards than the recipe's mesh: each
+    # microbatch keeps its rows per GPU (2xh200x8: 8 -> 16 shards, half the microbatches).
+    _rescale_microbatches(c, math.prod(int(n) for n in c.mesh['shape'][:2]),
+                          math.prod(mesh[:2]), f'hardware={name!r}')
     c.hardware = dict(hw)
     c.mesh = dict(shape=mesh)
     c.sampler.cache_tokens_per_device = cache_slots_per_device(c, cache_gib)

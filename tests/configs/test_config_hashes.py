@@ -43,8 +43,8 @@ PINNED = {
     # lengths instead of the node's caps); 2xh200x8 and 4xh200x8 are new presets.
     ('nemotron_cascade2', None): '2050386a0e2c0559',
     ('nemotron_cascade2', 'hardware=h200x8'): 'c1ed1c9f898cd822',
-    ('nemotron_cascade2', 'hardware=2xh200x8'): '1ebc58bd68c218a5',
-    ('nemotron_cascade2', 'hardware=4xh200x8'): 'bc3d981055940150',
+    ('nemotron_cascade2', 'hardware=2xh200x8'): 'd13bb70d6e3c7b0d',
+    ('nemotron_cascade2', 'hardware=4xh200x8'): '96312ae38c271c09',
     ('nemotron_cascade_14b', None): 'da82a881925a26c9',
     ('nemotron_cascade_14b', 'hardware=h200x8'): 'e046a0ce5f68561e',
     ('nemotron_cascade_8b', None): '669ca2c7270db5e4',

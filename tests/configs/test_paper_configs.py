@@ -130,6 +130,11 @@ def test_cascade2_lengths_are_the_papers_on_v5p_and_h200_nodes():
       'hardware=4xh200x8': (262_144, 98_304, 118_784, (1, 4, 1, 8, 1))}.items():
     c = module.get_config(arg)
     stage = {st['name']: st for st in c.stages}
+    # One row per batch shard in every microbatch, as on the v5p slice (none padded in): on
+    # H nodes the rows split H ways (a row over a node's 8 GPUs).
+    for st in c.stages:
+      rows = st.get('batch_size') or st['prompts_per_step'] * st['group_size']
+      assert rows == st['microbatches'] * math.prod(c.mesh.shape[:3]), (arg, st['name'])
     assert (stage['sft']['max_len'], stage['mopd']['max_response_len'],
             stage['code_rl']['max_response_len'], tuple(c.mesh.shape)) == (sft, mopd, code, mesh)
     # The RM scores MOPD's chat rows whole; the sampler compiles the exact lengths.
