@@ -58,6 +58,12 @@ H200_8 = dict(
 )
 H200_8_MESH = (1, 8, 1)
 
+# Several such nodes (InfiniBand between them): `launch.plan` compiles for XLA:GPU's
+# topology 1xHx8 (H hosts of 8 GPUs, `launch.plan.targets.gpu_topology`); the dense mesh
+# is fsdp over all of them.
+H200_16 = dict(H200_8, name='16 x NVIDIA H200 (2 nodes of 8)')
+H200_32 = dict(H200_8, name='32 x NVIDIA H200 (4 nodes of 8)')
+
 # Mesh (data, fsdp, tensor) over the 64 chips. Qwen3-8B/14B have 8 KV heads,
 # so tensor parallelism beyond 8 would replicate the K/V projections; fsdp
 # shards the embedding dimension of every matrix and the batch.
@@ -269,12 +275,17 @@ def cache_slots_per_device(c: ml_collections.ConfigDict, gib: float) -> int | No
 # training state: planned (XLA:CPU estimates), the 24 GiB cache left the RLHF and SWE
 # samplers 2-6 GiB over 131; 16 GiB fits them.
 HARDWARE = {'v5p_128': (V5P_128, None, SAMPLER_CACHE_GIB),
-            'h200x8': (H200_8, H200_8_MESH, 16.0)}
+            'h200x8': (H200_8, H200_8_MESH, 16.0),
+            '2xh200x8': (H200_16, (1, 16, 1), 16.0),
+            '4xh200x8': (H200_32, (1, 32, 1), 16.0)}
+
+# The GPU presets (HARDWARE keys): one node of 8 H200s and 2 or 4 of them.
+GPU_NODES = {'h200x8': 1, '2xh200x8': 2, '4xh200x8': 4}
 
 # Positions per MLP chunk on hardware whose longest train steps need it (ModelConfig.mlp_chunk):
 # on one H200 node a 64K-token row is one GPU's whole microbatch, and its
 # [65536, 17408] MLP activations alone took ~14 GiB of a Cascade-2 train step.
-MLP_CHUNK = {'h200x8': 8192}
+MLP_CHUNK = {name: 8192 for name in GPU_NODES}
 
 # Prompts per paged-engine prefill call (`sampler.prefill_prompts`; the engine's default is 8) on
 # hardware where 8 of the longest prompts do not fit beside the rollout copy: on one H200 node
@@ -282,20 +293,22 @@ MLP_CHUNK = {'h200x8': 8192}
 # to every GPU before they are written into the pool's pages (split over 'fsdp'), and the SWE
 # stage's call of 8 x 16,384-token prompts was planned at 154.68 GiB per GPU for the 14B model
 # (XLA:CPU, 2026-12-04; 127.53 for the 8B). Its size follows the prompts per call.
-PREFILL_PROMPTS = {'h200x8': 2}
+PREFILL_PROMPTS = {name: 2 for name in GPU_NODES}
 
 # Hardware on which MOPD keeps its teachers in host memory between their passes
 # (`teachers_on_host`): beside a 64K-token train step, three resident 14B teachers
 # (10 GiB per GPU) are what one H200 does not have left.
-TEACHERS_ON_HOST = ('h200x8',)
+TEACHERS_ON_HOST = tuple(GPU_NODES)
 
 
 # (data, fsdp, expert, tensor) meshes of the mixture-of-experts recipes per hardware, and the
 # logical rules that differ from models.sharding.DEFAULT_RULES: on the v5p slice the experts
 # split 16 per chip over the expert axis and everything else over fsdp x expert; on one H200
-# node the weights outside the experts split over the expert axis too.
+# node the weights outside the experts split over the expert axis too (several nodes: the
+# expert axis inside each, fsdp across them).
 EXPERT_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
-               'h200x8': ((1, 1, 8, 1), (('embed', ('fsdp', 'expert')),))}
+               **{name: ((1, nodes, 8, 1), (('embed', ('fsdp', 'expert')),))
+                  for name, nodes in GPU_NODES.items()}}
 
 # The same with a sequence axis (context parallelism) on the v5p slice, for the papers' longest
 # rows (Cascade 2: 256K-token SFT rows, 100-120K-token RL rows): (data, fsdp, expert, sequence,
@@ -306,10 +319,21 @@ EXPERT_MESH = {'v5p_128': ((1, 8, 8, 1), ()),
 # compiler gathers such shards as all-reduces of zero-padded whole weights (twice an
 # all-gather's bytes, and each one slow to build), 336 rows in 8 shards as all-gathers: the
 # code RL train step compiled in 64 s instead of 72 s, needing 6.8 GiB more per chip (2.7 of
-# it parameters and optimizer state; docs/plans/history.md). One H200
-# node keeps its 4-axis mesh (its rows stay capped).
+# it parameters and optimizer state; docs/plans/history.md).
+#
+# On H200 nodes (GPU_NODES) the sequence axis is the node's 8 GPUs (NVLink) and the nodes are
+# fsdp (data-parallel rows, weights split across them): (1, H, 1, 8, 1) for H nodes, a row
+# split over the 8 GPUs of a node (a 256K-token SFT row is 32K tokens per GPU, the length one
+# GPU trained whole before the axis existed), H rows at a time. A node has no room for an
+# expert axis beside it, so the routed experts split over 'sequence' (16 per GPU; models/moe.py
+# gathers a row's tokens over the axis the 'experts' rule names and reduce-scatters them
+# back), their embed dim over the nodes ('fsdp'), every other weight's embed dim over
+# fsdp x sequence (8H ways: 2688 / 32 = 84 rows is no tiling problem for XLA:GPU). No tensor
+# axis: Cascade 2's 2 K/V heads would not split beyond 2, and its per-token work is small.
+_GPU_SEQUENCE_RULES = (('experts', 'sequence'), ('embed', ('fsdp', 'sequence')))
 SEQUENCE_MESH = {'v5p_128': ((1, 1, 8, 8, 1), (('embed', ('fsdp', 'sequence')),)),
-                 'h200x8': EXPERT_MESH['h200x8']}
+                 **{name: ((1, nodes, 1, 8, 1), _GPU_SEQUENCE_RULES)
+                    for name, nodes in GPU_NODES.items()}}
 
 
 # Tokens per pass of a shard's routed experts (ModelConfig.moe_chunk) in the mixture-of-experts
@@ -317,6 +341,18 @@ SEQUENCE_MESH = {'v5p_128': ((1, 1, 8, 8, 1), (('embed', ('fsdp', 'sequence')),)
 # and their [tokens x top-k, width] dispatch buffers took 68 GiB of temporaries per MoE layer
 # at once on the v5p slice (launch.plan); 32K at a time keeps them near 1 GiB each.
 MOE_CHUNK = 32_768
+
+
+def _rescale_microbatches(c: ml_collections.ConfigDict, before: int, after: int,
+                          what: str) -> None:
+  """Every stage's microbatches for rows split over `after` batch shards instead of `before`,
+  each microbatch keeping its rows per shard: divided by the growth, multiplied by a shrink."""
+  if after % before and before % after:
+    raise ValueError(f'{what}: its {after} batch shards are neither a multiple nor a divisor '
+                     f'of the {before} the stages\' microbatches were set for')
+  scale = lambda n: max(1, n // (after // before)) if after >= before else n * (before // after)
+  c.stages = [dict(st, microbatches=scale(st['microbatches']))
+              if st.get('microbatches') else st for st in c.stages]
 
 
 def on_expert_mesh(c: ml_collections.ConfigDict, hardware: str,
@@ -327,20 +363,17 @@ def on_expert_mesh(c: ml_collections.ConfigDict, hardware: str,
   shards (rows split over data x fsdp x expert instead of data x fsdp), so a microbatch keeps
   its rows per device instead of being padded with empty rows up to the new shard count
   (`rows_bucket`): on the v5p slice 8 -> 64 shards, e.g. 2048 RL rows in 32 microbatches of one
-  row per chip instead of 256 of 8 rows padded to 64. On a mesh with a sequence axis the
+  row per chip instead of 256 of 8 rows padded to 64. Where the mesh has fewer batch shards
+  than the dense one (an H200 node's sequence mesh: 8 -> 1, a row over all 8 GPUs) they are
+  multiplied by the shrink instead: still one row per batch shard. On a mesh with a sequence axis the
   training rows split over data x fsdp x expert and each row over 'sequence'; the sampler
   splits its rows over 'sequence' too (a decode step has one token per row, nothing to split
   along the length), so no chip decodes another's rows again."""
   table = EXPERT_MESH if meshes is None else meshes
   shape, rules = table[hardware]
-  before = math.prod(int(n) for n in c.mesh['shape'][:2])    # (data, fsdp, tensor)
-  after = math.prod(shape[:3])                # (data, fsdp, expert[, sequence], tensor)
-  if after % before:
-    raise ValueError(f'mesh {shape} for {hardware!r}: its {after} batch shards are not a '
-                     f'multiple of the dense mesh\'s {before}')
-  grow = after // before
-  c.stages = [dict(st, microbatches=max(1, st['microbatches'] // grow))
-              if st.get('microbatches') else st for st in c.stages]
+  _rescale_microbatches(c, math.prod(int(n) for n in c.mesh['shape'][:2]),  # (data, fsdp, tensor)
+                        math.prod(shape[:3]),     # (data, fsdp, expert[, sequence], tensor)
+                        f'mesh {shape} for {hardware!r}')
   from models import sharding  # pylint: disable=g-import-not-at-top
   c.mesh = dict(shape=shape, rules=(sharding.override_rules(None, rules) if rules else None))
   if len(shape) == 5:
@@ -355,15 +388,20 @@ def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.Confi
   """c retargeted at the hardware `name` (a HARDWARE key): its mesh and the sampler's cache budget.
 
   'v5p_128' (the papers' scale, the default) leaves c as it is; 'h200x8' plans
-  the same recipe for one 8-GPU node (`launch.plan` then compiles on 8
-  simulated CPU devices and says so), with the MLP run in chunks of
+  the same recipe for one 8-GPU node, '2xh200x8' and '4xh200x8' for 2 and 4 of them
+  (`launch.plan --backend=gpu` compiles them with XLA:GPU), with the MLP run in chunks of
   MLP_CHUNK positions, PREFILL_PROMPTS prompts per prefill call and MOPD's
-  teachers in host memory between their passes.
+  teachers in host memory between their passes. On several nodes every stage's
+  microbatches shrink with the growth in batch shards (a microbatch keeps its rows per GPU).
   """
   if name not in HARDWARE:
     raise ValueError(f'config argument hardware={name!r}: expected one of {sorted(HARDWARE)}')
   hw, mesh, cache_gib = HARDWARE[name]
   if mesh is not None:
+    # Several nodes split the rows over more fsdp shards than the recipe's mesh: each
+    # microbatch keeps its rows per GPU (2xh200x8: 8 -> 16 shards, half the microbatches).
+    _rescale_microbatches(c, math.prod(int(n) for n in c.mesh['shape'][:2]),
+                          math.prod(mesh[:2]), f'hardware={name!r}')
     c.hardware = dict(hw)
     c.mesh = dict(shape=mesh)
     c.sampler.cache_tokens_per_device = cache_slots_per_device(c, cache_gib)

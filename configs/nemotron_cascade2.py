@@ -26,12 +26,12 @@ them and back (models/moe.py), every other weight's embed dim over 'sequence' (8
 split over the 8 expert shards and each row over the 8 sequence shards (context
 parallelism: attention, the Mamba-2 scan and the routed experts split along the row),
 so a 256K-token SFT row is 32K tokens per chip; the sampler splits its rows over all
-64. On one H200 node (data 1, fsdp 1, expert 8, tensor 1), no sequence axis, the
-weights outside the experts sharded over the expert axis too, and the rows capped
-(below).
+64. On H200 nodes (`hardware=h200x8`, `2xh200x8`, `4xh200x8`) (data 1, fsdp H, expert 1,
+sequence 8, tensor 1) for H nodes: each row split over a node's 8 GPUs, the routed experts
+16 per GPU over 'sequence', the nodes data/FSDP-parallel (`_recipes.SEQUENCE_MESH`).
 
 Config argument (`:key=value,...`): data_root, base, tokenizer, hardware
-('v5p_128' or 'h200x8', see configs/nemotron_cascade_14b.py), genrm (an HF
+('v5p_128', 'h200x8', '2xh200x8' or '4xh200x8'; configs/_recipes.py HARDWARE), genrm (an HF
 checkpoint directory: RLHF's generative reward model, below; '' = the
 Bradley-Terry stand-in).
 
@@ -63,10 +63,10 @@ Not reproducible here:
   118,784 ("118K-token responses"; each the first multiple of 1,024 at or above the
   paper's number, our reading of "K"), both after a 4,096-token prompt (ours); the
   model has no RoPE limit (its attention layers take no positions, 262,144 in its
-  config). On one H200 node (`hardware=h200x8`, no sequence axis: a row's activations
-  live on one GPU) they stay capped (marked "capped"): SFT rows of 32,768, MOPD and
-  code RL responses of 61,440. docs/plans/nemotron_cascade2_v5p.md is what `launch.plan`
-  found for the v5p slice.
+  config). The H200 presets run the same lengths, a row split over a node's 8 GPUs (before
+  their meshes had a sequence axis they were capped at 32,768 / 61,440 / 61,440).
+  docs/plans/nemotron_cascade2_v5p.md is what `launch.plan` found for the v5p slice,
+  docs/plans/nemotron_cascade2_h200x8.md (and _2xh200x8, _4xh200x8) for the GPU nodes.
 * Data: the released `nvidia/Nemotron-Cascade-2-SFT-Data` and `-RL-data`
   are read as they are downloaded under data_root (docs/released_data.md):
   SFT, IF-RL (45,879), multi-domain RL (18,147: MCQA, workplace tool calling
@@ -83,14 +83,14 @@ _DOMAINS = ['chat', 'instruction_following', 'math', 'mcqa', 'tool_calling', 'st
 # 128 x 16 = 2048 rows per update over 8 batch shards (the dense mesh's data x fsdp): one row
 # per batch shard at a time. `on_expert_mesh` divides it (and every stage's) by the growth in
 # batch shards: none on the v5p slice (data x fsdp x expert = 8, each row over 8 sequence
-# shards), on the H200 node 8 -> 8 too.
+# shards); on H200 nodes it multiplies it by the shrink, 8 H -> H: one row per node.
 _MICRO = 256
 
 # hardware -> (SFT row, MOPD response, code RL response) in tokens: the papers' on the v5p
-# slice (its sequence axis splits a row over 8 chips); capped on one H200 node (no sequence
-# axis: a row's activations on one GPU). See "Sequence lengths" above.
-_LENGTHS = {'v5p_128': (262_144, 98_304, 118_784),
-            'h200x8': (32_768, 61_440, 61_440)}       # capped
+# slice and on H200 nodes (their sequence axes split a row over 8 chips / GPUs). See
+# "Sequence lengths" above.
+_PAPER_LENGTHS = (262_144, 98_304, 118_784)
+_LENGTHS = {name: _PAPER_LENGTHS for name in ('v5p_128', *_recipes.GPU_NODES)}
 
 # MOPD's prompts (ours); its rows are this plus its responses.
 _MOPD_PROMPT = 4096
@@ -126,7 +126,7 @@ def get_config(arg=None):
   r = _recipes
   c.stages = [
       # Global batch 64, lr 5e-5 -> 5e-6 cosine, 200 warm-up steps, AdamW (0.9, 0.98),
-      # weight decay 0.1. Rows of 256K tokens, packed (capped at 32K on one H200 node);
+      # weight decay 0.1. Rows of 256K tokens, packed;
       # steps are ours; 8 microbatches of 8 rows (one per batch shard): ours.
       r.sft('sft', datasets=['sft_stage1'], domains=list(_DOMAINS), init_from=a.base,
             steps=4000, batch_size=64, max_len=sft_len, microbatches=8,
@@ -142,14 +142,14 @@ def get_config(arg=None):
                      optimizer=dict(lr=2e-6),
                      microbatches=32,   # the Cascade-1 RM recipe (no C2 numbers)
                      # Whole rows as a scorer: the longest chat row, MOPD's (chat is one of
-                     # its domains): 102,400 on the v5p slice, 65,536 on one H200 node.
+                     # its domains): 102,400 tokens.
                      score_max_len=_MOPD_PROMPT + mopd_len),
       # The chat teacher of MOPD: "a short side RLHF run" (its length is not
       # published; 30 steps is ours), from the multi-domain policy.
       r.grpo('rlhf_teacher', domains=['chat'], steps=30, init_from='multi_domain_rl',
              kl_coef=0.03, max_prompt_len=4096, max_response_len=16_384, **rl),
       # MOPD: 128 x 4, temperature 1.0, 52 steps, lr 2e-6 (text), 30 warm-up steps;
-      # responses up to 98K (capped at 60K on one H200 node); the 4K prompt is ours.
+      # responses up to 98K; the 4K prompt is ours.
       # One teacher per prompt, by its domain: math = the SFT checkpoint; chat = the side RLHF
       # run ("RLHF teacher"); the rest = after IF-RL + multi-domain RL. The paper's MOPD
       # prompts: math 1,853, IF 1,854, workplace (tool calling) 610, STEM (MCQA) 927,
@@ -172,8 +172,8 @@ def get_config(arg=None):
              kl_coef=0.03, max_prompt_len=4096, max_response_len=16_384, **rl),
       r.grpo('long_context_rl', domains=['long_context'], steps=30,   # "~30"
              max_prompt_len=32_768, max_response_len=16_384, **rl),  # lengths: ours
-      # "~22" steps on 3.5K hardest problems, 118K-token responses (capped at 60K on one
-      # H200 node); the 4K prompt is ours.
+      # "~22" steps on 3.5K hardest problems, 118K-token responses; the 4K prompt is
+      # ours.
       r.grpo('code_rl', domains=['code'], steps=22, max_prompt_len=4096,
              max_response_len=code_len, **rl),
       # Agentic SWE: G = 16 episodes per task in the swe_agent environment (list, read,

@@ -19,8 +19,8 @@ filtering. The RL steps add up to 2224 here against 2232 published in total
 
 Config argument (`:key=value,...`): data_root (the staged files), base (the
 Qwen3-14B-Base HF directory), tokenizer (its tokenizer.json directory),
-hardware ('v5p_128', the default, or 'h200x8': the mesh and sampler budget of
-one 8-GPU node, for `launch.plan`), model ('qwen3_14b', the default, or
+hardware ('v5p_128', the default, 'h200x8': the mesh and sampler budget of
+one 8-GPU node, for `launch.plan`, or '2xh200x8' / '4xh200x8': 2 or 4 such nodes), model ('qwen3_14b', the default, or
 'qwen3_30b_a3b': the same recipe on Qwen3-30B-A3B, a mixture of 128 experts with 8
 per token, on a mesh with an expert axis; give its checkpoint as base and tokenizer),
 swe_judge (an HF checkpoint directory: the paper's SWE semantic judge, below; '' = off).

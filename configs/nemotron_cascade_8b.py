@@ -15,7 +15,7 @@ then IFBench) -> Math RL (24K -> 32K -> 40K) -> Code RL (56K) -> SWE RL; GRPO st
 KL, token-level loss, dynamic filtering.
 
 Config argument (`:key=value,...`): data_root, base (the Qwen3-8B-Base HF
-directory), tokenizer, hardware ('v5p_128' or 'h200x8', see
+directory), tokenizer, hardware ('v5p_128', 'h200x8', '2xh200x8' or '4xh200x8', see
 configs/nemotron_cascade_14b.py).
 
 Not reproducible here: the same as for configs/nemotron_cascade_14b.py (the

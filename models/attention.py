@@ -32,9 +32,11 @@ Implementations (`ModelConfig.attention`):
                `shard_map` over the mesh's batch and head axes; interpreted
                off TPU (slow: tests only).
   'gpu_flash'  the Pallas GPU (Triton) flash kernel `mha` with segment ids,
-               kv heads repeated to N (it has no grouped-query form);
-               interpreted off GPU. cuDNN's `dot_product_attention` is not
-               used: it expresses padding only as right-padded lengths.
+               grouped-query native: run per group member over the K kv heads
+               in place (`_gpu_flash`), never a copy of K/V repeated to N
+               heads; interpreted off GPU. cuDNN's `dot_product_attention`
+               is not used: it expresses padding only as right-padded lengths,
+               not the segment ids of packed rows.
   'auto'       tpu -> 'splash', gpu -> 'gpu_flash', otherwise 'dense' below
                `DENSE_MAX_LEN` keys and 'blockwise' from there on (short CPU
                programs keep today's exact numerics).
@@ -591,19 +593,31 @@ def _splash_kernel(length: int, heads: int, block_q: int, block_kv: int, interpr
 
 
 def _gpu_flash(q, k, v, seg):
-  """Pallas GPU flash attention; q [B, T, K, G, H] scaled, k/v [B, K, T, H], seg [B, T]."""
+  """Pallas GPU flash attention, grouped-query native; q [B, T, K, G, H] scaled, k/v
+  [B, K, T, H], seg [B, T].
+
+  The kernel `mha` pairs query head i with key/value head i. It runs once per group member
+  g < G (`jax.vmap` over q's G axis with k, v and seg unmapped): vmapping a `pallas_call`
+  adds a grid dimension and leaves an unmapped operand's block index unchanged, so the
+  kernel for (g, head k) reads kv head k where it lies and no [B, T, N, H] copy of K or V is
+  made (`jnp.repeat` made one per layer, kept for the backward). The backward kernel writes
+  dK and dV per query head ([G, B, T, K, H]); vmap's custom-VJP rule sums them over the
+  group.
+  """
   from jax.experimental.pallas.ops.gpu import attention as gpu_attention
   b, t, kh, g, h = q.shape
   tp = -(-t // _GPU_BLOCK) * _GPU_BLOCK
-  heads = lambda x: jnp.repeat(x.transpose(0, 2, 1, 3), g, axis=2)    # [B, T, N, H]
-  out = gpu_attention.mha(
-      _pad_to(q.reshape(b, t, kh * g, h), 1, tp), _pad_to(heads(k), 1, tp),
-      _pad_to(heads(v), 1, tp), _pad_to(seg, 1, tp), sm_scale=1.0, causal=True,
+  kernel = functools.partial(
+      gpu_attention.mha, sm_scale=1.0, causal=True,
       block_sizes=gpu_attention.BlockSizes(block_q=_GPU_BLOCK, block_k=_GPU_BLOCK,
                                           block_q_dkv=32, block_kv_dkv=32,
                                           block_q_dq=32, block_kv_dq=32),
       interpret=sharding.mesh_platform() != 'gpu')
-  return out[:, :t].reshape(b, t, kh, g, h)
+  heads = lambda x: _pad_to(x.transpose(0, 2, 1, 3), 1, tp)          # [B, Tp, K, H]
+  qg = _pad_to(jnp.moveaxis(q, 3, 0), 2, tp)                          # [G, B, Tp, K, H]
+  out = jax.vmap(kernel, in_axes=(0, None, None, None))(
+      qg, heads(k), heads(v), _pad_to(seg, 1, tp))
+  return jnp.moveaxis(out[:, :, :t], 0, 3)                            # [B, T, K, G, H]
 
 
 def _sharded_kernel(kernel, q, k, v, seg):

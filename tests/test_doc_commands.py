@@ -683,11 +683,16 @@ _RUNS = [
     _plan_case('plan-cascade8b', 'nemotron_cascade_8b_v5p.md', '/tmp/h1/c8b_v5p.md'),
     _plan_case('plan-cascade2-genrm', 'nemotron_cascade2_rlhf_genrm_v5p.md',
                '/tmp/h1/c2_rlhf_genrm.md'),
-    # Cascade 2 on one 8 x H200 node, by XLA:GPU (deviceless) in the environment
-    # docs/planning.md installs.
+    # Cascade 2 on 1, 2 and 4 8 x H200 nodes (the sequence mesh, the papers' lengths), by
+    # XLA:GPU (deviceless) in the environment docs/planning.md installs.
     _plan_case('plan-cascade2-h200-gpu', 'nemotron_cascade2_h200x8.md',
-               '/tmp/s51/plan/c2_h200x8.md', pre=_needs_cuda_plugin),
-    # With --compile every stage's programs are compiled (the TPU compiler's for v5p): hours.
+               '/tmp/s56/plan/c2_h200x8.md', pre=_needs_cuda_plugin),
+    _plan_case('plan-cascade2-2xh200-gpu', 'nemotron_cascade2_2xh200x8.md',
+               '/tmp/s56/plan/c2_2xh200x8_b.md', pre=_needs_cuda_plugin),
+    _plan_case('plan-cascade2-4xh200-gpu', 'nemotron_cascade2_4xh200x8.md',
+               '/tmp/s56/plan/c2_4xh200x8_b.md', pre=_needs_cuda_plugin),
+    # The step-time page; with --compile every stage's programs are compiled (the TPU
+    # compiler's for v5p): hours.
     _case('step-time-page', 'docs/plans/step_time_model.md', ['python -m launch.step_time_page'],
           12 * 3600, _check_step_time, mark=_SLOW),
     _case('tiny-judge', 'docs/tiny_generative_rm.md',

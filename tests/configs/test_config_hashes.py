@@ -42,8 +42,13 @@ PINNED = {
     # every GRPO and agentic stage corrects the sampler/trainer gap with TIS at cap 2
     # (configs/_recipes.py correct_mismatch), and Cascade 2's RL stages replay the rollouts'
     # routing (replay_routing): the updates differ, so an earlier workdir must not resume.
+    # Cascade 2 on H200 nodes changed on purpose too when GPU meshes got a sequence axis
+    # ((1, H, 1, 8, 1), the experts over 'sequence', the papers' 256K / 98K / 118K lengths
+    # instead of the node's caps); 2xh200x8 and 4xh200x8 are new presets.
     ('nemotron_cascade2', None): '197117f6adc018ee',
-    ('nemotron_cascade2', 'hardware=h200x8'): '69d77b44152b8a42',
+    ('nemotron_cascade2', 'hardware=h200x8'): '507b236266059afd',
+    ('nemotron_cascade2', 'hardware=2xh200x8'): 'f4a1157e469c3bef',
+    ('nemotron_cascade2', 'hardware=4xh200x8'): 'a8d8a1802647e93a',
     ('nemotron_cascade_14b', None): 'ebce306388ed5743',
     ('nemotron_cascade_14b', 'hardware=h200x8'): '2d33d15bb6852754',
     ('nemotron_cascade_8b', None): '2ef78b3c6c2b3864',

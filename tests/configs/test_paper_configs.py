@@ -124,15 +124,23 @@ def test_cascade2_mopd_teachers_get_rows_of_their_domains():
     config_lib.validate(c14)
 
 
-def test_cascade2_lengths_are_the_papers_on_v5p_and_capped_on_one_node():
-  """On the v5p slice (a sequence axis) SFT packs 256K-token rows, MOPD samples up to 98K and
-  code RL 118K (configs/PAPERS.md); one H200 node (no sequence axis) keeps 32K / 60K."""
+def test_cascade2_lengths_are_the_papers_on_v5p_and_h200_nodes():
+  """On the v5p slice and on 1, 2 or 4 H200 nodes (a sequence axis each: a row over 8 chips or
+  a node's 8 GPUs, the nodes fsdp) SFT packs 256K-token rows, MOPD samples up to 98K and code
+  RL 118K (configs/PAPERS.md)."""
   module = importlib.import_module('configs.nemotron_cascade2')
   for arg, (sft, mopd, code, mesh) in {
       None: (262_144, 98_304, 118_784, (1, 1, 8, 8, 1)),
-      'hardware=h200x8': (32_768, 61_440, 61_440, (1, 1, 8, 1))}.items():
+      'hardware=h200x8': (262_144, 98_304, 118_784, (1, 1, 1, 8, 1)),
+      'hardware=2xh200x8': (262_144, 98_304, 118_784, (1, 2, 1, 8, 1)),
+      'hardware=4xh200x8': (262_144, 98_304, 118_784, (1, 4, 1, 8, 1))}.items():
     c = module.get_config(arg)
     stage = {st['name']: st for st in c.stages}
+    # One row per batch shard in every microbatch, as on the v5p slice (none padded in): on
+    # H nodes the rows split H ways (a row over a node's 8 GPUs).
+    for st in c.stages:
+      rows = st.get('batch_size') or st['prompts_per_step'] * st['group_size']
+      assert rows == st['microbatches'] * math.prod(c.mesh.shape[:3]), (arg, st['name'])
     assert (stage['sft']['max_len'], stage['mopd']['max_response_len'],
             stage['code_rl']['max_response_len'], tuple(c.mesh.shape)) == (sft, mopd, code, mesh)
     # The RM scores MOPD's chat rows whole; the sampler compiles the exact lengths.
@@ -241,7 +249,7 @@ def test_configs_cite_files_that_exist():
 # whole on every device of both).
 _MESHES = {'nemotron_cascade_14b': ((1, 8, 8), (1, 8, 1), 8),
            'nemotron_cascade_8b': ((1, 8, 8), (1, 8, 1), 8),
-           'nemotron_cascade2': ((1, 1, 8, 8, 1), (1, 1, 8, 1), 1)}
+           'nemotron_cascade2': ((1, 1, 8, 8, 1), (1, 1, 1, 8, 1), 1)}
 
 
 @pytest.mark.parametrize('name', sorted(_MESHES))
@@ -265,7 +273,7 @@ def test_hardware_argument_retargets_mesh_and_sampler_budget(name):
     assert getattr(n, 'teachers_on_host', False) is (n.kind == 'mopd')
   # A microbatch holds the same rows per batch shard on both (no empty rows padded in): on
   # Cascade 2's pod mesh rows split 8 ways (data x fsdp x expert; each row over 'sequence'),
-  # on the node 8.
+  # on the node 1 (each row over its 8 GPUs).
   shards = lambda c: math.prod(c.mesh.shape[:{3: 2, 4: 3, 5: 3}[len(c.mesh.shape)]])
   for p, n in zip(pod.stages, node.stages):
     rows = p.get('batch_size') or p['prompts_per_step'] * p['group_size']

@@ -70,6 +70,48 @@ def test_backend_equals_dense(impl):
   assert bool(jnp.all(jnp.isfinite(out)))
 
 
+def _copies_of(jaxpr, tainted, found):
+  """Walks `jaxpr` (a core.Jaxpr) forward from the variables in `tainted` (K and V) through every
+  equation but a kernel call or a dot product, recursing into sub-jaxprs (jit, custom VJP), and
+  appends to `found` the sizes of the tainted values it makes: copies, broadcasts, reshapes of
+  K or V. Returns which outputs are tainted."""
+  from jax.extend import core
+  for eqn in jaxpr.eqns:
+    ins = [isinstance(x, core.Var) and x in tainted for x in eqn.invars]
+    if not any(ins) or eqn.primitive.name in ('pallas_call', 'dot_general'):
+      continue
+    subs = [v for v in eqn.params.values() if isinstance(v, (core.Jaxpr, core.ClosedJaxpr))]
+    if subs:
+      sub = subs[0].jaxpr if isinstance(subs[0], core.ClosedJaxpr) else subs[0]
+      inner = {v for v, t in zip(sub.invars[-len(ins):], ins) if t}
+      outs = _copies_of(sub, inner, found)
+      marked = [o for o, t in zip(eqn.outvars, outs) if t]
+    else:
+      marked = eqn.outvars
+    for o in marked:
+      tainted.add(o)
+      found.append(int(np.prod(o.aval.shape)))
+  return [isinstance(x, core.Var) and x in tainted for x in jaxpr.outvars]
+
+
+def test_gpu_flash_never_repeats_kv_heads():
+  """'gpu_flash' is grouped-query native: in its forward and its gradient no value computed
+  from K or V (outside the kernel and dot products) is larger than K padded to the kernel's
+  tile: no [B, T, N, H] copy of K/V repeated to the query heads. `jnp.repeat` would make one
+  (checked below, so the walk can find one)."""
+  b, t, n, kh, h = 1, 128, 6, 2, 16         # G = 3; T a whole tile, so nothing is padded
+  q, k, v = _qkv(b, t, t, n, kh, h)
+  seg = jnp.ones((b, t), jnp.int32)
+  f = lambda q, k, v: attention.attend(q, k, v, attention.MaskInfo(seg, seg), impl='gpu_flash')
+  loss = lambda q, k, v: jnp.sum(f(q, k, v))
+  repeat = lambda q, k, v: f(q, jnp.repeat(k, n // kh, 1)[:, :kh], v)
+  for fn, expect in ((f, False), (jax.grad(loss, (0, 1, 2)), False), (repeat, True)):
+    closed = jax.make_jaxpr(fn)(q, k, v)
+    found = []
+    _copies_of(closed.jaxpr, set(closed.jaxpr.invars[1:]), found)
+    assert (max(found, default=0) > k.size) is expect, (fn, found)
+
+
 @pytest.mark.parametrize('t,s', [(100, 200), (300, 400)])
 def test_blockwise_cached_prefill_equals_dense(t, s):
   # t queries written at slot 24 of an s-slot cache (not a multiple of the 128-slot

@@ -536,7 +536,7 @@ def _shard(m, mesh):
   return nnx.to_pure_dict(sharding.shard_state(nnx.split(nnx.merge(*m))[1], mesh))
 
 
-def _sharded_run(m, x, mask, mesh, probe_scale=1.0):
+def _sharded_run(m, x, mask, mesh, probe_scale=1.0, rules=None):
   gd, params = m
 
   # A linear probe of y (a fixed cotangent), so the comparison sees only the layer's own
@@ -550,8 +550,8 @@ def _sharded_run(m, x, mask, mesh, probe_scale=1.0):
   step = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))
   if mesh is None:
     return step(params, x), None
-  sharded = _shard(m, mesh)
-  with sharding.use_mesh(mesh):
+  with sharding.use_mesh(mesh, rules):
+    sharded = _shard(m, mesh)
     x = jax.device_put(x, jax.sharding.NamedSharding(
         mesh, sharding.logical_to_spec(('batch', 'length', 'embed'), x.shape, mesh)))
     compiled = step.lower(sharded, x).compile()
@@ -696,6 +696,34 @@ def test_context_parallel_routes_only_own_tokens(preset, shape, monkeypatch):
     assert max(rows, default=0) <= group, (gathers, group)
     if sizes['expert'] > 1:
       assert group in rows                # the expert group's tokens, and no more
+
+
+@pytest.mark.heavy
+def test_experts_over_the_sequence_axis_match_unsharded():
+  """The H200 nodes' layout (configs/_recipes.py SEQUENCE_MESH, no expert axis): the routed
+  experts split over 'sequence', which also splits each row, and the rows over 'fsdp'. The
+  layer gives the unsharded forward and gradients; each shard holds E / 4 experts, and the
+  tokens gathered over 'sequence' are summed back by a reduce-scatter."""
+  from configs import _recipes
+  cfg = config_lib.ModelConfig.tiny_hybrid()
+  b, t, d = 4, 64, cfg.embed_dim
+  m = _model(cfg, scale=0.1)
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(b, t, d)), jnp.float32)
+  mask = jnp.ones((b, t)).at[1, 5:9].set(0.0)
+  run = functools.partial(_sharded_run, probe_scale=(b * t) ** -0.5)
+  ((loss0, out0), grads0), _ = run(m, x, mask, None)
+  mesh = sharding.make_mesh((1, 2, 1, 4, 1))
+  rules = sharding.override_rules(None, _recipes.SEQUENCE_MESH['2xh200x8'][1])
+  ((loss1, out1), grads1), (sharded, hlo) = run(m, x, mask, mesh, rules=rules)
+  np.testing.assert_array_equal(out1.indices, out0.indices)
+  close = functools.partial(np.testing.assert_allclose, atol=1e-5, rtol=1e-5)
+  close(out1.y, out0.y)
+  close(loss1, loss0)
+  for n, g in grads0[0].items():
+    close(grads1[0][n], g, err_msg=n)
+  close(grads1[1], grads0[1])
+  assert sharded['up'].addressable_shards[0].data.shape[0] == cfg.num_experts // 4
+  assert 'reduce-scatter' in hlo
 
 
 def test_experts_not_divisible_by_expert_axis():
