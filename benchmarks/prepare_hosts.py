@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime
 import gzip
 import hashlib
+import importlib
 import json
 import os
 import pathlib
@@ -108,16 +109,28 @@ def config(d: str):
   return c
 
 
+def _module(name: str, older: str):
+  """The module `name` of the tree under test, or `older` where that tree predates the move
+  (a phase runs the code of the commit measured, before or after cascade/data/ and
+  foundation/ existed)."""
+  try:
+    return importlib.import_module(name)
+  except ModuleNotFoundError as e:
+    if e.name not in (name, name.rpartition('.')[0]):
+      raise
+    return importlib.import_module(older)
+
+
 def phase(d: str, cache: str, rank: int, coordinator: str) -> dict:
   """One process of the two: the run's data path on the shared, empty cache `cache`."""
   from cascade import distributed  # pylint: disable=g-import-not-at-top
   distributed.initialize(coordinator, 2, rank)
   from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
   from cascade import rollout  # pylint: disable=g-import-not-at-top
-  from cascade.data import shards  # pylint: disable=g-import-not-at-top
-  from cascade.data import stage_data  # pylint: disable=g-import-not-at-top
   from cascade.kinds import sft  # pylint: disable=g-import-not-at-top
-  from foundation import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  shards = _module('cascade.data.shards', 'cascade.shards')
+  stage_data = _module('cascade.data.stage_data', 'cascade.stage_data')
+  tokenizer_lib = _module('foundation.tokenizer', 'models.tokenizer')
   plan = config_lib.validate(config(d), known_verifiers=['math'])
   tok = tokenizer_lib.load(plan.tokenizer_path)
   counts = {'tokenized': 0, 'shards': 0, 'plain': 0}
