@@ -86,14 +86,15 @@ def section(readme: str, heading: str) -> str:
   return '\n'.join(lines[start:end])
 
 
-def _code(text: str, lang: str) -> list[str]:
+def code_blocks(text: str, lang: str) -> list[str]:
+  """The ```lang fenced blocks' texts in `text`."""
   return re.findall(rf'```{lang}\n(.*?)```', text, re.S)
 
 
 def recipe_files(readme: str) -> dict[str, str]:
   """{file name: text} of the verifier recipe's python blocks (each names its file first)."""
   out = {}
-  for block in _code(section(readme, VERIFIER_SECTION), 'python'):
+  for block in code_blocks(section(readme, VERIFIER_SECTION), 'python'):
     m = _FILE_LINE.match(block)
     if not m:
       raise SystemExit(f'README, {VERIFIER_SECTION}: a python block names no file: '
@@ -104,7 +105,7 @@ def recipe_files(readme: str) -> dict[str, str]:
 
 def commands(readme: str, heading: str) -> list[str]:
   """The commands of the section's bash blocks, comments and blank lines dropped."""
-  return [line.strip() for block in _code(section(readme, heading), 'bash')
+  return [line.strip() for block in code_blocks(section(readme, heading), 'bash')
           for line in block.splitlines() if line.strip() and not line.strip().startswith('#')]
 
 

@@ -30,22 +30,12 @@ def _readme():
 
 
 def _section(heading):
-  """The text under README's `### heading`, up to the next heading of any level (a `#` line
-  inside a code block is no heading)."""
-  lines = _readme().split('\n')
-  start = lines.index(f'### {heading}')
-  fenced, end = False, len(lines)
-  for i in range(start + 1, len(lines)):
-    if lines[i].startswith('```'):
-      fenced = not fenced
-    elif not fenced and re.match(r'#{1,3} ', lines[i]):
-      end = i
-      break
-  return '\n'.join(lines[start:end])
+  """The text under README's `### heading` (benchmarks.readme_numbers reads it the same way)."""
+  return readme_numbers.section(_readme(), heading)
 
 
 def _blocks(section, lang):
-  return re.findall(rf'```{lang}\n(.*?)```', section, re.S)
+  return readme_numbers.code_blocks(section, lang)
 
 
 def _files(section):
