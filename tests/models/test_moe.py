@@ -536,6 +536,19 @@ def _shard(m, mesh):
   return nnx.to_pure_dict(sharding.shard_state(nnx.split(nnx.merge(*m))[1], mesh))
 
 
+def _assert_same_run(run0, run1):
+  """Two `_sharded_run` results agree: routing exactly; output, loss and every gradient to
+  1e-5."""
+  ((loss0, out0), grads0), ((loss1, out1), grads1) = run0, run1
+  np.testing.assert_array_equal(out1.indices, out0.indices)
+  close = functools.partial(np.testing.assert_allclose, atol=1e-5, rtol=1e-5)
+  close(out1.y, out0.y)
+  close(loss1, loss0)
+  for n, g in grads0[0].items():
+    close(grads1[0][n], g, err_msg=n)
+  close(grads1[1], grads0[1])
+
+
 def _sharded_run(m, x, mask, mesh, probe_scale=1.0, rules=None):
   gd, params = m
 
@@ -582,13 +595,7 @@ def test_sharded_matches_unsharded(shape, name, monkeypatch):
   ((loss0, out0), grads0), _ = _sharded_run(m, x, mask, None)
   mesh = sharding.make_mesh(shape)
   ((loss1, out1), grads1), (sharded, hlo) = _sharded_run(m, x, mask, mesh)
-  np.testing.assert_array_equal(out1.indices, out0.indices)
-  close = functools.partial(np.testing.assert_allclose, atol=1e-5, rtol=1e-5)
-  close(out1.y, out0.y)
-  close(loss1, loss0)
-  for n, g in grads0[0].items():
-    close(grads1[0][n], g, err_msg=n)
-  close(grads1[1], grads0[1])
+  _assert_same_run(((loss0, out0), grads0), ((loss1, out1), grads1))
   sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
   ep = sizes.get('expert', 1)
   up = sharded['up']
@@ -616,13 +623,7 @@ def test_all_to_all_dispatch_matches_unsharded(shape, name):
   mask = jnp.ones((8, 3)).at[1, 2].set(0.0)
   ((loss0, out0), grads0), _ = _sharded_run(m, x, mask, None)
   ((loss1, out1), grads1), (_, hlo) = _sharded_run(m, x, mask, sharding.make_mesh(shape))
-  np.testing.assert_array_equal(out1.indices, out0.indices)
-  close = functools.partial(np.testing.assert_allclose, atol=1e-5, rtol=1e-5)
-  close(out1.y, out0.y)
-  close(loss1, loss0)
-  for n, g in grads0[0].items():
-    close(grads1[0][n], g, err_msg=n)
-  close(grads1[1], grads0[1])
+  _assert_same_run(((loss0, out0), grads0), ((loss1, out1), grads1))
   assert 'all-to-all' in hlo and 'reduce-scatter' not in hlo
 
 
@@ -676,13 +677,7 @@ def test_context_parallel_routes_only_own_tokens(preset, shape, monkeypatch):
   rows.clear()
   mesh = sharding.make_mesh(shape)
   ((loss1, out1), grads1), (_, hlo) = run(m, x, mask, mesh)
-  np.testing.assert_array_equal(out1.indices, out0.indices)
-  close = functools.partial(np.testing.assert_allclose, atol=1e-5, rtol=1e-5)
-  close(out1.y, out0.y)
-  close(loss1, loss0)
-  for n, g in grads0[0].items():
-    close(grads1[0][n], g, err_msg=n)
-  close(grads1[1], grads0[1])
+  _assert_same_run(((loss0, out0), grads0), ((loss1, out1), grads1))
   sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
   group = b * t // (sizes['data'] * sizes['fsdp'] * sizes['sequence'])
   assert set(rows) == {group * k}, (rows, group * k)
@@ -715,13 +710,7 @@ def test_experts_over_the_sequence_axis_match_unsharded():
   mesh = sharding.make_mesh((1, 2, 1, 4, 1))
   rules = sharding.override_rules(None, _recipes.SEQUENCE_MESH['2xh200x8'][1])
   ((loss1, out1), grads1), (sharded, hlo) = run(m, x, mask, mesh, rules=rules)
-  np.testing.assert_array_equal(out1.indices, out0.indices)
-  close = functools.partial(np.testing.assert_allclose, atol=1e-5, rtol=1e-5)
-  close(out1.y, out0.y)
-  close(loss1, loss0)
-  for n, g in grads0[0].items():
-    close(grads1[0][n], g, err_msg=n)
-  close(grads1[1], grads0[1])
+  _assert_same_run(((loss0, out0), grads0), ((loss1, out1), grads1))
   assert sharded['up'].addressable_shards[0].data.shape[0] == cfg.num_experts // 4
   assert 'reduce-scatter' in hlo
 
