@@ -7,7 +7,6 @@ same completions, graded directly."""
 import dataclasses
 import os
 
-import numpy as np
 import pytest
 
 from cascade import rollout
@@ -18,7 +17,7 @@ from cascade.suites import run
 from cascade.suites import swe_bench
 from foundation import chat
 from foundation import chat_template
-from rl import sampler as sampler_lib
+from tests.cascade.suites import canned
 
 FIXTURES = os.path.join(os.path.dirname(__file__), '..', '..', 'fixtures', 'suites')
 _CODE = '```python\na, b = map(int, input().split())\nprint(a + b)\n```'
@@ -61,18 +60,7 @@ class CannedSampler:
   def generate(self, params, prompts, rng, sp, num_samples=1):
     del params, rng
     self.prompts += [list(p) for p in prompts]
-    b, n = len(prompts) * num_samples, sp.max_new_tokens
-    ids = self.ids[:n]
-    toks = np.zeros((b, n), np.int32)
-    toks[:, :len(ids)] = ids
-    lens = np.full((b,), len(ids), np.int32)
-    mask = (np.arange(n)[None] < lens[:, None]).astype(np.int32)
-    z = np.zeros((b, n), np.float32)
-    p = max(len(x) for x in prompts)
-    return sampler_lib.SampleOutput(
-        prompt_tokens=np.zeros((b, p), np.int32), prompt_mask=np.ones((b, p), np.int32),
-        tokens=toks, mask=mask, logprobs=z, sampling_logprobs=z, lengths=lens,
-        truncated=np.zeros((b,), bool))
+    return canned.output(self.ids, prompts, num_samples, sp.max_new_tokens)
 
 
 class _Shared:

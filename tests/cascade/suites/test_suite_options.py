@@ -7,14 +7,13 @@ import json
 import os
 import shutil
 
-import numpy as np
 import pytest
 
 from cascade import config as config_lib
 from cascade.suites import arena_hard
 from cascade.suites import checkpoint
 from cascade.suites import run
-from rl import sampler as sampler_lib
+from tests.cascade.suites import canned
 
 FIXTURES = os.path.join(os.path.dirname(__file__), '..', '..', 'fixtures', 'suites')
 V2 = arena_hard.arena_hard_v2
@@ -29,18 +28,8 @@ class FixedSampler:
   def generate(self, params, prompts, rng, sp, num_samples=1):
     del params, rng
     self.calls += 1
-    b, n = len(prompts) * num_samples, sp.max_new_tokens
-    ids = [ord(c) for c in self.text][:n]
-    toks = np.zeros((b, n), np.int32)
-    toks[:, :len(ids)] = ids
-    lens = np.full((b,), len(ids), np.int32)
-    mask = (np.arange(n)[None] < lens[:, None]).astype(np.int32)
-    z = np.zeros((b, n), np.float32)
-    p = max(len(x) for x in prompts)
-    return sampler_lib.SampleOutput(
-        prompt_tokens=np.zeros((b, p), np.int32), prompt_mask=np.ones((b, p), np.int32),
-        tokens=toks, mask=mask, logprobs=z, sampling_logprobs=z, lengths=lens,
-        truncated=np.zeros((b,), bool))
+    return canned.output([ord(c) for c in self.text], prompts, num_samples,
+                         sp.max_new_tokens)
 
 
 def _policy(fakes, text='A GOOD answer.'):
