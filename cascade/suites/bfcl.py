@@ -75,7 +75,7 @@ first checked against the expected one; `parallel` and `parallel_multiple` as ma
 calls as expected, each expected call in turn matched to the first unmatched call
 that passes, none left over; a live category as the one its name contains.
 
-The papers' numbers: neither PAPER_NOTES entry reports BFCL v3 per category for
+The papers' numbers: neither Nemotron-Cascade paper reports BFCL v3 per category for
 the recipes' checkpoints, so these suites carry none.
 """
 
