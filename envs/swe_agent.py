@@ -91,9 +91,12 @@ class Workspace:
   Attributes:
     original: the record's files (never changed).
     files: the episode's own copy, which the tools change.
+    max_files, max_chars: the bounds an edit or patch may not take `files` past.
   """
   original: Mapping[str, str]
   files: dict[str, str]
+  max_files: int = MAX_FILES
+  max_chars: int = MAX_REPO_CHARS
 
   def changed(self) -> list[str]:
     """Sorted paths whose text differs from the original (created and deleted ones too)."""
@@ -121,17 +124,18 @@ def normalize_path(path: str) -> str:
     raise base.ToolError(str(e)) from None
 
 
-def check_tree(files: Mapping[str, str]) -> None:
+def check_tree(files: Mapping[str, str], max_files: int = MAX_FILES,
+               max_chars: int = MAX_REPO_CHARS) -> None:
   """Checks a repository against the bounds; no path may be both a file and a directory.
 
   Raises:
     base.ToolError: says which bound or which path.
   """
-  if len(files) > MAX_FILES:
-    raise base.ToolError(f'the repository would hold {len(files)} files; at most {MAX_FILES}')
+  if len(files) > max_files:
+    raise base.ToolError(f'the repository would hold {len(files)} files; at most {max_files}')
   size = sum(len(t) for t in files.values())
-  if size > MAX_REPO_CHARS:
-    raise base.ToolError(f'the repository would hold {size} characters; at most {MAX_REPO_CHARS}')
+  if size > max_chars:
+    raise base.ToolError(f'the repository would hold {size} characters; at most {max_chars}')
   for path in files:
     parts = path.split('/')
     for k in range(1, len(parts)):
@@ -243,7 +247,7 @@ def edit(ws: Workspace, path: str, old: str, new: str) -> str:
                            f'{text.count(chr(10), 0, again) + 1}); include more of it')
     files[norm] = text[:at] + new + text[at + len(old):]
     verb = 'edited'
-  check_tree(files)
+  check_tree(files, ws.max_files, ws.max_chars)
   ws.files = files
   return f'{verb} {norm}'
 
@@ -266,7 +270,7 @@ def apply_patch(ws: Workspace, patch: str) -> str:
     files = unidiff.apply(confined, ws.files)
   except ValueError as e:
     raise base.ToolError(f'patch does not apply: {e}') from None
-  check_tree(files)
+  check_tree(files, ws.max_files, ws.max_chars)
   changed = sorted(p for p in set(files) | set(ws.files) if files.get(p) != ws.files.get(p))
   ws.files = files
   return f'patched {", ".join(changed)}' if changed else 'the patch changes nothing'
@@ -301,7 +305,8 @@ class SweAgentEnv(base.Environment):
   name = 'swe_agent'
 
   def __init__(self, *, isolation: str = 'bwrap', workers: int | None = None,
-               timeout_s: float = 10.0, memory_mb: int = 1024, max_calls_per_turn: int = 4):
+               timeout_s: float = 10.0, memory_mb: int = 1024, max_calls_per_turn: int = 4,
+               max_files: int = MAX_FILES, max_repo_chars: int = MAX_REPO_CHARS):
     """Options.
 
     Args:
@@ -312,6 +317,11 @@ class SweAgentEnv(base.Environment):
       timeout_s: wall-clock seconds of one test run.
       memory_mb: memory of one test run.
       max_calls_per_turn: see `envs.base.Environment`.
+      max_files, max_repo_chars: the bounds of an episode's repository (edits and patches
+        may not pass them). Records are checked at load time (`validate_metadata`, a class
+        method) against the defaults, which training's task repositories keep; a caller that
+        builds its own records on larger repositories (the SWE-bench Verified agentic suite,
+        `cascade.suites.swe_bench`) raises them.
     """
     super().__init__(max_calls_per_turn=max_calls_per_turn)
     if isolation not in sandbox_lib.ISOLATIONS:
@@ -324,6 +334,10 @@ class SweAgentEnv(base.Environment):
     self.workers = int(workers)
     self.timeout_s = float(timeout_s)
     self.memory_mb = int(memory_mb)
+    if max_files < 1 or max_repo_chars < 1:
+      raise ValueError(f'{self.name}: max_files={max_files} and max_repo_chars={max_repo_chars} '
+                       'must be >= 1')
+    self.max_files, self.max_repo_chars = int(max_files), int(max_repo_chars)
     # 'visible': run_tests (the policy's tests); 'hidden': scoring. Started on first use.
     self._sandboxes: dict[str, sandbox_lib.Sandbox] = {}
 
@@ -370,7 +384,8 @@ class SweAgentEnv(base.Environment):
 
   def _start(self, record: Mapping[str, Any]) -> Workspace:
     repo = record['metadata']['repo']
-    return Workspace(original=repo, files=dict(repo))
+    return Workspace(original=repo, files=dict(repo), max_files=self.max_files,
+                     max_chars=self.max_repo_chars)
 
   def _execute(self, calls: Sequence[base.Call]) -> list[str | base.ToolError]:
     out: list[str | base.ToolError | None] = [None] * len(calls)

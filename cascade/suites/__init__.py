@@ -28,6 +28,7 @@ _BUILTIN: dict[str, str] = {
     'lcb_v5': 'cascade.suites.livecodebench:lcb_v5',
     'lcb_v6': 'cascade.suites.livecodebench:lcb_v6',
     'swe_bench_verified': 'cascade.suites.swe_bench:swe_bench_verified',
+    'swe_bench_verified_agentic': 'cascade.suites.swe_bench_agentic:swe_bench_verified_agentic',
     'bfcl_v3_simple': 'cascade.suites.bfcl:bfcl_v3_simple',
     'bfcl_v3_multiple': 'cascade.suites.bfcl:bfcl_v3_multiple',
     'bfcl_v3_parallel': 'cascade.suites.bfcl:bfcl_v3_parallel',

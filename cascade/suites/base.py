@@ -26,7 +26,7 @@ import dataclasses
 import hashlib
 import io
 import json
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any, Hashable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -117,6 +117,19 @@ class Graded:
   score: float
   answer: Hashable | None = None
   info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Sampled(NamedTuple):
+  """What `Suite.sample` gives the runner for a batch of records.
+
+  Attributes:
+    completions: per record, its `k` completions: the text its grader grades.
+    lengths: [records, k] tokens each sample took.
+    truncated: [records, k] the sample hit a limit (the token budget, turns).
+  """
+  completions: list
+  lengths: np.ndarray
+  truncated: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +230,18 @@ class Suite:
 
   # --- planning ------------------------------------------------------------------------------
 
+  def prompt_text(self, record: Mapping, thinking: bool | None, template: Any) -> str:
+    """A record's prompt as the suite samples it, rendered by the policy's chat `template`
+    (`launch.plan` measures it): `cascade.rollout.prompt_text` here."""
+    from cascade import rollout  # pylint: disable=g-import-not-at-top
+    return rollout.prompt_text(record, thinking, template)
+
+  def planned_call(self, prompt_len: int, protocol: Protocol) -> tuple[int, int]:
+    """(prompt tokens, new tokens) of the suite's largest sampler call, for its longest
+    rendered prompt `prompt_len` under `protocol`: one call of the whole budget here; a suite
+    that samples in turns (`sample`) says its own."""
+    return prompt_len, protocol.max_new_tokens
+
   def planned_prompts(self) -> tuple[int, int]:
     """(the longest rendered prompt in tokens, the records it has, 0 when not known) that
     `launch.plan` assumes where it does not read and measure the suite's files."""
@@ -271,6 +296,29 @@ class Suite:
   def parse(self, path: str, raw: Sequence[tuple[int, Mapping]]) -> list[dict]:
     """The canonical records of one file's raw rows ((line, row) pairs)."""
     raise NotImplementedError
+
+  # --- sampling ------------------------------------------------------------------------------
+
+  def sample(self, policy: Any, records: Sequence[Mapping], key: Any, sampling: Any,
+             k: int) -> Sampled:
+    """`k` samples of each record by `policy` (`cascade.suites.run.Policy`): one sampler call
+    of the prompts rendered in the protocol's thinking mode (`cascade.rollout.generate`). A
+    suite whose samples are episodes (an agent acting through tools) overrides it.
+
+    Args:
+      policy: the policy (sampler, params, tokenizer).
+      records: the batch's records.
+      key: the batch's PRNG key.
+      sampling: the protocol's `rl.sampler.SamplingParams`.
+      k: samples per record.
+    """
+    from cascade import rollout  # pylint: disable=g-import-not-at-top
+    ro = rollout.generate(policy.sampler, policy.params, policy.tokenizer, records,
+                          [self.protocol.thinking] * len(records), key, sampling, k)
+    n = len(records)
+    return Sampled(completions=[ro.completions[i * k:(i + 1) * k] for i in range(n)],
+                   lengths=np.asarray(ro.samples.lengths).reshape(n, k),
+                   truncated=np.asarray(ro.samples.truncated).reshape(n, k))
 
   # --- grading and the metric ----------------------------------------------------------------
 

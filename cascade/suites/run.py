@@ -9,8 +9,9 @@ Each batch of `batch_size` records is rendered in the protocol's thinking mode
 (`cascade.rollout`, `foundation.chat`, as the stages render theirs), sampled
 `protocol.samples` times with the protocol's temperature, top-p, top-k and
 `max_new_tokens` through the policy's `rl.sampler.Sampler` (whichever engine it was
-built with: the paged one samples at the suites' lengths), and graded by the suite's
-`Grader` while the next batch samples. Batch b samples with
+built with: the paged one samples at the suites' lengths; `Suite.sample`, which a suite
+whose samples are agent episodes overrides), and graded by the suite's `Grader` while the
+next batch samples. Batch b samples with
 `fold_in(fold_in(PRNGKey(seed), crc32(suite)), b)`, so a batch's completions do not
 depend on which batches ran before it, in this process or in an earlier one.
 
@@ -272,7 +273,7 @@ def run_suite(suite: base.Suite, records: Sequence[Mapping], policy: Policy, out
   say = say if say is not None and hosts.index == 0 else (lambda _: None)
   t0 = time.perf_counter()
   proto = suite.protocol
-  sp, k, mode = sampling_params(proto), proto.samples, proto.thinking
+  sp, k = sampling_params(proto), proto.samples
   header = {'suite': suite.name, 'protocol': suite.protocol_hash(), 'policy': policy.identity,
             'records': records_hash(records), 'batch_size': int(batch_size), 'seed': int(seed),
             'settings': proto.to_json()}
@@ -316,11 +317,10 @@ def run_suite(suite: base.Suite, records: Sequence[Mapping], policy: Policy, out
               pending = None
             raise Stopped(reason, f'suite {suite.name!r} before batch {b + 1}/{len(starts)}')
           chunk = list(records[start:start + batch_size])
-          ro = rollout.generate(policy.sampler, policy.params, policy.tokenizer, chunk,
-                                [mode] * len(chunk), jax.random.fold_in(key, b), sp, k)
-          comps = [ro.completions[i * k:(i + 1) * k] for i in range(len(chunk))]
-          lens = np.asarray(ro.samples.lengths).reshape(len(chunk), k)
-          trunc = np.asarray(ro.samples.truncated).reshape(len(chunk), k)
+          got = suite.sample(policy, chunk, jax.random.fold_in(key, b), sp, k)
+          comps = [list(c) for c in got.completions]
+          lens = np.asarray(got.lengths).reshape(len(chunk), k)
+          trunc = np.asarray(got.truncated).reshape(len(chunk), k)
 
           def grade(b=b, chunk=chunk, comps=comps, lens=lens, trunc=trunc):
             grades = _grade_on_hosts(grader, chunk, comps, hosts)

@@ -54,13 +54,19 @@ class Unscorable(RuntimeError):
   were written (the message names them and the command that scores them)."""
 
 
-def prediction(instance_id: str, completion: str, model_name: str) -> dict:
-  """The harness's prediction of one completion: its diff (after the thinking block)."""
+def completion_patch(completion: str) -> str:
+  """An agentless completion's diff (after the thinking block; '' when there is none)."""
   split = chat.split_thinking(completion)
   patch = unidiff.extract(split.answer) if split.finished_thinking else ''
   if patch and not patch.endswith('\n'):
     patch += '\n'   # `git apply` rejects a diff whose last line has no newline.
-  return {'instance_id': instance_id, 'model_name_or_path': model_name, 'model_patch': patch}
+  return patch
+
+
+def prediction(instance_id: str, completion: str, model_name: str) -> dict:
+  """The harness's prediction of one completion: its diff (after the thinking block)."""
+  return {'instance_id': instance_id, 'model_name_or_path': model_name,
+          'model_patch': completion_patch(completion)}
 
 
 def write_predictions(path: str, predictions: Sequence[Mapping]) -> None:
@@ -116,9 +122,11 @@ class HarnessGrader(base.Grader):
     command: the harness's command line (`harness_command`'s signature); a test's fake.
   """
 
+  SUITE = 'swe_bench_verified'
+
   def __init__(self, directory: str = '', model_name: str = 'cascade', workers: int = 4,
                docker: str = 'docker', command=harness_command):
-    self.directory = directory or tempfile.mkdtemp(prefix='swe_bench_verified-')
+    self.directory = directory or tempfile.mkdtemp(prefix=f'{self.SUITE}-')
     self.model_name, self.workers, self.docker = model_name, int(workers), docker
     self.command = command
     self.batches = 0
@@ -126,21 +134,32 @@ class HarnessGrader(base.Grader):
   def grade(self, record: Mapping, completions: Sequence[str]) -> list[base.Graded]:
     return self.grade_batch([record], [completions])[0]
 
-  def grade_batch(self, records: Sequence[Mapping],
-                  completions: Sequence[Sequence[str]]) -> list[list[base.Graded]]:
+  def patch(self, completion: str) -> str:
+    """A completion's model_patch (the agentic grader's completions are episode outcomes)."""
+    return completion_patch(completion)
+
+  def write(self, records: Sequence[Mapping],
+            completions: Sequence[Sequence[str]]) -> tuple[int, list[str]]:
+    """(this batch's number, its predictions files: sample j of every record in file j)."""
     k = max((len(c) for c in completions), default=0)
     batch, self.batches = self.batches, self.batches + 1
     files = []
     for j in range(k):
       path = os.path.join(self.directory, f'predictions-{j}.jsonl' if batch == 0
                           else f'predictions-{j}-batch{batch}.jsonl')
-      write_predictions(path, [prediction(r['id'], cs[j], self.model_name)
+      write_predictions(path, [{'instance_id': r['id'], 'model_name_or_path': self.model_name,
+                                'model_patch': self.patch(cs[j])}
                                for r, cs in zip(records, completions) if j < len(cs)])
       files.append(path)
+    return batch, files
+
+  def grade_batch(self, records: Sequence[Mapping],
+                  completions: Sequence[Sequence[str]]) -> list[list[base.Graded]]:
+    batch, files = self.write(records, completions)
     why = runtime_missing(self.docker)
     if why:
       command = shlex.join(harness_command(files[0] if files else '', 'cascade', [], 4)[:-1])
-      raise Unscorable(f'swe_bench_verified: {why}; predictions written to '
+      raise Unscorable(f'{self.SUITE}: {why}; predictions written to '
                        f'{", ".join(files)}; score them where Docker runs with `{command}`')
     resolved = []
     for j, path in enumerate(files):
@@ -151,7 +170,7 @@ class HarnessGrader(base.Grader):
       report = report_path(self.directory, self.model_name, run_id)
       if done.returncode != 0 or not os.path.exists(report):
         tail = (done.stderr.strip().splitlines() or ['no output'])[-1][:300]
-        raise RuntimeError(f'swe_bench_verified: the harness failed on {path} '
+        raise RuntimeError(f'{self.SUITE}: the harness failed on {path} '
                            f'(exit {done.returncode}): {tail}')
       with open(report, encoding='utf-8') as f:
         resolved.append(set(json.load(f).get('resolved_ids', ())))
@@ -222,7 +241,5 @@ swe_bench_verified = SweBenchSuite(
                                   source='arXiv 2512.13607 (Nemotron-Cascade), 14B-Thinking '
                                          'after each stage')
                     for s, v in zip(('sft_32k', 'rlhf', 'if_rl_ifbench', 'math_rl', 'code_rl',
-                                     'swe_rl'), (34.5, 38.8, 38.4, 39.7, 39.6, 43.1)))
-              + (base.Reported(recipe='nemotron_cascade2', stage='final', value=50.2,
-                               source='arXiv 2603.19220 (Nemotron-Cascade 2), final model '
-                                      '(OpenHands, agentic)'),)))
+                                     'swe_rl'), (34.5, 38.8, 38.4, 39.7, 39.6, 43.1)))))
+# Cascade 2's number (OpenHands, agentic) is the agentic suite's (`swe_bench_agentic`).

@@ -6,7 +6,9 @@ costs these devices nothing).
 
 The longest prompt is measured where it can be: the suite's files under config.eval.suite_data
 read as the run reads them, each record rendered in the protocol's thinking mode with the run's
-tokenizer and chat template (`cascade.rollout.prompt_text`) and counted. Where the files or the
+tokenizer and chat template (`Suite.prompt_text`: an agentic suite's opening lists its tools) and
+counted; a suite that samples in turns says what its largest call is (`Suite.planned_call`: the
+last turn's prompt holds the episode so far). Where the files or the
 tokenizer are not there (a plan made before the data is placed), the suite's own bound stands
 in (`Suite.planned_prompts`: a generated suite's exact length, a released benchmark's assumed
 longest prompt, docs/evaluation.md), and a call is assumed to hold a full batch of prompts;
@@ -69,7 +71,6 @@ def _tokenizer(plan):
 def _measured(plan, suite, tokenizer) -> tuple[int, int] | str:
   """(records scored, their longest rendered prompt in tokens) of `suite`'s files under
   config.eval.suite_data, or why they were not measured."""
-  from cascade import rollout  # pylint: disable=g-import-not-at-top
   from cascade.suites import base  # pylint: disable=g-import-not-at-top
   from foundation import chat_template  # pylint: disable=g-import-not-at-top
   ev = plan.eval
@@ -87,7 +88,7 @@ def _measured(plan, suite, tokenizer) -> tuple[int, int] | str:
   records = records[:ev.suite_prompts] if ev.suite_prompts else records
   template = chat_template.of(tokenizer)
   mode = ev.suite_settings(suite.name).thinking
-  longest = max(len(tokenizer.encode(rollout.prompt_text(r, mode, template))) for r in records)
+  longest = max(len(tokenizer.encode(suite.prompt_text(r, mode, template))) for r in records)
   return len(records), longest
 
 
@@ -132,7 +133,8 @@ def suite_calls(plan, model_for: Callable = lambda cfg: cfg) -> list[SuiteCall]:
       prompts = min(cap, records) if records else cap
       how = (f"the suite's bound ({got})" if records else
              f"the suite's bound, full batches ({got})")
-    out.append(SuiteCall(name, prompts, samples, longest, proto.max_new_tokens, proto.top_p,
+    prompt_len, new_tokens = suite.planned_call(longest, proto)
+    out.append(SuiteCall(name, prompts, samples, prompt_len, new_tokens, proto.top_p,
                          proto.top_k, how, _judge_call(plan, suite, prompts, samples, model_for)))
   return out
 

@@ -31,7 +31,10 @@ ANSWERS = {
     'arena_hard': '<think>ok</think>A GOOD answer.',
     'ruler': '1234567 and VAR ABCDE',
     'swe_bench': '<think>ok</think>```diff\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n```',
+    # An episode's first turn without a tool call ends it (nothing changed: an empty patch).
+    'swe_bench_agentic': '<think>ok</think>Nothing to change.',
 }
+SWE = ('swe_bench', 'swe_bench_agentic')
 PAPER = sorted(n for n in suites.builtin_names()
                if not n.startswith('ruler_') or n == 'ruler_niah_single_8k')
 # Grader options that keep the test cheap (one worker) or name a judge.
@@ -53,12 +56,13 @@ class CharTokenizer:
 
 class CannedSampler:
   """`rl.sampler.Sampler.generate`'s output for every row: `text`; keeps each call's prompts."""
+  pad_id = 0
 
   def __init__(self, text):
     self.ids, self.prompts = CharTokenizer().encode(text), []
 
-  def generate(self, params, prompts, rng, sp, num_samples=1):
-    del params, rng
+  def generate(self, params, prompts, rng, sp, num_samples=1, row_limits=None):
+    del params, rng, row_limits      # an episode's turn call gives row_limits
     self.prompts += [list(p) for p in prompts]
     return canned.output(self.ids, prompts, num_samples, sp.max_new_tokens)
 
@@ -107,7 +111,7 @@ def test_a_paper_suite_runs_end_to_end_on_its_fixture_files(name, tmp_path, requ
     request.getfixturevalue('bwrap_sandbox')       # its tests run in the sandbox
   if family == 'arena_hard':
     options['url'] = request.getfixturevalue('fake_openai')(_fair_judge).url
-  if family == 'swe_bench':
+  if family in SWE:
     options['docker'] = str(tmp_path / 'no-docker')   # no container runtime: the refusal
   if family == 'ruler':
     suite = dataclasses.replace(suite, records=2, length=600)
@@ -123,10 +127,10 @@ def test_a_paper_suite_runs_end_to_end_on_its_fixture_files(name, tmp_path, requ
   request.addfinalizer(shared.close)
   monkeypatch.setattr(type(suite), 'grader', lambda self, **kw: _Shared(shared))
   k = suite.protocol.samples
-  if family != 'swe_bench':
+  if family not in SWE:
     # Graded directly (the run then grades on a thread of its own, with the same workers).
     direct = suite.summarize(records, shared.grade_batch(records, [[text] * k] * len(records)))
-  if family == 'swe_bench':
+  if family in SWE:
     with pytest.raises(swe_bench.Unscorable, match='predictions written to'):
       checkpoint.evaluate(sets, policy, str(tmp_path / 'eval'), batch_size=2,
                           grader_options={name: options}, say=said.append)
