@@ -252,3 +252,27 @@ def test_a_suite_call_past_the_models_positions_is_a_failure_saying_why():
       'suite sampler (ruler_niah_single_8k)', 'x', error=why),), 2 ** 30, 1)
   [failure] = plan_report.failures([rep])
   assert 'suite sampler (ruler_niah_single_8k) does not fit' in failure and why in failure
+
+
+def test_an_agentic_suites_largest_call_is_its_last_turn(tmp_path):
+  """SWE-bench through the agentic environment: its opening (the issue with the tools' schemas)
+  measured on its files, then the last turn's call, whose prompt holds the whole episode budget
+  and whose new tokens are one turn's (as the agentic stage's)."""
+  from cascade import episodes  # pylint: disable=g-import-not-at-top
+  name = 'swe_bench_verified_agentic'
+  proto = {name: dict(max_new_tokens=48)}
+  tok_dir = _tokenizer_dir(tmp_path)
+  suite = suites_lib.get(name)
+  [call] = plan_suite_calls.suite_calls(_config([name], tokenizer=tok_dir, suite_data=FIXTURES,
+                                                protocol=proto))
+  records = suite.read(suite.directory(FIXTURES))
+  tok = tokenizer_lib.load(tok_dir)
+  opening = max(len(tok.encode(episodes.opening_text(suite.environment(), r, True)))
+                for r in records)
+  assert (call.prompts, call.samples) == (2, 1) and call.how.startswith('measured: 2 records')
+  assert (call.prompt_len, call.max_new_tokens) == (opening + 48, 48)
+  # Turns of at most max_turn_tokens; the suite's bound where its files are not there.
+  short = dataclasses.replace(suite.with_protocol(max_new_tokens=20000), max_turn_tokens=4096)
+  assert short.planned_call(100, short.protocol) == (100 + 20000, 4096)
+  [call] = plan_suite_calls.suite_calls(_config([name], protocol=proto))
+  assert (call.prompt_len, call.max_new_tokens) == (8192 + 48, 48)
