@@ -211,3 +211,22 @@ def test_the_command_runs_lm_evals_cli_with_the_cascade_model(tiny_hf, tmp_path)
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
                        check=False)
   assert bad.returncode != 0 and 'model_args needs checkpoint=DIR' in bad.stderr
+
+
+def test_lm_eval_reads_no_model_plugins_so_the_backend_runs_as_its_own_command():
+  """docs/evaluation.md says why `lm_eval --model cascade` cannot work: lm-eval finds models only
+  in its own MODEL_MAPPING and reads no entry-point group. This fails once an installed lm-eval
+  reads entry points (then the backend should be registered through one in setup.py)."""
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  import lm_eval  # pylint: disable=g-import-not-at-top
+  import lm_eval.models  # pylint: disable=g-import-not-at-top
+  root = pathlib.Path(lm_eval.__file__).parent
+  readers = sorted(str(p.relative_to(root)) for p in root.rglob('*.py')
+                   if 'tasks' not in p.relative_to(root).parts
+                   and 'entry_points(' in p.read_text(encoding='utf-8', errors='replace'))
+  assert not readers, f'lm-eval {lm_eval.__version__} now reads entry points in {readers}'
+  assert 'cascade' not in lm_eval.models.MODEL_MAPPING
+  dist = importlib.metadata.distribution('lm_eval')
+  assert {e.group for e in dist.entry_points} == {'console_scripts'}
