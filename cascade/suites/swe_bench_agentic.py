@@ -198,6 +198,11 @@ class _DiffRecordingEnv(swe_agent.SweAgentEnv):
     return [(reward, dict(info, final_diff=git_diff(ep.state.original, ep.state.files)))
             for ep, (reward, info) in zip(episodes, out)]
 
+  def _failed(self, episode, e):
+    """An episode whose scoring raised keeps its diff too (the harness may still resolve it)."""
+    reward, info = super()._failed(episode, e)
+    return reward, dict(info, final_diff=git_diff(episode.state.original, episode.state.files))
+
 
 def outcome(reward: float, info: Mapping) -> str:
   """An ended episode's outcome, as the grader reads it (the module docstring)."""

@@ -271,3 +271,15 @@ def test_grader_options_and_outcomes_are_checked():
     agentic.AgenticGrader(score_by='vibes')
   with pytest.raises(ValueError, match='must be an episode outcome'):
     agentic.read_outcome('<think>x</think>```diff\n```')
+
+
+def test_an_episode_whose_scoring_raised_keeps_its_diff():
+  env = _suite().environment()
+  record = {'id': 'x', 'messages': [{'role': 'user', 'content': 'fix'}],
+            'metadata': {'repo': {'a.py': 'x = 1\n'}, 'gold_patch': 'not a diff'}}
+  [ep] = env.reset([record])
+  ep.state.files['a.py'] = 'x = 2\n'
+  [(reward, info)] = env._scored([ep], [None])  # pylint: disable=protected-access
+  assert reward == 0.0 and info['reason'].startswith('error: ')
+  assert info['final_diff'] == agentic.git_diff({'a.py': 'x = 1\n'}, {'a.py': 'x = 2\n'})
+  assert '-x = 1\n+x = 2\n' in info['final_diff']
