@@ -146,6 +146,20 @@ def test_edit_bounds_on_files_and_size(plain):
   assert out.startswith('error: the repository would hold') and ep.state.files['calc.py'] == CALC
 
 
+def test_the_bounds_are_options_of_the_environment():
+  """A larger repository (the SWE-bench agentic suite's) raises them; edits stay within them."""
+  env = swe_agent.SweAgentEnv(isolation='none', max_files=len(REPO) + 1, max_repo_chars=10**7)
+  (ep,) = env.reset([record()])
+  assert (ep.state.max_files, ep.state.max_chars) == (len(REPO) + 1, 10**7)
+  ep.state.files['README.md'] = 'x' * (swe_agent.MAX_REPO_CHARS + 1)   # past the default
+  (out,), = observe(env, [ep], [call('edit', path='one.py', old='', new='A = 1\n')])
+  assert out == 'created one.py'
+  (out,), = observe(env, [ep], [call('edit', path='two.py', old='', new='')])
+  assert out == f'error: the repository would hold {len(REPO) + 2} files; at most {len(REPO) + 1}'
+  with pytest.raises(ValueError, match='max_files=0 and max_repo_chars=1 must be >= 1'):
+    swe_agent.SweAgentEnv(isolation='none', max_files=0, max_repo_chars=1)
+
+
 def test_apply_patch(plain):
   (ep,) = plain.reset([record()])
   step = lambda patch: observe(plain, [ep], [call('apply_patch', patch=patch)])[0][0]
