@@ -14,7 +14,8 @@ Predictions: each completion's diff (`verifiers.unidiff.extract`: a diff fence, 
 holding a diff, or the answer) is a line of the official harness's predictions file,
 {"instance_id", "model_name_or_path", "model_patch"}; sample j of every instance goes to
 `predictions-<j>.jsonl` under the grader's directory (the harness takes one patch per
-instance per run).
+instance per run). The agentic suite (`cascade.suites.swe_bench_agentic`) writes and
+scores the diffs of its episodes' final files through the same grader.
 
 Scoring: `python -m swebench.harness.run_evaluation` (the `swebench` package, SWE-bench's
 own Docker harness) on each predictions file; an instance scores 1 when the harness's
