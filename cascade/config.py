@@ -1016,10 +1016,11 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     from cascade.data import readers  # pylint: disable=g-import-not-at-top
     known_formats = {k: v.record_type for k, v in readers.FORMATS.items()}
 
-  if not isinstance(schema.plain(config), Mapping):
-    raise ConfigError(f'config: must be a ConfigDict or a mapping, got {type(config).__name__}')
   # The one conversion of the ConfigDict: plain data from here on (nested sections too).
-  cfg = schema.as_dict(config)
+  cfg = schema.plain(config)
+  if not isinstance(cfg, Mapping):
+    raise ConfigError(f'config: must be a ConfigDict or a mapping, got {type(config).__name__}')
+  cfg = dict(cfg)
   for key in cfg:
     if key not in SECTIONS:
       raise ConfigError(f'config.{key}: unknown section ({schema.nearest(key, SECTIONS)})')
