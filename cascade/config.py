@@ -31,7 +31,7 @@ import dataclasses
 import json
 import pathlib
 import re
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 from cascade import schema
 from cascade.data import released
@@ -622,76 +622,74 @@ class Prepare:
 _NAME_RE = re.compile(r'^[A-Za-z0-9_.-]+$')
 
 
-def _entry(section: str, name: str, spec, fields: tuple) -> tuple[str, dict]:
-  """(where, spec as a dict) of `config.<section>.<name>`, its name and field names checked."""
+def _entry(cls, section: str, name, spec):
+  """`cls` from `config.<section>.<name>` (`schema.from_mapping`: every field checked, an unknown
+  one named with the nearest known ones), its name checked; (where, the entry)."""
   where = f'config.{section}.{name}'
-  if not _NAME_RE.match(name):
+  if not (isinstance(name, str) and _NAME_RE.match(name)):
     raise ConfigError(f'{where}: a {section[:-1]} name may hold only letters, digits, _ . -')
-  spec = schema.as_dict(spec)
-  for k in spec:
-    if k not in fields:
-      raise ConfigError(f'{where}.{k}: unknown field ({schema.nearest(k, fields)})')
-  return where, spec
+  if not _mapping_ok(spec):
+    raise ConfigError(f'{where}: must be a mapping of its fields, got {type(spec).__name__}')
+  return where, schema.from_mapping(cls, spec, where, fixed=dict(name=name), sep='.')
 
 
-@dataclasses.dataclass(frozen=True)
+def _format_domains(fmt: str, domain: str) -> tuple | None:
+  """The domains a dataset of format `fmt` (and config `domain`) can hold; None: any."""
+  if fmt in released.FORMAT_DOMAINS:
+    return released.FORMAT_DOMAINS[fmt]
+  if fmt in released.DATASET_DOMAIN_FORMATS and domain:
+    return (domain,)
+  return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Dataset:
   """config.datasets.<name>: a file (JSONL/Parquet) or a prepared TFDS dataset, and its format.
 
-  In the config: `path` or `tfds` (exactly one), `format`, and optionally
-  `split`, `data_dir`, `domain`, `limit`, `skip` (`Dataset.parse`).
+  `path` or `tfds` (exactly one) and `format` are required. `parse` builds it from the config
+  (`schema.from_mapping`) and `resolve` checks the format against the known ones and sets
+  what follows from it (`record_type`, `domains`). The tokenize-once cache spells it in its key
+  (`cascade.data.token_cache.spelling`).
   """
   # The dataset's name (its key in config.datasets).
-  name: str
-  # A `cascade.data.readers.FORMATS` name, and the record type it yields ('prompt', 'sft',
-  # 'preference').
-  format: str
-  record_type: str
+  name: str = schema.field(user=False)
+  # A `cascade.data.readers.FORMATS` name: how its records are read.
+  format: str = schema.field(check=_STRING)
   # A file or glob of shards, local or gs:// ('' = a TFDS dataset).
-  path: str = ''
-  # A TFDS dataset name (config field `tfds`), its split and data directory.
-  tfds_name: str = ''
-  split: str = 'train'
-  data_dir: str = ''
+  path: str = schema.field('', check=_STRING)
+  # A prepared TFDS dataset's name ('' = a file), its split and its data directory.
+  tfds: str = schema.field('', check=_STRING)
+  split: str = schema.field('train', check=_STRING)
+  data_dir: str = schema.field('', check=_STRING)
   # The domain of records that name none.
-  domain: str = ''
+  domain: str = schema.field('', check=_STRING)
   # Keep the first `limit` records (0 = all) after skipping the first `skip`.
-  limit: int = 0
-  skip: int = 0
-  # The only domains its records can hold, where its format says so (a released Cascade-2
+  limit: int = schema.field(0, check=schema.int_at_least(0))
+  skip: int = schema.field(0, check=schema.int_at_least(0))
+  # Set from `format` (`resolve`): the record type it yields ('prompt', 'sft', 'preference'),
+  # and the only domains its records can hold where the format says so (a released Cascade-2
   # subset: `released.FORMAT_DOMAINS`); None: any (records may name their own).
-  domains: tuple | None = None
+  record_type: str = schema.field('', user=False)
+  domains: tuple | None = schema.field(None, user=False)
 
-  FIELDS = ('path', 'tfds', 'split', 'data_dir', 'format', 'domain', 'limit', 'skip')
+  def check(self, fail):
+    if bool(self.path) == bool(self.tfds):
+      fail('tfds' if self.path else 'path',
+           "give exactly one of 'path' (JSONL/Parquet) or 'tfds'", schema.HIDE)
 
   @classmethod
   def parse(cls, name: str, spec, known_formats: Mapping[str, str]) -> 'Dataset':
     """`config.datasets.<name>`, checked; `known_formats`: format name -> record type."""
-    where, spec = _entry('datasets', name, spec, cls.FIELDS)
-    fmt = spec.get('format')
-    if fmt not in known_formats:
-      raise ConfigError(f'{where}.format={fmt!r}: unknown format (known: '
-                        f'{", ".join(sorted(known_formats))})')
-    path, tfds_name = spec.get('path', ''), spec.get('tfds', '')
-    if bool(path) == bool(tfds_name):
-      raise ConfigError(f"{where}: give exactly one of 'path' (JSONL/Parquet) or 'tfds'")
-    limit, skip = spec.get('limit', 0), spec.get('skip', 0)
-    for k, v in (('limit', limit), ('skip', skip)):
-      if not schema.is_int(v) or v < 0:
-        raise ConfigError(f'{where}.{k}={v!r}: must be an int >= 0')
-    return cls(name=name, format=fmt, record_type=known_formats[fmt], path=path,
-               tfds_name=tfds_name, split=spec.get('split', 'train'),
-               data_dir=spec.get('data_dir', ''), domain=spec.get('domain', ''),
-               limit=limit, skip=skip, domains=cls._domains(fmt, spec.get('domain', '')))
+    where, ds = _entry(cls, 'datasets', name, spec)
+    return ds.resolve(known_formats, schema.failer(where, ds, sep='.'))
 
-  @staticmethod
-  def _domains(fmt: str, domain: str) -> tuple | None:
-    """The domains a dataset of format `fmt` (and config `domain`) can hold; None: any."""
-    if fmt in released.FORMAT_DOMAINS:
-      return released.FORMAT_DOMAINS[fmt]
-    if fmt in released.DATASET_DOMAIN_FORMATS and domain:
-      return (domain,)
-    return None
+  def resolve(self, known_formats: Mapping[str, str], fail) -> 'Dataset':
+    """The dataset with `record_type` and `domains` set from its format (one of
+    `known_formats`: format name -> record type)."""
+    if self.format not in known_formats:
+      fail('format', f'unknown format (known: {", ".join(sorted(known_formats))})')
+    return dataclasses.replace(self, record_type=known_formats[self.format],
+                               domains=_format_domains(self.format, self.domain))
 
   def lacks(self, domain: str) -> bool:
     """Whether the dataset can hold no record of `domain` (its format says which it holds)."""
@@ -729,7 +727,11 @@ def _judge_window(verifier: str, options: Mapping[str, Any]) -> int | None:
   return None if use is None else use.answer_tokens
 
 
-@dataclasses.dataclass(frozen=True)
+def _one_line(v) -> bool:
+  return isinstance(v, str) and '\n' not in v
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Domain:
   """config.domains.<name>: its verifiers (training and held-out), datasets, optional RM stage.
 
@@ -742,127 +744,122 @@ class Domain:
   An agentic domain names an environment (`env`, see `envs`) instead of a
   verifier: its rollouts are multi-turn episodes in that environment
   (`cascade.episodes`), which scores them, in training and evaluation alike.
+
+  `parse` builds it from the config (`schema.from_mapping`) and `resolve` checks it against
+  the datasets, verifiers and environments and sets the held-out verifier and its options.
   """
   # The domain's name (its key in config.domains).
-  name: str
-  # The training verifier (a `verifiers` name; '' for an agentic domain) and its options.
-  verifier: str
-  verifier_options: Mapping[str, Any]
-  # Prompt datasets: training ('' = none) and held-out.
-  train: str
-  eval: str
-  # The held-out verifier and its options (default: the training verifier's).
-  eval_verifier: str = ''
-  eval_verifier_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  name: str = schema.field(user=False)
+  # The training verifier (a `verifiers` name; '' for an agentic domain) and its options (None:
+  # none; `resolve` makes every options field a dict).
+  verifier: str = schema.field('', check=_STRING)
+  verifier_options: Mapping[str, Any] | None = schema.field(None, check=_MAPPING, convert=dict)
+  # Prompt datasets: training ('' = none) and held-out (every domain has one).
+  train: str = schema.field('', check=_STRING)
+  eval: str = schema.field('', check=_STRING)
+  # The held-out verifier ('' = `verifier`) and its options (None: the training verifier's when
+  # it is the same verifier, else none); `resolve` sets both.
+  eval_verifier: str = schema.field('', check=_STRING)
+  eval_verifier_options: Mapping[str, Any] | None = schema.field(None, check=_MAPPING,
+                                                                 convert=dict)
   # The reward_model stage whose model scores this domain, for a verifier that takes one.
-  reward_model_stage: str = ''
+  reward_model_stage: str = schema.field('', check=_STRING)
   # A prompt dataset disjoint from `eval` that selections read ('' = none).
-  validation: str = ''
+  validation: str = schema.field('', check=_STRING)
   # Agentic: the environment (an `envs` name) and its options.
-  env: str = ''
-  env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  env: str = schema.field('', check=_STRING)
+  env_options: Mapping[str, Any] | None = schema.field(None, check=_MAPPING, convert=dict)
   # Agentic: an episode's assistant turns; one turn's tokens in evaluation (0: the episode's
   # whole budget, eval.max_new_tokens); list the tools' schemas in the opening system turn.
-  max_turns: int = 8
-  max_turn_tokens: int = 0
-  render_tools: bool = True
+  max_turns: int = schema.field(8, check=schema.int_at_least(1))
+  max_turn_tokens: int = schema.field(0, check=(
+      lambda v: schema.is_int(v) and v >= 0, "must be an int >= 0 (0 = the episode's whole "
+                                             'budget)'))
+  render_tools: bool = schema.field(True, check=schema.BOOL)
   # A recipe's reward that stands in for the paper's, in words ('' = none): the run's start
   # banner announces it and results.json records it under "substitutions".
-  stand_in: str = ''
+  stand_in: str = schema.field('', check=(
+      _one_line, "must be one line of text (what stands in for the paper's reward)"))
 
-  FIELDS = ('verifier', 'verifier_options', 'train', 'eval', 'eval_verifier',
-            'eval_verifier_options', 'reward_model_stage', 'validation', 'env', 'env_options',
-            'max_turns', 'max_turn_tokens', 'render_tools', 'stand_in')
-  _VERIFIER_FIELDS = ('verifier', 'verifier_options', 'eval_verifier', 'eval_verifier_options',
-                      'reward_model_stage')
+  # Fields only an agentic domain takes (given to another: refused), and the scoring fields an
+  # agentic domain's environment replaces (given to one: refused).
+  AGENTIC_FIELDS: ClassVar[tuple[str, ...]] = ('env_options', 'max_turns', 'max_turn_tokens',
+                                               'render_tools')
+  VERIFIER_FIELDS: ClassVar[tuple[str, ...]] = ('verifier', 'verifier_options', 'eval_verifier',
+                                                'eval_verifier_options', 'reward_model_stage')
 
   @property
   def agentic(self) -> bool:
     """Rollouts of this domain are episodes in an environment."""
     return bool(self.env)
 
+  def check(self, fail):
+    if not self.eval:
+      fail('eval', 'missing field (every domain needs a held-out set)', schema.HIDE)
+    if self.validation and self.validation == self.eval:
+      fail('validation', 'is the held-out set (eval); selecting on it would be selecting on the '
+                         'reported numbers')
+    given = [k for k in self.VERIFIER_FIELDS if self.env and getattr(self, k)]
+    if given:
+      fail(given[0], 'a domain with an env is scored by its environment; give the scoring '
+                     'options in env_options', schema.HIDE)
+
   @classmethod
   def parse(cls, name: str, spec, datasets: Mapping[str, Dataset],
             verifier_names) -> 'Domain':
     """`config.domains.<name>`, checked against the datasets and the known verifier names."""
-    where, spec = _entry('domains', name, spec, cls.FIELDS)
-    agent = {}
-    if spec.get('env'):
-      agent = cls._agentic(where, spec)
-    else:
-      for k in ('env_options', 'max_turns', 'max_turn_tokens', 'render_tools'):
-        if k in spec:
-          raise ConfigError(f'{where}.{k}: only a domain with an env takes it')
-    ver = '' if agent else spec.get('verifier')
-    eval_ver = spec.get('eval_verifier') or ver
-    for field, vname in (('verifier', ver), ('eval_verifier', eval_ver)):
-      if not agent and vname not in verifier_names:
-        raise ConfigError(f'{where}.{field}={vname!r}: unknown verifier (known: '
-                          f'{", ".join(sorted(verifier_names))})')
-    for split in ('train', 'eval', 'validation'):
-      ds = spec.get(split, '')
-      if split == 'eval' and not ds:
-        raise ConfigError(f'{where}.eval: missing field (every domain needs a held-out set)')
-      if ds and ds not in datasets:
-        raise ConfigError(f'{where}.{split}={ds!r}: unknown dataset (known: '
-                          f'{", ".join(sorted(datasets))})')
-      if ds and datasets[ds].record_type != 'prompt':
-        raise ConfigError(f'{where}.{split}={ds!r}: format {datasets[ds].format!r} holds '
-                          f'{datasets[ds].record_type} records, a domain needs prompts')
-      if ds and datasets[ds].lacks(name):
-        raise ConfigError(f'{where}.{split}={ds!r}: {datasets[ds].lacks_message(name)}')
-    rm_stage = spec.get('reward_model_stage', '') or ''
-    if not agent:
-      if rm_stage and not (_reward_model_option(ver) or _reward_model_option(eval_ver)):
-        takers = [v for v in sorted(verifier_names) if _reward_model_option(v)]
-        raise ConfigError(f'{where}.reward_model_stage={rm_stage!r}: neither verifier {ver!r} '
-                          f'nor eval_verifier {eval_ver!r} takes a reward model (those that do: '
-                          f'{", ".join(takers)})')
-      needs = [v for v in (ver, eval_ver) if _needs_reward_model(v)]
-      if not rm_stage and needs:
-        raise ConfigError(f'{where}.reward_model_stage: missing field (the {needs[0]!r} '
-                          'verifier scores with the reward model a reward_model stage trains)')
-    opts = dict(schema.as_dict(spec.get('verifier_options') or {}))
-    eval_opts = spec.get('eval_verifier_options')
-    eval_opts = (opts if eval_opts is None and eval_ver == ver
-                 else dict(schema.as_dict(eval_opts or {})))
-    stand_in = spec.get('stand_in', '') or ''
-    if not isinstance(stand_in, str) or '\n' in stand_in:
-      raise ConfigError(f'{where}.stand_in={stand_in!r}: must be one line of text (what stands '
-                        "in for the paper's reward)")
-    out = cls(name=name, verifier=ver, verifier_options=opts, train=spec.get('train', ''),
-              eval=spec['eval'], eval_verifier=eval_ver, eval_verifier_options=eval_opts,
-              reward_model_stage=rm_stage, validation=spec.get('validation', '') or '',
-              stand_in=stand_in, **agent)
-    if out.validation and out.validation == out.eval:
-      raise ConfigError(f'{where}.validation={out.validation!r}: is the held-out set '
-                        '(eval); selecting on it would be selecting on the reported numbers')
-    return out
+    where, dom = _entry(cls, 'domains', name, spec)
+    fail = schema.failer(where, dom, sep='.')
+    for k in cls.AGENTIC_FIELDS:
+      if not dom.env and k in schema.plain(spec):
+        fail(k, 'only a domain with an env takes it', schema.HIDE)
+    return dom.resolve(datasets, verifier_names, fail)
 
-  @classmethod
-  def _agentic(cls, where: str, spec: dict) -> dict:
-    """The agentic fields of a domain that names an environment (its verifier fields refused)."""
-    import envs  # pylint: disable=g-import-not-at-top
-    name = spec['env']
-    if name not in envs.names():
-      raise ConfigError(f'{where}.env={name!r}: unknown environment (known: '
-                        f'{", ".join(envs.names())})')
-    given = [k for k in cls._VERIFIER_FIELDS if spec.get(k)]
-    if given:
-      raise ConfigError(f'{where}.{given[0]}: a domain with an env is scored by its '
-                        'environment; give the scoring options in env_options')
-    turns = spec.get('max_turns', 8)
-    if not schema.is_int(turns) or turns < 1:
-      raise ConfigError(f'{where}.max_turns={turns!r}: must be an int >= 1')
-    turn_tokens = spec.get('max_turn_tokens', 0)
-    if not schema.is_int(turn_tokens) or turn_tokens < 0:
-      raise ConfigError(f'{where}.max_turn_tokens={turn_tokens!r}: must be an int >= 0 '
-                        "(0 = the episode's whole budget)")
-    tools = spec.get('render_tools', True)
-    if not isinstance(tools, bool):
-      raise ConfigError(f'{where}.render_tools={tools!r}: must be a bool')
-    return dict(env=name, env_options=dict(schema.as_dict(spec.get('env_options') or {})),
-                max_turns=int(turns), max_turn_tokens=int(turn_tokens), render_tools=tools)
+  def resolve(self, datasets: Mapping[str, Dataset], verifier_names, fail) -> 'Domain':
+    """The domain checked against the datasets (name -> `Dataset`), the known verifier names
+    and environments, with its held-out verifier and options set (and its options as dicts)."""
+    if self.env:
+      import envs  # pylint: disable=g-import-not-at-top
+      if self.env not in envs.names():
+        fail('env', f'unknown environment (known: {", ".join(envs.names())})')
+    else:
+      self._check_verifiers(verifier_names, fail)
+    for split in ('train', 'eval', 'validation'):
+      ds = getattr(self, split)
+      if ds and ds not in datasets:
+        fail(split, f'unknown dataset (known: {", ".join(sorted(datasets))})')
+      if ds and datasets[ds].record_type != 'prompt':
+        fail(split, f'format {datasets[ds].format!r} holds {datasets[ds].record_type} records, '
+                    'a domain needs prompts')
+      if ds and datasets[ds].lacks(self.name):
+        fail(split, datasets[ds].lacks_message(self.name))
+    opts = dict(self.verifier_options or {})
+    eval_ver = self.eval_verifier or self.verifier
+    eval_opts = self.eval_verifier_options
+    eval_opts = opts if eval_opts is None and eval_ver == self.verifier else dict(eval_opts or {})
+    return dataclasses.replace(self, verifier_options=opts, eval_verifier=eval_ver,
+                               eval_verifier_options=eval_opts,
+                               env_options=dict(self.env_options or {}))
+
+  def _check_verifiers(self, verifier_names, fail) -> None:
+    """A verifier domain's verifiers exist and its reward model stage is given where one of
+    them scores with one (and only then)."""
+    ver, eval_ver = self.verifier, self.eval_verifier or self.verifier
+    if not ver:
+      fail('verifier', 'missing field (a `verifiers` name; an agentic domain names an env)',
+           schema.HIDE)
+    for field, vname in (('verifier', ver), ('eval_verifier', eval_ver)):
+      if vname not in verifier_names:
+        fail(field, f'unknown verifier (known: {", ".join(sorted(verifier_names))})', vname)
+    rm_stage = self.reward_model_stage
+    if rm_stage and not (_reward_model_option(ver) or _reward_model_option(eval_ver)):
+      takers = [v for v in sorted(verifier_names) if _reward_model_option(v)]
+      fail('reward_model_stage', f'neither verifier {ver!r} nor eval_verifier {eval_ver!r} takes '
+                                 f'a reward model (those that do: {", ".join(takers)})')
+    needs = [v for v in (ver, eval_ver) if _needs_reward_model(v)]
+    if not rm_stage and needs:
+      fail('reward_model_stage', f'missing field (the {needs[0]!r} verifier scores with the '
+                                 'reward model a reward_model stage trains)', schema.HIDE)
 
   def check_reward_model(self, stages, eval_setting: Eval) -> None:
     """The domain's reward_model_stage names an earlier reward_model stage whose scorer sees
@@ -1019,10 +1016,11 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     from cascade.data import readers  # pylint: disable=g-import-not-at-top
     known_formats = {k: v.record_type for k, v in readers.FORMATS.items()}
 
-  if not isinstance(schema.plain(config), Mapping):
-    raise ConfigError(f'config: must be a ConfigDict or a mapping, got {type(config).__name__}')
   # The one conversion of the ConfigDict: plain data from here on (nested sections too).
-  cfg = schema.as_dict(config)
+  cfg = schema.plain(config)
+  if not isinstance(cfg, Mapping):
+    raise ConfigError(f'config: must be a ConfigDict or a mapping, got {type(config).__name__}')
+  cfg = dict(cfg)
   for key in cfg:
     if key not in SECTIONS:
       raise ConfigError(f'config.{key}: unknown section ({schema.nearest(key, SECTIONS)})')

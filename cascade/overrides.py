@@ -310,9 +310,8 @@ def _fields(node) -> dict[str, Any]:
   if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
     return {}
   hints = typing.get_type_hints(node)
-  names = node.__dict__.get('FIELDS') or [
-      f.name for f in dataclasses.fields(node) if f.metadata.get('user', True)]
-  return {n: hints.get(n, Any) for n in names}
+  return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(node)
+          if f.metadata.get('user', True)}
 
 
 def _none():

@@ -1109,7 +1109,7 @@ def test_the_config_blocks_validate(which):
     plan = config_lib.validate(scope['get_config']())
     assert [s.name for s in plan.stages] == ['sft', 'math_rl', 'code_rl']
     ds = plan.datasets['math_eval']
-    assert (ds.tfds_name, ds.data_dir, ds.split) == ('tiny_math', 'data/tfds', 'test')
+    assert (ds.tfds, ds.data_dir, ds.split) == ('tiny_math', 'data/tfds', 'test')
     return
   spec = importlib.util.spec_from_file_location('tiny_cfg', ROOT / 'configs' / 'tiny.py')
   module = importlib.util.module_from_spec(spec)

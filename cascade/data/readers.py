@@ -357,17 +357,17 @@ def read_rows(spec) -> Iterator[tuple[str, Any]]:
     DataError: a missing file, an unknown extension, or a line that is not
       UTF-8, not JSON, nested too deeply or holding a lone surrogate.
   """
-  if spec.tfds_name:
+  if spec.tfds:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     import tensorflow_datasets.text  # noqa: F401  pylint: disable=unused-import,g-import-not-at-top
     try:
-      source = tfds.data_source(spec.tfds_name, split=spec.split,
+      source = tfds.data_source(spec.tfds, split=spec.split,
                                 data_dir=spec.data_dir or None)
     except Exception as e:  # pylint: disable=broad-except
-      raise DataError(f'tfds:{spec.tfds_name}/{spec.split}: cannot open the prepared dataset '
+      raise DataError(f'tfds:{spec.tfds}/{spec.split}: cannot open the prepared dataset '
                       f'({type(e).__name__}: {e}); prepare it with `tfds build` first') from e
     for i in range(len(source)):
-      yield f'tfds:{spec.tfds_name}/{spec.split} record {i}', _decode(source[i])
+      yield f'tfds:{spec.tfds}/{spec.split} record {i}', _decode(source[i])
     return
   try:
     files = shards.expand(spec.path)
@@ -439,7 +439,7 @@ def load(spec, domains: Sequence[str] | None = None,
     if spec.limit and len(out) >= spec.limit:
       break
   if not out:
-    raise DataError(f'dataset {spec.name!r} ({spec.path or spec.tfds_name}) holds no records')
+    raise DataError(f'dataset {spec.name!r} ({spec.path or spec.tfds}) holds no records')
   return out
 
 
@@ -498,7 +498,7 @@ def open_dataset(spec, cache_dir: str | None = None, domains: Sequence[str] | No
                  shared_dir: str | None = None, hosts=None):
   """A training dataset by position: `Records` streamed from its shards, or, for a TFDS
   dataset (prepared data, read whole), the list `load` gives."""
-  if spec.tfds_name:
+  if spec.tfds:
     return load(spec, domains, check_metadata)
   return Records(spec, cache_dir, domains, check_metadata, shared_dir, hosts)
 

@@ -28,8 +28,8 @@ The cache directory is `<cache_dir>/<stage name>-<key>/` (local or gs://) with a
 preparation that stopped, is prepared again). The key hashes: this format's
 version; the tokenizer's files (content); what the stage makes of the source's first
 records (which changes with the chat template and the tokenizer's behaviour); the stage's
-settings other than its optimizer and step count; each dataset's spec and the path, size
-and modification time of each of its shards. A changed tokenizer, template, setting or
+settings other than its optimizer and step count; each dataset's spec (`spelling`) and the
+path, size and modification time of each of its shards. A changed tokenizer, template, setting or
 source file is a new key, so a stale cache is never read.
 
 A preparation that stopped is resumed, not redone: each finished part leaves a record
@@ -90,6 +90,29 @@ def decode(raw: bytes):
   return tuple(out)
 
 
+# How a dataset spec is spelled in the key (`spelling`): (spelled name, attribute of
+# `cascade.config.Dataset`), in this order. The spelling is frozen: it is what `repr` of the
+# Dataset dataclass printed when the cache was introduced (its config field `tfds` was then the
+# attribute `tfds_name`), so caches prepared before stay valid whatever the class becomes.
+# `record_type` and `domains` follow from `format` (and `domain`); they are spelled because the
+# first keys spelled them.
+_SPEC_SPELLING = (('name', 'name'), ('format', 'format'), ('record_type', 'record_type'),
+                  ('path', 'path'), ('tfds_name', 'tfds'), ('split', 'split'),
+                  ('data_dir', 'data_dir'), ('domain', 'domain'), ('limit', 'limit'),
+                  ('skip', 'skip'), ('domains', 'domains'))
+
+
+def spelling(spec) -> str:
+  """A dataset spec (`cascade.config.Dataset`) as the cache key spells it: every field that says
+  which records are read and what they are, each value as `repr` writes it, e.g.
+  "Dataset(name='sft', format='sft', record_type='sft', path='/d/sft.jsonl', tfds_name='',
+  split='train', data_dir='', domain='', limit=0, skip=0, domains=None)". Stable across changes
+  of the config class (`_SPEC_SPELLING`); a new field that changes what is read must be added
+  there, which changes every key."""
+  fields = ', '.join(f'{spelled}={getattr(spec, attr)!r}' for spelled, attr in _SPEC_SPELLING)
+  return f'Dataset({fields})'
+
+
 def _tokenizer_digest(tokenizer) -> str:
   h = hashlib.sha256(type(tokenizer).__name__.encode())
   p = getattr(tokenizer, 'path', None)
@@ -126,8 +149,8 @@ def key(stage, tokenizer, specs: Sequence, source, make: Callable[[int, Any], An
       'tokenizer': _tokenizer_digest(tokenizer),
       'probe': _probe(source, make),
       'stage': {'kind': stage.kind, **_settings(stage)},
-      'datasets': [{'spec': repr(s),
-                    'files': shards.fingerprint(s.path) if s.path else s.tfds_name}
+      'datasets': [{'spec': spelling(s),
+                    'files': shards.fingerprint(s.path) if s.path else s.tfds}
                    for s in specs],
   }
   return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=repr).encode()).hexdigest()

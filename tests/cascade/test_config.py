@@ -1,6 +1,7 @@
 """Config validation: a valid cascade resolves; each bad field is one clear error naming stage and field."""
 
 import copy
+import dataclasses
 
 import ml_collections
 import pytest
@@ -423,3 +424,57 @@ def test_a_verifier_declares_its_reward_model_option(monkeypatch):
                                                    r"'math' takes a reward model \(those that do: "
                                                    'instruction_following, judge, reward_model'):
     config_lib.validate(c, known_verifiers=VERIFIERS + ('judge',), known_formats=FORMATS)
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda c: c.datasets.prefs.update(format=None), 'config.datasets.prefs.format: missing field'),
+    (lambda c: c.datasets.prefs.update(tfds='prefs_tfds'),
+     "config.datasets.prefs.tfds: give exactly one of 'path' (JSONL/Parquet) or 'tfds'"),
+    (lambda c: c.datasets.prefs.update(path=''),
+     "config.datasets.prefs.path: give exactly one of 'path' (JSONL/Parquet) or 'tfds'"),
+    (lambda c: setattr(c.datasets, 'prefs', dict(path=3, format='preference')),
+     'config.datasets.prefs.path=3: must be a string'),
+    (lambda c: c.datasets.prefs.update(limt=3),
+     'config.datasets.prefs.limt: unknown field (nearest: limit'),
+    (lambda c: c.datasets.update({'bad name': dict(path='/d/x.jsonl', format='sft')}),
+     "config.datasets.bad name: a dataset name may hold only letters, digits, _ . -"),
+    (lambda c: c.datasets.update(x='/d/x.jsonl'),
+     'config.datasets.x: must be a mapping of its fields, got str'),
+    (lambda c: c.domains.add.update(verifier=None),
+     'config.domains.add.verifier: missing field'),
+    (lambda c: c.domains.add.update(verifier_options='strict'),
+     "config.domains.add.verifier_options='strict': must be a mapping"),
+    (lambda c: c.domains.add.update(max_turns=3),
+     'config.domains.add.max_turns: only a domain with an env takes it'),
+])
+def test_dataset_and_domain_fields_are_checked_by_their_declarations(edit, message):
+  c = make_config()
+  edit(c)
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(c, known_verifiers=VERIFIERS, known_formats=FORMATS)
+  assert str(e.value).startswith(message)
+
+
+def test_dataset_and_domain_defaults_and_derived_fields():
+  c = make_config()
+  c.datasets.add_val.update(split=None, limit=None)          # None: the field's default
+  c.domains.mul.update(eval_verifier='math')                  # the same verifier: its options
+  c.domains.add.update(verifier_options=dict(x=1), eval_verifier_options={})   # given: kept
+  plan = config_lib.validate(c, known_verifiers=VERIFIERS, known_formats=FORMATS)
+  val = plan.datasets['add_val']
+  assert (val.split, val.limit, val.skip, val.record_type, val.domains) == (
+      'train', 0, 100, 'prompt', None)
+  mul, add = plan.domains['mul'], plan.domains['add']
+  assert mul.eval_verifier_options == mul.verifier_options == {'unfinished_reward': 0.0}
+  assert (add.eval_verifier, add.verifier_options, add.eval_verifier_options) == (
+      'math', {'x': 1}, {})
+  assert plan.domains['chat'].env_options == {} and not plan.domains['chat'].agentic
+
+
+def test_the_config_page_names_every_dataset_and_domain_field():
+  import pathlib  # pylint: disable=g-import-not-at-top
+  page = (pathlib.Path(__file__).parents[2] / 'docs' / 'config.md').read_text(encoding='utf-8')
+  for cls in (config_lib.Dataset, config_lib.Domain):
+    for f in dataclasses.fields(cls):
+      if f.metadata.get('user', True):
+        assert f'`{f.name}`' in page, f'docs/config.md does not name {cls.__name__}.{f.name}'

@@ -48,9 +48,11 @@ def test_no_kind_branches_outside_the_kind_modules():
 
 
 def _stage(raw, earlier=(), domains=('a',)):
-  doms = {d: config_lib.Domain(d, 'math', {}, f'{d}_train', f'{d}_train') for d in domains}
-  ds = {f'{d}_train': config_lib.Dataset(f'{d}_train', 'prompt', 'prompt') for d in domains}
-  ds['prefs'] = config_lib.Dataset('prefs', 'preference', 'preference')
+  doms = {d: config_lib.Domain(name=d, verifier='math', train=f'{d}_train', eval=f'{d}_train')
+          for d in domains}
+  ds = {f'{d}_train': config_lib.Dataset(name=f'{d}_train', format='prompt',
+                                         record_type='prompt') for d in domains}
+  ds['prefs'] = config_lib.Dataset(name='prefs', format='preference', record_type='preference')
   refs = base.Refs(tuple(earlier), tuple(s.name for s in earlier) + (raw['name'],), doms, ds)
   return kinds.parse(len(earlier), raw, refs)
 

@@ -32,8 +32,8 @@ ON = dict(tis_cap=2.0, mismatch_mask='sequence', mismatch_mask_low=0.25, mismatc
 
 
 def _stage(raw, kind='grpo'):
-  doms = {'a': config_lib.Domain('a', 'math', {}, 'a_train', 'a_train')}
-  ds = {'a_train': config_lib.Dataset('a_train', 'prompt', 'prompt')}
+  doms = {'a': config_lib.Domain(name='a', verifier='math', train='a_train', eval='a_train')}
+  ds = {'a_train': config_lib.Dataset(name='a_train', format='prompt', record_type='prompt')}
   return kinds.parse(0, dict(raw, kind=kind), base.Refs((), (raw['name'],), doms, ds))
 
 

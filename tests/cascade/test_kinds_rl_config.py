@@ -27,8 +27,10 @@ GRPO = dict(name='rl', kind='grpo', domains=['a'], steps=6, optimizer=dict(lr=1e
 
 def _stage(raw, train=('a_train',)):
   """The stage dict parsed as `cascade.config` parses it (domain 'a', datasets `train`)."""
-  doms = {'a': config_lib.Domain('a', 'math', {}, train[0] if train else '', 'a_train')}
-  ds = {n: config_lib.Dataset(n, 'prompt', 'prompt') for n in ('a_train', 'b_train')}
+  doms = {'a': config_lib.Domain(name='a', verifier='math', train=train[0] if train else '',
+                                 eval='a_train')}
+  ds = {n: config_lib.Dataset(name=n, format='prompt', record_type='prompt')
+        for n in ('a_train', 'b_train')}
   refs = base.Refs((), (raw['name'],), doms, ds)
   return kinds.parse(0, raw, refs)
 
@@ -57,8 +59,10 @@ def test_documented_defaults():
 def test_a_thinking_fraction_per_domain_names_exactly_the_stage_domains():
   """A mapping gives each of the stage's domains its own rate; it is kept hashable, read back
   as a dict, and a missing, extra or out-of-range domain is refused by name."""
-  doms = {d: config_lib.Domain(d, 'math', {}, f'{d}_train', f'{d}_train') for d in 'abc'}
-  ds = {f'{d}_train': config_lib.Dataset(f'{d}_train', 'prompt', 'prompt') for d in 'abc'}
+  doms = {d: config_lib.Domain(name=d, verifier='math', train=f'{d}_train', eval=f'{d}_train')
+          for d in 'abc'}
+  ds = {f'{d}_train': config_lib.Dataset(name=f'{d}_train', format='prompt',
+                                         record_type='prompt') for d in 'abc'}
   two = lambda **kw: kinds.parse(0, dict(GRPO, domains=['a', 'b'], **kw),
                                  base.Refs((), ('rl',), doms, ds))
   st = two(thinking_fraction={'b': 0.0, 'a': 1.0})

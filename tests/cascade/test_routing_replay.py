@@ -27,9 +27,9 @@ MOE = dict(preset='tiny_moe')
 
 def _stage(raw):
   """A stage dict parsed as `cascade.config` parses it (domain 'a'), before the model is known."""
-  doms = {'a': config_lib.Domain('a', 'math', {}, 'a_train', 'a_train')}
-  refs = base.Refs((), (raw['name'],), doms, {'a_train': config_lib.Dataset('a_train', 'prompt',
-                                                                           'prompt')})
+  doms = {'a': config_lib.Domain(name='a', verifier='math', train='a_train', eval='a_train')}
+  ds = config_lib.Dataset(name='a_train', format='prompt', record_type='prompt')
+  refs = base.Refs((), (raw['name'],), doms, {'a_train': ds})
   return kinds.parse(0, raw, refs)
 
 
@@ -69,9 +69,10 @@ def test_a_dense_policy_is_refused_and_either_engine_records(fakes):
 def test_streaming_and_agentic_stages_take_routing_replay():
   """The paged engine records routing through streams, and episodes carry it across turns."""
   assert _stage(dict(GRPO, routing_replay='measure', stream_filter=True)).records_routing
-  doms = {'a': config_lib.Domain('a', 'math', {}, 'a_train', 'a_train', env='add_test')}
-  refs = base.Refs((), ('rl',), doms, {'a_train': config_lib.Dataset('a_train', 'prompt',
-                                                                     'prompt')})
+  doms = {'a': config_lib.Domain(name='a', verifier='math', train='a_train', eval='a_train',
+                                 env='add_test', env_options={})}
+  ds = config_lib.Dataset(name='a_train', format='prompt', record_type='prompt')
+  refs = base.Refs((), ('rl',), doms, {'a_train': ds})
   assert kinds.parse(0, dict(GRPO, kind='agentic', routing_replay='on'), refs).records_routing
 
 

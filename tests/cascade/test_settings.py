@@ -25,8 +25,8 @@ LIBRARY = {f.name: f for f in dataclasses.fields(grpo_lib.GrpoConfig)}
 
 
 def _stage(raw):
-  doms = {'a': config_lib.Domain('a', 'math', {}, 'a_train', 'a_train')}
-  ds = {'a_train': config_lib.Dataset('a_train', 'prompt', 'prompt')}
+  doms = {'a': config_lib.Domain(name='a', verifier='math', train='a_train', eval='a_train')}
+  ds = {'a_train': config_lib.Dataset(name='a_train', format='prompt', record_type='prompt')}
   return kinds.parse(0, raw, base.Refs((), (raw['name'],), doms, ds))
 
 

@@ -29,7 +29,7 @@ def test_the_docstrings_command_builds_it_and_its_spec_reads_it(tmp_path):
   spec = eval(spec_text.replace("'/tmp/tfds'", repr(str(data_dir))))  # pylint: disable=eval-used
   ds = config_lib.Dataset.parse('math_eval', spec,
                                 {k: v.record_type for k, v in readers.FORMATS.items()})
-  assert (ds.tfds_name, ds.split, ds.data_dir) == ('tiny_math', 'test', str(data_dir))
+  assert (ds.tfds, ds.split, ds.data_dir) == ('tiny_math', 'test', str(data_dir))
   # This process never made the builder class (the build ran in its own): TFDS reads the
   # prepared files.
   records = readers.load(ds)

@@ -127,7 +127,7 @@ def test_nemotron_if_refuses_malformed_ground_truth(tmp_path, ground_truth, mess
 def test_tfds_data_source_with_mock_data():
   tfds = pytest.importorskip('tensorflow_datasets')
   import tensorflow_datasets.text  # noqa: F401  (registers gsm8k)
-  ds = config_lib.Dataset(name='gsm', format='gsm8k', record_type='prompt', tfds_name='gsm8k',
+  ds = config_lib.Dataset(name='gsm', format='gsm8k', record_type='prompt', tfds='gsm8k',
                           split='train', domain='math')
   with tfds.testing.mock_data(num_examples=5):
     recs = readers.load(ds)
