@@ -452,9 +452,21 @@ GUARD_ACTIONS = ('warn', 'stop', 'repair')
 GUARD_SIGNALS = ('kl', 'grad_cos')
 
 
+def _signal_names(v):
+  """config.guard.signals as a tuple: a comma-separated string (the command line's
+  `--config.guard.signals=kl,grad_cos` arrives as ('kl,grad_cos',)) split into names."""
+  if isinstance(v, str):
+    v = (v,)
+  if not isinstance(v, (list, tuple)):
+    return v
+  return tuple(p.strip() for x in v for p in (x.split(',') if isinstance(x, str) else [x]))
+
+
 def _signals_ok(v) -> bool:
-  """Whether config.guard.signals is a list of GUARD_SIGNALS, none twice."""
-  return (isinstance(v, (list, tuple)) and all(s in GUARD_SIGNALS for s in v)
+  """Whether config.guard.signals is a list of GUARD_SIGNALS (or their comma-separated
+  string), none twice."""
+  v = _signal_names(v)
+  return (isinstance(v, tuple) and all(s in GUARD_SIGNALS for s in v)
           and len(set(v)) == len(v))
 
 
@@ -505,7 +517,7 @@ class Guard:
   # copy of the starting policy). They sharpen the forecast's sign; (): none.
   signals: tuple[str, ...] = schema.field((), check=(
       _signals_ok, f'must be a list naming each of {", ".join(GUARD_SIGNALS)} at most once'),
-      convert=tuple)
+      convert=_signal_names)
   # Responses the stage's starting policy samples per probe prompt for the signals.
   signal_samples: int = schema.field(4, check=schema.int_at_least(1))
   # action='repair': the fields of the MOPD stage inserted after every guarded stage (a mopd

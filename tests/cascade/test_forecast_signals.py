@@ -173,7 +173,7 @@ def test_a_guard_without_signals_measures_none(fakes, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize('value,want', [
     (['kl', 'entropy'], 'config.guard.signals='), (['kl', 'kl'], 'config.guard.signals='),
-    ('kl', 'config.guard.signals='), (0, 'config.guard.signal_samples=')])
+    (3, 'config.guard.signals='), (0, 'config.guard.signal_samples=')])
 def test_bad_signals_are_one_config_error_line(fakes, value, want):
   key = 'signal_samples' if want.endswith('signal_samples=') else 'signals'
   with pytest.raises(config_lib.ConfigError) as e:
