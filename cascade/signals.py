@@ -49,14 +49,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cascade import config as config_lib
 from cascade import episodes
 from cascade import rollout
 from models import sharding
 from rl import batch as batch_lib
 from rl import sampler as sampler_lib
 
-SIGNALS = config_lib.GUARD_SIGNALS
+# What config.guard.signals may name (`cascade.config.GUARD_SIGNALS`, the same names).
+SIGNALS = ('kl', 'grad_cos')
 
 # The key of pi_0's anchor responses (a fixed subset of each validation set, like the probes').
 ANCHOR_FOLD = 1_000_039

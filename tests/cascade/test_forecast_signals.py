@@ -161,6 +161,10 @@ def test_a_guard_with_signals_records_them_beside_each_forecast(fakes, tmp_path,
   assert rows[0]['kl'] == 0.01 and rows[0]['grad_cos'] == -0.3 and rows[0]['falls'] is True
 
 
+def test_the_config_names_the_signals_this_module_measures():
+  assert config_lib.GUARD_SIGNALS == signals_lib.SIGNALS
+
+
 def test_a_guard_without_signals_measures_none(fakes, tmp_path, monkeypatch):
   plan = fakes.toy_config([fakes.rl_stage('a_rl', ['a']), GUARDED], validation=True,
                           guard=dict(domains=['a']))
