@@ -208,6 +208,7 @@ def signal_sentence(acc: Mapping) -> str:
 
 def forecast_table(rows: Sequence[Mapping]) -> list[str]:
   """The page's forecast rows; with the signals' columns where some row has them."""
+  from cascade import evaluation  # pylint: disable=g-import-not-at-top
   sig = any('falls' in r for r in rows)
   head = '| run | stage | domain | from steps 0..k | forecast | outcome |'
   rule = '|---|---|---|---:|---:|---:|'
@@ -219,9 +220,7 @@ def forecast_table(rows: Sequence[Mapping]) -> list[str]:
     line = (f'| {r["run"]} | {r["stage"]} | {r["domain"]} | {r["at_step"]} of {r["steps"]} | '
             f'{r["forecast"]:+.1f} ± {r["stderr"]:.1f} | {_f(r.get("outcome"))} |')
     if sig:
-      falls = r.get('falls')
-      line += (f' {_f(r.get("kl"), "{:.4f}")} | {_f(r.get("grad_cos"), "{:+.2f}")} | '
-               f'{"-" if falls is None else ("fall" if falls else "no fall")} |')
+      line += f' {evaluation.signal_cells(r)} |'
     out.append(line)
   return out
 

@@ -242,3 +242,15 @@ def test_the_signals_of_a_tiny_policy_against_a_finite_difference(fakes):
   down = tr.measure(jax.tree.map(lambda x, y: x - 1e-3 * y, p0, g))['a']
   assert up['grad_cos'] > 0.99 and down['grad_cos'] < -0.99, (up, down)
   assert up['kl'] > 0 and down['kl'] > 0
+
+
+def test_results_md_gives_the_signals_columns_only_where_rows_have_them():
+  row = {'stage': 'sft_b', 'domain': 'a', 'at_step': 2, 'steps': 6, 'forecast': -9.0,
+         'stderr': 10.8, 'outcome': -15.0}
+  plain = evaluation.forecast_markdown([row])
+  assert '| sft_b | a | 2 of 6 | -9.0 ± 10.8 | -15.0 |\n' in plain and 'grad cos' not in plain
+  md = evaluation.forecast_markdown([dict(row, kl=0.0123, grad_cos=-0.25, falls=True),
+                                     dict(row, domain='b', kl=0.5, grad_cos=None, falls=False)])
+  assert '| stage | domain | from steps 0..k | forecast | outcome | KL | grad cos | sign |' in md
+  assert '| sft_b | a | 2 of 6 | -9.0 ± 10.8 | -15.0 | 0.0123 | -0.25 | fall |' in md
+  assert '| sft_b | b | 2 of 6 | -9.0 ± 10.8 | -15.0 | 0.5000 | - | no fall |' in md
