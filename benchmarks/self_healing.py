@@ -203,7 +203,7 @@ def signal_sentence(acc: Mapping) -> str:
           f'{acc["falls_sign_right_grad_cos"]} of the {acc["falls_grad_cos"]} falls it was '
           f'defined on, the combined sign on {acc["falls_sign_right_combined"]} of '
           f'{acc["falls_combined"]}; mean KL drift (nats per token) of the falls '
-          f'{_f(acc["kl_mean_falls"], "{:.4f}")}, of the rest {_f(acc["kl_mean_rest"], "{:.4f}")}.')
+          f'{_f(acc["kl_mean_falls"], "{:.3g}")}, of the rest {_f(acc["kl_mean_rest"], "{:.3g}")}.')
 
 
 def forecast_table(rows: Sequence[Mapping]) -> list[str]:

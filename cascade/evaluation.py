@@ -511,7 +511,7 @@ def forecast_markdown(rows: Sequence[Mapping]) -> str:
 def signal_cells(r: Mapping) -> str:
   """A forecast row's KL, gradient cosine and sign cells ('-' where absent)."""
   kl, cos, falls = r.get('kl'), r.get('grad_cos'), r.get('falls')
-  return ' | '.join(['-' if kl is None else f'{kl:.4f}', '-' if cos is None else f'{cos:+.2f}',
+  return ' | '.join(['-' if kl is None else f'{kl:.3g}', '-' if cos is None else f'{cos:+.2f}',
                      '-' if falls is None else ('fall' if falls else 'no fall')])
 
 

@@ -164,7 +164,7 @@ SIGNAL_KEYS = ('kl', 'grad_cos', 'falls')
 
 
 def _mean(xs) -> float | None:
-  return round(float(np.mean(xs)), 6) if xs else None
+  return float(f'{float(np.mean(xs)):.6g}') if xs else None
 
 
 def accuracy(rows: Sequence[Mapping], big: float = 5.0) -> dict:

@@ -206,14 +206,19 @@ class Tracker:
       sig = {}
       if 'kl' in self.signals:
         lp = batch_lib.compute_logprobs(graphdef, params, a.batch, ctx.mesh, ctx.rules)
-        sig['kl'] = round(kl_k3(np.asarray(lp), a.ref_logprobs, a.batch.loss_mask), 6)
+        sig['kl'] = _sig6(kl_k3(np.asarray(lp), a.ref_logprobs, a.batch.loss_mask))
       if delta is not None:
         g = reward_grad(graphdef, params, a.batch, reward_weights(a.rewards), ctx.mesh,
                         ctx.rules)
         cos = tree_cosine(delta, g)
-        sig['grad_cos'] = None if cos is None else round(cos, 6)
+        sig['grad_cos'] = None if cos is None else _sig6(cos)
       out[d] = sig
     return out
+
+
+def _sig6(x: float) -> float:
+  """`x` to 6 significant digits (a drift of 1e-6 nats per token stays visible)."""
+  return float(f'{x:.6g}')
 
 
 def metrics(signals: Mapping[str, Mapping]) -> dict[str, float]:

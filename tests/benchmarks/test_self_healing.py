@@ -144,8 +144,8 @@ def test_the_page_reports_each_signals_accuracy_where_the_runs_measured_them(tmp
       'kl_mean_falls': 0.15, 'kl_mean_rest': 0.01}
   text = doc.read_text()
   assert ("the gradient cosine's sign was right on 2 of the 2 falls it was defined on, the "
-          'combined sign on 2 of 2; mean KL drift (nats per token) of the falls 0.1500, of the '
-          'rest 0.0100.') in text
+          'combined sign on 2 of 2; mean KL drift (nats per token) of the falls 0.15, of the '
+          'rest 0.01.') in text
   assert ('| tiny_model-hybrid-guard-repair-signals_s0 | code_rl | chat | 5 of 20 | -12.0 ± 5.0 '
-          '| -9.0 | 0.2000 | -0.50 | fall |') in text
-  assert '| code_rl | swe | 5 of 20 | -4.0 ± 5.0 | - | 0.3000 | - | fall |' in text
+          '| -9.0 | 0.2 | -0.50 | fall |') in text
+  assert '| code_rl | swe | 5 of 20 | -4.0 ± 5.0 | - | 0.3 | - | fall |' in text

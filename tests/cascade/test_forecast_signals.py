@@ -253,4 +253,4 @@ def test_results_md_gives_the_signals_columns_only_where_rows_have_them():
                                      dict(row, domain='b', kl=0.5, grad_cos=None, falls=False)])
   assert '| stage | domain | from steps 0..k | forecast | outcome | KL | grad cos | sign |' in md
   assert '| sft_b | a | 2 of 6 | -9.0 ± 10.8 | -15.0 | 0.0123 | -0.25 | fall |' in md
-  assert '| sft_b | b | 2 of 6 | -9.0 ± 10.8 | -15.0 | 0.5000 | - | no fall |' in md
+  assert '| sft_b | b | 2 of 6 | -9.0 ± 10.8 | -15.0 | 0.5 | - | no fall |' in md
