@@ -35,7 +35,8 @@ signals decide the forecast's sign where the slope cannot (`predicts_fall`, its 
         = change < 0                          otherwise
 
 `accuracy` reports the sign of each predictor (the slope, grad_cos alone, the combined
-"falls") on the big falls, and the mean KL drift of the falls and of the rest (docs/guards.md).
+"falls") on the big falls, and the mean KL drift of the falls and of the rest (docs/config.md,
+the guard section).
 """
 
 from __future__ import annotations
