@@ -84,8 +84,10 @@ def reward_weights(rewards) -> np.ndarray:
   return ((r - r.mean()) / max(r.size, 1)).astype(np.float32)
 
 
-def _floats(tree):
-  return [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
+def _floats(tree) -> list:
+  """The floating leaves of `tree`, in its leaf order."""
+  return [x for x in jax.tree.leaves(tree)
+          if jnp.issubdtype(np.result_type(getattr(x, 'dtype', type(x))), jnp.floating)]
 
 
 @jax.jit
