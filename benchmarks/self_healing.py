@@ -4,6 +4,7 @@
   .venv/bin/python -m benchmarks.self_healing --models=hybrid --seeds=0
   .venv/bin/python -m benchmarks.self_healing --norun                 # the page from finished runs
   .venv/bin/python -m benchmarks.self_healing --config_arg=smoke --doc=/tmp/smoke.md  # plumbing
+  .venv/bin/python -m benchmarks.self_healing --signals=kl,grad_cos  # the forecast's signals too
 
 Each (model, seed) runs `configs/tiny.py:model=<model>,seed=<seed>` twice, once as it is (no
 guard) and once with `guard=repair` (cascade/guard.py: probes of the earlier domains between
@@ -28,7 +29,11 @@ held-out matrix (inserted stages marked, with the drops that made them run); per
 and over all repair runs the forecast's accuracy (results.json "forecast": each guarded
 stage's forecast of each protected domain's change from its first probes, against the
 outcome): the mean absolute error and, for every outcome that fell more than 5 points,
-whether the forecast's sign was right.
+whether the forecast's sign was right. With `--signals` the repair runs also measure the
+forecast's signals (`--config.guard.signals`, cascade/signals.py: KL drift and gradient
+cosine; their workdirs end in `-signals`), and the page adds each predictor's sign accuracy
+(the gradient cosine alone, the combined sign) and the mean KL drift of the falls and of the
+rest; results without the signals' keys read as before.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ _CONFIG_ARG = flags.DEFINE_string('config_arg', '', "Extra config argument of ev
                                   "'smoke' (the plumbing in minutes; the numbers mean nothing).")
 _SIDES = flags.DEFINE_list('sides', list(SIDES), "Which of each pair's runs this call may run "
                           "('off', 'repair'); the page shows every finished one.")
+_SIGNALS = flags.DEFINE_list('signals', [], "The forecast's signals the repair runs measure "
+                             "(config.guard.signals: kl, grad_cos); [] none.")
 _ISOLATION = flags.DEFINE_string('isolation', '', "Code rewards' sandbox, e.g. 'none' (a host "
                                  "without bwrap); '' keeps the config's.")
 
@@ -74,7 +81,8 @@ def run_name(model: str, side: str, seed: int) -> str:
   'tiny_smoke_model-hybrid-guard-repair_s0')."""
   extra = re.sub(r'[^A-Za-z0-9]+', '-', _CONFIG_ARG.value).strip('-')
   return (f'tiny{"_" + extra if extra else ""}_model-{model}'
-          + ('-guard-repair' if side == 'repair' else '') + f'_s{seed}')
+          + ('-guard-repair' if side == 'repair' else '')
+          + ('-signals' if side == 'repair' and _SIGNALS.value else '') + f'_s{seed}')
 
 
 def config_arg(model: str, side: str, seed: int) -> str:
@@ -87,6 +95,8 @@ def command(model: str, side: str, seed: int, workdir: str) -> list[str]:
   cmd = [sys.executable, '-m', 'cascade.main',
          f'--config={REPO}/configs/tiny.py:{config_arg(model, side, seed)}',
          f'--workdir={workdir}', '--verbosity=-1']
+  if side == 'repair' and _SIGNALS.value:
+    cmd.append(f'--config.guard.signals={",".join(_SIGNALS.value)}')
   if _ISOLATION.value:
     # The code domain's verifier and the world's code suite (graded after every row).
     iso = json.dumps({'tiny_code': {'isolation': _ISOLATION.value}})
@@ -182,6 +192,37 @@ def forecast_accuracy(rows: Sequence[Mapping]) -> dict:
   """`cascade.forecast.accuracy` over `rows` (results.json "forecast" rows, pooled)."""
   from cascade import forecast as forecast_lib  # pylint: disable=g-import-not-at-top
   return forecast_lib.accuracy(rows, BIG_FALL)
+
+
+def signal_sentence(acc: Mapping) -> str:
+  """The page's per-signal accuracy (`forecast_accuracy`'s keys of rows with signals; '' for
+  results without them)."""
+  if 'falls_grad_cos' not in acc:
+    return ''
+  return (f' With the signals (cascade/signals.py): the gradient cosine\'s sign was right on '
+          f'{acc["falls_sign_right_grad_cos"]} of the {acc["falls_grad_cos"]} falls it was '
+          f'defined on, the combined sign on {acc["falls_sign_right_combined"]} of '
+          f'{acc["falls_combined"]}; mean KL drift (nats per token) of the falls '
+          f'{_f(acc["kl_mean_falls"], "{:.3g}")}, of the rest {_f(acc["kl_mean_rest"], "{:.3g}")}.')
+
+
+def forecast_table(rows: Sequence[Mapping]) -> list[str]:
+  """The page's forecast rows; with the signals' columns where some row has them."""
+  from cascade import evaluation  # pylint: disable=g-import-not-at-top
+  sig = any('falls' in r for r in rows)
+  head = '| run | stage | domain | from steps 0..k | forecast | outcome |'
+  rule = '|---|---|---|---:|---:|---:|'
+  if sig:
+    head += ' KL | grad cos | sign with signals |'
+    rule += '---:|---:|---|'
+  out = [head, rule]
+  for r in rows:
+    line = (f'| {r["run"]} | {r["stage"]} | {r["domain"]} | {r["at_step"]} of {r["steps"]} | '
+            f'{r["forecast"]:+.1f} ± {r["stderr"]:.1f} | {_f(r.get("outcome"))} |')
+    if sig:
+      line += f' {evaluation.signal_cells(r)} |'
+    out.append(line)
+  return out
 
 
 def matrix(res: Mapping) -> str:
@@ -288,16 +329,11 @@ def page(runs, load_before, warning: str | None, argv: Sequence[str]) -> str:
             f'outcome; pooled over the repair runs): {acc["n"]} forecasts, mean absolute error '
             f'{_f(acc["mean_abs_error"], "{:.1f}")} points; outcomes falling more than '
             f'{BIG_FALL:g} points: {acc["falls"]}, forecast sign right on '
-            f'{acc["falls_sign_right"]}.', '']
+            f'{acc["falls_sign_right"]}.' + signal_sentence(acc), '']
   fc_rows = [dict(r, run=run_name(*k)) for k, v in sorted(runs.items()) if v and k[1] == 'repair'
              for r in v['results'].get('forecast') or []]
   if fc_rows:
-    lines += ['| run | stage | domain | from steps 0..k | forecast | outcome |',
-              '|---|---|---|---:|---:|---:|']
-    lines += [f'| {r["run"]} | {r["stage"]} | {r["domain"]} | {r["at_step"]} of {r["steps"]} | '
-              f'{r["forecast"]:+.1f} ± {r["stderr"]:.1f} | {_f(r.get("outcome"))} |'
-              for r in fc_rows]
-    lines.append('')
+    lines += forecast_table(fc_rows) + ['']
   models = list(dict.fromkeys(k[0] for k in runs))
   seeds = list(dict.fromkeys(k[2] for k in runs))
   for seed in seeds:

@@ -448,6 +448,26 @@ class Eval:
 
 
 GUARD_ACTIONS = ('warn', 'stop', 'repair')
+# The signals config.guard.signals may name (cascade/signals.py).
+GUARD_SIGNALS = ('kl', 'grad_cos')
+
+
+def _signal_names(v):
+  """config.guard.signals as a tuple: a comma-separated string (the command line's
+  `--config.guard.signals=kl,grad_cos` arrives as ('kl,grad_cos',)) split into names."""
+  if isinstance(v, str):
+    v = (v,)
+  if not isinstance(v, (list, tuple)):
+    return v
+  return tuple(p.strip() for x in v for p in (x.split(',') if isinstance(x, str) else [x]))
+
+
+def _signals_ok(v) -> bool:
+  """Whether config.guard.signals is a list of GUARD_SIGNALS (or their comma-separated
+  string), none twice."""
+  v = _signal_names(v)
+  return (isinstance(v, tuple) and all(s in GUARD_SIGNALS for s in v)
+          and len(set(v)) == len(v))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -491,6 +511,15 @@ class Guard:
   forecast_confidence: float = schema.field(0.0, check=(
       lambda v: schema.is_num(v) and (float(v) == 0.0 or 0.5 <= float(v) < 1.0),
       'must be 0 (off) or a probability in [0.5, 1)'), convert=float)
+  # Signals measured beside each forecast (cascade/signals.py), each protected domain on its
+  # probe prompts: 'kl' (the KL drift from the stage's starting policy) and 'grad_cos' (the
+  # cosine between the stage's update so far and the domain's probe-reward gradient; holds a
+  # copy of the starting policy). They sharpen the forecast's sign; (): none.
+  signals: tuple[str, ...] = schema.field((), check=(
+      _signals_ok, f'must be a list naming each of {", ".join(GUARD_SIGNALS)} at most once'),
+      convert=_signal_names)
+  # Responses the stage's starting policy samples per probe prompt for the signals.
+  signal_samples: int = schema.field(4, check=schema.int_at_least(1))
   # action='repair': the fields of the MOPD stage inserted after every guarded stage (a mopd
   # stage dict without name, kind, domains and teachers; its `steps` are the repair's budget).
   repair: Any = schema.field(None, check=_MAPPING, convert=dict)

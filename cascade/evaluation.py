@@ -487,16 +487,32 @@ def markdown(res: Mapping, extra: bool = True) -> str:
 
 def forecast_markdown(rows: Sequence[Mapping]) -> str:
   """results.json "forecast" as a table: each guarded stage's first forecast of each protected
-  domain's change by the stage's end (`cascade.forecast`) beside the outcome."""
+  domain's change by the stage's end (`cascade.forecast`) beside the outcome; with the
+  signals' columns (config.guard.signals, `cascade.signals`) where some row has them."""
+  sig = any('falls' in r for r in rows)
   lines = ['Forecast of forgetting (probe points: the change over the stage forecast from its '
            'first probes, a weighted line extrapolated to its last step, ± standard error, '
-           'against the outcome, last probe minus first):', '',
-           '| stage | domain | from steps 0..k | forecast | outcome |', '|---|---|---:|---:|---:|']
+           'against the outcome, last probe minus first'
+           + ('; KL drift in nats per token, the gradient cosine and the sign they give it, '
+              'cascade/signals.py' if sig else '') + '):', '',
+           '| stage | domain | from steps 0..k | forecast | outcome |'
+           + (' KL | grad cos | sign |' if sig else ''),
+           '|---|---|---:|---:|---:|' + ('---:|---:|---|' if sig else '')]
   for r in rows:
     out = '-' if r.get('outcome') is None else f'{r["outcome"]:+.1f}'
-    lines.append(f'| {r["stage"]} | {r["domain"]} | {r["at_step"]} of {r["steps"]} | '
-                 f'{r["forecast"]:+.1f} ± {r["stderr"]:.1f} | {out} |')
+    line = (f'| {r["stage"]} | {r["domain"]} | {r["at_step"]} of {r["steps"]} | '
+            f'{r["forecast"]:+.1f} ± {r["stderr"]:.1f} | {out} |')
+    if sig:
+      line += f' {signal_cells(r)} |'
+    lines.append(line)
   return '\n'.join(lines) + '\n'
+
+
+def signal_cells(r: Mapping) -> str:
+  """A forecast row's KL, gradient cosine and sign cells ('-' where absent)."""
+  kl, cos, falls = r.get('kl'), r.get('grad_cos'), r.get('falls')
+  return ' | '.join(['-' if kl is None else f'{kl:.3g}', '-' if cos is None else f'{cos:+.2f}',
+                     '-' if falls is None else ('fall' if falls else 'no fall')])
 
 
 def _plot_forecasts(ax, res: Mapping, x, colors: Mapping[str, str]) -> None:

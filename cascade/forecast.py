@@ -24,8 +24,19 @@ probability at least c under a normal error:
 
 (`crosses`). The guard acts on it only when `config.guard.forecast_confidence` is set.
 
-Only the probe scores enter the forecast: the policy's KL drift on the probe prompts and the
-cosine between the stage's gradient and the earlier domains' gradients are not used (docs/guards.md).
+With `config.guard.signals` (`cascade.signals`), each forecast also carries the domain's KL
+drift from the stage's starting policy ('kl') and the cosine between the stage's update and the
+domain's probe-reward gradient ('grad_cos') at its probe. The change stays the slope's; the
+signals decide the forecast's sign where the slope cannot (`predicts_fall`, its "falls"):
+
+  falls = change < 0                          where |change| > change_stderr (the slope speaks)
+        = grad_cos < 0 and kl > kl_before     otherwise, both signals known (kl_before: the
+                                              stage's previous probe's, 0 at its start)
+        = change < 0                          otherwise
+
+`accuracy` reports the sign of each predictor (the slope, grad_cos alone, the combined
+"falls") on the big falls, and the mean KL drift of the falls and of the rest (docs/config.md,
+the guard section).
 """
 
 from __future__ import annotations
@@ -121,6 +132,16 @@ def crosses(fc: Mapping, best: float, best_stderr: float, max_drop: float,
   return margin / sd >= z_of(confidence)
 
 
+def predicts_fall(change: float, change_stderr: float, kl: float | None = None,
+                  kl_before: float | None = None, grad_cos: float | None = None) -> bool:
+  """The forecast's sign with the signals (module docstring): the slope's where it is more than
+  one standard error from flat, else (both signals known) a fall when the stage's update points
+  against the domain's reward (grad_cos < 0) while its KL drift grows."""
+  if abs(change) > change_stderr or kl is None or grad_cos is None:
+    return change < 0
+  return grad_cos < 0 and kl > (kl_before or 0.0)
+
+
 def outcome_rows(guards: Mapping[str, Mapping]) -> list[dict]:
   """results.json "forecast": per stage and protected domain, the stage's first forecast (from
   its first two probed steps) beside the outcome (the last probe's score minus the first's;
@@ -132,20 +153,43 @@ def outcome_rows(guards: Mapping[str, Mapping]) -> list[dict]:
   out = []
   for stage, info in guards.items():
     for d, f in sorted((info.get('forecast') or {}).items()):
-      out.append({'stage': stage, 'domain': d, 'at_step': f['at_step'], 'steps': f['steps'],
-                  'forecast': f['change'], 'stderr': f['change_stderr'],
-                  'outcome': f.get('outcome')})
+      row = {'stage': stage, 'domain': d, 'at_step': f['at_step'], 'steps': f['steps'],
+             'forecast': f['change'], 'stderr': f['change_stderr'], 'outcome': f.get('outcome')}
+      row.update({k: f[k] for k in SIGNAL_KEYS if k in f})
+      out.append(row)
   return out
+
+
+# What a forecast with signals carries beside the slope's (`cascade.guard`), kept in its row.
+SIGNAL_KEYS = ('kl', 'grad_cos', 'falls')
+
+
+def _mean(xs) -> float | None:
+  return float(f'{float(np.mean(xs)):.6g}') if xs else None
 
 
 def accuracy(rows: Sequence[Mapping], big: float = 5.0) -> dict:
   """How the forecasts of `rows` (`outcome_rows`' with an outcome) did: the mean absolute error
   (points), and, over the outcomes that fell more than `big` points, how many forecasts had
-  the right sign (a fall)."""
+  the right sign (a fall). Rows with signals (`SIGNAL_KEYS`; results without them have none)
+  add, per predictor, the falls it could judge and those it called: 'grad_cos' (< 0), the
+  combined 'falls' (`predicts_fall`), and the mean KL drift of the falls and of the rest."""
   done = [r for r in rows if r.get('outcome') is not None]
   falls = [r for r in done if r['outcome'] < -big]
-  return {'n': len(done),
-          'mean_abs_error': (round(float(np.mean([abs(r['forecast'] - r['outcome'])
-                                                  for r in done])), 4) if done else None),
-          'falls': len(falls),
-          'falls_sign_right': sum(1 for r in falls if r['forecast'] < 0)}
+  out = {'n': len(done),
+         'mean_abs_error': (round(float(np.mean([abs(r['forecast'] - r['outcome'])
+                                                 for r in done])), 4) if done else None),
+         'falls': len(falls),
+         'falls_sign_right': sum(1 for r in falls if r['forecast'] < 0)}
+  if not any(k in r for r in done for k in SIGNAL_KEYS):
+    return out
+  cos = [r for r in falls if r.get('grad_cos') is not None]
+  comb = [r for r in falls if r.get('falls') is not None]
+  out.update({'falls_grad_cos': len(cos),
+              'falls_sign_right_grad_cos': sum(1 for r in cos if r['grad_cos'] < 0),
+              'falls_combined': len(comb),
+              'falls_sign_right_combined': sum(1 for r in comb if r['falls']),
+              'kl_mean_falls': _mean([r['kl'] for r in falls if r.get('kl') is not None]),
+              'kl_mean_rest': _mean([r['kl'] for r in done
+                                     if r['outcome'] >= -big and r.get('kl') is not None])})
+  return out

@@ -41,6 +41,12 @@ bound, so it is checkpointed and kept); 'repair' says so (its repair is decided 
 last probe, where forecast and observation meet). Repair stages make no forecast. The stage's
 record ("guards" -> "forecast") keeps each domain's first forecast beside the outcome (its
 last probe's score minus its first; results.json "forecast").
+
+With `config.guard.signals`, each forecast also carries the domain's KL drift and gradient
+cosine at its probe (`cascade.signals`: "kl", "grad_cos", the metrics
+`forecast/<domain>/kl` and `forecast/<domain>/grad_cos`) and the sign they give it ("falls",
+`cascade.forecast.predicts_fall`). They are recorded and reported; the guard's actions still
+follow the observed drops and the slope's forecast.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from cascade import checkpoint
 from cascade import evaluation
 from cascade import forecast as forecast_lib
 from cascade import ledger as ledger_lib
+from cascade import signals as signals_lib
 
 
 def fallen(ledger, stage_name: str) -> dict[str, dict]:
@@ -85,6 +92,10 @@ class StageGuard:
       else:
         self.protected = tuple(d for d in self.cfg.domains
                                if d in earlier and d not in stage.domains)
+    self.tracker = None
+    if self.forecasts and self.cfg.signals:
+      self.tracker = signals_lib.Tracker(ctx, stage, self.protected, self.cfg.signals,
+                                         self.cfg.prompts, self.cfg.signal_samples)
 
   @property
   def active(self) -> bool:
@@ -143,7 +154,11 @@ class StageGuard:
                        'best_stage': best['stage'], 'best_step': best['step']}
     m['guard/breaches'] = float(len(breached))
     self.forecast, self.forecast_crossed = self._forecast(step, results, entries)
+    if self.tracker is not None and self.forecast:
+      self._add_signals(step, params, entries)
     m.update({f'forecast/{d}': f['change'] for d, f in self.forecast.items()})
+    m.update(signals_lib.metrics({d: {k: f[k] for k in signals_lib.SIGNALS if k in f}
+                                  for d, f in self.forecast.items()}))
     m['probe_s'] = time.perf_counter() - t0
     return results, breached, m
 
@@ -171,6 +186,18 @@ class StageGuard:
                       'best': round(best['scores'][d], 4), 'max_drop': self.cfg.max_drop,
                       'confidence': self.cfg.forecast_confidence}
     return out, crossed
+
+  def _add_signals(self, step: int, params, entries) -> None:
+    """Adds config.guard.signals (`cascade.signals`) of `params` to this probe's forecasts,
+    with the sign they give it ("falls": `cascade.forecast.predicts_fall`, the KL drift compared
+    with the stage's previous probe's)."""
+    measured = self.tracker.measure(params)
+    before = [e for e in entries if e['stage'] == self.stage.name and e['step'] < step]
+    for d, fc in self.forecast.items():
+      fc.update(measured.get(d, {}))
+      prev = (before[-1].get('forecast') or {}).get(d, {}) if before else {}
+      fc['falls'] = forecast_lib.predicts_fall(fc['change'], fc['change_stderr'], fc.get('kl'),
+                                               prev.get('kl'), fc.get('grad_cos'))
 
   def record(self, step: int, results: Mapping, breached: Mapping, ckpt: bool) -> None:
     """Keeps the probe in the ledger (with its breaches) and says what crossed a bound."""

@@ -112,3 +112,40 @@ def test_each_run_is_the_tiny_config_with_or_without_the_repair_guard():
   with flagsaver.flagsaver(isolation=''):
     assert self_healing.command('dense', 'off', 0, '/w')[3].endswith('tiny.py:model=dense,seed=0')
   assert self_healing.run_name('dense', 'off', 1) == 'tiny_model-dense_s1'
+
+
+def test_the_page_reports_each_signals_accuracy_where_the_runs_measured_them(tmp_path, monkeypatch,
+                                                                            capsys):
+  """Repair runs with config.guard.signals (`--signals`) carry kl, grad_cos and the combined
+  sign beside each forecast: the page adds their columns and each predictor's accuracy."""
+  from benchmarks import self_healing  # pylint: disable=g-import-not-at-top
+  rep = _repair()
+  sig = [dict(kl=0.01, grad_cos=0.3, falls=False), dict(kl=0.2, grad_cos=-0.5, falls=True),
+         dict(kl=0.1, grad_cos=-0.1, falls=True), dict(kl=0.3, grad_cos=None, falls=True)]
+  rep['forecast'] = [dict(r, **s) for r, s in zip(rep['forecast'], sig)]
+  _write(tmp_path, 'tiny_model-hybrid_s0', _off(), wall=400.0)
+  _write(tmp_path, 'tiny_model-hybrid-guard-repair-signals_s0', rep, wall=500.0)
+  monkeypatch.setattr(os, 'getloadavg', lambda: (1.0, 1.0, 1.0))
+  doc = tmp_path / 'page.md'
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(models=['hybrid'], seeds=['0'], workdir_root=str(tmp_path),
+                           doc=str(doc), run=False, signals=['kl', 'grad_cos']):
+    self_healing.main([])
+    cmd = self_healing.command('hybrid', 'repair', 0, '/w')
+    assert self_healing.command('hybrid', 'off', 0, '/w')[-1] == '--verbosity=-1'
+  assert cmd[-1] == '--config.guard.signals=kl,grad_cos'
+  summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+  # The two falls (chat -9, math -6): grad_cos -0.5 and -0.1 (both right), combined both right;
+  # the KL of the falls 0.15, of the rest (chat in math_rl, -2) 0.01.
+  assert summary['missing'] == [] and summary['forecast'] == {
+      'n': 3, 'mean_abs_error': 4.0, 'falls': 2, 'falls_sign_right': 1, 'falls_grad_cos': 2,
+      'falls_sign_right_grad_cos': 2, 'falls_combined': 2, 'falls_sign_right_combined': 2,
+      'kl_mean_falls': 0.15, 'kl_mean_rest': 0.01}
+  text = doc.read_text()
+  assert ("the gradient cosine's sign was right on 2 of the 2 falls it was defined on, the "
+          'combined sign on 2 of 2; mean KL drift (nats per token) of the falls 0.15, of the '
+          'rest 0.01.') in text
+  assert ('| tiny_model-hybrid-guard-repair-signals_s0 | code_rl | chat | 5 of 20 | -12.0 ± 5.0 '
+          '| -9.0 | 0.2 | -0.50 | fall |') in text
+  assert '| code_rl | swe | 5 of 20 | -4.0 ± 5.0 | - | 0.3 | - | fall |' in text

@@ -13,6 +13,7 @@ import pytest
 from cascade import checkpoint
 from cascade import config as config_lib
 from cascade import evaluation
+from cascade import forecast as forecast_lib
 from cascade import guard as guard_lib
 from cascade import kinds
 from cascade import ledger as ledger_lib
@@ -67,10 +68,11 @@ def _digest(params):
 
 
 def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, repairing=False,
-         ckpt_every=100, **guard):
+         ckpt_every=100, ctx_fields=None, **guard):
   """Stage 'sft_b' (6 steps, after 'a_rl' trained 'a') through the real loop with a guard on
   'a' probing every `every` steps; the probe of step s scores `probe_by_step[s]` (stderr 1).
-  `repairing`: the loop sees the stage as a repair stage (of 'a'), as an inserted MOPD one."""
+  `repairing`: the loop sees the stage as a repair stage (of 'a'), as an inserted MOPD one.
+  `ctx_fields`: more of the run context (a sampler, verifiers... for config.guard.signals)."""
   if repairing:
     init = guard_lib.StageGuard.__init__
 
@@ -92,6 +94,8 @@ def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, r
   ctx = types.SimpleNamespace(plan=plan, workdir=str(tmp_path), mesh=None, rules=plan.rules,
                               writer=writer, data=types.SimpleNamespace(validation_sets={}),
                               progress=progress, ledger=led, policies=pol)
+  for k, v in (ctx_fields or {}).items():
+    setattr(ctx, k, v)
   probed = {}
 
   def fake_probe(ctx_, params, prompts, domains):
@@ -204,6 +208,32 @@ def test_stop_acts_on_a_forecast_past_its_bound_before_the_fall(
   assert '[1] sft_b: guard: a is forecast at 51.0 ± 3.6 by step 6' in err
   assert '[1] sft_b: guard: stopping the stage at step 2/6; its policy is that of step 2' in err
   assert r.steps == [2, 6]
+
+
+@pytest.mark.heavy                    # the real loop, plus the signals' forward and gradient (~40 s)
+def test_the_forecast_signals_are_measured_through_the_loop(fakes, tmp_path, monkeypatch):
+  # config.guard.signals (cascade/signals.py) on the live policy of every forecasting probe:
+  # the SFT stage moves it away from a_rl's (KL > 0), and each forecast carries both signals.
+  recs = [fakes.record('a', i, 10 + i) for i in range(4)]
+  extra = dict(sampler=fakes.OwnAnswerSampler(right=lambda n, g: g == 0),
+               tokenizer=fakes.CharTokenizer(),
+               data=types.SimpleNamespace(validation_sets={'a': recs}),
+               verifiers=types.SimpleNamespace(can_evaluate=lambda d: True,
+                                               eval_verifier=fakes.ValueVerifier),
+               sample_cls=fakes.Sample)
+  r = _run(fakes, tmp_path, monkeypatch, 'warn', {0: 60.0, 2: 59.0, 4: 58.0, 6: 50.0},
+           ctx_fields=extra, signals=['kl', 'grad_cos'], signal_samples=2)
+  assert r.res.steps_run == 6 and 'forecast/a/kl' not in r.logged[1]
+  kls = [r.logged[s]['forecast/a/kl'] for s in (2, 4, 6)]
+  assert all(k > 0 for k in kls), kls
+  assert all(-1.0 <= r.logged[s]['forecast/a/grad_cos'] <= 1.0 for s in (2, 4, 6))
+  first = r.res.info['guard']['forecast']['a']
+  assert first['kl'] == kls[0] and first['outcome'] == -10.0
+  assert first['falls'] is forecast_lib.predicts_fall(first['change'], first['change_stderr'],
+                                                       first['kl'], 0.0, first['grad_cos'])
+  # pi_0 sampled 2 responses to each of the 4 probe prompts once, at temperature 1.
+  (call,) = extra['sampler'].calls
+  assert call['num_samples'] == 2 and len(call['prompts']) == 4 and not call['sp'].greedy
 
 
 # ------------------------------------------------------------------ repair

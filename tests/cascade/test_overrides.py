@@ -98,6 +98,16 @@ def test_the_guards_forecast_confidence_is_set_from_the_command_line():
       e.value)
 
 
+def test_the_guards_forecast_signals_are_set_from_the_command_line():
+  """config.guard.signals (cascade/signals.py), a tuple field, and signal_samples."""
+  c = _parse('configs/tiny.py:smoke,guard=warn', '--config.guard.signals=kl,grad_cos',
+             '--config.guard.signal_samples=2')
+  plan = config_lib.validate(c)
+  assert plan.guard.signals == ('kl', 'grad_cos') and plan.guard.signal_samples == 2
+  one = config_lib.validate(_parse('configs/tiny.py:smoke,guard=warn', '--config.guard.signals=kl'))
+  assert one.guard.signals == ('kl',)
+
+
 @pytest.mark.parametrize('arg, message', [
     ('--config.eval.num_promts=3',
      "--config.eval.num_promts: config.eval has no field 'num_promts' (nearest: num_prompts, suite_prompts)"),
