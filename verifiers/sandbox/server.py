@@ -88,6 +88,7 @@ import builtins
 import ctypes
 import errno
 import fcntl
+import functools
 import io
 import json
 import os
@@ -171,7 +172,9 @@ def outputs_match(got: str, expected: str, float_tolerance: float = 0.0) -> bool
   return True
 
 
+@functools.lru_cache(maxsize=None)
 def _libc():
+  """The C library, loaded once (before the server forks, so no child loads it again)."""
   return ctypes.CDLL(None, use_errno=True)
 
 
@@ -1464,6 +1467,7 @@ def main(argv=None):
   os.close(null)
   for name in _PRELOAD:
     __import__(name)
+  seccomp.prepare()  # Built once here: every child installs the same filter.
   server = Server(args.root, args.drop_uid, args.kill_all)
   framing.write_frame(proto_out, {'ready': True, 'pid': os.getpid()})
   while True:
