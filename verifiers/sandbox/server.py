@@ -562,6 +562,10 @@ class Server:
         self._pid_mark = _last_pid()
         self._alive = {self.zygote_pid, *(pid for _, pid in self._spares), *self._ancestors}
       out = self._handle(req)
+      if out['passed'] and not self._zygote_alive():
+        # Where candidates share the zygote's uid, one can kill its parent: no pass for it.
+        out.update(passed=False, status='crashed', case=0,
+                   detail="the sandbox's zygote (the candidate's parent) died during the run")
     except Exception as e:  # pylint: disable=broad-except
       self._cleanup(())
       out = {'passed': False, 'status': 'sandbox_error', 'detail': f'{type(e).__name__}: {e}',
