@@ -17,6 +17,11 @@ releases: the benchmark imports a temporary copy with the line enabled and
 never edits site-packages. Both sides must pass all 164. Runs alternate so
 that load from other processes hits both alike. Target: ratio >= 1.
 
+With --compare_tree=DIR (or git:REV, that commit of this repository extracted to a
+temporary directory), HumanEval's 164 also go through that checkout's sandbox, each tree's
+code verifier in a process of its own, batch by batch alternating with this tree's: the
+per-sample cost against an older sandbox (target: <= 1.1x the pre-zygote one).
+
 Printed: a table, then one JSON line with samples_per_s per domain,
 humaneval_sandbox_s, humaneval_reference_s and sandbox_speedup. With --doc the
 same goes to a markdown page (docs/benchmarks/verifiers.md by convention) with
@@ -54,8 +59,9 @@ _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed batches per domain (median 
 _SEED = flags.DEFINE_integer('seed', 0, 'Synthetic data seed.')
 _DOC = flags.DEFINE_string('doc', None, 'Also write the results to this markdown page.')
 _COMPARE_TREE = flags.DEFINE_string(
-    'compare_tree', None, 'code: also time the sandbox of this checkout (an older tree), '
-    'alternating batch by batch with this tree\'s, each in a process of its own.')
+    'compare_tree', None, 'code: also time the sandbox of this checkout (an older tree; '
+    'git:REV extracts that commit of this repository to a temporary directory), alternating '
+    'batch by batch with this tree\'s, each in a process of its own.')
 
 # Runs in a process of its own with one checkout first on sys.path: builds that tree's code
 # verifier, warms it with one batch and times one batch of the 164 canonical solutions for every
@@ -266,9 +272,21 @@ class _TreeTimer:
     self.proc.wait(timeout=60)
 
 
+def _extract(rev: str, root: str, into: str) -> str:
+  """Commit `rev` of the repository at `root`, extracted (git archive) into `into`."""
+  archive = subprocess.run(['git', '-C', root, 'archive', rev], capture_output=True, check=False)
+  if archive.returncode:
+    raise app.UsageError(f'--compare_tree=git:{rev}: {archive.stderr.decode().strip()}')
+  subprocess.run(['tar', '-x', '-C', into], input=archive.stdout, check=True)
+  return into
+
+
 def _compare_trees(tree: str) -> dict:
   """This tree's sandbox and `tree`'s, batch by batch alternating, each in its own process."""
   here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if tree.startswith('git:'):
+    with tempfile.TemporaryDirectory(prefix='sandbox_tree_') as tmp:
+      return dict(_compare_trees(_extract(tree[4:], here, tmp)), tree=tree)
   timers = [_TreeTimer(here, _WORKERS.value), _TreeTimer(tree, _WORKERS.value)]
   times = [[], []]
   try:
