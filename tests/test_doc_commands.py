@@ -651,6 +651,8 @@ _RUNS = [
           _check_data_benchmark_full, mark=_SLOW),
     _case('data-open-hosts', 'docs/data_benchmark.md',
           ['.venv/bin/python -m benchmarks.data --open_hosts=1,2'], 4 * 3600, _OK, mark=_SLOW),
+    _case('data-tokenize', 'docs/data_benchmark.md',
+          ['.venv/bin/python -m benchmarks.data --tokenize'], 1800, _OK, mark=_SLOW),
     _case('data-prepare-hosts', 'docs/data.md', ['.venv/bin/python -m benchmarks.prepare_hosts'],
           1800, _OK, mark=_SLOW),
     # docs/ifbench_agreement.md, docs/model_families.md, docs/plans/, docs/tiny_generative_rm.md

@@ -62,6 +62,7 @@ from foundation import paths
 
 VERSION = 2
 ROWS_PER_SHARD = 8192      # positions per items shard, the unit of work processes split
+_CHUNK = 256                  # positions made in one call of a stage's batch `make`
 _PROBE = 8                    # first records of the source run through the stage in the key
 _PARTS = 'parts'              # finished parts' records (`_record`), read on a resume
 _SETTINGS_NOT_IN_KEY = ('optimizer', 'steps', 'index', 'eval_every')
@@ -253,6 +254,46 @@ def _part(d: str, k: int, rows: range, source, make, tokenizes: bool, what: str,
   return bits, True
 
 
+def _malformed(e: Exception, what: str, log, counts: dict) -> None:
+  counts['malformed'] += 1
+  if counts['malformed'] <= 5:
+    log(f'WARNING: {what}: malformed record skipped: {e}')
+
+
+def _make_chunk(rows: range, source, make, what: str, log, counts: dict) -> list:
+  """`make(i, source[i])` for each position of `rows`, None for a malformed record (counted
+  and logged). Where `make` has a `batch` (records -> items, e.g. the tokenizer library's
+  batch encode on all cores), the records read go through it in one call, the same items;
+  a chunk in which it meets a malformed record is made again row by row."""
+  batch = getattr(make, 'batch', None)
+  if batch is None:
+    return [_make_one(i, source, make, what, log, counts) for i in rows]
+  recs, good = [None] * len(rows), []
+  for j, i in enumerate(rows):
+    try:
+      recs[j] = source[i]
+      good.append(j)
+    except readers.DataError as e:
+      _malformed(e, what, log, counts)
+  try:
+    made = batch([recs[j] for j in good])
+  except readers.DataError:
+    return [None if recs[j] is None else _make_one(i, source, make, what, log, counts)
+            for j, i in enumerate(rows)]
+  out = [None] * len(rows)
+  for j, item in zip(good, made):
+    out[j] = item
+  return out
+
+
+def _make_one(i: int, source, make, what: str, log, counts: dict):
+  try:
+    return make(i, source[i])
+  except readers.DataError as e:
+    _malformed(e, what, log, counts)
+    return None
+
+
 def _make_part(d: str, k: int, rows: range, source, make, tokenizes: bool, what: str,
                log, counts: dict, key: str) -> np.ndarray:
   """Runs `make` over the positions `rows` of part k, streaming (tokenizing stages) its items
@@ -277,18 +318,13 @@ def _make_part(d: str, k: int, rows: range, source, make, tokenizes: bool, what:
       fd, tmp = tempfile.mkstemp(prefix=f'.{name}.', suffix='.tmp', dir=tmp_dir)
       os.close(fd)
       writer = array_record_module.ArrayRecordWriter(tmp, 'group_size:1')
-    for j, i in enumerate(rows):
-      try:
-        item = make(i, source[i])
-      except readers.DataError as e:
-        counts['malformed'] += 1
-        if counts['malformed'] <= 5:
-          log(f'WARNING: {what}: malformed record skipped: {e}')
-        item = None
-      if item is not None:
-        bits[j] = 1
-      if writer is not None:
-        writer.write(b'' if item is None else encode(item))
+    for start in range(0, len(rows), _CHUNK):
+      chunk = rows[start:start + _CHUNK]
+      for j, item in enumerate(_make_chunk(chunk, source, make, what, log, counts), start):
+        if item is not None:
+          bits[j] = 1
+        if writer is not None:
+          writer.write(b'' if item is None else encode(item))
     if writer is not None:
       writer, w = None, writer
       w.close()

@@ -183,6 +183,12 @@ class StageConfig:
     del tokenizer
     return None
 
+  def tokenize_batch(self, tokenizer) -> Callable[[list], list] | None:
+    """records -> `tokenize`'s item of each, the same arrays, made in one call (the token
+    cache's preparation: the tokenizer library's batch encode on all cores), or None."""
+    del tokenizer
+    return None
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainStageConfig(StageConfig):

@@ -29,6 +29,7 @@ from cascade import rollout
 from cascade.kinds import base
 from cascade.kinds import loop
 from foundation import chat_template
+from foundation import tokenizer as tokenizer_lib
 from models import sharding
 from rl import batch as batch_lib
 from rl import sft as sft_lib
@@ -50,6 +51,9 @@ class Config(base.TrainStageConfig):
   def tokenize(self, tokenizer):
     return lambda r: example(r, tokenizer, self.thinking_switch, self.max_len)
 
+  def tokenize_batch(self, tokenizer):
+    return lambda recs: examples(recs, tokenizer, self.thinking_switch, self.max_len)
+
   def record_filter(self, tokenizer):
     del tokenizer
     return (lambda ex: bool(np.any(ex[1]))), f'examples whose prompt fills max_len={self.max_len}'
@@ -63,8 +67,6 @@ def example(rec: dict, tokenizer, thinking_switch: bool, max_len: int):
   prompt and response are the tokenizer's chat template's (`chat_template.of`): with a
   checkpoint's own, the response is what that template renders after the prompt.
   """
-  thinking = rec.get('thinking')
-  mode = (thinking is not None) if thinking_switch else None
   template = chat_template.of(tokenizer)
   if 'turns' in rec:
     if template is not chat_template.BUILTIN:
@@ -74,13 +76,41 @@ def example(rec: dict, tokenizer, thinking_switch: bool, max_len: int):
     toks, mask = episodes.demonstration(rec, tokenizer, False if thinking_switch else None,
                                         tools=rec.get('tools'))
     return toks[:max_len], mask[:max_len]
-  prompt = tokenizer.encode(rollout.prompt_text(rec, mode, template))
-  # In instruct mode the empty thinking block is already in the prompt.
-  response = tokenizer.encode(template.render_response(rec['messages'], rec['response'],
-                                                       thinking, mode))
+  prompt, response = (tokenizer.encode(t) for t in texts(rec, template, thinking_switch))
   toks = (prompt + response)[:max_len]
   mask = ([0] * len(prompt) + [1] * len(response))[:max_len]
   return toks, mask
+
+
+def texts(rec: dict, template, thinking_switch: bool) -> tuple[str, str]:
+  """The rendered (prompt, response) of a single-turn SFT record, as `example` encodes them."""
+  thinking = rec.get('thinking')
+  mode = (thinking is not None) if thinking_switch else None
+  # In instruct mode the empty thinking block is already in the prompt.
+  return (rollout.prompt_text(rec, mode, template),
+          template.render_response(rec['messages'], rec['response'], thinking, mode))
+
+
+def examples(recs: list, tokenizer, thinking_switch: bool, max_len: int) -> list:
+  """`example` of each record, the same ids, with every text encoded in one call of the
+  tokenizer library on all cores (`Tokenizer.encode_batch`): how the token cache prepares a
+  stage. Tokens and mask come as int32 arrays."""
+  template = chat_template.of(tokenizer)
+  out, rendered, single = [None] * len(recs), [], []
+  for k, rec in enumerate(recs):
+    if 'turns' in rec:
+      out[k] = example(rec, tokenizer, thinking_switch, max_len)
+    else:
+      rendered += texts(rec, template, thinking_switch)
+      single.append(k)
+  ids = tokenizer_lib.encode_batch(tokenizer, rendered)
+  for n, k in enumerate(single):
+    prompt, response = ids[2 * n], ids[2 * n + 1]
+    toks = np.asarray(prompt + response, np.int32)[:max_len]
+    mask = np.zeros(len(prompt) + len(response), np.int32)
+    mask[len(prompt):] = 1
+    out[k] = toks, mask[:max_len]
+  return out
 
 
 LOSS = train_lib.LossSpec(sft_lib.SftConfig, sft_lib.loss_fn, sft_lib.normalizers)

@@ -69,3 +69,22 @@ def test_small_cold_open_by_one_and_two_processes(tmp_path):
   for line in ('- command: `', '- load average', '| 2 | 1 |', 'first batches are the same '
                'rows in every run (the single process\'s order): yes.'):
     assert line in text, text
+
+
+@pytest.mark.heavy
+def test_small_tokenization_beside_the_library_batch_encode(tmp_path):
+  """--tokenize: both tokenizers' cold preparation and batch encode of the same rows are timed
+  and written as their own section, the rest of the page kept."""
+  d, report = tmp_path / 'data', tmp_path / 'report.md'
+  report.write_text('# Data path benchmark\n\nbefore\n')
+  out = _run('benchmarks.data', '--tokenize', '--rows=60', '--rl_rows=20', '--scale=0.05',
+             f'--dir={d}', f'--out={report}')
+  results = json.loads(out.strip().splitlines()[-1])
+  assert [r['tokenizer'] for r in results] == ['SentencePieceTokenizer', 'HFTokenizer']
+  for r in results:
+    assert r['rows'] == 60 and r['library_s'] > 0 and r['ours_s'] > 0
+    assert r['ratio'] == pytest.approx(r['ours_s'] / r['library_s'], rel=0.01)
+  text = report.read_text()
+  assert text.startswith('# Data path benchmark\n\nbefore\n')
+  assert text.count("## Cold tokenization against the tokenizer library's batch encode") == 1
+  assert '--tokenize' in text and '- load average' in text and '| HFTokenizer |' in text

@@ -27,3 +27,17 @@ def test_domains_and_humaneval_side_by_side_are_reported_and_written(tmp_path):
   page = doc.read_text()
   assert '--domains=math,structured,code' in page and 'load average' in page
   assert json.dumps(summary) in page
+
+
+def test_compare_tree_times_an_older_sandbox_alternately(tmp_path):
+  """--compare_tree=git:REV: that commit's sandbox, extracted by the benchmark, timed batch by
+  batch beside this tree's (here the same commit, so the ratio is about 1)."""
+  out = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.verifiers', '--domains=code', '--repeats=1',
+       '--compare_tree=git:HEAD'],
+      cwd=ROOT, capture_output=True, text=True, timeout=900, check=True).stdout
+  summary = json.loads(out.strip().splitlines()[-1])
+  assert summary['compare_ours_s'] > 0 and summary['compare_theirs_s'] > 0
+  assert summary['compare_ratio'] == pytest.approx(
+      summary['compare_ours_s'] / summary['compare_theirs_s'], rel=0.01)
+  assert 'this tree vs git:HEAD' in out

@@ -244,3 +244,28 @@ def test_encode_text_reads_added_tokens_as_text(rich_toks, backend):
   assert not {tok.token_to_id(m) for m in tok.added_tokens} & set(ids)
   assert tok.decode(ids) == text
   assert tok.encode_text('plain words') == tok.encode('plain words')
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+def test_encode_batch_gives_encode_s_ids(toks, backend):
+  """The library's batch encode on all cores: the ids one `encode` per text gives."""
+  tok = toks[backend]
+  texts = ROUND_TRIP + _corpus(40, seed=1)
+  assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+  assert tokenizer.encode_batch(tok, texts[:3]) == [tok.encode(t) for t in texts[:3]]
+
+
+def test_encode_batch_of_a_subclass_and_a_plain_tokenizer(toks):
+  """A subclass's own encode is what its batch encode runs; an object with only `encode` is
+  encoded text by text."""
+
+  class Shifted(type(toks['sp_bpe'])):
+    def encode(self, text):
+      return [i + 1 for i in super().encode(text)]
+  shifted = Shifted(toks['sp_bpe'].path)
+  assert shifted.encode_batch(['the model']) == [shifted.encode('the model')]
+
+  class Plain:
+    def encode(self, text):
+      return [ord(c) for c in text]
+  assert tokenizer.encode_batch(Plain(), ['ab', '']) == [[97, 98], []]

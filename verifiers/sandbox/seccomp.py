@@ -44,6 +44,7 @@ only (ctypes): runs inside the sandbox.
 
 import ctypes
 import errno
+import functools
 import os
 import struct
 
@@ -161,6 +162,23 @@ class _SockFprog(ctypes.Structure):
   _fields_ = [('len', ctypes.c_ushort), ('filter', ctypes.c_void_p)]
 
 
+@functools.lru_cache(maxsize=None)
+def _prepared():
+  """The filter as the kernel takes it and the C library, built once per process: a server
+  calls `prepare` before it forks, so each child installs without building either again."""
+  prog = program(os.uname().machine)
+  raw = b''.join(struct.pack('=HBBI', *ins) for ins in prog)
+  buf = ctypes.create_string_buffer(raw, len(raw))
+  fprog = _SockFprog(len(prog), ctypes.cast(buf, ctypes.c_void_p))
+  return fprog, buf, ctypes.CDLL(None, use_errno=True)
+
+
+def prepare() -> None:
+  """Builds the filter now (in a parent that forks the processes that `install` it)."""
+  if not supported():
+    _prepared()
+
+
 def install() -> None:
   """Installs the filter on the calling thread's process (irreversible).
 
@@ -170,11 +188,7 @@ def install() -> None:
   why = supported()
   if why:
     raise OSError(errno.ENOSYS, why)
-  prog = program(os.uname().machine)
-  raw = b''.join(struct.pack('=HBBI', *ins) for ins in prog)
-  buf = ctypes.create_string_buffer(raw, len(raw))
-  fprog = _SockFprog(len(prog), ctypes.cast(buf, ctypes.c_void_p))
-  libc = ctypes.CDLL(None, use_errno=True)
+  fprog, _, libc = _prepared()
   if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
     raise OSError(ctypes.get_errno(), 'prctl(PR_SET_NO_NEW_PRIVS) failed')
   if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, MODE_FILTER

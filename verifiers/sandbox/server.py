@@ -6,11 +6,12 @@ only the standard library. It pre-imports modules candidates commonly use
 and then, before it reads any request, forks a *zygote*: a process that
 never holds request data. Candidates come from the zygote, never from the
 server, whose heap holds the current request's hidden test or expected
-outputs and remnants of earlier requests. On the server's 'next' (all it is
-ever told) the zygote forks a *spare* through a short-lived parent that
-exits, so the spare becomes the server's child (the server is a subreaper)
-and the zygote keeps nothing of it; it hands the server the spare's pid and
-its end of the spare's channel (a unix socket pair, SCM_RIGHTS). A run sends
+outputs and remnants of earlier requests. On the server's 'next' the zygote
+forks a *spare*, its own child, and hands the server the spare's pid and
+its end of the spare's channel (a unix socket pair, SCM_RIGHTS); on
+'wait <pid>', sent once a run's processes are killed, it reaps that spare
+and relays its wait status (a word and a pid are all the zygote is ever
+told; the spare's orphans go to the server, a subreaper). A run sends
 the spare only its limits, its role and its descriptors; the spare
 sandboxes itself and then reads its own program and visible files from a
 pipe the server writes. So a candidate that walks its frames, scans `gc` or
@@ -87,6 +88,7 @@ import builtins
 import ctypes
 import errno
 import fcntl
+import functools
 import io
 import json
 import os
@@ -170,7 +172,9 @@ def outputs_match(got: str, expected: str, float_tolerance: float = 0.0) -> bool
   return True
 
 
+@functools.lru_cache(maxsize=None)
 def _libc():
+  """The C library, loaded once (before the server forks, so no child loads it again)."""
   return ctypes.CDLL(None, use_errno=True)
 
 
@@ -218,6 +222,8 @@ class Server:
     # for at any time, so that a run seldom waits on a fork.
     self._spares = []
     self._asked = 0
+    # Spares that became candidates and are not yet reaped (by the zygote, `_wait_spare`).
+    self._unreaped = set()
     # The kernel's counters a candidate could move for the next one (`_counters_moved`), where
     # the server has a pid namespace and a tmpfs of its own: the pids made since the request
     # began (by the server and the zygote) and the next inode number of the root's tmpfs.
@@ -320,64 +326,55 @@ class Server:
     return ours, pid
 
   def _zygote(self, sock):
-    """The zygote's loop: a spare per 'next' message until the server goes; never returns.
+    """The zygote's loop: a spare per 'next', a relayed status per 'wait <pid>'; never returns.
 
-    The answer to 'next' is 'spare pid parent pid' with the server's end of
-    the spare's channel (SCM_RIGHTS), or b'error' when a fork failed.
+    The answer to 'next' is the spare's pid with the server's end of its
+    channel (SCM_RIGHTS), or b'error' when the fork failed; to 'wait <pid>'
+    it is 'status <wait status>' ('status -' for no child of that pid).
     """
     _libc().prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the server.
     keep = sock.fileno()
     os.closerange(3, keep)  # The request protocol above all: the zygote never reads it.
     os.closerange(keep + 1, os.sysconf('SC_OPEN_MAX'))
+    reaped = {}  # Spares that exited before the server asked: pid -> wait status.
     while True:
       try:
-        if not sock.recv(16):  # The server is gone.
+        msg = sock.recv(32)
+        if not msg:  # The server is gone.
           _exit(0)
+        if msg != b'next':
+          sock.send(_spare_status(msg, reaped))
+          continue
+        _reap_spares(reaped)
         try:
-          channel, pid, parent = self._fork_spare(sock)
+          channel, pid = self._fork_spare(sock)
         except OSError:
           sock.send(b'error')
           continue
-        socket.send_fds(sock, [f'{pid} {parent}'.encode()], [channel.fileno()])
+        socket.send_fds(sock, [str(pid).encode()], [channel.fileno()])
         channel.close()
       except OSError:
         _exit(0)
 
   def _fork_spare(self, sock):
-    """In the zygote: forks a parent that forks a spare and exits; (server's channel end, pid,
-    the parent's pid).
+    """In the zygote: forks a spare, the zygote's child; (server's channel end, its pid).
 
-    The parent's exit hands the spare to the nearest subreaper, the server,
-    which waits for it as a candidate and collects its orphans; the zygote
-    waits only for the parent, so the spare is the server's child before the
-    server learns its pid.
+    One fork per spare: the zygote reaps it when the server says 'wait' and
+    relays its status, and its orphans go to the server (the subreaper).
     """
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid_r, pid_w = os.pipe()
-    parent = os.fork()
-    if parent == 0:
-      try:
-        os.close(pid_r)
-        ours.close()
-        child = os.fork()
-        if child == 0:
-          os.close(pid_w)
-          sock.close()
-          self._run_spare(theirs)
-        _write(pid_w, str(child).encode())
-      finally:
-        _exit(0)
-    theirs.close()
-    os.close(pid_w)
     try:
-      data = os.read(pid_r, 32)
-    finally:
-      os.close(pid_r)
-      os.waitpid(parent, 0)
-    if not data:
+      pid = os.fork()
+    except OSError:
       ours.close()
-      raise OSError(errno.EAGAIN, 'fork failed')
-    return ours, int(data), parent
+      theirs.close()
+      raise
+    if pid == 0:
+      ours.close()
+      sock.close()
+      self._run_spare(theirs)
+    theirs.close()
+    return ours, pid
 
   def _run_spare(self, channel):
     """In a spare: waits for its run (limits, role, descriptors), becomes the candidate; never returns.
@@ -414,13 +411,27 @@ class Server:
     """Waits for one spare asked for; an answer without one (a failed fork) adds none."""
     self._asked -= 1
     msg, fds, _, _ = socket.recv_fds(self._zygote_sock, 64, 1)
-    pids = msg.split()
-    if len(fds) == 1 and len(pids) == 2 and all(p.isdigit() for p in pids):
-      self._spares.append((socket.socket(fileno=fds[0]), int(pids[0])))
-      self._made_pids += [int(p) for p in pids]
+    if len(fds) == 1 and msg.isdigit():
+      self._spares.append((socket.socket(fileno=fds[0]), int(msg)))
+      self._made_pids.append(int(msg))
     else:
       for fd in fds:
         os.close(fd)
+
+  def _wait_spare(self, pid):
+    """The wait status of spare `pid`, which the zygote reaps once it has exited (None: the zygote
+    had no such child or is broken)."""
+    self._unreaped.discard(pid)
+    try:
+      self._sync_zygote()  # Its answers come in order: the spares asked for first.
+      self._zygote_sock.send(b'wait %d' % pid)
+      msg = self._zygote_sock.recv(64).split()
+      if len(msg) != 2 or msg[0] != b'status':
+        raise ValueError(f'zygote answered {msg!r}')
+    except (OSError, ValueError):
+      self._zygote_ok = False
+      return None
+    return None if msg[1] == b'-' else int(msg[1])
 
   def _sync_zygote(self):
     """Receives every spare asked for, so that the zygote's forks precede what the server does
@@ -442,7 +453,7 @@ class Server:
       payload: {'program', 'files', 'importable'}: what the candidate may see.
 
     Returns:
-      The candidate's pid (a child of this server).
+      The candidate's pid (a child of the zygote: `_wait_spare` collects it).
     """
     spawn = json.dumps(dict({k: req[k] for k in _LIMITS}, role=role)).encode()
     self._make_case_dir()
@@ -462,6 +473,7 @@ class Server:
         if not self._spares:
           continue
         channel, spare_pid = self._spares.pop(0)
+        self._unreaped.add(spare_pid)
         try:
           socket.send_fds(channel, [spawn], [*fds, payload_r])
           pid = spare_pid
@@ -550,6 +562,10 @@ class Server:
         self._pid_mark = _last_pid()
         self._alive = {self.zygote_pid, *(pid for _, pid in self._spares), *self._ancestors}
       out = self._handle(req)
+      if out['passed'] and not self._zygote_alive():
+        # Where candidates share the zygote's uid, one can kill its parent: no pass for it.
+        out.update(passed=False, status='crashed', case=0,
+                   detail="the sandbox's zygote (the candidate's parent) died during the run")
     except Exception as e:  # pylint: disable=broad-except
       self._cleanup(())
       out = {'passed': False, 'status': 'sandbox_error', 'detail': f'{type(e).__name__}: {e}',
@@ -815,38 +831,38 @@ class Server:
   # -- cleanup ---------------------------------------------------------------
 
   def _finish(self, pids, timed_out):
-    """Kills everything a run left, reaps `pids`: their wait statuses (None: we killed it)."""
+    """Kills everything a run left, reaps `pids`: their wait statuses (None: we killed it).
+
+    One kill for all: those of `pids` still running are noted, everything is
+    killed and the work dir emptied (one helper where there is a sandbox
+    uid: the server may not signal that uid itself, no CAP_KILL), and then
+    each of `pids` is collected: the judge by this server, the candidate
+    through the zygote, its parent.
+    """
     del timed_out  # Whatever still runs is killed alike.
     if self._counted and self.drop_uid is not None:
       # The zygote's forks before the cleanup helper's: a fixed order of pids. (A zygote of
       # another uid, no candidate can stop; where they share its uid, no helper forks.)
       self._sync_zygote()
-    statuses = {}
+    running = {pid for pid in pids if not _exited(pid)}
+    self._kill_and_empty(pids)
+    statuses = []
     for pid in pids:
-      try:
-        done, status = os.waitpid(pid, os.WNOHANG)
-      except ChildProcessError:
-        done, status = pid, None
-      if done:
-        statuses[pid] = status
-    if len(statuses) < len(pids):
-      # The server may not signal the sandbox uid itself (no CAP_KILL): kill
-      # through the same path as the cleanup, then collect.
-      self._kill_run(pids)
-      for pid in pids:
-        if pid not in statuses:
-          _, status = os.waitpid(pid, 0)
-          killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-          statuses[pid] = None if killed else status
-    self._cleanup(pids)
-    return [statuses[pid] for pid in pids]
+      status = self._collect(pid)
+      killed = (status is not None and os.WIFSIGNALED(status)
+                and os.WTERMSIG(status) == signal.SIGKILL)
+      statuses.append(None if pid in running and killed else status)
+    self._remove_case_dir()
+    return statuses
 
-  def _kill_run(self, pids):
-    """Kills every process of the sandbox identity (or, without one, the runs' sessions)."""
-    if self.drop_uid is not None:
-      self._as_sandbox_uid(lambda: None)
-      return
-    self._kill_sessions(pids, (os.killpg, os.kill))
+  def _collect(self, pid):
+    """The wait status of a run's process once it has exited (None: none to collect)."""
+    if pid in self._unreaped:
+      return self._wait_spare(pid)
+    try:
+      return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+      return None
 
   def _kill_sessions(self, pids, kills):
     """Without a sandbox uid: the strays (alone in a PID namespace), then `pids` by each of
@@ -861,12 +877,16 @@ class Server:
           pass
 
   def _cleanup(self, pids):
-    """Kills every process of the sandbox identity, empties the work dir and removes it.
+    """Kills every process of the sandbox identity, collects the candidates, empties the work
+    dir and removes it (after a request that failed in the server itself)."""
+    self._kill_and_empty(pids)
+    for pid in sorted(self._unreaped):
+      self._wait_spare(pid)
+    self._remove_case_dir()
 
-    A work dir that cannot be removed (a candidate sharing our uid put
-    something else in its place) stays, and the health check, which finds it
-    among the root's entries, replaces this server.
-    """
+  def _kill_and_empty(self, pids):
+    """Kills every process of the sandbox identity (or, without one, the runs' sessions and the
+    strays) and empties the work dir."""
     if self.drop_uid is not None:
       # A helper with the candidates' uid: kill(-1) reaches exactly them.
       self._as_sandbox_uid(lambda: empty_dir(self.case_dir))
@@ -879,6 +899,14 @@ class Server:
           os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
           pass
+
+  def _remove_case_dir(self):
+    """Removes the emptied work dir and reaps every child left.
+
+    A work dir that cannot be removed (a candidate sharing our uid put
+    something else in its place) stays, and the health check, which finds it
+    among the root's entries, replaces this server.
+    """
     try:
       os.rmdir(self.case_dir)
     except OSError:
@@ -1084,6 +1112,44 @@ def _wait_exit(pid, timeout_s):
     return bool(poller.poll(max(1, int(timeout_s * 1000))))
   finally:
     os.close(pidfd)
+
+
+def _exited(pid):
+  """Whether `pid` has exited (reaped or not), without waiting or reaping."""
+  try:
+    pidfd = os.pidfd_open(pid)
+  except ProcessLookupError:
+    return True
+  try:
+    return bool(select.select([pidfd], [], [], 0)[0])
+  finally:
+    os.close(pidfd)
+
+
+def _reap_spares(reaped):
+  """In the zygote: collects every spare that has exited into `reaped` (pid -> wait status)."""
+  while True:
+    try:
+      pid, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+      return
+    if pid == 0:
+      return
+    reaped[pid] = status
+
+
+def _spare_status(msg, reaped):
+  """In the zygote: the answer to b'wait <pid>': the spare's wait status once it has exited."""
+  parts = msg.split()
+  if len(parts) != 2 or parts[0] != b'wait' or not parts[1].isdigit():
+    return b'error'
+  pid = int(parts[1])
+  if pid in reaped:
+    return b'status %d' % reaped.pop(pid)
+  try:
+    return b'status %d' % os.waitpid(pid, 0)[1]
+  except ChildProcessError:
+    return b'status -'
 
 
 def _failure(status, stderr_tail):
@@ -1405,6 +1471,7 @@ def main(argv=None):
   os.close(null)
   for name in _PRELOAD:
     __import__(name)
+  seccomp.prepare()  # Built once here: every child installs the same filter.
   server = Server(args.root, args.drop_uid, args.kill_all)
   framing.write_frame(proto_out, {'ready': True, 'pid': os.getpid()})
   while True:

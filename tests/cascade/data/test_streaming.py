@@ -272,3 +272,31 @@ def test_shards_and_the_prepared_cache_on_gcs(gcs, fakes, tmp_path, monkeypatch,
   [stage_dir] = paths.listdir(cache)
   assert sorted(paths.listdir(paths.join(cache, stage_dir))) == ['items-00000.arrayrecord',
                                                                  'manifest.json']
+
+
+def test_the_batched_preparation_writes_what_one_row_at_a_time_does(fakes, tmp_path, monkeypatch):
+  """The token cache prepares a stage with one batch call per chunk (`make.batch`: the
+  tokenizer library's batch encode): the same shards, byte for byte, and the same malformed
+  count as one `make` per row, also for a chunk that meets a malformed record."""
+  monkeypatch.setattr(token_cache, '_CHUNK', 4)
+  monkeypatch.setattr(stage_data, 'CHECKED_PREFIX', 2)         # the bad row is met preparing
+  pattern = write_shards(tmp_path, [9, 8], bad=(1, 1))
+  plan = _with_sft(fakes.toy_config([dict(fakes.SFT_STAGE, max_len=90)]), pattern)  # responses cut
+  st = plan.stages[0]
+  monkeypatch.setattr(stage_data.readers, 'load', lambda spec, **kw: [])
+
+  def prepared(cache):
+    sd, open_training = _stage_data(fakes, plan, fakes.CharTokenizer(), str(tmp_path / cache))
+    monkeypatch.setattr(stage_data.readers, 'open_dataset', open_training)
+    sd.load()
+    stream = sd.stage_records(st)
+    d = next(p for p in (tmp_path / cache).iterdir() if p.name != 'shards')
+    man = json.loads((d / 'manifest.json').read_text())
+    return stream, {p.name: p.read_bytes() for p in d.glob('items-*')}, man
+
+  batched, shards, man = prepared('batched')
+  assert man['malformed'] == 1 and man['kept'] == 16
+  monkeypatch.setattr(type(st), 'tokenize_batch', lambda self, tok: None)
+  _, one_by_one, man_one = prepared('one_by_one')
+  assert shards == one_by_one and man_one['malformed'] == 1
+  assert any(len(batched.source[i][0]) == 90 for i in range(17) if i != 10)   # some were cut
