@@ -596,7 +596,9 @@ def _run_tree(tree: str, overlay: str | None) -> dict:
           f'--prompts={_PROMPTS.value}', f'--group_size={_G.value}',
           f'--new_tokens={_NEW_TOKENS.value}', f'--prompt_len={_PROMPT_LEN.value}',
           f'--seed={_SEED.value}', f'--scan_layers={_SCAN_LAYERS.value}']
-  done = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, check=False)
+  # `python -m` puts the working directory first on the path: the overlay's, for an older tree.
+  done = subprocess.run(args, cwd=overlay or tree, env=env, capture_output=True, text=True,
+                        check=False)
   if done.returncode:
     raise RuntimeError(f'{tree}: benchmark run failed ({done.returncode}):\n'
                        f'{done.stderr[-3000:]}')
