@@ -2,6 +2,21 @@
 
   .venv/bin/python -m benchmarks.grpo_step
   .venv/bin/python -m benchmarks.grpo_step --compare_trl     # needs setup.py's [bench] extra
+  python -m benchmarks.grpo_step --pair_with=27d9422 --pairs=3 --steps=6 \
+      --doc=docs/benchmarks/grpo_step.md                     # old code against new
+
+The fixed workload's step runs through the stage loop by default (--step=loop:
+`cascade.kinds.loop.train_stage` in a temporary workdir, with its divergence
+check, metrics log behind the workdir lock's check, checkpoint cadence and
+preemption check), each step followed by the bare programs of the same work
+(`benchmarks/floor.py`) so that the ratio compares neighbours in time; the
+loop's step clock (`foundation.step_clock`) splits the step into program and
+host time by part, and the JSON line carries host_s, program_s, parts_s,
+bare_s, x_bare and x_bare_paired besides the keys below. --step=direct (and
+--compare_trl) calls the sampler, the reward and the train step one after
+another, as before. --pair_with=COMMIT (or a checkout's directory) runs
+--step=loop with this file's code on that commit's tree and on this one,
+alternately, --pairs times each, and --doc writes the page.
 
 --scan_layers=true|false forces our model's layer scan (default 'auto': a loop on
 CPU, see models/config.py) to compare the two.
@@ -121,8 +136,9 @@ _CKPT_EVERY = flags.DEFINE_integer('ckpt_every', 0, "--step=loop: config.ckpt.ev
                                    '(0: the stage checkpoints at its end only).')
 _DOC = flags.DEFINE_string('doc', None, 'With --pair_with: write the page (markdown) here.')
 _PAIR_WITH = flags.DEFINE_string(
-    'pair_with', None, 'A checkout of an older commit: run this benchmark (--step=loop, this '
-    "file's code) on it and on this tree alternately, --pairs times each, and compare.")
+    'pair_with', None, 'An older commit of this repository (or a checkout of one): run this '
+    "benchmark (--step=loop, this file's code) on its tree and on this one alternately, "
+    '--pairs times each, and compare.')
 _PAIRS = flags.DEFINE_integer('pairs', 3, 'With --pair_with: runs per tree.')
 
 _SCAN_LAYERS = flags.DEFINE_enum('scan_layers', 'auto', ['auto', 'true', 'false'],
@@ -610,10 +626,27 @@ def _commit(tree: str) -> str:
                         text=True, check=False).stdout.strip() or '?'
 
 
-def pairs(old_tree: str) -> None:
-  """--pair_with: this benchmark's --step=loop on `old_tree` and on this tree, alternately
-  (old, new, new, old, old, new, ...), --pairs runs each; prints and (--doc) writes the page."""
+def _old_tree(old: str, new_tree: str) -> str:
+  """`old` itself when it is a directory, else the tree of commit `old` of `new_tree`'s
+  repository, extracted into a temporary directory (`git archive`)."""
+  if os.path.isdir(old):
+    return old
+  out = tempfile.mkdtemp(prefix=f'grpo_bench_{old}_')
+  archive = subprocess.run(['git', '-C', new_tree, 'archive', old], capture_output=True,
+                           check=False)
+  if archive.returncode:
+    raise SystemExit(f'--pair_with={old}: neither a directory nor a commit of {new_tree} '
+                     f'({archive.stderr.decode().strip()})')
+  subprocess.run(['tar', '-x', '-C', out], input=archive.stdout, check=True)
+  return out
+
+
+def pairs(old: str) -> None:
+  """--pair_with: this benchmark's --step=loop on the older tree `old` and on this tree,
+  alternately (old, new, new, old, old, new, ...), --pairs runs each; prints and (--doc)
+  writes the page."""
   new_tree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  old_tree = _old_tree(old, new_tree)
   overlay = tempfile.mkdtemp(prefix='grpo_bench_overlay_')
   os.makedirs(f'{overlay}/benchmarks')
   for name in ('__init__.py', 'grpo_step.py', 'floor.py', 'host.py'):
@@ -638,7 +671,8 @@ def pairs(old_tree: str) -> None:
              for side, rs in runs.items()}
   summary['new_over_old'] = med(n['s_per_step'] / o['s_per_step']
                                 for n, o in zip(runs['new'], runs['old']))
-  summary.update(commits=dict(old=_commit(old_tree), new=_commit(new_tree)),
+  summary.update(commits=dict(old=old if old_tree != old else _commit(old_tree),
+                              new=_commit(new_tree)),
                  uptimes=uptimes, runs=runs)
   print(f'medians: old {summary["old"]["s_per_step"] * 1e3:.1f} ms/step (x bare '
         f'{summary["old"]["x_bare"]:.2f}), new {summary["new"]["s_per_step"] * 1e3:.1f} ms/step '
@@ -661,14 +695,11 @@ def page(summary: dict) -> str:
   lines = [
       '# The GRPO step: stage loop against its bare programs, old and new code',
       '',
-      'Written by `benchmarks/grpo_step.py --pair_with` (do not edit by hand):',
+      f'Written by `benchmarks/grpo_step.py` on {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}: '
+      f'`{" ".join(["python -m benchmarks.grpo_step"] + sys.argv[1:])}` on {os.cpu_count()} '
+      f'cores of {host.cpu_name()}, jax {jax.__version__} on {jax.devices()[0].platform}, at '
+      f'nice {os.nice(0)} (the runs inherit it).',
       '',
-      '```',
-      ' '.join(['python -m benchmarks.grpo_step'] + sys.argv[1:]),
-      '```',
-      '',
-      f'- date: {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}; host: {host.cpu_name()}, '
-      f'{os.cpu_count()} cores; jax {jax.__version__} on {jax.devices()[0].platform}',
       f'- old tree: commit {summary["commits"]["old"]}; new tree: commit '
       f'{summary["commits"]["new"]} (this file\'s code drives both; the old tree\'s library)',
       f'- workload: the tiny shape ({_LAYERS.value} layers, embed {_EMBED.value}), '
@@ -711,6 +742,15 @@ def page(summary: dict) -> str:
   programs = set(new[0]['program_parts'])
   for k, v in sorted(parts.items(), key=lambda kv: (kv[0] in programs, -kv[1])):
     lines.append(f'| {k}{" (program)" if k in programs else ""} | {v * 1e3:.2f} |')
+  mean = lambda key: statistics.mean(r[key] for r in new)
+  step, host_ms = mean('s_per_step'), mean('host_s')
+  lines += ['', f'Host time is {100 * host_ms / step:.2f} % of the new step. Its programs '
+            'against the bare programs of the same work (means over the new runs, ms per step):',
+            '', '| program | ms/step | bare ms | x bare |', '|---|---|---|---|']
+  for part, bare_key in (('sampling', 'bare_sample_s'), ('update', 'bare_update_s')):
+    if part in parts:
+      lines.append(f'| {part} | {parts[part] * 1e3:.1f} | {mean(bare_key) * 1e3:.1f} | '
+                   f'{parts[part] / mean(bare_key):.2f} |')
   return '\n'.join(lines) + '\n'
 
 
