@@ -335,6 +335,7 @@ def loop_side(cfg, prompts) -> dict:
       result[k] = med(h[k] for h in timed)
     parts = sorted({k for h in timed for k in h} - {'step_s', 'program_s', 'host_s'})
     result['parts_s'] = {k: statistics.mean(h.get(k, 0.0) for h in timed) for k in parts}
+    result['parts_steps'] = {k: sum(k in h for h in timed) for k in parts}
     result['program_parts'] = sorted(clock.program_parts)
   return result
 
@@ -730,18 +731,25 @@ def page(summary: dict) -> str:
   lines += ['', f'Medians: old {o["s_per_step"] * 1e3:.1f} ms/step, x bare {o["x_bare"]:.2f}; '
             f'new {n["s_per_step"] * 1e3:.1f} ms/step, x bare {n["x_bare"]:.2f}, host time '
             f'{n["host_s"] * 1e3:.2f} ms/step; new / old, run by run: '
-            f'{summary["new_over_old"]:.3f}.', '',
+            f'{summary["new_over_old"]:.3f}. The target, x bare <= 1.25 for the new step: '
+            f'{"met" if n["x_bare"] <= 1.25 else "not met"}.', '',
             '## Host time of the new step, by part', '',
             'Host time is the step\'s wall time outside its jitted programs (their dispatch and '
             'the wait for their results: `foundation.step_clock`); mean ms per step over the '
-            'new runs\' timed steps:', '', '| part | ms/step |', '|---|---|']
-  parts = {}
+            'new runs\' timed steps, and in how many of them the part ran (the checkpoint: '
+            'the stage\'s final one, on its last step; the metrics log flushes TensorBoard\'s '
+            'events every 30 s):', '', '| part | ms/step (mean) | steps with it |',
+            '|---|---|---|']
+  parts, seen = {}, {}
   for r in new:
     for k, v in r['parts_s'].items():
       parts[k] = parts.get(k, 0.0) + v / len(new)
+      seen[k] = seen.get(k, 0) + r.get('parts_steps', {}).get(k, r['steps'])
+  total = sum(r['steps'] for r in new)
   programs = set(new[0]['program_parts'])
   for k, v in sorted(parts.items(), key=lambda kv: (kv[0] in programs, -kv[1])):
-    lines.append(f'| {k}{" (program)" if k in programs else ""} | {v * 1e3:.2f} |')
+    lines.append(f'| {k}{" (program)" if k in programs else ""} | {v * 1e3:.2f} | '
+                 f'{seen[k]} of {total} |')
   mean = lambda key: statistics.mean(r[key] for r in new)
   step, host_ms = mean('s_per_step'), mean('host_s')
   lines += ['', f'Host time is {100 * host_ms / step:.2f} % of the new step. Its programs '
