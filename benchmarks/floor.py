@@ -279,7 +279,16 @@ def _median_seconds(fn, repeats: int) -> float:
 
 def xla_decode_loop(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: int, *,
                     attention: bool = True, repeats: int = 3) -> float:
-  """Median seconds of a bare jitted generation with the model's shapes on this backend.
+  """Median seconds of a bare jitted generation with the model's shapes on this backend
+  (`xla_decode_loop_fn`'s program)."""
+  return _median_seconds(xla_decode_loop_fn(cfg, batch, prompt, new, attention=attention),
+                         repeats)
+
+
+def xla_decode_loop_fn(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: int, *,
+                       attention: bool = True):
+  """A bare jitted generation with the model's shapes on this backend, as a function of no
+  arguments that runs it once (compiled at its first call; wait for its result to time it).
 
   What the compiler itself reaches for the work the floor counts, with none of the
   model's other parts (no norms, RoPE, sampling or bookkeeping): random float32
@@ -348,11 +357,18 @@ def xla_decode_loop(cfg: config_lib.ModelConfig, batch: int, prompt: int, new: i
 
   weights = _bare_weights(cfg, np.random.default_rng(0))
   tokens = jnp.zeros((batch, prompt), jnp.int32)
-  return _median_seconds(lambda: run(weights, tokens), repeats)
+  return lambda: run(weights, tokens)
 
 
 def xla_update(cfg: config_lib.ModelConfig, rows: int, width: int, *, repeats: int = 3) -> float:
-  """Median seconds of a bare jitted forward + backward of the model's matmuls on this backend.
+  """Median seconds of a bare jitted forward + backward of the model's matmuls on this backend
+  (`xla_update_fn`'s program)."""
+  return _median_seconds(xla_update_fn(cfg, rows, width), repeats)
+
+
+def xla_update_fn(cfg: config_lib.ModelConfig, rows: int, width: int):
+  """A bare jitted forward + backward of the model's matmuls on this backend, as a function of
+  no arguments that runs it once (compiled at its first call).
 
   The update's work without the model's other parts: random float32 weights of the
   model's shapes, `rows` x `width` tokens through every sublayer's matmuls
@@ -373,4 +389,4 @@ def xla_update(cfg: config_lib.ModelConfig, rows: int, width: int, *, repeats: i
     return -jnp.mean(jnp.take_along_axis(logp, jnp.roll(tokens, -1)[:, None], 1))
 
   grad = jax.jit(jax.grad(loss))
-  return _median_seconds(lambda: grad(weights, tokens), repeats)
+  return lambda: grad(weights, tokens)

@@ -2,6 +2,21 @@
 
   .venv/bin/python -m benchmarks.grpo_step
   .venv/bin/python -m benchmarks.grpo_step --compare_trl     # needs setup.py's [bench] extra
+  python -m benchmarks.grpo_step --pair_with=27d9422 --pairs=3 --steps=6 \
+      --doc=docs/benchmarks/grpo_step.md                     # old code against new
+
+The fixed workload's step runs through the stage loop by default (--step=loop:
+`cascade.kinds.loop.train_stage` in a temporary workdir, with its divergence
+check, metrics log behind the workdir lock's check, checkpoint cadence and
+preemption check), each step followed by the bare programs of the same work
+(`benchmarks/floor.py`) so that the ratio compares neighbours in time; the
+loop's step clock (`foundation.step_clock`) splits the step into program and
+host time by part, and the JSON line carries host_s, program_s, parts_s,
+bare_s, x_bare and x_bare_paired besides the keys below. --step=direct (and
+--compare_trl) calls the sampler, the reward and the train step one after
+another, as before. --pair_with=COMMIT (or a checkout's directory) runs
+--step=loop with this file's code on that commit's tree and on this one,
+alternately, --pairs times each, and --doc writes the page.
 
 --scan_layers=true|false forces our model's layer scan (default 'auto': a loop on
 CPU, see models/config.py) to compare the two.
@@ -45,11 +60,15 @@ longtail the two sides' medians and engine_speedup).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import types
 
 from absl import app
 from absl import flags
@@ -60,6 +79,14 @@ from flax import nnx
 
 from benchmarks import floor
 from benchmarks import host
+from cascade import config as cascade_config
+from cascade import kinds
+from cascade import lock
+from cascade import metrics as metrics_lib
+from cascade import policies as policies_lib
+from cascade.data import readers
+from cascade.kinds import base as kinds_base
+from cascade.kinds import loop
 from models import config as config_lib
 from models import transformer
 from rl import batch as batch_lib
@@ -68,6 +95,11 @@ from rl import engine_options
 from rl import grpo
 from rl import sampler as sampler_lib
 from rl import train_step as train_lib
+
+try:                                    # the step's parts (absent from trees older than it)
+  from foundation import step_clock
+except ImportError:
+  step_clock = None
 
 _LAYERS = flags.DEFINE_integer('layers', 2, 'Transformer blocks.')
 _EMBED = flags.DEFINE_integer('embed', 192, 'Residual width.')
@@ -94,6 +126,21 @@ _PACK_TOKENS = flags.DEFINE_integer('pack_tokens', 0,
                                     'response, one padded row\'s width).')
 
 
+_STEP = flags.DEFINE_enum(
+    'step', 'loop', ['loop', 'direct'],
+    "Fixed workload: 'loop' runs the step as a GRPO stage does (cascade.kinds.loop.train_stage "
+    "with its divergence check, metrics log behind the workdir lock's check, checkpoint cadence "
+    "and preemption check, in a temporary workdir); 'direct' calls the sampler, the reward and "
+    "the train step one after another (--compare_trl uses it).")
+_CKPT_EVERY = flags.DEFINE_integer('ckpt_every', 0, "--step=loop: config.ckpt.every_n_steps "
+                                   '(0: the stage checkpoints at its end only).')
+_DOC = flags.DEFINE_string('doc', None, 'With --pair_with: write the page (markdown) here.')
+_PAIR_WITH = flags.DEFINE_string(
+    'pair_with', None, 'An older commit of this repository (or a checkout of one): run this '
+    "benchmark (--step=loop, this file's code) on its tree and on this one alternately, "
+    '--pairs times each, and compare.')
+_PAIRS = flags.DEFINE_integer('pairs', 3, 'With --pair_with: runs per tree.')
+
 _SCAN_LAYERS = flags.DEFINE_enum('scan_layers', 'auto', ['auto', 'true', 'false'],
                                  "Our model's ModelConfig.scan_layers ('auto': a Python loop "
                                  'over the blocks on CPU, a scan elsewhere).')
@@ -101,12 +148,16 @@ _SCAN_LAYERS = flags.DEFINE_enum('scan_layers', 'auto', ['auto', 'true', 'false'
 GRPO_LOSS = train_lib.LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)
 
 
-def _model_config() -> config_lib.ModelConfig:
+def _model_overrides() -> dict:
+  """The flags' model shape as overrides of the 'tiny' preset."""
   scan = {'auto': 'auto', 'true': True, 'false': False}[_SCAN_LAYERS.value]
-  return config_lib.ModelConfig.tiny(
-      num_layers=_LAYERS.value, embed_dim=_EMBED.value, num_heads=_HEADS.value,
-      head_dim=_HEAD_DIM.value, num_kv_heads=_KV_HEADS.value, mlp_dim=_MLP.value,
-      vocab_size=_VOCAB.value, scan_layers=scan)
+  return dict(num_layers=_LAYERS.value, embed_dim=_EMBED.value, num_heads=_HEADS.value,
+              head_dim=_HEAD_DIM.value, num_kv_heads=_KV_HEADS.value, mlp_dim=_MLP.value,
+              vocab_size=_VOCAB.value, scan_layers=scan)
+
+
+def _model_config() -> config_lib.ModelConfig:
+  return config_lib.ModelConfig.tiny(**_model_overrides())
 
 
 def reward(tokens: np.ndarray, mask: np.ndarray, target: int) -> np.ndarray:
@@ -147,6 +198,147 @@ class _Ours:
     assert np.all(out.lengths == _NEW_TOKENS.value) and np.isfinite(loss)
     return dict(step=t3 - t0, sample=t1 - t0, score=t2 - t1, update=t3 - t2,
                 reward=float(rewards.mean()))
+
+
+_LOOP_RECORDS = 4096
+
+
+def _loop_plan(workdir: str, steps: int):
+  """A validated one-stage GRPO plan of the fixed workload (the benchmark's model shape,
+  prompts x G x new tokens, its optimizer); its dataset is never read."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  del workdir
+  c = ml_collections.ConfigDict()
+  c.seed = _SEED.value
+  c.model = dict(preset='tiny', overrides=_model_overrides())
+  c.tokenizer = dict(path='/nonexistent/tok.model')
+  c.mesh = dict(shape=None)
+  c.sampler = dict()
+  c.ckpt = dict(every_n_steps=_CKPT_EVERY.value, keep=2)
+  c.eval = dict(num_samples=1, temperature=1.0, top_p=1.0, max_new_tokens=8, max_prompt_len=64,
+                num_prompts=0, batch_size=8)
+  c.datasets = dict(prompts=dict(path='/nonexistent/prompts.jsonl', format='prompt',
+                                 domain='bench'))
+  c.domains = dict(bench=dict(verifier='math', train='prompts', eval='prompts'))
+  c.stages = [dict(name='grpo', kind='grpo', domains=['bench'], steps=steps,
+                   optimizer=dict(lr=_LR.value, clip_norm=1.0),
+                   prompts_per_step=_PROMPTS.value, group_size=_G.value,
+                   max_prompt_len=_PROMPT_LEN.value, max_response_len=_NEW_TOKENS.value,
+                   temperature=1.0, dynamic_filter=False)]
+  return cascade_config.validate(c, known_verifiers=['math'], known_formats={'prompt': 'prompt'})
+
+
+def _clock_kw(clock) -> dict:
+  """`clock=` for the sampler, where this tree's sampler takes one."""
+  return {} if clock is None else dict(clock=clock)
+
+
+class _Bare:
+  """The fixed workload's sampling and update as bare jitted programs (`benchmarks.floor`),
+  each run once per call and timed, compiled first."""
+
+  def __init__(self, cfg):
+    rows, width = _PROMPTS.value * _G.value, _PROMPT_LEN.value + _NEW_TOKENS.value
+    self.fns = dict(sample=floor.xla_decode_loop_fn(cfg, rows, _PROMPT_LEN.value,
+                                                    _NEW_TOKENS.value),
+                    update=floor.xla_update_fn(cfg, rows, width))
+    self.times = {k: [] for k in self.fns}
+    for fn in self.fns.values():
+      jax.block_until_ready(fn())
+
+  def __call__(self) -> None:
+    for name, fn in self.fns.items():
+      t = time.perf_counter()
+      jax.block_until_ready(fn())
+      self.times[name].append(time.perf_counter() - t)
+
+
+def loop_side(cfg, prompts) -> dict:
+  """The fixed workload's GRPO step through the stage loop (`cascade.kinds.loop.train_stage`)
+  in a temporary workdir: one warm-up step, then --steps timed ones, each followed by the bare
+  programs of the same work (run from the loop's step-end hook, outside the step's time).
+
+  A step is timed from the end of the previous one's hook to the start of its own: everything
+  the loop does for it (batch, update, divergence check, metrics log, checkpoint when due,
+  preemption check). Where this tree has `foundation.step_clock`, the loop's clock also splits
+  it into program and host time by part.
+  """
+  workdir = tempfile.mkdtemp(prefix='grpo_bench_loop_')
+  plan = _loop_plan(workdir, _STEPS.value + 1)
+  stage = plan.stages[0]
+  clock = step_clock.StepClock() if step_clock is not None else None
+  held = lock.take(workdir)
+  writer = metrics_lib.Writer(workdir, plan=plan, before_write=held.check)
+  ctx = types.SimpleNamespace(
+      plan=plan, workdir=workdir, mesh=None, rules=plan.rules, writer=writer,
+      policies=policies_lib.Policies(plan, workdir, None, plan.rules),
+      data=types.SimpleNamespace(validation_sets={}), clock=clock)
+  graphdef = ctx.policies.graphdef('policy')
+  sampler = sampler_lib.Sampler(graphdef, cfg, eos_ids=(), pad_id=0,
+                                prompt_buckets=(_PROMPT_LEN.value,))
+  sp = sampler_lib.SamplingParams(temperature=1.0, max_new_tokens=_NEW_TOKENS.value)
+  # The prompts repeated into a data set of a real stage's size: grain's shuffle of a few records
+  # costs milliseconds per record (its index shuffle walks a far larger domain), of thousands
+  # microseconds. Every step draws prompts_per_step of them: the same work as the fixed prompts.
+  records = [{'prompt_ids': p} for p in prompts] * max(1, _LOOP_RECORDS // len(prompts))
+
+  def maker_fn(state):
+    del state
+    loader = readers.Loader(records, kinds_base.stage_seed(plan.seed, stage.index),
+                            stage.prompts_per_step)
+
+    def make(step, rng, state):
+      del step
+      ids = [r['prompt_ids'] for r in loader.next()]
+      out = sampler.generate(state.params, ids, rng, sp, num_samples=_G.value,
+                             **_clock_kw(clock))
+      part = clock.part if clock is not None else (lambda name: contextlib.nullcontext())
+      with part('reward'):
+        rewards = reward(out.tokens, out.mask, _TARGET.value)
+      with part('advantages + train batch'):
+        batch = batch_lib.from_samples(out, grpo.advantages(rewards, _G.value))
+      assert np.all(out.lengths == _NEW_TOKENS.value)
+      return [batch], {'reward_mean': float(rewards.mean())}
+    return loop.BatchMaker(loader, make)
+
+  bare = _Bare(cfg)
+  ends, starts = [], [time.perf_counter()]
+
+  def between_steps(stage_name, step, saved, ckpts):
+    del stage_name, step, saved, ckpts
+    ends.append(time.perf_counter())
+    bare()
+    starts.append(time.perf_counter())
+
+  loop.STEP_END_HOOKS.append(between_steps)
+  try:
+    loop.train_stage(ctx, kinds.get('grpo'), stage, maker_fn)
+  finally:
+    loop.STEP_END_HOOKS.remove(between_steps)
+    ctx.policies.close()
+    writer.close()
+    held.release()
+  steps = [e - s for s, e in zip(starts, ends)][1:]          # after the warm-up step
+  bare_times = {k: v[1:] for k, v in bare.times.items()}
+  med = statistics.median
+  result = dict(step='loop', s_per_step=med(steps), steps=len(steps),
+                bare_sample_s=med(bare_times['sample']), bare_update_s=med(bare_times['update']),
+                first_step_s=ends[0] - starts[0])
+  result['bare_s'] = result['bare_sample_s'] + result['bare_update_s']
+  result['x_bare'] = result['s_per_step'] / result['bare_s']
+  # Each step over the bare programs that ran right after it: load shifts cancel pairwise.
+  result['x_bare_paired'] = med(s / (a + b) for s, a, b in zip(steps, bare_times['sample'],
+                                                                bare_times['update']))
+  if clock is not None:
+    timed = clock.history[1:]
+    for k in ('host_s', 'program_s'):
+      result[k] = med(h[k] for h in timed)
+    parts = sorted({k for h in timed for k in h} - {'step_s', 'program_s', 'host_s'})
+    result['parts_s'] = {k: statistics.mean(h.get(k, 0.0) for h in timed) for k in parts}
+    result['parts_steps'] = {k: sum(k in h for h in timed) for k in parts}
+    result['program_parts'] = sorted(clock.program_parts)
+  return result
+
 
 
 class _TRL:
@@ -308,6 +500,8 @@ def longtail(cfg, model, prompts):
 
 def main(argv):
   del argv
+  if _PAIR_WITH.value:
+    return pairs(_PAIR_WITH.value)
   load_before = os.getloadavg()
   cfg = _model_config()
   model = transformer.create(cfg, seed=_SEED.value)
@@ -323,6 +517,8 @@ def main(argv):
 
   if _WORKLOAD.value == 'longtail':
     return longtail(cfg, model, prompts)
+  if _STEP.value == 'loop' and not _COMPARE_TRL.value:
+    return loop_main(cfg, prompts, load_before)
   ours = _Ours(cfg, model, prompts)
   first = ours()                                    # compiles the sampler and the step
   runs = []
@@ -372,6 +568,198 @@ def main(argv):
   result.update(xla_sample_s=bare_sample, xla_update_s=bare_update)
   host.print_load_warning(load_before)
   print(json.dumps(result))
+
+
+def loop_main(cfg, prompts, load_before) -> None:
+  """--step=loop: prints the step through the stage loop beside its bare programs, its host
+  time by part, its floor, and the JSON line."""
+  result = loop_side(cfg, prompts)
+  result.update(prompts=_PROMPTS.value, group_size=_G.value, new_tokens=_NEW_TOKENS.value,
+                layers_scanned=cfg.scans_layers, xla_sample_s=result['bare_sample_s'],
+                xla_update_s=result['bare_update_s'])
+  print(f'\n{"":<30} {"s/step":>8} {"program s":>10} {"host s":>8} {"bare s":>8} '
+        f'{"x bare":>7}')
+  print(f'{"cascade GRPO step (stage loop)":<30} {result["s_per_step"]:8.3f} '
+        f'{result.get("program_s", float("nan")):10.3f} {result.get("host_s", float("nan")):8.4f} '
+        f'{result["bare_s"]:8.3f} {result["x_bare"]:7.2f}')
+  print(f'x bare per step, each beside the bare programs run right after it (median): '
+        f'{result["x_bare_paired"]:.2f}')
+  if 'parts_s' in result:
+    host_parts = {k: v for k, v in result['parts_s'].items() if k not in result['program_parts']}
+    print('host time by part (ms per step, mean): ' + ', '.join(
+        f'{k} {v * 1e3:.2f}' for k, v in sorted(host_parts.items(), key=lambda kv: -kv[1])))
+    print('program time by part (ms per step, mean): ' + ', '.join(
+        f'{k} {result["parts_s"][k] * 1e3:.1f}' for k in result['program_parts']))
+  print(f'first step (compile + run): {result["first_step_s"]:.2f} s')
+  rows = _PROMPTS.value * _G.value
+  result.update(_step_floor(cfg, rows, [_PROMPT_LEN.value] * rows, [_NEW_TOKENS.value] * rows,
+                            result['s_per_step']))
+  print(f'this backend\'s bare programs of the same work, run between the steps: sampling '
+        f'{result["bare_sample_s"] * 1e3:.1f} ms ({result["bare_sample_s"] / result["floor_sample_s"]:.1f}x '
+        f'its floor), update {result["bare_update_s"] * 1e3:.1f} ms '
+        f'({result["bare_update_s"] / result["floor_update_s"]:.1f}x its floor, without attention '
+        'or the optimizer)')
+  host.print_load_warning(load_before)
+  print(json.dumps(result))
+
+
+def _run_tree(tree: str, overlay: str | None) -> dict:
+  """One `--step=loop` run of this file's code on `tree` (its library; `overlay` holds this
+  tree's benchmarks package, put first on the path for an older tree): its JSON line."""
+  path = [overlay, tree] if overlay else [tree]
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+  args = [sys.executable, '-m', 'benchmarks.grpo_step', '--step=loop',
+          f'--steps={_STEPS.value}', f'--ckpt_every={_CKPT_EVERY.value}',
+          f'--prompts={_PROMPTS.value}', f'--group_size={_G.value}',
+          f'--new_tokens={_NEW_TOKENS.value}', f'--prompt_len={_PROMPT_LEN.value}',
+          f'--seed={_SEED.value}', f'--scan_layers={_SCAN_LAYERS.value}']
+  # `python -m` puts the working directory first on the path: the overlay's, for an older tree.
+  done = subprocess.run(args, cwd=overlay or tree, env=env, capture_output=True, text=True,
+                        check=False)
+  if done.returncode:
+    raise RuntimeError(f'{tree}: benchmark run failed ({done.returncode}):\n'
+                       f'{done.stderr[-3000:]}')
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _commit(tree: str) -> str:
+  return subprocess.run(['git', '-C', tree, 'rev-parse', '--short', 'HEAD'], capture_output=True,
+                        text=True, check=False).stdout.strip() or '?'
+
+
+def _old_tree(old: str, new_tree: str) -> str:
+  """`old` itself when it is a directory, else the tree of commit `old` of `new_tree`'s
+  repository, extracted into a temporary directory (`git archive`)."""
+  if os.path.isdir(old):
+    return old
+  out = tempfile.mkdtemp(prefix=f'grpo_bench_{old}_')
+  archive = subprocess.run(['git', '-C', new_tree, 'archive', old], capture_output=True,
+                           check=False)
+  if archive.returncode:
+    raise SystemExit(f'--pair_with={old}: neither a directory nor a commit of {new_tree} '
+                     f'({archive.stderr.decode().strip()})')
+  subprocess.run(['tar', '-x', '-C', out], input=archive.stdout, check=True)
+  return out
+
+
+def pairs(old: str) -> None:
+  """--pair_with: this benchmark's --step=loop on the older tree `old` and on this tree,
+  alternately (old, new, new, old, old, new, ...), --pairs runs each; prints and (--doc)
+  writes the page."""
+  new_tree = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  old_tree = _old_tree(old, new_tree)
+  overlay = tempfile.mkdtemp(prefix='grpo_bench_overlay_')
+  os.makedirs(f'{overlay}/benchmarks')
+  for name in ('__init__.py', 'grpo_step.py', 'floor.py', 'host.py'):
+    with open(f'{new_tree}/benchmarks/{name}', encoding='utf-8') as f, open(
+        f'{overlay}/benchmarks/{name}', 'w', encoding='utf-8') as g:
+      g.write(f.read())
+  uptimes = [_uptime()]
+  load_before = os.getloadavg()
+  runs = {'old': [], 'new': []}
+  for i in range(_PAIRS.value):
+    for side in (('old', 'new') if i % 2 == 0 else ('new', 'old')):
+      r = (_run_tree(old_tree, overlay) if side == 'old' else _run_tree(new_tree, None))
+      runs[side].append(r)
+      print(f'pair {i + 1} {side}: {r["s_per_step"] * 1e3:.1f} ms/step, bare '
+            f'{r["bare_s"] * 1e3:.1f} ms, x bare {r["x_bare_paired"]:.2f}'
+            + (f', host {r["host_s"] * 1e3:.1f} ms' if 'host_s' in r else ''), flush=True)
+      uptimes.append(_uptime())
+  med = statistics.median
+  summary = {side: dict(s_per_step=med(r['s_per_step'] for r in rs),
+                        x_bare=med(r['x_bare_paired'] for r in rs),
+                        host_s=med(r['host_s'] for r in rs) if 'host_s' in rs[0] else None)
+             for side, rs in runs.items()}
+  summary['new_over_old'] = med(n['s_per_step'] / o['s_per_step']
+                                for n, o in zip(runs['new'], runs['old']))
+  summary.update(commits=dict(old=old if old_tree != old else _commit(old_tree),
+                              new=_commit(new_tree)),
+                 uptimes=uptimes, runs=runs)
+  print(f'medians: old {summary["old"]["s_per_step"] * 1e3:.1f} ms/step (x bare '
+        f'{summary["old"]["x_bare"]:.2f}), new {summary["new"]["s_per_step"] * 1e3:.1f} ms/step '
+        f'(x bare {summary["new"]["x_bare"]:.2f}); new / old per pair {summary["new_over_old"]:.3f}')
+  if _DOC.value:
+    with open(_DOC.value, 'w', encoding='utf-8') as f:
+      f.write(page(summary))
+    print(f'wrote {_DOC.value}')
+  host.print_load_warning(load_before)
+  print(json.dumps({k: v for k, v in summary.items() if k != 'runs'}))
+
+
+def _uptime() -> str:
+  return subprocess.run(['uptime'], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def page(summary: dict) -> str:
+  """The markdown page of a --pair_with run."""
+  new = summary['runs']['new']
+  lines = [
+      '# The GRPO step: stage loop against its bare programs, old and new code',
+      '',
+      f'Written by `benchmarks/grpo_step.py` on {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}: '
+      f'`{" ".join(["python -m benchmarks.grpo_step"] + sys.argv[1:])}` on {os.cpu_count()} '
+      f'cores of {host.cpu_name()}, jax {jax.__version__} on {jax.devices()[0].platform}, at '
+      f'nice {os.nice(0)} (the runs inherit it).',
+      '',
+      f'- old tree: commit {summary["commits"]["old"]}; new tree: commit '
+      f'{summary["commits"]["new"]} (this file\'s code drives both; the old tree\'s library)',
+      f'- workload: the tiny shape ({_LAYERS.value} layers, embed {_EMBED.value}), '
+      f'{_PROMPTS.value} prompts x {_G.value} samples x {_NEW_TOKENS.value} new tokens, prompt '
+      f'{_PROMPT_LEN.value}; the step as a GRPO stage runs it (`cascade.kinds.loop.train_stage`: '
+      'sampling, reward, advantages, the update, the divergence check, the metrics log behind the '
+      'workdir lock\'s check, the preemption check; checkpoints '
+      + (f'every {_CKPT_EVERY.value} steps' if _CKPT_EVERY.value else 'at the stage end only')
+      + f'), {_STEPS.value} timed steps per run after one warm-up step',
+      '- bare programs: the same sampling and update as bare jitted programs '
+      '(`benchmarks/floor.py`: no norms, RoPE or sampling; the update without attention or the '
+      'optimizer), run right after each step; x bare = step / (bare sampling + bare update), '
+      'the median over steps of each step against the bare programs beside it',
+      '- runs alternate old, new, new, old, ... so load from other work hits both alike; the '
+      'load average (uptime) before the first run and after each:',
+      '',
+  ]
+  lines += [f'  - `{u}`' for u in summary['uptimes']]
+  lines += ['', '| run | tree | ms/step | bare ms | x bare | host ms/step |',
+            '|---|---|---|---|---|---|']
+  for i in range(_PAIRS.value):
+    for side in ('old', 'new'):
+      r = summary['runs'][side][i]
+      host_ms = f'{r["host_s"] * 1e3:.2f}' if 'host_s' in r else 'not split (no step clock)'
+      lines.append(f'| {i + 1} | {side} | {r["s_per_step"] * 1e3:.1f} | {r["bare_s"] * 1e3:.1f} '
+                   f'| {r["x_bare_paired"]:.2f} | {host_ms} |')
+  o, n = summary['old'], summary['new']
+  lines += ['', f'Medians: old {o["s_per_step"] * 1e3:.1f} ms/step, x bare {o["x_bare"]:.2f}; '
+            f'new {n["s_per_step"] * 1e3:.1f} ms/step, x bare {n["x_bare"]:.2f}, host time '
+            f'{n["host_s"] * 1e3:.2f} ms/step; new / old, run by run: '
+            f'{summary["new_over_old"]:.3f}. The target, x bare <= 1.25 for the new step: '
+            f'{"met" if n["x_bare"] <= 1.25 else "not met"}.', '',
+            '## Host time of the new step, by part', '',
+            'Host time is the step\'s wall time outside its jitted programs (their dispatch and '
+            'the wait for their results: `foundation.step_clock`); mean ms per step over the '
+            'new runs\' timed steps, and in how many of them the part ran (the checkpoint: '
+            'the stage\'s final one, on its last step; the metrics log flushes TensorBoard\'s '
+            'events every 30 s):', '', '| part | ms/step (mean) | steps with it |',
+            '|---|---|---|']
+  parts, seen = {}, {}
+  for r in new:
+    for k, v in r['parts_s'].items():
+      parts[k] = parts.get(k, 0.0) + v / len(new)
+      seen[k] = seen.get(k, 0) + r.get('parts_steps', {}).get(k, r['steps'])
+  total = sum(r['steps'] for r in new)
+  programs = set(new[0]['program_parts'])
+  for k, v in sorted(parts.items(), key=lambda kv: (kv[0] in programs, -kv[1])):
+    lines.append(f'| {k}{" (program)" if k in programs else ""} | {v * 1e3:.2f} | '
+                 f'{seen[k]} of {total} |')
+  mean = lambda key: statistics.mean(r[key] for r in new)
+  step, host_ms = mean('s_per_step'), mean('host_s')
+  lines += ['', f'Host time is {100 * host_ms / step:.2f} % of the new step. Its programs '
+            'against the bare programs of the same work (means over the new runs, ms per step):',
+            '', '| program | ms/step | bare ms | x bare |', '|---|---|---|---|']
+  for part, bare_key in (('sampling', 'bare_sample_s'), ('update', 'bare_update_s')):
+    if part in parts:
+      lines.append(f'| {part} | {parts[part] * 1e3:.1f} | {mean(bare_key) * 1e3:.1f} | '
+                   f'{parts[part] / mean(bare_key):.2f} |')
+  return '\n'.join(lines) + '\n'
 
 
 def _step_floor(cfg, rows: int, prompt_lens, new_lens, measured: float) -> dict:

@@ -32,6 +32,7 @@ import numpy as np
 from cascade import distributed
 from foundation import chat
 from foundation import chat_template
+from foundation import step_clock
 from rl import sampler as sampler_lib
 
 
@@ -100,7 +101,7 @@ class Rollouts(NamedTuple):
 
 def generate(sampler, params, tokenizer, records: Sequence[dict], modes: Sequence,
              rng, sp: sampler_lib.SamplingParams, group_size: int,
-             record_routing: bool = False) -> Rollouts:
+             record_routing: bool = False, clock=step_clock.NULL) -> Rollouts:
   """Samples `group_size` completions of every record's prompt.
 
   Args:
@@ -114,15 +115,22 @@ def generate(sampler, params, tokenizer, records: Sequence[dict], modes: Sequenc
     group_size: G.
     record_routing: the samples also carry each token's experts (a mixture-of-experts
       policy's routing replay; `Sampler.generate`).
+    clock: a `foundation.step_clock.StepClock` timing the prompts' tokenization, the sampler
+      (`Sampler.generate`'s parts) and the completions' decoding.
 
   Returns:
     Rollouts with len(records) * G rows.
   """
-  template = chat_template.of(tokenizer)
-  ids = [tokenizer.encode(prompt_text(r, m, template)) for r, m in zip(records, modes)]
+  with clock.part('tokenize prompts'):
+    template = chat_template.of(tokenizer)
+    ids = [tokenizer.encode(prompt_text(r, m, template)) for r, m in zip(records, modes)]
   extra = dict(record_routing=True) if record_routing else {}
-  out = sampler.generate(params, ids, rng, sp, num_samples=group_size, **extra)
-  return from_samples(tokenizer, records, modes, out, group_size)
+  if clock is not step_clock.NULL:
+    extra['clock'] = clock
+  with clock.part('sampler'):
+    out = sampler.generate(params, ids, rng, sp, num_samples=group_size, **extra)
+  with clock.part('decode completions'):
+    return from_samples(tokenizer, records, modes, out, group_size)
 
 
 def from_samples(tokenizer, records: Sequence[dict], modes: Sequence, out, group_size: int

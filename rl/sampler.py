@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from foundation import step_clock
 from models import config as config_lib
 from models import hybrid
 from models import sharding
@@ -703,7 +704,8 @@ class Sampler:
   def generate(self, params, prompts: Sequence[Sequence[int]], rng, sp: SamplingParams,
                num_samples: int = 1, row_limits: Sequence[int] | None = None,
                session: scheduler.Session | None = None,
-               keys: Sequence | None = None, record_routing: bool = False) -> SampleOutput:
+               keys: Sequence | None = None, record_routing: bool = False,
+               clock=step_clock.NULL) -> SampleOutput:
     """Samples `num_samples` completions of every prompt.
 
     Args:
@@ -728,6 +730,10 @@ class Sampler:
         a session's earlier call for the tokens its pages keep, and one more forward of
         each row's last token (`rl.engine.Engine.run`). The tokens are those of a call
         without it.
+      clock: a `foundation.step_clock.StepClock` the one-call path times its parts on
+        ('sampling': each chunk's program and the copy of its rows to the host; 'rollout
+        copy': preparing the weights, the host part); the paged engine's call is timed whole
+        by its caller.
 
     Returns:
       SampleOutput of numpy arrays with len(prompts) * G rows (prompt-major),
@@ -752,6 +758,8 @@ class Sampler:
     limits = _row_limits(row_limits, n, sp.max_new_tokens, 'row_limits')
     shape = self.call_shape(n, max(q.size for q in prompts), sp.max_new_tokens)
     extra = dict(record_routing=True) if record_routing else {}
+    if clock is not step_clock.NULL and self.engine != 'paged':
+      extra['clock'] = clock
     return self._rollout.generate(params, prompts, rng, sp, num_samples, limits, shape,
                                   session=session, keys=keys, **extra)
 
@@ -872,7 +880,7 @@ class _OneCall:
 
   def generate(self, params, prompts, rng, sp: SamplingParams, num_samples: int,
                limits: np.ndarray, shape: tuple[int, int, int], *, session, keys,
-               record_routing: bool = False) -> SampleOutput:
+               record_routing: bool = False, clock=step_clock.NULL) -> SampleOutput:
     """See `Sampler.generate` (prompts checked; `shape` = `Sampler.call_shape`'s)."""
     if session is not None:
       self._refuse('a KV session')
@@ -901,7 +909,8 @@ class _OneCall:
       kw['record_routing'] = True
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
                np.int32(sp.top_k), np.int32(sp.max_new_tokens))
-    params = s.rollout_params(params)
+    with clock.part('rollout copy'):      # dispatches the cast (if any): host time
+      params = s.rollout_params(params)
     row_sh = None
     if s.mesh is not None:
       spec = sharding.logical_to_spec(('batch', None), (c // group, p), s.mesh, s.rules)
@@ -919,9 +928,11 @@ class _OneCall:
         if row_sh is not None:
           chunk_limits = jax.device_put(chunk_limits, jax.sharding.NamedSharding(
               s.mesh, sharding.logical_to_spec(('batch',), (c,), s.mesh, s.rules)))
-        out = self._jit(s.graphdef, params, chunk_tokens, chunk_mask, rng, *scalars,
-                        np.int32(start), chunk_limits, **kw)
-        parts.append(jax.tree.map(sharding.to_host, out))  # the chunk's cache is freed before the next
+        with clock.program('sampling'):
+          out = self._jit(s.graphdef, params, chunk_tokens, chunk_mask, rng, *scalars,
+                          np.int32(start), chunk_limits, **kw)
+          # The chunk's cache is freed before the next.
+          parts.append(jax.tree.map(sharding.to_host, out))
         lens = parts[-1].lengths
         s.decode_slots += int(lens.shape[0]) * int(lens.max())
         s.generated_tokens += int(lens[:max(0, min(c, n - start))].sum())

@@ -47,6 +47,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from foundation import step_clock
 from models import hybrid
 from models import sharding
 from rl import fields
@@ -562,19 +563,24 @@ def _batch_tokens(batch) -> int:
                  for f in batch._fields if f.endswith('segment_ids')))
 
 
-def run_step(train_step, state: TrainState, batch) -> tuple[TrainState, dict]:
+def run_step(train_step, state: TrainState, batch, clock=step_clock.NULL
+             ) -> tuple[TrainState, dict]:
   """Calls a train step, waits for it, and returns host metrics with timing.
 
   Adds 'step_s' (wall time) and 'tokens_per_s' (real tokens through the
-  model per second) to the step's metrics.
+  model per second) to the step's metrics. `clock` (a `foundation.step_clock.StepClock`)
+  times the program (its dispatch and the wait for its metrics) as 'update'.
 
   Returns:
     (new state, {name: float}).
   """
-  tokens = _batch_tokens(batch)
+  with clock.part('update batch'):
+    tokens = _batch_tokens(batch)
   start = time.perf_counter()
-  state, metrics = train_step(state, batch)
-  metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+  with clock.program('update'):
+    state, metrics = train_step(state, batch)
+    metrics = jax.device_get(metrics)
+  metrics = {k: float(v) for k, v in metrics.items()}
   dt = time.perf_counter() - start
   metrics['step_s'] = dt
   metrics['tokens_per_s'] = tokens / dt

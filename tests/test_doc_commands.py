@@ -708,6 +708,8 @@ _RUNS = [
           1800, _writes('docs/benchmarks/evaluate.md'), mark=_SLOW),
     _case('verifiers-page', 'docs/benchmarks/verifiers.md', ['python -m benchmarks.verifiers'],
           900, _check_verifiers_page, mark=_HEAVY, pre=_BWRAP),
+    _case('grpo-step-page', 'docs/benchmarks/grpo_step.md', ['python -m benchmarks.grpo_step'],
+          3 * 3600, _writes('docs/benchmarks/grpo_step.md'), mark=_SLOW),
     _case('context-parallel', 'docs/benchmarks/context_parallel.md',
           ['XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m benchmarks.long_context'],
           3 * 3600, _writes('docs/benchmarks/context_parallel.md'), mark=_SLOW),

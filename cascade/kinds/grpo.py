@@ -37,6 +37,7 @@ from cascade.data import readers
 from cascade.kinds import base
 from cascade.kinds import loop
 from cascade.kinds import rl
+from foundation import step_clock
 from rl import batch as batch_lib
 from rl import grpo as grpo_lib
 from rl import train_step as train_lib
@@ -122,6 +123,7 @@ def train_stage(ctx, stage: Config, kind: base.Kind, draws_cls) -> base.StageRes
   graphdef = ctx.policies.graphdef('policy')
   per_call = base.frozen_rows_per_call(stage.prompts_per_step * stage.group_size,
                                        stage.microbatches)
+  clock = getattr(ctx, 'clock', None) or step_clock.NULL
 
   def maker(state):
     del state
@@ -132,28 +134,32 @@ def train_stage(ctx, stage: Config, kind: base.Kind, draws_cls) -> base.StageRes
     def make(step, rng, state):
       draws = draws_cls(ctx, stage, loader, step, rng, state.params, own_errors)
       rows, rewards, valid, fill = draws.collect()
-      adv = grpo_lib.advantages(rewards, stage.group_size, stage.advantage)
-      valid = rl.loss_valid(stage, step, rows, valid)
-      batch = batch_lib.from_samples(rows['samples'], adv, valid=valid)
+      with clock.part('advantages + train batch'):
+        adv = grpo_lib.advantages(rewards, stage.group_size, stage.advantage)
+        valid = rl.loss_valid(stage, step, rows, valid)
+        batch = batch_lib.from_samples(rows['samples'], adv, valid=valid)
       if ref_params is not None:
-        batch = batch._replace(ref_logprobs=np.asarray(batch_lib.compute_logprobs(
-            graphdef, ref_params, batch, ctx.mesh, ctx.rules, rows_per_call=per_call)))
+        with clock.program('reference forward'):
+          batch = batch._replace(ref_logprobs=np.asarray(batch_lib.compute_logprobs(
+              graphdef, ref_params, batch, ctx.mesh, ctx.rules, rows_per_call=per_call)))
       if _old_trainer_forward(stage):
         # The params that sampled the batch, before any of its updates: every mini-batch's
         # ratios are taken against them (the forward replays routing as the update's does).
-        batch = batch._replace(trainer_logprobs=np.asarray(batch_lib.compute_logprobs(
-            graphdef, state.params, batch, ctx.mesh, ctx.rules, rows_per_call=per_call,
-            replay_routing=stage.routing_replay == 'on')))
-      updates = rl.split_updates(stage, step, ctx.plan.seed, batch)
-      if stage.pack_tokens:
-        # The update follows the real tokens: each mini-batch's sequences packed into rows of
-        # `pack_tokens` (same loss and gradient as the padded rows).
-        # A packed update runs as many microbatches of `microbatch_rows` as it fills.
-        multiple = math.lcm(stage.microbatch_rows, ctx.batch_shards)
-        updates = [batch_lib.pack(u, stage.pack_tokens, rows_multiple=multiple)
-                   for u in updates]
-      host = {**draws.metrics(), **fill, 'rows_with_loss': float(np.mean(valid)),
-              **rl.update_accounting(updates)}
+        with clock.program('old policy forward'):
+          batch = batch._replace(trainer_logprobs=np.asarray(batch_lib.compute_logprobs(
+              graphdef, state.params, batch, ctx.mesh, ctx.rules, rows_per_call=per_call,
+              replay_routing=stage.routing_replay == 'on')))
+      with clock.part('updates: split, pack'):
+        updates = rl.split_updates(stage, step, ctx.plan.seed, batch)
+        if stage.pack_tokens:
+          # The update follows the real tokens: each mini-batch's sequences packed into rows of
+          # `pack_tokens` (same loss and gradient as the padded rows).
+          # A packed update runs as many microbatches of `microbatch_rows` as it fills.
+          multiple = math.lcm(stage.microbatch_rows, ctx.batch_shards)
+          updates = [batch_lib.pack(u, stage.pack_tokens, rows_multiple=multiple)
+                     for u in updates]
+        host = {**draws.metrics(), **fill, 'rows_with_loss': float(np.mean(valid)),
+                **rl.update_accounting(updates)}
       return updates, host
     return loop.BatchMaker(loader, make)
 

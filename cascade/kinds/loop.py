@@ -39,6 +39,7 @@ from cascade import preemption
 from cascade import verifier_errors
 from cascade.data import readers
 from cascade.kinds import base
+from foundation import step_clock
 from models import sharding
 from rl import train_step as train_lib
 
@@ -196,6 +197,8 @@ def train_stage(ctx, kind: base.Kind, stage,
   if val_every and (stage.MODEL != 'policy' or not ctx.data.validation_sets):
     val_every = 0
   bar = metrics_lib.StageBar(stage, step)
+  # Where each step's time goes (`foundation.step_clock`; a context with none times nothing).
+  clock = getattr(ctx, 'clock', None) or step_clock.NULL
   start, ran = time.time(), 0
   totals: dict[str, float] = {}
 
@@ -259,29 +262,34 @@ def train_stage(ctx, kind: base.Kind, stage,
       repaired(step)
       step = stage.steps
   while step < stage.steps:
+    clock.start()
     t0 = time.perf_counter()
-    rng = jax.random.fold_in(state.rng, step)
+    with clock.part('step rng'):
+      rng = jax.random.fold_in(state.rng, step)
     data_at = maker.loader.get_state()
     try:
-      batches, host = maker.make(step, rng, state)
+      with clock.part('batch'):
+        batches, host = maker.make(step, rng, state)
     except stops:
       keep(step, state, data_at)
       raise
     ms = []
     for batch in batches:
-      state, m = train_lib.run_step(step_fn, state, batch)
+      state, m = train_lib.run_step(step_fn, state, batch, clock=clock)
       m['update_s'] = m.pop('step_s')
       ms.append(m)
     m = _merge(ms)
     m.update(host, step_s=time.perf_counter() - t0)
     step += 1
     ran += 1
-    diverged = watch.see(step, m)
+    with clock.part('divergence check'):
+      diverged = watch.see(step, m)
     validated = {}
     if val_every and step % val_every == 0 and step < stage.steps and not diverged:
       t1 = time.perf_counter()
       try:
-        validated = evaluation.validation_results(ctx, state.params)
+        with clock.part('validation'):
+          validated = evaluation.validation_results(ctx, state.params)
       except stops:
         keep(step, state, maker.loader.get_state())
         raise
@@ -290,15 +298,17 @@ def train_stage(ctx, kind: base.Kind, stage,
     probed, breached, foreseen = None, {}, False
     if guard.due(step) and not diverged:
       try:
-        probed, breached, gm = guard.probe(step, state.params)
+        with clock.part('guard probe'):
+          probed, breached, gm = guard.probe(step, state.params)
       except stops:
         keep(step, state, maker.loader.get_state())
         raise
       m.update(gm)
       # A forecast past a bound (config.guard.forecast_confidence) stops as a fall would.
       foreseen = guard.forecast_stops(guard.forecast_crossed)
-    ctx.writer.write(stage, step, m)
-    bar.update(m)
+    with clock.part('metrics log'):
+      ctx.writer.write(stage, step, m)
+      bar.update(m)
     for k in ACCOUNTED:
       if k in m:
         totals[k] = totals.get(k, 0.0) + float(m[k])
@@ -326,10 +336,12 @@ def train_stage(ctx, kind: base.Kind, stage,
       saved = saved or bool(guard.stops and not breached and not watch.streak)
       guard.record(step, probed, breached, ckpt=saved)
     if saved:
-      save(step, state)
+      with clock.part('checkpoint'):
+        save(step, state)
       last_saved = step
-    for hook in STEP_END_HOOKS:
-      hook(stage.name, step, saved, ckpts)
+    with clock.outside():           # test hooks are no part of the step
+      for hook in STEP_END_HOOKS:
+        hook(stage.name, step, saved, ckpts)
     if (breached or foreseen) and guard.stops:
       state, step = guard_stop(step), stage.steps
       break
@@ -337,7 +349,9 @@ def train_stage(ctx, kind: base.Kind, stage,
       repaired(step)        # a repair stage ends once every domain it repairs is back
       step = stage.steps
       break
-    why = preemption.stop_requested()
+    with clock.part('preemption check'):
+      why = preemption.stop_requested()
+    clock.stop()
     if why:
       if not saved:
         save(step, state)

@@ -60,6 +60,7 @@ from cascade import schema
 from cascade import verifier_errors as errors_lib
 from cascade.kinds import base
 from foundation import chat_template
+from foundation import step_clock
 from models import sharding
 from rl import batch as batch_lib
 from rl import filtering
@@ -385,12 +386,14 @@ class Draws:
     Subclasses (agentic episodes) replace this; the rollouts need `records`,
     `modes`, `completions` and `samples` (a SampleOutput-like batch).
     """
+    clock = getattr(self.ctx, 'clock', None) or step_clock.NULL
     t0 = time.perf_counter()
     ro = rollout.generate(self.ctx.sampler, self.params, self.ctx.tokenizer, recs, modes, key,
                           self.sp, self.stage.group_size,
-                          record_routing=self.stage.records_routing)
+                          record_routing=self.stage.records_routing, clock=clock)
     t1 = time.perf_counter()
-    rewards, infos = rollout.score(ro, self.ctx.verifiers.train_verifier, self.ctx.sample_cls)
+    with clock.part('score'):
+      rewards, infos = rollout.score(ro, self.ctx.verifiers.train_verifier, self.ctx.sample_cls)
     self.sample_s += t1 - t0
     self.score_s += time.perf_counter() - t1
     return ro, rewards, infos
@@ -434,7 +437,8 @@ class Draws:
       rows, rewards = self._indexed(st.prompts_per_step)
       valid, fill = np.ones(rewards.shape, bool), {}
     drawn_row = rows.pop('drawn_row')
-    self.log_samples(rows, rewards, valid, drawn_row)
+    with (getattr(self.ctx, 'clock', None) or step_clock.NULL).part('sample log'):
+      self.log_samples(rows, rewards, valid, drawn_row)
     return rows, rewards, valid, fill
 
   def _stream_fill(self):

@@ -1,5 +1,5 @@
-"""benchmarks.grpo_step: the fixed step beside its floor and bare programs; --workload=longtail:
-padded against engine + packed steps."""
+"""benchmarks.grpo_step: the fixed step through the stage loop beside its floor and bare programs,
+its host time by part; --workload=longtail: padded against engine + packed steps."""
 
 import json
 import pathlib
@@ -41,3 +41,10 @@ def test_fixed_grpo_step_reports_its_floor_and_the_bare_programs(scan):
   assert result['floor_s'] == pytest.approx(result['floor_sample_s'] + result['floor_update_s'])
   assert result['xla_sample_s'] > 0 and result['xla_update_s'] > 0
   assert "this backend's bare programs of the same work" in out
+  # The step ran through the stage loop, its host time split from its programs by part.
+  assert result['step'] == 'loop' and 'host time by part' in out
+  assert set(result['program_parts']) == {'sampling', 'update'}
+  assert {'batch', 'divergence check', 'metrics log', 'preemption check'} <= set(
+      result['parts_s'])
+  assert 0 < result['host_s'] < result['s_per_step']
+  assert result['x_bare'] == pytest.approx(result['s_per_step'] / result['bare_s'])

@@ -23,6 +23,7 @@ from cascade import verifier_errors
 from cascade.data import readers
 from cascade.kinds import base
 from cascade.kinds import loop
+from foundation import step_clock
 from rl import sft as sft_lib
 from rl import train_step as train_lib
 
@@ -33,20 +34,21 @@ class _Stop(Exception):
   pass
 
 
-def _ctx(plan, workdir):
+def _ctx(plan, workdir, clock=None):
   writer = types.SimpleNamespace(write=lambda stage, step, m: None)
   return types.SimpleNamespace(plan=plan, workdir=str(workdir), mesh=None, rules=plan.rules,
-                               writer=writer,
+                               writer=writer, clock=clock,
                                policies=policies_lib.Policies(plan, str(workdir), None, plan.rules))
 
 
 RECORDS = [{'id': k} for k in range(10)]
 
 
-def _run(plan, workdir, log, stop_at=None, bug_at=None):
+def _run(plan, workdir, log, stop_at=None, bug_at=None, clock=None):
   """Runs the plan's SFT stage with a stub maker; `stop_at`: raise before building that step;
-  `bug_at`: a verifier's own bug stops that step once its records are drawn."""
-  ctx = _ctx(plan, workdir)
+  `bug_at`: a verifier's own bug stops that step once its records are drawn; `clock`: the
+  context's step clock."""
+  ctx = _ctx(plan, workdir, clock)
   stage = plan.stages[0]
 
   def maker_fn(state):
@@ -214,3 +216,35 @@ def test_accounting_sums_splits_and_rounds_a_stages_step_metrics():
   # Parts that add up to more than the step (clock skew) leave no negative remainder.
   assert loop.accounting({'step_s': 1.0, 'sample_s': 2.0}, steps=1)['other_s'] == 0.0
   assert loop.accounting(totals, steps=0) == {}
+
+
+def test_a_context_clock_splits_every_step_into_program_and_host_parts(tmp_path, fakes,
+                                                                       monkeypatch):
+  """With a step clock on its context the loop times each step by part: the update as a
+  program, the batch, the divergence and preemption checks, the log and the checkpoints due as
+  host parts; a step-end hook's time is no part of the step."""
+  plan = _plan(fakes)
+  stage = plan.stages[0]
+  # A clock that advances one second per reading; each step-end hook adds 1000 s.
+  now = [0.0]
+
+  def tick():
+    now[0] += 1.0
+    return now[0]
+
+  monkeypatch.setattr(step_clock.time, 'perf_counter', tick)
+  monkeypatch.setattr(loop, 'STEP_END_HOOKS', [lambda *a: now.__setitem__(0, now[0] + 1000)])
+  clock = step_clock.StepClock()
+  _run(plan, tmp_path, [], clock=clock)
+  monkeypatch.undo()
+  assert clock.steps == stage.steps
+  assert clock.program_parts == {'update'}
+  for i, step in enumerate(clock.history, 1):
+    assert {'step rng', 'batch', 'update', 'update batch', 'divergence check', 'metrics log',
+            'preemption check', 'other'} <= set(step), step
+    assert ('checkpoint' in step) == (i % 2 == 0), (i, step)     # every 2 steps and the end
+    assert step['program_s'] == step['update'] >= 1
+    parts = sum(v for k, v in step.items() if k not in ('step_s', 'program_s', 'host_s'))
+    assert parts == pytest.approx(step['step_s'])
+    assert step['host_s'] == step['step_s'] - step['program_s']
+    assert step['step_s'] < 1000, step                               # the hook is outside

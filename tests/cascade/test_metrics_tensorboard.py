@@ -8,6 +8,7 @@ import json
 import struct
 
 import jax
+import numpy as np
 import ml_collections
 import pytest
 
@@ -111,3 +112,17 @@ def test_without_a_peak_or_a_plan_there_is_no_mfu(tmp_path):
   assert {tag for _, tag, _ in scalars} == {'s/tokens_per_s', 'run/tokens_per_s',
                                              'run/stage_index'}
   assert all(step == 4 for step, _, _ in scalars)       # no plan: no earlier stages to add
+
+
+def test_event_records_are_framed_with_tensorboardxs_masked_crc32c():
+  """The table form of TFRecord's masked CRC-32C equals tensorboardX's byte loop at every length
+  up to the table's and past it (the byte loop itself), and the CRC-32C check value."""
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  limit = metrics.CRC_TABLE_BYTES
+  for n in (0, 1, 2, 3, 8, 255, 1000, limit - 1, limit, limit + 1, 3 * limit):
+    data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+    assert metrics.masked_crc32c(data) == record_writer.masked_crc32c(data), n
+  masked = metrics.masked_crc32c(b'123456789')
+  rotated = (masked - 0xA282EAD8) & 0xFFFFFFFF                    # undo the mask's rotation
+  assert ((rotated << 15) | (rotated >> 17)) & 0xFFFFFFFF == 0xE3069283   # CRC-32C's check value
