@@ -67,7 +67,8 @@ Not reproducible here:
   config). The H200 presets run the same lengths, a row split over a node's 8 GPUs (before
   their meshes had a sequence axis they were capped at 32,768 / 61,440 / 61,440).
   docs/plans/nemotron_cascade2_v5p.md is what `launch.plan` found for the v5p slice,
-  docs/plans/nemotron_cascade2_h200x8.md (and _2xh200x8, _4xh200x8) for the GPU nodes.
+  docs/plans/nemotron_cascade2_h200x8.md (and _2xh200x8, _4xh200x8) for the GPU nodes;
+  docs/plans/nemotron_cascade2_h200x8_rl49k.md for the ~49K RL stages on one node.
 * Data: the released `nvidia/Nemotron-Cascade-2-SFT-Data` and `-RL-data`
   are read as they are downloaded under data_root (docs/released_data.md):
   SFT, IF-RL (45,879), multi-domain RL (18,147: MCQA, workplace tool calling
