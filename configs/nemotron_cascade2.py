@@ -128,8 +128,9 @@ def get_config(arg=None):
   # and long-context RL generate up to 49,152 (48 x 1,024, our reading of "~49K"); code RL
   # (118K) and SWE RL (an episode budget) say their own. Prompts are ours. On one H200 node
   # (`hardware=h200x8`) these rows do not fit with 10 % headroom (IF-RL's train step 91 %,
-  # RLHF's 103 % beside its reference and reward model): the update batch's recorded routing
-  # sits whole on every GPU (docs/plans/history.md); more microbatches cannot help (one row each).
+  # RLHF's 103 % beside its reference and reward model, long-context RL's 105 %): the update
+  # batch's recorded routing sits whole on every GPU (docs/plans/history.md); more
+  # microbatches cannot help (one row each).
   paper_len = 49_152
   long_rl = dict(max_prompt_len=4096, max_response_len=paper_len)
   r = _recipes
