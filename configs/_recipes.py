@@ -483,10 +483,11 @@ def replay_routing(c: ml_collections.ConfigDict) -> None:
   goes to other experts in the update than in the rollout: an off-policy gap the importance
   ratio does not correct, and the most reported cause of MoE GRPO collapse (NeMo-RL, Megatron,
   SkyRL and AReaL all added replay for Qwen3-30B-A3B-class models). Replayed, the update uses
-  the rollout's experts (the router's weights still learn); `routing_mismatch` logs how often
-  its own routers would have chosen otherwise. Its cost: the recorded experts ride in the
-  train batch ([rows, tokens, MoE layers, k] uint8; `launch.plan` counts it) and one more
-  forward of each row's last token in the paged engine."""
+  the rollout's experts (the router's weights still learn); `routing_mismatch` logs for how
+  many sampled tokens its own routers would have chosen otherwise in some MoE layer. Its
+  cost: the recorded experts ride in the train batch ([rows, tokens, MoE layers, k] uint8;
+  `launch.plan` counts it) and one more forward of each row's last token in the paged
+  engine."""
   c.stages = [dict(st, routing_replay='on') if st['kind'] in ('grpo', 'agentic', 'mopd')
               else st for st in c.stages]
 

@@ -16,7 +16,8 @@ Order: SFT -> IF-RL -> multi-domain RL (MCQA, tool calling, structured output) -
 model -> a short side RLHF run (MOPD's chat teacher) -> MOPD (from the
 multi-domain policy) -> RLHF -> long-context RL -> code RL -> agentic SWE RL. RL is GRPO
 strictly on-policy, token level, KL 0 except RLHF (0.03), lr 3e-6, 128 prompts x 16 rollouts,
-temperature 1.0, all-equal groups filtered.
+temperature 1.0, responses up to ~49K tokens (49,152 here: IF-RL, multi-domain RL, both RLHF
+runs and long-context RL; code RL's and SWE RL's are their own), all-equal groups filtered.
 
 Mesh (ours): on the v5p slice (data 1, fsdp 1, expert 8, sequence 8, tensor 1),
 `_recipes.SEQUENCE_MESH`: each MoE layer's 128 experts split 16 per chip over the
@@ -66,7 +67,8 @@ Not reproducible here:
   config). The H200 presets run the same lengths, a row split over a node's 8 GPUs (before
   their meshes had a sequence axis they were capped at 32,768 / 61,440 / 61,440).
   docs/plans/nemotron_cascade2_v5p.md is what `launch.plan` found for the v5p slice,
-  docs/plans/nemotron_cascade2_h200x8.md (and _2xh200x8, _4xh200x8) for the GPU nodes.
+  docs/plans/nemotron_cascade2_h200x8.md (and _2xh200x8, _4xh200x8) for the GPU nodes;
+  docs/plans/nemotron_cascade2_h200x8_rl49k.md for the ~49K RL stages on one node.
 * Data: the released `nvidia/Nemotron-Cascade-2-SFT-Data` and `-RL-data`
   are read as they are downloaded under data_root (docs/released_data.md):
   SFT, IF-RL (45,879), multi-domain RL (18,147: MCQA, workplace tool calling
@@ -122,7 +124,15 @@ def get_config(arg=None):
   # RL optimizer: AdamW at a constant 3e-6, no warm-up (the optimizer's other defaults).
   rl = dict(prompts_per_step=128, group_size=16, optimizer=dict(lr=3e-6, warmup_steps=0),
             temperature=1.0, top_p=1.0, microbatches=_MICRO, thinking_fraction=1.0)
-  long_rl = dict(max_prompt_len=4096, max_response_len=49_152)   # "max ~49K"; prompt: ours
+  # "Most stages use ... responses up to ~49K tokens": IF-RL, multi-domain RL, both RLHF runs
+  # and long-context RL generate up to 49,152 (48 x 1,024, our reading of "~49K"); code RL
+  # (118K) and SWE RL (an episode budget) say their own. Prompts are ours. On one H200 node
+  # (`hardware=h200x8`) these rows do not fit with 10 % headroom (IF-RL's train step 91 %,
+  # RLHF's 103 % beside its reference and reward model, long-context RL's 105 %): the update
+  # batch's recorded routing sits whole on every GPU (docs/plans/history.md); more
+  # microbatches cannot help (one row each).
+  paper_len = 49_152
+  long_rl = dict(max_prompt_len=4096, max_response_len=paper_len)
   r = _recipes
   c.stages = [
       # Global batch 64, lr 5e-5 -> 5e-6 cosine, 200 warm-up steps, AdamW (0.9, 0.98),
@@ -133,7 +143,7 @@ def get_config(arg=None):
             optimizer=dict(lr=5e-5, schedule='cosine', min_lr_ratio=0.1, warmup_steps=200,
                            b1=0.9, b2=0.98, weight_decay=0.1)),
       r.grpo('if_rl', domains=['instruction_following'], steps=180,   # "~180"
-             max_prompt_len=2048, max_response_len=16_384,             # ours
+             max_prompt_len=2048, max_response_len=paper_len,          # prompt: ours
              **{**rl, 'thinking_fraction': 0.0}),
       r.grpo('multi_domain_rl', domains=['mcqa', 'tool_calling', 'structured'],
              steps=70,   # "~70"
@@ -147,7 +157,7 @@ def get_config(arg=None):
       # The chat teacher of MOPD: "a short side RLHF run" (its length is not
       # published; 30 steps is ours), from the multi-domain policy.
       r.grpo('rlhf_teacher', domains=['chat'], steps=30, init_from='multi_domain_rl',
-             kl_coef=0.03, max_prompt_len=4096, max_response_len=16_384, **rl),
+             kl_coef=0.03, **long_rl, **rl),
       # MOPD: 128 x 4, temperature 1.0, 52 steps, lr 2e-6 (text), 30 warm-up steps;
       # responses up to 98K; the 4K prompt is ours.
       # One teacher per prompt, by its domain: math = the SFT checkpoint; chat = the side RLHF
@@ -169,9 +179,10 @@ def get_config(arg=None):
              prompts_per_step=128, group_size=4, temperature=1.0,
              max_prompt_len=_MOPD_PROMPT, max_response_len=mopd_len, microbatches=64),
       r.grpo('rlhf', domains=['chat'], steps=30,          # "~25-30"
-             kl_coef=0.03, max_prompt_len=4096, max_response_len=16_384, **rl),
+             kl_coef=0.03, **long_rl, **rl),
+      # Long documents: a 32K prompt (ours), responses to the paper's ~49K.
       r.grpo('long_context_rl', domains=['long_context'], steps=30,   # "~30"
-             max_prompt_len=32_768, max_response_len=16_384, **rl),  # lengths: ours
+             max_prompt_len=32_768, max_response_len=paper_len, **rl),
       # "~22" steps on 3.5K hardest problems, 118K-token responses; the 4K prompt is
       # ours.
       r.grpo('code_rl', domains=['code'], steps=22, max_prompt_len=4096,

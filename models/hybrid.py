@@ -80,12 +80,15 @@ class MoEStats(NamedTuple):
     mismatched: [] float32 (real token, 'moe' sublayer) pairs whose router's own expert set
       differs from the `routing` given (replayed or only compared); None without one.
     compared: [] float32 (real token, 'moe' sublayer) pairs compared; None without routing.
+    token_differs: [B, T] bool real tokens whose router's own expert set differs from the
+      `routing` given in at least one 'moe' sublayer; None without routing.
   """
   indices: jax.Array
   aux_loss: jax.Array
   z_loss: jax.Array
   mismatched: jax.Array | None = None
   compared: jax.Array | None = None
+  token_differs: jax.Array | None = None
 
 
 class Sublayer(nnx.Module):
@@ -868,7 +871,8 @@ def _stats(reports, routing, segment_ids, moe_sublayers: int) -> MoEStats | None
   if routing is not None:
     real = jnp.sum((segment_ids > 0).astype(jnp.float32))
     stats = stats._replace(mismatched=jnp.sum(cat('mismatched')),
-                           compared=moe_sublayers * real)
+                           compared=moe_sublayers * real,
+                           token_differs=jnp.any(cat('differs'), axis=0))
   return stats
 
 
@@ -968,7 +972,8 @@ def repeat_rows(tree: Any, group: int) -> Any:
 def moe_stats(model: nnx.Module) -> MoEStats | None:
   """Pops the 'moe_stats' intermediates sown by the model's forward passes since the last
   pop: their losses averaged over the passes, their routing mismatch counts summed over those
-  that compared (None if none did), indices of the last pass; None if none."""
+  that compared (None if none did) and their `token_differs` or-ed (the passes that compared
+  must share one [B, T]), indices of the last pass; None if none."""
   found = nnx.pop(model, nnx.Intermediate)
   sown = []
   for path, var in nnx.to_flat_state(found):
@@ -979,8 +984,15 @@ def moe_stats(model: nnx.Module) -> MoEStats | None:
   if not sown:
     return None
   compared = [s for s in sown if s.mismatched is not None]
+  shapes = {s.token_differs.shape for s in compared}
+  if len(shapes) > 1:
+    raise ValueError(f'moe_stats: the forward passes that compared routing ran over tokens of '
+                     f'different shapes {sorted(shapes)}; their token_differs cannot be or-ed')
+  token_differs = (functools.reduce(jnp.logical_or, [s.token_differs for s in compared])
+                   if compared else None)
   return MoEStats(indices=sown[-1].indices,
                   aux_loss=jnp.mean(jnp.stack([s.aux_loss for s in sown])),
                   z_loss=jnp.mean(jnp.stack([s.z_loss for s in sown])),
                   mismatched=sum(s.mismatched for s in compared) if compared else None,
-                  compared=sum(s.compared for s in compared) if compared else None)
+                  compared=sum(s.compared for s in compared) if compared else None,
+                  token_differs=token_differs)

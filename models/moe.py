@@ -5,7 +5,7 @@ F a routed expert's width, S the shared expert's width, N = B * T tokens,
 M = N * K (token, choice) pairs.
 
     out = model(x, token_mask, routing)     # MoEOutput(y [B, T, D], indices [B, T, K], aux, z,
-                                            #           mismatched)
+                                            #           mismatched, differs [B, T])
 
 Routing (ModelConfig.router), in float32 whatever the compute dtype:
 
@@ -24,7 +24,8 @@ multiplied by `routed_scaling`. A `routing` argument (routing replay) replaces
 the choice, never the weights: those stay the router's differentiable weights
 of the replayed experts, normalised and scaled as above. The layer then also
 counts the real tokens whose replayed expert set differs from the one its
-own router picks from the same scores (`MoEOutput.mismatched`); with
+own router picks from the same scores (`MoEOutput.mismatched`, and which tokens:
+`MoEOutput.differs`); with
 `replay=False` it routes on its own and only counts (how far a sampler's
 recorded routing is from the trainer's).
 
@@ -141,12 +142,15 @@ class MoEOutput(NamedTuple):
     z_loss: [] float32 mean over the real tokens of logsumexp(logits)^2.
     mismatched: [] float32 real tokens whose router's own top-K set differs from the
       `routing` given (order within the K ignored); None without `routing`.
+    differs: [B, T] bool which real tokens those are (padding False); None without
+      `routing`.
   """
   y: jax.Array
   indices: jax.Array
   aux_loss: jax.Array
   z_loss: jax.Array
   mismatched: jax.Array | None = None
+  differs: jax.Array | None = None
 
 
 def _dense(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -215,12 +219,13 @@ class MoE(nnx.Module):
             if cfg.router == 'sigmoid' else None)
     indices, weights, probs = route(cfg, logits, bias, routing if replay else None)
     aux_loss, z_loss = router_losses(logits, probs, indices, token_mask)
-    mismatched = None
+    mismatched = token_differs = None
     if routing is not None:
       own = indices if not replay else own_choice(cfg, logits, bias)
-      mask = (jnp.ones((b, t), jnp.float32) if token_mask is None
-              else token_mask.astype(jnp.float32))
-      mismatched = jnp.sum(mask * differs(own, routing).astype(jnp.float32))
+      token_differs = differs(own, routing)
+      if token_mask is not None:
+        token_differs = token_differs & (token_mask > 0)
+      mismatched = jnp.sum(token_differs.astype(jnp.float32))
 
     dt = cfg.jnp_dtype
     x = x.astype(dt)
@@ -234,7 +239,7 @@ class MoE(nnx.Module):
       h = sharding.constrain(h, ('batch', 'length', 'mlp'))
       y = y + _dense(h, self.shared_down.value.astype(dt))
     return MoEOutput(sharding.constrain(y, ('batch', 'length', 'embed')), indices,
-                     aux_loss, z_loss, mismatched)
+                     aux_loss, z_loss, mismatched, token_differs)
 
 
 def _check_routing(routing, shape: tuple[int, int, int], num_experts: int) -> jax.Array:

@@ -16,9 +16,11 @@ are computed once over the whole batch, so the microbatches of a
 gradient. Loss metrics add up across microbatches, except '_max' and '_min'
 keys, which take the maximum and the minimum. A batch that carries a
 mixture-of-experts policy's recorded routing (`rl.batch.TrainBatch.routing`)
-adds 'routing_mismatch': the fraction of its (real token, 'moe' sublayer) pairs
-whose recorded experts the trainer's own routers would not have picked in that
-forward.
+adds 'routing_mismatch': the fraction of its sampled tokens (the completion
+tokens the loss learns) whose recorded experts the trainer's own routers would
+not have picked, in that forward, in at least one 'moe' sublayer; and
+'routing_mismatch_pairs': the fraction of its (real token, 'moe' sublayer)
+pairs, prompt tokens included, where they would not.
 
 A step whose loss or gradient norm is not finite leaves params, optimizer
 state and step unchanged and adds one to `skipped` (a metric). Every step
@@ -391,18 +393,29 @@ def _split_microbatches(batch, m: int):
 
 
 # Counts `_with_router_losses` logs when the batch carried recorded routing; they add up over
-# microbatches and the step turns them into the 'routing_mismatch' fraction.
-_MISMATCH_COUNTS = ('routing_mismatched', 'routing_compared')
+# microbatches and the step turns them into the 'routing_mismatch' (sampled tokens) and
+# 'routing_mismatch_pairs' ((real token, 'moe' sublayer) pairs) fractions.
+_MISMATCH_COUNTS = ('routing_mismatched', 'routing_compared',
+                    'routing_mismatched_tokens', 'routing_sampled_tokens')
 
 
-def _with_router_losses(model, loss, metrics, microbatches: int):
+def sampled_tokens(loss_mask: jax.Array) -> jax.Array:
+  """[B, L] bool: the input columns holding a token the loss learns (a sampled completion
+  token): `loss_mask` is target-aligned (column t learns tokens[:, t + 1]), routing is
+  input-aligned (rl/batch.py), so the mask moves one column right."""
+  return jnp.pad(loss_mask[:, :-1] > 0, ((0, 0), (1, 0)))
+
+
+def _with_router_losses(model, loss, metrics, microbatches: int, loss_mask=None):
   """The loss plus the mixture-of-experts routers' auxiliary losses of the forward passes the
   loss made (weights `router_aux_loss` / `router_z_loss` of the model config; both 0 by
   default, as RL wants), their values logged ('router_aux_loss', 'router_z_loss'), each a
   microbatch's share so the metrics add up to the batch's mean. A forward that was given the
   sampler's recorded routing (replayed or only compared) also logs how many (real token,
-  'moe' sublayer) pairs it compared and how many its routers' own choice differed on (the step
-  makes 'routing_mismatch' of them). A model without experts returns the loss and metrics as
+  'moe' sublayer) pairs it compared and how many its routers' own choice differed on, and of
+  the batch's sampled tokens (`sampled_tokens` of its `loss_mask`) how many there are and on
+  how many its routers differed in any 'moe' sublayer (the step makes 'routing_mismatch_pairs'
+  and 'routing_mismatch' of them). A model without experts returns the loss and metrics as
   they are."""
   stats = hybrid.moe_stats(model)
   if stats is None:
@@ -412,19 +425,29 @@ def _with_router_losses(model, loss, metrics, microbatches: int):
   loss = loss + mcfg.router_aux_loss * aux + mcfg.router_z_loss * z
   metrics = dict(metrics, router_aux_loss=aux, router_z_loss=z)
   if stats.mismatched is not None:
-    metrics.update(zip(_MISMATCH_COUNTS, (stats.mismatched, stats.compared)))
+    if loss_mask is None or loss_mask.shape != stats.token_differs.shape:
+      raise ValueError(f'train step: the batch\'s loss_mask '
+                       f'{None if loss_mask is None else loss_mask.shape} does not cover the '
+                       f'tokens whose routing was compared {stats.token_differs.shape}')
+    sampled = sampled_tokens(loss_mask)
+    metrics.update(zip(_MISMATCH_COUNTS, (
+        stats.mismatched, stats.compared,
+        jnp.sum((stats.token_differs & sampled).astype(jnp.float32)),
+        jnp.sum(sampled.astype(jnp.float32)))))
   return loss, metrics
 
 
 def _mismatch_fraction(metrics: dict) -> dict:
-  """'routing_mismatch': the fraction of the batch's compared (real token, 'moe' sublayer)
-  pairs whose recorded expert set the trainer's routers would not have picked, in place of
-  the counts (metrics without them are returned as they are)."""
+  """In place of the counts: 'routing_mismatch', the fraction of the batch's sampled tokens
+  whose recorded expert set the trainer's routers would not have picked in at least one 'moe'
+  sublayer, and 'routing_mismatch_pairs', the fraction of its compared (real token, 'moe'
+  sublayer) pairs where they would not (metrics without them are returned as they are)."""
   if _MISMATCH_COUNTS[0] not in metrics:
     return metrics
   metrics = dict(metrics)
-  mismatched, compared = (metrics.pop(k) for k in _MISMATCH_COUNTS)
-  metrics['routing_mismatch'] = mismatched / jnp.maximum(compared, 1.0)
+  pairs, compared, tokens, sampled = (metrics.pop(k) for k in _MISMATCH_COUNTS)
+  metrics['routing_mismatch'] = tokens / jnp.maximum(sampled, 1.0)
+  metrics['routing_mismatch_pairs'] = pairs / jnp.maximum(compared, 1.0)
   return metrics
 
 
@@ -485,7 +508,8 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
     model = nnx.merge(graphdef, params)
     model.collect_moe_stats = True     # its 'moe' sublayers' reports, for the router losses
     loss, metrics = spec.loss(model, batch, cfg, norm)
-    return _with_router_losses(model, loss, metrics, microbatches)
+    return _with_router_losses(model, loss, metrics, microbatches,
+                               getattr(batch, 'loss_mask', None))
 
   grad_fn = jax.value_and_grad(compute, has_aux=True)
 

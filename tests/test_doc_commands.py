@@ -693,6 +693,9 @@ _RUNS = [
                '/tmp/s56/plan/c2_2xh200x8_b.md', pre=_needs_cuda_plugin),
     _plan_case('plan-cascade2-4xh200-gpu', 'nemotron_cascade2_4xh200x8.md',
                '/tmp/s56/plan/c2_4xh200x8_b.md', pre=_needs_cuda_plugin),
+    # The RL stages the paper runs to ~49K (issue #56), on one node.
+    _plan_case('plan-cascade2-h200-rl49k', 'nemotron_cascade2_h200x8_rl49k.md',
+               '/tmp/len49/plan/c2_h200x8_49k.md', pre=_needs_cuda_plugin),
     # The step-time page; with --compile every stage's programs are compiled (the TPU
     # compiler's for v5p): hours.
     _case('step-time-page', 'docs/plans/step_time_model.md', ['python -m launch.step_time_page'],

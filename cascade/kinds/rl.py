@@ -35,8 +35,9 @@ has the sampler record every prompt and completion token's experts in each
 'moe' sublayer (`Sampler.generate(record_routing=True)`), carries them in the
 train batch (`TrainBatch.routing`) and replays them in the policy's training
 forward; 'measure' records them and lets the trainer route on its own. Either
-way the step logs `routing_mismatch`, the fraction of (token, 'moe' sublayer)
-pairs whose recorded experts the trainer's routers would not have picked. The
+way the step logs `routing_mismatch`, the fraction of sampled tokens whose
+recorded experts the trainer's routers would not have picked in at least one
+'moe' sublayer (and `routing_mismatch_pairs`, of (token, sublayer) pairs). The
 KL reference and MOPD's teachers never replay (they are other models). Both
 engines record it (the paged one through preemption, shared prompt prefills
 and sessions: `rl.engine`), streamed filtering's groups carry it, and an

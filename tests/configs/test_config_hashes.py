@@ -45,10 +45,13 @@ PINNED = {
     # Cascade 2 on H200 nodes changed on purpose too when GPU meshes got a sequence axis
     # ((1, H, 1, 8, 1), the experts over 'sequence', the papers' 256K / 98K / 118K lengths
     # instead of the node's caps); 2xh200x8 and 4xh200x8 are new presets.
-    ('nemotron_cascade2', None): '197117f6adc018ee',
-    ('nemotron_cascade2', 'hardware=h200x8'): '507b236266059afd',
-    ('nemotron_cascade2', 'hardware=2xh200x8'): 'f4a1157e469c3bef',
-    ('nemotron_cascade2', 'hardware=4xh200x8'): 'a8d8a1802647e93a',
+    # All four Cascade 2 values changed on purpose at the paper's RL lengths (issue #56: "responses
+    # up to ~49K tokens"): IF-RL, the side and main RLHF runs and long-context RL generate 49,152
+    # tokens instead of our 16,384, so an earlier workdir must not resume under them.
+    ('nemotron_cascade2', None): 'a4d9d979b59b56da',
+    ('nemotron_cascade2', 'hardware=h200x8'): 'daad73bacef5e666',
+    ('nemotron_cascade2', 'hardware=2xh200x8'): 'c10920defdf5b558',
+    ('nemotron_cascade2', 'hardware=4xh200x8'): '889f08c42ab7d41b',
     ('nemotron_cascade_14b', None): 'ebce306388ed5743',
     ('nemotron_cascade_14b', 'hardware=h200x8'): '2d33d15bb6852754',
     ('nemotron_cascade_8b', None): '2ef78b3c6c2b3864',

@@ -73,9 +73,9 @@ def test_cascade2_if_rl_and_mopd_stages():
   assert _stage('nemotron_cascade2', 'if_rl') == dict(
       CASCADE2_GRPO, name='if_rl', domains=['instruction_following'], steps=180,
       optimizer=dict(lr=3e-6, warmup_steps=0), prompts_per_step=128, group_size=16,
-      temperature=1.0, top_p=1.0, max_prompt_len=2048, max_response_len=16_384,
+      temperature=1.0, top_p=1.0, max_prompt_len=2048, max_response_len=49_152,
       thinking_fraction=0.0, filter_overlong=False, kl_coef=0.0, microbatches=256,
-      pack_tokens=2048 + 16_384, stream_filter=True)
+      pack_tokens=2048 + 49_152, stream_filter=True)
   assert _stage('nemotron_cascade2', 'mopd') == dict(
       name='mopd', kind='mopd', domains=['math', 'instruction_following', 'chat', 'mcqa',
                                          'structured', 'tool_calling'],
@@ -87,6 +87,28 @@ def test_cascade2_if_rl_and_mopd_stages():
       prompts_per_step=128, group_size=4, temperature=1.0, max_prompt_len=4096,
       max_response_len=98_304, microbatches=64, routing_replay='on')
   assert _stage('nemotron_cascade2', 'rlhf')['kl_coef'] == 0.03
+
+
+def test_cascade2_rl_stages_run_to_the_papers_49k():
+  """"Most stages use ... responses up to ~49K tokens": IF-RL, multi-domain RL, both RLHF runs
+  and long-context RL generate 49,152 tokens on every hardware preset, their prompts as before;
+  the reward model scores and the GenRM judge reads the longest chat answer whole."""
+  module = importlib.import_module('configs.nemotron_cascade2')
+  prompts = dict(if_rl=2048, multi_domain_rl=4096, rlhf_teacher=4096, rlhf=4096,
+                 long_context_rl=32_768)
+  for hardware in ('v5p_128', 'h200x8', '2xh200x8', '4xh200x8'):
+    stages = {s['name']: s for s in module.get_config(f'hardware={hardware}').stages}
+    for name, prompt in prompts.items():
+      assert (stages[name]['max_prompt_len'], stages[name]['max_response_len']) == (
+          prompt, 49_152), (hardware, name)
+    chat_rows = [s['max_prompt_len'] + s['max_response_len'] for s in stages.values()
+                 if 'chat' in s.get('domains', ()) and 'max_response_len' in s]
+    assert stages['rm']['score_max_len'] >= max(chat_rows) == 4096 + 98_304
+  c = module.get_config('genrm=configs/judges/qwen3_235b_a22b')
+  window = c.domains.chat.verifier_options['max_field_tokens']
+  assert window == max(s.get('max_response_len', 0) for s in c.stages
+                       if 'chat' in s.get('domains', ()))
+  config_lib.validate(c)
 
 
 def test_cascade2_mopd_teachers_get_rows_of_their_domains():

@@ -309,9 +309,11 @@ def test_scan_routing_and_moe_stats_equal_unrolled(cfg):
     if a.mismatched is not None:
       assert float(a.mismatched) == float(b.mismatched)
       assert float(a.compared) == float(b.compared) == moe * real
+      np.testing.assert_array_equal(a.token_differs, b.token_differs)
   own, replayed, compared = stats['scan']
   np.testing.assert_array_equal(replayed.indices, (own.indices + 1) % cfg.num_experts)
   assert float(compared.mismatched) == moe * real   # every set differs from the shifted one
+  np.testing.assert_array_equal(compared.token_differs, np.asarray(SEG) > 0)
 
 
 def _prefill_decode(model, cfg):

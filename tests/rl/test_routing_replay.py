@@ -1,7 +1,8 @@
 """Routing replay on the mixture-of-experts families: the samplers (the one-call one, and the paged
 engine through shared prefills, preemption and streams) record each prompt and generated token's
 experts, the batch carries them aligned with its tokens, the training forward replays them, and
-the 'routing_mismatch' metric counts where the trainer's own routers differ.
+the 'routing_mismatch' metrics count where the trainer's own routers differ (the share of sampled
+tokens off in any moe sublayer, and of (token, sublayer) pairs).
 
 Both tiny families run: tiny_moe (Qwen3-MoE-like: softmax router) in the default tier, and
 tiny_hybrid (Nemotron-H-like: sigmoid router with a score-correction bias, group-limited; Mamba
@@ -149,34 +150,94 @@ def test_replay_gives_the_samplers_logprobs_under_a_perturbed_router(rollout):
   assert float(replayed.mismatched) > 0 and float(replayed.compared) == real.sum() * m
 
 
+def _sampled_np(loss_mask) -> np.ndarray:
+  """[B, L] the input columns holding a learned (sampled) token, in numpy: loss_mask column t
+  learns tokens[:, t + 1]."""
+  sampled = np.zeros(loss_mask.shape, bool)
+  sampled[:, 1:] = np.asarray(loss_mask)[:, :-1] > 0
+  return sampled
+
+
+def _mismatch_reference(differs, batch) -> tuple[float, float]:
+  """float64 numpy (sampled-token share, pair share) from [B, L, M] differing (token, sublayer)
+  pairs: a sampled token counts once however many sublayers differ; pairs over real tokens."""
+  real = np.asarray(batch.segment_ids) > 0
+  differs = np.asarray(differs, bool) & real[..., None]
+  sampled = _sampled_np(batch.loss_mask)
+  tokens = (differs.any(-1) & sampled).sum(dtype=np.float64) / sampled.sum(dtype=np.float64)
+  pairs = differs.sum(dtype=np.float64) / (real.sum(dtype=np.float64) * differs.shape[-1])
+  return tokens, pairs
+
+
+def test_routing_mismatch_counts_a_sampled_token_once_whatever_its_sublayers(rollout):
+  """A hand-built recorded routing, the trainer routing on its own (measured): a sampled token
+  off in two sublayers and one off in one count once each in the sampled-token share and three
+  times in the pair share; an off prompt token only in the pair share; an off padding entry in
+  neither. The forward's per-token flags are exactly those tokens, and both shares match the
+  numpy reference (and their counts worked by hand)."""
+  name, cfg, graphdef, params, _, batch = rollout
+  m, e = cfg.mixers.count('moe'), cfg.num_experts
+  real = np.asarray(batch.segment_ids) > 0
+  sampled = _sampled_np(batch.loss_mask)
+  assert m >= 2 and sampled.any() and (real & ~sampled).any() and (~real).any()
+  two, one = list(zip(*np.nonzero(sampled)))[:2]
+  prompt = list(zip(*np.nonzero(real & ~sampled)))[0]
+  pad = list(zip(*np.nonzero(~real)))[0]
+  routing = np.array(batch.routing)
+  off = np.zeros(routing.shape[:3], bool)
+  for (r, t), layers in [(two, (0, m - 1)), (one, (m - 1,)), (prompt, (0,)), (pad, (0, 1))]:
+    for layer in layers:
+      # Another expert set: each id moved by one (mod E) is a different set of K distinct ids
+      # unless the set is every expert, which K < E rules out.
+      routing[r, t, layer] = (routing[r, t, layer].astype(np.int64) + 1) % e
+      off[r, t, layer] = True
+  assert cfg.experts_per_token < e
+  built = batch._replace(routing=routing.astype(batch.routing.dtype))
+  _, stats = _forward(graphdef, params, built, False)
+  want_flags = off.any(-1) & real
+  np.testing.assert_array_equal(np.asarray(stats.token_differs), want_flags)
+  assert float(stats.mismatched) == 4 and float(stats.compared) == real.sum() * m
+  tokens, pairs = _mismatch_reference(off, built)
+  assert (tokens, pairs) == pytest.approx((2 / sampled.sum(), 4 / (real.sum() * m)), rel=1e-12)
+  mismatched, flags = float(stats.mismatched), np.asarray(stats.token_differs)
+  assert (flags & sampled).sum() / sampled.sum() == pytest.approx(tokens, rel=1e-12)
+  assert mismatched / float(stats.compared) == pytest.approx(pairs, rel=1e-6)
+
+
 @pytest.mark.parametrize('replay', [True, pytest.param(False, marks=pytest.mark.heavy)],
                          ids=['replayed', 'measured'])
 def test_train_step_logs_the_mismatch_fraction_over_microbatches(rollout, replay):
-  """'routing_mismatch' is the batch's fraction of compared (real token, moe sublayer) pairs,
-  summed over the microbatches before dividing: 0 unperturbed; perturbed, the whole batch's
-  forward's count (replayed), or the pairs where the trainer's own choice differs (measured)."""
+  """'routing_mismatch' is the batch's fraction of sampled tokens whose recorded experts the
+  trainer's routers would not pick in some moe sublayer, 'routing_mismatch_pairs' its fraction
+  of compared (real token, moe sublayer) pairs, each summed over the microbatches before
+  dividing: 0 unperturbed; perturbed, the whole batch's forward's (replayed), or where the
+  trainer's own choice differs (measured, against the float64 numpy reference)."""
   name, cfg, graphdef, params, _, batch = rollout
   opt = optax.sgd(0.0)
   real = batch.segment_ids > 0
   nudged = _perturbed(name, params)
   if replay:
     _, stats = _forward(graphdef, nudged, batch, True)
-    want = float(stats.mismatched) / float(stats.compared)
+    sampled = _sampled_np(batch.loss_mask)
+    want = ((np.asarray(stats.token_differs) & sampled).sum() / sampled.sum(),
+            float(stats.mismatched) / float(stats.compared))
   else:
-    want = (_differs(_own_experts(graphdef, nudged, batch), batch.routing)
-            & real[..., None]).sum() / (real.sum() * cfg.mixers.count('moe'))
-  assert 0 < want < 1
+    want = _mismatch_reference(
+        _differs(_own_experts(graphdef, nudged, batch), batch.routing), batch)
+  assert 0 < want[0] < 1 and 0 < want[1] < 1 and want[0] != want[1]
   loss = train_lib.LossSpec(grpo.GrpoConfig, grpo.loss_fn, grpo.normalizers)
   step = train_lib.make_train_step(graphdef, loss, grpo.GrpoConfig(replay_routing=replay),
                                    opt, microbatches=2, donate=False)
+  keys = ('routing_mismatch', 'routing_mismatch_pairs')
   _, m = step(train_lib.init_state(params, opt), batch)
-  assert float(m['routing_mismatch']) == 0.0
-  assert 'routing_mismatched' not in m and 'routing_compared' not in m
+  assert [float(m[k]) for k in keys] == [0.0, 0.0]
+  assert not {'routing_mismatched', 'routing_compared', 'routing_mismatched_tokens',
+              'routing_sampled_tokens'} & set(m)
   _, m = step(train_lib.init_state(nudged, opt), batch)
-  assert float(m['routing_mismatch']) == pytest.approx(want, rel=1e-6)
+  assert [float(m[k]) for k in keys] == pytest.approx(list(want), rel=1e-6)
   # Without recorded routing there is nothing to compare: no metric.
   _, m = step(train_lib.init_state(params, opt), batch._replace(routing=None))
-  assert 'routing_mismatch' not in m
+  assert not set(keys) & set(m)
 
 
 # ------------------------------------------------------------------ the paged engine
