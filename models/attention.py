@@ -210,9 +210,10 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
 
 def _per_shard(fn, q, k_pages, v_pages, lengths, page_table, rules):
   """`fn(q, k_pages, v_pages, lengths, page_table)` per shard of the mesh traced for, split
-  by `rules`: slots over the batch axes, heads over the kv-head axes, and the pool's pages over the batch axes as
-  `models.transformer.PAGE_AXES` lays them out (a slot's pages are on its own shard: the
-  table's global page ids become ids in the shard's part); the whole arrays without a mesh."""
+  by `rules`: slots over the batch axes, heads over the kv-head axes, and the pool's pages
+  over the batch axes as `models.transformer.PAGE_AXES` lays them out (a slot's pages are on
+  its own shard: the table's global page ids become ids in the shard's part); the whole
+  arrays without a mesh."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh is None or mesh.empty or mesh.size == 1:
     return fn(q, k_pages, v_pages, lengths, page_table)

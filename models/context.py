@@ -1,8 +1,8 @@
 """Context parallelism: a row's tokens split along their length over the mesh's sequence axis.
 
-Where the rules (the caller's, `models.sharding`) map logical 'length' to mesh axes (the 'sequence' axis
-of a 5-axis mesh, `models.sharding`) of n > 1 devices and a row's length T is a
-multiple of 2n, a forward without a cache runs context-parallel:
+Where the logical rules (the caller's, `models.sharding`) map 'length' to mesh axes (the
+'sequence' axis of a 5-axis mesh) of n > 1 devices and a row's length T is a multiple of
+2n, a forward without a cache runs context-parallel:
 
   * the row is cut into 2n chunks of C = T / (2n) tokens and laid out in
     zig-zag order: shard i holds chunks i and 2n - 1 - i. Under causal

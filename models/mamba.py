@@ -270,9 +270,9 @@ class Mamba2Mixer(nnx.Module):
 
 def _joins_channels(cfg: config_lib.ModelConfig, rules: sharding.Rules) -> bool:
   """Whether the mixer projects and convolves x, B and C as one tensor of HP + 2GN channels:
-  where the mesh traced for, under `rules`, splits neither the heads nor the groups (else x's channels would be
-  split by head and B's and C's by group, which one channel axis cannot hold), and not on
-  GPUs."""
+  where the mesh traced for, under `rules`, splits neither the heads nor the groups (else
+  x's channels would be split by head and B's and C's by group, which one channel axis
+  cannot hold), and not on GPUs."""
   if sharding.mesh_platform() == 'gpu':
     # XLA:GPU kept the joined projection's output alive longer: Cascade 2's MOPD train step
     # on one H200 needed 1.26 GiB more (118.66 GiB, over 90 %), where the join's gain, fewer

@@ -2,9 +2,13 @@
 
 Every parameter carries `logical_axes` metadata (e.g. ('embed', 'mlp')) and
 the main activations are constrained with `constrain(x, ('batch', 'length',
-'embed'))`. Only the rules, which come from the config, say which mesh axis
+'embed'), rules)`. Only the rules, which come from the config, say which mesh axis
 ('data', 'fsdp', 'tensor', and 'expert' on a mixture-of-experts mesh) a
-logical name is split over. A mesh axis that does not divide an array
+logical name is split over. They are a value (`as_rules`: a hashable tuple of pairs),
+handed by each caller to what it calls: the model holds the ones its trace uses
+(`Transformer.rules`), the programs outside it take them as a static argument; no
+thread-local or other ambient state carries them (docs/model_families.md, "Sharding
+rules"). The mesh is JAX's (`jax.set_mesh`, `use_mesh`). A mesh axis that does not divide an array
 dimension, or that the mesh lacks, is dropped for that array (replicated), so
 small models run on large meshes and one set of rules serves both kinds of mesh.
 

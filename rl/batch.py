@@ -422,9 +422,10 @@ def stats_from_hidden(model, h, targets, *, entropy: bool = False, argmax: bool 
 def _sharded_stats(stats, h, targets, shards: int, chunk: int,
                    rules: sharding.Rules) -> dict[str, jax.Array]:
   """`stats` in chunks when h [B, L, D] is split along L over `shards` context-parallel
-  shards (under the model's `rules`): each shard's own part is cut into chunks, and step j of the scan runs chunk j of
-  every shard at once ([B, shards * chunk] positions, shard s's chunk on shard s), so no
-  hidden state or logit moves between shards and each holds [B, chunk, V] logits."""
+  shards (under the model's `rules`): each shard's own part is cut into chunks, and step j
+  of the scan runs chunk j of every shard at once ([B, shards * chunk] positions, shard s's
+  chunk on shard s), so no hidden state or logit moves between shards and each holds
+  [B, chunk, V] logits."""
   b, l, d = h.shape
   m = l // shards                                              # positions per shard
   n = -(-m // chunk)
