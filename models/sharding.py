@@ -4,13 +4,14 @@ Every parameter carries `logical_axes` metadata (e.g. ('embed', 'mlp')) and
 the main activations are constrained with `constrain(x, ('batch', 'length',
 'embed'), rules)`. Only the rules, which come from the config, say which mesh axis
 ('data', 'fsdp', 'tensor', and 'expert' on a mixture-of-experts mesh) a
-logical name is split over. They are a value (`as_rules`: a hashable tuple of pairs),
-handed by each caller to what it calls: the model holds the ones its trace uses
-(`Transformer.rules`), the programs outside it take them as a static argument; no
-thread-local or other ambient state carries them (docs/model_families.md, "Sharding
-rules"). The mesh is JAX's (`jax.set_mesh`, `use_mesh`). A mesh axis that does not divide an array
-dimension, or that the mesh lacks, is dropped for that array (replicated), so
-small models run on large meshes and one set of rules serves both kinds of mesh.
+logical name is split over. They are a value (`as_rules`: a hashable tuple of
+pairs), handed by each caller to what it calls: the model holds the ones its trace
+uses (`Transformer.rules`), the programs outside it take them as a static argument;
+no thread-local or other ambient state carries them (docs/model_families.md,
+"Sharding rules"). The mesh is JAX's (`jax.set_mesh`, `use_mesh`). A mesh axis that
+does not divide an array dimension, or that the mesh lacks, is dropped for that
+array (replicated), so small models run on large meshes and one set of rules
+serves both kinds of mesh.
 
 Meshes have three axes ('data', 'fsdp', 'tensor'), four ('data', 'fsdp',
 'expert', 'tensor') for expert parallelism, or five ('data', 'fsdp', 'expert',
@@ -90,8 +91,9 @@ Rules = tuple
 
 
 def as_rules(rules: Iterable | None) -> Rules:
-  """`rules` (pairs, their axes as a name, a list or tuple of names, or None; None for the
-  whole of `rules`: DEFAULT_RULES) as the hashable tuple `constrain` and the model take."""
+  """`rules` ((logical name, axes) pairs, the axes a mesh axis name, a list or tuple of
+  them, or None), or DEFAULT_RULES for None, as the hashable tuple `constrain` and the
+  model take."""
   if rules is None:
     return DEFAULT_RULES
   return tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in rules)

@@ -368,8 +368,9 @@ def token_stats(model, tokens, positions, segment_ids, targets, *, entropy: bool
   """Per-position log-prob of the target (and entropy, argmax) without full-length logits.
 
   Args:
-    model: an NNX policy with `hidden(tokens, positions, segment_ids)` and
-      `logits_from_hidden(h)` (models.transformer.Transformer).
+    model: an NNX policy with `hidden(tokens, positions, segment_ids)`,
+      `logits_from_hidden(h)` and the logical `rules` it traces with
+      (models.transformer.Transformer).
     tokens, positions, segment_ids, targets: [B, L] int.
     entropy: also return the full-distribution entropy per position.
     argmax: also return the most likely token per position.
@@ -393,7 +394,8 @@ def token_stats(model, tokens, positions, segment_ids, targets, *, entropy: bool
 
 def stats_from_hidden(model, h, targets, *, entropy: bool = False, argmax: bool = False,
                       chunk: int = LOGITS_CHUNK) -> dict[str, jax.Array]:
-  """`token_stats` from final hidden states h [B, L, D] (the output projection chunked)."""
+  """`token_stats` from final hidden states h [B, L, D] (the output projection chunked; a
+  row split along L is chunked per shard under the model's `rules`)."""
 
   def stats(hc, tc):
     logits = model.logits_from_hidden(hc)                       # [B, C, V] float32

@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from models import config as config_lib
+from models import sharding
 from models import transformer
 from rl import batch as batch_lib
 from rl import sampler
@@ -72,6 +73,7 @@ class _Head:
 
   def __init__(self, w):
     self.w = jnp.asarray(w)
+    self.rules = sharding.DEFAULT_RULES
 
   def logits_from_hidden(self, h):
     return h @ self.w
