@@ -320,7 +320,7 @@ def test_joined_channels_equal_the_three_parts(monkeypatch):
   tok = _inputs(cfg, 2, 1, seed=3)
 
   def run(joined):
-    monkeypatch.setattr(mamba, '_joins_channels', lambda cfg: joined)
+    monkeypatch.setattr(mamba, '_joins_channels', lambda cfg, rules: joined)
     # Traced anew: the jitted helpers are keyed on their arguments, not on this switch.
     call = jax.jit(lambda p, x, seg, st: nnx.merge(graphdef, p)(x, seg, st))
     y, mid = call(params, x, jnp.asarray(seg), state)
@@ -554,7 +554,8 @@ def test_context_parallel_with_joined_channels_equals_unsharded(monkeypatch):
   # No tensor axis: x, B and C go through the shards as one joined tensor.
   joined = []
   monkeypatch.setattr(mamba, '_joins_channels',
-                      lambda cfg, f=mamba._joins_channels: (joined.append(f(cfg)), f(cfg))[1])
+                      lambda cfg, rules, f=mamba._joins_channels: (
+                          joined.append(f(cfg, rules)), f(cfg, rules))[1])
   _check_context_parallel('sparse', 4, 1, monkeypatch)
   assert joined and all(joined)
 
