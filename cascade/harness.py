@@ -60,10 +60,12 @@ from rl import sampler as sampler_lib
 MIN_BUCKET = 16
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _score(graphdef, params, tokens, targets, segment_ids):
-  """Per-position log-prob of `targets` and whether it is the argmax ([B, T] each)."""
+@functools.partial(jax.jit, static_argnums=0, static_argnames=('rules',))
+def _score(graphdef, params, tokens, targets, segment_ids, *, rules: sharding.Rules):
+  """Per-position log-prob of `targets` and whether it is the argmax ([B, T] each), traced
+  with the logical `rules`."""
   model = nnx.merge(graphdef, params)
+  model.rules = rules
   positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
   logits = model(tokens, positions, segment_ids)
   return (batch_lib.token_logprobs(logits, targets),
@@ -198,9 +200,9 @@ class CascadeLM(lm_eval.api.model.LM):
         whole = rows[i][0]
         n = len(whole) - 1
         tokens[r, :n], targets[r, :n], segs[r, :n] = whole[:-1], whole[1:], 1
-      with sharding.use_mesh(lm.mesh, lm.rules):
+      with sharding.use_mesh(lm.mesh):
         lp, hit = _score(lm.graphdef, lm.params, jnp.asarray(tokens), jnp.asarray(targets),
-                         jnp.asarray(segs))
+                         jnp.asarray(segs), rules=sharding.as_rules(lm.rules))
       lp, hit = np.asarray(lp, np.float64), np.asarray(hit)
       for r, i in enumerate(idx):
         whole, k = rows[i]

@@ -122,7 +122,8 @@ def resolve(impl: str, q_len: int, kv_len: int, *, self_attention: bool,
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo, *,
-           impl: str = 'auto', block_q: int = 512, block_kv: int = 512) -> jax.Array:
+           impl: str = 'auto', block_q: int = 512, block_kv: int = 512,
+           rules: sharding.Rules = sharding.DEFAULT_RULES) -> jax.Array:
   """Softmax attention of q over k/v under `mask`, in q's dtype.
 
   Args:
@@ -133,6 +134,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo, *,
     impl: one of IMPLS (see `resolve`).
     block_q: query tile of 'splash' and 'blockwise'.
     block_kv: key tile of 'splash' and 'blockwise'.
+    rules: the logical rules the caller traces with (how a shard_map splits the arrays).
 
   Returns:
     [B, T, N, H]; logits and softmax are float32, matmuls in q's dtype.
@@ -145,23 +147,24 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: MaskInfo, *,
   impl = resolve(impl, t, s, self_attention=self_attention)
   q = q.reshape(b, t, kh, n // kh, h) * (h ** -0.5)                    # [B, T, K, G, H]
   offset = 0 if self_attention else mask.q_offset
-  if self_attention and context.shards(t) > 1:
-    out = _context_parallel(q, k, v, mask.q_segment_ids, impl, block_q, block_kv)
+  if self_attention and context.shards(t, rules) > 1:
+    out = _context_parallel(q, k, v, mask.q_segment_ids, impl, block_q, block_kv, rules)
   elif impl in ('dense', 'blockwise'):
     q_index = jnp.asarray(offset, jnp.int32) + jnp.arange(t, dtype=jnp.int32)
     out = _local(impl, q, k, v, mask.q_segment_ids, mask.kv_segment_ids, q_index,
                  jnp.arange(s, dtype=jnp.int32), block_q, block_kv)
   elif impl == 'splash':
     out = _sharded_kernel(functools.partial(_splash, block_q=block_q, block_kv=block_kv),
-                          q, k, v, mask.q_segment_ids)
+                          q, k, v, mask.q_segment_ids, rules)
   else:
-    out = _sharded_kernel(_gpu_flash, q, k, v, mask.q_segment_ids)
+    out = _sharded_kernel(_gpu_flash, q, k, v, mask.q_segment_ids, rules)
   return out.reshape(b, t, n, h)
 
 
 def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: jax.Array,
                  page_table: jax.Array, *, pages_per_compute_block: int = 8,
-                 impl: str = 'auto') -> jax.Array:
+                 impl: str = 'auto', rules: sharding.Rules = sharding.DEFAULT_RULES
+                 ) -> jax.Array:
   """One decode query per slot over that slot's pages of a paged KV cache.
 
   Slot s sees the first `lengths[s]` tokens of its sequence, token j living in
@@ -183,6 +186,7 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
     page_table: [S, M] int32 page of each of the slot's first M * page_size tokens.
     pages_per_compute_block: page-table columns per block.
     impl: the model's attention implementation (`ModelConfig.attention`).
+    rules: the logical rules the caller traces with.
 
   Returns:
     [S, N, H] in q's dtype.
@@ -197,24 +201,26 @@ def paged_attend(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: 
     dt = q.dtype
     fn = functools.partial(paged_attention_kernel.paged_attention, mask_value=_NEG_INF,
                            pages_per_compute_block=bp)
-    return _per_shard(fn, q, k_pages.astype(dt), v_pages.astype(dt), lengths, page_table)
+    return _per_shard(fn, q, k_pages.astype(dt), v_pages.astype(dt), lengths, page_table, rules)
   if jax.default_backend() == 'cpu':
     bp = min(bp, 2)      # XLA:CPU gathers slowly: small blocks measured fastest (S=32, 272 keys)
   return _per_shard(functools.partial(_paged_xla, block_pages=bp), q, k_pages, v_pages,
-                    lengths, page_table)
+                    lengths, page_table, rules)
 
 
-def _per_shard(fn, q, k_pages, v_pages, lengths, page_table):
-  """`fn(q, k_pages, v_pages, lengths, page_table)` per shard of the ambient mesh: slots over
-  the batch axes, heads over the kv-head axes, and the pool's pages over the batch axes as
-  `models.transformer.PAGE_AXES` lays them out (a slot's pages are on its own shard: the
-  table's global page ids become ids in the shard's part); the whole arrays without a mesh."""
+def _per_shard(fn, q, k_pages, v_pages, lengths, page_table, rules):
+  """`fn(q, k_pages, v_pages, lengths, page_table)` per shard of the mesh traced for, split
+  by `rules`: slots over the batch axes, heads over the kv-head axes, and the pool's pages
+  over the batch axes as `models.transformer.PAGE_AXES` lays them out (a slot's pages are on
+  its own shard: the table's global page ids become ids in the shard's part); the whole
+  arrays without a mesh."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh is None or mesh.empty or mesh.size == 1:
     return fn(q, k_pages, v_pages, lengths, page_table)
   batch, heads = sharding.logical_to_spec(('batch', 'kv_heads'),
-                                          (q.shape[0], k_pages.shape[0]), mesh)
-  pages = sharding.logical_to_spec(('kv_heads', 'batch', None, None), k_pages.shape, mesh)
+                                          (q.shape[0], k_pages.shape[0]), mesh, rules)
+  pages = sharding.logical_to_spec(('kv_heads', 'batch', None, None), k_pages.shape, mesh,
+                                   rules)
 
   def local(q, k_pages, v_pages, lengths, page_table):
     if pages[1] is not None:          # this shard's part of the pool
@@ -302,7 +308,7 @@ def _local(impl, q, k, v, q_seg, kv_seg, q_index, kv_index, block_q, block_kv):
                     min(block_kv, s))
 
 
-def _context_parallel(q, k, v, seg, impl, block_q, block_kv):
+def _context_parallel(q, k, v, seg, impl, block_q, block_kv, rules):
   """Self-attention with T split over the sequence axis in zig-zag order (`models.context`).
 
   Each shard holds its queries' two chunks; the keys, values and their segment ids are
@@ -313,6 +319,7 @@ def _context_parallel(q, k, v, seg, impl, block_q, block_kv):
   Args:
     q: [B, T, K, G, H] scaled queries in zig-zag order; k, v: [B, K, T, H]; seg: [B, T].
     impl: the resolved implementation ('splash' and 'gpu_flash' run 'blockwise').
+    rules: the logical rules that split the row over the sequence axis.
 
   Returns:
     [B, T, K, G, H] in zig-zag order.
@@ -320,8 +327,8 @@ def _context_parallel(q, k, v, seg, impl, block_q, block_kv):
   mesh = jax.sharding.get_abstract_mesh()
   b, t, kh = q.shape[:3]
   batch, length, heads = sharding.logical_to_spec(('batch', 'length', 'kv_heads'), (b, t, kh),
-                                                  mesh)
-  n = context.shards(t)
+                                                  mesh, rules)
+  n = context.shards(t, rules)
   impl = impl if impl == 'dense' else 'blockwise'
 
   def local(q, k, v, seg):
@@ -620,7 +627,7 @@ def _gpu_flash(q, k, v, seg):
   return jnp.moveaxis(out[:, :, :t], 0, 3)                            # [B, T, K, G, H]
 
 
-def _sharded_kernel(kernel, q, k, v, seg):
+def _sharded_kernel(kernel, q, k, v, seg, rules):
   """Runs a Pallas kernel per shard: rows over the batch axes, heads over the head axes.
 
   A Pallas call cannot be partitioned by XLA, so under a mesh it runs inside
@@ -631,7 +638,7 @@ def _sharded_kernel(kernel, q, k, v, seg):
   if mesh is None or mesh.empty or mesh.size == 1:
     return kernel(q, k, v, seg)
   # kv heads decide the head split; each kv head's G query heads go with it.
-  batch, heads = sharding.logical_to_spec(('batch', 'kv_heads'), k.shape[:2], mesh)
+  batch, heads = sharding.logical_to_spec(('batch', 'kv_heads'), k.shape[:2], mesh, rules)
   q_spec, k_spec = P(batch, None, heads, None, None), P(batch, heads, None, None)
   return jax.shard_map(kernel, mesh=mesh, in_specs=(q_spec, k_spec, k_spec, P(batch, None)),
                        out_specs=q_spec, check_vma=False)(q, k, v, seg)

@@ -1,8 +1,8 @@
 """Context parallelism: a row's tokens split along their length over the mesh's sequence axis.
 
-Where the active rules map logical 'length' to mesh axes (the 'sequence' axis
-of a 5-axis mesh, `models.sharding`) of n > 1 devices and a row's length T is a
-multiple of 2n, a forward without a cache runs context-parallel:
+Where the logical rules (the caller's, `models.sharding`) map 'length' to mesh axes (the
+'sequence' axis of a 5-axis mesh) of n > 1 devices and a row's length T is a multiple of
+2n, a forward without a cache runs context-parallel:
 
   * the row is cut into 2n chunks of C = T / (2n) tokens and laid out in
     zig-zag order: shard i holds chunks i and 2n - 1 - i. Under causal
@@ -36,14 +36,14 @@ from jax.sharding import PartitionSpec as P
 from models import sharding
 
 
-def axis(length: int):
+def axis(length: int, rules: sharding.Rules):
   """The mesh axis (a name or a tuple of names) that splits a row of `length` tokens
-  context-parallel under the active mesh and rules, or None when none does (no mesh, no
+  context-parallel under the mesh traced for and `rules`, or None when none does (no mesh, no
   'length' rule, an axis of one device, or a length that is not a multiple of 2n)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh is None or mesh.empty or mesh.size == 1:
     return None
-  spec = sharding.logical_to_spec(('length',), (length,), mesh)[0]
+  spec = sharding.logical_to_spec(('length',), (length,), mesh, rules)[0]
   if spec is None:
     return None
   sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
@@ -54,9 +54,10 @@ def axis(length: int):
   return spec
 
 
-def shards(length: int) -> int:
-  """How many context-parallel shards a row of `length` tokens is split over (1: none)."""
-  spec = axis(length)
+def shards(length: int, rules: sharding.Rules) -> int:
+  """How many context-parallel shards a row of `length` tokens is split over under `rules`
+  (1: none)."""
+  spec = axis(length, rules)
   if spec is None:
     return 1
   mesh = jax.sharding.get_abstract_mesh()
@@ -85,7 +86,7 @@ def zigzag_index(length: int, n: int, shard) -> jax.Array:
   return jnp.concatenate([first * c + local, second * c + local]).astype(jnp.int32)
 
 
-def _permute(x, names: Sequence[str | None], to_zigzag: bool):
+def _permute(x, names: Sequence[str | None], to_zigzag: bool, rules: sharding.Rules):
   """x moved between contiguous and zig-zag layout along its 'length' dimension.
 
   Contiguous shard d holds chunks 2d and 2d + 1; zig-zag shard i holds chunks i and
@@ -95,10 +96,10 @@ def _permute(x, names: Sequence[str | None], to_zigzag: bool):
   """
   dim = list(names).index('length')
   length = x.shape[dim]
-  spec_axis = axis(length)
-  n = shards(length)
+  spec_axis = axis(length, rules)
+  n = shards(length, rules)
   mesh = jax.sharding.get_abstract_mesh()
-  spec = list(sharding.logical_to_spec(names, x.shape, mesh))
+  spec = list(sharding.logical_to_spec(names, x.shape, mesh, rules))
   spec[dim] = spec_axis
   spec = P(*spec)
   home = lambda c: c if c < n else 2 * n - 1 - c           # chunk c's zig-zag shard
@@ -124,16 +125,16 @@ def _permute(x, names: Sequence[str | None], to_zigzag: bool):
                        check_vma=False)(x)
 
 
-def to_zigzag(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+def to_zigzag(x: jax.Array, names: Sequence[str | None], rules: sharding.Rules) -> jax.Array:
   """x (logical axes `names`, one of them 'length') in zig-zag layout; x itself when the
-  row is not split context-parallel."""
-  if shards(x.shape[list(names).index('length')]) == 1:
+  row is not split context-parallel under `rules`."""
+  if shards(x.shape[list(names).index('length')], rules) == 1:
     return x
-  return _permute(x, names, True)
+  return _permute(x, names, True, rules)
 
 
-def from_zigzag(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+def from_zigzag(x: jax.Array, names: Sequence[str | None], rules: sharding.Rules) -> jax.Array:
   """The inverse of `to_zigzag`."""
-  if shards(x.shape[list(names).index('length')]) == 1:
+  if shards(x.shape[list(names).index('length')], rules) == 1:
     return x
-  return _permute(x, names, False)
+  return _permute(x, names, False, rules)

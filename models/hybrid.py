@@ -108,7 +108,8 @@ class Sublayer(nnx.Module):
     else:
       raise ValueError(f'unknown sublayer kind {kind!r}')
 
-  def __call__(self, x, positions, mask, segment_ids, part=None, routing=None, replay=True):
+  def __call__(self, x, positions, mask, segment_ids, part=None, routing=None, replay=True, *,
+               rules: sharding.Rules = sharding.DEFAULT_RULES):
     """One sublayer.
 
     Args:
@@ -119,6 +120,7 @@ class Sublayer(nnx.Module):
         a `layers._PagedStep`; a Mamba mixer's MambaState; None otherwise.
       routing: [B, T, k] experts to use instead of the router's choice (moe only).
       replay: with `routing`, replay it (True) or only compare with it (moe only).
+      rules: the logical rules the caller traces with (`models.sharding`).
 
     Returns:
       (x, the written cache part or None, a moe.MoEOutput without y or None).
@@ -126,16 +128,17 @@ class Sublayer(nnx.Module):
     h = self.norm(x)
     report = None
     if self.kind == 'attention':
-      h, part = self.mixer(h, positions, mask, part)
+      h, part = self.mixer(h, positions, mask, part, rules=rules)
     elif self.kind == 'mamba':
-      h, part = self.mixer(h, segment_ids, part)
+      h, part = self.mixer(h, segment_ids, part, rules=rules)
     elif self.kind == 'mlp':
-      h = self.mixer(h)
+      h = self.mixer(h, rules=rules)
     else:
-      out = self.mixer(h, token_mask=segment_ids > 0, routing=routing, replay=replay)
+      out = self.mixer(h, token_mask=segment_ids > 0, routing=routing, replay=replay,
+                       rules=rules)
       h, report = out.y, out._replace(y=None)
     x = x + h.astype(x.dtype)
-    return sharding.constrain(x, ('batch', 'length', 'embed')), part, report
+    return sharding.constrain(x, ('batch', 'length', 'embed'), rules), part, report
 
 
 class Block(nnx.Module):
@@ -151,12 +154,14 @@ class Block(nnx.Module):
     self.post_attn_norm = layers.RMSNorm(cfg.embed_dim, cfg.norm_eps, pd)
     self.mlp = (cfg.spec.mlp or layers.MLP)(cfg, rngs)
 
-  def __call__(self, x, positions, mask, kv_cache=None):
-    h, new_kv = self.attn(self.input_norm(x), positions, mask, kv_cache)
+  def __call__(self, x, positions, mask, kv_cache=None, *,
+               rules: sharding.Rules = sharding.DEFAULT_RULES):
+    """(x after the block, the written cache or None); `rules`: the caller's logical rules."""
+    h, new_kv = self.attn(self.input_norm(x), positions, mask, kv_cache, rules=rules)
     # The name the 'save_attention_out' remat policy keeps.
     x = x + ad_checkpoint.checkpoint_name(h, 'attention_out')
-    x = x + self.mlp(self.post_attn_norm(x))
-    return sharding.constrain(x, ('batch', 'length', 'embed')), new_kv
+    x = x + self.mlp(self.post_attn_norm(x), rules=rules)
+    return sharding.constrain(x, ('batch', 'length', 'embed'), rules), new_kv
 
 
 def stack_blocks(blocks: list[Block]) -> Block:
@@ -468,6 +473,7 @@ class _Pass(NamedTuple):
   kv_index: Any
   paged: Any            # the PagedCache of a paged decode step, or None
   cached: bool          # a call with a cache: no rematerialisation, caches updated in place
+  rules: sharding.Rules  # the logical rules the call traces with
 
 
 class _Caches:
@@ -524,7 +530,7 @@ def _part(ctx: _Pass, kind: str, mine):
 def _sublayer_body(ctx: _Pass, graphdef, params, x, route):
   """A sublayer without a cache, from its graphdef and parameters: (y, report)."""
   y, _, report = nnx.merge(graphdef, params)(x, ctx.positions, ctx.mask, ctx.segment_ids, None,
-                                             route, ctx.replay)
+                                             route, ctx.replay, rules=ctx.rules)
   return y, report
 
 
@@ -532,7 +538,7 @@ def _call(ctx: _Pass, block, x, kind: str, mine, route, prevent_cse: bool):
   """One sublayer, rematerialised in the backward pass where asked; (x, own cache, report)."""
   if ctx.remat is None or ctx.cached:
     x, mine, report = block(x, ctx.positions, ctx.mask, ctx.segment_ids, _part(ctx, kind, mine),
-                            route, ctx.replay)
+                            route, ctx.replay, rules=ctx.rules)
     return x, (tuple(mine) if kind == 'attention' and mine is not None else mine), report
   graphdef, params = nnx.split(block)
   body = functools.partial(_sublayer_body, ctx, graphdef)
@@ -609,7 +615,7 @@ def _cached_fold_branch(ctx: _Pass, kind: str, graphdef, j: int, routing, params
     part = _take(st, n)
   y, mine, report = nnx.merge(graphdef, _take(params[j], n))(
       x, ctx.positions, ctx.mask, ctx.segment_ids, part, _moe_route(routing, kind, n),
-      ctx.replay)
+      ctx.replay, rules=ctx.rules)
   if kind == 'attention' and ck is not None:
     ck, cv = mine
   elif kind == 'mamba' and st is not None:
@@ -626,8 +632,8 @@ def _folded_prefill_scan(ctx: _Pass, blocks, cfg, x, caches: _Caches, routing):
   kinds, stacks, params, js, ns = _fold_parts(blocks, cfg)
   cache_axes = ('layers', 'batch', 'kv_heads', 'cache_length', 'head_dim')
   ks, vs, states = caches.ks, caches.vs, caches.states
-  ck = sharding.constrain(jnp.stack(ks), cache_axes) if ks else None
-  cv = sharding.constrain(jnp.stack(vs), cache_axes) if vs else None
+  ck = sharding.constrain(jnp.stack(ks), cache_axes, ctx.rules) if ks else None
+  cv = sharding.constrain(jnp.stack(vs), cache_axes, ctx.rules) if vs else None
   st = _stack_trees(*states) if states else None
   fns = _same_reports([functools.partial(_cached_fold_branch, ctx, kinds[j], stacks[j][0], j,
                                          routing) for j in range(len(kinds))], kinds,
@@ -778,54 +784,54 @@ def _layer_loop(cfg: config_lib.ModelConfig, body, carry, xs):
   return carry
 
 
-def _block_train_body(graphdef, positions, mask, x, layer_params):
+def _block_train_body(graphdef, positions, mask, rules, x, layer_params):
   """One layer without a cache; its input named 'block_input' (the 'offload' policy's)."""
   x = ad_checkpoint.checkpoint_name(x, 'block_input')
-  return nnx.merge(graphdef, layer_params)(x, positions, mask)[0], None
+  return nnx.merge(graphdef, layer_params)(x, positions, mask, rules=rules)[0], None
 
 
-def _blocks_train(block: Block, cfg, x, positions, mask, remat: Callable | None):
+def _blocks_train(block: Block, cfg, x, positions, mask, remat: Callable | None, rules):
   """Train scan: x through the L layers with no cache, each layer rematerialised as one
   block in the backward pass (`remat`); x."""
   graphdef, params = nnx.split(block)
-  body = functools.partial(_block_train_body, graphdef, positions, mask)
+  body = functools.partial(_block_train_body, graphdef, positions, mask, rules)
   if remat is not None:
     body = remat(body, not cfg.scans_layers)   # a scan's body cannot be CSE'd anyway
   return _layer_loop(cfg, body, x, params)
 
 
-def _block_cached_body(graphdef, positions, mask, index, carry, layer_xs):
+def _block_cached_body(graphdef, positions, mask, index, rules, carry, layer_xs):
   """Layer i writes its T new slots into the stacked caches in place and reads its slice."""
   x, k_all, v_all = carry
   layer_params, i = layer_xs
   x, (k_all, v_all) = nnx.merge(graphdef, layer_params)(x, positions, mask,
-                                                        (k_all, v_all, i, index))
+                                                        (k_all, v_all, i, index), rules=rules)
   return (x, k_all, v_all), None
 
 
-def _block_paged_body(graphdef, positions, paged, carry, layer_xs):
+def _block_paged_body(graphdef, positions, paged, rules, carry, layer_xs):
   """Layer i of a paged decode step over the stacked page pools (`positions`: [S])."""
   x, k_all, v_all = carry
   layer_params, i = layer_xs
   x, (k_all, v_all) = nnx.merge(graphdef, layer_params)(
-      x, positions[:, None], None, layers._PagedStep(k_all, v_all, i, paged))
+      x, positions[:, None], None, layers._PagedStep(k_all, v_all, i, paged), rules=rules)
   return (x, k_all, v_all), None
 
 
-def _blocks_cached(block: Block, cfg, x, positions, mask, k, v, index=None, paged=None):
+def _blocks_cached(block: Block, cfg, x, positions, mask, k, v, rules, index=None, paged=None):
   """Cached scan: x through the L layers over the stacked [L, ...] caches (a prefill or
   decode's buffers written from `index`, or a paged step's pools, `positions` then [S]),
   carried and updated in place; (x, k, v)."""
   graphdef, params = nnx.split(block)
   if paged is None:
-    body = functools.partial(_block_cached_body, graphdef, positions, mask, index)
+    body = functools.partial(_block_cached_body, graphdef, positions, mask, index, rules)
   else:
-    body = functools.partial(_block_paged_body, graphdef, positions, paged)
+    body = functools.partial(_block_paged_body, graphdef, positions, paged, rules)
   return _layer_loop(cfg, body, (x, k, v),
                      (params, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
 
 
-def _blocks_unrolled(block: Block, layer_states, x, positions, mask, ks, vs, index=None,
+def _blocks_unrolled(block: Block, layer_states, x, positions, mask, ks, vs, rules, index=None,
                      paged=None):
   """Cached decode loop: x through the layers given one by one (`layer_states`: their
   parameters sliced out of the stack once, by the caller's loop), each over its own buffers
@@ -835,29 +841,32 @@ def _blocks_unrolled(block: Block, layer_states, x, positions, mask, ks, vs, ind
   for i, layer_params in enumerate(layer_states):
     part = ((ks[i], vs[i], None, index) if paged is None
             else layers._PagedStep(ks[i], vs[i], None, paged))
-    x, (ks[i], vs[i]) = nnx.merge(graphdef, layer_params)(x, positions, mask, part)
+    x, (ks[i], vs[i]) = nnx.merge(graphdef, layer_params)(x, positions, mask, part,
+                                                          rules=rules)
   return x, tuple(ks), tuple(vs)
 
 
-def _run_blocks(block: Block, cfg, x, positions, mask, kv, paged, layer_states, remat):
+def _run_blocks(block: Block, cfg, x, positions, mask, kv, paged, layer_states, remat, rules):
   """x through the dense stack in the mode the call asks for; `run`'s return value."""
   if layer_states is not None:
     if paged is not None:
       if not isinstance(paged.k, tuple):
         raise ValueError('layers= needs the pools split per layer (split_layers)')
       x, ks, vs = _blocks_unrolled(block, layer_states, x, positions[:, None], mask, paged.k,
-                                   paged.v, paged=paged)
+                                   paged.v, rules, paged=paged)
     else:
       if kv is None or not isinstance(kv[0], tuple):
         raise ValueError('layers= needs a cache in the unstack_cache layout')
       x, ks, vs = _blocks_unrolled(block, layer_states, x, positions, mask, kv[0], kv[1],
-                                   index=kv[2])
+                                   rules, index=kv[2])
   elif paged is not None:
-    x, ks, vs = _blocks_cached(block, cfg, x, positions, mask, paged.k, paged.v, paged=paged)
+    x, ks, vs = _blocks_cached(block, cfg, x, positions, mask, paged.k, paged.v, rules,
+                               paged=paged)
   elif kv is not None:
-    x, ks, vs = _blocks_cached(block, cfg, x, positions, mask, kv[0], kv[1], index=kv[2])
+    x, ks, vs = _blocks_cached(block, cfg, x, positions, mask, kv[0], kv[1], rules,
+                               index=kv[2])
   else:
-    return _blocks_train(block, cfg, x, positions, mask, remat), (), (), None, None
+    return _blocks_train(block, cfg, x, positions, mask, remat, rules), (), (), None, None
   return x, ks, vs, None, None
 
 
@@ -879,7 +888,7 @@ def _stats(reports, routing, segment_ids, moe_sublayers: int) -> MoEStats | None
 def run(blocks: Sequence[Sublayer | Repeat] | Block, cfg: config_lib.ModelConfig, x, positions,
         mask, segment_ids, *, kv=None, states=None, paged=None, routing=None, replay=True,
         remat: Callable | None = None, scan: bool | None = None, accumulate: bool = True,
-        layer_states=None):
+        layer_states=None, rules: sharding.Rules = sharding.DEFAULT_RULES):
   """x through every sublayer.
 
   Args:
@@ -908,6 +917,7 @@ def run(blocks: Sequence[Sublayer | Repeat] | Block, cfg: config_lib.ModelConfig
       autodiff's (False).
     layer_states: the dense stack only: its layers' parameters sliced out of the stack
       (`Transformer.layer_states`), run as an unrolled loop over per-layer caches.
+    rules: the logical rules every sublayer traces with (`Transformer.rules`).
 
   With a cache (`kv`, `states` or `paged`) a repeated segment is always a Python loop over
   its repeats, so each sublayer's buffers, pools and state are updated in place (a scan
@@ -923,7 +933,7 @@ def run(blocks: Sequence[Sublayer | Repeat] | Block, cfg: config_lib.ModelConfig
     if routing is not None:
       raise ValueError(f'routing= is for the mixture-of-experts families; family='
                        f'{cfg.family!r} has no experts')
-    return _run_blocks(blocks, cfg, x, positions, mask, kv, paged, layer_states, remat)
+    return _run_blocks(blocks, cfg, x, positions, mask, kv, paged, layer_states, remat, rules)
   if paged is not None:
     # A slot that is not live is padding to the Mamba mixers: its state stays as it is.
     segment_ids = paged.live.astype(jnp.int32)[:, None]
@@ -931,7 +941,7 @@ def run(blocks: Sequence[Sublayer | Repeat] | Block, cfg: config_lib.ModelConfig
   scan = cfg.scans_layers if scan is None else scan
   ctx = _Pass(positions, mask, segment_ids, replay, remat, has_kv=kv is not None,
               kv_index=None if kv is None else kv[2], paged=paged,
-              cached=kv is not None or paged is not None or states is not None)
+              cached=kv is not None or paged is not None or states is not None, rules=rules)
   caches = _Caches(kv, paged, states)
   if is_folded(blocks):
     # A cache that holds exactly this call's tokens (a prefill into fresh buffers, as the paged
@@ -949,18 +959,21 @@ def run(blocks: Sequence[Sublayer | Repeat] | Block, cfg: config_lib.ModelConfig
           None if caches.states is None else tuple(caches.states), stats)
 
 
-def init_kv(cfg: config_lib.ModelConfig, batch: int, length: int, dtype) -> tuple[tuple, tuple]:
-  """Empty key and value buffers, one [B, K, S, H] per attention sublayer."""
+def init_kv(cfg: config_lib.ModelConfig, batch: int, length: int, dtype,
+            rules: sharding.Rules = sharding.DEFAULT_RULES) -> tuple[tuple, tuple]:
+  """Empty key and value buffers, one [B, K, S, H] per attention sublayer, laid out by
+  `rules`."""
   shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
   axes = ('batch', 'kv_heads', 'cache_length', 'head_dim')
-  zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype), axes)
+  zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype), axes, rules)
   n = cfg.attention_layers
   return tuple(zeros() for _ in range(n)), tuple(zeros() for _ in range(n))
 
 
-def init_states(cfg: config_lib.ModelConfig, batch: int, dtype=None) -> tuple:
-  """Zero Mamba states, one per Mamba sublayer."""
-  return tuple(mamba.init_state(cfg, batch, dtype) for _ in range(cfg.mamba_layers))
+def init_states(cfg: config_lib.ModelConfig, batch: int, dtype=None,
+                rules: sharding.Rules = sharding.DEFAULT_RULES) -> tuple:
+  """Zero Mamba states, one per Mamba sublayer, laid out by `rules`."""
+  return tuple(mamba.init_state(cfg, batch, dtype, rules) for _ in range(cfg.mamba_layers))
 
 
 def repeat_rows(tree: Any, group: int) -> Any:

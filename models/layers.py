@@ -8,6 +8,7 @@ N query heads, K kv heads, H head_dim, F mlp.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -100,8 +101,10 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(h, cfg.norm_eps, pd, axes=('head_dim',))
       self.k_norm = RMSNorm(h, cfg.norm_eps, pd, axes=('head_dim',))
 
-  def __call__(self, x, positions, mask, kv_cache=None):
-    """x: [B, T, D]; mask: an attention.MaskInfo; kv_cache: (k, v, layer, index) or None.
+  def __call__(self, x, positions, mask, kv_cache=None, *,
+               rules: sharding.Rules = sharding.DEFAULT_RULES):
+    """x: [B, T, D]; mask: an attention.MaskInfo; kv_cache: (k, v, layer, index) or None;
+    rules: the logical rules the caller traces with (`models.sharding`).
 
     With a cache (k, v: every layer's [L, B, K, S, H]) the new keys/values are
     written in place at layer `layer`, slots [index, index + T), and the
@@ -135,12 +138,12 @@ class Attention(nnx.Module):
     else:
       q = apply_rope(q, positions, cfg.rope_theta, cfg.rope_scaling)
       k = apply_rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
-    q = sharding.constrain(q, ('batch', 'length', 'heads', 'head_dim'))
-    k = sharding.constrain(k, ('batch', 'length', 'kv_heads', 'head_dim'))
-    v = sharding.constrain(v, ('batch', 'length', 'kv_heads', 'head_dim'))
+    q = sharding.constrain(q, ('batch', 'length', 'heads', 'head_dim'), rules)
+    k = sharding.constrain(k, ('batch', 'length', 'kv_heads', 'head_dim'), rules)
+    v = sharding.constrain(v, ('batch', 'length', 'kv_heads', 'head_dim'), rules)
 
     if isinstance(kv_cache, _PagedStep):
-      return self._paged(q, k, v, kv_cache)
+      return self._paged(q, k, v, kv_cache, rules)
     new_kv = None
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)            # [B, K, T, H]
     if kv_cache is not None:
@@ -160,12 +163,12 @@ class Attention(nnx.Module):
         v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)
 
     out = attention.attend(q, k, v, mask, impl=cfg.attention, block_q=cfg.attention_block_q,
-                           block_kv=cfg.attention_block_kv)          # [B, T, N, H]
+                           block_kv=cfg.attention_block_kv, rules=rules)   # [B, T, N, H]
     out = _matmul(out, self.o_proj.value.astype(dt), contract=2)      # [B, T, D]
-    return sharding.constrain(out, ('batch', 'length', 'embed')), new_kv
+    return sharding.constrain(out, ('batch', 'length', 'embed'), rules), new_kv
 
 
-  def _paged(self, q, k, v, step: '_PagedStep'):
+  def _paged(self, q, k, v, step: '_PagedStep', rules: sharding.Rules):
     """One decode token per slot (q [S, 1, N, H], k/v [S, 1, K, H]) through a paged cache.
 
     `step.k`/`step.v`: every layer's pool [L, K, P, page_size, H], or with `step.layer`
@@ -188,9 +191,9 @@ class Attention(nnx.Module):
       k_pages = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)
       v_pages = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)
     out = attention.paged_attend(q[:, 0], k_pages, v_pages, cache.lengths + 1,
-                                 cache.page_table, impl=self.cfg.attention)
+                                 cache.page_table, impl=self.cfg.attention, rules=rules)
     out = jnp.einsum('BNH,NHD->BD', out, self.o_proj.value.astype(self.cfg.jnp_dtype))
-    return sharding.constrain(out[:, None], ('batch', 'length', 'embed')), (ck, cv)
+    return sharding.constrain(out[:, None], ('batch', 'length', 'embed'), rules), (ck, cv)
 
 
 class _PagedStep(NamedTuple):
@@ -214,15 +217,16 @@ class MLP(nnx.Module):
     self.up_proj = _param(rngs, (d, f), ('embed', 'mlp'), pd)
     self.down_proj = _param(rngs, (f, d), ('mlp', 'embed'), pd)
 
-  def __call__(self, x):
+  def __call__(self, x, *, rules: sharding.Rules = sharding.DEFAULT_RULES):
+    """x [B, T, D] -> [B, T, D]; `rules`: the logical rules the caller traces with."""
     dt = self.cfg.jnp_dtype
     if self.cfg.mlp_activation == 'swiglu':
       w = (self.gate_proj.value.astype(dt), self.up_proj.value.astype(dt),
            self.down_proj.value.astype(dt))
-      fn = _swiglu
+      fn = functools.partial(_swiglu, rules=rules)
     else:
       w = (self.up_proj.value.astype(dt), self.down_proj.value.astype(dt))
-      fn = _relu2
+      fn = functools.partial(_relu2, rules=rules)
     b, t, d = x.shape
     c = self.cfg.mlp_chunk
     if not c or t <= c:
@@ -236,17 +240,17 @@ class MLP(nnx.Module):
     return jnp.moveaxis(ys, 0, 1).reshape(b, n * c, d)[:, :t]
 
 
-def _swiglu(w, x):
+def _swiglu(w, x, *, rules: sharding.Rules):
   """down(silu(gate(x)) * up(x)) with w = (gate [D, F], up [D, F], down [F, D]).
 
   The matmuls run over [B * T] rows (`_matmul`)."""
   h = jax.nn.silu(_matmul(x, w[0])) * _matmul(x, w[1])
-  h = sharding.constrain(h, ('batch', 'length', 'mlp'))
+  h = sharding.constrain(h, ('batch', 'length', 'mlp'), rules)
   return _matmul(h, w[2])
 
 
-def _relu2(w, x):
+def _relu2(w, x, *, rules: sharding.Rules):
   """down(relu(up(x))^2) with w = (up [D, F], down [F, D])."""
   h = jnp.square(jax.nn.relu(_matmul(x, w[0])))
-  h = sharding.constrain(h, ('batch', 'length', 'mlp'))
+  h = sharding.constrain(h, ('batch', 'length', 'mlp'), rules)
   return _matmul(h, w[1])

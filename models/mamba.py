@@ -113,13 +113,15 @@ STATE_AXES = MambaState(conv=('batch', None, None),
                         ssm=('batch', 'mamba_heads', 'mamba_head_dim', 'mamba_state'))
 
 
-def init_state(cfg: config_lib.ModelConfig, batch: int, dtype=None) -> MambaState:
-  """A zero state for `batch` rows (conv in `dtype`, default the compute dtype; ssm float32)."""
+def init_state(cfg: config_lib.ModelConfig, batch: int, dtype=None,
+               rules: sharding.Rules = sharding.DEFAULT_RULES) -> MambaState:
+  """A zero state for `batch` rows (conv in `dtype`, default the compute dtype; ssm float32),
+  laid out by `rules`."""
   dtype = cfg.jnp_dtype if dtype is None else dtype
   conv = jnp.zeros((batch, cfg.mamba_conv - 1, cfg.mamba_conv_dim), dtype)
   ssm = jnp.zeros((batch, cfg.mamba_heads, cfg.mamba_head_dim, cfg.mamba_state), jnp.float32)
-  return MambaState(conv=sharding.constrain(conv, STATE_AXES.conv),
-                    ssm=sharding.constrain(ssm, STATE_AXES.ssm))
+  return MambaState(conv=sharding.constrain(conv, STATE_AXES.conv, rules),
+                    ssm=sharding.constrain(ssm, STATE_AXES.ssm, rules))
 
 
 class Mamba2Mixer(nnx.Module):
@@ -156,14 +158,16 @@ class Mamba2Mixer(nnx.Module):
     self.norm = nnx.Param(jnp.ones((h, p), pd), logical_axes=('mamba_heads', 'mamba_head_dim'))
     self.out_proj = _param(rngs, (h, p, d), ('mamba_heads', 'mamba_head_dim', 'embed'), pd)
 
-  def __call__(self, x: jax.Array, segment_ids: jax.Array,
-               state: MambaState | None = None) -> tuple[jax.Array, MambaState | None]:
+  def __call__(self, x: jax.Array, segment_ids: jax.Array, state: MambaState | None = None, *,
+               rules: sharding.Rules = sharding.DEFAULT_RULES
+               ) -> tuple[jax.Array, MambaState | None]:
     """Mixes a sequence.
 
     Args:
       x: [B, T, D] input (cast to the compute dtype).
       segment_ids: int32 [B, T]; 0 = padding (see the module docstring).
       state: the incoming recurrent state, or None (zeros, and no state is returned).
+      rules: the logical rules the caller traces with (`models.sharding`).
 
     Returns:
       (y [B, T, D] in the compute dtype, zero at padding; the state after each row's
@@ -178,23 +182,23 @@ class Mamba2Mixer(nnx.Module):
     # convolution's gathers and selects, forward and backward: less for the TPU compiler to
     # build per sublayer. A decode step keeps the parts: joining would copy the five weights
     # into one on every step, for one token's matmul.
-    joined = x.shape[1] > 1 and _joins_channels(cfg)
+    joined = x.shape[1] > 1 and _joins_channels(cfg, rules)
     if joined:
       hp, gn = cfg.mamba_heads * cfg.mamba_head_dim, cfg.mamba_groups * cfg.mamba_state
       w = jnp.concatenate([p.value.reshape(p.value.shape[0], -1).astype(cd) for p in (
           self.z_proj, self.x_proj, self.b_proj, self.c_proj, self.dt_proj)], axis=1)
       zxbcdt = _matmul(x, w)                                          # [B, T, 2HP + 2GN + H]
       z = sharding.constrain(zxbcdt[..., :hp].reshape(*x.shape[:2], cfg.mamba_heads,
-                                                      cfg.mamba_head_dim), _HEADS)
-      parts = (sharding.constrain(zxbcdt[..., hp:2 * hp + 2 * gn], _CHANNELS),)
+                                                      cfg.mamba_head_dim), _HEADS, rules)
+      parts = (sharding.constrain(zxbcdt[..., hp:2 * hp + 2 * gn], _CHANNELS, rules),)
       dt_raw = zxbcdt[..., 2 * hp + 2 * gn:]
     else:
-      z = sharding.constrain(_matmul(x, self.z_proj.value.astype(cd)), _HEADS)
-      parts = (sharding.constrain(_matmul(x, self.x_proj.value.astype(cd)), _HEADS),
-               sharding.constrain(_matmul(x, self.b_proj.value.astype(cd)), _GROUPS),
-               sharding.constrain(_matmul(x, self.c_proj.value.astype(cd)), _GROUPS))
+      z = sharding.constrain(_matmul(x, self.z_proj.value.astype(cd)), _HEADS, rules)
+      parts = (sharding.constrain(_matmul(x, self.x_proj.value.astype(cd)), _HEADS, rules),
+               sharding.constrain(_matmul(x, self.b_proj.value.astype(cd)), _GROUPS, rules),
+               sharding.constrain(_matmul(x, self.c_proj.value.astype(cd)), _GROUPS, rules))
       dt_raw = _matmul(x, self.dt_proj.value.astype(cd))              # [B, T, H]
-    dt_raw = sharding.constrain(dt_raw, ('batch', 'length', 'mamba_heads'))
+    dt_raw = sharding.constrain(dt_raw, ('batch', 'length', 'mamba_heads'), rules)
     split = (lambda u: _split_conv(cfg, u[0])) if joined else tuple
     if x.shape[1] == 1:
       real, run = segment_ids != 0, None
@@ -221,27 +225,29 @@ class Mamba2Mixer(nnx.Module):
       h = (jnp.exp(dt[:, 0] * a)[:, :, None, None] * h0
            + _outer(xs[:, 0] * dt[:, 0, :, None], bs[:, 0], cfg.mamba_groups))
       y = _contract_state(cs[:, 0], h, cfg.mamba_groups)[:, None]      # [B, 1, H, P]
-    elif state is None and context.shards(x.shape[1]) > 1:
+    elif state is None and context.shards(x.shape[1], rules) > 1:
       # Context parallel: the row arrives split along T in zig-zag order (models.context).
-      xs, y = _context_parallel(parts, convs, dt, a, segment_ids, cfg.mamba_chunk, split)
+      xs, y = _context_parallel(parts, convs, dt, a, segment_ids, cfg.mamba_chunk, split,
+                                rules)
     else:
       outs, conv_state = _conv_scan(parts, convs, prefix, real, run,
                                     want_state=state is not None)
       xs, bs, cs = split(outs)
-      xs = sharding.constrain(xs, _HEADS)
+      xs = sharding.constrain(xs, _HEADS, rules)
       y, h = _ssd(xs, dt, a, bs, cs, run, h0, cfg.mamba_chunk)
     y = y + self.D.value.astype(jnp.float32)[:, None] * xs
-    y = sharding.constrain(y, _HEADS)
+    y = sharding.constrain(y, _HEADS, rules)
 
     y = _gated_norm(y, z, self.norm.value, cfg.mamba_groups, cfg.norm_eps).astype(cd)
-    y = sharding.constrain(y, _HEADS)
+    y = sharding.constrain(y, _HEADS, rules)
     out = _matmul(y, self.out_proj.value.astype(cd), contract=2)
     out = jnp.where(real[..., None], out, jnp.zeros((), cd))
-    out = sharding.constrain(out, ('batch', 'length', 'embed'))
+    out = sharding.constrain(out, ('batch', 'length', 'embed'), rules)
     if state is None:
       return out, None
-    new_state = MambaState(conv=sharding.constrain(_join_conv(conv_state), STATE_AXES.conv),
-                           ssm=sharding.constrain(h, STATE_AXES.ssm))
+    new_state = MambaState(
+        conv=sharding.constrain(_join_conv(conv_state), STATE_AXES.conv, rules),
+        ssm=sharding.constrain(h, STATE_AXES.ssm, rules))
     return out, new_state
 
   def _conv_params(self, joined: bool):
@@ -262,11 +268,11 @@ class Mamba2Mixer(nnx.Module):
     return ((weight, bias),)
 
 
-def _joins_channels(cfg: config_lib.ModelConfig) -> bool:
+def _joins_channels(cfg: config_lib.ModelConfig, rules: sharding.Rules) -> bool:
   """Whether the mixer projects and convolves x, B and C as one tensor of HP + 2GN channels:
-  where the active mesh splits neither the heads nor the groups (else x's channels would be
-  split by head and B's and C's by group, which one channel axis cannot hold), and not on
-  GPUs."""
+  where the mesh traced for, under `rules`, splits neither the heads nor the groups (else
+  x's channels would be split by head and B's and C's by group, which one channel axis
+  cannot hold), and not on GPUs."""
   if sharding.mesh_platform() == 'gpu':
     # XLA:GPU kept the joined projection's output alive longer: Cascade 2's MOPD train step
     # on one H200 needed 1.26 GiB more (118.66 GiB, over 90 %), where the join's gain, fewer
@@ -275,8 +281,8 @@ def _joins_channels(cfg: config_lib.ModelConfig) -> bool:
   mesh = jax.sharding.get_abstract_mesh()
   if mesh is None or mesh.empty:
     return True
-  return (sharding.split_ways(cfg.mamba_heads, 'mamba_heads', mesh) == 1
-          and sharding.split_ways(cfg.mamba_groups, 'mamba_groups', mesh) == 1)
+  return (sharding.split_ways(cfg.mamba_heads, 'mamba_heads', mesh, rules) == 1
+          and sharding.split_ways(cfg.mamba_groups, 'mamba_groups', mesh, rules) == 1)
 
 
 def _split_conv(cfg: config_lib.ModelConfig, conv: jax.Array):
@@ -646,7 +652,7 @@ def _fold_states(log_decay, final, keep, restart):
   return entering
 
 
-def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int, split=tuple):
+def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int, split, rules):
   """The convolution and scan of a row split along T over the sequence axis (zig-zag).
 
   Each shard holds two pieces of the row (chunks i and 2n - 1 - i of 2n, `models.context`)
@@ -668,6 +674,7 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int, split=tuple)
     segment_ids: int32 [B, T] in zig-zag order.
     chunk: the scan's chunk length L.
     split: the conv outputs (as `parts`) -> (x, B, C).
+    rules: the logical rules that split the row over the sequence axis.
 
   Returns:
     (x after the convolution [B, T, H, P], y [B, T, H, P] without the D skip), float32,
@@ -675,10 +682,10 @@ def _context_parallel(parts, convs, dt, a, segment_ids, chunk: int, split=tuple)
   """
   mesh = jax.sharding.get_abstract_mesh()
   b, t, h = dt.shape
-  n = context.shards(t)
-  axis = context.axis(t)
+  n = context.shards(t, rules)
+  axis = context.axis(t, rules)
   batch, length, heads = sharding.logical_to_spec(
-      ('batch', 'length', 'mamba_heads'), (b, t, h), mesh)
+      ('batch', 'length', 'mamba_heads'), (b, t, h), mesh, rules)
   sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
   tp = int(np.prod([sizes[x] for x in ((heads,) if isinstance(heads, str) else heads or ())]))
   if len(parts) == 1 or parts[1].shape[2] % tp:

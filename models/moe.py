@@ -193,7 +193,8 @@ class MoE(nnx.Module):
       self.shared_down = _param(rngs, (s, d), ('mlp', 'embed'), pd)
 
   def __call__(self, x: jax.Array, token_mask: jax.Array | None = None,
-               routing: jax.Array | None = None, replay: bool = True) -> MoEOutput:
+               routing: jax.Array | None = None, replay: bool = True, *,
+               rules: sharding.Rules = sharding.DEFAULT_RULES) -> MoEOutput:
     """Routes each token to K experts and sums their weighted outputs (+ the shared expert's).
 
     Args:
@@ -206,6 +207,7 @@ class MoE(nnx.Module):
         into [0, E) when traced.
       replay: with `routing`, use it (True) or only compare the router's own choice with
         it (False: the layer routes as without it; `mismatched` is still counted).
+      rules: the logical rules the caller traces with (`models.sharding`).
 
     Returns:
       A MoEOutput.
@@ -231,14 +233,14 @@ class MoE(nnx.Module):
     x = x.astype(dt)
     experts = ((self.gate.value.astype(dt),) if cfg.mlp_activation == 'swiglu' else ()) + (
         self.up.value.astype(dt), self.down.value.astype(dt))
-    y = _routed(cfg, x, indices, weights, experts)
+    y = _routed(cfg, x, indices, weights, experts, rules)
     if cfg.shared_expert_dim:
       gate = (_dense(x, self.shared_gate.value.astype(dt))
               if cfg.mlp_activation == 'swiglu' else None)
       h = _activate(cfg, _dense(x, self.shared_up.value.astype(dt)), gate)
-      h = sharding.constrain(h, ('batch', 'length', 'mlp'))
+      h = sharding.constrain(h, ('batch', 'length', 'mlp'), rules)
       y = y + _dense(h, self.shared_down.value.astype(dt))
-    return MoEOutput(sharding.constrain(y, ('batch', 'length', 'embed')), indices,
+    return MoEOutput(sharding.constrain(y, ('batch', 'length', 'embed'), rules), indices,
                      aux_loss, z_loss, mismatched, token_differs)
 
 
@@ -705,11 +707,12 @@ def _axes(entry) -> tuple[str, ...]:
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
-def _check_expert_axis(num_experts: int, mesh) -> None:
-  """A ValueError when the mesh's 'expert' axis (under the 'experts' rule) does not divide E."""
+def _check_expert_axis(num_experts: int, mesh, rules: sharding.Rules) -> None:
+  """A ValueError when the mesh's 'expert' axis (under the 'experts' rule of `rules`) does
+  not divide E."""
   sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
   ep = sizes.get('expert', 1)
-  if ep > 1 and 'expert' in _axes(dict(sharding.get_rules()).get('experts')) and (
+  if ep > 1 and 'expert' in _axes(dict(rules).get('experts')) and (
       num_experts % ep):
     raise ValueError(f'num_experts={num_experts} is not divisible by the mesh\'s expert axis '
                      f'size {ep}: expert parallelism gives each shard num_experts / {ep} '
@@ -726,9 +729,11 @@ def _shard_map(f, mesh, in_specs, out_specs):
   return shard_map(f, mesh, in_specs, out_specs, check_rep=False)
 
 
-def _routed(cfg: config_lib.ModelConfig, x, indices, weights, experts) -> jax.Array:
-  """The routed experts' output [B, T, D]: whole without a mesh, else per shard (module
-  docstring: gather the expert group's tokens, local experts, reduce-scatter back)."""
+def _routed(cfg: config_lib.ModelConfig, x, indices, weights, experts,
+            rules: sharding.Rules) -> jax.Array:
+  """The routed experts' output [B, T, D]: whole without a mesh, else per shard as `rules`
+  split it (module docstring: gather the expert group's tokens, local experts, reduce-scatter
+  back)."""
   b, t, d = x.shape
   k = cfg.experts_per_token
   mesh = jax.sharding.get_abstract_mesh()
@@ -737,13 +742,14 @@ def _routed(cfg: config_lib.ModelConfig, x, indices, weights, experts) -> jax.Ar
     y = _experts(cfg, x.reshape(b * t, d), indices.reshape(b * t, k),
                  weights.reshape(b * t, k), run)
     return y.reshape(b, t, d)
-  _check_expert_axis(cfg.num_experts, mesh)
-  spec = sharding.logical_to_spec(('experts', 'embed', 'moe_mlp'), experts[-2].shape, mesh)
+  _check_expert_axis(cfg.num_experts, mesh, rules)
+  spec = sharding.logical_to_spec(('experts', 'embed', 'moe_mlp'), experts[-2].shape, mesh,
+                                  rules)
   ep, tp = _axes(spec[0]), _axes(spec[2])
   # Rows over the batch axes and each row's tokens over the length axes (context
   # parallelism: a sequence shard routes only its own tokens), except any axis that also
   # splits F (its slices must see the same tokens to be summed).
-  tokens = sharding.logical_to_spec(('batch', 'length'), (b, t), mesh)
+  tokens = sharding.logical_to_spec(('batch', 'length'), (b, t), mesh, rules)
   rows, cols = ([a for a in _axes(entry) if a not in tp] for entry in tokens)
   gather = tuple(a for a in rows + cols if a in ep)  # the expert group's tokens come together
   spread = tuple(a for a in ep if a not in gather)   # tokens already whole across these

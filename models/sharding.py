@@ -2,11 +2,16 @@
 
 Every parameter carries `logical_axes` metadata (e.g. ('embed', 'mlp')) and
 the main activations are constrained with `constrain(x, ('batch', 'length',
-'embed'))`. Only the rules, which come from the config, say which mesh axis
+'embed'), rules)`. Only the rules, which come from the config, say which mesh axis
 ('data', 'fsdp', 'tensor', and 'expert' on a mixture-of-experts mesh) a
-logical name is split over. A mesh axis that does not divide an array
-dimension, or that the mesh lacks, is dropped for that array (replicated), so
-small models run on large meshes and one set of rules serves both kinds of mesh.
+logical name is split over. They are a value (`as_rules`: a hashable tuple of
+pairs), handed by each caller to what it calls: the model holds the ones its trace
+uses (`Transformer.rules`), the programs outside it take them as a static argument;
+no thread-local or other ambient state carries them (docs/model_families.md,
+"Sharding rules"). The mesh is JAX's (`jax.set_mesh`, `use_mesh`). A mesh axis that
+does not divide an array dimension, or that the mesh lacks, is dropped for that
+array (replicated), so small models run on large meshes and one set of rules
+serves both kinds of mesh.
 
 Meshes have three axes ('data', 'fsdp', 'tensor'), four ('data', 'fsdp',
 'expert', 'tensor') for expert parallelism, or five ('data', 'fsdp', 'expert',
@@ -23,7 +28,6 @@ and values gathered over it.
 from __future__ import annotations
 
 import contextlib
-import threading
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -81,7 +85,18 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 # 'sequence' too) samples with the weights in the layout they were loaded in.
 ACTIVATION_AXES = ('batch', 'length', 'cache_length')
 
-_state = threading.local()
+# Logical rules as every traced function takes them: (logical name, mesh axes) pairs, a tuple
+# of tuples, so hashable (a static argument of a jitted function).
+Rules = tuple
+
+
+def as_rules(rules: Iterable | None) -> Rules:
+  """`rules` ((logical name, axes) pairs, the axes a mesh axis name, a list or tuple of
+  them, or None), or DEFAULT_RULES for None, as the hashable tuple `constrain` and the
+  model take."""
+  if rules is None:
+    return DEFAULT_RULES
+  return tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in rules)
 
 
 def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None, slices: int | None = None) -> Mesh:
@@ -129,24 +144,15 @@ def override_rules(rules, changes) -> tuple:
   return tuple(merged.items())
 
 
-def get_rules():
-  return getattr(_state, 'rules', DEFAULT_RULES)
-
-
 @contextlib.contextmanager
-def use_mesh(mesh: Mesh | None, rules: Iterable | None = None):
-  """Sets the mesh (jax.set_mesh) and the logical rules for tracing in this thread."""
-  old = get_rules()
-  _state.rules = tuple((k, tuple(v) if isinstance(v, list) else v)
-                       for k, v in (rules if rules is not None else DEFAULT_RULES))
-  try:
-    if mesh is None:
+def use_mesh(mesh: Mesh | None):
+  """Sets the mesh to trace for (jax.set_mesh); nothing for None. The logical rules are no part
+  of it: they travel as a value, `constrain`'s argument and the model's `rules` attribute."""
+  if mesh is None:
+    yield
+  else:
+    with jax.set_mesh(mesh):
       yield
-    else:
-      with jax.set_mesh(mesh):
-        yield
-  finally:
-    _state.rules = old
 
 
 def _mesh_axis_sizes(mesh) -> dict[str, int]:
@@ -163,12 +169,12 @@ def logical_to_spec(names: Sequence[str | None], shape: Sequence[int] | None = N
     shape: the array shape; with `mesh`, mesh axes that do not divide a
       dimension are dropped for it.
     mesh: a Mesh or AbstractMesh (for divisibility).
-    rules: logical rules (default: the active ones).
+    rules: logical rules (None: DEFAULT_RULES).
 
   Returns:
     The PartitionSpec; each mesh axis is used at most once.
   """
-  table = dict(get_rules() if rules is None else rules)
+  table = dict(DEFAULT_RULES if rules is None else rules)
   sizes = _mesh_axis_sizes(mesh) if mesh is not None else None
   used: set[str] = set()
   out = []
@@ -224,12 +230,13 @@ def batch_shards(mesh: Mesh | None, rules=None) -> int:
   return int(np.prod([sizes[a] for a in axes]))
 
 
-def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-  """with_sharding_constraint by logical names; a no-op when no mesh is set."""
+def constrain(x: jax.Array, names: Sequence[str | None], rules: Rules) -> jax.Array:
+  """with_sharding_constraint by logical names under `rules` (the caller's: the model's
+  `rules`, a program's own); a no-op when no mesh is set."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh is None or mesh.empty or mesh.size == 1:
     return x
-  return jax.lax.with_sharding_constraint(x, logical_to_spec(names, x.shape, mesh))
+  return jax.lax.with_sharding_constraint(x, logical_to_spec(names, x.shape, mesh, rules))
 
 
 def _is_var(x) -> bool:
@@ -260,7 +267,7 @@ def create_sharded(make_model, mesh: Mesh | None, rules=None):
   Args:
     make_model: zero-argument callable returning the module.
     mesh: target mesh, or None for a plain (single-device) module.
-    rules: logical rules (default: DEFAULT_RULES / the active ones).
+    rules: logical rules (None: DEFAULT_RULES).
 
   Returns:
     The module; no full unsharded copy is ever materialised.
@@ -272,7 +279,7 @@ def create_sharded(make_model, mesh: Mesh | None, rules=None):
   shardings = state_shardings(abs_state, mesh, rules)
 
   init = jax.jit(lambda: nnx.state(make_model()), out_shardings=shardings)
-  with use_mesh(mesh, rules):
+  with use_mesh(mesh):
     state = init()
   return nnx.merge(graphdef, state)
 

@@ -97,43 +97,50 @@ class PagedCache(NamedTuple):
 PAGE_AXES = ('layers', 'kv_heads', 'batch', None, 'head_dim')
 
 
-def init_pages(cfg: config_lib.ModelConfig, pages: int, page_size: int, dtype=None):
-  """Empty key and value page pools [L, K, pages, page_size, H] (dtype: the compute dtype)."""
+def init_pages(cfg: config_lib.ModelConfig, pages: int, page_size: int, dtype=None,
+               rules: sharding.Rules = sharding.DEFAULT_RULES):
+  """Empty key and value page pools [L, K, pages, page_size, H] (dtype: the compute dtype),
+  laid out by `rules`."""
   dtype = cfg.jnp_dtype if dtype is None else dtype
   shape = (cfg.attention_layers, cfg.num_kv_heads, pages, page_size, cfg.head_dim)
-  zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype), PAGE_AXES)
+  zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype), PAGE_AXES, rules)
   return zeros(), zeros()
 
 
 def init_cache(cfg: config_lib.ModelConfig, batch: int, length: int,
-               dtype=None) -> Cache:
-  """An empty cache of `length` slots for `batch` rows (dtype: the compute dtype); for the
-  mixture-of-experts families per-sublayer buffers and zero Mamba states (models/hybrid.py)."""
+               dtype=None, rules: sharding.Rules = sharding.DEFAULT_RULES) -> Cache:
+  """An empty cache of `length` slots for `batch` rows (dtype: the compute dtype), laid out by
+  `rules`; for the mixture-of-experts families per-sublayer buffers and zero Mamba states
+  (models/hybrid.py)."""
   dtype = cfg.jnp_dtype if dtype is None else dtype
   if not cfg.kv_stacked:
-    k, v = hybrid.init_kv(cfg, batch, length, dtype)
+    k, v = hybrid.init_kv(cfg, batch, length, dtype, rules)
     return Cache(k=k, v=v, segment_ids=jnp.zeros((batch, length), jnp.int32),
-                 index=jnp.zeros((), jnp.int32), state=hybrid.init_states(cfg, batch))
+                 index=jnp.zeros((), jnp.int32), state=hybrid.init_states(cfg, batch,
+                                                                          rules=rules))
   shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
-  zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype), CACHE_AXES)
+  zeros = lambda: sharding.constrain(jnp.zeros(shape, dtype), CACHE_AXES, rules)
   return Cache(k=zeros(), v=zeros(),
                segment_ids=jnp.zeros((batch, length), jnp.int32),
                index=jnp.zeros((), jnp.int32))
 
 
-def split_layers(x: jax.Array, axes: tuple) -> tuple[jax.Array, ...]:
-  """A stacked [L, ...] array (logical `axes`, 'layers' first) as L arrays (copies)."""
-  return tuple(sharding.constrain(x[i], axes[1:]) for i in range(x.shape[0]))
+def split_layers(x: jax.Array, axes: tuple,
+                 rules: sharding.Rules = sharding.DEFAULT_RULES) -> tuple[jax.Array, ...]:
+  """A stacked [L, ...] array (logical `axes`, 'layers' first) as L arrays (copies), laid out
+  by `rules`."""
+  return tuple(sharding.constrain(x[i], axes[1:], rules) for i in range(x.shape[0]))
 
 
-def unstack_cache(cache: Cache) -> Cache:
+def unstack_cache(cache: Cache, rules: sharding.Rules = sharding.DEFAULT_RULES) -> Cache:
   """`cache` with one [B, K, S, H] array per layer (a copy), the layout `Transformer.hidden`
   takes with `layers`: each layer then writes and reads its own buffer, where a stacked
   cache costs a slice of the layer's keys and values on every step on XLA:CPU. A cache
   already per layer (the mixture-of-experts families') is returned as it is."""
   if isinstance(cache.k, tuple):
     return cache
-  return cache._replace(k=split_layers(cache.k, CACHE_AXES), v=split_layers(cache.v, CACHE_AXES))
+  return cache._replace(k=split_layers(cache.k, CACHE_AXES, rules),
+                        v=split_layers(cache.v, CACHE_AXES, rules))
 
 
 # The dense families' unit lives with the stack runner (models/hybrid.py).
@@ -184,6 +191,11 @@ class Transformer(nnx.Module):
     accumulate_fold_backward: a rematerialised Fold's backward pass is
       `hybrid._accumulating_scan`'s (True, the default) or autodiff's (False; tests compare
       the two).
+    rules: the logical rules (`models.sharding`, a tuple of pairs) the model's activations
+      and caches are laid out by on the mesh traced for (default DEFAULT_RULES). Whoever
+      traces the model sets its own: a train step its rules, a sampler its (which may move
+      only `sharding.ACTIVATION_AXES`). Every method hands them on, as an argument, to each
+      sublayer and function below; nothing reads them from anywhere else.
   """
 
   def __init__(self, cfg: config_lib.ModelConfig, *, rngs: nnx.Rngs, layout: str | None = None):
@@ -192,6 +204,7 @@ class Transformer(nnx.Module):
     self.cfg = cfg
     self.collect_moe_stats = False
     self.accumulate_fold_backward = True
+    self.rules = sharding.DEFAULT_RULES
     pd = cfg.jnp_param_dtype
     self.embed = _param(rngs, (cfg.vocab_size, cfg.embed_dim), ('vocab', 'embed'), pd)
     if cfg.spec.stack == 'blocks':
@@ -229,7 +242,7 @@ class Transformer(nnx.Module):
     families): the way a sampler's decode loop, whose trace may not write the module's state,
     records each token's experts.
     """
-    cfg = self.cfg
+    cfg, rules = self.cfg, self.rules
     b, t = tokens.shape
     if segment_ids is None:
       segment_ids = jnp.ones((b, t), jnp.int32)
@@ -242,12 +255,12 @@ class Transformer(nnx.Module):
     # in zig-zag chunk order, entered here once and left after the last block. Attention and
     # the Mamba-2 mixers see that order (their shard_maps know it); a call with a cache
     # (prefill, decode) is not context-parallel.
-    cp = cache is None and context.shards(t) > 1
+    cp = cache is None and context.shards(t, rules) > 1
     if cp:
-      zz = lambda a: context.to_zigzag(a, ('batch', 'length'))
+      zz = lambda a: context.to_zigzag(a, ('batch', 'length'), rules)
       segment_ids, positions = zz(segment_ids), zz(positions)
       if routing is not None:
-        routing = context.to_zigzag(routing, (None, 'batch', 'length', None))
+        routing = context.to_zigzag(routing, (None, 'batch', 'length', None), rules)
 
     # Who sees whom, as segment ids (attention.py never needs a [T, S] mask).
     if cache is None:
@@ -259,21 +272,21 @@ class Transformer(nnx.Module):
     # Gather the fsdp shards of the table first (the FSDP pattern): a lookup into a
     # table split along 'embed' cannot produce batch-split activations without
     # a full rematerialisation.
-    table = sharding.constrain(self.embed.value, ('vocab', None))
+    table = sharding.constrain(self.embed.value, ('vocab', None), rules)
     x = jnp.take(table, tokens, axis=0).astype(cfg.jnp_dtype)
-    x = sharding.constrain(x, ('batch', 'length', 'embed'))
+    x = sharding.constrain(x, ('batch', 'length', 'embed'), rules)
     if cp:
-      x = context.to_zigzag(x, ('batch', 'length', 'embed'))
-    unzz = lambda a: context.from_zigzag(a, ('batch', 'length', 'embed')) if cp else a
+      x = context.to_zigzag(x, ('batch', 'length', 'embed'), rules)
+    unzz = lambda a: context.from_zigzag(a, ('batch', 'length', 'embed'), rules) if cp else a
     kv = None if cache is None else (cache.k, cache.v, cache.index)
     x, ks, vs, states, stats = hybrid.run(
         self._stack(), cfg, x, positions, mask, segment_ids, kv=kv,
         states=None if cache is None else cache.state, routing=routing, replay=replay,
         remat=None if cfg.remat == 'none' else lambda body, cse: _remat(body, cfg, cse),
-        accumulate=self.accumulate_fold_backward, layer_states=layers)
+        accumulate=self.accumulate_fold_backward, layer_states=layers, rules=rules)
     if stats is not None and cp:
       stats = stats._replace(indices=context.from_zigzag(
-          stats.indices, (None, 'batch', 'length', None)))
+          stats.indices, (None, 'batch', 'length', None), rules))
     if stats is not None and self.collect_moe_stats and not return_stats:
       self.sow(nnx.Intermediate, 'moe_stats', stats)
     x = self.final_norm(unzz(x))
@@ -305,12 +318,13 @@ class Transformer(nnx.Module):
       (logits [S, V] float32, cache with k/v written; page_table, lengths and
       live unchanged: the caller advances them), and the stats with `return_stats`.
     """
-    cfg = self.cfg
-    table = sharding.constrain(self.embed.value, ('vocab', None))
+    cfg, rules = self.cfg, self.rules
+    table = sharding.constrain(self.embed.value, ('vocab', None), rules)
     x = jnp.take(table, tokens[:, None], axis=0).astype(cfg.jnp_dtype)
-    x = sharding.constrain(x, ('batch', 'length', 'embed'))
+    x = sharding.constrain(x, ('batch', 'length', 'embed'), rules)
     x, ks, vs, states, stats = hybrid.run(self._stack(), cfg, x, positions, None, None,
-                                          states=cache.state, paged=cache, layer_states=layers)
+                                          states=cache.state, paged=cache, layer_states=layers,
+                                          rules=rules)
     logits = self.logits_from_hidden(self.final_norm(x))[:, 0]
     out = logits, cache._replace(k=ks, v=vs, state=states)
     return out + (stats,) if return_stats else out
@@ -322,7 +336,8 @@ class Transformer(nnx.Module):
       logits = _matmul(x, self.embed.value.astype(dt).T)
     else:
       logits = _matmul(x, self.lm_head.value.astype(dt))
-    return sharding.constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'))
+    return sharding.constrain(logits.astype(jnp.float32), ('batch', 'length', 'vocab'),
+                              self.rules)
 
   def __call__(self, tokens, positions=None, segment_ids=None, cache=None, layers=None,
                routing=None):

@@ -368,8 +368,9 @@ def token_stats(model, tokens, positions, segment_ids, targets, *, entropy: bool
   """Per-position log-prob of the target (and entropy, argmax) without full-length logits.
 
   Args:
-    model: an NNX policy with `hidden(tokens, positions, segment_ids)` and
-      `logits_from_hidden(h)` (models.transformer.Transformer).
+    model: an NNX policy with `hidden(tokens, positions, segment_ids)`,
+      `logits_from_hidden(h)` and the logical `rules` it traces with
+      (models.transformer.Transformer).
     tokens, positions, segment_ids, targets: [B, L] int.
     entropy: also return the full-distribution entropy per position.
     argmax: also return the most likely token per position.
@@ -393,7 +394,8 @@ def token_stats(model, tokens, positions, segment_ids, targets, *, entropy: bool
 
 def stats_from_hidden(model, h, targets, *, entropy: bool = False, argmax: bool = False,
                       chunk: int = LOGITS_CHUNK) -> dict[str, jax.Array]:
-  """`token_stats` from final hidden states h [B, L, D] (the output projection chunked)."""
+  """`token_stats` from final hidden states h [B, L, D] (the output projection chunked; a
+  row split along L is chunked per shard under the model's `rules`)."""
 
   def stats(hc, tc):
     logits = model.logits_from_hidden(hc)                       # [B, C, V] float32
@@ -405,9 +407,9 @@ def stats_from_hidden(model, h, targets, *, entropy: bool = False, argmax: bool 
     return out
 
   b, l, d = h.shape
-  shards = context.shards(l)
+  shards = context.shards(l, model.rules)
   if shards > 1 and l // shards > chunk:
-    return _sharded_stats(stats, h, targets, shards, chunk)
+    return _sharded_stats(stats, h, targets, shards, chunk, model.rules)
   if l <= chunk:
     return stats(h, targets)
   n = -(-l // chunk)
@@ -419,11 +421,13 @@ def stats_from_hidden(model, h, targets, *, entropy: bool = False, argmax: bool 
   return {k: v.swapaxes(0, 1).reshape(b, n * chunk)[:, :l] for k, v in out.items()}
 
 
-def _sharded_stats(stats, h, targets, shards: int, chunk: int) -> dict[str, jax.Array]:
+def _sharded_stats(stats, h, targets, shards: int, chunk: int,
+                   rules: sharding.Rules) -> dict[str, jax.Array]:
   """`stats` in chunks when h [B, L, D] is split along L over `shards` context-parallel
-  shards: each shard's own part is cut into chunks, and step j of the scan runs chunk j of
-  every shard at once ([B, shards * chunk] positions, shard s's chunk on shard s), so no
-  hidden state or logit moves between shards and each holds [B, chunk, V] logits."""
+  shards (under the model's `rules`): each shard's own part is cut into chunks, and step j
+  of the scan runs chunk j of every shard at once ([B, shards * chunk] positions, shard s's
+  chunk on shard s), so no hidden state or logit moves between shards and each holds
+  [B, chunk, V] logits."""
   b, l, d = h.shape
   m = l // shards                                              # positions per shard
   n = -(-m // chunk)
@@ -436,8 +440,8 @@ def _sharded_stats(stats, h, targets, shards: int, chunk: int) -> dict[str, jax.
     x = x.reshape(b, shards, n, chunk, *x.shape[3:])
     return jnp.moveaxis(x, 2, 0).reshape(n, b, shards * chunk, *x.shape[4:])
 
-  hs = sharding.constrain(split(h), names)
-  ts = sharding.constrain(split(targets), names[:3])
+  hs = sharding.constrain(split(h), names, rules)
+  ts = sharding.constrain(split(targets), names[:3], rules)
   body = jax.checkpoint(stats)
   _, out = jax.lax.scan(lambda carry, x: (carry, body(*x)), None, (hs, ts))
 
@@ -455,9 +459,11 @@ def policy_stats(model, batch, *, replay: bool = True, **kw) -> dict[str, jax.Ar
                      routing=getattr(batch, 'routing', None), replay=replay, **kw)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _logprobs_jit(graphdef, params, tokens, positions, segment_ids, targets, routing=None):
+@functools.partial(jax.jit, static_argnums=0, static_argnames=('rules',))
+def _logprobs_jit(graphdef, params, tokens, positions, segment_ids, targets, routing=None, *,
+                  rules: sharding.Rules = sharding.DEFAULT_RULES):
   model = nnx.merge(graphdef, params)
+  model.rules = rules
   return token_stats(model, tokens, positions, segment_ids, targets, routing=routing)['logprobs']
 
 
@@ -477,7 +483,7 @@ def compute_logprobs(graphdef, params, batch: TrainBatch, mesh=None, rules=None,
     batch: the rows (tokens, positions, segment_ids, targets are read; routing too with
       `replay_routing`).
     mesh: optional mesh to trace under (params are used as they are placed).
-    rules: logical rules for the mesh.
+    rules: logical rules for the mesh (None: DEFAULT_RULES), the forward's `rules`.
     rows_per_call: rows per forward pass (default: all B in one). With fewer,
       the rows go through in calls of exactly that many (the last one padded
       by repeating a row), so memory is bounded by rows_per_call rows and one
@@ -494,15 +500,16 @@ def compute_logprobs(graphdef, params, batch: TrainBatch, mesh=None, rules=None,
   b = batch.tokens.shape[0]
   if rows_per_call is not None and rows_per_call < 1:
     raise ValueError(f'compute_logprobs: rows_per_call={rows_per_call} must be >= 1')
+  rules = sharding.as_rules(rules)
   if rows_per_call is None or rows_per_call >= b:
-    with sharding.use_mesh(mesh, rules):
-      return _logprobs_jit(graphdef, params, *(jnp.asarray(f) for f in fields))
+    with sharding.use_mesh(mesh):
+      return _logprobs_jit(graphdef, params, *(jnp.asarray(f) for f in fields), rules=rules)
   host = [np.asarray(f) for f in fields]
   out = np.zeros(host[3].shape, np.float32)
   for start in range(0, b, rows_per_call):
     idx = np.arange(start, min(start + rows_per_call, b))
     padded = np.concatenate([idx, np.full(rows_per_call - idx.size, idx[0])])
-    with sharding.use_mesh(mesh, rules):
-      lp = _logprobs_jit(graphdef, params, *(jnp.asarray(f[padded]) for f in host))
+    with sharding.use_mesh(mesh):
+      lp = _logprobs_jit(graphdef, params, *(jnp.asarray(f[padded]) for f in host), rules=rules)
     out[idx] = np.asarray(lp)[:idx.size]
   return out

@@ -118,7 +118,8 @@ class Engine:
     # Each slot carries its row's Mamba states (paged_programs.init_states).
     self.row_states = cfg.mamba_layers > 0
     self.eos_ids, self.pad_id = tuple(eos_ids), int(pad_id)
-    self.mesh, self.rules = mesh, rules
+    # The rules every program traces with (their static `rules`) and the host arrays' layout.
+    self.mesh, self.rules = mesh, sharding.as_rules(rules)
     self.prompt_buckets = tuple(prompt_buckets)
     self.compile_count = 0
     self.decode_slots = self.generated_tokens = self.preemptions = 0
@@ -140,19 +141,19 @@ class Engine:
     # The same programs uncounted and without donation, to trace (`rl.rollout_copy`).
     self.traceable = {
         'prefill': jax.jit(paged_programs.prefill, static_argnums=0,
-                           static_argnames=('record',)),
+                           static_argnames=('record', 'rules')),
         'decode': jax.jit(paged_programs.decode, static_argnums=0,
                           static_argnames=paged_programs.DECODE_STATIC)}
     self._prefill = jax.jit(counted(paged_programs.prefill), static_argnums=0,
-                            static_argnames=('record',), donate_argnums=(2, 3, 9))
+                            static_argnames=('record', 'rules'), donate_argnums=(2, 3, 9))
     self._decode = jax.jit(counted(paged_programs.decode), static_argnums=0,
                            static_argnames=paged_programs.DECODE_STATIC, donate_argnums=(2, 11))
     # Compiled once per pool size (not counted: they run no model).
-    self._init_pool = jax.jit(paged_programs.init_pool, static_argnums=(0, 1, 2, 3))
-    self._init_states = jax.jit(paged_programs.init_states, static_argnums=(0, 1))
+    self._init_pool = jax.jit(paged_programs.init_pool, static_argnums=(0, 1, 2, 3, 4))
+    self._init_states = jax.jit(paged_programs.init_states, static_argnums=(0, 1, 2))
     self._take_state = jax.jit(paged_programs.take_state)
     self._extend = jax.jit(counted(paged_programs.extend), static_argnums=0,
-                           static_argnames=('context_pages', 'record'),
+                           static_argnames=('context_pages', 'record', 'rules'),
                            donate_argnums=(2, 3, 8))
 
   def table_pages(self, row_tokens: int) -> int:
@@ -201,7 +202,8 @@ class Engine:
     """The slots' state pool, abstract (None without Mamba layers)."""
     if not self.row_states:
       return None
-    shapes = jax.eval_shape(lambda: paged_programs.init_states(self.cfg, self.opt.slots))
+    shapes = jax.eval_shape(lambda: paged_programs.init_states(self.cfg, self.opt.slots,
+                                                               self.rules))
     return tuple(mamba.MambaState(*(self._sds(x.shape, x.dtype, axes)
                                     for x, axes in zip(st, mamba.STATE_AXES)))
                  for st in shapes)
@@ -230,7 +232,7 @@ class Engine:
             scalar(jnp.float32), scalar(jnp.float32), scalar(jnp.int32), scalar(jnp.int32),
             states, None if states is None else vec(jnp.int32))
     kw = dict(chunk=self.opt.chunk_steps, eos_ids=self.eos_ids, pad_id=self.pad_id,
-              greedy=greedy, filtered=filtered)
+              greedy=greedy, filtered=filtered, rules=self.rules)
     what = (f'paged engine: {s} slots, a pool of {num_pages} pages x {ps} tokens '
             f'({num_pages * ps} cache slots), decode calls of {self.opt.chunk_steps} steps')
     return args, kw, what
@@ -260,7 +262,7 @@ class Engine:
             *((None, None) if states is None else (pairs(), pairs())))
     what = (f'paged engine prefill: {a} prompts x {t} tokens into a pool of {num_pages} pages '
             f'x {ps} tokens')
-    return args, {}, what
+    return args, {'rules': self.rules}, what
 
   def _put(self, x, spec):
     if self.mesh is None:
@@ -360,8 +362,9 @@ class Engine:
       return k_pool, v_pool, pages
     num_pages = self.pool_pages(max_tokens if session else longest, max_tokens)
     pages = page_pool.PagePool(num_pages, self.shards)
-    with sharding.use_mesh(self.mesh, self.rules):
-      k_pool, v_pool = self._init_pool(self.cfg, num_pages, self.opt.page_size, self.unroll)
+    with sharding.use_mesh(self.mesh):
+      k_pool, v_pool = self._init_pool(self.cfg, num_pages, self.opt.page_size, self.unroll,
+                                       self.rules)
     if session is not None:
       session.pages, session.shards = pages, self.shards
     return k_pool, v_pool, pages
@@ -389,8 +392,8 @@ class Engine:
     k_pool, v_pool, pages = self._pools(longest, max_tokens, session)
     states = None
     if self.row_states:   # the slots' states live for this call only
-      with sharding.use_mesh(self.mesh, self.rules):
-        states = self._init_states(self.cfg, self.opt.slots)
+      with sharding.use_mesh(self.mesh):
+        states = self._init_states(self.cfg, self.opt.slots, self.rules)
     sched = scheduler.Scheduler(
         prompts, num_samples, limits, slots=self.opt.slots, page_size=self.opt.page_size,
         chunk_steps=self.opt.chunk_steps, pages=pages, table_pages=view, max_tokens=max_tokens,
@@ -437,14 +440,14 @@ class Engine:
       state_slots = np.full(k, self.opt.slots, np.int32)
       state_slots[np.flatnonzero(batch.live)] = batch.slots
       state_slots = vec(state_slots)
-    with sharding.use_mesh(self.mesh, self.rules):
+    with sharding.use_mesh(self.mesh):
       state = paged_programs.Slots(k=k_pool, v=v_pool, lengths=vec(batch.lengths),
                                    last=vec(batch.last), n=vec(batch.n), live=vec(batch.live))
       out = self._decode(
           self.graphdef, params, state, self._put(batch.page_table, ('batch', None)),
           vec(batch.rows), vec(batch.limits), rng, temperature, top_p, top_k, batch.refill_at,
           states, state_slots, chunk=self.opt.chunk_steps, eos_ids=self.eos_ids,
-          pad_id=self.pad_id, greedy=greedy, filtered=filtered,
+          pad_id=self.pad_id, greedy=greedy, filtered=filtered, rules=self.rules,
           **({'record': True} if sched.record else {}))
     state, steps, toks, lps, slps, states = out[:6]
     routed = None
@@ -528,12 +531,13 @@ class Engine:
       if states is not None:
         src, dst, _ = self._state_pairs(state_pairs, i, len(batch))
         incoming = self._stack_states(resume[i:i + a], a)
-      with sharding.use_mesh(self.mesh, self.rules):
+      with sharding.use_mesh(self.mesh):
         out = self._extend(
             self.graphdef, params, k_pool, v_pool, self._put(tokens, ('batch', None)),
             self._put(seg, ('batch', None)), self._put(starts, ('batch',)),
             self._put(table, ('batch', None)), states, incoming, src, dst,
-            context_pages=width, **({'record': True} if routed is not None else {}))
+            context_pages=width, rules=self.rules,
+            **({'record': True} if routed is not None else {}))
       k_pool, v_pool, states = out[:3]
       if routed is not None:
         got = self._host(out[3])
@@ -579,11 +583,11 @@ class Engine:
       if not t and not pairs and not put_states:
         continue
       record = routed is not None and t > 0
-      with sharding.use_mesh(self.mesh, self.rules):
+      with sharding.use_mesh(self.mesh):
         out = self._prefill(
             self.graphdef, params, k_pool, v_pool, self._put(tokens, ('batch', None)),
             self._put(seg, ('batch', None)), self._put(dst, ('batch', None)),
-            jnp.asarray(src), jnp.asarray(tgt), states, state_src, state_dst,
+            jnp.asarray(src), jnp.asarray(tgt), states, state_src, state_dst, rules=self.rules,
             **({'record': True} if record else {}))
       k_pool, v_pool, states = out[:3]
       if record:

@@ -37,7 +37,7 @@ from rl import buckets
 from rl import sampler as sampler_lib
 
 
-def _choice_logprobs(graphdef, params, tokens, segment_ids, choice_ids):
+def _choice_logprobs(graphdef, params, tokens, segment_ids, choice_ids, rules):
   """[B, k] log-softmax over `choice_ids`' logits at each row's last real token.
 
   Args:
@@ -45,8 +45,10 @@ def _choice_logprobs(graphdef, params, tokens, segment_ids, choice_ids):
     tokens: [B, T] int32, right-padded.
     segment_ids: [B, T] int32, 0 = padding; every row has a real token.
     choice_ids: [k] int32 token ids.
+    rules: static; the logical rules the pass traces with.
   """
   model = nnx.merge(graphdef, params)
+  model.rules = rules
   t = tokens.shape[1]
   real = segment_ids != 0
   positions = jnp.maximum(jnp.cumsum(real, 1) - 1, 0).astype(jnp.int32)
@@ -58,7 +60,7 @@ def _choice_logprobs(graphdef, params, tokens, segment_ids, choice_ids):
   return jax.nn.log_softmax(picked, axis=-1)
 
 
-choice_logprobs_fn = jax.jit(_choice_logprobs, static_argnums=0)
+choice_logprobs_fn = jax.jit(_choice_logprobs, static_argnums=(0, 5))
 
 # A judge's defaults: rows per jitted forward, and its longest row in tokens.
 BATCH_SIZE = 8
@@ -196,7 +198,7 @@ class JudgeModel:
     rows = self._check_rows(rows)
     ids = np.asarray(choice_ids, np.int32)
     out = np.zeros((len(rows), ids.size), np.float64)
-    with sharding.use_mesh(self.mesh, self.rules):
+    with sharding.use_mesh(self.mesh):
       for start in range(0, len(rows), self.batch_size):
         chunk = rows[start:start + self.batch_size]
         full = chunk + [chunk[0]] * (self.batch_size - len(chunk))
@@ -209,7 +211,8 @@ class JudgeModel:
           spec = sharding.logical_to_spec(('batch', None), tokens.shape, self.mesh, self.rules)
           row_sh = jax.sharding.NamedSharding(self.mesh, spec)
           tokens, seg = jax.device_put(tokens, row_sh), jax.device_put(seg, row_sh)
-        lp = choice_logprobs_fn(self.graphdef, self.params, tokens, seg, ids)
+        lp = choice_logprobs_fn(self.graphdef, self.params, tokens, seg, ids,
+                                sharding.as_rules(self.rules))
         out[start:start + len(chunk)] = sharding.to_host(lp)[:len(chunk)]
     return out
 

@@ -67,35 +67,39 @@ def _pool_get(pool, index: tuple) -> jax.Array:
   return pool[(slice(None), slice(None)) + index]
 
 
-def _pool_set(pool, index: tuple, values: jax.Array):
+def _pool_set(pool, index: tuple, values: jax.Array, rules: sharding.Rules):
   """pool[:, :, *index] = values [L, K, ...] (a page index past the pool is dropped), in the
-  pool's layout, each array constrained to its page layout (`transformer.PAGE_AXES`)."""
+  pool's layout, each array constrained to its page layout (`transformer.PAGE_AXES` under
+  `rules`)."""
   if isinstance(pool, tuple):
     return tuple(sharding.constrain(
         p.at[(slice(None),) + index].set(values[i].astype(p.dtype), mode='drop'),
-        transformer.PAGE_AXES[1:]) for i, p in enumerate(pool))
+        transformer.PAGE_AXES[1:], rules) for i, p in enumerate(pool))
   pool = pool.at[(slice(None), slice(None)) + index].set(values.astype(pool.dtype), mode='drop')
-  return sharding.constrain(pool, transformer.PAGE_AXES)
+  return sharding.constrain(pool, transformer.PAGE_AXES, rules)
 
 
-def init_pool(cfg: config_lib.ModelConfig, num_pages: int, page_size: int, per_layer: bool):
-  """Empty (k, v) pools: stacked, or per layer (the unrolled decode's layout); one array per
-  attention sublayer for the mixture-of-experts families."""
-  k, v = transformer.init_pages(cfg, num_pages, page_size)
+def init_pool(cfg: config_lib.ModelConfig, num_pages: int, page_size: int, per_layer: bool,
+              rules: sharding.Rules = sharding.DEFAULT_RULES):
+  """Empty (k, v) pools laid out by `rules`: stacked, or per layer (the unrolled decode's
+  layout); one array per attention sublayer for the mixture-of-experts families."""
+  k, v = transformer.init_pages(cfg, num_pages, page_size, rules=rules)
   if per_layer:
-    k, v = (transformer.split_layers(x, transformer.PAGE_AXES) for x in (k, v))
+    k, v = (transformer.split_layers(x, transformer.PAGE_AXES, rules) for x in (k, v))
   return k, v
 
 
-def _constrain_states(states):
-  """Each MambaState of a tuple constrained to its layout (rows on 'batch')."""
-  return tuple(mamba.MambaState(*(sharding.constrain(x, ax) for x, ax in
+def _constrain_states(states, rules: sharding.Rules):
+  """Each MambaState of a tuple constrained to its layout under `rules` (rows on 'batch')."""
+  return tuple(mamba.MambaState(*(sharding.constrain(x, ax, rules) for x, ax in
                                   zip(st, mamba.STATE_AXES))) for st in states)
 
 
-def init_states(cfg: config_lib.ModelConfig, slots: int):
-  """The slots' state pool: zero Mamba states, a tuple of MambaState [slots, ...]."""
-  return _constrain_states(hybrid.init_states(cfg, slots))
+def init_states(cfg: config_lib.ModelConfig, slots: int,
+                rules: sharding.Rules = sharding.DEFAULT_RULES):
+  """The slots' state pool: zero Mamba states, a tuple of MambaState [slots, ...], laid out
+  by `rules`."""
+  return _constrain_states(hybrid.init_states(cfg, slots, rules=rules), rules)
 
 
 def take_state(states, slot):
@@ -103,16 +107,16 @@ def take_state(states, slot):
   return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1), states)
 
 
-def _gather_rows(states, index):
+def _gather_rows(states, index, rules: sharding.Rules):
   """states[index] for every array (an index past the pool gives zeros)."""
   return _constrain_states(jax.tree.map(
-      lambda x: x.at[index].get(mode='fill', fill_value=0), states))
+      lambda x: x.at[index].get(mode='fill', fill_value=0), states), rules)
 
 
-def _scatter_rows(states, index, rows):
+def _scatter_rows(states, index, rows, rules: sharding.Rules):
   """states[index[j]] = rows[j] for every array (an index past the pool is dropped)."""
   return _constrain_states(jax.tree.map(
-      lambda x, y: x.at[index].set(y.astype(x.dtype), mode='drop'), states, rows))
+      lambda x, y: x.at[index].set(y.astype(x.dtype), mode='drop'), states, rows), rules)
 
 
 def _to_pages(cache_kv, cfg, a: int, t: int, ps: int):
@@ -125,9 +129,11 @@ def _to_pages(cache_kv, cfg, a: int, t: int, ps: int):
       cfg.num_layers, cfg.num_kv_heads, a * (t // ps), ps, cfg.head_dim)
 
 
-def _unpack(graphdef, params, tokens, k_pool):
-  """(model, its config, tokens' [A, T], the pool's (pages, page size)) of a paged program."""
+def _unpack(graphdef, params, tokens, k_pool, rules: sharding.Rules):
+  """(model, its config, tokens' [A, T], the pool's (pages, page size)) of a paged program;
+  the model traces with `rules`."""
   model = nnx.merge(graphdef, params)
+  model.rules = rules
   return model, model.cfg, tokens.shape, pool_layer(k_pool).shape[-3:-1]
 
 
@@ -138,20 +144,21 @@ def routing_dtype(num_experts: int):
   return jnp.uint16 if num_experts <= 65536 else jnp.int32
 
 
-def _routed(stats, rows: int, width: int, cfg, record: bool):
+def _routed(stats, rows: int, width: int, cfg, record: bool, rules: sharding.Rules):
   """With `record`, a pass's experts [M, A, T, k] as [A, T, M, k] in `routing_dtype` (zeros
-  where the pass ran no tokens: `width` 0); else None."""
+  where the pass ran no tokens: `width` 0), rows laid out by `rules`; else None."""
   if not record:
     return None
   dt = routing_dtype(cfg.num_experts)
   if stats is None:
     return jnp.zeros((rows, width, cfg.mixers.count('moe'), cfg.experts_per_token), dt)
   return sharding.constrain(jnp.moveaxis(stats.indices, 0, 2).astype(dt),
-                            ('batch', None, None, None))
+                            ('batch', None, None, None), rules)
 
 
 def prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, copy_src,
-             copy_dst, states=None, state_src=None, state_dst=None, *, record: bool = False):
+             copy_dst, states=None, state_src=None, state_dst=None, *, record: bool = False,
+             rules: sharding.Rules = sharding.DEFAULT_RULES):
   """Prefills right-padded prompts into pages, then copies pages (a prompt's partial page);
   with Mamba layers, puts each prompt's final state in its rows' slots.
 
@@ -169,36 +176,39 @@ def prefill(graphdef, params, k_pool, v_pool, tokens, segment_ids, dst_pages, co
       state_src[j]'s tokens (a zero state for a prompt without tokens); a slot past the
       pool: none.
     record: static; also return each token's experts (routing replay).
+    rules: static; the logical rules the program traces with (`models.sharding`).
 
   Returns:
     (k_pool, v_pool, states), and with `record` the prompts' routing [A, T, M, k].
   """
-  model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool)
+  model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool, rules)
   final = stats = None
   if t:
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (a, t))
     dtype = pool_layer(k_pool).dtype
     _, cache, stats = model.hidden(tokens, positions, segment_ids, return_stats=True,
-                                   cache=transformer.init_cache(cfg, a, t, dtype=dtype))
+                                   cache=transformer.init_cache(cfg, a, t, dtype=dtype,
+                                                                rules=rules))
     # Whole pages, scattered by page id.
     dst = (dst_pages.reshape(-1),)
-    k_pool = _pool_set(k_pool, dst, _to_pages(cache.k, cfg, a, t, ps))
-    v_pool = _pool_set(v_pool, dst, _to_pages(cache.v, cfg, a, t, ps))
+    k_pool = _pool_set(k_pool, dst, _to_pages(cache.k, cfg, a, t, ps), rules)
+    v_pool = _pool_set(v_pool, dst, _to_pages(cache.v, cfg, a, t, ps), rules)
     final = cache.state      # after each row's last real token
   src = (jnp.minimum(copy_src, num_pages - 1),)
-  k_pool = _pool_set(k_pool, (copy_dst,), _pool_get(k_pool, src))
-  v_pool = _pool_set(v_pool, (copy_dst,), _pool_get(v_pool, src))
+  k_pool = _pool_set(k_pool, (copy_dst,), _pool_get(k_pool, src), rules)
+  v_pool = _pool_set(v_pool, (copy_dst,), _pool_get(v_pool, src), rules)
   if states is not None:
     if final is None:
-      final = hybrid.init_states(cfg, a)
-    states = _scatter_rows(states, state_dst, _gather_rows(final, state_src))
+      final = hybrid.init_states(cfg, a, rules=rules)
+    states = _scatter_rows(states, state_dst, _gather_rows(final, state_src, rules), rules)
   out = k_pool, v_pool, states
-  return out + (_routed(stats, a, t, cfg, True),) if record else out
+  return out + (_routed(stats, a, t, cfg, True, rules),) if record else out
 
 
 def extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_table,
             states=None, incoming=None, state_src=None, state_dst=None, *,
-            context_pages: int, record: bool = False):
+            context_pages: int, record: bool = False,
+            rules: sharding.Rules = sharding.DEFAULT_RULES):
   """Continues rows whose first `starts[a]` tokens are in their pages (a chunked prefill).
 
   Each row's first `context_pages` pages are gathered into a dense cache, the
@@ -219,39 +229,41 @@ def extend(graphdef, params, k_pool, v_pool, tokens, segment_ids, starts, page_t
       (a slot past the pool: none).
     context_pages: pages gathered as context (static).
     record: static; also return each new token's experts (routing replay).
+    rules: static; the logical rules the program traces with (`models.sharding`).
 
   Returns:
     (k_pool, v_pool, states), and with `record` the new tokens' routing [A, T, M, k].
   """
-  model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool)
+  model, cfg, (a, t), (num_pages, ps) = _unpack(graphdef, params, tokens, k_pool, rules)
   final, stats = incoming, None
   if t:
     k_pool, v_pool, final, stats = _extend_pages(model, cfg, k_pool, v_pool, tokens,
                                                  segment_ids, starts, page_table, incoming,
                                                  context_pages, ps, num_pages)
   if states is not None:
-    states = _scatter_rows(states, state_dst, _gather_rows(final, state_src))
+    states = _scatter_rows(states, state_dst, _gather_rows(final, state_src, rules), rules)
   out = k_pool, v_pool, states
-  return out + (_routed(stats, a, t, cfg, True),) if record else out
+  return out + (_routed(stats, a, t, cfg, True, rules),) if record else out
 
 
 def _extend_pages(model, cfg, k_pool, v_pool, tokens, segment_ids, starts, page_table,
                   incoming, context_pages, ps, num_pages):
   """`extend`'s model pass and page writes; returns (k_pool, v_pool, final states, the
-  pass's MoEStats or None)."""
+  pass's MoEStats or None). The model's `rules` lay the gathered context out."""
   a, t = tokens.shape
+  rules = model.rules
   c = context_pages * ps
   ctx = jnp.minimum(page_table[:, :context_pages], num_pages - 1)   # past a row's pages: masked
 
   def gathered(pool):   # [L, K, A, W, ps, H] -> [L, A, K, W * ps + T, H]
     x = _pool_get(pool, (ctx,)).reshape(cfg.num_layers, cfg.num_kv_heads, a, c, cfg.head_dim)
     x = jnp.pad(x.transpose(0, 2, 1, 3, 4), ((0, 0), (0, 0), (0, 0), (0, t), (0, 0)))
-    return sharding.constrain(x, transformer.CACHE_AXES)
+    return sharding.constrain(x, transformer.CACHE_AXES, rules)
 
   def gathered_layer(pool):   # [K, A, W, ps, H] -> [A, K, W * ps + T, H]
     x = pool[:, ctx].reshape(cfg.num_kv_heads, a, c, cfg.head_dim)
     x = jnp.pad(x.transpose(1, 0, 2, 3), ((0, 0), (0, 0), (0, t), (0, 0)))
-    return sharding.constrain(x, transformer.CACHE_AXES[1:])
+    return sharding.constrain(x, transformer.CACHE_AXES[1:], rules)
 
   seg = jnp.concatenate([(jnp.arange(c)[None] < starts[:, None]).astype(jnp.int32),
                          jnp.zeros((a, t), jnp.int32)], axis=1)
@@ -273,14 +285,14 @@ def _extend_pages(model, cfg, k_pool, v_pool, tokens, segment_ids, starts, page_
     new = lambda x: x[:, :, :, c:].transpose(0, 2, 1, 3, 4)
   else:
     new = lambda xs: tuple(x[:, :, c:].transpose(1, 0, 2, 3) for x in xs)
-  return (_pool_set(k_pool, (page, off), new(cache.k)),
-          _pool_set(v_pool, (page, off), new(cache.v)), cache.state, stats)
+  return (_pool_set(k_pool, (page, off), new(cache.k), rules),
+          _pool_set(v_pool, (page, off), new(cache.v), rules), cache.state, stats)
 
 
 def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temperature,
             top_p, top_k, refill_at, states=None, state_slots=None, *, chunk: int,
             eos_ids: tuple[int, ...], pad_id: int, greedy: bool, filtered: bool,
-            record: bool = False):
+            record: bool = False, rules: sharding.Rules = sharding.DEFAULT_RULES):
   """Up to `chunk` decode steps of every live slot.
 
   Stops early once every slot is idle, or once `refill_at` slots are idle
@@ -307,6 +319,7 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
     state_slots: with states, [S] int32 each row's slot in the pool (a padding row's is
       past the pool: it reads zeros and writes nothing).
     record: static; record the fed tokens' experts and run the tails.
+    rules: static; the logical rules the program traces with (`models.sharding`).
 
   Returns:
     (state, steps run [], tokens [S, C], logprobs, sampling_logprobs, states), and with
@@ -316,6 +329,7 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
     live at that step (pad_id / 0 elsewhere); the rows' states written back to their slots.
   """
   model = nnx.merge(graphdef, params)
+  model.rules = rules
   cfg = model.cfg
   s = rows.shape[0]
   cols = chunk + int(record)
@@ -326,7 +340,7 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
   pick = functools.partial(sampling.pick, temperature=temperature, top_p=top_p,
                            top_k=top_k, greedy=greedy, filtered=filtered)
   batch_only = ('batch', None)
-  buf = lambda fill, dt: sharding.constrain(jnp.full((s, cols), fill, dt), batch_only)
+  buf = lambda fill, dt: sharding.constrain(jnp.full((s, cols), fill, dt), batch_only, rules)
   # Pools kept per layer (tuples of [K, P, page_size, H], the Sampler's
   # decode_layers='unrolled'): the blocks run unrolled over their weights, sliced once for
   # the call, and over their own pools.
@@ -349,7 +363,7 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
     n = st.n + act
     stop = act & (is_stop(tok) | (n >= limits))
     if record:
-      got = jnp.where(fed[:, None, None], _routed(stats, s, 1, cfg, True)[:, 0], 0)
+      got = jnp.where(fed[:, None, None], _routed(stats, s, 1, cfg, True, rules)[:, 0], 0)
       route = jax.lax.dynamic_update_slice(route, got[:, None], (0, i, 0, 0))
       tail = stop
     st = Slots(k=cache.k, v=cache.v, lengths=st.lengths + fed,
@@ -362,21 +376,22 @@ def decode(graphdef, params, state: Slots, page_table, rows, limits, rng, temper
     return (sampling_on(i, st) & jnp.any(st.live)) | jnp.any(tail)
 
   # A non-live row is padding to the Mamba mixers: its state stays as gathered.
-  state = state._replace(state=None if states is None else _gather_rows(states, state_slots))
+  state = state._replace(state=None if states is None
+                         else _gather_rows(states, state_slots, rules))
   route = None
   if record:
     route = sharding.constrain(
         jnp.zeros((s, cols, cfg.mixers.count('moe'), cfg.experts_per_token),
                   routing_dtype(cfg.num_experts)),
-        ('batch', None, None, None))
+        ('batch', None, None, None), rules)
   lengths0 = state.lengths
   init = (jnp.zeros((), jnp.int32), state, buf(pad_id, jnp.int32), buf(0, jnp.float32),
           buf(0, jnp.float32), jnp.zeros((s,), bool), route)
   steps, state, toks, lps, slps, _, route = jax.lax.while_loop(cond, body, init)
   if states is not None:
-    states = _scatter_rows(states, state_slots, state.state)
+    states = _scatter_rows(states, state_slots, state.state, rules)
   out = state._replace(state=None), steps, toks, lps, slps, states
   return out + (route, state.lengths - lengths0) if record else out
 
 
-DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered', 'record')
+DECODE_STATIC = ('chunk', 'eos_ids', 'pad_id', 'greedy', 'filtered', 'record', 'rules')

@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from models import config as config_lib
+from models import sharding
 from models import transformer
 from rl import buckets
 
@@ -34,6 +35,15 @@ class RewardModel(nnx.Module):
         jax.nn.initializers.normal(cfg.embed_dim ** -0.5)(rngs.params(), (cfg.embed_dim,),
                                                           jnp.float32),
         logical_axes=('embed',))
+
+  @property
+  def rules(self) -> sharding.Rules:
+    """The logical rules the model traces with: its backbone's (`Transformer.rules`)."""
+    return self.backbone.rules
+
+  @rules.setter
+  def rules(self, rules: sharding.Rules) -> None:
+    self.backbone.rules = rules
 
   def __call__(self, tokens, positions=None, segment_ids=None) -> jax.Array:
     """Rewards [B] float32.
@@ -117,10 +127,14 @@ def loss_fn(model: RewardModel, batch: PairBatch, cfg, norm: dict):
   return bradley_terry_loss(r[:b], r[b:], norm)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def score(graphdef, params, tokens, segment_ids) -> jax.Array:
-  """Jitted batched scoring: rewards [B] of rows tokens/segment_ids [B, T]."""
-  return nnx.merge(graphdef, params)(tokens, segment_ids=segment_ids)
+@functools.partial(jax.jit, static_argnums=0, static_argnames=('rules',))
+def score(graphdef, params, tokens, segment_ids, *,
+          rules: sharding.Rules = sharding.DEFAULT_RULES) -> jax.Array:
+  """Jitted batched scoring: rewards [B] of rows tokens/segment_ids [B, T], traced with the
+  logical `rules`."""
+  model = nnx.merge(graphdef, params)
+  model.rules = rules
+  return model(tokens, segment_ids=segment_ids)
 
 
 def encode(tokenizer, prompt: str, completion: str, max_len: int) -> list[int]:

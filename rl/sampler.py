@@ -196,14 +196,14 @@ def _phase_ends(nb: int, phases: int = engine_options_lib.DEFAULT_DECODE_PHASES
   return tuple(ends)
 
 
-def _grow(cache: transformer.Cache, length: int) -> transformer.Cache:
-  """The same cache with empty slots appended up to `length`."""
+def _grow(cache: transformer.Cache, length: int, rules: sharding.Rules) -> transformer.Cache:
+  """The same cache with empty slots appended up to `length` (laid out by `rules`)."""
   extra = length - cache.segment_ids.shape[1]
 
   def grow(x):    # [L, B, K, S, H] or one layer's [B, K, S, H]: slots are the axis before last
     pad = [(0, 0)] * x.ndim
     pad[-2] = (0, extra)
-    return sharding.constrain(jnp.pad(x, pad), transformer.CACHE_AXES[-x.ndim:])
+    return sharding.constrain(jnp.pad(x, pad), transformer.CACHE_AXES[-x.ndim:], rules)
   return cache._replace(k=jax.tree.map(grow, cache.k), v=jax.tree.map(grow, cache.v),
                         segment_ids=jnp.pad(cache.segment_ids, ((0, 0), (0, extra))))
 
@@ -213,9 +213,11 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
             eos_ids: tuple[int, ...],
             pad_id: int, greedy: bool, filtered: bool,
             decode_phases: int = engine_options_lib.DEFAULT_DECODE_PHASES, group: int = 1,
-            unroll: bool = False, record_routing: bool = False) -> SampleOutput:
+            unroll: bool = False, record_routing: bool = False,
+            rules: sharding.Rules = sharding.DEFAULT_RULES) -> SampleOutput:
   """Prefill + while-loop decode (see `sample`). B rows, P prompt, Nb = max_new_bucket."""
   model = nnx.merge(graphdef, params)
+  model.rules = rules
   cfg = model.cfg
   if record_routing:
     check_records_routing(cfg)
@@ -223,8 +225,8 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   b = u * group
   nb = max_new_bucket
   batch_only = ('batch', None)
-  prompt_tokens = sharding.constrain(prompt_tokens.astype(jnp.int32), batch_only)
-  prompt_mask = sharding.constrain(prompt_mask.astype(jnp.int32), batch_only)
+  prompt_tokens = sharding.constrain(prompt_tokens.astype(jnp.int32), batch_only, rules)
+  prompt_mask = sharding.constrain(prompt_mask.astype(jnp.int32), batch_only, rules)
   temperature = jnp.asarray(temperature, jnp.float32)
   top_p = jnp.asarray(top_p, jnp.float32)
   top_k = jnp.asarray(top_k, jnp.int32)
@@ -243,7 +245,7 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   # and last logits then copied to the `group` rows that sample it.
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
   ends = _phase_ends(nb, decode_phases)
-  cache = transformer.init_cache(cfg, u, p + ends[0])
+  cache = transformer.init_cache(cfg, u, p + ends[0], rules=rules)
   hidden, cache, stats = model.hidden(prompt_tokens, positions, prompt_mask, cache=cache,
                                       return_stats=True)
   # Only the last position's logits: [B, P, V] would be huge at real vocab sizes.
@@ -251,7 +253,8 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   rdt = routing_dtype(cfg.num_experts)
   routed = ('batch', None, None, None)
   # [M, rows, T, k] -> [rows, T, M, k], compact.
-  as_rows = lambda idx: sharding.constrain(jnp.moveaxis(idx, 0, 2).astype(rdt), routed)
+  as_rows = lambda idx: sharding.constrain(jnp.moveaxis(idx, 0, 2).astype(rdt), routed,
+                                          rules)
   prompt_routing = as_rows(stats.indices) if record_routing else None
   if group > 1:
     rep = lambda x, axis: jnp.repeat(x, group, axis=axis)
@@ -260,31 +263,35 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
                              v=hybrid.repeat_rows(cache.v, group),
                              state=hybrid.repeat_rows(cache.state, group),
                              segment_ids=sharding.constrain(rep(cache.segment_ids, 0),
-                                                            batch_only))
+                                                            batch_only, rules))
     else:
-      cache = cache._replace(k=sharding.constrain(rep(cache.k, 1), transformer.CACHE_AXES),
-                             v=sharding.constrain(rep(cache.v, 1), transformer.CACHE_AXES),
+      cache = cache._replace(k=sharding.constrain(rep(cache.k, 1), transformer.CACHE_AXES,
+                                                  rules),
+                             v=sharding.constrain(rep(cache.v, 1), transformer.CACHE_AXES,
+                                                  rules),
                              segment_ids=sharding.constrain(rep(cache.segment_ids, 0),
-                                                            batch_only))
+                                                            batch_only, rules))
     last = rep(last, 0)
-    prompt_tokens = sharding.constrain(rep(prompt_tokens, 0), batch_only)
-    prompt_mask = sharding.constrain(rep(prompt_mask, 0), batch_only)
+    prompt_tokens = sharding.constrain(rep(prompt_tokens, 0), batch_only, rules)
+    prompt_mask = sharding.constrain(rep(prompt_mask, 0), batch_only, rules)
     if record_routing:
-      prompt_routing = sharding.constrain(rep(prompt_routing, 0), routed)
+      prompt_routing = sharding.constrain(rep(prompt_routing, 0), routed, rules)
   layers = None
   if unroll:
-    layers, cache = model.layer_states(), transformer.unstack_cache(cache)
+    layers, cache = model.layer_states(), transformer.unstack_cache(cache, rules)
   prompt_len = jnp.sum(prompt_mask, axis=1)                               # [B]
   # Each row's own limit (<= max_new); a row at its limit is done like a stopped one.
   limits = (jnp.full((b,), max_new) if row_limits is None
-            else jnp.minimum(sharding.constrain(row_limits.astype(jnp.int32), ('batch',)),
+            else jnp.minimum(sharding.constrain(row_limits.astype(jnp.int32), ('batch',),
+                                                rules),
                              max_new))
   tok, lp, slp = pick_next(last, step_keys(0))
-  buf = lambda fill, dt: sharding.constrain(jnp.full((b, nb), fill, dt), batch_only)
+  buf = lambda fill, dt: sharding.constrain(jnp.full((b, nb), fill, dt), batch_only, rules)
   routing = None
   if record_routing:
     m = cfg.mixers.count('moe')
-    routing = sharding.constrain(jnp.zeros((b, nb, m, cfg.experts_per_token), rdt), routed)
+    routing = sharding.constrain(jnp.zeros((b, nb, m, cfg.experts_per_token), rdt), routed,
+                                 rules)
   state = _Loop(step=jnp.ones((), jnp.int32), cache=cache, last=tok,
                 done=is_stop(tok) | (limits <= 1),
                 tokens=buf(pad_id, jnp.int32).at[:, 0].set(tok),
@@ -323,7 +330,7 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
   # measured a higher peak on XLA:CPU: the loops then carry two full copies.)
   for i, end in enumerate(ends):
     if i:
-      state = state._replace(cache=_grow(state.cache, p + end))
+      state = state._replace(cache=_grow(state.cache, p + end, rules))
     limit = jnp.minimum(max_new, end)
     state = jax.lax.while_loop(lambda s, limit=limit: (s.step < limit) & ~jnp.all(s.done),
                                body, state)
@@ -353,7 +360,7 @@ def _sample(graphdef, params, prompt_tokens, prompt_mask, rng, temperature, top_
 
 
 _STATIC = ('max_new_bucket', 'eos_ids', 'pad_id', 'greedy', 'filtered', 'decode_phases',
-           'group', 'unroll', 'record_routing')
+           'group', 'unroll', 'record_routing', 'rules')
 
 sample = jax.jit(_sample, static_argnums=0, static_argnames=_STATIC)
 sample.__doc__ = """The pure jitted sampler.
@@ -384,6 +391,8 @@ Args:
     caches made once before the loop (Sampler's decode_layers='unrolled').
   record_routing: static; also return every prompt and generated token's experts
     (`SampleOutput.prompt_routing`, `.routing`; mixture-of-experts models only).
+  rules: static; the logical rules the program traces with (`models.sharding.as_rules`; the
+    Sampler's `rules`), set as the model's `rules` and given to every constraint.
 
 Returns:
   A SampleOutput with N = max_new_bucket columns.
@@ -513,7 +522,8 @@ class Sampler:
         raise ValueError(f'Sampler rollout_rules name unknown logical axes {unknown} '
                          f'(known: {sorted(merged)})')
       rules = sharding.override_rules(rules, self.rollout_rules)
-    self.rules = rules       # the rules the sampler traces and lays its weights out with
+    # The rules the sampler traces and lays its weights out with: its programs' `rules`.
+    self.rules = sharding.as_rules(rules)
     self.prompt_buckets = opts.prompt_buckets
     self.new_token_buckets = opts.new_token_buckets
     self.batch_buckets = opts.batch_buckets
@@ -617,7 +627,7 @@ class Sampler:
       engines = getattr(self._rollout, 'engines', {})
       kept = dict(engines)
       try:
-        with sharding.use_mesh(self.mesh, self.rules):
+        with sharding.use_mesh(self.mesh):
           for program in PROGRAMS[self.engine]:
             args, kw, _ = self.abstract_args(RolloutWeights(abstract), rows, 1, sp, 1, program)
             fn = self._rollout.traceable(self.call_shape(rows, 1, 1)[2], program)
@@ -698,7 +708,7 @@ class Sampler:
     args, kw, _ = self.abstract_args(params, rows, prompt_len, sp, num_samples, program,
                                      record_routing)
     fn = self._rollout.program(self.call_shape(rows, prompt_len, sp.max_new_tokens)[2], program)
-    with sharding.use_mesh(self.mesh, self.rules):
+    with sharding.use_mesh(self.mesh):
       return fn.lower(*args, **kw)
 
   def generate(self, params, prompts: Sequence[Sequence[int]], rng, sp: SamplingParams,
@@ -869,7 +879,7 @@ class _OneCall:
             sds((), jnp.int32, rep), sds((), jnp.int32, rep))
     kw = dict(max_new_bucket=nb, eos_ids=s.eos_ids, pad_id=s.pad_id,
               greedy=sp.greedy, filtered=sp.filtered, decode_phases=s.decode_phases,
-              group=group, unroll=s._unroll)
+              group=group, unroll=s._unroll, rules=s.rules)
     chunks = -(-rows // b)
     what = (f'{b} rows' + (f' per chunk, {chunks} chunks' if chunks > 1 else '')
             + (f', {u} prompts prefilled once each' if group > 1 else '')
@@ -904,7 +914,7 @@ class _OneCall:
     group = s.prefill_group(c, num_samples)
     kw = dict(max_new_bucket=nb, eos_ids=s.eos_ids, pad_id=s.pad_id,
               greedy=sp.greedy, filtered=sp.filtered, decode_phases=s.decode_phases,
-              group=group, unroll=s._unroll)
+              group=group, unroll=s._unroll, rules=s.rules)
     if record_routing:
       kw['record_routing'] = True
     scalars = (np.float32(sp.temperature if not sp.greedy else 1.0), np.float32(sp.top_p),
@@ -916,7 +926,7 @@ class _OneCall:
       spec = sharding.logical_to_spec(('batch', None), (c // group, p), s.mesh, s.rules)
       row_sh = jax.sharding.NamedSharding(s.mesh, spec)
     parts = []
-    with sharding.use_mesh(s.mesh, s.rules):
+    with sharding.use_mesh(s.mesh):
       for start in range(0, b, c):
         # Rows of one prompt are consecutive and a chunk holds whole groups: one row per prompt.
         chunk_tokens = tokens[start:start + c:group]

@@ -465,7 +465,8 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
     optimizer: the optax transformation the state was initialised with.
     mesh: run sharded on this mesh: params/optimizer state by logical axes,
       every batch leaf split over 'batch' on its first dimension.
-    rules: logical rules (default: the ones active now).
+    rules: logical rules (None: DEFAULT_RULES): the model's `rules` in the traced loss and
+      the layout of the state and batch.
     state: a TrainState (or its eval_shape) giving the state's structure;
       required with a mesh.
     microbatches: accumulate gradients over this many microbatches (rows
@@ -492,7 +493,7 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
     raise ValueError(f'make_train_step: microbatches={microbatches} must be >= 1')
   if microbatch_rows is not None and microbatch_rows < 1:
     raise ValueError(f'make_train_step: microbatch_rows={microbatch_rows} must be >= 1')
-  rules = sharding.get_rules() if rules is None else rules
+  rules = sharding.as_rules(rules)
 
   def count(batch) -> int:
     """The batch's microbatch count (static: from its shape at trace time)."""
@@ -507,6 +508,7 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
   def compute(params, batch, norm, microbatches):
     model = nnx.merge(graphdef, params)
     model.collect_moe_stats = True     # its 'moe' sublayers' reports, for the router losses
+    model.rules = rules
     loss, metrics = spec.loss(model, batch, cfg, norm)
     return _with_router_losses(model, loss, metrics, microbatches,
                                getattr(batch, 'loss_mask', None))
@@ -526,7 +528,8 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
 
     def body(carry, mb):
       g_acc, l_acc, m_acc = carry
-      mb = jax.tree.map(lambda x: sharding.constrain(x, ('batch',) + (None,) * (x.ndim - 1)), mb)
+      mb = jax.tree.map(lambda x: sharding.constrain(x, ('batch',) + (None,) * (x.ndim - 1),
+                                                     rules), mb)
       (l, m), g = grad_fn(params, mb, norm, microbatches)
       g_acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_acc, g)
       m_acc = {k: _reduce(k, m_acc[k], m[k]) for k in m_acc}
@@ -539,8 +542,7 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
   def step(state: TrainState, batch):
     with contextlib.ExitStack() as stack:
       if mesh is not None:
-        # Trace under the mesh (set_mesh is not allowed inside jit) and the rules.
-        stack.enter_context(sharding.use_mesh(None, rules))
+        # Trace under the mesh (set_mesh is not allowed inside jit); the rules are the model's.
         stack.enter_context(jax.sharding.use_abstract_mesh(mesh.abstract_mesh))
       norm = spec.normalizers(batch, cfg)
       (loss, metrics), grads = accumulate(state.params, batch, norm)

@@ -154,8 +154,9 @@ def judge_forward_lowering(judge_cfg, mesh, rules):
   ids = jax.ShapeDtypeStruct((2,), jnp.int32)
 
   def lower():
-    with sharding.use_mesh(mesh, rules):
-      return judge_lib.choice_logprobs_fn.lower(graphdef, params, mat, mat, ids)
+    with sharding.use_mesh(mesh):
+      return judge_lib.choice_logprobs_fn.lower(graphdef, params, mat, mat, ids,
+                                                sharding.as_rules(rules))
   return lower, f'{rows} rows x {length} tokens per forward', rows
 
 

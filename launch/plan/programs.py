@@ -161,8 +161,10 @@ def forward_lowering(model_cfg, model_kind: str, mesh, rules, rows: int, length:
   mat = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=row_sh)
 
   def lower():
-    with sharding.use_mesh(mesh, rules):
+    with sharding.use_mesh(mesh):
       if model_kind == 'reward_model':
-        return reward_model.score.lower(graphdef, params, mat, mat)
-      return batch_lib._logprobs_jit.lower(graphdef, params, mat, mat, mat, mat)  # pylint: disable=protected-access
+        return reward_model.score.lower(graphdef, params, mat, mat,
+                                        rules=sharding.as_rules(rules))
+      logprobs = batch_lib._logprobs_jit  # pylint: disable=protected-access
+      return logprobs.lower(graphdef, params, mat, mat, mat, mat, rules=sharding.as_rules(rules))
   return lower, f'{rows} rows x {length} tokens'

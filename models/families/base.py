@@ -50,7 +50,8 @@ class Family:
     pattern_letters: letters a `layer_types` string may be written in (letter -> type),
       or None.
     presets: preset name -> `ModelConfig` keyword arguments (`ModelConfig.preset`).
-    mlp: the module class of its 'mlp' sublayers, called as `mlp(cfg, rngs)`; None: the
+    mlp: the module class of its 'mlp' sublayers, made as `mlp(cfg, rngs)` and called as
+      `module(x, rules=rules)` (the caller's logical rules, `models.sharding`); None: the
       default `models.layers.MLP` (SwiGLU, or squared ReLU by `mlp_activation`).
     hf_architecture: its Hugging Face `architectures` entry, or None (no HF format).
     hf_switches: (qkv_bias, qk_norm) its HF class computes (None: checked elsewhere).

@@ -93,15 +93,18 @@ def test_zigzag_layout_is_balanced_and_moves_there_and_back():
 
   mesh = _mesh(n, data=2)
   x = jnp.arange(2 * t * 3, dtype=jnp.float32).reshape(2, t, 3)
+  rules = sharding.DEFAULT_RULES
   with sharding.use_mesh(mesh):
-    zz = jax.jit(lambda x: context.to_zigzag(x, ('batch', 'length', None)))(x)
-    back = jax.jit(lambda x: context.from_zigzag(x, ('batch', 'length', None)))(zz)
+    zz = jax.jit(lambda x: context.to_zigzag(x, ('batch', 'length', None), rules))(x)
+    back = jax.jit(lambda x: context.from_zigzag(x, ('batch', 'length', None), rules))(zz)
   np.testing.assert_array_equal(np.asarray(zz), np.asarray(x)[:, order])
   np.testing.assert_array_equal(np.asarray(back), np.asarray(x))
-  # A length that 2n does not divide is not split context-parallel.
+  # A length that 2n does not divide is not split context-parallel; nor is any row under
+  # rules without a 'length' axis.
   with sharding.use_mesh(mesh):
-    assert context.shards(t) == n and context.shards(t + 4) == 1
-  assert context.shards(t) == 1                     # no mesh
+    assert context.shards(t, rules) == n and context.shards(t + 4, rules) == 1
+    assert context.shards(t, sharding.override_rules(rules, [('length', None)])) == 1
+  assert context.shards(t, rules) == 1              # no mesh
 
 
 def test_dense_forward_and_chunked_logprobs_on_two_sequence_shards_equal_unsharded():

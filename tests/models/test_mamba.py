@@ -320,7 +320,7 @@ def test_joined_channels_equal_the_three_parts(monkeypatch):
   tok = _inputs(cfg, 2, 1, seed=3)
 
   def run(joined):
-    monkeypatch.setattr(mamba, '_joins_channels', lambda cfg: joined)
+    monkeypatch.setattr(mamba, '_joins_channels', lambda cfg, rules: joined)
     # Traced anew: the jitted helpers are keyed on their arguments, not on this switch.
     call = jax.jit(lambda p, x, seg, st: nnx.merge(graphdef, p)(x, seg, st))
     y, mid = call(params, x, jnp.asarray(seg), state)
@@ -339,13 +339,16 @@ def test_joined_channels_equal_the_three_parts(monkeypatch):
 def test_joined_channels_follow_the_mesh(monkeypatch):
   # Joined where neither heads nor groups are split; three parts where 'tensor' splits heads,
   # and on GPUs.
-  cfg = _cfg()
-  assert mamba._joins_channels(cfg)                       # no mesh
+  cfg, rules = _cfg(), sharding.DEFAULT_RULES
+  assert mamba._joins_channels(cfg, rules)                # no mesh
   for shape, joined in (((2, 1, 1, 2, 1), True), ((1, 1, 1, 2, 2), False)):
     with sharding.use_mesh(sharding.make_mesh(shape, jax.devices()[:4])):
-      assert mamba._joins_channels(cfg) == joined, shape
+      assert mamba._joins_channels(cfg, rules) == joined, shape
+      # The caller's rules decide: heads kept whole join even where 'tensor' has 2 devices.
+      whole = sharding.override_rules(rules, [('mamba_heads', None)])
+      assert mamba._joins_channels(cfg, whole)
   monkeypatch.setattr(sharding, 'mesh_platform', lambda: 'gpu')
-  assert not mamba._joins_channels(cfg)
+  assert not mamba._joins_channels(cfg, rules)
 
 
 def test_a_decode_step_keeps_the_projections_apart():
@@ -362,7 +365,7 @@ def test_a_decode_step_keeps_the_projections_apart():
         params, _inputs(cfg, 2, t), jnp.ones((2, t), jnp.int32), _random_state(cfg, 2))
     eqns = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == 'concatenate']
     return any(e.outvars[0].aval.shape == (cfg.embed_dim, width) for e in eqns)
-  assert mamba._joins_channels(cfg)
+  assert mamba._joins_channels(cfg, sharding.DEFAULT_RULES)
   assert joins(8) and not joins(1)
 
 
@@ -503,9 +506,10 @@ def _cp_forward_grads(m, x, seg, weight, mesh=None):
 
   def loss(params, x):
     mixer = nnx.merge(graphdef, params)
-    zz_seg = context.to_zigzag(jnp.asarray(seg), names[:2])
-    y = mixer(context.to_zigzag(x, names), zz_seg)[0]
-    y = context.from_zigzag(y, names)
+    rules = sharding.DEFAULT_RULES
+    zz_seg = context.to_zigzag(jnp.asarray(seg), names[:2], rules)
+    y = mixer(context.to_zigzag(x, names, rules), zz_seg)[0]
+    y = context.from_zigzag(y, names, rules)
     return jnp.sum(y * weight), y
 
   f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
@@ -513,7 +517,7 @@ def _cp_forward_grads(m, x, seg, weight, mesh=None):
     (_, y), grads = f(params, x)
   else:
     with sharding.use_mesh(mesh):
-      assert context.shards(x.shape[1]) == mesh.shape['sequence']
+      assert context.shards(x.shape[1], sharding.DEFAULT_RULES) == mesh.shape['sequence']
       (_, y), grads = f(sharding.shard_state(params, mesh), x)
   return np.asarray(y), [np.asarray(g) for g in jax.tree.leaves(grads)]
 
@@ -550,7 +554,8 @@ def test_context_parallel_with_joined_channels_equals_unsharded(monkeypatch):
   # No tensor axis: x, B and C go through the shards as one joined tensor.
   joined = []
   monkeypatch.setattr(mamba, '_joins_channels',
-                      lambda cfg, f=mamba._joins_channels: (joined.append(f(cfg)), f(cfg))[1])
+                      lambda cfg, rules, f=mamba._joins_channels: (
+                          joined.append(f(cfg, rules)), f(cfg, rules))[1])
   _check_context_parallel('sparse', 4, 1, monkeypatch)
   assert joined and all(joined)
 

@@ -531,9 +531,9 @@ def test_mesh_axes():
       jax.sharding.PartitionSpec(None, 'fsdp', 'tensor'))
 
 
-def _shard(m, mesh):
-  """The params of (graphdef, params) laid out on `mesh` by their logical axes."""
-  return nnx.to_pure_dict(sharding.shard_state(nnx.split(nnx.merge(*m))[1], mesh))
+def _shard(m, mesh, rules=None):
+  """The params of (graphdef, params) laid out on `mesh` by their logical axes (`rules`)."""
+  return nnx.to_pure_dict(sharding.shard_state(nnx.split(nnx.merge(*m))[1], mesh, rules))
 
 
 def _assert_same_run(run0, run1):
@@ -556,17 +556,19 @@ def _sharded_run(m, x, mask, mesh, probe_scale=1.0, rules=None):
   # rounding, not its amplification by a nonlinear loss.
   probe = jnp.asarray(np.random.default_rng(7).normal(size=x.shape) * probe_scale, jnp.float32)
 
+  rules = sharding.as_rules(rules)
+
   def loss(p, x):
-    out = nnx.merge(gd, p)(x, token_mask=mask)
+    out = nnx.merge(gd, p)(x, token_mask=mask, rules=rules)
     return jnp.sum(out.y * probe) + 0.3 * out.aux_loss + 0.1 * out.z_loss, out
 
   step = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))
   if mesh is None:
     return step(params, x), None
-  with sharding.use_mesh(mesh, rules):
-    sharded = _shard(m, mesh)
+  with sharding.use_mesh(mesh):
+    sharded = _shard(m, mesh, rules)
     x = jax.device_put(x, jax.sharding.NamedSharding(
-        mesh, sharding.logical_to_spec(('batch', 'length', 'embed'), x.shape, mesh)))
+        mesh, sharding.logical_to_spec(('batch', 'length', 'embed'), x.shape, mesh, rules)))
     compiled = step.lower(sharded, x).compile()
     return compiled(sharded, x), (sharded, compiled.as_text())
 

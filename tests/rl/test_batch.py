@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from models import config as config_lib
+from models import sharding
 from models import transformer
 from rl import batch as batch_lib
 from rl import sampler
@@ -72,6 +73,7 @@ class _Head:
 
   def __init__(self, w):
     self.w = jnp.asarray(w)
+    self.rules = sharding.DEFAULT_RULES
 
   def logits_from_hidden(self, h):
     return h @ self.w
@@ -167,7 +169,7 @@ def test_frozen_logprobs_in_calls_of_a_few_rows_equal_one_call():
                                loss_mask=np.ones((b, l), np.float32), advantages=None)
   calls = []
   jit = batch_lib._logprobs_jit                                  # pylint: disable=protected-access
-  batch_lib._logprobs_jit = lambda *a: calls.append(a[2].shape) or jit(*a)
+  batch_lib._logprobs_jit = lambda *a, **kw: calls.append(a[2].shape) or jit(*a, **kw)
   try:
     whole = np.asarray(batch_lib.compute_logprobs(graphdef, params, batch))
     for k in (3, 4, 1):

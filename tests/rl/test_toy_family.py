@@ -27,7 +27,8 @@ from rl import train_step as ts
 class GeGLU(layers.MLP):
   """down(gelu(gate(x)) * up(x)): the parameters of a SwiGLU MLP, another activation."""
 
-  def __call__(self, x):
+  def __call__(self, x, *, rules=None):
+    del rules           # no constraint of its own: the block constrains its output
     dt = self.cfg.jnp_dtype
     gate, up, down = (p.value.astype(dt) for p in (self.gate_proj, self.up_proj,
                                                     self.down_proj))
