@@ -47,6 +47,13 @@ CASES = {
                       '--nosampler', '--noeval', '--backend=tpu'],
     'c2_sampler': ['--config=configs/nemotron_cascade2.py', '--stages=code_rl', '--notrain',
                    '--noeval', '--backend=tpu'],
+    # Every stage's step-time bound, nothing compiled (seconds): FLOPs and bytes counted from
+    # the config and the sampler's traced programs.
+    'c2_time': ['--config=configs/nemotron_cascade2.py', '--time_only'],
+    'c14b_time': ['--config=configs/nemotron_cascade_14b.py', '--time_only'],
+    'c14b_moe_time': ['--config=configs/nemotron_cascade_14b.py:model=qwen3_30b_a3b',
+                      '--time_only'],
+    'c8b_time': ['--config=configs/nemotron_cascade_8b.py', '--time_only'],
     'c14b': ['--config=configs/nemotron_cascade_14b.py', '--stages=math_rl', '--noeval',
              '--backend=tpu'],
     'c8b': ['--config=configs/nemotron_cascade_8b.py', '--stages=math_rl', '--noeval',
@@ -75,12 +82,13 @@ import dataclasses, json, os, sys, time
 from launch.plan import cli, stages
 out, argv = sys.argv[1], sys.argv[2:]
 captured = []
-original = stages.run_plan
-def run_plan(*args, **kwargs):
-  reports = original(*args, **kwargs)
-  captured.extend(reports)
-  return reports
-stages.run_plan = run_plan
+def capturing(original):
+  def run(*args, **kwargs):
+    reports = original(*args, **kwargs)
+    captured.extend(reports)
+    return reports
+  return run
+stages.run_plan, stages.time_plan = capturing(stages.run_plan), capturing(stages.time_plan)
 PROPS = ('total_bytes', 'bound', 'serial', 'worst', 'collective')
 def plain(x):
   if dataclasses.is_dataclass(x):
