@@ -270,7 +270,7 @@ def main(argv: Sequence[str]) -> None:
     raise app.UsageError(f'--cases: unknown {unknown}; choose from {sorted(CASES)}')
   repo = str(pathlib.Path(__file__).resolve().parent.parent)
   work = pathlib.Path(_WORKDIR.value)
-  results = []
+  results, missing = [], []
   for merge_rev in _MERGES.value:
     merge = resolve(repo, merge_rev)
     parent = resolve(repo, merge + '^1')
@@ -283,15 +283,22 @@ def main(argv: Sequence[str]) -> None:
         for side in order:
           out = work / 'json' / merge[:10] / case / f'{side}-{rep}.json'
           if not _PLAN_ONLY.value and not out.exists():
+            missing.append(f'{merge[:7]} {case} {side} #{rep + 1}')
             continue
           print(f'{time.strftime("%H:%M:%S")} {merge[:7]} {case} {side} #{rep + 1}', flush=True)
           runs[side].append(plan_once(trees[side], case, out))
       if runs['before'] and runs['after']:
         results.append((merge, parent, case, ' '.join(CASES[case]), runs['before'],
                         runs['after']))
-  command = 'python -m benchmarks.plan_parity ' + ' '.join(sys.argv[1:])
+  # The measuring command: --noplan only renders the page from the JSON files it left.
+  command = 'python -m benchmarks.plan_parity ' + ' '.join(
+      a for a in sys.argv[1:] if a not in ('--noplan', '--plan=false'))
   date = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')
   lines, equal = page(results, command, date)
+  if missing:
+    lines += ['**Not planned.**', '', 'The page was rendered (`--noplan`) before these plans had '
+              'run; the command above runs them (and skips those done):', '',
+              *[f'- {m}' for m in missing], '']
   print('\n'.join(lines))
   if _PAGE.value:
     pathlib.Path(_PAGE.value).write_text('\n'.join(lines))
