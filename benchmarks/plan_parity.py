@@ -138,7 +138,11 @@ def plan_once(tree: pathlib.Path, case: str, out: pathlib.Path) -> dict:
     if not out.exists():
       raise SystemExit(f'plan {case} in {tree} wrote nothing (exit {proc.returncode}):\n'
                        f'{proc.stderr[-3000:]}')
-  return json.loads(out.read_text())
+  run = json.loads(out.read_text())
+  # When it started (UTC): the file was written when it ended.
+  run.setdefault('started', time.strftime(
+      '%H:%M', time.gmtime(out.stat().st_mtime - run.get('wall_s', 0.0))))
+  return run
 
 
 def programs(run: dict) -> dict[tuple[str, str], dict]:
@@ -235,7 +239,9 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
            '`nice -n 19`; the load average before and after each plan is listed, and compile '
            'seconds are only comparable between plans at similar load). Each side is the '
            "merge's first parent (before) or the merge (after) in a detached worktree, planned "
-           'by its own `launch.plan` with the TPU compiler, before and after alternating. '
+           'by its own `launch.plan` with the TPU compiler in a process of its own (the script '
+           'alternates before and after; a plan may also have run beside another, as each '
+           "plan's start time and load below say). 
            'Equal means every program\'s memory (arguments, outputs, temporaries, aliases, '
            'total), FLOPs, collective seconds and error, and every stage\'s resident bytes and '
            'step-time bound (overlapped, serial, worst case) are identical in the JSON.', '']
@@ -250,7 +256,8 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
               f'`launch.plan {argv}`; before = {parent[:7]}, after = {merge[:7]}.', '']
     for side, runs in (('before', before), ('after', after)):
       for i, r in enumerate(runs):
-        lines.append(f"- {side} #{i + 1}: load {_load(r['load_before'])} -> "
+        lines.append(f"- {side} #{i + 1}: from {r.get('started', '?')} UTC, load "
+                     f"{_load(r['load_before'])} -> "
                      f"{_load(r['load_after'])}, {r['wall_s']:.0f} s, exit {r['exit']}")
     lines += ['', *case_table(before, after), '']
     if any(tb) or any(ta):
