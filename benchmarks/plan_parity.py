@@ -241,7 +241,7 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
            "merge's first parent (before) or the merge (after) in a detached worktree, planned "
            'by its own `launch.plan` with the TPU compiler in a process of its own (the script '
            'alternates before and after; a plan may also have run beside another, as each '
-           "plan's start time and load below say). 
+           "plan's start time and load below say). "
            'Equal means every program\'s memory (arguments, outputs, temporaries, aliases, '
            'total), FLOPs, collective seconds and error, and every stage\'s resident bytes and '
            'step-time bound (overlapped, serial, worst case) are identical in the JSON.', '']
