@@ -132,12 +132,16 @@ def plan_once(tree: pathlib.Path, case: str, out: pathlib.Path) -> dict:
   if not out.exists():
     out.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(tree), ALLOW_MULTIPLE_LIBTPU_LOAD='1')
-    proc = subprocess.run(['nice', '-n', '19', sys.executable, '-c', _CHILD, str(out),
-                           *CASES[case]], cwd=tree, env=env, capture_output=True, text=True,
-                          check=False)
+    # Its output to a file beside the JSON, not a pipe: a plan outlives this process if it is
+    # stopped (the JSON is written by the plan itself, and a rerun skips it).
+    log = out.with_suffix('.log')
+    with open(log, 'w', encoding='utf-8') as f:
+      proc = subprocess.run(['nice', '-n', '19', sys.executable, '-c', _CHILD, str(out),
+                             *CASES[case]], cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT,
+                            check=False)
     if not out.exists():
       raise SystemExit(f'plan {case} in {tree} wrote nothing (exit {proc.returncode}):\n'
-                       f'{proc.stderr[-3000:]}')
+                       f'{log.read_text(encoding="utf-8")[-3000:]}')
   run = json.loads(out.read_text())
   # When it started (UTC): the file was written when it ended.
   run.setdefault('started', time.strftime(
