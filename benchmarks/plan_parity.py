@@ -243,7 +243,8 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
            '`nice -n 19`; the load average before and after each plan is listed, and compile '
            'seconds are only comparable between plans at similar load). Each side is the '
            "merge's first parent (before) or the merge (after) in a detached worktree, planned "
-           'by its own `launch.plan` with the TPU compiler in a process of its own (the script '
+           'by its own `launch.plan` (with the TPU compiler; a `--time_only` case compiles '
+           'nothing and compares the step-time bounds alone) in a process of its own (the script '
            'alternates before and after; a plan may also have run beside another, as each '
            "plan's start time and load below say). "
            'Equal means every program\'s memory (arguments, outputs, temporaries, aliases, '

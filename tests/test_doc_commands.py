@@ -691,6 +691,10 @@ _RUNS = [
                '/tmp/s56/plan/c2_2xh200x8_b.md', pre=_needs_cuda_plugin),
     _plan_case('plan-cascade2-4xh200-gpu', 'nemotron_cascade2_4xh200x8.md',
                '/tmp/s56/plan/c2_4xh200x8_b.md', pre=_needs_cuda_plugin),
+    # Plan parity across the model wing's merges (issue #54): each side's plans by the TPU
+    # compiler, hours on a 2-core host.
+    _case('plan-parity', 'docs/plans/wing_parity.md', ['python -m benchmarks.plan_parity'],
+          12 * 3600, _writes('docs/plans/wing_parity.md'), mark=_SLOW, pre=_needs_libtpu),
     # The step-time page; with --compile every stage's programs are compiled (the TPU
     # compiler's for v5p): hours.
     _case('step-time-page', 'docs/plans/step_time_model.md', ['python -m launch.step_time_page'],
