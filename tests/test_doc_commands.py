@@ -696,6 +696,10 @@ _RUNS = [
     # The RL stages the paper runs to ~49K (issue #56), on one node.
     _plan_case('plan-cascade2-h200-rl49k', 'nemotron_cascade2_h200x8_rl49k.md',
                '/tmp/len49/plan/c2_h200x8_49k.md', pre=_needs_cuda_plugin),
+    # Plan parity across the model wing's merges (issue #54): each side's plans by the TPU
+    # compiler, hours on a 2-core host.
+    _case('plan-parity', 'docs/plans/wing_parity.md', ['python -m benchmarks.plan_parity'],
+          12 * 3600, _writes('docs/plans/wing_parity.md'), mark=_SLOW, pre=_needs_libtpu),
     # The step-time page; with --compile every stage's programs are compiled (the TPU
     # compiler's for v5p): hours.
     _case('step-time-page', 'docs/plans/step_time_model.md', ['python -m launch.step_time_page'],

@@ -22,6 +22,8 @@ only the rooms listed before it):
   evaluation.py  the held-out evaluation's programs and the suites'
   stages.py      a stage's plan (`plan_stage`) and a config's (`run_plan`, `time_plan`,
                  `collective_plan`)
+  dispatch.py    the two expert dispatches compiled side by side (`compare`) and the cheaper
+                 with 10 % of memory free (`cheaper`, `choose`): --compare_dispatch
   report.py      the printed plan, the header, the Markdown page, the failures
   cli.py         the flags and `main` of `python -m launch.plan` (__main__.py runs it)
 

@@ -13,6 +13,7 @@ from etils import epath
 from cascade import config as config_lib
 from cascade import exits
 from cascade import overrides
+from launch.plan import dispatch as dispatch_lib
 from launch.plan import report as report_lib
 from launch.plan import results
 from launch.plan import stages as stages_lib
@@ -37,6 +38,12 @@ _TIME_ONLY = flags.DEFINE_bool(
     'time_only', False, "Only each stage's step-time bound and its parts (`step_time`), "
     'compiling nothing (seconds, even for the paper configs); --backend, --train, --sampler '
     'and --eval do not apply.')
+_COMPARE_DISPATCH = flags.DEFINE_bool(
+    'compare_dispatch', False, "Instead of the plan: compile the selected stages' train steps "
+    "and samplers once per ModelConfig.moe_dispatch ('gather', 'all_to_all') and print per "
+    'program its memory and collectives, per stage its step-time bound, and which dispatch is '
+    'cheaper with 10 % of memory free (`launch.plan.dispatch`); for a model whose routed '
+    'experts are split over several shards.')
 _REPORT = flags.DEFINE_string(
     'report', None, 'Also write the plan as a Markdown page here (any etils.epath path, e.g. '
     'docs/plans/x.md or gs://bucket/plans/x.md): the command, date, host and its load, the '
@@ -85,6 +92,9 @@ def main(argv):
     done.append(r)
     write_page(final=False)
 
+  if _COMPARE_DISPATCH.value:
+    compare_dispatch(plan, tgt, header, load_before, command, started)
+    return
   if time_only:
     reports = stages_lib.time_plan(plan, tgt, stages=_STAGES.value, report=on_stage)
   else:
@@ -99,6 +109,45 @@ def main(argv):
     sys.exit(1)
   print(f'\nstep times of {len(reports)} stage(s), nothing compiled.' if time_only else
         f'\nevery planned program fits ({len(reports)} stage(s) planned).')
+
+
+def compare_dispatch(plan, tgt, header, load_before: str, command: str, started: str) -> None:
+  """`--compare_dispatch`: `dispatch.compare`'s tables printed (and the --report page written)
+  after every stage, the dispatch `dispatch.choose` picks last."""
+  done: list[dispatch_lib.Comparison] = []
+  current = plan.model.moe_dispatch
+
+  def page(final: bool) -> str:
+    return '\n'.join([
+        f'# Expert dispatch compared: `{command}`', '',
+        f'Written by `launch.plan --compare_dispatch` on {started}, on '
+        f'{report_lib.cpu_model()}.', '',
+        *[f'- {h}' for h in (load_before + ' (before)', report_lib.host_load() + ' (after)',
+                              *header)], '',
+        *dispatch_lib.table(done, current), '',
+        (dispatch_lib.summary(done, current) if final else
+         f'Unfinished: {len(done)} stage(s) compared so far.'), ''])
+
+  def on_stage(c: dispatch_lib.Comparison) -> None:
+    done.append(c)
+    print('\n'.join(dispatch_lib.table([c], current)) + '\n', flush=True)
+    write(page(final=False))
+
+  def write(text: str) -> None:
+    if _REPORT.value:
+      path = epath.Path(_REPORT.value)
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(text)
+
+  try:
+    dispatch_lib.compare(plan, tgt, stages=_STAGES.value, with_sampler=_SAMPLER.value,
+                         with_train=_TRAIN.value, report=on_stage)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  print(dispatch_lib.summary(done, current), flush=True)
+  write(page(final=True))
+  if _REPORT.value:
+    print(f'wrote {_REPORT.value}')
 
 
 def run() -> None:

@@ -25,7 +25,8 @@ from rl import reward_model
 def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
                limit_bytes: int, with_sampler: bool = True, count_mesh=None,
                with_train: bool = True, rm_stages=(), hardware=None, judges=(),
-               loaded=None, judge_programs: bool = True) -> results.StageReport:
+               loaded=None, judge_programs: bool = True,
+               with_frozen: bool = True) -> results.StageReport:
   """Compiles a training stage's train step (and, for RL, its sampler) for `mesh`.
 
   Args:
@@ -46,6 +47,9 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
     loaded: {source: (ModelConfig, generates)}: the judges resident while it runs
       (`judges.loaded_judges`), counted beside every program.
     judge_programs: compile the judges' programs (else `judges` count in the time bound only).
+    with_frozen: compile the frozen passes (a KL/DPO reference, MOPD teachers) and the reward
+      models' scoring too (else they count only in what stays resident and in the time bound's
+      FLOPs, not its collectives).
 
   Returns:
     The StageReport.
@@ -88,7 +92,7 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
           count=lambda: flops_lib.sampler_flops(model_cfg, mesh, rules, sampler_cfg, **sizes),
           options=compiler.sampling_options(mesh))
   frozen = kind.frozen_forwards(stage) if kind.frozen_forwards is not None else []
-  for ff in frozen:
+  for ff in (frozen if with_frozen else ()):
     copies = f'cop{"y" if ff.copies == 1 else "ies"}'
     add(ff.name, lambda cfg, m, ff=ff: programs_lib.forward_lowering(cfg, 'policy', m, rules,
                                                                      ff.rows, ff.length),
@@ -98,7 +102,7 @@ def plan_stage(stage, model_cfg, mesh, rules, sampler_cfg: dict,
         count=lambda ff=ff: flops_lib.forward_flops(model_cfg, 'policy', mesh, rules, ff.rows,
                                                     ff.length))
   rm = list(rm_stages or ())
-  for rm_stage in rm:
+  for rm_stage in (rm if with_frozen else ()):
     rows, length = rm_scoring_call(stage, rm_stage)
     add(f'reward model scoring ({rm_stage.name})',
         lambda cfg, m, rows=rows, length=length: programs_lib.forward_lowering(
@@ -135,7 +139,7 @@ def rm_scoring_call(stage, rm_stage) -> tuple[int, int]:
                                      policies.scoring_call_tokens(rm_stage)), length)
 
 
-def _rm_stages(plan, stage) -> list:
+def scoring_rm_stages(plan, stage) -> list:
   """The reward_model stages whose models score a sampling stage's rollouts."""
   import verifiers  # pylint: disable=g-import-not-at-top
   if not stage.SAMPLES:
@@ -148,7 +152,7 @@ def _rm_stages(plan, stage) -> list:
   return [plan.stage(n) for n in dict.fromkeys(names)]
 
 
-def _check_stages(plan: config_lib.Plan, stages: Sequence[str]) -> None:
+def check_stages(plan: config_lib.Plan, stages: Sequence[str]) -> None:
   unknown = [s for s in stages if s not in [st.name for st in plan.stages]]
   if unknown:
     raise ValueError(f'--stages: unknown stage(s) {unknown}; the config has '
@@ -163,14 +167,14 @@ def time_plan(plan: config_lib.Plan, tgt: targets.Target, *, stages: Sequence[st
   programs and abstract shapes. Each StageReport has no programs."""
   model_cfg, rules, sampler_cfg = targets.for_target(plan, tgt)
   mesh = targets.make_mesh(plan, tgt.devices)
-  _check_stages(plan, stages)
+  check_stages(plan, stages)
   out = []
   for st in plan.stages:
     if (stages and st.name not in stages) or st.MODEL is None:
       continue
     model_for = lambda c: targets.target_model(plan, tgt, c)
     time = step_time_lib.step_time(st, kinds.get(st.kind), model_cfg, mesh, rules, plan.hardware,
-                                   sampler_cfg, rm_stages=_rm_stages(plan, st),
+                                   sampler_cfg, rm_stages=scoring_rm_stages(plan, st),
                                    judges=judges_lib.judge_calls(plan, st, model_for))
     out.append(results.StageReport(st.index, st.name, st.kind, (), tgt.device_memory_bytes,
                                    mesh.size, time=time, steps=getattr(st, 'steps', 0)))
@@ -190,14 +194,14 @@ def collective_plan(plan: config_lib.Plan, tgt: targets.Target, *, stages: Seque
   model_cfg, rules, sampler_cfg = targets.for_target(plan, tgt)
   mesh = targets.make_mesh(plan, tgt.devices)
   count_mesh = targets.make_mesh(plan, tgt.count_devices) if tgt.count_devices else mesh
-  _check_stages(plan, stages)
+  check_stages(plan, stages)
   out = []
   for st in plan.stages:
     if (stages and st.name not in stages) or st.MODEL is None:
       continue
     model_for = lambda c: targets.target_model(plan, tgt, c)
     out.append(plan_stage(st, model_cfg, mesh, rules, sampler_cfg, 0, True, count_mesh,
-                          rm_stages=_rm_stages(plan, st), hardware=plan.hardware,
+                          rm_stages=scoring_rm_stages(plan, st), hardware=plan.hardware,
                           judges=judges_lib.judge_calls(plan, st, model_for),
                           judge_programs=False))
     if report:
@@ -227,14 +231,14 @@ def run_plan(plan: config_lib.Plan, tgt: targets.Target, *, stages: Sequence[str
   hw = plan.hardware
   mesh = targets.make_mesh(plan, tgt.devices)
   count_mesh = targets.make_mesh(plan, tgt.count_devices) if tgt.count_devices else mesh
-  _check_stages(plan, stages)
+  check_stages(plan, stages)
   out = []
   for st in plan.stages:
     if stages and st.name not in stages:
       continue
     model_for = lambda c: targets.target_model(plan, tgt, c)
     rep = plan_stage(st, model_cfg, mesh, rules, sampler_cfg, tgt.device_memory_bytes,
-                     with_sampler, count_mesh, with_train, rm_stages=_rm_stages(plan, st),
+                     with_sampler, count_mesh, with_train, rm_stages=scoring_rm_stages(plan, st),
                      hardware=hw, judges=judges_lib.judge_calls(plan, st, model_for) if with_sampler
                      else (), loaded=judges_lib.loaded_judges(plan, st.index, model_for))
     if not rep.programs:         # e.g. an SFT stage with --notrain

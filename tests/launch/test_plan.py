@@ -814,7 +814,7 @@ def test_reward_model_scoring_is_planned_at_the_rows_the_run_scores():
   from rl import reward_model  # pylint: disable=g-import-not-at-top
   p = config_lib.validate(importlib.import_module('configs.nemotron_cascade_14b').get_config(None))
   stage = p.stage('rlhf')
-  [rm_stage] = plan_stages._rm_stages(p, stage)   # pylint: disable=protected-access
+  [rm_stage] = plan_stages.scoring_rm_stages(p, stage)
   assert (rm_stage.batch_size, rm_stage.max_len, rm_stage.score_len) == (256, 8192, 65536)
   rows, length = plan_stages.rm_scoring_call(stage, rm_stage)
   assert (rows, length) == (64, 32768)

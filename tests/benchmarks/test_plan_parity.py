@@ -1,0 +1,82 @@
+"""benchmarks/plan_parity.py's comparison of two plans' JSON: equal plans give no difference and
+an 'Equal.' page; a changed program's memory or FLOPs, a stage's step-time bound, a program only
+one side has are each named; compile seconds are shown, never compared (no compiler runs)."""
+
+import copy
+import importlib
+
+GIB = 2 ** 30
+
+
+def _parity():
+  """benchmarks.plan_parity, imported in the test (it defines absl flags; tests/conftest.py
+  unloads it after this file)."""
+  return importlib.import_module('benchmarks.plan_parity')
+
+
+def _program(name='train step', total=10 * GIB, flops=1.5e18, compile_s=90.0):
+  return dict(name=name, shapes='64 rows x 8192 tokens', argument_bytes=total, output_bytes=0,
+              temp_bytes=0, alias_bytes=0, total_bytes=total, flops=flops, flops_from='',
+              error='', collective_s=0.5, collective_step_s=0.0, compile_s=compile_s,
+              compile_cpu_s=2 * compile_s)
+
+
+def _plan(compile_s=90.0):
+  return dict(argv=['--config=c.py'], exit=0, load_before=[1.0, 1.0, 1.0],
+              load_after=[2.0, 2.0, 2.0], wall_s=200.0, stages=[dict(
+                  name='sft', kind='sft', limit_bytes=95 * GIB, steps=4000,
+                  resident=[['train step', GIB]],
+                  programs=[_program(compile_s=compile_s),
+                            _program('sampler', 5 * GIB, 1e15, compile_s / 3)],
+                  time=dict(bound=43.8, serial=44.1, worst=43.8, weights_only=43.8))])
+
+
+def test_equal_plans_differ_in_nothing_but_their_compile_seconds():
+  plan_parity = _parity()
+  before, after = _plan(90.0), _plan(120.0)
+  assert plan_parity.differences(before, after) == []
+  assert plan_parity.train_compile_seconds([before, after]) == [90.0, 120.0]
+  lines, equal = plan_parity.page([('m' * 40, 'p' * 40, 'c2_train', '--config=c.py', [before],
+                                    [after])], 'python -m benchmarks.plan_parity', 'today')
+  assert equal and '**Equal.**' in lines
+  row = next(l for l in lines if l.startswith('| sft | train step'))
+  assert '10.00 GiB / 10.00 GiB' in row and '1.500e+18 / 1.500e+18' in row
+  assert '| yes | 90.0 (180) | 120.0 (240) |' in row
+  assert any('after / before (means) 1.333' in l for l in lines)
+  assert any(l.startswith('- before #1: from ? UTC, load 1.00, 1.00, 1.00 -> 2.00, 2.00, 2.00')
+             for l in lines)
+
+
+def test_each_difference_is_named():
+  plan_parity = _parity()
+  before = _plan()
+  after = copy.deepcopy(before)
+  after['stages'][0]['programs'][0]['temp_bytes'] = GIB
+  after['stages'][0]['programs'][0]['total_bytes'] = 11 * GIB
+  after['stages'][0]['programs'][1]['flops'] = 2e15
+  after['stages'][0]['time']['serial'] = 45.0
+  diffs = plan_parity.differences(before, after)
+  assert 'sft / train step (64 rows x 8192 tokens) temp_bytes: 0 -> 1073741824' in diffs
+  assert f'sft / train step (64 rows x 8192 tokens) total_bytes: {10 * GIB} -> {11 * GIB}' in diffs
+  assert 'sft / sampler (64 rows x 8192 tokens) flops: 1000000000000000.0 -> 2000000000000000.0' in diffs
+  assert 'stage sft step time serial: 44.1 -> 45.0' in diffs
+  assert len(diffs) == 4
+  # A program or a stage only one side has.
+  del after['stages'][0]['programs'][1]
+  assert 'sft / sampler (64 rows x 8192 tokens): only before' in plan_parity.differences(
+      before, after)
+  after['stages'][0]['name'] = 'sft2'
+  assert {'stage sft: only before', 'stage sft2: only after'} <= set(
+      plan_parity.differences(before, after))
+  lines, equal = plan_parity.page([('m' * 40, 'p' * 40, 'c', 'x', [before], [after])], 'cmd', 'd')
+  assert not equal and '**DIFFERENT:**' in lines
+
+
+def test_a_repeat_that_differs_from_the_first_is_named_too():
+  plan_parity = _parity()
+  first, again = _plan(), _plan()
+  again['stages'][0]['programs'][0]['flops'] = 1.0
+  lines, equal = plan_parity.page([('m' * 40, 'p' * 40, 'c', 'x', [first, again],
+                                    [_plan(), _plan()])], 'cmd', 'd')
+  assert not equal
+  assert any(l.startswith('- repeat: sft / train step') for l in lines)
