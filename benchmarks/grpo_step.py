@@ -284,7 +284,7 @@ def loop_side(cfg, prompts) -> dict:
 
   def maker_fn(state):
     del state
-    loader = readers.Loader(records, kinds_base.stage_seed(plan.seed, stage.index),
+    loader = readers.Loader(records, kinds_base.stage_seed(plan.seed, stage.seeds_from),
                             stage.prompts_per_step)
 
     def make(step, rng, state):

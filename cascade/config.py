@@ -1098,7 +1098,7 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
     # The inserted repair stages are stages of the plan (indices, directories, launch.plan's
     # worst case); the config's own list was checked above at its own positions.
     raw = guard.repair_stages(stages, raw)
-    stages = _parse_stages(kinds, raw, domains, datasets)
+    stages = _parse_stages(kinds, raw, domains, datasets, own=[st.name for st in stages])
   for st in stages:
     st.check_lengths(model.max_seq_len, schema.failer(st.where, st))
   stages = [st.with_model(model, sampler, schema.failer(st.where, st)) for st in stages]
@@ -1136,13 +1136,23 @@ def validate(config, known_verifiers=None, known_formats=None) -> Plan:
               data_cache=data_cache, source=cfg, chat_template=template)
 
 
-def _parse_stages(kinds, raw: list[dict], domains, datasets) -> list:
-  """The stage dicts as their kinds' typed configs, each checked against those before it."""
+def _parse_stages(kinds, raw: list[dict], domains, datasets, own=None) -> list:
+  """The stage dicts as their kinds' typed configs, each checked against those before it.
+
+  `own`: the names of the config's own stages when `raw` also holds stages the guard inserted
+  (None: all are its own); each is seeded by its place among the own ones
+  (`StageConfig.seed_key`), so inserting stages changes no other stage's randomness.
+  """
   all_names = tuple(s.get('name') for s in raw)
-  stages = []
+  stages, place = [], -1
   for i, s in enumerate(raw):
     refs = kinds.base.Refs(tuple(stages), all_names, domains, datasets)
-    stages.append(kinds.parse(i, s, refs))
+    if own is None or s.get('name') in own:
+      place += 1
+      key = (place,)
+    else:
+      key = (place, kinds.base.INSERTED)
+    stages.append(kinds.parse(i, s, refs, seed_key=key))
   return stages
 
 

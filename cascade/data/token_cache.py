@@ -65,7 +65,7 @@ ROWS_PER_SHARD = 8192      # positions per items shard, the unit of work process
 _CHUNK = 256                  # positions made in one call of a stage's batch `make`
 _PROBE = 8                    # first records of the source run through the stage in the key
 _PARTS = 'parts'              # finished parts' records (`_record`), read on a resume
-_SETTINGS_NOT_IN_KEY = ('optimizer', 'steps', 'index', 'eval_every')
+_SETTINGS_NOT_IN_KEY = ('optimizer', 'steps', 'index', 'seed_key', 'eval_every')
 # Failures of a process's share raised as one DataError on every process; any other exception
 # is raised as it is on the process that met it (the others raise the DataError naming it).
 _REPORTED = (readers.DataError, paths.PathError, OSError)

@@ -29,8 +29,10 @@ def get(name: str) -> base.Kind:
   return KINDS[name]
 
 
-def parse(index: int, raw: dict, refs: base.Refs) -> base.StageConfig:
-  """A stage dict as its kind's typed config, checked against the stages before it.
+def parse(index: int, raw: dict, refs: base.Refs,
+          seed_key: tuple | None = None) -> base.StageConfig:
+  """A stage dict as its kind's typed config, checked against the stages before it
+  (`seed_key`: `StageConfig.seed_key`; None: (index,)).
 
   Raises:
     config.ConfigError: naming the stage and the field.
@@ -51,6 +53,7 @@ def parse(index: int, raw: dict, refs: base.Refs) -> base.StageConfig:
   body = {k: v for k, v in raw.items() if k not in ('name', 'kind')}
   if 'optimizer' in body and body['optimizer'] is not None:
     body['optimizer'] = base.parse_optimizer(body['optimizer'], where)
-  stage = base.from_mapping(cls, body, where, fixed=dict(index=index, kind=kind, name=name),
+  stage = base.from_mapping(cls, body, where, fixed=dict(index=index, kind=kind, name=name,
+                                       seed_key=(index,) if seed_key is None else seed_key),
                             unknown=f'unknown field for a {kind} stage')
   return stage.resolve(refs, schema.failer(where, stage))

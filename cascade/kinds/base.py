@@ -124,6 +124,10 @@ class StageConfig:
   index: int = field(user=False)
   kind: str = field(user=False)
   name: str = field(user=False)
+  # Set by the validator: what the stage's randomness is seeded from (`stage_seed`): (i,) for
+  # the config's own i-th stage, (i, INSERTED) for a stage the guard inserted after it, so an
+  # inserted stage (run or skipped) moves no other stage's data order or sampling keys.
+  seed_key: tuple = field((), user=False)
   # The policy the stage starts from: an earlier stage's name, or a checkpoint / HF directory
   # path ('' = the policy the previous stage left).
   init_from: str = field('', check=((lambda v: isinstance(v, str)),
@@ -137,6 +141,11 @@ class StageConfig:
   @property
   def trains_policy(self) -> bool:
     return self.LEAVES == 'own'
+
+  @property
+  def seeds_from(self) -> tuple:
+    """`seed_key`, or (index,) for a stage built without the validator."""
+    return tuple(self.seed_key) or (self.index,)
 
   @property
   def where(self) -> str:
@@ -296,9 +305,21 @@ def make_optimizer(stage: TrainStageConfig, lr_scale: float = 1.0) -> StageOptim
   return StageOptimizer(train_lib.make_optimizer(cfg), train_lib.make_schedule(cfg))
 
 
-def stage_seed(seed: int, stage_index: int) -> int:
-  """A 31-bit seed for stage i's data order and its TrainState's PRNG key."""
-  return int(np.random.SeedSequence([seed, stage_index + 1]).generate_state(1)[0] >> 1)
+# The second entry of an inserted stage's `seed_key` (larger than any step count, so its
+# streams are not a stage's own).
+INSERTED = 0xFFFFFFFF
+
+
+def stage_seed(seed: int, key: int | tuple) -> int:
+  """A 31-bit seed for a stage's data order and its TrainState's PRNG key.
+
+  Args:
+    seed: the run's seed.
+    key: the stage's `seed_key` ((i,) for the config's own i-th stage; (i, INSERTED) for the
+      stage the guard inserted after it), or a bare i for (i,).
+  """
+  i, *rest = (key,) if isinstance(key, int) else tuple(key)
+  return int(np.random.SeedSequence([seed, i + 1, *rest]).generate_state(1)[0] >> 1)
 
 
 # ---------------------------------------------------------------- the kind record

@@ -127,7 +127,7 @@ def train_stage(ctx, stage: Config, kind: base.Kind, draws_cls) -> base.StageRes
 
   def maker(state):
     del state
-    loader = readers.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
+    loader = readers.Loader(records, base.stage_seed(ctx.plan.seed, stage.seeds_from),
                              stage.prompts_per_step)
     own_errors = verifier_errors.VerifierErrors(stage.where)   # over the stage's steps
 

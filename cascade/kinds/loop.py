@@ -14,7 +14,7 @@ stage at its newest probed checkpoint within bounds), and checkpoints every
 `ckpt.every_n_steps` steps and at the end.
 
 Randomness: step s of stage i uses `fold_in(state.rng, s)` where `state.rng`
-is `PRNGKey(stage_seed(seed, i))`, saved in every checkpoint with the state;
+is `PRNGKey(stage_seed(seed, stage.seeds_from))`, saved in every checkpoint with the state;
 its data comes from a grain iterator whose position is in every checkpoint's
 metadata. A resumed stage therefore repeats exactly what an uninterrupted one
 does.
@@ -66,7 +66,7 @@ def record_batches(ctx, stage, batches: Callable[[list[dict]], tuple[Sequence[An
 
   def maker(state):
     del state
-    loader = readers.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
+    loader = readers.Loader(records, base.stage_seed(ctx.plan.seed, stage.seeds_from),
                              stage.batch_size)
 
     def make(step, rng, state):
@@ -172,7 +172,7 @@ def train_stage(ctx, kind: base.Kind, stage,
   ckpts = pol.checkpoints(stage)
   abstract = pol.abstract_state(stage.MODEL, optimizer)
   restored = ckpts.restore(abstract)
-  seed = base.stage_seed(ctx.plan.seed, stage.index)
+  seed = base.stage_seed(ctx.plan.seed, stage.seeds_from)
   if restored is not None:
     step, state, meta = restored
     print(f'[{stage.index}] {stage.name}: resuming at step {step}/{stage.steps}', flush=True)

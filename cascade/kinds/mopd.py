@@ -202,7 +202,7 @@ def run(ctx, stage: Config) -> base.StageResult:
 
   def maker(state):
     del state
-    loader = readers.Loader(records, base.stage_seed(ctx.plan.seed, stage.index),
+    loader = readers.Loader(records, base.stage_seed(ctx.plan.seed, stage.seeds_from),
                              stage.prompts_per_step)
     own_errors = verifier_errors.VerifierErrors(stage.where)   # over the stage's steps
 

@@ -341,7 +341,7 @@ class Draws:
     self.sp = sampler_lib.SamplingParams(temperature=phase.temperature, top_p=stage.top_p,
                                          top_k=stage.top_k,
                                          max_new_tokens=phase.max_response_len)
-    self.modes_rng = np.random.default_rng([ctx.plan.seed, stage.index, step])
+    self.modes_rng = np.random.default_rng([ctx.plan.seed, *stage.seeds_from, step])
     self.rewards, self.lengths, self.truncated, self.domains = [], [], [], []
     self.sandbox_errors = self.scored = 0
     # Every row drawn this step, in draw order: (record, mode, completion, verifier info).
@@ -598,5 +598,5 @@ def split_updates(stage: RLStageConfig, step: int, seed: int, batch) -> list:
   if k == 1:
     return [batch]
   b = batch.tokens.shape[0]
-  perm = np.random.default_rng([seed, stage.index, step, 7]).permutation(b)
+  perm = np.random.default_rng([seed, *stage.seeds_from, step, 7]).permutation(b)
   return [batch_lib.take_rows(batch, np.sort(perm[i::k])) for i in range(k)]

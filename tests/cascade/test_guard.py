@@ -19,6 +19,7 @@ from cascade import kinds
 from cascade import ledger as ledger_lib
 from cascade import policies as policies_lib
 from cascade.data import readers
+from cascade.kinds import base
 from cascade.kinds import loop
 from models import transformer
 from rl import sft as sft_lib
@@ -273,6 +274,24 @@ def test_repair_inserts_a_mopd_stage_after_every_guarded_stage(fakes):
   # The config's own list is what the hash covers.
   assert [s['name'] for s in plan.source['stages']] == ['a_rl', 'sft_b', 'a_rl2']
 
+
+
+def test_inserted_stages_move_no_other_stages_randomness(fakes):
+  """The config's own stages draw their data order, keys and modes from their place among the
+  config's own stages, so a guarded run whose repairs all skip trains what an unguarded one
+  does; each inserted stage has a seed of its own."""
+  plan = _repair_plan(fakes)
+  bare = fakes.toy_config(_stages(fakes) + [fakes.rl_stage('a_rl2', ['a'])], validation=True)
+  assert [s.seeds_from for s in bare.stages] == [(0,), (1,), (2,)]
+  own = [s for s in plan.stages if not getattr(s, 'repairs', '')]
+  assert [s.seeds_from for s in own] == [s.seeds_from for s in bare.stages]
+  assert plan.stages[3].index == 3 and plan.stages[3].seeds_from == (2,)
+  assert plan.stages[2].seeds_from == (1, base.INSERTED)
+  seeds = [base.stage_seed(7, s.seeds_from) for s in plan.stages]
+  assert len(set(seeds)) == len(seeds)
+  # Own stages' seeds are what they were before stages could be inserted: a bare index.
+  assert [base.stage_seed(7, s.seeds_from) for s in own] == [base.stage_seed(7, i)
+                                                            for i in range(3)]
 
 def _probe(ledger, stage, step, breached=None):
   ledger.record(stage, step, {'a': {'score': 50.0, 'stderr': 1.0}}, kind=ledger_lib.PROBE,
