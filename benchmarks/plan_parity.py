@@ -277,6 +277,7 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
 
 def main(argv: Sequence[str]) -> None:
   del argv
+  load = os.getloadavg()
   unknown = [c for c in _CASES.value if c not in CASES]
   if unknown:
     raise app.UsageError(f'--cases: unknown {unknown}; choose from {sorted(CASES)}')
@@ -311,6 +312,7 @@ def main(argv: Sequence[str]) -> None:
     lines += ['**Not planned.**', '', 'The page was rendered (`--noplan`) before these plans had '
               'run; the command above runs them (and skips those done):', '',
               *[f'- {m}' for m in missing], '']
+  host.print_load_warning(load)   # each plan's own load is on the page too
   print('\n'.join(lines))
   if _PAGE.value:
     pathlib.Path(_PAGE.value).write_text('\n'.join(lines))
