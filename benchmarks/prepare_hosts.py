@@ -141,6 +141,14 @@ def phase(d: str, cache: str, rank: int, coordinator: str) -> dict:
     counts['tokenized'] += 1
     return real_example(*a, **k)
 
+  # A tree whose cache tokenizes by batches (`sft.examples`): its single-turn rows are counted
+  # here, its multi-turn ones by `example`, which it calls.
+  real_examples = getattr(sft, 'examples', None)
+
+  def examples(recs, *a, **k):
+    counts['tokenized'] += sum(1 for r in recs if 'turns' not in r)
+    return real_examples(recs, *a, **k)
+
   class Counted:
     def __init__(self, f, what):
       self._f, self._what = f, what
@@ -160,6 +168,8 @@ def phase(d: str, cache: str, rank: int, coordinator: str) -> dict:
       self._f.close()
 
   sft.example = example
+  if real_examples is not None:
+    sft.examples = examples
   shards._open = lambda p: Counted(real_open(p), 'shards' if p in dataset else 'plain')
   hosts = rollout.processes()
   sd = stage_data.StageData(plan, tok, None, cache_dir=cache, hosts=hosts)

@@ -121,10 +121,12 @@ def tree_delta(new, old) -> list:
   return _difference(_floats(new), _floats(old))
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _reward_grad_jit(graphdef, params, tokens, positions, segment_ids, targets, mask, weights):
+@functools.partial(jax.jit, static_argnums=0, static_argnames=('rules',))
+def _reward_grad_jit(graphdef, params, tokens, positions, segment_ids, targets, mask, weights, *,
+                     rules: sharding.Rules = sharding.DEFAULT_RULES):
   def objective(p):
     model = nnx.merge(graphdef, p)
+    model.rules = rules
     lp = batch_lib.token_stats(model, tokens, positions, segment_ids, targets)['logprobs']
     return jnp.sum(weights[:, None] * mask * lp)
   return jax.grad(objective)(params)
@@ -134,10 +136,10 @@ def reward_grad(graphdef, params, batch, weights, mesh=None, rules=None):
   """grad_theta sum_i weights_i log pi_theta(y_i | x_i) over `batch`'s rows (a pytree like
   `params`); `weights` from `reward_weights`."""
   fields = (batch.tokens, batch.positions, batch.segment_ids, batch.targets)
-  with sharding.use_mesh(mesh, rules):
+  with sharding.use_mesh(mesh):
     return _reward_grad_jit(graphdef, params, *(jnp.asarray(f) for f in fields),
                             jnp.asarray(batch.loss_mask, jnp.float32),
-                            jnp.asarray(weights, jnp.float32))
+                            jnp.asarray(weights, jnp.float32), rules=sharding.as_rules(rules))
 
 
 @dataclasses.dataclass

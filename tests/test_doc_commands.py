@@ -713,8 +713,11 @@ _RUNS = [
     # docs/benchmarks/, docs/benchmarks.md
     _case('evaluate-page', 'docs/benchmarks/evaluate.md', ['python -m benchmarks.evaluate'],
           1800, _writes('docs/benchmarks/evaluate.md'), mark=_SLOW),
+    # Slow: the page's command extracts an older commit (--compare_tree=git:REV), which needs
+    # the repository's history, not the copy these cases run in; the heavy
+    # tests/benchmarks/test_verifiers_benchmark.py runs --compare_tree=git:HEAD and --doc.
     _case('verifiers-page', 'docs/benchmarks/verifiers.md', ['python -m benchmarks.verifiers'],
-          900, _check_verifiers_page, mark=_HEAVY, pre=_BWRAP),
+          1800, _check_verifiers_page, mark=_SLOW, pre=_BWRAP),
     _case('grpo-step-page', 'docs/benchmarks/grpo_step.md', ['python -m benchmarks.grpo_step'],
           3 * 3600, _writes('docs/benchmarks/grpo_step.md'), mark=_SLOW),
     _case('context-parallel', 'docs/benchmarks/context_parallel.md',
@@ -845,7 +848,7 @@ _RUNS = [
     # docs/what_a_run_survives.md, docs/testing.md
     _case('verifiers-code', 'docs/what_a_run_survives.md',
           ['python -m benchmarks.verifiers --domains=code'], 1800, _check_verifiers, mark=_SLOW,
-          pre=_BWRAP),     # slow: the verifiers-page case (heavy) runs the same work and --doc
+          pre=_BWRAP),     # slow: test_verifiers_benchmark (heavy) runs the same work and --doc
     _case('mutation-engine', 'docs/testing.md', ['make mutation MUTATE=rl/engine.py'],
           12 * 3600, _OK, mark=_SLOW, root=True, pre=_mutation_ready),
     _case('regen-golden', 'docs/testing.md', ['CASCADE_REGEN_GOLDEN=1'], 3600, _check_golden,
