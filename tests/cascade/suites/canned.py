@@ -20,3 +20,15 @@ def output(ids, prompts, num_samples: int, max_new_tokens: int) -> sampler_lib.S
       prompt_tokens=np.zeros((b, p), np.int32), prompt_mask=np.ones((b, p), np.int32),
       tokens=toks, mask=mask, logprobs=z, sampling_logprobs=z, lengths=lens,
       truncated=np.zeros((b,), bool))
+
+
+class CharTokenizer:
+  """One id per character (code points below 256), as the stand-in policy's tokenizer."""
+  vocab_size, pad_id, eos_id, added_tokens = 256, 0, 1, ()
+
+  def encode(self, text):
+    return [ord(c) % 256 for c in text]
+
+  def decode(self, ids, skip_special=False):
+    del skip_special
+    return ''.join(chr(i) for i in ids)

@@ -42,24 +42,13 @@ OPTIONS = {'math': {'workers': 1}, 'instruction': {'workers': 1},
            'livecodebench': {'workers': 1}}
 
 
-class CharTokenizer:
-  """One id per character (code points below 256), as the stand-in policy's tokenizer."""
-  vocab_size, pad_id, eos_id, added_tokens = 256, 0, 1, ()
-
-  def encode(self, text):
-    return [ord(c) % 256 for c in text]
-
-  def decode(self, ids, skip_special=False):
-    del skip_special
-    return ''.join(chr(i) for i in ids)
-
 
 class CannedSampler:
   """`rl.sampler.Sampler.generate`'s output for every row: `text`; keeps each call's prompts."""
   pad_id = 0
 
   def __init__(self, text):
-    self.ids, self.prompts = CharTokenizer().encode(text), []
+    self.ids, self.prompts = canned.CharTokenizer().encode(text), []
 
   def generate(self, params, prompts, rng, sp, num_samples=1, row_limits=None):
     del params, rng, row_limits      # an episode's turn call gives row_limits
@@ -105,7 +94,7 @@ def test_a_paper_suite_runs_end_to_end_on_its_fixture_files(name, tmp_path, requ
                                                             monkeypatch):
   suite = suites.get(name).with_protocol(samples=1 if suites.get(name).protocol.greedy else 2)
   family = _family(suite)
-  tok = CharTokenizer()
+  tok = canned.CharTokenizer()
   options = dict(OPTIONS.get(family, {}))
   if family == 'livecodebench':
     request.getfixturevalue('bwrap_sandbox')       # its tests run in the sandbox

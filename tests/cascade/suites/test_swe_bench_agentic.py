@@ -27,17 +27,6 @@ VALIDATORS = 'django/contrib/auth/validators.py'
 OLD, NEW = r"regex = r'^[\w.@+-]+$'", r"regex = r'^[\w.@+-]+\Z'"
 
 
-class CharTokenizer:
-  """One id per character (code points below 256)."""
-  vocab_size, pad_id, eos_id, added_tokens = 256, 0, 1, ()
-
-  def encode(self, text):
-    return [ord(c) % 256 for c in text]
-
-  def decode(self, ids, skip_special=False):
-    del skip_special
-    return ''.join(chr(i) for i in ids)
-
 
 def _action(prompt: str) -> str:
   """The scripted policy's turn for a prompt: on the django instance it reads the file, fixes
@@ -62,7 +51,7 @@ class ScriptedSampler:
 
   def generate(self, params, prompts, rng, sp, row_limits=None):
     del params, rng, row_limits
-    tok = CharTokenizer()
+    tok = canned.CharTokenizer()
     texts = [tok.decode(p) for p in prompts]
     self.calls.append(texts)
     rows = [canned.output(tok.encode(_action(t)), [p], 1, sp.max_new_tokens)
@@ -163,7 +152,7 @@ def test_a_missing_repository_or_bound_is_one_line(tmp_path):
 def _run(tmp_path, suite, root, options):
   records = suite.read(root)
   sampler = ScriptedSampler()
-  policy = run.Policy(sampler, None, CharTokenizer(), 'scripted')
+  policy = run.Policy(sampler, None, canned.CharTokenizer(), 'scripted')
   res = run.run_suite(suite, records, policy, str(tmp_path / 'eval'), batch_size=2,
                       grader_options=options)
   return records, sampler, res
