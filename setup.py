@@ -1,15 +1,70 @@
 """Installs cascade: the stage loop, the model, the RL math, the verifiers and the tiny world."""
 
+import ast
+import pathlib
 import warnings
 
 import setuptools
 from setuptools import warnings as setuptools_warnings
+from setuptools.command import build as build_lib
 
 # setuptools announces how it makes an editable install (`pip install -e .`, as `make` runs it)
 # in a 10-line InformationOnly warning, every time; it says nothing about this project.
 warnings.simplefilter('ignore', setuptools_warnings.InformationOnly)
 
+
+
+def _hook_constant(name: str) -> str:
+  """A string constant of cascade/lm_eval_hook.py, read without importing the package."""
+  path = pathlib.Path(__file__).resolve().parent / 'cascade' / 'lm_eval_hook.py'
+  for node in ast.parse(path.read_text(encoding='utf-8')).body:
+    if isinstance(node, ast.Assign) and [getattr(t, 'id', None) for t in node.targets] == [name]:
+      return ast.literal_eval(node.value)
+  raise RuntimeError(f'{path}: no {name} = "..." (the lm-eval hook\'s .pth)')
+
+
+class build_lm_eval_pth(setuptools.Command):  # pylint: disable=invalid-name
+  """Writes cascade-lm-eval.pth at the root of site-packages, so `lm_eval --model cascade` finds
+  the backend (cascade/lm_eval_hook.py says how). A wheel gets it from the build directory; an
+  editable wheel (`pip install -e .`, which builds no package tree) gets it where setuptools puts
+  an editable install's non-editable files, the unpacked wheel (`install`'s install_lib).
+  """
+
+  description = "write cascade's lm-eval hook (.pth) into the wheel"
+  user_options = []
+
+  def initialize_options(self):
+    self.build_lib = None
+    self.editable_mode = False
+    self.outputs = []
+
+  def finalize_options(self):
+    self.set_undefined_options('build_py', ('build_lib', 'build_lib'))
+
+  def run(self):
+    root = (self.get_finalized_command('install').install_lib if self.editable_mode
+            else self.build_lib)
+    path = pathlib.Path(root, _hook_constant('PTH_NAME'))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_hook_constant('PTH_LINE') + '\n', encoding='utf-8')
+    self.outputs = [str(path)]
+
+  def get_outputs(self):
+    return list(self.outputs)
+
+  def get_output_mapping(self):
+    return {}
+
+  def get_source_files(self):
+    return ['cascade/lm_eval_hook.py']
+
+
+class build(build_lib.build):  # pylint: disable=invalid-name
+  sub_commands = build_lib.build.sub_commands + [('build_lm_eval_pth', None)]
+
+
 setuptools.setup(
+    cmdclass={'build': build, 'build_lm_eval_pth': build_lm_eval_pth},
     name='cascade',
     version='0.1.0',
     license='Apache-2.0',

@@ -1,14 +1,17 @@
 """An lm-evaluation-harness backend: EleutherAI's lm-eval tasks on a cascade checkpoint.
 
-  python -m cascade.harness run --model cascade --model_args checkpoint=DIR --tasks arc_easy
+  lm_eval --model cascade --model_args checkpoint=DIR --tasks arc_easy
+  python -m cascade.harness run --model cascade ...     # the same, from a source tree
 
   from cascade import harness
   lm = harness.CascadeLM(checkpoint='runs/tiny')   # an HF directory, or a run's workdir
   lm_eval.simple_evaluate(model=lm, tasks=['arc_easy'])
 
-`CascadeLM` is lm-eval's `LM` (registered as model 'cascade' when this module is
-imported; `python -m cascade.harness` is lm-eval's own command line with it
-registered: lm-eval has no plugin entry point) over the project's own model and
+`CascadeLM` is lm-eval's `LM`, its model 'cascade': an installed cascade registers the name
+in every lm-eval process (cascade/lm_eval_hook.py, a .pth hook: lm-eval reads no plugin entry
+points) and lm-eval imports this module when it looks the model up; importing it registers
+it too, and `python -m cascade.harness` is lm-eval's own command line with it registered
+where cascade is not installed. It runs over the project's own model and
 sampler, on whatever devices JAX has (TPU, GPU, CPU; `mesh=1,8,1` shards it):
 
 * `loglikelihood`: the log-probability of each continuation after its context and
@@ -50,6 +53,7 @@ import numpy as np
 from flax import nnx
 
 from cascade import config as config_lib
+from cascade import lm_eval_hook
 from cascade.suites import checkpoint as checkpoint_lib
 from foundation import chat
 from models import sharding
@@ -84,7 +88,6 @@ def _options(value, name: str) -> Any:
   return [x for x in str(value).replace(':', ',').split(',') if x] if name == 'mesh' else value
 
 
-@lm_eval.api.registry.register_model('cascade')
 class CascadeLM(lm_eval.api.model.LM):
   """lm-eval's `LM` over a cascade checkpoint (see the module docstring).
 
@@ -109,6 +112,7 @@ class CascadeLM(lm_eval.api.model.LM):
                loaded: checkpoint_lib.Loaded | None = None, **unused):
     super().__init__()
     del unused
+    bs = _batch_size(batch_size)
     if loaded is None:
       if not checkpoint:
         raise config_lib.ConfigError('cascade lm-eval backend: model_args needs checkpoint=DIR '
@@ -119,10 +123,6 @@ class CascadeLM(lm_eval.api.model.LM):
                                    _sampler_options(sampler))
     self.loaded = loaded
     self.name = str(checkpoint) or loaded.policy.identity
-    bs = 8 if batch_size in ('auto', None, '') else batch_size
-    if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
-      raise config_lib.ConfigError(f'cascade lm-eval backend: batch_size={batch_size!r} must be '
-                                   'an int >= 1')
     self.batch_size = bs
     self.max_length = int(max_length) or int(loaded.cfg.max_seq_len)
     self.max_gen_toks = int(max_gen_toks)
@@ -136,6 +136,20 @@ class CascadeLM(lm_eval.api.model.LM):
       raise config_lib.ConfigError(f'{self.name}: its tokenizer has neither a BOS nor an EOS '
                                    'token (the prefix of an empty context)')
     self.prefix_token_id = int(prefix)
+
+  @classmethod
+  def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+    """lm-eval's constructor from `--model_args` text: as `create_from_arg_obj`."""
+    return cls.create_from_arg_obj(lm_eval.utils.simple_parse_args_string(arg_string),
+                                   additional_config)
+
+  @classmethod
+  def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+    """lm-eval's constructor: `arg_dict` (`--model_args`) over `additional_config` (the command
+    line's --batch_size, which lm-eval's CLI passes always, 1 by default; lm-eval's own merge
+    raises on `--model_args batch_size=N`)."""
+    extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+    return cls(**{**extra, **arg_dict})
 
   # --- what lm-eval reads ----------------------------------------------------------------------
 
@@ -274,6 +288,27 @@ class CascadeLM(lm_eval.api.model.LM):
     return out  # type: ignore[return-value]
 
 
+# lm-eval's model 'cascade'. The installed hook (cascade/lm_eval_hook.py) registered it as the
+# placeholder 'cascade.harness:CascadeLM', which this turns into the class; without the hook this
+# registers it. Run as `python -m cascade.harness`, this file is `__main__` (a second copy of the
+# class), so main() registers the module's own copy instead.
+if __name__ != '__main__':
+  lm_eval.api.registry.register_model(lm_eval_hook.MODEL)(CascadeLM)
+
+
+def _batch_size(value) -> int:
+  """`batch_size` as model_args or --batch_size give it: an int >= 1 or its text; 'auto',
+  'auto:N' or nothing is 8."""
+  if value is None or value == '' or (isinstance(value, str) and value.split(':')[0] == 'auto'):
+    return 8
+  if isinstance(value, str) and value.strip().isdigit():
+    value = int(value)
+  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    raise config_lib.ConfigError(f'cascade lm-eval backend: batch_size={value!r} must be an int '
+                                 ">= 1 or 'auto'")
+  return value
+
+
 def _sampler_options(value) -> dict | None:
   """config.sampler options from model_args (a dict, or 'k=v;k=v' text)."""
   if value is None or value == '':
@@ -291,8 +326,11 @@ def _sampler_options(value) -> dict | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  """lm-eval's command line (`lm-eval run ...`), with the 'cascade' model registered."""
+  """lm-eval's command line (`lm-eval run ...`), with the 'cascade' model registered (also where
+  the installed hook is not: a source tree on PYTHONPATH)."""
+  import importlib  # pylint: disable=g-import-not-at-top
   from lm_eval import __main__ as lm_eval_main  # pylint: disable=g-import-not-at-top
+  importlib.import_module('cascade.harness')   # registers CascadeLM (see above)
   if argv is not None:
     sys.argv = [sys.argv[0]] + list(argv)
   sys.argv[0] = 'python -m cascade.harness'

@@ -2,6 +2,7 @@
 `fakes`): 'Copy N.' prompts, a completion is right when it is N, graded exactly."""
 
 import dataclasses
+import pathlib
 import types
 
 import pytest
@@ -94,3 +95,29 @@ def tiny_hf(tmp_path_factory):
                                                          max_seq_len=512))
   hf.save_model(model, d / 'hf', tokenizer=tok)
   return d / 'hf'
+
+
+@pytest.fixture(scope='session')
+def hooked_python(tmp_path_factory):
+  """A Python whose start-up runs cascade's lm-eval hook as an install leaves it: a venv (no pip)
+  whose site-packages holds cascade-lm-eval.pth (`lm_eval_hook.PTH_LINE`, the line setup.py
+  ships) and a path line to this interpreter's site-packages (lm-eval, jax, ...), processed
+  after it as `site` sorts them. Run it with PYTHONPATH at the repository, so the hook and the
+  backend imported are this tree's."""
+  # pylint: disable=g-import-not-at-top
+  import subprocess
+  import sys
+  import sysconfig
+
+  from cascade import lm_eval_hook
+  # pylint: enable=g-import-not-at-top
+  d = tmp_path_factory.mktemp('hooked_venv')
+  subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(d)], check=True,
+                 capture_output=True, timeout=120)
+  python = d / 'bin' / 'python'
+  site_dir = subprocess.run([str(python), '-c', 'import sysconfig; print(sysconfig.get_paths()'
+                             '["purelib"])'], check=True, capture_output=True, text=True,
+                            timeout=60).stdout.strip()
+  (pathlib.Path(site_dir) / lm_eval_hook.PTH_NAME).write_text(lm_eval_hook.PTH_LINE + '\n')
+  (pathlib.Path(site_dir) / 'zz-parent.pth').write_text(sysconfig.get_paths()['purelib'] + '\n')
+  return python

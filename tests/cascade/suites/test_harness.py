@@ -8,6 +8,7 @@ import math
 import textwrap
 
 import jax
+import lm_eval.api.model
 import numpy as np
 import pytest
 from flax import nnx
@@ -186,37 +187,104 @@ def test_lm_eval_runs_a_local_task_on_a_tiny_checkpoint(tiny_hf, tmp_path):
   assert again == [g['resps'][0][0] for g in gen]
 
 
-@pytest.mark.heavy
-def test_the_command_runs_lm_evals_cli_with_the_cascade_model(tiny_hf, tmp_path):
-  """docs/evaluation.md's command: lm-eval's own command line, model 'cascade' registered."""
+def _samples(out_dir) -> dict[str, list]:
+  """lm-eval's --log_samples files under out_dir: task -> (doc_id, resps, filtered_resps) rows."""
   import json  # pylint: disable=g-import-not-at-top
+  out = {}
+  for path in sorted(out_dir.rglob('samples_*.jsonl')):
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    task = path.name[len('samples_'):].rsplit('_', 1)[0]
+    out[task] = sorted((r['doc_id'], r['resps'], r['filtered_resps']) for r in rows)
+  return out
+
+
+@pytest.mark.heavy
+def test_lm_eval_console_script_runs_the_cascade_model_as_the_module_command_does(
+    tiny_hf, tmp_path, hooked_python):
+  """`lm_eval --model cascade --model_args checkpoint=DIR` (docs/evaluation.md): lm-eval's own
+  console script, the model found through the installed hook (cascade/lm_eval_hook.py), gives
+  the numbers `python -m cascade.harness run` gives, sample by sample (log-likelihoods and
+  generations); a missing checkpoint is one line. Where this Python has no cascade-lm-eval.pth
+  (cascade not installed since the hook came), the script runs under `hooked_python`, a Python
+  with the same line in its site-packages."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
   import pathlib  # pylint: disable=g-import-not-at-top
+  import site  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
+  from cascade import lm_eval_hook  # pylint: disable=g-import-not-at-top
   tasks = _write_tasks(tmp_path)
   repo = pathlib.Path(__file__).resolve().parents[3]
-  env = dict(__import__('os').environ, PYTHONPATH=str(repo), JAX_PLATFORMS='cpu')
-  out = subprocess.run(
-      [sys.executable, '-m', 'cascade.harness', 'run', '--model', 'cascade', '--model_args',
-       f'checkpoint={tiny_hf}', '--tasks', 'cascade_arith_mc', '--include_path', str(tasks),
-       '--output_path', str(tmp_path / 'out')],
-      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert 'cascade_arith_mc' in out.stdout and '|acc' in out.stdout.replace(' ', '')
-  (result,) = list((tmp_path / 'out').rglob('results_*.json'))
-  res = json.loads(result.read_text())['results']['cascade_arith_mc']
-  assert 0.0 <= res['acc,none'] <= 1.0
-  bad = subprocess.run([sys.executable, '-m', 'cascade.harness', 'run', '--model', 'cascade',
-                        '--tasks', 'cascade_arith_mc', '--include_path', str(tasks)],
+  env = {k: v for k, v in os.environ.items() if not k.startswith('PYTHON')}
+  env.update(PYTHONPATH=str(repo), JAX_PLATFORMS='cpu')
+  script = pathlib.Path(sys.executable).parent / 'lm_eval'
+  assert script.is_file(), f'no lm_eval console script beside {sys.executable}'
+  installed = any((pathlib.Path(d) / lm_eval_hook.PTH_NAME).is_file()
+                  for d in site.getsitepackages())
+  lm_eval_cmd = [str(script)] if installed else [str(hooked_python), str(script)]
+  common = ['--model', 'cascade', '--model_args', f'checkpoint={tiny_hf},batch_size=4',
+            '--tasks', 'cascade_arith_mc,cascade_arith_gen', '--include_path', str(tasks),
+            '--limit', '4', '--log_samples']
+  results = {}
+  for name, cmd in (('lm_eval', lm_eval_cmd),
+                    ('module', [sys.executable, '-m', 'cascade.harness', 'run'])):
+    out = subprocess.run(cmd + common + ['--output_path', str(tmp_path / name)], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert out.returncode == 0, (name, out.stderr[-3000:])
+    assert 'cascade_arith_mc' in out.stdout and '|acc' in out.stdout.replace(' ', '')
+    (result,) = list((tmp_path / name).rglob('results_*.json'))
+    results[name] = (json.loads(result.read_text())['results'], _samples(tmp_path / name))
+  (res, samples), (want_res, want_samples) = results['lm_eval'], results['module']
+  assert set(samples) == {'cascade_arith_mc', 'cascade_arith_gen'}
+  assert [len(v) for v in samples.values()] == [4, 4]
+  assert samples == want_samples                   # every log-likelihood and generation
+  for task in samples:
+    assert {k: v for k, v in res[task].items() if k != 'alias'} == {
+        k: v for k, v in want_res[task].items() if k != 'alias'}
+  assert 0.0 <= res['cascade_arith_mc']['acc,none'] <= 1.0
+  bad = subprocess.run(lm_eval_cmd + ['--model', 'cascade', '--tasks', 'cascade_arith_mc',
+                                      '--include_path', str(tasks)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
                        check=False)
   assert bad.returncode != 0 and 'model_args needs checkpoint=DIR' in bad.stderr
 
 
-def test_lm_eval_reads_no_model_plugins_so_the_backend_runs_as_its_own_command():
-  """docs/evaluation.md says why `lm_eval --model cascade` cannot work: lm-eval finds models only
-  in its own MODEL_MAPPING and reads no entry-point group. This fails once an installed lm-eval
-  reads entry points (then the backend should be registered through one in setup.py)."""
+def test_the_hooks_placeholder_becomes_the_class_and_lm_eval_finds_it():
+  """cascade/lm_eval_hook.py registers 'cascade.harness:CascadeLM' before this module may be
+  imported; importing it upgrades the name to the class (lm-eval's placeholder upgrade), and
+  registering again adds nothing."""
+  import lm_eval.api.registry as registry  # pylint: disable=g-import-not-at-top
+  from cascade import lm_eval_hook  # pylint: disable=g-import-not-at-top
+  assert registry.get_model('cascade') is harness.CascadeLM
+  fresh = registry.Registry('model', base_cls=lm_eval.api.model.LM)
+  assert lm_eval_hook.register(fresh) and not lm_eval_hook.register(fresh)
+  assert dict(fresh.items())['cascade'] == 'cascade.harness:CascadeLM'
+  fresh.register('cascade')(harness.CascadeLM)      # what importing cascade.harness does
+  assert fresh.get('cascade') is harness.CascadeLM
+  assert not lm_eval_hook.register(fresh)
+
+
+def test_model_args_batch_size_wins_over_the_command_lines_own(tiny):
+  """lm-eval's CLI passes --batch_size (1 unless given, as text when given) beside
+  --model_args; model_args' batch_size= wins instead of clashing, and a bad one is one line."""
+  loaded = tiny[2]
+  make = harness.CascadeLM.create_from_arg_string
+  assert make('batch_size=4', {'loaded': loaded, 'batch_size': 1}).batch_size == 4
+  assert make('', {'loaded': loaded, 'batch_size': '16', 'device': None}).batch_size == 16
+  assert make('batch_size=auto', {'loaded': loaded}).batch_size == 8
+  assert harness.CascadeLM.create_from_arg_obj(
+      {'batch_size': 2}, {'loaded': loaded, 'batch_size': 'auto:4'}).batch_size == 2
+  for bad in ('0', 'many', True):
+    with pytest.raises(harness.config_lib.ConfigError, match='batch_size='):
+      harness.CascadeLM(loaded=loaded, batch_size=bad)
+
+
+def test_lm_eval_reads_no_model_plugins_so_the_backend_registers_through_a_pth_hook():
+  """docs/evaluation.md says why `lm_eval --model cascade` goes through a .pth start-up hook:
+  lm-eval finds models only in its own MODEL_MAPPING and reads no entry-point group. This fails
+  once an installed lm-eval reads entry points (then an entry point in setup.py should replace
+  the hook)."""
   import importlib.metadata  # pylint: disable=g-import-not-at-top
   import pathlib  # pylint: disable=g-import-not-at-top
 
