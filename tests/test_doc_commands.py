@@ -310,11 +310,13 @@ PATTERNS = [
      'test_the_command_judges_arena_hard_v2_on_a_checkpoint_through_a_served_judge',
      'DIR and the judge\'s host are placeholders: the test runs the form on a tiny HF '
      'checkpoint, the release\'s fixture files and a loopback judge'),
-    (r'python -m cascade\.harness run --model cascade --model_args checkpoint=DIR --tasks \S+',
+    (r'(python -m cascade\.harness run|lm_eval) --model cascade --model_args checkpoint=DIR '
+     r'--tasks \S+',
      'tests/cascade/suites/test_harness.py::'
-     'test_the_command_runs_lm_evals_cli_with_the_cascade_model',
-     'DIR is a placeholder and the hub\'s tasks need the network: the test runs the form on a '
-     'tiny HF checkpoint with a task built from a local jsonl (--include_path)'),
+     'test_lm_eval_console_script_runs_the_cascade_model_as_the_module_command_does',
+     'DIR is a placeholder and the hub\'s tasks need the network: the test runs both forms, '
+     'lm-eval\'s own console script and the module, on a tiny HF checkpoint with tasks built '
+     'from a local jsonl (--include_path) and compares their samples'),
 ]
 
 # Commands CI runs (.ci/run, which test_ci_runs_them checks shows each one verbatim).
