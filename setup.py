@@ -13,7 +13,6 @@ from setuptools.command import build as build_lib
 warnings.simplefilter('ignore', setuptools_warnings.InformationOnly)
 
 
-
 def _hook_constant(name: str) -> str:
   """A string constant of cascade/lm_eval_hook.py, read without importing the package."""
   path = pathlib.Path(__file__).resolve().parent / 'cascade' / 'lm_eval_hook.py'
@@ -39,7 +38,7 @@ class build_lm_eval_pth(setuptools.Command):  # pylint: disable=invalid-name
     self.outputs = []
 
   def finalize_options(self):
-    self.set_undefined_options('build_py', ('build_lib', 'build_lib'))
+    self.set_undefined_options('build', ('build_lib', 'build_lib'))
 
   def run(self):
     root = (self.get_finalized_command('install').install_lib if self.editable_mode
