@@ -10,7 +10,8 @@ the lazy target 'cascade.harness:CascadeLM' (lm-eval's own lazy form), and leave
 `sys.meta_path`. `cascade.harness`, and jax with it, is imported only when lm-eval looks the
 model up.
 
-At start-up this module imports nothing (`sys` is loaded already) and the line swallows every
+At start-up the line imports nothing new: it runs this file by its path (the `cascade` package
+itself is not imported, see `PTH_LINE`), which imports only `sys`, and it swallows every
 error: a missing lm-eval, a `cascade` that is gone, a changed registry leave `python` as it was
 (a registry that refuses the name warns, once lm-eval is imported). The name is registered once
 however often `install()` runs, and `cascade.harness` turns the placeholder into its class when
@@ -23,10 +24,25 @@ MODEL = 'cascade'
 TARGET = 'cascade.harness:CascadeLM'
 WATCHED = 'lm_eval.api.registry'
 PTH_NAME = 'cascade-lm-eval.pth'
-# The .pth file's line. `site` runs a line that starts with `import`, and prints the traceback of
-# one that raises, so the line catches everything itself.
-PTH_LINE = ("import sys; exec('try:\\n from cascade import lm_eval_hook\\n lm_eval_hook.install()"
-            "\\nexcept Exception:\\n pass')")
+# What the .pth file's line runs: this file, found under the installed package's directory
+# (a finder's `find_spec` locates a top-level package without importing it) and run as a module
+# of its own, with only what start-up has loaded already; not `import cascade`: importing the
+# package at start-up would pin `cascade` to the installed copy for the whole process, so
+# `python -m cascade.main` in another checkout (its cwd first on sys.path) would run the
+# installed code instead of its own. `site` runs a line that starts with `import`, and prints
+# the traceback of one that raises, so the line catches everything itself.
+PTH_LINE = ('import sys; exec(\'try:\\n'
+            ' import os\\n'
+            ' for f in sys.meta_path:\\n'
+            '  s = getattr(f, "find_spec", None) and f.find_spec("cascade", None)\\n'
+            '  if s: break\\n'
+            ' p = os.path.join(s.submodule_search_locations[0], "lm_eval_hook.py")\\n'
+            ' m = type(sys)("cascade_lm_eval_hook")\\n'
+            ' m.__file__ = p\\n'
+            ' exec(compile(open(p, encoding="utf-8").read(), p, "exec"), m.__dict__)\\n'
+            ' m.install()\\n'
+            'except Exception:\\n'
+            ' pass\')')
 
 
 def register(registry) -> bool:
