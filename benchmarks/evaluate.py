@@ -40,6 +40,7 @@ command, the date, the machine and the load average before and after.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -64,10 +65,18 @@ _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed runs per side (median repor
 _SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
 _HF = flags.DEFINE_bool('hf', True, "Also time lm-eval's HF backend (transformers on torch) "
                         'generating the same prompts (the `interop` extra installs them).')
+_BREAKDOWN = flags.DEFINE_bool('breakdown', True, 'Also time the bare program and the HF side '
+                                'without the nucleus filter (top_p=1) and greedy: what the '
+                                'filter and the sampling noise cost each side.')
 _DOC = flags.DEFINE_string('doc', 'docs/benchmarks/evaluate.md', 'Write the results to this '
                            "markdown page ('' = none).")
 
 SUITE = 'tiny_math'
+# The breakdown's variants: (name, the bare program's SamplingParams fields, lm-eval's
+# generation kwargs), each replacing the protocol's.
+VARIANTS = (('top_p=1 (no nucleus filter)', {'top_p': 1.0}, {'top_p': 1.0}),
+            ('greedy (no filter, no noise)', {'greedy': True},
+             {'do_sample': False, 'temperature': 0.0, 'top_p': 1.0}))
 # Issue #55: `cascade.evaluate`'s tokens per second over lm-eval's HF backend's.
 GOAL = 3.0
 
@@ -109,9 +118,10 @@ def _evaluate_once(suite, recs, loaded, workdir: str) -> tuple[float, int, dict]
   return seconds, int(round(res['mean_len'] * res['samples'])), res
 
 
-def _bare_once(suite, recs, loaded) -> tuple[float, int, list[list[str]]]:
+def _bare_once(suite, recs, loaded, **replaced) -> tuple[float, int, list[list[str]]]:
   """(seconds, generated tokens, each record's completions) of the sampler's programs alone on
-  the same ids and keys (decoding the completions is not timed)."""
+  the same ids and keys (decoding the completions is not timed); `replaced`: SamplingParams
+  fields changed from the protocol's (the breakdown's variants)."""
   # pylint: disable=g-import-not-at-top
   import jax
   import numpy as np
@@ -119,7 +129,7 @@ def _bare_once(suite, recs, loaded) -> tuple[float, int, list[list[str]]]:
   from cascade.suites import run
   # pylint: enable=g-import-not-at-top
   pol, proto = loaded.policy, suite.protocol
-  sp = run.sampling_params(proto)
+  sp = dataclasses.replace(run.sampling_params(proto), **replaced)
   b = _BATCH.value
   ids = [[pol.tokenizer.encode(rollout.prompt_text(r, proto.thinking))
           for r in recs[s:s + b]] for s in range(0, len(recs), b)]
@@ -166,10 +176,11 @@ def generated_tokens(rows, eos_ids) -> int:
   return total
 
 
-def _hf_once(suite, recs, hf_dir: str, lm=None) -> tuple[float, int, object]:
+def _hf_once(suite, recs, hf_dir: str, lm=None, **replaced) -> tuple[float, int, object]:
   """(seconds, generated tokens, the backend) of lm-eval's HF backend (transformers on torch)
   generating the same prompts with the protocol's settings (its own sampling, so its own
-  tokens, counted exactly from what `generate` returned, after the clock stops)."""
+  tokens, counted exactly from what `generate` returned, after the clock stops); `replaced`:
+  generation kwargs changed (the breakdown's variants)."""
   # pylint: disable=g-import-not-at-top
   from lm_eval.api.instance import Instance
   from lm_eval.models import huggingface
@@ -180,7 +191,7 @@ def _hf_once(suite, recs, hf_dir: str, lm=None) -> tuple[float, int, object]:
     lm = huggingface.HFLM(pretrained=hf_dir, device='cpu', dtype='float32',
                           batch_size=_BATCH.value * proto.samples)
   kwargs = {'until': [], 'max_gen_toks': proto.max_new_tokens, 'do_sample': True,
-            'temperature': proto.temperature, 'top_p': proto.top_p}
+            'temperature': proto.temperature, 'top_p': proto.top_p, **replaced}
   reqs = [Instance(request_type='generate_until', doc={}, idx=0,
                    arguments=(rollout.prompt_text(r, proto.thinking), dict(kwargs)))
           for r in recs for _ in range(proto.samples)]
@@ -234,6 +245,18 @@ def measure(work: str) -> dict:
     except ImportError as e:
       print(f'--hf: lm-eval\'s HF backend is not available here ({e}); that row is left out',
             flush=True)
+  breakdown = []
+  if _BREAKDOWN.value:
+    for name, ours, theirs in VARIANTS:
+      _bare_once(suite, recs, loaded, **ours)             # compiles
+      runs = [_bare_once(suite, recs, loaded, **ours)[:2] for _ in range(_REPEATS.value)]
+      row = {'variant': name, 'bare_tokens_per_s': round(statistics.median(
+          n / s for s, n in runs), 1)}
+      if hf:
+        _hf_once(suite, recs, hf_dir, lm, **theirs)
+        runs = [_hf_once(suite, recs, hf_dir, lm, **theirs)[:2] for _ in range(_REPEATS.value)]
+        row['hf_tokens_per_s'] = round(statistics.median(n / s for s, n in runs), 1)
+      breakdown.append(row)
   if len(ev_tokens | bare_tokens) != 1:
     raise RuntimeError(f'the two sides generated different token counts (evaluate '
                        f'{sorted(ev_tokens)}, bare {sorted(bare_tokens)}): not the same work')
@@ -250,7 +273,7 @@ def measure(work: str) -> dict:
           'bare_tokens_per_s': round(tokens / b, 1), 'overhead': round(e / b, 3),
           'grader_s': round(statistics.median(grader), 4), 'parsed': max(parsed),
           'value': round(float(res['value']), 2), 'stderr': round(float(res['stderr']), 2),
-          **(hf or {})}
+          'breakdown': breakdown, **(hf or {})}
 
 
 def table(r: dict) -> str:
@@ -276,7 +299,32 @@ def table(r: dict) -> str:
              f'{GOAL:g}x: **{"met" if r["goal_met"] else "not met"}** in this run'
              + ('' if not r.get('loaded') else ', but on a loaded host (the warning above), so '
                 'this run does not measure it') + '.']
+  if r.get('breakdown'):
+    rows += ['', breakdown_table(r)]
   return '\n'.join(rows)
+
+
+def breakdown_table(r: dict) -> str:
+  """Where each side's sampling time goes: tokens per second with the protocol's sampling, and
+  without its nucleus filter, and greedy (each side's own tokens; median of --repeats)."""
+  hf = 'hf_s' in r
+  rows = ['Where the sampling time goes (tokens per second of each side\'s generation alone, '
+          'the same prompts and budget, median of the repeats):', '',
+          '| sampling | bare program | lm-eval\'s HF backend |' if hf
+          else '| sampling | bare program |', '|---|---:|---:|' if hf else '|---|---:|']
+  first = [('protocol (temperature, top-p)', r['bare_tokens_per_s'], r.get('hf_tokens_per_s'))]
+  for name, ours, theirs in first + [(b['variant'], b['bare_tokens_per_s'],
+                                      b.get('hf_tokens_per_s')) for b in r['breakdown']]:
+    rows.append(f'| {name} | {ours:.1f} |' + (f' {theirs:.1f} |' if hf else ''))
+  no_filter = r['breakdown'][0]
+  share = lambda with_, without: 100 * (1 - with_ / without)
+  line = (f'The nucleus filter takes {share(r["bare_tokens_per_s"], no_filter["bare_tokens_per_s"]):.0f}% '
+          'of the bare program\'s time (`rl.sampling.filter_logits`: an exact 32-step bisection '
+          'over the vocabulary per token, as XLA:CPU sorts slowly)')
+  if hf:
+    line += (f' and {share(r["hf_tokens_per_s"], no_filter["hf_tokens_per_s"]):.0f}% of the HF '
+             'side\'s (a sort per token)')
+  return '\n'.join(rows + ['', line + '.'])
 
 
 def page(r: dict, command: str, load_before, load_after, warning: str | None) -> str:

@@ -45,6 +45,12 @@ def test_the_evaluate_benchmark_times_both_sides_of_the_same_work(tmp_path):
   except ImportError:
     assert 'hf_s' not in r and "lm-eval's HF backend is not available here" in out.stdout
   text = page.read_text()
+  # The breakdown: the bare program (and the HF side, where it runs) without the nucleus filter
+  # and greedy, beside the protocol's sampling.
+  assert [b['variant'] for b in r['breakdown']] == [
+      'top_p=1 (no nucleus filter)', 'greedy (no filter, no noise)']
+  assert all(b['bare_tokens_per_s'] > 0 for b in r['breakdown'])
+  assert '| protocol (temperature, top-p) |' in text and 'The nucleus filter takes' in text
   assert text.startswith('# `cascade.evaluate` beside the bare sampler program\n')
   assert '| bare sampler program (`Sampler.generate` on the same ids and keys) |' in text
   assert 'python -m benchmarks.evaluate --prompts=6' in text and '## Results' in text
