@@ -323,12 +323,15 @@ def breakdown_table(r: dict) -> str:
                                       b.get('hf_tokens_per_s')) for b in r['breakdown']]:
     rows.append(f'| {name} | {ours:.1f} |' + (f' {theirs:.1f} |' if hf else ''))
   no_filter = r['breakdown'][0]
-  share = lambda with_, without: 100 * (1 - with_ / without)
-  line = (f'The nucleus filter takes {share(r["bare_tokens_per_s"], no_filter["bare_tokens_per_s"]):.0f}% '
+
+  def share(with_, without):   # the filter's part of the time; noise can make it negative
+    cost = 100 * (1 - with_ / without)
+    return f'{cost:.0f}%' if cost > 0 else 'no measurable part (this run\'s noise)'
+  line = (f'The nucleus filter takes {share(r["bare_tokens_per_s"], no_filter["bare_tokens_per_s"])} '
           'of the bare program\'s time (`rl.sampling.filter_logits`: an exact 32-step bisection '
           'over the vocabulary per token, as XLA:CPU sorts slowly)')
   if hf:
-    line += (f' and {share(r["hf_tokens_per_s"], no_filter["hf_tokens_per_s"]):.0f}% of the HF '
+    line += (f' and {share(r["hf_tokens_per_s"], no_filter["hf_tokens_per_s"])} of the HF '
              'side\'s (a sort per token)')
   return '\n'.join(rows + ['', line + '.'])
 
