@@ -12,7 +12,11 @@ tens of milliseconds per level of brackets it has not met before, so a
 kilobyte of nested parentheses took seconds. An answer longer than
 MAX_ANSWER_CHARS or with brackets ('(', '[', '{', '\\{', '\\left(') open more
 than MAX_NESTING deep is refused (reward 0, with the reason) before
-math-verify sees it. What is left runs in worker processes, in their main
+math-verify sees it. Extraction and that refusal are linear scans (a megabyte
+of hostile text takes well under a second), so they run on the host first, as
+the thinking split does: a completion with no final answer, or one refused,
+is scored there (`screen`) and never waits for a worker, nor starts one. What
+is left runs in worker processes, in their main
 thread, where math-verify's own parsing timeout (SIGALRM; it fails outside a
 main thread, so a call from another thread runs without it) stops a parse
 that still stalls after `parse_timeout_s` (a third of the verifier's
@@ -171,6 +175,21 @@ def worker_init() -> None:
   math_verify.verify(_parse('$\\frac{1}{2}$'), _parse('$0.5$'), timeout_seconds=None)
 
 
+def screen(answer_text: str) -> tuple[dict | None, str, dict]:
+  """What is decided before math-verify: (the final {'reward', 'info'} when the text has no
+  final answer or its answer is refused, else None; the answer; the info so far). Linear in
+  the text's length."""
+  answer, how = extract_answer(answer_text)
+  if answer is None:
+    return ({'reward': 0.0, 'info': {'reason': 'no final answer (\\boxed{} or "the answer is")'}},
+            '', {})
+  info = {'extracted': answer[:200], 'found_by': how}
+  why = refusal(answer)
+  if why:
+    return {'reward': 0.0, 'info': dict(info, reason=why)}, answer, info
+  return None, answer, info
+
+
 def work(payload: dict) -> dict:
   """Worker side: extract, bound, parse and compare one answer.
 
@@ -182,13 +201,9 @@ def work(payload: dict) -> dict:
   Returns:
     {'reward', 'info'}.
   """
-  answer, how = extract_answer(payload['answer_text'])
-  if answer is None:
-    return {'reward': 0.0, 'info': {'reason': 'no final answer (\\boxed{} or "the answer is")'}}
-  info = {'extracted': answer[:200], 'found_by': how}
-  why = refusal(answer)
-  if why:
-    return {'reward': 0.0, 'info': dict(info, reason=why)}
+  early, answer, info = screen(payload['answer_text'])
+  if early is not None:
+    return early
   limit = payload.get('parse_timeout_s')
   if threading.current_thread() is not threading.main_thread():
     limit = None
@@ -221,6 +236,9 @@ class MathVerifier(base.Verifier):
     if isinstance(answer, str) and not answer.strip():
       raise ValueError('metadata["answer"] is empty')
 
-  def _prepare(self, sample: base.Sample, answer: str) -> dict:
+  def _prepare(self, sample: base.Sample, answer: str) -> dict | base.Result:
+    early, _, _ = screen(answer)     # no answer, or one refused: no worker needed
+    if early is not None:
+      return base.Result(early['reward'], early['info'])
     return {'answer_text': answer, 'gold': str(sample.metadata['answer']),
             'parse_timeout_s': parse_timeout(self.timeout_s)}

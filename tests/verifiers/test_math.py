@@ -194,6 +194,25 @@ def test_hostile_nesting_costs_the_worker_under_a_second_and_no_restart(verifier
   assert spent - cpu < 1.0
 
 
+def test_no_answer_and_refused_answers_are_scored_on_the_host_as_a_worker_would():
+  # Extraction and the refusal are linear: what they decide needs no worker, so a batch of
+  # them starts none (a random policy's evaluation), and scores as `work` does.
+  texts = ['nothing boxed, no phrase', r'\boxed{' + '(' * 9 + 'x' + ')' * 9 + '}',
+           'The answer is ' + '1' * 301]
+  with verifiers.get('math', workers=1, timeout_s=10) as v:
+    results = v.score([S('q', t, {'answer': '1'}) for t in texts])
+    assert v._pool is None
+    answered = v.score([S('q', r'\boxed{1}', {'answer': '1'})])
+    assert v._pool is not None and answered[0].reward == 1.0
+  want = [math_verifier.work({'answer_text': t, 'gold': '1', 'parse_timeout_s': None})
+          for t in texts]
+  assert [{'reward': r.reward, 'info': r.info} for r in results] == want
+  assert [r.info['reason'] for r in results] == [
+      'no final answer (\\boxed{} or "the answer is")',
+      'answer nests brackets 9 deep (most 8): not parsed',
+      'answer longer than 300 characters (301): not parsed']
+
+
 def test_the_parse_timeout_is_used_only_in_a_main_thread(monkeypatch):
   # math-verify's SIGALRM timeout raises outside a main thread; there it is left off.
   limits = []
