@@ -39,6 +39,7 @@ rest; results without the signals' keys read as before.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -105,6 +106,33 @@ def command(model: str, side: str, seed: int, workdir: str) -> list[str]:
   return cmd
 
 
+# What a run's numbers depend on: the code of these packages (their tracked .py files) and
+# the run's command line (`fingerprint`).
+CODE_DIRS = ('cascade', 'configs', 'envs', 'foundation', 'models', 'rl', 'tiny_world',
+             'verifiers')
+
+
+def code_files(repo: str = REPO) -> list[str]:
+  """The tracked .py files of CODE_DIRS (repository-relative, sorted)."""
+  out = subprocess.run(['git', 'ls-files', '--', *CODE_DIRS], cwd=repo, capture_output=True,
+                       text=True, check=True).stdout.split()
+  return sorted(f for f in out if f.endswith('.py'))
+
+
+def fingerprint(cmd: Sequence[str], repo: str = REPO) -> str:
+  """sha256 (16 hex digits) of a run's command (the interpreter, checkout path and workdir
+  left out) and the contents of `code_files` in the working tree: two runs with the same
+  fingerprint ran the same code on the same config."""
+  h = hashlib.sha256()
+  args = [a.replace(repo, '<repo>') for a in cmd[1:] if not a.startswith('--workdir=')]
+  h.update('\0'.join(args).encode())
+  for f in code_files(repo):
+    h.update(f'\0{f}\0'.encode())
+    with open(os.path.join(repo, f), 'rb') as fh:
+      h.update(fh.read())
+  return h.hexdigest()[:16]
+
+
 def read_run(workdir: str) -> dict | None:
   """{'results': results.json, 'wall': wall.json or None} of a finished run (None: none)."""
   try:
@@ -124,6 +152,7 @@ def run_one(model: str, side: str, seed: int, workdir: str) -> dict:
   """Runs one cascade (resuming its workdir), times it into <workdir>/wall.json, reads it."""
   cmd = command(model, side, seed, workdir)
   print(f'running {run_name(model, side, seed)} -> {workdir}', flush=True)
+  fp = fingerprint(cmd)
   load, t0 = os.getloadavg(), time.time()
   p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
   if p.returncode:
@@ -131,10 +160,23 @@ def run_one(model: str, side: str, seed: int, workdir: str) -> dict:
   wall = {'seconds': round(time.time() - t0, 1),
           'started': f'{datetime.datetime.fromtimestamp(t0, datetime.timezone.utc):%H:%M} UTC',
           'load_before': list(load),
-          'load_after': list(os.getloadavg()), 'command': ' '.join(cmd[1:])}
+          'load_after': list(os.getloadavg()), 'command': ' '.join(cmd[1:]),
+          'fingerprint': fp, 'commit': _commit()}
   with open(os.path.join(workdir, WALL), 'w', encoding='utf-8') as f:
     json.dump(wall, f, indent=1)
   return read_run(workdir)
+
+
+def _commit() -> str:
+  """HEAD's commit ('+' when the working tree differs from it), or '' outside git."""
+  try:
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    dirty = subprocess.run(['git', 'status', '--porcelain', '--', *CODE_DIRS], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return ''
+  return head + ('+' if dirty else '')
 
 
 def training_seconds(res: Mapping) -> float:
