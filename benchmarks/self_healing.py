@@ -155,17 +155,16 @@ def fingerprint(cmd: Sequence[str], repo: str = REPO) -> str:
 
 
 def read_run(workdir: str) -> dict | None:
-  """{'results': results.json, 'wall': wall.json or None} of a finished run (None: none)."""
+  """{'results': results.json, 'wall': wall.json} of a finished run: one whose command this
+  script saw exit 0 (it writes wall.json then; results.json alone is written after every row,
+  so a killed run has one too); None: none."""
   try:
+    with open(os.path.join(workdir, WALL), encoding='utf-8') as f:
+      wall = json.load(f)
     with open(os.path.join(workdir, 'results.json'), encoding='utf-8') as f:
       res = json.load(f)
   except (OSError, ValueError):
     return None
-  try:
-    with open(os.path.join(workdir, WALL), encoding='utf-8') as f:
-      wall = json.load(f)
-  except (OSError, ValueError):
-    wall = None
   return {'results': res, 'wall': wall}
 
 

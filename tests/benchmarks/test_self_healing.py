@@ -95,6 +95,7 @@ def test_runs_are_recorded_once_and_the_page_is_their_rendering(tmp_path, monkey
   _write(tmp_path, 'tiny_model-hybrid_s0', _off(), wall=400.0)
   _write(tmp_path, 'tiny_model-hybrid-guard-repair_s0', _repair(), wall=500.0, ledger=_probes())
   _write(tmp_path, 'tiny_model-dense_s0', _off(), wall=1.0, fingerprint='other code')
+  _write(tmp_path, 'tiny_model-dense-guard-repair_s0', _repair())      # killed: no wall.json
   monkeypatch.setattr(os, 'getloadavg', lambda: (9.0, 8.0, 7.0))
   monkeypatch.setattr(self_healing, 'run_one', lambda *a: (_ for _ in ()).throw(
       AssertionError('--norun ran a cascade')))
