@@ -24,8 +24,8 @@ stages included: results.json "accounting"), load average before and after, host
 matrix, validation, ledger, inserted stages, guards and forecasts, and each guarded stage's
 deciding probe (`probe_stats`: its drop and the drop's paired and independent standard
 errors). A run recorded under the fingerprint it would run now is not run again; a finished
-workdir of that fingerprint is read back, not rerun; `--norun` runs nothing (it records what
-has finished). `--isolation=none` runs code rewards and the code suite without the bubblewrap
+workdir is read back, not rerun (one that ran other code is recorded under its own fingerprint
+and commit: remove it to rerun); `--norun` runs nothing (it records what has finished). `--isolation=none` runs code rewards and the code suite without the bubblewrap
 sandbox (a host without `bwrap`; recorded in each results.json).
 
 `--doc` (docs/self_healing.md) is rendered from the record file alone (`page`, `--render_only`
@@ -438,9 +438,10 @@ def as_run(rec: Mapping) -> dict:
 
 def record_runs(models, seeds, root: str, path: str, run: bool) -> dict[str, dict]:
   """Records every (model, side, seed) of the call not yet recorded under the code it would
-  run now (its `fingerprint`): a finished workdir of that code is read back, else (`run` and a
-  side of --sides) the cascade runs; each record is written to `path` as it is taken. Returns
-  the records."""
+  run now (its `fingerprint`): a finished workdir is read back (one that ran other code is
+  recorded under the fingerprint and commit it ran with, once; remove it to rerun), else (`run`
+  and a side of --sides) the cascade runs; each record is written to `path` as it is taken.
+  Returns the records."""
   records = load_results(path)
   for seed in seeds:
     for model in models:
@@ -453,11 +454,14 @@ def record_runs(models, seeds, root: str, path: str, run: bool) -> dict[str, dic
           continue
         got = read_run(workdir)
         if got is not None:
-          was = (got['wall'] or {}).get('fingerprint')
+          was = got['wall'].get('fingerprint')
           if was != fp:
+            if records.get(name, {}).get('fingerprint') == was:
+              print(f'{name}: {workdir} finished with other code (fingerprint {was}, now {fp}), '
+                    'recorded as that; remove it to rerun', flush=True)
+              continue
             print(f'{name}: {workdir} finished with other code (fingerprint {was}, now {fp}): '
-                  'not recorded; remove it to rerun', flush=True)
-            continue
+                  'recorded under its own fingerprint and commit', flush=True)
         elif run and side in _SIDES.value:
           got = run_one(model, side, seed, workdir)
         else:

@@ -107,10 +107,12 @@ def test_runs_are_recorded_once_and_the_page_is_their_rendering(tmp_path, monkey
   warn = [i for i, l in enumerate(out) if l.startswith('WARNING: the host was loaded')]
   summary = json.loads(out[-1])
   assert warn and warn[0] < len(out) - 1
-  # dense off finished with other code: not recorded (named), so missing like dense repair.
-  assert any('tiny_model-dense_s0: ' in l and 'other code' in l for l in out)
+  # dense off finished with other code: recorded under its own fingerprint, saying so; dense
+  # repair was killed (no wall.json): missing.
+  assert any('tiny_model-dense_s0: ' in l and 'recorded under its own fingerprint' in l
+             for l in out)
   assert 'tiny_model-dense-guard-repair_s0' in summary['missing']
-  assert 'tiny_model-dense_s0' in summary['missing'] and 'tiny_model-hybrid_s0' not in (
+  assert 'tiny_model-dense_s0' not in summary['missing'] and 'tiny_model-hybrid_s0' not in (
       summary['missing'])
   # Falls past 5 points: code_rl's chat (-9, forecast -12: right) and math (-6, forecast +2:
   # wrong); errors 1, 3, 8 over the three with an outcome.
@@ -120,7 +122,9 @@ def test_runs_are_recorded_once_and_the_page_is_their_rendering(tmp_path, monkey
   assert pair['off']['worst_below_best'] == 10.0 and pair['repair']['worst_below_best'] == 1.0
   assert pair['repair']['training_s'] == 240.0 and pair['off']['wall_s'] == 400.0
   records = self_healing.load_results(str(results))
-  assert sorted(records) == ['tiny_model-hybrid-guard-repair_s0', 'tiny_model-hybrid_s0']
+  assert sorted(records) == ['tiny_model-dense_s0', 'tiny_model-hybrid-guard-repair_s0',
+                             'tiny_model-hybrid_s0']
+  assert records['tiny_model-dense_s0']['fingerprint'] == 'other code'
   rec = records['tiny_model-hybrid-guard-repair_s0']
   assert rec['command'] == ('python -m cascade.main --config=configs/tiny.py:'
                             'model=hybrid,guard=repair,seed=0 --verbosity=-1')
@@ -144,7 +148,7 @@ def test_runs_are_recorded_once_and_the_page_is_their_rendering(tmp_path, monkey
   assert 'load average (1/5/15 min) 9.00/8.00/7.00 before and 3.00/2.00/1.00 after' in text
   assert 'WARNING: the host was loaded (one-minute load average 9.00 -> 3.00 on' in text
   missing = next(l for l in text.splitlines() if l.startswith('Missing runs (not recorded): '))
-  assert 'tiny_model-dense-guard-repair_s0, ' in missing and 'tiny_model-dense_s0, ' in missing
+  assert 'tiny_model-dense-guard-repair_s0, ' in missing and 'tiny_model-dense_s0, ' not in missing
   assert 'hybrid_s0' not in missing and 'hybrid-guard-repair_s0' not in missing
   assert ('3 forecasts, mean absolute error 4.0 points; outcomes falling more than 5 points: 2, '
           'forecast sign right on 1.') in text
@@ -159,7 +163,14 @@ def test_runs_are_recorded_once_and_the_page_is_their_rendering(tmp_path, monkey
   assert '| chat | 30.0 | 39.0 | 10.0 | 1.0 | 1.5 |' in text
   assert '| math_rl | +20.0 | +19.0 | -1.0 |' in text and '| code_rl | +24.0 | +23.0 | -1.0 |' in text
   assert 'off 200, repair 240, ratio 1.20' in text and 'off 400, repair 500, ratio 1.25' in text
-  assert '## dense, seed 0' not in text and '## hybrid, seed 0' in text
+  assert '## dense, seed 0' in text and '## hybrid, seed 0' in text
+  assert 'Code fingerprint other code, commit abc' in text
+  # Called again, the run of other code is not recorded again (nor rerun: --norun).
+  with _flags(models=['dense'], seeds=['0'], workdir_root=str(tmp_path), doc=str(doc),
+              run=False, results=str(results)):
+    self_healing.main([])
+  assert 'recorded as that; remove it to rerun' in capsys.readouterr().out
+  assert self_healing.load_results(str(results)) == records
 
 
 def test_a_run_recorded_under_the_code_it_would_run_is_not_run_again(tmp_path, monkeypatch):
