@@ -130,11 +130,10 @@ GUARD_ACTIONS = ('warn', 'stop', 'repair')
 REPAIR_STEPS = 10
 REPAIR_LR = 5e-5
 GUARD_EVERY = 5
-# 64 (of the 100 validation prompts), not 32: with each prompt's 2 samples, the paired error of
-# a drop (cascade/guard.py) over 32 prompts left RLHF's fall of instruction following on the
-# dense seed 1 (10.9 probe points) inside its bound (11.7); over 64 the fall (9.4) is past it
-# (8.4), and no other domain falls past its own (measured on that run's checkpoints with the
-# guard's probe code). A probe costs about as much as a step at 32 prompts; twice that here.
+# 64 (of the 100 validation prompts), not 32: over 32 prompts of 2 samples each the paired
+# error of a drop (cascade/guard.py) still left RLHF's fall of instruction following on the
+# dense seed 1 inside its bound (docs/self_healing.md, that run's deciding probes); the error
+# shrinks as 1/sqrt(prompts). A probe then costs about two training steps of an RL stage.
 GUARD_PROMPTS = 64
 
 # config argument model=NAME: the tiny policy's architecture ('dense' is the module's default).
