@@ -424,7 +424,19 @@ def record_of(model: str, side: str, seed: int, workdir: str, run: Mapping) -> d
           'results': {k: res[k] for k in KEPT if k in res},
           'accounting': {k: {'step_s': v.get('step_s', 0.0)}
                          for k, v in (res.get('accounting') or {}).items()},
-          'probes': probe_stats(workdir)}
+          'probes': probe_stats(workdir), 'guard': guard_settings(workdir)}
+
+
+def guard_settings(workdir: str) -> dict:
+  """The run's config.guard probe settings (config.json: prompts, every, max_drop, stderrs,
+  action); {} for a run without a guard."""
+  try:
+    with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
+      guard = json.load(f)['config'].get('guard') or {}
+  except (OSError, ValueError, KeyError, AttributeError):
+    return {}
+  return {k: guard[k] for k in ('action', 'prompts', 'every', 'max_drop', 'stderrs')
+          if k in guard}
 
 
 def as_run(rec: Mapping) -> dict:
@@ -534,6 +546,11 @@ def run_header(rec: Mapping) -> list[str]:
          f'{rec.get("cores")} cores of {rec.get("cpu")}, {_f(rec.get("wall_s"), "{:.0f}")} s wall, '
          f'load average (1/5/15 min) {loads(rec.get("load_before"))} before and '
          f'{loads(rec.get("load_after"))} after.', '']
+  g = rec.get('guard') or {}
+  if g:
+    out += [f'Guard: {g.get("action")}, probes of {g.get("prompts")} prompts every '
+            f'{g.get("every")} steps, bound {g.get("max_drop")} points + {g.get("stderrs")} '
+            'standard errors.', '']
   if rec.get('load_before'):
     warn = host.load_warning(rec['load_before'], rec.get('load_after') or None, rec.get('cores'))
     if warn:

@@ -68,6 +68,9 @@ def _write(root, name, res, wall=None, ledger=None, fingerprint=None):
         'fingerprint': fingerprint or self_healing.fingerprint(cmd)}))
   if ledger is not None:
     (root / name / 'progress.json').write_text(json.dumps({'ledger': ledger}))
+    (root / name / 'config.json').write_text(json.dumps({'hash': 'h', 'config': {'guard': {
+        'action': 'repair', 'prompts': 64, 'every': 5, 'max_drop': 3.0, 'stderrs': 2.0,
+        'domains': ['chat']}}}))
 
 
 def _probes():
@@ -135,6 +138,9 @@ def test_runs_are_recorded_once_and_the_page_is_their_rendering(tmp_path, monkey
   assert chat['se_paired'] == round(float(np.std(diffs, ddof=1) / 4), 4) and chat['breached']
   assert chat['se_independent'] == round(float(np.hypot(10, 10)), 4)
   assert math_['se_paired'] is None and math_['drop'] == 10.0 and not math_['breached']
+  assert rec['guard'] == {'action': 'repair', 'prompts': 64, 'every': 5, 'max_drop': 3.0,
+                          'stderrs': 2.0}
+  assert records['tiny_model-hybrid_s0']['guard'] == {}
   # The page is the record file's rendering, whatever else is on disk or in the air.
   text = doc.read_text()
   assert text == self_healing.page(records)
@@ -156,6 +162,8 @@ def test_runs_are_recorded_once_and_the_page_is_their_rendering(tmp_path, monkey
   assert '| code_rl_repair (inserted) | chat, math, code | 39.0 (+8.0) |' in text
   assert 'Inserted: code_rl_repair (repairs code_rl: probe drops chat -9.5, math -6.2).' in text
   se = chat['se_paired']
+  assert ('Guard: repair, probes of 64 prompts every 5 steps, bound 3.0 points + 2.0 standard '
+          'errors.') in text
   assert (f'| code_rl | chat | 20 | +9.4 | {se:.1f} (16) | {3 + 2 * se:.1f} | 14.1 | 31.3 | yes |'
           in text)
   assert '| code_rl | math | 20 | +10.0 | - | - | 11.3 | 25.6 | no |' in text
