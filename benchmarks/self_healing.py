@@ -172,7 +172,7 @@ def run_one(model: str, side: str, seed: int, workdir: str) -> dict:
   """Runs one cascade (resuming its workdir), times it into <workdir>/wall.json, reads it."""
   cmd = command(model, side, seed, workdir)
   print(f'running {run_name(model, side, seed)} -> {workdir}', flush=True)
-  fp = fingerprint(cmd)
+  fp, commit = fingerprint(cmd), _commit()      # the code it starts with
   load, t0 = os.getloadavg(), time.time()
   p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
   if p.returncode:
@@ -181,7 +181,7 @@ def run_one(model: str, side: str, seed: int, workdir: str) -> dict:
           'started': f'{datetime.datetime.fromtimestamp(t0, datetime.timezone.utc):%H:%M} UTC',
           'load_before': list(load),
           'load_after': list(os.getloadavg()), 'command': ' '.join(cmd[1:]),
-          'fingerprint': fp, 'commit': _commit()}
+          'fingerprint': fp, 'commit': commit}
   with open(os.path.join(workdir, WALL), 'w', encoding='utf-8') as f:
     json.dump(wall, f, indent=1)
   return read_run(workdir)
@@ -435,8 +435,12 @@ def guard_settings(workdir: str) -> dict:
       guard = json.load(f)['config'].get('guard') or {}
   except (OSError, ValueError, KeyError, AttributeError):
     return {}
-  return {k: guard[k] for k in ('action', 'prompts', 'every', 'max_drop', 'stderrs')
-          if k in guard}
+  if not guard:
+    return {}
+  from cascade import config as config_lib  # pylint: disable=g-import-not-at-top
+  fields = config_lib.Guard.__dataclass_fields__      # a field the config left out: its default
+  return {k: guard.get(k, fields[k].default)
+          for k in ('action', 'prompts', 'every', 'max_drop', 'stderrs')}
 
 
 def as_run(rec: Mapping) -> dict:
@@ -517,21 +521,23 @@ def summary(runs: Mapping[tuple, dict | None]) -> dict:
 
 def probe_lines(rec: Mapping) -> list[str]:
   """The page's table of a guarded run's deciding probes (`probe_stats`), with the bound each
-  standard error gives at the run's max_drop 3 and 2 standard errors (configs/tiny.py)."""
+  standard error gives at the run's max_drop and stderrs."""
   rows = rec.get('probes') or []
   if not rows:
     return []
+  g = rec.get('guard') or {}
+  md, k = float(g.get('max_drop', 3.0)), float(g.get('stderrs', 2.0))
   out = ['Each guarded stage\'s last probe (it decides a repair): the drop below the domain\'s '
          'best earlier probe, its standard error paired prompt by prompt (the guard\'s) and as '
-         'if the probes were independent, and the bound `3 + 2 se` each gives:', '',
+         f'if the probes were independent, and the bound `{md:g} + {k:g} se` each gives:', '',
          '| stage | domain | step | drop | se paired (prompts) | bound paired | se independent | '
          'bound independent | breached |', '|---|---|---:|---:|---:|---:|---:|---:|---|']
   for r in rows:
     paired = r.get('se_paired')
     out.append(f'| {r["stage"]} | {r["domain"]} | {r["step"]} | {r["drop"]:+.1f} | '
-               + (f'{paired:.1f} ({r["pairs"]}) | {3 + 2 * paired:.1f}' if paired is not None
+               + (f'{paired:.1f} ({r["pairs"]}) | {md + k * paired:.1f}' if paired is not None
                   else '- | -')
-               + f' | {r["se_independent"]:.1f} | {3 + 2 * r["se_independent"]:.1f} | '
+               + f' | {r["se_independent"]:.1f} | {md + k * r["se_independent"]:.1f} | '
                f'{"yes" if r.get("breached") else "no"} |')
   return out + ['']
 
