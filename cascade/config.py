@@ -478,8 +478,10 @@ class Guard:
   protected domains an earlier stage trained (and this one does not) are probed: the first
   `prompts` prompts of each one's validation set, sampled with its evaluation settings and
   scored by its evaluation verifier. A probe whose score lies more than `max_drop` points +
-  `stderrs` standard errors (of the difference: the probe's and the best's) below the
-  domain's best probe so far in the validation ledger has crossed the bound; then `action`:
+  `stderrs` standard errors of the difference below the domain's best probe so far in the
+  validation ledger has crossed the bound (the error paired prompt by prompt over the prompts
+  both scored: `cascade.guard.paired_stderr`; for a ledger entry without per-prompt scores,
+  the two probes' errors as if independent); then `action`:
   'warn' (a line and the `guard/*` metrics), 'stop' (the stage ends at its newest probed
   checkpoint within every bound, saying so; each probe within bounds is checkpointed) or
   'repair' (as 'warn' while the stage trains; then the MOPD stage inserted after it, from
@@ -495,7 +497,8 @@ class Guard:
   max_drop: float = schema.field(3.0, check=schema.num_in(
       0, 100, hi_open=True, what='must be in [0, 100): a drop below 0 is a rise, and no '
                                  'score can fall 100 points or more'), convert=float)
-  # Standard errors of the drop added to max_drop, so probe noise does not cross it.
+  # Standard errors of the drop (paired prompt by prompt) added to max_drop, so probe noise
+  # does not cross it.
   stderrs: float = schema.field(2.0, check=schema.num_in(0, what='must be a finite number >= 0'),
                                 convert=float)
   # Prompts of each protected domain's validation set a probe scores (the first N).

@@ -111,12 +111,14 @@ def _unpack(x: Mapping) -> np.ndarray:
 
 
 def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mode, key,
-              batches: list, stop: Callable[[], str | None] | None) -> dict:
+              batches: list, stop: Callable[[], str | None] | None,
+              per_prompt: bool = False) -> dict:
   """Scores one domain's records in one thinking mode (batches of ev.batch_size prompts).
 
   `batches` holds the batches evaluated so far (JSON; each one is appended as it ends): those a
   stopped evaluation kept are not sampled again. `stop` is asked before each batch still to
-  sample; when it answers, `_Stop` is raised there."""
+  sample; when it answers, `_Stop` is raised there. `per_prompt`: the result also holds
+  'per_prompt', each record's score (`prompt_points`), in record order."""
   sp = sampling_params(ev)
   k = 1 if sp.greedy else ev.num_samples      # greedy samples would all agree
   bs = ev.batch_size
@@ -151,12 +153,24 @@ def _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, ev, mod
       hook(chunk[0]['domain'], b + 1, len(starts))
   r, lens, trunc = (np.concatenate([_unpack(x[f]) for x in batches])
                     for f in ('rewards', 'lengths', 'truncated'))
-  return {'score': float(100.0 * np.mean(np.clip(r, 0.0, 1.0))),
-          'stderr': stderr(r, len(recs)),
-          'prompts': len(recs), 'samples': int(r.size),
-          'mean_reward': float(np.mean(r)),
-          'mean_len': float(np.mean(lens)),
-          'truncated': float(np.mean(trunc))}
+  out = {'score': float(100.0 * np.mean(np.clip(r, 0.0, 1.0))),
+         'stderr': stderr(r, len(recs)),
+         'prompts': len(recs), 'samples': int(r.size),
+         'mean_reward': float(np.mean(r)),
+         'mean_len': float(np.mean(lens)),
+         'truncated': float(np.mean(trunc))}
+  if per_prompt:
+    out['per_prompt'] = prompt_points(r, len(recs))
+  return out
+
+
+def prompt_points(rewards, prompts: int) -> list[float]:
+  """Each prompt's score in points (100 x the mean clipped reward of its k samples; rows are
+  prompt-major, k per prompt), whose mean is the score `_one_mode` reports."""
+  r = np.clip(np.asarray(rewards, np.float64).ravel(), 0.0, 1.0)
+  if prompts <= 0 or r.size % prompts:
+    raise ValueError(f'{r.size} rewards are not k samples of each of {prompts} prompts')
+  return [float(x) for x in 100.0 * r.reshape(prompts, -1).mean(axis=1)]
 
 
 def stderr(rewards, prompts: int) -> float:
@@ -175,8 +189,8 @@ def stderr(rewards, prompts: int) -> float:
 def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]],
              verifier_of: Callable[[str], object], sample_cls, ev,
              rng, report: Callable[[int, int, str, dict, float], None] | None = None,
-             done: Mapping | None = None, stop: Callable[[], str | None] | None = None
-             ) -> dict[str, dict]:
+             done: Mapping | None = None, stop: Callable[[], str | None] | None = None,
+             per_prompt: bool = False) -> dict[str, dict]:
   """Scores a policy on every domain's prompts (held-out or validation).
 
   It can stop at a batch boundary and go on later: `stop` is asked before every batch it
@@ -201,6 +215,8 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
       i from 1: the run's progress line.
     done: what a stopped call had evaluated (`Stopped.done`): its domains and batches are kept.
     stop: asked before each batch; an answer stops the call there (`Stopped`).
+    per_prompt: each result also holds 'per_prompt': every prompt's score in points
+      (`prompt_points`; with thinking='both' the mean of its two modes'), in `eval_sets` order.
 
   Returns:
     domain -> {'score' in [0, 100], 'stderr' (its standard error, `stderr`), 'prompts',
@@ -226,7 +242,7 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
       out[domain] = _one_domain(sampler, params, tokenizer, eval_sets[domain], verifier_of,
                                 sample_cls, ev[domain] if isinstance(ev, Mapping) else ev,
                                 jax.random.fold_in(rng, zlib.crc32(domain.encode()) & 0x7FFFFFFF),
-                                modes, stop)
+                                modes, stop, per_prompt)
     except _Stop as e:
       mode = f' ({e.mode} mode)' if e.mode else ''
       raise Stopped(e.why, f'domain {domain!r}{mode} before batch {e.batch + 1}/{e.batches}',
@@ -238,7 +254,7 @@ def evaluate(sampler, params, tokenizer, eval_sets: Mapping[str, Sequence[dict]]
 
 
 def _one_domain(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev,
-                domain_key, batches: dict, stop) -> dict:
+                domain_key, batches: dict, stop, per_prompt: bool = False) -> dict:
   """`evaluate` of one domain: its one mode, or the mean of its two; `batches`: mode name ->
   the batches evaluated so far (`_one_mode`)."""
   recs = list(recs)
@@ -247,7 +263,7 @@ def _one_domain(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev,
   def one(m, key):
     try:
       return _one_mode(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev, m, key,
-                       batches.setdefault(MODE_NAMES[m], []), stop)
+                       batches.setdefault(MODE_NAMES[m], []), stop, per_prompt)
     except _Stop as e:
       e.mode = MODE_NAMES[m] if len(modes) > 1 else ''
       raise
@@ -259,6 +275,9 @@ def _one_domain(sampler, params, tokenizer, recs, verifier_of, sample_cls, dev,
            for k in ('score', 'mean_reward', 'mean_len', 'truncated')}
   # The mean of the two modes' scores (same prompts, sampled independently per mode).
   means['stderr'] = float(np.sqrt(sum(p['stderr'] ** 2 for p in per.values())) / len(per))
+  if per_prompt:    # each prompt's mean over the two modes, as the score is
+    means['per_prompt'] = [float(x) for x in
+                           np.mean([p.pop('per_prompt') for p in per.values()], axis=0)]
   return {**means, 'prompts': len(recs),
           'samples': sum(p['samples'] for p in per.values()), 'modes': per}
 
@@ -271,17 +290,17 @@ VALIDATION_FOLD = 1_000_033
 
 def score_sets(ctx, params, sets: Mapping[str, Sequence[dict]], fold: int,
                report: Callable[[int, int, str, dict, float], None] | None = None,
-               done: Mapping | None = None, stop: Callable[[], str | None] | None = None
-               ) -> dict[str, dict]:
+               done: Mapping | None = None, stop: Callable[[], str | None] | None = None,
+               per_prompt: bool = False) -> dict[str, dict]:
   """`evaluate` of a run's policy on `sets` (domains whose eval verifier is ready), per domain;
-  `report`, `done` and `stop` as `evaluate`'s."""
+  `report`, `done`, `stop` and `per_prompt` as `evaluate`'s."""
   ready = {d: recs for d, recs in sets.items() if ctx.verifiers.can_evaluate(d)}
   if not ready:
     return {}
   key = jax.random.fold_in(jax.random.PRNGKey(ctx.plan.seed), fold)
   return evaluate(ctx.sampler, params, ctx.tokenizer, ready, ctx.verifiers.eval_verifier,
                   ctx.sample_cls, {d: ctx.plan.eval_of(d) for d in ready}, key, report,
-                  done=done, stop=stop)
+                  done=done, stop=stop, per_prompt=per_prompt)
 
 
 def validation_results(ctx, params, done: Mapping | None = None,
@@ -305,10 +324,31 @@ PROBE_FOLD = 1_000_037
 
 def probe_results(ctx, params, prompts: int, domains) -> dict[str, dict]:
   """domain -> `evaluate`'s result of `params` on the first `prompts` prompts of each of
-  `domains`' validation sets (a regression guard's probe, `cascade.guard`)."""
+  `domains`' validation sets (a regression guard's probe, `cascade.guard`), with
+  'prompt_scores': prompt id -> its score in points (`prompt_ids`), so two probes of the same
+  prompts compare prompt by prompt."""
   sets = {d: list(ctx.data.validation_sets[d])[:prompts] for d in domains
           if d in ctx.data.validation_sets}
-  return score_sets(ctx, params, sets, PROBE_FOLD)
+  out = score_sets(ctx, params, sets, PROBE_FOLD, per_prompt=True)
+  for d, r in out.items():
+    r['prompt_scores'] = dict(zip(prompt_ids(sets[d]), r.pop('per_prompt')))
+  return out
+
+
+def prompt_ids(recs: Sequence[Mapping]) -> list[str]:
+  """Each record's id ('id'; else its position), one already taken suffixed '#<n>' (the
+  smallest n free), so every prompt of a set has its own key."""
+  used: set[str] = set()
+  out = []
+  for i, rec in enumerate(recs):
+    base = rid = str(rec.get('id') or i)
+    n = 0
+    while rid in used:
+      n += 1
+      rid = f'{base}#{n}'
+    used.add(rid)
+    out.append(rid)
+  return out
 
 
 def suite_sets(plan, tokenizer=None) -> list[tuple[suites_base.Suite, list[dict]]]:

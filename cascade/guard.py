@@ -10,9 +10,16 @@ an entry of the validation ledger (`cascade.ledger`, set 'probe'), so it survive
 
 A domain has fallen past its bound when
 
-  best - score > max_drop + stderrs * sqrt(stderr_best^2 + stderr^2)
+  best - score > max_drop + stderrs * se
 
-with `best` its best probe so far in the ledger (any earlier stage or step). Then:
+with `best` its best probe so far in the ledger (any earlier stage or step) and `se` the
+standard error of the drop. Every probe scores the same prompts with the same key, so two
+probes are paired: `se` is the standard error of the mean of the per-prompt differences
+(`paired_stderr`, over the prompts both scored; the ledger keeps each probe's per-prompt
+scores), far below what the two probes' own errors give when the policies still agree on most
+prompts. Where either entry has no per-prompt scores (kept before they were recorded) or they
+share fewer than two prompts, `se` is sqrt(stderr_best^2 + stderr^2), as if independent, and
+the breach record says so ("paired": false, "se_from"). Then:
 
 - 'warn': one line on stderr and the step's metrics `guard/<domain>` (the drop) and
   `guard/breaches` (domains past their bound);
@@ -32,7 +39,11 @@ progress.json and results.json ("guards") lists them with what was done.
 
 From a stage's second probed step on, each probe also forecasts every protected domain's score
 at the stage's last step (`cascade.forecast`: a weighted straight line through the stage's
-probes so far), kept in its ledger entry ("forecast") and the step's metrics
+probes so far, weighted by each probe's own standard error; the pairing is left out there: a
+stage's probes have near-equal errors, so the weights hardly change, and the probes' shared
+prompts and key make their errors positively correlated, which the line's slope largely
+cancels, so the independent end error it reports is if anything too wide, never too narrow),
+kept in its ledger entry ("forecast") and the step's metrics
 `forecast/<domain>` (the forecast change over the stage). With
 `config.guard.forecast_confidence` set, a forecast end more than `max_drop` points below the
 domain's best probe with that confidence ("forecast_crossed") acts as an observed fall would
@@ -63,6 +74,38 @@ from cascade import evaluation
 from cascade import forecast as forecast_lib
 from cascade import ledger as ledger_lib
 from cascade import signals as signals_lib
+
+
+def paired_stderr(best: Mapping[str, float] | None,
+                  now: Mapping[str, float] | None) -> tuple[float, int] | None:
+  """(the standard error of the mean per-prompt drop `best[p] - now[p]` over the prompts p
+  both score, that count), in points; None when either is missing or they share fewer than two
+  prompts. The variance is the sample variance (n - 1)."""
+  if not best or not now:
+    return None
+  common = [p for p in best if p in now]
+  n = len(common)
+  if n < 2:
+    return None
+  d = [float(best[p]) - float(now[p]) for p in common]
+  mean = math.fsum(d) / n
+  var = math.fsum((x - mean) ** 2 for x in d) / (n - 1)
+  return math.sqrt(var / n), n
+
+
+def drop_stderr(best: Mapping, domain: str, result: Mapping) -> tuple[float, dict]:
+  """The standard error of `domain`'s drop from ledger entry `best` to probe `result`
+  (`evaluate`'s, with 'prompt_scores'), and what it came from (the breach record's): paired
+  when both have per-prompt scores sharing two prompts or more, else as if independent."""
+  paired = paired_stderr((best.get('prompt_scores') or {}).get(domain),
+                         result.get('prompt_scores'))
+  if paired is not None:
+    return paired[0], {'paired': True, 'pairs': paired[1]}
+  why = ('the best probe has no per-prompt scores' if not (best.get('prompt_scores') or {})
+         .get(domain) else 'this probe has no per-prompt scores'
+         if not result.get('prompt_scores') else 'fewer than 2 prompts in common')
+  return (math.hypot(best['stderr'].get(domain, 0.0), result.get('stderr', 0.0)),
+          {'paired': False, 'se_from': f'independent: {why}'})
 
 
 def fallen(ledger, stage_name: str) -> dict[str, dict]:
@@ -145,11 +188,13 @@ class StageGuard:
       if best is None:
         continue
       drop = best['scores'][d] - r['score']
-      sigma = math.hypot(best['stderr'].get(d, 0.0), r.get('stderr', 0.0))
+      sigma, how = drop_stderr(best, d, r)
       bound = self.cfg.max_drop + self.cfg.stderrs * sigma
       m[f'guard/{d}'] = drop
+      m[f'guard/{d}/se'] = sigma
       if drop > bound:
         breached[d] = {'drop': round(drop, 4), 'bound': round(bound, 4),
+                       'se': round(sigma, 4), **how,
                        'score': round(r['score'], 4), 'best': round(best['scores'][d], 4),
                        'best_stage': best['stage'], 'best_step': best['step']}
     m['guard/breaches'] = float(len(breached))

@@ -5,7 +5,11 @@ An entry is one policy of the run scored on a domain set:
   {'stage': name, 'index': stage index (-1: the starting policy), 'step': its step,
    'set': 'validation' | 'probe', 'scores': {domain: points}, 'stderr': {domain: points},
    'ckpt': whether the step has a checkpoint, 'final': the stage's end (its matrix row),
-   'within': (probes) whether every protected domain was within its guard's bound}
+   'within': (probes) whether every protected domain was within its guard's bound,
+   'prompt_scores': (probes) {domain: {prompt id: points}}, each prompt's score (at most
+   MAX_PROMPT_SCORES per domain, rounded to 4 decimals), so the guard compares two probes
+   prompt by prompt (`cascade.guard.paired_stderr`); an entry kept before they were recorded
+   has none}
 
 The stage ends are the matrix rows' validation scores (progress.json "rows", read here, so a
 row is never written twice); the steps in between are the validation a stage scores every
@@ -27,6 +31,9 @@ from typing import Mapping, Sequence
 
 VALIDATION = 'validation'
 PROBE = 'probe'
+# The most per-prompt scores an entry keeps of one domain (its first; a probe scores
+# config.guard.prompts): progress.json holds every probe of the run.
+MAX_PROMPT_SCORES = 512
 
 
 def _order(e: Mapping) -> tuple:
@@ -90,11 +97,17 @@ class Ledger:
   def record(self, stage, step: int, results: Mapping[str, Mapping], kind: str = VALIDATION,
              ckpt: bool = True, **extra) -> dict:
     """Adds (or replaces) stage `stage`'s entry of `step` in set `kind` from `evaluate`'s
-    results (domain -> {'score', 'stderr', ...}) and saves progress.json; returns it."""
+    results (domain -> {'score', 'stderr', ...}; a probe's also 'prompt_scores', kept) and saves
+    progress.json; returns it."""
     e = {'stage': stage.name, 'index': stage.index, 'step': int(step), 'set': kind,
          'scores': {d: float(r['score']) for d, r in sorted(results.items())},
          'stderr': {d: float(r.get('stderr', 0.0)) for d, r in sorted(results.items())},
          'ckpt': bool(ckpt), **extra}
+    per = {d: dict(list(r['prompt_scores'].items())[:MAX_PROMPT_SCORES])
+           for d, r in sorted(results.items()) if r.get('prompt_scores')}
+    if per:
+      e['prompt_scores'] = {d: {str(k): round(float(v), 4) for k, v in ps.items()}
+                            for d, ps in per.items()}
     kept = [x for x in self.progress.ledger
             if (x['stage'], x['step'], x['set']) != (e['stage'], e['step'], kind)]
     self.progress.ledger = sorted(kept + [e], key=_order)

@@ -71,7 +71,8 @@ def _digest(params):
 def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, repairing=False,
          ckpt_every=100, ctx_fields=None, **guard):
   """Stage 'sft_b' (6 steps, after 'a_rl' trained 'a') through the real loop with a guard on
-  'a' probing every `every` steps; the probe of step s scores `probe_by_step[s]` (stderr 1).
+  'a' probing every `every` steps; the probe of step s scores `probe_by_step[s]` (stderr 1; a
+  dict: the probe's whole result, e.g. with 'prompt_scores').
   `repairing`: the loop sees the stage as a repair stage (of 'a'), as an inserted MOPD one.
   `ctx_fields`: more of the run context (a sampler, verifiers... for config.guard.signals)."""
   if repairing:
@@ -103,7 +104,8 @@ def _run(fakes, tmp_path, monkeypatch, action, probe_by_step, every=2, keep=1, r
     assert ctx_ is ctx and prompts == 4 and tuple(domains) == ('a',)
     step = sorted(probe_by_step)[len(probed)]
     probed[step] = _digest(params)
-    return {'a': {'score': probe_by_step[step], 'stderr': 1.0}}
+    got = probe_by_step[step]
+    return {'a': dict(got) if isinstance(got, dict) else {'score': got, 'stderr': 1.0}}
   monkeypatch.setattr(evaluation, 'probe_results', fake_probe)
   seen = {}
 
@@ -397,6 +399,35 @@ def test_a_run_killed_after_a_probe_crossed_resumes_into_the_stop(fakes, tmp_pat
   assert _digest(again.res.params) == first.probed[2]
   assert again.res.info['guard']['stopped'] == {'at': 4, 'kept': 2}
   assert [b['step'] for b in again.res.info['guard']['breaches']] == [4]
+
+
+@pytest.mark.heavy                    # the real loop twice: compiled SFT steps, Orbax saves (~40 s)
+def test_a_resumed_stage_pairs_its_probes_with_those_before_the_kill(fakes, tmp_path,
+                                                                     monkeypatch):
+  """Killed after step 2's probe; the rerun's probe of step 4 is compared prompt by prompt
+  with the probes before the kill (their per-prompt scores read back from progress.json): 6 of
+  16 prompts fall 50 points, 18.75 points, past 3 + 2 x 6.25 (the paired error) though inside
+  3 + 2 x sqrt(10^2 + 10^2) (the independent one), so the stage stops at step 2's policy."""
+  base = [100.0, 50.0, 0.0, 100.0] * 4
+  fell = [x - 50.0 if i in (0, 1, 3, 4, 5, 7) else x for i, x in enumerate(base)]
+  probe = lambda xs: {'score': float(np.mean(xs)), 'stderr': 10.0,
+                      'prompt_scores': {f'v{i}': x for i, x in enumerate(xs)}}
+
+  def kill(stage, step, saved, ckpts):
+    if step == 2:
+      raise _Killed()
+  monkeypatch.setattr(loop, 'STEP_END_HOOKS', [kill])
+  first = _run(fakes, tmp_path, monkeypatch, 'stop', {0: probe(base), 2: probe(base)},
+               ckpt_every=2, keep=2)
+  assert first.res is None and sorted(first.probed) == [0, 2]
+  monkeypatch.setattr(loop, 'STEP_END_HOOKS', [])
+  again = _run(fakes, tmp_path, monkeypatch, 'stop', {4: probe(fell)}, ckpt_every=2, keep=2)
+  assert sorted(again.probed) == [4] and _digest(again.res.params) == first.probed[2]
+  info = again.res.info['guard']
+  assert info['stopped'] == {'at': 4, 'kept': 2}
+  b = info['breaches'][0]['domains']['a']
+  assert b['paired'] and b['pairs'] == 16 and b['drop'] == 18.75 and b['se'] == 6.25
+  assert b['bound'] == 15.5 and b['best_step'] == 0
 
 
 def test_a_repair_draws_only_the_domains_it_repairs(fakes):
