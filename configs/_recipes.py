@@ -300,11 +300,6 @@ PREFILL_PROMPTS = {name: 2 for name in GPU_NODES}
 # (10 GiB per GPU) are what one H200 does not have left.
 TEACHERS_ON_HOST = tuple(GPU_NODES)
 
-# Hardware on which a GRPO stage with a KL term keeps its reference in host memory between its
-# passes (`reference_on_host`): on one H200 node Cascade 2's RLHF train step (53K-token rows)
-# beside a resident reference (7.35 GiB per GPU) and reward model left under 10 % of the GPU.
-REFERENCE_ON_HOST = tuple(GPU_NODES)
-
 
 # (data, fsdp, expert, tensor) meshes of the mixture-of-experts recipes per hardware, and the
 # logical rules that differ from models.sharding.DEFAULT_RULES: on the v5p slice the experts
@@ -395,8 +390,8 @@ def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.Confi
   'v5p_128' (the papers' scale, the default) leaves c as it is; 'h200x8' plans
   the same recipe for one 8-GPU node, '2xh200x8' and '4xh200x8' for 2 and 4 of them
   (`launch.plan --backend=gpu` compiles them with XLA:GPU), with the MLP run in chunks of
-  MLP_CHUNK positions, PREFILL_PROMPTS prompts per prefill call, MOPD's
-  teachers and GRPO's KL reference in host memory between their passes. On several nodes every stage's
+  MLP_CHUNK positions, PREFILL_PROMPTS prompts per prefill call and MOPD's
+  teachers in host memory between their passes. On several nodes every stage's
   microbatches shrink with the growth in batch shards (a microbatch keeps its rows per GPU).
   """
   if name not in HARDWARE:
@@ -416,10 +411,6 @@ def on_hardware(c: ml_collections.ConfigDict, name: str) -> ml_collections.Confi
     c.sampler.prefill_prompts = PREFILL_PROMPTS[name]
   if name in TEACHERS_ON_HOST:
     c.stages = [dict(st, teachers_on_host=True) if st['kind'] == 'mopd' else st
-                for st in c.stages]
-  if name in REFERENCE_ON_HOST:
-    c.stages = [dict(st, reference_on_host=True)
-                if st['kind'] in ('grpo', 'agentic') and st.get('kl_coef', 0) > 0 else st
                 for st in c.stages]
   return c
 

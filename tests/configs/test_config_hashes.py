@@ -48,14 +48,10 @@ PINNED = {
     # All four Cascade 2 values changed on purpose at the paper's RL lengths (issue #56: "responses
     # up to ~49K tokens"): IF-RL, the side and main RLHF runs and long-context RL generate 49,152
     # tokens instead of our 16,384, so an earlier workdir must not resume under them.
-    # The three Cascade 2 values on H200 nodes changed on purpose when their RLHF stages kept
-    # the KL reference in host memory between its passes (issue #56: configs/_recipes.py
-    # REFERENCE_ON_HOST; the 53K-token RLHF train step beside a resident reference did not fit
-    # one H200 with 10 % headroom); the math is the same, the stage config differs.
     ('nemotron_cascade2', None): 'a4d9d979b59b56da',
-    ('nemotron_cascade2', 'hardware=h200x8'): 'ec8234a758ed0a27',
-    ('nemotron_cascade2', 'hardware=2xh200x8'): '70826fd471722139',
-    ('nemotron_cascade2', 'hardware=4xh200x8'): '200c4c306b9cfb05',
+    ('nemotron_cascade2', 'hardware=h200x8'): 'daad73bacef5e666',
+    ('nemotron_cascade2', 'hardware=2xh200x8'): 'c10920defdf5b558',
+    ('nemotron_cascade2', 'hardware=4xh200x8'): '889f08c42ab7d41b',
     ('nemotron_cascade_14b', None): 'ebce306388ed5743',
     ('nemotron_cascade_14b', 'hardware=h200x8'): '2d33d15bb6852754',
     ('nemotron_cascade_8b', None): '2ef78b3c6c2b3864',
