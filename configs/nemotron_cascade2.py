@@ -127,10 +127,10 @@ def get_config(arg=None):
   # "Most stages use ... responses up to ~49K tokens": IF-RL, multi-domain RL, both RLHF runs
   # and long-context RL generate up to 49,152 (48 x 1,024, our reading of "~49K"); code RL
   # (118K) and SWE RL (an episode budget) say their own. Prompts are ours. On one H200 node
-  # (`hardware=h200x8`) these rows do not fit with 10 % headroom (IF-RL's train step 91 %,
-  # RLHF's 103 % beside its reference and reward model, long-context RL's 105 %): the update
-  # batch's recorded routing sits whole on every GPU (docs/plans/history.md); more
-  # microbatches cannot help (one row each).
+  # (`hardware=h200x8`) they fit with the update batch split along its tokens over the node's
+  # sequence axis (IF-RL's train step 72 %, RLHF's 83 % beside its resident reference and reward
+  # model, long-context RL's 74 %; whole on every GPU, with its recorded routing, they took 91,
+  # 103 and 105 %: docs/plans/history.md).
   paper_len = 49_152
   long_rl = dict(max_prompt_len=4096, max_response_len=paper_len)
   r = _recipes

@@ -209,6 +209,20 @@ def mesh_platform() -> str:
   return getattr(device, 'platform', None) or jax.default_backend()
 
 
+def batch_leaf_names(ndim: int) -> tuple:
+  """The logical axes of a train batch's leaf of rank `ndim`: rows ('batch'), then the tokens
+  along a row ('length'; every [B, L, ...] field of a batch is token-aligned), then whole."""
+  return ('batch',) if ndim < 2 else ('batch', 'length') + (None,) * (ndim - 2)
+
+
+def batch_leaf_sharding(shape: Sequence[int], mesh, rules=None) -> NamedSharding:
+  """Where a train batch's leaf of `shape` lives on `mesh`: rows over the 'batch' rule's axes
+  and, on a mesh with a sequence axis, its length over 'sequence' (`batch_leaf_names`), so no
+  device holds a whole [rows, length, ...] field; an axis that does not divide stays whole."""
+  shape = tuple(shape)
+  return NamedSharding(mesh, logical_to_spec(batch_leaf_names(len(shape)), shape, mesh, rules))
+
+
 def split_ways(n: int, name: str, mesh: Mesh | None, rules=None) -> int:
   """How many ways a dimension of `n` along logical axis `name` splits over `mesh` (a Mesh or
   AbstractMesh: the mesh axes of its rule that divide it; 1 without a mesh)."""

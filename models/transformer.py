@@ -285,8 +285,13 @@ class Transformer(nnx.Module):
         remat=None if cfg.remat == 'none' else lambda body, cse: _remat(body, cfg, cse),
         accumulate=self.accumulate_fold_backward, layer_states=layers, rules=rules)
     if stats is not None and cp:
+      # Per-token reports back in the rows' own order (token_differs too: the train step ands
+      # it with the loss mask).
       stats = stats._replace(indices=context.from_zigzag(
           stats.indices, (None, 'batch', 'length', None), rules))
+      if stats.token_differs is not None:
+        stats = stats._replace(token_differs=context.from_zigzag(
+            stats.token_differs, ('batch', 'length'), rules))
     if stats is not None and self.collect_moe_stats and not return_stats:
       self.sow(nnx.Intermediate, 'moe_stats', stats)
     x = self.final_norm(unzz(x))

@@ -464,7 +464,8 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
     loss_cfg: its config (instance, dict, ConfigDict or None).
     optimizer: the optax transformation the state was initialised with.
     mesh: run sharded on this mesh: params/optimizer state by logical axes,
-      every batch leaf split over 'batch' on its first dimension.
+      every batch leaf split over 'batch' on its first dimension and, where the mesh has a
+      sequence axis, over 'sequence' on its second (its tokens; `_ShardedStep`).
     rules: logical rules (None: DEFAULT_RULES): the model's `rules` in the traced loss and
       the layout of the state and batch.
     state: a TrainState (or its eval_shape) giving the state's structure;
@@ -482,7 +483,8 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
     donate: donate the input state's buffers.
 
   Returns:
-    A jax.jit-ed function (it has `.lower` for ahead-of-time compilation).
+    A jax.jit-ed function, or with a mesh one jit per batch shape (`_ShardedStep`); either
+    has `.lower` for ahead-of-time compilation.
   """
   if not isinstance(loss, LossSpec):
     raise TypeError(f'make_train_step: the loss is a LossSpec (config class, loss function, '
@@ -528,7 +530,7 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
 
     def body(carry, mb):
       g_acc, l_acc, m_acc = carry
-      mb = jax.tree.map(lambda x: sharding.constrain(x, ('batch',) + (None,) * (x.ndim - 1),
+      mb = jax.tree.map(lambda x: sharding.constrain(x, sharding.batch_leaf_names(x.ndim),
                                                      rules), mb)
       (l, m), g = grad_fn(params, mb, norm, microbatches)
       g_acc = jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_acc, g)
@@ -577,10 +579,53 @@ def make_train_step(graphdef, loss: LossSpec, loss_cfg, optimizer: optax.Gradien
     raise ValueError('make_train_step: with a mesh, pass state= (a TrainState or its '
                      'eval_shape) so its shardings can be fixed')
   state_sh = state_shardings(state, optimizer, mesh, rules)
-  batch_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
-  return jax.jit(step, in_shardings=(state_sh, batch_sh),
-                 out_shardings=(state_sh, NamedSharding(mesh, P())),
-                 donate_argnums=donate_argnums)
+  return _ShardedStep(step, state_sh, mesh, rules, donate_argnums)
+
+
+class _ShardedStep:
+  """The train step on a mesh: one `jax.jit` per batch structure and shapes, each with the
+  batch's leaves laid out by `models.sharding.batch_leaf_sharding` (rows over 'batch' and, on a
+  mesh with a sequence axis, tokens over 'sequence': on a node whose only split is that axis no
+  device holds the whole update batch, its recorded routing included). Called like the jitted
+  function; `lower` for ahead-of-time compilation."""
+
+  def __init__(self, step, state_sh, mesh, rules, donate_argnums):
+    self._step, self._state_sh, self._mesh, self._rules = step, state_sh, mesh, rules
+    self._donate = donate_argnums
+    self._jits: dict = {}
+
+  def batch_shardings(self, batch):
+    """The batch's leaves' NamedShardings (a tree like `batch`)."""
+    return jax.tree.map(lambda x: sharding.batch_leaf_sharding(np.shape(x), self._mesh,
+                                                               self._rules), batch)
+
+  def _jit(self, batch):
+    leaves, tree = jax.tree.flatten(batch)
+    key = (tree, tuple(tuple(np.shape(x)) for x in leaves))
+    fn = self._jits.get(key)
+    if fn is None:
+      fn = self._jits[key] = jax.jit(
+          self._step, in_shardings=(self._state_sh, self.batch_shardings(batch)),
+          out_shardings=(self._state_sh, NamedSharding(self._mesh, P())),
+          donate_argnums=self._donate)
+    return fn
+
+  def __call__(self, state, batch):
+    # A batch already on the devices in another layout (e.g. rows only) moves to this one.
+    fn = self._jit(batch)
+    batch = jax.tree.map(
+        lambda x, sh: jax.device_put(x, sh) if isinstance(x, jax.Array) and x.committed
+        and not x.sharding.is_equivalent_to(sh, x.ndim) else x, batch, self.batch_shardings(batch))
+    return fn(state, batch)
+
+  def lower(self, state, batch):
+    """The step lowered for `batch` (arrays or ShapeDtypeStructs): its leaves take the step's
+    layout whatever sharding they carry."""
+    fn = self._jit(batch)
+    batch = jax.tree.map(
+        lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
+        if isinstance(x, jax.ShapeDtypeStruct) else x, batch, self.batch_shardings(batch))
+    return fn.lower(state, batch)
 
 
 def _batch_tokens(batch) -> int:

@@ -706,7 +706,7 @@ _RUNS = [
                '/tmp/s56/plan/c2_4xh200x8_b.md', pre=_needs_cuda_plugin),
     # The RL stages the paper runs to ~49K (issue #56), on one node.
     _plan_case('plan-cascade2-h200-rl49k', 'nemotron_cascade2_h200x8_rl49k.md',
-               '/tmp/len49/plan/c2_h200x8_49k.md', pre=_needs_cuda_plugin),
+               '/tmp/gpu49k-plan/c2_h200x8_49k.md', pre=_needs_cuda_plugin),
     # Plan parity across the model wing's merges (issue #54): each side's plans by the TPU
     # compiler, hours on a 2-core host.
     _case('plan-parity', 'docs/plans/wing_parity.md', ['python -m benchmarks.plan_parity'],

@@ -11,7 +11,8 @@ prompt's group of G samples. Everything `rl.grpo.grpo_loss` offers is a
 field here: the advantage estimator, the loss aggregation, the clip range
 (`clip_eps_low`, `clip_eps_high` for clip-higher; they act only when a
 rollout batch is reused, `updates_per_batch` > 1), a KL penalty to the
-stage's starting policy (`kl_coef`, `kl_estimator`), an entropy bonus
+stage's starting policy (`kl_coef`, `kl_estimator`; `reference_on_host` keeps that reference in
+pinned host memory between its passes), an entropy bonus
 (`entropy_coef`) and the sampler/trainer mismatch correction (`tis_cap`,
 `mismatch_mask`, `mismatch_mask_low`, `mismatch_mask_high`; off by default).
 With a correction and `updates_per_batch` > 1, each step runs one more policy
@@ -39,6 +40,7 @@ from cascade.kinds import loop
 from cascade.kinds import rl
 from foundation import step_clock
 from rl import batch as batch_lib
+from rl import distill
 from rl import grpo as grpo_lib
 from rl import train_step as train_lib
 
@@ -61,6 +63,9 @@ class Config(rl.RLStageConfig,
   `tis_cap`, `mismatch_mask`, its band), each with the library's default and check."""
   pack_tokens: int = base.field(0, check=(lambda v: base.is_int(v) and v >= 0,
                                           'must be an int >= 0 (0 = padded rows)'))
+  # The KL reference (kl_coef > 0) kept in pinned host memory between its passes, as MOPD's
+  # `teachers_on_host` keeps teachers: on the devices only during its forward.
+  reference_on_host: bool = base.field(False, check=base.BOOL)
 
   def check(self, fail):
     if self.group_size < 2:
@@ -69,6 +74,8 @@ class Config(rl.RLStageConfig,
       for name in ('mismatch_mask_low', 'mismatch_mask_high'):
         if getattr(self, name) != getattr(grpo_lib.GrpoConfig, name):
           fail(name, "has no effect with mismatch_mask='off' (set it to 'token' or 'sequence')")
+    if self.reference_on_host and self.kl_coef <= 0:
+      fail('reference_on_host', 'has no effect with kl_coef=0 (there is no reference model)')
     if self.pack_tokens and self.loss_agg != 'token':
       fail('pack_tokens', f"needs loss_agg='token' (got {self.loss_agg!r}): a packed row holds "
            'several sequences')
@@ -120,6 +127,8 @@ def train_stage(ctx, stage: Config, kind: base.Kind, draws_cls) -> base.StageRes
   # The KL reference is the policy the stage starts from, frozen.
   ref_params = (ctx.policies.compute_copy(ctx.policies.start_params(stage))
                 if stage.kl_coef > 0 else None)
+  if ref_params is not None and stage.reference_on_host:
+    ref_params = distill.to_memory(ref_params, 'pinned_host')
   graphdef = ctx.policies.graphdef('policy')
   per_call = base.frozen_rows_per_call(stage.prompts_per_step * stage.group_size,
                                        stage.microbatches)
@@ -141,7 +150,8 @@ def train_stage(ctx, stage: Config, kind: base.Kind, draws_cls) -> base.StageRes
       if ref_params is not None:
         with clock.program('reference forward'):
           batch = batch._replace(ref_logprobs=np.asarray(batch_lib.compute_logprobs(
-              graphdef, ref_params, batch, ctx.mesh, ctx.rules, rows_per_call=per_call)))
+              graphdef, distill.to_memory(ref_params, 'device'), batch, ctx.mesh, ctx.rules,
+              rows_per_call=per_call)))
       if _old_trainer_forward(stage):
         # The params that sampled the batch, before any of its updates: every mini-batch's
         # ratios are taken against them (the forward replays routing as the update's does).
@@ -173,7 +183,7 @@ def frozen_forwards(stage: Config) -> list:
     out.append(base.FrozenForward('reference forward',
                                   base.frozen_rows_per_call(rows, stage.microbatches),
                                   stage.max_prompt_len + stage.longest_response,
-                                  calls=stage.microbatches))
+                                  calls=stage.microbatches, on_host=stage.reference_on_host))
   if _old_trainer_forward(stage):
     # The policy's own params before the step's first update: no copy beside the state.
     out.append(base.FrozenForward('old policy forward',

@@ -54,7 +54,6 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
 
 from cascade import rollout
 from cascade import schema
@@ -258,7 +257,8 @@ def sampler_sizes(stage: RLStageConfig) -> dict:
 
 
 def abstract_batch(stage: RLStageConfig, mesh, rules, **extra_rows):
-  """The RL train batch of one update as ShapeDtypeStructs split over 'batch'.
+  """The RL train batch of one update as ShapeDtypeStructs split over 'batch' (and their
+  tokens over 'sequence' on a mesh with a sequence axis).
 
   Args:
     stage: the stage.
@@ -268,7 +268,6 @@ def abstract_batch(stage: RLStageConfig, mesh, rules, **extra_rows):
   Returns:
     (TrainBatch, description).
   """
-  rows_sh = NamedSharding(mesh, sharding.logical_to_spec(('batch',), None, mesh, rules))
   b = stage.prompts_per_step * stage.group_size // stage.updates_per_batch
   length = stage.max_prompt_len + stage.longest_response
   pack = getattr(stage, 'pack_tokens', 0)
@@ -279,9 +278,12 @@ def abstract_batch(stage: RLStageConfig, mesh, rules, **extra_rows):
     width = batch_lib.packed_width(pack, length)
     multiple = math.lcm(stage.microbatch_rows, sharding.batch_shards(mesh, rules))
     rows, length = batch_lib.packed_rows(-(-b // (width // length)), multiple), width
-  mat = lambda dt: jax.ShapeDtypeStruct((rows, length), jnp.dtype(dt), sharding=rows_sh)
-  vec = mat if pack else (lambda dt: jax.ShapeDtypeStruct((rows,), jnp.dtype(dt),
-                                                          sharding=rows_sh))
+  # Each leaf as the train step lays it out: rows over 'batch', tokens over 'sequence' where
+  # the mesh has that axis (`sharding.batch_leaf_sharding`).
+  sds = lambda shape, dt: jax.ShapeDtypeStruct(
+      shape, jnp.dtype(dt), sharding=sharding.batch_leaf_sharding(shape, mesh, rules))
+  mat = lambda dt: sds((rows, length), dt)
+  vec = mat if pack else (lambda dt: sds((rows,), dt))
   fields = dict(tokens=mat(jnp.int32), positions=mat(jnp.int32), segment_ids=mat(jnp.int32),
                 targets=mat(jnp.int32), loss_mask=mat(jnp.float32),
                 old_logprobs=mat(jnp.float32), advantages=vec(jnp.float32),
@@ -290,8 +292,7 @@ def abstract_batch(stage: RLStageConfig, mesh, rules, **extra_rows):
     fields[name] = mat(dt) if shape == 'token' else vec(dt)
   if stage.routing_layout:
     m, k, dt = stage.routing_layout
-    fields['routing'] = jax.ShapeDtypeStruct((rows, length, m, k), jnp.dtype(dt),
-                                             sharding=rows_sh)
+    fields['routing'] = sds((rows, length, m, k), dt)
   upd = f', {stage.updates_per_batch} updates per rollout batch' if stage.updates_per_batch > 1 else ''
   what = (f'{stage.prompts_per_step} prompts x {stage.group_size} = '
           f'{stage.prompts_per_step * stage.group_size} rows x '

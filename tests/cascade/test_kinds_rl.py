@@ -145,14 +145,28 @@ def test_loss_valid_only_in_a_filtering_phase(fakes):
 
 # ------------------------------------------------------------------ the KL reference
 
-def test_kl_reference_is_the_stages_starting_policy(fakes, tmp_path, monkeypatch):
-  plan = fakes.toy_config([fakes.SFT_STAGE, fakes.rl_stage('rl', ['a'], kl_coef=0.1)])
+@pytest.mark.parametrize('on_host', [False, True], ids=['resident', 'on_host'])
+def test_kl_reference_is_the_stages_starting_policy(fakes, tmp_path, monkeypatch, on_host):
+  """The reference is the policy the stage starts from, with `reference_on_host` kept in
+  pinned host memory and on the devices only for its pass (the same log-probs)."""
+  plan = fakes.toy_config([fakes.SFT_STAGE, fakes.rl_stage('rl', ['a'], kl_coef=0.1,
+                                                           reference_on_host=on_host)])
   st = plan.stages[1]
   ctx = _ctx(fakes, plan, tmp_path, _records(fakes))
   start, current = _params(plan, 11), _params(plan, 12)
   ctx.policies.remember(('stage', 'sft'), start)     # the policy the SFT stage left
+  moves, passes = [], []
+  to_memory, compute = grpo.distill.to_memory, batch_lib.compute_logprobs
+  memory = lambda tree: {x.sharding.memory_kind for x in jax.tree.leaves(tree)}
+  monkeypatch.setattr(grpo.distill, 'to_memory', lambda p, kind: (
+      moves.append((memory(p), kind)) or to_memory(p, kind)))
+  monkeypatch.setattr(batch_lib, 'compute_logprobs', lambda g, p, *a, **kw: (
+      passes.append(memory(p)) or compute(g, p, *a, **kw)))
   maker = _maker(monkeypatch, grpo, ctx, st)
   [batch], _ = maker.make(0, jax.random.key(0), types.SimpleNamespace(params=current))
+  assert passes == [{'device'}]
+  held = 'pinned_host' if on_host else 'device'
+  assert moves == ([({'device'}, 'pinned_host')] if on_host else []) + [({held}, 'device')]
   graphdef = ctx.policies.graphdef('policy')
   lp = lambda p: np.asarray(batch_lib.compute_logprobs(graphdef, p, batch)) * batch.loss_mask
   assert batch.ref_logprobs is not None

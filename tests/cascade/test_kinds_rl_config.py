@@ -124,6 +124,7 @@ def test_packing_needs_the_token_level_loss_and_streaming_needs_dynamic_filterin
   _error(GRPO, "pack_tokens=64: needs loss_agg='token'", pack_tokens=64,
          loss_agg='seq_mean_token_mean')
   assert _stage({**GRPO, 'dynamic_filter': True, 'stream_filter': True}).stream_filter
+  _error(GRPO, 'reference_on_host=True: has no effect with kl_coef=0', reference_on_host=True)
   _error(GRPO, 'stream_filter=True: needs dynamic_filter=True', dynamic_filter=False,
          stream_filter=True)
 
@@ -324,6 +325,9 @@ def test_frozen_passes_run_in_the_train_steps_microbatches():
   assert (ref.name, ref.rows, ref.calls, ref.copies) == ('reference forward', 8, 4, 1)
   assert ref.length == grpo.max_prompt_len + grpo.longest_response
   assert kinds.get('grpo').frozen_forwards(_stage(dict(GRPO, kl_coef=0.0))) == []
+  assert not ref.on_host
+  [ref] = kinds.get('grpo').frozen_forwards(dataclasses.replace(grpo, reference_on_host=True))
+  assert ref.on_host
   mopd = _stage(dict(GRPO, kind='mopd', teachers={'a': '/t'}, microbatches=2,
                      prompts_per_step=8, group_size=4))
   [teacher] = kinds.get('mopd').frozen_forwards(mopd)
