@@ -224,9 +224,10 @@ def case_table(runs_before: list[dict], runs_after: list[dict]) -> list[str]:
   return lines
 
 
-def train_compile_seconds(runs: list[dict]) -> list[float]:
-  """Each run's summed wall compile seconds of its train steps."""
-  return [sum(p['compile_s'] for (_, name), p in programs(r).items()
+def train_compile_seconds(runs: list[dict], field: str = 'compile_s') -> list[float]:
+  """Each run's compile seconds of its train steps, summed: wall ('compile_s') or the
+  process's CPU ('compile_cpu_s', less swayed by the host's load than wall seconds)."""
+  return [sum(p.get(field, 0.0) for (_, name), p in programs(r).items()
               if name.startswith('train step')) for r in runs]
 
 
@@ -257,6 +258,8 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
               for d in differences(runs[0], r)]
     all_equal &= not diffs
     tb, ta = train_compile_seconds(before), train_compile_seconds(after)
+    cb, ca = (train_compile_seconds(before, 'compile_cpu_s'),
+              train_compile_seconds(after, 'compile_cpu_s'))
     lines += [f'## {merge} ({case})', '',
               f'`launch.plan {argv}`; before = {parent[:7]}, after = {merge[:7]}.', '']
     for side, runs in (('before', before), ('after', after)):
@@ -266,10 +269,11 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
                      f"{_load(r['load_after'])}, {r['wall_s']:.0f} s, exit {r['exit']}")
     lines += ['', *case_table(before, after), '']
     if any(tb) or any(ta):
-      ratio = (sum(ta) / len(ta)) / max(sum(tb) / len(tb), 1e-9)
-      lines += [f'Train steps\' compile, wall seconds summed per plan: before '
-                f"{', '.join(f'{x:.1f}' for x in tb)}; after {', '.join(f'{x:.1f}' for x in ta)}"
-                f'; after / before (means) {ratio:.3f}.', '']
+      ratio = lambda b, a: (sum(a) / len(a)) / max(sum(b) / len(b), 1e-9)
+      each = lambda wall, cpu: ', '.join(f'{x:.1f} ({y:.0f})' for x, y in zip(wall, cpu))
+      lines += [f'Train steps\' compile, seconds summed per plan, wall (CPU): before '
+                f'{each(tb, cb)}; after {each(ta, ca)}; after / before (means) '
+                f'{ratio(tb, ta):.3f} wall, {ratio(cb, ca):.3f} CPU.', '']
     lines += [f'**{"Equal." if not diffs else "DIFFERENT:"}**', '',
               *[f'- {d}' for d in diffs], *([''] if diffs else [])]
   return lines, all_equal

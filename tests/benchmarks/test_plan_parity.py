@@ -34,15 +34,19 @@ def _plan(compile_s=90.0):
 def test_equal_plans_differ_in_nothing_but_their_compile_seconds():
   plan_parity = _parity()
   before, after = _plan(90.0), _plan(120.0)
+  after['stages'][0]['programs'][0]['compile_cpu_s'] = 360.0   # a CPU ratio apart from wall's
   assert plan_parity.differences(before, after) == []
   assert plan_parity.train_compile_seconds([before, after]) == [90.0, 120.0]
+  assert plan_parity.train_compile_seconds([before, after], 'compile_cpu_s') == [180.0, 360.0]
   lines, equal = plan_parity.page([('m' * 40, 'p' * 40, 'c2_train', '--config=c.py', [before],
                                     [after])], 'python -m benchmarks.plan_parity', 'today')
   assert equal and '**Equal.**' in lines
   row = next(l for l in lines if l.startswith('| sft | train step'))
   assert '10.00 GiB / 10.00 GiB' in row and '1.500e+18 / 1.500e+18' in row
-  assert '| yes | 90.0 (180) | 120.0 (240) |' in row
-  assert any('after / before (means) 1.333' in l for l in lines)
+  assert '| yes | 90.0 (180) | 120.0 (360) |' in row
+  assert any(l.startswith("Train steps' compile, seconds summed per plan, wall (CPU): before "
+                          '90.0 (180); after 120.0 (360); after / before (means) 1.333 wall, '
+                          '2.000 CPU.') for l in lines)
   assert any(l.startswith('- before #1: from ? UTC, load 1.00, 1.00, 1.00 -> 2.00, 2.00, 2.00')
              for l in lines)
 
