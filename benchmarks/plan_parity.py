@@ -37,6 +37,8 @@ from typing import Any, Sequence
 from absl import app
 from absl import flags
 
+from benchmarks import host
+
 # label -> launch.plan flags. The paper configs, each restricted to what a 2-core host compiles
 # in minutes: Cascade 2's train steps (and its frozen passes) first, then its code-RL sampler,
 # then the dense recipes' math-RL programs (train step, sampler, prefill).
@@ -237,7 +239,6 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
 
   `results`: (merge, its first parent, case, the case's flags, before runs, after runs).
   """
-  from benchmarks import host  # pylint: disable=g-import-not-at-top
   lines = [f'# Plan parity: `{command}`', '',
            f'Written by `benchmarks.plan_parity` on {date}, host: {host.cpu_name()}, '
            f'{os.cpu_count()} CPUs, shared with other engineers\' work (every plan ran under '
@@ -291,8 +292,7 @@ def main(argv: Sequence[str]) -> None:
   for merge_rev in _MERGES.value:
     merge = resolve(repo, merge_rev)
     parent = resolve(repo, merge + '^1')
-    trees = {side: worktree(repo, commit, work / f'pj-{commit[:10]}')
-             for side, commit in (('before', parent), ('after', merge))}
+    commits = {'before': parent, 'after': merge}
     for case in _CASES.value:
       runs = {'before': [], 'after': []}
       for rep in range(_REPEATS.value):
@@ -303,7 +303,10 @@ def main(argv: Sequence[str]) -> None:
             missing.append(f'{merge[:7]} {case} {side} #{rep + 1}')
             continue
           print(f'{time.strftime("%H:%M:%S")} {merge[:7]} {case} {side} #{rep + 1}', flush=True)
-          runs[side].append(plan_once(trees[side], case, out))
+          # A worktree only for a plan to run (a plan done is its JSON: none for --noplan).
+          tree = work / f'pj-{commits[side][:10]}'
+          runs[side].append(plan_once(tree if out.exists() else worktree(repo, commits[side], tree),
+                                      case, out))
       if runs['before'] and runs['after']:
         results.append((merge, parent, case, ' '.join(CASES[case]), runs['before'],
                         runs['after']))

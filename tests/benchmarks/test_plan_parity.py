@@ -4,6 +4,11 @@ one side has are each named; compile seconds are shown, never compared (no compi
 
 import copy
 import importlib
+import json
+import os
+
+from absl import flags
+from absl.testing import flagsaver
 
 GIB = 2 ** 30
 
@@ -84,3 +89,29 @@ def test_a_repeat_that_differs_from_the_first_is_named_too():
                                     [_plan(), _plan()])], 'cmd', 'd')
   assert not equal
   assert any(l.startswith('- repeat: sft / train step') for l in lines)
+
+
+def test_noplan_renders_the_page_from_the_json_and_names_the_plans_missing(tmp_path, monkeypatch,
+                                                                           capsys):
+  plan_parity = _parity()
+  merge, parent = 'm' * 40, 'p' * 40
+  monkeypatch.setattr(plan_parity, 'resolve', lambda repo, rev: parent if rev.endswith('^1')
+                      else merge)
+  monkeypatch.setattr(plan_parity, 'worktree', lambda *a: (_ for _ in ()).throw(
+      AssertionError('--noplan made a worktree')))
+  monkeypatch.setattr(os, 'getloadavg', lambda: (9.0, 8.0, 7.0))
+  runs = tmp_path / 'json' / merge[:10] / 'c2_train'
+  runs.mkdir(parents=True)
+  for side, seconds in (('before', 90.0), ('after', 120.0)):
+    (runs / f'{side}-0.json').write_text(json.dumps(_plan(seconds)))
+  page = tmp_path / 'page.md'
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(merges=['abc'], cases=['c2_train'], repeats=2, workdir=str(tmp_path),
+                           page=str(page), plan=False):
+    plan_parity.main([])
+  out = capsys.readouterr().out.splitlines()
+  assert [l for l in out if l.startswith('WARNING: the host was loaded')]
+  lines = page.read_text().splitlines()
+  assert f'## {merge} (c2_train)' in lines and '**Equal.**' in lines
+  assert lines[-2:] == ['- mmmmmmm c2_train after #2', '- mmmmmmm c2_train before #2']
