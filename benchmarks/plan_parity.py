@@ -12,8 +12,8 @@ change of the host's load falls on both sides alike. Each plan leaves a JSON fil
 reports (`launch.plan.results`: every program's memory, FLOPs, collectives and compile seconds;
 each stage's step-time bound); a rerun skips the plans whose JSON is there.
 
-`compare` sets the before and after JSON side by side: per program the memory (arguments,
-outputs, temporaries, aliases, total), FLOPs, collective seconds and error, per stage the
+`differences` sets the before and after JSON side by side: per program the memory (arguments,
+outputs, temporaries, aliases, total), FLOPs, collective seconds, collectives and error, per stage the
 resident bytes and the step-time bound (overlapped and serial). Any difference is written on
 the page and the command exits 1. Compile seconds are not compared: they are measured, per
 program and repeat, wall and CPU, beside the load average before and after each plan.
@@ -76,6 +76,13 @@ PROGRAM_FIELDS = ('argument_bytes', 'output_bytes', 'temp_bytes', 'alias_bytes',
 STAGE_FIELDS = ('resident', 'steps', 'limit_bytes')
 TIME_FIELDS = ('bound', 'serial', 'worst', 'weights_only')
 _GIB = 2 ** 30
+
+
+def collectives(program: dict) -> list[str]:
+  """A program's collectives (kind, bytes, device groups, count, loop), sorted, without their HLO
+  instruction names (numbering that any edit of the program renumbers)."""
+  return sorted(json.dumps({k: v for k, v in c.items() if k != 'name'}, sort_keys=True)
+                for c in program.get('collectives') or [])
 
 # Runs in the planned tree (its own launch.plan on PYTHONPATH): plans with the flags after the
 # output path and writes the stage reports as JSON there.
@@ -180,6 +187,11 @@ def differences(before: dict, after: dict) -> list[str]:
     for field in PROGRAM_FIELDS:
       if pb[key].get(field) != pa[key].get(field):
         out.append(f'{key[0]} / {key[1]} {field}: {pb[key].get(field)} -> {pa[key].get(field)}')
+    cb, ca = collectives(pb[key]), collectives(pa[key])
+    if cb != ca:
+      only = lambda x, y: len([c for c in x if c not in y])
+      out.append(f'{key[0]} / {key[1]} collectives: {len(cb)} -> {len(ca)} ({only(cb, ca)} only '
+                 f'before, {only(ca, cb)} only after)')
   return out
 
 
@@ -205,7 +217,8 @@ def case_table(runs_before: list[dict], runs_after: list[dict]) -> list[str]:
            'compile s after (CPU s) |', '|---|---|---:|---:|---:|---|---:|---:|']
   for key in sorted(set(pb) | set(pa), key=lambda k: (k[0], k[1])):
     p, q = pb.get(key, {}), pa.get(key, {})
-    equal = all(p.get(f) == q.get(f) for f in PROGRAM_FIELDS) and p and q
+    equal = (all(p.get(f) == q.get(f) for f in PROGRAM_FIELDS)
+             and collectives(p) == collectives(q) and p and q)
     secs = lambda runs: ', '.join(
         f"{programs(r)[key]['compile_s']:.1f} ({programs(r)[key]['compile_cpu_s']:.0f})"
         for r in runs if key in programs(r))
@@ -250,8 +263,10 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
            'alternates before and after; a plan may also have run beside another, as each '
            "plan's start time and load below say). "
            'Equal means every program\'s memory (arguments, outputs, temporaries, aliases, '
-           'total), FLOPs, collective seconds and error, and every stage\'s resident bytes and '
-           'step-time bound (overlapped, serial, worst case) are identical in the JSON.', '']
+           'total), FLOPs, collective seconds, collectives (each one\'s kind, bytes, device '
+           'groups, count and loop; not its HLO name) and error, and every stage\'s resident '
+           'bytes and step-time bound (overlapped, serial, worst case) are identical in the '
+           'JSON.', '']
   all_equal = True
   for merge, parent, case, argv, before, after in results:
     diffs = [d for b, a in zip(before, after) for d in differences(b, a)]

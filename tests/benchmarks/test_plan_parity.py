@@ -23,7 +23,11 @@ def _program(name='train step', total=10 * GIB, flops=1.5e18, compile_s=90.0):
   return dict(name=name, shapes='64 rows x 8192 tokens', argument_bytes=total, output_bytes=0,
               temp_bytes=0, alias_bytes=0, total_bytes=total, flops=flops, flops_from='',
               error='', collective_s=0.5, collective_step_s=0.0, compile_s=compile_s,
-              compile_cpu_s=2 * compile_s)
+              compile_cpu_s=2 * compile_s, collectives=[
+                  dict(kind='all-reduce', name='all-reduce.1', buffer_bytes=4.0,
+                       groups=[[0, 1]], count=1, loop=''),
+                  dict(kind='all-gather', name='all-gather.2', buffer_bytes=8.0,
+                       groups=[[0, 1]], count=2, loop='')])
 
 
 def _plan(compile_s=90.0):
@@ -70,6 +74,14 @@ def test_each_difference_is_named():
   assert 'sft / sampler (64 rows x 8192 tokens) flops: 1000000000000000.0 -> 2000000000000000.0' in diffs
   assert 'stage sft step time serial: 44.1 -> 45.0' in diffs
   assert len(diffs) == 4
+  # Collectives: renamed or reordered is equal; another count or bytes is not.
+  again = copy.deepcopy(before)
+  again['stages'][0]['programs'][0]['collectives'].reverse()
+  again['stages'][0]['programs'][0]['collectives'][0]['name'] = 'all-gather.7'
+  assert plan_parity.differences(before, again) == []
+  again['stages'][0]['programs'][0]['collectives'][0]['count'] = 3
+  assert plan_parity.differences(before, again) == [
+      'sft / train step (64 rows x 8192 tokens) collectives: 2 -> 2 (1 only before, 1 only after)']
   # A program or a stage only one side has.
   del after['stages'][0]['programs'][1]
   assert 'sft / sampler (64 rows x 8192 tokens): only before' in plan_parity.differences(
