@@ -12,11 +12,12 @@ change of the host's load falls on both sides alike. Each plan leaves a JSON fil
 reports (`launch.plan.results`: every program's memory, FLOPs, collectives and compile seconds;
 each stage's step-time bound); a rerun skips the plans whose JSON is there.
 
-`differences` sets the before and after JSON side by side: per program the memory (arguments,
-outputs, temporaries, aliases, total), FLOPs, collective seconds, collectives and error, per stage the
-resident bytes and the step-time bound (overlapped and serial). Any difference is written on
-the page and the command exits 1. Compile seconds are not compared: they are measured, per
-program and repeat, wall and CPU, beside the load average before and after each plan.
+`differences` sets the before and after JSON side by side: per program the memory
+(arguments, outputs, temporaries, aliases, total), FLOPs, collective seconds, collectives and
+error, per stage the resident bytes and the step-time bound (overlapped and serial). Any
+difference is written on the page and the command exits 1. Compile seconds are not compared:
+they are measured, per program and repeat, wall and CPU, beside the load average before and
+after each plan.
 
 A case is a label and `launch.plan` flags (`CASES`; --cases picks them). A behaviour-preserving
 change must give equal plans; a change of a recipe (a stage's batch, TIS, routing replay) is not
