@@ -12,11 +12,12 @@ change of the host's load falls on both sides alike. Each plan leaves a JSON fil
 reports (`launch.plan.results`: every program's memory, FLOPs, collectives and compile seconds;
 each stage's step-time bound); a rerun skips the plans whose JSON is there.
 
-`compare` sets the before and after JSON side by side: per program the memory (arguments,
-outputs, temporaries, aliases, total), FLOPs, collective seconds and error, per stage the
-resident bytes and the step-time bound (overlapped and serial). Any difference is written on
-the page and the command exits 1. Compile seconds are not compared: they are measured, per
-program and repeat, wall and CPU, beside the load average before and after each plan.
+`differences` sets the before and after JSON side by side: per program the memory
+(arguments, outputs, temporaries, aliases, total), FLOPs, collective seconds, collectives and
+error, per stage the resident bytes and the step-time bound (overlapped and serial). Any
+difference is written on the page and the command exits 1. Compile seconds are not compared:
+they are measured, per program and repeat, wall and CPU, beside the load average before and
+after each plan.
 
 A case is a label and `launch.plan` flags (`CASES`; --cases picks them). A behaviour-preserving
 change must give equal plans; a change of a recipe (a stage's batch, TIS, routing replay) is not
@@ -36,6 +37,8 @@ from typing import Any, Sequence
 
 from absl import app
 from absl import flags
+
+from benchmarks import host
 
 # label -> launch.plan flags. The paper configs, each restricted to what a 2-core host compiles
 # in minutes: Cascade 2's train steps (and its frozen passes) first, then its code-RL sampler,
@@ -74,6 +77,13 @@ PROGRAM_FIELDS = ('argument_bytes', 'output_bytes', 'temp_bytes', 'alias_bytes',
 STAGE_FIELDS = ('resident', 'steps', 'limit_bytes')
 TIME_FIELDS = ('bound', 'serial', 'worst', 'weights_only')
 _GIB = 2 ** 30
+
+
+def collectives(program: dict) -> list[str]:
+  """A program's collectives (kind, bytes, device groups, count, loop), sorted, without their HLO
+  instruction names (numbering that any edit of the program renumbers)."""
+  return sorted(json.dumps({k: v for k, v in c.items() if k != 'name'}, sort_keys=True)
+                for c in program.get('collectives') or [])
 
 # Runs in the planned tree (its own launch.plan on PYTHONPATH): plans with the flags after the
 # output path and writes the stage reports as JSON there.
@@ -178,6 +188,11 @@ def differences(before: dict, after: dict) -> list[str]:
     for field in PROGRAM_FIELDS:
       if pb[key].get(field) != pa[key].get(field):
         out.append(f'{key[0]} / {key[1]} {field}: {pb[key].get(field)} -> {pa[key].get(field)}')
+    cb, ca = collectives(pb[key]), collectives(pa[key])
+    if cb != ca:
+      only = lambda x, y: len([c for c in x if c not in y])
+      out.append(f'{key[0]} / {key[1]} collectives: {len(cb)} -> {len(ca)} ({only(cb, ca)} only '
+                 f'before, {only(ca, cb)} only after)')
   return out
 
 
@@ -203,7 +218,8 @@ def case_table(runs_before: list[dict], runs_after: list[dict]) -> list[str]:
            'compile s after (CPU s) |', '|---|---|---:|---:|---:|---|---:|---:|']
   for key in sorted(set(pb) | set(pa), key=lambda k: (k[0], k[1])):
     p, q = pb.get(key, {}), pa.get(key, {})
-    equal = all(p.get(f) == q.get(f) for f in PROGRAM_FIELDS) and p and q
+    equal = (all(p.get(f) == q.get(f) for f in PROGRAM_FIELDS)
+             and collectives(p) == collectives(q) and p and q)
     secs = lambda runs: ', '.join(
         f"{programs(r)[key]['compile_s']:.1f} ({programs(r)[key]['compile_cpu_s']:.0f})"
         for r in runs if key in programs(r))
@@ -224,9 +240,10 @@ def case_table(runs_before: list[dict], runs_after: list[dict]) -> list[str]:
   return lines
 
 
-def train_compile_seconds(runs: list[dict]) -> list[float]:
-  """Each run's summed wall compile seconds of its train steps."""
-  return [sum(p['compile_s'] for (_, name), p in programs(r).items()
+def train_compile_seconds(runs: list[dict], field: str = 'compile_s') -> list[float]:
+  """Each run's compile seconds of its train steps, summed: wall ('compile_s') or the
+  process's CPU ('compile_cpu_s', less swayed by the host's load than wall seconds)."""
+  return [sum(p.get(field, 0.0) for (_, name), p in programs(r).items()
               if name.startswith('train step')) for r in runs]
 
 
@@ -236,7 +253,6 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
 
   `results`: (merge, its first parent, case, the case's flags, before runs, after runs).
   """
-  from benchmarks import host  # pylint: disable=g-import-not-at-top
   lines = [f'# Plan parity: `{command}`', '',
            f'Written by `benchmarks.plan_parity` on {date}, host: {host.cpu_name()}, '
            f'{os.cpu_count()} CPUs, shared with other engineers\' work (every plan ran under '
@@ -248,8 +264,10 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
            'alternates before and after; a plan may also have run beside another, as each '
            "plan's start time and load below say). "
            'Equal means every program\'s memory (arguments, outputs, temporaries, aliases, '
-           'total), FLOPs, collective seconds and error, and every stage\'s resident bytes and '
-           'step-time bound (overlapped, serial, worst case) are identical in the JSON.', '']
+           'total), FLOPs, collective seconds, collectives (each one\'s kind, bytes, device '
+           'groups, count and loop; not its HLO name) and error, and every stage\'s resident '
+           'bytes and step-time bound (overlapped, serial, worst case) are identical in the '
+           'JSON.', '']
   all_equal = True
   for merge, parent, case, argv, before, after in results:
     diffs = [d for b, a in zip(before, after) for d in differences(b, a)]
@@ -257,6 +275,8 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
               for d in differences(runs[0], r)]
     all_equal &= not diffs
     tb, ta = train_compile_seconds(before), train_compile_seconds(after)
+    cb, ca = (train_compile_seconds(before, 'compile_cpu_s'),
+              train_compile_seconds(after, 'compile_cpu_s'))
     lines += [f'## {merge} ({case})', '',
               f'`launch.plan {argv}`; before = {parent[:7]}, after = {merge[:7]}.', '']
     for side, runs in (('before', before), ('after', after)):
@@ -266,10 +286,11 @@ def page(results: list[tuple[str, str, str, str, list[dict], list[dict]]], comma
                      f"{_load(r['load_after'])}, {r['wall_s']:.0f} s, exit {r['exit']}")
     lines += ['', *case_table(before, after), '']
     if any(tb) or any(ta):
-      ratio = (sum(ta) / len(ta)) / max(sum(tb) / len(tb), 1e-9)
-      lines += [f'Train steps\' compile, wall seconds summed per plan: before '
-                f"{', '.join(f'{x:.1f}' for x in tb)}; after {', '.join(f'{x:.1f}' for x in ta)}"
-                f'; after / before (means) {ratio:.3f}.', '']
+      ratio = lambda b, a: (sum(a) / len(a)) / max(sum(b) / len(b), 1e-9)
+      each = lambda wall, cpu: ', '.join(f'{x:.1f} ({y:.0f})' for x, y in zip(wall, cpu))
+      lines += [f'Train steps\' compile, seconds summed per plan, wall (CPU): before '
+                f'{each(tb, cb)}; after {each(ta, ca)}; after / before (means) '
+                f'{ratio(tb, ta):.3f} wall, {ratio(cb, ca):.3f} CPU.', '']
     lines += [f'**{"Equal." if not diffs else "DIFFERENT:"}**', '',
               *[f'- {d}' for d in diffs], *([''] if diffs else [])]
   return lines, all_equal
@@ -287,8 +308,7 @@ def main(argv: Sequence[str]) -> None:
   for merge_rev in _MERGES.value:
     merge = resolve(repo, merge_rev)
     parent = resolve(repo, merge + '^1')
-    trees = {side: worktree(repo, commit, work / f'pj-{commit[:10]}')
-             for side, commit in (('before', parent), ('after', merge))}
+    commits = {'before': parent, 'after': merge}
     for case in _CASES.value:
       runs = {'before': [], 'after': []}
       for rep in range(_REPEATS.value):
@@ -299,7 +319,10 @@ def main(argv: Sequence[str]) -> None:
             missing.append(f'{merge[:7]} {case} {side} #{rep + 1}')
             continue
           print(f'{time.strftime("%H:%M:%S")} {merge[:7]} {case} {side} #{rep + 1}', flush=True)
-          runs[side].append(plan_once(trees[side], case, out))
+          # A worktree only for a plan to run (a plan done is its JSON: none for --noplan).
+          tree = work / f'pj-{commits[side][:10]}'
+          runs[side].append(plan_once(tree if out.exists() else worktree(repo, commits[side], tree),
+                                      case, out))
       if runs['before'] and runs['after']:
         results.append((merge, parent, case, ' '.join(CASES[case]), runs['before'],
                         runs['after']))
