@@ -89,10 +89,13 @@ def test_the_mode_reaches_the_loss_and_the_planned_batch(fakes):
     if mode == 'off':
       assert batch.routing is None
     else:
-      # Aligned with the tokens, two 'moe' sublayers of top-2 experts, split over rows.
+      # Aligned with the tokens, two 'moe' sublayers of top-2 experts, split as the tokens
+      # are (rows, and tokens where the mesh has a sequence axis), its own axes whole.
       assert batch.routing.shape == batch.tokens.shape + (2, 2)
       assert batch.routing.dtype == 'uint8'
-      assert batch.routing.sharding == batch.tokens.sharding
+      tokens, routing = batch.tokens.sharding, batch.routing.sharding
+      assert routing.mesh == tokens.mesh
+      assert tuple(routing.spec) == tuple(tokens.spec) + (None,) * (4 - len(tokens.spec))
 
 
 class _Recording:
