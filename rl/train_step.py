@@ -600,31 +600,34 @@ class _ShardedStep:
                                                                self._rules), batch)
 
   def _jit(self, batch):
+    """(the jitted step for `batch`'s structure and shapes, its leaves' shardings), made once
+    per structure and shapes, so a step's call does not lay its batch out again."""
     leaves, tree = jax.tree.flatten(batch)
     key = (tree, tuple(tuple(np.shape(x)) for x in leaves))
-    fn = self._jits.get(key)
-    if fn is None:
-      fn = self._jits[key] = jax.jit(
-          self._step, in_shardings=(self._state_sh, self.batch_shardings(batch)),
+    hit = self._jits.get(key)
+    if hit is None:
+      batch_sh = self.batch_shardings(batch)
+      hit = self._jits[key] = (jax.jit(
+          self._step, in_shardings=(self._state_sh, batch_sh),
           out_shardings=(self._state_sh, NamedSharding(self._mesh, P())),
-          donate_argnums=self._donate)
-    return fn
+          donate_argnums=self._donate), batch_sh)
+    return hit
 
   def __call__(self, state, batch):
     # A batch already on the devices in another layout (e.g. rows only) moves to this one.
-    fn = self._jit(batch)
+    fn, batch_sh = self._jit(batch)
     batch = jax.tree.map(
         lambda x, sh: jax.device_put(x, sh) if isinstance(x, jax.Array) and x.committed
-        and not x.sharding.is_equivalent_to(sh, x.ndim) else x, batch, self.batch_shardings(batch))
+        and not x.sharding.is_equivalent_to(sh, x.ndim) else x, batch, batch_sh)
     return fn(state, batch)
 
   def lower(self, state, batch):
     """The step lowered for `batch` (arrays or ShapeDtypeStructs): its leaves take the step's
     layout whatever sharding they carry."""
-    fn = self._jit(batch)
+    fn, batch_sh = self._jit(batch)
     batch = jax.tree.map(
         lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
-        if isinstance(x, jax.ShapeDtypeStruct) else x, batch, self.batch_shardings(batch))
+        if isinstance(x, jax.ShapeDtypeStruct) else x, batch, batch_sh)
     return fn.lower(state, batch)
 
 
